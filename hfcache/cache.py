@@ -1,0 +1,281 @@
+"""The Hugging Face hub cache layout, and atomic writes into it.
+
+Layout (huggingface_hub ``file_download.py``; DESIGN §1)::
+
+    <cache>/.locks/<folder>/<etag>.lock            filelock files
+    <cache>/<folder>/blobs/<etag>                  content; etag = sha256 (LFS) or git blob sha1
+    <cache>/<folder>/snapshots/<commit>/<path>     relative symlink -> ../../blobs/<etag>
+    <cache>/<folder>/refs/<revision>               40-hex commit, no trailing newline
+    <cache>/<folder>/.no_exist/<commit>/<path>     empty marker: the file does not exist at that commit
+
+``<folder>`` is ``models--ORG--NAME`` (``datasets--`` for datasets), built from the repo id as the caller typed it.
+Every write lands atomically: a temporary name in the same folder, then ``os.replace``.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import shutil
+import uuid
+from contextlib import contextmanager
+from pathlib import Path
+
+from filelock import FileLock, SoftFileLock
+from huggingface_hub.file_download import are_symlinks_supported, repo_folder_name
+
+from .errors import CacheError
+
+# Same text as huggingface_hub's _local_folder.CACHEDIR_TAG_CONTENT (the Cache Directory Tagging Standard).
+CACHEDIR_TAG = (
+    "Signature: 8a477f597d28d172789f06886806bc55\n"
+    "# This file is a cache directory tag created by huggingface_hub.\n"
+    "# For information about cache directory tags, see:\n"
+    "#\thttps://bford.info/cachedir/\n"
+)
+
+#: Name of hfcache's per-repo lock inside ``.locks/<folder>/`` (``scan_cache_dir`` never reads ``.locks``).
+REPO_LOCK_NAME = "hfcache-repo.lock"
+
+
+def default_cache_dir(environ: dict[str, str] | None = None) -> tuple[Path, str]:
+    """Return the cache directory huggingface_hub would use, and the setting that chose it.
+
+    Same precedence as huggingface_hub ``constants.py``: ``HF_HUB_CACHE``, else ``$HF_HOME/hub``, else
+    ``$XDG_CACHE_HOME/huggingface/hub``, else ``~/.cache/huggingface/hub``. Read at call time (huggingface_hub
+    reads them once at import).
+
+    Returns:
+        (path, source) where source is ``"HF_HUB_CACHE"``, ``"HF_HOME"``, ``"XDG_CACHE_HOME"`` or ``"default"``.
+    """
+    env = os.environ if environ is None else environ
+    if env.get("HF_HUB_CACHE"):
+        return Path(os.path.expandvars(os.path.expanduser(env["HF_HUB_CACHE"]))), "HF_HUB_CACHE"
+    if env.get("HF_HOME"):
+        return Path(os.path.expandvars(os.path.expanduser(env["HF_HOME"]))) / "hub", "HF_HOME"
+    if env.get("XDG_CACHE_HOME"):
+        return Path(env["XDG_CACHE_HOME"]) / "huggingface" / "hub", "XDG_CACHE_HOME"
+    return Path.home() / ".cache" / "huggingface" / "hub", "default"
+
+
+def resolve_cache_dir(cache_dir: str | os.PathLike[str] | None) -> Path:
+    """Return ``cache_dir`` as an absolute Path, or the default when None."""
+    if cache_dir is None:
+        return default_cache_dir()[0].absolute()
+    return Path(cache_dir).expanduser().absolute()
+
+
+def cache_error(exc: OSError, what: str) -> CacheError:
+    """Translate an OSError raised while writing the cache into a one-line CacheError."""
+    if exc.errno == errno.ENOSPC or exc.errno == errno.EDQUOT:
+        return CacheError(f"{what}: no space left on the device", hint="free disk space or choose another --cache-dir")
+    if exc.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
+        return CacheError(f"{what}: cannot write {exc.filename or 'the cache'} ({os.strerror(exc.errno)})",
+                          hint="choose a writable --cache-dir or fix its permissions")
+    return CacheError(f"{what}: {os.strerror(exc.errno) if exc.errno else exc}",
+                      hint="check the cache directory")
+
+
+def ensure_cache_root(cache_dir: Path) -> None:
+    """Create the cache root and its ``CACHEDIR.TAG`` (as huggingface_hub does).
+
+    Raises:
+        CacheError: the directory cannot be created or written.
+    """
+    try:
+        cache_dir.mkdir(parents=True, exist_ok=True)
+        tag = cache_dir / "CACHEDIR.TAG"
+        if not tag.exists():
+            atomic_write(tag, CACHEDIR_TAG.encode())
+        if not os.access(cache_dir, os.W_OK):
+            raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), str(cache_dir))
+    except OSError as exc:
+        raise cache_error(exc, f"cache {cache_dir}") from exc
+
+
+def _tmp_name(path: Path, suffix: str = ".tmp") -> Path:
+    return path.with_name(f".{path.name}.{uuid.uuid4().hex[:8]}{suffix}")
+
+
+def atomic_write(path: Path, data: bytes) -> None:
+    """Write ``data`` to ``path`` atomically (temp file in the same folder, fsync, ``os.replace``)."""
+    tmp = _tmp_name(path)
+    try:
+        with open(tmp, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    finally:
+        if tmp.exists():
+            tmp.unlink()
+
+
+@contextmanager
+def file_lock(path: Path, timeout: float = -1):
+    """Hold an exclusive filelock at ``path`` (created group-writable like huggingface_hub's WeakFileLock).
+
+    Falls back to a SoftFileLock where the filesystem has no flock, as huggingface_hub ``utils/_fixes.py`` does.
+    """
+    path.parent.mkdir(parents=True, exist_ok=True)
+    lock = FileLock(str(path), timeout=timeout, mode=0o664)
+    try:
+        lock.acquire()
+    except NotImplementedError:
+        lock = SoftFileLock(str(path), timeout=timeout)
+        lock.acquire()
+    try:
+        yield lock
+    finally:
+        lock.release()
+
+
+class RepoFolder:
+    """Paths and atomic writes for one repo folder of a cache.
+
+    Args:
+        cache_dir: the cache root.
+        repo_id: the repo id exactly as callers will load it (a legacy id gets its own folder).
+        repo_type: ``model``, ``dataset`` or ``space``.
+    """
+
+    def __init__(self, cache_dir: Path, repo_id: str, repo_type: str = "model") -> None:
+        self.cache_dir = cache_dir
+        self.repo_id = repo_id
+        self.repo_type = repo_type
+        self.name = repo_folder_name(repo_id=repo_id, repo_type=repo_type)
+        self.root = cache_dir / self.name
+        self.locks = cache_dir / ".locks" / self.name
+
+    def blob_path(self, etag: str) -> Path:
+        return self.root / "blobs" / etag
+
+    def pointer_path(self, commit_hash: str, path: str) -> Path:
+        return self.root / "snapshots" / commit_hash / Path(*path.split("/"))
+
+    def marker_path(self, commit_hash: str, path: str) -> Path:
+        return self.root / ".no_exist" / commit_hash / Path(*path.split("/"))
+
+    def ref_path(self, revision: str) -> Path:
+        return self.root / "refs" / Path(*revision.split("/"))
+
+    def blob_lock(self, etag: str):
+        """The lock huggingface_hub takes while downloading this blob (``.locks/<folder>/<etag>.lock``)."""
+        return file_lock(self.locks / f"{etag}.lock")
+
+    def repo_lock(self):
+        """hfcache's lock on the whole repo folder, held while warm or prune change it."""
+        return file_lock(self.locks / REPO_LOCK_NAME)
+
+    def blob_ok(self, etag: str, size: int) -> bool:
+        """True when ``blobs/<etag>`` is a regular file of the expected size (no hashing)."""
+        try:
+            st = os.stat(self.blob_path(etag), follow_symlinks=False)
+        except OSError:
+            return False
+        return os.path.isfile(self.blob_path(etag)) and not os.path.islink(self.blob_path(etag)) and st.st_size == size
+
+    def open_incomplete(self, etag: str):
+        """Create ``blobs/<etag>.<random>.incomplete`` for writing, the name huggingface_hub uses for downloads.
+
+        Returns:
+            (path, binary file object). Mode 0o666 minus the umask, so the published blob has the usual mode.
+        """
+        blobs = self.root / "blobs"
+        blobs.mkdir(parents=True, exist_ok=True)
+        path = blobs / f"{etag}.{uuid.uuid4().hex[:8]}.incomplete"
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+        return path, os.fdopen(fd, "wb")
+
+    def publish_blob(self, incomplete: Path, etag: str) -> None:
+        """Rename a verified download to ``blobs/<etag>`` (atomic; replaces a broken blob of that name)."""
+        os.replace(incomplete, self.blob_path(etag))
+
+    def adopt_blob(self, source: Path, etag: str) -> bool:
+        """Hardlink an identical blob of another repo folder as ``blobs/<etag>`` (deduplication).
+
+        Returns:
+            False when hardlinks are not possible here (another filesystem, no support); nothing is changed then.
+        """
+        dest = self.blob_path(etag)
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        tmp = _tmp_name(dest, ".incomplete")
+        try:
+            os.link(source, tmp)
+        except OSError:
+            return False
+        os.replace(tmp, dest)
+        return True
+
+    def link(self, commit_hash: str, path: str, etag: str, symlinks: bool = True) -> None:
+        """Make ``snapshots/<commit>/<path>`` point to ``blobs/<etag>``.
+
+        With symlinks, a relative link (``../../blobs/<etag>``, one more ``../`` per subfolder), as
+        huggingface_hub ``_create_symlink`` writes; without, a hardlink (or copy) of the blob, the real-file form
+        huggingface_hub uses when symlinks are unsupported. Created under a temporary name, then renamed.
+        """
+        pointer = self.pointer_path(commit_hash, path)
+        pointer.parent.mkdir(parents=True, exist_ok=True)
+        blob = self.blob_path(etag)
+        tmp = _tmp_name(pointer)
+        if symlinks:
+            target = os.path.relpath(blob, pointer.parent)
+            if os.path.islink(pointer) and os.readlink(pointer) == target:
+                return
+            os.symlink(target, tmp)
+        else:
+            try:
+                os.link(blob, tmp)
+            except OSError:
+                shutil.copyfile(blob, tmp)
+        try:
+            os.replace(tmp, pointer)
+        finally:
+            if os.path.lexists(tmp):
+                os.unlink(tmp)
+
+    def mark_absent(self, commit_hash: str, path: str) -> None:
+        """Write the empty ``.no_exist/<commit>/<path>`` marker huggingface_hub reads as "not in the repo"."""
+        marker = self.marker_path(commit_hash, path)
+        marker.parent.mkdir(parents=True, exist_ok=True)
+        if not marker.exists():
+            atomic_write(marker, b"")
+
+    def write_ref(self, revision: str, commit_hash: str) -> None:
+        """Write ``refs/<revision>`` = commit (no trailing newline; one breaks offline resolution, DESIGN §1)."""
+        if revision == commit_hash:
+            return
+        ref = self.ref_path(revision)
+        ref.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            if ref.read_bytes() == commit_hash.encode():
+                return
+        except OSError:
+            pass
+        atomic_write(ref, commit_hash.encode())
+
+
+def symlinks_supported(cache_dir: Path) -> bool:
+    """Whether snapshot entries can be symlinks in ``cache_dir`` (huggingface_hub's own probe, which also honours
+    ``HF_HUB_DISABLE_SYMLINKS``)."""
+    return are_symlinks_supported(cache_dir)
+
+
+def find_blob_elsewhere(cache_dir: Path, etag: str, size: int, exclude: str) -> Path | None:
+    """Find a regular ``blobs/<etag>`` of the right size in another repo folder of the cache (for hardlinking)."""
+    try:
+        entries = os.scandir(cache_dir)
+    except OSError:
+        return None
+    with entries:
+        for entry in entries:
+            if entry.name == exclude or "--" not in entry.name or not entry.is_dir(follow_symlinks=False):
+                continue
+            candidate = Path(entry.path) / "blobs" / etag
+            try:
+                st = os.stat(candidate, follow_symlinks=False)
+            except OSError:
+                continue
+            if st.st_size == size and not os.path.islink(candidate) and os.path.isfile(candidate):
+                return candidate
+    return None

@@ -1,0 +1,321 @@
+"""Hub access: the only hfcache module that talks to the network.
+
+Resolving a revision and listing files is one ``HfApi.repo_info(files_metadata=True)`` request
+(``GET {endpoint}/api/{type}s/{repo_id}/revision/{rev}?blobs=true``, DESIGN §2.1): it gives the canonical id,
+the commit and every file's size, git blob sha1 and LFS sha256 up front, so no per-file HEAD is needed.
+
+Downloads use huggingface_hub's shared HTTP client (``get_session``, with its request hooks and offline-mode
+guard) and its error mapping (``hf_raise_for_status``), but stream the body themselves. Library gap: ``http_get``
+(``file_download.py``) takes its timeout from a module constant read at import time, retries five times with
+sleeps, and never hashes what it wrote; hfcache needs a per-call timeout and the hash of the bytes while they
+stream.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import posixpath
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import BinaryIO
+
+import httpx2
+from huggingface_hub import HfApi, constants, hf_hub_url
+from huggingface_hub.errors import (
+    GatedRepoError,
+    HfHubHTTPError,
+    OfflineModeIsEnabled,
+    RepositoryNotFoundError,
+    RevisionNotFoundError,
+)
+from huggingface_hub.utils import build_hf_headers, get_session, hf_raise_for_status
+
+from . import __version__
+from .errors import (
+    EndpointUnreachable,
+    GatedRepo,
+    HubError,
+    IntegrityError,
+    RepoNotFound,
+    RevisionNotFound,
+)
+
+COMMIT_RE = re.compile(r"^[0-9a-f]{40}$")
+SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
+_CHUNK = 1024 * 1024
+
+
+@dataclass(frozen=True)
+class RemoteFile:
+    """One file of a repo at a commit, as the endpoint publishes it.
+
+    Attributes:
+        path (str): ``/``-separated path in the repo.
+        size (int): size in bytes.
+        blob_id (str): git blob sha1 (40 hex).
+        lfs_sha256 (str | None): sha256 (64 hex) for LFS files, else None.
+    """
+
+    path: str
+    size: int
+    blob_id: str
+    lfs_sha256: str | None = None
+
+    @property
+    def etag(self) -> str:
+        """The blob name in the cache: sha256 for LFS files, git blob sha1 otherwise (DESIGN §1)."""
+        return self.lfs_sha256 or self.blob_id
+
+    @property
+    def hash(self) -> str:
+        """Algorithm-prefixed expected hash: ``sha256:<hex>`` or ``git-sha1:<hex>``."""
+        return f"sha256:{self.lfs_sha256}" if self.lfs_sha256 else f"git-sha1:{self.blob_id}"
+
+
+@dataclass(frozen=True)
+class RepoRevision:
+    """A repo resolved to a commit.
+
+    Attributes:
+        repo_id (str): the id as requested (may be a legacy id such as ``bert-base-uncased``).
+        canonical_id (str): the id the endpoint answered with (``google-bert/bert-base-uncased``).
+        repo_type (str): ``model`` or ``dataset``.
+        revision (str): the requested revision (branch, tag or commit).
+        commit_hash (str): the 40-hex commit.
+        files (tuple[RemoteFile, ...]): every file of the repo at that commit, sorted by path.
+    """
+
+    repo_id: str
+    canonical_id: str
+    repo_type: str
+    revision: str
+    commit_hash: str
+    files: tuple[RemoteFile, ...]
+
+
+class Hasher:
+    """Incremental hash of a blob, matching how the Hub names it.
+
+    For LFS files the etag is the sha256 of the content; for other files it is the git blob sha1,
+    ``sha1(b"blob <size>\\0" + content)`` (git's object format), so the size must be known up front.
+    """
+
+    def __init__(self, file: RemoteFile) -> None:
+        self.file = file
+        if file.lfs_sha256:
+            self._h = hashlib.sha256()
+        else:
+            self._h = hashlib.sha1()  # noqa: S324 - git's object id, not a security hash
+            self._h.update(b"blob %d\0" % file.size)
+
+    def update(self, data: bytes) -> None:
+        self._h.update(data)
+
+    def hexdigest(self) -> str:
+        return self._h.hexdigest()
+
+    def matches(self) -> bool:
+        return self.hexdigest() == self.file.etag
+
+
+def hash_file(path: str, file: RemoteFile) -> bool:
+    """Return True when the file at ``path`` has exactly ``file``'s size and hash.
+
+    Args:
+        path: local file path.
+        file: what the endpoint (or a lock) says the content is.
+    """
+    hasher = Hasher(file)
+    seen = 0
+    with open(path, "rb") as f:
+        while chunk := f.read(_CHUNK):
+            hasher.update(chunk)
+            seen += len(chunk)
+    return seen == file.size and hasher.matches()
+
+
+def validate_repo_path(path: str) -> str:
+    """Return ``path`` if it is a safe relative repo path, else raise HubError.
+
+    A listing from a hostile or broken endpoint must not make hfcache write outside the repo folder.
+    """
+    if (
+        not path
+        or "\\" in path
+        or "\0" in path
+        or path.startswith("/")
+        or posixpath.normpath(path) != path
+        or any(part in ("", ".", "..") for part in path.split("/"))
+    ):
+        raise HubError(f"endpoint listed an unsafe file path {path!r}", hint="the endpoint is broken or hostile")
+    return path
+
+
+class HubClient:
+    """A connection to one Hub endpoint with one token and one timeout.
+
+    Args:
+        endpoint: base URL, e.g. ``https://huggingface.co`` (default: ``HF_ENDPOINT`` as huggingface_hub read it).
+        token: a Hub token, or None for anonymous access. Never logged or stored by hfcache.
+        timeout: seconds to wait for a connection or for any byte of an answer.
+    """
+
+    def __init__(self, endpoint: str | None = None, token: str | None = None, timeout: float = 10.0) -> None:
+        self.endpoint = (endpoint or constants.ENDPOINT).rstrip("/")
+        # token=False stops huggingface_hub from reading a stored token behind our back.
+        self._token: str | bool = token or False
+        self.timeout = timeout
+        self._api = HfApi(endpoint=self.endpoint, token=self._token, library_name="hfcache", library_version=__version__)
+
+    def __repr__(self) -> str:  # never show the token
+        return f"HubClient(endpoint={self.endpoint!r})"
+
+    def resolve(self, repo_id: str, revision: str = "main", repo_type: str = "model") -> RepoRevision:
+        """Resolve ``revision`` to a commit and list every file with its size and hash.
+
+        Args:
+            repo_id: ``org/name`` or a legacy id.
+            revision: branch, tag or 40-hex commit.
+            repo_type: ``model`` or ``dataset``.
+
+        Returns:
+            RepoRevision with the canonical id and the files at the commit.
+
+        Raises:
+            RepoNotFound, RevisionNotFound, GatedRepo, EndpointUnreachable, HubError (malformed answer).
+        """
+        with _mapped_errors(repo_id, revision, self.endpoint):
+            info = self._api.repo_info(
+                repo_id, revision=revision, repo_type=repo_type, files_metadata=True, timeout=self.timeout
+            )
+        commit = info.sha or ""
+        if not COMMIT_RE.fullmatch(commit):
+            raise HubError(f"{repo_id}: endpoint answered commit {commit!r}, not 40 hex characters",
+                           hint="the endpoint is broken or not Hub-compatible")
+        files = []
+        for sibling in info.siblings or ():
+            path = validate_repo_path(sibling.rfilename)
+            lfs = sibling.lfs.sha256 if sibling.lfs else None
+            if sibling.size is None or sibling.blob_id is None or (lfs is not None and not SHA256_RE.fullmatch(lfs)):
+                raise HubError(f"{repo_id}: endpoint gave no size or hash for {path}",
+                               hint="the endpoint must answer ?blobs=true like the Hub (DESIGN §2.1)")
+            files.append(RemoteFile(path=path, size=int(sibling.size), blob_id=sibling.blob_id, lfs_sha256=lfs))
+        files.sort(key=lambda f: f.path)
+        return RepoRevision(
+            repo_id=repo_id,
+            canonical_id=info.id or repo_id,
+            repo_type=repo_type,
+            revision=revision,
+            commit_hash=commit,
+            files=tuple(files),
+        )
+
+    def download(
+        self,
+        repo: RepoRevision,
+        file: RemoteFile,
+        out: BinaryIO,
+        on_bytes: Callable[[int], None] | None = None,
+    ) -> None:
+        """Stream one file at the repo's commit into ``out`` and check its size and hash.
+
+        Args:
+            repo: the resolved repo (the canonical id and commit are used in the URL).
+            file: the file to fetch.
+            out: a binary file opened for writing at position 0.
+            on_bytes: called with the byte count of every chunk written (progress).
+
+        Raises:
+            IntegrityError: the bytes do not match the published size or hash.
+            EndpointUnreachable, RepoNotFound, RevisionNotFound, GatedRepo, HubError.
+        """
+        url = hf_hub_url(repo.canonical_id, file.path, repo_type=repo.repo_type,
+                         revision=repo.commit_hash, endpoint=self.endpoint)
+        headers = build_hf_headers(token=self._token, library_name="hfcache", library_version=__version__)
+        # Hashing needs the identity encoding: a gzip transfer would change nothing in the bytes we hash
+        # (httpx decodes), but asking for identity keeps Content-Length meaningful for the size check.
+        headers["Accept-Encoding"] = "identity"
+        hasher = Hasher(file)
+        written = 0
+        with _mapped_errors(repo.repo_id, repo.revision, self.endpoint, path=file.path):
+            with get_session().stream("GET", url, headers=headers, timeout=self.timeout,
+                                      follow_redirects=True) as response:
+                hf_raise_for_status(response)
+                for chunk in response.iter_bytes(_CHUNK):
+                    written += len(chunk)
+                    if written > file.size:
+                        raise IntegrityError(
+                            f"{repo.repo_id}: {file.path} is larger than the {file.size} bytes the endpoint published"
+                        )
+                    hasher.update(chunk)
+                    out.write(chunk)
+                    if on_bytes:
+                        on_bytes(len(chunk))
+        if written != file.size:
+            raise IntegrityError(f"{repo.repo_id}: {file.path} has {written} bytes, the endpoint published {file.size}")
+        if not hasher.matches():
+            raise IntegrityError(
+                f"{repo.repo_id}: {file.path} does not match its published hash "
+                f"(expected {file.hash}, got {hasher.hexdigest()})"
+            )
+
+
+class _mapped_errors:
+    """Context manager turning huggingface_hub / httpx2 errors into hfcache errors with one-line messages."""
+
+    def __init__(self, repo_id: str, revision: str, endpoint: str, path: str | None = None) -> None:
+        self.what = f"{repo_id}@{revision}" + (f": {path}" if path else "")
+        self.repo_id = repo_id
+        self.revision = revision
+        self.endpoint = endpoint
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, exc_type, exc, tb) -> bool:
+        if exc is None or isinstance(exc, HubError):
+            return False
+        translated = self._translate(exc)
+        if translated is exc:
+            return False
+        raise translated from exc
+
+    def _translate(self, exc: BaseException) -> BaseException:
+        if isinstance(exc, GatedRepoError):
+            return GatedRepo(f"{self.repo_id}: access is gated or forbidden at {self.endpoint}",
+                             hint="accept the repo's conditions on the Hub and pass a token with access (--token-file)")
+        if isinstance(exc, RevisionNotFoundError):
+            return RevisionNotFound(f"{self.repo_id}: revision {self.revision!r} not found at {self.endpoint}",
+                                    hint="check the branch, tag or commit name")
+        if isinstance(exc, RepositoryNotFoundError):
+            return RepoNotFound(f"{self.repo_id}: repo not found at {self.endpoint} (or private without access)",
+                                hint="check the repo id and --repo-type; for a private repo pass a token")
+        if isinstance(exc, OfflineModeIsEnabled):
+            return EndpointUnreachable(f"{self.what}: HF_HUB_OFFLINE is set, so no download is possible",
+                                       hint="unset HF_HUB_OFFLINE for hfcache warm")
+        if isinstance(exc, httpx2.TimeoutException):
+            return EndpointUnreachable(f"{self.what}: no answer from {self.endpoint} within the timeout",
+                                       hint="check the endpoint, or raise --timeout")
+        if isinstance(exc, httpx2.TooManyRedirects):
+            return HubError(f"{self.what}: too many redirects from {self.endpoint}", hint="the endpoint is misconfigured")
+        if isinstance(exc, (httpx2.ConnectError, httpx2.NetworkError, httpx2.RemoteProtocolError)):
+            return EndpointUnreachable(f"{self.what}: cannot connect to {self.endpoint} ({_first_line(exc)})",
+                                       hint="check --endpoint / HF_ENDPOINT and the network")
+        if isinstance(exc, HfHubHTTPError):
+            status = exc.response.status_code if exc.response is not None else "?"
+            if status in (401, 403):
+                return GatedRepo(f"{self.repo_id}: HTTP {status} from {self.endpoint}: not authorized",
+                                 hint="pass a token with access (--token-file or HF_TOKEN)")
+            return HubError(f"{self.what}: HTTP {status} from {self.endpoint}", hint="retry later or check the endpoint")
+        if isinstance(exc, (ValueError, KeyError, TypeError)):  # malformed JSON or fields
+            return HubError(f"{self.what}: malformed answer from {self.endpoint} ({_first_line(exc)})",
+                            hint="the endpoint is not Hub-compatible")
+        if isinstance(exc, httpx2.HTTPError):
+            return EndpointUnreachable(f"{self.what}: {_first_line(exc)}", hint="check the endpoint and network")
+        return exc
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip() or type(exc).__name__
+    return text.splitlines()[0]

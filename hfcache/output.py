@@ -1,0 +1,162 @@
+"""Rendering: rich progress and tables on stderr for people, one JSON document on stdout for machines.
+
+Nothing here decides anything; it only shows the dataclasses the core returns. ``NO_COLOR`` is honoured by rich.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import threading
+from dataclasses import asdict
+from typing import Any
+
+from rich.console import Console
+from rich.progress import (
+    BarColumn,
+    DownloadColumn,
+    Progress,
+    TaskID,
+    TextColumn,
+    TimeElapsedColumn,
+    TransferSpeedColumn,
+)
+from rich.table import Table
+from rich.text import Text
+
+from .warm import RepoResult, WarmReport
+
+stderr = Console(stderr=True, highlight=False)
+
+
+def print_json(document: Any) -> None:
+    """Print exactly one JSON document on stdout (sorted keys, two-space indent, trailing newline)."""
+    sys.stdout.write(json.dumps(document, indent=2, sort_keys=True) + "\n")
+    sys.stdout.flush()
+
+
+def print_error(message: str, hint: str | None = None) -> None:
+    """One or two lines on stderr: what failed, and what to do."""
+    stderr.print(Text(f"hfcache: error: {message}", style="bold red"), soft_wrap=True)
+    if hint:
+        stderr.print(Text(f"hint: {hint}", style="yellow"), soft_wrap=True)
+
+
+def human_size(n: int | float) -> str:
+    """1536 -> '1.5 KiB' (binary units, as ``du -h``)."""
+    n = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} TiB"
+
+
+def repo_result_dict(result: RepoResult) -> dict[str, Any]:
+    """A RepoResult as plain JSON data (sizes in bytes, times in seconds)."""
+    data = asdict(result)
+    request = data.pop("request")
+    data.update(
+        repo_id=request["repo_id"],
+        revision=request["revision"],
+        repo_type=request["repo_type"],
+        kind=request["kind"],
+        include=list(request["include"]),
+        exclude=list(request["exclude"]),
+        ok=result.ok,
+        seconds=round(result.seconds, 3),
+    )
+    return data
+
+
+def warm_report_dict(report: WarmReport) -> dict[str, Any]:
+    return {
+        "cache_dir": report.cache_dir,
+        "ok": report.ok,
+        "exit_code": report.exit_code,
+        "bytes_downloaded": report.bytes_downloaded,
+        "seconds": round(report.seconds, 3),
+        "repos": [repo_result_dict(r) for r in report.repos],
+    }
+
+
+def warm_summary_table(report: WarmReport) -> Table:
+    table = Table(title=f"hfcache warm -> {report.cache_dir}", title_justify="left")
+    table.add_column("repo")
+    table.add_column("commit")
+    table.add_column("files", justify="right")
+    table.add_column("size", justify="right")
+    table.add_column("downloaded", justify="right")
+    table.add_column("time", justify="right")
+    table.add_column("status")
+    for r in report.repos:
+        label = r.request.spec
+        if r.canonical_id and r.canonical_id != r.request.repo_id:
+            label += f" -> {r.canonical_id}"
+        status = Text("ok", style="green") if r.ok else Text(f"failed (exit {r.exit_code})", style="red")
+        table.add_row(
+            label,
+            (r.commit_hash or "-")[:12],
+            str(len(r.files)) if r.ok else "-",
+            human_size(sum(f.size for f in r.files)) if r.ok else "-",
+            human_size(r.bytes_downloaded),
+            f"{r.seconds:.2f}s",
+            status,
+        )
+    failed = sum(not r.ok for r in report.repos)
+    table.caption = (
+        f"{len(report.repos) - failed} ok, {failed} failed; {human_size(report.bytes_downloaded)} downloaded "
+        f"in {report.seconds:.2f}s"
+    )
+    table.caption_justify = "left"
+    return table
+
+
+class WarmProgress:
+    """A rich progress display on stderr: one bar per repo (bytes) and a total bar; implements ProgressSink."""
+
+    def __init__(self, total_repos: int, enabled: bool = True) -> None:
+        self._progress = Progress(
+            TextColumn("{task.description}"),
+            BarColumn(),
+            DownloadColumn(binary_units=True),
+            TransferSpeedColumn(),
+            TextColumn("{task.fields[status]}"),
+            TimeElapsedColumn(),
+            console=stderr,
+            disable=not enabled,
+            transient=False,
+        )
+        self._lock = threading.Lock()
+        self._tasks: dict[int, TaskID] = {}
+        self._total = self._progress.add_task("[bold]total", total=0, status=f"0/{total_repos} repos")
+        self._total_repos = total_repos
+        self._done = 0
+
+    def __enter__(self) -> WarmProgress:
+        self._progress.__enter__()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._progress.__exit__(*exc)
+
+    def repo_started(self, key: int, label: str, files: int, total_bytes: int) -> None:
+        with self._lock:
+            self._tasks[key] = self._progress.add_task(label, total=total_bytes, status=f"{files} files")
+            total = self._progress.tasks[self._total].total or 0
+            self._progress.update(self._total, total=total + total_bytes)
+
+    def advance(self, key: int, nbytes: int) -> None:
+        task = self._tasks.get(key)
+        if task is not None:
+            self._progress.advance(task, nbytes)
+        self._progress.advance(self._total, nbytes)
+
+    def repo_finished(self, key: int, result: RepoResult) -> None:
+        with self._lock:
+            self._done += 1
+            self._progress.update(self._total, status=f"{self._done}/{self._total_repos} repos")
+            task = self._tasks.get(key)
+            if task is None:
+                task = self._tasks[key] = self._progress.add_task(result.request.spec, total=0, status="")
+            self._progress.update(task, status="[green]ok" if result.ok else "[red]failed")

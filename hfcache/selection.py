@@ -1,0 +1,200 @@
+"""Which files of a repo to fetch: the tokenizer set, a model in one weight format, or everything.
+
+Pure functions over a repo's file listing; no network, no filesystem.
+
+The tokenizer file names come from transformers 5.x: ``tokenization_utils_base.py`` (``tokenizer_config.json``,
+``special_tokens_map.json``, ``added_tokens.json``, ``tokenizer.json``, ``chat_template.jinja``,
+``chat_template.json``, ``additional_chat_templates/``), the per-class ``vocab_files_names`` of the tokenizers
+(``vocab.txt``, ``vocab.json``, ``merges.txt``, SentencePiece ``*.model``, tiktoken files, Mistral ``tekken.json``),
+and ``AutoTokenizer`` reading ``config.json`` to pick the class (``models/auto/tokenization_auto.py``).
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import json
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+KINDS = ("tokenizer", "model", "all")
+
+#: Root-level names a tokenizer load may ask for. When the repo lacks one of them at a commit, warm writes the
+#: ``.no_exist/<commit>/<name>`` marker so an offline load knows it is absent instead of failing (DESIGN §3).
+TOKENIZER_FILENAMES: tuple[str, ...] = (
+    "added_tokens.json",
+    "chat_template.jinja",
+    "chat_template.json",
+    "config.json",
+    "merges.txt",
+    "special_tokens_map.json",
+    "tekken.json",
+    "tokenizer.json",
+    "tokenizer.model",
+    "tokenizer_config.json",
+    "vocab.json",
+    "vocab.txt",
+)
+
+#: Root-level globs for vocab files whose names vary by model family.
+TOKENIZER_GLOBS: tuple[str, ...] = (
+    "*.model",  # SentencePiece: spiece.model, sentencepiece.bpe.model, tokenizer.model, ...
+    "*.spm",  # Marian source.spm / target.spm
+    "*.tiktoken",  # tiktoken BPE ranks (qwen.tiktoken, cl100k_base.tiktoken)
+    "tiktoken.model",
+    "vocab.*",  # vocab.bpe, vocab.model, ...
+    "spiece.*",
+    "*.vocab",
+    "additional_chat_templates/*.jinja",
+)
+
+#: Weight formats, in order of preference for ``kind="model"``: (index file, single file, glob).
+_WEIGHT_FORMATS: tuple[tuple[str, str, str], ...] = (
+    ("model.safetensors.index.json", "model.safetensors", "*.safetensors"),
+    ("pytorch_model.bin.index.json", "pytorch_model.bin", "*.bin"),
+)
+
+#: Weight files of every format. ``kind="model"`` skips them unless they belong to the chosen format or an
+#: ``include`` glob asks for them (the TF/Flax/ONNX/GGUF/... duplicates of a model).
+WEIGHT_GLOBS: tuple[str, ...] = (
+    "*.safetensors", "*.bin", "*.pt", "*.pth", "*.ckpt", "*.h5", "*.msgpack", "*.onnx", "*.onnx_data",
+    "*.ot", "*.gguf", "*.ggml", "*.tflite", "*.mlmodel", "*.npz", "*.pb", "*.keras", "*.pdparams",
+)
+
+#: Folders that hold other runtimes' exports; skipped by ``kind="model"``.
+_EXPORT_DIRS: tuple[str, ...] = ("onnx/", "openvino/", "coreml/", "tflite/", "tf/", "flax/", "gguf/", "mlx/")
+
+#: Small text files a model load reads besides its weights (configs, custom code, processor files).
+_MODEL_SIDE_GLOBS: tuple[str, ...] = ("*.json", "*.py", "*.txt", "*.jinja", "*.yaml", "*.yml")
+
+
+@dataclass(frozen=True)
+class Selection:
+    """The outcome of selecting files from a listing.
+
+    Attributes:
+        paths (tuple[str, ...]): repo paths to fetch, sorted.
+        absent (tuple[str, ...]): optional tokenizer names the repo does not have (``.no_exist`` markers), sorted.
+        needs_index (tuple[str, ...]): sharded weight index files whose ``weight_map`` must be read to finish
+            the selection (see :func:`shards_from_index`); empty when the selection is complete.
+    """
+
+    paths: tuple[str, ...]
+    absent: tuple[str, ...]
+    needs_index: tuple[str, ...] = ()
+
+
+def _match(path: str, patterns: Iterable[str]) -> bool:
+    """fnmatch a repo path against globs; a pattern ending in ``/`` matches a whole folder.
+
+    Same rule as ``huggingface_hub.utils.filter_repo_objects`` (``utils/_paths.py``).
+    """
+    for pattern in patterns:
+        if pattern.endswith("/"):
+            pattern += "*"
+        if fnmatch.fnmatchcase(path, pattern):
+            return True
+    return False
+
+
+def _is_root(path: str) -> bool:
+    return "/" not in path
+
+
+def tokenizer_paths(paths: Iterable[str]) -> set[str]:
+    """Return the paths a tokenizer load can need, from all the repo's paths."""
+    chosen = set()
+    for path in paths:
+        if _is_root(path) and (path in TOKENIZER_FILENAMES or _match(path, TOKENIZER_GLOBS)):
+            chosen.add(path)
+        elif path.startswith("additional_chat_templates/") and path.endswith(".jinja"):
+            chosen.add(path)
+    # A root "*.model"/"vocab.*" glob can catch weights ("vocab.bin" is rare, "model.bin" is not matched).
+    return {p for p in chosen if not _match(p, WEIGHT_GLOBS)}
+
+
+def _weight_paths(paths: set[str]) -> tuple[set[str], tuple[str, ...]]:
+    """Pick root weights in one format: safetensors when present, else PyTorch ``.bin``.
+
+    Returns ``(paths, index_files)``: when a sharded index exists, the shards are known only after reading
+    it, so the index is returned for :func:`shards_from_index` and no shard is guessed.
+    """
+    root = {p for p in paths if _is_root(p)}
+    for index_name, single_name, glob in _WEIGHT_FORMATS:
+        if index_name in root:
+            return {index_name}, (index_name,)
+        if single_name in root:
+            return {single_name}, ()
+        candidates = {p for p in root if fnmatch.fnmatchcase(p, glob) and p != "training_args.bin"}
+        if candidates:
+            return candidates, ()
+    return set(), ()
+
+
+def select(
+    paths: Iterable[str],
+    kind: str = "tokenizer",
+    include: Sequence[str] = (),
+    exclude: Sequence[str] = (),
+) -> Selection:
+    """Select the files of one repo listing.
+
+    Args:
+        paths: every file path of the repo at one commit (``/``-separated, relative to the repo root).
+        kind: ``"tokenizer"`` (tokenizer files plus ``config.json``), ``"model"`` (tokenizer files, configs,
+            custom code and the weights in ONE format, safetensors first) or ``"all"`` (every file).
+        include: globs whose matches are added to the kind's selection (e.g. ``"onnx/*"``).
+        exclude: globs whose matches are never selected; exclude wins over include.
+
+    Returns:
+        Selection: the paths to fetch, the absent optional tokenizer names, and index files to follow.
+
+    Raises:
+        ValueError: ``kind`` is not one of :data:`KINDS`.
+    """
+    if kind not in KINDS:
+        raise ValueError(f"unknown kind {kind!r}: expected one of {', '.join(KINDS)}")
+    all_paths = set(paths)
+    needs_index: tuple[str, ...] = ()
+    if kind == "all":
+        chosen = set(all_paths)
+    else:
+        chosen = tokenizer_paths(all_paths)
+        if kind == "model":
+            side = {
+                p for p in all_paths
+                if _match(p, _MODEL_SIDE_GLOBS) and not p.startswith(_EXPORT_DIRS)
+            }
+            weights, needs_index = _weight_paths(all_paths)
+            chosen |= side | weights
+    chosen |= {p for p in all_paths if include and _match(p, include)}
+    chosen = {p for p in chosen if not (exclude and _match(p, exclude))}
+    absent = () if kind == "all" else tuple(sorted(n for n in TOKENIZER_FILENAMES if n not in all_paths))
+    needs_index = tuple(i for i in needs_index if i in chosen)
+    return Selection(paths=tuple(sorted(chosen)), absent=absent, needs_index=needs_index)
+
+
+def shards_from_index(index_bytes: bytes, available: Iterable[str], index_path: str) -> set[str]:
+    """Return the shard paths a sharded ``*.index.json`` names in its ``weight_map``.
+
+    Args:
+        index_bytes: the content of the index file (JSON with a ``weight_map`` of tensor name -> shard file).
+        available: every path of the repo, to resolve shards relative to the index's folder.
+        index_path: the index's own repo path.
+
+    Returns:
+        set[str]: shard paths, relative to the repo root.
+
+    Raises:
+        ValueError: the index is not JSON with a ``weight_map`` object, or names a shard the repo does not have.
+    """
+    try:
+        weight_map = json.loads(index_bytes)["weight_map"]
+        shard_names = set(weight_map.values())
+    except (ValueError, KeyError, TypeError, AttributeError) as exc:
+        raise ValueError(f"{index_path} is not a sharded weight index: {exc}") from None
+    folder = index_path.rsplit("/", 1)[0] + "/" if "/" in index_path else ""
+    shards = {folder + name for name in shard_names}
+    missing = sorted(shards - set(available))
+    if missing:
+        raise ValueError(f"{index_path} names shards the repo does not have: {', '.join(missing[:3])}")
+    return shards

@@ -1,0 +1,424 @@
+"""warm: download a selection of repo files into a cache, verified, in huggingface_hub's own layout.
+
+Per repo: one request resolves the revision and lists every file with its hash (``hub.HubClient.resolve``);
+:mod:`hfcache.selection` picks the files; each missing blob is downloaded to ``blobs/<etag>.<random>.incomplete``,
+hashed while it streams, and renamed into place only when size and hash match. Only when every blob of the repo
+is in place does the repo become visible, in huggingface_hub's order: snapshot links, ``.no_exist`` markers, and
+the ref last. A failed repo leaves no snapshot entry and no ref behind.
+
+Library gap: ``hf_hub_download``/``snapshot_download`` publish a file as soon as its bytes arrive and check only
+its size (DESIGN §1, §4); they also never write ``.no_exist`` markers for files a repo lacks, which transformers 5
+needs to load a tokenizer offline (DESIGN §3).
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+import threading
+import time
+from collections.abc import Iterable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Protocol
+
+from huggingface_hub.errors import HFValidationError
+from huggingface_hub.utils import get_token, validate_repo_id
+
+from .cache import (
+    RepoFolder,
+    cache_error,
+    ensure_cache_root,
+    find_blob_elsewhere,
+    resolve_cache_dir,
+    symlinks_supported,
+)
+from .errors import HfcacheError, IntegrityError, UsageError
+from .hub import HubClient, RemoteFile, RepoRevision, hash_file
+from .selection import KINDS, select, shards_from_index
+
+REPO_TYPES = ("model", "dataset")
+_BAD_REVISION = re.compile(r"(^|/)\.\.?(/|$)|^/|\\|\s|\x00")
+
+
+@dataclass(frozen=True)
+class WarmRequest:
+    """One repo to warm.
+
+    Attributes:
+        repo_id (str): ``org/name`` or a legacy id; the cache folder is named after it, as loaders will ask for it.
+        revision (str): branch, tag or 40-hex commit (default ``main``).
+        repo_type (str): ``model`` or ``dataset``.
+        kind (str): ``tokenizer`` (default), ``model`` or ``all`` (see :func:`hfcache.selection.select`).
+        include (tuple[str, ...]): globs added to the kind's selection.
+        exclude (tuple[str, ...]): globs removed from it.
+    """
+
+    repo_id: str
+    revision: str = "main"
+    repo_type: str = "model"
+    kind: str = "tokenizer"
+    include: tuple[str, ...] = ()
+    exclude: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        try:
+            validate_repo_id(self.repo_id)
+        except HFValidationError:
+            raise UsageError(f"invalid repo id {self.repo_id!r}",
+                             hint="use ORG/NAME or a legacy id such as bert-base-uncased") from None
+        if not self.revision or _BAD_REVISION.search(self.revision):
+            raise UsageError(f"invalid revision {self.revision!r} for {self.repo_id}",
+                             hint="use a branch, tag or 40-hex commit")
+        if self.repo_type not in REPO_TYPES:
+            raise UsageError(f"invalid repo type {self.repo_type!r}", hint=f"use one of {', '.join(REPO_TYPES)}")
+        if self.kind not in KINDS:
+            raise UsageError(f"invalid kind {self.kind!r}", hint=f"use one of {', '.join(KINDS)}")
+
+    @classmethod
+    def parse(cls, spec: str, **options) -> WarmRequest:
+        """Build a request from ``REPO_ID[@REVISION]``; ``options`` are the other fields.
+
+        Raises:
+            UsageError: malformed repo id, revision, type or kind.
+        """
+        repo_id, sep, revision = spec.partition("@")
+        if sep and not revision:
+            raise UsageError(f"invalid repo spec {spec!r}: empty revision after '@'", hint="use REPO_ID@REVISION")
+        return cls(repo_id=repo_id, revision=revision or "main", **options)
+
+    @property
+    def spec(self) -> str:
+        return self.repo_id if self.revision == "main" else f"{self.repo_id}@{self.revision}"
+
+
+@dataclass(frozen=True)
+class WarmedFile:
+    """A file of a warmed repo.
+
+    Attributes:
+        path (str): path in the repo.
+        size (int): bytes.
+        hash (str): ``sha256:<hex>`` (LFS) or ``git-sha1:<hex>``.
+        source (str): ``downloaded`` (fetched and hashed now), ``cached`` (blob already present, size checked) or
+            ``linked`` (hardlinked from an identical, re-hashed blob of another repo folder).
+    """
+
+    path: str
+    size: int
+    hash: str
+    source: str
+
+
+@dataclass(frozen=True)
+class RepoResult:
+    """The outcome for one :class:`WarmRequest`.
+
+    Attributes:
+        request: what was asked.
+        endpoint (str): the endpoint that served it.
+        canonical_id (str | None): the id the endpoint answered with; None when resolution failed.
+        commit_hash (str | None): the resolved commit.
+        files (tuple[WarmedFile, ...]): the selected files, sorted by path.
+        absent (tuple[str, ...]): optional tokenizer names the repo lacks, recorded as ``.no_exist`` markers.
+        bytes_downloaded (int): bytes received from the network for this repo.
+        seconds (float): wall time.
+        error (str | None): one-line reason when the repo failed.
+        hint (str | None): what to do about it.
+        exit_code (int): 0, or the documented exit code of the error.
+    """
+
+    request: WarmRequest
+    endpoint: str
+    canonical_id: str | None = None
+    commit_hash: str | None = None
+    files: tuple[WarmedFile, ...] = ()
+    absent: tuple[str, ...] = ()
+    bytes_downloaded: int = 0
+    seconds: float = 0.0
+    error: str | None = None
+    hint: str | None = None
+    exit_code: int = 0
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None
+
+
+@dataclass(frozen=True)
+class WarmReport:
+    """The outcome of one :func:`warm` call.
+
+    Attributes:
+        cache_dir (str): the cache written.
+        repos (tuple[RepoResult, ...]): one result per request, in request order.
+        seconds (float): total wall time.
+    """
+
+    cache_dir: str
+    repos: tuple[RepoResult, ...]
+    seconds: float
+
+    @property
+    def ok(self) -> bool:
+        return all(r.ok for r in self.repos)
+
+    @property
+    def exit_code(self) -> int:
+        """0 when every repo succeeded, else the exit code of the first failed repo (request order)."""
+        return next((r.exit_code for r in self.repos if not r.ok), 0)
+
+    @property
+    def bytes_downloaded(self) -> int:
+        return sum(r.bytes_downloaded for r in self.repos)
+
+
+class ProgressSink(Protocol):
+    """Receives progress events from :func:`warm` (from worker threads). ``key`` is the request's index."""
+
+    def repo_started(self, key: int, label: str, files: int, total_bytes: int) -> None: ...
+
+    def advance(self, key: int, nbytes: int) -> None: ...
+
+    def repo_finished(self, key: int, result: RepoResult) -> None: ...
+
+
+class _NoProgress:
+    def repo_started(self, key: int, label: str, files: int, total_bytes: int) -> None:
+        pass
+
+    def advance(self, key: int, nbytes: int) -> None:
+        pass
+
+    def repo_finished(self, key: int, result: RepoResult) -> None:
+        pass
+
+
+def resolve_token(token: str | bool | None) -> str | None:
+    """``None`` -> the token huggingface_hub would use (``HF_TOKEN``, then the token file); ``False`` -> none."""
+    if token is False:
+        return None
+    if token is None or token is True:
+        return get_token()
+    return token
+
+
+def warm(
+    requests: Sequence[WarmRequest],
+    *,
+    cache_dir: str | Path | None = None,
+    endpoint: str | None = None,
+    token: str | bool | None = None,
+    max_workers: int = 8,
+    timeout: float = 10.0,
+    progress: ProgressSink | None = None,
+) -> WarmReport:
+    """Warm every request into ``cache_dir``; a failed repo never stops the others.
+
+    Args:
+        requests: the repos to warm.
+        cache_dir: cache root (default: ``HF_HUB_CACHE``, ``$HF_HOME/hub``, ``~/.cache/huggingface/hub``).
+        endpoint: Hub base URL (default: ``HF_ENDPOINT`` or the public Hub).
+        token: Hub token; None reads it as huggingface_hub does, False sends none. Never logged or stored.
+        max_workers: parallel downloads (files across all repos), >= 1.
+        timeout: seconds to wait for a connection or for any byte of an answer.
+        progress: optional receiver of progress events.
+
+    Returns:
+        WarmReport with one RepoResult per request, in request order.
+
+    Raises:
+        UsageError: ``max_workers`` < 1 or ``timeout`` <= 0.
+        CacheError: the cache root cannot be created or written (no repo is attempted then).
+    """
+    if max_workers < 1:
+        raise UsageError(f"--max-workers must be at least 1, got {max_workers}")
+    if timeout <= 0:
+        raise UsageError(f"--timeout must be positive, got {timeout}")
+    started = time.monotonic()
+    root = resolve_cache_dir(cache_dir)
+    ensure_cache_root(root)
+    client = HubClient(endpoint=endpoint, token=resolve_token(token), timeout=timeout)
+    sink = progress or _NoProgress()
+    use_symlinks = symlinks_supported(root)
+    with ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="hfcache-file") as files_pool, \
+            ThreadPoolExecutor(max_workers=min(len(requests), max_workers) or 1,
+                               thread_name_prefix="hfcache-repo") as repos_pool:
+        futures = [
+            repos_pool.submit(_RepoJob(i, req, root, client, files_pool, sink, use_symlinks).run)
+            for i, req in enumerate(requests)
+        ]
+        results = tuple(f.result() for f in futures)
+    return WarmReport(cache_dir=str(root), repos=results, seconds=time.monotonic() - started)
+
+
+class _Cancelled(HfcacheError):
+    """A file task skipped because another file of the same repo already failed."""
+
+
+@dataclass
+class _RepoJob:
+    key: int
+    request: WarmRequest
+    cache_dir: Path
+    client: HubClient
+    pool: ThreadPoolExecutor
+    sink: ProgressSink
+    symlinks: bool
+    _downloaded: int = 0
+    _count_lock: threading.Lock = field(default_factory=threading.Lock)
+    _failed: threading.Event = field(default_factory=threading.Event)
+
+    def run(self) -> RepoResult:
+        started = time.monotonic()
+        base = RepoResult(request=self.request, endpoint=self.client.endpoint)
+        repo: RepoRevision | None = None
+        try:
+            repo = self.client.resolve(self.request.repo_id, self.request.revision, self.request.repo_type)
+            result = self._warm(repo, base)
+        except HfcacheError as exc:
+            result = _failed(base, repo, exc)
+        except OSError as exc:
+            result = _failed(base, repo, cache_error(exc, self.request.repo_id))
+        result = replace(result, bytes_downloaded=self._downloaded, seconds=time.monotonic() - started)
+        self.sink.repo_finished(self.key, result)
+        return result
+
+    def _warm(self, repo: RepoRevision, base: RepoResult) -> RepoResult:
+        req = self.request
+        by_path = {f.path: f for f in repo.files}
+        selection = select(by_path, req.kind, req.include, req.exclude)
+        canonical = RepoFolder(self.cache_dir, repo.canonical_id, req.repo_type)
+        folders = [canonical]
+        if req.repo_id != repo.canonical_id:
+            folders.append(RepoFolder(self.cache_dir, req.repo_id, req.repo_type))
+        paths = set(selection.paths)
+        # One repo lock per folder, taken in name order so that concurrent warms never deadlock.
+        locks = [f.repo_lock() for f in sorted(folders, key=lambda f: f.name)]
+        for lock in locks:
+            lock.__enter__()
+        try:
+            if selection.needs_index:
+                # The shard list is inside the index file: fetch (or find) the index first.
+                self._fetch(repo, canonical, [by_path[p] for p in selection.needs_index])
+                for index in selection.needs_index:
+                    data = canonical.blob_path(by_path[index].etag).read_bytes()
+                    try:
+                        paths |= shards_from_index(data, by_path, index)
+                    except ValueError as exc:
+                        raise IntegrityError(f"{req.repo_id}: {exc}") from None
+            files = [by_path[p] for p in sorted(paths)]
+            self.sink.repo_started(self.key, req.spec, len(files), sum(f.size for f in files))
+            sources = self._fetch(repo, canonical, files)
+            for alias in folders[1:]:
+                for f in files:
+                    _copy_blob(canonical, alias, f)
+            for folder in folders:
+                self._publish(folder, repo, files, selection.absent)
+        finally:
+            for lock in reversed(locks):
+                lock.__exit__(None, None, None)
+        return replace(
+            base,
+            canonical_id=repo.canonical_id,
+            commit_hash=repo.commit_hash,
+            files=tuple(WarmedFile(f.path, f.size, f.hash, sources[f.path]) for f in files),
+            absent=selection.absent,
+        )
+
+    def _fetch(self, repo: RepoRevision, folder: RepoFolder, files: Iterable[RemoteFile]) -> dict[str, str]:
+        """Ensure every file's blob is in ``folder``, in parallel; return path -> source. First error wins."""
+        futures = {f.path: self.pool.submit(self._ensure_blob, repo, folder, f) for f in files}
+        sources: dict[str, str] = {}
+        error: BaseException | None = None
+        for path, future in futures.items():
+            try:
+                sources[path] = future.result()
+            except BaseException as exc:  # noqa: BLE001 - re-raised below after every download settled
+                if error is None or isinstance(error, _Cancelled):
+                    error = exc
+        if error is not None:
+            raise error
+        return sources
+
+    def _ensure_blob(self, repo: RepoRevision, folder: RepoFolder, file: RemoteFile) -> str:
+        if self._failed.is_set():
+            raise _Cancelled(f"{repo.repo_id}: cancelled after an earlier failure")
+        try:
+            with folder.blob_lock(file.etag):
+                if folder.blob_ok(file.etag, file.size):
+                    self.sink.advance(self.key, file.size)
+                    return "cached"
+                other = find_blob_elsewhere(self.cache_dir, file.etag, file.size, exclude=folder.name)
+                if other is not None and hash_file(str(other), file) and folder.adopt_blob(other, file.etag):
+                    self.sink.advance(self.key, file.size)
+                    return "linked"
+                self._download(repo, folder, file)
+                return "downloaded"
+        except BaseException:
+            self._failed.set()
+            raise
+
+    def _download(self, repo: RepoRevision, folder: RepoFolder, file: RemoteFile) -> None:
+        """Download, hash and publish one blob; a hash mismatch is retried once (DESIGN §3: trust nothing unhashed)."""
+        for attempt in (1, 2):
+            incomplete, out = folder.open_incomplete(file.etag)
+            got = 0
+
+            def on_bytes(n: int) -> None:
+                nonlocal got
+                got += n
+                self._count(n)
+                self.sink.advance(self.key, n)
+
+            try:
+                with out:
+                    self.client.download(repo, file, out, on_bytes)
+                folder.publish_blob(incomplete, file.etag)
+                return
+            except IntegrityError:
+                self.sink.advance(self.key, -got)
+                if attempt == 2:
+                    raise
+            finally:
+                incomplete.unlink(missing_ok=True)
+
+    def _count(self, n: int) -> None:
+        with self._count_lock:
+            self._downloaded += n
+
+    def _publish(self, folder: RepoFolder, repo: RepoRevision, files: list[RemoteFile], absent: Sequence[str]) -> None:
+        """Make the repo visible: links, then markers, then the ref last (huggingface_hub's order)."""
+        for f in files:
+            folder.link(repo.commit_hash, f.path, f.etag, symlinks=self.symlinks)
+        for name in absent:
+            folder.mark_absent(repo.commit_hash, name)
+        folder.write_ref(self.request.revision, repo.commit_hash)
+
+
+def _copy_blob(source: RepoFolder, dest: RepoFolder, file: RemoteFile) -> None:
+    """Give a legacy-id folder the canonical folder's blob: a hardlink, so the bytes are stored once."""
+    with dest.blob_lock(file.etag):
+        if dest.blob_ok(file.etag, file.size):
+            return
+        if not dest.adopt_blob(source.blob_path(file.etag), file.etag):
+            # No hardlinks on this filesystem: store a second copy rather than fail.
+            incomplete, out = dest.open_incomplete(file.etag)
+            try:
+                with out, open(source.blob_path(file.etag), "rb") as src:
+                    shutil.copyfileobj(src, out)
+                dest.publish_blob(incomplete, file.etag)
+            finally:
+                incomplete.unlink(missing_ok=True)
+
+
+def _failed(base: RepoResult, repo: RepoRevision | None, exc: HfcacheError) -> RepoResult:
+    return replace(
+        base,
+        canonical_id=repo.canonical_id if repo else None,
+        commit_hash=repo.commit_hash if repo else None,
+        error=exc.message,
+        hint=exc.hint,
+        exit_code=exc.exit_code,
+    )

@@ -1,0 +1,51 @@
+"""Blob hashing as the Hub names blobs, safe repo paths, and request parsing."""
+
+import hashlib
+import subprocess
+
+import pytest
+
+from hfcache.errors import HubError, UsageError
+from hfcache.hub import RemoteFile, hash_file, validate_repo_path
+from hfcache.warm import WarmRequest
+
+
+def test_git_blob_sha1_matches_git_hash_object(tmp_path):
+    f = tmp_path / "vocab.txt"
+    f.write_bytes(b"[PAD]\n[UNK]\nhello\n")
+    expected = subprocess.run(["git", "hash-object", str(f)], capture_output=True, text=True, check=True).stdout.strip()
+    assert hash_file(str(f), RemoteFile("vocab.txt", f.stat().st_size, expected))
+    assert not hash_file(str(f), RemoteFile("vocab.txt", f.stat().st_size, "0" * 40))
+
+
+def test_lfs_files_are_checked_by_sha256_and_size(tmp_path):
+    f = tmp_path / "tokenizer.model"
+    f.write_bytes(b"\x00\x01" * 100)
+    digest = hashlib.sha256(f.read_bytes()).hexdigest()
+    remote = RemoteFile("tokenizer.model", 200, "1" * 40, digest)
+    assert remote.etag == digest and remote.hash == f"sha256:{digest}"
+    assert hash_file(str(f), remote)
+    assert not hash_file(str(f), RemoteFile("tokenizer.model", 199, "1" * 40, digest))
+
+
+@pytest.mark.parametrize("path", ["../etc/passwd", "/abs", "a/../../b", "a\\b", "a//b", "./a", "", "a/."])
+def test_unsafe_listing_paths_are_refused(path):
+    with pytest.raises(HubError):
+        validate_repo_path(path)
+
+
+def test_safe_listing_paths_pass():
+    assert validate_repo_path("1_Pooling/config.json") == "1_Pooling/config.json"
+
+
+def test_request_parsing():
+    req = WarmRequest.parse("openai-community/gpt2@v1.0", kind="model")
+    assert (req.repo_id, req.revision, req.kind) == ("openai-community/gpt2", "v1.0", "model")
+    assert WarmRequest.parse("bert-base-uncased").revision == "main"
+    assert WarmRequest.parse("a/b@refs/pr/1").revision == "refs/pr/1"
+
+
+@pytest.mark.parametrize("spec", ["bad//id", "a/b/c", "-x/y", "repo@", "a/b@../../etc", "a/b@/abs", "a/b@x y", ""])
+def test_malformed_specs_are_usage_errors(spec):
+    with pytest.raises(UsageError):
+        WarmRequest.parse(spec)
