@@ -6,6 +6,7 @@ Nothing here decides anything; it only shows the dataclasses the core returns. `
 from __future__ import annotations
 
 import json
+import os
 import sys
 import threading
 from dataclasses import asdict
@@ -27,6 +28,9 @@ from rich.text import Text
 from .warm import RepoResult, WarmReport
 
 stderr = Console(stderr=True, highlight=False)
+if not stderr.is_terminal and "COLUMNS" not in os.environ:
+    # rich assumes 80 columns off a terminal (CI logs, docker build output): tables would wrap every id.
+    stderr = Console(stderr=True, highlight=False, width=120)
 
 
 def print_json(document: Any) -> None:
