@@ -10,6 +10,16 @@ The Python API is the product; the ``hfcache`` command is a thin layer over it::
 __version__ = "0.1.0"
 
 from .errors import HfcacheError  # noqa: E402
-from .warm import RepoResult, WarmReport, WarmRequest, warm  # noqa: E402
+from .records import RepoResult, WarmReport, WarmRequest  # noqa: E402
+
+
+def __getattr__(name: str):
+    # Lazy: `warm` pulls in huggingface_hub's HTTP stack; the light `warm --lock` check must not pay for it.
+    if name == "warm":
+        from .warm import warm
+
+        return warm
+    raise AttributeError(name)
+
 
 __all__ = ["HfcacheError", "RepoResult", "WarmReport", "WarmRequest", "__version__", "warm"]

@@ -22,7 +22,6 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from filelock import FileLock, SoftFileLock
-from huggingface_hub.file_download import are_symlinks_supported, repo_folder_name
 
 from .errors import CacheError
 
@@ -143,7 +142,7 @@ class RepoFolder:
         self.cache_dir = cache_dir
         self.repo_id = repo_id
         self.repo_type = repo_type
-        self.name = repo_folder_name(repo_id=repo_id, repo_type=repo_type)
+        self.name = repo_folder_name(repo_id, repo_type)
         self.root = cache_dir / self.name
         self.locks = cache_dir / ".locks" / self.name
 
@@ -255,9 +254,17 @@ class RepoFolder:
         atomic_write(ref, commit_hash.encode())
 
 
+def repo_folder_name(repo_id: str, repo_type: str = "model") -> str:
+    """``models--ORG--NAME``: huggingface_hub ``file_download.repo_folder_name``, restated here because importing
+    that module loads the HTTP stack, which the light ``warm --lock`` check must not pay for."""
+    return "--".join([f"{repo_type}s", *repo_id.split("/")])
+
+
 def symlinks_supported(cache_dir: Path) -> bool:
     """Whether snapshot entries can be symlinks in ``cache_dir`` (huggingface_hub's own probe, which also honours
     ``HF_HUB_DISABLE_SYMLINKS``)."""
+    from huggingface_hub.file_download import are_symlinks_supported
+
     return are_symlinks_supported(cache_dir)
 
 

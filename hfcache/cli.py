@@ -72,7 +72,7 @@ def warm(repos, cache_dir, endpoint, token, token_file, kind, include, exclude, 
       hfcache warm openai-community/gpt2@main FacebookAI/roberta-base --cache-dir /opt/hf-cache
     """
     from . import output
-    from .warm import WarmRequest
+    from .records import WarmRequest
     from .warm import warm as warm_repos
 
     requests = [

@@ -25,7 +25,7 @@ from rich.progress import (
 from rich.table import Table
 from rich.text import Text
 
-from .warm import RepoResult, WarmReport
+from .records import RepoResult, WarmReport
 
 stderr = Console(stderr=True, highlight=False)
 if not stderr.is_terminal and "COLUMNS" not in os.environ:

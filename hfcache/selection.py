@@ -16,7 +16,7 @@ import json
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-KINDS = ("tokenizer", "model", "all")
+from .records import KINDS
 
 #: Root-level names a tokenizer load may ask for. When the repo lacks one of them at a commit, warm writes the
 #: ``.no_exist/<commit>/<name>`` marker so an offline load knows it is absent instead of failing (DESIGN §3).

@@ -7,7 +7,7 @@ import pytest
 
 from hfcache.errors import HubError, UsageError
 from hfcache.hub import RemoteFile, hash_file, validate_repo_path
-from hfcache.warm import WarmRequest
+from hfcache.records import WarmRequest
 
 
 def test_git_blob_sha1_matches_git_hash_object(tmp_path):

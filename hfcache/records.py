@@ -1,0 +1,187 @@
+"""The records hfcache's commands pass around: requests and results, as frozen dataclasses.
+
+This module is deliberately light (standard library only): ``warm --lock`` on a warm cache imports it without
+loading huggingface_hub or an HTTP client.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Protocol
+
+from .errors import UsageError
+
+KINDS = ("tokenizer", "model", "all")
+
+REPO_TYPES = ("model", "dataset")
+
+# Same rule as huggingface_hub.utils._validators.REPO_ID_REGEX / validate_repo_id (copied: importing it loads
+# huggingface_hub.utils and its HTTP stack, which the light lock path must not pay for).
+_REPO_ID_RE = re.compile(r"(\b[\w\-.]{1,96}\b/)?\b[\w\-.]{1,96}\b", re.ASCII)
+_BAD_REVISION = re.compile(r"(^|/)\.\.?(/|$)|^/|\\|\s|\x00")
+
+
+@dataclass(frozen=True)
+class WarmRequest:
+    """One repo to warm.
+
+    Attributes:
+        repo_id (str): ``org/name`` or a legacy id; the cache folder is named after it, as loaders will ask for it.
+        revision (str): branch, tag or 40-hex commit (default ``main``).
+        repo_type (str): ``model`` or ``dataset``.
+        kind (str): ``tokenizer`` (default), ``model`` or ``all`` (see :func:`hfcache.selection.select`).
+        include (tuple[str, ...]): globs added to the kind's selection.
+        exclude (tuple[str, ...]): globs removed from it.
+    """
+
+    repo_id: str
+    revision: str = "main"
+    repo_type: str = "model"
+    kind: str = "tokenizer"
+    include: tuple[str, ...] = ()
+    exclude: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        if not valid_repo_id(self.repo_id):
+            raise UsageError(f"invalid repo id {self.repo_id!r}",
+                             hint="use ORG/NAME or a legacy id such as bert-base-uncased")
+        if not self.revision or _BAD_REVISION.search(self.revision):
+            raise UsageError(f"invalid revision {self.revision!r} for {self.repo_id}",
+                             hint="use a branch, tag or 40-hex commit")
+        if self.repo_type not in REPO_TYPES:
+            raise UsageError(f"invalid repo type {self.repo_type!r}", hint=f"use one of {', '.join(REPO_TYPES)}")
+        if self.kind not in KINDS:
+            raise UsageError(f"invalid kind {self.kind!r}", hint=f"use one of {', '.join(KINDS)}")
+
+    @classmethod
+    def parse(cls, spec: str, **options) -> WarmRequest:
+        """Build a request from ``REPO_ID[@REVISION]``; ``options`` are the other fields.
+
+        Raises:
+            UsageError: malformed repo id, revision, type or kind.
+        """
+        repo_id, sep, revision = spec.partition("@")
+        if sep and not revision:
+            raise UsageError(f"invalid repo spec {spec!r}: empty revision after '@'", hint="use REPO_ID@REVISION")
+        return cls(repo_id=repo_id, revision=revision or "main", **options)
+
+    @property
+    def spec(self) -> str:
+        return self.repo_id if self.revision == "main" else f"{self.repo_id}@{self.revision}"
+
+
+@dataclass(frozen=True)
+class WarmedFile:
+    """A file of a warmed repo.
+
+    Attributes:
+        path (str): path in the repo.
+        size (int): bytes.
+        hash (str): ``sha256:<hex>`` (LFS) or ``git-sha1:<hex>``.
+        source (str): ``downloaded`` (fetched and hashed now), ``cached`` (blob already present, size checked) or
+            ``linked`` (hardlinked from an identical, re-hashed blob of another repo folder).
+    """
+
+    path: str
+    size: int
+    hash: str
+    source: str
+
+
+@dataclass(frozen=True)
+class RepoResult:
+    """The outcome for one :class:`WarmRequest`.
+
+    Attributes:
+        request: what was asked.
+        endpoint (str): the endpoint that served it.
+        canonical_id (str | None): the id the endpoint answered with; None when resolution failed.
+        commit_hash (str | None): the resolved commit.
+        files (tuple[WarmedFile, ...]): the selected files, sorted by path.
+        absent (tuple[str, ...]): optional tokenizer names the repo lacks, recorded as ``.no_exist`` markers.
+        bytes_downloaded (int): bytes received from the network for this repo.
+        seconds (float): wall time.
+        error (str | None): one-line reason when the repo failed.
+        hint (str | None): what to do about it.
+        exit_code (int): 0, or the documented exit code of the error.
+    """
+
+    request: WarmRequest
+    endpoint: str
+    canonical_id: str | None = None
+    commit_hash: str | None = None
+    files: tuple[WarmedFile, ...] = ()
+    absent: tuple[str, ...] = ()
+    bytes_downloaded: int = 0
+    seconds: float = 0.0
+    error: str | None = None
+    hint: str | None = None
+    exit_code: int = 0
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None
+
+
+@dataclass(frozen=True)
+class WarmReport:
+    """The outcome of one :func:`warm` call.
+
+    Attributes:
+        cache_dir (str): the cache written.
+        repos (tuple[RepoResult, ...]): one result per request, in request order.
+        seconds (float): total wall time.
+    """
+
+    cache_dir: str
+    repos: tuple[RepoResult, ...]
+    seconds: float
+
+    @property
+    def ok(self) -> bool:
+        return all(r.ok for r in self.repos)
+
+    @property
+    def exit_code(self) -> int:
+        """0 when every repo succeeded, else the exit code of the first failed repo (request order)."""
+        return next((r.exit_code for r in self.repos if not r.ok), 0)
+
+    @property
+    def bytes_downloaded(self) -> int:
+        return sum(r.bytes_downloaded for r in self.repos)
+
+
+class ProgressSink(Protocol):
+    """Receives progress events from :func:`warm` (from worker threads). ``key`` is the request's index."""
+
+    def repo_started(self, key: int, label: str, files: int, total_bytes: int) -> None: ...
+
+    def advance(self, key: int, nbytes: int) -> None: ...
+
+    def repo_finished(self, key: int, result: RepoResult) -> None: ...
+
+
+class NoProgress:
+    def repo_started(self, key: int, label: str, files: int, total_bytes: int) -> None:
+        pass
+
+    def advance(self, key: int, nbytes: int) -> None:
+        pass
+
+    def repo_finished(self, key: int, result: RepoResult) -> None:
+        pass
+
+
+
+
+def valid_repo_id(repo_id: str) -> bool:
+    """True when ``repo_id`` passes huggingface_hub's local repo id rules (``utils/_validators.py``)."""
+    return (
+        isinstance(repo_id, str)
+        and repo_id.count("/") <= 1
+        and _REPO_ID_RE.fullmatch(repo_id) is not None
+        and "--" not in repo_id
+        and ".." not in repo_id
+        and not repo_id.endswith(".git")
+    )
