@@ -40,58 +40,185 @@ def cli() -> None:
     """Provision Hugging Face tokenizer and model caches for images, volumes and clusters."""
 
 
+def _common_hub_options(fn):
+    for decorator in reversed([
+        click.option("--endpoint", metavar="URL",
+                     help="Hub endpoint [default: the manifest's, HF_ENDPOINT or https://huggingface.co]."),
+        click.option("--token", metavar="TOKEN", help="Hub token (visible in `ps`; prefer --token-file or HF_TOKEN)."),
+        click.option("--token-file", type=click.Path(dir_okay=False), help="File holding the Hub token."),
+        click.option("--max-workers", type=click.IntRange(min=1), default=8, show_default=True,
+                     help="Parallel downloads."),
+        click.option("--timeout", type=click.FloatRange(min=0, min_open=True), default=10.0, show_default=True,
+                     help="Seconds to wait for a connection or for any byte of an answer."),
+        click.option("--json", "as_json", is_flag=True, help="Print one JSON document on stdout; no progress."),
+    ]):
+        fn = decorator(fn)
+    return fn
+
+
 @cli.command()
-@click.argument("repos", nargs=-1, required=True, metavar="REPO_ID[@REVISION]...")
+@click.argument("repos", nargs=-1, metavar="REPO_ID[@REVISION]...")
 @click.option("--cache-dir", type=click.Path(file_okay=False), help="Cache root [default: HF_HUB_CACHE, "
               "$HF_HOME/hub or ~/.cache/huggingface/hub].")
-@click.option("--endpoint", metavar="URL", help="Hub endpoint [default: HF_ENDPOINT or https://huggingface.co].")
-@click.option("--token", metavar="TOKEN", help="Hub token (visible in `ps`; prefer --token-file or HF_TOKEN).")
-@click.option("--token-file", type=click.Path(dir_okay=False), help="File holding the Hub token.")
 @click.option("--kind", type=click.Choice(["tokenizer", "model", "all"]), default="tokenizer", show_default=True,
               help="tokenizer: tokenizer files + config.json; model: + configs and weights in one format; "
                    "all: the whole repo.")
 @click.option("--include", multiple=True, metavar="GLOB", help="Also fetch files matching GLOB (repeatable).")
 @click.option("--exclude", multiple=True, metavar="GLOB", help="Never fetch files matching GLOB (repeatable).")
 @click.option("--repo-type", type=click.Choice(["model", "dataset"]), default="model", show_default=True)
-@click.option("--max-workers", type=click.IntRange(min=1), default=8, show_default=True,
-              help="Parallel downloads.")
-@click.option("--timeout", type=click.FloatRange(min=0, min_open=True), default=10.0, show_default=True,
-              help="Seconds to wait for a connection or for any byte of an answer.")
-@click.option("--json", "as_json", is_flag=True, help="Print one JSON document on stdout; no progress.")
+@click.option("--lock", "lock_file", type=click.Path(dir_okay=False),
+              help="Install exactly this lock (no REPO_ID arguments then).")
+@click.option("--locked", is_flag=True, help="With --lock: fail (exit 1) if the manifest and the lock disagree.")
+@click.option("--manifest", type=click.Path(dir_okay=False),
+              help="With --lock: the manifest [default: hfcache.toml or pyproject.toml beside the lock].")
+@_common_hub_options
 @click.option("-q", "--quiet", is_flag=True, help="No progress and no summary; errors only.")
-def warm(repos, cache_dir, endpoint, token, token_file, kind, include, exclude, repo_type, max_workers, timeout,
-         as_json, quiet) -> None:
+def warm(repos, cache_dir, kind, include, exclude, repo_type, lock_file, locked, manifest, endpoint, token,
+         token_file, max_workers, timeout, as_json, quiet) -> None:
     """Download tokenizers (or models) into a cache that transformers loads offline.
 
-    Every file is hashed against what the endpoint publishes before it becomes visible; the result is
-    huggingface_hub's own cache layout, with .no_exist markers for optional files a repo lacks.
+    Every file is hashed against what the endpoint publishes (or the lock pins) before it becomes visible; the
+    result is huggingface_hub's own cache layout, with .no_exist markers for optional files a repo lacks.
+    With --lock, a cache that already holds the lock costs no request at all.
 
     \b
     Examples:
       hfcache warm bert-base-uncased
       hfcache warm openai-community/gpt2@main FacebookAI/roberta-base --cache-dir /opt/hf-cache
+      hfcache warm --lock hfcache.lock --locked
     """
     from . import output
-    from .records import WarmRequest
-    from .warm import warm as warm_repos
 
-    requests = [
-        WarmRequest.parse(spec, repo_type=repo_type, kind=kind, include=tuple(include), exclude=tuple(exclude))
-        for spec in repos
-    ]
     resolved_token = _read_token(token, token_file)
-    with output.WarmProgress(len(requests), enabled=not (as_json or quiet)) as progress:
-        report = warm_repos(requests, cache_dir=cache_dir, endpoint=endpoint, token=resolved_token,
-                            max_workers=max_workers, timeout=timeout, progress=progress)
-    if as_json:
-        output.print_json(output.warm_report_dict(report))
+    if lock_file:
+        if repos:
+            raise UsageError("give REPO_ID arguments or --lock, not both")
+        report = _warm_from_lock(lock_file, locked, manifest, cache_dir, endpoint, resolved_token, max_workers,
+                                 timeout, as_json, quiet)
     else:
-        if not quiet:
-            output.stderr.print(output.warm_summary_table(report))
-        for r in report.repos:
-            if not r.ok:
-                output.print_error(r.error or "failed", r.hint)
+        if locked or manifest:
+            raise UsageError("--locked and --manifest go with --lock")
+        if not repos:
+            raise UsageError("nothing to warm", hint="give REPO_ID arguments or --lock FILE")
+        from .records import WarmRequest
+        from .warm import warm as warm_repos
+
+        requests = [
+            WarmRequest.parse(spec, repo_type=repo_type, kind=kind, include=tuple(include), exclude=tuple(exclude))
+            for spec in repos
+        ]
+        with output.WarmProgress(len(requests), enabled=not (as_json or quiet)) as progress:
+            report = warm_repos(requests, cache_dir=cache_dir, endpoint=endpoint, token=resolved_token,
+                                max_workers=max_workers, timeout=timeout, progress=progress)
+    output.show_warm_report(report, as_json=as_json, quiet=quiet)
     sys.exit(report.exit_code)
+
+
+def _warm_from_lock(lock_file, locked, manifest, cache_dir, endpoint, token, max_workers, timeout, as_json, quiet):
+    from . import output
+    from .errors import CheckFailed
+    from .install import warm_lock
+    from .lockfile import drift, find_manifest, load_manifest, read_lock
+
+    lock = read_lock(lock_file)
+    found = None
+    if manifest or locked:
+        found = load_manifest(find_manifest(manifest, start=Path(lock_file).parent))
+    else:
+        try:
+            found = load_manifest(find_manifest(None, start=Path(lock_file).parent))
+        except UsageError:
+            found = None  # a lock alone (e.g. copied into an image) is enough
+    if locked:
+        problems = drift(found, lock)
+        if problems:
+            raise CheckFailed(f"{lock_file} is out of date with {found.path}: {problems[0]}"
+                              + (f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""),
+                              hint="run `hfcache lock` and commit the new lock")
+    cache_dir = cache_dir or (found.cache_dir if found else None)
+    endpoint = endpoint or (found.endpoint if found else None)
+    with output.WarmProgress(len(lock.repos), enabled=not (as_json or quiet)) as progress:
+        return warm_lock(lock, cache_dir=cache_dir, endpoint=endpoint, token=token, max_workers=max_workers,
+                         timeout=timeout, progress=progress)
+
+
+@cli.command()
+@click.argument("upgrade_ids", nargs=-1, metavar="[REPO_ID]...")
+@click.option("--manifest", type=click.Path(dir_okay=False),
+              help="Manifest [default: ./hfcache.toml, or ./pyproject.toml with [tool.hfcache]].")
+@click.option("--output", "output_file", type=click.Path(dir_okay=False),
+              help="Lock file to write [default: hfcache.lock beside the manifest].")
+@click.option("--upgrade", is_flag=True,
+              help="Re-resolve the REPO_IDs given (all entries when none) even if their entry did not change.")
+@click.option("--check", is_flag=True, help="Only check that the lock matches the manifest (no network); exit 1 "
+              "when it does not.")
+@_common_hub_options
+def lock(upgrade_ids, manifest, output_file, upgrade, check, endpoint, token, token_file, max_workers, timeout,
+         as_json) -> None:
+    """Resolve the manifest to exact commits and write hfcache.lock (sizes and hashes of every file).
+
+    An existing lock keeps its commits for entries that did not change, unless --upgrade names them.
+
+    \b
+    Examples:
+      hfcache lock
+      hfcache lock --upgrade bert-base-uncased
+      hfcache lock --check
+    """
+    from . import output
+    from .errors import CheckFailed
+    from .lockfile import (
+        default_lock_path,
+        drift,
+        filter_upgrade,
+        find_manifest,
+        load_manifest,
+        lock_relative_name,
+        read_lock,
+        write_lock,
+    )
+
+    if upgrade_ids and not upgrade:
+        raise UsageError("REPO_ID arguments go with --upgrade", hint="hfcache lock --upgrade REPO_ID...")
+    found = load_manifest(find_manifest(manifest))
+    lock_path = Path(output_file) if output_file else default_lock_path(found.path)
+    existing = read_lock(lock_path) if lock_path.exists() else None
+    if check:
+        problems = drift(found, existing) if existing else (f"{lock_path}: no lock file",)
+        if as_json:
+            output.print_json({"lock": str(lock_path), "manifest": str(found.path), "ok": not problems,
+                               "drift": list(problems)})
+        elif not problems:
+            output.stderr.print(f"{lock_path} matches {found.path}")
+        if problems:
+            if as_json:
+                sys.exit(CheckFailed.exit_code)
+            raise CheckFailed(f"{lock_path} does not match {found.path}: " + "; ".join(problems),
+                              hint="run `hfcache lock` to update it")
+        return
+    from .hub import HubClient
+    from .pin import pin
+    from .warm import resolve_token
+
+    upgrade_keys = filter_upgrade(found.repos, upgrade_ids) if upgrade else set()
+    client = HubClient(endpoint=endpoint or found.endpoint, token=resolve_token(_read_token(token, token_file)),
+                       timeout=timeout)
+    with output.stderr.status("resolving manifest entries", spinner="dots") if not as_json else _null():
+        result = pin(found, client, existing=existing, upgrade=upgrade_keys, max_workers=max_workers)
+    written = False
+    if not result.failures:
+        written = write_lock(result.lock, lock_path, lock_relative_name(found.path, lock_path))
+    output.show_pin_result(result, lock_path, written, as_json=as_json)
+    if result.failures:
+        sys.exit(result.failures[0].exit_code)
+
+
+class _null:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
 
 
 def main(argv: list[str] | None = None) -> None:

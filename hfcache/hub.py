@@ -14,7 +14,6 @@ stream.
 from __future__ import annotations
 
 import hashlib
-import posixpath
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -40,6 +39,7 @@ from .errors import (
     RepoNotFound,
     RevisionNotFound,
 )
+from .selection import UnsafePath, validate_repo_path
 
 COMMIT_RE = re.compile(r"^[0-9a-f]{40}$")
 SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
@@ -135,23 +135,6 @@ def hash_file(path: str, file: RemoteFile) -> bool:
     return seen == file.size and hasher.matches()
 
 
-def validate_repo_path(path: str) -> str:
-    """Return ``path`` if it is a safe relative repo path, else raise HubError.
-
-    A listing from a hostile or broken endpoint must not make hfcache write outside the repo folder.
-    """
-    if (
-        not path
-        or "\\" in path
-        or "\0" in path
-        or path.startswith("/")
-        or posixpath.normpath(path) != path
-        or any(part in ("", ".", "..") for part in path.split("/"))
-    ):
-        raise HubError(f"endpoint listed an unsafe file path {path!r}", hint="the endpoint is broken or hostile")
-    return path
-
-
 class HubClient:
     """A connection to one Hub endpoint with one token and one timeout.
 
@@ -195,7 +178,10 @@ class HubClient:
                            hint="the endpoint is broken or not Hub-compatible")
         files = []
         for sibling in info.siblings or ():
-            path = validate_repo_path(sibling.rfilename)
+            try:
+                path = validate_repo_path(sibling.rfilename)
+            except UnsafePath as exc:
+                raise HubError(f"{repo_id}: endpoint listed an {exc}", hint="the endpoint is broken or hostile") from None
             lfs = sibling.lfs.sha256 if sibling.lfs else None
             if sibling.size is None or sibling.blob_id is None or (lfs is not None and not SHA256_RE.fullmatch(lfs)):
                 raise HubError(f"{repo_id}: endpoint gave no size or hash for {path}",
@@ -238,7 +224,8 @@ class HubClient:
         headers["Accept-Encoding"] = "identity"
         hasher = Hasher(file)
         written = 0
-        with _mapped_errors(repo.repo_id, repo.revision, self.endpoint, path=file.path):
+        # Errors name the commit: for a locked repo, a 404 here means the pinned commit is gone.
+        with _mapped_errors(repo.repo_id, repo.commit_hash, self.endpoint, path=file.path):
             with get_session().stream("GET", url, headers=headers, timeout=self.timeout,
                                       follow_redirects=True) as response:
                 hf_raise_for_status(response)
@@ -256,7 +243,7 @@ class HubClient:
             raise IntegrityError(f"{repo.repo_id}: {file.path} has {written} bytes, the endpoint published {file.size}")
         if not hasher.matches():
             raise IntegrityError(
-                f"{repo.repo_id}: {file.path} does not match its published hash "
+                f"{repo.repo_id}: {file.path} does not match its expected hash "
                 f"(expected {file.hash}, got {hasher.hexdigest()})"
             )
 

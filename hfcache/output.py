@@ -25,7 +25,12 @@ from rich.progress import (
 from rich.table import Table
 from rich.text import Text
 
+from typing import TYPE_CHECKING
+
 from .records import RepoResult, WarmReport
+
+if TYPE_CHECKING:
+    from .pin import PinResult
 
 stderr = Console(stderr=True, highlight=False)
 if not stderr.is_terminal and "COLUMNS" not in os.environ:
@@ -164,3 +169,50 @@ class WarmProgress:
             if task is None:
                 task = self._tasks[key] = self._progress.add_task(result.request.spec, total=0, status="")
             self._progress.update(task, status="[green]ok" if result.ok else "[red]failed")
+
+
+def show_warm_report(report: WarmReport, *, as_json: bool, quiet: bool) -> None:
+    """JSON document on stdout, or the summary table and one error line per failed repo on stderr."""
+    if as_json:
+        print_json(warm_report_dict(report))
+        return
+    if not quiet:
+        stderr.print(warm_summary_table(report))
+    for r in report.repos:
+        if not r.ok:
+            print_error(r.error or "failed", r.hint)
+
+
+def show_pin_result(result: PinResult, lock_path, written: bool, *, as_json: bool) -> None:
+    """The outcome of ``hfcache lock``: JSON, or a table of pinned repos and one line per failure."""
+    if as_json:
+        print_json({
+            "lock": str(lock_path),
+            "written": written,
+            "ok": not result.failures,
+            "resolved": list(result.resolved),
+            "kept": list(result.kept),
+            "failures": [{"spec": f.spec, "error": f.error, "hint": f.hint, "exit_code": f.exit_code}
+                         for f in result.failures],
+            "repos": [
+                {"repo_id": r.request.repo_id, "revision": r.request.revision, "canonical_id": r.canonical_id,
+                 "commit_hash": r.commit_hash, "files": len(r.files), "bytes": sum(f.size for f in r.files)}
+                for r in result.lock.repos
+            ],
+        })
+        return
+    table = Table(title=f"hfcache lock -> {lock_path}", title_justify="left")
+    for column in ("repo", "commit", "files", "size", "status"):
+        table.add_column(column, justify="right" if column in ("files", "size") else "left")
+    for r in result.lock.repos:
+        status = "resolved" if r.request.spec in result.resolved else "kept"
+        table.add_row(r.request.spec, r.commit_hash[:12], str(len(r.files)),
+                      human_size(sum(f.size for f in r.files)), status)
+    if result.lock.repos:
+        stderr.print(table)
+    for f in result.failures:
+        print_error(f.error, f.hint)
+    if result.failures:
+        stderr.print(f"{lock_path} not written: {len(result.failures)} entr{'y' if len(result.failures) == 1 else 'ies'} failed")
+    else:
+        stderr.print(f"{lock_path} {'written' if written else 'unchanged'}")

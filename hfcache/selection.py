@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import fnmatch
 import json
+import posixpath
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
@@ -198,3 +199,24 @@ def shards_from_index(index_bytes: bytes, available: Iterable[str], index_path: 
     if missing:
         raise ValueError(f"{index_path} names shards the repo does not have: {', '.join(missing[:3])}")
     return shards
+
+
+class UnsafePath(ValueError):
+    """A repo path that could escape the repo folder: absolute, ``..``, backslashes, empty parts."""
+
+
+def validate_repo_path(path: str) -> str:
+    """Return ``path`` if it is a safe relative repo path, else raise UnsafePath (a ValueError).
+
+    A listing from a hostile or broken endpoint must not make hfcache write outside the repo folder.
+    """
+    if (
+        not path
+        or "\\" in path
+        or "\0" in path
+        or path.startswith("/")
+        or posixpath.normpath(path) != path
+        or any(part in ("", ".", "..") for part in path.split("/"))
+    ):
+        raise UnsafePath(f"unsafe repo file path {path!r}")
+    return path

@@ -34,7 +34,8 @@ from .cache import (
 from .errors import HfcacheError, IntegrityError, UsageError
 from .hub import HubClient, RemoteFile, RepoRevision, hash_file
 from .records import NoProgress, ProgressSink, RepoResult, WarmedFile, WarmReport, WarmRequest
-from .selection import select, shards_from_index
+from .lockfile import LockedRepo
+from .selection import Selection, select, shards_from_index
 
 def resolve_token(token: str | bool | None) -> str | None:
     """``None`` -> the token huggingface_hub would use (``HF_TOKEN``, then the token file); ``False`` -> none."""
@@ -54,6 +55,7 @@ def warm(
     max_workers: int = 8,
     timeout: float = 10.0,
     progress: ProgressSink | None = None,
+    pinned: Sequence[LockedRepo] | None = None,
 ) -> WarmReport:
     """Warm every request into ``cache_dir``; a failed repo never stops the others.
 
@@ -65,6 +67,8 @@ def warm(
         max_workers: parallel downloads (files across all repos), >= 1.
         timeout: seconds to wait for a connection or for any byte of an answer.
         progress: optional receiver of progress events.
+        pinned: one locked repo per request (``warm --lock``): no resolution request; the lock's commit, files
+            and hashes are used, so bytes that differ from the lock are refused.
 
     Returns:
         WarmReport with one RepoResult per request, in request order.
@@ -87,11 +91,26 @@ def warm(
             ThreadPoolExecutor(max_workers=min(len(requests), max_workers) or 1,
                                thread_name_prefix="hfcache-repo") as repos_pool:
         futures = [
-            repos_pool.submit(_RepoJob(i, req, root, client, files_pool, sink, use_symlinks).run)
+            repos_pool.submit(_RepoJob(i, req, root, client, files_pool, sink, use_symlinks,
+                                       pinned=pinned[i] if pinned else None).run)
             for i, req in enumerate(requests)
         ]
         results = tuple(f.result() for f in futures)
     return WarmReport(cache_dir=str(root), repos=results, seconds=time.monotonic() - started)
+
+
+def pinned_revision(locked: LockedRepo) -> RepoRevision:
+    """A locked repo as if the endpoint had just resolved it: the lock's commit, files, sizes and hashes."""
+    files = []
+    for f in locked.files:
+        algorithm, digest = f.hash.split(":", 1)
+        if algorithm == "sha256":
+            files.append(RemoteFile(path=f.path, size=f.size, blob_id="", lfs_sha256=digest))
+        else:
+            files.append(RemoteFile(path=f.path, size=f.size, blob_id=digest))
+    return RepoRevision(repo_id=locked.request.repo_id, canonical_id=locked.canonical_id,
+                        repo_type=locked.request.repo_type, revision=locked.request.revision,
+                        commit_hash=locked.commit_hash, files=tuple(files))
 
 
 class _Cancelled(HfcacheError):
@@ -107,6 +126,7 @@ class _RepoJob:
     pool: ThreadPoolExecutor
     sink: ProgressSink
     symlinks: bool
+    pinned: LockedRepo | None = None
     _downloaded: int = 0
     _count_lock: threading.Lock = field(default_factory=threading.Lock)
     _failed: threading.Event = field(default_factory=threading.Event)
@@ -116,7 +136,10 @@ class _RepoJob:
         base = RepoResult(request=self.request, endpoint=self.client.endpoint)
         repo: RepoRevision | None = None
         try:
-            repo = self.client.resolve(self.request.repo_id, self.request.revision, self.request.repo_type)
+            if self.pinned is not None:
+                repo = pinned_revision(self.pinned)
+            else:
+                repo = self.client.resolve(self.request.repo_id, self.request.revision, self.request.repo_type)
             result = self._warm(repo, base)
         except HfcacheError as exc:
             result = _failed(base, repo, exc)
@@ -129,7 +152,10 @@ class _RepoJob:
     def _warm(self, repo: RepoRevision, base: RepoResult) -> RepoResult:
         req = self.request
         by_path = {f.path: f for f in repo.files}
-        selection = select(by_path, req.kind, req.include, req.exclude)
+        if self.pinned is not None:
+            selection = Selection(paths=tuple(by_path), absent=self.pinned.absent)
+        else:
+            selection = select(by_path, req.kind, req.include, req.exclude)
         canonical = RepoFolder(self.cache_dir, repo.canonical_id, req.repo_type)
         folders = [canonical]
         if req.repo_id != repo.canonical_id:

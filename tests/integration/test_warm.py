@@ -256,7 +256,7 @@ def test_hash_mismatch_is_refused_and_nothing_becomes_visible(hub_root, tmp_path
         gets = [r for r in server.requests if r.path.endswith("/vocab.txt") and r.method == "GET"]
     assert code == 3
     entry = report["repos"][0]
-    assert "vocab.txt does not match its published hash" in entry["error"]
+    assert "vocab.txt does not match its expected hash" in entry["error"]
     assert len(gets) == 2  # retried once, then refused
     assert_nothing_visible(cache)
     blobs = cache / "models--google-bert--bert-base-uncased" / "blobs"

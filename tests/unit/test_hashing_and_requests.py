@@ -5,8 +5,9 @@ import subprocess
 
 import pytest
 
-from hfcache.errors import HubError, UsageError
-from hfcache.hub import RemoteFile, hash_file, validate_repo_path
+from hfcache.errors import UsageError
+from hfcache.hub import RemoteFile, hash_file
+from hfcache.selection import UnsafePath, validate_repo_path
 from hfcache.records import WarmRequest
 
 
@@ -30,7 +31,7 @@ def test_lfs_files_are_checked_by_sha256_and_size(tmp_path):
 
 @pytest.mark.parametrize("path", ["../etc/passwd", "/abs", "a/../../b", "a\\b", "a//b", "./a", "", "a/."])
 def test_unsafe_listing_paths_are_refused(path):
-    with pytest.raises(HubError):
+    with pytest.raises(UnsafePath):
         validate_repo_path(path)
 
 
