@@ -6,6 +6,9 @@ What it measures, against a local Hub-compatible server (``hfcache.server.HubSer
   A  hfcache            ONE subprocess: ``python -m hfcache warm <9 repos> --json -q`` (kind tokenizer).
   B  hf download        one ``hf download <repo> <files...>`` subprocess PER repo, in sequence
                         (a Dockerfile with one RUN per model), fetching exactly the files hfcache selected.
+  A' hfcache --lock     ONE subprocess: ``python -m hfcache warm --lock hfcache.lock`` with a lock of the same
+                        9 repos written once before timing (``hfcache lock``); on a warm cache it must make
+                        zero requests (a stat-only check, no hashing, no HTTP client set up).
   C  snapshot_download  ONE python subprocess calling ``huggingface_hub.snapshot_download(repo,
                         allow_patterns=<same files>)`` for each repo in sequence.
 
@@ -56,7 +59,7 @@ REPOS = [
     "google-t5/t5-small",
     "microsoft/Phi-3-mini-4k-instruct",
 ]
-CONTENDERS = ["hfcache", "hf download", "snapshot_download"]
+CONTENDERS = ["hfcache", "hfcache --lock", "hf download", "snapshot_download"]
 
 # Contender C: one interpreter, snapshot_download per repo in sequence. argv[1] = JSON job description.
 SNAPSHOT_SCRIPT = """
@@ -97,8 +100,24 @@ def run(cmd: list[str], env: dict[str, str]) -> str:
     return proc.stdout
 
 
+def write_lock(endpoint: str, folder: Path) -> Path:
+    """Write a manifest of REPOS and lock it with ``hfcache lock`` (untimed); return the lock's path."""
+    folder.mkdir(parents=True, exist_ok=True)
+    manifest = folder / "hfcache.toml"
+    manifest.write_text("".join(f'[[repos]]\nrepo_id = "{repo}"\n\n' for repo in REPOS))
+    run([sys.executable, "-m", "hfcache", "lock", "--manifest", str(manifest), "--endpoint", endpoint, "--json"],
+        child_env(endpoint, folder / "home"))
+    return folder / "hfcache.lock"
+
+
+LOCK_PATH: Path | None = None
+
+
 def commands(contender: str, files: dict[str, list[str]], cache: Path, endpoint: str) -> list[list[str]]:
     """The subprocess command lines one run of ``contender`` consists of."""
+    if contender == "hfcache --lock":
+        return [[sys.executable, "-m", "hfcache", "warm", "--lock", str(LOCK_PATH), "--cache-dir", str(cache),
+                 "--endpoint", endpoint, "--json", "-q"]]
     if contender == "hfcache":
         return [[sys.executable, "-m", "hfcache", "warm", *REPOS, "--cache-dir", str(cache),
                  "--endpoint", endpoint, "--json", "-q"]]
@@ -153,6 +172,8 @@ def benchmark(throttle_bps: int | None, repeat: int) -> dict:
             tempfile.TemporaryDirectory(prefix="bench_warm_") as tmp:
         for repo in REPOS:  # the server hashes a repo on first sight: do it now, not inside the first timed run
             server.commit_of(repo)
+        global LOCK_PATH
+        LOCK_PATH = write_lock(server.endpoint, Path(tmp) / "lock")
         for i in range(repeat):
             for contender in CONTENDERS:
                 workdir = Path(tmp) / f"{i}-{contender.replace(' ', '_')}"
