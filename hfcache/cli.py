@@ -213,6 +213,48 @@ def lock(upgrade_ids, manifest, output_file, upgrade, check, endpoint, token, to
         sys.exit(result.failures[0].exit_code)
 
 
+@cli.command(name="ls")
+@click.argument("repo_ids", nargs=-1, metavar="[REPO_ID]...")
+@click.option("--cache-dir", type=click.Path(file_okay=False), help="Cache root [default: HF_HUB_CACHE, "
+              "$HF_HOME/hub or ~/.cache/huggingface/hub].")
+@click.option("--revisions", is_flag=True, help="One row per revision instead of per repo.")
+@click.option("--lock", "lock_file", type=click.Path(dir_okay=False, exists=False),
+              help="Mark the revisions this lock pins.")
+@click.option("--sort", type=click.Choice(["name", "size", "last-used"]), default="name", show_default=True,
+              help="name: A-Z; size: largest first; last-used: most recent first.")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON document on stdout.")
+def ls_command(repo_ids, cache_dir, revisions, lock_file, sort, as_json) -> None:
+    """List what a cache holds: repos, refs, files, size, last use, pins and health.
+
+    Reads metadata only (no hashing, no writes). Damaged repos are listed with what is wrong, never hidden.
+    """
+    import time
+
+    from . import output
+    from .cache import resolve_cache_dir
+    from .lockfile import pinned_revisions, read_lock
+    from .scan import scan_cache
+
+    pinned = pinned_revisions(read_lock(lock_file)) if lock_file else None
+    root = resolve_cache_dir(cache_dir)
+    if not root.is_dir():
+        from .errors import CacheError
+
+        raise CacheError(f"no cache at {root}", hint="pass --cache-dir, or warm something first")
+    info = scan_cache(root, set(repo_ids) if repo_ids else None)
+    document = output.ls_dict(info, pinned)
+    keys = {
+        "name": lambda r: r["repo_id"].lower(),
+        "size": lambda r: -r["size_on_disk"],
+        "last-used": lambda r: "" if r["last_used"] is None else r["last_used"],
+    }
+    document["repos"].sort(key=keys[sort], reverse=(sort == "last-used"))
+    if as_json:
+        output.print_json(document)
+    else:
+        output.stderr.print(output.ls_table(document, revisions, time.time()))
+
+
 class _null:
     def __enter__(self):
         return self

@@ -457,3 +457,12 @@ def filter_upgrade(repos: Iterable[WarmRequest], names: Sequence[str]) -> set[tu
     if unknown:
         raise UsageError(f"--upgrade {unknown[0]}: not a repo_id of the manifest")
     return {_key(r) for r in repos if not names or r.repo_id in names}
+
+
+def pinned_revisions(lock: Lockfile) -> set[tuple[str, str, str]]:
+    """``(repo_type, repo_id, commit_hash)`` of every folder and commit the lock pins (requested and canonical ids)."""
+    pinned = set()
+    for repo in lock.repos:
+        for repo_id in {repo.request.repo_id, repo.canonical_id}:
+            pinned.add((repo.request.repo_type, repo_id, repo.commit_hash))
+    return pinned

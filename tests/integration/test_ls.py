@@ -1,0 +1,135 @@
+"""hfcache ls on a warmed fixture cache plus deliberately damaged repos."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+from huggingface_hub import scan_cache_dir
+
+import hfcache
+from hfcache.records import WarmRequest
+from hfcache.server import HubServer
+from tests.helpers import clean_env, run_hfcache
+
+REPOS = ["openai-community/gpt2", "FacebookAI/roberta-base", "google-t5/t5-small", "google-bert/bert-base-chinese",
+         "bert-base-uncased", "distilbert/distilbert-base-uncased"]
+
+
+@pytest.fixture(scope="module")
+def damaged_cache(tmp_path_factory) -> tuple[Path, Path]:
+    """A cache warmed from the fixture hub, a lock of two of its repos, and four damaged repos."""
+    tmp = tmp_path_factory.mktemp("ls")
+    cache = tmp / "cache"
+    hub_root = Path(__file__).parent.parent / "data" / "hub"
+    with HubServer(hub_root) as server:
+        report = hfcache.warm([WarmRequest.parse(r) for r in REPOS], cache_dir=cache, endpoint=server.endpoint,
+                              token=False)
+        assert report.ok, [r.error for r in report.repos]
+        (tmp / "hfcache.toml").write_text(f'endpoint = "{server.endpoint}"\n[[repos]]\nrepo_id = "bert-base-uncased"\n'
+                                          '[[repos]]\nrepo_id = "google-t5/t5-small"\n')
+        proc = run_hfcache(["lock"], cwd=tmp)
+        assert proc.returncode == 0, proc.stderr
+
+    gpt2 = cache / "models--openai-community--gpt2"
+    next((gpt2 / "blobs").iterdir()).unlink()  # a missing blob: a broken link
+    roberta = cache / "models--FacebookAI--roberta-base"
+    ref = roberta / "refs" / "main"
+    ref.write_text(ref.read_text() + "\n")  # a hand-written ref with a trailing newline
+    t5 = cache / "models--google-t5--t5-small" / "blobs"
+    (t5 / "0123abcd.5f5f5f5f.incomplete").write_bytes(b"partial")  # a killed download
+    chinese = cache / "models--google-bert--bert-base-chinese"
+    link = next((chinese / "snapshots").rglob("vocab.txt"))
+    target = (link.parent / os.readlink(link)).resolve()
+    link.unlink()
+    link.symlink_to(target)  # a snapshot link made absolute
+    return cache, tmp / "hfcache.lock"
+
+
+def ls_json(cache: Path, *args: str) -> dict:
+    proc = run_hfcache(["ls", "--cache-dir", str(cache), "--json", *args])
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout)
+
+
+def test_every_repo_is_listed_with_its_health(damaged_cache):
+    cache, _ = damaged_cache
+    document = ls_json(cache)
+    health = {r["repo_id"]: r["health"] for r in document["repos"]}
+    assert set(health) == set(REPOS) | {"google-bert/bert-base-uncased"}
+    assert "broken link (missing blob)" in health["openai-community/gpt2"]
+    assert "refs/main: malformed" in health["FacebookAI/roberta-base"]
+    assert "1 leftover .incomplete file(s)" in health["google-t5/t5-small"]
+    assert "vocab.txt: absolute link" in health["google-bert/bert-base-chinese"]
+    assert health["distilbert/distilbert-base-uncased"] == "ok"
+    assert health["bert-base-uncased"] == "ok"
+    assert document["totals"]["unhealthy"] == 4
+    # huggingface_hub's own scan hides the repos with a malformed ref or a broken link; hfcache lists them.
+    hf_ids = {r.repo_id for r in scan_cache_dir(cache).repos}
+    assert "FacebookAI/roberta-base" not in hf_ids and "openai-community/gpt2" not in hf_ids
+
+
+def test_sizes_equal_unique_blob_bytes(damaged_cache):
+    cache, _ = damaged_cache
+    document = ls_json(cache)
+    total: dict[tuple[int, int], int] = {}
+    for repo in document["repos"]:
+        blobs = cache / repo["folder"] / "blobs"
+        seen = {}
+        for blob in blobs.iterdir():
+            st = blob.lstat()
+            seen[(st.st_dev, st.st_ino)] = st.st_size
+        assert repo["size_on_disk"] == sum(seen.values()), repo["repo_id"]
+        total.update(seen)
+    # Legacy alias and the shared vocab.txt are hardlinks: the cache total counts them once.
+    assert document["size_on_disk"] == sum(total.values())
+    assert document["size_on_disk"] < sum(r["size_on_disk"] for r in document["repos"])
+
+
+def test_pinned_flags_follow_the_lock(damaged_cache):
+    cache, lock = damaged_cache
+    pinned = {r["repo_id"]: r["pinned"] for r in ls_json(cache, "--lock", str(lock))["repos"]}
+    assert pinned == {
+        "bert-base-uncased": True, "google-bert/bert-base-uncased": True, "google-t5/t5-small": True,
+        "openai-community/gpt2": False, "FacebookAI/roberta-base": False, "google-bert/bert-base-chinese": False,
+        "distilbert/distilbert-base-uncased": False,
+    }
+    assert {r["pinned"] for r in ls_json(cache)["repos"]} == {None}
+
+
+def test_json_matches_the_table(damaged_cache):
+    cache, lock = damaged_cache
+    document = ls_json(cache, "--lock", str(lock), "--sort", "size")
+    env = clean_env(COLUMNS="300")
+    proc = run_hfcache(["ls", "--cache-dir", str(cache), "--lock", str(lock), "--sort", "size"], env=env)
+    assert proc.returncode == 0, proc.stderr
+    rows = [line.strip("│ ").split("│") for line in proc.stderr.splitlines() if line.startswith("│")]
+    table = [(cells[0].strip(), cells[3].strip(), cells[6].strip()) for cells in rows]
+    expected = [(r["repo_id"], str(r["files"]), "yes" if r["pinned"] else "no") for r in document["repos"]]
+    assert table == expected
+    sizes = [r["size_on_disk"] for r in document["repos"]]
+    assert sizes == sorted(sizes, reverse=True)
+
+
+def test_revisions_and_filters(damaged_cache):
+    cache, _ = damaged_cache
+    document = ls_json(cache, "google-t5/t5-small", "--revisions")
+    assert [r["repo_id"] for r in document["repos"]] == ["google-t5/t5-small"]
+    revision = document["repos"][0]["revisions"][0]
+    assert revision["refs"] == ["main"] and len(revision["commit_hash"]) == 40
+    assert revision["last_used"].endswith("+00:00")
+
+
+def test_ls_reads_only(damaged_cache):
+    cache, _ = damaged_cache
+    before = {p: (p.lstat().st_mtime_ns, p.lstat().st_size) for p in cache.rglob("*")}
+    ls_json(cache)
+    after = {p: (p.lstat().st_mtime_ns, p.lstat().st_size) for p in cache.rglob("*")}
+    assert before == after
+
+
+def test_missing_cache_is_an_error(tmp_path):
+    proc = run_hfcache(["ls", "--cache-dir", str(tmp_path / "nope")])
+    assert proc.returncode == 5 and "no cache at" in proc.stderr
