@@ -250,7 +250,7 @@ def ls_command(repo_ids, cache_dir, revisions, lock_file, sort, as_json) -> None
     }
     document["repos"].sort(key=keys[sort], reverse=(sort == "last-used"))
     if as_json:
-        output.print_json(document)
+        output.print_json(document, compact=len(document["repos"]) > 100)
     else:
         output.stderr.print(output.ls_table(document, revisions, time.time()))
 

@@ -39,9 +39,12 @@ if not stderr.is_terminal and "COLUMNS" not in os.environ:
     stderr = Console(stderr=True, highlight=False, width=120)
 
 
-def print_json(document: Any) -> None:
-    """Print exactly one JSON document on stdout (sorted keys, two-space indent, trailing newline)."""
-    sys.stdout.write(json.dumps(document, indent=2, sort_keys=True) + "\n")
+def print_json(document: Any, *, compact: bool = False) -> None:
+    """Print exactly one JSON document on stdout (sorted keys, trailing newline; two-space indent unless
+    ``compact``, which large listings use: indenting 10,000 repos costs more than scanning them)."""
+    text = json.dumps(document, sort_keys=True, separators=(",", ":")) if compact else json.dumps(
+        document, indent=2, sort_keys=True)
+    sys.stdout.write(text + "\n")
     sys.stdout.flush()
 
 

@@ -1,0 +1,122 @@
+"""Benchmark: ``hfcache ls --json`` vs ``hf cache ls --format json`` on one synthetic 10,000-repo cache.
+
+The cache is built in a temporary folder in huggingface_hub's layout, shaped like a cache of warmed tokenizers:
+per repo the five files of a BERT-style tokenizer (``config.json``, ``tokenizer.json``, ``tokenizer_config.json``,
+``special_tokens_map.json``, ``vocab.txt``) as blobs named by their git blob sha1, a snapshot of relative symlinks,
+``refs/main``; every tenth repo also has a ``1_Pooling/config.json`` in a subfolder and a second, detached
+revision. Both tools then list it, in one run, each in a fresh subprocess (so interpreter
+start-up counts for both); the script prints wall time (median of ``--repeat``), peak RSS of the child
+(``getrusage(RUSAGE_CHILDREN)`` in a wrapper process) and the ratio. Goal (issue "hfcache ls"): at most a quarter
+of ``hf cache ls``'s wall time.
+
+    python benchmarks/bench_ls.py [--repos 10000] [--repeat 3] [--json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import platform
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+# Runs `argv` and prints its peak RSS (KiB on Linux) as the last line of stderr.
+RSS_WRAPPER = (
+    "import resource, subprocess, sys\n"
+    "p = subprocess.run(sys.argv[1:], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)\n"
+    "sys.stderr.write(f'{p.returncode} {resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss}\\n')\n"
+)
+
+
+def git_sha1(data: bytes) -> str:
+    return hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest()  # noqa: S324 - git object id
+
+
+def build_cache(root: Path, repos: int) -> None:
+    """Write ``repos`` repo folders in the HF cache layout under ``root``."""
+    root.mkdir(parents=True)
+    (root / "CACHEDIR.TAG").write_text("Signature: 8a477f597d28d172789f06886806bc55\n")
+    for i in range(repos):
+        repo = root / f"models--org{i % 97}--repo-{i}"
+        files = {
+            "config.json": b'{"model_type": "bert", "i": %d}' % i,
+            "tokenizer.json": b"{}" * (50 + i % 400),
+            "tokenizer_config.json": b'{"do_lower_case": true, "n": %d}' % (i % 7),
+            "special_tokens_map.json": b'{"unk_token": "[UNK]"}',
+            "vocab.txt": b"[PAD]\n[UNK]\n" * (10 + i % 50),
+        }
+        if i % 10 == 0:
+            files["1_Pooling/config.json"] = b'{"word_embedding_dimension": 384}'
+        commits = [hashlib.sha1(b"commit-%d" % i).hexdigest()]  # noqa: S324
+        if i % 10 == 0:
+            commits.append(hashlib.sha1(b"old-%d" % i).hexdigest())  # noqa: S324
+        (repo / "blobs").mkdir(parents=True)
+        (repo / "refs").mkdir()
+        (repo / "refs" / "main").write_text(commits[0])
+        for commit in commits:
+            for path, data in files.items():
+                etag = git_sha1(data)
+                blob = repo / "blobs" / etag
+                if not blob.exists():
+                    blob.write_bytes(data)
+                link = repo / "snapshots" / commit / path
+                link.parent.mkdir(parents=True, exist_ok=True)
+                link.symlink_to(os.path.relpath(blob, link.parent))
+
+
+def timed(cmd: list[str]) -> tuple[float, int]:
+    """(wall seconds, peak RSS in MiB) of ``cmd`` run in a fresh process."""
+    start = time.perf_counter()
+    proc = subprocess.run([sys.executable, "-c", RSS_WRAPPER, *cmd], capture_output=True, text=True)
+    wall = time.perf_counter() - start
+    code, rss_kib = proc.stderr.strip().splitlines()[-1].split()
+    if code != "0":
+        sys.exit(f"bench_ls: {' '.join(cmd)} exited {code}")
+    return wall, int(rss_kib) // 1024
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repos", type=int, default=10_000)
+    parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args()
+    hf = str(Path(sys.executable).parent / "hf") if (Path(sys.executable).parent / "hf").exists() else shutil.which("hf")
+    env_note = {k: v for k, v in os.environ.items() if k.startswith("HF_")}
+    with tempfile.TemporaryDirectory(prefix="bench_ls_") as tmp:
+        cache = Path(tmp) / "cache"
+        t0 = time.perf_counter()
+        build_cache(cache, args.repos)
+        build_s = time.perf_counter() - t0
+        contenders = {
+            "hfcache ls --json": [sys.executable, "-m", "hfcache", "ls", "--cache-dir", str(cache), "--json"],
+            "hf cache ls --format json": [hf, "cache", "ls", "--cache-dir", str(cache), "--format", "json"],
+        }
+        results = {}
+        for name, cmd in contenders.items():
+            runs = [timed(cmd) for _ in range(args.repeat)]
+            results[name] = {"wall_s": statistics.median(w for w, _ in runs), "peak_rss_mib": max(r for _, r in runs)}
+    base = results["hf cache ls --format json"]["wall_s"]
+    for r in results.values():
+        r["x_hf_cache_ls"] = r["wall_s"] / base
+    facts = {"python": platform.python_version(), "cpu_count": os.cpu_count(), "repos": args.repos,
+             "repeat": args.repeat, "build_s": round(build_s, 2), "hf_env": sorted(env_note)}
+    if args.json:
+        print(json.dumps({"machine": facts, "contenders": results}, indent=2))
+        return
+    print(f"python {facts['python']}, {facts['cpu_count']} CPUs, {args.repos} repos (built in {build_s:.1f}s), "
+          f"median of {args.repeat}")
+    print(f"{'contender':28} {'wall s':>8} {'peak RSS MiB':>13} {'x hf cache ls':>14}")
+    for name, r in results.items():
+        print(f"{name:28} {r['wall_s']:8.2f} {r['peak_rss_mib']:13d} {r['x_hf_cache_ls']:14.2f}")
+
+
+if __name__ == "__main__":
+    main()
