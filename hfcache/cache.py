@@ -240,6 +240,14 @@ class RepoFolder:
         if not marker.exists():
             atomic_write(marker, b"")
 
+    def touch_snapshot(self, commit_hash: str) -> None:
+        """Record a use of the revision: set its snapshot folder's mtime to now (part of "last use", see
+        :mod:`hfcache.scan`). Best effort: a read-only cache keeps its old time."""
+        try:
+            os.utime(self.root / "snapshots" / commit_hash)
+        except OSError:
+            pass
+
     def write_ref(self, revision: str, commit_hash: str) -> None:
         """Write ``refs/<revision>`` = commit (no trailing newline; one breaks offline resolution, DESIGN §1)."""
         if revision == commit_hash:

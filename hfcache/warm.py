@@ -262,6 +262,7 @@ class _RepoJob:
         for name in absent:
             folder.mark_absent(repo.commit_hash, name)
         folder.write_ref(self.request.revision, repo.commit_hash)
+        folder.touch_snapshot(repo.commit_hash)
 
 
 def _copy_blob(source: RepoFolder, dest: RepoFolder, file: RemoteFile) -> None:
