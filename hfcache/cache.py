@@ -17,11 +17,12 @@ from __future__ import annotations
 import errno
 import os
 import shutil
+import threading
 import uuid
 from contextlib import contextmanager
 from pathlib import Path
 
-from filelock import FileLock, SoftFileLock
+from filelock import FileLock, SoftFileLock, Timeout
 
 from .errors import CacheError
 
@@ -111,18 +112,27 @@ def atomic_write(path: Path, data: bytes) -> None:
 
 
 @contextmanager
-def file_lock(path: Path, timeout: float = -1):
+def file_lock(path: Path, stop: threading.Event | None = None):
     """Hold an exclusive filelock at ``path`` (created group-writable like huggingface_hub's WeakFileLock).
 
-    Falls back to a SoftFileLock where the filesystem has no flock, as huggingface_hub ``utils/_fixes.py`` does.
+    Waits as long as another process holds it (a killed holder releases it: flock), checking ``stop`` every
+    half second so that Ctrl-C is not stuck behind another process. Falls back to a SoftFileLock where the
+    filesystem has no flock, as huggingface_hub ``utils/_fixes.py`` does.
+
+    Raises:
+        InterruptedError: ``stop`` was set while waiting.
     """
     path.parent.mkdir(parents=True, exist_ok=True)
-    lock = FileLock(str(path), timeout=timeout, mode=0o664)
-    try:
-        lock.acquire()
-    except NotImplementedError:
-        lock = SoftFileLock(str(path), timeout=timeout)
-        lock.acquire()
+    lock = FileLock(str(path), mode=0o664)
+    while True:
+        try:
+            lock.acquire(timeout=0.5)
+            break
+        except Timeout:
+            if stop is not None and stop.is_set():
+                raise InterruptedError(f"interrupted while waiting for {path}") from None
+        except NotImplementedError:
+            lock = SoftFileLock(str(path))
     try:
         yield lock
     finally:
@@ -162,9 +172,9 @@ class RepoFolder:
         """The lock huggingface_hub takes while downloading this blob (``.locks/<folder>/<etag>.lock``)."""
         return file_lock(self.locks / f"{etag}.lock")
 
-    def repo_lock(self):
+    def repo_lock(self, stop: threading.Event | None = None):
         """hfcache's lock on the whole repo folder, held while warm or prune change it."""
-        return file_lock(self.locks / REPO_LOCK_NAME)
+        return file_lock(self.locks / REPO_LOCK_NAME, stop=stop)
 
     def blob_ok(self, etag: str, size: int) -> bool:
         """True when ``blobs/<etag>`` is a regular file of the expected size (no hashing)."""
@@ -177,11 +187,15 @@ class RepoFolder:
     def open_incomplete(self, etag: str):
         """Create ``blobs/<etag>.<random>.incomplete`` for writing, the name huggingface_hub uses for downloads.
 
+        ``snapshots/`` is created alongside, as huggingface_hub does before a download: a repo folder with blobs
+        but no ``snapshots/`` is reported corrupted by ``scan_cache_dir``.
+
         Returns:
             (path, binary file object). Mode 0o666 minus the umask, so the published blob has the usual mode.
         """
         blobs = self.root / "blobs"
         blobs.mkdir(parents=True, exist_ok=True)
+        (self.root / "snapshots").mkdir(exist_ok=True)
         path = blobs / f"{etag}.{uuid.uuid4().hex[:8]}.incomplete"
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
         return path, os.fdopen(fd, "wb")
@@ -198,6 +212,7 @@ class RepoFolder:
         """
         dest = self.blob_path(etag)
         dest.parent.mkdir(parents=True, exist_ok=True)
+        (self.root / "snapshots").mkdir(exist_ok=True)
         tmp = _tmp_name(dest, ".incomplete")
         try:
             os.link(source, tmp)
@@ -211,23 +226,29 @@ class RepoFolder:
 
         With symlinks, a relative link (``../../blobs/<etag>``, one more ``../`` per subfolder), as
         huggingface_hub ``_create_symlink`` writes; without, a hardlink (or copy) of the blob, the real-file form
-        huggingface_hub uses when symlinks are unsupported. Created under a temporary name, then renamed.
+        huggingface_hub uses when symlinks are unsupported. ``os.symlink``/``os.link`` create the entry atomically;
+        only a wrong existing entry is replaced, through a temporary name and ``os.replace``.
         """
         pointer = self.pointer_path(commit_hash, path)
         pointer.parent.mkdir(parents=True, exist_ok=True)
         blob = self.blob_path(etag)
-        tmp = _tmp_name(pointer)
         if symlinks:
             target = os.path.relpath(blob, pointer.parent)
             if os.path.islink(pointer) and os.readlink(pointer) == target:
                 return
-            os.symlink(target, tmp)
+            make = lambda dest: os.symlink(target, dest)  # noqa: E731
         else:
-            try:
-                os.link(blob, tmp)
-            except OSError:
-                shutil.copyfile(blob, tmp)
+            if pointer.exists() and os.path.samefile(pointer, blob):
+                return
+            make = lambda dest: _hardlink_or_copy(blob, dest)  # noqa: E731
         try:
+            make(pointer)
+            return
+        except FileExistsError:
+            pass
+        tmp = _tmp_name(pointer)
+        try:
+            make(tmp)
             os.replace(tmp, pointer)
         finally:
             if os.path.lexists(tmp):
@@ -237,8 +258,10 @@ class RepoFolder:
         """Write the empty ``.no_exist/<commit>/<path>`` marker huggingface_hub reads as "not in the repo"."""
         marker = self.marker_path(commit_hash, path)
         marker.parent.mkdir(parents=True, exist_ok=True)
-        if not marker.exists():
-            atomic_write(marker, b"")
+        try:
+            os.close(os.open(marker, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666))  # empty: creation is atomic
+        except FileExistsError:
+            pass
 
     def touch_snapshot(self, commit_hash: str) -> None:
         """Record a use of the revision: set its snapshot folder's mtime to now (part of "last use", see
@@ -266,6 +289,27 @@ def repo_folder_name(repo_id: str, repo_type: str = "model") -> str:
     """``models--ORG--NAME``: huggingface_hub ``file_download.repo_folder_name``, restated here because importing
     that module loads the HTTP stack, which the light ``warm --lock`` check must not pay for."""
     return "--".join([f"{repo_type}s", *repo_id.split("/")])
+
+
+def _hardlink_or_copy(source: Path, dest: Path) -> None:
+    """Hardlink ``source`` as ``dest``; where hardlinks fail, copy to a temporary name and rename (never a
+    half-written ``dest``). Raises FileExistsError when ``dest`` exists."""
+    try:
+        os.link(source, dest)
+        return
+    except FileExistsError:
+        raise
+    except OSError:
+        pass
+    if os.path.lexists(dest):
+        raise FileExistsError(dest)
+    tmp = _tmp_name(dest)
+    try:
+        shutil.copyfile(source, tmp)
+        os.replace(tmp, dest)
+    finally:
+        if os.path.lexists(tmp):
+            os.unlink(tmp)
 
 
 def symlinks_supported(cache_dir: Path) -> bool:

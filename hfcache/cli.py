@@ -118,7 +118,7 @@ def _warm_from_lock(lock_file, locked, manifest, cache_dir, endpoint, token, max
     from . import output
     from .errors import CheckFailed
     from .install import warm_lock
-    from .lockfile import drift, find_manifest, load_manifest, read_lock
+    from .lockfile import ManifestNotFound, drift, find_manifest, load_manifest, read_lock
 
     lock = read_lock(lock_file)
     found = None
@@ -127,8 +127,8 @@ def _warm_from_lock(lock_file, locked, manifest, cache_dir, endpoint, token, max
     else:
         try:
             found = load_manifest(find_manifest(None, start=Path(lock_file).parent))
-        except UsageError:
-            found = None  # a lock alone (e.g. copied into an image) is enough
+        except ManifestNotFound:
+            found = None  # a lock alone (e.g. copied into an image) is enough; a broken manifest is an error
     if locked:
         problems = drift(found, lock)
         if problems:
@@ -263,32 +263,40 @@ class _null:
         return False
 
 
+def _fail(message: str, hint: str | None, exit_code: int, as_json: bool) -> None:
+    """Report a command-level error: one or two lines on stderr, and with --json also one JSON document."""
+    from .output import print_error, print_json
+
+    print_error(message, hint)
+    if as_json:
+        print_json({"ok": False, "error": message, "hint": hint, "exit_code": exit_code})
+    sys.exit(exit_code)
+
+
 def main(argv: list[str] | None = None) -> None:
     """Console-script entry point: run the CLI and map every hfcache error to its exit code, without traceback."""
+    args = sys.argv[1:] if argv is None else argv
+    as_json = "--json" in args
     debug = os.environ.get("HFCACHE_DEBUG") not in (None, "", "0")
     try:
-        cli.main(args=argv, prog_name="hfcache", standalone_mode=False)
+        cli.main(args=args, prog_name="hfcache", standalone_mode=False)
     except click.exceptions.Exit as exc:
         sys.exit(exc.exit_code)
+    except click.UsageError as exc:
+        command = exc.ctx.command_path if exc.ctx is not None else "hfcache"
+        _fail(exc.format_message(), f"see `{command} --help`", UsageError.exit_code, as_json)
     except click.ClickException as exc:
-        exc.show()
-        sys.exit(exc.exit_code)
+        _fail(exc.format_message(), None, exc.exit_code, as_json)
     except click.Abort:
         sys.exit(EXIT_INTERRUPTED)
     except HfcacheError as exc:
         if debug:
             raise
-        from .output import print_error
-
-        print_error(exc.message, exc.hint)
-        sys.exit(exc.exit_code)
+        _fail(exc.message, exc.hint, exc.exit_code, as_json)
     except KeyboardInterrupt:
         sys.exit(EXIT_INTERRUPTED)
     except Exception as exc:  # noqa: BLE001 - the one place unexpected errors are turned into an exit code
         if debug:
             raise
-        from .output import print_error
-
-        print_error(f"internal error: {type(exc).__name__}: {exc}",
-                    "rerun with HFCACHE_DEBUG=1 for the traceback and report it")
-        sys.exit(EXIT_INTERNAL)
+        _fail(f"internal error: {type(exc).__name__}: {exc}",
+              "rerun with HFCACHE_DEBUG=1 for the traceback and report it", EXIT_INTERNAL, as_json)

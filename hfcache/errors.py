@@ -81,3 +81,9 @@ class CacheError(HfcacheError):
     """The cache directory cannot be written or read (permissions, disk full, corrupt layout)."""
 
     exit_code = 5
+
+
+class InternalError(HfcacheError):
+    """A bug in hfcache: an unexpected exception, reported with exit code 70 instead of a traceback."""
+
+    exit_code = 70

@@ -14,13 +14,15 @@ stream.
 from __future__ import annotations
 
 import hashlib
+import os
 import re
+from urllib.parse import urlsplit
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import BinaryIO
 
 import httpx2
-from huggingface_hub import HfApi, constants, hf_hub_url
+from huggingface_hub import HfApi, hf_hub_url
 from huggingface_hub.errors import (
     GatedRepoError,
     HfHubHTTPError,
@@ -36,11 +38,15 @@ from .errors import (
     GatedRepo,
     HubError,
     IntegrityError,
+    OfflineViolation,
     RepoNotFound,
+    UsageError,
     RevisionNotFound,
 )
+from .records import valid_repo_id
 from .selection import UnsafePath, validate_repo_path
 
+DEFAULT_ENDPOINT = "https://huggingface.co"
 COMMIT_RE = re.compile(r"^[0-9a-f]{40}$")
 SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
 _CHUNK = 1024 * 1024
@@ -135,6 +141,24 @@ def hash_file(path: str, file: RemoteFile) -> bool:
     return seen == file.size and hasher.matches()
 
 
+def validate_endpoint(endpoint: str) -> str:
+    """Return the endpoint without a trailing slash, or raise UsageError for anything but an http(s) URL with a host.
+
+    Credentials in the URL (``https://user:pass@host``) are refused: they would end up in messages and reports.
+    """
+    try:
+        parts = urlsplit(endpoint)
+        host = parts.hostname
+    except ValueError:
+        host = None
+        parts = None
+    if parts is None or parts.scheme not in ("http", "https") or not host:
+        raise UsageError(f"invalid endpoint {endpoint!r}", hint="use an http(s) URL such as https://huggingface.co")
+    if parts.username or parts.password:
+        raise UsageError("the endpoint URL must not carry credentials", hint="pass the token with --token-file")
+    return endpoint.rstrip("/")
+
+
 class HubClient:
     """A connection to one Hub endpoint with one token and one timeout.
 
@@ -145,7 +169,8 @@ class HubClient:
     """
 
     def __init__(self, endpoint: str | None = None, token: str | None = None, timeout: float = 10.0) -> None:
-        self.endpoint = (endpoint or constants.ENDPOINT).rstrip("/")
+        # HF_ENDPOINT is read now, not at import time as huggingface_hub's constants.ENDPOINT is (DESIGN §3).
+        self.endpoint = validate_endpoint(endpoint or os.environ.get("HF_ENDPOINT") or DEFAULT_ENDPOINT)
         # token=False stops huggingface_hub from reading a stored token behind our back.
         self._token: str | bool = token or False
         self.timeout = timeout
@@ -173,6 +198,10 @@ class HubClient:
                 repo_id, revision=revision, repo_type=repo_type, files_metadata=True, timeout=self.timeout
             )
         commit = info.sha or ""
+        canonical_id = info.id or repo_id
+        if not valid_repo_id(canonical_id):
+            raise HubError(f"{repo_id}: endpoint answered an invalid repo id {canonical_id!r}",
+                           hint="the endpoint is broken or hostile")
         if not COMMIT_RE.fullmatch(commit):
             raise HubError(f"{repo_id}: endpoint answered commit {commit!r}, not 40 hex characters",
                            hint="the endpoint is broken or not Hub-compatible")
@@ -190,7 +219,7 @@ class HubClient:
         files.sort(key=lambda f: f.path)
         return RepoRevision(
             repo_id=repo_id,
-            canonical_id=info.id or repo_id,
+            canonical_id=canonical_id,
             repo_type=repo_type,
             revision=revision,
             commit_hash=commit,
@@ -229,7 +258,7 @@ class HubClient:
             with get_session().stream("GET", url, headers=headers, timeout=self.timeout,
                                       follow_redirects=True) as response:
                 hf_raise_for_status(response)
-                for chunk in response.iter_bytes(_CHUNK):
+                for chunk in response.iter_bytes():  # as the bytes arrive: progress and Ctrl-C stay live
                     written += len(chunk)
                     if written > file.size:
                         raise IntegrityError(
@@ -279,8 +308,8 @@ class _mapped_errors:
             return RepoNotFound(f"{self.repo_id}: repo not found at {self.endpoint} (or private without access)",
                                 hint="check the repo id and --repo-type; for a private repo pass a token")
         if isinstance(exc, OfflineModeIsEnabled):
-            return EndpointUnreachable(f"{self.what}: HF_HUB_OFFLINE is set, so no download is possible",
-                                       hint="unset HF_HUB_OFFLINE for hfcache warm")
+            return OfflineViolation(f"{self.what}: HF_HUB_OFFLINE is set, so nothing can be downloaded",
+                                    hint="unset HF_HUB_OFFLINE for hfcache warm (or use warm --lock on a warm cache)")
         if isinstance(exc, httpx2.TimeoutException):
             return EndpointUnreachable(f"{self.what}: no answer from {self.endpoint} within the timeout",
                                        hint="check the endpoint, or raise --timeout")

@@ -20,9 +20,9 @@ from typing import Any
 
 import tomli_w
 
-from .cache import RepoFolder, atomic_write
+from .cache import RepoFolder, atomic_write, cache_error
 from .errors import UsageError
-from .records import KINDS, REPO_TYPES, WarmRequest
+from .records import KINDS, REPO_TYPES, WarmRequest, valid_repo_id
 from .selection import UnsafePath, validate_repo_path
 
 if sys.version_info >= (3, 11):
@@ -37,6 +37,10 @@ _HASH_RE = re.compile(r"^(sha256:[0-9a-f]{64}|git-sha1:[0-9a-f]{40})$")
 _COMMIT_RE = re.compile(r"^[0-9a-f]{40}$")
 _MANIFEST_KEYS = {"endpoint", "cache_dir", "repos"}
 _ENTRY_KEYS = {"repo_id", "revision", "kind", "include", "exclude", "repo_type"}
+
+
+class ManifestNotFound(UsageError):
+    """No manifest where one was looked for."""
 
 
 @dataclass(frozen=True)
@@ -150,8 +154,8 @@ def find_manifest(path: str | os.PathLike[str] | None = None, start: Path | None
             data = {}
         if "hfcache" in data.get("tool", {}):
             return pyproject
-    raise UsageError(f"no {MANIFEST_NAME} (or pyproject.toml with [tool.hfcache]) in {folder}",
-                     hint="write one (see README 'Pinning') or pass --manifest FILE")
+    raise ManifestNotFound(f"no {MANIFEST_NAME} (or pyproject.toml with [tool.hfcache]) in {folder}",
+                           hint="write one (see README 'Pinning') or pass --manifest FILE")
 
 
 def _read_toml(path: Path, what: str) -> dict[str, Any]:
@@ -214,7 +218,7 @@ def load_manifest(path: str | os.PathLike[str]) -> Manifest:
     return Manifest(
         path=path,
         endpoint=endpoint.rstrip("/") if endpoint else None,
-        cache_dir=(path.parent / cache_dir) if cache_dir else None,
+        cache_dir=(path.parent / os.path.expandvars(os.path.expanduser(cache_dir))) if cache_dir else None,
         repos=tuple(repos),
     )
 
@@ -246,14 +250,16 @@ def _manifest_entry(entry: dict[str, Any], where: str) -> WarmRequest:
     revision = entry.get("revision", "main")
     if not isinstance(revision, str):
         raise UsageError(f"{where}: field 'revision' must be a string, got {revision!r}")
+    include = _str_list(entry.get("include", []), where, "include")
+    exclude = _str_list(entry.get("exclude", []), where, "exclude")
     try:
         return WarmRequest(
             repo_id=repo_id,
             revision=revision,
             kind=entry.get("kind", "tokenizer"),
             repo_type=entry.get("repo_type", "model"),
-            include=_str_list(entry.get("include", []), where, "include"),
-            exclude=_str_list(entry.get("exclude", []), where, "exclude"),
+            include=include,
+            exclude=exclude,
         )
     except UsageError as exc:
         raise UsageError(f"{where}: {exc.message}", hint=exc.hint) from None
@@ -308,7 +314,10 @@ def write_lock(lock: Lockfile, path: Path, manifest_name: str = MANIFEST_NAME) -
             return False
     except OSError:
         pass
-    atomic_write(path, data)
+    try:
+        atomic_write(path, data)
+    except OSError as exc:
+        raise cache_error(exc, f"writing {path}") from exc
     return True
 
 
@@ -332,17 +341,35 @@ def read_lock(path: str | os.PathLike[str]) -> Lockfile:
     entries = data.get("repos", [])
     if not isinstance(entries, list) or not all(isinstance(e, dict) for e in entries):
         raise UsageError(f"{path}: 'repos' must be an array of tables")
-    repos = [_locked_repo(entry, f"{path}: repos[{i}]") for i, entry in enumerate(entries)]
+    unknown = sorted(set(data) - {"version", "repos"})
+    if unknown:
+        raise UsageError(f"{path}: unknown key {unknown[0]!r}", hint="the lock is corrupt; regenerate it")
+    repos = []
+    seen: dict[tuple[str, str, str], int] = {}
+    for i, entry in enumerate(entries):
+        repo = _locked_repo(entry, f"{path}: repos[{i}]")
+        if _key(repo.request) in seen:
+            raise UsageError(f"{path}: repos[{i}] ({repo.request.spec}) repeats repos[{seen[_key(repo.request)]}]",
+                             hint="the lock is corrupt; regenerate it")
+        seen[_key(repo.request)] = i
+        repos.append(repo)
     return Lockfile(repos=tuple(repos), version=version)
+
+
+_LOCK_ENTRY_KEYS = _ENTRY_KEYS | {"canonical_id", "commit_hash", "absent", "files"}
 
 
 def _locked_repo(entry: dict[str, Any], where: str) -> LockedRepo:
     request = _manifest_entry({k: entry[k] for k in _ENTRY_KEYS if k in entry}, where)
     where = f"{where} ({request.repo_id})"
+    unknown = sorted(set(entry) - _LOCK_ENTRY_KEYS)
+    if unknown:
+        raise UsageError(f"{where}: unknown field {unknown[0]!r}", hint="the lock is corrupt; regenerate it")
     canonical_id = entry.get("canonical_id")
     commit = entry.get("commit_hash")
-    if not isinstance(canonical_id, str) or not canonical_id:
-        raise UsageError(f"{where}: field 'canonical_id' is required")
+    if not isinstance(canonical_id, str) or not valid_repo_id(canonical_id):
+        raise UsageError(f"{where}: field 'canonical_id' must be a valid repo id, got {canonical_id!r}",
+                         hint="the lock is corrupt or hostile; regenerate it")
     if not isinstance(commit, str) or not _COMMIT_RE.fullmatch(commit):
         raise UsageError(f"{where}: field 'commit_hash' must be 40 hex characters, got {commit!r}")
     files = entry.get("files")

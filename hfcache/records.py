@@ -53,6 +53,11 @@ class WarmRequest:
             raise UsageError(f"invalid repo type {self.repo_type!r}", hint=f"use one of {', '.join(REPO_TYPES)}")
         if self.kind not in KINDS:
             raise UsageError(f"invalid kind {self.kind!r}", hint=f"use one of {', '.join(KINDS)}")
+        for name in ("include", "exclude"):
+            globs = getattr(self, name)
+            if isinstance(globs, str) or not all(isinstance(g, str) and g for g in globs):
+                raise UsageError(f"{name} must be a sequence of non-empty glob strings, got {globs!r}")
+            object.__setattr__(self, name, tuple(globs))
 
     @classmethod
     def parse(cls, spec: str, **options) -> WarmRequest:

@@ -42,6 +42,7 @@ TOKENIZER_GLOBS: tuple[str, ...] = (
     "*.spm",  # Marian source.spm / target.spm
     "*.tiktoken",  # tiktoken BPE ranks (qwen.tiktoken, cl100k_base.tiktoken)
     "tiktoken.model",
+    "tokenizer.model.v*",  # Mistral's versioned SentencePiece files (tokenizer.model.v3)
     "vocab.*",  # vocab.bpe, vocab.model, ...
     "spiece.*",
     "*.vocab",
@@ -169,7 +170,8 @@ def select(
             chosen |= side | weights
     chosen |= {p for p in all_paths if include and _match(p, include)}
     chosen = {p for p in chosen if not (exclude and _match(p, exclude))}
-    absent = () if kind == "all" else tuple(sorted(n for n in TOKENIZER_FILENAMES if n not in all_paths))
+    # Markers for every kind: a tokenizer load from a "model" or "all" warm needs them just the same.
+    absent = tuple(sorted(n for n in TOKENIZER_FILENAMES if n not in all_paths))
     needs_index = tuple(i for i in needs_index if i in chosen)
     return Selection(paths=tuple(sorted(chosen)), absent=absent, needs_index=needs_index)
 

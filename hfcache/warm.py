@@ -31,7 +31,7 @@ from .cache import (
     resolve_cache_dir,
     symlinks_supported,
 )
-from .errors import HfcacheError, IntegrityError, UsageError
+from .errors import HfcacheError, IntegrityError, InternalError, UsageError
 from .hub import HubClient, RemoteFile, RepoRevision, hash_file
 from .records import NoProgress, ProgressSink, RepoResult, WarmedFile, WarmReport, WarmRequest
 from .lockfile import LockedRepo
@@ -87,15 +87,22 @@ def warm(
     client = HubClient(endpoint=endpoint, token=resolve_token(token), timeout=timeout)
     sink = progress or NoProgress()
     use_symlinks = symlinks_supported(root)
+    stop = threading.Event()  # set on Ctrl-C: downloads abort at their next chunk, nothing more is published
     with ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="hfcache-file") as files_pool, \
             ThreadPoolExecutor(max_workers=min(len(requests), max_workers) or 1,
                                thread_name_prefix="hfcache-repo") as repos_pool:
         futures = [
             repos_pool.submit(_RepoJob(i, req, root, client, files_pool, sink, use_symlinks,
-                                       pinned=pinned[i] if pinned else None).run)
+                                       pinned=pinned[i] if pinned else None, stop=stop).run)
             for i, req in enumerate(requests)
         ]
-        results = tuple(f.result() for f in futures)
+        try:
+            results = tuple(f.result() for f in futures)
+        except BaseException:
+            stop.set()
+            for future in futures:
+                future.cancel()
+            raise
     return WarmReport(cache_dir=str(root), repos=results, seconds=time.monotonic() - started)
 
 
@@ -127,6 +134,7 @@ class _RepoJob:
     sink: ProgressSink
     symlinks: bool
     pinned: LockedRepo | None = None
+    stop: threading.Event = field(default_factory=threading.Event)
     _downloaded: int = 0
     _count_lock: threading.Lock = field(default_factory=threading.Lock)
     _failed: threading.Event = field(default_factory=threading.Event)
@@ -145,6 +153,10 @@ class _RepoJob:
             result = _failed(base, repo, exc)
         except OSError as exc:
             result = _failed(base, repo, cache_error(exc, self.request.repo_id))
+        except Exception as exc:  # noqa: BLE001 - one repo's bug must not lose the other repos' results
+            result = _failed(base, repo, InternalError(
+                f"{self.request.repo_id}: internal error: {type(exc).__name__}: {exc}",
+                hint="rerun with HFCACHE_DEBUG=1 and report it"))
         result = replace(result, bytes_downloaded=self._downloaded, seconds=time.monotonic() - started)
         self.sink.repo_finished(self.key, result)
         return result
@@ -156,13 +168,18 @@ class _RepoJob:
             selection = Selection(paths=tuple(by_path), absent=self.pinned.absent)
         else:
             selection = select(by_path, req.kind, req.include, req.exclude)
+        if not selection.paths:
+            raise UsageError(f"{req.repo_id}: no file matches the selection (kind {req.kind}"
+                             + (f", include {list(req.include)}" if req.include else "")
+                             + (f", exclude {list(req.exclude)}" if req.exclude else "") + ")",
+                             hint="check --kind, --include, --exclude and --repo-type")
         canonical = RepoFolder(self.cache_dir, repo.canonical_id, req.repo_type)
         folders = [canonical]
         if req.repo_id != repo.canonical_id:
             folders.append(RepoFolder(self.cache_dir, req.repo_id, req.repo_type))
         paths = set(selection.paths)
         # One repo lock per folder, taken in name order so that concurrent warms never deadlock.
-        locks = [f.repo_lock() for f in sorted(folders, key=lambda f: f.name)]
+        locks = [f.repo_lock(stop=self.stop) for f in sorted(folders, key=lambda f: f.name)]
         for lock in locks:
             lock.__enter__()
         try:
@@ -181,6 +198,8 @@ class _RepoJob:
             for alias in folders[1:]:
                 for f in files:
                     _copy_blob(canonical, alias, f)
+            if self.stop.is_set():
+                raise _Cancelled(f"{req.repo_id}: interrupted before publishing")
             for folder in folders:
                 self._publish(folder, repo, files, selection.absent)
         finally:
@@ -210,8 +229,8 @@ class _RepoJob:
         return sources
 
     def _ensure_blob(self, repo: RepoRevision, folder: RepoFolder, file: RemoteFile) -> str:
-        if self._failed.is_set():
-            raise _Cancelled(f"{repo.repo_id}: cancelled after an earlier failure")
+        if self._failed.is_set() or self.stop.is_set():
+            raise _Cancelled(f"{repo.repo_id}: cancelled")
         try:
             with folder.blob_lock(file.etag):
                 if folder.blob_ok(file.etag, file.size):
@@ -235,6 +254,8 @@ class _RepoJob:
 
             def on_bytes(n: int) -> None:
                 nonlocal got
+                if self.stop.is_set():
+                    raise _Cancelled(f"{repo.repo_id}: interrupted")
                 got += n
                 self._count(n)
                 self.sink.advance(self.key, n)

@@ -266,3 +266,32 @@ def test_warm_lock_and_repo_arguments_are_exclusive(tmp_path):
     assert proc.returncode == 2 and "not both" in proc.stderr
     proc = hfcache(tmp_path, "warm")
     assert proc.returncode == 2 and "nothing to warm" in proc.stderr
+
+
+def test_broken_manifest_beside_the_lock_is_an_error_not_ignored(hub_root, tmp_path):
+    with HubServer(hub_root) as server:
+        write_manifest(tmp_path, server.endpoint)
+        assert hfcache(tmp_path, "lock").returncode == 0
+        write_manifest(tmp_path, server.endpoint, MANIFEST.replace('kind = "model"', 'kind = "models"'))
+        proc = hfcache(tmp_path, "warm", "--lock", "hfcache.lock")
+    assert proc.returncode == 2 and "field 'kind' must be one of" in proc.stderr
+    assert not (tmp_path / "cache").exists()
+
+
+def test_hostile_canonical_id_and_duplicate_entries_are_refused(tmp_path):
+    text = _lock_text().replace('canonical_id = "openai-community/gpt2"', 'canonical_id = "../../../tmp/evil"')
+    (tmp_path / "bad.lock").write_text(text)
+    proc = hfcache(tmp_path, "warm", "--lock", "bad.lock", "--cache-dir", "cache")
+    assert proc.returncode == 2 and "field 'canonical_id' must be a valid repo id" in proc.stderr
+    assert not (tmp_path / "cache").exists()
+    one = _lock_text()
+    (tmp_path / "dup.lock").write_text(one + one[one.index("[[repos]]"):])
+    proc = hfcache(tmp_path, "warm", "--lock", "dup.lock", "--cache-dir", "cache")
+    assert proc.returncode == 2 and "repeats repos[0]" in proc.stderr
+
+
+def test_unwritable_lock_output_is_exit_5(hub_root, tmp_path):
+    with HubServer(hub_root) as server:
+        write_manifest(tmp_path, server.endpoint, '[[repos]]\nrepo_id = "gpt2"\n')
+        proc = hfcache(tmp_path, "lock", "--output", str(tmp_path / "missing" / "dir" / "hfcache.lock"))
+    assert proc.returncode == 5 and "writing" in proc.stderr and "Traceback" not in proc.stderr

@@ -144,7 +144,9 @@ def test_model_kind_and_include_exclude(hub_root, tmp_path):
         assert code == 0, report
         paths = {f["path"] for f in report["repos"][0]["files"]}
         assert "modules.json" in paths and "README.md" not in paths and "1_Pooling/config.json" in paths
-        assert report["repos"][0]["absent"] == []
+        assert "added_tokens.json" in report["repos"][0]["absent"]  # markers for every kind
+    commit = report["repos"][0]["commit_hash"]
+    assert (cache / "models--sentence-transformers--all-MiniLM-L6-v2" / ".no_exist" / commit / "added_tokens.json").exists()
 
 
 def test_two_concurrent_warms_of_one_cache_both_succeed(hub_root, tmp_path):
@@ -304,3 +306,78 @@ def test_unwritable_cache_dir(read_only_disk):
     assert proc.returncode == 5
     assert "cannot write" in proc.stderr and "Traceback" not in proc.stderr
     assert list(read_only_disk.iterdir()) == []
+
+
+def test_ctrl_c_stops_promptly_and_publishes_nothing(hub_root, tmp_path):
+    import signal
+
+    cache = tmp_path / "cache"
+    with HubServer(hub_root, throttle_bps=100_000) as server:
+        proc = subprocess.Popen([sys.executable, "-m", "hfcache", "warm", "openai-community/gpt2", "FacebookAI/roberta-base",
+                                 "--cache-dir", str(cache), "--endpoint", server.endpoint, "-q"],
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=clean_env())
+        deadline = time.monotonic() + 30
+        while not list(cache.rglob("*.incomplete")) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert list(cache.rglob("*.incomplete")), "no download started"
+        proc.send_signal(signal.SIGINT)
+        started = time.monotonic()
+        proc.communicate(timeout=30)
+        elapsed = time.monotonic() - started
+    assert proc.returncode == 130
+    assert elapsed < 5  # the 2.6 MiB at 100 kB/s would take ~30 s more
+    assert_nothing_visible(cache)
+    assert not [p for p in cache.rglob("*") if p.name.endswith(".tmp")]
+    assert scan_cache_dir(cache).warnings == []
+
+
+def test_failed_repo_leaves_a_cache_huggingface_hub_still_reads(hub_root, tmp_path):
+    cache = tmp_path / "cache"
+    original = (hub_root / "openai-community" / "gpt2" / "merges.txt").read_bytes()
+    with HubServer(hub_root, overrides={("openai-community/gpt2", "merges.txt"): original[::-1]}) as server:
+        code, report = warm_json(server, cache, "openai-community/gpt2")
+    assert code == 3 and "merges.txt" in report["repos"][0]["error"]
+    assert_nothing_visible(cache)
+    assert scan_cache_dir(cache).warnings == []
+
+
+@pytest.mark.slow
+def test_kind_all_still_writes_markers_so_tokenizer_only_repos_load_offline(hub_root, tmp_path):
+    cache = tmp_path / "cache"
+    with HubServer(hub_root) as server:
+        code, report = warm_json(server, cache, "FacebookAI/roberta-base", extra=("--kind", "all"))
+        assert code == 0, report
+    loaded = offline_load(cache, ["FacebookAI/roberta-base"])
+    assert loaded["FacebookAI/roberta-base"].get("input_ids") == golden_ids("FacebookAI/roberta-base")
+
+
+def test_empty_selection_is_an_error_not_a_silent_success(hub_root, tmp_path):
+    cache = tmp_path / "cache"
+    with HubServer(hub_root) as server:
+        proc = run_hfcache(["warm", "gpt2", "--exclude", "*", "--cache-dir", str(cache), "--endpoint", server.endpoint])
+    assert proc.returncode == 2 and "no file matches the selection" in proc.stderr
+    assert_nothing_visible(cache)
+
+
+def test_offline_mode_in_the_environment_is_exit_4(hub_root, tmp_path):
+    with HubServer(hub_root) as server:
+        proc = run_hfcache(["warm", "gpt2", "--cache-dir", str(tmp_path / "c"), "--endpoint", server.endpoint],
+                           env=clean_env(HF_HUB_OFFLINE="1"))
+        assert server.requests == []
+    assert proc.returncode == 4 and "HF_HUB_OFFLINE is set" in proc.stderr
+
+
+@pytest.mark.parametrize("endpoint", ["foo", "127.0.0.1:8080", "ftp://host", "http://[::1", "https://u:p@host"])
+def test_invalid_endpoint_is_a_usage_error(tmp_path, endpoint):
+    proc = run_hfcache(["warm", "gpt2", "--cache-dir", str(tmp_path / "c"), "--endpoint", endpoint, "--json"])
+    assert proc.returncode == 2, proc.stderr
+    assert json.loads(proc.stdout)["exit_code"] == 2  # --json: one document, even for a command-level error
+    assert "Traceback" not in proc.stderr and "u:p" not in proc.stderr + proc.stdout
+
+
+def test_endpoint_is_read_from_the_environment_at_call_time(hub_root, tmp_path):
+    with HubServer(hub_root) as server:
+        proc = run_hfcache(["warm", "gpt2", "--cache-dir", str(tmp_path / "c"), "--json"],
+                           env=clean_env(HF_ENDPOINT=server.endpoint))
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout)["repos"][0]["endpoint"] == server.endpoint

@@ -50,3 +50,9 @@ def test_request_parsing():
 def test_malformed_specs_are_usage_errors(spec):
     with pytest.raises(UsageError):
         WarmRequest.parse(spec)
+
+
+def test_include_must_be_a_sequence_of_globs_not_a_string():
+    with pytest.raises(UsageError, match="include must be a sequence"):
+        WarmRequest("gpt2", include="*.json")
+    assert WarmRequest("gpt2", exclude=["*.bin"]).exclude == ("*.bin",)

@@ -66,10 +66,10 @@ def test_include_adds_and_exclude_wins():
     assert "tf_model.h5" in sel.paths
 
 
-def test_all_kind_takes_everything_and_writes_no_markers():
+def test_all_kind_takes_everything_and_still_writes_markers():
     sel = select(BERT, "all")
     assert set(sel.paths) == set(BERT)
-    assert sel.absent == ()
+    assert "special_tokens_map.json" in sel.absent and "config.json" not in sel.absent
 
 
 def test_unknown_kind_is_rejected():
