@@ -16,7 +16,7 @@ from .records import RepoResult, WarmReport, WarmRequest  # noqa: E402
 def __getattr__(name: str):
     # Lazy: `warm` pulls in huggingface_hub's HTTP stack; the light `warm --lock` check must not pay for it.
     if name == "warm":
-        from .warm import warm
+        from .warming import warm
 
         return warm
     raise AttributeError(name)

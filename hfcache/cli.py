@@ -101,7 +101,7 @@ def warm(repos, cache_dir, kind, include, exclude, repo_type, lock_file, locked,
         if not repos:
             raise UsageError("nothing to warm", hint="give REPO_ID arguments or --lock FILE")
         from .records import WarmRequest
-        from .warm import warm as warm_repos
+        from .warming import warm as warm_repos
 
         requests = [
             WarmRequest.parse(spec, repo_type=repo_type, kind=kind, include=tuple(include), exclude=tuple(exclude))
@@ -198,7 +198,7 @@ def lock(upgrade_ids, manifest, output_file, upgrade, check, endpoint, token, to
         return
     from .hub import HubClient
     from .pin import pin
-    from .warm import resolve_token
+    from .warming import resolve_token
 
     upgrade_keys = filter_upgrade(found.repos, upgrade_ids) if upgrade else set()
     client = HubClient(endpoint=endpoint or found.endpoint, token=resolve_token(_read_token(token, token_file)),
@@ -253,6 +253,50 @@ def ls_command(repo_ids, cache_dir, revisions, lock_file, sort, as_json) -> None
         output.print_json(document, compact=len(document["repos"]) > 100)
     else:
         output.stderr.print(output.ls_table(document, revisions, time.time()))
+
+
+@cli.command()
+@click.argument("repo_ids", nargs=-1, metavar="[REPO_ID]...")
+@click.option("--cache-dir", type=click.Path(file_okay=False), help="Cache root [default: HF_HUB_CACHE, "
+              "$HF_HOME/hub or ~/.cache/huggingface/hub].")
+@click.option("--lock", "lock_file", type=click.Path(dir_okay=False),
+              help="Expected files, sizes and hashes [default: blob names and trees/ listings].")
+@click.option("--repair", "do_repair", is_flag=True,
+              help="Fix what is broken (re-download from the endpoint, rewrite refs and links), then verify again.")
+@_common_hub_options
+def verify(repo_ids, cache_dir, lock_file, do_repair, endpoint, token, token_file, max_workers, timeout,
+           as_json) -> None:
+    """Check a cache's integrity offline: every blob's hash, links, refs, and the lock's files.
+
+    Without --repair it makes no network request. Exit 1 when any integrity problem remains.
+    """
+    from . import output
+    from .cache import resolve_cache_dir
+    from .lockfile import read_lock
+    from .verify import verify_cache
+
+    lock = read_lock(lock_file) if lock_file else None
+    root = resolve_cache_dir(cache_dir)
+    if not root.is_dir():
+        from .errors import CacheError
+
+        raise CacheError(f"no cache at {root}", hint="pass --cache-dir")
+    with output.HashProgress(enabled=not as_json) as progress:
+        report = verify_cache(root, repo_ids or None, lock=lock, max_workers=max_workers, progress=progress)
+    actions = ()
+    before = None
+    if do_repair and not report.ok:
+        from .hub import HubClient
+        from .repair import repair
+        from .warming import resolve_token
+
+        client = HubClient(endpoint=endpoint, token=resolve_token(_read_token(token, token_file)), timeout=timeout)
+        actions = repair(report, client=client, lock=lock)
+        before = report
+        with output.HashProgress(enabled=not as_json) as progress:
+            report = verify_cache(root, repo_ids or None, lock=lock, max_workers=max_workers, progress=progress)
+    output.show_verify(report, actions, before, as_json=as_json)
+    sys.exit(report.exit_code)
 
 
 class _null:

@@ -44,13 +44,13 @@ def warm_lock(
     every file is checked against the lock's hash: bytes that differ, or a commit the endpoint no longer has, fail
     that repo and nothing of it becomes visible.
 
-    Args: as :func:`hfcache.warm.warm`.
+    Args: as :func:`hfcache.warming.warm`.
 
     Returns:
         WarmReport with one result per locked repo, in lock order.
 
     Raises:
-        UsageError, CacheError: as :func:`hfcache.warm.warm`.
+        UsageError, CacheError: as :func:`hfcache.warming.warm`.
     """
     started = time.monotonic()
     root = resolve_cache_dir(cache_dir)
@@ -61,7 +61,7 @@ def warm_lock(
     ]
     todo = [s.repo for s in statuses if not s.satisfied]
     if todo:
-        from .warm import warm  # the network path: only now pay for huggingface_hub's import
+        from .warming import warm  # the network path: only now pay for huggingface_hub's import
 
         report = warm([r.request for r in todo], cache_dir=root, endpoint=endpoint, token=token,
                       max_workers=max_workers, timeout=timeout, progress=progress, pinned=todo)

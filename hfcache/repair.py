@@ -1,0 +1,206 @@
+"""repair: fix exactly what :func:`hfcache.verify.verify_cache` found broken, and nothing else.
+
+- A malformed ref whose content is a commit plus whitespace (a hand-written trailing newline) is rewritten.
+- An absolute or escaping snapshot link whose target is a healthy blob of the repo is rewritten as the relative
+  link huggingface_hub writes.
+- Broken content (a blob whose hash does not match its name, a blob that is a symlink or not a file, a link to a
+  missing blob, a file the lock lists but the snapshot lacks, a snapshot entry that differs from the lock) is
+  downloaded again from the endpoint at the snapshot's commit, hashed, and published in huggingface_hub's order
+  (blob renamed into place, then the link). A link whose file the endpoint says no longer exists is removed.
+- A corrupt blob no snapshot uses is removed.
+
+Healthy blobs and links are never rewritten. Each repo is repaired under the same repo lock warm takes.
+"""
+
+from __future__ import annotations
+
+import os
+from collections import defaultdict
+from dataclasses import dataclass
+from pathlib import Path
+
+from .cache import RepoFolder, cache_error, symlinks_supported
+from .errors import HfcacheError, RevisionNotFound
+from .hub import HubClient, RemoteFile, RepoRevision
+from .lockfile import Lockfile
+from .scan import parse_folder_name, scan_repo
+from .verify import Problem, VerifyReport, algorithm_of
+
+_CONTENT_KINDS = {"blob_mismatch", "blob_not_file", "link_broken", "file_missing", "file_mismatch"}
+
+
+@dataclass(frozen=True)
+class RepairAction:
+    """One thing repair did or could not do.
+
+    Attributes:
+        repo_id (str), revision (str), path (str): what it concerns (as in :class:`hfcache.verify.Problem`).
+        action (str): ``rewrote ref``, ``relinked``, ``downloaded``, ``removed link``, ``removed blob``, or
+            ``failed``.
+        detail (str): one line for people.
+    """
+
+    repo_id: str
+    revision: str
+    path: str
+    action: str
+    detail: str
+
+    @property
+    def ok(self) -> bool:
+        return self.action != "failed"
+
+
+def repair(
+    report: VerifyReport,
+    *,
+    client: HubClient | None,
+    lock: Lockfile | None = None,
+) -> tuple[RepairAction, ...]:
+    """Repair the integrity errors of ``report`` in place.
+
+    Args:
+        report: a verify report of the cache to repair.
+        client: the endpoint to download from (None: only offline repairs: refs and links).
+        lock: when given, downloaded files must also match the lock's hashes.
+
+    Returns:
+        The actions taken, sorted; a ``failed`` action names what could not be fixed and why.
+    """
+    cache_dir = Path(report.cache_dir)
+    by_folder: dict[str, list[Problem]] = defaultdict(list)
+    for problem in report.errors:
+        by_folder[problem.folder].append(problem)
+    actions: list[RepairAction] = []
+    symlinks = symlinks_supported(cache_dir)
+    for folder_name, problems in sorted(by_folder.items()):
+        parsed = parse_folder_name(folder_name)
+        if parsed is None:
+            continue
+        folder = RepoFolder(cache_dir, parsed[0], parsed[1])
+        try:
+            with folder.repo_lock():
+                actions.extend(_repair_repo(folder, problems, client, lock, symlinks))
+        except OSError as exc:
+            actions.append(RepairAction(parsed[0], "", "", "failed", cache_error(exc, folder_name).message))
+    return tuple(sorted(actions, key=lambda a: (a.repo_id, a.revision, a.path, a.action)))
+
+
+def _repair_repo(folder: RepoFolder, problems: list[Problem], client: HubClient | None, lock: Lockfile | None,
+                 symlinks: bool) -> list[RepairAction]:
+    actions: list[RepairAction] = []
+    info = scan_repo(folder.root, folder.repo_id, folder.repo_type)
+    links = {(rev.commit_hash, f.path): f for rev in info.revisions for f in rev.files}
+    bad_blobs = {p.path.removeprefix("blobs/") for p in problems if p.kind in ("blob_mismatch", "blob_not_file")}
+    wanted: dict[str, set[str]] = defaultdict(set)  # commit -> paths whose content must be fetched again
+
+    for p in problems:
+        if p.kind == "ref_malformed":
+            actions.append(_fix_ref(folder, p, {r.commit_hash for r in info.revisions}))
+        elif p.kind in ("link_absolute", "link_outside"):
+            target = os.readlink(folder.pointer_path(p.revision, p.path))
+            etag = os.path.basename(target)
+            if p.kind == "link_absolute" and os.path.dirname(target) == str(folder.root / "blobs") \
+                    and folder.blob_path(etag).is_file() and not folder.blob_path(etag).is_symlink() \
+                    and etag not in bad_blobs:
+                folder.link(p.revision, p.path, etag, symlinks=symlinks)
+                actions.append(RepairAction(p.repo_id, p.revision, p.path, "relinked",
+                                            f"relative link to blobs/{etag[:16]}…"))
+            else:
+                wanted[p.revision].add(p.path)
+        elif p.kind in ("link_broken", "file_missing", "file_mismatch"):
+            wanted[p.revision].add(p.path)
+        elif p.kind == "ref_dangling":
+            actions.append(RepairAction(p.repo_id, p.revision, "", "failed",
+                                        "the ref's snapshot is gone; run `hfcache warm` for this revision"))
+
+    # Corrupt blobs: every snapshot path that uses one is fetched again; a blob nobody uses is removed.
+    for etag in sorted(bad_blobs):
+        users = [(commit, path) for (commit, path), f in links.items() if f.etag == etag]
+        for commit, path in users:
+            wanted[commit].add(path)
+        if not users:
+            os.unlink(folder.blob_path(etag))
+            actions.append(RepairAction(folder.repo_id, "", f"blobs/{etag}", "removed blob",
+                                        "corrupt and used by no snapshot"))
+    for commit, paths in sorted(wanted.items()):
+        actions.extend(_refetch(folder, commit, sorted(paths), client, lock, symlinks, bad_blobs))
+    return actions
+
+
+def _fix_ref(folder: RepoFolder, problem: Problem, snapshots: set[str]) -> RepairAction:
+    name = problem.revision.removeprefix("refs/")
+    value = folder.ref_path(name).read_bytes().decode("utf-8", "replace").strip()
+    if algorithm_of(value) == "git-sha1" and value in snapshots:
+        folder.write_ref(name, value)
+        return RepairAction(problem.repo_id, problem.revision, "", "rewrote ref", f"{name} -> {value}")
+    return RepairAction(problem.repo_id, problem.revision, "", "failed",
+                        "the ref holds no commit of a cached snapshot; run `hfcache warm` for it")
+
+
+def _refetch(folder: RepoFolder, commit: str, paths: list[str], client: HubClient | None, lock: Lockfile | None,
+             symlinks: bool, bad_blobs: set[str]) -> list[RepairAction]:
+    """Download ``paths`` at ``commit`` again (verified) and relink them."""
+    if client is None:
+        return [RepairAction(folder.repo_id, commit, p, "failed", "needs the endpoint (--endpoint) to re-download")
+                for p in paths]
+    try:
+        remote = client.resolve(folder.repo_id, commit, folder.repo_type)
+    except RevisionNotFound:
+        return [_remove_link(folder, commit, p, "the endpoint no longer has this commit") for p in paths]
+    except HfcacheError as exc:
+        return [RepairAction(folder.repo_id, commit, p, "failed", exc.message) for p in paths]
+    by_path = {f.path: f for f in remote.files}
+    locked = _locked_files(lock, folder, commit)
+    actions = []
+    for path in paths:
+        file = by_path.get(path)
+        if file is None:
+            actions.append(_remove_link(folder, commit, path, "the endpoint has no such file at this commit"))
+            continue
+        if locked is not None and path in locked and locked[path] != file.hash:
+            actions.append(RepairAction(folder.repo_id, commit, path, "failed",
+                                        f"the endpoint publishes {file.hash}, the lock pins {locked[path]}"))
+            continue
+        try:
+            _download_blob(folder, remote, file, client, force=file.etag in bad_blobs)
+            folder.link(commit, path, file.etag, symlinks=symlinks)
+        except HfcacheError as exc:
+            actions.append(RepairAction(folder.repo_id, commit, path, "failed", exc.message))
+            continue
+        except OSError as exc:
+            actions.append(RepairAction(folder.repo_id, commit, path, "failed", cache_error(exc, path).message))
+            continue
+        actions.append(RepairAction(folder.repo_id, commit, path, "downloaded",
+                                    f"{file.size} bytes, {file.hash[:24]}… verified"))
+    return actions
+
+
+def _download_blob(folder: RepoFolder, repo: RepoRevision, file: RemoteFile, client: HubClient, force: bool) -> None:
+    with folder.blob_lock(file.etag):
+        if not force and folder.blob_ok(file.etag, file.size):
+            return
+        incomplete, out = folder.open_incomplete(file.etag)
+        try:
+            with out:
+                client.download(repo, file, out)
+            folder.publish_blob(incomplete, file.etag)  # os.replace: also replaces a symlink in its place
+        finally:
+            incomplete.unlink(missing_ok=True)
+
+
+def _remove_link(folder: RepoFolder, commit: str, path: str, why: str) -> RepairAction:
+    pointer = folder.pointer_path(commit, path)
+    if os.path.lexists(pointer):
+        os.unlink(pointer)
+        return RepairAction(folder.repo_id, commit, path, "removed link", why)
+    return RepairAction(folder.repo_id, commit, path, "failed", why)
+
+
+def _locked_files(lock: Lockfile | None, folder: RepoFolder, commit: str) -> dict[str, str] | None:
+    for repo in lock.repos if lock else ():
+        ids = {repo.request.repo_id, repo.canonical_id}
+        if repo.commit_hash == commit and folder.repo_id in ids and repo.request.repo_type == folder.repo_type:
+            return {f.path: f.hash for f in repo.files}
+    return None
+
