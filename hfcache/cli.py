@@ -299,6 +299,44 @@ def verify(repo_ids, cache_dir, lock_file, do_repair, endpoint, token, token_fil
     sys.exit(report.exit_code)
 
 
+@cli.command()
+@click.argument("repo_ids", nargs=-1, metavar="[REPO_ID]...")
+@click.option("--cache-dir", type=click.Path(file_okay=False), help="Cache root [default: HF_HUB_CACHE, "
+              "$HF_HOME/hub or ~/.cache/huggingface/hub].")
+@click.option("--lock", "lock_file", type=click.Path(dir_okay=False),
+              help="Check the lock's tokenizers, by the ids and revisions of its manifest.")
+@click.option("--text", default=None, help="Probe text to encode [default: a mixed English/Chinese sentence].")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON document on stdout.")
+def check(repo_ids, cache_dir, lock_file, text, as_json) -> None:
+    """Prove each tokenizer loads offline: AutoTokenizer in a child with no network, encoding a probe text.
+
+    On failure it names the missing piece (config.json and its .no_exist marker, a Python package, a chat
+    template, a ref). Exit 1 if any tokenizer fails.
+    """
+    from . import output
+    from .cache import resolve_cache_dir
+    from .check import DEFAULT_TEXT, check_tokenizers, targets_from_cache, targets_from_lock
+    from .errors import CacheError
+    from .lockfile import read_lock
+
+    root = resolve_cache_dir(cache_dir)
+    if not root.is_dir():
+        raise CacheError(f"no cache at {root}", hint="pass --cache-dir")
+    if lock_file:
+        targets = targets_from_lock(read_lock(lock_file))
+        if repo_ids:
+            targets = [t for t in targets if t.repo_id in repo_ids]
+    else:
+        targets = targets_from_cache(root, set(repo_ids) if repo_ids else None)
+    if not targets:
+        raise UsageError("no tokenizer to check", hint="warm one first, or name REPO_IDs / --lock")
+    with output.stderr.status(f"loading {len(targets)} tokenizer(s) offline", spinner="dots") \
+            if not as_json else _null():
+        report = check_tokenizers(root, targets, text or DEFAULT_TEXT)
+    output.show_check(report, as_json=as_json)
+    sys.exit(report.exit_code)
+
+
 class _null:
     def __enter__(self):
         return self

@@ -33,6 +33,7 @@ if TYPE_CHECKING:
     from .pin import PinResult
     from .repair import RepairAction
     from .scan import CacheInfo
+    from .check import CheckReport
     from .verify import VerifyReport
 
 stderr = Console(stderr=True, highlight=False)
@@ -393,3 +394,40 @@ def show_verify(report: VerifyReport, actions: tuple[RepairAction, ...], before:
     stderr.print(Text.assemble(
         verdict, f": {len(report.repos)} repos, {report.blobs_hashed} blobs ({human_size(report.bytes_hashed)}) "
         f"hashed in {report.seconds:.2f}s" + (f", {notes} note(s)" if notes else "")))
+
+
+def show_check(report: CheckReport, *, as_json: bool) -> None:
+    """check's result: JSON, or a table (repo, class, vocab, load time, ids or the cause of the failure)."""
+    if as_json:
+        print_json({
+            "cache_dir": report.cache_dir,
+            "text": report.text,
+            "ok": report.ok,
+            "exit_code": report.exit_code,
+            "import_seconds": report.import_seconds,
+            "tokenizers": [
+                {"repo_id": r.target.repo_id, "revision": r.target.revision, "ok": r.ok,
+                 "class": r.tokenizer_class, "vocab_size": r.vocab_size,
+                 "input_ids": list(r.input_ids) if r.input_ids is not None else None,
+                 "seconds": r.seconds, "error": r.error, "cause": r.cause}
+                for r in report.results
+            ],
+        })
+        return
+    table = Table(title=f"hfcache check {report.cache_dir} (offline)", title_justify="left")
+    for column in ("tokenizer", "class", "vocab", "load", "result"):
+        table.add_column(column, overflow="fold", justify="right" if column in ("vocab", "load") else "left")
+    for r in report.results:
+        if r.ok:
+            ids = list(r.input_ids or ())
+            shown = ", ".join(map(str, ids[:8])) + (", ..." if len(ids) > 8 else "")
+            result = Text(f"ok [{shown}]", style="green")
+        else:
+            result = Text(r.cause or r.error or "failed", style="red")
+        table.add_row(r.target.spec, r.tokenizer_class or "-", str(r.vocab_size or "-"), f"{r.seconds:.2f}s", result)
+    stderr.print(table)
+    failed = sum(not r.ok for r in report.results)
+    stderr.print(Text(f"{len(report.results) - failed} loaded, {failed} failed", style="green" if not failed else "red"))
+    for r in report.results:
+        if not r.ok and r.cause and r.error:
+            stderr.print(Text(f"{r.target.spec}: {r.error.splitlines()[0][:300]}", style="dim"), soft_wrap=True)
