@@ -42,8 +42,9 @@ def cli() -> None:
 
 def _common_hub_options(fn):
     for decorator in reversed([
-        click.option("--endpoint", metavar="URL",
-                     help="Hub endpoint [default: the manifest's, HF_ENDPOINT or https://huggingface.co]."),
+        click.option("--endpoint", "endpoints", metavar="URL", multiple=True,
+                     help="Hub endpoint; repeat to give fallbacks, tried in order per repo (an in-cluster mirror "
+                          "first) [default: the manifest's, HF_ENDPOINT or https://huggingface.co]."),
         click.option("--token", metavar="TOKEN", help="Hub token (visible in `ps`; prefer --token-file or HF_TOKEN)."),
         click.option("--token-file", type=click.Path(dir_okay=False), help="File holding the Hub token."),
         click.option("--max-workers", type=click.IntRange(min=1), default=8, show_default=True,
@@ -73,7 +74,7 @@ def _common_hub_options(fn):
               help="With --lock: the manifest [default: hfcache.toml or pyproject.toml beside the lock].")
 @_common_hub_options
 @click.option("-q", "--quiet", is_flag=True, help="No progress and no summary; errors only.")
-def warm(repos, cache_dir, kind, include, exclude, repo_type, lock_file, locked, manifest, endpoint, token,
+def warm(repos, cache_dir, kind, include, exclude, repo_type, lock_file, locked, manifest, endpoints, token,
          token_file, max_workers, timeout, as_json, quiet) -> None:
     """Download tokenizers (or models) into a cache that transformers loads offline.
 
@@ -93,7 +94,7 @@ def warm(repos, cache_dir, kind, include, exclude, repo_type, lock_file, locked,
     if lock_file:
         if repos:
             raise UsageError("give REPO_ID arguments or --lock, not both")
-        report = _warm_from_lock(lock_file, locked, manifest, cache_dir, endpoint, resolved_token, max_workers,
+        report = _warm_from_lock(lock_file, locked, manifest, cache_dir, list(endpoints), resolved_token, max_workers,
                                  timeout, as_json, quiet)
     else:
         if locked or manifest:
@@ -108,13 +109,13 @@ def warm(repos, cache_dir, kind, include, exclude, repo_type, lock_file, locked,
             for spec in repos
         ]
         with output.WarmProgress(len(requests), enabled=not (as_json or quiet)) as progress:
-            report = warm_repos(requests, cache_dir=cache_dir, endpoint=endpoint, token=resolved_token,
+            report = warm_repos(requests, cache_dir=cache_dir, endpoint=list(endpoints) or None, token=resolved_token,
                                 max_workers=max_workers, timeout=timeout, progress=progress)
     output.show_warm_report(report, as_json=as_json, quiet=quiet)
     sys.exit(report.exit_code)
 
 
-def _warm_from_lock(lock_file, locked, manifest, cache_dir, endpoint, token, max_workers, timeout, as_json, quiet):
+def _warm_from_lock(lock_file, locked, manifest, cache_dir, endpoints, token, max_workers, timeout, as_json, quiet):
     from . import output
     from .errors import CheckFailed
     from .install import warm_lock
@@ -136,7 +137,7 @@ def _warm_from_lock(lock_file, locked, manifest, cache_dir, endpoint, token, max
                               + (f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""),
                               hint="run `hfcache lock` and commit the new lock")
     cache_dir = cache_dir or (found.cache_dir if found else None)
-    endpoint = endpoint or (found.endpoint if found else None)
+    endpoint = endpoints or (list(found.endpoints) if found and found.endpoints else None)
     with output.WarmProgress(len(lock.repos), enabled=not (as_json or quiet)) as progress:
         return warm_lock(lock, cache_dir=cache_dir, endpoint=endpoint, token=token, max_workers=max_workers,
                          timeout=timeout, progress=progress)
@@ -153,7 +154,7 @@ def _warm_from_lock(lock_file, locked, manifest, cache_dir, endpoint, token, max
 @click.option("--check", is_flag=True, help="Only check that the lock matches the manifest (no network); exit 1 "
               "when it does not.")
 @_common_hub_options
-def lock(upgrade_ids, manifest, output_file, upgrade, check, endpoint, token, token_file, max_workers, timeout,
+def lock(upgrade_ids, manifest, output_file, upgrade, check, endpoints, token, token_file, max_workers, timeout,
          as_json) -> None:
     """Resolve the manifest to exact commits and write hfcache.lock (sizes and hashes of every file).
 
@@ -196,15 +197,13 @@ def lock(upgrade_ids, manifest, output_file, upgrade, check, endpoint, token, to
             raise CheckFailed(f"{lock_path} does not match {found.path}: " + "; ".join(problems),
                               hint="run `hfcache lock` to update it")
         return
-    from .hub import HubClient
     from .pin import pin
-    from .warming import resolve_token
+    from .warming import make_clients
 
     upgrade_keys = filter_upgrade(found.repos, upgrade_ids) if upgrade else set()
-    client = HubClient(endpoint=endpoint or found.endpoint, token=resolve_token(_read_token(token, token_file)),
-                       timeout=timeout)
+    clients = make_clients(list(endpoints) or list(found.endpoints) or None, _read_token(token, token_file), timeout)
     with output.stderr.status("resolving manifest entries", spinner="dots") if not as_json else _null():
-        result = pin(found, client, existing=existing, upgrade=upgrade_keys, max_workers=max_workers)
+        result = pin(found, clients, existing=existing, upgrade=upgrade_keys, max_workers=max_workers)
     written = False
     if not result.failures:
         written = write_lock(result.lock, lock_path, lock_relative_name(found.path, lock_path))
@@ -264,7 +263,7 @@ def ls_command(repo_ids, cache_dir, revisions, lock_file, sort, as_json) -> None
 @click.option("--repair", "do_repair", is_flag=True,
               help="Fix what is broken (re-download from the endpoint, rewrite refs and links), then verify again.")
 @_common_hub_options
-def verify(repo_ids, cache_dir, lock_file, do_repair, endpoint, token, token_file, max_workers, timeout,
+def verify(repo_ids, cache_dir, lock_file, do_repair, endpoints, token, token_file, max_workers, timeout,
            as_json) -> None:
     """Check a cache's integrity offline: every blob's hash, links, refs, and the lock's files.
 
@@ -290,7 +289,9 @@ def verify(repo_ids, cache_dir, lock_file, do_repair, endpoint, token, token_fil
         from .repair import repair
         from .warming import resolve_token
 
-        client = HubClient(endpoint=endpoint, token=resolve_token(_read_token(token, token_file)), timeout=timeout)
+        # Repair downloads from the first endpoint given (fallbacks are a warm feature).
+        client = HubClient(endpoint=endpoints[0] if endpoints else None,
+                           token=resolve_token(_read_token(token, token_file)), timeout=timeout)
         actions = repair(report, client=client, lock=lock)
         before = report
         with output.HashProgress(enabled=not as_json) as progress:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 from .cache import resolve_cache_dir
@@ -32,7 +33,7 @@ def warm_lock(
     lock: Lockfile,
     *,
     cache_dir: str | Path | None = None,
-    endpoint: str | None = None,
+    endpoint: str | Sequence[str] | None = None,
     token: str | bool | None = None,
     max_workers: int = 8,
     timeout: float = 10.0,
@@ -55,17 +56,20 @@ def warm_lock(
     started = time.monotonic()
     root = resolve_cache_dir(cache_dir)
     statuses = cache_statuses(lock, root)
-    shown_endpoint = (endpoint or os.environ.get("HF_ENDPOINT") or "https://huggingface.co").rstrip("/")
+    first = endpoint if isinstance(endpoint, str) or endpoint is None else (list(endpoint) or [None])[0]
+    shown_endpoint = (first or os.environ.get("HF_ENDPOINT") or "https://huggingface.co").rstrip("/")
     results: list[RepoResult | None] = [
         _satisfied_result(s, shown_endpoint) if s.satisfied else None for s in statuses
     ]
     todo = [s.repo for s in statuses if not s.satisfied]
+    endpoints: tuple[str, ...] = (shown_endpoint,)
     if todo:
         from .warming import warm  # the network path: only now pay for huggingface_hub's import
 
         report = warm([r.request for r in todo], cache_dir=root, endpoint=endpoint, token=token,
                       max_workers=max_workers, timeout=timeout, progress=progress, pinned=todo)
+        endpoints = report.endpoints
         fetched = iter(report.repos)
         results = [r if r is not None else next(fetched) for r in results]
     return WarmReport(cache_dir=str(root), repos=tuple(r for r in results if r is not None),
-                      seconds=time.monotonic() - started)
+                      seconds=time.monotonic() - started, endpoints=endpoints)

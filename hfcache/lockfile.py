@@ -49,13 +49,14 @@ class Manifest:
 
     Attributes:
         path (Path): the file it was read from.
-        endpoint (str | None): Hub endpoint, when the manifest sets one.
+        endpoints (tuple[str, ...]): Hub endpoints in order of preference (``endpoint`` may be a string or a list
+            in the file); empty when the manifest sets none.
         cache_dir (Path | None): cache root, resolved relative to the manifest's folder.
         repos (tuple[WarmRequest, ...]): the entries, in file order.
     """
 
     path: Path
-    endpoint: str | None
+    endpoints: tuple[str, ...]
     cache_dir: Path | None
     repos: tuple[WarmRequest, ...]
 
@@ -176,7 +177,7 @@ def load_manifest(path: str | os.PathLike[str]) -> Manifest:
 
     The shape (README "Pinning")::
 
-        endpoint = "https://huggingface.co"   # optional
+        endpoint = "https://huggingface.co"   # optional; or a list, tried in order
         cache_dir = "/opt/hf-cache"            # optional, relative to the manifest's folder
         [[repos]]
         repo_id = "bert-base-uncased"
@@ -200,7 +201,12 @@ def load_manifest(path: str | os.PathLike[str]) -> Manifest:
     unknown = sorted(set(data) - _MANIFEST_KEYS)
     if unknown:
         raise UsageError(f"{where}: unknown key {unknown[0]!r}", hint=f"allowed: {', '.join(sorted(_MANIFEST_KEYS))}")
-    endpoint = _optional_str(data, "endpoint", where)
+    endpoint = data.get("endpoint")
+    if isinstance(endpoint, str):
+        endpoint = [endpoint]
+    if endpoint is not None and (not isinstance(endpoint, list) or not endpoint
+                                 or not all(isinstance(e, str) and e for e in endpoint)):
+        raise UsageError(f"{where}: field 'endpoint' must be a URL or a list of URLs, got {data.get('endpoint')!r}")
     cache_dir = _optional_str(data, "cache_dir", where)
     entries = data.get("repos", [])
     if not isinstance(entries, list) or not all(isinstance(e, dict) for e in entries):
@@ -217,7 +223,7 @@ def load_manifest(path: str | os.PathLike[str]) -> Manifest:
         repos.append(request)
     return Manifest(
         path=path,
-        endpoint=endpoint.rstrip("/") if endpoint else None,
+        endpoints=tuple(e.rstrip("/") for e in endpoint or ()),
         cache_dir=(path.parent / os.path.expandvars(os.path.expanduser(cache_dir))) if cache_dir else None,
         repos=tuple(repos),
     )

@@ -92,6 +92,7 @@ def warm_report_dict(report: WarmReport) -> dict[str, Any]:
         "exit_code": report.exit_code,
         "bytes_downloaded": report.bytes_downloaded,
         "seconds": round(report.seconds, 3),
+        "endpoints": list(report.endpoints),
         "repos": [repo_result_dict(r) for r in report.repos],
     }
 
@@ -104,6 +105,9 @@ def warm_summary_table(report: WarmReport) -> Table:
     table.add_column("size", justify="right")
     table.add_column("downloaded", justify="right")
     table.add_column("time", justify="right")
+    several = len(report.endpoints) > 1 or len({r.endpoint for r in report.repos}) > 1
+    if several:
+        table.add_column("endpoint")
     table.add_column("status")
     for r in report.repos:
         label = r.request.spec
@@ -117,6 +121,7 @@ def warm_summary_table(report: WarmReport) -> Table:
             human_size(sum(f.size for f in r.files)) if r.ok else "-",
             human_size(r.bytes_downloaded),
             f"{r.seconds:.2f}s",
+            *([r.endpoint] if several else []),
             status,
         )
     failed = sum(not r.ok for r in report.repos)
@@ -158,6 +163,9 @@ class WarmProgress:
 
     def repo_started(self, key: int, label: str, files: int, total_bytes: int) -> None:
         with self._lock:
+            if key in self._tasks:  # the repo is retried on the next endpoint: start its bar again
+                self._progress.reset(self._tasks[key], total=total_bytes)
+                return
             self._tasks[key] = self._progress.add_task(label, total=total_bytes, status=f"{files} files")
             total = self._progress.tasks[self._total].total or 0
             self._progress.update(self._total, total=total + total_bytes)

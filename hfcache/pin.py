@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
-from .errors import HfcacheError, IntegrityError
+from .errors import HfcacheError, HubError, IntegrityError
 from .hub import HubClient
 from .lockfile import LockedFile, LockedRepo, Lockfile, Manifest
 from .records import WarmRequest
@@ -70,7 +70,7 @@ def resolve_entry(client: HubClient, request: WarmRequest) -> LockedRepo:
 
 def pin(
     manifest: Manifest,
-    client: HubClient,
+    clients: HubClient | Sequence[HubClient],
     existing: Lockfile | None = None,
     upgrade: set[tuple[str, str, str]] | None = None,
     max_workers: int = 8,
@@ -79,7 +79,8 @@ def pin(
 
     Args:
         manifest: the entries to pin.
-        client: the endpoint connection.
+        clients: the endpoint connection, or several tried in order per entry (the first that resolves it wins;
+            a Hub-side failure moves on to the next).
         existing: the current lock, whose commits are kept for unchanged entries.
         upgrade: keys ``(repo_id, revision, repo_type)`` to re-resolve even if unchanged (``--upgrade``).
         max_workers: parallel resolutions.
@@ -98,11 +99,18 @@ def pin(
         else:
             todo.append(request)
 
+    clients = [clients] if isinstance(clients, HubClient) else list(clients)
+
     def attempt(request: WarmRequest) -> LockedRepo | LockFailure:
-        try:
-            return resolve_entry(client, request)
-        except HfcacheError as exc:
-            return LockFailure(request.spec, exc.message, exc.hint, exc.exit_code)
+        failure = None
+        for client in clients:
+            try:
+                return resolve_entry(client, request)
+            except HubError as exc:
+                failure = LockFailure(request.spec, exc.message, exc.hint, exc.exit_code)
+            except HfcacheError as exc:
+                return LockFailure(request.spec, exc.message, exc.hint, exc.exit_code)
+        return failure
 
     with ThreadPoolExecutor(max_workers=max(1, min(max_workers, len(todo) or 1))) as pool:
         outcomes = list(pool.map(attempt, todo))

@@ -137,11 +137,13 @@ class WarmReport:
         cache_dir (str): the cache written.
         repos (tuple[RepoResult, ...]): one result per request, in request order.
         seconds (float): total wall time.
+        endpoints (tuple[str, ...]): the endpoints configured, in order of preference.
     """
 
     cache_dir: str
     repos: tuple[RepoResult, ...]
     seconds: float
+    endpoints: tuple[str, ...] = ()
 
     @property
     def ok(self) -> bool:

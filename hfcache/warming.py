@@ -31,7 +31,7 @@ from .cache import (
     resolve_cache_dir,
     symlinks_supported,
 )
-from .errors import HfcacheError, IntegrityError, InternalError, UsageError
+from .errors import HfcacheError, HubError, IntegrityError, InternalError, UsageError
 from .hub import HubClient, RemoteFile, RepoRevision, hash_file
 from .records import NoProgress, ProgressSink, RepoResult, WarmedFile, WarmReport, WarmRequest
 from .lockfile import LockedRepo
@@ -50,7 +50,7 @@ def warm(
     requests: Sequence[WarmRequest],
     *,
     cache_dir: str | Path | None = None,
-    endpoint: str | None = None,
+    endpoint: str | Sequence[str] | None = None,
     token: str | bool | None = None,
     max_workers: int = 8,
     timeout: float = 10.0,
@@ -62,7 +62,10 @@ def warm(
     Args:
         requests: the repos to warm.
         cache_dir: cache root (default: ``HF_HUB_CACHE``, ``$HF_HOME/hub``, ``~/.cache/huggingface/hub``).
-        endpoint: Hub base URL (default: ``HF_ENDPOINT`` or the public Hub).
+        endpoint: Hub base URL, or several tried in order per repo (an in-cluster mirror first): a repo that an
+            endpoint cannot serve (not found, unreachable, bytes failing the hash check, gated) is tried on the next,
+            with the same checks; ``RepoResult.endpoint`` says which one served it. Default: ``HF_ENDPOINT`` or the
+            public Hub.
         token: Hub token; None reads it as huggingface_hub does, False sends none. Never logged or stored.
         max_workers: parallel downloads (files across all repos), >= 1.
         timeout: seconds to wait for a connection or for any byte of an answer.
@@ -84,7 +87,7 @@ def warm(
     started = time.monotonic()
     root = resolve_cache_dir(cache_dir)
     ensure_cache_root(root)
-    client = HubClient(endpoint=endpoint, token=resolve_token(token), timeout=timeout)
+    clients = make_clients(endpoint, token, timeout)
     sink = progress or NoProgress()
     use_symlinks = symlinks_supported(root)
     stop = threading.Event()  # set on Ctrl-C: downloads abort at their next chunk, nothing more is published
@@ -92,7 +95,7 @@ def warm(
             ThreadPoolExecutor(max_workers=min(len(requests), max_workers) or 1,
                                thread_name_prefix="hfcache-repo") as repos_pool:
         futures = [
-            repos_pool.submit(_RepoJob(i, req, root, client, files_pool, sink, use_symlinks,
+            repos_pool.submit(_RepoJob(i, req, root, clients, files_pool, sink, use_symlinks,
                                        pinned=pinned[i] if pinned else None, stop=stop).run)
             for i, req in enumerate(requests)
         ]
@@ -103,7 +106,22 @@ def warm(
             for future in futures:
                 future.cancel()
             raise
-    return WarmReport(cache_dir=str(root), repos=results, seconds=time.monotonic() - started)
+    return WarmReport(cache_dir=str(root), repos=results, seconds=time.monotonic() - started,
+                      endpoints=tuple(c.endpoint for c in clients))
+
+
+def make_clients(endpoint: str | Sequence[str] | None, token: str | bool | None, timeout: float) -> list[HubClient]:
+    """One HubClient per endpoint, in order of preference (an in-cluster mirror first, then the Hub).
+
+    Args:
+        endpoint: one URL, several, or None (``HF_ENDPOINT`` or the public Hub).
+
+    Raises:
+        UsageError: an endpoint is not an http(s) URL.
+    """
+    endpoints = [endpoint] if endpoint is None or isinstance(endpoint, str) else list(endpoint) or [None]
+    resolved = resolve_token(token)
+    return [HubClient(endpoint=e, token=resolved, timeout=timeout) for e in endpoints]
 
 
 def pinned_revision(locked: LockedRepo) -> RepoRevision:
@@ -129,25 +147,47 @@ class _RepoJob:
     key: int
     request: WarmRequest
     cache_dir: Path
-    client: HubClient
+    clients: list[HubClient]
     pool: ThreadPoolExecutor
     sink: ProgressSink
     symlinks: bool
     pinned: LockedRepo | None = None
     stop: threading.Event = field(default_factory=threading.Event)
+    client: HubClient | None = field(default=None, init=False)  # the endpoint being tried
     _downloaded: int = 0
     _count_lock: threading.Lock = field(default_factory=threading.Lock)
     _failed: threading.Event = field(default_factory=threading.Event)
 
     def run(self) -> RepoResult:
         started = time.monotonic()
-        base = RepoResult(request=self.request, endpoint=self.client.endpoint)
+        failures: list[str] = []
+        for n, client in enumerate(self.clients):
+            self.client = client
+            self._failed.clear()
+            result = self._attempt(client)
+            if result.ok or not self._fall_through(result) or n == len(self.clients) - 1:
+                break
+            failures.append(f"{client.endpoint}: {result.error}")
+        if not result.ok and failures:
+            # Every endpoint was tried: say what each one answered, the last one's error first.
+            result = replace(result, error=f"{result.error} (also tried: {'; '.join(failures)})")
+        result = replace(result, bytes_downloaded=self._downloaded, seconds=time.monotonic() - started)
+        self.sink.repo_finished(self.key, result)
+        return result
+
+    def _fall_through(self, result: RepoResult) -> bool:
+        """A Hub-side failure (not found, unreachable, bad bytes, gated) moves on to the next endpoint."""
+        return result.exit_code == HubError.exit_code and not self.stop.is_set()
+
+    def _attempt(self, client: HubClient) -> RepoResult:
+        """Warm the repo from one endpoint; return its result (an error is a failed result, never raised)."""
+        base = RepoResult(request=self.request, endpoint=client.endpoint)
         repo: RepoRevision | None = None
         try:
             if self.pinned is not None:
                 repo = pinned_revision(self.pinned)
             else:
-                repo = self.client.resolve(self.request.repo_id, self.request.revision, self.request.repo_type)
+                repo = client.resolve(self.request.repo_id, self.request.revision, self.request.repo_type)
             result = self._warm(repo, base)
         except HfcacheError as exc:
             result = _failed(base, repo, exc)
@@ -157,8 +197,6 @@ class _RepoJob:
             result = _failed(base, repo, InternalError(
                 f"{self.request.repo_id}: internal error: {type(exc).__name__}: {exc}",
                 hint="rerun with HFCACHE_DEBUG=1 and report it"))
-        result = replace(result, bytes_downloaded=self._downloaded, seconds=time.monotonic() - started)
-        self.sink.repo_finished(self.key, result)
         return result
 
     def _warm(self, repo: RepoRevision, base: RepoResult) -> RepoResult:
