@@ -112,6 +112,21 @@ def atomic_write(path: Path, data: bytes) -> None:
 
 
 @contextmanager
+def atomic_output(path: Path):
+    """Open a binary file that appears at ``path`` only when the block succeeds (temp file + ``os.replace``)."""
+    tmp = _tmp_name(path)
+    try:
+        with open(tmp, "wb") as f:
+            yield f
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    finally:
+        if tmp.exists():
+            tmp.unlink()
+
+
+@contextmanager
 def file_lock(path: Path, stop: threading.Event | None = None):
     """Hold an exclusive filelock at ``path`` (created group-writable like huggingface_hub's WeakFileLock).
 

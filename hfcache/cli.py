@@ -338,6 +338,98 @@ def check(repo_ids, cache_dir, lock_file, text, as_json) -> None:
     sys.exit(report.exit_code)
 
 
+def _parse_chown(value: str | None) -> tuple[int, int] | None:
+    if value is None:
+        return None
+    uid, sep, gid = value.partition(":")
+    if not (uid.isdigit() and sep and gid.isdigit()):
+        raise UsageError(f"--chown {value!r}: expected numeric UID:GID, e.g. 1000:1000")
+    return int(uid), int(gid)
+
+
+@cli.command(name="export")
+@click.argument("dest")
+@click.argument("specs", nargs=-1, metavar="[REPO_ID[@REVISION]]...")
+@click.option("--lock", "lock_file", type=click.Path(dir_okay=False), help="Export exactly what this lock pins.")
+@click.option("--cache-dir", type=click.Path(file_okay=False), help="Source cache [default: HF_HUB_CACHE, "
+              "$HF_HOME/hub or ~/.cache/huggingface/hub].")
+@click.option("--materialize", is_flag=True, help="Real files in snapshots/ (hardlinks of the blobs), no symlinks.")
+@click.option("--format", "fmt", type=click.Choice(["dir", "tar"]), default=None,
+              help="dir: a new cache directory; tar: a reproducible tar [default: tar for '-' or *.tar, else dir].")
+@click.option("--chown", metavar="UID:GID", help="Owner of every entry (tar header, or lchown for dir).")
+@click.option("--group-writable", is_flag=True, help="Modes 0775/0664 instead of 0755/0644.")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON document on stdout (not with DEST '-').")
+def export_command(dest, specs, lock_file, cache_dir, materialize, fmt, chown, group_writable, as_json) -> None:
+    """Copy a cache (or the repos/lock given) to DEST: a new cache directory or a reproducible tar ('-': stdout).
+
+    Links stay relative (relocatable), each distinct blob is stored once (hardlinks), every blob is hashed on the
+    way; the same content always gives a byte-identical tar (a stable Docker layer digest).
+    """
+    from . import output
+    from .cache import resolve_cache_dir
+    from .export import plan_export, write_dir, write_tar
+    from .lockfile import read_lock
+
+    fmt = fmt or ("tar" if dest == "-" or dest.endswith(".tar") else "dir")
+    if dest == "-" and fmt != "tar":
+        raise UsageError("DEST '-' (stdout) needs --format tar")
+    if dest == "-" and as_json:
+        raise UsageError("--json cannot share stdout with the tar stream")
+    owner = _parse_chown(chown)
+    root = resolve_cache_dir(cache_dir)
+    if not root.is_dir():
+        from .errors import CacheError
+
+        raise CacheError(f"no cache at {root}", hint="pass --cache-dir")
+    plan = plan_export(root, specs, lock=read_lock(lock_file) if lock_file else None, materialize=materialize)
+    digest = None
+    if fmt == "tar":
+        if dest == "-":
+            digest = write_tar(plan, sys.stdout.buffer, chown=owner or (0, 0), group_writable=group_writable)
+        else:
+            from .cache import atomic_output
+
+            with atomic_output(Path(dest)) as out:
+                digest = write_tar(plan, out, chown=owner or (0, 0), group_writable=group_writable)
+    else:
+        write_dir(plan, Path(dest), chown=owner, group_writable=group_writable)
+    output.show_export(plan, dest, fmt, digest, as_json=as_json)
+
+
+@cli.command(name="import")
+@click.argument("src")
+@click.option("--cache-dir", type=click.Path(file_okay=False), help="Target cache [default: HF_HUB_CACHE, "
+              "$HF_HOME/hub or ~/.cache/huggingface/hub].")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON document on stdout.")
+def import_command(src, cache_dir, as_json) -> None:
+    """Merge an exported cache (directory, tar, or '-' for a tar on stdin) into the cache, verified first.
+
+    Refuses absolute or '..' paths, links leaving the cache, devices, and content that does not match its hash;
+    then nothing is written. What the target already has is never overwritten.
+    """
+    from . import output
+    from .cache import resolve_cache_dir
+    from .importer import import_cache
+
+    report = import_cache(src, resolve_cache_dir(cache_dir))
+    output.show_import(report, as_json=as_json)
+
+
+@cli.command(name="link")
+@click.argument("src", type=click.Path(file_okay=False))
+@click.argument("dest", type=click.Path())
+@click.option("--mode", type=click.Choice(["symlink", "hardlink", "copy"]), default="symlink", show_default=True,
+              help="symlink: DEST -> SRC; hardlink: per-file hardlinks (same filesystem, no extra bytes); copy.")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON document on stdout.")
+def link_command(src, dest, mode, as_json) -> None:
+    """Make the cache at DEST use the cache at SRC (e.g. the runtime user's default path, or a volume mount)."""
+    from . import output
+    from .link import link_cache
+
+    report = link_cache(Path(src), Path(dest), mode)
+    output.show_link(report, as_json=as_json)
+
+
 class _null:
     def __enter__(self):
         return self
