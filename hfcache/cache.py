@@ -88,7 +88,9 @@ def ensure_cache_root(cache_dir: Path) -> None:
         if not tag.exists():
             atomic_write(tag, CACHEDIR_TAG.encode())
         if not os.access(cache_dir, os.W_OK):
-            raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), str(cache_dir))
+            read_only = bool(os.statvfs(cache_dir).f_flag & os.ST_RDONLY)
+            code = errno.EROFS if read_only else errno.EACCES
+            raise OSError(code, os.strerror(code), str(cache_dir))
     except OSError as exc:
         raise cache_error(exc, f"cache {cache_dir}") from exc
 

@@ -1,0 +1,138 @@
+"""A Hub-compatible server that misbehaves on purpose, for the adversarial tests.
+
+It serves one small repo, ``evil/repo``, whose one file ``tokenizer.json`` is honest unless a fault says
+otherwise. Standard library only (``http.server``), so a fault can do anything a broken proxy could: lie in
+headers, stall, never end, loop redirects, speak invalid JSON. The request log counts what was asked.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+CONTENT = b'{"version": "1.0", "model": {"type": "WordLevel", "vocab": {"[UNK]": 0}, "unk_token": "[UNK]"}}\n'
+COMMIT = hashlib.sha1(b"evil commit").hexdigest()  # noqa: S324
+
+
+def git_sha1(data: bytes) -> str:
+    return hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest()  # noqa: S324 - git object id
+
+
+FAULTS = (
+    "dotdot_path", "absolute_path", "backslash_path", "bad_hash", "size_larger", "size_smaller", "redirect_loop",
+    "endless_body", "stall_mid_body", "invalid_json", "error_500", "bad_commit",
+)
+
+
+class HostileServer:
+    """Run with ``with HostileServer("stall_mid_body") as server: server.endpoint``."""
+
+    def __init__(self, fault: str) -> None:
+        assert fault in FAULTS, fault
+        self.fault = fault
+        self.requests: list[str] = []
+        self._stop = threading.Event()
+        outer = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, *args) -> None:  # quiet
+                pass
+
+            def do_HEAD(self) -> None:
+                self.do_GET(head=True)
+
+            def do_GET(self, head: bool = False) -> None:
+                outer.requests.append(f"{self.command} {self.path}")
+                try:
+                    outer._answer(self, head)
+                except (BrokenPipeError, ConnectionResetError):
+                    pass
+
+        self._httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self._httpd.daemon_threads = True
+        self.endpoint = f"http://127.0.0.1:{self._httpd.server_address[1]}"
+
+    def __enter__(self) -> HostileServer:
+        threading.Thread(target=self._httpd.serve_forever, daemon=True).start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._httpd.shutdown()
+        self._httpd.server_close()
+
+    # ------------------------------------------------------------------ answers
+
+    def _send(self, h, status: int, body: bytes, headers: dict[str, str] | None = None, head: bool = False) -> None:
+        h.send_response(status)
+        for k, v in (headers or {}).items():
+            h.send_header(k, v)
+        if "Content-Length" not in (headers or {}):
+            h.send_header("Content-Length", str(len(body)))
+        h.end_headers()
+        if not head:
+            h.wfile.write(body)
+
+    def _answer(self, h, head: bool) -> None:
+        fault = self.fault
+        path = h.path.split("?")[0]
+        if fault == "error_500":
+            self._send(h, 500, b'{"error": "internal"}', {"Content-Type": "application/json"}, head)
+            return
+        if path.startswith("/api/models/evil/repo"):
+            name = {"dotdot_path": "../../outside.json", "absolute_path": "/etc/evil.json",
+                    "backslash_path": "..\\evil.json"}.get(fault, "tokenizer.json")
+            info = {"id": "evil/repo", "sha": "not-a-commit" if fault == "bad_commit" else COMMIT,
+                    "siblings": [{"rfilename": name, "size": len(CONTENT), "blobId": git_sha1(CONTENT)}]}
+            body = b'{"id": "evil/repo", "sha": ' if fault == "invalid_json" else json.dumps(info).encode()
+            self._send(h, 200, body, {"Content-Type": "application/json"}, head)
+            return
+        if path.startswith("/evil/repo/resolve/"):
+            self._resolve(h, head)
+            return
+        self._send(h, 404, b'{"error": "not found"}', {"X-Error-Code": "RepoNotFound"}, head)
+
+    def _resolve(self, h, head: bool) -> None:
+        fault = self.fault
+        base = {"X-Repo-Commit": COMMIT, "ETag": f'"{git_sha1(CONTENT)}"'}
+        if fault == "redirect_loop":
+            self._send(h, 302, b"", {**base, "Location": h.path}, head)
+            return
+        if fault == "bad_hash":
+            self._send(h, 200, CONTENT.replace(b"UNK", b"XXX"), base, head)
+            return
+        if fault == "size_larger":  # claims more bytes than it sends, then closes
+            h.send_response(200)
+            for k, v in {**base, "Content-Length": str(len(CONTENT) + 100), "Connection": "close"}.items():
+                h.send_header(k, v)
+            h.end_headers()
+            h.wfile.write(CONTENT)
+            h.close_connection = True
+            return
+        if fault == "size_smaller":  # claims fewer bytes than the file has
+            self._send(h, 200, CONTENT[:-10], {**base, "Content-Length": str(len(CONTENT) - 10)}, head)
+            return
+        if fault == "endless_body":
+            h.send_response(200)
+            for k, v in {**base, "Transfer-Encoding": "chunked"}.items():
+                h.send_header(k, v)
+            h.end_headers()
+            chunk = b"x" * 65536
+            while not self._stop.is_set():
+                h.wfile.write(b"%x\r\n%s\r\n" % (len(chunk), chunk))
+            return
+        if fault == "stall_mid_body":
+            h.send_response(200)
+            for k, v in {**base, "Content-Length": str(len(CONTENT))}.items():
+                h.send_header(k, v)
+            h.end_headers()
+            h.wfile.write(CONTENT[:20])
+            h.wfile.flush()
+            self._stop.wait(120)  # never finishes while the test runs
+            return
+        self._send(h, 200, CONTENT, base, head)

@@ -1,0 +1,228 @@
+"""The reliability and security gauntlet: kills, concurrency, hostile servers and caches, disk full, read-only."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from huggingface_hub import scan_cache_dir
+
+from hfcache.server import HubServer
+from tests.helpers import clean_env, golden_ids, offline_load, run_hfcache, visible_entries
+from tests.hostile import FAULTS, HostileServer
+
+HUB = Path(__file__).parent.parent / "data" / "hub"
+REPOS = ["openai-community/gpt2", "FacebookAI/roberta-base", "google-bert/bert-base-chinese",
+         "mistralai/Mistral-7B-v0.1"]
+
+
+def verify_ok(cache: Path) -> dict:
+    proc = run_hfcache(["verify", "--cache-dir", str(cache), "--json"])
+    report = json.loads(proc.stdout)
+    assert proc.returncode == 0, report["problems"]
+    return report
+
+
+def assert_no_partial_visible(cache: Path) -> None:
+    """Every snapshot entry resolves to a complete blob, no ref points to a missing snapshot."""
+    for entry in cache.glob("*/snapshots/*/**/*"):
+        if entry.is_symlink():
+            assert entry.exists(), f"dangling {entry}"
+    assert scan_cache_dir(cache).warnings == []
+
+
+# ------------------------------------------------------------------------------------------------ crash safety
+
+
+@pytest.mark.slow
+def test_sigkill_warm_twenty_times_then_it_completes(tmp_path):
+    cache = tmp_path / "cache"
+    rng = random.Random(1234)
+    recovered = mid_file = 0
+    # 300 kB/s per connection: roberta's 1.3 MB tokenizer.json needs ~4.5 s, so every kill lands mid-file.
+    with HubServer(HUB, throttle_bps=300_000) as server:
+        args = [sys.executable, "-m", "hfcache", "warm", *REPOS, "--cache-dir", str(cache), "--endpoint",
+                server.endpoint, "-q"]
+        for _ in range(20):
+            proc = subprocess.Popen(args, env=clean_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            time.sleep(rng.uniform(0.2, 1.2))
+            partial = {p.name for p in cache.glob("*/blobs/*.incomplete")} if cache.exists() else set()
+            proc.send_signal(signal.SIGKILL)
+            proc.wait()
+            mid_file += bool(partial)
+            if cache.exists():
+                verify_ok(cache)
+                assert_no_partial_visible(cache)
+            recovered += 1
+        final = subprocess.run(args, env=clean_env(), capture_output=True, text=True, timeout=120)
+    assert final.returncode == 0, final.stderr
+    assert recovered == 20
+    print(f"kills: {recovered}/20 recovered, {mid_file} landed mid-file")
+    assert mid_file >= 15
+    verify_ok(cache)
+    loaded = offline_load(cache, ["openai-community/gpt2", "mistralai/Mistral-7B-v0.1"])
+    assert loaded["openai-community/gpt2"]["input_ids"] == golden_ids("openai-community/gpt2")
+    assert loaded["mistralai/Mistral-7B-v0.1"]["input_ids"] == golden_ids("mistralai/Mistral-7B-v0.1")
+
+
+@pytest.mark.slow
+def test_sigkill_import_leaves_a_consistent_cache(tmp_path):
+    source = tmp_path / "source"
+    with HubServer(HUB) as server:
+        assert run_hfcache(["warm", *REPOS, "--cache-dir", str(source), "--endpoint", server.endpoint]).returncode == 0
+    assert run_hfcache(["export", str(tmp_path / "all.tar"), "--cache-dir", str(source)]).returncode == 0
+    target = tmp_path / "target"
+    rng = random.Random(99)
+    for _ in range(10):
+        proc = subprocess.Popen([sys.executable, "-m", "hfcache", "import", str(tmp_path / "all.tar"), "--cache-dir",
+                                 str(target)], env=clean_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        time.sleep(rng.uniform(0.15, 0.6))
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+        if target.exists():
+            verify_ok(target)
+            assert_no_partial_visible(target)
+    proc = run_hfcache(["import", str(tmp_path / "all.tar"), "--cache-dir", str(target)])
+    assert proc.returncode == 0, proc.stderr
+    verify_ok(target)
+    assert {p.name for p in target.glob("models--*")} == {p.name for p in source.glob("models--*")}
+
+
+# ------------------------------------------------------------------------------------------------ concurrency
+
+
+@pytest.mark.slow
+def test_eight_concurrent_warms_of_overlapping_repos(tmp_path):
+    cache = tmp_path / "cache"
+    sets = [REPOS[i % 4:] + REPOS[: i % 4] for i in range(8)]  # every process wants every repo, in another order
+    with HubServer(HUB, throttle_bps=5_000_000) as server:
+        procs = [subprocess.Popen([sys.executable, "-m", "hfcache", "warm", *repos, "--cache-dir", str(cache),
+                                   "--endpoint", server.endpoint, "-q"], env=clean_env(),
+                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for repos in sets]
+        outs = [p.communicate(timeout=180) for p in procs]
+        bodies = [r.path for r in server.requests if r.method == "GET" and r.status == 200
+                  and (r.origin == "cdn" or "/resolve/" in r.path)]
+    assert [p.returncode for p in procs] == [0] * 8, [o[1] for o in outs]
+    verify_ok(cache)
+    # The repo lock serialises warms of one repo: every file body crossed the network exactly once.
+    assert len(bodies) == len(set(bodies)), sorted(bodies)
+
+
+# ------------------------------------------------------------------------------------------------ hostile server
+
+
+EXPECTED = {
+    "dotdot_path": (3, "unsafe repo file path"),
+    "absolute_path": (3, "unsafe repo file path"),
+    "backslash_path": (3, "unsafe repo file path"),
+    "bad_hash": (3, "does not match its expected hash"),
+    "size_larger": (3, "evil/repo"),
+    "size_smaller": (3, "evil/repo"),
+    "redirect_loop": (3, "too many redirects"),
+    "endless_body": (3, "larger than the"),
+    "stall_mid_body": (3, "no answer from"),
+    "invalid_json": (3, "malformed answer"),
+    "error_500": (3, "HTTP 500"),
+    "bad_commit": (3, "not 40 hex characters"),
+}
+
+
+@pytest.mark.parametrize("fault", FAULTS)
+def test_hostile_server(tmp_path, fault):
+    cache = tmp_path / "cache"
+    outside = tmp_path / "outside.json"
+    with HostileServer(fault) as server:
+        started = time.monotonic()
+        proc = run_hfcache(["warm", "evil/repo", "--cache-dir", str(cache), "--endpoint", server.endpoint,
+                            "--timeout", "2", "--json"], timeout=60)
+        elapsed = time.monotonic() - started
+    code, message = EXPECTED[fault]
+    assert proc.returncode == code, proc.stderr
+    report = json.loads(proc.stdout)
+    assert message in report["repos"][0]["error"], report["repos"][0]["error"]
+    assert "Traceback" not in proc.stderr
+    assert elapsed < 20, f"{fault}: took {elapsed:.1f}s with --timeout 2"
+    assert visible_entries(cache) == set()  # nothing unverified visible
+    assert not outside.exists() and not (tmp_path / "evil.json").exists()
+    written = {p for p in tmp_path.rglob("*")} - {p for p in cache.rglob("*")} - {cache}
+    assert written == set(), written  # nothing written outside the cache
+
+
+# ------------------------------------------------------------------------------------------------ hostile cache
+
+
+@pytest.fixture
+def warmed(tmp_path) -> Path:
+    cache = tmp_path / "cache"
+    with HubServer(HUB) as server:
+        assert run_hfcache(["warm", "openai-community/gpt2", "FacebookAI/roberta-base", "--cache-dir", str(cache),
+                            "--endpoint", server.endpoint]).returncode == 0
+    return cache
+
+
+def make_hostile(cache: Path, tmp_path: Path) -> Path:
+    """Every hostile shape at once; returns a secret file outside the cache that must never be read or touched."""
+    secret = tmp_path / "secret.txt"
+    secret.write_text("TOP SECRET")
+    gpt2 = cache / "models--openai-community--gpt2"
+    snapshot = next((gpt2 / "snapshots").iterdir())
+    (snapshot / "leak.txt").symlink_to(secret)  # symlink pointing outside the cache
+    (snapshot / "loop_a").symlink_to("loop_b")  # a symlink loop
+    (snapshot / "loop_b").symlink_to("loop_a")
+    (gpt2 / "blobs" / ("d" * 40)).mkdir()  # a blob that is a directory
+    (gpt2 / "refs" / "heads").mkdir()
+    (gpt2 / "refs" / "heads" / "x").write_text(snapshot.name)  # a ref with a path separator
+    (cache / "models--..--..").mkdir()  # a folder name that decodes to ..
+    (cache / "models--..--..").joinpath("blobs").mkdir()
+    return secret
+
+
+def test_hostile_cache_verify_ls_export_never_leave_the_cache(warmed, tmp_path):
+    secret = make_hostile(warmed, tmp_path)
+    before = (secret.stat().st_mtime_ns, secret.read_text())
+    proc = run_hfcache(["verify", "--cache-dir", str(warmed), "--json"])
+    assert proc.returncode == 1
+    problems = {(p["path"], p["kind"]) for p in json.loads(proc.stdout)["problems"]}
+    assert ("leak.txt", "link_absolute") in problems and ("loop_a", "link_outside") in problems
+    assert "TOP SECRET" not in proc.stdout + proc.stderr
+    proc = run_hfcache(["ls", "--cache-dir", str(warmed), "--json"])
+    assert proc.returncode == 0 and "models--..--.." not in proc.stdout
+    proc = run_hfcache(["export", str(tmp_path / "out.tar"), "--cache-dir", str(warmed)])
+    assert proc.returncode == 5 and "broken entry" in proc.stderr  # refuses to ship a broken snapshot
+    proc = run_hfcache(["export", str(tmp_path / "ok.tar"), "FacebookAI/roberta-base", "--cache-dir", str(warmed)])
+    assert proc.returncode == 0
+    assert b"TOP SECRET" not in (tmp_path / "ok.tar").read_bytes()
+    assert (secret.stat().st_mtime_ns, secret.read_text()) == before
+    assert (tmp_path / "secret.txt").exists()
+
+
+# ------------------------------------------------------------------------------------------------ read-only
+
+
+def test_read_only_cache_serves_reads_and_refuses_writes_clearly(warmed, tmp_path):
+    if os.geteuid() != 0:
+        pytest.skip("needs root to make a read-only bind mount")
+    ro = tmp_path / "ro"
+    ro.mkdir()
+    if subprocess.run(["mount", "--bind", str(warmed), str(ro)]).returncode != 0:
+        pytest.skip("cannot bind-mount here")
+    try:
+        subprocess.run(["mount", "-o", "remount,ro,bind", str(ro)], check=True)
+        assert verify_ok(ro)["blobs_hashed"] > 0
+        assert run_hfcache(["ls", "--cache-dir", str(ro)]).returncode == 0
+        proc = run_hfcache(["check", "--cache-dir", str(ro)], timeout=300)
+        assert proc.returncode == 0, proc.stderr
+        loaded = offline_load(ro, ["openai-community/gpt2"])
+        assert loaded["openai-community/gpt2"]["input_ids"] == golden_ids("openai-community/gpt2")
+        with HubServer(HUB) as server:
+            proc = run_hfcache(["warm", "google-t5/t5-small", "--cache-dir", str(ro), "--endpoint", server.endpoint])
+        assert proc.returncode == 5 and "Read-only file system" in proc.stderr
+    finally:
+        subprocess.run(["umount", str(ro)])
