@@ -226,3 +226,58 @@ def test_read_only_cache_serves_reads_and_refuses_writes_clearly(warmed, tmp_pat
         assert proc.returncode == 5 and "Read-only file system" in proc.stderr
     finally:
         subprocess.run(["umount", str(ro)])
+
+
+# ------------------------------------------------------------------------------------------------ secrets
+
+
+SECRET = "hf_gauntletSECRETtoken0123456789"
+
+
+def _all_bytes_under(root: Path) -> bytes:
+    return b"".join(p.read_bytes() for p in root.rglob("*") if p.is_file() and not p.is_symlink())
+
+
+@pytest.mark.slow
+def test_token_never_printed_written_or_sent_to_another_origin(tmp_path):
+    token_file = tmp_path / "token"
+    token_file.write_text(SECRET + "\n")
+    outputs: list[str] = []
+    ways = {
+        "flag": (["--token", SECRET], clean_env()),
+        "env": ([], clean_env(HF_TOKEN=SECRET)),
+        "file": (["--token-file", str(token_file)], clean_env()),
+    }
+    with HubServer(HUB, token=SECRET) as server:
+        for way, (token_args, env) in ways.items():
+            work = tmp_path / way
+            work.mkdir()
+            cache = work / "cache"
+            (work / "hfcache.toml").write_text(f'endpoint = "{server.endpoint}"\ncache_dir = "cache"\n'
+                                               '[[repos]]\nrepo_id = "mistralai/Mistral-7B-v0.1"\n')
+            runs = [
+                ["warm", "mistralai/Mistral-7B-v0.1", "gpt2", "--cache-dir", str(cache), "--endpoint", server.endpoint,
+                 *token_args],
+                ["warm", "nobody/missing", "--cache-dir", str(cache), "--endpoint", server.endpoint, "--json",
+                 *token_args],
+                ["warm", "gpt2", "--cache-dir", str(cache), "--endpoint", "not a url", "--json", *token_args],
+                ["lock", *token_args, "--json"],
+                ["lock", *token_args],
+                ["warm", "--lock", "hfcache.lock", *token_args, "--json"],
+                ["verify", "--cache-dir", str(cache), "--repair", "--endpoint", server.endpoint, *token_args, "--json"],
+                ["ls", "--cache-dir", str(cache), "--json"],
+                ["export", str(work / "cache.tar"), "--cache-dir", str(cache)],
+                ["import", str(work / "cache.tar"), "--cache-dir", str(work / "imported"), "--json"],
+                ["check", "--cache-dir", str(cache), "--json"],
+            ]
+            for args in runs:
+                proc = run_hfcache(args, env=env, cwd=work, timeout=300)
+                outputs.append(proc.stdout + proc.stderr)
+            assert (cache / "models--gpt2" / "refs" / "main").exists(), way  # the token did get used
+        cdn = [r for r in server.requests if r.origin == "cdn"]
+        hub_requests = [r for r in server.requests if r.origin == "hub"]
+    assert cdn and not any(r.authorized for r in cdn)  # never sent across the LFS redirect
+    assert any(r.authorized for r in hub_requests)
+    assert not [o for o in outputs if SECRET in o]
+    written = _all_bytes_under(tmp_path)
+    assert written.count(SECRET.encode()) == 1  # only the token file itself
