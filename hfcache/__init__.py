@@ -19,7 +19,13 @@ def __getattr__(name: str):
         from .warming import warm
 
         return warm
+    # Lazy too: an application calls enforce_offline() before it imports transformers, so this import stays light.
+    if name in ("enforce_offline", "load_tokenizer"):
+        from . import offline
+
+        return getattr(offline, name)
     raise AttributeError(name)
 
 
-__all__ = ["HfcacheError", "RepoResult", "WarmReport", "WarmRequest", "__version__", "warm"]
+__all__ = ["HfcacheError", "RepoResult", "WarmReport", "WarmRequest", "__version__", "enforce_offline",
+           "load_tokenizer", "warm"]

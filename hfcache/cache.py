@@ -330,11 +330,25 @@ def _hardlink_or_copy(source: Path, dest: Path) -> None:
 
 
 def symlinks_supported(cache_dir: Path) -> bool:
-    """Whether snapshot entries can be symlinks in ``cache_dir`` (huggingface_hub's own probe, which also honours
-    ``HF_HUB_DISABLE_SYMLINKS``)."""
-    from huggingface_hub.file_download import are_symlinks_supported
+    """Whether snapshot entries can be symlinks in ``cache_dir``.
 
-    return are_symlinks_supported(cache_dir)
+    The same question huggingface_hub's ``file_download.are_symlinks_supported`` answers (and the same
+    ``HF_HUB_DISABLE_SYMLINKS`` switch, read at call time), but probed inside ``.locks/``: the library probes in a
+    temporary folder at the cache root, which a process killed at that moment leaves behind for
+    ``scan_cache_dir`` to warn about.
+    """
+    if os.environ.get("HF_HUB_DISABLE_SYMLINKS", "").upper() in ("1", "ON", "YES", "TRUE"):
+        return False
+    probe = cache_dir / ".locks" / f".hfcache-symlink-probe-{uuid.uuid4().hex[:8]}"
+    try:
+        probe.parent.mkdir(parents=True, exist_ok=True)
+        os.symlink("target", probe)
+        return True
+    except OSError:
+        return False
+    finally:
+        if os.path.lexists(probe):
+            os.unlink(probe)
 
 
 def find_blob_elsewhere(cache_dir: Path, etag: str, size: int, exclude: str) -> Path | None:

@@ -1,7 +1,8 @@
 """The ``hfcache`` command: parse arguments, call one core function, render, exit.
 
 Exit codes (README "Exit codes"): 0 ok; 1 a check failed; 2 usage or bad input; 3 Hub or network;
-4 offline violation; 5 cache or filesystem; 70 internal error (a bug: please report it); 130 interrupted.
+4 offline violation; 5 cache or filesystem; 70 internal error (a bug: please report it); 130 interrupted;
+``exec``: 126/127 command not executable/not found, else the command's own status.
 """
 
 from __future__ import annotations
@@ -430,6 +431,168 @@ def link_command(src, dest, mode, as_json) -> None:
     output.show_link(report, as_json=as_json)
 
 
+def _parsed(name: str):
+    """A Click callback running ``hfcache.units.<name>``, so that a bad value is a usage error naming the option."""
+    def callback(ctx, param, value):
+        from . import units
+
+        if value is None:
+            return None
+        try:
+            return getattr(units, name)(value)
+        except UsageError as exc:
+            raise click.BadParameter(f"{exc.message} ({exc.hint})" if exc.hint else exc.message) from None
+    return callback
+
+
+@cli.command()
+@click.option("--cache-dir", type=click.Path(file_okay=False), help="Cache root [default: HF_HUB_CACHE, "
+              "$HF_HOME/hub or ~/.cache/huggingface/hub].")
+@click.option("--older-than", metavar="DURATION", callback=_parsed("parse_duration"),
+              help="Remove unpinned revisions not used for longer than this: 45s, 90m, 12h, 30d, 2w.")
+@click.option("--max-size", metavar="SIZE", callback=_parsed("parse_size"),
+              help="Then remove least-recently-used unpinned revisions until the cache is at most SIZE: "
+                   "50GB, 1.5G (powers of 1000), 500MiB, 20Gi (powers of 1024), or bytes.")
+@click.option("--keep-lock", "keep_locks", multiple=True, type=click.Path(dir_okay=False),
+              help="Never remove a revision this hfcache.lock pins (repeatable).")
+@click.option("--keep", multiple=True, metavar="REPO_ID[@REVISION]",
+              help="Never remove this repo's revisions, or the one a ref or commit names (repeatable).")
+@click.option("--dry-run", is_flag=True, help="Print the plan; remove nothing.")
+@click.option("-y", "--yes", is_flag=True, help="Do not ask for confirmation (cron jobs, CI).")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON document on stdout (needs --yes or --dry-run).")
+def prune(cache_dir, older_than, max_size, keep_locks, keep, dry_run, yes, as_json) -> None:
+    """Remove what a cache no longer needs, never what is pinned or being downloaded.
+
+    In order: detached revisions (no ref; unused for an hour); revisions unused for longer than --older-than; then
+    least-recently-used revisions until the cache fits --max-size. Also blobs no snapshot uses, .incomplete files older than an hour
+    whose download is dead, .locks files of removed blobs, and empty repo folders. Safe while `hfcache warm` runs.
+
+    \b
+    Examples:
+      hfcache prune --dry-run
+      hfcache prune --older-than 30d --max-size 50GB --keep-lock hfcache.lock --yes
+    """
+    from . import output
+    from .prune import execute, plan_prune
+
+    if as_json and not (yes or dry_run):
+        raise UsageError("--json needs --yes or --dry-run", hint="machines cannot answer the confirmation prompt")
+    if not (yes or dry_run) and not sys.stdin.isatty():
+        raise UsageError("no terminal to ask for confirmation", hint="pass --yes (cron jobs, CI) or --dry-run")
+    plan = plan_prune(cache_dir, older_than=older_than, max_size=max_size, keep=keep, keep_locks=keep_locks)
+    if dry_run:
+        output.show_prune(plan, as_json=as_json, dry_run=True)
+        return
+    asked = bool(plan.items) and not yes
+    if asked:
+        output.show_prune(plan, as_json=False, dry_run=False)
+        if not click.confirm(output.prune_question(plan), default=False, err=True):
+            output.stderr.print("nothing removed")
+            return
+    with output.PruneProgress(len(plan.items), enabled=not as_json and bool(plan.items)) as progress:
+        result = execute(plan, on_item=progress.advance)
+    output.show_prune(plan, result, as_json=as_json, dry_run=False, tables=not asked)
+    sys.exit(result.exit_code)
+
+
+@cli.command()
+@click.option("--cache-dir", type=click.Path(file_okay=False), help="Hub cache to serve [default: HF_HUB_CACHE, "
+              "$HF_HOME/hub or ~/.cache/huggingface/hub].")
+@click.option("--repos", "repos_dir", type=click.Path(file_okay=False),
+              help="Serve a directory of plain repo folders (<org>/<name>/...) instead of a cache.")
+@click.option("--host", default="127.0.0.1", show_default=True,
+              help="Interface to bind (0.0.0.0 to accept connections from other hosts, e.g. in a pod).")
+@click.option("--port", type=click.IntRange(0, 65535), default=8080, show_default=True,
+              help="TCP port (0: any free port).")
+@click.option("--token-file", type=click.Path(dir_okay=False),
+              help="Require 'Authorization: Bearer TOKEN' with the token in this file (401 otherwise).")
+@click.option("--access-log", metavar="FILE",
+              help="Append one line per request (time, method, path, status, bytes, seconds) to FILE; '-': stdout.")
+def serve(cache_dir, repos_dir, host, port, token_file, access_log) -> None:
+    """Serve a warmed cache as a read-only Hub mirror (HF_ENDPOINT / --endpoint for every pod).
+
+    It answers what the cache holds, at its commits and refs, including what its .no_exist markers know is
+    absent; unmodified huggingface_hub and transformers clients download from it. Runs until SIGTERM or Ctrl-C,
+    then lets downloads in flight finish (up to 20 s).
+
+    \b
+    Examples:
+      hfcache serve --cache-dir /data/hf-cache
+      hfcache serve --cache-dir /data/hf-cache --host 0.0.0.0 --token-file /run/secrets/mirror-token
+    """
+    from . import output
+    from .mirror import serve as serve_mirror
+
+    token = _read_token(None, token_file) if token_file else None
+    run = serve_mirror(cache_dir=cache_dir, repos_dir=repos_dir, host=host, port=port, token=token,
+                       access_log=access_log, ready=output.show_mirror_ready)
+    output.show_mirror_stopped(run)
+
+
+@cli.command(name="env")
+@click.option("--cache-dir", type=click.Path(file_okay=False), help="Cache root [default: HF_HUB_CACHE, "
+              "$HF_HOME/hub or ~/.cache/huggingface/hub].")
+@click.option("--format", "fmt", type=click.Choice(["sh", "dotenv", "dockerfile", "k8s", "json"]), default="sh",
+              show_default=True, help="sh: export lines; dotenv: NAME=value; dockerfile: one ENV instruction; "
+              "k8s: a container env: list; json: one object.")
+def env_command(cache_dir, fmt) -> None:
+    """Print the variables that make a process use only the cache (offline, no telemetry, no token lookups).
+
+    \b
+    Examples:
+      eval "$(hfcache env --cache-dir /opt/hf-cache)"
+      hfcache env --cache-dir /opt/hf-cache --format dockerfile >> Dockerfile
+      hfcache env --cache-dir /opt/hf-cache --format k8s
+    """
+    from . import output
+    from .offline import format_env, offline_environment
+
+    output.show_env(format_env(offline_environment(cache_dir), fmt))
+
+
+@cli.command(name="exec", context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
+@click.option("--cache-dir", type=click.Path(file_okay=False), help="Cache root [default: the lock's manifest, "
+              "HF_HUB_CACHE, $HF_HOME/hub or ~/.cache/huggingface/hub].")
+@click.option("--lock", "lock_file", type=click.Path(dir_okay=False),
+              help="Refuse to start (exit 4) unless the cache holds this lock (sizes only: milliseconds).")
+@click.option("--allow-host", "allow_hosts", multiple=True, metavar="HOST[:PORT]",
+              help="Let Python children connect to this host (repeatable); everything else fails at once.")
+@click.argument("command", nargs=-1, type=click.UNPROCESSED, metavar="-- COMMAND [ARGS]...")
+def exec_cmd(cache_dir, lock_file, allow_hosts, command) -> None:
+    """Run COMMAND offline: with the variables of `hfcache env` and, for Python, a network guard.
+
+    The guard (a sitecustomize on PYTHONPATH, chained to any existing one) makes every connection or DNS lookup
+    to a host not allowed fail at once with a message, instead of hanging. hfcache replaces itself with COMMAND
+    (exec): signals reach it directly and its exit status is hfcache's.
+
+    \b
+    Examples:
+      hfcache exec --cache-dir /opt/hf-cache -- python serve.py
+      hfcache exec --lock hfcache.lock --allow-host redis:6379 -- gunicorn app:app
+    """
+    from .offline import exec_command, prepare_exec
+
+    if command and command[0].startswith("-"):  # ignore_unknown_options passes a mistyped option on as the command
+        raise UsageError(f"no such option: {command[0]}", hint="see `hfcache exec --help`; put the command after --")
+    exec_command(prepare_exec(command, cache_dir=cache_dir, lock=lock_file, allow_hosts=allow_hosts))
+
+
+@cli.command(name="doctor")
+@click.option("--cache-dir", type=click.Path(file_okay=False), help="Cache to examine [default: the one "
+              "huggingface_hub would use here].")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON document on stdout.")
+def doctor_command(cache_dir, as_json) -> None:
+    """Diagnose this environment's Hugging Face settings and cache: which cache, offline or not, conflicts,
+    permissions and owner, read-only filesystem, symlinks, free space, versions. Exit 1 if any error.
+    """
+    from . import output
+    from .doctor import doctor
+
+    report = doctor(cache_dir)
+    output.show_doctor(report, as_json=as_json)
+    sys.exit(report.exit_code)
+
+
 class _null:
     def __enter__(self):
         return self
@@ -451,7 +614,8 @@ def _fail(message: str, hint: str | None, exit_code: int, as_json: bool) -> None
 def main(argv: list[str] | None = None) -> None:
     """Console-script entry point: run the CLI and map every hfcache error to its exit code, without traceback."""
     args = sys.argv[1:] if argv is None else argv
-    as_json = "--json" in args
+    head = args[:args.index("--")] if "--" in args else args
+    as_json = "--json" in head and head[:1] != ["exec"]  # exec has no --json: its COMMAND's arguments are not ours
     debug = os.environ.get("HFCACHE_DEBUG") not in (None, "", "0")
     try:
         cli.main(args=args, prog_name="hfcache", standalone_mode=False)

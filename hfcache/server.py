@@ -1,23 +1,34 @@
-"""A Hub-compatible, read-only HTTP server over a directory of plain repo folders.
+"""A Hub-compatible, read-only HTTP server over a store of repos: plain repo folders or a warmed HF cache.
 
 It speaks the subset of the Hugging Face Hub protocol that huggingface_hub's downloaders use
-(DESIGN.md section 2), so tests, benchmarks and air-gapped mirrors can point ``endpoint=`` at it:
+(DESIGN.md section 2), so tests, benchmarks, air-gapped mirrors and ``hfcache serve`` can point
+``endpoint=`` at it:
 
 - ``GET /api/{models|datasets}/{repo_id}[/revision/{rev}]``            repo info (``HfApi.repo_info``)
 - ``GET /api/{models|datasets}/{repo_id}/tree/{rev}[/{path}]``         tree listing (``HfApi.list_repo_tree``)
 - ``HEAD|GET /[datasets/]{repo_id}/resolve/{rev}/{path}``              file metadata and bytes (``hf_hub_download``)
 - ``HEAD|GET {cdn_endpoint}/lfs/[datasets/]{repo_id}/{sha256}``        LFS bytes on a second origin, like the Hub's CDN
+  (only with ``lfs_redirect=True``; otherwise LFS files are answered directly by the main origin)
 - ``GET /healthz``                                                     liveness probe
 
-Layout served (``root``)::
+Two stores sit behind the same HTTP layer:
+
+``layout="repos"`` (:class:`FolderStore`), a directory of plain repo folders::
 
     <root>/<org>/<name>/<files...>          model repo "org/name"
     <root>/<name>/<files...>                org-less model repo "name" (a top folder holding files directly)
     <root>/datasets/<org>/<name>/<files...> dataset repo
     <root>/legacy_ids.json                  {"bert-base-uncased": "google-bert/bert-base-uncased", ...}
 
-Each repo has one branch, ``main``, whose commit is derived from the content, so editing a file
-on disk yields a new commit and the old one answers ``RevisionNotFound``.
+  Each repo has one branch, ``main``, whose commit is derived from the content, so editing a file
+  on disk yields a new commit and the old one answers ``RevisionNotFound``.
+
+``layout="cache"`` (:class:`hfcache.cache_store.CacheStore`), a Hugging Face hub cache (what ``hfcache warm``
+writes): every repo folder at the commits of its snapshots and refs, see that module.
+
+Two server stacks run the same protocol: werkzeug's threaded server (``backend="werkzeug"``, the default:
+in-process, instant start, used by the tests) and uvicorn (``backend="uvicorn"``, what ``hfcache serve`` runs;
+see README "Mirror: hfcache serve" for the measurement behind the choice).
 
 Run it: ``python -m hfcache.server ROOT [--host 127.0.0.1] [--port 8080] [--throttle-bps N]``.
 """
@@ -38,23 +49,25 @@ import threading
 import time
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
+from datetime import datetime, timezone
 from functools import cached_property
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import IO, Any, BinaryIO, Protocol
 from urllib.parse import quote, unquote, urlencode, urlsplit
 
-from werkzeug.exceptions import RequestedRangeNotSatisfiable
 from werkzeug.serving import BaseWSGIServer, WSGIRequestHandler, make_server
 from werkzeug.wrappers import Request, Response
-from werkzeug.wsgi import wrap_file
 
 __all__ = [
     "LFS_PATTERNS",
     "LFS_SIZE_THRESHOLD",
+    "FolderStore",
     "HubServer",
     "RepoFile",
     "RepoSnapshot",
     "RequestRecord",
+    "Store",
+    "StoreMiss",
     "git_blob_sha1",
     "is_lfs_file",
     "lfs_pointer",
@@ -79,6 +92,11 @@ _SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
 _URL_REPO_TYPES = {"models": "model", "datasets": "dataset"}
 _DEFAULT_BRANCH = "main"
 _HASH_CHUNK = 1024 * 1024
+# Body reads: 256 KiB per read. werkzeug's 8 KiB default halved throughput (benchmarks/bench_serve.py).
+BODY_CHUNK = 256 * 1024
+_BACKENDS = ("werkzeug", "uvicorn")
+_RWF_NOWAIT = getattr(os, "RWF_NOWAIT", None) if hasattr(os, "preadv") else None
+_LAYOUTS = ("repos", "cache")
 
 
 @dataclass(frozen=True)
@@ -108,11 +126,13 @@ class RepoFile:
 
     Attributes:
         path (str): POSIX path inside the repo, e.g. ``"1_Pooling/config.json"``.
-        local_path (Path): the file on disk, symlinks resolved (always inside ``root``).
+        local_path (Path): the file on disk (for ``FolderStore`` symlinks resolved, always inside ``root``; for
+            the cache store the blob or snapshot entry, never a symlink).
         size (int): size in bytes.
         blob_id (str): git blob sha1 of what git stores: the content, or for LFS files the pointer text.
-        sha256 (str): sha256 of the content.
-        is_lfs (bool): stored with LFS (see ``LFS_PATTERNS`` / ``LFS_SIZE_THRESHOLD``).
+        sha256 (str | None): sha256 of the content; None when it is not known without hashing (a non-LFS blob of
+            a cache, which is named by its git blob sha1).
+        is_lfs (bool): stored with LFS.
         pointer_size (int): byte size of the LFS pointer text (meaningful for LFS files only).
     """
 
@@ -120,26 +140,36 @@ class RepoFile:
     local_path: Path
     size: int
     blob_id: str
-    sha256: str
+    sha256: str | None
     is_lfs: bool
     pointer_size: int
+
+    @property
+    def etag(self) -> str:
+        """The Hub's ETag for the file: sha256 for LFS files, the git blob sha1 for others."""
+        return self.sha256 if self.is_lfs and self.sha256 else self.blob_id
 
 
 @dataclass(frozen=True)
 class RepoSnapshot:
-    """The current content of one repo.
+    """The content of one repo at one commit.
 
     Attributes:
         repo_type (str): ``"model"`` or ``"dataset"``.
         repo_id (str): canonical id, e.g. ``"google-bert/bert-base-uncased"``.
-        commit (str): 40-hex commit: sha1 over the sorted ``(path, blob_id)`` pairs.
-        files (Mapping[str, RepoFile]): by path, sorted by path.
+        commit (str): 40-hex commit.
+        files (Mapping[str, RepoFile]): the files served, by path, sorted by path.
+        absent (frozenset[str]): paths known not to exist at this commit (a cache's ``.no_exist`` markers).
+        listing (frozenset[str] | None): every path of the repo at this commit when known (a plain folder is the
+            whole repo; a cache's ``trees/<commit>.json``); None when the store may hold only part of the repo.
     """
 
     repo_type: str
     repo_id: str
     commit: str
     files: Mapping[str, RepoFile]
+    absent: frozenset[str] = frozenset()
+    listing: frozenset[str] | None = None
 
     @cached_property
     def directories(self) -> list[str]:
@@ -150,6 +180,53 @@ class RepoSnapshot:
     def file_by_sha256(self, sha256: str) -> RepoFile | None:
         """The LFS file whose content hash is ``sha256``, or None."""
         return next((f for f in self.files.values() if f.is_lfs and f.sha256 == sha256), None)
+
+    def knows_absent(self, path: str) -> bool:
+        """True when ``path`` (a file or folder) is known not to exist in the repo at this commit.
+
+        Only then may a 404 carry ``X-Repo-Commit``, which makes huggingface_hub write a permanent ``.no_exist``
+        marker (file_download.py); a file the store merely does not hold must not be reported that way.
+        """
+        if path in self.files:
+            return False
+        if path in self.absent:
+            return True
+        if self.listing is None:
+            return False
+        prefix = path + "/"
+        return path not in self.listing and not any(p.startswith(prefix) for p in self.listing)
+
+
+class StoreMiss(Exception):
+    """A store has no such repo or revision.
+
+    Attributes:
+        code (str): the Hub's ``X-Error-Code``: ``"RepoNotFound"`` or ``"RevisionNotFound"``.
+        repo_id (str | None): the canonical id, for ``RevisionNotFound``.
+        commit (str | None): a commit to send as ``X-Repo-Commit`` with the error, if any.
+    """
+
+    def __init__(self, code: str, message: str, *, repo_id: str | None = None, commit: str | None = None):
+        super().__init__(message)
+        self.code, self.message, self.repo_id, self.commit = code, message, repo_id, commit
+
+
+class Store(Protocol):
+    """What the HTTP layer needs from a store of repos (``FolderStore``, ``CacheStore``)."""
+
+    root: Path
+
+    def canonical_id(self, repo_type: str, repo_id: str) -> str:
+        """The id to redirect ``repo_id`` to (itself when it is not a legacy alias)."""
+
+    def snapshot(self, repo_type: str, repo_id: str, revision: str) -> RepoSnapshot:
+        """The repo at ``revision`` (legacy ids resolved). Raises StoreMiss."""
+
+    def lfs_file(self, repo_type: str, repo_id: str, sha256: str) -> tuple[RepoSnapshot, RepoFile] | None:
+        """An LFS file of the repo by content hash, for the CDN origin."""
+
+    def open(self, repo_file: RepoFile) -> BinaryIO:
+        """Open the file's bytes, refusing anything outside ``root``. Raises OSError."""
 
 
 class _HttpError(Exception):
@@ -203,31 +280,97 @@ def _is_inside(path: Path, root: Path) -> bool:
     return path == root or path.is_relative_to(root)
 
 
-class _RepoStore:
-    """Finds repo folders under ``root`` and snapshots them, re-hashing only files that changed."""
+class HashMemo:
+    """Hashes of files on disk, computed once per (path, size, mtime): a file is re-hashed only when it changes."""
 
-    def __init__(self, root: Path, legacy_ids: Mapping[str, str]):
-        self.root = root.resolve()
-        self.legacy_ids = dict(legacy_ids)
-        # (resolved path, size, mtime_ns) -> (content git sha1, sha256): a file is re-hashed only when it changes.
+    def __init__(self) -> None:
         self._hashes: dict[tuple[str, int, int], tuple[str, str]] = {}
         self._lock = threading.Lock()
+
+    def describe(self, path: str, local: Path, *, lfs: bool | None = None) -> RepoFile:
+        """A RepoFile for ``local`` served as repo path ``path``; ``lfs`` None decides by the Hub's defaults."""
+        stat = local.stat()
+        key = (str(local), stat.st_size, stat.st_mtime_ns)
+        with self._lock:
+            hashes = self._hashes.get(key)
+        if hashes is None:
+            hashes = _hash_file(local, stat.st_size)  # outside the lock: other requests keep flowing
+            with self._lock:
+                self._hashes[key] = hashes
+        content_sha1, sha256 = hashes
+        if lfs is None:
+            lfs = is_lfs_file(path, stat.st_size)
+        pointer = lfs_pointer(sha256, stat.st_size)
+        return RepoFile(
+            path=path,
+            local_path=local,
+            size=stat.st_size,
+            # The Hub's blobId of an LFS file is the git id of its pointer, not of the content.
+            blob_id=git_blob_sha1(pointer) if lfs else content_sha1,
+            sha256=sha256,
+            is_lfs=lfs,
+            pointer_size=len(pointer),
+        )
+
+
+class FolderStore:
+    """A directory of plain repo folders (see the module docstring), snapshotted on every request.
+
+    Args:
+        root (str | Path): the directory.
+        legacy_ids (Mapping[str, str]): legacy id -> canonical id (model repos).
+    """
+
+    def __init__(self, root: str | Path, legacy_ids: Mapping[str, str]):
+        self.root = Path(root).resolve()
+        self.legacy_ids = dict(legacy_ids)
+        self._memo = HashMemo()
 
     def canonical_id(self, repo_type: str, repo_id: str) -> str:
         return self.legacy_ids.get(repo_id, repo_id) if repo_type == "model" else repo_id
 
-    def snapshot(self, repo_type: str, repo_id: str) -> RepoSnapshot | None:
+    def current(self, repo_type: str, repo_id: str) -> RepoSnapshot | None:
         """The current content of a repo (legacy ids resolved), or None if there is no such repo."""
         repo_id = self.canonical_id(repo_type, repo_id)
         repo_dir = self._repo_dir(repo_type, repo_id)
         if repo_dir is None:
             return None
-        files = {path: self._describe(path, real) for path, real in sorted(self._scan(repo_dir).items())}
+        files = {path: self._memo.describe(path, real) for path, real in sorted(self._scan(repo_dir).items())}
         if not files:
             return None
         listing = "".join(f"{path}\0{f.blob_id}\n" for path, f in files.items())
         commit = hashlib.sha1(listing.encode()).hexdigest()
-        return RepoSnapshot(repo_type=repo_type, repo_id=repo_id, commit=commit, files=files)
+        return RepoSnapshot(repo_type=repo_type, repo_id=repo_id, commit=commit, files=files,
+                            listing=frozenset(files))
+
+    def snapshot(self, repo_type: str, repo_id: str, revision: str) -> RepoSnapshot:
+        """The repo at ``revision``: ``main`` or the current commit (older content is gone from disk).
+
+        Raises:
+            StoreMiss: no such repo, or another revision (with the current commit as ``X-Repo-Commit``).
+        """
+        snapshot = self.current(repo_type, repo_id)
+        if snapshot is None:
+            raise StoreMiss("RepoNotFound", "Repository not found")
+        if revision not in (_DEFAULT_BRANCH, snapshot.commit):
+            raise StoreMiss("RevisionNotFound", "Invalid rev id", repo_id=snapshot.repo_id, commit=snapshot.commit)
+        return snapshot
+
+    def lfs_file(self, repo_type: str, repo_id: str, sha256: str) -> tuple[RepoSnapshot, RepoFile] | None:
+        snapshot = self.current(repo_type, repo_id)
+        repo_file = snapshot.file_by_sha256(sha256) if snapshot is not None else None
+        return (snapshot, repo_file) if repo_file is not None else None
+
+    def open(self, repo_file: RepoFile) -> BinaryIO:
+        """Open the file, re-checking containment: a symlink may have been swapped since the scan.
+
+        Raises:
+            FileNotFoundError: gone, or now resolving outside ``root``.
+        """
+        real = repo_file.local_path.resolve()
+        if not _is_inside(real, self.root):
+            raise FileNotFoundError(str(repo_file.local_path))
+        return open(real, "rb")
 
     def _repo_dir(self, repo_type: str, repo_id: str) -> Path | None:
         parts = repo_id.split("/")
@@ -258,29 +401,6 @@ class _RepoStore:
                 if _is_inside(real, self.root) and real.is_file():
                     found[full.relative_to(repo_dir).as_posix()] = real
         return found
-
-    def _describe(self, path: str, real: Path) -> RepoFile:
-        stat = real.stat()
-        key = (str(real), stat.st_size, stat.st_mtime_ns)
-        with self._lock:
-            hashes = self._hashes.get(key)
-        if hashes is None:
-            hashes = _hash_file(real, stat.st_size)  # outside the lock: other requests keep flowing
-            with self._lock:
-                self._hashes[key] = hashes
-        content_sha1, sha256 = hashes
-        lfs = is_lfs_file(path, stat.st_size)
-        pointer = lfs_pointer(sha256, stat.st_size)
-        return RepoFile(
-            path=path,
-            local_path=real,
-            size=stat.st_size,
-            # The Hub's blobId of an LFS file is the git id of its pointer, not of the content.
-            blob_id=git_blob_sha1(pointer) if lfs else content_sha1,
-            sha256=sha256,
-            is_lfs=lfs,
-            pointer_size=len(pointer),
-        )
 
 
 def _has_direct_files(folder: Path) -> bool:
@@ -332,13 +452,70 @@ def _repo_path(parts: list[str]) -> str:
     return "/".join(pieces)
 
 
+# --- response bodies --------------------------------------------------------------------------------
+
+
+class FileBody:
+    """A file, or one byte range of it, as a response body read in ``BODY_CHUNK`` pieces (constant memory).
+
+    Both server stacks stream it: werkzeug iterates it; the uvicorn adapter calls :meth:`read` in a worker thread.
+    """
+
+    def __init__(self, file: BinaryIO, start: int, length: int) -> None:
+        self.file, self.start, self.length = file, start, length
+        self.remaining = length
+        self._positioned = False
+
+    def read(self) -> bytes:
+        """The next piece, ``b""`` at the end (also when the file shrank under us: the client sees a short body)."""
+        if self.remaining <= 0:
+            return b""
+        if not self._positioned:
+            self.file.seek(self.start + self.length - self.remaining)
+            self._positioned = True
+        data = self.file.read(min(BODY_CHUNK, self.remaining))
+        self.remaining = self.remaining - len(data) if data else 0
+        return data
+
+    def read_cached(self) -> bytes | None:
+        """The next piece if the kernel has it in the page cache, without blocking on the disk; None if a read
+        would wait for the device (then call :meth:`read` from a worker thread). Linux ``preadv(RWF_NOWAIT)``;
+        elsewhere, and for in-memory bodies, always None."""
+        if self.remaining <= 0:
+            return b""
+        if _RWF_NOWAIT is None:
+            return None
+        try:
+            fd = self.file.fileno()
+        except (OSError, AttributeError, io.UnsupportedOperation):
+            return None
+        buffer = bytearray(min(BODY_CHUNK, self.remaining))
+        try:
+            n = os.preadv(fd, [buffer], self.start + self.length - self.remaining, _RWF_NOWAIT)
+        except OSError:  # EAGAIN: not cached; EOPNOTSUPP: filesystem without RWF_NOWAIT
+            return None
+        if n == 0:
+            self.remaining = 0
+            return b""
+        self.remaining -= n
+        self._positioned = False  # read() seeks again before continuing
+        return bytes(memoryview(buffer)[:n])
+
+    def __iter__(self) -> Iterator[bytes]:
+        while chunk := self.read():
+            yield chunk
+
+    def close(self) -> None:
+        self.file.close()
+
+
 # --- the server -------------------------------------------------------------------------------------
 
 
 class _LogEntry:
     """Mutable while its body streams; frozen into a RequestRecord when read."""
 
-    __slots__ = ("origin", "method", "path", "status", "authorized", "bytes_sent")
+    __slots__ = ("origin", "method", "path", "status", "authorized", "bytes_sent", "started", "wall")
 
     def __init__(self, origin: str, environ: Mapping[str, Any]):
         self.origin = origin
@@ -347,38 +524,78 @@ class _LogEntry:
         self.authorized = "HTTP_AUTHORIZATION" in environ
         self.status = 0
         self.bytes_sent = 0
+        self.started = time.monotonic()
+        self.wall = time.time()
 
     def freeze(self) -> RequestRecord:
         return RequestRecord(self.origin, self.method, self.path, self.status, self.authorized, self.bytes_sent)
 
+    def access_line(self) -> str:
+        """``TIME METHOD PATH STATUS BYTES SECONDS``: never a header, so never the Authorization token."""
+        when = datetime.fromtimestamp(self.wall, timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%f")[:-3] + "Z"
+        # The target is attacker-controlled: percent-escape whitespace and control bytes so a line stays a line.
+        path = quote(self.path, safe="".join(chr(c) for c in range(0x21, 0x7F) if chr(c) != "%")) or "-"
+        seconds = time.monotonic() - self.started
+        return f"{when} {self.method} {path} {self.status} {self.bytes_sent} {seconds:.3f}\n"
+
 
 class _QuietHandler(WSGIRequestHandler):
     def log_request(self, code: int | str = "-", size: int | str = "-") -> None:
-        """HubServer.requests is the access log; werkzeug's would spam stderr in tests."""
+        """HubServer.requests and the access log are the logs; werkzeug's would spam stderr."""
+
+
+class _WerkzeugOrigin:
+    """One origin on werkzeug's threaded server, in a background thread."""
+
+    def __init__(self, host: str, port: int, app: Any) -> None:
+        try:
+            self.server = make_server(host, port, app, threaded=True, request_handler=_QuietHandler)
+        except SystemExit as exc:  # werkzeug exits the process on bind errors; a library must raise
+            raise OSError(f"cannot listen on {host}:{port}") from exc
+        self.port = self.server.port
+        self.thread = threading.Thread(target=self.server.serve_forever, kwargs={"poll_interval": 0.1},
+                                       name=f"HubServer:{self.port}", daemon=True)
+        self.thread.start()
+
+    def close_listener(self, grace: float) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+    def join(self, timeout: float) -> None:
+        self.thread.join(timeout=timeout)
 
 
 class HubServer:
-    """A Hub-compatible read-only HTTP server (main origin + CDN origin) over ``root``.
+    """A Hub-compatible read-only HTTP server (main origin, and a CDN origin for LFS files) over ``root``.
 
     Protocol per DESIGN.md §2, checked against huggingface_hub 2.4.0 (file_download.py
     ``get_hf_file_metadata`` / ``_get_metadata_or_catch_error``, utils/_http.py ``hf_raise_for_status``).
 
     Args:
-        root (str | Path): folder of repo folders (see the module docstring).
+        root (str | Path): folder of repo folders (``layout="repos"``) or a hub cache (``layout="cache"``).
         host (str): interface for both origins.
         port (int): main origin port; 0 picks a free one. The CDN origin always picks a free port.
         legacy_ids (dict[str, str] | None): legacy id -> canonical id; None reads
-            ``<root>/legacy_ids.json`` if present.
+            ``<root>/legacy_ids.json`` if present. ``layout="repos"`` only (a cache's aliases come from its folders).
         token (str | None): if set, every main-origin request except ``/healthz`` must carry
             ``Authorization: Bearer <token>``, else 401 ``RepoNotFound`` (as the Hub answers for private repos).
             The CDN origin never checks it (it stands for the Hub's signed CDN URLs).
         gated (Iterable[str]): canonical repo ids answered with 403 ``GatedRepo`` on API and resolve routes.
-        throttle_bps (int | None): if set, file bodies are paced to about this many bytes per second.
+        throttle_bps (int | None): if set, file bodies are paced to about this many bytes per second
+            (werkzeug backend only).
         overrides (dict[tuple[str, str], bytes] | None): ``(canonical repo_id, path) -> bytes`` served as that
             file's body while listings and ETags keep the real file's hashes (to test client hash checks).
         page_size (int): entries per tree listing page before a ``Link: rel="next"`` header.
+        layout (str): ``"repos"`` (:class:`FolderStore`) or ``"cache"`` (:class:`hfcache.cache_store.CacheStore`).
+        backend (str): ``"werkzeug"`` (threaded, default) or ``"uvicorn"`` (asyncio; what ``hfcache serve`` runs).
+        lfs_redirect (bool): True: LFS files answer 302 to the CDN origin, as the Hub does. False: no CDN origin;
+            the main origin serves LFS bytes itself with ``X-Linked-Etag``/``X-Linked-Size`` (one port to expose).
+        record_requests (bool): keep every request in memory for :attr:`requests` (tests); False for long runs.
+        access_log (IO[str] | None): a text stream receiving one line per finished request
+            (``TIME METHOD PATH STATUS BYTES SECONDS``); headers, and so tokens, are never written.
 
     Raises:
+        ValueError: an unknown layout or backend, a bad throttle, legacy_ids with a cache, throttle on uvicorn.
         OSError: from ``start()`` if a port cannot be bound.
     """
 
@@ -394,26 +611,49 @@ class HubServer:
         throttle_bps: int | None = None,
         overrides: dict[tuple[str, str], bytes] | None = None,
         page_size: int = 50,
+        layout: str = "repos",
+        backend: str = "werkzeug",
+        lfs_redirect: bool = True,
+        record_requests: bool = True,
+        access_log: IO[str] | None = None,
     ) -> None:
         root = Path(root)
-        if legacy_ids is None:
-            legacy_file = root / "legacy_ids.json"
-            legacy_ids = json.loads(legacy_file.read_text()) if legacy_file.is_file() else {}
+        if layout not in _LAYOUTS:
+            raise ValueError(f"layout must be one of {_LAYOUTS}, got {layout!r}")
+        if backend not in _BACKENDS:
+            raise ValueError(f"backend must be one of {_BACKENDS}, got {backend!r}")
         if throttle_bps is not None and throttle_bps <= 0:
             raise ValueError("throttle_bps must be a positive number of bytes per second")
+        if throttle_bps is not None and backend != "werkzeug":
+            raise ValueError("throttle_bps is supported by the werkzeug backend only")
+        if layout == "cache":
+            if legacy_ids is not None:
+                raise ValueError("legacy_ids apply to layout='repos'; a cache's legacy folders are found by commit")
+            from .cache_store import CacheStore
+
+            self._store: Store = CacheStore(root)
+        else:
+            if legacy_ids is None:
+                legacy_file = root / "legacy_ids.json"
+                legacy_ids = json.loads(legacy_file.read_text()) if legacy_file.is_file() else {}
+            self._store = FolderStore(root, legacy_ids)
         self.root = root
+        self.layout, self.backend = layout, backend
         self.host, self.port = host, port
         self.token = token
         self.gated = frozenset(gated)
         self.throttle_bps = throttle_bps
         self.overrides = dict(overrides or {})
         self.page_size = max(1, page_size)
-        self._store = _RepoStore(root, legacy_ids)
+        self.lfs_redirect = lfs_redirect
+        self.record_requests = record_requests
+        self.access_log = access_log
         self._log: list[_LogEntry] = []
         self._log_lock = threading.Lock()
+        self._active = 0
+        self._active_cond = threading.Condition()
         self._stopping = threading.Event()
-        self._servers: list[BaseWSGIServer] = []
-        self._threads: list[threading.Thread] = []
+        self._origins: list[Any] = []
         self._cdn_port = 0
         self.endpoint = ""
         self.cdn_endpoint = ""
@@ -421,30 +661,60 @@ class HubServer:
     # -- lifecycle
 
     def start(self) -> HubServer:
-        """Bind both origins and serve them from background threads; returns self."""
-        if self._servers:
+        """Bind the origin(s) and serve them from background threads; returns self.
+
+        Raises:
+            OSError: a port cannot be bound.
+        """
+        if self._origins:
             raise RuntimeError("HubServer already started")
         self._stopping.clear()
         try:
-            hub = self._serve(self.port, self._logged("hub", self._hub_app))
-            cdn = self._serve(0, self._logged("cdn", self._cdn_app))
+            hub = self._serve(self.port, "hub")
+            if self.lfs_redirect:
+                cdn = self._serve(0, "cdn")
+                self._cdn_port = cdn.port
+                self.cdn_endpoint = f"http://{_url_host(self.host)}:{cdn.port}"
         except BaseException:
             self.stop()
             raise
-        self._cdn_port = cdn.port
         self.endpoint = f"http://{_url_host(self.host)}:{hub.port}"
-        self.cdn_endpoint = f"http://{_url_host(self.host)}:{cdn.port}"
         return self
 
-    def stop(self) -> None:
-        """Stop both origins; bodies still streaming are cut short, as when a real server dies."""
+    def stop(self, grace: float = 0.0) -> int:
+        """Stop serving. New connections are refused at once; responses still streaming get up to ``grace``
+        seconds to finish, then are cut short, as when a real server dies. Setting :attr:`stopping` from another
+        thread ends the grace period early.
+
+        Args:
+            grace (float): seconds to let in-flight responses finish (0: cut them now).
+
+        Returns:
+            int: responses still streaming when they were cut short.
+        """
+        origins, self._origins = self._origins, []
+        if grace <= 0:
+            self._stopping.set()
+        for origin in origins:
+            origin.close_listener(grace)
+        deadline = time.monotonic() + max(0.0, grace)
+        with self._active_cond:
+            while self._active and not self._stopping.is_set():
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    break
+                self._active_cond.wait(min(left, 0.2))
+            cut = self._active
         self._stopping.set()
-        for server in self._servers:
-            server.shutdown()
-            server.server_close()
-        for thread in self._threads:
-            thread.join(timeout=5)
-        self._servers, self._threads = [], []
+        for origin in origins:
+            origin.join(timeout=5)
+        return cut
+
+    @property
+    def active(self) -> int:
+        """Responses started and not finished yet."""
+        with self._active_cond:
+            return self._active
 
     def __enter__(self) -> HubServer:
         return self.start()
@@ -452,24 +722,22 @@ class HubServer:
     def __exit__(self, *exc_info: object) -> None:
         self.stop()
 
-    def _serve(self, port: int, app: Any) -> BaseWSGIServer:
-        try:
-            server = make_server(self.host, port, app, threaded=True, request_handler=_QuietHandler)
-        except SystemExit as exc:  # werkzeug exits the process on bind errors; a library must raise
-            raise OSError(f"cannot listen on {self.host}:{port}") from exc
-        thread = threading.Thread(
-            target=server.serve_forever, kwargs={"poll_interval": 0.1}, name=f"HubServer:{server.port}", daemon=True
-        )
-        thread.start()
-        self._servers.append(server)
-        self._threads.append(thread)
-        return server
+    def _serve(self, port: int, origin: str) -> Any:
+        if self.backend == "uvicorn":
+            from .asgi import UvicornOrigin
+
+            served = UvicornOrigin(self.host, port, self, origin)
+        else:
+            served = _WerkzeugOrigin(self.host, port, self._wsgi_app(origin))
+        self._origins.append(served)
+        return served
 
     # -- request log and content
 
     @property
     def requests(self) -> list[RequestRecord]:
-        """Every request on both origins so far, in the order their responses started (a copy)."""
+        """Every request on both origins so far, in the order their responses started (a copy; empty when
+        ``record_requests`` is False)."""
         with self._log_lock:
             return [entry.freeze() for entry in self._log]
 
@@ -478,33 +746,71 @@ class HubServer:
         with self._log_lock:
             self._log.clear()
 
-    def commit_of(self, repo_id: str, repo_type: str = "model") -> str:
-        """The 40-hex commit of the repo's current content (legacy ids accepted).
+    def commit_of(self, repo_id: str, repo_type: str = "model", revision: str = _DEFAULT_BRANCH) -> str:
+        """The 40-hex commit ``revision`` of the repo resolves to (legacy ids accepted).
 
         Raises:
-            KeyError: no such repo under root.
+            KeyError: no such repo or revision in the store.
         """
-        snapshot = self._store.snapshot(repo_type, repo_id)
-        if snapshot is None:
-            raise KeyError(repo_id)
-        return snapshot.commit
+        try:
+            return self._store.snapshot(repo_type, repo_id, revision).commit
+        except StoreMiss:
+            raise KeyError(repo_id) from None
 
-    def _logged(self, origin: str, handler: Any) -> Any:
-        """WSGI app around ``handler(request) -> Response`` that records every request."""
+    # -- one request, for both stacks
 
-        def app(environ: dict[str, Any], start_response: Any) -> Iterable[bytes]:
-            entry = _LogEntry(origin, environ)
-            try:
-                response = handler(Request(environ))
-            except _HttpError as error:
-                response = error.response()
-            except Exception:
-                logger.exception("HubServer failed on %s %s", entry.method, entry.path)
-                response = _HttpError(500, None, "Internal server error").response()
-            entry.status = response.status_code
+    def respond(self, origin: str, environ: dict[str, Any]) -> tuple[str, list[tuple[str, str]], Iterable[bytes],
+                                                                      _LogEntry]:
+        """Answer one request given as a WSGI environ: (status line, headers, body, log entry).
+
+        The body is a :class:`FileBody` for file bytes, else a short iterable. The caller streams it, adds to
+        ``entry.bytes_sent`` and calls :meth:`finish` exactly once, after the last byte or on failure.
+        """
+        entry = _LogEntry(origin, environ)
+        handler = self._hub_app if origin == "hub" else self._cdn_app
+        try:
+            response = handler(Request(environ))
+        except _HttpError as error:
+            response = error.response()
+        except Exception:
+            logger.exception("HubServer failed on %s %s", entry.method, entry.path)
+            response = _HttpError(500, None, "Internal server error").response()
+        entry.status = response.status_code
+        if self.record_requests:
             with self._log_lock:
                 self._log.append(entry)
-            return self._metered(response(environ, start_response), entry)
+        # A FileBody comes back as is (direct_passthrough); HEAD/304 get an empty iterable that closes the file.
+        app_iter, status, headers = response.get_wsgi_response(environ)
+        with self._active_cond:
+            self._active += 1
+        return status, list(headers), app_iter, entry
+
+    def finish(self, entry: _LogEntry) -> None:
+        """A response is over (complete, cut short or failed): write its access log line."""
+        if self.access_log is not None:
+            line = entry.access_line()
+            with self._log_lock:
+                try:
+                    self.access_log.write(line)
+                    self.access_log.flush()
+                except (OSError, ValueError):
+                    logger.warning("cannot write the access log", exc_info=True)
+        with self._active_cond:
+            self._active -= 1
+            self._active_cond.notify_all()
+
+    @property
+    def stopping(self) -> threading.Event:
+        """Set when responses still streaming must end now."""
+        return self._stopping
+
+    def _wsgi_app(self, origin: str) -> Any:
+        def app(environ: dict[str, Any], start_response: Any) -> Iterable[bytes]:
+            status, headers, body, entry = self.respond(origin, environ)
+            start_response(status, headers)
+            if self.throttle_bps is not None and isinstance(body, FileBody):
+                return self._metered(_throttled(body, self.throttle_bps, self._stopping), entry)
+            return self._metered(body, entry)
 
         return app
 
@@ -518,6 +824,7 @@ class HubServer:
                 yield chunk
         finally:
             _close(chunks)
+            self.finish(entry)
 
     # -- main origin
 
@@ -542,38 +849,40 @@ class HubServer:
             # The Hub answers 401 + RepoNotFound for private repos, so clients raise RepositoryNotFoundError.
             raise _HttpError(401, "RepoNotFound", "Invalid username or password.")
 
-    def _snapshot(self, repo_type: str, repo_id: str) -> RepoSnapshot:
-        snapshot = self._store.snapshot(repo_type, repo_id)
-        if snapshot is None:
-            raise _HttpError(404, "RepoNotFound", "Repository not found")
-        if snapshot.repo_id in self.gated:
+    def _check_gated(self, repo_type: str, repo_id: str) -> None:
+        if repo_id in self.gated:
             message = (
-                f"Access to {repo_type} {snapshot.repo_id} is restricted and you are not in the authorized list. "
-                f"Visit https://huggingface.co/{snapshot.repo_id} to ask for access."
+                f"Access to {repo_type} {repo_id} is restricted and you are not in the authorized list. "
+                f"Visit https://huggingface.co/{repo_id} to ask for access."
             )
             raise _HttpError(403, "GatedRepo", message)
-        return snapshot
 
-    @staticmethod
-    def _check_revision(snapshot: RepoSnapshot, revision: str) -> None:
-        # One branch; a commit is valid only while it is current (older content is gone from disk).
-        if revision not in (_DEFAULT_BRANCH, snapshot.commit):
-            raise _HttpError(404, "RevisionNotFound", "Invalid rev id", {"X-Repo-Commit": snapshot.commit})
+    def _snapshot(self, repo_type: str, repo_id: str, revision: str) -> RepoSnapshot:
+        """The repo at a revision, or the Hub's error: RepoNotFound, then GatedRepo, then RevisionNotFound."""
+        try:
+            snapshot = self._store.snapshot(repo_type, repo_id, revision)
+        except StoreMiss as miss:
+            if miss.code == "RevisionNotFound" and miss.repo_id:
+                self._check_gated(repo_type, miss.repo_id)
+            headers = {"X-Repo-Commit": miss.commit} if miss.commit else {}
+            raise _HttpError(404, miss.code, miss.message, headers) from None
+        self._check_gated(repo_type, snapshot.repo_id)
+        return snapshot
 
     def _api(self, request: Request, repo_type: str, segments: list[str]) -> Response:
         repo_id, rest = _split_repo_id(segments, {"revision", "tree"})
-        snapshot = self._snapshot(repo_type, repo_id)
         if not rest:
-            return self._repo_info(request, snapshot, _DEFAULT_BRANCH)
+            return self._repo_info(request, self._snapshot(repo_type, repo_id, _DEFAULT_BRANCH))
         if rest[0] == "revision" and len(rest) == 2:
-            return self._repo_info(request, snapshot, rest[1])
+            return self._repo_info(request, self._snapshot(repo_type, repo_id, rest[1]))
         if rest[0] == "tree" and len(rest) >= 2:
-            return self._tree(request, snapshot, rest[1], _repo_path(rest[2:]) if len(rest) > 2 else "")
+            folder = _repo_path(rest[2:]) if len(rest) > 2 else ""
+            return self._tree(request, self._snapshot(repo_type, repo_id, rest[1]), folder)
+        self._snapshot(repo_type, repo_id, _DEFAULT_BRANCH)  # RepoNotFound before a plain 404
         raise _HttpError(404, None, "Not found")
 
-    def _repo_info(self, request: Request, snapshot: RepoSnapshot, revision: str) -> Response:
+    def _repo_info(self, request: Request, snapshot: RepoSnapshot) -> Response:
         """Repo info as ``HfApi.repo_info`` parses it (hf_api.py ``ModelInfo``/``RepoSibling``)."""
-        self._check_revision(snapshot, revision)
         with_blobs = request.args.get("blobs", "").lower() in ("true", "1")
         siblings = [_sibling(f, with_blobs) for f in snapshot.files.values()]
         info = {
@@ -592,11 +901,10 @@ class HubServer:
         }
         return _json(info)
 
-    def _tree(self, request: Request, snapshot: RepoSnapshot, revision: str, folder: str) -> Response:
+    def _tree(self, request: Request, snapshot: RepoSnapshot, folder: str) -> Response:
         """A page of ``list_repo_tree`` entries, with a ``Link: <...>; rel="next"`` header like the Hub's."""
-        self._check_revision(snapshot, revision)
         if folder and folder not in snapshot.directories:
-            raise _HttpError(404, "EntryNotFound", "Entry not found", {"X-Repo-Commit": snapshot.commit})
+            raise _not_found(snapshot, folder)
         recursive = request.args.get("recursive", "").lower() in ("true", "1")
         entries = _tree_entries(snapshot, folder, recursive)
         raw_cursor = request.args.get("cursor", "0")  # an offset into the listing, opaque to clients
@@ -619,16 +927,19 @@ class HubServer:
         canonical = self._store.canonical_id(repo_type, repo_id)
         if canonical != repo_id:
             return _legacy_redirect(request, repo_type, canonical, rest)
-        snapshot = self._snapshot(repo_type, repo_id)
-        self._check_revision(snapshot, rest[1])
         path = _repo_path(rest[2:])
+        snapshot = self._snapshot(repo_type, repo_id, rest[1])
         repo_file = snapshot.files.get(path)
         if repo_file is None:
-            # X-Repo-Commit is what makes huggingface_hub write the .no_exist marker (file_download.py).
-            raise _HttpError(404, "EntryNotFound", "Entry not found", {"X-Repo-Commit": snapshot.commit})
-        if repo_file.is_lfs:
-            return self._lfs_redirect(request, snapshot, repo_file)
-        return self._file_response(request, snapshot, repo_file, repo_file.blob_id, {"X-Repo-Commit": snapshot.commit})
+            raise _not_found(snapshot, path)
+        headers = {"X-Repo-Commit": snapshot.commit}
+        if repo_file.is_lfs and repo_file.sha256:
+            if self.lfs_redirect:
+                return self._lfs_redirect(request, snapshot, repo_file)
+            # Served here: the metadata a CDN redirect would carry rides on the answer itself (file_download.py
+            # reads X-Linked-Etag / X-Linked-Size before ETag / Content-Length).
+            headers.update({"X-Linked-Etag": f'"{repo_file.sha256}"', "X-Linked-Size": str(repo_file.size)})
+        return self._file_response(request, snapshot, repo_file, repo_file.etag, headers)
 
     def _lfs_redirect(self, request: Request, snapshot: RepoSnapshot, repo_file: RepoFile) -> Response:
         """302 to the CDN origin; the file metadata rides on the 302 itself.
@@ -660,10 +971,10 @@ class HubServer:
             raise _HttpError(404, None, "Not found")
         repo_type, segments = ("dataset", segments[2:]) if segments[1] == "datasets" else ("model", segments[1:])
         repo_id, sha256 = "/".join(segments[:-1]), segments[-1]
-        snapshot = self._store.snapshot(repo_type, repo_id) if _SHA256_RE.match(sha256) else None
-        repo_file = snapshot.file_by_sha256(sha256) if snapshot is not None else None
-        if snapshot is None or repo_file is None:
+        found = self._store.lfs_file(repo_type, repo_id, sha256) if _SHA256_RE.match(sha256) else None
+        if found is None:
             raise _HttpError(404, None, "Not found")
+        snapshot, repo_file = found
         return self._file_response(request, snapshot, repo_file, sha256, {})
 
     # -- file bodies
@@ -671,47 +982,63 @@ class HubServer:
     def _file_response(
         self, request: Request, snapshot: RepoSnapshot, repo_file: RepoFile, etag: str, headers: dict[str, str]
     ) -> Response:
-        """200/206 streaming the file (or its override) in constant memory; Range via werkzeug."""
+        """200/206/304/416 for a file, its body a :class:`FileBody` (constant memory).
+
+        ``If-None-Match`` (weak comparison) gives 304; one satisfiable ``Range`` gives 206, an unsatisfiable one 416;
+        several ranges, or an ``If-Range`` naming another version, give the whole file (RFC 9110 allows both).
+        """
         body, length = self._open_body(snapshot, repo_file)
+        headers = {**headers, "ETag": f'"{etag}"', "Accept-Ranges": "bytes"}
         try:
-            response = Response(
-                wrap_file(request.environ, body),
-                direct_passthrough=True,
-                mimetype="application/octet-stream",
-                headers=headers,
-            )
-            response.set_etag(etag)
-            response.content_length = length
-            response.make_conditional(request, accept_ranges=True, complete_length=length)
-        except RequestedRangeNotSatisfiable as error:
-            body.close()
-            return error.get_response(request.environ)
+            if request.if_none_match and request.if_none_match.contains_weak(etag):
+                body.close()
+                return Response(status=304, headers=headers)
+            start, size, status = 0, length, 200
+            ranges = request.range
+            if_range = request.if_range
+            if ranges is not None and (if_range.etag is None and if_range.date is None or if_range.etag == etag):
+                bounds = ranges.range_for_length(length)
+                if bounds is not None:
+                    start, stop = bounds
+                    size, status = stop - start, 206
+                    headers["Content-Range"] = f"bytes {start}-{stop - 1}/{length}"
+                elif ranges.units == "bytes" and len(ranges.ranges) == 1:
+                    body.close()
+                    headers = {"Content-Range": f"bytes */{length}", "ETag": headers["ETag"]}
+                    return Response(b"", status=416, headers=headers)
+            response = Response(FileBody(body, start, size), status=status, headers=headers,
+                                mimetype="application/octet-stream", direct_passthrough=True)
+            response.content_length = size
+            return response
         except BaseException:
             body.close()
             raise
-        if self.throttle_bps is not None:
-            response.response = _throttled(response.response, self.throttle_bps, self._stopping)
-        return response
 
     def _open_body(self, snapshot: RepoSnapshot, repo_file: RepoFile) -> tuple[BinaryIO, int]:
-        """(open body, its length): the override bytes if any, else the file on disk."""
+        """(open body, its length): the override bytes if any, else the file through the store."""
         override = self.overrides.get((snapshot.repo_id, repo_file.path))
         if override is not None:
             return io.BytesIO(override), len(override)
-        gone = _HttpError(404, "EntryNotFound", "Entry not found", {"X-Repo-Commit": snapshot.commit})
-        # Re-check containment at open time: a symlink may have been swapped since the scan.
-        real = repo_file.local_path.resolve()
-        if not _is_inside(real, self._store.root):
-            raise gone
         try:
-            body = open(real, "rb")
-        except OSError:  # deleted since the scan
-            raise gone from None
+            body = self._store.open(repo_file)
+        except OSError:  # deleted since the scan, or refused (a link leaving the served directory)
+            raise _HttpError(404, "EntryNotFound", "Entry not found", {"X-Repo-Commit": snapshot.commit}) from None
         # The size on disk now, so the framing stays right even if the file changed since the scan.
         return body, os.fstat(body.fileno()).st_size
 
 
 # --- helpers ----------------------------------------------------------------------------------------
+
+
+def _not_found(snapshot: RepoSnapshot, path: str) -> _HttpError:
+    """404 EntryNotFound; with ``X-Repo-Commit`` only when the path is known not to exist at that commit.
+
+    X-Repo-Commit is what makes huggingface_hub write a ``.no_exist`` marker (file_download.py); a file a cache
+    does not hold may well exist upstream, so it gets the error without the header (no marker, nothing lied).
+    """
+    if snapshot.knows_absent(path):
+        return _HttpError(404, "EntryNotFound", "Entry not found", {"X-Repo-Commit": snapshot.commit})
+    return _HttpError(404, "EntryNotFound", f"{path} is not held by this mirror")
 
 
 def _sibling(repo_file: RepoFile, with_blobs: bool) -> dict[str, Any]:
@@ -800,18 +1127,22 @@ def _throttled(chunks: Iterable[bytes], bps: int, stopping: threading.Event) -> 
 def main(argv: list[str] | None = None) -> int:
     """``python -m hfcache.server ROOT``: serve until Ctrl-C or SIGTERM, then shut down cleanly."""
     parser = argparse.ArgumentParser(prog="python -m hfcache.server", description=__doc__.splitlines()[0])
-    parser.add_argument("root", type=Path, help="folder of <org>/<name> repo folders")
+    parser.add_argument("root", type=Path, help="folder of <org>/<name> repo folders (or a hub cache, --layout cache)")
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8080, help="main origin port (0 = any free port)")
     parser.add_argument("--throttle-bps", type=int, default=None, help="pace file bodies to N bytes/s")
     parser.add_argument("--token", default=None, help="require 'Authorization: Bearer TOKEN' on the main origin")
+    parser.add_argument("--layout", choices=_LAYOUTS, default="repos", help="what ROOT is (default: repos)")
+    parser.add_argument("--backend", choices=_BACKENDS, default="werkzeug", help="server stack (default: werkzeug)")
+    parser.add_argument("--no-cdn", action="store_true", help="serve LFS files from the main origin (one port)")
     args = parser.parse_args(argv)
     if not args.root.is_dir():
         parser.error(f"{args.root} is not a directory")
 
     done = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: done.set())
-    server = HubServer(args.root, host=args.host, port=args.port, throttle_bps=args.throttle_bps, token=args.token)
+    server = HubServer(args.root, host=args.host, port=args.port, throttle_bps=args.throttle_bps, token=args.token,
+                       layout=args.layout, backend=args.backend, lfs_redirect=not args.no_cdn, record_requests=False)
     with server:
         print(f"serving {args.root} at {server.endpoint}", flush=True)
         try:

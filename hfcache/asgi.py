@@ -1,0 +1,178 @@
+"""HubServer's protocol on uvicorn: an ASGI adapter and a server running in a background thread.
+
+The protocol itself (routing, stores, errors, ranges, ETags) is :meth:`hfcache.server.HubServer.respond`, the same
+code the werkzeug backend runs; this module only moves bytes. Per request, ``respond`` runs in a worker thread
+(it scans and stats the store), then the body streams from the event loop: each ``BODY_CHUNK`` is read in a
+worker thread (a slow volume never stalls other clients) and ``send`` waits for the socket to drain, so memory per
+connection is one chunk whatever the file size and however slow the client. Many idle or slow connections cost
+no thread (unlike a thread-per-connection server).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import socket
+import sys
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from typing import TYPE_CHECKING, Any
+
+import uvicorn
+
+from .server import FileBody
+
+if TYPE_CHECKING:
+    from .server import HubServer
+
+__all__ = ["UvicornOrigin"]
+
+#: Seconds an idle keep-alive connection stays open (nginx's default is 75, load balancers' 60).
+KEEP_ALIVE_SECONDS = 65
+
+#: Worker threads for ``respond`` and file reads (blocking filesystem work), shared by all connections.
+WORKER_THREADS = 32
+
+
+class UvicornOrigin:
+    """One origin of a HubServer served by uvicorn in a background thread.
+
+    Args:
+        host (str): interface to bind.
+        port (int): port; 0 picks a free one (``self.port`` is the real one once constructed).
+        server (HubServer): answers the requests (``respond``/``finish``/``stopping``).
+        origin (str): ``"hub"`` or ``"cdn"``.
+
+    Raises:
+        OSError: the port cannot be bound, or uvicorn did not start within 10 seconds.
+    """
+
+    def __init__(self, host: str, port: int, server: HubServer, origin: str) -> None:
+        self._hub, self._origin = server, origin
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        self._sock = socket.socket(family, socket.SOCK_STREAM)
+        try:
+            self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            self._sock.bind((host, port))
+            self._sock.listen(2048)  # a storm of pods connecting at once must not overflow the SYN backlog
+        except OSError:
+            self._sock.close()
+            raise
+        self.port = self._sock.getsockname()[1]
+        self._pool = ThreadPoolExecutor(max_workers=WORKER_THREADS, thread_name_prefix=f"hfcache-serve-{origin}")
+        config = uvicorn.Config(
+            self._app,
+            interface="asgi3",
+            lifespan="off",
+            log_config=None,  # leave the process's logging alone
+            access_log=False,  # HubServer writes its own access log (without headers, so without tokens)
+            server_header=False,
+            proxy_headers=False,  # never trust X-Forwarded-*: the access log shows what the socket saw
+            timeout_graceful_shutdown=None,
+            # Longer than any client's idle expiry (httpx: 5 s), so the client always closes an idle connection
+            # first: with equal timeouts a request sent as the server closes gets a reset, and huggingface_hub
+            # does not retry a HEAD (measured: benchmarks/bench_serve.py failed with ECONNRESET at uvicorn's 5 s).
+            timeout_keep_alive=KEEP_ALIVE_SECONDS,
+        )
+        self._server = uvicorn.Server(config)
+        # Not the main thread: uvicorn installs no signal handlers there; the caller owns SIGTERM/SIGINT.
+        self._thread = threading.Thread(target=self._server.run, kwargs={"sockets": [self._sock]},
+                                        name=f"hfcache-serve:{self.port}", daemon=True)
+        self._thread.start()
+        deadline = time.monotonic() + 10
+        while not self._server.started:
+            if not self._thread.is_alive() or time.monotonic() > deadline:
+                self._server.should_exit = True
+                raise OSError(f"uvicorn did not start on {host}:{port}")
+            time.sleep(0.01)
+
+    def close_listener(self, grace: float) -> None:
+        """Stop accepting; idle keep-alive connections close, busy ones finish within ``grace`` seconds."""
+        self._server.config.timeout_graceful_shutdown = max(grace, 0.1)
+        if grace <= 0:
+            self._server.force_exit = True
+        self._server.should_exit = True
+
+    def join(self, timeout: float) -> None:
+        self._thread.join(timeout=timeout)
+        self._pool.shutdown(wait=False, cancel_futures=True)
+
+    async def _app(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            return
+        loop = asyncio.get_running_loop()
+        environ = _environ(scope)
+        status, headers, body, entry = await loop.run_in_executor(self._pool, self._hub.respond, self._origin,
+                                                                  environ)
+        disconnected = asyncio.Event()
+        watcher = asyncio.ensure_future(_watch_disconnect(receive, disconnected))
+        stopping = self._hub.stopping
+        try:
+            await send({
+                "type": "http.response.start",
+                "status": int(status.split(" ", 1)[0]),
+                "headers": [(k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in headers],
+            })
+            if isinstance(body, FileBody):
+                while True:
+                    chunk = body.read_cached()  # page-cache hit: no thread hop
+                    if chunk is None:
+                        chunk = await loop.run_in_executor(self._pool, body.read)
+                    if not chunk:
+                        break
+                    if stopping.is_set() or disconnected.is_set():
+                        return  # incomplete response: uvicorn closes the connection, the client sees a short body
+                    entry.bytes_sent += len(chunk)
+                    await send({"type": "http.response.body", "body": chunk, "more_body": True})
+                await send({"type": "http.response.body", "body": b"", "more_body": False})
+            else:
+                data = b"".join(body)  # JSON and error documents: small
+                entry.bytes_sent += len(data)
+                await send({"type": "http.response.body", "body": data, "more_body": False})
+        finally:
+            watcher.cancel()
+            close = getattr(body, "close", None)
+            if close is not None:
+                await loop.run_in_executor(self._pool, close)
+            self._hub.finish(entry)
+
+
+async def _watch_disconnect(receive: Any, disconnected: asyncio.Event) -> None:
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            disconnected.set()
+            return
+
+
+def _environ(scope: dict[str, Any]) -> dict[str, Any]:
+    """A WSGI environ (PEP 3333) for an ASGI HTTP scope; the request target stays as sent in ``RAW_URI``."""
+    raw_path = scope.get("raw_path") or scope["path"].encode("utf-8")
+    query = scope.get("query_string", b"")
+    server = scope.get("server") or ("127.0.0.1", 0)
+    client = scope.get("client")
+    environ: dict[str, Any] = {
+        "REQUEST_METHOD": scope["method"],
+        "SCRIPT_NAME": "",
+        "PATH_INFO": scope["path"].encode("utf-8").decode("latin-1"),
+        "QUERY_STRING": query.decode("latin-1"),
+        "RAW_URI": raw_path.decode("latin-1") + ("?" + query.decode("latin-1") if query else ""),
+        "SERVER_NAME": str(server[0]),
+        "SERVER_PORT": str(server[1]),
+        "SERVER_PROTOCOL": f"HTTP/{scope.get('http_version', '1.1')}",
+        "REMOTE_ADDR": client[0] if client else "",
+        "wsgi.version": (1, 0),
+        "wsgi.url_scheme": scope.get("scheme", "http"),
+        "wsgi.input": io.BytesIO(b""),  # GET and HEAD only: request bodies are never read
+        "wsgi.errors": sys.stderr,
+        "wsgi.multithread": True,
+        "wsgi.multiprocess": False,
+        "wsgi.run_once": False,
+    }
+    for name, value in scope.get("headers", []):
+        key = name.decode("latin-1").upper().replace("-", "_")
+        key = key if key in ("CONTENT_TYPE", "CONTENT_LENGTH") else f"HTTP_{key}"
+        text = value.decode("latin-1")
+        environ[key] = f"{environ[key]},{text}" if key in environ else text
+    return environ

@@ -1,0 +1,341 @@
+"""A Hugging Face hub cache as a store of repos for the Hub-compatible server (``hfcache serve --cache-dir``).
+
+What it answers, for every ``models--*`` / ``datasets--*`` folder of the cache (DESIGN §1 layout):
+
+- **Revisions**: the names in ``refs/`` (``main``, ``v1.0``, ``refs/pr/1``) whose 40-hex commit has a snapshot, and
+  the full 40-hex commit of every snapshot folder. Anything else is ``RevisionNotFound``; a repo folder without a
+  servable snapshot is ``RepoNotFound``.
+- **Files**: the snapshot's entries that are huggingface_hub's relative links into the repo's own ``blobs/``
+  (broken, absolute and escaping links are not served), and real files (caches written without symlinks).
+- **Hashes without hashing**: a blob named by 64 hex characters is an LFS file whose sha256 is its name (its
+  ``blobId`` is the git sha1 of the LFS pointer, as on the Hub); a 40-hex name is the git blob sha1 of the
+  content. Blobs named otherwise are not served (no hash to publish). Real files in ``snapshots/`` take their
+  hashes from ``trees/<commit>.json`` when it lists them with the same size, else they are hashed once.
+- **Absence**: a path with a ``.no_exist/<commit>/<path>`` marker, or missing from ``trees/<commit>.json`` (the
+  whole repo's listing, written by ``snapshot_download``), is known not to exist: 404 ``EntryNotFound`` with
+  ``X-Repo-Commit``, so clients write the marker too. A path the cache simply does not hold gets 404
+  ``EntryNotFound`` *without* ``X-Repo-Commit``: it may exist upstream, and clients must not record otherwise.
+- **Legacy ids**: an org-less folder (``models--bert-base-uncased``) whose refs and commits all appear, with the
+  same files or fewer, in exactly one ``models--ORG--bert-base-uncased`` folder is answered as that canonical id,
+  as the Hub answers renamed repos (307 on ``resolve``, the canonical ``id`` in repo info). ``hfcache warm``
+  writes both folders that way. Otherwise the org-less folder is a repo of its own.
+- **Nothing outside the cache**: ids, revisions and paths are looked up in what the scan found (no path is
+  built from the request); a repo folder or its ``blobs``/``snapshots``/``refs`` that is a symlink makes the repo
+  unserved; files are opened component by component from the cache root with ``O_NOFOLLOW``, so a blob that is
+  a symlink (to ``/etc/passwd`` or anywhere) is never read.
+
+Changes to the cache (another ``warm``) are seen within ``ttl`` seconds: scans are memoised that long, so a
+thousand clients starting at once cost one scan per repo per second. It never writes to the cache.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import stat
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import BinaryIO
+
+from .scan import RepoInfo, parse_folder_name, scan_repo
+from .server import (
+    _REPO_NAME_RE,
+    HashMemo,
+    RepoFile,
+    RepoSnapshot,
+    StoreMiss,
+    git_blob_sha1,
+    lfs_pointer,
+)
+
+__all__ = ["CacheStore"]
+
+_SHA1_RE = re.compile(r"^[0-9a-f]{40}$")
+_SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
+_FOLDER_PREFIX = {"model": "models", "dataset": "datasets"}
+_TREES_MAX_BYTES = 64 * 1024 * 1024
+_O_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
+_O_DIRECTORY = getattr(os, "O_DIRECTORY", 0)
+_O_NONBLOCK = getattr(os, "O_NONBLOCK", 0)  # a FIFO planted in the cache must not block open()
+_OPENAT = os.open in os.supports_dir_fd and _O_NOFOLLOW != 0
+
+
+@dataclass(frozen=True)
+class _Repo:
+    """One scanned repo folder: refs that resolve, and each servable snapshot."""
+
+    repo_id: str
+    repo_type: str
+    refs: dict[str, str]
+    snapshots: dict[str, RepoSnapshot]
+
+
+class CacheStore:
+    """Repos of a Hugging Face hub cache, answered as the Hub would (read-only; see the module docstring).
+
+    Args:
+        cache_dir (str | Path): the cache root (holding ``models--ORG--NAME`` folders).
+        ttl (float): seconds a scan of a repo folder (and of the root, for legacy aliases) is reused.
+
+    Raises:
+        FileNotFoundError: ``cache_dir`` is not a directory.
+    """
+
+    def __init__(self, cache_dir: str | Path, *, ttl: float = 1.0) -> None:
+        self.root = Path(os.path.realpath(cache_dir))
+        if not self.root.is_dir():
+            raise FileNotFoundError(f"no cache directory at {cache_dir}")
+        self.ttl = ttl
+        self._memo = HashMemo()
+        self._lock = threading.Lock()
+        self._repos: dict[str, tuple[float, _Repo | None]] = {}
+        self._names: tuple[float, tuple[str, ...]] | None = None
+
+    # -- Store protocol
+
+    def canonical_id(self, repo_type: str, repo_id: str) -> str:
+        """The canonical id a legacy-id folder stands for (see the module docstring), else ``repo_id``."""
+        return self._alias(repo_type, repo_id) or repo_id
+
+    def snapshot(self, repo_type: str, repo_id: str, revision: str) -> RepoSnapshot:
+        """The repo at ``revision`` (a ref name or a full commit of a snapshot).
+
+        Raises:
+            StoreMiss: ``RepoNotFound`` (no such folder, nothing servable in it) or ``RevisionNotFound``.
+        """
+        repo = self._repo(repo_type, self.canonical_id(repo_type, repo_id))
+        if repo is None:
+            raise StoreMiss("RepoNotFound", "Repository not found")
+        commit = repo.refs.get(revision) or (revision if revision in repo.snapshots else None)
+        if commit is None:
+            raise StoreMiss("RevisionNotFound", f"Invalid rev id: {revision}", repo_id=repo.repo_id)
+        return repo.snapshots[commit]
+
+    def lfs_file(self, repo_type: str, repo_id: str, sha256: str) -> tuple[RepoSnapshot, RepoFile] | None:
+        """An LFS file of any snapshot of the repo, by content hash (for the CDN origin)."""
+        repo = self._repo(repo_type, self.canonical_id(repo_type, repo_id))
+        for snapshot in repo.snapshots.values() if repo else ():
+            found = snapshot.file_by_sha256(sha256)
+            if found is not None:
+                return snapshot, found
+        return None
+
+    def open(self, repo_file: RepoFile) -> BinaryIO:
+        """Open a blob or snapshot file without following any symlink below the cache root.
+
+        Raises:
+            OSError: missing, a symlink anywhere on the way (ELOOP/ENOTDIR), or not a regular file.
+        """
+        parts = repo_file.local_path.relative_to(self.root).parts
+        return _open_beneath(self.root, parts)
+
+    # -- scanning
+
+    def _repo(self, repo_type: str, repo_id: str) -> _Repo | None:
+        folder = _folder_name(repo_type, repo_id)
+        if folder is None:
+            return None
+        now = time.monotonic()
+        with self._lock:
+            cached = self._repos.get(folder)
+        if cached is not None and cached[0] > now:
+            return cached[1]
+        repo = self._scan(folder, repo_type, repo_id)
+        with self._lock:
+            self._repos[folder] = (now + self.ttl, repo)
+        return repo
+
+    def _scan(self, folder: str, repo_type: str, repo_id: str) -> _Repo | None:
+        path = self.root / folder
+        for sub in ("", "blobs", "snapshots", "refs", ".no_exist", "trees"):
+            try:
+                st = os.lstat(path / sub if sub else path)
+            except FileNotFoundError:
+                if not sub:
+                    return None
+                continue
+            except OSError:
+                return None
+            if not stat.S_ISDIR(st.st_mode):
+                return None  # a symlinked folder could lead anywhere: the repo is not served
+        info = scan_repo(path, repo_id, repo_type)
+        snapshots = {}
+        for revision in info.revisions:
+            if _SHA1_RE.match(revision.commit_hash):
+                snapshot = self._snapshot(info, path, revision)
+                if snapshot.files:
+                    snapshots[revision.commit_hash] = snapshot
+        if not snapshots:
+            return None
+        refs = {name: value for name, value in info.refs.items() if value in snapshots}
+        return _Repo(repo_id=repo_id, repo_type=repo_type, refs=refs, snapshots=snapshots)
+
+    def _snapshot(self, info: RepoInfo, path: Path, revision) -> RepoSnapshot:
+        commit = revision.commit_hash
+        trees = _read_trees(path, commit)
+        files: dict[str, RepoFile] = {}
+        for entry in revision.files:
+            if entry.form == "link" and entry.etag is not None:
+                repo_file = _from_blob_name(entry.path, path / "blobs" / entry.etag, entry.etag, entry.size)
+            elif entry.form == "file":
+                repo_file = self._from_real_file(entry.path, path / "snapshots" / commit / entry.path, trees)
+            else:
+                repo_file = None  # broken, absolute or escaping link: not served
+            if repo_file is not None:
+                files[entry.path] = repo_file
+        return RepoSnapshot(
+            repo_type=info.repo_type,
+            repo_id=info.repo_id,
+            commit=commit,
+            files=dict(sorted(files.items())),
+            absent=_markers(path / ".no_exist" / commit),
+            listing=frozenset(trees) if trees is not None else None,
+        )
+
+    def _from_real_file(self, rel: str, local: Path, trees: dict[str, dict] | None) -> RepoFile | None:
+        """A real file in ``snapshots/`` (no-symlink cache): hashes from the tree listing, else computed once."""
+        try:
+            st = os.lstat(local)
+        except OSError:
+            return None
+        if not stat.S_ISREG(st.st_mode):
+            return None
+        known = (trees or {}).get(rel)
+        if known and known.get("size") == st.st_size and isinstance(known.get("blob_id"), str):
+            sha256 = known.get("lfs_sha256")
+            if isinstance(sha256, str) and _SHA256_RE.match(sha256):
+                return _from_blob_name(rel, local, sha256, st.st_size)
+            if _SHA1_RE.match(known["blob_id"]):
+                return RepoFile(rel, local, st.st_size, known["blob_id"], None, False, 0)
+        try:
+            with _open_beneath(self.root, local.relative_to(self.root).parts):
+                pass  # refuses a path through a symlink before hashing anything
+            return self._memo.describe(rel, local)
+        except OSError:
+            return None
+
+    # -- legacy aliases
+
+    def _alias(self, repo_type: str, repo_id: str) -> str | None:
+        """The canonical id an org-less model folder duplicates, if exactly one ``ORG/<same name>`` holds it."""
+        if repo_type != "model" or "/" in repo_id or _folder_name(repo_type, repo_id) is None:
+            return None
+        legacy = self._repo(repo_type, repo_id)
+        if legacy is None:
+            return None
+        matches = []
+        for name in self._folder_names():
+            parsed = parse_folder_name(name)
+            if parsed is None or parsed[1] != "model" or parsed[0].split("/")[-1] != repo_id or "/" not in parsed[0]:
+                continue
+            canonical = self._repo("model", parsed[0])
+            if canonical is not None and _covers(canonical, legacy):
+                matches.append(parsed[0])
+        return matches[0] if len(matches) == 1 else None
+
+    def _folder_names(self) -> tuple[str, ...]:
+        now = time.monotonic()
+        with self._lock:
+            if self._names is not None and self._names[0] > now:
+                return self._names[1]
+        try:
+            names = tuple(sorted(e.name for e in os.scandir(self.root) if e.is_dir(follow_symlinks=False)))
+        except OSError:
+            names = ()
+        with self._lock:
+            self._names = (now + self.ttl, names)
+        return names
+
+
+def _covers(canonical: _Repo, legacy: _Repo) -> bool:
+    """Whether every ref, commit and file of ``legacy`` is in ``canonical`` (same commit, same blob)."""
+    if any(canonical.refs.get(name) != commit for name, commit in legacy.refs.items()):
+        return False
+    for commit, snapshot in legacy.snapshots.items():
+        other = canonical.snapshots.get(commit)
+        if other is None:
+            return False
+        for path, f in snapshot.files.items():
+            g = other.files.get(path)
+            if g is None or (g.blob_id, g.size) != (f.blob_id, f.size):
+                return False
+    return True
+
+
+def _folder_name(repo_type: str, repo_id: str) -> str | None:
+    """``models--ORG--NAME`` for a valid id, None otherwise (huggingface_hub forbids ``--`` and ``..`` in ids)."""
+    prefix = _FOLDER_PREFIX.get(repo_type)
+    parts = repo_id.split("/")
+    if prefix is None or len(parts) > 2 or not all(_REPO_NAME_RE.match(p) and "--" not in p for p in parts):
+        return None
+    return "--".join([prefix, *parts])
+
+
+def _from_blob_name(rel: str, local: Path, etag: str, size: int) -> RepoFile | None:
+    """A RepoFile from the blob's name: sha256 (LFS) or git blob sha1; None for other names."""
+    if _SHA256_RE.match(etag):
+        pointer = lfs_pointer(etag, size)
+        return RepoFile(rel, local, size, git_blob_sha1(pointer), etag, True, len(pointer))
+    if _SHA1_RE.match(etag):
+        return RepoFile(rel, local, size, etag, None, False, 0)
+    return None
+
+
+def _markers(folder: Path) -> frozenset[str]:
+    """Paths of the ``.no_exist/<commit>/`` markers (names only; links are not followed)."""
+    found = set()
+    for dirpath, dirnames, filenames in os.walk(folder):
+        rel = os.path.relpath(dirpath, folder)
+        prefix = "" if rel == "." else rel.replace(os.sep, "/") + "/"
+        found.update(prefix + name for name in filenames)
+        # Symlinked folders appear in dirnames but are not entered (followlinks=False).
+    return frozenset(found)
+
+
+def _read_trees(path: Path, commit: str) -> dict[str, dict] | None:
+    """``trees/<commit>.json`` (huggingface_hub _tree_cache.py, format_version 1): path -> entry, or None."""
+    try:
+        with _open_beneath(path, ("trees", f"{commit}.json")) as f:
+            data = json.loads(f.read(_TREES_MAX_BYTES + 1)[:_TREES_MAX_BYTES])
+    except (OSError, ValueError):
+        return None
+    files = data.get("files") if isinstance(data, dict) and data.get("format_version") == 1 else None
+    if not isinstance(files, dict) or not all(isinstance(v, dict) for v in files.values()):
+        return None
+    return files
+
+
+def _open_beneath(root: Path, parts: tuple[str, ...]) -> BinaryIO:
+    """Open ``root/parts...`` for reading, refusing a symlink at any component and anything but a regular file.
+
+    Library gap: ``open()`` follows every symlink on the way; ``openat`` with ``O_NOFOLLOW`` per component is the
+    portable way to stay below a directory on Linux (``openat2(RESOLVE_BENEATH)`` is not exposed by Python).
+    """
+    if not parts or any(p in ("", ".", "..") or "/" in p for p in parts):
+        raise FileNotFoundError(os.path.join(root, *parts))
+    if not _OPENAT:  # no openat: check every component with lstat instead (racy, but nothing is followed)
+        current = root
+        for part in parts:
+            current = current / part
+            if os.path.islink(current):
+                raise OSError(f"{current} is a symlink")
+        fd = os.open(current, os.O_RDONLY | _O_NONBLOCK)
+    else:
+        dir_fd = os.open(root, os.O_RDONLY | _O_DIRECTORY)
+        try:
+            for part in parts[:-1]:
+                next_fd = os.open(part, os.O_RDONLY | _O_DIRECTORY | _O_NOFOLLOW, dir_fd=dir_fd)
+                os.close(dir_fd)
+                dir_fd = next_fd
+            fd = os.open(parts[-1], os.O_RDONLY | _O_NOFOLLOW | _O_NONBLOCK, dir_fd=dir_fd)
+        finally:
+            os.close(dir_fd)
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise OSError(f"{os.path.join(root, *parts)} is not a regular file")
+    if _O_NONBLOCK:
+        os.set_blocking(fd, True)
+    return os.fdopen(fd, "rb")

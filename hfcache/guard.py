@@ -1,0 +1,312 @@
+"""The network guard: a PEP 578 audit hook that turns network access to a host that is not allowed into an error.
+
+Used by ``hfcache exec`` (through the ``sitecustomize`` in ``hfcache/_guard_site/``), by
+:func:`hfcache.enforce_offline`, :func:`hfcache.load_tokenizer` and by ``hfcache check``'s child (``probe.py``).
+
+Why an audit hook: ``sys.addaudithook`` sees every Python-level ``socket.connect``/``connect_ex``, ``sendto``,
+``getaddrinfo`` and ``gethostbyname`` before it happens, whatever HTTP client made it (httpx, urllib3, urllib, asyncio),
+so a load that would reach for the network fails at once with a message instead of hanging on an endpoint that
+never answers, waiting on DNS in an air-gapped pod, or retrying (DESIGN §3).
+
+Why :class:`NetworkBlocked` is a ``RuntimeError`` and not an ``OSError``: clients treat an ``OSError`` as a network
+failure and retry it with backoff - huggingface_hub's ``http_backoff`` (``utils/_http.py``) retries
+``httpx.ConnectError`` 5 times over about 23 s - or fall back silently; a ``RuntimeError`` passes through them at once
+and names the host.
+
+Limits: it sees what Python code does. Native code that opens sockets itself (a Rust or C extension) is not seen;
+a proxy (``HTTPS_PROXY``) is the host connected to, so allow the proxy; a child started with ``python -S``/``-I``/``-E``
+skips ``sitecustomize``. It is a fail-fast guard against accidents, not a sandbox.
+
+This module is standard library only and importable on its own (Python >= 3.8): the ``sitecustomize`` loads it by
+file path, so a Python child needs neither hfcache nor its dependencies installed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import ipaddress
+import os
+import socket
+import sys
+import threading
+from typing import Iterable, Iterator
+
+#: Environment variable carrying the allowed hosts to a child: ``HOST[:PORT]`` entries separated by commas.
+ENV_ALLOW_HOSTS = "HFCACHE_ALLOW_HOSTS"
+#: Where the process-wide guard lives (one per process, whichever copy of this file installed it).
+_STATE_ATTR = "_hfcache_network_guard"
+_GUARDED_EVENTS = frozenset({"socket.connect", "socket.sendto", "socket.getaddrinfo", "socket.gethostbyname"})
+_INET_FAMILIES = frozenset({socket.AF_INET, getattr(socket, "AF_INET6", socket.AF_INET)})
+
+
+class NetworkBlocked(RuntimeError):
+    """A connection or DNS lookup the guard refused.
+
+    Attributes:
+        target (str): ``HOST:PORT`` (``[V6]:PORT``) for connections, ``HOST`` for DNS lookups.
+        action (str): ``"connection to"`` or ``"DNS lookup of"``.
+    """
+
+    def __init__(self, action: str, target: str) -> None:
+        self.action = action
+        self.target = target
+        super().__init__(
+            f"hfcache blocked a {action} {target}: this process runs offline under hfcache's network guard. "
+            f"If it must reach this host, allow it: `hfcache exec --allow-host {target} -- ...`, or "
+            f"hfcache.enforce_offline(allow_hosts=[{target!r}])"
+        )
+
+
+class AllowedHost:
+    """One ``HOST[:PORT]`` entry of the allow-list.
+
+    ``HOST`` is a host name (matched by name, and by the addresses it resolves to), an IPv4 or IPv6 address
+    (``[::1]:8080`` with a port), or ``localhost``, which stands for every loopback address. Without a port, every
+    port of the host is allowed.
+    """
+
+    __slots__ = ("host", "port", "ip")
+
+    def __init__(self, host: str, port: int | None = None) -> None:
+        self.host = host
+        self.port = port
+        self.ip = _ip(host)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, AllowedHost) and (self.host, self.port) == (other.host, other.port)
+
+    def __hash__(self) -> int:
+        return hash((self.host, self.port))
+
+    def __repr__(self) -> str:
+        return f"AllowedHost({str(self)!r})"
+
+    def __str__(self) -> str:
+        return _target(self.host, self.port)
+
+
+def parse_allow_host(spec: str) -> AllowedHost:
+    """Parse ``HOST``, ``HOST:PORT``, ``IPV6``, ``[IPV6]`` or ``[IPV6]:PORT``.
+
+    Raises:
+        ValueError: empty host, a port that is not 1-65535, or an unbalanced bracket.
+    """
+    text = spec.strip()
+    port_text = None
+    if text.startswith("["):
+        host, sep, rest = text[1:].partition("]")
+        if not sep or (rest and not rest.startswith(":")):
+            raise ValueError(f"invalid host {spec!r}: use [IPV6]:PORT")
+        port_text = rest[1:] if rest else None
+    elif text.count(":") == 1:
+        host, port_text = text.split(":")
+    else:
+        host = text  # a bare name, IPv4 address, or IPv6 address without a port
+    host = host.strip().lower().rstrip(".")
+    if not host or any(c.isspace() for c in host) or "/" in host:
+        raise ValueError(f"invalid host {spec!r}: use HOST or HOST:PORT")
+    port = None
+    if port_text is not None:
+        if not port_text.isdigit() or not 0 < int(port_text) < 65536:
+            raise ValueError(f"invalid port in {spec!r}: use a number from 1 to 65535")
+        port = int(port_text)
+    ip = _ip(host)
+    return AllowedHost(str(ip) if ip is not None else host, port)
+
+
+def hosts_from_environ(environ: dict[str, str] | None = None) -> tuple[AllowedHost, ...]:
+    """The allow-list a parent passed in ``HFCACHE_ALLOW_HOSTS`` (comma-separated ``HOST[:PORT]``).
+
+    Raises:
+        ValueError: an entry does not parse.
+    """
+    value = (os.environ if environ is None else environ).get(ENV_ALLOW_HOSTS, "")
+    return tuple(parse_allow_host(item) for item in value.split(",") if item.strip())
+
+
+def format_allow_hosts(hosts: Iterable[AllowedHost]) -> str:
+    """The ``HFCACHE_ALLOW_HOSTS`` value for ``hosts`` (inverse of :func:`hosts_from_environ`)."""
+    return ",".join(str(h) for h in hosts)
+
+
+def _ip(host: str):
+    try:
+        ip = ipaddress.ip_address(host.split("%", 1)[0])
+    except ValueError:
+        return None
+    mapped = getattr(ip, "ipv4_mapped", None)
+    return mapped if mapped is not None else ip
+
+
+def _target(host: str, port: int | None) -> str:
+    shown = f"[{host}]" if ":" in host else host
+    return shown if port is None else f"{shown}:{port}"
+
+
+def _port(value) -> int | None:
+    if isinstance(value, int):
+        return value or None
+    if isinstance(value, (str, bytes)) and value.isdigit():
+        return int(value) or None
+    return None
+
+
+class Guard:
+    """The per-process guard state behind the audit hook (create it with :func:`install`).
+
+    Attributes:
+        allowed (list[AllowedHost]): the allow-list (only grows).
+        enforced (bool): blocking is on for the whole process (``exec``, :func:`enforce_offline`); otherwise only
+            inside :meth:`blocking` blocks.
+        attempts (list[str]): every blocked target, in order (libraries may swallow the exception; callers such as
+            ``hfcache check`` look here to notice).
+        error_class (type): the exception raised (:class:`NetworkBlocked` of the copy of this file that installed it).
+    """
+
+    def __init__(self) -> None:
+        self.allowed: list[AllowedHost] = []
+        self.enforced = False
+        self.attempts: list[str] = []
+        self.error_class = NetworkBlocked
+        self._scoped: contextvars.ContextVar[bool] = contextvars.ContextVar("hfcache_guard_scoped", default=False)
+        self._resolved: dict[str, frozenset] = {}
+        self._busy = threading.local()
+        try:
+            self._own_hostname = socket.gethostname().lower()
+        except OSError:  # pragma: no cover - no hostname
+            self._own_hostname = ""
+
+    def allow(self, hosts: Iterable[AllowedHost | str]) -> None:
+        """Add ``hosts`` (parsed with :func:`parse_allow_host` when strings) to the allow-list."""
+        for host in hosts:
+            entry = parse_allow_host(host) if isinstance(host, str) else host
+            if entry not in self.allowed:
+                self.allowed.append(entry)
+
+    @contextlib.contextmanager
+    def blocking(self) -> Iterator[Guard]:
+        """Block network access not allowed, in this thread (context) only, for the duration of the block."""
+        token = self._scoped.set(True)
+        try:
+            yield self
+        finally:
+            self._scoped.reset(token)
+
+    @property
+    def active(self) -> bool:
+        """Whether the calling context is blocked right now."""
+        return self.enforced or self._scoped.get()
+
+    # -------------------------------------------------------------------------------------------- the hook
+
+    def hook(self, event: str, args: tuple) -> None:
+        if event not in _GUARDED_EVENTS or not (self.enforced or self._scoped.get()):
+            return
+        if getattr(self._busy, "on", False):  # our own look-up of an allowed name (see _resolves_to)
+            return
+        if event in ("socket.connect", "socket.sendto"):
+            sock, address = args[0], args[1]
+            if getattr(sock, "family", None) not in _INET_FAMILIES or not isinstance(address, tuple):
+                return  # AF_UNIX and other local families; sendto on a connected socket
+            host, port = str(address[0]), _port(address[1])
+            if not self.allows_connection(host, port):
+                self._block("connection to", _target(host.split("%", 1)[0], port))
+        else:
+            host = args[0]
+            if isinstance(host, bytes):
+                host = host.decode("ascii", "replace")
+            port = _port(args[1]) if event == "socket.getaddrinfo" else None
+            if host and not self.allows_lookup(str(host), port):
+                self._block("DNS lookup of", str(host))
+
+    def _block(self, action: str, target: str) -> None:
+        self.attempts.append(target)
+        raise self.error_class(action, target)
+
+    def allows_lookup(self, host: str, port: int | None) -> bool:
+        """A name may be resolved when it is an address literal (nothing to look up), ``localhost``, this machine's
+        own name, or an allowed host (for that port, when the entry has one)."""
+        name = host.lower().rstrip(".")
+        if _ip(name) is not None or name == "localhost" or name.endswith(".localhost") or name == self._own_hostname:
+            return True
+        return any(a.host == name and (a.port is None or port is None or a.port == port) for a in self.allowed)
+
+    def allows_connection(self, host: str, port: int | None) -> bool:
+        """Whether a connection to ``host``:``port`` is allowed: by address, by name, ``localhost`` for loopback
+        addresses, or an allowed name that resolves to this address."""
+        name = host.lower().rstrip(".")
+        ip = _ip(name)
+        for entry in self.allowed:
+            if entry.port is not None and entry.port != port:
+                continue
+            if entry.host == "localhost":
+                if name == "localhost" or (ip is not None and ip.is_loopback):
+                    return True
+            elif entry.ip is not None:
+                if ip is not None and ip == entry.ip:
+                    return True
+            elif name == entry.host or (ip is not None and ip in self._resolves_to(entry.host)):
+                return True
+        return False
+
+    def _resolves_to(self, name: str) -> frozenset:
+        """The addresses an allowed name resolves to (cached once found; a failed look-up is retried next time)."""
+        if name not in self._resolved:
+            self._busy.on = True
+            try:
+                infos = socket.getaddrinfo(name, None)
+            except OSError:
+                return frozenset()
+            finally:
+                self._busy.on = False
+            found = frozenset(ip for ip in (_ip(str(info[4][0])) for info in infos) if ip is not None)
+            if not found:
+                return found
+            self._resolved[name] = found
+        return self._resolved[name]
+
+
+def current() -> Guard | None:
+    """The guard installed in this process, if any."""
+    return getattr(sys, _STATE_ATTR, None)
+
+
+def install(allow_hosts: Iterable[AllowedHost | str] = (), *, enforce: bool = True) -> Guard:
+    """Install the process's guard (once: audit hooks cannot be removed) and return it.
+
+    A later call reuses the installed guard: it adds ``allow_hosts`` to the allow-list and, with ``enforce``, turns
+    blocking on for the whole process. With ``enforce=False`` the hook only blocks inside :meth:`Guard.blocking`.
+
+    Args:
+        allow_hosts: ``HOST[:PORT]`` strings or :class:`AllowedHost` entries that stay reachable.
+        enforce: block everywhere in this process from now on.
+
+    Raises:
+        ValueError: an allow-list entry does not parse.
+        RuntimeError: this Python has no ``sys.addaudithook`` (before 3.8).
+    """
+    guard = current()
+    if guard is None:
+        if not hasattr(sys, "addaudithook"):  # pragma: no cover - Python < 3.8
+            raise RuntimeError("the network guard needs Python >= 3.8 (sys.addaudithook)")
+        guard = Guard()
+        guard.allow(allow_hosts)
+        sys.addaudithook(guard.hook)
+        setattr(sys, _STATE_ATTR, guard)
+    else:
+        guard.allow(allow_hosts)
+    if enforce:
+        guard.enforced = True
+    return guard
+
+
+def site_dir() -> str:
+    """The folder ``hfcache exec`` puts first on a Python child's ``PYTHONPATH`` (it holds the ``sitecustomize``)."""
+    return os.path.join(os.path.dirname(os.path.abspath(__file__)), "_guard_site")
+
+
+# When the exec sitecustomize installed the guard from its own copy of this file, `hfcache.guard.NetworkBlocked` must
+# be the class that guard raises, so that `except NetworkBlocked` works in the child.
+if current() is not None:
+    NetworkBlocked = current().error_class  # type: ignore[misc]  # noqa: F811

@@ -1,0 +1,190 @@
+"""``hfcache serve``: run the Hub-compatible server as a read-only mirror until SIGTERM or Ctrl-C.
+
+One warmed cache, served inside a cluster, answers every pod's ``hfcache warm --endpoint`` (or any
+huggingface_hub / transformers client with ``HF_ENDPOINT``): see README "Mirror: hfcache serve".
+The protocol and stores are :mod:`hfcache.server` and :mod:`hfcache.cache_store`; this module chooses the
+production settings (uvicorn, one origin, no in-memory request log), owns the signals, and shuts down gracefully.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO
+
+from .cache import resolve_cache_dir
+from .errors import CacheError, UsageError
+
+__all__ = ["GRACE_SECONDS", "MirrorInfo", "MirrorRun", "serve"]
+
+#: Seconds in-flight downloads get to finish after SIGTERM (Kubernetes waits 30 s before SIGKILL by default).
+GRACE_SECONDS = 20.0
+
+
+@dataclass(frozen=True)
+class MirrorInfo:
+    """A mirror that is listening.
+
+    Attributes:
+        endpoint (str): base URL clients use as ``HF_ENDPOINT`` / ``--endpoint`` (wildcard binds shown as loopback).
+        root (str): the directory served (absolute).
+        layout (str): ``"cache"`` (a hub cache) or ``"repos"`` (plain repo folders).
+        host (str): the interface bound.
+        port (int): the port bound.
+        token_required (bool): whether requests need the bearer token.
+        access_log (str | None): the access log's path (``"-"`` for stdout), if any.
+    """
+
+    endpoint: str
+    root: str
+    layout: str
+    host: str
+    port: int
+    token_required: bool
+    access_log: str | None
+
+
+@dataclass(frozen=True)
+class MirrorRun:
+    """A mirror that has stopped.
+
+    Attributes:
+        info (MirrorInfo): what was served.
+        seconds (float): how long it served.
+        signal (str): what stopped it, e.g. ``"SIGTERM"``, ``"SIGINT"`` or ``"stop"`` (the ``stop`` event).
+        cut_short (int): responses still streaming when the grace period ended (0 after a clean shutdown).
+    """
+
+    info: MirrorInfo
+    seconds: float
+    signal: str
+    cut_short: int
+
+
+def serve(
+    *,
+    cache_dir: str | os.PathLike[str] | None = None,
+    repos_dir: str | os.PathLike[str] | None = None,
+    host: str = "127.0.0.1",
+    port: int = 8080,
+    token: str | None = None,
+    access_log: str | None = None,
+    grace: float = GRACE_SECONDS,
+    ready: Callable[[MirrorInfo], None] | None = None,
+    stop: threading.Event | None = None,
+) -> MirrorRun:
+    """Serve a hub cache (default) or a directory of plain repo folders until SIGTERM, SIGINT or ``stop``.
+
+    The server is uvicorn running :class:`hfcache.server.HubServer` with one origin (LFS bytes are answered
+    directly, with ``X-Linked-Etag``/``X-Linked-Size``, so one port is all a Service exposes) and no in-memory
+    request log. On SIGTERM or SIGINT it stops accepting connections at once, lets in-flight responses finish for
+    up to ``grace`` seconds, then returns. A second signal cuts the remaining responses short.
+
+    Args:
+        cache_dir: the hub cache to serve; None (and no ``repos_dir``) means huggingface_hub's default cache
+            (``HF_HUB_CACHE``, ``$HF_HOME/hub``, ``~/.cache/huggingface/hub``).
+        repos_dir: serve this directory of ``<org>/<name>/`` repo folders instead (layout of
+            :class:`hfcache.server.FolderStore`).
+        host: interface to bind; loopback by default (``0.0.0.0`` in a pod).
+        port: TCP port; 0 picks a free one (see ``MirrorInfo.port``).
+        token: if set, every request but ``/healthz`` needs ``Authorization: Bearer <token>`` (401 otherwise).
+            Never logged.
+        access_log: a file to append one line per request to (``TIME METHOD PATH STATUS BYTES SECONDS``;
+            ``"-"``: stdout). Request headers, so tokens, are never written.
+        grace: seconds in-flight responses get after the first signal.
+        ready: called once with the MirrorInfo when the port is bound (the CLI prints the endpoint).
+        stop: an event that stops the mirror like SIGTERM (for embedding and tests); signal handlers are installed
+            only when called from the main thread.
+
+    Returns:
+        MirrorRun.
+
+    Raises:
+        UsageError: both or neither directory valid, the port cannot be bound, the access log cannot be opened.
+        CacheError: the directory to serve does not exist.
+    """
+    from .server import HubServer
+
+    if cache_dir is not None and repos_dir is not None:
+        raise UsageError("--cache-dir and --repos are mutually exclusive", hint="serve one of them")
+    layout = "repos" if repos_dir is not None else "cache"
+    root = Path(repos_dir).expanduser().absolute() if repos_dir is not None else resolve_cache_dir(cache_dir)
+    if not root.is_dir():
+        what = "repo folders" if layout == "repos" else "cache"
+        raise CacheError(f"no {what} directory at {root}",
+                         hint="warm a cache first (hfcache warm ...), or pass --cache-dir/--repos")
+    log_stream = _open_access_log(access_log)
+    stop_event = stop or threading.Event()
+    signals: list[str] = []
+    installed = _install_signals(stop_event, signals)
+    server = HubServer(root, host=host, port=port, token=token, layout=layout, backend="uvicorn",
+                       lfs_redirect=False, record_requests=False, access_log=log_stream)
+    try:
+        try:
+            server.start()
+        except OSError as exc:
+            raise UsageError(f"cannot listen on {host}:{port}: {exc.strerror or exc}",
+                             hint="choose another --port (or stop the process using it)") from None
+        started = time.monotonic()
+        info = MirrorInfo(endpoint=server.endpoint, root=str(root), layout=layout, host=host,
+                          port=int(server.endpoint.rsplit(":", 1)[1]), token_required=token is not None,
+                          access_log=access_log)
+        if ready is not None:
+            ready(info)
+        stop_event.wait()
+        # A second signal during the grace period ends it: the handler sets server.stopping.
+        signal_stop = _second_signal(server.stopping)
+        try:
+            cut = server.stop(grace=grace)
+        finally:
+            signal_stop()
+        return MirrorRun(info=info, seconds=time.monotonic() - started, signal=signals[0] if signals else "stop",
+                         cut_short=cut)
+    finally:
+        _restore_signals(installed)
+        server.stop()
+        if log_stream is not None and log_stream is not sys.stdout:
+            log_stream.close()
+
+
+def _open_access_log(path: str | None) -> IO[str] | None:
+    if path is None:
+        return None
+    if path == "-":
+        return sys.stdout
+    try:
+        return open(path, "a", encoding="utf-8", buffering=1)
+    except OSError as exc:
+        raise UsageError(f"cannot open --access-log {path}: {exc.strerror}",
+                         hint="choose a writable file (or '-' for stdout)") from None
+
+
+def _install_signals(stop: threading.Event, names: list[str]) -> dict[int, object]:
+    """SIGTERM/SIGINT set ``stop`` (main thread only; elsewhere the caller's ``stop`` event is the only way)."""
+    if threading.current_thread() is not threading.main_thread():
+        return {}
+
+    def handler(signum: int, _frame: object) -> None:
+        names.append(signal.Signals(signum).name)
+        stop.set()
+
+    return {sig: signal.signal(sig, handler) for sig in (signal.SIGTERM, signal.SIGINT)}
+
+
+def _second_signal(stopping: threading.Event) -> Callable[[], None]:
+    """During the grace period, another SIGTERM/SIGINT cuts remaining responses short; returns an undo function."""
+    if threading.current_thread() is not threading.main_thread():
+        return lambda: None
+    previous = {sig: signal.signal(sig, lambda *_: stopping.set()) for sig in (signal.SIGTERM, signal.SIGINT)}
+    return lambda: _restore_signals(previous)
+
+
+def _restore_signals(previous: dict[int, object]) -> None:
+    for sig, handler in previous.items():
+        signal.signal(sig, handler)  # type: ignore[arg-type]

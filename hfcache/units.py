@@ -1,0 +1,70 @@
+"""Durations and sizes as people write them on a command line (``30d``, ``12h``, ``50GB``, ``500MiB``); pure.
+
+Sizes follow the SI/IEC convention that Kubernetes also uses for volumes: ``K``/``KB``, ``M``/``MB``, ``G``/``GB``,
+``T``/``TB`` are powers of 1000; ``Ki``/``KiB``, ``Mi``/``MiB``, ``Gi``/``GiB``, ``Ti``/``TiB`` are powers of 1024. A bare
+number is bytes. Letters are case-insensitive (``50gb`` is ``50GB``).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+
+from .errors import UsageError
+
+_DURATION_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
+_DURATION_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhdw])\s*$", re.IGNORECASE)
+
+_SIZE_UNITS = {
+    "": 1, "b": 1,
+    "k": 10**3, "kb": 10**3, "m": 10**6, "mb": 10**6, "g": 10**9, "gb": 10**9, "t": 10**12, "tb": 10**12,
+    "ki": 2**10, "kib": 2**10, "mi": 2**20, "mib": 2**20, "gi": 2**30, "gib": 2**30, "ti": 2**40, "tib": 2**40,
+}
+_SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([a-z]*)\s*$", re.IGNORECASE)
+
+
+def parse_duration(text: str) -> float:
+    """``"30d"`` -> 2592000.0: a non-negative number and one unit, ``s``, ``m``, ``h``, ``d`` or ``w``.
+
+    Args:
+        text: e.g. ``30d``, ``12h``, ``90m``, ``45s``, ``1.5h``, ``2w``.
+
+    Returns:
+        The duration in seconds.
+
+    Raises:
+        UsageError: no unit (``30`` is ambiguous), an unknown unit, a negative or malformed number.
+    """
+    match = _DURATION_RE.fullmatch(text or "")
+    if not match:
+        raise UsageError(f"invalid duration {text!r}",
+                         hint="use a number and a unit: 45s, 90m, 12h, 30d or 2w")
+    return float(match.group(1)) * _DURATION_UNITS[match.group(2).lower()]
+
+
+def parse_size(text: str) -> int:
+    """``"50GB"`` -> 50000000000: a non-negative number and an optional unit (see the module docstring).
+
+    Args:
+        text: e.g. ``50GB``, ``500MiB``, ``1.5G``, ``20Gi``, ``1048576``.
+
+    Returns:
+        The size in bytes (fractions of a byte are rounded down).
+
+    Raises:
+        UsageError: an unknown unit, a negative or malformed number.
+    """
+    match = _SIZE_RE.fullmatch(text or "")
+    if not match or match.group(2).lower() not in _SIZE_UNITS:
+        raise UsageError(f"invalid size {text!r}",
+                         hint="use a number and a unit: 500MB, 50GB, 1.5G (powers of 1000) or 500MiB, 20GiB "
+                              "(powers of 1024); a bare number is bytes")
+    return math.floor(float(match.group(1)) * _SIZE_UNITS[match.group(2).lower()])
+
+
+def format_duration(seconds: float) -> str:
+    """2592000 -> ``30d``; the largest unit that divides the value exactly, else seconds (``90m``, ``45s``)."""
+    for unit, size in (("w", 7 * 86400), ("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= size and seconds % size == 0:
+            return f"{int(seconds // size)}{unit}"
+    return f"{seconds:g}s"

@@ -1,0 +1,490 @@
+"""Real container builds: examples/Dockerfile and docker/Dockerfile, built and run with podman, loads offline.
+
+There is no Docker engine and no registry here, so Debian's podman/buildah/runc build the images from a base
+image bootstrapped locally: ``debootstrap`` bookworm (python3, python3-venv, python3-pip, ca-certificates), the
+host's CA bundle copied in, ``podman import``. What this needs from the machine (found by trying):
+
+- runc as the runtime with explicit ``default_ulimits`` (nofile, nproc) in a ``containers.conf``: podman's own
+  defaults exceed this sandbox's hard limits and, without CAP_SYS_RESOURCE, runc's setrlimit fails (EPERM);
+- the host's CA certificates in the base rootfs (egress goes through a TLS proxy whose CA only the host trusts);
+- ``--network host`` for the builds (pip reaches the package index; the builder stage reaches the local Hub
+  server on 127.0.0.1), ``--network none`` for the runs;
+- everything else stays inside a private podman home (storage, runroot, containers.conf, registries.conf with no
+  registry), removed afterwards: the host's podman configuration and images are neither read nor changed.
+
+The debootstrapped base is cached as a tarball under ``$HFCACHE_TEST_CACHE`` (default ``/var/cache/hfcache-test``),
+keyed by a hash of the recipe (suite, variant, mirror, packages, host CA bundle): repeated runs skip debootstrap.
+``rm -rf /var/cache/hfcache-test`` forces a rebuild. CI (``.ci/run``) installs podman, buildah, runc and
+debootstrap first; the test skips only where podman cannot run at all (not root and no user namespaces), and under
+``CI`` a missing tool is a failure, not a skip.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import resource
+import secrets
+import select
+import shlex
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import tomllib
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+from hfcache import __version__
+from tests.helpers import GOLDEN, clean_env
+
+pytestmark = pytest.mark.container
+
+REPO = Path(__file__).resolve().parents[2]
+EXAMPLES = REPO / "examples"
+
+BASE_SUITE = "bookworm"
+BASE_VARIANT = "minbase"
+BASE_PACKAGES = ("python3", "python3-venv", "python3-pip", "ca-certificates")
+#: Bump when the bootstrap recipe below changes, so cached tarballs are rebuilt.
+BASE_RECIPE = 1
+DEBIAN_MIRROR = os.environ.get("HFCACHE_TEST_DEBIAN_MIRROR", "http://deb.debian.org/debian")
+HOST_CA_BUNDLE = Path("/etc/ssl/certs/ca-certificates.crt")
+#: What the base rootfs does not need (debootstrap leaves the .debs and apt lists behind).
+BASE_TRIM = ("var/cache/apt/archives/*.deb", "var/lib/apt/lists/*", "usr/share/doc/*", "usr/share/man/*",
+             "usr/share/locale/*")
+
+APT_HINT = "apt-get update && apt-get install -y podman buildah runc debootstrap"
+EXAMPLE_IMAGE = "localhost/hfcache-example:test"
+HFCACHE_IMAGE = "localhost/hfcache:test"
+PODMAN_HOME_PREFIX = "hfcache-podman-"
+CACHE_DIR_IN_IMAGE = "/opt/hf-cache"
+
+
+# --- what the machine offers ---------------------------------------------------------------------------------------
+
+
+def _unavailable() -> str | None:
+    """Why podman cannot build here at all, or None. Only this is ever a skip."""
+    if os.geteuid() != 0:
+        userns = Path("/proc/sys/user/max_user_namespaces")
+        if not userns.exists() or userns.read_text().strip() == "0":
+            return "podman cannot run: not root and no user namespaces (/proc/sys/user/max_user_namespaces is 0)"
+        return ("podman cannot build here: not root; this test builds rootful (debootstrap makes device nodes and "
+                "runc needs explicit rlimits); run it as root, as CI does")
+    return None
+
+
+def _missing_tools() -> list[str]:
+    return [tool for tool in ("podman", "buildah", "runc", "debootstrap", "tar") if shutil.which(tool) is None]
+
+
+# --- the base image ------------------------------------------------------------------------------------------------
+
+
+def _cache_root() -> Path:
+    return Path(os.environ.get("HFCACHE_TEST_CACHE", "/var/cache/hfcache-test"))
+
+
+def _base_key() -> str:
+    """A hash of everything that goes into the base tarball."""
+    recipe = {
+        "recipe": BASE_RECIPE,
+        "suite": BASE_SUITE,
+        "variant": BASE_VARIANT,
+        "mirror": DEBIAN_MIRROR,
+        "packages": sorted(BASE_PACKAGES),
+        "trim": BASE_TRIM,
+        "ca": hashlib.sha256(HOST_CA_BUNDLE.read_bytes()).hexdigest() if HOST_CA_BUNDLE.is_file() else None,
+    }
+    return hashlib.sha256(json.dumps(recipe, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def _base_tarball(log: RunLog) -> Path:
+    """The bootstrapped base rootfs as a tar: from the cache, or debootstrapped now (~1 minute) and cached."""
+    from filelock import FileLock
+
+    root = _cache_root()
+    root.mkdir(parents=True, exist_ok=True)
+    key = _base_key()
+    tarball = root / f"base-{BASE_SUITE}-{key}.tar"
+    with FileLock(str(root / f"base-{key}.lock"), timeout=1800):
+        if tarball.is_file():
+            log.note(f"base rootfs: cached {tarball}")
+            return tarball
+        work = Path(tempfile.mkdtemp(prefix=f"base-{key}.", dir=root))
+        try:
+            rootfs = work / "rootfs"
+            started = time.monotonic()
+            log.run(["debootstrap", f"--variant={BASE_VARIANT}", f"--include={','.join(BASE_PACKAGES)}",
+                     BASE_SUITE, str(rootfs), DEBIAN_MIRROR], timeout=1200, quiet=True)
+            for pattern in BASE_TRIM:
+                for path in rootfs.glob(pattern):
+                    shutil.rmtree(path) if path.is_dir() and not path.is_symlink() else path.unlink()
+            if HOST_CA_BUNDLE.is_file():
+                shutil.copyfile(HOST_CA_BUNDLE, rootfs / "etc/ssl/certs/ca-certificates.crt")
+            partial = work / "base.tar"
+            log.run(["tar", "--numeric-owner", "--sort=name", "-C", str(rootfs), "-cf", str(partial), "."],
+                    timeout=600)
+            os.replace(partial, tarball)
+            log.phase("debootstrap + tar of the base rootfs", time.monotonic() - started)
+        finally:
+            shutil.rmtree(work, ignore_errors=True)
+    return tarball
+
+
+# --- podman in a private home ------------------------------------------------------------------------------------
+
+
+@dataclass
+class RunLog:
+    """Commands run, their output (in a log file kept with the test's tmp dir) and the duration of each phase."""
+
+    path: Path
+    phases: list[tuple[str, float]] = field(default_factory=list)
+
+    def note(self, text: str) -> None:
+        with self.path.open("a", encoding="utf-8") as f:
+            f.write(text + "\n")
+
+    def phase(self, name: str, seconds: float) -> None:
+        self.phases.append((name, seconds))
+        self.note(f"== {name}: {seconds:.1f}s")
+
+    def run(self, cmd: Sequence[str], *, env: dict[str, str] | None = None, timeout: float = 600,
+            check: bool = True, quiet: bool = False) -> subprocess.CompletedProcess[str]:
+        """Run ``cmd``; on failure (with ``check``), fail the test with the command and its last output lines."""
+        self.note(f"$ {shlex.join(cmd)}")
+        started = time.monotonic()
+        proc = subprocess.run(list(cmd), env=env, capture_output=True, text=True, timeout=timeout,
+                              stdin=subprocess.DEVNULL)
+        if not quiet or proc.returncode:
+            self.note(proc.stdout + proc.stderr)
+        self.note(f"-> exit {proc.returncode} after {time.monotonic() - started:.1f}s")
+        if check and proc.returncode != 0:
+            tail = "\n".join((proc.stdout + proc.stderr).splitlines()[-60:])
+            pytest.fail(f"{shlex.join(cmd)} exited {proc.returncode} (full log: {self.path}):\n{tail}", pytrace=False)
+        return proc
+
+
+@dataclass
+class Podman:
+    """``podman`` with its own containers.conf, storage and registries.conf: nothing of the host's is used."""
+
+    home: Path
+    log: RunLog
+    env: dict[str, str]
+    base_image: str = ""
+
+    def __call__(self, *args: str, timeout: float = 900, check: bool = True) -> subprocess.CompletedProcess[str]:
+        return self.log.run(["podman", *args], env=self.env, timeout=timeout, check=check)
+
+    def build(self, name: str, context: Path, *args: str) -> None:
+        started = time.monotonic()
+        self("build", "--pull=never", "--network", "host", "--tag", name, *args, str(context), timeout=1200)
+        self.log.phase(f"podman build {name}", time.monotonic() - started)
+
+
+def _ulimits() -> list[str]:
+    """Limits runc can set without CAP_SYS_RESOURCE: never above this process's hard limits.
+
+    podman's defaults (nofile 1048576, nproc from podman's own limit) are refused here; podman itself also caps its
+    nproc at 32768, so nproc stays below that.
+    """
+    def cap(kind: int, ceiling: int) -> int:
+        hard = resource.getrlimit(kind)[1]
+        return ceiling if hard == resource.RLIM_INFINITY else min(hard, ceiling)
+
+    nofile, nproc = cap(resource.RLIMIT_NOFILE, 65536), cap(resource.RLIMIT_NPROC, 16384)
+    return [f"nofile={nofile}:{nofile}", f"nproc={nproc}:{nproc}"]
+
+
+def _make_podman(home: Path, log: RunLog) -> Podman:
+    (home / "storage").mkdir(parents=True)
+    (home / "run").mkdir()
+    conf = home / "containers.conf"
+    conf.write_text(
+        "[containers]\n"
+        f"default_ulimits = {json.dumps(_ulimits())}\n"
+        "[engine]\n"
+        'runtime = "runc"\n'
+        'cgroup_manager = "cgroupfs"\n'
+        'events_logger = "file"\n',
+        encoding="utf-8",
+    )
+    storage = home / "storage.conf"
+    storage.write_text(f'[storage]\ndriver = "overlay"\ngraphroot = "{home / "storage"}"\nrunroot = "{home / "run"}"\n',
+                       encoding="utf-8")
+    registries = home / "registries.conf"
+    registries.write_text("unqualified-search-registries = []\n", encoding="utf-8")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("CONTAINERS_", "BUILDAH_", "HF_", "HFCACHE_"))}
+    env.update(CONTAINERS_CONF=str(conf), CONTAINERS_STORAGE_CONF=str(storage),
+               CONTAINERS_REGISTRIES_CONF=str(registries), TMPDIR=str(home))
+    return Podman(home=home, log=log, env=env)
+
+
+@pytest.fixture(scope="module")
+def run_log(tmp_path_factory: pytest.TempPathFactory) -> RunLog:
+    return RunLog(tmp_path_factory.mktemp("container-log") / "container.log")
+
+
+@pytest.fixture(scope="module")
+def podman(run_log: RunLog, pytestconfig: pytest.Config) -> Iterator[Podman]:
+    """A private podman with the base image imported as ``base_image``; its storage is deleted afterwards."""
+    reason = _unavailable()
+    if reason:
+        pytest.skip(reason)
+    missing = _missing_tools()
+    if missing:
+        message = f"{', '.join(missing)} not installed ({APT_HINT})"
+        if os.environ.get("CI"):
+            pytest.fail(f"CI must run the container test: {message}", pytrace=False)
+        pytest.skip(message)
+    started = time.monotonic()
+    tarball = _base_tarball(run_log)
+    _remove_stale_homes(run_log)
+    # Not under pytest's basetemp: it keeps the last runs, and this storage is about 1.5 GB.
+    home = Path(tempfile.mkdtemp(prefix=PODMAN_HOME_PREFIX, dir=_cache_root()))
+    engine = _make_podman(home, run_log)
+    try:
+        engine.base_image = f"localhost/hfcache-test-base:{_base_key()}"
+        engine("import", "--change", 'CMD ["/bin/bash"]', str(tarball), engine.base_image)
+        run_log.phase("base image ready (bootstrap or cache, then podman import)", time.monotonic() - started)
+        yield engine
+    finally:
+        _remove_home(engine)
+        lines = [f"  {seconds:6.1f}s  {name}" for name, seconds in run_log.phases]
+        _to_terminal(pytestconfig, f"container test phases (log: {run_log.path}):\n" + "\n".join(lines))
+
+
+def _remove_home(engine: Podman) -> None:
+    """Stop and remove what the private podman holds (no mount left behind), then its folder."""
+    engine("rm", "--all", "--force", "--time", "0", timeout=120, check=False)
+    engine("rmi", "--all", "--force", timeout=300, check=False)
+    # The overlay driver bind-mounts its own folder (and a container's shm may linger): unmount what is ours only.
+    prefix = f"{engine.home}/"
+    mounts = [line.split()[1] for line in Path("/proc/self/mounts").read_text().splitlines()]
+    for mount in sorted((m for m in mounts if m.startswith(prefix)), key=len, reverse=True):
+        engine.log.run(["umount", mount], check=False)
+    shutil.rmtree(engine.home, ignore_errors=True)
+
+
+def _remove_stale_homes(log: RunLog) -> None:
+    """Private podman homes left by runs that were killed (hours old: no live run is that old)."""
+    for home in _cache_root().glob(f"{PODMAN_HOME_PREFIX}*"):
+        try:
+            stale = time.time() - home.stat().st_mtime > 6 * 3600
+        except FileNotFoundError:
+            continue
+        if stale and (home / "containers.conf").is_file():
+            log.note(f"removing stale podman home {home}")
+            env = {**os.environ, "CONTAINERS_CONF": str(home / "containers.conf"),
+                   "CONTAINERS_STORAGE_CONF": str(home / "storage.conf")}
+            _remove_home(Podman(home=home, log=log, env=env))
+
+
+def _to_terminal(config: pytest.Config, text: str) -> None:
+    """Print past pytest's output capture, so that CI's log shows it for a passing test too."""
+    capture = config.pluginmanager.getplugin("capturemanager")
+    with capture.global_and_fixture_disabled():
+        print(f"\n{text}", flush=True)
+
+
+# --- the local Hub ------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Hub:
+    endpoint: str
+    token: str
+    token_file: Path
+
+
+@pytest.fixture
+def hub(tmp_path: Path) -> Iterator[Hub]:
+    """``python -m hfcache.server tests/data/hub`` on 127.0.0.1, requiring a Bearer token (a private Hub)."""
+    token = f"hf_containertest{secrets.token_hex(16)}"
+    token_file = tmp_path / "hf_token"
+    token_file.write_text(token, encoding="utf-8")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "hfcache.server", str(REPO / "tests/data/hub"), "--host", "127.0.0.1", "--port", "0",
+         "--token", token],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=clean_env(), cwd=REPO,
+    )
+    try:
+        ready, _, _ = select.select([proc.stdout], [], [], 30)
+        line = proc.stdout.readline() if ready else ""
+        if " at http://" not in line:
+            pytest.fail(f"the Hub server did not start: {line!r}", pytrace=False)
+        yield Hub(endpoint=line.rsplit(" at ", 1)[1].strip(), token=token, token_file=token_file)
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+# --- helpers -------------------------------------------------------------------------------------------------------
+
+
+def _source_copy(dest: Path) -> Path:
+    """The files pip needs to install hfcache (``pyproject.toml``, ``README.md``, ``hfcache/``), no caches."""
+    dest.mkdir()
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy2(REPO / name, dest / name)
+    shutil.copytree(REPO / "hfcache", dest / "hfcache", ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+    return dest
+
+
+def _lock() -> dict:
+    return tomllib.loads((EXAMPLES / "hfcache.lock").read_text(encoding="utf-8"))
+
+
+def _installed_version(dist: str) -> str:
+    from importlib.metadata import version
+
+    return version(dist)
+
+
+def _grep_storage(podman: Podman, needle: str) -> list[str]:
+    """Files of the podman storage (every layer of every image and stage, image configs and histories) holding
+    ``needle``."""
+    proc = podman.log.run(["grep", "-r", "-l", "-a", "-F", "-D", "skip", needle, str(podman.home / "storage")],
+                          check=False, quiet=True)
+    assert proc.returncode in (0, 1), proc.stderr
+    return proc.stdout.split()
+
+
+def _dockerfile_env_block(dockerfile: str) -> str | None:
+    """The ``hfcache env --format dockerfile`` block pasted in a Dockerfile (its two comment lines and ENV), if any."""
+    lines = dockerfile.splitlines(keepends=True)
+    for i, line in enumerate(lines):
+        if line.startswith("# Offline settings for the Hugging Face cache at "):
+            block = lines[i:i + 3]
+            j = i + 3
+            while block[-1].rstrip("\n").endswith("\\") and j < len(lines):
+                block.append(lines[j])
+                j += 1
+            return "".join(block)
+    return None
+
+
+#: Run in the application container: its uid, entries of the cache not owned by 1000:1000, distinct file bytes.
+_INSPECT_CACHE = f"""
+import json, os
+root = {CACHE_DIR_IN_IMAGE!r}
+sizes, foreign = {{}}, []
+for folder, dirs, files in os.walk(root):
+    for name in dirs + files:
+        st = os.lstat(os.path.join(folder, name))
+        if (st.st_uid, st.st_gid) != (1000, 1000):
+            foreign.append(os.path.join(folder, name))
+        if name in files and os.path.isfile(os.path.join(folder, name)) and not os.path.islink(os.path.join(folder, name)):
+            sizes[st.st_ino] = st.st_size
+print(json.dumps({{"uid": os.getuid(), "foreign_owners": foreign, "distinct_bytes": sum(sizes.values())}}))
+"""
+
+
+# --- the tests -----------------------------------------------------------------------------------------------------
+
+
+def test_example_image_builds_with_a_secret_token_and_loads_offline(podman: Podman, hub: Hub, tmp_path: Path,
+                                                                    pytestconfig: pytest.Config) -> None:
+    """examples/Dockerfile: the builder warms the lock from the local (token-protected) Hub with the token as a build
+    secret; the runtime image, run with no network at all, loads every tokenizer and gets the golden ids."""
+    dockerfile = (EXAMPLES / "Dockerfile").read_text(encoding="utf-8")
+    # The ENV block is what `hfcache env --format dockerfile` prints today, verbatim.
+    env_cmd = [sys.executable, "-m", "hfcache", "env", "--cache-dir", CACHE_DIR_IN_IMAGE, "--format", "dockerfile"]
+    generated = podman.log.run(env_cmd, env=clean_env()).stdout
+    assert _dockerfile_env_block(dockerfile) == generated, (
+        f"examples/Dockerfile's ENV block differs from `{shlex.join(env_cmd[2:])}`; paste this in:\n{generated}")
+    # The lock is current with the manifest (the build runs warm --locked, which would fail later and slower).
+    podman.log.run([sys.executable, "-m", "hfcache", "lock", "--check", "--manifest", str(EXAMPLES / "hfcache.toml")],
+                   env=clean_env())
+
+    source = _source_copy(tmp_path / "hfcache-src")
+    podman.build(
+        EXAMPLE_IMAGE, EXAMPLES,
+        "--build-arg", f"PYTHON_IMAGE={podman.base_image}",
+        "--build-arg", "HFCACHE_SPEC=/hfcache-src",
+        "--volume", f"{source}:/hfcache-src",
+        "--build-arg", f"HF_ENDPOINT={hub.endpoint}",
+        "--build-arg", "APP_REQUIREMENTS=" + " ".join(
+            f"{dist}=={_installed_version(dist)}" for dist in ("transformers", "tokenizers")),
+        "--secret", f"id=hf_token,src={hub.token_file}",
+    )
+
+    # The token reached the builder (the server refuses requests without it) but no layer, config or history of any
+    # image or intermediate stage; the endpoint, a plain build argument, is found the same way (the search works).
+    assert _grep_storage(podman, hub.endpoint), "control: the HF_ENDPOINT build argument should be in the history"
+    assert _grep_storage(podman, hub.token) == [], "the Hub token leaked into the image storage"
+
+    # The offline load, in a container without any network, by the image's own CMD.
+    started = time.monotonic()
+    proc = podman("run", "--rm", "--network", "none", EXAMPLE_IMAGE, timeout=300)
+    podman.log.phase("podman run --network none (offline load)", time.monotonic() - started)
+    _to_terminal(pytestconfig, f"$ podman run --rm --network none {EXAMPLE_IMAGE}\n{proc.stdout.rstrip()}")
+    lines = proc.stdout.strip().splitlines()
+    assert lines[0] == f"HF_HUB_OFFLINE=1 HF_HUB_CACHE={CACHE_DIR_IN_IMAGE}"
+    loaded = {doc["repo_id"]: doc for doc in map(json.loads, lines[1:])}
+    lock = _lock()
+    assert sorted(loaded) == sorted(repo["repo_id"] for repo in lock["repos"])
+    for repo in lock["repos"]:
+        got = loaded[repo["repo_id"]]
+        assert "error" not in got, got
+        assert got["input_ids"] == GOLDEN["repos"][repo["canonical_id"]]["input_ids"], repo["repo_id"]
+
+    # The cache is ONE layer, owned by the runtime user, holding each stored file once (COPY kept the hardlinks of the
+    # legacy id's blobs): its size is the cache's distinct file bytes plus tar headers, not a second copy of anything.
+    history = json.loads(podman("history", "--no-trunc", "--format", "json", EXAMPLE_IMAGE).stdout)
+    cache_layers = [h for h in history if f"in {CACHE_DIR_IN_IMAGE}" in h.get("createdBy", h.get("CreatedBy", ""))]
+    assert len(cache_layers) == 1, history
+    layer_size = cache_layers[0].get("size", cache_layers[0].get("Size"))
+    inspect = podman("run", "--rm", "--network", "none", EXAMPLE_IMAGE, "python", "-c", _INSPECT_CACHE).stdout
+    found = json.loads(inspect)
+    assert found["uid"] == 1000 and found["foreign_owners"] == [], found
+    unique_content = sum({f["hash"]: f["size"] for repo in lock["repos"] for f in repo["files"]}.values())
+    assert unique_content <= found["distinct_bytes"] <= layer_size <= found["distinct_bytes"] + 256 * 1024, \
+        (layer_size, found["distinct_bytes"], unique_content)
+    config = json.loads(podman("image", "inspect", "--format", "{{json .Config}}", EXAMPLE_IMAGE).stdout)
+    assert config["User"] == "1000:1000"
+    assert f"HF_HUB_CACHE={CACHE_DIR_IN_IMAGE}" in config["Env"] and "HF_HUB_OFFLINE=1" in config["Env"]
+
+
+def test_hfcache_image_is_an_init_container(podman: Podman, hub: Hub, tmp_path: Path) -> None:
+    """docker/Dockerfile: `hfcache --version`, non-root; as an init container it fills a mounted volume from the Hub
+    (token from a mounted secret file), and a restart with no network finds the lock satisfied and loads offline."""
+    podman.build(HFCACHE_IMAGE, REPO, "--file", str(REPO / "docker/Dockerfile"),
+                 "--build-arg", f"BASE_IMAGE={podman.base_image}")
+    assert podman("run", "--rm", "--network", "none", HFCACHE_IMAGE, "--version").stdout.strip() \
+        == f"hfcache, version {__version__}"
+    config = json.loads(podman("image", "inspect", "--format", "{{json .Config}}", HFCACHE_IMAGE).stdout)
+    assert config["User"] == "1000:1000" and config["Entrypoint"] == ["hfcache"], config
+
+    volume = tmp_path / "volume"
+    volume.mkdir()
+    os.chown(volume, 1000, 1000)  # what fsGroup/an emptyDir gives the pod
+    mounts = ["--volume", f"{volume}:/cache", "--volume", f"{EXAMPLES}:/config:ro",
+              "--volume", f"{hub.token_file}:/run/secrets/hf_token:ro"]
+    podman("run", "--rm", "--network", "host", *mounts, HFCACHE_IMAGE, "warm", "--lock", "/config/hfcache.lock",
+           "--cache-dir", "/cache", "--endpoint", hub.endpoint, "--token-file", "/run/secrets/hf_token", "-q")
+    # The pod restarts: no network, the lock is already satisfied (zero requests), and the tokenizers load offline.
+    podman("run", "--rm", "--network", "none", *mounts, HFCACHE_IMAGE, "warm", "--lock", "/config/hfcache.lock",
+           "--cache-dir", "/cache", "-q")
+    report = json.loads(podman("run", "--rm", "--network", "none", *mounts, HFCACHE_IMAGE, "check", "--lock",
+                               "/config/hfcache.lock", "--cache-dir", "/cache", "--text", GOLDEN["text"],
+                               "--json").stdout)
+    assert report["ok"] is True, report
+    canonical = {repo["repo_id"]: repo["canonical_id"] for repo in _lock()["repos"]}
+    assert sorted(t["repo_id"] for t in report["tokenizers"]) == sorted(canonical)
+    for t in report["tokenizers"]:
+        assert t["input_ids"] == GOLDEN["repos"][canonical[t["repo_id"]]]["input_ids"], t["repo_id"]
+    assert {p.stat().st_uid for p in volume.rglob("*")} == {1000}
