@@ -65,6 +65,18 @@ def resolve_cache_dir(cache_dir: str | os.PathLike[str] | None) -> Path:
     return Path(cache_dir).expanduser().absolute()
 
 
+def existing_cache_dir(cache_dir: str | os.PathLike[str] | None) -> Path:
+    """:func:`resolve_cache_dir` for commands that only read a cache.
+
+    Raises:
+        CacheError: there is no directory there.
+    """
+    root = resolve_cache_dir(cache_dir)
+    if not root.is_dir():
+        raise CacheError(f"no cache at {root}", hint="pass --cache-dir, or warm something first")
+    return root
+
+
 def cache_error(exc: OSError, what: str) -> CacheError:
     """Translate an OSError raised while writing the cache into a one-line CacheError."""
     if exc.errno == errno.ENOSPC or exc.errno == errno.EDQUOT:
@@ -101,16 +113,8 @@ def _tmp_name(path: Path, suffix: str = ".tmp") -> Path:
 
 def atomic_write(path: Path, data: bytes) -> None:
     """Write ``data`` to ``path`` atomically (temp file in the same folder, fsync, ``os.replace``)."""
-    tmp = _tmp_name(path)
-    try:
-        with open(tmp, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    finally:
-        if tmp.exists():
-            tmp.unlink()
+    with atomic_output(path) as f:
+        f.write(data)
 
 
 @contextmanager

@@ -231,16 +231,12 @@ def ls_command(repo_ids, cache_dir, revisions, lock_file, sort, as_json) -> None
     import time
 
     from . import output
-    from .cache import resolve_cache_dir
+    from .cache import existing_cache_dir
     from .lockfile import pinned_revisions, read_lock
     from .scan import scan_cache
 
     pinned = pinned_revisions(read_lock(lock_file)) if lock_file else None
-    root = resolve_cache_dir(cache_dir)
-    if not root.is_dir():
-        from .errors import CacheError
-
-        raise CacheError(f"no cache at {root}", hint="pass --cache-dir, or warm something first")
+    root = existing_cache_dir(cache_dir)
     info = scan_cache(root, set(repo_ids) if repo_ids else None)
     document = output.ls_dict(info, pinned)
     keys = {
@@ -271,16 +267,12 @@ def verify(repo_ids, cache_dir, lock_file, do_repair, endpoints, token, token_fi
     Without --repair it makes no network request. Exit 1 when any integrity problem remains.
     """
     from . import output
-    from .cache import resolve_cache_dir
+    from .cache import existing_cache_dir
     from .lockfile import read_lock
     from .verify import verify_cache
 
     lock = read_lock(lock_file) if lock_file else None
-    root = resolve_cache_dir(cache_dir)
-    if not root.is_dir():
-        from .errors import CacheError
-
-        raise CacheError(f"no cache at {root}", hint="pass --cache-dir")
+    root = existing_cache_dir(cache_dir)
     with output.HashProgress(enabled=not as_json) as progress:
         report = verify_cache(root, repo_ids or None, lock=lock, max_workers=max_workers, progress=progress)
     actions = ()
@@ -316,14 +308,11 @@ def check(repo_ids, cache_dir, lock_file, text, as_json) -> None:
     template, a ref). Exit 1 if any tokenizer fails.
     """
     from . import output
-    from .cache import resolve_cache_dir
+    from .cache import existing_cache_dir
     from .check import DEFAULT_TEXT, check_tokenizers, targets_from_cache, targets_from_lock
-    from .errors import CacheError
     from .lockfile import read_lock
 
-    root = resolve_cache_dir(cache_dir)
-    if not root.is_dir():
-        raise CacheError(f"no cache at {root}", hint="pass --cache-dir")
+    root = existing_cache_dir(cache_dir)
     if lock_file:
         targets = targets_from_lock(read_lock(lock_file))
         if repo_ids:
@@ -367,7 +356,7 @@ def export_command(dest, specs, lock_file, cache_dir, materialize, fmt, chown, g
     way; the same content always gives a byte-identical tar (a stable Docker layer digest).
     """
     from . import output
-    from .cache import resolve_cache_dir
+    from .cache import existing_cache_dir
     from .export import plan_export, write_dir, write_tar
     from .lockfile import read_lock
 
@@ -377,11 +366,7 @@ def export_command(dest, specs, lock_file, cache_dir, materialize, fmt, chown, g
     if dest == "-" and as_json:
         raise UsageError("--json cannot share stdout with the tar stream")
     owner = _parse_chown(chown)
-    root = resolve_cache_dir(cache_dir)
-    if not root.is_dir():
-        from .errors import CacheError
-
-        raise CacheError(f"no cache at {root}", hint="pass --cache-dir")
+    root = existing_cache_dir(cache_dir)
     plan = plan_export(root, specs, lock=read_lock(lock_file) if lock_file else None, materialize=materialize)
     digest = None
     if fmt == "tar":
