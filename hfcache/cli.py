@@ -228,6 +228,7 @@ def ls_command(repo_ids, cache_dir, revisions, lock_file, sort, as_json) -> None
 
     Reads metadata only (no hashing, no writes). Damaged repos are listed with what is wrong, never hidden.
     """
+    import gc
     import time
 
     from . import output
@@ -237,6 +238,7 @@ def ls_command(repo_ids, cache_dir, revisions, lock_file, sort, as_json) -> None
 
     pinned = pinned_revisions(read_lock(lock_file)) if lock_file else None
     root = existing_cache_dir(cache_dir)
+    gc.disable()  # a short-lived process building one large document: the cyclic collector only costs time
     info = scan_cache(root, set(repo_ids) if repo_ids else None)
     document = output.ls_dict(info, pinned)
     keys = {

@@ -13,6 +13,7 @@ modification time of its snapshot folder and of the refs pointing to it. atime a
 
 from __future__ import annotations
 
+import gc
 import operator
 import os
 import re
@@ -129,6 +130,18 @@ def scan_cache(cache_dir: str | os.PathLike[str], repo_ids: set[str] | None = No
         CacheInfo. A missing cache directory gives an empty CacheInfo.
     """
     root = Path(cache_dir)
+    # The scan allocates ~10 objects per file and frees none: the cyclic collector would run thousands of times for
+    # nothing (a third of the wall time on 10,000 repos). Paused for the scan, restored after.
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        return _scan(root, repo_ids)
+    finally:
+        if enabled:
+            gc.enable()
+
+
+def _scan(root: Path, repo_ids: set[str] | None) -> CacheInfo:
     repos = []
     try:
         entries = sorted(os.scandir(root), key=lambda e: e.name)

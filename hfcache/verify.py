@@ -123,7 +123,13 @@ def content_hash(path: str, algorithm: str, on_bytes=None) -> tuple[str, int]:
     Raises:
         OSError: unreadable, or a symlink (``O_NOFOLLOW``): nothing outside the cache is ever read.
     """
-    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
+    flags = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0)
+    try:
+        # O_NOATIME: hashing is not a use; on relatime mounts it would make every blob look just used to
+        # ls/prune. Only the file's owner (or root) may ask for it.
+        fd = os.open(path, flags | getattr(os, "O_NOATIME", 0))
+    except PermissionError:
+        fd = os.open(path, flags)
     with os.fdopen(fd, "rb") as f:
         size = os.fstat(f.fileno()).st_size
         h = hashlib.sha256() if algorithm == "sha256" else hashlib.sha1()  # noqa: S324 - git object id

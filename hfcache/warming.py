@@ -275,7 +275,7 @@ class _RepoJob:
                     self.sink.advance(self.key, file.size)
                     return "cached"
                 other = find_blob_elsewhere(self.cache_dir, file.etag, file.size, exclude=folder.name)
-                if other is not None and hash_file(str(other), file) and folder.adopt_blob(other, file.etag):
+                if other is not None and _same_content(other, file) and folder.adopt_blob(other, file.etag):
                     self.sink.advance(self.key, file.size)
                     return "linked"
                 self._download(repo, folder, file)
@@ -322,6 +322,15 @@ class _RepoJob:
             folder.mark_absent(repo.commit_hash, name)
         folder.write_ref(self.request.revision, repo.commit_hash)
         folder.touch_snapshot(repo.commit_hash)
+
+
+def _same_content(path: Path, file: RemoteFile) -> bool:
+    """True when another repo's blob has ``file``'s exact content; False also when it vanished meanwhile (a
+    concurrent prune): the file is then simply downloaded."""
+    try:
+        return hash_file(str(path), file)
+    except OSError:
+        return False
 
 
 def _copy_blob(source: RepoFolder, dest: RepoFolder, file: RemoteFile) -> None:

@@ -205,15 +205,15 @@ def test_chown_and_group_writable(source_cache, tmp_path):
 
 def test_link_modes(source_cache, tmp_path):
     nlink_before = {p: p.stat().st_nlink for p in source_cache.glob("*/blobs/*")}
-    st = os.statvfs(tmp_path)
-    free_before = st.f_bavail * st.f_frsize
     proc = run_hfcache(["link", str(source_cache), str(tmp_path / "hard"), "--mode", "hardlink", "--json"])
     assert proc.returncode == 0, proc.stderr
     assert json.loads(proc.stdout)["bytes_added"] == 0
     for blob, n in nlink_before.items():
         assert blob.stat().st_nlink == n + 1
-    st = os.statvfs(tmp_path)
-    assert free_before - st.f_bavail * st.f_frsize < sum(p.stat().st_size for p in nlink_before) // 2
+    # No extra bytes: every regular file of the new cache is an inode the source already had.
+    source_inodes = {p.lstat().st_ino for p in source_cache.rglob("*") if p.is_file() and not p.is_symlink()}
+    new_files = [p for p in (tmp_path / "hard").rglob("*") if p.is_file() and not p.is_symlink()]
+    assert new_files and {p.lstat().st_ino for p in new_files} <= source_inodes
     assert run_hfcache(["verify", "--cache-dir", str(tmp_path / "hard")]).returncode == 0
 
     proc = run_hfcache(["link", str(source_cache), str(tmp_path / "sym")])
