@@ -295,7 +295,8 @@ def main() -> int:
 
     facts = {"python": platform.python_version(), "cpus": os.cpu_count(), "clients": args.clients,
              "rounds": args.rounds, "repeat": args.repeat, "files": len(paths), "bytes_per_round": size,
-             "load_avg_1m": f"{min(load):.1f}-{max(load):.1f}", "uvloop": _has("uvloop"), "httptools": _has("httptools"),
+             "load_avg_1m": f"{min(load):.1f}-{max(load):.1f}", "uvloop": _has("uvloop"),
+             "httptools": _has("httptools"),
              "huggingface_hub": huggingface_hub.__version__, "uvicorn": uvicorn.__version__,
              "werkzeug": werkzeug.__version__ if hasattr(werkzeug, "__version__") else _version("werkzeug"),
              "platform": platform.platform()}

@@ -144,8 +144,9 @@ class CacheStore:
         if cached is not None and cached[0] > now:
             return cached[1]
         repo = self._scan(folder, repo_type, repo_id)
-        with self._lock:
-            self._repos[folder] = (now + self.ttl, repo)
+        if repo is not None:  # misses are not memoised: requests for random ids must not grow memory
+            with self._lock:
+                self._repos[folder] = (now + self.ttl, repo)
         return repo
 
     def _scan(self, folder: str, repo_type: str, repo_id: str) -> _Repo | None:

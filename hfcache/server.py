@@ -30,7 +30,8 @@ Two server stacks run the same protocol: werkzeug's threaded server (``backend="
 in-process, instant start, used by the tests) and uvicorn (``backend="uvicorn"``, what ``hfcache serve`` runs;
 see README "Mirror: hfcache serve" for the measurement behind the choice).
 
-Run it: ``python -m hfcache.server ROOT [--host 127.0.0.1] [--port 8080] [--throttle-bps N]``.
+Run it: ``python -m hfcache.server ROOT [--host 127.0.0.1] [--port 8080] [--throttle-bps N] [--layout cache]
+[--backend uvicorn] [--no-cdn]`` (``hfcache serve`` is the production entry point: :mod:`hfcache.mirror`).
 """
 
 from __future__ import annotations
@@ -55,7 +56,7 @@ from pathlib import Path
 from typing import IO, Any, BinaryIO, Protocol
 from urllib.parse import quote, unquote, urlencode, urlsplit
 
-from werkzeug.serving import BaseWSGIServer, WSGIRequestHandler, make_server
+from werkzeug.serving import WSGIRequestHandler, make_server
 from werkzeug.wrappers import Request, Response
 
 __all__ = [
@@ -95,6 +96,7 @@ _HASH_CHUNK = 1024 * 1024
 # Body reads: 256 KiB per read. werkzeug's 8 KiB default halved throughput (benchmarks/bench_serve.py).
 BODY_CHUNK = 256 * 1024
 _BACKENDS = ("werkzeug", "uvicorn")
+_PRINTABLE = "".join(chr(c) for c in range(0x21, 0x7F))  # what an access log line may hold verbatim
 _RWF_NOWAIT = getattr(os, "RWF_NOWAIT", None) if hasattr(os, "preadv") else None
 _LAYOUTS = ("repos", "cache")
 
@@ -534,7 +536,7 @@ class _LogEntry:
         """``TIME METHOD PATH STATUS BYTES SECONDS``: never a header, so never the Authorization token."""
         when = datetime.fromtimestamp(self.wall, timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%f")[:-3] + "Z"
         # The target is attacker-controlled: percent-escape whitespace and control bytes so a line stays a line.
-        path = quote(self.path, safe="".join(chr(c) for c in range(0x21, 0x7F) if chr(c) != "%")) or "-"
+        path = quote(self.path, safe=_PRINTABLE) or "-"
         seconds = time.monotonic() - self.started
         return f"{when} {self.method} {path} {self.status} {self.bytes_sent} {seconds:.3f}\n"
 
@@ -596,6 +598,7 @@ class HubServer:
 
     Raises:
         ValueError: an unknown layout or backend, a bad throttle, legacy_ids with a cache, throttle on uvicorn.
+        FileNotFoundError: ``layout="cache"`` and ``root`` is not a directory.
         OSError: from ``start()`` if a port cannot be bound.
     """
 

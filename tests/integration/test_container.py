@@ -9,8 +9,9 @@ host's CA bundle copied in, ``podman import``. What this needs from the machine 
 - the host's CA certificates in the base rootfs (egress goes through a TLS proxy whose CA only the host trusts);
 - ``--network host`` for the builds (pip reaches the package index; the builder stage reaches the local Hub
   server on 127.0.0.1), ``--network none`` for the runs;
-- everything else stays inside a private podman home (storage, runroot, containers.conf, registries.conf with no
-  registry), removed afterwards: the host's podman configuration and images are neither read nor changed.
+- everything else stays inside a private podman home (storage, containers.conf, registries.conf with no registry;
+  the runroot at a short path of its own, see ``_make_podman``), removed afterwards: the host's podman
+  configuration and images are neither read nor changed.
 
 The debootstrapped base is cached as a tarball under ``$HFCACHE_TEST_CACHE`` (default ``/var/cache/hfcache-test``),
 keyed by a hash of the recipe (suite, variant, mirror, packages, host CA bundle): repeated runs skip debootstrap.
@@ -178,6 +179,7 @@ class Podman:
     """``podman`` with its own containers.conf, storage and registries.conf: nothing of the host's is used."""
 
     home: Path
+    runroot: Path
     log: RunLog
     env: dict[str, str]
     base_image: str = ""
@@ -207,7 +209,12 @@ def _ulimits() -> list[str]:
 
 def _make_podman(home: Path, log: RunLog) -> Podman:
     (home / "storage").mkdir(parents=True)
-    (home / "run").mkdir()
+    # podman refuses a --runroot longer than 50 characters, and it passes the runroot as that flag to the
+    # `podman container cleanup` that conmon runs when a container exits: a long one makes that cleanup fail and
+    # every `podman run --rm` then waits 20 s for it. So the runroot lives at a short path.
+    runroot = Path(tempfile.mkdtemp(prefix="hfcp-", dir="/run" if os.access("/run", os.W_OK) else "/tmp"))
+    assert len(str(runroot)) <= 50, runroot
+    (home / "runroot").write_text(str(runroot), encoding="utf-8")
     conf = home / "containers.conf"
     conf.write_text(
         "[containers]\n"
@@ -219,14 +226,14 @@ def _make_podman(home: Path, log: RunLog) -> Podman:
         encoding="utf-8",
     )
     storage = home / "storage.conf"
-    storage.write_text(f'[storage]\ndriver = "overlay"\ngraphroot = "{home / "storage"}"\nrunroot = "{home / "run"}"\n',
+    storage.write_text(f'[storage]\ndriver = "overlay"\ngraphroot = "{home / "storage"}"\nrunroot = "{runroot}"\n',
                        encoding="utf-8")
     registries = home / "registries.conf"
     registries.write_text("unqualified-search-registries = []\n", encoding="utf-8")
     env = {k: v for k, v in os.environ.items() if not k.startswith(("CONTAINERS_", "BUILDAH_", "HF_", "HFCACHE_"))}
     env.update(CONTAINERS_CONF=str(conf), CONTAINERS_STORAGE_CONF=str(storage),
                CONTAINERS_REGISTRIES_CONF=str(registries), TMPDIR=str(home))
-    return Podman(home=home, log=log, env=env)
+    return Podman(home=home, runroot=runroot, log=log, env=env)
 
 
 @pytest.fixture(scope="module")
@@ -268,10 +275,11 @@ def _remove_home(engine: Podman) -> None:
     engine("rm", "--all", "--force", "--time", "0", timeout=120, check=False)
     engine("rmi", "--all", "--force", timeout=300, check=False)
     # The overlay driver bind-mounts its own folder (and a container's shm may linger): unmount what is ours only.
-    prefix = f"{engine.home}/"
+    prefixes = (f"{engine.home}/", f"{engine.runroot}/")
     mounts = [line.split()[1] for line in Path("/proc/self/mounts").read_text().splitlines()]
-    for mount in sorted((m for m in mounts if m.startswith(prefix)), key=len, reverse=True):
+    for mount in sorted((m for m in mounts if m.startswith(prefixes)), key=len, reverse=True):
         engine.log.run(["umount", mount], check=False)
+    shutil.rmtree(engine.runroot, ignore_errors=True)
     shutil.rmtree(engine.home, ignore_errors=True)
 
 
@@ -282,11 +290,12 @@ def _remove_stale_homes(log: RunLog) -> None:
             stale = time.time() - home.stat().st_mtime > 6 * 3600
         except FileNotFoundError:
             continue
-        if stale and (home / "containers.conf").is_file():
+        if stale and (home / "runroot").is_file():
             log.note(f"removing stale podman home {home}")
             env = {**os.environ, "CONTAINERS_CONF": str(home / "containers.conf"),
                    "CONTAINERS_STORAGE_CONF": str(home / "storage.conf")}
-            _remove_home(Podman(home=home, log=log, env=env))
+            runroot = Path((home / "runroot").read_text(encoding="utf-8"))
+            _remove_home(Podman(home=home, runroot=runroot, log=log, env=env))
 
 
 def _to_terminal(config: pytest.Config, text: str) -> None:

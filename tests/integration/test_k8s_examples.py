@@ -271,15 +271,30 @@ def test_the_manifests_commands_run_for_real(hub_root, tmp_path):
         assert len(upstream.requests) == hub_requests
         assert access and all(line.split()[3] in ("200", "307") for line in access)
 
-        # 4. Any other hfcache command in the examples (e.g. the prune CronJob) runs against the same claims.
+        # 4. Any other hfcache command in the examples (e.g. the prune CronJob) runs too. A claim no example
+        # creates stands for an existing cache volume: it gets a copy of the mirror's warmed claim.
+        declared = {d["metadata"]["name"] for path in MANIFESTS for d in documents(path)
+                    if d["kind"] == "PersistentVolumeClaim"}
+        mirror_claim = tmp_path / "claims" / "hfcache-mirror-cache"
         for file, doc, spec in workloads():
             for _, container in all_containers(spec):
                 command = argv(container)
                 if command[0] != "hfcache" or (file, container["name"]) in ran:
                     continue
+                for volume in spec["volumes"]:
+                    claim = volume.get("persistentVolumeClaim", {}).get("claimName")
+                    if claim and claim not in declared and not (tmp_path / "claims" / claim).exists():
+                        shutil.copytree(mirror_claim, tmp_path / "claims" / claim, symlinks=True)
                 proc = run(*cluster.process(doc["metadata"]["name"], spec, container))
                 assert proc.returncode == 0, (file, container["name"], proc.stderr)
                 ran.add((file, container["name"]))
+                # Whatever it did, every cache it touched still holds the lock, intact.
+                if "--cache-dir" in command:
+                    cache = cluster.process(doc["metadata"]["name"], spec, container)[0]
+                    cache = cache[cache.index("--cache-dir") + 1]
+                    verified = run(["hfcache", "verify", "--lock", str(cluster.lock_dir / "hfcache.lock"),
+                                    "--cache-dir", cache], {})
+                    assert verified.returncode == 0, (file, container["name"], verified.stdout + verified.stderr)
 
     expected = {(f, c["name"]) for f, _, spec in workloads() for _, c in all_containers(spec)
                 if argv(c)[0] == "hfcache"}
