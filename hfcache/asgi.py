@@ -2,10 +2,10 @@
 
 The protocol itself (routing, stores, errors, ranges, ETags) is :meth:`hfcache.server.HubServer.respond`, the same
 code the werkzeug backend runs; this module only moves bytes. Per request, ``respond`` runs in a worker thread
-(it scans and stats the store), then the body streams from the event loop: each ``BODY_CHUNK`` is read in a
-worker thread (a slow volume never stalls other clients) and ``send`` waits for the socket to drain, so memory per
-connection is one chunk whatever the file size and however slow the client. Many idle or slow connections cost
-no thread (unlike a thread-per-connection server).
+(it scans and stats the store), then the body streams from the event loop: each ``BODY_CHUNK`` comes from the page
+cache without blocking (``preadv(RWF_NOWAIT)``) or else is read in a worker thread (a slow volume never stalls other
+clients), and ``send`` waits for the socket to drain, so memory per connection is one chunk whatever the file size
+and however slow the client. Many idle or slow connections cost no thread (unlike a thread-per-connection server).
 """
 
 from __future__ import annotations

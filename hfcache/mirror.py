@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
-from .cache import resolve_cache_dir
+from .cache import existing_cache_dir
 from .errors import CacheError, UsageError
 
 __all__ = ["GRACE_SECONDS", "MirrorInfo", "MirrorRun", "serve"]
@@ -114,11 +114,12 @@ def serve(
     if cache_dir is not None and repos_dir is not None:
         raise UsageError("--cache-dir and --repos are mutually exclusive", hint="serve one of them")
     layout = "repos" if repos_dir is not None else "cache"
-    root = Path(repos_dir).expanduser().absolute() if repos_dir is not None else resolve_cache_dir(cache_dir)
-    if not root.is_dir():
-        what = "repo folders" if layout == "repos" else "cache"
-        raise CacheError(f"no {what} directory at {root}",
-                         hint="warm a cache first (hfcache warm ...), or pass --cache-dir/--repos")
+    if layout == "cache":
+        root = existing_cache_dir(cache_dir)
+    else:
+        root = Path(repos_dir).expanduser().absolute()
+        if not root.is_dir():
+            raise CacheError(f"no repo folders at {root}", hint="pass a directory of <org>/<name>/ folders")
     log_stream = _open_access_log(access_log)
     stop_event = stop or threading.Event()
     signals: list[str] = []
