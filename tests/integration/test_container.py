@@ -16,8 +16,9 @@ host's CA bundle copied in, ``podman import``. What this needs from the machine 
 The debootstrapped base is cached as a tarball under ``$HFCACHE_TEST_CACHE`` (default ``/var/cache/hfcache-test``),
 keyed by a hash of the recipe (suite, variant, mirror, packages, host CA bundle): repeated runs skip debootstrap.
 ``rm -rf /var/cache/hfcache-test`` forces a rebuild. CI (``.ci/run``) installs podman, buildah, runc and
-debootstrap first; the test skips only where podman cannot run at all (not root and no user namespaces), and under
-``CI`` a missing tool is a failure, not a skip.
+debootstrap first. The test builds rootful, so it needs root: it is skipped, with the reason, when not run as root
+(rootless podman would also need subordinate uid ranges and an unprivileged bootstrap; not attempted), and when the
+tools are missing outside CI; under ``CI`` a missing tool is a failure, not a skip.
 """
 
 from __future__ import annotations
@@ -35,7 +36,6 @@ import subprocess
 import sys
 import tempfile
 import time
-import tomllib
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -44,6 +44,11 @@ import pytest
 
 from hfcache import __version__
 from tests.helpers import GOLDEN, clean_env
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - Python 3.10
+    import tomli as tomllib
 
 pytestmark = pytest.mark.container
 
@@ -72,13 +77,13 @@ CACHE_DIR_IN_IMAGE = "/opt/hf-cache"
 
 
 def _unavailable() -> str | None:
-    """Why podman cannot build here at all, or None. Only this is ever a skip."""
+    """Why this machine cannot run the builds at all (the reason of the skip), or None."""
     if os.geteuid() != 0:
         userns = Path("/proc/sys/user/max_user_namespaces")
         if not userns.exists() or userns.read_text().strip() == "0":
-            return "podman cannot run: not root and no user namespaces (/proc/sys/user/max_user_namespaces is 0)"
-        return ("podman cannot build here: not root; this test builds rootful (debootstrap makes device nodes and "
-                "runc needs explicit rlimits); run it as root, as CI does")
+            return "podman cannot run here: not root and no user namespaces (user.max_user_namespaces is 0)"
+        return ("needs root: the images are built with rootful podman on a debootstrapped base (debootstrap creates "
+                "device nodes; rootless builds are not attempted); CI runs it as root")
     return None
 
 
@@ -123,8 +128,12 @@ def _base_tarball(log: RunLog) -> Path:
         try:
             rootfs = work / "rootfs"
             started = time.monotonic()
-            log.run(["debootstrap", f"--variant={BASE_VARIANT}", f"--include={','.join(BASE_PACKAGES)}",
-                     BASE_SUITE, str(rootfs), DEBIAN_MIRROR], timeout=1200, quiet=True)
+            for attempt in (1, 2):  # a mirror hiccup should not fail CI: one retry from an empty folder
+                _remove_tree(rootfs, log)
+                done = log.run(["debootstrap", f"--variant={BASE_VARIANT}", f"--include={','.join(BASE_PACKAGES)}",
+                                BASE_SUITE, str(rootfs), DEBIAN_MIRROR], timeout=1200, quiet=True, check=attempt == 2)
+                if done.returncode == 0:
+                    break
             for pattern in BASE_TRIM:
                 for path in rootfs.glob(pattern):
                     shutil.rmtree(path) if path.is_dir() and not path.is_symlink() else path.unlink()
@@ -136,8 +145,24 @@ def _base_tarball(log: RunLog) -> Path:
             os.replace(partial, tarball)
             log.phase("debootstrap + tar of the base rootfs", time.monotonic() - started)
         finally:
-            shutil.rmtree(work, ignore_errors=True)
+            _remove_tree(work, log)
     return tarball
+
+
+def _remove_tree(path: Path, log: RunLog) -> None:
+    """``rm -rf path``, never through a mount point: a failed debootstrap can leave /proc (or, in a container, bind
+    mounts of the host's /dev) mounted inside its target. Unmount what is below ``path`` first; if anything stays
+    mounted, leave the folder alone."""
+    below = f"{path}/"
+    for _ in range(2):
+        mounts = [line.split()[1] for line in Path("/proc/self/mounts").read_text().splitlines()]
+        mine = sorted((m for m in mounts if m.startswith(below)), key=len, reverse=True)
+        if not mine:
+            shutil.rmtree(path, ignore_errors=True)
+            return
+        for mount in mine:
+            log.run(["umount", "--lazy", mount], check=False)
+    log.note(f"left {path} in place: still mounted below it")
 
 
 # --- podman in a private home ------------------------------------------------------------------------------------
@@ -274,13 +299,9 @@ def _remove_home(engine: Podman) -> None:
     """Stop and remove what the private podman holds (no mount left behind), then its folder."""
     engine("rm", "--all", "--force", "--time", "0", timeout=120, check=False)
     engine("rmi", "--all", "--force", timeout=300, check=False)
-    # The overlay driver bind-mounts its own folder (and a container's shm may linger): unmount what is ours only.
-    prefixes = (f"{engine.home}/", f"{engine.runroot}/")
-    mounts = [line.split()[1] for line in Path("/proc/self/mounts").read_text().splitlines()]
-    for mount in sorted((m for m in mounts if m.startswith(prefixes)), key=len, reverse=True):
-        engine.log.run(["umount", mount], check=False)
-    shutil.rmtree(engine.runroot, ignore_errors=True)
-    shutil.rmtree(engine.home, ignore_errors=True)
+    # The overlay driver bind-mounts its own folder (and a container's shm may linger): unmounted first.
+    _remove_tree(engine.runroot, engine.log)
+    _remove_tree(engine.home, engine.log)
 
 
 def _remove_stale_homes(log: RunLog) -> None:
@@ -388,15 +409,16 @@ def _dockerfile_env_block(dockerfile: str) -> str | None:
 
 #: Run in the application container: its uid, entries of the cache not owned by 1000:1000, distinct file bytes.
 _INSPECT_CACHE = f"""
-import json, os
+import json, os, stat
 root = {CACHE_DIR_IN_IMAGE!r}
-sizes, foreign = {{}}, []
+sizes, foreign = {{}}, [root] if (os.lstat(root).st_uid, os.lstat(root).st_gid) != (1000, 1000) else []
 for folder, dirs, files in os.walk(root):
     for name in dirs + files:
-        st = os.lstat(os.path.join(folder, name))
+        path = os.path.join(folder, name)
+        st = os.lstat(path)
         if (st.st_uid, st.st_gid) != (1000, 1000):
-            foreign.append(os.path.join(folder, name))
-        if name in files and os.path.isfile(os.path.join(folder, name)) and not os.path.islink(os.path.join(folder, name)):
+            foreign.append(path)
+        if stat.S_ISREG(st.st_mode):
             sizes[st.st_ino] = st.st_size
 print(json.dumps({{"uid": os.getuid(), "foreign_owners": foreign, "distinct_bytes": sum(sizes.values())}}))
 """
