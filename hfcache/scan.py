@@ -178,7 +178,10 @@ def scan_repo(folder: Path, repo_id: str, repo_type: str) -> RepoInfo:
     incomplete = []
     inodes: dict[tuple[int, int], int] = {}
     for e in _scandir(base + "/blobs"):
-        st = e.stat(follow_symlinks=False)
+        try:
+            st = e.stat(follow_symlinks=False)
+        except FileNotFoundError:  # removed since the listing (a concurrent prune): not part of the cache now
+            continue
         if e.name.endswith(".incomplete"):
             incomplete.append(e.name)
             inodes[(st.st_dev, st.st_ino)] = st.st_size
@@ -271,14 +274,20 @@ def _scan_revision(base: str, commit: str, snapshot: str, refs: dict[str, str],
     files = []
     problems = []
     used: dict[tuple[int, int], int] = {}
-    last_used = os.lstat(snapshot).st_mtime
+    try:
+        last_used = os.lstat(snapshot).st_mtime
+    except FileNotFoundError:  # moved away by a concurrent prune since the listing
+        last_used = 0.0
     entries: list[tuple[str, os.DirEntry]] = []
     _walk_files(snapshot, "", entries)
     entries.sort(key=_first)
     readlink = os.readlink
     for rel, entry in entries:
         if entry.is_symlink():
-            target = readlink(entry.path)
+            try:
+                target = readlink(entry.path)
+            except FileNotFoundError:  # removed since the listing (a concurrent prune)
+                continue
             depth = rel.count("/")
             prefix = _BLOB_PREFIX[depth] if depth < 64 else "../" * (depth + 2) + "blobs/"
             etag = target[len(prefix):]
@@ -295,7 +304,10 @@ def _scan_revision(base: str, commit: str, snapshot: str, refs: dict[str, str],
                 inode, size = None, 0
                 problems.append(f"{rel}: " + _PROBLEM_TEXT[form].format(target))
         elif entry.is_file(follow_symlinks=False):
-            st = entry.stat(follow_symlinks=False)
+            try:
+                st = entry.stat(follow_symlinks=False)
+            except FileNotFoundError:
+                continue
             form, etag, inode, size = "file", None, (st.st_dev, st.st_ino), st.st_size
             inodes[inode] = size
             if st.st_atime > last_used:

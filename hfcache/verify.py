@@ -274,6 +274,8 @@ def verify_cache(
         path, algorithm, etag, size = jobs[key]
         try:
             digest, read = content_hash(path, algorithm, progress.advance if progress else None)
+        except FileNotFoundError:
+            return key, None, 0  # removed since the scan (a concurrent prune): nothing left to be wrong
         except OSError as exc:
             return key, f"unreadable: {exc.strerror}", 0
         return key, (None if digest == etag else f"content hashes to {digest}"), read

@@ -281,3 +281,32 @@ def test_token_never_printed_written_or_sent_to_another_origin(tmp_path):
     assert not [o for o in outputs if SECRET in o]
     written = _all_bytes_under(tmp_path)
     assert written.count(SECRET.encode()) == 1  # only the token file itself
+
+
+@pytest.mark.slow
+def test_warm_prune_and_verify_at_once_lose_nothing_pinned(tmp_path):
+    cache = tmp_path / "cache"
+    with HubServer(HUB) as server:
+        assert run_hfcache(["warm", "openai-community/gpt2", "FacebookAI/roberta-base", "--cache-dir", str(cache),
+                            "--endpoint", server.endpoint]).returncode == 0
+    with HubServer(HUB, throttle_bps=1_000_000) as server:
+        env = clean_env()
+        warm = subprocess.Popen([sys.executable, "-m", "hfcache", "warm", "google-bert/bert-base-chinese",
+                                 "mistralai/Mistral-7B-v0.1", "--cache-dir", str(cache), "--endpoint",
+                                 server.endpoint, "-q"], env=env, stderr=subprocess.PIPE, text=True)
+        prunes, verifies = [], []
+        deadline = time.monotonic() + 60
+        while warm.poll() is None and time.monotonic() < deadline:
+            prunes.append(subprocess.run([sys.executable, "-m", "hfcache", "prune", "--cache-dir", str(cache),
+                                          "--max-size", "0", "--keep", "openai-community/gpt2", "--yes", "--json"],
+                                         env=env, capture_output=True, text=True))
+            verifies.append(subprocess.run([sys.executable, "-m", "hfcache", "verify", "--cache-dir", str(cache),
+                                            "--json"], env=env, capture_output=True, text=True))
+        warm_err = warm.communicate(timeout=120)[1]
+    assert warm.returncode == 0, warm_err
+    assert prunes and all(p.returncode == 0 for p in prunes), [p.stderr for p in prunes if p.returncode]
+    assert all(v.returncode == 0 for v in verifies), [v.stdout[-2000:] for v in verifies if v.returncode]
+    print(f"concurrent: 1 warm, {len(prunes)} prunes, {len(verifies)} verifies, 0 errors")
+    verify_ok(cache)
+    loaded = offline_load(cache, ["openai-community/gpt2"])  # the pinned repo survived every prune
+    assert loaded["openai-community/gpt2"]["input_ids"] == golden_ids("openai-community/gpt2")
