@@ -221,6 +221,16 @@ def test_read_only_cache_serves_reads_and_refuses_writes_clearly(warmed, tmp_pat
         assert proc.returncode == 0, proc.stderr
         loaded = offline_load(ro, ["openai-community/gpt2"])
         assert loaded["openai-community/gpt2"]["input_ids"] == golden_ids("openai-community/gpt2")
+        from tests.integration.test_serve import served
+
+        with served("--cache-dir", str(ro)) as (endpoint, _):  # serve a read-only cache to a real client
+            client = tmp_path / "client"
+            script = ("import sys; from huggingface_hub import hf_hub_download; print(hf_hub_download("
+                      "'openai-community/gpt2', 'vocab.json', cache_dir=sys.argv[1], endpoint=sys.argv[2]))")
+            got = subprocess.run([sys.executable, "-c", script, str(client), endpoint], capture_output=True,
+                                 text=True, env=clean_env(), timeout=60)
+            assert got.returncode == 0, got.stderr
+            assert Path(got.stdout.strip()).read_bytes() == (HUB / "openai-community/gpt2/vocab.json").read_bytes()
         with HubServer(HUB) as server:
             proc = run_hfcache(["warm", "google-t5/t5-small", "--cache-dir", str(ro), "--endpoint", server.endpoint])
         assert proc.returncode == 5 and "Read-only file system" in proc.stderr
