@@ -7,6 +7,7 @@ Exit codes (README "Exit codes"): 0 ok; 1 a check failed; 2 usage or bad input; 
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 from pathlib import Path
@@ -41,6 +42,11 @@ def cli() -> None:
     """Provision Hugging Face tokenizer and model caches for images, volumes and clusters."""
 
 
+def _cache_dir_option(what: str = "Cache root"):
+    return click.option("--cache-dir", type=click.Path(file_okay=False),
+                        help=f"{what} [default: HF_HUB_CACHE, $HF_HOME/hub or ~/.cache/huggingface/hub].")
+
+
 def _common_hub_options(fn):
     for decorator in reversed([
         click.option("--endpoint", "endpoints", metavar="URL", multiple=True,
@@ -60,8 +66,7 @@ def _common_hub_options(fn):
 
 @cli.command()
 @click.argument("repos", nargs=-1, metavar="REPO_ID[@REVISION]...")
-@click.option("--cache-dir", type=click.Path(file_okay=False), help="Cache root [default: HF_HUB_CACHE, "
-              "$HF_HOME/hub or ~/.cache/huggingface/hub].")
+@_cache_dir_option()
 @click.option("--kind", type=click.Choice(["tokenizer", "model", "all"]), default="tokenizer", show_default=True,
               help="tokenizer: tokenizer files + config.json; model: + configs and weights in one format; "
                    "all: the whole repo.")
@@ -203,7 +208,8 @@ def lock(upgrade_ids, manifest, output_file, upgrade, check, endpoints, token, t
 
     upgrade_keys = filter_upgrade(found.repos, upgrade_ids) if upgrade else set()
     clients = make_clients(list(endpoints) or list(found.endpoints) or None, _read_token(token, token_file), timeout)
-    with output.stderr.status("resolving manifest entries", spinner="dots") if not as_json else _null():
+    spinner = output.stderr.status("resolving manifest entries", spinner="dots")
+    with spinner if not as_json else contextlib.nullcontext():
         result = pin(found, clients, existing=existing, upgrade=upgrade_keys, max_workers=max_workers)
     written = False
     if not result.failures:
@@ -215,8 +221,7 @@ def lock(upgrade_ids, manifest, output_file, upgrade, check, endpoints, token, t
 
 @cli.command(name="ls")
 @click.argument("repo_ids", nargs=-1, metavar="[REPO_ID]...")
-@click.option("--cache-dir", type=click.Path(file_okay=False), help="Cache root [default: HF_HUB_CACHE, "
-              "$HF_HOME/hub or ~/.cache/huggingface/hub].")
+@_cache_dir_option()
 @click.option("--revisions", is_flag=True, help="One row per revision instead of per repo.")
 @click.option("--lock", "lock_file", type=click.Path(dir_okay=False, exists=False),
               help="Mark the revisions this lock pins.")
@@ -255,8 +260,7 @@ def ls_command(repo_ids, cache_dir, revisions, lock_file, sort, as_json) -> None
 
 @cli.command()
 @click.argument("repo_ids", nargs=-1, metavar="[REPO_ID]...")
-@click.option("--cache-dir", type=click.Path(file_okay=False), help="Cache root [default: HF_HUB_CACHE, "
-              "$HF_HOME/hub or ~/.cache/huggingface/hub].")
+@_cache_dir_option()
 @click.option("--lock", "lock_file", type=click.Path(dir_okay=False),
               help="Expected files, sizes and hashes [default: blob names and trees/ listings].")
 @click.option("--repair", "do_repair", is_flag=True,
@@ -297,8 +301,7 @@ def verify(repo_ids, cache_dir, lock_file, do_repair, endpoints, token, token_fi
 
 @cli.command()
 @click.argument("repo_ids", nargs=-1, metavar="[REPO_ID]...")
-@click.option("--cache-dir", type=click.Path(file_okay=False), help="Cache root [default: HF_HUB_CACHE, "
-              "$HF_HOME/hub or ~/.cache/huggingface/hub].")
+@_cache_dir_option()
 @click.option("--lock", "lock_file", type=click.Path(dir_okay=False),
               help="Check the lock's tokenizers, by the ids and revisions of its manifest.")
 @click.option("--text", default=None, help="Probe text to encode [default: a mixed English/Chinese sentence].")
@@ -324,7 +327,7 @@ def check(repo_ids, cache_dir, lock_file, text, as_json) -> None:
     if not targets:
         raise UsageError("no tokenizer to check", hint="warm one first, or name REPO_IDs / --lock")
     with output.stderr.status(f"loading {len(targets)} tokenizer(s) offline", spinner="dots") \
-            if not as_json else _null():
+            if not as_json else contextlib.nullcontext():
         report = check_tokenizers(root, targets, text or DEFAULT_TEXT)
     output.show_check(report, as_json=as_json)
     sys.exit(report.exit_code)
@@ -343,8 +346,7 @@ def _parse_chown(value: str | None) -> tuple[int, int] | None:
 @click.argument("dest")
 @click.argument("specs", nargs=-1, metavar="[REPO_ID[@REVISION]]...")
 @click.option("--lock", "lock_file", type=click.Path(dir_okay=False), help="Export exactly what this lock pins.")
-@click.option("--cache-dir", type=click.Path(file_okay=False), help="Source cache [default: HF_HUB_CACHE, "
-              "$HF_HOME/hub or ~/.cache/huggingface/hub].")
+@_cache_dir_option("Source cache")
 @click.option("--materialize", is_flag=True, help="Real files in snapshots/ (hardlinks of the blobs), no symlinks.")
 @click.option("--format", "fmt", type=click.Choice(["dir", "tar"]), default=None,
               help="dir: a new cache directory; tar: a reproducible tar [default: tar for '-' or *.tar, else dir].")
@@ -386,8 +388,7 @@ def export_command(dest, specs, lock_file, cache_dir, materialize, fmt, chown, g
 
 @cli.command(name="import")
 @click.argument("src")
-@click.option("--cache-dir", type=click.Path(file_okay=False), help="Target cache [default: HF_HUB_CACHE, "
-              "$HF_HOME/hub or ~/.cache/huggingface/hub].")
+@_cache_dir_option("Target cache")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON document on stdout.")
 def import_command(src, cache_dir, as_json) -> None:
     """Merge an exported cache (directory, tar, or '-' for a tar on stdin) into the cache, verified first.
@@ -433,8 +434,7 @@ def _parsed(name: str):
 
 
 @cli.command()
-@click.option("--cache-dir", type=click.Path(file_okay=False), help="Cache root [default: HF_HUB_CACHE, "
-              "$HF_HOME/hub or ~/.cache/huggingface/hub].")
+@_cache_dir_option()
 @click.option("--older-than", metavar="DURATION", callback=_parsed("parse_duration"),
               help="Remove unpinned revisions not used for longer than this: 45s, 90m, 12h, 30d, 2w.")
 @click.option("--max-size", metavar="SIZE", callback=_parsed("parse_size"),
@@ -483,8 +483,7 @@ def prune(cache_dir, older_than, max_size, keep_locks, keep, dry_run, yes, as_js
 
 
 @cli.command()
-@click.option("--cache-dir", type=click.Path(file_okay=False), help="Hub cache to serve [default: HF_HUB_CACHE, "
-              "$HF_HOME/hub or ~/.cache/huggingface/hub].")
+@_cache_dir_option("Hub cache to serve")
 @click.option("--repos", "repos_dir", type=click.Path(file_okay=False),
               help="Serve a directory of plain repo folders (<org>/<name>/...) instead of a cache.")
 @click.option("--host", default="127.0.0.1", show_default=True,
@@ -517,8 +516,7 @@ def serve(cache_dir, repos_dir, host, port, token_file, access_log) -> None:
 
 
 @cli.command(name="env")
-@click.option("--cache-dir", type=click.Path(file_okay=False), help="Cache root [default: HF_HUB_CACHE, "
-              "$HF_HOME/hub or ~/.cache/huggingface/hub].")
+@_cache_dir_option()
 @click.option("--format", "fmt", type=click.Choice(["sh", "dotenv", "dockerfile", "k8s", "json"]), default="sh",
               show_default=True, help="sh: export lines; dotenv: NAME=value; dockerfile: one ENV instruction; "
               "k8s: a container env: list; json: one object.")
@@ -580,12 +578,6 @@ def doctor_command(cache_dir, as_json) -> None:
     sys.exit(report.exit_code)
 
 
-class _null:
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        return False
 
 
 def _fail(message: str, hint: str | None, exit_code: int, as_json: bool) -> None:

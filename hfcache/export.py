@@ -75,13 +75,6 @@ class ExportPlan:
     unique_bytes: int
 
 
-@dataclass(frozen=True)
-class ExportReport:
-    plan: ExportPlan
-    dest: str
-    format: str
-    sha256: str | None  # of the tar bytes, when a tar was written
-
 
 def _revisions_for(repo: RepoInfo, wanted: set[str] | None) -> list:
     """The repo's revisions selected by ``wanted`` (commits and ref names; None = all)."""

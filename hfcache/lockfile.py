@@ -474,9 +474,6 @@ def cache_statuses(lock: Lockfile, cache_dir: Path) -> list[CacheStatus]:
     return [cache_status(r, cache_dir) for r in lock.repos]
 
 
-def requests_of(lock: Lockfile) -> Sequence[WarmRequest]:
-    return [r.request for r in lock.repos]
-
 
 def filter_upgrade(repos: Iterable[WarmRequest], names: Sequence[str]) -> set[tuple[str, str, str]]:
     """The keys of manifest entries that ``--upgrade NAME...`` selects (all of them when ``names`` is empty).

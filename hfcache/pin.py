@@ -123,6 +123,3 @@ def pin(
         failures=failures,
     )
 
-
-def pin_requests(requests: Sequence[WarmRequest]) -> set[tuple[str, str, str]]:
-    return {(r.repo_id, r.revision, r.repo_type) for r in requests}

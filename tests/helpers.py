@@ -82,12 +82,6 @@ def refused_endpoint() -> str:
     return f"http://127.0.0.1:{port}"
 
 
-def tree_files(root: Path) -> set[str]:
-    """Every path under ``root`` (files, links, dirs), relative, for before/after comparisons."""
-    if not root.exists():
-        return set()
-    return {str(p.relative_to(root)) for p in root.rglob("*")}
-
 
 def visible_entries(cache_dir: Path) -> set[str]:
     """Relative paths of everything a loader can see: snapshot entries and refs (not blobs or locks)."""

@@ -660,7 +660,11 @@ def test_sigkill_at_random_points(tmp_path, kill_reference):
     now, budget, reference = kill_reference
     rng = random.Random(20261129)
     interrupted = 0
-    for run in range(5):
+    # Up to 10 runs until 5 kills landed mid-plan: on a loaded machine a kill can come after the prune finished,
+    # and such a run proves nothing about interruption (it is still compared with the reference).
+    for run in range(10):
+        if interrupted >= 5:
+            break
         cache = tmp_path / f"run{run}" / "cache"
         kill_cache(cache, now)
         initial = tree(cache)
