@@ -267,3 +267,25 @@ def test_a_deeply_nested_listing_is_refused(target, tmp_path):
     tar = write_tar(tmp_path / "deep.tar", [(f"{BERT}/trees/{NEW_COMMIT}.json", deep)])
     assert_refused(run_import(tar, target[0]), 2, f"trees/{NEW_COMMIT}.json", "nested too deep")
     assert_untouched(target)
+
+
+# ------------------------------------------------------------------------------------------ link: the same kind
+
+
+@pytest.mark.parametrize("mode", ["hardlink", "copy"])
+def test_link_refuses_a_source_whose_link_leaves_its_blobs(target, tmp_path, mode):
+    cache, canary, commit, _, _ = target
+    src = tmp_path / "src"
+    subprocess.run(["cp", "-a", str(cache), str(src)], check=True)
+    (src / BERT / "snapshots" / commit / "leak.txt").symlink_to(canary / "vocab.txt")
+    dest = tmp_path / "dest"
+    proc = run_hfcache(["link", str(src), str(dest), "--mode", mode])
+    assert_refused(proc, 2, "leak.txt", "outside its repo's blobs/")
+    assert not dest.exists() and not list(tmp_path.glob(".dest.*"))
+    assert_untouched(target)
+
+    (src / BERT / "snapshots" / commit / "leak.txt").unlink()
+    proc = run_hfcache(["link", str(src), str(dest), "--mode", mode])
+    assert proc.returncode == 0, proc.stderr
+    assert run_hfcache(["verify", "--cache-dir", str(dest)]).returncode == 0
+    assert state(canary, skip_locks=False) == target[4]
