@@ -67,6 +67,15 @@ class _Conflicts:
     def __init__(self, folder: RepoFolder) -> None:
         self.folder = folder
         self.found: list[str] = []
+        self._listings: dict[str, dict | None] = {}
+
+    def listing(self, commit: str) -> dict | None:
+        """The target's ``trees/<commit>.json`` as path -> Expected (read once; never through a symlink)."""
+        if commit not in self._listings:
+            parts = ("trees", f"{commit}.json")
+            regular = _blocked(self.folder.root, parts) is None and _kind(self.where(*parts)) == "file"
+            self._listings[commit] = read_tree_listing(str(self.folder.root), commit) if regular else None
+        return self._listings[commit]
 
     def where(self, *parts: str) -> Path:
         return self.folder.root.joinpath(*parts)
@@ -112,7 +121,7 @@ def check_target(folder: RepoFolder, repo: _RepoPlan, move_refs: bool = False) -
             c.add(parts, "the target already has it with other content")
         if _kind(c.where(".no_exist", commit, *path.split("/"))) != "missing":
             c.add(parts, "the target records that this file does not exist at that commit")
-        listed = read_tree_listing(str(folder.root), commit)
+        listed = c.listing(commit)
         if listed is not None and (path not in listed or listed[path].etag != etag):
             c.add(parts, "the target's trees/ listing of that commit says otherwise")
     for commit, path in sorted(repo.markers):
@@ -136,7 +145,7 @@ def _check_trees(c: _Conflicts, repo: _RepoPlan) -> None:
         kind = _kind(c.where(*parts))
         if kind == "missing":
             continue
-        theirs = read_tree_listing(str(c.folder.root), name.removesuffix(".json")) if kind == "file" else None
+        theirs = c.listing(name.removesuffix(".json")) if kind == "file" else None
         ours = _expected(_files)
         if theirs is None or {p: (e.etag, e.size) for p, e in theirs.items()} != ours:
             c.add(parts, "the target already has another listing of that commit")

@@ -125,8 +125,12 @@ def _members_of_dir(root: Path) -> Iterator[tuple[_Member, BinaryIO | None]]:
             elif stat.S_ISLNK(st.st_mode):
                 yield _Member(rel, "symlink", linkname=os.readlink(path)), None
             elif stat.S_ISREG(st.st_mode):
-                # O_NOFOLLOW: a file swapped for a symlink (to /dev/zero, to a secret) after the lstat is not read
-                fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
+                # O_NOFOLLOW: a file swapped for a symlink (to /dev/zero, to a secret) after the lstat is not read;
+                # O_NONBLOCK: nor does one swapped for a fifo block the open
+                fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0))
+                if not stat.S_ISREG(os.fstat(fd).st_mode):
+                    os.close(fd)
+                    raise UsageError(f"refused entry {rel!r}: changed while it was read")
                 with os.fdopen(fd, "rb") as f:
                     yield _Member(rel, "file", size=os.fstat(fd).st_size), f
             else:
@@ -154,7 +158,11 @@ class _Staging:
     """Content read from the source, hashed and parked under ``<cache>/.locks/`` until publishing."""
 
     def __init__(self, cache_dir: Path) -> None:
-        self.dir = cache_dir / ".locks" / f"hfcache-import-{uuid.uuid4().hex[:12]}"
+        locks = cache_dir / ".locks"
+        if os.path.islink(locks) or (os.path.lexists(locks) and not locks.is_dir()):
+            raise CacheError(f"{locks} is a symlink or not a folder; nothing is staged through it",
+                             hint="remove it (huggingface_hub recreates .locks)")
+        self.dir = locks / f"hfcache-import-{uuid.uuid4().hex[:12]}"
         self.dir.mkdir(parents=True)
         self.files: dict[str, tuple[Path, int, str, str]] = {}  # member -> (staged, size, sha256, git-sha1)
 
@@ -370,7 +378,7 @@ def _check(plan: dict[str, _RepoPlan], staging: _Staging, cache_dir: Path) -> No
                 raise IntegrityError(f"refused {folder_name}/blobs/{etag}: content does not match the blob name",
                                      hint="the source cache is corrupt; run `hfcache verify` on it")
         for (commit, path), etag in sorted(repo.links.items()):
-            if etag not in repo.blobs and not folder.blob_path(etag).is_file():
+            if etag not in repo.blobs and not _regular_file(folder.blob_path(etag)):
                 raise UsageError(f"refused {folder_name}/snapshots/{commit}/{path}: link to a blob that neither the "
                                  "source nor the target cache has")
         for (commit, path), member in sorted(repo.files.items()):
@@ -382,6 +390,14 @@ def _check(plan: dict[str, _RepoPlan], staging: _Staging, cache_dir: Path) -> No
                 continue
             raise IntegrityError(f"refused {folder_name}/snapshots/{commit}/{path}: no blob or trees/ listing "
                                  "vouches for its hash" + (" (it does not match the listing)" if blob_id else ""))
+
+
+def _regular_file(path: Path) -> bool:
+    """A regular file, not a symlink to one (the target's blob a link would use must be inside the cache)."""
+    try:
+        return stat.S_ISREG(os.lstat(path).st_mode)
+    except OSError:
+        return False
 
 
 def _listing(repo: _RepoPlan, commit: str) -> dict[str, tuple[str, str, int]]:
