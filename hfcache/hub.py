@@ -218,6 +218,10 @@ class HubClient:
                                hint="the endpoint must answer ?blobs=true like the Hub (DESIGN §2.1)")
             files.append(RemoteFile(path=path, size=int(sibling.size), blob_id=sibling.blob_id, lfs_sha256=lfs))
         files.sort(key=lambda f: f.path)
+        clash = _file_and_folder({f.path for f in files})
+        if clash:
+            raise HubError(f"{repo_id}: endpoint listed {clash!r} as a file and as a folder",
+                           hint="the endpoint is broken or hostile")
         return RepoRevision(
             repo_id=repo_id,
             canonical_id=canonical_id,
@@ -362,6 +366,16 @@ class _mapped_errors:
         if isinstance(exc, httpx2.HTTPError):
             return EndpointUnreachable(f"{self.what}: {_first_line(exc)}", hint="check the endpoint and network")
         return exc
+
+
+def _file_and_folder(paths: set[str]) -> str | None:
+    """A path of ``paths`` that is also a folder of another (``a`` and ``a/b``): no cache can hold both."""
+    for path in paths:
+        parts = path.split("/")
+        for i in range(1, len(parts)):
+            if "/".join(parts[:i]) in paths:
+                return "/".join(parts[:i])
+    return None
 
 
 def _first_line(exc: BaseException) -> str:

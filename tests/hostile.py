@@ -25,7 +25,7 @@ def git_sha1(data: bytes) -> str:
 FAULTS = (
     "dotdot_path", "absolute_path", "backslash_path", "bad_hash", "size_larger", "size_smaller", "redirect_loop",
     "endless_body", "stall_mid_body", "invalid_json", "error_500", "bad_commit", "gzip_bomb", "gzip_bomb_404",
-    "deep_json",
+    "deep_json", "file_and_folder",
 )
 
 
@@ -115,6 +115,9 @@ class HostileServer:
                     "backslash_path": "..\\evil.json"}.get(fault, "tokenizer.json")
             info = {"id": "evil/repo", "sha": "not-a-commit" if fault == "bad_commit" else COMMIT,
                     "siblings": [{"rfilename": name, "size": len(CONTENT), "blobId": git_sha1(CONTENT)}]}
+            if fault == "file_and_folder":  # a path both a file and a folder: half a snapshot would be published
+                info["siblings"].append({"rfilename": "tokenizer.json/tokenizer_config.json", "size": len(CONTENT),
+                                         "blobId": git_sha1(CONTENT)})
             body = b'{"id": "evil/repo", "sha": ' if fault == "invalid_json" else json.dumps(info).encode()
             self._send(h, 200, body, {"Content-Type": "application/json"}, head)
             return

@@ -134,6 +134,7 @@ EXPECTED = {
     "gzip_bomb": (3, "larger than 67108864 bytes (decoded)"),
     "gzip_bomb_404": (3, "larger than 67108864 bytes (decoded)"),
     "deep_json": (3, "nested too deep"),
+    "file_and_folder": (3, "'tokenizer.json' as a file and as a folder"),
 }
 
 
