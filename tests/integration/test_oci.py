@@ -14,6 +14,7 @@ import io
 import json
 import os
 import tarfile
+import urllib.error
 import urllib.request
 from pathlib import Path
 
@@ -280,3 +281,26 @@ def test_registry_errors_are_one_line_with_exit_code_3(cache, registry, tmp_path
     assert by_digest.returncode == 2 and "tag" in by_digest.stderr
     no_stdin_user = run_hfcache(["pull", f"{registry.host}/hf/x:v1", "--username", "u", "--plain-http"])
     assert no_stdin_user.returncode == 2
+
+
+def test_push_of_a_lock_records_its_hash_and_a_corrupt_cache_is_never_pushed(registry, tmp_path):
+    lock = Path(__file__).parents[2] / "examples" / "hfcache.lock"
+    cache = tmp_path / "cache"
+    with HubServer(HUB) as server:
+        warmed = run_hfcache(["warm", "--lock", str(lock), "--cache-dir", str(cache), "--endpoint", server.endpoint])
+    assert warmed.returncode == 0, warmed.stderr
+    pushed = hfcache_json(["push", f"{registry.host}/hf/locked:v1", "--lock", str(lock), "--cache-dir", str(cache),
+                           "--plain-http"])
+    raw = get(registry, "hf/locked/manifests/v1", "application/vnd.oci.image.manifest.v1+json")
+    annotations = json.loads(raw)["annotations"]
+    assert annotations["io.hfcache.lock.sha256"] == hashlib.sha256(lock.read_bytes()).hexdigest()
+    assert str(lock.parent) not in raw.decode() and str(cache) not in raw.decode()
+    assert "openai-community/gpt2@" in annotations["io.hfcache.repos"] and len(pushed["layers"]) >= 3
+
+    blob = next(p for p in (cache / "models--openai-community--gpt2" / "blobs").iterdir())
+    blob.write_bytes(blob.read_bytes()[:-1] + b"!")  # same size, other content
+    corrupt = run_hfcache(["push", f"{registry.host}/hf/corrupt:v1", "--lock", str(lock), "--cache-dir", str(cache),
+                           "--plain-http"])
+    assert corrupt.returncode == 3 and "corrupt" in corrupt.stderr and "Traceback" not in corrupt.stderr
+    with pytest.raises(urllib.error.HTTPError):
+        get(registry, "hf/corrupt/manifests/v1", "application/vnd.oci.image.manifest.v1+json")
