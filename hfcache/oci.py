@@ -506,6 +506,8 @@ def push(reference: str, cache_dir: Path, specs: Sequence[str] = (), lock_path: 
         raise UsageError(f"{reference}: push needs a tag, not a digest", hint="e.g. REGISTRY/NAME:v1")
     lock = read_lock(lock_path) if lock_path else None
     plan = plan_export(cache_dir, specs, lock=lock)
+    if not plan.repos:
+        raise UsageError(f"nothing to push: {cache_dir} holds no repo", hint="warm it first (hfcache warm)")
     annotations = {
         "org.opencontainers.image.title": "Hugging Face hub cache",
         "org.opencontainers.image.description": "A Hugging Face hub cache at the image root: mount it at "
@@ -627,7 +629,8 @@ def _fetch_layer(client, container, layer: dict, diff_id: str, combined: tarfile
     with response:
         _check(response, f"layer {digest}", 200)
         if sink is not None:
-            sink.begin(digest[7:19], layer["size"])
+            label = str((layer.get("annotations") or {}).get(f"{ANNOTATION_PREFIX}.repos", ""))[:60]
+            sink.begin(label or digest[7:19], layer["size"])
         compressed = _VerifiedStream(response.raw, layer["size"], digest, sink)
         raw = io.BufferedReader(compressed, _CHUNK)
         try:
