@@ -504,36 +504,21 @@ def push(reference: str, cache_dir: Path, specs: Sequence[str] = (), lock_path: 
     container = parse_reference(reference)
     if container.digest:
         raise UsageError(f"{reference}: push needs a tag, not a digest", hint="e.g. REGISTRY/NAME:v1")
-    lock = read_lock(lock_path) if lock_path else None
-    plan = plan_export(cache_dir, specs, lock=lock)
+    plan = plan_export(cache_dir, specs, lock=read_lock(lock_path) if lock_path else None)
     if not plan.repos:
         raise UsageError(f"nothing to push: {cache_dir} holds no repo", hint="warm it first (hfcache warm)")
-    annotations = {
-        "org.opencontainers.image.title": "Hugging Face hub cache",
-        "org.opencontainers.image.description": "A Hugging Face hub cache at the image root: mount it at "
-                                                "/opt/hf-cache, set HF_HUB_CACHE=/opt/hf-cache HF_HUB_OFFLINE=1",
-        f"{ANNOTATION_PREFIX}.repos": ",".join(_commits_of(plan)),
-        f"{ANNOTATION_PREFIX}.layer-split": split,
-    }
-    if lock_path:
-        annotations[f"{ANNOTATION_PREFIX}.lock.sha256"] = hashlib.sha256(Path(lock_path).read_bytes()).hexdigest()
+    annotations = _annotations(plan, split, Path(lock_path) if lock_path else None)
     with tempfile.TemporaryDirectory(prefix="hfcache-push-") as tmp:
-        layers, paths = [], []
-        for index, layer_plan in enumerate(split_plan(plan, split)):
-            path = Path(tmp) / f"layer-{index}.tar.gz"
-            with open(path, "wb") as out:
-                digest, size, diff_id = write_layer(layer_plan, out)
-            layers.append((Layer(digest, size, diff_id, layer_plan.repos, 0), layer_plan))
-            paths.append(path)
-        config_bytes, manifest_bytes = image_documents(layers, annotations, arch or architecture())
+        layers = _write_layers(plan, split, Path(tmp))
+        config_bytes, manifest_bytes = image_documents([(layer, p) for layer, p, _ in layers], annotations,
+                                                       arch or architecture())
         config_path = Path(tmp) / "config.json"
         config_path.write_bytes(config_bytes)
         with _network_errors(container.registry, plain_http):
             client = _connect(container, plain_http, credentials, timeout)
-            pushed = []
-            for (layer, _), path in zip(layers, paths):
-                sent = _upload(client, container, layer.digest, path, layer.size, sink, ",".join(layer.repos))
-                pushed.append(Layer(layer.digest, layer.size, layer.diff_id, layer.repos, sent))
+            pushed = [Layer(layer.digest, layer.size, layer.diff_id, layer.repos,
+                            _upload(client, container, layer.digest, path, layer.size, sink, ",".join(layer.repos)))
+                      for layer, _, path in layers]
             config_sent = _upload(client, container, _sha256(config_bytes), config_path, len(config_bytes),
                                   None, "config")
             response = client.do_request(_url(client, container, "manifests", container.tag), "PUT",
@@ -543,11 +528,35 @@ def push(reference: str, cache_dir: Path, specs: Sequence[str] = (), lock_path: 
     answered = response.headers.get("Docker-Content-Digest")
     if answered and answered != digest:
         raise HubError(f"registry {container.registry} stored the manifest as {answered}, expected {digest}")
-    total = sum(layer.size for layer in pushed) + len(config_bytes) + len(manifest_bytes)
-    uploaded = sum(layer.transferred for layer in pushed) + config_sent + len(manifest_bytes)
     return PushReport(reference=f"{container.registry}/{container.api_prefix}:{container.tag}", digest=digest,
-                      layers=tuple(pushed), split=split, repos=tuple(_commits_of(plan)), bytes_total=total,
-                      bytes_uploaded=uploaded)
+                      layers=tuple(pushed), split=split, repos=tuple(_commits_of(plan)),
+                      bytes_total=sum(x.size for x in pushed) + len(config_bytes) + len(manifest_bytes),
+                      bytes_uploaded=sum(x.transferred for x in pushed) + config_sent + len(manifest_bytes))
+
+
+def _annotations(plan: ExportPlan, split: str, lock_path: Path | None) -> dict[str, str]:
+    """The manifest's annotations: what the image is and which commits it holds; no path, no time, no token."""
+    annotations = {
+        "org.opencontainers.image.title": "Hugging Face hub cache",
+        "org.opencontainers.image.description": "A Hugging Face hub cache at the image root: mount it at "
+                                                "/opt/hf-cache, set HF_HUB_CACHE=/opt/hf-cache HF_HUB_OFFLINE=1",
+        f"{ANNOTATION_PREFIX}.repos": ",".join(_commits_of(plan)),
+        f"{ANNOTATION_PREFIX}.layer-split": split,
+    }
+    if lock_path is not None:
+        annotations[f"{ANNOTATION_PREFIX}.lock.sha256"] = hashlib.sha256(lock_path.read_bytes()).hexdigest()
+    return annotations
+
+
+def _write_layers(plan: ExportPlan, split: str, folder: Path) -> list[tuple[Layer, ExportPlan, Path]]:
+    """Write the layers of ``plan`` into ``folder``: (layer, its plan, its file) in image order."""
+    layers = []
+    for index, layer_plan in enumerate(split_plan(plan, split)):
+        path = folder / f"layer-{index}.tar.gz"
+        with open(path, "wb") as out:
+            digest, size, diff_id = write_layer(layer_plan, out)
+        layers.append((Layer(digest, size, diff_id, layer_plan.repos, 0), layer_plan, path))
+    return layers
 
 
 # --- pull ----------------------------------------------------------------------------------------------------------

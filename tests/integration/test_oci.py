@@ -23,7 +23,7 @@ import pytest
 import hfcache
 from hfcache.records import WarmRequest
 from hfcache.server import HubServer
-from tests.helpers import GOLDEN, golden_ids, offline_load, run_hfcache, visible_entries
+from tests.helpers import GOLDEN, clean_env, golden_ids, offline_load, run_hfcache, visible_entries
 from tests.registry import Registry, available, running_registry
 
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(available() is not None and not os.environ.get("CI"),
@@ -129,9 +129,9 @@ def test_pull_into_an_empty_cache_verifies_and_loads_offline(cache, registry, tm
     for repo_id in REPOS:
         assert loaded[repo_id].get("input_ids") == golden_ids(repo_id), loaded[repo_id]
 
-    # By digest, into the same cache: nothing new.
+    # By digest, into the same cache: nothing new. Offline mode (a pod's env) does not stop a registry pull.
     again = hfcache_json(["pull", f"{registry.host}/hf/pull@{pushed['digest']}", "--cache-dir", str(target),
-                          "--plain-http"])
+                          "--plain-http"], env=clean_env(HF_HUB_OFFLINE="1"))
     assert again["blobs_new"] == 0 and again["blobs_existing"] > 0
 
 
@@ -255,8 +255,6 @@ def test_auth_refuses_without_credentials_and_works_with_password_stdin(cache, a
     auth_file = tmp_path / "auth.json"
     token = base64.b64encode(f"{USER}:{PASSWORD}".encode()).decode()
     auth_file.write_text(json.dumps({"auths": {auth_registry.host: {"auth": token}}}), encoding="utf-8")
-    from tests.helpers import clean_env
-
     pulled = run_hfcache(["pull", ref, "--cache-dir", str(target), "--plain-http", "--json"],
                          env=clean_env(REGISTRY_AUTH_FILE=str(auth_file)))
     assert pulled.returncode == 0, pulled.stderr
