@@ -317,9 +317,9 @@ def parse_reference(reference: str):
 
 
 def _registry_class():
+    """oras imported on first use: it pulls in requests and jsonschema, which no other command needs."""
     import oras.auth.utils
     import oras.provider
-    import requests
 
     class _Registry(oras.provider.Registry):
         """oras's Registry with a request method that fails fast, answers Basic and Bearer challenges, times out."""
@@ -370,7 +370,7 @@ def _registry_class():
                                     hint="give --username and --password-stdin, or log in with "
                                          "`podman login` / `docker login` (REGISTRY_AUTH_FILE, ~/.docker/config.json)")
 
-    return _Registry, requests
+    return _Registry
 
 
 @contextlib.contextmanager
@@ -441,8 +441,7 @@ class _ProgressFile(io.RawIOBase):
 
 
 def _connect(container, plain_http: bool, credentials: Credentials | None, timeout: float):
-    registry_class, _ = _registry_class()
-    return registry_class(container, plain_http, credentials, timeout)
+    return _registry_class()(container, plain_http, credentials, timeout)
 
 
 def _url(client, container, kind: str, ref: str) -> str:
