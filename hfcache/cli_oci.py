@@ -79,8 +79,10 @@ def _layers_json(layers) -> list[dict]:
 @click.option("--lock", "lock_file", type=click.Path(dir_okay=False), help="Push exactly what this lock pins.")
 @click.option("--layers", "split", type=click.Choice(["repo", "single"]), default="repo", show_default=True,
               help="repo: one layer per repo (an update re-sends one layer); single: one layer (each blob once).")
+@click.option("--arch", metavar="ARCH", help="The image config's architecture (amd64, arm64, ...) [default: this "
+              "machine's]; pin it in CI for a digest that does not depend on the runner.")
 @_registry_options
-def push_command(reference, specs, lock_file, split, cache_dir, plain_http, username, password_stdin, timeout,
+def push_command(reference, specs, lock_file, split, arch, cache_dir, plain_http, username, password_stdin, timeout,
                  as_json) -> None:
     """Push the cache (or the repos / lock given) to REF as an OCI image whose root is the cache.
 
@@ -94,7 +96,7 @@ def push_command(reference, specs, lock_file, split, cache_dir, plain_http, user
     credentials = _credentials(username, password_stdin)
     with _Progress(enabled=not as_json) as progress:
         report = push(reference, existing_cache_dir(cache_dir), specs, lock_path=lock_file, split=split,
-                      plain_http=plain_http, credentials=credentials, timeout=timeout, sink=progress)
+                      plain_http=plain_http, credentials=credentials, timeout=timeout, sink=progress, arch=arch)
     if as_json:
         print_json({"reference": report.reference, "digest": report.digest, "split": report.split,
                     "repos": list(report.repos), "layers": _layers_json(report.layers),

@@ -488,7 +488,8 @@ def push(reference: str, cache_dir: Path, specs: Sequence[str] = (), lock_path: 
         credentials: username/password; None reads the auth files (:func:`auth_files`).
         timeout: seconds to wait for a connection or any byte of an answer.
         sink: receives upload progress.
-        arch: the config's architecture (default: this machine's).
+        arch: the config's architecture (default: this machine's, :func:`architecture`); the content is portable,
+            but the config, hence the digest, records it.
 
     Returns:
         PushReport.
@@ -503,6 +504,8 @@ def push(reference: str, cache_dir: Path, specs: Sequence[str] = (), lock_path: 
     container = parse_reference(reference)
     if container.digest:
         raise UsageError(f"{reference}: push needs a tag, not a digest", hint="e.g. REGISTRY/NAME:v1")
+    if arch is not None and not re.fullmatch(r"[a-z0-9_]{1,32}", arch):
+        raise UsageError(f"--arch {arch!r}: expected an OCI architecture name such as amd64 or arm64")
     plan = plan_export(cache_dir, specs, lock=read_lock(lock_path) if lock_path else None)
     if not plan.repos:
         raise UsageError(f"nothing to push: {cache_dir} holds no repo", hint="warm it first (hfcache warm)")

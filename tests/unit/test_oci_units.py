@@ -119,3 +119,19 @@ def test_references_parse_like_docker():
 def test_credentials_never_show_the_password():
     creds = Credentials("bot", "hunter2-secret")
     assert "hunter2" not in repr(creds) and "hunter2" not in str(creds)
+
+
+def test_push_option_errors_are_usage_errors_before_any_network(tmp_path):
+    from click.testing import CliRunner
+
+    from hfcache.cli import cli
+
+    cache = make_cache(tmp_path / "cache")
+    runner = CliRunner()
+    for args, needle in ((["--arch", "AMD 64"], "--arch"), (["--username", "u"], "--password-stdin"),
+                         (["--password-stdin"], "--username"), (["--layers", "file"], "--layers")):
+        result = runner.invoke(cli, ["push", "127.0.0.1:9/x/y:v1", "--cache-dir", str(cache), *args], input="pw\n")
+        # Click's own errors exit 2; hfcache's UsageError (exit code 2 in main()) propagates out of the group.
+        refused = result.exit_code == 2 or (isinstance(result.exception, UsageError)
+                                            and result.exception.exit_code == 2)
+        assert refused and needle in (result.output + str(result.exception)), (args, result.output)
