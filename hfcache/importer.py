@@ -85,7 +85,7 @@ class _Member:
     linkname: str = ""
 
 
-class _BoundedTarInfo(tarfile.TarInfo):
+class BoundedTarInfo(tarfile.TarInfo):
     """Library gap: tarfile reads a PAX extended header or a GNU long name whole into memory, whatever size it
     declares (``TarInfo._proc_pax``/``_proc_gnulong``, Python 3.8-3.13), so a small compressed tar could make it
     allocate gigabytes. Such a header is refused before it is read."""
@@ -96,8 +96,23 @@ class _BoundedTarInfo(tarfile.TarInfo):
         return super()._proc_member(tar)
 
 
+def check_tar_member(info: tarfile.TarInfo, directory: Path) -> None:
+    """Refuse a tar member before its content is copied into ``directory`` (``hfcache pull`` uses this too).
+
+    Raises:
+        UsageError: a sparse member (its declared size is mostly holes).
+        CacheError: its declared size does not fit in the free space of ``directory``'s filesystem.
+    """
+    if info.issparse():
+        raise UsageError(f"refused entry {info.name!r}: a sparse file (a cache has none)")
+    if info.isfile() and info.size > free_bytes(directory):
+        raise CacheError(f"refused entry {info.name!r}: its {info.size} bytes do not fit in the "
+                         f"{free_bytes(directory)} bytes free on {directory}'s filesystem (nothing was imported)",
+                         hint="free disk space or import elsewhere")
+
+
 def _members_of_tar(stream: BinaryIO) -> Iterator[tuple[_Member, BinaryIO | None]]:
-    with tarfile.open(fileobj=stream, mode="r|*", tarinfo=_BoundedTarInfo) as tar:
+    with tarfile.open(fileobj=stream, mode="r|*", tarinfo=BoundedTarInfo) as tar:
         for info in tar:
             if info.isdir():
                 yield _Member(info.name, "dir"), None
