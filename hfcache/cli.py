@@ -47,6 +47,20 @@ def _cache_dir_option(what: str = "Cache root"):
                         help=f"{what} [default: HF_HUB_CACHE, $HF_HOME/hub or ~/.cache/huggingface/hub].")
 
 
+def _parsed(name: str):
+    """A Click callback running ``hfcache.units.<name>``, so that a bad value is a usage error naming the option."""
+    def callback(ctx, param, value):
+        from . import units
+
+        if value is None:
+            return None
+        try:
+            return getattr(units, name)(value)
+        except UsageError as exc:
+            raise click.BadParameter(f"{exc.message} ({exc.hint})" if exc.hint else exc.message) from None
+    return callback
+
+
 def _common_hub_options(fn):
     for decorator in reversed([
         click.option("--endpoint", "endpoints", metavar="URL", multiple=True,
@@ -56,7 +70,7 @@ def _common_hub_options(fn):
         click.option("--token-file", type=click.Path(dir_okay=False), help="File holding the Hub token."),
         click.option("--max-workers", type=click.IntRange(min=1), default=8, show_default=True,
                      help="Parallel downloads."),
-        click.option("--timeout", type=click.FloatRange(min=0, min_open=True), default=10.0, show_default=True,
+        click.option("--timeout", metavar="SECONDS", default="10", show_default=True, callback=_parsed("parse_timeout"),
                      help="Seconds to wait for a connection or for any byte of an answer."),
         click.option("--json", "as_json", is_flag=True, help="Print one JSON document on stdout; no progress."),
     ]):
@@ -421,20 +435,6 @@ def link_command(src, dest, mode, as_json) -> None:
     output.show_link(report, as_json=as_json)
 
 
-def _parsed(name: str):
-    """A Click callback running ``hfcache.units.<name>``, so that a bad value is a usage error naming the option."""
-    def callback(ctx, param, value):
-        from . import units
-
-        if value is None:
-            return None
-        try:
-            return getattr(units, name)(value)
-        except UsageError as exc:
-            raise click.BadParameter(f"{exc.message} ({exc.hint})" if exc.hint else exc.message) from None
-    return callback
-
-
 @cli.command()
 @_cache_dir_option()
 @click.option("--older-than", metavar="DURATION", callback=_parsed("parse_duration"),
@@ -617,14 +617,13 @@ def main(argv: list[str] | None = None) -> None:
         _fail(exc.format_message(), f"see `{command} --help`", UsageError.exit_code, as_json)
     except click.ClickException as exc:
         _fail(exc.format_message(), None, exc.exit_code, as_json)
-    except click.Abort:
-        sys.exit(EXIT_INTERRUPTED)
     except HfcacheError as exc:
         if debug:
             raise
         _fail(exc.message, exc.hint, exc.exit_code, as_json)
-    except KeyboardInterrupt:
-        sys.exit(EXIT_INTERRUPTED)
+    except (KeyboardInterrupt, click.Abort):
+        _fail("interrupted", "run the command again; what was interrupted was not published", EXIT_INTERRUPTED,
+              as_json)
     except Exception as exc:  # noqa: BLE001 - the one place unexpected errors are turned into an exit code
         if debug:
             raise
