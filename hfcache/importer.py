@@ -286,6 +286,10 @@ def import_members(members: Callable[[], Iterable[tuple[Member, BinaryIO | None]
             checked = _check_target(plan, folders, move_refs)
             published = True
             return _publish(plan, staging, cache_dir, folders, checked)
+    except (UsageError, IntegrityError) as exc:
+        if exc.hint is None:  # every refusal of an entry says what happened to the target, and what to do
+            exc.hint = "nothing was imported; the source is corrupt or was crafted, check where it came from"
+        raise
     except OSError as exc:
         raise cache_error(exc, f"import into {cache_dir}") from exc
     finally:
