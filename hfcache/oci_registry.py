@@ -97,7 +97,16 @@ def parse_reference(reference: str):
             container = oras.container.Container(reference)
     except ValueError:
         raise UsageError(f"{reference!r} is not an image reference", hint=_EXAMPLE) from None
-    if not _HOST.fullmatch(container.registry or "") or not 0 < int(container.registry.rpartition(":")[2] or 1) < 65536:
+    rest = reference.split("@", 1)[0]
+    path = rest.rsplit(":", 1)[0] if ":" in rest.rsplit("/", 1)[-1] else rest
+    first, _, remainder = path.partition("/")
+    if remainder and ("." in first or ":" in first or first == "localhost"):
+        path = remainder
+    if path != container.api_prefix:  # oras reads "reg/a//b" as docker.io/b: a name it did not parse as written
+        raise UsageError(f"{reference!r}: repository name {path!r} is not valid (lowercase letters and digits, "
+                         "separated by '.', '_', '__', '-' or '/')", hint=_EXAMPLE)
+    port = re.search(r"(?<=[^:]):([0-9]+)$", container.registry or "")
+    if not _HOST.fullmatch(container.registry or "") or (port and not 0 < int(port.group(1)) < 65536):
         raise UsageError(f"{reference!r}: {container.registry!r} is not a registry host[:port]", hint=_EXAMPLE)
     name = container.api_prefix
     if not _NAME.fullmatch(name) or len(container.registry) + 1 + len(name) > 255:
