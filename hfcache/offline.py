@@ -240,24 +240,6 @@ def guarded_environment(base: Mapping[str, str], offline: OfflineEnv,
     return environ
 
 
-def lock_cache_dir(lock_path: Path, cache_dir: str | os.PathLike[str] | None) -> Path:
-    """The cache a lock is checked against: ``cache_dir``, else the ``cache_dir`` of the manifest beside the lock (as
-    ``warm --lock`` picks it), else the environment's default.
-
-    Raises:
-        UsageError: the manifest beside the lock exists but is invalid.
-    """
-    if cache_dir is not None:
-        return resolve_cache_dir(cache_dir)
-    from .lockfile import ManifestNotFound, find_manifest, load_manifest
-
-    try:
-        manifest = load_manifest(find_manifest(None, start=lock_path.parent))
-    except ManifestNotFound:
-        manifest = None
-    return resolve_cache_dir(manifest.cache_dir if manifest and manifest.cache_dir else None)
-
-
 def check_lock(lock: Lockfile, cache: Path, lock_name: str) -> tuple[CacheStatus, ...]:
     """Check with ``stat`` only (``lockfile.cache_status``: sizes, refs, markers; no hashing) that ``cache`` holds
     ``lock``.
@@ -301,7 +283,7 @@ def prepare_exec(command: Sequence[str], *, cache_dir: str | os.PathLike[str] | 
     hosts = parse_allow_hosts(allow_hosts)
     statuses: tuple[CacheStatus, ...] = ()
     if lock is not None:
-        from .lockfile import read_lock
+        from .lockfile import lock_cache_dir, read_lock
 
         lock_path = Path(lock)
         cache = lock_cache_dir(lock_path, cache_dir)
@@ -450,7 +432,7 @@ def enforce_offline(cache_dir: str | os.PathLike[str] | None = None, *,
     """
     hosts = parse_allow_hosts(allow_hosts)
     if lock is not None:
-        from .lockfile import Lockfile, read_lock
+        from .lockfile import Lockfile, lock_cache_dir, read_lock
 
         if isinstance(lock, Lockfile):
             cache = resolve_cache_dir(cache_dir)

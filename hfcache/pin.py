@@ -16,7 +16,7 @@ from .errors import HfcacheError, HubError, IntegrityError
 from .hub import HubClient
 from .lockfile import LockedFile, LockedRepo, Lockfile, Manifest
 from .records import WarmRequest
-from .selection import select, shards_from_index
+from .selection import MAX_PARSE_BYTES, custom_code_paths, select, shards_from_index
 
 
 @dataclass(frozen=True)
@@ -57,15 +57,29 @@ def resolve_entry(client: HubClient, request: WarmRequest) -> LockedRepo:
     selection = select(by_path, request.kind, request.include, request.exclude)
     paths = set(selection.paths)
     for index in selection.needs_index:
-        buffer = io.BytesIO()
-        client.download(repo, by_path[index], buffer)
         try:
-            paths |= shards_from_index(buffer.getvalue(), by_path, index)
+            paths |= shards_from_index(_download(client, repo, by_path[index], limit=None), by_path, index)
         except ValueError as exc:
             raise IntegrityError(f"{request.repo_id}: {exc}") from None
+    absent = selection.absent
+    if selection.needs_config:  # custom code named by auto_map (read in memory, hash-checked, never executed)
+        code = custom_code_paths(selection.needs_config, lambda p: _download(client, repo, by_path[p]), by_path,
+                                 request.kind, request.exclude)
+        paths |= set(code.paths)
+        absent = tuple(sorted(set(absent) | set(code.absent)))
     files = tuple(LockedFile(path=p, size=by_path[p].size, hash=by_path[p].hash) for p in sorted(paths))
     return LockedRepo(request=request, canonical_id=repo.canonical_id, commit_hash=repo.commit_hash,
-                      files=files, absent=selection.absent)
+                      files=files, absent=absent)
+
+
+def _download(client: HubClient, repo, file, limit: int | None = MAX_PARSE_BYTES) -> bytes:
+    """A small file's bytes, in memory (``HubClient.download`` checks size and hash); ``b""`` above ``limit``
+    bytes (nothing is parsed from it then)."""
+    if limit is not None and file.size > limit:
+        return b""
+    buffer = io.BytesIO()
+    client.download(repo, file, buffer)
+    return buffer.getvalue()
 
 
 def pin(

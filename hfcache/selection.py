@@ -11,10 +11,11 @@ and ``AutoTokenizer`` reading ``config.json`` to pick the class (``models/auto/t
 
 from __future__ import annotations
 
+import ast
 import fnmatch
 import json
 import posixpath
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 from .records import KINDS
@@ -78,11 +79,14 @@ class Selection:
         absent (tuple[str, ...]): optional tokenizer names the repo does not have (``.no_exist`` markers), sorted.
         needs_index (tuple[str, ...]): sharded weight index files whose ``weight_map`` must be read to finish
             the selection (see :func:`shards_from_index`); empty when the selection is complete.
+        needs_config (tuple[str, ...]): config files whose ``auto_map`` may name custom code to fetch too (see
+            :func:`custom_code_paths`); empty when the repo has no Python file or the kind selects every file.
     """
 
     paths: tuple[str, ...]
     absent: tuple[str, ...]
     needs_index: tuple[str, ...] = ()
+    needs_config: tuple[str, ...] = ()
 
 
 def _match(path: str, patterns: Iterable[str]) -> bool:
@@ -173,7 +177,9 @@ def select(
     # Markers for every kind: a tokenizer load from a "model" or "all" warm needs them just the same.
     absent = tuple(sorted(n for n in TOKENIZER_FILENAMES if n not in all_paths))
     needs_index = tuple(i for i in needs_index if i in chosen)
-    return Selection(paths=tuple(sorted(chosen)), absent=absent, needs_index=needs_index)
+    has_code = any(p.endswith(".py") for p in all_paths)
+    needs_config = tuple(c for c in AUTO_MAP_FILES if c in chosen) if kind != "all" and has_code else ()
+    return Selection(paths=tuple(sorted(chosen)), absent=absent, needs_index=needs_index, needs_config=needs_config)
 
 
 def shards_from_index(index_bytes: bytes, available: Iterable[str], index_path: str) -> set[str]:
@@ -201,6 +207,139 @@ def shards_from_index(index_bytes: bytes, available: Iterable[str], index_path: 
     if missing:
         raise ValueError(f"{index_path} names shards the repo does not have: {', '.join(missing[:3])}")
     return shards
+
+
+#: Root files whose ``auto_map`` names the custom code a load runs, and the ``auto_map`` keys that matter for a
+#: tokenizer load (transformers 5.24: ``models/auto/tokenization_auto.py`` takes ``AutoTokenizer`` from
+#: ``tokenizer_config.json`` (a dict entry, or the legacy list form), and first loads the config through
+#: ``AutoConfig``, which runs ``config.json``'s ``auto_map["AutoConfig"]`` (``models/auto/configuration_auto.py``)).
+#: ``config.json``'s ``AutoTokenizer`` is read by transformers 4.x; it is followed too.
+AUTO_MAP_FILES: tuple[str, ...] = ("tokenizer_config.json", "config.json")
+#: Configs and code files larger than this are not parsed for ``auto_map`` or imports (a hostile repo's 5 GB
+#: "config.json" must not be read into memory); readers passed to :func:`custom_code_paths` return ``b""`` then.
+MAX_PARSE_BYTES = 16 * 1024 * 1024
+_TOKENIZER_AUTO_KEYS = {"tokenizer_config.json": ("AutoTokenizer",), "config.json": ("AutoConfig", "AutoTokenizer")}
+
+
+def auto_map_refs(config_path: str, config_bytes: bytes, kind: str = "tokenizer") -> tuple[str, ...]:
+    """The class references (``module.ClassName``, or ``org/repo--module.ClassName``) a config's ``auto_map`` names.
+
+    Args:
+        config_path (str): ``tokenizer_config.json`` or ``config.json`` (selects the keys that matter).
+        config_bytes (bytes): the file's content. Not JSON, or no ``auto_map``: no reference.
+        kind (str): ``tokenizer``: only the keys a tokenizer load uses (:data:`AUTO_MAP_FILES`); other kinds: every
+            key (``AutoModel...`` too).
+
+    Returns:
+        tuple[str, ...]: references in file order, without duplicates or ``null`` entries.
+    """
+    try:
+        auto_map = json.loads(config_bytes).get("auto_map")
+    except (ValueError, AttributeError, UnicodeDecodeError):
+        return ()
+    if isinstance(auto_map, list):  # legacy tokenizer_config form: [slow, fast]
+        auto_map = {"AutoTokenizer": auto_map}
+    if not isinstance(auto_map, dict):
+        return ()
+    keys = _TOKENIZER_AUTO_KEYS.get(config_path, ()) if kind == "tokenizer" else tuple(auto_map)
+    refs: list[str] = []
+    for key in keys:
+        value = auto_map.get(key)
+        for ref in value if isinstance(value, list) else [value]:
+            if isinstance(ref, str) and ref and ref not in refs:
+                refs.append(ref)
+    return tuple(refs)
+
+
+def module_path(class_ref: str) -> str | None:
+    """The repo path of the module a class reference lives in, as transformers derives it
+    (``dynamic_module_utils.get_class_from_dynamic_module``: ``module_file, class_name = ref.split(".")``, then
+    ``module_file + ".py"``); None for a reference into another repo (``org/repo--module.Class``: that repo must be
+    warmed itself) or one transformers could not load either (not exactly ``module.Class``, or an unsafe path).
+    """
+    if "--" in class_ref:
+        return None
+    parts = class_ref.split(".")
+    if len(parts) != 2 or not all(parts):
+        return None
+    try:
+        return validate_repo_path(parts[0] + ".py")
+    except UnsafePath:
+        return None
+
+
+def relative_imports(source: bytes, path: str) -> tuple[str, ...]:
+    """The repo paths of the modules a custom-code file imports relatively, parsed with ``ast`` (never executed).
+
+    transformers copies them into its modules cache beside the file (``dynamic_module_utils.get_relative_imports``:
+    ``from .NAME import ...`` becomes ``<folder>/NAME.py``, taken literally, a dotted NAME included), so only
+    ``from .NAME import`` (one leading dot) is followed, like transformers. A file that does not parse has none (its
+    load fails anyway).
+    """
+    try:
+        tree = ast.parse(source, filename=path)
+    except (SyntaxError, ValueError):
+        return ()
+    folder = posixpath.dirname(path)
+    found: list[str] = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.level == 1 and node.module:
+            candidate = posixpath.join(folder, node.module + ".py")
+            try:
+                validate_repo_path(candidate)
+            except UnsafePath:
+                continue
+            if candidate not in found:
+                found.append(candidate)
+    return tuple(sorted(found))
+
+
+@dataclass(frozen=True)
+class CustomCode:
+    """The custom code a repo's configs name.
+
+    Attributes:
+        paths (tuple[str, ...]): Python files of the repo to fetch: the modules ``auto_map`` names and, recursively,
+            the modules they import relatively; sorted.
+        absent (tuple[str, ...]): files named that way which the repo does not have (``.no_exist`` markers: an
+            offline load then fails at once with "no file named" instead of "couldn't connect"); sorted.
+        foreign (tuple[str, ...]): class references into other repos (``org/repo--module.Class``); not fetched.
+    """
+
+    paths: tuple[str, ...] = ()
+    absent: tuple[str, ...] = ()
+    foreign: tuple[str, ...] = ()
+
+
+def custom_code_paths(configs: Iterable[str], read: Callable[[str], bytes], available: Iterable[str],
+                      kind: str = "tokenizer", exclude: Sequence[str] = ()) -> CustomCode:
+    """Follow ``auto_map`` from the configs to the Python files a load runs, without executing any of them.
+
+    Args:
+        configs: config paths to read (:attr:`Selection.needs_config`).
+        read: returns a repo file's bytes (the caller fetches it first when needed); only called on paths of
+            ``available``.
+        available: every path of the repo at the commit.
+        kind: as :func:`auto_map_refs`.
+        exclude: globs never fetched (``--exclude`` wins here too; an excluded file gets no marker either).
+
+    Returns:
+        CustomCode.
+    """
+    have = set(available)
+    refs = [ref for config in configs if config in have for ref in auto_map_refs(config, read(config), kind)]
+    foreign = tuple(sorted({r for r in refs if "--" in r}))
+    queue = sorted({m for m in (module_path(r) for r in refs) if m})
+    seen: set[str] = set()
+    while queue:
+        path = queue.pop()
+        if path in seen:
+            continue
+        seen.add(path)
+        if path in have and not (exclude and _match(path, exclude)):
+            queue.extend(p for p in relative_imports(read(path), path) if p not in seen)
+    kept = {p for p in seen if not (exclude and _match(p, exclude))}
+    return CustomCode(paths=tuple(sorted(kept & have)), absent=tuple(sorted(kept - have)), foreign=foreign)
 
 
 class UnsafePath(ValueError):

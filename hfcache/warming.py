@@ -35,7 +35,7 @@ from .errors import HfcacheError, HubError, IntegrityError, InternalError, Usage
 from .hub import HubClient, RemoteFile, RepoRevision, hash_file
 from .records import NoProgress, ProgressSink, RepoResult, WarmedFile, WarmReport, WarmRequest
 from .lockfile import LockedRepo
-from .selection import Selection, select, shards_from_index
+from .selection import MAX_PARSE_BYTES, Selection, custom_code_paths, select, shards_from_index
 
 def resolve_token(token: str | bool | None) -> str | None:
     """``None`` -> the token huggingface_hub would use (``HF_TOKEN``, then the token file); ``False`` -> none."""
@@ -230,6 +230,13 @@ class _RepoJob:
                         paths |= shards_from_index(data, by_path, index)
                     except ValueError as exc:
                         raise IntegrityError(f"{req.repo_id}: {exc}") from None
+            absent = selection.absent
+            if selection.needs_config:
+                # The custom code a load runs is named inside the configs (auto_map): fetch them, then the code.
+                code = custom_code_paths(selection.needs_config, lambda p: self._read(repo, canonical, by_path[p]),
+                                         by_path, req.kind, req.exclude)
+                paths |= set(code.paths)
+                absent = tuple(sorted(set(absent) | set(code.absent)))
             files = [by_path[p] for p in sorted(paths)]
             self.sink.repo_started(self.key, req.spec, len(files), sum(f.size for f in files))
             sources = self._fetch(repo, canonical, files)
@@ -239,7 +246,7 @@ class _RepoJob:
             if self.stop.is_set():
                 raise _Cancelled(f"{req.repo_id}: interrupted before publishing")
             for folder in folders:
-                self._publish(folder, repo, files, selection.absent)
+                self._publish(folder, repo, files, absent)
         finally:
             for lock in reversed(locks):
                 lock.__exit__(None, None, None)
@@ -248,8 +255,16 @@ class _RepoJob:
             canonical_id=repo.canonical_id,
             commit_hash=repo.commit_hash,
             files=tuple(WarmedFile(f.path, f.size, f.hash, sources[f.path]) for f in files),
-            absent=selection.absent,
+            absent=absent,
         )
+
+    def _read(self, repo: RepoRevision, folder: RepoFolder, file: RemoteFile) -> bytes:
+        """A small file's verified bytes (a config or custom code to parse): fetched into the cache first if needed;
+        ``b""`` (nothing to follow) above ``selection.MAX_PARSE_BYTES``."""
+        if file.size > MAX_PARSE_BYTES:
+            return b""
+        self._fetch(repo, folder, [file])
+        return folder.blob_path(file.etag).read_bytes()
 
     def _fetch(self, repo: RepoRevision, folder: RepoFolder, files: Iterable[RemoteFile]) -> dict[str, str]:
         """Ensure every file's blob is in ``folder``, in parallel; return path -> source. First error wins."""
