@@ -23,6 +23,11 @@ The variables (checked against huggingface_hub 2.4.0 and transformers 5.24.0; DE
                                     refresh an OAuth login (a network call and a file write, ``utils/_auth.py``
                                     ``_refresh_oauth_token_if_needed``); with this set, ``get_token_to_send``
                                     (``utils/_headers.py``) skips all of it.
+``HF_MODULES_CACHE=<private tmp>``  only when the folder transformers copies ``trust_remote_code`` code into
+                                    (``HF_MODULES_CACHE``, default ``$HF_HOME/modules``: transformers
+                                    ``utils/hub.py``) cannot be written here, e.g. a read-only HOME; an explicit
+                                    ``HF_MODULES_CACHE`` is never replaced. See :mod:`hfcache.modules_cache` for
+                                    the folder chosen (``<tmp>/hfcache-modules-<uid>``, mode 0700) and why.
 ==================================  ===========================================================================
 
 Left out on purpose: ``HF_HUB_DISABLE_XET`` (Xet is used only to download a file, after its metadata request,
@@ -112,15 +117,19 @@ class OfflineEnv:
         return dict(self.variables)
 
 
-def offline_environment(cache_dir: str | os.PathLike[str] | None = None) -> OfflineEnv:
+def offline_environment(cache_dir: str | os.PathLike[str] | None = None,
+                        environ: Mapping[str, str] | None = None) -> OfflineEnv:
     """The offline variables for ``cache_dir`` (see the module docstring for each one and its source).
 
     Args:
         cache_dir: the cache root; default: ``HF_HUB_CACHE``, ``$HF_HOME/hub`` or ``~/.cache/huggingface/hub``
             (``cache.default_cache_dir``). Made absolute.
+        environ: the environment the variables will be added to (default ``os.environ``): it decides whether the
+            modules cache needs moving (``modules_cache.modules_cache_override``, which creates the private folder).
 
     Returns:
-        OfflineEnv: ``HF_HOME`` (only when the cache folder is named ``hub``), ``HF_HUB_CACHE``, then the flags.
+        OfflineEnv: ``HF_HOME`` (only when the cache folder is named ``hub``), ``HF_HUB_CACHE``, ``HF_MODULES_CACHE``
+        (only when its default cannot be written), then the flags.
 
     Raises:
         UsageError: the path contains a newline or NUL (no output format can carry it).
@@ -132,6 +141,14 @@ def offline_environment(cache_dir: str | os.PathLike[str] | None = None) -> Offl
     if cache.name == "hub":
         variables.append(("HF_HOME", str(cache.parent)))
     variables.append(("HF_HUB_CACHE", str(cache)))
+    from .modules_cache import ENV_NAME, modules_cache_override
+
+    try:
+        modules = modules_cache_override({**(os.environ if environ is None else environ), **dict(variables)})
+    except OSError:
+        modules = None  # no writable temporary folder either: leave it to transformers (doctor reports it)
+    if modules is not None:
+        variables.append((ENV_NAME, str(modules)))
     variables.extend(OFFLINE_FLAGS)
     return OfflineEnv(cache_dir=cache, variables=tuple(variables))
 
@@ -290,8 +307,9 @@ def prepare_exec(command: Sequence[str], *, cache_dir: str | os.PathLike[str] | 
         statuses = check_lock(read_lock(lock_path), cache, str(lock))
     else:
         cache = resolve_cache_dir(cache_dir)
-    offline = offline_environment(cache)
-    child_env = guarded_environment(os.environ if environ is None else environ, offline, hosts)
+    base = os.environ if environ is None else environ
+    offline = offline_environment(cache, base)
+    child_env = guarded_environment(base, offline, hosts)
     return ExecPlan(argv=tuple(command), environ=child_env, offline=offline,
                     allow_hosts=tuple(str(h) for h in hosts), lock_statuses=statuses)
 
