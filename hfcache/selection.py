@@ -79,8 +79,10 @@ class Selection:
         absent (tuple[str, ...]): optional tokenizer names the repo does not have (``.no_exist`` markers), sorted.
         needs_index (tuple[str, ...]): sharded weight index files whose ``weight_map`` must be read to finish
             the selection (see :func:`shards_from_index`); empty when the selection is complete.
-        needs_config (tuple[str, ...]): config files whose ``auto_map`` may name custom code to fetch too (see
-            :func:`custom_code_paths`); empty when the repo has no Python file or the kind selects every file.
+        needs_config (tuple[str, ...]): config files to read to finish the selection (see :func:`follow_configs`):
+            ``tokenizer_config.json``/``config.json`` whose ``auto_map`` may name custom code (only when the repo has
+            a Python file), and for ``kind="model"`` a sentence-transformers ``modules.json`` naming module folders;
+            empty when the kind selects every file.
     """
 
     paths: tuple[str, ...]
@@ -170,15 +172,19 @@ def select(
                 p for p in all_paths
                 if _match(p, _MODEL_SIDE_GLOBS) and not p.startswith(_EXPORT_DIRS)
             }
-            weights, needs_index = _weight_paths(all_paths)
+            weights, needs_index = _weight_paths(all_paths)  # root weights; module folders: follow_configs
             chosen |= side | weights
     chosen |= {p for p in all_paths if include and _match(p, include)}
     chosen = {p for p in chosen if not (exclude and _match(p, exclude))}
     # Markers for every kind: a tokenizer load from a "model" or "all" warm needs them just the same.
     absent = tuple(sorted(n for n in TOKENIZER_FILENAMES if n not in all_paths))
     needs_index = tuple(i for i in needs_index if i in chosen)
-    has_code = any(p.endswith(".py") for p in all_paths)
-    needs_config = tuple(c for c in AUTO_MAP_FILES if c in chosen) if kind != "all" and has_code else ()
+    needs_config: tuple[str, ...] = ()
+    if kind != "all":
+        has_code = any(p.endswith(".py") for p in all_paths)
+        needs_config = tuple(c for c in AUTO_MAP_FILES if c in chosen and has_code)
+        if kind == "model" and MODULES_FILE in chosen:
+            needs_config += (MODULES_FILE,)
     return Selection(paths=tuple(sorted(chosen)), absent=absent, needs_index=needs_index, needs_config=needs_config)
 
 
@@ -340,6 +346,88 @@ def custom_code_paths(configs: Iterable[str], read: Callable[[str], bytes], avai
             queue.extend(p for p in relative_imports(read(path), path) if p not in seen)
     kept = {p for p in seen if not (exclude and _match(p, exclude))}
     return CustomCode(paths=tuple(sorted(kept & have)), absent=tuple(sorted(kept - have)), foreign=foreign)
+
+
+#: sentence-transformers' list of modules (``SentenceTransformer._load_sbert_model``): each ``{"path": folder}`` is
+#: loaded from that folder (``""`` or ``"."``: the repo root), e.g. ``1_Pooling/config.json``,
+#: ``2_Dense/model.safetensors``, ``0_StaticEmbedding/{model.safetensors,tokenizer.json}`` (model2vec/static models).
+MODULES_FILE = "modules.json"
+
+
+def module_folder_paths(modules_bytes: bytes, available: Iterable[str]) -> tuple[set[str], tuple[str, ...]]:
+    """The files a sentence-transformers load reads from the module folders ``modules.json`` names: per folder, its
+    tokenizer files, its small side files (configs, ``*.txt``...) and its weights in ONE format (safetensors first,
+    as at the root).
+
+    Args:
+        modules_bytes: the content of ``modules.json`` (a JSON list of ``{"path": ...}``). Not that: nothing.
+        available: every path of the repo.
+
+    Returns:
+        ``(paths, index_files)``: repo paths, and sharded index files in module folders to follow with
+        :func:`shards_from_index`.
+    """
+    try:
+        modules = json.loads(modules_bytes)
+        folders = [m["path"] for m in modules if isinstance(m, dict) and isinstance(m.get("path"), str)]
+    except (ValueError, TypeError, UnicodeDecodeError):
+        return set(), ()
+    have = set(available)
+    chosen: set[str] = set()
+    indexes: list[str] = []
+    for folder in folders:
+        folder = folder.strip("/")
+        if folder in ("", "."):
+            continue  # the root: selected by select() already
+        try:
+            validate_repo_path(folder)
+        except UnsafePath:
+            continue
+        inside = {p[len(folder) + 1:] for p in have if p.startswith(folder + "/")}
+        weights, index_files = _weight_paths(inside)
+        side = {p for p in inside if _match(p, _MODEL_SIDE_GLOBS) and not p.startswith(_EXPORT_DIRS)}
+        chosen |= {f"{folder}/{p}" for p in tokenizer_paths(inside) | side | weights}
+        indexes += [f"{folder}/{i}" for i in index_files]
+    return chosen, tuple(indexes)
+
+
+@dataclass(frozen=True)
+class Followed:
+    """What reading a selection's :attr:`Selection.needs_config` adds: ``paths`` to fetch, ``absent`` names to mark
+    (``.no_exist``), ``needs_index`` sharded indexes to follow next, ``foreign`` custom-code references into other
+    repos (not fetched)."""
+
+    paths: tuple[str, ...] = ()
+    absent: tuple[str, ...] = ()
+    needs_index: tuple[str, ...] = ()
+    foreign: tuple[str, ...] = ()
+
+
+def follow_configs(needs_config: Sequence[str], read: Callable[[str], bytes], available: Iterable[str],
+                   kind: str = "tokenizer", exclude: Sequence[str] = ()) -> Followed:
+    """Finish a selection from the configs it needs (:attr:`Selection.needs_config`): custom code named by
+    ``auto_map`` (:func:`custom_code_paths`) and sentence-transformers module folders (:func:`module_folder_paths`).
+
+    Args:
+        needs_config: the configs to read.
+        read: returns a repo file's bytes (the caller fetches and hash-checks it first); only called on available
+            paths.
+        available: every path of the repo at the commit.
+        kind: the selection's kind.
+        exclude: globs never selected (as in :func:`select`).
+
+    Returns:
+        Followed.
+    """
+    have = set(available)
+    code = custom_code_paths([c for c in needs_config if c in AUTO_MAP_FILES], read, have, kind, exclude)
+    modules: set[str] = set()
+    indexes: tuple[str, ...] = ()
+    if MODULES_FILE in needs_config and MODULES_FILE in have:
+        modules, indexes = module_folder_paths(read(MODULES_FILE), have)
+    keep = {p for p in modules | set(code.paths) if not (exclude and _match(p, exclude))}
+    return Followed(paths=tuple(sorted(keep)), absent=code.absent,
+                    needs_index=tuple(i for i in indexes if i in keep), foreign=code.foreign)
 
 
 class UnsafePath(ValueError):
