@@ -191,6 +191,8 @@ def custom_code_refs(cache_dir: Path, target: CheckTarget) -> tuple[str, ...]:
     refs: list[str] = []
     for name in AUTO_MAP_FILES if snapshot is not None else ():
         try:
+            if (snapshot / name).stat().st_size > MAX_PARSE_BYTES:
+                continue
             data = (snapshot / name).read_bytes()
         except OSError:
             continue
@@ -241,7 +243,7 @@ def check_tokenizers(cache_dir: Path, targets: list[CheckTarget], text: str = DE
     args = [a for t in targets for a in (["--trust-remote-code", t.spec] if t.trust_remote_code else [])]
     try:
         proc = subprocess.run([sys.executable, "-m", "hfcache.probe", text, *[t.spec for t in targets], *args],
-                              capture_output=True, text=True, env=env, timeout=timeout)
+                              stdin=subprocess.DEVNULL, capture_output=True, text=True, env=env, timeout=timeout)
     finally:
         _remove_tree(home)
         _remove_tree(Path(modules))
@@ -290,6 +292,8 @@ def custom_code_cause(cache_dir: Path, target: CheckTarget, error: str) -> str |
     """
     refs = custom_code_refs(cache_dir, target)
     if not refs:
+        if "trust_remote_code=True" in error:  # code named where hfcache does not look (a newer transformers)
+            return "custom code: the load needs trust_remote_code=True (the repo's auto_map names code)"
         return None
     foreign = sorted({r.split("--", 1)[0] for r in refs if "--" in r})
     if foreign and any(repo in error for repo in foreign):

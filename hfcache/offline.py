@@ -363,7 +363,7 @@ class OfflineSettings:
     allow_hosts: tuple[str, ...] = ()
 
 
-def _module_constants(cache: Path) -> list[tuple[str, str, Any]]:
+def _module_constants(cache: Path, modules: str | None = None) -> list[tuple[str, str, Any]]:
     """``(module, NAME, value)`` of every copy of an offline setting that a library computed at import time.
 
     Found in huggingface_hub 2.4.0 and transformers 5.24.0: ``huggingface_hub/constants.py`` reads every ``HF_*``
@@ -372,9 +372,13 @@ def _module_constants(cache: Path) -> list[tuple[str, str, Any]]:
     ``from ..constants import HF_HUB_CACHE`` (``utils/_cache_manager.py``, ``scan_cache_dir``'s default).
     transformers 5 keeps no copy of these (it imports ``is_offline_mode`` and ``constants`` from huggingface_hub);
     transformers 4 had ``utils/hub.py: _is_offline_mode``; ``datasets`` has ``config.HF_DATASETS_OFFLINE`` and
-    ``config.HF_HUB_OFFLINE``. ``HF_HOME``-derived paths (token file, trust_remote_code modules) are not touched.
+    ``config.HF_HUB_OFFLINE``. ``HF_HOME``-derived paths (token file) are not touched, except the modules cache when
+    ``modules`` moves it (``HF_MODULES_CACHE``: copied by ``transformers.utils.hub`` and imported by name into
+    ``transformers.dynamic_module_utils``, which uses its own copy).
     """
-    return [
+    moved = [("transformers.utils.hub", "HF_MODULES_CACHE", modules),
+             ("transformers.dynamic_module_utils", "HF_MODULES_CACHE", modules)] if modules else []
+    return moved + [
         ("huggingface_hub.constants", "HF_HUB_OFFLINE", True),
         ("huggingface_hub.constants", "HF_HUB_CACHE", str(cache)),
         ("huggingface_hub.constants", "HF_HUB_DISABLE_TELEMETRY", True),
@@ -387,7 +391,7 @@ def _module_constants(cache: Path) -> list[tuple[str, str, Any]]:
     ]
 
 
-def _sync_imported_modules(cache: Path) -> tuple[str, ...]:
+def _sync_imported_modules(cache: Path, modules: str | None = None) -> tuple[str, ...]:
     """Set the import-time copies of the offline settings in modules already imported, then check that the libraries
     now report offline mode and this cache through their own accessors.
 
@@ -396,7 +400,7 @@ def _sync_imported_modules(cache: Path) -> tuple[str, ...]:
             does not know about).
     """
     patched = []
-    for module_name, attr, value in _module_constants(cache):
+    for module_name, attr, value in _module_constants(cache, modules):
         module = sys.modules.get(module_name)
         if module is not None and hasattr(module, attr) and getattr(module, attr) != value:
             setattr(module, attr, value)
@@ -428,7 +432,7 @@ def enforce_offline(cache_dir: str | os.PathLike[str] | None = None, *,
     Best called first thing, before transformers or huggingface_hub is imported: they read ``HF_*`` at import time.
     If they were already imported, their import-time copies of these settings are updated too (see
     ``_module_constants`` for the list and its source), and the libraries' own accessors are checked afterwards;
-    ``HF_HOME``-derived paths (token file, ``trust_remote_code`` modules) keep their import-time values.
+    ``HF_HOME``-derived paths keep their import-time values (the token file), except a moved ``HF_MODULES_CACHE``.
     Subprocesses inherit the environment but not the guard (use ``hfcache exec`` for those).
 
     Args:
@@ -462,7 +466,7 @@ def enforce_offline(cache_dir: str | os.PathLike[str] | None = None, *,
         cache = resolve_cache_dir(cache_dir)
     offline = offline_environment(cache)
     os.environ.update(offline.variables)
-    patched = _sync_imported_modules(cache)
+    patched = _sync_imported_modules(cache, offline.as_dict().get("HF_MODULES_CACHE"))
     network_guard.install(hosts, enforce=True)
     return OfflineSettings(cache_dir=cache, environ=offline.as_dict(), patched=patched,
                            allow_hosts=tuple(str(h) for h in hosts))

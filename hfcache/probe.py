@@ -37,8 +37,9 @@ def probe(text: str, specs: list[str], trusted: frozenset[str] = frozenset()) ->
         t0 = time.perf_counter()
         seen = len(_attempts())
         try:
-            extra = {"trust_remote_code": True} if spec in trusted else {}
-            tokenizer = AutoTokenizer.from_pretrained(repo_id, revision=revision or "main", **extra)
+            # Explicit either way: with None, transformers asks on stdin ("Do you wish to run the custom code?").
+            tokenizer = AutoTokenizer.from_pretrained(repo_id, revision=revision or "main",
+                                                      trust_remote_code=spec in trusted)
             ids = tokenizer(text)["input_ids"]
             attempts = _attempts()[seen:]
             if attempts:  # it loaded, but only because the library swallowed the refused connection
@@ -66,7 +67,9 @@ def main() -> None:
     parser.add_argument("specs", nargs="*")
     parser.add_argument("--trust-remote-code", action="append", default=[], metavar="SPEC")
     args = parser.parse_args()
-    print(json.dumps(probe(args.text, args.specs, frozenset(args.trust_remote_code))), flush=True)
+    results = probe(args.text, args.specs, frozenset(args.trust_remote_code))
+    # On a line of its own: loaded code may have written to stdout without a final newline.
+    print("\n" + json.dumps(results), flush=True)
 
 
 if __name__ == "__main__":

@@ -134,6 +134,17 @@ print(json.dumps({"equal": bool(np.array_equal(offline, local)), "shape": list(o
     assert result["configs"] == {i: "bert" for i in TRANSFORMERS_REPOS}
 
 
+@pytest.mark.slow
+def test_check_passes_on_every_model_repo_custom_code_included(model_cache):
+    cache, _ = model_cache
+    proc = run_hfcache(["check", "--cache-dir", str(cache), "--json"])
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    rows = {r["repo_id"]: r for r in json.loads(proc.stdout)["tokenizers"]}
+    assert set(rows) == set(EXPECTED_MODEL_FILES)
+    assert {i for i, r in rows.items() if r["trust_remote_code"]} == {ACME}  # exactly where auto_map needs it
+    assert rows[ACME]["class"] == "AcmeTokenizer"
+
+
 LOAD_ACME = r"""
 import json, sys
 from transformers import AutoTokenizer
