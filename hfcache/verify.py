@@ -277,11 +277,7 @@ def verify_cache(
                 source = "trees/ listing"
             problems.extend(_check_expected(repo, rev, expected, source, jobs, owners, info.cache_dir))
 
-    for repo_id in sorted((wanted or set()) - {r.repo_id for r in info.repos}):
-        for name in sorted(specs[repo_id]) or [""]:
-            label = f"{repo_id}@{name}" if name else repo_id
-            problems.append(Problem(repo_id, name, "", "revision_missing", f"{label} is not in the cache",
-                                    repo_folder_name(repo_id)))
+    problems.extend(_named_repos_missing(specs, info.repos))
     if lock is not None:
         problems.extend(lock_repos_missing(lock, info.cache_dir, wanted))
     total = sum(job[3] for job in jobs.values())
@@ -320,6 +316,15 @@ def verify_cache(
         seconds=time.monotonic() - started,
         problems=tuple(problems),
     )
+
+
+def _named_repos_missing(specs: dict[str, set[str]], repos: Iterable[RepoInfo]) -> list[Problem]:
+    """A ``revision_missing`` problem for each repo named on the command line that has no folder in the cache."""
+    present = {r.repo_id for r in repos}
+    return [Problem(repo_id, name, "", "revision_missing",
+                    f"{repo_id}@{name} is not in the cache" if name else f"{repo_id} is not in the cache",
+                    repo_folder_name(repo_id))
+            for repo_id in sorted(set(specs) - present) for name in sorted(specs[repo_id]) or [""]]
 
 
 def _only_revisions(repo: RepoInfo, revisions: set[str]) -> tuple[RepoInfo, list[Problem]]:

@@ -241,6 +241,9 @@ def test_lock_commands_read_the_manifests_cache(model_hub, tmp_path):
     repos = json.loads(listed.stdout)["repos"]
     assert {r["repo_id"] for r in repos} == {ACME, f"{ORG}/tiny-model2vec"}
     assert all(rev["pinned"] for r in repos for rev in r["revisions"])
+    exported = run_hfcache(["export", str(tmp_path / "out"), "--lock", lock, "--json"], env=env)
+    assert exported.returncode == 0, exported.stderr
+    assert (tmp_path / "out" / f"models--{ACME.replace('/', '--')}").is_dir()
     # --cache-dir still wins over the manifest.
     overridden = run_hfcache(["verify", "--lock", lock, "--cache-dir", str(decoy), "--json"], env=env)
     assert overridden.returncode == 1
