@@ -1,6 +1,9 @@
 """Which files of a repo to fetch: the tokenizer set, a model in one weight format, or everything.
 
-Pure functions over a repo's file listing; no network, no filesystem.
+Pure functions over a repo's file listing; no network, no filesystem. Some selections need file contents to finish
+(:attr:`Selection.needs_index`, :attr:`Selection.needs_config`): the caller fetches and hash-checks those files and
+passes their bytes to :func:`shards_from_index` / :func:`follow_configs` (custom code named by ``auto_map``, parsed
+with ``ast`` and never executed; sentence-transformers module folders named by ``modules.json``).
 
 The tokenizer file names come from transformers 5.x: ``tokenization_utils_base.py`` (``tokenizer_config.json``,
 ``special_tokens_map.json``, ``added_tokens.json``, ``tokenizer.json``, ``chat_template.jinja``,
