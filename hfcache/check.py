@@ -157,13 +157,13 @@ def targets_from_cache(cache_dir: Path, specs: Iterable[str] = ()) -> list[Check
     for repo in scan_cache(cache_dir, set(wanted) or None).repos:
         if repo.repo_type != "model":
             continue
-        asked = wanted.get(repo.repo_id, set())
-        revisions = cached_revisions(repo)
-        if asked:
-            commits = dict(revisions)
-            revisions = [(rev, commits.get(rev, rev)) for rev in sorted(asked)]
-        for revision, commit in revisions:
-            if asked or _has_tokenizer(repo, commit):
+        asked = wanted.get(repo.repo_id)
+        if asked:  # exactly the revisions named, loadable or not
+            targets += [CheckTarget(repo.repo_id, revision) for revision in sorted(asked)]
+            found.add(repo.repo_id)
+            continue
+        for revision, commit in cached_revisions(repo):
+            if _has_tokenizer(repo, commit):
                 targets.append(CheckTarget(repo.repo_id, revision))
                 found.add(repo.repo_id)
     for repo_id, asked in sorted(wanted.items()):
