@@ -87,7 +87,8 @@ def private_modules_dir(tmp: str | None = None) -> Path:
 
 def modules_cache_override(environ: Mapping[str, str]) -> Path | None:
     """The ``HF_MODULES_CACHE`` value ``env``/``exec`` set: None when the environment already names one or its default
-    can be written (nothing to change); else :func:`private_modules_dir` (created now).
+    can be written (nothing to change); else :func:`private_modules_dir` (created now, in ``environ``'s ``TMPDIR``
+    when set, else ``tempfile.gettempdir()``).
 
     Args:
         environ: the environment the command will run with (offline variables included: ``HF_HOME`` may be one).
@@ -95,7 +96,7 @@ def modules_cache_override(environ: Mapping[str, str]) -> Path | None:
     path, explicit = modules_cache(environ)
     if explicit or can_create(path):
         return None
-    return private_modules_dir()
+    return private_modules_dir(environ.get("TMPDIR") or None)
 
 
 @dataclass(frozen=True)

@@ -162,3 +162,50 @@ def test_private_modules_dir_refuses_a_folder_others_can_write(tmp_path):
     first.rmdir()
     os.symlink(tmp_path / "elsewhere", first)  # a link planted under the predictable name
     assert private_modules_dir(str(tmp_path)) not in (first, tmp_path / "elsewhere")
+
+
+def _cache_with_custom_code(tmp_path: Path) -> Path:
+    cache = tmp_path / "hub"
+    snap = cache / "models--org--code" / "snapshots" / ("a" * 40)
+    snap.mkdir(parents=True)
+    (snap / "tokenizer_config.json").write_text(REPO["tokenizer_config.json"])
+    plain = cache / "models--org--plain" / "snapshots" / ("b" * 40)
+    plain.mkdir(parents=True)
+    (plain / "config.json").write_text('{"model_type": "bert"}')
+    return cache
+
+
+def test_doctor_reports_an_unwritable_modules_cache_only_with_custom_code(tmp_path):
+    from hfcache.doctor import doctor, modules_cache_findings
+    from hfcache.modules_cache import custom_code_repos
+
+    cache = _cache_with_custom_code(tmp_path)
+    assert [(r.repo_id, r.refs) for r in custom_code_repos(cache)] == [
+        ("org/code", ("tokenization_x.XTok", "tokenization_x_fast.XTokFast"))]
+    (tmp_path / "file").write_text("")
+    blocked = {"HF_MODULES_CACHE": str(tmp_path / "file" / "modules")}  # a file where the folder would go
+    (finding,) = modules_cache_findings(cache, blocked)
+    assert finding.code == "modules.unwritable" and finding.severity == "error" and "org/code" in finding.message
+    assert "hfcache exec" in finding.fix
+    report = doctor(cache, environ={**blocked, "HF_HUB_CACHE": str(cache), "HF_HUB_OFFLINE": "1"})
+    assert report.exit_code == 1 and "modules.unwritable" in {f.code for f in report.findings}
+    (ok,) = modules_cache_findings(cache, {"HF_HOME": str(tmp_path / "home")})
+    assert ok.code == "modules.writable" and ok.severity == "info"
+    (cache / "models--org--code").rename(tmp_path / "gone")
+    assert modules_cache_findings(cache, blocked) == []  # no custom code cached: nothing to say
+
+
+def test_offline_environment_moves_the_modules_cache_only_when_needed(tmp_path):
+    from hfcache.offline import offline_environment
+
+    (tmp_path / "file").write_text("")
+    cache = tmp_path / "cache"  # not named "hub": HF_HOME is left to the environment
+    blocked = offline_environment(cache, {"HF_HOME": str(tmp_path / "file"), "TMPDIR": str(tmp_path)})
+    moved = Path(blocked.as_dict()["HF_MODULES_CACHE"])
+    assert moved == tmp_path / f"hfcache-modules-{os.geteuid()}"
+    assert moved.is_dir() and stat.S_IMODE(moved.stat().st_mode) == 0o700
+    assert "HF_MODULES_CACHE" not in offline_environment(cache, {"HF_HOME": str(tmp_path)}).as_dict()
+    # A cache folder named "hub" sets HF_HOME to its parent, whose modules/ folder is writable here.
+    assert "HF_MODULES_CACHE" not in offline_environment(tmp_path / "hub", {"HF_HOME": str(tmp_path / "file")}).as_dict()
+    explicit = offline_environment(cache, {"HF_HOME": str(tmp_path / "file"), "HF_MODULES_CACHE": "/x"})
+    assert "HF_MODULES_CACHE" not in explicit.as_dict()  # the user's choice stands (doctor judges it)
