@@ -10,7 +10,7 @@ Custom code: a repo whose cached ``tokenizer_config.json`` / ``config.json`` ``a
 runs (``selection.auto_map_refs``) is loaded with ``trust_remote_code=True``, as its application must load it; every
 other repo without it. transformers copies that code into ``HF_MODULES_CACHE`` before importing it; the child gets a
 private temporary one, so a read-only cache or HOME does not fail the check (``hfcache exec`` handles the runtime
-side, see ``offline.modules_cache_dir``).
+side, see :mod:`hfcache.modules_cache`).
 """
 
 from __future__ import annotations
