@@ -16,7 +16,7 @@ from .errors import HfcacheError, HubError, IntegrityError
 from .hub import HubClient
 from .lockfile import LockedFile, LockedRepo, Lockfile, Manifest
 from .records import WarmRequest
-from .selection import MAX_PARSE_BYTES, follow_configs, select, shards_from_index
+from .selection import MAX_PARSE_BYTES, check_index_size, follow_configs, select, shards_from_index
 
 
 @dataclass(frozen=True)
@@ -66,6 +66,7 @@ def resolve_entry(client: HubClient, request: WarmRequest) -> LockedRepo:
         needs_index += followed.needs_index
     for index in needs_index:
         try:
+            check_index_size(index, by_path[index].size)
             paths |= shards_from_index(_download(client, repo, by_path[index], limit=None), by_path, index)
         except ValueError as exc:
             raise IntegrityError(f"{request.repo_id}: {exc}") from None
