@@ -27,7 +27,7 @@ from typing import BinaryIO
 
 from .errors import CacheError, EndpointUnreachable, HubError, IntegrityError, UsageError
 from .oci import ANNOTATION_PREFIX, DIGEST, LAYER_GZIP, MANIFEST_TYPE, Layer
-from .oci_registry import (Credentials, TransferSink, check, connect, network_errors, parse_reference,
+from .oci_registry import (Credentials, TransferSink, check, connect, network_errors, parse_reference, read_body,
                            stream_errors, url)
 
 INDEX_TYPE = "application/vnd.oci.image.index.v1+json"
@@ -152,7 +152,7 @@ def _get_json(client, container, address: str, what: str, accept: str,
             raise HubError(f"{what}: not found in {container.registry}/{container.api_prefix}",
                            hint="check the name and the tag or digest (`skopeo list-tags docker://REGISTRY/NAME`)")
         check(response, what, 200)
-        body = response.raw.read(_MAX_JSON + 1, decode_content=True)
+        body = read_body(response, _MAX_JSON + 1, container.registry)
         answered = response.headers.get("Docker-Content-Digest")
         media_type = response.headers.get("Content-Type", "").split(";")[0].strip() or None
     if len(body) > _MAX_JSON:

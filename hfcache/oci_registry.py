@@ -1,13 +1,14 @@
 """Registry access for ``hfcache push``/``pull``: references, credentials, requests (on oras-py's session).
 
 The distribution API (distribution-spec v1.1) goes through ``oras`` (oras-py, the ORAS project's Python SDK): its
-reference parsing, its requests session and its bearer-token flow. Library gaps worked around here (checked in oras
+reference parsing, its requests session, its challenge parsing. Library gaps worked around here (checked in oras
 0.2.43, ``provider.py``, ``auth/base.py``, ``auth/utils.py``, ``auth/token.py``):
 
 - ``do_request`` retries *every* exception five times with sleeps of 3 s to 83 s (a refused password or a closed
   port takes minutes) and sends no timeout; its token requests send none either (a silent token endpoint hangs
   forever). So requests go through :class:`_Registry.do_request` and every request of the session has a timeout.
-- its token backend mistakes a ``Basic`` challenge (the distribution registry with htpasswd) for a token realm.
+- its token backend mistakes a ``Basic`` challenge (the distribution registry with htpasswd) for a token realm, and
+  reads a token answer whole into memory: :meth:`_Registry._token` does the token flow with a bounded read.
 - ``load_configs`` reads the auth files into a ``set`` (which file wins is undefined), raises ``JSONDecodeError`` on a
   broken file even when the registry needs no credentials, always reads ``~/.docker/config.json`` (also when
   ``DOCKER_CONFIG`` says otherwise), and a missing credential helper is logged on stderr once per host alias. So
@@ -42,6 +43,7 @@ _HOST = re.compile(r"(?:[A-Za-z0-9](?:[A-Za-z0-9-]*[A-Za-z0-9])?(?:\.[A-Za-z0-9]
                    r"|\[[0-9A-Fa-f:.]+\])(?::[0-9]{1,5})?")
 _EXAMPLE = "e.g. registry.example.com/hf/cache:v1 (lowercase name, tag after ':')"
 _MAX_AUTH_FILE = 1024 * 1024
+_MAX_ANSWER = 1024 * 1024  # an error document, an upload's answer: never more
 _CHUNK = 1024 * 1024
 _HELPER_TIMEOUT = 30.0
 
@@ -297,8 +299,15 @@ def _registry_class():
         def _send(self, method, url, data, headers, json, stream):
             if self._authorization:
                 headers["Authorization"] = self._authorization
-            return self.session.request(method, url, data=data, json=json, headers=headers, stream=stream,
-                                        verify=self._tls_verify, timeout=self._timeout, allow_redirects=True)
+            response = self.session.request(method, url, data=data, json=json, headers=headers, stream=True,
+                                            verify=self._tls_verify, timeout=self._timeout, allow_redirects=True)
+            if not stream:  # library gap: requests reads a whole body into memory; an answer here is small
+                body = read_body(response, _MAX_ANSWER + 1, self.registry_name)
+                if len(body) > _MAX_ANSWER:
+                    raise HubError(f"registry {self.registry_name}: an answer larger than {_MAX_ANSWER} bytes",
+                                   hint="check the registry address; this is not a distribution registry")
+                response._content, response._content_consumed = body, True
+            return response
 
         def _basic(self) -> str | None:
             if not self._explicit and getattr(self.auth, "_basic_auth", None) is None:
@@ -311,15 +320,32 @@ def _registry_class():
             if scheme == "basic" and basic:
                 return f"Basic {basic}"
             if scheme == "bearer":
-                parsed = oras.auth.utils.parse_auth_header(challenge)
-                try:
-                    token = self.auth.request_token(parsed) if basic else self.auth.request_anonymous_token(parsed)
-                except (ValueError, AttributeError, TypeError):  # a token endpoint answering no JSON object
-                    raise HubError(f"registry {self.registry_name}: its token endpoint gave no token",
-                                   hint="check the registry address; its auth service may be down") from None
+                token = self._token(oras.auth.utils.parse_auth_header(challenge), basic)
                 if token:
                     return f"Bearer {token}"
             raise self._auth_error()
+
+        def _token(self, challenge, basic: str | None) -> str | None:
+            """The distribution token flow (oras's ``request_token`` reads an unbounded answer): GET the realm with
+            the challenge's service and scope, with the Basic credentials when there are some."""
+            realm = str(challenge.realm or "")
+            if not realm.startswith(("https://", "http://")):
+                return None
+            params = {key: value for key, value in (("service", challenge.service), ("scope", challenge.scope))
+                      if value}
+            headers = {"Authorization": f"Basic {basic}"} if basic else {}
+            response = self.session.get(realm, params=params, headers=headers, stream=True, verify=self._tls_verify,
+                                        timeout=self._timeout)
+            if response.status_code != 200:
+                response.close()
+                return None
+            try:
+                answer = json.loads(read_body(response, _MAX_ANSWER, self.registry_name))
+                token = answer.get("token") or answer.get("access_token")
+            except (ValueError, AttributeError, RecursionError):
+                raise HubError(f"registry {self.registry_name}: its token endpoint gave no token",
+                               hint="check the registry address; its auth service may be down") from None
+            return str(token) if token else None
 
         def _auth_error(self) -> RegistryAuthError:
             basic = getattr(self.auth, "_basic_auth", None)
@@ -374,6 +400,21 @@ def stream_errors() -> tuple[type[BaseException], ...]:
     return (urllib3.exceptions.HTTPError, requests.exceptions.RequestException, ConnectionError, TimeoutError)
 
 
+def read_body(response, limit: int, registry: str) -> bytes:
+    """At most ``limit`` bytes of a streamed answer (decoded), then the answer is closed.
+
+    Raises:
+        EndpointUnreachable: the connection broke while reading.
+    """
+    try:
+        return response.raw.read(limit, decode_content=True)
+    except stream_errors() as exc:
+        raise EndpointUnreachable(f"registry {registry}: the answer broke off ({type(exc).__name__})",
+                                  hint="check the registry and try again") from None
+    finally:
+        response.close()
+
+
 def _reason(exc: Exception) -> str:
     text = str(exc)
     for needle in ("Connection refused", "Name or service not known", "Connection reset", "Remote end closed"):
@@ -391,8 +432,9 @@ def check(response, what: str, *expected: int) -> None:
     if response.status_code in expected:
         return
     detail = ""
-    with contextlib.suppress(ValueError, AttributeError, TypeError):
-        errors = response.json().get("errors") or []
+    with contextlib.suppress(ValueError, AttributeError, TypeError, RecursionError, *stream_errors()):
+        body = response.content if response._content_consumed else response.raw.read(_MAX_ANSWER, decode_content=True)
+        errors = json.loads(body).get("errors") or []
         detail = "; ".join(f"{e.get('code')}: {e.get('message')}" for e in errors if isinstance(e, dict))[:300]
     if response.status_code in (401, 403):
         raise RegistryAuthError(f"{what}: access denied (HTTP {response.status_code}) {detail}".rstrip(),

@@ -8,6 +8,8 @@ canary file beside it untouched.
 
 from __future__ import annotations
 
+import base64
+import contextlib
 import hashlib
 import http.server
 import json
@@ -446,3 +448,83 @@ def test_ctrl_c_during_pull_json_prints_one_document_and_leaves_nothing(seed, re
     document = json.loads(out)
     assert document["ok"] is False and document["exit_code"] == 130 and document["hint"]
     assert not (tmp_path / "new").exists(), "an interrupted pull into a new cache leaves nothing"
+
+
+# --- Bearer token flow (a token service in front of the registry), bounded and with credentials -----------------
+
+
+class _TokenGate(http.server.ThreadingHTTPServer):
+    """A registry front that wants ``Bearer <token>`` (401 with a token realm otherwise) and its token service:
+    ``/token`` gives the token for the right Basic credentials, or ``flood`` bytes of junk when set."""
+
+    daemon_threads = True
+
+    def __init__(self, upstream: str, basic: str, flood: int = 0) -> None:
+        self.upstream, self.basic, self.flood, self.token = upstream, basic, flood, "t0k3n-" + "x" * 20
+        super().__init__(("127.0.0.1", 0), _GateHandler)
+
+
+class _GateHandler(http.server.BaseHTTPRequestHandler):
+    def log_message(self, *args) -> None:
+        pass
+
+    def do_GET(self) -> None:  # noqa: N802 - http.server's name
+        gate: _TokenGate = self.server  # type: ignore[assignment]
+        if self.path.startswith("/token"):
+            if gate.flood:
+                self.send_response(200)
+                self.send_header("Content-Length", str(gate.flood))
+                self.end_headers()
+                with contextlib.suppress(ConnectionError):  # the client stops reading at its bound
+                    self.wfile.write(b"[" * gate.flood)
+                return
+            if self.headers.get("Authorization") != f"Basic {gate.basic}":
+                self.send_response(401)
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+                return
+            body = json.dumps({"token": gate.token}).encode()
+            self.send_response(200)
+        elif self.headers.get("Authorization") != f"Bearer {gate.token}":
+            self.send_response(401)
+            self.send_header("Www-Authenticate", f'Bearer realm="http://127.0.0.1:{gate.server_port}/token",'
+                                                 'service="gate",scope="repository:hf/gated:pull"')
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+            return
+        else:
+            request = urllib.request.Request(f"http://{gate.upstream}{self.path}",
+                                             headers={"Accept": self.headers.get("Accept", "*/*")})
+            with urllib.request.urlopen(request, timeout=30) as answer:  # noqa: S310 - loopback registry
+                body, headers = answer.read(), answer.headers
+            self.send_response(200)
+            for name in ("Content-Type", "Docker-Content-Digest"):
+                if headers.get(name):
+                    self.send_header(name, headers[name])
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+
+@pytest.mark.parametrize("flood", [0, 8 << 20], ids=["token", "flooding-token-service"])
+def test_bearer_token_flow_with_credentials_from_the_auth_file(seed, registry, tmp_path, home, flood):
+    assert run_hfcache(["push", f"{registry.host}/hf/gated:v1", "--cache-dir", str(seed), "--plain-http"],
+                       env=env(home)).returncode == 0
+    basic = base64.b64encode(b"bot:pw").decode()
+    gate = _TokenGate(registry.host, basic, flood)
+    threading.Thread(target=gate.serve_forever, daemon=True).start()
+    ref = f"127.0.0.1:{gate.server_port}/hf/gated:v1"
+    try:
+        refused(pull(ref, tmp_path / "anon", home), 3, "token endpoint gave no token" if flood else
+                "requires authentication")
+        auth = tmp_path / "auth.json"
+        auth.write_text(json.dumps({"auths": {f"127.0.0.1:{gate.server_port}": {"auth": basic}}}))
+        proc = pull(ref, tmp_path / "t", home, "--json", REGISTRY_AUTH_FILE=str(auth))
+    finally:
+        gate.shutdown()
+    if flood:  # an endless token answer is read up to 1 MiB, then refused
+        refused(proc, 3, "token endpoint gave no token")
+        assert not (tmp_path / "t").exists()
+    else:
+        assert proc.returncode == 0, proc.stderr
+        assert json.loads(proc.stdout)["ok"] is True and gate.token not in proc.stdout + proc.stderr
