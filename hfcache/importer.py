@@ -23,13 +23,15 @@ import sys
 import tarfile
 import uuid
 from collections import defaultdict
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
 
 from .cache import RepoFolder, atomic_write, ensure_cache_root, symlinks_supported
 from .errors import CacheError, IntegrityError, UsageError
+from .locking import DEFAULT_LOCK_TIMEOUT, LockWait
+from .sharing import cache_policy, make_dirs, share_file
 from .scan import parse_folder_name
 from .verify import algorithm_of
 
@@ -116,7 +118,8 @@ class _Staging:
 
     def __init__(self, cache_dir: Path) -> None:
         self.dir = cache_dir / ".locks" / f"hfcache-import-{uuid.uuid4().hex[:12]}"
-        self.dir.mkdir(parents=True)
+        make_dirs(self.dir.parent, cache_dir, cache_policy(cache_dir))
+        self.dir.mkdir()
         self.files: dict[str, tuple[Path, int, str, str]] = {}  # member -> (staged, size, sha256, git-sha1)
 
     def add(self, name: str, stream: BinaryIO, size: int) -> tuple[Path, int, str, str]:
@@ -138,10 +141,14 @@ class _Staging:
         shutil.rmtree(self.dir, ignore_errors=True)
 
 
-def import_cache(src: str, cache_dir: Path) -> ImportReport:
+def import_cache(src: str, cache_dir: Path, *, lock_timeout: float = DEFAULT_LOCK_TIMEOUT,
+                 on_lock_wait: Callable[[LockWait], None] | None = None) -> ImportReport:
     """Merge the cache at ``src`` (a directory, a tar file, or ``-`` for a tar on stdin) into ``cache_dir``.
 
+    ``lock_timeout`` (seconds) bounds the wait for each repo's lock; ``on_lock_wait`` hears about a long wait.
+
     Raises:
+        LockTimeout: a repo's lock stayed held for ``lock_timeout`` seconds (exit 5).
         UsageError: ``src`` does not exist, or holds an entry that is refused (the message names it); nothing
             is written then.
         IntegrityError: a blob or file does not match its hash; nothing is written then.
@@ -161,7 +168,7 @@ def import_cache(src: str, cache_dir: Path) -> ImportReport:
             raise UsageError(f"{src}: no such directory or tar file")
         plan = _read(members, staging)
         _check(plan, staging, cache_dir)
-        return _publish(plan, staging, cache_dir)
+        return _publish(plan, staging, cache_dir, lock_timeout, on_lock_wait)
     except (UsageError, IntegrityError):
         if created:
             shutil.rmtree(cache_dir, ignore_errors=True)
@@ -281,13 +288,15 @@ def _check(plan: dict[str, _RepoPlan], staging: _Staging, cache_dir: Path) -> No
                                  "vouches for its hash" + (" (it does not match the listing)" if entry else ""))
 
 
-def _publish(plan: dict[str, _RepoPlan], staging: _Staging, cache_dir: Path) -> ImportReport:
+def _publish(plan: dict[str, _RepoPlan], staging: _Staging, cache_dir: Path, lock_timeout: float,
+             on_lock_wait: Callable[[LockWait], None] | None) -> ImportReport:
     symlinks = symlinks_supported(cache_dir)
     published: dict[str, Path] = {}  # etag -> a published blob, to hardlink instead of copying again
     new = existing = new_bytes = files = 0
     kept: list[str] = []
     for folder_name, repo in sorted(plan.items()):
-        folder = RepoFolder(cache_dir, *parse_folder_name(folder_name))
+        folder = RepoFolder(cache_dir, *parse_folder_name(folder_name), lock_timeout=lock_timeout,
+                            on_lock_wait=on_lock_wait)
         # Real snapshot files become blobs named by the hash that vouched for them.
         for (commit, path), member in repo.files.items():
             _, _, sha256, sha1 = staging.files[member]
@@ -297,20 +306,22 @@ def _publish(plan: dict[str, _RepoPlan], staging: _Staging, cache_dir: Path) -> 
             repo.blobs.setdefault(etag, member)
             repo.links[(commit, path)] = etag
         with folder.repo_lock():
-            (folder.root / "snapshots").mkdir(parents=True, exist_ok=True)
+            folder.make_dir(folder.root / "snapshots")
             for etag, member in sorted(repo.blobs.items()):
                 staged, size, _, _ = staging.files[member]
                 if folder.blob_ok(etag, size):
                     existing += 1
                     continue
-                folder.blob_path(etag).parent.mkdir(parents=True, exist_ok=True)
+                folder.make_dir(folder.blob_path(etag).parent)
                 if etag in published and folder.adopt_blob(published[etag], etag):
                     pass
                 elif staged.exists():
+                    share_file(staged, folder.policy)
                     os.replace(staged, folder.blob_path(etag))
                     new_bytes += size
                 else:
                     shutil.copyfile(published[etag], folder.blob_path(etag))
+                    share_file(folder.blob_path(etag), folder.policy)
                 published[etag] = folder.blob_path(etag)
                 new += 1
             for (commit, path), etag in sorted(repo.links.items()):
@@ -321,8 +332,8 @@ def _publish(plan: dict[str, _RepoPlan], staging: _Staging, cache_dir: Path) -> 
             for tree, data in sorted(repo.trees.items()):
                 target = folder.root / "trees" / tree
                 if not target.exists():
-                    target.parent.mkdir(exist_ok=True)
-                    atomic_write(target, data)
+                    folder.make_dir(target.parent)
+                    atomic_write(target, data, folder.policy)
             for ref, commit in sorted(repo.refs.items()):
                 current = folder.ref_path(ref)
                 if current.exists() and current.read_bytes().strip() != commit.encode():

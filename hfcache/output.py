@@ -133,6 +133,14 @@ def warm_summary_table(report: WarmReport) -> Table:
     return table
 
 
+def lock_wait_notice(wait: Any) -> None:
+    """Tell the user on stderr which lock a command waits for, who holds it, and how long it will wait at most
+    (a :class:`hfcache.locking.LockWait`; the ``on_lock_wait`` callback of warm, prune, repair and import)."""
+    holder = f", held by {wait.holder}" if wait.holder else ""
+    stderr.print(Text(f"hfcache: waiting for the lock {wait.path}{holder} (gives up after {wait.timeout:g}s: "
+                      "--lock-timeout)", style="yellow"), soft_wrap=True)
+
+
 class WarmProgress:
     """A rich progress display on stderr: one bar per repo (bytes) and a total bar; implements ProgressSink."""
 
