@@ -105,9 +105,10 @@ def targets_from_cache(cache_dir: Path, repo_ids: set[str] | None) -> list[Check
             continue
         for ref, commit in sorted(repo.refs.items()):
             revision = next((r for r in repo.revisions if r.commit_hash == commit.strip()), None)
-            if revision and tokenizer_paths(f.path for f in revision.files) - {"config.json"}:
+            # A repo this user cannot fully read is checked anyway: what it holds is unknown, the load tells.
+            if repo.unreadable or (revision and tokenizer_paths(f.path for f in revision.files) - {"config.json"}):
                 targets.append(CheckTarget(repo.repo_id, ref))
-        if repo_ids and repo.repo_id in repo_ids and not repo.refs:
+        if (repo.unreadable or (repo_ids and repo.repo_id in repo_ids)) and not repo.refs:
             targets.append(CheckTarget(repo.repo_id, "main"))
     return targets
 
@@ -192,6 +193,14 @@ def _missing_templates(cache_dir: Path, target: CheckTarget) -> list[str]:
 
 def diagnose(cache_dir: Path, target: CheckTarget, error: str) -> str | None:
     """Name the missing piece behind a failed offline load, from the cache's contents and the error text."""
+    try:
+        return _diagnose(cache_dir, target, error)
+    except PermissionError as exc:  # Python 3.11's Path.exists()/is_dir() raise on EACCES
+        return (f"{exc.filename or cache_dir} cannot be read by this user (permission denied): ask the cache's "
+                "owner to make it group-readable (`hfcache doctor` prints the fix)")
+
+
+def _diagnose(cache_dir: Path, target: CheckTarget, error: str) -> str | None:
     for needle, package in _PACKAGE_HINTS:
         if needle in error and ("install" in error or "No module" in error or "requires" in error):
             return f"missing Python package: {package} (pip install {package})"

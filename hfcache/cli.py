@@ -266,6 +266,7 @@ def ls_command(repo_ids, cache_dir, revisions, lock_file, sort, as_json) -> None
         output.print_json(document, compact=len(document["repos"]) > 100)
     else:
         output.stderr.print(output.ls_table(document, revisions, time.time()))
+    sys.exit(1 if any(r.unreadable for r in info.repos) else 0)  # health: a repo this user cannot read
 
 
 @cli.command()
@@ -484,7 +485,7 @@ def prune(cache_dir, older_than, max_size, keep_locks, keep, dry_run, yes, as_js
     plan = plan_prune(cache_dir, older_than=older_than, max_size=max_size, keep=keep, keep_locks=keep_locks)
     if dry_run:
         output.show_prune(plan, as_json=as_json, dry_run=True)
-        return
+        sys.exit(5 if plan.unreadable else 0)  # a repo it cannot read: a filesystem problem to fix
     asked = bool(plan.items) and not yes
     if asked:
         output.show_prune(plan, as_json=False, dry_run=False)
@@ -629,6 +630,16 @@ def main(argv: list[str] | None = None) -> None:
         _fail(exc.message, exc.hint, exc.exit_code, as_json)
     except KeyboardInterrupt:
         sys.exit(EXIT_INTERRUPTED)
+    except PermissionError as exc:
+        # A part of a cache (or a file given) this user cannot read or write, in a path no command anticipated: a
+        # filesystem problem (exit 5) naming the path, never an internal error.
+        if debug:
+            raise
+        from .cache import cache_error
+
+        error = cache_error(exc, exc.filename or "hfcache")
+        _fail(error.message, "check its permissions (`hfcache doctor` shows what this user can read and write)",
+              error.exit_code, as_json)
     except Exception as exc:  # noqa: BLE001 - the one place unexpected errors are turned into an exit code
         if debug:
             raise

@@ -45,10 +45,10 @@ import time
 import uuid
 from collections.abc import Callable, Iterable, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
-from .cache import RepoFolder, cache_error, resolve_cache_dir
+from .cache import RepoFolder, access_error, cache_error, resolve_cache_dir
 from .errors import CacheError, UsageError
 from .locking import DEFAULT_LOCK_TIMEOUT, LockTimeout, LockWait, try_lock
 from .sharing import cache_policy, make_dirs
@@ -193,6 +193,8 @@ class PrunePlan:
         bytes_freed (int): sum of the items' ``bytes_freed``.
         bytes_pinned (int): bytes of the pinned revisions' distinct contents.
         warnings (tuple[str, ...]): e.g. a budget that pinned revisions make impossible, a ``--keep`` matching nothing.
+        unreadable (tuple[str, ...]): ``<folder>/<part>`` of repos left alone because this user cannot read all of
+            them (what they hold, and what uses it, is unknown); the prune then exits 5.
     """
 
     cache_dir: str
@@ -208,6 +210,7 @@ class PrunePlan:
     bytes_freed: int
     bytes_pinned: int
     warnings: tuple[str, ...] = ()
+    unreadable: tuple[str, ...] = ()
 
     @property
     def bytes_kept(self) -> int:
@@ -264,8 +267,8 @@ class PruneResult:
 
     @property
     def exit_code(self) -> int:
-        """0, or 5 (cache error) when an item could not be removed."""
-        return 0 if self.ok else CacheError.exit_code
+        """0, or 5 (cache error) when an item could not be removed or a repo could not be read."""
+        return 0 if self.ok and not self.plan.unreadable else CacheError.exit_code
 
 
 # ------------------------------------------------------------------------------------------------ planning
@@ -327,8 +330,9 @@ def plan_prune(
 
     Raises:
         UsageError: a malformed ``keep`` spec, an unreadable or invalid lock, a negative duration or size.
-        CacheError: ``cache_dir`` is a file. (A cache directory that does not exist gives an empty plan and a
-            warning: a CronJob on a fresh volume has nothing to prune.)
+        CacheError: ``cache_dir`` is a file, or exists but cannot be reached or listed by this user. (A cache
+            directory that does not exist gives an empty plan and a warning: a CronJob on a fresh volume has nothing
+            to prune.)
     """
     if older_than is not None and older_than < 0:
         raise UsageError(f"--older-than must not be negative, got {older_than}")
@@ -342,16 +346,26 @@ def plan_prune(
                          keep_locks=tuple(name for name, _ in locks), grace=grace)
     root = resolve_cache_dir(cache_dir)
     now = time.time() if now is None else now
-    if not os.path.lexists(root):
+    try:
+        os.lstat(root)
+    except FileNotFoundError:
         # A cron job on a fresh volume, before anything was warmed: nothing to prune is not a failure (said, though:
         # a mistyped --cache-dir must not pass unnoticed).
         return _Planner(str(root), (), 0, policy, locks, now).plan(
             warnings=(f"no cache at {root} (nothing to prune)",))
-    if not root.is_dir():
+    except PermissionError:  # exists or not, this user cannot tell: never "no cache"
+        raise access_error(root) from None
+    except NotADirectoryError:
+        pass
+    if not os.path.isdir(root):
         raise CacheError(f"{root} is not a directory", hint="pass the cache root as --cache-dir")
     with _gc_paused():
         info = scan_cache(root)
-        return _Planner(str(root), info.repos, info.size_on_disk, policy, locks, now).plan()
+        readable = tuple(r for r in info.repos if not r.unreadable)
+        denied = tuple(f"{r.folder}/{part}" for r in info.repos for part in r.unreadable)
+        plan = _Planner(str(root), readable, info.size_on_disk, policy, locks, now).plan(
+            warnings=tuple(f"left alone: {d} cannot be read by this user (permission denied)" for d in denied))
+        return replace(plan, unreadable=denied)
 
 
 @contextmanager
