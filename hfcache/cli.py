@@ -635,11 +635,11 @@ def main(argv: list[str] | None = None) -> None:
         # filesystem problem (exit 5) naming the path, never an internal error.
         if debug:
             raise
-        from .cache import cache_error
+        from .errors import CacheError
 
-        error = cache_error(exc, exc.filename or "hfcache")
-        _fail(error.message, "check its permissions (`hfcache doctor` shows what this user can read and write)",
-              error.exit_code, as_json)
+        _fail(f"{exc.filename or 'a file'}: permission denied for uid {os.geteuid()}",
+              "check its permissions (`hfcache doctor` shows what this user can read and write in a cache)",
+              CacheError.exit_code, as_json)
     except Exception as exc:  # noqa: BLE001 - the one place unexpected errors are turned into an exit code
         if debug:
             raise
