@@ -2,8 +2,9 @@
 
 A cache root that is group-writable (typically ``chgrp hf ROOT && chmod 2775 ROOT``) is shared: every folder and
 file hfcache creates below it (repo folders, ``blobs/``, ``snapshots/``, ``refs/``, ``.no_exist/``, ``.locks/`` and
-lock files) gets the root's group and the root's group (and, for a world-writable root, other) write bits, whatever
-the creating user's umask, and folders get the setgid bit so that the group is inherited. Any member can then warm,
+lock files) gets the root's group and the root's group and other permission bits (group write included; for a
+world-writable root, other write too), whatever the creating user's umask, and folders get the setgid bit so that
+the group is inherited. Any member can then warm,
 re-warm, prune and repair any repo. Without this, user A with umask 022 leaves ``0755`` folders that user B cannot
 write: B fails with "Permission denied" on ``.locks/<folder>``.
 
