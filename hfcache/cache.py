@@ -115,7 +115,8 @@ def cache_error(exc: OSError, what: str) -> CacheError:
         return CacheError(f"{what}: no space left on the device", hint="free disk space or choose another --cache-dir")
     if exc.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
         return CacheError(f"{what}: cannot write {exc.filename or 'the cache'} ({os.strerror(exc.errno)})",
-                          hint="choose a writable --cache-dir or fix its permissions")
+                          hint="choose a writable --cache-dir or fix its permissions (`hfcache doctor --cache-dir "
+                               "DIR` names what this user cannot write, with the fix; shared caches: README)")
     return CacheError(f"{what}: {os.strerror(exc.errno) if exc.errno else exc}",
                       hint="check the cache directory")
 

@@ -189,6 +189,10 @@ def scan_repo(folder: Path, repo_id: str, repo_type: str) -> RepoInfo:
     """Scan one repo folder (metadata only). String paths and ``scandir`` throughout: this runs 10,000 times
     for a large cache, and ``os.walk``/``relpath``/``pathlib`` dominated its cost."""
     base = str(folder)
+    if not os.access(base, os.R_OK | os.X_OK):  # the folder itself cannot be listed or entered: nothing is known
+        return RepoInfo(repo_id=repo_id, repo_type=repo_type, folder=folder.name, refs={}, revisions=(),
+                        size_on_disk=0, blob_count=0, incomplete=(), last_used=0.0,
+                        problems=(f"{folder.name}/: {_DENIED}",), inodes={}, unreadable=("",))
     problems: list[str] = []
     blob_stats: dict[str, os.stat_result] = {}
     incomplete = []
@@ -229,8 +233,6 @@ def scan_repo(folder: Path, repo_id: str, repo_type: str) -> RepoInfo:
     for commit, path in sorted(snapshots.items()):
         revisions.append(_scan_revision(base, commit, path, refs, blob_stats, inodes, denied))
         problems.extend(f"{commit[:12]}: {p}" for p in revisions[-1].problems)
-    if not denied and not os.access(base, os.R_OK | os.X_OK):
-        denied.append("")
     if denied:
         # What this user sees of the repo is partial (links into an unreadable blobs/ look broken): only the parts
         # it cannot read are reported, and commands that change a repo leave it alone.

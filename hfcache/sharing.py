@@ -65,11 +65,6 @@ def cache_policy(cache_dir: Path) -> SharePolicy | None:
     return _policy_for(str(cache_dir))
 
 
-def forget(cache_dir: Path) -> None:
-    """Drop the remembered policy (after the root's mode was changed, e.g. by ``ensure_cache_root``)."""
-    _policy_for.cache_clear()
-
-
 def share_dir(path: Path | str, policy: SharePolicy | None) -> None:
     """Give a folder just created by this process the shared group and bits (best effort: a folder another user
     created is theirs to fix, and doctor reports it)."""
