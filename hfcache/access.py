@@ -47,10 +47,13 @@ def _listed(paths: list[str]) -> str:
     return shown + (f" (and {len(paths) - _SHOWN} more)" if len(paths) > _SHOWN else "")
 
 
-def share_recipe(cache: Path, gid: int) -> str:
-    """The commands that make ``cache`` a group-shared cache for group ``gid`` (run as its owner or root)."""
-    return (f"as the owner or root: chgrp -R {gid} {cache} && chmod -R g+rwX {cache} && "
-            f"find {cache} -type d -exec chmod g+s {{}} + (and add every user to group {gid})")
+def share_recipe(cache: Path, gid: int, uid: int | None = None) -> str:
+    """The fix that makes ``cache`` a group-shared cache for group ``gid``: the commands (run as its owner or root),
+    and, when ``uid`` is given, that this user must join the group."""
+    commands = f"chgrp -R {gid} {cache} && chmod -R g+rwX {cache} && find {cache} -type d -exec chmod g+s {{}} +"
+    join = f"; and add uid {uid} to group {gid} (usermod -aG)" if uid is not None else \
+        f" (and add every user to group {gid})"
+    return f"as the owner or root: {commands}{join}"
 
 
 def reach_check(cache: Path, uid: int, groups: tuple[int, ...]) -> Check | None:
@@ -93,9 +96,7 @@ def write_checks(cache: Path, uid: int, groups: tuple[int, ...]) -> list[Check]:
     """Errors for what this user cannot create in ``.locks/`` and in the repo folders (the cache root is writable)."""
     found: list[Check] = []
     st = os.stat(cache)
-    recipe = share_recipe(cache, st.st_gid) if st.st_gid in groups or uid == 0 else (
-        f"as the owner or root: chgrp -R <a group of uid {uid}> {cache}, then " + share_recipe(cache, st.st_gid)
-        .split(": ", 1)[1])
+    recipe = share_recipe(cache, st.st_gid, None if st.st_gid in groups or uid == 0 else uid)
     locks = cache / ".locks"
     if os.path.isdir(locks):
         failed = _probe_create(locks)

@@ -144,10 +144,12 @@ def test_doctor_names_what_another_user_cannot_write(runtime: Runtime, hub_serve
     assert runtime.hfcache(BOB, "doctor", "--cache-dir", str(cache)).returncode == 0
     ok(runtime.hfcache(BOB, "warm", BERT, "--cache-dir", str(cache), "--endpoint", hub_server.endpoint))
 
-    # .locks/ itself not writable: named as such.
+    # .locks/ itself not writable: named as such, to a user who can write the root (Eve is in no shared group: a
+    # 2775 root is read-only to her, a warning, not errors about each folder).
     os.chmod(cache / ".locks", 0o755)
     proc = runtime.hfcache(EVE, "doctor", "--cache-dir", str(cache), "--json")
-    assert proc.returncode == 0 or "cache.unreachable" not in proc.stdout  # Eve is no member: the root is 2775
+    codes = {f["code"]: f["severity"] for f in json.loads(proc.stdout)["findings"]}
+    assert codes["cache.not_writable"] == "warning" and "cache.locks_not_writable" not in codes
     os.chmod(cache, 0o2777)
     proc = runtime.hfcache(EVE, "doctor", "--cache-dir", str(cache), "--json")
     errors = {f["code"]: f for f in json.loads(proc.stdout)["findings"] if f["severity"] == "error"}
@@ -299,7 +301,7 @@ def test_a_live_holder_is_waited_for_until_lock_timeout(tmp_path: Path, hub_serv
         # Released meanwhile: the next warm waits, then goes on.
         waiter = subprocess.Popen([sys.executable, "-m", "hfcache", "warm", GPT2, *common, "--lock-timeout", "120"],
                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
-        time.sleep(5)
+        time.sleep(12)  # its start (imports) plus NOTICE_AFTER, with room for a loaded machine
         holder.stdin.close()
         holder.wait(timeout=30)
         out, err = waiter.communicate(timeout=120)
