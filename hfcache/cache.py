@@ -226,9 +226,9 @@ class RepoFolder:
     def ref_path(self, revision: str) -> Path:
         return self.root / "refs" / Path(*revision.split("/"))
 
-    def blob_lock(self, etag: str):
+    def blob_lock(self, etag: str, stop: threading.Event | None = None):
         """The lock huggingface_hub takes while downloading this blob (``.locks/<folder>/<etag>.lock``)."""
-        return file_lock(self.locks / f"{etag}.lock", timeout=self.lock_timeout, on_wait=self.on_lock_wait,
+        return file_lock(self.locks / f"{etag}.lock", stop, timeout=self.lock_timeout, on_wait=self.on_lock_wait,
                          cache_dir=self.cache_dir)
 
     def repo_lock(self, stop: threading.Event | None = None):

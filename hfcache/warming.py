@@ -280,7 +280,7 @@ class _RepoJob:
         if self._failed.is_set() or self.stop.is_set():
             raise _Cancelled(f"{repo.repo_id}: cancelled")
         try:
-            with folder.blob_lock(file.etag):
+            with folder.blob_lock(file.etag, stop=self.stop):  # Ctrl-C is not stuck behind another download
                 if folder.blob_ok(file.etag, file.size):
                     self.sink.advance(self.key, file.size)
                     return "cached"
