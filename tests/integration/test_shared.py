@@ -171,6 +171,7 @@ def test_unreadable_blobs_are_reported_per_repo(runtime: Runtime, hub_server) ->
     proc = runtime.hfcache(EVE, "ls", *args, "--json")
     repos = {r["repo_id"]: r for r in json.loads(proc.stdout)["repos"]}
     assert proc.returncode == 1 and "permission denied" in repos[BERT]["health"] and repos[GPT2]["health"] == "ok"
+    assert repos[BERT]["unreadable"] == ["blobs/"] and repos[GPT2]["unreadable"] == []
     proc = runtime.hfcache(EVE, "ls", *args)
     assert proc.returncode == 1 and "blobs/" in no_crash(proc)
 
