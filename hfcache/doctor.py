@@ -449,7 +449,7 @@ def modules_cache_findings(cache: Path, env: Mapping[str, str]) -> list[Finding]
     written (every such load then fails with PermissionError); nothing when no cached repo has custom code."""
     from .modules_cache import can_create, custom_code_repos, modules_cache
 
-    repos = custom_code_repos(cache) if cache.is_dir() else []
+    repos = custom_code_repos(cache) if os.path.isdir(cache) else []  # no PermissionError (Path.is_dir raises)
     if not repos:
         return []
     path, explicit = modules_cache(env)
