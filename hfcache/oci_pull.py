@@ -263,7 +263,7 @@ def _free_space(cache_dir: Path) -> tuple[int, Path]:
 
 def pull(reference: str, cache_dir: Path, plain_http: bool = False, credentials: Credentials | None = None,
          timeout: float = 60.0, sink: TransferSink | None = None, move_refs: bool = False,
-         max_size: int | None = None) -> PullReport:
+         max_size: int | None = None, lock_timeout: float = 600.0, on_lock_wait=None) -> PullReport:
     """Pull the image ``reference`` and merge its cache into ``cache_dir``, every digest checked first.
 
     Args:
@@ -273,6 +273,7 @@ def pull(reference: str, cache_dir: Path, plain_http: bool = False, credentials:
         timeout (float): seconds to wait for a connection or any byte of an answer; sink: download progress.
         move_refs: a ref the target has at another commit moves to the image's (else that refuses the pull).
         max_size: refuse an image whose layers unpack to more bytes than this (None: no bound but free space).
+        lock_timeout, on_lock_wait: as for :func:`hfcache.importer.import_cache` (the bounded wait for repo locks).
 
     Returns:
         PullReport.
@@ -285,6 +286,7 @@ def pull(reference: str, cache_dir: Path, plain_http: bool = False, credentials:
         CheckFailed: the target holds an entry with other content, or a ref elsewhere (see ``import_members``).
         RegistryAuthError, EndpointUnreachable, HubError: the registry refused or could not be reached.
         CacheError: the target cannot be written, or the image does not fit in its free space.
+        LockTimeout: a repo's lock stayed held for ``lock_timeout`` seconds (exit 5); nothing is written then.
     """
     from .importer import import_members
 
@@ -310,7 +312,8 @@ def pull(reference: str, cache_dir: Path, plain_http: bool = False, credentials:
             for layer, diff_id in layers:
                 yield from _layer_members(client, container, layer, diff_id, sink, budget, received)
 
-        imported = import_members(members, Path(cache_dir), move_refs=move_refs)
+        imported = import_members(members, Path(cache_dir), move_refs=move_refs, lock_timeout=lock_timeout,
+                                  on_lock_wait=on_lock_wait)
     return PullReport(reference=reference, digest=_sha256(body), layers=tuple(received),
                       bytes_downloaded=sum(x.transferred for x in received), bytes_unpacked=budget.used,
                       imported=imported)
