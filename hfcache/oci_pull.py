@@ -12,12 +12,10 @@ front (and while streaming) when it exceeds the free space there or ``max_size``
 
 from __future__ import annotations
 
-import contextlib
 import gzip
 import hashlib
 import io
 import json
-import os
 import tarfile
 import zlib
 from collections.abc import Iterator
