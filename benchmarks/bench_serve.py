@@ -3,7 +3,7 @@
 Contenders (each a server subprocess on 127.0.0.1, serving the same bytes):
 
 - ``hfcache serve``   uvicorn running HubServer over the warmed cache (what the CLI runs);
-- ``werkzeug``        the same HubServer and cache on werkzeug's threaded server (``python -m hfcache.server
+- ``werkzeug``        the same HubServer and cache on werkzeug's threaded server (``python -m hfcache.serve
                       --layout cache --backend werkzeug --no-cdn``), the stack the tests use;
 - ``http.server``     ``python -m http.server`` over a plain copy of the same files at the same URL paths
                       (``<repo>/resolve/main/<path>``): the standard library's static file server, the floor.
@@ -57,7 +57,7 @@ REPOS = [
 
 def warm_cache(cache: Path) -> None:
     import hfcache
-    from hfcache.server import HubServer
+    from hfcache.serve import HubServer
 
     requests = [hfcache.WarmRequest(r, kind="model" if "MiniLM" in r else "tokenizer") for r in REPOS]
     with HubServer(HUB) as server:
@@ -90,7 +90,7 @@ def start(name: str, cache: Path, static: Path) -> tuple[subprocess.Popen, str]:
         proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True)
         endpoint = re.search(r" at (http://\S+)$", proc.stderr.readline().strip()).group(1)
     elif name == "werkzeug":
-        cmd = [sys.executable, "-m", "hfcache.server", str(cache), "--layout", "cache", "--backend", "werkzeug",
+        cmd = [sys.executable, "-m", "hfcache.serve", str(cache), "--layout", "cache", "--backend", "werkzeug",
                "--no-cdn", "--port", "0"]
         proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, text=True)
         endpoint = proc.stdout.readline().rsplit(" at ", 1)[1].strip()

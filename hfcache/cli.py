@@ -14,7 +14,7 @@ from pathlib import Path
 
 import click
 
-from . import __version__
+from ._version import __version__
 from .errors import HfcacheError, UsageError
 
 EXIT_INTERNAL = 70
@@ -507,7 +507,7 @@ def serve(cache_dir, repos_dir, host, port, token_file, access_log) -> None:
       hfcache serve --cache-dir /data/hf-cache --host 0.0.0.0 --token-file /run/secrets/mirror-token
     """
     from . import output
-    from .mirror import serve as serve_mirror
+    from .serve.mirror import serve as serve_mirror
 
     token = _read_token(None, token_file) if token_file else None
     run = serve_mirror(cache_dir=cache_dir, repos_dir=repos_dir, host=host, port=port, token=token,

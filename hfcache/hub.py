@@ -32,7 +32,7 @@ from huggingface_hub.errors import (
 )
 from huggingface_hub.utils import build_hf_headers, get_session, hf_raise_for_status
 
-from . import __version__
+from ._version import __version__
 from .errors import (
     EndpointUnreachable,
     GatedRepo,

@@ -25,7 +25,7 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from hfcache.server import HubServer
+from hfcache.serve import HubServer
 from tests.helpers import clean_env, golden_ids, refused_endpoint
 
 PROJECT = Path(__file__).parents[2]

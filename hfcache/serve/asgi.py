@@ -1,6 +1,6 @@
 """HubServer's protocol on uvicorn: an ASGI adapter and a server running in a background thread.
 
-The protocol itself (routing, stores, errors, ranges, ETags) is :meth:`hfcache.server.HubServer.respond`, the same
+The protocol itself (routing, stores, errors, ranges, ETags) is :meth:`hfcache.serve.HubServer.respond`, the same
 code the werkzeug backend runs; this module only moves bytes. Per request, ``respond`` runs in a worker thread
 (it scans and stats the store), then the body streams from the event loop: each ``BODY_CHUNK`` comes from the page
 cache without blocking (``preadv(RWF_NOWAIT)``) or else is read in a worker thread (a slow volume never stalls other
@@ -17,14 +17,11 @@ import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import uvicorn
 
-from .server import FileBody
-
-if TYPE_CHECKING:
-    from .server import HubServer
+from .body import FileBody, Responder
 
 __all__ = ["UvicornOrigin"]
 
@@ -41,14 +38,14 @@ class UvicornOrigin:
     Args:
         host (str): interface to bind.
         port (int): port; 0 picks a free one (``self.port`` is the real one once constructed).
-        server (HubServer): answers the requests (``respond``/``finish``/``stopping``).
+        server (Responder): answers the requests (``respond``/``finish``/``stopping``): a HubServer.
         origin (str): ``"hub"`` or ``"cdn"``.
 
     Raises:
         OSError: the port cannot be bound, or uvicorn did not start within 10 seconds.
     """
 
-    def __init__(self, host: str, port: int, server: HubServer, origin: str) -> None:
+    def __init__(self, host: str, port: int, server: Responder, origin: str) -> None:
         self._hub, self._origin = server, origin
         family = socket.AF_INET6 if ":" in host else socket.AF_INET
         self._sock = socket.socket(family, socket.SOCK_STREAM)

@@ -2,7 +2,7 @@
 
 One warmed cache, served inside a cluster, answers every pod's ``hfcache warm --endpoint`` (or any
 huggingface_hub / transformers client with ``HF_ENDPOINT``): see README "Mirror: hfcache serve".
-The protocol and stores are :mod:`hfcache.server` and :mod:`hfcache.cache_store`; this module chooses the
+The protocol and stores are the rest of :mod:`hfcache.serve`; this module chooses the
 production settings (uvicorn, one origin, no in-memory request log), owns the signals, and shuts down gracefully.
 """
 
@@ -18,8 +18,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
-from .cache import existing_cache_dir
-from .errors import CacheError, UsageError
+from ..cache import existing_cache_dir
+from ..errors import CacheError, UsageError
+from .hub_server import HubServer
 
 __all__ = ["GRACE_SECONDS", "MirrorInfo", "MirrorRun", "serve"]
 
@@ -81,7 +82,7 @@ def serve(
 ) -> MirrorRun:
     """Serve a hub cache (default) or a directory of plain repo folders until SIGTERM, SIGINT or ``stop``.
 
-    The server is uvicorn running :class:`hfcache.server.HubServer` with one origin (LFS bytes are answered
+    The server is uvicorn running :class:`hfcache.serve.HubServer` with one origin (LFS bytes are answered
     directly, with ``X-Linked-Etag``/``X-Linked-Size``, so one port is all a Service exposes) and no in-memory
     request log. On SIGTERM or SIGINT it stops accepting connections at once, lets in-flight responses finish for
     up to ``grace`` seconds, then returns. A second signal cuts the remaining responses short.
@@ -90,7 +91,7 @@ def serve(
         cache_dir: the hub cache to serve; None (and no ``repos_dir``) means huggingface_hub's default cache
             (``HF_HUB_CACHE``, ``$HF_HOME/hub``, ``~/.cache/huggingface/hub``).
         repos_dir: serve this directory of ``<org>/<name>/`` repo folders instead (layout of
-            :class:`hfcache.server.FolderStore`).
+            :class:`hfcache.serve.FolderStore`).
         host: interface to bind; loopback by default (``0.0.0.0`` in a pod).
         port: TCP port; 0 picks a free one (see ``MirrorInfo.port``).
         token: if set, every request but ``/healthz`` needs ``Authorization: Bearer <token>`` (401 otherwise).
@@ -109,8 +110,6 @@ def serve(
         UsageError: both or neither directory valid, the port cannot be bound, the access log cannot be opened.
         CacheError: the directory to serve does not exist.
     """
-    from .server import HubServer
-
     if cache_dir is not None and repos_dir is not None:
         raise UsageError("--cache-dir and --repos are mutually exclusive", hint="serve one of them")
     layout = "repos" if repos_dir is not None else "cache"
