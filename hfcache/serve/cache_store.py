@@ -122,7 +122,7 @@ class CacheStore:
                 return snapshot, found
         return None
 
-    def open(self, repo_file: RepoFile) -> BinaryIO:
+    def open(self, repo_file: RepoFile, snapshot: RepoSnapshot | None = None, *, head: bool = False) -> BinaryIO:
         """Open a blob or snapshot file without following any symlink below the cache root.
 
         Raises:
