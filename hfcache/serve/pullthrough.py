@@ -272,7 +272,7 @@ class PullThroughStore:
             if not SHA1_RE.match(revision):
                 self._refs[(repo_type, repo_id, revision)] = resolved
                 # The client follows the legacy id's redirect at once: the canonical id is resolved too.
-                self._refs.setdefault((repo_type, upstream.canonical_id, revision), resolved)
+                self._refs[(repo_type, upstream.canonical_id, revision)] = resolved
             self._commits[(repo_type, upstream.canonical_id, upstream.commit_hash)] = resolved
             self._commits.move_to_end((repo_type, upstream.canonical_id, upstream.commit_hash))
             while len(self._commits) > LISTINGS_KEPT:
@@ -335,7 +335,8 @@ class PullThroughStore:
             self.metrics.upstream_failures.labels(error_type).inc()
             if error_type == "IntegrityError":
                 self.metrics.verification_failures.inc()
-            raise _store_miss(error_type, message, fetch=True)
+            raise _store_miss(error_type, f"{repo_file.path} of {snapshot.repo_id}@{snapshot.commit} could not be "
+                              f"fetched from upstream: {message}", fetch=True)
         self._fetched(result, resolved, alias)
 
     def _fetched(self, result, resolved: _Resolved, alias: str | None) -> None:
