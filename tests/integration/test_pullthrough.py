@@ -70,11 +70,11 @@ def mirror(cache: Path, *upstreams: str, **options) -> Iterator[HubServer]:
 
 
 def bodies_per_file(upstream: HubServer) -> Counter:
-    """Upstream file bodies sent, by file: ``resolve`` answers on the main origin, LFS bytes on the CDN origin."""
+    """Upstream file bodies sent, by URL (repo, commit and path; an LFS file's CDN URL names its sha256)."""
     counts: Counter = Counter()
     for r in upstream.requests:
         if r.method == "GET" and r.status == 200 and r.bytes_sent and ("/resolve/" in r.path or r.origin == "cdn"):
-            counts[r.path.split("/resolve/", 1)[-1].split("/", 1)[-1] if r.origin == "hub" else r.path] += 1
+            counts[r.path] += 1
     return counts
 
 
@@ -292,7 +292,10 @@ def test_the_upstream_token_goes_upstream_only(tmp_path):
 
     assert [a.status_code for a in answers] == [200, 200, 200, 200, 404, 200, 200]
     assert answers[3].content == (HUB / MISTRAL / "tokenizer.model").read_bytes()
-    assert hub_requests and all(r.authorized for r in hub_requests)  # the upstream needs it, and got it
+    # The upstream needs the token and got it with every repo request; the health check (HEAD /) sends none.
+    assert all(r.authorized for r in hub_requests if r.path != "/")
+    assert {r.path.split("?")[0] for r in hub_requests if r.authorized} >= {f"/api/models/{BERT}/revision/main"}
+    assert [r.authorized for r in hub_requests if r.path == "/"] == [False]
     for answer in answers:
         assert token not in answer.text and token not in str(answer.headers)
     log = access.read_text()
