@@ -14,7 +14,7 @@ import pytest
 PACKAGE = Path(__file__).resolve().parents[2] / "hfcache"
 
 #: The presentation layer: the only modules that may import click or rich.
-PRESENTATION = ("hfcache.cli", "hfcache.render", "hfcache.output")
+PRESENTATION = ("hfcache.cli", "hfcache.render")
 #: HTTP clients; only hfcache.hub talks to the network (huggingface_hub's HTTP client is httpx2).
 HTTP_CLIENTS = {"httpx", "httpx2", "requests", "urllib3", "aiohttp", "http.client", "urllib.request"}
 #: huggingface_hub names that are not its HTTP side: reading the saved token is a file read.
