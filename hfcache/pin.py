@@ -50,6 +50,21 @@ class PinResult:
     failures: tuple[LockFailure, ...]
 
 
+@dataclass(frozen=True)
+class LockRun:
+    """The outcome of :func:`lock_project` (``hfcache lock``).
+
+    Attributes:
+        result (PinResult): what was resolved, kept and failed.
+        lock_path (Path): the lock file.
+        written (bool): whether the file changed (False when any entry failed: then it is left as it was).
+    """
+
+    result: PinResult
+    lock_path: Path
+    written: bool
+
+
 def resolve_entry(client: HubClient, request: WarmRequest) -> LockedRepo:
     """Resolve one manifest entry to a locked repo (commit, selected files with size and hash, absent names).
 
@@ -127,21 +142,6 @@ def pin(
         failures=failures,
     )
 
-
-
-@dataclass(frozen=True)
-class LockRun:
-    """The outcome of :func:`lock_project` (``hfcache lock``).
-
-    Attributes:
-        result (PinResult): what was resolved, kept and failed.
-        lock_path (Path): the lock file.
-        written (bool): whether the file changed (False when any entry failed: then it is left as it was).
-    """
-
-    result: PinResult
-    lock_path: Path
-    written: bool
 
 
 def lock_project(
