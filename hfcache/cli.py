@@ -94,14 +94,19 @@ def warm(repos, cache_dir, kind, include, exclude, repo_type, lock_file, locked,
       hfcache warm openai-community/gpt2@main FacebookAI/roberta-base --cache-dir /opt/hf-cache
       hfcache warm --lock hfcache.lock --locked
     """
-    from . import output
+    from .render import warm as render
 
     resolved_token = _read_token(token, token_file)
     if lock_file:
         if repos:
             raise UsageError("give REPO_ID arguments or --lock, not both")
-        report = _warm_from_lock(lock_file, locked, manifest, cache_dir, list(endpoints), resolved_token, max_workers,
-                                 timeout, as_json, quiet)
+        from .install import warm_lock
+        from .project import resolve_install
+
+        target = resolve_install(lock_file, manifest=manifest, locked=locked, cache_dir=cache_dir, endpoint=endpoints)
+        with render.WarmProgress(len(target.lock.repos), enabled=not (as_json or quiet)) as progress:
+            report = warm_lock(target.lock, cache_dir=target.cache_dir, endpoint=target.endpoint, token=resolved_token,
+                               max_workers=max_workers, timeout=timeout, progress=progress)
     else:
         if locked or manifest:
             raise UsageError("--locked and --manifest go with --lock")
@@ -114,39 +119,11 @@ def warm(repos, cache_dir, kind, include, exclude, repo_type, lock_file, locked,
             WarmRequest.parse(spec, repo_type=repo_type, kind=kind, include=tuple(include), exclude=tuple(exclude))
             for spec in repos
         ]
-        with output.WarmProgress(len(requests), enabled=not (as_json or quiet)) as progress:
+        with render.WarmProgress(len(requests), enabled=not (as_json or quiet)) as progress:
             report = warm_repos(requests, cache_dir=cache_dir, endpoint=list(endpoints) or None, token=resolved_token,
                                 max_workers=max_workers, timeout=timeout, progress=progress)
-    output.show_warm_report(report, as_json=as_json, quiet=quiet)
+    render.show_warm_report(report, as_json=as_json, quiet=quiet)
     sys.exit(report.exit_code)
-
-
-def _warm_from_lock(lock_file, locked, manifest, cache_dir, endpoints, token, max_workers, timeout, as_json, quiet):
-    from . import output
-    from .errors import CheckFailed
-    from .install import warm_lock
-    from .lockfile import ManifestNotFound, drift, find_manifest, load_manifest, read_lock
-
-    lock = read_lock(lock_file)
-    found = None
-    if manifest or locked:
-        found = load_manifest(find_manifest(manifest, start=Path(lock_file).parent))
-    else:
-        try:
-            found = load_manifest(find_manifest(None, start=Path(lock_file).parent))
-        except ManifestNotFound:
-            found = None  # a lock alone (e.g. copied into an image) is enough; a broken manifest is an error
-    if locked:
-        problems = drift(found, lock)
-        if problems:
-            raise CheckFailed(f"{lock_file} is out of date with {found.path}: {problems[0]}"
-                              + (f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""),
-                              hint="run `hfcache lock` and commit the new lock")
-    cache_dir = cache_dir or (found.cache_dir if found else None)
-    endpoint = endpoints or (list(found.endpoints) if found and found.endpoints else None)
-    with output.WarmProgress(len(lock.repos), enabled=not (as_json or quiet)) as progress:
-        return warm_lock(lock, cache_dir=cache_dir, endpoint=endpoint, token=token, max_workers=max_workers,
-                         timeout=timeout, progress=progress)
 
 
 @cli.command()
@@ -172,51 +149,31 @@ def lock(upgrade_ids, manifest, output_file, upgrade, check, endpoints, token, t
       hfcache lock --upgrade bert-base-uncased
       hfcache lock --check
     """
-    from . import output
     from .errors import CheckFailed
-    from .lockfile import (
-        default_lock_path,
-        drift,
-        filter_upgrade,
-        find_manifest,
-        load_manifest,
-        lock_relative_name,
-        read_lock,
-        write_lock,
-    )
+    from .render import warm as render
 
     if upgrade_ids and not upgrade:
         raise UsageError("REPO_ID arguments go with --upgrade", hint="hfcache lock --upgrade REPO_ID...")
-    found = load_manifest(find_manifest(manifest))
-    lock_path = Path(output_file) if output_file else default_lock_path(found.path)
-    existing = read_lock(lock_path) if lock_path.exists() else None
     if check:
-        problems = drift(found, existing) if existing else (f"{lock_path}: no lock file",)
-        if as_json:
-            output.print_json({"lock": str(lock_path), "manifest": str(found.path), "ok": not problems,
-                               "drift": list(problems)})
-        elif not problems:
-            output.stderr.print(f"{lock_path} matches {found.path}")
-        if problems:
+        from .project import check_lock
+
+        status = check_lock(manifest, output_file)
+        render.show_lock_check(status, as_json=as_json)
+        if not status.ok:
             if as_json:
                 sys.exit(CheckFailed.exit_code)
-            raise CheckFailed(f"{lock_path} does not match {found.path}: " + "; ".join(problems),
-                              hint="run `hfcache lock` to update it")
+            raise status.error()
         return
-    from .pin import pin
-    from .warming import make_clients
+    from .pin import lock_project
 
-    upgrade_keys = filter_upgrade(found.repos, upgrade_ids) if upgrade else set()
-    clients = make_clients(list(endpoints) or list(found.endpoints) or None, _read_token(token, token_file), timeout)
-    spinner = output.stderr.status("resolving manifest entries", spinner="dots")
+    resolved_token = _read_token(token, token_file)
+    spinner = render.stderr.status("resolving manifest entries", spinner="dots")
     with spinner if not as_json else contextlib.nullcontext():
-        result = pin(found, clients, existing=existing, upgrade=upgrade_keys, max_workers=max_workers)
-    written = False
-    if not result.failures:
-        written = write_lock(result.lock, lock_path, lock_relative_name(found.path, lock_path))
-    output.show_pin_result(result, lock_path, written, as_json=as_json)
-    if result.failures:
-        sys.exit(result.failures[0].exit_code)
+        run = lock_project(manifest, lock_path=output_file, upgrade=upgrade, upgrade_ids=upgrade_ids,
+                           endpoint=endpoints, token=resolved_token, timeout=timeout, max_workers=max_workers)
+    render.show_pin_result(run.result, run.lock_path, run.written, as_json=as_json)
+    if run.result.failures:
+        sys.exit(run.result.failures[0].exit_code)
 
 
 @cli.command(name="ls")
@@ -234,28 +191,17 @@ def ls_command(repo_ids, cache_dir, revisions, lock_file, sort, as_json) -> None
     Reads metadata only (no hashing, no writes). Damaged repos are listed with what is wrong, never hidden.
     """
     import gc
-    import time
 
-    from . import output
     from .cache import existing_cache_dir
     from .lockfile import pinned_revisions, read_lock
+    from .render import ls as render
     from .scan import scan_cache
 
     pinned = pinned_revisions(read_lock(lock_file)) if lock_file else None
     root = existing_cache_dir(cache_dir)
     gc.disable()  # a short-lived process building one large document: the cyclic collector only costs time
     info = scan_cache(root, set(repo_ids) if repo_ids else None)
-    document = output.ls_dict(info, pinned)
-    keys = {
-        "name": lambda r: r["repo_id"].lower(),
-        "size": lambda r: -r["size_on_disk"],
-        "last-used": lambda r: "" if r["last_used"] is None else r["last_used"],
-    }
-    document["repos"].sort(key=keys[sort], reverse=(sort == "last-used"))
-    if as_json:
-        output.print_json(document, compact=len(document["repos"]) > 100)
-    else:
-        output.stderr.print(output.ls_table(document, revisions, time.time()))
+    render.show_ls(info, pinned, sort=sort, revisions=revisions, as_json=as_json)
 
 
 @cli.command()
@@ -272,14 +218,14 @@ def verify(repo_ids, cache_dir, lock_file, do_repair, endpoints, token, token_fi
 
     Without --repair it makes no network request. Exit 1 when any integrity problem remains.
     """
-    from . import output
     from .cache import existing_cache_dir
     from .lockfile import read_lock
+    from .render import verify as render
     from .verify import verify_cache
 
     lock = read_lock(lock_file) if lock_file else None
     root = existing_cache_dir(cache_dir)
-    with output.HashProgress(enabled=not as_json) as progress:
+    with render.HashProgress(enabled=not as_json) as progress:
         report = verify_cache(root, repo_ids or None, lock=lock, max_workers=max_workers, progress=progress)
     actions = ()
     before = None
@@ -293,9 +239,9 @@ def verify(repo_ids, cache_dir, lock_file, do_repair, endpoints, token, token_fi
                            token=resolve_token(_read_token(token, token_file)), timeout=timeout)
         actions = repair(report, client=client, lock=lock)
         before = report
-        with output.HashProgress(enabled=not as_json) as progress:
+        with render.HashProgress(enabled=not as_json) as progress:
             report = verify_cache(root, repo_ids or None, lock=lock, max_workers=max_workers, progress=progress)
-    output.show_verify(report, actions, before, as_json=as_json)
+    render.show_verify(report, actions, before, as_json=as_json)
     sys.exit(report.exit_code)
 
 
@@ -312,10 +258,10 @@ def check(repo_ids, cache_dir, lock_file, text, as_json) -> None:
     On failure it names the missing piece (config.json and its .no_exist marker, a Python package, a chat
     template, a ref). Exit 1 if any tokenizer fails.
     """
-    from . import output
     from .cache import existing_cache_dir
     from .check import DEFAULT_TEXT, check_tokenizers, targets_from_cache, targets_from_lock
     from .lockfile import read_lock
+    from .render import verify as render
 
     root = existing_cache_dir(cache_dir)
     if lock_file:
@@ -326,10 +272,10 @@ def check(repo_ids, cache_dir, lock_file, text, as_json) -> None:
         targets = targets_from_cache(root, set(repo_ids) if repo_ids else None)
     if not targets:
         raise UsageError("no tokenizer to check", hint="warm one first, or name REPO_IDs / --lock")
-    with output.stderr.status(f"loading {len(targets)} tokenizer(s) offline", spinner="dots") \
+    with render.stderr.status(f"loading {len(targets)} tokenizer(s) offline", spinner="dots") \
             if not as_json else contextlib.nullcontext():
         report = check_tokenizers(root, targets, text or DEFAULT_TEXT)
-    output.show_check(report, as_json=as_json)
+    render.show_check(report, as_json=as_json)
     sys.exit(report.exit_code)
 
 
@@ -359,10 +305,10 @@ def export_command(dest, specs, lock_file, cache_dir, materialize, fmt, chown, g
     Links stay relative (relocatable), each distinct blob is stored once (hardlinks), every blob is hashed on the
     way; the same content always gives a byte-identical tar (a stable Docker layer digest).
     """
-    from . import output
     from .cache import existing_cache_dir
     from .export import plan_export, write_dir, write_tar
     from .lockfile import read_lock
+    from .render import transfer as render
 
     fmt = fmt or ("tar" if dest == "-" or dest.endswith(".tar") else "dir")
     if dest == "-" and fmt != "tar":
@@ -383,7 +329,7 @@ def export_command(dest, specs, lock_file, cache_dir, materialize, fmt, chown, g
                 digest = write_tar(plan, out, chown=owner or (0, 0), group_writable=group_writable)
     else:
         write_dir(plan, Path(dest), chown=owner, group_writable=group_writable)
-    output.show_export(plan, dest, fmt, digest, as_json=as_json)
+    render.show_export(plan, dest, fmt, digest, as_json=as_json)
 
 
 @cli.command(name="import")
@@ -396,12 +342,12 @@ def import_command(src, cache_dir, as_json) -> None:
     Refuses absolute or '..' paths, links leaving the cache, devices, and content that does not match its hash;
     then nothing is written. What the target already has is never overwritten.
     """
-    from . import output
     from .cache import resolve_cache_dir
     from .importer import import_cache
+    from .render import transfer as render
 
     report = import_cache(src, resolve_cache_dir(cache_dir))
-    output.show_import(report, as_json=as_json)
+    render.show_import(report, as_json=as_json)
 
 
 @cli.command(name="link")
@@ -412,11 +358,11 @@ def import_command(src, cache_dir, as_json) -> None:
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON document on stdout.")
 def link_command(src, dest, mode, as_json) -> None:
     """Make the cache at DEST use the cache at SRC (e.g. the runtime user's default path, or a volume mount)."""
-    from . import output
     from .link import link_cache
+    from .render import transfer as render
 
     report = link_cache(Path(src), Path(dest), mode)
-    output.show_link(report, as_json=as_json)
+    render.show_link(report, as_json=as_json)
 
 
 def _parsed(name: str):
@@ -459,8 +405,8 @@ def prune(cache_dir, older_than, max_size, keep_locks, keep, dry_run, yes, as_js
       hfcache prune --dry-run
       hfcache prune --older-than 30d --max-size 50GB --keep-lock hfcache.lock --yes
     """
-    from . import output
     from .prune import execute, plan_prune
+    from .render import prune as render
 
     if as_json and not (yes or dry_run):
         raise UsageError("--json needs --yes or --dry-run", hint="machines cannot answer the confirmation prompt")
@@ -468,17 +414,17 @@ def prune(cache_dir, older_than, max_size, keep_locks, keep, dry_run, yes, as_js
         raise UsageError("no terminal to ask for confirmation", hint="pass --yes (cron jobs, CI) or --dry-run")
     plan = plan_prune(cache_dir, older_than=older_than, max_size=max_size, keep=keep, keep_locks=keep_locks)
     if dry_run:
-        output.show_prune(plan, as_json=as_json, dry_run=True)
+        render.show_prune(plan, as_json=as_json, dry_run=True)
         return
     asked = bool(plan.items) and not yes
     if asked:
-        output.show_prune(plan, as_json=False, dry_run=False)
-        if not click.confirm(output.prune_question(plan), default=False, err=True):
-            output.stderr.print("nothing removed")
+        render.show_prune(plan, as_json=False, dry_run=False)
+        if not click.confirm(render.prune_question(plan), default=False, err=True):
+            render.stderr.print("nothing removed")
             return
-    with output.PruneProgress(len(plan.items), enabled=not as_json and bool(plan.items)) as progress:
+    with render.PruneProgress(len(plan.items), enabled=not as_json and bool(plan.items)) as progress:
         result = execute(plan, on_item=progress.advance)
-    output.show_prune(plan, result, as_json=as_json, dry_run=False, tables=not asked)
+    render.show_prune(plan, result, as_json=as_json, dry_run=False, tables=not asked)
     sys.exit(result.exit_code)
 
 
@@ -522,7 +468,7 @@ def serve(cache_dir, repos_dir, host, port, token_file, access_log, upstreams, u
       hfcache serve --cache-dir /data/hf-cache --upstream https://huggingface.co \\
           --upstream-token-file /run/secrets/hf-token --allow 'google-bert/*' --max-size 200GB
     """
-    from . import output
+    from .render import offline as render
     from .serve.mirror import serve as serve_mirror
     from .serve.pullthrough import DEFAULT_REVALIDATE, PullThroughConfig
 
@@ -537,8 +483,8 @@ def serve(cache_dir, repos_dir, host, port, token_file, access_log, upstreams, u
         raise UsageError("--upstream-token-file, --allow, --max-size and --revalidate need --upstream",
                          hint="add --upstream URL (e.g. https://huggingface.co) to pull through")
     run = serve_mirror(cache_dir=cache_dir, repos_dir=repos_dir, host=host, port=port, token=token,
-                       access_log=access_log, ready=output.show_mirror_ready, upstream=upstream)
-    output.show_mirror_stopped(run)
+                       access_log=access_log, ready=render.show_mirror_ready, upstream=upstream)
+    render.show_mirror_stopped(run)
 
 
 @cli.command(name="env")
@@ -555,10 +501,10 @@ def env_command(cache_dir, fmt) -> None:
       hfcache env --cache-dir /opt/hf-cache --format dockerfile >> Dockerfile
       hfcache env --cache-dir /opt/hf-cache --format k8s
     """
-    from . import output
     from .offline import format_env, offline_environment
+    from .render import offline as render
 
-    output.show_env(format_env(offline_environment(cache_dir), fmt))
+    render.show_env(format_env(offline_environment(cache_dir), fmt))
 
 
 @cli.command(name="exec", context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
@@ -596,11 +542,11 @@ def doctor_command(cache_dir, as_json) -> None:
     """Diagnose this environment's Hugging Face settings and cache: which cache, offline or not, conflicts,
     permissions and owner, read-only filesystem, symlinks, free space, versions. Exit 1 if any error.
     """
-    from . import output
     from .doctor import doctor
+    from .render import offline as render
 
     report = doctor(cache_dir)
-    output.show_doctor(report, as_json=as_json)
+    render.show_doctor(report, as_json=as_json)
     sys.exit(report.exit_code)
 
 
@@ -608,7 +554,7 @@ def doctor_command(cache_dir, as_json) -> None:
 
 def _fail(message: str, hint: str | None, exit_code: int, as_json: bool) -> None:
     """Report a command-level error: one or two lines on stderr, and with --json also one JSON document."""
-    from .output import print_error, print_json
+    from .render.common import print_error, print_json
 
     print_error(message, hint)
     if as_json:

@@ -7,6 +7,9 @@ except those under ``if TYPE_CHECKING:``, which never run.
 from __future__ import annotations
 
 import ast
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -14,7 +17,7 @@ import pytest
 PACKAGE = Path(__file__).resolve().parents[2] / "hfcache"
 
 #: The presentation layer: the only modules that may import click or rich.
-PRESENTATION = ("hfcache.cli", "hfcache.render", "hfcache.output")
+PRESENTATION = ("hfcache.cli", "hfcache.render")
 #: HTTP clients; only hfcache.hub talks to the network (huggingface_hub's HTTP client is httpx2).
 HTTP_CLIENTS = {"httpx", "httpx2", "requests", "urllib3", "aiohttp", "http.client", "urllib.request"}
 #: huggingface_hub names that are not its HTTP side: reading the saved token is a file read.
@@ -145,7 +148,8 @@ def test_only_hub_imports_http_clients_and_huggingface_hubs_http_side(module):
     for target, names in _external(module):
         if target in HTTP_CLIENTS or target.split(".")[0] in HTTP_CLIENTS:
             offending.append(target)
-        elif target.split(".")[0] == "huggingface_hub" and not set(names) <= HUB_LOCAL_NAMES.get(target, set()):
+        elif target.split(".")[0] == "huggingface_hub" and (
+                not names or not set(names) <= HUB_LOCAL_NAMES.get(target, set())):
             offending.append(f"{target}: {', '.join(names) or '*'}")
     assert not offending, f"{module} talks HTTP but only hfcache.hub may: {offending}"
 
@@ -163,7 +167,8 @@ def test_stores_do_not_import_the_http_layer():
         assert GRAPH[store] <= {"hfcache.serve.vocabulary", "hfcache.scan"}, store
 
 
-@pytest.mark.parametrize("module", ["hfcache.lockfile", "hfcache.install", "hfcache.records", "hfcache.cli"])
+@pytest.mark.parametrize("module", ["hfcache.lockfile", "hfcache.project", "hfcache.install", "hfcache.records",
+                                    "hfcache.cli", "hfcache.render.warm"])
 def test_warm_lock_fast_path_does_not_import_huggingface_hub_at_import_time(module):
     """``warm --lock`` on a satisfied cache must not pay for huggingface_hub's import (install.py)."""
     seen, todo = set(), [module]
@@ -176,3 +181,14 @@ def test_warm_lock_fast_path_does_not_import_huggingface_hub_at_import_time(modu
         assert not heavy, f"{module} imports huggingface_hub at import time through {current}"
         todo.extend(_internal_edges(current, top_level_only=True))
         todo.extend(p for p in (current.rpartition(".")[0],) if p in MODULES)  # a package's __init__ runs first
+
+
+def test_warm_lock_modules_really_import_without_huggingface_hub():
+    """The same promise at run time: importing what ``warm --lock`` runs on a warm cache leaves huggingface_hub
+    (and its HTTP client) unimported."""
+    modules = "hfcache, hfcache.cli, hfcache.project, hfcache.install, hfcache.lockfile, hfcache.render.warm"
+    code = (f"import sys, {modules}\n"
+            "print(sorted(m for m in ('huggingface_hub', 'httpx', 'httpx2') if m in sys.modules))")
+    env = {**os.environ, "PYTHONPATH": str(PACKAGE.parent)}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True)
+    assert out.stdout.strip() == "[]"
