@@ -47,7 +47,7 @@ class _Progress:
     def __init__(self, enabled: bool) -> None:
         from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TransferSpeedColumn
 
-        from .output import stderr
+        from .render.common import stderr
 
         self._progress = Progress(TextColumn("{task.description}"), BarColumn(), DownloadColumn(binary_units=True),
                                   TransferSpeedColumn(), console=stderr, disable=not enabled)
@@ -91,7 +91,7 @@ def push_command(reference, specs, lock_file, split, arch, cache_dir, plain_http
     """
     from .cache import existing_cache_dir
     from .oci import push
-    from .output import human_size, print_json, stderr
+    from .render.common import human_size, print_json, stderr
 
     credentials = _credentials(username, password_stdin)
     with _Progress(enabled=not as_json) as progress:
@@ -117,7 +117,7 @@ def pull_command(reference, cache_dir, plain_http, username, password_stdin, tim
     """
     from .cache import resolve_cache_dir
     from .oci import pull
-    from .output import human_size, print_json, stderr
+    from .render.common import human_size, print_json, stderr
 
     credentials = _credentials(username, password_stdin)
     with _Progress(enabled=not as_json) as progress:
