@@ -42,14 +42,15 @@ from typing import BinaryIO
 
 from ..cache import RepoFolder, atomic_write
 from ..errors import HfcacheError, HubError, UsageError
-from ..hub import RepoRevision
+from ..hub import RemoteFile, RepoRevision
 from ..lockfile import LockedFile, LockedRepo
 from ..prune import execute, plan_prune
 from ..records import WarmRequest
+from ..selection import UnsafePath, validate_repo_path
 from ..warming import fetch_pinned, make_clients, resolve_revision
 from .cache_store import CacheStore
 from .metrics import MirrorMetrics
-from .vocabulary import SHA1_RE, RepoFile, RepoSnapshot, StoreMiss, git_blob_sha1, lfs_pointer
+from .vocabulary import SHA1_RE, SHA256_RE, RepoFile, RepoSnapshot, StoreMiss, git_blob_sha1, lfs_pointer
 
 __all__ = ["DEFAULT_REVALIDATE", "PullThroughConfig", "PullThroughStore"]
 
@@ -137,7 +138,6 @@ class PullThroughStore:
         self._aliases: dict[tuple[str, str], str] = {}  # (type, canonical) -> a legacy id resolved to it
         self._flights: dict[tuple, threading.Lock] = {}
         self._touched: dict[tuple[str, str], float] = {}
-        self._listed: set[tuple[str, str]] = set()
         self._health: tuple[float, list[tuple[str, bool]]] | None = None
         self._pruner = _Pruner(self.root, config.max_size, self.metrics) if config.max_size is not None else None
 
@@ -241,11 +241,30 @@ class PullThroughStore:
                 if resolved is not None:
                     self._commits.move_to_end((repo_type, canonical, revision))
                     return resolved.snapshot
-                return cached if cached is not None and _complete(cached) else None
-            resolved = self._refs.get((repo_type, repo_id, revision))
-            if resolved is not None and now - resolved.checked < self.config.revalidate:
-                return resolved.snapshot
-        return None
+            else:
+                resolved = self._refs.get((repo_type, repo_id, revision))
+                if resolved is not None and now - resolved.checked < self.config.revalidate:
+                    return resolved.snapshot
+                return None
+        # A commit the cache holds with its whole listing (trees/<commit>.json, written with the first fetch):
+        # answered, and its missing files fetched, without asking upstream again, also after a restart.
+        full = self._full(cached)
+        return full if full is not cached else None
+
+    def _full(self, cached: RepoSnapshot | None) -> RepoSnapshot | None:
+        """``cached`` with the whole repo's listing when the cache keeps it, so that what the cache lacks can still
+        be listed and fetched (pinned to those hashes); else ``cached`` itself."""
+        if cached is None or cached.listing is None:
+            return cached
+        revision = _revision_from_listing(cached, self.cache.listing(cached))
+        if revision is None:
+            return cached
+        resolved = _Resolved(revision, _view(self.root, revision), time.monotonic())
+        with self._lock:
+            self._commits[(cached.repo_type, cached.repo_id, cached.commit)] = resolved
+            while len(self._commits) > LISTINGS_KEPT:
+                self._commits.popitem(last=False)
+        return resolved.snapshot
 
     def _resolve(self, repo_type: str, repo_id: str, revision: str, cached: RepoSnapshot | None) -> RepoSnapshot:
         """Ask upstream; on failure serve the stale resolution or the cache, else raise the mapped StoreMiss."""
@@ -264,7 +283,7 @@ class PullThroughStore:
             if stale is not None:
                 return stale.snapshot
             if cached is not None:
-                return cached
+                return self._full(cached)
             raise _store_miss(type(exc).__name__, exc.message) from None
         self.metrics.upstream_resolutions.inc()
         resolved = _Resolved(upstream, _view(self.root, upstream), time.monotonic())
@@ -312,14 +331,14 @@ class PullThroughStore:
 
     def _fetch(self, snapshot: RepoSnapshot, repo_file: RepoFile) -> None:
         """Fetch one file with warm's code path (pinned to the resolved commit and hashes), or raise StoreMiss."""
-        with self._lock:
-            resolved = self._commits.get((snapshot.repo_type, snapshot.repo_id, snapshot.commit))
-            alias = self._aliases.get((snapshot.repo_type, snapshot.repo_id))
-            ref = self._ref_name(snapshot)
-        if resolved is None:  # a cache-only answer (upstream was down): the file is not held, and cannot be fetched
+        resolved = self._listing_of(snapshot)
+        remote = next((f for f in resolved.revision.files if f.path == repo_file.path), None) if resolved else None
+        if resolved is None or remote is None:  # a cache-only answer, and upstream still does not answer
             raise StoreMiss("UpstreamUnavailable", f"{snapshot.repo_id}: {repo_file.path} is not in this mirror's cache "
                             "and the upstream could not be reached to fetch it", status=503)
-        remote = next(f for f in resolved.revision.files if f.path == repo_file.path)
+        with self._lock:
+            alias = self._aliases.get((snapshot.repo_type, snapshot.repo_id))
+            ref = self._ref_name(snapshot)
         request = WarmRequest(alias or snapshot.repo_id, revision=ref, repo_type=snapshot.repo_type, kind="all")
         locked = LockedRepo(request=request, canonical_id=snapshot.repo_id, commit_hash=snapshot.commit,
                             files=(LockedFile(remote.path, remote.size, remote.hash),))
@@ -339,6 +358,24 @@ class PullThroughStore:
                               f"fetched from upstream: {message}", fetch=True)
         self._fetched(result, resolved, alias)
 
+    def _listing_of(self, snapshot: RepoSnapshot) -> _Resolved | None:
+        """The upstream listing of the snapshot's commit: remembered, else asked now (the snapshot may be a
+        cache-only answer given while upstream was down). None when upstream cannot say."""
+        key = (snapshot.repo_type, snapshot.repo_id, snapshot.commit)
+        with self._lock:
+            resolved = self._commits.get(key) or next(
+                (r for r in self._refs.values() if (r.snapshot.repo_type, r.snapshot.repo_id, r.snapshot.commit) == key),
+                None)
+        if resolved is not None:
+            return resolved
+        try:
+            with self._flight(("resolve",) + key):
+                self._resolve(snapshot.repo_type, snapshot.repo_id, snapshot.commit, None)
+        except StoreMiss:
+            return None
+        with self._lock:
+            return self._commits.get(key)
+
     def _fetched(self, result, resolved: _Resolved, alias: str | None) -> None:
         """Count the fetch, record the commit's listing next to its snapshot, keep the cache within budget."""
         downloaded = sum(1 for f in result.files if f.source == "downloaded")
@@ -348,9 +385,8 @@ class PullThroughStore:
         revision = resolved.revision
         for repo_id in filter(None, (revision.canonical_id, alias)):
             folder = RepoFolder(self.root, repo_id, revision.repo_type)
-            if (folder.name, revision.commit_hash) not in self._listed:
+            if not _lexists(folder.root / "trees" / f"{revision.commit_hash}.json"):
                 _write_listing(folder, revision)
-                self._listed.add((folder.name, revision.commit_hash))
         if self._pruner is not None and downloaded:
             self._pruner.request()
 
@@ -450,9 +486,25 @@ def _view(root: Path, revision: RepoRevision) -> RepoSnapshot:
                         files=dict(sorted(files.items())), listing=frozenset(files))
 
 
-def _complete(snapshot: RepoSnapshot) -> bool:
-    """A cached snapshot whose ``trees/`` listing names nothing it lacks: the whole commit is here."""
-    return snapshot.listing is not None and snapshot.listing <= set(snapshot.files)
+def _revision_from_listing(cached: RepoSnapshot, entries: dict[str, dict] | None) -> RepoRevision | None:
+    """The commit's files from a ``trees/<commit>.json`` listing, or None if it is missing or malformed (the
+    cache is untrusted: a bad path, size or hash disqualifies the whole listing)."""
+    files = []
+    for path, entry in (entries or {}).items():
+        try:
+            validate_repo_path(path)
+            size, blob_id, sha256 = entry["size"], entry["blob_id"], entry.get("lfs_sha256")
+        except (UnsafePath, KeyError, TypeError):
+            return None
+        if not isinstance(size, int) or size < 0 or not isinstance(blob_id, str) or not SHA1_RE.match(blob_id):
+            return None
+        if sha256 is not None and not (isinstance(sha256, str) and SHA256_RE.match(sha256)):
+            return None
+        files.append(RemoteFile(path=path, size=size, blob_id=blob_id, lfs_sha256=sha256))
+    if not files:
+        return None
+    return RepoRevision(repo_id=cached.repo_id, canonical_id=cached.repo_id, repo_type=cached.repo_type,
+                        revision=cached.commit, commit_hash=cached.commit, files=tuple(sorted(files, key=lambda f: f.path)))
 
 
 def _write_listing(folder: RepoFolder, revision: RepoRevision) -> None:

@@ -28,7 +28,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from hfcache.serve import HubServer
 from hfcache.serve.pullthrough import PullThroughConfig
 from tests.helpers import GOLDEN, clean_env, golden_ids, run_hfcache
-from tests.integration.test_serve import ACCESS_LINE, raw_request, served
+from tests.integration.test_serve import ACCESS_LINE, TRAVERSALS, raw_request, served
 
 PROJECT = Path(__file__).parents[2]
 HUB = PROJECT / "tests" / "data" / "hub"
@@ -300,6 +300,46 @@ def test_the_upstream_token_goes_upstream_only(tmp_path):
         assert token not in answer.text and token not in str(answer.headers)
     log = access.read_text()
     assert len(log.splitlines()) == len(answers) and token not in log and token not in output
+
+
+def test_no_request_reaches_outside_the_cache_or_fetches_junk(tmp_path):
+    base = tmp_path / "base"
+    with HubServer(HUB) as upstream, mirror(base / "cache", upstream.endpoint) as server:
+        answers = {target: raw_request(server.endpoint, target) for target in TRAVERSALS}
+        odd = {target: raw_request(server.endpoint, target) for target in (
+            "/api/models/google-bert/bert-base-uncased/revision/..%2F..%2Fmain",
+            "/api/models/a--b/c", "/api/models/x/y/z/revision/main", "/google-bert/bert-base-uncased/resolve/main/",
+        )}
+        asked = [r.path for r in upstream.requests]
+
+    wrong = {t: (status, body[:120]) for t, (status, _, body) in {**answers, **odd}.items()
+             if not 400 <= status < 500 and t != f"/{BERT}/resolve/main/vocab.txt"}
+    assert not wrong
+    assert answers[f"/{BERT}/resolve/main/vocab.txt"][0] == 200  # the one honest request among them
+    assert sorted(p.name for p in base.iterdir()) == ["cache"]  # nothing written beside the cache
+    assert all(".." not in p and "etc" not in p for p in asked), asked  # junk never went upstream
+
+
+def test_after_a_restart_with_upstream_down_the_kept_listing_answers_and_a_commit_is_not_re_asked(tmp_path):
+    cache = tmp_path / "mirror"
+    with HubServer(HUB) as upstream:
+        with mirror(cache, upstream.endpoint) as server:
+            hf_hub_download(BERT, "vocab.txt", cache_dir=tmp_path / "c1", endpoint=server.endpoint, token=False)
+        port = int(upstream.endpoint.rsplit(":", 1)[1])
+    # A new mirror process over the same cache, its upstream down: it answers from the cache alone.
+    down = HubServer(HUB, port=port).start()
+    down.stop()
+    with mirror(cache, down.endpoint, revalidate=0, timeout=3) as server:
+        info = httpx2.get(f"{server.endpoint}/api/models/{BERT}").json()
+        with HubServer(HUB, port=port) as back:  # upstream returns on the same address
+            config = httpx2.get(f"{server.endpoint}/{BERT}/resolve/{info['sha']}/config.json")
+            asked = [r.path for r in back.requests]
+
+    assert {s["rfilename"] for s in info["siblings"]} >= {"vocab.txt", "config.json", "tokenizer.json"}
+    assert config.status_code == 200 and config.content == (HUB / BERT / "config.json").read_bytes()
+    # The commit's listing was kept (trees/<commit>.json) with the first fetch: only the missing body is asked.
+    assert asked == [f"/{BERT}/resolve/{info['sha']}/config.json"]
+    verify(cache)
 
 
 # --- /metrics ---------------------------------------------------------------------------------------------
