@@ -21,17 +21,18 @@ EXIT_INTERNAL = 70
 EXIT_INTERRUPTED = 130
 
 
-def _read_token(token: str | None, token_file: str | None) -> str | bool | None:
-    """The token to send: --token, else --token-file, else None (huggingface_hub's own lookup: HF_TOKEN, file)."""
+def _read_token(token: str | None, token_file: str | None, option: str = "--token-file") -> str | bool | None:
+    """The token to send: --token, else --token-file, else None (huggingface_hub's own lookup: HF_TOKEN, file).
+    ``option`` names the file's option in errors."""
     if token and token_file:
         raise UsageError("--token and --token-file are mutually exclusive", hint="give one of them")
     if token_file:
         try:
             value = Path(token_file).read_text(encoding="utf-8").strip()
         except OSError as exc:
-            raise UsageError(f"cannot read --token-file {token_file}: {exc.strerror}") from None
+            raise UsageError(f"cannot read {option} {token_file}: {exc.strerror}") from None
         if not value:
-            raise UsageError(f"--token-file {token_file} is empty")
+            raise UsageError(f"{option} {token_file} is empty")
         return value
     return token or None
 
@@ -475,7 +476,7 @@ def serve(cache_dir, repos_dir, host, port, token_file, access_log, upstreams, u
     token = _read_token(None, token_file) if token_file else None
     upstream = None
     if upstreams:
-        upstream_token = _read_token(None, upstream_token_file) if upstream_token_file else None
+        upstream_token = _read_token(None, upstream_token_file, "--upstream-token-file") if upstream_token_file else None
         upstream = PullThroughConfig(upstreams=tuple(upstreams), token=upstream_token or None, allow=tuple(allow),
                                      revalidate=DEFAULT_REVALIDATE if revalidate is None else revalidate,
                                      max_size=max_size)

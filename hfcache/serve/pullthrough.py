@@ -4,8 +4,9 @@
 
 - **A revision** (repo info, tree, resolve): a branch or tag is resolved against the upstreams in order
   (:func:`hfcache.warming.resolve_revision`, warm's resolution) at most once per ``revalidate`` seconds; a 40-hex
-  commit once per process (a commit's listing never changes), and not at all when the cache holds the commit
-  complete (its ``trees/<commit>.json`` listing names nothing the snapshot lacks). Concurrent requests for the same
+  commit once per process (a commit's listing never changes), and not at all once the cache keeps its listing
+  (``trees/<commit>.json``, huggingface_hub's format, written with the commit's first fetch: after a restart the
+  commit is still listed whole, and what the cache lacks fetched by those hashes). Concurrent requests for the same
   revision wait for one resolution. When upstream fails, the cache answers what it holds (a stale branch keeps its
   last commit); only what the cache lacks gets an error: 503 ``UpstreamUnavailable`` when no upstream answers, the
   upstream's 404/403 otherwise.
@@ -42,7 +43,7 @@ from typing import BinaryIO
 
 from ..cache import RepoFolder, atomic_write
 from ..errors import HfcacheError, HubError, UsageError
-from ..hub import RemoteFile, RepoRevision
+from ..hub import RemoteFile, RepoRevision, validate_endpoint
 from ..lockfile import LockedFile, LockedRepo
 from ..prune import execute, plan_prune
 from ..records import WarmRequest
@@ -100,6 +101,8 @@ class PullThroughConfig:
     def __post_init__(self) -> None:
         if not self.upstreams:
             raise UsageError("a pull-through mirror needs at least one --upstream")
+        # Checked here, before anything is created: http(s) with a host, no credentials in the URL.
+        object.__setattr__(self, "upstreams", tuple(validate_endpoint(u) for u in self.upstreams))
         if self.revalidate < 0:
             raise UsageError(f"--revalidate must not be negative, got {self.revalidate}")
         if self.max_size is not None and self.max_size < 0:
