@@ -182,8 +182,9 @@ class PullThroughStore:
         """The file's bytes from the cache, fetched from upstream first if the cache lacks them.
 
         Raises:
-            StoreMiss: the fetch failed (502 bad bytes, 503 upstream unreachable, ...); nothing was kept.
-            OSError: the file vanished from the cache after its fetch (a concurrent prune).
+            StoreMiss: the fetch failed (502 bad bytes, 503 upstream unreachable, ...; nothing was kept), or the file
+                vanished from the cache right after its fetch (503: a concurrent prune).
+            OSError: ``snapshot`` None and the file is not in the cache (the CDN origin's lookup by hash).
         """
         if snapshot is None:
             return self.cache.open(repo_file)
