@@ -19,7 +19,7 @@ from .hub import HubClient
 from .lockfile import LockedFile, LockedRepo, Lockfile, Manifest, filter_upgrade, lock_relative_name, write_lock
 from .project import open_project
 from .records import WarmRequest
-from .selection import select, shards_from_index
+from .selection import check_index_size, select, shards_from_index
 from .warming import make_clients
 
 
@@ -77,6 +77,10 @@ def resolve_entry(client: HubClient, request: WarmRequest) -> LockedRepo:
     paths = set(selection.paths)
     for index in selection.needs_index:
         buffer = io.BytesIO()
+        try:
+            check_index_size(index, by_path[index].size)
+        except ValueError as exc:
+            raise IntegrityError(f"{request.repo_id}: {exc}") from None
         client.download(repo, by_path[index], buffer)
         try:
             paths |= shards_from_index(buffer.getvalue(), by_path, index)

@@ -35,7 +35,7 @@ from .errors import HfcacheError, HubError, IntegrityError, InternalError, Usage
 from .hub import HubClient, RemoteFile, RepoRevision, hash_file
 from .records import NoProgress, ProgressSink, RepoResult, WarmedFile, WarmReport, WarmRequest
 from .lockfile import LockedRepo
-from .selection import Selection, select, shards_from_index
+from .selection import Selection, check_index_size, select, shards_from_index
 
 def resolve_token(token: str | bool | None) -> str | None:
     """``None`` -> the token huggingface_hub would use (``HF_TOKEN``, then the token file); ``False`` -> none."""
@@ -280,6 +280,11 @@ class _RepoJob:
         try:
             if selection.needs_index:
                 # The shard list is inside the index file: fetch (or find) the index first.
+                try:
+                    for index in selection.needs_index:
+                        check_index_size(index, by_path[index].size)
+                except ValueError as exc:
+                    raise IntegrityError(f"{req.repo_id}: {exc}") from None
                 self._fetch(repo, canonical, [by_path[p] for p in selection.needs_index])
                 for index in selection.needs_index:
                     data = canonical.blob_path(by_path[index].etag).read_bytes()

@@ -8,6 +8,7 @@ stdout for machines. Nothing here decides anything; it only shows the frozen dat
 - :mod:`.prune`    ``prune``
 - :mod:`.transfer` ``export``, ``import`` and ``link``
 - :mod:`.offline`  ``env``, ``doctor`` and ``serve``
+- :mod:`.oci`      ``push`` and ``pull``
 
-Only :mod:`hfcache.cli` imports these (tests/unit/test_import_graph.py checks that no core module imports rich).
+Only :mod:`hfcache.cli` and :mod:`hfcache.cli_oci` import these (tests/unit/test_import_graph.py checks that no core module imports rich).
 """

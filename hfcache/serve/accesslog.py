@@ -9,11 +9,9 @@ from datetime import datetime, timezone
 from typing import Any
 from urllib.parse import quote
 
-from .http import raw_target
+from .http import PRINTABLE, raw_target
 
 __all__ = ["LogEntry", "RequestRecord"]
-
-_PRINTABLE = "".join(chr(c) for c in range(0x21, 0x7F))  # what an access log line may hold verbatim
 
 
 @dataclass(frozen=True)
@@ -60,7 +58,7 @@ class LogEntry:
         """``TIME METHOD PATH STATUS BYTES SECONDS``: never a header, so never the Authorization token."""
         when = datetime.fromtimestamp(self.wall, timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%f")[:-3] + "Z"
         # The target is attacker-controlled: percent-escape whitespace and control bytes so a line stays a line.
-        path = quote(self.path, safe=_PRINTABLE) or "-"
+        path = quote(self.path, safe=PRINTABLE) or "-"
         seconds = time.monotonic() - self.started
         return f"{when} {self.method} {path} {self.status} {self.bytes_sent} {seconds:.3f}\n"
 

@@ -13,8 +13,10 @@ from urllib.parse import quote, unquote, urlsplit
 
 from werkzeug.wrappers import Response
 
-__all__ = ["HttpError", "close", "json_response", "raw_target", "repo_path", "path_segments",
-           "split_repo_id", "url_host"]
+__all__ = ["PRINTABLE", "HttpError", "close", "header_value", "json_response", "path_segments", "raw_target",
+           "repo_path", "split_repo_id", "url_host"]
+
+PRINTABLE = "".join(chr(c) for c in range(0x21, 0x7F))  # what a header value or access log line holds verbatim
 
 
 class HttpError(Exception):
@@ -30,8 +32,21 @@ class HttpError(Exception):
         if self.code is not None:
             headers["X-Error-Code"] = self.code
             headers["X-Error-Message"] = self.message
+        headers = {k: header_value(v) for k, v in headers.items()}
         body = json.dumps({"error": self.message})
         return Response(body, status=self.status, mimetype="application/json", headers=headers)
+
+
+def header_value(value: str) -> str:
+    """``value`` as a header value every stack sends: printable ASCII as is, anything else percent-escaped.
+
+    Messages can hold request paths (``"<path> is not held by this mirror"``): a name in another script cannot be
+    encoded as Latin-1 (uvicorn answered 500 with a ``UnicodeEncodeError`` after logging 404) and a ``%0D%0A`` in
+    the path would be a newline (werkzeug refuses to build the response: 500 again).
+    """
+    if all(" " <= c <= "~" for c in value):
+        return value
+    return quote(value, safe=PRINTABLE + " ")
 
 
 # --- request parsing --------------------------------------------------------------------------------

@@ -23,7 +23,7 @@ from werkzeug.wrappers import Request, Response
 from .accesslog import LogEntry, RequestRecord
 from .cache_store import CacheStore
 from .folder_store import FolderStore
-from .http import url_host
+from .http import header_value, url_host
 from .metrics import CONTENT_TYPE, MirrorMetrics
 from .pullthrough import PullThroughConfig, PullThroughStore
 from .routing import Router
@@ -253,6 +253,7 @@ class HubServer:
                 self._log.append(entry)
         # A FileBody comes back as is (direct_passthrough); HEAD/304 get an empty iterable that closes the file.
         app_iter, status, headers = response.get_wsgi_response(environ)
+        headers = [(k, header_value(v)) for k, v in headers]
         with self._active_cond:
             self._active += 1
         return status, list(headers), app_iter, entry

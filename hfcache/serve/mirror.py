@@ -118,20 +118,7 @@ def serve(
         UsageError: both or neither directory valid, the port cannot be bound, the access log cannot be opened.
         CacheError: the directory to serve does not exist.
     """
-    if cache_dir is not None and repos_dir is not None:
-        raise UsageError("--cache-dir and --repos are mutually exclusive", hint="serve one of them")
-    if upstream is not None and repos_dir is not None:
-        raise UsageError("--upstream needs a cache to fill, not --repos", hint="pass --cache-dir DIR")
-    layout = "repos" if repos_dir is not None else "cache"
-    if upstream is not None:
-        root = resolve_cache_dir(cache_dir)
-        ensure_cache_root(root)
-    elif layout == "cache":
-        root = existing_cache_dir(cache_dir)
-    else:
-        root = Path(repos_dir).expanduser().absolute()
-        if not root.is_dir():
-            raise CacheError(f"no repo folders at {root}", hint="pass a directory of <org>/<name>/ folders")
+    layout, root = _served_root(cache_dir, repos_dir, pull_through=upstream is not None)
     log_stream = _open_access_log(access_log)
     stop_event = stop or threading.Event()
     signals: list[str] = []
@@ -166,6 +153,26 @@ def serve(
         server.stop()
         if log_stream is not None and log_stream is not sys.stdout:
             log_stream.close()
+
+
+def _served_root(cache_dir: str | os.PathLike[str] | None, repos_dir: str | os.PathLike[str] | None, *,
+                 pull_through: bool = False) -> tuple[str, Path]:
+    """(layout, absolute root) of what to serve; raises UsageError for both, CacheError for a missing directory.
+    A pull-through mirror's cache is created if missing (CacheError if it cannot be)."""
+    if cache_dir is not None and repos_dir is not None:
+        raise UsageError("--cache-dir and --repos are mutually exclusive", hint="serve one of them")
+    if pull_through and repos_dir is not None:
+        raise UsageError("--upstream needs a cache to fill, not --repos", hint="pass --cache-dir DIR")
+    if pull_through:
+        root = resolve_cache_dir(cache_dir)
+        ensure_cache_root(root)
+        return "cache", root
+    if repos_dir is None:
+        return "cache", existing_cache_dir(cache_dir)
+    root = Path(repos_dir).expanduser().absolute()
+    if not root.is_dir():
+        raise CacheError(f"no repo folders at {root}", hint="pass a directory of <org>/<name>/ folders")
+    return "repos", root
 
 
 def _open_access_log(path: str | None) -> IO[str] | None:
