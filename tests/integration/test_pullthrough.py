@@ -147,6 +147,27 @@ def test_concurrent_clients_cause_one_upstream_body_per_file(tmp_path):
     assert len(resolutions) == 1  # one resolution of main for eight clients at once
 
 
+def test_a_warm_of_the_same_cache_at_the_same_time_shares_the_fetches(tmp_path):
+    """warm and the mirror take the same repo and blob locks: between them, each file crosses the link once."""
+    cache = tmp_path / "mirror"
+    with HubServer(HUB) as upstream, mirror(cache, upstream.endpoint) as server:
+        warm = subprocess.Popen([sys.executable, "-m", "hfcache", "warm", MINILM, "--kind", "all", "--cache-dir",
+                                 str(cache), "--endpoint", upstream.endpoint, "--json"], cwd=PROJECT, env=clean_env(),
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        with ThreadPoolExecutor(4) as pool:
+            snapshots = list(pool.map(lambda n: snapshot_download(
+                MINILM, cache_dir=tmp_path / f"client{n}", endpoint=server.endpoint, token=False), range(4)))
+        out, err = warm.communicate(timeout=300)
+
+    assert warm.returncode == 0, err
+    files = {p.relative_to(HUB / MINILM).as_posix() for p in (HUB / MINILM).rglob("*") if p.is_file()}
+    for snapshot in snapshots:
+        assert {p.relative_to(snapshot).as_posix() for p in Path(snapshot).rglob("*") if p.is_file()} == files
+    counts = bodies_per_file(upstream)
+    assert len(counts) == len(files) and set(counts.values()) == {1}, counts
+    verify(cache)
+
+
 # --- revisions: revalidation, commits never re-asked, upstream down ---------------------------------------
 
 
