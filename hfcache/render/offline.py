@@ -63,7 +63,7 @@ def show_mirror_ready(info: Any) -> None:
     what = "cache" if info.layout == "cache" else "repo folders"
     token = ", bearer token required" if info.token_required else ""
     pull = f", pulling through from {', '.join(info.upstreams)}" if info.upstreams else ""
-    allow = f" (allowed: {', '.join(info.allow)})" if info.allow else ""
+    allow = f" (allowed: {', '.join(info.allow)})" if info.allow else " (any repo: no --allow)" if info.upstreams else ""
     stderr.print(Text(f"hfcache: serving {what} {info.root}{token}{pull}{allow} at {info.endpoint}"), soft_wrap=True)
 
 
