@@ -299,7 +299,7 @@ class HubServer:
         """200 while the mirror serves its cache; the body says which upstreams answer (liveness must not depend
         on upstream: a pod restarted for the Hub's outage would lose nothing but its ability to serve)."""
         health = self._store.upstream_health()
-        body = {"status": "ok", "upstream_reachable": any(up for _, up in health),
+        body = {"status": "ok", "upstream_reachable": any(up is True for _, up in health),
                 "upstreams": [{"endpoint": endpoint, "reachable": up} for endpoint, up in health]}
         return Response(json.dumps(body), mimetype="application/json")
 

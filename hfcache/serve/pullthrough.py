@@ -67,6 +67,8 @@ TOUCH_INTERVAL = 1.0
 LISTINGS_KEPT = 4096
 #: Seconds a health check of the upstreams is reused.
 HEALTH_TTL = 5.0
+#: Seconds ``/healthz`` waits for a fresh check before answering with the last one (probes time out after 1 s).
+HEALTH_WAIT = 0.5
 
 _STATUS = {  # hfcache error class -> (HTTP status, X-Error-Code) when upstream fails and the cache has nothing
     "RepoNotFound": (404, "RepoNotFound"),
@@ -141,7 +143,8 @@ class PullThroughStore:
         self._aliases: dict[tuple[str, str], str] = {}  # (type, canonical) -> a legacy id resolved to it
         self._flights: dict[tuple, threading.Lock] = {}
         self._touched: dict[tuple[str, str], float] = {}
-        self._health: tuple[float, list[tuple[str, bool]]] | None = None
+        self._health: tuple[float, list[tuple[str, bool | None]]] | None = None
+        self._health_thread: threading.Thread | None = None
         self._pruner = _Pruner(self.root, config.max_size, self.metrics) if config.max_size is not None else None
 
     # -- Store protocol
@@ -210,18 +213,28 @@ class PullThroughStore:
 
     # -- health
 
-    def upstream_health(self) -> list[tuple[str, bool]]:
-        """(endpoint, reachable) per upstream, checked at most every few seconds; updates ``hfcache_upstream_up``."""
-        now = time.monotonic()
+    def upstream_health(self, wait: float = HEALTH_WAIT) -> list[tuple[str, bool | None]]:
+        """(endpoint, reachable) per upstream; None: not known yet. Checked in a background thread at most every
+        few seconds, waiting at most ``wait`` seconds for a fresh answer (a probe's 1 s timeout must hold even when
+        an upstream accepts connections and never answers); updates ``hfcache_upstream_up``."""
         with self._lock:
-            if self._health is not None and self._health[0] > now:
-                return self._health[1]
+            fresh = self._health is not None and self._health[0] > time.monotonic()
+            thread = self._health_thread
+            if not fresh and (thread is None or not thread.is_alive()):
+                thread = threading.Thread(target=self._check_health, name="hfcache-serve-health", daemon=True)
+                self._health_thread = thread
+                thread.start()
+        if not fresh and thread is not None:
+            thread.join(wait)
+        with self._lock:
+            return self._health[1] if self._health is not None else [(c.endpoint, None) for c in self.clients]
+
+    def _check_health(self) -> None:
         health = [(c.endpoint, c.reachable(timeout=min(self.config.timeout, 3.0))) for c in self.clients]
         for endpoint, up in health:
             self.metrics.upstream_up.labels(endpoint).set(1 if up else 0)
         with self._lock:
-            self._health = (now + HEALTH_TTL, health)
-        return health
+            self._health = (time.monotonic() + HEALTH_TTL, health)
 
     def close(self) -> None:
         if self._pruner is not None:
