@@ -16,11 +16,12 @@ from .errors import CheckFailed
 from .lockfile import (
     Lockfile,
     Manifest,
-    ManifestNotFound,
     default_lock_path,
     drift,
     find_manifest,
     load_manifest,
+    lock_cache_dir,
+    lock_manifest,
     read_lock,
 )
 
@@ -34,7 +35,8 @@ class LockInstall:
     Attributes:
         lock (Lockfile): the lock read.
         manifest (Manifest | None): the manifest found beside the lock (or given); None when there is none.
-        cache_dir (str | Path | None): the cache given, else the manifest's ``cache_dir``, else None (the default).
+        cache_dir (str | Path | None): the cache every ``--lock`` command uses (:func:`hfcache.lockfile.lock_cache_dir`):
+            the cache given, else the manifest's ``cache_dir``, else the environment's; absolute.
         endpoint (list[str] | None): the endpoints given, else the manifest's, else None (``HF_ENDPOINT``/the Hub).
     """
 
@@ -73,15 +75,8 @@ def resolve_install(
         CheckFailed: ``locked`` and the lock is out of date with the manifest (exit 1).
     """
     lock = read_lock(lock_file)
-    start = Path(lock_file).parent
-    found = None
-    if manifest or locked:
-        found = load_manifest(find_manifest(manifest, start=start))
-    else:
-        try:
-            found = load_manifest(find_manifest(None, start=start))
-        except ManifestNotFound:
-            found = None  # a lock alone (e.g. copied into an image) is enough; a broken manifest is an error
+    # A lock alone (e.g. copied into an image) is enough; a broken manifest, or none while one is needed, is an error.
+    found = lock_manifest(lock_file, manifest, required=bool(locked))
     if locked:
         problems = drift(found, lock)
         if problems:
@@ -91,7 +86,7 @@ def resolve_install(
     return LockInstall(
         lock=lock,
         manifest=found,
-        cache_dir=cache_dir or (found.cache_dir if found else None),
+        cache_dir=lock_cache_dir(lock_file, cache_dir, manifest=found),
         endpoint=list(endpoint) or (list(found.endpoints) if found and found.endpoints else None),
     )
 
