@@ -1,4 +1,4 @@
-"""``hfcache push`` and ``hfcache pull``: parse, call :mod:`hfcache.oci`, render (self-contained on purpose)."""
+"""``hfcache push`` and ``hfcache pull``: parse, call :mod:`hfcache.oci`, render (:mod:`hfcache.render.oci`)."""
 
 from __future__ import annotations
 
@@ -57,38 +57,6 @@ def _registry_options(fn):
     return fn
 
 
-class _Progress:
-    """A rich progress bar on stderr per blob transferred (implements :class:`hfcache.oci.TransferSink`)."""
-
-    def __init__(self, enabled: bool) -> None:
-        from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TransferSpeedColumn
-
-        from .output import stderr
-
-        self._progress = Progress(TextColumn("{task.description}"), BarColumn(), DownloadColumn(binary_units=True),
-                                  TransferSpeedColumn(), console=stderr, disable=not enabled)
-        self._task = None
-
-    def __enter__(self):
-        self._progress.__enter__()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self._progress.__exit__(*exc)
-
-    def begin(self, label: str, total: int) -> None:
-        self._task = self._progress.add_task(label[:60], total=total)
-
-    def advance(self, nbytes: int) -> None:
-        if self._task is not None:
-            self._progress.advance(self._task, nbytes)
-
-
-def _layers_json(layers) -> list[dict]:
-    return [{"digest": x.digest, "size": x.size, "diff_id": x.diff_id, "repos": list(x.repos),
-             "transferred": x.transferred} for x in layers]
-
-
 @click.command(name="push")
 @click.argument("reference", metavar="REF")
 @click.argument("specs", nargs=-1, metavar="[REPO_ID[@REVISION]]...")
@@ -107,20 +75,13 @@ def push_command(reference, specs, lock_file, split, arch, cache_dir, plain_http
     """
     from .cache import existing_cache_dir
     from .oci import push
-    from .output import human_size, print_json, stderr
+    from .render import oci as render
 
     credentials = _credentials(username, password_stdin)
-    with _Progress(enabled=not as_json) as progress:
+    with render.TransferProgress(enabled=not as_json) as progress:
         report = push(reference, existing_cache_dir(cache_dir), specs, lock_path=lock_file, split=split,
                       plain_http=plain_http, credentials=credentials, timeout=timeout, sink=progress, arch=arch)
-    if as_json:
-        print_json({"ok": True, "reference": report.reference, "digest": report.digest, "split": report.split,
-                    "repos": list(report.repos), "layers": _layers_json(report.layers),
-                    "bytes_total": report.bytes_total, "bytes_uploaded": report.bytes_uploaded})
-        return
-    stderr.print(f"pushed {len(report.repos)} revision(s) in {len(report.layers)} layer(s) "
-                 f"({human_size(report.bytes_uploaded)} sent of {human_size(report.bytes_total)})")
-    click.echo(f"{report.reference}@{report.digest}")
+    render.show_push(report, as_json=as_json)
 
 
 @click.command(name="pull")
@@ -143,24 +104,12 @@ def pull_command(reference, cache_dir, plain_http, username, password_stdin, tim
     """
     from .cache import resolve_cache_dir
     from .oci_pull import pull
-    from .output import human_size, lock_wait_notice, print_json, stderr
+    from .render import oci as render
+    from .render.common import lock_wait_notice
 
     credentials = _credentials(username, password_stdin)
-    with _Progress(enabled=not as_json) as progress:
+    with render.TransferProgress(enabled=not as_json) as progress:
         report = pull(reference, resolve_cache_dir(cache_dir), plain_http=plain_http, credentials=credentials,
                       timeout=timeout, sink=progress, move_refs=move_refs, max_size=max_size,
                       lock_timeout=lock_timeout, on_lock_wait=lock_wait_notice)
-    imported = report.imported
-    if as_json:
-        print_json({"ok": True, "reference": report.reference, "digest": report.digest,
-                    "layers": _layers_json(report.layers), "bytes_downloaded": report.bytes_downloaded,
-                    "bytes_unpacked": report.bytes_unpacked, "cache_dir": imported.cache_dir,
-                    "repos": list(imported.repos), "files": imported.files, "blobs_new": imported.blobs_new,
-                    "blobs_existing": imported.blobs_existing, "bytes_new": imported.bytes_new,
-                    "moved_refs": list(imported.moved)})
-        return
-    stderr.print(f"pulled {report.reference} ({report.digest[:19]}): {len(report.layers)} layer(s), "
-                 f"{human_size(report.bytes_downloaded)}; {len(imported.repos)} repo(s) into {imported.cache_dir}, "
-                 f"{imported.blobs_new} new blob(s), {imported.blobs_existing} already there")
-    for ref in imported.moved:
-        stderr.print(f"moved the target's {ref} to the image's commit (--move-refs)")
+    render.show_pull(report, as_json=as_json)
