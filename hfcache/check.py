@@ -240,6 +240,29 @@ def check_tokenizers(cache_dir: Path, targets: list[CheckTarget], text: str = DE
         InternalError: the child crashed or printed no result.
     """
     targets = [replace(t, trust_remote_code=bool(custom_code_refs(cache_dir, t))) for t in targets]
+    # A repo the cache does not hold at all fails without a load: transformers would only say it could not reach
+    # the closed endpoint the child is given (a port the user never set).
+    absent = {t.spec for t in targets if not os.path.lexists(RepoFolder(cache_dir, t.repo_id, t.repo_type).root)}
+    loaded = [t for t in targets if t.spec not in absent]
+    raw = _probe(cache_dir, loaded, text) if loaded else {}
+    results = []
+    for target in targets:
+        if target.spec in absent:
+            folder = RepoFolder(cache_dir, target.repo_id, target.repo_type)
+            missing = f"{target.repo_id} is not in the cache (no {folder.name}/): hfcache warm {target.repo_id}"
+            results.append(CheckResult(target, False, error=missing, cause=missing))
+        else:
+            results.append(_result(cache_dir, target, raw.get(target.spec, {"error": "no result"})))
+    return CheckReport(cache_dir=str(cache_dir), text=text, results=tuple(results),
+                       import_seconds=raw.get("__import_seconds__", {}).get("seconds", 0.0))
+
+
+def _probe(cache_dir: Path, targets: list[CheckTarget], text: str) -> dict:
+    """Run :mod:`hfcache.probe` on ``targets`` in one offline child; its JSON answer, per spec.
+
+    Raises:
+        InternalError: the child crashed or printed no result.
+    """
     env = probe_environment(cache_dir)
     home = Path(env["HF_HOME"])
     modules = tempfile.mkdtemp(prefix="hfcache-check-modules-")
@@ -256,21 +279,25 @@ def check_tokenizers(cache_dir: Path, targets: list[CheckTarget], text: str = DE
         tail = (proc.stderr.strip().splitlines() or ["no output"])[-1]
         raise InternalError(f"the offline probe process failed (exit {proc.returncode}): {tail}")
     raw = json.loads(lines[-1])
-    results = []
-    for target in targets:
-        data = raw.get(target.spec, {"error": "no result"})
-        if "error" in data:
-            results.append(CheckResult(target, False, seconds=data.get("seconds", 0.0), error=data["error"],
-                                       cause=diagnose(cache_dir, target, data["error"])))
-        else:
-            # transformers drops an uncached chat template silently (DESIGN §3): the load "works", the app breaks.
-            lost = _missing_templates(cache_dir, target)
-            results.append(CheckResult(
-                target, not lost, data["class"], data["vocab_size"], tuple(data["input_ids"]), data["seconds"],
-                error="loaded without its chat template(s)" if lost else None,
-                cause=f"chat template(s) in the repo but not in the cache: {', '.join(lost)}" if lost else None))
-    return CheckReport(cache_dir=str(cache_dir), text=text, results=tuple(results),
-                       import_seconds=raw.get("__import_seconds__", {}).get("seconds", 0.0))
+    for data in raw.values():
+        if isinstance(data, dict) and isinstance(data.get("error"), str):
+            # The child's HF_ENDPOINT is a closed port of ours: name what it stands for, not the port.
+            data["error"] = data["error"].replace(f"'{env['HF_ENDPOINT']}'", "the Hub (hfcache check is offline)") \
+                .replace(env["HF_ENDPOINT"], "the Hub (hfcache check is offline)")
+    return raw
+
+
+def _result(cache_dir: Path, target: CheckTarget, data: dict) -> CheckResult:
+    """One target's CheckResult from the probe's answer, with the diagnosis of a failure."""
+    if "error" in data:
+        return CheckResult(target, False, seconds=data.get("seconds", 0.0), error=data["error"],
+                           cause=diagnose(cache_dir, target, data["error"]))
+    # transformers drops an uncached chat template silently (DESIGN §3): the load "works", the app breaks.
+    lost = _missing_templates(cache_dir, target)
+    return CheckResult(
+        target, not lost, data["class"], data["vocab_size"], tuple(data["input_ids"]), data["seconds"],
+        error="loaded without its chat template(s)" if lost else None,
+        cause=f"chat template(s) in the repo but not in the cache: {', '.join(lost)}" if lost else None)
 
 
 def _remove_tree(path: Path) -> None:

@@ -30,9 +30,10 @@ def _read_token(token: str | None, token_file: str | None, option: str = "--toke
         try:
             value = Path(token_file).read_text(encoding="utf-8").strip()
         except OSError as exc:
-            raise UsageError(f"cannot read {option} {token_file}: {exc.strerror}") from None
+            raise UsageError(f"cannot read {option} {token_file}: {exc.strerror}",
+                             hint="give a readable file holding the token") from None
         if not value:
-            raise UsageError(f"{option} {token_file} is empty")
+            raise UsageError(f"{option} {token_file} is empty", hint="write the token into it, or drop the option")
         return value
     return token or None
 
@@ -122,7 +123,8 @@ def warm(repos, cache_dir, kind, include, exclude, repo_type, lock_file, locked,
     resolved_token = _read_token(token, token_file)
     if lock_file:
         if repos:
-            raise UsageError("give REPO_ID arguments or --lock, not both")
+            raise UsageError("give REPO_ID arguments or --lock, not both",
+                             hint="add the repos to the manifest and run `hfcache lock`, or drop --lock")
         from .install import warm_lock
         from .project import resolve_install
 
@@ -133,7 +135,7 @@ def warm(repos, cache_dir, kind, include, exclude, repo_type, lock_file, locked,
                                on_lock_wait=None if quiet else lock_wait_notice)
     else:
         if locked or manifest:
-            raise UsageError("--locked and --manifest go with --lock")
+            raise UsageError("--locked and --manifest go with --lock", hint="add --lock hfcache.lock")
         if not repos:
             raise UsageError("nothing to warm", hint="give REPO_ID arguments or --lock FILE")
         from .records import WarmRequest
@@ -320,7 +322,7 @@ def _parse_chown(value: str | None) -> tuple[int, int] | None:
         return None
     uid, sep, gid = value.partition(":")
     if not (uid.isdigit() and sep and gid.isdigit()):
-        raise UsageError(f"--chown {value!r}: expected numeric UID:GID, e.g. 1000:1000")
+        raise UsageError(f"--chown {value!r}: expected numeric UID:GID", hint="e.g. --chown 1000:1000 (`id -u`:`id -g`)")
     return int(uid), int(gid)
 
 
@@ -347,9 +349,9 @@ def export_command(dest, specs, lock_file, cache_dir, materialize, fmt, chown, g
 
     fmt = fmt or ("tar" if dest == "-" or dest.endswith(".tar") else "dir")
     if dest == "-" and fmt != "tar":
-        raise UsageError("DEST '-' (stdout) needs --format tar")
+        raise UsageError("DEST '-' (stdout) needs --format tar", hint="add --format tar")
     if dest == "-" and as_json:
-        raise UsageError("--json cannot share stdout with the tar stream")
+        raise UsageError("--json cannot share stdout with the tar stream", hint="drop --json, or write the tar to a file")
     owner = _parse_chown(chown)
     root = _read_cache_dir(cache_dir, lock_file)
     plan = plan_export(root, specs, lock=read_lock(lock_file) if lock_file else None, materialize=materialize)
@@ -601,6 +603,19 @@ def _fail(message: str, hint: str | None, exit_code: int, as_json: bool) -> None
     sys.exit(exit_code)
 
 
+def _command_path(args: list[str]) -> str:
+    """``hfcache CMD`` for the first argument naming a command, else ``hfcache``."""
+    name = next((a for a in args if not a.startswith("-")), None)
+    return f"hfcache {name}" if name in cli.commands else "hfcache"
+
+
+def _usage_hint(exit_code: int, hint: str | None, args: list[str]) -> str | None:
+    """Every usage error (exit 2) gets a hint line: its own, else where the command's usage is explained."""
+    if hint or exit_code != UsageError.exit_code:
+        return hint
+    return f"see `{_command_path(args)} --help`"
+
+
 def main(argv: list[str] | None = None) -> None:
     """Console-script entry point: run the CLI and map every hfcache error to its exit code, without traceback."""
     args = sys.argv[1:] if argv is None else argv
@@ -612,14 +627,14 @@ def main(argv: list[str] | None = None) -> None:
     except click.exceptions.Exit as exc:
         sys.exit(exc.exit_code)
     except click.UsageError as exc:
-        command = exc.ctx.command_path if exc.ctx is not None else "hfcache"
+        command = exc.ctx.command_path if exc.ctx is not None else _command_path(args)
         _fail(exc.format_message(), f"see `{command} --help`", UsageError.exit_code, as_json)
     except click.ClickException as exc:
-        _fail(exc.format_message(), None, exc.exit_code, as_json)
+        _fail(exc.format_message(), _usage_hint(exc.exit_code, None, args), exc.exit_code, as_json)
     except HfcacheError as exc:
         if debug:
             raise
-        _fail(exc.message, exc.hint, exc.exit_code, as_json)
+        _fail(exc.message, _usage_hint(exc.exit_code, exc.hint, args), exc.exit_code, as_json)
     except (KeyboardInterrupt, click.Abort):
         _fail("interrupted", "run the command again; what was interrupted was not published", EXIT_INTERRUPTED,
               as_json)

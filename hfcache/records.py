@@ -112,7 +112,9 @@ class RepoResult:
         hint (str | None): what to do about it.
         exit_code (int): 0, or the documented exit code of the error.
         error_type (str | None): the error's class in :mod:`hfcache.errors` (``IntegrityError``,
-            ``EndpointUnreachable``, ``RepoNotFound``...), for callers that answer each kind differently (the mirror).
+            ``EndpointUnreachable``, ``RepoNotFound``...;
+            ``Interrupted`` with exit 130 when Ctrl-C stopped it), for callers that answer each kind differently
+            (the mirror).
     """
 
     request: WarmRequest

@@ -237,7 +237,10 @@ class _RepoJob:
             if result.ok or not self._fall_through(result) or n == len(self.clients) - 1:
                 break
             failures.append(f"{client.endpoint}: {result.error}")
-        if not result.ok and failures:
+        if not result.ok and self.stop.is_set():  # Ctrl-C: not a failure of the repo or the endpoint
+            result = replace(result, error=f"{self.request.spec}: interrupted", hint=None, exit_code=130,
+                             error_type="Interrupted")
+        elif not result.ok and failures:
             # Every endpoint was tried: say what each one answered, the last one's error first.
             result = replace(result, error=f"{result.error} (also tried: {'; '.join(failures)})")
         result = replace(result, bytes_downloaded=self._downloaded, seconds=time.monotonic() - started)

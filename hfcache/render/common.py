@@ -1,5 +1,8 @@
-"""What every command's rendering shares: the stderr console, one JSON document on stdout, error lines, and sizes
-and times for people. ``NO_COLOR`` is honoured by rich."""
+"""What every command's rendering shares: the two consoles, one JSON document on stdout, error lines, and sizes
+and times for people. ``NO_COLOR`` is honoured by rich.
+
+The CLI convention (``git status``, ``pip list``, ``hf cache ls``): a command's result (its table, its summary line)
+goes to ``stdout``, so that ``hfcache ls | grep bert`` works; progress, waits, notices and errors go to ``stderr``."""
 
 from __future__ import annotations
 
@@ -12,12 +15,29 @@ from typing import Any
 from rich.console import Console
 from rich.text import Text
 
-__all__ = ["ago", "human_size", "iso_time", "lock_wait_notice", "print_error", "print_json", "stderr"]
+__all__ = ["ago", "human_size", "iso_time", "live_on_terminal", "lock_wait_notice", "print_error", "print_json", "stderr", "stdout"]
 
-stderr = Console(stderr=True, highlight=False)
-if not stderr.is_terminal and "COLUMNS" not in os.environ:
-    # rich assumes 80 columns off a terminal (CI logs, docker build output): tables would wrap every id.
-    stderr = Console(stderr=True, highlight=False, width=120)
+# Off a terminal (a pipe, a file, CI logs, docker build output) rich assumes 80 columns and would wrap every long
+# repo id and path, breaking `| grep` and `| awk`. A table is only as wide as its content (rich tables do not expand),
+# so a generous width keeps each row on one line without padding anything. COLUMNS, when set, still wins.
+PIPE_WIDTH = 1000
+
+
+def _console(*, to_stderr: bool) -> Console:
+    console = Console(stderr=to_stderr, highlight=False)
+    if not console.is_terminal and "COLUMNS" not in os.environ:
+        console = Console(stderr=to_stderr, highlight=False, width=PIPE_WIDTH)
+    return console
+
+
+stderr = _console(to_stderr=True)
+stdout = _console(to_stderr=False)
+
+
+def live_on_terminal(enabled: bool) -> bool:
+    """Whether a transient progress display should run: only on a terminal. Off one it would show nothing anyway,
+    and rich still writes its cursor-restoring controls when it stops (a stray empty line in logs and pipes)."""
+    return enabled and stderr.is_terminal
 
 
 def lock_wait_notice(wait: Any) -> None:

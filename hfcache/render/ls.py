@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 from rich.table import Table
 from rich.text import Text
 
-from .common import ago, human_size, iso_time, print_json, stderr
+from .common import ago, human_size, iso_time, print_json, stdout
 
 if TYPE_CHECKING:
     from ..scan import CacheInfo
@@ -105,10 +105,10 @@ _SORT_KEYS = {
 def show_ls(info: CacheInfo, pinned: set[tuple[str, str, str]] | None, *, sort: str, revisions: bool,
             as_json: bool) -> None:
     """``hfcache ls``: the document sorted by ``sort`` (``name`` A-Z, ``size`` largest first, ``last-used`` most
-    recent first), as JSON on stdout or as the table on stderr (one row per revision with ``revisions``)."""
+    recent first), as JSON or as the table, on stdout (one row per revision with ``revisions``)."""
     document = ls_dict(info, pinned)
     document["repos"].sort(key=_SORT_KEYS[sort], reverse=(sort == "last-used"))
     if as_json:
         print_json(document, compact=len(document["repos"]) > 100)
     else:
-        stderr.print(ls_table(document, revisions, time.time()))
+        stdout.print(ls_table(document, revisions, time.time()))

@@ -7,7 +7,7 @@ from typing import Any
 
 from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TransferSpeedColumn
 
-from .common import human_size, print_json, stderr
+from .common import human_size, print_json, stderr, stdout
 
 __all__ = ["TransferProgress", "show_pull", "show_push"]
 
@@ -54,7 +54,7 @@ def show_push(report: Any, *, as_json: bool) -> None:
 
 
 def show_pull(report: Any, *, as_json: bool) -> None:
-    """pull's result: JSON, or what was downloaded and merged (stderr)."""
+    """pull's result: JSON, or what was downloaded and merged (stdout)."""
     imported = report.imported
     if as_json:
         print_json({"ok": True, "reference": report.reference, "digest": report.digest,
@@ -64,8 +64,8 @@ def show_pull(report: Any, *, as_json: bool) -> None:
                     "blobs_existing": imported.blobs_existing, "bytes_new": imported.bytes_new,
                     "moved_refs": list(imported.moved)})
         return
-    stderr.print(f"pulled {report.reference} ({report.digest[:19]}): {len(report.layers)} layer(s), "
+    stdout.print(f"pulled {report.reference} ({report.digest[:19]}): {len(report.layers)} layer(s), "
                  f"{human_size(report.bytes_downloaded)}; {len(imported.repos)} repo(s) into {imported.cache_dir}, "
                  f"{imported.blobs_new} new blob(s), {imported.blobs_existing} already there")
     for ref in imported.moved:
-        stderr.print(f"moved the target's {ref} to the image's commit (--move-refs)")
+        stdout.print(f"moved the target's {ref} to the image's commit (--move-refs)")

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 from rich.table import Table
 from rich.text import Text
 
-from .common import print_json, stderr
+from .common import print_json, stderr, stdout
 
 if TYPE_CHECKING:
     from ..doctor import DoctorReport
@@ -41,7 +41,7 @@ def doctor_dict(report: DoctorReport) -> dict[str, Any]:
 
 
 def show_doctor(report: DoctorReport, *, as_json: bool) -> None:
-    """doctor's result: JSON, or a table of findings (errors first, each with its fix) and a verdict on stderr."""
+    """doctor's result: JSON, or a table of findings (errors first, each with its fix) and a verdict on stdout."""
     if as_json:
         print_json(doctor_dict(report))
         return
@@ -51,11 +51,11 @@ def show_doctor(report: DoctorReport, *, as_json: bool) -> None:
         table.add_column(column, overflow="fold")
     for f in report.findings:
         table.add_row(Text(f.severity, style=styles[f.severity]), f.message, f.fix or "")
-    stderr.print(table)
+    stdout.print(table)
     errors = sum(f.severity == "error" for f in report.findings)
     warnings = sum(f.severity == "warning" for f in report.findings)
     verdict = Text("ok", style="green") if not errors else Text(f"{errors} error(s)", style="bold red")
-    stderr.print(Text.assemble(verdict, f", {warnings} warning(s)"))
+    stdout.print(Text.assemble(verdict, f", {warnings} warning(s)"))
 
 
 def show_mirror_ready(info: Any) -> None:

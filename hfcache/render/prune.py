@@ -9,7 +9,7 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 from rich.text import Text
 
-from .common import ago, human_size, iso_time, print_json, stderr
+from .common import ago, human_size, iso_time, live_on_terminal, print_json, stderr, stdout
 
 if TYPE_CHECKING:
     from ..prune import PrunePlan, PruneResult
@@ -169,12 +169,12 @@ def _status_text(status: str, note: str) -> Text:
 
 def show_prune(plan: PrunePlan, result: PruneResult | None = None, *, as_json: bool, dry_run: bool,
                tables: bool = True) -> None:
-    """prune's plan or outcome: one JSON document on stdout, or tables on stderr (see :func:`prune_tables`)."""
+    """prune's plan or outcome: one JSON document on stdout, or tables on stdout (see :func:`prune_tables`)."""
     if as_json:
         print_json(prune_dict(plan, result, dry_run=dry_run), compact=len(plan.items) > 100)
         return
     for renderable in prune_tables(plan, result, dry_run=dry_run, tables=tables):
-        stderr.print(renderable, soft_wrap=isinstance(renderable, Text))
+        stdout.print(renderable, soft_wrap=isinstance(renderable, Text))
 
 
 def prune_question(plan: PrunePlan) -> str:
@@ -189,7 +189,8 @@ class PruneProgress:
 
     def __init__(self, total: int, enabled: bool = True) -> None:
         self._progress = Progress(TextColumn("pruning"), BarColumn(), TextColumn("{task.completed}/{task.total} items"),
-                                  TimeElapsedColumn(), console=stderr, disable=not enabled, transient=True)
+                                  TimeElapsedColumn(), console=stderr,
+                                  disable=not live_on_terminal(enabled), transient=True)
         self._task = self._progress.add_task("prune", total=total)
 
     def __enter__(self) -> PruneProgress:

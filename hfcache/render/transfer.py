@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from rich.text import Text
 
-from .common import human_size, print_json, stderr
+from .common import human_size, print_json, stderr, stdout
 
 __all__ = ["show_export", "show_import", "show_link"]
 
@@ -16,7 +16,8 @@ def show_export(plan, dest: str, fmt: str, digest: str | None, *, as_json: bool)
     if as_json:
         print_json(document)
         return
-    stderr.print(f"exported {len(plan.repos)} repo(s), {len(plan.entries)} entries, "
+    console = stderr if dest == "-" else stdout  # '-': stdout carries the tar
+    console.print(f"exported {len(plan.repos)} repo(s), {len(plan.entries)} entries, "
                  f"{human_size(plan.unique_bytes)} of distinct content -> {dest} ({fmt})"
                  + (f"\nsha256:{digest}" if digest else ""))
 
@@ -28,11 +29,11 @@ def show_import(report, *, as_json: bool) -> None:
     if as_json:
         print_json(document)
         return
-    stderr.print(f"imported {len(report.repos)} repo(s), {report.files} snapshot entries into {report.cache_dir}: "
+    stdout.print(f"imported {len(report.repos)} repo(s), {report.files} snapshot entries into {report.cache_dir}: "
                  f"{report.blobs_new} new blob(s) ({human_size(report.bytes_new)}), "
                  f"{report.blobs_existing} already there")
     for ref in report.moved:
-        stderr.print(Text(f"moved the target's {ref} to the source's commit (--move-refs)", style="yellow"))
+        stdout.print(Text(f"moved the target's {ref} to the source's commit (--move-refs)", style="yellow"))
 
 
 def show_link(report, *, as_json: bool) -> None:
@@ -41,5 +42,5 @@ def show_link(report, *, as_json: bool) -> None:
     if as_json:
         print_json(document)
         return
-    stderr.print(f"{report.dest} -> {report.src} ({report.mode}; {report.files} files, "
+    stdout.print(f"{report.dest} -> {report.src} ({report.mode}; {report.files} files, "
                  f"{human_size(report.bytes_added)} added)")

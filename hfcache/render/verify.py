@@ -15,7 +15,7 @@ from rich.progress import (
 from rich.table import Table
 from rich.text import Text
 
-from .common import human_size, print_json, stderr
+from .common import human_size, live_on_terminal, print_json, stderr, stdout
 
 if TYPE_CHECKING:
     from ..check import CheckReport
@@ -30,7 +30,7 @@ class HashProgress:
 
     def __init__(self, enabled: bool = True) -> None:
         self._progress = Progress(TextColumn("hashing"), BarColumn(), DownloadColumn(binary_units=True),
-                                  TransferSpeedColumn(), TimeElapsedColumn(), console=stderr, disable=not enabled,
+                                  TransferSpeedColumn(), TimeElapsedColumn(), console=stderr, disable=not live_on_terminal(enabled),
                                   transient=True)
         self._task = self._progress.add_task("hash", total=0)
 
@@ -80,7 +80,7 @@ def show_verify(report: VerifyReport, actions: tuple[RepairAction, ...], before:
         for a in actions:
             table.add_row(a.repo_id, a.revision[:12], a.path, Text(a.action, style="green" if a.ok else "red"),
                           a.detail)
-        stderr.print(table)
+        stdout.print(table)
     if report.problems:
         table = Table(title=f"hfcache verify {report.cache_dir}", title_justify="left")
         for column in ("repo", "revision", "path", "problem", "detail"):
@@ -88,11 +88,11 @@ def show_verify(report: VerifyReport, actions: tuple[RepairAction, ...], before:
         for p in report.problems:
             table.add_row(p.repo_id, p.revision[:12] if len(p.revision) == 40 else p.revision, p.path,
                           Text(p.kind, style="red" if p.is_error else "yellow"), p.detail)
-        stderr.print(table)
+        stdout.print(table)
     errors = len(report.errors)
     notes = len(report.problems) - errors
     verdict = Text("ok", style="green") if report.ok else Text(f"{errors} integrity problem(s)", style="bold red")
-    stderr.print(Text.assemble(
+    stdout.print(Text.assemble(
         verdict, f": {len(report.repos)} repos, {report.blobs_hashed} blobs ({human_size(report.bytes_hashed)}) "
         f"hashed in {report.seconds:.2f}s" + (f", {notes} note(s)" if notes else "")))
 
@@ -127,10 +127,10 @@ def show_check(report: CheckReport, *, as_json: bool) -> None:
         else:
             result = Text(r.cause or r.error or "failed", style="red")
         table.add_row(r.target.spec, r.tokenizer_class or "-", str(r.vocab_size or "-"), f"{r.seconds:.2f}s", result)
-    stderr.print(table)
+    stdout.print(table)
     failed = sum(not r.ok for r in report.results)
-    stderr.print(Text(f"{len(report.results) - failed} loaded, {failed} failed",
+    stdout.print(Text(f"{len(report.results) - failed} loaded, {failed} failed",
                       style="green" if not failed else "red"))
     for r in report.results:
-        if not r.ok and r.cause and r.error:
-            stderr.print(Text(f"{r.target.spec}: {r.error.splitlines()[0][:300]}", style="dim"), soft_wrap=True)
+        if not r.ok and r.cause and r.error and r.error != r.cause:
+            stdout.print(Text(f"{r.target.spec}: {r.error.splitlines()[0][:300]}", style="dim"), soft_wrap=True)

@@ -19,7 +19,7 @@ from rich.table import Table
 from rich.text import Text
 
 from ..records import RepoResult, WarmReport
-from .common import human_size, print_error, print_json, stderr
+from .common import human_size, live_on_terminal, print_error, print_json, stderr, stdout
 
 if TYPE_CHECKING:
     from ..pin import PinResult
@@ -75,6 +75,8 @@ def warm_summary_table(report: WarmReport) -> Table:
         if r.canonical_id and r.canonical_id != r.request.repo_id:
             label += f" -> {r.canonical_id}"
         status = Text("ok", style="green") if r.ok else Text(f"failed (exit {r.exit_code})", style="red")
+        if r.error_type == "Interrupted":
+            status = Text("interrupted", style="yellow")
         table.add_row(
             label,
             (r.commit_hash or "-")[:12],
@@ -95,7 +97,10 @@ def warm_summary_table(report: WarmReport) -> Table:
 
 
 class WarmProgress:
-    """A rich progress display on stderr: one bar per repo (bytes) and a total bar; implements ProgressSink."""
+    """A rich progress display on stderr: one bar per repo (bytes) and a total bar; implements ProgressSink.
+
+    Transient: the bars are cleared when the warm ends (the summary table on stdout says what was done), so a warm
+    that fails, or is interrupted, leaves no empty bars above its error lines."""
 
     def __init__(self, total_repos: int, enabled: bool = True) -> None:
         self._progress = Progress(
@@ -106,8 +111,8 @@ class WarmProgress:
             TextColumn("{task.fields[status]}"),
             TimeElapsedColumn(),
             console=stderr,
-            disable=not enabled,
-            transient=False,
+            disable=not live_on_terminal(enabled),
+            transient=True,
         )
         self._lock = threading.Lock()
         self._tasks: dict[int, TaskID] = {}
@@ -144,16 +149,18 @@ class WarmProgress:
             task = self._tasks.get(key)
             if task is None:
                 task = self._tasks[key] = self._progress.add_task(result.request.spec, total=0, status="")
-            self._progress.update(task, status="[green]ok" if result.ok else "[red]failed")
+            status = "[green]ok" if result.ok else (
+                "[yellow]interrupted" if result.error_type == "Interrupted" else "[red]failed")
+            self._progress.update(task, status=status)
 
 
 def show_warm_report(report: WarmReport, *, as_json: bool, quiet: bool) -> None:
-    """JSON document on stdout, or the summary table and one error line per failed repo on stderr."""
+    """JSON document on stdout, or the summary table on stdout and one error line per failed repo on stderr."""
     if as_json:
         print_json(warm_report_dict(report))
         return
-    if not quiet:
-        stderr.print(warm_summary_table(report))
+    if not quiet and any(r.ok for r in report.repos):  # nothing warmed: the error lines say it all
+        stdout.print(warm_summary_table(report))
     for r in report.repos:
         if not r.ok:
             print_error(r.error or "failed", r.hint)
@@ -185,20 +192,20 @@ def show_pin_result(result: PinResult, lock_path, written: bool, *, as_json: boo
         table.add_row(r.request.spec, r.commit_hash[:12], str(len(r.files)),
                       human_size(sum(f.size for f in r.files)), status)
     if result.lock.repos:
-        stderr.print(table)
+        stdout.print(table)
     for f in result.failures:
         print_error(f.error, f.hint)
     if result.failures:
         entries = f"{len(result.failures)} entr{'y' if len(result.failures) == 1 else 'ies'}"
-        stderr.print(f"{lock_path} not written: {entries} failed")
+        stdout.print(f"{lock_path} not written: {entries} failed")
     else:
-        stderr.print(f"{lock_path} {'written' if written else 'unchanged'}")
+        stdout.print(f"{lock_path} {'written' if written else 'unchanged'}")
 
 
 def show_lock_check(status: LockCheck, *, as_json: bool) -> None:
-    """``hfcache lock --check``: JSON, or one line on stderr when the lock matches (a mismatch is an error line)."""
+    """``hfcache lock --check``: JSON, or one line on stdout when the lock matches (a mismatch is an error line)."""
     if as_json:
         print_json({"lock": str(status.lock_path), "manifest": str(status.manifest), "ok": status.ok,
                     "drift": list(status.drift)})
     elif status.ok:
-        stderr.print(f"{status.lock_path} matches {status.manifest}")
+        stdout.print(f"{status.lock_path} matches {status.manifest}")
