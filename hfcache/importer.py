@@ -71,7 +71,11 @@ class ImportReport:
         cache_dir (str): the target cache.
         repos (tuple[str, ...]): repo folders merged.
         files (int): snapshot entries merged (entries the target already had with the same content included).
-        blobs_new (int): blobs added; blobs_existing (int): blobs the target already had (left untouched).
+        blobs_new (int): blob entries added; blobs_existing (int): blob entries the target already had (left
+            untouched). An entry is a file in one repo's ``blobs/``: the same content in two repos is two entries
+            (hardlinked), so their sum can exceed ``blob_contents``.
+        blob_contents (int): distinct contents among those entries (what ``verify`` counts as distinct blobs when
+            they are hardlinked).
         bytes_new (int): bytes added.
         moved (tuple[str, ...]): refs the target had at another commit and that now point where the source's do
             (only with ``move_refs``; without it such a ref refuses the import).
@@ -82,6 +86,7 @@ class ImportReport:
     files: int
     blobs_new: int
     blobs_existing: int
+    blob_contents: int
     bytes_new: int
     moved: tuple[str, ...]
 
@@ -590,6 +595,7 @@ def _publish(plan: dict[str, _RepoPlan], staging: _Staging, cache_dir: Path, fol
     symlinks = symlinks_supported(cache_dir)
     published: dict[str, Path] = {}  # etag -> a published blob, to hardlink instead of copying again
     counts = {"new": 0, "existing": 0, "bytes": 0}
+    contents: set[str] = set()
     files = 0
     moved: list[str] = []
     for folder_name, repo in sorted(plan.items()):
@@ -597,6 +603,7 @@ def _publish(plan: dict[str, _RepoPlan], staging: _Staging, cache_dir: Path, fol
         present, moves = checked[folder_name]
         folder.make_dir(folder.root / "snapshots")
         _publish_blobs(folder, repo, staging, published, counts)
+        contents.update(repo.blobs)
         for (commit, path), etag in sorted(repo.links.items()):
             if (commit, path) not in present:
                 folder.link(commit, path, etag, symlinks=symlinks)
@@ -613,7 +620,8 @@ def _publish(plan: dict[str, _RepoPlan], staging: _Staging, cache_dir: Path, fol
             folder.write_ref(ref, commit)
         moved += moves
     return ImportReport(cache_dir=str(cache_dir), repos=tuple(sorted(plan)), files=files, blobs_new=counts["new"],
-                        blobs_existing=counts["existing"], bytes_new=counts["bytes"], moved=tuple(moved))
+                        blobs_existing=counts["existing"], blob_contents=len(contents), bytes_new=counts["bytes"],
+                        moved=tuple(moved))
 
 
 def _publish_blobs(folder: RepoFolder, repo: _RepoPlan, staging: _Staging, published: dict[str, Path],

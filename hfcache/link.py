@@ -9,13 +9,16 @@ Three modes:
 - ``copy``: the same tree with copies.
 
 ``.locks`` and ``*.incomplete`` are never carried over. The tree is built next to DEST and renamed into place; DEST
-must be new or an empty folder, so nothing it holds is ever replaced. A symlink that leaves its repo's ``blobs/``, a
+must be new or an empty folder, so nothing it holds is ever replaced. Linking again onto a DEST that already is what
+the link would make (the same symlink; the same tree of hardlinks, or of copies with the same bytes) changes nothing
+and succeeds, so an init container can run it on every start. A symlink that leaves its repo's ``blobs/``, a
 symlinked folder or a device in SRC refuses the whole link (DEST would otherwise point outside itself).
 """
 
 from __future__ import annotations
 
 import errno
+import filecmp
 import os
 import shutil
 import stat
@@ -30,21 +33,24 @@ MODES = ("symlink", "hardlink", "copy")
 
 @dataclass(frozen=True)
 class LinkReport:
-    """What :func:`link_cache` made: ``files`` linked or copied, ``bytes_added`` on DEST's filesystem."""
+    """What :func:`link_cache` made: ``files`` linked or copied, ``bytes_added`` on DEST's filesystem;
+    ``unchanged`` when DEST already was that link (nothing was done, ``files`` and ``bytes_added`` are 0)."""
 
     src: str
     dest: str
     mode: str
     files: int
     bytes_added: int
+    unchanged: bool = False
 
 
 def link_cache(src: Path, dest: Path, mode: str = "symlink") -> LinkReport:
     """Make ``dest`` a cache that uses ``src``.
 
     Raises:
-        UsageError: bad mode, ``src`` is not a directory, ``dest`` exists and is not an empty directory, ``src`` holds a
-            link out of its repo's ``blobs/`` or a symlinked folder (hardlink and copy modes).
+        UsageError: bad mode, ``src`` is not a directory, ``dest`` exists, is not an empty directory and is not
+            already this link, ``src`` holds a link out of its repo's ``blobs/`` or a symlinked folder (hardlink and
+            copy modes).
         CacheError: hardlinks across filesystems (``EXDEV``), or ``dest`` cannot be written.
     """
     if mode not in MODES:
@@ -53,7 +59,10 @@ def link_cache(src: Path, dest: Path, mode: str = "symlink") -> LinkReport:
     if not src.is_dir():
         raise UsageError(f"{src} is not a cache directory")
     if dest.is_symlink() or (dest.exists() and (not dest.is_dir() or any(dest.iterdir()))):
-        raise UsageError(f"{dest} exists and is not an empty directory", hint="link into a new or empty path")
+        if already_linked(src, dest, mode):
+            return LinkReport(src=str(src), dest=str(dest), mode=mode, files=0, bytes_added=0, unchanged=True)
+        raise UsageError(f"{dest} exists, is not an empty directory and is not a {mode} of {src}",
+                         hint="link into a new or empty path (DEST is left as it is)")
     dest.parent.mkdir(parents=True, exist_ok=True)
     staging = dest.parent / f".{dest.name}.{uuid.uuid4().hex[:8]}.partial"
     files = added = 0
@@ -77,6 +86,44 @@ def link_cache(src: Path, dest: Path, mode: str = "symlink") -> LinkReport:
             else:
                 shutil.rmtree(staging, ignore_errors=True)
     return LinkReport(src=str(src), dest=str(dest), mode=mode, files=files, bytes_added=added)
+
+
+def already_linked(src: Path, dest: Path, mode: str) -> bool:
+    """Whether ``dest`` already is what linking ``src`` in ``mode`` makes: a symlink resolving to ``src``; or the
+    same tree (``.locks`` and ``*.incomplete`` left out on both sides) whose symlinks have the same targets and whose
+    files are hardlinks of ``src``'s (``hardlink``) or hold the same bytes (``copy``: every file is read)."""
+    if mode == "symlink":
+        return dest.is_symlink() and os.path.realpath(dest) == os.path.realpath(src)
+    if dest.is_symlink() or not dest.is_dir():
+        return False
+    ours, theirs = _tree(src), _tree(dest)
+    if ours.keys() != theirs.keys():
+        return False
+    for rel, st in ours.items():
+        other = theirs[rel]
+        if stat.S_IFMT(st.st_mode) != stat.S_IFMT(other.st_mode):
+            return False
+        s, d = os.path.join(src, rel), os.path.join(dest, rel)
+        if stat.S_ISLNK(st.st_mode) and os.readlink(s) != os.readlink(d):
+            return False
+        if stat.S_ISREG(st.st_mode):
+            if mode == "hardlink" and (st.st_dev, st.st_ino) != (other.st_dev, other.st_ino):
+                return False
+            if mode == "copy" and (st.st_size != other.st_size or not filecmp.cmp(s, d, shallow=False)):
+                return False
+    return True
+
+
+def _tree(root: Path) -> dict[str, os.stat_result]:
+    """Every entry under ``root`` by relative path (lstat), leaving out what a link never carries over."""
+    entries = {}
+    for dirpath, dirs, names in os.walk(root):
+        rel = os.path.relpath(dirpath, root)
+        dirs[:] = [d for d in dirs if not (rel == "." and d == ".locks")]
+        for name in dirs + [n for n in names if not n.endswith(".incomplete")]:
+            path = os.path.join(dirpath, name)
+            entries[os.path.relpath(path, root)] = os.lstat(path)
+    return entries
 
 
 def _copy_tree(src: Path, staging: Path, mode: str) -> tuple[int, int]:

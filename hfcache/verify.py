@@ -52,6 +52,8 @@ class Problem:
             ``file_missing``, ``file_unlisted``, ``incomplete``, ``no_symlinks``, ``unverified``.
         detail (str): one line for people.
         folder (str): the repo folder name.
+        linked_from (tuple[str, ...]): for a blob finding, the snapshot entries that use the blob, each
+            ``REPO_ID@REVISION:PATH`` (the revision is a ref pointing to the snapshot, else its commit hash).
     """
 
     repo_id: str
@@ -60,6 +62,7 @@ class Problem:
     kind: str
     detail: str
     folder: str = ""
+    linked_from: tuple[str, ...] = ()
 
     @property
     def is_error(self) -> bool:
@@ -317,9 +320,12 @@ def verify_cache(
                                             f"{failure}: ask the cache's owner to make it group-readable",
                                             repo.folder))
                     continue
+                users = _linked_from(repo, etag, key) if not revision else ()
+                shown = f"; used by {', '.join(users[:5])}" + (f" and {len(users) - 5} more" if len(users) > 5
+                                                                 else "") if users else ""
                 problems.append(Problem(repo.repo_id, revision, where, "blob_mismatch" if not revision
                                         else "file_mismatch", f"{failure}, not its expected {algorithm} {etag[:16]}…"
-                                        f" ({size} bytes on disk)", repo.folder))
+                                        f" ({size} bytes on disk){shown}", repo.folder, users))
     problems.sort()
     return VerifyReport(
         cache_dir=info.cache_dir,
@@ -329,6 +335,16 @@ def verify_cache(
         seconds=time.monotonic() - started,
         problems=tuple(problems),
     )
+
+
+def _linked_from(repo: RepoInfo, etag: str, inode: tuple[int, int]) -> tuple[str, ...]:
+    """The snapshot entries of ``repo`` using the blob ``etag`` (a link to it, or a hardlink of it: same inode), as
+    ``REPO_ID@REVISION:PATH``, the revision being the snapshot's first ref, else its commit hash."""
+    users = []
+    for rev in repo.revisions:
+        revision = rev.refs[0] if rev.refs else rev.commit_hash
+        users += [f"{repo.repo_id}@{revision}:{f.path}" for f in rev.files if f.etag == etag or f.inode == inode]
+    return tuple(users)
 
 
 def _named_repos_missing(specs: dict[str, set[str]], repos: Iterable[RepoInfo]) -> list[Problem]:

@@ -61,11 +61,13 @@ def show_pull(report: Any, *, as_json: bool) -> None:
                     "layers": _layers_json(report.layers), "bytes_downloaded": report.bytes_downloaded,
                     "bytes_unpacked": report.bytes_unpacked, "cache_dir": imported.cache_dir,
                     "repos": list(imported.repos), "files": imported.files, "blobs_new": imported.blobs_new,
-                    "blobs_existing": imported.blobs_existing, "bytes_new": imported.bytes_new,
+                    "blobs_existing": imported.blobs_existing,
+                    "blob_contents": imported.blob_contents, "bytes_new": imported.bytes_new,
                     "moved_refs": list(imported.moved)})
         return
     stdout.print(f"pulled {report.reference} ({report.digest[:19]}): {len(report.layers)} layer(s), "
                  f"{human_size(report.bytes_downloaded)}; {len(imported.repos)} repo(s) into {imported.cache_dir}, "
-                 f"{imported.blobs_new} new blob(s), {imported.blobs_existing} already there")
+                 f"{imported.blobs_new} new blob entries, {imported.blobs_existing} already there; "
+                 f"{imported.blob_contents} distinct blobs")
     for ref in imported.moved:
         stdout.print(f"moved the target's {ref} to the image's commit (--move-refs)")

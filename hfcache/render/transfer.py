@@ -25,22 +25,27 @@ def show_export(plan, dest: str, fmt: str, digest: str | None, *, as_json: bool)
 def show_import(report, *, as_json: bool) -> None:
     document = {"cache_dir": report.cache_dir, "repos": list(report.repos), "files": report.files,
                 "blobs_new": report.blobs_new, "blobs_existing": report.blobs_existing,
+                "blob_contents": report.blob_contents,
                 "bytes_new": report.bytes_new, "moved_refs": list(report.moved)}
     if as_json:
         print_json(document)
         return
     stdout.print(f"imported {len(report.repos)} repo(s), {report.files} snapshot entries into {report.cache_dir}: "
-                 f"{report.blobs_new} new blob(s) ({human_size(report.bytes_new)}), "
-                 f"{report.blobs_existing} already there")
+                 f"{report.blobs_new} new blob entries ({human_size(report.bytes_new)}), "
+                 f"{report.blobs_existing} already there; {report.blob_contents} distinct blobs (an entry per repo "
+                 "holding it, hardlinked)")
     for ref in report.moved:
         stdout.print(Text(f"moved the target's {ref} to the source's commit (--move-refs)", style="yellow"))
 
 
 def show_link(report, *, as_json: bool) -> None:
     document = {"src": report.src, "dest": report.dest, "mode": report.mode, "files": report.files,
-                "bytes_added": report.bytes_added}
+                "bytes_added": report.bytes_added, "unchanged": report.unchanged}
     if as_json:
         print_json(document)
+        return
+    if report.unchanged:
+        stdout.print(f"{report.dest} already is a {report.mode} of {report.src}: nothing to do")
         return
     stdout.print(f"{report.dest} -> {report.src} ({report.mode}; {report.files} files, "
                  f"{human_size(report.bytes_added)} added)")

@@ -50,7 +50,7 @@ class HashProgress:
 
 def _problem_dict(p) -> dict[str, Any]:
     return {"repo_id": p.repo_id, "revision": p.revision, "path": p.path, "kind": p.kind, "detail": p.detail,
-            "error": p.is_error}
+            "error": p.is_error, "linked_from": list(p.linked_from)}
 
 
 def show_verify(report: VerifyReport, actions: tuple[RepairAction, ...], before: VerifyReport | None, *,
@@ -93,7 +93,7 @@ def show_verify(report: VerifyReport, actions: tuple[RepairAction, ...], before:
     notes = len(report.problems) - errors
     verdict = Text("ok", style="green") if report.ok else Text(f"{errors} integrity problem(s)", style="bold red")
     stdout.print(Text.assemble(
-        verdict, f": {len(report.repos)} repos, {report.blobs_hashed} blobs ({human_size(report.bytes_hashed)}) "
+        verdict, f": {len(report.repos)} repos, {report.blobs_hashed} distinct blobs ({human_size(report.bytes_hashed)}) "
         f"hashed in {report.seconds:.2f}s" + (f", {notes} note(s)" if notes else "")))
 
 

@@ -219,8 +219,35 @@ def test_link_modes(source_cache, tmp_path):
     proc = run_hfcache(["link", str(source_cache), str(tmp_path / "sym")])
     assert proc.returncode == 0 and (tmp_path / "sym").resolve() == source_cache.resolve()
 
-    proc = run_hfcache(["link", str(source_cache), str(tmp_path / "sym")])
-    assert proc.returncode == 2 and "exists" in proc.stderr
+
+
+def test_link_twice_is_a_no_op_and_other_content_is_refused(source_cache, tmp_path):
+    """An init container that restarts runs `hfcache link` again onto the DEST it made: nothing changes, exit 0.
+    A DEST holding anything else is still refused, and left as it is."""
+    for mode in ("symlink", "hardlink", "copy"):
+        dest = tmp_path / mode
+        first = run_hfcache(["link", str(source_cache), str(dest), "--mode", mode])
+        assert first.returncode == 0, first.stderr
+        before = {str(p): (p.lstat().st_ino, p.lstat().st_mtime_ns) for p in [dest, *dest.rglob("*")]}
+        again = run_hfcache(["link", str(source_cache), str(dest), "--mode", mode, "--json"])
+        assert again.returncode == 0, again.stderr
+        assert json.loads(again.stdout)["unchanged"] is True
+        assert {str(p): (p.lstat().st_ino, p.lstat().st_mtime_ns) for p in [dest, *dest.rglob("*")]} == before
+        people = run_hfcache(["link", str(source_cache), str(dest), "--mode", mode])
+        assert people.returncode == 0 and "nothing to do" in people.stdout
+    # Something else at DEST: another mode's tree, an edited copy, an extra file, a symlink elsewhere.
+    other = tmp_path / "other-cache"
+    other.mkdir()
+    (tmp_path / "elsewhere").symlink_to(other)
+    edited = next(p for p in (tmp_path / "copy").rglob("*") if p.is_file() and not p.is_symlink())
+    edited.write_bytes(edited.read_bytes() + b"x")
+    (tmp_path / "hardlink" / "stray.txt").write_text("not from SRC")
+    for dest, mode in [(tmp_path / "copy", "hardlink"), (tmp_path / "symlink", "copy"), (tmp_path / "copy", "copy"),
+                       (tmp_path / "hardlink", "hardlink"), (tmp_path / "elsewhere", "symlink")]:
+        listing = sorted(str(p) for p in dest.rglob("*"))
+        proc = run_hfcache(["link", str(source_cache), str(dest), "--mode", mode])
+        assert proc.returncode == 2 and "is not an empty directory" in proc.stderr, (dest, mode, proc.stderr)
+        assert "hint:" in proc.stderr and sorted(str(p) for p in dest.rglob("*")) == listing
 
 
 def test_hardlink_across_filesystems_is_a_clear_error(source_cache, tmp_path):

@@ -105,7 +105,7 @@ def test_json_matches_the_table(damaged_cache):
     env = clean_env(COLUMNS="300")
     proc = run_hfcache(["ls", "--cache-dir", str(cache), "--lock", str(lock), "--sort", "size"], env=env)
     assert proc.returncode == 0, proc.stderr
-    rows = [line.strip("│ ").split("│") for line in proc.stderr.splitlines() if line.startswith("│")]
+    rows = [line.strip("│ ").split("│") for line in proc.stdout.splitlines() if line.startswith("│")]
     table = [(cells[0].strip(), cells[3].strip(), cells[6].strip()) for cells in rows]
     expected = [(r["repo_id"], str(r["files"]), "yes" if r["pinned"] else "no") for r in document["repos"]]
     assert table == expected

@@ -441,9 +441,9 @@ def test_dry_run_prints_exactly_what_a_real_run_then_removes(cache, bert_lock):
     plan = prune_json(cache, *args, dry_run=True)
     assert tree(cache) == before and {p: p.lstat().st_mtime_ns for p in cache.rglob("*")} == stamps
     people = run_hfcache(["prune", "--cache-dir", str(cache), "--dry-run", *args], env=clean_env(COLUMNS="200"))
-    assert people.returncode == 0 and "dry run" in people.stderr
+    assert people.returncode == 0 and "dry run" in people.stdout and people.stderr == ""
     for revision in plan["revisions"]:
-        assert revision["commit_hash"][:12] in people.stderr
+        assert revision["commit_hash"][:12] in people.stdout
     assert {r["commit_hash"] for r in plan["revisions"]} == {made["old"], made["detached"]}
     assert {i["reason"] for i in plan["items"]} >= {"older_than", "detached", "unused", "orphan",
                                                     "stale_incomplete", "empty"}

@@ -230,3 +230,16 @@ def test_leftover_incomplete_is_reported_not_an_error(fixture_cache):
     code, report = verify_json(fixture_cache)
     assert code == 0
     assert [(p["kind"], p["error"]) for p in report["problems"]] == [("incomplete", False)]
+
+
+def test_blob_mismatch_names_the_files_that_use_the_blob(fixture_cache):
+    """A corrupt blob is named by the snapshot entries that link to it (repo, revision, path), not only by its hash."""
+    flip_byte(blob_of(fixture_cache, "models--openai-community--gpt2", "vocab.json"))
+    code, report = verify_json(fixture_cache)
+    assert code == 1
+    [problem] = [p for p in report["problems"] if p["kind"] == "blob_mismatch"]
+    assert problem["linked_from"] == ["openai-community/gpt2@main:vocab.json"]
+    people = run_hfcache(["verify", "--cache-dir", str(fixture_cache)])
+    assert people.returncode == 1 and people.stderr == ""  # the report is the result: stdout
+    assert "used by openai-community/gpt2@main:vocab.json" in people.stdout
+    assert "distinct blobs" in people.stdout and "\n│" in people.stdout  # the table and the summary
