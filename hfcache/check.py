@@ -244,7 +244,7 @@ def check_tokenizers(cache_dir: Path, targets: list[CheckTarget], text: str = DE
     # the closed endpoint the child is given (a port the user never set).
     absent = {t.spec for t in targets if not os.path.lexists(RepoFolder(cache_dir, t.repo_id, t.repo_type).root)}
     loaded = [t for t in targets if t.spec not in absent]
-    raw = _probe(cache_dir, loaded, text) if loaded else {}
+    raw = _probe(cache_dir, loaded, text, timeout) if loaded else {}
     results = []
     for target in targets:
         if target.spec in absent:
@@ -257,8 +257,9 @@ def check_tokenizers(cache_dir: Path, targets: list[CheckTarget], text: str = DE
                        import_seconds=raw.get("__import_seconds__", {}).get("seconds", 0.0))
 
 
-def _probe(cache_dir: Path, targets: list[CheckTarget], text: str) -> dict:
-    """Run :mod:`hfcache.probe` on ``targets`` in one offline child; its JSON answer, per spec.
+def _probe(cache_dir: Path, targets: list[CheckTarget], text: str, timeout: float) -> dict:
+    """Run :mod:`hfcache.probe` on ``targets`` in one offline child (at most ``timeout`` seconds); its JSON
+    answer, per spec.
 
     Raises:
         InternalError: the child crashed or printed no result.

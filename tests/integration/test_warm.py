@@ -316,7 +316,7 @@ def test_ctrl_c_stops_promptly_and_publishes_nothing(hub_root, tmp_path):
     cache = tmp_path / "cache"
     with HubServer(hub_root, throttle_bps=50_000) as server:
         proc = subprocess.Popen([sys.executable, "-m", "hfcache", "warm", "openai-community/gpt2", "FacebookAI/roberta-base",
-                                 "--cache-dir", str(cache), "--endpoint", server.endpoint, "-q"],
+                                 "--cache-dir", str(cache), "--endpoint", server.endpoint],
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=clean_env())
         deadline = time.monotonic() + 30
         while not list(cache.rglob("*.incomplete")) and time.monotonic() < deadline:
@@ -324,9 +324,14 @@ def test_ctrl_c_stops_promptly_and_publishes_nothing(hub_root, tmp_path):
         assert list(cache.rglob("*.incomplete")), "no download started"
         proc.send_signal(signal.SIGINT)
         started = time.monotonic()
-        proc.communicate(timeout=30)
+        out, err = proc.communicate(timeout=30)
         elapsed = time.monotonic() - started
     assert proc.returncode == 130
+    # One "interrupted" line and its hint on stderr; no repo is called failed, no summary table, no empty bars.
+    # (click writes one newline first: on a terminal it ends the "^C" line.)
+    lines = err.strip().splitlines()
+    assert lines[0] == "hfcache: error: interrupted" and lines[1].startswith("hint: ") and len(lines) == 2, err
+    assert "failed" not in out + err and out == ""
     assert elapsed < 15  # the 2.6 MiB at 50 kB/s would take ~55 s more
     assert_nothing_visible(cache)
     assert not [p for p in cache.rglob("*") if p.name.endswith(".tmp")]

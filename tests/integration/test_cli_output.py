@@ -1,0 +1,121 @@
+"""Where the CLI writes: a command's result on stdout (so `hfcache ls | grep bert` works), progress and diagnostics on
+stderr, tables as wide as their content when piped, and a `hint:` line under every usage error."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+import hfcache
+from hfcache.records import WarmRequest
+from hfcache.serve import HubServer
+from tests.helpers import clean_env, run_hfcache
+
+HUB = Path(__file__).parent.parent / "data" / "hub"
+#: Longer than rich's 80-column default on its own: a row holding it must not wrap when piped.
+LONG_ID = "an-organisation-with-a-rather-long-name/a-repository-name-long-enough-to-wrap-an-eighty-column-table"
+
+
+@pytest.fixture(scope="module")
+def cache(tmp_path_factory) -> Path:
+    cache = tmp_path_factory.mktemp("stdout") / "cache"
+    with HubServer(HUB) as server:
+        report = hfcache.warm([WarmRequest.parse("bert-base-uncased")], cache_dir=cache, endpoint=server.endpoint,
+                              token=False)
+    assert report.ok, [r.error for r in report.repos]
+    return cache
+
+
+def report_lines(args: list[str], code: int = 0) -> list[str]:
+    """Run hfcache with stdout and stderr piped (no COLUMNS): the result is on stdout and stderr stays empty."""
+    proc = run_hfcache(args, env=clean_env())
+    assert proc.returncode == code, proc.stdout + proc.stderr
+    assert proc.stderr == "", proc.stderr  # nothing but the result: no progress, no stray line
+    assert proc.stdout.strip(), args
+    return proc.stdout.splitlines()
+
+
+def test_reports_go_to_stdout_and_nothing_else(cache):
+    ls = report_lines(["ls", "--cache-dir", str(cache)])
+    assert [line for line in ls if "bert-base-uncased" in line]  # `hfcache ls | grep bert`
+    verify = report_lines(["verify", "--cache-dir", str(cache)])
+    assert verify[-1].startswith("ok: ")
+    doctor = report_lines(["doctor", "--cache-dir", str(cache)])
+    assert doctor[-1].startswith("ok, ") and "warning(s)" in doctor[-1]
+    env = report_lines(["env", "--cache-dir", str(cache)])
+    assert "export HF_HUB_OFFLINE=1" in env
+    prune = report_lines(["prune", "--cache-dir", str(cache), "--dry-run"])
+    assert any("dry run" in line for line in prune)
+
+
+@pytest.mark.slow
+def test_check_report_on_stdout_without_wrapping(cache):
+    """check: the table on stdout; a repo the cache lacks is named as such (not transformers' message about the
+    closed loopback port of the offline child), on one unwrapped row."""
+    lines = report_lines(["check", "--cache-dir", str(cache), "bert-base-uncased", LONG_ID], code=1)
+    [row] = [line for line in lines if LONG_ID in line]
+    assert f"{LONG_ID} is not in the cache" in row
+    assert any("bert-base-uncased@main" in line and "ok [" in line for line in lines)
+    assert "127.0.0.1" not in "\n".join(lines) and "couldn't connect" not in "\n".join(lines)
+    assert lines[-1] == "1 loaded, 1 failed"
+
+
+def test_tables_keep_their_width_when_piped(cache, tmp_path):
+    """A piped table is as wide as its content: the row of a long repo id stays one line, the JSON stays one
+    document."""
+    long_folder = cache.parent / "long-cache"
+    folder = long_folder / ("models--" + LONG_ID.replace("/", "--"))
+    (folder / "refs").mkdir(parents=True)
+    (folder / "snapshots").mkdir()
+    (folder / "blobs").mkdir()
+    lines = report_lines(["ls", "--cache-dir", str(long_folder)])
+    [row] = [line for line in lines if LONG_ID in line]
+    assert len(row) > 120 and row.startswith("│")
+    proc = run_hfcache(["ls", "--cache-dir", str(long_folder), "--json"])
+    assert proc.stderr == "" and json.loads(proc.stdout)["repos"][0]["repo_id"] == LONG_ID
+
+
+USAGE_ERRORS = [
+    # hfcache's own usage errors
+    ["warm", "bert-base-uncased", "--lock", "hfcache.lock"],
+    ["warm"],
+    ["warm", "--locked", "bert-base-uncased"],
+    ["warm", "not//valid"],
+    ["lock", "bert-base-uncased"],
+    ["export", "-", "--format", "dir"],
+    ["export", "-", "--format", "tar", "--json"],
+    ["export", "out", "--chown", "root"],
+    ["prune", "--json"],
+    ["serve", "--allow", "google-bert/*"],
+    ["exec", "--no-such-option"],
+    ["link", "/nonexistent-hfcache-source", "dest"],
+    ["verify", "--lock", "/nonexistent/hfcache.lock"],
+    ["warm", "bert-base-uncased", "--token-file", "/nonexistent/token"],
+    # click's own parameter errors
+    ["no-such-command"],
+    ["ls", "--no-such-option"],
+    ["ls", "--sort", "colour"],
+    ["warm", "bert-base-uncased", "--max-workers", "0"],
+    ["prune", "--older-than", "soon", "--dry-run"],
+    ["link"],
+    ["env", "--format", "xml"],
+]
+
+
+@pytest.mark.parametrize("args", USAGE_ERRORS, ids=[" ".join(a) for a in USAGE_ERRORS])
+def test_every_usage_error_has_a_hint(args, tmp_path):
+    proc = run_hfcache(args, env=clean_env(HF_HUB_CACHE=str(tmp_path / "cache")), cwd=tmp_path, input_text="")
+    assert proc.returncode == 2, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert lines[0].startswith("hfcache: error: ") and lines[1].startswith("hint: ") and len(lines) == 2, lines
+    assert "Traceback" not in proc.stderr
+
+
+def test_usage_error_hint_is_in_the_json_document(tmp_path):
+    proc = run_hfcache(["ls", "--json", "--sort", "colour"], cwd=tmp_path)
+    document = json.loads(proc.stdout)
+    assert proc.returncode == 2 and document["exit_code"] == 2 and document["hint"] == "see `hfcache ls --help`"
+    proc = run_hfcache(["warm", "bert-base-uncased", "--lock", "x.lock", "--json"], cwd=tmp_path)
+    assert json.loads(proc.stdout)["hint"].startswith("add the repos to the manifest")
