@@ -69,9 +69,10 @@ def ok(proc: subprocess.CompletedProcess[str]) -> subprocess.CompletedProcess[st
 
 
 def no_crash(proc: subprocess.CompletedProcess[str]) -> str:
+    """What a person reads: the report (stdout) then the diagnostics (stderr), after checking there is no crash."""
     assert proc.returncode != 70 and "Traceback" not in proc.stderr and "internal error" not in proc.stderr, \
         proc.stderr
-    return proc.stderr
+    return proc.stdout + proc.stderr
 
 
 # ------------------------------------------------------------------------------------------------ group sharing
