@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -12,6 +13,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 DATA = Path(__file__).parent / "data"
+REPO = Path(__file__).resolve().parent.parent
 GOLDEN = json.loads((DATA / "golden.json").read_text(encoding="utf-8"))
 
 #: The script an application container would run: load tokenizers by repo id from the cache, offline.
@@ -93,3 +95,20 @@ def visible_entries(cache_dir: Path) -> set[str]:
             found |= {f"{repo.name}/{sub}/{p.relative_to(repo / sub)}" for p in (repo / sub).rglob("*")
                       if (repo / sub).exists()}
     return found
+
+
+def build_wheel(outdir: Path, work: Path) -> Path:
+    """Build hfcache's wheel into ``outdir`` as README "Install" says (``python -m build --wheel``), from a copy in
+    ``work`` of what a build needs (pyproject.toml, README.md, hfcache/: what docker/Dockerfile.dockerignore lets
+    in), so the checkout gets no build/ or egg-info. --no-isolation: the test extra installs build and setuptools,
+    so no package index is needed. Returns the wheel's path."""
+    source = work / "hfcache-src"
+    source.mkdir(parents=True)
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy2(REPO / name, source / name)
+    shutil.copytree(REPO / "hfcache", source / "hfcache", ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+    proc = subprocess.run([sys.executable, "-m", "build", "--wheel", "--no-isolation", "--outdir", str(outdir),
+                           str(source)], capture_output=True, text=True, timeout=300, env=clean_env())
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    [wheel] = outdir.glob("hfcache-*.whl")
+    return wheel

@@ -43,7 +43,7 @@ from pathlib import Path
 import pytest
 
 from hfcache import __version__
-from tests.helpers import GOLDEN, clean_env
+from tests.helpers import GOLDEN, build_wheel, clean_env
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -365,15 +365,6 @@ def hub(tmp_path: Path) -> Iterator[Hub]:
 # --- helpers -------------------------------------------------------------------------------------------------------
 
 
-def _source_copy(dest: Path) -> Path:
-    """The files pip needs to install hfcache (``pyproject.toml``, ``README.md``, ``hfcache/``), no caches."""
-    dest.mkdir()
-    for name in ("pyproject.toml", "README.md"):
-        shutil.copy2(REPO / name, dest / name)
-    shutil.copytree(REPO / "hfcache", dest / "hfcache", ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
-    return dest
-
-
 def _lock() -> dict:
     return tomllib.loads((EXAMPLES / "hfcache.lock").read_text(encoding="utf-8"))
 
@@ -441,12 +432,13 @@ def test_example_image_builds_with_a_secret_token_and_loads_offline(podman: Podm
     podman.log.run([sys.executable, "-m", "hfcache", "lock", "--check", "--manifest", str(EXAMPLES / "hfcache.toml")],
                    env=clean_env())
 
-    source = _source_copy(tmp_path / "hfcache-src")
+    # As the Dockerfile's header says: the wheel in the context's dist/, then `docker build` in examples/.
+    context = tmp_path / "examples"
+    shutil.copytree(EXAMPLES, context)
+    build_wheel(context / "dist", tmp_path)
     podman.build(
-        EXAMPLE_IMAGE, EXAMPLES,
+        EXAMPLE_IMAGE, context,
         "--build-arg", f"PYTHON_IMAGE={podman.base_image}",
-        "--build-arg", "HFCACHE_SPEC=/hfcache-src",
-        "--volume", f"{source}:/hfcache-src",
         "--build-arg", f"HF_ENDPOINT={hub.endpoint}",
         "--build-arg", "APP_REQUIREMENTS=" + " ".join(
             f"{dist}=={_installed_version(dist)}" for dist in ("transformers", "tokenizers")),
