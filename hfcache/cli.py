@@ -322,7 +322,8 @@ def _parse_chown(value: str | None) -> tuple[int, int] | None:
         return None
     uid, sep, gid = value.partition(":")
     if not (uid.isdigit() and sep and gid.isdigit()):
-        raise UsageError(f"--chown {value!r}: expected numeric UID:GID", hint="e.g. --chown 1000:1000 (`id -u`:`id -g`)")
+        raise UsageError(f"--chown {value!r}: expected numeric UID:GID",
+                         hint="e.g. --chown 1000:1000 (`id -u`:`id -g`)")
     return int(uid), int(gid)
 
 
@@ -351,7 +352,8 @@ def export_command(dest, specs, lock_file, cache_dir, materialize, fmt, chown, g
     if dest == "-" and fmt != "tar":
         raise UsageError("DEST '-' (stdout) needs --format tar", hint="add --format tar")
     if dest == "-" and as_json:
-        raise UsageError("--json cannot share stdout with the tar stream", hint="drop --json, or write the tar to a file")
+        raise UsageError("--json cannot share stdout with the tar stream",
+                         hint="drop --json, or write the tar to a file")
     owner = _parse_chown(chown)
     root = _read_cache_dir(cache_dir, lock_file)
     plan = plan_export(root, specs, lock=read_lock(lock_file) if lock_file else None, materialize=materialize)

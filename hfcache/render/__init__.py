@@ -1,5 +1,6 @@
 """Rendering, one module per command group: a command's result (table, summary line, or one JSON document with
---json) on stdout; rich progress, waits and errors on stderr. Nothing here decides anything; it only shows the frozen dataclasses the core returns.
+--json) on stdout; rich progress, waits and errors on stderr. Nothing here decides anything; it only shows the
+frozen dataclasses the core returns.
 
 - :mod:`.common`   the stdout and stderr consoles, ``print_json``, ``print_error``, sizes and times for people
 - :mod:`.warm`     ``warm`` and ``lock``

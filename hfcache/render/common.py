@@ -15,7 +15,8 @@ from typing import Any
 from rich.console import Console
 from rich.text import Text
 
-__all__ = ["ago", "human_size", "iso_time", "live_on_terminal", "lock_wait_notice", "print_error", "print_json", "stderr", "stdout"]
+__all__ = ["ago", "human_size", "iso_time", "live_on_terminal", "lock_wait_notice", "print_error", "print_json",
+           "stderr", "stdout"]
 
 # Off a terminal (a pipe, a file, CI logs, docker build output) rich assumes 80 columns and would wrap every long
 # repo id and path, breaking `| grep` and `| awk`. A table is only as wide as its content (rich tables do not expand),

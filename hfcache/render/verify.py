@@ -30,7 +30,8 @@ class HashProgress:
 
     def __init__(self, enabled: bool = True) -> None:
         self._progress = Progress(TextColumn("hashing"), BarColumn(), DownloadColumn(binary_units=True),
-                                  TransferSpeedColumn(), TimeElapsedColumn(), console=stderr, disable=not live_on_terminal(enabled),
+                                  TransferSpeedColumn(), TimeElapsedColumn(), console=stderr,
+                                  disable=not live_on_terminal(enabled),
                                   transient=True)
         self._task = self._progress.add_task("hash", total=0)
 
@@ -93,7 +94,8 @@ def show_verify(report: VerifyReport, actions: tuple[RepairAction, ...], before:
     notes = len(report.problems) - errors
     verdict = Text("ok", style="green") if report.ok else Text(f"{errors} integrity problem(s)", style="bold red")
     stdout.print(Text.assemble(
-        verdict, f": {len(report.repos)} repos, {report.blobs_hashed} distinct blobs ({human_size(report.bytes_hashed)}) "
+        verdict, f": {len(report.repos)} repos, {report.blobs_hashed} distinct blobs "
+        f"({human_size(report.bytes_hashed)}) "
         f"hashed in {report.seconds:.2f}s" + (f", {notes} note(s)" if notes else "")))
 
 

@@ -27,8 +27,9 @@ def test_wheel_installs_into_a_fresh_venv_and_runs(tmp_path):
     purelib = subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
                              capture_output=True, text=True, check=True).stdout.strip()
     Path(purelib, "test-environment.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
-    proc = subprocess.run([str(python), "-m", "pip", "install", "--no-deps", "--no-index", "--disable-pip-version-check",
-                           str(wheel)], capture_output=True, text=True, timeout=300, env=clean_env())
+    proc = subprocess.run([str(python), "-m", "pip", "install", "--no-deps", "--no-index",
+                           "--disable-pip-version-check", str(wheel)],
+                          capture_output=True, text=True, timeout=300, env=clean_env())
     assert proc.returncode == 0, proc.stderr
     env = {k: v for k, v in clean_env().items() if k != "PYTHONPATH"}  # not the checkout: the installed wheel
     elsewhere = tmp_path / "elsewhere"  # a cwd without the checkout's hfcache/ folder
