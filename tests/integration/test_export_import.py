@@ -142,6 +142,21 @@ def test_import_round_trip_merges_and_verifies(source_cache, tmp_path):
     assert "models--openai-community--gpt2/refs/main" in after
 
 
+def test_import_counts_blob_entries_and_distinct_blobs_as_verify_does(source_cache, tmp_path):
+    """Repos sharing content hold one blob entry each (hardlinked): import says so, and its distinct count is
+    verify's."""
+    export(source_cache, tmp_path / "x.tar", *SHARING)
+    target = tmp_path / "target"
+    proc = run_hfcache(["import", str(tmp_path / "x.tar"), "--cache-dir", str(target), "--json"])
+    assert proc.returncode == 0, proc.stderr
+    report = json.loads(proc.stdout)
+    verified = json.loads(run_hfcache(["verify", "--cache-dir", str(target), "--json"]).stdout)
+    assert report["blob_contents"] == verified["blobs_hashed"] < report["blobs_new"]
+    again = run_hfcache(["import", str(tmp_path / "x.tar"), "--cache-dir", str(target)])
+    assert again.returncode == 0 and again.stderr == ""
+    assert f"{report['blobs_new']} already there; {report['blob_contents']} distinct blobs" in again.stdout
+
+
 def _hostile_tar(path: Path, source_tar: Path, mutate) -> None:
     with tarfile.open(source_tar) as src, tarfile.open(path, "w", format=tarfile.PAX_FORMAT) as out:
         for member in src.getmembers():
