@@ -17,6 +17,7 @@ from __future__ import annotations
 import errno
 import os
 import shutil
+import stat
 import threading
 import uuid
 from contextlib import contextmanager
@@ -24,6 +25,7 @@ from pathlib import Path
 
 from filelock import FileLock, SoftFileLock, Timeout
 
+from . import safefs
 from .errors import CacheError
 
 # Same text as huggingface_hub's _local_folder.CACHEDIR_TAG_CONTENT (the Cache Directory Tagging Standard).
@@ -99,6 +101,10 @@ def ensure_cache_root(cache_dir: Path) -> None:
         tag = cache_dir / "CACHEDIR.TAG"
         if not tag.exists():
             atomic_write(tag, CACHEDIR_TAG.encode())
+        locks = cache_dir / ".locks"
+        if os.path.lexists(locks) and (os.path.islink(locks) or not locks.is_dir()):
+            raise safefs.UnsafeLayout(f"{locks} is a symlink or not a directory: left alone",
+                                      hint="remove it (it holds only lock files), then rerun")
         if not os.access(cache_dir, os.W_OK):
             read_only = bool(os.statvfs(cache_dir).f_flag & os.ST_RDONLY)
             code = errno.EROFS if read_only else errno.EACCES
@@ -161,12 +167,20 @@ def file_lock(path: Path, stop: threading.Event | None = None):
 
 
 class RepoFolder:
-    """Paths and atomic writes for one repo folder of a cache.
+    """Paths and atomic writes for one repo folder of a cache, none of which follows a link planted in it.
+
+    Every write opens its directory from the cache root one component at a time without following symlinks
+    (:mod:`hfcache.safefs`), and every name that builds a path is checked first: blob names are 40 or 64 lowercase
+    hex, commits 40, ref names relative without ``..``, repo paths relative without ``..``.
 
     Args:
         cache_dir: the cache root.
         repo_id: the repo id exactly as callers will load it (a legacy id gets its own folder).
         repo_type: ``model``, ``dataset`` or ``space``.
+
+    Raises (from every method that builds a path or writes):
+        UnsafeName: a blob, commit, ref or path name that would leave its folder.
+        UnsafeLayout: a part of the repo folder (or ``.locks/<folder>``) is a symlink or not a directory.
     """
 
     def __init__(self, cache_dir: Path, repo_id: str, repo_type: str = "model") -> None:
@@ -174,36 +188,61 @@ class RepoFolder:
         self.repo_id = repo_id
         self.repo_type = repo_type
         self.name = repo_folder_name(repo_id, repo_type)
+        safefs.check_folder_name(self.name)
         self.root = cache_dir / self.name
         self.locks = cache_dir / ".locks" / self.name
 
+    def layout_problems(self) -> list[str]:
+        """Each part of this repo folder that is a symlink or not a directory (see safefs.repo_layout_problems)."""
+        return safefs.repo_layout_problems(str(self.cache_dir), self.name)
+
+    def ensure_safe(self) -> None:
+        """Raise UnsafeLayout when a part of the repo folder (or its ``.locks`` folder) is a symlink or a file."""
+        problems = self.layout_problems()
+        if problems:
+            raise safefs.UnsafeLayout(f"{self.name}: unsafe cache layout: {'; '.join(problems)}",
+                                      hint="remove the symlink or file (or the repo folder), then rerun")
+
     def blob_path(self, etag: str) -> Path:
-        return self.root / "blobs" / etag
+        return self.root / "blobs" / safefs.check_etag(etag)
 
     def pointer_path(self, commit_hash: str, path: str) -> Path:
-        return self.root / "snapshots" / commit_hash / Path(*path.split("/"))
+        return self.root / "snapshots" / safefs.check_commit(commit_hash) / Path(*_repo_parts(path))
 
     def marker_path(self, commit_hash: str, path: str) -> Path:
-        return self.root / ".no_exist" / commit_hash / Path(*path.split("/"))
+        return self.root / ".no_exist" / safefs.check_commit(commit_hash) / Path(*_repo_parts(path))
 
     def ref_path(self, revision: str) -> Path:
-        return self.root / "refs" / Path(*revision.split("/"))
+        return self.root / "refs" / Path(*safefs.check_ref_name(revision).split("/"))
+
+    def _lock(self, name: str, stop: threading.Event | None = None):
+        safefs.ensure_dirs(self.cache_dir, (".locks", self.name))
+        path = self.locks / name
+        if os.path.islink(path):  # filelock opens with O_TRUNC: a planted link would truncate its target
+            raise safefs.UnsafeLayout(f"{path} is a symlink: left alone", hint="remove it, then rerun")
+        return file_lock(path, stop=stop)
 
     def blob_lock(self, etag: str):
         """The lock huggingface_hub takes while downloading this blob (``.locks/<folder>/<etag>.lock``)."""
-        return file_lock(self.locks / f"{etag}.lock")
+        return self._lock(f"{safefs.check_etag(etag)}.lock")
 
     def repo_lock(self, stop: threading.Event | None = None):
-        """hfcache's lock on the whole repo folder, held while warm or prune change it."""
-        return file_lock(self.locks / REPO_LOCK_NAME, stop=stop)
+        """hfcache's lock on the whole repo folder, held while warm or prune change it.
+
+        Raises:
+            UnsafeLayout: checked first, so that no command writes into a repo folder with a planted link.
+        """
+        self.ensure_safe()
+        return self._lock(REPO_LOCK_NAME, stop=stop)
 
     def blob_ok(self, etag: str, size: int) -> bool:
-        """True when ``blobs/<etag>`` is a regular file of the expected size (no hashing)."""
+        """True when ``blobs/<etag>`` is a regular file of the expected size (no hashing, no link followed)."""
         try:
-            st = os.stat(self.blob_path(etag), follow_symlinks=False)
-        except OSError:
+            with safefs.dir_fd(self.cache_dir, (self.name, "blobs")) as fd:
+                st = os.stat(safefs.check_etag(etag), dir_fd=fd, follow_symlinks=False)
+        except (OSError, safefs.UnsafeLayout):
             return False
-        return os.path.isfile(self.blob_path(etag)) and not os.path.islink(self.blob_path(etag)) and st.st_size == size
+        return stat.S_ISREG(st.st_mode) and st.st_size == size
 
     def open_incomplete(self, etag: str):
         """Create ``blobs/<etag>.<random>.incomplete`` for writing, the name huggingface_hub uses for downloads.
@@ -214,16 +253,17 @@ class RepoFolder:
         Returns:
             (path, binary file object). Mode 0o666 minus the umask, so the published blob has the usual mode.
         """
-        blobs = self.root / "blobs"
-        blobs.mkdir(parents=True, exist_ok=True)
-        (self.root / "snapshots").mkdir(exist_ok=True)
-        path = blobs / f"{etag}.{uuid.uuid4().hex[:8]}.incomplete"
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
-        return path, os.fdopen(fd, "wb")
+        safefs.check_etag(etag)
+        safefs.ensure_dirs(self.cache_dir, (self.name, "snapshots"))
+        name = f"{etag}.{uuid.uuid4().hex[:8]}.incomplete"
+        with safefs.dir_fd(self.cache_dir, (self.name, "blobs"), create=True) as dfd:
+            fd = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o666,
+                         dir_fd=dfd)
+        return self.root / "blobs" / name, os.fdopen(fd, "wb")
 
     def publish_blob(self, incomplete: Path, etag: str) -> None:
         """Rename a verified download to ``blobs/<etag>`` (atomic; replaces a broken blob of that name)."""
-        os.replace(incomplete, self.blob_path(etag))
+        safefs.rename(self.cache_dir, (self.name, "blobs", incomplete.name), (self.name, "blobs", safefs.check_etag(etag)))
 
     def adopt_blob(self, source: Path, etag: str) -> bool:
         """Hardlink an identical blob of another repo folder as ``blobs/<etag>`` (deduplication).
@@ -232,14 +272,14 @@ class RepoFolder:
             False when hardlinks are not possible here (another filesystem, no support); nothing is changed then.
         """
         dest = self.blob_path(etag)
-        dest.parent.mkdir(parents=True, exist_ok=True)
-        (self.root / "snapshots").mkdir(exist_ok=True)
+        safefs.ensure_dirs(self.cache_dir, (self.name, "blobs"))
+        safefs.ensure_dirs(self.cache_dir, (self.name, "snapshots"))
         tmp = _tmp_name(dest, ".incomplete")
         try:
-            os.link(source, tmp)
+            os.link(source, tmp, follow_symlinks=False)
         except OSError:
             return False
-        os.replace(tmp, dest)
+        safefs.rename(self.cache_dir, (self.name, "blobs", tmp.name), (self.name, "blobs", etag))
         return True
 
     def link(self, commit_hash: str, path: str, etag: str, symlinks: bool = True) -> None:
@@ -251,59 +291,93 @@ class RepoFolder:
         only a wrong existing entry is replaced, through a temporary name and ``os.replace``.
         """
         pointer = self.pointer_path(commit_hash, path)
-        pointer.parent.mkdir(parents=True, exist_ok=True)
         blob = self.blob_path(etag)
-        if symlinks:
-            target = os.path.relpath(blob, pointer.parent)
-            if os.path.islink(pointer) and os.readlink(pointer) == target:
+        parent = (self.name, "snapshots", commit_hash, *_repo_parts(path)[:-1])
+        name = pointer.name
+        with safefs.dir_fd(self.cache_dir, parent, create=True) as fd:
+            if symlinks:
+                target = os.path.relpath(blob, pointer.parent)
+                try:
+                    if os.readlink(name, dir_fd=fd) == target:
+                        return
+                except OSError:
+                    pass
+                make = lambda dest: os.symlink(target, dest, dir_fd=fd)  # noqa: E731
+            else:
+                try:
+                    st = os.stat(name, dir_fd=fd, follow_symlinks=False)
+                    if stat.S_ISREG(st.st_mode) and os.path.samestat(st, os.lstat(blob)):
+                        return
+                except OSError:
+                    pass
+                make = lambda dest: _hardlink_or_copy(blob, pointer.parent / dest)  # noqa: E731
+            try:
+                make(name)
                 return
-            make = lambda dest: os.symlink(target, dest)  # noqa: E731
-        else:
-            if pointer.exists() and os.path.samefile(pointer, blob):
-                return
-            make = lambda dest: _hardlink_or_copy(blob, dest)  # noqa: E731
-        try:
-            make(pointer)
-            return
-        except FileExistsError:
-            pass
-        tmp = _tmp_name(pointer)
-        try:
-            make(tmp)
-            os.replace(tmp, pointer)
-        finally:
-            if os.path.lexists(tmp):
-                os.unlink(tmp)
+            except FileExistsError:
+                pass
+            tmp = _tmp_name(pointer).name
+            try:
+                make(tmp)
+                os.replace(tmp, name, src_dir_fd=fd, dst_dir_fd=fd)
+            finally:
+                try:
+                    os.unlink(tmp, dir_fd=fd)
+                except FileNotFoundError:
+                    pass
 
     def mark_absent(self, commit_hash: str, path: str) -> None:
         """Write the empty ``.no_exist/<commit>/<path>`` marker huggingface_hub reads as "not in the repo"."""
         marker = self.marker_path(commit_hash, path)
-        marker.parent.mkdir(parents=True, exist_ok=True)
-        try:
-            os.close(os.open(marker, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666))  # empty: creation is atomic
-        except FileExistsError:
-            pass
+        parent = (self.name, ".no_exist", commit_hash, *_repo_parts(path)[:-1])
+        with safefs.dir_fd(self.cache_dir, parent, create=True) as fd:
+            try:  # empty: creation is atomic
+                os.close(os.open(marker.name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o666, dir_fd=fd))
+            except FileExistsError:
+                pass
 
     def touch_snapshot(self, commit_hash: str) -> None:
         """Record a use of the revision: set its snapshot folder's mtime to now (part of "last use", see
         :mod:`hfcache.scan`). Best effort: a read-only cache keeps its old time."""
         try:
-            os.utime(self.root / "snapshots" / commit_hash)
-        except OSError:
+            with safefs.dir_fd(self.cache_dir, (self.name, "snapshots", safefs.check_commit(commit_hash))) as fd:
+                os.utime(fd)
+        except (OSError, safefs.UnsafeLayout):
             pass
+
+    def read_ref(self, revision: str) -> bytes | None:
+        """The bytes of ``refs/<revision>`` (at most 256), or None when there is none; no link is followed."""
+        try:
+            return safefs.read_small(self.cache_dir, (self.name, "refs", *safefs.check_ref_name(revision).split("/")),
+                                     256)
+        except FileNotFoundError:
+            return None
+        except OSError as exc:
+            if exc.errno in (errno.ELOOP, errno.ENOTDIR):
+                raise safefs.UnsafeLayout(f"{self.ref_path(revision)} is a symlink or sits under one: left alone",
+                                          hint="remove it, then rerun") from None
+            raise
 
     def write_ref(self, revision: str, commit_hash: str) -> None:
         """Write ``refs/<revision>`` = commit (no trailing newline; one breaks offline resolution, DESIGN §1)."""
+        safefs.check_commit(commit_hash)
         if revision == commit_hash:
             return
         ref = self.ref_path(revision)
-        ref.parent.mkdir(parents=True, exist_ok=True)
-        try:
-            if ref.read_bytes() == commit_hash.encode():
-                return
-        except OSError:
-            pass
+        safefs.ensure_dirs(self.cache_dir, (self.name, "refs", *revision.split("/")[:-1]))
+        if self.read_ref(revision) == commit_hash.encode():
+            return
         atomic_write(ref, commit_hash.encode())
+
+
+def _repo_parts(path: str) -> list[str]:
+    """The components of a repo path; UnsafeName for an absolute path, ``..``, ``.`` or an empty component."""
+    if not isinstance(path, str) or not path or path.startswith("/") or "\\" in path:
+        raise safefs.UnsafeName(f"refusing repo path {path!r}")
+    parts = path.split("/")
+    if any(p in ("", ".", "..") or "\x00" in p for p in parts):
+        raise safefs.UnsafeName(f"refusing repo path {path!r}")
+    return parts
 
 
 def repo_folder_name(repo_id: str, repo_type: str = "model") -> str:
@@ -343,20 +417,23 @@ def symlinks_supported(cache_dir: Path) -> bool:
     """
     if os.environ.get("HF_HUB_DISABLE_SYMLINKS", "").upper() in ("1", "ON", "YES", "TRUE"):
         return False
-    probe = cache_dir / ".locks" / f".hfcache-symlink-probe-{uuid.uuid4().hex[:8]}"
-    try:
-        probe.parent.mkdir(parents=True, exist_ok=True)
-        os.symlink("target", probe)
-        return True
-    except OSError:
-        return False
-    finally:
-        if os.path.lexists(probe):
-            os.unlink(probe)
+    probe = f".hfcache-symlink-probe-{uuid.uuid4().hex[:8]}"
+    with safefs.dir_fd(cache_dir, ".locks", create=True) as fd:
+        try:
+            os.symlink("target", probe, dir_fd=fd)
+            return True
+        except OSError:
+            return False
+        finally:
+            try:
+                os.unlink(probe, dir_fd=fd)
+            except FileNotFoundError:
+                pass
 
 
 def find_blob_elsewhere(cache_dir: Path, etag: str, size: int, exclude: str) -> Path | None:
     """Find a regular ``blobs/<etag>`` of the right size in another repo folder of the cache (for hardlinking)."""
+    safefs.check_etag(etag)
     try:
         entries = os.scandir(cache_dir)
     except OSError:
@@ -367,9 +444,12 @@ def find_blob_elsewhere(cache_dir: Path, etag: str, size: int, exclude: str) -> 
                 continue
             candidate = Path(entry.path) / "blobs" / etag
             try:
+                # A repo whose blobs/ is a planted link is left alone: its "blob" may be a file outside the cache.
+                if not stat.S_ISDIR(os.lstat(candidate.parent).st_mode):
+                    continue
                 st = os.stat(candidate, follow_symlinks=False)
             except OSError:
                 continue
-            if st.st_size == size and not os.path.islink(candidate) and os.path.isfile(candidate):
+            if st.st_size == size and stat.S_ISREG(st.st_mode):
                 return candidate
     return None

@@ -35,7 +35,7 @@ _CHUNK = 1024 * 1024
 #: Problem kinds that are integrity errors (exit 1); the others are reported as notes.
 ERROR_KINDS = frozenset({
     "blob_mismatch", "blob_size", "blob_not_file", "link_broken", "link_absolute", "link_outside",
-    "ref_malformed", "ref_dangling", "file_missing", "file_mismatch",
+    "ref_malformed", "ref_dangling", "file_missing", "file_mismatch", "unsafe_layout",
 })
 
 
@@ -183,6 +183,8 @@ def _structure_problems(repo: RepoInfo) -> list[Problem]:
     """What the metadata scan already shows: refs, links, blob entries, leftovers, storage form."""
     found = []
     add = found.append
+    for text in repo.unsafe:
+        add(Problem(repo.repo_id, "", text.split(":", 1)[0], "unsafe_layout", text, repo.folder))
     snapshots = {r.commit_hash for r in repo.revisions}
     for name, value in sorted(repo.refs.items()):
         if not _SHA1.fullmatch(value):
@@ -195,6 +197,8 @@ def _structure_problems(repo: RepoInfo) -> list[Problem]:
         if problem.startswith("blobs/"):
             name = problem.split(":", 1)[0]
             add(Problem(repo.repo_id, "", name, "blob_not_file", problem, repo.folder))
+        elif problem.startswith("snapshots/"):
+            add(Problem(repo.repo_id, "", problem.split(":", 1)[0], "unsafe_layout", problem, repo.folder))
     for name in repo.incomplete:
         add(Problem(repo.repo_id, "", f"blobs/{name}", "incomplete", "leftover partial download", repo.folder))
     for rev in repo.revisions:
@@ -244,6 +248,8 @@ def verify_cache(
 
     for repo in info.repos:
         problems.extend(_structure_problems(repo))
+        if repo.unsafe:
+            continue  # nothing below a planted link is read
         blobs_dir = os.path.join(info.cache_dir, repo.folder, "blobs")
         for entry in _blob_entries(blobs_dir):
             algorithm = algorithm_of(entry.name)
