@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .cache import RepoFolder
-from .errors import CheckFailed, InternalError
+from .errors import CheckFailed, HfcacheError, InternalError
 from .lockfile import Lockfile
 from .scan import scan_cache
 from .selection import tokenizer_paths
@@ -107,6 +107,9 @@ def targets_from_cache(cache_dir: Path, repo_ids: set[str] | None) -> list[Check
             revision = next((r for r in repo.revisions if r.commit_hash == commit.strip()), None)
             if revision and tokenizer_paths(f.path for f in revision.files) - {"config.json"}:
                 targets.append(CheckTarget(repo.repo_id, ref))
+        if repo.unsafe:
+            targets.append(CheckTarget(repo.repo_id, "main"))  # reported as unsafe, never loaded
+            continue
         if repo_ids and repo.repo_id in repo_ids and not repo.refs:
             targets.append(CheckTarget(repo.repo_id, "main"))
     return targets
@@ -144,20 +147,16 @@ def check_tokenizers(cache_dir: Path, targets: list[CheckTarget], text: str = DE
     Raises:
         InternalError: the child crashed or printed no result.
     """
-    env = probe_environment(cache_dir)
-    home = Path(env["HF_HOME"])
-    try:
-        proc = subprocess.run([sys.executable, "-m", "hfcache.probe", text, *[t.spec for t in targets]],
-                              capture_output=True, text=True, env=env, timeout=timeout)
-    finally:
-        _remove_tree(home)
-    lines = proc.stdout.strip().splitlines()
-    if proc.returncode != 0 or not lines:
-        tail = (proc.stderr.strip().splitlines() or ["no output"])[-1]
-        raise InternalError(f"the offline probe process failed (exit {proc.returncode}): {tail}")
-    raw = json.loads(lines[-1])
+    # A repo folder with a planted link is not loaded: transformers would read whatever the link points to.
+    unsafe = {t.spec: RepoFolder(cache_dir, t.repo_id, t.repo_type).layout_problems() for t in targets}
+    loadable = [t for t in targets if not unsafe[t.spec]]
+    raw = _probe(cache_dir, loadable, text, timeout) if loadable else {}
     results = []
     for target in targets:
+        if unsafe[target.spec]:
+            results.append(CheckResult(target, False, error="not loaded: unsafe cache layout",
+                                       cause="; ".join(unsafe[target.spec])))
+            continue
         data = raw.get(target.spec, {"error": "no result"})
         if "error" in data:
             results.append(CheckResult(target, False, seconds=data.get("seconds", 0.0), error=data["error"],
@@ -173,6 +172,22 @@ def check_tokenizers(cache_dir: Path, targets: list[CheckTarget], text: str = DE
                        import_seconds=raw.get("__import_seconds__", {}).get("seconds", 0.0))
 
 
+def _probe(cache_dir: Path, targets: list[CheckTarget], text: str, timeout: float) -> dict:
+    """Run the offline probe child on ``targets``; its JSON answer (spec -> result)."""
+    env = probe_environment(cache_dir)
+    home = Path(env["HF_HOME"])
+    try:
+        proc = subprocess.run([sys.executable, "-m", "hfcache.probe", text, *[t.spec for t in targets]],
+                              capture_output=True, text=True, env=env, timeout=timeout)
+    finally:
+        _remove_tree(home)
+    lines = proc.stdout.strip().splitlines()
+    if proc.returncode != 0 or not lines:
+        tail = (proc.stderr.strip().splitlines() or ["no output"])[-1]
+        raise InternalError(f"the offline probe process failed (exit {proc.returncode}): {tail}")
+    return json.loads(lines[-1])
+
+
 def _remove_tree(path: Path) -> None:
     shutil.rmtree(path, ignore_errors=True)
 
@@ -183,8 +198,8 @@ def _missing_templates(cache_dir: Path, target: CheckTarget) -> list[str]:
         return []
     folder = RepoFolder(cache_dir, target.repo_id, target.repo_type)
     try:
-        commit = folder.ref_path(target.revision).read_text().strip()
-    except OSError:
+        commit = (folder.read_ref(target.revision) or target.revision.encode()).decode("utf-8", "replace").strip()
+    except (OSError, HfcacheError):
         commit = target.revision
     snapshot = folder.root / "snapshots" / commit
     return [t for t in target.chat_templates if not (snapshot / t).exists()]
@@ -196,16 +211,24 @@ def diagnose(cache_dir: Path, target: CheckTarget, error: str) -> str | None:
         if needle in error and ("install" in error or "No module" in error or "requires" in error):
             return f"missing Python package: {package} (pip install {package})"
     folder = RepoFolder(cache_dir, target.repo_id, target.repo_type)
+    unsafe = folder.layout_problems()
+    if unsafe:
+        return f"{folder.name}: unsafe cache layout, left alone: {'; '.join(unsafe)}"
     if not folder.root.is_dir():
         return f"{target.repo_id} is not in the cache (no {folder.name}/)"
     try:
-        commit = folder.ref_path(target.revision).read_text()
-    except OSError:
+        raw = folder.read_ref(target.revision)
+    except (OSError, HfcacheError) as exc:
+        return f"refs/{target.revision} cannot be read: {exc}"
+    commit = raw.decode("utf-8", "replace") if raw is not None else ""
+    if raw is None:
         commit = target.revision if re.fullmatch(r"[0-9a-f]{40}", target.revision) else ""
         if not commit:
             return f"refs/{target.revision} is missing: the revision cannot be resolved offline"
     if commit != commit.strip():
         return f"refs/{target.revision} has trailing whitespace: offline resolution fails (hfcache verify --repair)"
+    if not re.fullmatch(r"[0-9a-f]{40}", commit):
+        return f"refs/{target.revision} holds {commit[:50]!r}, not a commit: offline resolution fails"
     snapshot = folder.root / "snapshots" / commit
     if not snapshot.is_dir():
         return f"refs/{target.revision} points to {commit[:12]}, which has no snapshot"

@@ -21,6 +21,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .errors import CacheError, UsageError
+from .safefs import repo_layout_problems
+from .scan import parse_folder_name
 
 MODES = ("symlink", "hardlink", "copy")
 
@@ -50,6 +52,8 @@ def link_cache(src: Path, dest: Path, mode: str = "symlink") -> LinkReport:
         raise UsageError(f"{src} is not a cache directory")
     if dest.is_symlink() or (dest.exists() and (not dest.is_dir() or any(dest.iterdir()))):
         raise UsageError(f"{dest} exists and is not an empty directory", hint="link into a new or empty path")
+    if mode != "symlink":
+        _refuse_unsafe(src)
     dest.parent.mkdir(parents=True, exist_ok=True)
     staging = dest.parent / f".{dest.name}.{uuid.uuid4().hex[:8]}.partial"
     files = added = 0
@@ -90,3 +94,15 @@ def link_cache(src: Path, dest: Path, mode: str = "symlink") -> LinkReport:
             else:
                 shutil.rmtree(staging, ignore_errors=True)
     return LinkReport(src=str(src), dest=str(dest), mode=mode, files=files, bytes_added=added)
+
+
+def _refuse_unsafe(src: Path) -> None:
+    """CacheError when a repo folder of ``src`` has a planted link (safefs.repo_layout_problems): a copy would
+    silently drop it, and nothing outside the cache is read."""
+    for entry in sorted(os.scandir(src), key=lambda e: e.name):
+        if parse_folder_name(entry.name) is None:
+            continue
+        problems = repo_layout_problems(str(src), entry.name)
+        if problems:
+            raise CacheError(f"unsafe cache layout in {src}: {entry.name}: {'; '.join(problems)}",
+                             hint="remove the symlink or file, then rerun")

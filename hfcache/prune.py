@@ -54,6 +54,7 @@ from .cache import RepoFolder, cache_error, resolve_cache_dir
 from .errors import CacheError, UsageError
 from .lockfile import Lockfile, pinned_revisions, read_lock
 from .records import valid_repo_id
+from .published import remove_record
 from .safefs import UnsafeLayout
 from .scan import RepoInfo, RevisionInfo, scan_cache, scan_repo
 from .units import format_duration
@@ -910,6 +911,7 @@ def _remove_snapshot(item: PlanItem, root: Path, folder: str) -> ItemOutcome:
     # loader see half a snapshot (and transformers silently drops a missing chat template).
     aside = (folder, TRASH, f"{parts[-1]}.{uuid.uuid4().hex[:8]}")
     safefs.rename(root, parts, aside)
+    remove_record(root, folder, parts[-1])  # what warm published for it: nothing left to check
     safefs.rmtree(root, aside)
     _rmdir_quiet(root, (folder, TRASH))
     return ItemOutcome(item, "removed")

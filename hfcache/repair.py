@@ -24,6 +24,7 @@ from .cache import RepoFolder, cache_error, symlinks_supported
 from .errors import HfcacheError, RevisionNotFound
 from .hub import HubClient, RemoteFile, RepoRevision
 from .lockfile import Lockfile
+from .records import folder_ids
 from .scan import parse_folder_name, scan_repo
 from .verify import Problem, VerifyReport, algorithm_of
 
@@ -201,7 +202,7 @@ def _remove_link(folder: RepoFolder, commit: str, path: str, why: str) -> Repair
 
 def _locked_files(lock: Lockfile | None, folder: RepoFolder, commit: str) -> dict[str, str] | None:
     for repo in lock.repos if lock else ():
-        ids = {repo.request.repo_id, repo.canonical_id}
+        ids = set(folder_ids(repo.request.repo_id, repo.canonical_id))
         if repo.commit_hash == commit and folder.repo_id in ids and repo.request.repo_type == folder.repo_type:
             return {f.path: f.hash for f in repo.files}
     return None
