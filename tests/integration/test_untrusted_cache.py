@@ -24,7 +24,7 @@ from huggingface_hub import scan_cache_dir
 import hfcache
 from hfcache.records import WarmRequest
 from hfcache.server import HubServer
-from tests.helpers import clean_env, run_hfcache
+from tests.helpers import run_hfcache
 
 HUB = Path(__file__).parent.parent / "data" / "hub"
 REPO = "google-bert/bert-base-uncased"
@@ -100,6 +100,13 @@ def unplant(link: Path, target: Path, canary_extra: set[str]) -> None:
     shutil.move(str(target), str(link))
 
 
+def write_manifest(folder: Path, endpoint: str, cache: str) -> Path:
+    folder.mkdir()
+    (folder / "hfcache.toml").write_text(f'endpoint = "{endpoint}"\ncache_dir = "{cache}"\n\n'
+                                         f'[[repos]]\nrepo_id = "{REPO}"\n')
+    return folder
+
+
 def verify(cache: Path) -> tuple[int, dict]:
     proc = run_hfcache(["verify", "--cache-dir", str(cache), "--json"])
     return proc.returncode, json.loads(proc.stdout)
@@ -153,8 +160,10 @@ def test_every_command_leaves_a_symlinked_repo_part_alone(tmp_path: Path, part: 
             "repair": run_hfcache(["verify", "--repair", "--cache-dir", c, "--endpoint", hub.endpoint, "--json"]),
             "prune": run_hfcache(["prune", "--cache-dir", c, "--yes", "--json"]),
             "warm": run_hfcache(["warm", REPO, "--cache-dir", c, "--endpoint", hub.endpoint]),
-            "lock": run_hfcache(["lock", REPO, "--endpoint", hub.endpoint, "--output", str(tmp_path / "x.lock")],
-                                env=clean_env(HF_HUB_CACHE=c), cwd=tmp_path),
+            # lock resolves only (it writes no cache); warm --lock then meets the planted link.
+            "lock": run_hfcache(["lock"], cwd=write_manifest(tmp_path / "project", hub.endpoint, c)),
+            "warm --lock": run_hfcache(["warm", "--lock", str(tmp_path / "project" / "hfcache.lock"),
+                                        "--cache-dir", c, "--endpoint", hub.endpoint]),
             "export": run_hfcache(["export", str(tmp_path / "out.tar"), "--cache-dir", c, "--format", "tar"]),
             "link": run_hfcache(["link", c, str(tmp_path / "copy"), "--mode", "copy"]),
             "import": run_hfcache(["import", str(tar), "--cache-dir", c]),
@@ -167,7 +176,8 @@ def test_every_command_leaves_a_symlinked_repo_part_alone(tmp_path: Path, part: 
             served = exc.code
 
     described = "a symlink"
-    for name in ("warm", "lock", "export", "link", "import"):
+    assert runs["lock"].returncode == 0, runs["lock"].stderr
+    for name in ("warm", "warm --lock", "export", "link", "import"):
         assert runs[name].returncode == 5, (name, runs[name].returncode, runs[name].stderr)
         assert described in runs[name].stderr and "left alone" in runs[name].stderr, (name, runs[name].stderr)
     assert runs["ls"].returncode == 0
@@ -176,7 +186,8 @@ def test_every_command_leaves_a_symlinked_repo_part_alone(tmp_path: Path, part: 
     assert runs["verify"].returncode == 1
     kinds = {(p["repo_id"], p["kind"]) for p in json.loads(runs["verify"].stdout)["problems"]}
     assert (REPO, "unsafe_layout") in kinds
-    assert runs["repair"].returncode == 1
+    # A planted .locks (shared by every repo) stops repair before it starts; a planted repo part fails that repo.
+    assert runs["repair"].returncode == (5 if part == ".locks" else 1), runs["repair"].stderr
     assert runs["prune"].returncode == 0, runs["prune"].stderr
     assert any(FOLDER in w for w in json.loads(runs["prune"].stdout)["warnings"])
     assert served == 404
