@@ -203,7 +203,7 @@ class HubClient:
             raise HubError(f"{repo_id}: {self.endpoint} answered an invalid repo id {canonical_id!r}",
                            hint="the endpoint is broken or hostile")
         if not COMMIT_RE.fullmatch(commit):
-            raise HubError(f"{repo_id}: {self.endpoint} answered commit {commit!r}, not 40 lowercase hex characters",
+            raise HubError(f"{repo_id}: {self.endpoint} answered commit {commit!r}, not 40 hex characters",
                            hint="the endpoint is broken or not Hub-compatible")
         files = [self._remote_file(repo_id, sibling) for sibling in info.siblings or ()]
         files.sort(key=lambda f: f.path)

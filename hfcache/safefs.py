@@ -226,26 +226,31 @@ def repo_layout_problems(root: str, folder: str, locks_entries: dict[str, int] |
         root: the cache root.
         folder: the repo folder name (``models--ORG--NAME``).
         locks_entries: name -> ``st_mode`` of ``.locks``' entries when the caller listed it already (a scan of the
-            whole cache lists it once), else None to look it up.
+            whole cache lists it once, having checked that ``.locks`` and the folder are real directories), else
+            None to look everything up.
         entries: name -> ``st_mode`` of the repo folder's entries when already listed, else None.
 
     Returns:
         Sorted messages such as ``"blobs: a symlink (left alone)"``; empty when the layout is sound.
     """
     found = []
-    mode = _lstat_mode(os.path.join(root, folder))
-    if mode is not None and not stat.S_ISDIR(mode):
-        return [f"{folder}: {_kind(mode)} (left alone)"]
-    locks_mode = _lstat_mode(os.path.join(root, ".locks"))
-    if locks_mode is not None and not stat.S_ISDIR(locks_mode):
-        found.append(f".locks: {_kind(locks_mode)} (left alone)")
-    elif locks_mode is not None:
-        lmode = (locks_entries.get(folder) if locks_entries is not None
-                 else _lstat_mode(os.path.join(root, ".locks", folder)))
+    if locks_entries is not None:  # a whole-cache scan: .locks is a real directory, the folder a real one
+        lmode = locks_entries.get(folder)
         if lmode is not None and not stat.S_ISDIR(lmode):
             found.append(f".locks/{folder}: {_kind(lmode)} (left alone)")
-    if mode is None:
-        return found
+    else:
+        mode = _lstat_mode(os.path.join(root, folder))
+        if mode is not None and not stat.S_ISDIR(mode):
+            return [f"{folder}: {_kind(mode)} (left alone)"]
+        locks_mode = _lstat_mode(os.path.join(root, ".locks"))
+        if locks_mode is not None and not stat.S_ISDIR(locks_mode):
+            found.append(f".locks: {_kind(locks_mode)} (left alone)")
+        elif locks_mode is not None:
+            lmode = _lstat_mode(os.path.join(root, ".locks", folder))
+            if lmode is not None and not stat.S_ISDIR(lmode):
+                found.append(f".locks/{folder}: {_kind(lmode)} (left alone)")
+        if mode is None:
+            return found
     if entries is None:
         entries = list_modes(os.path.join(root, folder))
     for part in REPO_PARTS:
