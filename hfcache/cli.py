@@ -580,6 +580,16 @@ def doctor_command(cache_dir, as_json) -> None:
 
 
 
+def _register_oci() -> None:
+    from .cli_oci import pull_command, push_command
+
+    cli.add_command(push_command)
+    cli.add_command(pull_command)
+
+
+_register_oci()
+
+
 def _fail(message: str, hint: str | None, exit_code: int, as_json: bool) -> None:
     """Report a command-level error: one or two lines on stderr, and with --json also one JSON document."""
     from .output import print_error, print_json
