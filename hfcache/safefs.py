@@ -27,6 +27,7 @@ from .errors import CacheError
 
 #: The parts of a repo folder huggingface_hub writes; each must be a real directory when present.
 REPO_PARTS = ("blobs", "refs", "snapshots", ".no_exist", "trees")
+_PART_SET = frozenset(REPO_PARTS)
 
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 _ETAG_RE = re.compile(r"[0-9a-f]{40}|[0-9a-f]{64}")
@@ -252,7 +253,7 @@ def repo_layout_problems(root: str, folder: str, locks_entries: dict[str, int] |
         if mode is None:
             return found
     if entries is None:
-        entries = list_modes(os.path.join(root, folder))
+        entries = list_modes(os.path.join(root, folder), _PART_SET)
     for part in REPO_PARTS:
         pmode = entries.get(part)
         if pmode is not None and not stat.S_ISDIR(pmode):
@@ -260,12 +261,15 @@ def repo_layout_problems(root: str, folder: str, locks_entries: dict[str, int] |
     return sorted(found)
 
 
-def list_modes(path: str) -> dict[str, int]:
-    """name -> file type bits of every entry of the directory ``path`` (from ``d_type``: no stat per entry)."""
+def list_modes(path: str, only: frozenset[str] | None = None) -> dict[str, int]:
+    """name -> file type bits of the entries of the directory ``path`` (from ``d_type``: no stat per entry);
+    with ``only``, of those names only."""
     out: dict[str, int] = {}
     try:
         with os.scandir(path) as it:
             for e in it:
+                if only is not None and e.name not in only:
+                    continue
                 if e.is_symlink():
                     out[e.name] = stat.S_IFLNK
                 elif e.is_dir(follow_symlinks=False):

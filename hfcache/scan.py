@@ -153,11 +153,18 @@ def _scan(root: Path, repo_ids: set[str] | None) -> CacheInfo:
         entries = sorted(os.scandir(root), key=lambda e: e.name)
     except FileNotFoundError:
         entries = []
+    # .locks is listed once for the whole cache (not looked up per repo: this runs 10,000 times). No .locks at all
+    # is fine ({}); one that is a link or a file makes every repo report it (None: each repo checks in full).
     try:
-        real_locks = stat.S_ISDIR(os.lstat(root / ".locks").st_mode)
+        locks_mode: int | None = os.lstat(root / ".locks").st_mode
+    except FileNotFoundError:
+        locks_mode = None
     except OSError:
-        real_locks = False
-    locks = list_modes(str(root / ".locks")) if real_locks else None
+        locks_mode = stat.S_IFLNK
+    if locks_mode is None:
+        locks: dict[str, int] | None = {}
+    else:
+        locks = list_modes(str(root / ".locks")) if stat.S_ISDIR(locks_mode) else None
     for entry in entries:
         parsed = parse_folder_name(entry.name)
         if parsed is None:
