@@ -20,13 +20,15 @@ import shutil
 import stat
 import threading
 import uuid
+from collections.abc import Callable
 from contextlib import contextmanager
 from pathlib import Path
 
-from filelock import FileLock, SoftFileLock, Timeout
-
 from . import safefs
 from .errors import CacheError
+from .locking import DEFAULT_LOCK_TIMEOUT, LockWait
+from .locking import file_lock as _file_lock
+from .sharing import SharePolicy, cache_policy, make_dirs, share_fd, share_file
 
 # Same text as huggingface_hub's _local_folder.CACHEDIR_TAG_CONTENT (the Cache Directory Tagging Standard).
 CACHEDIR_TAG = (
@@ -71,12 +73,42 @@ def existing_cache_dir(cache_dir: str | os.PathLike[str] | None) -> Path:
     """:func:`resolve_cache_dir` for commands that only read a cache.
 
     Raises:
-        CacheError: there is no directory there.
+        CacheError: there is no directory there, or it cannot be reached or listed by this user (a cache that exists
+            but cannot be read is never reported as "no cache": Python 3.11's ``Path.is_dir`` raises then).
     """
     root = resolve_cache_dir(cache_dir)
-    if not root.is_dir():
+    try:
+        is_dir = root.is_dir()
+    except PermissionError:
+        raise access_error(root) from None
+    if not is_dir:
         raise CacheError(f"no cache at {root}", hint="pass --cache-dir, or warm something first")
+    if not os.access(root, os.R_OK | os.X_OK):
+        raise access_error(root)
     return root
+
+
+def blocking_dir(path: Path) -> Path:
+    """The first folder on the way to ``path`` (itself included) that this user cannot enter or list."""
+    path = path.absolute()
+    for folder in [*reversed(path.parents), path]:
+        if not os.access(folder, os.X_OK) or (folder == path and not os.access(folder, os.R_OK)):
+            return folder
+    return path
+
+
+def access_error(root: Path) -> CacheError:
+    """The one-line error for a cache this user cannot reach or list, naming the folder that blocks it."""
+    blocker = blocking_dir(root)
+    try:
+        st = os.stat(blocker)
+        owner = f" (owned by uid {st.st_uid} gid {st.st_gid}, mode {st.st_mode & 0o7777:04o})"
+    except OSError:
+        owner = ""
+    where = "" if blocker == root else f": {blocker} cannot be entered"
+    return CacheError(f"cannot read the cache {root}{where}{owner}: permission denied for uid {os.geteuid()}",
+                      hint=f"ask its owner to let your group in (chmod g+rx {blocker}, see `hfcache doctor`), or pass "
+                           "--cache-dir / HF_HUB_CACHE to a cache you can read")
 
 
 def cache_error(exc: OSError, what: str) -> CacheError:
@@ -85,7 +117,8 @@ def cache_error(exc: OSError, what: str) -> CacheError:
         return CacheError(f"{what}: no space left on the device", hint="free disk space or choose another --cache-dir")
     if exc.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
         return CacheError(f"{what}: cannot write {exc.filename or 'the cache'} ({os.strerror(exc.errno)})",
-                          hint="choose a writable --cache-dir or fix its permissions")
+                          hint="choose a writable --cache-dir or fix its permissions (`hfcache doctor --cache-dir "
+                               "DIR` names what this user cannot write, with the fix; shared caches: README)")
     return CacheError(f"{what}: {os.strerror(exc.errno) if exc.errno else exc}",
                       hint="check the cache directory")
 
@@ -99,8 +132,8 @@ def ensure_cache_root(cache_dir: Path) -> None:
     try:
         cache_dir.mkdir(parents=True, exist_ok=True)
         tag = cache_dir / "CACHEDIR.TAG"
-        if not tag.exists():
-            atomic_write(tag, CACHEDIR_TAG.encode())
+        if not os.path.lexists(tag):
+            atomic_write(tag, CACHEDIR_TAG.encode(), policy=cache_policy(cache_dir))
         locks = cache_dir / ".locks"
         if os.path.lexists(locks) and (os.path.islink(locks) or not locks.is_dir()):
             raise safefs.UnsafeLayout(f"{locks} is a symlink or not a directory: left alone",
@@ -117,18 +150,20 @@ def _tmp_name(path: Path, suffix: str = ".tmp") -> Path:
     return path.with_name(f".{path.name}.{uuid.uuid4().hex[:8]}{suffix}")
 
 
-def atomic_write(path: Path, data: bytes) -> None:
-    """Write ``data`` to ``path`` atomically (temp file in the same folder, fsync, ``os.replace``)."""
-    with atomic_output(path) as f:
+def atomic_write(path: Path, data: bytes, policy: SharePolicy | None = None) -> None:
+    """Write ``data`` to ``path`` atomically (temp file in the same folder, fsync, ``os.replace``); ``policy``: the
+    shared cache's (:mod:`hfcache.sharing`) when ``path`` is in one."""
+    with atomic_output(path, policy) as f:
         f.write(data)
 
 
 @contextmanager
-def atomic_output(path: Path):
+def atomic_output(path: Path, policy: SharePolicy | None = None):
     """Open a binary file that appears at ``path`` only when the block succeeds (temp file + ``os.replace``)."""
     tmp = _tmp_name(path)
     try:
         with open(tmp, "wb") as f:
+            share_fd(f.fileno(), policy)
             yield f
             f.flush()
             os.fsync(f.fileno())
@@ -138,40 +173,33 @@ def atomic_output(path: Path):
             tmp.unlink()
 
 
-@contextmanager
-def file_lock(path: Path, stop: threading.Event | None = None):
-    """Hold an exclusive filelock at ``path`` (created group-writable like huggingface_hub's WeakFileLock).
-
-    Waits as long as another process holds it (a killed holder releases it: flock), checking ``stop`` every
-    half second so that Ctrl-C is not stuck behind another process. Falls back to a SoftFileLock where the
-    filesystem has no flock, as huggingface_hub ``utils/_fixes.py`` does.
+def file_lock(path: Path, stop: threading.Event | None = None, *, timeout: float = DEFAULT_LOCK_TIMEOUT,
+              on_wait: Callable[[LockWait], None] | None = None, cache_dir: Path | None = None):
+    """Hold an exclusive lock at ``path`` (:func:`hfcache.locking.file_lock`: bounded wait, works without flock),
+    creating its folder first. In a shared cache (``cache_dir`` given and group-writable, :mod:`hfcache.sharing`)
+    the folders are shared and the lock file is writable by the group (``0o664``, as huggingface_hub's WeakFileLock
+    creates it, or ``0o666`` in a world-writable cache) whatever the umask.
 
     Raises:
+        LockTimeout: not acquired within ``timeout`` seconds (exit 5, names the file).
         InterruptedError: ``stop`` was set while waiting.
+        OSError: the folder or the lock file cannot be created or opened.
     """
-    path.parent.mkdir(parents=True, exist_ok=True)
-    lock = FileLock(str(path), mode=0o664)
-    while True:
-        try:
-            lock.acquire(timeout=0.5)
-            break
-        except Timeout:
-            if stop is not None and stop.is_set():
-                raise InterruptedError(f"interrupted while waiting for {path}") from None
-        except NotImplementedError:
-            lock = SoftFileLock(str(path))
-    try:
-        yield lock
-    finally:
-        lock.release()
+    policy = cache_policy(cache_dir) if cache_dir is not None else None
+    if cache_dir is not None:
+        make_dirs(path.parent, cache_dir, policy)
+    else:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    mode = 0o664 | (policy.file_bits if policy else 0)
+    return _file_lock(path, timeout=timeout, stop=stop, on_wait=on_wait, mode=mode)
 
 
 class RepoFolder:
     """Paths and atomic writes for one repo folder of a cache, none of which follows a link planted in it.
 
-    Every write opens its directory from the cache root one component at a time without following symlinks
-    (:mod:`hfcache.safefs`), and every name that builds a path is checked first: blob names are 40 or 64 lowercase
-    hex, commits 40, ref names relative without ``..``, repo paths relative without ``..``.
+    Every folder is checked from the cache root one component at a time without following symlinks before anything
+    is created in it (:mod:`hfcache.safefs`), and every name that builds a path is checked first: blob names are 40
+    or 64 lowercase hex, commits 40, ref names relative without ``..``, repo paths relative without ``..``.
 
     Args:
         cache_dir: the cache root.
@@ -183,7 +211,9 @@ class RepoFolder:
         UnsafeLayout: a part of the repo folder (or ``.locks/<folder>``) is a symlink or not a directory.
     """
 
-    def __init__(self, cache_dir: Path, repo_id: str, repo_type: str = "model") -> None:
+    def __init__(self, cache_dir: Path, repo_id: str, repo_type: str = "model", *,
+                 lock_timeout: float = DEFAULT_LOCK_TIMEOUT, on_lock_wait: Callable[[LockWait], None] | None = None,
+                 ) -> None:
         self.cache_dir = cache_dir
         self.repo_id = repo_id
         self.repo_type = repo_type
@@ -191,6 +221,21 @@ class RepoFolder:
         safefs.check_folder_name(self.name)
         self.root = cache_dir / self.name
         self.locks = cache_dir / ".locks" / self.name
+        self.lock_timeout = lock_timeout
+        self.on_lock_wait = on_lock_wait
+        self.policy = cache_policy(cache_dir)
+
+    def make_dir(self, path: Path) -> None:
+        """``mkdir -p`` a folder of this repo, shared like the cache root (:mod:`hfcache.sharing`).
+
+        Raises:
+            UnsafeLayout: a component that exists is a symlink or not a directory (checked before anything is
+                created, and again after).
+        """
+        rel = path.relative_to(self.cache_dir).parts
+        safefs.check_existing(self.cache_dir, rel)
+        make_dirs(path, self.cache_dir, self.policy)
+        safefs.check_existing(self.cache_dir, rel)
 
     def layout_problems(self) -> list[str]:
         """Each part of this repo folder that is a symlink or not a directory (see safefs.repo_layout_problems)."""
@@ -215,16 +260,17 @@ class RepoFolder:
     def ref_path(self, revision: str) -> Path:
         return self.root / "refs" / Path(*safefs.check_ref_name(revision).split("/"))
 
-    def _lock(self, name: str, stop: threading.Event | None = None):
-        safefs.ensure_dirs(self.cache_dir, (".locks", self.name))
+    def _lock_file(self, name: str) -> Path:
+        self.make_dir(self.locks)
         path = self.locks / name
         if os.path.islink(path):  # filelock opens with O_TRUNC: a planted link would truncate its target
             raise safefs.UnsafeLayout(f"{path} is a symlink: left alone", hint="remove it, then rerun")
-        return file_lock(path, stop=stop)
+        return path
 
-    def blob_lock(self, etag: str):
+    def blob_lock(self, etag: str, stop: threading.Event | None = None):
         """The lock huggingface_hub takes while downloading this blob (``.locks/<folder>/<etag>.lock``)."""
-        return self._lock(f"{safefs.check_etag(etag)}.lock")
+        return file_lock(self._lock_file(f"{safefs.check_etag(etag)}.lock"), stop, timeout=self.lock_timeout,
+                         on_wait=self.on_lock_wait, cache_dir=self.cache_dir)
 
     def repo_lock(self, stop: threading.Event | None = None):
         """hfcache's lock on the whole repo folder, held while warm or prune change it.
@@ -233,16 +279,16 @@ class RepoFolder:
             UnsafeLayout: checked first, so that no command writes into a repo folder with a planted link.
         """
         self.ensure_safe()
-        return self._lock(REPO_LOCK_NAME, stop=stop)
+        return file_lock(self._lock_file(REPO_LOCK_NAME), stop=stop, timeout=self.lock_timeout,
+                         on_wait=self.on_lock_wait, cache_dir=self.cache_dir)
 
     def blob_ok(self, etag: str, size: int) -> bool:
-        """True when ``blobs/<etag>`` is a regular file of the expected size (no hashing, no link followed)."""
+        """True when ``blobs/<etag>`` is a regular file of the expected size (no hashing)."""
         try:
-            with safefs.dir_fd(self.cache_dir, (self.name, "blobs")) as fd:
-                st = os.stat(safefs.check_etag(etag), dir_fd=fd, follow_symlinks=False)
-        except (OSError, safefs.UnsafeLayout):
+            st = os.stat(self.blob_path(etag), follow_symlinks=False)
+        except OSError:
             return False
-        return stat.S_ISREG(st.st_mode) and st.st_size == size
+        return os.path.isfile(self.blob_path(etag)) and not os.path.islink(self.blob_path(etag)) and st.st_size == size
 
     def open_incomplete(self, etag: str):
         """Create ``blobs/<etag>.<random>.incomplete`` for writing, the name huggingface_hub uses for downloads.
@@ -254,16 +300,17 @@ class RepoFolder:
             (path, binary file object). Mode 0o666 minus the umask, so the published blob has the usual mode.
         """
         safefs.check_etag(etag)
-        safefs.ensure_dirs(self.cache_dir, (self.name, "snapshots"))
-        name = f"{etag}.{uuid.uuid4().hex[:8]}.incomplete"
-        with safefs.dir_fd(self.cache_dir, (self.name, "blobs"), create=True) as dfd:
-            fd = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o666,
-                         dir_fd=dfd)
-        return self.root / "blobs" / name, os.fdopen(fd, "wb")
+        blobs = self.root / "blobs"
+        self.make_dir(blobs)
+        self.make_dir(self.root / "snapshots")
+        path = blobs / f"{etag}.{uuid.uuid4().hex[:8]}.incomplete"
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o666)
+        share_fd(fd, self.policy)
+        return path, os.fdopen(fd, "wb")
 
     def publish_blob(self, incomplete: Path, etag: str) -> None:
         """Rename a verified download to ``blobs/<etag>`` (atomic; replaces a broken blob of that name)."""
-        safefs.rename(self.cache_dir, (self.name, "blobs", incomplete.name), (self.name, "blobs", safefs.check_etag(etag)))
+        os.replace(incomplete, self.blob_path(etag))
 
     def adopt_blob(self, source: Path, etag: str) -> bool:
         """Hardlink an identical blob of another repo folder as ``blobs/<etag>`` (deduplication).
@@ -272,14 +319,14 @@ class RepoFolder:
             False when hardlinks are not possible here (another filesystem, no support); nothing is changed then.
         """
         dest = self.blob_path(etag)
-        safefs.ensure_dirs(self.cache_dir, (self.name, "blobs"))
-        safefs.ensure_dirs(self.cache_dir, (self.name, "snapshots"))
+        self.make_dir(dest.parent)
+        self.make_dir(self.root / "snapshots")
         tmp = _tmp_name(dest, ".incomplete")
         try:
             os.link(source, tmp, follow_symlinks=False)
         except OSError:
             return False
-        safefs.rename(self.cache_dir, (self.name, "blobs", tmp.name), (self.name, "blobs", etag))
+        os.replace(tmp, dest)
         return True
 
     def link(self, commit_hash: str, path: str, etag: str, symlinks: bool = True) -> None:
@@ -291,58 +338,47 @@ class RepoFolder:
         only a wrong existing entry is replaced, through a temporary name and ``os.replace``.
         """
         pointer = self.pointer_path(commit_hash, path)
+        self.make_dir(pointer.parent)
         blob = self.blob_path(etag)
-        parent = (self.name, "snapshots", commit_hash, *_repo_parts(path)[:-1])
-        name = pointer.name
-        with safefs.dir_fd(self.cache_dir, parent, create=True) as fd:
-            if symlinks:
-                target = os.path.relpath(blob, pointer.parent)
-                try:
-                    if os.readlink(name, dir_fd=fd) == target:
-                        return
-                except OSError:
-                    pass
-                make = lambda dest: os.symlink(target, dest, dir_fd=fd)  # noqa: E731
-            else:
-                try:
-                    st = os.stat(name, dir_fd=fd, follow_symlinks=False)
-                    if stat.S_ISREG(st.st_mode) and os.path.samestat(st, os.lstat(blob)):
-                        return
-                except OSError:
-                    pass
-                make = lambda dest: _hardlink_or_copy(blob, pointer.parent / dest)  # noqa: E731
-            try:
-                make(name)
+        if symlinks:
+            target = os.path.relpath(blob, pointer.parent)
+            if os.path.islink(pointer) and os.readlink(pointer) == target:
                 return
-            except FileExistsError:
-                pass
-            tmp = _tmp_name(pointer).name
-            try:
-                make(tmp)
-                os.replace(tmp, name, src_dir_fd=fd, dst_dir_fd=fd)
-            finally:
-                try:
-                    os.unlink(tmp, dir_fd=fd)
-                except FileNotFoundError:
-                    pass
+            make = lambda dest: os.symlink(target, dest)  # noqa: E731
+        else:
+            if pointer.exists() and os.path.samefile(pointer, blob):
+                return
+            make = lambda dest: _hardlink_or_copy(blob, dest, self.policy)  # noqa: E731
+        try:
+            make(pointer)
+            return
+        except FileExistsError:
+            pass
+        tmp = _tmp_name(pointer)
+        try:
+            make(tmp)
+            os.replace(tmp, pointer)
+        finally:
+            if os.path.lexists(tmp):
+                os.unlink(tmp)
 
     def mark_absent(self, commit_hash: str, path: str) -> None:
         """Write the empty ``.no_exist/<commit>/<path>`` marker huggingface_hub reads as "not in the repo"."""
         marker = self.marker_path(commit_hash, path)
-        parent = (self.name, ".no_exist", commit_hash, *_repo_parts(path)[:-1])
-        with safefs.dir_fd(self.cache_dir, parent, create=True) as fd:
-            try:  # empty: creation is atomic
-                os.close(os.open(marker.name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o666, dir_fd=fd))
-            except FileExistsError:
-                pass
+        self.make_dir(marker.parent)
+        try:
+            fd = os.open(marker, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o666)  # empty: atomic
+        except FileExistsError:
+            return
+        share_fd(fd, self.policy)
+        os.close(fd)
 
     def touch_snapshot(self, commit_hash: str) -> None:
         """Record a use of the revision: set its snapshot folder's mtime to now (part of "last use", see
         :mod:`hfcache.scan`). Best effort: a read-only cache keeps its old time."""
         try:
-            with safefs.dir_fd(self.cache_dir, (self.name, "snapshots", safefs.check_commit(commit_hash))) as fd:
-                os.utime(fd)
-        except (OSError, safefs.UnsafeLayout):
+            os.utime(self.root / "snapshots" / safefs.check_commit(commit_hash), follow_symlinks=False)
+        except OSError:
             pass
 
     def read_ref(self, revision: str) -> bytes | None:
@@ -364,10 +400,10 @@ class RepoFolder:
         if revision == commit_hash:
             return
         ref = self.ref_path(revision)
-        safefs.ensure_dirs(self.cache_dir, (self.name, "refs", *revision.split("/")[:-1]))
+        self.make_dir(ref.parent)
         if self.read_ref(revision) == commit_hash.encode():
             return
-        atomic_write(ref, commit_hash.encode())
+        atomic_write(ref, commit_hash.encode(), self.policy)
 
 
 def _repo_parts(path: str) -> list[str]:
@@ -386,7 +422,7 @@ def repo_folder_name(repo_id: str, repo_type: str = "model") -> str:
     return "--".join([f"{repo_type}s", *repo_id.split("/")])
 
 
-def _hardlink_or_copy(source: Path, dest: Path) -> None:
+def _hardlink_or_copy(source: Path, dest: Path, policy: SharePolicy | None = None) -> None:
     """Hardlink ``source`` as ``dest``; where hardlinks fail, copy to a temporary name and rename (never a
     half-written ``dest``). Raises FileExistsError when ``dest`` exists."""
     try:
@@ -401,6 +437,7 @@ def _hardlink_or_copy(source: Path, dest: Path) -> None:
     tmp = _tmp_name(dest)
     try:
         shutil.copyfile(source, tmp)
+        share_file(tmp, policy)
         os.replace(tmp, dest)
     finally:
         if os.path.lexists(tmp):
@@ -417,18 +454,17 @@ def symlinks_supported(cache_dir: Path) -> bool:
     """
     if os.environ.get("HF_HUB_DISABLE_SYMLINKS", "").upper() in ("1", "ON", "YES", "TRUE"):
         return False
-    probe = f".hfcache-symlink-probe-{uuid.uuid4().hex[:8]}"
-    with safefs.dir_fd(cache_dir, ".locks", create=True) as fd:
-        try:
-            os.symlink("target", probe, dir_fd=fd)
-            return True
-        except OSError:
-            return False
-        finally:
-            try:
-                os.unlink(probe, dir_fd=fd)
-            except FileNotFoundError:
-                pass
+    probe = cache_dir / ".locks" / f".hfcache-symlink-probe-{uuid.uuid4().hex[:8]}"
+    safefs.check_existing(cache_dir, (".locks",))  # never probe through a planted link
+    try:
+        make_dirs(probe.parent, cache_dir, cache_policy(cache_dir))
+        os.symlink("target", probe)
+        return True
+    except OSError:
+        return False
+    finally:
+        if os.path.lexists(probe):
+            os.unlink(probe)
 
 
 def find_blob_elsewhere(cache_dir: Path, etag: str, size: int, exclude: str) -> Path | None:

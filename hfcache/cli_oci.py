@@ -110,29 +110,36 @@ def push_command(reference, specs, lock_file, split, arch, cache_dir, plain_http
 @click.command(name="pull")
 @click.argument("reference", metavar="REF")
 @_registry_options
-def pull_command(reference, cache_dir, plain_http, username, password_stdin, timeout, as_json) -> None:
+@click.option("--move-refs", is_flag=True,
+              help="Move a ref the target has at another commit to the image's commit (default: refuse).")
+@click.option("--lock-timeout", type=click.FloatRange(min=0), default=600.0, show_default=True, metavar="SECONDS",
+              help="Wait at most this long for a repo lock another process holds (exit 5 then, naming the lock).")
+def pull_command(reference, cache_dir, plain_http, username, password_stdin, timeout, as_json, move_refs,
+                 lock_timeout) -> None:
     """Pull the image REF and merge its cache into the cache, every digest checked before anything is written.
 
-    The same refusals as `hfcache import`; what the target already has is never overwritten.
+    The same refusals as `hfcache import`; what the target already has is never overwritten (an entry it holds with
+    other content, or a ref at another commit without --move-refs, refuses the pull: exit 1).
     """
     from .cache import resolve_cache_dir
     from .oci import pull
-    from .output import human_size, print_json, stderr
+    from .output import human_size, lock_wait_notice, print_json, stderr
 
     credentials = _credentials(username, password_stdin)
     with _Progress(enabled=not as_json) as progress:
         report = pull(reference, resolve_cache_dir(cache_dir), plain_http=plain_http, credentials=credentials,
-                      timeout=timeout, sink=progress)
+                      timeout=timeout, sink=progress, move_refs=move_refs, lock_timeout=lock_timeout,
+                      on_lock_wait=lock_wait_notice)
     imported = report.imported
     if as_json:
         print_json({"reference": report.reference, "digest": report.digest, "layers": _layers_json(report.layers),
                     "bytes_downloaded": report.bytes_downloaded, "cache_dir": imported.cache_dir,
                     "repos": list(imported.repos), "files": imported.files, "blobs_new": imported.blobs_new,
                     "blobs_existing": imported.blobs_existing, "bytes_new": imported.bytes_new,
-                    "kept_refs": list(imported.kept)})
+                    "moved_refs": list(imported.moved)})
         return
     stderr.print(f"pulled {report.reference} ({report.digest[:19]}): {len(report.layers)} layer(s), "
                  f"{human_size(report.bytes_downloaded)}; {len(imported.repos)} repo(s) into {imported.cache_dir}, "
                  f"{imported.blobs_new} new blob(s), {imported.blobs_existing} already there")
-    for ref in imported.kept:
-        stderr.print(f"kept the target's existing {ref} (it points elsewhere)")
+    for ref in imported.moved:
+        stderr.print(f"moved the target's {ref} to the image's commit (--move-refs)")

@@ -1,6 +1,7 @@
 """Hub access: the only hfcache module that talks to the network.
 
-Resolving a revision and listing files is one ``HfApi.repo_info(files_metadata=True)`` request
+Resolving a revision and listing files is one ``HfApi.repo_info(files_metadata=True)`` request (made here with a
+bound on the answer's decoded size, see ``HubClient._repo_info``)
 (``GET {endpoint}/api/{type}s/{repo_id}/revision/{rev}?blobs=true``, DESIGN §2.1): it gives the canonical id,
 the commit and every file's size, git blob sha1 and LFS sha256 up front, so no per-file HEAD is needed.
 
@@ -14,15 +15,16 @@ stream.
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import re
-from urllib.parse import urlsplit
+from urllib.parse import quote, urlsplit
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import BinaryIO
 
 import httpx2
-from huggingface_hub import HfApi, hf_hub_url
+from huggingface_hub import DatasetInfo, ModelInfo, hf_hub_url
 from huggingface_hub.errors import (
     GatedRepoError,
     HfHubHTTPError,
@@ -44,12 +46,14 @@ from .errors import (
     RevisionNotFound,
 )
 from .records import valid_repo_id
-from .selection import UnsafePath, file_folder_conflict, validate_repo_path
+from .selection import UnsafePath, validate_repo_path
 
 DEFAULT_ENDPOINT = "https://huggingface.co"
 COMMIT_RE = re.compile(r"^[0-9a-f]{40}$")
 SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
 _CHUNK = 1024 * 1024
+#: Largest repo info answer read, decoded (README "warm"): the Hub's answer for a repo of 100,000 files is ~20 MB.
+MAX_METADATA_BYTES = 64 * 1024 * 1024
 
 
 @dataclass(frozen=True)
@@ -174,7 +178,6 @@ class HubClient:
         # token=False stops huggingface_hub from reading a stored token behind our back.
         self._token: str | bool = token or False
         self.timeout = timeout
-        self._api = HfApi(endpoint=self.endpoint, token=self._token, library_name="hfcache", library_version=__version__)
 
     def __repr__(self) -> str:  # never show the token
         return f"HubClient(endpoint={self.endpoint!r})"
@@ -194,9 +197,7 @@ class HubClient:
             RepoNotFound, RevisionNotFound, GatedRepo, EndpointUnreachable, HubError (malformed answer).
         """
         with _mapped_errors(repo_id, revision, self.endpoint):
-            info = self._api.repo_info(
-                repo_id, revision=revision, repo_type=repo_type, files_metadata=True, timeout=self.timeout
-            )
+            info = self._repo_info(repo_id, revision, repo_type)
         commit = info.sha or ""
         canonical_id = info.id or repo_id
         if not valid_repo_id(canonical_id):
@@ -207,9 +208,9 @@ class HubClient:
                            hint="the endpoint is broken or not Hub-compatible")
         files = [self._remote_file(repo_id, sibling) for sibling in info.siblings or ()]
         files.sort(key=lambda f: f.path)
-        conflict = file_folder_conflict(f.path for f in files)
-        if conflict is not None:
-            raise HubError(f"{repo_id}: {self.endpoint} lists {conflict!r} both as a file and as a folder",
+        clash = _file_and_folder({f.path for f in files})
+        if clash:
+            raise HubError(f"{repo_id}: endpoint listed {clash!r} as a file and as a folder",
                            hint="the endpoint is broken or hostile")
         return RepoRevision(
             repo_id=repo_id,
@@ -242,6 +243,36 @@ class HubClient:
             raise HubError(f"{repo_id}: {self.endpoint} answered size {sibling.size!r} for {path}",
                            hint="the endpoint is broken or hostile")
         return RemoteFile(path=path, size=sibling.size, blob_id=sibling.blob_id, lfs_sha256=lfs)
+    def _repo_info(self, repo_id: str, revision: str, repo_type: str) -> ModelInfo | DatasetInfo:
+        """``HfApi.repo_info(files_metadata=True)`` with a bound on the answer (``MAX_METADATA_BYTES`` decoded).
+
+        Library gap: ``HfApi.model_info``/``dataset_info`` (hf_api.py) read the whole body with ``get_session().get``
+        and decode it without bound: a gzip-encoded answer of a few MiB inflates to gigabytes in memory, and
+        ``hf_raise_for_status`` reads a streamed error body whole too. Same request (URL, ``?blobs=true``, headers,
+        redirects), same parsing (``ModelInfo(**data)``), but the body is read as it decodes and refused past the
+        bound, error bodies included.
+
+        Raises:
+            HubError: the answer is larger than the bound, not JSON, or nested too deep; and what
+                ``hf_raise_for_status`` raises (mapped by the caller).
+        """
+        url = f"{self.endpoint}/api/{repo_type}s/{repo_id}/revision/{quote(revision, safe='')}"
+        headers = build_hf_headers(token=self._token, library_name="hfcache", library_version=__version__)
+        with get_session().stream("GET", url, params={"blobs": True}, headers=headers, timeout=self.timeout) as r:
+            body = bytearray()
+            for chunk in r.iter_bytes():  # decoded (gzip, br, ...) as it arrives
+                body += chunk
+                if len(body) > MAX_METADATA_BYTES:
+                    raise HubError(f"{repo_id}@{revision}: the answer of {self.endpoint} is larger than "
+                                   f"{MAX_METADATA_BYTES} bytes (decoded); refused",
+                                   hint="the endpoint is broken or hostile")
+            hf_raise_for_status(r)  # the body is consumed: its message comes from X-Error-Message
+        try:
+            data = json.loads(body)
+        except RecursionError:
+            raise HubError(f"{repo_id}@{revision}: the answer of {self.endpoint} is JSON nested too deep",
+                           hint="the endpoint is broken or hostile") from None
+        return (DatasetInfo if repo_type == "dataset" else ModelInfo)(**data)
 
     def download(
         self,
@@ -341,12 +372,22 @@ class _mapped_errors:
                 return GatedRepo(f"{self.repo_id}: HTTP {status} from {self.endpoint}: not authorized",
                                  hint="pass a token with access (--token-file or HF_TOKEN)")
             return HubError(f"{self.what}: HTTP {status} from {self.endpoint}", hint="retry later or check the endpoint")
-        if isinstance(exc, (ValueError, KeyError, TypeError)):  # malformed JSON or fields
+        if isinstance(exc, (ValueError, KeyError, TypeError, RecursionError)):  # malformed JSON or fields
             return HubError(f"{self.what}: malformed answer from {self.endpoint} ({_first_line(exc)})",
                             hint="the endpoint is not Hub-compatible")
         if isinstance(exc, httpx2.HTTPError):
             return EndpointUnreachable(f"{self.what}: {_first_line(exc)}", hint="check the endpoint and network")
         return exc
+
+
+def _file_and_folder(paths: set[str]) -> str | None:
+    """A path of ``paths`` that is also a folder of another (``a`` and ``a/b``): no cache can hold both."""
+    for path in paths:
+        parts = path.split("/")
+        for i in range(1, len(parts)):
+            if "/".join(parts[:i]) in paths:
+                return "/".join(parts[:i])
+    return None
 
 
 def _first_line(exc: BaseException) -> str:

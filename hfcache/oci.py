@@ -635,6 +635,8 @@ def _layers_of(manifest: dict, config: dict, reference: str) -> list[tuple[dict,
 def _fetch_layer(client, container, layer: dict, diff_id: str, combined: tarfile.TarFile,
                  sink: TransferSink | None) -> int:
     """Stream one layer into ``combined`` while checking its digest, size and diff_id; return bytes received."""
+    from .importer import BoundedTarInfo, check_tar_member
+
     digest = layer["digest"]
     response = client.do_request(_url(client, container, "blobs", digest), "GET", stream=True)
     with response:
@@ -647,8 +649,11 @@ def _fetch_layer(client, container, layer: dict, diff_id: str, combined: tarfile
         try:
             unpacked = gzip.GzipFile(fileobj=raw, mode="rb") if layer["mediaType"] != LAYER_TAR else raw
             tar_stream = _VerifiedStream(unpacked, None, digest)
-            with tarfile.open(fileobj=io.BufferedReader(tar_stream, _CHUNK), mode="r|") as tar:
+            # The same bounds as import (sparse members, tar headers, free space), before a byte is copied.
+            with tarfile.open(fileobj=io.BufferedReader(tar_stream, _CHUNK), mode="r|",
+                              tarinfo=BoundedTarInfo) as tar:
                 for info in tar:
+                    check_tar_member(info, Path(combined.name).parent)
                     combined.addfile(info, tar.extractfile(info) if info.isfile() else None)
             while tar_stream.read(_CHUNK):  # the tar's end padding: the diff_id covers every byte
                 pass
@@ -668,13 +673,16 @@ def _fetch_layer(client, container, layer: dict, diff_id: str, combined: tarfile
 
 
 def pull(reference: str, cache_dir: Path, plain_http: bool = False, credentials: Credentials | None = None,
-         timeout: float = 60.0, sink: TransferSink | None = None) -> PullReport:
+         timeout: float = 60.0, sink: TransferSink | None = None, move_refs: bool = False,
+         lock_timeout: float = 600.0, on_lock_wait=None) -> PullReport:
     """Pull the image ``reference`` and merge its cache into ``cache_dir``, every digest checked first.
 
     Args:
         reference: ``REGISTRY/NAME[:TAG][@sha256:...]``.
         cache_dir: the target cache (created if missing).
         plain_http, credentials, timeout, sink: as for :func:`push`.
+        move_refs: a ref the target has at another commit moves to the image's (else that refuses the pull).
+        lock_timeout, on_lock_wait: as for :func:`hfcache.importer.import_cache` (the bounded wait for repo locks).
 
     Returns:
         PullReport.
@@ -683,6 +691,7 @@ def pull(reference: str, cache_dir: Path, plain_http: bool = False, credentials:
         IntegrityError: a manifest, config or layer does not match its digest (or a layer its diff_id); the
             message names the digest; nothing is written to the target.
         UsageError: not an image hfcache can read, or content ``hfcache import`` refuses (nothing is written).
+        CheckFailed: the target holds an entry with other content, or a ref elsewhere (see ``import_cache``).
         RegistryAuthError, EndpointUnreachable, HubError: the registry refused or could not be reached.
         CacheError: the target cannot be written.
     """
@@ -712,6 +721,7 @@ def pull(reference: str, cache_dir: Path, plain_http: bool = False, credentials:
                 repos = str((layer.get("annotations") or {}).get(f"{ANNOTATION_PREFIX}.repos", ""))
                 layers.append(Layer(layer["digest"], layer["size"], diff_id,
                                     tuple(r for r in repos.split(",") if r), got))
-        imported = import_cache(str(combined_path), Path(cache_dir))
+        imported = import_cache(str(combined_path), Path(cache_dir), move_refs=move_refs, lock_timeout=lock_timeout,
+                                on_lock_wait=on_lock_wait)
     return PullReport(reference=reference, digest=_sha256(body), layers=tuple(layers), bytes_downloaded=received,
                       imported=imported)

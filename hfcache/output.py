@@ -133,6 +133,14 @@ def warm_summary_table(report: WarmReport) -> Table:
     return table
 
 
+def lock_wait_notice(wait: Any) -> None:
+    """Tell the user on stderr which lock a command waits for, who holds it, and how long it will wait at most
+    (a :class:`hfcache.locking.LockWait`; the ``on_lock_wait`` callback of warm, prune, repair and import)."""
+    holder = f", held by {wait.holder}" if wait.holder else ""
+    stderr.print(Text(f"hfcache: waiting for the lock {wait.path}{holder} (gives up after {wait.timeout:g}s: "
+                      "--lock-timeout)", style="yellow"), soft_wrap=True)
+
+
 class WarmProgress:
     """A rich progress display on stderr: one bar per repo (bytes) and a total bar; implements ProgressSink."""
 
@@ -285,6 +293,7 @@ def ls_dict(info: CacheInfo, pinned: set[tuple[str, str, str]] | None) -> dict[s
             "pinned": None if pinned is None else any(r["pinned"] for r in revisions),
             "health": repo.health,
             "problems": list(repo.problems),
+            "unreadable": list(repo.unreadable),
             "incomplete": list(repo.incomplete),
         })
     return {
@@ -415,6 +424,7 @@ def show_check(report: CheckReport, *, as_json: bool) -> None:
             "import_seconds": report.import_seconds,
             "tokenizers": [
                 {"repo_id": r.target.repo_id, "revision": r.target.revision, "ok": r.ok,
+                 "trust_remote_code": r.target.trust_remote_code,
                  "class": r.tokenizer_class, "vocab_size": r.vocab_size,
                  "input_ids": list(r.input_ids) if r.input_ids is not None else None,
                  "seconds": r.seconds, "error": r.error, "cause": r.cause}
@@ -456,15 +466,15 @@ def show_export(plan, dest: str, fmt: str, digest: str | None, *, as_json: bool)
 def show_import(report, *, as_json: bool) -> None:
     document = {"cache_dir": report.cache_dir, "repos": list(report.repos), "files": report.files,
                 "blobs_new": report.blobs_new, "blobs_existing": report.blobs_existing,
-                "bytes_new": report.bytes_new, "kept_refs": list(report.kept)}
+                "bytes_new": report.bytes_new, "moved_refs": list(report.moved)}
     if as_json:
         print_json(document)
         return
     stderr.print(f"imported {len(report.repos)} repo(s), {report.files} snapshot entries into {report.cache_dir}: "
                  f"{report.blobs_new} new blob(s) ({human_size(report.bytes_new)}), "
                  f"{report.blobs_existing} already there")
-    for ref in report.kept:
-        stderr.print(Text(f"kept the target's existing {ref} (it points elsewhere)", style="yellow"))
+    for ref in report.moved:
+        stderr.print(Text(f"moved the target's {ref} to the source's commit (--move-refs)", style="yellow"))
 
 
 def show_link(report, *, as_json: bool) -> None:
@@ -514,7 +524,8 @@ def prune_dict(plan: PrunePlan, result: PruneResult | None = None, *, dry_run: b
         "dry_run": dry_run,
         "executed": result is not None,
         "ok": result.ok if result is not None else True,
-        "exit_code": result.exit_code if result is not None else 0,
+        "exit_code": result.exit_code if result is not None else (5 if plan.unreadable else 0),
+        "unreadable": list(plan.unreadable),
         "policy": {"older_than": policy.older_than, "max_size": policy.max_size,
                    "keep": [str(k) for k in policy.keep], "keep_locks": list(policy.keep_locks),
                    "grace": policy.grace},

@@ -143,6 +143,27 @@ def dir_fd(root: str | os.PathLike[str], rel: str | Sequence[str] = (), *, creat
         os.close(fd)
 
 
+def check_existing(root: str | os.PathLike[str], rel: str | Sequence[str]) -> None:
+    """Check that each component of ``root/rel`` that exists is a real directory (walking without following links);
+    stop at the first missing one. Raises UnsafeLayout otherwise."""
+    parts = _parts(rel) if rel else []
+    fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        for i, part in enumerate(parts):
+            try:
+                nfd = os.open(part, _DIR_FLAGS, dir_fd=fd)
+            except FileNotFoundError:
+                return
+            except OSError as exc:
+                if exc.errno in (errno.ELOOP, errno.ENOTDIR):
+                    raise _unsafe(Path(root), parts, i, exc) from None
+                raise
+            os.close(fd)
+            fd = nfd
+    finally:
+        os.close(fd)
+
+
 def ensure_dirs(root: str | os.PathLike[str], rel: str | Sequence[str]) -> None:
     """Create ``root/rel`` as real directories (like ``mkdir -p``); raise UnsafeLayout on a planted link."""
     os.close(open_dir(root, rel, create=True))

@@ -88,6 +88,9 @@ class RepoInfo:
         unsafe (tuple[str, ...]): parts of the folder that are symlinks or not directories (``blobs``, ``refs``,
             ``snapshots``, ``.no_exist``, ``trees``, ``.locks/<folder>``). When set, nothing below the folder was
             read (no refs, revisions or blobs), and every command leaves the repo alone.
+        unreadable (tuple[str, ...]): parts this user cannot list or read, relative to the repo folder (``blobs/``,
+            ``refs/main``, ``snapshots/<commit>/``); each is also a problem. What they hold is unknown, so commands
+            that change a repo leave such a repo alone.
     """
 
     repo_id: str
@@ -102,6 +105,7 @@ class RepoInfo:
     problems: tuple[str, ...]
     inodes: dict[tuple[int, int], int]
     unsafe: tuple[str, ...] = ()
+    unreadable: tuple[str, ...] = ()
 
     @property
     def health(self) -> str:
@@ -134,6 +138,9 @@ def scan_cache(cache_dir: str | os.PathLike[str], repo_ids: set[str] | None = No
 
     Returns:
         CacheInfo. A missing cache directory gives an empty CacheInfo.
+
+    Raises:
+        CacheError: the cache directory exists but cannot be listed by this user (exit 5, naming what blocks it).
     """
     root = Path(cache_dir)
     # The scan allocates ~10 objects per file and frees none: the cyclic collector would run thousands of times for
@@ -153,6 +160,10 @@ def _scan(root: Path, repo_ids: set[str] | None) -> CacheInfo:
         entries = sorted(os.scandir(root), key=lambda e: e.name)
     except FileNotFoundError:
         entries = []
+    except PermissionError:
+        from .cache import access_error
+
+        raise access_error(root) from None
     # .locks is listed once for the whole cache (not looked up per repo: this runs 10,000 times). No .locks at all
     # is fine ({}); one that is a link or a file makes every repo report it (None: each repo checks in full).
     try:
@@ -183,11 +194,16 @@ def _scan(root: Path, repo_ids: set[str] | None) -> CacheInfo:
     return CacheInfo(cache_dir=str(root), repos=tuple(repos), size_on_disk=sum(seen.values()))
 
 
-def _scandir(path: str) -> list[os.DirEntry]:
+def _scandir(path: str, denied: list[str] | None = None, rel: str = "") -> list[os.DirEntry]:
+    """The entries of ``path``; a folder this user cannot list is added to ``denied`` (as ``rel``) and gives none."""
     try:
         with os.scandir(path) as it:
             return list(it)
     except (FileNotFoundError, NotADirectoryError):
+        return []
+    except PermissionError:
+        if denied is not None:
+            denied.append(rel)
         return []
 
 
@@ -212,15 +228,23 @@ def scan_repo(folder: Path, repo_id: str, repo_type: str, locks_entries: dict[st
     unsafe = repo_layout_problems(str(folder.parent), folder.name, locks_entries)
     if unsafe:
         return _unsafe_repo(folder.name, (repo_id, repo_type), unsafe)
+    if not os.access(base, os.R_OK | os.X_OK):  # the folder itself cannot be listed or entered: nothing is known
+        return RepoInfo(repo_id=repo_id, repo_type=repo_type, folder=folder.name, refs={}, revisions=(),
+                        size_on_disk=0, blob_count=0, incomplete=(), last_used=0.0,
+                        problems=(f"{folder.name}/: {_DENIED}",), inodes={}, unreadable=("",))
     problems: list[str] = []
     blob_stats: dict[str, os.stat_result] = {}
     incomplete = []
     inodes: dict[tuple[int, int], int] = {}
-    for e in _scandir(base + "/blobs"):
+    denied: list[str] = []
+    for e in _scandir(base + "/blobs", denied, "blobs/"):
         try:
             st = e.stat(follow_symlinks=False)
         except FileNotFoundError:  # removed since the listing (a concurrent prune): not part of the cache now
             continue
+        except PermissionError:  # listable but not searchable (mode r--)
+            denied.append("blobs/")
+            break
         if e.name.endswith(".incomplete"):
             incomplete.append(e.name)
             inodes[(st.st_dev, st.st_ino)] = st.st_size
@@ -235,9 +259,9 @@ def scan_repo(folder: Path, repo_id: str, repo_type: str, locks_entries: dict[st
     if incomplete:
         problems.append(f"{len(incomplete)} leftover .incomplete file(s)")
 
-    refs = _read_refs(base + "/refs", "")
+    refs = _read_refs(base + "/refs", "", denied)
     snapshots = {}
-    for e in _scandir(base + "/snapshots"):
+    for e in _scandir(base + "/snapshots", denied, "snapshots/"):
         if e.is_dir(follow_symlinks=False):
             snapshots[e.name] = e.path
         else:  # a link or file where a snapshot folder belongs: never followed
@@ -250,8 +274,12 @@ def scan_repo(folder: Path, repo_id: str, repo_type: str, locks_entries: dict[st
 
     revisions = []
     for commit, path in sorted(snapshots.items()):
-        revisions.append(_scan_revision(base, commit, path, refs, blob_stats, inodes))
+        revisions.append(_scan_revision(base, commit, path, refs, blob_stats, inodes, denied))
         problems.extend(f"{commit[:12]}: {p}" for p in revisions[-1].problems)
+    if denied:
+        # What this user sees of the repo is partial (links into an unreadable blobs/ look broken): only the parts
+        # it cannot read are reported, and commands that change a repo leave it alone.
+        problems = [f"{part or folder.name + '/'}: {_DENIED}" for part in sorted(set(denied))]
     return RepoInfo(
         repo_id=repo_id,
         repo_type=repo_type,
@@ -264,19 +292,23 @@ def scan_repo(folder: Path, repo_id: str, repo_type: str, locks_entries: dict[st
         last_used=max((r.last_used for r in revisions), default=0.0),
         problems=tuple(problems),
         inodes=inodes,
+        unreadable=tuple(sorted(set(denied))),
     )
 
 
-def _read_refs(refs_dir: str, prefix: str) -> dict[str, str]:
+def _read_refs(refs_dir: str, prefix: str, denied: list[str]) -> dict[str, str]:
     """ref name (``main``, ``refs/pr/1``) -> its content, decoded; nested ref folders are walked."""
     refs = {}
-    for e in _scandir(refs_dir):
+    for e in _scandir(refs_dir, denied, f"refs/{prefix}"):
         if e.is_dir(follow_symlinks=False):
-            refs.update(_read_refs(e.path, prefix + e.name + "/"))
+            refs.update(_read_refs(e.path, prefix + e.name + "/", denied))
             continue
         try:
             # O_NOFOLLOW: a ref that is a planted link reads as unreadable (reported malformed), never its target.
             fd = os.open(e.path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
+        except PermissionError:
+            denied.append(f"refs/{prefix}{e.name}")
+            continue
         except OSError:
             refs[prefix + e.name] = "<a symlink or unreadable>"
             continue
@@ -286,19 +318,25 @@ def _read_refs(refs_dir: str, prefix: str) -> dict[str, str]:
     return refs
 
 
-def _walk_files(folder: str, prefix: str, out: list[tuple[str, os.DirEntry]]) -> None:
-    """Append (relative path, DirEntry) of every non-directory below ``folder``, without following links."""
+def _walk_files(folder: str, prefix: str, out: list[tuple[str, os.DirEntry]], denied: list[str],
+                where: str) -> None:
+    """Append (relative path, DirEntry) of every non-directory below ``folder``, without following links; a folder
+    this user cannot list is added to ``denied`` (``where`` + its relative path)."""
     try:
         with os.scandir(folder) as it:
             for e in it:
                 if e.is_dir(follow_symlinks=False):
-                    _walk_files(e.path, prefix + e.name + "/", out)
+                    _walk_files(e.path, prefix + e.name + "/", out, denied, where)
                 else:
                     out.append((prefix + e.name, e))
     except (FileNotFoundError, NotADirectoryError):
         pass
+    except PermissionError:
+        denied.append(where + prefix)
 
 
+_DENIED = ("cannot be read by this user (permission denied): ask the cache's owner to make it group-readable "
+           "(`hfcache doctor` prints the fix)")
 _PROBLEM_TEXT = {"broken": "broken link (missing blob)", "absolute": "absolute link ({})",
                  "outside": "link points outside the repo's blobs ({})"}
 _first = operator.itemgetter(0)
@@ -317,16 +355,17 @@ def _classify_link(target: str, rel: str, base: str, entry_path: str, blob_stats
 
 
 def _scan_revision(base: str, commit: str, snapshot: str, refs: dict[str, str],
-                   blob_stats: dict[str, os.stat_result], inodes: dict[tuple[int, int], int]) -> RevisionInfo:
+                   blob_stats: dict[str, os.stat_result], inodes: dict[tuple[int, int], int],
+                   denied: list[str]) -> RevisionInfo:
     files = []
     problems = []
     used: dict[tuple[int, int], int] = {}
     try:
         last_used = os.lstat(snapshot).st_mtime
-    except FileNotFoundError:  # moved away by a concurrent prune since the listing
+    except OSError:  # moved away by a concurrent prune since the listing (or snapshots/ cannot be searched)
         last_used = 0.0
     entries: list[tuple[str, os.DirEntry]] = []
-    _walk_files(snapshot, "", entries)
+    _walk_files(snapshot, "", entries, denied, f"snapshots/{commit}/")
     entries.sort(key=_first)
     readlink = os.readlink
     for rel, entry in entries:
@@ -354,6 +393,9 @@ def _scan_revision(base: str, commit: str, snapshot: str, refs: dict[str, str],
             try:
                 st = entry.stat(follow_symlinks=False)
             except FileNotFoundError:
+                continue
+            except PermissionError:
+                denied.append(f"snapshots/{commit}/{rel}")
                 continue
             form, etag, inode, size = "file", None, (st.st_dev, st.st_ino), st.st_size
             inodes[inode] = size

@@ -131,6 +131,10 @@ EXPECTED = {
     "invalid_json": (3, "malformed answer"),
     "error_500": (3, "HTTP 500"),
     "bad_commit": (3, "not 40 hex characters"),
+    "gzip_bomb": (3, "larger than 67108864 bytes (decoded)"),
+    "gzip_bomb_404": (3, "larger than 67108864 bytes (decoded)"),
+    "deep_json": (3, "nested too deep"),
+    "file_and_folder": (3, "'tokenizer.json' as a file and as a folder"),
 }
 
 

@@ -216,7 +216,16 @@ def _info(name: str, kind: bytes = tarfile.REGTYPE, size: int = 0, linkname: str
     return info
 
 
+def _sparse(name: str) -> tarfile.TarInfo:
+    """10 bytes of data declaring 1 GiB (GNU sparse 0.1 in PAX headers): must be refused before it is expanded."""
+    info = _info(name, size=10)
+    info.pax_headers = {"GNU.sparse.map": "0,10", "GNU.sparse.size": str(1 << 30), "GNU.sparse.major": "0",
+                        "GNU.sparse.minor": "1"}
+    return info
+
+
 @pytest.mark.parametrize("members, refused", [
+    ([(_sparse("models--a--b/blobs/" + "0" * 40), b"x" * 10)], "a sparse file"),
     ([(_info("../escape", size=3), b"bad")], "escaping path"),
     ([(_info("models--a--b/snapshots/" + "a" * 40 + "/x", tarfile.SYMTYPE, linkname="/etc/passwd"), None)],
      "leaves the repo"),

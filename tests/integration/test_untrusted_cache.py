@@ -373,7 +373,7 @@ def test_a_listing_with_a_path_both_file_and_folder_publishes_nothing(tmp_path: 
     with ScriptedHub({"h/both": (info, {p.rsplit("/", 1)[-1]: VOCAB for p in paths})}) as hub:
         proc = run_hfcache(["warm", "h/both", "--cache-dir", str(cache), "--endpoint", hub.endpoint, "--kind", "all"])
     assert proc.returncode == 3, proc.stderr
-    assert f"lists {paths[0]!r} both as a file and as a folder" in proc.stderr
+    assert f"listed {paths[0]!r} as a file and as a folder" in proc.stderr
     folder = cache / "models--h--both"
     assert not list(folder.rglob("*")) if folder.exists() else True
     assert tree_state(canary) == before
