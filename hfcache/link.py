@@ -27,6 +27,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .errors import CacheError, UsageError
+from .safefs import repo_layout_problems
+from .scan import parse_folder_name
 
 MODES = ("symlink", "hardlink", "copy")
 
@@ -59,10 +61,14 @@ def link_cache(src: Path, dest: Path, mode: str = "symlink") -> LinkReport:
     if not src.is_dir():
         raise UsageError(f"{src} is not a cache directory")
     if dest.is_symlink() or (dest.exists() and (not dest.is_dir() or any(dest.iterdir()))):
+        if mode != "symlink":
+            _refuse_unsafe(src)  # before reading anything of SRC to compare
         if already_linked(src, dest, mode):
             return LinkReport(src=str(src), dest=str(dest), mode=mode, files=0, bytes_added=0, unchanged=True)
         raise UsageError(f"{dest} exists, is not an empty directory and is not a {mode} of {src}",
                          hint="link into a new or empty path (DEST is left as it is)")
+    if mode != "symlink":
+        _refuse_unsafe(src)
     dest.parent.mkdir(parents=True, exist_ok=True)
     staging = dest.parent / f".{dest.name}.{uuid.uuid4().hex[:8]}.partial"
     files = added = 0
@@ -124,6 +130,18 @@ def _tree(root: Path) -> dict[str, os.stat_result]:
             path = os.path.join(dirpath, name)
             entries[os.path.relpath(path, root)] = os.lstat(path)
     return entries
+
+
+def _refuse_unsafe(src: Path) -> None:
+    """CacheError when a repo folder of ``src`` has a planted link (safefs.repo_layout_problems): a copy would
+    silently drop it, and nothing outside the cache is read."""
+    for entry in sorted(os.scandir(src), key=lambda e: e.name):
+        if parse_folder_name(entry.name) is None:
+            continue
+        problems = repo_layout_problems(str(src), entry.name)
+        if problems:
+            raise CacheError(f"unsafe cache layout in {src}: {entry.name}: {'; '.join(problems)}",
+                             hint="remove the symlink or file, then rerun")
 
 
 def _copy_tree(src: Path, staging: Path, mode: str) -> tuple[int, int]:
