@@ -628,6 +628,9 @@ def main(argv: list[str] | None = None) -> None:
         cli.main(args=args, prog_name="hfcache", standalone_mode=False)
     except click.exceptions.Exit as exc:
         sys.exit(exc.exit_code)
+    except click.exceptions.NoArgsIsHelpError as exc:  # `hfcache` alone: the help a newcomer asked for, not an error
+        sys.stdout.write(exc.format_message() + "\n")
+        sys.exit(0)
     except click.UsageError as exc:
         command = exc.ctx.command_path if exc.ctx is not None else _command_path(args)
         _fail(exc.format_message(), f"see `{command} --help`", UsageError.exit_code, as_json)

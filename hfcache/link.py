@@ -59,7 +59,9 @@ def link_cache(src: Path, dest: Path, mode: str = "symlink") -> LinkReport:
         raise UsageError(f"invalid mode {mode!r}", hint=f"use one of {', '.join(MODES)}")
     src = src.absolute()
     if not src.is_dir():
-        raise UsageError(f"{src} is not a cache directory")
+        raise UsageError(f"{src} is not a cache directory", hint="give the folder of an existing cache as SRC")
+    if not dest.is_symlink() and os.path.realpath(dest) == os.path.realpath(src):  # (a symlink DEST: see below)
+        raise UsageError(f"{dest} is {src} itself", hint="give a DEST other than SRC")
     if dest.is_symlink() or (dest.exists() and (not dest.is_dir() or any(dest.iterdir()))):
         if mode != "symlink":
             _refuse_unsafe(src)  # before reading anything of SRC to compare

@@ -91,6 +91,7 @@ USAGE_ERRORS = [
     ["serve", "--allow", "google-bert/*"],
     ["exec", "--no-such-option"],
     ["link", "/nonexistent-hfcache-source", "dest"],
+    ["link", ".", "./"],
     ["verify", "--lock", "/nonexistent/hfcache.lock"],
     ["warm", "bert-base-uncased", "--token-file", "/nonexistent/token"],
     # click's own parameter errors
@@ -119,3 +120,10 @@ def test_usage_error_hint_is_in_the_json_document(tmp_path):
     assert proc.returncode == 2 and document["exit_code"] == 2 and document["hint"] == "see `hfcache ls --help`"
     proc = run_hfcache(["warm", "bert-base-uncased", "--lock", "x.lock", "--json"], cwd=tmp_path)
     assert json.loads(proc.stdout)["hint"].startswith("add the repos to the manifest")
+
+
+def test_hfcache_alone_prints_its_help():
+    """A newcomer typing `hfcache` gets the command list on stdout, not an error."""
+    proc = run_hfcache([])
+    assert proc.returncode == 0 and proc.stderr == ""
+    assert proc.stdout.startswith("Usage: hfcache") and "warm" in proc.stdout and "error" not in proc.stdout
