@@ -96,6 +96,11 @@ def warm_summary_table(report: WarmReport) -> Table:
     return table
 
 
+def _usage_hint(exit_code: int, command: str) -> str | None:
+    """Every usage error (exit 2) shows a hint line, as the CLI's own errors do."""
+    return f"see `hfcache {command} --help`" if exit_code == 2 else None
+
+
 class WarmProgress:
     """A rich progress display on stderr: one bar per repo (bytes) and a total bar; implements ProgressSink.
 
@@ -163,7 +168,7 @@ def show_warm_report(report: WarmReport, *, as_json: bool, quiet: bool) -> None:
         stdout.print(warm_summary_table(report))
     for r in report.repos:
         if not r.ok:
-            print_error(r.error or "failed", r.hint)
+            print_error(r.error or "failed", r.hint or _usage_hint(r.exit_code, "warm"))
 
 
 def show_pin_result(result: PinResult, lock_path, written: bool, *, as_json: bool) -> None:
@@ -194,7 +199,7 @@ def show_pin_result(result: PinResult, lock_path, written: bool, *, as_json: boo
     if result.lock.repos:
         stdout.print(table)
     for f in result.failures:
-        print_error(f.error, f.hint)
+        print_error(f.error, f.hint or _usage_hint(f.exit_code, "lock"))
     if result.failures:
         entries = f"{len(result.failures)} entr{'y' if len(result.failures) == 1 else 'ies'}"
         stdout.print(f"{lock_path} not written: {entries} failed")
