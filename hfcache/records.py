@@ -111,6 +111,8 @@ class RepoResult:
         error (str | None): one-line reason when the repo failed.
         hint (str | None): what to do about it.
         exit_code (int): 0, or the documented exit code of the error.
+        notes (tuple[str, ...]): one-line warnings of a warmed repo (custom code in another repo, a file too large
+            to parse: ``selection.Followed.notes``).
     """
 
     request: WarmRequest
@@ -124,6 +126,7 @@ class RepoResult:
     error: str | None = None
     hint: str | None = None
     exit_code: int = 0
+    notes: tuple[str, ...] = ()
 
     @property
     def ok(self) -> bool:
