@@ -278,3 +278,75 @@ def test_env_and_exec_refuse_an_unsafe_private_modules_folder(tmp_path):
     planted.unlink()
     outputs = {run_hfcache(["env", "--cache-dir", str(tmp_path / "cache")], env=env).stdout for _ in range(2)}
     assert len(outputs) == 1 and f"HF_MODULES_CACHE={planted}" in outputs.pop()
+
+
+class _RecordingSink:
+    """hfcache's ProgressSink protocol, recording what the progress bar would show."""
+
+    def __init__(self) -> None:
+        self.totals: dict[int, int] = {}
+        self.done: dict[int, int] = {}
+        self.early: int = 0  # bytes advanced before the repo's total was known
+
+    def repo_started(self, key: int, label: str, files: int, total_bytes: int) -> None:
+        self.totals[key] = total_bytes
+
+    def advance(self, key: int, nbytes: int) -> None:
+        if key not in self.totals:
+            self.early += nbytes
+        self.done[key] = self.done.get(key, 0) + nbytes
+
+    def repo_finished(self, key: int, result) -> None:
+        pass
+
+
+@pytest.mark.slow
+def test_progress_never_exceeds_its_total_with_the_two_step_selection(hostile, tmp_path):
+    from hfcache.records import WarmRequest
+    from hfcache.warming import warm
+
+    server, repos = hostile
+    sink = _RecordingSink()
+    report = warm([WarmRequest(repos["docstring"])], cache_dir=tmp_path / "hub", endpoint=server.endpoint,
+                  token=False, progress=sink)
+    assert report.ok
+    (key,) = sink.totals
+    total = sum(f.size for f in report.repos[0].files)
+    assert sink.totals[key] == total and sink.done[key] == total and sink.early == 0
+
+
+def _bind_read_only(folder: Path) -> None:
+    import subprocess
+
+    bound = subprocess.run(["mount", "--bind", str(folder), str(folder)], capture_output=True, text=True)
+    if bound.returncode != 0:  # root without CAP_SYS_ADMIN (an unprivileged container)
+        pytest.skip(f"cannot bind-mount: {bound.stderr.strip()}")
+    remounted = subprocess.run(["mount", "-o", "remount,ro,bind", str(folder)], capture_output=True, text=True)
+    if remounted.returncode != 0:
+        subprocess.run(["umount", str(folder)], check=True)
+        pytest.skip(f"cannot remount read-only: {remounted.stderr.strip()}")
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not hasattr(os, "geteuid") or os.geteuid() != 0, reason="root only: read-only bind mount")
+def test_doctor_downgrades_a_read_only_modules_cache_that_holds_the_code(hostile, tmp_path):
+    import subprocess
+
+    server, repos = hostile
+    cache = tmp_path / "hub"
+    assert _warm(server, cache, repos["docstring"])[0] == 0
+    modules = tmp_path / "modules"
+    assert _offline(cache, repos["docstring"], HF_MODULES_CACHE=str(modules)).returncode == 0  # fills it
+    _bind_read_only(modules)
+    try:
+        assert not os.access(modules, os.W_OK)
+        env = clean_env(HF_HUB_CACHE=str(cache), HF_HOME=str(tmp_path / "h"), HF_MODULES_CACHE=str(modules))
+        findings = {f["code"]: f for f in json.loads(run_hfcache(["doctor", "--json"], env=env).stdout)["findings"]}
+        assert findings["modules.readonly"]["severity"] == "warning" and "modules.unwritable" not in findings
+        loaded = _offline(cache, repos["docstring"], HF_MODULES_CACHE=str(modules))
+        assert loaded.returncode == 0, loaded.stderr  # the warning is right: the load works
+        assert _warm(server, cache, repos["no_py"])[0] == 0  # new custom code the folder does not hold
+        findings = {f["code"]: f for f in json.loads(run_hfcache(["doctor", "--json"], env=env).stdout)["findings"]}
+        assert findings["modules.unwritable"]["severity"] == "error" and "modules.readonly" not in findings
+    finally:
+        subprocess.run(["umount", str(modules)], check=True)
