@@ -161,6 +161,7 @@ class _RepoJob:
     _downloaded: int = 0
     _count_lock: threading.Lock = field(default_factory=threading.Lock)
     _failed: threading.Event = field(default_factory=threading.Event)
+    _read_sources: dict[str, str] = field(default_factory=dict)  # files fetched to be parsed: path -> source
 
     def run(self) -> RepoResult:
         started = time.monotonic()
@@ -224,10 +225,12 @@ class _RepoJob:
         for lock in locks:
             lock.__enter__()
         try:
+            self._read_sources.clear()
             paths, absent, notes = self._complete(repo, canonical, by_path, selection)
             files = [by_path[p] for p in sorted(paths)]
             self.sink.repo_started(self.key, req.spec, len(files), sum(f.size for f in files))
             sources = self._fetch(repo, canonical, files)
+            sources.update({p: s for p, s in self._read_sources.items() if p in sources})  # not "cached" by itself
             for alias in folders[1:]:
                 for f in files:
                     _copy_blob(canonical, alias, f)
@@ -307,6 +310,8 @@ class _RepoJob:
                     error = exc
         if error is not None:
             raise error
+        if not progress:
+            self._read_sources.update(sources)
         return sources
 
     def _ensure_blob(self, repo: RepoRevision, folder: RepoFolder, file: RemoteFile, progress: bool = True) -> str:
