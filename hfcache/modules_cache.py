@@ -137,7 +137,8 @@ def holds_code(modules_dir: Path, repo: CustomCodeRepo) -> bool:
     for part in repo.repo_id.split("/"):
         folder = folder / sanitize_module_name(part)
     folder = folder / repo.commit_hash
-    return (folder / "__init__.py").is_file() and all((folder / m).is_file() for m in modules)
+    # os.path.isfile: False on any OSError (pathlib's is_file raises PermissionError in an unreadable folder)
+    return os.path.isfile(folder / "__init__.py") and all(os.path.isfile(folder / m) for m in modules)
 
 
 def custom_code_repos(cache_dir: Path) -> list[CustomCodeRepo]:
