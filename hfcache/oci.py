@@ -606,8 +606,8 @@ def _get_json(client, container, url: str, what: str, accept: str, expected_dige
                              hint="the registry content was altered; nothing was imported")
     try:
         document = json.loads(body)
-    except ValueError:
-        raise UsageError(f"{what}: not JSON") from None
+    except (ValueError, RecursionError):
+        raise UsageError(f"{what}: not JSON (or nested too deep)") from None
     if not isinstance(document, dict):
         raise UsageError(f"{what}: not a JSON object")
     return document, body

@@ -256,3 +256,18 @@ def test_offline_environment_moves_the_modules_cache_only_when_needed(tmp_path):
     assert "HF_MODULES_CACHE" not in offline_environment(tmp_path / "hub", {"HF_HOME": str(tmp_path / "file")}).as_dict()
     explicit = offline_environment(cache, {"HF_HOME": str(tmp_path / "file"), "HF_MODULES_CACHE": "/x"})
     assert "HF_MODULES_CACHE" not in explicit.as_dict()  # the user's choice stands (doctor judges it)
+
+
+def test_other_json_readers_turn_overflow_and_depth_into_clear_errors(tmp_path):
+    """The same kind of fault outside custom code: cached/imported tree listings with a size of 1e999 (int(inf)
+    raises OverflowError) or nested too deep."""
+    from hfcache.errors import UsageError
+    from hfcache.importer import _parse_listing
+    from hfcache.verify import read_tree_listing
+
+    (tmp_path / "trees").mkdir()
+    for body in (b'{"format_version": 1, "files": {"a": {"blob_id": "x", "size": 1e999}}}', DEEP):
+        (tmp_path / "trees" / ("c" * 40 + ".json")).write_bytes(body)
+        assert read_tree_listing(str(tmp_path), "c" * 40) is None
+        with pytest.raises(UsageError, match="refused entry 'trees/x.json'"):
+            _parse_listing(body, "trees/x.json")
