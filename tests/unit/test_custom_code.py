@@ -271,3 +271,15 @@ def test_other_json_readers_turn_overflow_and_depth_into_clear_errors(tmp_path):
         assert read_tree_listing(str(tmp_path), "c" * 40) is None
         with pytest.raises(UsageError, match="refused entry 'trees/x.json'"):
             _parse_listing(body, "trees/x.json")
+
+
+def test_relative_import_regexes_stay_linear_on_blank_lines():
+    """transformers' own ``^\\s*from...`` is quadratic on blank lines (40,000 lines took 34 s); hfcache's restatement
+    must read a whole MAX_PARSE_BYTES file of them (16 MiB) in seconds. Generous bound: the machine is shared."""
+    import time
+
+    from hfcache.selection import MAX_PARSE_BYTES
+
+    started = time.perf_counter()
+    assert relative_imports(b" \n" * (MAX_PARSE_BYTES // 2), "a.py") == ()
+    assert time.perf_counter() - started < 60
