@@ -113,6 +113,8 @@ class RepoResult:
         exit_code (int): 0, or the documented exit code of the error.
         notes (tuple[str, ...]): one-line warnings of a warmed repo (custom code in another repo, a file too large
             to parse: ``selection.Followed.notes``).
+        error_type (str | None): the error's class in :mod:`hfcache.errors` (``IntegrityError``,
+            ``EndpointUnreachable``, ``RepoNotFound``...), for callers that answer each kind differently (the mirror).
     """
 
     request: WarmRequest
@@ -127,6 +129,7 @@ class RepoResult:
     hint: str | None = None
     exit_code: int = 0
     notes: tuple[str, ...] = ()
+    error_type: str | None = None
 
     @property
     def ok(self) -> bool:
