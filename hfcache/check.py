@@ -30,7 +30,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from .cache import RepoFolder
-from .errors import CheckFailed, InternalError, UsageError
+from .errors import CheckFailed, HfcacheError, InternalError, UsageError
 from .lockfile import Lockfile
 from .modules_cache import ENV_NAME, can_create
 from .records import parse_specs
@@ -168,6 +168,10 @@ def targets_from_cache(cache_dir: Path, specs: Iterable[str] = ()) -> list[Check
     for repo in scan_cache(cache_dir, set(wanted) or None).repos:
         if repo.repo_type != "model":
             continue
+        if repo.unsafe:
+            targets.append(CheckTarget(repo.repo_id, "main"))  # reported as unsafe, never loaded
+            found.add(repo.repo_id)
+            continue
         asked = wanted.get(repo.repo_id)
         if asked:  # exactly the revisions named, loadable or not
             targets += [CheckTarget(repo.repo_id, revision) for revision in sorted(asked)]
@@ -254,42 +258,38 @@ def check_tokenizers(cache_dir: Path, targets: list[CheckTarget], text: str = DE
     Raises:
         InternalError: the child crashed or printed no result.
     """
-    unreadable: dict[str, str] = {}
+    # A repo folder with a planted link is not loaded: transformers would read whatever the link points to.
+    unsafe = {t.spec: RepoFolder(cache_dir, t.repo_id, t.repo_type).layout_problems() for t in targets}
+    unreadable: dict[str, str] = {}  # a cached config no parser can read (selection.RepoDataError): that repo fails
     prepared = []
     for target in targets:
         try:
-            prepared.append(replace(target, trust_remote_code=bool(custom_code_refs(cache_dir, target))))
-        except ValueError as exc:  # selection.RepoDataError
+            trust = not unsafe[target.spec] and bool(custom_code_refs(cache_dir, target))
+            prepared.append(replace(target, trust_remote_code=trust))
+        except ValueError as exc:
             unreadable[target.spec] = str(exc)
             prepared.append(target)
     targets = prepared
-    raw = _run_probe(cache_dir, [t for t in targets if t.spec not in unreadable], text, timeout)
+    loadable = [t for t in targets if not unsafe[t.spec] and t.spec not in unreadable]
+    raw = _probe(cache_dir, loadable, text, timeout) if loadable else {}
     results = []
     for target in targets:
-        if target.spec in unreadable:
+        if unsafe[target.spec]:
+            results.append(CheckResult(target, False, error="not loaded: unsafe cache layout",
+                                       cause="; ".join(unsafe[target.spec])))
+        elif target.spec in unreadable:
             reason = unreadable[target.spec]
             results.append(CheckResult(target, False, error=reason,
                                        cause=f"{target.repo_id}: {reason}: no loader can read it (fix the repo)"))
-            continue
-        data = raw.get(target.spec, {"error": "no result"})
-        if "error" in data:
-            results.append(CheckResult(target, False, seconds=data.get("seconds", 0.0), error=data["error"],
-                                       cause=diagnose(cache_dir, target, data["error"])))
         else:
-            # transformers drops an uncached chat template silently (DESIGN §3): the load "works", the app breaks.
-            lost = _missing_templates(cache_dir, target)
-            results.append(CheckResult(
-                target, not lost, data["class"], data["vocab_size"], tuple(data["input_ids"]), data["seconds"],
-                error="loaded without its chat template(s)" if lost else None,
-                cause=f"chat template(s) in the repo but not in the cache: {', '.join(lost)}" if lost else None))
+            results.append(_result(cache_dir, target, raw))
     return CheckReport(cache_dir=str(cache_dir), text=text, results=tuple(results),
                        import_seconds=raw.get("__import_seconds__", {}).get("seconds", 0.0))
 
 
-def _run_probe(cache_dir: Path, targets: list[CheckTarget], text: str, timeout: float) -> dict:
-    """Run ``python -m hfcache.probe`` on ``targets``; return its JSON result (spec -> result)."""
-    if not targets:
-        return {}
+def _probe(cache_dir: Path, targets: list[CheckTarget], text: str, timeout: float) -> dict:
+    """Run the offline probe child on ``targets``; its JSON answer (spec -> result). The child's ``HF_MODULES_CACHE``
+    is the caller's explicit one (as the application gets it), else a temporary folder removed afterwards."""
     env = probe_environment(cache_dir)
     home = Path(env["HF_HOME"])
     explicit = os.environ.get(ENV_NAME)
@@ -308,6 +308,20 @@ def _run_probe(cache_dir: Path, targets: list[CheckTarget], text: str, timeout: 
         tail = (proc.stderr.strip().splitlines() or ["no output"])[-1]
         raise InternalError(f"the offline probe process failed (exit {proc.returncode}): {tail}")
     return json.loads(lines[-1])
+
+
+def _result(cache_dir: Path, target: CheckTarget, raw: dict) -> CheckResult:
+    """One target's CheckResult from the probe's answer, with the diagnosis of a failure."""
+    data = raw.get(target.spec, {"error": "no result"})
+    if "error" in data:
+        return CheckResult(target, False, seconds=data.get("seconds", 0.0), error=data["error"],
+                           cause=diagnose(cache_dir, target, data["error"]))
+    # transformers drops an uncached chat template silently (DESIGN §3): the load "works", the app breaks.
+    lost = _missing_templates(cache_dir, target)
+    return CheckResult(
+        target, not lost, data["class"], data["vocab_size"], tuple(data["input_ids"]), data["seconds"],
+        error="loaded without its chat template(s)" if lost else None,
+        cause=f"chat template(s) in the repo but not in the cache: {', '.join(lost)}" if lost else None)
 
 
 def _remove_tree(path: Path) -> None:
@@ -428,16 +442,24 @@ def _diagnose(cache_dir: Path, target: CheckTarget, error: str) -> str | None:
         if needle in error and ("install" in error or "No module" in error or "requires" in error):
             return f"missing Python package: {package} (pip install {package})"
     folder = RepoFolder(cache_dir, target.repo_id, target.repo_type)
+    unsafe = folder.layout_problems()
+    if unsafe:
+        return f"{folder.name}: unsafe cache layout, left alone: {'; '.join(unsafe)}"
     if not folder.root.is_dir():
         return f"{target.repo_id} is not in the cache (no {folder.name}/)"
     try:
-        commit = folder.ref_path(target.revision).read_text()
-    except OSError:
+        raw = folder.read_ref(target.revision)
+    except (OSError, HfcacheError) as exc:
+        return f"refs/{target.revision} cannot be read: {exc}"
+    commit = raw.decode("utf-8", "replace") if raw is not None else ""
+    if raw is None:
         commit = target.revision if re.fullmatch(r"[0-9a-f]{40}", target.revision) else ""
         if not commit:
             return f"refs/{target.revision} is missing: the revision cannot be resolved offline"
     if commit != commit.strip():
         return f"refs/{target.revision} has trailing whitespace: offline resolution fails (hfcache verify --repair)"
+    if not re.fullmatch(r"[0-9a-f]{40}", commit):
+        return f"refs/{target.revision} holds {commit[:50]!r}, not a commit: offline resolution fails"
     snapshot = folder.root / "snapshots" / commit
     if not snapshot.is_dir():
         if commit == target.revision:
