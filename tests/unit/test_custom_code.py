@@ -265,10 +265,10 @@ def test_other_json_readers_turn_overflow_and_depth_into_clear_errors(tmp_path):
     from hfcache.importer import _parse_listing
     from hfcache.verify import read_tree_listing
 
-    (tmp_path / "trees").mkdir()
+    (tmp_path / "models--o--r" / "trees").mkdir(parents=True)
     for body in (b'{"format_version": 1, "files": {"a": {"blob_id": "x", "size": 1e999}}}', DEEP):
-        (tmp_path / "trees" / ("c" * 40 + ".json")).write_bytes(body)
-        assert read_tree_listing(str(tmp_path), "c" * 40) is None
+        (tmp_path / "models--o--r" / "trees" / ("c" * 40 + ".json")).write_bytes(body)
+        assert read_tree_listing(str(tmp_path), "models--o--r", "c" * 40) is None
         with pytest.raises(UsageError, match="refused entry 'trees/x.json'"):
             _parse_listing(body, "trees/x.json")
 
