@@ -221,6 +221,32 @@ class RepoFolder:
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
         return path, os.fdopen(fd, "wb")
 
+    def resume_incomplete(self, etag: str) -> Path:
+        """The partial download of ``blobs/<etag>`` to continue: the largest leftover ``<etag>[.<random>].incomplete``
+        (hfcache's names and huggingface_hub's), the other leftovers deleted; a new empty one when there is none.
+
+        Call it only while holding :meth:`blob_lock`: then no other process is writing any of them.
+        """
+        blobs = self.root / "blobs"
+        leftovers = []
+        try:
+            with os.scandir(blobs) as entries:
+                for entry in entries:
+                    if entry.name.startswith(f"{etag}.") and entry.name.endswith(".incomplete") \
+                            and entry.is_file(follow_symlinks=False):
+                        leftovers.append((entry.stat(follow_symlinks=False).st_size, entry.name))
+        except FileNotFoundError:
+            pass
+        if not leftovers:
+            path, out = self.open_incomplete(etag)
+            out.close()
+            return path
+        leftovers.sort(reverse=True)
+        for _, name in leftovers[1:]:
+            (blobs / name).unlink(missing_ok=True)
+        (self.root / "snapshots").mkdir(exist_ok=True)
+        return blobs / leftovers[0][1]
+
     def publish_blob(self, incomplete: Path, etag: str) -> None:
         """Rename a verified download to ``blobs/<etag>`` (atomic; replaces a broken blob of that name)."""
         os.replace(incomplete, self.blob_path(etag))

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import signal
 import sys
 from pathlib import Path
 
@@ -19,6 +20,15 @@ from .errors import HfcacheError, UsageError
 
 EXIT_INTERNAL = 70
 EXIT_INTERRUPTED = 130
+EXIT_TERMINATED = 143  # 128 + SIGTERM, what a shell reports for a process killed by SIGTERM
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM (``docker stop``, the kubelet) arrived: handled exactly like Ctrl-C, exit 143."""
+
+
+def _on_sigterm(signum, frame) -> None:
+    raise Terminated()
 
 
 def _read_token(token: str | None, token_file: str | None) -> str | bool | None:
@@ -58,6 +68,9 @@ def _common_hub_options(fn):
                      help="Parallel downloads."),
         click.option("--timeout", type=click.FloatRange(min=0, min_open=True), default=10.0, show_default=True,
                      help="Seconds to wait for a connection or for any byte of an answer."),
+        click.option("--retries", type=click.IntRange(min=0), default=5, show_default=True,
+                     help="Retries of a 429, 502, 503, 504 or cut connection, per request or file (exponential "
+                          "backoff with jitter; Retry-After honoured)."),
         click.option("--json", "as_json", is_flag=True, help="Print one JSON document on stdout; no progress."),
     ]):
         fn = decorator(fn)
@@ -81,7 +94,7 @@ def _common_hub_options(fn):
 @_common_hub_options
 @click.option("-q", "--quiet", is_flag=True, help="No progress and no summary; errors only.")
 def warm(repos, cache_dir, kind, include, exclude, repo_type, lock_file, locked, manifest, endpoints, token,
-         token_file, max_workers, timeout, as_json, quiet) -> None:
+         token_file, max_workers, timeout, retries, as_json, quiet) -> None:
     """Download tokenizers (or models) into a cache that transformers loads offline.
 
     Every file is hashed against what the endpoint publishes (or the lock pins) before it becomes visible; the
@@ -101,7 +114,7 @@ def warm(repos, cache_dir, kind, include, exclude, repo_type, lock_file, locked,
         if repos:
             raise UsageError("give REPO_ID arguments or --lock, not both")
         report = _warm_from_lock(lock_file, locked, manifest, cache_dir, list(endpoints), resolved_token, max_workers,
-                                 timeout, as_json, quiet)
+                                 timeout, retries, as_json, quiet)
     else:
         if locked or manifest:
             raise UsageError("--locked and --manifest go with --lock")
@@ -116,12 +129,13 @@ def warm(repos, cache_dir, kind, include, exclude, repo_type, lock_file, locked,
         ]
         with output.WarmProgress(len(requests), enabled=not (as_json or quiet)) as progress:
             report = warm_repos(requests, cache_dir=cache_dir, endpoint=list(endpoints) or None, token=resolved_token,
-                                max_workers=max_workers, timeout=timeout, progress=progress)
+                                max_workers=max_workers, timeout=timeout, progress=progress, retries=retries)
     output.show_warm_report(report, as_json=as_json, quiet=quiet)
     sys.exit(report.exit_code)
 
 
-def _warm_from_lock(lock_file, locked, manifest, cache_dir, endpoints, token, max_workers, timeout, as_json, quiet):
+def _warm_from_lock(lock_file, locked, manifest, cache_dir, endpoints, token, max_workers, timeout, retries, as_json,
+                    quiet):
     from . import output
     from .errors import CheckFailed
     from .install import warm_lock
@@ -146,7 +160,7 @@ def _warm_from_lock(lock_file, locked, manifest, cache_dir, endpoints, token, ma
     endpoint = endpoints or (list(found.endpoints) if found and found.endpoints else None)
     with output.WarmProgress(len(lock.repos), enabled=not (as_json or quiet)) as progress:
         return warm_lock(lock, cache_dir=cache_dir, endpoint=endpoint, token=token, max_workers=max_workers,
-                         timeout=timeout, progress=progress)
+                         timeout=timeout, progress=progress, retries=retries)
 
 
 @cli.command()
@@ -161,7 +175,7 @@ def _warm_from_lock(lock_file, locked, manifest, cache_dir, endpoints, token, ma
               "when it does not.")
 @_common_hub_options
 def lock(upgrade_ids, manifest, output_file, upgrade, check, endpoints, token, token_file, max_workers, timeout,
-         as_json) -> None:
+         retries, as_json) -> None:
     """Resolve the manifest to exact commits and write hfcache.lock (sizes and hashes of every file).
 
     An existing lock keeps its commits for entries that did not change, unless --upgrade names them.
@@ -207,7 +221,8 @@ def lock(upgrade_ids, manifest, output_file, upgrade, check, endpoints, token, t
     from .warming import make_clients
 
     upgrade_keys = filter_upgrade(found.repos, upgrade_ids) if upgrade else set()
-    clients = make_clients(list(endpoints) or list(found.endpoints) or None, _read_token(token, token_file), timeout)
+    clients = make_clients(list(endpoints) or list(found.endpoints) or None, _read_token(token, token_file), timeout,
+                           retries)
     spinner = output.stderr.status("resolving manifest entries", spinner="dots")
     with spinner if not as_json else contextlib.nullcontext():
         result = pin(found, clients, existing=existing, upgrade=upgrade_keys, max_workers=max_workers)
@@ -267,7 +282,7 @@ def ls_command(repo_ids, cache_dir, revisions, lock_file, sort, as_json) -> None
               help="Fix what is broken (re-download from the endpoint, rewrite refs and links), then verify again.")
 @_common_hub_options
 def verify(repo_ids, cache_dir, lock_file, do_repair, endpoints, token, token_file, max_workers, timeout,
-           as_json) -> None:
+           retries, as_json) -> None:
     """Check a cache's integrity offline: every blob's hash, links, refs, and the lock's files.
 
     Without --repair it makes no network request. Exit 1 when any integrity problem remains.
@@ -290,7 +305,7 @@ def verify(repo_ids, cache_dir, lock_file, do_repair, endpoints, token, token_fi
 
         # Repair downloads from the first endpoint given (fallbacks are a warm feature).
         client = HubClient(endpoint=endpoints[0] if endpoints else None,
-                           token=resolve_token(_read_token(token, token_file)), timeout=timeout)
+                           token=resolve_token(_read_token(token, token_file)), timeout=timeout, retries=retries)
         actions = repair(report, client=client, lock=lock)
         before = report
         with output.HashProgress(enabled=not as_json) as progress:
@@ -590,12 +605,22 @@ def _fail(message: str, hint: str | None, exit_code: int, as_json: bool) -> None
     sys.exit(exit_code)
 
 
+def _exit_now(code: int) -> None:
+    """Exit at once after Ctrl-C/SIGTERM: the work has been told to stop and publishes nothing more; a download
+    thread blocked on a silent socket must not hold the exit up to --timeout (partial files stay resumable)."""
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+    os._exit(code)
+
+
 def main(argv: list[str] | None = None) -> None:
     """Console-script entry point: run the CLI and map every hfcache error to its exit code, without traceback."""
     args = sys.argv[1:] if argv is None else argv
     head = args[:args.index("--")] if "--" in args else args
     as_json = "--json" in head and head[:1] != ["exec"]  # exec has no --json: its COMMAND's arguments are not ours
     debug = os.environ.get("HFCACHE_DEBUG") not in (None, "", "0")
+    signal.signal(signal.SIGTERM, _on_sigterm)  # `serve` installs its own graceful handler; `exec` replaces us
     try:
         cli.main(args=args, prog_name="hfcache", standalone_mode=False)
     except click.exceptions.Exit as exc:
@@ -605,14 +630,16 @@ def main(argv: list[str] | None = None) -> None:
         _fail(exc.format_message(), f"see `{command} --help`", UsageError.exit_code, as_json)
     except click.ClickException as exc:
         _fail(exc.format_message(), None, exc.exit_code, as_json)
-    except click.Abort:
-        sys.exit(EXIT_INTERRUPTED)
+    except click.Abort as exc:  # click turns KeyboardInterrupt (and so Terminated) into Abort
+        _exit_now(EXIT_TERMINATED if isinstance(exc.__cause__, Terminated) else EXIT_INTERRUPTED)
+    except Terminated:
+        _exit_now(EXIT_TERMINATED)
     except HfcacheError as exc:
         if debug:
             raise
         _fail(exc.message, exc.hint, exc.exit_code, as_json)
     except KeyboardInterrupt:
-        sys.exit(EXIT_INTERRUPTED)
+        _exit_now(EXIT_INTERRUPTED)
     except Exception as exc:  # noqa: BLE001 - the one place unexpected errors are turned into an exit code
         if debug:
             raise

@@ -1,14 +1,23 @@
 """Hub access: the only hfcache module that talks to the network.
 
-Resolving a revision and listing files is one ``HfApi.repo_info(files_metadata=True)`` request
-(``GET {endpoint}/api/{type}s/{repo_id}/revision/{rev}?blobs=true``, DESIGN §2.1): it gives the canonical id,
-the commit and every file's size, git blob sha1 and LFS sha256 up front, so no per-file HEAD is needed.
+Metadata, in order of preference (DESIGN §2; anything huggingface_hub can download from, hfcache can warm from):
 
-Downloads use huggingface_hub's shared HTTP client (``get_session``, with its request hooks and offline-mode
-guard) and its error mapping (``hf_raise_for_status``), but stream the body themselves. Library gap: ``http_get``
-(``file_download.py``) takes its timeout from a module constant read at import time, retries five times with
-sleeps, and never hashes what it wrote; hfcache needs a per-call timeout and the hash of the bytes while they
-stream.
+1. ``HfApi.repo_info(files_metadata=True)`` (``GET {endpoint}/api/{type}s/{repo_id}/revision/{rev}?blobs=true``):
+   canonical id, commit, and every file's size, git blob sha1 and LFS sha256 in one request.
+2. Where the siblings carry ``rfilename`` only (mirrors ignoring ``?blobs=true``): the tree API at the commit
+   (``/tree/{commit}?recursive=true``, paged with ``Link: rel="next"``).
+3. Where the tree API is refused too: one ``HEAD`` on ``resolve/{commit}/{path}`` per *selected* file
+   (:meth:`HubClient.describe`), reading ``X-Linked-Etag``/``ETag`` and ``X-Linked-Size``/``Content-Length`` as
+   ``hf_hub_download`` does (``get_hf_file_metadata``).
+
+Every id parsed from an answer is validated (commit 40 hex, blob ids 40/64 lowercase hex, safe paths) and a source
+that gives no hash or size for a file is an error naming the file: hash checks stay mandatory.
+
+Requests use huggingface_hub's shared HTTP client (``get_session``, with its request hooks and offline-mode guard)
+and its error mapping (``hf_raise_for_status``); transient failures are retried per :mod:`hfcache.retry`. File
+bodies are opened here (:meth:`HubClient.open_body`, with ``Range``) and written by :mod:`hfcache.transfer`.
+Library gap: ``http_get`` (``file_download.py``) takes its timeout from a module constant read at import time,
+retries with uninterruptible sleeps, and never hashes what it wrote.
 """
 
 from __future__ import annotations
@@ -16,13 +25,15 @@ from __future__ import annotations
 import hashlib
 import os
 import re
-from urllib.parse import urlsplit
-from collections.abc import Callable
-from dataclasses import dataclass
+import threading
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, replace
 from typing import BinaryIO
+from urllib.parse import quote, urlsplit
 
 import httpx2
-from huggingface_hub import HfApi, hf_hub_url
+from huggingface_hub import HfApi, get_hf_file_metadata, hf_hub_url
 from huggingface_hub.errors import (
     GatedRepoError,
     HfHubHTTPError,
@@ -44,11 +55,13 @@ from .errors import (
     RevisionNotFound,
 )
 from .records import valid_repo_id
+from .retry import DEFAULT_RETRIES, RetryCounter, ShortBody
 from .selection import UnsafePath, validate_repo_path
 
 DEFAULT_ENDPOINT = "https://huggingface.co"
 COMMIT_RE = re.compile(r"^[0-9a-f]{40}$")
 SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
+BLOB_ID_RE = re.compile(r"^(?:[0-9a-f]{40}|[0-9a-f]{64})$")
 _CHUNK = 1024 * 1024
 
 
@@ -89,7 +102,10 @@ class RepoRevision:
         repo_type (str): ``model`` or ``dataset``.
         revision (str): the requested revision (branch, tag or commit).
         commit_hash (str): the 40-hex commit.
-        files (tuple[RemoteFile, ...]): every file of the repo at that commit, sorted by path.
+        files (tuple[RemoteFile, ...]): the files whose size and hash are known, sorted by path.
+        paths (tuple[str, ...]): every file path of the repo at that commit, sorted (default: those of ``files``).
+        metadata (str): where sizes and hashes came from: ``model-info`` (``?blobs=true``), ``tree`` (the tree
+            API), ``head`` (one HEAD per file, see :meth:`HubClient.describe`) or ``lock``.
     """
 
     repo_id: str
@@ -98,6 +114,17 @@ class RepoRevision:
     revision: str
     commit_hash: str
     files: tuple[RemoteFile, ...]
+    paths: tuple[str, ...] = ()
+    metadata: str = "model-info"
+
+    def __post_init__(self) -> None:
+        if not self.paths:
+            object.__setattr__(self, "paths", tuple(sorted(f.path for f in self.files)))
+
+    @property
+    def by_path(self) -> dict[str, RemoteFile]:
+        """The described files by path."""
+        return {f.path: f for f in self.files}
 
 
 class Hasher:
@@ -160,43 +187,58 @@ def validate_endpoint(endpoint: str) -> str:
 
 
 class HubClient:
-    """A connection to one Hub endpoint with one token and one timeout.
+    """A connection to one Hub endpoint with one token, one timeout and one retry budget per request.
 
     Args:
         endpoint: base URL, e.g. ``https://huggingface.co`` (default: ``HF_ENDPOINT`` as huggingface_hub read it).
         token: a Hub token, or None for anonymous access. Never logged or stored by hfcache.
         timeout: seconds to wait for a connection or for any byte of an answer.
+        retries: retries of a transient failure per request or per file download (:mod:`hfcache.retry`).
     """
 
-    def __init__(self, endpoint: str | None = None, token: str | None = None, timeout: float = 10.0) -> None:
+    def __init__(self, endpoint: str | None = None, token: str | None = None, timeout: float = 10.0,
+                 retries: int = DEFAULT_RETRIES) -> None:
         # HF_ENDPOINT is read now, not at import time as huggingface_hub's constants.ENDPOINT is (DESIGN §3).
         self.endpoint = validate_endpoint(endpoint or os.environ.get("HF_ENDPOINT") or DEFAULT_ENDPOINT)
         # token=False stops huggingface_hub from reading a stored token behind our back.
         self._token: str | bool = token or False
         self.timeout = timeout
+        self.retries = retries
         self._api = HfApi(endpoint=self.endpoint, token=self._token, library_name="hfcache", library_version=__version__)
 
     def __repr__(self) -> str:  # never show the token
         return f"HubClient(endpoint={self.endpoint!r})"
 
-    def resolve(self, repo_id: str, revision: str = "main", repo_type: str = "model") -> RepoRevision:
-        """Resolve ``revision`` to a commit and list every file with its size and hash.
+    def counter(self, stop: threading.Event | None = None) -> RetryCounter:
+        """A retry counter with this client's budget (one per repo: the report shows its count)."""
+        return RetryCounter(self.retries, stop)
+
+    def resolve(self, repo_id: str, revision: str = "main", repo_type: str = "model",
+                counter: RetryCounter | None = None) -> RepoRevision:
+        """Resolve ``revision`` to a commit and list every file, with sizes and hashes where the endpoint lists them.
+
+        Sources, in order (DESIGN §2): repo info at ``/revision/<rev>?blobs=true``; where its siblings lack
+        ``size``/``blobId``, the tree API at the commit (paged, recursive); where that is refused too, nothing more:
+        :meth:`describe` then asks one ``HEAD`` per selected file.
 
         Args:
             repo_id: ``org/name`` or a legacy id.
-            revision: branch, tag or 40-hex commit.
+            revision: branch, tag or 40-hex commit (always sent as ``/revision/<rev>``: some mirrors answer 404
+                to repo info without it).
             repo_type: ``model`` or ``dataset``.
+            counter: counts retries (default: a fresh one).
 
         Returns:
-            RepoRevision with the canonical id and the files at the commit.
+            RepoRevision with the canonical id, the commit, every path, and the files described so far.
 
         Raises:
             RepoNotFound, RevisionNotFound, GatedRepo, EndpointUnreachable, HubError (malformed answer).
         """
+        counter = counter or self.counter()
         with _mapped_errors(repo_id, revision, self.endpoint):
-            info = self._api.repo_info(
-                repo_id, revision=revision, repo_type=repo_type, files_metadata=True, timeout=self.timeout
-            )
+            info = counter.budget().call(lambda: self._api.repo_info(
+                repo_id, revision=revision, repo_type=repo_type, files_metadata=True, timeout=self.timeout),
+                f"{repo_id}@{revision}")
         commit = info.sha or ""
         canonical_id = info.id or repo_id
         if not valid_repo_id(canonical_id):
@@ -205,76 +247,198 @@ class HubClient:
         if not COMMIT_RE.fullmatch(commit):
             raise HubError(f"{repo_id}: endpoint answered commit {commit!r}, not 40 hex characters",
                            hint="the endpoint is broken or not Hub-compatible")
-        files = []
-        for sibling in info.siblings or ():
-            try:
-                path = validate_repo_path(sibling.rfilename)
-            except UnsafePath as exc:
-                raise HubError(f"{repo_id}: endpoint listed an {exc}", hint="the endpoint is broken or hostile") from None
-            lfs = sibling.lfs.sha256 if sibling.lfs else None
-            if sibling.size is None or sibling.blob_id is None or (lfs is not None and not SHA256_RE.fullmatch(lfs)):
-                raise HubError(f"{repo_id}: endpoint gave no size or hash for {path}",
-                               hint="the endpoint must answer ?blobs=true like the Hub (DESIGN §2.1)")
-            files.append(RemoteFile(path=path, size=int(sibling.size), blob_id=sibling.blob_id, lfs_sha256=lfs))
-        files.sort(key=lambda f: f.path)
-        return RepoRevision(
-            repo_id=repo_id,
-            canonical_id=canonical_id,
-            repo_type=repo_type,
-            revision=revision,
-            commit_hash=commit,
-            files=tuple(files),
-        )
+        paths = tuple(sorted(self._safe_path(repo_id, s.rfilename) for s in info.siblings or ()))
+        repo = RepoRevision(repo_id=repo_id, canonical_id=canonical_id, repo_type=repo_type, revision=revision,
+                            commit_hash=commit, files=(), paths=paths, metadata="head")
+        siblings = list(info.siblings or ())
+        if siblings and all(s.size is not None and s.blob_id is not None for s in siblings):
+            files = [self._remote_file(repo_id, "repo info", s.rfilename, s.size, s.blob_id,
+                                       s.lfs.sha256 if s.lfs else None) for s in siblings]
+            return replace(repo, files=tuple(sorted(files, key=lambda f: f.path)), metadata="model-info")
+        listed = self._tree_files(repo, counter)
+        if listed is not None:
+            return replace(repo, files=tuple(f for f in listed if f.path in set(paths)), metadata="tree")
+        return repo
 
-    def download(
-        self,
-        repo: RepoRevision,
-        file: RemoteFile,
-        out: BinaryIO,
-        on_bytes: Callable[[int], None] | None = None,
-    ) -> None:
-        """Stream one file at the repo's commit into ``out`` and check its size and hash.
+    def describe(self, repo: RepoRevision, paths: Iterable[str], counter: RetryCounter | None = None) -> RepoRevision:
+        """``repo`` with ``paths`` described: one ``HEAD`` on ``resolve/<commit>/<path>`` per file not known yet.
 
-        Args:
-            repo: the resolved repo (the canonical id and commit are used in the URL).
-            file: the file to fetch.
-            out: a binary file opened for writing at position 0.
-            on_bytes: called with the byte count of every chunk written (progress).
+        Reads what ``hf_hub_download`` reads (``get_hf_file_metadata``, file_download.py): ``X-Linked-Etag`` /
+        ``ETag`` (quoted or not) as the blob id, ``X-Linked-Size`` / ``Content-Length`` as the size,
+        ``X-Repo-Commit`` (if sent) must be the commit. A 64-hex ETag is an LFS sha256, a 40-hex one a git blob sha1.
+
+        Raises:
+            HubError: a file the repo does not list, or an answer without a usable hash or size (names the file).
+            RepoNotFound, RevisionNotFound, GatedRepo, EndpointUnreachable.
+        """
+        known = repo.by_path
+        missing = sorted(set(paths) - set(known))
+        if not missing:
+            return repo
+        counter = counter or self.counter()
+        for path in missing:
+            if path not in repo.paths:
+                raise HubError(f"{repo.repo_id}: {path} is not in the repo at {repo.commit_hash}",
+                               hint="check the lock, --include and the repo")
+            known[path] = self._head_file(repo, path, counter)
+        return replace(repo, files=tuple(sorted(known.values(), key=lambda f: f.path)))
+
+    def _head_file(self, repo: RepoRevision, path: str, counter: RetryCounter) -> RemoteFile:
+        url = hf_hub_url(repo.canonical_id, path, repo_type=repo.repo_type, revision=repo.commit_hash,
+                         endpoint=self.endpoint)
+        with _mapped_errors(repo.repo_id, repo.commit_hash, self.endpoint, path=path):
+            meta = counter.budget().call(lambda: get_hf_file_metadata(
+                url, token=self._token, timeout=self.timeout, library_name="hfcache", library_version=__version__,
+                endpoint=self.endpoint), f"{repo.repo_id}: HEAD {path}")
+        if meta.commit_hash is not None and meta.commit_hash != repo.commit_hash:
+            raise HubError(f"{repo.repo_id}: HEAD {path} at {self.endpoint} answered commit {meta.commit_hash!r}, "
+                           f"not {repo.commit_hash}", hint="the endpoint is broken or not Hub-compatible")
+        etag = meta.etag or ""
+        if meta.size is None:
+            raise HubError(f"{repo.repo_id}: HEAD {path} at {self.endpoint} gave no size (X-Linked-Size or "
+                           "Content-Length)", hint="the endpoint is not Hub-compatible")
+        if SHA256_RE.fullmatch(etag):
+            return self._remote_file(repo.repo_id, "HEAD", path, meta.size, "", etag)
+        return self._remote_file(repo.repo_id, "HEAD", path, meta.size, etag, None)
+
+    def _tree_files(self, repo: RepoRevision, counter: RetryCounter) -> list[RemoteFile] | None:
+        """Every file of the tree API listing at the commit, or None when the endpoint has no tree API.
+
+        Library gap: ``HfApi.list_repo_tree`` pages through ``http_backoff``, whose own retries (500s, timeouts,
+        uninterruptible sleeps) would multiply ``--retries``; this follows the same ``Link: rel="next"`` pages.
+        """
+        url = f"{self.endpoint}/api/{repo.repo_type}s/{repo.canonical_id}/tree/{quote(repo.commit_hash, safe='')}"
+        params: dict[str, str] | None = {"recursive": "true", "expand": "false"}
+        headers = build_hf_headers(token=self._token, library_name="hfcache", library_version=__version__)
+        files: list[RemoteFile] = []
+        for _ in range(_MAX_TREE_PAGES):
+            with _mapped_errors(repo.repo_id, repo.commit_hash, self.endpoint):
+                response = counter.budget().call(
+                    lambda: _checked(get_session().get(url, params=params, headers=headers, timeout=self.timeout),
+                                     _NO_TREE), f"{repo.repo_id}: tree listing")
+            if response.status_code in _NO_TREE:
+                return None
+            with _mapped_errors(repo.repo_id, repo.commit_hash, self.endpoint):
+                entries = response.json()
+                if not isinstance(entries, list):
+                    raise ValueError("the tree listing is not a JSON array")
+                files += [self._tree_entry(repo.repo_id, e) for e in entries if e.get("type") == "file"]
+            next_url = response.links.get("next", {}).get("url")
+            if not next_url:
+                return files
+            if _origin(next_url) != _origin(self.endpoint):  # the token must not follow a link to another host
+                raise HubError(f"{repo.repo_id}: tree listing at {self.endpoint} links to another origin "
+                               f"({_origin(next_url)})", hint="the endpoint is broken or hostile")
+            url, params = next_url, None
+        raise HubError(f"{repo.repo_id}: tree listing at {self.endpoint} has more than {_MAX_TREE_PAGES} pages",
+                       hint="the endpoint is broken or hostile")
+
+    def _tree_entry(self, repo_id: str, entry: dict) -> RemoteFile:
+        lfs = entry.get("lfs") or None
+        return self._remote_file(repo_id, "tree listing", entry["path"], entry.get("size"), entry.get("oid"),
+                                 lfs.get("oid") if isinstance(lfs, dict) else None)
+
+    def _remote_file(self, repo_id: str, source: str, path: str, size: object, blob_id: object,
+                     lfs_sha256: object) -> RemoteFile:
+        """A RemoteFile from untrusted fields: a safe path, a size >= 0, 40/64 lowercase hex ids, else HubError."""
+        path = self._safe_path(repo_id, path)
+        if not isinstance(size, int) or isinstance(size, bool) or size < 0:
+            raise HubError(f"{repo_id}: {source} at {self.endpoint} gave no valid size for {path} ({size!r})",
+                           hint="the endpoint must publish sizes like the Hub (DESIGN §2)")
+        if lfs_sha256 is not None and not (isinstance(lfs_sha256, str) and SHA256_RE.fullmatch(lfs_sha256)):
+            raise HubError(f"{repo_id}: {source} at {self.endpoint} gave sha256 {lfs_sha256!r} for {path}, "
+                           "not 64 lowercase hex characters", hint="the endpoint is broken or hostile")
+        if lfs_sha256 is None and not (isinstance(blob_id, str) and BLOB_ID_RE.fullmatch(blob_id)):
+            raise HubError(f"{repo_id}: {source} at {self.endpoint} gave blob id {blob_id!r} for {path}, "
+                           "not 40 or 64 lowercase hex characters", hint="the endpoint is broken or hostile")
+        return RemoteFile(path=path, size=size, blob_id=blob_id if isinstance(blob_id, str) else "",
+                          lfs_sha256=lfs_sha256)
+
+    def _safe_path(self, repo_id: str, path: object) -> str:
+        try:
+            if not isinstance(path, str):
+                raise UnsafePath(f"unsafe repo file path {path!r}")
+            return validate_repo_path(path)
+        except UnsafePath as exc:
+            raise HubError(f"{repo_id}: endpoint listed an {exc}", hint="the endpoint is broken or hostile") from None
+
+    @contextmanager
+    def open_body(self, repo: RepoRevision, file: RemoteFile, start: int = 0,
+                  end: int | None = None) -> Iterator[httpx2.Response]:
+        """Open the GET of ``file``'s bytes ``[start, end)`` at the repo's commit (a ``Range`` unless the whole file).
+
+        Yields the streaming response, status 200 (whole body: the server ignored ``Range``) or 206; the caller
+        checks which and reads it. Redirects are followed (the CDN); httpx drops ``Authorization`` across origins.
+
+        Raises:
+            HfHubHTTPError (via ``hf_raise_for_status``) and httpx2 errors, untranslated: the caller retries them.
+        """
+        end = file.size if end is None else end
+        url = hf_hub_url(repo.canonical_id, file.path, repo_type=repo.repo_type,
+                         revision=repo.commit_hash, endpoint=self.endpoint)
+        headers = build_hf_headers(token=self._token, library_name="hfcache", library_version=__version__)
+        # Identity encoding keeps Content-Length and byte offsets meaningful for size checks and ranges.
+        headers["Accept-Encoding"] = "identity"
+        if start > 0 or end < file.size:
+            headers["Range"] = f"bytes={start}-{end - 1}"
+        with get_session().stream("GET", url, headers=headers, timeout=self.timeout,
+                                  follow_redirects=True) as response:
+            hf_raise_for_status(response)
+            yield response
+
+    def mapped(self, repo: RepoRevision, path: str | None = None) -> _mapped_errors:
+        """A context turning library errors of requests for ``repo`` into hfcache errors (one-line messages)."""
+        return _mapped_errors(repo.repo_id, repo.commit_hash, self.endpoint, path=path)
+
+    def download(self, repo: RepoRevision, file: RemoteFile, out: BinaryIO,
+                 counter: RetryCounter | None = None) -> None:
+        """Download one (small) file into ``out`` from byte 0, checking its size and hash; a transient failure
+        starts over (``out`` is truncated). For blobs in a cache use :func:`hfcache.transfer.download_blob`.
 
         Raises:
             IntegrityError: the bytes do not match the published size or hash.
             EndpointUnreachable, RepoNotFound, RevisionNotFound, GatedRepo, HubError.
         """
-        url = hf_hub_url(repo.canonical_id, file.path, repo_type=repo.repo_type,
-                         revision=repo.commit_hash, endpoint=self.endpoint)
-        headers = build_hf_headers(token=self._token, library_name="hfcache", library_version=__version__)
-        # Hashing needs the identity encoding: a gzip transfer would change nothing in the bytes we hash
-        # (httpx decodes), but asking for identity keeps Content-Length meaningful for the size check.
-        headers["Accept-Encoding"] = "identity"
-        hasher = Hasher(file)
-        written = 0
-        # Errors name the commit: for a locked repo, a 404 here means the pinned commit is gone.
-        with _mapped_errors(repo.repo_id, repo.commit_hash, self.endpoint, path=file.path):
-            with get_session().stream("GET", url, headers=headers, timeout=self.timeout,
-                                      follow_redirects=True) as response:
-                hf_raise_for_status(response)
-                for chunk in response.iter_bytes():  # as the bytes arrive: progress and Ctrl-C stay live
+        counter = counter or self.counter()
+
+        def attempt() -> None:
+            out.seek(0)
+            out.truncate()
+            hasher = Hasher(file)
+            written = 0
+            with self.open_body(repo, file) as response:
+                for chunk in response.iter_bytes():
                     written += len(chunk)
                     if written > file.size:
-                        raise IntegrityError(
-                            f"{repo.repo_id}: {file.path} is larger than the {file.size} bytes the endpoint published"
-                        )
+                        raise IntegrityError(f"{repo.repo_id}: {file.path} is larger than the {file.size} bytes "
+                                             "the endpoint published")
                     hasher.update(chunk)
                     out.write(chunk)
-                    if on_bytes:
-                        on_bytes(len(chunk))
-        if written != file.size:
-            raise IntegrityError(f"{repo.repo_id}: {file.path} has {written} bytes, the endpoint published {file.size}")
-        if not hasher.matches():
-            raise IntegrityError(
-                f"{repo.repo_id}: {file.path} does not match its expected hash "
-                f"(expected {file.hash}, got {hasher.hexdigest()})"
-            )
+            if written != file.size:
+                raise IntegrityError(f"{repo.repo_id}: {file.path} has {written} bytes, the endpoint published "
+                                     f"{file.size}")
+            if not hasher.matches():
+                raise IntegrityError(f"{repo.repo_id}: {file.path} does not match its expected hash "
+                                     f"(expected {file.hash}, got {hasher.hexdigest()})")
+
+        with self.mapped(repo, file.path):
+            counter.budget().call(attempt, f"{repo.repo_id}: {file.path}")
+
+
+_NO_TREE = (400, 404, 405, 501)  # "no tree API here": fall back to HEAD per file
+_MAX_TREE_PAGES = 10_000
+
+
+def _checked(response: httpx2.Response, accepted: tuple[int, ...]) -> httpx2.Response:
+    """``hf_raise_for_status`` unless the status is one the caller handles itself."""
+    if response.status_code not in accepted:
+        hf_raise_for_status(response)
+    return response
+
+
+def _origin(url: str) -> tuple[str, str, int | None]:
+    parts = urlsplit(url)
+    return parts.scheme, (parts.hostname or "").lower(), parts.port
 
 
 class _mapped_errors:
@@ -310,6 +474,9 @@ class _mapped_errors:
         if isinstance(exc, OfflineModeIsEnabled):
             return OfflineViolation(f"{self.what}: HF_HUB_OFFLINE is set, so nothing can be downloaded",
                                     hint="unset HF_HUB_OFFLINE for hfcache warm (or use warm --lock on a warm cache)")
+        if isinstance(exc, ShortBody):
+            return EndpointUnreachable(f"{self.what}: the connection to {self.endpoint} was cut mid-body",
+                                       hint="retry later or raise --retries")
         if isinstance(exc, httpx2.TimeoutException):
             return EndpointUnreachable(f"{self.what}: no answer from {self.endpoint} within the timeout",
                                        hint="check the endpoint, or raise --timeout")

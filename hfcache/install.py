@@ -38,6 +38,7 @@ def warm_lock(
     max_workers: int = 8,
     timeout: float = 10.0,
     progress: ProgressSink | None = None,
+    retries: int = 5,
 ) -> WarmReport:
     """Make ``cache_dir`` hold exactly what ``lock`` pins.
 
@@ -67,7 +68,7 @@ def warm_lock(
         from .warming import warm  # the network path: only now pay for huggingface_hub's import
 
         report = warm([r.request for r in todo], cache_dir=root, endpoint=endpoint, token=token,
-                      max_workers=max_workers, timeout=timeout, progress=progress, pinned=todo)
+                      max_workers=max_workers, timeout=timeout, progress=progress, pinned=todo, retries=retries)
         endpoints = report.endpoints
         fetched = iter(report.repos)
         results = [r if r is not None else next(fetched) for r in results]

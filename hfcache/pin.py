@@ -1,6 +1,7 @@
 """pin: resolve a manifest against an endpoint into a lock (``hfcache lock``).
 
-Every entry is resolved with one ``repo_info(files_metadata=True)`` request (commit, files, sizes, hashes);
+Every entry is resolved like warm resolves it (:meth:`hfcache.hub.HubClient.resolve`, then ``describe`` for the
+selected files where the endpoint's listing gave no sizes or hashes: the tree API or one HEAD per file);
 sharded weight indexes are downloaded (into memory, hash-checked) to learn the shard list. Entries whose manifest
 entry is unchanged keep their locked commit unless ``--upgrade`` names them: no request is made for them.
 """
@@ -52,17 +53,20 @@ def resolve_entry(client: HubClient, request: WarmRequest) -> LockedRepo:
     Raises:
         HfcacheError subclasses from :class:`HubClient`; IntegrityError for a malformed sharded index.
     """
-    repo = client.resolve(request.repo_id, request.revision, request.repo_type)
-    by_path = {f.path: f for f in repo.files}
-    selection = select(by_path, request.kind, request.include, request.exclude)
+    counter = client.counter()
+    repo = client.resolve(request.repo_id, request.revision, request.repo_type, counter=counter)
+    selection = select(repo.paths, request.kind, request.include, request.exclude)
     paths = set(selection.paths)
+    repo = client.describe(repo, selection.needs_index, counter)
     for index in selection.needs_index:
         buffer = io.BytesIO()
-        client.download(repo, by_path[index], buffer)
+        client.download(repo, repo.by_path[index], buffer, counter)
         try:
-            paths |= shards_from_index(buffer.getvalue(), by_path, index)
+            paths |= shards_from_index(buffer.getvalue(), repo.paths, index)
         except ValueError as exc:
             raise IntegrityError(f"{request.repo_id}: {exc}") from None
+    repo = client.describe(repo, paths, counter)
+    by_path = repo.by_path
     files = tuple(LockedFile(path=p, size=by_path[p].size, hash=by_path[p].hash) for p in sorted(paths))
     return LockedRepo(request=request, canonical_id=repo.canonical_id, commit_hash=repo.commit_hash,
                       files=files, absent=selection.absent)

@@ -59,6 +59,8 @@ from urllib.parse import quote, unquote, urlencode, urlsplit
 from werkzeug.serving import WSGIRequestHandler, make_server
 from werkzeug.wrappers import Request, Response
 
+from .faults import Faults, FaultState, reset_midway
+
 __all__ = [
     "LFS_PATTERNS",
     "LFS_SIZE_THRESHOLD",
@@ -112,6 +114,7 @@ class RequestRecord:
         status (int): HTTP status code answered.
         authorized (bool): whether the request carried an ``Authorization`` header (any value).
         bytes_sent (int): body bytes handed to the socket (0 for HEAD and redirects).
+        range (str | None): the ``Range`` header as sent, e.g. ``"bytes=1048576-"``; None without one.
     """
 
     origin: str
@@ -120,6 +123,7 @@ class RequestRecord:
     status: int
     authorized: bool
     bytes_sent: int
+    range: str | None = None
 
 
 @dataclass(frozen=True)
@@ -465,6 +469,7 @@ class FileBody:
 
     def __init__(self, file: BinaryIO, start: int, length: int) -> None:
         self.file, self.start, self.length = file, start, length
+        self.fault_reset = False  # hfcache.faults: cut the connection midway
         self.remaining = length
         self._positioned = False
 
@@ -517,20 +522,22 @@ class FileBody:
 class _LogEntry:
     """Mutable while its body streams; frozen into a RequestRecord when read."""
 
-    __slots__ = ("origin", "method", "path", "status", "authorized", "bytes_sent", "started", "wall")
+    __slots__ = ("origin", "method", "path", "status", "authorized", "bytes_sent", "started", "wall", "range")
 
     def __init__(self, origin: str, environ: Mapping[str, Any]):
         self.origin = origin
         self.method = environ["REQUEST_METHOD"]
         self.path = _raw_target(environ)
         self.authorized = "HTTP_AUTHORIZATION" in environ
+        self.range = environ.get("HTTP_RANGE")
         self.status = 0
         self.bytes_sent = 0
         self.started = time.monotonic()
         self.wall = time.time()
 
     def freeze(self) -> RequestRecord:
-        return RequestRecord(self.origin, self.method, self.path, self.status, self.authorized, self.bytes_sent)
+        return RequestRecord(self.origin, self.method, self.path, self.status, self.authorized, self.bytes_sent,
+                             self.range)
 
     def access_line(self) -> str:
         """``TIME METHOD PATH STATUS BYTES SECONDS``: never a header, so never the Authorization token."""
@@ -595,6 +602,8 @@ class HubServer:
         record_requests (bool): keep every request in memory for :attr:`requests` (tests); False for long runs.
         access_log (IO[str] | None): a text stream receiving one line per finished request
             (``TIME METHOD PATH STATUS BYTES SECONDS``); headers, and so tokens, are never written.
+        faults (Faults | None): misbehaviours to inject, as mirrors and flaky networks do (:mod:`hfcache.faults`;
+            werkzeug backend only).
 
     Raises:
         ValueError: an unknown layout or backend, a bad throttle, legacy_ids with a cache, throttle on uvicorn.
@@ -619,8 +628,11 @@ class HubServer:
         lfs_redirect: bool = True,
         record_requests: bool = True,
         access_log: IO[str] | None = None,
+        faults: Faults | None = None,
     ) -> None:
         root = Path(root)
+        if faults is not None and faults != Faults() and backend != "werkzeug":
+            raise ValueError("faults are supported by the werkzeug backend only")
         if layout not in _LAYOUTS:
             raise ValueError(f"layout must be one of {_LAYOUTS}, got {layout!r}")
         if backend not in _BACKENDS:
@@ -651,6 +663,8 @@ class HubServer:
         self.lfs_redirect = lfs_redirect
         self.record_requests = record_requests
         self.access_log = access_log
+        self.faults = faults or Faults()
+        self._faults = FaultState(self.faults)
         self._log: list[_LogEntry] = []
         self._log_lock = threading.Lock()
         self._active = 0
@@ -811,9 +825,12 @@ class HubServer:
         def app(environ: dict[str, Any], start_response: Any) -> Iterable[bytes]:
             status, headers, body, entry = self.respond(origin, environ)
             start_response(status, headers)
+            chunks: Iterable[bytes] = body
             if self.throttle_bps is not None and isinstance(body, FileBody):
-                return self._metered(_throttled(body, self.throttle_bps, self._stopping), entry)
-            return self._metered(body, entry)
+                chunks = _throttled(body, self.throttle_bps, self._stopping)
+            if getattr(body, "fault_reset", False):
+                chunks = reset_midway(chunks, body.length, environ)
+            return self._metered(chunks, entry)
 
         return app
 
@@ -838,6 +855,8 @@ class HubServer:
         self._check_token(request)
         if request.method not in ("GET", "HEAD"):
             raise _HttpError(405, None, "Method not allowed", {"Allow": "GET, HEAD"})
+        if self._faults.take_rate_limit():
+            raise _HttpError(429, None, "Too many requests", {"Retry-After": str(self.faults.retry_after)})
         if len(segments) >= 3 and segments[0] == "api" and segments[1] in _URL_REPO_TYPES:
             return self._api(request, _URL_REPO_TYPES[segments[1]], segments[2:])
         if segments and segments[0] == "datasets":
@@ -875,10 +894,12 @@ class HubServer:
     def _api(self, request: Request, repo_type: str, segments: list[str]) -> Response:
         repo_id, rest = _split_repo_id(segments, {"revision", "tree"})
         if not rest:
+            if self.faults.info_needs_revision:
+                raise _HttpError(404, None, "Not found")
             return self._repo_info(request, self._snapshot(repo_type, repo_id, _DEFAULT_BRANCH))
         if rest[0] == "revision" and len(rest) == 2:
             return self._repo_info(request, self._snapshot(repo_type, repo_id, rest[1]))
-        if rest[0] == "tree" and len(rest) >= 2:
+        if rest[0] == "tree" and len(rest) >= 2 and not self.faults.no_tree:
             folder = _repo_path(rest[2:]) if len(rest) > 2 else ""
             return self._tree(request, self._snapshot(repo_type, repo_id, rest[1]), folder)
         self._snapshot(repo_type, repo_id, _DEFAULT_BRANCH)  # RepoNotFound before a plain 404
@@ -886,7 +907,7 @@ class HubServer:
 
     def _repo_info(self, request: Request, snapshot: RepoSnapshot) -> Response:
         """Repo info as ``HfApi.repo_info`` parses it (hf_api.py ``ModelInfo``/``RepoSibling``)."""
-        with_blobs = request.args.get("blobs", "").lower() in ("true", "1")
+        with_blobs = request.args.get("blobs", "").lower() in ("true", "1") and not self.faults.no_blobs
         siblings = [_sibling(f, with_blobs) for f in snapshot.files.values()]
         info = {
             "_id": snapshot.commit[:24],
@@ -941,7 +962,7 @@ class HubServer:
                 return self._lfs_redirect(request, snapshot, repo_file)
             # Served here: the metadata a CDN redirect would carry rides on the answer itself (file_download.py
             # reads X-Linked-Etag / X-Linked-Size before ETag / Content-Length).
-            headers.update({"X-Linked-Etag": f'"{repo_file.sha256}"', "X-Linked-Size": str(repo_file.size)})
+            headers.update({"X-Linked-Etag": self.faults.etag(repo_file.sha256), "X-Linked-Size": str(repo_file.size)})
         return self._file_response(request, snapshot, repo_file, repo_file.etag, headers)
 
     def _lfs_redirect(self, request: Request, snapshot: RepoSnapshot, repo_file: RepoFile) -> Response:
@@ -957,9 +978,9 @@ class HubServer:
         headers = {
             "Location": location,
             "X-Repo-Commit": snapshot.commit,
-            "X-Linked-Etag": f'"{repo_file.sha256}"',
+            "X-Linked-Etag": self.faults.etag(repo_file.sha256),
             "X-Linked-Size": str(repo_file.size),
-            "ETag": f'"{repo_file.sha256}"',
+            "ETag": self.faults.etag(repo_file.sha256),
         }
         return Response(b"", status=302, headers=headers)
 
@@ -990,14 +1011,21 @@ class HubServer:
         ``If-None-Match`` (weak comparison) gives 304; one satisfiable ``Range`` gives 206, an unsatisfiable one 416;
         several ranges, or an ``If-Range`` naming another version, give the whole file (RFC 9110 allows both).
         """
+        reset = False
+        if request.method == "GET" and self._faults.take_body_failure():
+            if self.faults.body_failure != "reset":
+                raise _HttpError(int(self.faults.body_failure), None, "fault: bad gateway or unavailable")
+            reset = True
         body, length = self._open_body(snapshot, repo_file)
-        headers = {**headers, "ETag": f'"{etag}"', "Accept-Ranges": "bytes"}
+        headers = {**headers, "ETag": self.faults.etag(etag)}
+        if not self.faults.no_range:
+            headers["Accept-Ranges"] = "bytes"
         try:
             if request.if_none_match and request.if_none_match.contains_weak(etag):
                 body.close()
                 return Response(status=304, headers=headers)
             start, size, status = 0, length, 200
-            ranges = request.range
+            ranges = None if self.faults.no_range else request.range
             if_range = request.if_range
             if ranges is not None and (if_range.etag is None and if_range.date is None or if_range.etag == etag):
                 bounds = ranges.range_for_length(length)
@@ -1009,7 +1037,9 @@ class HubServer:
                     body.close()
                     headers = {"Content-Range": f"bytes */{length}", "ETag": headers["ETag"]}
                     return Response(b"", status=416, headers=headers)
-            response = Response(FileBody(body, start, size), status=status, headers=headers,
+            file_body = FileBody(body, start, size)
+            file_body.fault_reset = reset
+            response = Response(file_body, status=status, headers=headers,
                                 mimetype="application/octet-stream", direct_passthrough=True)
             response.content_length = size
             return response

@@ -33,6 +33,8 @@ from .cache import (
 )
 from .errors import HfcacheError, HubError, IntegrityError, InternalError, UsageError
 from .hub import HubClient, RemoteFile, RepoRevision, hash_file
+from .retry import DEFAULT_RETRIES, RetryCounter
+from .transfer import Slots, TransferOptions, download_blob
 from .records import NoProgress, ProgressSink, RepoResult, WarmedFile, WarmReport, WarmRequest
 from .lockfile import LockedRepo
 from .selection import Selection, select, shards_from_index
@@ -56,6 +58,7 @@ def warm(
     timeout: float = 10.0,
     progress: ProgressSink | None = None,
     pinned: Sequence[LockedRepo] | None = None,
+    retries: int = DEFAULT_RETRIES,
 ) -> WarmReport:
     """Warm every request into ``cache_dir``; a failed repo never stops the others.
 
@@ -67,8 +70,10 @@ def warm(
             with the same checks; ``RepoResult.endpoint`` says which one served it. Default: ``HF_ENDPOINT`` or the
             public Hub.
         token: Hub token; None reads it as huggingface_hub does, False sends none. Never logged or stored.
-        max_workers: parallel downloads (files across all repos), >= 1.
+        max_workers: connections at once (files and the ranges of large files, across all repos), >= 1.
         timeout: seconds to wait for a connection or for any byte of an answer.
+        retries: retries of a transient failure (429, 502-504, a cut connection) per request or file download,
+            with exponential backoff and jitter, honouring ``Retry-After`` (:mod:`hfcache.retry`); >= 0.
         progress: optional receiver of progress events.
         pinned: one locked repo per request (``warm --lock``): no resolution request; the lock's commit, files
             and hashes are used, so bytes that differ from the lock are refused.
@@ -77,9 +82,11 @@ def warm(
         WarmReport with one RepoResult per request, in request order.
 
     Raises:
-        UsageError: ``max_workers`` < 1 or ``timeout`` <= 0.
+        UsageError: ``max_workers`` < 1, ``timeout`` <= 0 or ``retries`` < 0.
         CacheError: the cache root cannot be created or written (no repo is attempted then).
     """
+    if retries < 0:
+        raise UsageError(f"--retries must be at least 0, got {retries}")
     if max_workers < 1:
         raise UsageError(f"--max-workers must be at least 1, got {max_workers}")
     if timeout <= 0:
@@ -87,41 +94,47 @@ def warm(
     started = time.monotonic()
     root = resolve_cache_dir(cache_dir)
     ensure_cache_root(root)
-    clients = make_clients(endpoint, token, timeout)
+    clients = make_clients(endpoint, token, timeout, retries)
     sink = progress or NoProgress()
     use_symlinks = symlinks_supported(root)
-    stop = threading.Event()  # set on Ctrl-C: downloads abort at their next chunk, nothing more is published
-    with ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="hfcache-file") as files_pool, \
-            ThreadPoolExecutor(max_workers=min(len(requests), max_workers) or 1,
-                               thread_name_prefix="hfcache-repo") as repos_pool:
-        futures = [
-            repos_pool.submit(_RepoJob(i, req, root, clients, files_pool, sink, use_symlinks,
-                                       pinned=pinned[i] if pinned else None, stop=stop).run)
-            for i, req in enumerate(requests)
-        ]
-        try:
-            results = tuple(f.result() for f in futures)
-        except BaseException:
-            stop.set()
-            for future in futures:
-                future.cancel()
-            raise
+    stop = threading.Event()  # set on Ctrl-C/SIGTERM: downloads abort at their next chunk, nothing more is published
+    slots = Slots(max_workers)
+    files_pool = ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="hfcache-file")
+    repos_pool = ThreadPoolExecutor(max_workers=min(len(requests), max_workers) or 1, thread_name_prefix="hfcache-repo")
+    futures = [
+        repos_pool.submit(_RepoJob(i, req, root, clients, files_pool, sink, use_symlinks, slots,
+                                   pinned=pinned[i] if pinned else None, stop=stop).run)
+        for i, req in enumerate(requests)
+    ]
+    try:
+        results = tuple(f.result() for f in futures)
+    except BaseException:
+        # Interrupted: workers stop at their next chunk and keep their partial files; do not wait for a worker
+        # blocked on a silent socket (the process is about to exit, SIGTERM must take effect within a second).
+        stop.set()
+        for pool in (repos_pool, files_pool):
+            pool.shutdown(wait=False, cancel_futures=True)
+        raise
+    for pool in (repos_pool, files_pool):
+        pool.shutdown(wait=True)
     return WarmReport(cache_dir=str(root), repos=results, seconds=time.monotonic() - started,
                       endpoints=tuple(c.endpoint for c in clients))
 
 
-def make_clients(endpoint: str | Sequence[str] | None, token: str | bool | None, timeout: float) -> list[HubClient]:
+def make_clients(endpoint: str | Sequence[str] | None, token: str | bool | None, timeout: float,
+                 retries: int = DEFAULT_RETRIES) -> list[HubClient]:
     """One HubClient per endpoint, in order of preference (an in-cluster mirror first, then the Hub).
 
     Args:
         endpoint: one URL, several, or None (``HF_ENDPOINT`` or the public Hub).
+        retries: retries of a transient failure per request (:mod:`hfcache.retry`).
 
     Raises:
         UsageError: an endpoint is not an http(s) URL.
     """
     endpoints = [endpoint] if endpoint is None or isinstance(endpoint, str) else list(endpoint) or [None]
     resolved = resolve_token(token)
-    return [HubClient(endpoint=e, token=resolved, timeout=timeout) for e in endpoints]
+    return [HubClient(endpoint=e, token=resolved, timeout=timeout, retries=retries) for e in endpoints]
 
 
 def pinned_revision(locked: LockedRepo) -> RepoRevision:
@@ -135,7 +148,7 @@ def pinned_revision(locked: LockedRepo) -> RepoRevision:
             files.append(RemoteFile(path=f.path, size=f.size, blob_id=digest))
     return RepoRevision(repo_id=locked.request.repo_id, canonical_id=locked.canonical_id,
                         repo_type=locked.request.repo_type, revision=locked.request.revision,
-                        commit_hash=locked.commit_hash, files=tuple(files))
+                        commit_hash=locked.commit_hash, files=tuple(files), metadata="lock")
 
 
 class _Cancelled(HfcacheError):
@@ -151,9 +164,12 @@ class _RepoJob:
     pool: ThreadPoolExecutor
     sink: ProgressSink
     symlinks: bool
+    slots: Slots
     pinned: LockedRepo | None = None
     stop: threading.Event = field(default_factory=threading.Event)
     client: HubClient | None = field(default=None, init=False)  # the endpoint being tried
+    counter: RetryCounter | None = field(default=None, init=False)  # its retries
+    _retries: int = 0  # retries on the endpoints tried before
     _downloaded: int = 0
     _count_lock: threading.Lock = field(default_factory=threading.Lock)
     _failed: threading.Event = field(default_factory=threading.Event)
@@ -163,15 +179,18 @@ class _RepoJob:
         failures: list[str] = []
         for n, client in enumerate(self.clients):
             self.client = client
+            self.counter = client.counter(self.stop)
             self._failed.clear()
             result = self._attempt(client)
+            self._retries += self.counter.count
             if result.ok or not self._fall_through(result) or n == len(self.clients) - 1:
                 break
             failures.append(f"{client.endpoint}: {result.error}")
         if not result.ok and failures:
             # Every endpoint was tried: say what each one answered, the last one's error first.
             result = replace(result, error=f"{result.error} (also tried: {'; '.join(failures)})")
-        result = replace(result, bytes_downloaded=self._downloaded, seconds=time.monotonic() - started)
+        result = replace(result, bytes_downloaded=self._downloaded, retries=self._retries,
+                         seconds=time.monotonic() - started)
         self.sink.repo_finished(self.key, result)
         return result
 
@@ -187,7 +206,8 @@ class _RepoJob:
             if self.pinned is not None:
                 repo = pinned_revision(self.pinned)
             else:
-                repo = client.resolve(self.request.repo_id, self.request.revision, self.request.repo_type)
+                repo = client.resolve(self.request.repo_id, self.request.revision, self.request.repo_type,
+                                      counter=self.counter)
             result = self._warm(repo, base)
         except HfcacheError as exc:
             result = _failed(base, repo, exc)
@@ -201,11 +221,10 @@ class _RepoJob:
 
     def _warm(self, repo: RepoRevision, base: RepoResult) -> RepoResult:
         req = self.request
-        by_path = {f.path: f for f in repo.files}
         if self.pinned is not None:
-            selection = Selection(paths=tuple(by_path), absent=self.pinned.absent)
+            selection = Selection(paths=repo.paths, absent=self.pinned.absent)
         else:
-            selection = select(by_path, req.kind, req.include, req.exclude)
+            selection = select(repo.paths, req.kind, req.include, req.exclude)
         if not selection.paths:
             raise UsageError(f"{req.repo_id}: no file matches the selection (kind {req.kind}"
                              + (f", include {list(req.include)}" if req.include else "")
@@ -223,13 +242,17 @@ class _RepoJob:
         try:
             if selection.needs_index:
                 # The shard list is inside the index file: fetch (or find) the index first.
+                repo = self.client.describe(repo, selection.needs_index, self.counter)
+                by_path = repo.by_path
                 self._fetch(repo, canonical, [by_path[p] for p in selection.needs_index])
                 for index in selection.needs_index:
                     data = canonical.blob_path(by_path[index].etag).read_bytes()
                     try:
-                        paths |= shards_from_index(data, by_path, index)
+                        paths |= shards_from_index(data, repo.paths, index)
                     except ValueError as exc:
                         raise IntegrityError(f"{req.repo_id}: {exc}") from None
+            repo = self.client.describe(repo, paths, self.counter)  # one HEAD per file the listing did not describe
+            by_path = repo.by_path
             files = [by_path[p] for p in sorted(paths)]
             self.sink.repo_started(self.key, req.spec, len(files), sum(f.size for f in files))
             sources = self._fetch(repo, canonical, files)
@@ -249,6 +272,7 @@ class _RepoJob:
             commit_hash=repo.commit_hash,
             files=tuple(WarmedFile(f.path, f.size, f.hash, sources[f.path]) for f in files),
             absent=selection.absent,
+            metadata=repo.metadata,
         )
 
     def _fetch(self, repo: RepoRevision, folder: RepoFolder, files: Iterable[RemoteFile]) -> dict[str, str]:
@@ -285,30 +309,16 @@ class _RepoJob:
             raise
 
     def _download(self, repo: RepoRevision, folder: RepoFolder, file: RemoteFile) -> None:
-        """Download, hash and publish one blob; a hash mismatch is retried once (DESIGN §3: trust nothing unhashed)."""
-        for attempt in (1, 2):
-            incomplete, out = folder.open_incomplete(file.etag)
-            got = 0
+        """Download (resuming a leftover), hash and publish one blob (:func:`hfcache.transfer.download_blob`)."""
 
-            def on_bytes(n: int) -> None:
-                nonlocal got
-                if self.stop.is_set():
-                    raise _Cancelled(f"{repo.repo_id}: interrupted")
-                got += n
+        def on_bytes(n: int) -> None:
+            if n > 0:
                 self._count(n)
-                self.sink.advance(self.key, n)
+            self.sink.advance(self.key, n)
 
-            try:
-                with out:
-                    self.client.download(repo, file, out, on_bytes)
-                folder.publish_blob(incomplete, file.etag)
-                return
-            except IntegrityError:
-                self.sink.advance(self.key, -got)
-                if attempt == 2:
-                    raise
-            finally:
-                incomplete.unlink(missing_ok=True)
+        options = TransferOptions(slots=self.slots, counter=self.counter, on_bytes=on_bytes,
+                                  on_kept=lambda n: self.sink.advance(self.key, n))
+        download_blob(self.client, folder, repo, file, options)
 
     def _count(self, n: int) -> None:
         with self._count_lock:
