@@ -302,6 +302,10 @@ class _Job:
                 part.end = self.file.size
             elif response.status_code == 206:
                 self._check_range(response, part)
+            announced = response.headers.get("Content-Length")
+            if announced is not None and announced.strip() != str(part.end - part.pos):
+                raise IntegrityError(f"{self.what}: the endpoint announced {announced.strip()!r} bytes for "
+                                     f"{part.end - part.pos} published bytes (of {self.file.size})")
             if first:
                 self.probed.set()
             for chunk in response.iter_bytes():

@@ -131,6 +131,9 @@ EXPECTED = {
     "invalid_json": (3, "malformed answer"),
     "error_500": (3, "HTTP 500"),
     "bad_commit": (3, "not 40 hex characters"),
+    "bad_tree_oid": (3, "blob id 'ZZZZZZZZZZZZZZZZZZZZZZZZZZZZZZZZZZZZZZZZ' for tokenizer.json"),
+    "bad_head_etag": (3, "blob id 'd41d8cd98f00b204e9800998ecf8427e' for tokenizer.json"),
+    "head_without_size": (3, "gave no size"),
 }
 
 
