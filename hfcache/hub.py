@@ -27,6 +27,7 @@ import os
 import re
 import threading
 from collections.abc import Iterable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from typing import BinaryIO
@@ -257,7 +258,11 @@ class HubClient:
             return replace(repo, files=tuple(sorted(files, key=lambda f: f.path)), metadata="model-info")
         listed = self._tree_files(repo, counter)
         if listed is not None:
-            return replace(repo, files=tuple(f for f in listed if f.path in set(paths)), metadata="tree")
+            if not paths:  # siblings omitted altogether: the tree is the listing
+                repo = replace(repo, paths=tuple(sorted(f.path for f in listed)))
+            wanted = set(repo.paths)
+            return replace(repo, files=tuple(sorted((f for f in listed if f.path in wanted), key=lambda f: f.path)),
+                           metadata="tree")
         return repo
 
     def describe(self, repo: RepoRevision, paths: Iterable[str], counter: RetryCounter | None = None) -> RepoRevision:
@@ -280,7 +285,11 @@ class HubClient:
             if path not in repo.paths:
                 raise HubError(f"{repo.repo_id}: {path} is not in the repo at {repo.commit_hash}",
                                hint="check the lock, --include and the repo")
-            known[path] = self._head_file(repo, path, counter)
+        # A few HEADs at once (a `--kind all` of a large repo is hundreds of them); the first error wins.
+        with ThreadPoolExecutor(max_workers=min(_HEAD_WORKERS, len(missing)), thread_name_prefix="hfcache-head") \
+                as pool:
+            for file in pool.map(lambda p: self._head_file(repo, p, counter), missing):
+                known[file.path] = file
         return replace(repo, files=tuple(sorted(known.values(), key=lambda f: f.path)))
 
     def _head_file(self, repo: RepoRevision, path: str, counter: RetryCounter) -> RemoteFile:
@@ -425,6 +434,7 @@ class HubClient:
             counter.budget().call(attempt, f"{repo.repo_id}: {file.path}")
 
 
+_HEAD_WORKERS = 8
 _NO_TREE = (400, 404, 405, 501)  # "no tree API here": fall back to HEAD per file
 _MAX_TREE_PAGES = 10_000
 
@@ -482,7 +492,10 @@ class _mapped_errors:
                                        hint="check the endpoint, or raise --timeout")
         if isinstance(exc, httpx2.TooManyRedirects):
             return HubError(f"{self.what}: too many redirects from {self.endpoint}", hint="the endpoint is misconfigured")
-        if isinstance(exc, (httpx2.ConnectError, httpx2.NetworkError, httpx2.RemoteProtocolError)):
+        if isinstance(exc, (httpx2.ReadError, httpx2.WriteError, httpx2.RemoteProtocolError)):
+            return EndpointUnreachable(f"{self.what}: the connection to {self.endpoint} was cut ({_first_line(exc)})",
+                                       hint="retry later or raise --retries")
+        if isinstance(exc, (httpx2.ConnectError, httpx2.NetworkError)):
             return EndpointUnreachable(f"{self.what}: cannot connect to {self.endpoint} ({_first_line(exc)})",
                                        hint="check --endpoint / HF_ENDPOINT and the network")
         if isinstance(exc, HfHubHTTPError):
