@@ -331,7 +331,8 @@ class HubClient:
                 entries = response.json()
                 if not isinstance(entries, list):
                     raise ValueError("the tree listing is not a JSON array")
-                files += [self._tree_entry(repo.repo_id, e) for e in entries if e.get("type") == "file"]
+                files += [self._tree_entry(repo.repo_id, e) for e in entries
+                          if not isinstance(e, dict) or e.get("type") == "file"]
             next_url = response.links.get("next", {}).get("url")
             if not next_url:
                 return files
@@ -342,7 +343,9 @@ class HubClient:
         raise HubError(f"{repo.repo_id}: tree listing at {self.endpoint} has more than {_MAX_TREE_PAGES} pages",
                        hint="the endpoint is broken or hostile")
 
-    def _tree_entry(self, repo_id: str, entry: dict) -> RemoteFile:
+    def _tree_entry(self, repo_id: str, entry: object) -> RemoteFile:
+        if not isinstance(entry, dict):
+            raise ValueError(f"a tree entry is not an object: {entry!r:.80}")
         lfs = entry.get("lfs") or None
         return self._remote_file(repo_id, "tree listing", entry["path"], entry.get("size"), entry.get("oid"),
                                  lfs.get("oid") if isinstance(lfs, dict) else None)

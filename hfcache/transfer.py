@@ -47,10 +47,18 @@ class Slots:
         self.size = max(1, size)
         self._sem = threading.BoundedSemaphore(self.size)
 
-    def acquire(self, stop: threading.Event) -> None:
+    def acquire(self, stop: threading.Event, give_up: Callable[[], bool] = lambda: False) -> bool:
+        """Wait for a slot; False (no slot taken) when ``give_up()`` turns true meanwhile.
+
+        Raises:
+            Interrupted: ``stop`` was set while waiting.
+        """
         while not self._sem.acquire(timeout=0.1):
             if stop.is_set():
                 raise Interrupted("interrupted while waiting for a connection slot")
+            if give_up():
+                return False
+        return True
 
     def release(self) -> None:
         self._sem.release()
@@ -273,7 +281,8 @@ class _Job:
 
     def _worker(self, part: _Part) -> None:
         try:
-            self.options.slots.acquire(self.stop)
+            if not self.options.slots.acquire(self.stop, give_up=lambda: self.error is not None):
+                return  # another part failed while this one waited
             try:
                 while part.pos < part.end and self.error is None and not self.stop.is_set():
                     try:
