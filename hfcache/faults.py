@@ -54,6 +54,28 @@ class Faults:
         return value if self.unquoted_etags else f'"{value}"'
 
 
+def parse_faults(specs: Iterable[str]) -> Faults:
+    """Faults from ``NAME`` (a boolean switched on) or ``NAME=VALUE`` strings, e.g. ``["no_blobs", "rate_limit=3"]``.
+
+    Raises:
+        ValueError: an unknown name or a value of the wrong type.
+    """
+    values: dict[str, Any] = {}
+    for spec in specs:
+        name, sep, raw = spec.partition("=")
+        field = Faults.__dataclass_fields__.get(name)
+        if field is None:
+            raise ValueError(f"unknown fault {name!r}: one of {', '.join(Faults.__dataclass_fields__)}")
+        kind = type(getattr(Faults(), name))
+        if kind is bool:
+            values[name] = raw.lower() in ("", "1", "true", "yes") if sep else True
+        elif kind is int:
+            values[name] = int(raw)
+        else:
+            values[name] = raw
+    return Faults(**values)
+
+
 class FaultState:
     """The injection counters of one server (thread-safe)."""
 

@@ -26,6 +26,7 @@ def _satisfied_result(status: CacheStatus, endpoint: str) -> RepoResult:
         commit_hash=repo.commit_hash,
         files=tuple(WarmedFile(f.path, f.size, f.hash, "cached") for f in repo.files),
         absent=repo.absent,
+        metadata="lock",
     )
 
 

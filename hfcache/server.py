@@ -59,7 +59,7 @@ from urllib.parse import quote, unquote, urlencode, urlsplit
 from werkzeug.serving import WSGIRequestHandler, make_server
 from werkzeug.wrappers import Request, Response
 
-from .faults import Faults, FaultState, reset_midway
+from .faults import Faults, FaultState, parse_faults, reset_midway
 
 __all__ = [
     "LFS_PATTERNS",
@@ -1168,14 +1168,22 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--layout", choices=_LAYOUTS, default="repos", help="what ROOT is (default: repos)")
     parser.add_argument("--backend", choices=_BACKENDS, default="werkzeug", help="server stack (default: werkzeug)")
     parser.add_argument("--no-cdn", action="store_true", help="serve LFS files from the main origin (one port)")
+    parser.add_argument("--fault", action="append", default=[], metavar="NAME[=VALUE]",
+                        help="inject a fault (hfcache.faults.Faults field), e.g. no_blobs, no_tree, rate_limit=3, "
+                             "failing_bodies=2, body_failure=reset (repeatable)")
     args = parser.parse_args(argv)
+    try:
+        faults = parse_faults(args.fault)
+    except ValueError as exc:
+        parser.error(str(exc))
     if not args.root.is_dir():
         parser.error(f"{args.root} is not a directory")
 
     done = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: done.set())
     server = HubServer(args.root, host=args.host, port=args.port, throttle_bps=args.throttle_bps, token=args.token,
-                       layout=args.layout, backend=args.backend, lfs_redirect=not args.no_cdn, record_requests=False)
+                       layout=args.layout, backend=args.backend, lfs_redirect=not args.no_cdn, record_requests=False,
+                       faults=faults)
     with server:
         print(f"serving {args.root} at {server.endpoint}", flush=True)
         try:

@@ -1,8 +1,10 @@
 """warm: download a selection of repo files into a cache, verified, in huggingface_hub's own layout.
 
 Per repo: one request resolves the revision and lists every file with its hash (``hub.HubClient.resolve``);
-:mod:`hfcache.selection` picks the files; each missing blob is downloaded to ``blobs/<etag>.<random>.incomplete``,
-hashed while it streams, and renamed into place only when size and hash match. Only when every blob of the repo
+:mod:`hfcache.selection` picks the files (``HubClient.describe`` fills in sizes and hashes with one HEAD per file
+where the endpoint's listing has none); each missing blob is downloaded by :mod:`hfcache.transfer` to
+``blobs/<etag>.<random>.incomplete`` (resuming a leftover; large files in parallel ranges), hashed in order, and
+renamed into place only when size and hash match. Only when every blob of the repo
 is in place does the repo become visible, in huggingface_hub's order: snapshot links, ``.no_exist`` markers, and
 the ref last. A failed repo leaves no snapshot entry and no ref behind.
 
@@ -18,6 +20,7 @@ import threading
 import time
 from collections.abc import Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import wait as wait_futures
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -38,6 +41,9 @@ from .transfer import Slots, TransferOptions, download_blob
 from .records import NoProgress, ProgressSink, RepoResult, WarmedFile, WarmReport, WarmRequest
 from .lockfile import LockedRepo
 from .selection import Selection, select, shards_from_index
+
+_PUBLISH_GRACE = 0.5  # seconds an interrupted warm waits for repos in the middle of publishing
+
 
 def resolve_token(token: str | bool | None) -> str | None:
     """``None`` -> the token huggingface_hub would use (``HF_TOKEN``, then the token file); ``False`` -> none."""
@@ -114,6 +120,9 @@ def warm(
         stop.set()
         for pool in (repos_pool, files_pool):
             pool.shutdown(wait=False, cancel_futures=True)
+        # A repo already publishing (links, markers, ref: milliseconds) gets to finish it, so that an exit right
+        # after this never leaves half a snapshot; the others stop at their next chunk.
+        wait_futures(futures, timeout=_PUBLISH_GRACE)
         raise
     for pool in (repos_pool, files_pool):
         pool.shutdown(wait=True)

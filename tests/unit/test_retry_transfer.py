@@ -108,3 +108,13 @@ def test_trusted_prefix_of_sequential_and_sparse_leftovers(tmp_path):
         pytest.skip("this filesystem reports no holes (every byte counts as data)")
     assert prefix == 3 * mib
     assert too_big == 0
+
+
+def test_server_fault_switches_parse_from_the_command_line():
+    from hfcache.faults import Faults, parse_faults
+
+    assert parse_faults(["no_blobs", "no_range=false", "rate_limit=3", "body_failure=reset"]) == \
+        Faults(no_blobs=True, rate_limit=3, body_failure="reset")
+    for bad in (["nope"], ["rate_limit=many"], ["body_failure=418"]):
+        with pytest.raises(ValueError):
+            parse_faults(bad)
