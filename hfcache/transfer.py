@@ -207,8 +207,8 @@ class _Job:
                 self._start(part)
         try:
             self._hash(kept)
-        except BaseException:
-            self._fail(Interrupted(f"{self.what}: interrupted") if self.stop.is_set() else None)
+        except BaseException as exc:  # every part stops at its next chunk
+            self._fail(Interrupted(f"{self.what}: interrupted") if self.stop.is_set() else exc)
             for thread in self.threads:
                 thread.join()
             self._keep_prefix()
@@ -323,7 +323,7 @@ class _Job:
                 if part.pos + len(chunk) > part.end:
                     raise IntegrityError(f"{self.what} is larger than the {self.file.size} bytes the endpoint "
                                          "published")
-                os.pwrite(self.fd, chunk, part.pos)
+                _write_all(self.fd, chunk, part.pos)
                 with self.cond:
                     part.pos += len(chunk)
                     self.received += len(chunk)
@@ -338,3 +338,12 @@ class _Job:
         got = response.headers.get("Content-Range", "")
         if got.replace(" ", "") != expected.replace(" ", ""):
             raise IntegrityError(f"{self.what}: asked for {expected}, the endpoint answered Content-Range {got!r}")
+
+
+def _write_all(fd: int, data: bytes, offset: int) -> None:
+    """``os.pwrite`` until every byte is written: a short write (the disk filling up) is continued, so that the
+    next call raises the real error (ENOSPC) instead of leaving a silent gap."""
+    view = memoryview(data)
+    while view:
+        written = os.pwrite(fd, view, offset)
+        view, offset = view[written:], offset + written
