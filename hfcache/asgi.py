@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import io
+import resource
 import socket
 import sys
 import threading
@@ -20,6 +21,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
 import uvicorn
+from uvicorn.protocols.http.auto import AutoHTTPProtocol
 
 from .server import FileBody
 
@@ -33,6 +35,18 @@ KEEP_ALIVE_SECONDS = 65
 
 #: Worker threads for ``respond`` and file reads (blocking filesystem work), shared by all connections.
 WORKER_THREADS = 32
+
+#: Seconds a client has to send a request's line and headers, counted from its connection or from the first byte
+#: after a response. uvicorn has no such timeout: a connection that never finishes its request stays open forever.
+HEADER_TIMEOUT_SECONDS = 30.0
+
+#: Connections open at once, at most: the lower of 4096 and the open-file limit minus 64 (files being served need
+#: descriptors too). One more is closed as soon as it is accepted; a request beyond ``limit_concurrency`` (the same
+#: number, requests included) gets 503, which huggingface_hub retries with backoff.
+MAX_CONNECTIONS = max(64, min(4096, resource.getrlimit(resource.RLIMIT_NOFILE)[0] - 64))
+
+#: Largest request line + headers, bytes (h11's own default, stated: the Hub's clients send well under 4 KiB).
+MAX_REQUEST_HEAD_BYTES = 16 * 1024
 
 
 class UvicornOrigin:
@@ -74,6 +88,9 @@ class UvicornOrigin:
             # first: with equal timeouts a request sent as the server closes gets a reset, and huggingface_hub
             # does not retry a HEAD (measured: benchmarks/bench_serve.py failed with ECONNRESET at uvicorn's 5 s).
             timeout_keep_alive=KEEP_ALIVE_SECONDS,
+            http=_bounded_protocol(HEADER_TIMEOUT_SECONDS, MAX_CONNECTIONS),
+            limit_concurrency=MAX_CONNECTIONS,
+            h11_max_incomplete_event_size=MAX_REQUEST_HEAD_BYTES,
         )
         self._server = uvicorn.Server(config)
         # Not the main thread: uvicorn installs no signal handlers there; the caller owns SIGTERM/SIGINT.
@@ -136,6 +153,47 @@ class UvicornOrigin:
             if close is not None:
                 await loop.run_in_executor(self._pool, close)
             self._hub.finish(entry)
+
+
+def _bounded_protocol(header_timeout: float, max_connections: int) -> type:
+    """uvicorn's HTTP protocol with what it lacks (library gap, uvicorn 0.54): a deadline for a request's headers
+    and a cap on open connections. Without them 1,000 clients that each send half a request line hold 1,000
+    connections (and descriptors) forever: ``timeout_keep_alive`` only runs between requests, and
+    ``limit_concurrency`` only answers requests that arrive."""
+
+    class BoundedProtocol(AutoHTTPProtocol):  # type: ignore[misc, valid-type]
+        def connection_made(self, transport) -> None:  # type: ignore[override]
+            super().connection_made(transport)
+            self._head_timer = None
+            if len(self.connections) > max_connections:
+                transport.close()
+                return
+            self._arm()
+
+        def _arm(self) -> None:
+            self._head_timer = self.loop.call_later(header_timeout, self._head_timeout, self.cycle)
+
+        def _head_timeout(self, cycle_when_armed) -> None:
+            self._head_timer = None
+            if self.cycle is cycle_when_armed and not self.transport.is_closing():  # no new request began
+                self.transport.close()
+
+        def data_received(self, data: bytes) -> None:
+            super().data_received(data)
+            if self._head_timer is not None and self.cycle is not None and not self.cycle.response_complete:
+                self._head_timer.cancel()  # a request began: its headers are complete
+                self._head_timer = None
+            elif self._head_timer is None and (self.cycle is None or self.cycle.response_complete) \
+                    and not self.transport.is_closing():
+                self._arm()  # bytes of a next request: its headers must follow in time
+
+        def connection_lost(self, exc) -> None:
+            if getattr(self, "_head_timer", None) is not None:
+                self._head_timer.cancel()
+                self._head_timer = None
+            super().connection_lost(exc)
+
+    return BoundedProtocol
 
 
 async def _watch_disconnect(receive: Any, disconnected: asyncio.Event) -> None:

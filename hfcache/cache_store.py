@@ -301,7 +301,7 @@ def _read_trees(path: Path, commit: str) -> dict[str, dict] | None:
     try:
         with _open_beneath(path, ("trees", f"{commit}.json")) as f:
             data = json.loads(f.read(_TREES_MAX_BYTES + 1)[:_TREES_MAX_BYTES])
-    except (OSError, ValueError):
+    except (OSError, ValueError, RecursionError):
         return None
     files = data.get("files") if isinstance(data, dict) and data.get("format_version") == 1 else None
     if not isinstance(files, dict) or not all(isinstance(v, dict) for v in files.values()):

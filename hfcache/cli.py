@@ -404,18 +404,20 @@ def export_command(dest, specs, lock_file, cache_dir, materialize, fmt, chown, g
 @cli.command(name="import")
 @click.argument("src")
 @_cache_dir_option("Target cache")
+@click.option("--move-refs", is_flag=True,
+              help="Move a ref the target has at another commit to the source's commit (default: refuse).")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON document on stdout.")
-def import_command(src, cache_dir, as_json) -> None:
+def import_command(src, cache_dir, move_refs, as_json) -> None:
     """Merge an exported cache (directory, tar, or '-' for a tar on stdin) into the cache, verified first.
 
-    Refuses absolute or '..' paths, links leaving the cache, devices, and content that does not match its hash;
-    then nothing is written. What the target already has is never overwritten.
+    Refuses absolute or '..' paths, links leaving the cache, devices, sparse files, content that does not match its
+    hash, and any entry the target already holds with other content (exit 1); then nothing is written.
     """
     from . import output
     from .cache import resolve_cache_dir
     from .importer import import_cache
 
-    report = import_cache(src, resolve_cache_dir(cache_dir))
+    report = import_cache(src, resolve_cache_dir(cache_dir), move_refs=move_refs)
     output.show_import(report, as_json=as_json)
 
 
@@ -593,6 +595,16 @@ def doctor_command(cache_dir, as_json) -> None:
     sys.exit(report.exit_code)
 
 
+
+
+def _register_oci() -> None:
+    from .cli_oci import pull_command, push_command
+
+    cli.add_command(push_command)
+    cli.add_command(pull_command)
+
+
+_register_oci()
 
 
 def _fail(message: str, hint: str | None, exit_code: int, as_json: bool) -> None:

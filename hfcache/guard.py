@@ -4,7 +4,8 @@ Used by ``hfcache exec`` (through the ``sitecustomize`` in ``hfcache/_guard_site
 :func:`hfcache.enforce_offline`, :func:`hfcache.load_tokenizer` and by ``hfcache check``'s child (``probe.py``).
 
 Why an audit hook: ``sys.addaudithook`` sees every Python-level ``socket.connect``/``connect_ex``, ``sendto``,
-``getaddrinfo`` and ``gethostbyname`` before it happens, whatever HTTP client made it (httpx, urllib3, urllib, asyncio),
+``sendmsg``, ``getaddrinfo``, ``gethostbyname``, ``gethostbyaddr`` and ``getnameinfo`` before it happens (see
+``_GUARDED_EVENTS``), whatever HTTP client made it (httpx, urllib3, urllib, asyncio),
 so a load that would reach for the network fails at once with a message instead of hanging on an endpoint that
 never answers, waiting on DNS in an air-gapped pod, or retrying (DESIGN §3).
 
@@ -13,9 +14,11 @@ failure and retry it with backoff - huggingface_hub's ``http_backoff`` (``utils/
 ``httpx.ConnectError`` 5 times over about 23 s - or fall back silently; a ``RuntimeError`` passes through them at once
 and names the host.
 
-Limits: it sees what Python code does. Native code that opens sockets itself (a Rust or C extension) is not seen;
-a proxy (``HTTPS_PROXY``) is the host connected to, so allow the proxy; a child started with ``python -S``/``-I``/``-E``
-skips ``sitecustomize``. It is a fail-fast guard against accidents, not a sandbox.
+Limits: it sees what Python code does. Native code that opens sockets itself (a Rust or C extension, ``ctypes``
+calling libc's ``connect``) is not seen; nor is a program that is not Python (``os.system("curl ...")``, a
+``subprocess`` of another program); a Python child started with ``-S``/``-I`` skips ``sitecustomize`` and one
+started with ``-E`` ignores the ``PYTHONPATH`` that brings it; a proxy (``HTTPS_PROXY``) is the host connected to,
+so allow the proxy. It is a fail-fast guard against accidents, not a sandbox.
 
 This module is standard library only and importable on its own (Python >= 3.8): the ``sitecustomize`` loads it by
 file path, so a Python child needs neither hfcache nor its dependencies installed.
@@ -36,8 +39,23 @@ from typing import Iterable, Iterator
 ENV_ALLOW_HOSTS = "HFCACHE_ALLOW_HOSTS"
 #: Where the process-wide guard lives (one per process, whichever copy of this file installed it).
 _STATE_ATTR = "_hfcache_network_guard"
-_GUARDED_EVENTS = frozenset({"socket.connect", "socket.sendto", "socket.getaddrinfo", "socket.gethostbyname"})
+#: Audit events (CPython "Audit events table", docs.python.org/3/library/audit_events.html) that can put a byte on
+#: the network or make a resolver query. ``socket.connect`` also covers ``connect_ex``; ``socket.sendto`` and
+#: ``socket.sendmsg`` carry an address when they send without ``connect`` (UDP, and TCP with ``MSG_FASTOPEN``, which
+#: connects and delivers data in one call); ``socket.gethostbyname`` covers ``gethostbyname_ex``;
+#: ``socket.gethostbyaddr`` (also what ``getfqdn`` calls) and ``socket.getnameinfo`` are reverse look-ups;
+#: ``socket.__new__`` refuses address families that reach other machines without an IP address (``AF_PACKET``,
+#: ``AF_VSOCK``, ``AF_TIPC``, ``AF_BLUETOOTH``, ...), whose later ``send`` has no audit event. Not guarded, because
+#: they never leave the machine: ``socket.bind``, ``socket.gethostname``, ``socket.getservbyname``/``getservbyport``
+#: (``/etc/services``), ``socket.sethostname``.
+_SEND_EVENTS = frozenset({"socket.connect", "socket.sendto", "socket.sendmsg"})
+_REVERSE_EVENTS = frozenset({"socket.gethostbyaddr", "socket.getnameinfo"})
+_LOOKUP_EVENTS = frozenset({"socket.getaddrinfo", "socket.gethostbyname"})
+_GUARDED_EVENTS = _SEND_EVENTS | _REVERSE_EVENTS | _LOOKUP_EVENTS | {"socket.__new__"}
 _INET_FAMILIES = frozenset({socket.AF_INET, getattr(socket, "AF_INET6", socket.AF_INET)})
+#: Families that stay on this machine: Unix sockets, the kernel's netlink and crypto (AF_ALG) interfaces.
+_LOCAL_FAMILIES = frozenset(getattr(socket, name) for name in ("AF_UNIX", "AF_NETLINK", "AF_ALG")
+                            if hasattr(socket, name))
 
 
 class NetworkBlocked(RuntimeError):
@@ -45,17 +63,21 @@ class NetworkBlocked(RuntimeError):
 
     Attributes:
         target (str): ``HOST:PORT`` (``[V6]:PORT``) for connections, ``HOST`` for DNS lookups.
-        action (str): ``"connection to"`` or ``"DNS lookup of"``.
+        action (str): ``"connection to"``, ``"DNS lookup of"``, ``"reverse DNS lookup of"`` or
+            ``"socket of address family"``.
     """
 
     def __init__(self, action: str, target: str) -> None:
         self.action = action
         self.target = target
-        super().__init__(
-            f"hfcache blocked a {action} {target}: this process runs offline under hfcache's network guard. "
+        remedy = (
+            "Such sockets cannot be allowed; run this without hfcache's guard if it must"
+            if action.startswith("socket") else
             f"If it must reach this host, allow it: `hfcache exec --allow-host {target} -- ...`, or "
             f"hfcache.enforce_offline(allow_hosts=[{target!r}])"
         )
+        super().__init__(f"hfcache blocked a {action} {target}: this process runs offline under hfcache's network "
+                         f"guard. {remedy}")
 
 
 class AllowedHost:
@@ -144,6 +166,13 @@ def _target(host: str, port: int | None) -> str:
     return shown if port is None else f"{shown}:{port}"
 
 
+def _family_name(family) -> str:
+    try:
+        return socket.AddressFamily(family).name
+    except ValueError:
+        return str(family)
+
+
 def _port(value) -> int | None:
     if isinstance(value, int):
         return value or None
@@ -205,13 +234,25 @@ class Guard:
             return
         if getattr(self._busy, "on", False):  # our own look-up of an allowed name (see _resolves_to)
             return
-        if event in ("socket.connect", "socket.sendto"):
+        if event == "socket.__new__":
+            family = args[1]  # -1: socket(fileno=...) wraps an existing descriptor; its connect or sendto is checked
+            if family != -1 and family not in _INET_FAMILIES and family not in _LOCAL_FAMILIES:
+                self._block("socket of address family", _family_name(family))
+        elif event in _SEND_EVENTS:
             sock, address = args[0], args[1]
             if getattr(sock, "family", None) not in _INET_FAMILIES or not isinstance(address, tuple):
-                return  # AF_UNIX and other local families; sendto on a connected socket
+                return  # AF_UNIX and other local families; sendto/sendmsg on a connected socket (its connect was seen)
             host, port = str(address[0]), _port(address[1])
             if not self.allows_connection(host, port):
                 self._block("connection to", _target(host.split("%", 1)[0], port))
+        elif event in _REVERSE_EVENTS:
+            address = args[0]
+            host, port = (address[0], _port(address[1]) if len(address) > 1 else None) \
+                if isinstance(address, tuple) and address else (address, None)
+            if isinstance(host, bytes):
+                host = host.decode("ascii", "replace")
+            if not self.allows_reverse_lookup(str(host), port):
+                self._block("reverse DNS lookup of", str(host))
         else:
             host = args[0]
             if isinstance(host, bytes):
@@ -231,6 +272,18 @@ class Guard:
         if _ip(name) is not None or name == "localhost" or name.endswith(".localhost") or name == self._own_hostname:
             return True
         return any(a.host == name and (a.port is None or port is None or a.port == port) for a in self.allowed)
+
+    def allows_reverse_lookup(self, host: str, port: int | None) -> bool:
+        """A reverse look-up (``gethostbyaddr``, ``getnameinfo``) may run for a loopback address, ``localhost``, this
+        machine's own name (answered from ``/etc/hosts``; ``socket.getfqdn()`` and ``http.server`` ask for them), or
+        an address or name a connection would be allowed to. Any other address is a query to a DNS server."""
+        name = host.lower().rstrip(".")
+        ip = _ip(name)
+        if (ip is not None and ip.is_loopback) or name in ("localhost", self._own_hostname):
+            return True
+        if ip is None:
+            return self.allows_lookup(name, port)
+        return self.allows_connection(name, port) or any(a.ip == ip for a in self.allowed)
 
     def allows_connection(self, host: str, port: int | None) -> bool:
         """Whether a connection to ``host``:``port`` is allowed: by address, by name, ``localhost`` for loopback

@@ -2,8 +2,9 @@
 
 Metadata, in order of preference (DESIGN §2; anything huggingface_hub can download from, hfcache can warm from):
 
-1. ``HfApi.repo_info(files_metadata=True)`` (``GET {endpoint}/api/{type}s/{repo_id}/revision/{rev}?blobs=true``):
-   canonical id, commit, and every file's size, git blob sha1 and LFS sha256 in one request.
+1. Repo info as ``HfApi.repo_info(files_metadata=True)`` asks it (``GET {endpoint}/api/{type}s/{repo_id}/revision/
+   {rev}?blobs=true``, read with a bound on its decoded size, see ``HubClient._repo_info``): canonical id, commit,
+   and every file's size, git blob sha1 and LFS sha256 in one request.
 2. Where the siblings carry ``rfilename`` only (mirrors ignoring ``?blobs=true``): the tree API at the commit
    (``/tree/{commit}?recursive=true``, paged with ``Link: rel="next"``).
 3. Where the tree API is refused too: one ``HEAD`` on ``resolve/{commit}/{path}`` per *selected* file
@@ -23,6 +24,7 @@ retries with uninterruptible sleeps, and never hashes what it wrote.
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import re
 import threading
@@ -34,7 +36,7 @@ from typing import BinaryIO
 from urllib.parse import quote, urlsplit
 
 import httpx2
-from huggingface_hub import HfApi, get_hf_file_metadata, hf_hub_url
+from huggingface_hub import DatasetInfo, ModelInfo, get_hf_file_metadata, hf_hub_url
 from huggingface_hub.errors import (
     GatedRepoError,
     HfHubHTTPError,
@@ -63,6 +65,9 @@ DEFAULT_ENDPOINT = "https://huggingface.co"
 COMMIT_RE = re.compile(r"^[0-9a-f]{40}$")
 SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
 BLOB_ID_RE = re.compile(r"^(?:[0-9a-f]{40}|[0-9a-f]{64})$")
+#: Largest repo info answer (or tree page) read, decoded (README "warm"): the Hub's answer for a repo of 100,000
+#: files is ~20 MB.
+MAX_METADATA_BYTES = 64 * 1024 * 1024
 _CHUNK = 1024 * 1024
 
 
@@ -205,7 +210,6 @@ class HubClient:
         self._token: str | bool = token or False
         self.timeout = timeout
         self.retries = retries
-        self._api = HfApi(endpoint=self.endpoint, token=self._token, library_name="hfcache", library_version=__version__)
 
     def __repr__(self) -> str:  # never show the token
         return f"HubClient(endpoint={self.endpoint!r})"
@@ -237,9 +241,8 @@ class HubClient:
         """
         counter = counter or self.counter()
         with _mapped_errors(repo_id, revision, self.endpoint):
-            info = counter.budget().call(lambda: self._api.repo_info(
-                repo_id, revision=revision, repo_type=repo_type, files_metadata=True, timeout=self.timeout),
-                f"{repo_id}@{revision}")
+            info = counter.budget().call(lambda: self._repo_info(repo_id, revision, repo_type),
+                                         f"{repo_id}@{revision}")
         commit = info.sha or ""
         canonical_id = info.id or repo_id
         if not valid_repo_id(canonical_id):
@@ -255,15 +258,64 @@ class HubClient:
         if siblings and all(s.size is not None and s.blob_id is not None for s in siblings):
             files = [self._remote_file(repo_id, "repo info", s.rfilename, s.size, s.blob_id,
                                        s.lfs.sha256 if s.lfs else None) for s in siblings]
-            return replace(repo, files=tuple(sorted(files, key=lambda f: f.path)), metadata="model-info")
-        listed = self._tree_files(repo, counter)
-        if listed is not None:
+            repo = replace(repo, files=tuple(sorted(files, key=lambda f: f.path)), metadata="model-info")
+        elif (listed := self._tree_files(repo, counter)) is not None:
             if not paths:  # siblings omitted altogether: the tree is the listing
                 repo = replace(repo, paths=tuple(sorted(f.path for f in listed)))
             wanted = set(repo.paths)
-            return replace(repo, files=tuple(sorted((f for f in listed if f.path in wanted), key=lambda f: f.path)),
+            repo = replace(repo, files=tuple(sorted((f for f in listed if f.path in wanted), key=lambda f: f.path)),
                            metadata="tree")
+        clash = _file_and_folder(set(repo.paths))
+        if clash:
+            raise HubError(f"{repo_id}: endpoint listed {clash!r} as a file and as a folder",
+                           hint="the endpoint is broken or hostile")
         return repo
+
+    def _repo_info(self, repo_id: str, revision: str, repo_type: str) -> ModelInfo | DatasetInfo:
+        """``HfApi.repo_info(files_metadata=True)`` with a bound on the answer (``MAX_METADATA_BYTES`` decoded).
+
+        Library gap: ``HfApi.model_info``/``dataset_info`` (hf_api.py) read the whole body with ``get_session().get``
+        and decode it without bound: a gzip-encoded answer of a few MiB inflates to gigabytes in memory, and
+        ``hf_raise_for_status`` reads a streamed error body whole too. Same request (URL, ``?blobs=true``, headers,
+        redirects), same parsing (``ModelInfo(**data)``), but the body is read as it decodes and refused past the
+        bound, error bodies included. It also does not retry; the caller does (:mod:`hfcache.retry`).
+
+        Raises:
+            HubError: the answer is larger than the bound, not JSON, or nested too deep; and what
+                ``hf_raise_for_status`` raises (mapped by the caller).
+        """
+        url = f"{self.endpoint}/api/{repo_type}s/{repo_id}/revision/{quote(revision, safe='')}"
+        _, data = self._get_json(url, {"blobs": True}, f"{repo_id}@{revision}")
+        return (DatasetInfo if repo_type == "dataset" else ModelInfo)(**data)
+
+    def _get_json(self, url: str, params: dict | None, what: str,
+                  accepted: tuple[int, ...] = ()) -> tuple[httpx2.Response, object]:
+        """GET a JSON document with the body bounded to ``MAX_METADATA_BYTES`` decoded.
+
+        Returns:
+            (response, parsed JSON); the JSON is None when the status is one of ``accepted`` (not raised).
+
+        Raises:
+            HubError: too large or nested too deep; what ``hf_raise_for_status`` raises for other statuses;
+            ValueError: not JSON.
+        """
+        headers = build_hf_headers(token=self._token, library_name="hfcache", library_version=__version__)
+        with get_session().stream("GET", url, params=params, headers=headers, timeout=self.timeout) as r:
+            body = bytearray()
+            for chunk in r.iter_bytes():  # decoded (gzip, br, ...) as it arrives
+                body += chunk
+                if len(body) > MAX_METADATA_BYTES:
+                    raise HubError(f"{what}: the answer of {self.endpoint} is larger than "
+                                   f"{MAX_METADATA_BYTES} bytes (decoded); refused",
+                                   hint="the endpoint is broken or hostile")
+            if r.status_code in accepted:
+                return r, None
+            hf_raise_for_status(r)  # the body is consumed: its message comes from X-Error-Message
+        try:
+            return r, json.loads(body)
+        except RecursionError:
+            raise HubError(f"{what}: the answer of {self.endpoint} is JSON nested too deep",
+                           hint="the endpoint is broken or hostile") from None
 
     def describe(self, repo: RepoRevision, paths: Iterable[str], counter: RetryCounter | None = None) -> RepoRevision:
         """``repo`` with ``paths`` described: one ``HEAD`` on ``resolve/<commit>/<path>`` per file not known yet.
@@ -318,17 +370,14 @@ class HubClient:
         """
         url = f"{self.endpoint}/api/{repo.repo_type}s/{repo.canonical_id}/tree/{quote(repo.commit_hash, safe='')}"
         params: dict[str, str] | None = {"recursive": "true", "expand": "false"}
-        headers = build_hf_headers(token=self._token, library_name="hfcache", library_version=__version__)
         files: list[RemoteFile] = []
+        what = f"{repo.repo_id}: tree listing"
         for _ in range(_MAX_TREE_PAGES):
             with _mapped_errors(repo.repo_id, repo.commit_hash, self.endpoint):
-                response = counter.budget().call(
-                    lambda: _checked(get_session().get(url, params=params, headers=headers, timeout=self.timeout),
-                                     _NO_TREE), f"{repo.repo_id}: tree listing")
+                response, entries = counter.budget().call(lambda: self._get_json(url, params, what, _NO_TREE), what)
             if response.status_code in _NO_TREE:
                 return None
             with _mapped_errors(repo.repo_id, repo.commit_hash, self.endpoint):
-                entries = response.json()
                 if not isinstance(entries, list):
                     raise ValueError("the tree listing is not a JSON array")
                 files += [self._tree_entry(repo.repo_id, e) for e in entries
@@ -442,13 +491,6 @@ _NO_TREE = (400, 404, 405, 501)  # "no tree API here": fall back to HEAD per fil
 _MAX_TREE_PAGES = 10_000
 
 
-def _checked(response: httpx2.Response, accepted: tuple[int, ...]) -> httpx2.Response:
-    """``hf_raise_for_status`` unless the status is one the caller handles itself."""
-    if response.status_code not in accepted:
-        hf_raise_for_status(response)
-    return response
-
-
 def _origin(url: str) -> tuple[str, str, int | None]:
     parts = urlsplit(url)
     return parts.scheme, (parts.hostname or "").lower(), parts.port
@@ -507,7 +549,7 @@ class _mapped_errors:
                 return GatedRepo(f"{self.repo_id}: HTTP {status} from {self.endpoint}: not authorized",
                                  hint="pass a token with access (--token-file or HF_TOKEN)")
             return HubError(f"{self.what}: HTTP {status} from {self.endpoint}", hint="retry later or check the endpoint")
-        if isinstance(exc, (ValueError, KeyError, TypeError)):  # malformed JSON or fields
+        if isinstance(exc, (ValueError, KeyError, TypeError, RecursionError)):  # malformed JSON or fields
             return HubError(f"{self.what}: malformed answer from {self.endpoint} ({_first_line(exc)})",
                             hint="the endpoint is not Hub-compatible")
         if isinstance(exc, httpx2.HTTPError):
@@ -518,3 +560,13 @@ class _mapped_errors:
 def _first_line(exc: BaseException) -> str:
     text = str(exc).strip() or type(exc).__name__
     return text.splitlines()[0]
+
+
+def _file_and_folder(paths: set[str]) -> str | None:
+    """A path of ``paths`` that is also a folder of another (``a`` and ``a/b``): no cache can hold both."""
+    for path in paths:
+        parts = path.split("/")
+        for i in range(1, len(parts)):
+            if "/".join(parts[:i]) in paths:
+                return "/".join(parts[:i])
+    return None

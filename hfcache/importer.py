@@ -6,13 +6,18 @@ hash to its name, every real snapshot file must match a blob or the ``trees/`` l
 commits and markers empty. Content is staged under ``<cache>/.locks/`` (a folder huggingface_hub's scanner ignores,
 on the cache's filesystem so publishing is a rename); when anything is refused the staging is removed and the
 target cache is left exactly as it was. Publishing follows warm's order per repo, under warm's repo lock: blobs,
-links, markers and listings, refs last. What the target already has is never overwritten.
+links, markers and listings, refs last. What the target already has is never overwritten: an entry it holds with
+other content, a ref it has at another commit (unless ``move_refs``), a file where the source has a folder refuse the
+whole import before anything is written (:mod:`hfcache.import_conflicts`). Bounded: content is hashed while it
+streams and never staged past its declared size, sparse members are refused, free space is checked before each entry
+is written, and refs, markers, ``trees/`` listings, tar headers and the entry count have caps (``MAX_*``).
 
 Library gap: huggingface_hub has no import; extracting a tar into a cache by hand trusts every byte and path.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -28,13 +33,25 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
 
-from .cache import RepoFolder, atomic_write, ensure_cache_root, symlinks_supported
-from .errors import CacheError, IntegrityError, UsageError
+from .cache import RepoFolder, atomic_output, ensure_cache_root, symlinks_supported
+from .errors import CacheError, CheckFailed, IntegrityError, UsageError
+from .import_conflicts import check_target
 from .scan import parse_folder_name
 from .verify import algorithm_of
 
 _SECTIONS = {"blobs", "snapshots", "refs", ".no_exist", "trees"}
 _CHUNK = 1024 * 1024
+
+#: Bounds on what import reads (README, "Moving caches"). A ref holds a 40-hex commit; a ``.no_exist`` marker is
+#: empty; the ``trees/`` listing of a repo with 100,000 files is about 15 MiB.
+MAX_REF_BYTES = 1024
+MAX_TREE_BYTES = 32 * 1024 * 1024
+#: One PAX extended header or GNU long name (tarfile reads it whole into memory).
+MAX_HEADER_BYTES = 1024 * 1024
+#: Entries in one import (tarfile keeps every member's header in memory while it streams).
+MAX_ENTRIES = 1_000_000
+_HEADER_TYPES = (tarfile.GNUTYPE_LONGNAME, tarfile.GNUTYPE_LONGLINK, tarfile.XHDTYPE, tarfile.XGLTYPE,
+                 tarfile.SOLARIS_XHDTYPE)
 
 
 @dataclass(frozen=True)
@@ -44,10 +61,11 @@ class ImportReport:
     Attributes:
         cache_dir (str): the target cache.
         repos (tuple[str, ...]): repo folders merged.
-        files (int): snapshot entries merged.
+        files (int): snapshot entries merged (entries the target already had with the same content included).
         blobs_new (int): blobs added; blobs_existing (int): blobs the target already had (left untouched).
         bytes_new (int): bytes added.
-        kept (tuple[str, ...]): refs the target already had with another commit (kept, not overwritten).
+        moved (tuple[str, ...]): refs the target had at another commit and that now point where the source's do
+            (only with ``move_refs``; without it such a ref refuses the import).
     """
 
     cache_dir: str
@@ -56,19 +74,45 @@ class ImportReport:
     blobs_new: int
     blobs_existing: int
     bytes_new: int
-    kept: tuple[str, ...]
+    moved: tuple[str, ...]
 
 
 @dataclass
 class _Member:
     name: str
-    kind: str  # file | dir | symlink | hardlink
+    kind: str  # file | dir | symlink | hardlink | special | sparse
     size: int = 0
     linkname: str = ""
 
 
+class BoundedTarInfo(tarfile.TarInfo):
+    """Library gap: tarfile reads a PAX extended header or a GNU long name whole into memory, whatever size it
+    declares (``TarInfo._proc_pax``/``_proc_gnulong``, Python 3.8-3.13), so a small compressed tar could make it
+    allocate gigabytes. Such a header is refused before it is read."""
+
+    def _proc_member(self, tar):
+        if self.type in _HEADER_TYPES and self.size > MAX_HEADER_BYTES:
+            raise UsageError(f"refused a tar header of {self.size} bytes (more than {MAX_HEADER_BYTES})")
+        return super()._proc_member(tar)
+
+
+def check_tar_member(info: tarfile.TarInfo, directory: Path) -> None:
+    """Refuse a tar member before its content is copied into ``directory`` (``hfcache pull`` uses this too).
+
+    Raises:
+        UsageError: a sparse member (its declared size is mostly holes).
+        CacheError: its declared size does not fit in the free space of ``directory``'s filesystem.
+    """
+    if info.issparse():
+        raise UsageError(f"refused entry {info.name!r}: a sparse file (a cache has none)")
+    if info.isfile() and info.size > free_bytes(directory):
+        raise CacheError(f"refused entry {info.name!r}: its {info.size} bytes do not fit in the "
+                         f"{free_bytes(directory)} bytes free on {directory}'s filesystem (nothing was imported)",
+                         hint="free disk space or import elsewhere")
+
+
 def _members_of_tar(stream: BinaryIO) -> Iterator[tuple[_Member, BinaryIO | None]]:
-    with tarfile.open(fileobj=stream, mode="r|*") as tar:
+    with tarfile.open(fileobj=stream, mode="r|*", tarinfo=BoundedTarInfo) as tar:
         for info in tar:
             if info.isdir():
                 yield _Member(info.name, "dir"), None
@@ -76,6 +120,8 @@ def _members_of_tar(stream: BinaryIO) -> Iterator[tuple[_Member, BinaryIO | None
                 yield _Member(info.name, "symlink", linkname=info.linkname), None
             elif info.islnk():
                 yield _Member(info.name, "hardlink", linkname=info.linkname), None
+            elif info.issparse():  # its declared size is mostly holes: 10 KiB of tar can expand to any size
+                yield _Member(info.name, "sparse", size=info.size), None
             elif info.isfile():
                 yield _Member(info.name, "file", size=info.size), tar.extractfile(info)
             else:
@@ -94,8 +140,14 @@ def _members_of_dir(root: Path) -> Iterator[tuple[_Member, BinaryIO | None]]:
             elif stat.S_ISLNK(st.st_mode):
                 yield _Member(rel, "symlink", linkname=os.readlink(path)), None
             elif stat.S_ISREG(st.st_mode):
-                with open(path, "rb") as f:
-                    yield _Member(rel, "file", size=st.st_size), f
+                # O_NOFOLLOW: a file swapped for a symlink (to /dev/zero, to a secret) after the lstat is not read;
+                # O_NONBLOCK: nor does one swapped for a fifo block the open
+                fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0))
+                if not stat.S_ISREG(os.fstat(fd).st_mode):
+                    os.close(fd)
+                    raise UsageError(f"refused entry {rel!r}: changed while it was read")
+                with os.fdopen(fd, "rb") as f:
+                    yield _Member(rel, "file", size=os.fstat(fd).st_size), f
             else:
                 yield _Member(rel, "special"), None
 
@@ -111,26 +163,48 @@ def _clean_name(name: str) -> list[str]:
     return name.split("/")
 
 
+def free_bytes(path: Path) -> int:
+    """Bytes an unprivileged writer may still use on ``path``'s filesystem (``statvfs``: ``f_bavail * f_frsize``)."""
+    st = os.statvfs(path)
+    return st.f_bavail * st.f_frsize
+
+
 class _Staging:
     """Content read from the source, hashed and parked under ``<cache>/.locks/`` until publishing."""
 
     def __init__(self, cache_dir: Path) -> None:
-        self.dir = cache_dir / ".locks" / f"hfcache-import-{uuid.uuid4().hex[:12]}"
+        locks = cache_dir / ".locks"
+        if os.path.islink(locks) or (os.path.lexists(locks) and not locks.is_dir()):
+            raise CacheError(f"{locks} is a symlink or not a folder; nothing is staged through it",
+                             hint="remove it (huggingface_hub recreates .locks)")
+        self.dir = locks / f"hfcache-import-{uuid.uuid4().hex[:12]}"
         self.dir.mkdir(parents=True)
         self.files: dict[str, tuple[Path, int, str, str]] = {}  # member -> (staged, size, sha256, git-sha1)
 
     def add(self, name: str, stream: BinaryIO, size: int) -> tuple[Path, int, str, str]:
+        """Stage ``size`` bytes of ``stream``, hashing them on the way; never more than ``size``.
+
+        Raises:
+            CacheError: ``size`` bytes do not fit on the cache's filesystem (checked before writing).
+            UsageError: the stream holds more or fewer bytes than ``size`` (a file that changed while read).
+        """
+        free = free_bytes(self.dir)
+        if size > free:
+            raise CacheError(f"refused entry {name!r}: its {size} bytes do not fit in the {free} bytes free on the "
+                             "cache's filesystem (nothing was imported)", hint="free disk space or import elsewhere")
         path = self.dir / uuid.uuid4().hex
         sha256, sha1 = hashlib.sha256(), hashlib.sha1()  # noqa: S324 - git object id
         sha1.update(b"blob %d\0" % size)
-        seen = 0
+        left = size
         with open(path, "wb") as out:
-            while chunk := stream.read(_CHUNK):
+            while left and (chunk := stream.read(min(_CHUNK, left))):
                 sha256.update(chunk)
                 sha1.update(chunk)
                 out.write(chunk)
-                seen += len(chunk)
-        record = (path, seen, sha256.hexdigest(), sha1.hexdigest())
+                left -= len(chunk)
+            if left or stream.read(1):
+                raise UsageError(f"refused entry {name!r}: its content is not the {size} bytes it declares")
+        record = (path, size, sha256.hexdigest(), sha1.hexdigest())
         self.files[name] = record
         return record
 
@@ -138,14 +212,22 @@ class _Staging:
         shutil.rmtree(self.dir, ignore_errors=True)
 
 
-def import_cache(src: str, cache_dir: Path) -> ImportReport:
+def import_cache(src: str, cache_dir: Path, move_refs: bool = False) -> ImportReport:
     """Merge the cache at ``src`` (a directory, a tar file, or ``-`` for a tar on stdin) into ``cache_dir``.
 
+    Args:
+        src: the source (str path or ``-``).
+        cache_dir: the target cache.
+        move_refs: a ref the target has at another commit moves to the source's commit (reported); without it that
+            refuses the import.
+
     Raises:
-        UsageError: ``src`` does not exist, or holds an entry that is refused (the message names it); nothing
-            is written then.
+        UsageError: ``src`` does not exist, holds an entry that is refused (the message names it), or goes past a
+            bound (``MAX_*``); nothing is written then.
         IntegrityError: a blob or file does not match its hash; nothing is written then.
-        CacheError: the target cannot be written.
+        CheckFailed: the target already holds an entry with other content, a path that is a file on one side and a
+            folder on the other, or a ref elsewhere; a ref names a commit neither side has. Nothing is written then.
+        CacheError: the target cannot be written, or the content does not fit on its filesystem.
     """
     created = not cache_dir.exists()
     ensure_cache_root(cache_dir)
@@ -159,10 +241,18 @@ def import_cache(src: str, cache_dir: Path) -> ImportReport:
             members = _members_of_tar(open(src, "rb"))  # noqa: SIM115 - closed by tarfile at the end of the stream
         else:
             raise UsageError(f"{src}: no such directory or tar file")
-        plan = _read(members, staging)
+        plan = _Reader(staging).read(members)
         _check(plan, staging, cache_dir)
-        return _publish(plan, staging, cache_dir)
-    except (UsageError, IntegrityError):
+        for repo in plan.values():
+            _resolve_files(repo, staging)
+        _check_shape(plan)
+        with contextlib.ExitStack() as locks:
+            folders = {name: RepoFolder(cache_dir, *parse_folder_name(name)) for name in sorted(plan)}
+            for folder in folders.values():
+                locks.enter_context(folder.repo_lock())
+            checked = _check_target(plan, folders, move_refs)
+            return _publish(plan, staging, cache_dir, folders, checked)
+    except (UsageError, IntegrityError, CheckFailed):
         if created:
             shutil.rmtree(cache_dir, ignore_errors=True)
         raise
@@ -172,9 +262,9 @@ def import_cache(src: str, cache_dir: Path) -> ImportReport:
         raise CacheError(f"import into {cache_dir}: {exc.strerror or exc}") from exc
     finally:
         staging.remove()
-        locks = cache_dir / ".locks"
-        if locks.is_dir() and not any(locks.iterdir()):
-            locks.rmdir()
+        locks_dir = cache_dir / ".locks"
+        if locks_dir.is_dir() and not any(locks_dir.iterdir()):
+            locks_dir.rmdir()
 
 
 @dataclass
@@ -184,76 +274,113 @@ class _RepoPlan:
     files: dict[tuple[str, str], str]  # (commit, path) -> member name (real files, or hardlinks resolved)
     refs: dict[str, str]
     markers: set[tuple[str, str]]
-    trees: dict[str, bytes]
+    trees: dict[str, tuple[Path, dict[str, tuple[str, str, int]]]]  # <commit>.json -> (staged, path -> listing)
 
 
-def _read(members, staging: _Staging) -> dict[str, _RepoPlan]:
-    repos: dict[str, _RepoPlan] = defaultdict(lambda: _RepoPlan({}, {}, {}, {}, set(), {}))
-    aliases: dict[str, str] = {}  # hardlink member -> the member holding the content
-    for member, stream in members:
+def _parse_listing(data: bytes, name: str) -> dict[str, tuple[str, str, int]]:
+    """A ``trees/<commit>.json`` (huggingface_hub ``_tree_cache.py`` format 1) as path -> (blob_id, lfs_sha256, size).
+
+    Raises:
+        UsageError: not JSON, nested too deep, or not that format.
+    """
+    try:
+        files = json.loads(data)["files"]
+        return {str(path): (str(e.get("blob_id", "")), str(e.get("lfs_sha256") or ""),
+                            int(e.get("lfs_size") or e.get("size") or 0)) for path, e in files.items()}
+    except RecursionError:
+        raise UsageError(f"refused entry {name!r}: JSON nested too deep") from None
+    except (ValueError, KeyError, TypeError, AttributeError):
+        raise UsageError(f"refused entry {name!r}: not a trees/ listing (JSON with a \"files\" object)") from None
+
+
+class _Reader:
+    """Reads the source's entries into one :class:`_RepoPlan` per repo folder, staging their content."""
+
+    def __init__(self, staging: _Staging) -> None:
+        self.staging = staging
+        self.repos: dict[str, _RepoPlan] = defaultdict(lambda: _RepoPlan({}, {}, {}, {}, set(), {}))
+        self.entries = 0
+
+    def read(self, members) -> dict[str, _RepoPlan]:
+        for member, stream in members:
+            self.entries += 1
+            if self.entries > MAX_ENTRIES:
+                raise UsageError(f"refused the source: more than {MAX_ENTRIES} entries")
+            self.entry(member, stream)
+        return dict(self.repos)
+
+    def entry(self, member: _Member, stream: BinaryIO | None) -> None:
         parts = _clean_name(member.name)
-        if member.kind == "special":
-            raise UsageError(f"refused entry {member.name!r}: a device, fifo or socket")
+        if member.kind in ("special", "sparse"):
+            what = "a device, fifo or socket" if member.kind == "special" else "a sparse file (a cache has none)"
+            raise UsageError(f"refused entry {member.name!r}: {what}")
         if parts[0] in ("CACHEDIR.TAG", ".locks") or member.kind == "dir":
             if parts[0] not in ("CACHEDIR.TAG", ".locks") and parse_folder_name(parts[0]) is None:
                 raise UsageError(f"refused entry {member.name!r}: not part of a Hugging Face cache")
-            continue
+            return
         if parse_folder_name(parts[0]) is None or len(parts) < 3 or parts[1] not in _SECTIONS:
             raise UsageError(f"refused entry {member.name!r}: not part of a Hugging Face cache layout")
+        if member.kind == "file" and parts[-1].endswith(".incomplete"):
+            return
+        content = self.content(member, stream, parts)
+        handler = {"blobs": self.blob, "snapshots": self.snapshot, "refs": self.ref, ".no_exist": self.marker,
+                   "trees": self.tree}[parts[1]]
+        handler(self.repos[parts[0]], member, parts, content)
+
+    def content(self, member: _Member, stream: BinaryIO | None, parts: list[str]) -> str:
+        """The staged member holding this entry's content ("" for a symlink), staged now for a file."""
         name = "/".join(parts)
-        repo = repos[parts[0]]
-        section, rest = parts[1], parts[2:]
         if member.kind == "hardlink":
             target = "/".join(_clean_name(member.linkname))
-            if target not in staging.files:
+            if target not in self.staging.files:
                 raise UsageError(f"refused entry {member.name!r}: hardlink to {member.linkname!r}, not an earlier file")
-            aliases[name] = target
-            content_member = target
-        elif member.kind == "file":
-            if rest[-1].endswith(".incomplete"):
-                continue
-            if section in ("blobs", "snapshots", "trees") or member.size <= 4096:
-                staging.add(name, stream, member.size)
-            content_member = name
+            return target
+        if member.kind != "file":
+            return ""
+        limit = {"refs": MAX_REF_BYTES, ".no_exist": 0, "trees": MAX_TREE_BYTES}.get(parts[1])
+        if limit is not None and member.size > limit:
+            raise UsageError(f"refused entry {member.name!r}: {member.size} bytes, more than the {limit} a "
+                             f"{parts[1]} entry may hold")
+        self.staging.add(name, stream, member.size)
+        return name
+
+    def blob(self, repo: _RepoPlan, member: _Member, parts: list[str], content: str) -> None:
+        if len(parts) != 3 or member.kind == "symlink" or algorithm_of(parts[2]) is None:
+            raise UsageError(f"refused entry {member.name!r}: a blob must be a file named by its sha256 or git sha1")
+        repo.blobs[parts[2]] = content
+
+    def snapshot(self, repo: _RepoPlan, member: _Member, parts: list[str], content: str) -> None:
+        commit, path = parts[2], "/".join(parts[3:])
+        if algorithm_of(commit) != "git-sha1" or not path:
+            raise UsageError(f"refused entry {member.name!r}: not snapshots/<commit>/<path>")
+        if member.kind == "symlink":
+            name = "/".join(parts)
+            resolved = posixpath.normpath(posixpath.join(posixpath.dirname(name), member.linkname))
+            if member.linkname.startswith("/") or posixpath.dirname(resolved) != f"{parts[0]}/blobs":
+                raise UsageError(f"refused entry {member.name!r}: link {member.linkname!r} leaves the repo's blobs/")
+            repo.links[(commit, path)] = posixpath.basename(resolved)
         else:
-            content_member = ""
-        if section == "blobs":
-            if len(rest) != 1 or member.kind == "symlink" or algorithm_of(rest[0]) is None:
-                raise UsageError(f"refused entry {member.name!r}: a blob must be a file named by its sha256 or "
-                                 "git sha1")
-            repo.blobs[rest[0]] = content_member
-        elif section == "snapshots":
-            commit, path = rest[0], "/".join(rest[1:])
-            if algorithm_of(commit) != "git-sha1" or not path:
-                raise UsageError(f"refused entry {member.name!r}: not snapshots/<commit>/<path>")
-            if member.kind == "symlink":
-                resolved = posixpath.normpath(posixpath.join(posixpath.dirname(name), member.linkname))
-                if member.linkname.startswith("/") or posixpath.dirname(resolved) != f"{parts[0]}/blobs":
-                    raise UsageError(f"refused entry {member.name!r}: link {member.linkname!r} leaves the repo's "
-                                     "blobs/")
-                repo.links[(commit, path)] = posixpath.basename(resolved)
-            else:
-                repo.files[(commit, path)] = content_member
-        elif section == "refs":
-            record = staging.files.get(content_member)
-            value = record[0].read_bytes().decode("utf-8", "replace").strip() if record else ""
-            if member.kind == "symlink" or algorithm_of(value) != "git-sha1":
-                raise UsageError(f"refused entry {member.name!r}: a ref must hold a 40-hex commit")
-            repo.refs["/".join(rest)] = value
-        elif section == ".no_exist":
-            if member.kind != "file" or member.size != 0 or len(rest) < 2 or algorithm_of(rest[0]) != "git-sha1":
-                raise UsageError(f"refused entry {member.name!r}: a .no_exist marker must be an empty file")
-            repo.markers.add((rest[0], "/".join(rest[1:])))
-        elif section == "trees":
-            record = staging.files.get(content_member)
-            if member.kind == "symlink" or len(rest) != 1 or not rest[0].endswith(".json") or record is None:
-                raise UsageError(f"refused entry {member.name!r}: trees/ holds <commit>.json files")
-            try:
-                json.loads(record[0].read_bytes())
-            except ValueError:
-                raise UsageError(f"refused entry {member.name!r}: not JSON") from None
-            repo.trees[rest[0]] = record[0].read_bytes()
-    return dict(repos)
+            repo.files[(commit, path)] = content
+
+    def ref(self, repo: _RepoPlan, member: _Member, parts: list[str], content: str) -> None:
+        record = self.staging.files.get(content)
+        value = record[0].read_bytes()[:MAX_REF_BYTES].decode("utf-8", "replace").strip() if record else ""
+        if member.kind == "symlink" or algorithm_of(value) != "git-sha1":
+            raise UsageError(f"refused entry {member.name!r}: a ref must hold a 40-hex commit")
+        repo.refs["/".join(parts[2:])] = value
+
+    def marker(self, repo: _RepoPlan, member: _Member, parts: list[str], content: str) -> None:
+        if member.kind != "file" or member.size != 0 or len(parts) < 4 or algorithm_of(parts[2]) != "git-sha1":
+            raise UsageError(f"refused entry {member.name!r}: a .no_exist marker must be an empty file")
+        repo.markers.add((parts[2], "/".join(parts[3:])))
+
+    def tree(self, repo: _RepoPlan, member: _Member, parts: list[str], content: str) -> None:
+        record = self.staging.files.get(content)
+        if member.kind == "symlink" or len(parts) != 3 or not parts[2].endswith(".json") or record is None \
+                or algorithm_of(parts[2].removesuffix(".json")) != "git-sha1" or record[1] > MAX_TREE_BYTES:
+            raise UsageError(f"refused entry {member.name!r}: trees/ holds <commit>.json files of at most "
+                             f"{MAX_TREE_BYTES} bytes")
+        repo.trees[parts[2]] = (record[0], _parse_listing(record[0].read_bytes(), member.name))
 
 
 def _check(plan: dict[str, _RepoPlan], staging: _Staging, cache_dir: Path) -> None:
@@ -266,68 +393,146 @@ def _check(plan: dict[str, _RepoPlan], staging: _Staging, cache_dir: Path) -> No
                 raise IntegrityError(f"refused {folder_name}/blobs/{etag}: content does not match the blob name",
                                      hint="the source cache is corrupt; run `hfcache verify` on it")
         for (commit, path), etag in sorted(repo.links.items()):
-            if etag not in repo.blobs and not folder.blob_path(etag).is_file():
+            if etag not in repo.blobs and not _regular_file(folder.blob_path(etag)):
                 raise UsageError(f"refused {folder_name}/snapshots/{commit}/{path}: link to a blob that neither the "
                                  "source nor the target cache has")
         for (commit, path), member in sorted(repo.files.items()):
             _, size, sha256, sha1 = staging.files[member]
             if sha256 in repo.blobs or sha1 in repo.blobs:
                 continue
-            listing = json.loads(repo.trees.get(f"{commit}.json", b"{}") or b"{}").get("files", {})
-            entry = listing.get(path) or {}
-            if entry and (entry.get("lfs_sha256") == sha256 or entry.get("blob_id") == sha1):
+            blob_id, lfs, _ = _listing(repo, commit).get(path) or ("", "", 0)
+            if lfs == sha256 or blob_id == sha1:
                 continue
             raise IntegrityError(f"refused {folder_name}/snapshots/{commit}/{path}: no blob or trees/ listing "
-                                 "vouches for its hash" + (" (it does not match the listing)" if entry else ""))
+                                 "vouches for its hash" + (" (it does not match the listing)" if blob_id else ""))
 
 
-def _publish(plan: dict[str, _RepoPlan], staging: _Staging, cache_dir: Path) -> ImportReport:
+def _regular_file(path: Path) -> bool:
+    """A regular file, not a symlink to one (the target's blob a link would use must be inside the cache)."""
+    try:
+        return stat.S_ISREG(os.lstat(path).st_mode)
+    except OSError:
+        return False
+
+
+def _listing(repo: _RepoPlan, commit: str) -> dict[str, tuple[str, str, int]]:
+    return repo.trees.get(f"{commit}.json", (None, {}))[1]
+
+
+def _resolve_files(repo: _RepoPlan, staging: _Staging) -> None:
+    """Real snapshot files become blobs named by the hash that vouched for them, and links to those blobs."""
+    for (commit, path), member in repo.files.items():
+        _, _, sha256, sha1 = staging.files[member]
+        lfs = (_listing(repo, commit).get(path) or ("", "", 0))[1]
+        etag = sha256 if (sha256 in repo.blobs or lfs == sha256) else sha1
+        repo.blobs.setdefault(etag, member)
+        repo.links[(commit, path)] = etag
+    repo.files.clear()
+
+
+def _file_and_folder(names: set[str]) -> str | None:
+    """A name of ``names`` that is also a folder of another (``a`` and ``a/b``), or None."""
+    for name in sorted(names):
+        parts = name.split("/")
+        for i in range(1, len(parts)):
+            if "/".join(parts[:i]) in names:
+                return "/".join(parts[:i])
+    return None
+
+
+def _check_shape(plan: dict[str, _RepoPlan]) -> None:
+    """Refuse a source that contradicts itself: a path that is a file and a folder, a file that is also marked
+    absent, a snapshot entry its own ``trees/`` listing does not list with that blob.
+
+    Raises:
+        UsageError: naming the entry.
+    """
+    for folder_name, repo in sorted(plan.items()):
+        for section, keys in (("snapshots", set(repo.links)), (".no_exist", repo.markers)):
+            for commit in sorted({c for c, _ in keys}):
+                clash = _file_and_folder({p for c, p in keys if c == commit})
+                if clash:
+                    raise UsageError(f"refused {folder_name}/{section}/{commit}/{clash}: a file and a folder at once")
+        clash = _file_and_folder(set(repo.refs))
+        if clash:
+            raise UsageError(f"refused {folder_name}/refs/{clash}: a file and a folder at once")
+        for commit, path in sorted(set(repo.links) & repo.markers):
+            raise UsageError(f"refused {folder_name}/.no_exist/{commit}/{path}: the source also has that file")
+        for (commit, path), etag in sorted(repo.links.items()):
+            listing = _listing(repo, commit)
+            if listing and etag not in (listing.get(path) or ("", "", 0))[:2]:
+                raise UsageError(f"refused {folder_name}/snapshots/{commit}/{path}: its own trees/ listing of that "
+                                 "commit says otherwise")
+
+
+def _check_target(plan: dict[str, _RepoPlan], folders: dict[str, RepoFolder], move_refs: bool) -> dict:
+    """Compare with the target (under the repo locks); refuse the whole import on any conflict.
+
+    Returns:
+        folder name -> (present snapshot entries, refs that move).
+
+    Raises:
+        CheckFailed: naming the conflicting entries (at most five, and how many).
+    """
+    conflicts: list[str] = []
+    checked = {}
+    for name, repo in sorted(plan.items()):
+        found, present, moved = check_target(folders[name], repo, move_refs)
+        conflicts += found
+        checked[name] = (present, moved)
+    if conflicts:
+        more = f" and {len(conflicts) - 5} more" if len(conflicts) > 5 else ""
+        raise CheckFailed(f"refused the import, nothing was changed: {'; '.join(conflicts[:5])}{more}",
+                          hint="what the target holds is never replaced by an import")
+    return checked
+
+
+def _publish(plan: dict[str, _RepoPlan], staging: _Staging, cache_dir: Path, folders: dict[str, RepoFolder],
+             checked: dict) -> ImportReport:
+    """Publish each repo in warm's order (blobs, links, markers, listings, refs last); the repo locks are held."""
     symlinks = symlinks_supported(cache_dir)
     published: dict[str, Path] = {}  # etag -> a published blob, to hardlink instead of copying again
-    new = existing = new_bytes = files = 0
-    kept: list[str] = []
+    counts = {"new": 0, "existing": 0, "bytes": 0}
+    files = 0
+    moved: list[str] = []
     for folder_name, repo in sorted(plan.items()):
-        folder = RepoFolder(cache_dir, *parse_folder_name(folder_name))
-        # Real snapshot files become blobs named by the hash that vouched for them.
-        for (commit, path), member in repo.files.items():
-            _, _, sha256, sha1 = staging.files[member]
-            listing = json.loads(repo.trees.get(f"{commit}.json", b"{}") or b"{}").get("files", {})
-            etag = sha256 if (sha256 in repo.blobs or (listing.get(path) or {}).get("lfs_sha256") == sha256) \
-                else sha1
-            repo.blobs.setdefault(etag, member)
-            repo.links[(commit, path)] = etag
-        with folder.repo_lock():
-            (folder.root / "snapshots").mkdir(parents=True, exist_ok=True)
-            for etag, member in sorted(repo.blobs.items()):
-                staged, size, _, _ = staging.files[member]
-                if folder.blob_ok(etag, size):
-                    existing += 1
-                    continue
-                folder.blob_path(etag).parent.mkdir(parents=True, exist_ok=True)
-                if etag in published and folder.adopt_blob(published[etag], etag):
-                    pass
-                elif staged.exists():
-                    os.replace(staged, folder.blob_path(etag))
-                    new_bytes += size
-                else:
-                    shutil.copyfile(published[etag], folder.blob_path(etag))
-                published[etag] = folder.blob_path(etag)
-                new += 1
-            for (commit, path), etag in sorted(repo.links.items()):
+        folder = folders[folder_name]
+        present, moves = checked[folder_name]
+        (folder.root / "snapshots").mkdir(parents=True, exist_ok=True)
+        _publish_blobs(folder, repo, staging, published, counts)
+        for (commit, path), etag in sorted(repo.links.items()):
+            if (commit, path) not in present:
                 folder.link(commit, path, etag, symlinks=symlinks)
-                files += 1
-            for commit, path in sorted(repo.markers):
-                folder.mark_absent(commit, path)
-            for tree, data in sorted(repo.trees.items()):
-                target = folder.root / "trees" / tree
-                if not target.exists():
-                    target.parent.mkdir(exist_ok=True)
-                    atomic_write(target, data)
-            for ref, commit in sorted(repo.refs.items()):
-                current = folder.ref_path(ref)
-                if current.exists() and current.read_bytes().strip() != commit.encode():
-                    kept.append(f"{folder_name}/refs/{ref}")
-                    continue
-                folder.write_ref(ref, commit)
-    return ImportReport(cache_dir=str(cache_dir), repos=tuple(sorted(plan)), files=files, blobs_new=new,
-                        blobs_existing=existing, bytes_new=new_bytes, kept=tuple(kept))
+            files += 1
+        for commit, path in sorted(repo.markers):
+            folder.mark_absent(commit, path)
+        for tree, (staged, _) in sorted(repo.trees.items()):
+            target = folder.root / "trees" / tree
+            if not os.path.lexists(target):
+                target.parent.mkdir(exist_ok=True)
+                with open(staged, "rb") as src, atomic_output(target) as out:
+                    shutil.copyfileobj(src, out, _CHUNK)
+        for ref, commit in sorted(repo.refs.items()):
+            folder.write_ref(ref, commit)
+        moved += moves
+    return ImportReport(cache_dir=str(cache_dir), repos=tuple(sorted(plan)), files=files, blobs_new=counts["new"],
+                        blobs_existing=counts["existing"], bytes_new=counts["bytes"], moved=tuple(moved))
+
+
+def _publish_blobs(folder: RepoFolder, repo: _RepoPlan, staging: _Staging, published: dict[str, Path],
+                   counts: dict[str, int]) -> None:
+    for etag, member in sorted(repo.blobs.items()):
+        staged, size, _, _ = staging.files[member]
+        if folder.blob_ok(etag, size):
+            counts["existing"] += 1
+            continue
+        folder.blob_path(etag).parent.mkdir(parents=True, exist_ok=True)
+        if etag in published and folder.adopt_blob(published[etag], etag):
+            pass
+        elif staged.exists():
+            os.replace(staged, folder.blob_path(etag))
+            counts["bytes"] += size
+        else:
+            shutil.copyfile(published[etag], folder.blob_path(etag))
+        published[etag] = folder.blob_path(etag)
+        counts["new"] += 1

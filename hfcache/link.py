@@ -8,7 +8,9 @@ Three modes:
   (relative, so they resolve inside DEST).
 - ``copy``: the same tree with copies.
 
-``.locks`` and ``*.incomplete`` are never carried over. The tree is built next to DEST and renamed into place.
+``.locks`` and ``*.incomplete`` are never carried over. The tree is built next to DEST and renamed into place; DEST
+must be new or an empty folder, so nothing it holds is ever replaced. A symlink that leaves its repo's ``blobs/``, a
+symlinked folder or a device in SRC refuses the whole link (DEST would otherwise point outside itself).
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from __future__ import annotations
 import errno
 import os
 import shutil
+import stat
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
@@ -40,7 +43,8 @@ def link_cache(src: Path, dest: Path, mode: str = "symlink") -> LinkReport:
     """Make ``dest`` a cache that uses ``src``.
 
     Raises:
-        UsageError: bad mode, ``src`` is not a directory, ``dest`` exists and is not an empty directory.
+        UsageError: bad mode, ``src`` is not a directory, ``dest`` exists and is not an empty directory, ``src`` holds a
+            link out of its repo's ``blobs/`` or a symlinked folder (hardlink and copy modes).
         CacheError: hardlinks across filesystems (``EXDEV``), or ``dest`` cannot be written.
     """
     if mode not in MODES:
@@ -57,24 +61,7 @@ def link_cache(src: Path, dest: Path, mode: str = "symlink") -> LinkReport:
         if mode == "symlink":
             os.symlink(src, staging)
         else:
-            for dirpath, dirs, names in os.walk(src):
-                rel = os.path.relpath(dirpath, src)
-                dirs[:] = sorted(d for d in dirs if not (rel == "." and d == ".locks"))
-                target_dir = staging / rel if rel != "." else staging
-                target_dir.mkdir(parents=True, exist_ok=True)
-                for name in sorted(names):
-                    if name.endswith(".incomplete"):
-                        continue
-                    s, d = os.path.join(dirpath, name), target_dir / name
-                    if os.path.islink(s):
-                        os.symlink(os.readlink(s), d)
-                    elif mode == "hardlink":
-                        os.link(s, d)
-                        files += 1
-                    else:
-                        shutil.copyfile(s, d)
-                        added += os.path.getsize(d)
-                        files += 1
+            files, added = _copy_tree(src, staging, mode)
         if dest.exists():
             dest.rmdir()
         os.replace(staging, dest)
@@ -90,3 +77,54 @@ def link_cache(src: Path, dest: Path, mode: str = "symlink") -> LinkReport:
             else:
                 shutil.rmtree(staging, ignore_errors=True)
     return LinkReport(src=str(src), dest=str(dest), mode=mode, files=files, bytes_added=added)
+
+
+def _copy_tree(src: Path, staging: Path, mode: str) -> tuple[int, int]:
+    """Recreate ``src`` under ``staging`` with hardlinks or copies; return (files, bytes copied).
+
+    The same rule as import: a symlink is carried over only when it is a snapshot entry pointing into its own repo's
+    ``blobs/`` (so DEST never links out of itself); any other symlink, a symlinked folder or a device is refused.
+
+    Raises:
+        UsageError: naming the entry.
+    """
+    files = added = 0
+    for dirpath, dirs, names in os.walk(src):
+        rel = os.path.relpath(dirpath, src)
+        dirs[:] = sorted(d for d in dirs if not (rel == "." and d == ".locks"))
+        target_dir = staging / rel if rel != "." else staging
+        target_dir.mkdir(parents=True, exist_ok=True)
+        for name in sorted(d for d in dirs if os.path.islink(os.path.join(dirpath, d))):
+            raise UsageError(f"{os.path.join(dirpath, name)} is a symlink to a folder; a cache has none",
+                             hint="run `hfcache verify` on the source cache")
+        for name in sorted(names):
+            if name.endswith(".incomplete"):
+                continue
+            s, d = os.path.join(dirpath, name), target_dir / name
+            st = os.lstat(s)
+            if stat.S_ISLNK(st.st_mode):
+                os.symlink(_checked_link(src, s), d)
+            elif not stat.S_ISREG(st.st_mode):
+                raise UsageError(f"{s} is not a regular file, link or folder")
+            elif mode == "hardlink":
+                os.link(s, d, follow_symlinks=False)
+                files += 1
+            else:
+                fd = os.open(s, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
+                with os.fdopen(fd, "rb") as fin, open(d, "xb") as fout:
+                    shutil.copyfileobj(fin, fout, 1024 * 1024)
+                added += os.path.getsize(d)
+                files += 1
+    return files, added
+
+
+def _checked_link(src: Path, path: str) -> str:
+    """The target of the symlink ``path`` if it is ``<repo>/snapshots/...`` pointing into ``<repo>/blobs/``."""
+    target = os.readlink(path)
+    rel = os.path.relpath(path, src).split(os.sep)
+    resolved = os.path.normpath(os.path.join(os.path.dirname(path), target))
+    blobs = os.path.normpath(os.path.join(src, rel[0], "blobs"))
+    if os.path.isabs(target) or len(rel) < 4 or rel[1] != "snapshots" or os.path.dirname(resolved) != blobs:
+        raise UsageError(f"{path} links to {target!r}, outside its repo's blobs/; nothing was linked",
+                         hint="run `hfcache verify` on the source cache")
+    return target

@@ -151,7 +151,7 @@ def find_manifest(path: str | os.PathLike[str] | None = None, start: Path | None
     if pyproject.is_file():
         try:
             data = tomllib.loads(pyproject.read_text(encoding="utf-8"))
-        except (OSError, tomllib.TOMLDecodeError):
+        except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError, RecursionError):
             data = {}
         if "hfcache" in data.get("tool", {}):
             return pyproject
@@ -170,6 +170,8 @@ def _read_toml(path: Path, what: str) -> dict[str, Any]:
         return tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise UsageError(f"{path}: invalid TOML: {exc}", hint=f"fix the {what}") from None
+    except RecursionError:  # tomllib parses nested arrays and inline tables recursively
+        raise UsageError(f"{path}: invalid TOML: nested too deep", hint=f"fix the {what}") from None
 
 
 def load_manifest(path: str | os.PathLike[str]) -> Manifest:

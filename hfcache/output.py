@@ -460,15 +460,15 @@ def show_export(plan, dest: str, fmt: str, digest: str | None, *, as_json: bool)
 def show_import(report, *, as_json: bool) -> None:
     document = {"cache_dir": report.cache_dir, "repos": list(report.repos), "files": report.files,
                 "blobs_new": report.blobs_new, "blobs_existing": report.blobs_existing,
-                "bytes_new": report.bytes_new, "kept_refs": list(report.kept)}
+                "bytes_new": report.bytes_new, "moved_refs": list(report.moved)}
     if as_json:
         print_json(document)
         return
     stderr.print(f"imported {len(report.repos)} repo(s), {report.files} snapshot entries into {report.cache_dir}: "
                  f"{report.blobs_new} new blob(s) ({human_size(report.bytes_new)}), "
                  f"{report.blobs_existing} already there")
-    for ref in report.kept:
-        stderr.print(Text(f"kept the target's existing {ref} (it points elsewhere)", style="yellow"))
+    for ref in report.moved:
+        stderr.print(Text(f"moved the target's {ref} to the source's commit (--move-refs)", style="yellow"))
 
 
 def show_link(report, *, as_json: bool) -> None:

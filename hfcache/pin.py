@@ -17,7 +17,7 @@ from .errors import HfcacheError, HubError, IntegrityError
 from .hub import HubClient
 from .lockfile import LockedFile, LockedRepo, Lockfile, Manifest
 from .records import WarmRequest
-from .selection import select, shards_from_index
+from .selection import check_index_size, select, shards_from_index
 
 
 @dataclass(frozen=True)
@@ -60,6 +60,10 @@ def resolve_entry(client: HubClient, request: WarmRequest) -> LockedRepo:
     repo = client.describe(repo, selection.needs_index, counter)
     for index in selection.needs_index:
         buffer = io.BytesIO()
+        try:
+            check_index_size(index, repo.by_path[index].size)
+        except ValueError as exc:
+            raise IntegrityError(f"{request.repo_id}: {exc}") from None
         client.download(repo, repo.by_path[index], buffer, counter)
         try:
             paths |= shards_from_index(buffer.getvalue(), repo.paths, index)

@@ -176,6 +176,18 @@ def select(
     return Selection(paths=tuple(sorted(chosen)), absent=absent, needs_index=needs_index)
 
 
+#: Largest sharded weight index read into memory, bytes (real ones are about 1 MiB at most); checked against the size
+#: the endpoint publishes before the index is fetched.
+MAX_INDEX_BYTES = 64 * 1024 * 1024
+
+
+def check_index_size(index_path: str, size: int) -> None:
+    """Raise ValueError when an index of ``size`` bytes (as published) is larger than ``MAX_INDEX_BYTES``."""
+    if size > MAX_INDEX_BYTES:
+        raise ValueError(f"{index_path} is {size} bytes, more than the {MAX_INDEX_BYTES} a sharded weight index "
+                         "may have")
+
+
 def shards_from_index(index_bytes: bytes, available: Iterable[str], index_path: str) -> set[str]:
     """Return the shard paths a sharded ``*.index.json`` names in its ``weight_map``.
 
@@ -193,8 +205,8 @@ def shards_from_index(index_bytes: bytes, available: Iterable[str], index_path: 
     try:
         weight_map = json.loads(index_bytes)["weight_map"]
         shard_names = set(weight_map.values())
-    except (ValueError, KeyError, TypeError, AttributeError) as exc:
-        raise ValueError(f"{index_path} is not a sharded weight index: {exc}") from None
+    except (ValueError, KeyError, TypeError, AttributeError, RecursionError) as exc:
+        raise ValueError(f"{index_path} is not a sharded weight index: {type(exc).__name__} {exc}") from None
     folder = index_path.rsplit("/", 1)[0] + "/" if "/" in index_path else ""
     shards = {folder + name for name in shard_names}
     missing = sorted(shards - set(available))

@@ -248,11 +248,24 @@ class _HttpError(Exception):
         if self.code is not None:
             headers["X-Error-Code"] = self.code
             headers["X-Error-Message"] = self.message
+        headers = {k: header_value(v) for k, v in headers.items()}
         body = json.dumps({"error": self.message})
         return Response(body, status=self.status, mimetype="application/json", headers=headers)
 
 
 # --- content: files, hashes, commits -------------------------------------------------------------
+
+
+def header_value(value: str) -> str:
+    """``value`` as a header value every stack sends: printable ASCII as is, anything else percent-escaped.
+
+    Messages can hold request paths (``"<path> is not held by this mirror"``): a name in another script cannot be
+    encoded as Latin-1 (uvicorn answered 500 with a ``UnicodeEncodeError`` after logging 404) and a ``%0D%0A`` in
+    the path would be a newline (werkzeug refuses to build the response: 500 again).
+    """
+    if all(" " <= c <= "~" for c in value):
+        return value
+    return quote(value, safe=_PRINTABLE + " ")
 
 
 def is_lfs_file(path: str, size: int) -> bool:
@@ -798,6 +811,7 @@ class HubServer:
                 self._log.append(entry)
         # A FileBody comes back as is (direct_passthrough); HEAD/304 get an empty iterable that closes the file.
         app_iter, status, headers = response.get_wsgi_response(environ)
+        headers = [(k, header_value(v)) for k, v in headers]
         with self._active_cond:
             self._active += 1
         return status, list(headers), app_iter, entry

@@ -165,7 +165,7 @@ def read_tree_listing(repo_root: str, commit: str) -> dict[str, Expected] | None
             etag = info.get("lfs_sha256") or info["blob_id"]
             out[path] = Expected(etag=etag, size=int(info.get("lfs_size") or info["size"]))
         return out
-    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+    except (OSError, ValueError, KeyError, TypeError, AttributeError, RecursionError):  # nested too deep: not ours
         return None
 
 

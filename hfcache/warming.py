@@ -40,7 +40,7 @@ from .retry import DEFAULT_RETRIES, RetryCounter
 from .transfer import Slots, TransferOptions, download_blob
 from .records import NoProgress, ProgressSink, RepoResult, WarmedFile, WarmReport, WarmRequest
 from .lockfile import LockedRepo
-from .selection import Selection, select, shards_from_index
+from .selection import Selection, check_index_size, select, shards_from_index
 
 _PUBLISH_GRACE = 0.5  # seconds an interrupted warm waits for repos in the middle of publishing
 
@@ -253,6 +253,11 @@ class _RepoJob:
                 # The shard list is inside the index file: fetch (or find) the index first.
                 repo = self.client.describe(repo, selection.needs_index, self.counter)
                 by_path = repo.by_path
+                try:
+                    for index in selection.needs_index:
+                        check_index_size(index, by_path[index].size)
+                except ValueError as exc:
+                    raise IntegrityError(f"{req.repo_id}: {exc}") from None
                 self._fetch(repo, canonical, [by_path[p] for p in selection.needs_index])
                 for index in selection.needs_index:
                     data = canonical.blob_path(by_path[index].etag).read_bytes()

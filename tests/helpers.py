@@ -39,13 +39,15 @@ def clean_env(**extra: str) -> dict[str, str]:
 
 
 def run_hfcache(args: Sequence[str], *, env: dict[str, str] | None = None, timeout: float = 120,
-                home: Path | None = None, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
-    """Run ``python -m hfcache ARGS`` as a real subprocess and return the completed process (text mode)."""
+                home: Path | None = None, cwd: Path | None = None,
+                input_text: str | None = None) -> subprocess.CompletedProcess[str]:
+    """Run ``python -m hfcache ARGS`` as a real subprocess and return the completed process (text mode);
+    ``input_text`` is its stdin (else the stdin of the tests)."""
     environment = env if env is not None else clean_env()
     if home is not None:
         environment = {**environment, "HF_HOME": str(home)}
     return subprocess.run([sys.executable, "-m", "hfcache", *args], capture_output=True, text=True,
-                          env=environment, timeout=timeout, cwd=cwd)
+                          env=environment, timeout=timeout, cwd=cwd, input=input_text)
 
 
 def offline_load(cache_dir: Path, repo_ids: Sequence[str], *, timeout: float = 300) -> dict[str, dict]:

@@ -7,9 +7,11 @@ headers, stall, never end, loop redirects, speak invalid JSON. The request log c
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import threading
+import zlib
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 CONTENT = b'{"version": "1.0", "model": {"type": "WordLevel", "vocab": {"[UNK]": 0}, "unk_token": "[UNK]"}}\n'
@@ -22,11 +24,24 @@ def git_sha1(data: bytes) -> str:
 
 FAULTS = (
     "dotdot_path", "absolute_path", "backslash_path", "bad_hash", "size_larger", "size_smaller", "redirect_loop",
-    "endless_body", "stall_mid_body", "invalid_json", "error_500", "bad_commit",
+    "endless_body", "stall_mid_body", "invalid_json", "error_500", "bad_commit", "gzip_bomb", "gzip_bomb_404",
+    "deep_json", "file_and_folder",
     # Mirrors without ?blobs=true metadata: the fallbacks' answers are validated too.
     "bad_tree_oid", "bad_head_etag", "head_without_size",
 )
 _NO_BLOBS = ("bad_tree_oid", "bad_head_etag", "head_without_size")
+
+
+@functools.lru_cache(maxsize=1)
+def gzip_bomb() -> bytes:
+    """A gzip body of ~260 KiB that inflates to 256 MiB: a repo info whose JSON is padded with spaces."""
+    head = json.dumps({"id": "evil/repo", "sha": COMMIT, "siblings": []}).encode()[:-1] + b', "pad": "'
+    out = zlib.compressobj(9, zlib.DEFLATED, 31)  # 31: gzip container
+    parts = [out.compress(head)]
+    block = b" " * (1 << 20)
+    parts += [out.compress(block) for _ in range(256)]
+    parts.append(out.compress(b'"}') + out.flush())
+    return b"".join(parts)
 
 
 class HostileServer:
@@ -35,6 +50,8 @@ class HostileServer:
     def __init__(self, fault: str) -> None:
         assert fault in FAULTS, fault
         self.fault = fault
+        if fault.startswith("gzip_bomb"):
+            gzip_bomb()  # built before the first request, not within the client's timeout
         self.requests: list[str] = []
         self._stop = threading.Event()
         outer = self
@@ -86,6 +103,16 @@ class HostileServer:
         if fault == "error_500":
             self._send(h, 500, b'{"error": "internal"}', {"Content-Type": "application/json"}, head)
             return
+        if fault in ("gzip_bomb", "gzip_bomb_404") and path.startswith("/api/"):
+            status = 404 if fault == "gzip_bomb_404" else 200
+            self._send(h, status, gzip_bomb(), {"Content-Type": "application/json", "Content-Encoding": "gzip",
+                                                "X-Error-Code": "RepoNotFound"} if status == 404 else
+                       {"Content-Type": "application/json", "Content-Encoding": "gzip"}, head)
+            return
+        if fault == "deep_json" and path.startswith("/api/"):
+            body = b'{"id": "evil/repo", "sha": "' + COMMIT.encode() + b'", "x": ' + b"[" * 100_000 + b"]" * 100_000 + b"}"
+            self._send(h, 200, body, {"Content-Type": "application/json"}, head)
+            return
         if path.startswith("/api/models/evil/repo/tree/"):
             if fault != "bad_tree_oid":
                 self._send(h, 404, b'{"error": "not found"}', {"Content-Type": "application/json"}, head)
@@ -100,6 +127,9 @@ class HostileServer:
                 {"rfilename": name, "size": len(CONTENT), "blobId": git_sha1(CONTENT)}
             info = {"id": "evil/repo", "sha": "not-a-commit" if fault == "bad_commit" else COMMIT,
                     "siblings": [sibling]}
+            if fault == "file_and_folder":  # a path both a file and a folder: half a snapshot would be published
+                info["siblings"].append({"rfilename": "tokenizer.json/tokenizer_config.json", "size": len(CONTENT),
+                                         "blobId": git_sha1(CONTENT)})
             body = b'{"id": "evil/repo", "sha": ' if fault == "invalid_json" else json.dumps(info).encode()
             self._send(h, 200, body, {"Content-Type": "application/json"}, head)
             return

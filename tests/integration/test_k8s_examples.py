@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import copy
 import json
+import os
 import re
 import shutil
 import signal
@@ -32,8 +33,11 @@ PROJECT = Path(__file__).parents[2]
 K8S = PROJECT / "examples" / "k8s"
 EXAMPLES = PROJECT / "examples"
 MANIFESTS = sorted(K8S.glob("*.yaml"))
-MINE = ["app-emptydir.yaml", "app-shared-rwx.yaml", "mirror.yaml"]
+MINE = ["app-emptydir.yaml", "app-shared-rwx.yaml", "mirror.yaml", "app-image-volume.yaml", "oci-push-cronjob.yaml"]
 K8S_VERSION = "1.30"  # a version clusters still run; the schemas ship with kubernetes-validate
+# `image` volumes (KEP-4639) are on by default from 1.35: the manifests that use them are validated against 1.35.
+K8S_VERSIONS = {"app-image-volume.yaml": "1.35", "oci-push-cronjob.yaml": "1.35"}
+REGISTRY = "registry.example.com/"  # the examples' registry; a local docker-registry in the run-for-real test
 UPSTREAM, MIRROR = "https://huggingface.co", "http://hfcache-mirror:8080"
 
 
@@ -82,7 +86,18 @@ def test_manifest_validates_strictly(path):
     docs = documents(path)
     assert docs
     for doc in docs:
+        kubernetes_validate.validate(doc, K8S_VERSIONS.get(path.name, K8S_VERSION), strict=True)
+
+
+def test_image_volume_needs_1_35_schemas():
+    doc = documents(K8S / "app-image-volume.yaml")[0]
+    with pytest.raises(kubernetes_validate.ValidationError):  # 1.30 has no `image` volume source
         kubernetes_validate.validate(doc, K8S_VERSION, strict=True)
+    doc = copy.deepcopy(doc)
+    image = doc["spec"]["template"]["spec"]["volumes"][0]["image"]
+    image["referense"] = image.pop("reference")  # misspelt field: strict 1.35 knows the image volume source
+    with pytest.raises(kubernetes_validate.ValidationError):
+        kubernetes_validate.validate(doc, "1.35", strict=True)
 
 
 def test_the_validator_is_not_vacuous():
@@ -157,9 +172,10 @@ def test_apps_warm_from_the_mirror_service():
 class Cluster:
     """Stand-ins for what the pods would mount, and the endpoints they would reach."""
 
-    def __init__(self, base: Path, upstream: str) -> None:
+    def __init__(self, base: Path, upstream: str, registry: str) -> None:
         self.base = base
         self.endpoints = {UPSTREAM: upstream}
+        self.registry = registry  # host:port of a local registry standing for registry.example.com
         self.lock_dir = base / "configmaps" / "hfcache-lock"
         self.lock_dir.mkdir(parents=True)
         shutil.copyfile(EXAMPLES / "hfcache.lock", self.lock_dir / "hfcache.lock")
@@ -170,6 +186,13 @@ class Cluster:
         elif "configMap" in volume:
             assert volume["configMap"]["name"] == "hfcache-lock", volume
             return self.lock_dir
+        elif "image" in volume:  # what the kubelet mounts: the image's root filesystem, here pulled by hfcache
+            path = self.base / "images" / volume["image"]["reference"].replace("/", "_")
+            if not path.exists():
+                pulled = run(["hfcache", "pull", self.local(volume["image"]["reference"]), "--cache-dir", str(path),
+                              "--plain-http"], {})
+                assert pulled.returncode == 0, pulled.stderr
+            return path
         else:
             path = self.base / "pods" / pod / volume["name"]
         path.mkdir(parents=True, exist_ok=True)
@@ -185,14 +208,31 @@ class Cluster:
             for point, folder in mounts:
                 if value == point or value.startswith(point + "/"):
                     return str(folder) + value[len(point):]
-            return self.endpoints.get(value, value)
+            return self.local(value)
 
-        command = [local(a) for a in argv(container)]
+        env = {e["name"]: local(e["value"]) if "value" in e else self.field(e["valueFrom"])
+               for e in container.get("env", [])}
+        # Kubernetes expands $(VAR) in command and args from the container's env.
+        command = [local(re.sub(r"\$\((\w+)\)", lambda m: env.get(m.group(1), m.group(0)), a))
+                   for a in argv(container)]
         for flag, value in (("--host", "127.0.0.1"), ("--port", "0")):
             if command[:2] == ["hfcache", "serve"] and flag in command:
                 command[command.index(flag) + 1] = value
-        env = {e["name"]: local(e["value"]) for e in container.get("env", [])}
+        if command[:2] in (["hfcache", "push"], ["hfcache", "pull"]):
+            command.append("--plain-http")  # the local registry has no TLS
         return command, env
+
+    def local(self, value: str) -> str:
+        if value.startswith(REGISTRY):
+            return self.registry + "/" + value[len(REGISTRY):]
+        return self.endpoints.get(value, value)
+
+    @staticmethod
+    def field(source: dict) -> str:
+        """A downward-API value: the labels the Job controller puts on its pods."""
+        path = source["fieldRef"]["fieldPath"]
+        assert path == "metadata.labels['batch.kubernetes.io/job-name']", path
+        return "hfcache-oci-push-29415281"
 
 
 def run(command: list[str], env: dict[str, str], timeout: float = 300) -> subprocess.CompletedProcess[str]:
@@ -213,9 +253,13 @@ def container_of(file: str, name: str) -> tuple[str, dict, dict]:
 
 @pytest.mark.slow
 def test_the_manifests_commands_run_for_real(hub_root, tmp_path):
+    from tests.registry import available, running_registry
+
+    if available() and not os.environ.get("CI"):
+        pytest.skip(available())
     ran = set()
-    with HubServer(hub_root) as upstream:
-        cluster = Cluster(tmp_path, upstream.endpoint)
+    with HubServer(hub_root) as upstream, running_registry(tmp_path / "registry") as registry:
+        cluster = Cluster(tmp_path, upstream.endpoint, registry.host)
 
         # 1. The mirror's init container fills its claim from "the Hub".
         pod, spec, warm = container_of("mirror.yaml", "warm")
@@ -295,6 +339,18 @@ def test_the_manifests_commands_run_for_real(hub_root, tmp_path):
                     verified = run(["hfcache", "verify", "--lock", str(cluster.lock_dir / "hfcache.lock"),
                                     "--cache-dir", cache], {})
                     assert verified.returncode == 0, (file, container["name"], verified.stdout + verified.stderr)
+        hub_requests_after_push = len(upstream.requests)
+
+        # 5. The application that mounts the pushed image (image volume) loads offline from it.
+        pod, spec, app = container_of("app-image-volume.yaml", "app")
+        loaded = run(*cluster.process(pod, spec, app))
+        assert loaded.returncode == 0, loaded.stdout + loaded.stderr
+        tokens = [json.loads(line) for line in loaded.stdout.splitlines() if line.startswith("{")]
+        assert len(tokens) == 3
+        for entry in tokens:
+            canonical = {"bert-base-uncased": "google-bert/bert-base-uncased"}.get(entry["repo_id"])
+            assert entry["input_ids"] == golden_ids(entry["repo_id"], canonical), entry
+        assert len(upstream.requests) == hub_requests_after_push  # the image volume needs no Hub
 
     expected = {(f, c["name"]) for f, _, spec in workloads() for _, c in all_containers(spec)
                 if argv(c)[0] == "hfcache"}

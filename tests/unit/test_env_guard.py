@@ -126,3 +126,32 @@ def test_the_guard_site_folder_ships_in_the_package():
     root = Path(guard.__file__).parent.parent
     assert (Path(guard.site_dir()) / "sitecustomize.py").is_file()
     assert "hfcache._guard_site" in find_namespace_packages(where=str(root), include=["hfcache*"])
+
+
+def test_reverse_lookups():
+    g = make_guard("10.1.2.3", "mirror.internal:443")
+    assert g.allows_reverse_lookup("127.0.0.1", None) and g.allows_reverse_lookup("::1", 80)
+    assert g.allows_reverse_lookup("localhost", None) and g.allows_reverse_lookup(socket.gethostname(), None)
+    assert g.allows_reverse_lookup("10.1.2.3", 80) and g.allows_reverse_lookup("mirror.internal", 443)
+    assert not g.allows_reverse_lookup("192.0.2.1", None) and not g.allows_reverse_lookup("example.org", None)
+
+
+def test_every_sending_or_resolving_audit_event_is_guarded():
+    """The events of CPython's audit table that can send or resolve; a missing one is a hole (issue 13)."""
+    assert guard._GUARDED_EVENTS >= {"socket.connect", "socket.sendto", "socket.sendmsg", "socket.getaddrinfo",
+                                     "socket.gethostbyname", "socket.gethostbyaddr", "socket.getnameinfo",
+                                     "socket.__new__"}
+    g = make_guard()
+    g.enforced = True
+    udp = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    try:
+        with pytest.raises(guard.NetworkBlocked, match="connection to 127.0.0.1:9"):
+            g.hook("socket.sendmsg", (udp, ("127.0.0.1", 9)))
+        g.hook("socket.sendmsg", (udp, None))  # a connected socket: its connect was checked
+    finally:
+        udp.close()
+    with pytest.raises(guard.NetworkBlocked, match="reverse DNS lookup of 192.0.2.1"):
+        g.hook("socket.getnameinfo", (("192.0.2.1", 443),))
+    with pytest.raises(guard.NetworkBlocked, match="socket of address family"):
+        g.hook("socket.__new__", (None, getattr(socket, "AF_PACKET", 17), socket.SOCK_RAW, 0))
+    g.hook("socket.__new__", (None, socket.AF_UNIX, socket.SOCK_STREAM, 0))

@@ -75,3 +75,13 @@ def test_all_kind_takes_everything_and_still_writes_markers():
 def test_unknown_kind_is_rejected():
     with pytest.raises(ValueError):
         select(BERT, "weights")
+
+
+def test_an_index_nested_too_deep_or_too_large_is_refused():
+    from hfcache.selection import MAX_INDEX_BYTES, check_index_size
+
+    with pytest.raises(ValueError, match="not a sharded weight index: RecursionError"):
+        shards_from_index(b'{"weight_map": ' + b"[" * 100_000 + b"]" * 100_000 + b"}", [], "m.index.json")
+    check_index_size("m.index.json", MAX_INDEX_BYTES)
+    with pytest.raises(ValueError, match="more than the"):
+        check_index_size("m.index.json", MAX_INDEX_BYTES + 1)

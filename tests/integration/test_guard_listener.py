@@ -1,0 +1,152 @@
+"""The exec network guard against every way Python can put a byte on the network, checked by a real listener.
+
+A TCP and a UDP socket on 127.0.0.1 record every connection and datagram that arrives. The child under
+``hfcache exec`` tries each audited way to send or resolve (issue 13, item 5: ``sendmsg`` with ``MSG_FASTOPEN``
+connected and delivered data past the guard); the same child without the guard reaches the listener, so the check
+can fail.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import sys
+import textwrap
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import pytest
+
+from tests.helpers import clean_env, run_hfcache
+
+ATTEMPTS = textwrap.dedent("""
+    import json, socket, sys
+    port, mode = int(sys.argv[1]), sys.argv[2]
+    target = ("127.0.0.1", port)
+    def tcp_fastopen():
+        s = socket.socket(); s.sendmsg([b"fastopen"], [], socket.MSG_FASTOPEN, target); s.close()
+    def tcp_sendto_fastopen():
+        s = socket.socket(); s.sendto(b"sendto-fastopen", socket.MSG_FASTOPEN, target); s.close()
+    def udp_sendmsg():
+        socket.socket(socket.AF_INET, socket.SOCK_DGRAM).sendmsg([b"udp-sendmsg"], [], 0, target)
+    def udp_sendto():
+        socket.socket(socket.AF_INET, socket.SOCK_DGRAM).sendto(b"udp-sendto", target)
+    def udp6_mapped():
+        socket.socket(socket.AF_INET6, socket.SOCK_DGRAM).sendto(b"udp6", ("::ffff:127.0.0.1", port))
+    def connect_ex():
+        s = socket.socket(); s.connect_ex(target); s.sendall(b"connect-ex"); s.close()
+    def create_connection():
+        socket.create_connection(target, timeout=5).sendall(b"create-connection")
+    sends = [tcp_fastopen, tcp_sendto_fastopen, udp_sendmsg, udp_sendto, udp6_mapped, connect_ex, create_connection]
+    lookups = [
+        lambda: socket.gethostbyaddr("192.0.2.1"),
+        lambda: socket.getnameinfo(("192.0.2.1", 443), 0),
+        lambda: socket.gethostbyname_ex("hub.invalid"),
+        lambda: socket.getaddrinfo("hub.invalid", 443),
+        lambda: socket.socket(socket.AF_PACKET, socket.SOCK_RAW),
+    ]
+    out = {}
+    for attempt in sends + (lookups if mode == "all" else []):
+        name = getattr(attempt, "__name__", "lambda") + str(len(out))
+        try:
+            attempt()
+            out[name] = "sent"
+        except Exception as exc:
+            out[name] = f"{type(exc).__name__}: {exc}"
+    # Loopback reverse look-ups are answered from /etc/hosts: http.server and socket.getfqdn() need them.
+    if mode == "all":
+        socket.gethostbyaddr("127.0.0.1"); socket.getfqdn()
+    print(json.dumps(out))
+""")
+
+
+@contextmanager
+def listener() -> Iterator[tuple[int, list[str]]]:
+    """A TCP listener and a UDP socket on the same 127.0.0.1 port (and [::1] is not used); yields (port, arrivals)."""
+    tcp = socket.socket()
+    tcp.setsockopt(socket.IPPROTO_TCP, getattr(socket, "TCP_FASTOPEN", 23), 16)
+    tcp.bind(("127.0.0.1", 0))
+    tcp.listen(16)
+    port = tcp.getsockname()[1]
+    udp = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    udp.bind(("127.0.0.1", port))
+    arrivals: list[str] = []
+    stop = threading.Event()
+
+    def accept() -> None:
+        tcp.settimeout(0.2)
+        while not stop.is_set():
+            try:
+                conn, _ = tcp.accept()
+            except (TimeoutError, OSError):
+                continue
+            conn.settimeout(2)
+            try:
+                arrivals.append(f"tcp:{conn.recv(100)!r}")
+            except OSError:
+                arrivals.append("tcp:connection")
+            conn.close()
+
+    def receive() -> None:
+        udp.settimeout(0.2)
+        while not stop.is_set():
+            try:
+                arrivals.append(f"udp:{udp.recv(100)!r}")
+            except (TimeoutError, OSError):
+                continue
+
+    threads = [threading.Thread(target=accept, daemon=True), threading.Thread(target=receive, daemon=True)]
+    for t in threads:
+        t.start()
+    try:
+        yield port, arrivals
+    finally:
+        stop.set()
+        for t in threads:
+            t.join(5)
+        tcp.close()
+        udp.close()
+
+
+def test_every_send_and_lookup_is_blocked_and_nothing_reaches_the_listener(tmp_path):
+    with listener() as (port, arrivals):
+        proc = run_hfcache(["exec", "--cache-dir", str(tmp_path / "cache"), "--", sys.executable, "-c", ATTEMPTS,
+                            str(port), "all"])
+        assert proc.returncode == 0, proc.stderr
+        results = json.loads(proc.stdout.strip().splitlines()[-1])
+        threading.Event().wait(1.0)  # let late datagrams land
+        assert arrivals == [], arrivals
+    assert len(results) == 12
+    for name, result in results.items():
+        assert result.startswith("NetworkBlocked: hfcache blocked a "), (name, result)
+    assert f"connection to 127.0.0.1:{port}" in results["tcp_fastopen0"]
+    assert "reverse DNS lookup of 192.0.2.1" in results["<lambda>7"]
+    assert "reverse DNS lookup of 192.0.2.1" in results["<lambda>8"]
+    assert "DNS lookup of hub.invalid" in results["<lambda>9"]
+    assert "socket of address family AF_PACKET" in results["<lambda>11"]
+    assert not (tmp_path / "cache").exists() or not any((tmp_path / "cache").glob("models--*"))
+
+
+def test_the_same_sends_reach_the_listener_without_the_guard():
+    """The control: without exec the attempts do arrive, so the test above would see a leak."""
+    import subprocess
+
+    with listener() as (port, arrivals):
+        proc = subprocess.run([sys.executable, "-c", ATTEMPTS, str(port), "sends"], capture_output=True, text=True,
+                              env=clean_env(), timeout=60)
+        assert proc.returncode == 0, proc.stderr
+        threading.Event().wait(1.0)
+    assert "tcp:b'fastopen'" in arrivals and "udp:b'udp-sendmsg'" in arrivals and "udp:b'udp-sendto'" in arrivals, \
+        arrivals
+
+
+@pytest.mark.parametrize("flag", ["-I", "-S", "-E"])
+def test_a_child_that_skips_site_is_not_guarded(tmp_path, flag):
+    """Documented blind spot (README): -I/-S/-E interpreters never load the guard's sitecustomize."""
+    with listener() as (port, arrivals):
+        proc = run_hfcache(["exec", "--cache-dir", str(tmp_path / "cache"), "--", sys.executable, flag, "-c",
+                            ATTEMPTS, str(port), "sends"])
+        assert proc.returncode == 0, proc.stderr
+        threading.Event().wait(1.0)
+    assert "udp:b'udp-sendto'" in arrivals

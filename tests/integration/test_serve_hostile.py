@@ -1,0 +1,94 @@
+"""serve against hostile clients (issue 13, item 8): odd names on error paths, and connections that never finish.
+
+The mirror's protocol runs in-process on both stacks (uvicorn is what ``hfcache serve`` runs); the clients are real
+sockets and huggingface_hub itself.
+"""
+
+from __future__ import annotations
+
+import io
+import socket
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import pytest
+from huggingface_hub import hf_hub_download
+from huggingface_hub.errors import EntryNotFoundError
+
+import hfcache
+from hfcache import asgi
+from hfcache.records import WarmRequest
+from hfcache.server import HubServer
+from tests.helpers import run_hfcache
+
+HUB = Path(__file__).parent.parent / "data" / "hub"
+REPO = "google-bert/bert-base-uncased"
+
+
+@pytest.fixture(scope="module")
+def warmed(tmp_path_factory) -> Path:
+    cache = tmp_path_factory.mktemp("serve-hostile") / "cache"
+    with HubServer(HUB) as server:
+        assert hfcache.warm([WarmRequest.parse(REPO)], cache_dir=cache, endpoint=server.endpoint, token=False).ok
+    return cache
+
+
+@pytest.mark.parametrize("backend", ["uvicorn", "werkzeug"])
+@pytest.mark.parametrize("name", ["日本語.txt", "a%0D%0AX-Evil: 1", "é\u2028\u0085.json"])
+def test_a_missing_file_with_any_name_gets_the_protocols_404(warmed, tmp_path, backend, name):
+    log = io.StringIO()
+    with HubServer(warmed, layout="cache", backend=backend, lfs_redirect=False, access_log=log) as server:
+        quoted = urllib.parse.quote(name, safe="%")
+        with pytest.raises(urllib.error.HTTPError) as raised:
+            urllib.request.urlopen(f"{server.endpoint}/{REPO}/resolve/main/{quoted}", timeout=30)
+        assert raised.value.code == 404
+        assert raised.value.headers["X-Error-Code"] == "EntryNotFound"
+        assert "X-Evil" not in raised.value.headers
+        # huggingface_hub sees the Hub's error, not a server failure
+        with pytest.raises(EntryNotFoundError):
+            hf_hub_download(REPO, name.replace("%0D%0A", "\r\n"), endpoint=server.endpoint,
+                            cache_dir=tmp_path / "client", token=False)
+    lines = log.getvalue().splitlines()
+    assert lines and all(line.split(" ")[3] == "404" for line in lines), lines
+    assert run_hfcache(["verify", "--cache-dir", str(warmed)]).returncode == 0
+
+
+def test_unfinished_requests_are_closed_and_connections_capped(warmed, monkeypatch):
+    monkeypatch.setattr(asgi, "HEADER_TIMEOUT_SECONDS", 1.0)
+    monkeypatch.setattr(asgi, "MAX_CONNECTIONS", 50)
+    with HubServer(warmed, layout="cache", backend="uvicorn", lfs_redirect=False) as server:
+        port = int(server.endpoint.rsplit(":", 1)[1])
+        socks = []
+        for _ in range(200):
+            s = socket.create_connection(("127.0.0.1", port), timeout=30)
+            s.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\nX-Slow: ")  # never finished
+            socks.append(s)
+        started = time.monotonic()
+        closed_at = []
+        for s in socks:
+            try:
+                data = s.recv(100)
+            except ConnectionResetError:
+                data = b""
+            closed_at.append(time.monotonic() - started)
+            assert data == b"", data  # closed without an answer: no request was ever complete
+            s.close()
+        assert max(closed_at) < 20, max(closed_at)  # the whole storm is gone after the header timeout
+        # A client that finishes its headers in time is served, and a keep-alive client between requests is not cut.
+        with urllib.request.urlopen(f"{server.endpoint}/healthz", timeout=30) as response:
+            assert response.status == 200
+        s = socket.create_connection(("127.0.0.1", port), timeout=30)
+        s.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+        assert s.recv(1000).startswith(b"HTTP/1.1 200")
+        time.sleep(1.5)  # idle past the header timeout, but between requests: keep-alive rules
+        s.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+        assert s.recv(1000).startswith(b"HTTP/1.1 200")
+        s.close()
+
+
+def test_the_defaults_are_bounded():
+    assert asgi.HEADER_TIMEOUT_SECONDS <= 60
+    assert 64 <= asgi.MAX_CONNECTIONS <= 4096
+    assert asgi.MAX_REQUEST_HEAD_BYTES <= 64 * 1024
