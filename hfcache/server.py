@@ -31,7 +31,9 @@ in-process, instant start, used by the tests) and uvicorn (``backend="uvicorn"``
 see README "Mirror: hfcache serve" for the measurement behind the choice).
 
 Run it: ``python -m hfcache.server ROOT [--host 127.0.0.1] [--port 8080] [--throttle-bps N] [--layout cache]
-[--backend uvicorn] [--no-cdn]`` (``hfcache serve`` is the production entry point: :mod:`hfcache.mirror`).
+[--backend uvicorn] [--no-cdn] [--fault NAME[=VALUE]]...`` (``hfcache serve`` is the production entry point:
+:mod:`hfcache.mirror`). Faults (:mod:`hfcache.faults`) make it behave like a poorer mirror or a flaky network: no
+``?blobs=true`` metadata, no tree API, unquoted ETags, leading 429s, failing bodies, no ``Range``.
 """
 
 from __future__ import annotations
