@@ -139,24 +139,17 @@ def _warm_from_lock(lock_file, locked, manifest, cache_dir, endpoints, token, ma
     from . import output
     from .errors import CheckFailed
     from .install import warm_lock
-    from .lockfile import ManifestNotFound, drift, find_manifest, load_manifest, read_lock
+    from .lockfile import drift, lock_cache_dir, lock_manifest, read_lock
 
     lock = read_lock(lock_file)
-    found = None
-    if manifest or locked:
-        found = load_manifest(find_manifest(manifest, start=Path(lock_file).parent))
-    else:
-        try:
-            found = load_manifest(find_manifest(None, start=Path(lock_file).parent))
-        except ManifestNotFound:
-            found = None  # a lock alone (e.g. copied into an image) is enough; a broken manifest is an error
+    found = lock_manifest(lock_file, manifest, required=locked)
     if locked:
         problems = drift(found, lock)
         if problems:
             raise CheckFailed(f"{lock_file} is out of date with {found.path}: {problems[0]}"
                               + (f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""),
                               hint="run `hfcache lock` and commit the new lock")
-    cache_dir = cache_dir or (found.cache_dir if found else None)
+    cache_dir = lock_cache_dir(lock_file, cache_dir, manifest=found)
     endpoint = endpoints or (list(found.endpoints) if found and found.endpoints else None)
     with output.WarmProgress(len(lock.repos), enabled=not (as_json or quiet)) as progress:
         return warm_lock(lock, cache_dir=cache_dir, endpoint=endpoint, token=token, max_workers=max_workers,
@@ -239,7 +232,7 @@ def lock(upgrade_ids, manifest, output_file, upgrade, check, endpoints, token, t
 @_cache_dir_option()
 @click.option("--revisions", is_flag=True, help="One row per revision instead of per repo.")
 @click.option("--lock", "lock_file", type=click.Path(dir_okay=False, exists=False),
-              help="Mark the revisions this lock pins.")
+              help="Mark the revisions this lock pins (cache: --cache-dir, else the lock's manifest's).")
 @click.option("--sort", type=click.Choice(["name", "size", "last-used"]), default="name", show_default=True,
               help="name: A-Z; size: largest first; last-used: most recent first.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON document on stdout.")
@@ -252,12 +245,11 @@ def ls_command(repo_ids, cache_dir, revisions, lock_file, sort, as_json) -> None
     import time
 
     from . import output
-    from .cache import existing_cache_dir
     from .lockfile import pinned_revisions, read_lock
     from .scan import scan_cache
 
     pinned = pinned_revisions(read_lock(lock_file)) if lock_file else None
-    root = existing_cache_dir(cache_dir)
+    root = _read_cache_dir(cache_dir, lock_file)
     gc.disable()  # a short-lived process building one large document: the cyclic collector only costs time
     info = scan_cache(root, set(repo_ids) if repo_ids else None)
     document = output.ls_dict(info, pinned)
@@ -274,10 +266,11 @@ def ls_command(repo_ids, cache_dir, revisions, lock_file, sort, as_json) -> None
 
 
 @cli.command()
-@click.argument("repo_ids", nargs=-1, metavar="[REPO_ID]...")
+@click.argument("repo_ids", nargs=-1, metavar="[REPO_ID[@REVISION]]...")
 @_cache_dir_option()
 @click.option("--lock", "lock_file", type=click.Path(dir_okay=False),
-              help="Expected files, sizes and hashes [default: blob names and trees/ listings].")
+              help="Expected files, sizes and hashes [default: blob names and trees/ listings] (cache: --cache-dir, "
+                   "else the lock's manifest's).")
 @click.option("--repair", "do_repair", is_flag=True,
               help="Fix what is broken (re-download from the endpoint, rewrite refs and links), then verify again.")
 @_common_hub_options
@@ -288,12 +281,11 @@ def verify(repo_ids, cache_dir, lock_file, do_repair, endpoints, token, token_fi
     Without --repair it makes no network request. Exit 1 when any integrity problem remains.
     """
     from . import output
-    from .cache import existing_cache_dir
     from .lockfile import read_lock
     from .verify import verify_cache
 
     lock = read_lock(lock_file) if lock_file else None
-    root = existing_cache_dir(cache_dir)
+    root = _read_cache_dir(cache_dir, lock_file)
     with output.HashProgress(enabled=not as_json) as progress:
         report = verify_cache(root, repo_ids or None, lock=lock, max_workers=max_workers, progress=progress)
     actions = ()
@@ -315,30 +307,30 @@ def verify(repo_ids, cache_dir, lock_file, do_repair, endpoints, token, token_fi
 
 
 @cli.command()
-@click.argument("repo_ids", nargs=-1, metavar="[REPO_ID]...")
+@click.argument("repo_ids", nargs=-1, metavar="[REPO_ID[@REVISION]]...")
 @_cache_dir_option()
 @click.option("--lock", "lock_file", type=click.Path(dir_okay=False),
-              help="Check the lock's tokenizers, by the ids and revisions of its manifest.")
+              help="Check the lock's tokenizers, by the ids and revisions of its manifest (cache: --cache-dir, else "
+                   "the lock's manifest's).")
 @click.option("--text", default=None, help="Probe text to encode [default: a mixed English/Chinese sentence].")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON document on stdout.")
 def check(repo_ids, cache_dir, lock_file, text, as_json) -> None:
     """Prove each tokenizer loads offline: AutoTokenizer in a child with no network, encoding a probe text.
 
-    On failure it names the missing piece (config.json and its .no_exist marker, a Python package, a chat
-    template, a ref). Exit 1 if any tokenizer fails.
+    Without arguments: every cached revision with a tokenizer (by ref, or by commit when no ref points to it). A repo
+    whose auto_map names custom code loads with trust_remote_code=True. On failure it names the missing piece
+    (config.json and its .no_exist marker, a Python package, custom code, a chat template, a ref). Exit 1 if any
+    tokenizer fails.
     """
     from . import output
-    from .cache import existing_cache_dir
-    from .check import DEFAULT_TEXT, check_tokenizers, targets_from_cache, targets_from_lock
+    from .check import DEFAULT_TEXT, check_tokenizers, select_targets, targets_from_cache, targets_from_lock
     from .lockfile import read_lock
 
-    root = existing_cache_dir(cache_dir)
+    root = _read_cache_dir(cache_dir, lock_file)
     if lock_file:
-        targets = targets_from_lock(read_lock(lock_file))
-        if repo_ids:
-            targets = [t for t in targets if t.repo_id in repo_ids]
+        targets = select_targets(targets_from_lock(read_lock(lock_file)), repo_ids)
     else:
-        targets = targets_from_cache(root, set(repo_ids) if repo_ids else None)
+        targets = targets_from_cache(root, repo_ids)
     if not targets:
         raise UsageError("no tokenizer to check", hint="warm one first, or name REPO_IDs / --lock")
     with output.stderr.status(f"loading {len(targets)} tokenizer(s) offline", spinner="dots") \
@@ -346,6 +338,14 @@ def check(repo_ids, cache_dir, lock_file, text, as_json) -> None:
         report = check_tokenizers(root, targets, text or DEFAULT_TEXT)
     output.show_check(report, as_json=as_json)
     sys.exit(report.exit_code)
+
+
+def _read_cache_dir(cache_dir: str | None, lock_file: str | None) -> Path:
+    """The existing cache a reading command works on: with --lock, as `warm --lock` picks it (lockfile.lock_cache_dir)."""
+    from .cache import existing_cache_dir
+    from .lockfile import lock_cache_dir
+
+    return existing_cache_dir(lock_cache_dir(lock_file, cache_dir) if lock_file else cache_dir)
 
 
 def _parse_chown(value: str | None) -> tuple[int, int] | None:
@@ -375,7 +375,6 @@ def export_command(dest, specs, lock_file, cache_dir, materialize, fmt, chown, g
     way; the same content always gives a byte-identical tar (a stable Docker layer digest).
     """
     from . import output
-    from .cache import existing_cache_dir
     from .export import plan_export, write_dir, write_tar
     from .lockfile import read_lock
 
@@ -385,7 +384,7 @@ def export_command(dest, specs, lock_file, cache_dir, materialize, fmt, chown, g
     if dest == "-" and as_json:
         raise UsageError("--json cannot share stdout with the tar stream")
     owner = _parse_chown(chown)
-    root = existing_cache_dir(cache_dir)
+    root = _read_cache_dir(cache_dir, lock_file)
     plan = plan_export(root, specs, lock=read_lock(lock_file) if lock_file else None, materialize=materialize)
     digest = None
     if fmt == "tar":

@@ -157,6 +157,7 @@ def doctor(cache_dir: str | os.PathLike[str] | None = None, environ: Mapping[str
         if hasattr(os, "getgroups") else ()
     folder = _examine_folder(cache, env, offline, uid, gid, groups)
     findings += folder.findings
+    findings += modules_cache_findings(cache, env)
     order = {s: i for i, s in enumerate(SEVERITIES)}
     findings.sort(key=lambda f: order[f.severity])
     return DoctorReport(
@@ -424,6 +425,30 @@ def _examine_folder(cache: Path, env: dict[str, str], offline: bool, uid: int | 
         else:
             out.findings.append(Finding("disk.free", "info", f"{free} free on the cache's filesystem"))
     return out
+
+
+def modules_cache_findings(cache: Path, env: Mapping[str, str]) -> list[Finding]:
+    """Custom code in the cache versus the folder transformers copies it into (``HF_MODULES_CACHE``, see
+    :mod:`hfcache.modules_cache`): an error when a cached repo's ``auto_map`` names code and that folder cannot be
+    written (every such load then fails with PermissionError); nothing when no cached repo has custom code."""
+    from .modules_cache import can_create, custom_code_repos, modules_cache
+
+    repos = custom_code_repos(cache) if cache.is_dir() else []
+    if not repos:
+        return []
+    path, explicit = modules_cache(env)
+    names = sorted({r.repo_id for r in repos})
+    shown = ", ".join(names[:3]) + (f" (and {len(names) - 3} more)" if len(names) > 3 else "")
+    where = f"{path} ({'HF_MODULES_CACHE' if explicit else 'default: $HF_HOME/modules'})"
+    if can_create(path):
+        return [Finding("modules.writable", "info",
+                        f"{len(names)} cached repo(s) run custom code ({shown}); transformers copies it into {where}, "
+                        "which is writable")]
+    return [Finding("modules.unwritable", "error",
+                    f"{len(names)} cached repo(s) run custom code (auto_map: {shown}), and transformers cannot write "
+                    f"its modules cache {where}: every trust_remote_code load fails with PermissionError",
+                    "run the application with `hfcache exec` (it points HF_MODULES_CACHE at a private temporary "
+                    "folder), or export HF_MODULES_CACHE=<a writable folder, e.g. an emptyDir>")]
 
 
 def _listdir(path: Path) -> list[str]:

@@ -17,7 +17,8 @@ from .errors import HfcacheError, HubError, IntegrityError
 from .hub import HubClient
 from .lockfile import LockedFile, LockedRepo, Lockfile, Manifest
 from .records import WarmRequest
-from .selection import check_index_size, select, shards_from_index
+from .retry import RetryCounter
+from .selection import MAX_PARSE_BYTES, check_index_size, follow_configs, select, shards_from_index
 
 
 @dataclass(frozen=True)
@@ -57,23 +58,43 @@ def resolve_entry(client: HubClient, request: WarmRequest) -> LockedRepo:
     repo = client.resolve(request.repo_id, request.revision, request.repo_type, counter=counter)
     selection = select(repo.paths, request.kind, request.include, request.exclude)
     paths = set(selection.paths)
-    repo = client.describe(repo, selection.needs_index, counter)
-    for index in selection.needs_index:
-        buffer = io.BytesIO()
+    absent = selection.absent
+    needs_index = selection.needs_index
+    repo = client.describe(repo, selection.needs_config + needs_index, counter)
+
+    def read(path: str) -> bytes:
+        nonlocal repo
+        repo = client.describe(repo, [path], counter)  # one HEAD where the listing gave no hash
+        return _download(client, repo, repo.by_path[path], counter)
+
+    if selection.needs_config:  # custom code (auto_map), module folders (read in memory, hash-checked, never run)
+        followed = follow_configs(selection.needs_config, read, repo.paths, request.kind, request.exclude)
+        paths |= set(followed.paths)
+        absent = tuple(sorted(set(absent) | set(followed.absent)))
+        needs_index += followed.needs_index
+    repo = client.describe(repo, needs_index, counter)
+    for index in needs_index:
         try:
             check_index_size(index, repo.by_path[index].size)
-        except ValueError as exc:
-            raise IntegrityError(f"{request.repo_id}: {exc}") from None
-        client.download(repo, repo.by_path[index], buffer, counter)
-        try:
-            paths |= shards_from_index(buffer.getvalue(), repo.paths, index)
+            paths |= shards_from_index(_download(client, repo, repo.by_path[index], counter, limit=None), repo.paths,
+                                       index)
         except ValueError as exc:
             raise IntegrityError(f"{request.repo_id}: {exc}") from None
     repo = client.describe(repo, paths, counter)
     by_path = repo.by_path
     files = tuple(LockedFile(path=p, size=by_path[p].size, hash=by_path[p].hash) for p in sorted(paths))
     return LockedRepo(request=request, canonical_id=repo.canonical_id, commit_hash=repo.commit_hash,
-                      files=files, absent=selection.absent)
+                      files=files, absent=absent)
+
+
+def _download(client: HubClient, repo, file, counter: RetryCounter, limit: int | None = MAX_PARSE_BYTES) -> bytes:
+    """A small file's bytes, in memory (``HubClient.download`` checks size and hash, retries count for the repo);
+    ``b""`` above ``limit`` bytes (nothing is parsed from it then)."""
+    if limit is not None and file.size > limit:
+        return b""
+    buffer = io.BytesIO()
+    client.download(repo, file, buffer, counter)
+    return buffer.getvalue()
 
 
 def pin(

@@ -20,12 +20,13 @@ import threading
 import time
 from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Protocol
 
 from .cache import repo_folder_name
 from .lockfile import Lockfile
+from .records import parse_specs
 from .scan import RepoInfo, scan_cache
 
 _SHA256 = re.compile(r"^[0-9a-f]{64}$")
@@ -35,7 +36,7 @@ _CHUNK = 1024 * 1024
 #: Problem kinds that are integrity errors (exit 1); the others are reported as notes.
 ERROR_KINDS = frozenset({
     "blob_mismatch", "blob_size", "blob_not_file", "link_broken", "link_absolute", "link_outside",
-    "ref_malformed", "ref_dangling", "file_missing", "file_mismatch",
+    "ref_malformed", "ref_dangling", "file_missing", "file_mismatch", "revision_missing",
 })
 
 
@@ -225,16 +226,22 @@ def verify_cache(
 
     Args:
         cache_dir: the cache root.
-        repo_ids: only these repos (ids as their folders name them); default every repo.
+        repo_ids: only these repos (ids as their folders name them), each optionally ``REPO_ID@REVISION`` (a ref or a
+            commit, as ``warm`` takes them): then only that revision's snapshot and the blobs it uses; a revision the
+            cache lacks is a ``revision_missing`` error. Default: every repo and revision.
         lock: expected files, sizes and hashes per repo and commit; without it, blob names and ``trees/`` listings.
         max_workers: hashing threads (default: the CPU count).
         progress: receives the total byte count, then every chunk hashed.
 
     Returns:
         VerifyReport; ``ok`` is False when any integrity error (not a note) exists.
+
+    Raises:
+        UsageError: a malformed ``REPO_ID@REVISION``.
     """
     started = time.monotonic()
-    wanted = set(repo_ids) if repo_ids else None
+    specs = parse_specs(repo_ids or ())
+    wanted = set(specs) or None
     info = scan_cache(cache_dir, wanted)
     expectations = _lock_expectations(lock)
     problems: list[Problem] = []
@@ -243,9 +250,16 @@ def verify_cache(
     owners: dict[tuple[int, int], list[tuple[RepoInfo, str, str]]] = {}
 
     for repo in info.repos:
+        used: set[str] | None = None
+        if specs.get(repo.repo_id):
+            repo, missing = _only_revisions(repo, specs[repo.repo_id])
+            problems.extend(missing)
+            used = {f.etag for rev in repo.revisions for f in rev.files if f.etag}
         problems.extend(_structure_problems(repo))
         blobs_dir = os.path.join(info.cache_dir, repo.folder, "blobs")
         for entry in _blob_entries(blobs_dir):
+            if used is not None and entry.name not in used:
+                continue
             algorithm = algorithm_of(entry.name)
             st = entry.stat(follow_symlinks=False)
             if algorithm is None:
@@ -263,6 +277,7 @@ def verify_cache(
                 source = "trees/ listing"
             problems.extend(_check_expected(repo, rev, expected, source, jobs, owners, info.cache_dir))
 
+    problems.extend(_named_repos_missing(specs, info.repos))
     if lock is not None:
         problems.extend(lock_repos_missing(lock, info.cache_dir, wanted))
     total = sum(job[3] for job in jobs.values())
@@ -301,6 +316,32 @@ def verify_cache(
         seconds=time.monotonic() - started,
         problems=tuple(problems),
     )
+
+
+def _named_repos_missing(specs: dict[str, set[str]], repos: Iterable[RepoInfo]) -> list[Problem]:
+    """A ``revision_missing`` problem for each repo named on the command line that has no folder in the cache."""
+    present = {r.repo_id for r in repos}
+    return [Problem(repo_id, name, "", "revision_missing",
+                    f"{repo_id}@{name} is not in the cache" if name else f"{repo_id} is not in the cache",
+                    repo_folder_name(repo_id))
+            for repo_id in sorted(set(specs) - present) for name in sorted(specs[repo_id]) or [""]]
+
+
+def _only_revisions(repo: RepoInfo, revisions: set[str]) -> tuple[RepoInfo, list[Problem]]:
+    """``repo`` narrowed to the snapshots that ``revisions`` (refs or commits) name, and the refs naming them; plus a
+    ``revision_missing`` problem for each revision the cache does not hold."""
+    commits = {name: repo.refs.get(name, name).strip() for name in revisions}
+    present = {r.commit_hash for r in repo.revisions}
+    missing = [Problem(repo.repo_id, name, "", "revision_missing",
+                       f"{repo.repo_id}@{name} is not in the cache" + (" (no such ref or snapshot)"
+                                                                        if name not in repo.refs else
+                                                                        f" (refs/{name} points to no snapshot)"),
+                       repo.folder)
+               for name, commit in sorted(commits.items()) if commit not in present]
+    kept = set(commits.values())
+    narrowed = replace(repo, revisions=tuple(r for r in repo.revisions if r.commit_hash in kept),
+                       refs={n: v for n, v in repo.refs.items() if n in revisions or v.strip() in kept})
+    return narrowed, missing
 
 
 def _blob_entries(blobs_dir: str) -> list[os.DirEntry]:

@@ -40,7 +40,7 @@ from .retry import DEFAULT_RETRIES, RetryCounter
 from .transfer import Slots, TransferOptions, download_blob
 from .records import NoProgress, ProgressSink, RepoResult, WarmedFile, WarmReport, WarmRequest
 from .lockfile import LockedRepo
-from .selection import Selection, check_index_size, select, shards_from_index
+from .selection import MAX_PARSE_BYTES, Selection, check_index_size, follow_configs, select, shards_from_index
 
 _PUBLISH_GRACE = 0.5  # seconds an interrupted warm waits for repos in the middle of publishing
 
@@ -243,29 +243,12 @@ class _RepoJob:
         folders = [canonical]
         if req.repo_id != repo.canonical_id:
             folders.append(RepoFolder(self.cache_dir, req.repo_id, req.repo_type))
-        paths = set(selection.paths)
         # One repo lock per folder, taken in name order so that concurrent warms never deadlock.
         locks = [f.repo_lock(stop=self.stop) for f in sorted(folders, key=lambda f: f.name)]
         for lock in locks:
             lock.__enter__()
         try:
-            if selection.needs_index:
-                # The shard list is inside the index file: fetch (or find) the index first.
-                repo = self.client.describe(repo, selection.needs_index, self.counter)
-                by_path = repo.by_path
-                try:
-                    for index in selection.needs_index:
-                        check_index_size(index, by_path[index].size)
-                except ValueError as exc:
-                    raise IntegrityError(f"{req.repo_id}: {exc}") from None
-                self._fetch(repo, canonical, [by_path[p] for p in selection.needs_index])
-                for index in selection.needs_index:
-                    data = canonical.blob_path(by_path[index].etag).read_bytes()
-                    try:
-                        paths |= shards_from_index(data, repo.paths, index)
-                    except ValueError as exc:
-                        raise IntegrityError(f"{req.repo_id}: {exc}") from None
-            repo = self.client.describe(repo, paths, self.counter)  # one HEAD per file the listing did not describe
+            repo, paths, absent = self._complete(repo, canonical, selection)
             by_path = repo.by_path
             files = [by_path[p] for p in sorted(paths)]
             self.sink.repo_started(self.key, req.spec, len(files), sum(f.size for f in files))
@@ -276,7 +259,7 @@ class _RepoJob:
             if self.stop.is_set():
                 raise _Cancelled(f"{req.repo_id}: interrupted before publishing")
             for folder in folders:
-                self._publish(folder, repo, files, selection.absent)
+                self._publish(folder, repo, files, absent)
         finally:
             for lock in reversed(locks):
                 lock.__exit__(None, None, None)
@@ -285,9 +268,55 @@ class _RepoJob:
             canonical_id=repo.canonical_id,
             commit_hash=repo.commit_hash,
             files=tuple(WarmedFile(f.path, f.size, f.hash, sources[f.path]) for f in files),
-            absent=selection.absent,
+            absent=absent,
             metadata=repo.metadata,
         )
+
+    def _complete(self, repo: RepoRevision, canonical: RepoFolder,
+                  selection: Selection) -> tuple[RepoRevision, set[str], tuple[str, ...]]:
+        """Finish a selection that needs file contents: configs first (custom code named by ``auto_map``,
+        sentence-transformers module folders), then sharded indexes (their shards). Every file read is described
+        (one HEAD where the listing gave no hash), fetched and hash-checked into the cache first; nothing is
+        executed. Returns ``(repo with every selected file described, paths, absent)``."""
+        req = self.request
+        paths, absent, needs_index = set(selection.paths), selection.absent, selection.needs_index
+        current = self.client.describe(repo, selection.needs_config + needs_index, self.counter)
+
+        def read(path: str) -> bytes:
+            nonlocal current
+            current = self.client.describe(current, [path], self.counter)
+            return self._read(current, canonical, current.by_path[path])
+
+        if selection.needs_config:
+            followed = follow_configs(selection.needs_config, read, current.paths, req.kind, req.exclude)
+            paths |= set(followed.paths)
+            absent = tuple(sorted(set(absent) | set(followed.absent)))
+            needs_index += followed.needs_index
+        if needs_index:
+            # The shard list is inside the index file: fetch (or find) the index first, if its size is sane.
+            current = self.client.describe(current, needs_index, self.counter)
+            by_path = current.by_path
+            try:
+                for index in needs_index:
+                    check_index_size(index, by_path[index].size)
+            except ValueError as exc:
+                raise IntegrityError(f"{req.repo_id}: {exc}") from None
+            self._fetch(current, canonical, [by_path[p] for p in needs_index])
+            for index in needs_index:
+                data = canonical.blob_path(by_path[index].etag).read_bytes()
+                try:
+                    paths |= shards_from_index(data, current.paths, index)
+                except ValueError as exc:
+                    raise IntegrityError(f"{req.repo_id}: {exc}") from None
+        return self.client.describe(current, paths, self.counter), paths, absent
+
+    def _read(self, repo: RepoRevision, folder: RepoFolder, file: RemoteFile) -> bytes:
+        """A small file's verified bytes (a config or custom code to parse): fetched into the cache first if needed;
+        ``b""`` (nothing to follow) above ``selection.MAX_PARSE_BYTES``."""
+        if file.size > MAX_PARSE_BYTES:
+            return b""
+        self._fetch(repo, folder, [file])
+        return folder.blob_path(file.etag).read_bytes()
 
     def _fetch(self, repo: RepoRevision, folder: RepoFolder, files: Iterable[RemoteFile]) -> dict[str, str]:
         """Ensure every file's blob is in ``folder``, in parallel; return path -> source. First error wins."""
