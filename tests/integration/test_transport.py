@@ -317,3 +317,28 @@ def test_sigterm_exits_143_at_once_publishes_nothing_and_keeps_resumable_files(t
     assert {f"bytes={size}-" for size in kept.values()} <= {r.rsplit("-", 1)[0] + "-" for r in ranges}
     verify_ok(cache)
     assert_loads_golden(cache, ["FacebookAI/roberta-base", "openai-community/gpt2"])
+
+
+@pytest.mark.slow
+def test_model_selection_through_head_metadata_matches_the_full_api(model_repos_root, tmp_path):
+    """Custom code (auto_map), sentence-transformers modules and sharded indexes are followed through a mirror
+    that publishes no hashes: warm and lock select and pin exactly what they do against the full API."""
+    from tests.make_model_repos import EXPECTED_MODEL_FILES
+
+    repos = sorted(EXPECTED_MODEL_FILES)
+    manifest = "".join(f'[[repos]]\nrepo_id = "{r}"\nkind = "model"\n' for r in repos)
+    warmed, locked = {}, {}
+    for name, faults in (("full", Faults()), ("head", Faults(no_blobs=True, no_tree=True))):
+        folder = tmp_path / name
+        folder.mkdir()
+        with HubServer(model_repos_root, faults=faults) as server:
+            proc = run_hfcache(["warm", *repos, "--kind", "model", "--cache-dir", str(folder / "cache"),
+                                "--endpoint", server.endpoint, "--json"])
+            assert proc.returncode == 0, proc.stderr
+            warmed[name] = {r["repo_id"]: sorted((f["path"], f["hash"]) for f in r["files"])
+                            for r in json.loads(proc.stdout)["repos"]}
+            (folder / "hfcache.toml").write_text(f'endpoint = "{server.endpoint}"\n' + manifest)
+            assert run_hfcache(["lock"], cwd=folder).returncode == 0
+            locked[name] = (folder / "hfcache.lock").read_text().replace(server.endpoint, "ENDPOINT")
+    assert warmed["head"] == warmed["full"]
+    assert locked["head"] == locked["full"]
