@@ -52,8 +52,15 @@ def test_sigkill_warm_twenty_times_then_it_completes(tmp_path):
         args = [sys.executable, "-m", "hfcache", "warm", *REPOS, "--cache-dir", str(cache), "--endpoint",
                 server.endpoint, "-q"]
         for _ in range(20):
+            seen = len(server.requests)
             proc = subprocess.Popen(args, env=clean_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-            time.sleep(rng.uniform(0.2, 1.2))
+            # Kill at a random moment after this run's downloads began (start-up alone takes ~2 s on a loaded CI
+            # machine; a fixed delay would kill it before any request).
+            deadline = time.monotonic() + 60
+            while not any("/resolve/" in r.path and r.method == "GET" for r in server.requests[seen:]) \
+                    and proc.poll() is None and time.monotonic() < deadline:
+                time.sleep(0.02)
+            time.sleep(rng.uniform(0.0, 1.0))
             partial = {p.name for p in cache.glob("*/blobs/*.incomplete")} if cache.exists() else set()
             proc.send_signal(signal.SIGKILL)
             proc.wait()
