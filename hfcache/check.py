@@ -163,9 +163,13 @@ def targets_from_cache(cache_dir: Path, specs: Iterable[str] = ()) -> list[Check
             found.add(repo.repo_id)
             continue
         for revision, commit in cached_revisions(repo):
-            if _has_tokenizer(repo, commit):
+            # A repo this user cannot fully read is checked anyway: what it holds is unknown, the load tells.
+            if repo.unreadable or _has_tokenizer(repo, commit):
                 targets.append(CheckTarget(repo.repo_id, revision))
                 found.add(repo.repo_id)
+        if repo.unreadable and repo.repo_id not in found:
+            targets.append(CheckTarget(repo.repo_id, "main"))
+            found.add(repo.repo_id)
     for repo_id, asked in sorted(wanted.items()):
         if repo_id not in found:
             targets += [CheckTarget(repo_id, revision) for revision in sorted(asked or {"main"})]
@@ -329,6 +333,14 @@ def _missing_code(snapshot: Path) -> tuple[str, ...]:
 
 def diagnose(cache_dir: Path, target: CheckTarget, error: str) -> str | None:
     """Name the missing piece behind a failed offline load, from the cache's contents and the error text."""
+    try:
+        return _diagnose(cache_dir, target, error)
+    except PermissionError as exc:  # Python 3.11's Path.exists()/is_dir() raise on EACCES
+        return (f"{exc.filename or cache_dir} cannot be read by this user (permission denied): ask the cache's "
+                "owner to make it group-readable (`hfcache doctor` prints the fix)")
+
+
+def _diagnose(cache_dir: Path, target: CheckTarget, error: str) -> str | None:
     cause = custom_code_cause(cache_dir, target, error)
     if cause is not None:
         return cause

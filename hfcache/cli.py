@@ -57,6 +57,12 @@ def _cache_dir_option(what: str = "Cache root"):
                         help=f"{what} [default: HF_HUB_CACHE, $HF_HOME/hub or ~/.cache/huggingface/hub].")
 
 
+def _lock_timeout_option(fn):
+    return click.option("--lock-timeout", type=click.FloatRange(min=0), default=600.0, show_default=True,
+                        metavar="SECONDS", help="Wait at most this long for a lock another process holds (exit 5 "
+                        "then, naming the lock).")(fn)
+
+
 def _common_hub_options(fn):
     for decorator in reversed([
         click.option("--endpoint", "endpoints", metavar="URL", multiple=True,
@@ -92,9 +98,10 @@ def _common_hub_options(fn):
 @click.option("--manifest", type=click.Path(dir_okay=False),
               help="With --lock: the manifest [default: hfcache.toml or pyproject.toml beside the lock].")
 @_common_hub_options
+@_lock_timeout_option
 @click.option("-q", "--quiet", is_flag=True, help="No progress and no summary; errors only.")
 def warm(repos, cache_dir, kind, include, exclude, repo_type, lock_file, locked, manifest, endpoints, token,
-         token_file, max_workers, timeout, retries, as_json, quiet) -> None:
+         token_file, max_workers, timeout, retries, lock_timeout, as_json, quiet) -> None:
     """Download tokenizers (or models) into a cache that transformers loads offline.
 
     Every file is hashed against what the endpoint publishes (or the lock pins) before it becomes visible; the
@@ -114,7 +121,7 @@ def warm(repos, cache_dir, kind, include, exclude, repo_type, lock_file, locked,
         if repos:
             raise UsageError("give REPO_ID arguments or --lock, not both")
         report = _warm_from_lock(lock_file, locked, manifest, cache_dir, list(endpoints), resolved_token, max_workers,
-                                 timeout, retries, as_json, quiet)
+                                 timeout, retries, as_json, quiet, lock_timeout)
     else:
         if locked or manifest:
             raise UsageError("--locked and --manifest go with --lock")
@@ -129,13 +136,14 @@ def warm(repos, cache_dir, kind, include, exclude, repo_type, lock_file, locked,
         ]
         with output.WarmProgress(len(requests), enabled=not (as_json or quiet)) as progress:
             report = warm_repos(requests, cache_dir=cache_dir, endpoint=list(endpoints) or None, token=resolved_token,
-                                max_workers=max_workers, timeout=timeout, progress=progress, retries=retries)
+                                max_workers=max_workers, timeout=timeout, progress=progress, retries=retries,
+                                lock_timeout=lock_timeout, on_lock_wait=None if quiet else output.lock_wait_notice)
     output.show_warm_report(report, as_json=as_json, quiet=quiet)
     sys.exit(report.exit_code)
 
 
 def _warm_from_lock(lock_file, locked, manifest, cache_dir, endpoints, token, max_workers, timeout, retries, as_json,
-                    quiet):
+                    quiet, lock_timeout):
     from . import output
     from .errors import CheckFailed
     from .install import warm_lock
@@ -153,7 +161,8 @@ def _warm_from_lock(lock_file, locked, manifest, cache_dir, endpoints, token, ma
     endpoint = endpoints or (list(found.endpoints) if found and found.endpoints else None)
     with output.WarmProgress(len(lock.repos), enabled=not (as_json or quiet)) as progress:
         return warm_lock(lock, cache_dir=cache_dir, endpoint=endpoint, token=token, max_workers=max_workers,
-                         timeout=timeout, progress=progress, retries=retries)
+                         timeout=timeout, progress=progress, retries=retries, lock_timeout=lock_timeout,
+                         on_lock_wait=None if quiet else output.lock_wait_notice)
 
 
 @cli.command()
@@ -263,6 +272,7 @@ def ls_command(repo_ids, cache_dir, revisions, lock_file, sort, as_json) -> None
         output.print_json(document, compact=len(document["repos"]) > 100)
     else:
         output.stderr.print(output.ls_table(document, revisions, time.time()))
+    sys.exit(1 if any(r.unreadable for r in info.repos) else 0)  # health: a repo this user cannot read
 
 
 @cli.command()
@@ -274,8 +284,9 @@ def ls_command(repo_ids, cache_dir, revisions, lock_file, sort, as_json) -> None
 @click.option("--repair", "do_repair", is_flag=True,
               help="Fix what is broken (re-download from the endpoint, rewrite refs and links), then verify again.")
 @_common_hub_options
+@_lock_timeout_option
 def verify(repo_ids, cache_dir, lock_file, do_repair, endpoints, token, token_file, max_workers, timeout,
-           retries, as_json) -> None:
+           retries, lock_timeout, as_json) -> None:
     """Check a cache's integrity offline: every blob's hash, links, refs, and the lock's files.
 
     Without --repair it makes no network request. Exit 1 when any integrity problem remains.
@@ -298,7 +309,8 @@ def verify(repo_ids, cache_dir, lock_file, do_repair, endpoints, token, token_fi
         # Repair downloads from the first endpoint given (fallbacks are a warm feature).
         client = HubClient(endpoint=endpoints[0] if endpoints else None,
                            token=resolve_token(_read_token(token, token_file)), timeout=timeout, retries=retries)
-        actions = repair(report, client=client, lock=lock)
+        actions = repair(report, client=client, lock=lock, lock_timeout=lock_timeout,
+                         on_lock_wait=output.lock_wait_notice)
         before = report
         with output.HashProgress(enabled=not as_json) as progress:
             report = verify_cache(root, repo_ids or None, lock=lock, max_workers=max_workers, progress=progress)
@@ -405,8 +417,9 @@ def export_command(dest, specs, lock_file, cache_dir, materialize, fmt, chown, g
 @_cache_dir_option("Target cache")
 @click.option("--move-refs", is_flag=True,
               help="Move a ref the target has at another commit to the source's commit (default: refuse).")
+@_lock_timeout_option
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON document on stdout.")
-def import_command(src, cache_dir, move_refs, as_json) -> None:
+def import_command(src, cache_dir, move_refs, lock_timeout, as_json) -> None:
     """Merge an exported cache (directory, tar, or '-' for a tar on stdin) into the cache, verified first.
 
     Refuses absolute or '..' paths, links leaving the cache, devices, sparse files, content that does not match its
@@ -416,7 +429,8 @@ def import_command(src, cache_dir, move_refs, as_json) -> None:
     from .cache import resolve_cache_dir
     from .importer import import_cache
 
-    report = import_cache(src, resolve_cache_dir(cache_dir), move_refs=move_refs)
+    report = import_cache(src, resolve_cache_dir(cache_dir), move_refs=move_refs, lock_timeout=lock_timeout,
+                          on_lock_wait=output.lock_wait_notice)
     output.show_import(report, as_json=as_json)
 
 
@@ -463,7 +477,8 @@ def _parsed(name: str):
 @click.option("--dry-run", is_flag=True, help="Print the plan; remove nothing.")
 @click.option("-y", "--yes", is_flag=True, help="Do not ask for confirmation (cron jobs, CI).")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON document on stdout (needs --yes or --dry-run).")
-def prune(cache_dir, older_than, max_size, keep_locks, keep, dry_run, yes, as_json) -> None:
+@_lock_timeout_option
+def prune(cache_dir, older_than, max_size, keep_locks, keep, dry_run, yes, as_json, lock_timeout) -> None:
     """Remove what a cache no longer needs, never what is pinned or being downloaded.
 
     In order: detached revisions (no ref; unused for an hour); revisions unused for longer than --older-than; then
@@ -485,7 +500,7 @@ def prune(cache_dir, older_than, max_size, keep_locks, keep, dry_run, yes, as_js
     plan = plan_prune(cache_dir, older_than=older_than, max_size=max_size, keep=keep, keep_locks=keep_locks)
     if dry_run:
         output.show_prune(plan, as_json=as_json, dry_run=True)
-        return
+        sys.exit(5 if plan.unreadable else 0)  # a repo it cannot read: a filesystem problem to fix
     asked = bool(plan.items) and not yes
     if asked:
         output.show_prune(plan, as_json=False, dry_run=False)
@@ -493,7 +508,8 @@ def prune(cache_dir, older_than, max_size, keep_locks, keep, dry_run, yes, as_js
             output.stderr.print("nothing removed")
             return
     with output.PruneProgress(len(plan.items), enabled=not as_json and bool(plan.items)) as progress:
-        result = execute(plan, on_item=progress.advance)
+        result = execute(plan, on_item=progress.advance, lock_timeout=lock_timeout,
+                         on_lock_wait=output.lock_wait_notice)
     output.show_prune(plan, result, as_json=as_json, dry_run=False, tables=not asked)
     sys.exit(result.exit_code)
 
@@ -651,6 +667,16 @@ def main(argv: list[str] | None = None) -> None:
         _fail(exc.message, exc.hint, exc.exit_code, as_json)
     except KeyboardInterrupt:
         _exit_now(EXIT_INTERRUPTED)
+    except PermissionError as exc:
+        # A part of a cache (or a file given) this user cannot read or write, in a path no command anticipated: a
+        # filesystem problem (exit 5) naming the path, never an internal error.
+        if debug:
+            raise
+        from .errors import CacheError
+
+        _fail(f"{exc.filename or 'a file'}: permission denied for uid {os.geteuid()}",
+              "check its permissions (`hfcache doctor` shows what this user can read and write in a cache)",
+              CacheError.exit_code, as_json)
     except Exception as exc:  # noqa: BLE001 - the one place unexpected errors are turned into an exit code
         if debug:
             raise

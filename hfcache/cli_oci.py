@@ -112,7 +112,10 @@ def push_command(reference, specs, lock_file, split, arch, cache_dir, plain_http
 @_registry_options
 @click.option("--move-refs", is_flag=True,
               help="Move a ref the target has at another commit to the image's commit (default: refuse).")
-def pull_command(reference, cache_dir, plain_http, username, password_stdin, timeout, as_json, move_refs) -> None:
+@click.option("--lock-timeout", type=click.FloatRange(min=0), default=600.0, show_default=True, metavar="SECONDS",
+              help="Wait at most this long for a repo lock another process holds (exit 5 then, naming the lock).")
+def pull_command(reference, cache_dir, plain_http, username, password_stdin, timeout, as_json, move_refs,
+                 lock_timeout) -> None:
     """Pull the image REF and merge its cache into the cache, every digest checked before anything is written.
 
     The same refusals as `hfcache import`; what the target already has is never overwritten (an entry it holds with
@@ -120,12 +123,13 @@ def pull_command(reference, cache_dir, plain_http, username, password_stdin, tim
     """
     from .cache import resolve_cache_dir
     from .oci import pull
-    from .output import human_size, print_json, stderr
+    from .output import human_size, lock_wait_notice, print_json, stderr
 
     credentials = _credentials(username, password_stdin)
     with _Progress(enabled=not as_json) as progress:
         report = pull(reference, resolve_cache_dir(cache_dir), plain_http=plain_http, credentials=credentials,
-                      timeout=timeout, sink=progress, move_refs=move_refs)
+                      timeout=timeout, sink=progress, move_refs=move_refs, lock_timeout=lock_timeout,
+                      on_lock_wait=lock_wait_notice)
     imported = report.imported
     if as_json:
         print_json({"reference": report.reference, "digest": report.digest, "layers": _layers_json(report.layers),

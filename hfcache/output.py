@@ -137,6 +137,14 @@ def warm_summary_table(report: WarmReport) -> Table:
     return table
 
 
+def lock_wait_notice(wait: Any) -> None:
+    """Tell the user on stderr which lock a command waits for, who holds it, and how long it will wait at most
+    (a :class:`hfcache.locking.LockWait`; the ``on_lock_wait`` callback of warm, prune, repair and import)."""
+    holder = f", held by {wait.holder}" if wait.holder else ""
+    stderr.print(Text(f"hfcache: waiting for the lock {wait.path}{holder} (gives up after {wait.timeout:g}s: "
+                      "--lock-timeout)", style="yellow"), soft_wrap=True)
+
+
 class WarmProgress:
     """A rich progress display on stderr: one bar per repo (bytes) and a total bar; implements ProgressSink."""
 
@@ -289,6 +297,7 @@ def ls_dict(info: CacheInfo, pinned: set[tuple[str, str, str]] | None) -> dict[s
             "pinned": None if pinned is None else any(r["pinned"] for r in revisions),
             "health": repo.health,
             "problems": list(repo.problems),
+            "unreadable": list(repo.unreadable),
             "incomplete": list(repo.incomplete),
         })
     return {
@@ -519,7 +528,8 @@ def prune_dict(plan: PrunePlan, result: PruneResult | None = None, *, dry_run: b
         "dry_run": dry_run,
         "executed": result is not None,
         "ok": result.ok if result is not None else True,
-        "exit_code": result.exit_code if result is not None else 0,
+        "exit_code": result.exit_code if result is not None else (5 if plan.unreadable else 0),
+        "unreadable": list(plan.unreadable),
         "policy": {"older_than": policy.older_than, "max_size": policy.max_size,
                    "keep": [str(k) for k in policy.keep], "keep_locks": list(policy.keep_locks),
                    "grace": policy.grace},

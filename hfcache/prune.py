@@ -45,13 +45,13 @@ import time
 import uuid
 from collections.abc import Callable, Iterable, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
-from filelock import FileLock, Timeout
-
-from .cache import RepoFolder, cache_error, resolve_cache_dir
+from .cache import RepoFolder, access_error, cache_error, resolve_cache_dir
 from .errors import CacheError, UsageError
+from .locking import DEFAULT_LOCK_TIMEOUT, LockTimeout, LockWait, try_lock
+from .sharing import cache_policy, make_dirs
 from .lockfile import Lockfile, pinned_revisions, read_lock
 from .records import valid_repo_id
 from .scan import RepoInfo, RevisionInfo, scan_cache, scan_repo
@@ -193,6 +193,8 @@ class PrunePlan:
         bytes_freed (int): sum of the items' ``bytes_freed``.
         bytes_pinned (int): bytes of the pinned revisions' distinct contents.
         warnings (tuple[str, ...]): e.g. a budget that pinned revisions make impossible, a ``--keep`` matching nothing.
+        unreadable (tuple[str, ...]): ``<folder>/<part>`` of repos left alone because this user cannot read all of
+            them (what they hold, and what uses it, is unknown); the prune then exits 5.
     """
 
     cache_dir: str
@@ -208,6 +210,7 @@ class PrunePlan:
     bytes_freed: int
     bytes_pinned: int
     warnings: tuple[str, ...] = ()
+    unreadable: tuple[str, ...] = ()
 
     @property
     def bytes_kept(self) -> int:
@@ -264,8 +267,8 @@ class PruneResult:
 
     @property
     def exit_code(self) -> int:
-        """0, or 5 (cache error) when an item could not be removed."""
-        return 0 if self.ok else CacheError.exit_code
+        """0, or 5 (cache error) when an item could not be removed or a repo could not be read."""
+        return 0 if self.ok and not self.plan.unreadable else CacheError.exit_code
 
 
 # ------------------------------------------------------------------------------------------------ planning
@@ -327,8 +330,9 @@ def plan_prune(
 
     Raises:
         UsageError: a malformed ``keep`` spec, an unreadable or invalid lock, a negative duration or size.
-        CacheError: ``cache_dir`` is a file. (A cache directory that does not exist gives an empty plan and a
-            warning: a CronJob on a fresh volume has nothing to prune.)
+        CacheError: ``cache_dir`` is a file, or exists but cannot be reached or listed by this user. (A cache
+            directory that does not exist gives an empty plan and a warning: a CronJob on a fresh volume has nothing
+            to prune.)
     """
     if older_than is not None and older_than < 0:
         raise UsageError(f"--older-than must not be negative, got {older_than}")
@@ -342,16 +346,26 @@ def plan_prune(
                          keep_locks=tuple(name for name, _ in locks), grace=grace)
     root = resolve_cache_dir(cache_dir)
     now = time.time() if now is None else now
-    if not os.path.lexists(root):
+    try:
+        os.lstat(root)
+    except FileNotFoundError:
         # A cron job on a fresh volume, before anything was warmed: nothing to prune is not a failure (said, though:
         # a mistyped --cache-dir must not pass unnoticed).
         return _Planner(str(root), (), 0, policy, locks, now).plan(
             warnings=(f"no cache at {root} (nothing to prune)",))
-    if not root.is_dir():
+    except PermissionError:  # exists or not, this user cannot tell: never "no cache"
+        raise access_error(root) from None
+    except NotADirectoryError:
+        pass
+    if not os.path.isdir(root):
         raise CacheError(f"{root} is not a directory", hint="pass the cache root as --cache-dir")
     with _gc_paused():
         info = scan_cache(root)
-        return _Planner(str(root), info.repos, info.size_on_disk, policy, locks, now).plan()
+        readable = tuple(r for r in info.repos if not r.unreadable)
+        denied = tuple(f"{r.folder}/{part}" for r in info.repos for part in r.unreadable)
+        plan = _Planner(str(root), readable, info.size_on_disk, policy, locks, now).plan(
+            warnings=tuple(f"left alone: {d} cannot be read by this user (permission denied)" for d in denied))
+        return replace(plan, unreadable=denied)
 
 
 @contextmanager
@@ -736,39 +750,20 @@ def _age(seconds: float) -> str:
     return f"{int(seconds)}s"
 
 
-def _try_lock(path: str) -> tuple[FileLock | None, str]:
-    """Acquire the filelock at ``path`` without waiting.
-
-    Returns:
-        (lock, "") when acquired (release it); (None, why) when another process holds it, or when it cannot be
-        opened (another account's lock file without group write): then it counts as held.
-    """
-    lock = FileLock(path, mode=0o664)
-    try:
-        lock.acquire(timeout=0)
-    except Timeout:
-        return None, "a download holds its lock"
-    except OSError as exc:
-        return None, f"its lock file cannot be opened ({exc.strerror or exc})"
-    return lock, ""
-
-
 def _lock_held(path: str) -> bool:
-    """Whether a live process holds the filelock at ``path`` (huggingface_hub's ``WeakFileLock``, hfcache's
-    ``file_lock``: both flock the blob's lock file while they download it). A missing lock file is held by nobody."""
-    if not os.path.isfile(path):
-        return False
-    lock, _ = _try_lock(path)
-    if lock is None:
-        return True
-    lock.release()
-    return False
+    """Whether a live process holds the lock at ``path`` (huggingface_hub's ``WeakFileLock``, hfcache's
+    ``file_lock``: both lock the blob's lock file while they download it). A missing lock file, or an empty one on a
+    filesystem without flock (a flock-based run's leftover), is held by nobody."""
+    with try_lock(Path(path)) as why:
+        return bool(why)
 
 
 # ------------------------------------------------------------------------------------------------ execution
 
 
-def execute(plan: PrunePlan, *, on_item: Callable[[ItemOutcome], None] | None = None) -> PruneResult:
+def execute(plan: PrunePlan, *, on_item: Callable[[ItemOutcome], None] | None = None,
+            lock_timeout: float = DEFAULT_LOCK_TIMEOUT,
+            on_lock_wait: Callable[[LockWait], None] | None = None) -> PruneResult:
     """Remove what ``plan`` lists, repo folder by repo folder, each under hfcache's repo lock.
 
     Before changing a folder, it is scanned again under the lock; an item whose reason no longer holds is skipped
@@ -780,12 +775,15 @@ def execute(plan: PrunePlan, *, on_item: Callable[[ItemOutcome], None] | None = 
     Args:
         plan: from :func:`plan_prune`.
         on_item: called after each item (progress).
+        lock_timeout: seconds to wait at most for a repo's lock (another warm or prune changing that folder).
+        on_lock_wait: told which lock it waits for, and who holds it, when a wait lasts a few seconds.
 
     Returns:
         PruneResult with one outcome per item, in plan order. OSErrors become ``failed`` outcomes (exit 5).
 
     Raises:
-        CacheError: the repo lock cannot be created (read-only cache).
+        CacheError: the repo lock cannot be created (read-only cache); LockTimeout (a CacheError) when a repo's lock
+            stays held for ``lock_timeout`` seconds.
     """
     started = time.monotonic()
     root = Path(plan.cache_dir)
@@ -796,10 +794,17 @@ def execute(plan: PrunePlan, *, on_item: Callable[[ItemOutcome], None] | None = 
     outcomes: list[ItemOutcome] = []
     for folder, items in by_folder.items():
         first = items[0]
-        repo = RepoFolder(root, first.repo_id, first.repo_type)
+        repo = RepoFolder(root, first.repo_id, first.repo_type, lock_timeout=lock_timeout, on_lock_wait=on_lock_wait)
         try:
             lock = repo.repo_lock()
             lock.__enter__()
+        except LockTimeout as exc:
+            # Another warm or prune keeps this folder: its items fail (exit 5, naming the lock), the others go on.
+            for item in items:
+                outcomes.append(ItemOutcome(item, "failed", exc.message))
+                if on_item:
+                    on_item(outcomes[-1])
+            continue
         except OSError as exc:
             raise cache_error(exc, f"prune {folder}") from exc
         try:
@@ -879,7 +884,7 @@ def _remove_snapshot(item: PlanItem, path: Path, base: Path) -> ItemOutcome:
     if not os.path.lexists(path):
         return ItemOutcome(item, "gone")
     trash = base / TRASH
-    trash.mkdir(exist_ok=True)
+    make_dirs(trash, base, cache_policy(base.parent))  # shared: a prune killed here leaves it to others
     # One atomic rename takes the whole snapshot out of sight; deleting its entries one by one in place would let a
     # loader see half a snapshot (and transformers silently drops a missing chat template).
     aside = trash / f"{path.name}.{uuid.uuid4().hex[:8]}"
@@ -934,16 +939,14 @@ def _remove_lock(item: PlanItem, path: Path, used_etags: set[str]) -> ItemOutcom
         return ItemOutcome(item, "skipped", "a remaining revision uses its blob now")
     if not os.path.lexists(path):
         return ItemOutcome(item, "gone")
-    lock, why = _try_lock(str(path))
-    if lock is None:
-        return ItemOutcome(item, "skipped", why)
-    try:
+    with try_lock(path) as why:
+        if why:
+            return ItemOutcome(item, "skipped", why)
         # Unlinked while held: a process waiting on it then wins an unlinked inode, which filelock 4 notices
         # (st_nlink == 0) and re-opens the path; with an older filelock the worst case is one duplicate download,
         # never a corrupt cache, because every writer downloads to a private .incomplete file and renames it.
-        path.unlink()
-    finally:
-        lock.release()
+        # A soft marker (no flock) is ours while held: unlinking it is its release.
+        path.unlink(missing_ok=True)
     return ItemOutcome(item, "removed")
 
 
@@ -959,7 +962,7 @@ def _remove_repo_folder(item: PlanItem, base: Path) -> ItemOutcome:
             return ItemOutcome(item, "skipped", "not empty: " + (f"{rel}/{name}" if rel != "." else name))
     # The trash folder marks the removal as a prune's until the very end: a prune killed halfway leaves it, and the
     # next prune then removes the rest at once instead of waiting out the grace period of an empty folder.
-    (base / TRASH).mkdir(exist_ok=True)
+    make_dirs(base / TRASH, base, cache_policy(base.parent))
     for sub in (".no_exist", "trees"):
         if (base / sub).exists():
             shutil.rmtree(base / sub)
@@ -990,20 +993,7 @@ def _rmdir_quiet(path: Path) -> None:
         pass
 
 
-class _held:
-    """Context manager: hold the filelock at ``path``, without waiting, while a blob is removed. ``as`` gives "" when
-    held (or when there is no lock file: nobody downloads that blob), else why it could not be taken."""
-
-    def __init__(self, path: Path) -> None:
-        self.path = path
-        self.lock: FileLock | None = None
-
-    def __enter__(self) -> str:
-        if not os.path.isfile(self.path):
-            return ""
-        self.lock, why = _try_lock(str(self.path))
-        return why
-
-    def __exit__(self, *exc) -> None:
-        if self.lock is not None:
-            self.lock.release()
+def _held(path: Path):
+    """Hold the lock at ``path``, without waiting, while a blob is removed; ``as`` gives "" when held (or when there
+    is no lock file: nobody downloads that blob), else why it could not be taken."""
+    return try_lock(path)

@@ -36,7 +36,7 @@ _CHUNK = 1024 * 1024
 #: Problem kinds that are integrity errors (exit 1); the others are reported as notes.
 ERROR_KINDS = frozenset({
     "blob_mismatch", "blob_size", "blob_not_file", "link_broken", "link_absolute", "link_outside",
-    "ref_malformed", "ref_dangling", "file_missing", "file_mismatch", "revision_missing",
+    "ref_malformed", "ref_dangling", "file_missing", "file_mismatch", "revision_missing", "unreadable",
 })
 
 
@@ -250,6 +250,11 @@ def verify_cache(
     owners: dict[tuple[int, int], list[tuple[RepoInfo, str, str]]] = {}
 
     for repo in info.repos:
+        if repo.unreadable:
+            # Part of the repo cannot be read by this user: what it holds cannot be verified (exit 1).
+            problems.extend(Problem(repo.repo_id, "", part or f"{repo.folder}/", "unreadable", detail.split(": ", 1)[1],
+                                    repo.folder) for part, detail in zip(repo.unreadable, repo.problems))
+            continue
         used: set[str] | None = None
         if specs.get(repo.repo_id):
             repo, missing = _only_revisions(repo, specs[repo.repo_id])
@@ -261,7 +266,10 @@ def verify_cache(
             if used is not None and entry.name not in used:
                 continue
             algorithm = algorithm_of(entry.name)
-            st = entry.stat(follow_symlinks=False)
+            try:
+                st = entry.stat(follow_symlinks=False)
+            except FileNotFoundError:  # removed since the listing (a concurrent prune)
+                continue
             if algorithm is None:
                 problems.append(Problem(repo.repo_id, "", f"blobs/{entry.name}", "unverified",
                                         "blob name is not a sha256 or git sha1: cannot be checked", repo.folder))
@@ -292,7 +300,7 @@ def verify_cache(
         except FileNotFoundError:
             return key, None, 0  # removed since the scan (a concurrent prune): nothing left to be wrong
         except OSError as exc:
-            return key, f"unreadable: {exc.strerror}", 0
+            return key, f"cannot be read: {exc.strerror}", 0
         return key, (None if digest == etag else f"content hashes to {digest}"), read
 
     hashed_bytes = 0
@@ -304,6 +312,11 @@ def verify_cache(
                 continue
             path, algorithm, etag, size = jobs[key]
             for repo, revision, where in owners[key]:
+                if failure.startswith("cannot be read"):
+                    problems.append(Problem(repo.repo_id, revision, where, "unreadable",
+                                            f"{failure}: ask the cache's owner to make it group-readable",
+                                            repo.folder))
+                    continue
                 problems.append(Problem(repo.repo_id, revision, where, "blob_mismatch" if not revision
                                         else "file_mismatch", f"{failure}, not its expected {algorithm} {etag[:16]}…"
                                         f" ({size} bytes on disk)", repo.folder))
@@ -349,7 +362,7 @@ def _blob_entries(blobs_dir: str) -> list[os.DirEntry]:
         with os.scandir(blobs_dir) as it:
             return [e for e in it if not e.name.endswith(".incomplete")
                     and stat.S_ISREG(e.stat(follow_symlinks=False).st_mode)]
-    except (FileNotFoundError, NotADirectoryError):
+    except (FileNotFoundError, NotADirectoryError, PermissionError):  # the scan reports an unreadable blobs/
         return []
 
 
@@ -400,7 +413,7 @@ def lock_repos_missing(lock: Lockfile, cache_dir: str | os.PathLike[str], wanted
             if wanted is not None and repo_id not in wanted:
                 continue
             folder = Path(cache_dir) / repo_folder_name(repo_id, repo.request.repo_type)
-            if not (folder / "snapshots" / repo.commit_hash).is_dir():
+            if not os.path.isdir(folder / "snapshots" / repo.commit_hash):  # no PermissionError (Path.is_dir has)
                 for f in repo.files:
                     found.append(Problem(repo_id, repo.commit_hash, f.path, "file_missing",
                                          "listed in the lock but its snapshot is not in the cache", folder.name))

@@ -18,9 +18,10 @@ from __future__ import annotations
 import shutil
 import threading
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from concurrent.futures import wait as wait_futures
+from contextlib import ExitStack
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -40,6 +41,7 @@ from .retry import DEFAULT_RETRIES, RetryCounter
 from .transfer import Slots, TransferOptions, download_blob
 from .records import NoProgress, ProgressSink, RepoResult, WarmedFile, WarmReport, WarmRequest
 from .lockfile import LockedRepo
+from .locking import DEFAULT_LOCK_TIMEOUT, LockWait
 from .selection import MAX_PARSE_BYTES, Selection, check_index_size, follow_configs, select, shards_from_index
 
 _PUBLISH_GRACE = 0.5  # seconds an interrupted warm waits for repos in the middle of publishing
@@ -65,6 +67,8 @@ def warm(
     progress: ProgressSink | None = None,
     pinned: Sequence[LockedRepo] | None = None,
     retries: int = DEFAULT_RETRIES,
+    lock_timeout: float = DEFAULT_LOCK_TIMEOUT,
+    on_lock_wait: Callable[[LockWait], None] | None = None,
 ) -> WarmReport:
     """Warm every request into ``cache_dir``; a failed repo never stops the others.
 
@@ -83,6 +87,9 @@ def warm(
         progress: optional receiver of progress events.
         pinned: one locked repo per request (``warm --lock``): no resolution request; the lock's commit, files
             and hashes are used, so bytes that differ from the lock are refused.
+        lock_timeout: seconds to wait at most for a lock another process holds (a repo another warm or prune
+            changes, a blob another process downloads); then that repo fails with exit 5 naming the lock.
+        on_lock_wait: told (once per lock, after a few seconds) which lock a repo waits for and who holds it.
 
     Returns:
         WarmReport with one RepoResult per request, in request order.
@@ -97,6 +104,8 @@ def warm(
         raise UsageError(f"--max-workers must be at least 1, got {max_workers}")
     if timeout <= 0:
         raise UsageError(f"--timeout must be positive, got {timeout}")
+    if lock_timeout < 0:
+        raise UsageError(f"--lock-timeout must not be negative, got {lock_timeout}")
     started = time.monotonic()
     root = resolve_cache_dir(cache_dir)
     ensure_cache_root(root)
@@ -109,7 +118,8 @@ def warm(
     repos_pool = ThreadPoolExecutor(max_workers=min(len(requests), max_workers) or 1, thread_name_prefix="hfcache-repo")
     futures = [
         repos_pool.submit(_RepoJob(i, req, root, clients, files_pool, sink, use_symlinks, slots,
-                                   pinned=pinned[i] if pinned else None, stop=stop).run)
+                                   pinned=pinned[i] if pinned else None, stop=stop,
+                                   lock_timeout=lock_timeout, on_lock_wait=on_lock_wait).run)
         for i, req in enumerate(requests)
     ]
     try:
@@ -176,6 +186,8 @@ class _RepoJob:
     slots: Slots
     pinned: LockedRepo | None = None
     stop: threading.Event = field(default_factory=threading.Event)
+    lock_timeout: float = DEFAULT_LOCK_TIMEOUT
+    on_lock_wait: Callable[[LockWait], None] | None = None
     client: HubClient | None = field(default=None, init=False)  # the endpoint being tried
     counter: RetryCounter | None = field(default=None, init=False)  # its retries
     _retries: int = 0  # retries on the endpoints tried before
@@ -239,15 +251,16 @@ class _RepoJob:
                              + (f", include {list(req.include)}" if req.include else "")
                              + (f", exclude {list(req.exclude)}" if req.exclude else "") + ")",
                              hint="check --kind, --include, --exclude and --repo-type")
-        canonical = RepoFolder(self.cache_dir, repo.canonical_id, req.repo_type)
+        locking = {"lock_timeout": self.lock_timeout, "on_lock_wait": self.on_lock_wait}
+        canonical = RepoFolder(self.cache_dir, repo.canonical_id, req.repo_type, **locking)
         folders = [canonical]
         if req.repo_id != repo.canonical_id:
-            folders.append(RepoFolder(self.cache_dir, req.repo_id, req.repo_type))
-        # One repo lock per folder, taken in name order so that concurrent warms never deadlock.
-        locks = [f.repo_lock(stop=self.stop) for f in sorted(folders, key=lambda f: f.name)]
-        for lock in locks:
-            lock.__enter__()
-        try:
+            folders.append(RepoFolder(self.cache_dir, req.repo_id, req.repo_type, **locking))
+        with ExitStack() as held:
+            # One repo lock per folder, taken in name order so that concurrent warms never deadlock; a lock that
+            # times out releases those already taken.
+            for folder in sorted(folders, key=lambda f: f.name):
+                held.enter_context(folder.repo_lock(stop=self.stop))
             repo, paths, absent = self._complete(repo, canonical, selection)
             by_path = repo.by_path
             files = [by_path[p] for p in sorted(paths)]
@@ -260,9 +273,6 @@ class _RepoJob:
                 raise _Cancelled(f"{req.repo_id}: interrupted before publishing")
             for folder in folders:
                 self._publish(folder, repo, files, absent)
-        finally:
-            for lock in reversed(locks):
-                lock.__exit__(None, None, None)
         return replace(
             base,
             canonical_id=repo.canonical_id,
@@ -337,7 +347,7 @@ class _RepoJob:
         if self._failed.is_set() or self.stop.is_set():
             raise _Cancelled(f"{repo.repo_id}: cancelled")
         try:
-            with folder.blob_lock(file.etag):
+            with folder.blob_lock(file.etag, stop=self.stop):  # Ctrl-C is not stuck behind another download
                 if folder.blob_ok(file.etag, file.size):
                     self.sink.advance(self.key, file.size)
                     return "cached"
