@@ -22,7 +22,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from hfcache.server import HubServer  # noqa: E402
+from hfcache.serve import HubServer  # noqa: E402
 
 
 def main() -> None:

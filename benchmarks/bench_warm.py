@@ -1,6 +1,6 @@
 """Benchmark: warming nine tokenizers with hfcache vs. the ways users do it otherwise.
 
-What it measures, against a local Hub-compatible server (``hfcache.server.HubServer`` over
+What it measures, against a local Hub-compatible server (``hfcache.serve.HubServer`` over
 ``tests/data/hub``, no internet needed):
 
   A  hfcache            ONE subprocess: ``python -m hfcache warm <9 repos> --json -q`` (kind tokenizer).
@@ -46,7 +46,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # so `hfcache` imports even when the package is not installed
 
-from hfcache.server import HubServer  # noqa: E402
+from hfcache.serve import HubServer  # noqa: E402
 
 REPOS = [
     "bert-base-uncased",

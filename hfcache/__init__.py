@@ -7,10 +7,9 @@ The Python API is the product; the ``hfcache`` command is a thin layer over it::
     assert report.ok
 """
 
-__version__ = "0.1.0"
-
-from .errors import HfcacheError  # noqa: E402
-from .records import RepoResult, WarmReport, WarmRequest  # noqa: E402
+from ._version import __version__
+from .errors import HfcacheError
+from .records import RepoResult, WarmReport, WarmRequest
 
 
 def __getattr__(name: str):

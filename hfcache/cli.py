@@ -15,7 +15,7 @@ from pathlib import Path
 
 import click
 
-from . import __version__
+from ._version import __version__
 from .errors import HfcacheError, UsageError
 
 EXIT_INTERNAL = 70
@@ -31,17 +31,18 @@ def _on_sigterm(signum, frame) -> None:
     raise Terminated()
 
 
-def _read_token(token: str | None, token_file: str | None) -> str | bool | None:
-    """The token to send: --token, else --token-file, else None (huggingface_hub's own lookup: HF_TOKEN, file)."""
+def _read_token(token: str | None, token_file: str | None, option: str = "--token-file") -> str | bool | None:
+    """The token to send: --token, else --token-file, else None (huggingface_hub's own lookup: HF_TOKEN, file).
+    ``option`` names the file's option in errors."""
     if token and token_file:
         raise UsageError("--token and --token-file are mutually exclusive", hint="give one of them")
     if token_file:
         try:
             value = Path(token_file).read_text(encoding="utf-8").strip()
         except OSError as exc:
-            raise UsageError(f"cannot read --token-file {token_file}: {exc.strerror}") from None
+            raise UsageError(f"cannot read {option} {token_file}: {exc.strerror}") from None
         if not value:
-            raise UsageError(f"--token-file {token_file} is empty")
+            raise UsageError(f"{option} {token_file} is empty")
         return value
     return token or None
 
@@ -55,6 +56,20 @@ def cli() -> None:
 def _cache_dir_option(what: str = "Cache root"):
     return click.option("--cache-dir", type=click.Path(file_okay=False),
                         help=f"{what} [default: HF_HUB_CACHE, $HF_HOME/hub or ~/.cache/huggingface/hub].")
+
+
+def _parsed(name: str):
+    """A Click callback running ``hfcache.units.<name>``, so that a bad value is a usage error naming the option."""
+    def callback(ctx, param, value):
+        from . import units
+
+        if value is None:
+            return None
+        try:
+            return getattr(units, name)(value)
+        except UsageError as exc:
+            raise click.BadParameter(f"{exc.message} ({exc.hint})" if exc.hint else exc.message) from None
+    return callback
 
 
 def _lock_timeout_option(fn):
@@ -72,7 +87,7 @@ def _common_hub_options(fn):
         click.option("--token-file", type=click.Path(dir_okay=False), help="File holding the Hub token."),
         click.option("--max-workers", type=click.IntRange(min=1), default=8, show_default=True,
                      help="Parallel downloads."),
-        click.option("--timeout", type=click.FloatRange(min=0, min_open=True), default=10.0, show_default=True,
+        click.option("--timeout", metavar="SECONDS", default="10", show_default=True, callback=_parsed("parse_timeout"),
                      help="Seconds to wait for a connection or for any byte of an answer."),
         click.option("--retries", type=click.IntRange(min=0), default=5, show_default=True,
                      help="Retries of a 429, 502, 503, 504 or cut connection, per request or file (exponential "
@@ -114,14 +129,21 @@ def warm(repos, cache_dir, kind, include, exclude, repo_type, lock_file, locked,
       hfcache warm openai-community/gpt2@main FacebookAI/roberta-base --cache-dir /opt/hf-cache
       hfcache warm --lock hfcache.lock --locked
     """
-    from . import output
+    from .render import warm as render
+    from .render.common import lock_wait_notice
 
     resolved_token = _read_token(token, token_file)
     if lock_file:
         if repos:
             raise UsageError("give REPO_ID arguments or --lock, not both")
-        report = _warm_from_lock(lock_file, locked, manifest, cache_dir, list(endpoints), resolved_token, max_workers,
-                                 timeout, retries, as_json, quiet, lock_timeout)
+        from .install import warm_lock
+        from .project import resolve_install
+
+        target = resolve_install(lock_file, manifest=manifest, locked=locked, cache_dir=cache_dir, endpoint=endpoints)
+        with render.WarmProgress(len(target.lock.repos), enabled=not (as_json or quiet)) as progress:
+            report = warm_lock(target.lock, cache_dir=target.cache_dir, endpoint=target.endpoint, token=resolved_token,
+                               max_workers=max_workers, timeout=timeout, progress=progress, retries=retries,
+                               lock_timeout=lock_timeout, on_lock_wait=None if quiet else lock_wait_notice)
     else:
         if locked or manifest:
             raise UsageError("--locked and --manifest go with --lock")
@@ -134,35 +156,12 @@ def warm(repos, cache_dir, kind, include, exclude, repo_type, lock_file, locked,
             WarmRequest.parse(spec, repo_type=repo_type, kind=kind, include=tuple(include), exclude=tuple(exclude))
             for spec in repos
         ]
-        with output.WarmProgress(len(requests), enabled=not (as_json or quiet)) as progress:
+        with render.WarmProgress(len(requests), enabled=not (as_json or quiet)) as progress:
             report = warm_repos(requests, cache_dir=cache_dir, endpoint=list(endpoints) or None, token=resolved_token,
                                 max_workers=max_workers, timeout=timeout, progress=progress, retries=retries,
-                                lock_timeout=lock_timeout, on_lock_wait=None if quiet else output.lock_wait_notice)
-    output.show_warm_report(report, as_json=as_json, quiet=quiet)
+                                lock_timeout=lock_timeout, on_lock_wait=None if quiet else lock_wait_notice)
+    render.show_warm_report(report, as_json=as_json, quiet=quiet)
     sys.exit(report.exit_code)
-
-
-def _warm_from_lock(lock_file, locked, manifest, cache_dir, endpoints, token, max_workers, timeout, retries, as_json,
-                    quiet, lock_timeout):
-    from . import output
-    from .errors import CheckFailed
-    from .install import warm_lock
-    from .lockfile import drift, lock_cache_dir, lock_manifest, read_lock
-
-    lock = read_lock(lock_file)
-    found = lock_manifest(lock_file, manifest, required=locked)
-    if locked:
-        problems = drift(found, lock)
-        if problems:
-            raise CheckFailed(f"{lock_file} is out of date with {found.path}: {problems[0]}"
-                              + (f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""),
-                              hint="run `hfcache lock` and commit the new lock")
-    cache_dir = lock_cache_dir(lock_file, cache_dir, manifest=found)
-    endpoint = endpoints or (list(found.endpoints) if found and found.endpoints else None)
-    with output.WarmProgress(len(lock.repos), enabled=not (as_json or quiet)) as progress:
-        return warm_lock(lock, cache_dir=cache_dir, endpoint=endpoint, token=token, max_workers=max_workers,
-                         timeout=timeout, progress=progress, retries=retries, lock_timeout=lock_timeout,
-                         on_lock_wait=None if quiet else output.lock_wait_notice)
 
 
 @cli.command()
@@ -188,52 +187,32 @@ def lock(upgrade_ids, manifest, output_file, upgrade, check, endpoints, token, t
       hfcache lock --upgrade bert-base-uncased
       hfcache lock --check
     """
-    from . import output
     from .errors import CheckFailed
-    from .lockfile import (
-        default_lock_path,
-        drift,
-        filter_upgrade,
-        find_manifest,
-        load_manifest,
-        lock_relative_name,
-        read_lock,
-        write_lock,
-    )
+    from .render import warm as render
 
     if upgrade_ids and not upgrade:
         raise UsageError("REPO_ID arguments go with --upgrade", hint="hfcache lock --upgrade REPO_ID...")
-    found = load_manifest(find_manifest(manifest))
-    lock_path = Path(output_file) if output_file else default_lock_path(found.path)
-    existing = read_lock(lock_path) if lock_path.exists() else None
     if check:
-        problems = drift(found, existing) if existing else (f"{lock_path}: no lock file",)
-        if as_json:
-            output.print_json({"lock": str(lock_path), "manifest": str(found.path), "ok": not problems,
-                               "drift": list(problems)})
-        elif not problems:
-            output.stderr.print(f"{lock_path} matches {found.path}")
-        if problems:
+        from .project import check_lock
+
+        status = check_lock(manifest, output_file)
+        render.show_lock_check(status, as_json=as_json)
+        if not status.ok:
             if as_json:
                 sys.exit(CheckFailed.exit_code)
-            raise CheckFailed(f"{lock_path} does not match {found.path}: " + "; ".join(problems),
-                              hint="run `hfcache lock` to update it")
+            raise status.error()
         return
-    from .pin import pin
-    from .warming import make_clients
+    from .pin import lock_project
 
-    upgrade_keys = filter_upgrade(found.repos, upgrade_ids) if upgrade else set()
-    clients = make_clients(list(endpoints) or list(found.endpoints) or None, _read_token(token, token_file), timeout,
-                           retries)
-    spinner = output.stderr.status("resolving manifest entries", spinner="dots")
+    resolved_token = _read_token(token, token_file)
+    spinner = render.stderr.status("resolving manifest entries", spinner="dots")
     with spinner if not as_json else contextlib.nullcontext():
-        result = pin(found, clients, existing=existing, upgrade=upgrade_keys, max_workers=max_workers)
-    written = False
-    if not result.failures:
-        written = write_lock(result.lock, lock_path, lock_relative_name(found.path, lock_path))
-    output.show_pin_result(result, lock_path, written, as_json=as_json)
-    if result.failures:
-        sys.exit(result.failures[0].exit_code)
+        run = lock_project(manifest, lock_path=output_file, upgrade=upgrade, upgrade_ids=upgrade_ids,
+                           endpoint=endpoints, token=resolved_token, timeout=timeout, max_workers=max_workers,
+                           retries=retries)
+    render.show_pin_result(run.result, run.lock_path, run.written, as_json=as_json)
+    if run.result.failures:
+        sys.exit(run.result.failures[0].exit_code)
 
 
 @cli.command(name="ls")
@@ -251,27 +230,16 @@ def ls_command(repo_ids, cache_dir, revisions, lock_file, sort, as_json) -> None
     Reads metadata only (no hashing, no writes). Damaged repos are listed with what is wrong, never hidden.
     """
     import gc
-    import time
 
-    from . import output
     from .lockfile import pinned_revisions, read_lock
+    from .render import ls as render
     from .scan import scan_cache
 
     pinned = pinned_revisions(read_lock(lock_file)) if lock_file else None
     root = _read_cache_dir(cache_dir, lock_file)
     gc.disable()  # a short-lived process building one large document: the cyclic collector only costs time
     info = scan_cache(root, set(repo_ids) if repo_ids else None)
-    document = output.ls_dict(info, pinned)
-    keys = {
-        "name": lambda r: r["repo_id"].lower(),
-        "size": lambda r: -r["size_on_disk"],
-        "last-used": lambda r: "" if r["last_used"] is None else r["last_used"],
-    }
-    document["repos"].sort(key=keys[sort], reverse=(sort == "last-used"))
-    if as_json:
-        output.print_json(document, compact=len(document["repos"]) > 100)
-    else:
-        output.stderr.print(output.ls_table(document, revisions, time.time()))
+    render.show_ls(info, pinned, sort=sort, revisions=revisions, as_json=as_json)
     sys.exit(1 if any(r.unreadable for r in info.repos) else 0)  # health: a repo this user cannot read
 
 
@@ -291,13 +259,14 @@ def verify(repo_ids, cache_dir, lock_file, do_repair, endpoints, token, token_fi
 
     Without --repair it makes no network request. Exit 1 when any integrity problem remains.
     """
-    from . import output
     from .lockfile import read_lock
+    from .render import verify as render
+    from .render.common import lock_wait_notice
     from .verify import verify_cache
 
     lock = read_lock(lock_file) if lock_file else None
     root = _read_cache_dir(cache_dir, lock_file)
-    with output.HashProgress(enabled=not as_json) as progress:
+    with render.HashProgress(enabled=not as_json) as progress:
         report = verify_cache(root, repo_ids or None, lock=lock, max_workers=max_workers, progress=progress)
     actions = ()
     before = None
@@ -310,11 +279,11 @@ def verify(repo_ids, cache_dir, lock_file, do_repair, endpoints, token, token_fi
         client = HubClient(endpoint=endpoints[0] if endpoints else None,
                            token=resolve_token(_read_token(token, token_file)), timeout=timeout, retries=retries)
         actions = repair(report, client=client, lock=lock, lock_timeout=lock_timeout,
-                         on_lock_wait=output.lock_wait_notice)
+                         on_lock_wait=lock_wait_notice)
         before = report
-        with output.HashProgress(enabled=not as_json) as progress:
+        with render.HashProgress(enabled=not as_json) as progress:
             report = verify_cache(root, repo_ids or None, lock=lock, max_workers=max_workers, progress=progress)
-    output.show_verify(report, actions, before, as_json=as_json)
+    render.show_verify(report, actions, before, as_json=as_json)
     sys.exit(report.exit_code)
 
 
@@ -334,9 +303,9 @@ def check(repo_ids, cache_dir, lock_file, text, as_json) -> None:
     (config.json and its .no_exist marker, a Python package, custom code, a chat template, a ref). Exit 1 if any
     tokenizer fails.
     """
-    from . import output
     from .check import DEFAULT_TEXT, check_tokenizers, select_targets, targets_from_cache, targets_from_lock
     from .lockfile import read_lock
+    from .render import verify as render
 
     root = _read_cache_dir(cache_dir, lock_file)
     if lock_file:
@@ -345,10 +314,10 @@ def check(repo_ids, cache_dir, lock_file, text, as_json) -> None:
         targets = targets_from_cache(root, repo_ids)
     if not targets:
         raise UsageError("no tokenizer to check", hint="warm one first, or name REPO_IDs / --lock")
-    with output.stderr.status(f"loading {len(targets)} tokenizer(s) offline", spinner="dots") \
+    with render.stderr.status(f"loading {len(targets)} tokenizer(s) offline", spinner="dots") \
             if not as_json else contextlib.nullcontext():
         report = check_tokenizers(root, targets, text or DEFAULT_TEXT)
-    output.show_check(report, as_json=as_json)
+    render.show_check(report, as_json=as_json)
     sys.exit(report.exit_code)
 
 
@@ -386,9 +355,9 @@ def export_command(dest, specs, lock_file, cache_dir, materialize, fmt, chown, g
     Links stay relative (relocatable), each distinct blob is stored once (hardlinks), every blob is hashed on the
     way; the same content always gives a byte-identical tar (a stable Docker layer digest).
     """
-    from . import output
     from .export import plan_export, write_dir, write_tar
     from .lockfile import read_lock
+    from .render import transfer as render
 
     fmt = fmt or ("tar" if dest == "-" or dest.endswith(".tar") else "dir")
     if dest == "-" and fmt != "tar":
@@ -409,7 +378,7 @@ def export_command(dest, specs, lock_file, cache_dir, materialize, fmt, chown, g
                 digest = write_tar(plan, out, chown=owner or (0, 0), group_writable=group_writable)
     else:
         write_dir(plan, Path(dest), chown=owner, group_writable=group_writable)
-    output.show_export(plan, dest, fmt, digest, as_json=as_json)
+    render.show_export(plan, dest, fmt, digest, as_json=as_json)
 
 
 @cli.command(name="import")
@@ -425,13 +394,14 @@ def import_command(src, cache_dir, move_refs, lock_timeout, as_json) -> None:
     Refuses absolute or '..' paths, links leaving the cache, devices, sparse files, content that does not match its
     hash, and any entry the target already holds with other content (exit 1); then nothing is written.
     """
-    from . import output
     from .cache import resolve_cache_dir
     from .importer import import_cache
+    from .render import transfer as render
+    from .render.common import lock_wait_notice
 
     report = import_cache(src, resolve_cache_dir(cache_dir), move_refs=move_refs, lock_timeout=lock_timeout,
-                          on_lock_wait=output.lock_wait_notice)
-    output.show_import(report, as_json=as_json)
+                          on_lock_wait=lock_wait_notice)
+    render.show_import(report, as_json=as_json)
 
 
 @cli.command(name="link")
@@ -442,25 +412,11 @@ def import_command(src, cache_dir, move_refs, lock_timeout, as_json) -> None:
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON document on stdout.")
 def link_command(src, dest, mode, as_json) -> None:
     """Make the cache at DEST use the cache at SRC (e.g. the runtime user's default path, or a volume mount)."""
-    from . import output
     from .link import link_cache
+    from .render import transfer as render
 
     report = link_cache(Path(src), Path(dest), mode)
-    output.show_link(report, as_json=as_json)
-
-
-def _parsed(name: str):
-    """A Click callback running ``hfcache.units.<name>``, so that a bad value is a usage error naming the option."""
-    def callback(ctx, param, value):
-        from . import units
-
-        if value is None:
-            return None
-        try:
-            return getattr(units, name)(value)
-        except UsageError as exc:
-            raise click.BadParameter(f"{exc.message} ({exc.hint})" if exc.hint else exc.message) from None
-    return callback
+    render.show_link(report, as_json=as_json)
 
 
 @cli.command()
@@ -490,8 +446,9 @@ def prune(cache_dir, older_than, max_size, keep_locks, keep, dry_run, yes, as_js
       hfcache prune --dry-run
       hfcache prune --older-than 30d --max-size 50GB --keep-lock hfcache.lock --yes
     """
-    from . import output
     from .prune import execute, plan_prune
+    from .render import prune as render
+    from .render.common import lock_wait_notice
 
     if as_json and not (yes or dry_run):
         raise UsageError("--json needs --yes or --dry-run", hint="machines cannot answer the confirmation prompt")
@@ -499,18 +456,18 @@ def prune(cache_dir, older_than, max_size, keep_locks, keep, dry_run, yes, as_js
         raise UsageError("no terminal to ask for confirmation", hint="pass --yes (cron jobs, CI) or --dry-run")
     plan = plan_prune(cache_dir, older_than=older_than, max_size=max_size, keep=keep, keep_locks=keep_locks)
     if dry_run:
-        output.show_prune(plan, as_json=as_json, dry_run=True)
+        render.show_prune(plan, as_json=as_json, dry_run=True)
         sys.exit(5 if plan.unreadable else 0)  # a repo it cannot read: a filesystem problem to fix
     asked = bool(plan.items) and not yes
     if asked:
-        output.show_prune(plan, as_json=False, dry_run=False)
-        if not click.confirm(output.prune_question(plan), default=False, err=True):
-            output.stderr.print("nothing removed")
+        render.show_prune(plan, as_json=False, dry_run=False)
+        if not click.confirm(render.prune_question(plan), default=False, err=True):
+            render.stderr.print("nothing removed")
             return
-    with output.PruneProgress(len(plan.items), enabled=not as_json and bool(plan.items)) as progress:
+    with render.PruneProgress(len(plan.items), enabled=not as_json and bool(plan.items)) as progress:
         result = execute(plan, on_item=progress.advance, lock_timeout=lock_timeout,
-                         on_lock_wait=output.lock_wait_notice)
-    output.show_prune(plan, result, as_json=as_json, dry_run=False, tables=not asked)
+                         on_lock_wait=lock_wait_notice)
+    render.show_prune(plan, result, as_json=as_json, dry_run=False, tables=not asked)
     sys.exit(result.exit_code)
 
 
@@ -526,25 +483,51 @@ def prune(cache_dir, older_than, max_size, keep_locks, keep, dry_run, yes, as_js
               help="Require 'Authorization: Bearer TOKEN' with the token in this file (401 otherwise).")
 @click.option("--access-log", metavar="FILE",
               help="Append one line per request (time, method, path, status, bytes, seconds) to FILE; '-': stdout.")
-def serve(cache_dir, repos_dir, host, port, token_file, access_log) -> None:
-    """Serve a warmed cache as a read-only Hub mirror (HF_ENDPOINT / --endpoint for every pod).
+@click.option("--upstream", "upstreams", multiple=True, metavar="URL",
+              help="Pull through: fetch what the cache lacks from this Hub endpoint, verified, and keep it "
+                   "(repeatable: tried in order).")
+@click.option("--upstream-token-file", type=click.Path(dir_okay=False),
+              help="Token sent to the upstreams only (never logged, never answered). Default: none.")
+@click.option("--allow", multiple=True, metavar="REPO_GLOB",
+              help="Only pull through repos whose id matches (fnmatch, repeatable); others get 403. Default: all.")
+@click.option("--max-size", metavar="SIZE", callback=_parsed("parse_size"),
+              help="Prune least-recently-served revisions to keep the cache at most SIZE (50GB, 20GiB, ...).")
+@click.option("--revalidate", metavar="DURATION", callback=_parsed("parse_duration"),
+              help="Ask upstream again for a branch or tag at most this often [default: 5m].")
+def serve(cache_dir, repos_dir, host, port, token_file, access_log, upstreams, upstream_token_file, allow,
+          max_size, revalidate) -> None:
+    """Serve a cache as a Hub mirror (HF_ENDPOINT / --endpoint for every pod); with --upstream, pull through.
 
     It answers what the cache holds, at its commits and refs, including what its .no_exist markers know is
-    absent; unmodified huggingface_hub and transformers clients download from it. Runs until SIGTERM or Ctrl-C,
-    then lets downloads in flight finish (up to 20 s).
+    absent; unmodified huggingface_hub and transformers clients download from it. With --upstream, what the
+    cache lacks is fetched with warm's code path (hash-checked before anyone sees it), kept, then answered;
+    when upstream is down, the cache is still served. GET /metrics is Prometheus text; GET /healthz says
+    whether upstream answers. Runs until SIGTERM or Ctrl-C, then lets downloads in flight finish (up to 20 s).
 
     \b
     Examples:
       hfcache serve --cache-dir /data/hf-cache
       hfcache serve --cache-dir /data/hf-cache --host 0.0.0.0 --token-file /run/secrets/mirror-token
+      hfcache serve --cache-dir /data/hf-cache --upstream https://huggingface.co \\
+          --upstream-token-file /run/secrets/hf-token --allow 'google-bert/*' --max-size 200GB
     """
-    from . import output
-    from .mirror import serve as serve_mirror
+    from .render import offline as render
+    from .serve.mirror import serve as serve_mirror
+    from .serve.pullthrough import DEFAULT_REVALIDATE, PullThroughConfig
 
     token = _read_token(None, token_file) if token_file else None
+    upstream = None
+    if upstreams:
+        upstream_token = _read_token(None, upstream_token_file, "--upstream-token-file") if upstream_token_file else None
+        upstream = PullThroughConfig(upstreams=tuple(upstreams), token=upstream_token or None, allow=tuple(allow),
+                                     revalidate=DEFAULT_REVALIDATE if revalidate is None else revalidate,
+                                     max_size=max_size)
+    elif upstream_token_file or allow or max_size is not None or revalidate is not None:
+        raise UsageError("--upstream-token-file, --allow, --max-size and --revalidate need --upstream",
+                         hint="add --upstream URL (e.g. https://huggingface.co) to pull through")
     run = serve_mirror(cache_dir=cache_dir, repos_dir=repos_dir, host=host, port=port, token=token,
-                       access_log=access_log, ready=output.show_mirror_ready)
-    output.show_mirror_stopped(run)
+                       access_log=access_log, ready=render.show_mirror_ready, upstream=upstream)
+    render.show_mirror_stopped(run)
 
 
 @cli.command(name="env")
@@ -561,10 +544,10 @@ def env_command(cache_dir, fmt) -> None:
       hfcache env --cache-dir /opt/hf-cache --format dockerfile >> Dockerfile
       hfcache env --cache-dir /opt/hf-cache --format k8s
     """
-    from . import output
     from .offline import format_env, offline_environment
+    from .render import offline as render
 
-    output.show_env(format_env(offline_environment(cache_dir), fmt))
+    render.show_env(format_env(offline_environment(cache_dir), fmt))
 
 
 @cli.command(name="exec", context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
@@ -602,11 +585,11 @@ def doctor_command(cache_dir, as_json) -> None:
     """Diagnose this environment's Hugging Face settings and cache: which cache, offline or not, conflicts,
     permissions and owner, read-only filesystem, symlinks, free space, versions. Exit 1 if any error.
     """
-    from . import output
     from .doctor import doctor
+    from .render import offline as render
 
     report = doctor(cache_dir)
-    output.show_doctor(report, as_json=as_json)
+    render.show_doctor(report, as_json=as_json)
     sys.exit(report.exit_code)
 
 
@@ -624,12 +607,26 @@ _register_oci()
 
 def _fail(message: str, hint: str | None, exit_code: int, as_json: bool) -> None:
     """Report a command-level error: one or two lines on stderr, and with --json also one JSON document."""
-    from .output import print_error, print_json
+    from .render.common import print_error, print_json
 
     print_error(message, hint)
     if as_json:
         print_json({"ok": False, "error": message, "hint": hint, "exit_code": exit_code})
     sys.exit(exit_code)
+
+
+def _interrupted(code: int, as_json: bool) -> None:
+    """Ctrl-C (exit 130) or SIGTERM (exit 143): the error line (and with --json the error document), then exit at
+    once (:func:`_exit_now`)."""
+    from .render.common import print_error, print_json
+
+    message = "terminated" if code == EXIT_TERMINATED else "interrupted"
+    hint = "run the command again; what was interrupted was not published (partial downloads resume)"
+    with contextlib.suppress(Exception):
+        print_error(message, hint)
+        if as_json:
+            print_json({"ok": False, "error": message, "hint": hint, "exit_code": code})
+    _exit_now(code)
 
 
 def _exit_now(code: int) -> None:
@@ -658,15 +655,15 @@ def main(argv: list[str] | None = None) -> None:
     except click.ClickException as exc:
         _fail(exc.format_message(), None, exc.exit_code, as_json)
     except click.Abort as exc:  # click turns KeyboardInterrupt (and so Terminated) into Abort
-        _exit_now(EXIT_TERMINATED if isinstance(exc.__cause__, Terminated) else EXIT_INTERRUPTED)
+        _interrupted(EXIT_TERMINATED if isinstance(exc.__cause__, Terminated) else EXIT_INTERRUPTED, as_json)
     except Terminated:
-        _exit_now(EXIT_TERMINATED)
+        _interrupted(EXIT_TERMINATED, as_json)
     except HfcacheError as exc:
         if debug:
             raise
         _fail(exc.message, exc.hint, exc.exit_code, as_json)
     except KeyboardInterrupt:
-        _exit_now(EXIT_INTERRUPTED)
+        _interrupted(EXIT_INTERRUPTED, as_json)
     except PermissionError as exc:
         # A part of a cache (or a file given) this user cannot read or write, in a path no command anticipated: a
         # filesystem problem (exit 5) naming the path, never an internal error.

@@ -46,7 +46,7 @@ from huggingface_hub.errors import (
 )
 from huggingface_hub.utils import build_hf_headers, get_session, hf_raise_for_status
 
-from . import __version__
+from ._version import __version__
 from .errors import (
     EndpointUnreachable,
     GatedRepo,
@@ -59,6 +59,7 @@ from .errors import (
 )
 from .records import valid_repo_id
 from .retry import DEFAULT_RETRIES, RetryCounter, ShortBody
+from .retry import is_transient as _transient_without_client
 from .selection import UnsafePath, validate_repo_path
 
 DEFAULT_ENDPOINT = "https://huggingface.co"
@@ -216,7 +217,22 @@ class HubClient:
 
     def counter(self, stop: threading.Event | None = None) -> RetryCounter:
         """A retry counter with this client's budget (one per repo: the report shows its count)."""
-        return RetryCounter(self.retries, stop)
+        return RetryCounter(self.retries, stop, is_transient)
+
+    def reachable(self, timeout: float | None = None) -> bool:
+        """Whether the endpoint answers HTTP at all (any status, even 404: a server is there).
+
+        One ``HEAD`` of the endpoint's root, without the token (nothing there needs it). For health checks
+        (``hfcache serve --upstream``'s ``/healthz``), not for deciding what a repo request gets.
+
+        Args:
+            timeout: seconds to wait (default: the client's timeout).
+        """
+        try:
+            get_session().head(self.endpoint + "/", timeout=timeout or self.timeout, follow_redirects=False)
+        except (httpx2.HTTPError, OfflineModeIsEnabled):
+            return False
+        return True
 
     def resolve(self, repo_id: str, revision: str = "main", repo_type: str = "model",
                 counter: RetryCounter | None = None) -> RepoRevision:
@@ -484,6 +500,15 @@ class HubClient:
 
         with self.mapped(repo, file.path):
             counter.budget().call(attempt, f"{repo.repo_id}: {file.path}")
+
+
+def is_transient(exc: BaseException) -> bool:
+    """True for a failure worth retrying (:mod:`hfcache.retry`): a 429, 502, 503 or 504, or a connection cut
+    mid-answer, including httpx2's ``RemoteProtocolError`` (peer closed early), ``ReadError`` and ``WriteError``.
+    Timeouts and refused connections are not retried (``--timeout`` bounds the wait; the next endpoint is a better
+    bet)."""
+    return _transient_without_client(exc) or isinstance(
+        exc, (httpx2.RemoteProtocolError, httpx2.ReadError, httpx2.WriteError))
 
 
 _HEAD_WORKERS = 8

@@ -9,16 +9,20 @@ entry is unchanged keep their locked commit unless ``--upgrade`` names them: no 
 from __future__ import annotations
 
 import io
+import os
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from pathlib import Path
 
 from .errors import HfcacheError, HubError, IntegrityError
 from .hub import HubClient
-from .lockfile import LockedFile, LockedRepo, Lockfile, Manifest
+from .lockfile import LockedFile, LockedRepo, Lockfile, Manifest, filter_upgrade, lock_relative_name, write_lock
+from .project import open_project
 from .records import WarmRequest
 from .retry import RetryCounter
 from .selection import MAX_PARSE_BYTES, check_index_size, follow_configs, select, shards_from_index
+from .warming import make_clients
 
 
 @dataclass(frozen=True)
@@ -46,6 +50,21 @@ class PinResult:
     resolved: tuple[str, ...]
     kept: tuple[str, ...]
     failures: tuple[LockFailure, ...]
+
+
+@dataclass(frozen=True)
+class LockRun:
+    """The outcome of :func:`lock_project` (``hfcache lock``).
+
+    Attributes:
+        result (PinResult): what was resolved, kept and failed.
+        lock_path (Path): the lock file.
+        written (bool): whether the file changed (False when any entry failed: then it is left as it was).
+    """
+
+    result: PinResult
+    lock_path: Path
+    written: bool
 
 
 def resolve_entry(client: HubClient, request: WarmRequest) -> LockedRepo:
@@ -152,3 +171,41 @@ def pin(
         failures=failures,
     )
 
+
+
+def lock_project(
+    manifest: str | os.PathLike[str] | None = None,
+    *,
+    lock_path: str | os.PathLike[str] | None = None,
+    upgrade: bool = False,
+    upgrade_ids: Sequence[str] = (),
+    endpoint: Sequence[str] = (),
+    token: str | bool | None = None,
+    timeout: float = 10.0,
+    max_workers: int = 8,
+) -> LockRun:
+    """Resolve a project's manifest and write its lock, keeping the commits of unchanged entries.
+
+    Args:
+        manifest, lock_path: as :func:`hfcache.project.open_project`.
+        upgrade: re-resolve entries even if unchanged: those named by ``upgrade_ids``, all when it is empty.
+        endpoint: endpoints in order of preference (default: the manifest's, ``HF_ENDPOINT`` or the Hub).
+        token: Hub token (None: huggingface_hub's lookup; False: none).
+        timeout: seconds per connection or read.
+        max_workers: parallel resolutions.
+
+    Returns:
+        LockRun; the lock is written atomically, and only when every entry resolved.
+
+    Raises:
+        UsageError: no or invalid manifest or lock, an ``upgrade_ids`` name not in the manifest, a bad endpoint.
+        CacheError: the lock cannot be written.
+    """
+    found, path, existing = open_project(manifest, lock_path)
+    upgrade_keys = filter_upgrade(found.repos, upgrade_ids) if upgrade else set()
+    clients = make_clients(list(endpoint) or list(found.endpoints) or None, token, timeout)
+    result = pin(found, clients, existing=existing, upgrade=upgrade_keys, max_workers=max_workers)
+    written = False
+    if not result.failures:
+        written = write_lock(result.lock, path, lock_relative_name(found.path, path))
+    return LockRun(result=result, lock_path=path, written=written)

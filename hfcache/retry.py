@@ -7,6 +7,9 @@ own budget of ``retries`` (``--retries``, default 5); every retry is counted for
 
 Library gap: huggingface_hub's ``http_backoff`` also retries 500 and timeouts, sleeps without a way to be
 interrupted (SIGTERM must stop within a second) and keeps no count; ``HfApi.repo_info`` does not retry at all.
+
+This module knows no HTTP client (only :mod:`hfcache.hub` imports one): which client exceptions mean "the connection
+was cut" is :func:`hfcache.hub.is_transient`, handed to each :class:`RetryCounter` by ``HubClient.counter()``.
 """
 
 from __future__ import annotations
@@ -17,8 +20,6 @@ import time
 from collections.abc import Callable
 from email.utils import parsedate_to_datetime
 from typing import TypeVar
-
-import httpx2
 
 from .errors import HfcacheError, HubError
 
@@ -38,19 +39,21 @@ class Interrupted(HfcacheError):
 
 
 def status_of(exc: BaseException) -> int | None:
-    """The HTTP status an exception carries (huggingface_hub's HfHubHTTPError, httpx2.HTTPStatusError), or None."""
+    """The HTTP status an exception carries (any with ``.response.status_code``: huggingface_hub's HfHubHTTPError,
+    httpx's HTTPStatusError), or None."""
     response = getattr(exc, "response", None)
     status = getattr(response, "status_code", None)
     return status if isinstance(status, int) else None
 
 
 def is_transient(exc: BaseException) -> bool:
-    """True for failures worth retrying: 429/502/503/504 and connections cut mid-answer."""
+    """True for failures worth retrying that need no HTTP client to recognise: an answer with status 429, 502, 503
+    or 504, a reset connection, a body that ended early (:class:`ShortBody`). The HTTP client's own "connection cut"
+    exceptions are added by :func:`hfcache.hub.is_transient`."""
     status = status_of(exc)
     if status is not None:
         return status in RETRY_STATUSES
-    return isinstance(exc, (httpx2.RemoteProtocolError, httpx2.ReadError, httpx2.WriteError, ConnectionResetError,
-                            ShortBody))
+    return isinstance(exc, (ConnectionResetError, ShortBody))
 
 
 class ShortBody(Exception):
@@ -75,13 +78,25 @@ def retry_after(exc: BaseException) -> float | None:
 
 
 class RetryCounter:
-    """Retries made for one repo (thread-safe); what the report shows. ``stop`` interrupts every backoff wait."""
+    """Retries made for one repo (thread-safe); what the report shows. ``stop`` interrupts every backoff wait.
 
-    def __init__(self, retries: int = DEFAULT_RETRIES, stop: threading.Event | None = None) -> None:
+    Args:
+        retries: retries per request or per file download (a fresh :meth:`budget` each), >= 0.
+        stop: set to interrupt every wait at once (Ctrl-C, SIGTERM).
+        transient: which failures are retried (default :func:`is_transient`; ``HubClient`` passes
+            :func:`hfcache.hub.is_transient`, which also knows its HTTP client's exceptions).
+
+    Raises:
+        ValueError: ``retries`` < 0.
+    """
+
+    def __init__(self, retries: int = DEFAULT_RETRIES, stop: threading.Event | None = None,
+                 transient: Callable[[BaseException], bool] = is_transient) -> None:
         if retries < 0:
             raise ValueError("retries must be >= 0")
         self.retries = retries
         self.stop = stop or threading.Event()
+        self.transient = transient
         self._count = 0
         self._lock = threading.Lock()
 
@@ -116,7 +131,7 @@ class Budget:
             Interrupted: the stop event was set while waiting.
             HubError: a 429 whose ``Retry-After`` exceeds :data:`MAX_RETRY_AFTER`.
         """
-        if not is_transient(exc):
+        if not self.counter.transient(exc):
             return False
         with self._lock:
             if self.left <= 0:

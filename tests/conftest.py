@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from hfcache.server import HubServer
+from hfcache.serve import HubServer
 
 
 @pytest.fixture(autouse=True)

@@ -23,7 +23,7 @@ import pytest
 import hfcache
 from hfcache.importer import MAX_HEADER_BYTES, MAX_REF_BYTES, MAX_TREE_BYTES
 from hfcache.records import WarmRequest
-from hfcache.server import HubServer
+from hfcache.serve import HubServer
 from tests.helpers import clean_env, run_hfcache
 
 HUB = Path(__file__).parent.parent / "data" / "hub"

@@ -32,7 +32,7 @@ from huggingface_hub.hf_api import RepoFile as HubRepoFile
 
 import hfcache
 from hfcache import WarmRequest
-from hfcache.server import HubServer
+from hfcache.serve import HubServer
 from tests.helpers import GOLDEN, clean_env, golden_ids, offline_load, run_hfcache
 
 PROJECT = Path(__file__).parents[2]
@@ -540,7 +540,7 @@ def test_serve_binds_loopback_by_default(warmed_cache):
 
 
 def test_mirror_serve_api_stops_on_event(warmed_cache, tmp_path):
-    from hfcache.mirror import serve
+    from hfcache.serve.mirror import serve
 
     stop = threading.Event()
     ready: list = []

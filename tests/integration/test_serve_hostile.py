@@ -18,9 +18,9 @@ from huggingface_hub import hf_hub_download
 from huggingface_hub.errors import EntryNotFoundError
 
 import hfcache
-from hfcache import asgi
+from hfcache.serve import asgi
 from hfcache.records import WarmRequest
-from hfcache.server import HubServer
+from hfcache.serve import HubServer
 from tests.helpers import run_hfcache
 
 HUB = Path(__file__).parent.parent / "data" / "hub"

@@ -11,7 +11,9 @@ import httpx2
 import pytest
 
 from hfcache.errors import HubError
-from hfcache.retry import Interrupted, RetryCounter, is_transient, retry_after
+from hfcache import retry
+from hfcache.hub import HubClient, is_transient
+from hfcache.retry import Interrupted, RetryCounter, retry_after
 from hfcache.transfer import trusted_prefix
 
 
@@ -33,6 +35,15 @@ def test_cut_connections_are_transient_timeouts_and_refusals_are_not():
     assert not is_transient(httpx2.ReadTimeout("slow"))
     assert not is_transient(httpx2.ConnectError("refused"))
     assert not is_transient(ValueError("bad json"))
+
+
+def test_the_retry_module_alone_knows_no_http_client_but_hub_counters_do():
+    # retry.py may not import an HTTP client (test_import_graph); HubClient's counters recognise httpx2's cuts.
+    cut = httpx2.ReadError("reset")
+    assert not retry.is_transient(cut) and retry.is_transient(ConnectionResetError())
+    assert not RetryCounter(retries=1).budget().backoff(cut, "x")
+    counter = HubClient(endpoint="http://127.0.0.1:9").counter()
+    assert counter.budget().backoff(cut, "x") and counter.count == 1
 
 
 def test_retry_after_seconds_and_http_date():
@@ -111,7 +122,7 @@ def test_trusted_prefix_of_sequential_and_sparse_leftovers(tmp_path):
 
 
 def test_server_fault_switches_parse_from_the_command_line():
-    from hfcache.faults import Faults, parse_faults
+    from hfcache.serve.faults import Faults, parse_faults
 
     assert parse_faults(["no_blobs", "no_range=false", "rate_limit=3", "body_failure=reset"]) == \
         Faults(no_blobs=True, rate_limit=3, body_failure="reset")

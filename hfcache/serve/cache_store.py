@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import stat
 import threading
 import time
@@ -40,9 +39,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
 
-from .scan import RepoInfo, parse_folder_name, scan_repo
-from .server import (
-    _REPO_NAME_RE,
+from ..scan import RepoInfo, parse_folder_name, scan_repo
+from .vocabulary import (
+    REPO_NAME_RE,
+    SHA1_RE,
+    SHA256_RE,
     HashMemo,
     RepoFile,
     RepoSnapshot,
@@ -53,8 +54,6 @@ from .server import (
 
 __all__ = ["CacheStore"]
 
-_SHA1_RE = re.compile(r"^[0-9a-f]{40}$")
-_SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
 _FOLDER_PREFIX = {"model": "models", "dataset": "datasets"}
 _TREES_MAX_BYTES = 64 * 1024 * 1024
 _O_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
@@ -114,6 +113,12 @@ class CacheStore:
             raise StoreMiss("RevisionNotFound", f"Invalid rev id: {revision}", repo_id=repo.repo_id)
         return repo.snapshots[commit]
 
+    def listing(self, snapshot: RepoSnapshot) -> dict[str, dict] | None:
+        """The raw entries of the snapshot's ``trees/<commit>.json`` (path -> ``size``, ``blob_id``, ``lfs_sha256``
+        as huggingface_hub ``_tree_cache.py`` writes them; unvalidated), or None when there is none."""
+        folder = _folder_name(snapshot.repo_type, snapshot.repo_id)
+        return _read_trees(self.root / folder, snapshot.commit) if folder is not None else None
+
     def lfs_file(self, repo_type: str, repo_id: str, sha256: str) -> tuple[RepoSnapshot, RepoFile] | None:
         """An LFS file of any snapshot of the repo, by content hash (for the CDN origin)."""
         repo = self._repo(repo_type, self.canonical_id(repo_type, repo_id))
@@ -123,7 +128,7 @@ class CacheStore:
                 return snapshot, found
         return None
 
-    def open(self, repo_file: RepoFile) -> BinaryIO:
+    def open(self, repo_file: RepoFile, snapshot: RepoSnapshot | None = None, *, head: bool = False) -> BinaryIO:
         """Open a blob or snapshot file without following any symlink below the cache root.
 
         Raises:
@@ -165,7 +170,7 @@ class CacheStore:
         info = scan_repo(path, repo_id, repo_type)
         snapshots = {}
         for revision in info.revisions:
-            if _SHA1_RE.match(revision.commit_hash):
+            if SHA1_RE.match(revision.commit_hash):
                 snapshot = self._snapshot(info, path, revision)
                 if snapshot.files:
                     snapshots[revision.commit_hash] = snapshot
@@ -207,9 +212,9 @@ class CacheStore:
         known = (trees or {}).get(rel)
         if known and known.get("size") == st.st_size and isinstance(known.get("blob_id"), str):
             sha256 = known.get("lfs_sha256")
-            if isinstance(sha256, str) and _SHA256_RE.match(sha256):
+            if isinstance(sha256, str) and SHA256_RE.match(sha256):
                 return _from_blob_name(rel, local, sha256, st.st_size)
-            if _SHA1_RE.match(known["blob_id"]):
+            if SHA1_RE.match(known["blob_id"]):
                 return RepoFile(rel, local, st.st_size, known["blob_id"], None, False, 0)
         try:
             with _open_beneath(self.root, local.relative_to(self.root).parts):
@@ -270,17 +275,17 @@ def _folder_name(repo_type: str, repo_id: str) -> str | None:
     """``models--ORG--NAME`` for a valid id, None otherwise (huggingface_hub forbids ``--`` and ``..`` in ids)."""
     prefix = _FOLDER_PREFIX.get(repo_type)
     parts = repo_id.split("/")
-    if prefix is None or len(parts) > 2 or not all(_REPO_NAME_RE.match(p) and "--" not in p for p in parts):
+    if prefix is None or len(parts) > 2 or not all(REPO_NAME_RE.match(p) and "--" not in p for p in parts):
         return None
     return "--".join([prefix, *parts])
 
 
 def _from_blob_name(rel: str, local: Path, etag: str, size: int) -> RepoFile | None:
     """A RepoFile from the blob's name: sha256 (LFS) or git blob sha1; None for other names."""
-    if _SHA256_RE.match(etag):
+    if SHA256_RE.match(etag):
         pointer = lfs_pointer(etag, size)
         return RepoFile(rel, local, size, git_blob_sha1(pointer), etag, True, len(pointer))
-    if _SHA1_RE.match(etag):
+    if SHA1_RE.match(etag):
         return RepoFile(rel, local, size, etag, None, False, 0)
     return None
 

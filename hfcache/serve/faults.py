@@ -1,8 +1,10 @@
 """Faults a test Hub server can inject: what mirrors, proxies and flaky networks do to clients.
 
 One frozen :class:`Faults` configures them; :class:`FaultState` counts what has been injected so far (the "first N"
-faults) for one server. :class:`hfcache.server.HubServer` consults it at a few hooks (repo info, tree listing, file
-responses, body streaming). Standard library only. Werkzeug backend only (a reset needs the raw socket).
+faults) for one server. :class:`hfcache.serve.HubServer` consults it at a few hooks: the main origin's routing
+(rate limit, :mod:`.routing`), the API routes (no ``?blobs=true``, no tree API, repo info only by revision), the
+file answer (ETags, ``Range``, failing bodies, :mod:`.answers`) and body streaming (resets, :mod:`.wsgi`).
+Standard library only; imports nothing of the server. Werkzeug backend only (a reset needs the raw socket).
 """
 
 from __future__ import annotations

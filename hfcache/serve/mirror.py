@@ -2,7 +2,7 @@
 
 One warmed cache, served inside a cluster, answers every pod's ``hfcache warm --endpoint`` (or any
 huggingface_hub / transformers client with ``HF_ENDPOINT``): see README "Mirror: hfcache serve".
-The protocol and stores are :mod:`hfcache.server` and :mod:`hfcache.cache_store`; this module chooses the
+The protocol and stores are the rest of :mod:`hfcache.serve`; this module chooses the
 production settings (uvicorn, one origin, no in-memory request log), owns the signals, and shuts down gracefully.
 """
 
@@ -18,8 +18,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
-from .cache import existing_cache_dir
-from .errors import CacheError, UsageError
+from ..cache import ensure_cache_root, existing_cache_dir, resolve_cache_dir
+from ..errors import CacheError, UsageError
+from .hub_server import HubServer
+from .pullthrough import PullThroughConfig
 
 __all__ = ["GRACE_SECONDS", "MirrorInfo", "MirrorRun", "serve"]
 
@@ -39,6 +41,8 @@ class MirrorInfo:
         port (int): the port bound.
         token_required (bool): whether requests need the bearer token.
         access_log (str | None): the access log's path (``"-"`` for stdout), if any.
+        upstreams (tuple[str, ...]): pull-through upstream endpoints, in order (empty: a static mirror).
+        allow (tuple[str, ...]): repo id globs that may be pulled through (empty: all).
     """
 
     endpoint: str
@@ -48,6 +52,8 @@ class MirrorInfo:
     port: int
     token_required: bool
     access_log: str | None
+    upstreams: tuple[str, ...] = ()
+    allow: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -78,10 +84,11 @@ def serve(
     grace: float = GRACE_SECONDS,
     ready: Callable[[MirrorInfo], None] | None = None,
     stop: threading.Event | None = None,
+    upstream: PullThroughConfig | None = None,
 ) -> MirrorRun:
     """Serve a hub cache (default) or a directory of plain repo folders until SIGTERM, SIGINT or ``stop``.
 
-    The server is uvicorn running :class:`hfcache.server.HubServer` with one origin (LFS bytes are answered
+    The server is uvicorn running :class:`hfcache.serve.HubServer` with one origin (LFS bytes are answered
     directly, with ``X-Linked-Etag``/``X-Linked-Size``, so one port is all a Service exposes) and no in-memory
     request log. On SIGTERM or SIGINT it stops accepting connections at once, lets in-flight responses finish for
     up to ``grace`` seconds, then returns. A second signal cuts the remaining responses short.
@@ -90,7 +97,7 @@ def serve(
         cache_dir: the hub cache to serve; None (and no ``repos_dir``) means huggingface_hub's default cache
             (``HF_HUB_CACHE``, ``$HF_HOME/hub``, ``~/.cache/huggingface/hub``).
         repos_dir: serve this directory of ``<org>/<name>/`` repo folders instead (layout of
-            :class:`hfcache.server.FolderStore`).
+            :class:`hfcache.serve.FolderStore`).
         host: interface to bind; loopback by default (``0.0.0.0`` in a pod).
         port: TCP port; 0 picks a free one (see ``MirrorInfo.port``).
         token: if set, every request but ``/healthz`` needs ``Authorization: Bearer <token>`` (401 otherwise).
@@ -101,6 +108,8 @@ def serve(
         ready: called once with the MirrorInfo when the port is bound (the CLI prints the endpoint).
         stop: an event that stops the mirror like SIGTERM (for embedding and tests); signal handlers are installed
             only when called from the main thread.
+        upstream: pull through: fetch what the cache lacks from these upstreams, verified
+            (:mod:`hfcache.serve.pullthrough`); the cache directory is created if missing. Cache layout only.
 
     Returns:
         MirrorRun.
@@ -109,23 +118,14 @@ def serve(
         UsageError: both or neither directory valid, the port cannot be bound, the access log cannot be opened.
         CacheError: the directory to serve does not exist.
     """
-    from .server import HubServer
-
-    if cache_dir is not None and repos_dir is not None:
-        raise UsageError("--cache-dir and --repos are mutually exclusive", hint="serve one of them")
-    layout = "repos" if repos_dir is not None else "cache"
-    if layout == "cache":
-        root = existing_cache_dir(cache_dir)
-    else:
-        root = Path(repos_dir).expanduser().absolute()
-        if not root.is_dir():
-            raise CacheError(f"no repo folders at {root}", hint="pass a directory of <org>/<name>/ folders")
+    layout, root = _served_root(cache_dir, repos_dir, pull_through=upstream is not None)
     log_stream = _open_access_log(access_log)
     stop_event = stop or threading.Event()
     signals: list[str] = []
     installed = _install_signals(stop_event, signals)
     server = HubServer(root, host=host, port=port, token=token, layout=layout, backend="uvicorn",
-                       lfs_redirect=False, record_requests=False, access_log=log_stream)
+                       lfs_redirect=False, record_requests=False, access_log=log_stream, metrics=True,
+                       upstream=upstream)
     try:
         try:
             server.start()
@@ -135,7 +135,8 @@ def serve(
         started = time.monotonic()
         info = MirrorInfo(endpoint=server.endpoint, root=str(root), layout=layout, host=host,
                           port=int(server.endpoint.rsplit(":", 1)[1]), token_required=token is not None,
-                          access_log=access_log)
+                          access_log=access_log, upstreams=upstream.upstreams if upstream else (),
+                          allow=upstream.allow if upstream else ())
         if ready is not None:
             ready(info)
         stop_event.wait()
@@ -152,6 +153,26 @@ def serve(
         server.stop()
         if log_stream is not None and log_stream is not sys.stdout:
             log_stream.close()
+
+
+def _served_root(cache_dir: str | os.PathLike[str] | None, repos_dir: str | os.PathLike[str] | None, *,
+                 pull_through: bool = False) -> tuple[str, Path]:
+    """(layout, absolute root) of what to serve; raises UsageError for both, CacheError for a missing directory.
+    A pull-through mirror's cache is created if missing (CacheError if it cannot be)."""
+    if cache_dir is not None and repos_dir is not None:
+        raise UsageError("--cache-dir and --repos are mutually exclusive", hint="serve one of them")
+    if pull_through and repos_dir is not None:
+        raise UsageError("--upstream needs a cache to fill, not --repos", hint="pass --cache-dir DIR")
+    if pull_through:
+        root = resolve_cache_dir(cache_dir)
+        ensure_cache_root(root)
+        return "cache", root
+    if repos_dir is None:
+        return "cache", existing_cache_dir(cache_dir)
+    root = Path(repos_dir).expanduser().absolute()
+    if not root.is_dir():
+        raise CacheError(f"no repo folders at {root}", hint="pass a directory of <org>/<name>/ folders")
+    return "repos", root
 
 
 def _open_access_log(path: str | None) -> IO[str] | None:

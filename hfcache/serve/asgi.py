@@ -1,6 +1,6 @@
 """HubServer's protocol on uvicorn: an ASGI adapter and a server running in a background thread.
 
-The protocol itself (routing, stores, errors, ranges, ETags) is :meth:`hfcache.server.HubServer.respond`, the same
+The protocol itself (routing, stores, errors, ranges, ETags) is :meth:`hfcache.serve.HubServer.respond`, the same
 code the werkzeug backend runs; this module only moves bytes. Per request, ``respond`` runs in a worker thread
 (it scans and stats the store), then the body streams from the event loop: each ``BODY_CHUNK`` comes from the page
 cache without blocking (``preadv(RWF_NOWAIT)``) or else is read in a worker thread (a slow volume never stalls other
@@ -18,15 +18,12 @@ import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import uvicorn
 from uvicorn.protocols.http.auto import AutoHTTPProtocol
 
-from .server import FileBody
-
-if TYPE_CHECKING:
-    from .server import HubServer
+from .body import FileBody, Responder
 
 __all__ = ["UvicornOrigin"]
 
@@ -35,6 +32,10 @@ KEEP_ALIVE_SECONDS = 65
 
 #: Worker threads for ``respond`` and file reads (blocking filesystem work), shared by all connections.
 WORKER_THREADS = 32
+#: Paths answered from a pool of their own: probes and scrapes must answer while every worker waits on an upstream
+#: fetch (a pull-through mirror under a cold start), or the kubelet would restart a mirror that is merely busy.
+PROBE_PATHS = frozenset({"/healthz", "/metrics"})
+PROBE_THREADS = 4
 
 #: Seconds a client has to send a request's line and headers, counted from its connection or from the first byte
 #: after a response. uvicorn has no such timeout: a connection that never finishes its request stays open forever.
@@ -55,14 +56,14 @@ class UvicornOrigin:
     Args:
         host (str): interface to bind.
         port (int): port; 0 picks a free one (``self.port`` is the real one once constructed).
-        server (HubServer): answers the requests (``respond``/``finish``/``stopping``).
+        server (Responder): answers the requests (``respond``/``finish``/``stopping``): a HubServer.
         origin (str): ``"hub"`` or ``"cdn"``.
 
     Raises:
         OSError: the port cannot be bound, or uvicorn did not start within 10 seconds.
     """
 
-    def __init__(self, host: str, port: int, server: HubServer, origin: str) -> None:
+    def __init__(self, host: str, port: int, server: Responder, origin: str) -> None:
         self._hub, self._origin = server, origin
         family = socket.AF_INET6 if ":" in host else socket.AF_INET
         self._sock = socket.socket(family, socket.SOCK_STREAM)
@@ -75,6 +76,7 @@ class UvicornOrigin:
             raise
         self.port = self._sock.getsockname()[1]
         self._pool = ThreadPoolExecutor(max_workers=WORKER_THREADS, thread_name_prefix=f"hfcache-serve-{origin}")
+        self._probe_pool = ThreadPoolExecutor(max_workers=PROBE_THREADS, thread_name_prefix=f"hfcache-probe-{origin}")
         config = uvicorn.Config(
             self._app,
             interface="asgi3",
@@ -114,13 +116,15 @@ class UvicornOrigin:
     def join(self, timeout: float) -> None:
         self._thread.join(timeout=timeout)
         self._pool.shutdown(wait=False, cancel_futures=True)
+        self._probe_pool.shutdown(wait=False, cancel_futures=True)
 
     async def _app(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         if scope["type"] != "http":
             return
         loop = asyncio.get_running_loop()
         environ = _environ(scope)
-        status, headers, body, entry = await loop.run_in_executor(self._pool, self._hub.respond, self._origin,
+        pool = self._probe_pool if scope["path"] in PROBE_PATHS else self._pool
+        status, headers, body, entry = await loop.run_in_executor(pool, self._hub.respond, self._origin,
                                                                   environ)
         disconnected = asyncio.Event()
         watcher = asyncio.ensure_future(_watch_disconnect(receive, disconnected))

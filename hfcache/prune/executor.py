@@ -1,0 +1,263 @@
+"""prune's execution: remove exactly what a :class:`~.model.PrunePlan` lists, folder by folder under the repo lock.
+
+Safe next to a running ``hfcache warm``: each folder is re-read under the lock first, and an item whose reason no
+longer holds is skipped, never forced (see :func:`execute`).
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import shutil
+import stat
+import time
+import uuid
+from collections.abc import Callable, Iterable
+from pathlib import Path
+
+from ..cache import RepoFolder, cache_error
+from ..locking import DEFAULT_LOCK_TIMEOUT, LockTimeout, LockWait, try_lock
+from ..scan import scan_repo
+from ..sharing import cache_policy, make_dirs
+from .housekeeping import etag_of
+from .model import TRASH, ItemOutcome, PlanItem, PrunePlan, PruneResult, RevisionRemoval
+
+__all__ = ["execute"]
+
+
+def execute(plan: PrunePlan, *, on_item: Callable[[ItemOutcome], None] | None = None,
+            lock_timeout: float = DEFAULT_LOCK_TIMEOUT,
+            on_lock_wait: Callable[[LockWait], None] | None = None) -> PruneResult:
+    """Remove what ``plan`` lists, repo folder by repo folder, each under hfcache's repo lock.
+
+    Before changing a folder, it is scanned again under the lock; an item whose reason no longer holds is skipped
+    (see the module docstring). Within a folder: refs; ``.no_exist``/``trees/`` entries (while the snapshot still
+    exists, so that a prune killed in between plans them again); snapshots (moved out of ``snapshots/`` atomically,
+    then deleted); ``.locks`` files, then their blobs (each under its download lock when one exists);
+    ``.incomplete`` files; leftovers of an interrupted prune; the empty folder.
+
+    Args:
+        plan: from :func:`plan_prune`.
+        on_item: called after each item (progress).
+        lock_timeout: seconds to wait at most for a repo's lock (another warm or prune changing that folder).
+        on_lock_wait: told which lock it waits for, and who holds it, when a wait lasts a few seconds.
+
+    Returns:
+        PruneResult with one outcome per item, in plan order. OSErrors become ``failed`` outcomes (exit 5).
+
+    Raises:
+        CacheError: the repo lock cannot be created (read-only cache); LockTimeout (a CacheError) when a repo's lock
+            stays held for ``lock_timeout`` seconds.
+    """
+    started = time.monotonic()
+    root = Path(plan.cache_dir)
+    by_folder: dict[str, list[PlanItem]] = {}
+    for item in plan.items:
+        by_folder.setdefault(item.folder, []).append(item)
+    planned = {(r.folder, r.commit_hash): r for r in plan.revisions}
+    outcomes: list[ItemOutcome] = []
+    for folder, items in by_folder.items():
+        first = items[0]
+        repo = RepoFolder(root, first.repo_id, first.repo_type, lock_timeout=lock_timeout, on_lock_wait=on_lock_wait)
+        try:
+            lock = repo.repo_lock()
+            lock.__enter__()
+        except LockTimeout as exc:
+            # Another warm or prune keeps this folder: its items fail (exit 5, naming the lock), the others go on.
+            for item in items:
+                outcomes.append(ItemOutcome(item, "failed", exc.message))
+                if on_item:
+                    on_item(outcomes[-1])
+            continue
+        except OSError as exc:
+            raise cache_error(exc, f"prune {folder}") from exc
+        try:
+            for outcome in _execute_folder(root, folder, items, planned):
+                outcomes.append(outcome)
+                if on_item:
+                    on_item(outcome)
+        finally:
+            lock.__exit__(None, None, None)
+    return PruneResult(plan=plan, outcomes=tuple(outcomes), seconds=time.monotonic() - started)
+
+
+def _execute_folder(root: Path, folder: str, items: list[PlanItem],
+                    planned: dict[tuple[str, str], RevisionRemoval]) -> Iterable[ItemOutcome]:
+    first = items[0]
+    base = root / folder
+    current = scan_repo(base, first.repo_id, first.repo_type)
+    revisions = {r.commit_hash: r for r in current.revisions}
+    refs_to: dict[str, set[str]] = {}
+    for name, value in current.refs.items():
+        refs_to.setdefault(value.strip(), set()).add(name)
+    # Which planned revision removals still hold, now that we hold the lock.
+    skipped: dict[str, str] = {}
+    for commit in {i.revision for i in items if i.revision}:
+        removal = planned.get((folder, commit))
+        rev = revisions.get(commit)
+        if removal is None or rev is None:
+            continue
+        new_refs = refs_to.get(commit, set()) - set(removal.refs)
+        if new_refs:
+            skipped[commit] = f"a ref points to it now ({', '.join(sorted(new_refs))})"
+        elif rev.last_used > removal.last_used:
+            skipped[commit] = "used since the plan was made"
+    remaining = [r for r in current.revisions
+                 if r.commit_hash in skipped or (folder, r.commit_hash) not in planned]
+    used_etags = {f.etag for r in remaining for f in r.files if f.etag}
+    used_inodes = {f.inode for r in remaining for f in r.files if f.inode is not None}
+
+    for item in items:
+        path = root / item.path
+        try:
+            if item.revision in skipped:
+                yield ItemOutcome(item, "skipped", skipped[item.revision])
+            elif item.kind == "ref":
+                yield _remove_ref(item, path)
+            elif item.kind == "snapshot":
+                yield _remove_snapshot(item, path, base)
+            elif item.kind in ("no_exist", "tree", "trash"):
+                yield _remove_tree(item, path)
+            elif item.kind == "blob":
+                yield _remove_blob(item, path, root / ".locks" / folder / f"{path.name}.lock", used_etags,
+                                   used_inodes)
+            elif item.kind == "incomplete":
+                yield _remove_incomplete(item, path, root / ".locks" / folder / f"{etag_of(path.name)}.lock")
+            elif item.kind == "lock":
+                yield _remove_lock(item, path, used_etags)
+            elif item.kind == "repo_folder":
+                yield _remove_repo_folder(item, base)
+            else:  # pragma: no cover - every kind is handled above
+                yield ItemOutcome(item, "skipped", f"unknown kind {item.kind}")
+        except OSError as exc:
+            yield ItemOutcome(item, "failed", f"{exc.strerror or exc}: {exc.filename or path}")
+
+
+def _remove_ref(item: PlanItem, path: Path) -> ItemOutcome:
+    try:
+        content = path.read_bytes()
+    except FileNotFoundError:
+        return ItemOutcome(item, "gone")
+    if content.decode("utf-8", "replace").strip() != item.revision:
+        return ItemOutcome(item, "skipped", f"now points to {content[:12].decode('utf-8', 'replace')}")
+    path.unlink()
+    return ItemOutcome(item, "removed")
+
+
+def _remove_snapshot(item: PlanItem, path: Path, base: Path) -> ItemOutcome:
+    if not os.path.lexists(path):
+        return ItemOutcome(item, "gone")
+    trash = base / TRASH
+    make_dirs(trash, base, cache_policy(base.parent))  # shared: a prune killed here leaves it to others
+    # One atomic rename takes the whole snapshot out of sight; deleting its entries one by one in place would let a
+    # loader see half a snapshot (and transformers silently drops a missing chat template).
+    aside = trash / f"{path.name}.{uuid.uuid4().hex[:8]}"
+    os.rename(path, aside)
+    shutil.rmtree(aside)
+    _rmdir_quiet(trash)
+    return ItemOutcome(item, "removed")
+
+
+def _remove_tree(item: PlanItem, path: Path) -> ItemOutcome:
+    if not os.path.lexists(path):
+        return ItemOutcome(item, "gone")
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path)
+    else:
+        path.unlink()
+    return ItemOutcome(item, "removed")
+
+
+def _remove_blob(item: PlanItem, path: Path, lock_path: Path, used_etags: set[str],
+                 used_inodes: set[tuple[int, int]]) -> ItemOutcome:
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return ItemOutcome(item, "gone")
+    if path.name in used_etags or (st.st_dev, st.st_ino) in used_inodes:
+        return ItemOutcome(item, "skipped", "a remaining revision uses it now")
+    if not stat.S_ISREG(st.st_mode):
+        return ItemOutcome(item, "skipped", "not a regular file")
+    with _held(lock_path) as why:
+        if why:
+            return ItemOutcome(item, "skipped", why)
+        path.unlink()
+    return ItemOutcome(item, "removed")
+
+
+def _remove_incomplete(item: PlanItem, path: Path, lock_path: Path) -> ItemOutcome:
+    if not os.path.lexists(path):
+        return ItemOutcome(item, "gone")
+    with _held(lock_path) as why:
+        if why:
+            return ItemOutcome(item, "skipped", why)
+        path.unlink()
+    return ItemOutcome(item, "removed")
+
+
+def _remove_lock(item: PlanItem, path: Path, used_etags: set[str]) -> ItemOutcome:
+    # Before the blob: a prune killed between the two leaves a blob without a lock file (which the next prune
+    # removes as unused), never a lock file nobody would plan to remove.
+    etag = path.name[: -len(".lock")]
+    if etag in used_etags:
+        return ItemOutcome(item, "skipped", "a remaining revision uses its blob now")
+    if not os.path.lexists(path):
+        return ItemOutcome(item, "gone")
+    with try_lock(path) as why:
+        if why:
+            return ItemOutcome(item, "skipped", why)
+        # Unlinked while held: a process waiting on it then wins an unlinked inode, which filelock 4 notices
+        # (st_nlink == 0) and re-opens the path; with an older filelock the worst case is one duplicate download,
+        # never a corrupt cache, because every writer downloads to a private .incomplete file and renames it.
+        # A soft marker (no flock) is ours while held: unlinking it is its release.
+        path.unlink(missing_ok=True)
+    return ItemOutcome(item, "removed")
+
+
+def _remove_repo_folder(item: PlanItem, base: Path) -> ItemOutcome:
+    if not base.exists():
+        return ItemOutcome(item, "gone")
+    for dirpath, dirnames, filenames in os.walk(base):
+        rel = os.path.relpath(dirpath, base).replace(os.sep, "/")
+        top = rel.split("/", 1)[0]
+        links = [d for d in dirnames if os.path.islink(os.path.join(dirpath, d))]
+        if (filenames or links) and top not in (".no_exist", "trees", TRASH):
+            name = (filenames or links)[0]
+            return ItemOutcome(item, "skipped", "not empty: " + (f"{rel}/{name}" if rel != "." else name))
+    # The trash folder marks the removal as a prune's until the very end: a prune killed halfway leaves it, and the
+    # next prune then removes the rest at once instead of waiting out the grace period of an empty folder.
+    make_dirs(base / TRASH, base, cache_policy(base.parent))
+    for sub in (".no_exist", "trees"):
+        if (base / sub).exists():
+            shutil.rmtree(base / sub)
+    trash_entries = [e.path for e in os.scandir(base / TRASH)]
+    for entry in trash_entries:
+        shutil.rmtree(entry) if os.path.isdir(entry) and not os.path.islink(entry) else os.unlink(entry)
+    # Bottom-up, snapshots/ last: a repo folder without snapshots/ is what huggingface_hub's scan calls corrupted.
+    keep_last = (base, base / "snapshots", base / TRASH)
+    try:
+        for dirpath, _, _ in sorted(os.walk(base), key=lambda w: -w[0].count(os.sep)):
+            if Path(dirpath) not in keep_last:
+                os.rmdir(dirpath)
+        if (base / "snapshots").exists():
+            os.rmdir(base / "snapshots")
+        os.rmdir(base / TRASH)
+        os.rmdir(base)
+    except OSError as exc:
+        if exc.errno in (errno.ENOTEMPTY, errno.EEXIST):
+            return ItemOutcome(item, "skipped", f"not empty any more: {exc.filename}")
+        raise
+    return ItemOutcome(item, "removed")
+
+
+def _rmdir_quiet(path: Path) -> None:
+    try:
+        os.rmdir(path)
+    except OSError:
+        pass
+
+
+def _held(path: Path):
+    """Hold the lock at ``path``, without waiting, while a blob is removed; ``as`` gives "" when held (or when there
+    is no lock file: nobody downloads that blob), else why it could not be taken."""
+    return try_lock(path)

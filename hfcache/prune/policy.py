@@ -1,0 +1,230 @@
+"""prune's policy: which revisions go, and why (pins, detached, age, size budget), as one frozen :class:`PrunePlan`.
+
+Order (pinned revisions are never removed): housekeeping first (:mod:`.housekeeping`), then detached revisions
+(unless used within ``grace``), then revisions unused for longer than ``older_than``, then least-recently-used
+revisions until the cache is at most ``max_size`` bytes. What each removal implies is :mod:`.inventory`'s business.
+"""
+
+from __future__ import annotations
+
+import gc
+import os
+import time
+from collections.abc import Iterable, Sequence
+from contextlib import contextmanager
+from dataclasses import replace
+
+from ..cache import access_error, resolve_cache_dir
+from ..errors import CacheError, UsageError
+from ..lockfile import Lockfile, pinned_revisions, read_lock
+from ..scan import RepoInfo, RevisionInfo, scan_cache
+from ..units import format_duration
+from .housekeeping import empty_folder, housekeeping, lock_items
+from .inventory import Ledger, RepoBook
+from .model import DEFAULT_GRACE, KINDS, KeepSpec, PrunePlan, PrunePolicy
+
+__all__ = ["plan_prune"]
+
+
+def plan_prune(
+    cache_dir: str | os.PathLike[str] | None = None,
+    *,
+    older_than: float | None = None,
+    max_size: int | None = None,
+    keep: Iterable[str | KeepSpec] = (),
+    keep_locks: Iterable[str | os.PathLike[str] | Lockfile] = (),
+    grace: float = DEFAULT_GRACE,
+    now: float | None = None,
+) -> PrunePlan:
+    """Compute what a prune removes, from metadata only (no hashing, no writes, no network).
+
+    Args:
+        cache_dir: the cache root (default: ``HF_HUB_CACHE``, ``$HF_HOME/hub``, ``~/.cache/huggingface/hub``).
+        older_than: seconds; unpinned revisions whose last use is older are removed. None: no age policy.
+        max_size: bytes; then least-recently-used unpinned revisions are removed until the cache is at most this.
+        keep: ``REPO_ID[@REVISION]`` strings (or KeepSpec): pinned. Without a revision every revision of the repo
+            is pinned; a revision is a ref name or a 40-hex commit.
+        keep_locks: lock file paths (or parsed Lockfile): every revision they pin is pinned. A pin covers every
+            repo folder holding that commit (a legacy id and its canonical repo).
+        grace: seconds; ``.incomplete`` files and empty repo folders younger than this, and detached revisions
+            used more recently, are kept (a download may be in progress).
+        now: the time to measure ages against (seconds since the epoch; default: now).
+
+    Returns:
+        PrunePlan. The plan's ``warnings`` say when ``max_size`` cannot be met without pinned revisions.
+
+    Raises:
+        UsageError: a malformed ``keep`` spec, an unreadable or invalid lock, a negative duration or size.
+        CacheError: ``cache_dir`` is a file, or exists but cannot be reached or listed by this user. (A cache
+            directory that does not exist gives an empty plan and a warning: a CronJob on a fresh volume has nothing
+            to prune.)
+    """
+    if older_than is not None and older_than < 0:
+        raise UsageError(f"--older-than must not be negative, got {older_than}")
+    if max_size is not None and max_size < 0:
+        raise UsageError(f"--max-size must not be negative, got {max_size}")
+    specs = tuple(k if isinstance(k, KeepSpec) else KeepSpec.parse(k) for k in keep)
+    locks: list[tuple[str, Lockfile]] = []
+    for lock in keep_locks:
+        locks.append(("<lock>", lock) if isinstance(lock, Lockfile) else (str(lock), read_lock(lock)))
+    policy = PrunePolicy(older_than=older_than, max_size=max_size, keep=specs,
+                         keep_locks=tuple(name for name, _ in locks), grace=grace)
+    root = resolve_cache_dir(cache_dir)
+    now = time.time() if now is None else now
+    try:
+        os.lstat(root)
+    except FileNotFoundError:
+        # A cron job on a fresh volume, before anything was warmed: nothing to prune is not a failure (said, though:
+        # a mistyped --cache-dir must not pass unnoticed).
+        return _plan(str(root), (), 0, policy, locks, now, warnings=(f"no cache at {root} (nothing to prune)",))
+    except PermissionError:  # exists or not, this user cannot tell: never "no cache"
+        raise access_error(root) from None
+    except NotADirectoryError:
+        pass
+    if not os.path.isdir(root):
+        raise CacheError(f"{root} is not a directory", hint="pass the cache root as --cache-dir")
+    with _gc_paused():
+        info = scan_cache(root)
+        readable = tuple(r for r in info.repos if not r.unreadable)
+        denied = tuple(f"{r.folder}/{part}" for r in info.repos for part in r.unreadable)
+        plan = _plan(str(root), readable, info.size_on_disk, policy, locks, now,
+                     warnings=tuple(f"left alone: {d} cannot be read by this user (permission denied)" for d in denied))
+        return replace(plan, unreadable=denied)
+
+
+@contextmanager
+def _gc_paused():
+    """Pause the cyclic garbage collector while a whole cache is scanned and planned: that allocates ~10 objects per
+    file and frees none, so the collector would traverse them again and again (a third of the time on a
+    10,000-repo cache) to find no cycle. Restored afterwards, as it was."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
+
+
+def _plan(root: str, repos: Sequence[RepoInfo], size_on_disk: int, policy: PrunePolicy,
+          locks: Sequence[tuple[str, Lockfile]], now: float, warnings: Sequence[str] = ()) -> PrunePlan:
+    """The policy over a scanned cache, in order: housekeeping, detached, age, budget; then what follows."""
+    ledger = Ledger(root, repos, size_on_disk, now, policy.grace)
+    pinned_commits, pin_warnings = _pins(ledger.repos, policy.keep, locks)
+    ledger.warnings = [*warnings, *pin_warnings]
+    pinned = []
+    pinned_inodes: dict[tuple[int, int], int] = {}
+    candidates: list[tuple[RepoBook, RevisionInfo]] = []
+    for repo in ledger.repos:
+        for rev in repo.info.revisions:
+            if rev.commit_hash in pinned_commits:
+                pinned.append((repo.info.repo_type, repo.info.repo_id, rev.commit_hash))
+                pinned_inodes.update((f.inode, f.size) for f in rev.files if f.inode is not None)
+            else:
+                candidates.append((repo, rev))
+    # 1. housekeeping: orphan blobs, stale partial downloads, leftovers of an interrupted prune
+    for repo in ledger.repos:
+        if repo.detailed:
+            housekeeping(ledger, repo)
+    _remove_revisions(ledger, policy, candidates)
+    repos_removed = 0
+    for repo in ledger.repos:
+        if repo.detailed:
+            lock_items(ledger, repo)
+            repos_removed += empty_folder(ledger, repo)
+    return _finish(ledger, policy, pinned, sum(pinned_inodes.values()), repos_removed)
+
+
+def _remove_revisions(ledger: Ledger, policy: PrunePolicy,
+                      candidates: Sequence[tuple[RepoBook, RevisionInfo]]) -> None:
+    """Steps 2 to 4 of the policy over the unpinned revisions: detached, older than, over budget."""
+    # 2. detached revisions (not those used within the grace period: huggingface_hub creates the snapshot folder
+    # of a download by commit hash, which has no ref, before its first file arrives)
+    for repo, rev in candidates:
+        if not repo.refs_to.get(rev.commit_hash) and rev.last_used < ledger.now - policy.grace:
+            ledger.remove_revision(repo, rev, "detached", "no ref points to it")
+    # 3. age
+    if policy.older_than is not None:
+        cutoff = ledger.now - policy.older_than
+        for repo, rev in candidates:
+            if rev.commit_hash not in repo.removed and rev.last_used < cutoff:
+                ledger.remove_revision(repo, rev, "older_than",
+                                       f"not used for more than {format_duration(policy.older_than)}")
+    # 4. size, least recently used first
+    max_size = policy.max_size
+    if max_size is not None and ledger.bytes_before - ledger.freed > max_size:
+        order = sorted(candidates, key=lambda c: (c[1].last_used, c[0].info.repo_type, c[0].info.repo_id.lower(),
+                                                  c[1].commit_hash))
+        for repo, rev in order:
+            if ledger.bytes_before - ledger.freed <= max_size:
+                break
+            if rev.commit_hash not in repo.removed:
+                ledger.remove_revision(repo, rev, "over_budget",
+                                       "least recently used while the cache is over --max-size")
+
+
+def _finish(ledger: Ledger, policy: PrunePolicy, pinned: list[tuple[str, str, str]], bytes_pinned: int,
+            repos_removed: int) -> PrunePlan:
+    """The frozen plan: items grouped by folder in execution order, and the warnings about what stays."""
+    max_size = policy.max_size
+    kept = ledger.bytes_before - ledger.freed
+    if max_size is not None and kept > max_size:
+        ledger.warnings.append(
+            f"cannot reach --max-size {max_size} bytes: the cache stays at {kept} bytes; pinned revisions hold "
+            f"{bytes_pinned} bytes" + (" and live downloads or outside hardlinks hold the rest"
+                                      if kept > bytes_pinned else ""))
+    if ledger.outside_kept:
+        ledger.warnings.append(f"{ledger.outside_kept} bytes stay on disk: removed blobs are hardlinked outside the "
+                               "cache")
+    order_of = {kind: i for i, kind in enumerate(KINDS)}
+    items = [item for repo in sorted(ledger.repos, key=lambda r: r.info.folder) if repo.items
+             for item in sorted(repo.items, key=lambda i: order_of[i.kind])]
+    return PrunePlan(
+        cache_dir=ledger.root,
+        now=ledger.now,
+        policy=policy,
+        items=tuple(items),
+        revisions=tuple(ledger.removals),
+        pinned=tuple(sorted(pinned)),
+        repos_before=len(ledger.repos),
+        revisions_before=sum(len(r.info.revisions) for r in ledger.repos),
+        repos_removed=repos_removed,
+        bytes_before=ledger.bytes_before,
+        bytes_freed=sum(i.bytes_freed for i in items),
+        bytes_pinned=bytes_pinned,
+        warnings=tuple(ledger.warnings),
+    )
+
+
+def _pins(repos: Sequence[RepoBook], keep: Sequence[KeepSpec],
+          locks: Sequence[tuple[str, Lockfile]]) -> tuple[set[str], list[str]]:
+    """Pinned commit hashes, and warnings for pins that match nothing."""
+    commits: set[str] = set()
+    warnings = []
+    present = {(r.info.repo_type, r.info.repo_id, rev.commit_hash) for r in repos for rev in r.info.revisions}
+    for name, lock in locks:
+        pins = pinned_revisions(lock)
+        commits |= {c for _, _, c in pins}
+        missing = pins - present
+        if missing:
+            shown = ", ".join(sorted(f"{i}@{c[:12]}" for _, i, c in missing)[:3])
+            warnings.append(f"--keep-lock {name}: {len(missing)} pinned revision(s) not in the cache ({shown}"
+                            + (", ..." if len(missing) > 3 else "") + ")")
+    by_id: dict[str, list[RepoBook]] = {}
+    for repo in repos:
+        by_id.setdefault(repo.info.repo_id, []).append(repo)
+    for spec in keep:
+        matches = by_id.get(spec.repo_id, [])
+        if not matches:
+            warnings.append(f"--keep {spec}: no such repo in the cache")
+            continue
+        found = False
+        for repo in matches:
+            for rev in repo.info.revisions:
+                if spec.revision is None or spec.revision == rev.commit_hash \
+                        or spec.revision in repo.refs_to.get(rev.commit_hash, ()):
+                    commits.add(rev.commit_hash)
+                    found = True
+        if not found:
+            warnings.append(f"--keep {spec}: no revision or ref {spec.revision!r} of {spec.repo_id} in the cache")
+    return commits, warnings

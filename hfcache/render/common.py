@@ -1,0 +1,72 @@
+"""What every command's rendering shares: the stderr console, one JSON document on stdout, error lines, and sizes
+and times for people. ``NO_COLOR`` is honoured by rich."""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import sys
+from typing import Any
+
+from rich.console import Console
+from rich.text import Text
+
+__all__ = ["ago", "human_size", "iso_time", "lock_wait_notice", "print_error", "print_json", "stderr"]
+
+stderr = Console(stderr=True, highlight=False)
+if not stderr.is_terminal and "COLUMNS" not in os.environ:
+    # rich assumes 80 columns off a terminal (CI logs, docker build output): tables would wrap every id.
+    stderr = Console(stderr=True, highlight=False, width=120)
+
+
+def lock_wait_notice(wait: Any) -> None:
+    """Tell the user on stderr which lock a command waits for, who holds it, and how long it will wait at most
+    (a :class:`hfcache.locking.LockWait`; the ``on_lock_wait`` callback of warm, prune, repair and import)."""
+    holder = f", held by {wait.holder}" if wait.holder else ""
+    stderr.print(Text(f"hfcache: waiting for the lock {wait.path}{holder} (gives up after {wait.timeout:g}s: "
+                      "--lock-timeout)", style="yellow"), soft_wrap=True)
+
+
+def print_json(document: Any, *, compact: bool = False) -> None:
+    """Print exactly one JSON document on stdout (sorted keys, trailing newline; two-space indent unless
+    ``compact``, which large listings use: indenting 10,000 repos costs more than scanning them)."""
+    text = json.dumps(document, sort_keys=True, separators=(",", ":")) if compact else json.dumps(
+        document, indent=2, sort_keys=True)
+    sys.stdout.write(text + "\n")
+    sys.stdout.flush()
+
+
+def print_error(message: str, hint: str | None = None) -> None:
+    """One or two lines on stderr: what failed, and what to do."""
+    stderr.print(Text(f"hfcache: error: {message}", style="bold red"), soft_wrap=True)
+    if hint:
+        stderr.print(Text(f"hint: {hint}", style="yellow"), soft_wrap=True)
+
+
+def human_size(n: int | float) -> str:
+    """1536 -> '1.5 KiB' (binary units, as ``du -h``)."""
+    n = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} TiB"
+
+
+def iso_time(timestamp: float) -> str | None:
+    """Seconds since the epoch -> ISO 8601 in UTC (None for 0: never)."""
+    if not timestamp:
+        return None
+    return datetime.datetime.fromtimestamp(timestamp, datetime.timezone.utc).isoformat(timespec="seconds")
+
+
+def ago(timestamp: float, now: float) -> str:
+    """Humanised age: '42s ago', '3m ago', '5h ago', '12d ago'."""
+    if not timestamp:
+        return "never"
+    seconds = max(0.0, now - timestamp)
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= size:
+            return f"{int(seconds // size)}{unit} ago"
+    return f"{int(seconds)}s ago"

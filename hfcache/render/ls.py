@@ -1,0 +1,114 @@
+"""Rendering of ``hfcache ls``: one document (``--json``), and the table built from that same document."""
+
+from __future__ import annotations
+
+import datetime
+import time
+from typing import TYPE_CHECKING, Any
+
+from rich.table import Table
+from rich.text import Text
+
+from .common import ago, human_size, iso_time, print_json, stderr
+
+if TYPE_CHECKING:
+    from ..scan import CacheInfo
+
+__all__ = ["ls_dict", "ls_table", "show_ls"]
+
+
+def ls_dict(info: CacheInfo, pinned: set[tuple[str, str, str]] | None) -> dict[str, Any]:
+    """``hfcache ls --json``: sizes in bytes, times ISO 8601; ``pinned`` is null without --lock."""
+
+    def is_pinned(repo, rev) -> bool | None:
+        return None if pinned is None else (repo.repo_type, repo.repo_id, rev.commit_hash) in pinned
+
+    repos = []
+    for repo in info.repos:
+        revisions = [
+            {
+                "commit_hash": rev.commit_hash,
+                "refs": list(rev.refs),
+                "files": len(rev.files),
+                "size_on_disk": rev.size_on_disk,
+                "last_used": iso_time(rev.last_used),
+                "pinned": is_pinned(repo, rev),
+                "health": "ok" if not rev.problems else "; ".join(rev.problems),
+            }
+            for rev in repo.revisions
+        ]
+        repos.append({
+            "repo_id": repo.repo_id,
+            "repo_type": repo.repo_type,
+            "folder": repo.folder,
+            "refs": dict(sorted(repo.refs.items())),
+            "revisions": revisions,
+            "files": len({f.path for rev in repo.revisions for f in rev.files}),
+            "size_on_disk": repo.size_on_disk,
+            "last_used": iso_time(repo.last_used),
+            "pinned": None if pinned is None else any(r["pinned"] for r in revisions),
+            "health": repo.health,
+            "problems": list(repo.problems),
+            "unreadable": list(repo.unreadable),
+            "incomplete": list(repo.incomplete),
+        })
+    return {
+        "cache_dir": info.cache_dir,
+        "size_on_disk": info.size_on_disk,
+        "size_note": "bytes shared between revisions or repos (hardlinks) are counted once",
+        "repos": repos,
+        "totals": {
+            "repos": len(info.repos),
+            "revisions": sum(len(r.revisions) for r in info.repos),
+            "size_on_disk": info.size_on_disk,
+            "unhealthy": sum(1 for r in info.repos if r.problems),
+        },
+    }
+
+
+def ls_table(document: dict[str, Any], revisions: bool, now: float) -> Table:
+    """The ``hfcache ls`` table, built from the same document ``--json`` prints."""
+    def ts(value: str | None) -> float:
+        return datetime.datetime.fromisoformat(value).timestamp() if value else 0.0
+
+    table = Table(title=f"hfcache ls {document['cache_dir']}", title_justify="left")
+    for column in ("repo", "type", "revision" if revisions else "refs", "files", "size", "last used", "pinned",
+                   "health"):
+        table.add_column(column, justify="right" if column in ("files", "size") else "left",
+                         overflow="fold")
+    for repo in document["repos"]:
+        rows = repo["revisions"] if revisions else [repo]
+        for row in rows:
+            if revisions:
+                where = row["commit_hash"][:12] + (f" ({', '.join(row['refs'])})" if row["refs"] else " (detached)")
+            else:
+                where = ", ".join(f"{name}->{value[:10]}" for name, value in repo["refs"].items()) or "-"
+            pinned = "-" if row["pinned"] is None else ("yes" if row["pinned"] else "no")
+            health = Text("ok", style="green") if row["health"] == "ok" else Text(row["health"], style="red")
+            table.add_row(repo["repo_id"], repo["repo_type"], where, str(row["files"]),
+                          human_size(row["size_on_disk"]), ago(ts(row["last_used"]), now), pinned, health)
+    totals = document["totals"]
+    table.caption = (f"{totals['repos']} repos, {totals['revisions']} revisions, "
+                     f"{human_size(totals['size_on_disk'])} on disk (shared bytes counted once), "
+                     f"{totals['unhealthy']} with problems")
+    table.caption_justify = "left"
+    return table
+
+
+_SORT_KEYS = {
+    "name": lambda r: r["repo_id"].lower(),
+    "size": lambda r: -r["size_on_disk"],
+    "last-used": lambda r: "" if r["last_used"] is None else r["last_used"],
+}
+
+
+def show_ls(info: CacheInfo, pinned: set[tuple[str, str, str]] | None, *, sort: str, revisions: bool,
+            as_json: bool) -> None:
+    """``hfcache ls``: the document sorted by ``sort`` (``name`` A-Z, ``size`` largest first, ``last-used`` most
+    recent first), as JSON on stdout or as the table on stderr (one row per revision with ``revisions``)."""
+    document = ls_dict(info, pinned)
+    document["repos"].sort(key=_SORT_KEYS[sort], reverse=(sort == "last-used"))
+    if as_json:
+        print_json(document, compact=len(document["repos"]) > 100)
+    else:
+        stderr.print(ls_table(document, revisions, time.time()))

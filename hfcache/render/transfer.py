@@ -1,0 +1,45 @@
+"""Rendering of ``hfcache export``, ``import`` and ``link``: what moved where, and the bytes it took."""
+
+from __future__ import annotations
+
+from rich.text import Text
+
+from .common import human_size, print_json, stderr
+
+__all__ = ["show_export", "show_import", "show_link"]
+
+
+def show_export(plan, dest: str, fmt: str, digest: str | None, *, as_json: bool) -> None:
+    """export's result: what was written, the unique bytes, and the tar's sha256 (a stable layer digest)."""
+    document = {"dest": dest, "format": fmt, "repos": list(plan.repos), "entries": len(plan.entries),
+                "unique_bytes": plan.unique_bytes, "sha256": digest}
+    if as_json:
+        print_json(document)
+        return
+    stderr.print(f"exported {len(plan.repos)} repo(s), {len(plan.entries)} entries, "
+                 f"{human_size(plan.unique_bytes)} of distinct content -> {dest} ({fmt})"
+                 + (f"\nsha256:{digest}" if digest else ""))
+
+
+def show_import(report, *, as_json: bool) -> None:
+    document = {"cache_dir": report.cache_dir, "repos": list(report.repos), "files": report.files,
+                "blobs_new": report.blobs_new, "blobs_existing": report.blobs_existing,
+                "bytes_new": report.bytes_new, "moved_refs": list(report.moved)}
+    if as_json:
+        print_json(document)
+        return
+    stderr.print(f"imported {len(report.repos)} repo(s), {report.files} snapshot entries into {report.cache_dir}: "
+                 f"{report.blobs_new} new blob(s) ({human_size(report.bytes_new)}), "
+                 f"{report.blobs_existing} already there")
+    for ref in report.moved:
+        stderr.print(Text(f"moved the target's {ref} to the source's commit (--move-refs)", style="yellow"))
+
+
+def show_link(report, *, as_json: bool) -> None:
+    document = {"src": report.src, "dest": report.dest, "mode": report.mode, "files": report.files,
+                "bytes_added": report.bytes_added}
+    if as_json:
+        print_json(document)
+        return
+    stderr.print(f"{report.dest} -> {report.src} ({report.mode}; {report.files} files, "
+                 f"{human_size(report.bytes_added)} added)")

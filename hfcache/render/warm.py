@@ -1,0 +1,208 @@
+"""Rendering of ``hfcache warm`` and ``hfcache lock``: progress per repo, the summary table, the pin result."""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import asdict
+from typing import TYPE_CHECKING, Any
+
+from rich.progress import (
+    BarColumn,
+    DownloadColumn,
+    Progress,
+    TaskID,
+    TextColumn,
+    TimeElapsedColumn,
+    TransferSpeedColumn,
+)
+from rich.table import Table
+from rich.text import Text
+
+from ..records import RepoResult, WarmReport
+from .common import human_size, print_error, print_json, stderr
+
+if TYPE_CHECKING:
+    from ..pin import PinResult
+    from ..project import LockCheck
+
+__all__ = ["WarmProgress", "repo_result_dict", "show_lock_check", "show_pin_result", "show_warm_report",
+           "warm_report_dict", "warm_summary_table"]
+
+
+def repo_result_dict(result: RepoResult) -> dict[str, Any]:
+    """A RepoResult as plain JSON data (sizes in bytes, times in seconds)."""
+    data = asdict(result)
+    request = data.pop("request")
+    data.update(
+        repo_id=request["repo_id"],
+        revision=request["revision"],
+        repo_type=request["repo_type"],
+        kind=request["kind"],
+        include=list(request["include"]),
+        exclude=list(request["exclude"]),
+        ok=result.ok,
+        seconds=round(result.seconds, 3),
+    )
+    return data
+
+
+def warm_report_dict(report: WarmReport) -> dict[str, Any]:
+    return {
+        "cache_dir": report.cache_dir,
+        "ok": report.ok,
+        "exit_code": report.exit_code,
+        "bytes_downloaded": report.bytes_downloaded,
+        "seconds": round(report.seconds, 3),
+        "endpoints": list(report.endpoints),
+        "repos": [repo_result_dict(r) for r in report.repos],
+    }
+
+
+def warm_summary_table(report: WarmReport) -> Table:
+    table = Table(title=f"hfcache warm -> {report.cache_dir}", title_justify="left")
+    table.add_column("repo")
+    table.add_column("commit")
+    table.add_column("files", justify="right")
+    table.add_column("size", justify="right")
+    table.add_column("downloaded", justify="right")
+    table.add_column("time", justify="right")
+    several = len(report.endpoints) > 1 or len({r.endpoint for r in report.repos}) > 1
+    if several:
+        table.add_column("endpoint")
+    retried = any(r.retries for r in report.repos)
+    if retried:
+        table.add_column("retries", justify="right")
+    table.add_column("status")
+    for r in report.repos:
+        label = r.request.spec
+        if r.canonical_id and r.canonical_id != r.request.repo_id:
+            label += f" -> {r.canonical_id}"
+        status = Text("ok", style="green") if r.ok else Text(f"failed (exit {r.exit_code})", style="red")
+        table.add_row(
+            label,
+            (r.commit_hash or "-")[:12],
+            str(len(r.files)) if r.ok else "-",
+            human_size(sum(f.size for f in r.files)) if r.ok else "-",
+            human_size(r.bytes_downloaded),
+            f"{r.seconds:.2f}s",
+            *([r.endpoint] if several else []),
+            *([str(r.retries)] if retried else []),
+            status,
+        )
+    failed = sum(not r.ok for r in report.repos)
+    table.caption = (
+        f"{len(report.repos) - failed} ok, {failed} failed; {human_size(report.bytes_downloaded)} downloaded "
+        f"in {report.seconds:.2f}s"
+    )
+    table.caption_justify = "left"
+    return table
+
+
+class WarmProgress:
+    """A rich progress display on stderr: one bar per repo (bytes) and a total bar; implements ProgressSink."""
+
+    def __init__(self, total_repos: int, enabled: bool = True) -> None:
+        self._progress = Progress(
+            TextColumn("{task.description}"),
+            BarColumn(),
+            DownloadColumn(binary_units=True),
+            TransferSpeedColumn(),
+            TextColumn("{task.fields[status]}"),
+            TimeElapsedColumn(),
+            console=stderr,
+            disable=not enabled,
+            transient=False,
+        )
+        self._lock = threading.Lock()
+        self._tasks: dict[int, TaskID] = {}
+        self._total = self._progress.add_task("[bold]total", total=0, status=f"0/{total_repos} repos")
+        self._total_repos = total_repos
+        self._done = 0
+
+    def __enter__(self) -> WarmProgress:
+        self._progress.__enter__()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._progress.__exit__(*exc)
+
+    def repo_started(self, key: int, label: str, files: int, total_bytes: int) -> None:
+        with self._lock:
+            if key in self._tasks:  # the repo is retried on the next endpoint: start its bar again
+                self._progress.reset(self._tasks[key], total=total_bytes)
+                return
+            self._tasks[key] = self._progress.add_task(label, total=total_bytes, status=f"{files} files")
+            total = self._progress.tasks[self._total].total or 0
+            self._progress.update(self._total, total=total + total_bytes)
+
+    def advance(self, key: int, nbytes: int) -> None:
+        task = self._tasks.get(key)
+        if task is not None:
+            self._progress.advance(task, nbytes)
+        self._progress.advance(self._total, nbytes)
+
+    def repo_finished(self, key: int, result: RepoResult) -> None:
+        with self._lock:
+            self._done += 1
+            self._progress.update(self._total, status=f"{self._done}/{self._total_repos} repos")
+            task = self._tasks.get(key)
+            if task is None:
+                task = self._tasks[key] = self._progress.add_task(result.request.spec, total=0, status="")
+            self._progress.update(task, status="[green]ok" if result.ok else "[red]failed")
+
+
+def show_warm_report(report: WarmReport, *, as_json: bool, quiet: bool) -> None:
+    """JSON document on stdout, or the summary table and one error line per failed repo on stderr."""
+    if as_json:
+        print_json(warm_report_dict(report))
+        return
+    if not quiet:
+        stderr.print(warm_summary_table(report))
+    for r in report.repos:
+        if not r.ok:
+            print_error(r.error or "failed", r.hint)
+
+
+def show_pin_result(result: PinResult, lock_path, written: bool, *, as_json: bool) -> None:
+    """The outcome of ``hfcache lock``: JSON, or a table of pinned repos and one line per failure."""
+    if as_json:
+        print_json({
+            "lock": str(lock_path),
+            "written": written,
+            "ok": not result.failures,
+            "resolved": list(result.resolved),
+            "kept": list(result.kept),
+            "failures": [{"spec": f.spec, "error": f.error, "hint": f.hint, "exit_code": f.exit_code}
+                         for f in result.failures],
+            "repos": [
+                {"repo_id": r.request.repo_id, "revision": r.request.revision, "canonical_id": r.canonical_id,
+                 "commit_hash": r.commit_hash, "files": len(r.files), "bytes": sum(f.size for f in r.files)}
+                for r in result.lock.repos
+            ],
+        })
+        return
+    table = Table(title=f"hfcache lock -> {lock_path}", title_justify="left")
+    for column in ("repo", "commit", "files", "size", "status"):
+        table.add_column(column, justify="right" if column in ("files", "size") else "left")
+    for r in result.lock.repos:
+        status = "resolved" if r.request.spec in result.resolved else "kept"
+        table.add_row(r.request.spec, r.commit_hash[:12], str(len(r.files)),
+                      human_size(sum(f.size for f in r.files)), status)
+    if result.lock.repos:
+        stderr.print(table)
+    for f in result.failures:
+        print_error(f.error, f.hint)
+    if result.failures:
+        entries = f"{len(result.failures)} entr{'y' if len(result.failures) == 1 else 'ies'}"
+        stderr.print(f"{lock_path} not written: {entries} failed")
+    else:
+        stderr.print(f"{lock_path} {'written' if written else 'unchanged'}")
+
+
+def show_lock_check(status: LockCheck, *, as_json: bool) -> None:
+    """``hfcache lock --check``: JSON, or one line on stderr when the lock matches (a mismatch is an error line)."""
+    if as_json:
+        print_json({"lock": str(status.lock_path), "manifest": str(status.manifest), "ok": status.ok,
+                    "drift": list(status.drift)})
+    elif status.ok:
+        stderr.print(f"{status.lock_path} matches {status.manifest}")

@@ -1,0 +1,61 @@
+"""``python -m hfcache.serve ROOT``: the test Hub server from a shell (tests, benchmarks, a quick local Hub).
+
+``python -m hfcache.serve ROOT [--host 127.0.0.1] [--port 8080] [--throttle-bps N] [--layout cache]
+[--backend uvicorn] [--no-cdn] [--token T] [--fault NAME[=VALUE]]...``. ``hfcache serve`` is the production entry
+point (:mod:`hfcache.serve.mirror`). Faults (:mod:`.faults`) make it behave like a poorer mirror or a flaky network:
+no ``?blobs=true`` metadata, no tree API, unquoted ETags, leading 429s, failing bodies, no ``Range``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import signal
+import threading
+from pathlib import Path
+
+from .faults import parse_faults
+from .hub_server import BACKENDS, LAYOUTS, HubServer
+
+__all__ = ["main"]
+
+_DESCRIPTION = "A Hub-compatible, read-only HTTP server over a store of repos: plain repo folders or a warmed HF cache."
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m hfcache.serve ROOT``: serve until Ctrl-C or SIGTERM, then shut down cleanly."""
+    parser = argparse.ArgumentParser(prog="python -m hfcache.serve", description=_DESCRIPTION)
+    parser.add_argument("root", type=Path, help="folder of <org>/<name> repo folders (or a hub cache, --layout cache)")
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=8080, help="main origin port (0 = any free port)")
+    parser.add_argument("--throttle-bps", type=int, default=None, help="pace file bodies to N bytes/s")
+    parser.add_argument("--token", default=None, help="require 'Authorization: Bearer TOKEN' on the main origin")
+    parser.add_argument("--layout", choices=LAYOUTS, default="repos", help="what ROOT is (default: repos)")
+    parser.add_argument("--backend", choices=BACKENDS, default="werkzeug", help="server stack (default: werkzeug)")
+    parser.add_argument("--no-cdn", action="store_true", help="serve LFS files from the main origin (one port)")
+    parser.add_argument("--fault", action="append", default=[], metavar="NAME[=VALUE]",
+                        help="inject a fault (hfcache.serve.faults.Faults field), e.g. no_blobs, no_tree, rate_limit=3, "
+                             "failing_bodies=2, body_failure=reset (repeatable)")
+    args = parser.parse_args(argv)
+    try:
+        faults = parse_faults(args.fault)
+    except ValueError as exc:
+        parser.error(str(exc))
+    if not args.root.is_dir():
+        parser.error(f"{args.root} is not a directory")
+
+    done = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: done.set())
+    server = HubServer(args.root, host=args.host, port=args.port, throttle_bps=args.throttle_bps, token=args.token,
+                       layout=args.layout, backend=args.backend, lfs_redirect=not args.no_cdn, record_requests=False,
+                       faults=faults)
+    with server:
+        print(f"serving {args.root} at {server.endpoint}", flush=True)
+        try:
+            done.wait()
+        except KeyboardInterrupt:
+            pass
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

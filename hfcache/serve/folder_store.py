@@ -1,0 +1,121 @@
+"""A directory of plain repo folders as a store of repos (``HubServer(layout="repos")``, ``hfcache serve --repos``).
+
+Layout::
+
+    <root>/<org>/<name>/<files...>          model repo "org/name"
+    <root>/<name>/<files...>                org-less model repo "name" (a top folder holding files directly)
+    <root>/datasets/<org>/<name>/<files...> dataset repo
+    <root>/legacy_ids.json                  {"bert-base-uncased": "google-bert/bert-base-uncased", ...}
+
+Each repo has one branch, ``main``, whose commit is derived from the content, so editing a file
+on disk yields a new commit and the old one answers ``RevisionNotFound``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import BinaryIO
+
+from .vocabulary import DEFAULT_BRANCH, REPO_NAME_RE, HashMemo, RepoFile, RepoSnapshot, StoreMiss, is_inside
+
+__all__ = ["FolderStore"]
+
+
+class FolderStore:
+    """A directory of plain repo folders (see the module docstring), snapshotted on every request.
+
+    Args:
+        root (str | Path): the directory.
+        legacy_ids (Mapping[str, str]): legacy id -> canonical id (model repos).
+    """
+
+    def __init__(self, root: str | Path, legacy_ids: Mapping[str, str]):
+        self.root = Path(root).resolve()
+        self.legacy_ids = dict(legacy_ids)
+        self._memo = HashMemo()
+
+    def canonical_id(self, repo_type: str, repo_id: str) -> str:
+        return self.legacy_ids.get(repo_id, repo_id) if repo_type == "model" else repo_id
+
+    def current(self, repo_type: str, repo_id: str) -> RepoSnapshot | None:
+        """The current content of a repo (legacy ids resolved), or None if there is no such repo."""
+        repo_id = self.canonical_id(repo_type, repo_id)
+        repo_dir = self._repo_dir(repo_type, repo_id)
+        if repo_dir is None:
+            return None
+        files = {path: self._memo.describe(path, real) for path, real in sorted(self._scan(repo_dir).items())}
+        if not files:
+            return None
+        listing = "".join(f"{path}\0{f.blob_id}\n" for path, f in files.items())
+        commit = hashlib.sha1(listing.encode()).hexdigest()
+        return RepoSnapshot(repo_type=repo_type, repo_id=repo_id, commit=commit, files=files,
+                            listing=frozenset(files))
+
+    def snapshot(self, repo_type: str, repo_id: str, revision: str) -> RepoSnapshot:
+        """The repo at ``revision``: ``main`` or the current commit (older content is gone from disk).
+
+        Raises:
+            StoreMiss: no such repo, or another revision (with the current commit as ``X-Repo-Commit``).
+        """
+        snapshot = self.current(repo_type, repo_id)
+        if snapshot is None:
+            raise StoreMiss("RepoNotFound", "Repository not found")
+        if revision not in (DEFAULT_BRANCH, snapshot.commit):
+            raise StoreMiss("RevisionNotFound", "Invalid rev id", repo_id=snapshot.repo_id, commit=snapshot.commit)
+        return snapshot
+
+    def lfs_file(self, repo_type: str, repo_id: str, sha256: str) -> tuple[RepoSnapshot, RepoFile] | None:
+        snapshot = self.current(repo_type, repo_id)
+        repo_file = snapshot.file_by_sha256(sha256) if snapshot is not None else None
+        return (snapshot, repo_file) if repo_file is not None else None
+
+    def open(self, repo_file: RepoFile, snapshot: RepoSnapshot | None = None, *, head: bool = False) -> BinaryIO:
+        """Open the file, re-checking containment: a symlink may have been swapped since the scan.
+
+        Raises:
+            FileNotFoundError: gone, or now resolving outside ``root``.
+        """
+        real = repo_file.local_path.resolve()
+        if not is_inside(real, self.root):
+            raise FileNotFoundError(str(repo_file.local_path))
+        return open(real, "rb")
+
+    def _repo_dir(self, repo_type: str, repo_id: str) -> Path | None:
+        parts = repo_id.split("/")
+        if len(parts) > 2 or not all(REPO_NAME_RE.match(p) for p in parts):
+            return None
+        if repo_type == "model" and parts[0] == "datasets":
+            return None  # <root>/datasets holds dataset repos, never an org of models
+        base = self.root / "datasets" if repo_type == "dataset" else self.root
+        top, repo_dir = base / parts[0], base.joinpath(*parts)
+        # A top folder holding files directly is an org-less repo; one holding only folders is an org.
+        if (len(parts) == 1) != _has_direct_files(top):
+            return None
+        if not repo_dir.is_dir() or not is_inside(repo_dir.resolve(), self.root):
+            return None
+        return repo_dir
+
+    def _scan(self, repo_dir: Path) -> dict[str, Path]:
+        """Repo path -> resolved file, skipping hidden entries and anything resolving outside root."""
+        found: dict[str, Path] = {}
+        # followlinks=False: a symlinked folder could loop or leave root; symlinked files are checked below.
+        for dirpath, dirnames, filenames in os.walk(repo_dir):
+            dirnames[:] = [d for d in dirnames if not d.startswith(".")]
+            for name in filenames:
+                if name.startswith("."):
+                    continue
+                full = Path(dirpath, name)
+                real = full.resolve()
+                if is_inside(real, self.root) and real.is_file():
+                    found[full.relative_to(repo_dir).as_posix()] = real
+        return found
+
+
+def _has_direct_files(folder: Path) -> bool:
+    try:
+        return any(e.is_file() and not e.name.startswith(".") for e in os.scandir(folder))
+    except OSError:  # missing or not a folder
+        return False

@@ -1,0 +1,113 @@
+"""HTTP vocabulary of the server: error answers, request-target parsing and small response helpers.
+
+Shared by the routing (:mod:`.routing`), the protocol answers (:mod:`.answers`) and both server stacks
+(:mod:`.wsgi`, :mod:`.asgi`); it knows nothing of stores or of HubServer.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from typing import Any
+from urllib.parse import quote, unquote, urlsplit
+
+from werkzeug.wrappers import Response
+
+__all__ = ["PRINTABLE", "HttpError", "close", "header_value", "json_response", "path_segments", "raw_target",
+           "repo_path", "split_repo_id", "url_host"]
+
+PRINTABLE = "".join(chr(c) for c in range(0x21, 0x7F))  # what a header value or access log line holds verbatim
+
+
+class HttpError(Exception):
+    """An error answer: status, Hub ``X-Error-Code`` and extra headers (DESIGN §2.4)."""
+
+    def __init__(self, status: int, code: str | None, message: str, headers: Mapping[str, str] | None = None):
+        super().__init__(message)
+        self.status, self.code, self.message = status, code, message
+        self.headers = dict(headers or {})
+
+    def response(self) -> Response:
+        headers = dict(self.headers)
+        if self.code is not None:
+            headers["X-Error-Code"] = self.code
+            headers["X-Error-Message"] = self.message
+        headers = {k: header_value(v) for k, v in headers.items()}
+        body = json.dumps({"error": self.message})
+        return Response(body, status=self.status, mimetype="application/json", headers=headers)
+
+
+def header_value(value: str) -> str:
+    """``value`` as a header value every stack sends: printable ASCII as is, anything else percent-escaped.
+
+    Messages can hold request paths (``"<path> is not held by this mirror"``): a name in another script cannot be
+    encoded as Latin-1 (uvicorn answered 500 with a ``UnicodeEncodeError`` after logging 404) and a ``%0D%0A`` in
+    the path would be a newline (werkzeug refuses to build the response: 500 again).
+    """
+    if all(" " <= c <= "~" for c in value):
+        return value
+    return quote(value, safe=PRINTABLE + " ")
+
+
+# --- request parsing --------------------------------------------------------------------------------
+
+
+def raw_target(environ: Mapping[str, Any]) -> str:
+    """The request target exactly as sent (path + query, still encoded)."""
+    raw = environ.get("RAW_URI") or environ.get("REQUEST_URI")
+    if raw:
+        return raw
+    query = environ.get("QUERY_STRING")
+    return quote(environ.get("PATH_INFO", "/")) + (f"?{query}" if query else "")
+
+
+def path_segments(environ: Mapping[str, Any]) -> list[str]:
+    """Path segments, each URL-decoded on its own.
+
+    Splitting before decoding keeps ``refs%2Fpr%2F1`` one segment (huggingface_hub quotes revisions
+    with ``safe=""``, hf_api.py), which werkzeug's PATH_INFO (decoded as a whole) would lose.
+    """
+    path = raw_target(environ).split("?", 1)[0]
+    if path.startswith(("http://", "https://")):  # absolute-form request target
+        path = urlsplit(path).path
+    return [unquote(segment) for segment in path.split("/")[1:]]
+
+
+def split_repo_id(segments: list[str], keywords: set[str]) -> tuple[str, list[str]]:
+    """(repo_id, rest): a route keyword in second place ends a one-part (org-less) id.
+
+    Same rule as huggingface_hub's ``_parse_repo_info_from_url`` (utils/_http.py).
+    """
+    size = 1 if len(segments) < 2 or segments[1] in keywords else 2
+    return "/".join(segments[:size]), segments[size:]
+
+
+def repo_path(parts: list[str]) -> str:
+    """A repo-relative file path from decoded segments; refuses anything that could climb out."""
+    # Segments may themselves hold '/' (list_repo_tree quotes the folder with safe=""), so split again.
+    pieces = "/".join(parts).split("/")
+    if any(p in ("", ".", "..") or "\\" in p or "\0" in p for p in pieces):
+        raise HttpError(400, None, "Invalid path")
+    return "/".join(pieces)
+
+
+# --- responses --------------------------------------------------------------------------------------
+
+
+def json_response(data: Any) -> Response:
+    """A 200 ``application/json`` answer holding ``data``."""
+    return Response(json.dumps(data), mimetype="application/json")
+
+
+def url_host(host: str) -> str:
+    """A host usable in a URL: wildcard binds become loopback, IPv6 gets brackets."""
+    host = {"": "127.0.0.1", "0.0.0.0": "127.0.0.1", "::": "::1"}.get(host, host)
+    return f"[{host}]" if ":" in host else host
+
+
+def close(iterable: object) -> None:
+    """Close a response body if it has a ``close`` method (WSGI, PEP 3333)."""
+    closer = getattr(iterable, "close", None)
+    if closer is not None:
+        closer()
+

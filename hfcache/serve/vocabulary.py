@@ -1,0 +1,235 @@
+"""The protocol vocabulary shared by the stores and the HTTP layer: repo files, snapshots, misses and hashes.
+
+What a store answers (:class:`RepoSnapshot` of :class:`RepoFile`, or :class:`StoreMiss`) and how the Hub names
+content (git blob sha1, LFS pointers and sha256, which files go to LFS). It imports nothing else of
+:mod:`hfcache.serve`: the stores and the server both build on it (docs/architecture.md).
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import hashlib
+import re
+import threading
+from collections.abc import Mapping
+from dataclasses import dataclass
+from functools import cached_property
+from pathlib import Path
+from typing import BinaryIO, Protocol
+
+__all__ = [
+    "DEFAULT_BRANCH",
+    "LFS_PATTERNS",
+    "LFS_SIZE_THRESHOLD",
+    "REPO_NAME_RE",
+    "SHA1_RE",
+    "SHA256_RE",
+    "HashMemo",
+    "RepoFile",
+    "RepoSnapshot",
+    "Store",
+    "StoreMiss",
+    "git_blob_sha1",
+    "is_inside",
+    "is_lfs_file",
+    "lfs_pointer",
+]
+
+# The patterns of the default .gitattributes the Hub creates for new repos (text formats such as
+# *.tiktoken or *.json stay in git). Matched against the file's base name, as git does for
+# patterns without a slash.
+LFS_PATTERNS: tuple[str, ...] = (
+    "*.model", "*.bin", "*.safetensors", "*.pt", "*.pth", "*.ckpt", "*.h5", "*.msgpack", "*.onnx",
+    "*.ot", "*.gguf", "*.tflite", "*.npz", "*.zip", "*.tar.gz", "*.pkl", "*.joblib",
+)  # fmt: skip
+# The Hub rejects plain-git files of 10 MiB or more, so anything that big is always LFS.
+LFS_SIZE_THRESHOLD = 10 * 1024 * 1024
+
+# Hub repo names: letters, digits, '-', '_', '.'; never starting with '.' (which also rules out '..').
+REPO_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,95}$")
+SHA1_RE = re.compile(r"^[0-9a-f]{40}$")
+SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
+DEFAULT_BRANCH = "main"
+_HASH_CHUNK = 1024 * 1024
+
+
+@dataclass(frozen=True)
+class RepoFile:
+    """A file of a served repo, with the hashes the Hub publishes for it.
+
+    Attributes:
+        path (str): POSIX path inside the repo, e.g. ``"1_Pooling/config.json"``.
+        local_path (Path): the file on disk (for ``FolderStore`` symlinks resolved, always inside ``root``; for
+            the cache store the blob or snapshot entry, never a symlink).
+        size (int): size in bytes.
+        blob_id (str): git blob sha1 of what git stores: the content, or for LFS files the pointer text.
+        sha256 (str | None): sha256 of the content; None when it is not known without hashing (a non-LFS blob of
+            a cache, which is named by its git blob sha1).
+        is_lfs (bool): stored with LFS.
+        pointer_size (int): byte size of the LFS pointer text (meaningful for LFS files only).
+    """
+
+    path: str
+    local_path: Path
+    size: int
+    blob_id: str
+    sha256: str | None
+    is_lfs: bool
+    pointer_size: int
+
+    @property
+    def etag(self) -> str:
+        """The Hub's ETag for the file: sha256 for LFS files, the git blob sha1 for others."""
+        return self.sha256 if self.is_lfs and self.sha256 else self.blob_id
+
+
+@dataclass(frozen=True)
+class RepoSnapshot:
+    """The content of one repo at one commit.
+
+    Attributes:
+        repo_type (str): ``"model"`` or ``"dataset"``.
+        repo_id (str): canonical id, e.g. ``"google-bert/bert-base-uncased"``.
+        commit (str): 40-hex commit.
+        files (Mapping[str, RepoFile]): the files served, by path, sorted by path.
+        absent (frozenset[str]): paths known not to exist at this commit (a cache's ``.no_exist`` markers).
+        listing (frozenset[str] | None): every path of the repo at this commit when known (a plain folder is the
+            whole repo; a cache's ``trees/<commit>.json``); None when the store may hold only part of the repo.
+    """
+
+    repo_type: str
+    repo_id: str
+    commit: str
+    files: Mapping[str, RepoFile]
+    absent: frozenset[str] = frozenset()
+    listing: frozenset[str] | None = None
+
+    @cached_property
+    def directories(self) -> list[str]:
+        """Every folder that holds a file, at any depth, sorted (``"a"``, ``"a/b"``...)."""
+        found = {path.rsplit("/", i)[0] for path in self.files for i in range(1, path.count("/") + 1)}
+        return sorted(found)
+
+    def file_by_sha256(self, sha256: str) -> RepoFile | None:
+        """The LFS file whose content hash is ``sha256``, or None."""
+        return next((f for f in self.files.values() if f.is_lfs and f.sha256 == sha256), None)
+
+    def knows_absent(self, path: str) -> bool:
+        """True when ``path`` (a file or folder) is known not to exist in the repo at this commit.
+
+        Only then may a 404 carry ``X-Repo-Commit``, which makes huggingface_hub write a permanent ``.no_exist``
+        marker (file_download.py); a file the store merely does not hold must not be reported that way.
+        """
+        if path in self.files:
+            return False
+        if path in self.absent:
+            return True
+        if self.listing is None:
+            return False
+        prefix = path + "/"
+        return path not in self.listing and not any(p.startswith(prefix) for p in self.listing)
+
+
+class StoreMiss(Exception):
+    """A store has no such repo or revision, or cannot get what was asked (a pull-through store's upstream failed).
+
+    Attributes:
+        code (str): the ``X-Error-Code``: the Hub's ``"RepoNotFound"``, ``"RevisionNotFound"``, ``"GatedRepo"``,
+            or a pull-through mirror's ``"RepoNotAllowed"``, ``"UpstreamUnavailable"``, ``"UpstreamIntegrityError"``,
+            ``"UpstreamError"``.
+        repo_id (str | None): the canonical id, for ``RevisionNotFound``.
+        commit (str | None): a commit to send as ``X-Repo-Commit`` with the error, if any.
+        status (int): the HTTP status to answer (404 unless said otherwise).
+    """
+
+    def __init__(self, code: str, message: str, *, repo_id: str | None = None, commit: str | None = None,
+                 status: int = 404):
+        super().__init__(message)
+        self.code, self.message, self.repo_id, self.commit = code, message, repo_id, commit
+        self.status = status
+
+
+class Store(Protocol):
+    """What the HTTP layer needs from a store of repos (``FolderStore``, ``CacheStore``)."""
+
+    root: Path
+
+    def canonical_id(self, repo_type: str, repo_id: str) -> str:
+        """The id to redirect ``repo_id`` to (itself when it is not a legacy alias)."""
+
+    def snapshot(self, repo_type: str, repo_id: str, revision: str) -> RepoSnapshot:
+        """The repo at ``revision`` (legacy ids resolved). Raises StoreMiss."""
+
+    def lfs_file(self, repo_type: str, repo_id: str, sha256: str) -> tuple[RepoSnapshot, RepoFile] | None:
+        """An LFS file of the repo by content hash, for the CDN origin."""
+
+    def open(self, repo_file: RepoFile, snapshot: RepoSnapshot, *, head: bool = False) -> BinaryIO:
+        """Open the file's bytes (of ``snapshot``), refusing anything outside ``root``. ``head``: only the metadata
+        is wanted (a pull-through store then fetches nothing). Raises OSError, or StoreMiss (upstream failed)."""
+
+
+
+def is_lfs_file(path: str, size: int) -> bool:
+    """Whether the Hub would store ``path`` (a repo path) of ``size`` bytes with LFS."""
+    name = path.rsplit("/", 1)[-1]
+    return size >= LFS_SIZE_THRESHOLD or any(fnmatch.fnmatchcase(name, pattern) for pattern in LFS_PATTERNS)
+
+
+def git_blob_sha1(data: bytes) -> str:
+    """Git's object id for a blob holding ``data`` (what ``git hash-object`` prints)."""
+    return hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest()
+
+
+def lfs_pointer(sha256: str, size: int) -> bytes:
+    """The git-lfs pointer text git stores in place of an LFS file (git-lfs spec v1)."""
+    return f"version https://git-lfs.github.com/spec/v1\noid sha256:{sha256}\nsize {size}\n".encode()
+
+
+def _hash_file(path: Path, size: int) -> tuple[str, str]:
+    """(git blob sha1 of the content, sha256) of a file, read once in chunks."""
+    sha1 = hashlib.sha1(b"blob %d\0" % size)
+    sha256 = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(_HASH_CHUNK):
+            sha1.update(chunk)
+            sha256.update(chunk)
+    return sha1.hexdigest(), sha256.hexdigest()
+
+
+def is_inside(path: Path, root: Path) -> bool:
+    """Whether ``path`` is ``root`` or below it (both already resolved)."""
+    return path == root or path.is_relative_to(root)
+
+
+class HashMemo:
+    """Hashes of files on disk, computed once per (path, size, mtime): a file is re-hashed only when it changes."""
+
+    def __init__(self) -> None:
+        self._hashes: dict[tuple[str, int, int], tuple[str, str]] = {}
+        self._lock = threading.Lock()
+
+    def describe(self, path: str, local: Path, *, lfs: bool | None = None) -> RepoFile:
+        """A RepoFile for ``local`` served as repo path ``path``; ``lfs`` None decides by the Hub's defaults."""
+        stat = local.stat()
+        key = (str(local), stat.st_size, stat.st_mtime_ns)
+        with self._lock:
+            hashes = self._hashes.get(key)
+        if hashes is None:
+            hashes = _hash_file(local, stat.st_size)  # outside the lock: other requests keep flowing
+            with self._lock:
+                self._hashes[key] = hashes
+        content_sha1, sha256 = hashes
+        if lfs is None:
+            lfs = is_lfs_file(path, stat.st_size)
+        pointer = lfs_pointer(sha256, stat.st_size)
+        return RepoFile(
+            path=path,
+            local_path=local,
+            size=stat.st_size,
+            # The Hub's blobId of an LFS file is the git id of its pointer, not of the content.
+            blob_id=git_blob_sha1(pointer) if lfs else content_sha1,
+            sha256=sha256,
+            is_lfs=lfs,
+            pointer_size=len(pointer),
+        )
+

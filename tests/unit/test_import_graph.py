@@ -1,0 +1,196 @@
+"""hfcache's import graph, read with ast (nothing is imported): no cycle, and the layers of docs/architecture.md.
+
+Every import counts, also those inside functions (a lazy import still makes the modules depend on each other),
+except those under ``if TYPE_CHECKING:``, which never run.
+"""
+
+from __future__ import annotations
+
+import ast
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+PACKAGE = Path(__file__).resolve().parents[2] / "hfcache"
+
+#: The presentation layer: the only modules that may import click or rich.
+PRESENTATION = {"hfcache.cli", "hfcache.cli_oci", "hfcache.render"}
+#: HTTP clients; only hfcache.hub talks to a Hub (huggingface_hub's HTTP client is httpx2), only hfcache.oci to an
+#: OCI registry (oras, requests).
+HTTP_CLIENTS = {"httpx", "httpx2", "requests", "urllib3", "aiohttp", "http.client", "urllib.request", "oras"}
+NETWORK_MODULES = {"hfcache.hub", "hfcache.oci", "hfcache.oci_registry"}  # the registry client (oras-py)
+#: huggingface_hub names that are not its HTTP side: reading the saved token is a file read.
+HUB_LOCAL_NAMES = {"huggingface_hub.utils": {"get_token"}}
+
+
+def _module_name(path: Path) -> str:
+    parts = list(path.relative_to(PACKAGE.parent).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+MODULES = {_module_name(p): p for p in sorted(PACKAGE.rglob("*.py"))}
+
+
+def _is_type_checking(node: ast.If) -> bool:
+    test = node.test
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
+    )
+
+
+def _imports(module: str, *, top_level_only: bool = False) -> list[tuple[str, tuple[str, ...]]]:
+    """(imported module, names) for every import statement of ``module`` that can run."""
+    path = MODULES[module]
+    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+    found: list[tuple[str, tuple[str, ...]]] = []
+
+    def visit(node: ast.AST) -> None:
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, ast.If) and _is_type_checking(child):
+                for other in child.orelse:
+                    visit(other)
+                continue
+            if top_level_only and isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+                continue
+            if isinstance(child, ast.Import):
+                found.extend((alias.name, ()) for alias in child.names)
+            elif isinstance(child, ast.ImportFrom):
+                if child.level:
+                    base = package.split(".")
+                    base = base[: len(base) - child.level + 1]
+                    target = ".".join(base + ([child.module] if child.module else []))
+                else:
+                    target = child.module or ""
+                found.append((target, tuple(alias.name for alias in child.names)))
+            visit(child)
+
+    visit(ast.parse(path.read_text(), str(path)))
+    return found
+
+
+def _internal_edges(module: str, *, top_level_only: bool = False) -> set[str]:
+    """The hfcache modules ``module`` imports (``from . import x`` names the submodule x)."""
+    edges = set()
+    for target, names in _imports(module, top_level_only=top_level_only):
+        submodules = {f"{target}.{name}" for name in names} & MODULES.keys()
+        if submodules:
+            edges |= submodules
+        elif target in MODULES:
+            edges.add(target)
+    edges.discard(module)
+    return edges
+
+
+GRAPH = {module: _internal_edges(module) for module in MODULES}
+
+
+def _find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    """One import cycle as a path ``[a, b, ..., a]``, or None (depth-first search, three colours)."""
+    state: dict[str, int] = {}  # 1: on the current path, 2: done
+    path: list[str] = []
+
+    def visit(node: str) -> list[str] | None:
+        state[node] = 1
+        path.append(node)
+        for nxt in sorted(graph[node]):
+            if state.get(nxt) == 1:
+                return path[path.index(nxt):] + [nxt]
+            if nxt not in state and (cycle := visit(nxt)):
+                return cycle
+        path.pop()
+        state[node] = 2
+        return None
+
+    for start in sorted(graph):
+        if start not in state and (cycle := visit(start)):
+            return cycle
+    return None
+
+
+def _external(module: str) -> list[tuple[str, tuple[str, ...]]]:
+    return [(target, names) for target, names in _imports(module) if not target.startswith("hfcache")]
+
+
+def test_the_walk_sees_the_package():
+    # A walk that found nothing would pass every check below.
+    assert {"hfcache.cli", "hfcache.hub", "hfcache.serve.vocabulary", "hfcache.serve.hub_server"} <= MODULES.keys()
+    assert "hfcache.serve.vocabulary" in GRAPH["hfcache.serve.cache_store"]
+    assert "hfcache.hub" in GRAPH["hfcache.warming"]
+
+
+def test_find_cycle_finds_a_planted_cycle():
+    graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}
+    assert _find_cycle(graph) == ["a", "b", "c", "a"]
+    assert _find_cycle({"a": {"b"}, "b": set()}) is None
+
+
+def test_no_import_cycle():
+    cycle = _find_cycle(GRAPH)
+    assert cycle is None, "import cycle: " + " -> ".join(cycle or [])
+
+
+@pytest.mark.parametrize("module", sorted(MODULES))
+def test_only_the_presentation_layer_imports_click_or_rich(module):
+    if module in PRESENTATION or module.rpartition(".")[0] in PRESENTATION:
+        return
+    ui = [target for target, _ in _external(module) if target.split(".")[0] in ("click", "rich")]
+    assert not ui, f"{module} is a core module but imports {ui}: rendering belongs in hfcache.render / cli"
+
+
+@pytest.mark.parametrize("module", sorted(MODULES))
+def test_only_hub_imports_http_clients_and_huggingface_hubs_http_side(module):
+    if module == "hfcache.hub":
+        return
+    offending = []
+    for target, names in _external(module):
+        if (target in HTTP_CLIENTS or target.split(".")[0] in HTTP_CLIENTS) and module not in NETWORK_MODULES:
+            offending.append(target)
+        elif target.split(".")[0] == "huggingface_hub" and (
+                not names or not set(names) <= HUB_LOCAL_NAMES.get(target, set())):
+            offending.append(f"{target}: {', '.join(names) or '*'}")
+    assert not offending, f"{module} talks HTTP but only {sorted(NETWORK_MODULES)} may: {offending}"
+
+
+def test_errors_imports_nothing_from_hfcache():
+    assert GRAPH["hfcache.errors"] == set()
+
+
+def test_serve_vocabulary_imports_nothing_of_the_server_side():
+    assert not {m for m in GRAPH["hfcache.serve.vocabulary"] if m.startswith("hfcache.serve")}
+
+
+def test_stores_do_not_import_the_http_layer():
+    for store in ("hfcache.serve.folder_store", "hfcache.serve.cache_store"):
+        assert GRAPH[store] <= {"hfcache.serve.vocabulary", "hfcache.scan"}, store
+
+
+@pytest.mark.parametrize("module", ["hfcache.lockfile", "hfcache.project", "hfcache.install", "hfcache.records",
+                                    "hfcache.cli", "hfcache.render.warm"])
+def test_warm_lock_fast_path_does_not_import_huggingface_hub_at_import_time(module):
+    """``warm --lock`` on a satisfied cache must not pay for huggingface_hub's import (install.py)."""
+    seen, todo = set(), [module]
+    while todo:
+        current = todo.pop()
+        if current in seen:
+            continue
+        seen.add(current)
+        heavy = [t for t, _ in _imports(current, top_level_only=True) if t.split(".")[0] == "huggingface_hub"]
+        assert not heavy, f"{module} imports huggingface_hub at import time through {current}"
+        todo.extend(_internal_edges(current, top_level_only=True))
+        todo.extend(p for p in (current.rpartition(".")[0],) if p in MODULES)  # a package's __init__ runs first
+
+
+def test_warm_lock_modules_really_import_without_huggingface_hub():
+    """The same promise at run time: importing what ``warm --lock`` runs on a warm cache leaves huggingface_hub
+    (and its HTTP client) unimported."""
+    modules = "hfcache, hfcache.cli, hfcache.project, hfcache.install, hfcache.lockfile, hfcache.render.warm"
+    code = (f"import sys, {modules}\n"
+            "print(sorted(m for m in ('huggingface_hub', 'httpx', 'httpx2') if m in sys.modules))")
+    env = {**os.environ, "PYTHONPATH": str(PACKAGE.parent)}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True)
+    assert out.stdout.strip() == "[]"
