@@ -29,7 +29,6 @@ import os
 import re
 import threading
 from collections.abc import Iterable, Iterator
-from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from typing import BinaryIO
@@ -46,6 +45,7 @@ from huggingface_hub.errors import (
 )
 from huggingface_hub.utils import build_hf_headers, get_session, hf_raise_for_status
 
+from . import pools
 from ._version import __version__
 from .errors import (
     EndpointUnreachable,
@@ -354,9 +354,9 @@ class HubClient:
                 raise HubError(f"{repo.repo_id}: {path} is not in the repo at {repo.commit_hash}",
                                hint="check the lock, --include and the repo")
         # A few HEADs at once (a `--kind all` of a large repo is hundreds of them); the first error wins.
-        with ThreadPoolExecutor(max_workers=min(_HEAD_WORKERS, len(missing)), thread_name_prefix="hfcache-head") \
-                as pool:
-            for file in pool.map(lambda p: self._head_file(repo, p, counter), missing):
+        with pools.pool(min(_HEAD_WORKERS, len(missing)), "hfcache-head") as executor:
+            futures = [executor.submit(self._head_file, repo, p, counter) for p in missing]
+            for file in pools.ordered(futures):  # interruptible (pools.py), not joined after an error
                 known[file.path] = file
         return replace(repo, files=tuple(sorted(known.values(), key=lambda f: f.path)))
 

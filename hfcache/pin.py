@@ -11,16 +11,16 @@ from __future__ import annotations
 import io
 import os
 from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
+from . import pools
 from .errors import HfcacheError, HubError, IntegrityError
 from .hub import HubClient
 from .lockfile import LockedFile, LockedRepo, Lockfile, Manifest, filter_upgrade, lock_relative_name, write_lock
 from .project import open_project
 from .records import WarmRequest
-from .retry import RetryCounter
+from .retry import DEFAULT_RETRIES, RetryCounter
 from .selection import MAX_PARSE_BYTES, check_index_size, follow_configs, select, shards_from_index
 from .warming import make_clients
 
@@ -160,8 +160,8 @@ def pin(
                 return LockFailure(request.spec, exc.message, exc.hint, exc.exit_code)
         return failure
 
-    with ThreadPoolExecutor(max_workers=max(1, min(max_workers, len(todo) or 1))) as pool:
-        outcomes = list(pool.map(attempt, todo))
+    with pools.pool(min(max_workers, len(todo) or 1), "hfcache-pin") as executor:
+        outcomes = list(pools.ordered([executor.submit(attempt, request) for request in todo]))  # Ctrl-C: pools.py
     resolved = [o for o in outcomes if isinstance(o, LockedRepo)]
     failures = tuple(o for o in outcomes if isinstance(o, LockFailure))
     return PinResult(
@@ -183,6 +183,7 @@ def lock_project(
     token: str | bool | None = None,
     timeout: float = 10.0,
     max_workers: int = 8,
+    retries: int = DEFAULT_RETRIES,
 ) -> LockRun:
     """Resolve a project's manifest and write its lock, keeping the commits of unchanged entries.
 
@@ -193,6 +194,7 @@ def lock_project(
         token: Hub token (None: huggingface_hub's lookup; False: none).
         timeout: seconds per connection or read.
         max_workers: parallel resolutions.
+        retries: retries of a transient failure per request or download (:mod:`hfcache.retry`), >= 0.
 
     Returns:
         LockRun; the lock is written atomically, and only when every entry resolved.
@@ -203,7 +205,7 @@ def lock_project(
     """
     found, path, existing = open_project(manifest, lock_path)
     upgrade_keys = filter_upgrade(found.repos, upgrade_ids) if upgrade else set()
-    clients = make_clients(list(endpoint) or list(found.endpoints) or None, token, timeout)
+    clients = make_clients(list(endpoint) or list(found.endpoints) or None, token, timeout, retries)
     result = pin(found, clients, existing=existing, upgrade=upgrade_keys, max_workers=max_workers)
     written = False
     if not result.failures:

@@ -28,6 +28,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from . import pools
 from .cache import RepoFolder
 from .errors import HubError, IntegrityError
 from .hub import Hasher, HubClient, RemoteFile, RepoRevision
@@ -182,8 +183,7 @@ class _Job:
             self.fd = fd
             self._fetch_and_hash(kept)
         finally:
-            for thread in self.threads:
-                thread.join()
+            pools.join(self.threads)
             os.close(fd)
 
     def _fetch_and_hash(self, kept: int) -> None:
@@ -209,8 +209,7 @@ class _Job:
             self._hash(kept)
         except BaseException as exc:  # every part stops at its next chunk
             self._fail(Interrupted(f"{self.what}: interrupted") if self.stop.is_set() else exc)
-            for thread in self.threads:
-                thread.join()
+            pools.join(self.threads)  # the parts stop at their next chunk; a second Ctrl-C still interrupts this
             self._keep_prefix()
             raise
 

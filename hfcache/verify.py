@@ -19,11 +19,11 @@ import stat
 import threading
 import time
 from collections.abc import Iterable
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Protocol
 
+from . import pools
 from .cache import repo_folder_name
 from .lockfile import Lockfile
 from .records import parse_specs
@@ -304,8 +304,9 @@ def verify_cache(
         return key, (None if digest == etag else f"content hashes to {digest}"), read
 
     hashed_bytes = 0
-    with ThreadPoolExecutor(max_workers=max_workers or os.cpu_count() or 2) as pool:
-        for key, failure, read in pool.map(run, list(jobs)):
+    with pools.pool(max_workers or os.cpu_count() or 2, "hfcache-hash") as executor:
+        # pools.ordered: Ctrl-C is not held up until every file in flight is hashed (a signal on a worker thread)
+        for key, failure, read in pools.ordered([executor.submit(run, key) for key in jobs]):
             with lock_:
                 hashed_bytes += read
             if failure is None:

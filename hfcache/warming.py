@@ -27,6 +27,7 @@ from pathlib import Path
 
 from huggingface_hub.utils import get_token
 
+from . import pools
 from .cache import (
     RepoFolder,
     cache_error,
@@ -123,7 +124,7 @@ def warm(
         for i, req in enumerate(requests)
     ]
     try:
-        results = tuple(f.result() for f in futures)
+        results = tuple(pools.ordered(futures))  # never a wait Ctrl-C/SIGTERM cannot interrupt (pools.py)
     except BaseException:
         # Interrupted: workers stop at their next chunk and keep their partial files; do not wait for a worker
         # blocked on a silent socket (the process is about to exit, SIGTERM must take effect within a second).
