@@ -13,7 +13,7 @@ import signal
 import threading
 from pathlib import Path
 
-from .faults import parse_faults
+from .faults import Faults, parse_faults
 from .hub_server import BACKENDS, LAYOUTS, HubServer
 
 __all__ = ["main"]
@@ -40,6 +40,8 @@ def main(argv: list[str] | None = None) -> int:
         faults = parse_faults(args.fault)
     except ValueError as exc:
         parser.error(str(exc))
+    if faults != Faults() and args.backend != "werkzeug":
+        parser.error("--fault needs the werkzeug backend (a reset needs the raw socket)")
     if not args.root.is_dir():
         parser.error(f"{args.root} is not a directory")
 

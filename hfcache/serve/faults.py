@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 _BODY_FAILURES = ("502", "503", "reset")
+_BOOLEANS = {"1": True, "true": True, "yes": True, "on": True, "0": False, "false": False, "no": False, "off": False}
 
 
 @dataclass(frozen=True)
@@ -70,9 +71,14 @@ def parse_faults(specs: Iterable[str]) -> Faults:
             raise ValueError(f"unknown fault {name!r}: one of {', '.join(Faults.__dataclass_fields__)}")
         kind = type(getattr(Faults(), name))
         if kind is bool:
-            values[name] = raw.lower() in ("", "1", "true", "yes") if sep else True
+            if sep and raw.lower() not in _BOOLEANS:
+                raise ValueError(f"fault {name} is on or off ({', '.join(sorted(_BOOLEANS))}), got {raw!r}")
+            values[name] = _BOOLEANS[raw.lower()] if sep else True
         elif kind is int:
-            values[name] = int(raw)
+            try:
+                values[name] = int(raw)
+            except ValueError:
+                raise ValueError(f"fault {name} takes a whole number, got {raw!r}") from None
         else:
             values[name] = raw
     return Faults(**values)

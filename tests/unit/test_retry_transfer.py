@@ -126,6 +126,6 @@ def test_server_fault_switches_parse_from_the_command_line():
 
     assert parse_faults(["no_blobs", "no_range=false", "rate_limit=3", "body_failure=reset"]) == \
         Faults(no_blobs=True, rate_limit=3, body_failure="reset")
-    for bad in (["nope"], ["rate_limit=many"], ["body_failure=418"]):
+    for bad in (["nope"], ["rate_limit=many"], ["body_failure=418"], ["no_range=maybe"]):
         with pytest.raises(ValueError):
             parse_faults(bad)
