@@ -377,7 +377,7 @@ def _parse_listing(data: bytes, name: str) -> dict[str, tuple[str, str, int]]:
                             int(e.get("lfs_size") or e.get("size") or 0)) for path, e in files.items()}
     except RecursionError:
         raise UsageError(f"refused entry {name!r}: JSON nested too deep") from None
-    except (ValueError, KeyError, TypeError, AttributeError):
+    except (ValueError, KeyError, TypeError, AttributeError, OverflowError):  # OverflowError: a size of 1e999
         raise UsageError(f"refused entry {name!r}: not a trees/ listing (JSON with a \"files\" object)") from None
 
 
@@ -484,6 +484,7 @@ def _check(plan: dict[str, _RepoPlan], staging: _Staging, cache_dir: Path) -> No
     """Refuse corrupt blobs, links to blobs nobody has, and real files whose hash nothing vouches for."""
     for folder_name, repo in sorted(plan.items()):
         folder = RepoFolder(cache_dir, *parse_folder_name(folder_name))
+        folder.ensure_safe()  # a target repo folder with a planted link: refused before any repo is published
         for etag, member in sorted(repo.blobs.items()):
             _, size, sha256, sha1 = staging.files[member]
             if (sha256 if algorithm_of(etag) == "sha256" else sha1) != etag:

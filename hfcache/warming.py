@@ -15,6 +15,7 @@ needs to load a tokenizer offline (DESIGN §3).
 
 from __future__ import annotations
 
+import os
 import shutil
 import threading
 import time
@@ -38,12 +39,15 @@ from .cache import (
 )
 from .errors import HfcacheError, HubError, IntegrityError, InternalError, UsageError
 from .hub import HubClient, RemoteFile, RepoRevision, hash_file
+from .published import write_record
+from .records import NoProgress, ProgressSink, RepoResult, WarmedFile, WarmReport, WarmRequest, folder_ids
 from .retry import DEFAULT_RETRIES, RetryCounter
+from .safefs import UnsafeLayout
 from .transfer import Slots, TransferOptions, download_blob
-from .records import NoProgress, ProgressSink, RepoResult, WarmedFile, WarmReport, WarmRequest
 from .lockfile import LockedRepo
 from .locking import DEFAULT_LOCK_TIMEOUT, LockWait
-from .selection import MAX_PARSE_BYTES, Selection, check_index_size, follow_configs, select, shards_from_index
+from .selection import (MAX_PARSE_BYTES, Selection, check_index_size, file_folder_conflict, follow_configs, select,
+                        shards_from_index)
 
 _PUBLISH_GRACE = 0.5  # seconds an interrupted warm waits for repos in the middle of publishing
 
@@ -231,6 +235,10 @@ def pinned_revision(locked: LockedRepo) -> RepoRevision:
                         commit_hash=locked.commit_hash, files=tuple(files), metadata="lock")
 
 
+#: The hint of a repo file hfcache cannot parse (selection.RepoDataError, a malformed sharded index).
+_BAD_FILE_HINT = "the repo's file is malformed (a loader fails on it too): fix the repo, or --exclude that file"
+
+
 class _Cancelled(HfcacheError):
     """A file task skipped because another file of the same repo already failed."""
 
@@ -255,6 +263,7 @@ class _RepoJob:
     _downloaded: int = 0
     _count_lock: threading.Lock = field(default_factory=threading.Lock)
     _failed: threading.Event = field(default_factory=threading.Event)
+    _read_sources: dict[str, str] = field(default_factory=dict)  # files fetched to be parsed: path -> source
 
     def run(self) -> RepoResult:
         started = time.monotonic()
@@ -313,27 +322,42 @@ class _RepoJob:
                              + (f", exclude {list(req.exclude)}" if req.exclude else "") + ")",
                              hint="check --kind, --include, --exclude and --repo-type")
         locking = {"lock_timeout": self.lock_timeout, "on_lock_wait": self.on_lock_wait}
-        canonical = RepoFolder(self.cache_dir, repo.canonical_id, req.repo_type, **locking)
-        folders = [canonical]
-        if req.repo_id != repo.canonical_id:
-            folders.append(RepoFolder(self.cache_dir, req.repo_id, req.repo_type, **locking))
+        # The endpoint's canonical id picks a second folder only for a legacy id (records.folder_ids): an endpoint
+        # answering another repo's id for an org/name request cannot write into that repo's folder.
+        folders = [RepoFolder(self.cache_dir, i, req.repo_type, **locking)
+                   for i in folder_ids(req.repo_id, repo.canonical_id)]
+        canonical = folders[0]
         with ExitStack() as held:
             # One repo lock per folder, taken in name order so that concurrent warms never deadlock; a lock that
             # times out releases those already taken.
             for folder in sorted(folders, key=lambda f: f.name):
                 held.enter_context(folder.repo_lock(stop=self.stop))
-            repo, paths, absent = self._complete(repo, canonical, selection)
+            conflict = file_folder_conflict(repo.paths)
+            if conflict is not None:  # before any download: a refused repo leaves no blob behind either
+                raise HubError(f"{req.repo_id}: {conflict!r} is both a file and a folder in the listing",
+                               hint="the endpoint or lock is broken or hostile")
+            # Every selected file described now (one HEAD each where the listing gave no hash), to be checked
+            # before any download; the files the configs and indexes add are described in _complete.
+            repo = self.client.describe(repo, selection.paths, self.counter)
+            for folder in folders:
+                _check_publishable(folder, repo, [repo.by_path[p] for p in selection.paths])
+            self._read_sources.clear()
+            repo, paths, absent, read_notes = self._complete(repo, canonical, selection)
             by_path = repo.by_path
             files = [by_path[p] for p in sorted(paths)]
             self.sink.repo_started(self.key, req.spec, len(files), sum(f.size for f in files))
             sources = self._fetch(repo, canonical, files)
+            sources.update({p: s for p, s in self._read_sources.items() if p in sources})  # not "cached" by itself
             for alias in folders[1:]:
                 for f in files:
                     _copy_blob(canonical, alias, f)
             if self.stop.is_set():
                 raise _Cancelled(f"{req.repo_id}: interrupted before publishing")
+            for folder in folders:  # every check before the first link: a refused repo leaves nothing published
+                _check_publishable(folder, repo, files)
+            notes = list(read_notes)
             for folder in folders:
-                self._publish(folder, repo, files, absent)
+                notes.extend(self._publish(folder, repo, files, absent))
         return replace(
             base,
             canonical_id=repo.canonical_id,
@@ -341,25 +365,33 @@ class _RepoJob:
             files=tuple(WarmedFile(f.path, f.size, f.hash, sources[f.path]) for f in files),
             absent=absent,
             metadata=repo.metadata,
+            notes=tuple(notes),
         )
 
     def _complete(self, repo: RepoRevision, canonical: RepoFolder,
-                  selection: Selection) -> tuple[RepoRevision, set[str], tuple[str, ...]]:
+                  selection: Selection) -> tuple[RepoRevision, set[str], tuple[str, ...], tuple[str, ...]]:
         """Finish a selection that needs file contents: configs first (custom code named by ``auto_map``,
-        sentence-transformers module folders), then sharded indexes (their shards). Every file read is described
-        (one HEAD where the listing gave no hash), fetched and hash-checked into the cache first; nothing is
-        executed. Returns ``(repo with every selected file described, paths, absent)``."""
+        sentence-transformers module folders), then sharded indexes (their shards). Returns ``(repo with every
+        selected file described, paths, absent, notes)`` (notes: one-line warnings, :attr:`selection.Followed.notes`).
+        The files read here are fetched without moving the progress bar: its total is known only afterwards, and
+        they are counted then (as cached). Every file read is described (one HEAD where the listing gave no hash),
+        fetched and hash-checked into the cache first; nothing is executed."""
         req = self.request
         paths, absent, needs_index = set(selection.paths), selection.absent, selection.needs_index
+        notes: tuple[str, ...] = ()
         current = self.client.describe(repo, selection.needs_config + needs_index, self.counter)
 
-        def read(path: str) -> bytes:
+        def read(path: str) -> bytes | None:
             nonlocal current
             current = self.client.describe(current, [path], self.counter)
             return self._read(current, canonical, current.by_path[path])
 
         if selection.needs_config:
-            followed = follow_configs(selection.needs_config, read, current.paths, req.kind, req.exclude)
+            try:
+                followed = follow_configs(selection.needs_config, read, current.paths, req.kind, req.exclude)
+            except ValueError as exc:  # RepoDataError: a config no parser can read (transformers' neither)
+                raise IntegrityError(f"{req.repo_id}: {exc}", hint=_BAD_FILE_HINT) from None
+            notes = followed.notes
             paths |= set(followed.paths)
             absent = tuple(sorted(set(absent) | set(followed.absent)))
             needs_index += followed.needs_index
@@ -371,27 +403,30 @@ class _RepoJob:
                 for index in needs_index:
                     check_index_size(index, by_path[index].size)
             except ValueError as exc:
-                raise IntegrityError(f"{req.repo_id}: {exc}") from None
-            self._fetch(current, canonical, [by_path[p] for p in needs_index])
+                raise IntegrityError(f"{req.repo_id}: {exc}", hint="--exclude the index to skip these weights, or "
+                                     "use --kind all") from None
+            self._fetch(current, canonical, [by_path[p] for p in needs_index], progress=False)
             for index in needs_index:
                 data = canonical.blob_path(by_path[index].etag).read_bytes()
                 try:
                     paths |= shards_from_index(data, current.paths, index)
                 except ValueError as exc:
-                    raise IntegrityError(f"{req.repo_id}: {exc}") from None
-        return self.client.describe(current, paths, self.counter), paths, absent
+                    raise IntegrityError(f"{req.repo_id}: {exc}", hint=_BAD_FILE_HINT) from None
+        return self.client.describe(current, paths, self.counter), paths, absent, notes
 
-    def _read(self, repo: RepoRevision, folder: RepoFolder, file: RemoteFile) -> bytes:
+    def _read(self, repo: RepoRevision, folder: RepoFolder, file: RemoteFile) -> bytes | None:
         """A small file's verified bytes (a config or custom code to parse): fetched into the cache first if needed;
-        ``b""`` (nothing to follow) above ``selection.MAX_PARSE_BYTES``."""
+        None (not parsed, reported in the notes) above ``selection.MAX_PARSE_BYTES``."""
         if file.size > MAX_PARSE_BYTES:
-            return b""
-        self._fetch(repo, folder, [file])
+            return None
+        self._fetch(repo, folder, [file], progress=False)
         return folder.blob_path(file.etag).read_bytes()
 
-    def _fetch(self, repo: RepoRevision, folder: RepoFolder, files: Iterable[RemoteFile]) -> dict[str, str]:
-        """Ensure every file's blob is in ``folder``, in parallel; return path -> source. First error wins."""
-        futures = {f.path: self.pool.submit(self._ensure_blob, repo, folder, f) for f in files}
+    def _fetch(self, repo: RepoRevision, folder: RepoFolder, files: Iterable[RemoteFile],
+               progress: bool = True) -> dict[str, str]:
+        """Ensure every file's blob is in ``folder``, in parallel; return path -> source. First error wins.
+        ``progress=False``: the bytes do not move the progress bar."""
+        futures = {f.path: self.pool.submit(self._ensure_blob, repo, folder, f, progress) for f in files}
         sources: dict[str, str] = {}
         error: BaseException | None = None
         for path, future in futures.items():
@@ -402,50 +437,89 @@ class _RepoJob:
                     error = exc
         if error is not None:
             raise error
+        if not progress:
+            self._read_sources.update(sources)
         return sources
 
-    def _ensure_blob(self, repo: RepoRevision, folder: RepoFolder, file: RemoteFile) -> str:
+    def _ensure_blob(self, repo: RepoRevision, folder: RepoFolder, file: RemoteFile, progress: bool = True) -> str:
         if self._failed.is_set() or self.stop.is_set():
             raise _Cancelled(f"{repo.repo_id}: cancelled")
+        advance = self.sink.advance if progress else lambda key, n: None
         try:
             with folder.blob_lock(file.etag, stop=self.stop):  # Ctrl-C is not stuck behind another download
                 if folder.blob_ok(file.etag, file.size):
-                    self.sink.advance(self.key, file.size)
+                    advance(self.key, file.size)
                     return "cached"
                 other = find_blob_elsewhere(self.cache_dir, file.etag, file.size, exclude=folder.name)
                 if other is not None and _same_content(other, file) and folder.adopt_blob(other, file.etag):
-                    self.sink.advance(self.key, file.size)
+                    advance(self.key, file.size)
                     return "linked"
-                self._download(repo, folder, file)
+                self._download(repo, folder, file, advance)
                 return "downloaded"
         except BaseException:
             self._failed.set()
             raise
 
-    def _download(self, repo: RepoRevision, folder: RepoFolder, file: RemoteFile) -> None:
+    def _download(self, repo: RepoRevision, folder: RepoFolder, file: RemoteFile,
+                  advance: Callable[[int, int], None]) -> None:
         """Download (resuming a leftover), hash and publish one blob (:func:`hfcache.transfer.download_blob`)."""
 
         def on_bytes(n: int) -> None:
             if n > 0:
                 self._count(n)
-            self.sink.advance(self.key, n)
+            advance(self.key, n)
 
         options = TransferOptions(slots=self.slots, counter=self.counter, on_bytes=on_bytes,
-                                  on_kept=lambda n: self.sink.advance(self.key, n))
+                                  on_kept=lambda n: advance(self.key, n))
         download_blob(self.client, folder, repo, file, options)
 
     def _count(self, n: int) -> None:
         with self._count_lock:
             self._downloaded += n
 
-    def _publish(self, folder: RepoFolder, repo: RepoRevision, files: list[RemoteFile], absent: Sequence[str]) -> None:
-        """Make the repo visible: links, then markers, then the ref last (huggingface_hub's order)."""
+    def _publish(self, folder: RepoFolder, repo: RepoRevision, files: list[RemoteFile],
+                 absent: Sequence[str]) -> list[str]:
+        """Make the repo visible: links, then markers, the record of what was published (:mod:`hfcache.published`),
+        then the ref last (huggingface_hub's order). Returns notes: the ref of a folder other than the requested
+        one (a legacy id's canonical folder) that moved to another commit."""
         for f in files:
             folder.link(repo.commit_hash, f.path, f.etag, symlinks=self.symlinks)
         for name in absent:
             folder.mark_absent(repo.commit_hash, name)
-        folder.write_ref(self.request.revision, repo.commit_hash)
+        write_record(self.cache_dir, folder.name, repo.commit_hash, ((f.path, f.size, f.hash) for f in files), absent)
+        notes = []
+        revision = self.request.revision
+        if folder.repo_id != self.request.repo_id and revision != repo.commit_hash:
+            before = folder.read_ref(revision)
+            if before is not None and before != repo.commit_hash.encode():
+                notes.append(f"moved refs/{revision} of {folder.repo_id} (not requested; the canonical id of "
+                             f"{self.request.repo_id}) from {before.decode('utf-8', 'replace')[:12]} to "
+                             f"{repo.commit_hash[:12]}")
+        folder.write_ref(revision, repo.commit_hash)
         folder.touch_snapshot(repo.commit_hash)
+        return notes
+
+
+def _check_publishable(folder: RepoFolder, repo: RepoRevision, files: Sequence[RemoteFile]) -> None:
+    """Refuse, before anything is fetched or published, what could only be published halfway: a repo folder with a
+    planted link, or a snapshot where a path's folder is already a file or link (or the path a folder).
+
+    Raises:
+        UnsafeLayout (CacheError, exit 5): the cache conflicts with the listing.
+    """
+    folder.ensure_safe()
+    for f in files:
+        pointer = folder.pointer_path(repo.commit_hash, f.path)
+        parts = f.path.split("/")
+        for i in range(len(parts) - 1):
+            part = pointer.parents[len(parts) - 2 - i]
+            if os.path.lexists(part) and (os.path.islink(part) or not part.is_dir()):
+                raise UnsafeLayout(f"{folder.name}: snapshots/{repo.commit_hash[:12]}/{'/'.join(parts[:i + 1])} is "
+                                   f"a file or link where {f.path} needs a folder: nothing published",
+                                   hint="remove that snapshot (hfcache prune or rm -r) and rerun")
+        if pointer.is_dir() and not pointer.is_symlink():
+            raise UnsafeLayout(f"{folder.name}: snapshots/{repo.commit_hash[:12]}/{f.path} is a folder: nothing "
+                               "published", hint="remove that snapshot and rerun")
 
 
 def _same_content(path: Path, file: RemoteFile) -> bool:
