@@ -314,7 +314,10 @@ class RepoFolder:
 
         Call it only while holding :meth:`blob_lock`: then no other process is writing any of them.
         """
+        safefs.check_etag(etag)
         blobs = self.root / "blobs"
+        self.make_dir(blobs)  # as open_incomplete: refuses a planted link before anything is read or written
+        self.make_dir(self.root / "snapshots")
         leftovers = []
         try:
             with os.scandir(blobs) as entries:
@@ -331,7 +334,6 @@ class RepoFolder:
         leftovers.sort(reverse=True)
         for _, name in leftovers[1:]:
             (blobs / name).unlink(missing_ok=True)
-        (self.root / "snapshots").mkdir(exist_ok=True)
         return blobs / leftovers[0][1]
 
     def publish_blob(self, incomplete: Path, etag: str) -> None:

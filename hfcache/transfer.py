@@ -174,7 +174,7 @@ class _Job:
         self.threads: list[threading.Thread] = []
 
     def run(self) -> None:
-        fd = os.open(self.path, os.O_RDWR)
+        fd = os.open(self.path, os.O_RDWR | os.O_NOFOLLOW)  # a leftover is a regular file (resume_incomplete)
         try:
             kept = trusted_prefix(fd, self.file.size)
             os.ftruncate(fd, kept)
