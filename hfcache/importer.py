@@ -104,12 +104,49 @@ class BoundedTarInfo(tarfile.TarInfo):
             raise UsageError(f"refused a tar header of {self.size} bytes (more than {MAX_HEADER_BYTES})")
         return super()._proc_member(tar)
 
+    # Library gap: a PAX header with GNU.sparse.* keys makes tarfile parse a sparse map inside ``_proc_pax``, before
+    # the member is returned (so before ``issparse()`` can refuse it): format 1.0 (``_proc_gnusparse_10``) reads its
+    # map from the member's data, line by line and whole, whatever its length (a 12 MB map: minutes and hundreds of
+    # MB), and malformed maps raise ValueError. A cache has no sparse file: each format is refused before its map is
+    # parsed (Python 3.8-3.13 name these three hooks the same).
+    def _refuse_sparse(self, next, pax_headers) -> None:
+        name = pax_headers.get("GNU.sparse.name") or pax_headers.get("path") or next.name
+        raise UsageError(f"refused entry {_shown(str(name))!r}: a sparse file (a cache has none)")
+
+    def _proc_gnusparse_00(self, next, pax_headers, buf):
+        self._refuse_sparse(next, pax_headers)
+
+    def _proc_gnusparse_01(self, next, pax_headers):
+        self._refuse_sparse(next, pax_headers)
+
+    def _proc_gnusparse_10(self, next, pax_headers, tarfile):
+        self._refuse_sparse(next, pax_headers)
+
+
+def _next(tar: tarfile.TarFile) -> tarfile.TarInfo | None:
+    """``tar.next()``, with tarfile's ValueError/OverflowError on malformed numbers (a sparse map, a base-256 field)
+    turned into the ReadError that callers already answer as "not a readable tar" (library gap: tarfile lets them
+    escape as they are)."""
+    try:
+        return tar.next()
+    except (ValueError, OverflowError) as exc:
+        raise tarfile.ReadError(f"malformed header: {exc}") from None
+
 
 def tar_members(stream: BinaryIO, mode: str = "r|*") -> Iterator[tuple[Member, BinaryIO | None]]:
     """The entries of a tar read as a stream (``mode`` ``r|*``: compressed or not; ``r|``: plain), with the file
-    content as a stream of the tar (valid until the next entry)."""
-    with tarfile.open(fileobj=stream, mode=mode, tarinfo=BoundedTarInfo) as tar:
-        for info in tar:
+    content as a stream of the tar (valid until the next entry).
+
+    Raises:
+        tarfile.TarError: not a tar, truncated, or a malformed header (ValueError/OverflowError included).
+        UsageError: a header past :data:`MAX_HEADER_BYTES`, or a sparse member (refused before its map is read).
+    """
+    try:  # opening reads the first header
+        tar = tarfile.open(fileobj=stream, mode=mode, tarinfo=BoundedTarInfo)
+    except (ValueError, OverflowError) as exc:
+        raise tarfile.ReadError(f"malformed header: {exc}") from None
+    with tar:
+        while (info := _next(tar)) is not None:
             if info.isdir():
                 yield Member(info.name, "dir"), None
             elif info.issym():
@@ -377,8 +414,24 @@ def _parse_listing(data: bytes, name: str) -> dict[str, tuple[str, str, int]]:
                             int(e.get("lfs_size") or e.get("size") or 0)) for path, e in files.items()}
     except RecursionError:
         raise UsageError(f"refused entry {name!r}: JSON nested too deep") from None
-    except (ValueError, KeyError, TypeError, AttributeError):
+    except (ValueError, KeyError, TypeError, AttributeError, OverflowError):
         raise UsageError(f"refused entry {name!r}: not a trees/ listing (JSON with a \"files\" object)") from None
+
+
+def _repo_folder_ok(name: str) -> bool:
+    """Whether ``name`` is a repo folder (``models--ORG--NAME``) of a valid repo id: huggingface_hub's own rule
+    (``validate_repo_id``: letters, digits, ``-``, ``_``, ``.``; no spaces or control characters)."""
+    from huggingface_hub.errors import HFValidationError
+    from huggingface_hub.utils import validate_repo_id
+
+    parsed = parse_folder_name(name)
+    if parsed is None:
+        return False
+    try:
+        validate_repo_id(parsed[0])
+    except HFValidationError:
+        return False
+    return True
 
 
 class _Reader:
@@ -404,10 +457,10 @@ class _Reader:
             what = "a device, fifo or socket" if member.kind == "special" else "a sparse file (a cache has none)"
             raise UsageError(f"refused entry {member.name!r}: {what}")
         if parts[0] in ("CACHEDIR.TAG", ".locks") or member.kind == "dir":
-            if parts[0] not in ("CACHEDIR.TAG", ".locks") and parse_folder_name(parts[0]) is None:
+            if parts[0] not in ("CACHEDIR.TAG", ".locks") and not _repo_folder_ok(parts[0]):
                 raise UsageError(f"refused entry {member.name!r}: not part of a Hugging Face cache")
             return
-        if parse_folder_name(parts[0]) is None or len(parts) < 3 or parts[1] not in _SECTIONS:
+        if not _repo_folder_ok(parts[0]) or len(parts) < 3 or parts[1] not in _SECTIONS:
             raise UsageError(f"refused entry {member.name!r}: not part of a Hugging Face cache layout")
         if member.kind == "file" and parts[-1].endswith(".incomplete"):
             return
