@@ -36,7 +36,8 @@ from typing import BinaryIO
 from .cache import RepoFolder, atomic_output, cache_error, ensure_cache_root, symlinks_supported
 from .errors import CacheError, CheckFailed, IntegrityError, UsageError
 from .import_conflicts import check_target
-from .locking import DEFAULT_LOCK_TIMEOUT, LockWait
+from . import safefs
+from .locking import DEFAULT_LOCK_TIMEOUT, LockWait, via_dir_fd
 from .sharing import cache_policy, make_dirs, share_file
 from .scan import parse_folder_name
 from .verify import algorithm_of
@@ -220,9 +221,15 @@ class _Staging:
             raise CacheError(f"{locks} is a symlink or not a folder; nothing is staged through it",
                              hint="remove it (huggingface_hub recreates .locks)")
         self.cache_dir = cache_dir
-        self.dir = locks / f"hfcache-import-{uuid.uuid4().hex[:12]}"
+        self.name = f"hfcache-import-{uuid.uuid4().hex[:12]}"
         make_dirs(locks, cache_dir, cache_policy(cache_dir))  # .locks/ is shared in a group-shared cache
-        self.dir.mkdir()
+        safefs.check_existing(cache_dir, (".locks",))
+        with safefs.dir_fd(cache_dir, (".locks",)) as locks_fd:
+            os.mkdir(self.name, 0o700, dir_fd=locks_fd)  # relative to the checked .locks: no link followed
+        self._fd = safefs.open_dir(cache_dir, (".locks", self.name))
+        # Every staged file is written and renamed through the descriptor of the staging folder (see
+        # hfcache.locking.via_dir_fd): a .locks swapped for a link while the source streams is not followed.
+        self.dir = via_dir_fd(locks / self.name / "x", self._fd).parent
         self.files: dict[str, tuple[Path, int, str, str]] = {}  # member -> (staged, size, sha256, git-sha1)
 
     def add(self, name: str, stream: BinaryIO, size: int) -> tuple[Path, int, str, str]:
@@ -253,7 +260,11 @@ class _Staging:
         return record
 
     def remove(self) -> None:
-        shutil.rmtree(self.dir, ignore_errors=True)
+        """Remove the staging folder, walking from the cache root without following links."""
+        with contextlib.suppress(OSError, CacheError):
+            safefs.rmtree(self.cache_dir, (".locks", self.name))
+        with contextlib.suppress(OSError):
+            os.close(self._fd)
 
 
 def import_cache(src: str, cache_dir: Path, move_refs: bool = False, *, lock_timeout: float = DEFAULT_LOCK_TIMEOUT,

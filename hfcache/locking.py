@@ -231,9 +231,23 @@ def _describe_pid(pid: int, host: str) -> str:
     return f"pid {pid} on {host}" + (f" ({shown})" if shown else "")
 
 
+def via_dir_fd(path: Path, dir_fd: int | None) -> Path:
+    """The name under which ``path`` is opened: ``/proc/self/fd/<dir_fd>/<name>`` when its folder was opened as
+    ``dir_fd`` (by :mod:`hfcache.safefs`, no link followed) and ``/proc`` shows fds, else ``path`` itself.
+
+    Library gap: filelock opens a lock by path name (``O_NOFOLLOW`` on the last component only) and creates its folder
+    with ``Path.mkdir(parents=True)``, both following a folder swapped for a symlink after hfcache checked it. The
+    ``/proc/self/fd`` name resolves through the descriptor of the folder that was checked, whatever is planted later.
+    """
+    if dir_fd is None or not os.path.isdir("/proc/self/fd"):
+        return path
+    return Path(f"/proc/self/fd/{dir_fd}") / path.name
+
+
 @contextmanager
 def file_lock(path: Path, *, timeout: float = DEFAULT_LOCK_TIMEOUT, stop: threading.Event | None = None,
-              on_wait: Callable[[LockWait], None] | None = None, mode: int = 0o664) -> Iterator[None]:
+              on_wait: Callable[[LockWait], None] | None = None, mode: int = 0o664,
+              dir_fd: int | None = None) -> Iterator[None]:
     """Hold an exclusive lock at ``path`` for the duration of the block.
 
     flock (filelock's FileLock) where the filesystem has it, else :class:`SoftLock` with a heartbeat. The lock file is
@@ -246,14 +260,18 @@ def file_lock(path: Path, *, timeout: float = DEFAULT_LOCK_TIMEOUT, stop: thread
             another process).
         on_wait: called once after :data:`NOTICE_AFTER` seconds of waiting, with a :class:`LockWait`.
         mode: permission bits of a newly created lock file.
+        dir_fd: an open descriptor of ``path``'s folder (kept open by the caller for the block): the lock file is
+            opened through it (:func:`via_dir_fd`), so a folder replaced by a link after it was opened is not
+            followed. Messages still name ``path``.
 
     Raises:
         LockTimeout: not acquired within ``timeout`` (exit 5; names the file and the holder when known).
         InterruptedError: ``stop`` was set while waiting.
         OSError: the lock file cannot be created or opened (permissions, read-only filesystem).
     """
-    lock = _acquire(path, timeout, stop, on_wait, mode)
-    beat = _Heartbeat(path) if isinstance(lock, SoftLock) else None
+    opened = via_dir_fd(path, dir_fd)
+    lock = _acquire(opened, timeout, stop, on_wait, mode, shown=path)
+    beat = _Heartbeat(opened) if isinstance(lock, SoftLock) else None
     try:
         yield
     finally:
@@ -263,7 +281,8 @@ def file_lock(path: Path, *, timeout: float = DEFAULT_LOCK_TIMEOUT, stop: thread
 
 
 def _acquire(path: Path, timeout: float, stop: threading.Event | None,
-             on_wait: Callable[[LockWait], None] | None, mode: int):
+             on_wait: Callable[[LockWait], None] | None, mode: int, shown: Path | None = None):
+    shown = shown or path
     started = time.monotonic()
     deadline = started + max(timeout, 0.0)
     lock = _new_lock(path, mode)
@@ -283,13 +302,13 @@ def _acquire(path: Path, timeout: float, stop: threading.Event | None,
             lock = SoftLock(str(path), mode=mode)
             continue
         if stop is not None and stop.is_set():
-            raise InterruptedError(f"interrupted while waiting for the lock {path}")
+            raise InterruptedError(f"interrupted while waiting for the lock {shown}")
         now = time.monotonic()
         if now >= deadline:
-            raise LockTimeout(path, timeout, holder_of(path))
+            raise LockTimeout(shown, timeout, holder_of(path))
         if on_wait is not None and not told and now - started >= NOTICE_AFTER:
             told = True
-            on_wait(LockWait(str(path), holder_of(path), now - started, timeout))
+            on_wait(LockWait(str(shown), holder_of(path), now - started, timeout))
 
 
 @contextmanager
