@@ -142,7 +142,7 @@ def test_every_sending_or_resolving_audit_event_is_guarded():
                                      "socket.gethostbyname", "socket.gethostbyaddr", "socket.getnameinfo",
                                      "socket.__new__"}
     g = make_guard()
-    g.enforced = True
+    g.enforce()
     udp = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
     try:
         with pytest.raises(guard.NetworkBlocked, match="connection to 127.0.0.1:9"):
