@@ -95,7 +95,8 @@ class _Conflicts:
         if commit not in self._listings:
             parts = ("trees", f"{commit}.json")
             regular = _blocked(self.folder.root, parts) is None and _kind(self.where(*parts)) == "file"
-            self._listings[commit] = read_tree_listing(str(self.folder.cache_dir), self.folder.name, commit) if regular else None
+            self._listings[commit] = (read_tree_listing(str(self.folder.cache_dir), self.folder.name, commit)
+                                      if regular else None)
         return self._listings[commit]
 
     def where(self, *parts: str) -> Path:

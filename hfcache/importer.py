@@ -35,9 +35,10 @@ from typing import BinaryIO
 
 from .cache import RepoFolder, atomic_output, cache_error, ensure_cache_root, symlinks_supported
 from .errors import CacheError, CheckFailed, IntegrityError, UsageError
-from .import_conflicts import check_target
 from . import safefs
+from .import_conflicts import check_target
 from .locking import DEFAULT_LOCK_TIMEOUT, LockWait, via_dir_fd
+from .records import valid_repo_id
 from .sharing import cache_policy, make_dirs, share_file
 from .scan import parse_folder_name
 from .verify import algorithm_of
@@ -431,18 +432,9 @@ def _parse_listing(data: bytes, name: str) -> dict[str, tuple[str, str, int]]:
 
 def _repo_folder_ok(name: str) -> bool:
     """Whether ``name`` is a repo folder (``models--ORG--NAME``) of a valid repo id: huggingface_hub's own rule
-    (``validate_repo_id``: letters, digits, ``-``, ``_``, ``.``; no spaces or control characters)."""
-    from huggingface_hub.errors import HFValidationError
-    from huggingface_hub.utils import validate_repo_id
-
+    (:func:`hfcache.records.valid_repo_id`: letters, digits, ``-``, ``_``, ``.``; no spaces or control characters)."""
     parsed = parse_folder_name(name)
-    if parsed is None:
-        return False
-    try:
-        validate_repo_id(parsed[0])
-    except HFValidationError:
-        return False
-    return True
+    return parsed is not None and valid_repo_id(parsed[0])
 
 
 class _Reader:
