@@ -108,21 +108,23 @@ class BoundedTarInfo(tarfile.TarInfo):
 
     # Library gap: a PAX header with GNU.sparse.* keys makes tarfile parse a sparse map inside ``_proc_pax``, before
     # the member is returned (so before ``issparse()`` can refuse it): format 1.0 (``_proc_gnusparse_10``) reads its
-    # map from the member's data, line by line and whole, whatever its length (a 12 MB map: minutes and hundreds of
-    # MB), and malformed maps raise ValueError. A cache has no sparse file: each format is refused before its map is
-    # parsed (Python 3.8-3.13 name these three hooks the same).
-    def _refuse_sparse(self, next, pax_headers) -> None:
-        name = pax_headers.get("GNU.sparse.name") or pax_headers.get("path") or next.name
+    # map from the member's data, line by line and whole, whatever its length (a 12 MB map: 72 s and 348 MB), and
+    # malformed maps raise ValueError. A cache has no sparse file: each format is refused before its map is parsed.
+    # The three hooks keep their names in Python 3.8-3.13; their other arguments changed (3.12: raw headers), so
+    # they are taken as they come.
+    def _refuse_sparse(self, next, args: tuple) -> None:
+        headers = args[0] if args and isinstance(args[0], dict) else {}
+        name = headers.get("GNU.sparse.name") or headers.get("path") or next.name
         raise UsageError(f"refused entry {_shown(str(name))!r}: a sparse file (a cache has none)")
 
-    def _proc_gnusparse_00(self, next, pax_headers, buf):
-        self._refuse_sparse(next, pax_headers)
+    def _proc_gnusparse_00(self, next, *args):
+        self._refuse_sparse(next, args)
 
-    def _proc_gnusparse_01(self, next, pax_headers):
-        self._refuse_sparse(next, pax_headers)
+    def _proc_gnusparse_01(self, next, *args):
+        self._refuse_sparse(next, args)
 
-    def _proc_gnusparse_10(self, next, pax_headers, tarfile):
-        self._refuse_sparse(next, pax_headers)
+    def _proc_gnusparse_10(self, next, *args):
+        self._refuse_sparse(next, args)
 
 
 def _next(tar: tarfile.TarFile) -> tarfile.TarInfo | None:
