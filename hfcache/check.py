@@ -31,7 +31,7 @@ from .cache import RepoFolder
 from .errors import CheckFailed, InternalError, UsageError
 from .lockfile import Lockfile
 from .records import parse_specs
-from .scan import RepoInfo, scan_cache
+from .scan import RepoInfo, scan_cache, scan_repo
 from .selection import AUTO_MAP_FILES, MAX_PARSE_BYTES, auto_map_refs, custom_code_paths, tokenizer_paths
 
 DEFAULT_TEXT = "Hello world, 深度学习技术正在改变世界"
@@ -185,7 +185,50 @@ def snapshot_of(cache_dir: Path, target: CheckTarget) -> Path | None:
     except (OSError, UnicodeDecodeError):
         commit = target.revision
     snapshot = folder.root / "snapshots" / commit
-    return snapshot if re.fullmatch(r"[0-9a-f]{40}", commit) and snapshot.is_dir() else None
+    # os.path.isdir, not Path.is_dir: Python 3.11's raises PermissionError on an unreadable snapshots/
+    return snapshot if re.fullmatch(r"[0-9a-f]{40}", commit) and os.path.isdir(snapshot) else None
+
+
+#: The parts of a repo folder an offline load by repo id reads: huggingface_hub resolves the revision in ``refs/``,
+#: opens files through ``snapshots/<commit>/`` into ``blobs/``, and looks for absent files in ``.no_exist/<commit>/``.
+LOAD_PARTS = ("refs", "snapshots", "blobs", ".no_exist")
+
+
+def unreadable_parts(cache_dir: Path, target: CheckTarget) -> tuple[str, ...]:
+    """The parts of ``target``'s repo folder that an offline load needs and this user cannot list or enter
+    (:data:`LOAD_PARTS` and every folder below them), relative to the cache (``models--org--name/refs/``); empty when
+    all can be read or the repo is not cached. A load by commit can succeed where the application's load by repo id
+    fails (an unreadable ``refs/``): such a repo fails the check whatever the probe would say."""
+    folder = RepoFolder(cache_dir, target.repo_id, target.repo_type).root
+    if not os.path.lexists(folder):
+        return ()
+    denied = list(scan_repo(folder, target.repo_id, target.repo_type).unreadable)
+    if "" not in denied:
+        denied += _unreadable_below(folder, ".no_exist")
+    return tuple(f"{folder.name}/{part}" for part in sorted(set(denied)))
+
+
+def _unreadable_below(folder: Path, part: str) -> list[str]:
+    """Folders under ``folder/part`` this user cannot list or enter, relative to ``folder`` (``.no_exist/abc/``)."""
+    top = folder / part
+    if not os.path.lexists(top):
+        return []
+    denied: list[str] = []
+    for root, dirs, _ in os.walk(top, onerror=lambda exc: denied.append(
+            os.path.relpath(exc.filename, folder) + "/" if exc.filename else part + "/")):
+        for name in dirs:
+            path = os.path.join(root, name)
+            if not os.path.islink(path) and not os.access(path, os.R_OK | os.X_OK):
+                denied.append(os.path.relpath(path, folder) + "/")
+    return denied
+
+
+def _unreadable_result(target: CheckTarget, parts: tuple[str, ...]) -> CheckResult:
+    shown = ", ".join(parts[:4]) + (f" (and {len(parts) - 4} more)" if len(parts) > 4 else "")
+    return CheckResult(target, False, error="PermissionError: part of the repo cannot be read",
+                       cause=f"{shown} cannot be read by this user (permission denied): the application's offline "
+                             f"load of {target.repo_id} needs {'it' if len(parts) == 1 else 'them'}; ask the "
+                             "cache's owner to make it group-readable (`hfcache doctor` prints the fix)")
 
 
 def custom_code_refs(cache_dir: Path, target: CheckTarget) -> tuple[str, ...]:
@@ -234,12 +277,30 @@ def check_tokenizers(cache_dir: Path, targets: list[CheckTarget], text: str = DE
     """Load every target in one offline child process and diagnose the failures.
 
     Targets whose cached configs name custom code (:func:`custom_code_refs`) are loaded with
-    ``trust_remote_code=True``; the child's ``HF_MODULES_CACHE`` is a temporary folder, removed afterwards.
+    ``trust_remote_code=True``; the child's ``HF_MODULES_CACHE`` is a temporary folder, removed afterwards. A target
+    whose repo has a part the load needs that this user cannot read (:func:`unreadable_parts`) is not loaded: it
+    fails with that part as its cause, and the other targets are still loaded.
 
     Raises:
         InternalError: the child crashed or printed no result.
     """
-    targets = [replace(t, trust_remote_code=bool(custom_code_refs(cache_dir, t))) for t in targets]
+    blocked = {t.spec: parts for t in targets if (parts := unreadable_parts(cache_dir, t))}
+    loadable = [replace(t, trust_remote_code=bool(custom_code_refs(cache_dir, t)))
+                for t in targets if t.spec not in blocked]
+    raw = _run_probe(cache_dir, loadable, text, timeout) if loadable else {}
+    results = []
+    for target in targets:
+        if target.spec in blocked:
+            results.append(_unreadable_result(target, blocked[target.spec]))
+            continue
+        target = next(t for t in loadable if t.spec == target.spec)
+        results.append(_result(cache_dir, target, raw.get(target.spec, {"error": "no result"})))
+    return CheckReport(cache_dir=str(cache_dir), text=text, results=tuple(results),
+                       import_seconds=raw.get("__import_seconds__", {}).get("seconds", 0.0))
+
+
+def _run_probe(cache_dir: Path, targets: list[CheckTarget], text: str, timeout: float) -> dict:
+    """Run the offline probe child on ``targets``; its JSON answer (spec -> result)."""
     env = probe_environment(cache_dir)
     home = Path(env["HF_HOME"])
     modules = tempfile.mkdtemp(prefix="hfcache-check-modules-")
@@ -255,22 +316,19 @@ def check_tokenizers(cache_dir: Path, targets: list[CheckTarget], text: str = DE
     if proc.returncode != 0 or not lines:
         tail = (proc.stderr.strip().splitlines() or ["no output"])[-1]
         raise InternalError(f"the offline probe process failed (exit {proc.returncode}): {tail}")
-    raw = json.loads(lines[-1])
-    results = []
-    for target in targets:
-        data = raw.get(target.spec, {"error": "no result"})
-        if "error" in data:
-            results.append(CheckResult(target, False, seconds=data.get("seconds", 0.0), error=data["error"],
-                                       cause=diagnose(cache_dir, target, data["error"])))
-        else:
-            # transformers drops an uncached chat template silently (DESIGN §3): the load "works", the app breaks.
-            lost = _missing_templates(cache_dir, target)
-            results.append(CheckResult(
-                target, not lost, data["class"], data["vocab_size"], tuple(data["input_ids"]), data["seconds"],
-                error="loaded without its chat template(s)" if lost else None,
-                cause=f"chat template(s) in the repo but not in the cache: {', '.join(lost)}" if lost else None))
-    return CheckReport(cache_dir=str(cache_dir), text=text, results=tuple(results),
-                       import_seconds=raw.get("__import_seconds__", {}).get("seconds", 0.0))
+    return json.loads(lines[-1])
+
+
+def _result(cache_dir: Path, target: CheckTarget, data: dict) -> CheckResult:
+    if "error" in data:
+        return CheckResult(target, False, seconds=data.get("seconds", 0.0), error=data["error"],
+                           cause=diagnose(cache_dir, target, data["error"]))
+    # transformers drops an uncached chat template silently (DESIGN §3): the load "works", the app breaks.
+    lost = _missing_templates(cache_dir, target)
+    return CheckResult(
+        target, not lost, data["class"], data["vocab_size"], tuple(data["input_ids"]), data["seconds"],
+        error="loaded without its chat template(s)" if lost else None,
+        cause=f"chat template(s) in the repo but not in the cache: {', '.join(lost)}" if lost else None)
 
 
 def _remove_tree(path: Path) -> None:
