@@ -283,7 +283,8 @@ def test_untraversable_hf_home_is_one_line_exit_5(runtime: Runtime, hub_server) 
     os.chmod(exported, 0o755)
     for command in (["ls"], ["verify"], ["check"], ["prune", "--dry-run"], ["prune", "--yes"],
                     ["export", str(runtime.base / "export-out")], ["import", str(exported)],
-                    ["warm", GPT2, "--endpoint", hub_server.endpoint]):
+                    ["warm", GPT2, "--endpoint", hub_server.endpoint],
+                    ["link", str(home / "hub"), str(runtime.base / "link-out"), "--mode", "copy"]):
         proc = runtime.hfcache(ALICE, *command, HF_HOME=str(home))
         lines = no_crash(proc).strip().splitlines()
         assert proc.returncode == 5, (command, proc.stderr)
