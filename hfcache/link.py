@@ -25,6 +25,8 @@ from pathlib import Path
 
 from .cache import access_error, write_access_error
 from .errors import CacheError, UsageError
+from .safefs import repo_layout_problems
+from .scan import parse_folder_name
 
 MODES = ("symlink", "hardlink", "copy")
 
@@ -62,6 +64,11 @@ def link_cache(src: Path, dest: Path, mode: str = "symlink") -> LinkReport:
     try:
         if dest.is_symlink() or (dest.exists() and (not dest.is_dir() or any(dest.iterdir()))):
             raise UsageError(f"{dest} exists and is not an empty directory", hint="link into a new or empty path")
+    except PermissionError:
+        raise write_access_error(dest) from None
+    if mode != "symlink":
+        _refuse_unsafe(src)
+    try:
         dest.parent.mkdir(parents=True, exist_ok=True)
     except PermissionError:
         raise write_access_error(dest) from None
@@ -87,6 +94,18 @@ def link_cache(src: Path, dest: Path, mode: str = "symlink") -> LinkReport:
             else:
                 shutil.rmtree(staging, ignore_errors=True)
     return LinkReport(src=str(src), dest=str(dest), mode=mode, files=files, bytes_added=added)
+
+
+def _refuse_unsafe(src: Path) -> None:
+    """CacheError when a repo folder of ``src`` has a planted link (safefs.repo_layout_problems): a copy would
+    silently drop it, and nothing outside the cache is read."""
+    for entry in sorted(os.scandir(src), key=lambda e: e.name):
+        if parse_folder_name(entry.name) is None:
+            continue
+        problems = repo_layout_problems(str(src), entry.name)
+        if problems:
+            raise CacheError(f"unsafe cache layout in {src}: {entry.name}: {'; '.join(problems)}",
+                             hint="remove the symlink or file, then rerun")
 
 
 def _copy_tree(src: Path, staging: Path, mode: str) -> tuple[int, int]:

@@ -238,13 +238,14 @@ def test_unreadable_blobs_are_reported_per_repo(runtime: Runtime, hub_server) ->
 
 
 @needs_root
-@pytest.mark.parametrize("part", ["refs", "snapshots", ".no_exist"])
+@pytest.mark.parametrize("part", ["refs", "snapshots", ".no_exist", ""])
 def test_check_fails_a_repo_whose_load_needs_an_unreadable_part(runtime: Runtime, hub_server, part: str) -> None:
     """refs/: a load by commit works, the application's by repo id does not; snapshots/: it used to abort the
     whole check; .no_exist/: offline absence of optional files cannot be seen. Each fails its repo only."""
-    cache = runtime.base / f"private-{part.strip('.')}"
+    cache = runtime.base / f"private-{part.strip('.') or 'folder'}"
     ok(run_hfcache(["warm", BERT, GPT2, "--cache-dir", str(cache), "--endpoint", hub_server.endpoint]))
-    target = folder(cache, BERT) / part
+    target = folder(cache, BERT) / part if part else folder(cache, BERT)
+    shown = f"{folder(cache, BERT).name}/{part + '/' if part else ''}"
     assert target.is_dir(), sorted(os.listdir(folder(cache, BERT)))  # warm writes .no_exist markers too
     os.chmod(target, 0)
     try:
@@ -253,11 +254,11 @@ def test_check_fails_a_repo_whose_load_needs_an_unreadable_part(runtime: Runtime
         assert proc.returncode == 1, proc.stdout + proc.stderr
         assert results[GPT2]["ok"] and not results[BERT]["ok"], results
         cause = results[BERT]["cause"]
-        assert cause.startswith(f"{folder(cache, BERT).name}/{part}/ cannot be read by this user (permission "
+        assert cause.startswith(f"{shown} cannot be read by this user (permission "
                                 f"denied): the application's offline load of {BERT} needs it"), cause
         no_crash(proc)
         text = runtime.hfcache(EVE, "check", "--cache-dir", str(cache), BERT)
-        assert text.returncode == 1 and f"{folder(cache, BERT).name}/{part}/" in " ".join(
+        assert text.returncode == 1 and shown in " ".join(
             (text.stdout + text.stderr).split()), text.stdout + text.stderr
         no_crash(text)
     finally:
