@@ -250,8 +250,8 @@ def test_check_fails_a_repo_whose_load_needs_an_unreadable_part(runtime: Runtime
     os.chmod(target, 0)
     try:
         proc = runtime.hfcache(EVE, "check", "--cache-dir", str(cache), "--json")
-        results = {r["repo_id"]: r for r in json.loads(proc.stdout)["tokenizers"]}
         assert proc.returncode == 1, proc.stdout + proc.stderr
+        results = {r["repo_id"]: r for r in json.loads(proc.stdout)["tokenizers"]}
         assert results[GPT2]["ok"] and not results[BERT]["ok"], results
         cause = results[BERT]["cause"]
         assert cause.startswith(f"{shown} cannot be read by this user (permission "
