@@ -290,7 +290,12 @@ def check_tokenizers(cache_dir: Path, targets: list[CheckTarget], text: str = DE
     """
     # A repo folder with a planted link is not loaded: transformers would read whatever the link points to.
     unsafe = {t.spec: RepoFolder(cache_dir, t.repo_id, t.repo_type).layout_problems() for t in targets}
-    blocked = {t.spec: parts for t in targets if not unsafe[t.spec] and (parts := unreadable_parts(cache_dir, t))}
+    denied: dict[tuple[str, str], tuple[str, ...]] = {}  # one look per repo folder, not per revision
+    for t in targets:
+        if not unsafe[t.spec] and (t.repo_id, t.repo_type) not in denied:
+            denied[(t.repo_id, t.repo_type)] = unreadable_parts(cache_dir, t)
+    blocked = {t.spec: denied[(t.repo_id, t.repo_type)] for t in targets
+               if not unsafe[t.spec] and denied[(t.repo_id, t.repo_type)]}
     loadable = [replace(t, trust_remote_code=bool(custom_code_refs(cache_dir, t))) for t in targets
                 if not unsafe[t.spec] and t.spec not in blocked]
     raw = _probe(cache_dir, loadable, text, timeout) if loadable else {}

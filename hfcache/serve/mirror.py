@@ -45,7 +45,7 @@ class MirrorInfo:
         upstreams (tuple[str, ...]): pull-through upstream endpoints, in order (empty: a static mirror).
         allow (tuple[str, ...]): repo id globs that may be pulled through (empty: all).
         unreadable (tuple[str, ...]): repo folders (or their parts) of the cache this user cannot read, relative to
-            ``root``: requests for them get 500 ``CacheUnreadable`` (see :func:`hfcache.serve.cache_store.unreadable_repos`).
+            ``root``: requests for them get 500 ``CacheUnreadable`` (:func:`.cache_store.unreadable_repos`).
     """
 
     endpoint: str
