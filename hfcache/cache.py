@@ -105,10 +105,12 @@ def access_error(root: Path) -> CacheError:
         owner = f" (owned by uid {st.st_uid} gid {st.st_gid}, mode {st.st_mode & 0o7777:04o})"
     except OSError:
         owner = ""
+    from .access import reach_fix  # the fix doctor prints for the same folder (cache.unreachable)
+
     where = "" if blocker == root else f": {blocker} cannot be entered"
+    fix = reach_fix(blocker, blocker == root, os.geteuid(), tuple(os.getgroups()) + (os.getegid(),))
     return CacheError(f"cannot read the cache {root}{where}{owner}: permission denied for uid {os.geteuid()}",
-                      hint=f"ask its owner to let your group in (chmod g+rx {blocker}, see `hfcache doctor`), or pass "
-                           "--cache-dir / HF_HUB_CACHE to a cache you can read")
+                      hint=f"{fix} (see `hfcache doctor`)")
 
 
 def cache_error(exc: OSError, what: str) -> CacheError:
@@ -143,7 +145,35 @@ def ensure_cache_root(cache_dir: Path) -> None:
             code = errno.EROFS if read_only else errno.EACCES
             raise OSError(code, os.strerror(code), str(cache_dir))
     except OSError as exc:
+        if exc.errno in (errno.EACCES, errno.EPERM):
+            raise write_access_error(cache_dir) from exc
         raise cache_error(exc, f"cache {cache_dir}") from exc
+
+
+def write_access_error(root: Path) -> CacheError:
+    """The one-line error for a cache root this user cannot create or write, naming the folder that blocks it: one
+    on the way that cannot be entered (:func:`access_error`), else the nearest existing folder (the root or the
+    parent it would be created in) that cannot be written, with the fix doctor prints for it."""
+    from .access import join_fix
+
+    root = root.absolute()
+    existing = root
+    while not os.path.isdir(existing) and existing != existing.parent:
+        existing = existing.parent
+    if blocking_dir(existing) != existing or not os.access(existing, os.R_OK | os.X_OK):
+        return access_error(root)
+    uid = os.geteuid()
+    try:
+        st = os.stat(existing)
+        owner = f" (owned by uid {st.st_uid} gid {st.st_gid}, mode {st.st_mode & 0o7777:04o})"
+        outsider = bool(st.st_mode & 0o020) and uid != 0 and st.st_gid not in {*os.getgroups(), os.getegid()}
+    except OSError:
+        owner, outsider = "", False
+    what = "write the cache" if existing == root else f"create the cache {root} in"
+    hint = (join_fix(uid, st.st_gid) if outsider else
+            "choose a writable --cache-dir or fix its permissions (`hfcache doctor --cache-dir DIR` names what this "
+            "user cannot write, with the fix; shared caches: README)")
+    return CacheError(f"cannot {what} {existing}{owner}: permission denied for uid {uid}", hint=hint)
 
 
 def _tmp_name(path: Path, suffix: str = ".tmp") -> Path:
@@ -179,7 +209,8 @@ def file_lock(path: Path, stop: threading.Event | None = None, *, timeout: float
     """Hold an exclusive lock at ``path`` (:func:`hfcache.locking.file_lock`: bounded wait, works without flock),
     creating its folder first. In a shared cache (``cache_dir`` given and group-writable, :mod:`hfcache.sharing`)
     the folders are shared and the lock file is writable by the group (``0o664``, as huggingface_hub's WeakFileLock
-    creates it, or ``0o666`` in a world-writable cache) whatever the umask.
+    creates it, or ``0o666`` in a world-writable cache) whatever the umask, and so is the soft marker that replaces
+    it on a filesystem without flock.
 
     Raises:
         LockTimeout: not acquired within ``timeout`` seconds (exit 5, names the file).
@@ -194,7 +225,8 @@ def file_lock(path: Path, stop: threading.Event | None = None, *, timeout: float
     else:
         path.parent.mkdir(parents=True, exist_ok=True)
     mode = 0o664 | (policy.file_bits if policy else 0)
-    return _file_lock(path, timeout=timeout, stop=stop, on_wait=on_wait, mode=mode, dir_fd=dir_fd)
+    return _file_lock(path, timeout=timeout, stop=stop, on_wait=on_wait, mode=mode, dir_fd=dir_fd,
+                      marker_mode=mode if policy is not None else None)
 
 
 class RepoFolder:

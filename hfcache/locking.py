@@ -28,6 +28,7 @@ from __future__ import annotations
 import errno
 import os
 import secrets
+import stat
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -84,7 +85,8 @@ class LockTimeout(CacheError):
         super().__init__(
             f"timed out after {timeout:g}s waiting for the lock {path}" + (f" (held by {holder})" if holder else ""),
             hint="another hfcache or huggingface_hub process holds it: wait and retry, or raise --lock-timeout; "
-                 "a lock whose holder is gone is taken over by itself")
+                 "on a filesystem without flock, a marker left by a process gone from this host is taken over at "
+                 f"once, one from another host only after {STALE_AFTER:g}s without a refresh")
         self.path = str(path)
         self.holder = holder
 
@@ -247,7 +249,7 @@ def via_dir_fd(path: Path, dir_fd: int | None) -> Path:
 @contextmanager
 def file_lock(path: Path, *, timeout: float = DEFAULT_LOCK_TIMEOUT, stop: threading.Event | None = None,
               on_wait: Callable[[LockWait], None] | None = None, mode: int = 0o664,
-              dir_fd: int | None = None) -> Iterator[None]:
+              dir_fd: int | None = None, marker_mode: int | None = None) -> Iterator[None]:
     """Hold an exclusive lock at ``path`` for the duration of the block.
 
     flock (filelock's FileLock) where the filesystem has it, else :class:`SoftLock` with a heartbeat. The lock file is
@@ -263,6 +265,8 @@ def file_lock(path: Path, *, timeout: float = DEFAULT_LOCK_TIMEOUT, stop: thread
         dir_fd: an open descriptor of ``path``'s folder (kept open by the caller for the block): the lock file is
             opened through it (:func:`via_dir_fd`), so a folder replaced by a link after it was opened is not
             followed. Messages still name ``path``.
+        marker_mode: permission bits a soft marker gets once held (a shared cache's lock file bits, group write
+            included); None keeps filelock's (``mode`` without group/other write).
 
     Raises:
         LockTimeout: not acquired within ``timeout`` (exit 5; names the file and the holder when known).
@@ -271,6 +275,8 @@ def file_lock(path: Path, *, timeout: float = DEFAULT_LOCK_TIMEOUT, stop: thread
     """
     opened = via_dir_fd(path, dir_fd)
     lock = _acquire(opened, timeout, stop, on_wait, mode, shown=path)
+    if isinstance(lock, SoftLock) and marker_mode is not None:
+        _settle_marker_mode(opened, marker_mode)
     beat = _Heartbeat(opened) if isinstance(lock, SoftLock) else None
     try:
         yield
@@ -330,6 +336,28 @@ def try_lock(path: Path) -> Iterator[str]:
         yield ""
     finally:
         lock.release()
+
+
+def _settle_marker_mode(path: Path, mode: int) -> None:
+    """Give the soft marker this process now holds the lock file ``mode`` (a shared cache's group write).
+
+    Library gap: filelock's SoftFileLock strips group and other write from its markers whatever ``mode`` asks (so
+    that nobody rewrites a live marker; in a group-writable ``.locks/`` folder members can replace it anyway), which
+    left markers ``0644`` in a shared cache whose lock files are meant to be group-writable (:mod:`hfcache.sharing`).
+    Best effort, only on a regular file this user owns (the marker is ours while we hold it).
+    """
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0))
+    except OSError:
+        return
+    try:
+        st = os.fstat(fd)
+        if stat.S_ISREG(st.st_mode) and st.st_uid == os.geteuid() and stat.S_IMODE(st.st_mode) != mode:
+            os.fchmod(fd, mode)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
 
 
 class _Heartbeat:
