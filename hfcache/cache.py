@@ -19,12 +19,14 @@ import os
 import shutil
 import threading
 import uuid
+from collections.abc import Callable
 from contextlib import contextmanager
 from pathlib import Path
 
-from filelock import FileLock, SoftFileLock, Timeout
-
 from .errors import CacheError
+from .locking import DEFAULT_LOCK_TIMEOUT, LockWait
+from .locking import file_lock as _file_lock
+from .sharing import SharePolicy, cache_policy, make_dirs, share_fd, share_file
 
 # Same text as huggingface_hub's _local_folder.CACHEDIR_TAG_CONTENT (the Cache Directory Tagging Standard).
 CACHEDIR_TAG = (
@@ -69,12 +71,42 @@ def existing_cache_dir(cache_dir: str | os.PathLike[str] | None) -> Path:
     """:func:`resolve_cache_dir` for commands that only read a cache.
 
     Raises:
-        CacheError: there is no directory there.
+        CacheError: there is no directory there, or it cannot be reached or listed by this user (a cache that exists
+            but cannot be read is never reported as "no cache": Python 3.11's ``Path.is_dir`` raises then).
     """
     root = resolve_cache_dir(cache_dir)
-    if not root.is_dir():
+    try:
+        is_dir = root.is_dir()
+    except PermissionError:
+        raise access_error(root) from None
+    if not is_dir:
         raise CacheError(f"no cache at {root}", hint="pass --cache-dir, or warm something first")
+    if not os.access(root, os.R_OK | os.X_OK):
+        raise access_error(root)
     return root
+
+
+def blocking_dir(path: Path) -> Path:
+    """The first folder on the way to ``path`` (itself included) that this user cannot enter or list."""
+    path = path.absolute()
+    for folder in [*reversed(path.parents), path]:
+        if not os.access(folder, os.X_OK) or (folder == path and not os.access(folder, os.R_OK)):
+            return folder
+    return path
+
+
+def access_error(root: Path) -> CacheError:
+    """The one-line error for a cache this user cannot reach or list, naming the folder that blocks it."""
+    blocker = blocking_dir(root)
+    try:
+        st = os.stat(blocker)
+        owner = f" (owned by uid {st.st_uid} gid {st.st_gid}, mode {st.st_mode & 0o7777:04o})"
+    except OSError:
+        owner = ""
+    where = "" if blocker == root else f": {blocker} cannot be entered"
+    return CacheError(f"cannot read the cache {root}{where}{owner}: permission denied for uid {os.geteuid()}",
+                      hint=f"ask its owner to let your group in (chmod g+rx {blocker}, see `hfcache doctor`), or pass "
+                           "--cache-dir / HF_HUB_CACHE to a cache you can read")
 
 
 def cache_error(exc: OSError, what: str) -> CacheError:
@@ -83,7 +115,8 @@ def cache_error(exc: OSError, what: str) -> CacheError:
         return CacheError(f"{what}: no space left on the device", hint="free disk space or choose another --cache-dir")
     if exc.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
         return CacheError(f"{what}: cannot write {exc.filename or 'the cache'} ({os.strerror(exc.errno)})",
-                          hint="choose a writable --cache-dir or fix its permissions")
+                          hint="choose a writable --cache-dir or fix its permissions (`hfcache doctor --cache-dir "
+                               "DIR` names what this user cannot write, with the fix; shared caches: README)")
     return CacheError(f"{what}: {os.strerror(exc.errno) if exc.errno else exc}",
                       hint="check the cache directory")
 
@@ -97,8 +130,8 @@ def ensure_cache_root(cache_dir: Path) -> None:
     try:
         cache_dir.mkdir(parents=True, exist_ok=True)
         tag = cache_dir / "CACHEDIR.TAG"
-        if not tag.exists():
-            atomic_write(tag, CACHEDIR_TAG.encode())
+        if not os.path.lexists(tag):
+            atomic_write(tag, CACHEDIR_TAG.encode(), policy=cache_policy(cache_dir))
         if not os.access(cache_dir, os.W_OK):
             read_only = bool(os.statvfs(cache_dir).f_flag & os.ST_RDONLY)
             code = errno.EROFS if read_only else errno.EACCES
@@ -111,18 +144,20 @@ def _tmp_name(path: Path, suffix: str = ".tmp") -> Path:
     return path.with_name(f".{path.name}.{uuid.uuid4().hex[:8]}{suffix}")
 
 
-def atomic_write(path: Path, data: bytes) -> None:
-    """Write ``data`` to ``path`` atomically (temp file in the same folder, fsync, ``os.replace``)."""
-    with atomic_output(path) as f:
+def atomic_write(path: Path, data: bytes, policy: SharePolicy | None = None) -> None:
+    """Write ``data`` to ``path`` atomically (temp file in the same folder, fsync, ``os.replace``); ``policy``: the
+    shared cache's (:mod:`hfcache.sharing`) when ``path`` is in one."""
+    with atomic_output(path, policy) as f:
         f.write(data)
 
 
 @contextmanager
-def atomic_output(path: Path):
+def atomic_output(path: Path, policy: SharePolicy | None = None):
     """Open a binary file that appears at ``path`` only when the block succeeds (temp file + ``os.replace``)."""
     tmp = _tmp_name(path)
     try:
         with open(tmp, "wb") as f:
+            share_fd(f.fileno(), policy)
             yield f
             f.flush()
             os.fsync(f.fileno())
@@ -132,32 +167,25 @@ def atomic_output(path: Path):
             tmp.unlink()
 
 
-@contextmanager
-def file_lock(path: Path, stop: threading.Event | None = None):
-    """Hold an exclusive filelock at ``path`` (created group-writable like huggingface_hub's WeakFileLock).
-
-    Waits as long as another process holds it (a killed holder releases it: flock), checking ``stop`` every
-    half second so that Ctrl-C is not stuck behind another process. Falls back to a SoftFileLock where the
-    filesystem has no flock, as huggingface_hub ``utils/_fixes.py`` does.
+def file_lock(path: Path, stop: threading.Event | None = None, *, timeout: float = DEFAULT_LOCK_TIMEOUT,
+              on_wait: Callable[[LockWait], None] | None = None, cache_dir: Path | None = None):
+    """Hold an exclusive lock at ``path`` (:func:`hfcache.locking.file_lock`: bounded wait, works without flock),
+    creating its folder first. In a shared cache (``cache_dir`` given and group-writable, :mod:`hfcache.sharing`)
+    the folders are shared and the lock file is writable by the group (``0o664``, as huggingface_hub's WeakFileLock
+    creates it, or ``0o666`` in a world-writable cache) whatever the umask.
 
     Raises:
+        LockTimeout: not acquired within ``timeout`` seconds (exit 5, names the file).
         InterruptedError: ``stop`` was set while waiting.
+        OSError: the folder or the lock file cannot be created or opened.
     """
-    path.parent.mkdir(parents=True, exist_ok=True)
-    lock = FileLock(str(path), mode=0o664)
-    while True:
-        try:
-            lock.acquire(timeout=0.5)
-            break
-        except Timeout:
-            if stop is not None and stop.is_set():
-                raise InterruptedError(f"interrupted while waiting for {path}") from None
-        except NotImplementedError:
-            lock = SoftFileLock(str(path))
-    try:
-        yield lock
-    finally:
-        lock.release()
+    policy = cache_policy(cache_dir) if cache_dir is not None else None
+    if cache_dir is not None:
+        make_dirs(path.parent, cache_dir, policy)
+    else:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    mode = 0o664 | (policy.file_bits if policy else 0)
+    return _file_lock(path, timeout=timeout, stop=stop, on_wait=on_wait, mode=mode)
 
 
 class RepoFolder:
@@ -169,13 +197,22 @@ class RepoFolder:
         repo_type: ``model``, ``dataset`` or ``space``.
     """
 
-    def __init__(self, cache_dir: Path, repo_id: str, repo_type: str = "model") -> None:
+    def __init__(self, cache_dir: Path, repo_id: str, repo_type: str = "model", *,
+                 lock_timeout: float = DEFAULT_LOCK_TIMEOUT, on_lock_wait: Callable[[LockWait], None] | None = None,
+                 ) -> None:
         self.cache_dir = cache_dir
         self.repo_id = repo_id
         self.repo_type = repo_type
         self.name = repo_folder_name(repo_id, repo_type)
         self.root = cache_dir / self.name
         self.locks = cache_dir / ".locks" / self.name
+        self.lock_timeout = lock_timeout
+        self.on_lock_wait = on_lock_wait
+        self.policy = cache_policy(cache_dir)
+
+    def make_dir(self, path: Path) -> None:
+        """``mkdir -p`` a folder of this repo, shared like the cache root (:mod:`hfcache.sharing`)."""
+        make_dirs(path, self.cache_dir, self.policy)
 
     def blob_path(self, etag: str) -> Path:
         return self.root / "blobs" / etag
@@ -189,13 +226,15 @@ class RepoFolder:
     def ref_path(self, revision: str) -> Path:
         return self.root / "refs" / Path(*revision.split("/"))
 
-    def blob_lock(self, etag: str):
+    def blob_lock(self, etag: str, stop: threading.Event | None = None):
         """The lock huggingface_hub takes while downloading this blob (``.locks/<folder>/<etag>.lock``)."""
-        return file_lock(self.locks / f"{etag}.lock")
+        return file_lock(self.locks / f"{etag}.lock", stop, timeout=self.lock_timeout, on_wait=self.on_lock_wait,
+                         cache_dir=self.cache_dir)
 
     def repo_lock(self, stop: threading.Event | None = None):
         """hfcache's lock on the whole repo folder, held while warm or prune change it."""
-        return file_lock(self.locks / REPO_LOCK_NAME, stop=stop)
+        return file_lock(self.locks / REPO_LOCK_NAME, stop=stop, timeout=self.lock_timeout,
+                         on_wait=self.on_lock_wait, cache_dir=self.cache_dir)
 
     def blob_ok(self, etag: str, size: int) -> bool:
         """True when ``blobs/<etag>`` is a regular file of the expected size (no hashing)."""
@@ -215,10 +254,11 @@ class RepoFolder:
             (path, binary file object). Mode 0o666 minus the umask, so the published blob has the usual mode.
         """
         blobs = self.root / "blobs"
-        blobs.mkdir(parents=True, exist_ok=True)
-        (self.root / "snapshots").mkdir(exist_ok=True)
+        self.make_dir(blobs)
+        self.make_dir(self.root / "snapshots")
         path = blobs / f"{etag}.{uuid.uuid4().hex[:8]}.incomplete"
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+        share_fd(fd, self.policy)
         return path, os.fdopen(fd, "wb")
 
     def publish_blob(self, incomplete: Path, etag: str) -> None:
@@ -232,8 +272,8 @@ class RepoFolder:
             False when hardlinks are not possible here (another filesystem, no support); nothing is changed then.
         """
         dest = self.blob_path(etag)
-        dest.parent.mkdir(parents=True, exist_ok=True)
-        (self.root / "snapshots").mkdir(exist_ok=True)
+        self.make_dir(dest.parent)
+        self.make_dir(self.root / "snapshots")
         tmp = _tmp_name(dest, ".incomplete")
         try:
             os.link(source, tmp)
@@ -251,7 +291,7 @@ class RepoFolder:
         only a wrong existing entry is replaced, through a temporary name and ``os.replace``.
         """
         pointer = self.pointer_path(commit_hash, path)
-        pointer.parent.mkdir(parents=True, exist_ok=True)
+        self.make_dir(pointer.parent)
         blob = self.blob_path(etag)
         if symlinks:
             target = os.path.relpath(blob, pointer.parent)
@@ -261,7 +301,7 @@ class RepoFolder:
         else:
             if pointer.exists() and os.path.samefile(pointer, blob):
                 return
-            make = lambda dest: _hardlink_or_copy(blob, dest)  # noqa: E731
+            make = lambda dest: _hardlink_or_copy(blob, dest, self.policy)  # noqa: E731
         try:
             make(pointer)
             return
@@ -278,11 +318,13 @@ class RepoFolder:
     def mark_absent(self, commit_hash: str, path: str) -> None:
         """Write the empty ``.no_exist/<commit>/<path>`` marker huggingface_hub reads as "not in the repo"."""
         marker = self.marker_path(commit_hash, path)
-        marker.parent.mkdir(parents=True, exist_ok=True)
+        self.make_dir(marker.parent)
         try:
-            os.close(os.open(marker, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666))  # empty: creation is atomic
+            fd = os.open(marker, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)  # empty: creation is atomic
         except FileExistsError:
-            pass
+            return
+        share_fd(fd, self.policy)
+        os.close(fd)
 
     def touch_snapshot(self, commit_hash: str) -> None:
         """Record a use of the revision: set its snapshot folder's mtime to now (part of "last use", see
@@ -297,13 +339,13 @@ class RepoFolder:
         if revision == commit_hash:
             return
         ref = self.ref_path(revision)
-        ref.parent.mkdir(parents=True, exist_ok=True)
+        self.make_dir(ref.parent)
         try:
             if ref.read_bytes() == commit_hash.encode():
                 return
         except OSError:
             pass
-        atomic_write(ref, commit_hash.encode())
+        atomic_write(ref, commit_hash.encode(), self.policy)
 
 
 def repo_folder_name(repo_id: str, repo_type: str = "model") -> str:
@@ -312,7 +354,7 @@ def repo_folder_name(repo_id: str, repo_type: str = "model") -> str:
     return "--".join([f"{repo_type}s", *repo_id.split("/")])
 
 
-def _hardlink_or_copy(source: Path, dest: Path) -> None:
+def _hardlink_or_copy(source: Path, dest: Path, policy: SharePolicy | None = None) -> None:
     """Hardlink ``source`` as ``dest``; where hardlinks fail, copy to a temporary name and rename (never a
     half-written ``dest``). Raises FileExistsError when ``dest`` exists."""
     try:
@@ -327,6 +369,7 @@ def _hardlink_or_copy(source: Path, dest: Path) -> None:
     tmp = _tmp_name(dest)
     try:
         shutil.copyfile(source, tmp)
+        share_file(tmp, policy)
         os.replace(tmp, dest)
     finally:
         if os.path.lexists(tmp):
@@ -345,7 +388,7 @@ def symlinks_supported(cache_dir: Path) -> bool:
         return False
     probe = cache_dir / ".locks" / f".hfcache-symlink-probe-{uuid.uuid4().hex[:8]}"
     try:
-        probe.parent.mkdir(parents=True, exist_ok=True)
+        make_dirs(probe.parent, cache_dir, cache_policy(cache_dir))
         os.symlink("target", probe)
         return True
     except OSError:

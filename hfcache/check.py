@@ -4,7 +4,13 @@ A child process (``python -m hfcache.probe``) runs with ``HF_HUB_OFFLINE=1``, ``
 ``HF_ENDPOINT`` on a closed loopback port and an audit hook that fails any connection attempt at once. It calls
 ``AutoTokenizer.from_pretrained(<id>, revision=...)`` for every tokenizer and encodes a probe text. When a load fails,
 the parent looks at the cache and names the missing piece (DESIGN §3): no ``config.json`` and no ``.no_exist``
-marker, a missing Python package, a chat template the repo has but the cache lacks, a missing ref.
+marker, a missing Python package, a chat template the repo has but the cache lacks, a missing ref, custom code.
+
+Custom code: a repo whose cached ``tokenizer_config.json`` / ``config.json`` ``auto_map`` names code a tokenizer load
+runs (``selection.auto_map_refs``) is loaded with ``trust_remote_code=True``, as its application must load it; every
+other repo without it. transformers copies that code into ``HF_MODULES_CACHE`` before importing it; the child gets a
+private temporary one, so a read-only cache or HOME does not fail the check (``hfcache exec`` handles the runtime
+side, see :mod:`hfcache.modules_cache`).
 """
 
 from __future__ import annotations
@@ -16,14 +22,17 @@ import shutil
 import socket
 import subprocess
 import sys
-from dataclasses import dataclass
+import tempfile
+from collections.abc import Iterable
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from .cache import RepoFolder
-from .errors import CheckFailed, InternalError
+from .errors import CheckFailed, InternalError, UsageError
 from .lockfile import Lockfile
-from .scan import scan_cache
-from .selection import tokenizer_paths
+from .records import parse_specs
+from .scan import RepoInfo, scan_cache
+from .selection import AUTO_MAP_FILES, MAX_PARSE_BYTES, auto_map_refs, custom_code_paths, tokenizer_paths
 
 DEFAULT_TEXT = "Hello world, 深度学习技术正在改变世界"
 _PACKAGE_HINTS = (("sentencepiece", "sentencepiece"), ("protobuf", "protobuf"), ("tiktoken", "tiktoken"),
@@ -32,13 +41,16 @@ _PACKAGE_HINTS = (("sentencepiece", "sentencepiece"), ("protobuf", "protobuf"), 
 
 @dataclass(frozen=True)
 class CheckTarget:
-    """A tokenizer to load: ``repo_id`` as the application passes it, at ``revision``; ``chat_templates`` the
-    template files the repo has (from a lock), to spot ones missing from the cache."""
+    """A tokenizer to load: ``repo_id`` as the application passes it, at ``revision`` (a ref, or a 40-hex commit for
+    a revision warmed by commit, which has no ref); ``chat_templates`` the template files the repo has (from a lock),
+    to spot ones missing from the cache; ``trust_remote_code`` whether ``auto_map`` makes the load run custom code
+    (set by :func:`check_tokenizers` from the cached configs)."""
 
     repo_id: str
     revision: str = "main"
     repo_type: str = "model"
     chat_templates: tuple[str, ...] = ()
+    trust_remote_code: bool = False
 
     @property
     def spec(self) -> str:
@@ -97,19 +109,99 @@ def targets_from_lock(lock: Lockfile) -> list[CheckTarget]:
     return targets
 
 
-def targets_from_cache(cache_dir: Path, repo_ids: set[str] | None) -> list[CheckTarget]:
-    """Every model repo of the cache with a ref whose snapshot holds tokenizer files."""
-    targets = []
-    for repo in scan_cache(cache_dir, repo_ids).repos:
+def cached_revisions(repo: RepoInfo) -> list[tuple[str, str]]:
+    """``(revision, commit)`` of every snapshot of a repo: one per ref, and the commit itself for a snapshot no ref
+    points to (``warm REPO_ID@<commit>`` writes no ref: the application loads it by commit)."""
+    found = [(ref, commit.strip()) for ref, commit in sorted(repo.refs.items())]
+    referenced = {commit for _, commit in found}
+    found += [(r.commit_hash, r.commit_hash) for r in repo.revisions if r.commit_hash not in referenced]
+    return found
+
+
+def _has_tokenizer(repo: RepoInfo, commit: str) -> bool:
+    revision = next((r for r in repo.revisions if r.commit_hash == commit), None)
+    return revision is not None and bool(tokenizer_paths(f.path for f in revision.files) - {"config.json"})
+
+
+def select_targets(targets: list[CheckTarget], specs: Iterable[str]) -> list[CheckTarget]:
+    """The targets (e.g. a lock's) that ``REPO_ID[@REVISION]`` specs name; all of them when there is no spec.
+
+    Raises:
+        UsageError: a malformed spec, or one naming no target.
+    """
+    wanted = parse_specs(specs)
+    if not wanted:
+        return targets
+    chosen = [t for t in targets if t.repo_id in wanted and (not wanted[t.repo_id] or t.revision in wanted[t.repo_id])]
+    for repo_id, revisions in wanted.items():
+        for revision in revisions or {None}:
+            if not any(t.repo_id == repo_id and revision in (None, t.revision) for t in chosen):
+                raise UsageError(f"{repo_id}{'@' + revision if revision else ''}: no such tokenizer in the lock",
+                                 hint="name a repo_id (and revision) of the lock")
+    return chosen
+
+
+def targets_from_cache(cache_dir: Path, specs: Iterable[str] = ()) -> list[CheckTarget]:
+    """The tokenizers of a cache to check: every model repo revision (by ref, or by commit when no ref points to it)
+    whose snapshot holds tokenizer files; with ``specs`` (``REPO_ID[@REVISION]``), only those repos, at the
+    revisions given (all cached ones when none is given).
+
+    A spec naming something the cache lacks still becomes a target, so that its failed load says what is missing.
+
+    Raises:
+        UsageError: a malformed spec.
+    """
+    wanted = parse_specs(specs)
+    targets: list[CheckTarget] = []
+    found: set[str] = set()
+    for repo in scan_cache(cache_dir, set(wanted) or None).repos:
         if repo.repo_type != "model":
             continue
-        for ref, commit in sorted(repo.refs.items()):
-            revision = next((r for r in repo.revisions if r.commit_hash == commit.strip()), None)
-            if revision and tokenizer_paths(f.path for f in revision.files) - {"config.json"}:
-                targets.append(CheckTarget(repo.repo_id, ref))
-        if repo_ids and repo.repo_id in repo_ids and not repo.refs:
+        asked = wanted.get(repo.repo_id)
+        if asked:  # exactly the revisions named, loadable or not
+            targets += [CheckTarget(repo.repo_id, revision) for revision in sorted(asked)]
+            found.add(repo.repo_id)
+            continue
+        for revision, commit in cached_revisions(repo):
+            # A repo this user cannot fully read is checked anyway: what it holds is unknown, the load tells.
+            if repo.unreadable or _has_tokenizer(repo, commit):
+                targets.append(CheckTarget(repo.repo_id, revision))
+                found.add(repo.repo_id)
+        if repo.unreadable and repo.repo_id not in found:
             targets.append(CheckTarget(repo.repo_id, "main"))
+            found.add(repo.repo_id)
+    for repo_id, asked in sorted(wanted.items()):
+        if repo_id not in found:
+            targets += [CheckTarget(repo_id, revision) for revision in sorted(asked or {"main"})]
     return targets
+
+
+def snapshot_of(cache_dir: Path, target: CheckTarget) -> Path | None:
+    """The cached snapshot folder a target loads from (its ref's commit, or the revision itself when it is a
+    commit), or None when the cache cannot resolve it."""
+    folder = RepoFolder(cache_dir, target.repo_id, target.repo_type)
+    try:
+        commit = folder.ref_path(target.revision).read_text().strip()
+    except (OSError, UnicodeDecodeError):
+        commit = target.revision
+    snapshot = folder.root / "snapshots" / commit
+    return snapshot if re.fullmatch(r"[0-9a-f]{40}", commit) and snapshot.is_dir() else None
+
+
+def custom_code_refs(cache_dir: Path, target: CheckTarget) -> tuple[str, ...]:
+    """The ``auto_map`` class references a tokenizer load of ``target`` runs, read from its cached configs (the same
+    rule as warm's selection: ``selection.auto_map_refs``); empty when it runs none or the cache cannot tell."""
+    snapshot = snapshot_of(cache_dir, target)
+    refs: list[str] = []
+    for name in AUTO_MAP_FILES if snapshot is not None else ():
+        try:
+            if (snapshot / name).stat().st_size > MAX_PARSE_BYTES:
+                continue
+            data = (snapshot / name).read_bytes()
+        except OSError:
+            continue
+        refs += [r for r in auto_map_refs(name, data) if r not in refs]
+    return tuple(refs)
 
 
 def _closed_endpoint() -> str:
@@ -141,16 +233,24 @@ def check_tokenizers(cache_dir: Path, targets: list[CheckTarget], text: str = DE
                      timeout: float = 600) -> CheckReport:
     """Load every target in one offline child process and diagnose the failures.
 
+    Targets whose cached configs name custom code (:func:`custom_code_refs`) are loaded with
+    ``trust_remote_code=True``; the child's ``HF_MODULES_CACHE`` is a temporary folder, removed afterwards.
+
     Raises:
         InternalError: the child crashed or printed no result.
     """
+    targets = [replace(t, trust_remote_code=bool(custom_code_refs(cache_dir, t))) for t in targets]
     env = probe_environment(cache_dir)
     home = Path(env["HF_HOME"])
+    modules = tempfile.mkdtemp(prefix="hfcache-check-modules-")
+    env["HF_MODULES_CACHE"] = modules
+    args = [a for t in targets for a in (["--trust-remote-code", t.spec] if t.trust_remote_code else [])]
     try:
-        proc = subprocess.run([sys.executable, "-m", "hfcache.probe", text, *[t.spec for t in targets]],
-                              capture_output=True, text=True, env=env, timeout=timeout)
+        proc = subprocess.run([sys.executable, "-m", "hfcache.probe", text, *[t.spec for t in targets], *args],
+                              stdin=subprocess.DEVNULL, capture_output=True, text=True, env=env, timeout=timeout)
     finally:
         _remove_tree(home)
+        _remove_tree(Path(modules))
     lines = proc.stdout.strip().splitlines()
     if proc.returncode != 0 or not lines:
         tail = (proc.stderr.strip().splitlines() or ["no output"])[-1]
@@ -181,17 +281,69 @@ def _missing_templates(cache_dir: Path, target: CheckTarget) -> list[str]:
     """The target's chat templates (known from a lock) that its cached snapshot lacks."""
     if not target.chat_templates:
         return []
-    folder = RepoFolder(cache_dir, target.repo_id, target.repo_type)
-    try:
-        commit = folder.ref_path(target.revision).read_text().strip()
-    except OSError:
-        commit = target.revision
-    snapshot = folder.root / "snapshots" / commit
+    snapshot = snapshot_of(cache_dir, target)
+    if snapshot is None:
+        return list(target.chat_templates)
     return [t for t in target.chat_templates if not (snapshot / t).exists()]
+
+
+def custom_code_cause(cache_dir: Path, target: CheckTarget, error: str) -> str | None:
+    """Why a load that runs custom code (``auto_map``) failed, when the custom code is the cause; else None.
+
+    Looks at, in order: a module of another repo, a module missing from the snapshot (marked absent or not), the
+    load refusing to run code without ``trust_remote_code``, an unwritable ``HF_MODULES_CACHE``, and packages the
+    code imports that are not installed (transformers ``dynamic_module_utils.check_imports`` message).
+    """
+    refs = custom_code_refs(cache_dir, target)
+    if not refs:
+        if "trust_remote_code=True" in error:  # code named where hfcache does not look (a newer transformers)
+            return "custom code: the load needs trust_remote_code=True (the repo's auto_map names code)"
+        return None
+    foreign = sorted({r.split("--", 1)[0] for r in refs if "--" in r})
+    if foreign and any(repo in error for repo in foreign):
+        return f"custom code: auto_map names code in another repo ({', '.join(foreign)}): warm that repo too"
+    snapshot = snapshot_of(cache_dir, target)
+    folder = RepoFolder(cache_dir, target.repo_id, target.repo_type)
+    for module in _missing_code(snapshot) if snapshot is not None else ():
+        if folder.marker_path(snapshot.name, module).exists():
+            return f"custom code: auto_map needs {module}, which the repo does not have"
+        return (f"custom code: auto_map needs {module}, which is not in the cache (warm the repo again with this "
+                "hfcache: it fetches the code auto_map names and the files it imports)")
+    if "trust_remote_code" in error:
+        return "custom code: auto_map needs trust_remote_code=True, and the load did not pass it"
+    if ("PermissionError" in error or "Read-only file system" in error) and "modules" in error:
+        return ("custom code: transformers cannot write its modules cache (HF_MODULES_CACHE, default "
+                "$HF_HOME/modules): point HF_MODULES_CACHE at a writable folder (hfcache env/exec do)")
+    match = re.search(r"requires the following packages that were not found in your environment: ([^.]+)", error)
+    if match:
+        return f"custom code imports package(s) that are not installed: {match.group(1)} (pip install {match.group(1)})"
+    return None
+
+
+def _missing_code(snapshot: Path) -> tuple[str, ...]:
+    """The code files ``auto_map`` names (and those they import relatively) that the snapshot lacks."""
+    present = {p.relative_to(snapshot).as_posix() for p in snapshot.rglob("*") if p.is_file()}
+
+    def read(path: str) -> bytes:
+        file = snapshot / path
+        return file.read_bytes() if file.stat().st_size <= MAX_PARSE_BYTES else b""
+
+    return custom_code_paths(AUTO_MAP_FILES, read, present).absent
 
 
 def diagnose(cache_dir: Path, target: CheckTarget, error: str) -> str | None:
     """Name the missing piece behind a failed offline load, from the cache's contents and the error text."""
+    try:
+        return _diagnose(cache_dir, target, error)
+    except PermissionError as exc:  # Python 3.11's Path.exists()/is_dir() raise on EACCES
+        return (f"{exc.filename or cache_dir} cannot be read by this user (permission denied): ask the cache's "
+                "owner to make it group-readable (`hfcache doctor` prints the fix)")
+
+
+def _diagnose(cache_dir: Path, target: CheckTarget, error: str) -> str | None:
+    cause = custom_code_cause(cache_dir, target, error)
+    if cause is not None:
+        return cause
     for needle, package in _PACKAGE_HINTS:
         if needle in error and ("install" in error or "No module" in error or "requires" in error):
             return f"missing Python package: {package} (pip install {package})"
@@ -208,6 +360,8 @@ def diagnose(cache_dir: Path, target: CheckTarget, error: str) -> str | None:
         return f"refs/{target.revision} has trailing whitespace: offline resolution fails (hfcache verify --repair)"
     snapshot = folder.root / "snapshots" / commit
     if not snapshot.is_dir():
+        if commit == target.revision:
+            return f"no snapshot of commit {commit[:12]} in the cache"
         return f"refs/{target.revision} points to {commit[:12]}, which has no snapshot"
     if not (snapshot / "config.json").exists() and not folder.marker_path(commit, "config.json").exists():
         return ("no config.json and no .no_exist marker for it: transformers 5 needs one of them to load a "

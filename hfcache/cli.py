@@ -47,6 +47,12 @@ def _cache_dir_option(what: str = "Cache root"):
                         help=f"{what} [default: HF_HUB_CACHE, $HF_HOME/hub or ~/.cache/huggingface/hub].")
 
 
+def _lock_timeout_option(fn):
+    return click.option("--lock-timeout", type=click.FloatRange(min=0), default=600.0, show_default=True,
+                        metavar="SECONDS", help="Wait at most this long for a lock another process holds (exit 5 "
+                        "then, naming the lock).")(fn)
+
+
 def _common_hub_options(fn):
     for decorator in reversed([
         click.option("--endpoint", "endpoints", metavar="URL", multiple=True,
@@ -79,9 +85,10 @@ def _common_hub_options(fn):
 @click.option("--manifest", type=click.Path(dir_okay=False),
               help="With --lock: the manifest [default: hfcache.toml or pyproject.toml beside the lock].")
 @_common_hub_options
+@_lock_timeout_option
 @click.option("-q", "--quiet", is_flag=True, help="No progress and no summary; errors only.")
 def warm(repos, cache_dir, kind, include, exclude, repo_type, lock_file, locked, manifest, endpoints, token,
-         token_file, max_workers, timeout, as_json, quiet) -> None:
+         token_file, max_workers, timeout, lock_timeout, as_json, quiet) -> None:
     """Download tokenizers (or models) into a cache that transformers loads offline.
 
     Every file is hashed against what the endpoint publishes (or the lock pins) before it becomes visible; the
@@ -95,6 +102,7 @@ def warm(repos, cache_dir, kind, include, exclude, repo_type, lock_file, locked,
       hfcache warm --lock hfcache.lock --locked
     """
     from .render import warm as render
+    from .render.common import lock_wait_notice
 
     resolved_token = _read_token(token, token_file)
     if lock_file:
@@ -106,7 +114,8 @@ def warm(repos, cache_dir, kind, include, exclude, repo_type, lock_file, locked,
         target = resolve_install(lock_file, manifest=manifest, locked=locked, cache_dir=cache_dir, endpoint=endpoints)
         with render.WarmProgress(len(target.lock.repos), enabled=not (as_json or quiet)) as progress:
             report = warm_lock(target.lock, cache_dir=target.cache_dir, endpoint=target.endpoint, token=resolved_token,
-                               max_workers=max_workers, timeout=timeout, progress=progress)
+                               max_workers=max_workers, timeout=timeout, progress=progress, lock_timeout=lock_timeout,
+                               on_lock_wait=None if quiet else lock_wait_notice)
     else:
         if locked or manifest:
             raise UsageError("--locked and --manifest go with --lock")
@@ -121,7 +130,8 @@ def warm(repos, cache_dir, kind, include, exclude, repo_type, lock_file, locked,
         ]
         with render.WarmProgress(len(requests), enabled=not (as_json or quiet)) as progress:
             report = warm_repos(requests, cache_dir=cache_dir, endpoint=list(endpoints) or None, token=resolved_token,
-                                max_workers=max_workers, timeout=timeout, progress=progress)
+                                max_workers=max_workers, timeout=timeout, progress=progress,
+                                lock_timeout=lock_timeout, on_lock_wait=None if quiet else lock_wait_notice)
     render.show_warm_report(report, as_json=as_json, quiet=quiet)
     sys.exit(report.exit_code)
 
@@ -181,7 +191,7 @@ def lock(upgrade_ids, manifest, output_file, upgrade, check, endpoints, token, t
 @_cache_dir_option()
 @click.option("--revisions", is_flag=True, help="One row per revision instead of per repo.")
 @click.option("--lock", "lock_file", type=click.Path(dir_okay=False, exists=False),
-              help="Mark the revisions this lock pins.")
+              help="Mark the revisions this lock pins (cache: --cache-dir, else the lock's manifest's).")
 @click.option("--sort", type=click.Choice(["name", "size", "last-used"]), default="name", show_default=True,
               help="name: A-Z; size: largest first; last-used: most recent first.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON document on stdout.")
@@ -192,39 +202,43 @@ def ls_command(repo_ids, cache_dir, revisions, lock_file, sort, as_json) -> None
     """
     import gc
 
-    from .cache import existing_cache_dir
     from .lockfile import pinned_revisions, read_lock
+    from .project import reading_cache_dir
     from .render import ls as render
     from .scan import scan_cache
 
     pinned = pinned_revisions(read_lock(lock_file)) if lock_file else None
-    root = existing_cache_dir(cache_dir)
+    root = reading_cache_dir(cache_dir, lock_file)
     gc.disable()  # a short-lived process building one large document: the cyclic collector only costs time
     info = scan_cache(root, set(repo_ids) if repo_ids else None)
     render.show_ls(info, pinned, sort=sort, revisions=revisions, as_json=as_json)
+    sys.exit(1 if any(r.unreadable for r in info.repos) else 0)  # health: a repo this user cannot read
 
 
 @cli.command()
-@click.argument("repo_ids", nargs=-1, metavar="[REPO_ID]...")
+@click.argument("repo_ids", nargs=-1, metavar="[REPO_ID[@REVISION]]...")
 @_cache_dir_option()
 @click.option("--lock", "lock_file", type=click.Path(dir_okay=False),
-              help="Expected files, sizes and hashes [default: blob names and trees/ listings].")
+              help="Expected files, sizes and hashes [default: blob names and trees/ listings] (cache: --cache-dir, "
+                   "else the lock's manifest's).")
 @click.option("--repair", "do_repair", is_flag=True,
               help="Fix what is broken (re-download from the endpoint, rewrite refs and links), then verify again.")
 @_common_hub_options
+@_lock_timeout_option
 def verify(repo_ids, cache_dir, lock_file, do_repair, endpoints, token, token_file, max_workers, timeout,
-           as_json) -> None:
+           lock_timeout, as_json) -> None:
     """Check a cache's integrity offline: every blob's hash, links, refs, and the lock's files.
 
     Without --repair it makes no network request. Exit 1 when any integrity problem remains.
     """
-    from .cache import existing_cache_dir
     from .lockfile import read_lock
+    from .project import reading_cache_dir
     from .render import verify as render
+    from .render.common import lock_wait_notice
     from .verify import verify_cache
 
     lock = read_lock(lock_file) if lock_file else None
-    root = existing_cache_dir(cache_dir)
+    root = reading_cache_dir(cache_dir, lock_file)
     with render.HashProgress(enabled=not as_json) as progress:
         report = verify_cache(root, repo_ids or None, lock=lock, max_workers=max_workers, progress=progress)
     actions = ()
@@ -237,7 +251,8 @@ def verify(repo_ids, cache_dir, lock_file, do_repair, endpoints, token, token_fi
         # Repair downloads from the first endpoint given (fallbacks are a warm feature).
         client = HubClient(endpoint=endpoints[0] if endpoints else None,
                            token=resolve_token(_read_token(token, token_file)), timeout=timeout)
-        actions = repair(report, client=client, lock=lock)
+        actions = repair(report, client=client, lock=lock, lock_timeout=lock_timeout,
+                         on_lock_wait=lock_wait_notice)
         before = report
         with render.HashProgress(enabled=not as_json) as progress:
             report = verify_cache(root, repo_ids or None, lock=lock, max_workers=max_workers, progress=progress)
@@ -246,30 +261,31 @@ def verify(repo_ids, cache_dir, lock_file, do_repair, endpoints, token, token_fi
 
 
 @cli.command()
-@click.argument("repo_ids", nargs=-1, metavar="[REPO_ID]...")
+@click.argument("repo_ids", nargs=-1, metavar="[REPO_ID[@REVISION]]...")
 @_cache_dir_option()
 @click.option("--lock", "lock_file", type=click.Path(dir_okay=False),
-              help="Check the lock's tokenizers, by the ids and revisions of its manifest.")
+              help="Check the lock's tokenizers, by the ids and revisions of its manifest (cache: --cache-dir, else "
+                   "the lock's manifest's).")
 @click.option("--text", default=None, help="Probe text to encode [default: a mixed English/Chinese sentence].")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON document on stdout.")
 def check(repo_ids, cache_dir, lock_file, text, as_json) -> None:
     """Prove each tokenizer loads offline: AutoTokenizer in a child with no network, encoding a probe text.
 
-    On failure it names the missing piece (config.json and its .no_exist marker, a Python package, a chat
-    template, a ref). Exit 1 if any tokenizer fails.
+    Without arguments: every cached revision with a tokenizer (by ref, or by commit when no ref points to it). A repo
+    whose auto_map names custom code loads with trust_remote_code=True. On failure it names the missing piece
+    (config.json and its .no_exist marker, a Python package, custom code, a chat template, a ref). Exit 1 if any
+    tokenizer fails.
     """
-    from .cache import existing_cache_dir
-    from .check import DEFAULT_TEXT, check_tokenizers, targets_from_cache, targets_from_lock
+    from .check import DEFAULT_TEXT, check_tokenizers, select_targets, targets_from_cache, targets_from_lock
     from .lockfile import read_lock
+    from .project import reading_cache_dir
     from .render import verify as render
 
-    root = existing_cache_dir(cache_dir)
+    root = reading_cache_dir(cache_dir, lock_file)
     if lock_file:
-        targets = targets_from_lock(read_lock(lock_file))
-        if repo_ids:
-            targets = [t for t in targets if t.repo_id in repo_ids]
+        targets = select_targets(targets_from_lock(read_lock(lock_file)), repo_ids)
     else:
-        targets = targets_from_cache(root, set(repo_ids) if repo_ids else None)
+        targets = targets_from_cache(root, repo_ids)
     if not targets:
         raise UsageError("no tokenizer to check", hint="warm one first, or name REPO_IDs / --lock")
     with render.stderr.status(f"loading {len(targets)} tokenizer(s) offline", spinner="dots") \
@@ -305,9 +321,9 @@ def export_command(dest, specs, lock_file, cache_dir, materialize, fmt, chown, g
     Links stay relative (relocatable), each distinct blob is stored once (hardlinks), every blob is hashed on the
     way; the same content always gives a byte-identical tar (a stable Docker layer digest).
     """
-    from .cache import existing_cache_dir
     from .export import plan_export, write_dir, write_tar
     from .lockfile import read_lock
+    from .project import reading_cache_dir
     from .render import transfer as render
 
     fmt = fmt or ("tar" if dest == "-" or dest.endswith(".tar") else "dir")
@@ -316,7 +332,7 @@ def export_command(dest, specs, lock_file, cache_dir, materialize, fmt, chown, g
     if dest == "-" and as_json:
         raise UsageError("--json cannot share stdout with the tar stream")
     owner = _parse_chown(chown)
-    root = existing_cache_dir(cache_dir)
+    root = reading_cache_dir(cache_dir, lock_file)
     plan = plan_export(root, specs, lock=read_lock(lock_file) if lock_file else None, materialize=materialize)
     digest = None
     if fmt == "tar":
@@ -337,8 +353,9 @@ def export_command(dest, specs, lock_file, cache_dir, materialize, fmt, chown, g
 @_cache_dir_option("Target cache")
 @click.option("--move-refs", is_flag=True,
               help="Move a ref the target has at another commit to the source's commit (default: refuse).")
+@_lock_timeout_option
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON document on stdout.")
-def import_command(src, cache_dir, move_refs, as_json) -> None:
+def import_command(src, cache_dir, move_refs, lock_timeout, as_json) -> None:
     """Merge an exported cache (directory, tar, or '-' for a tar on stdin) into the cache, verified first.
 
     Refuses absolute or '..' paths, links leaving the cache, devices, sparse files, content that does not match its
@@ -347,8 +364,10 @@ def import_command(src, cache_dir, move_refs, as_json) -> None:
     from .cache import resolve_cache_dir
     from .importer import import_cache
     from .render import transfer as render
+    from .render.common import lock_wait_notice
 
-    report = import_cache(src, resolve_cache_dir(cache_dir), move_refs=move_refs)
+    report = import_cache(src, resolve_cache_dir(cache_dir), move_refs=move_refs, lock_timeout=lock_timeout,
+                          on_lock_wait=lock_wait_notice)
     render.show_import(report, as_json=as_json)
 
 
@@ -395,7 +414,8 @@ def _parsed(name: str):
 @click.option("--dry-run", is_flag=True, help="Print the plan; remove nothing.")
 @click.option("-y", "--yes", is_flag=True, help="Do not ask for confirmation (cron jobs, CI).")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON document on stdout (needs --yes or --dry-run).")
-def prune(cache_dir, older_than, max_size, keep_locks, keep, dry_run, yes, as_json) -> None:
+@_lock_timeout_option
+def prune(cache_dir, older_than, max_size, keep_locks, keep, dry_run, yes, as_json, lock_timeout) -> None:
     """Remove what a cache no longer needs, never what is pinned or being downloaded.
 
     In order: detached revisions (no ref; unused for an hour); revisions unused for longer than --older-than; then
@@ -409,6 +429,7 @@ def prune(cache_dir, older_than, max_size, keep_locks, keep, dry_run, yes, as_js
     """
     from .prune import execute, plan_prune
     from .render import prune as render
+    from .render.common import lock_wait_notice
 
     if as_json and not (yes or dry_run):
         raise UsageError("--json needs --yes or --dry-run", hint="machines cannot answer the confirmation prompt")
@@ -417,7 +438,7 @@ def prune(cache_dir, older_than, max_size, keep_locks, keep, dry_run, yes, as_js
     plan = plan_prune(cache_dir, older_than=older_than, max_size=max_size, keep=keep, keep_locks=keep_locks)
     if dry_run:
         render.show_prune(plan, as_json=as_json, dry_run=True)
-        return
+        sys.exit(5 if plan.unreadable else 0)  # a repo it cannot read: a filesystem problem to fix
     asked = bool(plan.items) and not yes
     if asked:
         render.show_prune(plan, as_json=False, dry_run=False)
@@ -425,7 +446,8 @@ def prune(cache_dir, older_than, max_size, keep_locks, keep, dry_run, yes, as_js
             render.stderr.print("nothing removed")
             return
     with render.PruneProgress(len(plan.items), enabled=not as_json and bool(plan.items)) as progress:
-        result = execute(plan, on_item=progress.advance)
+        result = execute(plan, on_item=progress.advance, lock_timeout=lock_timeout,
+                         on_lock_wait=lock_wait_notice)
     render.show_prune(plan, result, as_json=as_json, dry_run=False, tables=not asked)
     sys.exit(result.exit_code)
 
@@ -571,6 +593,16 @@ def main(argv: list[str] | None = None) -> None:
         _fail(exc.message, exc.hint, exc.exit_code, as_json)
     except KeyboardInterrupt:
         sys.exit(EXIT_INTERRUPTED)
+    except PermissionError as exc:
+        # A part of a cache (or a file given) this user cannot read or write, in a path no command anticipated: a
+        # filesystem problem (exit 5) naming the path, never an internal error.
+        if debug:
+            raise
+        from .errors import CacheError
+
+        _fail(f"{exc.filename or 'a file'}: permission denied for uid {os.geteuid()}",
+              "check its permissions (`hfcache doctor` shows what this user can read and write in a cache)",
+              CacheError.exit_code, as_json)
     except Exception as exc:  # noqa: BLE001 - the one place unexpected errors are turned into an exit code
         if debug:
             raise

@@ -44,7 +44,8 @@ def _registry_options(fn):
 @click.command(name="push")
 @click.argument("reference", metavar="REF")
 @click.argument("specs", nargs=-1, metavar="[REPO_ID[@REVISION]]...")
-@click.option("--lock", "lock_file", type=click.Path(dir_okay=False), help="Push exactly what this lock pins.")
+@click.option("--lock", "lock_file", type=click.Path(dir_okay=False),
+              help="Push exactly what this lock pins (cache: --cache-dir, else the lock's manifest's).")
 @click.option("--layers", "split", type=click.Choice(["repo", "single"]), default="repo", show_default=True,
               help="repo: one layer per repo (an update re-sends one layer); single: one layer (each blob once).")
 @click.option("--arch", metavar="ARCH", help="The image config's architecture (amd64, arm64, ...) [default: this "
@@ -57,13 +58,13 @@ def push_command(reference, specs, lock_file, split, arch, cache_dir, plain_http
     Mount it read-only at /opt/hf-cache (Kubernetes `image` volume, podman --mount type=image) with
     HF_HUB_CACHE=/opt/hf-cache HF_HUB_OFFLINE=1. The same cache always gives the same manifest digest.
     """
-    from .cache import existing_cache_dir
     from .oci import push
+    from .project import reading_cache_dir
     from .render import oci as render
 
     credentials = _credentials(username, password_stdin)
     with render.TransferProgress(enabled=not as_json) as progress:
-        report = push(reference, existing_cache_dir(cache_dir), specs, lock_path=lock_file, split=split,
+        report = push(reference, reading_cache_dir(cache_dir, lock_file), specs, lock_path=lock_file, split=split,
                       plain_http=plain_http, credentials=credentials, timeout=timeout, sink=progress, arch=arch)
     render.show_push(report, as_json=as_json)
 
@@ -73,7 +74,10 @@ def push_command(reference, specs, lock_file, split, arch, cache_dir, plain_http
 @_registry_options
 @click.option("--move-refs", is_flag=True,
               help="Move a ref the target has at another commit to the image's commit (default: refuse).")
-def pull_command(reference, cache_dir, plain_http, username, password_stdin, timeout, as_json, move_refs) -> None:
+@click.option("--lock-timeout", type=click.FloatRange(min=0), default=600.0, show_default=True, metavar="SECONDS",
+              help="Wait at most this long for a repo lock another process holds (exit 5 then, naming the lock).")
+def pull_command(reference, cache_dir, plain_http, username, password_stdin, timeout, as_json, move_refs,
+                 lock_timeout) -> None:
     """Pull the image REF and merge its cache into the cache, every digest checked before anything is written.
 
     The same refusals as `hfcache import`; what the target already has is never overwritten (an entry it holds with
@@ -82,9 +86,11 @@ def pull_command(reference, cache_dir, plain_http, username, password_stdin, tim
     from .cache import resolve_cache_dir
     from .oci import pull
     from .render import oci as render
+    from .render.common import lock_wait_notice
 
     credentials = _credentials(username, password_stdin)
     with render.TransferProgress(enabled=not as_json) as progress:
         report = pull(reference, resolve_cache_dir(cache_dir), plain_http=plain_http, credentials=credentials,
-                      timeout=timeout, sink=progress, move_refs=move_refs)
+                      timeout=timeout, sink=progress, move_refs=move_refs, lock_timeout=lock_timeout,
+                      on_lock_wait=lock_wait_notice)
     render.show_pull(report, as_json=as_json)

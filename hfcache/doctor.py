@@ -14,9 +14,13 @@ Each finding has a stable ``code``, a ``severity`` (``error``: loads will fail o
 - the cache folder: present, readable by this user, writable, owner uid/gid versus the current user (the
   image-built-as-root, pod-runs-as-1000 problem), read-only filesystem, symlink support (probed like
   huggingface_hub ``file_download.py: are_symlinks_supported``), free disk space;
+- as the current user (:mod:`hfcache.access`): reaching and listing the cache root, creating files in ``.locks/``
+  and opening its lock files, writing every repo folder; in a group-shared cache, folders the group cannot write;
+  whether flock works on the filesystem;
 - installed versions of huggingface_hub, transformers, tokenizers (and optional tokenizer packages).
 
-Reads only, except the symlink probe: a temporary folder in the cache, removed at once (as huggingface_hub does).
+Reads only, except the probes: a temporary folder (symlinks) and files (``.locks/`` creation, flock) in the cache,
+removed at once (as huggingface_hub's symlink probe does).
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from .access import flock_check, reach_check, sharing_checks, write_checks
 from .cache import resolve_cache_dir
 
 SEVERITIES = ("error", "warning", "info")
@@ -157,6 +162,7 @@ def doctor(cache_dir: str | os.PathLike[str] | None = None, environ: Mapping[str
         if hasattr(os, "getgroups") else ()
     folder = _examine_folder(cache, env, offline, uid, gid, groups)
     findings += folder.findings
+    findings += modules_cache_findings(cache, env)
     order = {s: i for i, s in enumerate(SEVERITIES)}
     findings.sort(key=lambda f: order[f.severity])
     return DoctorReport(
@@ -339,7 +345,7 @@ class _Folder:
 
 
 def _nearest_existing(path: Path) -> Path:
-    while not path.exists() and path != path.parent:
+    while not os.path.exists(path) and path != path.parent:
         path = path.parent
     return path
 
@@ -357,9 +363,17 @@ def _examine_folder(cache: Path, env: dict[str, str], offline: bool, uid: int | 
         out.read_only_fs = bool(os.statvfs(base).f_flag & os.ST_RDONLY)
     except (OSError, AttributeError):
         out.read_only_fs = None
-    if not cache.exists():
+    try:
+        os.stat(cache)
+    except FileNotFoundError:
         out.findings.append(Finding("cache.missing", "error", f"the cache {cache} does not exist",
                                     f"warm it: hfcache warm REPO_ID... --cache-dir {cache}"))
+        return out
+    except OSError:
+        pass  # cannot even be reached: reach_check says by whom
+    unreachable = reach_check(cache, uid, groups) if uid is not None else None
+    if unreachable is not None:
+        out.findings.append(Finding(unreachable.code, unreachable.severity, unreachable.message, unreachable.fix))
         return out
     if not cache.is_dir():
         out.findings.append(Finding("cache.not_dir", "error", f"the cache {cache} is not a folder",
@@ -401,6 +415,9 @@ def _examine_folder(cache: Path, env: dict[str, str], offline: bool, uid: int | 
             "volumes: securityContext.fsGroup and group-writable files (chmod -R g+w)"))
     else:
         out.findings.append(Finding("cache.writable", "info", f"the cache is writable ({owner_note})"))
+        # Writable at the root is not enough: as this user, can it create in .locks/ and in every repo folder?
+        checks = [*write_checks(cache, uid, groups), *sharing_checks(cache), flock_check(cache)]
+        out.findings += [Finding(c.code, c.severity, c.message, c.fix) for c in checks if c is not None]
     out.symlinks = _symlink_support(cache, out.writable)
     if _is_true(env.get("HF_HUB_DISABLE_SYMLINKS")):
         out.findings.append(Finding("cache.symlinks_disabled", "info",
@@ -424,6 +441,30 @@ def _examine_folder(cache: Path, env: dict[str, str], offline: bool, uid: int | 
         else:
             out.findings.append(Finding("disk.free", "info", f"{free} free on the cache's filesystem"))
     return out
+
+
+def modules_cache_findings(cache: Path, env: Mapping[str, str]) -> list[Finding]:
+    """Custom code in the cache versus the folder transformers copies it into (``HF_MODULES_CACHE``, see
+    :mod:`hfcache.modules_cache`): an error when a cached repo's ``auto_map`` names code and that folder cannot be
+    written (every such load then fails with PermissionError); nothing when no cached repo has custom code."""
+    from .modules_cache import can_create, custom_code_repos, modules_cache
+
+    repos = custom_code_repos(cache) if os.path.isdir(cache) else []  # no PermissionError (Path.is_dir raises)
+    if not repos:
+        return []
+    path, explicit = modules_cache(env)
+    names = sorted({r.repo_id for r in repos})
+    shown = ", ".join(names[:3]) + (f" (and {len(names) - 3} more)" if len(names) > 3 else "")
+    where = f"{path} ({'HF_MODULES_CACHE' if explicit else 'default: $HF_HOME/modules'})"
+    if can_create(path):
+        return [Finding("modules.writable", "info",
+                        f"{len(names)} cached repo(s) run custom code ({shown}); transformers copies it into {where}, "
+                        "which is writable")]
+    return [Finding("modules.unwritable", "error",
+                    f"{len(names)} cached repo(s) run custom code (auto_map: {shown}), and transformers cannot write "
+                    f"its modules cache {where}: every trust_remote_code load fails with PermissionError",
+                    "run the application with `hfcache exec` (it points HF_MODULES_CACHE at a private temporary "
+                    "folder), or export HF_MODULES_CACHE=<a writable folder, e.g. an emptyDir>")]
 
 
 def _listdir(path: Path) -> list[str]:

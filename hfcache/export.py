@@ -134,6 +134,10 @@ def plan_export(
         revisions = _revisions_for(repo, wanted)
         if wanted is not None and not revisions:
             raise UsageError(f"{repo.repo_id}: revision(s) {', '.join(sorted(wanted))} not in the cache")
+        if repo.unreadable:
+            raise CacheError(f"{repo.repo_id}: {repo.folder}/{repo.unreadable[0]} cannot be read by this user "
+                             "(permission denied)", hint="ask the cache's owner to make it group-readable "
+                             "(`hfcache doctor` prints the fix), or export other repos")
         folder = repo.folder
         root = Path(info.cache_dir) / folder
         repos.append(folder)

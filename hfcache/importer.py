@@ -28,7 +28,7 @@ import sys
 import tarfile
 import uuid
 from collections import defaultdict
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
@@ -36,6 +36,8 @@ from typing import BinaryIO
 from .cache import RepoFolder, atomic_output, ensure_cache_root, symlinks_supported
 from .errors import CacheError, CheckFailed, IntegrityError, UsageError
 from .import_conflicts import check_target
+from .locking import DEFAULT_LOCK_TIMEOUT, LockWait
+from .sharing import cache_policy, make_dirs, share_file
 from .scan import parse_folder_name
 from .verify import algorithm_of
 
@@ -178,7 +180,8 @@ class _Staging:
             raise CacheError(f"{locks} is a symlink or not a folder; nothing is staged through it",
                              hint="remove it (huggingface_hub recreates .locks)")
         self.dir = locks / f"hfcache-import-{uuid.uuid4().hex[:12]}"
-        self.dir.mkdir(parents=True)
+        make_dirs(locks, cache_dir, cache_policy(cache_dir))  # .locks/ is shared in a group-shared cache
+        self.dir.mkdir()
         self.files: dict[str, tuple[Path, int, str, str]] = {}  # member -> (staged, size, sha256, git-sha1)
 
     def add(self, name: str, stream: BinaryIO, size: int) -> tuple[Path, int, str, str]:
@@ -212,7 +215,8 @@ class _Staging:
         shutil.rmtree(self.dir, ignore_errors=True)
 
 
-def import_cache(src: str, cache_dir: Path, move_refs: bool = False) -> ImportReport:
+def import_cache(src: str, cache_dir: Path, move_refs: bool = False, *, lock_timeout: float = DEFAULT_LOCK_TIMEOUT,
+                 on_lock_wait: Callable[[LockWait], None] | None = None) -> ImportReport:
     """Merge the cache at ``src`` (a directory, a tar file, or ``-`` for a tar on stdin) into ``cache_dir``.
 
     Args:
@@ -220,8 +224,11 @@ def import_cache(src: str, cache_dir: Path, move_refs: bool = False) -> ImportRe
         cache_dir: the target cache.
         move_refs: a ref the target has at another commit moves to the source's commit (reported); without it that
             refuses the import.
+        lock_timeout: seconds to wait at most for each repo's lock (another warm, prune or import of that repo).
+        on_lock_wait: told which lock it waits for, and who holds it, when a wait lasts a few seconds.
 
     Raises:
+        LockTimeout: a repo's lock stayed held for ``lock_timeout`` seconds (exit 5); nothing is written then.
         UsageError: ``src`` does not exist, holds an entry that is refused (the message names it), or goes past a
             bound (``MAX_*``); nothing is written then.
         IntegrityError: a blob or file does not match its hash; nothing is written then.
@@ -247,7 +254,8 @@ def import_cache(src: str, cache_dir: Path, move_refs: bool = False) -> ImportRe
             _resolve_files(repo, staging)
         _check_shape(plan)
         with contextlib.ExitStack() as locks:
-            folders = {name: RepoFolder(cache_dir, *parse_folder_name(name)) for name in sorted(plan)}
+            folders = {name: RepoFolder(cache_dir, *parse_folder_name(name), lock_timeout=lock_timeout,
+                                        on_lock_wait=on_lock_wait) for name in sorted(plan)}
             for folder in folders.values():
                 locks.enter_context(folder.repo_lock())
             checked = _check_target(plan, folders, move_refs)
@@ -498,7 +506,7 @@ def _publish(plan: dict[str, _RepoPlan], staging: _Staging, cache_dir: Path, fol
     for folder_name, repo in sorted(plan.items()):
         folder = folders[folder_name]
         present, moves = checked[folder_name]
-        (folder.root / "snapshots").mkdir(parents=True, exist_ok=True)
+        folder.make_dir(folder.root / "snapshots")
         _publish_blobs(folder, repo, staging, published, counts)
         for (commit, path), etag in sorted(repo.links.items()):
             if (commit, path) not in present:
@@ -509,8 +517,8 @@ def _publish(plan: dict[str, _RepoPlan], staging: _Staging, cache_dir: Path, fol
         for tree, (staged, _) in sorted(repo.trees.items()):
             target = folder.root / "trees" / tree
             if not os.path.lexists(target):
-                target.parent.mkdir(exist_ok=True)
-                with open(staged, "rb") as src, atomic_output(target) as out:
+                folder.make_dir(target.parent)
+                with open(staged, "rb") as src, atomic_output(target, folder.policy) as out:
                     shutil.copyfileobj(src, out, _CHUNK)
         for ref, commit in sorted(repo.refs.items()):
             folder.write_ref(ref, commit)
@@ -526,13 +534,15 @@ def _publish_blobs(folder: RepoFolder, repo: _RepoPlan, staging: _Staging, publi
         if folder.blob_ok(etag, size):
             counts["existing"] += 1
             continue
-        folder.blob_path(etag).parent.mkdir(parents=True, exist_ok=True)
+        folder.make_dir(folder.blob_path(etag).parent)
         if etag in published and folder.adopt_blob(published[etag], etag):
             pass
         elif staged.exists():
+            share_file(staged, folder.policy)
             os.replace(staged, folder.blob_path(etag))
             counts["bytes"] += size
         else:
             shutil.copyfile(published[etag], folder.blob_path(etag))
+            share_file(folder.blob_path(etag), folder.policy)
         published[etag] = folder.blob_path(etag)
         counts["new"] += 1

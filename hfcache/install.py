@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from .cache import resolve_cache_dir
 from .lockfile import CacheStatus, Lockfile, cache_statuses
+from .locking import DEFAULT_LOCK_TIMEOUT, LockWait
 from .records import ProgressSink, RepoResult, WarmedFile, WarmReport
 
 
@@ -38,6 +39,8 @@ def warm_lock(
     max_workers: int = 8,
     timeout: float = 10.0,
     progress: ProgressSink | None = None,
+    lock_timeout: float = DEFAULT_LOCK_TIMEOUT,
+    on_lock_wait: Callable[[LockWait], None] | None = None,
 ) -> WarmReport:
     """Make ``cache_dir`` hold exactly what ``lock`` pins.
 
@@ -67,7 +70,8 @@ def warm_lock(
         from .warming import warm  # the network path: only now pay for huggingface_hub's import
 
         report = warm([r.request for r in todo], cache_dir=root, endpoint=endpoint, token=token,
-                      max_workers=max_workers, timeout=timeout, progress=progress, pinned=todo)
+                      max_workers=max_workers, timeout=timeout, progress=progress, pinned=todo,
+                      lock_timeout=lock_timeout, on_lock_wait=on_lock_wait)
         endpoints = report.endpoints
         fetched = iter(report.repos)
         results = [r if r is not None else next(fetched) for r in results]

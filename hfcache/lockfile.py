@@ -20,7 +20,7 @@ from typing import Any
 
 import tomli_w
 
-from .cache import RepoFolder, atomic_write, cache_error
+from .cache import RepoFolder, atomic_write, cache_error, resolve_cache_dir
 from .errors import UsageError
 from .records import KINDS, REPO_TYPES, WarmRequest, valid_repo_id
 from .selection import UnsafePath, validate_repo_path
@@ -274,6 +274,46 @@ def _manifest_entry(entry: dict[str, Any], where: str) -> WarmRequest:
 
 
 # ------------------------------------------------------------------------------------------------ lock
+
+
+def lock_manifest(lock_path: str | os.PathLike[str], manifest_path: str | os.PathLike[str] | None = None, *,
+                  required: bool = False) -> Manifest | None:
+    """The manifest that goes with a lock: ``manifest_path`` when given (``--manifest``), else ``hfcache.toml`` or a
+    ``pyproject.toml`` with ``[tool.hfcache]`` in the lock's folder.
+
+    Returns:
+        Manifest, or None when there is none beside the lock and none is ``required`` (a lock alone, e.g. copied
+        into an image, is enough).
+
+    Raises:
+        UsageError: the manifest is given or required but missing, or it exists but is invalid.
+    """
+    if manifest_path is not None or required:
+        return load_manifest(find_manifest(manifest_path, start=Path(lock_path).parent))
+    try:
+        return load_manifest(find_manifest(None, start=Path(lock_path).parent))
+    except ManifestNotFound:
+        return None
+
+
+def lock_cache_dir(lock_path: str | os.PathLike[str], cache_dir: str | os.PathLike[str] | None = None, *,
+                   manifest: Manifest | None = None, manifest_path: str | os.PathLike[str] | None = None) -> Path:
+    """The cache every ``--lock`` command works on (README "Which cache a --lock command uses"): ``cache_dir``
+    (``--cache-dir``) when given; else the ``cache_dir`` of the lock's manifest (``manifest`` if already loaded,
+    else :func:`lock_manifest`); else the environment's (``HF_HUB_CACHE``, ``$HF_HOME/hub``,
+    ``~/.cache/huggingface/hub``).
+
+    Returns:
+        Path: absolute; not checked for existence.
+
+    Raises:
+        UsageError: the manifest is given but missing, or exists but is invalid.
+    """
+    if cache_dir is not None:
+        return resolve_cache_dir(cache_dir)
+    if manifest is None:
+        manifest = lock_manifest(lock_path, manifest_path)
+    return resolve_cache_dir(manifest.cache_dir if manifest is not None and manifest.cache_dir else None)
 
 
 def default_lock_path(manifest_path: Path) -> Path:

@@ -673,7 +673,8 @@ def _fetch_layer(client, container, layer: dict, diff_id: str, combined: tarfile
 
 
 def pull(reference: str, cache_dir: Path, plain_http: bool = False, credentials: Credentials | None = None,
-         timeout: float = 60.0, sink: TransferSink | None = None, move_refs: bool = False) -> PullReport:
+         timeout: float = 60.0, sink: TransferSink | None = None, move_refs: bool = False,
+         lock_timeout: float = 600.0, on_lock_wait=None) -> PullReport:
     """Pull the image ``reference`` and merge its cache into ``cache_dir``, every digest checked first.
 
     Args:
@@ -681,6 +682,7 @@ def pull(reference: str, cache_dir: Path, plain_http: bool = False, credentials:
         cache_dir: the target cache (created if missing).
         plain_http, credentials, timeout, sink: as for :func:`push`.
         move_refs: a ref the target has at another commit moves to the image's (else that refuses the pull).
+        lock_timeout, on_lock_wait: as for :func:`hfcache.importer.import_cache` (the bounded wait for repo locks).
 
     Returns:
         PullReport.
@@ -719,6 +721,7 @@ def pull(reference: str, cache_dir: Path, plain_http: bool = False, credentials:
                 repos = str((layer.get("annotations") or {}).get(f"{ANNOTATION_PREFIX}.repos", ""))
                 layers.append(Layer(layer["digest"], layer["size"], diff_id,
                                     tuple(r for r in repos.split(",") if r), got))
-        imported = import_cache(str(combined_path), Path(cache_dir), move_refs=move_refs)
+        imported = import_cache(str(combined_path), Path(cache_dir), move_refs=move_refs, lock_timeout=lock_timeout,
+                                on_lock_wait=on_lock_wait)
     return PullReport(reference=reference, digest=_sha256(body), layers=tuple(layers), bytes_downloaded=received,
                       imported=imported)

@@ -23,6 +23,11 @@ The variables (checked against huggingface_hub 2.4.0 and transformers 5.24.0; DE
                                     refresh an OAuth login (a network call and a file write, ``utils/_auth.py``
                                     ``_refresh_oauth_token_if_needed``); with this set, ``get_token_to_send``
                                     (``utils/_headers.py``) skips all of it.
+``HF_MODULES_CACHE=<private tmp>``  only when the folder transformers copies ``trust_remote_code`` code into
+                                    (``HF_MODULES_CACHE``, default ``$HF_HOME/modules``: transformers
+                                    ``utils/hub.py``) cannot be written here, e.g. a read-only HOME; an explicit
+                                    ``HF_MODULES_CACHE`` is never replaced. See :mod:`hfcache.modules_cache` for
+                                    the folder chosen (``<tmp>/hfcache-modules-<uid>``, mode 0700) and why.
 ==================================  ===========================================================================
 
 Left out on purpose: ``HF_HUB_DISABLE_XET`` (Xet is used only to download a file, after its metadata request,
@@ -112,15 +117,19 @@ class OfflineEnv:
         return dict(self.variables)
 
 
-def offline_environment(cache_dir: str | os.PathLike[str] | None = None) -> OfflineEnv:
+def offline_environment(cache_dir: str | os.PathLike[str] | None = None,
+                        environ: Mapping[str, str] | None = None) -> OfflineEnv:
     """The offline variables for ``cache_dir`` (see the module docstring for each one and its source).
 
     Args:
         cache_dir: the cache root; default: ``HF_HUB_CACHE``, ``$HF_HOME/hub`` or ``~/.cache/huggingface/hub``
             (``cache.default_cache_dir``). Made absolute.
+        environ: the environment the variables will be added to (default ``os.environ``): it decides whether the
+            modules cache needs moving (``modules_cache.modules_cache_override``, which creates the private folder).
 
     Returns:
-        OfflineEnv: ``HF_HOME`` (only when the cache folder is named ``hub``), ``HF_HUB_CACHE``, then the flags.
+        OfflineEnv: ``HF_HOME`` (only when the cache folder is named ``hub``), ``HF_HUB_CACHE``, ``HF_MODULES_CACHE``
+        (only when its default cannot be written), then the flags.
 
     Raises:
         UsageError: the path contains a newline or NUL (no output format can carry it).
@@ -132,6 +141,14 @@ def offline_environment(cache_dir: str | os.PathLike[str] | None = None) -> Offl
     if cache.name == "hub":
         variables.append(("HF_HOME", str(cache.parent)))
     variables.append(("HF_HUB_CACHE", str(cache)))
+    from .modules_cache import ENV_NAME, modules_cache_override
+
+    try:
+        modules = modules_cache_override({**(os.environ if environ is None else environ), **dict(variables)})
+    except OSError:
+        modules = None  # no writable temporary folder either: leave it to transformers (doctor reports it)
+    if modules is not None:
+        variables.append((ENV_NAME, str(modules)))
     variables.extend(OFFLINE_FLAGS)
     return OfflineEnv(cache_dir=cache, variables=tuple(variables))
 
@@ -240,24 +257,6 @@ def guarded_environment(base: Mapping[str, str], offline: OfflineEnv,
     return environ
 
 
-def lock_cache_dir(lock_path: Path, cache_dir: str | os.PathLike[str] | None) -> Path:
-    """The cache a lock is checked against: ``cache_dir``, else the ``cache_dir`` of the manifest beside the lock (as
-    ``warm --lock`` picks it), else the environment's default.
-
-    Raises:
-        UsageError: the manifest beside the lock exists but is invalid.
-    """
-    if cache_dir is not None:
-        return resolve_cache_dir(cache_dir)
-    from .lockfile import ManifestNotFound, find_manifest, load_manifest
-
-    try:
-        manifest = load_manifest(find_manifest(None, start=lock_path.parent))
-    except ManifestNotFound:
-        manifest = None
-    return resolve_cache_dir(manifest.cache_dir if manifest and manifest.cache_dir else None)
-
-
 def check_lock(lock: Lockfile, cache: Path, lock_name: str) -> tuple[CacheStatus, ...]:
     """Check with ``stat`` only (``lockfile.cache_status``: sizes, refs, markers; no hashing) that ``cache`` holds
     ``lock``.
@@ -301,15 +300,16 @@ def prepare_exec(command: Sequence[str], *, cache_dir: str | os.PathLike[str] | 
     hosts = parse_allow_hosts(allow_hosts)
     statuses: tuple[CacheStatus, ...] = ()
     if lock is not None:
-        from .lockfile import read_lock
+        from .lockfile import lock_cache_dir, read_lock
 
         lock_path = Path(lock)
         cache = lock_cache_dir(lock_path, cache_dir)
         statuses = check_lock(read_lock(lock_path), cache, str(lock))
     else:
         cache = resolve_cache_dir(cache_dir)
-    offline = offline_environment(cache)
-    child_env = guarded_environment(os.environ if environ is None else environ, offline, hosts)
+    base = os.environ if environ is None else environ
+    offline = offline_environment(cache, base)
+    child_env = guarded_environment(base, offline, hosts)
     return ExecPlan(argv=tuple(command), environ=child_env, offline=offline,
                     allow_hosts=tuple(str(h) for h in hosts), lock_statuses=statuses)
 
@@ -363,7 +363,7 @@ class OfflineSettings:
     allow_hosts: tuple[str, ...] = ()
 
 
-def _module_constants(cache: Path) -> list[tuple[str, str, Any]]:
+def _module_constants(cache: Path, modules: str | None = None) -> list[tuple[str, str, Any]]:
     """``(module, NAME, value)`` of every copy of an offline setting that a library computed at import time.
 
     Found in huggingface_hub 2.4.0 and transformers 5.24.0: ``huggingface_hub/constants.py`` reads every ``HF_*``
@@ -372,9 +372,13 @@ def _module_constants(cache: Path) -> list[tuple[str, str, Any]]:
     ``from ..constants import HF_HUB_CACHE`` (``utils/_cache_manager.py``, ``scan_cache_dir``'s default).
     transformers 5 keeps no copy of these (it imports ``is_offline_mode`` and ``constants`` from huggingface_hub);
     transformers 4 had ``utils/hub.py: _is_offline_mode``; ``datasets`` has ``config.HF_DATASETS_OFFLINE`` and
-    ``config.HF_HUB_OFFLINE``. ``HF_HOME``-derived paths (token file, trust_remote_code modules) are not touched.
+    ``config.HF_HUB_OFFLINE``. ``HF_HOME``-derived paths (token file) are not touched, except the modules cache when
+    ``modules`` moves it (``HF_MODULES_CACHE``: copied by ``transformers.utils.hub`` and imported by name into
+    ``transformers.dynamic_module_utils``, which uses its own copy).
     """
-    return [
+    moved = [("transformers.utils.hub", "HF_MODULES_CACHE", modules),
+             ("transformers.dynamic_module_utils", "HF_MODULES_CACHE", modules)] if modules else []
+    return moved + [
         ("huggingface_hub.constants", "HF_HUB_OFFLINE", True),
         ("huggingface_hub.constants", "HF_HUB_CACHE", str(cache)),
         ("huggingface_hub.constants", "HF_HUB_DISABLE_TELEMETRY", True),
@@ -387,7 +391,7 @@ def _module_constants(cache: Path) -> list[tuple[str, str, Any]]:
     ]
 
 
-def _sync_imported_modules(cache: Path) -> tuple[str, ...]:
+def _sync_imported_modules(cache: Path, modules: str | None = None) -> tuple[str, ...]:
     """Set the import-time copies of the offline settings in modules already imported, then check that the libraries
     now report offline mode and this cache through their own accessors.
 
@@ -396,7 +400,7 @@ def _sync_imported_modules(cache: Path) -> tuple[str, ...]:
             does not know about).
     """
     patched = []
-    for module_name, attr, value in _module_constants(cache):
+    for module_name, attr, value in _module_constants(cache, modules):
         module = sys.modules.get(module_name)
         if module is not None and hasattr(module, attr) and getattr(module, attr) != value:
             setattr(module, attr, value)
@@ -428,7 +432,7 @@ def enforce_offline(cache_dir: str | os.PathLike[str] | None = None, *,
     Best called first thing, before transformers or huggingface_hub is imported: they read ``HF_*`` at import time.
     If they were already imported, their import-time copies of these settings are updated too (see
     ``_module_constants`` for the list and its source), and the libraries' own accessors are checked afterwards;
-    ``HF_HOME``-derived paths (token file, ``trust_remote_code`` modules) keep their import-time values.
+    ``HF_HOME``-derived paths keep their import-time values (the token file), except a moved ``HF_MODULES_CACHE``.
     Subprocesses inherit the environment but not the guard (use ``hfcache exec`` for those).
 
     Args:
@@ -450,7 +454,7 @@ def enforce_offline(cache_dir: str | os.PathLike[str] | None = None, *,
     """
     hosts = parse_allow_hosts(allow_hosts)
     if lock is not None:
-        from .lockfile import Lockfile, read_lock
+        from .lockfile import Lockfile, lock_cache_dir, read_lock
 
         if isinstance(lock, Lockfile):
             cache = resolve_cache_dir(cache_dir)
@@ -462,7 +466,7 @@ def enforce_offline(cache_dir: str | os.PathLike[str] | None = None, *,
         cache = resolve_cache_dir(cache_dir)
     offline = offline_environment(cache)
     os.environ.update(offline.variables)
-    patched = _sync_imported_modules(cache)
+    patched = _sync_imported_modules(cache, offline.as_dict().get("HF_MODULES_CACHE"))
     network_guard.install(hosts, enforce=True)
     return OfflineSettings(cache_dir=cache, environ=offline.as_dict(), patched=patched,
                            allow_hosts=tuple(str(h) for h in hosts))

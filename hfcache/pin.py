@@ -19,7 +19,7 @@ from .hub import HubClient
 from .lockfile import LockedFile, LockedRepo, Lockfile, Manifest, filter_upgrade, lock_relative_name, write_lock
 from .project import open_project
 from .records import WarmRequest
-from .selection import check_index_size, select, shards_from_index
+from .selection import MAX_PARSE_BYTES, check_index_size, follow_configs, select, shards_from_index
 from .warming import make_clients
 
 
@@ -75,20 +75,33 @@ def resolve_entry(client: HubClient, request: WarmRequest) -> LockedRepo:
     by_path = {f.path: f for f in repo.files}
     selection = select(by_path, request.kind, request.include, request.exclude)
     paths = set(selection.paths)
-    for index in selection.needs_index:
-        buffer = io.BytesIO()
+    absent = selection.absent
+    needs_index = selection.needs_index
+    if selection.needs_config:  # custom code (auto_map), module folders (read in memory, hash-checked, never run)
+        followed = follow_configs(selection.needs_config, lambda p: _download(client, repo, by_path[p]), by_path,
+                                  request.kind, request.exclude)
+        paths |= set(followed.paths)
+        absent = tuple(sorted(set(absent) | set(followed.absent)))
+        needs_index += followed.needs_index
+    for index in needs_index:
         try:
             check_index_size(index, by_path[index].size)
-        except ValueError as exc:
-            raise IntegrityError(f"{request.repo_id}: {exc}") from None
-        client.download(repo, by_path[index], buffer)
-        try:
-            paths |= shards_from_index(buffer.getvalue(), by_path, index)
+            paths |= shards_from_index(_download(client, repo, by_path[index], limit=None), by_path, index)
         except ValueError as exc:
             raise IntegrityError(f"{request.repo_id}: {exc}") from None
     files = tuple(LockedFile(path=p, size=by_path[p].size, hash=by_path[p].hash) for p in sorted(paths))
     return LockedRepo(request=request, canonical_id=repo.canonical_id, commit_hash=repo.commit_hash,
-                      files=files, absent=selection.absent)
+                      files=files, absent=absent)
+
+
+def _download(client: HubClient, repo, file, limit: int | None = MAX_PARSE_BYTES) -> bytes:
+    """A small file's bytes, in memory (``HubClient.download`` checks size and hash); ``b""`` above ``limit``
+    bytes (nothing is parsed from it then)."""
+    if limit is not None and file.size > limit:
+        return b""
+    buffer = io.BytesIO()
+    client.download(repo, file, buffer)
+    return buffer.getvalue()
 
 
 def pin(

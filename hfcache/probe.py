@@ -1,6 +1,8 @@
 """The child side of ``hfcache check``: load tokenizers offline and report, one JSON line on stdout.
 
-Run as ``python -m hfcache.probe TEXT REPO_ID@REVISION...`` with ``HF_HUB_OFFLINE=1`` and ``HF_HUB_CACHE`` set by
+Run as ``python -m hfcache.probe TEXT REPO_ID@REVISION... [--trust-remote-code REPO_ID@REVISION]...`` (the
+specs repeated after ``--trust-remote-code`` load with ``trust_remote_code=True``: their ``auto_map`` names custom
+code, see ``check.custom_code_refs``) with ``HF_HUB_OFFLINE=1`` and ``HF_HUB_CACHE`` set by
 the parent. Before transformers is imported, hfcache's network guard (``guard.py``: a PEP 578 audit hook, with nothing
 allowed, not even loopback) turns any attempt to open a network connection into an immediate error, so a load that
 would reach for the network fails fast and says so instead of hanging (DESIGN §3).
@@ -8,8 +10,8 @@ would reach for the network fails fast and says so instead of hanging (DESIGN §
 
 from __future__ import annotations
 
+import argparse
 import json
-import sys
 import time
 
 from . import guard as network_guard
@@ -20,8 +22,9 @@ def _attempts() -> list[str]:
     return installed.attempts if installed is not None else []
 
 
-def probe(text: str, specs: list[str]) -> dict[str, dict]:
-    """Load each ``REPO_ID@REVISION`` with ``AutoTokenizer.from_pretrained`` and encode ``text``."""
+def probe(text: str, specs: list[str], trusted: frozenset[str] = frozenset()) -> dict[str, dict]:
+    """Load each ``REPO_ID@REVISION`` with ``AutoTokenizer.from_pretrained`` and encode ``text``; the specs in
+    ``trusted`` with ``trust_remote_code=True``."""
     results: dict[str, dict] = {}
     started = time.perf_counter()
     try:
@@ -34,7 +37,9 @@ def probe(text: str, specs: list[str]) -> dict[str, dict]:
         t0 = time.perf_counter()
         seen = len(_attempts())
         try:
-            tokenizer = AutoTokenizer.from_pretrained(repo_id, revision=revision or "main")
+            # Explicit either way: with None, transformers asks on stdin ("Do you wish to run the custom code?").
+            tokenizer = AutoTokenizer.from_pretrained(repo_id, revision=revision or "main",
+                                                      trust_remote_code=spec in trusted)
             ids = tokenizer(text)["input_ids"]
             attempts = _attempts()[seen:]
             if attempts:  # it loaded, but only because the library swallowed the refused connection
@@ -57,8 +62,14 @@ def probe(text: str, specs: list[str]) -> dict[str, dict]:
 
 def main() -> None:
     network_guard.install(enforce=True)
-    text, specs = sys.argv[1], sys.argv[2:]
-    sys.stdout.write(json.dumps(probe(text, specs)) + "\n")
+    parser = argparse.ArgumentParser(prog="python -m hfcache.probe")
+    parser.add_argument("text")
+    parser.add_argument("specs", nargs="*")
+    parser.add_argument("--trust-remote-code", action="append", default=[], metavar="SPEC")
+    args = parser.parse_args()
+    results = probe(args.text, args.specs, frozenset(args.trust_remote_code))
+    # On a line of its own: loaded code may have written to stdout without a final newline.
+    print("\n" + json.dumps(results), flush=True)
 
 
 if __name__ == "__main__":

@@ -12,19 +12,21 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from .cache import existing_cache_dir
 from .errors import CheckFailed
 from .lockfile import (
     Lockfile,
     Manifest,
-    ManifestNotFound,
     default_lock_path,
     drift,
     find_manifest,
     load_manifest,
+    lock_cache_dir,
+    lock_manifest,
     read_lock,
 )
 
-__all__ = ["LockCheck", "LockInstall", "check_lock", "open_project", "resolve_install"]
+__all__ = ["LockCheck", "LockInstall", "check_lock", "open_project", "reading_cache_dir", "resolve_install"]
 
 
 @dataclass(frozen=True)
@@ -34,13 +36,14 @@ class LockInstall:
     Attributes:
         lock (Lockfile): the lock read.
         manifest (Manifest | None): the manifest found beside the lock (or given); None when there is none.
-        cache_dir (str | Path | None): the cache given, else the manifest's ``cache_dir``, else None (the default).
+        cache_dir (Path): absolute: the cache given, else the manifest's ``cache_dir``, else the environment's
+            (:func:`hfcache.lockfile.lock_cache_dir`; README "Which cache a --lock command uses").
         endpoint (list[str] | None): the endpoints given, else the manifest's, else None (``HF_ENDPOINT``/the Hub).
     """
 
     lock: Lockfile
     manifest: Manifest | None
-    cache_dir: str | Path | None
+    cache_dir: Path
     endpoint: list[str] | None
 
 
@@ -73,15 +76,7 @@ def resolve_install(
         CheckFailed: ``locked`` and the lock is out of date with the manifest (exit 1).
     """
     lock = read_lock(lock_file)
-    start = Path(lock_file).parent
-    found = None
-    if manifest or locked:
-        found = load_manifest(find_manifest(manifest, start=start))
-    else:
-        try:
-            found = load_manifest(find_manifest(None, start=start))
-        except ManifestNotFound:
-            found = None  # a lock alone (e.g. copied into an image) is enough; a broken manifest is an error
+    found = lock_manifest(lock_file, manifest, required=locked)
     if locked:
         problems = drift(found, lock)
         if problems:
@@ -91,9 +86,25 @@ def resolve_install(
     return LockInstall(
         lock=lock,
         manifest=found,
-        cache_dir=cache_dir or (found.cache_dir if found else None),
+        cache_dir=lock_cache_dir(lock_file, cache_dir, manifest=found),
         endpoint=list(endpoint) or (list(found.endpoints) if found and found.endpoints else None),
     )
+
+
+def reading_cache_dir(cache_dir: str | os.PathLike[str] | None = None,
+                      lock_file: str | os.PathLike[str] | None = None) -> Path:
+    """The existing cache a reading command (``ls``, ``verify``, ``check``, ``export``) works on: with a lock, as
+    ``warm --lock`` picks it (:func:`hfcache.lockfile.lock_cache_dir`: ``cache_dir``, else the lock's manifest's,
+    else the environment's); without, ``cache_dir`` or the environment's.
+
+    Returns:
+        Path: absolute, an existing directory.
+
+    Raises:
+        CacheError: the cache does not exist or is not a directory (see :func:`hfcache.cache.existing_cache_dir`).
+        UsageError: the lock's manifest exists but is invalid.
+    """
+    return existing_cache_dir(lock_cache_dir(lock_file, cache_dir) if lock_file else cache_dir)
 
 
 def open_project(manifest: str | os.PathLike[str] | None = None,

@@ -7,6 +7,7 @@ loading huggingface_hub or an HTTP client.
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -180,6 +181,22 @@ class NoProgress:
         pass
 
 
+
+
+def parse_specs(specs: Iterable[str]) -> dict[str, set[str]]:
+    """``REPO_ID[@REVISION]`` arguments of the reading commands (``check``, ``verify``), parsed as ``warm`` parses
+    them: repo id -> the revisions named (an empty set: every cached revision of that repo).
+
+    Raises:
+        UsageError: a malformed id or revision.
+    """
+    wanted: dict[str, set[str]] = {}
+    for spec in specs:
+        request = WarmRequest.parse(spec)
+        revisions = wanted.setdefault(request.repo_id, set())
+        if "@" in spec:
+            revisions.add(request.revision)
+    return wanted
 
 
 def valid_repo_id(repo_id: str) -> bool:

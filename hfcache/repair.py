@@ -21,6 +21,7 @@ from pathlib import Path
 
 from .cache import RepoFolder, cache_error, symlinks_supported
 from .errors import HfcacheError, RevisionNotFound
+from .locking import DEFAULT_LOCK_TIMEOUT
 from .hub import HubClient, RemoteFile, RepoRevision
 from .lockfile import Lockfile
 from .scan import parse_folder_name, scan_repo
@@ -56,6 +57,8 @@ def repair(
     *,
     client: HubClient | None,
     lock: Lockfile | None = None,
+    lock_timeout: float = DEFAULT_LOCK_TIMEOUT,
+    on_lock_wait=None,
 ) -> tuple[RepairAction, ...]:
     """Repair the integrity errors of ``report`` in place.
 
@@ -63,6 +66,9 @@ def repair(
         report: a verify report of the cache to repair.
         client: the endpoint to download from (None: only offline repairs: refs and links).
         lock: when given, downloaded files must also match the lock's hashes.
+        lock_timeout: seconds to wait at most for a repo's or blob's lock; a repo whose lock stays held is a
+            ``failed`` action naming the lock.
+        on_lock_wait: called with a :class:`hfcache.locking.LockWait` when a wait lasts a few seconds.
 
     Returns:
         The actions taken, sorted; a ``failed`` action names what could not be fixed and why.
@@ -77,12 +83,14 @@ def repair(
         parsed = parse_folder_name(folder_name)
         if parsed is None:
             continue
-        folder = RepoFolder(cache_dir, parsed[0], parsed[1])
+        folder = RepoFolder(cache_dir, parsed[0], parsed[1], lock_timeout=lock_timeout, on_lock_wait=on_lock_wait)
         try:
             with folder.repo_lock():
                 actions.extend(_repair_repo(folder, problems, client, lock, symlinks))
         except OSError as exc:
             actions.append(RepairAction(parsed[0], "", "", "failed", cache_error(exc, folder_name).message))
+        except HfcacheError as exc:  # LockTimeout
+            actions.append(RepairAction(parsed[0], "", "", "failed", exc.message))
     return tuple(sorted(actions, key=lambda a: (a.repo_id, a.revision, a.path, a.action)))
 
 

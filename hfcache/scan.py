@@ -83,6 +83,9 @@ class RepoInfo:
         last_used (float): newest ``last_used`` of its revisions (0 when it has none).
         problems (tuple[str, ...]): repo-level and revision-level problems, in a stable order.
         inodes (dict[tuple[int, int], int]): (device, inode) -> size of every distinct content, to total a cache.
+        unreadable (tuple[str, ...]): parts this user cannot list or read, relative to the repo folder (``blobs/``,
+            ``refs/main``, ``snapshots/<commit>/``); each is also a problem. What they hold is unknown, so commands
+            that change a repo leave such a repo alone.
     """
 
     repo_id: str
@@ -96,6 +99,7 @@ class RepoInfo:
     last_used: float
     problems: tuple[str, ...]
     inodes: dict[tuple[int, int], int]
+    unreadable: tuple[str, ...] = ()
 
     @property
     def health(self) -> str:
@@ -128,6 +132,9 @@ def scan_cache(cache_dir: str | os.PathLike[str], repo_ids: set[str] | None = No
 
     Returns:
         CacheInfo. A missing cache directory gives an empty CacheInfo.
+
+    Raises:
+        CacheError: the cache directory exists but cannot be listed by this user (exit 5, naming what blocks it).
     """
     root = Path(cache_dir)
     # The scan allocates ~10 objects per file and frees none: the cyclic collector would run thousands of times for
@@ -147,6 +154,10 @@ def _scan(root: Path, repo_ids: set[str] | None) -> CacheInfo:
         entries = sorted(os.scandir(root), key=lambda e: e.name)
     except FileNotFoundError:
         entries = []
+    except PermissionError:
+        from .cache import access_error
+
+        raise access_error(root) from None
     for entry in entries:
         parsed = parse_folder_name(entry.name)
         if parsed is None or not entry.is_dir(follow_symlinks=False):
@@ -161,11 +172,16 @@ def _scan(root: Path, repo_ids: set[str] | None) -> CacheInfo:
     return CacheInfo(cache_dir=str(root), repos=tuple(repos), size_on_disk=sum(seen.values()))
 
 
-def _scandir(path: str) -> list[os.DirEntry]:
+def _scandir(path: str, denied: list[str] | None = None, rel: str = "") -> list[os.DirEntry]:
+    """The entries of ``path``; a folder this user cannot list is added to ``denied`` (as ``rel``) and gives none."""
     try:
         with os.scandir(path) as it:
             return list(it)
     except (FileNotFoundError, NotADirectoryError):
+        return []
+    except PermissionError:
+        if denied is not None:
+            denied.append(rel)
         return []
 
 
@@ -173,15 +189,23 @@ def scan_repo(folder: Path, repo_id: str, repo_type: str) -> RepoInfo:
     """Scan one repo folder (metadata only). String paths and ``scandir`` throughout: this runs 10,000 times
     for a large cache, and ``os.walk``/``relpath``/``pathlib`` dominated its cost."""
     base = str(folder)
+    if not os.access(base, os.R_OK | os.X_OK):  # the folder itself cannot be listed or entered: nothing is known
+        return RepoInfo(repo_id=repo_id, repo_type=repo_type, folder=folder.name, refs={}, revisions=(),
+                        size_on_disk=0, blob_count=0, incomplete=(), last_used=0.0,
+                        problems=(f"{folder.name}/: {_DENIED}",), inodes={}, unreadable=("",))
     problems: list[str] = []
     blob_stats: dict[str, os.stat_result] = {}
     incomplete = []
     inodes: dict[tuple[int, int], int] = {}
-    for e in _scandir(base + "/blobs"):
+    denied: list[str] = []
+    for e in _scandir(base + "/blobs", denied, "blobs/"):
         try:
             st = e.stat(follow_symlinks=False)
         except FileNotFoundError:  # removed since the listing (a concurrent prune): not part of the cache now
             continue
+        except PermissionError:  # listable but not searchable (mode r--)
+            denied.append("blobs/")
+            break
         if e.name.endswith(".incomplete"):
             incomplete.append(e.name)
             inodes[(st.st_dev, st.st_ino)] = st.st_size
@@ -196,8 +220,9 @@ def scan_repo(folder: Path, repo_id: str, repo_type: str) -> RepoInfo:
     if incomplete:
         problems.append(f"{len(incomplete)} leftover .incomplete file(s)")
 
-    refs = _read_refs(base + "/refs", "")
-    snapshots = {e.name: e.path for e in _scandir(base + "/snapshots") if e.is_dir(follow_symlinks=False)}
+    refs = _read_refs(base + "/refs", "", denied)
+    snapshots = {e.name: e.path for e in _scandir(base + "/snapshots", denied, "snapshots/")
+                 if e.is_dir(follow_symlinks=False)}
     for name, value in sorted(refs.items()):
         if not _COMMIT_RE.fullmatch(value.encode("utf-8", "replace")):
             problems.append(f"refs/{name}: malformed ({value!r}, expected 40 hex characters)")
@@ -206,8 +231,12 @@ def scan_repo(folder: Path, repo_id: str, repo_type: str) -> RepoInfo:
 
     revisions = []
     for commit, path in sorted(snapshots.items()):
-        revisions.append(_scan_revision(base, commit, path, refs, blob_stats, inodes))
+        revisions.append(_scan_revision(base, commit, path, refs, blob_stats, inodes, denied))
         problems.extend(f"{commit[:12]}: {p}" for p in revisions[-1].problems)
+    if denied:
+        # What this user sees of the repo is partial (links into an unreadable blobs/ look broken): only the parts
+        # it cannot read are reported, and commands that change a repo leave it alone.
+        problems = [f"{part or folder.name + '/'}: {_DENIED}" for part in sorted(set(denied))]
     return RepoInfo(
         repo_id=repo_id,
         repo_type=repo_type,
@@ -220,38 +249,48 @@ def scan_repo(folder: Path, repo_id: str, repo_type: str) -> RepoInfo:
         last_used=max((r.last_used for r in revisions), default=0.0),
         problems=tuple(problems),
         inodes=inodes,
+        unreadable=tuple(sorted(set(denied))),
     )
 
 
-def _read_refs(refs_dir: str, prefix: str) -> dict[str, str]:
+def _read_refs(refs_dir: str, prefix: str, denied: list[str]) -> dict[str, str]:
     """ref name (``main``, ``refs/pr/1``) -> its content, decoded; nested ref folders are walked."""
     refs = {}
-    for e in _scandir(refs_dir):
+    for e in _scandir(refs_dir, denied, f"refs/{prefix}"):
         if e.is_dir(follow_symlinks=False):
-            refs.update(_read_refs(e.path, prefix + e.name + "/"))
+            refs.update(_read_refs(e.path, prefix + e.name + "/", denied))
             continue
         try:
             with open(e.path, "rb") as f:
                 data = f.read(256)
+        except PermissionError:
+            denied.append(f"refs/{prefix}{e.name}")
+            continue
         except OSError:
             continue
         refs[prefix + e.name] = data.decode("utf-8", "replace")
     return refs
 
 
-def _walk_files(folder: str, prefix: str, out: list[tuple[str, os.DirEntry]]) -> None:
-    """Append (relative path, DirEntry) of every non-directory below ``folder``, without following links."""
+def _walk_files(folder: str, prefix: str, out: list[tuple[str, os.DirEntry]], denied: list[str],
+                where: str) -> None:
+    """Append (relative path, DirEntry) of every non-directory below ``folder``, without following links; a folder
+    this user cannot list is added to ``denied`` (``where`` + its relative path)."""
     try:
         with os.scandir(folder) as it:
             for e in it:
                 if e.is_dir(follow_symlinks=False):
-                    _walk_files(e.path, prefix + e.name + "/", out)
+                    _walk_files(e.path, prefix + e.name + "/", out, denied, where)
                 else:
                     out.append((prefix + e.name, e))
     except (FileNotFoundError, NotADirectoryError):
         pass
+    except PermissionError:
+        denied.append(where + prefix)
 
 
+_DENIED = ("cannot be read by this user (permission denied): ask the cache's owner to make it group-readable "
+           "(`hfcache doctor` prints the fix)")
 _PROBLEM_TEXT = {"broken": "broken link (missing blob)", "absolute": "absolute link ({})",
                  "outside": "link points outside the repo's blobs ({})"}
 _first = operator.itemgetter(0)
@@ -270,16 +309,17 @@ def _classify_link(target: str, rel: str, base: str, entry_path: str, blob_stats
 
 
 def _scan_revision(base: str, commit: str, snapshot: str, refs: dict[str, str],
-                   blob_stats: dict[str, os.stat_result], inodes: dict[tuple[int, int], int]) -> RevisionInfo:
+                   blob_stats: dict[str, os.stat_result], inodes: dict[tuple[int, int], int],
+                   denied: list[str]) -> RevisionInfo:
     files = []
     problems = []
     used: dict[tuple[int, int], int] = {}
     try:
         last_used = os.lstat(snapshot).st_mtime
-    except FileNotFoundError:  # moved away by a concurrent prune since the listing
+    except OSError:  # moved away by a concurrent prune since the listing (or snapshots/ cannot be searched)
         last_used = 0.0
     entries: list[tuple[str, os.DirEntry]] = []
-    _walk_files(snapshot, "", entries)
+    _walk_files(snapshot, "", entries, denied, f"snapshots/{commit}/")
     entries.sort(key=_first)
     readlink = os.readlink
     for rel, entry in entries:
@@ -307,6 +347,9 @@ def _scan_revision(base: str, commit: str, snapshot: str, refs: dict[str, str],
             try:
                 st = entry.stat(follow_symlinks=False)
             except FileNotFoundError:
+                continue
+            except PermissionError:
+                denied.append(f"snapshots/{commit}/{rel}")
                 continue
             form, etag, inode, size = "file", None, (st.st_dev, st.st_ino), st.st_size
             inodes[inode] = size

@@ -1,6 +1,9 @@
 """Which files of a repo to fetch: the tokenizer set, a model in one weight format, or everything.
 
-Pure functions over a repo's file listing; no network, no filesystem.
+Pure functions over a repo's file listing; no network, no filesystem. Some selections need file contents to finish
+(:attr:`Selection.needs_index`, :attr:`Selection.needs_config`): the caller fetches and hash-checks those files and
+passes their bytes to :func:`shards_from_index` / :func:`follow_configs` (custom code named by ``auto_map``, parsed
+with ``ast`` and never executed; sentence-transformers module folders named by ``modules.json``).
 
 The tokenizer file names come from transformers 5.x: ``tokenization_utils_base.py`` (``tokenizer_config.json``,
 ``special_tokens_map.json``, ``added_tokens.json``, ``tokenizer.json``, ``chat_template.jinja``,
@@ -11,10 +14,11 @@ and ``AutoTokenizer`` reading ``config.json`` to pick the class (``models/auto/t
 
 from __future__ import annotations
 
+import ast
 import fnmatch
 import json
 import posixpath
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 from .records import KINDS
@@ -78,11 +82,16 @@ class Selection:
         absent (tuple[str, ...]): optional tokenizer names the repo does not have (``.no_exist`` markers), sorted.
         needs_index (tuple[str, ...]): sharded weight index files whose ``weight_map`` must be read to finish
             the selection (see :func:`shards_from_index`); empty when the selection is complete.
+        needs_config (tuple[str, ...]): config files to read to finish the selection (see :func:`follow_configs`):
+            ``tokenizer_config.json``/``config.json`` whose ``auto_map`` may name custom code (only when the repo has
+            a Python file), and for ``kind="model"`` a sentence-transformers ``modules.json`` naming module folders;
+            empty when the kind selects every file.
     """
 
     paths: tuple[str, ...]
     absent: tuple[str, ...]
     needs_index: tuple[str, ...] = ()
+    needs_config: tuple[str, ...] = ()
 
 
 def _match(path: str, patterns: Iterable[str]) -> bool:
@@ -166,14 +175,20 @@ def select(
                 p for p in all_paths
                 if _match(p, _MODEL_SIDE_GLOBS) and not p.startswith(_EXPORT_DIRS)
             }
-            weights, needs_index = _weight_paths(all_paths)
+            weights, needs_index = _weight_paths(all_paths)  # root weights; module folders: follow_configs
             chosen |= side | weights
     chosen |= {p for p in all_paths if include and _match(p, include)}
     chosen = {p for p in chosen if not (exclude and _match(p, exclude))}
     # Markers for every kind: a tokenizer load from a "model" or "all" warm needs them just the same.
     absent = tuple(sorted(n for n in TOKENIZER_FILENAMES if n not in all_paths))
     needs_index = tuple(i for i in needs_index if i in chosen)
-    return Selection(paths=tuple(sorted(chosen)), absent=absent, needs_index=needs_index)
+    needs_config: tuple[str, ...] = ()
+    if kind != "all":
+        has_code = any(p.endswith(".py") for p in all_paths)
+        needs_config = tuple(c for c in AUTO_MAP_FILES if c in chosen and has_code)
+        if kind == "model" and MODULES_FILE in chosen:
+            needs_config += (MODULES_FILE,)
+    return Selection(paths=tuple(sorted(chosen)), absent=absent, needs_index=needs_index, needs_config=needs_config)
 
 
 #: Largest sharded weight index read into memory, bytes (real ones are about 1 MiB at most); checked against the size
@@ -213,6 +228,221 @@ def shards_from_index(index_bytes: bytes, available: Iterable[str], index_path: 
     if missing:
         raise ValueError(f"{index_path} names shards the repo does not have: {', '.join(missing[:3])}")
     return shards
+
+
+#: Root files whose ``auto_map`` names the custom code a load runs, and the ``auto_map`` keys that matter for a
+#: tokenizer load (transformers 5.24: ``models/auto/tokenization_auto.py`` takes ``AutoTokenizer`` from
+#: ``tokenizer_config.json`` (a dict entry, or the legacy list form), and first loads the config through
+#: ``AutoConfig``, which runs ``config.json``'s ``auto_map["AutoConfig"]`` (``models/auto/configuration_auto.py``)).
+#: ``config.json``'s ``AutoTokenizer`` is read by transformers 4.x; it is followed too.
+AUTO_MAP_FILES: tuple[str, ...] = ("tokenizer_config.json", "config.json")
+#: Configs and code files larger than this are not parsed for ``auto_map`` or imports (a hostile repo's 5 GB
+#: "config.json" must not be read into memory); readers passed to :func:`custom_code_paths` return ``b""`` then.
+MAX_PARSE_BYTES = 16 * 1024 * 1024
+_TOKENIZER_AUTO_KEYS = {"tokenizer_config.json": ("AutoTokenizer",), "config.json": ("AutoConfig", "AutoTokenizer")}
+
+
+def auto_map_refs(config_path: str, config_bytes: bytes, kind: str = "tokenizer") -> tuple[str, ...]:
+    """The class references (``module.ClassName``, or ``org/repo--module.ClassName``) a config's ``auto_map`` names.
+
+    Args:
+        config_path (str): ``tokenizer_config.json`` or ``config.json`` (selects the keys that matter).
+        config_bytes (bytes): the file's content. Not JSON, or no ``auto_map``: no reference.
+        kind (str): ``tokenizer``: only the keys a tokenizer load uses (:data:`AUTO_MAP_FILES`); other kinds: every
+            key (``AutoModel...`` too).
+
+    Returns:
+        tuple[str, ...]: references in file order, without duplicates or ``null`` entries.
+    """
+    try:
+        auto_map = json.loads(config_bytes).get("auto_map")
+    except (ValueError, AttributeError, UnicodeDecodeError):
+        return ()
+    if isinstance(auto_map, list):  # legacy tokenizer_config form: [slow, fast]
+        auto_map = {"AutoTokenizer": auto_map}
+    if not isinstance(auto_map, dict):
+        return ()
+    keys = _TOKENIZER_AUTO_KEYS.get(config_path, ()) if kind == "tokenizer" else tuple(auto_map)
+    refs: list[str] = []
+    for key in keys:
+        value = auto_map.get(key)
+        for ref in value if isinstance(value, list) else [value]:
+            if isinstance(ref, str) and ref and ref not in refs:
+                refs.append(ref)
+    return tuple(refs)
+
+
+def module_path(class_ref: str) -> str | None:
+    """The repo path of the module a class reference lives in, as transformers derives it
+    (``dynamic_module_utils.get_class_from_dynamic_module``: ``module_file, class_name = ref.split(".")``, then
+    ``module_file + ".py"``); None for a reference into another repo (``org/repo--module.Class``: that repo must be
+    warmed itself) or one transformers could not load either (not exactly ``module.Class``, or an unsafe path).
+    """
+    if "--" in class_ref:
+        return None
+    parts = class_ref.split(".")
+    if len(parts) != 2 or not all(parts):
+        return None
+    try:
+        return validate_repo_path(parts[0] + ".py")
+    except UnsafePath:
+        return None
+
+
+def relative_imports(source: bytes, path: str) -> tuple[str, ...]:
+    """The repo paths of the modules a custom-code file imports relatively, parsed with ``ast`` (never executed).
+
+    transformers copies them into its modules cache beside the file (``dynamic_module_utils.get_relative_imports``:
+    ``from .NAME import ...`` becomes ``<folder>/NAME.py``, taken literally, a dotted NAME included), so only
+    ``from .NAME import`` (one leading dot) is followed, like transformers. A file that does not parse has none (its
+    load fails anyway).
+    """
+    try:
+        tree = ast.parse(source, filename=path)
+    except (SyntaxError, ValueError):
+        return ()
+    folder = posixpath.dirname(path)
+    found: list[str] = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.level == 1 and node.module:
+            candidate = posixpath.join(folder, node.module + ".py")
+            try:
+                validate_repo_path(candidate)
+            except UnsafePath:
+                continue
+            if candidate not in found:
+                found.append(candidate)
+    return tuple(sorted(found))
+
+
+@dataclass(frozen=True)
+class CustomCode:
+    """The custom code a repo's configs name.
+
+    Attributes:
+        paths (tuple[str, ...]): Python files of the repo to fetch: the modules ``auto_map`` names and, recursively,
+            the modules they import relatively; sorted.
+        absent (tuple[str, ...]): files named that way which the repo does not have (``.no_exist`` markers: an
+            offline load then fails at once with "no file named" instead of "couldn't connect"); sorted.
+        foreign (tuple[str, ...]): class references into other repos (``org/repo--module.Class``); not fetched.
+    """
+
+    paths: tuple[str, ...] = ()
+    absent: tuple[str, ...] = ()
+    foreign: tuple[str, ...] = ()
+
+
+def custom_code_paths(configs: Iterable[str], read: Callable[[str], bytes], available: Iterable[str],
+                      kind: str = "tokenizer", exclude: Sequence[str] = ()) -> CustomCode:
+    """Follow ``auto_map`` from the configs to the Python files a load runs, without executing any of them.
+
+    Args:
+        configs: config paths to read (:attr:`Selection.needs_config`).
+        read: returns a repo file's bytes (the caller fetches it first when needed); only called on paths of
+            ``available``.
+        available: every path of the repo at the commit.
+        kind: as :func:`auto_map_refs`.
+        exclude: globs never fetched (``--exclude`` wins here too; an excluded file gets no marker either).
+
+    Returns:
+        CustomCode.
+    """
+    have = set(available)
+    refs = [ref for config in configs if config in have for ref in auto_map_refs(config, read(config), kind)]
+    foreign = tuple(sorted({r for r in refs if "--" in r}))
+    queue = sorted({m for m in (module_path(r) for r in refs) if m})
+    seen: set[str] = set()
+    while queue:
+        path = queue.pop()
+        if path in seen:
+            continue
+        seen.add(path)
+        if path in have and not (exclude and _match(path, exclude)):
+            queue.extend(p for p in relative_imports(read(path), path) if p not in seen)
+    kept = {p for p in seen if not (exclude and _match(p, exclude))}
+    return CustomCode(paths=tuple(sorted(kept & have)), absent=tuple(sorted(kept - have)), foreign=foreign)
+
+
+#: sentence-transformers' list of modules (``SentenceTransformer._load_sbert_model``): each ``{"path": folder}`` is
+#: loaded from that folder (``""`` or ``"."``: the repo root), e.g. ``1_Pooling/config.json``,
+#: ``2_Dense/model.safetensors``, ``0_StaticEmbedding/{model.safetensors,tokenizer.json}`` (model2vec/static models).
+MODULES_FILE = "modules.json"
+
+
+def module_folder_paths(modules_bytes: bytes, available: Iterable[str]) -> tuple[set[str], tuple[str, ...]]:
+    """The files a sentence-transformers load reads from the module folders ``modules.json`` names: per folder, its
+    tokenizer files, its small side files (configs, ``*.txt``...) and its weights in ONE format (safetensors first,
+    as at the root).
+
+    Args:
+        modules_bytes: the content of ``modules.json`` (a JSON list of ``{"path": ...}``). Not that: nothing.
+        available: every path of the repo.
+
+    Returns:
+        ``(paths, index_files)``: repo paths, and sharded index files in module folders to follow with
+        :func:`shards_from_index`.
+    """
+    try:
+        modules = json.loads(modules_bytes)
+        folders = [m["path"] for m in modules if isinstance(m, dict) and isinstance(m.get("path"), str)]
+    except (ValueError, TypeError, UnicodeDecodeError):
+        return set(), ()
+    have = set(available)
+    chosen: set[str] = set()
+    indexes: list[str] = []
+    for folder in folders:
+        folder = folder.strip("/")
+        if folder in ("", "."):
+            continue  # the root: selected by select() already
+        try:
+            validate_repo_path(folder)
+        except UnsafePath:
+            continue
+        inside = {p[len(folder) + 1:] for p in have if p.startswith(folder + "/")}
+        weights, index_files = _weight_paths(inside)
+        side = {p for p in inside if _match(p, _MODEL_SIDE_GLOBS) and not p.startswith(_EXPORT_DIRS)}
+        chosen |= {f"{folder}/{p}" for p in tokenizer_paths(inside) | side | weights}
+        indexes += [f"{folder}/{i}" for i in index_files]
+    return chosen, tuple(indexes)
+
+
+@dataclass(frozen=True)
+class Followed:
+    """What reading a selection's :attr:`Selection.needs_config` adds: ``paths`` to fetch, ``absent`` names to mark
+    (``.no_exist``), ``needs_index`` sharded indexes to follow next, ``foreign`` custom-code references into other
+    repos (not fetched)."""
+
+    paths: tuple[str, ...] = ()
+    absent: tuple[str, ...] = ()
+    needs_index: tuple[str, ...] = ()
+    foreign: tuple[str, ...] = ()
+
+
+def follow_configs(needs_config: Sequence[str], read: Callable[[str], bytes], available: Iterable[str],
+                   kind: str = "tokenizer", exclude: Sequence[str] = ()) -> Followed:
+    """Finish a selection from the configs it needs (:attr:`Selection.needs_config`): custom code named by
+    ``auto_map`` (:func:`custom_code_paths`) and sentence-transformers module folders (:func:`module_folder_paths`).
+
+    Args:
+        needs_config: the configs to read.
+        read: returns a repo file's bytes (the caller fetches and hash-checks it first); only called on available
+            paths.
+        available: every path of the repo at the commit.
+        kind: the selection's kind.
+        exclude: globs never selected (as in :func:`select`).
+
+    Returns:
+        Followed.
+    """
+    have = set(available)
+    code = custom_code_paths([c for c in needs_config if c in AUTO_MAP_FILES], read, have, kind, exclude)
+    modules: set[str] = set()
+    indexes: tuple[str, ...] = ()
+    if MODULES_FILE in needs_config and MODULES_FILE in have:
+        modules, indexes = module_folder_paths(read(MODULES_FILE), have)
+    keep = {p for p in modules | set(code.paths) if not (exclude and _match(p, exclude))}
+    return Followed(paths=tuple(sorted(keep)), absent=code.absent,
+                    needs_index=tuple(i for i in indexes if i in keep), foreign=code.foreign)
 
 
 class UnsafePath(ValueError):

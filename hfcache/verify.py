@@ -20,12 +20,13 @@ import threading
 import time
 from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Protocol
 
 from .cache import repo_folder_name
 from .lockfile import Lockfile
+from .records import parse_specs
 from .scan import RepoInfo, scan_cache
 
 _SHA256 = re.compile(r"^[0-9a-f]{64}$")
@@ -35,7 +36,7 @@ _CHUNK = 1024 * 1024
 #: Problem kinds that are integrity errors (exit 1); the others are reported as notes.
 ERROR_KINDS = frozenset({
     "blob_mismatch", "blob_size", "blob_not_file", "link_broken", "link_absolute", "link_outside",
-    "ref_malformed", "ref_dangling", "file_missing", "file_mismatch",
+    "ref_malformed", "ref_dangling", "file_missing", "file_mismatch", "revision_missing", "unreadable",
 })
 
 
@@ -225,16 +226,22 @@ def verify_cache(
 
     Args:
         cache_dir: the cache root.
-        repo_ids: only these repos (ids as their folders name them); default every repo.
+        repo_ids: only these repos (ids as their folders name them), each optionally ``REPO_ID@REVISION`` (a ref or a
+            commit, as ``warm`` takes them): then only that revision's snapshot and the blobs it uses; a revision the
+            cache lacks is a ``revision_missing`` error. Default: every repo and revision.
         lock: expected files, sizes and hashes per repo and commit; without it, blob names and ``trees/`` listings.
         max_workers: hashing threads (default: the CPU count).
         progress: receives the total byte count, then every chunk hashed.
 
     Returns:
         VerifyReport; ``ok`` is False when any integrity error (not a note) exists.
+
+    Raises:
+        UsageError: a malformed ``REPO_ID@REVISION``.
     """
     started = time.monotonic()
-    wanted = set(repo_ids) if repo_ids else None
+    specs = parse_specs(repo_ids or ())
+    wanted = set(specs) or None
     info = scan_cache(cache_dir, wanted)
     expectations = _lock_expectations(lock)
     problems: list[Problem] = []
@@ -243,11 +250,26 @@ def verify_cache(
     owners: dict[tuple[int, int], list[tuple[RepoInfo, str, str]]] = {}
 
     for repo in info.repos:
+        if repo.unreadable:
+            # Part of the repo cannot be read by this user: what it holds cannot be verified (exit 1).
+            problems.extend(Problem(repo.repo_id, "", part or f"{repo.folder}/", "unreadable", detail.split(": ", 1)[1],
+                                    repo.folder) for part, detail in zip(repo.unreadable, repo.problems))
+            continue
+        used: set[str] | None = None
+        if specs.get(repo.repo_id):
+            repo, missing = _only_revisions(repo, specs[repo.repo_id])
+            problems.extend(missing)
+            used = {f.etag for rev in repo.revisions for f in rev.files if f.etag}
         problems.extend(_structure_problems(repo))
         blobs_dir = os.path.join(info.cache_dir, repo.folder, "blobs")
         for entry in _blob_entries(blobs_dir):
+            if used is not None and entry.name not in used:
+                continue
             algorithm = algorithm_of(entry.name)
-            st = entry.stat(follow_symlinks=False)
+            try:
+                st = entry.stat(follow_symlinks=False)
+            except FileNotFoundError:  # removed since the listing (a concurrent prune)
+                continue
             if algorithm is None:
                 problems.append(Problem(repo.repo_id, "", f"blobs/{entry.name}", "unverified",
                                         "blob name is not a sha256 or git sha1: cannot be checked", repo.folder))
@@ -263,6 +285,7 @@ def verify_cache(
                 source = "trees/ listing"
             problems.extend(_check_expected(repo, rev, expected, source, jobs, owners, info.cache_dir))
 
+    problems.extend(_named_repos_missing(specs, info.repos))
     if lock is not None:
         problems.extend(lock_repos_missing(lock, info.cache_dir, wanted))
     total = sum(job[3] for job in jobs.values())
@@ -277,7 +300,7 @@ def verify_cache(
         except FileNotFoundError:
             return key, None, 0  # removed since the scan (a concurrent prune): nothing left to be wrong
         except OSError as exc:
-            return key, f"unreadable: {exc.strerror}", 0
+            return key, f"cannot be read: {exc.strerror}", 0
         return key, (None if digest == etag else f"content hashes to {digest}"), read
 
     hashed_bytes = 0
@@ -289,6 +312,11 @@ def verify_cache(
                 continue
             path, algorithm, etag, size = jobs[key]
             for repo, revision, where in owners[key]:
+                if failure.startswith("cannot be read"):
+                    problems.append(Problem(repo.repo_id, revision, where, "unreadable",
+                                            f"{failure}: ask the cache's owner to make it group-readable",
+                                            repo.folder))
+                    continue
                 problems.append(Problem(repo.repo_id, revision, where, "blob_mismatch" if not revision
                                         else "file_mismatch", f"{failure}, not its expected {algorithm} {etag[:16]}…"
                                         f" ({size} bytes on disk)", repo.folder))
@@ -303,12 +331,38 @@ def verify_cache(
     )
 
 
+def _named_repos_missing(specs: dict[str, set[str]], repos: Iterable[RepoInfo]) -> list[Problem]:
+    """A ``revision_missing`` problem for each repo named on the command line that has no folder in the cache."""
+    present = {r.repo_id for r in repos}
+    return [Problem(repo_id, name, "", "revision_missing",
+                    f"{repo_id}@{name} is not in the cache" if name else f"{repo_id} is not in the cache",
+                    repo_folder_name(repo_id))
+            for repo_id in sorted(set(specs) - present) for name in sorted(specs[repo_id]) or [""]]
+
+
+def _only_revisions(repo: RepoInfo, revisions: set[str]) -> tuple[RepoInfo, list[Problem]]:
+    """``repo`` narrowed to the snapshots that ``revisions`` (refs or commits) name, and the refs naming them; plus a
+    ``revision_missing`` problem for each revision the cache does not hold."""
+    commits = {name: repo.refs.get(name, name).strip() for name in revisions}
+    present = {r.commit_hash for r in repo.revisions}
+    missing = [Problem(repo.repo_id, name, "", "revision_missing",
+                       f"{repo.repo_id}@{name} is not in the cache" + (" (no such ref or snapshot)"
+                                                                        if name not in repo.refs else
+                                                                        f" (refs/{name} points to no snapshot)"),
+                       repo.folder)
+               for name, commit in sorted(commits.items()) if commit not in present]
+    kept = set(commits.values())
+    narrowed = replace(repo, revisions=tuple(r for r in repo.revisions if r.commit_hash in kept),
+                       refs={n: v for n, v in repo.refs.items() if n in revisions or v.strip() in kept})
+    return narrowed, missing
+
+
 def _blob_entries(blobs_dir: str) -> list[os.DirEntry]:
     try:
         with os.scandir(blobs_dir) as it:
             return [e for e in it if not e.name.endswith(".incomplete")
                     and stat.S_ISREG(e.stat(follow_symlinks=False).st_mode)]
-    except (FileNotFoundError, NotADirectoryError):
+    except (FileNotFoundError, NotADirectoryError, PermissionError):  # the scan reports an unreadable blobs/
         return []
 
 
@@ -359,7 +413,7 @@ def lock_repos_missing(lock: Lockfile, cache_dir: str | os.PathLike[str], wanted
             if wanted is not None and repo_id not in wanted:
                 continue
             folder = Path(cache_dir) / repo_folder_name(repo_id, repo.request.repo_type)
-            if not (folder / "snapshots" / repo.commit_hash).is_dir():
+            if not os.path.isdir(folder / "snapshots" / repo.commit_hash):  # no PermissionError (Path.is_dir has)
                 for f in repo.files:
                     found.append(Problem(repo_id, repo.commit_hash, f.path, "file_missing",
                                          "listed in the lock but its snapshot is not in the cache", folder.name))

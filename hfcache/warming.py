@@ -16,8 +16,9 @@ from __future__ import annotations
 import shutil
 import threading
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import ExitStack
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -35,7 +36,8 @@ from .errors import HfcacheError, HubError, IntegrityError, InternalError, Usage
 from .hub import HubClient, RemoteFile, RepoRevision, hash_file
 from .records import NoProgress, ProgressSink, RepoResult, WarmedFile, WarmReport, WarmRequest
 from .lockfile import LockedRepo
-from .selection import Selection, check_index_size, select, shards_from_index
+from .locking import DEFAULT_LOCK_TIMEOUT, LockWait
+from .selection import MAX_PARSE_BYTES, Selection, check_index_size, follow_configs, select, shards_from_index
 
 def resolve_token(token: str | bool | None) -> str | None:
     """``None`` -> the token huggingface_hub would use (``HF_TOKEN``, then the token file); ``False`` -> none."""
@@ -56,6 +58,8 @@ def warm(
     timeout: float = 10.0,
     progress: ProgressSink | None = None,
     pinned: Sequence[LockedRepo] | None = None,
+    lock_timeout: float = DEFAULT_LOCK_TIMEOUT,
+    on_lock_wait: Callable[[LockWait], None] | None = None,
 ) -> WarmReport:
     """Warm every request into ``cache_dir``; a failed repo never stops the others.
 
@@ -72,6 +76,9 @@ def warm(
         progress: optional receiver of progress events.
         pinned: one locked repo per request (``warm --lock``): no resolution request; the lock's commit, files
             and hashes are used, so bytes that differ from the lock are refused.
+        lock_timeout: seconds to wait at most for a lock another process holds (a repo another warm or prune
+            changes, a blob another process downloads); then that repo fails with exit 5 naming the lock.
+        on_lock_wait: told (once per lock, after a few seconds) which lock a repo waits for and who holds it.
 
     Returns:
         WarmReport with one RepoResult per request, in request order.
@@ -84,6 +91,8 @@ def warm(
         raise UsageError(f"--max-workers must be at least 1, got {max_workers}")
     if timeout <= 0:
         raise UsageError(f"--timeout must be positive, got {timeout}")
+    if lock_timeout < 0:
+        raise UsageError(f"--lock-timeout must not be negative, got {lock_timeout}")
     started = time.monotonic()
     root = resolve_cache_dir(cache_dir)
     ensure_cache_root(root)
@@ -96,7 +105,8 @@ def warm(
                                thread_name_prefix="hfcache-repo") as repos_pool:
         futures = [
             repos_pool.submit(_RepoJob(i, req, root, clients, files_pool, sink, use_symlinks,
-                                       pinned=pinned[i] if pinned else None, stop=stop).run)
+                                       pinned=pinned[i] if pinned else None, stop=stop,
+                                       lock_timeout=lock_timeout, on_lock_wait=on_lock_wait).run)
             for i, req in enumerate(requests)
         ]
         try:
@@ -153,6 +163,8 @@ class _RepoJob:
     symlinks: bool
     pinned: LockedRepo | None = None
     stop: threading.Event = field(default_factory=threading.Event)
+    lock_timeout: float = DEFAULT_LOCK_TIMEOUT
+    on_lock_wait: Callable[[LockWait], None] | None = None
     client: HubClient | None = field(default=None, init=False)  # the endpoint being tried
     _downloaded: int = 0
     _count_lock: threading.Lock = field(default_factory=threading.Lock)
@@ -211,30 +223,17 @@ class _RepoJob:
                              + (f", include {list(req.include)}" if req.include else "")
                              + (f", exclude {list(req.exclude)}" if req.exclude else "") + ")",
                              hint="check --kind, --include, --exclude and --repo-type")
-        canonical = RepoFolder(self.cache_dir, repo.canonical_id, req.repo_type)
+        locking = {"lock_timeout": self.lock_timeout, "on_lock_wait": self.on_lock_wait}
+        canonical = RepoFolder(self.cache_dir, repo.canonical_id, req.repo_type, **locking)
         folders = [canonical]
         if req.repo_id != repo.canonical_id:
-            folders.append(RepoFolder(self.cache_dir, req.repo_id, req.repo_type))
-        paths = set(selection.paths)
-        # One repo lock per folder, taken in name order so that concurrent warms never deadlock.
-        locks = [f.repo_lock(stop=self.stop) for f in sorted(folders, key=lambda f: f.name)]
-        for lock in locks:
-            lock.__enter__()
-        try:
-            if selection.needs_index:
-                # The shard list is inside the index file: fetch (or find) the index first.
-                try:
-                    for index in selection.needs_index:
-                        check_index_size(index, by_path[index].size)
-                except ValueError as exc:
-                    raise IntegrityError(f"{req.repo_id}: {exc}") from None
-                self._fetch(repo, canonical, [by_path[p] for p in selection.needs_index])
-                for index in selection.needs_index:
-                    data = canonical.blob_path(by_path[index].etag).read_bytes()
-                    try:
-                        paths |= shards_from_index(data, by_path, index)
-                    except ValueError as exc:
-                        raise IntegrityError(f"{req.repo_id}: {exc}") from None
+            folders.append(RepoFolder(self.cache_dir, req.repo_id, req.repo_type, **locking))
+        with ExitStack() as held:
+            # One repo lock per folder, taken in name order so that concurrent warms never deadlock; a lock that
+            # times out releases those already taken.
+            for folder in sorted(folders, key=lambda f: f.name):
+                held.enter_context(folder.repo_lock(stop=self.stop))
+            paths, absent = self._complete(repo, canonical, by_path, selection)
             files = [by_path[p] for p in sorted(paths)]
             self.sink.repo_started(self.key, req.spec, len(files), sum(f.size for f in files))
             sources = self._fetch(repo, canonical, files)
@@ -244,17 +243,51 @@ class _RepoJob:
             if self.stop.is_set():
                 raise _Cancelled(f"{req.repo_id}: interrupted before publishing")
             for folder in folders:
-                self._publish(folder, repo, files, selection.absent)
-        finally:
-            for lock in reversed(locks):
-                lock.__exit__(None, None, None)
+                self._publish(folder, repo, files, absent)
         return replace(
             base,
             canonical_id=repo.canonical_id,
             commit_hash=repo.commit_hash,
             files=tuple(WarmedFile(f.path, f.size, f.hash, sources[f.path]) for f in files),
-            absent=selection.absent,
+            absent=absent,
         )
+
+    def _complete(self, repo: RepoRevision, canonical: RepoFolder, by_path: dict[str, RemoteFile],
+                  selection: Selection) -> tuple[set[str], tuple[str, ...]]:
+        """Finish a selection that needs file contents: configs first (custom code named by ``auto_map``,
+        sentence-transformers module folders), then sharded indexes (their shards). Returns ``(paths, absent)``.
+        Every file read is fetched and hash-checked into the cache first; nothing is executed."""
+        req = self.request
+        paths, absent, needs_index = set(selection.paths), selection.absent, selection.needs_index
+        if selection.needs_config:
+            followed = follow_configs(selection.needs_config, lambda p: self._read(repo, canonical, by_path[p]),
+                                      by_path, req.kind, req.exclude)
+            paths |= set(followed.paths)
+            absent = tuple(sorted(set(absent) | set(followed.absent)))
+            needs_index += followed.needs_index
+        if needs_index:
+            # The shard list is inside the index file: fetch (or find) the index first, if its size is sane.
+            try:
+                for index in needs_index:
+                    check_index_size(index, by_path[index].size)
+            except ValueError as exc:
+                raise IntegrityError(f"{req.repo_id}: {exc}") from None
+            self._fetch(repo, canonical, [by_path[p] for p in needs_index])
+            for index in needs_index:
+                data = canonical.blob_path(by_path[index].etag).read_bytes()
+                try:
+                    paths |= shards_from_index(data, by_path, index)
+                except ValueError as exc:
+                    raise IntegrityError(f"{req.repo_id}: {exc}") from None
+        return paths, absent
+
+    def _read(self, repo: RepoRevision, folder: RepoFolder, file: RemoteFile) -> bytes:
+        """A small file's verified bytes (a config or custom code to parse): fetched into the cache first if needed;
+        ``b""`` (nothing to follow) above ``selection.MAX_PARSE_BYTES``."""
+        if file.size > MAX_PARSE_BYTES:
+            return b""
+        self._fetch(repo, folder, [file])
+        return folder.blob_path(file.etag).read_bytes()
 
     def _fetch(self, repo: RepoRevision, folder: RepoFolder, files: Iterable[RemoteFile]) -> dict[str, str]:
         """Ensure every file's blob is in ``folder``, in parallel; return path -> source. First error wins."""
@@ -275,7 +308,7 @@ class _RepoJob:
         if self._failed.is_set() or self.stop.is_set():
             raise _Cancelled(f"{repo.repo_id}: cancelled")
         try:
-            with folder.blob_lock(file.etag):
+            with folder.blob_lock(file.etag, stop=self.stop):  # Ctrl-C is not stuck behind another download
                 if folder.blob_ok(file.etag, file.size):
                     self.sink.advance(self.key, file.size)
                     return "cached"

@@ -31,6 +31,14 @@ def hub_root() -> Path:
     return Path(__file__).parent / "data" / "hub"
 
 
+@pytest.fixture(scope="session")
+def model_repos_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Small model repos with real weight files, generated once per session (``tests/make_model_repos.py``)."""
+    from tests.make_model_repos import make_model_repos
+
+    return make_model_repos(tmp_path_factory.mktemp("model-repos"))
+
+
 @pytest.fixture
 def hub_server(hub_root: Path) -> Iterator[HubServer]:
     """A running HubServer over ``hub_root`` on loopback ports, stopped after the test."""

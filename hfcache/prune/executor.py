@@ -15,17 +15,19 @@ import uuid
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
-from filelock import FileLock
-
 from ..cache import RepoFolder, cache_error
+from ..locking import DEFAULT_LOCK_TIMEOUT, LockTimeout, LockWait, try_lock
 from ..scan import scan_repo
-from .housekeeping import etag_of, try_lock
+from ..sharing import cache_policy, make_dirs
+from .housekeeping import etag_of
 from .model import TRASH, ItemOutcome, PlanItem, PrunePlan, PruneResult, RevisionRemoval
 
 __all__ = ["execute"]
 
 
-def execute(plan: PrunePlan, *, on_item: Callable[[ItemOutcome], None] | None = None) -> PruneResult:
+def execute(plan: PrunePlan, *, on_item: Callable[[ItemOutcome], None] | None = None,
+            lock_timeout: float = DEFAULT_LOCK_TIMEOUT,
+            on_lock_wait: Callable[[LockWait], None] | None = None) -> PruneResult:
     """Remove what ``plan`` lists, repo folder by repo folder, each under hfcache's repo lock.
 
     Before changing a folder, it is scanned again under the lock; an item whose reason no longer holds is skipped
@@ -37,9 +39,12 @@ def execute(plan: PrunePlan, *, on_item: Callable[[ItemOutcome], None] | None = 
     Args:
         plan: from :func:`plan_prune`.
         on_item: called after each item (progress).
+        lock_timeout: seconds to wait at most for a repo's lock (another warm or prune changing that folder).
+        on_lock_wait: told which lock it waits for, and who holds it, when a wait lasts a few seconds.
 
     Returns:
-        PruneResult with one outcome per item, in plan order. OSErrors become ``failed`` outcomes (exit 5).
+        PruneResult with one outcome per item, in plan order. OSErrors become ``failed`` outcomes (exit 5), and so
+        do the items of a folder whose repo lock stays held for ``lock_timeout`` seconds.
 
     Raises:
         CacheError: the repo lock cannot be created (read-only cache).
@@ -53,10 +58,17 @@ def execute(plan: PrunePlan, *, on_item: Callable[[ItemOutcome], None] | None = 
     outcomes: list[ItemOutcome] = []
     for folder, items in by_folder.items():
         first = items[0]
-        repo = RepoFolder(root, first.repo_id, first.repo_type)
+        repo = RepoFolder(root, first.repo_id, first.repo_type, lock_timeout=lock_timeout, on_lock_wait=on_lock_wait)
         try:
             lock = repo.repo_lock()
             lock.__enter__()
+        except LockTimeout as exc:
+            # Another warm or prune keeps this folder: its items fail (exit 5, naming the lock), the others go on.
+            for item in items:
+                outcomes.append(ItemOutcome(item, "failed", exc.message))
+                if on_item:
+                    on_item(outcomes[-1])
+            continue
         except OSError as exc:
             raise cache_error(exc, f"prune {folder}") from exc
         try:
@@ -136,7 +148,7 @@ def _remove_snapshot(item: PlanItem, path: Path, base: Path) -> ItemOutcome:
     if not os.path.lexists(path):
         return ItemOutcome(item, "gone")
     trash = base / TRASH
-    trash.mkdir(exist_ok=True)
+    make_dirs(trash, base, cache_policy(base.parent))  # shared: a prune killed here leaves it to others
     # One atomic rename takes the whole snapshot out of sight; deleting its entries one by one in place would let a
     # loader see half a snapshot (and transformers silently drops a missing chat template).
     aside = trash / f"{path.name}.{uuid.uuid4().hex[:8]}"
@@ -191,16 +203,14 @@ def _remove_lock(item: PlanItem, path: Path, used_etags: set[str]) -> ItemOutcom
         return ItemOutcome(item, "skipped", "a remaining revision uses its blob now")
     if not os.path.lexists(path):
         return ItemOutcome(item, "gone")
-    lock, why = try_lock(str(path))
-    if lock is None:
-        return ItemOutcome(item, "skipped", why)
-    try:
+    with try_lock(path) as why:
+        if why:
+            return ItemOutcome(item, "skipped", why)
         # Unlinked while held: a process waiting on it then wins an unlinked inode, which filelock 4 notices
         # (st_nlink == 0) and re-opens the path; with an older filelock the worst case is one duplicate download,
         # never a corrupt cache, because every writer downloads to a private .incomplete file and renames it.
-        path.unlink()
-    finally:
-        lock.release()
+        # A soft marker (no flock) is ours while held: unlinking it is its release.
+        path.unlink(missing_ok=True)
     return ItemOutcome(item, "removed")
 
 
@@ -216,7 +226,7 @@ def _remove_repo_folder(item: PlanItem, base: Path) -> ItemOutcome:
             return ItemOutcome(item, "skipped", "not empty: " + (f"{rel}/{name}" if rel != "." else name))
     # The trash folder marks the removal as a prune's until the very end: a prune killed halfway leaves it, and the
     # next prune then removes the rest at once instead of waiting out the grace period of an empty folder.
-    (base / TRASH).mkdir(exist_ok=True)
+    make_dirs(base / TRASH, base, cache_policy(base.parent))
     for sub in (".no_exist", "trees"):
         if (base / sub).exists():
             shutil.rmtree(base / sub)
@@ -247,20 +257,7 @@ def _rmdir_quiet(path: Path) -> None:
         pass
 
 
-class _held:
-    """Context manager: hold the filelock at ``path``, without waiting, while a blob is removed. ``as`` gives "" when
-    held (or when there is no lock file: nobody downloads that blob), else why it could not be taken."""
-
-    def __init__(self, path: Path) -> None:
-        self.path = path
-        self.lock: FileLock | None = None
-
-    def __enter__(self) -> str:
-        if not os.path.isfile(self.path):
-            return ""
-        self.lock, why = try_lock(str(self.path))
-        return why
-
-    def __exit__(self, *exc) -> None:
-        if self.lock is not None:
-            self.lock.release()
+def _held(path: Path):
+    """Hold the lock at ``path``, without waiting, while a blob is removed; ``as`` gives "" when held (or when there
+    is no lock file: nobody downloads that blob), else why it could not be taken."""
+    return try_lock(path)

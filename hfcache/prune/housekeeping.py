@@ -9,13 +9,13 @@ Live downloads are never touched: a partial download is stale only when older th
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
-from filelock import FileLock, Timeout
-
+from ..locking import try_lock
 from .inventory import Ledger, RepoBook
 from .model import TRASH
 
-__all__ = ["empty_folder", "etag_of", "housekeeping", "lock_held", "lock_items", "try_lock"]
+__all__ = ["empty_folder", "etag_of", "housekeeping", "lock_held", "lock_items"]
 
 
 def housekeeping(ledger: Ledger, repo: RepoBook) -> None:
@@ -105,33 +105,9 @@ def _age(seconds: float) -> str:
     return f"{int(seconds)}s"
 
 
-def try_lock(path: str) -> tuple[FileLock | None, str]:
-    """Acquire the filelock at ``path`` without waiting.
-
-    Returns:
-        (lock, "") when acquired (release it); (None, why) when another process holds it, or when it cannot be
-        opened (another account's lock file without group write): then it counts as held.
-    """
-    lock = FileLock(path, mode=0o664)
-    try:
-        lock.acquire(timeout=0)
-    except Timeout:
-        return None, "a download holds its lock"
-    except OSError as exc:
-        return None, f"its lock file cannot be opened ({exc.strerror or exc})"
-    return lock, ""
-
-
 def lock_held(path: str) -> bool:
-    """Whether a live process holds the filelock at ``path`` (huggingface_hub's ``WeakFileLock``, hfcache's
-    ``file_lock``: both flock the blob's lock file while they download it). A missing lock file is held by nobody."""
-    if not os.path.isfile(path):
-        return False
-    lock, _ = try_lock(path)
-    if lock is None:
-        return True
-    lock.release()
-    return False
-
-
-# ------------------------------------------------------------------------------------------------ execution
+    """Whether a live process holds the lock at ``path`` (huggingface_hub's ``WeakFileLock``, hfcache's
+    ``file_lock``: both lock the blob's lock file while they download it). A missing lock file, or an empty one on a
+    filesystem without flock (a flock-based run's leftover), is held by nobody."""
+    with try_lock(Path(path)) as why:
+        return bool(why)

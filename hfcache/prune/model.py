@@ -146,6 +146,8 @@ class PrunePlan:
         bytes_freed (int): sum of the items' ``bytes_freed``.
         bytes_pinned (int): bytes of the pinned revisions' distinct contents.
         warnings (tuple[str, ...]): e.g. a budget that pinned revisions make impossible, a ``--keep`` matching nothing.
+        unreadable (tuple[str, ...]): ``<folder>/<part>`` of repos left alone because this user cannot read all of
+            them (what they hold, and what uses it, is unknown); the prune then exits 5.
     """
 
     cache_dir: str
@@ -161,6 +163,7 @@ class PrunePlan:
     bytes_freed: int
     bytes_pinned: int
     warnings: tuple[str, ...] = ()
+    unreadable: tuple[str, ...] = ()
 
     @property
     def bytes_kept(self) -> int:
@@ -217,5 +220,5 @@ class PruneResult:
 
     @property
     def exit_code(self) -> int:
-        """0, or 5 (cache error) when an item could not be removed."""
-        return 0 if self.ok else CacheError.exit_code
+        """0, or 5 (cache error) when an item could not be removed or a repo could not be read."""
+        return 0 if self.ok and not self.plan.unreadable else CacheError.exit_code

@@ -12,8 +12,9 @@ import os
 import time
 from collections.abc import Iterable, Sequence
 from contextlib import contextmanager
+from dataclasses import replace
 
-from ..cache import resolve_cache_dir
+from ..cache import access_error, resolve_cache_dir
 from ..errors import CacheError, UsageError
 from ..lockfile import Lockfile, pinned_revisions, read_lock
 from ..scan import RepoInfo, RevisionInfo, scan_cache
@@ -54,8 +55,9 @@ def plan_prune(
 
     Raises:
         UsageError: a malformed ``keep`` spec, an unreadable or invalid lock, a negative duration or size.
-        CacheError: ``cache_dir`` is a file. (A cache directory that does not exist gives an empty plan and a
-            warning: a CronJob on a fresh volume has nothing to prune.)
+        CacheError: ``cache_dir`` is a file, or exists but cannot be reached or listed by this user. (A cache
+            directory that does not exist gives an empty plan and a warning: a CronJob on a fresh volume has nothing
+            to prune.)
     """
     if older_than is not None and older_than < 0:
         raise UsageError(f"--older-than must not be negative, got {older_than}")
@@ -69,15 +71,25 @@ def plan_prune(
                          keep_locks=tuple(name for name, _ in locks), grace=grace)
     root = resolve_cache_dir(cache_dir)
     now = time.time() if now is None else now
-    if not os.path.lexists(root):
+    try:
+        os.lstat(root)
+    except FileNotFoundError:
         # A cron job on a fresh volume, before anything was warmed: nothing to prune is not a failure (said, though:
         # a mistyped --cache-dir must not pass unnoticed).
         return _plan(str(root), (), 0, policy, locks, now, warnings=(f"no cache at {root} (nothing to prune)",))
-    if not root.is_dir():
+    except PermissionError:  # exists or not, this user cannot tell: never "no cache"
+        raise access_error(root) from None
+    except NotADirectoryError:
+        pass
+    if not os.path.isdir(root):
         raise CacheError(f"{root} is not a directory", hint="pass the cache root as --cache-dir")
     with _gc_paused():
         info = scan_cache(root)
-        return _plan(str(root), info.repos, info.size_on_disk, policy, locks, now)
+        readable = tuple(r for r in info.repos if not r.unreadable)
+        denied = tuple(f"{r.folder}/{part}" for r in info.repos for part in r.unreadable)
+        plan = _plan(str(root), readable, info.size_on_disk, policy, locks, now,
+                     warnings=tuple(f"left alone: {d} cannot be read by this user (permission denied)" for d in denied))
+        return replace(plan, unreadable=denied)
 
 
 @contextmanager

@@ -12,7 +12,7 @@ from typing import Any
 from rich.console import Console
 from rich.text import Text
 
-__all__ = ["ago", "human_size", "iso_time", "print_error", "print_json", "stderr"]
+__all__ = ["ago", "human_size", "iso_time", "lock_wait_notice", "print_error", "print_json", "stderr"]
 
 stderr = Console(stderr=True, highlight=False)
 if not stderr.is_terminal and "COLUMNS" not in os.environ:
@@ -62,3 +62,11 @@ def ago(timestamp: float, now: float) -> str:
         if seconds >= size:
             return f"{int(seconds // size)}{unit} ago"
     return f"{int(seconds)}s ago"
+
+
+def lock_wait_notice(wait: Any) -> None:
+    """Tell the user on stderr which lock a command waits for, who holds it, and how long it will wait at most
+    (a :class:`hfcache.locking.LockWait`; the ``on_lock_wait`` callback of warm, prune, repair and import)."""
+    holder = f", held by {wait.holder}" if wait.holder else ""
+    stderr.print(Text(f"hfcache: waiting for the lock {wait.path}{holder} (gives up after {wait.timeout:g}s: "
+                      "--lock-timeout)", style="yellow"), soft_wrap=True)

@@ -49,6 +49,7 @@ def ls_dict(info: CacheInfo, pinned: set[tuple[str, str, str]] | None) -> dict[s
             "pinned": None if pinned is None else any(r["pinned"] for r in revisions),
             "health": repo.health,
             "problems": list(repo.problems),
+            "unreadable": list(repo.unreadable),
             "incomplete": list(repo.incomplete),
         })
     return {

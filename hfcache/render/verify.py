@@ -108,6 +108,7 @@ def show_check(report: CheckReport, *, as_json: bool) -> None:
             "import_seconds": report.import_seconds,
             "tokenizers": [
                 {"repo_id": r.target.repo_id, "revision": r.target.revision, "ok": r.ok,
+                 "trust_remote_code": r.target.trust_remote_code,
                  "class": r.tokenizer_class, "vocab_size": r.vocab_size,
                  "input_ids": list(r.input_ids) if r.input_ids is not None else None,
                  "seconds": r.seconds, "error": r.error, "cause": r.cause}

@@ -1,0 +1,195 @@
+"""What the current user can do in a cache: the checks ``hfcache doctor`` runs for shared caches.
+
+As the current user (not as the owner, not as root): can it reach and list the cache root, create files in
+``.locks/`` and open the lock files there (huggingface_hub opens them read-write), create entries in every repo folder
+(``blobs/``, ``snapshots/<commit>/``, ``refs/``, ``.no_exist/<commit>/``), and does flock work on the filesystem.
+In a group-shared cache (group-writable root, :mod:`hfcache.sharing`) it also finds folders other members cannot
+write. Each problem is a :class:`Check` with the exact command that fixes it.
+
+``.locks/`` is probed by creating and removing a file (``os.access`` cannot see NFS export rules or ACL masks);
+repo folders, being many, by ``os.access``.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import secrets
+import stat
+from dataclasses import dataclass
+from pathlib import Path
+
+from .locking import flock_error
+
+_SHOWN = 4
+
+
+@dataclass(frozen=True)
+class Check:
+    """One finding: ``code``, ``severity`` (``error``/``warning``/``info``), ``message`` and ``fix`` (a command)."""
+
+    code: str
+    severity: str
+    message: str
+    fix: str | None = None
+
+
+def _who(path: Path) -> str:
+    try:
+        st = os.stat(path)
+    except OSError:
+        return ""
+    return f" (owner uid {st.st_uid}, group gid {st.st_gid}, mode {stat.S_IMODE(st.st_mode):04o})"
+
+
+def _listed(paths: list[str]) -> str:
+    shown = ", ".join(paths[:_SHOWN])
+    return shown + (f" (and {len(paths) - _SHOWN} more)" if len(paths) > _SHOWN else "")
+
+
+def share_recipe(cache: Path, gid: int, uid: int | None = None) -> str:
+    """The fix that makes ``cache`` a group-shared cache for group ``gid``: the commands (run as its owner or root),
+    and, when ``uid`` is given, that this user must join the group."""
+    commands = f"chgrp -R {gid} {cache} && chmod -R g+rwX {cache} && find {cache} -type d -exec chmod g+s {{}} +"
+    join = f"; and add uid {uid} to group {gid} (usermod -aG)" if uid is not None else \
+        f" (and add every user to group {gid})"
+    return f"as the owner or root: {commands}{join}"
+
+
+def reach_check(cache: Path, uid: int, groups: tuple[int, ...]) -> Check | None:
+    """An error when this user cannot enter a folder on the way to ``cache`` or list ``cache`` itself."""
+    cache = cache.absolute()
+    for folder in [*reversed(cache.parents), cache]:
+        need = os.X_OK | (os.R_OK if folder == cache else 0)
+        if os.access(folder, need):
+            continue
+        try:
+            st = os.stat(folder)
+            owner, mine = str(st.st_uid), st.st_gid in groups
+        except OSError:
+            owner, mine = "?", False
+        bits = "g+rx" if folder == cache else "g+x"
+        fix = (f"as uid {owner} or root: chmod {bits} {folder}" if mine else
+               f"as its owner or root: chgrp <a group of uid {uid}> {folder} && chmod {bits} {folder}; or point "
+               "HF_HUB_CACHE at a cache you can read")
+        what = "list" if folder == cache else "enter"
+        return Check("cache.unreachable", "error",
+                     f"uid {uid} cannot {what} {folder}{_who(folder)}: every load from the cache {cache} and every "
+                     "hfcache command on it fail with 'Permission denied'", fix)
+    return None
+
+
+def _probe_create(folder: Path) -> OSError | None:
+    name = folder / f".hfcache-doctor-{secrets.token_hex(6)}"
+    try:
+        os.close(os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
+    except OSError as exc:
+        return exc
+    try:
+        os.unlink(name)
+    except OSError:
+        pass
+    return None
+
+
+def write_checks(cache: Path, uid: int, groups: tuple[int, ...]) -> list[Check]:
+    """Errors for what this user cannot create in ``.locks/`` and in the repo folders (the cache root is writable)."""
+    found: list[Check] = []
+    st = os.stat(cache)
+    recipe = share_recipe(cache, st.st_gid, None if st.st_gid in groups or uid == 0 else uid)
+    locks = cache / ".locks"
+    if os.path.isdir(locks):
+        failed = _probe_create(locks)
+        if failed is not None and failed.errno in (errno.EACCES, errno.EPERM):
+            found.append(Check("cache.locks_not_writable", "error",
+                               f"uid {uid} cannot create files in {locks}{_who(locks)}: every warm and every "
+                               "download by huggingface_hub fails with 'Permission denied'", recipe))
+    denied: list[str] = []
+    for folder, lock_files in _lock_folders(locks):
+        if not os.access(folder, os.W_OK | os.X_OK):
+            denied.append(str(folder.relative_to(cache)) + "/")
+        denied += [str(f.relative_to(cache)) for f in lock_files if not os.access(f, os.W_OK)]
+    for folder in _repo_folders(cache):
+        denied += [str(p.relative_to(cache)) + "/" for p in folder if not os.access(p, os.W_OK | os.X_OK)]
+    if denied:
+        found.append(Check("cache.repo_not_writable", "error",
+                           f"uid {uid} cannot write {len(denied)} folder(s) or lock file(s) of the cache: "
+                           f"{_listed(denied)}; warming, re-warming or pruning those repos fails with "
+                           "'Permission denied' (created by another user whose umask left them private)", recipe))
+    return found
+
+
+def _lock_folders(locks: Path) -> list[tuple[Path, list[Path]]]:
+    out = []
+    for entry in _entries(locks):
+        if entry.is_dir(follow_symlinks=False):
+            out.append((Path(entry.path), [Path(e.path) for e in _entries(Path(entry.path))
+                                           if e.name.endswith(".lock") and e.is_file(follow_symlinks=False)]))
+    return out
+
+
+def _repo_folders(cache: Path) -> list[list[Path]]:
+    """Per repo folder: it and every folder below it that hfcache creates entries in (not ``trees/``)."""
+    out = []
+    for entry in _entries(cache):
+        if "--" not in entry.name or entry.name.startswith(".") or not entry.is_dir(follow_symlinks=False):
+            continue
+        folder = Path(entry.path)
+        dirs = [folder]
+        for root, subdirs, _ in os.walk(folder):
+            subdirs[:] = [d for d in subdirs if not (root == str(folder) and d == "trees")]
+            dirs += [Path(root) / d for d in subdirs if not os.path.islink(Path(root) / d)]
+        out.append(dirs)
+    return out
+
+
+def _entries(folder: Path) -> list[os.DirEntry]:
+    try:
+        with os.scandir(folder) as it:
+            return sorted(it, key=lambda e: e.name)
+    except OSError:
+        return []
+
+
+def sharing_checks(cache: Path) -> list[Check]:
+    """In a group-shared cache (group-writable root): folders other members cannot write (wrong group, no g+w)."""
+    st = os.stat(cache)
+    if not st.st_mode & stat.S_IWGRP:
+        return []
+    odd = []
+    for dirs in [[cache / ".locks"], *_repo_folders(cache)]:
+        for path in dirs:
+            try:
+                sub = os.lstat(path)
+            except OSError:
+                continue
+            if stat.S_ISDIR(sub.st_mode) and (sub.st_gid != st.st_gid or not sub.st_mode & stat.S_IWGRP):
+                odd.append(str(path.relative_to(cache)) + "/")
+    found = [Check("cache.shared", "info",
+                   f"the cache is group-shared (group gid {st.st_gid}, mode {stat.S_IMODE(st.st_mode):04o}): what "
+                   "hfcache creates in it stays writable by that group whatever the umask")]
+    if odd:
+        found.append(Check("cache.not_shared", "warning",
+                           f"{len(odd)} folder(s) are not writable by the cache's group gid {st.st_gid}: "
+                           f"{_listed(odd)}; other members cannot warm or prune those repos",
+                           share_recipe(cache, st.st_gid)))
+    return found
+
+
+def flock_check(cache: Path) -> Check | None:
+    """Whether flock works where the locks live (None when it cannot be probed: nothing writable)."""
+    locks = cache / ".locks"
+    try:
+        code = flock_error(locks if os.path.isdir(locks) else cache)
+    except OSError:
+        return None
+    if code is None:
+        return Check("cache.flock", "info", "flock works on the cache's filesystem")
+    return Check(
+        "cache.no_flock", "warning",
+        f"the cache's filesystem has no working flock ({errno.errorcode.get(code, code)}: {os.strerror(code)}): "
+        "hfcache then locks with files naming host, pid and start time, taken over when their holder is gone or "
+        "has not refreshed them for 10 minutes; huggingface_hub falls back to such files only on ENOSYS, and waits "
+        "forever on an empty lock file left by an earlier flock-based run",
+        f"while nothing downloads: find {locks} -type f -empty -delete; or mount with working locks (NFS: run the "
+        "lock manager, or mount with local_lock=flock when only one node writes)")

@@ -1,0 +1,152 @@
+"""Where transformers puts custom code (``trust_remote_code``) before importing it, and what to do when it cannot.
+
+transformers 5.24 ``utils/hub.py`` reads, once at import::
+
+    HF_MODULES_CACHE = os.getenv("HF_MODULES_CACHE", os.path.join(constants.HF_HOME, "modules"))
+
+(``constants.HF_HOME`` is huggingface_hub's: ``HF_HOME``, else ``$XDG_CACHE_HOME/huggingface``, else
+``~/.cache/huggingface``.) Every load of custom code, even fully offline from a read-only cache, creates
+``transformers_modules/<repo>/<commit>/`` there and copies the code files into it (``dynamic_module_utils.py``:
+``init_hf_modules``, ``create_dynamic_module``, ``get_cached_module_file``), then imports them from there. With a
+read-only HOME (a hardened pod) that write fails with ``PermissionError``/``OSError: Read-only file system``.
+
+hfcache's choice (``hfcache env`` / ``hfcache exec``): keep whatever the environment gives when it is writable, and
+an explicit ``HF_MODULES_CACHE`` always; otherwise point ``HF_MODULES_CACHE`` at ``<tmp>/hfcache-modules-<uid>``
+(``tempfile.gettempdir()``: ``TMPDIR``, else ``/tmp``: writable in containers with a read-only root filesystem, where
+``/tmp`` is an ``emptyDir`` or a tmpfs). transformers imports whatever Python it finds in that folder, so the folder
+is created private (mode 0700) and reused only while it is a real folder owned by this user that nobody else can
+write; otherwise a fresh ``mkdtemp`` folder is used. Its content is a copy of code already in the cache: losing it
+costs nothing but the copy.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+import tempfile
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from .selection import AUTO_MAP_FILES, MAX_PARSE_BYTES, auto_map_refs
+
+ENV_NAME = "HF_MODULES_CACHE"
+
+
+def hf_home(environ: Mapping[str, str]) -> Path:
+    """huggingface_hub ``constants.HF_HOME`` in ``environ``: ``HF_HOME``, else ``$XDG_CACHE_HOME/huggingface``, else
+    ``~/.cache/huggingface`` (``expanduser`` + ``expandvars``, as constants.py does)."""
+    default = os.path.join(environ.get("XDG_CACHE_HOME", os.path.join(os.path.expanduser("~"), ".cache")),
+                           "huggingface")
+    return Path(os.path.expandvars(os.path.expanduser(environ.get("HF_HOME", default))))
+
+
+def modules_cache(environ: Mapping[str, str]) -> tuple[Path, bool]:
+    """The folder transformers copies custom code into in ``environ``, and whether ``HF_MODULES_CACHE`` chose it.
+
+    Source: transformers 5.24 ``utils/hub.py`` (``HF_MODULES_CACHE``; module docstring).
+    """
+    if ENV_NAME in environ:
+        return Path(os.path.expanduser(environ[ENV_NAME])), True
+    return hf_home(environ) / "modules", False
+
+
+def can_create(path: Path) -> bool:
+    """Whether this user can write ``path`` (a folder), or create it: ``os.access`` on it or its nearest existing
+    parent (``access(2)`` also answers False on a read-only filesystem, for root too)."""
+    probe = path
+    while not probe.exists():
+        if probe == probe.parent:
+            return False
+        probe = probe.parent
+    return probe.is_dir() and os.access(probe, os.W_OK | os.X_OK)
+
+
+def private_modules_dir(tmp: str | None = None) -> Path:
+    """A folder for ``HF_MODULES_CACHE`` only this user can write: ``<tmp>/hfcache-modules-<uid>``, created 0700, or a
+    fresh ``mkdtemp`` folder when that path exists but is a link, another user's, or writable by others.
+
+    Raises:
+        OSError: no temporary folder can be created.
+    """
+    base = tmp or tempfile.gettempdir()
+    uid = os.geteuid() if hasattr(os, "geteuid") else 0
+    path = Path(base) / f"hfcache-modules-{uid}"
+    try:
+        path.mkdir(mode=0o700)
+    except FileExistsError:
+        pass
+    try:
+        st = os.lstat(path)
+        if stat.S_ISDIR(st.st_mode) and st.st_uid == uid and not st.st_mode & 0o022:
+            return path
+    except OSError:
+        pass
+    return Path(tempfile.mkdtemp(prefix="hfcache-modules-", dir=base))
+
+
+def modules_cache_override(environ: Mapping[str, str]) -> Path | None:
+    """The ``HF_MODULES_CACHE`` value ``env``/``exec`` set: None when the environment already names one or its default
+    can be written (nothing to change); else :func:`private_modules_dir` (created now, in ``environ``'s ``TMPDIR``
+    when set, else ``tempfile.gettempdir()``).
+
+    Args:
+        environ: the environment the command will run with (offline variables included: ``HF_HOME`` may be one).
+    """
+    path, explicit = modules_cache(environ)
+    if explicit or can_create(path):
+        return None
+    return private_modules_dir(environ.get("TMPDIR") or None)
+
+
+@dataclass(frozen=True)
+class CustomCodeRepo:
+    """A cached revision whose configs' ``auto_map`` names custom code: ``repo_id``, ``commit_hash``, and the class
+    references (``module.Class``)."""
+
+    repo_id: str
+    commit_hash: str
+    refs: tuple[str, ...]
+
+
+def custom_code_repos(cache_dir: Path) -> list[CustomCodeRepo]:
+    """Every cached model revision whose ``tokenizer_config.json`` or ``config.json`` has an ``auto_map`` (any key: a
+    model load runs ``AutoModel`` code too). Reads at most two small files per snapshot (``os.scandir`` and string
+    paths: doctor runs this on caches of 10,000 repos); unreadable ones are skipped.
+    """
+    from .scan import parse_folder_name
+
+    found = []
+    for folder in _scandir(str(cache_dir)):
+        parsed = parse_folder_name(folder.name) if folder.name.startswith("models--") else None
+        if parsed is None:
+            continue
+        for snapshot in _scandir(os.path.join(folder.path, "snapshots")):
+            refs = _auto_map_of(snapshot.path)
+            if refs:
+                found.append(CustomCodeRepo(parsed[0], snapshot.name, refs))
+    return sorted(found, key=lambda r: (r.repo_id, r.commit_hash))
+
+
+def _scandir(path: str) -> list[os.DirEntry]:
+    try:
+        with os.scandir(path) as entries:
+            return [e for e in entries if e.is_dir(follow_symlinks=False)]
+    except OSError:
+        return []
+
+
+def _auto_map_of(snapshot: str) -> tuple[str, ...]:
+    refs: list[str] = []
+    for name in AUTO_MAP_FILES:
+        try:
+            with open(os.path.join(snapshot, name), "rb") as file:
+                if os.fstat(file.fileno()).st_size > MAX_PARSE_BYTES:
+                    continue
+                data = file.read()
+        except OSError:
+            continue
+        if b"auto_map" not in data:  # no JSON parse for the common case
+            continue
+        refs += [r for r in auto_map_refs(name, data, kind="all") if r not in refs]
+    return tuple(refs)
