@@ -82,7 +82,8 @@ def measure_split(split: str, cache: Path, host: str, work: Path) -> dict:
     shutil.copytree(cache, updated, symlinks=True)
     update_one_repo(updated)
     push3, _ = hfcache_cli("push", f"{ref}:v2", "--cache-dir", str(updated), "--plain-http", "--layers", split)
-    pull2, _ = hfcache_cli("pull", f"{ref}:v2", "--cache-dir", str(work / f"pull-{split}"), "--plain-http")
+    pull2, _ = hfcache_cli("pull", f"{ref}:v2", "--cache-dir", str(work / f"pull-{split}"), "--plain-http",
+                           "--move-refs")  # an update moves refs/main: asked for, as a CronJob would
     old_layers = {layer["digest"] for layer in push1["layers"]}
     return {
         "split": split, "layers": len(push1["layers"]), "image_bytes": push1["bytes_total"],

@@ -20,6 +20,13 @@ Two workloads, ``--clients`` concurrent client processes each (default 16):
    holding it (pods starting together, slow or stalled clients); reported: seconds until all are accepted, the
    server's threads and RSS while they are held, and the latency of a normal download meanwhile.
 
+4. ``pull-through``: ``hfcache serve --upstream`` over an EMPTY cache, the fixture Hub (an in-process HubServer
+   that logs every request) as its upstream. ``--clients`` processes start together (a shared start time) and each
+   runs ``snapshot_download`` of the nine repos: the cold wave (every file a miss, fetched once, verified). Then
+   the same clients again (the later wave: all hits), and the same workload on the static ``hfcache serve`` of a
+   warmed cache. Reported: per-repo latency (p50/p99/max) and requests/s of each wave, and the upstream's file
+   bodies per file (goal: exactly one) and resolutions per repo. ``--only pull-through`` runs just this.
+
 Printed per contender and workload: requests/s, MB/s, p50/p99 latency (per request, or per repo download), and
 the server's peak RSS (``VmHWM`` of its process). Every figure is the median of ``--repeat`` runs (default 3), the
 contenders interleaved within each run, because a shared machine's load drifts. Run:
@@ -189,6 +196,66 @@ def snapshot_client(args: tuple[str, dict[str, list[str]], int, bool]) -> tuple[
     return latencies, total, requests
 
 
+def snapshot_client_at(args: tuple[float, str, dict[str, list[str]]]) -> tuple[list[float], int, int]:
+    """snapshot_client, started at the wall-clock time ``start_at`` (every client of a wave at once)."""
+    start_at, endpoint, files = args
+    time.sleep(max(0.0, start_at - time.time()))
+    return snapshot_client((endpoint, files, 1, False))
+
+
+def pull_through(pool: ProcessPoolExecutor, clients: int, base: Path, warmed: Path,
+                 rel: dict[str, list[str]]) -> dict:
+    """The pull-through workload (module docstring, 4): cold wave, later wave, static mirror; upstream counts."""
+    from hfcache.serve import HubServer
+
+    env = {**os.environ, "NO_COLOR": "1"}
+    rows: dict = {}
+    with HubServer(HUB) as upstream:
+        cmd = [sys.executable, "-m", "hfcache", "serve", "--cache-dir", str(base / "pull-cache"), "--port", "0",
+               "--upstream", upstream.endpoint]
+        proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True)
+        try:
+            endpoint = re.search(r" at (http://\S+)$", proc.stderr.readline().strip()).group(1)
+            for wave in ("cold", "later"):
+                rows[wave] = _wave(pool, clients, endpoint, rel)
+        finally:
+            proc.send_signal(signal.SIGTERM)
+            proc.wait(timeout=30)
+        bodies: dict[str, int] = {}
+        resolutions: dict[str, int] = {}
+        for r in upstream.requests:
+            if r.method == "GET" and r.status == 200 and r.bytes_sent and ("/resolve/" in r.path or r.origin == "cdn"):
+                bodies[r.path] = bodies.get(r.path, 0) + 1
+            elif r.path.startswith("/api/models/"):
+                key = r.path.split("?")[0].split("/revision/")[0]
+                resolutions[key] = resolutions.get(key, 0) + 1
+        rows["upstream"] = {"requests": len(upstream.requests), "files": len(bodies),
+                            "bodies_per_file_max": max(bodies.values()), "bodies_per_file_min": min(bodies.values()),
+                            "resolutions_per_repo_max": max(resolutions.values())}
+    proc, endpoint = start("hfcache serve", warmed, base)
+    try:
+        rows["static"] = _wave(pool, clients, endpoint, rel)
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=30)
+    return rows
+
+
+def _wave(pool: ProcessPoolExecutor, clients: int, endpoint: str, rel: dict[str, list[str]]) -> dict:
+    start_at = time.time() + 1.0  # every client process is idle in the pool by then
+    results = list(pool.map(snapshot_client_at, [(start_at, endpoint, rel)] * clients))
+    wall = time.time() - start_at
+    latencies = sorted(lat for r in results for lat in r[0])
+    firsts = sorted(r[0][0] for r in results)  # each client's first repo download
+    requests = sum(r[2] for r in results)
+
+    def pct(values: list[float], q: float) -> float:
+        return values[min(len(values) - 1, int(q * len(values)))] * 1000
+
+    return {"wall_s": wall, "req_per_s": requests / wall, "p50_ms": pct(latencies, 0.5),
+            "p99_ms": pct(latencies, 0.99), "max_ms": latencies[-1] * 1000, "first_repo_p50_ms": pct(firsts, 0.5)}
+
+
 def storm(endpoint: str, connections: int, probe: str) -> dict:
     """Hold ``connections`` incomplete requests open; time to open them, and a normal download meanwhile."""
     import resource
@@ -249,6 +316,7 @@ def main() -> int:
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--storm", type=int, default=1000, help="connections held open in the storm workload")
     parser.add_argument("--json", action="store_true")
+    parser.add_argument("--only", choices=["pull-through"], help="run only this workload")
     args = parser.parse_args()
     os.environ.update(HF_HUB_DISABLE_PROGRESS_BARS="1", HF_HUB_DISABLE_TELEMETRY="1", HF_HUB_DISABLE_UPDATE_CHECK="1")
 
@@ -269,6 +337,10 @@ def main() -> int:
         load = []
         with ProcessPoolExecutor(args.clients) as pool:
             list(pool.map(_warm_worker, range(args.clients * 2)))
+            pulled = pull_through(pool, args.clients, Path(tmp), cache, rel)
+            if args.only == "pull-through":
+                print_pull_through(pulled, args.clients, as_json=args.json)
+                return 0
             for repeat in range(args.repeat):
                 for name in CONTENDERS:
                     print(f"run {repeat + 1}/{args.repeat}: {name}", file=sys.stderr, flush=True)
@@ -301,7 +373,7 @@ def main() -> int:
              "werkzeug": werkzeug.__version__ if hasattr(werkzeug, "__version__") else _version("werkzeug"),
              "platform": platform.platform()}
     if args.json:
-        print(json.dumps({"machine": facts, "results": rows}, indent=2))
+        print(json.dumps({"machine": facts, "results": rows, "pull_through": pulled}, indent=2))
         return 0
     print(" ".join(f"{k}={v}" for k, v in facts.items()))
     base = {w: next(r for r in rows if r["server"] == "http.server")[w]["mb_per_s"]
@@ -329,7 +401,27 @@ def main() -> int:
                   f"{r['probe_p50_ms']:>12.1f}")
         print(f"storm: {args.storm} connections each holding an incomplete request; open s = until all accepted; "
               "threads/RSS of the server while held; probe = a 231 kB download meanwhile")
+    print()
+    print_pull_through(pulled, args.clients, as_json=False)
     return 0
+
+
+def print_pull_through(rows: dict, clients: int, *, as_json: bool) -> None:
+    if as_json:
+        print(json.dumps({"clients": clients, "pull_through": rows}, indent=2))
+        return
+    header = f"{'pull-through':<28} {'req/s':>8} {'p50 ms':>8} {'p99 ms':>8} {'max ms':>8} {'1st repo p50':>12}"
+    print(header)
+    print("-" * len(header))
+    for key, label in (("cold", "cold mirror (first clients)"), ("later", "same mirror (later clients)"),
+                       ("static", "static mirror (warmed)")):
+        r = rows[key]
+        print(f"{label:<28} {r['req_per_s']:>8.0f} {r['p50_ms']:>8.1f} {r['p99_ms']:>8.1f} {r['max_ms']:>8.1f} "
+              f"{r['first_repo_p50_ms']:>12.1f}")
+    up = rows["upstream"]
+    print(f"{clients} snapshot_download clients starting together per wave; latency per repo download. Upstream: "
+          f"{up['requests']} requests, {up['files']} files, bodies per file {up['bodies_per_file_min']}-"
+          f"{up['bodies_per_file_max']} (goal 1), resolutions per repo <= {up['resolutions_per_repo_max']}")
 
 
 CONTENDERS = ("hfcache serve", "werkzeug", "http.server")

@@ -21,17 +21,18 @@ EXIT_INTERNAL = 70
 EXIT_INTERRUPTED = 130
 
 
-def _read_token(token: str | None, token_file: str | None) -> str | bool | None:
-    """The token to send: --token, else --token-file, else None (huggingface_hub's own lookup: HF_TOKEN, file)."""
+def _read_token(token: str | None, token_file: str | None, option: str = "--token-file") -> str | bool | None:
+    """The token to send: --token, else --token-file, else None (huggingface_hub's own lookup: HF_TOKEN, file).
+    ``option`` names the file's option in errors."""
     if token and token_file:
         raise UsageError("--token and --token-file are mutually exclusive", hint="give one of them")
     if token_file:
         try:
             value = Path(token_file).read_text(encoding="utf-8").strip()
         except OSError as exc:
-            raise UsageError(f"cannot read --token-file {token_file}: {exc.strerror}") from None
+            raise UsageError(f"cannot read {option} {token_file}: {exc.strerror}") from None
         if not value:
-            raise UsageError(f"--token-file {token_file} is empty")
+            raise UsageError(f"{option} {token_file} is empty")
         return value
     return token or None
 
@@ -45,6 +46,20 @@ def cli() -> None:
 def _cache_dir_option(what: str = "Cache root"):
     return click.option("--cache-dir", type=click.Path(file_okay=False),
                         help=f"{what} [default: HF_HUB_CACHE, $HF_HOME/hub or ~/.cache/huggingface/hub].")
+
+
+def _parsed(name: str):
+    """A Click callback running ``hfcache.units.<name>``, so that a bad value is a usage error naming the option."""
+    def callback(ctx, param, value):
+        from . import units
+
+        if value is None:
+            return None
+        try:
+            return getattr(units, name)(value)
+        except UsageError as exc:
+            raise click.BadParameter(f"{exc.message} ({exc.hint})" if exc.hint else exc.message) from None
+    return callback
 
 
 def _lock_timeout_option(fn):
@@ -62,7 +77,7 @@ def _common_hub_options(fn):
         click.option("--token-file", type=click.Path(dir_okay=False), help="File holding the Hub token."),
         click.option("--max-workers", type=click.IntRange(min=1), default=8, show_default=True,
                      help="Parallel downloads."),
-        click.option("--timeout", type=click.FloatRange(min=0, min_open=True), default=10.0, show_default=True,
+        click.option("--timeout", metavar="SECONDS", default="10", show_default=True, callback=_parsed("parse_timeout"),
                      help="Seconds to wait for a connection or for any byte of an answer."),
         click.option("--json", "as_json", is_flag=True, help="Print one JSON document on stdout; no progress."),
     ]):
@@ -386,20 +401,6 @@ def link_command(src, dest, mode, as_json) -> None:
     render.show_link(report, as_json=as_json)
 
 
-def _parsed(name: str):
-    """A Click callback running ``hfcache.units.<name>``, so that a bad value is a usage error naming the option."""
-    def callback(ctx, param, value):
-        from . import units
-
-        if value is None:
-            return None
-        try:
-            return getattr(units, name)(value)
-        except UsageError as exc:
-            raise click.BadParameter(f"{exc.message} ({exc.hint})" if exc.hint else exc.message) from None
-    return callback
-
-
 @cli.command()
 @_cache_dir_option()
 @click.option("--older-than", metavar="DURATION", callback=_parsed("parse_duration"),
@@ -464,24 +465,50 @@ def prune(cache_dir, older_than, max_size, keep_locks, keep, dry_run, yes, as_js
               help="Require 'Authorization: Bearer TOKEN' with the token in this file (401 otherwise).")
 @click.option("--access-log", metavar="FILE",
               help="Append one line per request (time, method, path, status, bytes, seconds) to FILE; '-': stdout.")
-def serve(cache_dir, repos_dir, host, port, token_file, access_log) -> None:
-    """Serve a warmed cache as a read-only Hub mirror (HF_ENDPOINT / --endpoint for every pod).
+@click.option("--upstream", "upstreams", multiple=True, metavar="URL",
+              help="Pull through: fetch what the cache lacks from this Hub endpoint, verified, and keep it "
+                   "(repeatable: tried in order).")
+@click.option("--upstream-token-file", type=click.Path(dir_okay=False),
+              help="Token sent to the upstreams only (never logged, never answered). Default: none.")
+@click.option("--allow", multiple=True, metavar="REPO_GLOB",
+              help="Only pull through repos whose id matches (fnmatch, repeatable); others get 403. Default: all.")
+@click.option("--max-size", metavar="SIZE", callback=_parsed("parse_size"),
+              help="Prune least-recently-served revisions to keep the cache at most SIZE (50GB, 20GiB, ...).")
+@click.option("--revalidate", metavar="DURATION", callback=_parsed("parse_duration"),
+              help="Ask upstream again for a branch or tag at most this often [default: 5m].")
+def serve(cache_dir, repos_dir, host, port, token_file, access_log, upstreams, upstream_token_file, allow,
+          max_size, revalidate) -> None:
+    """Serve a cache as a Hub mirror (HF_ENDPOINT / --endpoint for every pod); with --upstream, pull through.
 
     It answers what the cache holds, at its commits and refs, including what its .no_exist markers know is
-    absent; unmodified huggingface_hub and transformers clients download from it. Runs until SIGTERM or Ctrl-C,
-    then lets downloads in flight finish (up to 20 s).
+    absent; unmodified huggingface_hub and transformers clients download from it. With --upstream, what the
+    cache lacks is fetched with warm's code path (hash-checked before anyone sees it), kept, then answered;
+    when upstream is down, the cache is still served. GET /metrics is Prometheus text; GET /healthz says
+    whether upstream answers. Runs until SIGTERM or Ctrl-C, then lets downloads in flight finish (up to 20 s).
 
     \b
     Examples:
       hfcache serve --cache-dir /data/hf-cache
       hfcache serve --cache-dir /data/hf-cache --host 0.0.0.0 --token-file /run/secrets/mirror-token
+      hfcache serve --cache-dir /data/hf-cache --upstream https://huggingface.co \\
+          --upstream-token-file /run/secrets/hf-token --allow 'google-bert/*' --max-size 200GB
     """
     from .render import offline as render
     from .serve.mirror import serve as serve_mirror
+    from .serve.pullthrough import DEFAULT_REVALIDATE, PullThroughConfig
 
     token = _read_token(None, token_file) if token_file else None
+    upstream = None
+    if upstreams:
+        upstream_token = _read_token(None, upstream_token_file, "--upstream-token-file") if upstream_token_file else None
+        upstream = PullThroughConfig(upstreams=tuple(upstreams), token=upstream_token or None, allow=tuple(allow),
+                                     revalidate=DEFAULT_REVALIDATE if revalidate is None else revalidate,
+                                     max_size=max_size)
+    elif upstream_token_file or allow or max_size is not None or revalidate is not None:
+        raise UsageError("--upstream-token-file, --allow, --max-size and --revalidate need --upstream",
+                         hint="add --upstream URL (e.g. https://huggingface.co) to pull through")
     run = serve_mirror(cache_dir=cache_dir, repos_dir=repos_dir, host=host, port=port, token=token,
-                       access_log=access_log, ready=render.show_mirror_ready)
+                       access_log=access_log, ready=render.show_mirror_ready, upstream=upstream)
     render.show_mirror_stopped(run)
 
 
@@ -585,14 +612,13 @@ def main(argv: list[str] | None = None) -> None:
         _fail(exc.format_message(), f"see `{command} --help`", UsageError.exit_code, as_json)
     except click.ClickException as exc:
         _fail(exc.format_message(), None, exc.exit_code, as_json)
-    except click.Abort:
-        sys.exit(EXIT_INTERRUPTED)
     except HfcacheError as exc:
         if debug:
             raise
         _fail(exc.message, exc.hint, exc.exit_code, as_json)
-    except KeyboardInterrupt:
-        sys.exit(EXIT_INTERRUPTED)
+    except (KeyboardInterrupt, click.Abort):
+        _fail("interrupted", "run the command again; what was interrupted was not published", EXIT_INTERRUPTED,
+              as_json)
     except PermissionError as exc:
         # A part of a cache (or a file given) this user cannot read or write, in a path no command anticipated: a
         # filesystem problem (exit 5) naming the path, never an internal error.

@@ -11,18 +11,34 @@ from .errors import UsageError
 
 def _credentials(username: str | None, password_stdin: bool):
     """``--username`` + ``--password-stdin`` (as ``docker login``): the password is one line read from stdin."""
-    from .oci import Credentials
+    from .oci_registry import Credentials
 
+    usage = "echo \"$REGISTRY_PASSWORD\" | hfcache ... --username USER --password-stdin"
     if password_stdin and not username:
-        raise UsageError("--password-stdin needs --username")
+        raise UsageError("--password-stdin needs --username", hint=usage)
     if username and not password_stdin:
-        raise UsageError("--username needs --password-stdin (the password is never taken from the command line)")
+        raise UsageError("--username needs --password-stdin (the password is never taken from the command line)",
+                         hint=usage)
     if not username:
         return None
     password = sys.stdin.readline().rstrip("\r\n")
     if not password:
-        raise UsageError("--password-stdin: no password on stdin")
+        raise UsageError("--password-stdin: no password on stdin", hint=usage)
     return Credentials(username, password)
+
+
+def _parsed(name: str):
+    """A Click callback running ``hfcache.units.<name>``: a bad value is a usage error naming the option (exit 2)."""
+    def callback(ctx, param, value):
+        from . import units
+
+        if value is None:
+            return None
+        try:
+            return getattr(units, name)(value)
+        except UsageError as exc:
+            raise click.BadParameter(f"{exc.message} ({exc.hint})" if exc.hint else exc.message) from None
+    return callback
 
 
 def _registry_options(fn):
@@ -31,7 +47,7 @@ def _registry_options(fn):
         click.option("--username", metavar="USER", help="Registry user (with --password-stdin) [default: the "
                      "credentials of REGISTRY_AUTH_FILE, containers auth.json or ~/.docker/config.json]."),
         click.option("--password-stdin", is_flag=True, help="Read the registry password from stdin (one line)."),
-        click.option("--timeout", type=click.FloatRange(min=0, min_open=True), default=60.0, show_default=True,
+        click.option("--timeout", metavar="SECONDS", default="60", show_default=True, callback=_parsed("parse_timeout"),
                      help="Seconds to wait for a connection or for any byte of an answer."),
         click.option("--json", "as_json", is_flag=True, help="Print one JSON document on stdout; no progress."),
         click.option("--cache-dir", type=click.Path(file_okay=False),
@@ -74,23 +90,27 @@ def push_command(reference, specs, lock_file, split, arch, cache_dir, plain_http
 @_registry_options
 @click.option("--move-refs", is_flag=True,
               help="Move a ref the target has at another commit to the image's commit (default: refuse).")
+@click.option("--max-size", metavar="SIZE", callback=_parsed("parse_size"),
+              help="Refuse an image whose layers unpack to more than SIZE (e.g. 20GB, 500MiB) [default: no bound but "
+                   "the free space of the cache's filesystem].")
 @click.option("--lock-timeout", type=click.FloatRange(min=0), default=600.0, show_default=True, metavar="SECONDS",
               help="Wait at most this long for a repo lock another process holds (exit 5 then, naming the lock).")
 def pull_command(reference, cache_dir, plain_http, username, password_stdin, timeout, as_json, move_refs,
-                 lock_timeout) -> None:
+                 max_size, lock_timeout) -> None:
     """Pull the image REF and merge its cache into the cache, every digest checked before anything is written.
 
     The same refusals as `hfcache import`; what the target already has is never overwritten (an entry it holds with
-    other content, or a ref at another commit without --move-refs, refuses the pull: exit 1).
+    other content, or a ref at another commit without --move-refs, refuses the pull: exit 1). Needs free space for
+    the uncompressed image on the cache's filesystem (nothing goes to TMPDIR).
     """
     from .cache import resolve_cache_dir
-    from .oci import pull
+    from .oci_pull import pull
     from .render import oci as render
     from .render.common import lock_wait_notice
 
     credentials = _credentials(username, password_stdin)
     with render.TransferProgress(enabled=not as_json) as progress:
         report = pull(reference, resolve_cache_dir(cache_dir), plain_http=plain_http, credentials=credentials,
-                      timeout=timeout, sink=progress, move_refs=move_refs, lock_timeout=lock_timeout,
-                      on_lock_wait=lock_wait_notice)
+                      timeout=timeout, sink=progress, move_refs=move_refs, max_size=max_size,
+                      lock_timeout=lock_timeout, on_lock_wait=lock_wait_notice)
     render.show_pull(report, as_json=as_json)

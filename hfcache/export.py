@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import BinaryIO
 
 from .cache import CACHEDIR_TAG
-from .errors import CacheError, IntegrityError, UsageError
+from .errors import CacheError, UsageError
 from .lockfile import Lockfile
 from .scan import RepoInfo, scan_cache
 from .verify import algorithm_of
@@ -133,7 +133,8 @@ def plan_export(
         wanted = selection.get((repo.repo_id, repo.repo_type)) if selection else None
         revisions = _revisions_for(repo, wanted)
         if wanted is not None and not revisions:
-            raise UsageError(f"{repo.repo_id}: revision(s) {', '.join(sorted(wanted))} not in the cache")
+            raise UsageError(f"{repo.repo_id}: revision(s) {', '.join(sorted(wanted))} not in the cache",
+                             hint="`hfcache ls` lists the cached revisions; warm the one you need first")
         if repo.unreadable:
             raise CacheError(f"{repo.repo_id}: {repo.folder}/{repo.unreadable[0]} cannot be read by this user "
                              "(permission denied)", hint="ask the cache's owner to make it group-readable "
@@ -233,8 +234,9 @@ class _HashingReader(io.RawIOBase):
             if self._h is not None:
                 self._h.update(memoryview(buffer)[:n])
         elif self._h is not None and (self._seen != self._size or self._h.hexdigest() != self._etag):
-            raise IntegrityError(f"{self.name}: content does not match its blob name (corrupt source cache)",
-                                 hint="run `hfcache verify --repair` on the source cache first")
+            # a corrupt source cache is a cache problem (exit 5), like a broken snapshot entry in plan_export
+            raise CacheError(f"{self.name}: content does not match its blob name (corrupt source cache)",
+                             hint="run `hfcache verify --repair` on the source cache first")
         return n
 
     def close(self) -> None:
@@ -250,7 +252,7 @@ def write_tar(plan: ExportPlan, out: BinaryIO, chown: tuple[int, int] = (0, 0), 
     """Write the plan as a reproducible tar to ``out``; return the sha256 of the bytes written.
 
     Raises:
-        IntegrityError: a blob's content does not match its name.
+        CacheError: a blob's content does not match its name (a corrupt source cache).
     """
     dir_mode, file_mode = _modes(group_writable)
     digest = hashlib.sha256()
@@ -305,7 +307,7 @@ def write_dir(plan: ExportPlan, dest: Path, chown: tuple[int, int] | None = None
 
     Raises:
         UsageError: ``dest`` exists and is not an empty directory.
-        IntegrityError: a blob's content does not match its name (nothing is left at ``dest``).
+        CacheError: a blob's content does not match its name (nothing is left at ``dest``).
         CacheError: ``dest`` cannot be written.
     """
     if dest.exists() and (not dest.is_dir() or any(dest.iterdir())):

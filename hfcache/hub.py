@@ -182,6 +182,21 @@ class HubClient:
     def __repr__(self) -> str:  # never show the token
         return f"HubClient(endpoint={self.endpoint!r})"
 
+    def reachable(self, timeout: float | None = None) -> bool:
+        """Whether the endpoint answers HTTP at all (any status, even 404: a server is there).
+
+        One ``HEAD`` of the endpoint's root, without the token (nothing there needs it). For health checks
+        (``hfcache serve --upstream``'s ``/healthz``), not for deciding what a repo request gets.
+
+        Args:
+            timeout: seconds to wait (default: the client's timeout).
+        """
+        try:
+            get_session().head(self.endpoint + "/", timeout=timeout or self.timeout, follow_redirects=False)
+        except (httpx2.HTTPError, OfflineModeIsEnabled):
+            return False
+        return True
+
     def resolve(self, repo_id: str, revision: str = "main", repo_type: str = "model") -> RepoRevision:
         """Resolve ``revision`` to a commit and list every file with its size and hash.
 

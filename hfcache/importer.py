@@ -28,12 +28,12 @@ import sys
 import tarfile
 import uuid
 from collections import defaultdict
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
 
-from .cache import RepoFolder, atomic_output, ensure_cache_root, symlinks_supported
+from .cache import RepoFolder, atomic_output, cache_error, ensure_cache_root, symlinks_supported
 from .errors import CacheError, CheckFailed, IntegrityError, UsageError
 from .import_conflicts import check_target
 from .locking import DEFAULT_LOCK_TIMEOUT, LockWait
@@ -50,6 +50,13 @@ MAX_REF_BYTES = 1024
 MAX_TREE_BYTES = 32 * 1024 * 1024
 #: One PAX extended header or GNU long name (tarfile reads it whole into memory).
 MAX_HEADER_BYTES = 1024 * 1024
+#: Names a filesystem can hold (Linux NAME_MAX and PATH_MAX), checked before anything is published: a name
+#: component, a ref's name (written through ``.<name>.<8 hex>.tmp``), the absolute path of an entry in the target,
+#: and the folder depth (a snapshot link climbs one ``../`` per level, and a link target is bounded too).
+MAX_NAME_BYTES = 255
+MAX_REF_NAME_BYTES = MAX_NAME_BYTES - 15
+MAX_PATH_BYTES = 4095
+MAX_DEPTH = 256
 #: Entries in one import (tarfile keeps every member's header in memory while it streams).
 MAX_ENTRIES = 1_000_000
 _HEADER_TYPES = (tarfile.GNUTYPE_LONGNAME, tarfile.GNUTYPE_LONGLINK, tarfile.XHDTYPE, tarfile.XGLTYPE,
@@ -80,7 +87,7 @@ class ImportReport:
 
 
 @dataclass
-class _Member:
+class Member:
     name: str
     kind: str  # file | dir | symlink | hardlink | special | sparse
     size: int = 0
@@ -98,39 +105,26 @@ class BoundedTarInfo(tarfile.TarInfo):
         return super()._proc_member(tar)
 
 
-def check_tar_member(info: tarfile.TarInfo, directory: Path) -> None:
-    """Refuse a tar member before its content is copied into ``directory`` (``hfcache pull`` uses this too).
-
-    Raises:
-        UsageError: a sparse member (its declared size is mostly holes).
-        CacheError: its declared size does not fit in the free space of ``directory``'s filesystem.
-    """
-    if info.issparse():
-        raise UsageError(f"refused entry {info.name!r}: a sparse file (a cache has none)")
-    if info.isfile() and info.size > free_bytes(directory):
-        raise CacheError(f"refused entry {info.name!r}: its {info.size} bytes do not fit in the "
-                         f"{free_bytes(directory)} bytes free on {directory}'s filesystem (nothing was imported)",
-                         hint="free disk space or import elsewhere")
-
-
-def _members_of_tar(stream: BinaryIO) -> Iterator[tuple[_Member, BinaryIO | None]]:
-    with tarfile.open(fileobj=stream, mode="r|*", tarinfo=BoundedTarInfo) as tar:
+def tar_members(stream: BinaryIO, mode: str = "r|*") -> Iterator[tuple[Member, BinaryIO | None]]:
+    """The entries of a tar read as a stream (``mode`` ``r|*``: compressed or not; ``r|``: plain), with the file
+    content as a stream of the tar (valid until the next entry)."""
+    with tarfile.open(fileobj=stream, mode=mode, tarinfo=BoundedTarInfo) as tar:
         for info in tar:
             if info.isdir():
-                yield _Member(info.name, "dir"), None
+                yield Member(info.name, "dir"), None
             elif info.issym():
-                yield _Member(info.name, "symlink", linkname=info.linkname), None
+                yield Member(info.name, "symlink", linkname=info.linkname), None
             elif info.islnk():
-                yield _Member(info.name, "hardlink", linkname=info.linkname), None
+                yield Member(info.name, "hardlink", linkname=info.linkname), None
             elif info.issparse():  # its declared size is mostly holes: 10 KiB of tar can expand to any size
-                yield _Member(info.name, "sparse", size=info.size), None
+                yield Member(info.name, "sparse", size=info.size), None
             elif info.isfile():
-                yield _Member(info.name, "file", size=info.size), tar.extractfile(info)
+                yield Member(info.name, "file", size=info.size), tar.extractfile(info)
             else:
-                yield _Member(info.name, "special"), None
+                yield Member(info.name, "special"), None
 
 
-def _members_of_dir(root: Path) -> Iterator[tuple[_Member, BinaryIO | None]]:
+def _members_of_dir(root: Path) -> Iterator[tuple[Member, BinaryIO | None]]:
     for dirpath, dirs, names in os.walk(root):
         dirs.sort()
         for name in sorted(dirs + names):
@@ -138,9 +132,9 @@ def _members_of_dir(root: Path) -> Iterator[tuple[_Member, BinaryIO | None]]:
             rel = os.path.relpath(path, root).replace(os.sep, "/")
             st = os.lstat(path)
             if stat.S_ISDIR(st.st_mode):
-                yield _Member(rel, "dir"), None
+                yield Member(rel, "dir"), None
             elif stat.S_ISLNK(st.st_mode):
-                yield _Member(rel, "symlink", linkname=os.readlink(path)), None
+                yield Member(rel, "symlink", linkname=os.readlink(path)), None
             elif stat.S_ISREG(st.st_mode):
                 # O_NOFOLLOW: a file swapped for a symlink (to /dev/zero, to a secret) after the lstat is not read;
                 # O_NONBLOCK: nor does one swapped for a fifo block the open
@@ -149,9 +143,14 @@ def _members_of_dir(root: Path) -> Iterator[tuple[_Member, BinaryIO | None]]:
                     os.close(fd)
                     raise UsageError(f"refused entry {rel!r}: changed while it was read")
                 with os.fdopen(fd, "rb") as f:
-                    yield _Member(rel, "file", size=os.fstat(fd).st_size), f
+                    yield Member(rel, "file", size=os.fstat(fd).st_size), f
             else:
-                yield _Member(rel, "special"), None
+                yield Member(rel, "special"), None
+
+
+def _shown(name: str) -> str:
+    """A name shortened for a one-line message."""
+    return name if len(name) <= 100 else f"{name[:60]}...{name[-30:]}"
 
 
 def _clean_name(name: str) -> list[str]:
@@ -162,7 +161,11 @@ def _clean_name(name: str) -> list[str]:
     if (not name or name.startswith("/") or "\\" in name or "\0" in name
             or any(p in ("", ".", "..") for p in name.split("/"))):
         raise UsageError(f"refused entry {name!r}: absolute or escaping path")
-    return name.split("/")
+    parts = name.split("/")
+    if len(parts) > MAX_DEPTH or any(len(os.fsencode(p)) > MAX_NAME_BYTES for p in parts):
+        raise UsageError(f"refused entry {_shown(name)!r}: more than {MAX_DEPTH} levels or a name longer than "
+                         f"{MAX_NAME_BYTES} bytes (no filesystem holds it); nothing was imported")
+    return parts
 
 
 def free_bytes(path: Path) -> int:
@@ -179,6 +182,7 @@ class _Staging:
         if os.path.islink(locks) or (os.path.lexists(locks) and not locks.is_dir()):
             raise CacheError(f"{locks} is a symlink or not a folder; nothing is staged through it",
                              hint="remove it (huggingface_hub recreates .locks)")
+        self.cache_dir = cache_dir
         self.dir = locks / f"hfcache-import-{uuid.uuid4().hex[:12]}"
         make_dirs(locks, cache_dir, cache_policy(cache_dir))  # .locks/ is shared in a group-shared cache
         self.dir.mkdir()
@@ -236,19 +240,50 @@ def import_cache(src: str, cache_dir: Path, move_refs: bool = False, *, lock_tim
             folder on the other, or a ref elsewhere; a ref names a commit neither side has. Nothing is written then.
         CacheError: the target cannot be written, or the content does not fit on its filesystem.
     """
-    created = not cache_dir.exists()
-    ensure_cache_root(cache_dir)
-    staging = _Staging(cache_dir)
-    try:
+    if src != "-" and not os.path.isdir(src) and not os.path.isfile(src):
+        raise UsageError(f"{src}: no such directory or tar file", hint="give an exported directory, a tar or -")
+
+    def members() -> Iterator[tuple[Member, BinaryIO | None]]:
         if src == "-":
-            members = _members_of_tar(sys.stdin.buffer)
-        elif os.path.isdir(src):
-            members = _members_of_dir(Path(src))
-        elif os.path.isfile(src):
-            members = _members_of_tar(open(src, "rb"))  # noqa: SIM115 - closed by tarfile at the end of the stream
-        else:
-            raise UsageError(f"{src}: no such directory or tar file")
-        plan = _Reader(staging).read(members)
+            return tar_members(sys.stdin.buffer)
+        if os.path.isdir(src):
+            return _members_of_dir(Path(src))
+        return tar_members(open(src, "rb"))  # noqa: SIM115 - closed by tarfile at the end of the stream
+
+    try:
+        return import_members(members, cache_dir, move_refs=move_refs, lock_timeout=lock_timeout,
+                              on_lock_wait=on_lock_wait)
+    except tarfile.TarError as exc:
+        raise UsageError(f"{src}: not a readable tar ({exc})") from None
+
+
+def import_members(members: Callable[[], Iterable[tuple[Member, BinaryIO | None]]], cache_dir: Path,
+                   move_refs: bool = False, *, lock_timeout: float = DEFAULT_LOCK_TIMEOUT,
+                   on_lock_wait: Callable[[LockWait], None] | None = None) -> ImportReport:
+    """Merge the entries ``members()`` yields (each a :class:`Member` and, for a file, a stream of its bytes) into
+    ``cache_dir``: read and stage all of them, check, then publish. ``hfcache pull`` gives the entries of its
+    layers as they stream; an exception the iterator raises (a digest that does not match) refuses the import.
+
+    Args:
+        members: called once, after the staging folder exists; its iterator is consumed to the end before anything
+            is checked against or published into the target.
+        cache_dir: the target cache; created if missing, and removed again (with the parents this call created) if
+            the import fails before anything was published.
+        move_refs, lock_timeout, on_lock_wait: as for :func:`import_cache`.
+
+    Returns:
+        ImportReport.
+
+    Raises:
+        as :func:`import_cache`, plus whatever ``members`` raises (tarfile errors pass through unchanged).
+    """
+    created = _missing_ancestors(cache_dir)
+    staging = None
+    published = False
+    try:
+        ensure_cache_root(cache_dir)
+        staging = _Staging(cache_dir)
+        plan = _Reader(staging).read(members())
         _check(plan, staging, cache_dir)
         for repo in plan.values():
             _resolve_files(repo, staging)
@@ -259,20 +294,65 @@ def import_cache(src: str, cache_dir: Path, move_refs: bool = False, *, lock_tim
             for folder in folders.values():
                 locks.enter_context(folder.repo_lock())
             checked = _check_target(plan, folders, move_refs)
+            published = True
             return _publish(plan, staging, cache_dir, folders, checked)
-    except (UsageError, IntegrityError, CheckFailed):
-        if created:
-            shutil.rmtree(cache_dir, ignore_errors=True)
+    except (UsageError, IntegrityError) as exc:
+        if exc.hint is None:  # every refusal of an entry says what happened to the target, and what to do
+            exc.hint = "nothing was imported; the source is corrupt or was crafted, check where it came from"
         raise
-    except tarfile.TarError as exc:
-        raise UsageError(f"{src}: not a readable tar ({exc})") from None
     except OSError as exc:
-        raise CacheError(f"import into {cache_dir}: {exc.strerror or exc}") from exc
+        raise cache_error(exc, f"import into {cache_dir}") from exc
     finally:
-        staging.remove()
+        if staging is not None:
+            staging.remove()
         locks_dir = cache_dir / ".locks"
-        if locks_dir.is_dir() and not any(locks_dir.iterdir()):
-            locks_dir.rmdir()
+        with contextlib.suppress(OSError):
+            if locks_dir.is_dir() and not locks_dir.is_symlink() and not any(locks_dir.iterdir()):
+                locks_dir.rmdir()
+        if not published:
+            _remove_created(cache_dir, created)
+
+
+def _missing_ancestors(path: Path) -> list[Path]:
+    """``path`` and its parents that do not exist yet, deepest first (what creating ``path`` would add)."""
+    missing = []
+    for folder in (path, *path.parents):
+        if os.path.lexists(folder):
+            break
+        missing.append(folder)
+    return missing
+
+
+def _remove_lock_files(locks: Path) -> None:
+    """Remove the empty ``*.lock`` files and then empty folders under ``locks`` (the repo locks taken by an import
+    into a cache root it created); anything else (another import's staging) stays, and so does its folder."""
+    if os.path.islink(locks) or not locks.is_dir():
+        return
+    for dirpath, _dirs, names in os.walk(locks, topdown=False):
+        for name in names:
+            path = os.path.join(dirpath, name)
+            if name.endswith(".lock") and os.lstat(path).st_size == 0:
+                os.unlink(path)
+        with contextlib.suppress(OSError):
+            os.rmdir(dirpath)
+
+
+def _remove_created(cache_dir: Path, created: list[Path]) -> None:
+    """Undo the creation of a cache root that received nothing: its ``CACHEDIR.TAG``, then the empty folders.
+
+    Only folders this import created, and only when empty (a concurrent writer's content is never removed).
+    """
+    if not created:
+        return
+    with contextlib.suppress(OSError):
+        if {entry.name for entry in os.scandir(cache_dir)} <= {"CACHEDIR.TAG", ".locks"}:
+            _remove_lock_files(cache_dir / ".locks")
+            (cache_dir / "CACHEDIR.TAG").unlink(missing_ok=True)
+    for folder in created:
+        try:
+            folder.rmdir()
+        except OSError:
+            return
 
 
 @dataclass
@@ -317,8 +397,9 @@ class _Reader:
             self.entry(member, stream)
         return dict(self.repos)
 
-    def entry(self, member: _Member, stream: BinaryIO | None) -> None:
+    def entry(self, member: Member, stream: BinaryIO | None) -> None:
         parts = _clean_name(member.name)
+        self.fits(member.name, parts)
         if member.kind in ("special", "sparse"):
             what = "a device, fifo or socket" if member.kind == "special" else "a sparse file (a cache has none)"
             raise UsageError(f"refused entry {member.name!r}: {what}")
@@ -335,7 +416,15 @@ class _Reader:
                    "trees": self.tree}[parts[1]]
         handler(self.repos[parts[0]], member, parts, content)
 
-    def content(self, member: _Member, stream: BinaryIO | None, parts: list[str]) -> str:
+    def fits(self, name: str, parts: list[str]) -> None:
+        """Refuse a name the target's filesystem cannot take (see ``MAX_PATH_BYTES``) before anything is written."""
+        if len(os.fsencode(os.path.join(self.staging.cache_dir, *parts))) > MAX_PATH_BYTES:
+            raise UsageError(f"refused entry {_shown(name)!r}: its path in the target would be longer than "
+                             f"{MAX_PATH_BYTES} bytes; nothing was imported")
+        if len(parts) > 2 and parts[1] == "refs" and len(os.fsencode(parts[-1])) > MAX_REF_NAME_BYTES:
+            raise UsageError(f"refused entry {_shown(name)!r}: a ref name longer than {MAX_REF_NAME_BYTES} bytes")
+
+    def content(self, member: Member, stream: BinaryIO | None, parts: list[str]) -> str:
         """The staged member holding this entry's content ("" for a symlink), staged now for a file."""
         name = "/".join(parts)
         if member.kind == "hardlink":
@@ -352,12 +441,12 @@ class _Reader:
         self.staging.add(name, stream, member.size)
         return name
 
-    def blob(self, repo: _RepoPlan, member: _Member, parts: list[str], content: str) -> None:
+    def blob(self, repo: _RepoPlan, member: Member, parts: list[str], content: str) -> None:
         if len(parts) != 3 or member.kind == "symlink" or algorithm_of(parts[2]) is None:
             raise UsageError(f"refused entry {member.name!r}: a blob must be a file named by its sha256 or git sha1")
         repo.blobs[parts[2]] = content
 
-    def snapshot(self, repo: _RepoPlan, member: _Member, parts: list[str], content: str) -> None:
+    def snapshot(self, repo: _RepoPlan, member: Member, parts: list[str], content: str) -> None:
         commit, path = parts[2], "/".join(parts[3:])
         if algorithm_of(commit) != "git-sha1" or not path:
             raise UsageError(f"refused entry {member.name!r}: not snapshots/<commit>/<path>")
@@ -370,19 +459,19 @@ class _Reader:
         else:
             repo.files[(commit, path)] = content
 
-    def ref(self, repo: _RepoPlan, member: _Member, parts: list[str], content: str) -> None:
+    def ref(self, repo: _RepoPlan, member: Member, parts: list[str], content: str) -> None:
         record = self.staging.files.get(content)
         value = record[0].read_bytes()[:MAX_REF_BYTES].decode("utf-8", "replace").strip() if record else ""
         if member.kind == "symlink" or algorithm_of(value) != "git-sha1":
             raise UsageError(f"refused entry {member.name!r}: a ref must hold a 40-hex commit")
         repo.refs["/".join(parts[2:])] = value
 
-    def marker(self, repo: _RepoPlan, member: _Member, parts: list[str], content: str) -> None:
+    def marker(self, repo: _RepoPlan, member: Member, parts: list[str], content: str) -> None:
         if member.kind != "file" or member.size != 0 or len(parts) < 4 or algorithm_of(parts[2]) != "git-sha1":
             raise UsageError(f"refused entry {member.name!r}: a .no_exist marker must be an empty file")
         repo.markers.add((parts[2], "/".join(parts[3:])))
 
-    def tree(self, repo: _RepoPlan, member: _Member, parts: list[str], content: str) -> None:
+    def tree(self, repo: _RepoPlan, member: Member, parts: list[str], content: str) -> None:
         record = self.staging.files.get(content)
         if member.kind == "symlink" or len(parts) != 3 or not parts[2].endswith(".json") or record is None \
                 or algorithm_of(parts[2].removesuffix(".json")) != "git-sha1" or record[1] > MAX_TREE_BYTES:

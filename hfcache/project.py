@@ -76,7 +76,8 @@ def resolve_install(
         CheckFailed: ``locked`` and the lock is out of date with the manifest (exit 1).
     """
     lock = read_lock(lock_file)
-    found = lock_manifest(lock_file, manifest, required=locked)
+    # A lock alone (e.g. copied into an image) is enough; a broken manifest, or none while one is needed, is an error.
+    found = lock_manifest(lock_file, manifest, required=bool(locked))
     if locked:
         problems = drift(found, lock)
         if problems:

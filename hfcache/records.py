@@ -111,6 +111,8 @@ class RepoResult:
         error (str | None): one-line reason when the repo failed.
         hint (str | None): what to do about it.
         exit_code (int): 0, or the documented exit code of the error.
+        error_type (str | None): the error's class in :mod:`hfcache.errors` (``IntegrityError``,
+            ``EndpointUnreachable``, ``RepoNotFound``...), for callers that answer each kind differently (the mirror).
     """
 
     request: WarmRequest
@@ -124,6 +126,7 @@ class RepoResult:
     error: str | None = None
     hint: str | None = None
     exit_code: int = 0
+    error_type: str | None = None
 
     @property
     def ok(self) -> bool:

@@ -62,6 +62,21 @@ def parse_size(text: str) -> int:
     return math.floor(float(match.group(1)) * _SIZE_UNITS[match.group(2).lower()])
 
 
+def parse_timeout(value: str | float) -> float:
+    """``"30"`` -> 30.0: a timeout in seconds, a finite number greater than 0 (``nan``, ``inf``, ``0`` refused).
+
+    Raises:
+        UsageError: not such a number.
+    """
+    try:
+        seconds = float(value)
+    except (TypeError, ValueError):
+        seconds = math.nan
+    if not math.isfinite(seconds) or seconds <= 0:
+        raise UsageError(f"invalid timeout {value!r}", hint="give a number of seconds greater than 0, e.g. 30")
+    return seconds
+
+
 def format_duration(seconds: float) -> str:
     """2592000 -> ``30d``; the largest unit that divides the value exactly, else seconds (``90m``, ``45s``)."""
     for unit, size in (("w", 7 * 86400), ("d", 86400), ("h", 3600), ("m", 60)):

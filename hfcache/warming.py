@@ -134,6 +134,63 @@ def make_clients(endpoint: str | Sequence[str] | None, token: str | bool | None,
     return [HubClient(endpoint=e, token=resolved, timeout=timeout) for e in endpoints]
 
 
+def resolve_revision(request: WarmRequest, clients: Sequence[HubClient]) -> RepoRevision:
+    """Resolve ``request``'s revision on the endpoints in order, as a warm repo job does: a Hub-side failure (not
+    found, unreachable, gated, malformed) moves on to the next endpoint.
+
+    Args:
+        request: the repo and revision (selection fields are ignored: every file is listed).
+        clients: endpoints in order of preference (:func:`make_clients`).
+
+    Returns:
+        RepoRevision: the commit, the canonical id and every file with its size and hash.
+
+    Raises:
+        HubError (RepoNotFound, RevisionNotFound, GatedRepo, EndpointUnreachable...): the last endpoint's error, its
+        message naming what the others answered.
+    """
+    failures: list[str] = []
+    for n, client in enumerate(clients):
+        try:
+            return client.resolve(request.repo_id, request.revision, request.repo_type)
+        except HubError as exc:
+            if n < len(clients) - 1:
+                failures.append(f"{client.endpoint}: {exc.message}")
+                continue
+            if failures:
+                raise type(exc)(f"{exc.message} (also tried: {'; '.join(failures)})", hint=exc.hint) from None
+            raise
+    raise UsageError("no endpoint to resolve from")
+
+
+def fetch_pinned(locked: LockedRepo, *, cache_dir: str | Path, endpoint: Sequence[str], token: str | bool | None,
+                 timeout: float = 10.0, max_workers: int = 4) -> RepoResult:
+    """Fetch the files of ``locked`` (a commit and files with known hashes) into the cache: :func:`warm` with a pin.
+
+    The pull-through mirror's per-file fetch (``hfcache serve --upstream``): the same code path as ``warm --lock``
+    (endpoints in order, hash checks, the repo and blob locks, the legacy-id folder, huggingface_hub's publishing
+    order, the snapshot touched as a use), for just the files a client asked for.
+
+    Args:
+        locked: the request (its revision becomes the ref written), the canonical id, commit and files to fetch.
+        cache_dir: the cache root.
+        endpoint: the endpoints, in order of preference.
+        token: the Hub token (False: none).
+        timeout: seconds to wait for a connection or for any byte of an answer.
+        max_workers: parallel downloads.
+
+    Returns:
+        RepoResult: ``error_type`` says what failed (``IntegrityError``: bytes that failed the hash check on every
+        endpoint; nothing of them is kept).
+
+    Raises:
+        CacheError: the cache root cannot be created or written.
+    """
+    report = warm([locked.request], cache_dir=cache_dir, endpoint=list(endpoint), token=token,
+                  max_workers=max_workers, timeout=timeout, pinned=[locked])
+    return report.repos[0]
+
+
 def pinned_revision(locked: LockedRepo) -> RepoRevision:
     """A locked repo as if the endpoint had just resolved it: the lock's commit, files, sizes and hashes."""
     files = []
@@ -395,4 +452,5 @@ def _failed(base: RepoResult, repo: RepoRevision | None, exc: HfcacheError) -> R
         error=exc.message,
         hint=exc.hint,
         exit_code=exc.exit_code,
+        error_type=type(exc).__name__,
     )

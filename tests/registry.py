@@ -1,14 +1,20 @@
 """A real OCI registry for tests and benchmarks: Debian's ``docker-registry`` (the CNCF distribution registry,
-``/usr/bin/docker-registry``) serving a tmp dir on a free loopback port, optionally with htpasswd (bcrypt) auth.
+``/usr/bin/docker-registry``) serving a tmp dir on a free loopback port, optionally with htpasswd (bcrypt) auth;
+and raw distribution-API calls (urllib) that push hand-made, hostile images without hfcache's own client.
 
 CI installs it (``.ci/run``: ``docker-registry apache2-utils``); elsewhere the tests skip when it is missing.
 """
 
 from __future__ import annotations
 
+import gzip
+import hashlib
+import io
+import json
 import shutil
 import socket
 import subprocess
+import tarfile
 import time
 import urllib.error
 import urllib.request
@@ -82,3 +88,66 @@ def running_registry(workdir: Path, users: dict[str, str] | None = None) -> Iter
             proc.kill()
             proc.wait()
         log.close()
+
+
+# --- raw distribution API calls (urllib only): hostile images are pushed without hfcache's client -----------------
+
+
+def _request(method: str, address: str, data: bytes | None = None, headers: dict[str, str] | None = None):
+    request = urllib.request.Request(address, data=data, method=method, headers=headers or {})
+    return urllib.request.urlopen(request, timeout=60)  # noqa: S310 - loopback registry only
+
+
+def put_blob(host: str, name: str, data: bytes) -> str:
+    """Upload ``data`` as a blob of ``name`` (POST, then PUT with the digest); return its ``sha256:`` digest."""
+    digest = f"sha256:{hashlib.sha256(data).hexdigest()}"
+    with _request("POST", f"http://{host}/v2/{name}/blobs/uploads/", b"") as started:
+        location = started.headers["Location"]
+    if location.startswith("/"):
+        location = f"http://{host}{location}"
+    separator = "&" if "?" in location else "?"
+    with _request("PUT", f"{location}{separator}digest={digest}", data,
+                  {"Content-Type": "application/octet-stream"}) as done:
+        assert done.status == 201, done.status
+    return digest
+
+
+def put_manifest(host: str, name: str, ref: str, body: bytes, media_type: str) -> str:
+    """PUT ``body`` as the manifest ``name:ref``; return the digest the registry answered."""
+    with _request("PUT", f"http://{host}/v2/{name}/manifests/{ref}", body, {"Content-Type": media_type}) as done:
+        assert done.status == 201, done.status
+        return done.headers["Docker-Content-Digest"]
+
+
+def tar_bytes(members: list[tuple[tarfile.TarInfo, bytes | None]], trailer: bytes = b"") -> bytes:
+    """A PAX tar of ``members`` (content given for files), then ``trailer`` after the end-of-archive blocks."""
+    raw = io.BytesIO()
+    with tarfile.open(fileobj=raw, mode="w", format=tarfile.PAX_FORMAT) as tar:
+        for info, data in members:
+            tar.addfile(info, io.BytesIO(data) if data is not None else None)
+    return raw.getvalue() + trailer
+
+
+def push_image(host: str, name: str, tag: str, layers: list[bytes], *, declared_sizes: list[int] | None = None,
+               layer_type: str = "application/vnd.oci.image.layer.v1.tar+gzip") -> str:
+    """Push an image whose layers are the tars ``layers`` (gzipped unless ``layer_type`` is plain tar), with a
+    correct config (diff_ids) and manifest unless ``declared_sizes`` overrides the descriptors' sizes.
+
+    Returns:
+        ``host/name:tag``.
+    """
+    plain = layer_type.endswith(".tar")
+    blobs = [tar if plain else gzip.compress(tar, mtime=0) for tar in layers]
+    diff_ids = [f"sha256:{hashlib.sha256(tar).hexdigest()}" for tar in layers]
+    config = json.dumps({"architecture": "amd64", "os": "linux",
+                         "rootfs": {"type": "layers", "diff_ids": diff_ids}}).encode()
+    descriptors = []
+    for i, blob in enumerate(blobs):
+        size = declared_sizes[i] if declared_sizes else len(blob)
+        descriptors.append({"mediaType": layer_type, "digest": put_blob(host, name, blob), "size": size})
+    manifest = {"schemaVersion": 2, "mediaType": "application/vnd.oci.image.manifest.v1+json",
+                "config": {"mediaType": "application/vnd.oci.image.config.v1+json",
+                           "digest": put_blob(host, name, config), "size": len(config)},
+                "layers": descriptors}
+    put_manifest(host, name, tag, json.dumps(manifest).encode(), "application/vnd.oci.image.manifest.v1+json")
+    return f"{host}/{name}:{tag}"

@@ -47,7 +47,8 @@ def execute(plan: PrunePlan, *, on_item: Callable[[ItemOutcome], None] | None = 
         do the items of a folder whose repo lock stays held for ``lock_timeout`` seconds.
 
     Raises:
-        CacheError: the repo lock cannot be created (read-only cache).
+        CacheError: the repo lock cannot be created (read-only cache); LockTimeout (a CacheError) when a repo's lock
+            stays held for ``lock_timeout`` seconds.
     """
     started = time.monotonic()
     root = Path(plan.cache_dir)

@@ -20,6 +20,14 @@ if not stderr.is_terminal and "COLUMNS" not in os.environ:
     stderr = Console(stderr=True, highlight=False, width=120)
 
 
+def lock_wait_notice(wait: Any) -> None:
+    """Tell the user on stderr which lock a command waits for, who holds it, and how long it will wait at most
+    (a :class:`hfcache.locking.LockWait`; the ``on_lock_wait`` callback of warm, prune, repair and import)."""
+    holder = f", held by {wait.holder}" if wait.holder else ""
+    stderr.print(Text(f"hfcache: waiting for the lock {wait.path}{holder} (gives up after {wait.timeout:g}s: "
+                      "--lock-timeout)", style="yellow"), soft_wrap=True)
+
+
 def print_json(document: Any, *, compact: bool = False) -> None:
     """Print exactly one JSON document on stdout (sorted keys, trailing newline; two-space indent unless
     ``compact``, which large listings use: indenting 10,000 repos costs more than scanning them)."""
@@ -62,11 +70,3 @@ def ago(timestamp: float, now: float) -> str:
         if seconds >= size:
             return f"{int(seconds // size)}{unit} ago"
     return f"{int(seconds)}s ago"
-
-
-def lock_wait_notice(wait: Any) -> None:
-    """Tell the user on stderr which lock a command waits for, who holds it, and how long it will wait at most
-    (a :class:`hfcache.locking.LockWait`; the ``on_lock_wait`` callback of warm, prune, repair and import)."""
-    holder = f", held by {wait.holder}" if wait.holder else ""
-    stderr.print(Text(f"hfcache: waiting for the lock {wait.path}{holder} (gives up after {wait.timeout:g}s: "
-                      "--lock-timeout)", style="yellow"), soft_wrap=True)

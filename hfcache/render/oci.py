@@ -43,7 +43,7 @@ def _layers_json(layers) -> list[dict]:
 def show_push(report: Any, *, as_json: bool) -> None:
     """push's result: JSON, or one line on stderr and ``REF@DIGEST`` on stdout (for scripts)."""
     if as_json:
-        print_json({"reference": report.reference, "digest": report.digest, "split": report.split,
+        print_json({"ok": True, "reference": report.reference, "digest": report.digest, "split": report.split,
                     "repos": list(report.repos), "layers": _layers_json(report.layers),
                     "bytes_total": report.bytes_total, "bytes_uploaded": report.bytes_uploaded})
         return
@@ -57,8 +57,9 @@ def show_pull(report: Any, *, as_json: bool) -> None:
     """pull's result: JSON, or what was downloaded and merged (stderr)."""
     imported = report.imported
     if as_json:
-        print_json({"reference": report.reference, "digest": report.digest, "layers": _layers_json(report.layers),
-                    "bytes_downloaded": report.bytes_downloaded, "cache_dir": imported.cache_dir,
+        print_json({"ok": True, "reference": report.reference, "digest": report.digest,
+                    "layers": _layers_json(report.layers), "bytes_downloaded": report.bytes_downloaded,
+                    "bytes_unpacked": report.bytes_unpacked, "cache_dir": imported.cache_dir,
                     "repos": list(imported.repos), "files": imported.files, "blobs_new": imported.blobs_new,
                     "blobs_existing": imported.blobs_existing, "bytes_new": imported.bytes_new,
                     "moved_refs": list(imported.moved)})

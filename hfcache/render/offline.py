@@ -62,7 +62,9 @@ def show_mirror_ready(info: Any) -> None:
     """``hfcache serve`` is listening: what it serves and where (stderr; the endpoint is the last word)."""
     what = "cache" if info.layout == "cache" else "repo folders"
     token = ", bearer token required" if info.token_required else ""
-    stderr.print(Text(f"hfcache: serving {what} {info.root}{token} at {info.endpoint}"), soft_wrap=True)
+    pull = f", pulling through from {', '.join(info.upstreams)}" if info.upstreams else ""
+    allow = f" (allowed: {', '.join(info.allow)})" if info.allow else " (any repo: no --allow)" if info.upstreams else ""
+    stderr.print(Text(f"hfcache: serving {what} {info.root}{token}{pull}{allow} at {info.endpoint}"), soft_wrap=True)
 
 
 def show_mirror_stopped(run: Any) -> None:

@@ -6,6 +6,8 @@ only modules above it in this list, never back; tests/unit/test_import_graph.py 
 - :mod:`.vocabulary`    RepoFile, RepoSnapshot, StoreMiss, the Store protocol, git/LFS hashing (imports nothing here)
 - :mod:`.folder_store`  FolderStore: plain ``<org>/<name>/`` repo folders
 - :mod:`.cache_store`   CacheStore: a Hugging Face hub cache, answered as the Hub would
+- :mod:`.metrics`       MirrorMetrics: ``GET /metrics`` (Prometheus text, prometheus_client)
+- :mod:`.pullthrough`   PullThroughStore: a cache that fetches what it lacks from upstream (``serve --upstream``)
 - :mod:`.http`          error answers, request-target parsing
 - :mod:`.accesslog`     RequestRecord and the access log line
 - :mod:`.body`          FileBody and the Responder contract of the server stacks

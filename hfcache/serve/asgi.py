@@ -32,6 +32,10 @@ KEEP_ALIVE_SECONDS = 65
 
 #: Worker threads for ``respond`` and file reads (blocking filesystem work), shared by all connections.
 WORKER_THREADS = 32
+#: Paths answered from a pool of their own: probes and scrapes must answer while every worker waits on an upstream
+#: fetch (a pull-through mirror under a cold start), or the kubelet would restart a mirror that is merely busy.
+PROBE_PATHS = frozenset({"/healthz", "/metrics"})
+PROBE_THREADS = 4
 
 #: Seconds a client has to send a request's line and headers, counted from its connection or from the first byte
 #: after a response. uvicorn has no such timeout: a connection that never finishes its request stays open forever.
@@ -72,6 +76,7 @@ class UvicornOrigin:
             raise
         self.port = self._sock.getsockname()[1]
         self._pool = ThreadPoolExecutor(max_workers=WORKER_THREADS, thread_name_prefix=f"hfcache-serve-{origin}")
+        self._probe_pool = ThreadPoolExecutor(max_workers=PROBE_THREADS, thread_name_prefix=f"hfcache-probe-{origin}")
         config = uvicorn.Config(
             self._app,
             interface="asgi3",
@@ -111,13 +116,15 @@ class UvicornOrigin:
     def join(self, timeout: float) -> None:
         self._thread.join(timeout=timeout)
         self._pool.shutdown(wait=False, cancel_futures=True)
+        self._probe_pool.shutdown(wait=False, cancel_futures=True)
 
     async def _app(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         if scope["type"] != "http":
             return
         loop = asyncio.get_running_loop()
         environ = _environ(scope)
-        status, headers, body, entry = await loop.run_in_executor(self._pool, self._hub.respond, self._origin,
+        pool = self._probe_pool if scope["path"] in PROBE_PATHS else self._pool
+        status, headers, body, entry = await loop.run_in_executor(pool, self._hub.respond, self._origin,
                                                                   environ)
         disconnected = asyncio.Event()
         watcher = asyncio.ensure_future(_watch_disconnect(receive, disconnected))

@@ -113,6 +113,12 @@ class CacheStore:
             raise StoreMiss("RevisionNotFound", f"Invalid rev id: {revision}", repo_id=repo.repo_id)
         return repo.snapshots[commit]
 
+    def listing(self, snapshot: RepoSnapshot) -> dict[str, dict] | None:
+        """The raw entries of the snapshot's ``trees/<commit>.json`` (path -> ``size``, ``blob_id``, ``lfs_sha256``
+        as huggingface_hub ``_tree_cache.py`` writes them; unvalidated), or None when there is none."""
+        folder = _folder_name(snapshot.repo_type, snapshot.repo_id)
+        return _read_trees(self.root / folder, snapshot.commit) if folder is not None else None
+
     def lfs_file(self, repo_type: str, repo_id: str, sha256: str) -> tuple[RepoSnapshot, RepoFile] | None:
         """An LFS file of any snapshot of the repo, by content hash (for the CDN origin)."""
         repo = self._repo(repo_type, self.canonical_id(repo_type, repo_id))
@@ -122,7 +128,7 @@ class CacheStore:
                 return snapshot, found
         return None
 
-    def open(self, repo_file: RepoFile) -> BinaryIO:
+    def open(self, repo_file: RepoFile, snapshot: RepoSnapshot | None = None, *, head: bool = False) -> BinaryIO:
         """Open a blob or snapshot file without following any symlink below the cache root.
 
         Raises:

@@ -72,7 +72,7 @@ class FolderStore:
         repo_file = snapshot.file_by_sha256(sha256) if snapshot is not None else None
         return (snapshot, repo_file) if repo_file is not None else None
 
-    def open(self, repo_file: RepoFile) -> BinaryIO:
+    def open(self, repo_file: RepoFile, snapshot: RepoSnapshot | None = None, *, head: bool = False) -> BinaryIO:
         """Open the file, re-checking containment: a symlink may have been swapped since the scan.
 
         Raises:

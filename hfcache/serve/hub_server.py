@@ -18,12 +18,14 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import IO, Any
 
-from werkzeug.wrappers import Request
+from werkzeug.wrappers import Request, Response
 
 from .accesslog import LogEntry, RequestRecord
 from .cache_store import CacheStore
 from .folder_store import FolderStore
 from .http import header_value, url_host
+from .metrics import CONTENT_TYPE, MirrorMetrics
+from .pullthrough import PullThroughConfig, PullThroughStore
 from .routing import Router
 from .vocabulary import DEFAULT_BRANCH, Store, StoreMiss
 from .wsgi import WerkzeugOrigin, wsgi_app
@@ -64,9 +66,13 @@ class HubServer:
         record_requests (bool): keep every request in memory for :attr:`requests` (tests); False for long runs.
         access_log (IO[str] | None): a text stream receiving one line per finished request
             (``TIME METHOD PATH STATUS BYTES SECONDS``); headers, and so tokens, are never written.
+        metrics (bool): answer ``GET /metrics`` (Prometheus text, :mod:`.metrics`; no token needed, no repo ids).
+        upstream (PullThroughConfig | None): ``layout="cache"`` only: fetch what the cache lacks from these
+            upstreams (:class:`~.pullthrough.PullThroughStore`); ``/healthz`` then says whether they answer.
 
     Raises:
-        ValueError: an unknown layout or backend, a bad throttle, legacy_ids with a cache, throttle on uvicorn.
+        ValueError: an unknown layout or backend, a bad throttle, legacy_ids with a cache, throttle on uvicorn,
+            an upstream with ``layout="repos"``.
         FileNotFoundError: ``layout="cache"`` and ``root`` is not a directory.
         OSError: from ``start()`` if a port cannot be bound.
     """
@@ -88,6 +94,8 @@ class HubServer:
         lfs_redirect: bool = True,
         record_requests: bool = True,
         access_log: IO[str] | None = None,
+        metrics: bool = False,
+        upstream: PullThroughConfig | None = None,
     ) -> None:
         root = Path(root)
         if layout not in LAYOUTS:
@@ -98,7 +106,13 @@ class HubServer:
             raise ValueError("throttle_bps must be a positive number of bytes per second")
         if throttle_bps is not None and backend != "werkzeug":
             raise ValueError("throttle_bps is supported by the werkzeug backend only")
-        self._store = _open_store(root, layout, legacy_ids)
+        if upstream is not None and layout != "cache":
+            raise ValueError("a pull-through upstream needs layout='cache'")
+        self.metrics = MirrorMetrics(Path(root) if layout == "cache" else None) if metrics or upstream else None
+        if upstream is not None:
+            self._store: Store = PullThroughStore(root, upstream, self.metrics)
+        else:
+            self._store = _open_store(root, layout, legacy_ids)
         self.root = root
         self.layout, self.backend = layout, backend
         self.host, self.port = host, port
@@ -111,7 +125,7 @@ class HubServer:
         self.record_requests = record_requests
         self.access_log = access_log
         self._router = Router(self._store, host=host, token=token, gated=self.gated, overrides=self.overrides,
-                              page_size=self.page_size, lfs_redirect=lfs_redirect)
+                              page_size=self.page_size, lfs_redirect=lfs_redirect, public=self._public_routes())
         self._log: list[LogEntry] = []
         self._log_lock = threading.Lock()
         self._active = 0
@@ -171,6 +185,8 @@ class HubServer:
         self._stopping.set()
         for origin in origins:
             origin.join(timeout=5)
+        if isinstance(self._store, PullThroughStore):
+            self._store.close()
         return cut
 
     @property
@@ -243,7 +259,9 @@ class HubServer:
         return status, list(headers), app_iter, entry
 
     def finish(self, entry: LogEntry) -> None:
-        """A response is over (complete, cut short or failed): write its access log line."""
+        """A response is over (complete, cut short or failed): count it, write its access log line."""
+        if self.metrics is not None:
+            self.metrics.observe(entry.origin, entry.method, entry.path, entry.status, entry.bytes_sent)
         if self.access_log is not None:
             line = entry.access_line()
             with self._log_lock:
@@ -260,6 +278,30 @@ class HubServer:
     def stopping(self) -> threading.Event:
         """Set when responses still streaming must end now."""
         return self._stopping
+
+    @property
+    def store(self) -> Store:
+        """The store answering the requests."""
+        return self._store
+
+    # -- /metrics and /healthz
+
+    def _public_routes(self) -> dict[str, Any]:
+        routes: dict[str, Any] = {}
+        if self.metrics is not None:
+            routes["metrics"] = lambda request: Response(self.metrics.render(), content_type=CONTENT_TYPE)
+        if isinstance(self._store, PullThroughStore):
+            self.metrics.before_scrape = self._store.upstream_health
+            routes["healthz"] = self._healthz
+        return routes
+
+    def _healthz(self, request: Request) -> Response:
+        """200 while the mirror serves its cache; the body says which upstreams answer (liveness must not depend
+        on upstream: a pod restarted for the Hub's outage would lose nothing but its ability to serve)."""
+        health = self._store.upstream_health()
+        body = {"status": "ok", "upstream_reachable": any(up is True for _, up in health),
+                "upstreams": [{"endpoint": endpoint, "reachable": up} for endpoint, up in health]}
+        return Response(json.dumps(body), mimetype="application/json")
 
 
 def _open_store(root: Path, layout: str, legacy_ids: dict[str, str] | None) -> Store:

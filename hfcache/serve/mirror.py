@@ -18,9 +18,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
-from ..cache import existing_cache_dir
+from ..cache import ensure_cache_root, existing_cache_dir, resolve_cache_dir
 from ..errors import CacheError, UsageError
 from .hub_server import HubServer
+from .pullthrough import PullThroughConfig
 
 __all__ = ["GRACE_SECONDS", "MirrorInfo", "MirrorRun", "serve"]
 
@@ -40,6 +41,8 @@ class MirrorInfo:
         port (int): the port bound.
         token_required (bool): whether requests need the bearer token.
         access_log (str | None): the access log's path (``"-"`` for stdout), if any.
+        upstreams (tuple[str, ...]): pull-through upstream endpoints, in order (empty: a static mirror).
+        allow (tuple[str, ...]): repo id globs that may be pulled through (empty: all).
     """
 
     endpoint: str
@@ -49,6 +52,8 @@ class MirrorInfo:
     port: int
     token_required: bool
     access_log: str | None
+    upstreams: tuple[str, ...] = ()
+    allow: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -79,6 +84,7 @@ def serve(
     grace: float = GRACE_SECONDS,
     ready: Callable[[MirrorInfo], None] | None = None,
     stop: threading.Event | None = None,
+    upstream: PullThroughConfig | None = None,
 ) -> MirrorRun:
     """Serve a hub cache (default) or a directory of plain repo folders until SIGTERM, SIGINT or ``stop``.
 
@@ -102,6 +108,8 @@ def serve(
         ready: called once with the MirrorInfo when the port is bound (the CLI prints the endpoint).
         stop: an event that stops the mirror like SIGTERM (for embedding and tests); signal handlers are installed
             only when called from the main thread.
+        upstream: pull through: fetch what the cache lacks from these upstreams, verified
+            (:mod:`hfcache.serve.pullthrough`); the cache directory is created if missing. Cache layout only.
 
     Returns:
         MirrorRun.
@@ -110,13 +118,14 @@ def serve(
         UsageError: both or neither directory valid, the port cannot be bound, the access log cannot be opened.
         CacheError: the directory to serve does not exist.
     """
-    layout, root = _served_root(cache_dir, repos_dir)
+    layout, root = _served_root(cache_dir, repos_dir, pull_through=upstream is not None)
     log_stream = _open_access_log(access_log)
     stop_event = stop or threading.Event()
     signals: list[str] = []
     installed = _install_signals(stop_event, signals)
     server = HubServer(root, host=host, port=port, token=token, layout=layout, backend="uvicorn",
-                       lfs_redirect=False, record_requests=False, access_log=log_stream)
+                       lfs_redirect=False, record_requests=False, access_log=log_stream, metrics=True,
+                       upstream=upstream)
     try:
         try:
             server.start()
@@ -126,7 +135,8 @@ def serve(
         started = time.monotonic()
         info = MirrorInfo(endpoint=server.endpoint, root=str(root), layout=layout, host=host,
                           port=int(server.endpoint.rsplit(":", 1)[1]), token_required=token is not None,
-                          access_log=access_log)
+                          access_log=access_log, upstreams=upstream.upstreams if upstream else (),
+                          allow=upstream.allow if upstream else ())
         if ready is not None:
             ready(info)
         stop_event.wait()
@@ -145,11 +155,18 @@ def serve(
             log_stream.close()
 
 
-def _served_root(cache_dir: str | os.PathLike[str] | None,
-                 repos_dir: str | os.PathLike[str] | None) -> tuple[str, Path]:
-    """(layout, absolute root) of what to serve; raises UsageError for both, CacheError for a missing directory."""
+def _served_root(cache_dir: str | os.PathLike[str] | None, repos_dir: str | os.PathLike[str] | None, *,
+                 pull_through: bool = False) -> tuple[str, Path]:
+    """(layout, absolute root) of what to serve; raises UsageError for both, CacheError for a missing directory.
+    A pull-through mirror's cache is created if missing (CacheError if it cannot be)."""
     if cache_dir is not None and repos_dir is not None:
         raise UsageError("--cache-dir and --repos are mutually exclusive", hint="serve one of them")
+    if pull_through and repos_dir is not None:
+        raise UsageError("--upstream needs a cache to fill, not --repos", hint="pass --cache-dir DIR")
+    if pull_through:
+        root = resolve_cache_dir(cache_dir)
+        ensure_cache_root(root)
+        return "cache", root
     if repos_dir is None:
         return "cache", existing_cache_dir(cache_dir)
     root = Path(repos_dir).expanduser().absolute()

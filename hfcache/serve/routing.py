@@ -15,7 +15,7 @@ import hmac
 import io
 import logging
 import os
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import BinaryIO
 from urllib.parse import urlsplit
 
@@ -43,16 +43,20 @@ class Router:
         overrides (Mapping[tuple[str, str], bytes]): ``(repo_id, path) -> bytes`` served instead of the file.
         page_size (int): entries per tree listing page.
         lfs_redirect (bool): LFS files answer 302 to the CDN origin (port :attr:`cdn_port`, set once bound).
+        public (Mapping[str, Callable[[Request], Response]]): one-segment paths answered before the token check,
+            e.g. ``{"metrics": ...}``; ``healthz`` here replaces the plain ``ok``.
     """
 
     def __init__(self, store: Store, *, host: str, token: str | None, gated: Iterable[str],
-                 overrides: Mapping[tuple[str, str], bytes], page_size: int, lfs_redirect: bool) -> None:
+                 overrides: Mapping[tuple[str, str], bytes], page_size: int, lfs_redirect: bool,
+                 public: Mapping[str, Callable[[Request], Response]] | None = None) -> None:
         self.store, self.host, self.token = store, host, token
         self.gated = frozenset(gated)
         self.overrides = overrides
         self.page_size = page_size
         self.lfs_redirect = lfs_redirect
         self.cdn_port = 0
+        self.public = dict(public or {})
 
     def answer(self, origin: str, request: Request) -> Response:
         """The response to one request: an answer, the Hub's error for it, or a 500 (logged) on a bug."""
@@ -69,6 +73,8 @@ class Router:
 
     def _hub_app(self, request: Request) -> Response:
         segments = path_segments(request.environ)
+        if len(segments) == 1 and segments[0] in self.public and request.method in ("GET", "HEAD"):
+            return self.public[segments[0]](request)
         if segments == ["healthz"]:
             return Response("ok", mimetype="text/plain")
         self._check_token(request)
@@ -104,7 +110,7 @@ class Router:
             if miss.code == "RevisionNotFound" and miss.repo_id:
                 self._check_gated(repo_type, miss.repo_id)
             headers = {"X-Repo-Commit": miss.commit} if miss.commit else {}
-            raise HttpError(404, miss.code, miss.message, headers) from None
+            raise HttpError(miss.status, miss.code, miss.message, headers) from None
         self._check_gated(repo_type, snapshot.repo_id)
         return snapshot
 
@@ -142,7 +148,7 @@ class Router:
             # Served here: the metadata a CDN redirect would carry rides on the answer itself (file_download.py
             # reads X-Linked-Etag / X-Linked-Size before ETag / Content-Length).
             headers.update({"X-Linked-Etag": f'"{repo_file.sha256}"', "X-Linked-Size": str(repo_file.size)})
-        body, length = self._open_body(snapshot, repo_file)
+        body, length = self._open_body(snapshot, repo_file, head=request.method == "HEAD")
         return file_response(request, body, length, repo_file.etag, headers)
 
     # -- CDN origin
@@ -160,19 +166,27 @@ class Router:
         if found is None:
             raise HttpError(404, None, "Not found")
         snapshot, repo_file = found
-        body, length = self._open_body(snapshot, repo_file)
+        body, length = self._open_body(snapshot, repo_file, head=request.method == "HEAD")
         return file_response(request, body, length, sha256, {})
 
     # -- file bodies
 
-    def _open_body(self, snapshot: RepoSnapshot, repo_file: RepoFile) -> tuple[BinaryIO, int]:
-        """(open body, its length): the override bytes if any, else the file through the store."""
+    def _open_body(self, snapshot: RepoSnapshot, repo_file: RepoFile, *, head: bool) -> tuple[BinaryIO, int]:
+        """(open body, its length): the override bytes if any, else the file through the store.
+
+        ``head``: a HEAD request; a pull-through store answers it from the listing without fetching the bytes.
+        """
         override = self.overrides.get((snapshot.repo_id, repo_file.path))
         if override is not None:
             return io.BytesIO(override), len(override)
         try:
-            body = self.store.open(repo_file)
+            body = self.store.open(repo_file, snapshot, head=head)
         except OSError:  # deleted since the scan, or refused (a link leaving the served directory)
             raise HttpError(404, "EntryNotFound", "Entry not found", {"X-Repo-Commit": snapshot.commit}) from None
-        # The size on disk now, so the framing stays right even if the file changed since the scan.
-        return body, os.fstat(body.fileno()).st_size
+        except StoreMiss as miss:  # a pull-through store could not fetch it (upstream down, bytes failing the hash)
+            raise HttpError(miss.status, miss.code, miss.message) from None
+        try:
+            # The size on disk now, so the framing stays right even if the file changed since the scan.
+            return body, os.fstat(body.fileno()).st_size
+        except (AttributeError, OSError, io.UnsupportedOperation):  # not a file: metadata only (HEAD)
+            return body, repo_file.size

@@ -131,17 +131,22 @@ class RepoSnapshot:
 
 
 class StoreMiss(Exception):
-    """A store has no such repo or revision.
+    """A store has no such repo or revision, or cannot get what was asked (a pull-through store's upstream failed).
 
     Attributes:
-        code (str): the Hub's ``X-Error-Code``: ``"RepoNotFound"`` or ``"RevisionNotFound"``.
+        code (str): the ``X-Error-Code``: the Hub's ``"RepoNotFound"``, ``"RevisionNotFound"``, ``"GatedRepo"``,
+            or a pull-through mirror's ``"RepoNotAllowed"``, ``"UpstreamUnavailable"``, ``"UpstreamIntegrityError"``,
+            ``"UpstreamError"``.
         repo_id (str | None): the canonical id, for ``RevisionNotFound``.
         commit (str | None): a commit to send as ``X-Repo-Commit`` with the error, if any.
+        status (int): the HTTP status to answer (404 unless said otherwise).
     """
 
-    def __init__(self, code: str, message: str, *, repo_id: str | None = None, commit: str | None = None):
+    def __init__(self, code: str, message: str, *, repo_id: str | None = None, commit: str | None = None,
+                 status: int = 404):
         super().__init__(message)
         self.code, self.message, self.repo_id, self.commit = code, message, repo_id, commit
+        self.status = status
 
 
 class Store(Protocol):
@@ -158,8 +163,9 @@ class Store(Protocol):
     def lfs_file(self, repo_type: str, repo_id: str, sha256: str) -> tuple[RepoSnapshot, RepoFile] | None:
         """An LFS file of the repo by content hash, for the CDN origin."""
 
-    def open(self, repo_file: RepoFile) -> BinaryIO:
-        """Open the file's bytes, refusing anything outside ``root``. Raises OSError."""
+    def open(self, repo_file: RepoFile, snapshot: RepoSnapshot, *, head: bool = False) -> BinaryIO:
+        """Open the file's bytes (of ``snapshot``), refusing anything outside ``root``. ``head``: only the metadata
+        is wanted (a pull-through store then fetches nothing). Raises OSError, or StoreMiss (upstream failed)."""
 
 
 

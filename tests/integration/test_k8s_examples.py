@@ -25,6 +25,7 @@ import httpx2
 import kubernetes_validate
 import pytest
 import yaml
+from huggingface_hub import hf_hub_download
 
 from hfcache.serve import HubServer
 from tests.helpers import clean_env, golden_ids, refused_endpoint
@@ -186,6 +187,11 @@ class Cluster:
         elif "configMap" in volume:
             assert volume["configMap"]["name"] == "hfcache-lock", volume
             return self.lock_dir
+        elif "secret" in volume:  # a token Secret: one file, ``token``
+            path = self.base / "secrets" / volume["secret"]["secretName"]
+            path.mkdir(parents=True, exist_ok=True)
+            (path / "token").write_text("hf_example_upstream_token\n")
+            return path
         elif "image" in volume:  # what the kubelet mounts: the image's root filesystem, here pulled by hfcache
             path = self.base / "images" / volume["image"]["reference"].replace("/", "_")
             if not path.exists():
@@ -251,6 +257,31 @@ def container_of(file: str, name: str) -> tuple[str, dict, dict]:
     raise KeyError((file, name))
 
 
+def check_pull_through(command: list[str], env: dict[str, str], upstream: HubServer, client: Path) -> None:
+    """Run the pull-through container's serve; a client gets an allowed repo through it, not a refused one."""
+    server = subprocess.Popen([sys.executable, "-m", "hfcache", *command[1:]], cwd=PROJECT, env=clean_env(**env),
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        endpoint = re.search(r" at (http://\S+)$", server.stderr.readline().strip()).group(1)
+        before = len(upstream.requests)
+        path = hf_hub_download("bert-base-uncased", "vocab.txt", cache_dir=client, endpoint=endpoint, token=False)
+        refused = httpx2.get(f"{endpoint}/api/models/mistralai/Mistral-7B-v0.1")
+        scraped = httpx2.get(f"{endpoint}/metrics").text
+        health = httpx2.get(f"{endpoint}/healthz").json()
+    finally:
+        server.send_signal(signal.SIGTERM)
+        code = server.wait(timeout=30)
+    assert code == 0, server.stderr.read()
+    assert Path(path).read_bytes() == (PROJECT / "tests/data/hub/google-bert/bert-base-uncased/vocab.txt").read_bytes()
+    assert len(upstream.requests) > before and all(r.authorized for r in upstream.requests[before:]
+                                                   if r.origin == "hub" and r.path != "/")
+    assert (refused.status_code, refused.headers["x-error-code"]) == (403, "RepoNotAllowed")
+    assert "hfcache_upstream_fetches_total 1.0" in scraped and health["upstream_reachable"] is True
+    cache = command[command.index("--cache-dir") + 1]
+    verified = run(["hfcache", "verify", "--cache-dir", cache], {})
+    assert verified.returncode == 0, verified.stdout + verified.stderr
+
+
 @pytest.mark.slow
 def test_the_manifests_commands_run_for_real(hub_root, tmp_path):
     from tests.registry import available, running_registry
@@ -314,6 +345,11 @@ def test_the_manifests_commands_run_for_real(hub_root, tmp_path):
         # The apps' downloads came from the mirror, not the Hub; a satisfied volume cost no request.
         assert len(upstream.requests) == hub_requests
         assert access and all(line.split()[3] in ("200", "307") for line in access)
+
+        # 3b. The pull-through variant: an empty claim that fills itself from "the Hub", for allowed repos only.
+        pod, spec, pull = container_of("mirror.yaml", "pullthrough")
+        check_pull_through(*cluster.process(pod, spec, pull), upstream, tmp_path / "client")
+        ran.add(("mirror.yaml", "pullthrough"))
 
         # 4. Any other hfcache command in the examples (e.g. the prune CronJob) runs too. A claim no example
         # creates stands for an existing cache volume: it gets a copy of the mirror's warmed claim.

@@ -24,7 +24,7 @@ import hfcache
 from hfcache.records import WarmRequest
 from hfcache.serve import HubServer
 from tests.helpers import GOLDEN, clean_env, golden_ids, offline_load, run_hfcache, visible_entries
-from tests.registry import Registry, available, running_registry
+from tests.registry import Registry, available, push_image, running_registry, tar_bytes
 
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(available() is not None and not os.environ.get("CI"),
                                                    reason=str(available()))]
@@ -181,33 +181,8 @@ def _tampered_pull_changes_nothing(registry, tag, victim, blob, data, tamper, tm
 
 
 def _push_raw(registry: Registry, name: str, members: list[tuple[tarfile.TarInfo, bytes | None]]) -> str:
-    """Push an image whose one layer holds ``members`` (digests all correct) with hfcache's own client."""
-    from hfcache.oci import Layer, _connect, _upload, image_documents, parse_reference
-    from hfcache.oci import _url as url_of
-
-    raw = io.BytesIO()
-    with tarfile.open(fileobj=raw, mode="w", format=tarfile.PAX_FORMAT) as tar:
-        for info, data in members:
-            tar.addfile(info, io.BytesIO(data) if data is not None else None)
-    tar_bytes = raw.getvalue()
-    blob = gzip.compress(tar_bytes, mtime=0)
-    layer = Layer(f"sha256:{hashlib.sha256(blob).hexdigest()}", len(blob),
-                  f"sha256:{hashlib.sha256(tar_bytes).hexdigest()}", ("evil",), 0)
-    from hfcache.export import ExportPlan
-
-    config, manifest = image_documents([(layer, ExportPlan((), (), 0))], {}, "amd64")
-    container = parse_reference(f"{registry.host}/{name}:v1")
-    client = _connect(container, True, None, 30)
-    work = Path(os.environ.get("TMPDIR", "/tmp"))
-    for data, digest in ((blob, layer.digest), (config, f"sha256:{hashlib.sha256(config).hexdigest()}")):
-        path = work / f"hfcache-test-{digest[7:19]}"
-        path.write_bytes(data)
-        _upload(client, container, digest, path, len(data), None, "x")
-        path.unlink()
-    response = client.do_request(url_of(client, container, "manifests", "v1"), "PUT", data=manifest,
-                                 headers={"Content-Type": "application/vnd.oci.image.manifest.v1+json"})
-    assert response.status_code == 201, response.text
-    return f"{registry.host}/{name}:v1"
+    """Push an image whose one layer holds ``members`` (digests all correct) with raw HTTP calls."""
+    return push_image(registry.host, name, "v1", [tar_bytes(members)])
 
 
 def _info(name: str, kind: bytes = tarfile.REGTYPE, size: int = 0, linkname: str = "") -> tarfile.TarInfo:
@@ -308,6 +283,9 @@ def test_push_of_a_lock_records_its_hash_and_a_corrupt_cache_is_never_pushed(reg
     blob.write_bytes(blob.read_bytes()[:-1] + b"!")  # same size, other content
     corrupt = run_hfcache(["push", f"{registry.host}/hf/corrupt:v1", "--lock", str(lock), "--cache-dir", str(cache),
                            "--plain-http"])
-    assert corrupt.returncode == 3 and "corrupt" in corrupt.stderr and "Traceback" not in corrupt.stderr
+    # A corrupt source cache is a cache problem (exit 5), like a broken snapshot link.
+    assert corrupt.returncode == 5 and "corrupt" in corrupt.stderr and "Traceback" not in corrupt.stderr
+    lines = corrupt.stderr.splitlines()
+    assert lines[-1].startswith("hint: ") and lines[-2].startswith("hfcache: error: ")
     with pytest.raises(urllib.error.HTTPError):
         get(registry, "hf/corrupt/manifests/v1", "application/vnd.oci.image.manifest.v1+json")

@@ -21,7 +21,7 @@ PRESENTATION = {"hfcache.cli", "hfcache.cli_oci", "hfcache.render"}
 #: HTTP clients; only hfcache.hub talks to a Hub (huggingface_hub's HTTP client is httpx2), only hfcache.oci to an
 #: OCI registry (oras, requests).
 HTTP_CLIENTS = {"httpx", "httpx2", "requests", "urllib3", "aiohttp", "http.client", "urllib.request", "oras"}
-NETWORK_MODULES = {"hfcache.hub", "hfcache.oci"}
+NETWORK_MODULES = {"hfcache.hub", "hfcache.oci", "hfcache.oci_registry"}  # the registry client (oras-py)
 #: huggingface_hub names that are not its HTTP side: reading the saved token is a file read.
 HUB_LOCAL_NAMES = {"huggingface_hub.utils": {"get_token"}}
 

@@ -103,15 +103,31 @@ def test_image_documents_are_canonical_and_complete(tmp_path):
 
 
 @pytest.mark.parametrize("reference", ["", "http://registry/x:v1", "a b:v1", "registry.io/x@sha256:abc",
-                                       "registry.io/x@md5:" + "0" * 32])
-def test_bad_references_are_usage_errors(reference):
-    with pytest.raises(UsageError):
+                                       "registry.io/x@md5:" + "0" * 32, "registry.io/HF/cache:v1",
+                                       "registry.io/hf/cache:-v1", "registry.io/hf/cache:" + "v" * 129,
+                                       "registry.io:99999/hf/cache:v1", "registry.io/hf//cache:v1",
+                                       "registry.io/hf/cache-:v1", "registry.io/" + "a" * 250 + ":v1"])
+def test_bad_references_are_usage_errors_with_a_hint(reference):
+    """The distribution spec's grammar (an uppercase name would be a registry 404, exit 3, without this)."""
+    with pytest.raises(UsageError) as raised:
         parse_reference(reference)
+    assert raised.value.hint
+
+
+def test_timeouts_must_be_finite_and_positive():
+    from hfcache.units import parse_timeout
+
+    assert parse_timeout("2.5") == 2.5 and parse_timeout(10.0) == 10.0
+    for bad in ("nan", "inf", "-1", "0", "soon", ""):
+        with pytest.raises(UsageError):
+            parse_timeout(bad)
 
 
 def test_references_parse_like_docker():
     ref = parse_reference("127.0.0.1:5000/hf/cache:v1")
     assert (ref.registry, ref.api_prefix, ref.tag, ref.digest) == ("127.0.0.1:5000", "hf/cache", "v1", None)
+    ref = parse_reference("localhost/hf/cache__x.y-z:V_1.0")  # `localhost` is a registry, as for docker
+    assert (ref.registry, ref.api_prefix, ref.tag) == ("localhost", "hf/cache__x.y-z", "V_1.0")
     digest = "sha256:" + "0" * 64
     assert parse_reference(f"registry.io/hf/cache@{digest}").digest == digest
 
