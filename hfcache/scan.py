@@ -22,6 +22,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import NamedTuple
 
+from .safefs import list_modes, repo_layout_problems
+
 _COMMIT_RE = re.compile(rb"^[0-9a-f]{40}$")
 _REPO_TYPES = {"models": "model", "datasets": "dataset", "spaces": "space"}
 
@@ -83,6 +85,9 @@ class RepoInfo:
         last_used (float): newest ``last_used`` of its revisions (0 when it has none).
         problems (tuple[str, ...]): repo-level and revision-level problems, in a stable order.
         inodes (dict[tuple[int, int], int]): (device, inode) -> size of every distinct content, to total a cache.
+        unsafe (tuple[str, ...]): parts of the folder that are symlinks or not directories (``blobs``, ``refs``,
+            ``snapshots``, ``.no_exist``, ``trees``, ``.locks/<folder>``). When set, nothing below the folder was
+            read (no refs, revisions or blobs), and every command leaves the repo alone.
         unreadable (tuple[str, ...]): parts this user cannot list or read, relative to the repo folder (``blobs/``,
             ``refs/main``, ``snapshots/<commit>/``); each is also a problem. What they hold is unknown, so commands
             that change a repo leave such a repo alone.
@@ -99,6 +104,7 @@ class RepoInfo:
     last_used: float
     problems: tuple[str, ...]
     inodes: dict[tuple[int, int], int]
+    unsafe: tuple[str, ...] = ()
     unreadable: tuple[str, ...] = ()
 
     @property
@@ -158,13 +164,29 @@ def _scan(root: Path, repo_ids: set[str] | None) -> CacheInfo:
         from .cache import access_error
 
         raise access_error(root) from None
+    # .locks is listed once for the whole cache (not looked up per repo: this runs 10,000 times). No .locks at all
+    # is fine ({}); one that is a link or a file makes every repo report it (None: each repo checks in full).
+    try:
+        locks_mode: int | None = os.lstat(root / ".locks").st_mode
+    except FileNotFoundError:
+        locks_mode = None
+    except OSError:
+        locks_mode = stat.S_IFLNK
+    if locks_mode is None:
+        locks: dict[str, int] | None = {}
+    else:
+        locks = list_modes(str(root / ".locks")) if stat.S_ISDIR(locks_mode) else None
     for entry in entries:
         parsed = parse_folder_name(entry.name)
-        if parsed is None or not entry.is_dir(follow_symlinks=False):
+        if parsed is None:
             continue
         if repo_ids is not None and parsed[0] not in repo_ids:
             continue
-        repos.append(scan_repo(Path(entry.path), parsed[0], parsed[1]))
+        if not entry.is_dir(follow_symlinks=False):
+            # A planted link (or file) named like a repo folder: reported, never followed.
+            repos.append(_unsafe_repo(entry.name, parsed, repo_layout_problems(str(root), entry.name)))
+            continue
+        repos.append(scan_repo(Path(entry.path), parsed[0], parsed[1], locks))
     seen: dict[tuple[int, int], int] = {}
     for repo in repos:
         seen.update(repo.inodes)
@@ -185,10 +207,27 @@ def _scandir(path: str, denied: list[str] | None = None, rel: str = "") -> list[
         return []
 
 
-def scan_repo(folder: Path, repo_id: str, repo_type: str) -> RepoInfo:
+def _unsafe_repo(name: str, parsed: tuple[str, str], unsafe: list[str]) -> RepoInfo:
+    return RepoInfo(repo_id=parsed[0], repo_type=parsed[1], folder=name, refs={}, revisions=(), size_on_disk=0,
+                    blob_count=0, incomplete=(), last_used=0.0, problems=tuple(unsafe), inodes={},
+                    unsafe=tuple(unsafe))
+
+
+def scan_repo(folder: Path, repo_id: str, repo_type: str, locks_entries: dict[str, int] | None = None) -> RepoInfo:
     """Scan one repo folder (metadata only). String paths and ``scandir`` throughout: this runs 10,000 times
-    for a large cache, and ``os.walk``/``relpath``/``pathlib`` dominated its cost."""
+    for a large cache, and ``os.walk``/``relpath``/``pathlib`` dominated its cost.
+
+    A folder whose parts are symlinks or not directories is not read at all: the result has ``unsafe`` set
+    (see :func:`hfcache.safefs.repo_layout_problems`).
+
+    Args:
+        locks_entries: name -> mode of the entries of ``<cache>/.locks`` when the caller listed it once for a
+            whole cache; None looks up ``.locks/<folder>`` directly.
+    """
     base = str(folder)
+    unsafe = repo_layout_problems(str(folder.parent), folder.name, locks_entries)
+    if unsafe:
+        return _unsafe_repo(folder.name, (repo_id, repo_type), unsafe)
     if not os.access(base, os.R_OK | os.X_OK):  # the folder itself cannot be listed or entered: nothing is known
         return RepoInfo(repo_id=repo_id, repo_type=repo_type, folder=folder.name, refs={}, revisions=(),
                         size_on_disk=0, blob_count=0, incomplete=(), last_used=0.0,
@@ -221,8 +260,12 @@ def scan_repo(folder: Path, repo_id: str, repo_type: str) -> RepoInfo:
         problems.append(f"{len(incomplete)} leftover .incomplete file(s)")
 
     refs = _read_refs(base + "/refs", "", denied)
-    snapshots = {e.name: e.path for e in _scandir(base + "/snapshots", denied, "snapshots/")
-                 if e.is_dir(follow_symlinks=False)}
+    snapshots = {}
+    for e in _scandir(base + "/snapshots", denied, "snapshots/"):
+        if e.is_dir(follow_symlinks=False):
+            snapshots[e.name] = e.path
+        else:  # a link or file where a snapshot folder belongs: never followed
+            problems.append(f"snapshots/{e.name}: {'a symlink' if e.is_symlink() else 'not a directory'} (left alone)")
     for name, value in sorted(refs.items()):
         if not _COMMIT_RE.fullmatch(value.encode("utf-8", "replace")):
             problems.append(f"refs/{name}: malformed ({value!r}, expected 40 hex characters)")
@@ -261,13 +304,16 @@ def _read_refs(refs_dir: str, prefix: str, denied: list[str]) -> dict[str, str]:
             refs.update(_read_refs(e.path, prefix + e.name + "/", denied))
             continue
         try:
-            with open(e.path, "rb") as f:
-                data = f.read(256)
+            # O_NOFOLLOW: a ref that is a planted link reads as unreadable (reported malformed), never its target.
+            fd = os.open(e.path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
         except PermissionError:
             denied.append(f"refs/{prefix}{e.name}")
             continue
         except OSError:
+            refs[prefix + e.name] = "<a symlink or unreadable>"
             continue
+        with os.fdopen(fd, "rb") as f:
+            data = f.read(256) if stat.S_ISREG(os.fstat(fd).st_mode) else b"<not a regular file>"
         refs[prefix + e.name] = data.decode("utf-8", "replace")
     return refs
 
