@@ -232,11 +232,12 @@ def ls_command(repo_ids, cache_dir, revisions, lock_file, sort, as_json) -> None
     import gc
 
     from .lockfile import pinned_revisions, read_lock
+    from .project import reading_cache_dir
     from .render import ls as render
     from .scan import scan_cache
 
     pinned = pinned_revisions(read_lock(lock_file)) if lock_file else None
-    root = _read_cache_dir(cache_dir, lock_file)
+    root = reading_cache_dir(cache_dir, lock_file)
     gc.disable()  # a short-lived process building one large document: the cyclic collector only costs time
     info = scan_cache(root, set(repo_ids) if repo_ids else None)
     render.show_ls(info, pinned, sort=sort, revisions=revisions, as_json=as_json)
@@ -260,12 +261,13 @@ def verify(repo_ids, cache_dir, lock_file, do_repair, endpoints, token, token_fi
     Without --repair it makes no network request. Exit 1 when any integrity problem remains.
     """
     from .lockfile import read_lock
+    from .project import reading_cache_dir
     from .render import verify as render
     from .render.common import lock_wait_notice
     from .verify import verify_cache
 
     lock = read_lock(lock_file) if lock_file else None
-    root = _read_cache_dir(cache_dir, lock_file)
+    root = reading_cache_dir(cache_dir, lock_file)
     with render.HashProgress(enabled=not as_json) as progress:
         report = verify_cache(root, repo_ids or None, lock=lock, max_workers=max_workers, progress=progress)
     actions = ()
@@ -305,9 +307,10 @@ def check(repo_ids, cache_dir, lock_file, text, as_json) -> None:
     """
     from .check import DEFAULT_TEXT, check_tokenizers, select_targets, targets_from_cache, targets_from_lock
     from .lockfile import read_lock
+    from .project import reading_cache_dir
     from .render import verify as render
 
-    root = _read_cache_dir(cache_dir, lock_file)
+    root = reading_cache_dir(cache_dir, lock_file)
     if lock_file:
         targets = select_targets(targets_from_lock(read_lock(lock_file)), repo_ids)
     else:
@@ -319,14 +322,6 @@ def check(repo_ids, cache_dir, lock_file, text, as_json) -> None:
         report = check_tokenizers(root, targets, text or DEFAULT_TEXT)
     render.show_check(report, as_json=as_json)
     sys.exit(report.exit_code)
-
-
-def _read_cache_dir(cache_dir: str | None, lock_file: str | None) -> Path:
-    """The existing cache a reading command works on: with --lock, as `warm --lock` picks it (lockfile.lock_cache_dir)."""
-    from .cache import existing_cache_dir
-    from .lockfile import lock_cache_dir
-
-    return existing_cache_dir(lock_cache_dir(lock_file, cache_dir) if lock_file else cache_dir)
 
 
 def _parse_chown(value: str | None) -> tuple[int, int] | None:
@@ -357,6 +352,7 @@ def export_command(dest, specs, lock_file, cache_dir, materialize, fmt, chown, g
     """
     from .export import plan_export, write_dir, write_tar
     from .lockfile import read_lock
+    from .project import reading_cache_dir
     from .render import transfer as render
 
     fmt = fmt or ("tar" if dest == "-" or dest.endswith(".tar") else "dir")
@@ -365,7 +361,7 @@ def export_command(dest, specs, lock_file, cache_dir, materialize, fmt, chown, g
     if dest == "-" and as_json:
         raise UsageError("--json cannot share stdout with the tar stream")
     owner = _parse_chown(chown)
-    root = _read_cache_dir(cache_dir, lock_file)
+    root = reading_cache_dir(cache_dir, lock_file)
     plan = plan_export(root, specs, lock=read_lock(lock_file) if lock_file else None, materialize=materialize)
     digest = None
     if fmt == "tar":
