@@ -26,6 +26,7 @@ import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
+from .cache import access_error, write_access_error
 from .errors import CacheError, UsageError
 from .safefs import repo_layout_problems
 from .scan import parse_folder_name
@@ -58,11 +59,21 @@ def link_cache(src: Path, dest: Path, mode: str = "symlink") -> LinkReport:
     if mode not in MODES:
         raise UsageError(f"invalid mode {mode!r}", hint=f"use one of {', '.join(MODES)}")
     src = src.absolute()
-    if not src.is_dir():
+    try:
+        is_dir = src.is_dir()
+    except PermissionError:  # Python 3.11's is_dir raises: name the folder that blocks, as every command does
+        raise access_error(src) from None
+    if not is_dir:
         raise UsageError(f"{src} is not a cache directory", hint="give the folder of an existing cache as SRC")
+    if not os.access(src, os.R_OK | os.X_OK):
+        raise access_error(src)
     if not dest.is_symlink() and os.path.realpath(dest) == os.path.realpath(src):  # (a symlink DEST: see below)
         raise UsageError(f"{dest} is {src} itself", hint="give a DEST other than SRC")
-    if dest.is_symlink() or (dest.exists() and (not dest.is_dir() or any(dest.iterdir()))):
+    try:
+        occupied = dest.is_symlink() or (dest.exists() and (not dest.is_dir() or any(dest.iterdir())))
+    except PermissionError:
+        raise write_access_error(dest) from None
+    if occupied:
         if mode != "symlink":
             _refuse_unsafe(src)  # before reading anything of SRC to compare
         if already_linked(src, dest, mode):
@@ -71,7 +82,10 @@ def link_cache(src: Path, dest: Path, mode: str = "symlink") -> LinkReport:
                          hint="link into a new or empty path (DEST is left as it is)")
     if mode != "symlink":
         _refuse_unsafe(src)
-    dest.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        dest.parent.mkdir(parents=True, exist_ok=True)
+    except PermissionError:
+        raise write_access_error(dest) from None
     staging = dest.parent / f".{dest.name}.{uuid.uuid4().hex[:8]}.partial"
     files = added = 0
     try:

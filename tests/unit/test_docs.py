@@ -41,25 +41,31 @@ def _options(command: click.Command) -> list[str]:
     return names
 
 
-@pytest.mark.parametrize("name", sorted(PAGES))
-def test_docs_page_names_the_command_and_every_option(name):
+def _synopsis(name: str) -> str:
+    """The synopsis lines of `hfcache NAME` on its page: lines of plain code blocks starting with it, with their
+    indented continuation lines."""
     page = (REPO / "docs" / PAGES[name]).read_text(encoding="utf-8")
-    assert f"hfcache {name}" in page, f"docs/{PAGES[name]} never shows `hfcache {name}`"
-    # The synopsis block of the command: every option --help lists appears in the page.
-    missing = [opt for opt in _options(cli.commands[name]) if not re.search(rf"(?<![\w-]){re.escape(opt)}(?![\w-])",
-                                                                               page)]
-    assert not missing, f"docs/{PAGES[name]} does not document {missing} of `hfcache {name} --help`"
+    blocks = [body for lang, body in re.findall(r"^```(\w*)\n(.*?)^```", page, re.DOTALL | re.MULTILINE) if not lang]
+    lines = [synopsis for block in blocks
+             for synopsis in re.findall(rf"^hfcache {name}\b(.*(?:\n {{8,}}.*)*)", block, re.MULTILINE)]
+    assert lines, f"docs/{PAGES[name]} has no synopsis block for `hfcache {name}`"
+    return "\n".join(lines)
 
 
-def test_docs_name_no_option_the_command_lacks():
-    """The synopsis lines (``hfcache CMD ...`` in code blocks) use only options the command has."""
-    for name, page_name in sorted(PAGES.items()):
-        page = (REPO / "docs" / page_name).read_text(encoding="utf-8")
-        known = set(_options(cli.commands[name])) | {"--help", "-h"}
-        for block in re.findall(r"```\n(.*?)```", page, re.DOTALL):
-            for synopsis in re.findall(rf"^hfcache {name} (.*(?:\n {{8,}}.*)*)", block, re.MULTILINE):
-                used = set(re.findall(r"(?<![\w/-])(--[a-z][a-z-]*|-[a-zA-Z])\b", synopsis))
-                assert used <= known, f"docs/{page_name}: `hfcache {name}` synopsis names {used - known}"
+@pytest.mark.parametrize("name", sorted(PAGES))
+def test_synopsis_lists_every_option_of_help(name):
+    """Every option `hfcache NAME --help` lists is in the synopsis on its docs page (and explained around it)."""
+    synopsis = _synopsis(name)
+    missing = [opt for opt in _options(cli.commands[name])
+               if not re.search(rf"(?<![\w-]){re.escape(opt)}(?![\w-])", synopsis)]
+    assert not missing, f"docs/{PAGES[name]}: the `hfcache {name}` synopsis lacks {missing} of its --help"
+
+
+@pytest.mark.parametrize("name", sorted(PAGES))
+def test_synopsis_names_no_option_the_command_lacks(name):
+    known = set(_options(cli.commands[name])) | {"--help", "-h"}
+    used = set(re.findall(r"(?<![\w/-])(--[a-z][a-z-]*|-[a-zA-Z])\b", _synopsis(name)))
+    assert used <= known, f"docs/{PAGES[name]}: the `hfcache {name}` synopsis names {used - known}, not options"
 
 
 def test_readme_lists_every_command_with_its_page():
