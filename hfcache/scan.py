@@ -149,7 +149,21 @@ def scan_cache(cache_dir: str | os.PathLike[str], repo_ids: set[str] | None = No
 
 
 def _scan(root: Path, repo_ids: set[str] | None) -> CacheInfo:
-    repos = []
+    repos = [scan_repo(Path(path), repo_id, repo_type) for path, repo_id, repo_type in repo_folders(root, repo_ids)]
+    seen: dict[tuple[int, int], int] = {}
+    for repo in repos:
+        seen.update(repo.inodes)
+    return CacheInfo(cache_dir=str(root), repos=tuple(repos), size_on_disk=sum(seen.values()))
+
+
+def repo_folders(root: Path, repo_ids: set[str] | None = None) -> list[tuple[str, str, str]]:
+    """The repo folders of the cache at ``root`` as (path, repo_id, repo_type), sorted by (repo_type, repo_id
+    case-folded), from one ``scandir`` and nothing else: a caller can scan them one at a time (:func:`scan_repo`)
+    and let each go, as ``ls --json`` does for large caches (issue 18, P4).
+
+    Raises:
+        CacheError: the cache directory exists but cannot be listed by this user (exit 5).
+    """
     try:
         entries = sorted(os.scandir(root), key=lambda e: e.name)
     except FileNotFoundError:
@@ -158,18 +172,16 @@ def _scan(root: Path, repo_ids: set[str] | None) -> CacheInfo:
         from .cache import access_error
 
         raise access_error(root) from None
+    folders = []
     for entry in entries:
         parsed = parse_folder_name(entry.name)
         if parsed is None or not entry.is_dir(follow_symlinks=False):
             continue
         if repo_ids is not None and parsed[0] not in repo_ids:
             continue
-        repos.append(scan_repo(Path(entry.path), parsed[0], parsed[1]))
-    seen: dict[tuple[int, int], int] = {}
-    for repo in repos:
-        seen.update(repo.inodes)
-    repos.sort(key=lambda r: (r.repo_type, r.repo_id.lower()))
-    return CacheInfo(cache_dir=str(root), repos=tuple(repos), size_on_disk=sum(seen.values()))
+        folders.append((entry.path, parsed[0], parsed[1]))
+    folders.sort(key=lambda f: (f[2], f[1].lower()))
+    return folders
 
 
 def _scandir(path: str, denied: list[str] | None = None, rel: str = "") -> list[os.DirEntry]:
