@@ -229,7 +229,7 @@ def ls_command(repo_ids, cache_dir, revisions, lock_file, sort, as_json) -> None
         folders = repo_folders(Path(root), wanted)
         if len(folders) > 100:  # large: one repo at a time, never the whole document in memory (issue 18, P4)
             folders.sort(key=lambda f: f[1].lower())  # the order show_ls gives (stable over the scan's order)
-            repos = (scan_repo(Path(path), repo_id, repo_type) for path, repo_id, repo_type in folders)
+            repos = (scan_repo(path, repo_id, repo_type) for path, repo_id, repo_type in folders)
             sys.exit(1 if render.stream_ls_json(str(Path(root)), repos, pinned, sys.stdout) else 0)
     info = scan_cache(root, wanted)
     render.show_ls(info, pinned, sort=sort, revisions=revisions, as_json=as_json)

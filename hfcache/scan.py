@@ -149,7 +149,7 @@ def scan_cache(cache_dir: str | os.PathLike[str], repo_ids: set[str] | None = No
 
 
 def _scan(root: Path, repo_ids: set[str] | None) -> CacheInfo:
-    repos = [scan_repo(Path(path), repo_id, repo_type) for path, repo_id, repo_type in repo_folders(root, repo_ids)]
+    repos = [scan_repo(path, repo_id, repo_type) for path, repo_id, repo_type in repo_folders(root, repo_ids)]
     seen: dict[tuple[int, int], int] = {}
     for repo in repos:
         seen.update(repo.inodes)
@@ -197,14 +197,16 @@ def _scandir(path: str, denied: list[str] | None = None, rel: str = "") -> list[
         return []
 
 
-def scan_repo(folder: Path, repo_id: str, repo_type: str) -> RepoInfo:
+def scan_repo(folder: str | os.PathLike[str], repo_id: str, repo_type: str) -> RepoInfo:
     """Scan one repo folder (metadata only). String paths and ``scandir`` throughout: this runs 10,000 times
-    for a large cache, and ``os.walk``/``relpath``/``pathlib`` dominated its cost."""
-    base = str(folder)
+    for a large cache, and ``os.walk``/``relpath``/``pathlib`` dominated its cost (a ``str`` ``folder`` saves the
+    Path too)."""
+    base = os.fspath(folder)
+    name = os.path.basename(base)
     if not os.access(base, os.R_OK | os.X_OK):  # the folder itself cannot be listed or entered: nothing is known
-        return RepoInfo(repo_id=repo_id, repo_type=repo_type, folder=folder.name, refs={}, revisions=(),
+        return RepoInfo(repo_id=repo_id, repo_type=repo_type, folder=name, refs={}, revisions=(),
                         size_on_disk=0, blob_count=0, incomplete=(), last_used=0.0,
-                        problems=(f"{folder.name}/: {_DENIED}",), inodes={}, unreadable=("",))
+                        problems=(f"{name}/: {_DENIED}",), inodes={}, unreadable=("",))
     problems: list[str] = []
     blob_stats: dict[str, os.stat_result] = {}
     incomplete = []
@@ -248,11 +250,11 @@ def scan_repo(folder: Path, repo_id: str, repo_type: str) -> RepoInfo:
     if denied:
         # What this user sees of the repo is partial (links into an unreadable blobs/ look broken): only the parts
         # it cannot read are reported, and commands that change a repo leave it alone.
-        problems = [f"{part or folder.name + '/'}: {_DENIED}" for part in sorted(set(denied))]
+        problems = [f"{part or name + '/'}: {_DENIED}" for part in sorted(set(denied))]
     return RepoInfo(
         repo_id=repo_id,
         repo_type=repo_type,
-        folder=folder.name,
+        folder=name,
         refs=refs,
         revisions=tuple(revisions),
         size_on_disk=sum(inodes.values()),
