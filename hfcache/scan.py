@@ -202,11 +202,11 @@ def scan_repo(folder: str | os.PathLike[str], repo_id: str, repo_type: str) -> R
     for a large cache, and ``os.walk``/``relpath``/``pathlib`` dominated its cost (a ``str`` ``folder`` saves the
     Path too)."""
     base = os.fspath(folder)
-    name = os.path.basename(base)
+    folder_name = os.path.basename(base)
     if not os.access(base, os.R_OK | os.X_OK):  # the folder itself cannot be listed or entered: nothing is known
-        return RepoInfo(repo_id=repo_id, repo_type=repo_type, folder=name, refs={}, revisions=(),
+        return RepoInfo(repo_id=repo_id, repo_type=repo_type, folder=folder_name, refs={}, revisions=(),
                         size_on_disk=0, blob_count=0, incomplete=(), last_used=0.0,
-                        problems=(f"{name}/: {_DENIED}",), inodes={}, unreadable=("",))
+                        problems=(f"{folder_name}/: {_DENIED}",), inodes={}, unreadable=("",))
     problems: list[str] = []
     blob_stats: dict[str, os.stat_result] = {}
     incomplete = []
@@ -250,11 +250,11 @@ def scan_repo(folder: str | os.PathLike[str], repo_id: str, repo_type: str) -> R
     if denied:
         # What this user sees of the repo is partial (links into an unreadable blobs/ look broken): only the parts
         # it cannot read are reported, and commands that change a repo leave it alone.
-        problems = [f"{part or name + '/'}: {_DENIED}" for part in sorted(set(denied))]
+        problems = [f"{part or folder_name + '/'}: {_DENIED}" for part in sorted(set(denied))]
     return RepoInfo(
         repo_id=repo_id,
         repo_type=repo_type,
-        folder=name,
+        folder=folder_name,
         refs=refs,
         revisions=tuple(revisions),
         size_on_disk=sum(inodes.values()),
