@@ -244,9 +244,12 @@ def ls_command(repo_ids, cache_dir, revisions, lock_file, sort, as_json) -> None
                    "else the lock's manifest's).")
 @click.option("--repair", "do_repair", is_flag=True,
               help="Fix what is broken (re-download from the endpoint, rewrite refs and links), then verify again.")
+@click.option("--fast", is_flag=True,
+              help="Skip blobs unchanged (inode, size, mtime, ctime) since an earlier --fast run hashed them right, "
+                   "and record this run's in .locks/ [default: hash every blob, write nothing].")
 @_common_hub_options
 @_lock_timeout_option
-def verify(repo_ids, cache_dir, lock_file, do_repair, endpoints, token, token_file, max_workers, timeout,
+def verify(repo_ids, cache_dir, lock_file, do_repair, fast, endpoints, token, token_file, max_workers, timeout,
            lock_timeout, as_json) -> None:
     """Check a cache's integrity offline: every blob's hash, links, refs, and the lock's files.
 
@@ -260,7 +263,8 @@ def verify(repo_ids, cache_dir, lock_file, do_repair, endpoints, token, token_fi
     lock = read_lock(lock_file) if lock_file else None
     root = _read_cache_dir(cache_dir, lock_file)
     with render.HashProgress(enabled=not as_json) as progress:
-        report = verify_cache(root, repo_ids or None, lock=lock, max_workers=max_workers, progress=progress)
+        report = verify_cache(root, repo_ids or None, lock=lock, max_workers=max_workers, progress=progress,
+                              fast=fast)
     actions = ()
     before = None
     if do_repair and not report.ok:
@@ -275,7 +279,8 @@ def verify(repo_ids, cache_dir, lock_file, do_repair, endpoints, token, token_fi
                          on_lock_wait=lock_wait_notice)
         before = report
         with render.HashProgress(enabled=not as_json) as progress:
-            report = verify_cache(root, repo_ids or None, lock=lock, max_workers=max_workers, progress=progress)
+            report = verify_cache(root, repo_ids or None, lock=lock, max_workers=max_workers, progress=progress,
+                                  fast=fast)
     render.show_verify(report, actions, before, as_json=as_json)
     sys.exit(report.exit_code)
 
