@@ -17,12 +17,14 @@ from __future__ import annotations
 import errno
 import os
 import shutil
+import stat
 import threading
 import uuid
 from collections.abc import Callable
 from contextlib import contextmanager
 from pathlib import Path
 
+from . import safefs
 from .errors import CacheError
 from .locking import DEFAULT_LOCK_TIMEOUT, LockWait
 from .locking import file_lock as _file_lock
@@ -132,6 +134,10 @@ def ensure_cache_root(cache_dir: Path) -> None:
         tag = cache_dir / "CACHEDIR.TAG"
         if not os.path.lexists(tag):
             atomic_write(tag, CACHEDIR_TAG.encode(), policy=cache_policy(cache_dir))
+        locks = cache_dir / ".locks"
+        if os.path.lexists(locks) and (os.path.islink(locks) or not locks.is_dir()):
+            raise safefs.UnsafeLayout(f"{locks} is a symlink or not a directory: left alone",
+                                      hint="remove it (it holds only lock files), then rerun")
         if not os.access(cache_dir, os.W_OK):
             read_only = bool(os.statvfs(cache_dir).f_flag & os.ST_RDONLY)
             code = errno.EROFS if read_only else errno.EACCES
@@ -189,12 +195,20 @@ def file_lock(path: Path, stop: threading.Event | None = None, *, timeout: float
 
 
 class RepoFolder:
-    """Paths and atomic writes for one repo folder of a cache.
+    """Paths and atomic writes for one repo folder of a cache, none of which follows a link planted in it.
+
+    Every folder is checked from the cache root one component at a time without following symlinks before anything
+    is created in it (:mod:`hfcache.safefs`), and every name that builds a path is checked first: blob names are 40
+    or 64 lowercase hex, commits 40, ref names relative without ``..``, repo paths relative without ``..``.
 
     Args:
         cache_dir: the cache root.
         repo_id: the repo id exactly as callers will load it (a legacy id gets its own folder).
         repo_type: ``model``, ``dataset`` or ``space``.
+
+    Raises (from every method that builds a path or writes):
+        UnsafeName: a blob, commit, ref or path name that would leave its folder.
+        UnsafeLayout: a part of the repo folder (or ``.locks/<folder>``) is a symlink or not a directory.
     """
 
     def __init__(self, cache_dir: Path, repo_id: str, repo_type: str = "model", *,
@@ -204,6 +218,7 @@ class RepoFolder:
         self.repo_id = repo_id
         self.repo_type = repo_type
         self.name = repo_folder_name(repo_id, repo_type)
+        safefs.check_folder_name(self.name)
         self.root = cache_dir / self.name
         self.locks = cache_dir / ".locks" / self.name
         self.lock_timeout = lock_timeout
@@ -211,29 +226,60 @@ class RepoFolder:
         self.policy = cache_policy(cache_dir)
 
     def make_dir(self, path: Path) -> None:
-        """``mkdir -p`` a folder of this repo, shared like the cache root (:mod:`hfcache.sharing`)."""
+        """``mkdir -p`` a folder of this repo, shared like the cache root (:mod:`hfcache.sharing`).
+
+        Raises:
+            UnsafeLayout: a component that exists is a symlink or not a directory (checked before anything is
+                created, and again after).
+        """
+        rel = path.relative_to(self.cache_dir).parts
+        safefs.check_existing(self.cache_dir, rel)
         make_dirs(path, self.cache_dir, self.policy)
+        safefs.check_existing(self.cache_dir, rel)
+
+    def layout_problems(self) -> list[str]:
+        """Each part of this repo folder that is a symlink or not a directory (see safefs.repo_layout_problems)."""
+        return safefs.repo_layout_problems(str(self.cache_dir), self.name)
+
+    def ensure_safe(self) -> None:
+        """Raise UnsafeLayout when a part of the repo folder (or its ``.locks`` folder) is a symlink or a file."""
+        problems = self.layout_problems()
+        if problems:
+            raise safefs.UnsafeLayout(f"{self.name}: unsafe cache layout: {'; '.join(problems)}",
+                                      hint="remove the symlink or file (or the repo folder), then rerun")
 
     def blob_path(self, etag: str) -> Path:
-        return self.root / "blobs" / etag
+        return self.root / "blobs" / safefs.check_etag(etag)
 
     def pointer_path(self, commit_hash: str, path: str) -> Path:
-        return self.root / "snapshots" / commit_hash / Path(*path.split("/"))
+        return self.root / "snapshots" / safefs.check_commit(commit_hash) / Path(*_repo_parts(path))
 
     def marker_path(self, commit_hash: str, path: str) -> Path:
-        return self.root / ".no_exist" / commit_hash / Path(*path.split("/"))
+        return self.root / ".no_exist" / safefs.check_commit(commit_hash) / Path(*_repo_parts(path))
 
     def ref_path(self, revision: str) -> Path:
-        return self.root / "refs" / Path(*revision.split("/"))
+        return self.root / "refs" / Path(*safefs.check_ref_name(revision).split("/"))
+
+    def _lock_file(self, name: str) -> Path:
+        self.make_dir(self.locks)
+        path = self.locks / name
+        if os.path.islink(path):  # filelock opens with O_TRUNC: a planted link would truncate its target
+            raise safefs.UnsafeLayout(f"{path} is a symlink: left alone", hint="remove it, then rerun")
+        return path
 
     def blob_lock(self, etag: str, stop: threading.Event | None = None):
         """The lock huggingface_hub takes while downloading this blob (``.locks/<folder>/<etag>.lock``)."""
-        return file_lock(self.locks / f"{etag}.lock", stop, timeout=self.lock_timeout, on_wait=self.on_lock_wait,
-                         cache_dir=self.cache_dir)
+        return file_lock(self._lock_file(f"{safefs.check_etag(etag)}.lock"), stop, timeout=self.lock_timeout,
+                         on_wait=self.on_lock_wait, cache_dir=self.cache_dir)
 
     def repo_lock(self, stop: threading.Event | None = None):
-        """hfcache's lock on the whole repo folder, held while warm or prune change it."""
-        return file_lock(self.locks / REPO_LOCK_NAME, stop=stop, timeout=self.lock_timeout,
+        """hfcache's lock on the whole repo folder, held while warm or prune change it.
+
+        Raises:
+            UnsafeLayout: checked first, so that no command writes into a repo folder with a planted link.
+        """
+        self.ensure_safe()
+        return file_lock(self._lock_file(REPO_LOCK_NAME), stop=stop, timeout=self.lock_timeout,
                          on_wait=self.on_lock_wait, cache_dir=self.cache_dir)
 
     def blob_ok(self, etag: str, size: int) -> bool:
@@ -253,11 +299,12 @@ class RepoFolder:
         Returns:
             (path, binary file object). Mode 0o666 minus the umask, so the published blob has the usual mode.
         """
+        safefs.check_etag(etag)
         blobs = self.root / "blobs"
         self.make_dir(blobs)
         self.make_dir(self.root / "snapshots")
         path = blobs / f"{etag}.{uuid.uuid4().hex[:8]}.incomplete"
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o666)
         share_fd(fd, self.policy)
         return path, os.fdopen(fd, "wb")
 
@@ -276,7 +323,7 @@ class RepoFolder:
         self.make_dir(self.root / "snapshots")
         tmp = _tmp_name(dest, ".incomplete")
         try:
-            os.link(source, tmp)
+            os.link(source, tmp, follow_symlinks=False)
         except OSError:
             return False
         os.replace(tmp, dest)
@@ -320,7 +367,7 @@ class RepoFolder:
         marker = self.marker_path(commit_hash, path)
         self.make_dir(marker.parent)
         try:
-            fd = os.open(marker, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)  # empty: creation is atomic
+            fd = os.open(marker, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o666)  # empty: atomic
         except FileExistsError:
             return
         share_fd(fd, self.policy)
@@ -330,22 +377,43 @@ class RepoFolder:
         """Record a use of the revision: set its snapshot folder's mtime to now (part of "last use", see
         :mod:`hfcache.scan`). Best effort: a read-only cache keeps its old time."""
         try:
-            os.utime(self.root / "snapshots" / commit_hash)
+            os.utime(self.root / "snapshots" / safefs.check_commit(commit_hash), follow_symlinks=False)
         except OSError:
             pass
 
+    def read_ref(self, revision: str) -> bytes | None:
+        """The bytes of ``refs/<revision>`` (at most 256), or None when there is none; no link is followed."""
+        try:
+            return safefs.read_small(self.cache_dir, (self.name, "refs", *safefs.check_ref_name(revision).split("/")),
+                                     256)
+        except FileNotFoundError:
+            return None
+        except OSError as exc:
+            if exc.errno in (errno.ELOOP, errno.ENOTDIR):
+                raise safefs.UnsafeLayout(f"{self.ref_path(revision)} is a symlink or sits under one: left alone",
+                                          hint="remove it, then rerun") from None
+            raise
+
     def write_ref(self, revision: str, commit_hash: str) -> None:
         """Write ``refs/<revision>`` = commit (no trailing newline; one breaks offline resolution, DESIGN §1)."""
+        safefs.check_commit(commit_hash)
         if revision == commit_hash:
             return
         ref = self.ref_path(revision)
         self.make_dir(ref.parent)
-        try:
-            if ref.read_bytes() == commit_hash.encode():
-                return
-        except OSError:
-            pass
+        if self.read_ref(revision) == commit_hash.encode():
+            return
         atomic_write(ref, commit_hash.encode(), self.policy)
+
+
+def _repo_parts(path: str) -> list[str]:
+    """The components of a repo path; UnsafeName for an absolute path, ``..``, ``.`` or an empty component."""
+    if not isinstance(path, str) or not path or path.startswith("/") or "\\" in path:
+        raise safefs.UnsafeName(f"refusing repo path {path!r}")
+    parts = path.split("/")
+    if any(p in ("", ".", "..") or "\x00" in p for p in parts):
+        raise safefs.UnsafeName(f"refusing repo path {path!r}")
+    return parts
 
 
 def repo_folder_name(repo_id: str, repo_type: str = "model") -> str:
@@ -387,6 +455,7 @@ def symlinks_supported(cache_dir: Path) -> bool:
     if os.environ.get("HF_HUB_DISABLE_SYMLINKS", "").upper() in ("1", "ON", "YES", "TRUE"):
         return False
     probe = cache_dir / ".locks" / f".hfcache-symlink-probe-{uuid.uuid4().hex[:8]}"
+    safefs.check_existing(cache_dir, (".locks",))  # never probe through a planted link
     try:
         make_dirs(probe.parent, cache_dir, cache_policy(cache_dir))
         os.symlink("target", probe)
@@ -400,6 +469,7 @@ def symlinks_supported(cache_dir: Path) -> bool:
 
 def find_blob_elsewhere(cache_dir: Path, etag: str, size: int, exclude: str) -> Path | None:
     """Find a regular ``blobs/<etag>`` of the right size in another repo folder of the cache (for hardlinking)."""
+    safefs.check_etag(etag)
     try:
         entries = os.scandir(cache_dir)
     except OSError:
@@ -410,9 +480,12 @@ def find_blob_elsewhere(cache_dir: Path, etag: str, size: int, exclude: str) -> 
                 continue
             candidate = Path(entry.path) / "blobs" / etag
             try:
+                # A repo whose blobs/ is a planted link is left alone: its "blob" may be a file outside the cache.
+                if not stat.S_ISDIR(os.lstat(candidate.parent).st_mode):
+                    continue
                 st = os.stat(candidate, follow_symlinks=False)
             except OSError:
                 continue
-            if st.st_size == size and not os.path.islink(candidate) and os.path.isfile(candidate):
+            if st.st_size == size and stat.S_ISREG(st.st_mode):
                 return candidate
     return None

@@ -28,7 +28,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from .cache import RepoFolder
-from .errors import CheckFailed, InternalError, UsageError
+from .errors import CheckFailed, HfcacheError, InternalError, UsageError
 from .lockfile import Lockfile
 from .records import parse_specs
 from .scan import RepoInfo, scan_cache
@@ -157,6 +157,10 @@ def targets_from_cache(cache_dir: Path, specs: Iterable[str] = ()) -> list[Check
     for repo in scan_cache(cache_dir, set(wanted) or None).repos:
         if repo.repo_type != "model":
             continue
+        if repo.unsafe:
+            targets.append(CheckTarget(repo.repo_id, "main"))  # reported as unsafe, never loaded
+            found.add(repo.repo_id)
+            continue
         asked = wanted.get(repo.repo_id)
         if asked:  # exactly the revisions named, loadable or not
             targets += [CheckTarget(repo.repo_id, revision) for revision in sorted(asked)]
@@ -239,7 +243,25 @@ def check_tokenizers(cache_dir: Path, targets: list[CheckTarget], text: str = DE
     Raises:
         InternalError: the child crashed or printed no result.
     """
-    targets = [replace(t, trust_remote_code=bool(custom_code_refs(cache_dir, t))) for t in targets]
+    # A repo folder with a planted link is not loaded: transformers would read whatever the link points to.
+    unsafe = {t.spec: RepoFolder(cache_dir, t.repo_id, t.repo_type).layout_problems() for t in targets}
+    loadable = [replace(t, trust_remote_code=bool(custom_code_refs(cache_dir, t))) for t in targets
+                if not unsafe[t.spec]]
+    raw = _probe(cache_dir, loadable, text, timeout) if loadable else {}
+    targets = [next((t for t in loadable if t.spec == u.spec), u) for u in targets]
+    results = []
+    for target in targets:
+        if unsafe[target.spec]:
+            results.append(CheckResult(target, False, error="not loaded: unsafe cache layout",
+                                       cause="; ".join(unsafe[target.spec])))
+            continue
+        results.append(_result(cache_dir, target, raw))
+    return CheckReport(cache_dir=str(cache_dir), text=text, results=tuple(results),
+                       import_seconds=raw.get("__import_seconds__", {}).get("seconds", 0.0))
+
+
+def _probe(cache_dir: Path, targets: list[CheckTarget], text: str, timeout: float) -> dict:
+    """Run the offline probe child on ``targets``; its JSON answer (spec -> result)."""
     env = probe_environment(cache_dir)
     home = Path(env["HF_HOME"])
     modules = tempfile.mkdtemp(prefix="hfcache-check-modules-")
@@ -255,22 +277,21 @@ def check_tokenizers(cache_dir: Path, targets: list[CheckTarget], text: str = DE
     if proc.returncode != 0 or not lines:
         tail = (proc.stderr.strip().splitlines() or ["no output"])[-1]
         raise InternalError(f"the offline probe process failed (exit {proc.returncode}): {tail}")
-    raw = json.loads(lines[-1])
-    results = []
-    for target in targets:
-        data = raw.get(target.spec, {"error": "no result"})
-        if "error" in data:
-            results.append(CheckResult(target, False, seconds=data.get("seconds", 0.0), error=data["error"],
-                                       cause=diagnose(cache_dir, target, data["error"])))
-        else:
-            # transformers drops an uncached chat template silently (DESIGN §3): the load "works", the app breaks.
-            lost = _missing_templates(cache_dir, target)
-            results.append(CheckResult(
-                target, not lost, data["class"], data["vocab_size"], tuple(data["input_ids"]), data["seconds"],
-                error="loaded without its chat template(s)" if lost else None,
-                cause=f"chat template(s) in the repo but not in the cache: {', '.join(lost)}" if lost else None))
-    return CheckReport(cache_dir=str(cache_dir), text=text, results=tuple(results),
-                       import_seconds=raw.get("__import_seconds__", {}).get("seconds", 0.0))
+    return json.loads(lines[-1])
+
+
+def _result(cache_dir: Path, target: CheckTarget, raw: dict) -> CheckResult:
+    """One target's CheckResult from the probe's answer, with the diagnosis of a failure."""
+    data = raw.get(target.spec, {"error": "no result"})
+    if "error" in data:
+        return CheckResult(target, False, seconds=data.get("seconds", 0.0), error=data["error"],
+                           cause=diagnose(cache_dir, target, data["error"]))
+    # transformers drops an uncached chat template silently (DESIGN §3): the load "works", the app breaks.
+    lost = _missing_templates(cache_dir, target)
+    return CheckResult(
+        target, not lost, data["class"], data["vocab_size"], tuple(data["input_ids"]), data["seconds"],
+        error="loaded without its chat template(s)" if lost else None,
+        cause=f"chat template(s) in the repo but not in the cache: {', '.join(lost)}" if lost else None)
 
 
 def _remove_tree(path: Path) -> None:
@@ -348,16 +369,24 @@ def _diagnose(cache_dir: Path, target: CheckTarget, error: str) -> str | None:
         if needle in error and ("install" in error or "No module" in error or "requires" in error):
             return f"missing Python package: {package} (pip install {package})"
     folder = RepoFolder(cache_dir, target.repo_id, target.repo_type)
+    unsafe = folder.layout_problems()
+    if unsafe:
+        return f"{folder.name}: unsafe cache layout, left alone: {'; '.join(unsafe)}"
     if not folder.root.is_dir():
         return f"{target.repo_id} is not in the cache (no {folder.name}/)"
     try:
-        commit = folder.ref_path(target.revision).read_text()
-    except OSError:
+        raw = folder.read_ref(target.revision)
+    except (OSError, HfcacheError) as exc:
+        return f"refs/{target.revision} cannot be read: {exc}"
+    commit = raw.decode("utf-8", "replace") if raw is not None else ""
+    if raw is None:
         commit = target.revision if re.fullmatch(r"[0-9a-f]{40}", target.revision) else ""
         if not commit:
             return f"refs/{target.revision} is missing: the revision cannot be resolved offline"
     if commit != commit.strip():
         return f"refs/{target.revision} has trailing whitespace: offline resolution fails (hfcache verify --repair)"
+    if not re.fullmatch(r"[0-9a-f]{40}", commit):
+        return f"refs/{target.revision} holds {commit[:50]!r}, not a commit: offline resolution fails"
     snapshot = folder.root / "snapshots" / commit
     if not snapshot.is_dir():
         if commit == target.revision:

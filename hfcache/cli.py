@@ -219,17 +219,17 @@ def ls_command(repo_ids, cache_dir, revisions, lock_file, sort, as_json) -> None
 
     from .lockfile import pinned_revisions, read_lock
     from .render import ls as render
-    from .scan import repo_folders, scan_cache, scan_repo
+    from .scan import repo_folders, scan_cache, scan_folder
 
     pinned = pinned_revisions(read_lock(lock_file)) if lock_file else None
     root = _read_cache_dir(cache_dir, lock_file)
     gc.disable()  # a short-lived process building one large document: the cyclic collector only costs time
     wanted = set(repo_ids) if repo_ids else None
     if as_json and sort == "name":
-        folders = repo_folders(Path(root), wanted)
+        folders, locks = repo_folders(Path(root), wanted)
         if len(folders) > 100:  # large: one repo at a time, never the whole document in memory (issue 18, P4)
             folders.sort(key=lambda f: f[1].lower())  # the order show_ls gives (stable over the scan's order)
-            repos = (scan_repo(path, repo_id, repo_type) for path, repo_id, repo_type in folders)
+            repos = (scan_folder(Path(root), folder, locks) for folder in folders)
             sys.exit(1 if render.stream_ls_json(str(Path(root)), repos, pinned, sys.stdout) else 0)
     info = scan_cache(root, wanted)
     render.show_ls(info, pinned, sort=sort, revisions=revisions, as_json=as_json)

@@ -31,6 +31,7 @@ from typing import BinaryIO
 from .cache import CACHEDIR_TAG
 from .errors import CacheError, UsageError
 from .lockfile import Lockfile
+from .records import folder_ids
 from .scan import RepoInfo, scan_cache
 from .verify import algorithm_of
 
@@ -115,7 +116,7 @@ def plan_export(
         else:
             selection[(repo_id, "model")] = None
     for locked in lock.repos if lock else ():
-        for repo_id in {locked.request.repo_id, locked.canonical_id}:
+        for repo_id in folder_ids(locked.request.repo_id, locked.canonical_id):
             current = selection.setdefault((repo_id, locked.request.repo_type), set())
             if current is not None:
                 current.add(locked.commit_hash)
@@ -129,6 +130,11 @@ def plan_export(
     first_of_content: dict[str, str] = {}  # etag -> entry name holding it
     unique = 0
     repos = []
+    unsafe = [f"{r.folder}: {'; '.join(r.unsafe)}" for r in info.repos if r.unsafe]
+    if unsafe:  # never read through a planted link, never ship a repo without saying so
+        raise CacheError(f"unsafe cache layout, nothing exported: {unsafe[0]}"
+                         + (f" (and {len(unsafe) - 1} more)" if len(unsafe) > 1 else ""),
+                         hint="remove the symlink or file (or pass only other repos), then rerun")
     for repo in info.repos:
         wanted = selection.get((repo.repo_id, repo.repo_type)) if selection else None
         revisions = _revisions_for(repo, wanted)
@@ -202,7 +208,9 @@ def _parents(name: str, stop: str) -> set[str]:
 def _walk(folder: Path) -> list[str]:
     """Relative paths of the regular files below ``folder`` (sorted; links and other types ignored)."""
     out = []
-    for dirpath, _dirs, names in os.walk(folder):
+    if os.path.islink(folder):
+        return out
+    for dirpath, _dirs, names in os.walk(folder):  # os.walk never descends into a linked folder
         for n in names:
             p = os.path.join(dirpath, n)
             if os.path.isfile(p) and not os.path.islink(p):

@@ -216,22 +216,12 @@ class HubClient:
         commit = info.sha or ""
         canonical_id = info.id or repo_id
         if not valid_repo_id(canonical_id):
-            raise HubError(f"{repo_id}: endpoint answered an invalid repo id {canonical_id!r}",
+            raise HubError(f"{repo_id}: {self.endpoint} answered an invalid repo id {canonical_id!r}",
                            hint="the endpoint is broken or hostile")
         if not COMMIT_RE.fullmatch(commit):
-            raise HubError(f"{repo_id}: endpoint answered commit {commit!r}, not 40 hex characters",
+            raise HubError(f"{repo_id}: {self.endpoint} answered commit {commit!r}, not 40 hex characters",
                            hint="the endpoint is broken or not Hub-compatible")
-        files = []
-        for sibling in info.siblings or ():
-            try:
-                path = validate_repo_path(sibling.rfilename)
-            except UnsafePath as exc:
-                raise HubError(f"{repo_id}: endpoint listed an {exc}", hint="the endpoint is broken or hostile") from None
-            lfs = sibling.lfs.sha256 if sibling.lfs else None
-            if sibling.size is None or sibling.blob_id is None or (lfs is not None and not SHA256_RE.fullmatch(lfs)):
-                raise HubError(f"{repo_id}: endpoint gave no size or hash for {path}",
-                               hint="the endpoint must answer ?blobs=true like the Hub (DESIGN §2.1)")
-            files.append(RemoteFile(path=path, size=int(sibling.size), blob_id=sibling.blob_id, lfs_sha256=lfs))
+        files = [self._remote_file(repo_id, sibling) for sibling in info.siblings or ()]
         files.sort(key=lambda f: f.path)
         clash = _file_and_folder({f.path for f in files})
         if clash:
@@ -246,6 +236,28 @@ class HubClient:
             files=tuple(files),
         )
 
+    def _remote_file(self, repo_id: str, sibling) -> RemoteFile:
+        """One sibling of a ``?blobs=true`` answer, every name checked: a path, a 40-hex ``blobId``, a 64-hex
+        ``lfs.sha256`` and a non-negative size (they name files in the cache: a hostile endpoint must not be able
+        to point one outside it)."""
+        try:
+            path = validate_repo_path(sibling.rfilename)
+        except UnsafePath as exc:
+            raise HubError(f"{repo_id}: {self.endpoint} listed an {exc}", hint="the endpoint is broken or hostile") from None
+        lfs = sibling.lfs.sha256 if sibling.lfs else None
+        if sibling.size is None or sibling.blob_id is None:
+            raise HubError(f"{repo_id}: endpoint gave no size or hash for {path}",
+                           hint="the endpoint must answer ?blobs=true like the Hub (DESIGN §2.1)")
+        if not isinstance(sibling.blob_id, str) or not COMMIT_RE.fullmatch(sibling.blob_id):
+            raise HubError(f"{repo_id}: {self.endpoint} answered blobId {sibling.blob_id!r} for {path}, not 40 "
+                           "lowercase hex characters", hint="the endpoint is broken or hostile")
+        if lfs is not None and (not isinstance(lfs, str) or not SHA256_RE.fullmatch(lfs)):
+            raise HubError(f"{repo_id}: {self.endpoint} answered lfs.sha256 {lfs!r} for {path}, not 64 lowercase "
+                           "hex characters", hint="the endpoint is broken or hostile")
+        if not isinstance(sibling.size, int) or isinstance(sibling.size, bool) or sibling.size < 0:
+            raise HubError(f"{repo_id}: {self.endpoint} answered size {sibling.size!r} for {path}",
+                           hint="the endpoint is broken or hostile")
+        return RemoteFile(path=path, size=sibling.size, blob_id=sibling.blob_id, lfs_sha256=lfs)
     def _repo_info(self, repo_id: str, revision: str, repo_type: str) -> ModelInfo | DatasetInfo:
         """``HfApi.repo_info(files_metadata=True)`` with a bound on the answer (``MAX_METADATA_BYTES`` decoded).
 

@@ -484,6 +484,7 @@ def _check(plan: dict[str, _RepoPlan], staging: _Staging, cache_dir: Path) -> No
     """Refuse corrupt blobs, links to blobs nobody has, and real files whose hash nothing vouches for."""
     for folder_name, repo in sorted(plan.items()):
         folder = RepoFolder(cache_dir, *parse_folder_name(folder_name))
+        folder.ensure_safe()  # a target repo folder with a planted link: refused before any repo is published
         for etag, member in sorted(repo.blobs.items()):
             _, size, sha256, sha1 = staging.files[member]
             if (sha256 if algorithm_of(etag) == "sha256" else sha1) != etag:

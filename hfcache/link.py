@@ -24,6 +24,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .errors import CacheError, UsageError
+from .safefs import repo_layout_problems
+from .scan import parse_folder_name
 
 MODES = ("symlink", "hardlink", "copy")
 
@@ -54,6 +56,8 @@ def link_cache(src: Path, dest: Path, mode: str = "symlink") -> LinkReport:
         raise UsageError(f"{src} is not a cache directory")
     if dest.is_symlink() or (dest.exists() and (not dest.is_dir() or any(dest.iterdir()))):
         raise UsageError(f"{dest} exists and is not an empty directory", hint="link into a new or empty path")
+    if mode != "symlink":
+        _refuse_unsafe(src)
     dest.parent.mkdir(parents=True, exist_ok=True)
     staging = dest.parent / f".{dest.name}.{uuid.uuid4().hex[:8]}.partial"
     files = added = 0
@@ -79,6 +83,16 @@ def link_cache(src: Path, dest: Path, mode: str = "symlink") -> LinkReport:
     return LinkReport(src=str(src), dest=str(dest), mode=mode, files=files, bytes_added=added)
 
 
+def _refuse_unsafe(src: Path) -> None:
+    """CacheError when a repo folder of ``src`` has a planted link (safefs.repo_layout_problems): a copy would
+    silently drop it, and nothing outside the cache is read."""
+    for entry in sorted(os.scandir(src), key=lambda e: e.name):
+        if parse_folder_name(entry.name) is None:
+            continue
+        problems = repo_layout_problems(str(src), entry.name)
+        if problems:
+            raise CacheError(f"unsafe cache layout in {src}: {entry.name}: {'; '.join(problems)}",
+                             hint="remove the symlink or file, then rerun")
 def _copy_tree(src: Path, staging: Path, mode: str) -> tuple[int, int]:
     """Recreate ``src`` under ``staging`` with hardlinks or copies; return (files, bytes copied).
 

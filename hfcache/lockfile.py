@@ -22,8 +22,8 @@ from typing import Any
 import tomli_w
 
 from .cache import RepoFolder, atomic_write, cache_error, resolve_cache_dir
-from .errors import UsageError
-from .records import KINDS, REPO_TYPES, WarmRequest, valid_repo_id
+from .errors import CacheError, UsageError
+from .records import KINDS, REPO_TYPES, WarmRequest, folder_ids, valid_repo_id
 from .selection import UnsafePath, validate_repo_path
 
 if sys.version_info >= (3, 11):
@@ -96,8 +96,8 @@ class LockedRepo:
 
     def folders(self, cache_dir: Path) -> list[RepoFolder]:
         """The cache folders this repo occupies: the canonical id, and the requested id when it differs."""
-        names = [self.canonical_id] + ([self.request.repo_id] if self.request.repo_id != self.canonical_id else [])
-        return [RepoFolder(cache_dir, name, self.request.repo_type) for name in names]
+        return [RepoFolder(cache_dir, name, self.request.repo_type)
+                for name in folder_ids(self.request.repo_id, self.canonical_id)]
 
 
 @dataclass(frozen=True)
@@ -491,10 +491,14 @@ def cache_status(repo: LockedRepo, cache_dir: Path) -> CacheStatus:
     missing = []
     for folder in repo.folders(cache_dir):
         rel = folder.name
+        unsafe = folder.layout_problems()
+        if unsafe:  # never stat through a planted link; warm then refuses the folder (exit 5)
+            missing.append(f"{rel}: unsafe layout: {'; '.join(unsafe)}")
+            continue
         if repo.request.revision != repo.commit_hash:
             try:
-                ref = folder.ref_path(repo.request.revision).read_bytes()
-            except OSError:
+                ref = folder.read_ref(repo.request.revision)
+            except (OSError, CacheError):
                 ref = None
             if ref != repo.commit_hash.encode():
                 missing.append(f"{rel}/refs/{repo.request.revision}: " + ("missing" if ref is None else "differs"))
@@ -547,6 +551,6 @@ def pinned_revisions(lock: Lockfile) -> set[tuple[str, str, str]]:
     """``(repo_type, repo_id, commit_hash)`` of every folder and commit the lock pins (requested and canonical ids)."""
     pinned = set()
     for repo in lock.repos:
-        for repo_id in {repo.request.repo_id, repo.canonical_id}:
+        for repo_id in folder_ids(repo.request.repo_id, repo.canonical_id):
             pinned.add((repo.request.repo_type, repo_id, repo.commit_hash))
     return pinned

@@ -111,6 +111,8 @@ class RepoResult:
         error (str | None): one-line reason when the repo failed.
         hint (str | None): what to do about it.
         exit_code (int): 0, or the documented exit code of the error.
+        notes (tuple[str, ...]): what warm changed beyond the requested repo, e.g. the ref of a legacy id's
+            canonical folder moved to another commit.
         error_type (str | None): the error's class in :mod:`hfcache.errors` (``IntegrityError``,
             ``EndpointUnreachable``, ``RepoNotFound``...), for callers that answer each kind differently (the mirror).
     """
@@ -126,6 +128,7 @@ class RepoResult:
     error: str | None = None
     hint: str | None = None
     exit_code: int = 0
+    notes: tuple[str, ...] = ()
     error_type: str | None = None
 
     @property
@@ -212,3 +215,19 @@ def valid_repo_id(repo_id: str) -> bool:
         and ".." not in repo_id
         and not repo_id.endswith(".git")
     )
+
+
+def folder_ids(repo_id: str, canonical_id: str | None) -> tuple[str, ...]:
+    """The repo ids whose cache folders a warmed repo occupies, canonical first.
+
+    The canonical id an endpoint answers is followed only where the Hub itself renames: a legacy id without an org
+    (``bert-base-uncased``) answered as ``ORG/<the same name>`` (``google-bert/bert-base-uncased``) fills both
+    folders, since loaders ask for either. Any other answer (an ``org/name`` request answered with another id, as
+    after a 307 rename, or by a hostile endpoint) is stored only under the requested id, which is also where
+    huggingface_hub stores it (the folder is named after the id as the caller typed it, DESIGN §1): an endpoint can
+    never write into the folder of a repo that was not requested.
+    """
+    if (canonical_id and canonical_id != repo_id and "/" not in repo_id
+            and canonical_id.count("/") == 1 and canonical_id.split("/")[1] == repo_id):
+        return canonical_id, repo_id
+    return (repo_id,)

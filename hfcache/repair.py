@@ -19,11 +19,13 @@ from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
 
+from . import safefs
 from .cache import RepoFolder, cache_error, symlinks_supported
 from .errors import HfcacheError, RevisionNotFound
 from .locking import DEFAULT_LOCK_TIMEOUT
 from .hub import HubClient, RemoteFile, RepoRevision
 from .lockfile import Lockfile
+from .records import folder_ids
 from .scan import parse_folder_name, scan_repo
 from .verify import Problem, VerifyReport, algorithm_of
 
@@ -85,7 +87,7 @@ def repair(
             continue
         folder = RepoFolder(cache_dir, parsed[0], parsed[1], lock_timeout=lock_timeout, on_lock_wait=on_lock_wait)
         try:
-            with folder.repo_lock():
+            with folder.repo_lock():  # raises UnsafeLayout first for a repo folder with a planted link
                 actions.extend(_repair_repo(folder, problems, client, lock, symlinks))
         except OSError as exc:
             actions.append(RepairAction(parsed[0], "", "", "failed", cache_error(exc, folder_name).message))
@@ -128,7 +130,7 @@ def _repair_repo(folder: RepoFolder, problems: list[Problem], client: HubClient 
         for commit, path in users:
             wanted[commit].add(path)
         if not users:
-            os.unlink(folder.blob_path(etag))
+            safefs.unlink(folder.cache_dir, (folder.name, "blobs", safefs.check_etag(etag)), missing_ok=True)
             actions.append(RepairAction(folder.repo_id, "", f"blobs/{etag}", "removed blob",
                                         "corrupt and used by no snapshot"))
     for commit, paths in sorted(wanted.items()):
@@ -138,7 +140,7 @@ def _repair_repo(folder: RepoFolder, problems: list[Problem], client: HubClient 
 
 def _fix_ref(folder: RepoFolder, problem: Problem, snapshots: set[str]) -> RepairAction:
     name = problem.revision.removeprefix("refs/")
-    value = folder.ref_path(name).read_bytes().decode("utf-8", "replace").strip()
+    value = (folder.read_ref(name) or b"").decode("utf-8", "replace").strip()
     if algorithm_of(value) == "git-sha1" and value in snapshots:
         folder.write_ref(name, value)
         return RepairAction(problem.repo_id, problem.revision, "", "rewrote ref", f"{name} -> {value}")
@@ -198,16 +200,15 @@ def _download_blob(folder: RepoFolder, repo: RepoRevision, file: RemoteFile, cli
 
 
 def _remove_link(folder: RepoFolder, commit: str, path: str, why: str) -> RepairAction:
-    pointer = folder.pointer_path(commit, path)
-    if os.path.lexists(pointer):
-        os.unlink(pointer)
+    folder.pointer_path(commit, path)  # checks the commit and path
+    if safefs.unlink(folder.cache_dir, (folder.name, "snapshots", commit, *path.split("/")), missing_ok=True):
         return RepairAction(folder.repo_id, commit, path, "removed link", why)
     return RepairAction(folder.repo_id, commit, path, "failed", why)
 
 
 def _locked_files(lock: Lockfile | None, folder: RepoFolder, commit: str) -> dict[str, str] | None:
     for repo in lock.repos if lock else ():
-        ids = {repo.request.repo_id, repo.canonical_id}
+        ids = set(folder_ids(repo.request.repo_id, repo.canonical_id))
         if repo.commit_hash == commit and folder.repo_id in ids and repo.request.repo_type == folder.repo_type:
             return {f.path: f.hash for f in repo.files}
     return None

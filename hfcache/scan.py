@@ -22,6 +22,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import NamedTuple
 
+from .safefs import list_modes, repo_layout_problems
+
 _COMMIT_RE = re.compile(rb"^[0-9a-f]{40}$")
 _REPO_TYPES = {"models": "model", "datasets": "dataset", "spaces": "space"}
 
@@ -83,6 +85,9 @@ class RepoInfo:
         last_used (float): newest ``last_used`` of its revisions (0 when it has none).
         problems (tuple[str, ...]): repo-level and revision-level problems, in a stable order.
         inodes (dict[tuple[int, int], int]): (device, inode) -> size of every distinct content, to total a cache.
+        unsafe (tuple[str, ...]): parts of the folder that are symlinks or not directories (``blobs``, ``refs``,
+            ``snapshots``, ``.no_exist``, ``trees``, ``.locks/<folder>``). When set, nothing below the folder was
+            read (no refs, revisions or blobs), and every command leaves the repo alone.
         unreadable (tuple[str, ...]): parts this user cannot list or read, relative to the repo folder (``blobs/``,
             ``refs/main``, ``snapshots/<commit>/``); each is also a problem. What they hold is unknown, so commands
             that change a repo leave such a repo alone.
@@ -99,6 +104,7 @@ class RepoInfo:
     last_used: float
     problems: tuple[str, ...]
     inodes: dict[tuple[int, int], int]
+    unsafe: tuple[str, ...] = ()
     unreadable: tuple[str, ...] = ()
 
     @property
@@ -149,17 +155,22 @@ def scan_cache(cache_dir: str | os.PathLike[str], repo_ids: set[str] | None = No
 
 
 def _scan(root: Path, repo_ids: set[str] | None) -> CacheInfo:
-    repos = [scan_repo(path, repo_id, repo_type) for path, repo_id, repo_type in repo_folders(root, repo_ids)]
+    folders, locks = repo_folders(root, repo_ids)
+    repos = [scan_folder(root, folder, locks) for folder in folders]
     seen: dict[tuple[int, int], int] = {}
     for repo in repos:
         seen.update(repo.inodes)
     return CacheInfo(cache_dir=str(root), repos=tuple(repos), size_on_disk=sum(seen.values()))
 
 
-def repo_folders(root: Path, repo_ids: set[str] | None = None) -> list[tuple[str, str, str]]:
-    """The repo folders of the cache at ``root`` as (path, repo_id, repo_type), sorted by (repo_type, repo_id
-    case-folded), from one ``scandir`` and nothing else: a caller can scan them one at a time (:func:`scan_repo`)
-    and let each go, as ``ls --json`` does for large caches (issue 18, P4).
+#: (folder name, repo_id, repo_type, is a real directory) of one repo folder of a cache.
+FolderEntry = tuple[str, str, str, bool]
+
+
+def repo_folders(root: Path, repo_ids: set[str] | None = None) -> tuple[list[FolderEntry], dict[str, int] | None]:
+    """The repo folders of the cache at ``root``, sorted by (repo_type, repo_id case-folded), and the listing of its
+    ``.locks`` (for :func:`scan_folder`), from one ``scandir`` each: a caller can scan the folders one at a time
+    and let each result go, as ``ls --json`` does for large caches (issue 18, P4).
 
     Raises:
         CacheError: the cache directory exists but cannot be listed by this user (exit 5).
@@ -172,16 +183,37 @@ def repo_folders(root: Path, repo_ids: set[str] | None = None) -> list[tuple[str
         from .cache import access_error
 
         raise access_error(root) from None
+    # .locks is listed once for the whole cache (not looked up per repo: this runs 10,000 times). No .locks at all
+    # is fine ({}); one that is a link or a file makes every repo report it (None: each repo checks in full).
+    try:
+        locks_mode: int | None = os.lstat(root / ".locks").st_mode
+    except FileNotFoundError:
+        locks_mode = None
+    except OSError:
+        locks_mode = stat.S_IFLNK
+    if locks_mode is None:
+        locks: dict[str, int] | None = {}
+    else:
+        locks = list_modes(str(root / ".locks")) if stat.S_ISDIR(locks_mode) else None
     folders = []
     for entry in entries:
         parsed = parse_folder_name(entry.name)
-        if parsed is None or not entry.is_dir(follow_symlinks=False):
+        if parsed is None:
             continue
         if repo_ids is not None and parsed[0] not in repo_ids:
             continue
-        folders.append((entry.path, parsed[0], parsed[1]))
+        folders.append((entry.name, parsed[0], parsed[1], entry.is_dir(follow_symlinks=False)))
     folders.sort(key=lambda f: (f[2], f[1].lower()))
-    return folders
+    return folders, locks
+
+
+def scan_folder(root: Path, folder: FolderEntry, locks: dict[str, int] | None) -> RepoInfo:
+    """Scan one entry of :func:`repo_folders` (metadata only)."""
+    name, repo_id, repo_type, is_dir = folder
+    if not is_dir:
+        # A planted link (or file) named like a repo folder: reported, never followed.
+        return _unsafe_repo(name, (repo_id, repo_type), repo_layout_problems(str(root), name))
+    return scan_repo(root / name, repo_id, repo_type, locks)
 
 
 def _scandir(path: str, denied: list[str] | None = None, rel: str = "") -> list[os.DirEntry]:
@@ -197,16 +229,31 @@ def _scandir(path: str, denied: list[str] | None = None, rel: str = "") -> list[
         return []
 
 
-def scan_repo(folder: str | os.PathLike[str], repo_id: str, repo_type: str) -> RepoInfo:
+def _unsafe_repo(name: str, parsed: tuple[str, str], unsafe: list[str]) -> RepoInfo:
+    return RepoInfo(repo_id=parsed[0], repo_type=parsed[1], folder=name, refs={}, revisions=(), size_on_disk=0,
+                    blob_count=0, incomplete=(), last_used=0.0, problems=tuple(unsafe), inodes={},
+                    unsafe=tuple(unsafe))
+
+
+def scan_repo(folder: Path, repo_id: str, repo_type: str, locks_entries: dict[str, int] | None = None) -> RepoInfo:
     """Scan one repo folder (metadata only). String paths and ``scandir`` throughout: this runs 10,000 times
-    for a large cache, and ``os.walk``/``relpath``/``pathlib`` dominated its cost (a ``str`` ``folder`` saves the
-    Path too)."""
-    base = os.fspath(folder)
-    folder_name = os.path.basename(base)
+    for a large cache, and ``os.walk``/``relpath``/``pathlib`` dominated its cost.
+
+    A folder whose parts are symlinks or not directories is not read at all: the result has ``unsafe`` set
+    (see :func:`hfcache.safefs.repo_layout_problems`).
+
+    Args:
+        locks_entries: name -> mode of the entries of ``<cache>/.locks`` when the caller listed it once for a
+            whole cache; None looks up ``.locks/<folder>`` directly.
+    """
+    base = str(folder)
+    unsafe = repo_layout_problems(str(folder.parent), folder.name, locks_entries)
+    if unsafe:
+        return _unsafe_repo(folder.name, (repo_id, repo_type), unsafe)
     if not os.access(base, os.R_OK | os.X_OK):  # the folder itself cannot be listed or entered: nothing is known
-        return RepoInfo(repo_id=repo_id, repo_type=repo_type, folder=folder_name, refs={}, revisions=(),
+        return RepoInfo(repo_id=repo_id, repo_type=repo_type, folder=folder.name, refs={}, revisions=(),
                         size_on_disk=0, blob_count=0, incomplete=(), last_used=0.0,
-                        problems=(f"{folder_name}/: {_DENIED}",), inodes={}, unreadable=("",))
+                        problems=(f"{folder.name}/: {_DENIED}",), inodes={}, unreadable=("",))
     problems: list[str] = []
     blob_stats: dict[str, os.stat_result] = {}
     incomplete = []
@@ -235,8 +282,12 @@ def scan_repo(folder: str | os.PathLike[str], repo_id: str, repo_type: str) -> R
         problems.append(f"{len(incomplete)} leftover .incomplete file(s)")
 
     refs = _read_refs(base + "/refs", "", denied)
-    snapshots = {e.name: e.path for e in _scandir(base + "/snapshots", denied, "snapshots/")
-                 if e.is_dir(follow_symlinks=False)}
+    snapshots = {}
+    for e in _scandir(base + "/snapshots", denied, "snapshots/"):
+        if e.is_dir(follow_symlinks=False):
+            snapshots[e.name] = e.path
+        else:  # a link or file where a snapshot folder belongs: never followed
+            problems.append(f"snapshots/{e.name}: {'a symlink' if e.is_symlink() else 'not a directory'} (left alone)")
     for name, value in sorted(refs.items()):
         if not _COMMIT_RE.fullmatch(value.encode("utf-8", "replace")):
             problems.append(f"refs/{name}: malformed ({value!r}, expected 40 hex characters)")
@@ -250,11 +301,11 @@ def scan_repo(folder: str | os.PathLike[str], repo_id: str, repo_type: str) -> R
     if denied:
         # What this user sees of the repo is partial (links into an unreadable blobs/ look broken): only the parts
         # it cannot read are reported, and commands that change a repo leave it alone.
-        problems = [f"{part or folder_name + '/'}: {_DENIED}" for part in sorted(set(denied))]
+        problems = [f"{part or folder.name + '/'}: {_DENIED}" for part in sorted(set(denied))]
     return RepoInfo(
         repo_id=repo_id,
         repo_type=repo_type,
-        folder=folder_name,
+        folder=folder.name,
         refs=refs,
         revisions=tuple(revisions),
         size_on_disk=sum(inodes.values()),
@@ -275,13 +326,16 @@ def _read_refs(refs_dir: str, prefix: str, denied: list[str]) -> dict[str, str]:
             refs.update(_read_refs(e.path, prefix + e.name + "/", denied))
             continue
         try:
-            with open(e.path, "rb") as f:
-                data = f.read(256)
+            # O_NOFOLLOW: a ref that is a planted link reads as unreadable (reported malformed), never its target.
+            fd = os.open(e.path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
         except PermissionError:
             denied.append(f"refs/{prefix}{e.name}")
             continue
         except OSError:
+            refs[prefix + e.name] = "<a symlink or unreadable>"
             continue
+        with os.fdopen(fd, "rb") as f:
+            data = f.read(256) if stat.S_ISREG(os.fstat(fd).st_mode) else b"<not a regular file>"
         refs[prefix + e.name] = data.decode("utf-8", "replace")
     return refs
 

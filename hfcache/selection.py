@@ -464,3 +464,19 @@ def validate_repo_path(path: str) -> str:
     ):
         raise UnsafePath(f"unsafe repo file path {path!r}")
     return path
+
+
+def file_folder_conflict(paths: Iterable[str]) -> str | None:
+    """The first path (sorted) that a listing names both as a file and as a folder of another file, else None.
+
+    Such a listing cannot be laid out in a snapshot (``a`` cannot be a link and a folder at once): it is refused
+    before anything is downloaded or published, so a failed warm leaves nothing behind.
+    """
+    names = set(paths)
+    for path in sorted(names):
+        parts = path.split("/")
+        for i in range(1, len(parts)):
+            prefix = "/".join(parts[:i])
+            if prefix in names:
+                return prefix
+    return None

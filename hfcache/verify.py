@@ -26,9 +26,11 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Protocol
 
-from . import verify_record
+from . import safefs, verify_record
 from .cache import repo_folder_name
 from .lockfile import Lockfile
+from .published import read_record
+from .records import folder_ids
 from .records import parse_specs
 from .scan import RepoInfo, scan_cache
 
@@ -40,7 +42,7 @@ _buffers = threading.local()  # one reusable read buffer per hashing thread
 #: Problem kinds that are integrity errors (exit 1); the others are reported as notes.
 ERROR_KINDS = frozenset({
     "blob_mismatch", "blob_size", "blob_not_file", "link_broken", "link_absolute", "link_outside",
-    "ref_malformed", "ref_dangling", "file_missing", "file_mismatch", "revision_missing", "unreadable",
+    "ref_malformed", "ref_dangling", "file_missing", "file_mismatch", "unsafe_layout",
 })
 
 
@@ -165,11 +167,19 @@ def algorithm_of(etag: str) -> str | None:
     return None
 
 
-def read_tree_listing(repo_root: str, commit: str) -> dict[str, Expected] | None:
-    """Read ``trees/<commit>.json`` (huggingface_hub ``_tree_cache.py`` format 1) as path -> Expected, or None."""
+#: A ``trees/<commit>.json`` larger than this is not read (the listing of a 100,000-file repo is ~20 MiB).
+MAX_TREE_LISTING_BYTES = 64 * 1024 * 1024
+
+
+def read_tree_listing(cache_dir: str, folder: str, commit: str) -> dict[str, Expected] | None:
+    """Read ``trees/<commit>.json`` (huggingface_hub ``_tree_cache.py`` format 1) as path -> Expected, or None.
+
+    Read without following a link and at most :data:`MAX_TREE_LISTING_BYTES` (None when larger)."""
     try:
-        with open(os.path.join(repo_root, "trees", f"{commit}.json"), encoding="utf-8") as f:
-            data = json.load(f)
+        raw = safefs.read_small(cache_dir, (folder, "trees", f"{commit}.json"), MAX_TREE_LISTING_BYTES + 1)
+        if len(raw) > MAX_TREE_LISTING_BYTES:
+            return None
+        data = json.loads(raw)
         if data.get("format_version") != 1:
             return None
         out = {}
@@ -181,12 +191,41 @@ def read_tree_listing(repo_root: str, commit: str) -> dict[str, Expected] | None
         return None
 
 
+def _expected_of(cache_dir: str, repo: RepoInfo, commit: str, expectations) -> tuple[
+        dict[str, Expected] | None, str, tuple[str, ...]]:
+    """(path -> Expected, where it comes from, names marked absent) for one revision: the lock's when given, else
+    what hfcache warm recorded publishing (:mod:`hfcache.published`), else a ``trees/`` listing."""
+    expected = expectations.get((repo.repo_type, repo.repo_id, commit))
+    if expected is not None:
+        return expected, "lock", ()
+    record = read_record(cache_dir, repo.folder, commit)
+    if record is not None:
+        files = {p: Expected(digest.split(":", 1)[1], size) for p, (size, digest) in record.files.items()}
+        return files, "warm record", record.absent
+    return read_tree_listing(cache_dir, repo.folder, commit), "trees/ listing", ()
+
+
+def _lost_markers(cache_dir: str, repo: RepoInfo, rev, absent: tuple[str, ...]) -> list[Problem]:
+    """Names warm marked absent whose ``.no_exist`` marker is gone, with no file in its place: transformers then
+    asks the network for them (and a tokenizer without ``config.json`` fails to load offline, DESIGN §3)."""
+    present = {f.path for f in rev.files}
+    found = []
+    for name in absent:
+        if name in present:
+            continue
+        marker = os.path.join(cache_dir, repo.folder, ".no_exist", rev.commit_hash, *name.split("/"))
+        if not os.path.lexists(marker):
+            found.append(Problem(repo.repo_id, rev.commit_hash, name, "file_missing",
+                                 "neither the file nor its .no_exist marker (warm marked it absent)", repo.folder))
+    return found
+
+
 def _lock_expectations(lock: Lockfile | None) -> dict[tuple[str, str, str], dict[str, Expected]]:
     """(repo_type, repo_id, commit) -> path -> Expected, for both the requested and the canonical id."""
     out: dict[tuple[str, str, str], dict[str, Expected]] = {}
     for repo in lock.repos if lock else ():
         files = {f.path: Expected(f.etag, f.size) for f in repo.files}
-        for repo_id in {repo.request.repo_id, repo.canonical_id}:
+        for repo_id in folder_ids(repo.request.repo_id, repo.canonical_id):
             out[(repo.request.repo_type, repo_id, repo.commit_hash)] = files
     return out
 
@@ -195,6 +234,8 @@ def _structure_problems(repo: RepoInfo) -> list[Problem]:
     """What the metadata scan already shows: refs, links, blob entries, leftovers, storage form."""
     found = []
     add = found.append
+    for text in repo.unsafe:
+        add(Problem(repo.repo_id, "", text.split(":", 1)[0], "unsafe_layout", text, repo.folder))
     snapshots = {r.commit_hash for r in repo.revisions}
     for name, value in sorted(repo.refs.items()):
         if not _SHA1.fullmatch(value):
@@ -207,6 +248,8 @@ def _structure_problems(repo: RepoInfo) -> list[Problem]:
         if problem.startswith("blobs/"):
             name = problem.split(":", 1)[0]
             add(Problem(repo.repo_id, "", name, "blob_not_file", problem, repo.folder))
+        elif problem.startswith("snapshots/"):
+            add(Problem(repo.repo_id, "", problem.split(":", 1)[0], "unsafe_layout", problem, repo.folder))
     for name in repo.incomplete:
         add(Problem(repo.repo_id, "", f"blobs/{name}", "incomplete", "leftover partial download", repo.folder))
     for rev in repo.revisions:
@@ -277,6 +320,8 @@ def verify_cache(
             problems.extend(missing)
             used = {f.etag for rev in repo.revisions for f in rev.files if f.etag}
         problems.extend(_structure_problems(repo))
+        if repo.unsafe:
+            continue  # nothing below a planted link is read
         blobs_dir = os.path.join(info.cache_dir, repo.folder, "blobs")
         for entry in _blob_entries(blobs_dir):
             if used is not None and entry.name not in used:
@@ -295,12 +340,10 @@ def verify_cache(
             stamps.setdefault(key, verify_record.stamp(st, entry.name))
             owners.setdefault(key, []).append((repo, "", f"blobs/{entry.name}"))
         for rev in repo.revisions:
-            expected = expectations.get((repo.repo_type, repo.repo_id, rev.commit_hash))
-            source = "lock"
-            if expected is None:
-                expected = read_tree_listing(os.path.join(info.cache_dir, repo.folder), rev.commit_hash)
-                source = "trees/ listing"
+            expected, source, absent = _expected_of(info.cache_dir, repo, rev.commit_hash, expectations)
             problems.extend(_check_expected(repo, rev, expected, source, jobs, owners, info.cache_dir))
+            if absent:
+                problems.extend(_lost_markers(info.cache_dir, repo, rev, absent))
 
     problems.extend(_named_repos_missing(specs, info.repos))
     if lock is not None:
@@ -429,9 +472,9 @@ def _check_expected(repo: RepoInfo, rev, expected: dict[str, Expected] | None, s
                 jobs.setdefault(f.inode, (path, algorithm, want.etag, f.size))
                 owners.setdefault(f.inode, []).append((repo, rev.commit_hash, f.path))
     for path in sorted(set(expected or ()) - set(present)):
-        if source == "lock":
+        if source in ("lock", "warm record"):
             found.append(Problem(repo.repo_id, rev.commit_hash, path, "file_missing",
-                                 "listed in the lock but not in the snapshot", repo.folder))
+                                 f"listed in the {source} but not in the snapshot", repo.folder))
     if expected is not None and source == "lock":
         for path in sorted(set(present) - set(expected)):
             found.append(Problem(repo.repo_id, rev.commit_hash, path, "file_unlisted",
@@ -443,7 +486,7 @@ def lock_repos_missing(lock: Lockfile, cache_dir: str | os.PathLike[str], wanted
     """Locked repos whose snapshot is entirely absent from the cache (verify reports them as missing files)."""
     found = []
     for repo in lock.repos:
-        for repo_id in sorted({repo.request.repo_id, repo.canonical_id}):
+        for repo_id in sorted(folder_ids(repo.request.repo_id, repo.canonical_id)):
             if wanted is not None and repo_id not in wanted:
                 continue
             folder = Path(cache_dir) / repo_folder_name(repo_id, repo.request.repo_type)

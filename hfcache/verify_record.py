@@ -7,16 +7,24 @@ through the file (a disk or a filesystem fault), and a writer of the cache who r
 the default stays "hash every blob".
 
 The record is ``<cache>/.locks/hfcache-verified.json``: under ``.locks``, which huggingface_hub's cache scan, ``hf
-cache`` and ``hfcache ls``/``prune`` ignore as a repo folder. Written atomically (temp file + rename); a cache that
-cannot be written (a read-only image layer) keeps no record, and ``--fast`` then hashes everything.
+cache`` and ``hfcache ls``/``prune`` ignore as a repo folder. Read and written without following links (a planted
+link is ignored on read and refused on write, as :mod:`hfcache.published` does), at most :data:`MAX_RECORD_BYTES`,
+atomically (temp file + rename); a cache that cannot be written (a read-only image layer) keeps no record, and
+``--fast`` then hashes everything.
 """
 
 from __future__ import annotations
 
 import json
 import os
+from pathlib import Path
 
-RECORD = os.path.join(".locks", "hfcache-verified.json")
+from . import safefs
+from .cache import atomic_write
+from .errors import CacheError
+
+RECORD = (".locks", "hfcache-verified.json")
+MAX_RECORD_BYTES = 64 * 1024 * 1024  # ~600,000 blobs; a larger record is ignored (everything is hashed)
 _VERSION = 1
 
 #: (device, inode) -> (size, mtime_ns, ctime_ns, blob name)
@@ -31,30 +39,25 @@ def stamp(st: os.stat_result, etag: str) -> tuple[int, int, int, str]:
 def load(cache_dir: str) -> Stamps:
     """The record of ``cache_dir``; empty when there is none or it cannot be read or parsed (then all is hashed)."""
     try:
-        with open(os.path.join(cache_dir, RECORD), encoding="utf-8") as f:
-            data = json.load(f)
+        raw = safefs.read_small(cache_dir, RECORD, MAX_RECORD_BYTES + 1)
+        if len(raw) > MAX_RECORD_BYTES:
+            return {}
+        data = json.loads(raw)
         if data.get("version") != _VERSION:
             return {}
         return {(int(dev), int(ino)): (int(size), int(mtime), int(ctime), str(etag))
                 for dev, ino, size, mtime, ctime, etag in data["blobs"]}
-    except (OSError, ValueError, TypeError, KeyError, AttributeError):
+    except (OSError, CacheError, ValueError, TypeError, KeyError, AttributeError):
         return {}
 
 
 def save(cache_dir: str, stamps: Stamps) -> bool:
-    """Replace the record of ``cache_dir`` with ``stamps``; False when the cache cannot be written (no record)."""
-    path = os.path.join(cache_dir, RECORD)
-    tmp = f"{path}.{os.getpid()}.tmp"
+    """Replace the record of ``cache_dir`` with ``stamps``; False when it cannot be written (then there is none)."""
     rows = sorted([dev, ino, *rest] for (dev, ino), rest in stamps.items())
+    data = json.dumps({"version": _VERSION, "blobs": rows}, separators=(",", ":")).encode()
     try:
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        with open(tmp, "w", encoding="utf-8") as f:
-            json.dump({"version": _VERSION, "blobs": rows}, f, separators=(",", ":"))
-        os.replace(tmp, path)
+        safefs.ensure_dirs(cache_dir, RECORD[:-1])
+        atomic_write(Path(cache_dir, *RECORD), data)
         return True
-    except OSError:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
+    except (OSError, CacheError):
         return False

@@ -13,6 +13,7 @@ needs to load a tokenizer offline (DESIGN §3).
 
 from __future__ import annotations
 
+import os
 import shutil
 import threading
 import time
@@ -34,10 +35,13 @@ from .cache import (
 )
 from .errors import HfcacheError, HubError, IntegrityError, InternalError, UsageError
 from .hub import HubClient, RemoteFile, RepoRevision, hash_file
-from .records import NoProgress, ProgressSink, RepoResult, WarmedFile, WarmReport, WarmRequest
+from .published import write_record
+from .records import NoProgress, ProgressSink, RepoResult, WarmedFile, WarmReport, WarmRequest, folder_ids
+from .safefs import UnsafeLayout
 from .lockfile import LockedRepo
 from .locking import DEFAULT_LOCK_TIMEOUT, LockWait
-from .selection import MAX_PARSE_BYTES, Selection, check_index_size, follow_configs, select, shards_from_index
+from .selection import (MAX_PARSE_BYTES, Selection, check_index_size, file_folder_conflict, follow_configs, select,
+                        shards_from_index)
 
 def resolve_token(token: str | bool | None) -> str | None:
     """``None`` -> the token huggingface_hub would use (``HF_TOKEN``, then the token file); ``False`` -> none."""
@@ -281,15 +285,22 @@ class _RepoJob:
                              + (f", exclude {list(req.exclude)}" if req.exclude else "") + ")",
                              hint="check --kind, --include, --exclude and --repo-type")
         locking = {"lock_timeout": self.lock_timeout, "on_lock_wait": self.on_lock_wait}
-        canonical = RepoFolder(self.cache_dir, repo.canonical_id, req.repo_type, **locking)
-        folders = [canonical]
-        if req.repo_id != repo.canonical_id:
-            folders.append(RepoFolder(self.cache_dir, req.repo_id, req.repo_type, **locking))
+        # The endpoint's canonical id picks a second folder only for a legacy id (records.folder_ids): an endpoint
+        # answering another repo's id for an org/name request cannot write into that repo's folder.
+        folders = [RepoFolder(self.cache_dir, i, req.repo_type, **locking)
+                   for i in folder_ids(req.repo_id, repo.canonical_id)]
+        canonical = folders[0]
         with ExitStack() as held:
             # One repo lock per folder, taken in name order so that concurrent warms never deadlock; a lock that
             # times out releases those already taken.
             for folder in sorted(folders, key=lambda f: f.name):
                 held.enter_context(folder.repo_lock(stop=self.stop))
+            conflict = file_folder_conflict(by_path)
+            if conflict is not None:  # before any download: a refused repo leaves no blob behind either
+                raise HubError(f"{req.repo_id}: {conflict!r} is both a file and a folder in the listing",
+                               hint="the endpoint or lock is broken or hostile")
+            for folder in folders:
+                _check_publishable(folder, repo, [by_path[p] for p in selection.paths])
             paths, absent = self._complete(repo, canonical, by_path, selection)
             files = [by_path[p] for p in sorted(paths)]
             self.sink.repo_started(self.key, req.spec, len(files), sum(f.size for f in files))
@@ -299,14 +310,18 @@ class _RepoJob:
                     _copy_blob(canonical, alias, f)
             if self.stop.is_set():
                 raise _Cancelled(f"{req.repo_id}: interrupted before publishing")
+            for folder in folders:  # every check before the first link: a refused repo leaves nothing published
+                _check_publishable(folder, repo, files)
+            notes = []
             for folder in folders:
-                self._publish(folder, repo, files, absent)
+                notes.extend(self._publish(folder, repo, files, absent))
         return replace(
             base,
             canonical_id=repo.canonical_id,
             commit_hash=repo.commit_hash,
             files=tuple(WarmedFile(f.path, f.size, f.hash, sources[f.path]) for f in files),
             absent=absent,
+            notes=tuple(notes),
         )
 
     def _complete(self, repo: RepoRevision, canonical: RepoFolder, by_path: dict[str, RemoteFile],
@@ -409,14 +424,49 @@ class _RepoJob:
         with self._count_lock:
             self._downloaded += n
 
-    def _publish(self, folder: RepoFolder, repo: RepoRevision, files: list[RemoteFile], absent: Sequence[str]) -> None:
-        """Make the repo visible: links, then markers, then the ref last (huggingface_hub's order)."""
+    def _publish(self, folder: RepoFolder, repo: RepoRevision, files: list[RemoteFile],
+                 absent: Sequence[str]) -> list[str]:
+        """Make the repo visible: links, then markers, the record of what was published (:mod:`hfcache.published`),
+        then the ref last (huggingface_hub's order). Returns notes: the ref of a folder other than the requested
+        one (a legacy id's canonical folder) that moved to another commit."""
         for f in files:
             folder.link(repo.commit_hash, f.path, f.etag, symlinks=self.symlinks)
         for name in absent:
             folder.mark_absent(repo.commit_hash, name)
-        folder.write_ref(self.request.revision, repo.commit_hash)
+        write_record(self.cache_dir, folder.name, repo.commit_hash, ((f.path, f.size, f.hash) for f in files), absent)
+        notes = []
+        revision = self.request.revision
+        if folder.repo_id != self.request.repo_id and revision != repo.commit_hash:
+            before = folder.read_ref(revision)
+            if before is not None and before != repo.commit_hash.encode():
+                notes.append(f"moved refs/{revision} of {folder.repo_id} (not requested; the canonical id of "
+                             f"{self.request.repo_id}) from {before.decode('utf-8', 'replace')[:12]} to "
+                             f"{repo.commit_hash[:12]}")
+        folder.write_ref(revision, repo.commit_hash)
         folder.touch_snapshot(repo.commit_hash)
+        return notes
+
+
+def _check_publishable(folder: RepoFolder, repo: RepoRevision, files: Sequence[RemoteFile]) -> None:
+    """Refuse, before anything is fetched or published, what could only be published halfway: a repo folder with a
+    planted link, or a snapshot where a path's folder is already a file or link (or the path a folder).
+
+    Raises:
+        UnsafeLayout (CacheError, exit 5): the cache conflicts with the listing.
+    """
+    folder.ensure_safe()
+    for f in files:
+        pointer = folder.pointer_path(repo.commit_hash, f.path)
+        parts = f.path.split("/")
+        for i in range(len(parts) - 1):
+            part = pointer.parents[len(parts) - 2 - i]
+            if os.path.lexists(part) and (os.path.islink(part) or not part.is_dir()):
+                raise UnsafeLayout(f"{folder.name}: snapshots/{repo.commit_hash[:12]}/{'/'.join(parts[:i + 1])} is "
+                                   f"a file or link where {f.path} needs a folder: nothing published",
+                                   hint="remove that snapshot (hfcache prune or rm -r) and rerun")
+        if pointer.is_dir() and not pointer.is_symlink():
+            raise UnsafeLayout(f"{folder.name}: snapshots/{repo.commit_hash[:12]}/{f.path} is a folder: nothing "
+                               "published", hint="remove that snapshot and rerun")
 
 
 def _same_content(path: Path, file: RemoteFile) -> bool:

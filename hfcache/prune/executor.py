@@ -8,15 +8,18 @@ from __future__ import annotations
 
 import errno
 import os
-import shutil
 import stat
 import time
 import uuid
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 
+from .. import safefs
 from ..cache import RepoFolder, cache_error
 from ..locking import DEFAULT_LOCK_TIMEOUT, LockTimeout, LockWait, try_lock
+from ..published import remove_record
+from ..safefs import UnsafeLayout
 from ..scan import scan_repo
 from ..sharing import cache_policy, make_dirs
 from .housekeeping import etag_of
@@ -62,6 +65,12 @@ def execute(plan: PrunePlan, *, on_item: Callable[[ItemOutcome], None] | None = 
         try:
             lock = repo.repo_lock()
             lock.__enter__()
+        except UnsafeLayout as exc:  # a link planted since the plan was made: nothing of this folder is touched
+            for item in items:
+                outcomes.append(ItemOutcome(item, "skipped", exc.message))
+                if on_item:
+                    on_item(outcomes[-1])
+            continue
         except LockTimeout as exc:
             # Another warm or prune keeps this folder: its items fail (exit 5, naming the lock), the others go on.
             for item in items:
@@ -86,6 +95,10 @@ def _execute_folder(root: Path, folder: str, items: list[PlanItem],
     first = items[0]
     base = root / folder
     current = scan_repo(base, first.repo_id, first.repo_type)
+    if current.unsafe:
+        for item in items:
+            yield ItemOutcome(item, "skipped", "left alone: " + "; ".join(current.unsafe))
+        return
     revisions = {r.commit_hash: r for r in current.revisions}
     refs_to: dict[str, set[str]] = {}
     for name, value in current.refs.items():
@@ -113,89 +126,100 @@ def _execute_folder(root: Path, folder: str, items: list[PlanItem],
             if item.revision in skipped:
                 yield ItemOutcome(item, "skipped", skipped[item.revision])
             elif item.kind == "ref":
-                yield _remove_ref(item, path)
+                yield _remove_ref(item, root)
             elif item.kind == "snapshot":
-                yield _remove_snapshot(item, path, base)
+                yield _remove_snapshot(item, root, folder)
             elif item.kind in ("no_exist", "tree", "trash"):
-                yield _remove_tree(item, path)
+                yield _remove_tree(item, root)
             elif item.kind == "blob":
-                yield _remove_blob(item, path, root / ".locks" / folder / f"{path.name}.lock", used_etags,
+                yield _remove_blob(item, root, root / ".locks" / folder / f"{path.name}.lock", used_etags,
                                    used_inodes)
             elif item.kind == "incomplete":
-                yield _remove_incomplete(item, path, root / ".locks" / folder / f"{etag_of(path.name)}.lock")
+                yield _remove_incomplete(item, root, root / ".locks" / folder / f"{etag_of(path.name)}.lock")
             elif item.kind == "lock":
-                yield _remove_lock(item, path, used_etags)
+                yield _remove_lock(item, root, used_etags)
             elif item.kind == "repo_folder":
                 yield _remove_repo_folder(item, base)
             else:  # pragma: no cover - every kind is handled above
                 yield ItemOutcome(item, "skipped", f"unknown kind {item.kind}")
+        except UnsafeLayout as exc:
+            yield ItemOutcome(item, "skipped", exc.message)
         except OSError as exc:
             yield ItemOutcome(item, "failed", f"{exc.strerror or exc}: {exc.filename or path}")
 
 
-def _remove_ref(item: PlanItem, path: Path) -> ItemOutcome:
+# Every removal below goes through hfcache.safefs: the parent folders are opened from the cache root without following
+# a link, so a blobs/, snapshots/ or .locks/<folder> swapped for a symlink after the plan makes the item fail
+# ("skipped"), never deletes outside the cache.
+
+def _remove_ref(item: PlanItem, root: Path) -> ItemOutcome:
     try:
-        content = path.read_bytes()
+        content = safefs.read_small(root, item.path, 256)
     except FileNotFoundError:
         return ItemOutcome(item, "gone")
     if content.decode("utf-8", "replace").strip() != item.revision:
         return ItemOutcome(item, "skipped", f"now points to {content[:12].decode('utf-8', 'replace')}")
-    path.unlink()
+    safefs.unlink(root, item.path)
     return ItemOutcome(item, "removed")
 
 
-def _remove_snapshot(item: PlanItem, path: Path, base: Path) -> ItemOutcome:
-    if not os.path.lexists(path):
-        return ItemOutcome(item, "gone")
-    trash = base / TRASH
-    make_dirs(trash, base, cache_policy(base.parent))  # shared: a prune killed here leaves it to others
-    # One atomic rename takes the whole snapshot out of sight; deleting its entries one by one in place would let a
-    # loader see half a snapshot (and transformers silently drops a missing chat template).
-    aside = trash / f"{path.name}.{uuid.uuid4().hex[:8]}"
-    os.rename(path, aside)
-    shutil.rmtree(aside)
-    _rmdir_quiet(trash)
-    return ItemOutcome(item, "removed")
-
-
-def _remove_tree(item: PlanItem, path: Path) -> ItemOutcome:
-    if not os.path.lexists(path):
-        return ItemOutcome(item, "gone")
-    if path.is_dir() and not path.is_symlink():
-        shutil.rmtree(path)
-    else:
-        path.unlink()
-    return ItemOutcome(item, "removed")
-
-
-def _remove_blob(item: PlanItem, path: Path, lock_path: Path, used_etags: set[str],
-                 used_inodes: set[tuple[int, int]]) -> ItemOutcome:
+def _remove_snapshot(item: PlanItem, root: Path, folder: str) -> ItemOutcome:
+    parts = item.path.split("/")
     try:
-        st = os.lstat(path)
+        with safefs.dir_fd(root, parts[:-1]) as fd:
+            os.stat(parts[-1], dir_fd=fd, follow_symlinks=False)
     except FileNotFoundError:
         return ItemOutcome(item, "gone")
-    if path.name in used_etags or (st.st_dev, st.st_ino) in used_inodes:
+    safefs.check_existing(root, (folder, TRASH))
+    make_dirs(root / folder / TRASH, root / folder, cache_policy(root))  # shared: a prune killed here leaves it
+    # One atomic rename takes the whole snapshot out of sight; deleting its entries one by one in place would let a
+    # loader see half a snapshot (and transformers silently drops a missing chat template).
+    aside = (folder, TRASH, f"{parts[-1]}.{uuid.uuid4().hex[:8]}")
+    safefs.rename(root, parts, aside)
+    remove_record(root, folder, parts[-1])  # what warm published for it: nothing left to check
+    safefs.rmtree(root, aside)
+    _rmdir_quiet(root, (folder, TRASH))
+    return ItemOutcome(item, "removed")
+
+
+def _remove_tree(item: PlanItem, root: Path) -> ItemOutcome:
+    if not safefs.rmtree(root, item.path):
+        return ItemOutcome(item, "gone")
+    return ItemOutcome(item, "removed")
+
+
+def _remove_blob(item: PlanItem, root: Path, lock_path: Path, used_etags: set[str],
+                 used_inodes: set[tuple[int, int]]) -> ItemOutcome:
+    parts = item.path.split("/")
+    try:
+        with safefs.dir_fd(root, parts[:-1]) as fd:
+            st = os.stat(parts[-1], dir_fd=fd, follow_symlinks=False)
+    except FileNotFoundError:
+        return ItemOutcome(item, "gone")
+    if parts[-1] in used_etags or (st.st_dev, st.st_ino) in used_inodes:
         return ItemOutcome(item, "skipped", "a remaining revision uses it now")
     if not stat.S_ISREG(st.st_mode):
         return ItemOutcome(item, "skipped", "not a regular file")
     with _held(lock_path) as why:
         if why:
             return ItemOutcome(item, "skipped", why)
-        path.unlink()
+        safefs.unlink(root, parts)
     return ItemOutcome(item, "removed")
 
 
-def _remove_incomplete(item: PlanItem, path: Path, lock_path: Path) -> ItemOutcome:
-    if not os.path.lexists(path):
+def _remove_incomplete(item: PlanItem, root: Path, lock_path: Path) -> ItemOutcome:
+    if not os.path.lexists(root / item.path):
         return ItemOutcome(item, "gone")
     with _held(lock_path) as why:
         if why:
             return ItemOutcome(item, "skipped", why)
-        path.unlink()
+        if not safefs.unlink(root, item.path, missing_ok=True):
+            return ItemOutcome(item, "gone")
     return ItemOutcome(item, "removed")
 
 
-def _remove_lock(item: PlanItem, path: Path, used_etags: set[str]) -> ItemOutcome:
+def _remove_lock(item: PlanItem, root: Path, used_etags: set[str]) -> ItemOutcome:
+    path = root / item.path
     # Before the blob: a prune killed between the two leaves a blob without a lock file (which the next prune
     # removes as unused), never a lock file nobody would plan to remove.
     etag = path.name[: -len(".lock")]
@@ -203,14 +227,14 @@ def _remove_lock(item: PlanItem, path: Path, used_etags: set[str]) -> ItemOutcom
         return ItemOutcome(item, "skipped", "a remaining revision uses its blob now")
     if not os.path.lexists(path):
         return ItemOutcome(item, "gone")
-    with try_lock(path) as why:
+    with _held(path) as why:
         if why:
             return ItemOutcome(item, "skipped", why)
         # Unlinked while held: a process waiting on it then wins an unlinked inode, which filelock 4 notices
         # (st_nlink == 0) and re-opens the path; with an older filelock the worst case is one duplicate download,
         # never a corrupt cache, because every writer downloads to a private .incomplete file and renames it.
         # A soft marker (no flock) is ours while held: unlinking it is its release.
-        path.unlink(missing_ok=True)
+        safefs.unlink(root, item.path, missing_ok=True)
     return ItemOutcome(item, "removed")
 
 
@@ -226,13 +250,13 @@ def _remove_repo_folder(item: PlanItem, base: Path) -> ItemOutcome:
             return ItemOutcome(item, "skipped", "not empty: " + (f"{rel}/{name}" if rel != "." else name))
     # The trash folder marks the removal as a prune's until the very end: a prune killed halfway leaves it, and the
     # next prune then removes the rest at once instead of waiting out the grace period of an empty folder.
+    root, folder = base.parent, base.name
+    safefs.check_existing(root, (folder, TRASH))
     make_dirs(base / TRASH, base, cache_policy(base.parent))
     for sub in (".no_exist", "trees"):
-        if (base / sub).exists():
-            shutil.rmtree(base / sub)
-    trash_entries = [e.path for e in os.scandir(base / TRASH)]
-    for entry in trash_entries:
-        shutil.rmtree(entry) if os.path.isdir(entry) and not os.path.islink(entry) else os.unlink(entry)
+        safefs.rmtree(root, (folder, sub))
+    for entry in [e.name for e in os.scandir(base / TRASH)]:
+        safefs.rmtree(root, (folder, TRASH, entry))
     # Bottom-up, snapshots/ last: a repo folder without snapshots/ is what huggingface_hub's scan calls corrupted.
     keep_last = (base, base / "snapshots", base / TRASH)
     try:
@@ -250,14 +274,20 @@ def _remove_repo_folder(item: PlanItem, base: Path) -> ItemOutcome:
     return ItemOutcome(item, "removed")
 
 
-def _rmdir_quiet(path: Path) -> None:
+def _rmdir_quiet(root: Path, rel: Sequence[str]) -> None:
     try:
-        os.rmdir(path)
-    except OSError:
+        safefs.rmdir(root, rel)
+    except (OSError, UnsafeLayout):
         pass
 
 
+@contextmanager
 def _held(path: Path):
     """Hold the lock at ``path``, without waiting, while a blob is removed; ``as`` gives "" when held (or when there
-    is no lock file: nobody downloads that blob), else why it could not be taken."""
-    return try_lock(path)
+    is no lock file: nobody downloads that blob), else why it could not be taken. A lock file (or its folder) planted
+    as a symlink is never opened: filelock opens with O_TRUNC, which would truncate the link's target."""
+    if os.path.islink(path) or os.path.islink(os.path.dirname(path)):
+        yield "its lock file is a symlink (left alone)"
+        return
+    with try_lock(path) as why:
+        yield why

@@ -85,10 +85,14 @@ def plan_prune(
         raise CacheError(f"{root} is not a directory", hint="pass the cache root as --cache-dir")
     with _gc_paused():
         info = scan_cache(root)
-        readable = tuple(r for r in info.repos if not r.unreadable)
+        # A repo folder with a planted link (blobs/, refs/, snapshots/, .locks/<folder> ...) is left alone whole:
+        # deleting "its" orphan blobs would delete whatever the link points to.
+        readable = tuple(r for r in info.repos if not r.unreadable and not r.unsafe)
         denied = tuple(f"{r.folder}/{part}" for r in info.repos for part in r.unreadable)
+        unsafe = tuple(f"{r.folder}: left alone: {'; '.join(r.unsafe)}" for r in info.repos if r.unsafe)
         plan = _plan(str(root), readable, info.size_on_disk, policy, locks, now,
-                     warnings=tuple(f"left alone: {d} cannot be read by this user (permission denied)" for d in denied))
+                     warnings=unsafe + tuple(f"left alone: {d} cannot be read by this user (permission denied)"
+                                             for d in denied))
         return replace(plan, unreadable=denied)
 
 

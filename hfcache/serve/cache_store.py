@@ -156,18 +156,11 @@ class CacheStore:
 
     def _scan(self, folder: str, repo_type: str, repo_id: str) -> _Repo | None:
         path = self.root / folder
-        for sub in ("", "blobs", "snapshots", "refs", ".no_exist", "trees"):
-            try:
-                st = os.lstat(path / sub if sub else path)
-            except FileNotFoundError:
-                if not sub:
-                    return None
-                continue
-            except OSError:
-                return None
-            if not stat.S_ISDIR(st.st_mode):
-                return None  # a symlinked folder could lead anywhere: the repo is not served
+        if not os.path.lexists(path):
+            return None
         info = scan_repo(path, repo_id, repo_type)
+        if info.unsafe:
+            return None  # a symlinked part could lead anywhere: the repo is not served (safefs.repo_layout_problems)
         snapshots = {}
         for revision in info.revisions:
             if SHA1_RE.match(revision.commit_hash):

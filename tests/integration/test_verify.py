@@ -266,3 +266,17 @@ def test_fast_with_a_corrupt_record_hashes_everything(fixture_cache):
     record.write_text('{"version": 1, "blobs": [[1, 2, "x"]]}')
     code, report = verify_json(fixture_cache, "--fast")
     assert code == 0 and report["blobs_skipped"] == 0 and report["blobs_hashed"] > 0
+
+
+def test_fast_never_follows_a_planted_record_link(fixture_cache, tmp_path):
+    """A record that is a link (to a file of another user, say) is neither read nor written through."""
+    outside = tmp_path / "outside.json"
+    code, first = verify_json(fixture_cache, "--fast")
+    record = fixture_cache / ".locks" / "hfcache-verified.json"
+    outside.write_bytes(record.read_bytes())  # a valid record, reachable only through the link
+    record.unlink()
+    record.symlink_to(outside)
+    code, report = verify_json(fixture_cache, "--fast")
+    assert code == 0 and report["blobs_skipped"] == 0  # not read through the link
+    assert outside.read_bytes() != b"" and not record.is_symlink()  # replaced by a file, the target untouched
+    assert json.loads(outside.read_text()) == json.loads(record.read_text())
