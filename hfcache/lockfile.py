@@ -21,6 +21,7 @@ from typing import Any
 
 import tomli_w
 
+from . import safefs
 from .cache import RepoFolder, atomic_write, cache_error, resolve_cache_dir
 from .errors import CacheError, UsageError
 from .records import KINDS, REPO_TYPES, WarmRequest, folder_ids, valid_repo_id
@@ -511,7 +512,7 @@ def cache_status(repo: LockedRepo, cache_dir: Path) -> CacheStatus:
                 continue
             if st.st_size != f.size or not stat.S_ISREG(st.st_mode):  # the one stat answers both
                 missing.append(f"{rel}/snapshots/{repo.commit_hash[:12]}/{f.path}: size {st.st_size} != {f.size}")
-        markers = _top_level_markers(folder.marker_path(repo.commit_hash, ""))
+        markers = _top_level_markers(folder.root / ".no_exist" / safefs.check_commit(repo.commit_hash))
         for name in repo.absent:
             if name not in markers and not folder.marker_path(repo.commit_hash, name).exists():
                 missing.append(f"{rel}/.no_exist/{repo.commit_hash[:12]}/{name}: missing")
