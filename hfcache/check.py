@@ -8,9 +8,11 @@ marker, a missing Python package, a chat template the repo has but the cache lac
 
 Custom code: a repo whose cached ``tokenizer_config.json`` / ``config.json`` ``auto_map`` names code a tokenizer load
 runs (``selection.auto_map_refs``) is loaded with ``trust_remote_code=True``, as its application must load it; every
-other repo without it. transformers copies that code into ``HF_MODULES_CACHE`` before importing it; the child gets a
-private temporary one, so a read-only cache or HOME does not fail the check (``hfcache exec`` handles the runtime
-side, see :mod:`hfcache.modules_cache`).
+other repo without it. transformers copies that code into ``HF_MODULES_CACHE`` before importing it: an explicit
+``HF_MODULES_CACHE`` in check's environment is passed on as the application gets it (an unwritable one fails the load
+and is named as the cause); otherwise the child gets a private temporary one, so a read-only cache or HOME does not
+fail the check (``hfcache exec`` handles the runtime side, see :mod:`hfcache.modules_cache`). A repo whose configs no
+parser can read (JSON nested too deeply) fails on its own, without stopping the others.
 """
 
 from __future__ import annotations
@@ -30,9 +32,18 @@ from pathlib import Path
 from .cache import RepoFolder
 from .errors import CheckFailed, HfcacheError, InternalError, UsageError
 from .lockfile import Lockfile
+from .modules_cache import ENV_NAME, can_create
 from .records import parse_specs
 from .scan import RepoInfo, scan_cache
-from .selection import AUTO_MAP_FILES, MAX_PARSE_BYTES, auto_map_refs, custom_code_paths, tokenizer_paths
+from .selection import (
+    AUTO_MAP_FILES,
+    MAX_PARSE_BYTES,
+    auto_map_refs,
+    custom_code_paths,
+    foreign_repos,
+    module_path,
+    tokenizer_paths,
+)
 
 DEFAULT_TEXT = "Hello world, 深度学习技术正在改变世界"
 _PACKAGE_HINTS = (("sentencepiece", "sentencepiece"), ("protobuf", "protobuf"), ("tiktoken", "tiktoken"),
@@ -194,7 +205,10 @@ def snapshot_of(cache_dir: Path, target: CheckTarget) -> Path | None:
 
 def custom_code_refs(cache_dir: Path, target: CheckTarget) -> tuple[str, ...]:
     """The ``auto_map`` class references a tokenizer load of ``target`` runs, read from its cached configs (the same
-    rule as warm's selection: ``selection.auto_map_refs``); empty when it runs none or the cache cannot tell."""
+    rule as warm's selection: ``selection.auto_map_refs``); empty when it runs none or the cache cannot tell.
+
+    Raises:
+        selection.RepoDataError: a cached config is nested too deeply to parse (the load fails on it too)."""
     snapshot = snapshot_of(cache_dir, target)
     refs: list[str] = []
     for name in AUTO_MAP_FILES if snapshot is not None else ():
@@ -238,41 +252,57 @@ def check_tokenizers(cache_dir: Path, targets: list[CheckTarget], text: str = DE
     """Load every target in one offline child process and diagnose the failures.
 
     Targets whose cached configs name custom code (:func:`custom_code_refs`) are loaded with
-    ``trust_remote_code=True``; the child's ``HF_MODULES_CACHE`` is a temporary folder, removed afterwards.
+    ``trust_remote_code=True``; the child's ``HF_MODULES_CACHE`` is the caller's explicit one (as the application gets
+    it), else a temporary folder, removed afterwards. A target whose configs cannot be parsed is a failed result.
 
     Raises:
         InternalError: the child crashed or printed no result.
     """
     # A repo folder with a planted link is not loaded: transformers would read whatever the link points to.
     unsafe = {t.spec: RepoFolder(cache_dir, t.repo_id, t.repo_type).layout_problems() for t in targets}
-    loadable = [replace(t, trust_remote_code=bool(custom_code_refs(cache_dir, t))) for t in targets
-                if not unsafe[t.spec]]
+    unreadable: dict[str, str] = {}  # a cached config no parser can read (selection.RepoDataError): that repo fails
+    prepared = []
+    for target in targets:
+        try:
+            trust = not unsafe[target.spec] and bool(custom_code_refs(cache_dir, target))
+            prepared.append(replace(target, trust_remote_code=trust))
+        except ValueError as exc:
+            unreadable[target.spec] = str(exc)
+            prepared.append(target)
+    targets = prepared
+    loadable = [t for t in targets if not unsafe[t.spec] and t.spec not in unreadable]
     raw = _probe(cache_dir, loadable, text, timeout) if loadable else {}
-    targets = [next((t for t in loadable if t.spec == u.spec), u) for u in targets]
     results = []
     for target in targets:
         if unsafe[target.spec]:
             results.append(CheckResult(target, False, error="not loaded: unsafe cache layout",
                                        cause="; ".join(unsafe[target.spec])))
-            continue
-        results.append(_result(cache_dir, target, raw))
+        elif target.spec in unreadable:
+            reason = unreadable[target.spec]
+            results.append(CheckResult(target, False, error=reason,
+                                       cause=f"{target.repo_id}: {reason}: no loader can read it (fix the repo)"))
+        else:
+            results.append(_result(cache_dir, target, raw))
     return CheckReport(cache_dir=str(cache_dir), text=text, results=tuple(results),
                        import_seconds=raw.get("__import_seconds__", {}).get("seconds", 0.0))
 
 
 def _probe(cache_dir: Path, targets: list[CheckTarget], text: str, timeout: float) -> dict:
-    """Run the offline probe child on ``targets``; its JSON answer (spec -> result)."""
+    """Run the offline probe child on ``targets``; its JSON answer (spec -> result). The child's ``HF_MODULES_CACHE``
+    is the caller's explicit one (as the application gets it), else a temporary folder removed afterwards."""
     env = probe_environment(cache_dir)
     home = Path(env["HF_HOME"])
-    modules = tempfile.mkdtemp(prefix="hfcache-check-modules-")
-    env["HF_MODULES_CACHE"] = modules
+    explicit = os.environ.get(ENV_NAME)
+    modules = explicit if explicit is not None else tempfile.mkdtemp(prefix="hfcache-check-modules-")
+    env[ENV_NAME] = modules
     args = [a for t in targets for a in (["--trust-remote-code", t.spec] if t.trust_remote_code else [])]
     try:
         proc = subprocess.run([sys.executable, "-m", "hfcache.probe", text, *[t.spec for t in targets], *args],
                               stdin=subprocess.DEVNULL, capture_output=True, text=True, env=env, timeout=timeout)
     finally:
         _remove_tree(home)
-        _remove_tree(Path(modules))
+        if explicit is None:
+            _remove_tree(Path(modules))
     lines = proc.stdout.strip().splitlines()
     if proc.returncode != 0 or not lines:
         tail = (proc.stderr.strip().splitlines() or ["no output"])[-1]
@@ -312,17 +342,33 @@ def custom_code_cause(cache_dir: Path, target: CheckTarget, error: str) -> str |
     """Why a load that runs custom code (``auto_map``) failed, when the custom code is the cause; else None.
 
     Looks at, in order: a module of another repo, a module missing from the snapshot (marked absent or not), the
-    load refusing to run code without ``trust_remote_code``, an unwritable ``HF_MODULES_CACHE``, and packages the
-    code imports that are not installed (transformers ``dynamic_module_utils.check_imports`` message).
+    load refusing to run code without ``trust_remote_code``, an unwritable ``HF_MODULES_CACHE`` (the explicit one of
+    check's environment, which the child used), packages the code imports that are not installed (transformers
+    ``dynamic_module_utils.check_imports`` message), an ``auto_map`` entry that is not ``module.Class``, and the code
+    itself failing (a syntax error, a circular import, any exception while it is imported).
     """
-    refs = custom_code_refs(cache_dir, target)
+    try:
+        refs = custom_code_refs(cache_dir, target)
+    except ValueError:
+        return None
     if not refs:
         if "trust_remote_code=True" in error:  # code named where hfcache does not look (a newer transformers)
             return "custom code: the load needs trust_remote_code=True (the repo's auto_map names code)"
         return None
-    foreign = sorted({r.split("--", 1)[0] for r in refs if "--" in r})
+    foreign = foreign_repos(refs)
     if foreign and any(repo in error for repo in foreign):
         return f"custom code: auto_map names code in another repo ({', '.join(foreign)}): warm that repo too"
+    cause = _missing_code_cause(cache_dir, target) or _environment_cause(error)
+    if cause is not None:
+        return cause
+    bad = [r for r in refs if "--" not in r and module_path(r) is None]
+    if bad:
+        return f"custom code: auto_map entry {bad[0]!r} is not a module.Class reference transformers can load"
+    return _code_failure_cause(error, generic=False)
+
+
+def _missing_code_cause(cache_dir: Path, target: CheckTarget) -> str | None:
+    """A module ``auto_map`` names (or one it imports) that the snapshot lacks."""
     snapshot = snapshot_of(cache_dir, target)
     folder = RepoFolder(cache_dir, target.repo_id, target.repo_type)
     for module in _missing_code(snapshot) if snapshot is not None else ():
@@ -330,8 +376,17 @@ def custom_code_cause(cache_dir: Path, target: CheckTarget, error: str) -> str |
             return f"custom code: auto_map needs {module}, which the repo does not have"
         return (f"custom code: auto_map needs {module}, which is not in the cache (warm the repo again with this "
                 "hfcache: it fetches the code auto_map names and the files it imports)")
+    return None
+
+
+def _environment_cause(error: str) -> str | None:
+    """trust_remote_code not passed, an unwritable modules cache, a package the code imports not installed."""
     if "trust_remote_code" in error:
         return "custom code: auto_map needs trust_remote_code=True, and the load did not pass it"
+    explicit = os.environ.get(ENV_NAME)
+    if explicit is not None and not can_create(Path(os.path.expanduser(explicit))):
+        return (f"custom code: HF_MODULES_CACHE={explicit} is not writable: transformers copies the code there "
+                "before importing it; point it at a writable folder, or unset it (hfcache env/exec then choose one)")
     if ("PermissionError" in error or "Read-only file system" in error) and "modules" in error:
         return ("custom code: transformers cannot write its modules cache (HF_MODULES_CACHE, default "
                 "$HF_HOME/modules): point HF_MODULES_CACHE at a writable folder (hfcache env/exec do)")
@@ -341,15 +396,33 @@ def custom_code_cause(cache_dir: Path, target: CheckTarget, error: str) -> str |
     return None
 
 
+def _code_failure_cause(error: str, generic: bool = True) -> str | None:
+    """The repo's own code failing as it is imported (the error names the exception; transformers adds nothing):
+    a syntax error, a circular import, and with ``generic`` any other exception (once nothing else explains it)."""
+    first = error.splitlines()[0][:300] if error else ""
+    if first.startswith(("SyntaxError", "IndentationError", "TabError")):
+        return f"custom code: the repo's code does not compile: {first}"
+    if "circular import" in error or "partially initialized module" in error:
+        return f"custom code: the repo's code has a circular import: {first}"
+    if "network access attempted" in error or "couldn't connect" in error.lower() or "does not appear" in error:
+        return None  # a missing file: diagnose() names it
+    if not generic:
+        return None
+    return f"custom code: the repo's code raised while it was imported or run: {first}"
+
+
 def _missing_code(snapshot: Path) -> tuple[str, ...]:
     """The code files ``auto_map`` names (and those they import relatively) that the snapshot lacks."""
     present = {p.relative_to(snapshot).as_posix() for p in snapshot.rglob("*") if p.is_file()}
 
-    def read(path: str) -> bytes:
+    def read(path: str) -> bytes | None:
         file = snapshot / path
-        return file.read_bytes() if file.stat().st_size <= MAX_PARSE_BYTES else b""
+        return file.read_bytes() if file.stat().st_size <= MAX_PARSE_BYTES else None
 
-    return custom_code_paths(AUTO_MAP_FILES, read, present).absent
+    try:
+        return custom_code_paths(AUTO_MAP_FILES, read, present).absent
+    except (OSError, ValueError):
+        return ()
 
 
 def diagnose(cache_dir: Path, target: CheckTarget, error: str) -> str | None:
@@ -402,5 +475,8 @@ def _diagnose(cache_dir: Path, target: CheckTarget, error: str) -> str | None:
     if broken:
         return f"broken snapshot link(s): {', '.join(sorted(broken))} (hfcache verify --repair)"
     if "network access attempted" in error or "couldn't connect" in error.lower() or "offline" in error.lower():
-        return "a file the load needs is neither cached nor marked absent (.no_exist)"
-    return None
+        named = re.findall(r"[\w./-]+\.(?:py|json|txt|model|jinja)\b", error)
+        file = next((n for n in named if "://" not in n and not n.startswith("http")), None)
+        return (f"{file} is needed by the load but neither cached nor marked absent (.no_exist): warm the repo "
+                "again" if file else "a file the load needs is neither cached nor marked absent (.no_exist)")
+    return _code_failure_cause(error) if target.trust_remote_code else None

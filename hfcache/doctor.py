@@ -446,12 +446,22 @@ def _examine_folder(cache: Path, env: dict[str, str], offline: bool, uid: int | 
 def modules_cache_findings(cache: Path, env: Mapping[str, str]) -> list[Finding]:
     """Custom code in the cache versus the folder transformers copies it into (``HF_MODULES_CACHE``, see
     :mod:`hfcache.modules_cache`): an error when a cached repo's ``auto_map`` names code and that folder cannot be
-    written (every such load then fails with PermissionError); nothing when no cached repo has custom code."""
-    from .modules_cache import can_create, custom_code_repos, modules_cache
+    written (every such load then fails with PermissionError; a warning when it already holds every copy, see
+    ``modules_cache.holds_code``); a warning per config no parser can read; nothing when no cached repo has custom
+    code."""
+    from .modules_cache import custom_code_repos
 
-    repos = custom_code_repos(cache) if os.path.isdir(cache) else []  # no PermissionError (Path.is_dir raises)
-    if not repos:
-        return []
+    found = custom_code_repos(cache) if os.path.isdir(cache) else []  # no PermissionError (Path.is_dir raises)
+    findings = [Finding("config.unparsable", "warning", f"{r.repo_id}@{r.commit_hash[:12]}: {r.error}: its loads fail",
+                        "fix or re-warm the repo (hfcache verify --repair), or remove it (hfcache prune)")
+                for r in found if r.error]
+    repos = [r for r in found if not r.error]
+    return findings + (_modules_findings(repos, env) if repos else [])
+
+
+def _modules_findings(repos: list, env: Mapping[str, str]) -> list[Finding]:
+    from .modules_cache import can_create, holds_code, modules_cache
+
     path, explicit = modules_cache(env)
     names = sorted({r.repo_id for r in repos})
     shown = ", ".join(names[:3]) + (f" (and {len(names) - 3} more)" if len(names) > 3 else "")
@@ -460,11 +470,18 @@ def modules_cache_findings(cache: Path, env: Mapping[str, str]) -> list[Finding]
         return [Finding("modules.writable", "info",
                         f"{len(names)} cached repo(s) run custom code ({shown}); transformers copies it into {where}, "
                         "which is writable")]
+    fix = ("HF_MODULES_CACHE is set explicitly (hfcache exec keeps it): point it at a writable folder, e.g. an "
+           "emptyDir, or unset it so hfcache exec can choose one") if explicit else (
+           "run the application with `hfcache exec` (it points HF_MODULES_CACHE at a private temporary "
+           "folder), or export HF_MODULES_CACHE=<a writable folder, e.g. an emptyDir>")
+    if all(holds_code(path, r) for r in repos):
+        return [Finding("modules.readonly", "warning",
+                        f"{len(names)} cached repo(s) run custom code ({shown}); transformers cannot write its modules "
+                        f"cache {where}, but it already holds their code: loads work until a repo or revision is added",
+                        fix)]
     return [Finding("modules.unwritable", "error",
                     f"{len(names)} cached repo(s) run custom code (auto_map: {shown}), and transformers cannot write "
-                    f"its modules cache {where}: every trust_remote_code load fails with PermissionError",
-                    "run the application with `hfcache exec` (it points HF_MODULES_CACHE at a private temporary "
-                    "folder), or export HF_MODULES_CACHE=<a writable folder, e.g. an emptyDir>")]
+                    f"its modules cache {where}: every trust_remote_code load fails with PermissionError", fix)]
 
 
 def _listdir(path: Path) -> list[str]:

@@ -287,6 +287,9 @@ class HubClient:
         except RecursionError:
             raise HubError(f"{repo_id}@{revision}: the answer of {self.endpoint} is JSON nested too deep",
                            hint="the endpoint is broken or hostile") from None
+        if not isinstance(data, dict):
+            raise HubError(f"{repo_id}@{revision}: the answer of {self.endpoint} is not a JSON object",
+                           hint="the endpoint is broken or hostile")
         return (DatasetInfo if repo_type == "dataset" else ModelInfo)(**data)
 
     def download(

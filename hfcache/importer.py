@@ -377,7 +377,7 @@ def _parse_listing(data: bytes, name: str) -> dict[str, tuple[str, str, int]]:
                             int(e.get("lfs_size") or e.get("size") or 0)) for path, e in files.items()}
     except RecursionError:
         raise UsageError(f"refused entry {name!r}: JSON nested too deep") from None
-    except (ValueError, KeyError, TypeError, AttributeError):
+    except (ValueError, KeyError, TypeError, AttributeError, OverflowError):  # OverflowError: a size of 1e999
         raise UsageError(f"refused entry {name!r}: not a trees/ listing (JSON with a \"files\" object)") from None
 
 

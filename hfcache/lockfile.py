@@ -87,6 +87,8 @@ class LockedRepo:
         commit_hash (str): the 40-hex commit.
         files (tuple[LockedFile, ...]): the selected files, sorted by path.
         absent (tuple[str, ...]): optional tokenizer names the repo lacks (written as ``.no_exist`` markers).
+        notes (tuple[str, ...]): one-line warnings found while resolving it (custom code in another repo, a file
+            too large to parse: ``selection.Followed.notes``); reported by ``hfcache lock``, not written.
     """
 
     request: WarmRequest
@@ -94,6 +96,7 @@ class LockedRepo:
     commit_hash: str
     files: tuple[LockedFile, ...]
     absent: tuple[str, ...] = ()
+    notes: tuple[str, ...] = field(default=(), compare=False)
 
     def folders(self, cache_dir: Path) -> list[RepoFolder]:
         """The cache folders this repo occupies: the canonical id, and the requested id when it differs."""

@@ -14,9 +14,10 @@ hfcache's choice (``hfcache env`` / ``hfcache exec``): keep whatever the environ
 an explicit ``HF_MODULES_CACHE`` always; otherwise point ``HF_MODULES_CACHE`` at ``<tmp>/hfcache-modules-<uid>``
 (``tempfile.gettempdir()``: ``TMPDIR``, else ``/tmp``: writable in containers with a read-only root filesystem, where
 ``/tmp`` is an ``emptyDir`` or a tmpfs). transformers imports whatever Python it finds in that folder, so the folder
-is created private (mode 0700) and reused only while it is a real folder owned by this user that nobody else can
-write; otherwise a fresh ``mkdtemp`` folder is used. Its content is a copy of code already in the cache: losing it
-costs nothing but the copy.
+is created private (mode 0700) and reused only while it is a real folder owned by this user (one that others can
+write is made private again); a link or another user's folder there is refused with an error naming it (never a new
+folder per call: ``env`` must print the same path every time). Its content is a copy of code already in the cache:
+losing it costs nothing but the copy.
 """
 
 from __future__ import annotations
@@ -28,7 +29,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from .selection import AUTO_MAP_FILES, MAX_PARSE_BYTES, auto_map_refs
+from .errors import CacheError
+from .selection import AUTO_MAP_FILES, MAX_PARSE_BYTES, auto_map_refs, module_path
 
 ENV_NAME = "HF_MODULES_CACHE"
 
@@ -63,11 +65,13 @@ def can_create(path: Path) -> bool:
 
 
 def private_modules_dir(tmp: str | None = None) -> Path:
-    """A folder for ``HF_MODULES_CACHE`` only this user can write: ``<tmp>/hfcache-modules-<uid>``, created 0700, or a
-    fresh ``mkdtemp`` folder when that path exists but is a link, another user's, or writable by others.
+    """A folder for ``HF_MODULES_CACHE`` only this user can write: ``<tmp>/hfcache-modules-<uid>``, created 0700 (the
+    same path on every call). An existing folder of this user that others can write is made 0700 again.
 
     Raises:
-        OSError: no temporary folder can be created.
+        CacheError: that path is a link, not a folder, or another user's (someone else may plant code there that
+            transformers would import): the message names it; remove it or set ``HF_MODULES_CACHE``.
+        OSError: the folder cannot be created.
     """
     base = tmp or tempfile.gettempdir()
     uid = os.geteuid() if hasattr(os, "geteuid") else 0
@@ -76,19 +80,25 @@ def private_modules_dir(tmp: str | None = None) -> Path:
         path.mkdir(mode=0o700)
     except FileExistsError:
         pass
-    try:
-        st = os.lstat(path)
-        if stat.S_ISDIR(st.st_mode) and st.st_uid == uid and not st.st_mode & 0o022:
-            return path
-    except OSError:
-        pass
-    return Path(tempfile.mkdtemp(prefix="hfcache-modules-", dir=base))
+    st = os.lstat(path)
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != uid:
+        what = "a link" if stat.S_ISLNK(st.st_mode) else "not a folder" if not stat.S_ISDIR(st.st_mode) else \
+            f"owned by uid {st.st_uid}"
+        raise CacheError(f"{path} is {what}, not a private folder of uid {uid}: hfcache will not point "
+                         "HF_MODULES_CACHE there (transformers imports the code it finds in it)",
+                         hint=f"remove {path}, or export HF_MODULES_CACHE=<a folder only you can write>")
+    if st.st_mode & 0o077:
+        os.chmod(path, 0o700)  # ours, but others could plant code in it: private again
+    return path
 
 
 def modules_cache_override(environ: Mapping[str, str]) -> Path | None:
     """The ``HF_MODULES_CACHE`` value ``env``/``exec`` set: None when the environment already names one or its default
     can be written (nothing to change); else :func:`private_modules_dir` (created now, in ``environ``'s ``TMPDIR``
     when set, else ``tempfile.gettempdir()``).
+
+    Raises:
+        CacheError: the private folder's path is taken by a link or another user's folder (:func:`private_modules_dir`).
 
     Args:
         environ: the environment the command will run with (offline variables included: ``HF_HOME`` may be one).
@@ -102,17 +112,40 @@ def modules_cache_override(environ: Mapping[str, str]) -> Path | None:
 @dataclass(frozen=True)
 class CustomCodeRepo:
     """A cached revision whose configs' ``auto_map`` names custom code: ``repo_id``, ``commit_hash``, and the class
-    references (``module.Class``)."""
+    references (``module.Class``); or whose config cannot be parsed: ``error`` says which (``refs`` empty)."""
 
     repo_id: str
     commit_hash: str
     refs: tuple[str, ...]
+    error: str | None = None
+
+
+def sanitize_module_name(name: str) -> str:
+    """transformers 5.24 ``dynamic_module_utils._sanitize_module_name``: a repo id part as a Python module name."""
+    new_name = name.replace(".", "_dot_").replace("-", "_hyphen_")
+    return f"_{new_name}" if new_name and new_name[0].isdigit() else new_name
+
+
+def holds_code(modules_dir: Path, repo: CustomCodeRepo) -> bool:
+    """Whether ``modules_dir`` already holds the copies transformers would make for ``repo``: its named modules in
+    ``transformers_modules/<org>/<name>/<commit>/`` (``dynamic_module_utils.get_cached_module_file``; a file already
+    there is not copied again, so a read-only modules cache that holds them still loads)."""
+    modules = {m for m in (module_path(r) for r in repo.refs) if m}
+    if not modules or len(modules) != len(repo.refs):
+        return False  # nothing to look for, or code in another repo (its own folder)
+    folder = modules_dir / "transformers_modules"
+    for part in repo.repo_id.split("/"):
+        folder = folder / sanitize_module_name(part)
+    folder = folder / repo.commit_hash
+    # os.path.isfile: False on any OSError (pathlib's is_file raises PermissionError in an unreadable folder)
+    return os.path.isfile(folder / "__init__.py") and all(os.path.isfile(folder / m) for m in modules)
 
 
 def custom_code_repos(cache_dir: Path) -> list[CustomCodeRepo]:
     """Every cached model revision whose ``tokenizer_config.json`` or ``config.json`` has an ``auto_map`` (any key: a
     model load runs ``AutoModel`` code too). Reads at most two small files per snapshot (``os.scandir`` and string
-    paths: doctor runs this on caches of 10,000 repos); unreadable ones are skipped.
+    paths: doctor runs this on caches of 10,000 repos); unreadable files are skipped; a config no parser can read
+    (nested too deeply) gives a :class:`CustomCodeRepo` with ``error``.
     """
     from .scan import parse_folder_name
 
@@ -122,7 +155,11 @@ def custom_code_repos(cache_dir: Path) -> list[CustomCodeRepo]:
         if parsed is None:
             continue
         for snapshot in _scandir(os.path.join(folder.path, "snapshots")):
-            refs = _auto_map_of(snapshot.path)
+            try:
+                refs = _auto_map_of(snapshot.path)
+            except ValueError as exc:  # selection.RepoDataError: reported, the scan goes on
+                found.append(CustomCodeRepo(parsed[0], snapshot.name, (), error=str(exc)))
+                continue
             if refs:
                 found.append(CustomCodeRepo(parsed[0], snapshot.name, refs))
     return sorted(found, key=lambda r: (r.repo_id, r.commit_hash))

@@ -77,9 +77,14 @@ def resolve_entry(client: HubClient, request: WarmRequest) -> LockedRepo:
     paths = set(selection.paths)
     absent = selection.absent
     needs_index = selection.needs_index
+    notes: tuple[str, ...] = ()
     if selection.needs_config:  # custom code (auto_map), module folders (read in memory, hash-checked, never run)
-        followed = follow_configs(selection.needs_config, lambda p: _download(client, repo, by_path[p]), by_path,
-                                  request.kind, request.exclude)
+        try:
+            followed = follow_configs(selection.needs_config, lambda p: _download(client, repo, by_path[p]), by_path,
+                                      request.kind, request.exclude)
+        except ValueError as exc:  # selection.RepoDataError: a config no parser can read
+            raise IntegrityError(f"{request.repo_id}: {exc}", hint=_BAD_FILE_HINT) from None
+        notes = followed.notes
         paths |= set(followed.paths)
         absent = tuple(sorted(set(absent) | set(followed.absent)))
         needs_index += followed.needs_index
@@ -88,17 +93,21 @@ def resolve_entry(client: HubClient, request: WarmRequest) -> LockedRepo:
             check_index_size(index, by_path[index].size)
             paths |= shards_from_index(_download(client, repo, by_path[index], limit=None), by_path, index)
         except ValueError as exc:
-            raise IntegrityError(f"{request.repo_id}: {exc}") from None
+            raise IntegrityError(f"{request.repo_id}: {exc}", hint=_BAD_FILE_HINT) from None
     files = tuple(LockedFile(path=p, size=by_path[p].size, hash=by_path[p].hash) for p in sorted(paths))
     return LockedRepo(request=request, canonical_id=repo.canonical_id, commit_hash=repo.commit_hash,
-                      files=files, absent=absent)
+                      files=files, absent=absent, notes=notes)
 
 
-def _download(client: HubClient, repo, file, limit: int | None = MAX_PARSE_BYTES) -> bytes:
-    """A small file's bytes, in memory (``HubClient.download`` checks size and hash); ``b""`` above ``limit``
-    bytes (nothing is parsed from it then)."""
+#: The hint of a repo file hfcache cannot parse (selection.RepoDataError, a malformed sharded index).
+_BAD_FILE_HINT = "the repo's file is malformed (a loader fails on it too): fix the repo, or --exclude that file"
+
+
+def _download(client: HubClient, repo, file, limit: int | None = MAX_PARSE_BYTES) -> bytes | None:
+    """A small file's bytes, in memory (``HubClient.download`` checks size and hash); None above ``limit`` bytes
+    (nothing is parsed from it then)."""
     if limit is not None and file.size > limit:
-        return b""
+        return None
     buffer = io.BytesIO()
     client.download(repo, file, buffer)
     return buffer.getvalue()

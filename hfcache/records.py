@@ -111,8 +111,9 @@ class RepoResult:
         error (str | None): one-line reason when the repo failed.
         hint (str | None): what to do about it.
         exit_code (int): 0, or the documented exit code of the error.
-        notes (tuple[str, ...]): what warm changed beyond the requested repo, e.g. the ref of a legacy id's
-            canonical folder moved to another commit.
+        notes (tuple[str, ...]): one-line warnings: what warm changed beyond the requested repo, e.g. the ref of a
+            legacy id's canonical folder moved to another commit; custom code in another repo, a file too large to
+            parse (``selection.Followed.notes``).
         error_type (str | None): the error's class in :mod:`hfcache.errors` (``IntegrityError``,
             ``EndpointUnreachable``, ``RepoNotFound``...), for callers that answer each kind differently (the mirror).
     """

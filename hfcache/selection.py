@@ -18,6 +18,7 @@ import ast
 import fnmatch
 import json
 import posixpath
+import re
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
@@ -83,8 +84,8 @@ class Selection:
         needs_index (tuple[str, ...]): sharded weight index files whose ``weight_map`` must be read to finish
             the selection (see :func:`shards_from_index`); empty when the selection is complete.
         needs_config (tuple[str, ...]): config files to read to finish the selection (see :func:`follow_configs`):
-            ``tokenizer_config.json``/``config.json`` whose ``auto_map`` may name custom code (only when the repo has
-            a Python file), and for ``kind="model"`` a sentence-transformers ``modules.json`` naming module folders;
+            ``tokenizer_config.json``/``config.json`` whose ``auto_map`` may name custom code (a module the repo
+            lacks too: it gets a ``.no_exist`` marker), and for ``kind="model"`` a sentence-transformers ``modules.json`` naming module folders;
             empty when the kind selects every file.
     """
 
@@ -184,8 +185,7 @@ def select(
     needs_index = tuple(i for i in needs_index if i in chosen)
     needs_config: tuple[str, ...] = ()
     if kind != "all":
-        has_code = any(p.endswith(".py") for p in all_paths)
-        needs_config = tuple(c for c in AUTO_MAP_FILES if c in chosen and has_code)
+        needs_config = tuple(c for c in AUTO_MAP_FILES if c in chosen)
         if kind == "model" and MODULES_FILE in chosen:
             needs_config += (MODULES_FILE,)
     return Selection(paths=tuple(sorted(chosen)), absent=absent, needs_index=needs_index, needs_config=needs_config)
@@ -220,8 +220,11 @@ def shards_from_index(index_bytes: bytes, available: Iterable[str], index_path: 
     try:
         weight_map = json.loads(index_bytes)["weight_map"]
         shard_names = set(weight_map.values())
-    except (ValueError, KeyError, TypeError, AttributeError, RecursionError) as exc:
+    except (ValueError, KeyError, TypeError, AttributeError, RecursionError, OverflowError) as exc:
         raise ValueError(f"{index_path} is not a sharded weight index: {type(exc).__name__} {exc}") from None
+    odd = sorted(repr(n) for n in shard_names if not isinstance(n, str) or not n)
+    if odd:
+        raise ValueError(f"{index_path} is not a sharded weight index: its weight_map names {odd[0]}, not a file name")
     folder = index_path.rsplit("/", 1)[0] + "/" if "/" in index_path else ""
     shards = {folder + name for name in shard_names}
     missing = sorted(shards - set(available))
@@ -237,7 +240,8 @@ def shards_from_index(index_bytes: bytes, available: Iterable[str], index_path: 
 #: ``config.json``'s ``AutoTokenizer`` is read by transformers 4.x; it is followed too.
 AUTO_MAP_FILES: tuple[str, ...] = ("tokenizer_config.json", "config.json")
 #: Configs and code files larger than this are not parsed for ``auto_map`` or imports (a hostile repo's 5 GB
-#: "config.json" must not be read into memory); readers passed to :func:`custom_code_paths` return ``b""`` then.
+#: "config.json" must not be read into memory); readers passed to :func:`custom_code_paths` return None then, and the
+#: file is reported in :attr:`CustomCode.unparsed`.
 MAX_PARSE_BYTES = 16 * 1024 * 1024
 _TOKENIZER_AUTO_KEYS = {"tokenizer_config.json": ("AutoTokenizer",), "config.json": ("AutoConfig", "AutoTokenizer")}
 
@@ -253,11 +257,17 @@ def auto_map_refs(config_path: str, config_bytes: bytes, kind: str = "tokenizer"
 
     Returns:
         tuple[str, ...]: references in file order, without duplicates or ``null`` entries.
+
+    Raises:
+        RepoDataError: the file is JSON nested too deeply for Python's parser (transformers cannot load it either);
+            a file that is simply not JSON (or not an object) has no reference.
     """
     try:
         auto_map = json.loads(config_bytes).get("auto_map")
-    except (ValueError, AttributeError, UnicodeDecodeError):
+    except (ValueError, AttributeError, TypeError, OverflowError):
         return ()
+    except RecursionError:
+        raise RepoDataError(f"{config_path} is JSON nested too deeply to parse") from None
     if isinstance(auto_map, list):  # legacy tokenizer_config form: [slow, fast]
         auto_map = {"AutoTokenizer": auto_map}
     if not isinstance(auto_map, dict):
@@ -289,29 +299,38 @@ def module_path(class_ref: str) -> str | None:
         return None
 
 
-def relative_imports(source: bytes, path: str) -> tuple[str, ...]:
-    """The repo paths of the modules a custom-code file imports relatively, parsed with ``ast`` (never executed).
+#: transformers 5.24 ``dynamic_module_utils.get_relative_imports``: the two regexes it runs over a code file's text
+#: (a docstring or comment line that looks like an import counts too, so transformers fetches that module as well):
+#: ``^\s*import\s+\.(\S+)\s*$`` and ``^\s*from\s+\.(\S+)\s+import`` (MULTILINE). Their leading ``^\s*`` may span
+#: blank lines, which makes them quadratic on a file of blank lines (40,000 lines: 34 s); here it is ``[^\S\n]*``
+#: (no newline): the same captures, since a match that starts lines earlier also matches from its own line start.
+_RELATIVE_IMPORT_RES = (re.compile(r"^[^\S\n]*import\s+\.(\S+)\s*$", re.MULTILINE),
+                        re.compile(r"^[^\S\n]*from\s+\.(\S+)\s+import", re.MULTILINE))
 
-    transformers copies them into its modules cache beside the file (``dynamic_module_utils.get_relative_imports``:
-    ``from .NAME import ...`` becomes ``<folder>/NAME.py``, taken literally, a dotted NAME included), so only
-    ``from .NAME import`` (one leading dot) is followed, like transformers. A file that does not parse has none (its
-    load fails anyway).
+
+def relative_imports(source: bytes, path: str) -> tuple[str, ...]:
+    """The repo paths of the modules a custom-code file imports relatively (never executed).
+
+    transformers copies them into its modules cache beside the file: ``dynamic_module_utils.get_relative_imports``
+    matches the text with :data:`_RELATIVE_IMPORT_RES` (``from .NAME import ...`` becomes ``<folder>/NAME.py``, NAME
+    taken literally, dots included: ``from ..up import`` asks for ``.up.py``), and ``get_cached_module_file`` fetches
+    each. That rule is restated here, united with an ``ast`` walk (``from .NAME import`` statements the regexes miss,
+    e.g. after ``;``). Names that are not safe repo paths are dropped (transformers' fetch of them fails anyway).
     """
+    text = source.decode("utf-8", errors="replace")
+    names = [m.group(1) for regex in _RELATIVE_IMPORT_RES for m in regex.finditer(text)]
     try:
         tree = ast.parse(source, filename=path)
-    except (SyntaxError, ValueError):
-        return ()
+        names += [n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.level == 1 and n.module]
+    except (SyntaxError, ValueError, RecursionError, MemoryError):
+        pass  # the regexes still apply: transformers reads the text the same way before the import fails
     folder = posixpath.dirname(path)
-    found: list[str] = []
-    for node in ast.walk(tree):
-        if isinstance(node, ast.ImportFrom) and node.level == 1 and node.module:
-            candidate = posixpath.join(folder, node.module + ".py")
-            try:
-                validate_repo_path(candidate)
-            except UnsafePath:
-                continue
-            if candidate not in found:
-                found.append(candidate)
+    found: set[str] = set()
+    for name in names:
+        try:
+            found.add(validate_repo_path(posixpath.join(folder, name + ".py")))
+        except UnsafePath:
+            continue
     return tuple(sorted(found))
 
 
@@ -325,31 +344,51 @@ class CustomCode:
         absent (tuple[str, ...]): files named that way which the repo does not have (``.no_exist`` markers: an
             offline load then fails at once with "no file named" instead of "couldn't connect"); sorted.
         foreign (tuple[str, ...]): class references into other repos (``org/repo--module.Class``); not fetched.
+        unparsed (tuple[str, ...]): configs and code files larger than :data:`MAX_PARSE_BYTES`, not read: the
+            ``auto_map`` or relative imports in them are not followed (the caller warns).
     """
 
     paths: tuple[str, ...] = ()
     absent: tuple[str, ...] = ()
     foreign: tuple[str, ...] = ()
+    unparsed: tuple[str, ...] = ()
 
 
-def custom_code_paths(configs: Iterable[str], read: Callable[[str], bytes], available: Iterable[str],
+def foreign_repos(refs: Iterable[str]) -> tuple[str, ...]:
+    """The repo ids of class references into other repos (``org/repo--module.Class`` -> ``org/repo``), sorted."""
+    return tuple(sorted({r.split("--", 1)[0] for r in refs if "--" in r}))
+
+
+def custom_code_paths(configs: Iterable[str], read: Callable[[str], bytes | None], available: Iterable[str],
                       kind: str = "tokenizer", exclude: Sequence[str] = ()) -> CustomCode:
     """Follow ``auto_map`` from the configs to the Python files a load runs, without executing any of them.
 
     Args:
         configs: config paths to read (:attr:`Selection.needs_config`).
-        read: returns a repo file's bytes (the caller fetches it first when needed); only called on paths of
-            ``available``.
+        read: returns a repo file's bytes (the caller fetches it first when needed), or None for a file larger than
+            :data:`MAX_PARSE_BYTES` (not parsed); only called on paths of ``available``.
         available: every path of the repo at the commit.
         kind: as :func:`auto_map_refs`.
         exclude: globs never fetched (``--exclude`` wins here too; an excluded file gets no marker either).
 
     Returns:
         CustomCode.
+
+    Raises:
+        RepoDataError: a config nested too deeply to parse (:func:`auto_map_refs`).
     """
     have = set(available)
-    refs = [ref for config in configs if config in have for ref in auto_map_refs(config, read(config), kind)]
-    foreign = tuple(sorted({r for r in refs if "--" in r}))
+    unparsed: list[str] = []
+
+    def parse(path: str, parser: Callable[[bytes], Iterable[str]]) -> list[str]:
+        data = read(path)
+        if data is None:
+            unparsed.append(path)
+            return []
+        return list(parser(data))
+
+    refs = [ref for config in configs if config in have
+            for ref in parse(config, lambda data, c=config: auto_map_refs(c, data, kind))]
     queue = sorted({m for m in (module_path(r) for r in refs) if m})
     seen: set[str] = set()
     while queue:
@@ -358,9 +397,10 @@ def custom_code_paths(configs: Iterable[str], read: Callable[[str], bytes], avai
             continue
         seen.add(path)
         if path in have and not (exclude and _match(path, exclude)):
-            queue.extend(p for p in relative_imports(read(path), path) if p not in seen)
+            queue.extend(p for p in parse(path, lambda data, p=path: relative_imports(data, p)) if p not in seen)
     kept = {p for p in seen if not (exclude and _match(p, exclude))}
-    return CustomCode(paths=tuple(sorted(kept & have)), absent=tuple(sorted(kept - have)), foreign=foreign)
+    return CustomCode(paths=tuple(sorted(kept & have)), absent=tuple(sorted(kept - have)),
+                      foreign=tuple(sorted({r for r in refs if "--" in r})), unparsed=tuple(sorted(unparsed)))
 
 
 #: sentence-transformers' list of modules (``SentenceTransformer._load_sbert_model``): each ``{"path": folder}`` is
@@ -381,12 +421,17 @@ def module_folder_paths(modules_bytes: bytes, available: Iterable[str]) -> tuple
     Returns:
         ``(paths, index_files)``: repo paths, and sharded index files in module folders to follow with
         :func:`shards_from_index`.
+
+    Raises:
+        RepoDataError: ``modules.json`` is nested too deeply to parse (sentence-transformers cannot load it either).
     """
     try:
         modules = json.loads(modules_bytes)
         folders = [m["path"] for m in modules if isinstance(m, dict) and isinstance(m.get("path"), str)]
-    except (ValueError, TypeError, UnicodeDecodeError):
+    except (ValueError, TypeError, OverflowError):
         return set(), ()
+    except RecursionError:
+        raise RepoDataError(f"{MODULES_FILE} is JSON nested too deeply to parse") from None
     have = set(available)
     chosen: set[str] = set()
     indexes: list[str] = []
@@ -410,39 +455,61 @@ def module_folder_paths(modules_bytes: bytes, available: Iterable[str]) -> tuple
 class Followed:
     """What reading a selection's :attr:`Selection.needs_config` adds: ``paths`` to fetch, ``absent`` names to mark
     (``.no_exist``), ``needs_index`` sharded indexes to follow next, ``foreign`` custom-code references into other
-    repos (not fetched)."""
+    repos (not fetched), ``unparsed`` files too large to parse (:attr:`CustomCode.unparsed`)."""
 
     paths: tuple[str, ...] = ()
     absent: tuple[str, ...] = ()
     needs_index: tuple[str, ...] = ()
     foreign: tuple[str, ...] = ()
+    unparsed: tuple[str, ...] = ()
+
+    @property
+    def notes(self) -> tuple[str, ...]:
+        """One-line warnings for the report: code in other repos, files not parsed."""
+        notes = [f"custom code in {repo}: warm it too" for repo in foreign_repos(self.foreign)]
+        notes += [f"{path} is larger than {MAX_PARSE_BYTES} bytes: not parsed, the custom code it names or imports "
+                  "is not fetched" for path in self.unparsed]
+        return tuple(notes)
 
 
-def follow_configs(needs_config: Sequence[str], read: Callable[[str], bytes], available: Iterable[str],
+def follow_configs(needs_config: Sequence[str], read: Callable[[str], bytes | None], available: Iterable[str],
                    kind: str = "tokenizer", exclude: Sequence[str] = ()) -> Followed:
     """Finish a selection from the configs it needs (:attr:`Selection.needs_config`): custom code named by
     ``auto_map`` (:func:`custom_code_paths`) and sentence-transformers module folders (:func:`module_folder_paths`).
 
     Args:
         needs_config: the configs to read.
-        read: returns a repo file's bytes (the caller fetches and hash-checks it first); only called on available
-            paths.
+        read: returns a repo file's bytes (the caller fetches and hash-checks it first), None above
+            :data:`MAX_PARSE_BYTES`; only called on available paths.
         available: every path of the repo at the commit.
         kind: the selection's kind.
         exclude: globs never selected (as in :func:`select`).
 
     Returns:
         Followed.
+
+    Raises:
+        RepoDataError: a config nested too deeply to parse; the message names the file.
     """
     have = set(available)
     code = custom_code_paths([c for c in needs_config if c in AUTO_MAP_FILES], read, have, kind, exclude)
     modules: set[str] = set()
     indexes: tuple[str, ...] = ()
+    unparsed = code.unparsed
     if MODULES_FILE in needs_config and MODULES_FILE in have:
-        modules, indexes = module_folder_paths(read(MODULES_FILE), have)
+        data = read(MODULES_FILE)
+        if data is None:
+            unparsed += (MODULES_FILE,)
+        else:
+            modules, indexes = module_folder_paths(data, have)
     keep = {p for p in modules | set(code.paths) if not (exclude and _match(p, exclude))}
     return Followed(paths=tuple(sorted(keep)), absent=code.absent,
-                    needs_index=tuple(i for i in indexes if i in keep), foreign=code.foreign)
+                    needs_index=tuple(i for i in indexes if i in keep), foreign=code.foreign, unparsed=unparsed)
+
+
+class RepoDataError(ValueError):
+    """A repo file hfcache must parse (a config, ``modules.json``, a sharded index) that no parser can read: nested
+    too deeply, wrong types. The message names the file; callers add the repo id."""
 
 
 class UnsafePath(ValueError):

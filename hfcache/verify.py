@@ -187,7 +187,8 @@ def read_tree_listing(cache_dir: str, folder: str, commit: str) -> dict[str, Exp
             etag = info.get("lfs_sha256") or info["blob_id"]
             out[path] = Expected(etag=etag, size=int(info.get("lfs_size") or info["size"]))
         return out
-    except (OSError, ValueError, KeyError, TypeError, AttributeError, RecursionError):  # nested too deep: not ours
+    except (OSError, ValueError, KeyError, TypeError, AttributeError, RecursionError, OverflowError):  # not ours
+        # (RecursionError: nested too deep; OverflowError: a size of 1e999, int(inf))
         return None
 
 

@@ -209,6 +209,10 @@ def pinned_revision(locked: LockedRepo) -> RepoRevision:
                         commit_hash=locked.commit_hash, files=tuple(files))
 
 
+#: The hint of a repo file hfcache cannot parse (selection.RepoDataError, a malformed sharded index).
+_BAD_FILE_HINT = "the repo's file is malformed (a loader fails on it too): fix the repo, or --exclude that file"
+
+
 class _Cancelled(HfcacheError):
     """A file task skipped because another file of the same repo already failed."""
 
@@ -230,6 +234,7 @@ class _RepoJob:
     _downloaded: int = 0
     _count_lock: threading.Lock = field(default_factory=threading.Lock)
     _failed: threading.Event = field(default_factory=threading.Event)
+    _read_sources: dict[str, str] = field(default_factory=dict)  # files fetched to be parsed: path -> source
 
     def run(self) -> RepoResult:
         started = time.monotonic()
@@ -301,10 +306,12 @@ class _RepoJob:
                                hint="the endpoint or lock is broken or hostile")
             for folder in folders:
                 _check_publishable(folder, repo, [by_path[p] for p in selection.paths])
-            paths, absent = self._complete(repo, canonical, by_path, selection)
+            self._read_sources.clear()
+            paths, absent, read_notes = self._complete(repo, canonical, by_path, selection)
             files = [by_path[p] for p in sorted(paths)]
             self.sink.repo_started(self.key, req.spec, len(files), sum(f.size for f in files))
             sources = self._fetch(repo, canonical, files)
+            sources.update({p: s for p, s in self._read_sources.items() if p in sources})  # not "cached" by itself
             for alias in folders[1:]:
                 for f in files:
                     _copy_blob(canonical, alias, f)
@@ -312,7 +319,7 @@ class _RepoJob:
                 raise _Cancelled(f"{req.repo_id}: interrupted before publishing")
             for folder in folders:  # every check before the first link: a refused repo leaves nothing published
                 _check_publishable(folder, repo, files)
-            notes = []
+            notes = list(read_notes)
             for folder in folders:
                 notes.extend(self._publish(folder, repo, files, absent))
         return replace(
@@ -325,15 +332,22 @@ class _RepoJob:
         )
 
     def _complete(self, repo: RepoRevision, canonical: RepoFolder, by_path: dict[str, RemoteFile],
-                  selection: Selection) -> tuple[set[str], tuple[str, ...]]:
+                  selection: Selection) -> tuple[set[str], tuple[str, ...], tuple[str, ...]]:
         """Finish a selection that needs file contents: configs first (custom code named by ``auto_map``,
-        sentence-transformers module folders), then sharded indexes (their shards). Returns ``(paths, absent)``.
+        sentence-transformers module folders), then sharded indexes (their shards). Returns ``(paths, absent, notes)``
+        (notes: one-line warnings, :attr:`selection.Followed.notes`). The files read here are fetched without moving
+        the progress bar: its total is known only afterwards, and they are counted then (as cached).
         Every file read is fetched and hash-checked into the cache first; nothing is executed."""
         req = self.request
         paths, absent, needs_index = set(selection.paths), selection.absent, selection.needs_index
+        notes: tuple[str, ...] = ()
         if selection.needs_config:
-            followed = follow_configs(selection.needs_config, lambda p: self._read(repo, canonical, by_path[p]),
-                                      by_path, req.kind, req.exclude)
+            try:
+                followed = follow_configs(selection.needs_config, lambda p: self._read(repo, canonical, by_path[p]),
+                                          by_path, req.kind, req.exclude)
+            except ValueError as exc:  # RepoDataError: a config no parser can read (transformers' neither)
+                raise IntegrityError(f"{req.repo_id}: {exc}", hint=_BAD_FILE_HINT) from None
+            notes = followed.notes
             paths |= set(followed.paths)
             absent = tuple(sorted(set(absent) | set(followed.absent)))
             needs_index += followed.needs_index
@@ -343,27 +357,30 @@ class _RepoJob:
                 for index in needs_index:
                     check_index_size(index, by_path[index].size)
             except ValueError as exc:
-                raise IntegrityError(f"{req.repo_id}: {exc}") from None
-            self._fetch(repo, canonical, [by_path[p] for p in needs_index])
+                raise IntegrityError(f"{req.repo_id}: {exc}", hint="--exclude the index to skip these weights, or "
+                                     "use --kind all") from None
+            self._fetch(repo, canonical, [by_path[p] for p in needs_index], progress=False)
             for index in needs_index:
                 data = canonical.blob_path(by_path[index].etag).read_bytes()
                 try:
                     paths |= shards_from_index(data, by_path, index)
                 except ValueError as exc:
-                    raise IntegrityError(f"{req.repo_id}: {exc}") from None
-        return paths, absent
+                    raise IntegrityError(f"{req.repo_id}: {exc}", hint=_BAD_FILE_HINT) from None
+        return paths, absent, notes
 
-    def _read(self, repo: RepoRevision, folder: RepoFolder, file: RemoteFile) -> bytes:
+    def _read(self, repo: RepoRevision, folder: RepoFolder, file: RemoteFile) -> bytes | None:
         """A small file's verified bytes (a config or custom code to parse): fetched into the cache first if needed;
-        ``b""`` (nothing to follow) above ``selection.MAX_PARSE_BYTES``."""
+        None (not parsed, reported in the notes) above ``selection.MAX_PARSE_BYTES``."""
         if file.size > MAX_PARSE_BYTES:
-            return b""
-        self._fetch(repo, folder, [file])
+            return None
+        self._fetch(repo, folder, [file], progress=False)
         return folder.blob_path(file.etag).read_bytes()
 
-    def _fetch(self, repo: RepoRevision, folder: RepoFolder, files: Iterable[RemoteFile]) -> dict[str, str]:
-        """Ensure every file's blob is in ``folder``, in parallel; return path -> source. First error wins."""
-        futures = {f.path: self.pool.submit(self._ensure_blob, repo, folder, f) for f in files}
+    def _fetch(self, repo: RepoRevision, folder: RepoFolder, files: Iterable[RemoteFile],
+               progress: bool = True) -> dict[str, str]:
+        """Ensure every file's blob is in ``folder``, in parallel; return path -> source. First error wins.
+        ``progress=False``: the bytes do not move the progress bar."""
+        futures = {f.path: self.pool.submit(self._ensure_blob, repo, folder, f, progress) for f in files}
         sources: dict[str, str] = {}
         error: BaseException | None = None
         for path, future in futures.items():
@@ -374,27 +391,31 @@ class _RepoJob:
                     error = exc
         if error is not None:
             raise error
+        if not progress:
+            self._read_sources.update(sources)
         return sources
 
-    def _ensure_blob(self, repo: RepoRevision, folder: RepoFolder, file: RemoteFile) -> str:
+    def _ensure_blob(self, repo: RepoRevision, folder: RepoFolder, file: RemoteFile, progress: bool = True) -> str:
         if self._failed.is_set() or self.stop.is_set():
             raise _Cancelled(f"{repo.repo_id}: cancelled")
+        advance = self.sink.advance if progress else lambda key, n: None
         try:
             with folder.blob_lock(file.etag, stop=self.stop):  # Ctrl-C is not stuck behind another download
                 if folder.blob_ok(file.etag, file.size):
-                    self.sink.advance(self.key, file.size)
+                    advance(self.key, file.size)
                     return "cached"
                 other = find_blob_elsewhere(self.cache_dir, file.etag, file.size, exclude=folder.name)
                 if other is not None and _same_content(other, file) and folder.adopt_blob(other, file.etag):
-                    self.sink.advance(self.key, file.size)
+                    advance(self.key, file.size)
                     return "linked"
-                self._download(repo, folder, file)
+                self._download(repo, folder, file, advance)
                 return "downloaded"
         except BaseException:
             self._failed.set()
             raise
 
-    def _download(self, repo: RepoRevision, folder: RepoFolder, file: RemoteFile) -> None:
+    def _download(self, repo: RepoRevision, folder: RepoFolder, file: RemoteFile,
+                  advance: Callable[[int, int], None]) -> None:
         """Download, hash and publish one blob; a hash mismatch is retried once (DESIGN §3: trust nothing unhashed)."""
         for attempt in (1, 2):
             incomplete, out = folder.open_incomplete(file.etag)
@@ -406,7 +427,7 @@ class _RepoJob:
                     raise _Cancelled(f"{repo.repo_id}: interrupted")
                 got += n
                 self._count(n)
-                self.sink.advance(self.key, n)
+                advance(self.key, n)
 
             try:
                 with out:
@@ -414,7 +435,7 @@ class _RepoJob:
                 folder.publish_blob(incomplete, file.etag)
                 return
             except IntegrityError:
-                self.sink.advance(self.key, -got)
+                advance(self.key, -got)
                 if attempt == 2:
                     raise
             finally:

@@ -167,9 +167,13 @@ def show_warm_report(report: WarmReport, *, as_json: bool, quiet: bool) -> None:
     if as_json:
         print_json(warm_report_dict(report))
         return
+    from rich.text import Text
+
     if not quiet:
         common.stderr.print(warm_summary_table(report))
     for r in report.repos:
+        for note in r.notes:
+            common.stderr.print(Text(f"warning: {r.request.repo_id}: {note}", style="yellow"))
         if not r.ok:
             print_error(r.error or "failed", r.hint)
 
@@ -187,12 +191,14 @@ def show_pin_result(result: PinResult, lock_path, written: bool, *, as_json: boo
                          for f in result.failures],
             "repos": [
                 {"repo_id": r.request.repo_id, "revision": r.request.revision, "canonical_id": r.canonical_id,
-                 "commit_hash": r.commit_hash, "files": len(r.files), "bytes": sum(f.size for f in r.files)}
+                 "commit_hash": r.commit_hash, "files": len(r.files), "bytes": sum(f.size for f in r.files),
+                 "notes": list(r.notes)}
                 for r in result.lock.repos
             ],
         })
         return
     from rich.table import Table
+    from rich.text import Text
 
     table = Table(title=f"hfcache lock -> {lock_path}", title_justify="left")
     for column in ("repo", "commit", "files", "size", "status"):
@@ -203,6 +209,9 @@ def show_pin_result(result: PinResult, lock_path, written: bool, *, as_json: boo
                       human_size(sum(f.size for f in r.files)), status)
     if result.lock.repos:
         common.stderr.print(table)
+    for r in result.lock.repos:
+        for note in r.notes:
+            common.stderr.print(Text(f"warning: {r.request.repo_id}: {note}", style="yellow"))
     for f in result.failures:
         print_error(f.error, f.hint)
     if result.failures:

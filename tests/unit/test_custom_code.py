@@ -9,16 +9,22 @@ from pathlib import Path
 
 import pytest
 
+from hfcache.errors import CacheError
 from hfcache.modules_cache import can_create, modules_cache, modules_cache_override, private_modules_dir
 from hfcache.records import parse_specs
 from hfcache.selection import (
     auto_map_refs,
+    RepoDataError,
+    custom_code_paths,
     follow_configs,
     module_folder_paths,
     module_path,
     relative_imports,
     select,
+    shards_from_index,
 )
+
+DEEP = b"[" * 200_000 + b"]" * 200_000
 
 
 def reader(files: dict[str, bytes | str]):
@@ -71,11 +77,44 @@ def test_module_path_follows_transformers_and_refuses_unsafe(ref, expected):
     assert module_path(ref) == expected
 
 
-def test_relative_imports_are_parsed_never_run():
-    assert relative_imports(REPO["helpers.py"].encode(), "helpers.py") == ("deep.py",)
+def test_relative_imports_follow_transformers_regexes_united_with_ast():
+    # transformers' get_relative_imports: "from ..outside import" is ".outside" -> ".outside.py" (fetched, or marked)
+    assert relative_imports(REPO["helpers.py"].encode(), "helpers.py") == (".outside.py", "deep.py")
     assert relative_imports(b"from .b import x\n", "sub/a.py") == ("sub/b.py",)
     assert relative_imports(b"def broken(:\n", "a.py") == ()
     assert relative_imports(b"from .x import y\n" * 2 + b"import os\n", "a.py") == ("x.py",)
+    # In a docstring: transformers' regex sees it (and fetches helper.py), so hfcache must fetch it too.
+    assert relative_imports(b'"""Use:\n    from .helper import H\n"""\n', "a.py") == ("helper.py",)
+    assert relative_imports(b"import .legacy\n", "a.py") == ("legacy.py",)  # the regex's other form
+    assert relative_imports(b"import os; from .semi import x\n", "a.py") == ("semi.py",)  # ast only
+    assert relative_imports(b"def broken(:\nfrom .still import x\n", "a.py") == ("still.py",)
+    assert relative_imports(b"x = " + b"(" * 100_000 + b")" * 100_000 + b"\nfrom .y import z\n", "a.py") == ("y.py",)
+    assert relative_imports(b"from ../../etc import x\nfrom .a/../../b import c\n", "a.py") == ()
+
+
+def test_hostile_json_is_a_clear_error_naming_the_file():
+    for name in ("tokenizer_config.json", "config.json"):
+        with pytest.raises(RepoDataError, match=f"{name} is JSON nested too deeply"):
+            auto_map_refs(name, DEEP)
+    with pytest.raises(RepoDataError, match="modules.json is JSON nested too deeply"):
+        module_folder_paths(DEEP, {})
+    for index in (b'{"weight_map": {"a": 5}}', b'{"weight_map": {"a": null}}', b'{"weight_map": {"a": ""}}', DEEP,
+                  b'{"weight_map": {"a": [1]}}'):
+        with pytest.raises(ValueError, match="model.safetensors.index.json is not a sharded weight index"):
+            shards_from_index(index, {"model.safetensors.index.json"}, "model.safetensors.index.json")
+
+
+def test_files_too_large_to_parse_are_reported():
+    files = {"tokenizer_config.json": REPO["tokenizer_config.json"], "tokenization_x.py": "big",
+             "tokenization_x_fast.py": "x = 1\n", "modules.json": "[]"}
+
+    def read(path: str) -> bytes | None:
+        return None if path in ("tokenization_x.py", "modules.json") else files[path].encode()
+
+    followed = follow_configs(("tokenizer_config.json", "modules.json"), read, files, "model")
+    assert followed.unparsed == ("tokenization_x.py", "modules.json")
+    assert any(n.startswith("tokenization_x.py is larger than") for n in followed.notes)
+    assert custom_code_paths(["tokenizer_config.json"], read, files).unparsed == ("tokenization_x.py",)
 
 
 def test_tokenizer_selection_follows_auto_map_through_relative_imports():
@@ -86,7 +125,7 @@ def test_tokenizer_selection_follows_auto_map_through_relative_imports():
     assert set(followed.paths) == {"tokenization_x.py", "tokenization_x_fast.py", "helpers.py", "deep.py",
                                    "configuration_x.py"}
     assert "modeling_x.py" not in calls and "modeling_x.py" not in followed.paths  # AutoModel: not for a tokenizer
-    assert followed.absent == ()  # "from . import x" and "from ..x" are not followed, as in transformers
+    assert followed.absent == (".outside.py",)  # "from ..outside": transformers asks for .outside.py too
     assert followed.foreign == ()
 
 
@@ -95,6 +134,7 @@ def test_model_kind_follows_every_auto_map_key_and_reports_foreign_code():
     followed = follow_configs(("tokenizer_config.json", "config.json"), read, REPO, "model")
     assert "modeling_x.py" in followed.paths
     assert followed.foreign == ("other/repo--modeling_y.Y",)
+    assert "custom code in other/repo: warm it too" in followed.notes
 
 
 def test_missing_code_gets_a_marker_and_exclude_wins():
@@ -107,9 +147,13 @@ def test_missing_code_gets_a_marker_and_exclude_wins():
     assert "helpers.py" not in excluded.paths and "deep.py" not in excluded.absent
 
 
-def test_no_python_file_means_no_config_to_read():
-    plain = {"tokenizer_config.json": "{}", "config.json": "{}", "tokenizer.json": "{}"}
-    assert select(plain, "tokenizer").needs_config == ()
+def test_configs_are_read_without_any_python_file_too():
+    plain = {"tokenizer_config.json": json.dumps({"auto_map": {"AutoTokenizer": ["tok_missing.MTok", None]}}),
+             "config.json": "{}", "tokenizer.json": "{}"}
+    selection = select(plain, "tokenizer")
+    assert selection.needs_config == ("tokenizer_config.json", "config.json")
+    read, _ = reader(plain)
+    assert follow_configs(selection.needs_config, read, plain).absent == ("tok_missing.py",)
     assert select(REPO, "all").needs_config == ()
 
 
@@ -156,12 +200,15 @@ def test_private_modules_dir_refuses_a_folder_others_can_write(tmp_path):
     assert first == tmp_path / f"hfcache-modules-{os.geteuid()}"
     assert stat.S_IMODE(first.stat().st_mode) == 0o700
     assert private_modules_dir(str(tmp_path)) == first  # reused while private
-    first.chmod(0o777)  # someone could plant code there now
-    other = private_modules_dir(str(tmp_path))
-    assert other != first and stat.S_IMODE(other.stat().st_mode) == 0o700
+    first.chmod(0o777)  # ours, but someone could plant code there now: private again, same path
+    assert private_modules_dir(str(tmp_path)) == first and stat.S_IMODE(first.stat().st_mode) == 0o700
     first.rmdir()
     os.symlink(tmp_path / "elsewhere", first)  # a link planted under the predictable name
-    assert private_modules_dir(str(tmp_path)) not in (first, tmp_path / "elsewhere")
+    before = set(tmp_path.iterdir())
+    for _ in range(3):
+        with pytest.raises(CacheError, match=f"{first} is a link"):
+            private_modules_dir(str(tmp_path))
+    assert set(tmp_path.iterdir()) == before  # no folder per call
 
 
 def _cache_with_custom_code(tmp_path: Path) -> Path:
@@ -209,3 +256,30 @@ def test_offline_environment_moves_the_modules_cache_only_when_needed(tmp_path):
     assert "HF_MODULES_CACHE" not in offline_environment(tmp_path / "hub", {"HF_HOME": str(tmp_path / "file")}).as_dict()
     explicit = offline_environment(cache, {"HF_HOME": str(tmp_path / "file"), "HF_MODULES_CACHE": "/x"})
     assert "HF_MODULES_CACHE" not in explicit.as_dict()  # the user's choice stands (doctor judges it)
+
+
+def test_other_json_readers_turn_overflow_and_depth_into_clear_errors(tmp_path):
+    """The same kind of fault outside custom code: cached/imported tree listings with a size of 1e999 (int(inf)
+    raises OverflowError) or nested too deep."""
+    from hfcache.errors import UsageError
+    from hfcache.importer import _parse_listing
+    from hfcache.verify import read_tree_listing
+
+    (tmp_path / "models--o--r" / "trees").mkdir(parents=True)
+    for body in (b'{"format_version": 1, "files": {"a": {"blob_id": "x", "size": 1e999}}}', DEEP):
+        (tmp_path / "models--o--r" / "trees" / ("c" * 40 + ".json")).write_bytes(body)
+        assert read_tree_listing(str(tmp_path), "models--o--r", "c" * 40) is None
+        with pytest.raises(UsageError, match="refused entry 'trees/x.json'"):
+            _parse_listing(body, "trees/x.json")
+
+
+def test_relative_import_regexes_stay_linear_on_blank_lines():
+    """transformers' own ``^\\s*from...`` is quadratic on blank lines (40,000 lines took 34 s); hfcache's restatement
+    must read a whole MAX_PARSE_BYTES file of them (16 MiB) in seconds. Generous bound: the machine is shared."""
+    import time
+
+    from hfcache.selection import MAX_PARSE_BYTES
+
+    started = time.perf_counter()
+    assert relative_imports(b" \n" * (MAX_PARSE_BYTES // 2), "a.py") == ()
+    assert time.perf_counter() - started < 60
