@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from . import safefs
+from .sharing import cache_policy, share_dir
 from .cache import atomic_write
 
 #: A record larger than this is not read (16 MiB holds ~150,000 files).
@@ -72,8 +73,11 @@ def write_record(cache_dir: Path, folder_name: str, commit_hash: str, files: Ite
     if old is not None and old.files == {p: (v["size"], v["hash"]) for p, v in merged.items()} \
             and old.absent == tuple(names):
         return
+    policy = cache_policy(cache_dir)
     safefs.ensure_dirs(cache_dir, parts[:-1])
-    atomic_write(cache_dir.joinpath(*parts), data)
+    for depth in range(1, len(parts)):  # a group-shared cache: any member re-warms and rewrites the record
+        share_dir(cache_dir.joinpath(*parts[:depth]), policy)
+    atomic_write(cache_dir.joinpath(*parts), data, policy=policy)
 
 
 def read_record(cache_dir: str | os.PathLike[str], folder_name: str, commit_hash: str) -> PublishedRevision | None:

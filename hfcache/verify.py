@@ -21,12 +21,11 @@ import stat
 import threading
 import time
 from collections.abc import Iterable
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Protocol
 
-from . import safefs, verify_record
+from . import pools, safefs, verify_record
 from .cache import repo_folder_name
 from .lockfile import Lockfile
 from .published import read_record
@@ -42,7 +41,7 @@ _buffers = threading.local()  # one reusable read buffer per hashing thread
 #: Problem kinds that are integrity errors (exit 1); the others are reported as notes.
 ERROR_KINDS = frozenset({
     "blob_mismatch", "blob_size", "blob_not_file", "link_broken", "link_absolute", "link_outside",
-    "ref_malformed", "ref_dangling", "file_missing", "file_mismatch", "unsafe_layout",
+    "ref_malformed", "ref_dangling", "file_missing", "file_mismatch", "revision_missing", "unreadable", "unsafe_layout",
 })
 
 
@@ -370,8 +369,9 @@ def verify_cache(
         return key, (None if digest == etag else f"content hashes to {digest}"), read
 
     hashed_bytes = 0
-    with ThreadPoolExecutor(max_workers=max_workers or os.cpu_count() or 2) as pool:
-        for key, failure, read in pool.map(run, todo):
+    with pools.pool(max_workers or os.cpu_count() or 2, "hfcache-hash") as executor:
+        # pools.ordered: Ctrl-C is not held up until every file in flight is hashed (a signal on a worker thread)
+        for key, failure, read in pools.ordered([executor.submit(run, key) for key in todo]):
             with lock_:
                 hashed_bytes += read
             if failure is None:

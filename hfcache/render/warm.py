@@ -72,6 +72,9 @@ def warm_summary_table(report: WarmReport) -> Table:
     several = len(report.endpoints) > 1 or len({r.endpoint for r in report.repos}) > 1
     if several:
         table.add_column("endpoint")
+    retried = any(r.retries for r in report.repos)
+    if retried:
+        table.add_column("retries", justify="right")
     table.add_column("status")
     for r in report.repos:
         label = r.request.spec
@@ -86,6 +89,7 @@ def warm_summary_table(report: WarmReport) -> Table:
             human_size(r.bytes_downloaded),
             f"{r.seconds:.2f}s",
             *([r.endpoint] if several else []),
+            *([str(r.retries)] if retried else []),
             status,
         )
     failed = sum(not r.ok for r in report.repos)
