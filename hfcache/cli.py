@@ -236,12 +236,19 @@ def ls_command(repo_ids, cache_dir, revisions, lock_file, sort, as_json) -> None
     from .lockfile import pinned_revisions, read_lock
     from .project import reading_cache_dir
     from .render import ls as render
-    from .scan import scan_cache
+    from .scan import repo_folders, scan_cache, scan_folder
 
     pinned = pinned_revisions(read_lock(lock_file)) if lock_file else None
     root = reading_cache_dir(cache_dir, lock_file)
     gc.disable()  # a short-lived process building one large document: the cyclic collector only costs time
-    info = scan_cache(root, set(repo_ids) if repo_ids else None)
+    wanted = set(repo_ids) if repo_ids else None
+    if as_json and sort == "name":
+        folders, locks = repo_folders(Path(root), wanted)
+        if len(folders) > 100:  # large: one repo at a time, never the whole document in memory (issue 18, P4)
+            folders.sort(key=lambda f: f[1].lower())  # the order show_ls gives (stable over the scan's order)
+            repos = (scan_folder(Path(root), folder, locks) for folder in folders)
+            sys.exit(1 if render.stream_ls_json(str(Path(root)), repos, pinned, sys.stdout) else 0)
+    info = scan_cache(root, wanted)
     render.show_ls(info, pinned, sort=sort, revisions=revisions, as_json=as_json)
     sys.exit(1 if any(r.unreadable for r in info.repos) else 0)  # health: a repo this user cannot read
 
@@ -254,9 +261,12 @@ def ls_command(repo_ids, cache_dir, revisions, lock_file, sort, as_json) -> None
                    "else the lock's manifest's).")
 @click.option("--repair", "do_repair", is_flag=True,
               help="Fix what is broken (re-download from the endpoint, rewrite refs and links), then verify again.")
+@click.option("--fast", is_flag=True,
+              help="Skip blobs unchanged (inode, size, mtime, ctime) since an earlier --fast run hashed them right, "
+                   "and record this run's in .locks/ [default: hash every blob, write nothing].")
 @_common_hub_options
 @_lock_timeout_option
-def verify(repo_ids, cache_dir, lock_file, do_repair, endpoints, token, token_file, max_workers, timeout,
+def verify(repo_ids, cache_dir, lock_file, do_repair, fast, endpoints, token, token_file, max_workers, timeout,
            retries, lock_timeout, as_json) -> None:
     """Check a cache's integrity offline: every blob's hash, links, refs, and the lock's files.
 
@@ -271,7 +281,8 @@ def verify(repo_ids, cache_dir, lock_file, do_repair, endpoints, token, token_fi
     lock = read_lock(lock_file) if lock_file else None
     root = reading_cache_dir(cache_dir, lock_file)
     with render.HashProgress(enabled=not as_json) as progress:
-        report = verify_cache(root, repo_ids or None, lock=lock, max_workers=max_workers, progress=progress)
+        report = verify_cache(root, repo_ids or None, lock=lock, max_workers=max_workers, progress=progress,
+                              fast=fast)
     actions = ()
     before = None
     if do_repair and not report.ok:
@@ -286,7 +297,8 @@ def verify(repo_ids, cache_dir, lock_file, do_repair, endpoints, token, token_fi
                          on_lock_wait=lock_wait_notice)
         before = report
         with render.HashProgress(enabled=not as_json) as progress:
-            report = verify_cache(root, repo_ids or None, lock=lock, max_workers=max_workers, progress=progress)
+            report = verify_cache(root, repo_ids or None, lock=lock, max_workers=max_workers, progress=progress,
+                                  fast=fast)
     render.show_verify(report, actions, before, as_json=as_json)
     sys.exit(report.exit_code)
 

@@ -12,8 +12,10 @@ import os
 import sys
 from typing import Any
 
-from rich.console import Console
-from rich.text import Text
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from rich.console import Console
 
 __all__ = ["ago", "human_size", "iso_time", "live_on_terminal", "lock_wait_notice", "print_error", "print_json",
            "stderr", "stdout"]
@@ -22,30 +24,47 @@ __all__ = ["ago", "human_size", "iso_time", "live_on_terminal", "lock_wait_notic
 # repo id and path, breaking `| grep` and `| awk`. A table is only as wide as its content (rich tables do not expand),
 # so a generous width keeps each row on one line without padding anything. COLUMNS, when set, still wins.
 PIPE_WIDTH = 1000
+_consoles: dict[bool, Console] = {}
 
 
 def _console(*, to_stderr: bool) -> Console:
-    console = Console(stderr=to_stderr, highlight=False)
-    if not console.is_terminal and "COLUMNS" not in os.environ:
-        console = Console(stderr=to_stderr, highlight=False, width=PIPE_WIDTH)
+    # Built on first use, not at import: `warm --lock --json` on a complete cache never loads rich (issue 18, P1).
+    console = _consoles.get(to_stderr)
+    if console is None:
+        from rich.console import Console
+
+        console = Console(stderr=to_stderr, highlight=False)
+        if not console.is_terminal and "COLUMNS" not in os.environ:
+            console = Console(stderr=to_stderr, highlight=False, width=PIPE_WIDTH)
+        _consoles[to_stderr] = console
     return console
 
 
-stderr = _console(to_stderr=True)
-stdout = _console(to_stderr=False)
+def _stderr() -> Console:
+    return _console(to_stderr=True)
+
+
+def __getattr__(name: str) -> Any:
+    # ``stderr`` and ``stdout`` (rich Consoles) are made when first asked for (PEP 562), so importing this is cheap:
+    # use them as ``common.stdout`` at call time, never ``from .common import stdout`` (that would build it).
+    if name in ("stderr", "stdout"):
+        return _console(to_stderr=name == "stderr")
+    raise AttributeError(name)
 
 
 def live_on_terminal(enabled: bool) -> bool:
     """Whether a transient progress display should run: only on a terminal. Off one it would show nothing anyway,
     and rich still writes its cursor-restoring controls when it stops (a stray empty line in logs and pipes)."""
-    return enabled and stderr.is_terminal
+    return enabled and _stderr().is_terminal
 
 
 def lock_wait_notice(wait: Any) -> None:
     """Tell the user on stderr which lock a command waits for, who holds it, and how long it will wait at most
     (a :class:`hfcache.locking.LockWait`; the ``on_lock_wait`` callback of warm, prune, repair and import)."""
+    from rich.text import Text
+
     holder = f", held by {wait.holder}" if wait.holder else ""
-    stderr.print(Text(f"hfcache: waiting for the lock {wait.path}{holder} (gives up after {wait.timeout:g}s: "
+    _stderr().print(Text(f"hfcache: waiting for the lock {wait.path}{holder} (gives up after {wait.timeout:g}s: "
                       "--lock-timeout)", style="yellow"), soft_wrap=True)
 
 
@@ -60,9 +79,11 @@ def print_json(document: Any, *, compact: bool = False) -> None:
 
 def print_error(message: str, hint: str | None = None) -> None:
     """One or two lines on stderr: what failed, and what to do."""
-    stderr.print(Text(f"hfcache: error: {message}", style="bold red"), soft_wrap=True)
+    from rich.text import Text
+
+    _stderr().print(Text(f"hfcache: error: {message}", style="bold red"), soft_wrap=True)
     if hint:
-        stderr.print(Text(f"hint: {hint}", style="yellow"), soft_wrap=True)
+        _stderr().print(Text(f"hint: {hint}", style="yellow"), soft_wrap=True)
 
 
 def human_size(n: int | float) -> str:

@@ -65,6 +65,7 @@ def show_verify(report: VerifyReport, actions: tuple[RepairAction, ...], before:
             "repos": list(report.repos),
             "blobs_hashed": report.blobs_hashed,
             "bytes_hashed": report.bytes_hashed,
+            "blobs_skipped": report.blobs_skipped,
             "seconds": round(report.seconds, 3),
             "problems": [_problem_dict(p) for p in report.problems],
         }
@@ -93,10 +94,11 @@ def show_verify(report: VerifyReport, actions: tuple[RepairAction, ...], before:
     errors = len(report.errors)
     notes = len(report.problems) - errors
     verdict = Text("ok", style="green") if report.ok else Text(f"{errors} integrity problem(s)", style="bold red")
-    stdout.print(Text.assemble(
-        verdict, f": {len(report.repos)} repos, {report.blobs_hashed} distinct blobs "
-        f"({human_size(report.bytes_hashed)}) "
-        f"hashed in {report.seconds:.2f}s" + (f", {notes} note(s)" if notes else "")))
+    common.stdout.print(Text.assemble(
+        verdict, f": {len(report.repos)} repos, {report.blobs_hashed} distinct blobs ({human_size(report.bytes_hashed)}) "
+        f"hashed in {report.seconds:.2f}s"
+        + (f", {report.blobs_skipped} unchanged since a --fast run (not hashed)" if report.blobs_skipped else "")
+        + (f", {notes} note(s)" if notes else "")))
 
 
 def show_check(report: CheckReport, *, as_json: bool) -> None:
