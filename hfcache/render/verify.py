@@ -15,6 +15,7 @@ from rich.progress import (
 from rich.table import Table
 from rich.text import Text
 
+from . import common
 from .common import human_size, live_on_terminal, print_json, stderr, stdout
 
 if TYPE_CHECKING:
