@@ -17,6 +17,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import stat
 import re
 from urllib.parse import quote, urlsplit
 from collections.abc import Callable
@@ -138,7 +139,11 @@ def hash_file(path: str, file: RemoteFile) -> bool:
     """
     hasher = Hasher(file)
     seen = 0
-    with open(path, "rb") as f:
+    # O_NOFOLLOW|O_NONBLOCK + S_ISREG: a link, FIFO or device planted in another repo's blobs/ is never read.
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    with os.fdopen(fd, "rb") as f:
+        if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
+            return False
         while chunk := f.read(_CHUNK):
             hasher.update(chunk)
             seen += len(chunk)

@@ -11,6 +11,7 @@ No network and no huggingface_hub import here: ``verify`` makes zero HTTP reques
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import os
@@ -127,7 +128,7 @@ def content_hash(path: str, algorithm: str, on_bytes=None) -> tuple[str, int]:
     Raises:
         OSError: unreadable, or a symlink (``O_NOFOLLOW``): nothing outside the cache is ever read.
     """
-    flags = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0)
+    flags = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0)  # a FIFO never blocks
     try:
         # O_NOATIME: hashing is not a use; on relatime mounts it would make every blob look just used to
         # ls/prune. Only the file's owner (or root) may ask for it.
@@ -135,7 +136,10 @@ def content_hash(path: str, algorithm: str, on_bytes=None) -> tuple[str, int]:
     except PermissionError:
         fd = os.open(path, flags)
     with os.fdopen(fd, "rb") as f:
-        size = os.fstat(f.fileno()).st_size
+        st = os.fstat(f.fileno())
+        if not stat.S_ISREG(st.st_mode):  # a FIFO or device would never end (or never start)
+            raise OSError(errno.EINVAL, "not a regular file", path)
+        size = st.st_size
         h = hashlib.sha256() if algorithm == "sha256" else hashlib.sha1()  # noqa: S324 - git object id
         if algorithm != "sha256":
             h.update(b"blob %d\0" % size)
