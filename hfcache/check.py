@@ -29,8 +29,9 @@ from collections.abc import Iterable
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from . import safefs
 from .cache import RepoFolder
-from .errors import CheckFailed, HfcacheError, InternalError, UsageError
+from .errors import CacheError, CheckFailed, HfcacheError, InternalError, UsageError
 from .lockfile import Lockfile
 from .modules_cache import ENV_NAME, can_create
 from .records import parse_specs
@@ -196,10 +197,15 @@ def snapshot_of(cache_dir: Path, target: CheckTarget) -> Path | None:
     commit), or None when the cache cannot resolve it."""
     folder = RepoFolder(cache_dir, target.repo_id, target.repo_type)
     try:
-        commit = folder.ref_path(target.revision).read_text().strip()
-    except (OSError, UnicodeDecodeError):
-        commit = target.revision
+        ref = folder.read_ref(target.revision)  # O_NOFOLLOW: a planted ref link is never read through
+        commit = ref.decode().strip() if ref is not None else target.revision
+    except (OSError, UnicodeDecodeError, CacheError):
+        return None
     snapshot = folder.root / "snapshots" / commit
+    try:
+        safefs.check_existing(cache_dir, (folder.name, "snapshots", commit))
+    except (OSError, CacheError):
+        return None
     return snapshot if re.fullmatch(r"[0-9a-f]{40}", commit) and snapshot.is_dir() else None
 
 
@@ -213,10 +219,10 @@ def custom_code_refs(cache_dir: Path, target: CheckTarget) -> tuple[str, ...]:
     refs: list[str] = []
     for name in AUTO_MAP_FILES if snapshot is not None else ():
         try:
-            if (snapshot / name).stat().st_size > MAX_PARSE_BYTES:
-                continue
-            data = (snapshot / name).read_bytes()
-        except OSError:
+            data = safefs.read_snapshot_file(snapshot, name, MAX_PARSE_BYTES)  # regular files only, no FIFO hang
+        except (OSError, CacheError):
+            continue
+        if data is None:
             continue
         refs += [r for r in auto_map_refs(name, data) if r not in refs]
     return tuple(refs)
@@ -416,12 +422,11 @@ def _missing_code(snapshot: Path) -> tuple[str, ...]:
     present = {p.relative_to(snapshot).as_posix() for p in snapshot.rglob("*") if p.is_file()}
 
     def read(path: str) -> bytes | None:
-        file = snapshot / path
-        return file.read_bytes() if file.stat().st_size <= MAX_PARSE_BYTES else None
+        return safefs.read_snapshot_file(snapshot, path, MAX_PARSE_BYTES)
 
     try:
         return custom_code_paths(AUTO_MAP_FILES, read, present).absent
-    except (OSError, ValueError):
+    except (OSError, ValueError, CacheError):
         return ()
 
 

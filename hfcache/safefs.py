@@ -307,6 +307,28 @@ def open_repo_file(root: str | os.PathLike[str], folder: str, snapshot_rel: Sequ
         raise
 
 
+def read_snapshot_file(snapshot: str | os.PathLike[str], rel: str, limit: int) -> bytes | None:
+    """The bytes of ``rel`` in the snapshot folder ``<cache>/<folder>/snapshots/<commit>`` read with
+    :func:`open_repo_file` (never through a link leaving the repo folder, never blocking on a FIFO), or None when
+    its size exceeds ``limit`` bytes (the caller's parse cap).
+
+    Raises:
+        UnsafeLayout: a planted link on the way, or not a regular file. FileNotFoundError: missing.
+    """
+    snapshot = Path(snapshot)
+    root, folder = snapshot.parent.parent.parent, snapshot.parent.parent.name
+    parts = (snapshot.name, *_parts(rel))
+    fd = open_repo_file(root, folder, parts)
+    with os.fdopen(fd, "rb") as f:
+        st = os.fstat(f.fileno())
+        if not stat.S_ISREG(st.st_mode):
+            raise UnsafeLayout(f"{snapshot}/{rel} is not a regular file (a FIFO, device or folder): left alone",
+                               hint="remove it, then rerun")
+        if st.st_size > limit:
+            return None
+        return f.read(limit)
+
+
 def read_repo_file(root: str | os.PathLike[str], folder: str, snapshot_rel: Sequence[str], limit: int) -> bytes:
     """At most ``limit`` bytes of a snapshot entry's regular file (:func:`open_repo_file`); UnsafeLayout for a
     FIFO, device or anything but a regular file, FileNotFoundError when missing."""

@@ -259,13 +259,21 @@ def scan_repo(folder: Path, repo_id: str, repo_type: str, locks_entries: dict[st
     if incomplete:
         problems.append(f"{len(incomplete)} leftover .incomplete file(s)")
 
-    refs = _read_refs(base + "/refs", "", denied)
+    linked: list[str] = []  # planted links below the parts: the repo is unsafe, as for a symlinked part
+    refs = _read_refs(base + "/refs", "", denied, linked)
     snapshots = {}
     for e in _scandir(base + "/snapshots", denied, "snapshots/"):
         if e.is_dir(follow_symlinks=False):
             snapshots[e.name] = e.path
         else:  # a link or file where a snapshot folder belongs: never followed
-            problems.append(f"snapshots/{e.name}: {'a symlink' if e.is_symlink() else 'not a directory'} (left alone)")
+            linked.append(f"snapshots/{e.name}: {'a symlink' if e.is_symlink() else 'not a directory'} (left alone)")
+    for e in _scandir(base + "/.no_exist", denied, ".no_exist/"):
+        if not e.is_dir(follow_symlinks=False):
+            linked.append(f".no_exist/{e.name}: {'a symlink' if e.is_symlink() else 'not a directory'} (left alone)")
+    if linked:
+        # Not read further: every command leaves an unsafe repo alone (check fails it, export refuses it, prune
+        # skips it, verify reports unsafe_layout), so nothing outside the cache is ever read through these links.
+        return _unsafe_repo(folder.name, (repo_id, repo_type), sorted(linked))
     for name, value in sorted(refs.items()):
         if not _COMMIT_RE.fullmatch(value.encode("utf-8", "replace")):
             problems.append(f"refs/{name}: malformed ({value!r}, expected 40 hex characters)")
@@ -296,12 +304,16 @@ def scan_repo(folder: Path, repo_id: str, repo_type: str, locks_entries: dict[st
     )
 
 
-def _read_refs(refs_dir: str, prefix: str, denied: list[str]) -> dict[str, str]:
-    """ref name (``main``, ``refs/pr/1``) -> its content, decoded; nested ref folders are walked."""
+def _read_refs(refs_dir: str, prefix: str, denied: list[str], linked: list[str]) -> dict[str, str]:
+    """ref name (``main``, ``refs/pr/1``) -> its content, decoded; nested ref folders are walked. A ref (or ref
+    folder) that is a symlink is added to ``linked`` and never followed."""
     refs = {}
     for e in _scandir(refs_dir, denied, f"refs/{prefix}"):
+        if e.is_symlink():
+            linked.append(f"refs/{prefix}{e.name}: a symlink (left alone)")
+            continue
         if e.is_dir(follow_symlinks=False):
-            refs.update(_read_refs(e.path, prefix + e.name + "/", denied))
+            refs.update(_read_refs(e.path, prefix + e.name + "/", denied, linked))
             continue
         try:
             # O_NOFOLLOW: a ref that is a planted link reads as unreadable (reported malformed), never its target.
