@@ -35,7 +35,7 @@ from .errors import CacheError, CheckFailed, HfcacheError, InternalError, UsageE
 from .lockfile import Lockfile
 from .modules_cache import ENV_NAME, can_create
 from .records import parse_specs
-from .scan import RepoInfo, scan_cache
+from .scan import RepoInfo, load_hazards, scan_cache, scan_repo
 from .selection import (
     AUTO_MAP_FILES,
     MAX_PARSE_BYTES,
@@ -265,7 +265,7 @@ def check_tokenizers(cache_dir: Path, targets: list[CheckTarget], text: str = DE
         InternalError: the child crashed or printed no result.
     """
     # A repo folder with a planted link is not loaded: transformers would read whatever the link points to.
-    unsafe = {t.spec: RepoFolder(cache_dir, t.repo_id, t.repo_type).layout_problems() for t in targets}
+    unsafe = {t.spec: _hazards(cache_dir, t) for t in targets}
     unreadable: dict[str, str] = {}  # a cached config no parser can read (selection.RepoDataError): that repo fails
     prepared = []
     for target in targets:
@@ -437,6 +437,20 @@ def diagnose(cache_dir: Path, target: CheckTarget, error: str) -> str | None:
     except PermissionError as exc:  # Python 3.11's Path.exists()/is_dir() raise on EACCES
         return (f"{exc.filename or cache_dir} cannot be read by this user (permission denied): ask the cache's "
                 "owner to make it group-readable (`hfcache doctor` prints the fix)")
+
+
+def _hazards(cache_dir: Path, target: CheckTarget) -> list[str]:
+    """Why ``target`` must not be loaded (scan.load_hazards: planted links in its repo folder, a symlinked ref,
+    snapshot or marker folder, a FIFO/device or an absolute/outside link in its snapshot); empty when it may be."""
+    folder = RepoFolder(cache_dir, target.repo_id, target.repo_type)
+    problems = folder.layout_problems()
+    if problems or not os.path.isdir(folder.root):
+        return problems
+    repo = scan_repo(folder.root, target.repo_id, target.repo_type)
+    if repo.unsafe:
+        return list(repo.unsafe)
+    commit = target.revision if re.fullmatch(r"[0-9a-f]{40}", target.revision) else repo.refs.get(target.revision)
+    return load_hazards(repo, commit) if commit else []
 
 
 def _diagnose(cache_dir: Path, target: CheckTarget, error: str) -> str | None:

@@ -355,6 +355,23 @@ _first = operator.itemgetter(0)
 _BLOB_PREFIX = ["../" * (depth + 2) + "blobs/" for depth in range(64)]
 
 
+#: Problem text of a snapshot entry that is a FIFO, device or socket.
+SPECIAL_FILE = "not a regular file (a FIFO, device or socket)"
+_HAZARDS = ("absolute link", "link points outside", SPECIAL_FILE)
+
+
+def load_hazards(repo: RepoInfo, commit_hash: str) -> list[str]:
+    """What would make a load of ``commit_hash`` read outside the repo folder or block: the repo's ``unsafe`` parts,
+    or entries of that snapshot that are absolute links, links leaving the repo's blobs, FIFOs or devices. A load
+    (``check``) or a copy (``export``) of such a revision is refused, never attempted."""
+    if repo.unsafe:
+        return list(repo.unsafe)
+    rev = next((r for r in repo.revisions if r.commit_hash == commit_hash), None)
+    if rev is None:
+        return []
+    return [f"snapshots/{commit_hash[:12]}/{p}" for p in rev.problems if any(h in p for h in _HAZARDS)]
+
+
 def _classify_link(target: str, rel: str, base: str, entry_path: str, blob_stats) -> tuple[str, str | None]:
     """(form, etag) of a snapshot symlink that is not in huggingface_hub's own ``../../blobs/<etag>`` shape."""
     if target.startswith("/"):
@@ -413,7 +430,8 @@ def _scan_revision(base: str, commit: str, snapshot: str, refs: dict[str, str],
             inodes[inode] = size
             if st.st_atime > last_used:
                 last_used = st.st_atime
-        else:
+        else:  # a FIFO, device or socket: a load would block on it or read forever
+            problems.append(f"{rel}: {SPECIAL_FILE}")
             continue
         if inode is not None:
             used[inode] = size

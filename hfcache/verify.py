@@ -31,7 +31,7 @@ from .lockfile import Lockfile
 from .published import read_record
 from .records import folder_ids
 from .records import parse_specs
-from .scan import RepoInfo, scan_cache
+from .scan import SPECIAL_FILE, RepoInfo, scan_cache
 
 _SHA256 = re.compile(r"^[0-9a-f]{64}$")
 _SHA1 = re.compile(r"^[0-9a-f]{40}$")
@@ -248,6 +248,10 @@ def _structure_problems(repo: RepoInfo) -> list[Problem]:
     for name in repo.incomplete:
         add(Problem(repo.repo_id, "", f"blobs/{name}", "incomplete", "leftover partial download", repo.folder))
     for rev in repo.revisions:
+        for text in rev.problems:
+            if text.endswith(SPECIAL_FILE):
+                add(Problem(repo.repo_id, rev.commit_hash, text.split(": ", 1)[0], "unsafe_layout",
+                            f"snapshot entry is {SPECIAL_FILE}: loads would block on it", repo.folder))
         real_files = 0
         for f in rev.files:
             if f.form == "file":
