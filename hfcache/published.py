@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from . import safefs
-from .cache import atomic_write
+from .cache import atomic_write_at
 
 #: A record larger than this is not read (16 MiB holds ~150,000 files).
 MAX_RECORD_BYTES = 16 * 1024 * 1024
@@ -72,8 +72,8 @@ def write_record(cache_dir: Path, folder_name: str, commit_hash: str, files: Ite
     if old is not None and old.files == {p: (v["size"], v["hash"]) for p, v in merged.items()} \
             and old.absent == tuple(names):
         return
-    safefs.ensure_dirs(cache_dir, parts[:-1])
-    atomic_write(cache_dir.joinpath(*parts), data)
+    with safefs.dir_fd(cache_dir, parts[:-1], create=True) as dfd:  # relative to the fd: no link followed
+        atomic_write_at(dfd, parts[-1], data)
 
 
 def read_record(cache_dir: str | os.PathLike[str], folder_name: str, commit_hash: str) -> PublishedRevision | None:
