@@ -13,7 +13,9 @@ repo folders, being many, by ``os.access``.
 from __future__ import annotations
 
 import errno
+import grp
 import os
+import pwd
 import secrets
 import stat
 from dataclasses import dataclass
@@ -57,6 +59,55 @@ def share_recipe(cache: Path, gid: int, uid: int | None = None) -> str:
     return f"as the owner or root: {commands}{join}"
 
 
+def _group_name(gid: int) -> str:
+    try:
+        return grp.getgrgid(gid).gr_name
+    except KeyError:
+        return str(gid)  # usermod -aG takes a numeric gid too
+
+
+def _login(uid: int) -> str:
+    try:
+        return pwd.getpwuid(uid).pw_name
+    except KeyError:
+        return f"<login of uid {uid}>"
+
+
+def join_fix(uid: int, gid: int) -> str:
+    """The fix for a user outside a group-shared cache's group: join it (never a chown of the shared cache)."""
+    name = _group_name(gid)
+    return f"add uid {uid} to group {name} (usermod -aG {name} {_login(uid)}), then log in again"
+
+
+def reach_fix(folder: Path, is_cache: bool, uid: int, groups: tuple[int, ...]) -> str:
+    """The fix for a folder on the way to a cache (or the cache itself, ``is_cache``) this user cannot enter or list:
+    open it to the folder's group when this user is in it, else (a private group: another user's home) give it a
+    group of this user or point the cache elsewhere."""
+    try:
+        st = os.stat(folder)
+        owner, mine = str(st.st_uid), st.st_gid in groups
+    except OSError:
+        owner, mine = "?", False
+    bits = "g+rx" if is_cache else "g+x"
+    if mine:
+        return f"as uid {owner} or root: chmod {bits} {folder}"
+    return (f"as its owner or root: chgrp <a group of uid {uid}> {folder} && chmod {bits} {folder}; or point "
+            "HF_HUB_CACHE at a cache you can read")
+
+
+def outsider_check(cache: Path, uid: int, groups: tuple[int, ...]) -> Check | None:
+    """An error when the cache is group-shared (group-writable root) and this user is not in its group: it cannot
+    create in the root nor in ``.locks/``, so every warm and download fails; the fix is to join the group."""
+    st = os.stat(cache)
+    if uid == 0 or st.st_gid in groups or not st.st_mode & stat.S_IWGRP or os.access(cache, os.W_OK):
+        return None
+    return Check("cache.not_in_group", "error",
+                 f"uid {uid} is not in the group gid {st.st_gid} ({_group_name(st.st_gid)}) of the shared cache "
+                 f"{cache}{_who(cache)}: it cannot create files in {cache} nor in {cache / '.locks'}/, so every "
+                 "warm and every download by huggingface_hub fails with 'Permission denied' (offline loads work)",
+                 join_fix(uid, st.st_gid))
+
+
 def reach_check(cache: Path, uid: int, groups: tuple[int, ...]) -> Check | None:
     """An error when this user cannot enter a folder on the way to ``cache`` or list ``cache`` itself."""
     cache = cache.absolute()
@@ -64,15 +115,7 @@ def reach_check(cache: Path, uid: int, groups: tuple[int, ...]) -> Check | None:
         need = os.X_OK | (os.R_OK if folder == cache else 0)
         if os.access(folder, need):
             continue
-        try:
-            st = os.stat(folder)
-            owner, mine = str(st.st_uid), st.st_gid in groups
-        except OSError:
-            owner, mine = "?", False
-        bits = "g+rx" if folder == cache else "g+x"
-        fix = (f"as uid {owner} or root: chmod {bits} {folder}" if mine else
-               f"as its owner or root: chgrp <a group of uid {uid}> {folder} && chmod {bits} {folder}; or point "
-               "HF_HUB_CACHE at a cache you can read")
+        fix = reach_fix(folder, folder == cache, uid, groups)
         what = "list" if folder == cache else "enter"
         return Check("cache.unreachable", "error",
                      f"uid {uid} cannot {what} {folder}{_who(folder)}: every load from the cache {cache} and every "

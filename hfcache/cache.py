@@ -105,10 +105,12 @@ def access_error(root: Path) -> CacheError:
         owner = f" (owned by uid {st.st_uid} gid {st.st_gid}, mode {st.st_mode & 0o7777:04o})"
     except OSError:
         owner = ""
+    from .access import reach_fix  # the fix doctor prints for the same folder (cache.unreachable)
+
     where = "" if blocker == root else f": {blocker} cannot be entered"
+    fix = reach_fix(blocker, blocker == root, os.geteuid(), tuple(os.getgroups()) + (os.getegid(),))
     return CacheError(f"cannot read the cache {root}{where}{owner}: permission denied for uid {os.geteuid()}",
-                      hint=f"ask its owner to let your group in (chmod g+rx {blocker}, see `hfcache doctor`), or pass "
-                           "--cache-dir / HF_HUB_CACHE to a cache you can read")
+                      hint=f"{fix} (see `hfcache doctor`)")
 
 
 def cache_error(exc: OSError, what: str) -> CacheError:
@@ -143,7 +145,35 @@ def ensure_cache_root(cache_dir: Path) -> None:
             code = errno.EROFS if read_only else errno.EACCES
             raise OSError(code, os.strerror(code), str(cache_dir))
     except OSError as exc:
+        if exc.errno in (errno.EACCES, errno.EPERM):
+            raise write_access_error(cache_dir) from exc
         raise cache_error(exc, f"cache {cache_dir}") from exc
+
+
+def write_access_error(root: Path) -> CacheError:
+    """The one-line error for a cache root this user cannot create or write, naming the folder that blocks it: one
+    on the way that cannot be entered (:func:`access_error`), else the nearest existing folder (the root or the
+    parent it would be created in) that cannot be written, with the fix doctor prints for it."""
+    from .access import join_fix
+
+    root = root.absolute()
+    existing = root
+    while not os.path.isdir(existing) and existing != existing.parent:
+        existing = existing.parent
+    if blocking_dir(existing) != existing or not os.access(existing, os.R_OK | os.X_OK):
+        return access_error(root)
+    uid = os.geteuid()
+    try:
+        st = os.stat(existing)
+        owner = f" (owned by uid {st.st_uid} gid {st.st_gid}, mode {st.st_mode & 0o7777:04o})"
+        outsider = bool(st.st_mode & 0o020) and uid != 0 and st.st_gid not in {*os.getgroups(), os.getegid()}
+    except OSError:
+        owner, outsider = "", False
+    what = "write the cache" if existing == root else f"create the cache {root} in"
+    hint = (join_fix(uid, st.st_gid) if outsider else
+            "choose a writable --cache-dir or fix its permissions (`hfcache doctor --cache-dir DIR` names what this "
+            "user cannot write, with the fix; shared caches: README)")
+    return CacheError(f"cannot {what} {existing}{owner}: permission denied for uid {uid}", hint=hint)
 
 
 def _tmp_name(path: Path, suffix: str = ".tmp") -> Path:
@@ -174,11 +204,13 @@ def atomic_output(path: Path, policy: SharePolicy | None = None):
 
 
 def file_lock(path: Path, stop: threading.Event | None = None, *, timeout: float = DEFAULT_LOCK_TIMEOUT,
-              on_wait: Callable[[LockWait], None] | None = None, cache_dir: Path | None = None):
+              on_wait: Callable[[LockWait], None] | None = None, cache_dir: Path | None = None,
+              dir_fd: int | None = None):
     """Hold an exclusive lock at ``path`` (:func:`hfcache.locking.file_lock`: bounded wait, works without flock),
     creating its folder first. In a shared cache (``cache_dir`` given and group-writable, :mod:`hfcache.sharing`)
     the folders are shared and the lock file is writable by the group (``0o664``, as huggingface_hub's WeakFileLock
-    creates it, or ``0o666`` in a world-writable cache) whatever the umask.
+    creates it, or ``0o666`` in a world-writable cache) whatever the umask, and so is the soft marker that replaces
+    it on a filesystem without flock.
 
     Raises:
         LockTimeout: not acquired within ``timeout`` seconds (exit 5, names the file).
@@ -186,12 +218,15 @@ def file_lock(path: Path, stop: threading.Event | None = None, *, timeout: float
         OSError: the folder or the lock file cannot be created or opened.
     """
     policy = cache_policy(cache_dir) if cache_dir is not None else None
-    if cache_dir is not None:
+    if dir_fd is not None:
+        pass  # the caller opened the folder (safefs): nothing is created by path
+    elif cache_dir is not None:
         make_dirs(path.parent, cache_dir, policy)
     else:
         path.parent.mkdir(parents=True, exist_ok=True)
     mode = 0o664 | (policy.file_bits if policy else 0)
-    return _file_lock(path, timeout=timeout, stop=stop, on_wait=on_wait, mode=mode)
+    return _file_lock(path, timeout=timeout, stop=stop, on_wait=on_wait, mode=mode, dir_fd=dir_fd,
+                      marker_mode=mode if policy is not None else None)
 
 
 class RepoFolder:
@@ -264,17 +299,24 @@ class RepoFolder:
     def ref_path(self, revision: str) -> Path:
         return self.root / "refs" / Path(*safefs.check_ref_name(revision).split("/"))
 
-    def _lock_file(self, name: str) -> Path:
-        self.make_dir(self.locks)
-        path = self.locks / name
-        if os.path.islink(path):  # filelock opens with O_TRUNC: a planted link would truncate its target
-            raise safefs.UnsafeLayout(f"{path} is a symlink: left alone", hint="remove it, then rerun")
-        return path
+    @contextmanager
+    def _lock(self, name: str, stop: threading.Event | None):
+        """Hold ``.locks/<folder>/<name>``, opened through a descriptor of ``.locks/<folder>`` that safefs opened
+        without following a link (a folder swapped for a link later is not followed either)."""
+        self.make_dir(self.locks)  # created shared like the cache; checked before and after
+        fd = safefs.open_dir(self.cache_dir, (".locks", self.name))
+        try:
+            if stat.S_ISLNK(_lstat_at(name, fd)):  # filelock opens with O_NOFOLLOW: say why, not ELOOP
+                raise safefs.UnsafeLayout(f"{self.locks / name} is a symlink: left alone", hint="remove it, then rerun")
+            with file_lock(self.locks / name, stop, timeout=self.lock_timeout, on_wait=self.on_lock_wait,
+                           cache_dir=self.cache_dir, dir_fd=fd):
+                yield
+        finally:
+            os.close(fd)
 
     def blob_lock(self, etag: str, stop: threading.Event | None = None):
         """The lock huggingface_hub takes while downloading this blob (``.locks/<folder>/<etag>.lock``)."""
-        return file_lock(self._lock_file(f"{safefs.check_etag(etag)}.lock"), stop, timeout=self.lock_timeout,
-                         on_wait=self.on_lock_wait, cache_dir=self.cache_dir)
+        return self._lock(f"{safefs.check_etag(etag)}.lock", stop)
 
     def repo_lock(self, stop: threading.Event | None = None):
         """hfcache's lock on the whole repo folder, held while warm or prune change it.
@@ -283,8 +325,7 @@ class RepoFolder:
             UnsafeLayout: checked first, so that no command writes into a repo folder with a planted link.
         """
         self.ensure_safe()
-        return file_lock(self._lock_file(REPO_LOCK_NAME), stop=stop, timeout=self.lock_timeout,
-                         on_wait=self.on_lock_wait, cache_dir=self.cache_dir)
+        return self._lock(REPO_LOCK_NAME, stop)
 
     def blob_ok(self, etag: str, size: int) -> bool:
         """True when ``blobs/<etag>`` is a regular file of the expected size (no hashing; no link followed)."""
@@ -557,6 +598,14 @@ def _hardlink_or_copy_at(bfd: int, etag: str, pfd: int, dest: str, policy: Share
             os.replace(tmp, dest, src_dir_fd=pfd, dst_dir_fd=pfd)
         finally:
             _unlink_at(pfd, tmp)
+
+
+def _lstat_at(name: str, dir_fd: int) -> int:
+    """``st_mode`` of ``name`` in the folder ``dir_fd`` without following it; 0 when missing."""
+    try:
+        return os.stat(name, dir_fd=dir_fd, follow_symlinks=False).st_mode
+    except FileNotFoundError:
+        return 0
 
 
 def _repo_parts(path: str) -> list[str]:

@@ -203,10 +203,64 @@ def snapshot_of(cache_dir: Path, target: CheckTarget) -> Path | None:
         return None
     snapshot = folder.root / "snapshots" / commit
     try:
-        safefs.check_existing(cache_dir, (folder.name, "snapshots", commit))
+        safefs.check_existing(cache_dir, (folder.name, "snapshots", commit))  # never through a planted link
     except (OSError, CacheError):
         return None
-    return snapshot if re.fullmatch(r"[0-9a-f]{40}", commit) and snapshot.is_dir() else None
+    # os.path.isdir, not Path.is_dir: Python 3.11's raises PermissionError on an unreadable snapshots/
+    return snapshot if re.fullmatch(r"[0-9a-f]{40}", commit) and os.path.isdir(snapshot) else None
+
+
+#: The parts of a repo folder an offline load by repo id reads: huggingface_hub resolves the revision in ``refs/``,
+#: opens files through ``snapshots/<commit>/`` into ``blobs/``, and looks for absent files in ``.no_exist/<commit>/``.
+LOAD_PARTS = ("refs", "snapshots", "blobs", ".no_exist")
+
+
+def unreadable_parts(cache_dir: Path, target: CheckTarget) -> tuple[str, ...]:
+    """The parts of ``target``'s repo folder that an offline load needs and this user cannot list or enter
+    (:data:`LOAD_PARTS` and every folder below them), relative to the cache (``models--org--name/refs/``); empty when
+    all can be read or the repo is not cached. A load by commit can succeed where the application's load by repo id
+    fails (an unreadable ``refs/``): such a repo fails the check whatever the probe would say."""
+    folder = RepoFolder(cache_dir, target.repo_id, target.repo_type).root
+    if not os.path.lexists(folder):
+        return ()
+    denied = list(scan_repo(folder, target.repo_id, target.repo_type).unreadable)
+    if "" not in denied:
+        denied += _unreadable_below(folder, ".no_exist")
+    return tuple(f"{folder.name}/{part}" for part in sorted(set(denied)))
+
+
+def _unreadable_below(folder: Path, part: str) -> list[str]:
+    """Folders under ``folder/part`` this user cannot list or enter, relative to ``folder`` (``.no_exist/abc/``)."""
+    top = folder / part
+    if not os.path.lexists(top):
+        return []
+    denied: list[str] = []
+    for root, dirs, _ in os.walk(top, onerror=lambda exc: denied.append(
+            os.path.relpath(exc.filename, folder) + "/" if exc.filename else part + "/")):
+        for name in dirs:
+            path = os.path.join(root, name)
+            if not os.path.islink(path) and not os.access(path, os.R_OK | os.X_OK):
+                denied.append(os.path.relpath(path, folder) + "/")
+    return denied
+
+
+def _blocked(cache_dir: Path, targets: list[CheckTarget], unsafe: dict[str, list[str]]) -> dict[str, tuple[str, ...]]:
+    """spec -> :func:`unreadable_parts` of each target (safe layout) whose repo has parts this user cannot read; one
+    look per repo folder, not per revision."""
+    denied: dict[tuple[str, str], tuple[str, ...]] = {}
+    for t in targets:
+        if not unsafe[t.spec] and (t.repo_id, t.repo_type) not in denied:
+            denied[(t.repo_id, t.repo_type)] = unreadable_parts(cache_dir, t)
+    return {t.spec: denied[(t.repo_id, t.repo_type)] for t in targets
+            if not unsafe[t.spec] and denied[(t.repo_id, t.repo_type)]}
+
+
+def _unreadable_result(target: CheckTarget, parts: tuple[str, ...]) -> CheckResult:
+    shown = ", ".join(parts[:4]) + (f" (and {len(parts) - 4} more)" if len(parts) > 4 else "")
+    return CheckResult(target, False, error="PermissionError: part of the repo cannot be read",
+                       cause=f"{shown} cannot be read by this user (permission denied): the application's offline "
+                             f"load of {target.repo_id} needs {'it' if len(parts) == 1 else 'them'}; ask the "
+                             "cache's owner to make it group-readable (`hfcache doctor` prints the fix)")
 
 
 def custom_code_refs(cache_dir: Path, target: CheckTarget) -> tuple[str, ...]:
@@ -259,32 +313,38 @@ def check_tokenizers(cache_dir: Path, targets: list[CheckTarget], text: str = DE
 
     Targets whose cached configs name custom code (:func:`custom_code_refs`) are loaded with
     ``trust_remote_code=True``; the child's ``HF_MODULES_CACHE`` is the caller's explicit one (as the application gets
-    it), else a temporary folder, removed afterwards. A target whose configs cannot be parsed is a failed result.
+    it), else a temporary folder, removed afterwards. A target whose configs cannot be parsed is a failed result. A
+    target whose repo has a part the load needs that this user cannot read (:func:`unreadable_parts`) is not loaded:
+    it fails with that part as its cause, and the other targets are still loaded.
 
     Raises:
         InternalError: the child crashed or printed no result.
     """
     # A repo folder with a planted link is not loaded: transformers would read whatever the link points to.
+    # So is a revision with a FIFO, device or a link leaving the repo (scan.load_hazards): the load would block.
     unsafe = {t.spec: _hazards(cache_dir, t) for t in targets}
-    unreadable: dict[str, str] = {}  # a cached config no parser can read (selection.RepoDataError): that repo fails
+    blocked = _blocked(cache_dir, targets, unsafe)
+    unparsable: dict[str, str] = {}  # a cached config no parser can read (selection.RepoDataError): that repo fails
     prepared = []
     for target in targets:
         try:
-            trust = not unsafe[target.spec] and bool(custom_code_refs(cache_dir, target))
+            trust = not unsafe[target.spec] and target.spec not in blocked and bool(custom_code_refs(cache_dir, target))
             prepared.append(replace(target, trust_remote_code=trust))
         except ValueError as exc:
-            unreadable[target.spec] = str(exc)
+            unparsable[target.spec] = str(exc)
             prepared.append(target)
     targets = prepared
-    loadable = [t for t in targets if not unsafe[t.spec] and t.spec not in unreadable]
+    loadable = [t for t in targets if not unsafe[t.spec] and t.spec not in blocked and t.spec not in unparsable]
     raw = _probe(cache_dir, loadable, text, timeout) if loadable else {}
     results = []
     for target in targets:
         if unsafe[target.spec]:
             results.append(CheckResult(target, False, error="not loaded: unsafe cache layout",
                                        cause="; ".join(unsafe[target.spec])))
-        elif target.spec in unreadable:
-            reason = unreadable[target.spec]
+        elif target.spec in blocked:
+            results.append(_unreadable_result(target, blocked[target.spec]))
+        elif target.spec in unparsable:
+            reason = unparsable[target.spec]
             results.append(CheckResult(target, False, error=reason,
                                        cause=f"{target.repo_id}: {reason}: no loader can read it (fix the repo)"))
         else:

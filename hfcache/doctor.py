@@ -33,7 +33,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .access import flock_check, reach_check, sharing_checks, write_checks
+from .access import flock_check, outsider_check, reach_check, share_recipe, sharing_checks, write_checks
 from .cache import resolve_cache_dir
 from .errors import HfcacheError
 
@@ -408,13 +408,18 @@ def _examine_folder(cache: Path, env: dict[str, str], offline: bool, uid: int | 
             + ("" if offline else
                ", but offline mode is off, so huggingface_hub will try to download into it and fail"),
             None if offline else "export HF_HUB_OFFLINE=1 (hfcache env)"))
+    elif not access_w and uid is not None and (outsider := outsider_check(cache, uid, groups)) is not None:
+        out.findings.append(Finding(outsider.code, outsider.severity, outsider.message, outsider.fix))
     elif not access_w:
+        # A cache whose entries have several owners is shared: a chown -R would lock the others out.
+        fix = (share_recipe(cache, st.st_gid, None if st.st_gid in groups else uid) if len(owners) > 1 else
+               f"in the image: chown -R {uid}:{gid} {cache} (or COPY --chown / warm as that user); on Kubernetes "
+               "volumes: securityContext.fsGroup and group-writable files (chmod -R g+w)")
         out.findings.append(Finding(
             "cache.not_writable", "warning",
             f"the cache is not writable by you ({owner_note}): fine for offline loads, but hfcache warm and any "
             "download by huggingface_hub fail with PermissionError (an image built as root, run as another user)",
-            f"in the image: chown -R {uid}:{gid} {cache} (or COPY --chown / warm as that user); on Kubernetes "
-            "volumes: securityContext.fsGroup and group-writable files (chmod -R g+w)"))
+            fix))
     else:
         out.findings.append(Finding("cache.writable", "info", f"the cache is writable ({owner_note})"))
         # Writable at the root is not enough: as this user, can it create in .locks/ and in every repo folder?

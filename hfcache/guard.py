@@ -181,105 +181,69 @@ def _port(value) -> int | None:
     return None
 
 
-class Guard:
-    """The per-process guard state behind the audit hook (create it with :func:`install`).
+def hosts_file_names(path: str = "/etc/hosts", nsswitch: str = "/etc/nsswitch.conf") -> frozenset:
+    """The names the C library answers from ``path`` without asking a DNS server: every name (lower case, no
+    trailing dot) of ``/etc/hosts``, when ``nsswitch``'s ``hosts:`` line consults ``files`` before ``dns`` (or has
+    no such line: glibc's default is ``files dns``). Empty when ``dns`` comes first or the file cannot be read.
 
-    Attributes:
-        allowed (list[AllowedHost]): the allow-list (only grows).
-        enforced (bool): blocking is on for the whole process (``exec``, :func:`enforce_offline`); otherwise only
-            inside :meth:`blocking` blocks.
-        attempts (list[str]): every blocked target, in order (libraries may swallow the exception; callers such as
-            ``hfcache check`` look here to notice).
-        error_class (type): the exception raised (:class:`NetworkBlocked` of the copy of this file that installed it).
+    glibc sends any other name to the nameservers of ``/etc/resolv.conf`` - ``*.localhost`` and the machine's own
+    name included (RFC 6761 asks resolvers to answer ``.localhost`` themselves; glibc does not) - so only these and
+    ``localhost`` are resolved without an allow-list entry.
     """
+    try:
+        with open(nsswitch, encoding="utf-8", errors="replace") as f:
+            for line in f:
+                words = line.split("#", 1)[0].split()
+                if words and words[0] == "hosts:":
+                    sources = [w for w in words[1:] if not w.startswith("[")]
+                    if "files" not in sources or ("dns" in sources and sources.index("dns") < sources.index("files")):
+                        return frozenset()
+                    break
+    except OSError:
+        pass
+    names = set()
+    try:
+        with open(path, encoding="utf-8", errors="replace") as f:
+            for line in f:
+                words = line.split("#", 1)[0].split()
+                if len(words) >= 2 and _ip(words[0]) is not None:
+                    names.update(w.lower().rstrip(".") for w in words[1:])
+    except OSError:
+        return frozenset()
+    return frozenset(names)
+
+
+class _Rules:
+    """Which hosts may be reached or resolved: the allow-list and the names ``/etc/hosts`` answers."""
 
     def __init__(self) -> None:
         self.allowed: list[AllowedHost] = []
-        self.enforced = False
-        self.attempts: list[str] = []
-        self.error_class = NetworkBlocked
-        self._scoped: contextvars.ContextVar[bool] = contextvars.ContextVar("hfcache_guard_scoped", default=False)
-        self._resolved: dict[str, frozenset] = {}
-        self._busy = threading.local()
-        try:
-            self._own_hostname = socket.gethostname().lower()
-        except OSError:  # pragma: no cover - no hostname
-            self._own_hostname = ""
+        self.local_names = hosts_file_names() | {"localhost"}
+        self.resolved: dict[str, frozenset] = {}
+        self.busy = threading.local()
 
     def allow(self, hosts: Iterable[AllowedHost | str]) -> None:
-        """Add ``hosts`` (parsed with :func:`parse_allow_host` when strings) to the allow-list."""
         for host in hosts:
             entry = parse_allow_host(host) if isinstance(host, str) else host
             if entry not in self.allowed:
                 self.allowed.append(entry)
 
-    @contextlib.contextmanager
-    def blocking(self) -> Iterator[Guard]:
-        """Block network access not allowed, in this thread (context) only, for the duration of the block."""
-        token = self._scoped.set(True)
-        try:
-            yield self
-        finally:
-            self._scoped.reset(token)
-
-    @property
-    def active(self) -> bool:
-        """Whether the calling context is blocked right now."""
-        return self.enforced or self._scoped.get()
-
-    # -------------------------------------------------------------------------------------------- the hook
-
-    def hook(self, event: str, args: tuple) -> None:
-        if event not in _GUARDED_EVENTS or not (self.enforced or self._scoped.get()):
-            return
-        if getattr(self._busy, "on", False):  # our own look-up of an allowed name (see _resolves_to)
-            return
-        if event == "socket.__new__":
-            family = args[1]  # -1: socket(fileno=...) wraps an existing descriptor; its connect or sendto is checked
-            if family != -1 and family not in _INET_FAMILIES and family not in _LOCAL_FAMILIES:
-                self._block("socket of address family", _family_name(family))
-        elif event in _SEND_EVENTS:
-            sock, address = args[0], args[1]
-            if getattr(sock, "family", None) not in _INET_FAMILIES or not isinstance(address, tuple):
-                return  # AF_UNIX and other local families; sendto/sendmsg on a connected socket (its connect was seen)
-            host, port = str(address[0]), _port(address[1])
-            if not self.allows_connection(host, port):
-                self._block("connection to", _target(host.split("%", 1)[0], port))
-        elif event in _REVERSE_EVENTS:
-            address = args[0]
-            host, port = (address[0], _port(address[1]) if len(address) > 1 else None) \
-                if isinstance(address, tuple) and address else (address, None)
-            if isinstance(host, bytes):
-                host = host.decode("ascii", "replace")
-            if not self.allows_reverse_lookup(str(host), port):
-                self._block("reverse DNS lookup of", str(host))
-        else:
-            host = args[0]
-            if isinstance(host, bytes):
-                host = host.decode("ascii", "replace")
-            port = _port(args[1]) if event == "socket.getaddrinfo" else None
-            if host and not self.allows_lookup(str(host), port):
-                self._block("DNS lookup of", str(host))
-
-    def _block(self, action: str, target: str) -> None:
-        self.attempts.append(target)
-        raise self.error_class(action, target)
-
     def allows_lookup(self, host: str, port: int | None) -> bool:
-        """A name may be resolved when it is an address literal (nothing to look up), ``localhost``, this machine's
-        own name, or an allowed host (for that port, when the entry has one)."""
+        """A name may be resolved when it is an address literal (nothing to look up), ``localhost``, a name
+        ``/etc/hosts`` answers (:func:`hosts_file_names`), or an allowed host (for that port, when the entry has
+        one). ``*.localhost`` and this machine's own name are not special: glibc asks the nameserver for them."""
         name = host.lower().rstrip(".")
-        if _ip(name) is not None or name == "localhost" or name.endswith(".localhost") or name == self._own_hostname:
+        if _ip(name) is not None or name in self.local_names:
             return True
         return any(a.host == name and (a.port is None or port is None or a.port == port) for a in self.allowed)
 
     def allows_reverse_lookup(self, host: str, port: int | None) -> bool:
-        """A reverse look-up (``gethostbyaddr``, ``getnameinfo``) may run for a loopback address, ``localhost``, this
-        machine's own name (answered from ``/etc/hosts``; ``socket.getfqdn()`` and ``http.server`` ask for them), or
-        an address or name a connection would be allowed to. Any other address is a query to a DNS server."""
+        """A reverse look-up (``gethostbyaddr``, ``getnameinfo``) may run for a loopback address, a name
+        ``/etc/hosts`` answers (``socket.getfqdn()`` and ``http.server`` ask for them), or an address or name a
+        connection would be allowed to. Any other address is a query to a DNS server."""
         name = host.lower().rstrip(".")
         ip = _ip(name)
-        if (ip is not None and ip.is_loopback) or name in ("localhost", self._own_hostname):
+        if (ip is not None and ip.is_loopback) or name in self.local_names:
             return True
         if ip is None:
             return self.allows_lookup(name, port)
@@ -305,19 +269,139 @@ class Guard:
 
     def _resolves_to(self, name: str) -> frozenset:
         """The addresses an allowed name resolves to (cached once found; a failed look-up is retried next time)."""
-        if name not in self._resolved:
-            self._busy.on = True
+        if name not in self.resolved:
+            self.busy.on = True
             try:
                 infos = socket.getaddrinfo(name, None)
             except OSError:
                 return frozenset()
             finally:
-                self._busy.on = False
+                self.busy.on = False
             found = frozenset(ip for ip in (_ip(str(info[4][0])) for info in infos) if ip is not None)
             if not found:
                 return found
-            self._resolved[name] = found
-        return self._resolved[name]
+            self.resolved[name] = found
+        return self.resolved[name]
+
+    def refusal(self, event: str, args: tuple) -> tuple[str, str] | None:
+        """(action, target) when the audit event ``event`` reaches a host not allowed, else None."""
+        if event == "socket.__new__":
+            family = args[1]  # -1: socket(fileno=...) wraps an existing descriptor; its connect or sendto is checked
+            if family != -1 and family not in _INET_FAMILIES and family not in _LOCAL_FAMILIES:
+                return "socket of address family", _family_name(family)
+        elif event in _SEND_EVENTS:
+            sock, address = args[0], args[1]
+            if getattr(sock, "family", None) not in _INET_FAMILIES or not isinstance(address, tuple):
+                return None  # AF_UNIX and other local families; sendto/sendmsg on a connected socket (connect seen)
+            host, port = str(address[0]), _port(address[1])
+            if not self.allows_connection(host, port):
+                return "connection to", _target(host.split("%", 1)[0], port)
+        elif event in _REVERSE_EVENTS:
+            address = args[0]
+            host, port = (address[0], _port(address[1]) if len(address) > 1 else None) \
+                if isinstance(address, tuple) and address else (address, None)
+            if isinstance(host, bytes):
+                host = host.decode("ascii", "replace")
+            if not self.allows_reverse_lookup(str(host), port):
+                return "reverse DNS lookup of", str(host)
+        else:
+            host = args[0]
+            if isinstance(host, bytes):
+                host = host.decode("ascii", "replace")
+            port = _port(args[1]) if event == "socket.getaddrinfo" else None
+            if host and not self.allows_lookup(str(host), port):
+                return "DNS lookup of", str(host)
+        return None
+
+
+class Guard:
+    """The per-process guard behind the audit hook (create it with :func:`install`).
+
+    The hook registered with ``sys.addaudithook`` keeps its state in a closure, not in attributes of this object:
+    whether blocking is on for the whole process is a latch that only turns on (``guard.enforced = False`` raises
+    AttributeError, and rebinding any attribute here changes nothing the hook reads). It is a seatbelt against
+    accidents, not a sandbox: code in the process can still widen its own allow-list through :meth:`allow` (the
+    public API of :func:`hfcache.enforce_offline`) or dig into the closure; see the README's blind spots.
+
+    Attributes:
+        allowed (tuple[AllowedHost, ...]): the allow-list (only grows; a copy).
+        enforced (bool): blocking is on for the whole process (``exec``, :func:`enforce_offline`); otherwise only
+            inside :meth:`blocking` blocks. Read-only.
+        attempts (list[str]): every blocked target, in order (libraries may swallow the exception; callers such as
+            ``hfcache check`` look here to notice).
+        error_class (type): the exception raised (:class:`NetworkBlocked` of the copy of this file that installed it).
+    """
+
+    __slots__ = ("attempts", "hook", "allows_lookup", "allows_reverse_lookup", "allows_connection", "_allow",
+                 "_allowed", "_enforce", "_is_enforced", "_scoped")
+
+    def __init__(self) -> None:
+        rules = _Rules()
+        latch = [False]
+        scoped: contextvars.ContextVar[bool] = contextvars.ContextVar("hfcache_guard_scoped", default=False)
+        attempts: list[str] = []
+        error_class = NetworkBlocked
+
+        def hook(event: str, args: tuple) -> None:
+            if event not in _GUARDED_EVENTS or not (latch[0] or scoped.get()):
+                return
+            if getattr(rules.busy, "on", False):  # our own look-up of an allowed name (see _Rules._resolves_to)
+                return
+            refused = rules.refusal(event, args)
+            if refused is not None:
+                attempts.append(refused[1])
+                raise error_class(*refused)
+
+        def enforce() -> None:
+            latch[0] = True
+
+        object.__setattr__(self, "attempts", attempts)
+        object.__setattr__(self, "hook", hook)
+        object.__setattr__(self, "allows_lookup", rules.allows_lookup)
+        object.__setattr__(self, "allows_reverse_lookup", rules.allows_reverse_lookup)
+        object.__setattr__(self, "allows_connection", rules.allows_connection)
+        object.__setattr__(self, "_allow", rules.allow)
+        object.__setattr__(self, "_allowed", lambda: tuple(rules.allowed))
+        object.__setattr__(self, "_enforce", enforce)
+        object.__setattr__(self, "_is_enforced", lambda: latch[0])
+        object.__setattr__(self, "_scoped", scoped)
+
+    def __setattr__(self, name: str, value) -> None:
+        raise AttributeError(f"the network guard's {name!r} cannot be changed (blocking only turns on)")
+
+    @property
+    def allowed(self) -> tuple[AllowedHost, ...]:
+        return self._allowed()
+
+    @property
+    def enforced(self) -> bool:
+        return self._is_enforced()
+
+    @property
+    def error_class(self) -> type:
+        return NetworkBlocked
+
+    def allow(self, hosts: Iterable[AllowedHost | str]) -> None:
+        """Add ``hosts`` (parsed with :func:`parse_allow_host` when strings) to the allow-list."""
+        self._allow(hosts)
+
+    def enforce(self) -> None:
+        """Turn blocking on for the whole process, for good."""
+        self._enforce()
+
+    @contextlib.contextmanager
+    def blocking(self) -> Iterator[Guard]:
+        """Block network access not allowed, in this thread (context) only, for the duration of the block."""
+        token = self._scoped.set(True)
+        try:
+            yield self
+        finally:
+            self._scoped.reset(token)
+
+    @property
+    def active(self) -> bool:
+        """Whether the calling context is blocked right now."""
+        return self.enforced or self._scoped.get()
 
 
 def current() -> Guard | None:
@@ -350,7 +434,7 @@ def install(allow_hosts: Iterable[AllowedHost | str] = (), *, enforce: bool = Tr
     else:
         guard.allow(allow_hosts)
     if enforce:
-        guard.enforced = True
+        guard.enforce()
     return guard
 
 

@@ -6,7 +6,16 @@ otherwise retarget ``snapshots/<commit>/vocab.txt``, overwrite a real file it vo
 listing, or move ``refs/main``. So before anything is published (under the repo locks), every entry the import would
 write is compared with the target: the same content is left as it is, other content is a conflict and the whole
 import is refused. Also refused: a path that is a file on one side and a folder on the other, a part of the repo
-folder that is a symlink or not a folder (nothing is written through it), and a ref to a commit neither side has.
+folder that is a symlink or not a folder (nothing is written through it), and a ref to a commit neither side has
+a snapshot of (a folder with at least one entry; ``.no_exist`` markers alone are no snapshot).
+
+A commit's file set is fixed, and the target may already know it: warm's record of what it published
+(:mod:`hfcache.published`) or a ``trees/<commit>.json`` listing. For such a commit the import may not add a snapshot
+file the record or listing does not list (or lists with another hash), a ``.no_exist`` marker for a name the record
+lists as a file or does not list as absent (or that the listing lists), nor a ``trees/`` listing that contradicts
+the target's snapshot entries, record or markers. A commit the target holds without either may be completed by the
+import (two selections of one revision merge). A target ``.no_exist`` entry that is not an empty regular file (a
+planted link) is a conflict too, never left in place as if it were the marker.
 """
 
 from __future__ import annotations
@@ -17,6 +26,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from .cache import RepoFolder
+from .published import PublishedRevision, read_record
 from .verify import algorithm_of, content_hash, read_tree_listing
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -68,13 +78,25 @@ class _Conflicts:
         self.folder = folder
         self.found: list[str] = []
         self._listings: dict[str, dict | None] = {}
+        self._records: dict[str, PublishedRevision | None] = {}
+
+    def record(self, commit: str) -> PublishedRevision | None:
+        """warm's record of what it published at ``commit`` (read once, through safefs), or None."""
+        if commit not in self._records:
+            self._records[commit] = read_record(self.folder.cache_dir, self.folder.name, commit)
+        return self._records[commit]
+
+    def known(self, commit: str) -> bool:
+        """Whether the target knows the file set of ``commit`` (a record or a trees/ listing)."""
+        return self.record(commit) is not None or self.listing(commit) is not None
 
     def listing(self, commit: str) -> dict | None:
         """The target's ``trees/<commit>.json`` as path -> Expected (read once; never through a symlink)."""
         if commit not in self._listings:
             parts = ("trees", f"{commit}.json")
             regular = _blocked(self.folder.root, parts) is None and _kind(self.where(*parts)) == "file"
-            self._listings[commit] = read_tree_listing(str(self.folder.root), commit) if regular else None
+            self._listings[commit] = (read_tree_listing(str(self.folder.cache_dir), self.folder.name, commit)
+                                      if regular else None)
         return self._listings[commit]
 
     def where(self, *parts: str) -> Path:
@@ -124,10 +146,12 @@ def check_target(folder: RepoFolder, repo: _RepoPlan, move_refs: bool = False) -
         listed = c.listing(commit)
         if listed is not None and (path not in listed or listed[path].etag != etag):
             c.add(parts, "the target's trees/ listing of that commit says otherwise")
+        record = c.record(commit)
+        if record is not None and _record_hash(record, path) != etag:
+            c.add(parts, "the target's record of that commit does not list it" if path not in record.files
+                  else "the target's record of that commit lists another hash")
     for commit, path in sorted(repo.markers):
-        parts = (".no_exist", commit, *path.split("/"))
-        if c.writable(parts) and _kind(c.where("snapshots", commit, *path.split("/"))) != "missing":
-            c.add(parts, "the target has this file at that commit")
+        _check_marker(c, commit, path)
     _check_trees(c, repo)
     for etag in sorted(repo.blobs):
         parts = ("blobs", etag)
@@ -137,6 +161,45 @@ def check_target(folder: RepoFolder, repo: _RepoPlan, move_refs: bool = False) -
     return c.found, present, moved
 
 
+def _record_hash(record: PublishedRevision, path: str) -> str | None:
+    """The hex digest the record gives ``path`` (a git sha1 or sha256, as blob names are), or None."""
+    entry = record.files.get(path)
+    return entry[1].split(":", 1)[1] if entry else None
+
+
+def _check_marker(c: _Conflicts, commit: str, path: str) -> None:
+    parts = (".no_exist", commit, *path.split("/"))
+    if not c.writable(parts):
+        return
+    if _kind(c.where("snapshots", commit, *path.split("/"))) != "missing":
+        c.add(parts, "the target has this file at that commit")
+    kind = _kind(c.where(*parts))
+    if kind not in ("missing", "file") or (kind == "file" and os.lstat(c.where(*parts)).st_size != 0):
+        c.add(parts, "the target has something other than an empty marker there")
+    record, listed = c.record(commit), c.listing(commit)
+    if record is not None and (path in record.files or path not in record.absent):
+        c.add(parts, "the target's record of that commit " + ("lists this file" if path in record.files
+                                                              else "does not mark it absent"))
+    if listed is not None and path in listed:
+        c.add(parts, "the target's trees/ listing of that commit lists this file")
+
+
+def _listing_disagrees(c: _Conflicts, commit: str, ours: dict[str, tuple[str, int]]) -> str | None:
+    """Why the source's listing of ``commit`` contradicts what the target holds at that commit, or None."""
+    record = c.record(commit)
+    for path, (etag, _size) in sorted(ours.items()):
+        if record is not None and _record_hash(record, path) != etag:
+            return f"it lists {path} " + ("with another hash than" if path in record.files else "unlike") + \
+                " the target's record of that commit"
+        pointer = c.where("snapshots", commit, *path.split("/"))
+        kind = _kind(pointer)
+        if kind in ("link", "file") and not _same_blob(pointer, kind, c.folder, etag):
+            return f"it lists {path} with another content than the target's snapshot"
+        if _kind(c.where(".no_exist", commit, *path.split("/"))) != "missing":
+            return f"it lists {path}, which the target records as absent at that commit"
+    return None
+
+
 def _check_trees(c: _Conflicts, repo: _RepoPlan) -> None:
     for name, (data, _files) in sorted(repo.trees.items()):
         parts = ("trees", name)
@@ -144,6 +207,9 @@ def _check_trees(c: _Conflicts, repo: _RepoPlan) -> None:
             continue
         kind = _kind(c.where(*parts))
         if kind == "missing":
+            why = _listing_disagrees(c, name.removesuffix(".json"), _expected(_files))
+            if why:
+                c.add(parts, why)
             continue
         theirs = c.listing(name.removesuffix(".json")) if kind == "file" else None
         ours = _expected(_files)
@@ -157,11 +223,11 @@ def _expected(files: dict[str, tuple[str, str, int]]) -> dict[str, tuple[str, in
 
 def _check_refs(c: _Conflicts, repo: _RepoPlan, move_refs: bool) -> list[str]:
     moved = []
-    commits = {commit for commit, _ in repo.links} | {commit for commit, _ in repo.markers}
+    commits = {commit for commit, _ in repo.links}  # markers alone are no snapshot
     for ref, commit in sorted(repo.refs.items()):
         parts = ("refs", *ref.split("/"))
-        if commit not in commits and _kind(c.where("snapshots", commit)) != "dir":
-            c.add(parts, f"it names commit {commit}, which neither the source nor the target has")
+        if commit not in commits and not _has_snapshot(c, commit):
+            c.add(parts, f"it names commit {commit}, of which neither the source nor the target has a snapshot")
         if not c.writable(parts):
             continue
         kind = _kind(c.where(*parts))
@@ -176,3 +242,11 @@ def _check_refs(c: _Conflicts, repo: _RepoPlan, move_refs: bool) -> list[str]:
             c.add(parts, f"the target's ref points to {current.decode('ascii', 'replace')[:40] or 'something else'}; "
                   "pass --move-refs to move it")
     return moved
+
+
+def _has_snapshot(c: _Conflicts, commit: str) -> bool:
+    """Whether the target's ``snapshots/<commit>`` is a real folder with at least one entry (no link followed)."""
+    if _blocked(c.folder.root, ("snapshots", commit, "x")) is not None or _kind(c.where("snapshots", commit)) != "dir":
+        return False
+    with os.scandir(c.where("snapshots", commit)) as entries:
+        return any(True for _ in entries)

@@ -35,8 +35,10 @@ from typing import BinaryIO
 
 from .cache import RepoFolder, atomic_output, cache_error, ensure_cache_root, symlinks_supported
 from .errors import CacheError, CheckFailed, IntegrityError, UsageError
+from . import safefs
 from .import_conflicts import check_target
-from .locking import DEFAULT_LOCK_TIMEOUT, LockWait
+from .locking import DEFAULT_LOCK_TIMEOUT, LockWait, via_dir_fd
+from .records import valid_repo_id
 from .sharing import cache_policy, make_dirs, share_file
 from .scan import parse_folder_name
 from .verify import algorithm_of
@@ -104,12 +106,51 @@ class BoundedTarInfo(tarfile.TarInfo):
             raise UsageError(f"refused a tar header of {self.size} bytes (more than {MAX_HEADER_BYTES})")
         return super()._proc_member(tar)
 
+    # Library gap: a PAX header with GNU.sparse.* keys makes tarfile parse a sparse map inside ``_proc_pax``, before
+    # the member is returned (so before ``issparse()`` can refuse it): format 1.0 (``_proc_gnusparse_10``) reads its
+    # map from the member's data, line by line and whole, whatever its length (a 12 MB map: 72 s and 348 MB), and
+    # malformed maps raise ValueError. A cache has no sparse file: each format is refused before its map is parsed.
+    # The three hooks keep their names in Python 3.8-3.13; their other arguments changed (3.12: raw headers), so
+    # they are taken as they come.
+    def _refuse_sparse(self, next, args: tuple) -> None:
+        headers = args[0] if args and isinstance(args[0], dict) else {}
+        name = headers.get("GNU.sparse.name") or headers.get("path") or next.name
+        raise UsageError(f"refused entry {_shown(str(name))!r}: a sparse file (a cache has none)")
+
+    def _proc_gnusparse_00(self, next, *args):
+        self._refuse_sparse(next, args)
+
+    def _proc_gnusparse_01(self, next, *args):
+        self._refuse_sparse(next, args)
+
+    def _proc_gnusparse_10(self, next, *args):
+        self._refuse_sparse(next, args)
+
+
+def _next(tar: tarfile.TarFile) -> tarfile.TarInfo | None:
+    """``tar.next()``, with tarfile's ValueError/OverflowError on malformed numbers (a sparse map, a base-256 field)
+    turned into the ReadError that callers already answer as "not a readable tar" (library gap: tarfile lets them
+    escape as they are)."""
+    try:
+        return tar.next()
+    except (ValueError, OverflowError) as exc:
+        raise tarfile.ReadError(f"malformed header: {exc}") from None
+
 
 def tar_members(stream: BinaryIO, mode: str = "r|*") -> Iterator[tuple[Member, BinaryIO | None]]:
     """The entries of a tar read as a stream (``mode`` ``r|*``: compressed or not; ``r|``: plain), with the file
-    content as a stream of the tar (valid until the next entry)."""
-    with tarfile.open(fileobj=stream, mode=mode, tarinfo=BoundedTarInfo) as tar:
-        for info in tar:
+    content as a stream of the tar (valid until the next entry).
+
+    Raises:
+        tarfile.TarError: not a tar, truncated, or a malformed header (ValueError/OverflowError included).
+        UsageError: a header past :data:`MAX_HEADER_BYTES`, or a sparse member (refused before its map is read).
+    """
+    try:  # opening reads the first header
+        tar = tarfile.open(fileobj=stream, mode=mode, tarinfo=BoundedTarInfo)
+    except (ValueError, OverflowError) as exc:
+        raise tarfile.ReadError(f"malformed header: {exc}") from None
+    with tar:
+        while (info := _next(tar)) is not None:
             if info.isdir():
                 yield Member(info.name, "dir"), None
             elif info.issym():
@@ -183,9 +224,15 @@ class _Staging:
             raise CacheError(f"{locks} is a symlink or not a folder; nothing is staged through it",
                              hint="remove it (huggingface_hub recreates .locks)")
         self.cache_dir = cache_dir
-        self.dir = locks / f"hfcache-import-{uuid.uuid4().hex[:12]}"
+        self.name = f"hfcache-import-{uuid.uuid4().hex[:12]}"
         make_dirs(locks, cache_dir, cache_policy(cache_dir))  # .locks/ is shared in a group-shared cache
-        self.dir.mkdir()
+        safefs.check_existing(cache_dir, (".locks",))
+        with safefs.dir_fd(cache_dir, (".locks",)) as locks_fd:
+            os.mkdir(self.name, 0o700, dir_fd=locks_fd)  # relative to the checked .locks: no link followed
+        self._fd = safefs.open_dir(cache_dir, (".locks", self.name))
+        # Every staged file is written and renamed through the descriptor of the staging folder (see
+        # hfcache.locking.via_dir_fd): a .locks swapped for a link while the source streams is not followed.
+        self.dir = via_dir_fd(locks / self.name / "x", self._fd).parent
         self.files: dict[str, tuple[Path, int, str, str]] = {}  # member -> (staged, size, sha256, git-sha1)
 
     def add(self, name: str, stream: BinaryIO, size: int) -> tuple[Path, int, str, str]:
@@ -216,7 +263,11 @@ class _Staging:
         return record
 
     def remove(self) -> None:
-        shutil.rmtree(self.dir, ignore_errors=True)
+        """Remove the staging folder, walking from the cache root without following links."""
+        with contextlib.suppress(OSError, CacheError):
+            safefs.rmtree(self.cache_dir, (".locks", self.name))
+        with contextlib.suppress(OSError):
+            os.close(self._fd)
 
 
 def import_cache(src: str, cache_dir: Path, move_refs: bool = False, *, lock_timeout: float = DEFAULT_LOCK_TIMEOUT,
@@ -381,6 +432,13 @@ def _parse_listing(data: bytes, name: str) -> dict[str, tuple[str, str, int]]:
         raise UsageError(f"refused entry {name!r}: not a trees/ listing (JSON with a \"files\" object)") from None
 
 
+def _repo_folder_ok(name: str) -> bool:
+    """Whether ``name`` is a repo folder (``models--ORG--NAME``) of a valid repo id: huggingface_hub's own rule
+    (:func:`hfcache.records.valid_repo_id`: letters, digits, ``-``, ``_``, ``.``; no spaces or control characters)."""
+    parsed = parse_folder_name(name)
+    return parsed is not None and valid_repo_id(parsed[0])
+
+
 class _Reader:
     """Reads the source's entries into one :class:`_RepoPlan` per repo folder, staging their content."""
 
@@ -404,10 +462,10 @@ class _Reader:
             what = "a device, fifo or socket" if member.kind == "special" else "a sparse file (a cache has none)"
             raise UsageError(f"refused entry {member.name!r}: {what}")
         if parts[0] in ("CACHEDIR.TAG", ".locks") or member.kind == "dir":
-            if parts[0] not in ("CACHEDIR.TAG", ".locks") and parse_folder_name(parts[0]) is None:
+            if parts[0] not in ("CACHEDIR.TAG", ".locks") and not _repo_folder_ok(parts[0]):
                 raise UsageError(f"refused entry {member.name!r}: not part of a Hugging Face cache")
             return
-        if parse_folder_name(parts[0]) is None or len(parts) < 3 or parts[1] not in _SECTIONS:
+        if not _repo_folder_ok(parts[0]) or len(parts) < 3 or parts[1] not in _SECTIONS:
             raise UsageError(f"refused entry {member.name!r}: not part of a Hugging Face cache layout")
         if member.kind == "file" and parts[-1].endswith(".incomplete"):
             return

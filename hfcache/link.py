@@ -23,6 +23,7 @@ import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
+from .cache import access_error, write_access_error
 from .errors import CacheError, UsageError
 from .safefs import repo_layout_problems
 from .scan import parse_folder_name
@@ -52,13 +53,25 @@ def link_cache(src: Path, dest: Path, mode: str = "symlink") -> LinkReport:
     if mode not in MODES:
         raise UsageError(f"invalid mode {mode!r}", hint=f"use one of {', '.join(MODES)}")
     src = src.absolute()
-    if not src.is_dir():
+    try:
+        is_dir = src.is_dir()
+    except PermissionError:  # Python 3.11's is_dir raises: name the folder that blocks, as every command does
+        raise access_error(src) from None
+    if not is_dir:
         raise UsageError(f"{src} is not a cache directory")
-    if dest.is_symlink() or (dest.exists() and (not dest.is_dir() or any(dest.iterdir()))):
-        raise UsageError(f"{dest} exists and is not an empty directory", hint="link into a new or empty path")
+    if not os.access(src, os.R_OK | os.X_OK):
+        raise access_error(src)
+    try:
+        if dest.is_symlink() or (dest.exists() and (not dest.is_dir() or any(dest.iterdir()))):
+            raise UsageError(f"{dest} exists and is not an empty directory", hint="link into a new or empty path")
+    except PermissionError:
+        raise write_access_error(dest) from None
     if mode != "symlink":
         _refuse_unsafe(src)
-    dest.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        dest.parent.mkdir(parents=True, exist_ok=True)
+    except PermissionError:
+        raise write_access_error(dest) from None
     staging = dest.parent / f".{dest.name}.{uuid.uuid4().hex[:8]}.partial"
     files = added = 0
     try:
@@ -93,6 +106,8 @@ def _refuse_unsafe(src: Path) -> None:
         if problems:
             raise CacheError(f"unsafe cache layout in {src}: {entry.name}: {'; '.join(problems)}",
                              hint="remove the symlink or file, then rerun")
+
+
 def _copy_tree(src: Path, staging: Path, mode: str) -> tuple[int, int]:
     """Recreate ``src`` under ``staging`` with hardlinks or copies; return (files, bytes copied).
 

@@ -28,6 +28,7 @@ from __future__ import annotations
 import errno
 import os
 import secrets
+import stat
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -84,7 +85,8 @@ class LockTimeout(CacheError):
         super().__init__(
             f"timed out after {timeout:g}s waiting for the lock {path}" + (f" (held by {holder})" if holder else ""),
             hint="another hfcache or huggingface_hub process holds it: wait and retry, or raise --lock-timeout; "
-                 "a lock whose holder is gone is taken over by itself")
+                 "on a filesystem without flock, a marker left by a process gone from this host is taken over at "
+                 f"once, one from another host only after {STALE_AFTER:g}s without a refresh")
         self.path = str(path)
         self.holder = holder
 
@@ -231,9 +233,23 @@ def _describe_pid(pid: int, host: str) -> str:
     return f"pid {pid} on {host}" + (f" ({shown})" if shown else "")
 
 
+def via_dir_fd(path: Path, dir_fd: int | None) -> Path:
+    """The name under which ``path`` is opened: ``/proc/self/fd/<dir_fd>/<name>`` when its folder was opened as
+    ``dir_fd`` (by :mod:`hfcache.safefs`, no link followed) and ``/proc`` shows fds, else ``path`` itself.
+
+    Library gap: filelock opens a lock by path name (``O_NOFOLLOW`` on the last component only) and creates its folder
+    with ``Path.mkdir(parents=True)``, both following a folder swapped for a symlink after hfcache checked it. The
+    ``/proc/self/fd`` name resolves through the descriptor of the folder that was checked, whatever is planted later.
+    """
+    if dir_fd is None or not os.path.isdir("/proc/self/fd"):
+        return path
+    return Path(f"/proc/self/fd/{dir_fd}") / path.name
+
+
 @contextmanager
 def file_lock(path: Path, *, timeout: float = DEFAULT_LOCK_TIMEOUT, stop: threading.Event | None = None,
-              on_wait: Callable[[LockWait], None] | None = None, mode: int = 0o664) -> Iterator[None]:
+              on_wait: Callable[[LockWait], None] | None = None, mode: int = 0o664,
+              dir_fd: int | None = None, marker_mode: int | None = None) -> Iterator[None]:
     """Hold an exclusive lock at ``path`` for the duration of the block.
 
     flock (filelock's FileLock) where the filesystem has it, else :class:`SoftLock` with a heartbeat. The lock file is
@@ -246,14 +262,22 @@ def file_lock(path: Path, *, timeout: float = DEFAULT_LOCK_TIMEOUT, stop: thread
             another process).
         on_wait: called once after :data:`NOTICE_AFTER` seconds of waiting, with a :class:`LockWait`.
         mode: permission bits of a newly created lock file.
+        dir_fd: an open descriptor of ``path``'s folder (kept open by the caller for the block): the lock file is
+            opened through it (:func:`via_dir_fd`), so a folder replaced by a link after it was opened is not
+            followed. Messages still name ``path``.
+        marker_mode: permission bits a soft marker gets once held (a shared cache's lock file bits, group write
+            included); None keeps filelock's (``mode`` without group/other write).
 
     Raises:
         LockTimeout: not acquired within ``timeout`` (exit 5; names the file and the holder when known).
         InterruptedError: ``stop`` was set while waiting.
         OSError: the lock file cannot be created or opened (permissions, read-only filesystem).
     """
-    lock = _acquire(path, timeout, stop, on_wait, mode)
-    beat = _Heartbeat(path) if isinstance(lock, SoftLock) else None
+    opened = via_dir_fd(path, dir_fd)
+    lock = _acquire(opened, timeout, stop, on_wait, mode, shown=path)
+    if isinstance(lock, SoftLock) and marker_mode is not None:
+        _settle_marker_mode(opened, marker_mode)
+    beat = _Heartbeat(opened) if isinstance(lock, SoftLock) else None
     try:
         yield
     finally:
@@ -263,7 +287,8 @@ def file_lock(path: Path, *, timeout: float = DEFAULT_LOCK_TIMEOUT, stop: thread
 
 
 def _acquire(path: Path, timeout: float, stop: threading.Event | None,
-             on_wait: Callable[[LockWait], None] | None, mode: int):
+             on_wait: Callable[[LockWait], None] | None, mode: int, shown: Path | None = None):
+    shown = shown or path
     started = time.monotonic()
     deadline = started + max(timeout, 0.0)
     lock = _new_lock(path, mode)
@@ -283,13 +308,13 @@ def _acquire(path: Path, timeout: float, stop: threading.Event | None,
             lock = SoftLock(str(path), mode=mode)
             continue
         if stop is not None and stop.is_set():
-            raise InterruptedError(f"interrupted while waiting for the lock {path}")
+            raise InterruptedError(f"interrupted while waiting for the lock {shown}")
         now = time.monotonic()
         if now >= deadline:
-            raise LockTimeout(path, timeout, holder_of(path))
+            raise LockTimeout(shown, timeout, holder_of(path))
         if on_wait is not None and not told and now - started >= NOTICE_AFTER:
             told = True
-            on_wait(LockWait(str(path), holder_of(path), now - started, timeout))
+            on_wait(LockWait(str(shown), holder_of(path), now - started, timeout))
 
 
 @contextmanager
@@ -311,6 +336,28 @@ def try_lock(path: Path) -> Iterator[str]:
         yield ""
     finally:
         lock.release()
+
+
+def _settle_marker_mode(path: Path, mode: int) -> None:
+    """Give the soft marker this process now holds the lock file ``mode`` (a shared cache's group write).
+
+    Library gap: filelock's SoftFileLock strips group and other write from its markers whatever ``mode`` asks (so
+    that nobody rewrites a live marker; in a group-writable ``.locks/`` folder members can replace it anyway), which
+    left markers ``0644`` in a shared cache whose lock files are meant to be group-writable (:mod:`hfcache.sharing`).
+    Best effort, only on a regular file this user owns (the marker is ours while we hold it).
+    """
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0))
+    except OSError:
+        return
+    try:
+        st = os.fstat(fd)
+        if stat.S_ISREG(st.st_mode) and st.st_uid == os.geteuid() and stat.S_IMODE(st.st_mode) != mode:
+            os.fchmod(fd, mode)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
 
 
 class _Heartbeat:

@@ -29,6 +29,7 @@ from pathlib import Path
 
 from . import safefs
 from .cache import atomic_write_at
+from .sharing import cache_policy, share_dir_fd
 
 #: A record larger than this is not read (16 MiB holds ~150,000 files).
 MAX_RECORD_BYTES = 16 * 1024 * 1024
@@ -72,8 +73,12 @@ def write_record(cache_dir: Path, folder_name: str, commit_hash: str, files: Ite
     if old is not None and old.files == {p: (v["size"], v["hash"]) for p, v in merged.items()} \
             and old.absent == tuple(names):
         return
-    with safefs.dir_fd(cache_dir, parts[:-1], create=True) as dfd:  # relative to the fd: no link followed
-        atomic_write_at(dfd, parts[-1], data)
+    policy = cache_policy(cache_dir)
+    for depth in range(1, len(parts)):  # a group-shared cache: any member re-warms and rewrites the record
+        with safefs.dir_fd(cache_dir, parts[:depth], create=True) as fd:  # no link followed
+            share_dir_fd(fd, policy)
+    with safefs.dir_fd(cache_dir, parts[:-1]) as dfd:  # written relative to the fd: no link followed
+        atomic_write_at(dfd, parts[-1], data, policy)
 
 
 def read_record(cache_dir: str | os.PathLike[str], folder_name: str, commit_hash: str) -> PublishedRevision | None:

@@ -382,7 +382,8 @@ def repo_layout_problems(root: str, folder: str, locks_entries: dict[str, int] |
 
 def list_modes(path: str, only: frozenset[str] | None = None) -> dict[str, int]:
     """name -> file type bits of the entries of the directory ``path`` (from ``d_type``: no stat per entry);
-    with ``only``, of those names only."""
+    with ``only``, of those names only. Empty when ``path`` is missing or this user cannot list it (nothing can be
+    read through it either; the scan reports it as unreadable, issue 21)."""
     out: dict[str, int] = {}
     try:
         with os.scandir(path) as it:
@@ -397,15 +398,17 @@ def list_modes(path: str, only: frozenset[str] | None = None) -> dict[str, int]:
                     out[e.name] = stat.S_IFREG
                 else:
                     out[e.name] = stat.S_IFIFO  # a device, socket or fifo: not a directory either way
-    except (FileNotFoundError, NotADirectoryError):
+    except (FileNotFoundError, NotADirectoryError, PermissionError):
         pass
     return out
 
 
 def _lstat_mode(path: str) -> int | None:
+    """The mode of ``path`` (not followed), or None when it is missing or this user cannot look (a folder on the way
+    cannot be entered: nothing can be read through it either, and the scan reports it as unreadable, issue 21)."""
     try:
         return os.lstat(path).st_mode
-    except (FileNotFoundError, NotADirectoryError):
+    except (FileNotFoundError, NotADirectoryError, PermissionError):
         return None
 
 

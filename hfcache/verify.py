@@ -40,7 +40,7 @@ _CHUNK = 1024 * 1024
 #: Problem kinds that are integrity errors (exit 1); the others are reported as notes.
 ERROR_KINDS = frozenset({
     "blob_mismatch", "blob_size", "blob_not_file", "link_broken", "link_absolute", "link_outside",
-    "ref_malformed", "ref_dangling", "file_missing", "file_mismatch", "unsafe_layout",
+    "ref_malformed", "ref_dangling", "file_missing", "file_mismatch", "revision_missing", "unreadable", "unsafe_layout",
 })
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 from typing import TYPE_CHECKING, Any
 
@@ -64,6 +65,12 @@ def show_mirror_ready(info: Any) -> None:
     token = ", bearer token required" if info.token_required else ""
     pull = f", pulling through from {', '.join(info.upstreams)}" if info.upstreams else ""
     allow = f" (allowed: {', '.join(info.allow)})" if info.allow else " (any repo: no --allow)" if info.upstreams else ""
+    unreadable = info.unreadable
+    if unreadable:
+        shown = ", ".join(unreadable[:4]) + (f" (and {len(unreadable) - 4} more)" if len(unreadable) > 4 else "")
+        stderr.print(Text(f"hfcache: warning: {len(unreadable)} repo folder(s) of {info.root} cannot be read by uid "
+                          f"{os.geteuid()}: {shown}; requests for them get 500 CacheUnreadable (`hfcache doctor "
+                          f"--cache-dir {info.root}` prints the fix)"), soft_wrap=True)
     stderr.print(Text(f"hfcache: serving {what} {info.root}{token}{pull}{allow} at {info.endpoint}"), soft_wrap=True)
 
 

@@ -47,7 +47,27 @@ HEADER_TIMEOUT_SECONDS = 30.0
 MAX_CONNECTIONS = max(64, min(4096, resource.getrlimit(resource.RLIMIT_NOFILE)[0] - 64))
 
 #: Largest request line + headers, bytes (h11's own default, stated: the Hub's clients send well under 4 KiB).
+#: uvicorn's ``h11_max_incomplete_event_size`` only bounds a head still incomplete in its buffer: a larger head that
+#: arrives whole is parsed. So :meth:`UvicornOrigin._app` measures every head it is given and answers 431.
 MAX_REQUEST_HEAD_BYTES = 16 * 1024
+
+
+def request_head_bytes(scope: dict[str, Any]) -> int:
+    """The size in bytes of a request's line and headers as sent (``METHOD PATH?QUERY HTTP/x.y``, ``name: value``
+    lines with their CRLFs, the blank line), from an ASGI ``http`` scope."""
+    line = len(scope["method"]) + len(scope.get("raw_path") or scope["path"].encode()) + 12
+    query = scope.get("query_string") or b""
+    line += len(query) + 1 if query else 0
+    return line + sum(len(name) + len(value) + 4 for name, value in scope["headers"]) + 2
+
+
+async def _too_large(send: Any) -> None:
+    """Answer 431 (RFC 6585: Request Header Fields Too Large) and close the connection."""
+    body = f"request line and headers larger than {MAX_REQUEST_HEAD_BYTES} bytes\n".encode()
+    await send({"type": "http.response.start", "status": 431,
+                "headers": [(b"content-type", b"text/plain; charset=utf-8"), (b"connection", b"close"),
+                            (b"content-length", str(len(body)).encode())]})
+    await send({"type": "http.response.body", "body": body})
 
 
 class UvicornOrigin:
@@ -120,6 +140,9 @@ class UvicornOrigin:
 
     async def _app(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         if scope["type"] != "http":
+            return
+        if request_head_bytes(scope) > MAX_REQUEST_HEAD_BYTES:
+            await _too_large(send)
             return
         loop = asyncio.get_running_loop()
         environ = _environ(scope)

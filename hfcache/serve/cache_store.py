@@ -4,7 +4,8 @@ What it answers, for every ``models--*`` / ``datasets--*`` folder of the cache (
 
 - **Revisions**: the names in ``refs/`` (``main``, ``v1.0``, ``refs/pr/1``) whose 40-hex commit has a snapshot, and
   the full 40-hex commit of every snapshot folder. Anything else is ``RevisionNotFound``; a repo folder without a
-  servable snapshot is ``RepoNotFound``.
+  servable snapshot is ``RepoNotFound``. A repo folder with a part the server's user cannot read is 500
+  ``CacheUnreadable`` naming the part (not hidden as ``RepoNotFound``); ``hfcache serve`` also warns at startup.
 - **Files**: the snapshot's entries that are huggingface_hub's relative links into the repo's own ``blobs/``
   (broken, absolute and escaping links are not served), and real files (caches written without symlinks).
 - **Hashes without hashing**: a blob named by 64 hex characters is an LFS file whose sha256 is its name (its
@@ -52,7 +53,7 @@ from .vocabulary import (
     lfs_pointer,
 )
 
-__all__ = ["CacheStore"]
+__all__ = ["CacheStore", "unreadable_repos"]
 
 _FOLDER_PREFIX = {"model": "models", "dataset": "datasets"}
 _TREES_MAX_BYTES = 64 * 1024 * 1024
@@ -161,6 +162,8 @@ class CacheStore:
         info = scan_repo(path, repo_id, repo_type)
         if info.unsafe:
             return None  # a symlinked part could lead anywhere: the repo is not served (safefs.repo_layout_problems)
+        if info.unreadable:  # what this user sees of it is partial: never served as if it were whole
+            raise _unreadable(folder, info.unreadable)
         snapshots = {}
         for revision in info.revisions:
             if SHA1_RE.match(revision.commit_hash):
@@ -222,7 +225,10 @@ class CacheStore:
         """The canonical id an org-less model folder duplicates, if exactly one ``ORG/<same name>`` holds it."""
         if repo_type != "model" or "/" in repo_id or _folder_name(repo_type, repo_id) is None:
             return None
-        legacy = self._repo(repo_type, repo_id)
+        try:
+            legacy = self._repo(repo_type, repo_id)
+        except StoreMiss:  # unreadable: snapshot() answers that, for the id as asked
+            return None
         if legacy is None:
             return None
         matches = []
@@ -230,7 +236,10 @@ class CacheStore:
             parsed = parse_folder_name(name)
             if parsed is None or parsed[1] != "model" or parsed[0].split("/")[-1] != repo_id or "/" not in parsed[0]:
                 continue
-            canonical = self._repo("model", parsed[0])
+            try:
+                canonical = self._repo("model", parsed[0])
+            except StoreMiss:
+                continue
             if canonical is not None and _covers(canonical, legacy):
                 matches.append(parsed[0])
         return matches[0] if len(matches) == 1 else None
@@ -247,6 +256,40 @@ class CacheStore:
         with self._lock:
             self._names = (now + self.ttl, names)
         return names
+
+
+def _unreadable(folder: str, parts) -> StoreMiss:
+    """The answer for a repo the server's user cannot read: 500 ``CacheUnreadable``, in the Hub's error format.
+
+    500, not 404: the repo exists, the mirror is misconfigured, and a client must not conclude the repo is gone (nor
+    401/403: no token fixes it). huggingface_hub raises ``HfHubHTTPError`` with this message from API calls
+    (``model_info``); ``hf_hub_download``/``snapshot_download`` (so transformers) raise their "cannot find the requested
+    files" error *from* it, so the message is the cause shown in the traceback (huggingface_hub 2.4
+    ``file_download._raise_on_head_call_error`` re-raises as is only 401, RepoNotFound and GatedRepo)."""
+    shown = ", ".join(f"{folder}/{p}" for p in sorted(parts))
+    return StoreMiss("CacheUnreadable", f"{shown} cannot be read by the server (permission denied for uid "
+                     f"{os.geteuid()}): ask the mirror's operator to fix the cache's permissions", status=500)
+
+
+def unreadable_repos(root: Path) -> tuple[str, ...]:
+    """Repo folders of the cache ``root`` (or their ``blobs/``, ``snapshots/``, ``refs/``, ``.no_exist/``) that
+    this user cannot list or enter, relative to ``root`` (``models--org--name/blobs/``): what ``serve`` warns about at
+    startup. Only these top-level folders are looked at (five ``access`` calls per repo; deeper parts are found when
+    a request scans the repo)."""
+    found = []
+    try:
+        entries = sorted(e.name for e in os.scandir(root) if e.is_dir(follow_symlinks=False))
+    except OSError:
+        return ()
+    for name in entries:
+        if parse_folder_name(name) is None:
+            continue
+        if not os.access(root / name, os.R_OK | os.X_OK):
+            found.append(f"{name}/")
+            continue
+        found += [f"{name}/{sub}/" for sub in ("blobs", "snapshots", "refs", ".no_exist")
+                  if os.path.isdir(root / name / sub) and not os.access(root / name / sub, os.R_OK | os.X_OK)]
+    return tuple(found)
 
 
 def _covers(canonical: _Repo, legacy: _Repo) -> bool:

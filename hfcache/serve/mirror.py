@@ -20,6 +20,7 @@ from typing import IO
 
 from ..cache import ensure_cache_root, existing_cache_dir, resolve_cache_dir
 from ..errors import CacheError, UsageError
+from .cache_store import unreadable_repos
 from .hub_server import HubServer
 from .pullthrough import PullThroughConfig
 
@@ -43,6 +44,8 @@ class MirrorInfo:
         access_log (str | None): the access log's path (``"-"`` for stdout), if any.
         upstreams (tuple[str, ...]): pull-through upstream endpoints, in order (empty: a static mirror).
         allow (tuple[str, ...]): repo id globs that may be pulled through (empty: all).
+        unreadable (tuple[str, ...]): repo folders (or their parts) of the cache this user cannot read, relative to
+            ``root``: requests for them get 500 ``CacheUnreadable`` (:func:`.cache_store.unreadable_repos`).
     """
 
     endpoint: str
@@ -54,6 +57,7 @@ class MirrorInfo:
     access_log: str | None
     upstreams: tuple[str, ...] = ()
     allow: tuple[str, ...] = ()
+    unreadable: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -136,7 +140,8 @@ def serve(
         info = MirrorInfo(endpoint=server.endpoint, root=str(root), layout=layout, host=host,
                           port=int(server.endpoint.rsplit(":", 1)[1]), token_required=token is not None,
                           access_log=access_log, upstreams=upstream.upstreams if upstream else (),
-                          allow=upstream.allow if upstream else ())
+                          allow=upstream.allow if upstream else (),
+                          unreadable=unreadable_repos(root) if layout == "cache" else ())
         if ready is not None:
             ready(info)
         stop_event.wait()

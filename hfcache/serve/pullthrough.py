@@ -538,8 +538,8 @@ def _write_listing(folder: RepoFolder, revision: RepoRevision) -> None:
     try:
         with folder.repo_lock():
             if (folder.root / "snapshots" / revision.commit_hash).is_dir():
-                (folder.root / "trees").mkdir(exist_ok=True)
-                atomic_write(folder.root / "trees" / f"{revision.commit_hash}.json", data)
+                folder.make_dir(folder.root / "trees")  # shared like the rest in a group-shared cache
+                atomic_write(folder.root / "trees" / f"{revision.commit_hash}.json", data, policy=folder.policy)
     except OSError:
         logger.warning("cannot write the listing of %s@%s", folder.repo_id, revision.commit_hash, exc_info=True)
 

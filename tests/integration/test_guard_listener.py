@@ -150,3 +150,55 @@ def test_a_child_that_skips_site_is_not_guarded(tmp_path, flag):
         assert proc.returncode == 0, proc.stderr
         threading.Event().wait(1.0)
     assert "udp:b'udp-sendto'" in arrivals
+
+
+FLIPS = textwrap.dedent("""
+    import json, socket, sys
+    port = int(sys.argv[1])
+    guard = sys._hfcache_network_guard
+    out = {}
+    for name, flip in [("enforced", lambda: setattr(guard, "enforced", False)),
+                       ("hook", lambda: setattr(guard, "hook", lambda *a: None)),
+                       ("state", lambda: setattr(sys, "_hfcache_network_guard", None))]:
+        try:
+            flip()
+            out[name] = "flipped"
+        except AttributeError as exc:
+            out[name] = f"AttributeError: {exc}"
+    try:
+        socket.socket(socket.AF_INET, socket.SOCK_DGRAM).sendto(b"after-flip", ("127.0.0.1", port))
+        out["send"] = "sent"
+    except Exception as exc:
+        out["send"] = f"{type(exc).__name__}: {exc}"
+    print(json.dumps(out))
+""")
+
+
+def test_the_guard_cannot_be_switched_off_by_an_attribute(tmp_path):
+    """The hook keeps its state in a closure: flipping ``enforced``, rebinding the hook or dropping the guard object
+    from ``sys`` changes nothing it reads (issue 13 follow-up, item 8)."""
+    with listener() as (port, arrivals):
+        proc = run_hfcache(["exec", "--cache-dir", str(tmp_path / "cache"), "--", sys.executable, "-c", FLIPS,
+                            str(port)])
+        assert proc.returncode == 0, proc.stderr
+        threading.Event().wait(1.0)
+        assert arrivals == [], arrivals
+    results = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert results["enforced"].startswith("AttributeError: the network guard's 'enforced' cannot be changed")
+    assert results["hook"].startswith("AttributeError")
+    assert results["send"].startswith(f"NetworkBlocked: hfcache blocked a connection to 127.0.0.1:{port}"), results
+
+
+def test_a_grandchild_that_rewrites_its_environment_is_not_guarded(tmp_path):
+    """Documented blind spot (README): the guard is a seatbelt, not a sandbox. A process that widens the allow-list
+    in its children's environment, or drops PYTHONPATH, starts them unguarded."""
+    grandchild = f"import subprocess, sys; subprocess.run([sys.executable, '-c', {ATTEMPTS!r}, sys.argv[1], 'sends'])"
+    widen = ("import os, subprocess, sys; os.environ['HFCACHE_ALLOW_HOSTS'] = 'localhost'; "
+             f"subprocess.run([sys.executable, '-c', {ATTEMPTS!r}, sys.argv[1], 'sends'])")
+    for script in (widen, grandchild.replace("subprocess.run(", "subprocess.run(env={}, args=")):
+        with listener() as (port, arrivals):
+            proc = run_hfcache(["exec", "--cache-dir", str(tmp_path / "cache"), "--", sys.executable, "-c", script,
+                                str(port)])
+            assert proc.returncode == 0, proc.stderr
+            threading.Event().wait(1.0)
+        assert "udp:b'udp-sendto'" in arrivals, (script[:60], arrivals, proc.stderr)

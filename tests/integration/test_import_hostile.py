@@ -216,7 +216,8 @@ def test_a_path_that_is_a_file_and_a_folder_is_refused_before_anything_is_writte
 def test_a_ref_to_a_commit_neither_side_has_is_refused(target, tmp_path):
     cache = target[0]
     tar = _new_revision_tar(tmp_path / "dangling.tar", NEW_COMMIT, ref_to="d" * 40)
-    assert_refused(run_import(tar, cache), 1, f"names commit {'d' * 40}, which neither the source nor the target has")
+    assert_refused(run_import(tar, cache), 1,
+                   f"names commit {'d' * 40}, of which neither the source nor the target has a snapshot")
     assert_untouched(target)
     assert not (cache / BERT / "blobs" / git_sha1(EVIL)).exists()
 

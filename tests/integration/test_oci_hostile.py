@@ -528,3 +528,20 @@ def test_bearer_token_flow_with_credentials_from_the_auth_file(seed, registry, t
     else:
         assert proc.returncode == 0, proc.stderr
         assert json.loads(proc.stdout)["ok"] is True and gate.token not in proc.stdout + proc.stderr
+
+
+# --- the attacker report on issue 13's work: a GNU sparse 1.0 map in a layer ---------------------------------------
+
+
+@pytest.mark.parametrize("sparse_map", [b"5\n", b"abc\n", b"3000000\n" + b"0\n" * 600_000])
+def test_a_sparse_map_in_a_layer_is_refused_before_tarfile_reads_it(registry, tmp_path, home, sparse_map):
+    """tarfile parses a PAX GNU sparse 1.0 map inside its header processing (malformed: ValueError, exit 70 before;
+    long: read whole). pull goes through import's tar reader: exit 2, one line, no cache root."""
+    guard = canary(tmp_path)
+    info, _ = member(f"{GPT2}/blobs/{'0' * 64}", sparse_map)
+    info.pax_headers = {"GNU.sparse.major": "1", "GNU.sparse.minor": "0", "GNU.sparse.name": info.name,
+                        "GNU.sparse.realsize": "10"}
+    ref = push_image(registry.host, f"hostile/sparse-{len(sparse_map)}", "v1", [tar_bytes([(info, sparse_map)])])
+    target = tmp_path / "fresh" / "hub"
+    refused(pull(ref, target, home), 2, "a sparse file")
+    assert not (tmp_path / "fresh").exists() and guard.read_bytes() == CANARY

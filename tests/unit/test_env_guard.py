@@ -142,7 +142,7 @@ def test_every_sending_or_resolving_audit_event_is_guarded():
                                      "socket.gethostbyname", "socket.gethostbyaddr", "socket.getnameinfo",
                                      "socket.__new__"}
     g = make_guard()
-    g.enforced = True
+    g.enforce()
     udp = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
     try:
         with pytest.raises(guard.NetworkBlocked, match="connection to 127.0.0.1:9"):
@@ -155,3 +155,35 @@ def test_every_sending_or_resolving_audit_event_is_guarded():
     with pytest.raises(guard.NetworkBlocked, match="socket of address family"):
         g.hook("socket.__new__", (None, getattr(socket, "AF_PACKET", 17), socket.SOCK_RAW, 0))
     g.hook("socket.__new__", (None, socket.AF_UNIX, socket.SOCK_STREAM, 0))
+
+
+def test_names_resolve_without_an_entry_only_from_the_hosts_file(tmp_path):
+    """glibc sends ``*.localhost`` and the machine's own name to the nameserver unless /etc/hosts answers them."""
+    hosts = tmp_path / "hosts"
+    hosts.write_text("127.0.0.1 localhost\n10.0.0.5 Mirror.Internal. mirror # comment\n# 10.0.0.6 commented\n"
+                     "not-an-ip name-of-garbage\n")
+    files_first = tmp_path / "nsswitch-files"
+    files_first.write_text("passwd: files\nhosts: files [NOTFOUND=return] dns\n")
+    dns_first = tmp_path / "nsswitch-dns"
+    dns_first.write_text("hosts: dns files\n")
+    assert guard.hosts_file_names(str(hosts), str(files_first)) == {"localhost", "mirror.internal", "mirror"}
+    assert guard.hosts_file_names(str(hosts), str(dns_first)) == frozenset()
+    assert guard.hosts_file_names(str(hosts), str(tmp_path / "none")) == {"localhost", "mirror.internal", "mirror"}
+    assert guard.hosts_file_names(str(tmp_path / "none"), str(files_first)) == frozenset()
+    g = make_guard()
+    assert g.allows_lookup("localhost", 80)
+    assert not g.allows_lookup("exfil-secret.localhost", 80) and not g.allows_lookup("a.b.localhost.", None)
+
+
+def test_enforced_is_a_latch_the_hook_reads_from_its_closure():
+    g = make_guard()
+    assert not g.enforced
+    g.enforce()
+    assert g.enforced
+    with pytest.raises(AttributeError, match="cannot be changed"):
+        g.enforced = False
+    with pytest.raises(AttributeError):
+        g.hook = lambda *a: None
+    with pytest.raises(guard.NetworkBlocked, match="DNS lookup of exfil.localhost"):
+        g.hook("socket.getaddrinfo", ("exfil.localhost", 80, 0, 0, 0, 0))
+    assert g.attempts == ["exfil.localhost"]
