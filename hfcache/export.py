@@ -40,7 +40,7 @@ from .errors import CacheError, UsageError
 from .lockfile import Lockfile
 from .records import folder_ids
 from .published import MAX_RECORD_BYTES, read_record, record_parts
-from .scan import RepoInfo, load_hazards, scan_cache
+from .scan import SPECIAL_FILE, RepoInfo, load_hazards, scan_cache
 from .verify import algorithm_of
 
 _CHUNK = 1024 * 1024
@@ -222,7 +222,8 @@ def _checked_record(cache_dir: str, repo: RepoInfo, rev) -> str | None:
     Raises:
         CacheError (exit 5): the revision does not match its record, or holds a hazard.
     """
-    hazards = load_hazards(repo, rev.commit_hash)
+    # FIFOs and devices (scan skips them as files); links leaving the repo are refused below as broken entries.
+    hazards = [h for h in load_hazards(repo, rev.commit_hash) if h.endswith(SPECIAL_FILE)]
     if hazards:
         raise CacheError(f"{repo.repo_id}: unsafe cache layout, nothing exported: {hazards[0]}",
                          hint="remove it, then `hfcache verify --repair` (or re-warm) and rerun")
