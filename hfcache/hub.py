@@ -220,13 +220,21 @@ class HubClient:
             info = self._repo_info(repo_id, revision, repo_type)
         commit = info.sha or ""
         canonical_id = info.id or repo_id
+        if "/" in repo_id and canonical_id != repo_id:
+            # Only a legacy id (no org) is renamed by the Hub (``gpt2`` -> ``openai-community/gpt2``); an
+            # ``org/name`` request answered with another id is taken as the requested repo (README: stored under the
+            # requested id only): its files are fetched from the requested repo's URLs, no other id is claimed.
+            canonical_id = repo_id
         if not valid_repo_id(canonical_id):
             raise HubError(f"{repo_id}: {self.endpoint} answered an invalid repo id {canonical_id!r}",
                            hint="the endpoint is broken or hostile")
         if not COMMIT_RE.fullmatch(commit):
             raise HubError(f"{repo_id}: {self.endpoint} answered commit {commit!r}, not 40 hex characters",
                            hint="the endpoint is broken or not Hub-compatible")
-        files = [self._remote_file(repo_id, sibling) for sibling in info.siblings or ()]
+        if info.siblings is None:  # the Hub always lists them (``[]`` for an empty repo): a broken answer
+            raise HubError(f"{repo_id}: {self.endpoint} answered no file listing (siblings) for {revision}",
+                           hint="the endpoint is broken or not Hub-compatible")
+        files = [self._remote_file(repo_id, sibling) for sibling in info.siblings]
         files.sort(key=lambda f: f.path)
         clash = _file_and_folder({f.path for f in files})
         if clash:
