@@ -6,10 +6,13 @@ per repo the five files of a BERT-style tokenizer (``config.json``, ``tokenizer.
 ``refs/main``; every tenth repo also has a ``1_Pooling/config.json`` in a subfolder and a second, detached
 revision. Both tools then list it, in one run, each in a fresh subprocess (so interpreter
 start-up counts for both); the script prints wall time (median of ``--repeat``), peak RSS of the child
-(``getrusage(RUSAGE_CHILDREN)`` in a wrapper process) and the ratio. Goal (issue "hfcache ls"): at most a quarter
-of ``hf cache ls``'s wall time.
+(``getrusage(RUSAGE_CHILDREN)`` in a wrapper process) and the ratio. The contenders run interleaved in each round
+(a shared machine's load drifts); the load average is printed before and after. Goal (issue 18, P4): at most a
+quarter of ``hf cache ls``'s wall time and at most 64 MiB peak RSS. ``find -printf`` over the same tree is printed as
+the floor (a C program doing the lstat calls, no Python). ``hf`` comes from a separate venv with the released
+huggingface_hub unless ``--anchors current`` (benchmarks/anchors.py).
 
-    python benchmarks/bench_ls.py [--repos 10000] [--repeat 3] [--json]
+    python benchmarks/bench_ls.py [--repos 10000] [--repeat 3] [--anchors venv|current] [--json]
 """
 
 from __future__ import annotations
@@ -19,13 +22,17 @@ import hashlib
 import json
 import os
 import platform
-import shutil
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from anchors import anchor_python, anchor_version, clean_python_env, load_average, precompile  # noqa: E402
+
+ROOT = Path(__file__).resolve().parent.parent
 
 # Runs `argv` and prints its peak RSS (KiB on Linux) as the last line of stderr.
 RSS_WRAPPER = (
@@ -74,7 +81,9 @@ def build_cache(root: Path, repos: int) -> None:
 def timed(cmd: list[str]) -> tuple[float, int]:
     """(wall seconds, peak RSS in MiB) of ``cmd`` run in a fresh process."""
     start = time.perf_counter()
-    proc = subprocess.run([sys.executable, "-c", RSS_WRAPPER, *cmd], capture_output=True, text=True)
+    env = clean_python_env(dict(os.environ))
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
+    proc = subprocess.run([sys.executable, "-c", RSS_WRAPPER, *cmd], capture_output=True, text=True, env=env)
     wall = time.perf_counter() - start
     code, rss_kib = proc.stderr.strip().splitlines()[-1].split()
     if code != "0":
@@ -87,9 +96,13 @@ def main() -> None:
     parser.add_argument("--repos", type=int, default=10_000)
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--json", action="store_true")
+    parser.add_argument("--anchors", choices=["venv", "current"], default="venv",
+                        help="hf from a separate venv made once (default) or this interpreter's")
     args = parser.parse_args()
-    hf = str(Path(sys.executable).parent / "hf") if (Path(sys.executable).parent / "hf").exists() else shutil.which("hf")
+    hf = str(anchor_python(args.anchors).parent / "hf")
+    precompile(ROOT)
     env_note = {k: v for k, v in os.environ.items() if k.startswith("HF_")}
+    before = load_average()
     with tempfile.TemporaryDirectory(prefix="bench_ls_") as tmp:
         cache = Path(tmp) / "cache"
         t0 = time.perf_counter()
@@ -98,24 +111,37 @@ def main() -> None:
         contenders = {
             "hfcache ls --json": [sys.executable, "-m", "hfcache", "ls", "--cache-dir", str(cache), "--json"],
             "hf cache ls --format json": [hf, "cache", "ls", "--cache-dir", str(cache), "--format", "json"],
+            "find -printf (floor)": ["find", str(cache), "-printf", "%p %s %l\\n"],
         }
-        results = {}
-        for name, cmd in contenders.items():
-            runs = [timed(cmd) for _ in range(args.repeat)]
-            results[name] = {"wall_s": statistics.median(w for w, _ in runs), "peak_rss_mib": max(r for _, r in runs)}
+        runs: dict[str, list[tuple[float, int]]] = {name: [] for name in contenders}
+        for _ in range(args.repeat):  # interleaved: each round runs every contender once
+            for name, cmd in contenders.items():
+                runs[name].append(timed(cmd))
+        results = {name: {"wall_s": statistics.median(w for w, _ in rs), "peak_rss_mib": statistics.median_low(
+            [r for _, r in rs])} for name, rs in runs.items()}
     base = results["hf cache ls --format json"]["wall_s"]
     for r in results.values():
         r["x_hf_cache_ls"] = r["wall_s"] / base
+    ours = results["hfcache ls --json"]
+    goals = [{"goal": "P4 ls --json / hf cache ls --format json", "value": round(ours["x_hf_cache_ls"], 3),
+              "at_most": 0.25, "met": ours["x_hf_cache_ls"] <= 0.25},
+             {"goal": "P4 ls --json peak RSS MiB", "value": ours["peak_rss_mib"], "at_most": 64,
+              "met": ours["peak_rss_mib"] <= 64}]
     facts = {"python": platform.python_version(), "cpu_count": os.cpu_count(), "repos": args.repos,
-             "repeat": args.repeat, "build_s": round(build_s, 2), "hf_env": sorted(env_note)}
+             "repeat": args.repeat, "build_s": round(build_s, 2), "hf_env": sorted(env_note),
+             "huggingface_hub": anchor_version(Path(hf).parent / "python"), "load_before": before,
+             "load_after": load_average()}
     if args.json:
-        print(json.dumps({"machine": facts, "contenders": results}, indent=2))
+        print(json.dumps({"machine": facts, "contenders": results, "goals": goals}, indent=2))
         return
     print(f"python {facts['python']}, {facts['cpu_count']} CPUs, {args.repos} repos (built in {build_s:.1f}s), "
-          f"median of {args.repeat}")
+          f"huggingface_hub {facts['huggingface_hub']}, median of {args.repeat} interleaved rounds")
+    print(f"{facts['load_before']} before, {facts['load_after']} after")
     print(f"{'contender':28} {'wall s':>8} {'peak RSS MiB':>13} {'x hf cache ls':>14}")
     for name, r in results.items():
         print(f"{name:28} {r['wall_s']:8.2f} {r['peak_rss_mib']:13d} {r['x_hf_cache_ls']:14.2f}")
+    for g in goals:
+        print(f"{g['goal']:<45} {g['value']:>8}  goal <= {g['at_most']:<5} {'met' if g['met'] else 'NOT met'}")
 
 
 if __name__ == "__main__":

@@ -11,6 +11,14 @@ What it measures, against a local Hub-compatible server (``hfcache.serve.HubServ
                         zero requests (a stat-only check, no hashing, no HTTP client set up).
   C  snapshot_download  ONE python subprocess calling ``huggingface_hub.snapshot_download(repo,
                         allow_patterns=<same files>)`` for each repo in sequence.
+  D  snapshot_download threads
+                        ONE python subprocess calling the same ``snapshot_download`` for the nine repos in 8
+                        threads (the best a script can do); its warm-again run is offline (HF_HUB_OFFLINE=1).
+
+Then the issue-18 goals as ratios of medians measured in the same run: P1 ``warm --lock`` warm-again vs ``hf
+download`` x9 warm-again (<= 0.05) and vs D offline (<= 0.5), with 0 requests; P2 hfcache cold vs D cold (wall <= 0.8,
+requests <= 0.6). The anchors (B, C, D) run from a separate venv with the released huggingface_hub unless
+``--anchors current`` (see benchmarks/anchors.py). The load average is printed before and after.
 
 For each contender, on a fresh temporary cache ("cold") and then again on that now-warm cache
 ("warm again"): wall time (``time.perf_counter`` around the subprocess(es), so interpreter start-up
@@ -23,7 +31,7 @@ HF_HUB_DISABLE_TELEMETRY=1, HF_HUB_DISABLE_UPDATE_CHECK=1.
 
 Run from anywhere, with the project's venv python:
 
-    python benchmarks/bench_warm.py [--throttle-bps 5000000] [--repeat 3] [--json]
+    python benchmarks/bench_warm.py [--throttle-bps 5000000] [--repeat 3] [--anchors venv|current] [--json]
 
 ``--throttle-bps`` paces every file body to about N bytes/s per connection (default: unthrottled).
 """
@@ -46,6 +54,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # so `hfcache` imports even when the package is not installed
 
+from anchors import anchor_python, anchor_version, clean_python_env, load_average, precompile  # noqa: E402
+
 from hfcache.serve import HubServer  # noqa: E402
 
 REPOS = [
@@ -59,7 +69,8 @@ REPOS = [
     "google-t5/t5-small",
     "microsoft/Phi-3-mini-4k-instruct",
 ]
-CONTENDERS = ["hfcache", "hfcache --lock", "hf download", "snapshot_download"]
+CONTENDERS = ["hfcache", "hfcache --lock", "hf download", "snapshot_download", "snapshot_download threads"]
+ANCHOR_PYTHON = Path(sys.executable)  # set by main(): the anchors' interpreter (benchmarks/anchors.py)
 
 # Contender C: one interpreter, snapshot_download per repo in sequence. argv[1] = JSON job description.
 SNAPSHOT_SCRIPT = """
@@ -70,10 +81,22 @@ for repo, files in job["files"].items():
     snapshot_download(repo, allow_patterns=files, cache_dir=job["cache_dir"], endpoint=job["endpoint"])
 """
 
+# Contender D: one interpreter, snapshot_download of the nine repos in 8 threads.
+THREADED_SCRIPT = """
+import json, sys
+from concurrent.futures import ThreadPoolExecutor
+from huggingface_hub import snapshot_download
+job = json.loads(sys.argv[1])
+def one(item):
+    return snapshot_download(item[0], allow_patterns=item[1], cache_dir=job["cache_dir"], endpoint=job["endpoint"])
+with ThreadPoolExecutor(8) as pool:
+    list(pool.map(one, job["files"].items()))
+"""
+
 
 def hf_cli() -> str:
-    """The ``hf`` executable next to this python (the venv's), else the one on PATH."""
-    sibling = Path(sys.executable).parent / "hf"
+    """The ``hf`` executable next to the anchors' python, else the one on PATH."""
+    sibling = ANCHOR_PYTHON.parent / "hf"
     found = str(sibling) if sibling.exists() else shutil.which("hf")
     if not found:
         sys.exit("bench_warm: cannot find the `hf` CLI (pip install huggingface_hub)")
@@ -82,7 +105,7 @@ def hf_cli() -> str:
 
 def child_env(endpoint: str, hf_home: Path) -> dict[str, str]:
     """The same clean environment for every contender: no inherited HF_* (tokens, caches, offline mode)."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("HF_")}
+    env = {k: v for k, v in clean_python_env(dict(os.environ)).items() if not k.startswith("HF_")}
     env.update(
         HF_ENDPOINT=endpoint,
         HF_HOME=str(hf_home),
@@ -124,7 +147,8 @@ def commands(contender: str, files: dict[str, list[str]], cache: Path, endpoint:
     if contender == "hf download":
         return [[hf_cli(), "download", repo, *files[repo], "--cache-dir", str(cache)] for repo in REPOS]
     job = {"files": {repo: files[repo] for repo in REPOS}, "cache_dir": str(cache), "endpoint": endpoint}
-    return [[sys.executable, "-c", SNAPSHOT_SCRIPT, json.dumps(job)]]
+    script = THREADED_SCRIPT if contender == "snapshot_download threads" else SNAPSHOT_SCRIPT
+    return [[str(ANCHOR_PYTHON), "-c", script, json.dumps(job)]]
 
 
 def cache_bytes(cache: Path) -> int:
@@ -159,6 +183,8 @@ def one_round(server: HubServer, contender: str, files: dict[str, list[str]] | N
         report = json.loads(out[0])
         result["files"] = {r["repo_id"]: [f["path"] for f in r["files"]] for r in report["repos"]}
         files = result["files"]
+    if contender == "snapshot_download threads":
+        env = {**env, "HF_HUB_OFFLINE": "1"}  # the anchor of P1: the best a script can do on a complete cache
     warm_wall, warm_req, _, _ = measure(server, commands(contender, files, cache, server.endpoint), env)
     result.update(warm_wall_s=warm_wall, warm_requests=warm_req)
     return result
@@ -190,21 +216,39 @@ def benchmark(throttle_bps: int | None, repeat: int) -> dict:
     for m in medians.values():
         m["cold_x_hfcache"] = m["cold_wall_s"] / base["cold_wall_s"]
         m["warm_x_hfcache"] = m["warm_wall_s"] / base["warm_wall_s"]
-    return {"machine": machine_facts(throttle_bps, repeat), "files": files, "contenders": medians}
+    return {"machine": machine_facts(throttle_bps, repeat), "files": files, "contenders": medians,
+            "goals": goals(medians)}
+
+
+def goals(medians: dict) -> list[dict]:
+    """Issue 18's P1 and P2 as ratios of this run's medians: (name, ratio, goal, met)."""
+    lock, threads = medians["hfcache --lock"], medians["snapshot_download threads"]
+    rows = [
+        ("P1 warm --lock requests (complete cache)", lock["warm_requests"], 0),
+        ("P1 warm --lock / hf download x9 (warm again)", lock["warm_wall_s"] / medians["hf download"]["warm_wall_s"],
+         0.05),
+        ("P1 warm --lock / threaded snapshot_download offline", lock["warm_wall_s"] / threads["warm_wall_s"], 0.5),
+        ("P2 warm cold wall / threaded snapshot_download", medians["hfcache"]["cold_wall_s"] / threads["cold_wall_s"],
+         0.8),
+        ("P2 warm cold requests / threaded snapshot_download",
+         medians["hfcache"]["cold_requests"] / max(1, threads["cold_requests"]), 0.6),
+    ]
+    return [{"goal": name, "value": round(value, 3), "at_most": limit, "met": value <= limit}
+            for name, value, limit in rows]
 
 
 def machine_facts(throttle_bps: int | None, repeat: int) -> dict:
-    import huggingface_hub
-
     return {"python": platform.python_version(), "cpu_count": os.cpu_count(), "throttle_bps": throttle_bps,
-            "repeat": repeat, "huggingface_hub": huggingface_hub.__version__, "platform": platform.platform()}
+            "repeat": repeat, "huggingface_hub": anchor_version(ANCHOR_PYTHON), "anchors": str(ANCHOR_PYTHON),
+            "platform": platform.platform()}
 
 
 def print_table(results: dict) -> None:
     m = results["machine"]
     throttle = f"{m['throttle_bps']} B/s per connection" if m["throttle_bps"] else "none"
     print(f"python {m['python']}, {m['cpu_count']} CPUs, throttle {throttle}, huggingface_hub "
-          f"{m['huggingface_hub']}, {m['platform']}, median of {m['repeat']}")
+          f"{m['huggingface_hub']} ({m['anchors']}), {m['platform']}, median of {m['repeat']}")
+    print(f"{m['load_before']} before, {m['load_after']} after")
     nfiles = sum(len(f) for f in results["files"].values())
     print(f"{len(REPOS)} repos, {nfiles} files (hfcache's tokenizer selection)\n")
     header = ["contender", "cold wall s", "cold reqs", "body bytes", "cache bytes",
@@ -220,6 +264,9 @@ def print_table(results: dict) -> None:
         print("  ".join(cell.ljust(w) if i == 0 else cell.rjust(w) for i, (cell, w) in enumerate(zip(row, widths))))
         if n == 0:
             print("  ".join("-" * w for w in widths))
+    print()
+    for g in results["goals"]:
+        print(f"{g['goal']:<52} {g['value']:>8}  goal <= {g['at_most']:<5} {'met' if g['met'] else 'NOT met'}")
 
 
 def main() -> None:
@@ -228,10 +275,17 @@ def main() -> None:
                         help="pace file bodies to about N bytes/s per connection (default: unthrottled)")
     parser.add_argument("--repeat", type=int, default=3, metavar="N", help="rounds; medians are reported (default 3)")
     parser.add_argument("--json", action="store_true", help="print the figures as one JSON document")
+    parser.add_argument("--anchors", choices=["venv", "current"], default="venv",
+                        help="huggingface_hub from a separate venv made once (default) or this interpreter's")
     args = parser.parse_args()
     if args.repeat < 1 or (args.throttle_bps is not None and args.throttle_bps < 1):
         parser.error("--repeat and --throttle-bps must be positive")
+    global ANCHOR_PYTHON
+    ANCHOR_PYTHON = anchor_python(args.anchors)
+    precompile(ROOT)
+    before = load_average()
     results = benchmark(args.throttle_bps, args.repeat)
+    results["machine"].update(load_before=before, load_after=load_average())
     if args.json:
         print(json.dumps(results, indent=2))
     else:

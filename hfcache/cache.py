@@ -361,12 +361,50 @@ class RepoFolder:
         share_fd(fd, self.policy)
         return IncompleteBlob(dfd, name, self.root / "blobs" / name), os.fdopen(fd, "wb")
 
+    def resume_incomplete(self, etag: str) -> IncompleteBlob:
+        """The partial download of ``blobs/<etag>`` to continue: the largest leftover ``<etag>[.<random>].incomplete``
+        (hfcache's names and huggingface_hub's), the other leftovers deleted; a new empty one when there is none.
+        Listed, deleted and created relative to an fd of ``blobs/`` (as :meth:`open_incomplete`); the returned
+        :class:`IncompleteBlob` opens it with :meth:`IncompleteBlob.open_fd`.
+
+        Call it only while holding :meth:`blob_lock`: then no other process is writing any of them.
+        """
+        safefs.check_etag(etag)
+        self.make_dir(self.root / "snapshots")
+        dfd = self.open_dir(self.root / "blobs")
+        try:
+            leftovers = []
+            for name in os.listdir(dfd):
+                if name.startswith(f"{etag}.") and name.endswith(".incomplete"):
+                    try:
+                        st = os.stat(name, dir_fd=dfd, follow_symlinks=False)
+                    except FileNotFoundError:
+                        continue
+                    if stat.S_ISREG(st.st_mode):
+                        leftovers.append((st.st_size, name))
+            if not leftovers:
+                name = f"{etag}.{uuid.uuid4().hex[:8]}.incomplete"
+                fd = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o666,
+                             dir_fd=dfd)
+                share_fd(fd, self.policy)
+                os.close(fd)
+            else:
+                leftovers.sort(reverse=True)
+                for _, other in leftovers[1:]:
+                    _unlink_at(dfd, other)
+                name = leftovers[0][1]
+        except BaseException:
+            os.close(dfd)
+            raise
+        return IncompleteBlob(dfd, name, self.root / "blobs" / name)
+
     def publish_blob(self, incomplete: IncompleteBlob, etag: str) -> None:
         """Rename a verified download to ``blobs/<etag>`` (atomic, relative to the dir fd it was created in;
-        replaces a broken blob or a planted link of that name, never writes through it)."""
+        replaces a broken blob or a planted link of that name, never writes through it); closes that fd."""
         os.replace(incomplete.name, safefs.check_etag(etag), src_dir_fd=incomplete.dir_fd,
                    dst_dir_fd=incomplete.dir_fd)
         incomplete.published = True
+        incomplete.close()
 
     def adopt_blob(self, source: Path, etag: str) -> bool:
         """Hardlink an identical blob of another repo folder as ``blobs/<etag>`` (deduplication); both folders are
@@ -525,6 +563,16 @@ class IncompleteBlob(os.PathLike):
 
     def __fspath__(self) -> str:
         return str(self.path)
+
+    def open_fd(self, flags: int) -> int:
+        """``os.open`` of the file relative to the folder fd, ``O_NOFOLLOW``; returns an fd (caller closes)."""
+        return os.open(self.name, flags | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=self.dir_fd)
+
+    def close(self) -> None:
+        """Close the folder fd (the file stays: a kept partial download); idempotent."""
+        if self.dir_fd >= 0:
+            os.close(self.dir_fd)
+            self.dir_fd = -1
 
     def unlink(self, missing_ok: bool = True) -> None:
         """Remove the ``.incomplete`` file (when not published) and close the folder fd; idempotent."""

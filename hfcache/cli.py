@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import signal
 import sys
 from pathlib import Path
 
@@ -19,6 +20,15 @@ from .errors import HfcacheError, UsageError
 
 EXIT_INTERNAL = 70
 EXIT_INTERRUPTED = 130
+EXIT_TERMINATED = 143  # 128 + SIGTERM, what a shell reports for a process killed by SIGTERM
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM (``docker stop``, the kubelet) arrived: handled exactly like Ctrl-C, exit 143."""
+
+
+def _on_sigterm(signum, frame) -> None:
+    raise Terminated()
 
 
 def _read_token(token: str | None, token_file: str | None, option: str = "--token-file") -> str | bool | None:
@@ -79,6 +89,9 @@ def _common_hub_options(fn):
                      help="Parallel downloads."),
         click.option("--timeout", metavar="SECONDS", default="10", show_default=True, callback=_parsed("parse_timeout"),
                      help="Seconds to wait for a connection or for any byte of an answer."),
+        click.option("--retries", type=click.IntRange(min=0), default=5, show_default=True,
+                     help="Retries of a 429, 502, 503, 504 or cut connection, per request or file (exponential "
+                          "backoff with jitter; Retry-After honoured)."),
         click.option("--json", "as_json", is_flag=True, help="Print one JSON document on stdout; no progress."),
     ]):
         fn = decorator(fn)
@@ -103,7 +116,7 @@ def _common_hub_options(fn):
 @_lock_timeout_option
 @click.option("-q", "--quiet", is_flag=True, help="No progress and no summary; errors only.")
 def warm(repos, cache_dir, kind, include, exclude, repo_type, lock_file, locked, manifest, endpoints, token,
-         token_file, max_workers, timeout, lock_timeout, as_json, quiet) -> None:
+         token_file, max_workers, timeout, retries, lock_timeout, as_json, quiet) -> None:
     """Download tokenizers (or models) into a cache that transformers loads offline.
 
     Every file is hashed against what the endpoint publishes (or the lock pins) before it becomes visible; the
@@ -129,8 +142,8 @@ def warm(repos, cache_dir, kind, include, exclude, repo_type, lock_file, locked,
         target = resolve_install(lock_file, manifest=manifest, locked=locked, cache_dir=cache_dir, endpoint=endpoints)
         with render.WarmProgress(len(target.lock.repos), enabled=not (as_json or quiet)) as progress:
             report = warm_lock(target.lock, cache_dir=target.cache_dir, endpoint=target.endpoint, token=resolved_token,
-                               max_workers=max_workers, timeout=timeout, progress=progress, lock_timeout=lock_timeout,
-                               on_lock_wait=None if quiet else lock_wait_notice)
+                               max_workers=max_workers, timeout=timeout, progress=progress, retries=retries,
+                               lock_timeout=lock_timeout, on_lock_wait=None if quiet else lock_wait_notice)
     else:
         if locked or manifest:
             raise UsageError("--locked and --manifest go with --lock")
@@ -145,7 +158,7 @@ def warm(repos, cache_dir, kind, include, exclude, repo_type, lock_file, locked,
         ]
         with render.WarmProgress(len(requests), enabled=not (as_json or quiet)) as progress:
             report = warm_repos(requests, cache_dir=cache_dir, endpoint=list(endpoints) or None, token=resolved_token,
-                                max_workers=max_workers, timeout=timeout, progress=progress,
+                                max_workers=max_workers, timeout=timeout, progress=progress, retries=retries,
                                 lock_timeout=lock_timeout, on_lock_wait=None if quiet else lock_wait_notice)
     render.show_warm_report(report, as_json=as_json, quiet=quiet)
     sys.exit(report.exit_code)
@@ -163,7 +176,7 @@ def warm(repos, cache_dir, kind, include, exclude, repo_type, lock_file, locked,
               "when it does not.")
 @_common_hub_options
 def lock(upgrade_ids, manifest, output_file, upgrade, check, endpoints, token, token_file, max_workers, timeout,
-         as_json) -> None:
+         retries, as_json) -> None:
     """Resolve the manifest to exact commits and write hfcache.lock (sizes and hashes of every file).
 
     An existing lock keeps its commits for entries that did not change, unless --upgrade names them.
@@ -195,7 +208,8 @@ def lock(upgrade_ids, manifest, output_file, upgrade, check, endpoints, token, t
     spinner = render.stderr.status("resolving manifest entries", spinner="dots")
     with spinner if not as_json else contextlib.nullcontext():
         run = lock_project(manifest, lock_path=output_file, upgrade=upgrade, upgrade_ids=upgrade_ids,
-                           endpoint=endpoints, token=resolved_token, timeout=timeout, max_workers=max_workers)
+                           endpoint=endpoints, token=resolved_token, timeout=timeout, max_workers=max_workers,
+                           retries=retries)
     render.show_pin_result(run.result, run.lock_path, run.written, as_json=as_json)
     if run.result.failures:
         sys.exit(run.result.failures[0].exit_code)
@@ -218,13 +232,21 @@ def ls_command(repo_ids, cache_dir, revisions, lock_file, sort, as_json) -> None
     import gc
 
     from .lockfile import pinned_revisions, read_lock
+    from .project import reading_cache_dir
     from .render import ls as render
-    from .scan import scan_cache
+    from .scan import repo_folders, scan_cache, scan_folder
 
     pinned = pinned_revisions(read_lock(lock_file)) if lock_file else None
-    root = _read_cache_dir(cache_dir, lock_file)
+    root = reading_cache_dir(cache_dir, lock_file)
     gc.disable()  # a short-lived process building one large document: the cyclic collector only costs time
-    info = scan_cache(root, set(repo_ids) if repo_ids else None)
+    wanted = set(repo_ids) if repo_ids else None
+    if as_json and sort == "name":
+        folders, locks = repo_folders(Path(root), wanted)
+        if len(folders) > 100:  # large: one repo at a time, never the whole document in memory (issue 18, P4)
+            folders.sort(key=lambda f: f[1].lower())  # the order show_ls gives (stable over the scan's order)
+            repos = (scan_folder(Path(root), folder, locks) for folder in folders)
+            sys.exit(1 if render.stream_ls_json(str(Path(root)), repos, pinned, sys.stdout) else 0)
+    info = scan_cache(root, wanted)
     render.show_ls(info, pinned, sort=sort, revisions=revisions, as_json=as_json)
     sys.exit(1 if any(r.unreadable for r in info.repos) else 0)  # health: a repo this user cannot read
 
@@ -237,23 +259,28 @@ def ls_command(repo_ids, cache_dir, revisions, lock_file, sort, as_json) -> None
                    "else the lock's manifest's).")
 @click.option("--repair", "do_repair", is_flag=True,
               help="Fix what is broken (re-download from the endpoint, rewrite refs and links), then verify again.")
+@click.option("--fast", is_flag=True,
+              help="Skip blobs unchanged (inode, size, mtime, ctime) since an earlier --fast run hashed them right, "
+                   "and record this run's in .locks/ [default: hash every blob, write nothing].")
 @_common_hub_options
 @_lock_timeout_option
-def verify(repo_ids, cache_dir, lock_file, do_repair, endpoints, token, token_file, max_workers, timeout,
-           lock_timeout, as_json) -> None:
+def verify(repo_ids, cache_dir, lock_file, do_repair, fast, endpoints, token, token_file, max_workers, timeout,
+           retries, lock_timeout, as_json) -> None:
     """Check a cache's integrity offline: every blob's hash, links, refs, and the lock's files.
 
     Without --repair it makes no network request. Exit 1 when any integrity problem remains.
     """
     from .lockfile import read_lock
+    from .project import reading_cache_dir
     from .render import verify as render
     from .render.common import lock_wait_notice
     from .verify import verify_cache
 
     lock = read_lock(lock_file) if lock_file else None
-    root = _read_cache_dir(cache_dir, lock_file)
+    root = reading_cache_dir(cache_dir, lock_file)
     with render.HashProgress(enabled=not as_json) as progress:
-        report = verify_cache(root, repo_ids or None, lock=lock, max_workers=max_workers, progress=progress)
+        report = verify_cache(root, repo_ids or None, lock=lock, max_workers=max_workers, progress=progress,
+                              fast=fast)
     actions = ()
     before = None
     if do_repair and not report.ok:
@@ -263,12 +290,13 @@ def verify(repo_ids, cache_dir, lock_file, do_repair, endpoints, token, token_fi
 
         # Repair downloads from the first endpoint given (fallbacks are a warm feature).
         client = HubClient(endpoint=endpoints[0] if endpoints else None,
-                           token=resolve_token(_read_token(token, token_file)), timeout=timeout)
+                           token=resolve_token(_read_token(token, token_file)), timeout=timeout, retries=retries)
         actions = repair(report, client=client, lock=lock, lock_timeout=lock_timeout,
                          on_lock_wait=lock_wait_notice)
         before = report
         with render.HashProgress(enabled=not as_json) as progress:
-            report = verify_cache(root, repo_ids or None, lock=lock, max_workers=max_workers, progress=progress)
+            report = verify_cache(root, repo_ids or None, lock=lock, max_workers=max_workers, progress=progress,
+                                  fast=fast)
     render.show_verify(report, actions, before, as_json=as_json)
     sys.exit(report.exit_code)
 
@@ -291,9 +319,10 @@ def check(repo_ids, cache_dir, lock_file, text, as_json) -> None:
     """
     from .check import DEFAULT_TEXT, check_tokenizers, select_targets, targets_from_cache, targets_from_lock
     from .lockfile import read_lock
+    from .project import reading_cache_dir
     from .render import verify as render
 
-    root = _read_cache_dir(cache_dir, lock_file)
+    root = reading_cache_dir(cache_dir, lock_file)
     if lock_file:
         targets = select_targets(targets_from_lock(read_lock(lock_file)), repo_ids)
     else:
@@ -305,14 +334,6 @@ def check(repo_ids, cache_dir, lock_file, text, as_json) -> None:
         report = check_tokenizers(root, targets, text or DEFAULT_TEXT)
     render.show_check(report, as_json=as_json)
     sys.exit(report.exit_code)
-
-
-def _read_cache_dir(cache_dir: str | None, lock_file: str | None) -> Path:
-    """The existing cache a reading command works on: with --lock, as `warm --lock` picks it (lockfile.lock_cache_dir)."""
-    from .cache import existing_cache_dir
-    from .lockfile import lock_cache_dir
-
-    return existing_cache_dir(lock_cache_dir(lock_file, cache_dir) if lock_file else cache_dir)
 
 
 def _parse_chown(value: str | None) -> tuple[int, int] | None:
@@ -343,6 +364,7 @@ def export_command(dest, specs, lock_file, cache_dir, materialize, fmt, chown, g
     """
     from .export import plan_export, write_dir, write_tar
     from .lockfile import read_lock
+    from .project import reading_cache_dir
     from .render import transfer as render
 
     fmt = fmt or ("tar" if dest == "-" or dest.endswith(".tar") else "dir")
@@ -351,7 +373,7 @@ def export_command(dest, specs, lock_file, cache_dir, materialize, fmt, chown, g
     if dest == "-" and as_json:
         raise UsageError("--json cannot share stdout with the tar stream")
     owner = _parse_chown(chown)
-    root = _read_cache_dir(cache_dir, lock_file)
+    root = reading_cache_dir(cache_dir, lock_file)
     plan = plan_export(root, specs, lock=read_lock(lock_file) if lock_file else None, materialize=materialize)
     digest = None
     if fmt == "tar":
@@ -601,12 +623,36 @@ def _fail(message: str, hint: str | None, exit_code: int, as_json: bool) -> None
     sys.exit(exit_code)
 
 
+def _interrupted(code: int, as_json: bool) -> None:
+    """Ctrl-C (exit 130) or SIGTERM (exit 143): the error line (and with --json the error document), then exit at
+    once (:func:`_exit_now`)."""
+    from .render.common import print_error, print_json
+
+    message = "terminated" if code == EXIT_TERMINATED else "interrupted"
+    hint = "run the command again; what was interrupted was not published (partial downloads resume)"
+    with contextlib.suppress(Exception):
+        print_error(message, hint)
+        if as_json:
+            print_json({"ok": False, "error": message, "hint": hint, "exit_code": code})
+    _exit_now(code)
+
+
+def _exit_now(code: int) -> None:
+    """Exit at once after Ctrl-C/SIGTERM: the work has been told to stop and publishes nothing more; a download
+    thread blocked on a silent socket must not hold the exit up to --timeout (partial files stay resumable)."""
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+    os._exit(code)
+
+
 def main(argv: list[str] | None = None) -> None:
     """Console-script entry point: run the CLI and map every hfcache error to its exit code, without traceback."""
     args = sys.argv[1:] if argv is None else argv
     head = args[:args.index("--")] if "--" in args else args
     as_json = "--json" in head and head[:1] != ["exec"]  # exec has no --json: its COMMAND's arguments are not ours
     debug = os.environ.get("HFCACHE_DEBUG") not in (None, "", "0")
+    signal.signal(signal.SIGTERM, _on_sigterm)  # `serve` installs its own graceful handler; `exec` replaces us
     try:
         cli.main(args=args, prog_name="hfcache", standalone_mode=False)
     except click.exceptions.Exit as exc:
@@ -616,13 +662,16 @@ def main(argv: list[str] | None = None) -> None:
         _fail(exc.format_message(), f"see `{command} --help`", UsageError.exit_code, as_json)
     except click.ClickException as exc:
         _fail(exc.format_message(), None, exc.exit_code, as_json)
+    except click.Abort as exc:  # click turns KeyboardInterrupt (and so Terminated) into Abort
+        _interrupted(EXIT_TERMINATED if isinstance(exc.__cause__, Terminated) else EXIT_INTERRUPTED, as_json)
+    except Terminated:
+        _interrupted(EXIT_TERMINATED, as_json)
     except HfcacheError as exc:
         if debug:
             raise
         _fail(exc.message, exc.hint, exc.exit_code, as_json)
-    except (KeyboardInterrupt, click.Abort):
-        _fail("interrupted", "run the command again; what was interrupted was not published", EXIT_INTERRUPTED,
-              as_json)
+    except KeyboardInterrupt:
+        _interrupted(EXIT_INTERRUPTED, as_json)
     except PermissionError as exc:
         # A part of a cache (or a file given) this user cannot read or write, in a path no command anticipated: a
         # filesystem problem (exit 5) naming the path, never an internal error.

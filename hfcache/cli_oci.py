@@ -60,7 +60,8 @@ def _registry_options(fn):
 @click.command(name="push")
 @click.argument("reference", metavar="REF")
 @click.argument("specs", nargs=-1, metavar="[REPO_ID[@REVISION]]...")
-@click.option("--lock", "lock_file", type=click.Path(dir_okay=False), help="Push exactly what this lock pins.")
+@click.option("--lock", "lock_file", type=click.Path(dir_okay=False),
+              help="Push exactly what this lock pins (cache: --cache-dir, else the lock's manifest's).")
 @click.option("--layers", "split", type=click.Choice(["repo", "single"]), default="repo", show_default=True,
               help="repo: one layer per repo (an update re-sends one layer); single: one layer (each blob once).")
 @click.option("--arch", metavar="ARCH", help="The image config's architecture (amd64, arm64, ...) [default: this "
@@ -73,13 +74,13 @@ def push_command(reference, specs, lock_file, split, arch, cache_dir, plain_http
     Mount it read-only at /opt/hf-cache (Kubernetes `image` volume, podman --mount type=image) with
     HF_HUB_CACHE=/opt/hf-cache HF_HUB_OFFLINE=1. The same cache always gives the same manifest digest.
     """
-    from .cache import existing_cache_dir
     from .oci import push
+    from .project import reading_cache_dir
     from .render import oci as render
 
     credentials = _credentials(username, password_stdin)
     with render.TransferProgress(enabled=not as_json) as progress:
-        report = push(reference, existing_cache_dir(cache_dir), specs, lock_path=lock_file, split=split,
+        report = push(reference, reading_cache_dir(cache_dir, lock_file), specs, lock_path=lock_file, split=split,
                       plain_http=plain_http, credentials=credentials, timeout=timeout, sink=progress, arch=arch)
     render.show_push(report, as_json=as_json)
 

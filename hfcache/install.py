@@ -27,6 +27,7 @@ def _satisfied_result(status: CacheStatus, endpoint: str) -> RepoResult:
         commit_hash=repo.commit_hash,
         files=tuple(WarmedFile(f.path, f.size, f.hash, "cached") for f in repo.files),
         absent=repo.absent,
+        metadata="lock",
     )
 
 
@@ -39,6 +40,7 @@ def warm_lock(
     max_workers: int = 8,
     timeout: float = 10.0,
     progress: ProgressSink | None = None,
+    retries: int = 5,
     lock_timeout: float = DEFAULT_LOCK_TIMEOUT,
     on_lock_wait: Callable[[LockWait], None] | None = None,
 ) -> WarmReport:
@@ -70,7 +72,7 @@ def warm_lock(
         from .warming import warm  # the network path: only now pay for huggingface_hub's import
 
         report = warm([r.request for r in todo], cache_dir=root, endpoint=endpoint, token=token,
-                      max_workers=max_workers, timeout=timeout, progress=progress, pinned=todo,
+                      max_workers=max_workers, timeout=timeout, progress=progress, pinned=todo, retries=retries,
                       lock_timeout=lock_timeout, on_lock_wait=on_lock_wait)
         endpoints = report.endpoints
         fetched = iter(report.repos)

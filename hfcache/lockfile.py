@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import re
+import stat
 import sys
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -20,6 +21,7 @@ from typing import Any
 
 import tomli_w
 
+from . import safefs
 from .cache import RepoFolder, atomic_write, cache_error, resolve_cache_dir
 from .errors import CacheError, UsageError
 from .records import KINDS, REPO_TYPES, WarmRequest, folder_ids, valid_repo_id
@@ -511,12 +513,23 @@ def cache_status(repo: LockedRepo, cache_dir: Path) -> CacheStatus:
             except OSError:
                 missing.append(f"{rel}/snapshots/{repo.commit_hash[:12]}/{f.path}: missing")
                 continue
-            if st.st_size != f.size or not os.path.isfile(pointer):
+            if st.st_size != f.size or not stat.S_ISREG(st.st_mode):  # the one stat answers both
                 missing.append(f"{rel}/snapshots/{repo.commit_hash[:12]}/{f.path}: size {st.st_size} != {f.size}")
+        markers = _top_level_markers(folder.root / ".no_exist" / safefs.check_commit(repo.commit_hash))
         for name in repo.absent:
-            if not folder.marker_path(repo.commit_hash, name).exists():
+            if name not in markers and not folder.marker_path(repo.commit_hash, name).exists():
                 missing.append(f"{rel}/.no_exist/{repo.commit_hash[:12]}/{name}: missing")
     return CacheStatus(repo=repo, missing=tuple(missing))
+
+
+def _top_level_markers(folder: Path) -> set[str]:
+    """The names of the regular files directly in a ``.no_exist/<commit>`` folder, from one ``scandir`` (absent
+    names are mostly top-level: this replaces a stat per name). Others (links, subfolders) are checked one by one."""
+    try:
+        with os.scandir(folder) as entries:
+            return {e.name for e in entries if e.is_file(follow_symlinks=False)}
+    except OSError:
+        return set()
 
 
 def cache_statuses(lock: Lockfile, cache_dir: Path) -> list[CacheStatus]:

@@ -27,18 +27,18 @@ from __future__ import annotations
 
 import errno
 import os
-import secrets
 import stat
 import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from functools import cache
 from pathlib import Path
+from typing import Any
 
-from filelock import FileLock, SoftFileLock, Timeout
-from filelock._identity import host_name, owner_is_stale  # filelock's own liveness test (pid, host, start time)
-from filelock._soft import parse_lock_holder, read_lock_file
+# filelock is imported where a lock is taken or inspected, not at import: `warm --lock` on a complete cache takes no
+# lock and must not pay for filelock's import (issue 18, P1).
 
 from .errors import CacheError
 
@@ -91,30 +91,47 @@ class LockTimeout(CacheError):
         self.holder = holder
 
 
-class SoftLock(SoftFileLock):
-    """filelock's SoftFileLock, plus the takeover of empty and unrefreshed markers (see the module docstring).
+@cache
+def _soft_lock_class() -> type:
+    from filelock import SoftFileLock
+    from filelock._soft import parse_lock_holder, read_lock_file
 
-    Relies on two SoftFileLock hooks of filelock 4.x (``_try_break_stale_lock``, called when the marker exists, and
-    ``_take_over``, its atomic replacement of a marker by ours); pyproject pins ``filelock>=4.3,<5``.
-    """
+    class SoftLock(SoftFileLock):
+        """filelock's SoftFileLock, plus the takeover of empty and unrefreshed markers (see the module docstring).
 
-    def _try_break_stale_lock(self) -> None:
-        try:
-            content, marker = read_lock_file(self._lock_path)
-        except (OSError, ValueError):
-            return
-        age = time.time() - marker.st_mtime
-        if content == "" and age >= EMPTY_MARKER_GRACE:
-            self._take_over(marker, None)
-            return
-        holder = parse_lock_holder(content)
-        if holder is not None and age >= STALE_AFTER and not _alive_here(holder.pid, holder.hostname):
-            self._take_over(marker, holder.pid)
-            return
-        super()._try_break_stale_lock()
+        Relies on two SoftFileLock hooks of filelock 4.x (``_try_break_stale_lock``, called when the marker exists,
+        and ``_take_over``, its atomic replacement of a marker by ours); pyproject pins ``filelock>=4.3,<5``.
+        """
+
+        def _try_break_stale_lock(self) -> None:
+            try:
+                content, marker = read_lock_file(self._lock_path)
+            except (OSError, ValueError):
+                return
+            age = time.time() - marker.st_mtime
+            if content == "" and age >= EMPTY_MARKER_GRACE:
+                self._take_over(marker, None)
+                return
+            holder = parse_lock_holder(content)
+            if holder is not None and age >= STALE_AFTER and not _alive_here(holder.pid, holder.hostname):
+                self._take_over(marker, holder.pid)
+                return
+            super()._try_break_stale_lock()
+
+    SoftLock.__module__ = __name__
+    return SoftLock
+
+
+def __getattr__(name: str) -> Any:
+    # ``SoftLock`` is built on first use (PEP 562), so that importing this module does not import filelock.
+    if name == "SoftLock":
+        return _soft_lock_class()
+    raise AttributeError(name)
 
 
 def _alive_here(pid: int, hostname: str) -> bool:
+    from filelock._identity import host_name
+
     if hostname != host_name():
         return False
     try:
@@ -164,6 +181,8 @@ def _probe_file(directory: Path) -> tuple[int, str | None]:
             return os.open(directory, os.O_TMPFILE | os.O_RDWR, 0o600), None
         except OSError:
             pass  # NFS and others have no O_TMPFILE: a named probe then
+    import secrets
+
     name = str(directory / f".hfcache-flock-probe-{secrets.token_hex(8)}")
     return os.open(name, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600), name
 
@@ -182,8 +201,10 @@ def _new_lock(path: Path, mode: int):
         no_flock = flock_error(path.parent)
     except OSError:
         no_flock = None  # the lock's own open reports the real error
+    from filelock import FileLock
+
     if no_flock is not None:
-        return SoftLock(str(path), mode=mode)
+        return _soft_lock_class()(str(path), mode=mode)
     # fallback_to_soft=False: filelock's own fallback is the plain SoftFileLock that waits on empty files forever.
     return FileLock(str(path), mode=mode, fallback_to_soft=False)
 
@@ -194,6 +215,9 @@ def holder_of(path: Path) -> str | None:
     A soft marker names its pid and host; a flock holder on this host is found in ``/proc/locks`` (Linux) by the lock
     file's inode. Either way the holder's command line is added when ``/proc`` shows it.
     """
+    from filelock._identity import host_name
+    from filelock._soft import parse_lock_holder, read_lock_file
+
     try:
         content, st = read_lock_file(str(path))
     except (OSError, ValueError):
@@ -275,9 +299,10 @@ def file_lock(path: Path, *, timeout: float = DEFAULT_LOCK_TIMEOUT, stop: thread
     """
     opened = via_dir_fd(path, dir_fd)
     lock = _acquire(opened, timeout, stop, on_wait, mode, shown=path)
-    if isinstance(lock, SoftLock) and marker_mode is not None:
+    soft_lock = _soft_lock_class()
+    if isinstance(lock, soft_lock) and marker_mode is not None:
         _settle_marker_mode(opened, marker_mode)
-    beat = _Heartbeat(opened) if isinstance(lock, SoftLock) else None
+    beat = _Heartbeat(opened) if isinstance(lock, soft_lock) else None
     try:
         yield
     finally:
@@ -288,6 +313,9 @@ def file_lock(path: Path, *, timeout: float = DEFAULT_LOCK_TIMEOUT, stop: thread
 
 def _acquire(path: Path, timeout: float, stop: threading.Event | None,
              on_wait: Callable[[LockWait], None] | None, mode: int, shown: Path | None = None):
+    from filelock import Timeout
+
+    soft_lock = _soft_lock_class()
     shown = shown or path
     started = time.monotonic()
     deadline = started + max(timeout, 0.0)
@@ -300,12 +328,12 @@ def _acquire(path: Path, timeout: float, stop: threading.Event | None,
         except Timeout:
             pass
         except OSError as exc:
-            if exc.errno not in NO_FLOCK_ERRNOS or isinstance(lock, SoftLock):
+            if exc.errno not in NO_FLOCK_ERRNOS or isinstance(lock, soft_lock):
                 raise
             # The probe said flock works but this file's filesystem disagrees (e.g. ENOLCK from an NFS lock manager
             # that went away): use the soft lock from now on.
             _remember_no_flock(path.parent, exc.errno)
-            lock = SoftLock(str(path), mode=mode)
+            lock = soft_lock(str(path), mode=mode)
             continue
         if stop is not None and stop.is_set():
             raise InterruptedError(f"interrupted while waiting for the lock {shown}")

@@ -1,6 +1,7 @@
 """pin: resolve a manifest against an endpoint into a lock (``hfcache lock``).
 
-Every entry is resolved with one ``repo_info(files_metadata=True)`` request (commit, files, sizes, hashes);
+Every entry is resolved like warm resolves it (:meth:`hfcache.hub.HubClient.resolve`, then ``describe`` for the
+selected files where the endpoint's listing gave no sizes or hashes: the tree API or one HEAD per file);
 sharded weight indexes are downloaded (into memory, hash-checked) to learn the shard list. Entries whose manifest
 entry is unchanged keep their locked commit unless ``--upgrade`` names them: no request is made for them.
 """
@@ -10,15 +11,16 @@ from __future__ import annotations
 import io
 import os
 from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
+from . import pools
 from .errors import HfcacheError, HubError, IntegrityError
 from .hub import HubClient
 from .lockfile import LockedFile, LockedRepo, Lockfile, Manifest, filter_upgrade, lock_relative_name, write_lock
 from .project import open_project
 from .records import WarmRequest
+from .retry import DEFAULT_RETRIES, RetryCounter
 from .selection import MAX_PARSE_BYTES, check_index_size, follow_configs, select, shards_from_index
 from .warming import make_clients
 
@@ -71,29 +73,39 @@ def resolve_entry(client: HubClient, request: WarmRequest) -> LockedRepo:
     Raises:
         HfcacheError subclasses from :class:`HubClient`; IntegrityError for a malformed sharded index.
     """
-    repo = client.resolve(request.repo_id, request.revision, request.repo_type)
-    by_path = {f.path: f for f in repo.files}
-    selection = select(by_path, request.kind, request.include, request.exclude)
+    counter = client.counter()
+    repo = client.resolve(request.repo_id, request.revision, request.repo_type, counter=counter)
+    selection = select(repo.paths, request.kind, request.include, request.exclude)
     paths = set(selection.paths)
     absent = selection.absent
     needs_index = selection.needs_index
+    repo = client.describe(repo, selection.needs_config + needs_index, counter)
+
+    def read(path: str) -> bytes | None:
+        nonlocal repo
+        repo = client.describe(repo, [path], counter)  # one HEAD where the listing gave no hash
+        return _download(client, repo, repo.by_path[path], counter)
+
     notes: tuple[str, ...] = ()
     if selection.needs_config:  # custom code (auto_map), module folders (read in memory, hash-checked, never run)
         try:
-            followed = follow_configs(selection.needs_config, lambda p: _download(client, repo, by_path[p]), by_path,
-                                      request.kind, request.exclude)
+            followed = follow_configs(selection.needs_config, read, repo.paths, request.kind, request.exclude)
         except ValueError as exc:  # selection.RepoDataError: a config no parser can read
             raise IntegrityError(f"{request.repo_id}: {exc}", hint=_BAD_FILE_HINT) from None
         notes = followed.notes
         paths |= set(followed.paths)
         absent = tuple(sorted(set(absent) | set(followed.absent)))
         needs_index += followed.needs_index
+    repo = client.describe(repo, needs_index, counter)
     for index in needs_index:
         try:
-            check_index_size(index, by_path[index].size)
-            paths |= shards_from_index(_download(client, repo, by_path[index], limit=None), by_path, index)
+            check_index_size(index, repo.by_path[index].size)
+            paths |= shards_from_index(_download(client, repo, repo.by_path[index], counter, limit=None), repo.paths,
+                                       index)
         except ValueError as exc:
             raise IntegrityError(f"{request.repo_id}: {exc}", hint=_BAD_FILE_HINT) from None
+    repo = client.describe(repo, paths, counter)
+    by_path = repo.by_path
     files = tuple(LockedFile(path=p, size=by_path[p].size, hash=by_path[p].hash) for p in sorted(paths))
     return LockedRepo(request=request, canonical_id=repo.canonical_id, commit_hash=repo.commit_hash,
                       files=files, absent=absent, notes=notes)
@@ -103,13 +115,14 @@ def resolve_entry(client: HubClient, request: WarmRequest) -> LockedRepo:
 _BAD_FILE_HINT = "the repo's file is malformed (a loader fails on it too): fix the repo, or --exclude that file"
 
 
-def _download(client: HubClient, repo, file, limit: int | None = MAX_PARSE_BYTES) -> bytes | None:
-    """A small file's bytes, in memory (``HubClient.download`` checks size and hash); None above ``limit`` bytes
-    (nothing is parsed from it then)."""
+def _download(client: HubClient, repo, file, counter: RetryCounter,
+              limit: int | None = MAX_PARSE_BYTES) -> bytes | None:
+    """A small file's bytes, in memory (``HubClient.download`` checks size and hash, retries count for the repo);
+    None above ``limit`` bytes (nothing is parsed from it then)."""
     if limit is not None and file.size > limit:
         return None
     buffer = io.BytesIO()
-    client.download(repo, file, buffer)
+    client.download(repo, file, buffer, counter)
     return buffer.getvalue()
 
 
@@ -157,8 +170,8 @@ def pin(
                 return LockFailure(request.spec, exc.message, exc.hint, exc.exit_code)
         return failure
 
-    with ThreadPoolExecutor(max_workers=max(1, min(max_workers, len(todo) or 1))) as pool:
-        outcomes = list(pool.map(attempt, todo))
+    with pools.pool(min(max_workers, len(todo) or 1), "hfcache-pin") as executor:
+        outcomes = list(pools.ordered([executor.submit(attempt, request) for request in todo]))  # Ctrl-C: pools.py
     resolved = [o for o in outcomes if isinstance(o, LockedRepo)]
     failures = tuple(o for o in outcomes if isinstance(o, LockFailure))
     return PinResult(
@@ -180,6 +193,7 @@ def lock_project(
     token: str | bool | None = None,
     timeout: float = 10.0,
     max_workers: int = 8,
+    retries: int = DEFAULT_RETRIES,
 ) -> LockRun:
     """Resolve a project's manifest and write its lock, keeping the commits of unchanged entries.
 
@@ -190,6 +204,7 @@ def lock_project(
         token: Hub token (None: huggingface_hub's lookup; False: none).
         timeout: seconds per connection or read.
         max_workers: parallel resolutions.
+        retries: retries of a transient failure per request or download (:mod:`hfcache.retry`), >= 0.
 
     Returns:
         LockRun; the lock is written atomically, and only when every entry resolved.
@@ -200,7 +215,7 @@ def lock_project(
     """
     found, path, existing = open_project(manifest, lock_path)
     upgrade_keys = filter_upgrade(found.repos, upgrade_ids) if upgrade else set()
-    clients = make_clients(list(endpoint) or list(found.endpoints) or None, token, timeout)
+    clients = make_clients(list(endpoint) or list(found.endpoints) or None, token, timeout, retries)
     result = pin(found, clients, existing=existing, upgrade=upgrade_keys, max_workers=max_workers)
     written = False
     if not result.failures:

@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from .cache import existing_cache_dir
 from .errors import CheckFailed
 from .lockfile import (
     Lockfile,
@@ -25,7 +26,7 @@ from .lockfile import (
     read_lock,
 )
 
-__all__ = ["LockCheck", "LockInstall", "check_lock", "open_project", "resolve_install"]
+__all__ = ["LockCheck", "LockInstall", "check_lock", "open_project", "reading_cache_dir", "resolve_install"]
 
 
 @dataclass(frozen=True)
@@ -35,14 +36,14 @@ class LockInstall:
     Attributes:
         lock (Lockfile): the lock read.
         manifest (Manifest | None): the manifest found beside the lock (or given); None when there is none.
-        cache_dir (str | Path | None): the cache every ``--lock`` command uses (:func:`hfcache.lockfile.lock_cache_dir`):
-            the cache given, else the manifest's ``cache_dir``, else the environment's; absolute.
+        cache_dir (Path): absolute: the cache given, else the manifest's ``cache_dir``, else the environment's
+            (:func:`hfcache.lockfile.lock_cache_dir`; README "Which cache a --lock command uses").
         endpoint (list[str] | None): the endpoints given, else the manifest's, else None (``HF_ENDPOINT``/the Hub).
     """
 
     lock: Lockfile
     manifest: Manifest | None
-    cache_dir: str | Path | None
+    cache_dir: Path
     endpoint: list[str] | None
 
 
@@ -89,6 +90,22 @@ def resolve_install(
         cache_dir=lock_cache_dir(lock_file, cache_dir, manifest=found),
         endpoint=list(endpoint) or (list(found.endpoints) if found and found.endpoints else None),
     )
+
+
+def reading_cache_dir(cache_dir: str | os.PathLike[str] | None = None,
+                      lock_file: str | os.PathLike[str] | None = None) -> Path:
+    """The existing cache a reading command (``ls``, ``verify``, ``check``, ``export``) works on: with a lock, as
+    ``warm --lock`` picks it (:func:`hfcache.lockfile.lock_cache_dir`: ``cache_dir``, else the lock's manifest's,
+    else the environment's); without, ``cache_dir`` or the environment's.
+
+    Returns:
+        Path: absolute, an existing directory.
+
+    Raises:
+        CacheError: the cache does not exist or is not a directory (see :func:`hfcache.cache.existing_cache_dir`).
+        UsageError: the lock's manifest exists but is invalid.
+    """
+    return existing_cache_dir(lock_cache_dir(lock_file, cache_dir) if lock_file else cache_dir)
 
 
 def open_project(manifest: str | os.PathLike[str] | None = None,

@@ -107,6 +107,8 @@ class RepoResult:
         files (tuple[WarmedFile, ...]): the selected files, sorted by path.
         absent (tuple[str, ...]): optional tokenizer names the repo lacks, recorded as ``.no_exist`` markers.
         bytes_downloaded (int): bytes received from the network for this repo.
+        retries (int): transient failures (429, 502-504, connections cut) retried for this repo, all endpoints.
+        metadata (str | None): where sizes and hashes came from: ``model-info``, ``tree``, ``head`` or ``lock``.
         seconds (float): wall time.
         error (str | None): one-line reason when the repo failed.
         hint (str | None): what to do about it.
@@ -125,6 +127,8 @@ class RepoResult:
     files: tuple[WarmedFile, ...] = ()
     absent: tuple[str, ...] = ()
     bytes_downloaded: int = 0
+    retries: int = 0
+    metadata: str | None = None
     seconds: float = 0.0
     error: str | None = None
     hint: str | None = None

@@ -21,14 +21,17 @@ from pathlib import Path
 
 from . import safefs
 from .cache import RepoFolder, cache_error, symlinks_supported
+from .retry import RetryCounter
 from .errors import HfcacheError, RevisionNotFound
 from .locking import DEFAULT_LOCK_TIMEOUT
 from .hub import HubClient, RemoteFile, RepoRevision
+from .transfer import Slots, TransferOptions, download_blob
 from .lockfile import Lockfile
 from .records import folder_ids
 from .scan import parse_folder_name, scan_repo
 from .verify import Problem, VerifyReport, algorithm_of
 
+_REPAIR_CONNECTIONS = 4  # ranges of one large blob fetched at once
 _CONTENT_KINDS = {"blob_mismatch", "blob_not_file", "link_broken", "file_missing", "file_mismatch"}
 
 
@@ -154,13 +157,16 @@ def _refetch(folder: RepoFolder, commit: str, paths: list[str], client: HubClien
     if client is None:
         return [RepairAction(folder.repo_id, commit, p, "failed", "needs the endpoint (--endpoint) to re-download")
                 for p in paths]
+    counter = client.counter()
     try:
-        remote = client.resolve(folder.repo_id, commit, folder.repo_type)
+        remote = client.resolve(folder.repo_id, commit, folder.repo_type, counter=counter)
+        # Same fallbacks as warm: files the listing did not describe get one HEAD each.
+        remote = client.describe(remote, [p for p in paths if p in remote.paths], counter)
     except RevisionNotFound:
         return [_remove_link(folder, commit, p, "the endpoint no longer has this commit") for p in paths]
     except HfcacheError as exc:
         return [RepairAction(folder.repo_id, commit, p, "failed", exc.message) for p in paths]
-    by_path = {f.path: f for f in remote.files}
+    by_path = remote.by_path
     locked = _locked_files(lock, folder, commit)
     actions = []
     for path in paths:
@@ -173,7 +179,7 @@ def _refetch(folder: RepoFolder, commit: str, paths: list[str], client: HubClien
                                         f"the endpoint publishes {file.hash}, the lock pins {locked[path]}"))
             continue
         try:
-            _download_blob(folder, remote, file, client, force=file.etag in bad_blobs)
+            _download_blob(folder, remote, file, client, counter, force=file.etag in bad_blobs)
             folder.link(commit, path, file.etag, symlinks=symlinks)
         except HfcacheError as exc:
             actions.append(RepairAction(folder.repo_id, commit, path, "failed", exc.message))
@@ -186,17 +192,13 @@ def _refetch(folder: RepoFolder, commit: str, paths: list[str], client: HubClien
     return actions
 
 
-def _download_blob(folder: RepoFolder, repo: RepoRevision, file: RemoteFile, client: HubClient, force: bool) -> None:
+def _download_blob(folder: RepoFolder, repo: RepoRevision, file: RemoteFile, client: HubClient,
+                   counter: RetryCounter, force: bool) -> None:
+    """Warm's download path (resume, ranges, retries); publishing os.replace()s a corrupt blob or a symlink."""
     with folder.blob_lock(file.etag):
         if not force and folder.blob_ok(file.etag, file.size):
             return
-        incomplete, out = folder.open_incomplete(file.etag)
-        try:
-            with out:
-                client.download(repo, file, out)
-            folder.publish_blob(incomplete, file.etag)  # os.replace: also replaces a symlink in its place
-        finally:
-            incomplete.unlink(missing_ok=True)
+        download_blob(client, folder, repo, file, TransferOptions(slots=Slots(_REPAIR_CONNECTIONS), counter=counter))
 
 
 def _remove_link(folder: RepoFolder, commit: str, path: str, why: str) -> RepairAction:

@@ -1,8 +1,10 @@
 """warm: download a selection of repo files into a cache, verified, in huggingface_hub's own layout.
 
 Per repo: one request resolves the revision and lists every file with its hash (``hub.HubClient.resolve``);
-:mod:`hfcache.selection` picks the files; each missing blob is downloaded to ``blobs/<etag>.<random>.incomplete``,
-hashed while it streams, and renamed into place only when size and hash match. Only when every blob of the repo
+:mod:`hfcache.selection` picks the files (``HubClient.describe`` fills in sizes and hashes with one HEAD per file
+where the endpoint's listing has none); each missing blob is downloaded by :mod:`hfcache.transfer` to
+``blobs/<etag>.<random>.incomplete`` (resuming a leftover; large files in parallel ranges), hashed in order, and
+renamed into place only when size and hash match. Only when every blob of the repo
 is in place does the repo become visible, in huggingface_hub's order: snapshot links, ``.no_exist`` markers, and
 the ref last. A failed repo leaves no snapshot entry and no ref behind.
 
@@ -20,12 +22,14 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import wait as wait_futures
 from contextlib import ExitStack
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from huggingface_hub.utils import get_token
 
+from . import pools
 from .cache import (
     RepoFolder,
     cache_error,
@@ -39,11 +43,16 @@ from .hub import HubClient, RemoteFile, RepoRevision, hash_file
 from .published import write_record
 from .records import NoProgress, ProgressSink, RepoResult, WarmedFile, WarmReport, WarmRequest, folder_ids
 from . import safefs
+from .retry import DEFAULT_RETRIES, RetryCounter
 from .safefs import UnsafeLayout
+from .transfer import Slots, TransferOptions, download_blob
 from .lockfile import LockedRepo
 from .locking import DEFAULT_LOCK_TIMEOUT, LockWait
 from .selection import (MAX_PARSE_BYTES, Selection, check_index_size, file_folder_conflict, follow_configs, select,
                         shards_from_index)
+
+_PUBLISH_GRACE = 0.5  # seconds an interrupted warm waits for repos in the middle of publishing
+
 
 def resolve_token(token: str | bool | None) -> str | None:
     """``None`` -> the token huggingface_hub would use (``HF_TOKEN``, then the token file); ``False`` -> none."""
@@ -64,6 +73,7 @@ def warm(
     timeout: float = 10.0,
     progress: ProgressSink | None = None,
     pinned: Sequence[LockedRepo] | None = None,
+    retries: int = DEFAULT_RETRIES,
     lock_timeout: float = DEFAULT_LOCK_TIMEOUT,
     on_lock_wait: Callable[[LockWait], None] | None = None,
 ) -> WarmReport:
@@ -77,8 +87,10 @@ def warm(
             with the same checks; ``RepoResult.endpoint`` says which one served it. Default: ``HF_ENDPOINT`` or the
             public Hub.
         token: Hub token; None reads it as huggingface_hub does, False sends none. Never logged or stored.
-        max_workers: parallel downloads (files across all repos), >= 1.
+        max_workers: connections at once (files and the ranges of large files, across all repos), >= 1.
         timeout: seconds to wait for a connection or for any byte of an answer.
+        retries: retries of a transient failure (429, 502-504, a cut connection) per request or file download,
+            with exponential backoff and jitter, honouring ``Retry-After`` (:mod:`hfcache.retry`); >= 0.
         progress: optional receiver of progress events.
         pinned: one locked repo per request (``warm --lock``): no resolution request; the lock's commit, files
             and hashes are used, so bytes that differ from the lock are refused.
@@ -90,9 +102,11 @@ def warm(
         WarmReport with one RepoResult per request, in request order.
 
     Raises:
-        UsageError: ``max_workers`` < 1 or ``timeout`` <= 0.
+        UsageError: ``max_workers`` < 1, ``timeout`` <= 0 or ``retries`` < 0.
         CacheError: the cache root cannot be created or written (no repo is attempted then).
     """
+    if retries < 0:
+        raise UsageError(f"--retries must be at least 0, got {retries}")
     if max_workers < 1:
         raise UsageError(f"--max-workers must be at least 1, got {max_workers}")
     if timeout <= 0:
@@ -102,42 +116,51 @@ def warm(
     started = time.monotonic()
     root = resolve_cache_dir(cache_dir)
     ensure_cache_root(root)
-    clients = make_clients(endpoint, token, timeout)
+    clients = make_clients(endpoint, token, timeout, retries)
     sink = progress or NoProgress()
     use_symlinks = symlinks_supported(root)
-    stop = threading.Event()  # set on Ctrl-C: downloads abort at their next chunk, nothing more is published
-    with ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="hfcache-file") as files_pool, \
-            ThreadPoolExecutor(max_workers=min(len(requests), max_workers) or 1,
-                               thread_name_prefix="hfcache-repo") as repos_pool:
-        futures = [
-            repos_pool.submit(_RepoJob(i, req, root, clients, files_pool, sink, use_symlinks,
-                                       pinned=pinned[i] if pinned else None, stop=stop,
-                                       lock_timeout=lock_timeout, on_lock_wait=on_lock_wait).run)
-            for i, req in enumerate(requests)
-        ]
-        try:
-            results = tuple(f.result() for f in futures)
-        except BaseException:
-            stop.set()
-            for future in futures:
-                future.cancel()
-            raise
+    stop = threading.Event()  # set on Ctrl-C/SIGTERM: downloads abort at their next chunk, nothing more is published
+    slots = Slots(max_workers)
+    files_pool = ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="hfcache-file")
+    repos_pool = ThreadPoolExecutor(max_workers=min(len(requests), max_workers) or 1, thread_name_prefix="hfcache-repo")
+    futures = [
+        repos_pool.submit(_RepoJob(i, req, root, clients, files_pool, sink, use_symlinks, slots,
+                                   pinned=pinned[i] if pinned else None, stop=stop,
+                                   lock_timeout=lock_timeout, on_lock_wait=on_lock_wait).run)
+        for i, req in enumerate(requests)
+    ]
+    try:
+        results = tuple(pools.ordered(futures))  # never a wait Ctrl-C/SIGTERM cannot interrupt (pools.py)
+    except BaseException:
+        # Interrupted: workers stop at their next chunk and keep their partial files; do not wait for a worker
+        # blocked on a silent socket (the process is about to exit, SIGTERM must take effect within a second).
+        stop.set()
+        for pool in (repos_pool, files_pool):
+            pool.shutdown(wait=False, cancel_futures=True)
+        # A repo already publishing (links, markers, ref: milliseconds) gets to finish it, so that an exit right
+        # after this never leaves half a snapshot; the others stop at their next chunk.
+        wait_futures(futures, timeout=_PUBLISH_GRACE)
+        raise
+    for pool in (repos_pool, files_pool):
+        pool.shutdown(wait=True)
     return WarmReport(cache_dir=str(root), repos=results, seconds=time.monotonic() - started,
                       endpoints=tuple(c.endpoint for c in clients))
 
 
-def make_clients(endpoint: str | Sequence[str] | None, token: str | bool | None, timeout: float) -> list[HubClient]:
+def make_clients(endpoint: str | Sequence[str] | None, token: str | bool | None, timeout: float,
+                 retries: int = DEFAULT_RETRIES) -> list[HubClient]:
     """One HubClient per endpoint, in order of preference (an in-cluster mirror first, then the Hub).
 
     Args:
         endpoint: one URL, several, or None (``HF_ENDPOINT`` or the public Hub).
+        retries: retries of a transient failure per request (:mod:`hfcache.retry`).
 
     Raises:
         UsageError: an endpoint is not an http(s) URL.
     """
     endpoints = [endpoint] if endpoint is None or isinstance(endpoint, str) else list(endpoint) or [None]
     resolved = resolve_token(token)
-    return [HubClient(endpoint=e, token=resolved, timeout=timeout) for e in endpoints]
+    return [HubClient(endpoint=e, token=resolved, timeout=timeout, retries=retries) for e in endpoints]
 
 
 def resolve_revision(request: WarmRequest, clients: Sequence[HubClient]) -> RepoRevision:
@@ -149,7 +172,8 @@ def resolve_revision(request: WarmRequest, clients: Sequence[HubClient]) -> Repo
         clients: endpoints in order of preference (:func:`make_clients`).
 
     Returns:
-        RepoRevision: the commit, the canonical id and every file with its size and hash.
+        RepoRevision: the commit, the canonical id and every file with its size and hash: from repo info, else the
+        tree API, else one ``HEAD`` per file (:meth:`HubClient.describe`, for endpoints that list names only).
 
     Raises:
         HubError (RepoNotFound, RevisionNotFound, GatedRepo, EndpointUnreachable...): the last endpoint's error, its
@@ -158,7 +182,9 @@ def resolve_revision(request: WarmRequest, clients: Sequence[HubClient]) -> Repo
     failures: list[str] = []
     for n, client in enumerate(clients):
         try:
-            return client.resolve(request.repo_id, request.revision, request.repo_type)
+            counter = client.counter()
+            repo = client.resolve(request.repo_id, request.revision, request.repo_type, counter=counter)
+            return client.describe(repo, repo.paths, counter)
         except HubError as exc:
             if n < len(clients) - 1:
                 failures.append(f"{client.endpoint}: {exc.message}")
@@ -208,7 +234,7 @@ def pinned_revision(locked: LockedRepo) -> RepoRevision:
             files.append(RemoteFile(path=f.path, size=f.size, blob_id=digest))
     return RepoRevision(repo_id=locked.request.repo_id, canonical_id=locked.canonical_id,
                         repo_type=locked.request.repo_type, revision=locked.request.revision,
-                        commit_hash=locked.commit_hash, files=tuple(files))
+                        commit_hash=locked.commit_hash, files=tuple(files), metadata="lock")
 
 
 #: The hint of a repo file hfcache cannot parse (selection.RepoDataError, a malformed sharded index).
@@ -228,11 +254,14 @@ class _RepoJob:
     pool: ThreadPoolExecutor
     sink: ProgressSink
     symlinks: bool
+    slots: Slots
     pinned: LockedRepo | None = None
     stop: threading.Event = field(default_factory=threading.Event)
     lock_timeout: float = DEFAULT_LOCK_TIMEOUT
     on_lock_wait: Callable[[LockWait], None] | None = None
     client: HubClient | None = field(default=None, init=False)  # the endpoint being tried
+    counter: RetryCounter | None = field(default=None, init=False)  # its retries
+    _retries: int = 0  # retries on the endpoints tried before
     _downloaded: int = 0
     _count_lock: threading.Lock = field(default_factory=threading.Lock)
     _failed: threading.Event = field(default_factory=threading.Event)
@@ -243,15 +272,18 @@ class _RepoJob:
         failures: list[str] = []
         for n, client in enumerate(self.clients):
             self.client = client
+            self.counter = client.counter(self.stop)
             self._failed.clear()
             result = self._attempt(client)
+            self._retries += self.counter.count
             if result.ok or not self._fall_through(result) or n == len(self.clients) - 1:
                 break
             failures.append(f"{client.endpoint}: {result.error}")
         if not result.ok and failures:
             # Every endpoint was tried: say what each one answered, the last one's error first.
             result = replace(result, error=f"{result.error} (also tried: {'; '.join(failures)})")
-        result = replace(result, bytes_downloaded=self._downloaded, seconds=time.monotonic() - started)
+        result = replace(result, bytes_downloaded=self._downloaded, retries=self._retries,
+                         seconds=time.monotonic() - started)
         self.sink.repo_finished(self.key, result)
         return result
 
@@ -267,7 +299,8 @@ class _RepoJob:
             if self.pinned is not None:
                 repo = pinned_revision(self.pinned)
             else:
-                repo = client.resolve(self.request.repo_id, self.request.revision, self.request.repo_type)
+                repo = client.resolve(self.request.repo_id, self.request.revision, self.request.repo_type,
+                                      counter=self.counter)
             result = self._warm(repo, base)
         except HfcacheError as exc:
             result = _failed(base, repo, exc)
@@ -281,11 +314,10 @@ class _RepoJob:
 
     def _warm(self, repo: RepoRevision, base: RepoResult) -> RepoResult:
         req = self.request
-        by_path = {f.path: f for f in repo.files}
         if self.pinned is not None:
-            selection = Selection(paths=tuple(by_path), absent=self.pinned.absent)
+            selection = Selection(paths=repo.paths, absent=self.pinned.absent)
         else:
-            selection = select(by_path, req.kind, req.include, req.exclude)
+            selection = select(repo.paths, req.kind, req.include, req.exclude)
         if not selection.paths:
             raise UsageError(f"{req.repo_id}: no file matches the selection (kind {req.kind}"
                              + (f", include {list(req.include)}" if req.include else "")
@@ -302,14 +334,18 @@ class _RepoJob:
             # times out releases those already taken.
             for folder in sorted(folders, key=lambda f: f.name):
                 held.enter_context(folder.repo_lock(stop=self.stop))
-            conflict = file_folder_conflict(by_path)
+            conflict = file_folder_conflict(repo.paths)
             if conflict is not None:  # before any download: a refused repo leaves no blob behind either
                 raise HubError(f"{req.repo_id}: {conflict!r} is both a file and a folder in the listing",
                                hint="the endpoint or lock is broken or hostile")
+            # Every selected file described now (one HEAD each where the listing gave no hash), to be checked
+            # before any download; the files the configs and indexes add are described in _complete.
+            repo = self.client.describe(repo, selection.paths, self.counter)
             for folder in folders:
-                _check_publishable(folder, repo, [by_path[p] for p in selection.paths])
+                _check_publishable(folder, repo, [repo.by_path[p] for p in selection.paths])
             self._read_sources.clear()
-            paths, absent, read_notes = self._complete(repo, canonical, by_path, selection)
+            repo, paths, absent, read_notes = self._complete(repo, canonical, selection)
+            by_path = repo.by_path
             files = [by_path[p] for p in sorted(paths)]
             self.sink.repo_started(self.key, req.spec, len(files), sum(f.size for f in files))
             sources = self._fetch(repo, canonical, files)
@@ -330,23 +366,31 @@ class _RepoJob:
             commit_hash=repo.commit_hash,
             files=tuple(WarmedFile(f.path, f.size, f.hash, sources[f.path]) for f in files),
             absent=absent,
+            metadata=repo.metadata,
             notes=tuple(notes),
         )
 
-    def _complete(self, repo: RepoRevision, canonical: RepoFolder, by_path: dict[str, RemoteFile],
-                  selection: Selection) -> tuple[set[str], tuple[str, ...], tuple[str, ...]]:
+    def _complete(self, repo: RepoRevision, canonical: RepoFolder,
+                  selection: Selection) -> tuple[RepoRevision, set[str], tuple[str, ...], tuple[str, ...]]:
         """Finish a selection that needs file contents: configs first (custom code named by ``auto_map``,
-        sentence-transformers module folders), then sharded indexes (their shards). Returns ``(paths, absent, notes)``
-        (notes: one-line warnings, :attr:`selection.Followed.notes`). The files read here are fetched without moving
-        the progress bar: its total is known only afterwards, and they are counted then (as cached).
-        Every file read is fetched and hash-checked into the cache first; nothing is executed."""
+        sentence-transformers module folders), then sharded indexes (their shards). Returns ``(repo with every
+        selected file described, paths, absent, notes)`` (notes: one-line warnings, :attr:`selection.Followed.notes`).
+        The files read here are fetched without moving the progress bar: its total is known only afterwards, and
+        they are counted then (as cached). Every file read is described (one HEAD where the listing gave no hash),
+        fetched and hash-checked into the cache first; nothing is executed."""
         req = self.request
         paths, absent, needs_index = set(selection.paths), selection.absent, selection.needs_index
         notes: tuple[str, ...] = ()
+        current = self.client.describe(repo, selection.needs_config + needs_index, self.counter)
+
+        def read(path: str) -> bytes | None:
+            nonlocal current
+            current = self.client.describe(current, [path], self.counter)
+            return self._read(current, canonical, current.by_path[path])
+
         if selection.needs_config:
             try:
-                followed = follow_configs(selection.needs_config, lambda p: self._read(repo, canonical, by_path[p]),
-                                          by_path, req.kind, req.exclude)
+                followed = follow_configs(selection.needs_config, read, current.paths, req.kind, req.exclude)
             except ValueError as exc:  # RepoDataError: a config no parser can read (transformers' neither)
                 raise IntegrityError(f"{req.repo_id}: {exc}", hint=_BAD_FILE_HINT) from None
             notes = followed.notes
@@ -355,20 +399,22 @@ class _RepoJob:
             needs_index += followed.needs_index
         if needs_index:
             # The shard list is inside the index file: fetch (or find) the index first, if its size is sane.
+            current = self.client.describe(current, needs_index, self.counter)
+            by_path = current.by_path
             try:
                 for index in needs_index:
                     check_index_size(index, by_path[index].size)
             except ValueError as exc:
                 raise IntegrityError(f"{req.repo_id}: {exc}", hint="--exclude the index to skip these weights, or "
                                      "use --kind all") from None
-            self._fetch(repo, canonical, [by_path[p] for p in needs_index], progress=False)
+            self._fetch(current, canonical, [by_path[p] for p in needs_index], progress=False)
             for index in needs_index:
                 data = canonical.blob_path(by_path[index].etag).read_bytes()
                 try:
-                    paths |= shards_from_index(data, by_path, index)
+                    paths |= shards_from_index(data, current.paths, index)
                 except ValueError as exc:
                     raise IntegrityError(f"{req.repo_id}: {exc}", hint=_BAD_FILE_HINT) from None
-        return paths, absent, notes
+        return self.client.describe(current, paths, self.counter), paths, absent, notes
 
     def _read(self, repo: RepoRevision, folder: RepoFolder, file: RemoteFile) -> bytes | None:
         """A small file's verified bytes (a config or custom code to parse): fetched into the cache first if needed;
@@ -418,30 +464,16 @@ class _RepoJob:
 
     def _download(self, repo: RepoRevision, folder: RepoFolder, file: RemoteFile,
                   advance: Callable[[int, int], None]) -> None:
-        """Download, hash and publish one blob; a hash mismatch is retried once (DESIGN §3: trust nothing unhashed)."""
-        for attempt in (1, 2):
-            incomplete, out = folder.open_incomplete(file.etag)
-            got = 0
+        """Download (resuming a leftover), hash and publish one blob (:func:`hfcache.transfer.download_blob`)."""
 
-            def on_bytes(n: int) -> None:
-                nonlocal got
-                if self.stop.is_set():
-                    raise _Cancelled(f"{repo.repo_id}: interrupted")
-                got += n
+        def on_bytes(n: int) -> None:
+            if n > 0:
                 self._count(n)
-                advance(self.key, n)
+            advance(self.key, n)
 
-            try:
-                with out:
-                    self.client.download(repo, file, out, on_bytes)
-                folder.publish_blob(incomplete, file.etag)
-                return
-            except IntegrityError:
-                advance(self.key, -got)
-                if attempt == 2:
-                    raise
-            finally:
-                incomplete.unlink(missing_ok=True)
+        options = TransferOptions(slots=self.slots, counter=self.counter, on_bytes=on_bytes,
+                                  on_kept=lambda n: advance(self.key, n))
+        download_blob(self.client, folder, repo, file, options)
 
     def _count(self, n: int) -> None:
         with self._count_lock:

@@ -26,7 +26,10 @@ FAULTS = (
     "dotdot_path", "absolute_path", "backslash_path", "bad_hash", "size_larger", "size_smaller", "redirect_loop",
     "endless_body", "stall_mid_body", "invalid_json", "error_500", "bad_commit", "gzip_bomb", "gzip_bomb_404",
     "deep_json", "file_and_folder",
+    # Mirrors without ?blobs=true metadata: the fallbacks' answers are validated too.
+    "bad_tree_oid", "bad_head_etag", "head_without_size",
 )
+_NO_BLOBS = ("bad_tree_oid", "bad_head_etag", "head_without_size")
 
 
 @functools.lru_cache(maxsize=1)
@@ -110,11 +113,20 @@ class HostileServer:
             body = b'{"id": "evil/repo", "sha": "' + COMMIT.encode() + b'", "x": ' + b"[" * 100_000 + b"]" * 100_000 + b"}"
             self._send(h, 200, body, {"Content-Type": "application/json"}, head)
             return
+        if path.startswith("/api/models/evil/repo/tree/"):
+            if fault != "bad_tree_oid":
+                self._send(h, 404, b'{"error": "not found"}', {"Content-Type": "application/json"}, head)
+                return
+            entries = [{"type": "file", "path": "tokenizer.json", "size": len(CONTENT), "oid": "Z" * 40}]
+            self._send(h, 200, json.dumps(entries).encode(), {"Content-Type": "application/json"}, head)
+            return
         if path.startswith("/api/models/evil/repo"):
             name = {"dotdot_path": "../../outside.json", "absolute_path": "/etc/evil.json",
                     "backslash_path": "..\\evil.json"}.get(fault, "tokenizer.json")
+            sibling = {"rfilename": name} if fault in _NO_BLOBS else \
+                {"rfilename": name, "size": len(CONTENT), "blobId": git_sha1(CONTENT)}
             info = {"id": "evil/repo", "sha": "not-a-commit" if fault == "bad_commit" else COMMIT,
-                    "siblings": [{"rfilename": name, "size": len(CONTENT), "blobId": git_sha1(CONTENT)}]}
+                    "siblings": [sibling]}
             if fault == "file_and_folder":  # a path both a file and a folder: half a snapshot would be published
                 info["siblings"].append({"rfilename": "tokenizer.json/tokenizer_config.json", "size": len(CONTENT),
                                          "blobId": git_sha1(CONTENT)})
@@ -129,6 +141,15 @@ class HostileServer:
     def _resolve(self, h, head: bool) -> None:
         fault = self.fault
         base = {"X-Repo-Commit": COMMIT, "ETag": f'"{git_sha1(CONTENT)}"'}
+        if fault == "bad_head_etag":
+            base["ETag"] = '"d41d8cd98f00b204e9800998ecf8427e"'  # an md5, as some proxies send
+        if fault == "head_without_size" and head:  # no Content-Length: the size is unknown
+            h.send_response(200)
+            for k, v in base.items():
+                h.send_header(k, v)
+            h.send_header("Transfer-Encoding", "chunked")
+            h.end_headers()
+            return
         if fault == "redirect_loop":
             self._send(h, 302, b"", {**base, "Location": h.path}, head)
             return

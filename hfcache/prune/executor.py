@@ -46,7 +46,8 @@ def execute(plan: PrunePlan, *, on_item: Callable[[ItemOutcome], None] | None = 
         on_lock_wait: told which lock it waits for, and who holds it, when a wait lasts a few seconds.
 
     Returns:
-        PruneResult with one outcome per item, in plan order. OSErrors become ``failed`` outcomes (exit 5).
+        PruneResult with one outcome per item, in plan order. OSErrors become ``failed`` outcomes (exit 5), and so
+        do the items of a folder whose repo lock stays held for ``lock_timeout`` seconds.
 
     Raises:
         CacheError: the repo lock cannot be created (read-only cache); LockTimeout (a CacheError) when a repo's lock

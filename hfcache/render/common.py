@@ -9,22 +9,44 @@ import os
 import sys
 from typing import Any
 
-from rich.console import Console
-from rich.text import Text
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from rich.console import Console
 
 __all__ = ["ago", "human_size", "iso_time", "lock_wait_notice", "print_error", "print_json", "stderr"]
 
-stderr = Console(stderr=True, highlight=False)
-if not stderr.is_terminal and "COLUMNS" not in os.environ:
-    # rich assumes 80 columns off a terminal (CI logs, docker build output): tables would wrap every id.
-    stderr = Console(stderr=True, highlight=False, width=120)
+_console: Console | None = None
+
+
+def _stderr() -> Console:
+    # Built on first use, not at import: `warm --lock --json` on a complete cache never loads rich (issue 18, P1).
+    global _console
+    if _console is None:
+        from rich.console import Console
+
+        console = Console(stderr=True, highlight=False)
+        if not console.is_terminal and "COLUMNS" not in os.environ:
+            # rich assumes 80 columns off a terminal (CI logs, docker build output): tables would wrap every id.
+            console = Console(stderr=True, highlight=False, width=120)
+        _console = console
+    return _console
+
+
+def __getattr__(name: str) -> Any:
+    # ``stderr`` (the rich Console on stderr) is made when first asked for (PEP 562), so importing this is cheap.
+    if name == "stderr":
+        return _stderr()
+    raise AttributeError(name)
 
 
 def lock_wait_notice(wait: Any) -> None:
     """Tell the user on stderr which lock a command waits for, who holds it, and how long it will wait at most
     (a :class:`hfcache.locking.LockWait`; the ``on_lock_wait`` callback of warm, prune, repair and import)."""
+    from rich.text import Text
+
     holder = f", held by {wait.holder}" if wait.holder else ""
-    stderr.print(Text(f"hfcache: waiting for the lock {wait.path}{holder} (gives up after {wait.timeout:g}s: "
+    _stderr().print(Text(f"hfcache: waiting for the lock {wait.path}{holder} (gives up after {wait.timeout:g}s: "
                       "--lock-timeout)", style="yellow"), soft_wrap=True)
 
 
@@ -39,9 +61,11 @@ def print_json(document: Any, *, compact: bool = False) -> None:
 
 def print_error(message: str, hint: str | None = None) -> None:
     """One or two lines on stderr: what failed, and what to do."""
-    stderr.print(Text(f"hfcache: error: {message}", style="bold red"), soft_wrap=True)
+    from rich.text import Text
+
+    _stderr().print(Text(f"hfcache: error: {message}", style="bold red"), soft_wrap=True)
     if hint:
-        stderr.print(Text(f"hint: {hint}", style="yellow"), soft_wrap=True)
+        _stderr().print(Text(f"hint: {hint}", style="yellow"), soft_wrap=True)
 
 
 def human_size(n: int | float) -> str:

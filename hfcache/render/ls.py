@@ -3,60 +3,67 @@
 from __future__ import annotations
 
 import datetime
+import json
 import time
-from typing import TYPE_CHECKING, Any
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any, TextIO
 
-from rich.table import Table
-from rich.text import Text
-
-from .common import ago, human_size, iso_time, print_json, stderr
+from . import common
+from .common import ago, human_size, iso_time, print_json
 
 if TYPE_CHECKING:
-    from ..scan import CacheInfo
+    from rich.table import Table
 
-__all__ = ["ls_dict", "ls_table", "show_ls"]
+    from ..scan import CacheInfo, RepoInfo
+
+__all__ = ["ls_dict", "ls_table", "repo_dict", "show_ls", "stream_ls_json"]
+
+
+def repo_dict(repo: RepoInfo, pinned: set[tuple[str, str, str]] | None) -> dict[str, Any]:
+    """One repo of ``hfcache ls --json`` (an element of its ``repos``)."""
+
+    def is_pinned(rev) -> bool | None:
+        return None if pinned is None else (repo.repo_type, repo.repo_id, rev.commit_hash) in pinned
+
+    revisions = [
+        {
+            "commit_hash": rev.commit_hash,
+            "refs": list(rev.refs),
+            "files": len(rev.files),
+            "size_on_disk": rev.size_on_disk,
+            "last_used": iso_time(rev.last_used),
+            "pinned": is_pinned(rev),
+            "health": "ok" if not rev.problems else "; ".join(rev.problems),
+        }
+        for rev in repo.revisions
+    ]
+    return {
+        "repo_id": repo.repo_id,
+        "repo_type": repo.repo_type,
+        "folder": repo.folder,
+        "refs": dict(sorted(repo.refs.items())),
+        "revisions": revisions,
+        "files": len({f.path for rev in repo.revisions for f in rev.files}),
+        "size_on_disk": repo.size_on_disk,
+        "last_used": iso_time(repo.last_used),
+        "pinned": None if pinned is None else any(r["pinned"] for r in revisions),
+        "health": repo.health,
+        "problems": list(repo.problems),
+        "unreadable": list(repo.unreadable),
+        "incomplete": list(repo.incomplete),
+    }
+
+
+_SIZE_NOTE = "bytes shared between revisions or repos (hardlinks) are counted once"
 
 
 def ls_dict(info: CacheInfo, pinned: set[tuple[str, str, str]] | None) -> dict[str, Any]:
     """``hfcache ls --json``: sizes in bytes, times ISO 8601; ``pinned`` is null without --lock."""
-
-    def is_pinned(repo, rev) -> bool | None:
-        return None if pinned is None else (repo.repo_type, repo.repo_id, rev.commit_hash) in pinned
-
-    repos = []
-    for repo in info.repos:
-        revisions = [
-            {
-                "commit_hash": rev.commit_hash,
-                "refs": list(rev.refs),
-                "files": len(rev.files),
-                "size_on_disk": rev.size_on_disk,
-                "last_used": iso_time(rev.last_used),
-                "pinned": is_pinned(repo, rev),
-                "health": "ok" if not rev.problems else "; ".join(rev.problems),
-            }
-            for rev in repo.revisions
-        ]
-        repos.append({
-            "repo_id": repo.repo_id,
-            "repo_type": repo.repo_type,
-            "folder": repo.folder,
-            "refs": dict(sorted(repo.refs.items())),
-            "revisions": revisions,
-            "files": len({f.path for rev in repo.revisions for f in rev.files}),
-            "size_on_disk": repo.size_on_disk,
-            "last_used": iso_time(repo.last_used),
-            "pinned": None if pinned is None else any(r["pinned"] for r in revisions),
-            "health": repo.health,
-            "problems": list(repo.problems),
-            "unreadable": list(repo.unreadable),
-            "incomplete": list(repo.incomplete),
-        })
     return {
         "cache_dir": info.cache_dir,
         "size_on_disk": info.size_on_disk,
-        "size_note": "bytes shared between revisions or repos (hardlinks) are counted once",
-        "repos": repos,
+        "size_note": _SIZE_NOTE,
+        "repos": [repo_dict(repo, pinned) for repo in info.repos],
         "totals": {
             "repos": len(info.repos),
             "revisions": sum(len(r.revisions) for r in info.repos),
@@ -66,8 +73,45 @@ def ls_dict(info: CacheInfo, pinned: set[tuple[str, str, str]] | None) -> dict[s
     }
 
 
+def stream_ls_json(cache_dir: str, repos: Iterable[RepoInfo], pinned: set[tuple[str, str, str]] | None,
+                   out: TextIO) -> bool:
+    """Write ``hfcache ls --json``'s compact document to ``out`` one repo at a time, in the order given, and return
+    whether any repo had an unreadable part (exit 1).
+
+    Byte for byte what ``print_json(ls_dict(...), compact=True)`` prints for the same repos in the same order: the
+    keys sorted put ``repos`` before the totals, which are summed on the way. Only one repo's objects live at a time,
+    so memory stays flat on a 10,000-repo cache (issue 18, P4).
+    """
+    def dumps(value: Any) -> str:
+        return json.dumps(value, sort_keys=True, separators=(",", ":"))
+
+    seen: dict[tuple[int, int], int] = {}
+    count = revisions = unhealthy = 0
+    unreadable = False
+    chunk: list[str] = [f'{{"cache_dir":{dumps(cache_dir)},"repos":[']
+    for repo in repos:
+        chunk.append(("," if count else "") + dumps(repo_dict(repo, pinned)))
+        seen.update(repo.inodes)
+        count += 1
+        revisions += len(repo.revisions)
+        unhealthy += bool(repo.problems)
+        unreadable = unreadable or bool(repo.unreadable)
+        if len(chunk) >= 256:
+            out.write("".join(chunk))
+            chunk.clear()
+    size = sum(seen.values())
+    totals = {"repos": count, "revisions": revisions, "size_on_disk": size, "unhealthy": unhealthy}
+    chunk.append(f'],"size_note":{dumps(_SIZE_NOTE)},"size_on_disk":{size},"totals":{dumps(totals)}}}\n')
+    out.write("".join(chunk))
+    out.flush()
+    return unreadable
+
+
 def ls_table(document: dict[str, Any], revisions: bool, now: float) -> Table:
     """The ``hfcache ls`` table, built from the same document ``--json`` prints."""
+    from rich.table import Table
+    from rich.text import Text
+
     def ts(value: str | None) -> float:
         return datetime.datetime.fromisoformat(value).timestamp() if value else 0.0
 
@@ -111,4 +155,4 @@ def show_ls(info: CacheInfo, pinned: set[tuple[str, str, str]] | None, *, sort: 
     if as_json:
         print_json(document, compact=len(document["repos"]) > 100)
     else:
-        stderr.print(ls_table(document, revisions, time.time()))
+        common.stderr.print(ls_table(document, revisions, time.time()))

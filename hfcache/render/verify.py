@@ -64,6 +64,7 @@ def show_verify(report: VerifyReport, actions: tuple[RepairAction, ...], before:
             "repos": list(report.repos),
             "blobs_hashed": report.blobs_hashed,
             "bytes_hashed": report.bytes_hashed,
+            "blobs_skipped": report.blobs_skipped,
             "seconds": round(report.seconds, 3),
             "problems": [_problem_dict(p) for p in report.problems],
         }
@@ -94,7 +95,9 @@ def show_verify(report: VerifyReport, actions: tuple[RepairAction, ...], before:
     verdict = Text("ok", style="green") if report.ok else Text(f"{errors} integrity problem(s)", style="bold red")
     stderr.print(Text.assemble(
         verdict, f": {len(report.repos)} repos, {report.blobs_hashed} blobs ({human_size(report.bytes_hashed)}) "
-        f"hashed in {report.seconds:.2f}s" + (f", {notes} note(s)" if notes else "")))
+        f"hashed in {report.seconds:.2f}s"
+        + (f", {report.blobs_skipped} unchanged since a --fast run (not hashed)" if report.blobs_skipped else "")
+        + (f", {notes} note(s)" if notes else "")))
 
 
 def show_check(report: CheckReport, *, as_json: bool) -> None:

@@ -6,22 +6,16 @@ import threading
 from dataclasses import asdict
 from typing import TYPE_CHECKING, Any
 
-from rich.progress import (
-    BarColumn,
-    DownloadColumn,
-    Progress,
-    TaskID,
-    TextColumn,
-    TimeElapsedColumn,
-    TransferSpeedColumn,
-)
-from rich.table import Table
-from rich.text import Text
-
 from ..records import RepoResult, WarmReport
-from .common import human_size, print_error, print_json, stderr
+from . import common
+from .common import human_size, print_error, print_json
 
+# rich is imported where a table or a bar is drawn, not here: `warm --lock --json` on a complete cache prints one
+# JSON document and must not pay rich's import (issue 18, P1).
 if TYPE_CHECKING:
+    from rich.progress import TaskID
+    from rich.table import Table
+
     from ..pin import PinResult
     from ..project import LockCheck
 
@@ -58,7 +52,16 @@ def warm_report_dict(report: WarmReport) -> dict[str, Any]:
     }
 
 
+def __getattr__(name: str) -> Any:
+    if name == "stderr":  # the shared rich Console, made on first use (render.common)
+        return common.stderr
+    raise AttributeError(name)
+
+
 def warm_summary_table(report: WarmReport) -> Table:
+    from rich.table import Table
+    from rich.text import Text
+
     table = Table(title=f"hfcache warm -> {report.cache_dir}", title_justify="left")
     table.add_column("repo")
     table.add_column("commit")
@@ -69,6 +72,9 @@ def warm_summary_table(report: WarmReport) -> Table:
     several = len(report.endpoints) > 1 or len({r.endpoint for r in report.repos}) > 1
     if several:
         table.add_column("endpoint")
+    retried = any(r.retries for r in report.repos)
+    if retried:
+        table.add_column("retries", justify="right")
     table.add_column("status")
     for r in report.repos:
         label = r.request.spec
@@ -83,6 +89,7 @@ def warm_summary_table(report: WarmReport) -> Table:
             human_size(r.bytes_downloaded),
             f"{r.seconds:.2f}s",
             *([r.endpoint] if several else []),
+            *([str(r.retries)] if retried else []),
             status,
         )
     failed = sum(not r.ok for r in report.repos)
@@ -98,6 +105,15 @@ class WarmProgress:
     """A rich progress display on stderr: one bar per repo (bytes) and a total bar; implements ProgressSink."""
 
     def __init__(self, total_repos: int, enabled: bool = True) -> None:
+        self._enabled = enabled
+        self._lock = threading.Lock()
+        self._tasks: dict[int, TaskID] = {}
+        self._total_repos = total_repos
+        self._done = 0
+        if not enabled:  # --json / -q: no bar, and no rich import either
+            return
+        from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeElapsedColumn, TransferSpeedColumn
+
         self._progress = Progress(
             TextColumn("{task.description}"),
             BarColumn(),
@@ -105,24 +121,23 @@ class WarmProgress:
             TransferSpeedColumn(),
             TextColumn("{task.fields[status]}"),
             TimeElapsedColumn(),
-            console=stderr,
-            disable=not enabled,
+            console=common.stderr,
             transient=False,
         )
-        self._lock = threading.Lock()
-        self._tasks: dict[int, TaskID] = {}
         self._total = self._progress.add_task("[bold]total", total=0, status=f"0/{total_repos} repos")
-        self._total_repos = total_repos
-        self._done = 0
 
     def __enter__(self) -> WarmProgress:
-        self._progress.__enter__()
+        if self._enabled:
+            self._progress.__enter__()
         return self
 
     def __exit__(self, *exc) -> None:
-        self._progress.__exit__(*exc)
+        if self._enabled:
+            self._progress.__exit__(*exc)
 
     def repo_started(self, key: int, label: str, files: int, total_bytes: int) -> None:
+        if not self._enabled:
+            return
         with self._lock:
             if key in self._tasks:  # the repo is retried on the next endpoint: start its bar again
                 self._progress.reset(self._tasks[key], total=total_bytes)
@@ -132,12 +147,16 @@ class WarmProgress:
             self._progress.update(self._total, total=total + total_bytes)
 
     def advance(self, key: int, nbytes: int) -> None:
+        if not self._enabled:
+            return
         task = self._tasks.get(key)
         if task is not None:
             self._progress.advance(task, nbytes)
         self._progress.advance(self._total, nbytes)
 
     def repo_finished(self, key: int, result: RepoResult) -> None:
+        if not self._enabled:
+            return
         with self._lock:
             self._done += 1
             self._progress.update(self._total, status=f"{self._done}/{self._total_repos} repos")
@@ -152,11 +171,13 @@ def show_warm_report(report: WarmReport, *, as_json: bool, quiet: bool) -> None:
     if as_json:
         print_json(warm_report_dict(report))
         return
+    from rich.text import Text
+
     if not quiet:
-        stderr.print(warm_summary_table(report))
+        common.stderr.print(warm_summary_table(report))
     for r in report.repos:
         for note in r.notes:
-            stderr.print(Text(f"warning: {r.request.repo_id}: {note}", style="yellow"))
+            common.stderr.print(Text(f"warning: {r.request.repo_id}: {note}", style="yellow"))
         if not r.ok:
             print_error(r.error or "failed", r.hint)
 
@@ -180,6 +201,9 @@ def show_pin_result(result: PinResult, lock_path, written: bool, *, as_json: boo
             ],
         })
         return
+    from rich.table import Table
+    from rich.text import Text
+
     table = Table(title=f"hfcache lock -> {lock_path}", title_justify="left")
     for column in ("repo", "commit", "files", "size", "status"):
         table.add_column(column, justify="right" if column in ("files", "size") else "left")
@@ -188,17 +212,17 @@ def show_pin_result(result: PinResult, lock_path, written: bool, *, as_json: boo
         table.add_row(r.request.spec, r.commit_hash[:12], str(len(r.files)),
                       human_size(sum(f.size for f in r.files)), status)
     if result.lock.repos:
-        stderr.print(table)
+        common.stderr.print(table)
     for r in result.lock.repos:
         for note in r.notes:
-            stderr.print(Text(f"warning: {r.request.repo_id}: {note}", style="yellow"))
+            common.stderr.print(Text(f"warning: {r.request.repo_id}: {note}", style="yellow"))
     for f in result.failures:
         print_error(f.error, f.hint)
     if result.failures:
         entries = f"{len(result.failures)} entr{'y' if len(result.failures) == 1 else 'ies'}"
-        stderr.print(f"{lock_path} not written: {entries} failed")
+        common.stderr.print(f"{lock_path} not written: {entries} failed")
     else:
-        stderr.print(f"{lock_path} {'written' if written else 'unchanged'}")
+        common.stderr.print(f"{lock_path} {'written' if written else 'unchanged'}")
 
 
 def show_lock_check(status: LockCheck, *, as_json: bool) -> None:
@@ -207,4 +231,4 @@ def show_lock_check(status: LockCheck, *, as_json: bool) -> None:
         print_json({"lock": str(status.lock_path), "manifest": str(status.manifest), "ok": status.ok,
                     "drift": list(status.drift)})
     elif status.ok:
-        stderr.print(f"{status.lock_path} matches {status.manifest}")
+        common.stderr.print(f"{status.lock_path} matches {status.manifest}")

@@ -8,6 +8,7 @@ only modules above it in this list, never back; tests/unit/test_import_graph.py 
 - :mod:`.cache_store`   CacheStore: a Hugging Face hub cache, answered as the Hub would
 - :mod:`.metrics`       MirrorMetrics: ``GET /metrics`` (Prometheus text, prometheus_client)
 - :mod:`.pullthrough`   PullThroughStore: a cache that fetches what it lacks from upstream (``serve --upstream``)
+- :mod:`.faults`        Faults: misbehaviours of poorer mirrors and flaky networks, for tests (imports nothing here)
 - :mod:`.http`          error answers, request-target parsing
 - :mod:`.accesslog`     RequestRecord and the access log line
 - :mod:`.body`          FileBody and the Responder contract of the server stacks
@@ -21,6 +22,7 @@ only modules above it in this list, never back; tests/unit/test_import_graph.py 
 
 from .accesslog import RequestRecord
 from .cache_store import CacheStore
+from .faults import Faults
 from .folder_store import FolderStore
 from .hub_server import HubServer
 from .vocabulary import (
@@ -39,6 +41,7 @@ __all__ = [
     "LFS_PATTERNS",
     "LFS_SIZE_THRESHOLD",
     "CacheStore",
+    "Faults",
     "FolderStore",
     "HubServer",
     "RepoFile",

@@ -1,8 +1,9 @@
 """``python -m hfcache.serve ROOT``: the test Hub server from a shell (tests, benchmarks, a quick local Hub).
 
 ``python -m hfcache.serve ROOT [--host 127.0.0.1] [--port 8080] [--throttle-bps N] [--layout cache]
-[--backend uvicorn] [--no-cdn] [--token T]``. ``hfcache serve`` is the production entry point
-(:mod:`hfcache.serve.mirror`).
+[--backend uvicorn] [--no-cdn] [--token T] [--fault NAME[=VALUE]]...``. ``hfcache serve`` is the production entry
+point (:mod:`hfcache.serve.mirror`). Faults (:mod:`.faults`) make it behave like a poorer mirror or a flaky network:
+no ``?blobs=true`` metadata, no tree API, unquoted ETags, leading 429s, failing bodies, no ``Range``.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import signal
 import threading
 from pathlib import Path
 
+from .faults import Faults, parse_faults
 from .hub_server import BACKENDS, LAYOUTS, HubServer
 
 __all__ = ["main"]
@@ -30,14 +32,24 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--layout", choices=LAYOUTS, default="repos", help="what ROOT is (default: repos)")
     parser.add_argument("--backend", choices=BACKENDS, default="werkzeug", help="server stack (default: werkzeug)")
     parser.add_argument("--no-cdn", action="store_true", help="serve LFS files from the main origin (one port)")
+    parser.add_argument("--fault", action="append", default=[], metavar="NAME[=VALUE]",
+                        help="inject a fault (hfcache.serve.faults.Faults field), e.g. no_blobs, no_tree, rate_limit=3, "
+                             "failing_bodies=2, body_failure=reset (repeatable)")
     args = parser.parse_args(argv)
+    try:
+        faults = parse_faults(args.fault)
+    except ValueError as exc:
+        parser.error(str(exc))
+    if faults != Faults() and args.backend != "werkzeug":
+        parser.error("--fault needs the werkzeug backend (a reset needs the raw socket)")
     if not args.root.is_dir():
         parser.error(f"{args.root} is not a directory")
 
     done = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: done.set())
     server = HubServer(args.root, host=args.host, port=args.port, throttle_bps=args.throttle_bps, token=args.token,
-                       layout=args.layout, backend=args.backend, lfs_redirect=not args.no_cdn, record_requests=False)
+                       layout=args.layout, backend=args.backend, lfs_redirect=not args.no_cdn, record_requests=False,
+                       faults=faults)
     with server:
         print(f"serving {args.root} at {server.endpoint}", flush=True)
         try:

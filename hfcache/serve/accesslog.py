@@ -25,6 +25,7 @@ class RequestRecord:
         status (int): HTTP status code answered.
         authorized (bool): whether the request carried an ``Authorization`` header (any value).
         bytes_sent (int): body bytes handed to the socket (0 for HEAD and redirects).
+        range (str | None): the ``Range`` header as sent, e.g. ``"bytes=1048576-"``; None without one.
     """
 
     origin: str
@@ -33,26 +34,28 @@ class RequestRecord:
     status: int
     authorized: bool
     bytes_sent: int
-
+    range: str | None = None
 
 
 class LogEntry:
     """Mutable while its body streams; frozen into a RequestRecord when read."""
 
-    __slots__ = ("origin", "method", "path", "status", "authorized", "bytes_sent", "started", "wall")
+    __slots__ = ("origin", "method", "path", "status", "authorized", "bytes_sent", "started", "wall", "range")
 
     def __init__(self, origin: str, environ: Mapping[str, Any]):
         self.origin = origin
         self.method = environ["REQUEST_METHOD"]
         self.path = raw_target(environ)
         self.authorized = "HTTP_AUTHORIZATION" in environ
+        self.range = environ.get("HTTP_RANGE")
         self.status = 0
         self.bytes_sent = 0
         self.started = time.monotonic()
         self.wall = time.time()
 
     def freeze(self) -> RequestRecord:
-        return RequestRecord(self.origin, self.method, self.path, self.status, self.authorized, self.bytes_sent)
+        return RequestRecord(self.origin, self.method, self.path, self.status, self.authorized, self.bytes_sent,
+                             self.range)
 
     def access_line(self) -> str:
         """``TIME METHOD PATH STATUS BYTES SECONDS``: never a header, so never the Authorization token."""

@@ -14,15 +14,20 @@ from urllib.parse import quote, urlencode
 from werkzeug.wrappers import Request, Response
 
 from .body import FileBody
+from .faults import FaultState
 from .http import HttpError, json_response, raw_target
 from .vocabulary import RepoFile, RepoSnapshot
 
-__all__ = ["file_response", "legacy_redirect", "lfs_redirect", "not_found", "repo_info", "tree_page"]
+__all__ = ["etag_header", "file_response", "legacy_redirect", "lfs_redirect", "not_found", "repo_info", "tree_page"]
 
 
-def repo_info(request: Request, snapshot: RepoSnapshot) -> Response:
-    """Repo info as ``HfApi.repo_info`` parses it (hf_api.py ``ModelInfo``/``RepoSibling``)."""
-    with_blobs = request.args.get("blobs", "").lower() in ("true", "1")
+def repo_info(request: Request, snapshot: RepoSnapshot, *, blobs: bool = True) -> Response:
+    """Repo info as ``HfApi.repo_info`` parses it (hf_api.py ``ModelInfo``/``RepoSibling``).
+
+    ``?blobs=true`` adds sizes and hashes to the siblings unless ``blobs`` is False (a mirror that ignores it:
+    siblings carry ``rfilename`` only, :class:`~.faults.Faults` ``no_blobs``).
+    """
+    with_blobs = blobs and request.args.get("blobs", "").lower() in ("true", "1")
     siblings = [_sibling(f, with_blobs) for f in snapshot.files.values()]
     info = {
         "_id": snapshot.commit[:24],
@@ -64,8 +69,10 @@ def tree_page(request: Request, snapshot: RepoSnapshot, folder: str, page_size: 
     return response
 
 
-def lfs_redirect(snapshot: RepoSnapshot, repo_file: RepoFile, cdn_host: str, cdn_port: int) -> Response:
+def lfs_redirect(snapshot: RepoSnapshot, repo_file: RepoFile, cdn_host: str, cdn_port: int,
+                 faults: FaultState | None = None) -> Response:
     """302 to the CDN origin at ``cdn_host`` (already URL-ready) and ``cdn_port``; the file metadata rides on the 302.
+    ETags are quoted unless ``faults`` says ``unquoted_etags``.
 
     ``get_hf_file_metadata`` stops at a cross-origin redirect and reads X-Repo-Commit, X-Linked-Etag
     and X-Linked-Size from it; the download then goes to ``Location`` without Authorization.
@@ -73,31 +80,47 @@ def lfs_redirect(snapshot: RepoSnapshot, repo_file: RepoFile, cdn_host: str, cdn
     prefix = "datasets/" if snapshot.repo_type == "dataset" else ""
     location = f"http://{cdn_host}:{cdn_port}"
     location += f"/lfs/{prefix}{snapshot.repo_id}/{repo_file.sha256}"
+    etag = etag_header(repo_file.sha256, faults)
     headers = {
         "Location": location,
         "X-Repo-Commit": snapshot.commit,
-        "X-Linked-Etag": f'"{repo_file.sha256}"',
+        "X-Linked-Etag": etag,
         "X-Linked-Size": str(repo_file.size),
-        "ETag": f'"{repo_file.sha256}"',
+        "ETag": etag,
     }
     return Response(b"", status=302, headers=headers)
 
 
-def file_response(request: Request, body: BinaryIO, length: int, etag: str, headers: dict[str, str]) -> Response:
+def etag_header(etag: str, faults: FaultState | None = None) -> str:
+    """An ``ETag``/``X-Linked-Etag`` value: quoted as the Hub sends it, bare with ``faults``' ``unquoted_etags``."""
+    return faults.faults.etag(etag) if faults is not None else f'"{etag}"'
+
+
+def file_response(request: Request, body: BinaryIO, length: int, etag: str, headers: dict[str, str],
+                  faults: FaultState | None = None) -> Response:
     """200/206/304/416 for an open file of ``length`` bytes, its body a :class:`FileBody` (constant memory).
 
     Takes ownership of ``body``: it is closed here unless it goes out as the response body.
 
     ``If-None-Match`` (weak comparison) gives 304; one satisfiable ``Range`` gives 206, an unsatisfiable one 416;
     several ranges, or an ``If-Range`` naming another version, give the whole file (RFC 9110 allows both).
+    ``faults`` (:mod:`.faults`): unquoted ETags; ``Range`` ignored (no ``Accept-Ranges``); the first N GETs failing
+    with 502/503, or marked to be cut midway (:attr:`FileBody.fault_reset`, done by :mod:`.wsgi`).
+
+    Raises:
+        HttpError: a 502/503 body failure injected by ``faults``.
     """
-    headers = {**headers, "ETag": f'"{etag}"', "Accept-Ranges": "bytes"}
+    no_range = faults is not None and faults.faults.no_range
+    headers = {**headers, "ETag": etag_header(etag, faults)}
+    if not no_range:
+        headers["Accept-Ranges"] = "bytes"
     try:
+        reset = _body_failure(request, faults)
         if request.if_none_match and request.if_none_match.contains_weak(etag):
             body.close()
             return Response(status=304, headers=headers)
         start, size, status = 0, length, 200
-        ranges = request.range
+        ranges = None if no_range else request.range
         if_range = request.if_range
         if ranges is not None and (if_range.etag is None and if_range.date is None or if_range.etag == etag):
             bounds = ranges.range_for_length(length)
@@ -109,13 +132,28 @@ def file_response(request: Request, body: BinaryIO, length: int, etag: str, head
                 body.close()
                 headers = {"Content-Range": f"bytes */{length}", "ETag": headers["ETag"]}
                 return Response(b"", status=416, headers=headers)
-        response = Response(FileBody(body, start, size), status=status, headers=headers,
+        file_body = FileBody(body, start, size)
+        file_body.fault_reset = reset
+        response = Response(file_body, status=status, headers=headers,
                             mimetype="application/octet-stream", direct_passthrough=True)
         response.content_length = size
         return response
     except BaseException:
         body.close()
         raise
+
+
+def _body_failure(request: Request, faults: FaultState | None) -> bool:
+    """Whether this GET's body is to be cut midway (a ``reset`` fault); raises the 502/503 of the other kinds.
+
+    Raises:
+        HttpError: one of the first ``failing_bodies`` GETs, with ``body_failure`` 502 or 503.
+    """
+    if faults is None or request.method != "GET" or not faults.take_body_failure():
+        return False
+    if faults.faults.body_failure == "reset":
+        return True
+    raise HttpError(int(faults.faults.body_failure), None, "fault: bad gateway or unavailable")
 
 
 def not_found(snapshot: RepoSnapshot, path: str) -> HttpError:

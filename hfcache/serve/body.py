@@ -44,6 +44,7 @@ class FileBody:
 
     def __init__(self, file: BinaryIO, start: int, length: int) -> None:
         self.file, self.start, self.length = file, start, length
+        self.fault_reset = False  # hfcache.serve.faults: cut the connection midway (werkzeug stack, .wsgi)
         self.remaining = length
         self._positioned = False
 

@@ -22,6 +22,7 @@ from werkzeug.wrappers import Request, Response
 
 from .accesslog import LogEntry, RequestRecord
 from .cache_store import CacheStore
+from .faults import Faults
 from .folder_store import FolderStore
 from .http import header_value, url_host
 from .metrics import CONTENT_TYPE, MirrorMetrics
@@ -69,10 +70,12 @@ class HubServer:
         metrics (bool): answer ``GET /metrics`` (Prometheus text, :mod:`.metrics`; no token needed, no repo ids).
         upstream (PullThroughConfig | None): ``layout="cache"`` only: fetch what the cache lacks from these
             upstreams (:class:`~.pullthrough.PullThroughStore`); ``/healthz`` then says whether they answer.
+        faults (Faults | None): misbehaviours to inject, as poorer mirrors and flaky networks do (:mod:`.faults`:
+            no ``?blobs=true``, no tree API, unquoted ETags, 429s, failing bodies, no ``Range``; werkzeug only).
 
     Raises:
-        ValueError: an unknown layout or backend, a bad throttle, legacy_ids with a cache, throttle on uvicorn,
-            an upstream with ``layout="repos"``.
+        ValueError: an unknown layout or backend, a bad throttle, legacy_ids with a cache, throttle or faults on
+            uvicorn, an upstream with ``layout="repos"``.
         FileNotFoundError: ``layout="cache"`` and ``root`` is not a directory.
         OSError: from ``start()`` if a port cannot be bound.
     """
@@ -96,8 +99,11 @@ class HubServer:
         access_log: IO[str] | None = None,
         metrics: bool = False,
         upstream: PullThroughConfig | None = None,
+        faults: Faults | None = None,
     ) -> None:
         root = Path(root)
+        if faults is not None and faults != Faults() and backend != "werkzeug":
+            raise ValueError("faults are supported by the werkzeug backend only")
         if layout not in LAYOUTS:
             raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
         if backend not in BACKENDS:
@@ -125,7 +131,9 @@ class HubServer:
         self.record_requests = record_requests
         self.access_log = access_log
         self._router = Router(self._store, host=host, token=token, gated=self.gated, overrides=self.overrides,
-                              page_size=self.page_size, lfs_redirect=lfs_redirect, public=self._public_routes())
+                              page_size=self.page_size, lfs_redirect=lfs_redirect, public=self._public_routes(),
+                              faults=faults)
+        self.faults = self._router.faults
         self._log: list[LogEntry] = []
         self._log_lock = threading.Lock()
         self._active = 0

@@ -21,7 +21,8 @@ from urllib.parse import urlsplit
 
 from werkzeug.wrappers import Request, Response
 
-from .answers import file_response, legacy_redirect, lfs_redirect, not_found, repo_info, tree_page
+from .answers import etag_header, file_response, legacy_redirect, lfs_redirect, not_found, repo_info, tree_page
+from .faults import Faults, FaultState
 from .http import HttpError, path_segments, raw_target, repo_path, split_repo_id, url_host
 from .vocabulary import DEFAULT_BRANCH, SHA256_RE, RepoFile, RepoSnapshot, Store, StoreMiss
 
@@ -45,11 +46,13 @@ class Router:
         lfs_redirect (bool): LFS files answer 302 to the CDN origin (port :attr:`cdn_port`, set once bound).
         public (Mapping[str, Callable[[Request], Response]]): one-segment paths answered before the token check,
             e.g. ``{"metrics": ...}``; ``healthz`` here replaces the plain ``ok``.
+        faults (Faults | None): misbehaviours to inject (:mod:`.faults`), as poorer mirrors and flaky networks do.
     """
 
     def __init__(self, store: Store, *, host: str, token: str | None, gated: Iterable[str],
                  overrides: Mapping[tuple[str, str], bytes], page_size: int, lfs_redirect: bool,
-                 public: Mapping[str, Callable[[Request], Response]] | None = None) -> None:
+                 public: Mapping[str, Callable[[Request], Response]] | None = None,
+                 faults: Faults | None = None) -> None:
         self.store, self.host, self.token = store, host, token
         self.gated = frozenset(gated)
         self.overrides = overrides
@@ -57,6 +60,8 @@ class Router:
         self.lfs_redirect = lfs_redirect
         self.cdn_port = 0
         self.public = dict(public or {})
+        self.faults = faults or Faults()
+        self._faults = FaultState(self.faults)
 
     def answer(self, origin: str, request: Request) -> Response:
         """The response to one request: an answer, the Hub's error for it, or a 500 (logged) on a bug."""
@@ -80,6 +85,8 @@ class Router:
         self._check_token(request)
         if request.method not in ("GET", "HEAD"):
             raise HttpError(405, None, "Method not allowed", {"Allow": "GET, HEAD"})
+        if self._faults.take_rate_limit():
+            raise HttpError(429, None, "Too many requests", {"Retry-After": str(self.faults.retry_after)})
         if len(segments) >= 3 and segments[0] == "api" and segments[1] in _URL_REPO_TYPES:
             return self._api(request, _URL_REPO_TYPES[segments[1]], segments[2:])
         if segments and segments[0] == "datasets":
@@ -116,11 +123,14 @@ class Router:
 
     def _api(self, request: Request, repo_type: str, segments: list[str]) -> Response:
         repo_id, rest = split_repo_id(segments, {"revision", "tree"})
+        blobs = not self.faults.no_blobs
         if not rest:
-            return repo_info(request, self._snapshot(repo_type, repo_id, DEFAULT_BRANCH))
+            if self.faults.info_needs_revision:
+                raise HttpError(404, None, "Not found")
+            return repo_info(request, self._snapshot(repo_type, repo_id, DEFAULT_BRANCH), blobs=blobs)
         if rest[0] == "revision" and len(rest) == 2:
-            return repo_info(request, self._snapshot(repo_type, repo_id, rest[1]))
-        if rest[0] == "tree" and len(rest) >= 2:
+            return repo_info(request, self._snapshot(repo_type, repo_id, rest[1]), blobs=blobs)
+        if rest[0] == "tree" and len(rest) >= 2 and not self.faults.no_tree:
             folder = repo_path(rest[2:]) if len(rest) > 2 else ""
             return tree_page(request, self._snapshot(repo_type, repo_id, rest[1]), folder, self.page_size)
         self._snapshot(repo_type, repo_id, DEFAULT_BRANCH)  # RepoNotFound before a plain 404
@@ -144,12 +154,13 @@ class Router:
             if self.lfs_redirect:
                 # Same host name the client used for the main origin, so the CDN is reachable wherever the hub is.
                 cdn_host = url_host(urlsplit(request.host_url).hostname or self.host)
-                return lfs_redirect(snapshot, repo_file, cdn_host, self.cdn_port)
+                return lfs_redirect(snapshot, repo_file, cdn_host, self.cdn_port, self._faults)
             # Served here: the metadata a CDN redirect would carry rides on the answer itself (file_download.py
             # reads X-Linked-Etag / X-Linked-Size before ETag / Content-Length).
-            headers.update({"X-Linked-Etag": f'"{repo_file.sha256}"', "X-Linked-Size": str(repo_file.size)})
+            headers.update({"X-Linked-Etag": etag_header(repo_file.sha256, self._faults),
+                            "X-Linked-Size": str(repo_file.size)})
         body, length = self._open_body(snapshot, repo_file, head=request.method == "HEAD")
-        return file_response(request, body, length, repo_file.etag, headers)
+        return file_response(request, body, length, repo_file.etag, headers, self._faults)
 
     # -- CDN origin
 
@@ -167,7 +178,7 @@ class Router:
             raise HttpError(404, None, "Not found")
         snapshot, repo_file = found
         body, length = self._open_body(snapshot, repo_file, head=request.method == "HEAD")
-        return file_response(request, body, length, sha256, {})
+        return file_response(request, body, length, sha256, {}, self._faults)
 
     # -- file bodies
 

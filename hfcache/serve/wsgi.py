@@ -15,6 +15,7 @@ from werkzeug.serving import WSGIRequestHandler, make_server
 
 from .accesslog import LogEntry
 from .body import FileBody, Responder
+from .faults import reset_midway
 from .http import close
 
 __all__ = ["WerkzeugOrigin", "wsgi_app"]
@@ -24,15 +25,19 @@ def wsgi_app(responder: Responder, origin: str, throttle_bps: int | None) -> Any
     """A WSGI application answering ``origin`` (``"hub"`` or ``"cdn"``) through ``responder``.
 
     Bodies are counted into the log entry as they go, paced to about ``throttle_bps`` bytes/s if set, and cut
-    short once ``responder.stopping`` is set; ``responder.finish`` runs once per response.
+    short once ``responder.stopping`` is set; ``responder.finish`` runs once per response. A body marked
+    :attr:`~.body.FileBody.fault_reset` (:mod:`.faults`) is cut after half its bytes, the TCP connection reset.
     """
 
     def app(environ: dict[str, Any], start_response: Any) -> Iterable[bytes]:
         status, headers, body, entry = responder.respond(origin, environ)
         start_response(status, headers)
+        chunks: Iterable[bytes] = body
         if throttle_bps is not None and isinstance(body, FileBody):
-            return _metered(responder, _throttled(body, throttle_bps, responder.stopping), entry)
-        return _metered(responder, body, entry)
+            chunks = _throttled(body, throttle_bps, responder.stopping)
+        if isinstance(body, FileBody) and body.fault_reset:
+            chunks = reset_midway(chunks, body.length, environ)
+        return _metered(responder, chunks, entry)
 
     return app
 

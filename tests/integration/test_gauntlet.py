@@ -46,13 +46,21 @@ def test_sigkill_warm_twenty_times_then_it_completes(tmp_path):
     cache = tmp_path / "cache"
     rng = random.Random(1234)
     recovered = mid_file = 0
-    # 300 kB/s per connection: roberta's 1.3 MB tokenizer.json needs ~4.5 s, so every kill lands mid-file.
-    with HubServer(HUB, throttle_bps=300_000) as server:
+    # 50 kB/s per connection: downloads resume across kills (progress accumulates), so the link must be slow
+    # enough that twenty short runs cannot finish the ~5.6 MB and every kill still lands mid-file.
+    with HubServer(HUB, throttle_bps=50_000) as server:
         args = [sys.executable, "-m", "hfcache", "warm", *REPOS, "--cache-dir", str(cache), "--endpoint",
                 server.endpoint, "-q"]
         for _ in range(20):
+            seen = len(server.requests)
             proc = subprocess.Popen(args, env=clean_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-            time.sleep(rng.uniform(0.2, 1.2))
+            # Kill at a random moment after this run's downloads began (start-up alone takes ~2 s on a loaded CI
+            # machine; a fixed delay would kill it before any request).
+            deadline = time.monotonic() + 60
+            while not any("/resolve/" in r.path and r.method == "GET" for r in server.requests[seen:]) \
+                    and proc.poll() is None and time.monotonic() < deadline:
+                time.sleep(0.02)
+            time.sleep(rng.uniform(0.0, 1.0))
             partial = {p.name for p in cache.glob("*/blobs/*.incomplete")} if cache.exists() else set()
             proc.send_signal(signal.SIGKILL)
             proc.wait()
@@ -135,6 +143,9 @@ EXPECTED = {
     "gzip_bomb_404": (3, "larger than 67108864 bytes (decoded)"),
     "deep_json": (3, "nested too deep"),
     "file_and_folder": (3, "'tokenizer.json' as a file and as a folder"),
+    "bad_tree_oid": (3, "blob id 'ZZZZZZZZZZZZZZZZZZZZZZZZZZZZZZZZZZZZZZZZ' for tokenizer.json"),
+    "bad_head_etag": (3, "blob id 'd41d8cd98f00b204e9800998ecf8427e' for tokenizer.json"),
+    "head_without_size": (3, "gave no size"),
 }
 
 

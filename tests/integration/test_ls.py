@@ -133,3 +133,30 @@ def test_ls_reads_only(damaged_cache):
 def test_missing_cache_is_an_error(tmp_path):
     proc = run_hfcache(["ls", "--cache-dir", str(tmp_path / "nope")])
     assert proc.returncode == 5 and "no cache at" in proc.stderr
+
+
+def test_large_listing_is_streamed_with_the_same_document(damaged_cache, tmp_path):
+    """Over 100 repos `ls --json` writes one repo at a time (issue 18, P4): byte for byte the document that
+    print_json(ls_dict(...)) builds whole, damaged repos, mixed case ids and the lock's pins included."""
+    import shutil
+
+    from hfcache.lockfile import pinned_revisions, read_lock
+    from hfcache.render.ls import _SORT_KEYS, ls_dict
+    from hfcache.scan import scan_cache
+
+    source, lock = damaged_cache
+    cache = tmp_path / "cache"
+    shutil.copytree(source, cache, symlinks=True)
+    gpt2 = cache / "models--openai-community--gpt2"
+    for i in range(110):  # copies of a broken repo under ids that sort differently with and without case
+        shutil.copytree(gpt2, cache / f"models--Org{i % 3}--{'Z' if i % 2 else 'a'}-{i}", symlinks=True)
+    shutil.copytree(gpt2, cache / "datasets--Org0--a-0", symlinks=True)  # same id as a model: type breaks the tie
+    proc = run_hfcache(["ls", "--cache-dir", str(cache), "--json", "--lock", str(lock)])
+    assert proc.returncode == 0, proc.stderr
+    document = ls_dict(scan_cache(cache), pinned_revisions(read_lock(lock)))
+    document["repos"].sort(key=_SORT_KEYS["name"])
+    assert proc.stdout == json.dumps(document, sort_keys=True, separators=(",", ":")) + "\n"
+    assert document["totals"]["repos"] == len(ls_json(source)["repos"]) + 111
+    assert [(r["repo_id"], r["repo_type"]) for r in document["repos"] if r["repo_id"] == "Org0/a-0"] == [
+        ("Org0/a-0", "dataset"), ("Org0/a-0", "model")]
+    assert any(r["pinned"] for r in document["repos"]) and any(r["problems"] for r in document["repos"])

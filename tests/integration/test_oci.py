@@ -13,6 +13,7 @@ import hashlib
 import io
 import json
 import os
+import shutil
 import tarfile
 import urllib.error
 import urllib.request
@@ -289,3 +290,23 @@ def test_push_of_a_lock_records_its_hash_and_a_corrupt_cache_is_never_pushed(reg
     assert lines[-1].startswith("hint: ") and lines[-2].startswith("hfcache: error: ")
     with pytest.raises(urllib.error.HTTPError):
         get(registry, "hf/corrupt/manifests/v1", "application/vnd.oci.image.manifest.v1+json")
+
+
+def test_push_of_a_lock_without_cache_dir_uses_the_manifests_cache(registry, tmp_path):
+    # Every --lock command picks its cache the same way (README "Which cache a --lock command uses"): push too.
+    examples = Path(__file__).parents[2] / "examples"
+    project = tmp_path / "project"
+    project.mkdir()
+    shutil.copy(examples / "hfcache.lock", project / "hfcache.lock")
+    (project / "hfcache.toml").write_text('cache_dir = "cache"\n' + (examples / "hfcache.toml").read_text())
+    env = clean_env(HF_HUB_CACHE=str(tmp_path / "not-this-one"))
+    with HubServer(HUB) as server:
+        warmed = run_hfcache(["warm", "--lock", "hfcache.lock", "--endpoint", server.endpoint], cwd=project, env=env)
+    assert warmed.returncode == 0, warmed.stderr
+    assert (project / "cache" / "models--openai-community--gpt2").is_dir()
+    assert not (tmp_path / "not-this-one").exists()
+    pushed = hfcache_json(["push", f"{registry.host}/hf/project:v1", "--lock", "hfcache.lock", "--plain-http"],
+                          cwd=project, env=env)
+    raw = get(registry, "hf/project/manifests/v1", "application/vnd.oci.image.manifest.v1+json")
+    assert "openai-community/gpt2@" in json.loads(raw)["annotations"]["io.hfcache.repos"]
+    assert len(pushed["layers"]) >= 3

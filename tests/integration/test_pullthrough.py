@@ -25,7 +25,7 @@ from huggingface_hub import hf_hub_download, scan_cache_dir, snapshot_download
 from huggingface_hub.errors import HfHubHTTPError
 from prometheus_client.parser import text_string_to_metric_families
 
-from hfcache.serve import HubServer
+from hfcache.serve import Faults, HubServer
 from hfcache.serve.pullthrough import PullThroughConfig
 from tests.helpers import GOLDEN, clean_env, golden_ids, run_hfcache, silent_server
 from tests.integration.test_serve import ACCESS_LINE, TRAVERSALS, raw_request, served
@@ -145,6 +145,28 @@ def test_concurrent_clients_cause_one_upstream_body_per_file(tmp_path):
     counts = bodies_per_file(upstream)
     assert sum(counts.values()) == len(files) and set(counts.values()) == {1}, counts
     assert len(resolutions) == 1  # one resolution of main for eight clients at once
+
+
+def test_an_upstream_listing_names_only_is_described_by_head_and_serves_verified_files(tmp_path):
+    """An upstream like many mirrors (repo info without ?blobs=true sizes and hashes, no tree API, bare ETags): the
+    mirror resolves through warm's fallbacks (one HEAD per file) and still serves hash-checked bytes."""
+    faults = Faults(no_blobs=True, no_tree=True, unquoted_etags=True)
+    with HubServer(HUB, faults=faults) as upstream, mirror(tmp_path / "mirror", upstream.endpoint) as server:
+        snapshot = Path(snapshot_download(MINILM, cache_dir=tmp_path / "client", endpoint=server.endpoint,
+                                          token=False))
+        info = httpx2.get(f"{server.endpoint}/api/models/{MINILM}/revision/main", params={"blobs": "true"}).json()
+        heads = {r.path.split("/resolve/", 1)[1].split("/", 1)[1] for r in upstream.requests
+                 if r.method == "HEAD" and "/resolve/" in r.path}
+        trees = [r.status for r in upstream.requests if "/tree/" in r.path]
+
+    files = {p.relative_to(HUB / MINILM).as_posix() for p in (HUB / MINILM).rglob("*") if p.is_file()}
+    assert {p.relative_to(snapshot).as_posix() for p in snapshot.rglob("*") if p.is_file()} == files
+    for path in files:
+        assert (snapshot / path).read_bytes() == (HUB / MINILM / path).read_bytes(), path
+    assert heads == files and trees and set(trees) == {404}  # every file described by HEAD, the tree API refused
+    # The mirror itself answers the full metadata its upstream lacked.
+    assert all(s.get("size") is not None and s.get("blobId") for s in info["siblings"])
+    verify(tmp_path / "mirror")
 
 
 def test_a_warm_of_the_same_cache_at_the_same_time_shares_the_fetches(tmp_path):

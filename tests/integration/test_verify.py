@@ -230,3 +230,53 @@ def test_leftover_incomplete_is_reported_not_an_error(fixture_cache):
     code, report = verify_json(fixture_cache)
     assert code == 0
     assert [(p["kind"], p["error"]) for p in report["problems"]] == [("incomplete", False)]
+
+
+def test_fast_skips_only_blobs_unchanged_since_a_recorded_run(fixture_cache):
+    """verify --fast (issue 18, P3): the default hashes every blob and writes nothing; a --fast run records what
+    hashed right under .locks/ (invisible to huggingface_hub's scan and to ls); the next --fast run skips exactly
+    the blobs whose inode, size, mtime and ctime are unchanged, so a rewrite is caught even with its mtime put back."""
+    record = fixture_cache / ".locks" / "hfcache-verified.json"
+    code, plain = verify_json(fixture_cache)
+    assert code == 0 and plain["blobs_skipped"] == 0 and not record.exists()
+    code, first = verify_json(fixture_cache, "--fast")
+    assert code == 0 and first["blobs_skipped"] == 0 and first["blobs_hashed"] == plain["blobs_hashed"]
+    assert record.is_file()
+    code, second = verify_json(fixture_cache, "--fast")
+    assert code == 0 and second["blobs_hashed"] == 0 and second["blobs_skipped"] == plain["blobs_hashed"]
+
+    blob = blob_of(fixture_cache, "models--openai-community--gpt2", "vocab.json")
+    before = blob.stat()
+    flip_byte(blob)
+    os.utime(blob, ns=(before.st_atime_ns, before.st_mtime_ns))  # same size, same mtime: only ctime moved
+    code, third = verify_json(fixture_cache, "--fast")
+    assert code == 1 and third["blobs_hashed"] == 1 and third["blobs_skipped"] == plain["blobs_hashed"] - 1
+    assert [(p["repo_id"], p["kind"]) for p in third["problems"]] == [("openai-community/gpt2", "blob_mismatch")]
+    code, fourth = verify_json(fixture_cache, "--fast")  # a bad blob is never recorded as good
+    assert code == 1 and fourth["blobs_hashed"] == 1
+
+    assert not scan_cache_dir(fixture_cache).warnings  # the record is not a repo to huggingface_hub
+    listing = json.loads(run_hfcache(["ls", "--cache-dir", str(fixture_cache), "--json"]).stdout)
+    assert all(not r["folder"].startswith(".") for r in listing["repos"])
+
+
+def test_fast_with_a_corrupt_record_hashes_everything(fixture_cache):
+    record = fixture_cache / ".locks" / "hfcache-verified.json"
+    record.parent.mkdir(exist_ok=True)
+    record.write_text('{"version": 1, "blobs": [[1, 2, "x"]]}')
+    code, report = verify_json(fixture_cache, "--fast")
+    assert code == 0 and report["blobs_skipped"] == 0 and report["blobs_hashed"] > 0
+
+
+def test_fast_never_follows_a_planted_record_link(fixture_cache, tmp_path):
+    """A record that is a link (to a file of another user, say) is neither read nor written through."""
+    outside = tmp_path / "outside.json"
+    code, first = verify_json(fixture_cache, "--fast")
+    record = fixture_cache / ".locks" / "hfcache-verified.json"
+    outside.write_bytes(record.read_bytes())  # a valid record, reachable only through the link
+    record.unlink()
+    record.symlink_to(outside)
+    code, report = verify_json(fixture_cache, "--fast")
+    assert code == 0 and report["blobs_skipped"] == 0  # not read through the link
+    assert outside.read_bytes() != b"" and not record.is_symlink()  # replaced by a file, the target untouched
+    assert json.loads(outside.read_text()) == json.loads(record.read_text())

@@ -170,9 +170,11 @@ def test_two_concurrent_warms_of_one_cache_both_succeed(hub_root, tmp_path):
 # ---------------------------------------------------------------- bad input and faults
 
 
-def assert_nothing_visible(cache: Path) -> None:
+def assert_nothing_visible(cache: Path, partial_files_kept: bool = False) -> None:
+    """No snapshot entry or ref; partial downloads only where an interrupted warm keeps them to resume."""
     assert visible_entries(cache) == set(), visible_entries(cache)
-    assert not list(cache.rglob("*.incomplete"))
+    if not partial_files_kept:
+        assert not list(cache.rglob("*.incomplete"))
 
 
 def test_malformed_repo_id_is_a_usage_error(tmp_path):
@@ -328,9 +330,46 @@ def test_ctrl_c_stops_promptly_and_publishes_nothing(hub_root, tmp_path):
         elapsed = time.monotonic() - started
     assert proc.returncode == 130
     assert elapsed < 15  # the 2.6 MiB at 50 kB/s would take ~55 s more
-    assert_nothing_visible(cache)
+    assert_nothing_visible(cache, partial_files_kept=True)  # kept for the next run to resume (test_transport.py)
     assert not [p for p in cache.rglob("*") if p.name.endswith(".tmp")]
     assert scan_cache_dir(cache).warnings == []
+
+
+#: hfcache's CLI in the main thread; a helper thread sends a signal to ITSELF once a download began: what the kernel
+#: does now and then with a Ctrl-C or a `kill`, deterministically (CPython runs the handler in the main thread, at its
+#: next bytecode). ARGV: the cache, a file receiving the signal's CLOCK_MONOTONIC time, the signal, hfcache's args.
+SIGNAL_ON_ANOTHER_THREAD = r"""
+import signal, sys, threading, time
+from pathlib import Path
+cache, stamp, signum, args = Path(sys.argv[1]), Path(sys.argv[2]), getattr(signal, sys.argv[3]), sys.argv[4:]
+def interrupt_from_this_thread():
+    while not list(cache.rglob("*.incomplete")):
+        time.sleep(0.05)
+    stamp.write_text(repr(time.monotonic()))
+    signal.pthread_kill(threading.get_ident(), signum)
+threading.Thread(target=interrupt_from_this_thread, daemon=True).start()
+from hfcache.cli import main
+sys.argv = ["hfcache", *args]
+main()
+"""
+
+
+@pytest.mark.parametrize("signame, exit_code", [("SIGINT", 130), ("SIGTERM", 143)])
+def test_a_signal_received_by_another_thread_still_stops_at_once(hub_root, tmp_path, signame, exit_code):
+    """The main thread never sits in a wait a signal cannot cut short (hfcache/pools.py): before, a Ctrl-C that
+    the kernel handed to a download thread waited for the whole first repo (27 s here)."""
+    cache, stamp = tmp_path / "cache", tmp_path / "signalled"
+    with HubServer(hub_root, throttle_bps=50_000) as server:
+        args = ["warm", "openai-community/gpt2", "FacebookAI/roberta-base", "--cache-dir", str(cache),
+                "--endpoint", server.endpoint, "-q"]
+        proc = subprocess.run([sys.executable, "-c", SIGNAL_ON_ANOTHER_THREAD, str(cache), str(stamp), signame, *args],
+                              capture_output=True, text=True, env=clean_env(), timeout=120)
+        ended = time.monotonic()
+    assert stamp.exists(), proc.stderr  # the signal was sent mid-download
+    assert proc.returncode == exit_code, proc.stderr
+    assert ended - float(stamp.read_text()) < 5, proc.stderr  # ~0.1 s; the whole download takes ~50 s
+    assert ("interrupted" if signame == "SIGINT" else "terminated") in proc.stderr and "Traceback" not in proc.stderr
+    assert_nothing_visible(cache, partial_files_kept=True)
 
 
 def test_failed_repo_leaves_a_cache_huggingface_hub_still_reads(hub_root, tmp_path):
