@@ -291,6 +291,10 @@ class HubClient:
             wanted = set(repo.paths)
             repo = replace(repo, files=tuple(sorted((f for f in listed if f.path in wanted), key=lambda f: f.path)),
                            metadata="tree")
+        if info.siblings is None and not repo.paths:
+            # No listing at all (``"siblings": null`` and no tree): an endpoint fault, not an empty selection.
+            raise HubError(f"{repo_id}: {self.endpoint} answered no file listing (siblings) for {revision}",
+                           hint="the endpoint is broken or not Hub-compatible")
         clash = _file_and_folder(set(repo.paths))
         if clash:
             raise HubError(f"{repo_id}: endpoint listed {clash!r} as a file and as a folder",

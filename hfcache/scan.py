@@ -297,7 +297,7 @@ def scan_repo(folder: str | os.PathLike[str], repo_id: str, repo_type: str,
     if linked:
         # Not read further: every command leaves an unsafe repo alone (check fails it, export refuses it, prune
         # skips it, verify reports unsafe_layout), so nothing outside the cache is ever read through these links.
-        return _unsafe_repo(folder.name, (repo_id, repo_type), sorted(linked))
+        return _unsafe_repo(folder_name, (repo_id, repo_type), sorted(linked))
     for name, value in sorted(refs.items()):
         if not _COMMIT_RE.fullmatch(value.encode("utf-8", "replace")):
             problems.append(f"refs/{name}: malformed ({value!r}, expected 40 hex characters)")
