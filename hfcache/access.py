@@ -21,6 +21,7 @@ import stat
 from dataclasses import dataclass
 from pathlib import Path
 
+from . import safefs
 from .locking import flock_error
 
 _SHOWN = 4
@@ -122,17 +123,40 @@ def reach_check(cache: Path, uid: int, groups: tuple[int, ...]) -> Check | None:
     return None
 
 
-def _probe_create(folder: Path) -> OSError | None:
-    name = folder / f".hfcache-doctor-{secrets.token_hex(6)}"
-    try:
-        os.close(os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
-    except OSError as exc:
-        return exc
-    try:
-        os.unlink(name)
-    except OSError:
-        pass
+def _probe_create(cache: Path, rel: str) -> OSError | None:
+    """Create and remove a probe file in ``cache/rel``, relative to an fd of that folder opened without following
+    links (safefs: a planted ``.locks`` symlink is never written through; UnsafeLayout is raised instead)."""
+    name = f".hfcache-doctor-{secrets.token_hex(6)}"
+    with safefs.dir_fd(cache, rel) as dfd:
+        try:
+            os.close(os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600, dir_fd=dfd))
+        except OSError as exc:
+            return exc
+        try:
+            os.unlink(name, dir_fd=dfd)
+        except OSError:
+            pass
     return None
+
+
+def locks_state(cache: Path) -> str:
+    """``"dir"`` when ``cache/.locks`` is a real folder, ``"missing"``, or ``"unsafe"`` (a symlink or not a folder:
+    nothing is created through it)."""
+    mode = safefs.list_modes(str(cache), frozenset({".locks"})).get(".locks")
+    if mode is None:
+        return "missing"
+    return "dir" if stat.S_ISDIR(mode) else "unsafe"
+
+
+def unsafe_locks_check(cache: Path) -> Check | None:
+    """An error when ``.locks`` is a symlink or a file: hfcache refuses to warm through it, and huggingface_hub
+    would create its lock files wherever it points."""
+    if locks_state(cache) != "unsafe":
+        return None
+    return Check("cache.unsafe_layout", "error",
+                 f"{cache / '.locks'} is a symlink or not a folder: hfcache leaves it alone (doctor's probes too) and "
+                 "refuses to warm; huggingface_hub would create lock files wherever it points",
+                 f"remove it (it holds only lock files): rm {cache / '.locks'}")
 
 
 def write_checks(cache: Path, uid: int, groups: tuple[int, ...]) -> list[Check]:
@@ -141,8 +165,11 @@ def write_checks(cache: Path, uid: int, groups: tuple[int, ...]) -> list[Check]:
     st = os.stat(cache)
     recipe = share_recipe(cache, st.st_gid, None if st.st_gid in groups or uid == 0 else uid)
     locks = cache / ".locks"
-    if os.path.isdir(locks):
-        failed = _probe_create(locks)
+    if locks_state(cache) == "dir":
+        try:
+            failed = _probe_create(cache, ".locks")
+        except (OSError, safefs.UnsafeLayout):  # swapped for a link meanwhile: nothing written through it
+            failed = None
         if failed is not None and failed.errno in (errno.EACCES, errno.EPERM):
             found.append(Check("cache.locks_not_writable", "error",
                                f"uid {uid} cannot create files in {locks}{_who(locks)}: every warm and every "
@@ -222,8 +249,11 @@ def sharing_checks(cache: Path) -> list[Check]:
 def flock_check(cache: Path) -> Check | None:
     """Whether flock works where the locks live (None when it cannot be probed: nothing writable)."""
     locks = cache / ".locks"
+    state = locks_state(cache)
+    if state == "unsafe":
+        return None  # never probed through a planted link (unsafe_locks_check reports it)
     try:
-        code = flock_error(locks if os.path.isdir(locks) else cache)
+        code = flock_error(locks if state == "dir" else cache)
     except OSError:
         return None
     if code is None:

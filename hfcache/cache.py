@@ -28,7 +28,7 @@ from . import safefs
 from .errors import CacheError
 from .locking import DEFAULT_LOCK_TIMEOUT, LockWait
 from .locking import file_lock as _file_lock
-from .sharing import SharePolicy, cache_policy, make_dirs, share_fd, share_file
+from .sharing import SharePolicy, cache_policy, make_dirs, share_dir_fd, share_fd, share_file
 
 # Same text as huggingface_hub's _local_folder.CACHEDIR_TAG_CONTENT (the Cache Directory Tagging Standard).
 CACHEDIR_TAG = (
@@ -267,10 +267,14 @@ class RepoFolder:
             UnsafeLayout: a component that exists is a symlink or not a directory (checked before anything is
                 created, and again after).
         """
+        os.close(self.open_dir(path))
+
+    def open_dir(self, path: Path) -> int:
+        """Open (creating it, shared like :meth:`make_dir`) a folder of this repo walking from the cache root with
+        ``O_NOFOLLOW | O_DIRECTORY``; return its fd (caller closes). Every write below acts relative to such an fd,
+        so a folder swapped for a symlink meanwhile is never written through (safefs)."""
         rel = path.relative_to(self.cache_dir).parts
-        safefs.check_existing(self.cache_dir, rel)
-        make_dirs(path, self.cache_dir, self.policy)
-        safefs.check_existing(self.cache_dir, rel)
+        return safefs.open_dir(self.cache_dir, rel, create=True, on_create=lambda fd: share_dir_fd(fd, self.policy))
 
     def layout_problems(self) -> list[str]:
         """Each part of this repo folder that is a symlink or not a directory (see safefs.repo_layout_problems)."""
@@ -324,79 +328,129 @@ class RepoFolder:
         return self._lock(REPO_LOCK_NAME, stop)
 
     def blob_ok(self, etag: str, size: int) -> bool:
-        """True when ``blobs/<etag>`` is a regular file of the expected size (no hashing)."""
+        """True when ``blobs/<etag>`` is a regular file of the expected size (no hashing; no link followed)."""
         try:
-            st = os.stat(self.blob_path(etag), follow_symlinks=False)
+            with safefs.dir_fd(self.cache_dir, (self.name, "blobs")) as fd:
+                st = os.stat(safefs.check_etag(etag), dir_fd=fd, follow_symlinks=False)
         except OSError:
             return False
-        return os.path.isfile(self.blob_path(etag)) and not os.path.islink(self.blob_path(etag)) and st.st_size == size
+        return stat.S_ISREG(st.st_mode) and st.st_size == size
 
-    def open_incomplete(self, etag: str):
+    def open_incomplete(self, etag: str) -> tuple[IncompleteBlob, object]:
         """Create ``blobs/<etag>.<random>.incomplete`` for writing, the name huggingface_hub uses for downloads.
 
-        ``snapshots/`` is created alongside, as huggingface_hub does before a download: a repo folder with blobs
-        but no ``snapshots/`` is reported corrupted by ``scan_cache_dir``.
+        Created relative to an fd of ``blobs/`` opened from the cache root without following links, which the
+        returned :class:`IncompleteBlob` keeps for :meth:`publish_blob` and its cleanup: a ``blobs/`` swapped for a
+        symlink meanwhile is never written through. ``snapshots/`` is created alongside, as huggingface_hub does
+        before a download: a repo folder with blobs but no ``snapshots/`` is reported corrupted by
+        ``scan_cache_dir``.
 
         Returns:
-            (path, binary file object). Mode 0o666 minus the umask, so the published blob has the usual mode.
+            (IncompleteBlob, binary file object). Mode 0o666 minus the umask, so the published blob has the usual
+            mode. The caller calls ``incomplete.unlink(missing_ok=True)`` when done (also closes the dir fd).
         """
         safefs.check_etag(etag)
-        blobs = self.root / "blobs"
-        self.make_dir(blobs)
         self.make_dir(self.root / "snapshots")
-        path = blobs / f"{etag}.{uuid.uuid4().hex[:8]}.incomplete"
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o666)
+        dfd = self.open_dir(self.root / "blobs")
+        name = f"{etag}.{uuid.uuid4().hex[:8]}.incomplete"
+        try:
+            fd = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o666, dir_fd=dfd)
+        except BaseException:
+            os.close(dfd)
+            raise
         share_fd(fd, self.policy)
-        return path, os.fdopen(fd, "wb")
+        return IncompleteBlob(dfd, name, self.root / "blobs" / name), os.fdopen(fd, "wb")
 
-    def resume_incomplete(self, etag: str) -> Path:
+    def resume_incomplete(self, etag: str) -> IncompleteBlob:
         """The partial download of ``blobs/<etag>`` to continue: the largest leftover ``<etag>[.<random>].incomplete``
         (hfcache's names and huggingface_hub's), the other leftovers deleted; a new empty one when there is none.
+        Listed, deleted and created relative to an fd of ``blobs/`` (as :meth:`open_incomplete`); the returned
+        :class:`IncompleteBlob` opens it with :meth:`IncompleteBlob.open_fd`.
 
         Call it only while holding :meth:`blob_lock`: then no other process is writing any of them.
         """
         safefs.check_etag(etag)
-        blobs = self.root / "blobs"
-        self.make_dir(blobs)  # as open_incomplete: refuses a planted link before anything is read or written
         self.make_dir(self.root / "snapshots")
-        leftovers = []
+        dfd = self.open_dir(self.root / "blobs")
         try:
-            with os.scandir(blobs) as entries:
-                for entry in entries:
-                    if entry.name.startswith(f"{etag}.") and entry.name.endswith(".incomplete") \
-                            and entry.is_file(follow_symlinks=False):
-                        leftovers.append((entry.stat(follow_symlinks=False).st_size, entry.name))
-        except FileNotFoundError:
-            pass
-        if not leftovers:
-            path, out = self.open_incomplete(etag)
-            out.close()
-            return path
-        leftovers.sort(reverse=True)
-        for _, name in leftovers[1:]:
-            (blobs / name).unlink(missing_ok=True)
-        return blobs / leftovers[0][1]
+            leftovers = []
+            for name in os.listdir(dfd):
+                if name.startswith(f"{etag}.") and name.endswith(".incomplete"):
+                    try:
+                        st = os.stat(name, dir_fd=dfd, follow_symlinks=False)
+                    except FileNotFoundError:
+                        continue
+                    if stat.S_ISREG(st.st_mode):
+                        leftovers.append((st.st_size, name))
+            if not leftovers:
+                name = f"{etag}.{uuid.uuid4().hex[:8]}.incomplete"
+                fd = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o666,
+                             dir_fd=dfd)
+                share_fd(fd, self.policy)
+                os.close(fd)
+            else:
+                leftovers.sort(reverse=True)
+                for _, other in leftovers[1:]:
+                    _unlink_at(dfd, other)
+                name = leftovers[0][1]
+        except BaseException:
+            os.close(dfd)
+            raise
+        return IncompleteBlob(dfd, name, self.root / "blobs" / name)
 
-    def publish_blob(self, incomplete: Path, etag: str) -> None:
-        """Rename a verified download to ``blobs/<etag>`` (atomic; replaces a broken blob of that name)."""
-        os.replace(incomplete, self.blob_path(etag))
+    def publish_blob(self, incomplete: IncompleteBlob, etag: str) -> None:
+        """Rename a verified download to ``blobs/<etag>`` (atomic, relative to the dir fd it was created in;
+        replaces a broken blob or a planted link of that name, never writes through it); closes that fd."""
+        os.replace(incomplete.name, safefs.check_etag(etag), src_dir_fd=incomplete.dir_fd,
+                   dst_dir_fd=incomplete.dir_fd)
+        incomplete.published = True
+        incomplete.close()
 
     def adopt_blob(self, source: Path, etag: str) -> bool:
-        """Hardlink an identical blob of another repo folder as ``blobs/<etag>`` (deduplication).
+        """Hardlink an identical blob of another repo folder as ``blobs/<etag>`` (deduplication); both folders are
+        opened from the cache root without following links, and the link is made relative to their fds.
 
         Returns:
-            False when hardlinks are not possible here (another filesystem, no support); nothing is changed then.
+            False when hardlinks are not possible here (another filesystem, no support), or ``source`` is not a
+            regular ``<folder>/blobs/<etag>`` of this cache; nothing is changed then.
         """
-        dest = self.blob_path(etag)
-        self.make_dir(dest.parent)
-        self.make_dir(self.root / "snapshots")
-        tmp = _tmp_name(dest, ".incomplete")
+        safefs.check_etag(etag)
         try:
-            os.link(source, tmp, follow_symlinks=False)
-        except OSError:
+            src_rel = Path(source).relative_to(self.cache_dir).parts
+            safefs.check_etag(src_rel[-1])
+        except (ValueError, IndexError, safefs.UnsafeName):
             return False
-        os.replace(tmp, dest)
+        if len(src_rel) != 3 or src_rel[1] != "blobs":
+            return False
+        self.make_dir(self.root / "snapshots")
+        tmp = f".{etag}.{uuid.uuid4().hex[:8]}.incomplete"
+        try:
+            sfd = safefs.open_dir(self.cache_dir, src_rel[:2])
+        except (OSError, safefs.UnsafeLayout):
+            return False
+        try:
+            with self._blobs_fd() as dfd:
+                try:
+                    os.link(src_rel[2], tmp, src_dir_fd=sfd, dst_dir_fd=dfd, follow_symlinks=False)
+                except OSError:
+                    return False
+                try:
+                    if not stat.S_ISREG(os.stat(tmp, dir_fd=dfd, follow_symlinks=False).st_mode):
+                        return False
+                    os.replace(tmp, etag, src_dir_fd=dfd, dst_dir_fd=dfd)
+                finally:
+                    _unlink_at(dfd, tmp)
+        finally:
+            os.close(sfd)
         return True
+
+    @contextmanager
+    def _blobs_fd(self):
+        fd = self.open_dir(self.root / "blobs")
+        try:
+            yield fd
+        finally:
+            os.close(fd)
 
     def link(self, commit_hash: str, path: str, etag: str, symlinks: bool = True) -> None:
         """Make ``snapshots/<commit>/<path>`` point to ``blobs/<etag>``.
@@ -407,38 +461,56 @@ class RepoFolder:
         only a wrong existing entry is replaced, through a temporary name and ``os.replace``.
         """
         pointer = self.pointer_path(commit_hash, path)
-        self.make_dir(pointer.parent)
         blob = self.blob_path(etag)
-        if symlinks:
-            target = os.path.relpath(blob, pointer.parent)
-            if os.path.islink(pointer) and os.readlink(pointer) == target:
-                return
-            make = lambda dest: os.symlink(target, dest)  # noqa: E731
-        else:
-            if pointer.exists() and os.path.samefile(pointer, blob):
-                return
-            make = lambda dest: _hardlink_or_copy(blob, dest, self.policy)  # noqa: E731
+        pfd = self.open_dir(pointer.parent)
         try:
-            make(pointer)
-            return
-        except FileExistsError:
-            pass
-        tmp = _tmp_name(pointer)
+            with self._blobs_fd() as bfd:
+                self._link_at(pfd, pointer.name, bfd, etag, os.path.relpath(blob, pointer.parent) if symlinks else None)
+        finally:
+            os.close(pfd)
+
+    def _link_at(self, pfd: int, name: str, bfd: int, etag: str, target: str | None) -> None:
+        """Make the entry ``name`` of the folder ``pfd``: a symlink to ``target``, or (None) a hardlink or copy of
+        ``blobs/<etag>`` (open as ``bfd``); a wrong existing entry is replaced through a temporary name."""
+        try:
+            st = os.stat(name, dir_fd=pfd, follow_symlinks=False)
+        except FileNotFoundError:
+            st = None
+        if st is not None:
+            if target is not None and stat.S_ISLNK(st.st_mode) and os.readlink(name, dir_fd=pfd) == target:
+                return
+            if target is None and stat.S_ISREG(st.st_mode):
+                bst = os.stat(etag, dir_fd=bfd, follow_symlinks=False)
+                if (bst.st_dev, bst.st_ino) == (st.st_dev, st.st_ino):
+                    return
+        if target is not None:
+            make = lambda dest: os.symlink(target, dest, dir_fd=pfd)  # noqa: E731
+        else:
+            make = lambda dest: _hardlink_or_copy_at(bfd, etag, pfd, dest, self.policy)  # noqa: E731
+        if st is None:
+            try:
+                make(name)
+                return
+            except FileExistsError:
+                pass
+        tmp = f".{name}.{uuid.uuid4().hex[:8]}.tmp"
         try:
             make(tmp)
-            os.replace(tmp, pointer)
+            os.replace(tmp, name, src_dir_fd=pfd, dst_dir_fd=pfd)
         finally:
-            if os.path.lexists(tmp):
-                os.unlink(tmp)
+            _unlink_at(pfd, tmp)
 
     def mark_absent(self, commit_hash: str, path: str) -> None:
         """Write the empty ``.no_exist/<commit>/<path>`` marker huggingface_hub reads as "not in the repo"."""
         marker = self.marker_path(commit_hash, path)
-        self.make_dir(marker.parent)
+        dfd = self.open_dir(marker.parent)
         try:
-            fd = os.open(marker, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o666)  # empty: atomic
+            fd = os.open(marker.name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o666,
+                         dir_fd=dfd)  # empty: atomic
         except FileExistsError:
             return
+        finally:
+            os.close(dfd)
         share_fd(fd, self.policy)
         os.close(fd)
 
@@ -469,10 +541,111 @@ class RepoFolder:
         if revision == commit_hash:
             return
         ref = self.ref_path(revision)
-        self.make_dir(ref.parent)
-        if self.read_ref(revision) == commit_hash.encode():
+        dfd = self.open_dir(ref.parent)
+        try:
+            if self.read_ref(revision) == commit_hash.encode():
+                return
+            atomic_write_at(dfd, ref.name, commit_hash.encode(), self.policy)
+        finally:
+            os.close(dfd)
+
+
+class IncompleteBlob(os.PathLike):
+    """A download in progress: ``blobs/<name>`` created relative to ``dir_fd`` (an fd of the repo's ``blobs/``
+    opened without following links, owned by this object). ``os.fspath`` gives the path for messages only; every
+    operation uses the fd. :meth:`unlink` removes the file unless published, and closes the fd."""
+
+    def __init__(self, dir_fd: int, name: str, path: Path) -> None:
+        self.dir_fd = dir_fd
+        self.name = name
+        self.path = path
+        self.published = False
+
+    def __fspath__(self) -> str:
+        return str(self.path)
+
+    def open_fd(self, flags: int) -> int:
+        """``os.open`` of the file relative to the folder fd, ``O_NOFOLLOW``; returns an fd (caller closes)."""
+        return os.open(self.name, flags | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=self.dir_fd)
+
+    def close(self) -> None:
+        """Close the folder fd (the file stays: a kept partial download); idempotent."""
+        if self.dir_fd >= 0:
+            os.close(self.dir_fd)
+            self.dir_fd = -1
+
+    def unlink(self, missing_ok: bool = True) -> None:
+        """Remove the ``.incomplete`` file (when not published) and close the folder fd; idempotent."""
+        if self.dir_fd < 0:
             return
-        atomic_write(ref, commit_hash.encode(), self.policy)
+        try:
+            if not self.published:
+                try:
+                    os.unlink(self.name, dir_fd=self.dir_fd)
+                except FileNotFoundError:
+                    if not missing_ok:
+                        raise
+        finally:
+            os.close(self.dir_fd)
+            self.dir_fd = -1
+
+    def __del__(self) -> None:
+        if getattr(self, "dir_fd", -1) >= 0:
+            os.close(self.dir_fd)
+            self.dir_fd = -1
+
+
+def atomic_write_at(dfd: int, name: str, data: bytes, policy: SharePolicy | None = None) -> None:
+    """:func:`atomic_write` of ``name`` in the folder open as ``dfd`` (temp file, fsync, ``os.replace``, all relative
+    to the fd: nothing is written through a link planted on the way)."""
+    tmp = f".{name}.{uuid.uuid4().hex[:8]}.tmp"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o666, dir_fd=dfd)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            share_fd(f.fileno(), policy)
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, name, src_dir_fd=dfd, dst_dir_fd=dfd)
+    finally:
+        _unlink_at(dfd, tmp)
+
+
+def _unlink_at(dfd: int, name: str) -> None:
+    try:
+        os.unlink(name, dir_fd=dfd)
+    except FileNotFoundError:
+        pass
+
+
+def _hardlink_or_copy_at(bfd: int, etag: str, pfd: int, dest: str, policy: SharePolicy | None) -> None:
+    """Hardlink ``blobs/<etag>`` (folder fd ``bfd``) as ``dest`` in the folder ``pfd``; where hardlinks fail, copy to
+    a temporary name and rename. Raises FileExistsError when ``dest`` exists. No link is followed."""
+    try:
+        os.link(etag, dest, src_dir_fd=bfd, dst_dir_fd=pfd, follow_symlinks=False)
+        return
+    except FileExistsError:
+        raise
+    except OSError:
+        pass
+    try:
+        os.stat(dest, dir_fd=pfd, follow_symlinks=False)
+        raise FileExistsError(dest)
+    except FileNotFoundError:
+        pass
+    src = os.open(etag, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=bfd)
+    with os.fdopen(src, "rb") as fin:
+        if not stat.S_ISREG(os.fstat(fin.fileno()).st_mode):
+            raise safefs.UnsafeLayout(f"blobs/{etag} is not a regular file: left alone")
+        tmp = f".{dest}.{uuid.uuid4().hex[:8]}.tmp"
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o666, dir_fd=pfd)
+        try:
+            with os.fdopen(fd, "wb") as fout:
+                share_fd(fout.fileno(), policy)
+                shutil.copyfileobj(fin, fout)
+            os.replace(tmp, dest, src_dir_fd=pfd, dst_dir_fd=pfd)
+        finally:
+            _unlink_at(pfd, tmp)
 
 
 def _lstat_at(name: str, dir_fd: int) -> int:
@@ -497,28 +670,6 @@ def repo_folder_name(repo_id: str, repo_type: str = "model") -> str:
     """``models--ORG--NAME``: huggingface_hub ``file_download.repo_folder_name``, restated here because importing
     that module loads the HTTP stack, which the light ``warm --lock`` check must not pay for."""
     return "--".join([f"{repo_type}s", *repo_id.split("/")])
-
-
-def _hardlink_or_copy(source: Path, dest: Path, policy: SharePolicy | None = None) -> None:
-    """Hardlink ``source`` as ``dest``; where hardlinks fail, copy to a temporary name and rename (never a
-    half-written ``dest``). Raises FileExistsError when ``dest`` exists."""
-    try:
-        os.link(source, dest)
-        return
-    except FileExistsError:
-        raise
-    except OSError:
-        pass
-    if os.path.lexists(dest):
-        raise FileExistsError(dest)
-    tmp = _tmp_name(dest)
-    try:
-        shutil.copyfile(source, tmp)
-        share_file(tmp, policy)
-        os.replace(tmp, dest)
-    finally:
-        if os.path.lexists(tmp):
-            os.unlink(tmp)
 
 
 def symlinks_supported(cache_dir: Path) -> bool:

@@ -29,12 +29,13 @@ from collections.abc import Iterable
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from . import safefs
 from .cache import RepoFolder
-from .errors import CheckFailed, HfcacheError, InternalError, UsageError
+from .errors import CacheError, CheckFailed, HfcacheError, InternalError, UsageError
 from .lockfile import Lockfile
 from .modules_cache import ENV_NAME, can_create
 from .records import parse_specs
-from .scan import RepoInfo, scan_cache, scan_repo
+from .scan import RepoInfo, load_hazards, scan_cache, scan_repo
 from .selection import (
     AUTO_MAP_FILES,
     MAX_PARSE_BYTES,
@@ -196,10 +197,15 @@ def snapshot_of(cache_dir: Path, target: CheckTarget) -> Path | None:
     commit), or None when the cache cannot resolve it."""
     folder = RepoFolder(cache_dir, target.repo_id, target.repo_type)
     try:
-        commit = folder.ref_path(target.revision).read_text().strip()
-    except (OSError, UnicodeDecodeError):
-        commit = target.revision
+        ref = folder.read_ref(target.revision)  # O_NOFOLLOW: a planted ref link is never read through
+        commit = ref.decode().strip() if ref is not None else target.revision
+    except (OSError, UnicodeDecodeError, CacheError):
+        return None
     snapshot = folder.root / "snapshots" / commit
+    try:
+        safefs.check_existing(cache_dir, (folder.name, "snapshots", commit))  # never through a planted link
+    except (OSError, CacheError):
+        return None
     # os.path.isdir, not Path.is_dir: Python 3.11's raises PermissionError on an unreadable snapshots/
     return snapshot if re.fullmatch(r"[0-9a-f]{40}", commit) and os.path.isdir(snapshot) else None
 
@@ -267,10 +273,10 @@ def custom_code_refs(cache_dir: Path, target: CheckTarget) -> tuple[str, ...]:
     refs: list[str] = []
     for name in AUTO_MAP_FILES if snapshot is not None else ():
         try:
-            if (snapshot / name).stat().st_size > MAX_PARSE_BYTES:
-                continue
-            data = (snapshot / name).read_bytes()
-        except OSError:
+            data = safefs.read_snapshot_file(snapshot, name, MAX_PARSE_BYTES)  # regular files only, no FIFO hang
+        except (OSError, CacheError):
+            continue
+        if data is None:
             continue
         refs += [r for r in auto_map_refs(name, data) if r not in refs]
     return tuple(refs)
@@ -315,7 +321,8 @@ def check_tokenizers(cache_dir: Path, targets: list[CheckTarget], text: str = DE
         InternalError: the child crashed or printed no result.
     """
     # A repo folder with a planted link is not loaded: transformers would read whatever the link points to.
-    unsafe = {t.spec: RepoFolder(cache_dir, t.repo_id, t.repo_type).layout_problems() for t in targets}
+    # So is a revision with a FIFO, device or a link leaving the repo (scan.load_hazards): the load would block.
+    unsafe = {t.spec: _hazards(cache_dir, t) for t in targets}
     blocked = _blocked(cache_dir, targets, unsafe)
     # A repo the cache does not hold at all fails without a load: transformers would only say it could not reach
     # the closed endpoint the child is given (a port the user never set).
@@ -490,12 +497,11 @@ def _missing_code(snapshot: Path) -> tuple[str, ...]:
     present = {p.relative_to(snapshot).as_posix() for p in snapshot.rglob("*") if p.is_file()}
 
     def read(path: str) -> bytes | None:
-        file = snapshot / path
-        return file.read_bytes() if file.stat().st_size <= MAX_PARSE_BYTES else None
+        return safefs.read_snapshot_file(snapshot, path, MAX_PARSE_BYTES)
 
     try:
         return custom_code_paths(AUTO_MAP_FILES, read, present).absent
-    except (OSError, ValueError):
+    except (OSError, ValueError, CacheError):
         return ()
 
 
@@ -506,6 +512,20 @@ def diagnose(cache_dir: Path, target: CheckTarget, error: str) -> str | None:
     except PermissionError as exc:  # Python 3.11's Path.exists()/is_dir() raise on EACCES
         return (f"{exc.filename or cache_dir} cannot be read by this user (permission denied): ask the cache's "
                 "owner to make it group-readable (`hfcache doctor` prints the fix)")
+
+
+def _hazards(cache_dir: Path, target: CheckTarget) -> list[str]:
+    """Why ``target`` must not be loaded (scan.load_hazards: planted links in its repo folder, a symlinked ref,
+    snapshot or marker folder, a FIFO/device or an absolute/outside link in its snapshot); empty when it may be."""
+    folder = RepoFolder(cache_dir, target.repo_id, target.repo_type)
+    problems = folder.layout_problems()
+    if problems or not os.path.isdir(folder.root):
+        return problems
+    repo = scan_repo(folder.root, target.repo_id, target.repo_type)
+    if repo.unsafe:
+        return list(repo.unsafe)
+    commit = target.revision if re.fullmatch(r"[0-9a-f]{40}", target.revision) else repo.refs.get(target.revision)
+    return load_hazards(repo, commit) if commit else []
 
 
 def _diagnose(cache_dir: Path, target: CheckTarget, error: str) -> str | None:

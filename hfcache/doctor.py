@@ -35,6 +35,7 @@ from pathlib import Path
 
 from .access import flock_check, outsider_check, reach_check, share_recipe, sharing_checks, write_checks
 from .cache import resolve_cache_dir
+from .errors import HfcacheError
 
 SEVERITIES = ("error", "warning", "info")
 #: Below this much free space a cache cannot take a model (or a few more tokenizers).
@@ -385,6 +386,7 @@ def _examine_folder(cache: Path, env: dict[str, str], offline: bool, uid: int | 
     if not repos:
         out.findings.append(Finding("cache.empty", "warning", f"the cache {cache} holds no repo",
                                     f"warm it: hfcache warm REPO_ID... --cache-dir {cache}"))
+    out.findings += _unsafe_findings(cache)
     unreadable, owners = _walk_access(cache)
     if unreadable:
         shown = ", ".join(unreadable[:_UNREADABLE_SHOWN]) + (
@@ -487,6 +489,31 @@ def _modules_findings(repos: list, env: Mapping[str, str]) -> list[Finding]:
     return [Finding("modules.unwritable", "error",
                     f"{len(names)} cached repo(s) run custom code (auto_map: {shown}), and transformers cannot write "
                     f"its modules cache {where}: every trust_remote_code load fails with PermissionError", fix)]
+
+
+def _unsafe_findings(cache: Path) -> list[Finding]:
+    """Errors for planted links: a symlinked ``.locks`` (doctor's probes never write through it) and each repo whose
+    layout scan flags unsafe (a symlinked ``blobs/``, ``snapshots/<commit>``, ref, ``.no_exist/<commit>``...):
+    hfcache leaves those alone and doctor reads no config through them."""
+    from .access import unsafe_locks_check
+    from .scan import scan_cache
+
+    found = []
+    locks = unsafe_locks_check(cache)
+    if locks is not None:
+        found.append(Finding(locks.code, locks.severity, locks.message, locks.fix))
+    try:
+        unsafe = [r for r in scan_cache(cache).repos if r.unsafe]
+    except HfcacheError:
+        return found  # cannot be listed: reach_check and the access walk report it
+    if unsafe:
+        shown = "; ".join(f"{r.folder}: {', '.join(r.unsafe)}" for r in unsafe[:_UNREADABLE_SHOWN])
+        more = f" (and {len(unsafe) - _UNREADABLE_SHOWN} more)" if len(unsafe) > _UNREADABLE_SHOWN else ""
+        found.append(Finding("cache.unsafe_layout", "error",
+                             f"{len(unsafe)} repo folder(s) hold planted links or files where folders belong: "
+                             f"{shown}{more}; hfcache leaves them alone (check fails them, export refuses them)",
+                             "remove the symlink or file (or the repo folder) and re-warm the repo"))
+    return found
 
 
 def _listdir(path: Path) -> list[str]:

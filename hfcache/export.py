@@ -12,7 +12,12 @@ gives a new layer digest on every build.
 - The tar is byte-identical for the same content, whatever the machine, time or order on disk: sorted entries,
   mtime 0, uid/gid 0 (or ``chown``), no user or group names, modes 0644/0755 (0664/0775 with ``group_writable``).
 - Every blob is hashed while it is copied and compared with its name: a corrupt cache is never shipped.
-- No ``.locks``, no ``.incomplete``, nothing but the HF layout (tokens never live in a cache).
+- No ``.incomplete``, no lock files, nothing but the HF layout (tokens never live in a cache), plus warm's record of
+  each exported revision (``.locks/<folder>/hfcache/<commit>.json``, :mod:`hfcache.published`; huggingface_hub never
+  reads ``.locks``), so ``verify`` on the export still knows which files the revision must hold.
+- A revision that does not match its record (a file lost: neither in the snapshot nor marked absent), or whose
+  snapshot holds a FIFO, device or a link leaving the repo (:func:`hfcache.scan.load_hazards`), is refused (exit 5):
+  an export never launders a broken revision into one that verifies.
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ import hashlib
 import io
 import os
 import shutil
+import stat
 import tarfile
 import uuid
 from collections.abc import Iterable
@@ -28,11 +34,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
 
+from . import safefs
 from .cache import CACHEDIR_TAG
 from .errors import CacheError, UsageError
 from .lockfile import Lockfile
 from .records import folder_ids
-from .scan import RepoInfo, scan_cache
+from .published import MAX_RECORD_BYTES, read_record, record_parts
+from .scan import SPECIAL_FILE, RepoInfo, load_hazards, scan_cache
 from .verify import algorithm_of
 
 _CHUNK = 1024 * 1024
@@ -150,6 +158,7 @@ def plan_export(
         repos.append(folder)
         dirs = {folder, f"{folder}/blobs", f"{folder}/snapshots"}
         blobs: dict[str, int] = {}
+        records = {rev.commit_hash: _checked_record(info.cache_dir, repo, rev) for rev in revisions}
         for rev in revisions:
             for f in rev.files:
                 if f.form != "link" and f.form != "file":
@@ -189,6 +198,11 @@ def plan_export(
                 unique += tree.stat().st_size
                 entries.append(Entry(f"{folder}/trees/{tree.name}", "file", source=str(tree),
                                      size=tree.stat().st_size))
+        for commit, record in sorted(records.items()):
+            if record is not None:
+                name = "/".join(record_parts(folder, commit))
+                dirs.update({".locks", f".locks/{folder}", f".locks/{folder}/hfcache"})
+                entries.append(Entry(name, "data", target=record))
         commits = {r.commit_hash for r in revisions}
         for ref, value in sorted(repo.refs.items()):
             if value in commits:
@@ -198,6 +212,46 @@ def plan_export(
         entries.extend(Entry(d, "dir") for d in dirs)
     entries.sort(key=lambda e: e.name)
     return ExportPlan(entries=tuple(entries), repos=tuple(repos), unique_bytes=unique)
+
+
+def _checked_record(cache_dir: str, repo: RepoInfo, rev) -> str | None:
+    """The text of warm's record of ``rev`` (to carry along), or None when there is none; refuses a revision an
+    export would launder: one with load hazards (planted links, FIFOs, devices) or one that lost a recorded file
+    (neither in the snapshot nor marked absent in ``.no_exist``) — what ``verify`` fails as ``file_missing``.
+
+    Raises:
+        CacheError (exit 5): the revision does not match its record, or holds a hazard.
+    """
+    # FIFOs and devices (scan skips them as files); links leaving the repo are refused below as broken entries.
+    hazards = [h for h in load_hazards(repo, rev.commit_hash) if h.endswith(SPECIAL_FILE)]
+    if hazards:
+        raise CacheError(f"{repo.repo_id}: unsafe cache layout, nothing exported: {hazards[0]}",
+                         hint="remove it, then `hfcache verify --repair` (or re-warm) and rerun")
+    record = read_record(cache_dir, repo.folder, rev.commit_hash)
+    if record is None:
+        return None
+    present = {f.path for f in rev.files}
+    marked = set(_walk(Path(cache_dir) / repo.folder / ".no_exist" / rev.commit_hash))
+    lost = sorted(p for p in record.files if p not in present) + sorted(
+        a for a in record.absent if a not in present and a not in marked)
+    if lost:
+        raise CacheError(f"{repo.repo_id}: snapshot {rev.commit_hash[:12]} lost {lost[0]}"
+                         + (f" (and {len(lost) - 1} more)" if len(lost) > 1 else "")
+                         + " (in warm's record, not in the cache): nothing exported",
+                         hint="run `hfcache verify --repair` (or re-warm the repo) first")
+    raw = safefs.read_small(cache_dir, record_parts(repo.folder, rev.commit_hash), MAX_RECORD_BYTES + 1)
+    return raw.decode()
+
+
+def _open_source(path: str):
+    """Open a file of the source cache for copying: no final link followed, never blocking on a FIFO, regular files
+    only (scan planned it as one; this re-checks what is actually opened)."""
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    f = os.fdopen(fd, "rb")
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        f.close()
+        raise CacheError(f"{path} is not a regular file: nothing exported", hint="remove it, then rerun")
+    return f
 
 
 def _parents(name: str, stop: str) -> set[str]:
@@ -222,7 +276,7 @@ class _HashingReader(io.RawIOBase):
     """Reads a blob and checks, at EOF, that its content hashes to its name (sha256 or git blob sha1)."""
 
     def __init__(self, path: str, etag: str, size: int) -> None:
-        self._f = open(path, "rb")  # noqa: SIM115 - closed in close()
+        self._f = _open_source(path)
         self._etag = etag
         self._size = size
         self._seen = 0
@@ -287,7 +341,7 @@ def write_tar(plan: ExportPlan, out: BinaryIO, chown: tuple[int, int] = (0, 0), 
                 tar.addfile(info, io.BytesIO(data))
             else:
                 info.size = e.size
-                reader = _HashingReader(e.source, e.etag, e.size) if e.etag else open(e.source, "rb")  # noqa: SIM115
+                reader = _HashingReader(e.source, e.etag, e.size) if e.etag else _open_source(e.source)  # noqa: SIM115
                 with reader:
                     tar.addfile(info, reader)
                     if e.etag:
@@ -337,7 +391,7 @@ def write_dir(plan: ExportPlan, dest: Path, chown: tuple[int, int] | None = None
                 path.write_bytes(e.target.encode())
                 os.chmod(path, file_mode)
             else:
-                with (_HashingReader(e.source, e.etag, e.size) if e.etag else open(e.source, "rb")) as src, \
+                with (_HashingReader(e.source, e.etag, e.size) if e.etag else _open_source(e.source)) as src, \
                         open(path, "wb") as out:
                     shutil.copyfileobj(src, out, _CHUNK)
                 os.chmod(path, file_mode)

@@ -27,6 +27,7 @@ import hashlib
 import json
 import os
 import re
+import stat
 import threading
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
@@ -168,7 +169,11 @@ def hash_file(path: str, file: RemoteFile) -> bool:
     """
     hasher = Hasher(file)
     seen = 0
-    with open(path, "rb") as f:
+    # O_NOFOLLOW|O_NONBLOCK + S_ISREG: a link, FIFO or device planted in another repo's blobs/ is never read.
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    with os.fdopen(fd, "rb") as f:
+        if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
+            return False
         while chunk := f.read(_CHUNK):
             hasher.update(chunk)
             seen += len(chunk)
@@ -261,6 +266,11 @@ class HubClient:
                                          f"{repo_id}@{revision}")
         commit = info.sha or ""
         canonical_id = info.id or repo_id
+        if "/" in repo_id and canonical_id != repo_id:
+            # Only a legacy id (no org) is renamed by the Hub (``gpt2`` -> ``openai-community/gpt2``); an
+            # ``org/name`` request answered with another id is taken as the requested repo (README: stored under the
+            # requested id only): its files are fetched from the requested repo's URLs, no other id is claimed.
+            canonical_id = repo_id
         if not valid_repo_id(canonical_id):
             raise HubError(f"{repo_id}: {self.endpoint} answered an invalid repo id {canonical_id!r}",
                            hint="the endpoint is broken or hostile")
@@ -281,6 +291,10 @@ class HubClient:
             wanted = set(repo.paths)
             repo = replace(repo, files=tuple(sorted((f for f in listed if f.path in wanted), key=lambda f: f.path)),
                            metadata="tree")
+        if info.siblings is None and not repo.paths:
+            # No listing at all (``"siblings": null`` and no tree): an endpoint fault, not an empty selection.
+            raise HubError(f"{repo_id}: {self.endpoint} answered no file listing (siblings) for {revision}",
+                           hint="the endpoint is broken or not Hub-compatible")
         clash = _file_and_folder(set(repo.paths))
         if clash:
             raise HubError(f"{repo_id}: endpoint listed {clash!r} as a file and as a folder",

@@ -29,6 +29,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from . import safefs
 from .errors import CacheError
 from .selection import AUTO_MAP_FILES, MAX_PARSE_BYTES, auto_map_refs, module_path
 
@@ -177,11 +178,11 @@ def _auto_map_of(snapshot: str) -> tuple[str, ...]:
     refs: list[str] = []
     for name in AUTO_MAP_FILES:
         try:
-            with open(os.path.join(snapshot, name), "rb") as file:
-                if os.fstat(file.fileno()).st_size > MAX_PARSE_BYTES:
-                    continue
-                data = file.read()
-        except OSError:
+            # Regular files only, never through a link leaving the repo folder, never blocking on a FIFO.
+            data = safefs.read_snapshot_file(snapshot, name, MAX_PARSE_BYTES)
+        except (OSError, safefs.UnsafeLayout):
+            continue
+        if data is None:
             continue
         if b"auto_map" not in data:  # no JSON parse for the common case
             continue

@@ -28,8 +28,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from . import safefs
-from .sharing import cache_policy, share_dir
-from .cache import atomic_write
+from .cache import atomic_write_at
+from .sharing import cache_policy, share_dir_fd
 
 #: A record larger than this is not read (16 MiB holds ~150,000 files).
 MAX_RECORD_BYTES = 16 * 1024 * 1024
@@ -74,10 +74,11 @@ def write_record(cache_dir: Path, folder_name: str, commit_hash: str, files: Ite
             and old.absent == tuple(names):
         return
     policy = cache_policy(cache_dir)
-    safefs.ensure_dirs(cache_dir, parts[:-1])
     for depth in range(1, len(parts)):  # a group-shared cache: any member re-warms and rewrites the record
-        share_dir(cache_dir.joinpath(*parts[:depth]), policy)
-    atomic_write(cache_dir.joinpath(*parts), data, policy=policy)
+        with safefs.dir_fd(cache_dir, parts[:depth], create=True) as fd:  # no link followed
+            share_dir_fd(fd, policy)
+    with safefs.dir_fd(cache_dir, parts[:-1]) as dfd:  # written relative to the fd: no link followed
+        atomic_write_at(dfd, parts[-1], data, policy)
 
 
 def read_record(cache_dir: str | os.PathLike[str], folder_name: str, commit_hash: str) -> PublishedRevision | None:

@@ -19,7 +19,7 @@ import os
 import re
 import shutil
 import stat
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -89,13 +89,15 @@ def _unsafe(root: Path, parts: Sequence[str], upto: int, exc: OSError) -> Unsafe
                         hint="remove it or replace it with a real directory, then rerun")
 
 
-def open_dir(root: str | os.PathLike[str], rel: str | Sequence[str] = (), *, create: bool = False) -> int:
+def open_dir(root: str | os.PathLike[str], rel: str | Sequence[str] = (), *, create: bool = False,
+             on_create: Callable[[int], None] | None = None) -> int:
     """Open the directory ``root/rel`` without following a symlink below ``root``; return its fd (caller closes).
 
     Args:
         root: the cache root (may itself be a symlink).
         rel: ``/``-separated path or components below it; ``()`` opens the root.
         create: make missing directories (mode 0o777 minus the umask, as ``os.makedirs``).
+        on_create: called with the fd of each directory this call created (to share it, :mod:`hfcache.sharing`).
 
     Raises:
         UnsafeLayout: a component is a symlink or not a directory.
@@ -111,16 +113,19 @@ def open_dir(root: str | os.PathLike[str], rel: str | Sequence[str] = (), *, cre
             except FileNotFoundError:
                 if not create:
                     raise
+                made = True
                 try:
                     os.mkdir(part, 0o777, dir_fd=fd)
                 except FileExistsError:
-                    pass
+                    made = False
                 try:
                     nfd = os.open(part, _DIR_FLAGS, dir_fd=fd)
                 except (NotADirectoryError, OSError) as exc:
                     if exc.errno in (errno.ELOOP, errno.ENOTDIR):
                         raise _unsafe(Path(root), parts, i, exc) from None
                     raise
+                if made and on_create is not None:
+                    on_create(nfd)
             except OSError as exc:
                 if exc.errno in (errno.ELOOP, errno.ENOTDIR):
                     raise _unsafe(Path(root), parts, i, exc) from None
@@ -230,12 +235,105 @@ def open_file(root: str | os.PathLike[str], rel: str | Sequence[str], flags: int
 
 
 def read_small(root: str | os.PathLike[str], rel: str | Sequence[str], limit: int) -> bytes:
-    """Read at most ``limit`` bytes of the regular file ``root/rel`` (no link followed)."""
-    fd = open_file(root, rel)
+    """Read at most ``limit`` bytes of the regular file ``root/rel`` (no link followed; a FIFO or device there is
+    refused without blocking: opened with ``O_NONBLOCK``, judged by ``fstat``).
+
+    Raises:
+        UnsafeLayout: ``root/rel`` or a folder above it is a symlink, or it is not a regular file.
+        FileNotFoundError: it is missing.
+    """
+    try:
+        fd = open_file(root, rel, os.O_RDONLY | os.O_NONBLOCK)
+    except OSError as exc:
+        if exc.errno in (errno.ELOOP, errno.ENOTDIR):
+            raise UnsafeLayout(f"{root}/{'/'.join(_parts(rel))} is a symlink or sits under one: left alone",
+                               hint="remove it, then rerun") from None
+        raise
+    return read_regular_fd(fd, f"{root}/{'/'.join(_parts(rel))}", limit)
+
+
+def read_regular_fd(fd: int, what: str, limit: int) -> bytes:
+    """Read at most ``limit`` bytes from ``fd`` (closed here) when it is a regular file, else raise UnsafeLayout
+    naming ``what``. The fd may have been opened ``O_NONBLOCK`` (so a FIFO never blocks the open)."""
     with os.fdopen(fd, "rb") as f:
         if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
-            raise UnsafeLayout(f"{root}/{'/'.join(_parts(rel))} is not a regular file")
+            raise UnsafeLayout(f"{what} is not a regular file (a FIFO, device or folder): left alone",
+                               hint="remove it, then rerun")
         return f.read(limit)
+
+
+def open_repo_file(root: str | os.PathLike[str], folder: str, snapshot_rel: Sequence[str],
+                   flags: int = os.O_RDONLY) -> int:
+    """Open the file a snapshot entry stands for without leaving ``root/folder``: a real file in
+    ``snapshots/<commit>/...`` itself, or, for a symlink there, its target resolved inside the repo folder (the
+    ``../../blobs/<etag>`` form huggingface_hub writes), opened relative to the repo folder's fd with
+    ``O_NOFOLLOW | O_NONBLOCK`` on every component. The caller checks ``S_ISREG`` with ``fstat``.
+
+    Args:
+        root: the cache root; folder: the repo folder name; snapshot_rel: ``(commit, *path_parts)``.
+
+    Returns:
+        An fd (caller closes).
+
+    Raises:
+        UnsafeLayout: a component is a symlink where a folder belongs, or the link points outside the repo folder
+            or to another link.
+        FileNotFoundError: the entry or its target is missing.
+    """
+    rel = ["snapshots", *snapshot_rel]
+    with dir_fd(root, (folder, *rel[:-1])) as pfd:
+        try:
+            st = os.stat(rel[-1], dir_fd=pfd, follow_symlinks=False)
+        except FileNotFoundError:
+            raise
+        if stat.S_ISLNK(st.st_mode):
+            target = os.readlink(rel[-1], dir_fd=pfd)
+        else:
+            target = None
+    if target is None:
+        parts = rel
+    else:
+        joined = os.path.normpath(os.path.join(*rel[:-1], target))
+        if os.path.isabs(target) or joined.startswith("..") or joined == ".":
+            raise UnsafeLayout(f"{root}/{folder}/{'/'.join(rel)} links outside its repo folder: left alone",
+                               hint="remove it, then rerun")
+        parts = joined.split("/")
+    try:
+        return open_file(root, (folder, *parts), flags | os.O_NONBLOCK)
+    except OSError as exc:
+        if exc.errno in (errno.ELOOP, errno.ENOTDIR):
+            raise UnsafeLayout(f"{root}/{folder}/{'/'.join(rel)}: a symlink where a file or folder belongs: left "
+                               "alone", hint="remove it, then rerun") from None
+        raise
+
+
+def read_snapshot_file(snapshot: str | os.PathLike[str], rel: str, limit: int) -> bytes | None:
+    """The bytes of ``rel`` in the snapshot folder ``<cache>/<folder>/snapshots/<commit>`` read with
+    :func:`open_repo_file` (never through a link leaving the repo folder, never blocking on a FIFO), or None when
+    its size exceeds ``limit`` bytes (the caller's parse cap).
+
+    Raises:
+        UnsafeLayout: a planted link on the way, or not a regular file. FileNotFoundError: missing.
+    """
+    snapshot = Path(snapshot)
+    root, folder = snapshot.parent.parent.parent, snapshot.parent.parent.name
+    parts = (snapshot.name, *_parts(rel))
+    fd = open_repo_file(root, folder, parts)
+    with os.fdopen(fd, "rb") as f:
+        st = os.fstat(f.fileno())
+        if not stat.S_ISREG(st.st_mode):
+            raise UnsafeLayout(f"{snapshot}/{rel} is not a regular file (a FIFO, device or folder): left alone",
+                               hint="remove it, then rerun")
+        if st.st_size > limit:
+            return None
+        return f.read(limit)
+
+
+def read_repo_file(root: str | os.PathLike[str], folder: str, snapshot_rel: Sequence[str], limit: int) -> bytes:
+    """At most ``limit`` bytes of a snapshot entry's regular file (:func:`open_repo_file`); UnsafeLayout for a
+    FIFO, device or anything but a regular file, FileNotFoundError when missing."""
+    fd = open_repo_file(root, folder, snapshot_rel)
+    return read_regular_fd(fd, f"{root}/{folder}/snapshots/{'/'.join(snapshot_rel)}", limit)
 
 
 def repo_layout_problems(root: str, folder: str, locks_entries: dict[str, int] | None = None,

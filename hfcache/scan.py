@@ -283,13 +283,21 @@ def scan_repo(folder: str | os.PathLike[str], repo_id: str, repo_type: str,
     if incomplete:
         problems.append(f"{len(incomplete)} leftover .incomplete file(s)")
 
-    refs = _read_refs(base + "/refs", "", denied)
+    linked: list[str] = []  # planted links below the parts: the repo is unsafe, as for a symlinked part
+    refs = _read_refs(base + "/refs", "", denied, linked)
     snapshots = {}
     for e in _scandir(base + "/snapshots", denied, "snapshots/"):
         if e.is_dir(follow_symlinks=False):
             snapshots[e.name] = e.path
         else:  # a link or file where a snapshot folder belongs: never followed
-            problems.append(f"snapshots/{e.name}: {'a symlink' if e.is_symlink() else 'not a directory'} (left alone)")
+            linked.append(f"snapshots/{e.name}: {'a symlink' if e.is_symlink() else 'not a directory'} (left alone)")
+    for e in _scandir(base + "/.no_exist", denied, ".no_exist/"):
+        if not e.is_dir(follow_symlinks=False):
+            linked.append(f".no_exist/{e.name}: {'a symlink' if e.is_symlink() else 'not a directory'} (left alone)")
+    if linked:
+        # Not read further: every command leaves an unsafe repo alone (check fails it, export refuses it, prune
+        # skips it, verify reports unsafe_layout), so nothing outside the cache is ever read through these links.
+        return _unsafe_repo(folder_name, (repo_id, repo_type), sorted(linked))
     for name, value in sorted(refs.items()):
         if not _COMMIT_RE.fullmatch(value.encode("utf-8", "replace")):
             problems.append(f"refs/{name}: malformed ({value!r}, expected 40 hex characters)")
@@ -320,12 +328,16 @@ def scan_repo(folder: str | os.PathLike[str], repo_id: str, repo_type: str,
     )
 
 
-def _read_refs(refs_dir: str, prefix: str, denied: list[str]) -> dict[str, str]:
-    """ref name (``main``, ``refs/pr/1``) -> its content, decoded; nested ref folders are walked."""
+def _read_refs(refs_dir: str, prefix: str, denied: list[str], linked: list[str]) -> dict[str, str]:
+    """ref name (``main``, ``refs/pr/1``) -> its content, decoded; nested ref folders are walked. A ref (or ref
+    folder) that is a symlink is added to ``linked`` and never followed."""
     refs = {}
     for e in _scandir(refs_dir, denied, f"refs/{prefix}"):
+        if e.is_symlink():
+            linked.append(f"refs/{prefix}{e.name}: a symlink (left alone)")
+            continue
         if e.is_dir(follow_symlinks=False):
-            refs.update(_read_refs(e.path, prefix + e.name + "/", denied))
+            refs.update(_read_refs(e.path, prefix + e.name + "/", denied, linked))
             continue
         try:
             # O_NOFOLLOW: a ref that is a planted link reads as unreadable (reported malformed), never its target.
@@ -367,6 +379,23 @@ _PROBLEM_TEXT = {"broken": "broken link (missing blob)", "absolute": "absolute l
                  "outside": "link points outside the repo's blobs ({})"}
 _first = operator.itemgetter(0)
 _BLOB_PREFIX = ["../" * (depth + 2) + "blobs/" for depth in range(64)]
+
+
+#: Problem text of a snapshot entry that is a FIFO, device or socket.
+SPECIAL_FILE = "not a regular file (a FIFO, device or socket)"
+_HAZARDS = ("absolute link", "link points outside", SPECIAL_FILE)
+
+
+def load_hazards(repo: RepoInfo, commit_hash: str) -> list[str]:
+    """What would make a load of ``commit_hash`` read outside the repo folder or block: the repo's ``unsafe`` parts,
+    or entries of that snapshot that are absolute links, links leaving the repo's blobs, FIFOs or devices. A load
+    (``check``) or a copy (``export``) of such a revision is refused, never attempted."""
+    if repo.unsafe:
+        return list(repo.unsafe)
+    rev = next((r for r in repo.revisions if r.commit_hash == commit_hash), None)
+    if rev is None:
+        return []
+    return [f"snapshots/{commit_hash[:12]}/{p}" for p in rev.problems if any(h in p for h in _HAZARDS)]
 
 
 def _classify_link(target: str, rel: str, base: str, entry_path: str, blob_stats) -> tuple[str, str | None]:
@@ -427,7 +456,8 @@ def _scan_revision(base: str, commit: str, snapshot: str, refs: dict[str, str],
             inodes[inode] = size
             if st.st_atime > last_used:
                 last_used = st.st_atime
-        else:
+        else:  # a FIFO, device or socket: a load would block on it or read forever
+            problems.append(f"{rel}: {SPECIAL_FILE}")
             continue
         if inode is not None:
             used[inode] = size

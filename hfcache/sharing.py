@@ -81,6 +81,21 @@ def share_dir(path: Path | str, policy: SharePolicy | None) -> None:
         pass
 
 
+def share_dir_fd(fd: int, policy: SharePolicy | None) -> None:
+    """:func:`share_dir` for a folder this process just created, open as ``fd`` (no path, so no link followed)."""
+    if policy is None:
+        return
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid():
+            return
+        if st.st_gid != policy.gid:
+            os.fchown(fd, -1, policy.gid)
+        os.fchmod(fd, stat.S_IMODE(st.st_mode) | policy.dir_bits)
+    except OSError:
+        pass
+
+
 def share_fd(fd: int, policy: SharePolicy | None) -> None:
     """Give a file this process just created (open as ``fd``) the shared group and bits."""
     if policy is None:

@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from . import pools
-from .cache import RepoFolder
+from .cache import IncompleteBlob, RepoFolder
 from .errors import HubError, IntegrityError
 from .hub import Hasher, HubClient, RemoteFile, RepoRevision
 from .retry import Budget, Interrupted, RetryCounter, ShortBody
@@ -117,6 +117,7 @@ def download_blob(client: HubClient, folder: RepoFolder, repo: RepoRevision, fil
                 raise
             continue
         except (HubError, Interrupted):
+            incomplete.close()
             raise  # a network failure or a stop: the partial file stays for the next run to resume
         except BaseException:
             incomplete.unlink(missing_ok=True)  # a local failure (disk full...): free the space
@@ -159,7 +160,7 @@ class _Part:
 class _Job:
     """One file: parts streamed by worker threads, hashed in order by the calling thread."""
 
-    def __init__(self, client: HubClient, repo: RepoRevision, file: RemoteFile, path: Path,
+    def __init__(self, client: HubClient, repo: RepoRevision, file: RemoteFile, path: IncompleteBlob,
                  options: TransferOptions) -> None:
         self.client, self.repo, self.file, self.path, self.options = client, repo, file, path, options
         self.stop = options.counter.stop
@@ -174,7 +175,8 @@ class _Job:
         self.threads: list[threading.Thread] = []
 
     def run(self) -> None:
-        fd = os.open(self.path, os.O_RDWR | os.O_NOFOLLOW)  # a leftover is a regular file (resume_incomplete)
+        # Relative to the blobs/ fd resume_incomplete opened (cache.IncompleteBlob): never through a swapped link.
+        fd = self.path.open_fd(os.O_RDWR)
         try:
             kept = trusted_prefix(fd, self.file.size)
             os.ftruncate(fd, kept)

@@ -13,6 +13,7 @@ a recorded run hashed them (:mod:`hfcache.verify_record`); the default hashes ev
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import os
@@ -31,7 +32,7 @@ from .lockfile import Lockfile
 from .published import read_record
 from .records import folder_ids
 from .records import parse_specs
-from .scan import RepoInfo, scan_cache
+from .scan import SPECIAL_FILE, RepoInfo, scan_cache
 
 _SHA256 = re.compile(r"^[0-9a-f]{64}$")
 _SHA1 = re.compile(r"^[0-9a-f]{40}$")
@@ -135,7 +136,7 @@ def content_hash(path: str, algorithm: str, on_bytes=None) -> tuple[str, int]:
     Raises:
         OSError: unreadable, or a symlink (``O_NOFOLLOW``): nothing outside the cache is ever read.
     """
-    flags = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0)
+    flags = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0)  # a FIFO never blocks
     try:
         # O_NOATIME: hashing is not a use; on relatime mounts it would make every blob look just used to
         # ls/prune. Only the file's owner (or root) may ask for it.
@@ -147,7 +148,10 @@ def content_hash(path: str, algorithm: str, on_bytes=None) -> tuple[str, int]:
         buffer = _buffers.buffer = bytearray(_CHUNK)
     view = memoryview(buffer)
     with os.fdopen(fd, "rb", buffering=0) as f:
-        size = os.fstat(f.fileno()).st_size
+        st = os.fstat(f.fileno())
+        if not stat.S_ISREG(st.st_mode):  # a FIFO or device would never end (or never start)
+            raise OSError(errno.EINVAL, "not a regular file", path)
+        size = st.st_size
         h = hashlib.sha256() if algorithm == "sha256" else hashlib.sha1()  # noqa: S324 - git object id
         if algorithm != "sha256":
             h.update(b"blob %d\0" % size)
@@ -256,6 +260,10 @@ def _structure_problems(repo: RepoInfo) -> list[Problem]:
     for name in repo.incomplete:
         add(Problem(repo.repo_id, "", f"blobs/{name}", "incomplete", "leftover partial download", repo.folder))
     for rev in repo.revisions:
+        for text in rev.problems:
+            if text.endswith(SPECIAL_FILE):
+                add(Problem(repo.repo_id, rev.commit_hash, text.split(": ", 1)[0], "unsafe_layout",
+                            f"snapshot entry is {SPECIAL_FILE}: loads would block on it", repo.folder))
         real_files = 0
         for f in rev.files:
             if f.form == "file":

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import stat
 import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
@@ -41,6 +42,7 @@ from .errors import HfcacheError, HubError, IntegrityError, InternalError, Usage
 from .hub import HubClient, RemoteFile, RepoRevision, hash_file
 from .published import write_record
 from .records import NoProgress, ProgressSink, RepoResult, WarmedFile, WarmReport, WarmRequest, folder_ids
+from . import safefs
 from .retry import DEFAULT_RETRIES, RetryCounter
 from .safefs import UnsafeLayout
 from .transfer import Slots, TransferOptions, download_blob
@@ -543,7 +545,11 @@ def _copy_blob(source: RepoFolder, dest: RepoFolder, file: RemoteFile) -> None:
             # No hardlinks on this filesystem: store a second copy rather than fail.
             incomplete, out = dest.open_incomplete(file.etag)
             try:
-                with out, open(source.blob_path(file.etag), "rb") as src:
+                src_fd = safefs.open_file(source.cache_dir, (source.name, "blobs", file.etag),
+                                          os.O_RDONLY | os.O_NONBLOCK)
+                with out, os.fdopen(src_fd, "rb") as src:
+                    if not stat.S_ISREG(os.fstat(src.fileno()).st_mode):
+                        raise UnsafeLayout(f"{source.name}/blobs/{file.etag} is not a regular file: left alone")
                     shutil.copyfileobj(src, out)
                 dest.publish_blob(incomplete, file.etag)
             finally:

@@ -6,6 +6,7 @@ import hashlib
 import io
 import json
 import os
+import re
 import shutil
 import tarfile
 from pathlib import Path
@@ -83,7 +84,11 @@ def test_tar_is_byte_identical_whatever_the_disk_order_and_times(source_cache, t
     assert [m.name for m in members] == sorted(m.name for m in members)
     assert {m.mtime for m in members} == {0} and {(m.uid, m.gid) for m in members} == {(0, 0)}
     assert {m.uname for m in members} == {""}
-    assert not any(".locks" in m.name or m.name.endswith(".incomplete") for m in members)
+    assert not any(m.name.endswith((".lock", ".incomplete")) for m in members)
+    # .locks carries only warm's records (hfcache/published.py), one per exported revision, so verify still knows
+    # the expected files after the move.
+    locks = [m.name for m in members if m.name.startswith(".locks/") and m.isfile()]
+    assert locks and all(re.fullmatch(r"\.locks/[^/]+/hfcache/[0-9a-f]{40}\.json", n) for n in locks), locks
 
 
 def test_shared_blobs_are_stored_once(source_cache, tmp_path):
@@ -122,7 +127,7 @@ def test_relative_export_moved_elsewhere_loads_offline(source_cache, tmp_path):
     moved = tmp_path / "elsewhere" / "deeper" / "cache"
     moved.parent.mkdir(parents=True)
     shutil.move(str(out), str(moved))
-    assert sorted(p.name for p in moved.iterdir()) == ["CACHEDIR.TAG", "models--openai-community--gpt2"]
+    assert sorted(p.name for p in moved.iterdir()) == [".locks", "CACHEDIR.TAG", "models--openai-community--gpt2"]
     loaded = offline_load(moved, ["openai-community/gpt2"])
     assert loaded["openai-community/gpt2"]["input_ids"] == golden_ids("openai-community/gpt2")
 

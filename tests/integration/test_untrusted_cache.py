@@ -324,7 +324,8 @@ def test_repo_folder_refuses_hostile_names_where_paths_are_built(tmp_path: Path)
 
 
 def test_an_endpoint_cannot_move_another_repos_ref(tmp_path: Path) -> None:
-    """`h/canon2` answered as `google-bert/bert-base-uncased` at another commit: only `models--h--canon2` is written."""
+    """`h/canon2` answered as `google-bert/bert-base-uncased` at another commit: only `models--h--canon2` is written,
+    its files come from `h/canon2`'s own URLs (the claimed repo serves none), and no other id is claimed."""
     cache, canary = tmp_path / "cache", make_canary(tmp_path)
     warm_two(cache)
     ref = cache / FOLDER / "refs" / "main"
@@ -332,18 +333,30 @@ def test_an_endpoint_cannot_move_another_repos_ref(tmp_path: Path) -> None:
     state_before = tree_state(cache / FOLDER)
     before = tree_state(canary)
     info = {"id": REPO, "sha": COMMIT, "siblings": [sibling("vocab.txt", VOCAB), sibling("config.json", b"{}")]}
-    # The same files under the id it claims, so that a client following the id would find them there.
-    with ScriptedHub({"h/canon2": (info, {}), REPO: (info, {"vocab.txt": VOCAB, "config.json": b"{}"})}) as hub:
+    # The files only under the requested id: a client following the claimed id would find nothing (404).
+    with ScriptedHub({"h/canon2": (info, {"vocab.txt": VOCAB, "config.json": b"{}"}), REPO: (info, {})}) as hub:
         proc = run_hfcache(["warm", "h/canon2", "--cache-dir", str(cache), "--endpoint", hub.endpoint, "--json"])
+        text = run_hfcache(["warm", "h/canon2", "--cache-dir", str(cache), "--endpoint", hub.endpoint])
     assert proc.returncode == 0, proc.stderr
     result = json.loads(proc.stdout)["repos"][0]
-    assert result["canonical_id"] == REPO and result["notes"] == []
+    assert result["canonical_id"] in (None, "h/canon2") and result["notes"] == []
+    assert text.returncode == 0 and REPO not in text.stdout + text.stderr, text.stdout
     assert ref.read_bytes() == ref_before
     assert tree_state(cache / FOLDER) == state_before
     assert (cache / "models--h--canon2" / "refs" / "main").read_text() == COMMIT
     assert tree_state(canary) == before
     assert verify(cache)[0] == 0
     assert not scan_cache_dir(cache).warnings
+
+
+def test_a_null_file_listing_is_an_endpoint_fault(tmp_path: Path) -> None:
+    cache, canary = tmp_path / "cache", make_canary(tmp_path)
+    before = tree_state(canary)
+    with ScriptedHub({"h/nolist": ({"id": "h/nolist", "sha": COMMIT, "siblings": None}, {})}) as hub:
+        proc = run_hfcache(["warm", "h/nolist", "--cache-dir", str(cache), "--endpoint", hub.endpoint])
+    assert proc.returncode == 3, proc.stderr
+    assert f"{hub.endpoint} answered no file listing (siblings)" in proc.stderr
+    assert tree_state(canary) == before
 
 
 def test_a_legacy_id_moving_its_canonical_ref_says_so(tmp_path: Path) -> None:
