@@ -236,18 +236,15 @@ def ls_command(repo_ids, cache_dir, revisions, lock_file, sort, as_json) -> None
     from .lockfile import pinned_revisions, read_lock
     from .project import reading_cache_dir
     from .render import ls as render
-    from .scan import repo_folders, scan_cache, scan_folder
+    from .scan import scan_cache, stream_repos
 
     pinned = pinned_revisions(read_lock(lock_file)) if lock_file else None
     root = reading_cache_dir(cache_dir, lock_file)
     gc.disable()  # a short-lived process building one large document: the cyclic collector only costs time
     wanted = set(repo_ids) if repo_ids else None
-    if as_json and sort == "name":
-        folders, locks = repo_folders(Path(root), wanted)
-        if len(folders) > 100:  # large: one repo at a time, never the whole document in memory (issue 18, P4)
-            folders.sort(key=lambda f: f[1].lower())  # the order show_ls gives (stable over the scan's order)
-            repos = (scan_folder(Path(root), folder, locks) for folder in folders)
-            sys.exit(1 if render.stream_ls_json(str(Path(root)), repos, pinned, sys.stdout) else 0)
+    repos = stream_repos(Path(root), wanted) if as_json and sort == "name" else None
+    if repos is not None:  # a large cache: one repo at a time, never the whole document in memory
+        sys.exit(1 if render.stream_ls_json(str(Path(root)), repos, pinned, sys.stdout) else 0)
     info = scan_cache(root, wanted)
     render.show_ls(info, pinned, sort=sort, revisions=revisions, as_json=as_json)
     sys.exit(1 if any(r.unreadable for r in info.repos) else 0)  # health: a repo this user cannot read
@@ -275,30 +272,31 @@ def verify(repo_ids, cache_dir, lock_file, do_repair, fast, endpoints, token, to
     from .lockfile import read_lock
     from .project import reading_cache_dir
     from .render import verify as render
-    from .render.common import lock_wait_notice
-    from .verify import verify_cache
 
     lock = read_lock(lock_file) if lock_file else None
     root = reading_cache_dir(cache_dir, lock_file)
-    with render.HashProgress(enabled=not as_json) as progress:
-        report = verify_cache(root, repo_ids or None, lock=lock, max_workers=max_workers, progress=progress,
-                              fast=fast)
-    actions = ()
-    before = None
-    if do_repair and not report.ok:
-        from .hub import HubClient
-        from .repair import repair
-        from .warming import resolve_token
+    if do_repair:
+        from .render.common import lock_wait_notice
+        from .repair import verify_and_repair
 
-        # Repair downloads from the first endpoint given (fallbacks are a warm feature).
-        client = HubClient(endpoint=endpoints[0] if endpoints else None,
-                           token=resolve_token(_read_token(token, token_file)), timeout=timeout, retries=retries)
-        actions = repair(report, client=client, lock=lock, lock_timeout=lock_timeout,
-                         on_lock_wait=lock_wait_notice)
-        before = report
+        def client():  # repair downloads from the first endpoint given (fallbacks are a warm feature)
+            from .hub import HubClient
+            from .warming import resolve_token
+
+            return HubClient(endpoint=endpoints[0] if endpoints else None,
+                             token=resolve_token(_read_token(token, token_file)), timeout=timeout, retries=retries)
+
+        run = verify_and_repair(root, repo_ids or None, client_factory=client, lock=lock, max_workers=max_workers,
+                                fast=fast, lock_timeout=lock_timeout, on_lock_wait=lock_wait_notice,
+                                progress=lambda: render.HashProgress(enabled=not as_json))
+        report, actions, before = run.report, run.actions, run.before
+    else:
+        from .verify import verify_cache
+
         with render.HashProgress(enabled=not as_json) as progress:
             report = verify_cache(root, repo_ids or None, lock=lock, max_workers=max_workers, progress=progress,
                                   fast=fast)
+        actions, before = (), None
     render.show_verify(report, actions, before, as_json=as_json)
     sys.exit(report.exit_code)
 

@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import os
 from collections import defaultdict
+from collections.abc import Callable, Iterable
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -29,7 +31,7 @@ from .transfer import Slots, TransferOptions, download_blob
 from .lockfile import Lockfile
 from .records import folder_ids
 from .scan import parse_folder_name, scan_repo
-from .verify import Problem, VerifyReport, algorithm_of
+from .verify import HashProgress, Problem, VerifyReport, algorithm_of, verify_cache
 
 _REPAIR_CONNECTIONS = 4  # ranges of one large blob fetched at once
 _CONTENT_KINDS = {"blob_mismatch", "blob_not_file", "link_broken", "file_missing", "file_mismatch"}
@@ -215,3 +217,55 @@ def _locked_files(lock: Lockfile | None, folder: RepoFolder, commit: str) -> dic
             return {f.path: f.hash for f in repo.files}
     return None
 
+
+
+@dataclass(frozen=True)
+class RepairRun:
+    """What ``verify --repair`` did.
+
+    Attributes:
+        report (VerifyReport): the final verification (after the repair when one ran).
+        actions (tuple[RepairAction, ...]): the repairs taken (empty when nothing was broken).
+        before (VerifyReport | None): the verification that led to the repair, or None when none was needed.
+    """
+
+    report: VerifyReport
+    actions: tuple[RepairAction, ...]
+    before: VerifyReport | None
+
+
+def verify_and_repair(
+    cache_dir: str | os.PathLike[str],
+    repo_ids: Iterable[str] | None,
+    *,
+    client_factory: Callable[[], HubClient],
+    lock: Lockfile | None = None,
+    max_workers: int | None = None,
+    fast: bool = False,
+    lock_timeout: float = DEFAULT_LOCK_TIMEOUT,
+    on_lock_wait=None,
+    progress: Callable[[], AbstractContextManager[HashProgress | None]] | None = None,
+) -> RepairRun:
+    """Verify, repair what is broken, then verify again (``hfcache verify --repair``).
+
+    Args:
+        cache_dir, repo_ids, lock, max_workers, fast: as for :func:`hfcache.verify.verify_cache`.
+        client_factory: builds the endpoint client, called only when something needs repairing (no request otherwise).
+        lock_timeout, on_lock_wait: as for :func:`repair`.
+        progress: returns a fresh progress context for each verification pass (None: no progress).
+
+    Returns:
+        RepairRun with the final report, the actions and the report that led to them.
+    """
+    from contextlib import nullcontext
+
+    new_progress = progress or (lambda: nullcontext(None))
+    ids = list(repo_ids) if repo_ids else None
+    with new_progress() as sink:
+        report = verify_cache(cache_dir, ids, lock=lock, max_workers=max_workers, progress=sink, fast=fast)
+    if report.ok:
+        return RepairRun(report, (), None)
+    actions = repair(report, client=client_factory(), lock=lock, lock_timeout=lock_timeout, on_lock_wait=on_lock_wait)
+    with new_progress() as sink:
+        after = verify_cache(cache_dir, ids, lock=lock, max_workers=max_workers, progress=sink, fast=fast)
+    return RepairRun(after, actions, report)

@@ -13,6 +13,8 @@ modification time of its snapshot folder and of the refs pointing to it. atime a
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import gc
 import operator
 import os
@@ -205,6 +207,17 @@ def repo_folders(root: Path, repo_ids: set[str] | None = None) -> tuple[list[Fol
         folders.append((entry.name, parsed[0], parsed[1], entry.is_dir(follow_symlinks=False)))
     folders.sort(key=lambda f: (f[2], f[1].lower()))
     return folders, locks
+
+
+def stream_repos(root: Path, repo_ids: set[str] | None = None, *, threshold: int = 100) -> Iterator[RepoInfo] | None:
+    """For a large cache (more than ``threshold`` repo folders), the repos one at a time sorted by id case-folded (the
+    order ``ls`` shows), so that a caller never holds the whole listing (``ls --json``, issue 18 P4); None for a
+    smaller cache (scan it whole with :func:`scan_cache`)."""
+    folders, locks = repo_folders(Path(root), repo_ids)
+    if len(folders) <= threshold:
+        return None
+    folders.sort(key=lambda f: f[1].lower())  # stable over the scan's (repo_type, id) order
+    return (scan_folder(Path(root), folder, locks) for folder in folders)
 
 
 def scan_folder(root: Path, folder: FolderEntry, locks: dict[str, int] | None) -> RepoInfo:
