@@ -194,7 +194,8 @@ def validate_endpoint(endpoint: str) -> str:
     if parts is None or parts.scheme not in ("http", "https") or not host:
         raise UsageError(f"invalid endpoint {endpoint!r}", hint="use an http(s) URL such as https://huggingface.co")
     if parts.username or parts.password:
-        raise UsageError("the endpoint URL must not carry credentials", hint="pass the token with --token-file")
+        raise UsageError("the endpoint URL must not carry credentials",
+                         hint="pass the token in a file instead: --token-file (serve: --upstream-token-file)")
     return endpoint.rstrip("/")
 
 
