@@ -545,7 +545,8 @@ def serve(cache_dir, repos_dir, host, port, token_file, access_log, upstreams, u
 @click.option("--format", "fmt", type=click.Choice(["sh", "dotenv", "dockerfile", "k8s", "json"]), default="sh",
               show_default=True, help="sh: export lines; dotenv: NAME=value; dockerfile: one ENV instruction; "
               "k8s: a container env: list; json: one object.")
-def env_command(cache_dir, fmt) -> None:
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON document on stdout (same as --format json).")
+def env_command(cache_dir, fmt, as_json) -> None:
     """Print the variables that make a process use only the cache (offline, no telemetry, no token lookups).
 
     \b
@@ -557,7 +558,7 @@ def env_command(cache_dir, fmt) -> None:
     from .offline import format_env, offline_environment
     from .render import offline as render
 
-    render.show_env(format_env(offline_environment(cache_dir), fmt))
+    render.show_env(format_env(offline_environment(cache_dir), "json" if as_json else fmt))
 
 
 @cli.command(name="exec", context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
