@@ -16,6 +16,7 @@ from pathlib import Path
 import click
 
 from ._version import __version__
+from .cli_options import parsed as _parsed
 from .errors import HfcacheError, UsageError
 
 EXIT_INTERNAL = 70
@@ -57,20 +58,6 @@ def cli() -> None:
 def _cache_dir_option(what: str = "Cache root"):
     return click.option("--cache-dir", type=click.Path(file_okay=False),
                         help=f"{what} [default: HF_HUB_CACHE, $HF_HOME/hub or ~/.cache/huggingface/hub].")
-
-
-def _parsed(name: str):
-    """A Click callback running ``hfcache.units.<name>``, so that a bad value is a usage error naming the option."""
-    def callback(ctx, param, value):
-        from . import units
-
-        if value is None:
-            return None
-        try:
-            return getattr(units, name)(value)
-        except UsageError as exc:
-            raise click.BadParameter(f"{exc.message} ({exc.hint})" if exc.hint else exc.message) from None
-    return callback
 
 
 def _lock_timeout_option(fn):

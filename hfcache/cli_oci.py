@@ -6,6 +6,7 @@ import sys
 
 import click
 
+from .cli_options import parsed as _parsed
 from .errors import UsageError
 
 
@@ -25,20 +26,6 @@ def _credentials(username: str | None, password_stdin: bool):
     if not password:
         raise UsageError("--password-stdin: no password on stdin", hint=usage)
     return Credentials(username, password)
-
-
-def _parsed(name: str):
-    """A Click callback running ``hfcache.units.<name>``: a bad value is a usage error naming the option (exit 2)."""
-    def callback(ctx, param, value):
-        from . import units
-
-        if value is None:
-            return None
-        try:
-            return getattr(units, name)(value)
-        except UsageError as exc:
-            raise click.BadParameter(f"{exc.message} ({exc.hint})" if exc.hint else exc.message) from None
-    return callback
 
 
 def _registry_options(fn):

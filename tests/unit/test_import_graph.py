@@ -17,7 +17,7 @@ import pytest
 PACKAGE = Path(__file__).resolve().parents[2] / "hfcache"
 
 #: The presentation layer: the only modules that may import click or rich.
-PRESENTATION = {"hfcache.cli", "hfcache.cli_oci", "hfcache.render"}
+PRESENTATION = {"hfcache.cli", "hfcache.cli_oci", "hfcache.cli_options", "hfcache.render"}
 #: HTTP clients; only hfcache.hub talks to a Hub (huggingface_hub's HTTP client is httpx2), only hfcache.oci to an
 #: OCI registry (oras, requests).
 HTTP_CLIENTS = {"httpx", "httpx2", "requests", "urllib3", "aiohttp", "http.client", "urllib.request", "oras"}

@@ -1,0 +1,21 @@
+"""Click option helpers shared by the command modules (cli.py, cli_oci.py): presentation layer only."""
+
+from __future__ import annotations
+
+import click
+
+from .errors import UsageError
+
+
+def parsed(name: str):
+    """A Click callback running ``hfcache.units.<name>``: a bad value is a usage error naming the option (exit 2)."""
+    def callback(ctx, param, value):
+        from . import units
+
+        if value is None:
+            return None
+        try:
+            return getattr(units, name)(value)
+        except UsageError as exc:
+            raise click.BadParameter(f"{exc.message} ({exc.hint})" if exc.hint else exc.message) from None
+    return callback
