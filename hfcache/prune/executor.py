@@ -66,16 +66,12 @@ def execute(plan: PrunePlan, *, on_item: Callable[[ItemOutcome], None] | None = 
         try:
             lock = repo.repo_lock()
             lock.__enter__()
-        except UnsafeLayout as exc:  # a link planted since the plan was made: nothing of this folder is touched
+        except (UnsafeLayout, LockTimeout) as exc:
+            # A link planted since the plan was made: nothing of this folder is touched (skipped). Another warm or
+            # prune keeps this folder: its items fail (exit 5, naming the lock). Either way the other folders go on.
+            status = "skipped" if isinstance(exc, UnsafeLayout) else "failed"
             for item in items:
-                outcomes.append(ItemOutcome(item, "skipped", exc.message))
-                if on_item:
-                    on_item(outcomes[-1])
-            continue
-        except LockTimeout as exc:
-            # Another warm or prune keeps this folder: its items fail (exit 5, naming the lock), the others go on.
-            for item in items:
-                outcomes.append(ItemOutcome(item, "failed", exc.message))
+                outcomes.append(ItemOutcome(item, status, exc.message))
                 if on_item:
                     on_item(outcomes[-1])
             continue
