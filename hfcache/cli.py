@@ -16,6 +16,7 @@ from pathlib import Path
 import click
 
 from ._version import __version__
+from .cli_options import lock_timeout_option as _lock_timeout_option
 from .cli_options import parsed as _parsed
 from .errors import HfcacheError, UsageError
 
@@ -58,12 +59,6 @@ def cli() -> None:
 def _cache_dir_option(what: str = "Cache root"):
     return click.option("--cache-dir", type=click.Path(file_okay=False),
                         help=f"{what} [default: HF_HUB_CACHE, $HF_HOME/hub or ~/.cache/huggingface/hub].")
-
-
-def _lock_timeout_option(fn):
-    return click.option("--lock-timeout", type=click.FloatRange(min=0), default=600.0, show_default=True,
-                        metavar="SECONDS", help="Wait at most this long for a lock another process holds (exit 5 "
-                        "then, naming the lock).")(fn)
 
 
 def _common_hub_options(fn):

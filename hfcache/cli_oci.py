@@ -6,6 +6,7 @@ import sys
 
 import click
 
+from .cli_options import lock_timeout_option as _lock_timeout_option
 from .cli_options import parsed as _parsed
 from .errors import UsageError
 
@@ -80,8 +81,7 @@ def push_command(reference, specs, lock_file, split, arch, cache_dir, plain_http
 @click.option("--max-size", metavar="SIZE", callback=_parsed("parse_size"),
               help="Refuse an image whose layers unpack to more than SIZE (e.g. 20GB, 500MiB) [default: no bound but "
                    "the free space of the cache's filesystem].")
-@click.option("--lock-timeout", type=click.FloatRange(min=0), default=600.0, show_default=True, metavar="SECONDS",
-              help="Wait at most this long for a repo lock another process holds (exit 5 then, naming the lock).")
+@_lock_timeout_option
 def pull_command(reference, cache_dir, plain_http, username, password_stdin, timeout, as_json, move_refs,
                  max_size, lock_timeout) -> None:
     """Pull the image REF and merge its cache into the cache, every digest checked before anything is written.

@@ -19,3 +19,10 @@ def parsed(name: str):
         except UsageError as exc:
             raise click.BadParameter(f"{exc.message} ({exc.hint})" if exc.hint else exc.message) from None
     return callback
+
+
+def lock_timeout_option(fn):
+    """``--lock-timeout SECONDS`` (default 600): how long a command waits for a lock another process holds."""
+    return click.option("--lock-timeout", type=click.FloatRange(min=0), default=600.0, show_default=True,
+                        metavar="SECONDS", help="Wait at most this long for a lock another process holds (exit 5 "
+                        "then, naming the lock).")(fn)
