@@ -31,9 +31,11 @@ HF_HUB_DISABLE_TELEMETRY=1, HF_HUB_DISABLE_UPDATE_CHECK=1.
 
 Run from anywhere, with the project's venv python:
 
-    python benchmarks/bench_warm.py [--throttle-bps 5000000] [--repeat 3] [--anchors venv|current] [--json]
+    python benchmarks/bench_warm.py [--throttle-bps 5000000] [--latency-ms 50] [--repeat 3] [--anchors venv|current]
+                                    [--json]
 
-``--throttle-bps`` paces every file body to about N bytes/s per connection (default: unthrottled).
+``--throttle-bps`` paces every file body to about N bytes/s per connection (default: unthrottled); ``--latency-ms``
+delays every answer, as a remote Hub's round trip does (default: 0, the loopback's).
 """
 
 from __future__ import annotations
@@ -57,6 +59,7 @@ sys.path.insert(0, str(ROOT))  # so `hfcache` imports even when the package is n
 from anchors import anchor_python, anchor_version, clean_python_env, load_average, precompile  # noqa: E402
 
 from hfcache.serve import HubServer  # noqa: E402
+from hfcache.serve.faults import Faults  # noqa: E402
 
 REPOS = [
     "bert-base-uncased",
@@ -190,11 +193,12 @@ def one_round(server: HubServer, contender: str, files: dict[str, list[str]] | N
     return result
 
 
-def benchmark(throttle_bps: int | None, repeat: int) -> dict:
+def benchmark(throttle_bps: int | None, repeat: int, latency_ms: int = 0) -> dict:
     """Run every contender ``repeat`` times against one server; return medians per contender."""
     rounds: dict[str, list[dict]] = {c: [] for c in CONTENDERS}
     files: dict[str, list[str]] | None = None
-    with HubServer(ROOT / "tests" / "data" / "hub", throttle_bps=throttle_bps) as server, \
+    faults = Faults(latency_ms=latency_ms) if latency_ms else None
+    with HubServer(ROOT / "tests" / "data" / "hub", throttle_bps=throttle_bps, faults=faults) as server, \
             tempfile.TemporaryDirectory(prefix="bench_warm_") as tmp:
         for repo in REPOS:  # the server hashes a repo on first sight: do it now, not inside the first timed run
             server.commit_of(repo)
@@ -216,7 +220,7 @@ def benchmark(throttle_bps: int | None, repeat: int) -> dict:
     for m in medians.values():
         m["cold_x_hfcache"] = m["cold_wall_s"] / base["cold_wall_s"]
         m["warm_x_hfcache"] = m["warm_wall_s"] / base["warm_wall_s"]
-    return {"machine": machine_facts(throttle_bps, repeat), "files": files, "contenders": medians,
+    return {"machine": machine_facts(throttle_bps, repeat, latency_ms), "files": files, "contenders": medians,
             "goals": goals(medians)}
 
 
@@ -237,8 +241,9 @@ def goals(medians: dict) -> list[dict]:
             for name, value, limit in rows]
 
 
-def machine_facts(throttle_bps: int | None, repeat: int) -> dict:
+def machine_facts(throttle_bps: int | None, repeat: int, latency_ms: int = 0) -> dict:
     return {"python": platform.python_version(), "cpu_count": os.cpu_count(), "throttle_bps": throttle_bps,
+            "latency_ms": latency_ms,
             "repeat": repeat, "huggingface_hub": anchor_version(ANCHOR_PYTHON), "anchors": str(ANCHOR_PYTHON),
             "platform": platform.platform()}
 
@@ -246,7 +251,8 @@ def machine_facts(throttle_bps: int | None, repeat: int) -> dict:
 def print_table(results: dict) -> None:
     m = results["machine"]
     throttle = f"{m['throttle_bps']} B/s per connection" if m["throttle_bps"] else "none"
-    print(f"python {m['python']}, {m['cpu_count']} CPUs, throttle {throttle}, huggingface_hub "
+    print(f"python {m['python']}, {m['cpu_count']} CPUs, throttle {throttle}, latency {m['latency_ms']} ms, "
+          "huggingface_hub "
           f"{m['huggingface_hub']} ({m['anchors']}), {m['platform']}, median of {m['repeat']}")
     print(f"{m['load_before']} before, {m['load_after']} after")
     nfiles = sum(len(f) for f in results["files"].values())
@@ -273,18 +279,20 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--throttle-bps", type=int, default=None, metavar="N",
                         help="pace file bodies to about N bytes/s per connection (default: unthrottled)")
+    parser.add_argument("--latency-ms", type=int, default=0, metavar="MS",
+                        help="delay every answer by MS milliseconds, as a remote Hub's round trip (default: 0)")
     parser.add_argument("--repeat", type=int, default=3, metavar="N", help="rounds; medians are reported (default 3)")
     parser.add_argument("--json", action="store_true", help="print the figures as one JSON document")
     parser.add_argument("--anchors", choices=["venv", "current"], default="venv",
                         help="huggingface_hub from a separate venv made once (default) or this interpreter's")
     args = parser.parse_args()
-    if args.repeat < 1 or (args.throttle_bps is not None and args.throttle_bps < 1):
-        parser.error("--repeat and --throttle-bps must be positive")
+    if args.repeat < 1 or (args.throttle_bps is not None and args.throttle_bps < 1) or args.latency_ms < 0:
+        parser.error("--repeat and --throttle-bps must be positive, --latency-ms not negative")
     global ANCHOR_PYTHON
     ANCHOR_PYTHON = anchor_python(args.anchors)
     precompile(ROOT)
     before = load_average()
-    results = benchmark(args.throttle_bps, args.repeat)
+    results = benchmark(args.throttle_bps, args.repeat, args.latency_ms)
     results["machine"].update(load_before=before, load_after=load_average())
     if args.json:
         print(json.dumps(results, indent=2))

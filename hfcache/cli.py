@@ -134,12 +134,16 @@ def warm(repos, cache_dir, kind, include, exclude, repo_type, lock_file, locked,
         if not repos:
             raise UsageError("nothing to warm", hint="give REPO_ID arguments or --lock FILE")
         from .records import WarmRequest
-        from .warming import warm as warm_repos
 
         requests = [
             WarmRequest.parse(spec, repo_type=repo_type, kind=kind, include=tuple(include), exclude=tuple(exclude))
             for spec in repos
         ]
+        from .hub_session import prepare_session
+
+        prepare_session()  # the HTTP client is made while hfcache.warming imports (hub_session.py)
+        from .warming import warm as warm_repos
+
         with render.WarmProgress(len(requests), enabled=not (as_json or quiet)) as progress:
             report = warm_repos(requests, cache_dir=cache_dir, endpoint=list(endpoints) or None, token=resolved_token,
                                 max_workers=max_workers, timeout=timeout, progress=progress, retries=retries,

@@ -32,11 +32,10 @@ import threading
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
-from typing import BinaryIO
+from typing import BinaryIO, NamedTuple
 from urllib.parse import quote, urlsplit
 
 import httpx2
-from huggingface_hub import DatasetInfo, ModelInfo, get_hf_file_metadata, hf_hub_url
 from huggingface_hub.errors import (
     GatedRepoError,
     HfHubHTTPError,
@@ -199,6 +198,46 @@ def validate_endpoint(endpoint: str) -> str:
     return endpoint.rstrip("/")
 
 
+def resolve_url(endpoint: str, repo_id: str, path: str, repo_type: str, revision: str) -> str:
+    """The URL of one file at a revision: ``{endpoint}/{prefix}{repo_id}/resolve/{revision}/{path}``.
+
+    Same URL as ``hf_hub_url`` (file_download.py: ``HUGGINGFACE_CO_URL_TEMPLATE``, prefix ``datasets/`` or
+    ``spaces/``, revision quoted with no safe character, path quoted keeping ``/``), built here because importing
+    file_download.py loads tqdm and asyncio (~25 ms of every cold warm, issue 18).
+
+    Args:
+        endpoint: base URL without a trailing slash.
+        repo_id: ``org/name`` or a legacy id. path: the file's path in the repo. repo_type: ``model``, ``dataset``
+            or ``space``. revision: a branch, tag or commit.
+
+    Returns:
+        str: the absolute URL.
+    """
+    prefix = {"dataset": "datasets/", "space": "spaces/"}.get(repo_type, "")
+    return f"{endpoint}/{prefix}{repo_id}/resolve/{quote(revision, safe='')}/{quote(path)}"
+
+
+def _no_agent_registry_fetch() -> None:
+    """Keep huggingface_hub's agent detection from fetching its registry: hfcache talks only to its endpoints.
+
+    Library gap: ``build_hf_headers`` (utils/_headers.py, also inside ``get_hf_file_metadata``) calls
+    ``detect_agent()`` unless telemetry is disabled, and its first call (utils/_detect_agent.py, huggingface_hub
+    >= 1.x) fetches ``{constants.ENDPOINT}/api/agent-harnesses`` -- the public Hub even when hfcache was given
+    another endpoint, with a 3 s timeout, once from every worker thread that races to it -- and writes
+    ``$HF_HOME/.agent_harnesses.json`` (into an image layer, under ``RUN hfcache warm``). Here the registry is taken
+    from that file if it exists (so the user agent still names a detected agent) and is otherwise empty; it is
+    never fetched. A huggingface_hub without this module is left alone.
+    """
+    try:
+        from huggingface_hub import constants
+        from huggingface_hub.utils import _detect_agent as agent
+        if agent._registry is None:
+            cached = agent._read_cached_registry(constants.AGENT_HARNESSES_PATH, max_age=None)
+            agent._registry = cached or agent._EMPTY_REGISTRY
+    except (ImportError, AttributeError):
+        pass
+
+
 class HubClient:
     """A connection to one Hub endpoint with one token, one timeout and one retry budget per request.
 
@@ -211,6 +250,7 @@ class HubClient:
 
     def __init__(self, endpoint: str | None = None, token: str | None = None, timeout: float = 10.0,
                  retries: int = DEFAULT_RETRIES) -> None:
+        _no_agent_registry_fetch()
         # HF_ENDPOINT is read now, not at import time as huggingface_hub's constants.ENDPOINT is (DESIGN §3).
         self.endpoint = validate_endpoint(endpoint or os.environ.get("HF_ENDPOINT") or DEFAULT_ENDPOINT)
         # token=False stops huggingface_hub from reading a stored token behind our back.
@@ -283,8 +323,8 @@ class HubClient:
                             commit_hash=commit, files=(), paths=paths, metadata="head")
         siblings = list(info.siblings or ())
         if siblings and all(s.size is not None and s.blob_id is not None for s in siblings):
-            files = [self._remote_file(repo_id, "repo info", s.rfilename, s.size, s.blob_id,
-                                       s.lfs.sha256 if s.lfs else None) for s in siblings]
+            files = [self._remote_file(repo_id, "repo info", s.rfilename, s.size, s.blob_id, s.lfs_sha256)
+                     for s in siblings]
             repo = replace(repo, files=tuple(sorted(files, key=lambda f: f.path)), metadata="model-info")
         elif (listed := self._tree_files(repo, counter)) is not None:
             if not paths:  # siblings omitted altogether: the tree is the listing
@@ -302,36 +342,17 @@ class HubClient:
                            hint="the endpoint is broken or hostile")
         return repo
 
-    def _remote_file(self, repo_id: str, sibling) -> RemoteFile:
-        """One sibling of a ``?blobs=true`` answer, every name checked: a path, a 40-hex ``blobId``, a 64-hex
-        ``lfs.sha256`` and a non-negative size (they name files in the cache: a hostile endpoint must not be able
-        to point one outside it)."""
-        try:
-            path = validate_repo_path(sibling.rfilename)
-        except UnsafePath as exc:
-            raise HubError(f"{repo_id}: {self.endpoint} listed an {exc}", hint="the endpoint is broken or hostile") from None
-        lfs = sibling.lfs.sha256 if sibling.lfs else None
-        if sibling.size is None or sibling.blob_id is None:
-            raise HubError(f"{repo_id}: endpoint gave no size or hash for {path}",
-                           hint="the endpoint must answer ?blobs=true like the Hub (DESIGN §2.1)")
-        if not isinstance(sibling.blob_id, str) or not COMMIT_RE.fullmatch(sibling.blob_id):
-            raise HubError(f"{repo_id}: {self.endpoint} answered blobId {sibling.blob_id!r} for {path}, not 40 "
-                           "lowercase hex characters", hint="the endpoint is broken or hostile")
-        if lfs is not None and (not isinstance(lfs, str) or not SHA256_RE.fullmatch(lfs)):
-            raise HubError(f"{repo_id}: {self.endpoint} answered lfs.sha256 {lfs!r} for {path}, not 64 lowercase "
-                           "hex characters", hint="the endpoint is broken or hostile")
-        if not isinstance(sibling.size, int) or isinstance(sibling.size, bool) or sibling.size < 0:
-            raise HubError(f"{repo_id}: {self.endpoint} answered size {sibling.size!r} for {path}",
-                           hint="the endpoint is broken or hostile")
-        return RemoteFile(path=path, size=sibling.size, blob_id=sibling.blob_id, lfs_sha256=lfs)
-    def _repo_info(self, repo_id: str, revision: str, repo_type: str) -> ModelInfo | DatasetInfo:
+    def _repo_info(self, repo_id: str, revision: str, repo_type: str) -> _RepoInfo:
         """``HfApi.repo_info(files_metadata=True)`` with a bound on the answer (``MAX_METADATA_BYTES`` decoded).
 
         Library gap: ``HfApi.model_info``/``dataset_info`` (hf_api.py) read the whole body with ``get_session().get``
         and decode it without bound: a gzip-encoded answer of a few MiB inflates to gigabytes in memory, and
         ``hf_raise_for_status`` reads a streamed error body whole too. Same request (URL, ``?blobs=true``, headers,
-        redirects), same parsing (``ModelInfo(**data)``), but the body is read as it decodes and refused past the
-        bound, error bodies included. It also does not retry; the caller does (:mod:`hfcache.retry`).
+        redirects), but the body is read as it decodes and refused past the bound, error bodies included. It also
+        does not retry; the caller does (:mod:`hfcache.retry`). Only the fields hfcache reads are parsed
+        (:func:`_parse_repo_info`, same keys as ``ModelInfo.__init__``): importing ``ModelInfo`` loads all of
+        ``hf_api.py`` (~0.13 s, a fifth of a cold warm of nine tokenizers: issue 18), and its parsing of fields
+        hfcache never reads (card data, spaces, inference mappings) can fail on a mirror's odd values.
 
         Raises:
             HubError: the answer is larger than the bound, not JSON, or nested too deep; and what
@@ -342,7 +363,7 @@ class HubClient:
         if not isinstance(data, dict):
             raise HubError(f"{repo_id}@{revision}: the answer of {self.endpoint} is not a JSON object",
                            hint="the endpoint is broken or hostile")
-        return (DatasetInfo if repo_type == "dataset" else ModelInfo)(**data)
+        return _parse_repo_info(data)
 
     def _get_json(self, url: str, params: dict | None, what: str,
                   accepted: tuple[int, ...] = ()) -> tuple[httpx2.Response, object]:
@@ -401,8 +422,11 @@ class HubClient:
         return replace(repo, files=tuple(sorted(known.values(), key=lambda f: f.path)))
 
     def _head_file(self, repo: RepoRevision, path: str, counter: RetryCounter) -> RemoteFile:
-        url = hf_hub_url(repo.canonical_id, path, repo_type=repo.repo_type, revision=repo.commit_hash,
-                         endpoint=self.endpoint)
+        # Only endpoints that list names without hashes come here: file_download.py (and tqdm, asyncio) is loaded
+        # then, not on every warm (issue 18).
+        from huggingface_hub import get_hf_file_metadata
+
+        url = resolve_url(self.endpoint, repo.canonical_id, path, repo.repo_type, repo.commit_hash)
         with _mapped_errors(repo.repo_id, repo.commit_hash, self.endpoint, path=path):
             meta = counter.budget().call(lambda: get_hf_file_metadata(
                 url, token=self._token, timeout=self.timeout, library_name="hfcache", library_version=__version__,
@@ -491,8 +515,7 @@ class HubClient:
             HfHubHTTPError (via ``hf_raise_for_status``) and httpx2 errors, untranslated: the caller retries them.
         """
         end = file.size if end is None else end
-        url = hf_hub_url(repo.canonical_id, file.path, repo_type=repo.repo_type,
-                         revision=repo.commit_hash, endpoint=self.endpoint)
+        url = resolve_url(self.endpoint, repo.canonical_id, file.path, repo.repo_type, repo.commit_hash)
         headers = build_hf_headers(token=self._token, library_name="hfcache", library_version=__version__)
         # Identity encoding keeps Content-Length and byte offsets meaningful for size checks and ranges.
         headers["Accept-Encoding"] = "identity"
@@ -635,3 +658,50 @@ def _file_and_folder(paths: set[str]) -> str | None:
             if "/".join(parts[:i]) in paths:
                 return "/".join(parts[:i])
     return None
+
+
+class _Sibling(NamedTuple):
+    """One entry of a repo info's ``siblings`` as the Hub spells it: ``rfilename``, ``size``, ``blobId``,
+    ``lfs.sha256`` (``RepoSibling``/``BlobLfsInfo`` in huggingface_hub's hf_api.py). Values unchecked: see
+    :meth:`HubClient._remote_file`."""
+
+    rfilename: object
+    size: object
+    blob_id: object
+    lfs_sha256: object
+
+
+class _RepoInfo(NamedTuple):
+    """The fields of ``GET /api/{type}s/{repo_id}/revision/{rev}?blobs=true`` hfcache reads; ``siblings`` is None
+    when the answer has none (``"siblings": null`` or missing), as ``ModelInfo.siblings``."""
+
+    id: str | None
+    sha: str | None
+    siblings: list[_Sibling] | None
+
+
+def _parse_repo_info(data: dict) -> _RepoInfo:
+    """The repo info fields hfcache reads, with ``ModelInfo.__init__``'s keys (hf_api.py).
+
+    Raises:
+        KeyError, TypeError: a sibling without ``rfilename`` or not an object, ``lfs`` not an object, ``id`` or
+            ``sha`` not a string (mapped to a one-line HubError by ``_mapped_errors``).
+    """
+    raw = data.get("siblings")
+    siblings = None
+    if raw is not None:
+        if not isinstance(raw, list):
+            raise TypeError("siblings is not a JSON array")
+        siblings = []
+        for entry in raw:
+            if not isinstance(entry, dict):
+                raise TypeError(f"a sibling is not an object: {entry!r:.80}")
+            lfs = entry.get("lfs") or None
+            if lfs is not None and not isinstance(lfs, dict):
+                raise TypeError(f"lfs of {entry['rfilename']!r:.80} is not an object")
+            siblings.append(_Sibling(entry["rfilename"], entry.get("size"), entry.get("blobId"),
+                                     lfs.get("sha256") if lfs else None))
+    for key in ("id", "sha"):
+        if not isinstance(data.get(key), (str, type(None))):
+            raise TypeError(f"{key} is not a string")
+    return _RepoInfo(data.get("id"), data.get("sha"), siblings)

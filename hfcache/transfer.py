@@ -24,7 +24,8 @@ from __future__ import annotations
 import math
 import os
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -63,6 +64,19 @@ class Slots:
 
     def release(self) -> None:
         self._sem.release()
+
+    @contextmanager
+    def held(self, stop: threading.Event) -> Iterator[None]:
+        """One slot for the duration of the block (a repo's resolution request).
+
+        Raises:
+            Interrupted: ``stop`` was set while waiting.
+        """
+        self.acquire(stop)
+        try:
+            yield
+        finally:
+            self.release()
 
 
 @dataclass(frozen=True)

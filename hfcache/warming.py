@@ -21,7 +21,7 @@ import stat
 import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import wait as wait_futures
 from contextlib import ExitStack
 from dataclasses import dataclass, field, replace
@@ -87,7 +87,8 @@ def warm(
             with the same checks; ``RepoResult.endpoint`` says which one served it. Default: ``HF_ENDPOINT`` or the
             public Hub.
         token: Hub token; None reads it as huggingface_hub does, False sends none. Never logged or stored.
-        max_workers: connections at once (files and the ranges of large files, across all repos), >= 1.
+        max_workers: connections at once (repo resolutions, files and the ranges of large files, across all repos),
+            >= 1.
         timeout: seconds to wait for a connection or for any byte of an answer.
         retries: retries of a transient failure (429, 502-504, a cut connection) per request or file download,
             with exponential backoff and jitter, honouring ``Retry-After`` (:mod:`hfcache.retry`); >= 0.
@@ -122,7 +123,11 @@ def warm(
     stop = threading.Event()  # set on Ctrl-C/SIGTERM: downloads abort at their next chunk, nothing more is published
     slots = Slots(max_workers)
     files_pool = ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="hfcache-file")
-    repos_pool = ThreadPoolExecutor(max_workers=min(len(requests), max_workers) or 1, thread_name_prefix="hfcache-repo")
+    # One thread per repo (up to _REPO_THREADS): a repo's thread mostly waits for its files, and a repo beyond the
+    # first max_workers must not wait for a whole repo to finish before it is even resolved. Connections stay bounded
+    # by ``slots`` (resolution requests and file transfers alike).
+    repos_pool = ThreadPoolExecutor(max_workers=min(len(requests), _REPO_THREADS) or 1,
+                                    thread_name_prefix="hfcache-repo")
     futures = [
         repos_pool.submit(_RepoJob(i, req, root, clients, files_pool, sink, use_symlinks, slots,
                                    pinned=pinned[i] if pinned else None, stop=stop,
@@ -237,6 +242,9 @@ def pinned_revision(locked: LockedRepo) -> RepoRevision:
                         commit_hash=locked.commit_hash, files=tuple(files), metadata="lock")
 
 
+#: Repos warmed at once (threads; their connections are bounded by ``max_workers``).
+_REPO_THREADS = 64
+
 #: The hint of a repo file hfcache cannot parse (selection.RepoDataError, a malformed sharded index).
 _BAD_FILE_HINT = "the repo's file is malformed (a loader fails on it too): fix the repo, or --exclude that file"
 
@@ -266,6 +274,9 @@ class _RepoJob:
     _count_lock: threading.Lock = field(default_factory=threading.Lock)
     _failed: threading.Event = field(default_factory=threading.Event)
     _read_sources: dict[str, str] = field(default_factory=dict)  # files fetched to be parsed: path -> source
+    # The first selection's files, started while configs and indexes are read (their bytes are counted by the
+    # progress bar only once its total is known): path -> future of _ensure_blob.
+    _early: dict[str, Future] = field(default_factory=dict)
 
     def run(self) -> RepoResult:
         started = time.monotonic()
@@ -302,8 +313,9 @@ class _RepoJob:
             if self.pinned is not None:
                 repo = pinned_revision(self.pinned)
             else:
-                repo = client.resolve(self.request.repo_id, self.request.revision, self.request.repo_type,
-                                      counter=self.counter)
+                with self.slots.held(self.stop):
+                    repo = client.resolve(self.request.repo_id, self.request.revision, self.request.repo_type,
+                                          counter=self.counter)
             result = self._warm(repo, base)
         except HfcacheError as exc:
             result = _failed(base, repo, exc)
@@ -347,7 +359,20 @@ class _RepoJob:
             for folder in folders:
                 _check_publishable(folder, repo, [repo.by_path[p] for p in selection.paths])
             self._read_sources.clear()
-            repo, paths, absent, read_notes = self._complete(repo, canonical, selection)
+            self._early = {}
+            if selection.needs_config or selection.needs_index:
+                # Configs and indexes only add files: fetch the ones already selected while they are read, so a repo
+                # costs one round of requests, not two (issue 18).
+                self._early = {p: self.pool.submit(self._ensure_blob, repo, canonical, repo.by_path[p], False)
+                               for p in selection.paths}
+            try:
+                repo, paths, absent, read_notes = self._complete(repo, canonical, selection)
+            except BaseException as exc:
+                self._failed.set()  # files not started yet are not started
+                first = self._settle_early()
+                if isinstance(exc, _Cancelled) and first is not None:
+                    raise first from None  # another file's failure stopped the reading: that failure is the error
+                raise
             by_path = repo.by_path
             files = [by_path[p] for p in sorted(paths)]
             self.sink.repo_started(self.key, req.spec, len(files), sum(f.size for f in files))
@@ -431,7 +456,9 @@ class _RepoJob:
                progress: bool = True) -> dict[str, str]:
         """Ensure every file's blob is in ``folder``, in parallel; return path -> source. First error wins.
         ``progress=False``: the bytes do not move the progress bar."""
-        futures = {f.path: self.pool.submit(self._ensure_blob, repo, folder, f, progress) for f in files}
+        files = list(files)
+        futures = {f.path: self._early.get(f.path) or self.pool.submit(self._ensure_blob, repo, folder, f, progress)
+                   for f in files}
         sources: dict[str, str] = {}
         error: BaseException | None = None
         for path, future in futures.items():
@@ -442,9 +469,22 @@ class _RepoJob:
                     error = exc
         if error is not None:
             raise error
+        if progress:  # files started early were fetched without moving the bar: count them now
+            for f in files:
+                if f.path in self._early:
+                    self.sink.advance(self.key, f.size)
         if not progress:
             self._read_sources.update(sources)
         return sources
+
+    def _settle_early(self) -> BaseException | None:
+        """Wait for every early file; return the first failure that is not a cancellation, or None."""
+        first = None
+        for future in self._early.values():
+            exc = future.exception()
+            if exc is not None and first is None and not isinstance(exc, _Cancelled):
+                first = exc
+        return first
 
     def _ensure_blob(self, repo: RepoRevision, folder: RepoFolder, file: RemoteFile, progress: bool = True) -> str:
         if self._failed.is_set() or self.stop.is_set():

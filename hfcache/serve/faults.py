@@ -34,6 +34,8 @@ class Faults:
         failing_bodies (int): the first N file-body GETs (resolve or CDN) fail.
         body_failure (str): how they fail: ``"502"``/``"503"`` (an error answer) or ``"reset"`` (the connection is
             cut after half the body was sent).
+        latency_ms (int): every answer waits this many milliseconds before it starts (a remote Hub's round
+            trip; the loopback has none).
     """
 
     no_blobs: bool = False
@@ -45,11 +47,12 @@ class Faults:
     retry_after: int = 1
     failing_bodies: int = 0
     body_failure: str = "503"
+    latency_ms: int = 0
 
     def __post_init__(self) -> None:
         if self.body_failure not in _BODY_FAILURES:
             raise ValueError(f"body_failure must be one of {_BODY_FAILURES}, got {self.body_failure!r}")
-        if self.rate_limit < 0 or self.failing_bodies < 0 or self.retry_after < 0:
+        if min(self.rate_limit, self.failing_bodies, self.retry_after, self.latency_ms) < 0:
             raise ValueError("fault counts and retry_after must be >= 0")
 
     def etag(self, value: str) -> str:

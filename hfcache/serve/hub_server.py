@@ -254,6 +254,8 @@ class HubServer:
         ``entry.bytes_sent`` and calls :meth:`finish` exactly once, after the last byte or on failure.
         """
         entry = LogEntry(origin, environ)
+        if self.faults.latency_ms:
+            time.sleep(self.faults.latency_ms / 1000)
         response = self._router.answer(origin, Request(environ))
         entry.status = response.status_code
         if self.record_requests:

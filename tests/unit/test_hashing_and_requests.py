@@ -56,3 +56,18 @@ def test_include_must_be_a_sequence_of_globs_not_a_string():
     with pytest.raises(UsageError, match="include must be a sequence"):
         WarmRequest("gpt2", include="*.json")
     assert WarmRequest("gpt2", exclude=["*.bin"]).exclude == ("*.bin",)
+
+
+@pytest.mark.parametrize("repo_id, path, repo_type, revision", [
+    ("bert-base-uncased", "tokenizer.json", "model", "main"),
+    ("org/name", "a b/c#d?.json", "model", "0" * 40),
+    ("org/data", "x%y/ü.txt", "dataset", "refs/pr/1"),
+    ("org/space", "app.py", "space", "v1.0+x"),
+])
+def test_resolve_url_is_hf_hub_url(repo_id, path, repo_type, revision):
+    # hfcache builds the resolve URL itself (no file_download import on the warm path): it must stay the library's.
+    from huggingface_hub import hf_hub_url
+
+    from hfcache.hub import resolve_url
+    expected = hf_hub_url(repo_id, path, repo_type=repo_type, revision=revision, endpoint="http://127.0.0.1:9")
+    assert resolve_url("http://127.0.0.1:9", repo_id, path, repo_type, revision) == expected
