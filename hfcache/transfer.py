@@ -172,7 +172,8 @@ class _Part:
 
 
 class _Job:
-    """One file: parts streamed by worker threads, hashed in order by the calling thread."""
+    """One file: one stream fetched and hashed by the calling thread, or (a large file with ranges) parts streamed by
+    worker threads and hashed in order by the calling thread."""
 
     def __init__(self, client: HubClient, repo: RepoRevision, file: RemoteFile, path: IncompleteBlob,
                  options: TransferOptions) -> None:
@@ -187,6 +188,7 @@ class _Job:
         self.whole_body = False  # the server ignored Range: one stream from byte 0
         self.probed = threading.Event()
         self.threads: list[threading.Thread] = []
+        self.inline: Hasher | None = None  # one stream: the hash of the bytes so far (_one_stream)
 
     def run(self) -> None:
         # Relative to the blobs/ fd resume_incomplete opened (cache.IncompleteBlob): never through a swapped link.
@@ -210,6 +212,9 @@ class _Job:
             count = max(1, min(self.options.part_cap, self.options.slots.size, math.ceil(rest / MIN_PART)))
         bounds = [kept + rest * i // count for i in range(count + 1)]
         self.parts = [_Part(bounds[i], bounds[i + 1]) for i in range(count)] if rest > 0 else []
+        if count == 1:
+            self._one_stream(kept)
+            return
         if self.parts:
             self._start(self.parts[0])
             while not self.probed.wait(0.1):  # the first answer says whether ranges work
@@ -229,18 +234,54 @@ class _Job:
             self._keep_prefix()
             raise
 
+    def _one_stream(self, kept: int) -> None:
+        """The bytes after ``kept`` as one stream in this thread, each chunk hashed as it is written (no worker
+        thread, no second read of the file: most files are small, issue 18); the same retries, Range checks and
+        resume as the parts of a large file (:meth:`_worker`, :meth:`_stream`)."""
+        self.inline = Hasher(self.file)
+        self._hash_from_disk(self.inline, 0, kept)
+        try:
+            if self.parts:
+                part = self.parts[0]
+                self.options.slots.acquire(self.stop)
+                try:
+                    while part.pos < part.end:
+                        self._check()
+                        try:
+                            self._stream(part)
+                        except (HubError, Interrupted, IntegrityError):
+                            raise
+                        except Exception as exc:  # noqa: BLE001 - transient ones are retried, others re-raised
+                            if not self.budget.backoff(exc, self.what):
+                                raise
+                finally:
+                    self.options.slots.release()
+                self._check()
+        except BaseException as exc:
+            if self.stop.is_set() and not isinstance(exc, Interrupted):
+                exc = Interrupted(f"{self.what}: interrupted")
+            self._keep_prefix()
+            raise exc from None
+        if not self.inline.matches():
+            raise IntegrityError(f"{self.what} does not match its expected hash "
+                                 f"(expected {self.file.hash}, got {self.inline.hexdigest()})")
+
+    def _hash_from_disk(self, hasher: Hasher, offset: int, end: int) -> None:
+        while offset < end:
+            piece = os.pread(self.fd, min(_HASH_PIECE, end - offset), offset)
+            if not piece:
+                raise IntegrityError(f"{self.what}: the partial file shrank while hashing")
+            hasher.update(piece)
+            offset += len(piece)
+
     def _hash(self, kept: int) -> None:
         """Hash the file in order as its bytes land; raise the first worker error or an integrity error."""
         hasher = Hasher(self.file)
         offset = 0
         while offset < self.file.size:
             ready = self._ready(offset, kept)
-            while offset < ready:
-                piece = os.pread(self.fd, min(_HASH_PIECE, ready - offset), offset)
-                if not piece:
-                    raise IntegrityError(f"{self.what}: the partial file shrank while hashing")
-                hasher.update(piece)
-                offset += len(piece)
+            self._hash_from_disk(hasher, offset, ready)
+            offset = max(offset, ready)
             if offset < self.file.size:
                 with self.cond:
                     if self._ready(offset, kept) == offset:
@@ -324,6 +365,8 @@ class _Job:
                 self.whole_body = True
                 part.start = part.pos = 0
                 part.end = self.file.size
+                if self.inline is not None:  # the kept bytes are not used: hash from byte 0
+                    self.inline = Hasher(self.file)
             elif response.status_code == 206:
                 self._check_range(response, part)
             announced = response.headers.get("Content-Length")
@@ -339,6 +382,8 @@ class _Job:
                     raise IntegrityError(f"{self.what} is larger than the {self.file.size} bytes the endpoint "
                                          "published")
                 _write_all(self.fd, chunk, part.pos)
+                if self.inline is not None:
+                    self.inline.update(chunk)
                 with self.cond:
                     part.pos += len(chunk)
                     self.received += len(chunk)
