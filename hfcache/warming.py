@@ -128,9 +128,10 @@ def warm(
     # by ``slots`` (resolution requests and file transfers alike).
     repos_pool = ThreadPoolExecutor(max_workers=min(len(requests), _REPO_THREADS) or 1,
                                     thread_name_prefix="hfcache-repo")
+    inflight = _InFlight()
     futures = [
         repos_pool.submit(_RepoJob(i, req, root, clients, files_pool, sink, use_symlinks, slots,
-                                   pinned=pinned[i] if pinned else None, stop=stop,
+                                   pinned=pinned[i] if pinned else None, stop=stop, inflight=inflight,
                                    lock_timeout=lock_timeout, on_lock_wait=on_lock_wait).run)
         for i, req in enumerate(requests)
     ]
@@ -265,6 +266,7 @@ class _RepoJob:
     slots: Slots
     pinned: LockedRepo | None = None
     stop: threading.Event = field(default_factory=threading.Event)
+    inflight: _InFlight = field(default_factory=lambda: _InFlight())
     lock_timeout: float = DEFAULT_LOCK_TIMEOUT
     on_lock_wait: Callable[[LockWait], None] | None = None
     client: HubClient | None = field(default=None, init=False)  # the endpoint being tried
@@ -495,15 +497,32 @@ class _RepoJob:
                 if folder.blob_ok(file.etag, file.size):
                     advance(self.key, file.size)
                     return "cached"
-                other = find_blob_elsewhere(self.cache_dir, file.etag, file.size, exclude=folder.name)
-                if other is not None and _same_content(other, file) and folder.adopt_blob(other, file.etag):
+                if self._link_from_elsewhere(folder, file):
                     advance(self.key, file.size)
                     return "linked"
-                self._download(repo, folder, file, advance)
+                pending = self.inflight.claim(file.etag)
+                if pending is not None:  # another repo of this warm is downloading the same blob: link it after
+                    while not pending.wait(pools.POLL_SECONDS):
+                        if self._failed.is_set() or self.stop.is_set():
+                            raise _Cancelled(f"{repo.repo_id}: cancelled")
+                    if self._link_from_elsewhere(folder, file):
+                        advance(self.key, file.size)
+                        return "linked"
+                    self._download(repo, folder, file, advance)  # that download failed: fetch it here
+                    return "downloaded"
+                try:
+                    self._download(repo, folder, file, advance)
+                finally:
+                    self.inflight.done(file.etag)
                 return "downloaded"
         except BaseException:
             self._failed.set()
             raise
+
+    def _link_from_elsewhere(self, folder: RepoFolder, file: RemoteFile) -> bool:
+        """Hardlink the blob from another repo folder of the cache when one holds exactly this content."""
+        other = find_blob_elsewhere(self.cache_dir, file.etag, file.size, exclude=folder.name)
+        return other is not None and _same_content(other, file) and folder.adopt_blob(other, file.etag)
 
     def _download(self, repo: RepoRevision, folder: RepoFolder, file: RemoteFile,
                   advance: Callable[[int, int], None]) -> None:
@@ -565,6 +584,30 @@ def _check_publishable(folder: RepoFolder, repo: RepoRevision, files: Sequence[R
         if pointer.is_dir() and not pointer.is_symlink():
             raise UnsafeLayout(f"{folder.name}: snapshots/{repo.commit_hash[:12]}/{f.path} is a folder: nothing "
                                "published", hint="remove that snapshot and rerun")
+
+
+class _InFlight:
+    """The blobs this warm is downloading, by etag: a second repo with the same file (one vocab in several repos)
+    waits for the first download and hardlinks it, so identical files are fetched once per run (issue 18)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._events: dict[str, threading.Event] = {}
+
+    def claim(self, etag: str) -> threading.Event | None:
+        """None: the caller downloads ``etag`` and then calls :meth:`done`; else the event set when the download
+        in flight ends (successfully or not)."""
+        with self._lock:
+            event = self._events.get(etag)
+            if event is None:
+                self._events[etag] = threading.Event()
+            return event
+
+    def done(self, etag: str) -> None:
+        with self._lock:
+            event = self._events.pop(etag, None)
+        if event is not None:
+            event.set()
 
 
 def _same_content(path: Path, file: RemoteFile) -> bool:

@@ -116,3 +116,21 @@ def test_a_cached_agent_registry_is_read_not_refreshed(repos, tmp_path):
     assert code == 0, stderr
     assert not [p for p in asked if "agent-harnesses" in p]
     assert registry.stat().st_mtime_ns == before - 3 * 86400 * 10**9  # not rewritten
+
+
+def test_a_file_shared_by_repos_of_one_warm_is_fetched_once(hub_root, tmp_path):
+    # bert-base-uncased, distilbert and all-MiniLM-L6-v2 ship the same vocab.txt blob; warmed together, the first
+    # download is linked into the other two folders (issue 18: no duplicate bodies within one run).
+    cache = tmp_path / "hub"
+    ids = ["google-bert/bert-base-uncased", "distilbert/distilbert-base-uncased",
+           "sentence-transformers/all-MiniLM-L6-v2"]
+    with HubServer(hub_root) as server:
+        proc = run_hfcache(["warm", *ids, "--cache-dir", str(cache), "--endpoint", server.endpoint, "--json"])
+        vocab_gets = [r for r in server.requests if r.method == "GET" and r.path.endswith("/vocab.txt")]
+    assert proc.returncode == 0, proc.stderr
+    sources = [next(f["source"] for f in repo["files"] if f["path"] == "vocab.txt")
+               for repo in json.loads(proc.stdout)["repos"]]
+    assert sorted(sources) == ["downloaded", "linked", "linked"]
+    assert len(vocab_gets) == 1
+    inodes = {next((cache / f"models--{i.replace('/', '--')}" / "blobs").glob("fb14*")).stat().st_ino for i in ids}
+    assert len(inodes) == 1
