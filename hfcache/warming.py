@@ -26,6 +26,7 @@ from concurrent.futures import wait as wait_futures
 from contextlib import ExitStack
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from huggingface_hub.utils import get_token
 
@@ -46,10 +47,12 @@ from . import safefs
 from .retry import DEFAULT_RETRIES, RetryCounter
 from .safefs import UnsafeLayout
 from .transfer import Slots, TransferOptions, download_blob
-from .lockfile import LockedRepo
 from .locking import DEFAULT_LOCK_TIMEOUT, LockWait
 from .selection import (MAX_PARSE_BYTES, Selection, check_index_size, file_folder_conflict, follow_configs, select,
                         shards_from_index)
+
+if TYPE_CHECKING:  # the lock file's module (and tomllib) is not needed to warm by name (issue 18)
+    from .lockfile import LockedRepo
 
 _PUBLISH_GRACE = 0.5  # seconds an interrupted warm waits for repos in the middle of publishing
 

@@ -127,3 +127,23 @@ def test_hfcache_alone_prints_its_help():
     proc = run_hfcache([])
     assert proc.returncode == 0 and proc.stderr == ""
     assert proc.stdout.startswith("Usage: hfcache") and "warm" in proc.stdout and "error" not in proc.stdout
+
+
+def test_the_program_exits_without_teardown_but_keeps_what_an_exit_must_do(cache, tmp_path):
+    """``hfcache`` skips the interpreter's module teardown (cli.run): exit codes, piped output, atexit handlers and
+    non-daemon threads must be as after a normal exit."""
+    site = tmp_path / "site"
+    site.mkdir()
+    marker = tmp_path / "atexit-ran"
+    joined = tmp_path / "thread-joined"
+    (site / "sitecustomize.py").write_text(
+        "import atexit, pathlib, threading, time\n"
+        f"atexit.register(lambda: pathlib.Path({str(marker)!r}).write_text('ran'))\n"
+        f"threading.Thread(target=lambda: (time.sleep(0.3), pathlib.Path({str(joined)!r}).write_text('j'))).start()\n")
+    env = clean_env(PYTHONPATH=f"{site}:{Path(__file__).resolve().parents[2]}")
+    proc = run_hfcache(["ls", "--cache-dir", str(cache), "--json"], env=env)
+    assert proc.returncode == 0, proc.stderr
+    assert "bert-base-uncased" in [r["repo_id"] for r in json.loads(proc.stdout)["repos"]]
+    assert marker.read_text() == "ran" and joined.read_text() == "j"
+    failed = run_hfcache(["verify", "--cache-dir", str(tmp_path / "missing"), "--json"], env=env)
+    assert failed.returncode not in (0, 70) and json.loads(failed.stdout)  # an error's exit code and its document
