@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import functools
 import os
 import signal
 import sys
@@ -231,9 +232,14 @@ def ls_command(repo_ids, cache_dir, revisions, lock_file, sort, as_json) -> None
     root = reading_cache_dir(cache_dir, lock_file)
     gc.disable()  # a short-lived process building one large document: the cyclic collector only costs time
     wanted = set(repo_ids) if repo_ids else None
-    repos = stream_repos(Path(root), wanted) if as_json and sort == "name" else None
-    if repos is not None:  # a large cache: one repo at a time, never the whole document in memory
-        sys.exit(1 if render.stream_ls_json(str(Path(root)), repos, pinned, sys.stdout) else 0)
+    summaries = (stream_repos(Path(root), wanted, summarize=functools.partial(render.repo_summary, pinned=pinned))
+                 if as_json and sort == "name" else None)
+    if summaries is not None:  # a large cache: one repo at a time, never the whole document in memory
+        try:
+            unreadable = render.stream_ls_json(str(Path(root)), summaries, sys.stdout)
+        finally:
+            summaries.close()  # on Ctrl-C too: the scan's worker processes end now (scan.stream_repos)
+        sys.exit(1 if unreadable else 0)
     info = scan_cache(root, wanted)
     render.show_ls(info, pinned, sort=sort, revisions=revisions, as_json=as_json)
     sys.exit(1 if any(r.unreadable for r in info.repos) else 0)  # health: a repo this user cannot read

@@ -6,7 +6,7 @@ import datetime
 import json
 import time
 from collections.abc import Iterable
-from typing import TYPE_CHECKING, Any, TextIO
+from typing import TYPE_CHECKING, Any, NamedTuple, TextIO
 
 from . import common
 from .common import ago, human_size, iso_time, print_json
@@ -16,7 +16,7 @@ if TYPE_CHECKING:
 
     from ..scan import CacheInfo, RepoInfo
 
-__all__ = ["ls_dict", "ls_table", "repo_dict", "show_ls", "stream_ls_json"]
+__all__ = ["RepoSummary", "ls_dict", "ls_table", "repo_dict", "repo_summary", "show_ls", "stream_ls_json"]
 
 
 def repo_dict(repo: RepoInfo, pinned: set[tuple[str, str, str]] | None) -> dict[str, Any]:
@@ -73,35 +73,55 @@ def ls_dict(info: CacheInfo, pinned: set[tuple[str, str, str]] | None) -> dict[s
     }
 
 
-def stream_ls_json(cache_dir: str, repos: Iterable[RepoInfo], pinned: set[tuple[str, str, str]] | None,
-                   out: TextIO) -> bool:
+class RepoSummary(NamedTuple):
+    """One repo of ``ls --json`` as :func:`stream_ls_json` writes it (small and picklable: it may come from a worker
+    process, :func:`hfcache.scan.stream_repos`)."""
+
+    json: str  # the repo's compact JSON object
+    inodes: dict[tuple[int, int], int]  # (st_dev, st_ino) -> size of its files, for the deduplicated total
+    revisions: int
+    unhealthy: bool
+    unreadable: bool
+
+
+def repo_summary(repo: RepoInfo, pinned: set[tuple[str, str, str]] | None) -> RepoSummary:
+    """``repo`` rendered for :func:`stream_ls_json` (a module-level function: it runs in scan workers)."""
+    return RepoSummary(_dumps(repo_dict(repo, pinned)), repo.inodes, len(repo.revisions), bool(repo.problems),
+                       bool(repo.unreadable))
+
+
+def _dumps(value: Any) -> str:
+    return json.dumps(value, sort_keys=True, separators=(",", ":"))
+
+
+def stream_ls_json(cache_dir: str, repos: Iterable[RepoSummary], out: TextIO) -> bool:
     """Write ``hfcache ls --json``'s compact document to ``out`` one repo at a time, in the order given, and return
     whether any repo had an unreadable part (exit 1).
 
     Byte for byte what ``print_json(ls_dict(...), compact=True)`` prints for the same repos in the same order: the
     keys sorted put ``repos`` before the totals, which are summed on the way. Only one repo's objects live at a time,
     so memory stays flat on a 10,000-repo cache (issue 18, P4).
-    """
-    def dumps(value: Any) -> str:
-        return json.dumps(value, sort_keys=True, separators=(",", ":"))
 
+    Args:
+        repos: :func:`repo_summary` of each repo, in order.
+    """
     seen: dict[tuple[int, int], int] = {}
     count = revisions = unhealthy = 0
     unreadable = False
-    chunk: list[str] = [f'{{"cache_dir":{dumps(cache_dir)},"repos":[']
+    chunk: list[str] = [f'{{"cache_dir":{_dumps(cache_dir)},"repos":[']
     for repo in repos:
-        chunk.append(("," if count else "") + dumps(repo_dict(repo, pinned)))
+        chunk.append(("," if count else "") + repo.json)
         seen.update(repo.inodes)
         count += 1
-        revisions += len(repo.revisions)
-        unhealthy += bool(repo.problems)
-        unreadable = unreadable or bool(repo.unreadable)
+        revisions += repo.revisions
+        unhealthy += repo.unhealthy
+        unreadable = unreadable or repo.unreadable
         if len(chunk) >= 256:
             out.write("".join(chunk))
             chunk.clear()
     size = sum(seen.values())
     totals = {"repos": count, "revisions": revisions, "size_on_disk": size, "unhealthy": unhealthy}
-    chunk.append(f'],"size_note":{dumps(_SIZE_NOTE)},"size_on_disk":{size},"totals":{dumps(totals)}}}\n')
+    chunk.append(f'],"size_note":{_dumps(_SIZE_NOTE)},"size_on_disk":{size},"totals":{_dumps(totals)}}}\n')
     out.write("".join(chunk))
     out.flush()
     return unreadable

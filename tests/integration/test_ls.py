@@ -160,3 +160,57 @@ def test_large_listing_is_streamed_with_the_same_document(damaged_cache, tmp_pat
     assert [(r["repo_id"], r["repo_type"]) for r in document["repos"] if r["repo_id"] == "Org0/a-0"] == [
         ("Org0/a-0", "dataset"), ("Org0/a-0", "model")]
     assert any(r["pinned"] for r in document["repos"]) and any(r["problems"] for r in document["repos"])
+    # The same document whether the repos are scanned here or in forked worker processes (scan.stream_repos).
+    import functools
+    import io
+
+    from hfcache.render.ls import repo_summary, stream_ls_json
+    from hfcache.scan import stream_repos
+
+    pinned = pinned_revisions(read_lock(lock))
+    for workers in (1, 2, 3):
+        out = io.StringIO()
+        summaries = stream_repos(cache, summarize=functools.partial(repo_summary, pinned=pinned), workers=workers)
+        stream_ls_json(str(cache), summaries, out)
+        assert out.getvalue() == proc.stdout, workers
+
+
+def _large_cache(root: Path, repos: int) -> Path:
+    """``repos`` small repo folders (one blob, one snapshot link, a ref): enough for ls to take a while."""
+    cache = root / "cache"
+    commit = "1" * 40
+    for i in range(repos):
+        repo = cache / f"models--org--r{i}"
+        (repo / "blobs").mkdir(parents=True)
+        (repo / "blobs" / ("a" * 40)).write_text(str(i))
+        (repo / "refs").mkdir()
+        (repo / "refs" / "main").write_text(commit)
+        (repo / "snapshots" / commit).mkdir(parents=True)
+        (repo / "snapshots" / commit / "config.json").symlink_to("../../blobs/" + "a" * 40)
+    return cache
+
+
+@pytest.mark.parametrize("signame, code", [("SIGINT", 130), ("SIGTERM", 143)])
+def test_interrupted_large_listing_leaves_no_worker_behind(tmp_path, signame, code):
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    cache = _large_cache(tmp_path, 3000)
+    proc = subprocess.Popen([sys.executable, "-m", "hfcache", "ls", "--cache-dir", str(cache), "--json"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=clean_env(), text=True)
+    children: set[int] = set()
+    deadline = time.monotonic() + 20
+    while not children and time.monotonic() < deadline and proc.poll() is None:
+        children = {int(p) for p in Path(f"/proc/{proc.pid}/task/{proc.pid}/children").read_text().split()}
+        time.sleep(0.01)
+    if not children:
+        pytest.skip("the listing ended before its workers could be seen (one CPU, or a very fast disk)")
+    proc.send_signal(getattr(signal, signame))
+    out, err = proc.communicate(timeout=30)
+    assert proc.returncode == code, err
+    assert "Traceback" not in err
+    time.sleep(0.2)
+    assert not [pid for pid in children if Path(f"/proc/{pid}").exists()
+                and "zombie" not in Path(f"/proc/{pid}/status").read_text()]
