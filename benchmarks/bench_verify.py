@@ -14,7 +14,8 @@ after, because the machine may be shared. Contenders:
     ``seconds`` (the scan and the hashing, not the interpreter's start-up) and the wall time of the whole process;
   * ``hfcache verify --fast`` after a recorded ``--fast`` run (nothing changed: every blob skipped).
 
-Goal (issue 18, P3): ``hfcache verify`` >= 2800 MB/s on 2 cores (80% of two cores' hashing), printed as met or not.
+Goal (issue 18, P3): ``hfcache verify`` >= 80% of two cores' hashing, i.e. >= 0.8 x 2 x this machine's one-core Python
+hashlib figure (the issue's 2800 MB/s is that on its machine, 1764 MB/s per core); both forms printed as met or not.
 
     python benchmarks/bench_verify.py [--large 4] [--large-mib 192] [--small 1024] [--small-kib 256] [--big-gib 2]
                                       [--repeat 3] [--json]
@@ -157,12 +158,20 @@ def main() -> None:
     for r in results.values():
         r["mb_s"] = total / r["hash_s"] / 1e6
     ours = results[f"hfcache verify ({os.cpu_count()} workers)"]
-    goal = {"goal": "P3 hfcache verify MB/s (1 GiB hot)", "value": round(ours["mb_s"]), "at_least": 2800,
-            "met": ours["mb_s"] >= 2800}
+    # The issue's goal is 80% of two cores' hashing: 2800 MB/s = 0.8 x 2 x the 1764 MB/s its machine's Python hashlib
+    # did on one core. Both forms are printed: the absolute figure only means something on a CPU as fast.
+    cores = min(2, os.cpu_count() or 1)
+    ratio = ours["mb_s"] / (cores * results["python hashlib (1 core)"]["mb_s"])
+    goals = [
+        {"goal": f"P3 hfcache verify / ({cores} x python hashlib 1 core)", "value": round(ratio, 3), "at_least": 0.8,
+         "met": ratio >= 0.8},
+        {"goal": "P3 hfcache verify MB/s (1 GiB hot)", "value": round(ours["mb_s"]), "at_least": 2800,
+         "met": ours["mb_s"] >= 2800},
+    ]
     facts = {"python": platform.python_version(), "cpu_count": os.cpu_count(), "bytes": total, "blobs": len(blobs),
              "repeat": args.repeat, "load_before": before, "load_after": load_average()}
     if args.json:
-        print(json.dumps({"machine": facts, "contenders": results, "goal": goal,
+        print(json.dumps({"machine": facts, "contenders": results, "goals": goals,
                           "big": {"gib": args.big_gib, "wall_s": big_wall, "peak_rss_mib": big_rss}}, indent=2))
         return
     print(f"python {facts['python']}, {facts['cpu_count']} CPUs, {args.large} x {args.large_mib} MiB + {args.small} x "
@@ -173,7 +182,9 @@ def main() -> None:
     for name, r in results.items():
         print(f"{name:36} {r['wall_s']:7.2f} {r['hash_s']:7.2f} {r['mb_s']:7.0f} {r['mb_s'] / base:16.2f}")
     print("(hash s: in the child for python hashlib, the report's seconds for hfcache, the wall time otherwise)")
-    print(f"{goal['goal']:<40} {goal['value']:>6}  goal >= {goal['at_least']}  {'met' if goal['met'] else 'NOT met'}")
+    for goal in goals:
+        print(f"{goal['goal']:<48} {goal['value']:>7}  goal >= {goal['at_least']:<5} "
+              f"{'met' if goal['met'] else 'NOT met'}")
     if big is not None:
         print(f"hfcache verify of one {args.big_gib:g} GiB blob: {big_wall:.2f} s, peak RSS {big_rss} MiB "
               f"(goal: under 100 MiB)")

@@ -21,7 +21,7 @@ import re
 import stat
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Protocol
@@ -37,6 +37,7 @@ from .scan import SPECIAL_FILE, RepoInfo, scan_cache
 _SHA256 = re.compile(r"^[0-9a-f]{64}$")
 _SHA1 = re.compile(r"^[0-9a-f]{40}$")
 _CHUNK = 4 * 1024 * 1024  # bytes per read: large reads amortise the syscall and the GIL hand-over per update
+_BATCH_BYTES = 32 * 1024 * 1024  # blobs hashed per task: one hand-over to the reporting thread per ~32 MiB
 _buffers = threading.local()  # one reusable read buffer per hashing thread
 
 #: Problem kinds that are integrity errors (exit 1); the others are reported as notes.
@@ -379,10 +380,15 @@ def verify_cache(
             return key, f"cannot be read: {exc.strerror}", 0
         return key, (None if digest == etag else f"content hashes to {digest}"), read
 
+    def run_batch(keys: list[tuple[int, int]]) -> list[tuple[tuple[int, int], str | None, int]]:
+        return [run(key) for key in keys]
+
     hashed_bytes = 0
     with pools.pool(max_workers or os.cpu_count() or 2, "hfcache-hash") as executor:
-        # pools.ordered: Ctrl-C is not held up until every file in flight is hashed (a signal on a worker thread)
-        for key, failure, read in pools.ordered([executor.submit(run, key) for key in todo]):
+        # pools.ordered: Ctrl-C is not held up until every file in flight is hashed (a signal on a worker thread).
+        # Small blobs go in batches: one future (and one wake-up of this thread) per ~32 MiB, not per file.
+        batches = [executor.submit(run_batch, batch) for batch in _batches(todo, jobs)]
+        for key, failure, read in (result for results in pools.ordered(batches) for result in results):
             with lock_:
                 hashed_bytes += read
             if failure is None:
@@ -413,6 +419,21 @@ def verify_cache(
         problems=tuple(problems),
         blobs_skipped=len(skipped),
     )
+
+
+def _batches(todo: list[tuple[int, int]], jobs: dict[tuple[int, int], tuple[str, str, str, int]],
+             size: int = _BATCH_BYTES) -> Iterator[list[tuple[int, int]]]:
+    """``todo`` cut in order into runs of about ``size`` bytes (a large blob alone, many small ones together)."""
+    batch: list[tuple[int, int]] = []
+    total = 0
+    for key in todo:
+        batch.append(key)
+        total += jobs[key][3]
+        if total >= size or len(batch) >= 256:
+            yield batch
+            batch, total = [], 0
+    if batch:
+        yield batch
 
 
 def _linked_from(repo: RepoInfo, etag: str, inode: tuple[int, int]) -> tuple[str, ...]:
