@@ -69,6 +69,9 @@ def warm_lock(
     todo = [s.repo for s in statuses if not s.satisfied]
     endpoints: tuple[str, ...] = (shown_endpoint,)
     if todo:
+        from .hub_session import prepare_session
+
+        prepare_session()  # the HTTP client is made while hfcache.warming imports (hub_session.py)
         from .warming import warm  # the network path: only now pay for huggingface_hub's import
 
         report = warm([r.request for r in todo], cache_dir=root, endpoint=endpoint, token=token,
