@@ -194,3 +194,24 @@ def test_warm_lock_modules_really_import_without_huggingface_hub():
     env = {**os.environ, "PYTHONPATH": str(PACKAGE.parent)}
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True)
     assert out.stdout.strip() == "[]"
+
+
+def test_the_session_thread_imports_nothing_the_main_thread_is_importing():
+    """hub_session builds the HTTP client in a thread while the main thread imports hfcache.warming: the two sets
+    of modules must not meet, or CPython may raise _DeadlockError in one of them (hub_session.py). Measured in a real
+    interpreter: what warming imports after prepare_session's own import, against what building the client
+    imports."""
+    code = (
+        "import sys\n"
+        "from huggingface_hub.utils import get_session\n"
+        "before = set(sys.modules)\n"
+        "import hfcache.warming, hfcache.cli, hfcache.install\n"
+        "main = set(sys.modules) - before\n"
+        "get_session()\n"
+        "thread = set(sys.modules) - before - main\n"
+        "from hfcache.hub_session import CLIENT_MODULES\n"
+        "print(sorted(m for m in main if m.split('.')[0] in CLIENT_MODULES),\n"
+        "      sorted({m.split('.')[0] for m in thread} - set(CLIENT_MODULES)), bool(thread))\n")
+    env = {**os.environ, "PYTHONPATH": str(PACKAGE.parent)}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True)
+    assert out.stdout.strip() == "[] [] True", out.stdout
