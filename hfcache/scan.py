@@ -251,32 +251,76 @@ def _default_workers() -> int:
 
 def _in_workers(state: tuple[str, dict[str, int] | None, Callable[[RepoInfo], T]], folders: list[FolderEntry],
                 workers: int) -> Iterator[T]:
-    """``summarize(scan_folder(...))`` over ``folders`` in forked processes, results in order. ``state`` (root,
-    ``.locks`` listing, summarize) reaches the workers through the fork, not pickled per task. The pool is gone
-    when the iterator ends, is closed or raises (Ctrl-C included: the workers ignore SIGINT, the parent ends them)."""
-    pool = multiprocessing.get_context("fork").Pool(workers, initializer=_worker_init, initargs=state)
+    """``summarize(scan_folder(...))`` over ``folders`` in forked processes, results in order.
+
+    Worker ``k`` takes folders ``k, k + workers, ...`` and sends each result down a pipe of its own; the results are
+    read round-robin, which is the folders' order. Nothing is shared between workers (``multiprocessing.Pool``
+    shares a result queue whose lock a worker killed mid-write holds forever: a SIGTERM sent to the whole process
+    group hung ``ls``). Workers ignore SIGINT and SIGTERM: the parent handles them and kills its workers
+    (SIGKILL) when the iterator ends, is closed or raises. ``state`` (root, ``.locks`` listing, summarize) reaches
+    the workers through the fork, never pickled.
+
+    Raises:
+        InternalError: a worker ended without sending its results (killed from outside, out of memory).
+        What ``summarize`` or the scan raised in a worker, re-raised here.
+    """
+    context = multiprocessing.get_context("fork")
+    processes, pipes = [], []
     try:
-        yield from pool.imap(_worker_scan, folders, chunksize=max(1, min(64, len(folders) // (workers * 8))))
-        pool.close()
+        for k in range(workers):
+            reader, writer = context.Pipe(duplex=False)
+            process = context.Process(target=_worker, args=(writer, list(pipes), state, folders, k, workers),
+                                      daemon=True, name=f"hfcache-scan-{k}")
+            process.start()
+            writer.close()
+            processes.append(process)
+            pipes.append(reader)
+        for i in range(len(folders)):
+            try:
+                ok, value = pipes[i % workers].recv()
+            except EOFError:
+                from .errors import InternalError
+
+                raise InternalError(f"a cache scan worker process ended early (exit {processes[i % workers].exitcode})",
+                                    hint="it was killed from outside or ran out of memory: run the command again")
+            if not ok:
+                raise value
+            yield value
     finally:
-        pool.terminate()
-        pool.join()
+        for process in processes:
+            if process.is_alive():
+                process.kill()
+        for process in processes:
+            process.join()
+        for pipe in pipes:
+            pipe.close()
 
 
-_worker_state: tuple[str, dict[str, int] | None, Callable[[RepoInfo], object]] | None = None
-
-
-def _worker_init(root: str, locks: dict[str, int] | None, summarize: Callable[[RepoInfo], object]) -> None:
-    global _worker_state
-    _worker_state = (root, locks, summarize)
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole group: the parent stops the pool
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)  # the parent's handler raises to unwind a command; here, just end
-
-
-def _worker_scan(folder: FolderEntry) -> object:
-    assert _worker_state is not None
-    root, locks, summarize = _worker_state
-    return summarize(scan_folder(root, folder, locks))
+def _worker(pipe, inherited: list, state: tuple[str, dict[str, int] | None, Callable[[RepoInfo], object]],
+            folders: list[FolderEntry], first: int, step: int) -> None:
+    """A scan worker (forked): its share of ``folders``, each result or the first error sent to the parent; it
+    stops as soon as the parent is gone (its pipe breaks, or it has been re-parented)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C and a group SIGTERM reach every process: the parent
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)  # handles them and kills its workers
+    for other in inherited:  # the parent's ends of the earlier workers' pipes: held here, they would keep those
+        other.close()  # workers from seeing the parent go (a send would block instead of failing)
+    parent = os.getppid()
+    root, locks, summarize = state
+    try:
+        for folder in folders[first::step]:
+            if os.getppid() != parent:
+                break
+            try:
+                item = (True, summarize(scan_folder(root, folder, locks)))
+            except Exception as exc:  # noqa: BLE001 - raised again in the parent, as an in-process scan would
+                item = (False, exc)
+            pipe.send(item)
+            if not item[0]:
+                break
+    except OSError:  # the parent is gone (a closed pipe): nothing to report to, and nobody to read a traceback
+        pass
+    finally:
+        pipe.close()
 
 
 def scan_folder(root: str | os.PathLike[str], folder: FolderEntry, locks: dict[str, int] | None) -> RepoInfo:

@@ -190,8 +190,12 @@ def _large_cache(root: Path, repos: int) -> Path:
     return cache
 
 
-@pytest.mark.parametrize("signame, code", [("SIGINT", 130), ("SIGTERM", 143)])
-def test_interrupted_large_listing_leaves_no_worker_behind(tmp_path, signame, code):
+@pytest.mark.parametrize("signame, code, group", [("SIGINT", 130, False), ("SIGTERM", 143, False),
+                                                   ("SIGTERM", 143, True), ("SIGINT", 130, True),
+                                                   ("SIGKILL", -9, False)])
+def test_interrupted_large_listing_leaves_no_worker_behind(tmp_path, signame, code, group):
+    """A signal to the command (or to its whole process group: `kill %1`, systemd, Ctrl-C) ends the command with
+    its exit code and no worker left; a parent killed outright leaves no worker running either."""
     import signal
     import subprocess
     import sys
@@ -199,7 +203,8 @@ def test_interrupted_large_listing_leaves_no_worker_behind(tmp_path, signame, co
 
     cache = _large_cache(tmp_path, 3000)
     proc = subprocess.Popen([sys.executable, "-m", "hfcache", "ls", "--cache-dir", str(cache), "--json"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=clean_env(), text=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=clean_env(), text=True,
+                            start_new_session=group)
     children: set[int] = set()
     deadline = time.monotonic() + 20
     while not children and time.monotonic() < deadline and proc.poll() is None:
@@ -207,10 +212,25 @@ def test_interrupted_large_listing_leaves_no_worker_behind(tmp_path, signame, co
         time.sleep(0.01)
     if not children:
         pytest.skip("the listing ended before its workers could be seen (one CPU, or a very fast disk)")
-    proc.send_signal(getattr(signal, signame))
+    if group:
+        os.killpg(proc.pid, getattr(signal, signame))
+    else:
+        proc.send_signal(getattr(signal, signame))
     out, err = proc.communicate(timeout=30)
     assert proc.returncode == code, err
     assert "Traceback" not in err
-    time.sleep(0.2)
-    assert not [pid for pid in children if Path(f"/proc/{pid}").exists()
-                and "zombie" not in Path(f"/proc/{pid}/status").read_text()]
+
+    def running() -> list[int]:
+        alive = []
+        for pid in children:
+            try:
+                if "zombie" not in Path(f"/proc/{pid}/status").read_text():
+                    alive.append(pid)
+            except FileNotFoundError:
+                pass
+        return alive
+
+    deadline = time.monotonic() + 10
+    while running() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert running() == []
