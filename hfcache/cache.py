@@ -398,6 +398,33 @@ class RepoFolder:
             raise
         return IncompleteBlob(dfd, name, self.root / "blobs" / name)
 
+    def discard_incomplete(self, etag: str) -> int:
+        """Delete the leftover partial downloads of ``blobs/<etag>`` (``<etag>[.<random>].incomplete``, hfcache's
+        names and huggingface_hub's) once the blob is in place by other means (already there, or hardlinked from
+        another repo): a rerun leaves none behind. Call it only while holding :meth:`blob_lock`.
+
+        Returns:
+            int: how many were deleted.
+        """
+        safefs.check_etag(etag)
+        try:
+            dfd = safefs.open_dir(self.cache_dir, (self.name, "blobs"))
+        except (FileNotFoundError, NotADirectoryError):
+            return 0
+        deleted = 0
+        try:
+            for name in os.listdir(dfd):
+                if name.startswith(f"{etag}.") and name.endswith(".incomplete"):
+                    try:
+                        if stat.S_ISREG(os.stat(name, dir_fd=dfd, follow_symlinks=False).st_mode):
+                            os.unlink(name, dir_fd=dfd)
+                            deleted += 1
+                    except FileNotFoundError:
+                        continue
+        finally:
+            os.close(dfd)
+        return deleted
+
     def publish_blob(self, incomplete: IncompleteBlob, etag: str) -> None:
         """Rename a verified download to ``blobs/<etag>`` (atomic, relative to the dir fd it was created in;
         replaces a broken blob or a planted link of that name, never writes through it); closes that fd."""

@@ -497,30 +497,40 @@ class _RepoJob:
         advance = self.sink.advance if progress else lambda key, n: None
         try:
             with folder.blob_lock(file.etag, stop=self.stop):  # Ctrl-C is not stuck behind another download
-                if folder.blob_ok(file.etag, file.size):
-                    advance(self.key, file.size)
-                    return "cached"
-                if self._link_from_elsewhere(folder, file):
-                    advance(self.key, file.size)
-                    return "linked"
-                pending = self.inflight.claim(file.etag)
-                if pending is not None:  # another repo of this warm is downloading the same blob: link it after
-                    while not pending.wait(pools.POLL_SECONDS):
-                        if self._failed.is_set() or self.stop.is_set():
-                            raise _Cancelled(f"{repo.repo_id}: cancelled")
-                    if self._link_from_elsewhere(folder, file):
-                        advance(self.key, file.size)
-                        return "linked"
-                    self._download(repo, folder, file, advance)  # that download failed: fetch it here
-                    return "downloaded"
-                try:
-                    self._download(repo, folder, file, advance)
-                finally:
-                    self.inflight.done(file.etag)
-                return "downloaded"
+                source = self._obtain(repo, folder, file, advance)
+                if source != "downloaded":
+                    # Leftovers of an earlier attempt (another endpoint of this run, an interrupted run) are of no
+                    # use beside the blob: a download reuses or deletes them, this path deletes them too.
+                    folder.discard_incomplete(file.etag)
+                return source
         except BaseException:
             self._failed.set()
             raise
+
+    def _obtain(self, repo: RepoRevision, folder: RepoFolder, file: RemoteFile,
+                advance: Callable[[int, int], None]) -> str:
+        """Put the blob in ``folder`` (the caller holds its blob lock); return how: cached, linked or downloaded."""
+        if folder.blob_ok(file.etag, file.size):
+            advance(self.key, file.size)
+            return "cached"
+        if self._link_from_elsewhere(folder, file):
+            advance(self.key, file.size)
+            return "linked"
+        pending = self.inflight.claim(file.etag)
+        if pending is not None:  # another repo of this warm is downloading the same blob: link it after
+            while not pending.wait(pools.POLL_SECONDS):
+                if self._failed.is_set() or self.stop.is_set():
+                    raise _Cancelled(f"{repo.repo_id}: cancelled")
+            if self._link_from_elsewhere(folder, file):
+                advance(self.key, file.size)
+                return "linked"
+            self._download(repo, folder, file, advance)  # that download failed: fetch it here
+            return "downloaded"
+        try:
+            self._download(repo, folder, file, advance)
+        finally:
+            self.inflight.done(file.etag)
+        return "downloaded"
 
     def _link_from_elsewhere(self, folder: RepoFolder, file: RemoteFile) -> bool:
         """Hardlink the blob from another repo folder of the cache when one holds exactly this content."""
@@ -625,6 +635,7 @@ def _same_content(path: Path, file: RemoteFile) -> bool:
 def _copy_blob(source: RepoFolder, dest: RepoFolder, file: RemoteFile) -> None:
     """Give a legacy-id folder the canonical folder's blob: a hardlink, so the bytes are stored once."""
     with dest.blob_lock(file.etag):
+        dest.discard_incomplete(file.etag)  # an earlier attempt's leftovers: the blob comes from the canonical folder
         if dest.blob_ok(file.etag, file.size):
             return
         if not dest.adopt_blob(source.blob_path(file.etag), file.etag):

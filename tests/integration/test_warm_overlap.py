@@ -134,3 +134,23 @@ def test_a_file_shared_by_repos_of_one_warm_is_fetched_once(hub_root, tmp_path):
     assert len(vocab_gets) == 1
     inodes = {next((cache / f"models--{i.replace('/', '--')}" / "blobs").glob("fb14*")).stat().st_ino for i in ids}
     assert len(inodes) == 1
+
+
+def test_falling_back_to_another_endpoint_leaves_no_partial_file(hub_root, tmp_path):
+    """Every body fails on the first endpoint, so each file leaves a partial download there; the second endpoint's
+    attempt finds some blobs already in place (cached, or linked from a repo of the same run): those leftovers are
+    deleted too (docs/warm.md: a rerun leaves no .incomplete)."""
+    from hfcache.serve.faults import Faults
+
+    cache = tmp_path / "hub"
+    ids = ["google-bert/bert-base-uncased", "distilbert/distilbert-base-uncased",
+           "sentence-transformers/all-MiniLM-L6-v2"]
+    with HubServer(hub_root, faults=Faults(failing_bodies=1000, body_failure="reset")) as failing, \
+            HubServer(hub_root) as good:
+        proc = run_hfcache(["warm", *ids, "--cache-dir", str(cache), "--endpoint", failing.endpoint,
+                            "--endpoint", good.endpoint, "--retries", "0", "--json"])
+    assert proc.returncode == 0, proc.stderr
+    assert {r["endpoint"] for r in json.loads(proc.stdout)["repos"]} == {good.endpoint}
+    assert sorted(p.name for p in cache.rglob("*.incomplete")) == []
+    rerun = run_hfcache(["verify", "--cache-dir", str(cache), "--json"])
+    assert rerun.returncode == 0 and json.loads(rerun.stdout)["problems"] == [], rerun.stdout
