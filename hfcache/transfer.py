@@ -186,6 +186,7 @@ class _Job:
         self.cond = threading.Condition()
         self.error: BaseException | None = None
         self.whole_body = False  # the server ignored Range: one stream from byte 0
+        self.ranged = False  # the server answered a Range request with 206 at least once
         self.probed = threading.Event()
         self.threads: list[threading.Thread] = []
         self.inline: Hasher | None = None  # one stream: the hash of the bytes so far (_one_stream)
@@ -359,9 +360,13 @@ class _Job:
         first = part is self.parts[0] and not self.probed.is_set()
         with self.client.open_body(self.repo, self.file, part.pos, part.end) as response:
             if response.status_code == 200 and (part.pos > 0 or part.end < self.file.size):
-                if not first:
+                # A server without Range support (it never answered 206) gets one stream from byte 0, on the first
+                # request or on a retry after a cut; one that honoured Range and then ignores it is broken.
+                if self.ranged or len(self.parts) > 1 and not first:
                     raise HubError(f"{self.what}: the endpoint ignored Range after honouring it",
                                    hint="the endpoint is broken")
+                if self.options.on_bytes and part.pos:
+                    self.options.on_bytes(-part.pos)  # progress: those bytes come again
                 self.whole_body = True
                 part.start = part.pos = 0
                 part.end = self.file.size
@@ -369,6 +374,7 @@ class _Job:
                     self.inline = Hasher(self.file)
             elif response.status_code == 206:
                 self._check_range(response, part)
+                self.ranged = True
             announced = response.headers.get("Content-Length")
             if announced is not None and announced.strip() != str(part.end - part.pos):
                 raise IntegrityError(f"{self.what}: the endpoint announced {announced.strip()!r} bytes for "

@@ -341,3 +341,18 @@ def test_model_selection_through_head_metadata_matches_the_full_api(model_repos_
             locked[name] = (folder / "hfcache.lock").read_text().replace(server.endpoint, "ENDPOINT")
     assert warmed["head"] == warmed["full"]
     assert locked["head"] == locked["full"]
+
+
+def test_a_cut_body_from_a_server_without_range_is_fetched_again_from_byte_0(tmp_path):
+    """No Range support and connections cut mid-body: each retry asks for the rest, gets the whole body (200) and
+    starts over from byte 0 (the server never honoured Range: it is not "broken"); every byte is still hashed."""
+    cache = tmp_path / "hub"
+    with HubServer(HUB, faults=Faults(no_range=True, failing_bodies=6, body_failure="reset")) as server:
+        code, report, stderr = warm(server, cache, "openai-community/gpt2", "--retries", "5")
+        ranged = [r for r in server.requests if r.range]
+    assert code == 0, stderr
+    assert report["repos"][0]["retries"] >= 1
+    assert ranged  # a resume was asked for, and answered with the whole body
+    assert list(cache.rglob("*.incomplete")) == []
+    proc = run_hfcache(["verify", "--cache-dir", str(cache), "--json"])
+    assert proc.returncode == 0 and json.loads(proc.stdout)["problems"] == [], proc.stdout
