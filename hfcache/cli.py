@@ -22,6 +22,7 @@ import click
 from ._version import __version__
 from .cli_options import lock_timeout_option as _lock_timeout_option
 from .cli_options import parsed as _parsed
+from .cli_stdout import GuardedStdout, stop_waiting_for_reader
 from .errors import HfcacheError, UsageError
 
 EXIT_INTERNAL = 70
@@ -641,7 +642,8 @@ def _interrupted(code: int, as_json: bool) -> None:
 
     message = "terminated" if code == EXIT_TERMINATED else "interrupted"
     hint = "run the command again; what was interrupted was not published (partial downloads resume)"
-    with contextlib.suppress(Exception):
+    stop_waiting_for_reader()  # a reader that does not read must not hold the exit up
+    with contextlib.suppress(BaseException):  # an output that fails now (a reader gone) changes nothing
         print_error(message, hint)
         if as_json:
             print_json({"ok": False, "error": message, "hint": hint, "exit_code": code})
@@ -649,10 +651,11 @@ def _interrupted(code: int, as_json: bool) -> None:
 
 
 def _exit_now(code: int) -> None:
-    """Exit at once after Ctrl-C/SIGTERM: the work has been told to stop and publishes nothing more; a download
-    thread blocked on a silent socket must not hold the exit up to --timeout (partial files stay resumable)."""
+    """Exit at once after Ctrl-C/SIGTERM (and at the end of :func:`run`): the work has been told to stop and
+    publishes nothing more; a download thread blocked on a silent socket must not hold the exit up to --timeout
+    (partial files stay resumable)."""
     for stream in (sys.stdout, sys.stderr):
-        with contextlib.suppress(Exception):
+        with contextlib.suppress(BaseException):  # cli_stdout ends a failed write with SystemExit
             stream.flush()
     os._exit(code)
 
@@ -667,6 +670,7 @@ def run() -> NoReturn:
     non-daemon threads joined, atexit handlers run (``atexit._run_exitfuncs``: no public API runs them early),
     stdout and stderr flushed. In-process callers use :func:`main`, which returns or raises SystemExit as usual.
     """
+    sys.stdout = GuardedStdout(sys.stdout)  # a failed write of the output: exit 141 or 5, no traceback
     try:
         main()
         code: object = 0
@@ -681,6 +685,10 @@ def run() -> NoReturn:
         if thread is not threading.current_thread() and not thread.daemon:
             thread.join()
     atexit._run_exitfuncs()
+    try:
+        sys.stdout.flush()  # the output's last buffered bytes: their failure is the command's
+    except SystemExit as exc:
+        code = exc.code
     _exit_now(code)
 
 

@@ -147,3 +147,62 @@ def test_the_program_exits_without_teardown_but_keeps_what_an_exit_must_do(cache
     assert marker.read_text() == "ran" and joined.read_text() == "j"
     failed = run_hfcache(["verify", "--cache-dir", str(tmp_path / "missing"), "--json"], env=env)
     assert failed.returncode not in (0, 70) and json.loads(failed.stdout)  # an error's exit code and its document
+
+
+def test_an_output_that_cannot_be_written_ends_the_command_in_one_line(cache, tmp_path):
+    """A full disk or a closed stdout: one `hfcache: error:` line, exit 5, no traceback (cli_stdout.py)."""
+    import os
+    import subprocess
+    import sys
+
+    cmd = [sys.executable, "-m", "hfcache", "ls", "--cache-dir", str(cache), "--json"]
+    with open("/dev/full", "w") as full:
+        proc = subprocess.run(cmd, stdout=full, stderr=subprocess.PIPE, text=True, env=clean_env())
+    assert proc.returncode == 5, proc.stderr
+    assert proc.stderr.startswith("hfcache: error: cannot write to standard output: No space left on device")
+    assert "Traceback" not in proc.stderr
+    closed = subprocess.run([sys.executable, "-m", "hfcache", "env"], stderr=subprocess.PIPE, text=True,
+                            env=clean_env(), preexec_fn=lambda: os.close(1))
+    assert closed.returncode == 5 and "standard output is closed" in closed.stderr, closed.stderr
+    assert "Traceback" not in closed.stderr
+
+
+def test_a_reader_that_goes_away_ends_the_command_with_141(tmp_path):
+    """`hfcache ls --json | head -c 100`: exit 141, as a shell reports for SIGPIPE, not 1 ("a check failed")."""
+    import subprocess
+    import sys
+
+    from tests.integration.test_ls import _large_cache
+
+    big = _large_cache(tmp_path, 1500)
+    proc = subprocess.Popen([sys.executable, "-m", "hfcache", "ls", "--cache-dir", str(big), "--json"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=clean_env())
+    assert proc.stdout.read(100)
+    proc.stdout.close()
+    err = proc.stderr.read().decode()
+    assert proc.wait(timeout=60) == 141, err
+    assert err == ""
+
+
+def test_sigterm_ends_the_command_even_when_its_reader_does_not_read(tmp_path):
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from tests.integration.test_ls import _large_cache
+
+    big = _large_cache(tmp_path, 3000)
+    reader = subprocess.Popen(["sleep", "120"], stdin=subprocess.PIPE)  # never reads: the pipe fills up
+    try:
+        proc = subprocess.Popen([sys.executable, "-m", "hfcache", "ls", "--cache-dir", str(big), "--json"],
+                                stdout=reader.stdin, stderr=subprocess.PIPE, env=clean_env())
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and "pipe_write" not in Path(f"/proc/{proc.pid}/wchan").read_text():
+            time.sleep(0.05)  # until it blocks writing to the full pipe
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=30) == 143  # not held until the reader drains the pipe (120 s)
+        assert b"Traceback" not in proc.stderr.read()
+    finally:
+        reader.kill()
+        reader.wait()
