@@ -22,7 +22,7 @@ import click
 from ._version import __version__
 from .cli_options import lock_timeout_option as _lock_timeout_option
 from .cli_options import parsed as _parsed
-from .cli_stdout import GuardedStdout, stop_waiting_for_reader
+from .cli_stdout import GuardedStdout, abandon_if_blocked
 from .errors import HfcacheError, UsageError
 
 EXIT_INTERNAL = 70
@@ -617,7 +617,7 @@ def _fail(message: str, hint: str | None, exit_code: int, as_json: bool) -> None
     from .render.common import print_error, print_json
 
     print_error(message, hint)
-    if as_json:
+    if as_json and not getattr(sys.stdout, "started", False):  # never a second document after a begun one
         print_json({"ok": False, "error": message, "hint": hint, "exit_code": exit_code})
     sys.exit(exit_code)
 
@@ -642,10 +642,10 @@ def _interrupted(code: int, as_json: bool) -> None:
 
     message = "terminated" if code == EXIT_TERMINATED else "interrupted"
     hint = "run the command again; what was interrupted was not published (partial downloads resume)"
-    stop_waiting_for_reader()  # a reader that does not read must not hold the exit up
+    abandoned = abandon_if_blocked(sys.stdout)  # a reader that does not read must not hold the exit up
     with contextlib.suppress(BaseException):  # an output that fails now (a reader gone) changes nothing
         print_error(message, hint)
-        if as_json:
+        if as_json and not abandoned:
             print_json({"ok": False, "error": message, "hint": hint, "exit_code": code})
     _exit_now(code)
 

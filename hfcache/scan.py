@@ -269,7 +269,7 @@ def _in_workers(state: tuple[str, dict[str, int] | None, Callable[[RepoInfo], T]
     try:
         for k in range(workers):
             reader, writer = context.Pipe(duplex=False)
-            process = context.Process(target=_worker, args=(writer, list(pipes), state, folders, k, workers),
+            process = context.Process(target=_worker, args=(writer, [*pipes, reader], state, folders, k, workers),
                                       daemon=True, name=f"hfcache-scan-{k}")
             process.start()
             writer.close()
@@ -302,8 +302,12 @@ def _worker(pipe, inherited: list, state: tuple[str, dict[str, int] | None, Call
     stops as soon as the parent is gone (its pipe breaks, or it has been re-parented)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C and a group SIGTERM reach every process: the parent
     signal.signal(signal.SIGTERM, signal.SIG_IGN)  # handles them and kills its workers
-    for other in inherited:  # the parent's ends of the earlier workers' pipes: held here, they would keep those
-        other.close()  # workers from seeing the parent go (a send would block instead of failing)
+    for other in inherited:  # the parent's reading ends (this worker's and the earlier ones'): held here, they would
+        other.close()  # keep a worker from seeing the parent go (a send would block on a full pipe, not fail)
+    devnull = os.open(os.devnull, os.O_RDWR)  # the parent's stdin/stdout (a pipe to `head`...): not held here, so
+    for fd in (0, 1):  # their reader sees the end as soon as the parent is gone
+        os.dup2(devnull, fd)
+    os.close(devnull)
     parent = os.getppid()
     root, locks, summarize = state
     try:

@@ -165,6 +165,20 @@ def test_an_output_that_cannot_be_written_ends_the_command_in_one_line(cache, tm
                             env=clean_env(), preexec_fn=lambda: os.close(1))
     assert closed.returncode == 5 and "standard output is closed" in closed.stderr, closed.stderr
     assert "Traceback" not in closed.stderr
+    # `export -` writes the tar to the binary stdout: the same rules, the error said once.
+    export = [sys.executable, "-m", "hfcache", "export", "-", "--cache-dir", str(cache)]
+    with open("/dev/full", "wb") as full:
+        tar_full = subprocess.run(export, stdout=full, stderr=subprocess.PIPE, text=True, env=clean_env())
+    tar_closed = subprocess.run(export, stderr=subprocess.PIPE, text=True, env=clean_env(),
+                                preexec_fn=lambda: os.close(1))
+    for proc in (tar_full, tar_closed):
+        assert proc.returncode == 5, proc.stderr
+        assert proc.stderr.count("hfcache: error: cannot write to standard output") == 1, proc.stderr
+        assert "Traceback" not in proc.stderr
+    piped = subprocess.Popen(export, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=clean_env())
+    assert piped.stdout.read(512)
+    piped.stdout.close()
+    assert piped.wait(timeout=60) == 141
 
 
 def test_a_reader_that_goes_away_ends_the_command_with_141(tmp_path):
@@ -185,6 +199,7 @@ def test_a_reader_that_goes_away_ends_the_command_with_141(tmp_path):
 
 
 def test_sigterm_ends_the_command_even_when_its_reader_does_not_read(tmp_path):
+    import os
     import signal
     import subprocess
     import sys
@@ -203,6 +218,8 @@ def test_sigterm_ends_the_command_even_when_its_reader_does_not_read(tmp_path):
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=30) == 143  # not held until the reader drains the pipe (120 s)
         assert b"Traceback" not in proc.stderr.read()
+        # ...without O_NONBLOCK: that flag belongs to the pipe's open file description, shared with the pipeline.
+        assert os.get_blocking(reader.stdin.fileno())
     finally:
         reader.kill()
         reader.wait()

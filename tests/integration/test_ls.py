@@ -212,6 +212,11 @@ def test_interrupted_large_listing_leaves_no_worker_behind(tmp_path, signame, co
         time.sleep(0.01)
     if not children:
         pytest.skip("the listing ended before its workers could be seen (one CPU, or a very fast disk)")
+    # This test reads nothing yet: the command fills its stdout pipe and blocks writing it, its workers fill theirs
+    # (the hardest moment: a worker must still notice its parent go, the parent must not wait for its reader).
+    while time.monotonic() < deadline and "pipe_write" not in Path(f"/proc/{proc.pid}/wchan").read_text():
+        time.sleep(0.01)
+    children |= {int(p) for p in Path(f"/proc/{proc.pid}/task/{proc.pid}/children").read_text().split()}
     if group:
         os.killpg(proc.pid, getattr(signal, signame))
     else:
@@ -219,6 +224,7 @@ def test_interrupted_large_listing_leaves_no_worker_behind(tmp_path, signame, co
     out, err = proc.communicate(timeout=30)
     assert proc.returncode == code, err
     assert "Traceback" not in err
+    assert '"exit_code"' not in out  # no error document glued to the begun listing
 
     def running() -> list[int]:
         alive = []
