@@ -74,7 +74,7 @@ def _common_hub_options(fn):
         click.option("--token", metavar="TOKEN", help="Hub token (visible in `ps`; prefer --token-file or HF_TOKEN)."),
         click.option("--token-file", type=click.Path(dir_okay=False), help="File holding the Hub token."),
         click.option("--max-workers", type=click.IntRange(min=1), default=8, show_default=True,
-                     help="Parallel downloads."),
+                     help="Connections to the endpoint at once (repo resolutions, files, ranges of large files)."),
         click.option("--timeout", metavar="SECONDS", default="10", show_default=True, callback=_parsed("parse_timeout"),
                      help="Seconds to wait for a connection or for any byte of an answer."),
         click.option("--retries", type=click.IntRange(min=0), default=5, show_default=True,
@@ -233,7 +233,7 @@ def ls_command(repo_ids, cache_dir, revisions, lock_file, sort, as_json) -> None
     root = reading_cache_dir(cache_dir, lock_file)
     gc.disable()  # a short-lived process building one large document: the cyclic collector only costs time
     wanted = set(repo_ids) if repo_ids else None
-    summaries = (stream_repos(Path(root), wanted, summarize=functools.partial(render.repo_summary, pinned=pinned))
+    summaries = (stream_repos(Path(root), functools.partial(render.repo_summary, pinned=pinned), wanted)
                  if as_json and sort == "name" else None)
     if summaries is not None:  # a large cache: one repo at a time, never the whole document in memory
         try:

@@ -213,18 +213,18 @@ def repo_folders(root: Path, repo_ids: set[str] | None = None) -> tuple[list[Fol
     return folders, locks
 
 
-def stream_repos(root: Path, repo_ids: set[str] | None = None, *, threshold: int = 100,
-                 summarize: Callable[[RepoInfo], T] | None = None, workers: int | None = None,
-                 ) -> Iterator[RepoInfo] | Iterator[T] | None:
-    """For a large cache (more than ``threshold`` repo folders), the repos one at a time sorted by id case-folded (the
-    order ``ls`` shows), so that a caller never holds the whole listing (``ls --json``, issue 18 P4); None for a
-    smaller cache (scan it whole with :func:`scan_cache`).
+def stream_repos(root: Path, summarize: Callable[[RepoInfo], T], repo_ids: set[str] | None = None, *,
+                 threshold: int = 100, workers: int | None = None) -> Iterator[T] | None:
+    """For a large cache (more than ``threshold`` repo folders), ``summarize(repo)`` for each repo, one at a time, in
+    the order ``ls`` shows (id case-folded), so that a caller never holds the whole listing (``ls --json``, issue 18
+    P4); None for a smaller cache (scan it whole with :func:`scan_cache`).
+
+    The repos are scanned and summarized in ``workers`` forked processes where the platform forks and no other
+    thread runs (scanning is CPU-bound Python: a second core halves it on a 10,000-repo cache), else here. Results
+    keep the order; an error in a worker is raised here.
 
     Args:
-        summarize: a picklable function (module level) applied to each RepoInfo; with it, the results are
-            ``summarize(repo)`` instead, computed in ``workers`` forked processes where the platform forks (Linux):
-            scanning is CPU-bound Python, so a second core halves it (a 10,000-repo cache: issue 18 P4). Results
-            keep the order; an error in a worker is raised here.
+        summarize: applied to each RepoInfo; its results must be picklable (they cross a pipe).
         workers: processes (default: the CPUs this process may run on, at most 4; 1 scans here).
     """
     folders, locks = repo_folders(Path(root), repo_ids)
@@ -232,8 +232,6 @@ def stream_repos(root: Path, repo_ids: set[str] | None = None, *, threshold: int
         return None
     folders.sort(key=lambda f: f[1].lower())  # stable over the scan's (repo_type, id) order
     root = Path(root)
-    if summarize is None:
-        return (scan_folder(root, folder, locks) for folder in folders)
     workers = _default_workers() if workers is None else workers
     if workers < 2 or "fork" not in multiprocessing.get_all_start_methods() or threading.active_count() > 1:
         # One process (forking a process with threads is unsafe).

@@ -243,20 +243,7 @@ class _Job:
         self._hash_from_disk(self.inline, 0, kept)
         try:
             if self.parts:
-                part = self.parts[0]
-                self.options.slots.acquire(self.stop)
-                try:
-                    while part.pos < part.end:
-                        self._check()
-                        try:
-                            self._stream(part)
-                        except (HubError, Interrupted, IntegrityError):
-                            raise
-                        except Exception as exc:  # noqa: BLE001 - transient ones are retried, others re-raised
-                            if not self.budget.backoff(exc, self.what):
-                                raise
-                finally:
-                    self.options.slots.release()
+                self._fetch_part(self.parts[0])
                 self._check()
         except BaseException as exc:
             if self.stop.is_set() and not isinstance(exc, Interrupted):
@@ -338,23 +325,28 @@ class _Job:
 
     def _worker(self, part: _Part) -> None:
         try:
-            if not self.options.slots.acquire(self.stop, give_up=lambda: self.error is not None):
-                return  # another part failed while this one waited
-            try:
-                while part.pos < part.end and self.error is None and not self.stop.is_set():
-                    try:
-                        self._stream(part)
-                    except (HubError, Interrupted, IntegrityError):
-                        raise
-                    except Exception as exc:  # noqa: BLE001 - transient ones are retried, others re-raised
-                        if self.error is not None or not self.budget.backoff(exc, self.what):
-                            raise
-            finally:
-                self.options.slots.release()
+            self._fetch_part(part)
         except BaseException as exc:  # noqa: BLE001 - handed to the hashing thread, which raises it
             self._fail(exc)
         finally:
             self.probed.set()
+
+    def _fetch_part(self, part: _Part) -> None:
+        """Stream ``part`` under a connection slot, retrying transient failures from where it stopped; returns early
+        when another part failed or the run was stopped (the caller checks)."""
+        if not self.options.slots.acquire(self.stop, give_up=lambda: self.error is not None):
+            return  # another part failed while this one waited
+        try:
+            while part.pos < part.end and self.error is None and not self.stop.is_set():
+                try:
+                    self._stream(part)
+                except (HubError, Interrupted, IntegrityError):
+                    raise
+                except Exception as exc:  # noqa: BLE001 - transient ones are retried, others re-raised
+                    if self.error is not None or not self.budget.backoff(exc, self.what):
+                        raise
+        finally:
+            self.options.slots.release()
 
     def _stream(self, part: _Part) -> None:
         first = part is self.parts[0] and not self.probed.is_set()

@@ -170,7 +170,7 @@ def test_large_listing_is_streamed_with_the_same_document(damaged_cache, tmp_pat
     pinned = pinned_revisions(read_lock(lock))
     for workers in (1, 2, 3):
         out = io.StringIO()
-        summaries = stream_repos(cache, summarize=functools.partial(repo_summary, pinned=pinned), workers=workers)
+        summaries = stream_repos(cache, functools.partial(repo_summary, pinned=pinned), workers=workers)
         stream_ls_json(str(cache), summaries, out)
         assert out.getvalue() == proc.stdout, workers
 
