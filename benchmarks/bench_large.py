@@ -1,7 +1,7 @@
 """Benchmark: one large file over a per-connection-throttled link, ``hfcache warm`` vs. ``hf download``.
 
 Where a CDN or proxy caps each connection's bandwidth, one stream per file leaves most of the link idle; hfcache
-fetches a large file as parallel ``Range`` parts (``hfcache.transfer``). This measures it, side by side in one run:
+fetches a large file as parallel ``Range`` parts (``hfcache.hub.transfer``). This measures it, side by side in one run:
 
   A  hfcache      ``python -m hfcache warm acme/large --kind all --json -q`` (default --max-workers 8)
   B  hf download  ``hf download acme/large`` (huggingface_hub's CLI, one stream per file)

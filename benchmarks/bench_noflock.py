@@ -3,7 +3,7 @@
 A cache warmed where flock works keeps empty ``.locks/**/*.lock`` files (filelock never deletes them). Where flock
 fails with ENOSYS (Lustre, some FUSE/CIFS mounts), huggingface_hub's WeakFileLock falls back to filelock's
 SoftFileLock, which takes an empty file for a live holder: it waits until its timeout (forever without one).
-hfcache's soft lock takes such a file over at once (hfcache/locking.py). flock is made to fail the way the library
+hfcache's soft lock takes such a file over at once (hfcache/cache/locking.py). flock is made to fail the way the library
 sees it on such a mount: tests/sitecustom/sitecustomize.py makes ``fcntl.flock`` raise the errno.
 
     python benchmarks/bench_noflock.py [--errno ENOSYS|ENOLCK] [--hf-timeout 20]

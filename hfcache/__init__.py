@@ -15,14 +15,14 @@ from .records import RepoResult, WarmReport, WarmRequest
 def __getattr__(name: str):
     # Lazy: `warm` pulls in huggingface_hub's HTTP stack; the light `warm --lock` check must not pay for it.
     if name == "warm":
-        from .warming import warm
+        from .warming.orchestrate import warm
 
         return warm
     # Lazy too: an application calls enforce_offline() before it imports transformers, so this import stays light.
     if name in ("enforce_offline", "load_tokenizer"):
-        from . import offline
+        from .offline import env
 
-        return getattr(offline, name)
+        return getattr(env, name)
     raise AttributeError(name)
 
 

@@ -6,6 +6,7 @@ loading huggingface_hub or an HTTP client.
 
 from __future__ import annotations
 
+import posixpath
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -31,7 +32,7 @@ class WarmRequest:
         repo_id (str): ``org/name`` or a legacy id; the cache folder is named after it, as loaders will ask for it.
         revision (str): branch, tag or 40-hex commit (default ``main``).
         repo_type (str): ``model`` or ``dataset``.
-        kind (str): ``tokenizer`` (default), ``model`` or ``all`` (see :func:`hfcache.selection.select`).
+        kind (str): ``tokenizer`` (default), ``model`` or ``all`` (see :func:`hfcache.warming.selection.select`).
         include (tuple[str, ...]): globs added to the kind's selection.
         exclude (tuple[str, ...]): globs removed from it.
     """
@@ -238,3 +239,24 @@ def folder_ids(repo_id: str, canonical_id: str | None) -> tuple[str, ...]:
             and canonical_id.count("/") == 1 and canonical_id.split("/")[1] == repo_id):
         return canonical_id, repo_id
     return (repo_id,)
+
+
+class UnsafePath(ValueError):
+    """A repo path that could escape the repo folder: absolute, ``..``, backslashes, empty parts."""
+
+
+def validate_repo_path(path: str) -> str:
+    """Return ``path`` if it is a safe relative repo path, else raise UnsafePath (a ValueError).
+
+    A listing from a hostile or broken endpoint must not make hfcache write outside the repo folder.
+    """
+    if (
+        not path
+        or "\\" in path
+        or "\0" in path
+        or path.startswith("/")
+        or posixpath.normpath(path) != path
+        or any(part in ("", ".", "..") for part in path.split("/"))
+    ):
+        raise UnsafePath(f"unsafe repo file path {path!r}")
+    return path

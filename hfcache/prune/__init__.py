@@ -4,7 +4,7 @@ Library gap (DESIGN §3): ``hf cache prune`` removes only detached revisions and
 including another process's live download; it has no age or size policy and no notion of pinned revisions.
 
 Two steps, as huggingface_hub's ``DeleteCacheStrategy`` (``utils/_cache_manager.py``): :func:`plan_prune` computes a
-frozen :class:`PrunePlan` from metadata alone (the one scanner, :mod:`hfcache.scan`), and :func:`execute` runs exactly
+frozen :class:`PrunePlan` from metadata alone (the one scanner, :mod:`hfcache.cache.scan`), and :func:`execute` runs exactly
 that plan. ``--dry-run`` prints the plan; a real run executes the same plan.
 
 Policy, in order (pinned revisions are never removed):
@@ -15,7 +15,7 @@ Policy, in order (pinned revisions are never removed):
 2. detached revisions: no ref points to them (a ref with stray whitespace still counts as pointing), unless used
    within ``grace`` (huggingface_hub creates the snapshot folder of a download by commit hash, which gets no ref,
    before the first file arrives);
-3. revisions whose last use (:mod:`hfcache.scan`: newest of blob atimes, snapshot folder mtime, ref mtimes) is
+3. revisions whose last use (:mod:`hfcache.cache.scan`: newest of blob atimes, snapshot folder mtime, ref mtimes) is
    older than ``older_than``;
 4. least-recently-used revisions until the cache is at most ``max_size`` bytes (sizes as ``hfcache ls`` counts
    them: every distinct content once).
@@ -24,7 +24,7 @@ With a revision go its refs, its snapshot, its ``.no_exist/<commit>`` markers an
 blobs no remaining revision uses and their ``.locks`` files; a repo folder left with nothing is removed.
 
 Execution is safe next to a running ``hfcache warm``: each repo folder is changed under the repo lock warm holds
-(:meth:`hfcache.cache.RepoFolder.repo_lock`), after re-reading the folder; an item whose reason no longer holds (a
+(:meth:`hfcache.cache.layout.RepoFolder.repo_lock`), after re-reading the folder; an item whose reason no longer holds (a
 ref now points to the revision, the revision was used since the plan, a remaining revision now uses the blob, a
 download holds the blob's lock) is skipped, never forced. Within a repo, refs go first, then the revision's markers
 and listing, then its snapshot, then blobs, so that no loader ever sees a link to a missing blob; a snapshot is first

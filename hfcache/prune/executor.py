@@ -15,13 +15,13 @@ from collections.abc import Callable, Iterable, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
-from .. import safefs
-from ..cache import RepoFolder, cache_error
-from ..locking import DEFAULT_LOCK_TIMEOUT, LockTimeout, LockWait, try_lock
-from ..published import remove_record
-from ..safefs import UnsafeLayout
-from ..scan import scan_repo
-from ..sharing import cache_policy, make_dirs
+from ..cache import safefs
+from ..cache.layout import RepoFolder, cache_error
+from ..cache.locking import DEFAULT_LOCK_TIMEOUT, LockTimeout, LockWait, try_lock
+from ..cache.published import remove_record
+from ..cache.safefs import UnsafeLayout
+from ..cache.scan import scan_repo
+from ..cache.sharing import cache_policy, make_dirs
 from .housekeeping import etag_of
 from .model import TRASH, ItemOutcome, PlanItem, PrunePlan, PruneResult, RevisionRemoval
 
@@ -145,7 +145,7 @@ def _execute_folder(root: Path, folder: str, items: list[PlanItem],
             yield ItemOutcome(item, "failed", f"{exc.strerror or exc}: {exc.filename or path}")
 
 
-# Every removal below goes through hfcache.safefs: the parent folders are opened from the cache root without following
+# Every removal below goes through hfcache.cache.safefs: the parent folders are opened from the cache root without following
 # a link, so a blobs/, snapshots/ or .locks/<folder> swapped for a symlink after the plan makes the item fail
 # ("skipped"), never deletes outside the cache.
 

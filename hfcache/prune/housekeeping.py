@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from ..locking import try_lock
+from ..cache.locking import try_lock
 from .inventory import Ledger, RepoBook
 from .model import TRASH
 

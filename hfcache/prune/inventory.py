@@ -12,7 +12,7 @@ import os
 import stat
 from collections.abc import Sequence
 
-from ..scan import RepoInfo, RevisionInfo
+from ..cache.scan import RepoInfo, RevisionInfo
 from .model import TRASH, PlanItem, RevisionRemoval
 
 __all__ = ["Ledger", "RepoBook"]

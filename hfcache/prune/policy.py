@@ -14,10 +14,10 @@ from collections.abc import Iterable, Sequence
 from contextlib import contextmanager
 from dataclasses import replace
 
-from ..cache import access_error, resolve_cache_dir
+from ..cache.layout import access_error, resolve_cache_dir
 from ..errors import CacheError, UsageError
-from ..lockfile import Lockfile, pinned_revisions, read_lock
-from ..scan import RepoInfo, RevisionInfo, scan_cache
+from ..warming.lockfile import Lockfile, pinned_revisions, read_lock
+from ..cache.scan import RepoInfo, RevisionInfo, scan_cache
 from ..units import format_duration
 from .housekeeping import empty_folder, housekeeping, lock_items
 from .inventory import Ledger, RepoBook

@@ -40,7 +40,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
 
-from ..scan import RepoInfo, parse_folder_name, scan_repo
+from ..cache.scan import RepoInfo, parse_folder_name, scan_repo
 from .vocabulary import (
     REPO_NAME_RE,
     SHA1_RE,

@@ -29,7 +29,7 @@ from urllib.parse import unquote
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, generate_latest
 
-from ..scan import scan_cache
+from ..cache.scan import scan_cache
 
 __all__ = ["CONTENT_TYPE", "MirrorMetrics", "route_of"]
 

@@ -3,14 +3,14 @@
 ``hfcache serve --cache-dir DIR --upstream URL`` (README "Pull-through mirror"). What a request gets:
 
 - **A revision** (repo info, tree, resolve): a branch or tag is resolved against the upstreams in order
-  (:func:`hfcache.warming.resolve_revision`, warm's resolution) at most once per ``revalidate`` seconds; a 40-hex
+  (:func:`hfcache.warming.orchestrate.resolve_revision`, warm's resolution) at most once per ``revalidate`` seconds; a 40-hex
   commit once per process (a commit's listing never changes), and not at all once the cache keeps its listing
   (``trees/<commit>.json``, huggingface_hub's format, written with the commit's first fetch: after a restart the
   commit is still listed whole, and what the cache lacks fetched by those hashes). Concurrent requests for the same
   revision wait for one resolution. When upstream fails, the cache answers what it holds (a stale branch keeps its
   last commit); only what the cache lacks gets an error: 503 ``UpstreamUnavailable`` when no upstream answers, the
   upstream's 404/403 otherwise.
-- **A file body** the cache lacks: fetched with :func:`hfcache.warming.fetch_pinned` (warm with a pin: the commit and
+- **A file body** the cache lacks: fetched with :func:`hfcache.warming.orchestrate.fetch_pinned` (warm with a pin: the commit and
   hashes of the resolution, the same repo and blob locks, endpoints in order, hash checked before anything becomes
   visible, huggingface_hub's publishing order, legacy-id folder), then served from the cache. Concurrent requests
   for the same file wait for one fetch (an in-process lock, then warm's blob lock across processes, so a ``hfcache
@@ -20,10 +20,10 @@
   the cache does not hold is refused with 403 ``RepoNotAllowed`` without contacting upstream. A canonical id reached
   through an allowed legacy id (``bert-base-uncased`` -> ``google-bert/bert-base-uncased``) is allowed.
 - **Uses and budget**: serving a file touches its snapshot folder (at most once a second per revision), the last-use
-  signal of :mod:`hfcache.scan`; with ``max_size``, prune's planner (:func:`hfcache.prune.plan_prune`) removes
+  signal of :mod:`hfcache.cache.scan`; with ``max_size``, prune's planner (:func:`hfcache.prune.plan_prune`) removes
   least-recently-used revisions in a background thread after each fetch.
 
-The upstream token goes only to the upstreams (through :mod:`hfcache.hub`); it is never logged or answered.
+The upstream token goes only to the upstreams (through :mod:`hfcache.hub.client`); it is never logged or answered.
 """
 
 from __future__ import annotations
@@ -41,14 +41,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import BinaryIO
 
-from ..cache import RepoFolder, atomic_write
+from ..cache.layout import RepoFolder, atomic_write
 from ..errors import HfcacheError, HubError, UsageError
-from ..hub import RemoteFile, RepoRevision, validate_endpoint
-from ..lockfile import LockedFile, LockedRepo
+from ..hub.client import RemoteFile, RepoRevision, validate_endpoint
+from ..warming.lockfile import LockedFile, LockedRepo
 from ..prune import execute, plan_prune
-from ..records import WarmRequest
-from ..selection import UnsafePath, validate_repo_path
-from ..warming import fetch_pinned, make_clients, resolve_revision
+from ..records import UnsafePath, WarmRequest, validate_repo_path
+from ..warming.orchestrate import fetch_pinned, make_clients, resolve_revision
 from .cache_store import CacheStore
 from .metrics import MirrorMetrics
 from .vocabulary import SHA1_RE, SHA256_RE, RepoFile, RepoSnapshot, StoreMiss, git_blob_sha1, lfs_pointer
@@ -416,7 +415,7 @@ class PullThroughStore:
         return names[0] if names else snapshot.commit
 
     def _touch(self, snapshot: RepoSnapshot) -> None:
-        """Record a use of the revision (its snapshot folder's mtime, :mod:`hfcache.scan`), at most once a second."""
+        """Record a use of the revision (its snapshot folder's mtime, :mod:`hfcache.cache.scan`), at most once a second."""
         key = (snapshot.repo_id, snapshot.commit)
         now = time.monotonic()
         with self._lock:

@@ -98,7 +98,7 @@ def test_probe_guard_turns_any_connection_into_an_immediate_error(tmp_path, hub_
     with HubServer(hub_root) as server:
         env = clean_env(HF_ENDPOINT=server.endpoint, HF_HUB_CACHE=str(tmp_path / "empty"), HF_HOME=str(tmp_path))
         started = time.monotonic()
-        proc = subprocess.run([sys.executable, "-m", "hfcache.probe", "hi", "openai-community/gpt2@main"],
+        proc = subprocess.run([sys.executable, "-m", "hfcache.offline.probe", "hi", "openai-community/gpt2@main"],
                               capture_output=True, text=True, env=env, timeout=120)
         elapsed = time.monotonic() - started
         assert server.requests == []  # the guard stopped the connection before any byte was sent

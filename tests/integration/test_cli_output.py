@@ -150,7 +150,7 @@ def test_the_program_exits_without_teardown_but_keeps_what_an_exit_must_do(cache
 
 
 def test_an_output_that_cannot_be_written_ends_the_command_in_one_line(cache, tmp_path):
-    """A full disk or a closed stdout: one `hfcache: error:` line, exit 5, no traceback (cli_stdout.py)."""
+    """A full disk or a closed stdout: one `hfcache: error:` line, exit 5, no traceback (cli/stdout.py)."""
     import os
     import subprocess
     import sys

@@ -303,7 +303,7 @@ class _RecordingSink:
 @pytest.mark.slow
 def test_progress_never_exceeds_its_total_with_the_two_step_selection(hostile, tmp_path):
     from hfcache.records import WarmRequest
-    from hfcache.warming import warm
+    from hfcache.warming.orchestrate import warm
 
     server, repos = hostile
     sink = _RecordingSink()

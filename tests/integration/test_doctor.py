@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 import hfcache
-from hfcache.offline import offline_environment
+from hfcache.offline.env import offline_environment
 from hfcache.records import WarmRequest
 from hfcache.serve import HubServer
 from tests.helpers import GOLDEN, LOAD_SCRIPT, clean_env, run_hfcache

@@ -85,7 +85,7 @@ def test_tar_is_byte_identical_whatever_the_disk_order_and_times(source_cache, t
     assert {m.mtime for m in members} == {0} and {(m.uid, m.gid) for m in members} == {(0, 0)}
     assert {m.uname for m in members} == {""}
     assert not any(m.name.endswith((".lock", ".incomplete")) for m in members)
-    # .locks carries only warm's records (hfcache/published.py), one per exported revision, so verify still knows
+    # .locks carries only warm's records (hfcache/cache/published.py), one per exported revision, so verify still knows
     # the expected files after the move.
     locks = [m.name for m in members if m.name.startswith(".locks/") and m.isfile()]
     assert locks and all(re.fullmatch(r"\.locks/[^/]+/hfcache/[0-9a-f]{40}\.json", n) for n in locks), locks

@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 import hfcache
-from hfcache.importer import MAX_HEADER_BYTES, MAX_REF_BYTES, MAX_TREE_BYTES
+from hfcache.move.importer import MAX_HEADER_BYTES, MAX_REF_BYTES, MAX_TREE_BYTES
 from hfcache.records import WarmRequest
 from hfcache.serve import HubServer
 from tests.helpers import clean_env, run_hfcache

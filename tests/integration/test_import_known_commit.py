@@ -20,8 +20,8 @@ from pathlib import Path
 
 import pytest
 
-from hfcache import safefs
-from hfcache.locking import file_lock
+from hfcache.cache import safefs
+from hfcache.cache.locking import file_lock
 from tests.integration.test_import_hostile import (  # noqa: F401 - fixtures
     BERT, EVIL, assert_refused, assert_untouched, git_sha1, run_import, state, target, warmed_template, write_tar)
 
@@ -121,7 +121,7 @@ def _sparse_10(path: Path, data: bytes) -> Path:
 
 
 def test_a_huge_sparse_10_map_is_refused_before_it_is_read(target, tmp_path):
-    # the tarfile hooks hfcache.importer.BoundedTarInfo overrides: a Python that renames them must fail here
+    # the tarfile hooks hfcache.move.importer.BoundedTarInfo overrides: a Python that renames them must fail here
     assert all(hasattr(tarfile.TarInfo, f"_proc_gnusparse_{v}") for v in ("00", "01", "10"))
     tar = _sparse_10(tmp_path / "map.tar", b"3000000\n" + b"0\n" * 6_000_000)  # 12 MB of map
     started = time.monotonic()

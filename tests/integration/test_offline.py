@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 import hfcache
-from hfcache.offline import offline_environment
+from hfcache.offline.env import offline_environment
 from hfcache.records import WarmRequest
 from hfcache.serve import HubServer
 from tests.helpers import GOLDEN, LOAD_SCRIPT, clean_env, golden_ids, run_hfcache, silent_server
@@ -214,16 +214,16 @@ def test_enforce_offline_inside_exec_shares_the_one_guard(tmp_path, hub_server):
     host_port = hub_server.endpoint.removeprefix("http://")
     script = textwrap.dedent(f"""
         import json, sys, urllib.request
-        import hfcache, hfcache.guard
+        import hfcache, hfcache.offline.guard
         out = {{}}
         try:
             urllib.request.urlopen({url!r}, timeout=30)
-        except hfcache.guard.NetworkBlocked as exc:
+        except hfcache.offline.guard.NetworkBlocked as exc:
             out["before"] = exc.target
         hfcache.enforce_offline({str(tmp_path / "c")!r}, allow_hosts=[{host_port!r}])
         urllib.request.urlopen({url!r}, timeout=30).read()
         out["after"] = "ok"
-        out["hooks"] = hfcache.guard.current() is sys._hfcache_network_guard
+        out["hooks"] = hfcache.offline.guard.current() is sys._hfcache_network_guard
         print(json.dumps(out))
     """)
     out = last_json(exec_hfcache(["--cache-dir", str(tmp_path / "c"), "--", sys.executable, "-c", script]))

@@ -390,12 +390,12 @@ def test_no_flock_warm_and_prune_go_past_leftover_lock_files(tmp_path: Path, hub
     assert code in finding["message"] and "flock" in finding["message"]
 
 
-#: Holds a lock of the shared cache argv[1] (as hfcache.cache.file_lock takes it) and prints the lock file's mode and
+#: Holds a lock of the shared cache argv[1] (as hfcache.cache.layout.file_lock takes it) and prints the lock file's mode and
 #: group while held.
 HOLD_SHARED = (
     "import os, sys\n"
     "from pathlib import Path\n"
-    "from hfcache.cache import file_lock\n"
+    "from hfcache.cache.layout import file_lock\n"
     "cache = Path(sys.argv[1])\n"
     "lock = cache / '.locks' / 'models--org--name' / 'hfcache-repo.lock'\n"
     "with file_lock(lock, cache_dir=cache):\n"
@@ -425,7 +425,7 @@ def test_soft_markers_follow_the_sharing_policy(tmp_path: Path, code: str | None
 HOLD = (
     "import sys\n"
     "from pathlib import Path\n"
-    "from hfcache.locking import file_lock\n"
+    "from hfcache.cache.locking import file_lock\n"
     "with file_lock(Path(sys.argv[1])):\n"
     "    print('held', flush=True)\n"
     "    sys.stdin.read()\n"

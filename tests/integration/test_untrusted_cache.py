@@ -310,8 +310,8 @@ def test_warm_refuses_blob_names_that_are_not_hashes(tmp_path: Path, field: str,
 
 def test_repo_folder_refuses_hostile_names_where_paths_are_built(tmp_path: Path) -> None:
     """The second line of defence: RepoFolder raises before any filesystem call, whoever passes the name."""
-    from hfcache.cache import RepoFolder
-    from hfcache.safefs import UnsafeName
+    from hfcache.cache.layout import RepoFolder
+    from hfcache.cache.safefs import UnsafeName
 
     folder = RepoFolder(tmp_path, "h/x")
     for call in (lambda: folder.blob_path("../../x"), lambda: folder.blob_lock("A" * 40),

@@ -16,7 +16,7 @@ import pytest
 from huggingface_hub import scan_cache_dir
 
 import hfcache
-from hfcache.cache import RepoFolder
+from hfcache.cache.layout import RepoFolder
 from hfcache.records import WarmRequest
 from hfcache.serve import HubServer
 from tests.helpers import run_hfcache
@@ -115,9 +115,9 @@ def test_open_incomplete_and_publish_stay_in_the_blobs_folder_they_opened(tmp_pa
     assert (real / etag).read_bytes() == b"content"
     assert os.fspath(incomplete).startswith(str(cache))
     # Every later write meets the planted link and refuses it.
-    with pytest.raises(hfcache.safefs.UnsafeLayout, match="a symlink"):
+    with pytest.raises(hfcache.cache.safefs.UnsafeLayout, match="a symlink"):
         folder.open_incomplete(etag)
-    with pytest.raises(hfcache.safefs.UnsafeLayout):
+    with pytest.raises(hfcache.cache.safefs.UnsafeLayout):
         folder.link("b" * 40, "config.json", etag)
     assert tree_state(canary) == before
 

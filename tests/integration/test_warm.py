@@ -353,7 +353,7 @@ def interrupt_from_this_thread():
     stamp.write_text(repr(time.monotonic()))
     signal.pthread_kill(threading.get_ident(), signum)
 threading.Thread(target=interrupt_from_this_thread, daemon=True).start()
-from hfcache.cli import main
+from hfcache.cli.main import main
 sys.argv = ["hfcache", *args]
 main()
 """

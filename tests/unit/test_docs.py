@@ -10,12 +10,12 @@ from pathlib import Path
 import click
 import pytest
 
-from hfcache.cli import cli
+from hfcache.cli.main import cli
 
 REPO = Path(__file__).resolve().parents[2]
 README = (REPO / "README.md").read_text(encoding="utf-8")
 
-#: The docs page of each command group (one page per group, as render/ groups the output).
+#: The docs page of each command group (one page per group, as cli/render/ groups the output).
 PAGES = {
     "warm": "warm.md", "lock": "warm.md",
     "ls": "ls.md",

@@ -7,7 +7,7 @@ import itertools
 import pytest
 from huggingface_hub import constants
 
-from hfcache.doctor import doctor, hub_cache_setting
+from hfcache.offline.doctor import doctor, hub_cache_setting
 
 VALUES = [None, "", "0", "1", "true", "FALSE", "yes", "off", "y"]
 

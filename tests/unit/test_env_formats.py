@@ -11,7 +11,7 @@ import pytest
 import yaml
 
 from hfcache.errors import UsageError
-from hfcache.offline import OFFLINE_FLAGS, format_env, offline_environment
+from hfcache.offline.env import OFFLINE_FLAGS, format_env, offline_environment
 
 # Paths that break naive quoting: spaces, shell and Dockerfile metacharacters, quotes, backslashes, non-ASCII.
 TRICKY = ["/opt/hf-cache", "/data/my cache/hub", "/x/$HOME/`id`/hub", "/q/it's \"quoted\"\\back", "/ü/日本/キャッシュ"]

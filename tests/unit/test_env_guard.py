@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from hfcache import guard
+from hfcache.offline import guard
 from hfcache.errors import UsageError
-from hfcache.offline import guarded_environment, offline_environment, parse_allow_hosts
+from hfcache.offline.env import guarded_environment, offline_environment, parse_allow_hosts
 
 
 @pytest.mark.parametrize("spec, host, port", [
@@ -123,9 +123,9 @@ def test_the_guard_site_folder_ships_in_the_package():
     """setuptools' own discovery, with pyproject.toml's [tool.setuptools.packages.find], finds the sitecustomize."""
     from setuptools import find_namespace_packages
 
-    root = Path(guard.__file__).parent.parent
+    root = Path(guard.__file__).parents[2]
     assert (Path(guard.site_dir()) / "sitecustomize.py").is_file()
-    assert "hfcache._guard_site" in find_namespace_packages(where=str(root), include=["hfcache*"])
+    assert "hfcache.offline._guard_site" in find_namespace_packages(where=str(root), include=["hfcache*"])
 
 
 def test_reverse_lookups():

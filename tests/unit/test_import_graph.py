@@ -16,14 +16,31 @@ import pytest
 
 PACKAGE = Path(__file__).resolve().parents[2] / "hfcache"
 
-#: The presentation layer: the only modules that may import click or rich.
-PRESENTATION = {"hfcache.cli", "hfcache.cli_oci", "hfcache.cli_options", "hfcache.render"}
+#: The presentation layer: the only package that may import click or rich.
+PRESENTATION = "hfcache.cli"
 #: HTTP clients; only hfcache.hub talks to a Hub (huggingface_hub's HTTP client is httpx2), only hfcache.oci to an
 #: OCI registry (oras, requests).
 HTTP_CLIENTS = {"httpx", "httpx2", "requests", "urllib3", "aiohttp", "http.client", "urllib.request", "oras"}
-NETWORK_MODULES = {"hfcache.hub", "hfcache.oci", "hfcache.oci_registry"}  # the registry client (oras-py)
+NETWORK_MODULES = {"hfcache.hub.client", "hfcache.oci.image", "hfcache.oci.registry"}  # the registry client (oras-py)
 #: huggingface_hub names that are not its HTTP side: reading the saved token is a file read.
 HUB_LOCAL_NAMES = {"huggingface_hub.utils": {"get_token"}}
+
+#: The layers of docs/architecture.md, top first. A module may import modules of its own room (subpackage or leaf)
+#: and of rooms in lower layers, never of a higher layer or of another room of its own layer. The facade
+#: (``hfcache/__init__.py``, ``__main__.py``) stands above them all.
+LAYERS = (
+    ("hfcache.cli",),
+    ("hfcache.serve",),
+    ("hfcache.oci",),
+    ("hfcache.offline", "hfcache.prune", "hfcache.move"),
+    ("hfcache.integrity",),
+    ("hfcache.warming",),
+    ("hfcache.hub",),
+    ("hfcache.cache",),
+    ("hfcache.records", "hfcache.units", "hfcache.pools"),
+    ("hfcache.errors", "hfcache._version"),
+)
+FACADE = {"hfcache", "hfcache.__main__"}
 
 
 def _module_name(path: Path) -> str:
@@ -118,15 +135,61 @@ def _external(module: str) -> list[tuple[str, tuple[str, ...]]]:
 
 def test_the_walk_sees_the_package():
     # A walk that found nothing would pass every check below.
-    assert {"hfcache.cli", "hfcache.hub", "hfcache.serve.vocabulary", "hfcache.serve.hub_server"} <= MODULES.keys()
+    assert {"hfcache.cli.main", "hfcache.hub.client", "hfcache.serve.vocabulary", "hfcache.serve.hub_server"} <= MODULES.keys()
     assert "hfcache.serve.vocabulary" in GRAPH["hfcache.serve.cache_store"]
-    assert "hfcache.hub" in GRAPH["hfcache.warming"]
+    assert "hfcache.hub.client" in GRAPH["hfcache.warming.orchestrate"]
 
 
 def test_find_cycle_finds_a_planted_cycle():
     graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}
     assert _find_cycle(graph) == ["a", "b", "c", "a"]
     assert _find_cycle({"a": {"b"}, "b": set()}) is None
+
+
+def _room(module: str) -> tuple[int, str]:
+    """(layer index, room) of a module: the first entry of LAYERS that is the module or a package holding it."""
+    for rank, rooms in enumerate(LAYERS):
+        for room in rooms:
+            if module == room or module.startswith(room + "."):
+                return rank, room
+    raise AssertionError(f"{module} is in no layer of LAYERS: place it (and say why in docs/architecture.md)")
+
+
+def _layer_breaches(graph: dict[str, set[str]]) -> list[str]:
+    """Every import that goes up a layer or sideways into another room of the same layer, as 'a -> b' lines."""
+    breaches = []
+    for module in sorted(graph):
+        if module in FACADE:
+            continue
+        rank, room = _room(module)
+        for target in sorted(graph[module]):
+            if target in FACADE:
+                breaches.append(f"{module} -> {target} (the facade)")
+                continue
+            target_rank, target_room = _room(target)
+            if target_room != room and target_rank <= rank:
+                breaches.append(f"{module} -> {target}")
+    return breaches
+
+
+def test_layer_check_finds_a_planted_breach():
+    planted = {**GRAPH, "hfcache.cache.scan": GRAPH["hfcache.cache.scan"] | {"hfcache.warming.selection"},
+               "hfcache.prune.policy": GRAPH["hfcache.prune.policy"] | {"hfcache.move.export"}}
+    assert _layer_breaches(planted) == ["hfcache.cache.scan -> hfcache.warming.selection",
+                                        "hfcache.prune.policy -> hfcache.move.export"]
+    with pytest.raises(AssertionError, match="in no layer"):
+        _room("hfcache.newroom")
+
+
+def test_every_module_has_a_layer():
+    for module in MODULES:
+        if module not in FACADE:
+            _room(module)
+
+
+def test_imports_follow_the_layers():
+    breaches = _layer_breaches(GRAPH)
+    assert not breaches, "imports against the layers of docs/architecture.md:\n" + "\n".join(breaches)
 
 
 def test_no_import_cycle():
@@ -136,15 +199,15 @@ def test_no_import_cycle():
 
 @pytest.mark.parametrize("module", sorted(MODULES))
 def test_only_the_presentation_layer_imports_click_or_rich(module):
-    if module in PRESENTATION or module.rpartition(".")[0] in PRESENTATION:
+    if module == PRESENTATION or module.startswith(PRESENTATION + "."):
         return
     ui = [target for target, _ in _external(module) if target.split(".")[0] in ("click", "rich")]
-    assert not ui, f"{module} is a core module but imports {ui}: rendering belongs in hfcache.render / cli"
+    assert not ui, f"{module} is a core module but imports {ui}: rendering belongs in hfcache.cli"
 
 
 @pytest.mark.parametrize("module", sorted(MODULES))
 def test_only_hub_imports_http_clients_and_huggingface_hubs_http_side(module):
-    if module in ("hfcache.hub", "hfcache.hub_session"):  # hub_session: makes hub's client ahead of its first request
+    if module in ("hfcache.hub.client", "hfcache.hub.session"):  # session: makes the client ahead of its first request
         return
     offending = []
     for target, names in _external(module):
@@ -166,13 +229,13 @@ def test_serve_vocabulary_imports_nothing_of_the_server_side():
 
 def test_stores_do_not_import_the_http_layer():
     for store in ("hfcache.serve.folder_store", "hfcache.serve.cache_store"):
-        assert GRAPH[store] <= {"hfcache.serve.vocabulary", "hfcache.scan"}, store
+        assert GRAPH[store] <= {"hfcache.serve.vocabulary", "hfcache.cache.scan"}, store
 
 
-@pytest.mark.parametrize("module", ["hfcache.lockfile", "hfcache.project", "hfcache.install", "hfcache.records",
-                                    "hfcache.cli", "hfcache.render.warm"])
+@pytest.mark.parametrize("module", ["hfcache.warming.lockfile", "hfcache.warming.project", "hfcache.warming.install", "hfcache.records",
+                                    "hfcache.cli.main", "hfcache.cli.render.warm"])
 def test_warm_lock_fast_path_does_not_import_huggingface_hub_at_import_time(module):
-    """``warm --lock`` on a satisfied cache must not pay for huggingface_hub's import (install.py)."""
+    """``warm --lock`` on a satisfied cache must not pay for huggingface_hub's import (warming/install.py)."""
     seen, todo = set(), [module]
     while todo:
         current = todo.pop()
@@ -188,7 +251,7 @@ def test_warm_lock_fast_path_does_not_import_huggingface_hub_at_import_time(modu
 def test_warm_lock_modules_really_import_without_huggingface_hub():
     """The same promise at run time: importing what ``warm --lock`` runs on a warm cache leaves huggingface_hub
     (and its HTTP client) unimported."""
-    modules = "hfcache, hfcache.cli, hfcache.project, hfcache.install, hfcache.lockfile, hfcache.render.warm"
+    modules = "hfcache, hfcache.cli.main, hfcache.warming.project, hfcache.warming.install, hfcache.warming.lockfile, hfcache.cli.render.warm"
     code = (f"import sys, {modules}\n"
             "print(sorted(m for m in ('huggingface_hub', 'httpx', 'httpx2') if m in sys.modules))")
     env = {**os.environ, "PYTHONPATH": str(PACKAGE.parent)}
@@ -197,19 +260,19 @@ def test_warm_lock_modules_really_import_without_huggingface_hub():
 
 
 def test_the_session_thread_imports_nothing_the_main_thread_is_importing():
-    """hub_session builds the HTTP client in a thread while the main thread imports hfcache.warming: the two sets
-    of modules must not meet, or CPython may raise _DeadlockError in one of them (hub_session.py). Measured in a real
+    """hub_session builds the HTTP client in a thread while the main thread imports hfcache.warming.orchestrate: the two sets
+    of modules must not meet, or CPython may raise _DeadlockError in one of them (hub/session.py). Measured in a real
     interpreter: what warming imports after prepare_session's own import, against what building the client
     imports."""
     code = (
         "import sys\n"
         "from huggingface_hub.utils import get_session\n"
         "before = set(sys.modules)\n"
-        "import hfcache.warming, hfcache.cli, hfcache.install\n"
+        "import hfcache.warming.orchestrate, hfcache.cli.main, hfcache.warming.install\n"
         "main = set(sys.modules) - before\n"
         "get_session()\n"
         "thread = set(sys.modules) - before - main\n"
-        "from hfcache.hub_session import CLIENT_MODULES\n"
+        "from hfcache.hub.session import CLIENT_MODULES\n"
         "print(sorted(m for m in main if m.split('.')[0] in CLIENT_MODULES),\n"
         "      sorted({m.split('.')[0] for m in thread} - set(CLIENT_MODULES)), bool(thread))\n")
     env = {**os.environ, "PYTHONPATH": str(PACKAGE.parent)}

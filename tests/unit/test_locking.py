@@ -1,4 +1,4 @@
-"""hfcache.locking's soft lock (the lock used where flock does not work) and hfcache.sharing's policy, on real files.
+"""hfcache.cache.locking's soft lock (the lock used where flock does not work) and hfcache.cache.sharing's policy, on real files.
 
 The soft lock is used here directly (no flock patching needed: it never calls flock); the end-to-end runs with flock
 made to fail are in tests/integration/test_shared.py.
@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 from filelock import SoftFileLock, Timeout
 
-from hfcache.locking import STALE_AFTER, LockTimeout, SoftLock, file_lock, holder_of, try_lock
-from hfcache.sharing import make_dirs, policy_of
+from hfcache.cache.locking import STALE_AFTER, LockTimeout, SoftLock, file_lock, holder_of, try_lock
+from hfcache.cache.sharing import make_dirs, policy_of
 
 
 def aged(path: Path, seconds: float) -> None:
@@ -75,10 +75,10 @@ def test_a_dead_holder_on_this_host_is_taken_over_at_once(tmp_path: Path) -> Non
 
 
 def test_file_lock_times_out_naming_the_file_and_holder_and_tells_the_waiter(tmp_path: Path, monkeypatch) -> None:
-    monkeypatch.setattr("hfcache.locking.NOTICE_AFTER", 0.3)
+    monkeypatch.setattr("hfcache.cache.locking.NOTICE_AFTER", 0.3)
     lock_file = tmp_path / "x.lock"
     holder = subprocess.Popen([sys.executable, "-c", "import sys; from pathlib import Path; "
-                               "from hfcache.locking import file_lock\n"
+                               "from hfcache.cache.locking import file_lock\n"
                                f"with file_lock(Path({str(lock_file)!r})):\n print('held', flush=True); "
                                "sys.stdin.read()"], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     try:

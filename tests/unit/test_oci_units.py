@@ -1,4 +1,4 @@
-"""hfcache.oci without a registry: layer split, reproducible layers, image documents, references, credentials."""
+"""hfcache.oci.image without a registry: layer split, reproducible layers, image documents, references, credentials."""
 
 from __future__ import annotations
 
@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 from hfcache.errors import UsageError
-from hfcache.export import plan_export
-from hfcache.oci import (
+from hfcache.move.export import plan_export
+from hfcache.oci.image import (
     CONFIG_TYPE,
     LAYER_GZIP,
     MANIFEST_TYPE,
@@ -140,7 +140,7 @@ def test_credentials_never_show_the_password():
 def test_push_option_errors_are_usage_errors_before_any_network(tmp_path):
     from click.testing import CliRunner
 
-    from hfcache.cli import cli
+    from hfcache.cli.main import cli
 
     cache = make_cache(tmp_path / "cache")
     runner = CliRunner()

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from click.testing import CliRunner
 
-from hfcache.cli import cli
+from hfcache.cli.main import cli
 from hfcache.errors import UsageError
 from hfcache.prune import KeepSpec
 from hfcache.units import format_duration, parse_duration, parse_size

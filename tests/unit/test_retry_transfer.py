@@ -11,10 +11,10 @@ import httpx2
 import pytest
 
 from hfcache.errors import HubError
-from hfcache import retry
-from hfcache.hub import HubClient, is_transient
-from hfcache.retry import Interrupted, RetryCounter, retry_after
-from hfcache.transfer import trusted_prefix
+from hfcache.hub import retry
+from hfcache.hub.client import HubClient, is_transient
+from hfcache.hub.retry import Interrupted, RetryCounter, retry_after
+from hfcache.hub.transfer import trusted_prefix
 
 
 class _StatusError(Exception):
@@ -38,7 +38,7 @@ def test_cut_connections_are_transient_timeouts_and_refusals_are_not():
 
 
 def test_the_retry_module_alone_knows_no_http_client_but_hub_counters_do():
-    # retry.py may not import an HTTP client (test_import_graph); HubClient's counters recognise httpx2's cuts.
+    # hub/retry.py may not import an HTTP client (test_import_graph); HubClient's counters recognise httpx2's cuts.
     cut = httpx2.ReadError("reset")
     assert not retry.is_transient(cut) and retry.is_transient(ConnectionResetError())
     assert not RetryCounter(retries=1).budget().backoff(cut, "x")

@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from hfcache.selection import TOKENIZER_FILENAMES, select, shards_from_index
+from hfcache.warming.selection import TOKENIZER_FILENAMES, select, shards_from_index
 
 BERT = ["config.json", "tokenizer.json", "tokenizer_config.json", "vocab.txt", "README.md", ".gitattributes",
         "model.safetensors", "pytorch_model.bin", "tf_model.h5", "flax_model.msgpack", "onnx/model.onnx",
@@ -78,7 +78,7 @@ def test_unknown_kind_is_rejected():
 
 
 def test_an_index_nested_too_deep_or_too_large_is_refused():
-    from hfcache.selection import MAX_INDEX_BYTES, check_index_size
+    from hfcache.warming.selection import MAX_INDEX_BYTES, check_index_size
 
     with pytest.raises(ValueError, match="not a sharded weight index: RecursionError"):
         shards_from_index(b'{"weight_map": ' + b"[" * 100_000 + b"]" * 100_000 + b"}", [], "m.index.json")

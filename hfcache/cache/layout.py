@@ -1,0 +1,746 @@
+"""The Hugging Face hub cache layout, and atomic writes into it.
+
+Layout (huggingface_hub ``file_download.py``; DESIGN §1)::
+
+    <cache>/.locks/<folder>/<etag>.lock            filelock files
+    <cache>/<folder>/blobs/<etag>                  content; etag = sha256 (LFS) or git blob sha1
+    <cache>/<folder>/snapshots/<commit>/<path>     relative symlink -> ../../blobs/<etag>
+    <cache>/<folder>/refs/<revision>               40-hex commit, no trailing newline
+    <cache>/<folder>/.no_exist/<commit>/<path>     empty marker: the file does not exist at that commit
+
+``<folder>`` is ``models--ORG--NAME`` (``datasets--`` for datasets), built from the repo id as the caller typed it.
+Every write lands atomically: a temporary name in the same folder, then ``os.replace``.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import shutil
+import stat
+import threading
+import uuid
+from collections.abc import Callable
+from contextlib import contextmanager
+from pathlib import Path
+
+from . import safefs
+from ..errors import CacheError
+from .locking import DEFAULT_LOCK_TIMEOUT, LockWait
+from .locking import file_lock as _file_lock
+from .sharing import SharePolicy, cache_policy, make_dirs, share_dir_fd, share_fd, share_file
+
+# Same text as huggingface_hub's _local_folder.CACHEDIR_TAG_CONTENT (the Cache Directory Tagging Standard).
+CACHEDIR_TAG = (
+    "Signature: 8a477f597d28d172789f06886806bc55\n"
+    "# This file is a cache directory tag created by huggingface_hub.\n"
+    "# For information about cache directory tags, see:\n"
+    "#\thttps://bford.info/cachedir/\n"
+)
+
+#: Name of hfcache's per-repo lock inside ``.locks/<folder>/`` (``scan_cache_dir`` never reads ``.locks``).
+REPO_LOCK_NAME = "hfcache-repo.lock"
+
+
+def default_cache_dir(environ: dict[str, str] | None = None) -> tuple[Path, str]:
+    """Return the cache directory huggingface_hub would use, and the setting that chose it.
+
+    Same precedence as huggingface_hub ``constants.py``: ``HF_HUB_CACHE``, else ``$HF_HOME/hub``, else
+    ``$XDG_CACHE_HOME/huggingface/hub``, else ``~/.cache/huggingface/hub``. Read at call time (huggingface_hub
+    reads them once at import).
+
+    Returns:
+        (path, source) where source is ``"HF_HUB_CACHE"``, ``"HF_HOME"``, ``"XDG_CACHE_HOME"`` or ``"default"``.
+    """
+    env = os.environ if environ is None else environ
+    if env.get("HF_HUB_CACHE"):
+        return Path(os.path.expandvars(os.path.expanduser(env["HF_HUB_CACHE"]))), "HF_HUB_CACHE"
+    if env.get("HF_HOME"):
+        return Path(os.path.expandvars(os.path.expanduser(env["HF_HOME"]))) / "hub", "HF_HOME"
+    if env.get("XDG_CACHE_HOME"):
+        return Path(env["XDG_CACHE_HOME"]) / "huggingface" / "hub", "XDG_CACHE_HOME"
+    return Path.home() / ".cache" / "huggingface" / "hub", "default"
+
+
+def resolve_cache_dir(cache_dir: str | os.PathLike[str] | None) -> Path:
+    """Return ``cache_dir`` as an absolute Path, or the default when None."""
+    if cache_dir is None:
+        return default_cache_dir()[0].absolute()
+    return Path(cache_dir).expanduser().absolute()
+
+
+def existing_cache_dir(cache_dir: str | os.PathLike[str] | None) -> Path:
+    """:func:`resolve_cache_dir` for commands that only read a cache.
+
+    Raises:
+        CacheError: there is no directory there, or it cannot be reached or listed by this user (a cache that exists
+            but cannot be read is never reported as "no cache": Python 3.11's ``Path.is_dir`` raises then).
+    """
+    root = resolve_cache_dir(cache_dir)
+    try:
+        is_dir = root.is_dir()
+    except PermissionError:
+        raise access_error(root) from None
+    if not is_dir:
+        raise CacheError(f"no cache at {root}", hint="pass --cache-dir, or warm something first")
+    if not os.access(root, os.R_OK | os.X_OK):
+        raise access_error(root)
+    return root
+
+
+def blocking_dir(path: Path) -> Path:
+    """The first folder on the way to ``path`` (itself included) that this user cannot enter or list."""
+    path = path.absolute()
+    for folder in [*reversed(path.parents), path]:
+        if not os.access(folder, os.X_OK) or (folder == path and not os.access(folder, os.R_OK)):
+            return folder
+    return path
+
+
+def access_error(root: Path) -> CacheError:
+    """The one-line error for a cache this user cannot reach or list, naming the folder that blocks it."""
+    blocker = blocking_dir(root)
+    try:
+        st = os.stat(blocker)
+        owner = f" (owned by uid {st.st_uid} gid {st.st_gid}, mode {st.st_mode & 0o7777:04o})"
+    except OSError:
+        owner = ""
+    from .access import reach_fix  # the fix doctor prints for the same folder (cache.unreachable)
+
+    where = "" if blocker == root else f": {blocker} cannot be entered"
+    fix = reach_fix(blocker, blocker == root, os.geteuid(), tuple(os.getgroups()) + (os.getegid(),))
+    return CacheError(f"cannot read the cache {root}{where}{owner}: permission denied for uid {os.geteuid()}",
+                      hint=f"{fix} (see `hfcache doctor`)")
+
+
+def cache_error(exc: OSError, what: str) -> CacheError:
+    """Translate an OSError raised while writing the cache into a one-line CacheError."""
+    if exc.errno == errno.ENOSPC or exc.errno == errno.EDQUOT:
+        return CacheError(f"{what}: no space left on the device", hint="free disk space or choose another --cache-dir")
+    if exc.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
+        return CacheError(f"{what}: cannot write {exc.filename or 'the cache'} ({os.strerror(exc.errno)})",
+                          hint="choose a writable --cache-dir or fix its permissions (`hfcache doctor --cache-dir "
+                               "DIR` names what this user cannot write, with the fix; shared caches: README)")
+    return CacheError(f"{what}: {os.strerror(exc.errno) if exc.errno else exc}",
+                      hint="check the cache directory")
+
+
+def ensure_cache_root(cache_dir: Path) -> None:
+    """Create the cache root and its ``CACHEDIR.TAG`` (as huggingface_hub does).
+
+    Raises:
+        CacheError: the directory cannot be created or written.
+    """
+    try:
+        cache_dir.mkdir(parents=True, exist_ok=True)
+        tag = cache_dir / "CACHEDIR.TAG"
+        if not os.path.lexists(tag):
+            atomic_write(tag, CACHEDIR_TAG.encode(), policy=cache_policy(cache_dir))
+        locks = cache_dir / ".locks"
+        if os.path.lexists(locks) and (os.path.islink(locks) or not locks.is_dir()):
+            raise safefs.UnsafeLayout(f"{locks} is a symlink or not a directory: left alone",
+                                      hint="remove it (it holds only lock files), then rerun")
+        if not os.access(cache_dir, os.W_OK):
+            read_only = bool(os.statvfs(cache_dir).f_flag & os.ST_RDONLY)
+            code = errno.EROFS if read_only else errno.EACCES
+            raise OSError(code, os.strerror(code), str(cache_dir))
+    except OSError as exc:
+        if exc.errno in (errno.EACCES, errno.EPERM):
+            raise write_access_error(cache_dir) from exc
+        raise cache_error(exc, f"cache {cache_dir}") from exc
+
+
+def write_access_error(root: Path) -> CacheError:
+    """The one-line error for a cache root this user cannot create or write, naming the folder that blocks it: one
+    on the way that cannot be entered (:func:`access_error`), else the nearest existing folder (the root or the
+    parent it would be created in) that cannot be written, with the fix doctor prints for it."""
+    from .access import join_fix
+
+    root = root.absolute()
+    existing = root
+    while not os.path.isdir(existing) and existing != existing.parent:
+        existing = existing.parent
+    if blocking_dir(existing) != existing or not os.access(existing, os.R_OK | os.X_OK):
+        return access_error(root)
+    uid = os.geteuid()
+    try:
+        st = os.stat(existing)
+        owner = f" (owned by uid {st.st_uid} gid {st.st_gid}, mode {st.st_mode & 0o7777:04o})"
+        outsider = bool(st.st_mode & 0o020) and uid != 0 and st.st_gid not in {*os.getgroups(), os.getegid()}
+    except OSError:
+        owner, outsider = "", False
+    what = "write the cache" if existing == root else f"create the cache {root} in"
+    hint = (join_fix(uid, st.st_gid) if outsider else
+            "choose a writable --cache-dir or fix its permissions (`hfcache doctor --cache-dir DIR` names what this "
+            "user cannot write, with the fix; shared caches: README)")
+    return CacheError(f"cannot {what} {existing}{owner}: permission denied for uid {uid}", hint=hint)
+
+
+def _tmp_name(path: Path, suffix: str = ".tmp") -> Path:
+    return path.with_name(f".{path.name}.{uuid.uuid4().hex[:8]}{suffix}")
+
+
+def atomic_write(path: Path, data: bytes, policy: SharePolicy | None = None) -> None:
+    """Write ``data`` to ``path`` atomically (temp file in the same folder, fsync, ``os.replace``); ``policy``: the
+    shared cache's (:mod:`hfcache.cache.sharing`) when ``path`` is in one."""
+    with atomic_output(path, policy) as f:
+        f.write(data)
+
+
+@contextmanager
+def atomic_output(path: Path, policy: SharePolicy | None = None):
+    """Open a binary file that appears at ``path`` only when the block succeeds (temp file + ``os.replace``)."""
+    tmp = _tmp_name(path)
+    try:
+        with open(tmp, "wb") as f:
+            share_fd(f.fileno(), policy)
+            yield f
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    finally:
+        if tmp.exists():
+            tmp.unlink()
+
+
+def file_lock(path: Path, stop: threading.Event | None = None, *, timeout: float = DEFAULT_LOCK_TIMEOUT,
+              on_wait: Callable[[LockWait], None] | None = None, cache_dir: Path | None = None,
+              dir_fd: int | None = None):
+    """Hold an exclusive lock at ``path`` (:func:`hfcache.cache.locking.file_lock`: bounded wait, works without flock),
+    creating its folder first. In a shared cache (``cache_dir`` given and group-writable, :mod:`hfcache.cache.sharing`)
+    the folders are shared and the lock file is writable by the group (``0o664``, as huggingface_hub's WeakFileLock
+    creates it, or ``0o666`` in a world-writable cache) whatever the umask, and so is the soft marker that replaces
+    it on a filesystem without flock.
+
+    Raises:
+        LockTimeout: not acquired within ``timeout`` seconds (exit 5, names the file).
+        InterruptedError: ``stop`` was set while waiting.
+        OSError: the folder or the lock file cannot be created or opened.
+    """
+    policy = cache_policy(cache_dir) if cache_dir is not None else None
+    if dir_fd is not None:
+        pass  # the caller opened the folder (safefs): nothing is created by path
+    elif cache_dir is not None:
+        make_dirs(path.parent, cache_dir, policy)
+    else:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    mode = 0o664 | (policy.file_bits if policy else 0)
+    return _file_lock(path, timeout=timeout, stop=stop, on_wait=on_wait, mode=mode, dir_fd=dir_fd,
+                      marker_mode=mode if policy is not None else None)
+
+
+class RepoFolder:
+    """Paths and atomic writes for one repo folder of a cache, none of which follows a link planted in it.
+
+    Every folder is checked from the cache root one component at a time without following symlinks before anything
+    is created in it (:mod:`hfcache.cache.safefs`), and every name that builds a path is checked first: blob names are 40
+    or 64 lowercase hex, commits 40, ref names relative without ``..``, repo paths relative without ``..``.
+
+    Args:
+        cache_dir: the cache root.
+        repo_id: the repo id exactly as callers will load it (a legacy id gets its own folder).
+        repo_type: ``model``, ``dataset`` or ``space``.
+
+    Raises (from every method that builds a path or writes):
+        UnsafeName: a blob, commit, ref or path name that would leave its folder.
+        UnsafeLayout: a part of the repo folder (or ``.locks/<folder>``) is a symlink or not a directory.
+    """
+
+    def __init__(self, cache_dir: Path, repo_id: str, repo_type: str = "model", *,
+                 lock_timeout: float = DEFAULT_LOCK_TIMEOUT, on_lock_wait: Callable[[LockWait], None] | None = None,
+                 ) -> None:
+        self.cache_dir = cache_dir
+        self.repo_id = repo_id
+        self.repo_type = repo_type
+        self.name = repo_folder_name(repo_id, repo_type)
+        safefs.check_folder_name(self.name)
+        self.root = cache_dir / self.name
+        self.locks = cache_dir / ".locks" / self.name
+        self.lock_timeout = lock_timeout
+        self.on_lock_wait = on_lock_wait
+        self.policy = cache_policy(cache_dir)
+
+    def make_dir(self, path: Path) -> None:
+        """``mkdir -p`` a folder of this repo, shared like the cache root (:mod:`hfcache.cache.sharing`).
+
+        Raises:
+            UnsafeLayout: a component that exists is a symlink or not a directory (checked before anything is
+                created, and again after).
+        """
+        os.close(self.open_dir(path))
+
+    def open_dir(self, path: Path) -> int:
+        """Open (creating it, shared like :meth:`make_dir`) a folder of this repo walking from the cache root with
+        ``O_NOFOLLOW | O_DIRECTORY``; return its fd (caller closes). Every write below acts relative to such an fd,
+        so a folder swapped for a symlink meanwhile is never written through (safefs)."""
+        rel = path.relative_to(self.cache_dir).parts
+        return safefs.open_dir(self.cache_dir, rel, create=True, on_create=lambda fd: share_dir_fd(fd, self.policy))
+
+    def layout_problems(self) -> list[str]:
+        """Each part of this repo folder that is a symlink or not a directory (see safefs.repo_layout_problems)."""
+        return safefs.repo_layout_problems(str(self.cache_dir), self.name)
+
+    def ensure_safe(self) -> None:
+        """Raise UnsafeLayout when a part of the repo folder (or its ``.locks`` folder) is a symlink or a file."""
+        problems = self.layout_problems()
+        if problems:
+            raise safefs.UnsafeLayout(f"{self.name}: unsafe cache layout: {'; '.join(problems)}",
+                                      hint="remove the symlink or file (or the repo folder), then rerun")
+
+    def blob_path(self, etag: str) -> Path:
+        return self.root / "blobs" / safefs.check_etag(etag)
+
+    def pointer_path(self, commit_hash: str, path: str) -> Path:
+        return self.root / "snapshots" / safefs.check_commit(commit_hash) / Path(*_repo_parts(path))
+
+    def marker_path(self, commit_hash: str, path: str) -> Path:
+        return self.root / ".no_exist" / safefs.check_commit(commit_hash) / Path(*_repo_parts(path))
+
+    def ref_path(self, revision: str) -> Path:
+        return self.root / "refs" / Path(*safefs.check_ref_name(revision).split("/"))
+
+    @contextmanager
+    def _lock(self, name: str, stop: threading.Event | None):
+        """Hold ``.locks/<folder>/<name>``, opened through a descriptor of ``.locks/<folder>`` that safefs opened
+        without following a link (a folder swapped for a link later is not followed either)."""
+        self.make_dir(self.locks)  # created shared like the cache; checked before and after
+        fd = safefs.open_dir(self.cache_dir, (".locks", self.name))
+        try:
+            if stat.S_ISLNK(_lstat_at(name, fd)):  # filelock opens with O_NOFOLLOW: say why, not ELOOP
+                raise safefs.UnsafeLayout(f"{self.locks / name} is a symlink: left alone", hint="remove it, then rerun")
+            with file_lock(self.locks / name, stop, timeout=self.lock_timeout, on_wait=self.on_lock_wait,
+                           cache_dir=self.cache_dir, dir_fd=fd):
+                yield
+        finally:
+            os.close(fd)
+
+    def blob_lock(self, etag: str, stop: threading.Event | None = None):
+        """The lock huggingface_hub takes while downloading this blob (``.locks/<folder>/<etag>.lock``)."""
+        return self._lock(f"{safefs.check_etag(etag)}.lock", stop)
+
+    def repo_lock(self, stop: threading.Event | None = None):
+        """hfcache's lock on the whole repo folder, held while warm or prune change it.
+
+        Raises:
+            UnsafeLayout: checked first, so that no command writes into a repo folder with a planted link.
+        """
+        self.ensure_safe()
+        return self._lock(REPO_LOCK_NAME, stop)
+
+    def blob_ok(self, etag: str, size: int) -> bool:
+        """True when ``blobs/<etag>`` is a regular file of the expected size (no hashing; no link followed)."""
+        try:
+            with safefs.dir_fd(self.cache_dir, (self.name, "blobs")) as fd:
+                st = os.stat(safefs.check_etag(etag), dir_fd=fd, follow_symlinks=False)
+        except OSError:
+            return False
+        return stat.S_ISREG(st.st_mode) and st.st_size == size
+
+    def open_incomplete(self, etag: str) -> tuple[IncompleteBlob, object]:
+        """Create ``blobs/<etag>.<random>.incomplete`` for writing, the name huggingface_hub uses for downloads.
+
+        Created relative to an fd of ``blobs/`` opened from the cache root without following links, which the
+        returned :class:`IncompleteBlob` keeps for :meth:`publish_blob` and its cleanup: a ``blobs/`` swapped for a
+        symlink meanwhile is never written through. ``snapshots/`` is created alongside, as huggingface_hub does
+        before a download: a repo folder with blobs but no ``snapshots/`` is reported corrupted by
+        ``scan_cache_dir``.
+
+        Returns:
+            (IncompleteBlob, binary file object). Mode 0o666 minus the umask, so the published blob has the usual
+            mode. The caller calls ``incomplete.unlink(missing_ok=True)`` when done (also closes the dir fd).
+        """
+        safefs.check_etag(etag)
+        self.make_dir(self.root / "snapshots")
+        dfd = self.open_dir(self.root / "blobs")
+        name = f"{etag}.{uuid.uuid4().hex[:8]}.incomplete"
+        try:
+            fd = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o666, dir_fd=dfd)
+        except BaseException:
+            os.close(dfd)
+            raise
+        share_fd(fd, self.policy)
+        return IncompleteBlob(dfd, name, self.root / "blobs" / name), os.fdopen(fd, "wb")
+
+    def resume_incomplete(self, etag: str) -> IncompleteBlob:
+        """The partial download of ``blobs/<etag>`` to continue: the largest leftover ``<etag>[.<random>].incomplete``
+        (hfcache's names and huggingface_hub's), the other leftovers deleted; a new empty one when there is none.
+        Listed, deleted and created relative to an fd of ``blobs/`` (as :meth:`open_incomplete`); the returned
+        :class:`IncompleteBlob` opens it with :meth:`IncompleteBlob.open_fd`.
+
+        Call it only while holding :meth:`blob_lock`: then no other process is writing any of them.
+        """
+        safefs.check_etag(etag)
+        self.make_dir(self.root / "snapshots")
+        dfd = self.open_dir(self.root / "blobs")
+        try:
+            leftovers = []
+            for name in os.listdir(dfd):
+                if name.startswith(f"{etag}.") and name.endswith(".incomplete"):
+                    try:
+                        st = os.stat(name, dir_fd=dfd, follow_symlinks=False)
+                    except FileNotFoundError:
+                        continue
+                    if stat.S_ISREG(st.st_mode):
+                        leftovers.append((st.st_size, name))
+            if not leftovers:
+                name = f"{etag}.{uuid.uuid4().hex[:8]}.incomplete"
+                fd = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o666,
+                             dir_fd=dfd)
+                share_fd(fd, self.policy)
+                os.close(fd)
+            else:
+                leftovers.sort(reverse=True)
+                for _, other in leftovers[1:]:
+                    _unlink_at(dfd, other)
+                name = leftovers[0][1]
+        except BaseException:
+            os.close(dfd)
+            raise
+        return IncompleteBlob(dfd, name, self.root / "blobs" / name)
+
+    def discard_incomplete(self, etag: str) -> int:
+        """Delete the leftover partial downloads of ``blobs/<etag>`` (``<etag>[.<random>].incomplete``, hfcache's
+        names and huggingface_hub's) once the blob is in place by other means (already there, or hardlinked from
+        another repo): a rerun leaves none behind. Call it only while holding :meth:`blob_lock`.
+
+        Returns:
+            int: how many were deleted.
+        """
+        safefs.check_etag(etag)
+        try:
+            dfd = safefs.open_dir(self.cache_dir, (self.name, "blobs"))
+        except (FileNotFoundError, NotADirectoryError):
+            return 0
+        deleted = 0
+        try:
+            for name in os.listdir(dfd):
+                if name.startswith(f"{etag}.") and name.endswith(".incomplete"):
+                    try:
+                        if stat.S_ISREG(os.stat(name, dir_fd=dfd, follow_symlinks=False).st_mode):
+                            os.unlink(name, dir_fd=dfd)
+                            deleted += 1
+                    except FileNotFoundError:
+                        continue
+        finally:
+            os.close(dfd)
+        return deleted
+
+    def publish_blob(self, incomplete: IncompleteBlob, etag: str) -> None:
+        """Rename a verified download to ``blobs/<etag>`` (atomic, relative to the dir fd it was created in;
+        replaces a broken blob or a planted link of that name, never writes through it); closes that fd."""
+        os.replace(incomplete.name, safefs.check_etag(etag), src_dir_fd=incomplete.dir_fd,
+                   dst_dir_fd=incomplete.dir_fd)
+        incomplete.published = True
+        incomplete.close()
+
+    def adopt_blob(self, source: Path, etag: str) -> bool:
+        """Hardlink an identical blob of another repo folder as ``blobs/<etag>`` (deduplication); both folders are
+        opened from the cache root without following links, and the link is made relative to their fds.
+
+        Returns:
+            False when hardlinks are not possible here (another filesystem, no support), or ``source`` is not a
+            regular ``<folder>/blobs/<etag>`` of this cache; nothing is changed then.
+        """
+        safefs.check_etag(etag)
+        try:
+            src_rel = Path(source).relative_to(self.cache_dir).parts
+            safefs.check_etag(src_rel[-1])
+        except (ValueError, IndexError, safefs.UnsafeName):
+            return False
+        if len(src_rel) != 3 or src_rel[1] != "blobs":
+            return False
+        self.make_dir(self.root / "snapshots")
+        tmp = f".{etag}.{uuid.uuid4().hex[:8]}.incomplete"
+        try:
+            sfd = safefs.open_dir(self.cache_dir, src_rel[:2])
+        except (OSError, safefs.UnsafeLayout):
+            return False
+        try:
+            with self._blobs_fd() as dfd:
+                try:
+                    os.link(src_rel[2], tmp, src_dir_fd=sfd, dst_dir_fd=dfd, follow_symlinks=False)
+                except OSError:
+                    return False
+                try:
+                    if not stat.S_ISREG(os.stat(tmp, dir_fd=dfd, follow_symlinks=False).st_mode):
+                        return False
+                    os.replace(tmp, etag, src_dir_fd=dfd, dst_dir_fd=dfd)
+                finally:
+                    _unlink_at(dfd, tmp)
+        finally:
+            os.close(sfd)
+        return True
+
+    @contextmanager
+    def _blobs_fd(self):
+        fd = self.open_dir(self.root / "blobs")
+        try:
+            yield fd
+        finally:
+            os.close(fd)
+
+    def link(self, commit_hash: str, path: str, etag: str, symlinks: bool = True) -> None:
+        """Make ``snapshots/<commit>/<path>`` point to ``blobs/<etag>``.
+
+        With symlinks, a relative link (``../../blobs/<etag>``, one more ``../`` per subfolder), as
+        huggingface_hub ``_create_symlink`` writes; without, a hardlink (or copy) of the blob, the real-file form
+        huggingface_hub uses when symlinks are unsupported. ``os.symlink``/``os.link`` create the entry atomically;
+        only a wrong existing entry is replaced, through a temporary name and ``os.replace``.
+        """
+        pointer = self.pointer_path(commit_hash, path)
+        blob = self.blob_path(etag)
+        pfd = self.open_dir(pointer.parent)
+        try:
+            with self._blobs_fd() as bfd:
+                self._link_at(pfd, pointer.name, bfd, etag, os.path.relpath(blob, pointer.parent) if symlinks else None)
+        finally:
+            os.close(pfd)
+
+    def _link_at(self, pfd: int, name: str, bfd: int, etag: str, target: str | None) -> None:
+        """Make the entry ``name`` of the folder ``pfd``: a symlink to ``target``, or (None) a hardlink or copy of
+        ``blobs/<etag>`` (open as ``bfd``); a wrong existing entry is replaced through a temporary name."""
+        try:
+            st = os.stat(name, dir_fd=pfd, follow_symlinks=False)
+        except FileNotFoundError:
+            st = None
+        if st is not None:
+            if target is not None and stat.S_ISLNK(st.st_mode) and os.readlink(name, dir_fd=pfd) == target:
+                return
+            if target is None and stat.S_ISREG(st.st_mode):
+                bst = os.stat(etag, dir_fd=bfd, follow_symlinks=False)
+                if (bst.st_dev, bst.st_ino) == (st.st_dev, st.st_ino):
+                    return
+        if target is not None:
+            make = lambda dest: os.symlink(target, dest, dir_fd=pfd)  # noqa: E731
+        else:
+            make = lambda dest: _hardlink_or_copy_at(bfd, etag, pfd, dest, self.policy)  # noqa: E731
+        if st is None:
+            try:
+                make(name)
+                return
+            except FileExistsError:
+                pass
+        tmp = f".{name}.{uuid.uuid4().hex[:8]}.tmp"
+        try:
+            make(tmp)
+            os.replace(tmp, name, src_dir_fd=pfd, dst_dir_fd=pfd)
+        finally:
+            _unlink_at(pfd, tmp)
+
+    def mark_absent(self, commit_hash: str, path: str) -> None:
+        """Write the empty ``.no_exist/<commit>/<path>`` marker huggingface_hub reads as "not in the repo"."""
+        marker = self.marker_path(commit_hash, path)
+        dfd = self.open_dir(marker.parent)
+        try:
+            fd = os.open(marker.name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o666,
+                         dir_fd=dfd)  # empty: atomic
+        except FileExistsError:
+            return
+        finally:
+            os.close(dfd)
+        share_fd(fd, self.policy)
+        os.close(fd)
+
+    def touch_snapshot(self, commit_hash: str) -> None:
+        """Record a use of the revision: set its snapshot folder's mtime to now (part of "last use", see
+        :mod:`hfcache.cache.scan`). Best effort: a read-only cache keeps its old time."""
+        try:
+            os.utime(self.root / "snapshots" / safefs.check_commit(commit_hash), follow_symlinks=False)
+        except OSError:
+            pass
+
+    def read_ref(self, revision: str) -> bytes | None:
+        """The bytes of ``refs/<revision>`` (at most 256), or None when there is none; no link is followed."""
+        try:
+            return safefs.read_small(self.cache_dir, (self.name, "refs", *safefs.check_ref_name(revision).split("/")),
+                                     256)
+        except FileNotFoundError:
+            return None
+        except OSError as exc:
+            if exc.errno in (errno.ELOOP, errno.ENOTDIR):
+                raise safefs.UnsafeLayout(f"{self.ref_path(revision)} is a symlink or sits under one: left alone",
+                                          hint="remove it, then rerun") from None
+            raise
+
+    def write_ref(self, revision: str, commit_hash: str) -> None:
+        """Write ``refs/<revision>`` = commit (no trailing newline; one breaks offline resolution, DESIGN §1)."""
+        safefs.check_commit(commit_hash)
+        if revision == commit_hash:
+            return
+        ref = self.ref_path(revision)
+        dfd = self.open_dir(ref.parent)
+        try:
+            if self.read_ref(revision) == commit_hash.encode():
+                return
+            atomic_write_at(dfd, ref.name, commit_hash.encode(), self.policy)
+        finally:
+            os.close(dfd)
+
+
+class IncompleteBlob(os.PathLike):
+    """A download in progress: ``blobs/<name>`` created relative to ``dir_fd`` (an fd of the repo's ``blobs/``
+    opened without following links, owned by this object). ``os.fspath`` gives the path for messages only; every
+    operation uses the fd. :meth:`unlink` removes the file unless published, and closes the fd."""
+
+    def __init__(self, dir_fd: int, name: str, path: Path) -> None:
+        self.dir_fd = dir_fd
+        self.name = name
+        self.path = path
+        self.published = False
+
+    def __fspath__(self) -> str:
+        return str(self.path)
+
+    def open_fd(self, flags: int) -> int:
+        """``os.open`` of the file relative to the folder fd, ``O_NOFOLLOW``; returns an fd (caller closes)."""
+        return os.open(self.name, flags | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=self.dir_fd)
+
+    def close(self) -> None:
+        """Close the folder fd (the file stays: a kept partial download); idempotent."""
+        if self.dir_fd >= 0:
+            os.close(self.dir_fd)
+            self.dir_fd = -1
+
+    def unlink(self, missing_ok: bool = True) -> None:
+        """Remove the ``.incomplete`` file (when not published) and close the folder fd; idempotent."""
+        if self.dir_fd < 0:
+            return
+        try:
+            if not self.published:
+                try:
+                    os.unlink(self.name, dir_fd=self.dir_fd)
+                except FileNotFoundError:
+                    if not missing_ok:
+                        raise
+        finally:
+            os.close(self.dir_fd)
+            self.dir_fd = -1
+
+    def __del__(self) -> None:
+        if getattr(self, "dir_fd", -1) >= 0:
+            os.close(self.dir_fd)
+            self.dir_fd = -1
+
+
+def atomic_write_at(dfd: int, name: str, data: bytes, policy: SharePolicy | None = None) -> None:
+    """:func:`atomic_write` of ``name`` in the folder open as ``dfd`` (temp file, fsync, ``os.replace``, all relative
+    to the fd: nothing is written through a link planted on the way)."""
+    tmp = f".{name}.{uuid.uuid4().hex[:8]}.tmp"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o666, dir_fd=dfd)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            share_fd(f.fileno(), policy)
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, name, src_dir_fd=dfd, dst_dir_fd=dfd)
+    finally:
+        _unlink_at(dfd, tmp)
+
+
+def _unlink_at(dfd: int, name: str) -> None:
+    try:
+        os.unlink(name, dir_fd=dfd)
+    except FileNotFoundError:
+        pass
+
+
+def _hardlink_or_copy_at(bfd: int, etag: str, pfd: int, dest: str, policy: SharePolicy | None) -> None:
+    """Hardlink ``blobs/<etag>`` (folder fd ``bfd``) as ``dest`` in the folder ``pfd``; where hardlinks fail, copy to
+    a temporary name and rename. Raises FileExistsError when ``dest`` exists. No link is followed."""
+    try:
+        os.link(etag, dest, src_dir_fd=bfd, dst_dir_fd=pfd, follow_symlinks=False)
+        return
+    except FileExistsError:
+        raise
+    except OSError:
+        pass
+    try:
+        os.stat(dest, dir_fd=pfd, follow_symlinks=False)
+        raise FileExistsError(dest)
+    except FileNotFoundError:
+        pass
+    src = os.open(etag, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=bfd)
+    with os.fdopen(src, "rb") as fin:
+        if not stat.S_ISREG(os.fstat(fin.fileno()).st_mode):
+            raise safefs.UnsafeLayout(f"blobs/{etag} is not a regular file: left alone")
+        tmp = f".{dest}.{uuid.uuid4().hex[:8]}.tmp"
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o666, dir_fd=pfd)
+        try:
+            with os.fdopen(fd, "wb") as fout:
+                share_fd(fout.fileno(), policy)
+                shutil.copyfileobj(fin, fout)
+            os.replace(tmp, dest, src_dir_fd=pfd, dst_dir_fd=pfd)
+        finally:
+            _unlink_at(pfd, tmp)
+
+
+def _lstat_at(name: str, dir_fd: int) -> int:
+    """``st_mode`` of ``name`` in the folder ``dir_fd`` without following it; 0 when missing."""
+    try:
+        return os.stat(name, dir_fd=dir_fd, follow_symlinks=False).st_mode
+    except FileNotFoundError:
+        return 0
+
+
+def _repo_parts(path: str) -> list[str]:
+    """The components of a repo path; UnsafeName for an absolute path, ``..``, ``.`` or an empty component."""
+    if not isinstance(path, str) or not path or path.startswith("/") or "\\" in path:
+        raise safefs.UnsafeName(f"refusing repo path {path!r}")
+    parts = path.split("/")
+    if any(p in ("", ".", "..") or "\x00" in p for p in parts):
+        raise safefs.UnsafeName(f"refusing repo path {path!r}")
+    return parts
+
+
+def repo_folder_name(repo_id: str, repo_type: str = "model") -> str:
+    """``models--ORG--NAME``: huggingface_hub ``file_download.repo_folder_name``, restated here because importing
+    that module loads the HTTP stack, which the light ``warm --lock`` check must not pay for."""
+    return "--".join([f"{repo_type}s", *repo_id.split("/")])
+
+
+def symlinks_supported(cache_dir: Path) -> bool:
+    """Whether snapshot entries can be symlinks in ``cache_dir``.
+
+    The same question huggingface_hub's ``file_download.are_symlinks_supported`` answers (and the same
+    ``HF_HUB_DISABLE_SYMLINKS`` switch, read at call time), but probed inside ``.locks/``: the library probes in a
+    temporary folder at the cache root, which a process killed at that moment leaves behind for
+    ``scan_cache_dir`` to warn about.
+    """
+    if os.environ.get("HF_HUB_DISABLE_SYMLINKS", "").upper() in ("1", "ON", "YES", "TRUE"):
+        return False
+    probe = cache_dir / ".locks" / f".hfcache-symlink-probe-{uuid.uuid4().hex[:8]}"
+    safefs.check_existing(cache_dir, (".locks",))  # never probe through a planted link
+    try:
+        make_dirs(probe.parent, cache_dir, cache_policy(cache_dir))
+        os.symlink("target", probe)
+        return True
+    except OSError:
+        return False
+    finally:
+        if os.path.lexists(probe):
+            os.unlink(probe)
+
+
+def find_blob_elsewhere(cache_dir: Path, etag: str, size: int, exclude: str) -> Path | None:
+    """Find a regular ``blobs/<etag>`` of the right size in another repo folder of the cache (for hardlinking)."""
+    safefs.check_etag(etag)
+    try:
+        entries = os.scandir(cache_dir)
+    except OSError:
+        return None
+    with entries:
+        for entry in entries:
+            if entry.name == exclude or "--" not in entry.name or not entry.is_dir(follow_symlinks=False):
+                continue
+            candidate = Path(entry.path) / "blobs" / etag
+            try:
+                # A repo whose blobs/ is a planted link is left alone: its "blob" may be a file outside the cache.
+                if not stat.S_ISDIR(os.lstat(candidate.parent).st_mode):
+                    continue
+                st = os.stat(candidate, follow_symlinks=False)
+            except OSError:
+                continue
+            if st.st_size == size and stat.S_ISREG(st.st_mode):
+                return candidate
+    return None

@@ -1,0 +1,413 @@
+"""Locks in a cache that cannot hang: bounded waits, a notice naming the holder, and a lock that works without flock.
+
+hfcache locks the files huggingface_hub locks (``.locks/<folder>/<etag>.lock``) plus its own per-repo lock, so that
+warm, prune, repair and import exclude each other and a concurrent ``hf_hub_download``. The locking itself is the
+filelock library's (huggingface_hub uses it too: ``utils/_fixes.py WeakFileLock``); this module fills its gaps:
+
+- **Bounded waits.** Every wait ends after ``timeout`` seconds (default :data:`DEFAULT_LOCK_TIMEOUT`) with
+  :class:`LockTimeout` (exit 5) naming the lock file and its holder; after :data:`NOTICE_AFTER` seconds the caller's
+  ``on_wait`` callback hears which lock it waits for and who holds it (a flock holder from ``/proc/locks``, a soft
+  lock's from its marker).
+- **Filesystems without flock.** filelock falls back to its SoftFileLock (a marker file holding pid, host and process
+  start time) only on ENOSYS; ENOLCK (NFS without a lock manager) and EOPNOTSUPP (some FUSE/CIFS mounts) are raised
+  as errors. Here all three select the soft lock, per filesystem (probed once, like filelock's own directory probe).
+- **Markers that cannot be left stale forever.** filelock's SoftFileLock takes a marker over when its owner is
+  provably gone (same host, pid dead), but treats an *empty* file as a live holder forever ("older holders leave
+  empty markers"): exactly what every flock-based run leaves behind (flock lock files are never deleted), so on a
+  filesystem that lost flock (or a cache copied to one) huggingface_hub and filelock wait forever. :class:`SoftLock`
+  takes over an empty marker older than :data:`EMPTY_MARKER_GRACE` at once, and any marker not refreshed for
+  :data:`STALE_AFTER` seconds whose owner is not a live process on this host; hfcache's own holders refresh their
+  marker every :data:`HEARTBEAT` seconds, so a live holder on another host is never taken over.
+
+The marker format stays filelock's legacy one (``pid\\nhost\\nstart\\n``), which huggingface_hub's fallback
+SoftFileLock reads: both exclude each other on such a filesystem.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import stat
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+# filelock is imported where a lock is taken or inspected, not at import: `warm --lock` on a complete cache takes no
+# lock and must not pay for filelock's import (issue 18, P1).
+
+from ..errors import CacheError
+
+#: Seconds a command waits for a lock unless told otherwise (``--lock-timeout``).
+DEFAULT_LOCK_TIMEOUT = 600.0
+#: Seconds of waiting after which ``on_wait`` hears which lock it waits for.
+NOTICE_AFTER = 3.0
+#: An empty marker this old is a flock-based run's leftover, not a soft holder still writing its record
+#: (filelock's MALFORMED_LOCK_AGE_THRESHOLD for the same race).
+EMPTY_MARKER_GRACE = 2.0
+#: A marker not refreshed for this long is taken over unless its owner is a live process on this host.
+STALE_AFTER = DEFAULT_LOCK_TIMEOUT
+#: Seconds between refreshes of a held soft marker (its mtime), far below STALE_AFTER.
+HEARTBEAT = 30.0
+#: errnos with which flock says "not on this filesystem".
+NO_FLOCK_ERRNOS = frozenset({errno.ENOSYS, errno.ENOLCK, errno.EOPNOTSUPP, getattr(errno, "ENOTSUP", errno.EOPNOTSUPP)})
+_POLL = 0.25
+
+_flock_by_device: dict[int, int | None] = {}  # st_dev -> None (flock works) or the errno flock failed with
+_probe_lock = threading.Lock()
+
+
+@dataclass(frozen=True)
+class LockWait:
+    """A notice that a command waits for a lock.
+
+    Attributes:
+        path (str): the lock file.
+        holder (str | None): who holds it, when known (e.g. ``pid 4242 on node-a (hfcache warm gpt2)``).
+        waited (float): seconds waited so far.
+        timeout (float): seconds the wait may last in all.
+    """
+
+    path: str
+    holder: str | None
+    waited: float
+    timeout: float
+
+
+class LockTimeout(CacheError):
+    """A lock was not acquired within its timeout (exit 5). ``path`` is the lock file."""
+
+    def __init__(self, path: Path, timeout: float, holder: str | None) -> None:
+        super().__init__(
+            f"timed out after {timeout:g}s waiting for the lock {path}" + (f" (held by {holder})" if holder else ""),
+            hint="another hfcache or huggingface_hub process holds it: wait and retry, or raise --lock-timeout; "
+                 "on a filesystem without flock, a marker left by a process gone from this host is taken over at "
+                 f"once, one from another host only after {STALE_AFTER:g}s without a refresh")
+        self.path = str(path)
+        self.holder = holder
+
+
+@cache
+def _soft_lock_class() -> type:
+    from filelock import SoftFileLock
+    from filelock._soft import parse_lock_holder, read_lock_file
+
+    class SoftLock(SoftFileLock):
+        """filelock's SoftFileLock, plus the takeover of empty and unrefreshed markers (see the module docstring).
+
+        Relies on two SoftFileLock hooks of filelock 4.x (``_try_break_stale_lock``, called when the marker exists,
+        and ``_take_over``, its atomic replacement of a marker by ours); pyproject pins ``filelock>=4.3,<5``.
+        """
+
+        def _try_break_stale_lock(self) -> None:
+            try:
+                content, marker = read_lock_file(self._lock_path)
+            except (OSError, ValueError):
+                return
+            age = time.time() - marker.st_mtime
+            if content == "" and age >= EMPTY_MARKER_GRACE:
+                self._take_over(marker, None)
+                return
+            holder = parse_lock_holder(content)
+            if holder is not None and age >= STALE_AFTER and not _alive_here(holder.pid, holder.hostname):
+                self._take_over(marker, holder.pid)
+                return
+            super()._try_break_stale_lock()
+
+    SoftLock.__module__ = __name__
+    return SoftLock
+
+
+def __getattr__(name: str) -> Any:
+    # ``SoftLock`` is built on first use (PEP 562), so that importing this module does not import filelock.
+    if name == "SoftLock":
+        return _soft_lock_class()
+    raise AttributeError(name)
+
+
+def _alive_here(pid: int, hostname: str) -> bool:
+    from filelock._identity import host_name
+
+    if hostname != host_name():
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def flock_error(directory: Path) -> int | None:
+    """Whether flock works on ``directory``'s filesystem: None if it does, else the errno it fails with.
+
+    Probed once per filesystem (device) and process, on an anonymous or short-lived file in ``directory``.
+
+    Raises:
+        OSError: ``directory`` cannot be written (nothing can be told then).
+    """
+    import fcntl
+
+    device = os.stat(directory).st_dev
+    with _probe_lock:
+        if device in _flock_by_device:
+            return _flock_by_device[device]
+    fd, name = _probe_file(directory)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        result = None
+    except OSError as exc:
+        result = exc.errno if exc.errno in NO_FLOCK_ERRNOS else None
+    finally:
+        os.close(fd)
+        if name is not None:
+            try:
+                os.unlink(name)
+            except OSError:
+                pass
+    with _probe_lock:
+        _flock_by_device[device] = result
+    return result
+
+
+def _probe_file(directory: Path) -> tuple[int, str | None]:
+    if hasattr(os, "O_TMPFILE"):
+        try:
+            return os.open(directory, os.O_TMPFILE | os.O_RDWR, 0o600), None
+        except OSError:
+            pass  # NFS and others have no O_TMPFILE: a named probe then
+    import secrets
+
+    name = str(directory / f".hfcache-flock-probe-{secrets.token_hex(8)}")
+    return os.open(name, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600), name
+
+
+def _remember_no_flock(directory: Path, code: int) -> None:
+    try:
+        device = os.stat(directory).st_dev
+    except OSError:
+        return
+    with _probe_lock:
+        _flock_by_device[device] = code
+
+
+def _new_lock(path: Path, mode: int):
+    try:
+        no_flock = flock_error(path.parent)
+    except OSError:
+        no_flock = None  # the lock's own open reports the real error
+    from filelock import FileLock
+
+    if no_flock is not None:
+        return _soft_lock_class()(str(path), mode=mode)
+    # fallback_to_soft=False: filelock's own fallback is the plain SoftFileLock that waits on empty files forever.
+    return FileLock(str(path), mode=mode, fallback_to_soft=False)
+
+
+def holder_of(path: Path) -> str | None:
+    """Who holds the lock at ``path``, as far as this host can tell, or None.
+
+    A soft marker names its pid and host; a flock holder on this host is found in ``/proc/locks`` (Linux) by the lock
+    file's inode. Either way the holder's command line is added when ``/proc`` shows it.
+    """
+    from filelock._identity import host_name
+    from filelock._soft import parse_lock_holder, read_lock_file
+
+    try:
+        content, st = read_lock_file(str(path))
+    except (OSError, ValueError):
+        return None
+    if content:
+        holder = parse_lock_holder(content)
+        if holder is None:
+            return None
+        if holder.hostname != host_name():
+            return f"pid {holder.pid} on {holder.hostname}"
+        return _describe_pid(holder.pid, host_name())
+    pid = _flock_holder(st)
+    return _describe_pid(pid, host_name()) if pid is not None else None
+
+
+def _flock_holder(st: os.stat_result) -> int | None:
+    """The pid holding a flock on the inode ``st`` according to /proc/locks (its ``FLOCK ... WRITE`` line)."""
+    want = f"{os.major(st.st_dev):02x}:{os.minor(st.st_dev):02x}:{st.st_ino}"
+    try:
+        with open("/proc/locks", encoding="ascii", errors="replace") as f:
+            for line in f:
+                fields = line.split()
+                if len(fields) >= 6 and fields[1] == "FLOCK" and fields[5] == want:
+                    return int(fields[4])
+    except (OSError, ValueError):
+        pass
+    return None
+
+
+def _describe_pid(pid: int, host: str) -> str:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            argv = [a.decode("utf-8", "replace") for a in f.read(4096).split(b"\0") if a]
+    except OSError:
+        argv = []
+    shown = " ".join(os.path.basename(a) if i == 0 else a for i, a in enumerate(argv[:6]))
+    return f"pid {pid} on {host}" + (f" ({shown})" if shown else "")
+
+
+def via_dir_fd(path: Path, dir_fd: int | None) -> Path:
+    """The name under which ``path`` is opened: ``/proc/self/fd/<dir_fd>/<name>`` when its folder was opened as
+    ``dir_fd`` (by :mod:`hfcache.cache.safefs`, no link followed) and ``/proc`` shows fds, else ``path`` itself.
+
+    Library gap: filelock opens a lock by path name (``O_NOFOLLOW`` on the last component only) and creates its folder
+    with ``Path.mkdir(parents=True)``, both following a folder swapped for a symlink after hfcache checked it. The
+    ``/proc/self/fd`` name resolves through the descriptor of the folder that was checked, whatever is planted later.
+    """
+    if dir_fd is None or not os.path.isdir("/proc/self/fd"):
+        return path
+    return Path(f"/proc/self/fd/{dir_fd}") / path.name
+
+
+@contextmanager
+def file_lock(path: Path, *, timeout: float = DEFAULT_LOCK_TIMEOUT, stop: threading.Event | None = None,
+              on_wait: Callable[[LockWait], None] | None = None, mode: int = 0o664,
+              dir_fd: int | None = None, marker_mode: int | None = None) -> Iterator[None]:
+    """Hold an exclusive lock at ``path`` for the duration of the block.
+
+    flock (filelock's FileLock) where the filesystem has it, else :class:`SoftLock` with a heartbeat. The lock file is
+    created with ``mode`` (group-writable, as huggingface_hub's WeakFileLock creates it) whatever the umask.
+
+    Args:
+        path: the lock file; its folder must exist.
+        timeout: seconds to wait at most (0: one attempt).
+        stop: checked while waiting; when set, the wait ends with InterruptedError (Ctrl-C is not stuck behind
+            another process).
+        on_wait: called once after :data:`NOTICE_AFTER` seconds of waiting, with a :class:`LockWait`.
+        mode: permission bits of a newly created lock file.
+        dir_fd: an open descriptor of ``path``'s folder (kept open by the caller for the block): the lock file is
+            opened through it (:func:`via_dir_fd`), so a folder replaced by a link after it was opened is not
+            followed. Messages still name ``path``.
+        marker_mode: permission bits a soft marker gets once held (a shared cache's lock file bits, group write
+            included); None keeps filelock's (``mode`` without group/other write).
+
+    Raises:
+        LockTimeout: not acquired within ``timeout`` (exit 5; names the file and the holder when known).
+        InterruptedError: ``stop`` was set while waiting.
+        OSError: the lock file cannot be created or opened (permissions, read-only filesystem).
+    """
+    opened = via_dir_fd(path, dir_fd)
+    lock = _acquire(opened, timeout, stop, on_wait, mode, shown=path)
+    soft_lock = _soft_lock_class()
+    if isinstance(lock, soft_lock) and marker_mode is not None:
+        _settle_marker_mode(opened, marker_mode)
+    beat = _Heartbeat(opened) if isinstance(lock, soft_lock) else None
+    try:
+        yield
+    finally:
+        if beat is not None:
+            beat.stop()
+        lock.release()
+
+
+def _acquire(path: Path, timeout: float, stop: threading.Event | None,
+             on_wait: Callable[[LockWait], None] | None, mode: int, shown: Path | None = None):
+    from filelock import Timeout
+
+    soft_lock = _soft_lock_class()
+    shown = shown or path
+    started = time.monotonic()
+    deadline = started + max(timeout, 0.0)
+    lock = _new_lock(path, mode)
+    told = False
+    while True:
+        try:
+            lock.acquire(timeout=max(0.0, min(_POLL, deadline - time.monotonic())))
+            return lock
+        except Timeout:
+            pass
+        except OSError as exc:
+            if exc.errno not in NO_FLOCK_ERRNOS or isinstance(lock, soft_lock):
+                raise
+            # The probe said flock works but this file's filesystem disagrees (e.g. ENOLCK from an NFS lock manager
+            # that went away): use the soft lock from now on.
+            _remember_no_flock(path.parent, exc.errno)
+            lock = soft_lock(str(path), mode=mode)
+            continue
+        if stop is not None and stop.is_set():
+            raise InterruptedError(f"interrupted while waiting for the lock {shown}")
+        now = time.monotonic()
+        if now >= deadline:
+            raise LockTimeout(shown, timeout, holder_of(path))
+        if on_wait is not None and not told and now - started >= NOTICE_AFTER:
+            told = True
+            on_wait(LockWait(str(shown), holder_of(path), now - started, timeout))
+
+
+@contextmanager
+def try_lock(path: Path) -> Iterator[str]:
+    """Take the lock at ``path`` without waiting, for the block: ``as`` gives "" when it is held by us (or when there
+    is no lock file: nobody uses it), else why not ("a download holds its lock", "cannot be opened (...)")."""
+    if not os.path.isfile(path):
+        yield ""
+        return
+    try:
+        lock = _acquire(path, 0.0, None, None, 0o664)
+    except LockTimeout:
+        yield "a download holds its lock"
+        return
+    except OSError as exc:
+        yield f"its lock file cannot be opened ({exc.strerror or exc})"
+        return
+    try:
+        yield ""
+    finally:
+        lock.release()
+
+
+def _settle_marker_mode(path: Path, mode: int) -> None:
+    """Give the soft marker this process now holds the lock file ``mode`` (a shared cache's group write).
+
+    Library gap: filelock's SoftFileLock strips group and other write from its markers whatever ``mode`` asks (so
+    that nobody rewrites a live marker; in a group-writable ``.locks/`` folder members can replace it anyway), which
+    left markers ``0644`` in a shared cache whose lock files are meant to be group-writable (:mod:`hfcache.cache.sharing`).
+    Best effort, only on a regular file this user owns (the marker is ours while we hold it).
+    """
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0))
+    except OSError:
+        return
+    try:
+        st = os.fstat(fd)
+        if stat.S_ISREG(st.st_mode) and st.st_uid == os.geteuid() and stat.S_IMODE(st.st_mode) != mode:
+            os.fchmod(fd, mode)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+class _Heartbeat:
+    """Refresh a held soft marker's mtime every HEARTBEAT seconds, so that peers never find it stale."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        try:
+            self.inode = os.lstat(path).st_ino
+        except OSError:
+            self.inode = None
+        self.done = threading.Event()
+        self.thread = threading.Thread(target=self._run, name="hfcache-lock-heartbeat", daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        while not self.done.wait(HEARTBEAT):
+            try:
+                if os.lstat(self.path).st_ino == self.inode:
+                    os.utime(self.path)
+            except OSError:
+                pass
+
+    def stop(self) -> None:
+        self.done.set()

@@ -1,0 +1,113 @@
+"""What warm published: per repo folder and commit, each file's path, size and hash, and the names marked absent.
+
+``verify`` checks a revision against this record when no lock is given, so that a file edited in place (``sed -i``
+replaces the snapshot link with a modified real file) or lost (neither the file nor its ``.no_exist`` marker) is an
+error, not a note.
+
+Where: ``<cache>/.locks/<folder>/hfcache/<commit>.json``. huggingface_hub never reads ``.locks`` (``scan_cache_dir``
+skips it, ``_cache_manager.py``), so the record changes nothing in how the library reads the cache. It is not a
+``trees/<commit>.json``: the library reads that listing offline, and a listing naming files the cache does not hold
+makes ``snapshot_download`` raise ``IncompleteSnapshotError`` (DESIGN §1).
+
+The format is deterministic JSON (sorted keys, LF, trailing newline)::
+
+    {"absent": ["chat_template.jinja"], "commit_hash": "<40 hex>", "files": {"vocab.txt": {"hash": "git-sha1:<hex>",
+     "size": 231508}}, "format": "hfcache-published", "version": 1}
+
+A record is untrusted input like every file of a cache: read through :mod:`hfcache.cache.safefs` (no link followed), at most
+:data:`MAX_RECORD_BYTES`, and an entry with a malformed hash is ignored.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from . import safefs
+from .layout import atomic_write_at
+from .sharing import cache_policy, share_dir_fd
+
+#: A record larger than this is not read (16 MiB holds ~150,000 files).
+MAX_RECORD_BYTES = 16 * 1024 * 1024
+_HASH_RE = re.compile(r"(sha256:[0-9a-f]{64}|git-sha1:[0-9a-f]{40})")
+_FORMAT = "hfcache-published"
+
+
+@dataclass(frozen=True)
+class PublishedRevision:
+    """One record: ``files`` maps path -> (size in bytes, ``sha256:<hex>`` or ``git-sha1:<hex>``); ``absent`` the
+    names warm marked absent with ``.no_exist``."""
+
+    commit_hash: str
+    files: Mapping[str, tuple[int, str]]
+    absent: tuple[str, ...]
+
+
+def record_parts(folder_name: str, commit_hash: str) -> tuple[str, ...]:
+    """The record's path below the cache root, as components."""
+    return ".locks", safefs.check_folder_name(folder_name), "hfcache", f"{safefs.check_commit(commit_hash)}.json"
+
+
+def write_record(cache_dir: Path, folder_name: str, commit_hash: str, files: Iterable[tuple[str, int, str]],
+                 absent: Iterable[str]) -> None:
+    """Add ``files`` ((path, size, hash)) and ``absent`` to the record of ``folder_name`` at ``commit_hash``.
+
+    Merged with an existing record (several warms of one revision with different selections add up; a commit's
+    content never changes, so a path keeps its hash). Written atomically (temp file + ``os.replace``) under
+    ``.locks/<folder>/hfcache/``, created without following links. Call it under the repo lock.
+
+    Raises:
+        UnsafeLayout: a part of ``.locks/<folder>/hfcache`` is a planted link. OSError: cannot write.
+    """
+    parts = record_parts(folder_name, commit_hash)
+    old = read_record(cache_dir, folder_name, commit_hash)
+    merged = {p: {"size": s, "hash": h} for p, (s, h) in (old.files.items() if old else ())}
+    merged.update({p: {"size": s, "hash": h} for p, s, h in files})
+    names = sorted(set(old.absent if old else ()) | set(absent))
+    doc = {"format": _FORMAT, "version": 1, "commit_hash": commit_hash, "files": merged, "absent": names}
+    data = (json.dumps(doc, sort_keys=True, separators=(",", ": ")) + "\n").encode()
+    if old is not None and old.files == {p: (v["size"], v["hash"]) for p, v in merged.items()} \
+            and old.absent == tuple(names):
+        return
+    policy = cache_policy(cache_dir)
+    for depth in range(1, len(parts)):  # a group-shared cache: any member re-warms and rewrites the record
+        with safefs.dir_fd(cache_dir, parts[:depth], create=True) as fd:  # no link followed
+            share_dir_fd(fd, policy)
+    with safefs.dir_fd(cache_dir, parts[:-1]) as dfd:  # written relative to the fd: no link followed
+        atomic_write_at(dfd, parts[-1], data, policy)
+
+
+def read_record(cache_dir: str | os.PathLike[str], folder_name: str, commit_hash: str) -> PublishedRevision | None:
+    """The record of ``folder_name`` at ``commit_hash``, or None (none, unreadable, too large, malformed)."""
+    try:
+        raw = safefs.read_small(cache_dir, record_parts(folder_name, commit_hash), MAX_RECORD_BYTES + 1)
+    except (OSError, safefs.UnsafeLayout, safefs.UnsafeName):
+        return None
+    if len(raw) > MAX_RECORD_BYTES:
+        return None
+    try:
+        doc = json.loads(raw)
+        if doc.get("format") != _FORMAT or doc.get("version") != 1 or doc.get("commit_hash") != commit_hash:
+            return None
+        files = {}
+        for path, entry in doc["files"].items():
+            size, digest = entry["size"], entry["hash"]
+            if isinstance(path, str) and isinstance(size, int) and size >= 0 and isinstance(digest, str) \
+                    and _HASH_RE.fullmatch(digest):
+                files[path] = (size, digest)
+        absent = tuple(sorted(a for a in doc["absent"] if isinstance(a, str)))
+    except (ValueError, KeyError, TypeError, AttributeError):
+        return None
+    return PublishedRevision(commit_hash=commit_hash, files=files, absent=absent)
+
+
+def remove_record(cache_dir: Path, folder_name: str, commit_hash: str) -> None:
+    """Remove the record of a revision that was pruned (no link followed; missing is fine)."""
+    try:
+        safefs.unlink(cache_dir, record_parts(folder_name, commit_hash), missing_ok=True)
+    except (OSError, safefs.UnsafeLayout, safefs.UnsafeName):
+        pass

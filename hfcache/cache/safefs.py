@@ -1,0 +1,418 @@
+"""Filesystem primitives that never leave the cache root, whatever links someone planted in it.
+
+A cache is shared (baked into images, mounted into pods, written by several tools), so the folders and links found
+in it are untrusted input (DESIGN §4, trust boundaries). Every operation here walks from the cache root one
+component at a time with ``O_NOFOLLOW | O_DIRECTORY`` and acts relative to the last directory's file descriptor
+(``dir_fd``), as ``serve`` already reads the cache: a symlinked or non-directory component anywhere below the root
+raises :class:`UnsafeLayout` instead of being followed. The cache root itself may be a symlink (``~/.cache`` on
+another disk is common); only what is below it is judged.
+
+Names that build paths are checked where they are used, too: a blob name is 40 or 64 lowercase hex characters
+(:func:`check_etag`), a commit 40 (:func:`check_commit`), a ref name a relative path without ``.``/``..``
+(:func:`check_ref_name`).
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import re
+import shutil
+import stat
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+
+from ..errors import CacheError
+
+#: The parts of a repo folder huggingface_hub writes; each must be a real directory when present.
+REPO_PARTS = ("blobs", "refs", "snapshots", ".no_exist", "trees")
+_PART_SET = frozenset(REPO_PARTS)
+
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+_ETAG_RE = re.compile(r"[0-9a-f]{40}|[0-9a-f]{64}")
+_COMMIT_RE = re.compile(r"[0-9a-f]{40}")
+_BAD_REF = re.compile(r"(^|/)\.\.?(/|$)|^/|\\|\x00|//|/$")
+
+
+class UnsafeLayout(CacheError):
+    """A part of the cache is a symlink or not a directory where a directory belongs; nothing was done through it."""
+
+
+class UnsafeName(CacheError):
+    """A blob, commit or ref name that would build a path outside its folder (refused before any filesystem call)."""
+
+
+def check_etag(etag: str) -> str:
+    """Return ``etag`` when it is a blob name (40 or 64 lowercase hex: git sha1 or sha256), else raise UnsafeName."""
+    if not isinstance(etag, str) or not _ETAG_RE.fullmatch(etag):
+        raise UnsafeName(f"refusing blob name {etag!r}: not 40 or 64 lowercase hex characters",
+                         hint="the endpoint, lock or archive that named it is broken or hostile")
+    return etag
+
+
+def check_commit(commit: str) -> str:
+    """Return ``commit`` when it is 40 lowercase hex characters, else raise UnsafeName."""
+    if not isinstance(commit, str) or not _COMMIT_RE.fullmatch(commit):
+        raise UnsafeName(f"refusing commit {commit!r}: not 40 lowercase hex characters",
+                         hint="the endpoint, lock or archive that named it is broken or hostile")
+    return commit
+
+
+def check_ref_name(revision: str) -> str:
+    """Return ``revision`` when it can name a file under ``refs/`` (relative, no ``.``/``..``), else UnsafeName."""
+    if not isinstance(revision, str) or not revision or _BAD_REF.search(revision):
+        raise UnsafeName(f"refusing ref name {revision!r}: not a relative path inside refs/",
+                         hint="use a branch, tag or 40-hex commit")
+    return revision
+
+
+def check_folder_name(name: str) -> str:
+    """Return ``name`` when it can be one component below the cache root (a repo folder name), else UnsafeName."""
+    if not isinstance(name, str) or not name or name.startswith(".") or "/" in name or "\x00" in name:
+        raise UnsafeName(f"refusing repo folder name {name!r}")
+    return name
+
+
+def _parts(rel: str | Sequence[str]) -> list[str]:
+    parts = rel.split("/") if isinstance(rel, str) else list(rel)
+    for part in parts:
+        if part in ("", ".", "..") or "/" in part or "\x00" in part:
+            raise UnsafeName(f"refusing path component {part!r} in {'/'.join(parts)!r}")
+    return parts
+
+
+def _unsafe(root: Path, parts: Sequence[str], upto: int, exc: OSError) -> UnsafeLayout:
+    rel = "/".join(parts[: upto + 1])
+    what = "a symlink" if os.path.islink(os.path.join(root, rel)) else "not a directory"
+    return UnsafeLayout(f"{root}/{rel} is {what}: left alone (nothing outside the cache is read or written)",
+                        hint="remove it or replace it with a real directory, then rerun")
+
+
+def open_dir(root: str | os.PathLike[str], rel: str | Sequence[str] = (), *, create: bool = False,
+             on_create: Callable[[int], None] | None = None) -> int:
+    """Open the directory ``root/rel`` without following a symlink below ``root``; return its fd (caller closes).
+
+    Args:
+        root: the cache root (may itself be a symlink).
+        rel: ``/``-separated path or components below it; ``()`` opens the root.
+        create: make missing directories (mode 0o777 minus the umask, as ``os.makedirs``).
+        on_create: called with the fd of each directory this call created (to share it, :mod:`hfcache.cache.sharing`).
+
+    Raises:
+        UnsafeLayout: a component is a symlink or not a directory.
+        UnsafeName: a component is empty, ``.`` or ``..``.
+        FileNotFoundError: a component is missing and ``create`` is False.
+    """
+    parts = _parts(rel) if rel else []
+    fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        for i, part in enumerate(parts):
+            try:
+                nfd = os.open(part, _DIR_FLAGS, dir_fd=fd)
+            except FileNotFoundError:
+                if not create:
+                    raise
+                made = True
+                try:
+                    os.mkdir(part, 0o777, dir_fd=fd)
+                except FileExistsError:
+                    made = False
+                try:
+                    nfd = os.open(part, _DIR_FLAGS, dir_fd=fd)
+                except (NotADirectoryError, OSError) as exc:
+                    if exc.errno in (errno.ELOOP, errno.ENOTDIR):
+                        raise _unsafe(Path(root), parts, i, exc) from None
+                    raise
+                if made and on_create is not None:
+                    on_create(nfd)
+            except OSError as exc:
+                if exc.errno in (errno.ELOOP, errno.ENOTDIR):
+                    raise _unsafe(Path(root), parts, i, exc) from None
+                raise
+            os.close(fd)
+            fd = nfd
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+@contextmanager
+def dir_fd(root: str | os.PathLike[str], rel: str | Sequence[str] = (), *, create: bool = False) -> Iterator[int]:
+    """:func:`open_dir` as a context manager that closes the fd."""
+    fd = open_dir(root, rel, create=create)
+    try:
+        yield fd
+    finally:
+        os.close(fd)
+
+
+def check_existing(root: str | os.PathLike[str], rel: str | Sequence[str]) -> None:
+    """Check that each component of ``root/rel`` that exists is a real directory (walking without following links);
+    stop at the first missing one. Raises UnsafeLayout otherwise."""
+    parts = _parts(rel) if rel else []
+    fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        for i, part in enumerate(parts):
+            try:
+                nfd = os.open(part, _DIR_FLAGS, dir_fd=fd)
+            except FileNotFoundError:
+                return
+            except OSError as exc:
+                if exc.errno in (errno.ELOOP, errno.ENOTDIR):
+                    raise _unsafe(Path(root), parts, i, exc) from None
+                raise
+            os.close(fd)
+            fd = nfd
+    finally:
+        os.close(fd)
+
+
+def ensure_dirs(root: str | os.PathLike[str], rel: str | Sequence[str]) -> None:
+    """Create ``root/rel`` as real directories (like ``mkdir -p``); raise UnsafeLayout on a planted link."""
+    os.close(open_dir(root, rel, create=True))
+
+
+def _split(rel: str | Sequence[str]) -> tuple[list[str], str]:
+    parts = _parts(rel)
+    return parts[:-1], parts[-1]
+
+
+def unlink(root: str | os.PathLike[str], rel: str | Sequence[str], *, missing_ok: bool = False) -> bool:
+    """Remove the non-directory ``root/rel`` (a link itself, never its target). Returns False when it was missing
+    (with ``missing_ok``). Raises UnsafeLayout for a symlinked parent."""
+    parent, name = _split(rel)
+    try:
+        with dir_fd(root, parent) as fd:
+            os.unlink(name, dir_fd=fd)
+    except FileNotFoundError:
+        if not missing_ok:
+            raise
+        return False
+    return True
+
+
+def rmtree(root: str | os.PathLike[str], rel: str | Sequence[str], *, missing_ok: bool = True) -> bool:
+    """Remove the directory ``root/rel`` and its contents without following any link (``shutil.rmtree`` with
+    ``dir_fd``, its symlink-attack resistant form); a non-directory there is unlinked. Returns False when missing."""
+    parent, name = _split(rel)
+    try:
+        with dir_fd(root, parent) as fd:
+            st = os.stat(name, dir_fd=fd, follow_symlinks=False)
+            if stat.S_ISDIR(st.st_mode):
+                shutil.rmtree(name, dir_fd=fd)
+            else:
+                os.unlink(name, dir_fd=fd)
+    except FileNotFoundError:
+        if not missing_ok:
+            raise
+        return False
+    return True
+
+
+def rmdir(root: str | os.PathLike[str], rel: str | Sequence[str]) -> None:
+    """Remove the empty directory ``root/rel`` (OSError ENOTEMPTY when it is not empty)."""
+    parent, name = _split(rel)
+    with dir_fd(root, parent) as fd:
+        os.rmdir(name, dir_fd=fd)
+
+
+def rename(root: str | os.PathLike[str], src: str | Sequence[str], dst: str | Sequence[str]) -> None:
+    """``os.replace`` of ``root/src`` to ``root/dst``, both parents opened without following links."""
+    sparent, sname = _split(src)
+    dparent, dname = _split(dst)
+    with dir_fd(root, sparent) as sfd, dir_fd(root, dparent) as dfd:
+        os.replace(sname, dname, src_dir_fd=sfd, dst_dir_fd=dfd)
+
+
+def open_file(root: str | os.PathLike[str], rel: str | Sequence[str], flags: int = os.O_RDONLY,
+              mode: int = 0o666) -> int:
+    """``os.open`` of ``root/rel`` with ``O_NOFOLLOW`` on the file and every directory above it; returns the fd."""
+    parent, name = _split(rel)
+    with dir_fd(root, parent) as fd:
+        return os.open(name, flags | os.O_NOFOLLOW | os.O_CLOEXEC, mode, dir_fd=fd)
+
+
+def read_small(root: str | os.PathLike[str], rel: str | Sequence[str], limit: int) -> bytes:
+    """Read at most ``limit`` bytes of the regular file ``root/rel`` (no link followed; a FIFO or device there is
+    refused without blocking: opened with ``O_NONBLOCK``, judged by ``fstat``).
+
+    Raises:
+        UnsafeLayout: ``root/rel`` or a folder above it is a symlink, or it is not a regular file.
+        FileNotFoundError: it is missing.
+    """
+    try:
+        fd = open_file(root, rel, os.O_RDONLY | os.O_NONBLOCK)
+    except OSError as exc:
+        if exc.errno in (errno.ELOOP, errno.ENOTDIR):
+            raise UnsafeLayout(f"{root}/{'/'.join(_parts(rel))} is a symlink or sits under one: left alone",
+                               hint="remove it, then rerun") from None
+        raise
+    return read_regular_fd(fd, f"{root}/{'/'.join(_parts(rel))}", limit)
+
+
+def read_regular_fd(fd: int, what: str, limit: int) -> bytes:
+    """Read at most ``limit`` bytes from ``fd`` (closed here) when it is a regular file, else raise UnsafeLayout
+    naming ``what``. The fd may have been opened ``O_NONBLOCK`` (so a FIFO never blocks the open)."""
+    with os.fdopen(fd, "rb") as f:
+        if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
+            raise UnsafeLayout(f"{what} is not a regular file (a FIFO, device or folder): left alone",
+                               hint="remove it, then rerun")
+        return f.read(limit)
+
+
+def open_repo_file(root: str | os.PathLike[str], folder: str, snapshot_rel: Sequence[str],
+                   flags: int = os.O_RDONLY) -> int:
+    """Open the file a snapshot entry stands for without leaving ``root/folder``: a real file in
+    ``snapshots/<commit>/...`` itself, or, for a symlink there, its target resolved inside the repo folder (the
+    ``../../blobs/<etag>`` form huggingface_hub writes), opened relative to the repo folder's fd with
+    ``O_NOFOLLOW | O_NONBLOCK`` on every component. The caller checks ``S_ISREG`` with ``fstat``.
+
+    Args:
+        root: the cache root; folder: the repo folder name; snapshot_rel: ``(commit, *path_parts)``.
+
+    Returns:
+        An fd (caller closes).
+
+    Raises:
+        UnsafeLayout: a component is a symlink where a folder belongs, or the link points outside the repo folder
+            or to another link.
+        FileNotFoundError: the entry or its target is missing.
+    """
+    rel = ["snapshots", *snapshot_rel]
+    with dir_fd(root, (folder, *rel[:-1])) as pfd:
+        try:
+            st = os.stat(rel[-1], dir_fd=pfd, follow_symlinks=False)
+        except FileNotFoundError:
+            raise
+        if stat.S_ISLNK(st.st_mode):
+            target = os.readlink(rel[-1], dir_fd=pfd)
+        else:
+            target = None
+    if target is None:
+        parts = rel
+    else:
+        joined = os.path.normpath(os.path.join(*rel[:-1], target))
+        if os.path.isabs(target) or joined.startswith("..") or joined == ".":
+            raise UnsafeLayout(f"{root}/{folder}/{'/'.join(rel)} links outside its repo folder: left alone",
+                               hint="remove it, then rerun")
+        parts = joined.split("/")
+    try:
+        return open_file(root, (folder, *parts), flags | os.O_NONBLOCK)
+    except OSError as exc:
+        if exc.errno in (errno.ELOOP, errno.ENOTDIR):
+            raise UnsafeLayout(f"{root}/{folder}/{'/'.join(rel)}: a symlink where a file or folder belongs: left "
+                               "alone", hint="remove it, then rerun") from None
+        raise
+
+
+def read_snapshot_file(snapshot: str | os.PathLike[str], rel: str, limit: int) -> bytes | None:
+    """The bytes of ``rel`` in the snapshot folder ``<cache>/<folder>/snapshots/<commit>`` read with
+    :func:`open_repo_file` (never through a link leaving the repo folder, never blocking on a FIFO), or None when
+    its size exceeds ``limit`` bytes (the caller's parse cap).
+
+    Raises:
+        UnsafeLayout: a planted link on the way, or not a regular file. FileNotFoundError: missing.
+    """
+    snapshot = Path(snapshot)
+    root, folder = snapshot.parent.parent.parent, snapshot.parent.parent.name
+    parts = (snapshot.name, *_parts(rel))
+    fd = open_repo_file(root, folder, parts)
+    with os.fdopen(fd, "rb") as f:
+        st = os.fstat(f.fileno())
+        if not stat.S_ISREG(st.st_mode):
+            raise UnsafeLayout(f"{snapshot}/{rel} is not a regular file (a FIFO, device or folder): left alone",
+                               hint="remove it, then rerun")
+        if st.st_size > limit:
+            return None
+        return f.read(limit)
+
+
+def read_repo_file(root: str | os.PathLike[str], folder: str, snapshot_rel: Sequence[str], limit: int) -> bytes:
+    """At most ``limit`` bytes of a snapshot entry's regular file (:func:`open_repo_file`); UnsafeLayout for a
+    FIFO, device or anything but a regular file, FileNotFoundError when missing."""
+    fd = open_repo_file(root, folder, snapshot_rel)
+    return read_regular_fd(fd, f"{root}/{folder}/snapshots/{'/'.join(snapshot_rel)}", limit)
+
+
+def repo_layout_problems(root: str, folder: str, locks_entries: dict[str, int] | None = None,
+                         entries: dict[str, int] | None = None) -> list[str]:
+    """What is unsafe about one repo folder's layout: each part that is a symlink or not a directory.
+
+    Checks the repo folder itself, its :data:`REPO_PARTS`, ``.locks`` and ``.locks/<folder>``. Metadata only.
+
+    Args:
+        root: the cache root.
+        folder: the repo folder name (``models--ORG--NAME``).
+        locks_entries: name -> ``st_mode`` of ``.locks``' entries when the caller listed it already (a scan of the
+            whole cache lists it once, having checked that ``.locks`` and the folder are real directories), else
+            None to look everything up.
+        entries: name -> ``st_mode`` of the repo folder's entries when already listed, else None.
+
+    Returns:
+        Sorted messages such as ``"blobs: a symlink (left alone)"``; empty when the layout is sound.
+    """
+    found = []
+    if locks_entries is not None:  # a whole-cache scan: .locks is a real directory, the folder a real one
+        lmode = locks_entries.get(folder)
+        if lmode is not None and not stat.S_ISDIR(lmode):
+            found.append(f".locks/{folder}: {_kind(lmode)} (left alone)")
+    else:
+        mode = _lstat_mode(os.path.join(root, folder))
+        if mode is not None and not stat.S_ISDIR(mode):
+            return [f"{folder}: {_kind(mode)} (left alone)"]
+        locks_mode = _lstat_mode(os.path.join(root, ".locks"))
+        if locks_mode is not None and not stat.S_ISDIR(locks_mode):
+            found.append(f".locks: {_kind(locks_mode)} (left alone)")
+        elif locks_mode is not None:
+            lmode = _lstat_mode(os.path.join(root, ".locks", folder))
+            if lmode is not None and not stat.S_ISDIR(lmode):
+                found.append(f".locks/{folder}: {_kind(lmode)} (left alone)")
+        if mode is None:
+            return found
+    if entries is None:
+        entries = list_modes(os.path.join(root, folder), _PART_SET)
+    for part in REPO_PARTS:
+        pmode = entries.get(part)
+        if pmode is not None and not stat.S_ISDIR(pmode):
+            found.append(f"{part}: {_kind(pmode)} (left alone)")
+    return sorted(found)
+
+
+def list_modes(path: str, only: frozenset[str] | None = None) -> dict[str, int]:
+    """name -> file type bits of the entries of the directory ``path`` (from ``d_type``: no stat per entry);
+    with ``only``, of those names only. Empty when ``path`` is missing or this user cannot list it (nothing can be
+    read through it either; the scan reports it as unreadable, issue 21)."""
+    out: dict[str, int] = {}
+    try:
+        with os.scandir(path) as it:
+            for e in it:
+                if only is not None and e.name not in only:
+                    continue
+                if e.is_symlink():
+                    out[e.name] = stat.S_IFLNK
+                elif e.is_dir(follow_symlinks=False):
+                    out[e.name] = stat.S_IFDIR
+                elif e.is_file(follow_symlinks=False):
+                    out[e.name] = stat.S_IFREG
+                else:
+                    out[e.name] = stat.S_IFIFO  # a device, socket or fifo: not a directory either way
+    except (FileNotFoundError, NotADirectoryError, PermissionError):
+        pass
+    return out
+
+
+def _lstat_mode(path: str) -> int | None:
+    """The mode of ``path`` (not followed), or None when it is missing or this user cannot look (a folder on the way
+    cannot be entered: nothing can be read through it either, and the scan reports it as unreadable, issue 21)."""
+    try:
+        return os.lstat(path).st_mode
+    except (FileNotFoundError, NotADirectoryError, PermissionError):
+        return None
+
+
+def _kind(mode: int) -> str:
+    if stat.S_ISLNK(mode):
+        return "a symlink"
+    return "not a directory"

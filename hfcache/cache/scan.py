@@ -1,0 +1,590 @@
+"""One scanner of a cache's metadata, shared by ``ls`` (and the commands that judge a cache: verify, prune).
+
+It reads only metadata (``scandir``, ``lstat``, ``readlink``, ref contents of 40 bytes): no hashing, no writes.
+Unlike ``huggingface_hub.scan_cache_dir``, which drops a repo it considers corrupted into ``warnings``, every repo
+folder is returned, with its problems listed (library gap: an operator debugging a failed offline load needs to see
+exactly the broken repos).
+
+Last use, as hfcache defines it (README "Last use"): the newest of the access times of the revision's blobs, the
+modification time of its snapshot folder and of the refs pointing to it. atime alone is unreliable on
+``noatime``/``relatime`` mounts and read-only image layers; the snapshot and ref mtimes change whenever warm
+(re)publishes a revision.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+
+import gc
+import multiprocessing
+import operator
+import os
+import re
+import signal
+import stat
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from typing import NamedTuple, TypeVar
+
+from .safefs import list_modes, repo_layout_problems
+
+_COMMIT_RE = re.compile(rb"^[0-9a-f]{40}$")
+T = TypeVar("T")
+_REPO_TYPES = {"models": "model", "datasets": "dataset", "spaces": "space"}
+
+
+class SnapshotFile(NamedTuple):
+    """One entry of ``snapshots/<commit>/`` (a NamedTuple: created ~30,000 times for a 10,000-repo cache).
+
+    Attributes:
+        path (str): ``/``-separated path in the repo.
+        etag (str | None): the blob name the link points to (None for real files or links outside ``blobs/``).
+        size (int): size of the content in bytes (0 when the link is broken).
+        form (str): ``link`` (relative symlink into ``blobs/``), ``file`` (a real file: a cache written without
+            symlinks), ``broken`` (link to a missing blob), ``absolute`` (absolute link), ``outside`` (relative
+            link leaving the repo's ``blobs/``).
+        inode (tuple[int, int] | None): (device, inode) of the content, to count shared bytes once.
+    """
+
+    path: str
+    etag: str | None
+    size: int
+    form: str
+    inode: tuple[int, int] | None
+
+
+@dataclass(frozen=True)
+class RevisionInfo:
+    """One snapshot of a repo.
+
+    Attributes:
+        commit_hash (str): the snapshot folder's name.
+        refs (tuple[str, ...]): refs pointing to it, sorted.
+        files (tuple[SnapshotFile, ...]): its entries, sorted by path.
+        size_on_disk (int): bytes of its distinct contents (shared blobs counted once).
+        last_used (float): seconds since the epoch (see the module docstring).
+        problems (tuple[str, ...]): what is wrong, e.g. ``"vocab.txt: broken link"``.
+    """
+
+    commit_hash: str
+    refs: tuple[str, ...]
+    files: tuple[SnapshotFile, ...]
+    size_on_disk: int
+    last_used: float
+    problems: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class RepoInfo:
+    """One repo folder of a cache.
+
+    Attributes:
+        repo_id (str): decoded from the folder name (``models--ORG--NAME`` -> ``ORG/NAME``).
+        repo_type (str): ``model``, ``dataset`` or ``space``.
+        folder (str): the folder name.
+        refs (dict[str, str]): ref name -> content (commit, or whatever malformed text it holds).
+        revisions (tuple[RevisionInfo, ...]): sorted by commit.
+        size_on_disk (int): bytes of the repo's distinct contents (blobs, real snapshot files, ``.incomplete``).
+        blob_count (int): regular files in ``blobs/``.
+        incomplete (tuple[str, ...]): leftover ``blobs/*.incomplete`` names.
+        last_used (float): newest ``last_used`` of its revisions (0 when it has none).
+        problems (tuple[str, ...]): repo-level and revision-level problems, in a stable order.
+        inodes (dict[tuple[int, int], int]): (device, inode) -> size of every distinct content, to total a cache.
+        unsafe (tuple[str, ...]): parts of the folder that are symlinks or not directories (``blobs``, ``refs``,
+            ``snapshots``, ``.no_exist``, ``trees``, ``.locks/<folder>``). When set, nothing below the folder was
+            read (no refs, revisions or blobs), and every command leaves the repo alone.
+        unreadable (tuple[str, ...]): parts this user cannot list or read, relative to the repo folder (``blobs/``,
+            ``refs/main``, ``snapshots/<commit>/``); each is also a problem. What they hold is unknown, so commands
+            that change a repo leave such a repo alone.
+    """
+
+    repo_id: str
+    repo_type: str
+    folder: str
+    refs: dict[str, str]
+    revisions: tuple[RevisionInfo, ...]
+    size_on_disk: int
+    blob_count: int
+    incomplete: tuple[str, ...]
+    last_used: float
+    problems: tuple[str, ...]
+    inodes: dict[tuple[int, int], int]
+    unsafe: tuple[str, ...] = ()
+    unreadable: tuple[str, ...] = ()
+
+    @property
+    def health(self) -> str:
+        """``ok`` or the problems joined by ``; ``."""
+        return "ok" if not self.problems else "; ".join(self.problems)
+
+
+@dataclass(frozen=True)
+class CacheInfo:
+    """A whole cache: ``repos`` sorted by (type, id); ``size_on_disk`` counts every distinct content once."""
+
+    cache_dir: str
+    repos: tuple[RepoInfo, ...]
+    size_on_disk: int
+
+
+def parse_folder_name(name: str) -> tuple[str, str] | None:
+    """``models--ORG--NAME`` -> (``ORG/NAME``, ``model``); None for names that are not repo folders."""
+    prefix, sep, rest = name.partition("--")
+    if not sep or prefix not in _REPO_TYPES or not rest:
+        return None
+    parts = rest.split("--")
+    if len(parts) > 2 or any(p in ("", ".", "..") for p in parts):
+        return None
+    return "/".join(parts), _REPO_TYPES[prefix]
+
+
+def scan_cache(cache_dir: str | os.PathLike[str], repo_ids: set[str] | None = None) -> CacheInfo:
+    """Scan every repo folder of ``cache_dir`` (or only those whose id is in ``repo_ids``).
+
+    Returns:
+        CacheInfo. A missing cache directory gives an empty CacheInfo.
+
+    Raises:
+        CacheError: the cache directory exists but cannot be listed by this user (exit 5, naming what blocks it).
+    """
+    root = Path(cache_dir)
+    # The scan allocates ~10 objects per file and frees none: the cyclic collector would run thousands of times for
+    # nothing (a third of the wall time on 10,000 repos). Paused for the scan, restored after.
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        return _scan(root, repo_ids)
+    finally:
+        if enabled:
+            gc.enable()
+
+
+def _scan(root: Path, repo_ids: set[str] | None) -> CacheInfo:
+    folders, locks = repo_folders(root, repo_ids)
+    repos = [scan_folder(root, folder, locks) for folder in folders]
+    seen: dict[tuple[int, int], int] = {}
+    for repo in repos:
+        seen.update(repo.inodes)
+    return CacheInfo(cache_dir=str(root), repos=tuple(repos), size_on_disk=sum(seen.values()))
+
+
+#: (folder name, repo_id, repo_type, is a real directory) of one repo folder of a cache.
+FolderEntry = tuple[str, str, str, bool]
+
+
+def repo_folders(root: Path, repo_ids: set[str] | None = None) -> tuple[list[FolderEntry], dict[str, int] | None]:
+    """The repo folders of the cache at ``root``, sorted by (repo_type, repo_id case-folded), and the listing of its
+    ``.locks`` (for :func:`scan_folder`), from one ``scandir`` each: a caller can scan the folders one at a time
+    and let each result go, as ``ls --json`` does for large caches (issue 18, P4).
+
+    Raises:
+        CacheError: the cache directory exists but cannot be listed by this user (exit 5).
+    """
+    try:
+        entries = sorted(os.scandir(root), key=lambda e: e.name)
+    except FileNotFoundError:
+        entries = []
+    except PermissionError:
+        from .layout import access_error
+
+        raise access_error(root) from None
+    # .locks is listed once for the whole cache (not looked up per repo: this runs 10,000 times). No .locks at all
+    # is fine ({}); one that is a link or a file makes every repo report it (None: each repo checks in full).
+    try:
+        locks_mode: int | None = os.lstat(root / ".locks").st_mode
+    except FileNotFoundError:
+        locks_mode = None
+    except OSError:
+        locks_mode = stat.S_IFLNK
+    if locks_mode is None:
+        locks: dict[str, int] | None = {}
+    else:
+        locks = list_modes(str(root / ".locks")) if stat.S_ISDIR(locks_mode) else None
+    folders = []
+    for entry in entries:
+        parsed = parse_folder_name(entry.name)
+        if parsed is None:
+            continue
+        if repo_ids is not None and parsed[0] not in repo_ids:
+            continue
+        folders.append((entry.name, parsed[0], parsed[1], entry.is_dir(follow_symlinks=False)))
+    folders.sort(key=lambda f: (f[2], f[1].lower()))
+    return folders, locks
+
+
+def stream_repos(root: Path, summarize: Callable[[RepoInfo], T], repo_ids: set[str] | None = None, *,
+                 threshold: int = 100, workers: int | None = None) -> Iterator[T] | None:
+    """For a large cache (more than ``threshold`` repo folders), ``summarize(repo)`` for each repo, one at a time, in
+    the order ``ls`` shows (id case-folded), so that a caller never holds the whole listing (``ls --json``, issue 18
+    P4); None for a smaller cache (scan it whole with :func:`scan_cache`).
+
+    The repos are scanned and summarized in ``workers`` forked processes where the platform forks and no other
+    thread runs (scanning is CPU-bound Python: a second core halves it on a 10,000-repo cache), else here. Results
+    keep the order; an error in a worker is raised here.
+
+    Args:
+        summarize: applied to each RepoInfo; its results must be picklable (they cross a pipe).
+        workers: processes (default: the CPUs this process may run on, at most 4; 1 scans here).
+    """
+    folders, locks = repo_folders(Path(root), repo_ids)
+    if len(folders) <= threshold:
+        return None
+    folders.sort(key=lambda f: f[1].lower())  # stable over the scan's (repo_type, id) order
+    root = Path(root)
+    workers = _default_workers() if workers is None else workers
+    if workers < 2 or "fork" not in multiprocessing.get_all_start_methods() or threading.active_count() > 1:
+        # One process (forking a process with threads is unsafe).
+        return (summarize(scan_folder(root, folder, locks)) for folder in folders)
+    return _in_workers((str(root), locks, summarize), folders, workers)
+
+
+def _default_workers() -> int:
+    try:
+        cpus = len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        cpus = os.cpu_count() or 1
+    return min(cpus, 4)
+
+
+def _in_workers(state: tuple[str, dict[str, int] | None, Callable[[RepoInfo], T]], folders: list[FolderEntry],
+                workers: int) -> Iterator[T]:
+    """``summarize(scan_folder(...))`` over ``folders`` in forked processes, results in order.
+
+    Worker ``k`` takes folders ``k, k + workers, ...`` and sends each result down a pipe of its own; the results are
+    read round-robin, which is the folders' order. Nothing is shared between workers (``multiprocessing.Pool``
+    shares a result queue whose lock a worker killed mid-write holds forever: a SIGTERM sent to the whole process
+    group hung ``ls``). Workers ignore SIGINT and SIGTERM: the parent handles them and kills its workers
+    (SIGKILL) when the iterator ends, is closed or raises. ``state`` (root, ``.locks`` listing, summarize) reaches
+    the workers through the fork, never pickled.
+
+    Raises:
+        InternalError: a worker ended without sending its results (killed from outside, out of memory).
+        What ``summarize`` or the scan raised in a worker, re-raised here.
+    """
+    context = multiprocessing.get_context("fork")
+    processes, pipes = [], []
+    try:
+        for k in range(workers):
+            reader, writer = context.Pipe(duplex=False)
+            process = context.Process(target=_worker, args=(writer, [*pipes, reader], state, folders, k, workers),
+                                      daemon=True, name=f"hfcache-scan-{k}")
+            process.start()
+            writer.close()
+            processes.append(process)
+            pipes.append(reader)
+        for i in range(len(folders)):
+            try:
+                ok, value = pipes[i % workers].recv()
+            except EOFError:
+                from ..errors import InternalError
+
+                raise InternalError(f"a cache scan worker process ended early (exit {processes[i % workers].exitcode})",
+                                    hint="it was killed from outside or ran out of memory: run the command again")
+            if not ok:
+                raise value
+            yield value
+    finally:
+        for process in processes:
+            if process.is_alive():
+                process.kill()
+        for process in processes:
+            process.join()
+        for pipe in pipes:
+            pipe.close()
+
+
+def _worker(pipe, inherited: list, state: tuple[str, dict[str, int] | None, Callable[[RepoInfo], object]],
+            folders: list[FolderEntry], first: int, step: int) -> None:
+    """A scan worker (forked): its share of ``folders``, each result or the first error sent to the parent; it
+    stops as soon as the parent is gone (its pipe breaks, or it has been re-parented)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C and a group SIGTERM reach every process: the parent
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)  # handles them and kills its workers
+    for other in inherited:  # the parent's reading ends (this worker's and the earlier ones'): held here, they would
+        other.close()  # keep a worker from seeing the parent go (a send would block on a full pipe, not fail)
+    devnull = os.open(os.devnull, os.O_RDWR)  # the parent's stdin/stdout (a pipe to `head`...): not held here, so
+    for fd in (0, 1):  # their reader sees the end as soon as the parent is gone
+        os.dup2(devnull, fd)
+    os.close(devnull)
+    parent = os.getppid()
+    root, locks, summarize = state
+    try:
+        for folder in folders[first::step]:
+            if os.getppid() != parent:
+                break
+            try:
+                item = (True, summarize(scan_folder(root, folder, locks)))
+            except Exception as exc:  # noqa: BLE001 - raised again in the parent, as an in-process scan would
+                item = (False, exc)
+            pipe.send(item)
+            if not item[0]:
+                break
+    except OSError:  # the parent is gone (a closed pipe): nothing to report to, and nobody to read a traceback
+        pass
+    finally:
+        pipe.close()
+
+
+def scan_folder(root: str | os.PathLike[str], folder: FolderEntry, locks: dict[str, int] | None) -> RepoInfo:
+    """Scan one entry of :func:`repo_folders` (metadata only)."""
+    name, repo_id, repo_type, is_dir = folder
+    if not is_dir:
+        # A planted link (or file) named like a repo folder: reported, never followed.
+        return _unsafe_repo(name, (repo_id, repo_type), repo_layout_problems(os.fspath(root), name))
+    return scan_repo(os.path.join(root, name), repo_id, repo_type, locks)
+
+
+def _scandir(path: str, denied: list[str] | None = None, rel: str = "") -> list[os.DirEntry]:
+    """The entries of ``path``; a folder this user cannot list is added to ``denied`` (as ``rel``) and gives none."""
+    try:
+        with os.scandir(path) as it:
+            return list(it)
+    except (FileNotFoundError, NotADirectoryError):
+        return []
+    except PermissionError:
+        if denied is not None:
+            denied.append(rel)
+        return []
+
+
+def _unsafe_repo(name: str, parsed: tuple[str, str], unsafe: list[str]) -> RepoInfo:
+    return RepoInfo(repo_id=parsed[0], repo_type=parsed[1], folder=name, refs={}, revisions=(), size_on_disk=0,
+                    blob_count=0, incomplete=(), last_used=0.0, problems=tuple(unsafe), inodes={},
+                    unsafe=tuple(unsafe))
+
+
+def scan_repo(folder: str | os.PathLike[str], repo_id: str, repo_type: str,
+              locks_entries: dict[str, int] | None = None) -> RepoInfo:
+    """Scan one repo folder (metadata only). String paths and ``scandir`` throughout: this runs 10,000 times
+    for a large cache, and ``os.walk``/``relpath``/``pathlib`` dominated its cost.
+
+    A folder whose parts are symlinks or not directories is not read at all: the result has ``unsafe`` set
+    (see :func:`hfcache.cache.safefs.repo_layout_problems`).
+
+    Args:
+        locks_entries: name -> mode of the entries of ``<cache>/.locks`` when the caller listed it once for a
+            whole cache; None looks up ``.locks/<folder>`` directly.
+    """
+    base = os.fspath(folder)  # str paths, no Path per repo (a tenth of ls's time on 10,000 repos)
+    parent, folder_name = os.path.split(base)
+    unsafe = repo_layout_problems(parent, folder_name, locks_entries)
+    if unsafe:
+        return _unsafe_repo(folder_name, (repo_id, repo_type), unsafe)
+    if not os.access(base, os.R_OK | os.X_OK):  # the folder itself cannot be listed or entered: nothing is known
+        return RepoInfo(repo_id=repo_id, repo_type=repo_type, folder=folder_name, refs={}, revisions=(),
+                        size_on_disk=0, blob_count=0, incomplete=(), last_used=0.0,
+                        problems=(f"{folder_name}/: {_DENIED}",), inodes={}, unreadable=("",))
+    problems: list[str] = []
+    blob_stats: dict[str, os.stat_result] = {}
+    incomplete = []
+    inodes: dict[tuple[int, int], int] = {}
+    denied: list[str] = []
+    for e in _scandir(base + "/blobs", denied, "blobs/"):
+        try:
+            st = e.stat(follow_symlinks=False)
+        except FileNotFoundError:  # removed since the listing (a concurrent prune): not part of the cache now
+            continue
+        except PermissionError:  # listable but not searchable (mode r--)
+            denied.append("blobs/")
+            break
+        if e.name.endswith(".incomplete"):
+            incomplete.append(e.name)
+            inodes[(st.st_dev, st.st_ino)] = st.st_size
+        elif stat.S_ISREG(st.st_mode):
+            blob_stats[e.name] = st
+            inodes[(st.st_dev, st.st_ino)] = st.st_size
+        elif stat.S_ISLNK(st.st_mode):
+            problems.append(f"blobs/{e.name}: a symlink, not a file")
+        else:
+            problems.append(f"blobs/{e.name}: not a regular file")
+    incomplete.sort()
+    if incomplete:
+        problems.append(f"{len(incomplete)} leftover .incomplete file(s)")
+
+    linked: list[str] = []  # planted links below the parts: the repo is unsafe, as for a symlinked part
+    refs = _read_refs(base + "/refs", "", denied, linked)
+    snapshots = {}
+    for e in _scandir(base + "/snapshots", denied, "snapshots/"):
+        if e.is_dir(follow_symlinks=False):
+            snapshots[e.name] = e.path
+        else:  # a link or file where a snapshot folder belongs: never followed
+            linked.append(f"snapshots/{e.name}: {'a symlink' if e.is_symlink() else 'not a directory'} (left alone)")
+    for e in _scandir(base + "/.no_exist", denied, ".no_exist/"):
+        if not e.is_dir(follow_symlinks=False):
+            linked.append(f".no_exist/{e.name}: {'a symlink' if e.is_symlink() else 'not a directory'} (left alone)")
+    if linked:
+        # Not read further: every command leaves an unsafe repo alone (check fails it, export refuses it, prune
+        # skips it, verify reports unsafe_layout), so nothing outside the cache is ever read through these links.
+        return _unsafe_repo(folder_name, (repo_id, repo_type), sorted(linked))
+    for name, value in sorted(refs.items()):
+        if not _COMMIT_RE.fullmatch(value.encode("utf-8", "replace")):
+            problems.append(f"refs/{name}: malformed ({value!r}, expected 40 hex characters)")
+        elif value not in snapshots:
+            problems.append(f"refs/{name}: points to missing snapshot {value[:12]}")
+
+    revisions = []
+    for commit, path in sorted(snapshots.items()):
+        revisions.append(_scan_revision(base, commit, path, refs, blob_stats, inodes, denied))
+        problems.extend(f"{commit[:12]}: {p}" for p in revisions[-1].problems)
+    if denied:
+        # What this user sees of the repo is partial (links into an unreadable blobs/ look broken): only the parts
+        # it cannot read are reported, and commands that change a repo leave it alone.
+        problems = [f"{part or folder_name + '/'}: {_DENIED}" for part in sorted(set(denied))]
+    return RepoInfo(
+        repo_id=repo_id,
+        repo_type=repo_type,
+        folder=folder_name,
+        refs=refs,
+        revisions=tuple(revisions),
+        size_on_disk=sum(inodes.values()),
+        blob_count=len(blob_stats),
+        incomplete=tuple(incomplete),
+        last_used=max((r.last_used for r in revisions), default=0.0),
+        problems=tuple(problems),
+        inodes=inodes,
+        unreadable=tuple(sorted(set(denied))),
+    )
+
+
+def _read_refs(refs_dir: str, prefix: str, denied: list[str], linked: list[str]) -> dict[str, str]:
+    """ref name (``main``, ``refs/pr/1``) -> its content, decoded; nested ref folders are walked. A ref (or ref
+    folder) that is a symlink is added to ``linked`` and never followed."""
+    refs = {}
+    for e in _scandir(refs_dir, denied, f"refs/{prefix}"):
+        if e.is_symlink():
+            linked.append(f"refs/{prefix}{e.name}: a symlink (left alone)")
+            continue
+        if e.is_dir(follow_symlinks=False):
+            refs.update(_read_refs(e.path, prefix + e.name + "/", denied, linked))
+            continue
+        try:
+            # O_NOFOLLOW: a ref that is a planted link reads as unreadable (reported malformed), never its target.
+            fd = os.open(e.path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
+        except PermissionError:
+            denied.append(f"refs/{prefix}{e.name}")
+            continue
+        except OSError:
+            refs[prefix + e.name] = "<a symlink or unreadable>"
+            continue
+        try:  # os.read on the fd: no file object per ref (10,000 of them on a large cache)
+            data = os.read(fd, 256) if stat.S_ISREG(os.fstat(fd).st_mode) else b"<not a regular file>"
+        finally:
+            os.close(fd)
+        refs[prefix + e.name] = data.decode("utf-8", "replace")
+    return refs
+
+
+def _walk_files(folder: str, prefix: str, out: list[tuple[str, os.DirEntry]], denied: list[str],
+                where: str) -> None:
+    """Append (relative path, DirEntry) of every non-directory below ``folder``, without following links; a folder
+    this user cannot list is added to ``denied`` (``where`` + its relative path)."""
+    try:
+        with os.scandir(folder) as it:
+            for e in it:
+                if e.is_dir(follow_symlinks=False):
+                    _walk_files(e.path, prefix + e.name + "/", out, denied, where)
+                else:
+                    out.append((prefix + e.name, e))
+    except (FileNotFoundError, NotADirectoryError):
+        pass
+    except PermissionError:
+        denied.append(where + prefix)
+
+
+_DENIED = ("cannot be read by this user (permission denied): ask the cache's owner to make it group-readable "
+           "(`hfcache doctor` prints the fix)")
+_PROBLEM_TEXT = {"broken": "broken link (missing blob)", "absolute": "absolute link ({})",
+                 "outside": "link points outside the repo's blobs ({})"}
+_first = operator.itemgetter(0)
+_BLOB_PREFIX = ["../" * (depth + 2) + "blobs/" for depth in range(64)]
+
+
+#: Problem text of a snapshot entry that is a FIFO, device or socket.
+SPECIAL_FILE = "not a regular file (a FIFO, device or socket)"
+_HAZARDS = ("absolute link", "link points outside", SPECIAL_FILE)
+
+
+def load_hazards(repo: RepoInfo, commit_hash: str) -> list[str]:
+    """What would make a load of ``commit_hash`` read outside the repo folder or block: the repo's ``unsafe`` parts,
+    or entries of that snapshot that are absolute links, links leaving the repo's blobs, FIFOs or devices. A load
+    (``check``) or a copy (``export``) of such a revision is refused, never attempted."""
+    if repo.unsafe:
+        return list(repo.unsafe)
+    rev = next((r for r in repo.revisions if r.commit_hash == commit_hash), None)
+    if rev is None:
+        return []
+    return [f"snapshots/{commit_hash[:12]}/{p}" for p in rev.problems if any(h in p for h in _HAZARDS)]
+
+
+def _classify_link(target: str, rel: str, base: str, entry_path: str, blob_stats) -> tuple[str, str | None]:
+    """(form, etag) of a snapshot symlink that is not in huggingface_hub's own ``../../blobs/<etag>`` shape."""
+    if target.startswith("/"):
+        return "absolute", None
+    resolved = os.path.normpath(os.path.join(os.path.dirname(entry_path), target))
+    if os.path.dirname(resolved) != base + "/blobs":
+        return "outside", None
+    etag = os.path.basename(resolved)
+    return ("link" if etag in blob_stats else "broken"), etag
+
+
+def _scan_revision(base: str, commit: str, snapshot: str, refs: dict[str, str],
+                   blob_stats: dict[str, os.stat_result], inodes: dict[tuple[int, int], int],
+                   denied: list[str]) -> RevisionInfo:
+    files = []
+    problems = []
+    used: dict[tuple[int, int], int] = {}
+    try:
+        last_used = os.lstat(snapshot).st_mtime
+    except OSError:  # moved away by a concurrent prune since the listing (or snapshots/ cannot be searched)
+        last_used = 0.0
+    entries: list[tuple[str, os.DirEntry]] = []
+    _walk_files(snapshot, "", entries, denied, f"snapshots/{commit}/")
+    entries.sort(key=_first)
+    readlink = os.readlink
+    for rel, entry in entries:
+        if entry.is_symlink():
+            try:
+                target = readlink(entry.path)
+            except FileNotFoundError:  # removed since the listing (a concurrent prune)
+                continue
+            depth = rel.count("/")
+            prefix = _BLOB_PREFIX[depth] if depth < 64 else "../" * (depth + 2) + "blobs/"
+            etag = target[len(prefix):]
+            if target.startswith(prefix) and etag in blob_stats and "/" not in etag:
+                form = "link"  # the fast path: huggingface_hub's own link shape, to a blob that exists
+            else:
+                form, etag = _classify_link(target, rel, base, entry.path, blob_stats)
+            if form == "link":
+                bst = blob_stats[etag]
+                inode, size = (bst.st_dev, bst.st_ino), bst.st_size
+                if bst.st_atime > last_used:
+                    last_used = bst.st_atime
+            else:
+                inode, size = None, 0
+                problems.append(f"{rel}: " + _PROBLEM_TEXT[form].format(target))
+        elif entry.is_file(follow_symlinks=False):
+            try:
+                st = entry.stat(follow_symlinks=False)
+            except FileNotFoundError:
+                continue
+            except PermissionError:
+                denied.append(f"snapshots/{commit}/{rel}")
+                continue
+            form, etag, inode, size = "file", None, (st.st_dev, st.st_ino), st.st_size
+            inodes[inode] = size
+            if st.st_atime > last_used:
+                last_used = st.st_atime
+        else:  # a FIFO, device or socket: a load would block on it or read forever
+            problems.append(f"{rel}: {SPECIAL_FILE}")
+            continue
+        if inode is not None:
+            used[inode] = size
+        files.append(SnapshotFile(rel, etag, size, form, inode))
+    pointing = tuple(sorted(name for name, value in refs.items() if value == commit))
+    for name in pointing:
+        try:
+            last_used = max(last_used, os.lstat(f"{base}/refs/{name}").st_mtime)
+        except OSError:
+            pass
+    return RevisionInfo(commit_hash=commit, refs=pointing, files=tuple(files), size_on_disk=sum(used.values()),
+                        last_used=last_used, problems=tuple(problems))

@@ -1,0 +1,73 @@
+"""Rendering of ``hfcache push`` and ``hfcache pull``: a progress bar per blob, the image reference, what merged."""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TransferSpeedColumn
+
+from .common import human_size, print_json, stderr, stdout
+
+__all__ = ["TransferProgress", "show_pull", "show_push"]
+
+
+class TransferProgress:
+    """A rich progress bar on stderr per blob transferred (implements :class:`hfcache.oci.image.TransferSink`)."""
+
+    def __init__(self, enabled: bool) -> None:
+        self._progress = Progress(TextColumn("{task.description}"), BarColumn(), DownloadColumn(binary_units=True),
+                                  TransferSpeedColumn(), console=stderr, disable=not enabled)
+        self._task = None
+
+    def __enter__(self):
+        self._progress.__enter__()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._progress.__exit__(*exc)
+
+    def begin(self, label: str, total: int) -> None:
+        self._task = self._progress.add_task(label[:60], total=total)
+
+    def advance(self, nbytes: int) -> None:
+        if self._task is not None:
+            self._progress.advance(self._task, nbytes)
+
+
+def _layers_json(layers) -> list[dict]:
+    return [{"digest": x.digest, "size": x.size, "diff_id": x.diff_id, "repos": list(x.repos),
+             "transferred": x.transferred} for x in layers]
+
+
+def show_push(report: Any, *, as_json: bool) -> None:
+    """push's result: JSON, or one line on stderr and ``REF@DIGEST`` on stdout (for scripts)."""
+    if as_json:
+        print_json({"ok": True, "reference": report.reference, "digest": report.digest, "split": report.split,
+                    "repos": list(report.repos), "layers": _layers_json(report.layers),
+                    "bytes_total": report.bytes_total, "bytes_uploaded": report.bytes_uploaded})
+        return
+    stderr.print(f"pushed {len(report.repos)} revision(s) in {len(report.layers)} layer(s) "
+                 f"({human_size(report.bytes_uploaded)} sent of {human_size(report.bytes_total)})")
+    sys.stdout.write(f"{report.reference}@{report.digest}\n")
+    sys.stdout.flush()
+
+
+def show_pull(report: Any, *, as_json: bool) -> None:
+    """pull's result: JSON, or what was downloaded and merged (stdout)."""
+    imported = report.imported
+    if as_json:
+        print_json({"ok": True, "reference": report.reference, "digest": report.digest,
+                    "layers": _layers_json(report.layers), "bytes_downloaded": report.bytes_downloaded,
+                    "bytes_unpacked": report.bytes_unpacked, "cache_dir": imported.cache_dir,
+                    "repos": list(imported.repos), "files": imported.files, "blobs_new": imported.blobs_new,
+                    "blobs_existing": imported.blobs_existing,
+                    "blob_contents": imported.blob_contents, "bytes_new": imported.bytes_new,
+                    "moved_refs": list(imported.moved)})
+        return
+    stdout.print(f"pulled {report.reference} ({report.digest[:19]}): {len(report.layers)} layer(s), "
+                 f"{human_size(report.bytes_downloaded)}; {len(imported.repos)} repo(s) into {imported.cache_dir}, "
+                 f"{imported.blobs_new} new blob entries, {imported.blobs_existing} already there; "
+                 f"{imported.blob_contents} distinct blobs")
+    for ref in imported.moved:
+        stdout.print(f"moved the target's {ref} to the image's commit (--move-refs)")

@@ -1,0 +1,81 @@
+"""Rendering of ``hfcache env``, ``doctor`` and ``serve`` (the runtime side: offline variables, diagnosis, mirror)."""
+
+from __future__ import annotations
+
+import os
+import sys
+from typing import TYPE_CHECKING, Any
+
+from rich.table import Table
+from rich.text import Text
+
+from .common import print_json, stderr, stdout
+
+if TYPE_CHECKING:
+    from ...offline.doctor import DoctorReport
+
+__all__ = ["doctor_dict", "show_doctor", "show_env", "show_mirror_ready", "show_mirror_stopped"]
+
+
+def show_env(text: str) -> None:
+    """``hfcache env``: the rendered variables, exactly as given, on stdout (no colour, nothing else)."""
+    sys.stdout.write(text)
+    sys.stdout.flush()
+
+
+def doctor_dict(report: DoctorReport) -> dict[str, Any]:
+    """``hfcache doctor --json``: the report as plain data (sizes in bytes)."""
+    return {
+        "ok": report.ok,
+        "exit_code": report.exit_code,
+        "cache_dir": report.cache_dir,
+        "effective_cache_dir": report.effective_cache_dir,
+        "cache_source": report.cache_source,
+        "offline": report.offline,
+        "user": {"uid": report.uid, "gid": report.gid, "groups": list(report.groups)},
+        "cache": {"owner_uid": report.owner_uid, "owner_gid": report.owner_gid, "writable": report.writable,
+                  "read_only_fs": report.read_only_fs, "symlinks": report.symlinks, "free_bytes": report.free_bytes},
+        "versions": dict(report.versions),
+        "findings": [{"code": f.code, "severity": f.severity, "message": f.message, "fix": f.fix}
+                     for f in report.findings],
+    }
+
+
+def show_doctor(report: DoctorReport, *, as_json: bool) -> None:
+    """doctor's result: JSON, or a table of findings (errors first, each with its fix) and a verdict on stdout."""
+    if as_json:
+        print_json(doctor_dict(report))
+        return
+    styles = {"error": "bold red", "warning": "yellow", "info": "dim"}
+    table = Table(title=f"hfcache doctor {report.cache_dir}", title_justify="left")
+    for column in ("severity", "finding", "fix"):
+        table.add_column(column, overflow="fold")
+    for f in report.findings:
+        table.add_row(Text(f.severity, style=styles[f.severity]), f.message, f.fix or "")
+    stdout.print(table)
+    errors = sum(f.severity == "error" for f in report.findings)
+    warnings = sum(f.severity == "warning" for f in report.findings)
+    verdict = Text("ok", style="green") if not errors else Text(f"{errors} error(s)", style="bold red")
+    stdout.print(Text.assemble(verdict, f", {warnings} warning(s)"))
+
+
+def show_mirror_ready(info: Any) -> None:
+    """``hfcache serve`` is listening: what it serves and where (stderr; the endpoint is the last word)."""
+    what = "cache" if info.layout == "cache" else "repo folders"
+    token = ", bearer token required" if info.token_required else ""
+    pull = f", pulling through from {', '.join(info.upstreams)}" if info.upstreams else ""
+    allow = f" (allowed: {', '.join(info.allow)})" if info.allow else " (any repo: no --allow)" if info.upstreams else ""
+    unreadable = info.unreadable
+    if unreadable:
+        shown = ", ".join(unreadable[:4]) + (f" (and {len(unreadable) - 4} more)" if len(unreadable) > 4 else "")
+        stderr.print(Text(f"hfcache: warning: {len(unreadable)} repo folder(s) of {info.root} cannot be read by uid "
+                          f"{os.geteuid()}: {shown}; requests for them get 500 CacheUnreadable (`hfcache doctor "
+                          f"--cache-dir {info.root}` prints the fix)"), soft_wrap=True)
+    stderr.print(Text(f"hfcache: serving {what} {info.root}{token}{pull}{allow} at {info.endpoint}"), soft_wrap=True)
+
+
+def show_mirror_stopped(run: Any) -> None:
+    """``hfcache serve`` has shut down (stderr)."""
+    cut = f"; {run.cut_short} download(s) cut short" if run.cut_short else ""
+    stderr.print(Text(f"hfcache: stopped on {run.signal} after {run.seconds:.0f} s{cut}"), soft_wrap=True)
+

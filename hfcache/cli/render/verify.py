@@ -1,0 +1,141 @@
+"""Rendering of ``hfcache verify`` (hashing progress, problems, repairs) and ``hfcache check`` (offline loads)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from rich.progress import (
+    BarColumn,
+    DownloadColumn,
+    Progress,
+    TextColumn,
+    TimeElapsedColumn,
+    TransferSpeedColumn,
+)
+from rich.table import Table
+from rich.text import Text
+
+from . import common
+from .common import human_size, live_on_terminal, print_json, stderr, stdout
+
+if TYPE_CHECKING:
+    from ...integrity.check import CheckReport
+    from ...integrity.repair import RepairAction
+    from ...integrity.verify import VerifyReport
+
+__all__ = ["HashProgress", "show_check", "show_verify"]
+
+
+class HashProgress:
+    """A bytes progress bar on stderr while verify hashes (implements verify's HashProgress)."""
+
+    def __init__(self, enabled: bool = True) -> None:
+        self._progress = Progress(TextColumn("hashing"), BarColumn(), DownloadColumn(binary_units=True),
+                                  TransferSpeedColumn(), TimeElapsedColumn(), console=stderr,
+                                  disable=not live_on_terminal(enabled),
+                                  transient=True)
+        self._task = self._progress.add_task("hash", total=0)
+
+    def __enter__(self) -> HashProgress:
+        self._progress.__enter__()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._progress.__exit__(*exc)
+
+    def start(self, total_bytes: int) -> None:
+        self._progress.update(self._task, total=total_bytes)
+
+    def advance(self, nbytes: int) -> None:
+        self._progress.advance(self._task, nbytes)
+
+
+def _problem_dict(p) -> dict[str, Any]:
+    return {"repo_id": p.repo_id, "revision": p.revision, "path": p.path, "kind": p.kind, "detail": p.detail,
+            "error": p.is_error, "linked_from": list(p.linked_from)}
+
+
+def show_verify(report: VerifyReport, actions: tuple[RepairAction, ...], before: VerifyReport | None, *,
+                as_json: bool) -> None:
+    """verify's result: JSON, or a table of every problem (errors first in severity, stable order) and a summary."""
+    if as_json:
+        document = {
+            "cache_dir": report.cache_dir,
+            "ok": report.ok,
+            "exit_code": report.exit_code,
+            "repos": list(report.repos),
+            "blobs_hashed": report.blobs_hashed,
+            "bytes_hashed": report.bytes_hashed,
+            "blobs_skipped": report.blobs_skipped,
+            "seconds": round(report.seconds, 3),
+            "problems": [_problem_dict(p) for p in report.problems],
+        }
+        if before is not None:
+            document["before_repair"] = [_problem_dict(p) for p in before.problems]
+            document["repairs"] = [{"repo_id": a.repo_id, "revision": a.revision, "path": a.path,
+                                    "action": a.action, "detail": a.detail, "ok": a.ok} for a in actions]
+        print_json(document)
+        return
+    if before is not None:
+        table = Table(title="repairs", title_justify="left")
+        for column in ("repo", "revision", "path", "action", "detail"):
+            table.add_column(column, overflow="fold")
+        for a in actions:
+            table.add_row(a.repo_id, a.revision[:12], a.path, Text(a.action, style="green" if a.ok else "red"),
+                          a.detail)
+        stdout.print(table)
+    if report.problems:
+        table = Table(title=f"hfcache verify {report.cache_dir}", title_justify="left")
+        for column in ("repo", "revision", "path", "problem", "detail"):
+            table.add_column(column, overflow="fold")
+        for p in report.problems:
+            table.add_row(p.repo_id, p.revision[:12] if len(p.revision) == 40 else p.revision, p.path,
+                          Text(p.kind, style="red" if p.is_error else "yellow"), p.detail)
+        stdout.print(table)
+    errors = len(report.errors)
+    notes = len(report.problems) - errors
+    verdict = Text("ok", style="green") if report.ok else Text(f"{errors} integrity problem(s)", style="bold red")
+    common.stdout.print(Text.assemble(
+        verdict, f": {len(report.repos)} repos, {report.blobs_hashed} distinct blobs ({human_size(report.bytes_hashed)}) "
+        f"hashed in {report.seconds:.2f}s"
+        + (f", {report.blobs_skipped} unchanged since a --fast run (not hashed)" if report.blobs_skipped else "")
+        + (f", {notes} note(s)" if notes else "")))
+
+
+def show_check(report: CheckReport, *, as_json: bool) -> None:
+    """check's result: JSON, or a table (repo, class, vocab, load time, ids or the cause of the failure)."""
+    if as_json:
+        print_json({
+            "cache_dir": report.cache_dir,
+            "text": report.text,
+            "ok": report.ok,
+            "exit_code": report.exit_code,
+            "import_seconds": report.import_seconds,
+            "tokenizers": [
+                {"repo_id": r.target.repo_id, "revision": r.target.revision, "ok": r.ok,
+                 "trust_remote_code": r.target.trust_remote_code,
+                 "class": r.tokenizer_class, "vocab_size": r.vocab_size,
+                 "input_ids": list(r.input_ids) if r.input_ids is not None else None,
+                 "seconds": r.seconds, "error": r.error, "cause": r.cause}
+                for r in report.results
+            ],
+        })
+        return
+    table = Table(title=f"hfcache check {report.cache_dir} (offline)", title_justify="left")
+    for column in ("tokenizer", "class", "vocab", "load", "result"):
+        table.add_column(column, overflow="fold", justify="right" if column in ("vocab", "load") else "left")
+    for r in report.results:
+        if r.ok:
+            ids = list(r.input_ids or ())
+            shown = ", ".join(map(str, ids[:8])) + (", ..." if len(ids) > 8 else "")
+            result = Text(f"ok [{shown}]", style="green")
+        else:
+            result = Text(r.cause or r.error or "failed", style="red")
+        table.add_row(r.target.spec, r.tokenizer_class or "-", str(r.vocab_size or "-"), f"{r.seconds:.2f}s", result)
+    stdout.print(table)
+    failed = sum(not r.ok for r in report.results)
+    stdout.print(Text(f"{len(report.results) - failed} loaded, {failed} failed",
+                      style="green" if not failed else "red"))
+    for r in report.results:
+        if not r.ok and r.cause and r.error and r.error != r.cause:
+            stdout.print(Text(f"{r.target.spec}: {r.error.splitlines()[0][:300]}", style="dim"), soft_wrap=True)

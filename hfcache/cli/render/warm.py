@@ -1,0 +1,248 @@
+"""Rendering of ``hfcache warm`` and ``hfcache lock``: progress per repo, the summary table, the pin result."""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import asdict
+from typing import TYPE_CHECKING, Any
+
+from ...records import RepoResult, WarmReport
+from . import common
+from .common import human_size, live_on_terminal, print_error, print_json
+
+# rich is imported where a table or a bar is drawn, not here: `warm --lock --json` on a complete cache prints one
+# JSON document and must not pay rich's import (issue 18, P1).
+if TYPE_CHECKING:
+    from rich.progress import TaskID
+    from rich.table import Table
+
+    from ...warming.pin import PinResult
+    from ...warming.project import LockCheck
+
+__all__ = ["WarmProgress", "repo_result_dict", "show_lock_check", "show_pin_result", "show_warm_report",
+           "warm_report_dict", "warm_summary_table"]
+
+
+def repo_result_dict(result: RepoResult) -> dict[str, Any]:
+    """A RepoResult as plain JSON data (sizes in bytes, times in seconds)."""
+    data = asdict(result)
+    request = data.pop("request")
+    data.update(
+        repo_id=request["repo_id"],
+        revision=request["revision"],
+        repo_type=request["repo_type"],
+        kind=request["kind"],
+        include=list(request["include"]),
+        exclude=list(request["exclude"]),
+        ok=result.ok,
+        seconds=round(result.seconds, 3),
+    )
+    return data
+
+
+def warm_report_dict(report: WarmReport) -> dict[str, Any]:
+    return {
+        "cache_dir": report.cache_dir,
+        "ok": report.ok,
+        "exit_code": report.exit_code,
+        "bytes_downloaded": report.bytes_downloaded,
+        "seconds": round(report.seconds, 3),
+        "endpoints": list(report.endpoints),
+        "repos": [repo_result_dict(r) for r in report.repos],
+    }
+
+
+def __getattr__(name: str) -> Any:
+    if name == "stderr":  # the shared rich Console, made on first use (render.common)
+        return common.stderr
+    raise AttributeError(name)
+
+
+def warm_summary_table(report: WarmReport) -> Table:
+    from rich.table import Table
+    from rich.text import Text
+
+    table = Table(title=f"hfcache warm -> {report.cache_dir}", title_justify="left")
+    table.add_column("repo")
+    table.add_column("commit")
+    table.add_column("files", justify="right")
+    table.add_column("size", justify="right")
+    table.add_column("downloaded", justify="right")
+    table.add_column("time", justify="right")
+    several = len(report.endpoints) > 1 or len({r.endpoint for r in report.repos}) > 1
+    if several:
+        table.add_column("endpoint")
+    retried = any(r.retries for r in report.repos)
+    if retried:
+        table.add_column("retries", justify="right")
+    table.add_column("status")
+    for r in report.repos:
+        label = r.request.spec
+        if r.canonical_id and r.canonical_id != r.request.repo_id:
+            label += f" -> {r.canonical_id}"
+        status = Text("ok", style="green") if r.ok else Text(f"failed (exit {r.exit_code})", style="red")
+        if r.error_type == "Interrupted":
+            status = Text("interrupted", style="yellow")
+        table.add_row(
+            label,
+            (r.commit_hash or "-")[:12],
+            str(len(r.files)) if r.ok else "-",
+            human_size(sum(f.size for f in r.files)) if r.ok else "-",
+            human_size(r.bytes_downloaded),
+            f"{r.seconds:.2f}s",
+            *([r.endpoint] if several else []),
+            *([str(r.retries)] if retried else []),
+            status,
+        )
+    failed = sum(not r.ok for r in report.repos)
+    table.caption = (
+        f"{len(report.repos) - failed} ok, {failed} failed; {human_size(report.bytes_downloaded)} downloaded "
+        f"in {report.seconds:.2f}s"
+    )
+    table.caption_justify = "left"
+    return table
+
+
+def _usage_hint(exit_code: int, command: str) -> str | None:
+    """Every usage error (exit 2) shows a hint line, as the CLI's own errors do."""
+    return f"see `hfcache {command} --help`" if exit_code == 2 else None
+
+
+class WarmProgress:
+    """A rich progress display on stderr: one bar per repo (bytes) and a total bar; implements ProgressSink.
+
+    Transient: the bars are cleared when the warm ends (the summary table on stdout says what was done), so a warm
+    that fails, or is interrupted, leaves no empty bars above its error lines."""
+
+    def __init__(self, total_repos: int, enabled: bool = True) -> None:
+        self._enabled = enabled
+        self._lock = threading.Lock()
+        self._tasks: dict[int, TaskID] = {}
+        self._total_repos = total_repos
+        self._done = 0
+        if not enabled:  # --json / -q: no bar, and no rich import either
+            return
+        from rich.progress import (BarColumn, DownloadColumn, Progress, TextColumn, TimeElapsedColumn,
+                                   TransferSpeedColumn)
+
+        self._progress = Progress(
+            TextColumn("{task.description}"),
+            BarColumn(),
+            DownloadColumn(binary_units=True),
+            TransferSpeedColumn(),
+            TextColumn("{task.fields[status]}"),
+            TimeElapsedColumn(),
+            console=common.stderr,
+            disable=not live_on_terminal(enabled),
+            transient=True,
+        )
+        self._total = self._progress.add_task("[bold]total", total=0, status=f"0/{total_repos} repos")
+
+    def __enter__(self) -> WarmProgress:
+        if self._enabled:
+            self._progress.__enter__()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self._enabled:
+            self._progress.__exit__(*exc)
+
+    def repo_started(self, key: int, label: str, files: int, total_bytes: int) -> None:
+        if not self._enabled:
+            return
+        with self._lock:
+            if key in self._tasks:  # the repo is retried on the next endpoint: start its bar again
+                self._progress.reset(self._tasks[key], total=total_bytes)
+                return
+            self._tasks[key] = self._progress.add_task(label, total=total_bytes, status=f"{files} files")
+            total = self._progress.tasks[self._total].total or 0
+            self._progress.update(self._total, total=total + total_bytes)
+
+    def advance(self, key: int, nbytes: int) -> None:
+        if not self._enabled:
+            return
+        task = self._tasks.get(key)
+        if task is not None:
+            self._progress.advance(task, nbytes)
+        self._progress.advance(self._total, nbytes)
+
+    def repo_finished(self, key: int, result: RepoResult) -> None:
+        if not self._enabled:
+            return
+        with self._lock:
+            self._done += 1
+            self._progress.update(self._total, status=f"{self._done}/{self._total_repos} repos")
+            task = self._tasks.get(key)
+            if task is None:
+                task = self._tasks[key] = self._progress.add_task(result.request.spec, total=0, status="")
+            status = "[green]ok" if result.ok else (
+                "[yellow]interrupted" if result.error_type == "Interrupted" else "[red]failed")
+            self._progress.update(task, status=status)
+
+
+def show_warm_report(report: WarmReport, *, as_json: bool, quiet: bool) -> None:
+    """JSON document on stdout, or the summary table on stdout and one error line per failed repo on stderr."""
+    if as_json:
+        print_json(warm_report_dict(report))
+        return
+    from rich.text import Text
+
+    if not quiet and any(r.ok for r in report.repos):  # nothing warmed: the error lines say it all
+        common.stdout.print(warm_summary_table(report))
+    for r in report.repos:
+        for note in r.notes:
+            common.stderr.print(Text(f"warning: {r.request.repo_id}: {note}", style="yellow"))
+        if not r.ok:
+            print_error(r.error or "failed", r.hint or _usage_hint(r.exit_code, "warm"))
+
+
+def show_pin_result(result: PinResult, lock_path, written: bool, *, as_json: bool) -> None:
+    """The outcome of ``hfcache lock``: JSON, or a table of pinned repos and one line per failure."""
+    if as_json:
+        print_json({
+            "lock": str(lock_path),
+            "written": written,
+            "ok": not result.failures,
+            "resolved": list(result.resolved),
+            "kept": list(result.kept),
+            "failures": [{"spec": f.spec, "error": f.error, "hint": f.hint, "exit_code": f.exit_code}
+                         for f in result.failures],
+            "repos": [
+                {"repo_id": r.request.repo_id, "revision": r.request.revision, "canonical_id": r.canonical_id,
+                 "commit_hash": r.commit_hash, "files": len(r.files), "bytes": sum(f.size for f in r.files),
+                 "notes": list(r.notes)}
+                for r in result.lock.repos
+            ],
+        })
+        return
+    from rich.table import Table
+    from rich.text import Text
+
+    table = Table(title=f"hfcache lock -> {lock_path}", title_justify="left")
+    for column in ("repo", "commit", "files", "size", "status"):
+        table.add_column(column, justify="right" if column in ("files", "size") else "left")
+    for r in result.lock.repos:
+        status = "resolved" if r.request.spec in result.resolved else "kept"
+        table.add_row(r.request.spec, r.commit_hash[:12], str(len(r.files)),
+                      human_size(sum(f.size for f in r.files)), status)
+    if result.lock.repos:
+        common.stdout.print(table)
+    for r in result.lock.repos:
+        for note in r.notes:
+            common.stderr.print(Text(f"warning: {r.request.repo_id}: {note}", style="yellow"))
+    for f in result.failures:
+        print_error(f.error, f.hint or _usage_hint(f.exit_code, "lock"))
+    if result.failures:
+        entries = f"{len(result.failures)} entr{'y' if len(result.failures) == 1 else 'ies'}"
+        common.stdout.print(f"{lock_path} not written: {entries} failed")
+    else:
+        common.stdout.print(f"{lock_path} {'written' if written else 'unchanged'}")
+
+
+def show_lock_check(status: LockCheck, *, as_json: bool) -> None:
+    """``hfcache lock --check``: JSON, or one line on stdout when the lock matches (a mismatch is an error line)."""
+    if as_json:
+        print_json({"lock": str(status.lock_path), "manifest": str(status.manifest), "ok": status.ok,
+                    "drift": list(status.drift)})
+    elif status.ok:
+        common.stdout.print(f"{status.lock_path} matches {status.manifest}")

@@ -1,0 +1,164 @@
+"""Retries of transient Hub and CDN failures: exponential backoff with jitter, ``Retry-After`` honoured.
+
+Retried: HTTP 429, 502, 503, 504, and a connection cut mid-answer (reset, peer closed early). Never retried: other
+4xx and 5xx (a 404 or 500 will not change), timeouts (``--timeout`` already bounds the wait) and refused
+connections (the next endpoint is a better bet). Each request, or each file download with all its parts, gets its
+own budget of ``retries`` (``--retries``, default 5); every retry is counted for the report.
+
+Library gap: huggingface_hub's ``http_backoff`` also retries 500 and timeouts, sleeps without a way to be
+interrupted (SIGTERM must stop within a second) and keeps no count; ``HfApi.repo_info`` does not retry at all.
+
+This module knows no HTTP client (only :mod:`hfcache.hub.client` imports one): which client exceptions mean "the connection
+was cut" is :func:`hfcache.hub.client.is_transient`, handed to each :class:`RetryCounter` by ``HubClient.counter()``.
+"""
+
+from __future__ import annotations
+
+import random
+import threading
+import time
+from collections.abc import Callable
+from email.utils import parsedate_to_datetime
+from typing import TypeVar
+
+from ..errors import HfcacheError, HubError
+
+T = TypeVar("T")
+
+RETRY_STATUSES = frozenset({429, 502, 503, 504})
+DEFAULT_RETRIES = 5
+BASE_DELAY = 0.25  # seconds before the first retry; doubles each time
+MAX_DELAY = 10.0
+MAX_RETRY_AFTER = 60.0  # a longer Retry-After fails the request instead of stalling the warm
+
+
+class Interrupted(HfcacheError):
+    """Ctrl-C or SIGTERM arrived: the work stopped without publishing anything partial."""
+
+    exit_code = 130
+
+
+def status_of(exc: BaseException) -> int | None:
+    """The HTTP status an exception carries (any with ``.response.status_code``: huggingface_hub's HfHubHTTPError,
+    httpx's HTTPStatusError), or None."""
+    response = getattr(exc, "response", None)
+    status = getattr(response, "status_code", None)
+    return status if isinstance(status, int) else None
+
+
+def is_transient(exc: BaseException) -> bool:
+    """True for failures worth retrying that need no HTTP client to recognise: an answer with status 429, 502, 503
+    or 504, a reset connection, a body that ended early (:class:`ShortBody`). The HTTP client's own "connection cut"
+    exceptions are added by :func:`hfcache.hub.client.is_transient`."""
+    status = status_of(exc)
+    if status is not None:
+        return status in RETRY_STATUSES
+    return isinstance(exc, (ConnectionResetError, ShortBody))
+
+
+class ShortBody(Exception):
+    """A body ended (cleanly) before the announced number of bytes: the connection was cut."""
+
+
+def retry_after(exc: BaseException) -> float | None:
+    """Seconds from the ``Retry-After`` header of the failed answer (delay-seconds or HTTP-date; RFC 9110 §10.2.3)."""
+    response = getattr(exc, "response", None)
+    value = getattr(response, "headers", {}).get("Retry-After") if response is not None else None
+    if not value:
+        return None
+    value = value.strip()
+    try:
+        return max(0.0, float(value))
+    except ValueError:
+        pass
+    try:
+        return max(0.0, parsedate_to_datetime(value).timestamp() - time.time())
+    except (TypeError, ValueError, IndexError):
+        return None
+
+
+class RetryCounter:
+    """Retries made for one repo (thread-safe); what the report shows. ``stop`` interrupts every backoff wait.
+
+    Args:
+        retries: retries per request or per file download (a fresh :meth:`budget` each), >= 0.
+        stop: set to interrupt every wait at once (Ctrl-C, SIGTERM).
+        transient: which failures are retried (default :func:`is_transient`; ``HubClient`` passes
+            :func:`hfcache.hub.client.is_transient`, which also knows its HTTP client's exceptions).
+
+    Raises:
+        ValueError: ``retries`` < 0.
+    """
+
+    def __init__(self, retries: int = DEFAULT_RETRIES, stop: threading.Event | None = None,
+                 transient: Callable[[BaseException], bool] = is_transient) -> None:
+        if retries < 0:
+            raise ValueError("retries must be >= 0")
+        self.retries = retries
+        self.stop = stop or threading.Event()
+        self.transient = transient
+        self._count = 0
+        self._lock = threading.Lock()
+
+    @property
+    def count(self) -> int:
+        with self._lock:
+            return self._count
+
+    def budget(self) -> Budget:
+        """A fresh budget of ``retries`` for one request or one file download."""
+        return Budget(self)
+
+    def _add(self) -> None:
+        with self._lock:
+            self._count += 1
+
+
+class Budget:
+    """The retries left for one request (or one file's download, shared by its parts)."""
+
+    def __init__(self, counter: RetryCounter, rng: random.Random | None = None) -> None:
+        self.counter = counter
+        self.left = counter.retries
+        self.attempt = 0
+        self._rng = rng or random.Random()
+        self._lock = threading.Lock()
+
+    def backoff(self, exc: BaseException, what: str) -> bool:
+        """After a failure: wait and return True when it should be retried, False when it should be raised.
+
+        Raises:
+            Interrupted: the stop event was set while waiting.
+            HubError: a 429 whose ``Retry-After`` exceeds :data:`MAX_RETRY_AFTER`.
+        """
+        if not self.counter.transient(exc):
+            return False
+        with self._lock:
+            if self.left <= 0:
+                return False
+            self.left -= 1
+            self.attempt += 1
+            attempt = self.attempt
+        self.counter._add()
+        delay = retry_after(exc)
+        if delay is not None and delay > MAX_RETRY_AFTER:
+            raise HubError(f"{what}: rate-limited, the endpoint asks to retry after {delay:.0f} s",
+                           hint="retry later, or use another --endpoint")
+        if delay is None:
+            # "Equal jitter": half fixed, half random, so that parallel parts do not retry in lockstep.
+            step = min(MAX_DELAY, BASE_DELAY * 2 ** (attempt - 1))
+            delay = step / 2 + self._rng.uniform(0, step / 2)
+        if self.counter.stop.wait(delay):
+            raise Interrupted(f"{what}: interrupted")
+        return True
+
+    def call(self, fn: Callable[[], T], what: str) -> T:
+        """Run ``fn`` until it succeeds, a failure is not transient, or the budget is spent (then it raises)."""
+        while True:
+            if self.counter.stop.is_set():
+                raise Interrupted(f"{what}: interrupted")
+            try:
+                return fn()
+            except Exception as exc:  # noqa: BLE001 - classified by backoff(), re-raised when not retried
+                if not self.backoff(exc, what):
+                    raise

@@ -1,0 +1,411 @@
+"""export: a subset of a cache into a new cache directory or a reproducible tar, relocatable anywhere.
+
+The plan is computed first (sorted entries, each distinct content once), then written as a directory or a tar.
+Library gap: huggingface_hub has no export; copying a cache by hand breaks on symlinks, duplicates shared bytes and
+gives a new layer digest on every build.
+
+- Links stay relative (``../../blobs/<etag>``), so the result can be moved anywhere; ``materialize`` writes real
+  files in ``snapshots/`` instead (hardlinks of the blobs: no symlink at all, same bytes once), which
+  huggingface_hub reads as its no-symlink form.
+- Each distinct blob is stored once: a blob that recurs in several repos (the bert ``vocab.txt``) becomes a
+  hardlink, on disk and as a hardlink entry in a tar.
+- The tar is byte-identical for the same content, whatever the machine, time or order on disk: sorted entries,
+  mtime 0, uid/gid 0 (or ``chown``), no user or group names, modes 0644/0755 (0664/0775 with ``group_writable``).
+- Every blob is hashed while it is copied and compared with its name: a corrupt cache is never shipped.
+- No ``.incomplete``, no lock files, nothing but the HF layout (tokens never live in a cache), plus warm's record of
+  each exported revision (``.locks/<folder>/hfcache/<commit>.json``, :mod:`hfcache.cache.published`; huggingface_hub never
+  reads ``.locks``), so ``verify`` on the export still knows which files the revision must hold.
+- A revision that does not match its record (a file lost: neither in the snapshot nor marked absent), or whose
+  snapshot holds a FIFO, device or a link leaving the repo (:func:`hfcache.cache.scan.load_hazards`), is refused (exit 5):
+  an export never launders a broken revision into one that verifies.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import os
+import shutil
+import stat
+import tarfile
+import uuid
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import BinaryIO
+
+from ..cache import safefs
+from ..cache.layout import CACHEDIR_TAG
+from ..errors import CacheError, UsageError
+from ..warming.lockfile import Lockfile
+from ..records import folder_ids
+from ..cache.published import MAX_RECORD_BYTES, read_record, record_parts
+from ..cache.scan import SPECIAL_FILE, RepoInfo, load_hazards, scan_cache
+from ..integrity.verify import algorithm_of
+
+_CHUNK = 1024 * 1024
+
+
+@dataclass(frozen=True, order=True)
+class Entry:
+    """One entry of an export, relative to the cache root (``/``-separated).
+
+    Attributes:
+        name (str): path in the exported cache, e.g. ``models--gpt2/blobs/<etag>``.
+        kind (str): ``dir``, ``file`` (content from ``source``), ``symlink`` (to ``target``), ``hardlink`` (same
+            content as the earlier entry ``target``), ``data`` (content is ``target``: a ref, ``CACHEDIR.TAG``) or
+            ``empty`` (an empty file: a ``.no_exist`` marker).
+        target (str): link target (``symlink``), the entry it repeats (``hardlink``) or the content (``data``).
+        source (str): absolute path of the content to copy (``file``); else ``""``.
+        etag (str): the blob name whose hash the content must have (``file`` entries of blobs); else ``""``.
+        size (int): bytes of content (``file``), 0 otherwise.
+    """
+
+    name: str
+    kind: str
+    target: str = ""
+    source: str = ""
+    etag: str = ""
+    size: int = 0
+
+
+@dataclass(frozen=True)
+class ExportPlan:
+    """What an export writes.
+
+    Attributes:
+        entries (tuple[Entry, ...]): sorted by name (directories before their contents).
+        repos (tuple[str, ...]): repo folder names exported.
+        unique_bytes (int): bytes of distinct content (what the export adds on disk or in a layer).
+    """
+
+    entries: tuple[Entry, ...]
+    repos: tuple[str, ...]
+    unique_bytes: int
+
+
+
+def _revisions_for(repo: RepoInfo, wanted: set[str] | None) -> list:
+    """The repo's revisions selected by ``wanted`` (commits and ref names; None = all)."""
+    if wanted is None:
+        return list(repo.revisions)
+    commits = {repo.refs.get(w, "").strip() for w in wanted} | wanted
+    return [r for r in repo.revisions if r.commit_hash in commits]
+
+
+def plan_export(
+    cache_dir: str | os.PathLike[str],
+    specs: Iterable[str] = (),
+    lock: Lockfile | None = None,
+    materialize: bool = False,
+) -> ExportPlan:
+    """Plan an export of ``cache_dir``.
+
+    Args:
+        cache_dir: the source cache.
+        specs: ``REPO_ID[@REVISION]`` to export (every revision of the repo without ``@``); empty with no lock:
+            the whole cache.
+        lock: export exactly the locked repos at their commits (both the requested and the canonical folder).
+        materialize: real files in ``snapshots/`` instead of symlinks.
+
+    Returns:
+        ExportPlan.
+
+    Raises:
+        UsageError: a named repo or revision is not in the cache.
+        CacheError: a snapshot is broken (a link to a missing blob, or pointing outside the repo).
+    """
+    selection: dict[tuple[str, str], set[str] | None] = {}
+    for spec in specs:
+        repo_id, _, revision = spec.partition("@")
+        selection.setdefault((repo_id, "model"), set())
+        if revision:
+            selection[(repo_id, "model")].add(revision)  # type: ignore[union-attr]
+        else:
+            selection[(repo_id, "model")] = None
+    for locked in lock.repos if lock else ():
+        for repo_id in folder_ids(locked.request.repo_id, locked.canonical_id):
+            current = selection.setdefault((repo_id, locked.request.repo_type), set())
+            if current is not None:
+                current.add(locked.commit_hash)
+    info = scan_cache(cache_dir, {r for r, _ in selection} if selection else None)
+    found = {(r.repo_id, r.repo_type) for r in info.repos}
+    missing = sorted(f"{r}" for r, t in selection if (r, t) not in found)
+    if missing:
+        raise UsageError(f"not in the cache: {', '.join(missing)}", hint="check the repo ids (hfcache ls)")
+
+    entries: list[Entry] = [Entry("CACHEDIR.TAG", "data", target=CACHEDIR_TAG)]
+    first_of_content: dict[str, str] = {}  # etag -> entry name holding it
+    unique = 0
+    repos = []
+    unsafe = [f"{r.folder}: {'; '.join(r.unsafe)}" for r in info.repos if r.unsafe]
+    if unsafe:  # never read through a planted link, never ship a repo without saying so
+        raise CacheError(f"unsafe cache layout, nothing exported: {unsafe[0]}"
+                         + (f" (and {len(unsafe) - 1} more)" if len(unsafe) > 1 else ""),
+                         hint="remove the symlink or file (or pass only other repos), then rerun")
+    for repo in info.repos:
+        wanted = selection.get((repo.repo_id, repo.repo_type)) if selection else None
+        revisions = _revisions_for(repo, wanted)
+        if wanted is not None and not revisions:
+            raise UsageError(f"{repo.repo_id}: revision(s) {', '.join(sorted(wanted))} not in the cache",
+                             hint="`hfcache ls` lists the cached revisions; warm the one you need first")
+        if repo.unreadable:
+            raise CacheError(f"{repo.repo_id}: {repo.folder}/{repo.unreadable[0]} cannot be read by this user "
+                             "(permission denied)", hint="ask the cache's owner to make it group-readable "
+                             "(`hfcache doctor` prints the fix), or export other repos")
+        folder = repo.folder
+        root = Path(info.cache_dir) / folder
+        repos.append(folder)
+        dirs = {folder, f"{folder}/blobs", f"{folder}/snapshots"}
+        blobs: dict[str, int] = {}
+        records = {rev.commit_hash: _checked_record(info.cache_dir, repo, rev) for rev in revisions}
+        for rev in revisions:
+            for f in rev.files:
+                if f.form != "link" and f.form != "file":
+                    raise CacheError(f"{repo.repo_id}: snapshot {rev.commit_hash[:12]} has a broken entry {f.path} "
+                                     f"({f.form})", hint="run `hfcache verify --repair` first")
+                if f.form == "link":
+                    blobs[f.etag] = f.size
+        for etag, size in sorted(blobs.items()):
+            name = f"{folder}/blobs/{etag}"
+            if etag in first_of_content:
+                entries.append(Entry(name, "hardlink", target=first_of_content[etag]))
+            else:
+                first_of_content[etag] = name
+                unique += size
+                entries.append(Entry(name, "file", source=str(root / "blobs" / etag), etag=etag, size=size))
+        for rev in revisions:
+            base = f"{folder}/snapshots/{rev.commit_hash}"
+            for f in rev.files:
+                name = f"{base}/{f.path}"
+                dirs.update(_parents(name, stop=folder))
+                if f.form == "link" and not materialize:
+                    target = "../" * (f.path.count("/") + 2) + f"blobs/{f.etag}"
+                    entries.append(Entry(name, "symlink", target=target))
+                elif f.form == "link":
+                    entries.append(Entry(name, "hardlink", target=first_of_content[f.etag]))
+                else:  # a real file (a cache written without symlinks): exported as is, verified by verify
+                    unique += f.size
+                    entries.append(Entry(name, "file", source=str(root / "snapshots" / rev.commit_hash / f.path),
+                                         size=f.size))
+            for marker in _walk(root / ".no_exist" / rev.commit_hash):
+                name = f"{folder}/.no_exist/{rev.commit_hash}/{marker}"
+                dirs.update(_parents(name, stop=folder))
+                entries.append(Entry(name, "empty"))
+            tree = root / "trees" / f"{rev.commit_hash}.json"
+            if tree.is_file() and not tree.is_symlink():
+                dirs.add(f"{folder}/trees")
+                unique += tree.stat().st_size
+                entries.append(Entry(f"{folder}/trees/{tree.name}", "file", source=str(tree),
+                                     size=tree.stat().st_size))
+        for commit, record in sorted(records.items()):
+            if record is not None:
+                name = "/".join(record_parts(folder, commit))
+                dirs.update({".locks", f".locks/{folder}", f".locks/{folder}/hfcache"})
+                entries.append(Entry(name, "data", target=record))
+        commits = {r.commit_hash for r in revisions}
+        for ref, value in sorted(repo.refs.items()):
+            if value in commits:
+                name = f"{folder}/refs/{ref}"
+                dirs.update(_parents(name, stop=folder))
+                entries.append(Entry(name, "data", target=value))
+        entries.extend(Entry(d, "dir") for d in dirs)
+    entries.sort(key=lambda e: e.name)
+    return ExportPlan(entries=tuple(entries), repos=tuple(repos), unique_bytes=unique)
+
+
+def _checked_record(cache_dir: str, repo: RepoInfo, rev) -> str | None:
+    """The text of warm's record of ``rev`` (to carry along), or None when there is none; refuses a revision an
+    export would launder: one with load hazards (planted links, FIFOs, devices) or one that lost a recorded file
+    (neither in the snapshot nor marked absent in ``.no_exist``) — what ``verify`` fails as ``file_missing``.
+
+    Raises:
+        CacheError (exit 5): the revision does not match its record, or holds a hazard.
+    """
+    # FIFOs and devices (scan skips them as files); links leaving the repo are refused below as broken entries.
+    hazards = [h for h in load_hazards(repo, rev.commit_hash) if h.endswith(SPECIAL_FILE)]
+    if hazards:
+        raise CacheError(f"{repo.repo_id}: unsafe cache layout, nothing exported: {hazards[0]}",
+                         hint="remove it, then `hfcache verify --repair` (or re-warm) and rerun")
+    record = read_record(cache_dir, repo.folder, rev.commit_hash)
+    if record is None:
+        return None
+    present = {f.path for f in rev.files}
+    marked = set(_walk(Path(cache_dir) / repo.folder / ".no_exist" / rev.commit_hash))
+    lost = sorted(p for p in record.files if p not in present) + sorted(
+        a for a in record.absent if a not in present and a not in marked)
+    if lost:
+        raise CacheError(f"{repo.repo_id}: snapshot {rev.commit_hash[:12]} lost {lost[0]}"
+                         + (f" (and {len(lost) - 1} more)" if len(lost) > 1 else "")
+                         + " (in warm's record, not in the cache): nothing exported",
+                         hint="run `hfcache verify --repair` (or re-warm the repo) first")
+    raw = safefs.read_small(cache_dir, record_parts(repo.folder, rev.commit_hash), MAX_RECORD_BYTES + 1)
+    return raw.decode()
+
+
+def _open_source(path: str):
+    """Open a file of the source cache for copying: no final link followed, never blocking on a FIFO, regular files
+    only (scan planned it as one; this re-checks what is actually opened)."""
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    f = os.fdopen(fd, "rb")
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        f.close()
+        raise CacheError(f"{path} is not a regular file: nothing exported", hint="remove it, then rerun")
+    return f
+
+
+def _parents(name: str, stop: str) -> set[str]:
+    parts = name.split("/")
+    return {"/".join(parts[:i]) for i in range(1, len(parts)) if len("/".join(parts[:i])) >= len(stop)}
+
+
+def _walk(folder: Path) -> list[str]:
+    """Relative paths of the regular files below ``folder`` (sorted; links and other types ignored)."""
+    out = []
+    if os.path.islink(folder):
+        return out
+    for dirpath, _dirs, names in os.walk(folder):  # os.walk never descends into a linked folder
+        for n in names:
+            p = os.path.join(dirpath, n)
+            if os.path.isfile(p) and not os.path.islink(p):
+                out.append(os.path.relpath(p, folder).replace(os.sep, "/"))
+    return sorted(out)
+
+
+class _HashingReader(io.RawIOBase):
+    """Reads a blob and checks, at EOF, that its content hashes to its name (sha256 or git blob sha1)."""
+
+    def __init__(self, path: str, etag: str, size: int) -> None:
+        self._f = _open_source(path)
+        self._etag = etag
+        self._size = size
+        self._seen = 0
+        algorithm = algorithm_of(etag)
+        self._h = hashlib.sha256() if algorithm == "sha256" else hashlib.sha1() if algorithm else None  # noqa: S324
+        if algorithm == "git-sha1":
+            self._h.update(b"blob %d\0" % size)
+        self.name = path
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer) -> int:
+        n = self._f.readinto(buffer)
+        if n:
+            self._seen += n
+            if self._h is not None:
+                self._h.update(memoryview(buffer)[:n])
+        elif self._h is not None and (self._seen != self._size or self._h.hexdigest() != self._etag):
+            # a corrupt source cache is a cache problem (exit 5), like a broken snapshot entry in plan_export
+            raise CacheError(f"{self.name}: content does not match its blob name (corrupt source cache)",
+                             hint="run `hfcache verify --repair` on the source cache first")
+        return n
+
+    def close(self) -> None:
+        self._f.close()
+        super().close()
+
+
+def _modes(group_writable: bool) -> tuple[int, int]:
+    return (0o775, 0o664) if group_writable else (0o755, 0o644)
+
+
+def write_tar(plan: ExportPlan, out: BinaryIO, chown: tuple[int, int] = (0, 0), group_writable: bool = False) -> str:
+    """Write the plan as a reproducible tar to ``out``; return the sha256 of the bytes written.
+
+    Raises:
+        CacheError: a blob's content does not match its name (a corrupt source cache).
+    """
+    dir_mode, file_mode = _modes(group_writable)
+    digest = hashlib.sha256()
+    sink = _DigestWriter(out, digest)
+    with tarfile.open(fileobj=sink, mode="w|", format=tarfile.PAX_FORMAT) as tar:
+        for e in plan.entries:
+            info = tarfile.TarInfo(e.name)
+            info.mtime = 0
+            info.uid, info.gid = chown
+            info.uname = info.gname = ""
+            info.mode = file_mode
+            if e.kind == "dir":
+                info.type, info.mode = tarfile.DIRTYPE, dir_mode
+                tar.addfile(info)
+            elif e.kind == "symlink":
+                info.type, info.linkname, info.mode = tarfile.SYMTYPE, e.target, 0o777
+                tar.addfile(info)
+            elif e.kind == "hardlink":
+                info.type, info.linkname = tarfile.LNKTYPE, e.target
+                tar.addfile(info)
+            elif e.kind in ("empty", "data"):
+                data = e.target.encode()
+                info.size = len(data)
+                tar.addfile(info, io.BytesIO(data))
+            else:
+                info.size = e.size
+                reader = _HashingReader(e.source, e.etag, e.size) if e.etag else _open_source(e.source)  # noqa: SIM115
+                with reader:
+                    tar.addfile(info, reader)
+                    if e.etag:
+                        reader.read()  # reach EOF: the hash is checked there (tarfile reads exactly `size` bytes)
+    out.flush()
+    return digest.hexdigest()
+
+
+class _DigestWriter(io.RawIOBase):
+    def __init__(self, out: BinaryIO, digest) -> None:
+        self._out = out
+        self._digest = digest
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, data) -> int:
+        self._digest.update(data)
+        self._out.write(data)
+        return len(data)
+
+
+def write_dir(plan: ExportPlan, dest: Path, chown: tuple[int, int] | None = None, group_writable: bool = False) -> None:
+    """Write the plan as a new cache directory at ``dest`` (built beside it, then renamed into place).
+
+    Raises:
+        UsageError: ``dest`` exists and is not an empty directory.
+        CacheError: a blob's content does not match its name (nothing is left at ``dest``).
+        CacheError: ``dest`` cannot be written.
+    """
+    if dest.exists() and (not dest.is_dir() or any(dest.iterdir())):
+        raise UsageError(f"{dest} exists and is not empty", hint="export into a new directory")
+    dir_mode, file_mode = _modes(group_writable)
+    staging = dest.parent / f".{dest.name}.{uuid.uuid4().hex[:8]}.partial"
+    try:
+        staging.mkdir(parents=True)
+        for e in plan.entries:
+            path = staging / e.name
+            if e.kind == "dir":
+                path.mkdir(exist_ok=True)
+                os.chmod(path, dir_mode)
+            elif e.kind == "symlink":
+                os.symlink(e.target, path)
+            elif e.kind == "hardlink":
+                os.link(staging / e.target, path)
+            elif e.kind in ("empty", "data"):
+                path.write_bytes(e.target.encode())
+                os.chmod(path, file_mode)
+            else:
+                with (_HashingReader(e.source, e.etag, e.size) if e.etag else _open_source(e.source)) as src, \
+                        open(path, "wb") as out:
+                    shutil.copyfileobj(src, out, _CHUNK)
+                os.chmod(path, file_mode)
+            if chown is not None:
+                os.lchown(path, *chown)
+        os.chmod(staging, dir_mode)
+        if chown is not None:
+            os.lchown(staging, *chown)
+        if dest.exists():
+            dest.rmdir()
+        os.replace(staging, dest)
+    except OSError as exc:
+        raise CacheError(f"export to {dest}: {exc.strerror or exc}", hint="check the destination") from exc
+    finally:
+        if staging.exists():
+            shutil.rmtree(staging, ignore_errors=True)
+

@@ -1,0 +1,252 @@
+"""import's check against what the target cache already holds: nothing the target has is replaced (issue 13).
+
+The source of an import is untrusted. Its blobs prove themselves (named by their hash), but which blob a snapshot path
+shows, whether a path exists at a commit, and where a ref points are claims: a tar that names an existing commit could
+otherwise retarget ``snapshots/<commit>/vocab.txt``, overwrite a real file it vouches for with its own ``trees/``
+listing, or move ``refs/main``. So before anything is published (under the repo locks), every entry the import would
+write is compared with the target: the same content is left as it is, other content is a conflict and the whole
+import is refused. Also refused: a path that is a file on one side and a folder on the other, a part of the repo
+folder that is a symlink or not a folder (nothing is written through it), and a ref to a commit neither side has
+a snapshot of (a folder with at least one entry; ``.no_exist`` markers alone are no snapshot).
+
+A commit's file set is fixed, and the target may already know it: warm's record of what it published
+(:mod:`hfcache.cache.published`) or a ``trees/<commit>.json`` listing. For such a commit the import may not add a snapshot
+file the record or listing does not list (or lists with another hash), a ``.no_exist`` marker for a name the record
+lists as a file or does not list as absent (or that the listing lists), nor a ``trees/`` listing that contradicts
+the target's snapshot entries, record or markers. A commit the target holds without either may be completed by the
+import (two selections of one revision merge). A target ``.no_exist`` entry that is not an empty regular file (a
+planted link) is a conflict too, never left in place as if it were the marker.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from ..cache.layout import RepoFolder
+from ..cache.published import PublishedRevision, read_record
+from ..integrity.verify import algorithm_of, content_hash, read_tree_listing
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .importer import _RepoPlan
+
+
+def _kind(path: Path) -> str:
+    """``missing``, ``dir``, ``link``, ``file`` or ``other``, without following a symlink."""
+    try:
+        mode = os.lstat(path).st_mode
+    except FileNotFoundError:
+        return "missing"
+    except NotADirectoryError:
+        return "other"
+    return ("dir" if stat.S_ISDIR(mode) else "link" if stat.S_ISLNK(mode) else "file" if stat.S_ISREG(mode)
+            else "other")
+
+
+def _blocked(root: Path, parts: tuple[str, ...]) -> str | None:
+    """The first existing folder on the way to ``root/parts`` (``root`` included, the entry itself excluded) that is
+    not a real directory (a file, a symlink): the entry cannot be written without replacing or following it."""
+    path = root
+    for depth in range(len(parts)):
+        kind = _kind(path)
+        if kind == "missing":
+            return None
+        if kind != "dir":
+            return "/".join(parts[:depth]) or "."
+        path = path / parts[depth]
+    return None
+
+
+def _same_blob(path: Path, kind: str, folder: RepoFolder, etag: str) -> bool:
+    """Whether the existing snapshot entry ``path`` shows the content ``blobs/<etag>``."""
+    if kind == "link":
+        target = os.readlink(path)
+        resolved = os.path.normpath(os.path.join(path.parent, target))
+        return resolved == os.path.normpath(folder.blob_path(etag))
+    if kind == "file":
+        try:
+            return content_hash(str(path), algorithm_of(etag) or "sha256")[0] == etag
+        except OSError:
+            return False
+    return False
+
+
+class _Conflicts:
+    def __init__(self, folder: RepoFolder) -> None:
+        self.folder = folder
+        self.found: list[str] = []
+        self._listings: dict[str, dict | None] = {}
+        self._records: dict[str, PublishedRevision | None] = {}
+
+    def record(self, commit: str) -> PublishedRevision | None:
+        """warm's record of what it published at ``commit`` (read once, through safefs), or None."""
+        if commit not in self._records:
+            self._records[commit] = read_record(self.folder.cache_dir, self.folder.name, commit)
+        return self._records[commit]
+
+    def known(self, commit: str) -> bool:
+        """Whether the target knows the file set of ``commit`` (a record or a trees/ listing)."""
+        return self.record(commit) is not None or self.listing(commit) is not None
+
+    def listing(self, commit: str) -> dict | None:
+        """The target's ``trees/<commit>.json`` as path -> Expected (read once; never through a symlink)."""
+        if commit not in self._listings:
+            parts = ("trees", f"{commit}.json")
+            regular = _blocked(self.folder.root, parts) is None and _kind(self.where(*parts)) == "file"
+            self._listings[commit] = (read_tree_listing(str(self.folder.cache_dir), self.folder.name, commit)
+                                      if regular else None)
+        return self._listings[commit]
+
+    def where(self, *parts: str) -> Path:
+        return self.folder.root.joinpath(*parts)
+
+    def add(self, parts: tuple[str, ...], why: str) -> None:
+        self.found.append(f"{self.folder.name}/{'/'.join(parts)} ({why})")
+
+    def writable(self, parts: tuple[str, ...]) -> bool:
+        """False (and a conflict recorded) when a folder on the way to ``parts`` is a file or a symlink."""
+        blocked = _blocked(self.folder.root, parts)
+        if blocked is None:
+            return True
+        self.add(parts, f"{self.folder.name}/{blocked} is a file or symlink where a folder must be"
+                 if blocked != "." else "the repo folder is a file or symlink")
+        return False
+
+
+def check_target(folder: RepoFolder, repo: _RepoPlan, move_refs: bool = False) -> tuple[list[str], set, list[str]]:
+    """Compare what the import would write into ``folder`` with what it holds.
+
+    Args:
+        folder: the target repo folder.
+        repo: the import's plan for it (links, markers, trees, refs, blobs).
+        move_refs: a ref the target has at another commit may be moved (else it is a conflict).
+
+    Returns:
+        (conflicts, present, moved): one line per entry the target holds with other content or cannot take;
+        the ``(commit, path)`` snapshot entries the target already has with the same content (left untouched);
+        the refs that will move (only with ``move_refs``).
+    """
+    c = _Conflicts(folder)
+    present: set[tuple[str, str]] = set()
+    for (commit, path), etag in sorted(repo.links.items()):
+        parts = ("snapshots", commit, *path.split("/"))
+        if not c.writable(parts):
+            continue
+        kind = _kind(c.where(*parts))
+        if kind == "dir":
+            c.add(parts, "the target has a folder there")
+        elif kind != "missing" and _same_blob(c.where(*parts), kind, folder, etag):
+            present.add((commit, path))
+        elif kind != "missing":
+            c.add(parts, "the target already has it with other content")
+        if _kind(c.where(".no_exist", commit, *path.split("/"))) != "missing":
+            c.add(parts, "the target records that this file does not exist at that commit")
+        listed = c.listing(commit)
+        if listed is not None and (path not in listed or listed[path].etag != etag):
+            c.add(parts, "the target's trees/ listing of that commit says otherwise")
+        record = c.record(commit)
+        if record is not None and _record_hash(record, path) != etag:
+            c.add(parts, "the target's record of that commit does not list it" if path not in record.files
+                  else "the target's record of that commit lists another hash")
+    for commit, path in sorted(repo.markers):
+        _check_marker(c, commit, path)
+    _check_trees(c, repo)
+    for etag in sorted(repo.blobs):
+        parts = ("blobs", etag)
+        if c.writable(parts) and _kind(c.where(*parts)) not in ("missing", "file"):
+            c.add(parts, "the target has something other than a file there")
+    moved = _check_refs(c, repo, move_refs)
+    return c.found, present, moved
+
+
+def _record_hash(record: PublishedRevision, path: str) -> str | None:
+    """The hex digest the record gives ``path`` (a git sha1 or sha256, as blob names are), or None."""
+    entry = record.files.get(path)
+    return entry[1].split(":", 1)[1] if entry else None
+
+
+def _check_marker(c: _Conflicts, commit: str, path: str) -> None:
+    parts = (".no_exist", commit, *path.split("/"))
+    if not c.writable(parts):
+        return
+    if _kind(c.where("snapshots", commit, *path.split("/"))) != "missing":
+        c.add(parts, "the target has this file at that commit")
+    kind = _kind(c.where(*parts))
+    if kind not in ("missing", "file") or (kind == "file" and os.lstat(c.where(*parts)).st_size != 0):
+        c.add(parts, "the target has something other than an empty marker there")
+    record, listed = c.record(commit), c.listing(commit)
+    if record is not None and (path in record.files or path not in record.absent):
+        c.add(parts, "the target's record of that commit " + ("lists this file" if path in record.files
+                                                              else "does not mark it absent"))
+    if listed is not None and path in listed:
+        c.add(parts, "the target's trees/ listing of that commit lists this file")
+
+
+def _listing_disagrees(c: _Conflicts, commit: str, ours: dict[str, tuple[str, int]]) -> str | None:
+    """Why the source's listing of ``commit`` contradicts what the target holds at that commit, or None."""
+    record = c.record(commit)
+    for path, (etag, _size) in sorted(ours.items()):
+        if record is not None and _record_hash(record, path) != etag:
+            return f"it lists {path} " + ("with another hash than" if path in record.files else "unlike") + \
+                " the target's record of that commit"
+        pointer = c.where("snapshots", commit, *path.split("/"))
+        kind = _kind(pointer)
+        if kind in ("link", "file") and not _same_blob(pointer, kind, c.folder, etag):
+            return f"it lists {path} with another content than the target's snapshot"
+        if _kind(c.where(".no_exist", commit, *path.split("/"))) != "missing":
+            return f"it lists {path}, which the target records as absent at that commit"
+    return None
+
+
+def _check_trees(c: _Conflicts, repo: _RepoPlan) -> None:
+    for name, (data, _files) in sorted(repo.trees.items()):
+        parts = ("trees", name)
+        if not c.writable(parts):
+            continue
+        kind = _kind(c.where(*parts))
+        if kind == "missing":
+            why = _listing_disagrees(c, name.removesuffix(".json"), _expected(_files))
+            if why:
+                c.add(parts, why)
+            continue
+        theirs = c.listing(name.removesuffix(".json")) if kind == "file" else None
+        ours = _expected(_files)
+        if theirs is None or {p: (e.etag, e.size) for p, e in theirs.items()} != ours:
+            c.add(parts, "the target already has another listing of that commit")
+
+
+def _expected(files: dict[str, tuple[str, str, int]]) -> dict[str, tuple[str, int]]:
+    return {path: (lfs or blob_id, size) for path, (blob_id, lfs, size) in files.items()}
+
+
+def _check_refs(c: _Conflicts, repo: _RepoPlan, move_refs: bool) -> list[str]:
+    moved = []
+    commits = {commit for commit, _ in repo.links}  # markers alone are no snapshot
+    for ref, commit in sorted(repo.refs.items()):
+        parts = ("refs", *ref.split("/"))
+        if commit not in commits and not _has_snapshot(c, commit):
+            c.add(parts, f"it names commit {commit}, of which neither the source nor the target has a snapshot")
+        if not c.writable(parts):
+            continue
+        kind = _kind(c.where(*parts))
+        if kind == "missing":
+            continue
+        current = c.where(*parts).read_bytes()[:1024].strip() if kind == "file" else b""
+        if current == commit.encode():
+            continue
+        if kind == "file" and move_refs:
+            moved.append(f"{c.folder.name}/refs/{ref}")
+        else:
+            c.add(parts, f"the target's ref points to {current.decode('ascii', 'replace')[:40] or 'something else'}; "
+                  "pass --move-refs to move it")
+    return moved
+
+
+def _has_snapshot(c: _Conflicts, commit: str) -> bool:
+    """Whether the target's ``snapshots/<commit>`` is a real folder with at least one entry (no link followed)."""
+    if _blocked(c.folder.root, ("snapshots", commit, "x")) is not None or _kind(c.where("snapshots", commit)) != "dir":
+        return False
+    with os.scandir(c.where("snapshots", commit)) as entries:
+        return any(True for _ in entries)

@@ -1,0 +1,48 @@
+"""hfcache's network guard for the Python processes ``hfcache exec`` starts.
+
+``hfcache exec`` puts this folder first on the child's ``PYTHONPATH``, so Python's ``site`` module imports this file as
+``sitecustomize`` at start-up. It installs the guard (``hfcache/offline/guard.py``, loaded by file path: the child needs
+neither hfcache nor its dependencies installed) with the allow-list from ``HFCACHE_ALLOW_HOSTS``, then runs the
+``sitecustomize`` this file shadows, if there is one (an image's own, or a distribution's), so that one keeps working.
+"""
+
+
+def _install_guard() -> None:
+    import importlib.util
+    import os
+    import sys
+
+    path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "offline/guard.py")
+    spec = importlib.util.spec_from_file_location("_hfcache_guard", path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["_hfcache_guard"] = module  # before exec_module: the module's classes look themselves up there
+    spec.loader.exec_module(module)
+    module.install(module.hosts_from_environ(), enforce=True)
+
+
+def _chain_next_sitecustomize() -> None:
+    import importlib.machinery
+    import importlib.util
+    import os
+    import sys
+
+    here = os.path.dirname(os.path.abspath(__file__))
+    rest = [p for p in sys.path if os.path.abspath(p or os.curdir) != here]
+    spec = importlib.machinery.PathFinder.find_spec("sitecustomize", rest)
+    if spec is None or spec.loader is None:
+        return
+    module = importlib.util.module_from_spec(spec)
+    # It runs under its own name, as it would have without us; what it raises reaches `site`, which reports it as it
+    # reports any failing sitecustomize.
+    sys.modules["sitecustomize"] = module
+    spec.loader.exec_module(module)
+
+
+try:
+    _install_guard()
+except Exception as _exc:  # noqa: BLE001 - a start-up hook must not kill the child; say so instead
+    import sys as _sys
+
+    _sys.stderr.write(f"hfcache: warning: the network guard could not be installed: {type(_exc).__name__}: {_exc}\n")
+
+_chain_next_sitecustomize()

@@ -1,0 +1,549 @@
+"""Offline at runtime: the environment that makes a process use only the cache, ``exec`` with a network guard, and
+the Python API for applications (:func:`enforce_offline`, :func:`load_tokenizer`).
+
+The variables (checked against huggingface_hub 2.4.0 and transformers 5.24.0; DESIGN §3):
+
+==================================  ===========================================================================
+``HF_HUB_CACHE=<cache>``            where huggingface_hub (``constants.py``) and transformers (``utils/hub.py`` reads
+                                    ``constants.HF_HUB_CACHE``) look; it wins over ``HF_HOME``.
+``HF_HOME=<parent>``                only when the cache is a folder named ``hub``: then ``$HF_HOME/hub`` is the same
+                                    cache, so tools that derive it from ``HF_HOME`` agree (``hfcache doctor``).
+``HF_HUB_OFFLINE=1``                huggingface_hub refuses every HTTP request (``utils/_http.py`` request hook raises
+                                    ``OfflineModeIsEnabled``) and transformers loads with ``local_files_only``
+                                    (``utils/hub.py``: ``is_offline_mode()``): no ~3 requests per cached load, no hang
+                                    on an endpoint that never answers.
+``TRANSFORMERS_OFFLINE=1``          transformers 5 no longer reads it; huggingface_hub ``constants.py`` uses it when
+                                    ``HF_HUB_OFFLINE`` is unset (and older transformers read it).
+``HF_DATASETS_OFFLINE=1``           the ``datasets`` library's own flag.
+``HF_HUB_DISABLE_TELEMETRY=1``      no telemetry (``utils/_telemetry.py``), a plain user agent
+                                    (``utils/_headers.py``).
+``HF_HUB_DISABLE_UPDATE_CHECK=1``   no version checks by the ``hf`` CLI (``cli/_cli_utils.py``).
+``HF_HUB_DISABLE_IMPLICIT_TOKEN=1`` ``hf_hub_download`` builds auth headers even for a cached offline load
+                                    (``file_download.py``: ``build_hf_headers``), which reads the token file and may
+                                    refresh an OAuth login (a network call and a file write, ``utils/_auth.py``
+                                    ``_refresh_oauth_token_if_needed``); with this set, ``get_token_to_send``
+                                    (``utils/_headers.py``) skips all of it.
+``HF_MODULES_CACHE=<private tmp>``  only when the folder transformers copies ``trust_remote_code`` code into
+                                    (``HF_MODULES_CACHE``, default ``$HF_HOME/modules``: transformers
+                                    ``utils/hub.py``) cannot be written here, e.g. a read-only HOME; an explicit
+                                    ``HF_MODULES_CACHE`` is never replaced. See :mod:`hfcache.warming.modules_cache` for
+                                    the folder chosen (``<tmp>/hfcache-modules-<uid>``, mode 0700) and why.
+==================================  ===========================================================================
+
+Left out on purpose: ``HF_HUB_DISABLE_XET`` (Xet is used only to download a file, after its metadata request,
+``file_download.py``, which offline mode never reaches), ``HF_HUB_ETAG_TIMEOUT``/``HF_HUB_DOWNLOAD_TIMEOUT`` (no
+request is made), ``HF_ENDPOINT`` (unused offline).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shlex
+import sys
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, NoReturn
+
+from . import guard as network_guard
+from ..cache.layout import resolve_cache_dir
+from ..errors import HfcacheError, HubError, OfflineViolation, UsageError
+
+if TYPE_CHECKING:
+    from ..warming.lockfile import CacheStatus, Lockfile
+
+#: The flags every offline process gets, in output order (the cache variables come first).
+OFFLINE_FLAGS: tuple[tuple[str, str], ...] = (
+    ("HF_HUB_OFFLINE", "1"),
+    ("TRANSFORMERS_OFFLINE", "1"),
+    ("HF_DATASETS_OFFLINE", "1"),
+    ("HF_HUB_DISABLE_TELEMETRY", "1"),
+    ("HF_HUB_DISABLE_UPDATE_CHECK", "1"),
+    ("HF_HUB_DISABLE_IMPLICIT_TOKEN", "1"),
+)
+FORMATS = ("sh", "dotenv", "dockerfile", "k8s", "json")
+
+
+class LockNotSatisfied(OfflineViolation):
+    """The cache does not hold what the lock pins, so an offline run would fail (exit 4)."""
+
+
+class OfflineLoadError(OfflineViolation):
+    """A tokenizer could not be loaded from the cache alone (exit 4).
+
+    Attributes:
+        cause (str | None): hfcache's diagnosis of what is missing (see ``check.diagnose``), when it can tell.
+    """
+
+    def __init__(self, message: str, *, hint: str | None = None, cause: str | None = None) -> None:
+        super().__init__(message, hint=hint)
+        self.cause = cause
+
+
+class OfflineSetupError(OfflineViolation):
+    """huggingface_hub or transformers was imported before :func:`enforce_offline` and could not be switched."""
+
+
+class CommandNotFound(HfcacheError):
+    """``hfcache exec``: the command is not on ``PATH`` (exit 127, as in shells and ``env``)."""
+
+    exit_code = 127
+
+
+class CommandNotExecutable(HfcacheError):
+    """``hfcache exec``: the command exists but cannot be run (exit 126, as in shells and ``env``)."""
+
+    exit_code = 126
+
+
+# ------------------------------------------------------------------------------------------------ env
+
+
+@dataclass(frozen=True)
+class OfflineEnv:
+    """The variables that make a process use only the cache.
+
+    Attributes:
+        cache_dir (Path): the absolute cache root.
+        variables (tuple[tuple[str, str], ...]): ``(name, value)`` in output order.
+    """
+
+    cache_dir: Path
+    variables: tuple[tuple[str, str], ...]
+
+    def as_dict(self) -> dict[str, str]:
+        return dict(self.variables)
+
+
+def offline_environment(cache_dir: str | os.PathLike[str] | None = None,
+                        environ: Mapping[str, str] | None = None) -> OfflineEnv:
+    """The offline variables for ``cache_dir`` (see the module docstring for each one and its source).
+
+    Args:
+        cache_dir: the cache root; default: ``HF_HUB_CACHE``, ``$HF_HOME/hub`` or ``~/.cache/huggingface/hub``
+            (``cache.default_cache_dir``). Made absolute.
+        environ: the environment the variables will be added to (default ``os.environ``): it decides whether the
+            modules cache needs moving (``modules_cache.modules_cache_override``, which creates the private folder).
+
+    Returns:
+        OfflineEnv: ``HF_HOME`` (only when the cache folder is named ``hub``), ``HF_HUB_CACHE``, ``HF_MODULES_CACHE``
+        (only when its default cannot be written), then the flags.
+
+    Raises:
+        UsageError: the path contains a newline or NUL (no output format can carry it).
+    """
+    cache = resolve_cache_dir(cache_dir)
+    if any(c in str(cache) for c in "\n\r\x00"):
+        raise UsageError(f"cache path {str(cache)!r} contains a line break or NUL", hint="choose another --cache-dir")
+    variables: list[tuple[str, str]] = []
+    if cache.name == "hub":
+        variables.append(("HF_HOME", str(cache.parent)))
+    variables.append(("HF_HUB_CACHE", str(cache)))
+    from ..warming.modules_cache import ENV_NAME, modules_cache_override
+
+    try:
+        modules = modules_cache_override({**(os.environ if environ is None else environ), **dict(variables)})
+    except OSError:
+        modules = None  # no writable temporary folder either: leave it to transformers (doctor reports it)
+    if modules is not None:
+        variables.append((ENV_NAME, str(modules)))
+    variables.extend(OFFLINE_FLAGS)
+    return OfflineEnv(cache_dir=cache, variables=tuple(variables))
+
+
+_PLAIN = re.compile(r"[A-Za-z0-9_./:@%+,=-]*")
+
+
+def format_env(env: OfflineEnv, fmt: str) -> str:
+    """Render ``env`` as text that each consumer parses back to exactly these values.
+
+    Formats:
+        ``sh``: ``export NAME=value`` lines, quoted with ``shlex.quote`` (``eval "$(hfcache env)"``).
+        ``dotenv``: ``NAME=value``; a value that needs quoting is single-quoted (literal for shells, docker compose
+        and python-dotenv). ``docker run --env-file`` reads values literally, so it needs a path without spaces.
+        ``dockerfile``: one ``ENV`` instruction, values double-quoted with ``\\``, ``"`` and ``$`` escaped.
+        ``k8s``: a container ``env:`` list in YAML, every value a quoted string (Kubernetes rejects numbers).
+        ``json``: one object ``{NAME: value}``.
+
+    Raises:
+        UsageError: unknown format.
+    """
+    if fmt not in FORMATS:
+        raise UsageError(f"unknown format {fmt!r}", hint=f"use one of {', '.join(FORMATS)}")
+    items = env.variables
+    if fmt == "json":
+        return json.dumps(dict(items), indent=2) + "\n"
+    header = (f"# Offline settings for the Hugging Face cache at {env.cache_dir}\n"
+              f"# Generated by: hfcache env --cache-dir {shlex.quote(str(env.cache_dir))} --format {fmt}\n")
+    if fmt == "sh":
+        body = "".join(f"export {name}={shlex.quote(value)}\n" for name, value in items)
+    elif fmt == "dotenv":
+        body = "".join(f"{name}={_dotenv_value(value)}\n" for name, value in items)
+    elif fmt == "dockerfile":
+        lines = [f'{name}="{_dockerfile_escape(value)}"' for name, value in items]
+        body = "ENV " + " \\\n    ".join(lines) + "\n"
+    else:
+        body = "env:\n" + "".join(f"  - name: {name}\n    value: {json.dumps(value)}\n" for name, value in items)
+    return header + body
+
+
+def _dotenv_value(value: str) -> str:
+    if _PLAIN.fullmatch(value):
+        return value
+    if "'" not in value:
+        return f"'{value}'"
+    return '"' + re.sub(r'([\\"$`])', r"\\\1", value) + '"'
+
+
+def _dockerfile_escape(value: str) -> str:
+    return re.sub(r'([\\"$])', r"\\\1", value)
+
+
+# ------------------------------------------------------------------------------------------------ exec
+
+
+@dataclass(frozen=True)
+class ExecPlan:
+    """What ``hfcache exec`` will run.
+
+    Attributes:
+        argv (tuple[str, ...]): the command and its arguments.
+        environ (dict[str, str]): the child's whole environment.
+        offline (OfflineEnv): the offline variables set in it.
+        allow_hosts (tuple[str, ...]): ``HOST[:PORT]`` entries the guard lets through.
+        lock_statuses (tuple[CacheStatus, ...]): the lock check, when ``--lock`` was given (all satisfied).
+    """
+
+    argv: tuple[str, ...]
+    environ: dict[str, str] = field(repr=False)
+    offline: OfflineEnv
+    allow_hosts: tuple[str, ...] = ()
+    lock_statuses: tuple[CacheStatus, ...] = ()
+
+
+def parse_allow_hosts(specs: Iterable[str]) -> tuple[network_guard.AllowedHost, ...]:
+    """Parse ``HOST[:PORT]`` entries (``--allow-host``, ``allow_hosts=``).
+
+    Raises:
+        UsageError: an entry does not parse.
+    """
+    hosts = []
+    for spec in specs:
+        try:
+            hosts.append(network_guard.parse_allow_host(spec))
+        except ValueError as exc:
+            raise UsageError(str(exc), hint="use HOST, HOST:PORT or [IPV6]:PORT") from None
+    return tuple(dict.fromkeys(hosts))
+
+
+def guarded_environment(base: Mapping[str, str], offline: OfflineEnv,
+                        allow_hosts: Sequence[network_guard.AllowedHost] = ()) -> dict[str, str]:
+    """``base`` plus the offline variables and the network guard for Python children.
+
+    The guard's folder goes first on ``PYTHONPATH`` (an existing ``PYTHONPATH`` is kept after it; the guard's
+    ``sitecustomize`` runs the one it shadows), and ``HFCACHE_ALLOW_HOSTS`` carries the allow-list.
+    """
+    environ = dict(base)
+    environ.update(offline.variables)
+    site = network_guard.site_dir()
+    existing = [p for p in environ.get("PYTHONPATH", "").split(os.pathsep) if p and p != site]
+    environ["PYTHONPATH"] = os.pathsep.join([site, *existing])
+    if allow_hosts:
+        environ[network_guard.ENV_ALLOW_HOSTS] = network_guard.format_allow_hosts(allow_hosts)
+    else:
+        environ.pop(network_guard.ENV_ALLOW_HOSTS, None)
+    return environ
+
+
+def check_lock(lock: Lockfile, cache: Path, lock_name: str) -> tuple[CacheStatus, ...]:
+    """Check with ``stat`` only (``lockfile.cache_status``: sizes, refs, markers; no hashing) that ``cache`` holds
+    ``lock``.
+
+    Raises:
+        LockNotSatisfied: naming the first missing pieces and how many there are.
+    """
+    from ..warming.lockfile import cache_statuses
+
+    statuses = tuple(cache_statuses(lock, cache))
+    missing = [f"{s.repo.request.spec}: {m}" for s in statuses for m in s.missing]
+    if missing:
+        shown = "; ".join(missing[:3]) + (f" (and {len(missing) - 3} more)" if len(missing) > 3 else "")
+        raise LockNotSatisfied(f"the cache {cache} does not hold everything {lock_name} pins: {shown}",
+                               hint=f"run `hfcache warm --lock {lock_name} --cache-dir {cache}` first "
+                                    "(it needs the endpoint)")
+    return statuses
+
+
+def prepare_exec(command: Sequence[str], *, cache_dir: str | os.PathLike[str] | None = None,
+                 lock: str | os.PathLike[str] | None = None, allow_hosts: Iterable[str] = (),
+                 environ: Mapping[str, str] | None = None) -> ExecPlan:
+    """Everything ``hfcache exec`` does before it replaces itself with the command.
+
+    Args:
+        command: the command and its arguments.
+        cache_dir: the cache root (default: the lock's manifest, else the environment's).
+        lock: a lock file the cache must satisfy (``stat`` only: milliseconds, no network).
+        allow_hosts: ``HOST[:PORT]`` entries the guard lets through.
+        environ: the base environment (default: ``os.environ``).
+
+    Returns:
+        ExecPlan.
+
+    Raises:
+        UsageError: no command, a bad ``--allow-host``, an unreadable or invalid lock.
+        LockNotSatisfied: the cache lacks something the lock pins (exit 4).
+    """
+    if not command:
+        raise UsageError("no command given", hint="hfcache exec [OPTIONS] -- COMMAND [ARGS]...")
+    hosts = parse_allow_hosts(allow_hosts)
+    statuses: tuple[CacheStatus, ...] = ()
+    if lock is not None:
+        from ..warming.lockfile import lock_cache_dir, read_lock
+
+        lock_path = Path(lock)
+        cache = lock_cache_dir(lock_path, cache_dir)
+        statuses = check_lock(read_lock(lock_path), cache, str(lock))
+    else:
+        cache = resolve_cache_dir(cache_dir)
+    base = os.environ if environ is None else environ
+    offline = offline_environment(cache, base)
+    child_env = guarded_environment(base, offline, hosts)
+    return ExecPlan(argv=tuple(command), environ=child_env, offline=offline,
+                    allow_hosts=tuple(str(h) for h in hosts), lock_statuses=statuses)
+
+
+def exec_command(plan: ExecPlan) -> NoReturn:
+    """Replace this process with the command (``os.execvpe``); never returns.
+
+    Exec rather than a child process: the command keeps hfcache's PID, so SIGTERM/SIGINT/SIGHUP from a terminal,
+    ``docker stop`` or the kubelet reach it directly, and its exit status (or the signal that killed it) is the
+    process's own. A parent that forwards signals and relays the status would add nothing, since all of hfcache's
+    work (the lock check, the environment) happens before the command starts.
+
+    Raises:
+        CommandNotFound: not on ``PATH`` (exit 127).
+        CommandNotExecutable: not executable, or not a valid program (exit 126).
+    """
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+    name = plan.argv[0]
+    try:
+        os.execvpe(name, list(plan.argv), plan.environ)
+    except FileNotFoundError:
+        raise CommandNotFound(f"command not found: {name}", hint="check the command name and PATH") from None
+    except PermissionError:
+        raise CommandNotExecutable(f"cannot run {name}: permission denied", hint="make it executable") from None
+    except OSError as exc:
+        raise CommandNotExecutable(f"cannot run {name}: {exc.strerror or exc}") from None
+    raise AssertionError("os.execvpe returned")  # pragma: no cover
+
+
+# ------------------------------------------------------------------------------------------------ Python API
+
+
+@dataclass(frozen=True)
+class OfflineSettings:
+    """What :func:`enforce_offline` did.
+
+    Attributes:
+        cache_dir (Path): the cache this process now uses.
+        environ (dict[str, str]): the variables set in ``os.environ``.
+        patched (tuple[str, ...]): ``module.NAME`` constants updated because the module was already imported.
+        allow_hosts (tuple[str, ...]): hosts the guard lets through.
+    """
+
+    cache_dir: Path
+    environ: dict[str, str]
+    patched: tuple[str, ...] = ()
+    allow_hosts: tuple[str, ...] = ()
+
+
+def _module_constants(cache: Path, modules: str | None = None) -> list[tuple[str, str, Any]]:
+    """``(module, NAME, value)`` of every copy of an offline setting that a library computed at import time.
+
+    Found in huggingface_hub 2.4.0 and transformers 5.24.0: ``huggingface_hub/constants.py`` reads every ``HF_*``
+    variable once, at import; the library and transformers then read the module attributes at call time
+    (``constants.is_offline_mode()``, ``constants.HF_HUB_CACHE``), so setting them takes effect. One copy is made by
+    ``from ..constants import HF_HUB_CACHE`` (``utils/_cache_manager.py``, ``scan_cache_dir``'s default).
+    transformers 5 keeps no copy of these (it imports ``is_offline_mode`` and ``constants`` from huggingface_hub);
+    transformers 4 had ``utils/hub.py: _is_offline_mode``; ``datasets`` has ``config.HF_DATASETS_OFFLINE`` and
+    ``config.HF_HUB_OFFLINE``. ``HF_HOME``-derived paths (token file) are not touched, except the modules cache when
+    ``modules`` moves it (``HF_MODULES_CACHE``: copied by ``transformers.utils.hub`` and imported by name into
+    ``transformers.dynamic_module_utils``, which uses its own copy).
+    """
+    moved = [("transformers.utils.hub", "HF_MODULES_CACHE", modules),
+             ("transformers.dynamic_module_utils", "HF_MODULES_CACHE", modules)] if modules else []
+    return moved + [
+        ("huggingface_hub.constants", "HF_HUB_OFFLINE", True),
+        ("huggingface_hub.constants", "HF_HUB_CACHE", str(cache)),
+        ("huggingface_hub.constants", "HF_HUB_DISABLE_TELEMETRY", True),
+        ("huggingface_hub.constants", "HF_HUB_DISABLE_UPDATE_CHECK", True),
+        ("huggingface_hub.constants", "HF_HUB_DISABLE_IMPLICIT_TOKEN", True),
+        ("huggingface_hub.utils._cache_manager", "HF_HUB_CACHE", str(cache)),
+        ("transformers.utils.hub", "_is_offline_mode", True),
+        ("datasets.config", "HF_DATASETS_OFFLINE", True),
+        ("datasets.config", "HF_HUB_OFFLINE", True),
+    ]
+
+
+def _sync_imported_modules(cache: Path, modules: str | None = None) -> tuple[str, ...]:
+    """Set the import-time copies of the offline settings in modules already imported, then check that the libraries
+    now report offline mode and this cache through their own accessors.
+
+    Raises:
+        OfflineSetupError: a library still reports online mode or another cache (a version that keeps a copy hfcache
+            does not know about).
+    """
+    patched = []
+    for module_name, attr, value in _module_constants(cache, modules):
+        module = sys.modules.get(module_name)
+        if module is not None and hasattr(module, attr) and getattr(module, attr) != value:
+            setattr(module, attr, value)
+            patched.append(f"{module_name}.{attr}")
+    problems = []
+    constants = sys.modules.get("huggingface_hub.constants")
+    if constants is not None:
+        if not constants.is_offline_mode():
+            problems.append("huggingface_hub.constants.is_offline_mode() is False")
+        if constants.HF_HUB_CACHE != str(cache):
+            problems.append(f"huggingface_hub.constants.HF_HUB_CACHE is {constants.HF_HUB_CACHE}")
+    hub = sys.modules.get("transformers.utils.hub")
+    if hub is not None and hasattr(hub, "is_offline_mode") and not hub.is_offline_mode():
+        problems.append("transformers.utils.hub.is_offline_mode() is False")
+    if problems:
+        raise OfflineSetupError(
+            "huggingface_hub/transformers were imported before enforce_offline() and could not be switched to "
+            f"offline mode: {'; '.join(problems)}",
+            hint="call hfcache.enforce_offline() before importing transformers or huggingface_hub, or start the "
+                 "process with `hfcache exec`")
+    return tuple(patched)
+
+
+def enforce_offline(cache_dir: str | os.PathLike[str] | None = None, *,
+                    lock: str | os.PathLike[str] | Lockfile | None = None,
+                    allow_hosts: Iterable[str] = ()) -> OfflineSettings:
+    """Make this process use only the cache: set the offline environment and install the network guard.
+
+    Best called first thing, before transformers or huggingface_hub is imported: they read ``HF_*`` at import time.
+    If they were already imported, their import-time copies of these settings are updated too (see
+    ``_module_constants`` for the list and its source), and the libraries' own accessors are checked afterwards;
+    ``HF_HOME``-derived paths keep their import-time values (the token file), except a moved ``HF_MODULES_CACHE``.
+    Subprocesses inherit the environment but not the guard (use ``hfcache exec`` for those).
+
+    Args:
+        cache_dir: the cache root (default: ``HF_HUB_CACHE``, ``$HF_HOME/hub`` or ``~/.cache/huggingface/hub``).
+        lock: a lock file (or a parsed :class:`~hfcache.warming.lockfile.Lockfile`) the cache must satisfy; checked with
+            ``stat`` only (sizes, refs, markers; no hashing, no network).
+        allow_hosts: ``HOST[:PORT]`` entries the network guard lets through (everything else, loopback included,
+            fails at once with :class:`hfcache.offline.guard.NetworkBlocked`). The guard stays for the life of the process
+            (audit hooks cannot be removed); a later call adds hosts.
+
+    Returns:
+        OfflineSettings: the cache, the variables set, the module constants updated and the allowed hosts.
+
+    Raises:
+        UsageError: a bad ``allow_hosts`` entry, an invalid lock.
+        LockNotSatisfied: the cache lacks something the lock pins (nothing is changed then).
+        OfflineSetupError: an already-imported library could not be switched to offline mode (``os.environ`` is set
+            by then, for subprocesses; this process must not rely on offline mode).
+    """
+    hosts = parse_allow_hosts(allow_hosts)
+    if lock is not None:
+        from ..warming.lockfile import Lockfile, lock_cache_dir, read_lock
+
+        if isinstance(lock, Lockfile):
+            cache = resolve_cache_dir(cache_dir)
+            check_lock(lock, cache, "the lock")
+        else:
+            cache = lock_cache_dir(Path(lock), cache_dir)
+            check_lock(read_lock(lock), cache, str(lock))
+    else:
+        cache = resolve_cache_dir(cache_dir)
+    offline = offline_environment(cache)
+    os.environ.update(offline.variables)
+    patched = _sync_imported_modules(cache, offline.as_dict().get("HF_MODULES_CACHE"))
+    network_guard.install(hosts, enforce=True)
+    return OfflineSettings(cache_dir=cache, environ=offline.as_dict(), patched=patched,
+                           allow_hosts=tuple(str(h) for h in hosts))
+
+
+def load_tokenizer(repo_id: str, revision: str | None = None, *, cache_dir: str | os.PathLike[str] | None = None,
+                   allow_network: bool = False, **kwargs: Any):
+    """Load a tokenizer from the cache alone, with ``AutoTokenizer.from_pretrained``, under the network guard.
+
+    The load passes ``cache_dir`` and ``local_files_only=True`` explicitly, so it does not depend on what
+    huggingface_hub read from the environment at import time; any connection attempt during it (loopback included)
+    fails at once (the guard blocks in the calling context only, for the duration of the load).
+
+    Args:
+        repo_id (str): the id as the application uses it (a legacy id loads from its own cache folder).
+        revision (str | None): branch, tag or commit; None means ``main``.
+        cache_dir: the cache root (default: ``HF_HUB_CACHE``, ``$HF_HOME/hub`` or ``~/.cache/huggingface/hub``).
+        allow_network (bool): when the cache cannot serve the load, load normally from the endpoint
+            (``HF_ENDPOINT``) into ``cache_dir`` instead of failing.
+        **kwargs: passed to ``AutoTokenizer.from_pretrained`` (not ``cache_dir``/``local_files_only``).
+
+    Returns:
+        The tokenizer (a ``transformers.PreTrainedTokenizerBase``).
+
+    Raises:
+        OfflineLoadError: the cache cannot serve the load (``cause`` names the missing piece: no ``config.json`` or
+            ``.no_exist`` marker, a missing ref, a missing Python package, ...), a connection was attempted, or
+            ``allow_network`` was given while offline mode is on in this process.
+        HubError: ``allow_network`` and the network load failed too.
+        HfcacheError: transformers is not installed.
+        TypeError: ``cache_dir`` or ``local_files_only`` in ``kwargs``.
+    """
+    for reserved in ("cache_dir", "local_files_only"):
+        if reserved in kwargs:
+            raise TypeError(f"load_tokenizer() sets {reserved} itself")
+    cache = resolve_cache_dir(cache_dir)
+    try:
+        from transformers import AutoTokenizer
+    except ImportError as exc:
+        raise HfcacheError(f"transformers is not installed: {exc}", hint="pip install transformers") from None
+    guard = network_guard.install(enforce=False)
+    seen = len(guard.attempts)
+    spec = f"{repo_id}@{revision or 'main'}"
+    try:
+        with guard.blocking():
+            tokenizer = AutoTokenizer.from_pretrained(repo_id, revision=revision, cache_dir=str(cache),
+                                                      local_files_only=True, **kwargs)
+        attempts = guard.attempts[seen:]
+        if attempts:  # it loaded, but only because a library swallowed the refused connection
+            raise OfflineLoadError(f"{spec}: network access attempted ({attempts[0]}) during an offline load",
+                                   hint="run `hfcache check` on the cache to see what the load is missing")
+        return tokenizer
+    except HfcacheError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - any load failure is diagnosed below
+        failure = exc
+    attempts = guard.attempts[seen:]
+    error = f"{type(failure).__name__}: {failure}"
+    if attempts and "network access attempted" not in error:
+        error = f"network access attempted ({attempts[0]}) during an offline load; then {error}"
+    if allow_network:
+        constants = sys.modules.get("huggingface_hub.constants")
+        if constants is not None and constants.is_offline_mode():
+            raise OfflineLoadError(
+                f"{spec} is not fully in the cache {cache}, and allow_network=True cannot help: offline mode is on "
+                "in this process (HF_HUB_OFFLINE or enforce_offline)",
+                hint=f"warm it first: hfcache warm {spec} --cache-dir {cache}") from failure
+        try:
+            return AutoTokenizer.from_pretrained(repo_id, revision=revision, cache_dir=str(cache), **kwargs)
+        except Exception as exc:  # noqa: BLE001 - one clear error naming both attempts
+            raise HubError(f"{spec}: not loadable from the cache {cache} ({error.splitlines()[0]}), and the network "
+                           f"load failed: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}",
+                           hint="check HF_ENDPOINT and the network, or warm the cache with hfcache warm") from exc
+    from ..integrity.check import CheckTarget, diagnose
+
+    cause = diagnose(cache, CheckTarget(repo_id, revision or "main"), error)
+    hint = (cause.split("(", 1)[1].rstrip(")") if cause and cause.startswith("missing Python package") else
+            f"warm it: hfcache warm {spec} --cache-dir {cache} (or pass allow_network=True)")
+    raise OfflineLoadError(f"{spec} cannot be loaded from the cache {cache}: {cause or error.splitlines()[0]}",
+                           hint=hint, cause=cause) from failure

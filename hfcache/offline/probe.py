@@ -1,0 +1,76 @@
+"""The child side of ``hfcache check``: load tokenizers offline and report, one JSON line on stdout.
+
+Run as ``python -m hfcache.offline.probe TEXT REPO_ID@REVISION... [--trust-remote-code REPO_ID@REVISION]...`` (the
+specs repeated after ``--trust-remote-code`` load with ``trust_remote_code=True``: their ``auto_map`` names custom
+code, see ``check.custom_code_refs``) with ``HF_HUB_OFFLINE=1`` and ``HF_HUB_CACHE`` set by
+the parent. Before transformers is imported, hfcache's network guard (``offline/guard.py``: a PEP 578 audit hook, with nothing
+allowed, not even loopback) turns any attempt to open a network connection into an immediate error, so a load that
+would reach for the network fails fast and says so instead of hanging (DESIGN §3).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+
+from . import guard as network_guard
+
+def _attempts() -> list[str]:
+    """Connection attempts the guard refused so far (libraries may swallow the exception, so look here too)."""
+    installed = network_guard.current()
+    return installed.attempts if installed is not None else []
+
+
+def probe(text: str, specs: list[str], trusted: frozenset[str] = frozenset()) -> dict[str, dict]:
+    """Load each ``REPO_ID@REVISION`` with ``AutoTokenizer.from_pretrained`` and encode ``text``; the specs in
+    ``trusted`` with ``trust_remote_code=True``."""
+    results: dict[str, dict] = {}
+    started = time.perf_counter()
+    try:
+        from transformers import AutoTokenizer
+    except Exception as exc:  # noqa: BLE001 - reported to the parent
+        return {spec: {"error": f"{type(exc).__name__}: {exc}"} for spec in specs}
+    import_seconds = time.perf_counter() - started
+    for spec in specs:
+        repo_id, _, revision = spec.partition("@")
+        t0 = time.perf_counter()
+        seen = len(_attempts())
+        try:
+            # Explicit either way: with None, transformers asks on stdin ("Do you wish to run the custom code?").
+            tokenizer = AutoTokenizer.from_pretrained(repo_id, revision=revision or "main",
+                                                      trust_remote_code=spec in trusted)
+            ids = tokenizer(text)["input_ids"]
+            attempts = _attempts()[seen:]
+            if attempts:  # it loaded, but only because the library swallowed the refused connection
+                raise RuntimeError(f"network access attempted ({attempts[0]}) during an offline load")
+            results[spec] = {
+                "class": type(tokenizer).__name__,
+                "vocab_size": len(tokenizer),
+                "input_ids": ids,
+                "seconds": round(time.perf_counter() - t0, 4),
+            }
+        except Exception as exc:  # noqa: BLE001 - every failure is data for the parent's diagnosis
+            error = f"{type(exc).__name__}: {exc}"
+            attempts = _attempts()[seen:]
+            if attempts and "network access attempted" not in error:
+                error = f"network access attempted ({attempts[0]}) during an offline load; then {error}"
+            results[spec] = {"error": error, "seconds": round(time.perf_counter() - t0, 4)}
+    results["__import_seconds__"] = {"seconds": round(import_seconds, 4)}
+    return results
+
+
+def main() -> None:
+    network_guard.install(enforce=True)
+    parser = argparse.ArgumentParser(prog="python -m hfcache.offline.probe")
+    parser.add_argument("text")
+    parser.add_argument("specs", nargs="*")
+    parser.add_argument("--trust-remote-code", action="append", default=[], metavar="SPEC")
+    args = parser.parse_args()
+    results = probe(args.text, args.specs, frozenset(args.trust_remote_code))
+    # On a line of its own: loaded code may have written to stdout without a final newline.
+    print("\n" + json.dumps(results), flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,190 @@
+"""Where transformers puts custom code (``trust_remote_code``) before importing it, and what to do when it cannot.
+
+transformers 5.24 ``utils/hub.py`` reads, once at import::
+
+    HF_MODULES_CACHE = os.getenv("HF_MODULES_CACHE", os.path.join(constants.HF_HOME, "modules"))
+
+(``constants.HF_HOME`` is huggingface_hub's: ``HF_HOME``, else ``$XDG_CACHE_HOME/huggingface``, else
+``~/.cache/huggingface``.) Every load of custom code, even fully offline from a read-only cache, creates
+``transformers_modules/<repo>/<commit>/`` there and copies the code files into it (``dynamic_module_utils.py``:
+``init_hf_modules``, ``create_dynamic_module``, ``get_cached_module_file``), then imports them from there. With a
+read-only HOME (a hardened pod) that write fails with ``PermissionError``/``OSError: Read-only file system``.
+
+hfcache's choice (``hfcache env`` / ``hfcache exec``): keep whatever the environment gives when it is writable, and
+an explicit ``HF_MODULES_CACHE`` always; otherwise point ``HF_MODULES_CACHE`` at ``<tmp>/hfcache-modules-<uid>``
+(``tempfile.gettempdir()``: ``TMPDIR``, else ``/tmp``: writable in containers with a read-only root filesystem, where
+``/tmp`` is an ``emptyDir`` or a tmpfs). transformers imports whatever Python it finds in that folder, so the folder
+is created private (mode 0700) and reused only while it is a real folder owned by this user (one that others can
+write is made private again); a link or another user's folder there is refused with an error naming it (never a new
+folder per call: ``env`` must print the same path every time). Its content is a copy of code already in the cache:
+losing it costs nothing but the copy.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+import tempfile
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..cache import safefs
+from ..errors import CacheError
+from .selection import AUTO_MAP_FILES, MAX_PARSE_BYTES, auto_map_refs, module_path
+
+ENV_NAME = "HF_MODULES_CACHE"
+
+
+def hf_home(environ: Mapping[str, str]) -> Path:
+    """huggingface_hub ``constants.HF_HOME`` in ``environ``: ``HF_HOME``, else ``$XDG_CACHE_HOME/huggingface``, else
+    ``~/.cache/huggingface`` (``expanduser`` + ``expandvars``, as constants.py does)."""
+    default = os.path.join(environ.get("XDG_CACHE_HOME", os.path.join(os.path.expanduser("~"), ".cache")),
+                           "huggingface")
+    return Path(os.path.expandvars(os.path.expanduser(environ.get("HF_HOME", default))))
+
+
+def modules_cache(environ: Mapping[str, str]) -> tuple[Path, bool]:
+    """The folder transformers copies custom code into in ``environ``, and whether ``HF_MODULES_CACHE`` chose it.
+
+    Source: transformers 5.24 ``utils/hub.py`` (``HF_MODULES_CACHE``; module docstring).
+    """
+    if ENV_NAME in environ:
+        return Path(os.path.expanduser(environ[ENV_NAME])), True
+    return hf_home(environ) / "modules", False
+
+
+def can_create(path: Path) -> bool:
+    """Whether this user can write ``path`` (a folder), or create it: ``os.access`` on it or its nearest existing
+    parent (``access(2)`` also answers False on a read-only filesystem, for root too)."""
+    probe = path
+    while not probe.exists():
+        if probe == probe.parent:
+            return False
+        probe = probe.parent
+    return probe.is_dir() and os.access(probe, os.W_OK | os.X_OK)
+
+
+def private_modules_dir(tmp: str | None = None) -> Path:
+    """A folder for ``HF_MODULES_CACHE`` only this user can write: ``<tmp>/hfcache-modules-<uid>``, created 0700 (the
+    same path on every call). An existing folder of this user that others can write is made 0700 again.
+
+    Raises:
+        CacheError: that path is a link, not a folder, or another user's (someone else may plant code there that
+            transformers would import): the message names it; remove it or set ``HF_MODULES_CACHE``.
+        OSError: the folder cannot be created.
+    """
+    base = tmp or tempfile.gettempdir()
+    uid = os.geteuid() if hasattr(os, "geteuid") else 0
+    path = Path(base) / f"hfcache-modules-{uid}"
+    try:
+        path.mkdir(mode=0o700)
+    except FileExistsError:
+        pass
+    st = os.lstat(path)
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != uid:
+        what = "a link" if stat.S_ISLNK(st.st_mode) else "not a folder" if not stat.S_ISDIR(st.st_mode) else \
+            f"owned by uid {st.st_uid}"
+        raise CacheError(f"{path} is {what}, not a private folder of uid {uid}: hfcache will not point "
+                         "HF_MODULES_CACHE there (transformers imports the code it finds in it)",
+                         hint=f"remove {path}, or export HF_MODULES_CACHE=<a folder only you can write>")
+    if st.st_mode & 0o077:
+        os.chmod(path, 0o700)  # ours, but others could plant code in it: private again
+    return path
+
+
+def modules_cache_override(environ: Mapping[str, str]) -> Path | None:
+    """The ``HF_MODULES_CACHE`` value ``env``/``exec`` set: None when the environment already names one or its default
+    can be written (nothing to change); else :func:`private_modules_dir` (created now, in ``environ``'s ``TMPDIR``
+    when set, else ``tempfile.gettempdir()``).
+
+    Raises:
+        CacheError: the private folder's path is taken by a link or another user's folder (:func:`private_modules_dir`).
+
+    Args:
+        environ: the environment the command will run with (offline variables included: ``HF_HOME`` may be one).
+    """
+    path, explicit = modules_cache(environ)
+    if explicit or can_create(path):
+        return None
+    return private_modules_dir(environ.get("TMPDIR") or None)
+
+
+@dataclass(frozen=True)
+class CustomCodeRepo:
+    """A cached revision whose configs' ``auto_map`` names custom code: ``repo_id``, ``commit_hash``, and the class
+    references (``module.Class``); or whose config cannot be parsed: ``error`` says which (``refs`` empty)."""
+
+    repo_id: str
+    commit_hash: str
+    refs: tuple[str, ...]
+    error: str | None = None
+
+
+def sanitize_module_name(name: str) -> str:
+    """transformers 5.24 ``dynamic_module_utils._sanitize_module_name``: a repo id part as a Python module name."""
+    new_name = name.replace(".", "_dot_").replace("-", "_hyphen_")
+    return f"_{new_name}" if new_name and new_name[0].isdigit() else new_name
+
+
+def holds_code(modules_dir: Path, repo: CustomCodeRepo) -> bool:
+    """Whether ``modules_dir`` already holds the copies transformers would make for ``repo``: its named modules in
+    ``transformers_modules/<org>/<name>/<commit>/`` (``dynamic_module_utils.get_cached_module_file``; a file already
+    there is not copied again, so a read-only modules cache that holds them still loads)."""
+    modules = {m for m in (module_path(r) for r in repo.refs) if m}
+    if not modules or len(modules) != len(repo.refs):
+        return False  # nothing to look for, or code in another repo (its own folder)
+    folder = modules_dir / "transformers_modules"
+    for part in repo.repo_id.split("/"):
+        folder = folder / sanitize_module_name(part)
+    folder = folder / repo.commit_hash
+    # os.path.isfile: False on any OSError (pathlib's is_file raises PermissionError in an unreadable folder)
+    return os.path.isfile(folder / "__init__.py") and all(os.path.isfile(folder / m) for m in modules)
+
+
+def custom_code_repos(cache_dir: Path) -> list[CustomCodeRepo]:
+    """Every cached model revision whose ``tokenizer_config.json`` or ``config.json`` has an ``auto_map`` (any key: a
+    model load runs ``AutoModel`` code too). Reads at most two small files per snapshot (``os.scandir`` and string
+    paths: doctor runs this on caches of 10,000 repos); unreadable files are skipped; a config no parser can read
+    (nested too deeply) gives a :class:`CustomCodeRepo` with ``error``.
+    """
+    from ..cache.scan import parse_folder_name
+
+    found = []
+    for folder in _scandir(str(cache_dir)):
+        parsed = parse_folder_name(folder.name) if folder.name.startswith("models--") else None
+        if parsed is None:
+            continue
+        for snapshot in _scandir(os.path.join(folder.path, "snapshots")):
+            try:
+                refs = _auto_map_of(snapshot.path)
+            except ValueError as exc:  # selection.RepoDataError: reported, the scan goes on
+                found.append(CustomCodeRepo(parsed[0], snapshot.name, (), error=str(exc)))
+                continue
+            if refs:
+                found.append(CustomCodeRepo(parsed[0], snapshot.name, refs))
+    return sorted(found, key=lambda r: (r.repo_id, r.commit_hash))
+
+
+def _scandir(path: str) -> list[os.DirEntry]:
+    try:
+        with os.scandir(path) as entries:
+            return [e for e in entries if e.is_dir(follow_symlinks=False)]
+    except OSError:
+        return []
+
+
+def _auto_map_of(snapshot: str) -> tuple[str, ...]:
+    refs: list[str] = []
+    for name in AUTO_MAP_FILES:
+        try:
+            # Regular files only, never through a link leaving the repo folder, never blocking on a FIFO.
+            data = safefs.read_snapshot_file(snapshot, name, MAX_PARSE_BYTES)
+        except (OSError, safefs.UnsafeLayout):
+            continue
+        if data is None:
+            continue
+        if b"auto_map" not in data:  # no JSON parse for the common case
+            continue
+        refs += [r for r in auto_map_refs(name, data, kind="all") if r not in refs]
+    return tuple(refs)

@@ -1,0 +1,223 @@
+"""pin: resolve a manifest against an endpoint into a lock (``hfcache lock``).
+
+Every entry is resolved like warm resolves it (:meth:`hfcache.hub.client.HubClient.resolve`, then ``describe`` for the
+selected files where the endpoint's listing gave no sizes or hashes: the tree API or one HEAD per file);
+sharded weight indexes are downloaded (into memory, hash-checked) to learn the shard list. Entries whose manifest
+entry is unchanged keep their locked commit unless ``--upgrade`` names them: no request is made for them.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from .. import pools
+from ..errors import HfcacheError, HubError, IntegrityError
+from ..hub.client import HubClient
+from .lockfile import LockedFile, LockedRepo, Lockfile, Manifest, filter_upgrade, lock_relative_name, write_lock
+from .project import open_project
+from ..records import WarmRequest
+from ..hub.retry import DEFAULT_RETRIES, RetryCounter
+from .selection import MAX_PARSE_BYTES, check_index_size, follow_configs, select, shards_from_index
+from .orchestrate import make_clients
+
+
+@dataclass(frozen=True)
+class LockFailure:
+    """A manifest entry that could not be resolved: ``error`` is one line, ``exit_code`` the documented code."""
+
+    spec: str
+    error: str
+    hint: str | None
+    exit_code: int
+
+
+@dataclass(frozen=True)
+class PinResult:
+    """The outcome of :func:`pin`.
+
+    Attributes:
+        lock: the new lock (complete only when ``failures`` is empty).
+        resolved (tuple[str, ...]): specs resolved against the endpoint in this run.
+        kept (tuple[str, ...]): specs whose locked commit was kept without a request.
+        failures (tuple[LockFailure, ...]): entries that failed, in manifest order.
+    """
+
+    lock: Lockfile
+    resolved: tuple[str, ...]
+    kept: tuple[str, ...]
+    failures: tuple[LockFailure, ...]
+
+
+@dataclass(frozen=True)
+class LockRun:
+    """The outcome of :func:`lock_project` (``hfcache lock``).
+
+    Attributes:
+        result (PinResult): what was resolved, kept and failed.
+        lock_path (Path): the lock file.
+        written (bool): whether the file changed (False when any entry failed: then it is left as it was).
+    """
+
+    result: PinResult
+    lock_path: Path
+    written: bool
+
+
+def resolve_entry(client: HubClient, request: WarmRequest) -> LockedRepo:
+    """Resolve one manifest entry to a locked repo (commit, selected files with size and hash, absent names).
+
+    Raises:
+        HfcacheError subclasses from :class:`HubClient`; IntegrityError for a malformed sharded index.
+    """
+    counter = client.counter()
+    repo = client.resolve(request.repo_id, request.revision, request.repo_type, counter=counter)
+    selection = select(repo.paths, request.kind, request.include, request.exclude)
+    paths = set(selection.paths)
+    absent = selection.absent
+    needs_index = selection.needs_index
+    repo = client.describe(repo, selection.needs_config + needs_index, counter)
+
+    def read(path: str) -> bytes | None:
+        nonlocal repo
+        repo = client.describe(repo, [path], counter)  # one HEAD where the listing gave no hash
+        return _download(client, repo, repo.by_path[path], counter)
+
+    notes: tuple[str, ...] = ()
+    if selection.needs_config:  # custom code (auto_map), module folders (read in memory, hash-checked, never run)
+        try:
+            followed = follow_configs(selection.needs_config, read, repo.paths, request.kind, request.exclude)
+        except ValueError as exc:  # selection.RepoDataError: a config no parser can read
+            raise IntegrityError(f"{request.repo_id}: {exc}", hint=_BAD_FILE_HINT) from None
+        notes = followed.notes
+        paths |= set(followed.paths)
+        absent = tuple(sorted(set(absent) | set(followed.absent)))
+        needs_index += followed.needs_index
+    repo = client.describe(repo, needs_index, counter)
+    for index in needs_index:
+        try:
+            check_index_size(index, repo.by_path[index].size)
+            paths |= shards_from_index(_download(client, repo, repo.by_path[index], counter, limit=None), repo.paths,
+                                       index)
+        except ValueError as exc:
+            raise IntegrityError(f"{request.repo_id}: {exc}", hint=_BAD_FILE_HINT) from None
+    repo = client.describe(repo, paths, counter)
+    by_path = repo.by_path
+    files = tuple(LockedFile(path=p, size=by_path[p].size, hash=by_path[p].hash) for p in sorted(paths))
+    return LockedRepo(request=request, canonical_id=repo.canonical_id, commit_hash=repo.commit_hash,
+                      files=files, absent=absent, notes=notes)
+
+
+#: The hint of a repo file hfcache cannot parse (selection.RepoDataError, a malformed sharded index).
+_BAD_FILE_HINT = "the repo's file is malformed (a loader fails on it too): fix the repo, or --exclude that file"
+
+
+def _download(client: HubClient, repo, file, counter: RetryCounter,
+              limit: int | None = MAX_PARSE_BYTES) -> bytes | None:
+    """A small file's bytes, in memory (``HubClient.download`` checks size and hash, retries count for the repo);
+    None above ``limit`` bytes (nothing is parsed from it then)."""
+    if limit is not None and file.size > limit:
+        return None
+    buffer = io.BytesIO()
+    client.download(repo, file, buffer, counter)
+    return buffer.getvalue()
+
+
+def pin(
+    manifest: Manifest,
+    clients: HubClient | Sequence[HubClient],
+    existing: Lockfile | None = None,
+    upgrade: set[tuple[str, str, str]] | None = None,
+    max_workers: int = 8,
+) -> PinResult:
+    """Compute the lock for ``manifest``.
+
+    Args:
+        manifest: the entries to pin.
+        clients: the endpoint connection, or several tried in order per entry (the first that resolves it wins;
+            a Hub-side failure moves on to the next).
+        existing: the current lock, whose commits are kept for unchanged entries.
+        upgrade: keys ``(repo_id, revision, repo_type)`` to re-resolve even if unchanged (``--upgrade``).
+        max_workers: parallel resolutions.
+
+    Returns:
+        PinResult; the lock lists every entry that resolved (kept or new).
+    """
+    upgrade = upgrade or set()
+    kept: list[LockedRepo] = []
+    todo: list[WarmRequest] = []
+    for request in manifest.repos:
+        previous = existing.find(request) if existing else None
+        key = (request.repo_id, request.revision, request.repo_type)
+        if previous is not None and previous.request == request and key not in upgrade:
+            kept.append(previous)
+        else:
+            todo.append(request)
+
+    clients = [clients] if isinstance(clients, HubClient) else list(clients)
+
+    def attempt(request: WarmRequest) -> LockedRepo | LockFailure:
+        failure = None
+        for client in clients:
+            try:
+                return resolve_entry(client, request)
+            except HubError as exc:
+                failure = LockFailure(request.spec, exc.message, exc.hint, exc.exit_code)
+            except HfcacheError as exc:
+                return LockFailure(request.spec, exc.message, exc.hint, exc.exit_code)
+        return failure
+
+    with pools.pool(min(max_workers, len(todo) or 1), "hfcache-pin") as executor:
+        outcomes = list(pools.ordered([executor.submit(attempt, request) for request in todo]))  # Ctrl-C: pools.py
+    resolved = [o for o in outcomes if isinstance(o, LockedRepo)]
+    failures = tuple(o for o in outcomes if isinstance(o, LockFailure))
+    return PinResult(
+        lock=Lockfile(repos=tuple(kept + resolved)),
+        resolved=tuple(r.request.spec for r in resolved),
+        kept=tuple(r.request.spec for r in kept),
+        failures=failures,
+    )
+
+
+
+def lock_project(
+    manifest: str | os.PathLike[str] | None = None,
+    *,
+    lock_path: str | os.PathLike[str] | None = None,
+    upgrade: bool = False,
+    upgrade_ids: Sequence[str] = (),
+    endpoint: Sequence[str] = (),
+    token: str | bool | None = None,
+    timeout: float = 10.0,
+    max_workers: int = 8,
+    retries: int = DEFAULT_RETRIES,
+) -> LockRun:
+    """Resolve a project's manifest and write its lock, keeping the commits of unchanged entries.
+
+    Args:
+        manifest, lock_path: as :func:`hfcache.warming.project.open_project`.
+        upgrade: re-resolve entries even if unchanged: those named by ``upgrade_ids``, all when it is empty.
+        endpoint: endpoints in order of preference (default: the manifest's, ``HF_ENDPOINT`` or the Hub).
+        token: Hub token (None: huggingface_hub's lookup; False: none).
+        timeout: seconds per connection or read.
+        max_workers: parallel resolutions.
+        retries: retries of a transient failure per request or download (:mod:`hfcache.hub.retry`), >= 0.
+
+    Returns:
+        LockRun; the lock is written atomically, and only when every entry resolved.
+
+    Raises:
+        UsageError: no or invalid manifest or lock, an ``upgrade_ids`` name not in the manifest, a bad endpoint.
+        CacheError: the lock cannot be written.
+    """
+    found, path, existing = open_project(manifest, lock_path)
+    upgrade_keys = filter_upgrade(found.repos, upgrade_ids) if upgrade else set()
+    clients = make_clients(list(endpoint) or list(found.endpoints) or None, token, timeout, retries)
+    result = pin(found, clients, existing=existing, upgrade=upgrade_keys, max_workers=max_workers)
+    written = False
+    if not result.failures:
+        written = write_lock(result.lock, path, lock_relative_name(found.path, path))
+    return LockRun(result=result, lock_path=path, written=written)

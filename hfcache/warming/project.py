@@ -1,0 +1,152 @@
+"""A project's manifest and lock together: which manifest goes with a lock, where the lock lives, whether they agree.
+
+What ``hfcache warm --lock`` and ``hfcache lock`` decide before any download or request, for the CLI and the Python
+API alike. Light like :mod:`hfcache.warming.lockfile` (no huggingface_hub, no HTTP client): ``warm --lock`` on a warm cache
+runs this module, the lock reader and the stat-only cache check, and nothing heavier.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..cache.layout import existing_cache_dir
+from ..errors import CheckFailed
+from .lockfile import (Lockfile, Manifest, default_lock_path, drift, find_manifest, load_manifest, lock_cache_dir,
+                       lock_manifest, read_lock)
+
+__all__ = ["LockCheck", "LockInstall", "check_lock", "open_project", "reading_cache_dir", "resolve_install"]
+
+
+@dataclass(frozen=True)
+class LockInstall:
+    """What ``warm --lock`` installs, and where from.
+
+    Attributes:
+        lock (Lockfile): the lock read.
+        manifest (Manifest | None): the manifest found beside the lock (or given); None when there is none.
+        cache_dir (Path): absolute: the cache given, else the manifest's ``cache_dir``, else the environment's
+            (:func:`hfcache.warming.lockfile.lock_cache_dir`; README "Which cache a --lock command uses").
+        endpoint (list[str] | None): the endpoints given, else the manifest's, else None (``HF_ENDPOINT``/the Hub).
+    """
+
+    lock: Lockfile
+    manifest: Manifest | None
+    cache_dir: Path
+    endpoint: list[str] | None
+
+
+def resolve_install(
+    lock_file: str | os.PathLike[str],
+    *,
+    manifest: str | os.PathLike[str] | None = None,
+    locked: bool = False,
+    cache_dir: str | os.PathLike[str] | None = None,
+    endpoint: Sequence[str] = (),
+) -> LockInstall:
+    """Read a lock and the manifest beside it (``hfcache.toml`` or ``pyproject.toml`` with ``[tool.hfcache]`` in the
+    lock's folder, or ``manifest``); with ``locked``, refuse a lock out of date with its manifest.
+
+    A lock alone (copied into an image without its manifest) is enough unless ``manifest`` or ``locked`` asks for
+    one; a manifest that exists but is broken is always an error.
+
+    Args:
+        lock_file: the lock's path.
+        manifest: the manifest's path (default: found beside the lock).
+        locked: fail when the manifest and the lock disagree (``warm --locked``).
+        cache_dir: the cache root; overrides the manifest's.
+        endpoint: endpoints in order of preference; override the manifest's.
+
+    Returns:
+        LockInstall.
+
+    Raises:
+        UsageError: an unreadable or invalid lock or manifest; no manifest while ``manifest`` or ``locked`` needs one.
+        CheckFailed: ``locked`` and the lock is out of date with the manifest (exit 1).
+    """
+    lock = read_lock(lock_file)
+    # A lock alone (e.g. copied into an image) is enough; a broken manifest, or none while one is needed, is an error.
+    found = lock_manifest(lock_file, manifest, required=bool(locked))
+    if locked:
+        problems = drift(found, lock)
+        if problems:
+            raise CheckFailed(f"{lock_file} is out of date with {found.path}: {problems[0]}"
+                              + (f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""),
+                              hint="run `hfcache lock` and commit the new lock")
+    return LockInstall(
+        lock=lock,
+        manifest=found,
+        cache_dir=lock_cache_dir(lock_file, cache_dir, manifest=found),
+        endpoint=list(endpoint) or (list(found.endpoints) if found and found.endpoints else None),
+    )
+
+
+def reading_cache_dir(cache_dir: str | os.PathLike[str] | None = None,
+                      lock_file: str | os.PathLike[str] | None = None) -> Path:
+    """The existing cache a reading command (``ls``, ``verify``, ``check``, ``export``) works on: with a lock, as
+    ``warm --lock`` picks it (:func:`hfcache.warming.lockfile.lock_cache_dir`: ``cache_dir``, else the lock's manifest's,
+    else the environment's); without, ``cache_dir`` or the environment's.
+
+    Returns:
+        Path: absolute, an existing directory.
+
+    Raises:
+        CacheError: the cache does not exist or is not a directory (see :func:`hfcache.cache.layout.existing_cache_dir`).
+        UsageError: the lock's manifest exists but is invalid.
+    """
+    return existing_cache_dir(lock_cache_dir(lock_file, cache_dir) if lock_file else cache_dir)
+
+
+def open_project(manifest: str | os.PathLike[str] | None = None,
+                 lock_path: str | os.PathLike[str] | None = None) -> tuple[Manifest, Path, Lockfile | None]:
+    """(the manifest, the lock's path, the lock if it exists) for ``hfcache lock``.
+
+    Args:
+        manifest: the manifest's path (default: ``./hfcache.toml``, or ``./pyproject.toml`` with ``[tool.hfcache]``).
+        lock_path: the lock's path (default: ``hfcache.lock`` beside the manifest).
+
+    Raises:
+        UsageError: no manifest, or an invalid manifest or lock.
+    """
+    found = load_manifest(find_manifest(manifest))
+    path = Path(lock_path) if lock_path else default_lock_path(found.path)
+    return found, path, read_lock(path) if path.exists() else None
+
+
+@dataclass(frozen=True)
+class LockCheck:
+    """Whether a lock matches its manifest (``hfcache lock --check``; no network).
+
+    Attributes:
+        manifest (Path): the manifest compared.
+        lock_path (Path): the lock compared (it may not exist).
+        drift (tuple[str, ...]): one line per difference (see :func:`hfcache.warming.lockfile.drift`); a missing lock is
+            one line too. Empty when they match.
+    """
+
+    manifest: Path
+    lock_path: Path
+    drift: tuple[str, ...]
+
+    @property
+    def ok(self) -> bool:
+        return not self.drift
+
+    def error(self) -> CheckFailed:
+        """The error to raise when the lock does not match (exit 1)."""
+        return CheckFailed(f"{self.lock_path} does not match {self.manifest}: " + "; ".join(self.drift),
+                           hint="run `hfcache lock` to update it")
+
+
+def check_lock(manifest: str | os.PathLike[str] | None = None,
+               lock_path: str | os.PathLike[str] | None = None) -> LockCheck:
+    """Compare a project's lock with its manifest, without network (arguments as :func:`open_project`).
+
+    Raises:
+        UsageError: no manifest, or an invalid manifest or lock.
+    """
+    found, path, existing = open_project(manifest, lock_path)
+    problems = drift(found, existing) if existing else (f"{path}: no lock file",)
+    return LockCheck(manifest=found.path, lock_path=path, drift=problems)
