@@ -1,4 +1,4 @@
-"""The anchors the benchmarks compare hfcache with (issue 18), and the conditions every figure is printed with.
+"""The anchors the benchmarks compare hfcache with (docs/benchmarks.md), and the conditions every figure is printed with.
 
 ``--anchors venv`` (the default) runs huggingface_hub and its ``hf`` CLI from a separate virtual environment that this
 module creates once with ``pip install huggingface_hub`` (default folder /tmp/hfcache-bench-venv, or

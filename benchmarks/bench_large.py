@@ -13,7 +13,7 @@ file body paced to ``--throttle-bps`` per connection (default 10 MB/s). Each con
 
 Figures: wall time (``time.perf_counter`` around the subprocess: interpreter start-up counts), peak RSS of the
 process (``os.wait4`` rusage), body requests the server logged, and the ratio hfcache / hf download.
-Goals (issue 14): ratio <= 0.3 and hfcache peak RSS <= 150 MiB.
+Goals (docs/benchmarks.md): ratio <= 0.3 and hfcache peak RSS <= 150 MiB.
 
     python benchmarks/bench_large.py [--size-mib 128] [--throttle-bps 10000000] [--max-workers 8] [--json]
 """

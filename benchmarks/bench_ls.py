@@ -7,7 +7,7 @@ per repo the five files of a BERT-style tokenizer (``config.json``, ``tokenizer.
 revision. Both tools then list it, in one run, each in a fresh subprocess (so interpreter
 start-up counts for both); the script prints wall time (median of ``--repeat``), peak RSS of the child
 (``getrusage(RUSAGE_CHILDREN)`` in a wrapper process) and the ratio. The contenders run interleaved in each round
-(a shared machine's load drifts); the load average is printed before and after. Goal (issue 18, P4): at most a
+(a shared machine's load drifts); the load average is printed before and after. Goal P4 (docs/benchmarks.md): at most a
 quarter of ``hf cache ls``'s wall time and at most 64 MiB peak RSS. ``find -printf`` over the same tree is printed as
 the floor (a C program doing the lstat calls, no Python). ``hf`` comes from a separate venv with the released
 huggingface_hub unless ``--anchors current`` (benchmarks/anchors.py).

@@ -1,6 +1,6 @@
 """Benchmark: ``hfcache verify`` hashing throughput vs sha256sum, openssl and Python's hashlib, and peak memory.
 
-Builds a cache in a temporary folder shaped like issue 18's P3 (1 GiB by default): ``--large`` LFS-style blobs of
+Builds a cache in a temporary folder shaped like goal P3 (docs/benchmarks.md) (1 GiB by default): ``--large`` LFS-style blobs of
 ``--large-mib`` MiB and ``--small`` blobs of ``--small-kib`` KiB, random bytes named by their sha256 and linked from
 one snapshot, plus (``--big-gib``) one more repo holding a single large blob for the memory measurement. Every file is
 read once before timing, so all contenders hash from the page cache (hashing, not the disk, is compared). Rounds are
@@ -14,7 +14,7 @@ after, because the machine may be shared. Contenders:
     ``seconds`` (the scan and the hashing, not the interpreter's start-up) and the wall time of the whole process;
   * ``hfcache verify --fast`` after a recorded ``--fast`` run (nothing changed: every blob skipped).
 
-Goal (issue 18, P3): ``hfcache verify`` >= 80% of two cores' hashing, i.e. >= 0.8 x 2 x this machine's one-core Python
+Goal P3 (docs/benchmarks.md): ``hfcache verify`` >= 80% of two cores' hashing, i.e. >= 0.8 x 2 x this machine's one-core Python
 hashlib figure (the issue's 2800 MB/s is that on its machine, 1764 MB/s per core); both forms printed as met or not.
 
     python benchmarks/bench_verify.py [--large 4] [--large-mib 192] [--small 1024] [--small-kib 256] [--big-gib 2]

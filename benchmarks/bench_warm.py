@@ -225,7 +225,7 @@ def benchmark(throttle_bps: int | None, repeat: int, latency_ms: int = 0) -> dic
 
 
 def goals(medians: dict) -> list[dict]:
-    """Issue 18's P1 and P2 as ratios of this run's medians: (name, ratio, goal, met)."""
+    """Goals P1 and P2 (docs/benchmarks.md) as ratios of this run's medians: (name, ratio, goal, met)."""
     lock, threads = medians["hfcache --lock"], medians["snapshot_download threads"]
     rows = [
         ("P1 warm --lock requests (complete cache)", lock["warm_requests"], 0),

@@ -20,9 +20,9 @@ def __getattr__(name: str):
         return warm
     # Lazy too: an application calls enforce_offline() before it imports transformers, so this import stays light.
     if name in ("enforce_offline", "load_tokenizer"):
-        from .offline import env
+        from .offline import api
 
-        return getattr(env, name)
+        return getattr(api, name)
     raise AttributeError(name)
 
 

@@ -116,7 +116,7 @@ class RepoResult:
         exit_code (int): 0, or the documented exit code of the error.
         notes (tuple[str, ...]): one-line warnings: what warm changed beyond the requested repo, e.g. the ref of a
             legacy id's canonical folder moved to another commit; custom code in another repo, a file too large to
-            parse (``selection.Followed.notes``).
+            parse (``custom_code.Followed.notes``).
         error_type (str | None): the error's class in :mod:`hfcache.errors` (``IntegrityError``,
             ``EndpointUnreachable``, ``RepoNotFound``...;
             ``Interrupted`` with exit 130 when Ctrl-C stopped it), for callers that answer each kind differently

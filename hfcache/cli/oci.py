@@ -13,7 +13,7 @@ from ..errors import UsageError
 
 def _credentials(username: str | None, password_stdin: bool):
     """``--username`` + ``--password-stdin`` (as ``docker login``): the password is one line read from stdin."""
-    from ..oci.registry import Credentials
+    from ..oci.credentials import Credentials
 
     usage = "echo \"$REGISTRY_PASSWORD\" | hfcache ... --username USER --password-stdin"
     if password_stdin and not username:

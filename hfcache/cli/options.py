@@ -1,6 +1,9 @@
-"""Click option helpers shared by the command modules (cli/main.py, cli/oci.py): presentation layer only."""
+"""Click options and option values shared by the command modules of :mod:`hfcache.cli` (``--cache-dir``, the Hub
+options, ``--lock-timeout``, unit-parsed values, the token): presentation layer only."""
 
 from __future__ import annotations
+
+from pathlib import Path
 
 import click
 
@@ -26,3 +29,47 @@ def lock_timeout_option(fn):
     return click.option("--lock-timeout", type=click.FloatRange(min=0), default=600.0, show_default=True,
                         metavar="SECONDS", help="Wait at most this long for a lock another process holds (exit 5 "
                         "then, naming the lock).")(fn)
+
+
+def cache_dir_option(what: str = "Cache root"):
+    """``--cache-dir DIR``, its help starting with ``what``."""
+    return click.option("--cache-dir", type=click.Path(file_okay=False),
+                        help=f"{what} [default: HF_HUB_CACHE, $HF_HOME/hub or ~/.cache/huggingface/hub].")
+
+
+def common_hub_options(fn):
+    """The options of every command that talks to a Hub: endpoints, token, workers, timeout, retries, ``--json``."""
+    for decorator in reversed([
+        click.option("--endpoint", "endpoints", metavar="URL", multiple=True,
+                     help="Hub endpoint; repeat to give fallbacks, tried in order per repo (an in-cluster mirror "
+                          "first) [default: the manifest's, HF_ENDPOINT or https://huggingface.co]."),
+        click.option("--token", metavar="TOKEN", help="Hub token (visible in `ps`; prefer --token-file or HF_TOKEN)."),
+        click.option("--token-file", type=click.Path(dir_okay=False), help="File holding the Hub token."),
+        click.option("--max-workers", type=click.IntRange(min=1), default=8, show_default=True,
+                     help="Connections to the endpoint at once (repo resolutions, files, ranges of large files)."),
+        click.option("--timeout", metavar="SECONDS", default="10", show_default=True, callback=parsed("parse_timeout"),
+                     help="Seconds to wait for a connection or for any byte of an answer."),
+        click.option("--retries", type=click.IntRange(min=0), default=5, show_default=True,
+                     help="Retries of a 429, 502, 503, 504 or cut connection, per request or file (exponential "
+                          "backoff with jitter; Retry-After honoured)."),
+        click.option("--json", "as_json", is_flag=True, help="Print one JSON document on stdout; no progress."),
+    ]):
+        fn = decorator(fn)
+    return fn
+
+
+def read_token(token: str | None, token_file: str | None, option: str = "--token-file") -> str | bool | None:
+    """The token to send: --token, else --token-file, else None (huggingface_hub's own lookup: HF_TOKEN, file).
+    ``option`` names the file's option in errors."""
+    if token and token_file:
+        raise UsageError("--token and --token-file are mutually exclusive", hint="give one of them")
+    if token_file:
+        try:
+            value = Path(token_file).read_text(encoding="utf-8").strip()
+        except OSError as exc:
+            raise UsageError(f"cannot read {option} {token_file}: {exc.strerror}",
+                             hint="give a readable file holding the token") from None
+        if not value:
+            raise UsageError(f"{option} {token_file} is empty", hint="write the token into it, or drop the option")
+        return value
+    return token or None

@@ -61,7 +61,8 @@ class ShortBody(Exception):
 
 
 def retry_after(exc: BaseException) -> float | None:
-    """Seconds from the ``Retry-After`` header of the failed answer (delay-seconds or HTTP-date; RFC 9110 §10.2.3)."""
+    """Seconds from the ``Retry-After`` header of the failed answer (delay-seconds or HTTP-date; RFC 9110,
+    section 10.2.3)."""
     response = getattr(exc, "response", None)
     value = getattr(response, "headers", {}).get("Retry-After") if response is not None else None
     if not value:

@@ -4,7 +4,7 @@
 it imports httpcore2, h11, anyio and truststore and creates an SSL context that loads the CA bundle (~85 ms on this
 project's 2-core benchmark machine, half of it in ``_ssl``, which runs without the GIL). Started in a thread before
 ``hfcache.warming.orchestrate`` is imported, it overlaps with those imports: the first request of a cold ``warm`` starts that
-much sooner (issue 18). The client is exactly the one the first request would have made.
+much sooner (docs/benchmarks.md). The client is exactly the one the first request would have made.
 
 Concurrent imports: CPython raises ``_DeadlockError`` in one of two threads that import modules depending on each
 other in opposite orders. So the calling thread imports huggingface_hub's HTTP module (and httpx2) itself, and the

@@ -32,7 +32,8 @@ from pathlib import Path
 from .. import pools
 from ..cache.layout import IncompleteBlob, RepoFolder
 from ..errors import HubError, IntegrityError
-from .client import Hasher, HubClient, RemoteFile, RepoRevision
+from .client import HubClient
+from .files import Hasher, RemoteFile, RepoRevision
 from .retry import Budget, Interrupted, RetryCounter, ShortBody
 
 PARALLEL_THRESHOLD = 16 * 1024 * 1024  # bytes left to fetch above which a file is split into ranges
@@ -237,8 +238,8 @@ class _Job:
 
     def _one_stream(self, kept: int) -> None:
         """The bytes after ``kept`` as one stream in this thread, each chunk hashed as it is written (no worker
-        thread, no second read of the file: most files are small, issue 18); the same retries, Range checks and
-        resume as the parts of a large file (:meth:`_worker`, :meth:`_stream`)."""
+        thread, no second read of the file: most files are small, docs/benchmarks.md); the same retries, Range
+        checks and resume as the parts of a large file (:meth:`_worker`, :meth:`_stream`)."""
         self.inline = Hasher(self.file)
         self._hash_from_disk(self.inline, 0, kept)
         try:

@@ -26,12 +26,15 @@ from ..cache.layout import RepoFolder, cache_error, symlinks_supported
 from ..hub.retry import RetryCounter
 from ..errors import HfcacheError, RevisionNotFound
 from ..cache.locking import DEFAULT_LOCK_TIMEOUT
-from ..hub.client import HubClient, RemoteFile, RepoRevision
+from ..hub.client import HubClient
+from ..hub.files import RemoteFile, RepoRevision
 from ..hub.transfer import Slots, TransferOptions, download_blob
 from ..warming.lockfile import Lockfile
 from ..records import folder_ids
 from ..cache.scan import parse_folder_name, scan_repo
-from .verify import HashProgress, Problem, VerifyReport, algorithm_of, verify_cache
+from .hashing import HashProgress, algorithm_of
+from .verify import verify_cache
+from .verify_report import Problem, VerifyReport
 
 _REPAIR_CONNECTIONS = 4  # ranges of one large blob fetched at once
 _CONTENT_KINDS = {"blob_mismatch", "blob_not_file", "link_broken", "file_missing", "file_mismatch"}
@@ -42,7 +45,8 @@ class RepairAction:
     """One thing repair did or could not do.
 
     Attributes:
-        repo_id (str), revision (str), path (str): what it concerns (as in :class:`hfcache.integrity.verify.Problem`).
+        repo_id (str), revision (str), path (str): what it concerns (as in
+            :class:`hfcache.integrity.verify_report.Problem`).
         action (str): ``rewrote ref``, ``relinked``, ``downloaded``, ``removed link``, ``removed blob``, or
             ``failed``.
         detail (str): one line for people.

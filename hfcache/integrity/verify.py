@@ -1,9 +1,10 @@
 """verify: check a cache's integrity offline, from what the cache itself (or a lock) already says.
 
 Library gap: huggingface_hub trusts a truncated or rewritten blob forever, and ``hf cache verify`` asks the network
-for hashes the cache already holds (DESIGN §1, §3). Every blob is named by its hash (``blobs/<sha256>`` for LFS files,
-``blobs/<git blob sha1>`` for others), so hashing it offline proves it; a lock or a ``trees/<commit>.json`` listing
-adds the expected size and hash of every snapshot path, so missing or swapped files are found too.
+for hashes the cache already holds (docs/cache-layout.md, 'Traps the libraries leave'). Every blob is named by its
+hash (``blobs/<sha256>`` for LFS files, ``blobs/<git blob sha1>`` for others), so hashing it offline proves it
+(:mod:`.hashing`); a lock or a ``trees/<commit>.json`` listing adds the expected size and hash of every snapshot path
+(:mod:`.expectations`), so missing or swapped files are found too. The findings: :mod:`.verify_report`.
 
 No network and no huggingface_hub import here: ``verify`` makes zero HTTP requests. Hashing runs in parallel threads
 (hashlib releases the GIL on updates over 2047 bytes), largest blobs first, each thread reading 4 MiB at a time into
@@ -13,231 +14,31 @@ a recorded run hashed them (:mod:`hfcache.integrity.verify_record`); the default
 
 from __future__ import annotations
 
-import errno
-import hashlib
-import json
 import os
-import re
 import stat
 import threading
 import time
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass, replace
-from pathlib import Path
-from typing import Protocol
+from dataclasses import replace
 
 from .. import pools
-from ..cache import safefs
-from . import verify_record
 from ..cache.layout import repo_folder_name
-from ..warming.lockfile import Lockfile
-from ..cache.published import read_record
-from ..records import folder_ids
-from ..records import parse_specs
 from ..cache.scan import SPECIAL_FILE, RepoInfo, scan_cache
+from ..records import parse_specs
+from ..warming.lockfile import Lockfile
+from . import verify_record
+from .expectations import Expected, check_expected, expected_of, lock_expectations, lock_repos_missing, lost_markers
+from .hashing import HashProgress, algorithm_of, content_hash
+from .verify_report import Problem, VerifyReport
 
-_SHA256 = re.compile(r"^[0-9a-f]{64}$")
-_SHA1 = re.compile(r"^[0-9a-f]{40}$")
-_CHUNK = 4 * 1024 * 1024  # bytes per read: large reads amortise the syscall and the GIL hand-over per update
 _BATCH_BYTES = 32 * 1024 * 1024  # blobs hashed per task: one hand-over to the reporting thread per ~32 MiB
-_buffers = threading.local()  # one reusable read buffer per hashing thread
 
-#: Problem kinds that are integrity errors (exit 1); the others are reported as notes.
-ERROR_KINDS = frozenset({
-    "blob_mismatch", "blob_size", "blob_not_file", "link_broken", "link_absolute", "link_outside",
-    "ref_malformed", "ref_dangling", "file_missing", "file_mismatch", "revision_missing", "unreadable", "unsafe_layout",
-})
-
-
-@dataclass(frozen=True, order=True)
-class Problem:
-    """One finding, sortable into a stable report order (repo, revision, path, kind).
-
-    Attributes:
-        repo_id (str): the repo (as its folder names it).
-        revision (str): commit hash, ``refs/<name>`` for ref problems, or ``""`` for blob-level findings.
-        path (str): repo path, or ``blobs/<etag>`` for a blob.
-        kind (str): machine-readable kind, e.g. ``blob_mismatch``, ``link_broken``, ``ref_malformed``,
-            ``file_missing``, ``file_unlisted``, ``incomplete``, ``no_symlinks``, ``unverified``.
-        detail (str): one line for people.
-        folder (str): the repo folder name.
-        linked_from (tuple[str, ...]): for a blob finding, the snapshot entries that use the blob, each
-            ``REPO_ID@REVISION:PATH`` (the revision is a ref pointing to the snapshot, else its commit hash).
-    """
-
-    repo_id: str
-    revision: str
-    path: str
-    kind: str
-    detail: str
-    folder: str = ""
-    linked_from: tuple[str, ...] = ()
-
-    @property
-    def is_error(self) -> bool:
-        return self.kind in ERROR_KINDS
-
-
-@dataclass(frozen=True)
-class VerifyReport:
-    """The outcome of :func:`verify_cache`.
-
-    Attributes:
-        cache_dir (str): the cache verified.
-        repos (tuple[str, ...]): repo ids checked, sorted.
-        blobs_hashed (int): distinct contents hashed.
-        bytes_hashed (int): their total size.
-        seconds (float): wall time.
-        problems (tuple[Problem, ...]): every finding, errors and notes, sorted.
-        blobs_skipped (int): with ``fast``: blobs not hashed because the record shows them unchanged since they last
-            hashed right (0 otherwise).
-    """
-
-    cache_dir: str
-    repos: tuple[str, ...]
-    blobs_hashed: int
-    bytes_hashed: int
-    seconds: float
-    problems: tuple[Problem, ...]
-    blobs_skipped: int = 0
-
-    @property
-    def errors(self) -> tuple[Problem, ...]:
-        return tuple(p for p in self.problems if p.is_error)
-
-    @property
-    def ok(self) -> bool:
-        return not self.errors
-
-    @property
-    def exit_code(self) -> int:
-        return 0 if self.ok else 1
-
-
-class HashProgress(Protocol):
-    def start(self, total_bytes: int) -> None: ...
-
-    def advance(self, nbytes: int) -> None: ...
-
-
-@dataclass(frozen=True)
-class Expected:
-    """What a snapshot path should hold: ``etag`` (sha256 or git sha1 hex) and ``size`` in bytes."""
-
-    etag: str
-    size: int
-
-
-def content_hash(path: str, algorithm: str, on_bytes=None) -> tuple[str, int]:
-    """Hash a file without following a final symlink; return (hex digest, bytes read).
-
-    Args:
-        path: the file.
-        algorithm: ``sha256`` or ``git-sha1`` (``sha1(b"blob <size>\\0" + content)``, git's object id).
-        on_bytes: called with the size of every chunk read (progress).
-
-    Raises:
-        OSError: unreadable, or a symlink (``O_NOFOLLOW``): nothing outside the cache is ever read.
-    """
-    flags = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0)  # a FIFO never blocks
-    try:
-        # O_NOATIME: hashing is not a use; on relatime mounts it would make every blob look just used to
-        # ls/prune. Only the file's owner (or root) may ask for it.
-        fd = os.open(path, flags | getattr(os, "O_NOATIME", 0))
-    except PermissionError:
-        fd = os.open(path, flags)
-    buffer = getattr(_buffers, "buffer", None)
-    if buffer is None:
-        buffer = _buffers.buffer = bytearray(_CHUNK)
-    view = memoryview(buffer)
-    with os.fdopen(fd, "rb", buffering=0) as f:
-        st = os.fstat(f.fileno())
-        if not stat.S_ISREG(st.st_mode):  # a FIFO or device would never end (or never start)
-            raise OSError(errno.EINVAL, "not a regular file", path)
-        size = st.st_size
-        h = hashlib.sha256() if algorithm == "sha256" else hashlib.sha1()  # noqa: S324 - git object id
-        if algorithm != "sha256":
-            h.update(b"blob %d\0" % size)
-        read = 0
-        while n := f.readinto(buffer):
-            h.update(view[:n])
-            read += n
-            if on_bytes:
-                on_bytes(n)
-    return h.hexdigest(), read
-
-
-def algorithm_of(etag: str) -> str | None:
-    """``sha256`` for a 64-hex etag, ``git-sha1`` for a 40-hex one, None for any other blob name."""
-    if _SHA256.fullmatch(etag):
-        return "sha256"
-    if _SHA1.fullmatch(etag):
-        return "git-sha1"
-    return None
-
-
-#: A ``trees/<commit>.json`` larger than this is not read (the listing of a 100,000-file repo is ~20 MiB).
-MAX_TREE_LISTING_BYTES = 64 * 1024 * 1024
-
-
-def read_tree_listing(cache_dir: str, folder: str, commit: str) -> dict[str, Expected] | None:
-    """Read ``trees/<commit>.json`` (huggingface_hub ``_tree_cache.py`` format 1) as path -> Expected, or None.
-
-    Read without following a link and at most :data:`MAX_TREE_LISTING_BYTES` (None when larger)."""
-    try:
-        raw = safefs.read_small(cache_dir, (folder, "trees", f"{commit}.json"), MAX_TREE_LISTING_BYTES + 1)
-        if len(raw) > MAX_TREE_LISTING_BYTES:
-            return None
-        data = json.loads(raw)
-        if data.get("format_version") != 1:
-            return None
-        out = {}
-        for path, info in data["files"].items():
-            etag = info.get("lfs_sha256") or info["blob_id"]
-            out[path] = Expected(etag=etag, size=int(info.get("lfs_size") or info["size"]))
-        return out
-    except (OSError, ValueError, KeyError, TypeError, AttributeError, RecursionError, OverflowError):  # not ours
-        # (RecursionError: nested too deep; OverflowError: a size of 1e999, int(inf))
-        return None
-
-
-def _expected_of(cache_dir: str, repo: RepoInfo, commit: str, expectations) -> tuple[
-        dict[str, Expected] | None, str, tuple[str, ...]]:
-    """(path -> Expected, where it comes from, names marked absent) for one revision: the lock's when given, else
-    what hfcache warm recorded publishing (:mod:`hfcache.cache.published`), else a ``trees/`` listing."""
-    expected = expectations.get((repo.repo_type, repo.repo_id, commit))
-    if expected is not None:
-        return expected, "lock", ()
-    record = read_record(cache_dir, repo.folder, commit)
-    if record is not None:
-        files = {p: Expected(digest.split(":", 1)[1], size) for p, (size, digest) in record.files.items()}
-        return files, "warm record", record.absent
-    return read_tree_listing(cache_dir, repo.folder, commit), "trees/ listing", ()
-
-
-def _lost_markers(cache_dir: str, repo: RepoInfo, rev, absent: tuple[str, ...]) -> list[Problem]:
-    """Names warm marked absent whose ``.no_exist`` marker is gone, with no file in its place: transformers then
-    asks the network for them (and a tokenizer without ``config.json`` fails to load offline, DESIGN §3)."""
-    present = {f.path for f in rev.files}
-    found = []
-    for name in absent:
-        if name in present:
-            continue
-        marker = os.path.join(cache_dir, repo.folder, ".no_exist", rev.commit_hash, *name.split("/"))
-        if not os.path.lexists(marker):
-            found.append(Problem(repo.repo_id, rev.commit_hash, name, "file_missing",
-                                 "neither the file nor its .no_exist marker (warm marked it absent)", repo.folder))
-    return found
-
-
-def _lock_expectations(lock: Lockfile | None) -> dict[tuple[str, str, str], dict[str, Expected]]:
-    """(repo_type, repo_id, commit) -> path -> Expected, for both the requested and the canonical id."""
-    out: dict[tuple[str, str, str], dict[str, Expected]] = {}
-    for repo in lock.repos if lock else ():
-        files = {f.path: Expected(f.etag, f.size) for f in repo.files}
-        for repo_id in folder_ids(repo.request.repo_id, repo.canonical_id):
-            out[(repo.request.repo_type, repo_id, repo.commit_hash)] = files
-    return out
+#: A blob or real file to hash, keyed by (device, inode): (path to open, algorithm, expected etag, size).
+_Jobs = dict[tuple[int, int], tuple[str, str, str, int]]
+#: Who refers to each content: (repo, revision or "" for the blob itself, repo path or ``blobs/<etag>``).
+_Owners = dict[tuple[int, int], list[tuple[RepoInfo, str, str]]]
+#: Blobs' stat stamps (verify_record), for fast.
+_Stamps = dict[tuple[int, int], tuple[int, int, int, str]]
 
 
 def _structure_problems(repo: RepoInfo) -> list[Problem]:
@@ -248,7 +49,7 @@ def _structure_problems(repo: RepoInfo) -> list[Problem]:
         add(Problem(repo.repo_id, "", text.split(":", 1)[0], "unsafe_layout", text, repo.folder))
     snapshots = {r.commit_hash for r in repo.revisions}
     for name, value in sorted(repo.refs.items()):
-        if not _SHA1.fullmatch(value):
+        if algorithm_of(value) != "git-sha1":
             add(Problem(repo.repo_id, f"refs/{name}", "", "ref_malformed",
                         f"refs/{name} holds {value!r}, not 40 hex characters", repo.folder))
         elif value not in snapshots:
@@ -302,8 +103,8 @@ def verify_cache(
         max_workers: hashing threads (default: the CPU count).
         progress: receives the total byte count, then every chunk hashed.
         fast: skip blobs whose (device, inode, size, mtime, ctime) and name equal those recorded by an earlier
-            ``fast`` run in which they hashed right, and record this run's (:mod:`hfcache.integrity.verify_record`: what this
-            cannot catch). Default False: every blob is hashed and nothing is written.
+            ``fast`` run in which they hashed right, and record this run's (:mod:`hfcache.integrity.verify_record`:
+            what this cannot catch). Default False: every blob is hashed and nothing is written.
 
     Returns:
         VerifyReport; ``ok`` is False when any integrity error (not a note) exists.
@@ -315,50 +116,14 @@ def verify_cache(
     specs = parse_specs(repo_ids or ())
     wanted = set(specs) or None
     info = scan_cache(cache_dir, wanted)
-    expectations = _lock_expectations(lock)
+    expectations = lock_expectations(lock)
     problems: list[Problem] = []
-    # Distinct contents to hash: (path to open, algorithm, expected etag) keyed by inode, with who refers to it.
-    jobs: dict[tuple[int, int], tuple[str, str, str, int]] = {}
-    stamps: dict[tuple[int, int], tuple[int, int, int, str]] = {}  # blobs' stat stamps (verify_record), for fast
-    owners: dict[tuple[int, int], list[tuple[RepoInfo, str, str]]] = {}
-
+    # Distinct contents to hash, keyed by inode; blobs' stat stamps (verify_record), for fast; who refers to each.
+    jobs: _Jobs = {}
+    stamps: _Stamps = {}
+    owners: _Owners = {}
     for repo in info.repos:
-        if repo.unreadable:
-            # Part of the repo cannot be read by this user: what it holds cannot be verified (exit 1).
-            problems.extend(Problem(repo.repo_id, "", part or f"{repo.folder}/", "unreadable", detail.split(": ", 1)[1],
-                                    repo.folder) for part, detail in zip(repo.unreadable, repo.problems))
-            continue
-        used: set[str] | None = None
-        if specs.get(repo.repo_id):
-            repo, missing = _only_revisions(repo, specs[repo.repo_id])
-            problems.extend(missing)
-            used = {f.etag for rev in repo.revisions for f in rev.files if f.etag}
-        problems.extend(_structure_problems(repo))
-        if repo.unsafe:
-            continue  # nothing below a planted link is read
-        blobs_dir = os.path.join(info.cache_dir, repo.folder, "blobs")
-        for entry in _blob_entries(blobs_dir):
-            if used is not None and entry.name not in used:
-                continue
-            algorithm = algorithm_of(entry.name)
-            try:
-                st = entry.stat(follow_symlinks=False)
-            except FileNotFoundError:  # removed since the listing (a concurrent prune)
-                continue
-            if algorithm is None:
-                problems.append(Problem(repo.repo_id, "", f"blobs/{entry.name}", "unverified",
-                                        "blob name is not a sha256 or git sha1: cannot be checked", repo.folder))
-                continue
-            key = (st.st_dev, st.st_ino)
-            jobs.setdefault(key, (entry.path, algorithm, entry.name, st.st_size))
-            stamps.setdefault(key, verify_record.stamp(st, entry.name))
-            owners.setdefault(key, []).append((repo, "", f"blobs/{entry.name}"))
-        for rev in repo.revisions:
-            expected, source, absent = _expected_of(info.cache_dir, repo, rev.commit_hash, expectations)
-            problems.extend(_check_expected(repo, rev, expected, source, jobs, owners, info.cache_dir))
-            if absent:
-                problems.extend(_lost_markers(info.cache_dir, repo, rev, absent))
-
+        problems.extend(_repo_problems(info.cache_dir, repo, specs, expectations, jobs, stamps, owners))
     problems.extend(_named_repos_missing(specs, info.repos))
     if lock is not None:
         problems.extend(lock_repos_missing(lock, info.cache_dir, wanted))
@@ -366,10 +131,77 @@ def verify_cache(
     skipped = {key for key, st in stamps.items() if recorded.get(key) == st and key in jobs}
     # Largest first: two threads then finish together instead of one hashing the last big blob alone.
     todo = sorted((key for key in jobs if key not in skipped), key=lambda key: -jobs[key][3])
+    mismatches, failed, hashed_bytes = _hash_contents(todo, jobs, owners, max_workers, progress)
+    problems.extend(mismatches)
+    if fast:
+        _record(info.cache_dir, recorded, stamps, failed, everything=not specs)
+    problems.sort()
+    return VerifyReport(cache_dir=info.cache_dir, repos=tuple(sorted(r.repo_id for r in info.repos)),
+                        blobs_hashed=len(todo), bytes_hashed=hashed_bytes, seconds=time.monotonic() - started,
+                        problems=tuple(problems), blobs_skipped=len(skipped))
+
+
+def _repo_problems(cache_dir: str, repo: RepoInfo, specs: dict[str, set[str]],
+                   expectations: dict[tuple[str, str, str], dict[str, Expected]], jobs: _Jobs, stamps: _Stamps,
+                   owners: _Owners) -> list[Problem]:
+    """What one repo's metadata shows wrong; its blobs and real files are queued in ``jobs`` for hashing."""
+    problems: list[Problem] = []
+    if repo.unreadable:
+        # Part of the repo cannot be read by this user: what it holds cannot be verified (exit 1).
+        problems.extend(Problem(repo.repo_id, "", part or f"{repo.folder}/", "unreadable", detail.split(": ", 1)[1],
+                                repo.folder) for part, detail in zip(repo.unreadable, repo.problems))
+        return problems
+    used: set[str] | None = None
+    if specs.get(repo.repo_id):
+        repo, missing = _only_revisions(repo, specs[repo.repo_id])
+        problems.extend(missing)
+        used = {f.etag for rev in repo.revisions for f in rev.files if f.etag}
+    problems.extend(_structure_problems(repo))
+    if repo.unsafe:
+        return problems  # nothing below a planted link is read
+    problems.extend(_queue_blobs(cache_dir, repo, used, jobs, stamps, owners))
+    for rev in repo.revisions:
+        expected, source, absent = expected_of(cache_dir, repo, rev.commit_hash, expectations)
+        problems.extend(check_expected(repo, rev, expected, source, jobs, owners, cache_dir))
+        if absent:
+            problems.extend(lost_markers(cache_dir, repo, rev, absent))
+    return problems
+
+
+def _queue_blobs(cache_dir: str, repo: RepoInfo, used: set[str] | None, jobs: _Jobs, stamps: _Stamps,
+                 owners: _Owners) -> list[Problem]:
+    """Queue the repo's blobs (only those in ``used``, when given) for hashing; a note for each blob whose name
+    is not a hash."""
+    problems: list[Problem] = []
+    blobs_dir = os.path.join(cache_dir, repo.folder, "blobs")
+    for entry in _blob_entries(blobs_dir):
+        if used is not None and entry.name not in used:
+            continue
+        algorithm = algorithm_of(entry.name)
+        try:
+            st = entry.stat(follow_symlinks=False)
+        except FileNotFoundError:  # removed since the listing (a concurrent prune)
+            continue
+        if algorithm is None:
+            problems.append(Problem(repo.repo_id, "", f"blobs/{entry.name}", "unverified",
+                                    "blob name is not a sha256 or git sha1: cannot be checked", repo.folder))
+            continue
+        key = (st.st_dev, st.st_ino)
+        jobs.setdefault(key, (entry.path, algorithm, entry.name, st.st_size))
+        stamps.setdefault(key, verify_record.stamp(st, entry.name))
+        owners.setdefault(key, []).append((repo, "", f"blobs/{entry.name}"))
+    return problems
+
+
+def _hash_contents(todo: list[tuple[int, int]], jobs: _Jobs, owners: _Owners, max_workers: int | None,
+                   progress: HashProgress | None) -> tuple[list[Problem], set[tuple[int, int]], int]:
+    """Hash ``todo`` in parallel threads: (a problem per owner of each content that fails, the keys that failed,
+    bytes read)."""
     total = sum(jobs[key][3] for key in todo)
     if progress:
         progress.start(total)
     lock_ = threading.Lock()
+    problems: list[Problem] = []
     failed: set[tuple[int, int]] = set()
 
     def run(key: tuple[int, int]) -> tuple[tuple[int, int], str | None, int]:
@@ -396,34 +228,30 @@ def verify_cache(
             if failure is None:
                 continue
             failed.add(key)
-            path, algorithm, etag, size = jobs[key]
-            for repo, revision, where in owners[key]:
-                if failure.startswith("cannot be read"):
-                    problems.append(Problem(repo.repo_id, revision, where, "unreadable",
-                                            f"{failure}: ask the cache's owner to make it group-readable",
-                                            repo.folder))
-                    continue
-                users = _linked_from(repo, etag, key) if not revision else ()
-                shown = f"; used by {', '.join(users[:5])}" + (f" and {len(users) - 5} more" if len(users) > 5
-                                                                 else "") if users else ""
-                problems.append(Problem(repo.repo_id, revision, where, "blob_mismatch" if not revision
-                                        else "file_mismatch", f"{failure}, not its expected {algorithm} {etag[:16]}…"
-                                        f" ({size} bytes on disk){shown}", repo.folder, users))
-    if fast:
-        _record(info.cache_dir, recorded, stamps, failed, everything=not specs)
-    problems.sort()
-    return VerifyReport(
-        cache_dir=info.cache_dir,
-        repos=tuple(sorted(r.repo_id for r in info.repos)),
-        blobs_hashed=len(todo),
-        bytes_hashed=hashed_bytes,
-        seconds=time.monotonic() - started,
-        problems=tuple(problems),
-        blobs_skipped=len(skipped),
-    )
+            problems.extend(_failure_problems(key, failure, jobs, owners))
+    return problems, failed, hashed_bytes
 
 
-def _batches(todo: list[tuple[int, int]], jobs: dict[tuple[int, int], tuple[str, str, str, int]],
+def _failure_problems(key: tuple[int, int], failure: str, jobs: _Jobs, owners: _Owners) -> list[Problem]:
+    """A problem for each owner of a content that cannot be read or does not hash to its expected etag."""
+    problems: list[Problem] = []
+    path, algorithm, etag, size = jobs[key]
+    for repo, revision, where in owners[key]:
+        if failure.startswith("cannot be read"):
+            problems.append(Problem(repo.repo_id, revision, where, "unreadable",
+                                    f"{failure}: ask the cache's owner to make it group-readable",
+                                    repo.folder))
+            continue
+        users = _linked_from(repo, etag, key) if not revision else ()
+        shown = f"; used by {', '.join(users[:5])}" + (f" and {len(users) - 5} more" if len(users) > 5
+                                                         else "") if users else ""
+        problems.append(Problem(repo.repo_id, revision, where, "blob_mismatch" if not revision
+                                else "file_mismatch", f"{failure}, not its expected {algorithm} {etag[:16]}…"
+                                f" ({size} bytes on disk){shown}", repo.folder, users))
+    return problems
+
+
+def _batches(todo: list[tuple[int, int]], jobs: _Jobs,
              size: int = _BATCH_BYTES) -> Iterator[list[tuple[int, int]]]:
     """``todo`` cut in order into runs of about ``size`` bytes (a large blob alone, many small ones together)."""
     batch: list[tuple[int, int]] = []
@@ -489,57 +317,3 @@ def _blob_entries(blobs_dir: str) -> list[os.DirEntry]:
                     and stat.S_ISREG(e.stat(follow_symlinks=False).st_mode)]
     except (FileNotFoundError, NotADirectoryError, PermissionError):  # the scan reports an unreadable blobs/
         return []
-
-
-def _check_expected(repo: RepoInfo, rev, expected: dict[str, Expected] | None, source: str, jobs, owners,
-                    cache_dir: str) -> list[Problem]:
-    """Compare a snapshot with its expected listing (lock or trees/); queue real files for hashing."""
-    found = []
-    present = {f.path: f for f in rev.files}
-    for f in rev.files:
-        want = expected.get(f.path) if expected else None
-        if f.form == "link" and want is not None and (f.etag != want.etag or f.size != want.size):
-            found.append(Problem(repo.repo_id, rev.commit_hash, f.path, "file_mismatch",
-                                 f"links to blob {f.etag[:16]}… ({f.size} bytes), the {source} expects "
-                                 f"{want.etag[:16]}… ({want.size} bytes)", repo.folder))
-        elif f.form == "file":
-            if want is None and f.inode in jobs:
-                continue  # a hardlink of a blob (hfcache's form without symlinks): verified by the blob's name
-            if want is None:
-                found.append(Problem(repo.repo_id, rev.commit_hash, f.path, "unverified",
-                                     "real file with no expected hash (no lock or trees/ listing names it)",
-                                     repo.folder))
-                continue
-            path = os.path.join(cache_dir, repo.folder, "snapshots", rev.commit_hash, *f.path.split("/"))
-            if f.size != want.size:
-                found.append(Problem(repo.repo_id, rev.commit_hash, f.path, "file_mismatch",
-                                     f"{f.size} bytes, the {source} expects {want.size}", repo.folder))
-                continue
-            algorithm = algorithm_of(want.etag)
-            if algorithm and f.inode is not None:
-                jobs.setdefault(f.inode, (path, algorithm, want.etag, f.size))
-                owners.setdefault(f.inode, []).append((repo, rev.commit_hash, f.path))
-    for path in sorted(set(expected or ()) - set(present)):
-        if source in ("lock", "warm record"):
-            found.append(Problem(repo.repo_id, rev.commit_hash, path, "file_missing",
-                                 f"listed in the {source} but not in the snapshot", repo.folder))
-    if expected is not None and source == "lock":
-        for path in sorted(set(present) - set(expected)):
-            found.append(Problem(repo.repo_id, rev.commit_hash, path, "file_unlisted",
-                                 "present but not listed in the lock", repo.folder))
-    return found
-
-
-def lock_repos_missing(lock: Lockfile, cache_dir: str | os.PathLike[str], wanted: set[str] | None) -> list[Problem]:
-    """Locked repos whose snapshot is entirely absent from the cache (verify reports them as missing files)."""
-    found = []
-    for repo in lock.repos:
-        for repo_id in sorted(folder_ids(repo.request.repo_id, repo.canonical_id)):
-            if wanted is not None and repo_id not in wanted:
-                continue
-            folder = Path(cache_dir) / repo_folder_name(repo_id, repo.request.repo_type)
-            if not os.path.isdir(folder / "snapshots" / repo.commit_hash):  # no PermissionError (Path.is_dir has)
-                for f in repo.files:
-                    found.append(Problem(repo_id, repo.commit_hash, f.path, "file_missing",
-                                         "listed in the lock but its snapshot is not in the cache", folder.name))
-    return found

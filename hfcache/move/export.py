@@ -41,7 +41,7 @@ from ..warming.lockfile import Lockfile
 from ..records import folder_ids
 from ..cache.published import MAX_RECORD_BYTES, read_record, record_parts
 from ..cache.scan import SPECIAL_FILE, RepoInfo, load_hazards, scan_cache
-from ..integrity.verify import algorithm_of
+from ..integrity.hashing import algorithm_of
 
 _CHUNK = 1024 * 1024
 
@@ -115,6 +115,27 @@ def plan_export(
         UsageError: a named repo or revision is not in the cache.
         CacheError: a snapshot is broken (a link to a missing blob, or pointing outside the repo).
     """
+    selection = _selection(specs, lock)
+    info = _scan_selected(cache_dir, selection)
+    entries: list[Entry] = [Entry("CACHEDIR.TAG", "data", target=CACHEDIR_TAG)]
+    first_of_content: dict[str, str] = {}  # etag -> entry name holding it
+    unique = 0
+    repos = []
+    unsafe = [f"{r.folder}: {'; '.join(r.unsafe)}" for r in info.repos if r.unsafe]
+    if unsafe:  # never read through a planted link, never ship a repo without saying so
+        raise CacheError(f"unsafe cache layout, nothing exported: {unsafe[0]}"
+                         + (f" (and {len(unsafe) - 1} more)" if len(unsafe) > 1 else ""),
+                         hint="remove the symlink or file (or pass only other repos), then rerun")
+    for repo in info.repos:
+        revisions = _selected_revisions(repo, selection)
+        repos.append(repo.folder)
+        unique += _plan_repo(info.cache_dir, repo, revisions, materialize, entries, first_of_content)
+    entries.sort(key=lambda e: e.name)
+    return ExportPlan(entries=tuple(entries), repos=tuple(repos), unique_bytes=unique)
+
+
+def _selection(specs: Iterable[str], lock: Lockfile | None) -> dict[tuple[str, str], set[str] | None]:
+    """(repo id, repo type) -> the revisions ``specs`` and ``lock`` name (None: every revision of the repo)."""
     selection: dict[tuple[str, str], set[str] | None] = {}
     for spec in specs:
         repo_id, _, revision = spec.partition("@")
@@ -128,90 +149,124 @@ def plan_export(
             current = selection.setdefault((repo_id, locked.request.repo_type), set())
             if current is not None:
                 current.add(locked.commit_hash)
+    return selection
+
+
+def _scan_selected(cache_dir: str | os.PathLike[str], selection: dict[tuple[str, str], set[str] | None]):
+    """The scan of the selected repos (the whole cache when nothing is selected).
+
+    Raises:
+        UsageError: a selected repo is not in the cache.
+    """
     info = scan_cache(cache_dir, {r for r, _ in selection} if selection else None)
     found = {(r.repo_id, r.repo_type) for r in info.repos}
     missing = sorted(f"{r}" for r, t in selection if (r, t) not in found)
     if missing:
         raise UsageError(f"not in the cache: {', '.join(missing)}", hint="check the repo ids (hfcache ls)")
+    return info
 
-    entries: list[Entry] = [Entry("CACHEDIR.TAG", "data", target=CACHEDIR_TAG)]
-    first_of_content: dict[str, str] = {}  # etag -> entry name holding it
+
+def _selected_revisions(repo: RepoInfo, selection: dict[tuple[str, str], set[str] | None]) -> list:
+    """The revisions of ``repo`` to export.
+
+    Raises:
+        UsageError: a named revision is not in the cache. CacheError: part of the repo cannot be read.
+    """
+    wanted = selection.get((repo.repo_id, repo.repo_type)) if selection else None
+    revisions = _revisions_for(repo, wanted)
+    if wanted is not None and not revisions:
+        raise UsageError(f"{repo.repo_id}: revision(s) {', '.join(sorted(wanted))} not in the cache",
+                         hint="`hfcache ls` lists the cached revisions; warm the one you need first")
+    if repo.unreadable:
+        raise CacheError(f"{repo.repo_id}: {repo.folder}/{repo.unreadable[0]} cannot be read by this user "
+                         "(permission denied)", hint="ask the cache's owner to make it group-readable "
+                         "(`hfcache doctor` prints the fix), or export other repos")
+    return revisions
+
+
+def _plan_repo(cache_dir: str, repo: RepoInfo, revisions: list, materialize: bool, entries: list[Entry],
+               first_of_content: dict[str, str]) -> int:
+    """Append the entries of ``repo`` at ``revisions`` to ``entries``; returns the bytes of new distinct content."""
+    folder = repo.folder
+    root = Path(cache_dir) / folder
+    dirs = {folder, f"{folder}/blobs", f"{folder}/snapshots"}
+    records = {rev.commit_hash: _checked_record(cache_dir, repo, rev) for rev in revisions}
+    unique = _plan_blobs(repo, revisions, root, entries, first_of_content)
+    for rev in revisions:
+        unique += _plan_revision(folder, root, rev, materialize, entries, first_of_content, dirs)
+    for commit, record in sorted(records.items()):
+        if record is not None:
+            name = "/".join(record_parts(folder, commit))
+            dirs.update({".locks", f".locks/{folder}", f".locks/{folder}/hfcache"})
+            entries.append(Entry(name, "data", target=record))
+    commits = {r.commit_hash for r in revisions}
+    for ref, value in sorted(repo.refs.items()):
+        if value in commits:
+            name = f"{folder}/refs/{ref}"
+            dirs.update(_parents(name, stop=folder))
+            entries.append(Entry(name, "data", target=value))
+    entries.extend(Entry(d, "dir") for d in dirs)
+    return unique
+
+
+def _plan_blobs(repo: RepoInfo, revisions: list, root: Path, entries: list[Entry],
+                first_of_content: dict[str, str]) -> int:
+    """Append the blob entries the snapshot links of ``revisions`` use (a content seen before: a hardlink);
+    returns the bytes of new distinct content.
+
+    Raises:
+        CacheError: a snapshot entry is broken (neither a link to a blob nor a real file).
+    """
+    folder = repo.folder
+    blobs: dict[str, int] = {}
+    for rev in revisions:
+        for f in rev.files:
+            if f.form != "link" and f.form != "file":
+                raise CacheError(f"{repo.repo_id}: snapshot {rev.commit_hash[:12]} has a broken entry {f.path} "
+                                 f"({f.form})", hint="run `hfcache verify --repair` first")
+            if f.form == "link":
+                blobs[f.etag] = f.size
     unique = 0
-    repos = []
-    unsafe = [f"{r.folder}: {'; '.join(r.unsafe)}" for r in info.repos if r.unsafe]
-    if unsafe:  # never read through a planted link, never ship a repo without saying so
-        raise CacheError(f"unsafe cache layout, nothing exported: {unsafe[0]}"
-                         + (f" (and {len(unsafe) - 1} more)" if len(unsafe) > 1 else ""),
-                         hint="remove the symlink or file (or pass only other repos), then rerun")
-    for repo in info.repos:
-        wanted = selection.get((repo.repo_id, repo.repo_type)) if selection else None
-        revisions = _revisions_for(repo, wanted)
-        if wanted is not None and not revisions:
-            raise UsageError(f"{repo.repo_id}: revision(s) {', '.join(sorted(wanted))} not in the cache",
-                             hint="`hfcache ls` lists the cached revisions; warm the one you need first")
-        if repo.unreadable:
-            raise CacheError(f"{repo.repo_id}: {repo.folder}/{repo.unreadable[0]} cannot be read by this user "
-                             "(permission denied)", hint="ask the cache's owner to make it group-readable "
-                             "(`hfcache doctor` prints the fix), or export other repos")
-        folder = repo.folder
-        root = Path(info.cache_dir) / folder
-        repos.append(folder)
-        dirs = {folder, f"{folder}/blobs", f"{folder}/snapshots"}
-        blobs: dict[str, int] = {}
-        records = {rev.commit_hash: _checked_record(info.cache_dir, repo, rev) for rev in revisions}
-        for rev in revisions:
-            for f in rev.files:
-                if f.form != "link" and f.form != "file":
-                    raise CacheError(f"{repo.repo_id}: snapshot {rev.commit_hash[:12]} has a broken entry {f.path} "
-                                     f"({f.form})", hint="run `hfcache verify --repair` first")
-                if f.form == "link":
-                    blobs[f.etag] = f.size
-        for etag, size in sorted(blobs.items()):
-            name = f"{folder}/blobs/{etag}"
-            if etag in first_of_content:
-                entries.append(Entry(name, "hardlink", target=first_of_content[etag]))
-            else:
-                first_of_content[etag] = name
-                unique += size
-                entries.append(Entry(name, "file", source=str(root / "blobs" / etag), etag=etag, size=size))
-        for rev in revisions:
-            base = f"{folder}/snapshots/{rev.commit_hash}"
-            for f in rev.files:
-                name = f"{base}/{f.path}"
-                dirs.update(_parents(name, stop=folder))
-                if f.form == "link" and not materialize:
-                    target = "../" * (f.path.count("/") + 2) + f"blobs/{f.etag}"
-                    entries.append(Entry(name, "symlink", target=target))
-                elif f.form == "link":
-                    entries.append(Entry(name, "hardlink", target=first_of_content[f.etag]))
-                else:  # a real file (a cache written without symlinks): exported as is, verified by verify
-                    unique += f.size
-                    entries.append(Entry(name, "file", source=str(root / "snapshots" / rev.commit_hash / f.path),
-                                         size=f.size))
-            for marker in _walk(root / ".no_exist" / rev.commit_hash):
-                name = f"{folder}/.no_exist/{rev.commit_hash}/{marker}"
-                dirs.update(_parents(name, stop=folder))
-                entries.append(Entry(name, "empty"))
-            tree = root / "trees" / f"{rev.commit_hash}.json"
-            if tree.is_file() and not tree.is_symlink():
-                dirs.add(f"{folder}/trees")
-                unique += tree.stat().st_size
-                entries.append(Entry(f"{folder}/trees/{tree.name}", "file", source=str(tree),
-                                     size=tree.stat().st_size))
-        for commit, record in sorted(records.items()):
-            if record is not None:
-                name = "/".join(record_parts(folder, commit))
-                dirs.update({".locks", f".locks/{folder}", f".locks/{folder}/hfcache"})
-                entries.append(Entry(name, "data", target=record))
-        commits = {r.commit_hash for r in revisions}
-        for ref, value in sorted(repo.refs.items()):
-            if value in commits:
-                name = f"{folder}/refs/{ref}"
-                dirs.update(_parents(name, stop=folder))
-                entries.append(Entry(name, "data", target=value))
-        entries.extend(Entry(d, "dir") for d in dirs)
-    entries.sort(key=lambda e: e.name)
-    return ExportPlan(entries=tuple(entries), repos=tuple(repos), unique_bytes=unique)
+    for etag, size in sorted(blobs.items()):
+        name = f"{folder}/blobs/{etag}"
+        if etag in first_of_content:
+            entries.append(Entry(name, "hardlink", target=first_of_content[etag]))
+        else:
+            first_of_content[etag] = name
+            unique += size
+            entries.append(Entry(name, "file", source=str(root / "blobs" / etag), etag=etag, size=size))
+    return unique
+
+
+def _plan_revision(folder: str, root: Path, rev, materialize: bool, entries: list[Entry],
+                   first_of_content: dict[str, str], dirs: set[str]) -> int:
+    """Append the snapshot entries, ``.no_exist`` markers and ``trees/`` listing of ``rev``, adding their folders
+    to ``dirs``; returns the bytes of new distinct content (real files and the listing)."""
+    unique = 0
+    base = f"{folder}/snapshots/{rev.commit_hash}"
+    for f in rev.files:
+        name = f"{base}/{f.path}"
+        dirs.update(_parents(name, stop=folder))
+        if f.form == "link" and not materialize:
+            target = "../" * (f.path.count("/") + 2) + f"blobs/{f.etag}"
+            entries.append(Entry(name, "symlink", target=target))
+        elif f.form == "link":
+            entries.append(Entry(name, "hardlink", target=first_of_content[f.etag]))
+        else:  # a real file (a cache written without symlinks): exported as is, verified by verify
+            unique += f.size
+            entries.append(Entry(name, "file", source=str(root / "snapshots" / rev.commit_hash / f.path),
+                                 size=f.size))
+    for marker in _walk(root / ".no_exist" / rev.commit_hash):
+        name = f"{folder}/.no_exist/{rev.commit_hash}/{marker}"
+        dirs.update(_parents(name, stop=folder))
+        entries.append(Entry(name, "empty"))
+    tree = root / "trees" / f"{rev.commit_hash}.json"
+    if tree.is_file() and not tree.is_symlink():
+        dirs.add(f"{folder}/trees")
+        unique += tree.stat().st_size
+        entries.append(Entry(f"{folder}/trees/{tree.name}", "file", source=str(tree),
+                             size=tree.stat().st_size))
+    return unique
 
 
 def _checked_record(cache_dir: str, repo: RepoInfo, rev) -> str | None:

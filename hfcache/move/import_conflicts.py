@@ -1,4 +1,5 @@
-"""import's check against what the target cache already holds: nothing the target has is replaced (issue 13).
+"""import's check against what the target cache already holds: nothing the target has is replaced
+(docs/security.md, "import over existing content").
 
 The source of an import is untrusted. Its blobs prove themselves (named by their hash), but which blob a snapshot path
 shows, whether a path exists at a commit, and where a ref points are claims: a tar that names an existing commit could
@@ -27,10 +28,11 @@ from typing import TYPE_CHECKING
 
 from ..cache.layout import RepoFolder
 from ..cache.published import PublishedRevision, read_record
-from ..integrity.verify import algorithm_of, content_hash, read_tree_listing
+from ..integrity.expectations import read_tree_listing
+from ..integrity.hashing import algorithm_of, content_hash
 
 if TYPE_CHECKING:  # pragma: no cover
-    from .importer import _RepoPlan
+    from .import_plan import _RepoPlan
 
 
 def _kind(path: Path) -> str:

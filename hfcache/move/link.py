@@ -58,15 +58,7 @@ def link_cache(src: Path, dest: Path, mode: str = "symlink") -> LinkReport:
     """
     if mode not in MODES:
         raise UsageError(f"invalid mode {mode!r}", hint=f"use one of {', '.join(MODES)}")
-    src = src.absolute()
-    try:
-        is_dir = src.is_dir()
-    except PermissionError:  # Python 3.11's is_dir raises: name the folder that blocks, as every command does
-        raise access_error(src) from None
-    if not is_dir:
-        raise UsageError(f"{src} is not a cache directory", hint="give the folder of an existing cache as SRC")
-    if not os.access(src, os.R_OK | os.X_OK):
-        raise access_error(src)
+    src = _checked_src(src)
     if not dest.is_symlink() and os.path.realpath(dest) == os.path.realpath(src):  # (a symlink DEST: see below)
         raise UsageError(f"{dest} is {src} itself", hint="give a DEST other than SRC")
     try:
@@ -82,6 +74,31 @@ def link_cache(src: Path, dest: Path, mode: str = "symlink") -> LinkReport:
                          hint="link into a new or empty path (DEST is left as it is)")
     if mode != "symlink":
         _refuse_unsafe(src)
+    files, added = _make_link(src, dest, mode)
+    return LinkReport(src=str(src), dest=str(dest), mode=mode, files=files, bytes_added=added)
+
+
+def _checked_src(src: Path) -> Path:
+    """``src`` made absolute, once it is a directory this user can read.
+
+    Raises:
+        UsageError: not a directory. CacheError: it cannot be read (the error names the folder that blocks).
+    """
+    src = src.absolute()
+    try:
+        is_dir = src.is_dir()
+    except PermissionError:  # Python 3.11's is_dir raises: name the folder that blocks, as every command does
+        raise access_error(src) from None
+    if not is_dir:
+        raise UsageError(f"{src} is not a cache directory", hint="give the folder of an existing cache as SRC")
+    if not os.access(src, os.R_OK | os.X_OK):
+        raise access_error(src)
+    return src
+
+
+def _make_link(src: Path, dest: Path, mode: str) -> tuple[int, int]:
+    """Build the link next to ``dest`` and rename it into place (``dest`` is new or an empty folder); returns the
+    files linked or copied and the bytes added. Nothing half-made is left behind on failure."""
     try:
         dest.parent.mkdir(parents=True, exist_ok=True)
     except PermissionError:
@@ -107,7 +124,7 @@ def link_cache(src: Path, dest: Path, mode: str = "symlink") -> LinkReport:
                 os.unlink(staging)
             else:
                 shutil.rmtree(staging, ignore_errors=True)
-    return LinkReport(src=str(src), dest=str(dest), mode=mode, files=files, bytes_added=added)
+    return files, added
 
 
 def already_linked(src: Path, dest: Path, mode: str) -> bool:

@@ -17,9 +17,10 @@ Image format (OCI image-spec v1.1, image-manifest.md, config.md, layer.md):
   stored in both), so updating one repo re-pushes and re-pulls one layer; ``single`` makes one layer (each blob
   once). Figures: benchmarks/bench_oci.py.
 
-Registry access (references, credentials, requests, uploads) is :mod:`hfcache.oci.registry`, on oras-py; pull is
-:mod:`hfcache.oci.pull`. Push writes the layers to ``TMPDIR`` first (the compressed image: a blob's digest must be
-known before the registry is asked whether it has it), then uploads what the registry lacks.
+Registry access (references, requests, uploads) is :mod:`hfcache.oci.registry`, on oras-py, with the credentials
+of :mod:`hfcache.oci.credentials`; pull is :mod:`hfcache.oci.pull`. Push writes the layers to ``TMPDIR`` first (the
+compressed image: a blob's digest must be known before the registry is asked whether it has it), then uploads what
+the registry lacks.
 """
 
 from __future__ import annotations
@@ -40,8 +41,9 @@ from typing import BinaryIO
 
 from ..errors import CacheError, HubError, UsageError
 from ..move.export import Entry, ExportPlan, plan_export, write_tar
-from .registry import (DIGEST, Credentials, RegistryAuthError, TransferSink, auth_files, check, connect, network_errors,
-                       parse_reference, upload, url)
+from .credentials import Credentials, auth_files
+from .registry import (DIGEST, RegistryAuthError, TransferSink, check, connect, network_errors, parse_reference, upload,
+                       url)
 from ..cache.scan import parse_folder_name
 
 __all__ = ["ANNOTATION_PREFIX", "CONFIG_TYPE", "DIGEST", "LAYER_GZIP", "MANIFEST_TYPE", "Credentials", "Layer",
@@ -254,15 +256,7 @@ def push(reference: str, cache_dir: Path, specs: Sequence[str] = (), lock_path: 
     """
     from ..warming.lockfile import read_lock
 
-    container = parse_reference(reference)
-    if container.digest:
-        raise UsageError(f"{reference}: push needs a tag, not a digest", hint="e.g. REGISTRY/NAME:v1")
-    if arch is not None and not _ARCH.fullmatch(arch):
-        raise UsageError(f"--arch {arch!r}: expected an OCI architecture name such as amd64 or arm64",
-                         hint="the GOARCH values: amd64, arm64, arm, 386, ppc64le, s390x, riscv64")
-    if specs and lock_path:
-        raise UsageError("give REPO_ID arguments or --lock, not both",
-                         hint="--lock pushes exactly what the lock pins; list repos to push those instead")
+    container = _push_target(reference, specs, lock_path, arch)
     plan = plan_export(cache_dir, specs, lock=read_lock(lock_path) if lock_path else None)
     if not plan.repos:
         raise UsageError(f"nothing to push: {cache_dir} holds no repo", hint="warm it first (hfcache warm)")
@@ -278,14 +272,8 @@ def push(reference: str, cache_dir: Path, specs: Sequence[str] = (), lock_path: 
         config_path = _write_temp(Path(tmp) / "config.json", config_bytes)
         with network_errors(container.registry, plain_http):
             client = connect(container, plain_http, credentials, timeout)
-            pushed = [Layer(layer.digest, layer.size, layer.diff_id, layer.repos,
-                            upload(client, container, layer.digest, path, layer.size, sink, ",".join(layer.repos)))
-                      for layer, _, path in layers]
-            config_sent = upload(client, container, _sha256(config_bytes), config_path, len(config_bytes),
-                                 None, "config")
-            response = client.do_request(url(client, container, "manifests", container.tag), "PUT",
-                                         data=manifest_bytes, headers={"Content-Type": MANIFEST_TYPE})
-            check(response, f"push manifest {reference}", 201)
+            pushed, config_sent, response = _upload_image(client, container, reference, layers, config_path,
+                                                          config_bytes, manifest_bytes, sink)
     digest = _sha256(manifest_bytes)
     answered = response.headers.get("Docker-Content-Digest")
     if answered and answered != digest:
@@ -295,6 +283,41 @@ def push(reference: str, cache_dir: Path, specs: Sequence[str] = (), lock_path: 
                       layers=tuple(pushed), split=split, repos=tuple(_commits_of(plan)),
                       bytes_total=sum(x.size for x in pushed) + len(config_bytes) + len(manifest_bytes),
                       bytes_uploaded=sum(x.transferred for x in pushed) + config_sent + len(manifest_bytes))
+
+
+def _push_target(reference: str, specs: Sequence[str], lock_path: str | os.PathLike[str] | None, arch: str | None):
+    """The parsed ``reference`` to push to, once the arguments of :func:`push` agree.
+
+    Raises:
+        UsageError: a bad reference, a digest instead of a tag, a bad ``arch``, both ``specs`` and ``lock_path``.
+    """
+    container = parse_reference(reference)
+    if container.digest:
+        raise UsageError(f"{reference}: push needs a tag, not a digest", hint="e.g. REGISTRY/NAME:v1")
+    if arch is not None and not _ARCH.fullmatch(arch):
+        raise UsageError(f"--arch {arch!r}: expected an OCI architecture name such as amd64 or arm64",
+                         hint="the GOARCH values: amd64, arm64, arm, 386, ppc64le, s390x, riscv64")
+    if specs and lock_path:
+        raise UsageError("give REPO_ID arguments or --lock, not both",
+                         hint="--lock pushes exactly what the lock pins; list repos to push those instead")
+    return container
+
+
+def _upload_image(client, container, reference: str, layers: list[tuple[Layer, ExportPlan, Path]], config_path: Path,
+                  config_bytes: bytes, manifest_bytes: bytes, sink: TransferSink | None):
+    """Upload the layers the registry lacks, then the config, then PUT the manifest under the tag.
+
+    Returns:
+        (the layers with the bytes sent for each, the config's bytes sent, the manifest PUT's response).
+    """
+    pushed = [Layer(layer.digest, layer.size, layer.diff_id, layer.repos,
+                    upload(client, container, layer.digest, path, layer.size, sink, ",".join(layer.repos)))
+              for layer, _, path in layers]
+    config_sent = upload(client, container, _sha256(config_bytes), config_path, len(config_bytes), None, "config")
+    response = client.do_request(url(client, container, "manifests", container.tag), "PUT",
+                                 data=manifest_bytes, headers={"Content-Type": MANIFEST_TYPE})
+    check(response, f"push manifest {reference}", 201)
+    return pushed, config_sent, response
 
 
 def _annotations(plan: ExportPlan, split: str, lock_path: Path | None) -> dict[str, str]:

@@ -25,8 +25,9 @@ from typing import BinaryIO
 
 from ..errors import CacheError, EndpointUnreachable, HubError, IntegrityError, UsageError
 from .image import ANNOTATION_PREFIX, DIGEST, LAYER_GZIP, MANIFEST_TYPE, Layer
-from .registry import (Credentials, TransferSink, check, connect, network_errors, parse_reference, read_body,
-                       stream_errors, url)
+from .credentials import Credentials
+from .registry import (TransferSink, check, connect, network_errors, parse_reference, read_body, stream_errors,
+                       url)
 
 INDEX_TYPE = "application/vnd.oci.image.index.v1+json"
 DOCKER_MANIFEST = "application/vnd.docker.distribution.manifest.v2+json"
@@ -208,7 +209,7 @@ def _layer_members(client, container, layer: dict, diff_id: str, sink: TransferS
     Every error is an hfcache error here: a requests error (an OSError) reaching the importer would read as a cache
     error.
     """
-    from ..move.importer import tar_members
+    from ..move.import_source import tar_members
 
     digest = layer["digest"]
     with network_errors(container.registry, client.prefix == "http"):
@@ -251,7 +252,7 @@ def _verify_layer(layer: dict, diff_id: str, compressed: _VerifiedStream, tar_st
 
 def _free_space(cache_dir: Path) -> tuple[int, Path]:
     """Free bytes on the filesystem that holds (or will hold) ``cache_dir``: its nearest existing folder's."""
-    from ..move.importer import free_bytes
+    from ..move.import_staging import free_bytes
 
     folder = cache_dir
     while not folder.exists() and folder != folder.parent:

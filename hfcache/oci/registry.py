@@ -1,4 +1,4 @@
-"""Registry access for ``hfcache push``/``pull``: references, credentials, requests (on oras-py's session).
+"""Registry access for ``hfcache push``/``pull``: references, requests (on oras-py's session), uploads.
 
 The distribution API (distribution-spec v1.1) goes through ``oras`` (oras-py, the ORAS project's Python SDK): its
 reference parsing, its requests session, its challenge parsing. Library gaps worked around here (checked in oras
@@ -6,34 +6,28 @@ reference parsing, its requests session, its challenge parsing. Library gaps wor
 
 - ``do_request`` retries *every* exception five times with sleeps of 3 s to 83 s (a refused password or a closed
   port takes minutes) and sends no timeout; its token requests send none either (a silent token endpoint hangs
-  forever). So requests go through :class:`_Registry.do_request` and every request of the session has a timeout.
+  forever). So requests go through :meth:`_RegistryMethods.do_request` and every request of the session has a
+  timeout.
 - its token backend mistakes a ``Basic`` challenge (the distribution registry with htpasswd) for a token realm, and
-  reads a token answer whole into memory: :meth:`_Registry._token` does the token flow with a bounded read.
-- ``load_configs`` reads the auth files into a ``set`` (which file wins is undefined), raises ``JSONDecodeError`` on a
-  broken file even when the registry needs no credentials, always reads ``~/.docker/config.json`` (also when
-  ``DOCKER_CONFIG`` says otherwise), and a missing credential helper is logged on stderr once per host alias. So
-  hfcache reads the auth files itself (:func:`file_credentials`), in the documented order, and only when the registry
-  asks for credentials (a 401 challenge).
+  reads a token answer whole into memory: :meth:`_RegistryMethods._token` does the token flow with a bounded read.
+- ``load_configs`` reads the auth files unreliably: hfcache reads them itself
+  (:mod:`hfcache.oci.credentials`), and only when the registry asks for credentials (a 401 challenge).
 - ``Container`` accepts names the distribution spec does not (upper case: the registry answers 404) and takes
   ``localhost/NAME`` for a Docker Hub name: :func:`parse_reference` validates with the spec's grammar.
 """
 
 from __future__ import annotations
 
-import base64
-import binascii
 import contextlib
 import io
 import json
-import os
 import re
-import subprocess
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
 from ..errors import EndpointUnreachable, HubError, UsageError
+from .credentials import Credentials, file_credentials
 
 DIGEST = re.compile(r"sha256:[0-9a-f]{64}")
 #: distribution-spec v1.1 "Pulling manifests": the repository name and tag grammars.
@@ -42,10 +36,8 @@ _TAG = re.compile(r"[a-zA-Z0-9_][a-zA-Z0-9._-]{0,127}")
 _HOST = re.compile(r"(?:[A-Za-z0-9](?:[A-Za-z0-9-]*[A-Za-z0-9])?(?:\.[A-Za-z0-9](?:[A-Za-z0-9-]*[A-Za-z0-9])?)*"
                    r"|\[[0-9A-Fa-f:.]+\])(?::[0-9]{1,5})?")
 _EXAMPLE = "e.g. registry.example.com/hf/cache:v1 (lowercase name, tag after ':')"
-_MAX_AUTH_FILE = 1024 * 1024
 _MAX_ANSWER = 1024 * 1024  # an error document, an upload's answer: never more
 _CHUNK = 1024 * 1024
-_HELPER_TIMEOUT = 30.0
 
 
 class TransferSink(Protocol):
@@ -56,17 +48,6 @@ class TransferSink(Protocol):
 
     def advance(self, nbytes: int) -> None:
         """``nbytes`` more bytes of the current blob were transferred."""
-
-
-@dataclass(frozen=True)
-class Credentials:
-    """A registry username and password (``--username`` / ``--password-stdin``); never printed or stored."""
-
-    username: str
-    password: str = ""
-
-    def __repr__(self) -> str:
-        return f"Credentials(username={self.username!r}, password=***)"
 
 
 class RegistryAuthError(HubError):
@@ -123,128 +104,6 @@ def parse_reference(reference: str):
     return container
 
 
-# --- credentials ---------------------------------------------------------------------------------------------------
-
-
-def auth_files() -> list[str]:
-    """Credential files to read, in the order podman/skopeo and docker look (containers-auth.json(5)).
-
-    ``REGISTRY_AUTH_FILE``; ``$XDG_RUNTIME_DIR/containers/auth.json``; ``~/.config/containers/auth.json``;
-    ``$DOCKER_CONFIG/config.json``, else ``~/.docker/config.json``. Existing files only.
-    """
-    candidates = [os.environ.get("REGISTRY_AUTH_FILE", "")]
-    if os.environ.get("XDG_RUNTIME_DIR"):
-        candidates.append(os.path.join(os.environ["XDG_RUNTIME_DIR"], "containers", "auth.json"))
-    candidates.append(os.path.expanduser("~/.config/containers/auth.json"))
-    docker = os.environ.get("DOCKER_CONFIG")
-    candidates.append(os.path.join(docker, "config.json") if docker else os.path.expanduser("~/.docker/config.json"))
-    return [c for c in candidates if c and os.path.isfile(c)]
-
-
-def _read_auth_file(path: str) -> dict:
-    """One auth file as a dict.
-
-    Raises:
-        UsageError: unreadable, too large, not a JSON object (the message names the file).
-    """
-    hint = "fix or remove it (hfcache reads the auth files only when a registry asks for credentials)"
-    try:
-        with open(path, "rb") as f:
-            data = f.read(_MAX_AUTH_FILE + 1)
-    except OSError as exc:
-        raise UsageError(f"registry auth file {path}: cannot read it ({exc.strerror})", hint=hint) from None
-    if len(data) > _MAX_AUTH_FILE:
-        raise UsageError(f"registry auth file {path}: larger than {_MAX_AUTH_FILE} bytes", hint=hint)
-    try:
-        document = json.loads(data)
-    except (ValueError, RecursionError) as exc:
-        raise UsageError(f"registry auth file {path}: not valid JSON ({getattr(exc, 'msg', 'nested too deep')})",
-                         hint=hint) from None
-    if not isinstance(document, dict):
-        raise UsageError(f"registry auth file {path}: not a JSON object", hint=hint)
-    return document
-
-
-def _hosts(registry: str) -> list[str]:
-    """The registry and its ``localhost``/``127.0.0.1`` alias (as oras and docker match them)."""
-    if registry.startswith("localhost"):
-        return [registry, registry.replace("localhost", "127.0.0.1", 1)]
-    if registry.startswith("127.0.0.1"):
-        return [registry, registry.replace("127.0.0.1", "localhost", 1)]
-    return [registry]
-
-
-def _auths_entry(auths: object, host: str) -> object:
-    """The ``auths`` entry for ``host``: keyed ``host`` or with a scheme and path (``https://host/v1/``)."""
-    if not isinstance(auths, dict):
-        return None
-    for key, entry in auths.items():
-        if str(key).split("://", 1)[-1].split("/", 1)[0] == host:
-            return entry
-    return None
-
-
-def _basic_from_entry(entry: object, path: str) -> str | None:
-    auth = entry.get("auth") if isinstance(entry, dict) else None
-    if not auth:
-        return None
-    try:
-        if ":" not in base64.b64decode(str(auth), validate=True).decode("utf-8"):
-            raise ValueError
-    except (ValueError, binascii.Error, UnicodeDecodeError):
-        raise UsageError(f"registry auth file {path}: an \"auth\" value is not base64 of user:password",
-                         hint="log in again (`podman login` / `docker login`)") from None
-    return str(auth)
-
-
-def _from_helper(helper: str, host: str) -> tuple[str | None, str]:
-    """Ask ``docker-credential-<helper> get`` for ``host``: (base64 user:password or None, why not)."""
-    binary = f"docker-credential-{helper}"
-    if not re.fullmatch(r"[A-Za-z0-9_.-]+", helper):
-        return None, f"credential helper name {helper[:40]!r} is not valid"
-    try:
-        proc = subprocess.run([binary, "get"], input=host.encode(), capture_output=True, timeout=_HELPER_TIMEOUT,
-                              check=False)
-    except FileNotFoundError:
-        return None, f"credential helper {binary} is not installed"
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        return None, f"credential helper {binary} failed ({type(exc).__name__})"
-    try:
-        payload = json.loads(proc.stdout) if proc.returncode == 0 else None
-        username, secret = str(payload["Username"]), str(payload["Secret"])
-    except (ValueError, TypeError, KeyError):
-        return None, f"credential helper {binary} gave no credentials for {host}"
-    return base64.b64encode(f"{username}:{secret}".encode()).decode(), ""
-
-
-def file_credentials(registry: str) -> tuple[str | None, str]:
-    """Credentials for ``registry`` from the first auth file (:func:`auth_files`) that has an entry for it: an
-    ``auths`` entry's ``auth``, else its ``credHelpers`` helper, else its ``credsStore``.
-
-    Returns:
-        (base64 ``user:password`` or None, a note on why none was found, for the error's hint; "" if no file has an
-        entry).
-
-    Raises:
-        UsageError: a file that has to be read is broken (names the file).
-    """
-    note = ""
-    for path in auth_files():
-        config = _read_auth_file(path)
-        for host in _hosts(registry):
-            basic = _basic_from_entry(_auths_entry(config.get("auths"), host), path)
-            if basic:
-                return basic, ""
-            helpers = config.get("credHelpers") if isinstance(config.get("credHelpers"), dict) else {}
-            helper = helpers.get(host) or (config.get("credsStore") if isinstance(config.get("credsStore"), str)
-                                           else None)
-            if helper:
-                basic, note = _from_helper(str(helper), host)
-                if basic:
-                    return basic, ""
-    return None, note
-
-
 # --- requests ------------------------------------------------------------------------------------------------------
 
 
@@ -260,103 +119,110 @@ def _timeout_adapter(timeout: float):
     return _TimeoutAdapter()
 
 
+class _RegistryMethods:
+    """What hfcache's client adds to oras's Registry (mixed in by :func:`_registry_class`): a request method that
+    fails fast, answers Basic and Bearer challenges, times out, and reads the auth files only when the registry asks
+    for credentials."""
+
+    def __init__(self, container, plain_http: bool, credentials: Credentials | None, timeout: float) -> None:
+        super().__init__(hostname=container.registry, insecure=plain_http, auth_backend="token")
+        self._timeout = timeout
+        self._authorization: str | None = None
+        self._explicit = credentials is not None
+        self._note = ""
+        self.registry_name = container.registry
+        for scheme in ("http://", "https://"):
+            self.session.mount(scheme, _timeout_adapter(timeout))
+        if credentials is not None:
+            self.auth.set_basic_auth(credentials.username, credentials.password)
+
+    def do_request(self, url, method="GET", data=None, headers=None, json=None, stream=False):
+        headers = dict(headers or {})
+        response = self._send(method, url, data, headers, json, stream)
+        if response.status_code != 401:
+            return response
+        response.close()
+        self._authorization = self._answer(response.headers.get("Www-Authenticate", ""))
+        if hasattr(data, "seek"):
+            data.seek(0)
+        response = self._send(method, url, data, headers, json, stream)
+        if response.status_code == 401:
+            response.close()
+            raise self._auth_error()
+        return response
+
+    def _send(self, method, url, data, headers, json, stream):
+        if self._authorization:
+            headers["Authorization"] = self._authorization
+        response = self.session.request(method, url, data=data, json=json, headers=headers, stream=True,
+                                        verify=self._tls_verify, timeout=self._timeout, allow_redirects=True)
+        if not stream:  # library gap: requests reads a whole body into memory; an answer here is small
+            body = read_body(response, _MAX_ANSWER + 1, self.registry_name)
+            if len(body) > _MAX_ANSWER:
+                raise HubError(f"registry {self.registry_name}: an answer larger than {_MAX_ANSWER} bytes",
+                               hint="check the registry address; this is not a distribution registry")
+            response._content, response._content_consumed = body, True
+        return response
+
+    def _basic(self) -> str | None:
+        if not self._explicit and getattr(self.auth, "_basic_auth", None) is None:
+            self.auth._basic_auth, self._note = file_credentials(self.registry_name)
+        return getattr(self.auth, "_basic_auth", None)
+
+    def _answer(self, challenge: str) -> str:
+        import oras.auth.utils
+
+        scheme = challenge.split(" ", 1)[0].lower()
+        basic = self._basic()
+        if scheme == "basic" and basic:
+            return f"Basic {basic}"
+        if scheme == "bearer":
+            token = self._token(oras.auth.utils.parse_auth_header(challenge), basic)
+            if token:
+                return f"Bearer {token}"
+        raise self._auth_error()
+
+    def _token(self, challenge, basic: str | None) -> str | None:
+        """The distribution token flow (oras's ``request_token`` reads an unbounded answer): GET the realm with
+        the challenge's service and scope, with the Basic credentials when there are some."""
+        realm = str(challenge.realm or "")
+        if not realm.startswith(("https://", "http://")):
+            return None
+        params = {key: value for key, value in (("service", challenge.service), ("scope", challenge.scope))
+                  if value}
+        headers = {"Authorization": f"Basic {basic}"} if basic else {}
+        response = self.session.get(realm, params=params, headers=headers, stream=True, verify=self._tls_verify,
+                                    timeout=self._timeout)
+        if response.status_code != 200:
+            response.close()
+            return None
+        try:
+            answer = json.loads(read_body(response, _MAX_ANSWER, self.registry_name))
+            token = answer.get("token") or answer.get("access_token")
+        except (ValueError, AttributeError, RecursionError):
+            raise HubError(f"registry {self.registry_name}: its token endpoint gave no token",
+                           hint="check the registry address; its auth service may be down") from None
+        return str(token) if token else None
+
+    def _auth_error(self) -> RegistryAuthError:
+        basic = getattr(self.auth, "_basic_auth", None)
+        if basic:
+            return RegistryAuthError(f"registry {self.registry_name} refused the credentials",
+                                     hint="check --username/--password-stdin or the login in the auth file "
+                                          "(`podman login` / `docker login`)")
+        return RegistryAuthError(f"registry {self.registry_name} requires authentication",
+                                 hint=(f"{self._note}; " if self._note else "") + "give --username and "
+                                      "--password-stdin, or log in with `podman login` / `docker login` "
+                                      "(REGISTRY_AUTH_FILE, ~/.docker/config.json)")
+
+
 def _registry_class():
     """oras imported on first use: it pulls in requests and jsonschema, which no other command needs."""
-    import oras.auth.utils
     import oras.provider
 
-    class _Registry(oras.provider.Registry):
+    class _Registry(_RegistryMethods, oras.provider.Registry):
         """oras's Registry with a request method that fails fast, answers Basic and Bearer challenges, times out,
         and reads the auth files only when the registry asks for credentials."""
-
-        def __init__(self, container, plain_http: bool, credentials: Credentials | None, timeout: float) -> None:
-            super().__init__(hostname=container.registry, insecure=plain_http, auth_backend="token")
-            self._timeout = timeout
-            self._authorization: str | None = None
-            self._explicit = credentials is not None
-            self._note = ""
-            self.registry_name = container.registry
-            for scheme in ("http://", "https://"):
-                self.session.mount(scheme, _timeout_adapter(timeout))
-            if credentials is not None:
-                self.auth.set_basic_auth(credentials.username, credentials.password)
-
-        def do_request(self, url, method="GET", data=None, headers=None, json=None, stream=False):
-            headers = dict(headers or {})
-            response = self._send(method, url, data, headers, json, stream)
-            if response.status_code != 401:
-                return response
-            response.close()
-            self._authorization = self._answer(response.headers.get("Www-Authenticate", ""))
-            if hasattr(data, "seek"):
-                data.seek(0)
-            response = self._send(method, url, data, headers, json, stream)
-            if response.status_code == 401:
-                response.close()
-                raise self._auth_error()
-            return response
-
-        def _send(self, method, url, data, headers, json, stream):
-            if self._authorization:
-                headers["Authorization"] = self._authorization
-            response = self.session.request(method, url, data=data, json=json, headers=headers, stream=True,
-                                            verify=self._tls_verify, timeout=self._timeout, allow_redirects=True)
-            if not stream:  # library gap: requests reads a whole body into memory; an answer here is small
-                body = read_body(response, _MAX_ANSWER + 1, self.registry_name)
-                if len(body) > _MAX_ANSWER:
-                    raise HubError(f"registry {self.registry_name}: an answer larger than {_MAX_ANSWER} bytes",
-                                   hint="check the registry address; this is not a distribution registry")
-                response._content, response._content_consumed = body, True
-            return response
-
-        def _basic(self) -> str | None:
-            if not self._explicit and getattr(self.auth, "_basic_auth", None) is None:
-                self.auth._basic_auth, self._note = file_credentials(self.registry_name)
-            return getattr(self.auth, "_basic_auth", None)
-
-        def _answer(self, challenge: str) -> str:
-            scheme = challenge.split(" ", 1)[0].lower()
-            basic = self._basic()
-            if scheme == "basic" and basic:
-                return f"Basic {basic}"
-            if scheme == "bearer":
-                token = self._token(oras.auth.utils.parse_auth_header(challenge), basic)
-                if token:
-                    return f"Bearer {token}"
-            raise self._auth_error()
-
-        def _token(self, challenge, basic: str | None) -> str | None:
-            """The distribution token flow (oras's ``request_token`` reads an unbounded answer): GET the realm with
-            the challenge's service and scope, with the Basic credentials when there are some."""
-            realm = str(challenge.realm or "")
-            if not realm.startswith(("https://", "http://")):
-                return None
-            params = {key: value for key, value in (("service", challenge.service), ("scope", challenge.scope))
-                      if value}
-            headers = {"Authorization": f"Basic {basic}"} if basic else {}
-            response = self.session.get(realm, params=params, headers=headers, stream=True, verify=self._tls_verify,
-                                        timeout=self._timeout)
-            if response.status_code != 200:
-                response.close()
-                return None
-            try:
-                answer = json.loads(read_body(response, _MAX_ANSWER, self.registry_name))
-                token = answer.get("token") or answer.get("access_token")
-            except (ValueError, AttributeError, RecursionError):
-                raise HubError(f"registry {self.registry_name}: its token endpoint gave no token",
-                               hint="check the registry address; its auth service may be down") from None
-            return str(token) if token else None
-
-        def _auth_error(self) -> RegistryAuthError:
-            basic = getattr(self.auth, "_basic_auth", None)
-            if basic:
-                return RegistryAuthError(f"registry {self.registry_name} refused the credentials",
-                                         hint="check --username/--password-stdin or the login in the auth file "
-                                              "(`podman login` / `docker login`)")
-            return RegistryAuthError(f"registry {self.registry_name} requires authentication",
-                                     hint=(f"{self._note}; " if self._note else "") + "give --username and "
-                                          "--password-stdin, or log in with `podman login` / `docker login` "
-                                          "(REGISTRY_AUTH_FILE, ~/.docker/config.json)")
 
     return _Registry
 

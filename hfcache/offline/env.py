@@ -1,7 +1,8 @@
 """Offline at runtime: the environment that makes a process use only the cache, ``exec`` with a network guard, and
-the Python API for applications (:func:`enforce_offline`, :func:`load_tokenizer`).
+the errors of offline use (also those of the Python API for applications, :mod:`hfcache.offline.api`).
 
-The variables (checked against huggingface_hub 2.4.0 and transformers 5.24.0; DESIGN §3):
+The variables (checked against huggingface_hub 2.4.0 and transformers 5.24.0; why the libraries need them:
+docs/cache-layout.md, 'Traps the libraries leave'):
 
 ==================================  ===========================================================================
 ``HF_HUB_CACHE=<cache>``            where huggingface_hub (``constants.py``) and transformers (``utils/hub.py`` reads
@@ -45,11 +46,11 @@ import sys
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, NoReturn
+from typing import TYPE_CHECKING, NoReturn
 
 from . import guard as network_guard
 from ..cache.layout import resolve_cache_dir
-from ..errors import HfcacheError, HubError, OfflineViolation, UsageError
+from ..errors import HfcacheError, OfflineViolation, UsageError
 
 if TYPE_CHECKING:
     from ..warming.lockfile import CacheStatus, Lockfile
@@ -83,7 +84,8 @@ class OfflineLoadError(OfflineViolation):
 
 
 class OfflineSetupError(OfflineViolation):
-    """huggingface_hub or transformers was imported before :func:`enforce_offline` and could not be switched."""
+    """huggingface_hub or transformers was imported before :func:`hfcache.offline.api.enforce_offline` and could not
+    be switched."""
 
 
 class CommandNotFound(HfcacheError):
@@ -341,209 +343,3 @@ def exec_command(plan: ExecPlan) -> NoReturn:
     except OSError as exc:
         raise CommandNotExecutable(f"cannot run {name}: {exc.strerror or exc}") from None
     raise AssertionError("os.execvpe returned")  # pragma: no cover
-
-
-# ------------------------------------------------------------------------------------------------ Python API
-
-
-@dataclass(frozen=True)
-class OfflineSettings:
-    """What :func:`enforce_offline` did.
-
-    Attributes:
-        cache_dir (Path): the cache this process now uses.
-        environ (dict[str, str]): the variables set in ``os.environ``.
-        patched (tuple[str, ...]): ``module.NAME`` constants updated because the module was already imported.
-        allow_hosts (tuple[str, ...]): hosts the guard lets through.
-    """
-
-    cache_dir: Path
-    environ: dict[str, str]
-    patched: tuple[str, ...] = ()
-    allow_hosts: tuple[str, ...] = ()
-
-
-def _module_constants(cache: Path, modules: str | None = None) -> list[tuple[str, str, Any]]:
-    """``(module, NAME, value)`` of every copy of an offline setting that a library computed at import time.
-
-    Found in huggingface_hub 2.4.0 and transformers 5.24.0: ``huggingface_hub/constants.py`` reads every ``HF_*``
-    variable once, at import; the library and transformers then read the module attributes at call time
-    (``constants.is_offline_mode()``, ``constants.HF_HUB_CACHE``), so setting them takes effect. One copy is made by
-    ``from ..constants import HF_HUB_CACHE`` (``utils/_cache_manager.py``, ``scan_cache_dir``'s default).
-    transformers 5 keeps no copy of these (it imports ``is_offline_mode`` and ``constants`` from huggingface_hub);
-    transformers 4 had ``utils/hub.py: _is_offline_mode``; ``datasets`` has ``config.HF_DATASETS_OFFLINE`` and
-    ``config.HF_HUB_OFFLINE``. ``HF_HOME``-derived paths (token file) are not touched, except the modules cache when
-    ``modules`` moves it (``HF_MODULES_CACHE``: copied by ``transformers.utils.hub`` and imported by name into
-    ``transformers.dynamic_module_utils``, which uses its own copy).
-    """
-    moved = [("transformers.utils.hub", "HF_MODULES_CACHE", modules),
-             ("transformers.dynamic_module_utils", "HF_MODULES_CACHE", modules)] if modules else []
-    return moved + [
-        ("huggingface_hub.constants", "HF_HUB_OFFLINE", True),
-        ("huggingface_hub.constants", "HF_HUB_CACHE", str(cache)),
-        ("huggingface_hub.constants", "HF_HUB_DISABLE_TELEMETRY", True),
-        ("huggingface_hub.constants", "HF_HUB_DISABLE_UPDATE_CHECK", True),
-        ("huggingface_hub.constants", "HF_HUB_DISABLE_IMPLICIT_TOKEN", True),
-        ("huggingface_hub.utils._cache_manager", "HF_HUB_CACHE", str(cache)),
-        ("transformers.utils.hub", "_is_offline_mode", True),
-        ("datasets.config", "HF_DATASETS_OFFLINE", True),
-        ("datasets.config", "HF_HUB_OFFLINE", True),
-    ]
-
-
-def _sync_imported_modules(cache: Path, modules: str | None = None) -> tuple[str, ...]:
-    """Set the import-time copies of the offline settings in modules already imported, then check that the libraries
-    now report offline mode and this cache through their own accessors.
-
-    Raises:
-        OfflineSetupError: a library still reports online mode or another cache (a version that keeps a copy hfcache
-            does not know about).
-    """
-    patched = []
-    for module_name, attr, value in _module_constants(cache, modules):
-        module = sys.modules.get(module_name)
-        if module is not None and hasattr(module, attr) and getattr(module, attr) != value:
-            setattr(module, attr, value)
-            patched.append(f"{module_name}.{attr}")
-    problems = []
-    constants = sys.modules.get("huggingface_hub.constants")
-    if constants is not None:
-        if not constants.is_offline_mode():
-            problems.append("huggingface_hub.constants.is_offline_mode() is False")
-        if constants.HF_HUB_CACHE != str(cache):
-            problems.append(f"huggingface_hub.constants.HF_HUB_CACHE is {constants.HF_HUB_CACHE}")
-    hub = sys.modules.get("transformers.utils.hub")
-    if hub is not None and hasattr(hub, "is_offline_mode") and not hub.is_offline_mode():
-        problems.append("transformers.utils.hub.is_offline_mode() is False")
-    if problems:
-        raise OfflineSetupError(
-            "huggingface_hub/transformers were imported before enforce_offline() and could not be switched to "
-            f"offline mode: {'; '.join(problems)}",
-            hint="call hfcache.enforce_offline() before importing transformers or huggingface_hub, or start the "
-                 "process with `hfcache exec`")
-    return tuple(patched)
-
-
-def enforce_offline(cache_dir: str | os.PathLike[str] | None = None, *,
-                    lock: str | os.PathLike[str] | Lockfile | None = None,
-                    allow_hosts: Iterable[str] = ()) -> OfflineSettings:
-    """Make this process use only the cache: set the offline environment and install the network guard.
-
-    Best called first thing, before transformers or huggingface_hub is imported: they read ``HF_*`` at import time.
-    If they were already imported, their import-time copies of these settings are updated too (see
-    ``_module_constants`` for the list and its source), and the libraries' own accessors are checked afterwards;
-    ``HF_HOME``-derived paths keep their import-time values (the token file), except a moved ``HF_MODULES_CACHE``.
-    Subprocesses inherit the environment but not the guard (use ``hfcache exec`` for those).
-
-    Args:
-        cache_dir: the cache root (default: ``HF_HUB_CACHE``, ``$HF_HOME/hub`` or ``~/.cache/huggingface/hub``).
-        lock: a lock file (or a parsed :class:`~hfcache.warming.lockfile.Lockfile`) the cache must satisfy; checked with
-            ``stat`` only (sizes, refs, markers; no hashing, no network).
-        allow_hosts: ``HOST[:PORT]`` entries the network guard lets through (everything else, loopback included,
-            fails at once with :class:`hfcache.offline.guard.NetworkBlocked`). The guard stays for the life of the process
-            (audit hooks cannot be removed); a later call adds hosts.
-
-    Returns:
-        OfflineSettings: the cache, the variables set, the module constants updated and the allowed hosts.
-
-    Raises:
-        UsageError: a bad ``allow_hosts`` entry, an invalid lock.
-        LockNotSatisfied: the cache lacks something the lock pins (nothing is changed then).
-        OfflineSetupError: an already-imported library could not be switched to offline mode (``os.environ`` is set
-            by then, for subprocesses; this process must not rely on offline mode).
-    """
-    hosts = parse_allow_hosts(allow_hosts)
-    if lock is not None:
-        from ..warming.lockfile import Lockfile, lock_cache_dir, read_lock
-
-        if isinstance(lock, Lockfile):
-            cache = resolve_cache_dir(cache_dir)
-            check_lock(lock, cache, "the lock")
-        else:
-            cache = lock_cache_dir(Path(lock), cache_dir)
-            check_lock(read_lock(lock), cache, str(lock))
-    else:
-        cache = resolve_cache_dir(cache_dir)
-    offline = offline_environment(cache)
-    os.environ.update(offline.variables)
-    patched = _sync_imported_modules(cache, offline.as_dict().get("HF_MODULES_CACHE"))
-    network_guard.install(hosts, enforce=True)
-    return OfflineSettings(cache_dir=cache, environ=offline.as_dict(), patched=patched,
-                           allow_hosts=tuple(str(h) for h in hosts))
-
-
-def load_tokenizer(repo_id: str, revision: str | None = None, *, cache_dir: str | os.PathLike[str] | None = None,
-                   allow_network: bool = False, **kwargs: Any):
-    """Load a tokenizer from the cache alone, with ``AutoTokenizer.from_pretrained``, under the network guard.
-
-    The load passes ``cache_dir`` and ``local_files_only=True`` explicitly, so it does not depend on what
-    huggingface_hub read from the environment at import time; any connection attempt during it (loopback included)
-    fails at once (the guard blocks in the calling context only, for the duration of the load).
-
-    Args:
-        repo_id (str): the id as the application uses it (a legacy id loads from its own cache folder).
-        revision (str | None): branch, tag or commit; None means ``main``.
-        cache_dir: the cache root (default: ``HF_HUB_CACHE``, ``$HF_HOME/hub`` or ``~/.cache/huggingface/hub``).
-        allow_network (bool): when the cache cannot serve the load, load normally from the endpoint
-            (``HF_ENDPOINT``) into ``cache_dir`` instead of failing.
-        **kwargs: passed to ``AutoTokenizer.from_pretrained`` (not ``cache_dir``/``local_files_only``).
-
-    Returns:
-        The tokenizer (a ``transformers.PreTrainedTokenizerBase``).
-
-    Raises:
-        OfflineLoadError: the cache cannot serve the load (``cause`` names the missing piece: no ``config.json`` or
-            ``.no_exist`` marker, a missing ref, a missing Python package, ...), a connection was attempted, or
-            ``allow_network`` was given while offline mode is on in this process.
-        HubError: ``allow_network`` and the network load failed too.
-        HfcacheError: transformers is not installed.
-        TypeError: ``cache_dir`` or ``local_files_only`` in ``kwargs``.
-    """
-    for reserved in ("cache_dir", "local_files_only"):
-        if reserved in kwargs:
-            raise TypeError(f"load_tokenizer() sets {reserved} itself")
-    cache = resolve_cache_dir(cache_dir)
-    try:
-        from transformers import AutoTokenizer
-    except ImportError as exc:
-        raise HfcacheError(f"transformers is not installed: {exc}", hint="pip install transformers") from None
-    guard = network_guard.install(enforce=False)
-    seen = len(guard.attempts)
-    spec = f"{repo_id}@{revision or 'main'}"
-    try:
-        with guard.blocking():
-            tokenizer = AutoTokenizer.from_pretrained(repo_id, revision=revision, cache_dir=str(cache),
-                                                      local_files_only=True, **kwargs)
-        attempts = guard.attempts[seen:]
-        if attempts:  # it loaded, but only because a library swallowed the refused connection
-            raise OfflineLoadError(f"{spec}: network access attempted ({attempts[0]}) during an offline load",
-                                   hint="run `hfcache check` on the cache to see what the load is missing")
-        return tokenizer
-    except HfcacheError:
-        raise
-    except Exception as exc:  # noqa: BLE001 - any load failure is diagnosed below
-        failure = exc
-    attempts = guard.attempts[seen:]
-    error = f"{type(failure).__name__}: {failure}"
-    if attempts and "network access attempted" not in error:
-        error = f"network access attempted ({attempts[0]}) during an offline load; then {error}"
-    if allow_network:
-        constants = sys.modules.get("huggingface_hub.constants")
-        if constants is not None and constants.is_offline_mode():
-            raise OfflineLoadError(
-                f"{spec} is not fully in the cache {cache}, and allow_network=True cannot help: offline mode is on "
-                "in this process (HF_HUB_OFFLINE or enforce_offline)",
-                hint=f"warm it first: hfcache warm {spec} --cache-dir {cache}") from failure
-        try:
-            return AutoTokenizer.from_pretrained(repo_id, revision=revision, cache_dir=str(cache), **kwargs)
-        except Exception as exc:  # noqa: BLE001 - one clear error naming both attempts
-            raise HubError(f"{spec}: not loadable from the cache {cache} ({error.splitlines()[0]}), and the network "
-                           f"load failed: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}",
-                           hint="check HF_ENDPOINT and the network, or warm the cache with hfcache warm") from exc
-    from ..integrity.check import CheckTarget, diagnose
-
-    cause = diagnose(cache, CheckTarget(repo_id, revision or "main"), error)
-    hint = (cause.split("(", 1)[1].rstrip(")") if cause and cause.startswith("missing Python package") else
-            f"warm it: hfcache warm {spec} --cache-dir {cache} (or pass allow_network=True)")
-    raise OfflineLoadError(f"{spec} cannot be loaded from the cache {cache}: {cause or error.splitlines()[0]}",
-                           hint=hint, cause=cause) from failure

@@ -7,7 +7,7 @@ Why an audit hook: ``sys.addaudithook`` sees every Python-level ``socket.connect
 ``sendmsg``, ``getaddrinfo``, ``gethostbyname``, ``gethostbyaddr`` and ``getnameinfo`` before it happens (see
 ``_GUARDED_EVENTS``), whatever HTTP client made it (httpx, urllib3, urllib, asyncio),
 so a load that would reach for the network fails at once with a message instead of hanging on an endpoint that
-never answers, waiting on DNS in an air-gapped pod, or retrying (DESIGN §3).
+never answers, waiting on DNS in an air-gapped pod, or retrying (docs/cache-layout.md, 'Traps the libraries leave').
 
 Why :class:`NetworkBlocked` is a ``RuntimeError`` and not an ``OSError``: clients treat an ``OSError`` as a network
 failure and retry it with backoff - huggingface_hub's ``http_backoff`` (``utils/_http.py``) retries

@@ -1,7 +1,8 @@
 """prune: keep a shared cache within age and size budgets, never touching what is pinned or in use.
 
-Library gap (DESIGN §3): ``hf cache prune`` removes only detached revisions and deletes every ``.incomplete`` file,
-including another process's live download; it has no age or size policy and no notion of pinned revisions.
+Library gap (docs/cache-layout.md, 'Traps the libraries leave'): ``hf cache prune`` removes only detached revisions
+and deletes every ``.incomplete`` file, including another process's live download; it has no age or size policy and
+no notion of pinned revisions.
 
 Two steps, as huggingface_hub's ``DeleteCacheStrategy`` (``utils/_cache_manager.py``): :func:`plan_prune` computes a
 frozen :class:`PrunePlan` from metadata alone (the one scanner, :mod:`hfcache.cache.scan`), and :func:`execute` runs exactly

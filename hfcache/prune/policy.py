@@ -13,6 +13,7 @@ import time
 from collections.abc import Iterable, Sequence
 from contextlib import contextmanager
 from dataclasses import replace
+from pathlib import Path
 
 from ..cache.layout import access_error, resolve_cache_dir
 from ..errors import CacheError, UsageError
@@ -59,16 +60,7 @@ def plan_prune(
             directory that does not exist gives an empty plan and a warning: a CronJob on a fresh volume has nothing
             to prune.)
     """
-    if older_than is not None and older_than < 0:
-        raise UsageError(f"--older-than must not be negative, got {older_than}")
-    if max_size is not None and max_size < 0:
-        raise UsageError(f"--max-size must not be negative, got {max_size}")
-    specs = tuple(k if isinstance(k, KeepSpec) else KeepSpec.parse(k) for k in keep)
-    locks: list[tuple[str, Lockfile]] = []
-    for lock in keep_locks:
-        locks.append(("<lock>", lock) if isinstance(lock, Lockfile) else (str(lock), read_lock(lock)))
-    policy = PrunePolicy(older_than=older_than, max_size=max_size, keep=specs,
-                         keep_locks=tuple(name for name, _ in locks), grace=grace)
+    policy, locks = _policy(older_than, max_size, keep, keep_locks, grace)
     root = resolve_cache_dir(cache_dir)
     now = time.time() if now is None else now
     try:
@@ -83,6 +75,28 @@ def plan_prune(
         pass
     if not os.path.isdir(root):
         raise CacheError(f"{root} is not a directory", hint="pass the cache root as --cache-dir")
+    return _plan_cache(root, policy, locks, now)
+
+
+def _policy(older_than: float | None, max_size: int | None, keep: Iterable[str | KeepSpec],
+            keep_locks: Iterable[str | os.PathLike[str] | Lockfile],
+            grace: float) -> tuple[PrunePolicy, list[tuple[str, Lockfile]]]:
+    """The checked policy of :func:`plan_prune`'s arguments, and every lock as (name shown, parsed lock)."""
+    if older_than is not None and older_than < 0:
+        raise UsageError(f"--older-than must not be negative, got {older_than}")
+    if max_size is not None and max_size < 0:
+        raise UsageError(f"--max-size must not be negative, got {max_size}")
+    specs = tuple(k if isinstance(k, KeepSpec) else KeepSpec.parse(k) for k in keep)
+    locks: list[tuple[str, Lockfile]] = []
+    for lock in keep_locks:
+        locks.append(("<lock>", lock) if isinstance(lock, Lockfile) else (str(lock), read_lock(lock)))
+    policy = PrunePolicy(older_than=older_than, max_size=max_size, keep=specs,
+                         keep_locks=tuple(name for name, _ in locks), grace=grace)
+    return policy, locks
+
+
+def _plan_cache(root: Path, policy: PrunePolicy, locks: Sequence[tuple[str, Lockfile]], now: float) -> PrunePlan:
+    """Scan the cache directory ``root`` and plan over the repos this user can read that hold no planted link."""
     with _gc_paused():
         info = scan_cache(root)
         # A repo folder with a planted link (blobs/, refs/, snapshots/, .locks/<folder> ...) is left alone whole:

@@ -13,6 +13,7 @@ only modules above it in this list, never back; tests/unit/test_import_graph.py 
 - :mod:`.accesslog`     RequestRecord and the access log line
 - :mod:`.body`          FileBody and the Responder contract of the server stacks
 - :mod:`.answers`       the protocol's answers: repo info, tree pages, file bodies, redirects
+- :mod:`.xet`           Xet (opt-in): chunking, hashing, xorbs, the CAS origin (huggingface/hub-docs docs/xet/)
 - :mod:`.routing`       Router: which answer a request gets (auth, gating, routes)
 - :mod:`.wsgi`, :mod:`.asgi`  werkzeug and uvicorn server stacks
 - :mod:`.hub_server`    HubServer: lifecycle, request and access logs

@@ -1,9 +1,12 @@
 """``python -m hfcache.serve ROOT``: the test Hub server from a shell (tests, benchmarks, a quick local Hub).
 
 ``python -m hfcache.serve ROOT [--host 127.0.0.1] [--port 8080] [--throttle-bps N] [--layout cache]
-[--backend uvicorn] [--no-cdn] [--token T] [--fault NAME[=VALUE]]...``. ``hfcache serve`` is the production entry
-point (:mod:`hfcache.serve.mirror`). Faults (:mod:`.faults`) make it behave like a poorer mirror or a flaky network:
-no ``?blobs=true`` metadata, no tree API, unquoted ETags, leading 429s, failing bodies, no ``Range``.
+[--backend uvicorn] [--no-cdn] [--token T] [--fault NAME[=VALUE]]... [--xet [--xet-min-size N]]``. ``hfcache serve``
+is the production entry point (:mod:`hfcache.serve.mirror`). Faults (:mod:`.faults`) make it behave like a poorer
+mirror or a flaky network: no ``?blobs=true`` metadata, no tree API, unquoted ETags, leading 429s, failing bodies,
+no ``Range``.
+``--xet`` serves LFS files (or, with ``--xet-min-size N``, every file of N bytes or more) through Xet, with a CAS
+origin of its own (:mod:`.xet`).
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ from pathlib import Path
 
 from .faults import Faults, parse_faults
 from .hub_server import BACKENDS, LAYOUTS, HubServer
+from .xet import XetMode
 
 __all__ = ["main"]
 
@@ -35,7 +39,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--fault", action="append", default=[], metavar="NAME[=VALUE]",
                         help="inject a fault (hfcache.serve.faults.Faults field), e.g. no_blobs, no_tree, rate_limit=3, "
                              "failing_bodies=2, body_failure=reset (repeatable)")
+    parser.add_argument("--xet", action="store_true",
+                        help="serve LFS files through Xet (X-Xet-Hash, read token, a CAS origin), as the Hub does")
+    parser.add_argument("--xet-min-size", type=int, default=None, metavar="BYTES",
+                        help="with --xet: every file of at least BYTES bytes goes through Xet, LFS or not")
     args = parser.parse_args(argv)
+    if args.xet_min_size is not None and (not args.xet or args.xet_min_size < 0):
+        parser.error("--xet-min-size needs --xet and a size >= 0")
     try:
         faults = parse_faults(args.fault)
     except ValueError as exc:
@@ -49,9 +59,11 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, lambda *_: done.set())
     server = HubServer(args.root, host=args.host, port=args.port, throttle_bps=args.throttle_bps, token=args.token,
                        layout=args.layout, backend=args.backend, lfs_redirect=not args.no_cdn, record_requests=False,
-                       faults=faults)
+                       faults=faults, xet=XetMode(min_size=args.xet_min_size) if args.xet else False)
     with server:
         print(f"serving {args.root} at {server.endpoint}", flush=True)
+        if server.cas_endpoint:
+            print(f"Xet CAS at {server.cas_endpoint}", flush=True)
         try:
             done.wait()
         except KeyboardInterrupt:

@@ -1,4 +1,4 @@
-"""The Hub protocol's answers (DESIGN.md section 2): repo info, tree pages, file bodies, redirects and 404s.
+"""The Hub protocol's answers (docs/cache-layout.md, 'The Hub protocol'): repo info, tree pages, file bodies, redirects and 404s.
 
 Each function turns a :class:`~hfcache.serve.vocabulary.RepoSnapshot` (and the request) into the response the Hub
 would send, checked against huggingface_hub 2.4.0 (hf_api.py, file_download.py). Which answer a request gets is
@@ -8,6 +8,7 @@ would send, checked against huggingface_hub 2.4.0 (hf_api.py, file_download.py).
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Callable
 from typing import Any, BinaryIO
 from urllib.parse import quote, urlencode
 
@@ -46,8 +47,12 @@ def repo_info(request: Request, snapshot: RepoSnapshot, *, blobs: bool = True) -
     return json_response(info)
 
 
-def tree_page(request: Request, snapshot: RepoSnapshot, folder: str, page_size: int) -> Response:
+def tree_page(request: Request, snapshot: RepoSnapshot, folder: str, page_size: int, *,
+              xet_hash: Callable[[RepoFile], str | None] | None = None) -> Response:
     """A page of ``page_size`` ``list_repo_tree`` entries, with a ``Link: <...>; rel="next"`` header like the Hub's.
+
+    ``xet_hash``, if given, names the Xet file hash of a file (None: not a Xet file); file entries of the page then
+    carry it as ``xetHash``, as the Hub's do (hf_api.py ``RepoFile`` reads ``xetHash``).
 
     Raises:
         HttpError: 404 for a folder the snapshot does not hold, 400 for a bad ``cursor``.
@@ -61,6 +66,11 @@ def tree_page(request: Request, snapshot: RepoSnapshot, folder: str, page_size: 
         raise HttpError(400, None, "Invalid cursor")
     cursor = int(raw_cursor)
     page = entries[cursor : cursor + page_size]
+    if xet_hash is not None:
+        for entry in page:
+            found = xet_hash(snapshot.files[entry["path"]]) if entry["type"] == "file" else None
+            if found is not None:
+                entry["xetHash"] = found
     response = json_response(page)
     if cursor + page_size < len(entries):
         query = {**request.args.to_dict(), "cursor": str(cursor + page_size)}

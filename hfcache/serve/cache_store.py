@@ -1,6 +1,6 @@
 """A Hugging Face hub cache as a store of repos for the Hub-compatible server (``hfcache serve --cache-dir``).
 
-What it answers, for every ``models--*`` / ``datasets--*`` folder of the cache (DESIGN §1 layout):
+What it answers, for every ``models--*`` / ``datasets--*`` folder of the cache (the layout of docs/cache-layout.md):
 
 - **Revisions**: the names in ``refs/`` (``main``, ``v1.0``, ``refs/pr/1``) whose 40-hex commit has a snapshot, and
   the full 40-hex commit of every snapshot folder. Anything else is ``RevisionNotFound``; a repo folder without a

@@ -20,7 +20,7 @@ PRINTABLE = "".join(chr(c) for c in range(0x21, 0x7F))  # what a header value or
 
 
 class HttpError(Exception):
-    """An error answer: status, Hub ``X-Error-Code`` and extra headers (DESIGN §2.4)."""
+    """An error answer: status, Hub ``X-Error-Code`` and extra headers (docs/cache-layout.md, 'The Hub protocol', errors)."""
 
     def __init__(self, status: int, code: str | None, message: str, headers: Mapping[str, str] | None = None):
         super().__init__(message)

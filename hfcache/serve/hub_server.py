@@ -1,7 +1,7 @@
 """HubServer: the Hub-compatible, read-only test and mirror server over a store of repos.
 
 It speaks the subset of the Hugging Face Hub protocol that huggingface_hub's downloaders use
-(DESIGN.md section 2, routes in :mod:`.routing`), so tests, benchmarks, air-gapped mirrors and ``hfcache serve``
+(docs/cache-layout.md, 'The Hub protocol'; routes in :mod:`.routing`), so tests, benchmarks, air-gapped mirrors and ``hfcache serve``
 can point ``endpoint=`` at it. This module owns the lifecycle (origins, graceful stop), the request log and the
 access log; the answers are :mod:`.routing` and :mod:`.answers`, the stores :mod:`.folder_store` and
 :mod:`.cache_store`, the server stacks :mod:`.wsgi` (werkzeug: in-process, instant start, used by the tests) and
@@ -30,6 +30,7 @@ from .pullthrough import PullThroughConfig, PullThroughStore
 from .routing import Router
 from .vocabulary import DEFAULT_BRANCH, Store, StoreMiss
 from .wsgi import WerkzeugOrigin, wsgi_app
+from .xet import CasService, XetMode
 
 __all__ = ["BACKENDS", "LAYOUTS", "HubServer"]
 
@@ -42,7 +43,7 @@ LAYOUTS = ("repos", "cache")
 class HubServer:
     """A Hub-compatible read-only HTTP server (main origin, and a CDN origin for LFS files) over ``root``.
 
-    Protocol per DESIGN.md §2, checked against huggingface_hub 2.4.0 (file_download.py
+    Protocol per docs/cache-layout.md ('The Hub protocol'), checked against huggingface_hub 2.4.0 (file_download.py
     ``get_hf_file_metadata`` / ``_get_metadata_or_catch_error``, utils/_http.py ``hf_raise_for_status``).
 
     Args:
@@ -72,10 +73,15 @@ class HubServer:
             upstreams (:class:`~.pullthrough.PullThroughStore`); ``/healthz`` then says whether they answer.
         faults (Faults | None): misbehaviours to inject, as poorer mirrors and flaky networks do (:mod:`.faults`:
             no ``?blobs=true``, no tree API, unquoted ETags, 429s, failing bodies, no ``Range``; werkzeug only).
+        xet (bool | XetMode): speak Xet as the Hub does (:mod:`.xet`): True for :class:`~.xet.XetMode`'s defaults
+            (every LFS file), or a mode (e.g. ``XetMode(min_size=1)``: every non-empty file). A third origin, the
+            CAS (:attr:`cas_endpoint`), answers reconstructions and xorb ranges; resolve answers carry
+            ``X-Xet-Hash`` and ``Link: ...; rel="xet-auth"``; plain GETs still get the bytes (LFS files through the
+            CDN origin, the Hub's LFS bridge). Not with ``upstream``.
 
     Raises:
         ValueError: an unknown layout or backend, a bad throttle, legacy_ids with a cache, throttle or faults on
-            uvicorn, an upstream with ``layout="repos"``.
+            uvicorn, an upstream with ``layout="repos"``, xet with an upstream.
         FileNotFoundError: ``layout="cache"`` and ``root`` is not a directory.
         OSError: from ``start()`` if a port cannot be bound.
     """
@@ -100,20 +106,12 @@ class HubServer:
         metrics: bool = False,
         upstream: PullThroughConfig | None = None,
         faults: Faults | None = None,
+        xet: bool | XetMode = False,
     ) -> None:
         root = Path(root)
-        if faults is not None and faults != Faults() and backend != "werkzeug":
-            raise ValueError("faults are supported by the werkzeug backend only")
-        if layout not in LAYOUTS:
-            raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
-        if backend not in BACKENDS:
-            raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
-        if throttle_bps is not None and throttle_bps <= 0:
-            raise ValueError("throttle_bps must be a positive number of bytes per second")
-        if throttle_bps is not None and backend != "werkzeug":
-            raise ValueError("throttle_bps is supported by the werkzeug backend only")
-        if upstream is not None and layout != "cache":
-            raise ValueError("a pull-through upstream needs layout='cache'")
+        _check_options(layout=layout, backend=backend, throttle_bps=throttle_bps, upstream=upstream, faults=faults,
+                       xet=xet)
+        self.xet = CasService(XetMode() if xet is True else xet) if xet else None
         self.metrics = MirrorMetrics(Path(root) if layout == "cache" else None) if metrics or upstream else None
         if upstream is not None:
             self._store: Store = PullThroughStore(root, upstream, self.metrics)
@@ -132,7 +130,7 @@ class HubServer:
         self.access_log = access_log
         self._router = Router(self._store, host=host, token=token, gated=self.gated, overrides=self.overrides,
                               page_size=self.page_size, lfs_redirect=lfs_redirect, public=self._public_routes(),
-                              faults=faults)
+                              faults=faults, xet=self.xet)
         self.faults = self._router.faults
         self._log: list[LogEntry] = []
         self._log_lock = threading.Lock()
@@ -142,6 +140,7 @@ class HubServer:
         self._origins: list[Any] = []
         self.endpoint = ""
         self.cdn_endpoint = ""
+        self.cas_endpoint = ""
 
     # -- lifecycle
 
@@ -160,6 +159,10 @@ class HubServer:
                 cdn = self._serve(0, "cdn")
                 self._router.cdn_port = cdn.port
                 self.cdn_endpoint = f"http://{url_host(self.host)}:{cdn.port}"
+            if self.xet is not None:
+                cas = self._serve(0, "cas")
+                self.xet.cas_port = cas.port
+                self.cas_endpoint = f"http://{url_host(self.host)}:{cas.port}"
         except BaseException:
             self.stop()
             raise
@@ -312,6 +315,25 @@ class HubServer:
         body = {"status": "ok", "upstream_reachable": any(up is True for _, up in health),
                 "upstreams": [{"endpoint": endpoint, "reachable": up} for endpoint, up in health]}
         return Response(json.dumps(body), mimetype="application/json")
+
+
+def _check_options(*, layout: str, backend: str, throttle_bps: int | None, upstream: PullThroughConfig | None,
+                   faults: Faults | None, xet: bool | XetMode) -> None:
+    """Refuse a combination of HubServer options that cannot work, with a ValueError naming it."""
+    if xet and upstream is not None:
+        raise ValueError("xet needs a local store (no pull-through upstream)")
+    if faults is not None and faults != Faults() and backend != "werkzeug":
+        raise ValueError("faults are supported by the werkzeug backend only")
+    if layout not in LAYOUTS:
+        raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
+    if backend not in BACKENDS:
+        raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
+    if throttle_bps is not None and throttle_bps <= 0:
+        raise ValueError("throttle_bps must be a positive number of bytes per second")
+    if throttle_bps is not None and backend != "werkzeug":
+        raise ValueError("throttle_bps is supported by the werkzeug backend only")
+    if upstream is not None and layout != "cache":
+        raise ValueError("a pull-through upstream needs layout='cache'")
 
 
 def _open_store(root: Path, layout: str, legacy_ids: dict[str, str] | None) -> Store:

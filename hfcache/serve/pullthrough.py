@@ -29,7 +29,6 @@ The upstream token goes only to the upstreams (through :mod:`hfcache.hub.client`
 from __future__ import annotations
 
 import fnmatch
-import json
 import logging
 import os
 import threading
@@ -41,16 +40,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import BinaryIO
 
-from ..cache.layout import RepoFolder, atomic_write
+from ..cache.layout import RepoFolder
 from ..errors import HfcacheError, HubError, UsageError
-from ..hub.client import RemoteFile, RepoRevision, validate_endpoint
+from ..hub.files import RepoRevision
+from ..hub.urls import validate_endpoint
 from ..warming.lockfile import LockedFile, LockedRepo
-from ..prune import execute, plan_prune
-from ..records import UnsafePath, WarmRequest, validate_repo_path
+from ..records import WarmRequest
 from ..warming.orchestrate import fetch_pinned, make_clients, resolve_revision
 from .cache_store import CacheStore
 from .metrics import MirrorMetrics
-from .vocabulary import SHA1_RE, SHA256_RE, RepoFile, RepoSnapshot, StoreMiss, git_blob_sha1, lfs_pointer
+from .pruner import Pruner
+from .upstream_listing import revision_from_listing, snapshot_view, write_listing
+from .vocabulary import SHA1_RE, RepoFile, RepoSnapshot, StoreMiss
 
 __all__ = ["DEFAULT_REVALIDATE", "PullThroughConfig", "PullThroughStore"]
 
@@ -144,7 +145,7 @@ class PullThroughStore:
         self._touched: dict[tuple[str, str], float] = {}
         self._health: tuple[float, list[tuple[str, bool | None]]] | None = None
         self._health_thread: threading.Thread | None = None
-        self._pruner = _Pruner(self.root, config.max_size, self.metrics) if config.max_size is not None else None
+        self._pruner = Pruner(self.root, config.max_size, self.metrics) if config.max_size is not None else None
 
     # -- Store protocol
 
@@ -272,10 +273,10 @@ class PullThroughStore:
         be listed and fetched (pinned to those hashes); else ``cached`` itself."""
         if cached is None or cached.listing is None:
             return cached
-        revision = _revision_from_listing(cached, self.cache.listing(cached))
+        revision = revision_from_listing(cached, self.cache.listing(cached))
         if revision is None:
             return cached
-        resolved = _Resolved(revision, _view(self.root, revision), time.monotonic())
+        resolved = _Resolved(revision, snapshot_view(self.root, revision), time.monotonic())
         with self._lock:
             self._commits[(cached.repo_type, cached.repo_id, cached.commit)] = resolved
             while len(self._commits) > LISTINGS_KEPT:
@@ -302,7 +303,7 @@ class PullThroughStore:
                 return self._full(cached)
             raise _store_miss(type(exc).__name__, exc.message) from None
         self.metrics.upstream_resolutions.inc()
-        resolved = _Resolved(upstream, _view(self.root, upstream), time.monotonic())
+        resolved = _Resolved(upstream, snapshot_view(self.root, upstream), time.monotonic())
         with self._lock:
             if not SHA1_RE.match(revision):
                 self._refs[(repo_type, repo_id, revision)] = resolved
@@ -402,7 +403,7 @@ class PullThroughStore:
         for repo_id in filter(None, (revision.canonical_id, alias)):
             folder = RepoFolder(self.root, repo_id, revision.repo_type)
             if not _lexists(folder.root / "trees" / f"{revision.commit_hash}.json"):
-                _write_listing(folder, revision)
+                write_listing(folder, revision)
         if self._pruner is not None and downloaded:
             self._pruner.request()
 
@@ -438,42 +439,6 @@ class PullThroughStore:
                         del self._flights[key]  # waiters re-check what is held before doing anything
 
 
-class _Pruner:
-    """Keeps the cache within ``max_size`` with prune's planner, in a background thread (requests coalesce)."""
-
-    def __init__(self, root: Path, max_size: int, metrics: MirrorMetrics) -> None:
-        self.root, self.max_size, self.metrics = root, max_size, metrics
-        self._wanted = threading.Event()
-        self._closed = False
-        self.runs = 0
-        self._thread = threading.Thread(target=self._loop, name="hfcache-serve-prune", daemon=True)
-        self._thread.start()
-        self.request()  # a cache already over budget at start
-
-    def request(self) -> None:
-        self._wanted.set()
-
-    def close(self) -> None:
-        self._closed = True
-        self._wanted.set()
-
-    def _loop(self) -> None:
-        while True:
-            self._wanted.wait()
-            if self._closed:
-                return
-            self._wanted.clear()
-            try:
-                plan = plan_prune(self.root, max_size=self.max_size)
-                if plan.revisions:
-                    result = execute(plan)
-                    logger.info("pruned %d revision(s), %d bytes", len(plan.revisions), result.bytes_freed)
-                    self.metrics.cache_changed()
-            except Exception:  # noqa: BLE001 - the mirror keeps serving; the next fetch tries again
-                logger.warning("prune to --max-size failed", exc_info=True)
-            self.runs += 1
-
-
 class _Empty:
     """The body of a HEAD answer for a file not fetched yet: no bytes, and no file descriptor."""
 
@@ -485,62 +450,6 @@ class _Empty:
 
     def close(self) -> None:
         pass
-
-
-def _view(root: Path, revision: RepoRevision) -> RepoSnapshot:
-    """The upstream listing as a snapshot whose files live (once fetched) in the canonical folder's blobs."""
-    folder = RepoFolder(root, revision.canonical_id, revision.repo_type)
-    files = {}
-    for f in revision.files:
-        if f.lfs_sha256:
-            pointer = lfs_pointer(f.lfs_sha256, f.size)
-            files[f.path] = RepoFile(f.path, folder.blob_path(f.lfs_sha256), f.size,
-                                     f.blob_id or git_blob_sha1(pointer), f.lfs_sha256, True, len(pointer))
-        else:
-            files[f.path] = RepoFile(f.path, folder.blob_path(f.blob_id), f.size, f.blob_id, None, False, 0)
-    return RepoSnapshot(repo_type=revision.repo_type, repo_id=revision.canonical_id, commit=revision.commit_hash,
-                        files=dict(sorted(files.items())), listing=frozenset(files))
-
-
-def _revision_from_listing(cached: RepoSnapshot, entries: dict[str, dict] | None) -> RepoRevision | None:
-    """The commit's files from a ``trees/<commit>.json`` listing, or None if it is missing or malformed (the
-    cache is untrusted: a bad path, size or hash disqualifies the whole listing)."""
-    files = []
-    for path, entry in (entries or {}).items():
-        try:
-            validate_repo_path(path)
-            size, blob_id, sha256 = entry["size"], entry["blob_id"], entry.get("lfs_sha256")
-        except (UnsafePath, KeyError, TypeError):
-            return None
-        if not isinstance(size, int) or size < 0 or not isinstance(blob_id, str) or not SHA1_RE.match(blob_id):
-            return None
-        if sha256 is not None and not (isinstance(sha256, str) and SHA256_RE.match(sha256)):
-            return None
-        files.append(RemoteFile(path=path, size=size, blob_id=blob_id, lfs_sha256=sha256))
-    if not files:
-        return None
-    return RepoRevision(repo_id=cached.repo_id, canonical_id=cached.repo_id, repo_type=cached.repo_type,
-                        revision=cached.commit, commit_hash=cached.commit, files=tuple(sorted(files, key=lambda f: f.path)))
-
-
-def _write_listing(folder: RepoFolder, revision: RepoRevision) -> None:
-    """``trees/<commit>.json`` (huggingface_hub ``_tree_cache.py`` format 1): the whole repo's listing, so the cache
-    knows which files the commit lacks after a restart. Written under warm's repo lock, and only while the snapshot
-    exists (a concurrent prune removes both)."""
-    files = {}
-    for f in revision.files:
-        entry = {"size": f.size, "blob_id": f.blob_id or git_blob_sha1(lfs_pointer(f.lfs_sha256 or "", f.size))}
-        if f.lfs_sha256:
-            entry.update(lfs_sha256=f.lfs_sha256, lfs_size=f.size)
-        files[f.path] = entry
-    data = json.dumps({"format_version": 1, "files": dict(sorted(files.items()))}, indent=1).encode()
-    try:
-        with folder.repo_lock():
-            if (folder.root / "snapshots" / revision.commit_hash).is_dir():
-                folder.make_dir(folder.root / "trees")  # shared like the rest in a group-shared cache
-                atomic_write(folder.root / "trees" / f"{revision.commit_hash}.json", data, policy=folder.policy)
-    except OSError:
-        logger.warning("cannot write the listing of %s@%s", folder.repo_id, revision.commit_hash, exc_info=True)
 
 
 def _store_miss(error_type: str, message: str, *, fetch: bool = False) -> StoreMiss:

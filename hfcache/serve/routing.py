@@ -1,11 +1,13 @@
 """Routing of the Hub protocol: which answer (:mod:`.answers`) a request gets, after auth and gating checks.
 
-Routes (DESIGN.md section 2):
+Routes (docs/cache-layout.md, 'The Hub protocol'):
 
 - ``GET /api/{models|datasets}/{repo_id}[/revision/{rev}]``            repo info (``HfApi.repo_info``)
 - ``GET /api/{models|datasets}/{repo_id}/tree/{rev}[/{path}]``         tree listing (``HfApi.list_repo_tree``)
 - ``HEAD|GET /[datasets/]{repo_id}/resolve/{rev}/{path}``              file metadata and bytes (``hf_hub_download``)
 - ``HEAD|GET {cdn_endpoint}/lfs/[datasets/]{repo_id}/{sha256}``        LFS bytes on the CDN origin
+- ``GET /api/{models|datasets}/{repo_id}/xet-read-token/{rev}``         Xet read token (``xet=``: :mod:`.xet.cas`)
+- ``GET {cas_endpoint}/v{1,2}/reconstructions/{hash}``, ``/xorbs/...``  the CAS origin (``xet=``: :mod:`.xet.cas`)
 - ``GET /healthz``                                                     liveness probe
 """
 
@@ -25,6 +27,7 @@ from .answers import etag_header, file_response, legacy_redirect, lfs_redirect, 
 from .faults import Faults, FaultState
 from .http import HttpError, path_segments, raw_target, repo_path, split_repo_id, url_host
 from .vocabulary import DEFAULT_BRANCH, SHA256_RE, RepoFile, RepoSnapshot, Store, StoreMiss
+from .xet import CasService, XetFile
 
 __all__ = ["Router"]
 
@@ -47,13 +50,16 @@ class Router:
         public (Mapping[str, Callable[[Request], Response]]): one-segment paths answered before the token check,
             e.g. ``{"metrics": ...}``; ``healthz`` here replaces the plain ``ok``.
         faults (Faults | None): misbehaviours to inject (:mod:`.faults`), as poorer mirrors and flaky networks do.
+        xet (CasService | None): speak Xet (:mod:`.xet`): Xet headers on resolve, ``xetHash`` in tree entries,
+            the read token route, and the ``"cas"`` origin's answers.
     """
 
     def __init__(self, store: Store, *, host: str, token: str | None, gated: Iterable[str],
                  overrides: Mapping[tuple[str, str], bytes], page_size: int, lfs_redirect: bool,
                  public: Mapping[str, Callable[[Request], Response]] | None = None,
-                 faults: Faults | None = None) -> None:
+                 faults: Faults | None = None, xet: CasService | None = None) -> None:
         self.store, self.host, self.token = store, host, token
+        self.xet = xet
         self.gated = frozenset(gated)
         self.overrides = overrides
         self.page_size = page_size
@@ -66,6 +72,8 @@ class Router:
     def answer(self, origin: str, request: Request) -> Response:
         """The response to one request: an answer, the Hub's error for it, or a 500 (logged) on a bug."""
         handler = self._hub_app if origin == "hub" else self._cdn_app
+        if origin == "cas" and self.xet is not None:
+            handler = self.xet.answer
         try:
             return handler(request)
         except HttpError as error:
@@ -122,7 +130,7 @@ class Router:
         return snapshot
 
     def _api(self, request: Request, repo_type: str, segments: list[str]) -> Response:
-        repo_id, rest = split_repo_id(segments, {"revision", "tree"})
+        repo_id, rest = split_repo_id(segments, {"revision", "tree", "xet-read-token"})
         blobs = not self.faults.no_blobs
         if not rest:
             if self.faults.info_needs_revision:
@@ -132,7 +140,11 @@ class Router:
             return repo_info(request, self._snapshot(repo_type, repo_id, rest[1]), blobs=blobs)
         if rest[0] == "tree" and len(rest) >= 2 and not self.faults.no_tree:
             folder = repo_path(rest[2:]) if len(rest) > 2 else ""
-            return tree_page(request, self._snapshot(repo_type, repo_id, rest[1]), folder, self.page_size)
+            snapshot = self._snapshot(repo_type, repo_id, rest[1])
+            return tree_page(request, snapshot, folder, self.page_size, xet_hash=self._xet_hash_of(snapshot))
+        if rest[0] == "xet-read-token" and len(rest) == 2 and self.xet is not None:
+            self._snapshot(repo_type, repo_id, rest[1])  # the Hub's 404s for unknown repos and revisions
+            return self.xet.token_response(request)
         self._snapshot(repo_type, repo_id, DEFAULT_BRANCH)  # RepoNotFound before a plain 404
         raise HttpError(404, None, "Not found")
 
@@ -150,17 +162,44 @@ class Router:
         if repo_file is None:
             raise not_found(snapshot, path)
         headers = {"X-Repo-Commit": snapshot.commit}
+        xet_file = self._xet_file(snapshot, repo_file)
+        if xet_file is not None:  # the Hub's Xet headers ride on the 302 (or on the bytes, without a CDN)
+            headers.update(self.xet.resolve_headers(request, repo_type, repo_id, snapshot.commit, xet_file))
         if repo_file.is_lfs and repo_file.sha256:
             if self.lfs_redirect:
                 # Same host name the client used for the main origin, so the CDN is reachable wherever the hub is.
                 cdn_host = url_host(urlsplit(request.host_url).hostname or self.host)
-                return lfs_redirect(snapshot, repo_file, cdn_host, self.cdn_port, self._faults)
+                redirect = lfs_redirect(snapshot, repo_file, cdn_host, self.cdn_port, self._faults)
+                redirect.headers.update(headers)
+                return redirect
             # Served here: the metadata a CDN redirect would carry rides on the answer itself (file_download.py
             # reads X-Linked-Etag / X-Linked-Size before ETag / Content-Length).
             headers.update({"X-Linked-Etag": etag_header(repo_file.sha256, self._faults),
                             "X-Linked-Size": str(repo_file.size)})
         body, length = self._open_body(snapshot, repo_file, head=request.method == "HEAD")
         return file_response(request, body, length, repo_file.etag, headers, self._faults)
+
+    # -- Xet
+
+    def _xet_file(self, snapshot: RepoSnapshot, repo_file: RepoFile) -> XetFile | None:
+        """The Xet form of a file served through Xet (chunked on first use), else None."""
+        if self.xet is None or not self.xet.mode.serves(repo_file):
+            return None
+        try:
+            return self.xet.index.describe(repo_file, lambda: self.store.open(repo_file, snapshot))
+        except OSError:  # deleted since the scan, or refused (a link leaving the served directory)
+            raise HttpError(404, "EntryNotFound", "Entry not found", {"X-Repo-Commit": snapshot.commit}) from None
+
+    def _xet_hash_of(self, snapshot: RepoSnapshot) -> Callable[[RepoFile], str | None] | None:
+        """For tree entries: the ``xetHash`` of a file of ``snapshot`` (None for files not served through Xet)."""
+        if self.xet is None:
+            return None
+
+        def xet_hash(repo_file: RepoFile) -> str | None:
+            xet_file = self._xet_file(snapshot, repo_file)
+            return xet_file.hash if xet_file is not None else None
+
+        return xet_hash
 
     # -- CDN origin
 

@@ -1,11 +1,12 @@
-"""The manifest (``hfcache.toml``) users write and the lock (``hfcache.lock``) hfcache writes.
+"""The lock (``hfcache.lock``) hfcache writes from the manifest (:mod:`hfcache.warming.manifest`) users write.
 
 Light on purpose (standard library, tomli-w and hfcache's records only): ``warm --lock`` on a warm cache reads the
 lock and checks the cache with this module alone, without importing huggingface_hub or an HTTP client.
 
 The lock is deterministic, in the manner of pip-tools' ``writer.py`` and ``uv.lock``: sorted entries, stable
 formatting, LF, trailing newline, a header naming the command that regenerates it, a schema ``version``; no
-timestamps, hostnames, absolute paths or tokens. Every file has a size and an algorithm-prefixed hash.
+timestamps, hostnames, absolute paths or tokens. Every file has a size and an algorithm-prefixed hash. Also here: the
+manifest that goes with a lock, drift between the two, and the stat-only check of a cache against the lock.
 """
 
 from __future__ import annotations
@@ -13,7 +14,6 @@ from __future__ import annotations
 import os
 import re
 import stat
-import sys
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -24,42 +24,14 @@ import tomli_w
 from ..cache import safefs
 from ..cache.layout import RepoFolder, atomic_write, cache_error, resolve_cache_dir
 from ..errors import CacheError, UsageError
-from ..records import KINDS, REPO_TYPES, UnsafePath, WarmRequest, folder_ids, valid_repo_id, validate_repo_path
-
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover - Python 3.10
-    import tomli as tomllib
+from ..records import UnsafePath, WarmRequest, folder_ids, valid_repo_id, validate_repo_path
+from .manifest import (ENTRY_KEYS, MANIFEST_NAME, Manifest, ManifestNotFound, find_manifest, load_manifest,
+                       manifest_entry, read_toml, request_key, str_list)
 
 LOCK_VERSION = 1
-MANIFEST_NAME = "hfcache.toml"
 LOCK_NAME = "hfcache.lock"
 _HASH_RE = re.compile(r"^(sha256:[0-9a-f]{64}|git-sha1:[0-9a-f]{40})$")
 _COMMIT_RE = re.compile(r"^[0-9a-f]{40}$")
-_MANIFEST_KEYS = {"endpoint", "cache_dir", "repos"}
-_ENTRY_KEYS = {"repo_id", "revision", "kind", "include", "exclude", "repo_type"}
-
-
-class ManifestNotFound(UsageError):
-    """No manifest where one was looked for."""
-
-
-@dataclass(frozen=True)
-class Manifest:
-    """What the user asked for.
-
-    Attributes:
-        path (Path): the file it was read from.
-        endpoints (tuple[str, ...]): Hub endpoints in order of preference (``endpoint`` may be a string or a list
-            in the file); empty when the manifest sets none.
-        cache_dir (Path | None): cache root, resolved relative to the manifest's folder.
-        repos (tuple[WarmRequest, ...]): the entries, in file order.
-    """
-
-    path: Path
-    endpoints: tuple[str, ...]
-    cache_dir: Path | None
-    repos: tuple[WarmRequest, ...]
 
 
 @dataclass(frozen=True)
@@ -72,7 +44,7 @@ class LockedFile:
 
     @property
     def etag(self) -> str:
-        """The blob name in the cache (DESIGN §1): the hex part of the hash."""
+        """The blob name in the cache (docs/cache-layout.md): the hex part of the hash."""
         return self.hash.split(":", 1)[1]
 
 
@@ -87,7 +59,7 @@ class LockedRepo:
         files (tuple[LockedFile, ...]): the selected files, sorted by path.
         absent (tuple[str, ...]): optional tokenizer names the repo lacks (written as ``.no_exist`` markers).
         notes (tuple[str, ...]): one-line warnings found while resolving it (custom code in another repo, a file
-            too large to parse: ``selection.Followed.notes``); reported by ``hfcache lock``, not written.
+            too large to parse: ``custom_code.Followed.notes``); reported by ``hfcache lock``, not written.
     """
 
     request: WarmRequest
@@ -111,7 +83,7 @@ class Lockfile:
     version: int = LOCK_VERSION
 
     def find(self, request: WarmRequest) -> LockedRepo | None:
-        return next((r for r in self.repos if _key(r.request) == _key(request)), None)
+        return next((r for r in self.repos if request_key(r.request) == request_key(request)), None)
 
 
 @dataclass(frozen=True)
@@ -130,151 +102,6 @@ class CacheStatus:
     @property
     def satisfied(self) -> bool:
         return not self.missing
-
-
-def _key(request: WarmRequest) -> tuple[str, str, str]:
-    return (request.repo_id, request.revision, request.repo_type)
-
-
-# ------------------------------------------------------------------------------------------------ manifest
-
-
-def find_manifest(path: str | os.PathLike[str] | None = None, start: Path | None = None) -> Path:
-    """Return the manifest to use: ``path`` when given, else ``hfcache.toml`` or a ``pyproject.toml`` with a
-    ``[tool.hfcache]`` table in ``start`` (default: the working directory).
-
-    Raises:
-        UsageError: nothing found.
-    """
-    if path is not None:
-        return Path(path)
-    folder = start or Path.cwd()
-    if (folder / MANIFEST_NAME).is_file():
-        return folder / MANIFEST_NAME
-    pyproject = folder / "pyproject.toml"
-    if pyproject.is_file():
-        try:
-            data = tomllib.loads(pyproject.read_text(encoding="utf-8"))
-        except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError, RecursionError):
-            data = {}
-        if "hfcache" in data.get("tool", {}):
-            return pyproject
-    raise ManifestNotFound(f"no {MANIFEST_NAME} (or pyproject.toml with [tool.hfcache]) in {folder}",
-                           hint="write one (see README 'Pinning') or pass --manifest FILE")
-
-
-def _read_toml(path: Path, what: str) -> dict[str, Any]:
-    try:
-        text = path.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise UsageError(f"cannot read {what} {path}: {exc.strerror}") from None
-    except UnicodeDecodeError:
-        raise UsageError(f"{path}: not UTF-8 text") from None
-    try:
-        return tomllib.loads(text)
-    except tomllib.TOMLDecodeError as exc:
-        raise UsageError(f"{path}: invalid TOML: {exc}", hint=f"fix the {what}") from None
-    except RecursionError:  # tomllib parses nested arrays and inline tables recursively
-        raise UsageError(f"{path}: invalid TOML: nested too deep", hint=f"fix the {what}") from None
-
-
-def load_manifest(path: str | os.PathLike[str]) -> Manifest:
-    """Read and validate a manifest.
-
-    The shape (README "Pinning")::
-
-        endpoint = "https://huggingface.co"   # optional; or a list, tried in order
-        cache_dir = "/opt/hf-cache"            # optional, relative to the manifest's folder
-        [[repos]]
-        repo_id = "bert-base-uncased"
-        revision = "main"      # optional
-        kind = "tokenizer"     # optional: tokenizer | model | all
-        include = []           # optional globs
-        exclude = []           # optional globs
-        repo_type = "model"    # optional: model | dataset
-
-    Raises:
-        UsageError: unreadable file, invalid TOML, unknown key, wrong type or value, duplicate entry; the message
-            names the file, the entry and the field.
-    """
-    path = Path(path)
-    data = _read_toml(path, "manifest")
-    if path.name == "pyproject.toml":
-        data = data.get("tool", {}).get("hfcache")
-        if not isinstance(data, dict):
-            raise UsageError(f"{path}: no [tool.hfcache] table", hint="add one, or write hfcache.toml")
-    where = str(path) if path.name != "pyproject.toml" else f"{path} [tool.hfcache]"
-    unknown = sorted(set(data) - _MANIFEST_KEYS)
-    if unknown:
-        raise UsageError(f"{where}: unknown key {unknown[0]!r}", hint=f"allowed: {', '.join(sorted(_MANIFEST_KEYS))}")
-    endpoint = data.get("endpoint")
-    if isinstance(endpoint, str):
-        endpoint = [endpoint]
-    if endpoint is not None and (not isinstance(endpoint, list) or not endpoint
-                                 or not all(isinstance(e, str) and e for e in endpoint)):
-        raise UsageError(f"{where}: field 'endpoint' must be a URL or a list of URLs, got {data.get('endpoint')!r}")
-    cache_dir = _optional_str(data, "cache_dir", where)
-    entries = data.get("repos", [])
-    if not isinstance(entries, list) or not all(isinstance(e, dict) for e in entries):
-        raise UsageError(f"{where}: 'repos' must be an array of tables ([[repos]])")
-    if not entries:
-        raise UsageError(f"{where}: no [[repos]] entries", hint="add at least one [[repos]] with a repo_id")
-    repos = []
-    seen: dict[tuple[str, str, str], int] = {}
-    for index, entry in enumerate(entries):
-        request = _manifest_entry(entry, f"{where}: repos[{index}]")
-        if _key(request) in seen:
-            raise UsageError(f"{where}: repos[{index}] ({request.spec}) repeats repos[{seen[_key(request)]}]")
-        seen[_key(request)] = index
-        repos.append(request)
-    return Manifest(
-        path=path,
-        endpoints=tuple(e.rstrip("/") for e in endpoint or ()),
-        cache_dir=(path.parent / os.path.expandvars(os.path.expanduser(cache_dir))) if cache_dir else None,
-        repos=tuple(repos),
-    )
-
-
-def _optional_str(data: dict[str, Any], key: str, where: str) -> str | None:
-    value = data.get(key)
-    if value is not None and (not isinstance(value, str) or not value):
-        raise UsageError(f"{where}: field {key!r} must be a non-empty string, got {value!r}")
-    return value
-
-
-def _str_list(value: Any, where: str, key: str) -> tuple[str, ...]:
-    if not isinstance(value, list) or not all(isinstance(v, str) and v for v in value):
-        raise UsageError(f"{where}: field {key!r} must be an array of non-empty strings, got {value!r}")
-    return tuple(value)
-
-
-def _manifest_entry(entry: dict[str, Any], where: str) -> WarmRequest:
-    repo_id = entry.get("repo_id")
-    if not isinstance(repo_id, str) or not repo_id:
-        raise UsageError(f"{where}: field 'repo_id' is required and must be a string")
-    where = f"{where} ({repo_id})"
-    unknown = sorted(set(entry) - _ENTRY_KEYS)
-    if unknown:
-        raise UsageError(f"{where}: unknown field {unknown[0]!r}", hint=f"allowed: {', '.join(sorted(_ENTRY_KEYS))}")
-    for key, allowed in (("kind", KINDS), ("repo_type", REPO_TYPES)):
-        if key in entry and entry[key] not in allowed:
-            raise UsageError(f"{where}: field {key!r} must be one of {', '.join(allowed)}, got {entry[key]!r}")
-    revision = entry.get("revision", "main")
-    if not isinstance(revision, str):
-        raise UsageError(f"{where}: field 'revision' must be a string, got {revision!r}")
-    include = _str_list(entry.get("include", []), where, "include")
-    exclude = _str_list(entry.get("exclude", []), where, "exclude")
-    try:
-        return WarmRequest(
-            repo_id=repo_id,
-            revision=revision,
-            kind=entry.get("kind", "tokenizer"),
-            repo_type=entry.get("repo_type", "model"),
-            include=include,
-            exclude=exclude,
-        )
-    except UsageError as exc:
-        raise UsageError(f"{where}: {exc.message}", hint=exc.hint) from None
 
 
 # ------------------------------------------------------------------------------------------------ lock
@@ -346,7 +173,7 @@ def render_lock(lock: Lockfile, manifest_name: str = MANIFEST_NAME) -> bytes:
                 "absent": list(r.absent),
                 "files": [{"path": f.path, "size": f.size, "hash": f.hash} for f in r.files],
             }
-            for r in sorted(lock.repos, key=lambda r: _key(r.request))
+            for r in sorted(lock.repos, key=lambda r: request_key(r.request))
         ],
     }
     regenerate = "hfcache lock" + ("" if manifest_name == MANIFEST_NAME else f" --manifest {manifest_name}")
@@ -381,7 +208,7 @@ def read_lock(path: str | os.PathLike[str]) -> Lockfile:
             malformed field, a file path that escapes the repo; the message names the file, entry and field.
     """
     path = Path(path)
-    data = _read_toml(path, "lock")
+    data = read_toml(path, "lock")
     version = data.get("version")
     if not isinstance(version, int) or isinstance(version, bool):
         raise UsageError(f"{path}: field 'version' must be an integer, got {version!r}")
@@ -400,19 +227,19 @@ def read_lock(path: str | os.PathLike[str]) -> Lockfile:
     seen: dict[tuple[str, str, str], int] = {}
     for i, entry in enumerate(entries):
         repo = _locked_repo(entry, f"{path}: repos[{i}]")
-        if _key(repo.request) in seen:
-            raise UsageError(f"{path}: repos[{i}] ({repo.request.spec}) repeats repos[{seen[_key(repo.request)]}]",
-                             hint="the lock is corrupt; regenerate it")
-        seen[_key(repo.request)] = i
+        if request_key(repo.request) in seen:
+            raise UsageError(f"{path}: repos[{i}] ({repo.request.spec}) repeats "
+                             f"repos[{seen[request_key(repo.request)]}]", hint="the lock is corrupt; regenerate it")
+        seen[request_key(repo.request)] = i
         repos.append(repo)
     return Lockfile(repos=tuple(repos), version=version)
 
 
-_LOCK_ENTRY_KEYS = _ENTRY_KEYS | {"canonical_id", "commit_hash", "absent", "files"}
+_LOCK_ENTRY_KEYS = ENTRY_KEYS | {"canonical_id", "commit_hash", "absent", "files"}
 
 
 def _locked_repo(entry: dict[str, Any], where: str) -> LockedRepo:
-    request = _manifest_entry({k: entry[k] for k in _ENTRY_KEYS if k in entry}, where)
+    request = manifest_entry({k: entry[k] for k in ENTRY_KEYS if k in entry}, where)
     where = f"{where} ({request.repo_id})"
     unknown = sorted(set(entry) - _LOCK_ENTRY_KEYS)
     if unknown:
@@ -441,7 +268,7 @@ def _locked_repo(entry: dict[str, Any], where: str) -> LockedRepo:
             raise UsageError(f"{fwhere} ({file_path}): field 'hash' must be sha256:<64 hex> or git-sha1:<40 hex>")
         locked.append(LockedFile(path=file_path, size=size, hash=digest))
     absent = entry.get("absent", [])
-    absent_t = _str_list(absent, where, "absent") if absent else ()
+    absent_t = str_list(absent, where, "absent") if absent else ()
     for name in absent_t:
         try:
             validate_repo_path(name)
@@ -459,8 +286,8 @@ def drift(manifest: Manifest, lock: Lockfile) -> tuple[str, ...]:
         manifest, or an entry whose kind/include/exclude changed.
     """
     problems = []
-    wanted = {_key(r): r for r in manifest.repos}
-    locked = {_key(r.request): r for r in lock.repos}
+    wanted = {request_key(r): r for r in manifest.repos}
+    locked = {request_key(r.request): r for r in lock.repos}
     for key, request in wanted.items():
         if key not in locked:
             problems.append(f"{request.spec}: in the manifest but not in the lock")
@@ -547,7 +374,7 @@ def filter_upgrade(repos: Iterable[WarmRequest], names: Sequence[str]) -> set[tu
     unknown = [n for n in names if n not in known]
     if unknown:
         raise UsageError(f"--upgrade {unknown[0]}: not a repo_id of the manifest")
-    return {_key(r) for r in repos if not names or r.repo_id in names}
+    return {request_key(r) for r in repos if not names or r.repo_id in names}
 
 
 def pinned_revisions(lock: Lockfile) -> set[tuple[str, str, str]]:

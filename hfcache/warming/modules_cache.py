@@ -31,7 +31,8 @@ from pathlib import Path
 
 from ..cache import safefs
 from ..errors import CacheError
-from .selection import AUTO_MAP_FILES, MAX_PARSE_BYTES, auto_map_refs, module_path
+from .custom_code import MAX_PARSE_BYTES, auto_map_refs, module_path
+from .selection import AUTO_MAP_FILES
 
 ENV_NAME = "HF_MODULES_CACHE"
 
@@ -158,7 +159,7 @@ def custom_code_repos(cache_dir: Path) -> list[CustomCodeRepo]:
         for snapshot in _scandir(os.path.join(folder.path, "snapshots")):
             try:
                 refs = _auto_map_of(snapshot.path)
-            except ValueError as exc:  # selection.RepoDataError: reported, the scan goes on
+            except ValueError as exc:  # custom_code.RepoDataError: reported, the scan goes on
                 found.append(CustomCodeRepo(parsed[0], snapshot.name, (), error=str(exc)))
                 continue
             if refs:

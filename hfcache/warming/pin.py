@@ -17,11 +17,13 @@ from pathlib import Path
 from .. import pools
 from ..errors import HfcacheError, HubError, IntegrityError
 from ..hub.client import HubClient
-from .lockfile import LockedFile, LockedRepo, Lockfile, Manifest, filter_upgrade, lock_relative_name, write_lock
+from .lockfile import LockedFile, LockedRepo, Lockfile, filter_upgrade, lock_relative_name, write_lock
+from .manifest import Manifest
 from .project import open_project
 from ..records import WarmRequest
 from ..hub.retry import DEFAULT_RETRIES, RetryCounter
-from .selection import MAX_PARSE_BYTES, check_index_size, follow_configs, select, shards_from_index
+from .custom_code import MAX_PARSE_BYTES, follow_configs
+from .selection import check_index_size, select, shards_from_index
 from .orchestrate import make_clients
 
 
@@ -90,7 +92,7 @@ def resolve_entry(client: HubClient, request: WarmRequest) -> LockedRepo:
     if selection.needs_config:  # custom code (auto_map), module folders (read in memory, hash-checked, never run)
         try:
             followed = follow_configs(selection.needs_config, read, repo.paths, request.kind, request.exclude)
-        except ValueError as exc:  # selection.RepoDataError: a config no parser can read
+        except ValueError as exc:  # custom_code.RepoDataError: a config no parser can read
             raise IntegrityError(f"{request.repo_id}: {exc}", hint=_BAD_FILE_HINT) from None
         notes = followed.notes
         paths |= set(followed.paths)
@@ -111,7 +113,7 @@ def resolve_entry(client: HubClient, request: WarmRequest) -> LockedRepo:
                       files=files, absent=absent, notes=notes)
 
 
-#: The hint of a repo file hfcache cannot parse (selection.RepoDataError, a malformed sharded index).
+#: The hint of a repo file hfcache cannot parse (custom_code.RepoDataError, a malformed sharded index).
 _BAD_FILE_HINT = "the repo's file is malformed (a loader fails on it too): fix the repo, or --exclude that file"
 
 

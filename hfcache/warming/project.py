@@ -14,8 +14,8 @@ from pathlib import Path
 
 from ..cache.layout import existing_cache_dir
 from ..errors import CheckFailed
-from .lockfile import (Lockfile, Manifest, default_lock_path, drift, find_manifest, load_manifest, lock_cache_dir,
-                       lock_manifest, read_lock)
+from .lockfile import Lockfile, default_lock_path, drift, lock_cache_dir, lock_manifest, read_lock
+from .manifest import Manifest, find_manifest, load_manifest
 
 __all__ = ["LockCheck", "LockInstall", "check_lock", "open_project", "reading_cache_dir", "resolve_install"]
 

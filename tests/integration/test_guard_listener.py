@@ -1,7 +1,7 @@
 """The exec network guard against every way Python can put a byte on the network, checked by a real listener.
 
 A TCP and a UDP socket on 127.0.0.1 record every connection and datagram that arrives. The child under
-``hfcache exec`` tries each audited way to send or resolve (issue 13, item 5: ``sendmsg`` with ``MSG_FASTOPEN``
+``hfcache exec`` tries each audited way to send or resolve (docs/security.md; e.g. ``sendmsg`` with ``MSG_FASTOPEN``
 connected and delivered data past the guard); the same child without the guard reaches the listener, so the check
 can fail.
 """
@@ -176,7 +176,7 @@ FLIPS = textwrap.dedent("""
 
 def test_the_guard_cannot_be_switched_off_by_an_attribute(tmp_path):
     """The hook keeps its state in a closure: flipping ``enforced``, rebinding the hook or dropping the guard object
-    from ``sys`` changes nothing it reads (issue 13 follow-up, item 8)."""
+    from ``sys`` changes nothing it reads (docs/security.md)."""
     with listener() as (port, arrivals):
         proc = run_hfcache(["exec", "--cache-dir", str(tmp_path / "cache"), "--", sys.executable, "-c", FLIPS,
                             str(port)])

@@ -1,4 +1,4 @@
-"""import against hostile tars built here with ``tarfile`` (issue 13, items 3, 6 and the import part of 8).
+"""import against hostile tars built here with ``tarfile`` (docs/security.md: tars, links, sizes).
 
 Each test warms a real target cache from the test Hub, keeps a canary folder beside it, runs ``hfcache import`` in a
 subprocess on a tar made to attack it, and checks: the exit code and the message naming the entry, that the target
@@ -21,7 +21,8 @@ from pathlib import Path
 import pytest
 
 import hfcache
-from hfcache.move.importer import MAX_HEADER_BYTES, MAX_REF_BYTES, MAX_TREE_BYTES
+from hfcache.move.import_plan import MAX_REF_BYTES, MAX_TREE_BYTES
+from hfcache.move.import_source import MAX_HEADER_BYTES
 from hfcache.records import WarmRequest
 from hfcache.serve import HubServer
 from tests.helpers import clean_env, run_hfcache

@@ -1,4 +1,4 @@
-"""import against the attacker report on issue 13's work: tars built here with ``tarfile``, run through
+"""import against an attacker's report on the untrusted-cache work (docs/security.md): tars built here with ``tarfile``, run through
 ``hfcache import`` in a subprocess, each checked for its exit code and one-line message, an unchanged target and
 canary, and a target that still verifies (helpers from test_import_hostile).
 
@@ -121,7 +121,7 @@ def _sparse_10(path: Path, data: bytes) -> Path:
 
 
 def test_a_huge_sparse_10_map_is_refused_before_it_is_read(target, tmp_path):
-    # the tarfile hooks hfcache.move.importer.BoundedTarInfo overrides: a Python that renames them must fail here
+    # the tarfile hooks hfcache.move.import_source.BoundedTarInfo overrides: a Python that renames them must fail here
     assert all(hasattr(tarfile.TarInfo, f"_proc_gnusparse_{v}") for v in ("00", "01", "10"))
     tar = _sparse_10(tmp_path / "map.tar", b"3000000\n" + b"0\n" * 6_000_000)  # 12 MB of map
     started = time.monotonic()

@@ -136,7 +136,7 @@ def test_missing_cache_is_an_error(tmp_path):
 
 
 def test_large_listing_is_streamed_with_the_same_document(damaged_cache, tmp_path):
-    """Over 100 repos `ls --json` writes one repo at a time (issue 18, P4): byte for byte the document that
+    """Over 100 repos `ls --json` writes one repo at a time (goal P4 of docs/benchmarks.md): byte for byte the document that
     print_json(ls_dict(...)) builds whole, damaged repos, mixed case ids and the lock's pins included."""
     import shutil
 

@@ -1,4 +1,4 @@
-"""Input nested deeper than Python's parsers recurse (issue 13, item 8): a usage error naming the file, never exit 70."""
+"""Input nested deeper than Python's parsers recurse (docs/security.md): a usage error naming the file, never exit 70."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""``hfcache pull``/``push`` as an attacker and as a new user would try them (the review of issue 17).
+"""``hfcache pull``/``push`` as an attacker and as a new user would try them (docs/oci.md, docs/security.md).
 
 Hostile images are pushed with raw distribution-API calls (tests/registry.py, urllib) to a real registry on
 127.0.0.1, all digests correct unless a test alters them. Every refusal is checked for its exit code and its one
@@ -530,7 +530,7 @@ def test_bearer_token_flow_with_credentials_from_the_auth_file(seed, registry, t
         assert json.loads(proc.stdout)["ok"] is True and gate.token not in proc.stdout + proc.stderr
 
 
-# --- the attacker report on issue 13's work: a GNU sparse 1.0 map in a layer ---------------------------------------
+# --- an attacker's report: a GNU sparse 1.0 map in a layer ---------------------------------------
 
 
 @pytest.mark.parametrize("sparse_map", [b"5\n", b"abc\n", b"3000000\n" + b"0\n" * 600_000])

@@ -139,7 +139,7 @@ def test_exec_does_not_hang_on_an_endpoint_that_never_answers(warm_cache):
         assert loaded["FacebookAI/roberta-base"]["input_ids"] == golden_ids("FacebookAI/roberta-base")
         assert elapsed < 60
 
-        # Without exec the same load waits on the silent endpoint (DESIGN §3: the revision lookup has no timeout).
+        # Without exec the same load waits on the silent endpoint (docs/cache-layout.md, 'Traps the libraries leave': the revision lookup has no timeout).
         with pytest.raises(subprocess.TimeoutExpired):
             subprocess.run([sys.executable, "-c", LOAD_SCRIPT, GOLDEN["text"], "google-bert/bert-base-uncased"],
                            capture_output=True, env={**env, "HF_HUB_CACHE": str(warm_cache)}, timeout=5)
@@ -317,7 +317,7 @@ def test_enforce_offline_uses_only_the_cache(warm_cache, hub_server, tmp_path, i
 
 
 def test_already_imported_without_enforce_offline_the_library_goes_online(warm_cache, hub_server, tmp_path):
-    """The control for the test above: setting os.environ after the import changes nothing (DESIGN §3)."""
+    """The control for the test above: setting os.environ after the import changes nothing (huggingface_hub/constants.py reads HF_* at import time)."""
     env = clean_env(HF_ENDPOINT=hub_server.endpoint, HF_HOME=str(tmp_path / "home"))
     out = run_app(f"""
         import json, os

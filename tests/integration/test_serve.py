@@ -172,7 +172,7 @@ def test_clients_download_and_load_every_fixture_repo_from_a_served_cache(warmed
         assert not scan_cache_dir(cache).warnings
     # The application's cache, filled online through the mirror, loads every tokenizer offline. (A bare
     # snapshot_download cache would not load FacebookAI/roberta-base: it has no config.json and snapshot_download
-    # writes no .no_exist markers, DESIGN §3; the mirror passes on the markers it knows to clients that ask.)
+    # writes no .no_exist markers, docs/cache-layout.md; the mirror passes on the markers it knows to clients that ask.)
     loaded = offline_load(app_cache, ids)
     for repo_id in ids:
         assert loaded[repo_id].get("input_ids") == golden_ids(repo_id, LEGACY.get(repo_id)), repo_id

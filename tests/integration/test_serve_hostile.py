@@ -1,4 +1,4 @@
-"""serve against hostile clients (issue 13, item 8): odd names on error paths, and connections that never finish.
+"""serve against hostile clients (docs/security.md): odd names on error paths, and connections that never finish.
 
 The mirror's protocol runs in-process on both stacks (uvicorn is what ``hfcache serve`` runs); the clients are real
 sockets and huggingface_hub itself.

@@ -1,7 +1,7 @@
 """HubServer against huggingface_hub's own clients: real HTTP on loopback, real fixture files.
 
 huggingface_hub reads HF_* variables at import time, so every call passes endpoint=, cache_dir= and
-token= explicitly (DESIGN.md section 3).
+token= explicitly (docs/cache-layout.md, 'Traps the libraries leave').
 """
 
 from __future__ import annotations
@@ -359,7 +359,7 @@ def test_overrides_serve_other_bytes_under_the_published_hash(hub_root, tmp_path
 
     assert {s.rfilename: s.blob_id for s in info.siblings}["config.json"] == git_sha1(real)
     assert Path(path).read_bytes() == fake
-    # huggingface_hub stored the wrong bytes under the real blob id: it never hashes downloads (DESIGN §1).
+    # huggingface_hub stored the wrong bytes under the real blob id: it never hashes downloads (docs/cache-layout.md, 'Traps the libraries leave').
     assert Path(path).resolve().name == git_sha1(real)
 
 

@@ -1,4 +1,4 @@
-"""Shared caches as several users see them: group permissions, unreadable parts, no flock (issue 21).
+"""Shared caches as several users see them: group permissions, unreadable parts, no flock (docs/shared-caches.md).
 
 Other users are real uids (``setpriv``; root-only tests, see tests/users.py); flock is made to fail the way Lustre, NFS
 without a lock manager or some FUSE mounts make it fail, with tests/sitecustom (``fcntl.flock`` raises ENOSYS or

@@ -1,4 +1,4 @@
-"""Issue 13 part A: untrusted cache layouts and endpoint answers never make hfcache act outside the cache.
+"""Untrusted cache layouts and endpoint answers never make hfcache act outside the cache.
 
 Every test builds its hostile input itself (symlinked repo parts in tmp dirs, hostile Hub handlers on loopback),
 runs hfcache as a real subprocess (or its public API), and asserts the exit code and message, that a canary folder

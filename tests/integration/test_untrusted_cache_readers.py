@@ -1,4 +1,4 @@
-"""Issue 13, second round: readers of cache files (doctor, check, export, verify, ls) and warm's writers never act
+"""Untrusted caches, second round (docs/security.md): readers of cache files (doctor, check, export, verify, ls) and warm's writers never act
 outside the cache, never block on a FIFO or device, and never launder a broken revision.
 
 Hostile parts are planted in tmp dirs; every command runs as a real subprocess (a timeout is a hang); each test

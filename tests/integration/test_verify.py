@@ -246,7 +246,7 @@ def test_blob_mismatch_names_the_files_that_use_the_blob(fixture_cache):
 
 
 def test_fast_skips_only_blobs_unchanged_since_a_recorded_run(fixture_cache):
-    """verify --fast (issue 18, P3): the default hashes every blob and writes nothing; a --fast run records what
+    """verify --fast (goal P3 of docs/benchmarks.md): the default hashes every blob and writes nothing; a --fast run records what
     hashed right under .locks/ (invisible to huggingface_hub's scan and to ls); the next --fast run skips exactly
     the blobs whose inode, size, mtime and ctime are unchanged, so a rewrite is caught even with its mtime put back."""
     record = fixture_cache / ".locks" / "hfcache-verified.json"

@@ -1,4 +1,4 @@
-"""What the faster cold warm must not change (issue 18): files fetched while configs are read still fail the repo
+"""What the faster cold warm (docs/benchmarks.md) must not change: files fetched while configs are read still fail the repo
 with their own error, a malformed config still fails it with nothing published or half-written, and hfcache asks
 no host but its endpoint (huggingface_hub's agent-registry fetch is kept off)."""
 
@@ -120,7 +120,7 @@ def test_a_cached_agent_registry_is_read_not_refreshed(repos, tmp_path):
 
 def test_a_file_shared_by_repos_of_one_warm_is_fetched_once(hub_root, tmp_path):
     # bert-base-uncased, distilbert and all-MiniLM-L6-v2 ship the same vocab.txt blob; warmed together, the first
-    # download is linked into the other two folders (issue 18: no duplicate bodies within one run).
+    # download is linked into the other two folders (no duplicate bodies within one run).
     cache = tmp_path / "hub"
     ids = ["google-bert/bert-base-uncased", "distilbert/distilbert-base-uncased",
            "sentence-transformers/all-MiniLM-L6-v2"]

@@ -12,7 +12,7 @@ import pytest
 from hfcache.errors import CacheError
 from hfcache.warming.modules_cache import can_create, modules_cache, modules_cache_override, private_modules_dir
 from hfcache.records import parse_specs
-from hfcache.warming.selection import (
+from hfcache.warming.custom_code import (
     auto_map_refs,
     RepoDataError,
     custom_code_paths,
@@ -20,9 +20,8 @@ from hfcache.warming.selection import (
     module_folder_paths,
     module_path,
     relative_imports,
-    select,
-    shards_from_index,
 )
+from hfcache.warming.selection import select, shards_from_index
 
 DEEP = b"[" * 200_000 + b"]" * 200_000
 
@@ -223,7 +222,8 @@ def _cache_with_custom_code(tmp_path: Path) -> Path:
 
 
 def test_doctor_reports_an_unwritable_modules_cache_only_with_custom_code(tmp_path):
-    from hfcache.offline.doctor import doctor, modules_cache_findings
+    from hfcache.offline.doctor import doctor
+    from hfcache.offline.doctor_folder import modules_cache_findings
     from hfcache.warming.modules_cache import custom_code_repos
 
     cache = _cache_with_custom_code(tmp_path)
@@ -262,8 +262,8 @@ def test_other_json_readers_turn_overflow_and_depth_into_clear_errors(tmp_path):
     """The same kind of fault outside custom code: cached/imported tree listings with a size of 1e999 (int(inf)
     raises OverflowError) or nested too deep."""
     from hfcache.errors import UsageError
-    from hfcache.move.importer import _parse_listing
-    from hfcache.integrity.verify import read_tree_listing
+    from hfcache.move.import_plan import _parse_listing
+    from hfcache.integrity.expectations import read_tree_listing
 
     (tmp_path / "models--o--r" / "trees").mkdir(parents=True)
     for body in (b'{"format_version": 1, "files": {"a": {"blob_id": "x", "size": 1e999}}}', DEEP):
@@ -278,7 +278,7 @@ def test_relative_import_regexes_stay_linear_on_blank_lines():
     must read a whole MAX_PARSE_BYTES file of them (16 MiB) in seconds. Generous bound: the machine is shared."""
     import time
 
-    from hfcache.warming.selection import MAX_PARSE_BYTES
+    from hfcache.warming.custom_code import MAX_PARSE_BYTES
 
     started = time.perf_counter()
     assert relative_imports(b" \n" * (MAX_PARSE_BYTES // 2), "a.py") == ()

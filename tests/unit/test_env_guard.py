@@ -137,7 +137,7 @@ def test_reverse_lookups():
 
 
 def test_every_sending_or_resolving_audit_event_is_guarded():
-    """The events of CPython's audit table that can send or resolve; a missing one is a hole (issue 13)."""
+    """The events of CPython's audit table that can send or resolve; a missing one is a hole (docs/security.md, the guard's limits)."""
     assert guard._GUARDED_EVENTS >= {"socket.connect", "socket.sendto", "socket.sendmsg", "socket.getaddrinfo",
                                      "socket.gethostbyname", "socket.gethostbyaddr", "socket.getnameinfo",
                                      "socket.__new__"}

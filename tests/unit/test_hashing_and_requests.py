@@ -6,7 +6,7 @@ import subprocess
 import pytest
 
 from hfcache.errors import UsageError
-from hfcache.hub.client import RemoteFile, hash_file
+from hfcache.hub.files import RemoteFile, hash_file
 from hfcache.records import UnsafePath, validate_repo_path
 from hfcache.records import WarmRequest
 
@@ -68,6 +68,6 @@ def test_resolve_url_is_hf_hub_url(repo_id, path, repo_type, revision):
     # hfcache builds the resolve URL itself (no file_download import on the warm path): it must stay the library's.
     from huggingface_hub import hf_hub_url
 
-    from hfcache.hub.client import resolve_url
+    from hfcache.hub.urls import resolve_url
     expected = hf_hub_url(repo_id, path, repo_type=repo_type, revision=revision, endpoint="http://127.0.0.1:9")
     assert resolve_url("http://127.0.0.1:9", repo_id, path, repo_type, revision) == expected

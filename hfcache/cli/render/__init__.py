@@ -11,5 +11,6 @@ frozen dataclasses the core returns.
 - :mod:`.offline`  ``env``, ``doctor`` and ``serve``
 - :mod:`.oci`      ``push`` and ``pull``
 
-Only :mod:`hfcache.cli.main` and :mod:`hfcache.cli.oci` import these (tests/unit/test_import_graph.py checks that no core module imports rich).
+Only the command modules of :mod:`hfcache.cli` (``warm.py``, ``ls.py``, ... beside ``main.py``) import these
+(tests/unit/test_import_graph.py checks that no core module imports rich).
 """

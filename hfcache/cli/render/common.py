@@ -28,7 +28,8 @@ _consoles: dict[bool, Console] = {}
 
 
 def _console(*, to_stderr: bool) -> Console:
-    # Built on first use, not at import: `warm --lock --json` on a complete cache never loads rich (issue 18, P1).
+    # Built on first use, not at import: `warm --lock --json` on a complete cache never loads rich
+    # (docs/benchmarks.md, goal P1).
     console = _consoles.get(to_stderr)
     if console is None:
         from rich.console import Console

@@ -100,7 +100,7 @@ def stream_ls_json(cache_dir: str, repos: Iterable[RepoSummary], out: TextIO) ->
 
     Byte for byte what ``print_json(ls_dict(...), compact=True)`` prints for the same repos in the same order: the
     keys sorted put ``repos`` before the totals, which are summed on the way. Only one repo's objects live at a time,
-    so memory stays flat on a 10,000-repo cache (issue 18, P4).
+    so memory stays flat on a 10,000-repo cache (docs/benchmarks.md, goal P4).
 
     Args:
         repos: :func:`repo_summary` of each repo, in order.

@@ -21,7 +21,7 @@ from .common import human_size, live_on_terminal, print_json, stderr, stdout
 if TYPE_CHECKING:
     from ...integrity.check import CheckReport
     from ...integrity.repair import RepairAction
-    from ...integrity.verify import VerifyReport
+    from ...integrity.verify_report import VerifyReport
 
 __all__ = ["HashProgress", "show_check", "show_verify"]
 

@@ -11,7 +11,7 @@ from . import common
 from .common import human_size, live_on_terminal, print_error, print_json
 
 # rich is imported where a table or a bar is drawn, not here: `warm --lock --json` on a complete cache prints one
-# JSON document and must not pay rich's import (issue 18, P1).
+# JSON document and must not pay rich's import (docs/benchmarks.md, goal P1).
 if TYPE_CHECKING:
     from rich.progress import TaskID
     from rich.table import Table

@@ -12,7 +12,7 @@ def _install_guard() -> None:
     import os
     import sys
 
-    path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "offline/guard.py")
+    path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "guard.py")
     spec = importlib.util.spec_from_file_location("_hfcache_guard", path)
     module = importlib.util.module_from_spec(spec)
     sys.modules["_hfcache_guard"] = module  # before exec_module: the module's classes look themselves up there

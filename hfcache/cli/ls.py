@@ -1,0 +1,49 @@
+"""``hfcache ls``: parse, scan the cache (:mod:`hfcache.cache.scan`), render (:mod:`hfcache.cli.render.ls`)."""
+
+from __future__ import annotations
+
+import functools
+import sys
+from pathlib import Path
+
+import click
+
+from .options import cache_dir_option as _cache_dir_option
+
+
+@click.command(name="ls")
+@click.argument("repo_ids", nargs=-1, metavar="[REPO_ID]...")
+@_cache_dir_option()
+@click.option("--revisions", is_flag=True, help="One row per revision instead of per repo.")
+@click.option("--lock", "lock_file", type=click.Path(dir_okay=False, exists=False),
+              help="Mark the revisions this lock pins (cache: --cache-dir, else the lock's manifest's).")
+@click.option("--sort", type=click.Choice(["name", "size", "last-used"]), default="name", show_default=True,
+              help="name: A-Z; size: largest first; last-used: most recent first.")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON document on stdout.")
+def ls_command(repo_ids, cache_dir, revisions, lock_file, sort, as_json) -> None:
+    """List what a cache holds: repos, refs, files, size, last use, pins and health.
+
+    Reads metadata only (no hashing, no writes). Damaged repos are listed with what is wrong, never hidden.
+    """
+    import gc
+
+    from ..warming.lockfile import pinned_revisions, read_lock
+    from ..warming.project import reading_cache_dir
+    from .render import ls as render
+    from ..cache.scan import scan_cache, stream_repos
+
+    pinned = pinned_revisions(read_lock(lock_file)) if lock_file else None
+    root = reading_cache_dir(cache_dir, lock_file)
+    gc.disable()  # a short-lived process building one large document: the cyclic collector only costs time
+    wanted = set(repo_ids) if repo_ids else None
+    summaries = (stream_repos(Path(root), functools.partial(render.repo_summary, pinned=pinned), wanted)
+                 if as_json and sort == "name" else None)
+    if summaries is not None:  # a large cache: one repo at a time, never the whole document in memory
+        try:
+            unreadable = render.stream_ls_json(str(Path(root)), summaries, sys.stdout)
+        finally:
+            summaries.close()  # on Ctrl-C too: the scan's worker processes end now (scan.stream_repos)
+        sys.exit(1 if unreadable else 0)
+    info = scan_cache(root, wanted)
+    render.show_ls(info, pinned, sort=sort, revisions=revisions, as_json=as_json)
+    sys.exit(1 if any(r.unreadable for r in info.repos) else 0)  # health: a repo this user cannot read

@@ -1,0 +1,75 @@
+"""``hfcache env``, ``hfcache exec`` and ``hfcache doctor``: parse, call :mod:`hfcache.offline`, render
+(:mod:`hfcache.cli.render.offline`)."""
+
+from __future__ import annotations
+
+import sys
+
+import click
+
+from .options import cache_dir_option as _cache_dir_option
+from ..errors import UsageError
+
+
+@click.command(name="env")
+@_cache_dir_option()
+@click.option("--format", "fmt", type=click.Choice(["sh", "dotenv", "dockerfile", "k8s", "json"]), default="sh",
+              show_default=True, help="sh: export lines; dotenv: NAME=value; dockerfile: one ENV instruction; "
+              "k8s: a container env: list; json: one object.")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON document on stdout (same as --format json).")
+def env_command(cache_dir, fmt, as_json) -> None:
+    """Print the variables that make a process use only the cache (offline, no telemetry, no token lookups).
+
+    \b
+    Examples:
+      eval "$(hfcache env --cache-dir /opt/hf-cache)"
+      hfcache env --cache-dir /opt/hf-cache --format dockerfile >> Dockerfile
+      hfcache env --cache-dir /opt/hf-cache --format k8s
+    """
+    from ..offline.env import format_env, offline_environment
+    from .render import offline as render
+
+    render.show_env(format_env(offline_environment(cache_dir), "json" if as_json else fmt))
+
+
+@click.command(name="exec", context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
+@click.option("--cache-dir", type=click.Path(file_okay=False), help="Cache root [default: the lock's manifest, "
+              "HF_HUB_CACHE, $HF_HOME/hub or ~/.cache/huggingface/hub].")
+@click.option("--lock", "lock_file", type=click.Path(dir_okay=False),
+              help="Refuse to start (exit 4) unless the cache holds this lock (sizes only: milliseconds).")
+@click.option("--allow-host", "allow_hosts", multiple=True, metavar="HOST[:PORT]",
+              help="Let Python children connect to this host (repeatable); everything else fails at once.")
+@click.argument("command", nargs=-1, type=click.UNPROCESSED, metavar="-- COMMAND [ARGS]...")
+def exec_cmd(cache_dir, lock_file, allow_hosts, command) -> None:
+    """Run COMMAND offline: with the variables of `hfcache env` and, for Python, a network guard.
+
+    The guard (a sitecustomize on PYTHONPATH, chained to any existing one) makes every connection or DNS lookup
+    to a host not allowed fail at once with a message, instead of hanging. hfcache replaces itself with COMMAND
+    (exec): signals reach it directly and its exit status is hfcache's.
+
+    \b
+    Examples:
+      hfcache exec --cache-dir /opt/hf-cache -- python serve.py
+      hfcache exec --lock hfcache.lock --allow-host redis:6379 -- gunicorn app:app
+    """
+    from ..offline.env import exec_command, prepare_exec
+
+    if command and command[0].startswith("-"):  # ignore_unknown_options passes a mistyped option on as the command
+        raise UsageError(f"no such option: {command[0]}", hint="see `hfcache exec --help`; put the command after --")
+    exec_command(prepare_exec(command, cache_dir=cache_dir, lock=lock_file, allow_hosts=allow_hosts))
+
+
+@click.command(name="doctor")
+@click.option("--cache-dir", type=click.Path(file_okay=False), help="Cache to examine [default: the one "
+              "huggingface_hub would use here].")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON document on stdout.")
+def doctor_command(cache_dir, as_json) -> None:
+    """Diagnose this environment's Hugging Face settings and cache: which cache, offline or not, conflicts,
+    permissions and owner, read-only filesystem, symlinks, free space, versions. Exit 1 if any error.
+    """
+    from ..offline.doctor import doctor
+    from .render import offline as render
+
+    report = doctor(cache_dir)
+    render.show_doctor(report, as_json=as_json)
+    sys.exit(report.exit_code)

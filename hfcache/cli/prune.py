@@ -1,0 +1,64 @@
+"""``hfcache prune``: parse, plan, confirm, call :mod:`hfcache.prune`, render (:mod:`hfcache.cli.render.prune`)."""
+
+from __future__ import annotations
+
+import sys
+
+import click
+
+from .options import cache_dir_option as _cache_dir_option
+from .options import lock_timeout_option as _lock_timeout_option
+from .options import parsed as _parsed
+from ..errors import UsageError
+
+
+@click.command()
+@_cache_dir_option()
+@click.option("--older-than", metavar="DURATION", callback=_parsed("parse_duration"),
+              help="Remove unpinned revisions not used for longer than this: 45s, 90m, 12h, 30d, 2w.")
+@click.option("--max-size", metavar="SIZE", callback=_parsed("parse_size"),
+              help="Then remove least-recently-used unpinned revisions until the cache is at most SIZE: "
+                   "50GB, 1.5G (powers of 1000), 500MiB, 20Gi (powers of 1024), or bytes.")
+@click.option("--keep-lock", "keep_locks", multiple=True, type=click.Path(dir_okay=False),
+              help="Never remove a revision this hfcache.lock pins (repeatable).")
+@click.option("--keep", multiple=True, metavar="REPO_ID[@REVISION]",
+              help="Never remove this repo's revisions, or the one a ref or commit names (repeatable).")
+@click.option("--dry-run", is_flag=True, help="Print the plan; remove nothing.")
+@click.option("-y", "--yes", is_flag=True, help="Do not ask for confirmation (cron jobs, CI).")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON document on stdout (needs --yes or --dry-run).")
+@_lock_timeout_option
+def prune(cache_dir, older_than, max_size, keep_locks, keep, dry_run, yes, as_json, lock_timeout) -> None:
+    """Remove what a cache no longer needs, never what is pinned or being downloaded.
+
+    In order: detached revisions (no ref; unused for an hour); revisions unused for longer than --older-than; then
+    least-recently-used revisions until the cache fits --max-size. Also blobs no snapshot uses, .incomplete files older than an hour
+    whose download is dead, .locks files of removed blobs, and empty repo folders. Safe while `hfcache warm` runs.
+
+    \b
+    Examples:
+      hfcache prune --dry-run
+      hfcache prune --older-than 30d --max-size 50GB --keep-lock hfcache.lock --yes
+    """
+    from ..prune import execute, plan_prune
+    from .render import prune as render
+    from .render.common import lock_wait_notice
+
+    if as_json and not (yes or dry_run):
+        raise UsageError("--json needs --yes or --dry-run", hint="machines cannot answer the confirmation prompt")
+    if not (yes or dry_run) and not sys.stdin.isatty():
+        raise UsageError("no terminal to ask for confirmation", hint="pass --yes (cron jobs, CI) or --dry-run")
+    plan = plan_prune(cache_dir, older_than=older_than, max_size=max_size, keep=keep, keep_locks=keep_locks)
+    if dry_run:
+        render.show_prune(plan, as_json=as_json, dry_run=True)
+        sys.exit(5 if plan.unreadable else 0)  # a repo it cannot read: a filesystem problem to fix
+    asked = bool(plan.items) and not yes
+    if asked:
+        render.show_prune(plan, as_json=False, dry_run=False)
+        if not click.confirm(render.prune_question(plan), default=False, err=True):
+            render.stderr.print("nothing removed")
+            return
+    with render.PruneProgress(len(plan.items), enabled=not as_json and bool(plan.items)) as progress:
+        result = execute(plan, on_item=progress.advance, lock_timeout=lock_timeout,
+                         on_lock_wait=lock_wait_notice)
+    render.show_prune(plan, result, as_json=as_json, dry_run=False, tables=not asked)
+    sys.exit(result.exit_code)

@@ -1,0 +1,70 @@
+"""``hfcache serve``: parse, run the Hub mirror (:mod:`hfcache.serve.mirror`), render
+(:mod:`hfcache.cli.render.offline`)."""
+
+from __future__ import annotations
+
+import click
+
+from .options import cache_dir_option as _cache_dir_option
+from .options import parsed as _parsed
+from .options import read_token as _read_token
+from ..errors import UsageError
+
+
+@click.command()
+@_cache_dir_option("Hub cache to serve")
+@click.option("--repos", "repos_dir", type=click.Path(file_okay=False),
+              help="Serve a directory of plain repo folders (<org>/<name>/...) instead of a cache.")
+@click.option("--host", default="127.0.0.1", show_default=True,
+              help="Interface to bind (0.0.0.0 to accept connections from other hosts, e.g. in a pod).")
+@click.option("--port", type=click.IntRange(0, 65535), default=8080, show_default=True,
+              help="TCP port (0: any free port).")
+@click.option("--token-file", type=click.Path(dir_okay=False),
+              help="Require 'Authorization: Bearer TOKEN' with the token in this file (401 otherwise).")
+@click.option("--access-log", metavar="FILE",
+              help="Append one line per request (time, method, path, status, bytes, seconds) to FILE; '-': stdout.")
+@click.option("--upstream", "upstreams", multiple=True, metavar="URL",
+              help="Pull through: fetch what the cache lacks from this Hub endpoint, verified, and keep it "
+                   "(repeatable: tried in order).")
+@click.option("--upstream-token-file", type=click.Path(dir_okay=False),
+              help="Token sent to the upstreams only (never logged, never answered). Default: none.")
+@click.option("--allow", multiple=True, metavar="REPO_GLOB",
+              help="Only pull through repos whose id matches (fnmatch, repeatable); others get 403. Default: all.")
+@click.option("--max-size", metavar="SIZE", callback=_parsed("parse_size"),
+              help="Prune least-recently-served revisions to keep the cache at most SIZE (50GB, 20GiB, ...).")
+@click.option("--revalidate", metavar="DURATION", callback=_parsed("parse_duration"),
+              help="Ask upstream again for a branch or tag at most this often [default: 5m].")
+def serve(cache_dir, repos_dir, host, port, token_file, access_log, upstreams, upstream_token_file, allow,
+          max_size, revalidate) -> None:
+    """Serve a cache as a Hub mirror (HF_ENDPOINT / --endpoint for every pod); with --upstream, pull through.
+
+    It answers what the cache holds, at its commits and refs, including what its .no_exist markers know is
+    absent; unmodified huggingface_hub and transformers clients download from it. With --upstream, what the
+    cache lacks is fetched with warm's code path (hash-checked before anyone sees it), kept, then answered;
+    when upstream is down, the cache is still served. GET /metrics is Prometheus text; GET /healthz says
+    whether upstream answers. Runs until SIGTERM or Ctrl-C, then lets downloads in flight finish (up to 20 s).
+
+    \b
+    Examples:
+      hfcache serve --cache-dir /data/hf-cache
+      hfcache serve --cache-dir /data/hf-cache --host 0.0.0.0 --token-file /run/secrets/mirror-token
+      hfcache serve --cache-dir /data/hf-cache --upstream https://huggingface.co \\
+          --upstream-token-file /run/secrets/hf-token --allow 'google-bert/*' --max-size 200GB
+    """
+    from .render import offline as render
+    from ..serve.mirror import serve as serve_mirror
+    from ..serve.pullthrough import DEFAULT_REVALIDATE, PullThroughConfig
+
+    token = _read_token(None, token_file) if token_file else None
+    upstream = None
+    if upstreams:
+        upstream_token = _read_token(None, upstream_token_file, "--upstream-token-file") if upstream_token_file else None
+        upstream = PullThroughConfig(upstreams=tuple(upstreams), token=upstream_token or None, allow=tuple(allow),
+                                     revalidate=DEFAULT_REVALIDATE if revalidate is None else revalidate,
+                                     max_size=max_size)
+    elif upstream_token_file or allow or max_size is not None or revalidate is not None:
+        raise UsageError("--upstream-token-file, --allow, --max-size and --revalidate need --upstream",
+                         hint="add --upstream URL (e.g. https://huggingface.co) to pull through")
+    run = serve_mirror(cache_dir=cache_dir, repos_dir=repos_dir, host=host, port=port, token=token,
+                       access_log=access_log, ready=render.show_mirror_ready, upstream=upstream)
+    render.show_mirror_stopped(run)

@@ -1,0 +1,102 @@
+"""``hfcache verify`` and ``hfcache check``: parse, call :mod:`hfcache.integrity`, render
+(:mod:`hfcache.cli.render.verify`)."""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+
+import click
+
+from .options import cache_dir_option as _cache_dir_option
+from .options import common_hub_options as _common_hub_options
+from .options import lock_timeout_option as _lock_timeout_option
+from .options import read_token as _read_token
+from ..errors import UsageError
+
+
+@click.command()
+@click.argument("repo_ids", nargs=-1, metavar="[REPO_ID[@REVISION]]...")
+@_cache_dir_option()
+@click.option("--lock", "lock_file", type=click.Path(dir_okay=False),
+              help="Expected files, sizes and hashes [default: blob names and trees/ listings] (cache: --cache-dir, "
+                   "else the lock's manifest's).")
+@click.option("--repair", "do_repair", is_flag=True,
+              help="Fix what is broken (re-download from the endpoint, rewrite refs and links), then verify again.")
+@click.option("--fast", is_flag=True,
+              help="Skip blobs unchanged (inode, size, mtime, ctime) since an earlier --fast run hashed them right, "
+                   "and record this run's in .locks/ [default: hash every blob, write nothing].")
+@_common_hub_options
+@_lock_timeout_option
+def verify(repo_ids, cache_dir, lock_file, do_repair, fast, endpoints, token, token_file, max_workers, timeout,
+           retries, lock_timeout, as_json) -> None:
+    """Check a cache's integrity offline: every blob's hash, links, refs, and the lock's files.
+
+    Without --repair it makes no network request. Exit 1 when any integrity problem remains.
+    """
+    from ..warming.lockfile import read_lock
+    from ..warming.project import reading_cache_dir
+    from .render import verify as render
+
+    lock = read_lock(lock_file) if lock_file else None
+    root = reading_cache_dir(cache_dir, lock_file)
+    if do_repair:
+        from .render.common import lock_wait_notice
+        from ..integrity.repair import verify_and_repair
+
+        def client():  # repair downloads from the first endpoint given (fallbacks are a warm feature)
+            from ..hub.client import HubClient
+            from ..warming.orchestrate import resolve_token
+
+            return HubClient(endpoint=endpoints[0] if endpoints else None,
+                             token=resolve_token(_read_token(token, token_file)), timeout=timeout, retries=retries)
+
+        run = verify_and_repair(root, repo_ids or None, client_factory=client, lock=lock, max_workers=max_workers,
+                                fast=fast, lock_timeout=lock_timeout, on_lock_wait=lock_wait_notice,
+                                progress=lambda: render.HashProgress(enabled=not as_json))
+        report, actions, before = run.report, run.actions, run.before
+    else:
+        from ..integrity.verify import verify_cache
+
+        with render.HashProgress(enabled=not as_json) as progress:
+            report = verify_cache(root, repo_ids or None, lock=lock, max_workers=max_workers, progress=progress,
+                                  fast=fast)
+        actions, before = (), None
+    render.show_verify(report, actions, before, as_json=as_json)
+    sys.exit(report.exit_code)
+
+
+@click.command()
+@click.argument("repo_ids", nargs=-1, metavar="[REPO_ID[@REVISION]]...")
+@_cache_dir_option()
+@click.option("--lock", "lock_file", type=click.Path(dir_okay=False),
+              help="Check the lock's tokenizers, by the ids and revisions of its manifest (cache: --cache-dir, else "
+                   "the lock's manifest's).")
+@click.option("--text", default=None, help="Probe text to encode [default: a mixed English/Chinese sentence].")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON document on stdout.")
+def check(repo_ids, cache_dir, lock_file, text, as_json) -> None:
+    """Prove each tokenizer loads offline: AutoTokenizer in a child with no network, encoding a probe text.
+
+    Without arguments: every cached revision with a tokenizer (by ref, or by commit when no ref points to it). A repo
+    whose auto_map names custom code loads with trust_remote_code=True. On failure it names the missing piece
+    (config.json and its .no_exist marker, a Python package, custom code, a chat template, a ref). Exit 1 if any
+    tokenizer fails.
+    """
+    from ..integrity.check import DEFAULT_TEXT, check_tokenizers
+    from ..integrity.check_targets import select_targets, targets_from_cache, targets_from_lock
+    from ..warming.lockfile import read_lock
+    from ..warming.project import reading_cache_dir
+    from .render import verify as render
+
+    root = reading_cache_dir(cache_dir, lock_file)
+    if lock_file:
+        targets = select_targets(targets_from_lock(read_lock(lock_file)), repo_ids)
+    else:
+        targets = targets_from_cache(root, repo_ids)
+    if not targets:
+        raise UsageError("no tokenizer to check", hint="warm one first, or name REPO_IDs / --lock")
+    with render.stderr.status(f"loading {len(targets)} tokenizer(s) offline", spinner="dots") \
+            if not as_json else contextlib.nullcontext():
+        report = check_tokenizers(root, targets, text or DEFAULT_TEXT)
+    render.show_check(report, as_json=as_json)
+    sys.exit(report.exit_code)

@@ -1,0 +1,137 @@
+"""``hfcache warm`` and ``hfcache lock``: parse, call :mod:`hfcache.warming` (install, orchestrate, pin),
+render (:mod:`hfcache.cli.render.warm`)."""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+
+import click
+
+from .options import cache_dir_option as _cache_dir_option
+from .options import common_hub_options as _common_hub_options
+from .options import lock_timeout_option as _lock_timeout_option
+from .options import read_token as _read_token
+from ..errors import UsageError
+
+
+@click.command()
+@click.argument("repos", nargs=-1, metavar="REPO_ID[@REVISION]...")
+@_cache_dir_option()
+@click.option("--kind", type=click.Choice(["tokenizer", "model", "all"]), default="tokenizer", show_default=True,
+              help="tokenizer: tokenizer files + config.json; model: + configs and weights in one format; "
+                   "all: the whole repo.")
+@click.option("--include", multiple=True, metavar="GLOB", help="Also fetch files matching GLOB (repeatable).")
+@click.option("--exclude", multiple=True, metavar="GLOB", help="Never fetch files matching GLOB (repeatable).")
+@click.option("--repo-type", type=click.Choice(["model", "dataset"]), default="model", show_default=True)
+@click.option("--lock", "lock_file", type=click.Path(dir_okay=False),
+              help="Install exactly this lock (no REPO_ID arguments then).")
+@click.option("--locked", is_flag=True, help="With --lock: fail (exit 1) if the manifest and the lock disagree.")
+@click.option("--manifest", type=click.Path(dir_okay=False),
+              help="With --lock: the manifest [default: hfcache.toml or pyproject.toml beside the lock].")
+@_common_hub_options
+@_lock_timeout_option
+@click.option("-q", "--quiet", is_flag=True, help="No progress and no summary; errors only.")
+def warm(repos, cache_dir, kind, include, exclude, repo_type, lock_file, locked, manifest, endpoints, token,
+         token_file, max_workers, timeout, retries, lock_timeout, as_json, quiet) -> None:
+    """Download tokenizers (or models) into a cache that transformers loads offline.
+
+    Every file is hashed against what the endpoint publishes (or the lock pins) before it becomes visible; the
+    result is huggingface_hub's own cache layout, with .no_exist markers for optional files a repo lacks.
+    With --lock, a cache that already holds the lock costs no request at all.
+
+    \b
+    Examples:
+      hfcache warm bert-base-uncased
+      hfcache warm openai-community/gpt2@main FacebookAI/roberta-base --cache-dir /opt/hf-cache
+      hfcache warm --lock hfcache.lock --locked
+    """
+    from .render import warm as render
+    from .render.common import lock_wait_notice
+
+    resolved_token = _read_token(token, token_file)
+    if lock_file:
+        if repos:
+            raise UsageError("give REPO_ID arguments or --lock, not both",
+                             hint="add the repos to the manifest and run `hfcache lock`, or drop --lock")
+        from ..warming.install import warm_lock
+        from ..warming.project import resolve_install
+
+        target = resolve_install(lock_file, manifest=manifest, locked=locked, cache_dir=cache_dir, endpoint=endpoints)
+        with render.WarmProgress(len(target.lock.repos), enabled=not (as_json or quiet)) as progress:
+            report = warm_lock(target.lock, cache_dir=target.cache_dir, endpoint=target.endpoint, token=resolved_token,
+                               max_workers=max_workers, timeout=timeout, progress=progress, retries=retries,
+                               lock_timeout=lock_timeout, on_lock_wait=None if quiet else lock_wait_notice)
+    else:
+        if locked or manifest:
+            raise UsageError("--locked and --manifest go with --lock", hint="add --lock hfcache.lock")
+        if not repos:
+            raise UsageError("nothing to warm", hint="give REPO_ID arguments or --lock FILE")
+        from ..records import WarmRequest
+
+        requests = [
+            WarmRequest.parse(spec, repo_type=repo_type, kind=kind, include=tuple(include), exclude=tuple(exclude))
+            for spec in repos
+        ]
+        from ..hub.session import prepare_session
+
+        prepare_session()  # the HTTP client is made while hfcache.warming.orchestrate imports (hub/session.py)
+        from ..warming.orchestrate import warm as warm_repos
+
+        with render.WarmProgress(len(requests), enabled=not (as_json or quiet)) as progress:
+            report = warm_repos(requests, cache_dir=cache_dir, endpoint=list(endpoints) or None, token=resolved_token,
+                                max_workers=max_workers, timeout=timeout, progress=progress, retries=retries,
+                                lock_timeout=lock_timeout, on_lock_wait=None if quiet else lock_wait_notice)
+    render.show_warm_report(report, as_json=as_json, quiet=quiet)
+    sys.exit(report.exit_code)
+
+
+@click.command()
+@click.argument("upgrade_ids", nargs=-1, metavar="[REPO_ID]...")
+@click.option("--manifest", type=click.Path(dir_okay=False),
+              help="Manifest [default: ./hfcache.toml, or ./pyproject.toml with [tool.hfcache]].")
+@click.option("--output", "output_file", type=click.Path(dir_okay=False),
+              help="Lock file to write [default: hfcache.lock beside the manifest].")
+@click.option("--upgrade", is_flag=True,
+              help="Re-resolve the REPO_IDs given (all entries when none) even if their entry did not change.")
+@click.option("--check", is_flag=True, help="Only check that the lock matches the manifest (no network); exit 1 "
+              "when it does not.")
+@_common_hub_options
+def lock(upgrade_ids, manifest, output_file, upgrade, check, endpoints, token, token_file, max_workers, timeout,
+         retries, as_json) -> None:
+    """Resolve the manifest to exact commits and write hfcache.lock (sizes and hashes of every file).
+
+    An existing lock keeps its commits for entries that did not change, unless --upgrade names them.
+
+    \b
+    Examples:
+      hfcache lock
+      hfcache lock --upgrade bert-base-uncased
+      hfcache lock --check
+    """
+    from ..errors import CheckFailed
+    from .render import warm as render
+
+    if upgrade_ids and not upgrade:
+        raise UsageError("REPO_ID arguments go with --upgrade", hint="hfcache lock --upgrade REPO_ID...")
+    if check:
+        from ..warming.project import check_lock
+
+        status = check_lock(manifest, output_file)
+        render.show_lock_check(status, as_json=as_json)
+        if not status.ok:
+            if as_json:
+                sys.exit(CheckFailed.exit_code)
+            raise status.error()
+        return
+    from ..warming.pin import lock_project
+
+    resolved_token = _read_token(token, token_file)
+    spinner = render.stderr.status("resolving manifest entries", spinner="dots")
+    with spinner if not as_json else contextlib.nullcontext():
+        run = lock_project(manifest, lock_path=output_file, upgrade=upgrade, upgrade_ids=upgrade_ids,
+                           endpoint=endpoints, token=resolved_token, timeout=timeout, max_workers=max_workers,
+                           retries=retries)
+    render.show_pin_result(run.result, run.lock_path, run.written, as_json=as_json)
+    if run.result.failures:
+        sys.exit(run.result.failures[0].exit_code)

@@ -1,0 +1,122 @@
+"""What an endpoint publishes about a repo at a commit, and hashing a blob the way the Hub names it.
+
+:class:`RemoteFile` (one file: size, git blob sha1, LFS sha256), :class:`RepoRevision` (a repo resolved to a commit,
+with its listing), :class:`Hasher` and :func:`hash_file` (sha256 for LFS files, git's blob sha1 otherwise). Standard
+library only: the HTTP side is :mod:`hfcache.hub.client`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import stat
+from dataclasses import dataclass
+
+_CHUNK = 1024 * 1024
+
+
+@dataclass(frozen=True)
+class RemoteFile:
+    """One file of a repo at a commit, as the endpoint publishes it.
+
+    Attributes:
+        path (str): ``/``-separated path in the repo.
+        size (int): size in bytes.
+        blob_id (str): git blob sha1 (40 hex).
+        lfs_sha256 (str | None): sha256 (64 hex) for LFS files, else None.
+    """
+
+    path: str
+    size: int
+    blob_id: str
+    lfs_sha256: str | None = None
+
+    @property
+    def etag(self) -> str:
+        """The blob name in the cache: sha256 for LFS files, git blob sha1 otherwise (docs/cache-layout.md)."""
+        return self.lfs_sha256 or self.blob_id
+
+    @property
+    def hash(self) -> str:
+        """Algorithm-prefixed expected hash: ``sha256:<hex>`` or ``git-sha1:<hex>``."""
+        return f"sha256:{self.lfs_sha256}" if self.lfs_sha256 else f"git-sha1:{self.blob_id}"
+
+
+@dataclass(frozen=True)
+class RepoRevision:
+    """A repo resolved to a commit.
+
+    Attributes:
+        repo_id (str): the id as requested (may be a legacy id such as ``bert-base-uncased``).
+        canonical_id (str): the id the endpoint answered with (``google-bert/bert-base-uncased``).
+        repo_type (str): ``model`` or ``dataset``.
+        revision (str): the requested revision (branch, tag or commit).
+        commit_hash (str): the 40-hex commit.
+        files (tuple[RemoteFile, ...]): the files whose size and hash are known, sorted by path.
+        paths (tuple[str, ...]): every file path of the repo at that commit, sorted (default: those of ``files``).
+        metadata (str): where sizes and hashes came from: ``model-info`` (``?blobs=true``), ``tree`` (the tree
+            API), ``head`` (one HEAD per file, see :meth:`HubClient.describe`) or ``lock``.
+    """
+
+    repo_id: str
+    canonical_id: str
+    repo_type: str
+    revision: str
+    commit_hash: str
+    files: tuple[RemoteFile, ...]
+    paths: tuple[str, ...] = ()
+    metadata: str = "model-info"
+
+    def __post_init__(self) -> None:
+        if not self.paths:
+            object.__setattr__(self, "paths", tuple(sorted(f.path for f in self.files)))
+
+    @property
+    def by_path(self) -> dict[str, RemoteFile]:
+        """The described files by path."""
+        return {f.path: f for f in self.files}
+
+
+class Hasher:
+    """Incremental hash of a blob, matching how the Hub names it.
+
+    For LFS files the etag is the sha256 of the content; for other files it is the git blob sha1,
+    ``sha1(b"blob <size>\\0" + content)`` (git's object format), so the size must be known up front.
+    """
+
+    def __init__(self, file: RemoteFile) -> None:
+        self.file = file
+        if file.lfs_sha256:
+            self._h = hashlib.sha256()
+        else:
+            self._h = hashlib.sha1()  # noqa: S324 - git's object id, not a security hash
+            self._h.update(b"blob %d\0" % file.size)
+
+    def update(self, data: bytes) -> None:
+        self._h.update(data)
+
+    def hexdigest(self) -> str:
+        return self._h.hexdigest()
+
+    def matches(self) -> bool:
+        return self.hexdigest() == self.file.etag
+
+
+def hash_file(path: str, file: RemoteFile) -> bool:
+    """Return True when the file at ``path`` has exactly ``file``'s size and hash.
+
+    Args:
+        path: local file path.
+        file: what the endpoint (or a lock) says the content is.
+    """
+    hasher = Hasher(file)
+    seen = 0
+    # O_NOFOLLOW|O_NONBLOCK + S_ISREG: a link, FIFO or device planted in another repo's blobs/ is never read.
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    with os.fdopen(fd, "rb") as f:
+        if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
+            return False
+        while chunk := f.read(_CHUNK):
+            hasher.update(chunk)
+            seen += len(chunk)
+    return seen == file.size and hasher.matches()

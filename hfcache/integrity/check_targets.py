@@ -1,0 +1,197 @@
+"""check_targets: which tokenizers ``check`` loads, and what the cache holds for each.
+
+The targets of a lock or of a cache (one per ref, and one per commit for a snapshot no ref points to, which the
+application loads by commit), narrowed by ``REPO_ID[@REVISION]`` specs; the snapshot folder a target loads from;
+the parts of its repo folder an offline load needs that this user cannot read; and the custom code (``auto_map``)
+its load runs, read from its cached configs.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..cache import safefs
+from ..cache.layout import RepoFolder
+from ..cache.scan import RepoInfo, scan_cache, scan_repo
+from ..errors import CacheError, UsageError
+from ..records import parse_specs
+from ..warming.lockfile import Lockfile
+from ..warming.custom_code import MAX_PARSE_BYTES, auto_map_refs
+from ..warming.selection import AUTO_MAP_FILES, tokenizer_paths
+
+
+@dataclass(frozen=True)
+class CheckTarget:
+    """A tokenizer to load: ``repo_id`` as the application passes it, at ``revision`` (a ref, or a 40-hex commit for
+    a revision warmed by commit, which has no ref); ``chat_templates`` the template files the repo has (from a lock),
+    to spot ones missing from the cache; ``trust_remote_code`` whether ``auto_map`` makes the load run custom code
+    (set by :func:`hfcache.integrity.check.check_tokenizers` from the cached configs)."""
+
+    repo_id: str
+    revision: str = "main"
+    repo_type: str = "model"
+    chat_templates: tuple[str, ...] = ()
+    trust_remote_code: bool = False
+
+    @property
+    def spec(self) -> str:
+        return f"{self.repo_id}@{self.revision}"
+
+
+def targets_from_lock(lock: Lockfile) -> list[CheckTarget]:
+    """Every locked repo whose selection holds tokenizer files, by the id and revision the manifest uses."""
+    targets = []
+    for repo in lock.repos:
+        paths = [f.path for f in repo.files]
+        if tokenizer_paths(paths) - {"config.json"}:
+            templates = tuple(p for p in paths if p.startswith("additional_chat_templates/")
+                              or p in ("chat_template.jinja", "chat_template.json"))
+            targets.append(CheckTarget(repo.request.repo_id, repo.request.revision, repo.request.repo_type,
+                                       templates))
+    return targets
+
+
+def cached_revisions(repo: RepoInfo) -> list[tuple[str, str]]:
+    """``(revision, commit)`` of every snapshot of a repo: one per ref, and the commit itself for a snapshot no ref
+    points to (``warm REPO_ID@<commit>`` writes no ref: the application loads it by commit)."""
+    found = [(ref, commit.strip()) for ref, commit in sorted(repo.refs.items())]
+    referenced = {commit for _, commit in found}
+    found += [(r.commit_hash, r.commit_hash) for r in repo.revisions if r.commit_hash not in referenced]
+    return found
+
+
+def _has_tokenizer(repo: RepoInfo, commit: str) -> bool:
+    revision = next((r for r in repo.revisions if r.commit_hash == commit), None)
+    return revision is not None and bool(tokenizer_paths(f.path for f in revision.files) - {"config.json"})
+
+
+def select_targets(targets: list[CheckTarget], specs: Iterable[str]) -> list[CheckTarget]:
+    """The targets (e.g. a lock's) that ``REPO_ID[@REVISION]`` specs name; all of them when there is no spec.
+
+    Raises:
+        UsageError: a malformed spec, or one naming no target.
+    """
+    wanted = parse_specs(specs)
+    if not wanted:
+        return targets
+    chosen = [t for t in targets if t.repo_id in wanted and (not wanted[t.repo_id] or t.revision in wanted[t.repo_id])]
+    for repo_id, revisions in wanted.items():
+        for revision in revisions or {None}:
+            if not any(t.repo_id == repo_id and revision in (None, t.revision) for t in chosen):
+                raise UsageError(f"{repo_id}{'@' + revision if revision else ''}: no such tokenizer in the lock",
+                                 hint="name a repo_id (and revision) of the lock")
+    return chosen
+
+
+def targets_from_cache(cache_dir: Path, specs: Iterable[str] = ()) -> list[CheckTarget]:
+    """The tokenizers of a cache to check: every model repo revision (by ref, or by commit when no ref points to it)
+    whose snapshot holds tokenizer files; with ``specs`` (``REPO_ID[@REVISION]``), only those repos, at the
+    revisions given (all cached ones when none is given).
+
+    A spec naming something the cache lacks still becomes a target, so that its failed load says what is missing.
+
+    Raises:
+        UsageError: a malformed spec.
+    """
+    wanted = parse_specs(specs)
+    targets: list[CheckTarget] = []
+    found: set[str] = set()
+    for repo in scan_cache(cache_dir, set(wanted) or None).repos:
+        if repo.repo_type != "model":
+            continue
+        if repo.unsafe:
+            targets.append(CheckTarget(repo.repo_id, "main"))  # reported as unsafe, never loaded
+            found.add(repo.repo_id)
+            continue
+        asked = wanted.get(repo.repo_id)
+        if asked:  # exactly the revisions named, loadable or not
+            targets += [CheckTarget(repo.repo_id, revision) for revision in sorted(asked)]
+            found.add(repo.repo_id)
+            continue
+        for revision, commit in cached_revisions(repo):
+            # A repo this user cannot fully read is checked anyway: what it holds is unknown, the load tells.
+            if repo.unreadable or _has_tokenizer(repo, commit):
+                targets.append(CheckTarget(repo.repo_id, revision))
+                found.add(repo.repo_id)
+        if repo.unreadable and repo.repo_id not in found:
+            targets.append(CheckTarget(repo.repo_id, "main"))
+            found.add(repo.repo_id)
+    for repo_id, asked in sorted(wanted.items()):
+        if repo_id not in found:
+            targets += [CheckTarget(repo_id, revision) for revision in sorted(asked or {"main"})]
+    return targets
+
+
+def snapshot_of(cache_dir: Path, target: CheckTarget) -> Path | None:
+    """The cached snapshot folder a target loads from (its ref's commit, or the revision itself when it is a
+    commit), or None when the cache cannot resolve it."""
+    folder = RepoFolder(cache_dir, target.repo_id, target.repo_type)
+    try:
+        ref = folder.read_ref(target.revision)  # O_NOFOLLOW: a planted ref link is never read through
+        commit = ref.decode().strip() if ref is not None else target.revision
+    except (OSError, UnicodeDecodeError, CacheError):
+        return None
+    snapshot = folder.root / "snapshots" / commit
+    try:
+        safefs.check_existing(cache_dir, (folder.name, "snapshots", commit))  # never through a planted link
+    except (OSError, CacheError):
+        return None
+    # os.path.isdir, not Path.is_dir: Python 3.11's raises PermissionError on an unreadable snapshots/
+    return snapshot if re.fullmatch(r"[0-9a-f]{40}", commit) and os.path.isdir(snapshot) else None
+
+
+#: The parts of a repo folder an offline load by repo id reads: huggingface_hub resolves the revision in ``refs/``,
+#: opens files through ``snapshots/<commit>/`` into ``blobs/``, and looks for absent files in ``.no_exist/<commit>/``.
+LOAD_PARTS = ("refs", "snapshots", "blobs", ".no_exist")
+
+
+def unreadable_parts(cache_dir: Path, target: CheckTarget) -> tuple[str, ...]:
+    """The parts of ``target``'s repo folder that an offline load needs and this user cannot list or enter
+    (:data:`LOAD_PARTS` and every folder below them), relative to the cache (``models--org--name/refs/``); empty when
+    all can be read or the repo is not cached. A load by commit can succeed where the application's load by repo id
+    fails (an unreadable ``refs/``): such a repo fails the check whatever the probe would say."""
+    folder = RepoFolder(cache_dir, target.repo_id, target.repo_type).root
+    if not os.path.lexists(folder):
+        return ()
+    denied = list(scan_repo(folder, target.repo_id, target.repo_type).unreadable)
+    if "" not in denied:
+        denied += _unreadable_below(folder, ".no_exist")
+    return tuple(f"{folder.name}/{part}" for part in sorted(set(denied)))
+
+
+def _unreadable_below(folder: Path, part: str) -> list[str]:
+    """Folders under ``folder/part`` this user cannot list or enter, relative to ``folder`` (``.no_exist/abc/``)."""
+    top = folder / part
+    if not os.path.lexists(top):
+        return []
+    denied: list[str] = []
+    for root, dirs, _ in os.walk(top, onerror=lambda exc: denied.append(
+            os.path.relpath(exc.filename, folder) + "/" if exc.filename else part + "/")):
+        for name in dirs:
+            path = os.path.join(root, name)
+            if not os.path.islink(path) and not os.access(path, os.R_OK | os.X_OK):
+                denied.append(os.path.relpath(path, folder) + "/")
+    return denied
+
+
+def custom_code_refs(cache_dir: Path, target: CheckTarget) -> tuple[str, ...]:
+    """The ``auto_map`` class references a tokenizer load of ``target`` runs, read from its cached configs (the same
+    rule as warm's selection: ``custom_code.auto_map_refs``); empty when it runs none or the cache cannot tell.
+
+    Raises:
+        custom_code.RepoDataError: a cached config is nested too deeply to parse (the load fails on it too)."""
+    snapshot = snapshot_of(cache_dir, target)
+    refs: list[str] = []
+    for name in AUTO_MAP_FILES if snapshot is not None else ():
+        try:
+            data = safefs.read_snapshot_file(snapshot, name, MAX_PARSE_BYTES)  # regular files only, no FIFO hang
+        except (OSError, CacheError):
+            continue
+        if data is None:
+            continue
+        refs += [r for r in auto_map_refs(name, data) if r not in refs]
+    return tuple(refs)

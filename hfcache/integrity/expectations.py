@@ -1,0 +1,150 @@
+"""expectations: what each snapshot path should hold, and where a snapshot differs from it.
+
+The expected size and hash of every path come from a lock when one is given, else from what ``hfcache warm``
+recorded publishing (:mod:`hfcache.cache.published`), else from huggingface_hub's ``trees/<commit>.json`` listing;
+with them, missing, swapped, resized and unlisted files are found, and real files (a cache written without symlinks)
+are queued for hashing.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..cache import safefs
+from ..cache.layout import repo_folder_name
+from ..cache.published import read_record
+from ..cache.scan import RepoInfo
+from ..records import folder_ids
+from ..warming.lockfile import Lockfile
+from .hashing import algorithm_of
+from .verify_report import Problem
+
+
+@dataclass(frozen=True)
+class Expected:
+    """What a snapshot path should hold: ``etag`` (sha256 or git sha1 hex) and ``size`` in bytes."""
+
+    etag: str
+    size: int
+
+
+#: A ``trees/<commit>.json`` larger than this is not read (the listing of a 100,000-file repo is ~20 MiB).
+MAX_TREE_LISTING_BYTES = 64 * 1024 * 1024
+
+
+def read_tree_listing(cache_dir: str, folder: str, commit: str) -> dict[str, Expected] | None:
+    """Read ``trees/<commit>.json`` (huggingface_hub ``_tree_cache.py`` format 1) as path -> Expected, or None.
+
+    Read without following a link and at most :data:`MAX_TREE_LISTING_BYTES` (None when larger)."""
+    try:
+        raw = safefs.read_small(cache_dir, (folder, "trees", f"{commit}.json"), MAX_TREE_LISTING_BYTES + 1)
+        if len(raw) > MAX_TREE_LISTING_BYTES:
+            return None
+        data = json.loads(raw)
+        if data.get("format_version") != 1:
+            return None
+        out = {}
+        for path, info in data["files"].items():
+            etag = info.get("lfs_sha256") or info["blob_id"]
+            out[path] = Expected(etag=etag, size=int(info.get("lfs_size") or info["size"]))
+        return out
+    except (OSError, ValueError, KeyError, TypeError, AttributeError, RecursionError, OverflowError):  # not ours
+        # (RecursionError: nested too deep; OverflowError: a size of 1e999, int(inf))
+        return None
+
+
+def expected_of(cache_dir: str, repo: RepoInfo, commit: str, expectations) -> tuple[
+        dict[str, Expected] | None, str, tuple[str, ...]]:
+    """(path -> Expected, where it comes from, names marked absent) for one revision: the lock's when given, else
+    what hfcache warm recorded publishing (:mod:`hfcache.cache.published`), else a ``trees/`` listing."""
+    expected = expectations.get((repo.repo_type, repo.repo_id, commit))
+    if expected is not None:
+        return expected, "lock", ()
+    record = read_record(cache_dir, repo.folder, commit)
+    if record is not None:
+        files = {p: Expected(digest.split(":", 1)[1], size) for p, (size, digest) in record.files.items()}
+        return files, "warm record", record.absent
+    return read_tree_listing(cache_dir, repo.folder, commit), "trees/ listing", ()
+
+
+def lost_markers(cache_dir: str, repo: RepoInfo, rev, absent: tuple[str, ...]) -> list[Problem]:
+    """Names warm marked absent whose ``.no_exist`` marker is gone, with no file in its place: transformers then
+    asks the network for them (and a tokenizer without ``config.json`` fails to load offline: docs/cache-layout.md,
+    'Traps the libraries leave')."""
+    present = {f.path for f in rev.files}
+    found = []
+    for name in absent:
+        if name in present:
+            continue
+        marker = os.path.join(cache_dir, repo.folder, ".no_exist", rev.commit_hash, *name.split("/"))
+        if not os.path.lexists(marker):
+            found.append(Problem(repo.repo_id, rev.commit_hash, name, "file_missing",
+                                 "neither the file nor its .no_exist marker (warm marked it absent)", repo.folder))
+    return found
+
+
+def lock_expectations(lock: Lockfile | None) -> dict[tuple[str, str, str], dict[str, Expected]]:
+    """(repo_type, repo_id, commit) -> path -> Expected, for both the requested and the canonical id."""
+    out: dict[tuple[str, str, str], dict[str, Expected]] = {}
+    for repo in lock.repos if lock else ():
+        files = {f.path: Expected(f.etag, f.size) for f in repo.files}
+        for repo_id in folder_ids(repo.request.repo_id, repo.canonical_id):
+            out[(repo.request.repo_type, repo_id, repo.commit_hash)] = files
+    return out
+
+
+def check_expected(repo: RepoInfo, rev, expected: dict[str, Expected] | None, source: str, jobs, owners,
+                   cache_dir: str) -> list[Problem]:
+    """Compare a snapshot with its expected listing (lock or trees/); queue real files for hashing."""
+    found = []
+    present = {f.path: f for f in rev.files}
+    for f in rev.files:
+        want = expected.get(f.path) if expected else None
+        if f.form == "link" and want is not None and (f.etag != want.etag or f.size != want.size):
+            found.append(Problem(repo.repo_id, rev.commit_hash, f.path, "file_mismatch",
+                                 f"links to blob {f.etag[:16]}… ({f.size} bytes), the {source} expects "
+                                 f"{want.etag[:16]}… ({want.size} bytes)", repo.folder))
+        elif f.form == "file":
+            if want is None and f.inode in jobs:
+                continue  # a hardlink of a blob (hfcache's form without symlinks): verified by the blob's name
+            if want is None:
+                found.append(Problem(repo.repo_id, rev.commit_hash, f.path, "unverified",
+                                     "real file with no expected hash (no lock or trees/ listing names it)",
+                                     repo.folder))
+                continue
+            path = os.path.join(cache_dir, repo.folder, "snapshots", rev.commit_hash, *f.path.split("/"))
+            if f.size != want.size:
+                found.append(Problem(repo.repo_id, rev.commit_hash, f.path, "file_mismatch",
+                                     f"{f.size} bytes, the {source} expects {want.size}", repo.folder))
+                continue
+            algorithm = algorithm_of(want.etag)
+            if algorithm and f.inode is not None:
+                jobs.setdefault(f.inode, (path, algorithm, want.etag, f.size))
+                owners.setdefault(f.inode, []).append((repo, rev.commit_hash, f.path))
+    for path in sorted(set(expected or ()) - set(present)):
+        if source in ("lock", "warm record"):
+            found.append(Problem(repo.repo_id, rev.commit_hash, path, "file_missing",
+                                 f"listed in the {source} but not in the snapshot", repo.folder))
+    if expected is not None and source == "lock":
+        for path in sorted(set(present) - set(expected)):
+            found.append(Problem(repo.repo_id, rev.commit_hash, path, "file_unlisted",
+                                 "present but not listed in the lock", repo.folder))
+    return found
+
+
+def lock_repos_missing(lock: Lockfile, cache_dir: str | os.PathLike[str], wanted: set[str] | None) -> list[Problem]:
+    """Locked repos whose snapshot is entirely absent from the cache (verify reports them as missing files)."""
+    found = []
+    for repo in lock.repos:
+        for repo_id in sorted(folder_ids(repo.request.repo_id, repo.canonical_id)):
+            if wanted is not None and repo_id not in wanted:
+                continue
+            folder = Path(cache_dir) / repo_folder_name(repo_id, repo.request.repo_type)
+            if not os.path.isdir(folder / "snapshots" / repo.commit_hash):  # no PermissionError (Path.is_dir has)
+                for f in repo.files:
+                    found.append(Problem(repo_id, repo.commit_hash, f.path, "file_missing",
+                                         "listed in the lock but its snapshot is not in the cache", folder.name))
+    return found

@@ -1,0 +1,83 @@
+"""import's staging: content read from the source, hashed while it streams and parked under ``<cache>/.locks/``.
+
+``.locks/`` is a folder huggingface_hub's scanner ignores, on the cache's filesystem, so publishing a staged blob is a
+rename. Nothing is staged past the size its entry declares, and free space is checked before each entry is written.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import os
+import uuid
+from pathlib import Path
+from typing import BinaryIO
+
+from ..cache import safefs
+from ..cache.locking import via_dir_fd
+from ..cache.sharing import cache_policy, make_dirs
+from ..errors import CacheError, UsageError
+
+_CHUNK = 1024 * 1024
+
+
+def free_bytes(path: Path) -> int:
+    """Bytes an unprivileged writer may still use on ``path``'s filesystem (``statvfs``: ``f_bavail * f_frsize``)."""
+    st = os.statvfs(path)
+    return st.f_bavail * st.f_frsize
+
+
+class _Staging:
+    """Content read from the source, hashed and parked under ``<cache>/.locks/`` until publishing."""
+
+    def __init__(self, cache_dir: Path) -> None:
+        locks = cache_dir / ".locks"
+        if os.path.islink(locks) or (os.path.lexists(locks) and not locks.is_dir()):
+            raise CacheError(f"{locks} is a symlink or not a folder; nothing is staged through it",
+                             hint="remove it (huggingface_hub recreates .locks)")
+        self.cache_dir = cache_dir
+        self.name = f"hfcache-import-{uuid.uuid4().hex[:12]}"
+        make_dirs(locks, cache_dir, cache_policy(cache_dir))  # .locks/ is shared in a group-shared cache
+        safefs.check_existing(cache_dir, (".locks",))
+        with safefs.dir_fd(cache_dir, (".locks",)) as locks_fd:
+            os.mkdir(self.name, 0o700, dir_fd=locks_fd)  # relative to the checked .locks: no link followed
+        self._fd = safefs.open_dir(cache_dir, (".locks", self.name))
+        # Every staged file is written and renamed through the descriptor of the staging folder (see
+        # hfcache.cache.locking.via_dir_fd): a .locks swapped for a link while the source streams is not followed.
+        self.dir = via_dir_fd(locks / self.name / "x", self._fd).parent
+        self.files: dict[str, tuple[Path, int, str, str]] = {}  # member -> (staged, size, sha256, git-sha1)
+
+    def add(self, name: str, stream: BinaryIO, size: int) -> tuple[Path, int, str, str]:
+        """Stage ``size`` bytes of ``stream``, hashing them on the way; never more than ``size``.
+
+        Raises:
+            CacheError: ``size`` bytes do not fit on the cache's filesystem (checked before writing).
+            UsageError: the stream holds more or fewer bytes than ``size`` (a file that changed while read).
+        """
+        free = free_bytes(self.dir)
+        if size > free:
+            raise CacheError(f"refused entry {name!r}: its {size} bytes do not fit in the {free} bytes free on the "
+                             "cache's filesystem (nothing was imported)", hint="free disk space or import elsewhere")
+        path = self.dir / uuid.uuid4().hex
+        sha256, sha1 = hashlib.sha256(), hashlib.sha1()  # noqa: S324 - git object id
+        sha1.update(b"blob %d\0" % size)
+        left = size
+        with open(path, "wb") as out:
+            while left and (chunk := stream.read(min(_CHUNK, left))):
+                sha256.update(chunk)
+                sha1.update(chunk)
+                out.write(chunk)
+                left -= len(chunk)
+            if left or stream.read(1):
+                raise UsageError(f"refused entry {name!r}: its content is not the {size} bytes it declares")
+        record = (path, size, sha256.hexdigest(), sha1.hexdigest())
+        self.files[name] = record
+        return record
+
+    def remove(self) -> None:
+        """Remove the staging folder, walking from the cache root without following links."""
+        with contextlib.suppress(OSError, CacheError):
+            safefs.rmtree(self.cache_dir, (".locks", self.name))
+        with contextlib.suppress(OSError):
+            os.close(self._fd)
+

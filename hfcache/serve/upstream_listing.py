@@ -1,0 +1,74 @@
+"""An upstream commit's listing as the pull-through mirror keeps it: as a snapshot the store serves, and as the
+``trees/<commit>.json`` file of the cache (huggingface_hub ``_tree_cache.py`` format 1), read back after a restart.
+
+The cache is untrusted: a listing read back with a bad path, size or hash is ignored whole.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+
+from ..cache.layout import RepoFolder, atomic_write
+from ..hub.files import RemoteFile, RepoRevision
+from ..records import UnsafePath, validate_repo_path
+from .vocabulary import SHA1_RE, SHA256_RE, RepoFile, RepoSnapshot, git_blob_sha1, lfs_pointer
+
+logger = logging.getLogger("hfcache.serve.pullthrough")  # the mirror's log, as before the split
+
+
+def snapshot_view(root: Path, revision: RepoRevision) -> RepoSnapshot:
+    """The upstream listing as a snapshot whose files live (once fetched) in the canonical folder's blobs."""
+    folder = RepoFolder(root, revision.canonical_id, revision.repo_type)
+    files = {}
+    for f in revision.files:
+        if f.lfs_sha256:
+            pointer = lfs_pointer(f.lfs_sha256, f.size)
+            files[f.path] = RepoFile(f.path, folder.blob_path(f.lfs_sha256), f.size,
+                                     f.blob_id or git_blob_sha1(pointer), f.lfs_sha256, True, len(pointer))
+        else:
+            files[f.path] = RepoFile(f.path, folder.blob_path(f.blob_id), f.size, f.blob_id, None, False, 0)
+    return RepoSnapshot(repo_type=revision.repo_type, repo_id=revision.canonical_id, commit=revision.commit_hash,
+                        files=dict(sorted(files.items())), listing=frozenset(files))
+
+
+def revision_from_listing(cached: RepoSnapshot, entries: dict[str, dict] | None) -> RepoRevision | None:
+    """The commit's files from a ``trees/<commit>.json`` listing, or None if it is missing or malformed (the
+    cache is untrusted: a bad path, size or hash disqualifies the whole listing)."""
+    files = []
+    for path, entry in (entries or {}).items():
+        try:
+            validate_repo_path(path)
+            size, blob_id, sha256 = entry["size"], entry["blob_id"], entry.get("lfs_sha256")
+        except (UnsafePath, KeyError, TypeError):
+            return None
+        if not isinstance(size, int) or size < 0 or not isinstance(blob_id, str) or not SHA1_RE.match(blob_id):
+            return None
+        if sha256 is not None and not (isinstance(sha256, str) and SHA256_RE.match(sha256)):
+            return None
+        files.append(RemoteFile(path=path, size=size, blob_id=blob_id, lfs_sha256=sha256))
+    if not files:
+        return None
+    return RepoRevision(repo_id=cached.repo_id, canonical_id=cached.repo_id, repo_type=cached.repo_type,
+                        revision=cached.commit, commit_hash=cached.commit, files=tuple(sorted(files, key=lambda f: f.path)))
+
+
+def write_listing(folder: RepoFolder, revision: RepoRevision) -> None:
+    """``trees/<commit>.json`` (huggingface_hub ``_tree_cache.py`` format 1): the whole repo's listing, so the cache
+    knows which files the commit lacks after a restart. Written under warm's repo lock, and only while the snapshot
+    exists (a concurrent prune removes both)."""
+    files = {}
+    for f in revision.files:
+        entry = {"size": f.size, "blob_id": f.blob_id or git_blob_sha1(lfs_pointer(f.lfs_sha256 or "", f.size))}
+        if f.lfs_sha256:
+            entry.update(lfs_sha256=f.lfs_sha256, lfs_size=f.size)
+        files[f.path] = entry
+    data = json.dumps({"format_version": 1, "files": dict(sorted(files.items()))}, indent=1).encode()
+    try:
+        with folder.repo_lock():
+            if (folder.root / "snapshots" / revision.commit_hash).is_dir():
+                folder.make_dir(folder.root / "trees")  # shared like the rest in a group-shared cache
+                atomic_write(folder.root / "trees" / f"{revision.commit_hash}.json", data, policy=folder.policy)
+    except OSError:
+        logger.warning("cannot write the listing of %s@%s", folder.repo_id, revision.commit_hash, exc_info=True)

@@ -1,0 +1,196 @@
+"""The manifest (``hfcache.toml``, or ``[tool.hfcache]`` in ``pyproject.toml``): what the user asks to warm.
+
+Finding it, reading and validating it into :class:`Manifest` (one :class:`hfcache.records.WarmRequest` per entry);
+the entry rules are shared with the lock (:mod:`hfcache.warming.lockfile`). Light like the lock's module: standard
+library (``tomllib``) and hfcache's records only.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ..errors import UsageError
+from ..records import KINDS, REPO_TYPES, WarmRequest
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - Python 3.10
+    import tomli as tomllib
+
+MANIFEST_NAME = "hfcache.toml"
+_MANIFEST_KEYS = {"endpoint", "cache_dir", "repos"}
+ENTRY_KEYS = {"repo_id", "revision", "kind", "include", "exclude", "repo_type"}
+
+
+class ManifestNotFound(UsageError):
+    """No manifest where one was looked for."""
+
+
+@dataclass(frozen=True)
+class Manifest:
+    """What the user asked for.
+
+    Attributes:
+        path (Path): the file it was read from.
+        endpoints (tuple[str, ...]): Hub endpoints in order of preference (``endpoint`` may be a string or a list
+            in the file); empty when the manifest sets none.
+        cache_dir (Path | None): cache root, resolved relative to the manifest's folder.
+        repos (tuple[WarmRequest, ...]): the entries, in file order.
+    """
+
+    path: Path
+    endpoints: tuple[str, ...]
+    cache_dir: Path | None
+    repos: tuple[WarmRequest, ...]
+
+
+
+def request_key(request: WarmRequest) -> tuple[str, str, str]:
+    """What identifies an entry of the manifest or the lock: ``(repo_id, revision, repo_type)``."""
+    return (request.repo_id, request.revision, request.repo_type)
+
+
+def find_manifest(path: str | os.PathLike[str] | None = None, start: Path | None = None) -> Path:
+    """Return the manifest to use: ``path`` when given, else ``hfcache.toml`` or a ``pyproject.toml`` with a
+    ``[tool.hfcache]`` table in ``start`` (default: the working directory).
+
+    Raises:
+        UsageError: nothing found.
+    """
+    if path is not None:
+        return Path(path)
+    folder = start or Path.cwd()
+    if (folder / MANIFEST_NAME).is_file():
+        return folder / MANIFEST_NAME
+    pyproject = folder / "pyproject.toml"
+    if pyproject.is_file():
+        try:
+            data = tomllib.loads(pyproject.read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError, RecursionError):
+            data = {}
+        if "hfcache" in data.get("tool", {}):
+            return pyproject
+    raise ManifestNotFound(f"no {MANIFEST_NAME} (or pyproject.toml with [tool.hfcache]) in {folder}",
+                           hint="write one (see README 'Pinning') or pass --manifest FILE")
+
+
+def read_toml(path: Path, what: str) -> dict[str, Any]:
+    """The TOML document at ``path`` (the manifest or the lock: ``what``), or UsageError naming the file."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise UsageError(f"cannot read {what} {path}: {exc.strerror}") from None
+    except UnicodeDecodeError:
+        raise UsageError(f"{path}: not UTF-8 text") from None
+    try:
+        return tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise UsageError(f"{path}: invalid TOML: {exc}", hint=f"fix the {what}") from None
+    except RecursionError:  # tomllib parses nested arrays and inline tables recursively
+        raise UsageError(f"{path}: invalid TOML: nested too deep", hint=f"fix the {what}") from None
+
+
+def load_manifest(path: str | os.PathLike[str]) -> Manifest:
+    """Read and validate a manifest.
+
+    The shape (README "Pinning")::
+
+        endpoint = "https://huggingface.co"   # optional; or a list, tried in order
+        cache_dir = "/opt/hf-cache"            # optional, relative to the manifest's folder
+        [[repos]]
+        repo_id = "bert-base-uncased"
+        revision = "main"      # optional
+        kind = "tokenizer"     # optional: tokenizer | model | all
+        include = []           # optional globs
+        exclude = []           # optional globs
+        repo_type = "model"    # optional: model | dataset
+
+    Raises:
+        UsageError: unreadable file, invalid TOML, unknown key, wrong type or value, duplicate entry; the message
+            names the file, the entry and the field.
+    """
+    path = Path(path)
+    data = read_toml(path, "manifest")
+    if path.name == "pyproject.toml":
+        data = data.get("tool", {}).get("hfcache")
+        if not isinstance(data, dict):
+            raise UsageError(f"{path}: no [tool.hfcache] table", hint="add one, or write hfcache.toml")
+    where = str(path) if path.name != "pyproject.toml" else f"{path} [tool.hfcache]"
+    unknown = sorted(set(data) - _MANIFEST_KEYS)
+    if unknown:
+        raise UsageError(f"{where}: unknown key {unknown[0]!r}", hint=f"allowed: {', '.join(sorted(_MANIFEST_KEYS))}")
+    endpoint = data.get("endpoint")
+    if isinstance(endpoint, str):
+        endpoint = [endpoint]
+    if endpoint is not None and (not isinstance(endpoint, list) or not endpoint
+                                 or not all(isinstance(e, str) and e for e in endpoint)):
+        raise UsageError(f"{where}: field 'endpoint' must be a URL or a list of URLs, got {data.get('endpoint')!r}")
+    cache_dir = _optional_str(data, "cache_dir", where)
+    entries = data.get("repos", [])
+    if not isinstance(entries, list) or not all(isinstance(e, dict) for e in entries):
+        raise UsageError(f"{where}: 'repos' must be an array of tables ([[repos]])")
+    if not entries:
+        raise UsageError(f"{where}: no [[repos]] entries", hint="add at least one [[repos]] with a repo_id")
+    repos = []
+    seen: dict[tuple[str, str, str], int] = {}
+    for index, entry in enumerate(entries):
+        request = manifest_entry(entry, f"{where}: repos[{index}]")
+        if request_key(request) in seen:
+            raise UsageError(f"{where}: repos[{index}] ({request.spec}) repeats repos[{seen[request_key(request)]}]")
+        seen[request_key(request)] = index
+        repos.append(request)
+    return Manifest(
+        path=path,
+        endpoints=tuple(e.rstrip("/") for e in endpoint or ()),
+        cache_dir=(path.parent / os.path.expandvars(os.path.expanduser(cache_dir))) if cache_dir else None,
+        repos=tuple(repos),
+    )
+
+
+def _optional_str(data: dict[str, Any], key: str, where: str) -> str | None:
+    value = data.get(key)
+    if value is not None and (not isinstance(value, str) or not value):
+        raise UsageError(f"{where}: field {key!r} must be a non-empty string, got {value!r}")
+    return value
+
+
+def str_list(value: Any, where: str, key: str) -> tuple[str, ...]:
+    """A field that must be an array of non-empty strings, as a tuple; else UsageError naming it."""
+    if not isinstance(value, list) or not all(isinstance(v, str) and v for v in value):
+        raise UsageError(f"{where}: field {key!r} must be an array of non-empty strings, got {value!r}")
+    return tuple(value)
+
+
+def manifest_entry(entry: dict[str, Any], where: str) -> WarmRequest:
+    """One ``[[repos]]`` entry (of the manifest, or the request part of a locked repo) as a WarmRequest."""
+    repo_id = entry.get("repo_id")
+    if not isinstance(repo_id, str) or not repo_id:
+        raise UsageError(f"{where}: field 'repo_id' is required and must be a string")
+    where = f"{where} ({repo_id})"
+    unknown = sorted(set(entry) - ENTRY_KEYS)
+    if unknown:
+        raise UsageError(f"{where}: unknown field {unknown[0]!r}", hint=f"allowed: {', '.join(sorted(ENTRY_KEYS))}")
+    for key, allowed in (("kind", KINDS), ("repo_type", REPO_TYPES)):
+        if key in entry and entry[key] not in allowed:
+            raise UsageError(f"{where}: field {key!r} must be one of {', '.join(allowed)}, got {entry[key]!r}")
+    revision = entry.get("revision", "main")
+    if not isinstance(revision, str):
+        raise UsageError(f"{where}: field 'revision' must be a string, got {revision!r}")
+    include = str_list(entry.get("include", []), where, "include")
+    exclude = str_list(entry.get("exclude", []), where, "exclude")
+    try:
+        return WarmRequest(
+            repo_id=repo_id,
+            revision=revision,
+            kind=entry.get("kind", "tokenizer"),
+            repo_type=entry.get("repo_type", "model"),
+            include=include,
+            exclude=exclude,
+        )
+    except UsageError as exc:
+        raise UsageError(f"{where}: {exc.message}", hint=exc.hint) from None
+

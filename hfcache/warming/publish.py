@@ -1,0 +1,87 @@
+"""Making a warmed repo visible in the cache, and refusing beforehand what could only be published halfway.
+
+:func:`check_publishable` runs before anything is fetched and again before the first link; :func:`copy_blob` gives
+a legacy id's folder the canonical folder's blobs; :func:`publish` writes snapshot links, ``.no_exist`` markers, the
+record of what was published (:mod:`hfcache.cache.published`) and the ref last, in huggingface_hub's order.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import stat
+from collections.abc import Sequence
+from pathlib import Path
+
+from ..cache import safefs
+from ..cache.layout import RepoFolder
+from ..cache.published import write_record
+from ..cache.safefs import UnsafeLayout
+from ..hub.files import RemoteFile, RepoRevision
+from ..records import WarmRequest
+
+
+def check_publishable(folder: RepoFolder, repo: RepoRevision, files: Sequence[RemoteFile]) -> None:
+    """Refuse, before anything is fetched or published, what could only be published halfway: a repo folder with a
+    planted link, or a snapshot where a path's folder is already a file or link (or the path a folder).
+
+    Raises:
+        UnsafeLayout (CacheError, exit 5): the cache conflicts with the listing.
+    """
+    folder.ensure_safe()
+    for f in files:
+        pointer = folder.pointer_path(repo.commit_hash, f.path)
+        parts = f.path.split("/")
+        for i in range(len(parts) - 1):
+            part = pointer.parents[len(parts) - 2 - i]
+            if os.path.lexists(part) and (os.path.islink(part) or not part.is_dir()):
+                raise UnsafeLayout(f"{folder.name}: snapshots/{repo.commit_hash[:12]}/{'/'.join(parts[:i + 1])} is "
+                                   f"a file or link where {f.path} needs a folder: nothing published",
+                                   hint="remove that snapshot (hfcache prune or rm -r) and rerun")
+        if pointer.is_dir() and not pointer.is_symlink():
+            raise UnsafeLayout(f"{folder.name}: snapshots/{repo.commit_hash[:12]}/{f.path} is a folder: nothing "
+                               "published", hint="remove that snapshot and rerun")
+
+
+def copy_blob(source: RepoFolder, dest: RepoFolder, file: RemoteFile) -> None:
+    """Give a legacy-id folder the canonical folder's blob: a hardlink, so the bytes are stored once."""
+    with dest.blob_lock(file.etag):
+        dest.discard_incomplete(file.etag)  # an earlier attempt's leftovers: the blob comes from the canonical folder
+        if dest.blob_ok(file.etag, file.size):
+            return
+        if not dest.adopt_blob(source.blob_path(file.etag), file.etag):
+            # No hardlinks on this filesystem: store a second copy rather than fail.
+            incomplete, out = dest.open_incomplete(file.etag)
+            try:
+                src_fd = safefs.open_file(source.cache_dir, (source.name, "blobs", file.etag),
+                                          os.O_RDONLY | os.O_NONBLOCK)
+                with out, os.fdopen(src_fd, "rb") as src:
+                    if not stat.S_ISREG(os.fstat(src.fileno()).st_mode):
+                        raise UnsafeLayout(f"{source.name}/blobs/{file.etag} is not a regular file: left alone")
+                    shutil.copyfileobj(src, out)
+                dest.publish_blob(incomplete, file.etag)
+            finally:
+                incomplete.unlink(missing_ok=True)
+
+
+def publish(folder: RepoFolder, repo: RepoRevision, files: list[RemoteFile], absent: Sequence[str], *,
+            request: WarmRequest, cache_dir: Path, symlinks: bool) -> list[str]:
+    """Make the repo visible: links, then markers, the record of what was published (:mod:`hfcache.cache.published`),
+    then the ref last (huggingface_hub's order). Returns notes: the ref of a folder other than the requested
+    one (a legacy id's canonical folder) that moved to another commit."""
+    for f in files:
+        folder.link(repo.commit_hash, f.path, f.etag, symlinks=symlinks)
+    for name in absent:
+        folder.mark_absent(repo.commit_hash, name)
+    write_record(cache_dir, folder.name, repo.commit_hash, ((f.path, f.size, f.hash) for f in files), absent)
+    notes = []
+    revision = request.revision
+    if folder.repo_id != request.repo_id and revision != repo.commit_hash:
+        before = folder.read_ref(revision)
+        if before is not None and before != repo.commit_hash.encode():
+            notes.append(f"moved refs/{revision} of {folder.repo_id} (not requested; the canonical id of "
+                         f"{request.repo_id}) from {before.decode('utf-8', 'replace')[:12]} to "
+                         f"{repo.commit_hash[:12]}")
+    folder.write_ref(revision, repo.commit_hash)
+    folder.touch_snapshot(repo.commit_hash)
+    return notes

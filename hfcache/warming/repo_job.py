@@ -1,0 +1,435 @@
+"""One repo of a warm: resolved (or taken from the lock), selected, fetched and published, endpoint after endpoint.
+
+:class:`RepoJob` tries the endpoints in order (a Hub-side failure moves on to the next); per endpoint it selects the
+files (:mod:`hfcache.warming.selection`), reads the configs and sharded indexes that complete the selection while the
+files already selected download, puts every blob in place (cached, hardlinked from another repo of the cache, or
+downloaded by :mod:`hfcache.hub.transfer`), and publishes the repo only when every blob is there
+(:mod:`hfcache.warming.publish`). :class:`InFlight` makes a blob shared by several repos of one warm download once.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterable, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import ExitStack
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from .. import pools
+from ..cache.layout import RepoFolder, cache_error, find_blob_elsewhere
+from ..cache.locking import DEFAULT_LOCK_TIMEOUT, LockWait
+from ..errors import HfcacheError, HubError, IntegrityError, InternalError, UsageError
+from ..hub.client import HubClient
+from ..hub.files import RemoteFile, RepoRevision, hash_file
+from ..hub.retry import RetryCounter
+from ..hub.transfer import Slots, TransferOptions, download_blob
+from ..records import ProgressSink, RepoResult, WarmedFile, WarmRequest, folder_ids
+from .publish import check_publishable, copy_blob, publish
+from .custom_code import MAX_PARSE_BYTES, follow_configs
+from .selection import Selection, check_index_size, file_folder_conflict, select, shards_from_index
+
+if TYPE_CHECKING:  # the lock file's module (and tomllib) is not needed to warm by name (docs/benchmarks.md)
+    from .lockfile import LockedRepo
+
+#: The hint of a repo file hfcache cannot parse (custom_code.RepoDataError, a malformed sharded index).
+_BAD_FILE_HINT = "the repo's file is malformed (a loader fails on it too): fix the repo, or --exclude that file"
+
+
+class _Cancelled(HfcacheError):
+    """A file task skipped because another file of the same repo already failed."""
+
+
+def pinned_revision(locked: LockedRepo) -> RepoRevision:
+    """A locked repo as if the endpoint had just resolved it: the lock's commit, files, sizes and hashes."""
+    files = []
+    for f in locked.files:
+        algorithm, digest = f.hash.split(":", 1)
+        if algorithm == "sha256":
+            files.append(RemoteFile(path=f.path, size=f.size, blob_id="", lfs_sha256=digest))
+        else:
+            files.append(RemoteFile(path=f.path, size=f.size, blob_id=digest))
+    return RepoRevision(repo_id=locked.request.repo_id, canonical_id=locked.canonical_id,
+                        repo_type=locked.request.repo_type, revision=locked.request.revision,
+                        commit_hash=locked.commit_hash, files=tuple(files), metadata="lock")
+
+
+@dataclass
+class RepoJob:
+    """One repo of a warm: :meth:`run` tries the endpoints in order and returns the repo's RepoResult (a failure is
+    a failed result, never raised)."""
+
+    key: int
+    request: WarmRequest
+    cache_dir: Path
+    clients: list[HubClient]
+    pool: ThreadPoolExecutor
+    sink: ProgressSink
+    symlinks: bool
+    slots: Slots
+    pinned: LockedRepo | None = None
+    stop: threading.Event = field(default_factory=threading.Event)
+    inflight: InFlight = field(default_factory=lambda: InFlight())
+    lock_timeout: float = DEFAULT_LOCK_TIMEOUT
+    on_lock_wait: Callable[[LockWait], None] | None = None
+    client: HubClient | None = field(default=None, init=False)  # the endpoint being tried
+    counter: RetryCounter | None = field(default=None, init=False)  # its retries
+    _retries: int = 0  # retries on the endpoints tried before
+    _downloaded: int = 0
+    _count_lock: threading.Lock = field(default_factory=threading.Lock)
+    _failed: threading.Event = field(default_factory=threading.Event)
+    _read_sources: dict[str, str] = field(default_factory=dict)  # files fetched to be parsed: path -> source
+    # The first selection's files, started while configs and indexes are read (their bytes are counted by the
+    # progress bar only once its total is known): path -> future of _ensure_blob.
+    _early: dict[str, Future] = field(default_factory=dict)
+
+    def run(self) -> RepoResult:
+        started = time.monotonic()
+        failures: list[str] = []
+        for n, client in enumerate(self.clients):
+            self.client = client
+            self.counter = client.counter(self.stop)
+            self._failed.clear()
+            result = self._attempt(client)
+            self._retries += self.counter.count
+            if result.ok or not self._fall_through(result) or n == len(self.clients) - 1:
+                break
+            failures.append(f"{client.endpoint}: {result.error}")
+        if not result.ok and self.stop.is_set():  # Ctrl-C: not a failure of the repo or the endpoint
+            result = replace(result, error=f"{self.request.spec}: interrupted", hint=None, exit_code=130,
+                             error_type="Interrupted")
+        elif not result.ok and failures:
+            # Every endpoint was tried: say what each one answered, the last one's error first.
+            result = replace(result, error=f"{result.error} (also tried: {'; '.join(failures)})")
+        result = replace(result, bytes_downloaded=self._downloaded, retries=self._retries,
+                         seconds=time.monotonic() - started)
+        self.sink.repo_finished(self.key, result)
+        return result
+
+    def _fall_through(self, result: RepoResult) -> bool:
+        """A Hub-side failure (not found, unreachable, bad bytes, gated) moves on to the next endpoint."""
+        return result.exit_code == HubError.exit_code and not self.stop.is_set()
+
+    def _attempt(self, client: HubClient) -> RepoResult:
+        """Warm the repo from one endpoint; return its result (an error is a failed result, never raised)."""
+        base = RepoResult(request=self.request, endpoint=client.endpoint)
+        repo: RepoRevision | None = None
+        try:
+            if self.pinned is not None:
+                repo = pinned_revision(self.pinned)
+            else:
+                with self.slots.held(self.stop):
+                    repo = client.resolve(self.request.repo_id, self.request.revision, self.request.repo_type,
+                                          counter=self.counter)
+            result = self._warm(repo, base)
+        except HfcacheError as exc:
+            result = _failed(base, repo, exc)
+        except OSError as exc:
+            result = _failed(base, repo, cache_error(exc, self.request.repo_id))
+        except Exception as exc:  # noqa: BLE001 - one repo's bug must not lose the other repos' results
+            result = _failed(base, repo, InternalError(
+                f"{self.request.repo_id}: internal error: {type(exc).__name__}: {exc}",
+                hint="rerun with HFCACHE_DEBUG=1 and report it"))
+        return result
+
+    def _warm(self, repo: RepoRevision, base: RepoResult) -> RepoResult:
+        """Warm the resolved ``repo`` from :attr:`client` under the repo locks of its folders; return its result."""
+        req = self.request
+        selection = self._selection(repo)
+        locking = {"lock_timeout": self.lock_timeout, "on_lock_wait": self.on_lock_wait}
+        # The endpoint's canonical id picks a second folder only for a legacy id (records.folder_ids): an endpoint
+        # answering another repo's id for an org/name request cannot write into that repo's folder.
+        folders = [RepoFolder(self.cache_dir, i, req.repo_type, **locking)
+                   for i in folder_ids(req.repo_id, repo.canonical_id)]
+        with ExitStack() as held:
+            # One repo lock per folder, taken in name order so that concurrent warms never deadlock; a lock that
+            # times out releases those already taken.
+            for folder in sorted(folders, key=lambda f: f.name):
+                held.enter_context(folder.repo_lock(stop=self.stop))
+            repo, paths, absent, read_notes = self._describe_and_read(repo, folders, selection)
+            by_path = repo.by_path
+            files = [by_path[p] for p in sorted(paths)]
+            sources = self._fetch_into(folders, repo, files)
+            notes = list(read_notes) + self._publish_all(folders, repo, files, absent)
+        return replace(
+            base,
+            canonical_id=repo.canonical_id,
+            commit_hash=repo.commit_hash,
+            files=tuple(WarmedFile(f.path, f.size, f.hash, sources[f.path]) for f in files),
+            absent=absent,
+            metadata=repo.metadata,
+            notes=tuple(notes),
+        )
+
+    def _selection(self, repo: RepoRevision) -> Selection:
+        """The files of ``repo`` the request (or the lock) selects.
+
+        Raises:
+            UsageError: no file matches.
+        """
+        req = self.request
+        if self.pinned is not None:
+            selection = Selection(paths=repo.paths, absent=self.pinned.absent)
+        else:
+            selection = select(repo.paths, req.kind, req.include, req.exclude)
+        if not selection.paths:
+            raise UsageError(f"{req.repo_id}: no file matches the selection (kind {req.kind}"
+                             + (f", include {list(req.include)}" if req.include else "")
+                             + (f", exclude {list(req.exclude)}" if req.exclude else "") + ")",
+                             hint="check --kind, --include, --exclude and --repo-type")
+        return selection
+
+    def _describe_and_read(self, repo: RepoRevision, folders: list[RepoFolder],
+                           selection: Selection) -> tuple[RepoRevision, set[str], tuple[str, ...], tuple[str, ...]]:
+        """Check the listing and the folders, then complete the selection (:meth:`_complete`) while the files
+        already selected start downloading into the canonical folder (``folders[0]``); returns what
+        :meth:`_complete` returns. The caller holds the repo locks."""
+        canonical = folders[0]
+        conflict = file_folder_conflict(repo.paths)
+        if conflict is not None:  # before any download: a refused repo leaves no blob behind either
+            raise HubError(f"{self.request.repo_id}: {conflict!r} is both a file and a folder in the listing",
+                           hint="the endpoint or lock is broken or hostile")
+        # Every selected file described now (one HEAD each where the listing gave no hash), to be checked
+        # before any download; the files the configs and indexes add are described in _complete.
+        repo = self.client.describe(repo, selection.paths, self.counter)
+        for folder in folders:
+            check_publishable(folder, repo, [repo.by_path[p] for p in selection.paths])
+        self._read_sources.clear()
+        self._early = {}
+        if selection.needs_config or selection.needs_index:
+            # Configs and indexes only add files: fetch the ones already selected while they are read, so a repo
+            # costs one round of requests, not two (docs/benchmarks.md).
+            self._early = {p: self.pool.submit(self._ensure_blob, repo, canonical, repo.by_path[p], False)
+                           for p in selection.paths}
+        try:
+            return self._complete(repo, canonical, selection)
+        except BaseException as exc:
+            self._failed.set()  # files not started yet are not started
+            first = self._settle_early()
+            if isinstance(exc, _Cancelled) and first is not None:
+                raise first from None  # another file's failure stopped the reading: that failure is the error
+            raise
+
+    def _fetch_into(self, folders: list[RepoFolder], repo: RepoRevision, files: list[RemoteFile]) -> dict[str, str]:
+        """Every file's blob in every folder (downloaded into the canonical one, hardlinked into the others);
+        returns path -> source, as the report shows it."""
+        canonical = folders[0]
+        self.sink.repo_started(self.key, self.request.spec, len(files), sum(f.size for f in files))
+        sources = self._fetch(repo, canonical, files)
+        sources.update({p: s for p, s in self._read_sources.items() if p in sources})  # not "cached" by itself
+        for alias in folders[1:]:
+            for f in files:
+                copy_blob(canonical, alias, f)
+        return sources
+
+    def _publish_all(self, folders: list[RepoFolder], repo: RepoRevision, files: list[RemoteFile],
+                     absent: Sequence[str]) -> list[str]:
+        """Publish the repo in every folder (:func:`hfcache.warming.publish.publish`), unless stopped; returns the
+        notes of the publishing."""
+        if self.stop.is_set():
+            raise _Cancelled(f"{self.request.repo_id}: interrupted before publishing")
+        for folder in folders:  # every check before the first link: a refused repo leaves nothing published
+            check_publishable(folder, repo, files)
+        notes: list[str] = []
+        for folder in folders:
+            notes.extend(publish(folder, repo, files, absent, request=self.request, cache_dir=self.cache_dir,
+                                 symlinks=self.symlinks))
+        return notes
+
+    def _complete(self, repo: RepoRevision, canonical: RepoFolder,
+                  selection: Selection) -> tuple[RepoRevision, set[str], tuple[str, ...], tuple[str, ...]]:
+        """Finish a selection that needs file contents: configs first (custom code named by ``auto_map``,
+        sentence-transformers module folders), then sharded indexes (their shards). Returns ``(repo with every
+        selected file described, paths, absent, notes)`` (notes: one-line warnings, :attr:`custom_code.Followed.notes`).
+        The files read here are fetched without moving the progress bar: its total is known only afterwards, and
+        they are counted then (as cached). Every file read is described (one HEAD where the listing gave no hash),
+        fetched and hash-checked into the cache first; nothing is executed."""
+        req = self.request
+        paths, absent, needs_index = set(selection.paths), selection.absent, selection.needs_index
+        notes: tuple[str, ...] = ()
+        current = self.client.describe(repo, selection.needs_config + needs_index, self.counter)
+
+        def read(path: str) -> bytes | None:
+            nonlocal current
+            current = self.client.describe(current, [path], self.counter)
+            return self._read(current, canonical, current.by_path[path])
+
+        if selection.needs_config:
+            try:
+                followed = follow_configs(selection.needs_config, read, current.paths, req.kind, req.exclude)
+            except ValueError as exc:  # RepoDataError: a config no parser can read (transformers' neither)
+                raise IntegrityError(f"{req.repo_id}: {exc}", hint=_BAD_FILE_HINT) from None
+            notes = followed.notes
+            paths |= set(followed.paths)
+            absent = tuple(sorted(set(absent) | set(followed.absent)))
+            needs_index += followed.needs_index
+        if needs_index:
+            # The shard list is inside the index file: fetch (or find) the index first, if its size is sane.
+            current = self.client.describe(current, needs_index, self.counter)
+            by_path = current.by_path
+            try:
+                for index in needs_index:
+                    check_index_size(index, by_path[index].size)
+            except ValueError as exc:
+                raise IntegrityError(f"{req.repo_id}: {exc}", hint="--exclude the index to skip these weights, or "
+                                     "use --kind all") from None
+            self._fetch(current, canonical, [by_path[p] for p in needs_index], progress=False)
+            for index in needs_index:
+                data = canonical.blob_path(by_path[index].etag).read_bytes()
+                try:
+                    paths |= shards_from_index(data, current.paths, index)
+                except ValueError as exc:
+                    raise IntegrityError(f"{req.repo_id}: {exc}", hint=_BAD_FILE_HINT) from None
+        return self.client.describe(current, paths, self.counter), paths, absent, notes
+
+    def _read(self, repo: RepoRevision, folder: RepoFolder, file: RemoteFile) -> bytes | None:
+        """A small file's verified bytes (a config or custom code to parse): fetched into the cache first if needed;
+        None (not parsed, reported in the notes) above ``custom_code.MAX_PARSE_BYTES``."""
+        if file.size > MAX_PARSE_BYTES:
+            return None
+        self._fetch(repo, folder, [file], progress=False)
+        return folder.blob_path(file.etag).read_bytes()
+
+    def _fetch(self, repo: RepoRevision, folder: RepoFolder, files: Iterable[RemoteFile],
+               progress: bool = True) -> dict[str, str]:
+        """Ensure every file's blob is in ``folder``, in parallel; return path -> source. First error wins.
+        ``progress=False``: the bytes do not move the progress bar."""
+        files = list(files)
+        futures = {f.path: self._early.get(f.path) or self.pool.submit(self._ensure_blob, repo, folder, f, progress)
+                   for f in files}
+        sources: dict[str, str] = {}
+        error: BaseException | None = None
+        for path, future in futures.items():
+            try:
+                sources[path] = future.result()
+            except BaseException as exc:  # noqa: BLE001 - re-raised below after every download settled
+                if error is None or isinstance(error, _Cancelled):
+                    error = exc
+        if error is not None:
+            raise error
+        if progress:  # files started early were fetched without moving the bar: count them now
+            for f in files:
+                if f.path in self._early:
+                    self.sink.advance(self.key, f.size)
+        if not progress:
+            self._read_sources.update(sources)
+        return sources
+
+    def _settle_early(self) -> BaseException | None:
+        """Wait for every early file; return the first failure that is not a cancellation, or None."""
+        first = None
+        for future in self._early.values():
+            exc = future.exception()
+            if exc is not None and first is None and not isinstance(exc, _Cancelled):
+                first = exc
+        return first
+
+    def _ensure_blob(self, repo: RepoRevision, folder: RepoFolder, file: RemoteFile, progress: bool = True) -> str:
+        if self._failed.is_set() or self.stop.is_set():
+            raise _Cancelled(f"{repo.repo_id}: cancelled")
+        advance = self.sink.advance if progress else lambda key, n: None
+        try:
+            with folder.blob_lock(file.etag, stop=self.stop):  # Ctrl-C is not stuck behind another download
+                source = self._obtain(repo, folder, file, advance)
+                if source != "downloaded":
+                    # Leftovers of an earlier attempt (another endpoint of this run, an interrupted run) are of no
+                    # use beside the blob: a download reuses or deletes them, this path deletes them too.
+                    folder.discard_incomplete(file.etag)
+                return source
+        except BaseException:
+            self._failed.set()
+            raise
+
+    def _obtain(self, repo: RepoRevision, folder: RepoFolder, file: RemoteFile,
+                advance: Callable[[int, int], None]) -> str:
+        """Put the blob in ``folder`` (the caller holds its blob lock); return how: cached, linked or downloaded."""
+        if folder.blob_ok(file.etag, file.size):
+            advance(self.key, file.size)
+            return "cached"
+        if self._link_from_elsewhere(folder, file):
+            advance(self.key, file.size)
+            return "linked"
+        pending = self.inflight.claim(file.etag)
+        if pending is not None:  # another repo of this warm is downloading the same blob: link it after
+            while not pending.wait(pools.POLL_SECONDS):
+                if self._failed.is_set() or self.stop.is_set():
+                    raise _Cancelled(f"{repo.repo_id}: cancelled")
+            if self._link_from_elsewhere(folder, file):
+                advance(self.key, file.size)
+                return "linked"
+            self._download(repo, folder, file, advance)  # that download failed: fetch it here
+            return "downloaded"
+        try:
+            self._download(repo, folder, file, advance)
+        finally:
+            self.inflight.done(file.etag)
+        return "downloaded"
+
+    def _link_from_elsewhere(self, folder: RepoFolder, file: RemoteFile) -> bool:
+        """Hardlink the blob from another repo folder of the cache when one holds exactly this content."""
+        other = find_blob_elsewhere(self.cache_dir, file.etag, file.size, exclude=folder.name)
+        return other is not None and _same_content(other, file) and folder.adopt_blob(other, file.etag)
+
+    def _download(self, repo: RepoRevision, folder: RepoFolder, file: RemoteFile,
+                  advance: Callable[[int, int], None]) -> None:
+        """Download (resuming a leftover), hash and publish one blob (:func:`hfcache.hub.transfer.download_blob`)."""
+
+        def on_bytes(n: int) -> None:
+            if n > 0:
+                self._count(n)
+            advance(self.key, n)
+
+        options = TransferOptions(slots=self.slots, counter=self.counter, on_bytes=on_bytes,
+                                  on_kept=lambda n: advance(self.key, n))
+        download_blob(self.client, folder, repo, file, options)
+
+    def _count(self, n: int) -> None:
+        with self._count_lock:
+            self._downloaded += n
+
+
+class InFlight:
+    """The blobs this warm is downloading, by etag: a second repo with the same file (one vocab in several repos)
+    waits for the first download and hardlinks it, so identical files are fetched once per run (docs/benchmarks.md)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._events: dict[str, threading.Event] = {}
+
+    def claim(self, etag: str) -> threading.Event | None:
+        """None: the caller downloads ``etag`` and then calls :meth:`done`; else the event set when the download
+        in flight ends (successfully or not)."""
+        with self._lock:
+            event = self._events.get(etag)
+            if event is None:
+                self._events[etag] = threading.Event()
+            return event
+
+    def done(self, etag: str) -> None:
+        with self._lock:
+            event = self._events.pop(etag, None)
+        if event is not None:
+            event.set()
+
+
+def _same_content(path: Path, file: RemoteFile) -> bool:
+    """True when another repo's blob has ``file``'s exact content; False also when it vanished meanwhile (a
+    concurrent prune): the file is then simply downloaded."""
+    try:
+        return hash_file(str(path), file)
+    except OSError:
+        return False
+
+
+def _failed(base: RepoResult, repo: RepoRevision | None, exc: HfcacheError) -> RepoResult:
+    return replace(
+        base,
+        canonical_id=repo.canonical_id if repo else None,
+        commit_hash=repo.commit_hash if repo else None,
+        error=exc.message,
+        hint=exc.hint,
+        exit_code=exc.exit_code,
+        error_type=type(exc).__name__,
+    )
