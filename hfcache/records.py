@@ -232,7 +232,7 @@ def folder_ids(repo_id: str, canonical_id: str | None) -> tuple[str, ...]:
     (``bert-base-uncased``) answered as ``ORG/<the same name>`` (``google-bert/bert-base-uncased``) fills both
     folders, since loaders ask for either. Any other answer (an ``org/name`` request answered with another id, as
     after a 307 rename, or by a hostile endpoint) is stored only under the requested id, which is also where
-    huggingface_hub stores it (the folder is named after the id as the caller typed it, DESIGN §1): an endpoint can
+    huggingface_hub stores it (the folder is named after the id as the caller typed it, huggingface_hub ``file_download.py`` ``repo_folder_name``): an endpoint can
     never write into the folder of a repo that was not requested.
     """
     if (canonical_id and canonical_id != repo_id and "/" not in repo_id

@@ -1,6 +1,6 @@
 """The Hugging Face hub cache layout, and atomic writes into it.
 
-Layout (huggingface_hub ``file_download.py``; DESIGN §1)::
+Layout (huggingface_hub ``file_download.py``; docs/cache-layout.md)::
 
     <cache>/.locks/<folder>/<etag>.lock            filelock files
     <cache>/<folder>/blobs/<etag>                  content; etag = sha256 (LFS) or git blob sha1
@@ -25,208 +25,14 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from . import safefs
-from ..errors import CacheError
 from .locking import DEFAULT_LOCK_TIMEOUT, LockWait
-from .locking import file_lock as _file_lock
-from .sharing import SharePolicy, cache_policy, make_dirs, share_dir_fd, share_fd, share_file
+from .atomic import atomic_write_at, file_lock, unlink_at
+from .root import repo_folder_name
+from .sharing import SharePolicy, cache_policy, share_dir_fd, share_fd
 
-# Same text as huggingface_hub's _local_folder.CACHEDIR_TAG_CONTENT (the Cache Directory Tagging Standard).
-CACHEDIR_TAG = (
-    "Signature: 8a477f597d28d172789f06886806bc55\n"
-    "# This file is a cache directory tag created by huggingface_hub.\n"
-    "# For information about cache directory tags, see:\n"
-    "#\thttps://bford.info/cachedir/\n"
-)
 
 #: Name of hfcache's per-repo lock inside ``.locks/<folder>/`` (``scan_cache_dir`` never reads ``.locks``).
 REPO_LOCK_NAME = "hfcache-repo.lock"
-
-
-def default_cache_dir(environ: dict[str, str] | None = None) -> tuple[Path, str]:
-    """Return the cache directory huggingface_hub would use, and the setting that chose it.
-
-    Same precedence as huggingface_hub ``constants.py``: ``HF_HUB_CACHE``, else ``$HF_HOME/hub``, else
-    ``$XDG_CACHE_HOME/huggingface/hub``, else ``~/.cache/huggingface/hub``. Read at call time (huggingface_hub
-    reads them once at import).
-
-    Returns:
-        (path, source) where source is ``"HF_HUB_CACHE"``, ``"HF_HOME"``, ``"XDG_CACHE_HOME"`` or ``"default"``.
-    """
-    env = os.environ if environ is None else environ
-    if env.get("HF_HUB_CACHE"):
-        return Path(os.path.expandvars(os.path.expanduser(env["HF_HUB_CACHE"]))), "HF_HUB_CACHE"
-    if env.get("HF_HOME"):
-        return Path(os.path.expandvars(os.path.expanduser(env["HF_HOME"]))) / "hub", "HF_HOME"
-    if env.get("XDG_CACHE_HOME"):
-        return Path(env["XDG_CACHE_HOME"]) / "huggingface" / "hub", "XDG_CACHE_HOME"
-    return Path.home() / ".cache" / "huggingface" / "hub", "default"
-
-
-def resolve_cache_dir(cache_dir: str | os.PathLike[str] | None) -> Path:
-    """Return ``cache_dir`` as an absolute Path, or the default when None."""
-    if cache_dir is None:
-        return default_cache_dir()[0].absolute()
-    return Path(cache_dir).expanduser().absolute()
-
-
-def existing_cache_dir(cache_dir: str | os.PathLike[str] | None) -> Path:
-    """:func:`resolve_cache_dir` for commands that only read a cache.
-
-    Raises:
-        CacheError: there is no directory there, or it cannot be reached or listed by this user (a cache that exists
-            but cannot be read is never reported as "no cache": Python 3.11's ``Path.is_dir`` raises then).
-    """
-    root = resolve_cache_dir(cache_dir)
-    try:
-        is_dir = root.is_dir()
-    except PermissionError:
-        raise access_error(root) from None
-    if not is_dir:
-        raise CacheError(f"no cache at {root}", hint="pass --cache-dir, or warm something first")
-    if not os.access(root, os.R_OK | os.X_OK):
-        raise access_error(root)
-    return root
-
-
-def blocking_dir(path: Path) -> Path:
-    """The first folder on the way to ``path`` (itself included) that this user cannot enter or list."""
-    path = path.absolute()
-    for folder in [*reversed(path.parents), path]:
-        if not os.access(folder, os.X_OK) or (folder == path and not os.access(folder, os.R_OK)):
-            return folder
-    return path
-
-
-def access_error(root: Path) -> CacheError:
-    """The one-line error for a cache this user cannot reach or list, naming the folder that blocks it."""
-    blocker = blocking_dir(root)
-    try:
-        st = os.stat(blocker)
-        owner = f" (owned by uid {st.st_uid} gid {st.st_gid}, mode {st.st_mode & 0o7777:04o})"
-    except OSError:
-        owner = ""
-    from .access import reach_fix  # the fix doctor prints for the same folder (cache.unreachable)
-
-    where = "" if blocker == root else f": {blocker} cannot be entered"
-    fix = reach_fix(blocker, blocker == root, os.geteuid(), tuple(os.getgroups()) + (os.getegid(),))
-    return CacheError(f"cannot read the cache {root}{where}{owner}: permission denied for uid {os.geteuid()}",
-                      hint=f"{fix} (see `hfcache doctor`)")
-
-
-def cache_error(exc: OSError, what: str) -> CacheError:
-    """Translate an OSError raised while writing the cache into a one-line CacheError."""
-    if exc.errno == errno.ENOSPC or exc.errno == errno.EDQUOT:
-        return CacheError(f"{what}: no space left on the device", hint="free disk space or choose another --cache-dir")
-    if exc.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
-        return CacheError(f"{what}: cannot write {exc.filename or 'the cache'} ({os.strerror(exc.errno)})",
-                          hint="choose a writable --cache-dir or fix its permissions (`hfcache doctor --cache-dir "
-                               "DIR` names what this user cannot write, with the fix; shared caches: README)")
-    return CacheError(f"{what}: {os.strerror(exc.errno) if exc.errno else exc}",
-                      hint="check the cache directory")
-
-
-def ensure_cache_root(cache_dir: Path) -> None:
-    """Create the cache root and its ``CACHEDIR.TAG`` (as huggingface_hub does).
-
-    Raises:
-        CacheError: the directory cannot be created or written.
-    """
-    try:
-        cache_dir.mkdir(parents=True, exist_ok=True)
-        tag = cache_dir / "CACHEDIR.TAG"
-        if not os.path.lexists(tag):
-            atomic_write(tag, CACHEDIR_TAG.encode(), policy=cache_policy(cache_dir))
-        locks = cache_dir / ".locks"
-        if os.path.lexists(locks) and (os.path.islink(locks) or not locks.is_dir()):
-            raise safefs.UnsafeLayout(f"{locks} is a symlink or not a directory: left alone",
-                                      hint="remove it (it holds only lock files), then rerun")
-        if not os.access(cache_dir, os.W_OK):
-            read_only = bool(os.statvfs(cache_dir).f_flag & os.ST_RDONLY)
-            code = errno.EROFS if read_only else errno.EACCES
-            raise OSError(code, os.strerror(code), str(cache_dir))
-    except OSError as exc:
-        if exc.errno in (errno.EACCES, errno.EPERM):
-            raise write_access_error(cache_dir) from exc
-        raise cache_error(exc, f"cache {cache_dir}") from exc
-
-
-def write_access_error(root: Path) -> CacheError:
-    """The one-line error for a cache root this user cannot create or write, naming the folder that blocks it: one
-    on the way that cannot be entered (:func:`access_error`), else the nearest existing folder (the root or the
-    parent it would be created in) that cannot be written, with the fix doctor prints for it."""
-    from .access import join_fix
-
-    root = root.absolute()
-    existing = root
-    while not os.path.isdir(existing) and existing != existing.parent:
-        existing = existing.parent
-    if blocking_dir(existing) != existing or not os.access(existing, os.R_OK | os.X_OK):
-        return access_error(root)
-    uid = os.geteuid()
-    try:
-        st = os.stat(existing)
-        owner = f" (owned by uid {st.st_uid} gid {st.st_gid}, mode {st.st_mode & 0o7777:04o})"
-        outsider = bool(st.st_mode & 0o020) and uid != 0 and st.st_gid not in {*os.getgroups(), os.getegid()}
-    except OSError:
-        owner, outsider = "", False
-    what = "write the cache" if existing == root else f"create the cache {root} in"
-    hint = (join_fix(uid, st.st_gid) if outsider else
-            "choose a writable --cache-dir or fix its permissions (`hfcache doctor --cache-dir DIR` names what this "
-            "user cannot write, with the fix; shared caches: README)")
-    return CacheError(f"cannot {what} {existing}{owner}: permission denied for uid {uid}", hint=hint)
-
-
-def _tmp_name(path: Path, suffix: str = ".tmp") -> Path:
-    return path.with_name(f".{path.name}.{uuid.uuid4().hex[:8]}{suffix}")
-
-
-def atomic_write(path: Path, data: bytes, policy: SharePolicy | None = None) -> None:
-    """Write ``data`` to ``path`` atomically (temp file in the same folder, fsync, ``os.replace``); ``policy``: the
-    shared cache's (:mod:`hfcache.cache.sharing`) when ``path`` is in one."""
-    with atomic_output(path, policy) as f:
-        f.write(data)
-
-
-@contextmanager
-def atomic_output(path: Path, policy: SharePolicy | None = None):
-    """Open a binary file that appears at ``path`` only when the block succeeds (temp file + ``os.replace``)."""
-    tmp = _tmp_name(path)
-    try:
-        with open(tmp, "wb") as f:
-            share_fd(f.fileno(), policy)
-            yield f
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    finally:
-        if tmp.exists():
-            tmp.unlink()
-
-
-def file_lock(path: Path, stop: threading.Event | None = None, *, timeout: float = DEFAULT_LOCK_TIMEOUT,
-              on_wait: Callable[[LockWait], None] | None = None, cache_dir: Path | None = None,
-              dir_fd: int | None = None):
-    """Hold an exclusive lock at ``path`` (:func:`hfcache.cache.locking.file_lock`: bounded wait, works without flock),
-    creating its folder first. In a shared cache (``cache_dir`` given and group-writable, :mod:`hfcache.cache.sharing`)
-    the folders are shared and the lock file is writable by the group (``0o664``, as huggingface_hub's WeakFileLock
-    creates it, or ``0o666`` in a world-writable cache) whatever the umask, and so is the soft marker that replaces
-    it on a filesystem without flock.
-
-    Raises:
-        LockTimeout: not acquired within ``timeout`` seconds (exit 5, names the file).
-        InterruptedError: ``stop`` was set while waiting.
-        OSError: the folder or the lock file cannot be created or opened.
-    """
-    policy = cache_policy(cache_dir) if cache_dir is not None else None
-    if dir_fd is not None:
-        pass  # the caller opened the folder (safefs): nothing is created by path
-    elif cache_dir is not None:
-        make_dirs(path.parent, cache_dir, policy)
-    else:
-        path.parent.mkdir(parents=True, exist_ok=True)
-    mode = 0o664 | (policy.file_bits if policy else 0)
-    return _file_lock(path, timeout=timeout, stop=stop, on_wait=on_wait, mode=mode, dir_fd=dir_fd,
-                      marker_mode=mode if policy is not None else None)
 
 
 class RepoFolder:
@@ -391,7 +197,7 @@ class RepoFolder:
             else:
                 leftovers.sort(reverse=True)
                 for _, other in leftovers[1:]:
-                    _unlink_at(dfd, other)
+                    unlink_at(dfd, other)
                 name = leftovers[0][1]
         except BaseException:
             os.close(dfd)
@@ -466,7 +272,7 @@ class RepoFolder:
                         return False
                     os.replace(tmp, etag, src_dir_fd=dfd, dst_dir_fd=dfd)
                 finally:
-                    _unlink_at(dfd, tmp)
+                    unlink_at(dfd, tmp)
         finally:
             os.close(sfd)
         return True
@@ -525,7 +331,7 @@ class RepoFolder:
             make(tmp)
             os.replace(tmp, name, src_dir_fd=pfd, dst_dir_fd=pfd)
         finally:
-            _unlink_at(pfd, tmp)
+            unlink_at(pfd, tmp)
 
     def mark_absent(self, commit_hash: str, path: str) -> None:
         """Write the empty ``.no_exist/<commit>/<path>`` marker huggingface_hub reads as "not in the repo"."""
@@ -563,7 +369,7 @@ class RepoFolder:
             raise
 
     def write_ref(self, revision: str, commit_hash: str) -> None:
-        """Write ``refs/<revision>`` = commit (no trailing newline; one breaks offline resolution, DESIGN §1)."""
+        """Write ``refs/<revision>`` = commit (no trailing newline; one breaks offline resolution: huggingface_hub reads the file whole as the commit)."""
         safefs.check_commit(commit_hash)
         if revision == commit_hash:
             return
@@ -622,29 +428,6 @@ class IncompleteBlob(os.PathLike):
             self.dir_fd = -1
 
 
-def atomic_write_at(dfd: int, name: str, data: bytes, policy: SharePolicy | None = None) -> None:
-    """:func:`atomic_write` of ``name`` in the folder open as ``dfd`` (temp file, fsync, ``os.replace``, all relative
-    to the fd: nothing is written through a link planted on the way)."""
-    tmp = f".{name}.{uuid.uuid4().hex[:8]}.tmp"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o666, dir_fd=dfd)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            share_fd(f.fileno(), policy)
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, name, src_dir_fd=dfd, dst_dir_fd=dfd)
-    finally:
-        _unlink_at(dfd, tmp)
-
-
-def _unlink_at(dfd: int, name: str) -> None:
-    try:
-        os.unlink(name, dir_fd=dfd)
-    except FileNotFoundError:
-        pass
-
-
 def _hardlink_or_copy_at(bfd: int, etag: str, pfd: int, dest: str, policy: SharePolicy | None) -> None:
     """Hardlink ``blobs/<etag>`` (folder fd ``bfd``) as ``dest`` in the folder ``pfd``; where hardlinks fail, copy to
     a temporary name and rename. Raises FileExistsError when ``dest`` exists. No link is followed."""
@@ -672,7 +455,7 @@ def _hardlink_or_copy_at(bfd: int, etag: str, pfd: int, dest: str, policy: Share
                 shutil.copyfileobj(fin, fout)
             os.replace(tmp, dest, src_dir_fd=pfd, dst_dir_fd=pfd)
         finally:
-            _unlink_at(pfd, tmp)
+            unlink_at(pfd, tmp)
 
 
 def _lstat_at(name: str, dir_fd: int) -> int:
@@ -693,54 +476,3 @@ def _repo_parts(path: str) -> list[str]:
     return parts
 
 
-def repo_folder_name(repo_id: str, repo_type: str = "model") -> str:
-    """``models--ORG--NAME``: huggingface_hub ``file_download.repo_folder_name``, restated here because importing
-    that module loads the HTTP stack, which the light ``warm --lock`` check must not pay for."""
-    return "--".join([f"{repo_type}s", *repo_id.split("/")])
-
-
-def symlinks_supported(cache_dir: Path) -> bool:
-    """Whether snapshot entries can be symlinks in ``cache_dir``.
-
-    The same question huggingface_hub's ``file_download.are_symlinks_supported`` answers (and the same
-    ``HF_HUB_DISABLE_SYMLINKS`` switch, read at call time), but probed inside ``.locks/``: the library probes in a
-    temporary folder at the cache root, which a process killed at that moment leaves behind for
-    ``scan_cache_dir`` to warn about.
-    """
-    if os.environ.get("HF_HUB_DISABLE_SYMLINKS", "").upper() in ("1", "ON", "YES", "TRUE"):
-        return False
-    probe = cache_dir / ".locks" / f".hfcache-symlink-probe-{uuid.uuid4().hex[:8]}"
-    safefs.check_existing(cache_dir, (".locks",))  # never probe through a planted link
-    try:
-        make_dirs(probe.parent, cache_dir, cache_policy(cache_dir))
-        os.symlink("target", probe)
-        return True
-    except OSError:
-        return False
-    finally:
-        if os.path.lexists(probe):
-            os.unlink(probe)
-
-
-def find_blob_elsewhere(cache_dir: Path, etag: str, size: int, exclude: str) -> Path | None:
-    """Find a regular ``blobs/<etag>`` of the right size in another repo folder of the cache (for hardlinking)."""
-    safefs.check_etag(etag)
-    try:
-        entries = os.scandir(cache_dir)
-    except OSError:
-        return None
-    with entries:
-        for entry in entries:
-            if entry.name == exclude or "--" not in entry.name or not entry.is_dir(follow_symlinks=False):
-                continue
-            candidate = Path(entry.path) / "blobs" / etag
-            try:
-                # A repo whose blobs/ is a planted link is left alone: its "blob" may be a file outside the cache.
-                if not stat.S_ISDIR(os.lstat(candidate.parent).st_mode):
-                    continue
-                st = os.stat(candidate, follow_symlinks=False)
-            except OSError:
-                continue
-            if st.st_size == size and stat.S_ISREG(st.st_mode):
-                return candidate
-    return None

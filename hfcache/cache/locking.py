@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import Any
 
 # filelock is imported where a lock is taken or inspected, not at import: `warm --lock` on a complete cache takes no
-# lock and must not pay for filelock's import (issue 18, P1).
+# lock and must not pay for filelock's import (goal P1 of docs/benchmarks.md).
 
 from ..errors import CacheError
 

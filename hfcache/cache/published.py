@@ -7,7 +7,7 @@ error, not a note.
 Where: ``<cache>/.locks/<folder>/hfcache/<commit>.json``. huggingface_hub never reads ``.locks`` (``scan_cache_dir``
 skips it, ``_cache_manager.py``), so the record changes nothing in how the library reads the cache. It is not a
 ``trees/<commit>.json``: the library reads that listing offline, and a listing naming files the cache does not hold
-makes ``snapshot_download`` raise ``IncompleteSnapshotError`` (DESIGN §1).
+makes ``snapshot_download`` raise ``IncompleteSnapshotError`` (huggingface_hub ``_snapshot_download.py``).
 
 The format is deterministic JSON (sorted keys, LF, trailing newline)::
 
@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from . import safefs
-from .layout import atomic_write_at
+from .atomic import atomic_write_at
 from .sharing import cache_policy, share_dir_fd
 
 #: A record larger than this is not read (16 MiB holds ~150,000 files).

@@ -1,7 +1,7 @@
 """Filesystem primitives that never leave the cache root, whatever links someone planted in it.
 
 A cache is shared (baked into images, mounted into pods, written by several tools), so the folders and links found
-in it are untrusted input (DESIGN §4, trust boundaries). Every operation here walks from the cache root one
+in it are untrusted input (docs/security.md). Every operation here walks from the cache root one
 component at a time with ``O_NOFOLLOW | O_DIRECTORY`` and acts relative to the last directory's file descriptor
 (``dir_fd``), as ``serve`` already reads the cache: a symlinked or non-directory component anywhere below the root
 raises :class:`UnsafeLayout` instead of being followed. The cache root itself may be a symlink (``~/.cache`` on
@@ -24,6 +24,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from ..errors import CacheError
+from .shared_store import StoreProblem, open_payload, xet_hash_of_link
 
 #: The parts of a repo folder huggingface_hub writes; each must be a real directory when present.
 REPO_PARTS = ("blobs", "refs", "snapshots", ".no_exist", "trees")
@@ -298,6 +299,8 @@ def open_repo_file(root: str | os.PathLike[str], folder: str, snapshot_rel: Sequ
             raise UnsafeLayout(f"{root}/{folder}/{'/'.join(rel)} links outside its repo folder: left alone",
                                hint="remove it, then rerun")
         parts = joined.split("/")
+    if len(parts) == 2 and parts[0] == "blobs":
+        return open_blob(root, folder, parts[1], flags, shown="/".join(rel))
     try:
         return open_file(root, (folder, *parts), flags | os.O_NONBLOCK)
     except OSError as exc:
@@ -306,6 +309,54 @@ def open_repo_file(root: str | os.PathLike[str], folder: str, snapshot_rel: Sequ
                                "alone", hint="remove it, then rerun") from None
         raise
 
+
+
+def open_blob(root: str | os.PathLike[str], folder: str, etag: str, flags: int = os.O_RDONLY, *,
+              shown: str | None = None) -> int:
+    """Open ``<root>/<folder>/blobs/<etag>``: a regular file there, or, where huggingface_hub 2.4 made it a link
+    into the shared Xet blob store, the store's payload (:mod:`hfcache.cache.shared_store`: exactly the link shape
+    and the marked store the library writes). Nothing else is followed. The fd is opened ``O_NONBLOCK``; callers
+    check ``S_ISREG``.
+
+    Args:
+        root: the cache root; folder: the repo folder name; etag: the blob name.
+        flags: ``os.open`` flags; shown: the path named in errors (default ``blobs/<etag>``).
+
+    Raises:
+        UnsafeLayout: a link of another shape, a store that is not what the library writes, a link where a folder
+            belongs.
+        FileNotFoundError: the blob, or the payload a store link names, is missing.
+    """
+    shown = shown or f"blobs/{etag}"
+    try:
+        return open_file(root, (folder, "blobs", etag), flags | os.O_NONBLOCK)
+    except OSError as exc:
+        if exc.errno not in (errno.ELOOP, errno.ENOTDIR):
+            raise
+        if exc.errno == errno.ELOOP:
+            xet_hash = store_link_of(root, folder, etag)
+            if xet_hash is not None:
+                try:
+                    return open_payload(root, xet_hash, flags)
+                except StoreProblem as problem:
+                    raise UnsafeLayout(f"{root}/{folder}/{shown}: {problem}: left alone",
+                                       hint="remove it, then rerun") from None
+        raise UnsafeLayout(f"{root}/{folder}/{shown}: a symlink where a file or folder belongs: left "
+                           "alone", hint="remove it, then rerun") from None
+
+
+def store_link_of(root: str | os.PathLike[str], folder: str, etag: str) -> str | None:
+    """The Xet hash ``<folder>/blobs/<etag>`` links to when it is a symlink of the shared store's exact shape
+    (``../../blobs/<h[:2]>/<h>``), else None (a regular file, another link, missing). Read through the repo's
+    ``blobs`` folder fd; nothing is followed."""
+    try:
+        with dir_fd(root, (folder, "blobs")) as fd:
+            st = os.stat(etag, dir_fd=fd, follow_symlinks=False)
+            if not stat.S_ISLNK(st.st_mode):
+                return None
+            return xet_hash_of_link(os.readlink(etag, dir_fd=fd))
+    except (OSError, UnsafeLayout):
+        return None
 
 def read_snapshot_file(snapshot: str | os.PathLike[str], rel: str, limit: int) -> bytes | None:
     """The bytes of ``rel`` in the snapshot folder ``<cache>/<folder>/snapshots/<commit>`` read with
@@ -383,7 +434,7 @@ def repo_layout_problems(root: str, folder: str, locks_entries: dict[str, int] |
 def list_modes(path: str, only: frozenset[str] | None = None) -> dict[str, int]:
     """name -> file type bits of the entries of the directory ``path`` (from ``d_type``: no stat per entry);
     with ``only``, of those names only. Empty when ``path`` is missing or this user cannot list it (nothing can be
-    read through it either; the scan reports it as unreadable, issue 21)."""
+    read through it either; the scan reports it as unreadable, docs/shared-caches.md)."""
     out: dict[str, int] = {}
     try:
         with os.scandir(path) as it:
@@ -405,7 +456,7 @@ def list_modes(path: str, only: frozenset[str] | None = None) -> dict[str, int]:
 
 def _lstat_mode(path: str) -> int | None:
     """The mode of ``path`` (not followed), or None when it is missing or this user cannot look (a folder on the way
-    cannot be entered: nothing can be read through it either, and the scan reports it as unreadable, issue 21)."""
+    cannot be entered: nothing can be read through it either, and the scan reports it as unreadable, docs/shared-caches.md)."""
     try:
         return os.lstat(path).st_mode
     except (FileNotFoundError, NotADirectoryError, PermissionError):

@@ -13,24 +13,18 @@ modification time of its snapshot folder and of the refs pointing to it. atime a
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
-
 import gc
-import multiprocessing
 import operator
 import os
 import re
-import signal
 import stat
-import threading
 from dataclasses import dataclass
 from pathlib import Path
-from typing import NamedTuple, TypeVar
+from typing import NamedTuple
 
 from .safefs import list_modes, repo_layout_problems
 
 _COMMIT_RE = re.compile(rb"^[0-9a-f]{40}$")
-T = TypeVar("T")
 _REPO_TYPES = {"models": "model", "datasets": "dataset", "spaces": "space"}
 
 
@@ -176,7 +170,7 @@ FolderEntry = tuple[str, str, str, bool]
 def repo_folders(root: Path, repo_ids: set[str] | None = None) -> tuple[list[FolderEntry], dict[str, int] | None]:
     """The repo folders of the cache at ``root``, sorted by (repo_type, repo_id case-folded), and the listing of its
     ``.locks`` (for :func:`scan_folder`), from one ``scandir`` each: a caller can scan the folders one at a time
-    and let each result go, as ``ls --json`` does for large caches (issue 18, P4).
+    and let each result go, as ``ls --json`` does for large caches (goal P4 of docs/benchmarks.md).
 
     Raises:
         CacheError: the cache directory exists but cannot be listed by this user (exit 5).
@@ -186,7 +180,7 @@ def repo_folders(root: Path, repo_ids: set[str] | None = None) -> tuple[list[Fol
     except FileNotFoundError:
         entries = []
     except PermissionError:
-        from .layout import access_error
+        from .root import access_error
 
         raise access_error(root) from None
     # .locks is listed once for the whole cache (not looked up per repo: this runs 10,000 times). No .locks at all
@@ -211,118 +205,6 @@ def repo_folders(root: Path, repo_ids: set[str] | None = None) -> tuple[list[Fol
         folders.append((entry.name, parsed[0], parsed[1], entry.is_dir(follow_symlinks=False)))
     folders.sort(key=lambda f: (f[2], f[1].lower()))
     return folders, locks
-
-
-def stream_repos(root: Path, summarize: Callable[[RepoInfo], T], repo_ids: set[str] | None = None, *,
-                 threshold: int = 100, workers: int | None = None) -> Iterator[T] | None:
-    """For a large cache (more than ``threshold`` repo folders), ``summarize(repo)`` for each repo, one at a time, in
-    the order ``ls`` shows (id case-folded), so that a caller never holds the whole listing (``ls --json``, issue 18
-    P4); None for a smaller cache (scan it whole with :func:`scan_cache`).
-
-    The repos are scanned and summarized in ``workers`` forked processes where the platform forks and no other
-    thread runs (scanning is CPU-bound Python: a second core halves it on a 10,000-repo cache), else here. Results
-    keep the order; an error in a worker is raised here.
-
-    Args:
-        summarize: applied to each RepoInfo; its results must be picklable (they cross a pipe).
-        workers: processes (default: the CPUs this process may run on, at most 4; 1 scans here).
-    """
-    folders, locks = repo_folders(Path(root), repo_ids)
-    if len(folders) <= threshold:
-        return None
-    folders.sort(key=lambda f: f[1].lower())  # stable over the scan's (repo_type, id) order
-    root = Path(root)
-    workers = _default_workers() if workers is None else workers
-    if workers < 2 or "fork" not in multiprocessing.get_all_start_methods() or threading.active_count() > 1:
-        # One process (forking a process with threads is unsafe).
-        return (summarize(scan_folder(root, folder, locks)) for folder in folders)
-    return _in_workers((str(root), locks, summarize), folders, workers)
-
-
-def _default_workers() -> int:
-    try:
-        cpus = len(os.sched_getaffinity(0))
-    except AttributeError:  # not Linux
-        cpus = os.cpu_count() or 1
-    return min(cpus, 4)
-
-
-def _in_workers(state: tuple[str, dict[str, int] | None, Callable[[RepoInfo], T]], folders: list[FolderEntry],
-                workers: int) -> Iterator[T]:
-    """``summarize(scan_folder(...))`` over ``folders`` in forked processes, results in order.
-
-    Worker ``k`` takes folders ``k, k + workers, ...`` and sends each result down a pipe of its own; the results are
-    read round-robin, which is the folders' order. Nothing is shared between workers (``multiprocessing.Pool``
-    shares a result queue whose lock a worker killed mid-write holds forever: a SIGTERM sent to the whole process
-    group hung ``ls``). Workers ignore SIGINT and SIGTERM: the parent handles them and kills its workers
-    (SIGKILL) when the iterator ends, is closed or raises. ``state`` (root, ``.locks`` listing, summarize) reaches
-    the workers through the fork, never pickled.
-
-    Raises:
-        InternalError: a worker ended without sending its results (killed from outside, out of memory).
-        What ``summarize`` or the scan raised in a worker, re-raised here.
-    """
-    context = multiprocessing.get_context("fork")
-    processes, pipes = [], []
-    try:
-        for k in range(workers):
-            reader, writer = context.Pipe(duplex=False)
-            process = context.Process(target=_worker, args=(writer, [*pipes, reader], state, folders, k, workers),
-                                      daemon=True, name=f"hfcache-scan-{k}")
-            process.start()
-            writer.close()
-            processes.append(process)
-            pipes.append(reader)
-        for i in range(len(folders)):
-            try:
-                ok, value = pipes[i % workers].recv()
-            except EOFError:
-                from ..errors import InternalError
-
-                raise InternalError(f"a cache scan worker process ended early (exit {processes[i % workers].exitcode})",
-                                    hint="it was killed from outside or ran out of memory: run the command again")
-            if not ok:
-                raise value
-            yield value
-    finally:
-        for process in processes:
-            if process.is_alive():
-                process.kill()
-        for process in processes:
-            process.join()
-        for pipe in pipes:
-            pipe.close()
-
-
-def _worker(pipe, inherited: list, state: tuple[str, dict[str, int] | None, Callable[[RepoInfo], object]],
-            folders: list[FolderEntry], first: int, step: int) -> None:
-    """A scan worker (forked): its share of ``folders``, each result or the first error sent to the parent; it
-    stops as soon as the parent is gone (its pipe breaks, or it has been re-parented)."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C and a group SIGTERM reach every process: the parent
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)  # handles them and kills its workers
-    for other in inherited:  # the parent's reading ends (this worker's and the earlier ones'): held here, they would
-        other.close()  # keep a worker from seeing the parent go (a send would block on a full pipe, not fail)
-    devnull = os.open(os.devnull, os.O_RDWR)  # the parent's stdin/stdout (a pipe to `head`...): not held here, so
-    for fd in (0, 1):  # their reader sees the end as soon as the parent is gone
-        os.dup2(devnull, fd)
-    os.close(devnull)
-    parent = os.getppid()
-    root, locks, summarize = state
-    try:
-        for folder in folders[first::step]:
-            if os.getppid() != parent:
-                break
-            try:
-                item = (True, summarize(scan_folder(root, folder, locks)))
-            except Exception as exc:  # noqa: BLE001 - raised again in the parent, as an in-process scan would
-                item = (False, exc)
-            pipe.send(item)
-            if not item[0]:
-                break
-    except OSError:  # the parent is gone (a closed pipe): nothing to report to, and nobody to read a traceback
-        pass
-    finally:
-        pipe.close()
 
 
 def scan_folder(root: str | os.PathLike[str], folder: FolderEntry, locks: dict[str, int] | None) -> RepoInfo:
@@ -375,43 +257,12 @@ def scan_repo(folder: str | os.PathLike[str], repo_id: str, repo_type: str,
                         size_on_disk=0, blob_count=0, incomplete=(), last_used=0.0,
                         problems=(f"{folder_name}/: {_DENIED}",), inodes={}, unreadable=("",))
     problems: list[str] = []
-    blob_stats: dict[str, os.stat_result] = {}
-    incomplete = []
-    inodes: dict[tuple[int, int], int] = {}
     denied: list[str] = []
-    for e in _scandir(base + "/blobs", denied, "blobs/"):
-        try:
-            st = e.stat(follow_symlinks=False)
-        except FileNotFoundError:  # removed since the listing (a concurrent prune): not part of the cache now
-            continue
-        except PermissionError:  # listable but not searchable (mode r--)
-            denied.append("blobs/")
-            break
-        if e.name.endswith(".incomplete"):
-            incomplete.append(e.name)
-            inodes[(st.st_dev, st.st_ino)] = st.st_size
-        elif stat.S_ISREG(st.st_mode):
-            blob_stats[e.name] = st
-            inodes[(st.st_dev, st.st_ino)] = st.st_size
-        elif stat.S_ISLNK(st.st_mode):
-            problems.append(f"blobs/{e.name}: a symlink, not a file")
-        else:
-            problems.append(f"blobs/{e.name}: not a regular file")
-    incomplete.sort()
-    if incomplete:
-        problems.append(f"{len(incomplete)} leftover .incomplete file(s)")
+    blob_stats, incomplete, inodes = _scan_blobs(base, denied, problems)
 
     linked: list[str] = []  # planted links below the parts: the repo is unsafe, as for a symlinked part
     refs = _read_refs(base + "/refs", "", denied, linked)
-    snapshots = {}
-    for e in _scandir(base + "/snapshots", denied, "snapshots/"):
-        if e.is_dir(follow_symlinks=False):
-            snapshots[e.name] = e.path
-        else:  # a link or file where a snapshot folder belongs: never followed
-            linked.append(f"snapshots/{e.name}: {'a symlink' if e.is_symlink() else 'not a directory'} (left alone)")
-    for e in _scandir(base + "/.no_exist", denied, ".no_exist/"):
-        if not e.is_dir(follow_symlinks=False):
-            linked.append(f".no_exist/{e.name}: {'a symlink' if e.is_symlink() else 'not a directory'} (left alone)")
+    snapshots = _snapshot_folders(base, denied, linked)
     if linked:
         # Not read further: every command leaves an unsafe repo alone (check fails it, export refuses it, prune
         # skips it, verify reports unsafe_layout), so nothing outside the cache is ever read through these links.
@@ -445,6 +296,53 @@ def scan_repo(folder: str | os.PathLike[str], repo_id: str, repo_type: str,
         unreadable=tuple(sorted(set(denied))),
     )
 
+
+
+def _scan_blobs(base: str, denied: list[str], problems: list[str]
+                ) -> tuple[dict[str, os.stat_result], list[str], dict[tuple[int, int], int]]:
+    """The repo's ``blobs/`` folder: (name -> lstat of each regular blob, sorted ``.incomplete`` names, (dev, inode)
+    -> size of everything that takes space). Links and special files there are appended to ``problems``; a folder
+    this user cannot read or search to ``denied``."""
+    blob_stats: dict[str, os.stat_result] = {}
+    incomplete = []
+    inodes: dict[tuple[int, int], int] = {}
+    for e in _scandir(base + "/blobs", denied, "blobs/"):
+        try:
+            st = e.stat(follow_symlinks=False)
+        except FileNotFoundError:  # removed since the listing (a concurrent prune): not part of the cache now
+            continue
+        except PermissionError:  # listable but not searchable (mode r--)
+            denied.append("blobs/")
+            break
+        if e.name.endswith(".incomplete"):
+            incomplete.append(e.name)
+            inodes[(st.st_dev, st.st_ino)] = st.st_size
+        elif stat.S_ISREG(st.st_mode):
+            blob_stats[e.name] = st
+            inodes[(st.st_dev, st.st_ino)] = st.st_size
+        elif stat.S_ISLNK(st.st_mode):
+            problems.append(f"blobs/{e.name}: a symlink, not a file")
+        else:
+            problems.append(f"blobs/{e.name}: not a regular file")
+    incomplete.sort()
+    if incomplete:
+        problems.append(f"{len(incomplete)} leftover .incomplete file(s)")
+    return blob_stats, incomplete, inodes
+
+
+def _snapshot_folders(base: str, denied: list[str], linked: list[str]) -> dict[str, str]:
+    """commit -> path of each snapshot folder; a link or file where a snapshot or ``.no_exist`` folder belongs is
+    appended to ``linked`` (never followed)."""
+    snapshots = {}
+    for e in _scandir(base + "/snapshots", denied, "snapshots/"):
+        if e.is_dir(follow_symlinks=False):
+            snapshots[e.name] = e.path
+        else:  # a link or file where a snapshot folder belongs: never followed
+            linked.append(f"snapshots/{e.name}: {'a symlink' if e.is_symlink() else 'not a directory'} (left alone)")
+    for e in _scandir(base + "/.no_exist", denied, ".no_exist/"):
+        if not e.is_dir(follow_symlinks=False):
+            linked.append(f".no_exist/{e.name}: {'a symlink' if e.is_symlink() else 'not a directory'} (left alone)")
+    return snapshots
 
 def _read_refs(refs_dir: str, prefix: str, denied: list[str], linked: list[str]) -> dict[str, str]:
     """ref name (``main``, ``refs/pr/1``) -> its content, decoded; nested ref folders are walked. A ref (or ref
@@ -580,11 +478,17 @@ def _scan_revision(base: str, commit: str, snapshot: str, refs: dict[str, str],
         if inode is not None:
             used[inode] = size
         files.append(SnapshotFile(rel, etag, size, form, inode))
+    pointing, last_used = _refs_to(base, refs, commit, last_used)
+    return RevisionInfo(commit_hash=commit, refs=pointing, files=tuple(files), size_on_disk=sum(used.values()),
+                        last_used=last_used, problems=tuple(problems))
+
+
+def _refs_to(base: str, refs: dict[str, str], commit: str, last_used: float) -> tuple[tuple[str, ...], float]:
+    """The sorted ref names pointing to ``commit``, and ``last_used`` raised to the newest of their mtimes."""
     pointing = tuple(sorted(name for name, value in refs.items() if value == commit))
     for name in pointing:
         try:
             last_used = max(last_used, os.lstat(f"{base}/refs/{name}").st_mtime)
         except OSError:
             pass
-    return RevisionInfo(commit_hash=commit, refs=pointing, files=tuple(files), size_on_disk=sum(used.values()),
-                        last_used=last_used, problems=tuple(problems))
+    return pointing, last_used

@@ -30,7 +30,8 @@ def ls_command(repo_ids, cache_dir, revisions, lock_file, sort, as_json) -> None
     from ..warming.lockfile import pinned_revisions, read_lock
     from ..warming.project import reading_cache_dir
     from .render import ls as render
-    from ..cache.scan import scan_cache, stream_repos
+    from ..cache.scan import scan_cache
+    from ..cache.scan_stream import stream_repos
 
     pinned = pinned_revisions(read_lock(lock_file)) if lock_file else None
     root = reading_cache_dir(cache_dir, lock_file)

@@ -90,7 +90,7 @@ def pull_command(reference, cache_dir, plain_http, username, password_stdin, tim
     other content, or a ref at another commit without --move-refs, refuses the pull: exit 1). Needs free space for
     the uncompressed image on the cache's filesystem (nothing goes to TMPDIR).
     """
-    from ..cache.layout import resolve_cache_dir
+    from ..cache.root import resolve_cache_dir
     from ..oci.pull import pull
     from .render import oci as render
     from .render.common import lock_wait_notice

@@ -59,7 +59,7 @@ def export_command(dest, specs, lock_file, cache_dir, materialize, fmt, chown, g
         if dest == "-":
             digest = write_tar(plan, sys.stdout.buffer, chown=owner or (0, 0), group_writable=group_writable)
         else:
-            from ..cache.layout import atomic_output
+            from ..cache.atomic import atomic_output
 
             with atomic_output(Path(dest)) as out:
                 digest = write_tar(plan, out, chown=owner or (0, 0), group_writable=group_writable)
@@ -81,7 +81,7 @@ def import_command(src, cache_dir, move_refs, lock_timeout, as_json) -> None:
     Refuses absolute or '..' paths, links leaving the cache, devices, sparse files, content that does not match its
     hash, and any entry the target already holds with other content (exit 1); then nothing is written.
     """
-    from ..cache.layout import resolve_cache_dir
+    from ..cache.root import resolve_cache_dir
     from ..move.importer import import_cache
     from .render import transfer as render
     from .render.common import lock_wait_notice

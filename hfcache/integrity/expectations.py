@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..cache import safefs
-from ..cache.layout import repo_folder_name
+from ..cache.root import repo_folder_name
 from ..cache.published import read_record
 from ..cache.scan import RepoInfo
 from ..records import folder_ids

@@ -22,7 +22,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..cache import safefs
-from ..cache.layout import RepoFolder, cache_error, symlinks_supported
+from ..cache.layout import RepoFolder
+from ..cache.root import cache_error, symlinks_supported
 from ..hub.retry import RetryCounter
 from ..errors import HfcacheError, RevisionNotFound
 from ..cache.locking import DEFAULT_LOCK_TIMEOUT

@@ -22,7 +22,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import replace
 
 from .. import pools
-from ..cache.layout import repo_folder_name
+from ..cache.root import repo_folder_name
 from ..cache.scan import SPECIAL_FILE, RepoInfo, scan_cache
 from ..records import parse_specs
 from ..warming.lockfile import Lockfile

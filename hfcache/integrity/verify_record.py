@@ -20,7 +20,7 @@ import os
 from pathlib import Path
 
 from ..cache import safefs
-from ..cache.layout import atomic_write
+from ..cache.atomic import atomic_write
 from ..errors import CacheError
 
 RECORD = (".locks", "hfcache-verified.json")

@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import BinaryIO
 
 from ..cache import safefs
-from ..cache.layout import CACHEDIR_TAG
+from ..cache.root import CACHEDIR_TAG
 from ..errors import CacheError, UsageError
 from ..warming.lockfile import Lockfile
 from ..records import folder_ids

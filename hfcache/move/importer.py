@@ -32,7 +32,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
 
-from ..cache.layout import RepoFolder, atomic_output, cache_error, ensure_cache_root, symlinks_supported
+from ..cache.layout import RepoFolder
+from ..cache.atomic import atomic_output
+from ..cache.root import cache_error, ensure_cache_root, symlinks_supported
 from ..errors import CheckFailed, IntegrityError, UsageError
 from .import_conflicts import check_target
 from ..cache.locking import DEFAULT_LOCK_TIMEOUT, LockWait

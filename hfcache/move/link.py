@@ -26,7 +26,7 @@ import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..cache.layout import access_error, write_access_error
+from ..cache.root import access_error, write_access_error
 from ..errors import CacheError, UsageError
 from ..cache.safefs import repo_layout_problems
 from ..cache.scan import parse_folder_name

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from . import guard as network_guard
 from .env import OfflineLoadError, OfflineSetupError, check_lock, offline_environment, parse_allow_hosts
-from ..cache.layout import resolve_cache_dir
+from ..cache.root import resolve_cache_dir
 from ..errors import HfcacheError, HubError
 
 if TYPE_CHECKING:

@@ -37,7 +37,7 @@ from .doctor_folder import examine_folder, modules_cache_findings
 from .doctor_settings import (cache_setting_findings, installed_versions, legacy_cache_findings,
                               offline_mode_findings, version_findings)
 from .findings import SEVERITIES, Finding
-from ..cache.layout import resolve_cache_dir
+from ..cache.root import resolve_cache_dir
 
 
 @dataclass(frozen=True)

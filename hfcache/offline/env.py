@@ -49,7 +49,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, NoReturn
 
 from . import guard as network_guard
-from ..cache.layout import resolve_cache_dir
+from ..cache.root import resolve_cache_dir
 from ..errors import HfcacheError, OfflineViolation, UsageError
 
 if TYPE_CHECKING:

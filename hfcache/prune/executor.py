@@ -16,7 +16,8 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from ..cache import safefs
-from ..cache.layout import RepoFolder, cache_error
+from ..cache.layout import RepoFolder
+from ..cache.root import cache_error
 from ..cache.locking import DEFAULT_LOCK_TIMEOUT, LockTimeout, LockWait, try_lock
 from ..cache.published import remove_record
 from ..cache.safefs import UnsafeLayout

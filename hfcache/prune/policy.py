@@ -15,7 +15,7 @@ from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
 
-from ..cache.layout import access_error, resolve_cache_dir
+from ..cache.root import access_error, resolve_cache_dir
 from ..errors import CacheError, UsageError
 from ..warming.lockfile import Lockfile, pinned_revisions, read_lock
 from ..cache.scan import RepoInfo, RevisionInfo, scan_cache

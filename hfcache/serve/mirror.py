@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
-from ..cache.layout import ensure_cache_root, existing_cache_dir, resolve_cache_dir
+from ..cache.root import ensure_cache_root, existing_cache_dir, resolve_cache_dir
 from ..errors import CacheError, UsageError
 from .cache_store import unreadable_repos
 from .hub_server import HubServer

@@ -10,7 +10,8 @@ import json
 import logging
 from pathlib import Path
 
-from ..cache.layout import RepoFolder, atomic_write
+from ..cache.layout import RepoFolder
+from ..cache.atomic import atomic_write
 from ..hub.files import RemoteFile, RepoRevision
 from ..records import UnsafePath, validate_repo_path
 from .vocabulary import SHA1_RE, SHA256_RE, RepoFile, RepoSnapshot, git_blob_sha1, lfs_pointer

@@ -12,7 +12,7 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from ..cache.layout import resolve_cache_dir
+from ..cache.root import resolve_cache_dir
 from .lockfile import CacheStatus, Lockfile, cache_statuses
 from ..cache.locking import DEFAULT_LOCK_TIMEOUT, LockWait
 from ..records import ProgressSink, RepoResult, WarmedFile, WarmReport

@@ -22,7 +22,9 @@ from typing import Any
 import tomli_w
 
 from ..cache import safefs
-from ..cache.layout import RepoFolder, atomic_write, cache_error, resolve_cache_dir
+from ..cache.layout import RepoFolder
+from ..cache.atomic import atomic_write
+from ..cache.root import cache_error, resolve_cache_dir
 from ..errors import CacheError, UsageError
 from ..records import UnsafePath, WarmRequest, folder_ids, valid_repo_id, validate_repo_path
 from .manifest import (ENTRY_KEYS, MANIFEST_NAME, Manifest, ManifestNotFound, find_manifest, load_manifest,

@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING
 from huggingface_hub.utils import get_token
 
 from .. import pools
-from ..cache.layout import ensure_cache_root, resolve_cache_dir, symlinks_supported
+from ..cache.root import ensure_cache_root, resolve_cache_dir, symlinks_supported
 from ..cache.locking import DEFAULT_LOCK_TIMEOUT, LockWait
 from ..errors import HubError, UsageError
 from ..hub.client import HubClient

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..cache.layout import existing_cache_dir
+from ..cache.root import existing_cache_dir
 from ..errors import CheckFailed
 from .lockfile import Lockfile, default_lock_path, drift, lock_cache_dir, lock_manifest, read_lock
 from .manifest import Manifest, find_manifest, load_manifest

@@ -19,7 +19,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from .. import pools
-from ..cache.layout import RepoFolder, cache_error, find_blob_elsewhere
+from ..cache.layout import RepoFolder
+from ..cache.root import cache_error, find_blob_elsewhere
 from ..cache.locking import DEFAULT_LOCK_TIMEOUT, LockWait
 from ..errors import HfcacheError, HubError, IntegrityError, InternalError, UsageError
 from ..hub.client import HubClient

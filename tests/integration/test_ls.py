@@ -165,7 +165,7 @@ def test_large_listing_is_streamed_with_the_same_document(damaged_cache, tmp_pat
     import io
 
     from hfcache.cli.render.ls import repo_summary, stream_ls_json
-    from hfcache.cache.scan import stream_repos
+    from hfcache.cache.scan_stream import stream_repos
 
     pinned = pinned_revisions(read_lock(lock))
     for workers in (1, 2, 3):

@@ -1,0 +1,134 @@
+"""A large cache's listing, one repo at a time: ``ls --json`` over thousands of repos scans and renders them in forked
+worker processes (order kept, nothing shared between workers), so no process holds the whole listing (goal P4 of
+docs/benchmarks.md).
+
+Each worker k takes folders k, k+n, ... and sends each summarized repo down a pipe of its own, read round-robin;
+workers ignore SIGINT/SIGTERM (the parent SIGKILLs them when the listing ends or fails) and stop on their own when
+the parent is gone.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import signal
+import threading
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import TypeVar
+
+from .scan import FolderEntry, RepoInfo, repo_folders, scan_folder
+
+T = TypeVar("T")
+
+
+def stream_repos(root: Path, summarize: Callable[[RepoInfo], T], repo_ids: set[str] | None = None, *,
+                 threshold: int = 100, workers: int | None = None) -> Iterator[T] | None:
+    """For a large cache (more than ``threshold`` repo folders), ``summarize(repo)`` for each repo, one at a time, in
+    the order ``ls`` shows (id case-folded), so that a caller never holds the whole listing (``ls --json``, docs/benchmarks.md
+    P4); None for a smaller cache (scan it whole with :func:`scan_cache`).
+
+    The repos are scanned and summarized in ``workers`` forked processes where the platform forks and no other
+    thread runs (scanning is CPU-bound Python: a second core halves it on a 10,000-repo cache), else here. Results
+    keep the order; an error in a worker is raised here.
+
+    Args:
+        summarize: applied to each RepoInfo; its results must be picklable (they cross a pipe).
+        workers: processes (default: the CPUs this process may run on, at most 4; 1 scans here).
+    """
+    folders, locks = repo_folders(Path(root), repo_ids)
+    if len(folders) <= threshold:
+        return None
+    folders.sort(key=lambda f: f[1].lower())  # stable over the scan's (repo_type, id) order
+    root = Path(root)
+    workers = _default_workers() if workers is None else workers
+    if workers < 2 or "fork" not in multiprocessing.get_all_start_methods() or threading.active_count() > 1:
+        # One process (forking a process with threads is unsafe).
+        return (summarize(scan_folder(root, folder, locks)) for folder in folders)
+    return _in_workers((str(root), locks, summarize), folders, workers)
+
+
+def _default_workers() -> int:
+    try:
+        cpus = len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        cpus = os.cpu_count() or 1
+    return min(cpus, 4)
+
+
+def _in_workers(state: tuple[str, dict[str, int] | None, Callable[[RepoInfo], T]], folders: list[FolderEntry],
+                workers: int) -> Iterator[T]:
+    """``summarize(scan_folder(...))`` over ``folders`` in forked processes, results in order.
+
+    Worker ``k`` takes folders ``k, k + workers, ...`` and sends each result down a pipe of its own; the results are
+    read round-robin, which is the folders' order. Nothing is shared between workers (``multiprocessing.Pool``
+    shares a result queue whose lock a worker killed mid-write holds forever: a SIGTERM sent to the whole process
+    group hung ``ls``). Workers ignore SIGINT and SIGTERM: the parent handles them and kills its workers
+    (SIGKILL) when the iterator ends, is closed or raises. ``state`` (root, ``.locks`` listing, summarize) reaches
+    the workers through the fork, never pickled.
+
+    Raises:
+        InternalError: a worker ended without sending its results (killed from outside, out of memory).
+        What ``summarize`` or the scan raised in a worker, re-raised here.
+    """
+    context = multiprocessing.get_context("fork")
+    processes, pipes = [], []
+    try:
+        for k in range(workers):
+            reader, writer = context.Pipe(duplex=False)
+            process = context.Process(target=_worker, args=(writer, [*pipes, reader], state, folders, k, workers),
+                                      daemon=True, name=f"hfcache-scan-{k}")
+            process.start()
+            writer.close()
+            processes.append(process)
+            pipes.append(reader)
+        for i in range(len(folders)):
+            try:
+                ok, value = pipes[i % workers].recv()
+            except EOFError:
+                from ..errors import InternalError
+
+                raise InternalError(f"a cache scan worker process ended early (exit {processes[i % workers].exitcode})",
+                                    hint="it was killed from outside or ran out of memory: run the command again")
+            if not ok:
+                raise value
+            yield value
+    finally:
+        for process in processes:
+            if process.is_alive():
+                process.kill()
+        for process in processes:
+            process.join()
+        for pipe in pipes:
+            pipe.close()
+
+
+def _worker(pipe, inherited: list, state: tuple[str, dict[str, int] | None, Callable[[RepoInfo], object]],
+            folders: list[FolderEntry], first: int, step: int) -> None:
+    """A scan worker (forked): its share of ``folders``, each result or the first error sent to the parent; it
+    stops as soon as the parent is gone (its pipe breaks, or it has been re-parented)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C and a group SIGTERM reach every process: the parent
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)  # handles them and kills its workers
+    for other in inherited:  # the parent's reading ends (this worker's and the earlier ones'): held here, they would
+        other.close()  # keep a worker from seeing the parent go (a send would block on a full pipe, not fail)
+    devnull = os.open(os.devnull, os.O_RDWR)  # the parent's stdin/stdout (a pipe to `head`...): not held here, so
+    for fd in (0, 1):  # their reader sees the end as soon as the parent is gone
+        os.dup2(devnull, fd)
+    os.close(devnull)
+    parent = os.getppid()
+    root, locks, summarize = state
+    try:
+        for folder in folders[first::step]:
+            if os.getppid() != parent:
+                break
+            try:
+                item = (True, summarize(scan_folder(root, folder, locks)))
+            except Exception as exc:  # noqa: BLE001 - raised again in the parent, as an in-process scan would
+                item = (False, exc)
+            pipe.send(item)
+            if not item[0]:
+                break
+    except OSError:  # the parent is gone (a closed pipe): nothing to report to, and nobody to read a traceback
+        pass
+    finally:
+        pipe.close()
