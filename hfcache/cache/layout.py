@@ -8,7 +8,8 @@ Layout (huggingface_hub ``file_download.py``; docs/cache-layout.md)::
     <cache>/<folder>/refs/<revision>               40-hex commit, no trailing newline
     <cache>/<folder>/.no_exist/<commit>/<path>     empty marker: the file does not exist at that commit
 
-``<folder>`` is ``models--ORG--NAME`` (``datasets--`` for datasets), built from the repo id as the caller typed it.
+``<folder>`` is ``models--ORG--NAME`` (``datasets--``, ``kernels--`` for those types), built from the repo id as the
+caller typed it.
 Every write lands atomically: a temporary name in the same folder, then ``os.replace``.
 """
 
@@ -28,6 +29,7 @@ from . import safefs
 from .locking import DEFAULT_LOCK_TIMEOUT, LockWait
 from .atomic import atomic_write_at, file_lock, unlink_at
 from .root import repo_folder_name
+from .shared_store import STORE_DIR, StoreProblem, open_store_dir, payload_stat
 from .sharing import SharePolicy, cache_policy, share_dir_fd, share_fd
 
 
@@ -45,7 +47,7 @@ class RepoFolder:
     Args:
         cache_dir: the cache root.
         repo_id: the repo id exactly as callers will load it (a legacy id gets its own folder).
-        repo_type: ``model``, ``dataset`` or ``space``.
+        repo_type: ``model``, ``dataset``, ``space`` or ``kernel``.
 
     Raises (from every method that builds a path or writes):
         UnsafeName: a blob, commit, ref or path name that would leave its folder.
@@ -134,11 +136,18 @@ class RepoFolder:
         return self._lock(REPO_LOCK_NAME, stop)
 
     def blob_ok(self, etag: str, size: int) -> bool:
-        """True when ``blobs/<etag>`` is a regular file of the expected size (no hashing; no link followed)."""
+        """True when ``blobs/<etag>`` is a regular file of the expected size, or a link of huggingface_hub's exact
+        shape into the marked shared Xet store to a payload of that size (no hashing; no other link followed)."""
         try:
             with safefs.dir_fd(self.cache_dir, (self.name, "blobs")) as fd:
                 st = os.stat(safefs.check_etag(etag), dir_fd=fd, follow_symlinks=False)
-        except OSError:
+            if stat.S_ISLNK(st.st_mode):
+                # huggingface_hub 2.4's link into the shared Xet store (cache/shared_store.py): the payload counts
+                xet_hash = safefs.store_link_of(self.cache_dir, self.name, etag)
+                if xet_hash is None:
+                    return False
+                st = payload_stat(self.cache_dir, xet_hash)
+        except OSError:  # StoreProblem included: an unmarked store, a planted link or FIFO is not a blob
             return False
         return stat.S_ISREG(st.st_mode) and st.st_size == size
 
@@ -244,8 +253,10 @@ class RepoFolder:
         opened from the cache root without following links, and the link is made relative to their fds.
 
         Returns:
-            False when hardlinks are not possible here (another filesystem, no support), or ``source`` is not a
-            regular ``<folder>/blobs/<etag>`` of this cache; nothing is changed then.
+            False when hardlinks are not possible here (another filesystem, no support), or ``source`` is neither a
+            regular ``<folder>/blobs/<etag>`` of this cache nor a payload ``blobs/<2hex>/<xet_hash>`` of its marked
+            shared store (a hardlink of a payload keeps its bytes once on disk, and survives the library's sweep of
+            the payload); nothing is changed then.
         """
         safefs.check_etag(etag)
         try:
@@ -253,7 +264,7 @@ class RepoFolder:
             safefs.check_etag(src_rel[-1])
         except (ValueError, IndexError, safefs.UnsafeName):
             return False
-        if len(src_rel) != 3 or src_rel[1] != "blobs":
+        if len(src_rel) != 3 or (src_rel[1] != "blobs" and not _store_payload_rel(self.cache_dir, src_rel)):
             return False
         self.make_dir(self.root / "snapshots")
         tmp = f".{etag}.{uuid.uuid4().hex[:8]}.incomplete"
@@ -476,3 +487,12 @@ def _repo_parts(path: str) -> list[str]:
     return parts
 
 
+def _store_payload_rel(cache_dir: Path, rel: tuple[str, ...]) -> bool:
+    """Whether ``rel`` names a payload of the cache's marked shared store: ``("blobs", h[:2], h)``."""
+    if rel[0] != STORE_DIR or rel[1] != rel[2][:2] or len(rel[2]) != 64:
+        return False
+    try:
+        os.close(open_store_dir(cache_dir))
+    except (OSError, StoreProblem):
+        return False
+    return True

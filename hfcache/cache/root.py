@@ -16,6 +16,7 @@ from pathlib import Path
 from . import safefs
 from ..errors import CacheError
 from .atomic import atomic_write
+from .shared_store import STORE_DIR, payload_stat
 from .sharing import cache_policy, make_dirs
 
 
@@ -163,7 +164,8 @@ def write_access_error(root: Path) -> CacheError:
 
 
 def repo_folder_name(repo_id: str, repo_type: str = "model") -> str:
-    """``models--ORG--NAME``: huggingface_hub ``file_download.repo_folder_name``, restated here because importing
+    """``models--ORG--NAME`` (``datasets--``, ``spaces--``, ``kernels--``: the type plus ``s``): huggingface_hub
+    ``file_download.repo_folder_name``, restated here because importing
     that module loads the HTTP stack, which the light ``warm --lock`` check must not pay for."""
     return "--".join([f"{repo_type}s", *repo_id.split("/")])
 
@@ -192,7 +194,8 @@ def symlinks_supported(cache_dir: Path) -> bool:
 
 
 def find_blob_elsewhere(cache_dir: Path, etag: str, size: int, exclude: str) -> Path | None:
-    """Find a regular ``blobs/<etag>`` of the right size in another repo folder of the cache (for hardlinking)."""
+    """Find a regular ``blobs/<etag>`` of the right size in another repo folder of the cache (for hardlinking), or
+    the shared Xet store's payload such a blob links to (huggingface_hub 2.4's ``blobs/<2hex>/<xet_hash>``)."""
     safefs.check_etag(etag)
     try:
         entries = os.scandir(cache_dir)
@@ -210,6 +213,24 @@ def find_blob_elsewhere(cache_dir: Path, etag: str, size: int, exclude: str) -> 
                 st = os.stat(candidate, follow_symlinks=False)
             except OSError:
                 continue
+            if stat.S_ISLNK(st.st_mode):
+                payload = _store_payload(cache_dir, entry.name, etag)
+                if payload is not None and payload[1] == size:
+                    return payload[0]
+                continue
             if st.st_size == size and stat.S_ISREG(st.st_mode):
                 return candidate
     return None
+
+
+def _store_payload(cache_dir: Path, folder: str, etag: str) -> tuple[Path, int] | None:
+    """(path, size) of the shared-store payload ``<folder>/blobs/<etag>`` links to, when the link has huggingface_hub
+    2.4's exact shape and the payload is a regular file of a marked store (:mod:`hfcache.cache.shared_store`)."""
+    xet_hash = safefs.store_link_of(cache_dir, folder, etag)
+    if xet_hash is None:
+        return None
+    try:
+        st = payload_stat(cache_dir, xet_hash)
+    except OSError:
+        return None
+    return cache_dir / STORE_DIR / xet_hash[:2] / xet_hash, st.st_size

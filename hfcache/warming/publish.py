@@ -17,6 +17,7 @@ from ..cache import safefs
 from ..cache.layout import RepoFolder
 from ..cache.published import write_record
 from ..cache.safefs import UnsafeLayout
+from ..cache.shared_store import STORE_DIR
 from ..hub.files import RemoteFile, RepoRevision
 from ..records import WarmRequest
 
@@ -49,12 +50,11 @@ def copy_blob(source: RepoFolder, dest: RepoFolder, file: RemoteFile) -> None:
         dest.discard_incomplete(file.etag)  # an earlier attempt's leftovers: the blob comes from the canonical folder
         if dest.blob_ok(file.etag, file.size):
             return
-        if not dest.adopt_blob(source.blob_path(file.etag), file.etag):
+        if not dest.adopt_blob(_blob_source(source, file.etag), file.etag):
             # No hardlinks on this filesystem: store a second copy rather than fail.
             incomplete, out = dest.open_incomplete(file.etag)
             try:
-                src_fd = safefs.open_file(source.cache_dir, (source.name, "blobs", file.etag),
-                                          os.O_RDONLY | os.O_NONBLOCK)
+                src_fd = safefs.open_blob(source.cache_dir, source.name, file.etag)
                 with out, os.fdopen(src_fd, "rb") as src:
                     if not stat.S_ISREG(os.fstat(src.fileno()).st_mode):
                         raise UnsafeLayout(f"{source.name}/blobs/{file.etag} is not a regular file: left alone")
@@ -63,6 +63,15 @@ def copy_blob(source: RepoFolder, dest: RepoFolder, file: RemoteFile) -> None:
             finally:
                 incomplete.unlink(missing_ok=True)
 
+
+
+def _blob_source(folder: RepoFolder, etag: str) -> Path:
+    """What to hardlink for ``folder``'s blob: the blob itself, or, where huggingface_hub 2.4 made it a link into the
+    shared Xet store, the store's payload (a hardlink of a link would be a link; cache/shared_store.py)."""
+    xet_hash = safefs.store_link_of(folder.cache_dir, folder.name, etag)
+    if xet_hash is None:
+        return folder.blob_path(etag)
+    return folder.cache_dir / STORE_DIR / xet_hash[:2] / xet_hash
 
 def publish(folder: RepoFolder, repo: RepoRevision, files: list[RemoteFile], absent: Sequence[str], *,
             request: WarmRequest, cache_dir: Path, symlinks: bool) -> list[str]:
