@@ -21,7 +21,7 @@ PRESENTATION = "hfcache.cli"
 #: HTTP clients; only hfcache.hub talks to a Hub (huggingface_hub's HTTP client is httpx2), only hfcache.oci to an
 #: OCI registry (oras, requests).
 HTTP_CLIENTS = {"httpx", "httpx2", "requests", "urllib3", "aiohttp", "http.client", "urllib.request", "oras"}
-NETWORK_MODULES = {"hfcache.hub.client", "hfcache.oci.image", "hfcache.oci.registry"}  # the registry client (oras-py)
+NETWORK_MODULES = {"hfcache.hub.client", "hfcache.oci.registry"}  # the registry client (oras-py)
 #: huggingface_hub names that are not its HTTP side: reading the saved token is a file read.
 HUB_LOCAL_NAMES = {"huggingface_hub.utils": {"get_token"}}
 
@@ -260,7 +260,7 @@ def test_warm_lock_modules_really_import_without_huggingface_hub():
 
 
 def test_the_session_thread_imports_nothing_the_main_thread_is_importing():
-    """hub_session builds the HTTP client in a thread while the main thread imports hfcache.warming.orchestrate: the two sets
+    """hub/session.py builds the HTTP client in a thread while the main thread imports hfcache.warming.orchestrate: the two sets
     of modules must not meet, or CPython may raise _DeadlockError in one of them (hub/session.py). Measured in a real
     interpreter: what warming imports after prepare_session's own import, against what building the client
     imports."""
