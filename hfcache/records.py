@@ -16,7 +16,9 @@ from .errors import UsageError
 
 KINDS = ("tokenizer", "model", "all")
 
-REPO_TYPES = ("model", "dataset")
+#: The repo types hfcache warms (huggingface_hub constants.py ``REPO_TYPES_WITH_KERNEL``, less ``space``): each is
+#: cached as ``{type}s--ORG--NAME`` and asked under the URL prefix ``{type}s/`` (none for models).
+REPO_TYPES = ("model", "dataset", "kernel")
 
 # Same rule as huggingface_hub.utils._validators.REPO_ID_REGEX / validate_repo_id (copied: importing it loads
 # huggingface_hub.utils and its HTTP stack, which the light lock path must not pay for).
@@ -31,7 +33,7 @@ class WarmRequest:
     Attributes:
         repo_id (str): ``org/name`` or a legacy id; the cache folder is named after it, as loaders will ask for it.
         revision (str): branch, tag or 40-hex commit (default ``main``).
-        repo_type (str): ``model`` or ``dataset``.
+        repo_type (str): ``model``, ``dataset`` or ``kernel`` (:data:`REPO_TYPES`).
         kind (str): ``tokenizer`` (default), ``model`` or ``all`` (see :func:`hfcache.warming.selection.select`).
         include (tuple[str, ...]): globs added to the kind's selection.
         exclude (tuple[str, ...]): globs removed from it.

@@ -1,4 +1,4 @@
-"""The Hugging Face hub cache layout, and atomic writes into it.
+"""The Hugging Face hub cache layout of one repo folder (:class:`RepoFolder`), and blobs being downloaded into it.
 
 Layout (huggingface_hub ``file_download.py``; docs/cache-layout.md)::
 

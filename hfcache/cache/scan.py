@@ -23,9 +23,10 @@ from pathlib import Path
 from typing import NamedTuple
 
 from .safefs import list_modes, repo_layout_problems
+from .store_blobs import scan_blobs
 
 _COMMIT_RE = re.compile(rb"^[0-9a-f]{40}$")
-_REPO_TYPES = {"models": "model", "datasets": "dataset", "spaces": "space"}
+_REPO_TYPES = {"models": "model", "datasets": "dataset", "spaces": "space", "kernels": "kernel"}
 
 
 class SnapshotFile(NamedTuple):
@@ -80,7 +81,7 @@ class RepoInfo:
         refs (dict[str, str]): ref name -> content (commit, or whatever malformed text it holds).
         revisions (tuple[RevisionInfo, ...]): sorted by commit.
         size_on_disk (int): bytes of the repo's distinct contents (blobs, real snapshot files, ``.incomplete``).
-        blob_count (int): regular files in ``blobs/``.
+        blob_count (int): blobs in ``blobs/``: regular files and healthy links into the shared Xet store.
         incomplete (tuple[str, ...]): leftover ``blobs/*.incomplete`` names.
         last_used (float): newest ``last_used`` of its revisions (0 when it has none).
         problems (tuple[str, ...]): repo-level and revision-level problems, in a stable order.
@@ -258,7 +259,7 @@ def scan_repo(folder: str | os.PathLike[str], repo_id: str, repo_type: str,
                         problems=(f"{folder_name}/: {_DENIED}",), inodes={}, unreadable=("",))
     problems: list[str] = []
     denied: list[str] = []
-    blob_stats, incomplete, inodes = _scan_blobs(base, denied, problems)
+    blob_stats, incomplete, inodes = scan_blobs(base, _scandir(base + "/blobs", denied, "blobs/"), denied, problems)
 
     linked: list[str] = []  # planted links below the parts: the repo is unsafe, as for a symlinked part
     refs = _read_refs(base + "/refs", "", denied, linked)
@@ -296,38 +297,6 @@ def scan_repo(folder: str | os.PathLike[str], repo_id: str, repo_type: str,
         unreadable=tuple(sorted(set(denied))),
     )
 
-
-
-def _scan_blobs(base: str, denied: list[str], problems: list[str]
-                ) -> tuple[dict[str, os.stat_result], list[str], dict[tuple[int, int], int]]:
-    """The repo's ``blobs/`` folder: (name -> lstat of each regular blob, sorted ``.incomplete`` names, (dev, inode)
-    -> size of everything that takes space). Links and special files there are appended to ``problems``; a folder
-    this user cannot read or search to ``denied``."""
-    blob_stats: dict[str, os.stat_result] = {}
-    incomplete = []
-    inodes: dict[tuple[int, int], int] = {}
-    for e in _scandir(base + "/blobs", denied, "blobs/"):
-        try:
-            st = e.stat(follow_symlinks=False)
-        except FileNotFoundError:  # removed since the listing (a concurrent prune): not part of the cache now
-            continue
-        except PermissionError:  # listable but not searchable (mode r--)
-            denied.append("blobs/")
-            break
-        if e.name.endswith(".incomplete"):
-            incomplete.append(e.name)
-            inodes[(st.st_dev, st.st_ino)] = st.st_size
-        elif stat.S_ISREG(st.st_mode):
-            blob_stats[e.name] = st
-            inodes[(st.st_dev, st.st_ino)] = st.st_size
-        elif stat.S_ISLNK(st.st_mode):
-            problems.append(f"blobs/{e.name}: a symlink, not a file")
-        else:
-            problems.append(f"blobs/{e.name}: not a regular file")
-    incomplete.sort()
-    if incomplete:
-        problems.append(f"{len(incomplete)} leftover .incomplete file(s)")
-    return blob_stats, incomplete, inodes
 
 
 def _snapshot_folders(base: str, denied: list[str], linked: list[str]) -> dict[str, str]:

@@ -43,7 +43,7 @@ def ls_command(repo_ids, cache_dir, revisions, lock_file, sort, as_json) -> None
         try:
             unreadable = render.stream_ls_json(str(Path(root)), summaries, sys.stdout)
         finally:
-            summaries.close()  # on Ctrl-C too: the scan's worker processes end now (scan.stream_repos)
+            summaries.close()  # on Ctrl-C too: the scan's worker processes end now (scan_stream.stream_repos)
         sys.exit(1 if unreadable else 0)
     info = scan_cache(root, wanted)
     render.show_ls(info, pinned, sort=sort, revisions=revisions, as_json=as_json)

@@ -98,7 +98,7 @@ def _exit_now(code: int) -> None:
     publishes nothing more; a download thread blocked on a silent socket must not hold the exit up to --timeout
     (partial files stay resumable)."""
     for stream in (sys.stdout, sys.stderr):
-        with contextlib.suppress(BaseException):  # cli_stdout ends a failed write with SystemExit
+        with contextlib.suppress(BaseException):  # cli/stdout.py ends a failed write with SystemExit
             stream.flush()
     os._exit(code)
 

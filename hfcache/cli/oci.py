@@ -1,4 +1,4 @@
-"""``hfcache push`` and ``hfcache pull``: parse, call :mod:`hfcache.oci.image`, render (:mod:`hfcache.cli.render.oci`)."""
+"""``hfcache push`` and ``hfcache pull``: parse, call :mod:`hfcache.oci.image` (push) or :mod:`hfcache.oci.pull`, render (:mod:`hfcache.cli.render.oci`)."""
 
 from __future__ import annotations
 

@@ -23,7 +23,7 @@ from ..errors import UsageError
                    "all: the whole repo.")
 @click.option("--include", multiple=True, metavar="GLOB", help="Also fetch files matching GLOB (repeatable).")
 @click.option("--exclude", multiple=True, metavar="GLOB", help="Never fetch files matching GLOB (repeatable).")
-@click.option("--repo-type", type=click.Choice(["model", "dataset"]), default="model", show_default=True)
+@click.option("--repo-type", type=click.Choice(["model", "dataset", "kernel"]), default="model", show_default=True)
 @click.option("--lock", "lock_file", type=click.Path(dir_okay=False),
               help="Install exactly this lock (no REPO_ID arguments then).")
 @click.option("--locked", is_flag=True, help="With --lock: fail (exit 1) if the manifest and the lock disagree.")

@@ -1,4 +1,4 @@
-"""Hub access: the only hfcache module that talks to the network.
+"""Hub access: the only Hub client (the registry client is :mod:`hfcache.oci.registry`).
 
 Metadata, in order of preference (docs/cache-layout.md, 'The Hub protocol'; anything huggingface_hub can download
 from, hfcache can warm from):
@@ -138,7 +138,7 @@ class HubClient:
             repo_id: ``org/name`` or a legacy id.
             revision: branch, tag or 40-hex commit (always sent as ``/revision/<rev>``: some mirrors answer 404
                 to repo info without it).
-            repo_type: ``model`` or ``dataset``.
+            repo_type: ``model``, ``dataset`` or ``kernel`` (``/api/{type}s/``: hf_api.py ``kernel_info``).
             counter: counts retries (default: a fresh one).
 
         Returns:

@@ -49,7 +49,7 @@ class RepoRevision:
     Attributes:
         repo_id (str): the id as requested (may be a legacy id such as ``bert-base-uncased``).
         canonical_id (str): the id the endpoint answered with (``google-bert/bert-base-uncased``).
-        repo_type (str): ``model`` or ``dataset``.
+        repo_type (str): ``model``, ``dataset`` or ``kernel``.
         revision (str): the requested revision (branch, tag or commit).
         commit_hash (str): the 40-hex commit.
         files (tuple[RemoteFile, ...]): the files whose size and hash are known, sorted by path.

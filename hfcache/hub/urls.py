@@ -32,19 +32,20 @@ def validate_endpoint(endpoint: str) -> str:
 def resolve_url(endpoint: str, repo_id: str, path: str, repo_type: str, revision: str) -> str:
     """The URL of one file at a revision: ``{endpoint}/{prefix}{repo_id}/resolve/{revision}/{path}``.
 
-    Same URL as ``hf_hub_url`` (file_download.py: ``HUGGINGFACE_CO_URL_TEMPLATE``, prefix ``datasets/`` or
-    ``spaces/``, revision quoted with no safe character, path quoted keeping ``/``), built here because importing
-    file_download.py loads tqdm and asyncio (~25 ms of every cold warm, docs/benchmarks.md).
+    Same URL as ``hf_hub_url`` (file_download.py: ``HUGGINGFACE_CO_URL_TEMPLATE``, prefix ``datasets/``, ``spaces/``
+    or ``kernels/`` from constants.py ``REPO_TYPES_URL_PREFIXES``, revision quoted with no safe character, path
+    quoted keeping ``/``), built here because importing file_download.py loads tqdm and asyncio (~25 ms of every
+    cold warm, docs/benchmarks.md).
 
     Args:
         endpoint: base URL without a trailing slash.
-        repo_id: ``org/name`` or a legacy id. path: the file's path in the repo. repo_type: ``model``, ``dataset``
-            or ``space``. revision: a branch, tag or commit.
+        repo_id: ``org/name`` or a legacy id. path: the file's path in the repo. repo_type: ``model``, ``dataset``,
+            ``space`` or ``kernel``. revision: a branch, tag or commit.
 
     Returns:
         str: the absolute URL.
     """
-    prefix = {"dataset": "datasets/", "space": "spaces/"}.get(repo_type, "")
+    prefix = {"dataset": "datasets/", "space": "spaces/", "kernel": "kernels/"}.get(repo_type, "")
     return f"{endpoint}/{prefix}{repo_id}/resolve/{quote(revision, safe='')}/{quote(path)}"
 
 

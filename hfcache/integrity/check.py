@@ -15,6 +15,9 @@ other repo without it. transformers copies that code into ``HF_MODULES_CACHE`` b
 and is named as the cause); otherwise the child gets a private temporary one, so a read-only cache or HOME does not
 fail the check (``hfcache exec`` handles the runtime side, see :mod:`hfcache.warming.modules_cache`). A repo whose
 configs no parser can read (JSON nested too deeply) fails on its own, without stopping the others.
+
+Kernel repos (huggingface_hub repo type ``kernel``, ``kernels--ORG--NAME``) hold compute kernels, never a tokenizer:
+they are listed as skipped, with the reason, and count as passed; nothing is loaded for them.
 """
 
 from __future__ import annotations
@@ -51,6 +54,8 @@ class CheckResult:
         seconds (float): load time in the child.
         error (str | None): the exception the load raised.
         cause (str | None): hfcache's diagnosis of what is missing, when it can tell.
+        skipped (str | None): why nothing was loaded for a target that has no tokenizer to load (a kernel repo);
+            such a result is ``ok``.
     """
 
     target: CheckTarget
@@ -61,6 +66,11 @@ class CheckResult:
     seconds: float = 0.0
     error: str | None = None
     cause: str | None = None
+    skipped: str | None = None
+
+
+#: Why a kernel repo is skipped (check_targets lists kernel repos so that a named or locked one is not a failure).
+KERNEL_SKIP = "a kernel repo has no tokenizer: nothing to load (verify checks its files)"
 
 
 @dataclass(frozen=True)
@@ -125,6 +135,25 @@ def probe_environment(cache_dir: Path) -> dict[str, str]:
 
 def check_tokenizers(cache_dir: Path, targets: list[CheckTarget], text: str = DEFAULT_TEXT,
                      timeout: float = 600) -> CheckReport:
+    """Load every target in one offline child process and diagnose the failures; a kernel repo's target is not
+    loaded but skipped (:data:`KERNEL_SKIP`), in its place among the results.
+
+    Returns:
+        CheckReport: one result per target, in the targets' order.
+
+    Raises:
+        InternalError: the child crashed or printed no result.
+    """
+    loaded = [t for t in targets if t.repo_type != "kernel"]
+    report = _load_tokenizers(cache_dir, loaded, text, timeout) if loaded else \
+        CheckReport(cache_dir=str(cache_dir), text=text, results=(), import_seconds=0.0)
+    results = iter(report.results)
+    merged = tuple(CheckResult(t, True, skipped=KERNEL_SKIP) if t.repo_type == "kernel" else next(results)
+                   for t in targets)
+    return replace(report, results=merged)
+
+
+def _load_tokenizers(cache_dir: Path, targets: list[CheckTarget], text: str, timeout: float) -> CheckReport:
     """Load every target in one offline child process and diagnose the failures.
 
     Targets whose cached configs name custom code (:func:`custom_code_refs`) are loaded with

@@ -43,11 +43,14 @@ class CheckTarget:
 
 
 def targets_from_lock(lock: Lockfile) -> list[CheckTarget]:
-    """Every locked repo whose selection holds tokenizer files, by the id and revision the manifest uses."""
+    """Every locked repo whose selection holds tokenizer files, by the id and revision the manifest uses; and every
+    kernel repo (``repo_type = "kernel"``), which check lists as skipped (it has no tokenizer)."""
     targets = []
     for repo in lock.repos:
         paths = [f.path for f in repo.files]
-        if tokenizer_paths(paths) - {"config.json"}:
+        if repo.request.repo_type == "kernel":
+            targets.append(CheckTarget(repo.request.repo_id, repo.request.revision, "kernel"))
+        elif tokenizer_paths(paths) - {"config.json"}:
             templates = tuple(p for p in paths if p.startswith("additional_chat_templates/")
                               or p in ("chat_template.jinja", "chat_template.json"))
             targets.append(CheckTarget(repo.request.repo_id, repo.request.revision, repo.request.repo_type,
@@ -90,7 +93,8 @@ def select_targets(targets: list[CheckTarget], specs: Iterable[str]) -> list[Che
 def targets_from_cache(cache_dir: Path, specs: Iterable[str] = ()) -> list[CheckTarget]:
     """The tokenizers of a cache to check: every model repo revision (by ref, or by commit when no ref points to it)
     whose snapshot holds tokenizer files; with ``specs`` (``REPO_ID[@REVISION]``), only those repos, at the
-    revisions given (all cached ones when none is given).
+    revisions given (all cached ones when none is given). Kernel repos (``kernels--*``) are targets of type
+    ``kernel`` the same way, which check lists as skipped; dataset repos are left out.
 
     A spec naming something the cache lacks still becomes a target, so that its failed load says what is missing.
 
@@ -101,6 +105,11 @@ def targets_from_cache(cache_dir: Path, specs: Iterable[str] = ()) -> list[Check
     targets: list[CheckTarget] = []
     found: set[str] = set()
     for repo in scan_cache(cache_dir, set(wanted) or None).repos:
+        if repo.repo_type == "kernel":  # no tokenizer: listed, so that naming one is a note, not a failure
+            revisions = sorted(wanted.get(repo.repo_id) or {r for r, _ in cached_revisions(repo)} or {"main"})
+            targets += [CheckTarget(repo.repo_id, revision, "kernel") for revision in revisions]
+            found.add(repo.repo_id)
+            continue
         if repo.repo_type != "model":
             continue
         if repo.unsafe:

@@ -1,6 +1,6 @@
 """diagnosis: name the missing piece behind a failed offline tokenizer load, from the cache and the error text.
 
-Used by ``check`` (:mod:`hfcache.integrity.check`) and by ``hfcache.offline.env.load_tokenizer``. In order: custom
+Used by ``check`` (:mod:`hfcache.integrity.check`) and by ``hfcache.offline.api.load_tokenizer``. In order: custom
 code (a module of another repo or missing from the snapshot, ``trust_remote_code`` not passed, an unwritable
 ``HF_MODULES_CACHE``, packages the code imports that are not installed, the code itself failing), a missing Python
 package, an unsafe layout, a repo or ref the cache lacks or holds malformed, no snapshot, no ``config.json`` and no

@@ -46,6 +46,15 @@ def content_hash(path: str, algorithm: str, on_bytes=None) -> tuple[str, int]:
         fd = os.open(path, flags | getattr(os, "O_NOATIME", 0))
     except PermissionError:
         fd = os.open(path, flags)
+    return fd_hash(fd, algorithm, on_bytes, path)
+
+
+def fd_hash(fd: int, algorithm: str, on_bytes=None, shown: str = "") -> tuple[str, int]:
+    """Hash the open file ``fd`` (closed here) as :func:`content_hash` does; return (hex digest, bytes read).
+
+    Used for a payload of huggingface_hub 2.4's shared Xet store, opened by
+    :func:`hfcache.cache.safefs.open_blob` (no link followed). Raises OSError (EINVAL) when it is not a regular
+    file; ``shown`` names it in that error."""
     buffer = getattr(_buffers, "buffer", None)
     if buffer is None:
         buffer = _buffers.buffer = bytearray(_CHUNK)
@@ -53,7 +62,7 @@ def content_hash(path: str, algorithm: str, on_bytes=None) -> tuple[str, int]:
     with os.fdopen(fd, "rb", buffering=0) as f:
         st = os.fstat(f.fileno())
         if not stat.S_ISREG(st.st_mode):  # a FIFO or device would never end (or never start)
-            raise OSError(errno.EINVAL, "not a regular file", path)
+            raise OSError(errno.EINVAL, "not a regular file", shown)
         size = st.st_size
         h = hashlib.sha256() if algorithm == "sha256" else hashlib.sha1()  # noqa: S324 - git object id
         if algorithm != "sha256":

@@ -9,12 +9,16 @@
   (blob renamed into place, then the link). A link whose file the endpoint says no longer exists is removed.
 - A corrupt blob no snapshot uses is removed.
 
-Healthy blobs and links are never rewritten. Each repo is repaired under the same repo lock warm takes.
+Healthy blobs and links are never rewritten; a repo blob that is huggingface_hub 2.4's link into the shared Xet
+store (exact shape, marked store, regular payload) is a healthy blob and stays a link. A broken one (a corrupt or
+missing payload, a refused store) is downloaded again into a regular blob, replacing the link itself (``os.replace``,
+never written through); the store's payload is left to the library. Each repo is repaired under the same repo lock warm takes.
 """
 
 from __future__ import annotations
 
 import os
+import stat
 from collections import defaultdict
 from collections.abc import Callable, Iterable
 from contextlib import AbstractContextManager
@@ -121,8 +125,7 @@ def _repair_repo(folder: RepoFolder, problems: list[Problem], client: HubClient 
             target = os.readlink(folder.pointer_path(p.revision, p.path))
             etag = os.path.basename(target)
             if p.kind == "link_absolute" and os.path.dirname(target) == str(folder.root / "blobs") \
-                    and folder.blob_path(etag).is_file() and not folder.blob_path(etag).is_symlink() \
-                    and etag not in bad_blobs:
+                    and _healthy_blob(folder, etag) and etag not in bad_blobs:
                 folder.link(p.revision, p.path, etag, symlinks=symlinks)
                 actions.append(RepairAction(p.repo_id, p.revision, p.path, "relinked",
                                             f"relative link to blobs/{etag[:16]}…"))
@@ -146,6 +149,20 @@ def _repair_repo(folder: RepoFolder, problems: list[Problem], client: HubClient 
     for commit, paths in sorted(wanted.items()):
         actions.extend(_refetch(folder, commit, sorted(paths), client, lock, symlinks, bad_blobs))
     return actions
+
+
+def _healthy_blob(folder: RepoFolder, etag: str) -> bool:
+    """Whether ``blobs/<etag>`` is a regular file, or huggingface_hub 2.4's link of the exact shape into the marked
+    shared Xet store to a regular payload (:func:`hfcache.cache.safefs.open_blob`; no other link followed): such a
+    link is kept, never replaced by a copy."""
+    try:
+        fd = safefs.open_blob(folder.cache_dir, folder.name, safefs.check_etag(etag))
+    except (OSError, HfcacheError):
+        return False
+    try:
+        return stat.S_ISREG(os.fstat(fd).st_mode)
+    finally:
+        os.close(fd)
 
 
 def _fix_ref(folder: RepoFolder, problem: Problem, snapshots: set[str]) -> RepairAction:

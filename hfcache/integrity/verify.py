@@ -22,19 +22,23 @@ from collections.abc import Iterable, Iterator
 from dataclasses import replace
 
 from .. import pools
+from ..cache import safefs
 from ..cache.root import repo_folder_name
+from ..cache.store_blobs import store_blob_stat
+from ..errors import CacheError
 from ..cache.scan import SPECIAL_FILE, RepoInfo, scan_cache
 from ..records import parse_specs
 from ..warming.lockfile import Lockfile
 from . import verify_record
 from .expectations import Expected, check_expected, expected_of, lock_expectations, lock_repos_missing, lost_markers
-from .hashing import HashProgress, algorithm_of, content_hash
+from .hashing import HashProgress, algorithm_of, content_hash, fd_hash
 from .verify_report import Problem, VerifyReport
 
 _BATCH_BYTES = 32 * 1024 * 1024  # blobs hashed per task: one hand-over to the reporting thread per ~32 MiB
 
-#: A blob or real file to hash, keyed by (device, inode): (path to open, algorithm, expected etag, size).
-_Jobs = dict[tuple[int, int], tuple[str, str, str, int]]
+#: A blob or real file to hash, keyed by (device, inode): (path to open, or (cache root, repo folder, etag) for a
+#: link into the shared Xet store, opened with safefs.open_blob; algorithm, expected etag, size).
+_Jobs = dict[tuple[int, int], tuple[str | tuple[str, str, str], str, str, int]]
 #: Who refers to each content: (repo, revision or "" for the blob itself, repo path or ``blobs/<etag>``).
 _Owners = dict[tuple[int, int], list[tuple[RepoInfo, str, str]]]
 #: Blobs' stat stamps (verify_record), for fast.
@@ -182,12 +186,18 @@ def _queue_blobs(cache_dir: str, repo: RepoInfo, used: set[str] | None, jobs: _J
             st = entry.stat(follow_symlinks=False)
         except FileNotFoundError:  # removed since the listing (a concurrent prune)
             continue
+        opener: str | tuple[str, str, str] = entry.path
+        if stat.S_ISLNK(st.st_mode):  # a shared-store link: the payload is hashed; other links the scan reported
+            st, _problem = store_blob_stat(cache_dir, entry.path, entry.name)
+            if st is None:
+                continue
+            opener = (cache_dir, repo.folder, entry.name)
         if algorithm is None:
             problems.append(Problem(repo.repo_id, "", f"blobs/{entry.name}", "unverified",
                                     "blob name is not a sha256 or git sha1: cannot be checked", repo.folder))
             continue
         key = (st.st_dev, st.st_ino)
-        jobs.setdefault(key, (entry.path, algorithm, entry.name, st.st_size))
+        jobs.setdefault(key, (opener, algorithm, entry.name, st.st_size))
         stamps.setdefault(key, verify_record.stamp(st, entry.name))
         owners.setdefault(key, []).append((repo, "", f"blobs/{entry.name}"))
     return problems
@@ -207,11 +217,13 @@ def _hash_contents(todo: list[tuple[int, int]], jobs: _Jobs, owners: _Owners, ma
     def run(key: tuple[int, int]) -> tuple[tuple[int, int], str | None, int]:
         path, algorithm, etag, size = jobs[key]
         try:
-            digest, read = content_hash(path, algorithm, progress.advance if progress else None)
+            digest, read = _hash_one(path, algorithm, progress.advance if progress else None)
         except FileNotFoundError:
             return key, None, 0  # removed since the scan (a concurrent prune): nothing left to be wrong
         except OSError as exc:
             return key, f"cannot be read: {exc.strerror}", 0
+        except CacheError as exc:  # the store link or payload changed since the scan into a refused shape
+            return key, f"refused: {exc.message}", 0
         return key, (None if digest == etag else f"content hashes to {digest}"), read
 
     def run_batch(keys: list[tuple[int, int]]) -> list[tuple[tuple[int, int], str | None, int]]:
@@ -232,11 +244,28 @@ def _hash_contents(todo: list[tuple[int, int]], jobs: _Jobs, owners: _Owners, ma
     return problems, failed, hashed_bytes
 
 
+def _hash_one(path: str | tuple[str, str, str], algorithm: str, on_bytes) -> tuple[str, int]:
+    """(digest, bytes read) of a job's file: a path (:func:`content_hash`), or a store-linked repo blob opened with
+    :func:`hfcache.cache.safefs.open_blob` (the library's link shape into a marked store, nothing else followed).
+    Raises OSError, or CacheError (UnsafeLayout) for a store link refused since the scan."""
+    if isinstance(path, str):
+        return content_hash(path, algorithm, on_bytes)
+    root, folder, etag = path
+    try:  # O_NOATIME: hashing is not a use (only the owner may ask for it)
+        fd = safefs.open_blob(root, folder, etag, os.O_RDONLY | getattr(os, "O_NOATIME", 0))
+    except PermissionError:
+        fd = safefs.open_blob(root, folder, etag)
+    return fd_hash(fd, algorithm, on_bytes, f"{root}/{folder}/blobs/{etag}")
+
+
 def _failure_problems(key: tuple[int, int], failure: str, jobs: _Jobs, owners: _Owners) -> list[Problem]:
     """A problem for each owner of a content that cannot be read or does not hash to its expected etag."""
     problems: list[Problem] = []
     path, algorithm, etag, size = jobs[key]
     for repo, revision, where in owners[key]:
+        if failure.startswith("refused"):
+            problems.append(Problem(repo.repo_id, revision, where, "blob_not_file", failure, repo.folder))
+            continue
         if failure.startswith("cannot be read"):
             problems.append(Problem(repo.repo_id, revision, where, "unreadable",
                                     f"{failure}: ask the cache's owner to make it group-readable",
@@ -314,6 +343,6 @@ def _blob_entries(blobs_dir: str) -> list[os.DirEntry]:
     try:
         with os.scandir(blobs_dir) as it:
             return [e for e in it if not e.name.endswith(".incomplete")
-                    and stat.S_ISREG(e.stat(follow_symlinks=False).st_mode)]
+                    and (stat.S_ISREG(e.stat(follow_symlinks=False).st_mode) or e.is_symlink())]
     except (FileNotFoundError, NotADirectoryError, PermissionError):  # the scan reports an unreadable blobs/
         return []

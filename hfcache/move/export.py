@@ -36,12 +36,12 @@ from typing import BinaryIO
 
 from ..cache import safefs
 from ..cache.root import CACHEDIR_TAG
+from .export_store import HashingReader as _HashingReader, with_store_blobs as _with_store_blobs
 from ..errors import CacheError, UsageError
 from ..warming.lockfile import Lockfile
 from ..records import folder_ids
 from ..cache.published import MAX_RECORD_BYTES, read_record, record_parts
 from ..cache.scan import SPECIAL_FILE, RepoInfo, load_hazards, scan_cache
-from ..integrity.hashing import algorithm_of
 
 _CHUNK = 1024 * 1024
 
@@ -153,13 +153,19 @@ def _selection(specs: Iterable[str], lock: Lockfile | None) -> dict[tuple[str, s
 
 
 def _scan_selected(cache_dir: str | os.PathLike[str], selection: dict[tuple[str, str], set[str] | None]):
-    """The scan of the selected repos (the whole cache when nothing is selected).
+    """The scan of the selected repos (the whole cache when nothing is selected). A spec's entry (keyed as a model)
+    whose id the cache holds only as another type (``kernels--``, ``datasets--``) is re-keyed to it in ``selection``.
 
     Raises:
         UsageError: a selected repo is not in the cache.
     """
     info = scan_cache(cache_dir, {r for r, _ in selection} if selection else None)
     found = {(r.repo_id, r.repo_type) for r in info.repos}
+    for repo_id, _ in [key for key in selection if key[1] == "model" and key not in found]:
+        # A REPO_ID spec names the repo whatever its type (a kernels--/datasets-- folder): its revisions go with it.
+        other = next((t for r, t in sorted(found) if r == repo_id and (r, t) not in selection), None)
+        if other is not None:
+            selection[(repo_id, other)] = selection.pop((repo_id, "model"))
     missing = sorted(f"{r}" for r, t in selection if (r, t) not in found)
     if missing:
         raise UsageError(f"not in the cache: {', '.join(missing)}", hint="check the repo ids (hfcache ls)")
@@ -191,6 +197,7 @@ def _plan_repo(cache_dir: str, repo: RepoInfo, revisions: list, materialize: boo
     root = Path(cache_dir) / folder
     dirs = {folder, f"{folder}/blobs", f"{folder}/snapshots"}
     records = {rev.commit_hash: _checked_record(cache_dir, repo, rev) for rev in revisions}
+    revisions = [_with_store_blobs(cache_dir, folder, rev) for rev in revisions]
     unique = _plan_blobs(repo, revisions, root, entries, first_of_content)
     for rev in revisions:
         unique += _plan_revision(folder, root, rev, materialize, entries, first_of_content, dirs)
@@ -325,40 +332,6 @@ def _walk(folder: Path) -> list[str]:
             if os.path.isfile(p) and not os.path.islink(p):
                 out.append(os.path.relpath(p, folder).replace(os.sep, "/"))
     return sorted(out)
-
-
-class _HashingReader(io.RawIOBase):
-    """Reads a blob and checks, at EOF, that its content hashes to its name (sha256 or git blob sha1)."""
-
-    def __init__(self, path: str, etag: str, size: int) -> None:
-        self._f = _open_source(path)
-        self._etag = etag
-        self._size = size
-        self._seen = 0
-        algorithm = algorithm_of(etag)
-        self._h = hashlib.sha256() if algorithm == "sha256" else hashlib.sha1() if algorithm else None  # noqa: S324
-        if algorithm == "git-sha1":
-            self._h.update(b"blob %d\0" % size)
-        self.name = path
-
-    def readable(self) -> bool:
-        return True
-
-    def readinto(self, buffer) -> int:
-        n = self._f.readinto(buffer)
-        if n:
-            self._seen += n
-            if self._h is not None:
-                self._h.update(memoryview(buffer)[:n])
-        elif self._h is not None and (self._seen != self._size or self._h.hexdigest() != self._etag):
-            # a corrupt source cache is a cache problem (exit 5), like a broken snapshot entry in plan_export
-            raise CacheError(f"{self.name}: content does not match its blob name (corrupt source cache)",
-                             hint="run `hfcache verify --repair` on the source cache first")
-        return n
-
-    def close(self) -> None:
-        self._f.close()
-        super().close()
 
 
 def _modes(group_writable: bool) -> tuple[int, int]:

@@ -21,14 +21,17 @@ planted link) is a conflict too, never left in place as if it were the marker.
 
 from __future__ import annotations
 
+import hashlib
 import os
 import stat
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from ..cache import safefs
 from ..cache.layout import RepoFolder
 from ..cache.published import PublishedRevision, read_record
 from ..integrity.expectations import read_tree_listing
+from ..errors import CacheError
 from ..integrity.hashing import algorithm_of, content_hash
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -73,6 +76,25 @@ def _same_blob(path: Path, kind: str, folder: RepoFolder, etag: str) -> bool:
         except OSError:
             return False
     return False
+
+
+def store_blob_holds(folder: RepoFolder, etag: str) -> bool:
+    """Whether the target's ``blobs/<etag>`` is a link of huggingface_hub 2.4's exact shape into its marked shared
+    Xet store (``utils/_shared_blobs.py``) whose payload hashes to ``etag`` (sha256, or git blob sha1 for 40 hex):
+    the import then reuses the payload instead of writing the bytes again. Read through ``safefs.open_blob``; a store
+    part that is a link, FIFO or folder, or a payload with other bytes, is False."""
+    if safefs.store_link_of(folder.cache_dir, folder.name, etag) is None or not algorithm_of(etag):
+        return False
+    try:
+        fd = safefs.open_blob(folder.cache_dir, folder.name, etag)
+    except (OSError, CacheError):
+        return False
+    with os.fdopen(fd, "rb") as f:
+        size = os.fstat(fd).st_size
+        digest = hashlib.sha256() if algorithm_of(etag) == "sha256" else hashlib.sha1(b"blob %d\0" % size)  # noqa: S324
+        for chunk in iter(lambda: f.read(1024 * 1024), b""):
+            digest.update(chunk)
+    return digest.hexdigest() == etag
 
 
 class _Conflicts:
@@ -157,7 +179,12 @@ def check_target(folder: RepoFolder, repo: _RepoPlan, move_refs: bool = False) -
     _check_trees(c, repo)
     for etag in sorted(repo.blobs):
         parts = ("blobs", etag)
-        if c.writable(parts) and _kind(c.where(*parts)) not in ("missing", "file"):
+        kind = _kind(c.where(*parts)) if c.writable(parts) else "missing"
+        if kind == "link" and store_blob_holds(folder, etag):
+            continue  # the target's shared-store payload already holds these bytes: reused, not duplicated
+        if kind == "link" and safefs.store_link_of(folder.cache_dir, folder.name, etag) is not None:
+            c.add(parts, "the target's shared Xet store payload for it holds other bytes or is not a file")
+        elif kind not in ("missing", "file"):
             c.add(parts, "the target has something other than a file there")
     moved = _check_refs(c, repo, move_refs)
     return c.found, present, moved

@@ -36,7 +36,7 @@ from ..cache.layout import RepoFolder
 from ..cache.atomic import atomic_output
 from ..cache.root import cache_error, ensure_cache_root, symlinks_supported
 from ..errors import CheckFailed, IntegrityError, UsageError
-from .import_conflicts import check_target
+from .import_conflicts import check_target, store_blob_holds
 from ..cache.locking import DEFAULT_LOCK_TIMEOUT, LockWait
 from ..cache.sharing import share_file
 from ..cache.scan import parse_folder_name
@@ -221,7 +221,8 @@ def _check(plan: dict[str, _RepoPlan], staging: _Staging, cache_dir: Path) -> No
                 raise IntegrityError(f"refused {folder_name}/blobs/{etag}: content does not match the blob name",
                                      hint="the source cache is corrupt; run `hfcache verify` on it")
         for (commit, path), etag in sorted(repo.links.items()):
-            if etag not in repo.blobs and not _regular_file(folder.blob_path(etag)):
+            if etag not in repo.blobs and not (_regular_file(folder.blob_path(etag))
+                                               or store_blob_holds(folder, etag)):
                 raise UsageError(f"refused {folder_name}/snapshots/{commit}/{path}: link to a blob that neither the "
                                  "source nor the target cache has")
         for (commit, path), member in sorted(repo.files.items()):

@@ -28,7 +28,9 @@ from pathlib import Path
 
 from ..cache.root import access_error, write_access_error
 from ..errors import CacheError, UsageError
+from ..cache import safefs
 from ..cache.safefs import repo_layout_problems
+from ..cache.shared_store import STORE_DIR
 from ..cache.scan import parse_folder_name
 
 MODES = ("symlink", "hardlink", "copy")
@@ -158,11 +160,55 @@ def _tree(root: Path) -> dict[str, os.stat_result]:
     entries = {}
     for dirpath, dirs, names in os.walk(root):
         rel = os.path.relpath(dirpath, root)
-        dirs[:] = [d for d in dirs if not (rel == "." and d == ".locks")]
+        dirs[:] = [d for d in dirs if not (rel == "." and d in _LEFT_OUT)]
         for name in dirs + [n for n in names if not n.endswith(".incomplete")]:
             path = os.path.join(dirpath, name)
-            entries[os.path.relpath(path, root)] = os.lstat(path)
+            key = os.path.relpath(path, root)
+            payload = _store_payload(root, key)
+            if payload is None:
+                entries[key] = os.lstat(path)
+            else:
+                with payload:
+                    entries[key] = os.fstat(payload.fileno())
     return entries
+
+
+#: What a link never carries over at the top: locks, and the shared Xet store (its payloads become the repo blobs).
+_LEFT_OUT = (".locks", STORE_DIR)
+
+
+def _store_payload(root: Path, rel: str):
+    """The open payload (a binary file) when ``rel`` is ``<repo>/blobs/<etag>`` and is a link of huggingface_hub
+    2.4's exact shape into its marked shared store (``utils/_shared_blobs.py``; ``safefs.open_blob``, nothing else
+    followed); else None.
+
+    Raises:
+        UnsafeLayout (CacheError): the store or payload is a link, FIFO or folder.
+    """
+    parts = rel.split(os.sep)
+    if len(parts) != 3 or parts[1] != "blobs" or safefs.store_link_of(root, parts[0], parts[2]) is None:
+        return None
+    fd = safefs.open_blob(root, parts[0], parts[2])
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise CacheError(f"{root}/{rel}: the store payload is not a regular file: nothing was linked",
+                         hint="remove it, then rerun")
+    return os.fdopen(fd, "rb")
+
+
+def _carry_payload(payload, dest: Path, mode: str) -> int:
+    """Write the store ``payload`` (an open file) at ``dest`` as a regular blob: a hardlink of that very inode
+    (``linkat`` of ``/proc/self/fd``, linkat(2)) or a copy; returns the bytes added."""
+    if mode == "hardlink":  # a dst_dir_fd makes os.link call linkat with AT_SYMLINK_FOLLOW (link() would not follow)
+        parent = os.open(dest.parent, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        try:
+            os.link(f"/proc/self/fd/{payload.fileno()}", dest.name, dst_dir_fd=parent, follow_symlinks=True)
+        finally:
+            os.close(parent)
+        return 0
+    with open(dest, "xb") as fout:
+        shutil.copyfileobj(payload, fout, 1024 * 1024)
+    return os.path.getsize(dest)
 
 
 def _refuse_unsafe(src: Path) -> None:
@@ -189,7 +235,7 @@ def _copy_tree(src: Path, staging: Path, mode: str) -> tuple[int, int]:
     files = added = 0
     for dirpath, dirs, names in os.walk(src):
         rel = os.path.relpath(dirpath, src)
-        dirs[:] = sorted(d for d in dirs if not (rel == "." and d == ".locks"))
+        dirs[:] = sorted(d for d in dirs if not (rel == "." and d in _LEFT_OUT))
         target_dir = staging / rel if rel != "." else staging
         target_dir.mkdir(parents=True, exist_ok=True)
         for name in sorted(d for d in dirs if os.path.islink(os.path.join(dirpath, d))):
@@ -200,7 +246,12 @@ def _copy_tree(src: Path, staging: Path, mode: str) -> tuple[int, int]:
                 continue
             s, d = os.path.join(dirpath, name), target_dir / name
             st = os.lstat(s)
-            if stat.S_ISLNK(st.st_mode):
+            payload = _store_payload(src, os.path.relpath(s, src)) if stat.S_ISLNK(st.st_mode) else None
+            if payload is not None:
+                with payload:
+                    added += _carry_payload(payload, d, mode)
+                files += 1
+            elif stat.S_ISLNK(st.st_mode):
                 os.symlink(_checked_link(src, s), d)
             elif not stat.S_ISREG(st.st_mode):
                 raise UsageError(f"{s} is not a regular file, link or folder")

@@ -1,4 +1,4 @@
-"""oci: a cache as an OCI image in a registry (push), and back into a cache, verified (pull).
+"""oci: a cache as an OCI image in a registry (push; pull, verified, is :mod:`hfcache.oci.pull`).
 
 The image's root filesystem *is* a Hugging Face hub cache (``models--ORG--NAME/...`` at ``/``), so a runtime can
 mount it read-only (Kubernetes ``image`` volumes, ``podman --mount type=image``) at ``/opt/hf-cache`` and

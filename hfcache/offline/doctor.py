@@ -17,6 +17,8 @@ Each finding has a stable ``code``, a ``severity`` (``error``: loads will fail o
 - as the current user (:mod:`hfcache.cache.access`): reaching and listing the cache root, creating files in ``.locks/``
   and opening its lock files, writing every repo folder; in a group-shared cache, folders the group cannot write;
   whether flock works on the filesystem;
+- huggingface_hub 2.4's shared Xet blob store (:mod:`.doctor_store`): present and marked, its payloads and bytes,
+  and ``HF_HUB_DISABLE_SHARED_BLOBS``/``HF_HUB_DISABLE_XET`` when set (they turn it off for the library);
 - installed versions of huggingface_hub, transformers, tokenizers (and optional tokenizer packages).
 
 Reads only, except the probes: a temporary folder (symlinks) and files (``.locks/`` creation, flock) in the cache,
@@ -34,6 +36,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .doctor_folder import examine_folder, modules_cache_findings
+from .doctor_store import StoreState, examine_store
 from .doctor_settings import (cache_setting_findings, installed_versions, legacy_cache_findings,
                               offline_mode_findings, version_findings)
 from .findings import SEVERITIES, Finding
@@ -56,6 +59,7 @@ class DoctorReport:
         free_bytes (int | None): free space on the cache's filesystem (its nearest existing parent's).
         versions (dict[str, str | None]): installed distribution versions (None: not installed).
         findings (tuple[Finding, ...]): errors first, then warnings, then infos.
+        shared_store (StoreState | None): the cache's shared Xet blob store (None when the cache is missing).
     """
 
     cache_dir: str
@@ -73,6 +77,7 @@ class DoctorReport:
     free_bytes: int | None
     versions: dict[str, str | None] = field(default_factory=dict)
     findings: tuple[Finding, ...] = ()
+    shared_store: StoreState | None = None
 
     @property
     def ok(self) -> bool:
@@ -135,10 +140,15 @@ def doctor(cache_dir: str | os.PathLike[str] | None = None, environ: Mapping[str
     folder = examine_folder(cache, env, offline, uid, gid, groups)
     findings += folder.findings
     findings += modules_cache_findings(cache, env)
+    store = None
+    if os.path.isdir(cache):  # False, not PermissionError, where this user cannot reach it
+        store, store_findings = examine_store(cache, env)
+        findings += store_findings
     order = {s: i for i, s in enumerate(SEVERITIES)}
     findings.sort(key=lambda f: order[f.severity])
     return DoctorReport(
         cache_dir=str(cache), effective_cache_dir=str(effective), cache_source=source, offline=offline,
         uid=uid, gid=gid, groups=groups, owner_uid=folder.owner_uid, owner_gid=folder.owner_gid,
         writable=folder.writable, read_only_fs=folder.read_only_fs, symlinks=folder.symlinks,
-        free_bytes=folder.free_bytes, versions=versions, findings=tuple(findings))
+        free_bytes=folder.free_bytes, versions=versions, findings=tuple(findings),
+        shared_store=store)

@@ -75,7 +75,7 @@ class OfflineLoadError(OfflineViolation):
     """A tokenizer could not be loaded from the cache alone (exit 4).
 
     Attributes:
-        cause (str | None): hfcache's diagnosis of what is missing (see ``check.diagnose``), when it can tell.
+        cause (str | None): hfcache's diagnosis of what is missing (see ``hfcache.integrity.diagnosis.diagnose``), when it can tell.
     """
 
     def __init__(self, message: str, *, hint: str | None = None, cause: str | None = None) -> None:
@@ -125,7 +125,7 @@ def offline_environment(cache_dir: str | os.PathLike[str] | None = None,
 
     Args:
         cache_dir: the cache root; default: ``HF_HUB_CACHE``, ``$HF_HOME/hub`` or ``~/.cache/huggingface/hub``
-            (``cache.default_cache_dir``). Made absolute.
+            (``hfcache.cache.root.default_cache_dir``). Made absolute.
         environ: the environment the variables will be added to (default ``os.environ``): it decides whether the
             modules cache needs moving (``modules_cache.modules_cache_override``, which creates the private folder).
 

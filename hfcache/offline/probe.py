@@ -2,7 +2,7 @@
 
 Run as ``python -m hfcache.offline.probe TEXT REPO_ID@REVISION... [--trust-remote-code REPO_ID@REVISION]...`` (the
 specs repeated after ``--trust-remote-code`` load with ``trust_remote_code=True``: their ``auto_map`` names custom
-code, see ``check.custom_code_refs``) with ``HF_HUB_OFFLINE=1`` and ``HF_HUB_CACHE`` set by
+code, see ``hfcache.integrity.check_targets.custom_code_refs``) with ``HF_HUB_OFFLINE=1`` and ``HF_HUB_CACHE`` set by
 the parent. Before transformers is imported, hfcache's network guard (``offline/guard.py``: a PEP 578 audit hook, with nothing
 allowed, not even loopback) turns any attempt to open a network connection into an immediate error, so a load that
 would reach for the network fails fast and says so instead of hanging (docs/cache-layout.md, 'Traps the libraries

@@ -36,7 +36,13 @@ is an orphan, a snapshot moved aside sits in the repo's trash folder).
 
 Modules: :mod:`.model` (the records), :mod:`.policy` (:func:`plan_prune`: which revisions go and why),
 :mod:`.housekeeping` (orphans, stale downloads, leftovers, lock files, empty folders), :mod:`.inventory` (the ledger
-of items and bytes both fill), :mod:`.executor` (:func:`execute`).
+of items and bytes both fill), :mod:`.store` (huggingface_hub 2.4's shared Xet blob store: which payloads a removal
+frees, their sweep under the per-hash lock), :mod:`.executor` (:func:`execute`).
+
+The shared store (``utils/_shared_blobs.py``): a repo blob that links into it frees nothing itself; its payload is
+freed (a ``payload`` item) when the plan removes its last repo link, the payload's ``.refs`` manifest names exactly
+those links, and no hardlink keeps it; payloads no repo links to any more (a repo folder deleted by hand) go as
+housekeeping, as in ``hf cache prune``. A missing, unreadable or hostile manifest keeps the payload (a warning).
 """
 
 from .executor import execute

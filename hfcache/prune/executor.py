@@ -22,9 +22,11 @@ from ..cache.locking import DEFAULT_LOCK_TIMEOUT, LockTimeout, LockWait, try_loc
 from ..cache.published import remove_record
 from ..cache.safefs import UnsafeLayout
 from ..cache.scan import scan_repo
+from ..cache.shared_store import StoreProblem, payload_stat, xet_hash_of_link
 from ..cache.sharing import cache_policy, make_dirs
 from .housekeeping import etag_of
 from .model import TRASH, ItemOutcome, PlanItem, PrunePlan, PruneResult, RevisionRemoval
+from .store import sweep_payload
 
 __all__ = ["execute"]
 
@@ -38,7 +40,10 @@ def execute(plan: PrunePlan, *, on_item: Callable[[ItemOutcome], None] | None = 
     (see the module docstring). Within a folder: refs; ``.no_exist``/``trees/`` entries (while the snapshot still
     exists, so that a prune killed in between plans them again); snapshots (moved out of ``snapshots/`` atomically,
     then deleted); ``.locks`` files, then their blobs (each under its download lock when one exists);
-    ``.incomplete`` files; leftovers of an interrupted prune; the empty folder.
+    ``.incomplete`` files; leftovers of an interrupted prune; the empty folder. Then, after every folder, the
+    shared Xet store (:mod:`.store`): each payload a removed repo link named is swept under its ``<hash>.lock`` (its
+    manifest rewritten without the removed links); the ``payload`` items the plan lists are deleted when no valid
+    reference remains, the others are kept. Their outcomes come last.
 
     Args:
         plan: from :func:`plan_prune`.
@@ -58,9 +63,28 @@ def execute(plan: PrunePlan, *, on_item: Callable[[ItemOutcome], None] | None = 
     root = Path(plan.cache_dir)
     by_folder: dict[str, list[PlanItem]] = {}
     for item in plan.items:
-        by_folder.setdefault(item.folder, []).append(item)
+        if item.kind != "payload":
+            by_folder.setdefault(item.folder, []).append(item)
+    payloads = [item for item in plan.items if item.kind == "payload"]
+    touched: set[str] = set()  # Xet hashes whose repo links were removed
     planned = {(r.folder, r.commit_hash): r for r in plan.revisions}
     outcomes: list[ItemOutcome] = []
+
+    def record(outcome: ItemOutcome) -> None:
+        outcomes.append(outcome)
+        if on_item:
+            on_item(outcome)
+
+    _run_folders(root, by_folder, planned, touched, record, lock_timeout, on_lock_wait)
+    for outcome in _sweep_store(root, payloads, touched, lock_timeout):
+        record(outcome)
+    return PruneResult(plan=plan, outcomes=tuple(outcomes), seconds=time.monotonic() - started)
+
+
+def _run_folders(root: Path, by_folder: dict[str, list[PlanItem]], planned: dict[tuple[str, str], RevisionRemoval],
+                 touched: set[str], record: Callable[[ItemOutcome], None], lock_timeout: float,
+                 on_lock_wait: Callable[[LockWait], None] | None) -> None:
+    """Each repo folder's items under its repo lock (:func:`execute`); each outcome goes to ``record``."""
     for folder, items in by_folder.items():
         first = items[0]
         repo = RepoFolder(root, first.repo_id, first.repo_type, lock_timeout=lock_timeout, on_lock_wait=on_lock_wait)
@@ -72,24 +96,34 @@ def execute(plan: PrunePlan, *, on_item: Callable[[ItemOutcome], None] | None = 
             # prune keeps this folder: its items fail (exit 5, naming the lock). Either way the other folders go on.
             status = "skipped" if isinstance(exc, UnsafeLayout) else "failed"
             for item in items:
-                outcomes.append(ItemOutcome(item, status, exc.message))
-                if on_item:
-                    on_item(outcomes[-1])
+                record(ItemOutcome(item, status, exc.message))
             continue
         except OSError as exc:
             raise cache_error(exc, f"prune {folder}") from exc
         try:
-            for outcome in _execute_folder(root, folder, items, planned):
-                outcomes.append(outcome)
-                if on_item:
-                    on_item(outcome)
+            for outcome in _execute_folder(root, folder, items, planned, touched):
+                record(outcome)
         finally:
             lock.__exit__(None, None, None)
-    return PruneResult(plan=plan, outcomes=tuple(outcomes), seconds=time.monotonic() - started)
+
+
+def _sweep_store(root: Path, payloads: list[PlanItem], touched: set[str],
+                 lock_timeout: float) -> Iterable[ItemOutcome]:
+    """Sweep the payloads of the shared store whose links were removed (:func:`.store.sweep_payload`): the planned
+    ones may be deleted (an outcome each, with the bytes the sweep measured), the others only have their manifest
+    rewritten (no outcome: the plan lists no item for them)."""
+    planned = set()
+    for item in payloads:
+        xet_hash = item.path.rsplit("/", 1)[-1]
+        planned.add(xet_hash)
+        status, note, freed = sweep_payload(root, xet_hash, delete=True, lock_timeout=lock_timeout)
+        yield ItemOutcome(item, status, note, None if status != "removed" or freed == item.bytes_freed else freed)
+    for xet_hash in sorted(touched - planned):
+        sweep_payload(root, xet_hash, delete=False, lock_timeout=lock_timeout)
 
 
 def _execute_folder(root: Path, folder: str, items: list[PlanItem],
-                    planned: dict[tuple[str, str], RevisionRemoval]) -> Iterable[ItemOutcome]:
+                    planned: dict[tuple[str, str], RevisionRemoval], touched: set[str]) -> Iterable[ItemOutcome]:
     first = items[0]
     base = root / folder
     current = scan_repo(base, first.repo_id, first.repo_type)
@@ -131,7 +165,7 @@ def _execute_folder(root: Path, folder: str, items: list[PlanItem],
                 yield _remove_tree(item, root)
             elif item.kind == "blob":
                 yield _remove_blob(item, root, root / ".locks" / folder / f"{path.name}.lock", used_etags,
-                                   used_inodes)
+                                   used_inodes, touched)
             elif item.kind == "incomplete":
                 yield _remove_incomplete(item, root, root / ".locks" / folder / f"{etag_of(path.name)}.lock")
             elif item.kind == "lock":
@@ -187,21 +221,33 @@ def _remove_tree(item: PlanItem, root: Path) -> ItemOutcome:
 
 
 def _remove_blob(item: PlanItem, root: Path, lock_path: Path, used_etags: set[str],
-                 used_inodes: set[tuple[int, int]]) -> ItemOutcome:
+                 used_inodes: set[tuple[int, int]], touched: set[str]) -> ItemOutcome:
+    """Remove a blob: a regular file, or a link of exactly huggingface_hub's shape into the shared store (its
+    payload's Xet hash is added to ``touched``, to be swept after every folder); any other link is left alone."""
     parts = item.path.split("/")
     try:
         with safefs.dir_fd(root, parts[:-1]) as fd:
             st = os.stat(parts[-1], dir_fd=fd, follow_symlinks=False)
+            xet_hash = xet_hash_of_link(os.readlink(parts[-1], dir_fd=fd)) if stat.S_ISLNK(st.st_mode) else None
     except FileNotFoundError:
         return ItemOutcome(item, "gone")
-    if parts[-1] in used_etags or (st.st_dev, st.st_ino) in used_inodes:
+    inode = (st.st_dev, st.st_ino)
+    if xet_hash is not None:
+        try:
+            payload = payload_stat(root, xet_hash)
+            inode = (payload.st_dev, payload.st_ino)
+        except (OSError, StoreProblem):
+            pass  # a dangling link: removed all the same, nothing else uses it
+    if parts[-1] in used_etags or inode in used_inodes:
         return ItemOutcome(item, "skipped", "a remaining revision uses it now")
-    if not stat.S_ISREG(st.st_mode):
+    if not stat.S_ISREG(st.st_mode) and xet_hash is None:
         return ItemOutcome(item, "skipped", "not a regular file")
     with _held(lock_path) as why:
         if why:
             return ItemOutcome(item, "skipped", why)
         safefs.unlink(root, parts)
+    if xet_hash is not None:
+        touched.add(xet_hash)
     return ItemOutcome(item, "removed")
 
 

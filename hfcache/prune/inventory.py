@@ -4,6 +4,13 @@ The policy (:mod:`.policy`) and housekeeping (:mod:`.housekeeping`) decide what 
 removal as :class:`~.model.PlanItem` objects and follows what it implies: the blobs only removed revisions used go
 too, and a content's bytes count as freed when the last repo folder holding it lets it go, and only if no hardlink
 outside the cache keeps it.
+
+A repo blob that is a link into huggingface_hub 2.4's shared Xet store (``utils/_shared_blobs.py``) holds no bytes
+of its own: :mod:`hfcache.cache.scan` gives it the payload's inode and size, so the payload is one content whatever
+the number of repos linking to it, and its bytes count (on a ``payload`` item, :mod:`.store` sweeps it) only when
+the last repo link goes, its ``.refs`` manifest names exactly the links the plan removes (no link the plan keeps,
+none unknown to it: a missing, unreadable or hostile manifest keeps the payload, as the sweep will) and no hardlink
+keeps its inode.
 """
 
 from __future__ import annotations
@@ -12,10 +19,16 @@ import os
 import stat
 from collections.abc import Sequence
 
+from ..cache import safefs
 from ..cache.scan import RepoInfo, RevisionInfo
+from ..cache.shared_store import StoreProblem, open_store_dir, payload_stat
 from .model import TRASH, PlanItem, RevisionRemoval
+from .store import has_store, list_payloads, payload_path, read_references
 
-__all__ = ["Ledger", "RepoBook"]
+__all__ = ["STORE_FOLDER", "Ledger", "RepoBook"]
+
+#: The ``folder`` of plan items of the shared store itself (payloads no repo holds).
+STORE_FOLDER = "blobs"
 
 
 class RepoBook:
@@ -24,7 +37,7 @@ class RepoBook:
 
     __slots__ = ("info", "base", "refs_to", "linked", "detailed", "blobs", "blob_users", "inode_users",
                  "blobs_by_inode", "names", "incomplete", "removed", "deleted_blobs", "removed_incomplete", "trash",
-                 "items")
+                 "items", "store_links")
 
     def __init__(self, info: RepoInfo, base: str, refs_to: dict[str, list[str]], linked: set[str]) -> None:
         self.info = info
@@ -43,6 +56,7 @@ class RepoBook:
         self.removed_incomplete: set[str] = set()
         self.trash = False
         self.items: list[PlanItem] = []
+        self.store_links: dict[str, str] = {}  # etag -> Xet hash, for blobs that are links into the shared store
 
 
 class Ledger:
@@ -69,6 +83,17 @@ class Ledger:
         self.freed = 0
         self.outside_kept = 0
         self.removals: list[RevisionRemoval] = []
+        self.has_store = has_store(root)
+        self.store_hashes: dict[tuple[int, int], str] = {}  # payload inode -> Xet hash
+        self.link_names: dict[tuple[int, int], int] = {}  # store links to each payload in detailed folders
+        self.store_removed: dict[str, list[tuple[RepoBook, str]]] = {}  # Xet hash -> (repo, etag) of removed links
+        self.payload_freed: dict[str, int] = {}  # Xet hash -> bytes its sweep frees
+        self.payload_releaser: dict[str, RepoBook] = {}  # Xet hash -> the repo whose removal freed it
+        self.payloads = list_payloads(root) if self.has_store else {}
+        self.store_items: list[PlanItem] = []  # payloads no repo holds (store housekeeping)
+        for xet_hash, st in self.payloads.items():
+            self.store_hashes[(st.st_dev, st.st_ino)] = xet_hash
+            self.sizes.setdefault((st.st_dev, st.st_ino), st.st_size)
         self.repos: list[RepoBook] = [self._repo(info) for info in repos]
 
     # -- setup
@@ -126,8 +151,12 @@ class Ledger:
                         st = e.stat(follow_symlinks=False)
                         if stat.S_ISREG(st.st_mode):
                             blobs[e.name] = ((st.st_dev, st.st_ino), st.st_size)
+                        elif stat.S_ISLNK(st.st_mode) and self.has_store and e.name not in blobs:
+                            self._orphan_link(repo, e.name)
             except OSError:
                 pass
+        if self.has_store:
+            self._store_links(repo)
         for etag, (inode, size) in blobs.items():
             names[inode] = names.get(inode, 0) + 1
             a_path.setdefault(inode, f"{base}/blobs/{etag}")
@@ -144,6 +173,31 @@ class Ledger:
         for inode, count in names.items():
             names_total[inode] = names_total.get(inode, 0) + count
 
+    def _orphan_link(self, repo: RepoBook, etag: str) -> None:
+        """A store link in ``blobs/`` that no snapshot uses: a blob of the payload's inode and size."""
+        xet_hash = safefs.store_link_of(self.root, repo.info.folder, etag)
+        if xet_hash is None:
+            return
+        try:
+            st = payload_stat(self.root, xet_hash)
+        except (OSError, StoreProblem):
+            return
+        inode = (st.st_dev, st.st_ino)
+        repo.blobs[etag] = (inode, st.st_size)
+        self.sizes.setdefault(inode, st.st_size)
+        if inode not in repo.info.inodes:  # scan did not count it for this folder: it holds it now
+            self.holders[inode] = self.holders.get(inode, 0) + 1
+
+    def _store_links(self, repo: RepoBook) -> None:
+        """Which blobs of ``repo`` are store links (read through the repo's ``blobs`` fd, nothing followed)."""
+        folder = repo.info.folder
+        for etag, (inode, _size) in repo.blobs.items():
+            xet_hash = safefs.store_link_of(self.root, folder, etag)
+            if xet_hash is not None:
+                repo.store_links[etag] = xet_hash
+                self.store_hashes[inode] = xet_hash
+                self.link_names[inode] = self.link_names.get(inode, 0) + 1
+
     def release(self, repo: RepoBook, inode: tuple[int, int] | None) -> int:
         """One name of ``inode`` in ``repo`` is removed; return the bytes freed (when it was the last name)."""
         if inode is None or not repo.names.get(inode):
@@ -154,6 +208,8 @@ class Ledger:
         self.holders[inode] -= 1
         if self.holders[inode] > 0:
             return 0
+        if inode in self.store_hashes:
+            return self._payload_released(repo, inode)
         try:
             outside = os.lstat(self.a_path[inode]).st_nlink > self.names_total[inode]
         except OSError:
@@ -162,6 +218,90 @@ class Ledger:
             self.outside_kept += self.sizes[inode]
             return 0
         return self.sizes[inode]
+
+    def _payload_released(self, repo: RepoBook, inode: tuple[int, int]) -> int:
+        """``repo``, the last of the plan holding the store payload ``inode`` (by a link or a hardlink), let it go.
+        When its sweep will free it (see the module docstring) its bytes are added to ``freed`` here and recorded for
+        the payload's own item (:meth:`payload_items`); else a warning says why it stays. Returns 0 either way: the
+        caller's item (a link, a hardlink) frees nothing itself."""
+        xet_hash = self.store_hashes[inode]
+        size = self.sizes[inode]
+        removed = {f"{repo.info.folder}/blobs/{etag}" for repo, etag in self.store_removed.get(xet_hash, ())}
+        references, why = self._references(xet_hash)
+        shown = payload_path(xet_hash)
+        if references is None:
+            self.warnings.append(f"{shown}: kept in the shared store ({size} bytes): {why}")
+            return 0
+        if set(references) - removed:
+            return 0  # a link the plan keeps (a repo left alone) still uses it
+        if removed - set(references):
+            self.warnings.append(f"{shown}: kept in the shared store ({size} bytes): its .refs manifest does not "
+                                 "name every link to it")
+            return 0
+        try:
+            nlink = payload_stat(self.root, xet_hash).st_nlink
+        except (OSError, StoreProblem):
+            return 0
+        if nlink > 1 + self.names_total.get(inode, 0) - self.link_names.get(inode, 0):
+            self.outside_kept += size  # hardlinked outside the cache: the bytes stay
+            return 0
+        # Counted here, on the plan's total (and so on the revision being removed), not on the caller's item: the
+        # payload item (payload_items) carries the bytes, whichever name of it went last.
+        self.payload_freed[xet_hash] = size
+        self.payload_releaser[xet_hash] = repo
+        self.freed += size
+        return 0
+
+    def _references(self, xet_hash: str) -> tuple[list[str] | None, str]:
+        """The payload's valid manifest references (:func:`.store.read_references`), or (None, why)."""
+        try:
+            store_fd = open_store_dir(self.root)
+        except (OSError, StoreProblem) as exc:
+            return None, f"the store is left alone ({exc})"
+        try:
+            try:
+                prefix_fd = os.open(xet_hash[:2], os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC,
+                                    dir_fd=store_fd)
+            except OSError as exc:
+                return None, f"its prefix folder is a symlink or missing ({exc.strerror})"
+            try:
+                return read_references(self.root, prefix_fd, xet_hash)
+            finally:
+                os.close(prefix_fd)
+        finally:
+            os.close(store_fd)
+
+    def payload_items(self) -> None:
+        """One ``payload`` item per payload the plan frees, on the repo of its last removed link (executed after
+        every repo folder: :mod:`.executor`)."""
+        for xet_hash, freed in sorted(self.payload_freed.items()):
+            repo = self.payload_releaser[xet_hash]
+            reasons = [repo.deleted_blobs[etag] for r, etag in self.store_removed.get(xet_hash, ()) if r is repo]
+            self.item(repo, "payload", payload_path(xet_hash), None, reasons[-1] if reasons else "unused",
+                      "shared Xet payload no remaining repo links to", freed)
+
+    def orphan_payloads(self) -> None:
+        """Plan the payloads no scanned repo holds whose manifest is readable and names no link to them any more
+        (what huggingface_hub's ``hf cache prune`` removes: ``unreferenced_shared_blobs``); the scan counted none
+        of them, so their bytes are added to ``bytes_before``. A payload with a missing or doubtful manifest, or
+        still named by a link in a repo left alone, stays."""
+        for xet_hash, st in sorted(self.payloads.items()):
+            inode = (st.st_dev, st.st_ino)
+            if inode in self.holders:
+                continue  # a repo holds it (or held it: its removal plans the payload)
+            references, why = self._references(xet_hash)
+            if references is None:
+                self.warnings.append(f"{payload_path(xet_hash)}: kept in the shared store ({st.st_size} bytes): "
+                                     f"{why}")
+                continue
+            if references:
+                continue  # named by a link in a repo the plan leaves alone
+            freed = st.st_size if st.st_nlink == 1 else 0
+            self.bytes_before += freed
+            self.outside_kept += st.st_size - freed
+            self.freed += freed
+            self.store_items.append(PlanItem("payload", "", "", STORE_FOLDER, payload_path(xet_hash), None,
+                                             "orphan", "shared Xet payload no repo links to", freed))
 
     # -- recording removals
 
@@ -180,9 +320,13 @@ class Ledger:
         """Remove blob ``etag`` of ``repo``, counting the bytes freed."""
         inode, size = repo.blobs[etag]
         repo.deleted_blobs[etag] = reason
-        freed = self.release(repo, inode)
+        xet_hash = repo.store_links.get(etag)
+        if xet_hash is not None:
+            self.store_removed.setdefault(xet_hash, []).append((repo, etag))
+        freed = self.release(repo, inode)  # 0 for a store payload: its bytes go on the payload's item
         self.freed += freed
-        self.item(repo, "blob", f"{repo.info.folder}/blobs/{etag}", None, reason, detail, freed)
+        self.item(repo, "blob", f"{repo.info.folder}/blobs/{etag}", None, reason,
+                  detail if xet_hash is None else detail + "; a link into the shared store", freed)
 
     def remove_revision(self, repo: RepoBook, rev: RevisionInfo, reason: str, detail: str) -> None:
         """Remove a revision: its refs, snapshot, ``.no_exist`` markers, ``trees/`` listing and the blobs no

@@ -18,7 +18,7 @@ TRASH = ".hfcache-trash"
 DEFAULT_GRACE = 3600.0
 
 #: Item kinds in execution order within a repo folder.
-KINDS = ("ref", "no_exist", "tree", "snapshot", "lock", "blob", "incomplete", "trash", "repo_folder")
+KINDS = ("ref", "no_exist", "tree", "snapshot", "lock", "blob", "payload", "incomplete", "trash", "repo_folder")
 
 
 @dataclass(frozen=True)
@@ -76,8 +76,10 @@ class PlanItem:
     """One path the plan removes.
 
     Attributes:
-        kind (str): ``ref``, ``no_exist``, ``tree``, ``snapshot``, ``lock``, ``blob``, ``incomplete``, ``trash`` or
-            ``repo_folder`` (see :data:`KINDS`, in execution order).
+        kind (str): ``ref``, ``no_exist``, ``tree``, ``snapshot``, ``lock``, ``blob``, ``payload``, ``incomplete``,
+            ``trash`` or ``repo_folder`` (see :data:`KINDS`, in execution order). A ``payload`` is a file of
+            huggingface_hub 2.4's shared Xet store (``path`` ``blobs/<h[:2]>/<h>``) that the removed repo links
+            were the last users of; it is listed with the repo of its last link and swept after every folder.
         repo_id (str): the repo, as its folder names it.
         repo_type (str): ``model``, ``dataset`` or ``space``.
         folder (str): the repo folder name (``models--org--name``).
@@ -88,7 +90,8 @@ class PlanItem:
             ``interrupted`` (left by a killed prune) or ``empty``.
         detail (str): one line for people.
         bytes_freed (int): bytes this removal gives back to the filesystem (a content's bytes are counted on the
-            item that removes its last name in the cache; 0 when hardlinks outside the cache keep it).
+            item that removes its last name in the cache; 0 when hardlinks outside the cache keep it; a blob that
+            is a link into the shared store counts 0, its payload item the payload's bytes).
     """
 
     kind: str
@@ -185,11 +188,14 @@ class ItemOutcome:
         status (str): ``removed``; ``gone`` (already absent: a previous, interrupted prune or another process);
             ``skipped`` (its reason no longer holds, or something uses it now: see ``note``); ``failed`` (an OSError).
         note (str): why it was skipped or failed; empty otherwise.
+        bytes_freed (int | None): bytes actually freed when they differ from the plan's (a payload whose sweep
+            found another hardlink keeping it); None: the item's planned bytes when ``removed``, else 0.
     """
 
     item: PlanItem
     status: str
     note: str = ""
+    bytes_freed: int | None = None
 
 
 @dataclass(frozen=True)
@@ -198,7 +204,8 @@ class PruneResult:
 
     Attributes:
         plan (PrunePlan): the plan executed.
-        outcomes (tuple[ItemOutcome, ...]): one per plan item, in plan order.
+        outcomes (tuple[ItemOutcome, ...]): one per plan item, in plan order except that ``payload`` items (swept
+            after every repo folder) come last.
         seconds (float): wall time of the execution.
     """
 
@@ -211,8 +218,10 @@ class PruneResult:
 
     @property
     def bytes_freed(self) -> int:
-        """Bytes of the items actually removed (planned bytes of ``removed`` items)."""
-        return sum(o.item.bytes_freed for o in self.outcomes if o.status == "removed")
+        """Bytes of the items actually removed (planned bytes of ``removed`` items, or what a payload's sweep
+        measured)."""
+        return sum(o.item.bytes_freed if o.bytes_freed is None else o.bytes_freed
+                   for o in self.outcomes if o.status == "removed")
 
     @property
     def ok(self) -> bool:

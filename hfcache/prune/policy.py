@@ -144,12 +144,14 @@ def _plan(root: str, repos: Sequence[RepoInfo], size_on_disk: int, policy: Prune
     for repo in ledger.repos:
         if repo.detailed:
             housekeeping(ledger, repo)
+    ledger.orphan_payloads()
     _remove_revisions(ledger, policy, candidates)
     repos_removed = 0
     for repo in ledger.repos:
         if repo.detailed:
             lock_items(ledger, repo)
             repos_removed += empty_folder(ledger, repo)
+    ledger.payload_items()
     return _finish(ledger, policy, pinned, sum(pinned_inodes.values()), repos_removed)
 
 
@@ -196,7 +198,7 @@ def _finish(ledger: Ledger, policy: PrunePolicy, pinned: list[tuple[str, str, st
                                "cache")
     order_of = {kind: i for i, kind in enumerate(KINDS)}
     items = [item for repo in sorted(ledger.repos, key=lambda r: r.info.folder) if repo.items
-             for item in sorted(repo.items, key=lambda i: order_of[i.kind])]
+             for item in sorted(repo.items, key=lambda i: order_of[i.kind])] + ledger.store_items
     return PrunePlan(
         cache_dir=ledger.root,
         now=ledger.now,

@@ -1,12 +1,15 @@
 """A Hub-compatible, read-only HTTP server over a store of repos: plain repo folders or a warmed HF cache.
 
 The test Hub of the test suite and benchmarks, and ``hfcache serve``'s mirror. Modules, lowest first (each imports
-only modules above it in this list, never back; tests/unit/test_import_graph.py checks it):
+only modules above it in this list, never back; tests/unit/test_import_graph.py checks that there is no cycle, and
+what the vocabulary and the stores may import):
 
 - :mod:`.vocabulary`    RepoFile, RepoSnapshot, StoreMiss, the Store protocol, git/LFS hashing (imports nothing here)
 - :mod:`.folder_store`  FolderStore: plain ``<org>/<name>/`` repo folders
 - :mod:`.cache_store`   CacheStore: a Hugging Face hub cache, answered as the Hub would
 - :mod:`.metrics`       MirrorMetrics: ``GET /metrics`` (Prometheus text, prometheus_client)
+- :mod:`.upstream_listing` an upstream commit's listing as a snapshot and as ``trees/<commit>.json``
+- :mod:`.pruner`        ``serve --max-size``: prune's planner in a background thread
 - :mod:`.pullthrough`   PullThroughStore: a cache that fetches what it lacks from upstream (``serve --upstream``)
 - :mod:`.faults`        Faults: misbehaviours of poorer mirrors and flaky networks, for tests (imports nothing here)
 - :mod:`.http`          error answers, request-target parsing

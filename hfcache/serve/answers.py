@@ -87,7 +87,7 @@ def lfs_redirect(snapshot: RepoSnapshot, repo_file: RepoFile, cdn_host: str, cdn
     ``get_hf_file_metadata`` stops at a cross-origin redirect and reads X-Repo-Commit, X-Linked-Etag
     and X-Linked-Size from it; the download then goes to ``Location`` without Authorization.
     """
-    prefix = "datasets/" if snapshot.repo_type == "dataset" else ""
+    prefix = {"dataset": "datasets/", "kernel": "kernels/"}.get(snapshot.repo_type, "")
     location = f"http://{cdn_host}:{cdn_port}"
     location += f"/lfs/{prefix}{snapshot.repo_id}/{repo_file.sha256}"
     etag = etag_header(repo_file.sha256, faults)
@@ -218,7 +218,7 @@ def legacy_redirect(request: Request, repo_type: str, canonical: str, rest: list
     A relative Location on the same origin is followed by ``_httpx2_follow_hub_redirects_with_backoff``
     (utils/_http.py), so X-Repo-Commit and ETag come from the canonical response.
     """
-    prefix = ["datasets"] if repo_type == "dataset" else []
+    prefix = {"dataset": ["datasets"], "kernel": ["kernels"]}.get(repo_type, [])
     path = "/" + "/".join(quote(s, safe="") for s in [*prefix, *canonical.split("/"), *rest])
     query = request.environ.get("QUERY_STRING")
     return Response(b"", status=307, headers={"Location": path + (f"?{query}" if query else "")})

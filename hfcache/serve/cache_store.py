@@ -1,6 +1,7 @@
 """A Hugging Face hub cache as a store of repos for the Hub-compatible server (``hfcache serve --cache-dir``).
 
-What it answers, for every ``models--*`` / ``datasets--*`` folder of the cache (the layout of docs/cache-layout.md):
+What it answers, for every ``models--*`` / ``datasets--*`` / ``kernels--*`` folder of the cache (the layout of
+docs/cache-layout.md):
 
 - **Revisions**: the names in ``refs/`` (``main``, ``v1.0``, ``refs/pr/1``) whose 40-hex commit has a snapshot, and
   the full 40-hex commit of every snapshot folder. Anything else is ``RevisionNotFound``; a repo folder without a
@@ -40,7 +41,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
 
+from ..cache import safefs
 from ..cache.scan import RepoInfo, parse_folder_name, scan_repo
+from ..cache.shared_store import StoreProblem, payload_stat
 from .vocabulary import (
     REPO_NAME_RE,
     SHA1_RE,
@@ -55,7 +58,7 @@ from .vocabulary import (
 
 __all__ = ["CacheStore", "unreadable_repos"]
 
-_FOLDER_PREFIX = {"model": "models", "dataset": "datasets"}
+_FOLDER_PREFIX = {"model": "models", "dataset": "datasets", "kernel": "kernels"}
 _TREES_MAX_BYTES = 64 * 1024 * 1024
 _O_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
 _O_DIRECTORY = getattr(os, "O_DIRECTORY", 0)
@@ -136,6 +139,12 @@ class CacheStore:
             OSError: missing, a symlink anywhere on the way (ELOOP/ENOTDIR), or not a regular file.
         """
         parts = repo_file.local_path.relative_to(self.root).parts
+        if len(parts) == 3 and parts[1] == "blobs":  # a repo blob: a regular file or a shared-store link
+            fd = safefs.open_blob(self.root, parts[0], parts[2])
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                os.close(fd)
+                raise OSError(f"{repo_file.local_path} is not a regular file")
+            return os.fdopen(fd, "rb")
         return _open_beneath(self.root, parts)
 
     # -- scanning
@@ -180,8 +189,9 @@ class CacheStore:
         trees = _read_trees(path, commit)
         files: dict[str, RepoFile] = {}
         for entry in revision.files:
-            if entry.form == "link" and entry.etag is not None:
-                repo_file = _from_blob_name(entry.path, path / "blobs" / entry.etag, entry.etag, entry.size)
+            size = entry.size if entry.form == "link" else self._store_size(info.folder, entry)
+            if size is not None and entry.etag is not None:
+                repo_file = _from_blob_name(entry.path, path / "blobs" / entry.etag, entry.etag, size)
             elif entry.form == "file":
                 repo_file = self._from_real_file(entry.path, path / "snapshots" / commit / entry.path, trees)
             else:
@@ -196,6 +206,20 @@ class CacheStore:
             absent=_markers(path / ".no_exist" / commit),
             listing=frozenset(trees) if trees is not None else None,
         )
+
+    def _store_size(self, folder: str, entry) -> int | None:
+        """The payload size (bytes) of a snapshot entry whose blob links into huggingface_hub 2.4's shared Xet store
+        (``utils/_shared_blobs.py``; scan sees such a blob as missing); None for any other entry, a dangling link, or
+        a store part that is a link, FIFO or folder (not served)."""
+        if entry.form != "broken" or entry.etag is None:
+            return None
+        xet_hash = safefs.store_link_of(self.root, folder, entry.etag)
+        if xet_hash is None:
+            return None
+        try:
+            return payload_stat(self.root, xet_hash).st_size
+        except (StoreProblem, OSError):
+            return None
 
     def _from_real_file(self, rel: str, local: Path, trees: dict[str, dict] | None) -> RepoFile | None:
         """A real file in ``snapshots/`` (no-symlink cache): hashes from the tree listing, else computed once."""

@@ -5,6 +5,7 @@ Layout::
     <root>/<org>/<name>/<files...>          model repo "org/name"
     <root>/<name>/<files...>                org-less model repo "name" (a top folder holding files directly)
     <root>/datasets/<org>/<name>/<files...> dataset repo
+    <root>/kernels/<org>/<name>/<files...>  kernel repo (huggingface_hub repo type ``kernel``)
     <root>/legacy_ids.json                  {"bert-base-uncased": "google-bert/bert-base-uncased", ...}
 
 Each repo has one branch, ``main``, whose commit is derived from the content, so editing a file
@@ -22,6 +23,9 @@ from typing import BinaryIO
 from .vocabulary import DEFAULT_BRANCH, REPO_NAME_RE, HashMemo, RepoFile, RepoSnapshot, StoreMiss, is_inside
 
 __all__ = ["FolderStore"]
+
+#: The top folder of each repo type other than models (which sit at the top).
+_TYPE_FOLDERS = {"dataset": "datasets", "kernel": "kernels"}
 
 
 class FolderStore:
@@ -87,9 +91,9 @@ class FolderStore:
         parts = repo_id.split("/")
         if len(parts) > 2 or not all(REPO_NAME_RE.match(p) for p in parts):
             return None
-        if repo_type == "model" and parts[0] == "datasets":
-            return None  # <root>/datasets holds dataset repos, never an org of models
-        base = self.root / "datasets" if repo_type == "dataset" else self.root
+        if repo_type == "model" and parts[0] in _TYPE_FOLDERS.values():
+            return None  # <root>/datasets and <root>/kernels hold those types' repos, never an org of models
+        base = self.root / _TYPE_FOLDERS[repo_type] if repo_type in _TYPE_FOLDERS else self.root
         top, repo_dir = base / parts[0], base.joinpath(*parts)
         # A top folder holding files directly is an org-less repo; one holding only folders is an org.
         if (len(parts) == 1) != _has_direct_files(top):

@@ -46,7 +46,7 @@ def route_of(origin: str, method: str, target: str) -> str:
     segments = [unquote(s) for s in target.split("?", 1)[0].split("/")[1:]]
     if segments in (["healthz"], ["metrics"]):
         return segments[0]
-    if len(segments) >= 3 and segments[0] == "api" and segments[1] in ("models", "datasets"):
+    if len(segments) >= 3 and segments[0] == "api" and segments[1] in ("models", "datasets", "kernels"):
         return "tree" if "tree" in segments[3:5] else "repo_info"
     if "resolve" in segments[1:4]:
         return "resolve"

@@ -2,11 +2,11 @@
 
 Routes (docs/cache-layout.md, 'The Hub protocol'):
 
-- ``GET /api/{models|datasets}/{repo_id}[/revision/{rev}]``            repo info (``HfApi.repo_info``)
-- ``GET /api/{models|datasets}/{repo_id}/tree/{rev}[/{path}]``         tree listing (``HfApi.list_repo_tree``)
-- ``HEAD|GET /[datasets/]{repo_id}/resolve/{rev}/{path}``              file metadata and bytes (``hf_hub_download``)
-- ``HEAD|GET {cdn_endpoint}/lfs/[datasets/]{repo_id}/{sha256}``        LFS bytes on the CDN origin
-- ``GET /api/{models|datasets}/{repo_id}/xet-read-token/{rev}``         Xet read token (``xet=``: :mod:`.xet.cas`)
+- ``GET /api/{models|datasets|kernels}/{repo_id}[/revision/{rev}]``    repo info (``HfApi.repo_info``)
+- ``GET /api/{models|datasets|kernels}/{repo_id}/tree/{rev}[/{path}]`` tree listing (``HfApi.list_repo_tree``)
+- ``HEAD|GET /[datasets/|kernels/]{repo_id}/resolve/{rev}/{path}``     file metadata and bytes (``hf_hub_download``)
+- ``HEAD|GET {cdn_endpoint}/lfs/[datasets/|kernels/]{repo_id}/{sha256}`` LFS bytes on the CDN origin
+- ``GET /api/{models|datasets|kernels}/{repo_id}/xet-read-token/{rev}`` Xet read token (``xet=``: :mod:`.xet.cas`)
 - ``GET {cas_endpoint}/v{1,2}/reconstructions/{hash}``, ``/xorbs/...``  the CAS origin (``xet=``: :mod:`.xet.cas`)
 - ``GET /healthz``                                                     liveness probe
 """
@@ -33,7 +33,10 @@ __all__ = ["Router"]
 
 logger = logging.getLogger(__name__)
 
-_URL_REPO_TYPES = {"models": "model", "datasets": "dataset"}
+#: URL segment -> repo type (huggingface_hub constants.py ``REPO_TYPES_MAPPING``; no spaces: nothing serves them).
+_URL_REPO_TYPES = {"models": "model", "datasets": "dataset", "kernels": "kernel"}
+#: The prefixed types of resolve and CDN paths (``REPO_TYPES_URL_PREFIXES``); models have none.
+_PATH_REPO_TYPES = {"datasets": "dataset", "kernels": "kernel"}
 
 
 class Router:
@@ -97,8 +100,8 @@ class Router:
             raise HttpError(429, None, "Too many requests", {"Retry-After": str(self.faults.retry_after)})
         if len(segments) >= 3 and segments[0] == "api" and segments[1] in _URL_REPO_TYPES:
             return self._api(request, _URL_REPO_TYPES[segments[1]], segments[2:])
-        if segments and segments[0] == "datasets":
-            return self._resolve(request, "dataset", segments[1:])
+        if segments and segments[0] in _PATH_REPO_TYPES:
+            return self._resolve(request, _PATH_REPO_TYPES[segments[0]], segments[1:])
         return self._resolve(request, "model", segments)
 
     def _check_token(self, request: Request) -> None:
@@ -204,13 +207,15 @@ class Router:
     # -- CDN origin
 
     def _cdn_app(self, request: Request) -> Response:
-        """``/lfs/[datasets/]{repo_id}/{sha256}``: LFS bytes by content hash, no auth (a signed-URL stand-in)."""
+        """``/lfs/[datasets/|kernels/]{repo_id}/{sha256}``: LFS bytes by content hash, no auth (a signed-URL
+        stand-in)."""
         segments = path_segments(request.environ)
         if request.method not in ("GET", "HEAD"):
             raise HttpError(405, None, "Method not allowed", {"Allow": "GET, HEAD"})
         if len(segments) < 3 or segments[0] != "lfs":
             raise HttpError(404, None, "Not found")
-        repo_type, segments = ("dataset", segments[2:]) if segments[1] == "datasets" else ("model", segments[1:])
+        typed = segments[1] in _PATH_REPO_TYPES
+        repo_type, segments = (_PATH_REPO_TYPES[segments[1]], segments[2:]) if typed else ("model", segments[1:])
         repo_id, sha256 = "/".join(segments[:-1]), segments[-1]
         found = self.store.lfs_file(repo_type, repo_id, sha256) if SHA256_RE.match(sha256) else None
         if found is None:

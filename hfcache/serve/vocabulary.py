@@ -88,7 +88,7 @@ class RepoSnapshot:
     """The content of one repo at one commit.
 
     Attributes:
-        repo_type (str): ``"model"`` or ``"dataset"``.
+        repo_type (str): ``"model"``, ``"dataset"`` or ``"kernel"``.
         repo_id (str): canonical id, e.g. ``"google-bert/bert-base-uncased"``.
         commit (str): 40-hex commit.
         files (Mapping[str, RepoFile]): the files served, by path, sorted by path.

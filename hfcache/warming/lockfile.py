@@ -1,6 +1,6 @@
 """The lock (``hfcache.lock``) hfcache writes from the manifest (:mod:`hfcache.warming.manifest`) users write.
 
-Light on purpose (standard library, tomli-w and hfcache's records only): ``warm --lock`` on a warm cache reads the
+Light on purpose (standard library, tomli-w, hfcache's records and the cache layout only): ``warm --lock`` on a warm cache reads the
 lock and checks the cache with this module alone, without importing huggingface_hub or an HTTP client.
 
 The lock is deterministic, in the manner of pip-tools' ``writer.py`` and ``uv.lock``: sorted entries, stable

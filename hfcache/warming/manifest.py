@@ -107,7 +107,7 @@ def load_manifest(path: str | os.PathLike[str]) -> Manifest:
         kind = "tokenizer"     # optional: tokenizer | model | all
         include = []           # optional globs
         exclude = []           # optional globs
-        repo_type = "model"    # optional: model | dataset
+        repo_type = "model"    # optional: model | dataset | kernel
 
     Raises:
         UsageError: unreadable file, invalid TOML, unknown key, wrong type or value, duplicate entry; the message

@@ -2,7 +2,7 @@
 
 The entry points (:func:`warm`, :func:`fetch_pinned`, :func:`resolve_revision`) run one
 :class:`hfcache.warming.repo_job.RepoJob` per repo, all at once. Per repo: one request resolves the revision and lists
-every file with its hash (``hub.HubClient.resolve``); :mod:`hfcache.warming.selection` picks the files
+every file with its hash (``hfcache.hub.client.HubClient.resolve``); :mod:`hfcache.warming.selection` picks the files
 (``HubClient.describe`` fills in sizes and hashes with one HEAD per file where the endpoint's listing has none); each
 missing blob is downloaded by :mod:`hfcache.hub.transfer` to ``blobs/<etag>.<random>.incomplete`` (resuming a
 leftover; large files in parallel ranges), hashed in order, and renamed into place only when size and hash match.

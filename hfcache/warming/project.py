@@ -93,7 +93,7 @@ def reading_cache_dir(cache_dir: str | os.PathLike[str] | None = None,
         Path: absolute, an existing directory.
 
     Raises:
-        CacheError: the cache does not exist or is not a directory (see :func:`hfcache.cache.layout.existing_cache_dir`).
+        CacheError: the cache does not exist or is not a directory (see :func:`hfcache.cache.root.existing_cache_dir`).
         UsageError: the lock's manifest exists but is invalid.
     """
     return existing_cache_dir(lock_cache_dir(lock_file, cache_dir) if lock_file else cache_dir)

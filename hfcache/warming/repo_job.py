@@ -179,7 +179,8 @@ class RepoJob:
             raise UsageError(f"{req.repo_id}: no file matches the selection (kind {req.kind}"
                              + (f", include {list(req.include)}" if req.include else "")
                              + (f", exclude {list(req.exclude)}" if req.exclude else "") + ")",
-                             hint="check --kind, --include, --exclude and --repo-type")
+                             hint="a kernel repo has no tokenizer or weights: warm it with --kind all"
+                             if req.repo_type == "kernel" else "check --kind, --include, --exclude and --repo-type")
         return selection
 
     def _describe_and_read(self, repo: RepoRevision, folders: list[RepoFolder],

@@ -75,7 +75,7 @@ def ls_dict(info: CacheInfo, pinned: set[tuple[str, str, str]] | None) -> dict[s
 
 class RepoSummary(NamedTuple):
     """One repo of ``ls --json`` as :func:`stream_ls_json` writes it (small and picklable: it may come from a worker
-    process, :func:`hfcache.cache.scan.stream_repos`)."""
+    process, :func:`hfcache.cache.scan_stream.stream_repos`)."""
 
     json: str  # the repo's compact JSON object
     inodes: dict[tuple[int, int], int]  # (st_dev, st_ino) -> size of its files, for the deduplicated total

@@ -36,9 +36,19 @@ def doctor_dict(report: DoctorReport) -> dict[str, Any]:
         "cache": {"owner_uid": report.owner_uid, "owner_gid": report.owner_gid, "writable": report.writable,
                   "read_only_fs": report.read_only_fs, "symlinks": report.symlinks, "free_bytes": report.free_bytes},
         "versions": dict(report.versions),
+        "shared_store": _store_dict(report.shared_store),
         "findings": [{"code": f.code, "severity": f.severity, "message": f.message, "fix": f.fix}
                      for f in report.findings],
     }
+
+
+def _store_dict(store: Any) -> dict[str, Any] | None:
+    """The shared Xet blob store of a doctor report as plain data (None when the cache is missing)."""
+    if store is None:
+        return None
+    return {"path": store.path, "present": store.present, "marked": store.marked, "payloads": store.payloads,
+            "payload_bytes": store.payload_bytes, "problems": list(store.problems),
+            "disabling_variables": dict(store.disabling_variables), "enabled": store.enabled}
 
 
 def show_doctor(report: DoctorReport, *, as_json: bool) -> None:

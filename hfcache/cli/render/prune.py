@@ -86,7 +86,8 @@ def prune_tables(plan: PrunePlan, result: PruneResult | None = None, *, dry_run:
     groups: dict[tuple[str, str], list] = {}
     for item in plan.items:
         if item.reason in _HOUSEKEEPING:
-            label = _HOUSEKEEPING[item.reason] + (" lock file" if item.kind == "lock" else "")
+            label = _HOUSEKEEPING[item.reason] + (" lock file" if item.kind == "lock" else
+                                                  " (shared Xet payload)" if item.kind == "payload" else "")
             groups.setdefault((item.repo_id, label), []).append(item)
     if groups:
         renderables.append(_housekeeping_table(groups, result, outcomes, title))

@@ -112,11 +112,11 @@ def show_check(report: CheckReport, *, as_json: bool) -> None:
             "exit_code": report.exit_code,
             "import_seconds": report.import_seconds,
             "tokenizers": [
-                {"repo_id": r.target.repo_id, "revision": r.target.revision, "ok": r.ok,
-                 "trust_remote_code": r.target.trust_remote_code,
+                {"repo_id": r.target.repo_id, "revision": r.target.revision, "repo_type": r.target.repo_type,
+                 "ok": r.ok, "trust_remote_code": r.target.trust_remote_code,
                  "class": r.tokenizer_class, "vocab_size": r.vocab_size,
                  "input_ids": list(r.input_ids) if r.input_ids is not None else None,
-                 "seconds": r.seconds, "error": r.error, "cause": r.cause}
+                 "seconds": r.seconds, "error": r.error, "cause": r.cause, "skipped": r.skipped}
                 for r in report.results
             ],
         })
@@ -125,7 +125,9 @@ def show_check(report: CheckReport, *, as_json: bool) -> None:
     for column in ("tokenizer", "class", "vocab", "load", "result"):
         table.add_column(column, overflow="fold", justify="right" if column in ("vocab", "load") else "left")
     for r in report.results:
-        if r.ok:
+        if r.skipped:
+            result = Text(f"skipped: {r.skipped}", style="yellow")
+        elif r.ok:
             ids = list(r.input_ids or ())
             shown = ", ".join(map(str, ids[:8])) + (", ..." if len(ids) > 8 else "")
             result = Text(f"ok [{shown}]", style="green")
@@ -134,8 +136,9 @@ def show_check(report: CheckReport, *, as_json: bool) -> None:
         table.add_row(r.target.spec, r.tokenizer_class or "-", str(r.vocab_size or "-"), f"{r.seconds:.2f}s", result)
     stdout.print(table)
     failed = sum(not r.ok for r in report.results)
-    stdout.print(Text(f"{len(report.results) - failed} loaded, {failed} failed",
-                      style="green" if not failed else "red"))
+    skipped = sum(bool(r.skipped) for r in report.results)
+    stdout.print(Text(f"{len(report.results) - failed - skipped} loaded, {failed} failed"
+                      + (f", {skipped} skipped" if skipped else ""), style="green" if not failed else "red"))
     for r in report.results:
         if not r.ok and r.cause and r.error and r.error != r.cause:
             stdout.print(Text(f"{r.target.spec}: {r.error.splitlines()[0][:300]}", style="dim"), soft_wrap=True)

@@ -34,7 +34,7 @@ from .xorb import XetFile
 
 __all__ = ["CasService"]
 
-_URL_TYPES = {"model": "models", "dataset": "datasets", "space": "spaces"}
+_URL_TYPES = {"model": "models", "dataset": "datasets", "space": "spaces", "kernel": "kernels"}
 
 
 class CasService:

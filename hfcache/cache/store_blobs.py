@@ -1,0 +1,91 @@
+"""Judging a repo blob that is a symlink: huggingface_hub 2.4's link into the shared Xet blob store, or not.
+
+A repo's ``blobs/<etag>`` may be a relative link ``../../blobs/<h[:2]>/<h>`` into the cache's shared store
+(``huggingface_hub/utils/_shared_blobs.py``; :mod:`hfcache.cache.shared_store`). Only that exact shape, into a
+marked store, to a regular payload, stands for a blob; the payload's ``fstat`` (size, inode, times) is then the
+blob's, so a payload several repos link to is counted once by inode, as ``scan_cache_dir`` counts it. Every other
+link stays "a symlink, not a file". Nothing is followed: the link is read with ``readlink`` and the payload opened
+by walking from the cache root (:func:`hfcache.cache.shared_store.open_payload`). :func:`scan_blobs` reads a repo's
+whole ``blobs/`` folder this way for :mod:`hfcache.cache.scan`.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+
+from .shared_store import StoreProblem, payload_stat, xet_hash_of_link
+
+
+def store_blob_stat(root: str, link_path: str, name: str) -> tuple[os.stat_result | None, str | None]:
+    """(payload stat, None) when the symlink ``link_path`` (the repo's ``blobs/<name>``) is a healthy store link,
+    else (None, problem text starting ``blobs/<name>: ``).
+
+    Args:
+        root: the cache root; link_path: the link's path (read with ``readlink``, never followed); name: its name.
+
+    Returns:
+        The stat of the payload, or the problem: another link shape, a dangling store link (missing payload), a
+        payload that is a link, FIFO or folder, a store without its marker or with a marker that is a link.
+    """
+    try:
+        target = os.readlink(link_path)
+    except OSError:
+        return None, f"blobs/{name}: a symlink, not a file"
+    xet_hash = xet_hash_of_link(target)
+    if xet_hash is None:
+        return None, f"blobs/{name}: a symlink, not a file"
+    try:
+        return payload_stat(root, xet_hash), None
+    except FileNotFoundError:
+        return None, f"blobs/{name}: store link to a missing payload blobs/{xet_hash[:2]}/{xet_hash} (dangling)"
+    except StoreProblem as problem:
+        return None, f"blobs/{name}: store link refused: {problem} (left alone)"
+    except OSError as exc:
+        return None, f"blobs/{name}: store payload unreadable: {exc.strerror}"
+
+
+def scan_blobs(base: str, entries: list[os.DirEntry], denied: list[str], problems: list[str]
+               ) -> tuple[dict[str, os.stat_result], list[str], dict[tuple[int, int], int]]:
+    """A repo's ``blobs/`` folder, for :func:`hfcache.cache.scan.scan_repo` (metadata only).
+
+    Args:
+        base: the repo folder's path (its parent is the cache root); entries: the listing of ``base/blobs``;
+        denied: receives ``"blobs/"`` when the folder can be listed but not searched; problems: receives what is
+            wrong (``blobs/<name>: ...``): other links, store problems (:func:`store_blob_stat`), special files,
+            leftover ``.incomplete`` files.
+
+    Returns:
+        (name -> lstat of each regular blob, or the payload's stat for a healthy store link; sorted ``.incomplete``
+        names; (dev, inode) -> size of everything that takes space, a shared payload once).
+    """
+    blob_stats: dict[str, os.stat_result] = {}
+    incomplete = []
+    inodes: dict[tuple[int, int], int] = {}
+    for e in entries:
+        try:
+            st = e.stat(follow_symlinks=False)
+        except FileNotFoundError:  # removed since the listing (a concurrent prune): not part of the cache now
+            continue
+        except PermissionError:  # listable but not searchable (mode r--)
+            denied.append("blobs/")
+            break
+        if e.name.endswith(".incomplete"):
+            incomplete.append(e.name)
+            inodes[(st.st_dev, st.st_ino)] = st.st_size
+        elif stat.S_ISREG(st.st_mode):
+            blob_stats[e.name] = st
+            inodes[(st.st_dev, st.st_ino)] = st.st_size
+        elif stat.S_ISLNK(st.st_mode):  # huggingface_hub 2.4's shared-store link counts, with its payload's stat
+            pst, problem = store_blob_stat(os.path.dirname(base), e.path, e.name)
+            if pst is None:
+                problems.append(problem)
+            else:
+                blob_stats[e.name] = pst
+                inodes[(pst.st_dev, pst.st_ino)] = pst.st_size
+        else:
+            problems.append(f"blobs/{e.name}: not a regular file")
+    incomplete.sort()
+    if incomplete:
+        problems.append(f"{len(incomplete)} leftover .incomplete file(s)")
+    return blob_stats, incomplete, inodes
