@@ -122,3 +122,24 @@ def test_a_pull_through_mirror_of_a_xet_endpoint_answers_without_xet_headers(tmp
     assert not (tmp_path / "client" / "blobs").exists()  # no Xet download, so no shared store on the client
     assert offline_load(tmp_path / "client", ["google-bert/bert-base-uncased"])[
         "google-bert/bert-base-uncased"]["input_ids"] == golden_ids("google-bert/bert-base-uncased")
+
+
+def test_lock_and_warm_lock_from_a_xet_endpoint_then_zero_requests(tmp_path):
+    """The lock records every file's size and sha256 / git-sha1 from a Xet endpoint's listing; warm --lock installs
+    it with every byte hashed, and a second warm --lock on the complete cache asks nothing."""
+    cache = tmp_path / "cache"
+    env = clean_env(HF_HOME=str(tmp_path / "home"))
+    with xet_hub() as server:
+        (tmp_path / "hfcache.toml").write_text(
+            f'endpoint = "{server.endpoint}"\ncache_dir = "{cache}"\n[[repos]]\nrepo_id = "openai-community/gpt2"\n')
+        proc = run_hfcache(["lock"], env=env, cwd=tmp_path)
+        assert proc.returncode == 0, proc.stderr
+        lock = (tmp_path / "hfcache.lock").read_text()
+        assert "sha256:" in lock or "git-sha1:" in lock
+        first = run_hfcache(["warm", "--lock", "hfcache.lock", "--locked"], env=env, cwd=tmp_path)
+        assert first.returncode == 0, first.stderr
+        mark = len(server.requests)
+        again = run_hfcache(["warm", "--lock", "hfcache.lock", "--locked"], env=env, cwd=tmp_path)
+        assert again.returncode == 0, again.stderr
+        assert server.requests[mark:] == []
+    assert run_hfcache(["verify", "--cache-dir", str(cache)], env=env).returncode == 0
