@@ -26,7 +26,7 @@ from .offline import doctor_command, env_command, exec_cmd
 from .prune import prune
 from .serve import serve
 from .stdout import GuardedStdout, abandon_if_blocked
-from .transfer import export_command, import_command, link_command
+from .move import export_command, import_command, link_command
 from .verify import check, verify
 from .warm import lock, warm
 from ..errors import HfcacheError, UsageError

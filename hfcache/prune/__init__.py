@@ -34,7 +34,7 @@ any point leaves a cache that verifies, and the next prune finishes the job: eve
 itself or something the next plan removes again (a revision without its ref is detached, a blob without a snapshot
 is an orphan, a snapshot moved aside sits in the repo's trash folder).
 
-Modules: :mod:`.model` (the records), :mod:`.policy` (:func:`plan_prune`: which revisions go and why),
+Modules: :mod:`.plan` (the records: policy, plan, outcomes), :mod:`.policy` (:func:`plan_prune`: which revisions go and why),
 :mod:`.housekeeping` (orphans, stale downloads, leftovers, lock files, empty folders), :mod:`.inventory` (the ledger
 of items and bytes both fill), :mod:`.store` (huggingface_hub 2.4's shared Xet blob store: which payloads a removal
 frees, their sweep under the per-hash lock), :mod:`.executor` (:func:`execute`).
@@ -46,7 +46,7 @@ housekeeping, as in ``hf cache prune``. A missing, unreadable or hostile manifes
 """
 
 from .executor import execute
-from .model import (
+from .plan import (
     DEFAULT_GRACE,
     KINDS,
     TRASH,

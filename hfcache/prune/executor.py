@@ -1,4 +1,4 @@
-"""prune's execution: remove exactly what a :class:`~.model.PrunePlan` lists, folder by folder under the repo lock.
+"""prune's execution: remove exactly what a :class:`~.plan.PrunePlan` lists, folder by folder under the repo lock.
 
 Safe next to a running ``hfcache warm``: each folder is re-read under the lock first, and an item whose reason no
 longer holds is skipped, never forced (see :func:`execute`).
@@ -25,7 +25,7 @@ from ..cache.scan import scan_repo
 from ..cache.shared_store import StoreProblem, payload_stat, xet_hash_of_link
 from ..cache.sharing import cache_policy, make_dirs
 from .housekeeping import etag_of
-from .model import TRASH, ItemOutcome, PlanItem, PrunePlan, PruneResult, RevisionRemoval
+from .plan import TRASH, ItemOutcome, PlanItem, PrunePlan, PruneResult, RevisionRemoval
 from .store import sweep_payload
 
 __all__ = ["execute"]

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from ..cache.locking import try_lock
 from .inventory import Ledger, RepoBook
-from .model import TRASH
+from .plan import TRASH
 
 __all__ = ["empty_folder", "etag_of", "housekeeping", "lock_held", "lock_items"]
 

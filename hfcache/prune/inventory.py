@@ -1,7 +1,7 @@
 """prune's ledger: per repo folder and per content (inode), what the plan removes and the bytes that frees.
 
 The policy (:mod:`.policy`) and housekeeping (:mod:`.housekeeping`) decide what goes; the ledger records each
-removal as :class:`~.model.PlanItem` objects and follows what it implies: the blobs only removed revisions used go
+removal as :class:`~.plan.PlanItem` objects and follows what it implies: the blobs only removed revisions used go
 too, and a content's bytes count as freed when the last repo folder holding it lets it go, and only if no hardlink
 outside the cache keeps it.
 
@@ -22,7 +22,7 @@ from collections.abc import Sequence
 from ..cache import safefs
 from ..cache.scan import RepoInfo, RevisionInfo
 from ..cache.shared_store import StoreProblem, open_store_dir, payload_stat
-from .model import TRASH, PlanItem, RevisionRemoval
+from .plan import TRASH, PlanItem, RevisionRemoval
 from .store import has_store, list_payloads, payload_path, read_references
 
 __all__ = ["STORE_FOLDER", "Ledger", "RepoBook"]

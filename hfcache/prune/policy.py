@@ -22,7 +22,7 @@ from ..cache.scan import RepoInfo, RevisionInfo, scan_cache
 from ..units import format_duration
 from .housekeeping import empty_folder, housekeeping, lock_items
 from .inventory import Ledger, RepoBook
-from .model import DEFAULT_GRACE, KINDS, KeepSpec, PrunePlan, PrunePolicy
+from .plan import DEFAULT_GRACE, KINDS, KeepSpec, PrunePlan, PrunePolicy
 
 __all__ = ["plan_prune"]
 

@@ -1,5 +1,5 @@
 """``hfcache export``, ``hfcache import`` and ``hfcache link``: parse, call :mod:`hfcache.move`, render
-(:mod:`hfcache.cli.render.transfer`)."""
+(:mod:`hfcache.cli.render.move`)."""
 
 from __future__ import annotations
 
@@ -43,7 +43,7 @@ def export_command(dest, specs, lock_file, cache_dir, materialize, fmt, chown, g
     from ..move.export import plan_export, write_dir, write_tar
     from ..warming.lockfile import read_lock
     from ..warming.project import reading_cache_dir
-    from .render import transfer as render
+    from .render import move as render
 
     fmt = fmt or ("tar" if dest == "-" or dest.endswith(".tar") else "dir")
     if dest == "-" and fmt != "tar":
@@ -83,7 +83,7 @@ def import_command(src, cache_dir, move_refs, lock_timeout, as_json) -> None:
     """
     from ..cache.root import resolve_cache_dir
     from ..move.importer import import_cache
-    from .render import transfer as render
+    from .render import move as render
     from .render.common import lock_wait_notice
 
     report = import_cache(src, resolve_cache_dir(cache_dir), move_refs=move_refs, lock_timeout=lock_timeout,
@@ -100,7 +100,7 @@ def import_command(src, cache_dir, move_refs, lock_timeout, as_json) -> None:
 def link_command(src, dest, mode, as_json) -> None:
     """Make the cache at DEST use the cache at SRC (e.g. the runtime user's default path, or a volume mount)."""
     from ..move.link import link_cache
-    from .render import transfer as render
+    from .render import move as render
 
     report = link_cache(Path(src), Path(dest), mode)
     render.show_link(report, as_json=as_json)
