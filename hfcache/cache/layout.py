@@ -28,6 +28,7 @@ from pathlib import Path
 from . import safefs
 from .locking import DEFAULT_LOCK_TIMEOUT, LockWait
 from .atomic import atomic_write_at, file_lock, unlink_at
+from .incomplete import IncompleteBlob
 from .root import repo_folder_name
 from .shared_store import STORE_DIR, StoreProblem, open_store_dir, payload_stat
 from .sharing import SharePolicy, cache_policy, share_dir_fd, share_fd
@@ -392,51 +393,6 @@ class RepoFolder:
             atomic_write_at(dfd, ref.name, commit_hash.encode(), self.policy)
         finally:
             os.close(dfd)
-
-
-class IncompleteBlob(os.PathLike):
-    """A download in progress: ``blobs/<name>`` created relative to ``dir_fd`` (an fd of the repo's ``blobs/``
-    opened without following links, owned by this object). ``os.fspath`` gives the path for messages only; every
-    operation uses the fd. :meth:`unlink` removes the file unless published, and closes the fd."""
-
-    def __init__(self, dir_fd: int, name: str, path: Path) -> None:
-        self.dir_fd = dir_fd
-        self.name = name
-        self.path = path
-        self.published = False
-
-    def __fspath__(self) -> str:
-        return str(self.path)
-
-    def open_fd(self, flags: int) -> int:
-        """``os.open`` of the file relative to the folder fd, ``O_NOFOLLOW``; returns an fd (caller closes)."""
-        return os.open(self.name, flags | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=self.dir_fd)
-
-    def close(self) -> None:
-        """Close the folder fd (the file stays: a kept partial download); idempotent."""
-        if self.dir_fd >= 0:
-            os.close(self.dir_fd)
-            self.dir_fd = -1
-
-    def unlink(self, missing_ok: bool = True) -> None:
-        """Remove the ``.incomplete`` file (when not published) and close the folder fd; idempotent."""
-        if self.dir_fd < 0:
-            return
-        try:
-            if not self.published:
-                try:
-                    os.unlink(self.name, dir_fd=self.dir_fd)
-                except FileNotFoundError:
-                    if not missing_ok:
-                        raise
-        finally:
-            os.close(self.dir_fd)
-            self.dir_fd = -1
-
-    def __del__(self) -> None:
-        if getattr(self, "dir_fd", -1) >= 0:
-            os.close(self.dir_fd)
-            self.dir_fd = -1
 
 
 def _hardlink_or_copy_at(bfd: int, etag: str, pfd: int, dest: str, policy: SharePolicy | None) -> None:

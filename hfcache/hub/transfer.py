@@ -30,7 +30,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .. import pools
-from ..cache.layout import IncompleteBlob, RepoFolder
+from ..cache.layout import RepoFolder
+from ..cache.incomplete import IncompleteBlob
 from ..errors import HubError, IntegrityError
 from .client import HubClient
 from .files import Hasher, RemoteFile, RepoRevision
