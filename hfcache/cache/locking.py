@@ -380,7 +380,9 @@ def _settle_marker_mode(path: Path, mode: int) -> None:
         return
     try:
         st = os.fstat(fd)
-        if stat.S_ISREG(st.st_mode) and st.st_uid == os.geteuid() and stat.S_IMODE(st.st_mode) != mode:
+        # st_nlink: a hardlink planted in its place would carry the mode change to another file
+        if (stat.S_ISREG(st.st_mode) and st.st_uid == os.geteuid() and st.st_nlink == 1
+                and stat.S_IMODE(st.st_mode) != mode):
             os.fchmod(fd, mode)
     except OSError:
         pass

@@ -220,20 +220,37 @@ def sweep_payload(root: str | os.PathLike[str], xet_hash: str, *, delete: bool,
 
 
 def _open_lock(prefix_fd: int, name: str) -> str:
-    """Create ``name`` through ``prefix_fd`` as huggingface_hub's ``_shared_blob_lock`` does (``O_NOFOLLOW``, mode
-    0o666 whatever the umask); "" when it is a regular file, else why it is left alone."""
+    """Make sure ``name`` exists through ``prefix_fd`` as huggingface_hub's ``_shared_blob_lock`` leaves it (a
+    regular file, mode 0o666 whatever the umask); "" when it is usable, else why it is left alone.
+
+    Only a lock file created here is given mode 0o666. An existing one is never chmod-ed: a group member can plant a
+    hardlink to any file as ``<h>.lock`` (``O_NOFOLLOW`` stops symlinks, not hardlinks), and changing its mode would
+    change that file's. An existing lock with more than one link is refused for the same reason (filelock's own
+    check, ``_native/_unix.py`` ``_finalize_locked_fd``, refuses such a lock as well).
+    """
     try:
-        fd = os.open(name, os.O_WRONLY | os.O_CREAT | _FILE_FLAGS, 0o666, dir_fd=prefix_fd)
-    except OSError as exc:
-        return "its lock file is a symlink" if exc.errno == errno.ELOOP else \
-            f"its lock file cannot be opened ({exc.strerror})"
-    try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            return "its lock file is not a regular file"
+        fd = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | _FILE_FLAGS, 0o666, dir_fd=prefix_fd)
+        created = True
+    except FileExistsError:
+        created = False
         try:
-            os.fchmod(fd, 0o666)
-        except OSError:
-            pass
+            fd = os.open(name, os.O_RDONLY | _FILE_FLAGS, dir_fd=prefix_fd)
+        except OSError as exc:
+            return "its lock file is a symlink" if exc.errno == errno.ELOOP else \
+                f"its lock file cannot be opened ({exc.strerror})"
+    except OSError as exc:
+        return f"its lock file cannot be created ({exc.strerror})"
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            return "its lock file is not a regular file"
+        if st.st_nlink != 1:
+            return "its lock file has other hard links (it may be another file of the system)"
+        if created:
+            try:
+                os.fchmod(fd, 0o666)
+            except OSError:
+                pass
     finally:
         os.close(fd)
     return ""

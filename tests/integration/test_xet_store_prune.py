@@ -185,6 +185,23 @@ def test_a_planted_lock_link_is_never_followed(cache: Path, canary: Path) -> Non
     assert done["result"]["bytes_freed"] == sum(before.values()) - sum(after.values())
 
 
+def test_a_lock_hardlinked_to_an_outside_file_keeps_its_mode(cache: Path, canary: Path) -> None:
+    """A group member plants ``<h>.lock`` as a hardlink to another file (``O_NOFOLLOW`` does not stop it): prune
+    must not chmod that file (it once set 0666 on it) and leaves the payload alone."""
+    locked, *_ = only_gpt2(cache)
+    canary.chmod(0o600)
+    mode_before, canary_bytes = canary.stat().st_mode, canary.read_bytes()
+    lock = cache / "blobs" / locked[:2] / f"{locked}.lock"
+    lock.unlink(missing_ok=True)
+    os.link(canary, lock)
+    age(cache, *GPT2_FOLDERS)
+    done = prune(cache, "--yes")
+    assert canary.stat().st_mode == mode_before and canary.read_bytes() == canary_bytes
+    statuses = {i["path"].rsplit("/", 1)[-1]: i for i in done["items"] if i["kind"] == "payload"}
+    assert statuses[locked]["status"] == "skipped" and "hard links" in statuses[locked]["note"]
+    assert locked in sizes(cache)
+
+
 def test_a_planted_payload_link_is_never_followed(cache: Path, tmp_path: Path) -> None:
     before = sizes(cache)
     planted, *_ = only_gpt2(cache)
