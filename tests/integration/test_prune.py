@@ -543,8 +543,10 @@ def test_prune_while_another_process_warms_the_same_cache(cache):
             while not list(gpt2.glob("blobs/*.incomplete")):  # warm holds gpt2's repo lock and downloads
                 assert warm.poll() is None and time.monotonic() < deadline, warm.stderr.read() if warm.poll() else ""
                 time.sleep(0.02)
-            # warm reads gpt2's config.json (custom-code check) before it downloads, which is a use by atime:
-            # freeze the atimes again so the prune plans gpt2 as detached and must re-check it under the lock.
+            # warm reads gpt2's config.json (custom-code check) while the first downloads run, which is a use by
+            # atime: let that read happen (the throttled vocab.json takes ~5 s), then freeze the atimes again so the
+            # prune plans gpt2 as detached and must re-check it under the lock. (Freezing at once raced the read.)
+            time.sleep(1.0)
             freeze_atimes(cache)
             document = prune_json(cache, "--older-than", "30d")
             warm_out, warm_err = warm.communicate(timeout=120)
