@@ -38,7 +38,7 @@ LAYERS = (
     ("hfcache.hub",),
     ("hfcache.cache",),
     ("hfcache.records", "hfcache.units", "hfcache.pools"),
-    ("hfcache.errors", "hfcache._version"),
+    ("hfcache.errors", "hfcache._version", "hfcache.bounds"),
 )
 FACADE = {"hfcache", "hfcache.__main__"}
 

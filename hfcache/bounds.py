@@ -1,0 +1,72 @@
+"""Limits on what a cache, a peer or a manifest supplies: JSON nesting and folder depth.
+
+A group member of a shared cache, an upstream or a registry can hand hfcache a document or a folder chain deep
+enough to exhaust Python's recursion (``json.loads`` raises ``RecursionError`` near 1,000 levels; ``os.walk`` and
+``pathlib.Path.rglob`` recurse once per level on Python 3.11). Everything such a source supplies is read through
+these bounds, and a breach is a :class:`TooDeep` (a ``ValueError``), which callers report as a problem of the one
+repo or answer it came from, never as an internal error (see docs/security.md, "Member-controlled state").
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+#: Deepest JSON nesting hfcache accepts from a cache, an endpoint or a registry. Hub listings, configs, tokenizer
+#: files, safetensors indexes and OCI manifests are a handful of levels deep.
+MAX_JSON_DEPTH = 64
+
+#: Deepest folder chain hfcache walks below a snapshot (or any folder a cache supplies). Hub repos are a few
+#: levels deep; a chain deeper than this is refused as a layout problem of its repo.
+MAX_TREE_DEPTH = 64
+
+
+class TooDeep(ValueError):
+    """A document or folder chain nested deeper than the bound for it."""
+
+
+def json_depth(doc: Any) -> int:
+    """Nesting depth of a parsed JSON value (a scalar is 0, ``[]`` is 1), computed without recursion.
+
+    Args:
+        doc (Any): what ``json.loads`` returned.
+
+    Returns:
+        int: the depth.
+    """
+    deepest, stack = 0, [(doc, 0)]
+    while stack:
+        value, depth = stack.pop()
+        if isinstance(value, dict):
+            value = value.values()
+        elif not isinstance(value, list):
+            deepest = max(deepest, depth)
+            continue
+        depth += 1
+        deepest = max(deepest, depth)
+        stack.extend((child, depth) for child in value)
+    return deepest
+
+
+def loads_json(raw: bytes | str, what: str, *, max_depth: int = MAX_JSON_DEPTH) -> Any:
+    """``json.loads`` for text hfcache did not write: nesting is bounded.
+
+    Args:
+        raw (bytes | str): the document (already bounded in size by its reader).
+        what (str): names the document in the error, e.g. ``"trees/<commit>.json"``.
+        max_depth (int): deepest nesting accepted (:data:`MAX_JSON_DEPTH`).
+
+    Returns:
+        Any: the parsed value.
+
+    Raises:
+        TooDeep: nested deeper than ``max_depth`` (also where the C parser itself ran out of stack).
+        ValueError: not JSON (``json.JSONDecodeError``, ``UnicodeDecodeError``).
+    """
+    try:
+        doc = json.loads(raw)
+    except RecursionError:
+        raise TooDeep(f"{what}: JSON nested deeper than {max_depth} levels") from None
+    if json_depth(doc) > max_depth:
+        raise TooDeep(f"{what}: JSON nested deeper than {max_depth} levels")
+    return doc
