@@ -37,6 +37,7 @@ LAYERS = (
     ("hfcache.warming",),
     ("hfcache.hub",),
     ("hfcache.cache",),
+    ("hfcache.pace",),
     ("hfcache.records", "hfcache.units", "hfcache.pools"),
     ("hfcache.errors", "hfcache._version", "hfcache.bounds"),
 )

@@ -1,0 +1,127 @@
+"""Deadlines and minimum throughput for what a peer sends: a slow peer cannot hold a command forever.
+
+A socket timeout bounds the wait for each byte only: a peer dripping one byte a second never trips it, and a
+4 MiB manifest at 1 B/s takes 48 days. So every metadata answer (repo info, manifests, configs, token answers) is
+read under a :class:`Deadline` for the whole answer, and every body under a :class:`Throughput` floor averaged over a
+window. Readers must hand each chunk as it arrives (httpx ``iter_raw``/``iter_bytes``; urllib3 ``read1``), never a
+blocking ``read(n)`` that waits for ``n`` bytes, so the checks run while a drip is under way.
+
+Defaults (documented in docs/security.md, "Deadlines"): metadata answers :data:`METADATA_DEADLINE` seconds, bodies at
+least :data:`MIN_RATE` bytes/s over any :data:`RATE_WINDOW` seconds. ``HFCACHE_METADATA_DEADLINE``,
+``HFCACHE_MIN_RATE`` (a size, e.g. ``1KB``; ``0`` turns the floor off) and ``HFCACHE_RATE_WINDOW`` change them.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass, field
+
+from .errors import UsageError
+
+METADATA_DEADLINE = 120.0  #: seconds for a whole metadata answer (headers and body)
+MIN_RATE = 1024  #: bytes per second a body must average over RATE_WINDOW
+RATE_WINDOW = 60.0  #: seconds the throughput floor is averaged over (and the grace before it applies)
+
+
+class TooSlow(Exception):
+    """A peer missed a deadline or fell below the throughput floor; ``str()`` is one line naming what and how."""
+
+
+def _env_float(name: str, default: float) -> float:
+    raw = os.environ.get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        value = -1.0
+    if not value >= 0 or value == float("inf"):
+        raise UsageError(f"invalid {name}={raw!r}", hint="give a finite number of seconds, e.g. 120")
+    return value
+
+
+def metadata_deadline() -> float:
+    """Seconds allowed for a whole metadata answer: ``HFCACHE_METADATA_DEADLINE`` or :data:`METADATA_DEADLINE`.
+
+    Raises:
+        UsageError: the variable is not a finite number >= 0.
+    """
+    return _env_float("HFCACHE_METADATA_DEADLINE", METADATA_DEADLINE) or METADATA_DEADLINE
+
+
+def min_rate() -> tuple[int, float]:
+    """``(bytes per second, window seconds)`` of the body throughput floor (``HFCACHE_MIN_RATE``, a size like
+    ``1KB``, ``0`` = off; ``HFCACHE_RATE_WINDOW`` seconds).
+
+    Raises:
+        UsageError: a variable is malformed.
+    """
+    from .units import parse_size
+
+    raw = os.environ.get("HFCACHE_MIN_RATE")
+    rate = MIN_RATE if raw in (None, "") else (0 if raw.strip() == "0" else parse_size(raw))
+    return rate, _env_float("HFCACHE_RATE_WINDOW", RATE_WINDOW) or RATE_WINDOW
+
+
+@dataclass
+class Deadline:
+    """An overall deadline: :meth:`check` raises once ``seconds`` have passed since creation.
+
+    Args:
+        seconds (float): the allowance.
+        what (str): names the answer in the error, e.g. ``"repo info of gpt2 from http://hub"``.
+    """
+
+    seconds: float
+    what: str
+    start: float = field(default_factory=time.monotonic)
+
+    def remaining(self) -> float:
+        """Seconds left (never below 0)."""
+        return max(0.0, self.start + self.seconds - time.monotonic())
+
+    def check(self) -> None:
+        """Raises:
+            TooSlow: the deadline has passed.
+        """
+        if time.monotonic() - self.start > self.seconds:
+            raise TooSlow(f"{self.what}: no complete answer within {self.seconds:g} s")
+
+
+@dataclass
+class Throughput:
+    """A floor on a body's average rate: :meth:`feed` raises when fewer than ``rate * window`` bytes arrived in the
+    last ``window`` seconds (checked once ``window`` seconds have passed since the start).
+
+    Args:
+        rate (int): bytes per second; 0 turns the floor off.
+        window (float): seconds averaged over.
+        what (str): names the body in the error.
+    """
+
+    rate: int
+    window: float
+    what: str
+    start: float = field(default_factory=time.monotonic)
+    _mark: float = 0.0
+    _since_mark: int = 0
+
+    def __post_init__(self) -> None:
+        self._mark = self.start
+
+    def feed(self, n: int) -> None:
+        """Count ``n`` bytes just received (call with 0 to check on a wait).
+
+        Raises:
+            TooSlow: the window that just ended averaged below the floor.
+        """
+        self._since_mark += n
+        now = time.monotonic()
+        if self.rate <= 0 or now - self._mark < self.window:
+            return
+        if self._since_mark < self.rate * (now - self._mark):
+            got = self._since_mark / (now - self._mark)
+            raise TooSlow(f"{self.what}: {got:.0f} B/s over {now - self._mark:.0f} s, below the floor of "
+                          f"{self.rate} B/s (HFCACHE_MIN_RATE)")
+        self._mark, self._since_mark = now, 0
