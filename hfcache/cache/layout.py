@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import errno
 import os
-import shutil
 import stat
 import threading
 import uuid
@@ -30,8 +29,9 @@ from .locking import DEFAULT_LOCK_TIMEOUT, LockWait
 from .atomic import atomic_write_at, file_lock, unlink_at
 from .incomplete import IncompleteBlob
 from .root import repo_folder_name
+from .safefs_tree import copy_blob_at
 from .shared_store import STORE_DIR, StoreProblem, open_store_dir, payload_stat
-from .sharing import SharePolicy, cache_policy, share_dir_fd, share_fd
+from .sharing import SharePolicy, cache_policy, share_dir_fd, share_fd, share_file_at
 
 
 #: Name of hfcache's per-repo lock inside ``.locks/<folder>/`` (``scan_cache_dir`` never reads ``.locks``).
@@ -289,6 +289,46 @@ class RepoFolder:
             os.close(sfd)
         return True
 
+    def move_blob_in(self, src_dir_fd: int, name: str, etag: str) -> None:
+        """Rename the verified file ``name`` of the folder open as ``src_dir_fd`` (import's staging) to
+        ``blobs/<etag>``, shared like the cache first: one ``os.replace`` relative to both folder fds (same
+        filesystem), so a ``blobs/`` swapped for a link meanwhile never receives it.
+
+        Raises:
+            UnsafeLayout: ``blobs/`` (or a folder above it) is a symlink. OSError: the rename failed.
+        """
+        safefs.check_etag(etag)
+        share_file_at(src_dir_fd, name, self.policy)
+        with self._blobs_fd() as dfd:
+            os.replace(name, etag, src_dir_fd=src_dir_fd, dst_dir_fd=dfd)
+
+    def copy_blob(self, source_folder: str, etag: str, size: int) -> None:
+        """Copy ``<source_folder>/blobs/<etag>`` of this cache as this repo's ``blobs/<etag>`` (where a hardlink
+        is not possible), both folders opened from the cache root without following links.
+
+        The source is opened ``O_NOFOLLOW | O_NONBLOCK`` relative to its ``blobs/`` fd, must be a regular file of
+        ``size`` bytes and must hash to ``etag`` while it is copied (:func:`safefs_tree.copy_blob_at`); the copy
+        is created and renamed relative to this repo's ``blobs/`` fd.
+
+        Raises:
+            UnsafeLayout: the source is a link, a FIFO, not ``size`` bytes, or does not hash to ``etag``.
+            OSError: it is missing, or the copy cannot be written.
+        """
+        safefs.check_etag(etag)
+        try:
+            src = safefs.open_file(self.cache_dir, (safefs.check_folder_name(source_folder), "blobs", etag),
+                                   os.O_RDONLY | os.O_NONBLOCK)
+        except OSError as exc:
+            if exc.errno in (errno.ELOOP, errno.ENOTDIR):
+                raise safefs.UnsafeLayout(f"{self.cache_dir}/{source_folder}/blobs/{etag} is a symlink or sits "
+                                          "under one: left alone (nothing copied)", hint="remove it, then rerun") from None
+            raise
+        try:
+            with self._blobs_fd() as dfd:
+                copy_blob_at(src, dfd, etag, size, on_create=lambda fd: share_fd(fd, self.policy))
+        finally:
+            os.close(src)
+
     @contextmanager
     def _blobs_fd(self):
         fd = self.open_dir(self.root / "blobs")
@@ -363,9 +403,15 @@ class RepoFolder:
         """Record a use of the revision: set its snapshot folder's mtime to now (part of "last use", see
         :mod:`hfcache.cache.scan`). Best effort: a read-only cache keeps its old time."""
         try:
-            os.utime(self.root / "snapshots" / safefs.check_commit(commit_hash), follow_symlinks=False)
+            fd = safefs.open_dir(self.cache_dir, (self.name, "snapshots", safefs.check_commit(commit_hash)))
+        except (OSError, safefs.UnsafeLayout):
+            return
+        try:
+            os.utime(fd)  # through the fd opened without following a link: never another folder's time
         except OSError:
             pass
+        finally:
+            os.close(fd)
 
     def read_ref(self, revision: str) -> bytes | None:
         """The bytes of ``refs/<revision>`` (at most 256), or None when there is none; no link is followed."""
@@ -411,18 +457,14 @@ def _hardlink_or_copy_at(bfd: int, etag: str, pfd: int, dest: str, policy: Share
     except FileNotFoundError:
         pass
     src = os.open(etag, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=bfd)
-    with os.fdopen(src, "rb") as fin:
-        if not stat.S_ISREG(os.fstat(fin.fileno()).st_mode):
+    try:
+        st = os.fstat(src)
+        if not stat.S_ISREG(st.st_mode):
             raise safefs.UnsafeLayout(f"blobs/{etag} is not a regular file: left alone")
-        tmp = f".{dest}.{uuid.uuid4().hex[:8]}.tmp"
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o666, dir_fd=pfd)
-        try:
-            with os.fdopen(fd, "wb") as fout:
-                share_fd(fout.fileno(), policy)
-                shutil.copyfileobj(fin, fout)
-            os.replace(tmp, dest, src_dir_fd=pfd, dst_dir_fd=pfd)
-        finally:
-            unlink_at(pfd, tmp)
+        # re-hashed while copied, written to a private name and renamed relative to the folder fd
+        copy_blob_at(src, pfd, etag, st.st_size, on_create=lambda fd: share_fd(fd, policy), name=dest)
+    finally:
+        os.close(src)
 
 
 def _lstat_at(name: str, dir_fd: int) -> int:

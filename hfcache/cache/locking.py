@@ -91,12 +91,40 @@ class LockTimeout(CacheError):
         self.holder = holder
 
 
+class _KeepFdPath:
+    """Mixin for filelock's lock classes: a lock named ``/proc/self/fd/<N>/<name>`` (:func:`via_dir_fd`) is opened by
+    that name, never by the folder's path.
+
+    Library gap: filelock 4 resolves the lock file's folder with ``os.path.realpath`` when it acquires
+    (``_core/_registry.py`` ``canonical``) and then creates and opens that path string (``claim_root``). For
+    ``/proc/self/fd/<N>`` the real path is the folder's name *now*, which a group member can swap for a symlink
+    before the open: root then created ``hfcache-repo.lock`` through the link, outside the cache. Keeping the
+    ``/proc/self/fd`` name makes the kernel resolve it through the descriptor of the folder hfcache checked.
+    """
+
+    def _resolve_lock_path(self) -> str:
+        if str(self.lock_file).startswith("/proc/self/fd/"):  # type: ignore[attr-defined]
+            return str(self.lock_file)  # type: ignore[attr-defined]
+        return super()._resolve_lock_path()  # type: ignore[misc]
+
+
+@cache
+def _fd_file_lock_class() -> type:
+    from filelock import FileLock
+
+    class FdFileLock(_KeepFdPath, FileLock):
+        """filelock's FileLock, opened through ``/proc/self/fd/<N>`` names as given (:class:`_KeepFdPath`)."""
+
+    FdFileLock.__module__ = __name__
+    return FdFileLock
+
+
 @cache
 def _soft_lock_class() -> type:
     from filelock import SoftFileLock
     from filelock._soft import parse_lock_holder, read_lock_file
 
-    class SoftLock(SoftFileLock):
+    class SoftLock(_KeepFdPath, SoftFileLock):
         """filelock's SoftFileLock, plus the takeover of empty and unrefreshed markers (see the module docstring).
 
         Relies on two SoftFileLock hooks of filelock 4.x (``_try_break_stale_lock``, called when the marker exists,
@@ -201,12 +229,10 @@ def _new_lock(path: Path, mode: int):
         no_flock = flock_error(path.parent)
     except OSError:
         no_flock = None  # the lock's own open reports the real error
-    from filelock import FileLock
-
     if no_flock is not None:
         return _soft_lock_class()(str(path), mode=mode)
     # fallback_to_soft=False: filelock's own fallback is the plain SoftFileLock that waits on empty files forever.
-    return FileLock(str(path), mode=mode, fallback_to_soft=False)
+    return _fd_file_lock_class()(str(path), mode=mode, fallback_to_soft=False)
 
 
 def holder_of(path: Path) -> str | None:
@@ -346,14 +372,27 @@ def _acquire(path: Path, timeout: float, stop: threading.Event | None,
 
 
 @contextmanager
-def try_lock(path: Path) -> Iterator[str]:
+def try_lock(path: Path, dir_fd: int | None = None) -> Iterator[str]:
     """Take the lock at ``path`` without waiting, for the block: ``as`` gives "" when it is held by us (or when there
-    is no lock file: nobody uses it), else why not ("a download holds its lock", "cannot be opened (...)")."""
-    if not os.path.isfile(path):
+    is no lock file: nobody uses it), else why not ("a download holds its lock", "cannot be opened (...)").
+
+    Args:
+        path (Path): the lock file (named in messages).
+        dir_fd (int | None): an fd of its folder opened without following links (safefs): the file is looked up
+            and opened through it (:func:`via_dir_fd`), so a folder swapped for a link is never followed.
+    """
+    if dir_fd is None:
+        regular = os.path.isfile(path)
+    else:
+        try:
+            regular = stat.S_ISREG(os.stat(path.name, dir_fd=dir_fd, follow_symlinks=False).st_mode)
+        except OSError:
+            regular = False
+    if not regular:
         yield ""
         return
     try:
-        lock = _acquire(path, 0.0, None, None, 0o664)
+        lock = _acquire(via_dir_fd(path, dir_fd), 0.0, None, None, 0o664, shown=path)
     except LockTimeout:
         yield "a download holds its lock"
         return

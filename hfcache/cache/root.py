@@ -15,9 +15,9 @@ from pathlib import Path
 
 from . import safefs
 from ..errors import CacheError
-from .atomic import atomic_write
+from .atomic import atomic_write_at
 from .shared_store import STORE_DIR, payload_stat
-from .sharing import cache_policy, make_dirs
+from .sharing import cache_policy, open_dirs
 
 
 # Same text as huggingface_hub's _local_folder.CACHEDIR_TAG_CONTENT (the Cache Directory Tagging Standard).
@@ -120,9 +120,11 @@ def ensure_cache_root(cache_dir: Path) -> None:
     """
     try:
         cache_dir.mkdir(parents=True, exist_ok=True)
-        tag = cache_dir / "CACHEDIR.TAG"
-        if not os.path.lexists(tag):
-            atomic_write(tag, CACHEDIR_TAG.encode(), policy=cache_policy(cache_dir))
+        with safefs.dir_fd(cache_dir) as root_fd:  # the tag is written relative to the root's fd, never by path
+            try:
+                os.stat("CACHEDIR.TAG", dir_fd=root_fd, follow_symlinks=False)
+            except FileNotFoundError:
+                atomic_write_at(root_fd, "CACHEDIR.TAG", CACHEDIR_TAG.encode(), policy=cache_policy(cache_dir))
         locks = cache_dir / ".locks"
         if os.path.lexists(locks) and (os.path.islink(locks) or not locks.is_dir()):
             raise safefs.UnsafeLayout(f"{locks} is a symlink or not a directory: left alone",
@@ -180,17 +182,24 @@ def symlinks_supported(cache_dir: Path) -> bool:
     """
     if os.environ.get("HF_HUB_DISABLE_SYMLINKS", "").upper() in ("1", "ON", "YES", "TRUE"):
         return False
-    probe = cache_dir / ".locks" / f".hfcache-symlink-probe-{uuid.uuid4().hex[:8]}"
-    safefs.check_existing(cache_dir, (".locks",))  # never probe through a planted link
+    probe = f".hfcache-symlink-probe-{uuid.uuid4().hex[:8]}"
+    # Made, and removed, relative to the descriptor of .locks opened from the root without following a link: a
+    # .locks swapped for a symlink is refused (UnsafeLayout), never probed through.
     try:
-        make_dirs(probe.parent, cache_dir, cache_policy(cache_dir))
-        os.symlink("target", probe)
+        fd = open_dirs(cache_dir / ".locks", cache_dir, cache_policy(cache_dir))
+    except OSError:
+        return False
+    try:
+        os.symlink("target", probe, dir_fd=fd)
         return True
     except OSError:
         return False
     finally:
-        if os.path.lexists(probe):
-            os.unlink(probe)
+        try:
+            os.unlink(probe, dir_fd=fd)
+        except OSError:
+            pass
+        os.close(fd)
 
 
 def find_blob_elsewhere(cache_dir: Path, etag: str, size: int, exclude: str) -> Path | None:

@@ -17,13 +17,13 @@ from __future__ import annotations
 import errno
 import os
 import re
-import shutil
 import stat
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
 from ..errors import CacheError
+from .fd_remove import remove_tree_at
 from .shared_store import StoreProblem, open_payload, xet_hash_of_link
 
 #: The parts of a repo folder huggingface_hub writes; each must be a real directory when present.
@@ -195,14 +195,22 @@ def unlink(root: str | os.PathLike[str], rel: str | Sequence[str], *, missing_ok
 
 
 def rmtree(root: str | os.PathLike[str], rel: str | Sequence[str], *, missing_ok: bool = True) -> bool:
-    """Remove the directory ``root/rel`` and its contents without following any link (``shutil.rmtree`` with
-    ``dir_fd``, its symlink-attack resistant form); a non-directory there is unlinked. Returns False when missing."""
+    """Remove the directory ``root/rel`` and its contents without following any link and without recursion
+    (:func:`remove_tree_at`: a folder chain of any depth is removed); a non-directory there is unlinked.
+
+    Returns:
+        bool: False when it was missing (with ``missing_ok``), else True.
+
+    Raises:
+        UnsafeLayout: a folder above ``rel`` is a symlink. OSError: an entry cannot be removed (ENOTEMPTY when
+        someone keeps adding entries).
+    """
     parent, name = _split(rel)
     try:
         with dir_fd(root, parent) as fd:
             st = os.stat(name, dir_fd=fd, follow_symlinks=False)
             if stat.S_ISDIR(st.st_mode):
-                shutil.rmtree(name, dir_fd=fd)
+                remove_tree_at(fd, name)
             else:
                 os.unlink(name, dir_fd=fd)
     except FileNotFoundError:

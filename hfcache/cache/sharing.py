@@ -67,18 +67,22 @@ def cache_policy(cache_dir: Path) -> SharePolicy | None:
 
 def share_dir(path: Path | str, policy: SharePolicy | None) -> None:
     """Give a folder just created by this process the shared group and bits (best effort: a folder another user
-    created is theirs to fix, and doctor reports it)."""
+    created is theirs to fix, and doctor reports it).
+
+    The folder is opened ``O_NOFOLLOW | O_DIRECTORY`` and changed through that fd (:func:`share_dir_fd`), never by
+    path: a name exchanged with a symlink after the ``mkdir`` is not followed. The folders *above* ``path`` are
+    still resolved by path, so inside a cache use :func:`make_dirs` or ``safefs.open_dir(..., on_create=)``.
+    """
     if policy is None:
         return
     try:
-        st = os.lstat(path)
-        if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid():
-            return
-        if st.st_gid != policy.gid:
-            os.chown(path, -1, policy.gid)  # allowed to the owner for any group it is a member of
-        os.chmod(path, stat.S_IMODE(st.st_mode) | policy.dir_bits)
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
     except OSError:
-        pass
+        return
+    try:
+        share_dir_fd(fd, policy)
+    finally:
+        os.close(fd)
 
 
 def share_dir_fd(fd: int, policy: SharePolicy | None) -> None:
@@ -97,11 +101,17 @@ def share_dir_fd(fd: int, policy: SharePolicy | None) -> None:
 
 
 def share_fd(fd: int, policy: SharePolicy | None) -> None:
-    """Give a file this process just created (open as ``fd``) the shared group and bits."""
+    """Give a file this process just created (open as ``fd``) the shared group and bits.
+
+    Only a regular file this user owns with a single link is changed: a hardlink a member planted in its place
+    would carry the mode change to another file of the system.
+    """
     if policy is None:
         return
     try:
         st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid() or st.st_nlink != 1:
+            return
         if st.st_gid != policy.gid:
             os.fchown(fd, -1, policy.gid)
         os.fchmod(fd, stat.S_IMODE(st.st_mode) | policy.file_bits)
@@ -109,40 +119,58 @@ def share_fd(fd: int, policy: SharePolicy | None) -> None:
         pass
 
 
-def share_file(path: Path | str, policy: SharePolicy | None) -> None:
-    """:func:`share_fd` by path, without following a symlink (a symlink's own mode means nothing)."""
+def share_file_at(dir_fd: int, name: str, policy: SharePolicy | None) -> None:
+    """:func:`share_fd` for the entry ``name`` of the folder open as ``dir_fd`` (opened ``O_NOFOLLOW |
+    O_NONBLOCK`` relative to it: no link is followed, a FIFO never blocks)."""
     if policy is None:
         return
     try:
-        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0))
+        fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=dir_fd)
     except OSError:
         return
     try:
-        if stat.S_ISREG(os.fstat(fd).st_mode) and os.fstat(fd).st_uid == os.geteuid():
-            share_fd(fd, policy)
+        share_fd(fd, policy)
+    finally:
+        os.close(fd)
+
+
+def share_file(path: Path | str, policy: SharePolicy | None) -> None:
+    """:func:`share_fd` by path, without following a symlink at ``path`` itself. The folders above it are resolved
+    by path: below a cache root use :func:`share_file_at` with the folder's descriptor."""
+    if policy is None:
+        return
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:
+        return
+    try:
+        share_fd(fd, policy)
     finally:
         os.close(fd)
 
 
 def make_dirs(path: Path, root: Path, policy: SharePolicy | None) -> None:
-    """``mkdir -p path`` below ``root``, sharing every folder created on the way (``root`` must exist).
+    """``mkdir -p path`` below ``root``, sharing every folder created on the way (``root`` must exist). Pass the
+    cache root as ``root``: only what is below it is walked without following links (``root`` itself may be one).
+
+    Walks from ``root`` one component at a time with ``O_NOFOLLOW | O_DIRECTORY`` and creates each missing folder
+    relative to its parent's fd, then shares it through its own fd (:func:`hfcache.cache.safefs.open_dir`): a
+    component swapped for a symlink is never followed, created through, or chmod-ed.
 
     Raises:
-        OSError: a folder cannot be created (permissions, read-only filesystem, a file in the way).
+        UnsafeLayout: a component is a symlink or not a directory (nothing created through it).
+        ValueError: ``path`` is not below ``root``.
+        OSError: a folder cannot be created (permissions, read-only filesystem).
     """
-    if policy is None:
-        path.mkdir(parents=True, exist_ok=True)
-        return
-    missing = []
-    current = path
-    while current != root and current != current.parent and not os.path.isdir(current):
-        missing.append(current)
-        current = current.parent
-    for folder in reversed(missing):
-        try:
-            os.mkdir(folder)
-        except FileExistsError:
-            if not os.path.isdir(folder):
-                raise
-            continue
-        share_dir(folder, policy)
+    from . import safefs  # safefs does not import this module: no cycle
+
+    rel = Path(path).relative_to(root).parts
+    os.close(safefs.open_dir(root, rel, create=True, on_create=lambda fd: share_dir_fd(fd, policy)))
+
+
+def open_dirs(path: Path, root: Path, policy: SharePolicy | None) -> int:
+    """:func:`make_dirs`, returning an fd of ``path`` (caller closes) to act through."""
+    from . import safefs
+
+    rel = Path(path).relative_to(root).parts
+    return safefs.open_dir(root, rel, create=True, on_create=lambda fd: share_dir_fd(fd, policy))

@@ -32,7 +32,7 @@ from ..cache.layout import RepoFolder
 from ..cache.published import PublishedRevision, read_record
 from ..integrity.expectations import read_tree_listing
 from ..errors import CacheError
-from ..integrity.hashing import algorithm_of, content_hash
+from ..integrity.hashing import algorithm_of, fd_hash
 
 if TYPE_CHECKING:  # pragma: no cover
     from .import_plan import _RepoPlan
@@ -71,9 +71,11 @@ def _same_blob(path: Path, kind: str, folder: RepoFolder, etag: str) -> bool:
         resolved = os.path.normpath(os.path.join(path.parent, target))
         return resolved == os.path.normpath(folder.blob_path(etag))
     if kind == "file":
-        try:
-            return content_hash(str(path), algorithm_of(etag) or "sha256")[0] == etag
-        except OSError:
+        try:  # opened from the cache root through folder fds (O_NOFOLLOW|O_NONBLOCK): a swapped parent is refused
+            fd = safefs.open_file(folder.cache_dir, path.relative_to(folder.cache_dir).parts,
+                                  os.O_RDONLY | os.O_NONBLOCK)
+            return fd_hash(fd, algorithm_of(etag) or "sha256", shown=str(path))[0] == etag
+        except (OSError, ValueError, CacheError):
             return False
     return False
 

@@ -9,7 +9,6 @@ and done later (:mod:`hfcache.move.importer`, :mod:`hfcache.move.import_conflict
 
 from __future__ import annotations
 
-import json
 import os
 import posixpath
 from collections import defaultdict
@@ -17,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
 
+from ..bounds import TooDeep, loads_json
 from ..cache.scan import parse_folder_name
 from ..errors import UsageError
 from ..integrity.hashing import algorithm_of
@@ -73,10 +73,10 @@ def _parse_listing(data: bytes, name: str) -> dict[str, tuple[str, str, int]]:
         UsageError: not JSON, nested too deep, or not that format.
     """
     try:
-        files = json.loads(data)["files"]
+        files = loads_json(data, name)["files"]  # bounded nesting (bounds.MAX_JSON_DEPTH): TooDeep, never 70
         return {str(path): (str(e.get("blob_id", "")), str(e.get("lfs_sha256") or ""),
                             int(e.get("lfs_size") or e.get("size") or 0)) for path, e in files.items()}
-    except RecursionError:
+    except (RecursionError, TooDeep):
         raise UsageError(f"refused entry {name!r}: JSON nested too deep") from None
     except (ValueError, KeyError, TypeError, AttributeError, OverflowError):  # OverflowError: a size of 1e999
         raise UsageError(f"refused entry {name!r}: not a trees/ listing (JSON with a \"files\" object)") from None

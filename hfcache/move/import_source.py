@@ -9,6 +9,7 @@ header past :data:`MAX_HEADER_BYTES` and any sparse member before tarfile reads 
 
 from __future__ import annotations
 
+import errno
 import os
 import stat
 import tarfile
@@ -102,28 +103,76 @@ def tar_members(stream: BinaryIO, mode: str = "r|*") -> Iterator[tuple[Member, B
                 yield Member(info.name, "special"), None
 
 
+#: Deepest folder chain read from a source directory (the tar names' bound, import_plan.MAX_DEPTH).
+MAX_DIR_DEPTH = 256
+
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+
+
 def _members_of_dir(root: Path) -> Iterator[tuple[Member, BinaryIO | None]]:
-    for dirpath, dirs, names in os.walk(root):
-        dirs.sort()
-        for name in sorted(dirs + names):
-            path = os.path.join(dirpath, name)
-            rel = os.path.relpath(path, root).replace(os.sep, "/")
-            st = os.lstat(path)
+    """The entries of an exported directory, depth first in name order, read without recursion: each folder is
+    opened ``O_NOFOLLOW | O_DIRECTORY`` relative to its parent's fd (a folder swapped for a link while it is read
+    is refused, never followed), each file ``O_NOFOLLOW | O_NONBLOCK`` relative to its folder's fd.
+
+    Raises:
+        UsageError: a chain deeper than :data:`MAX_DIR_DEPTH`, or an entry that changed while it was read.
+    """
+    stack: list[tuple[int, str, Iterator[str]]] = []
+    top = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    stack.append((top, "", iter(sorted(os.listdir(top)))))
+    try:
+        while stack:
+            fd, base, names = stack[-1]
+            name = next(names, None)
+            if name is None:
+                os.close(stack.pop()[0])
+                continue
+            rel = f"{base}/{name}" if base else name
+            st = os.stat(name, dir_fd=fd, follow_symlinks=False)
             if stat.S_ISDIR(st.st_mode):
                 yield Member(rel, "dir"), None
+                if len(stack) >= MAX_DIR_DEPTH:
+                    raise UsageError(f"refused entry {_shown(rel)!r}: more than {MAX_DIR_DEPTH} levels; nothing "
+                                     "was imported")
+                sub = _open_sub(fd, name, rel)
+                stack.append((sub, rel, iter(())))  # closed by the finally below even if listing fails
+                stack[-1] = (sub, rel, iter(sorted(os.listdir(sub))))
             elif stat.S_ISLNK(st.st_mode):
-                yield Member(rel, "symlink", linkname=os.readlink(path)), None
+                yield Member(rel, "symlink", linkname=os.readlink(name, dir_fd=fd)), None
             elif stat.S_ISREG(st.st_mode):
-                # O_NOFOLLOW: a file swapped for a symlink (to /dev/zero, to a secret) after the lstat is not read;
-                # O_NONBLOCK: nor does one swapped for a fifo block the open
-                fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0))
-                if not stat.S_ISREG(os.fstat(fd).st_mode):
-                    os.close(fd)
-                    raise UsageError(f"refused entry {rel!r}: changed while it was read")
-                with os.fdopen(fd, "rb") as f:
-                    yield Member(rel, "file", size=os.fstat(fd).st_size), f
+                member, f = _open_member(fd, name, rel)
+                with f:
+                    yield member, f
             else:
                 yield Member(rel, "special"), None
+    finally:
+        for fd, _, _ in stack:
+            os.close(fd)
+
+
+def _open_sub(fd: int, name: str, rel: str) -> int:
+    try:
+        return os.open(name, _DIR_FLAGS, dir_fd=fd)
+    except OSError as exc:
+        if exc.errno in (errno.ELOOP, errno.ENOTDIR):
+            raise UsageError(f"refused entry {_shown(rel)!r}: changed while it was read") from None
+        raise
+
+
+def _open_member(fd: int, name: str, rel: str) -> tuple[Member, BinaryIO]:
+    # O_NOFOLLOW: a file swapped for a symlink (to /dev/zero, to a secret) after the stat is not read;
+    # O_NONBLOCK: nor does one swapped for a fifo block the open
+    try:
+        ffd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=fd)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise UsageError(f"refused entry {_shown(rel)!r}: changed while it was read") from None
+        raise
+    st = os.fstat(ffd)
+    if not stat.S_ISREG(st.st_mode):
+        os.close(ffd)
+        raise UsageError(f"refused entry {_shown(rel)!r}: changed while it was read")
+    return Member(rel, "file", size=st.st_size), os.fdopen(ffd, "rb")
 
 
 def _shown(name: str) -> str:

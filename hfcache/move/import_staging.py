@@ -62,7 +62,9 @@ class _Staging:
         sha256, sha1 = hashlib.sha256(), hashlib.sha1()  # noqa: S324 - git object id
         sha1.update(b"blob %d\0" % size)
         left = size
-        with open(path, "wb") as out:
+        fd = os.open(path.name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o666,
+                     dir_fd=self._fd)  # relative to the staging folder's fd: no link on the way is followed
+        with os.fdopen(fd, "wb") as out:
             while left and (chunk := stream.read(min(_CHUNK, left))):
                 sha256.update(chunk)
                 sha1.update(chunk)
@@ -73,6 +75,24 @@ class _Staging:
         record = (path, size, sha256.hexdigest(), sha1.hexdigest())
         self.files[name] = record
         return record
+
+    @property
+    def fd(self) -> int:
+        """The staging folder's descriptor: staged files are read and renamed relative to it (their names are the
+        last component of the paths in :attr:`files`)."""
+        return self._fd
+
+    def open_staged(self, staged: Path) -> int:
+        """Open a staged file for reading relative to :attr:`fd` (``O_NOFOLLOW``); returns an fd (caller closes)."""
+        return os.open(staged.name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=self._fd)
+
+    def holds(self, staged: Path) -> bool:
+        """Whether the staged file is still in the staging folder (not yet renamed into a repo)."""
+        try:
+            os.stat(staged.name, dir_fd=self._fd, follow_symlinks=False)
+        except FileNotFoundError:
+            return False
+        return True
 
     def remove(self) -> None:
         """Remove the staging folder, walking from the cache root without following links."""

@@ -32,13 +32,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
 
+from ..bounds import TooDeep
+from ..cache import safefs
 from ..cache.layout import RepoFolder
-from ..cache.atomic import atomic_output
+from ..cache.safefs_tree import iter_tree
+from ..cache.atomic import atomic_output_at
 from ..cache.root import cache_error, ensure_cache_root, symlinks_supported
-from ..errors import CheckFailed, IntegrityError, UsageError
+from ..errors import CacheError, CheckFailed, IntegrityError, UsageError
 from .import_conflicts import check_target, store_blob_holds
 from ..cache.locking import DEFAULT_LOCK_TIMEOUT, LockWait
-from ..cache.sharing import share_file
 from ..cache.scan import parse_folder_name
 from ..integrity.hashing import algorithm_of
 from .import_plan import _Reader, _RepoPlan
@@ -178,18 +180,23 @@ def _missing_ancestors(path: Path) -> list[Path]:
     return missing
 
 
-def _remove_lock_files(locks: Path) -> None:
-    """Remove the empty ``*.lock`` files and then empty folders under ``locks`` (the repo locks taken by an import
-    into a cache root it created); anything else (another import's staging) stays, and so does its folder."""
-    if os.path.islink(locks) or not locks.is_dir():
+def _remove_lock_files(cache_dir: Path) -> None:
+    """Remove the empty ``*.lock`` files and then empty folders under ``<cache_dir>/.locks`` (the repo locks taken by
+    an import into a cache root it created); anything else (another import's staging) stays, and so does its folder.
+    Walked without recursion through folder fds (safefs_tree.iter_tree); nothing is followed."""
+    try:
+        entries = list(iter_tree(cache_dir, (".locks",)))
+    except (OSError, CacheError, TooDeep):
         return
-    for dirpath, _dirs, names in os.walk(locks, topdown=False):
-        for name in names:
-            path = os.path.join(dirpath, name)
-            if name.endswith(".lock") and os.lstat(path).st_size == 0:
-                os.unlink(path)
-        with contextlib.suppress(OSError):
-            os.rmdir(dirpath)
+    for here, name, mode in entries:
+        if stat.S_ISREG(mode) and name.endswith(".lock"):
+            with contextlib.suppress(OSError, CacheError), safefs.dir_fd(cache_dir, (".locks", *here)) as fd:
+                if os.stat(name, dir_fd=fd, follow_symlinks=False).st_size == 0:
+                    os.unlink(name, dir_fd=fd)
+    for here, name, mode in sorted(entries, key=lambda e: len(e[0]), reverse=True):
+        if stat.S_ISDIR(mode):
+            with contextlib.suppress(OSError, CacheError):
+                safefs.rmdir(cache_dir, (".locks", *here, name))
 
 
 def _remove_created(cache_dir: Path, created: list[Path]) -> None:
@@ -201,7 +208,7 @@ def _remove_created(cache_dir: Path, created: list[Path]) -> None:
         return
     with contextlib.suppress(OSError):
         if {entry.name for entry in os.scandir(cache_dir)} <= {"CACHEDIR.TAG", ".locks"}:
-            _remove_lock_files(cache_dir / ".locks")
+            _remove_lock_files(cache_dir)
             (cache_dir / "CACHEDIR.TAG").unlink(missing_ok=True)
     for folder in created:
         try:
@@ -320,7 +327,7 @@ def _publish(plan: dict[str, _RepoPlan], staging: _Staging, cache_dir: Path, fol
              checked: dict) -> ImportReport:
     """Publish each repo in warm's order (blobs, links, markers, listings, refs last); the repo locks are held."""
     symlinks = symlinks_supported(cache_dir)
-    published: dict[str, Path] = {}  # etag -> a published blob, to hardlink instead of copying again
+    published: dict[str, str] = {}  # etag -> the repo folder that has it, to hardlink instead of copying again
     counts = {"new": 0, "existing": 0, "bytes": 0}
     contents: set[str] = set()
     files = 0
@@ -338,11 +345,7 @@ def _publish(plan: dict[str, _RepoPlan], staging: _Staging, cache_dir: Path, fol
         for commit, path in sorted(repo.markers):
             folder.mark_absent(commit, path)
         for tree, (staged, _) in sorted(repo.trees.items()):
-            target = folder.root / "trees" / tree
-            if not os.path.lexists(target):
-                folder.make_dir(target.parent)
-                with open(staged, "rb") as src, atomic_output(target, folder.policy) as out:
-                    shutil.copyfileobj(src, out, _CHUNK)
+            _publish_listing(folder, tree, staged, staging)
         for ref, commit in sorted(repo.refs.items()):
             folder.write_ref(ref, commit)
         moved += moves
@@ -351,22 +354,41 @@ def _publish(plan: dict[str, _RepoPlan], staging: _Staging, cache_dir: Path, fol
                         moved=tuple(moved))
 
 
-def _publish_blobs(folder: RepoFolder, repo: _RepoPlan, staging: _Staging, published: dict[str, Path],
+def _publish_listing(folder: RepoFolder, tree: str, staged: Path, staging: _Staging) -> None:
+    """Copy a staged ``trees/<commit>.json`` into the repo unless it has one: read relative to the staging fd,
+    written and renamed relative to the fd of ``trees/`` opened from the cache root (no link followed)."""
+    dfd = folder.open_dir(folder.root / "trees")
+    try:
+        try:
+            os.stat(tree, dir_fd=dfd, follow_symlinks=False)
+            return  # the target's own listing (or whatever is there) stays
+        except FileNotFoundError:
+            pass
+        with os.fdopen(staging.open_staged(staged), "rb") as src, atomic_output_at(dfd, tree, folder.policy) as out:
+            shutil.copyfileobj(src, out, _CHUNK)
+    finally:
+        os.close(dfd)
+
+
+def _publish_blobs(folder: RepoFolder, repo: _RepoPlan, staging: _Staging, published: dict[str, str],
                    counts: dict[str, int]) -> None:
+    """Publish each blob of ``repo``: a hardlink of one already published (``published``: etag -> repo folder
+    name), else the staged file renamed in, else a copy re-checked against its hash. Every step acts through
+    folder descriptors opened from the cache root (a member's swap of ``blobs/`` for a link is never followed)."""
     for etag, member in sorted(repo.blobs.items()):
         staged, size, _, _ = staging.files[member]
         if folder.blob_ok(etag, size):
             counts["existing"] += 1
             continue
-        folder.make_dir(folder.blob_path(etag).parent)
-        if etag in published and folder.adopt_blob(published[etag], etag):
+        source = published.get(etag)
+        if source is not None and folder.adopt_blob(folder.cache_dir / source / "blobs" / etag, etag):
             pass
-        elif staged.exists():
-            share_file(staged, folder.policy)
-            os.replace(staged, folder.blob_path(etag))
+        elif staging.holds(staged):
+            folder.move_blob_in(staging.fd, staged.name, etag)
             counts["bytes"] += size
-        else:
-            shutil.copyfile(published[etag], folder.blob_path(etag))
-            share_file(folder.blob_path(etag), folder.policy)
-        published[etag] = folder.blob_path(etag)
+        elif source is not None:
+            folder.copy_blob(source, etag, size)
+        else:  # pragma: no cover - a staged file is only consumed by a publish that records it
+            raise IntegrityError(f"refused {folder.name}/blobs/{etag}: its staged content is gone")
+        published[etag] = folder.name
         counts["new"] += 1

@@ -23,7 +23,9 @@ from ..cache.published import remove_record
 from ..cache.safefs import UnsafeLayout
 from ..cache.scan import scan_repo
 from ..cache.shared_store import StoreProblem, payload_stat, xet_hash_of_link
-from ..cache.sharing import cache_policy, make_dirs
+from ..cache.safefs_tree import iter_tree
+from ..cache.sharing import cache_policy, open_dirs
+from ..bounds import TooDeep
 from .housekeeping import etag_of
 from .plan import TRASH, ItemOutcome, PlanItem, PrunePlan, PruneResult, RevisionRemoval
 from .store import sweep_payload
@@ -153,31 +155,46 @@ def _execute_folder(root: Path, folder: str, items: list[PlanItem],
     used_inodes = {f.inode for r in remaining for f in r.files if f.inode is not None}
 
     for item in items:
-        path = root / item.path
-        try:
-            if item.revision in skipped:
-                yield ItemOutcome(item, "skipped", skipped[item.revision])
-            elif item.kind == "ref":
-                yield _remove_ref(item, root)
-            elif item.kind == "snapshot":
-                yield _remove_snapshot(item, root, folder)
-            elif item.kind in ("no_exist", "tree", "trash"):
-                yield _remove_tree(item, root)
-            elif item.kind == "blob":
-                yield _remove_blob(item, root, root / ".locks" / folder / f"{path.name}.lock", used_etags,
-                                   used_inodes, touched)
-            elif item.kind == "incomplete":
-                yield _remove_incomplete(item, root, root / ".locks" / folder / f"{etag_of(path.name)}.lock")
-            elif item.kind == "lock":
-                yield _remove_lock(item, root, used_etags)
-            elif item.kind == "repo_folder":
-                yield _remove_repo_folder(item, base)
-            else:  # pragma: no cover - every kind is handled above
-                yield ItemOutcome(item, "skipped", f"unknown kind {item.kind}")
-        except UnsafeLayout as exc:
-            yield ItemOutcome(item, "skipped", exc.message)
-        except OSError as exc:
-            yield ItemOutcome(item, "failed", f"{exc.strerror or exc}: {exc.filename or path}")
+        if item.revision in skipped:
+            outcome = ItemOutcome(item, "skipped", skipped[item.revision])
+        else:
+            outcome = _remove_item(item, root, folder, used_etags, used_inodes, touched)
+        kept = revisions.get(item.revision) if item.kind == "snapshot" else None
+        if kept is not None and outcome.status not in ("removed", "gone"):
+            # The snapshot stays (a link planted on the way, a failure): so do the blobs it uses, or its links
+            # would point to nothing (a member's swap of the trash folder must not break a revision).
+            used_etags |= {f.etag for f in kept.files if f.etag}
+            used_inodes |= {f.inode for f in kept.files if f.inode is not None}
+        yield outcome
+
+
+def _remove_item(item: PlanItem, root: Path, folder: str, used_etags: set[str],
+                 used_inodes: set[tuple[int, int]], touched: set[str]) -> ItemOutcome:
+    """Remove one item of ``folder`` (the repo lock is held); a planted link or an OSError is its outcome."""
+    path = root / item.path
+    try:
+        if item.kind == "ref":
+            return _remove_ref(item, root)
+        if item.kind == "snapshot":
+            return _remove_snapshot(item, root, folder)
+        if item.kind in ("no_exist", "tree", "trash"):
+            return _remove_tree(item, root)
+        if item.kind == "blob":
+            return _remove_blob(item, root, root / ".locks" / folder / f"{path.name}.lock", used_etags,
+                                used_inodes, touched)
+        if item.kind == "incomplete":
+            return _remove_incomplete(item, root, root / ".locks" / folder / f"{etag_of(path.name)}.lock")
+        if item.kind == "lock":
+            return _remove_lock(item, root, used_etags)
+        if item.kind == "repo_folder":
+            return _remove_repo_folder(item, root / folder)
+        return ItemOutcome(item, "skipped", f"unknown kind {item.kind}")  # pragma: no cover - all handled above
+    except UnsafeLayout as exc:
+        return ItemOutcome(item, "skipped", exc.message)
+    except OSError as exc:
+        if exc.errno in (errno.ENOTDIR, errno.ELOOP):  # a folder swapped for a link or a file meanwhile
+            return ItemOutcome(item, "skipped", f"left alone: {exc.filename or path} is a symlink or not a folder")
+        return ItemOutcome(item, "failed", f"{exc.strerror or exc}: {exc.filename or path}")
 
 
 # Every removal below goes through hfcache.cache.safefs: the parent folders are opened from the cache root without following
@@ -202,8 +219,9 @@ def _remove_snapshot(item: PlanItem, root: Path, folder: str) -> ItemOutcome:
             os.stat(parts[-1], dir_fd=fd, follow_symlinks=False)
     except FileNotFoundError:
         return ItemOutcome(item, "gone")
-    safefs.check_existing(root, (folder, TRASH))
-    make_dirs(root / folder / TRASH, root / folder, cache_policy(root))  # shared: a prune killed here leaves it
+    # Created relative to the repo folder's fd and shared through its own fd (sharing.open_dirs): a trash name
+    # exchanged with a symlink is refused, never chmod-ed (shared: a prune killed here leaves it).
+    os.close(open_dirs(root / folder / TRASH, root, cache_policy(root)))  # walked from the cache root
     # One atomic rename takes the whole snapshot out of sight; deleting its entries one by one in place would let a
     # loader see half a snapshot (and transformers silently drops a missing chat template).
     aside = (folder, TRASH, f"{parts[-1]}.{uuid.uuid4().hex[:8]}")
@@ -283,39 +301,61 @@ def _remove_lock(item: PlanItem, root: Path, used_etags: set[str]) -> ItemOutcom
 
 
 def _remove_repo_folder(item: PlanItem, base: Path) -> ItemOutcome:
-    if not base.exists():
+    """Remove a repo folder holding nothing but empty folders, markers, listings and prune's trash.
+
+    Walked without recursion and without following links (:func:`safefs_tree.iter_tree`, at most
+    :data:`MAX_TREE_DEPTH` levels: a deeper chain is reported as this folder's problem, never exit 70); every
+    removal acts relative to folder fds opened from the cache root (safefs)."""
+    root, folder = base.parent, base.name
+    try:
+        left = _repo_folder_leftovers(root, folder)
+    except FileNotFoundError:
         return ItemOutcome(item, "gone")
-    for dirpath, dirnames, filenames in os.walk(base):
-        rel = os.path.relpath(dirpath, base).replace(os.sep, "/")
-        top = rel.split("/", 1)[0]
-        links = [d for d in dirnames if os.path.islink(os.path.join(dirpath, d))]
-        if (filenames or links) and top not in (".no_exist", "trees", TRASH):
-            name = (filenames or links)[0]
-            return ItemOutcome(item, "skipped", "not empty: " + (f"{rel}/{name}" if rel != "." else name))
+    except TooDeep as exc:
+        return ItemOutcome(item, "skipped", f"left alone: {exc}")
+    if isinstance(left, str):
+        return ItemOutcome(item, "skipped", "not empty: " + left)
     # The trash folder marks the removal as a prune's until the very end: a prune killed halfway leaves it, and the
     # next prune then removes the rest at once instead of waiting out the grace period of an empty folder.
-    root, folder = base.parent, base.name
-    safefs.check_existing(root, (folder, TRASH))
-    make_dirs(base / TRASH, base, cache_policy(base.parent))
+    os.close(open_dirs(base / TRASH, root, cache_policy(root)))  # walked from the cache root: no link followed
     for sub in (".no_exist", "trees"):
         safefs.rmtree(root, (folder, sub))
-    for entry in [e.name for e in os.scandir(base / TRASH)]:
-        safefs.rmtree(root, (folder, TRASH, entry))
+    with safefs.dir_fd(root, (folder, TRASH)) as trash_fd:
+        for entry in os.listdir(trash_fd):
+            safefs.rmtree(root, (folder, TRASH, entry))
     # Bottom-up, snapshots/ last: a repo folder without snapshots/ is what huggingface_hub's scan calls corrupted.
-    keep_last = (base, base / "snapshots", base / TRASH)
     try:
-        for dirpath, _, _ in sorted(os.walk(base), key=lambda w: -w[0].count(os.sep)):
-            if Path(dirpath) not in keep_last:
-                os.rmdir(dirpath)
-        if (base / "snapshots").exists():
-            os.rmdir(base / "snapshots")
-        os.rmdir(base / TRASH)
-        os.rmdir(base)
+        for rel in sorted(left, key=len, reverse=True):
+            if rel not in (("snapshots",), (TRASH,)):
+                safefs.rmdir(root, (folder, *rel))
+        for rel in (("snapshots",), (TRASH,)):
+            try:
+                safefs.rmdir(root, (folder, *rel))
+            except FileNotFoundError:
+                pass
+        safefs.rmdir(root, (folder,))
     except OSError as exc:
         if exc.errno in (errno.ENOTEMPTY, errno.EEXIST):
-            return ItemOutcome(item, "skipped", f"not empty any more: {exc.filename}")
+            return ItemOutcome(item, "skipped", f"not empty any more: {exc.filename or base}")
         raise
     return ItemOutcome(item, "removed")
+
+
+def _repo_folder_leftovers(root: Path, folder: str) -> list[tuple[str, ...]] | str:
+    """The folders (parts below the repo folder) to remove bottom-up when it holds nothing else, or the first entry
+    that makes it not empty (a file or link outside ``.no_exist``, ``trees`` and the trash) as a string.
+
+    Raises:
+        TooDeep: a folder chain deeper than MAX_TREE_DEPTH. FileNotFoundError: the folder is gone.
+    """
+    dirs: list[tuple[str, ...]] = []
+    for here, name, mode in iter_tree(root, (folder,), skip=(".no_exist", "trees", TRASH)):
+        if stat.S_ISDIR(mode):
+            if here or name not in (".no_exist", "trees"):
+                dirs.append((*here, name))
+        elif here or name not in (".no_exist", "trees", TRASH):
+            return "/".join((*here, name))
+    return dirs
 
 
 def _rmdir_quiet(root: Path, rel: Sequence[str]) -> None:
@@ -330,8 +370,27 @@ def _held(path: Path):
     """Hold the lock at ``path``, without waiting, while a blob is removed; ``as`` gives "" when held (or when there
     is no lock file: nobody downloads that blob), else why it could not be taken. A lock file (or its folder) planted
     as a symlink is never opened: filelock opens with O_TRUNC, which would truncate the link's target."""
-    if os.path.islink(path) or os.path.islink(os.path.dirname(path)):
-        yield "its lock file is a symlink (left alone)"
+    root = path.parent.parent.parent  # <cache>/.locks/<folder>/<name>
+    try:
+        fd = safefs.open_dir(root, (".locks", path.parent.name))
+    except FileNotFoundError:
+        yield ""  # no lock folder: nobody downloads that blob
         return
-    with try_lock(path) as why:
-        yield why
+    except UnsafeLayout:
+        yield "its lock folder is a symlink (left alone)"
+        return
+    try:
+        if stat.S_ISLNK(_mode_at(fd, path.name)):
+            yield "its lock file is a symlink (left alone)"
+            return
+        with try_lock(path, dir_fd=fd) as why:  # opened through the folder's fd: a later swap is not followed
+            yield why
+    finally:
+        os.close(fd)
+
+
+def _mode_at(fd: int, name: str) -> int:
+    try:
+        return os.stat(name, dir_fd=fd, follow_symlinks=False).st_mode
+    except FileNotFoundError:
+        return 0
