@@ -38,9 +38,12 @@ def export_command(dest, specs, lock_file, cache_dir, materialize, fmt, chown, g
     """Copy a cache (or the repos/lock given) to DEST: a new cache directory or a reproducible tar ('-': stdout).
 
     Links stay relative (relocatable), each distinct blob is stored once (hardlinks), every blob is hashed on the
-    way; the same content always gives a byte-identical tar (a stable Docker layer digest).
+    way; the same content always gives a byte-identical tar (a stable Docker layer digest). DEST may not be
+    inside the source cache (exit 2).
     """
-    from ..move.export import plan_export, write_dir, write_tar
+    from ..move.destination import refuse_dest_inside
+    from ..move.export import plan_export, write_tar
+    from ..move.export_dir import write_dir
     from ..warming.lockfile import read_lock
     from ..warming.project import reading_cache_dir
     from .render import move as render
@@ -53,6 +56,8 @@ def export_command(dest, specs, lock_file, cache_dir, materialize, fmt, chown, g
                          hint="drop --json, or write the tar to a file")
     owner = _parse_chown(chown)
     root = reading_cache_dir(cache_dir, lock_file)
+    if dest != "-":  # DEST is the user's and written by path (atomic_output, write_dir): never inside the cache
+        refuse_dest_inside(root, dest, "export")
     plan = plan_export(root, specs, lock=read_lock(lock_file) if lock_file else None, materialize=materialize)
     digest = None
     if fmt == "tar":

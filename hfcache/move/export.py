@@ -18,6 +18,12 @@ gives a new layer digest on every build.
 - A revision that does not match its record (a file lost: neither in the snapshot nor marked absent), or whose
   snapshot holds a FIFO, device or a link leaving the repo (:func:`hfcache.cache.scan.load_hazards`), is refused (exit 5):
   an export never launders a broken revision into one that verifies.
+- The source may be a group-shared cache whose members swap folders while root exports it: blobs are opened with
+  ``safefs.open_blob``, every other file and the ``.no_exist`` markers through folders opened from the cache root
+  without following links (:mod:`hfcache.move.tree_walk`; iterative walks, at most
+  :data:`hfcache.bounds.MAX_TREE_DEPTH` levels: deeper is exit 5 naming the repo), and each file is read at
+  exactly its planned size. A DEST inside the source cache is refused by the command (:mod:`hfcache.move.destination`);
+  the directory form is written by :mod:`hfcache.move.export_dir`.
 """
 
 from __future__ import annotations
@@ -25,23 +31,25 @@ from __future__ import annotations
 import hashlib
 import io
 import os
-import shutil
 import stat
 import tarfile
-import uuid
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
 
+from ..bounds import MAX_TREE_DEPTH
 from ..cache import safefs
 from ..cache.root import CACHEDIR_TAG
-from .export_store import HashingReader as _HashingReader, with_store_blobs as _with_store_blobs
+from . import tree_walk
+from .export_store import HashingReader as _HashingReader, SizedReader as _SizedReader
+from .export_store import open_plain_source as _open_source
+from .export_store import with_store_blobs as _with_store_blobs
 from ..errors import CacheError, UsageError
 from ..warming.lockfile import Lockfile
 from ..records import folder_ids
 from ..cache.published import MAX_RECORD_BYTES, read_record, record_parts
-from ..cache.scan import SPECIAL_FILE, RepoInfo, load_hazards, scan_cache
+from ..cache.scan import SPECIAL_FILE, TOO_DEEP, RepoInfo, load_hazards, scan_cache
 
 _CHUNK = 1024 * 1024
 
@@ -263,17 +271,32 @@ def _plan_revision(folder: str, root: Path, rev, materialize: bool, entries: lis
             unique += f.size
             entries.append(Entry(name, "file", source=str(root / "snapshots" / rev.commit_hash / f.path),
                                  size=f.size))
-    for marker in _walk(root / ".no_exist" / rev.commit_hash):
+    for marker in _markers(root.parent, folder, rev.commit_hash):
         name = f"{folder}/.no_exist/{rev.commit_hash}/{marker}"
         dirs.update(_parents(name, stop=folder))
         entries.append(Entry(name, "empty"))
-    tree = root / "trees" / f"{rev.commit_hash}.json"
-    if tree.is_file() and not tree.is_symlink():
+    tree = f"{rev.commit_hash}.json"
+    size = _regular_size(root.parent, (folder, "trees", tree))
+    if size is not None:
         dirs.add(f"{folder}/trees")
-        unique += tree.stat().st_size
-        entries.append(Entry(f"{folder}/trees/{tree.name}", "file", source=str(tree),
-                             size=tree.stat().st_size))
+        unique += size
+        entries.append(Entry(f"{folder}/trees/{tree}", "file", source=str(root / "trees" / tree), size=size))
     return unique
+
+
+def _regular_size(cache_dir: Path, rel: tuple[str, ...]) -> int | None:
+    """The size of ``cache_dir/rel`` when it is a regular file (lstat through its folder's descriptor, opened
+    from the root without following links), else None (missing, a link, a FIFO).
+
+    Raises:
+        UnsafeLayout (CacheError, exit 5): a folder on the way is a link.
+    """
+    try:
+        with safefs.dir_fd(cache_dir, rel[:-1]) as fd:
+            st = os.stat(rel[-1], dir_fd=fd, follow_symlinks=False)
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+    return st.st_size if stat.S_ISREG(st.st_mode) else None
 
 
 def _checked_record(cache_dir: str, repo: RepoInfo, rev) -> str | None:
@@ -284,16 +307,17 @@ def _checked_record(cache_dir: str, repo: RepoInfo, rev) -> str | None:
     Raises:
         CacheError (exit 5): the revision does not match its record, or holds a hazard.
     """
-    # FIFOs and devices (scan skips them as files); links leaving the repo are refused below as broken entries.
-    hazards = [h for h in load_hazards(repo, rev.commit_hash) if h.endswith(SPECIAL_FILE)]
+    # FIFOs and devices (scan skips them as files), folder chains scan did not enter (an export would silently drop
+    # what lies below); links leaving the repo are refused below as broken entries.
+    hazards = [h for h in load_hazards(repo, rev.commit_hash) if h.endswith(SPECIAL_FILE) or TOO_DEEP in h]
     if hazards:
-        raise CacheError(f"{repo.repo_id}: unsafe cache layout, nothing exported: {hazards[0]}",
+        raise CacheError(f"{repo.repo_id}: unsafe cache layout, nothing exported: {repo.folder}/{hazards[0]}",
                          hint="remove it, then `hfcache verify --repair` (or re-warm) and rerun")
     record = read_record(cache_dir, repo.folder, rev.commit_hash)
     if record is None:
         return None
     present = {f.path for f in rev.files}
-    marked = set(_walk(Path(cache_dir) / repo.folder / ".no_exist" / rev.commit_hash))
+    marked = set(_markers(Path(cache_dir), repo.folder, rev.commit_hash))
     lost = sorted(p for p in record.files if p not in present) + sorted(
         a for a in record.absent if a not in present and a not in marked)
     if lost:
@@ -305,32 +329,29 @@ def _checked_record(cache_dir: str, repo: RepoInfo, rev) -> str | None:
     return raw.decode()
 
 
-def _open_source(path: str):
-    """Open a file of the source cache for copying: no final link followed, never blocking on a FIFO, regular files
-    only (scan planned it as one; this re-checks what is actually opened)."""
-    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
-    f = os.fdopen(fd, "rb")
-    if not stat.S_ISREG(os.fstat(fd).st_mode):
-        f.close()
-        raise CacheError(f"{path} is not a regular file: nothing exported", hint="remove it, then rerun")
-    return f
-
-
 def _parents(name: str, stop: str) -> set[str]:
     parts = name.split("/")
     return {"/".join(parts[:i]) for i in range(1, len(parts)) if len("/".join(parts[:i])) >= len(stop)}
 
 
-def _walk(folder: Path) -> list[str]:
-    """Relative paths of the regular files below ``folder`` (sorted; links and other types ignored)."""
+def _markers(cache_dir: Path, folder: str, commit: str) -> list[str]:
+    """Relative paths of the regular files below ``<folder>/.no_exist/<commit>`` (sorted; links and other types
+    ignored), walked through descriptors (:mod:`hfcache.move.tree_walk`), iteratively.
+
+    Raises:
+        CacheError (exit 5): folders nested deeper than :data:`hfcache.bounds.MAX_TREE_DEPTH`, naming the repo; a
+            folder on the way is a link (UnsafeLayout).
+    """
     out = []
-    if os.path.islink(folder):
-        return out
-    for dirpath, _dirs, names in os.walk(folder):  # os.walk never descends into a linked folder
-        for n in names:
-            p = os.path.join(dirpath, n)
-            if os.path.isfile(p) and not os.path.islink(p):
-                out.append(os.path.relpath(p, folder).replace(os.sep, "/"))
+    try:
+        for found in tree_walk.walk(cache_dir, (folder, ".no_exist", commit), max_depth=MAX_TREE_DEPTH):
+            prefix = "/".join(found.parts[3:])
+            out += [f"{prefix}/{n}" if prefix else n for n, st in found.entries if stat.S_ISREG(st.st_mode)]
+    except (FileNotFoundError, NotADirectoryError):
+        return []
+    except tree_walk.TooDeep:
+        raise CacheError(f"{folder}: unsafe cache layout, nothing exported: .no_exist/{commit[:12]} holds folders "
+                         f"nested deeper than {MAX_TREE_DEPTH} levels", hint="remove them, then rerun") from None
     return sorted(out)
 
 
@@ -342,7 +363,8 @@ def write_tar(plan: ExportPlan, out: BinaryIO, chown: tuple[int, int] = (0, 0), 
     """Write the plan as a reproducible tar to ``out``; return the sha256 of the bytes written.
 
     Raises:
-        CacheError: a blob's content does not match its name (a corrupt source cache).
+        CacheError: a blob's content does not match its name (a corrupt source cache); a source file is no longer a
+            regular file below the cache (swapped for a link: refused, never read through).
     """
     dir_mode, file_mode = _modes(group_writable)
     digest = hashlib.sha256()
@@ -369,11 +391,11 @@ def write_tar(plan: ExportPlan, out: BinaryIO, chown: tuple[int, int] = (0, 0), 
                 tar.addfile(info, io.BytesIO(data))
             else:
                 info.size = e.size
-                reader = _HashingReader(e.source, e.etag, e.size) if e.etag else _open_source(e.source)  # noqa: SIM115
+                reader = _HashingReader(e.source, e.etag, e.size) if e.etag else \
+                    _SizedReader(_open_source(e), e.size, e.source)  # noqa: SIM115
                 with reader:
                     tar.addfile(info, reader)
-                    if e.etag:
-                        reader.read()  # reach EOF: the hash is checked there (tarfile reads exactly `size` bytes)
+                    reader.read()  # reach EOF: a blob's hash, another file's size is checked there
     out.flush()
     return digest.hexdigest()
 
@@ -390,50 +412,3 @@ class _DigestWriter(io.RawIOBase):
         self._digest.update(data)
         self._out.write(data)
         return len(data)
-
-
-def write_dir(plan: ExportPlan, dest: Path, chown: tuple[int, int] | None = None, group_writable: bool = False) -> None:
-    """Write the plan as a new cache directory at ``dest`` (built beside it, then renamed into place).
-
-    Raises:
-        UsageError: ``dest`` exists and is not an empty directory.
-        CacheError: a blob's content does not match its name (nothing is left at ``dest``).
-        CacheError: ``dest`` cannot be written.
-    """
-    if dest.exists() and (not dest.is_dir() or any(dest.iterdir())):
-        raise UsageError(f"{dest} exists and is not empty", hint="export into a new directory")
-    dir_mode, file_mode = _modes(group_writable)
-    staging = dest.parent / f".{dest.name}.{uuid.uuid4().hex[:8]}.partial"
-    try:
-        staging.mkdir(parents=True)
-        for e in plan.entries:
-            path = staging / e.name
-            if e.kind == "dir":
-                path.mkdir(exist_ok=True)
-                os.chmod(path, dir_mode)
-            elif e.kind == "symlink":
-                os.symlink(e.target, path)
-            elif e.kind == "hardlink":
-                os.link(staging / e.target, path)
-            elif e.kind in ("empty", "data"):
-                path.write_bytes(e.target.encode())
-                os.chmod(path, file_mode)
-            else:
-                with (_HashingReader(e.source, e.etag, e.size) if e.etag else _open_source(e.source)) as src, \
-                        open(path, "wb") as out:
-                    shutil.copyfileobj(src, out, _CHUNK)
-                os.chmod(path, file_mode)
-            if chown is not None:
-                os.lchown(path, *chown)
-        os.chmod(staging, dir_mode)
-        if chown is not None:
-            os.lchown(staging, *chown)
-        if dest.exists():
-            dest.rmdir()
-        os.replace(staging, dest)
-    except OSError as exc:
-        raise CacheError(f"export to {dest}: {exc.strerror or exc}", hint="check the destination") from exc
-    finally:
-        if staging.exists():
-            shutil.rmtree(staging, ignore_errors=True)
-

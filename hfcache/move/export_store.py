@@ -18,6 +18,7 @@ from pathlib import Path
 
 from ..cache import safefs
 from ..cache.shared_store import StoreProblem, payload_stat
+from .tree_walk import open_regular
 from ..errors import CacheError
 from ..integrity.hashing import algorithm_of
 
@@ -62,6 +63,56 @@ def open_blob_source(path: str, etag: str):
         f.close()
         raise CacheError(f"{path} is not a regular file: nothing exported", hint="remove it, then rerun")
     return f
+
+
+def open_plain_source(entry):
+    """Open the file of the source cache an export entry (an ``Entry`` of kind ``file`` that is not a blob) copies: ``entry.source`` is ``<cache>/<entry.name>``,
+    opened from the cache root one folder at a time without following links (safefs.dir_fd) and then
+    ``O_NOFOLLOW | O_NONBLOCK``, regular files only (scan planned it as one; this re-checks what is opened), so a
+    folder a group member swaps for a link after the plan is refused, never read through.
+
+    Raises:
+        CacheError (exit 5): not a regular file now, a folder on the way is a link, or the source is not below a
+            cache root as planned.
+    """
+    suffix = "/" + entry.name
+    if not entry.source.endswith(suffix):
+        raise CacheError(f"{entry.source}: not the cache file planned for {entry.name}: nothing exported")
+    parts = entry.name.split("/")
+    with safefs.dir_fd(entry.source[: -len(suffix)], parts[:-1]) as fd:
+        return os.fdopen(open_regular(fd, parts[-1], entry.source), "rb")
+
+
+class SizedReader(io.RawIOBase):
+    """Reads exactly ``size`` bytes of the open binary file ``f`` (closed with it): a file that ends sooner or
+    goes on longer than the plan said (changed, or swapped for another by a group member after the plan) raises
+    CacheError (exit 5) instead of giving tarfile a short read (``OSError: unexpected end of data``, exit 70)."""
+
+    def __init__(self, f, size: int, shown: str) -> None:
+        self._f, self._left, self.name = f, size, shown
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer) -> int:
+        view = memoryview(buffer)
+        if self._left == 0:
+            if self._f.read(1):
+                raise self._changed()
+            return 0
+        n = self._f.readinto(view[: self._left])
+        if not n:
+            raise self._changed()
+        self._left -= n
+        return n
+
+    def _changed(self) -> CacheError:
+        return CacheError(f"{self.name} changed while it was exported (not the size planned): nothing exported",
+                          hint="rerun once nothing writes the cache")
+
+    def close(self) -> None:
+        self._f.close()
+        super().close()
 
 
 class HashingReader(io.RawIOBase):

@@ -13,25 +13,35 @@ must be new or an empty folder, so nothing it holds is ever replaced. Linking ag
 the link would make (the same symlink; the same tree of hardlinks, or of copies with the same bytes) changes nothing
 and succeeds, so an init container can run it on every start. A symlink that leaves its repo's ``blobs/``, a
 symlinked folder or a device in SRC refuses the whole link (DEST would otherwise point outside itself).
+
+SRC may be a group-shared cache whose members can swap any folder for a link while ``link`` runs (as root): every
+folder of SRC is opened from its root one component at a time without following links and every file through its
+folder's descriptor (:mod:`hfcache.move.tree_walk`), so nothing outside SRC is read, hardlinked or copied; the walk
+is iterative and bounded (a chain deeper than :data:`hfcache.bounds.MAX_TREE_DEPTH` below a snapshot: exit 5). The
+staging folder is private (0700) until it is complete and is written through its descriptor. DEST inside SRC is
+refused (exit 2).
 """
 
 from __future__ import annotations
 
 import errno
-import filecmp
 import os
 import shutil
 import stat
 import uuid
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..bounds import MAX_TREE_DEPTH
 from ..cache.root import access_error, write_access_error
 from ..errors import CacheError, UsageError
 from ..cache import safefs
 from ..cache.safefs import repo_layout_problems
 from ..cache.shared_store import STORE_DIR
 from ..cache.scan import parse_folder_name
+from . import tree_walk
+from .destination import refuse_dest_inside
 
 MODES = ("symlink", "hardlink", "copy")
 
@@ -53,16 +63,19 @@ def link_cache(src: Path, dest: Path, mode: str = "symlink") -> LinkReport:
     """Make ``dest`` a cache that uses ``src``.
 
     Raises:
-        UsageError: bad mode, ``src`` is not a directory, ``dest`` exists, is not an empty directory and is not
-            already this link, ``src`` holds a link out of its repo's ``blobs/`` or a symlinked folder (hardlink and
-            copy modes).
-        CacheError: hardlinks across filesystems (``EXDEV``), or ``dest`` cannot be written.
+        UsageError: bad mode, ``src`` is not a directory, ``dest`` is inside ``src``, ``dest`` exists, is not an
+            empty directory and is not already this link, ``src`` holds a link out of its repo's ``blobs/`` or a
+            symlinked folder (hardlink and copy modes).
+        CacheError: hardlinks across filesystems (``EXDEV``), or ``dest`` cannot be written; UnsafeLayout (a
+            CacheError) when a folder of ``src`` is swapped for a link or file during the walk, or folders are
+            nested deeper than :data:`hfcache.bounds.MAX_TREE_DEPTH` below a snapshot (naming the repo).
     """
     if mode not in MODES:
         raise UsageError(f"invalid mode {mode!r}", hint=f"use one of {', '.join(MODES)}")
     src = _checked_src(src)
     if not dest.is_symlink() and os.path.realpath(dest) == os.path.realpath(src):  # (a symlink DEST: see below)
         raise UsageError(f"{dest} is {src} itself", hint="give a DEST other than SRC")
+    refuse_dest_inside(src, dest, "link", follow=False)  # a copy into itself; a link loop inside the cache
     try:
         occupied = dest.is_symlink() or (dest.exists() and (not dest.is_dir() or any(dest.iterdir())))
     except PermissionError:
@@ -102,37 +115,75 @@ def _make_link(src: Path, dest: Path, mode: str) -> tuple[int, int]:
     """Build the link next to ``dest`` and rename it into place (``dest`` is new or an empty folder); returns the
     files linked or copied and the bytes added. Nothing half-made is left behind on failure."""
     try:
-        dest.parent.mkdir(parents=True, exist_ok=True)
+        dest.parent.mkdir(parents=True, exist_ok=True)  # DEST is the user's, outside the cache (refuse_dest_inside)
+        pfd = os.open(dest.parent, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     except PermissionError:
         raise write_access_error(dest) from None
-    staging = dest.parent / f".{dest.name}.{uuid.uuid4().hex[:8]}.partial"
+    staging = f".{dest.name}.{uuid.uuid4().hex[:8]}.partial"
     files = added = 0
+    made = False
     try:
         if mode == "symlink":
-            os.symlink(src, staging)
+            os.symlink(src, staging, dir_fd=pfd)
+            made = True
         else:
-            files, added = _copy_tree(src, staging, mode)
-        if dest.exists():
-            dest.rmdir()
-        os.replace(staging, dest)
+            # Private (0700) while it is built: nobody else can reach into it before it is complete.
+            os.mkdir(staging, 0o700, dir_fd=pfd)
+            made = True
+            files, added = _build_staging(src, pfd, staging, mode)
+        try:
+            os.rmdir(dest.name, dir_fd=pfd)  # an empty DEST folder (checked by the caller)
+        except FileNotFoundError:
+            pass
+        os.replace(staging, dest.name, src_dir_fd=pfd, dst_dir_fd=pfd)
+        made = False
     except OSError as exc:
         if exc.errno == errno.EXDEV:
             raise CacheError(f"cannot hardlink {src} into {dest}: they are on different filesystems",
                              hint="use --mode copy, or a DEST on the same filesystem") from None
         raise CacheError(f"link {src} -> {dest}: {exc.strerror or exc}") from exc
     finally:
-        if os.path.lexists(staging):
-            if os.path.islink(staging):
-                os.unlink(staging)
-            else:
-                shutil.rmtree(staging, ignore_errors=True)
+        if made:
+            _discard(pfd, staging)
+        os.close(pfd)
     return files, added
+
+
+def _build_staging(src: Path, pfd: int, staging: str, mode: str) -> tuple[int, int]:
+    """Fill the private folder ``staging`` (in the folder ``pfd``) with the tree of ``src``, then give it the mode
+    ``mkdir`` would have (0777 minus the umask, keeping an inherited setgid bit); returns (files, bytes added)."""
+    sfd = os.open(staging, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=pfd)
+    try:
+        files, added = _copy_tree(src, sfd, mode)
+        mask = os.umask(0o022)
+        os.umask(mask)
+        os.fchmod(sfd, (0o777 & ~mask) | (os.fstat(sfd).st_mode & stat.S_ISGID))
+    finally:
+        os.close(sfd)
+    return files, added
+
+
+def _discard(pfd: int, name: str) -> None:
+    """Remove the staging entry ``name`` of the folder ``pfd`` (a link itself; a folder with ``rmtree``'s
+    descriptor-based form, which follows no link)."""
+    try:
+        if stat.S_ISDIR(os.stat(name, dir_fd=pfd, follow_symlinks=False).st_mode):
+            shutil.rmtree(name, dir_fd=pfd, ignore_errors=True)
+        else:
+            os.unlink(name, dir_fd=pfd)
+    except OSError:
+        pass
 
 
 def already_linked(src: Path, dest: Path, mode: str) -> bool:
     """Whether ``dest`` already is what linking ``src`` in ``mode`` makes: a symlink resolving to ``src``; or the
     same tree (``.locks`` and ``*.incomplete`` left out on both sides) whose symlinks have the same targets and whose
-    files are hardlinks of ``src``'s (``hardlink``) or hold the same bytes (``copy``: every file is read)."""
+    files are hardlinks of ``src``'s (``hardlink``) or hold the same bytes (``copy``: every file is read, through
+    descriptors of folders opened without following links, :mod:`hfcache.move.tree_walk`).
+
+    Raises:
+        UnsafeLayout (CacheError): a folder of ``src`` swapped for a link meanwhile, or nested too deep.
+    """
     if mode == "symlink":
         return dest.is_symlink() and os.path.realpath(dest) == os.path.realpath(src)
     if dest.is_symlink() or not dest.is_dir():
@@ -140,44 +191,80 @@ def already_linked(src: Path, dest: Path, mode: str) -> bool:
     ours, theirs = _tree(src), _tree(dest)
     if ours.keys() != theirs.keys():
         return False
-    for rel, st in ours.items():
-        other = theirs[rel]
-        if stat.S_IFMT(st.st_mode) != stat.S_IFMT(other.st_mode):
-            return False
-        s, d = os.path.join(src, rel), os.path.join(dest, rel)
-        if stat.S_ISLNK(st.st_mode) and os.readlink(s) != os.readlink(d):
+    for rel, (st, link) in ours.items():
+        other, other_link = theirs[rel]
+        if stat.S_IFMT(st.st_mode) != stat.S_IFMT(other.st_mode) or link != other_link:
             return False
         if stat.S_ISREG(st.st_mode):
             if mode == "hardlink" and (st.st_dev, st.st_ino) != (other.st_dev, other.st_ino):
                 return False
-            if mode == "copy" and (st.st_size != other.st_size or not filecmp.cmp(s, d, shallow=False)):
+            if mode == "copy" and (st.st_size != other.st_size or not _same_bytes(src, dest, rel)):
                 return False
     return True
 
 
-def _tree(root: Path) -> dict[str, os.stat_result]:
-    """Every entry under ``root`` by relative path (lstat), leaving out what a link never carries over."""
+#: Deepest folder level a link walks below the cache root: ``<repo>/snapshots/<commit>/`` and
+#: :data:`hfcache.bounds.MAX_TREE_DEPTH` levels below it.
+_LINK_DEPTH = MAX_TREE_DEPTH + 3
+
+
+def _tree(root: Path) -> dict[tuple[str, ...], tuple[os.stat_result, str | None]]:
+    """Every entry under ``root`` by relative parts: (lstat, or a store payload's fstat; a symlink's target),
+    leaving out what a link never carries over."""
     entries = {}
-    for dirpath, dirs, names in os.walk(root):
-        rel = os.path.relpath(dirpath, root)
-        dirs[:] = [d for d in dirs if not (rel == "." and d in _LEFT_OUT)]
-        for name in dirs + [n for n in names if not n.endswith(".incomplete")]:
-            path = os.path.join(dirpath, name)
-            key = os.path.relpath(path, root)
-            payload = _store_payload(root, key)
+    for folder in _walk(root):
+        for name, st in folder.entries:
+            key = (*folder.parts, name)
+            link = os.readlink(name, dir_fd=folder.fd) if stat.S_ISLNK(st.st_mode) else None
+            payload = _store_payload(root, key) if link is not None else None
             if payload is None:
-                entries[key] = os.lstat(path)
+                entries[key] = (st, link)
             else:
                 with payload:
-                    entries[key] = os.fstat(payload.fileno())
+                    entries[key] = (os.fstat(payload.fileno()), None)
     return entries
+
+
+def _walk(root: Path):
+    """:func:`tree_walk.walk` of the cache ``root`` without what a link leaves out (top-level ``.locks`` and the
+    shared store, ``*.incomplete`` files); its depth error names the repo."""
+    try:
+        for folder in tree_walk.walk(root, max_depth=_LINK_DEPTH):
+            folder.entries[:] = [(n, st) for n, st in folder.entries
+                                 if not (not folder.parts and n in _LEFT_OUT)
+                                 and not (n.endswith(".incomplete") and not stat.S_ISDIR(st.st_mode))]
+            yield folder
+    except tree_walk.TooDeep as exc:
+        repo = exc.parts[0] if exc.parts else "?"
+        raise tree_walk.TooDeep(f"unsafe cache layout in {root}: {repo}: folders nested deeper than {MAX_TREE_DEPTH} "
+                                f"levels ({'/'.join(exc.parts[:3])}/...): nothing was linked",
+                                hint="remove that folder chain (or the repo), then rerun") from None
+
+
+def _same_bytes(src: Path, dest: Path, rel: tuple[str, ...]) -> bool:
+    """Whether the file ``rel`` holds the same bytes in ``src`` (a store payload followed as the library links it)
+    and in ``dest``; both opened without following any link below their roots."""
+    ours = _store_payload(src, rel) or os.fdopen(_open_regular(src, rel), "rb")
+    with ours, os.fdopen(_open_regular(dest, rel), "rb") as theirs:
+        while True:
+            a, b = ours.read(1024 * 1024), theirs.read(1024 * 1024)
+            if a != b:
+                return False
+            if not a:
+                return True
+
+
+def _open_regular(root: Path, rel: Sequence[str]) -> int:
+    """The regular file ``root/rel`` opened through :func:`safefs.open_dir` of its folder (caller closes)."""
+    with safefs.dir_fd(root, rel[:-1]) as fd:
+        return tree_walk.open_regular(fd, rel[-1], os.path.join(root, *rel))
 
 
 #: What a link never carries over at the top: locks, and the shared Xet store (its payloads become the repo blobs).
 _LEFT_OUT = (".locks", STORE_DIR)
 
 
-def _store_payload(root: Path, rel: str):
+def _store_payload(root: Path, rel: Sequence[str]):
     """The open payload (a binary file) when ``rel`` is ``<repo>/blobs/<etag>`` and is a link of huggingface_hub
     2.4's exact shape into its marked shared store (``utils/_shared_blobs.py``; ``safefs.open_blob``, nothing else
     followed); else None.
@@ -185,30 +272,28 @@ def _store_payload(root: Path, rel: str):
     Raises:
         UnsafeLayout (CacheError): the store or payload is a link, FIFO or folder.
     """
-    parts = rel.split(os.sep)
+    parts = list(rel)
     if len(parts) != 3 or parts[1] != "blobs" or safefs.store_link_of(root, parts[0], parts[2]) is None:
         return None
     fd = safefs.open_blob(root, parts[0], parts[2])
     if not stat.S_ISREG(os.fstat(fd).st_mode):
         os.close(fd)
-        raise CacheError(f"{root}/{rel}: the store payload is not a regular file: nothing was linked",
+        raise CacheError(f"{root}/{'/'.join(parts)}: the store payload is not a regular file: nothing was linked",
                          hint="remove it, then rerun")
     return os.fdopen(fd, "rb")
 
 
-def _carry_payload(payload, dest: Path, mode: str) -> int:
-    """Write the store ``payload`` (an open file) at ``dest`` as a regular blob: a hardlink of that very inode
-    (``linkat`` of ``/proc/self/fd``, linkat(2)) or a copy; returns the bytes added."""
+def _carry(fd: int, sfd: int, target: str, mode: str) -> int:
+    """Write the open regular file ``fd`` at ``target`` (relative to the staging folder ``sfd``): a hardlink of
+    that very inode (``linkat`` of ``/proc/self/fd``, linkat(2); never a name looked up again) or a copy; returns
+    the bytes added."""
     if mode == "hardlink":  # a dst_dir_fd makes os.link call linkat with AT_SYMLINK_FOLLOW (link() would not follow)
-        parent = os.open(dest.parent, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-        try:
-            os.link(f"/proc/self/fd/{payload.fileno()}", dest.name, dst_dir_fd=parent, follow_symlinks=True)
-        finally:
-            os.close(parent)
+        os.link(f"/proc/self/fd/{fd}", target, dst_dir_fd=sfd, follow_symlinks=True)
         return 0
-    with open(dest, "xb") as fout:
-        shutil.copyfileobj(payload, fout, 1024 * 1024)
-    return os.path.getsize(dest)
+    out = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o666, dir_fd=sfd)
+    with os.fdopen(out, "wb") as fout, os.fdopen(os.dup(fd), "rb") as fin:
+        shutil.copyfileobj(fin, fout, 1024 * 1024)
+        return fout.tell()
 
 
 def _refuse_unsafe(src: Path) -> None:
@@ -223,57 +308,50 @@ def _refuse_unsafe(src: Path) -> None:
                              hint="remove the symlink or file, then rerun")
 
 
-def _copy_tree(src: Path, staging: Path, mode: str) -> tuple[int, int]:
-    """Recreate ``src`` under ``staging`` with hardlinks or copies; return (files, bytes copied).
+def _copy_tree(src: Path, sfd: int, mode: str) -> tuple[int, int]:
+    """Recreate ``src`` in the staging folder ``sfd`` with hardlinks or copies; return (files, bytes copied).
 
-    The same rule as import: a symlink is carried over only when it is a snapshot entry pointing into its own repo's
-    ``blobs/`` (so DEST never links out of itself); any other symlink, a symlinked folder or a device is refused.
+    Every folder of ``src`` is opened from its root without following a link (:mod:`hfcache.move.tree_walk`) and
+    every file through that folder's descriptor (``O_NOFOLLOW | O_NONBLOCK``, ``S_ISREG`` checked on what was
+    opened), so a folder or file a group member swaps for a link during the walk is refused, never followed. The
+    same rule as import for links: a symlink is carried over only when it is a snapshot entry pointing into its
+    own repo's ``blobs/`` (so DEST never links out of itself); any other symlink, or a device, is refused.
 
     Raises:
-        UsageError: naming the entry.
+        UsageError: naming the entry. UnsafeLayout (CacheError): a swap caught, or folders nested too deep.
     """
     files = added = 0
-    for dirpath, dirs, names in os.walk(src):
-        rel = os.path.relpath(dirpath, src)
-        dirs[:] = sorted(d for d in dirs if not (rel == "." and d in _LEFT_OUT))
-        target_dir = staging / rel if rel != "." else staging
-        target_dir.mkdir(parents=True, exist_ok=True)
-        for name in sorted(d for d in dirs if os.path.islink(os.path.join(dirpath, d))):
-            raise UsageError(f"{os.path.join(dirpath, name)} is a symlink to a folder; a cache has none",
-                             hint="run `hfcache verify` on the source cache")
-        for name in sorted(names):
-            if name.endswith(".incomplete"):
-                continue
-            s, d = os.path.join(dirpath, name), target_dir / name
-            st = os.lstat(s)
-            payload = _store_payload(src, os.path.relpath(s, src)) if stat.S_ISLNK(st.st_mode) else None
-            if payload is not None:
-                with payload:
-                    added += _carry_payload(payload, d, mode)
-                files += 1
+    for folder in _walk(src):
+        for name, st in folder.entries:
+            rel = (*folder.parts, name)
+            target, shown = "/".join(rel), os.path.join(src, *rel)
+            if stat.S_ISDIR(st.st_mode):
+                os.mkdir(target, 0o777, dir_fd=sfd)
             elif stat.S_ISLNK(st.st_mode):
-                os.symlink(_checked_link(src, s), d)
-            elif not stat.S_ISREG(st.st_mode):
-                raise UsageError(f"{s} is not a regular file, link or folder")
-            elif mode == "hardlink":
-                os.link(s, d, follow_symlinks=False)
+                payload = _store_payload(src, rel)
+                if payload is None:
+                    os.symlink(_checked_link(src, rel, os.readlink(name, dir_fd=folder.fd)), target, dir_fd=sfd)
+                    continue
+                with payload:
+                    added += _carry(payload.fileno(), sfd, target, mode)
                 files += 1
+            elif not stat.S_ISREG(st.st_mode):
+                raise UsageError(f"{shown} is not a regular file, link or folder")
             else:
-                fd = os.open(s, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
-                with os.fdopen(fd, "rb") as fin, open(d, "xb") as fout:
-                    shutil.copyfileobj(fin, fout, 1024 * 1024)
-                added += os.path.getsize(d)
+                fd = tree_walk.open_regular(folder.fd, name, shown)
+                try:
+                    added += _carry(fd, sfd, target, mode)
+                finally:
+                    os.close(fd)
                 files += 1
     return files, added
 
 
-def _checked_link(src: Path, path: str) -> str:
-    """The target of the symlink ``path`` if it is ``<repo>/snapshots/...`` pointing into ``<repo>/blobs/``."""
-    target = os.readlink(path)
-    rel = os.path.relpath(path, src).split(os.sep)
-    resolved = os.path.normpath(os.path.join(os.path.dirname(path), target))
-    blobs = os.path.normpath(os.path.join(src, rel[0], "blobs"))
-    if os.path.isabs(target) or len(rel) < 4 or rel[1] != "snapshots" or os.path.dirname(resolved) != blobs:
+def _checked_link(src: Path, rel: Sequence[str], target: str) -> str:
+    """``target`` (the symlink ``src/rel``'s) if ``rel`` is ``<repo>/snapshots/...`` pointing into ``<repo>/blobs/``."""
+    path = os.path.join(src, *rel)
+    resolved = os.path.normpath(os.path.join(*rel[:-1], target))
+    if os.path.isabs(target) or len(rel) < 4 or rel[1] != "snapshots" or os.path.dirname(resolved) != f"{rel[0]}/blobs":
         raise UsageError(f"{path} links to {target!r}, outside its repo's blobs/; nothing was linked",
                          hint="run `hfcache verify` on the source cache")
     return target

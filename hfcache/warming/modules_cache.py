@@ -22,6 +22,7 @@ losing it costs nothing but the copy.
 
 from __future__ import annotations
 
+import errno
 import os
 import stat
 import tempfile
@@ -82,16 +83,35 @@ def private_modules_dir(tmp: str | None = None) -> Path:
         path.mkdir(mode=0o700)
     except FileExistsError:
         pass
-    st = os.lstat(path)
-    if not stat.S_ISDIR(st.st_mode) or st.st_uid != uid:
-        what = "a link" if stat.S_ISLNK(st.st_mode) else "not a folder" if not stat.S_ISDIR(st.st_mode) else \
-            f"owned by uid {st.st_uid}"
-        raise CacheError(f"{path} is {what}, not a private folder of uid {uid}: hfcache will not point "
-                         "HF_MODULES_CACHE there (transformers imports the code it finds in it)",
-                         hint=f"remove {path}, or export HF_MODULES_CACHE=<a folder only you can write>")
-    if st.st_mode & 0o077:
-        os.chmod(path, 0o700)  # ours, but others could plant code in it: private again
+    # Judged and chmod-ed through one descriptor opened O_NOFOLLOW: a TMPDIR others can write (no sticky bit) lets
+    # them swap the name for a link between a check and a chmod by path (which would chmod the link's target).
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError as exc:
+        if exc.errno not in (errno.ELOOP, errno.ENOTDIR):
+            raise
+        try:
+            mode = os.lstat(path).st_mode
+        except OSError:
+            mode = 0
+        what = "a link" if exc.errno == errno.ELOOP or stat.S_ISLNK(mode) else \
+            "not a folder" if mode and not stat.S_ISDIR(mode) else "a link or not a folder"  # (it changed again)
+        raise _not_private(path, what, uid) from None
+    try:
+        st = os.fstat(fd)
+        if st.st_uid != uid:
+            raise _not_private(path, f"owned by uid {st.st_uid}", uid)
+        if st.st_mode & 0o077:
+            os.fchmod(fd, 0o700)  # ours, but others could plant code in it: private again
+    finally:
+        os.close(fd)
     return path
+
+
+def _not_private(path: Path, what: str, uid: int) -> CacheError:
+    return CacheError(f"{path} is {what}, not a private folder of uid {uid}: hfcache will not point "
+                      "HF_MODULES_CACHE there (transformers imports the code it finds in it)",
+                      hint=f"remove {path}, or export HF_MODULES_CACHE=<a folder only you can write>")
 
 
 def modules_cache_override(environ: Mapping[str, str]) -> Path | None:

@@ -8,7 +8,6 @@ record of what was published (:mod:`hfcache.cache.published`) and the ref last, 
 from __future__ import annotations
 
 import os
-import shutil
 import stat
 from collections.abc import Sequence
 from pathlib import Path
@@ -18,7 +17,7 @@ from ..cache.layout import RepoFolder
 from ..cache.published import write_record
 from ..cache.safefs import UnsafeLayout
 from ..cache.shared_store import STORE_DIR
-from ..hub.files import RemoteFile, RepoRevision
+from ..hub.files import Hasher, RemoteFile, RepoRevision
 from ..records import WarmRequest
 
 
@@ -30,18 +29,31 @@ def check_publishable(folder: RepoFolder, repo: RepoRevision, files: Sequence[Re
         UnsafeLayout (CacheError, exit 5): the cache conflicts with the listing.
     """
     folder.ensure_safe()
+    snapshot = (folder.name, "snapshots", safefs.check_commit(repo.commit_hash))
     for f in files:
-        pointer = folder.pointer_path(repo.commit_hash, f.path)
+        folder.pointer_path(repo.commit_hash, f.path)  # refuses a path whose parts are not names (UnsafeName)
         parts = f.path.split("/")
+        # Each folder of the path looked up from the cache root without following links (the writes that follow
+        # are relative to descriptors too: RepoFolder.link).
         for i in range(len(parts) - 1):
-            part = pointer.parents[len(parts) - 2 - i]
-            if os.path.lexists(part) and (os.path.islink(part) or not part.is_dir()):
+            try:
+                safefs.check_existing(folder.cache_dir, (*snapshot, *parts[:i + 1]))
+            except UnsafeLayout:
                 raise UnsafeLayout(f"{folder.name}: snapshots/{repo.commit_hash[:12]}/{'/'.join(parts[:i + 1])} is "
                                    f"a file or link where {f.path} needs a folder: nothing published",
-                                   hint="remove that snapshot (hfcache prune or rm -r) and rerun")
-        if pointer.is_dir() and not pointer.is_symlink():
+                                   hint="remove that snapshot (hfcache prune or rm -r) and rerun") from None
+        if _is_real_dir(folder.cache_dir, (*snapshot, *parts)):
             raise UnsafeLayout(f"{folder.name}: snapshots/{repo.commit_hash[:12]}/{f.path} is a folder: nothing "
                                "published", hint="remove that snapshot and rerun")
+
+
+def _is_real_dir(cache_dir: Path, rel: tuple[str, ...]) -> bool:
+    """Whether ``cache_dir/rel`` is a directory (not a link), looked up through its parent's descriptor."""
+    try:
+        with safefs.dir_fd(cache_dir, rel[:-1]) as fd:
+            return stat.S_ISDIR(os.stat(rel[-1], dir_fd=fd, follow_symlinks=False).st_mode)
+    except (FileNotFoundError, UnsafeLayout):
+        return False
 
 
 def copy_blob(source: RepoFolder, dest: RepoFolder, file: RemoteFile) -> None:
@@ -58,11 +70,33 @@ def copy_blob(source: RepoFolder, dest: RepoFolder, file: RemoteFile) -> None:
                 with out, os.fdopen(src_fd, "rb") as src:
                     if not stat.S_ISREG(os.fstat(src.fileno()).st_mode):
                         raise UnsafeLayout(f"{source.name}/blobs/{file.etag} is not a regular file: left alone")
-                    shutil.copyfileobj(src, out)
+                    _copy_hashed(src, out, file, f"{source.name}/blobs/{file.etag}")
                 dest.publish_blob(incomplete, file.etag)
             finally:
                 incomplete.unlink(missing_ok=True)
 
+
+
+def _copy_hashed(src, out, file: RemoteFile, shown: str) -> None:
+    """Copy at most ``file.size`` bytes from ``src`` to ``out`` (binary files), hashing them as the Hub names the
+    blob: a canonical blob another user of a shared cache changed is never published under its name.
+
+    Raises:
+        UnsafeLayout (CacheError, exit 5): another size, or content that does not hash to ``file.etag``.
+    """
+    hasher, seen = Hasher(file), 0
+    while chunk := src.read(min(_CHUNK, file.size + 1 - seen)):
+        seen += len(chunk)
+        if seen > file.size:
+            break
+        hasher.update(chunk)
+        out.write(chunk)
+    if seen != file.size or not hasher.matches():
+        raise UnsafeLayout(f"{shown}: content does not match its blob name: not copied",
+                           hint="run `hfcache verify --repair`, then rerun")
+
+
+_CHUNK = 1024 * 1024
 
 
 def _blob_source(folder: RepoFolder, etag: str) -> Path:
