@@ -22,7 +22,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from . import safefs
+from ..bounds import MAX_TREE_DEPTH
 from .locking import flock_error
+from .treewalk import walk_tree
 
 _SHOWN = 4
 
@@ -199,14 +201,16 @@ def _lock_folders(locks: Path) -> list[tuple[Path, list[Path]]]:
 
 
 def _repo_folders(cache: Path) -> list[list[Path]]:
-    """Per repo folder: it and every folder below it that hfcache creates entries in (not ``trees/``)."""
+    """Per repo folder: it and every folder below it that hfcache creates entries in (not ``trees/``), walked
+    iteratively to :data:`hfcache.bounds.MAX_TREE_DEPTH` levels below a snapshot (``os.walk`` recursed per level: a
+    planted 1,000-level chain was exit 70; the layout scan reports a deeper chain)."""
     out = []
     for entry in _entries(cache):
         if "--" not in entry.name or entry.name.startswith(".") or not entry.is_dir(follow_symlinks=False):
             continue
         folder = Path(entry.path)
         dirs = [folder]
-        for root, subdirs, _ in os.walk(folder):
+        for root, subdirs, _ in walk_tree(folder, max_depth=MAX_TREE_DEPTH + 2):
             subdirs[:] = [d for d in subdirs if not (root == str(folder) and d == "trees")]
             dirs += [Path(root) / d for d in subdirs if not os.path.islink(Path(root) / d)]
         out.append(dirs)

@@ -14,8 +14,9 @@ The format is deterministic JSON (sorted keys, LF, trailing newline)::
     {"absent": ["chat_template.jinja"], "commit_hash": "<40 hex>", "files": {"vocab.txt": {"hash": "git-sha1:<hex>",
      "size": 231508}}, "format": "hfcache-published", "version": 1}
 
-A record is untrusted input like every file of a cache: read through :mod:`hfcache.cache.safefs` (no link followed), at most
-:data:`MAX_RECORD_BYTES`, and an entry with a malformed hash is ignored.
+A record is untrusted input like every file of a cache: read through :mod:`hfcache.cache.safefs` (no link followed, a
+FIFO never opened blocking), at most :data:`MAX_RECORD_BYTES` and :data:`hfcache.bounds.MAX_JSON_DEPTH` levels deep
+(past either it is :class:`RecordRefused`, a problem of its repo), and an entry with a malformed hash is ignored.
 """
 
 from __future__ import annotations
@@ -28,6 +29,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from . import safefs
+from ..bounds import TooDeep, loads_json
+from ..errors import CacheError
 from .atomic import atomic_write_at
 from .sharing import cache_policy, share_dir_fd
 
@@ -35,6 +38,8 @@ from .sharing import cache_policy, share_dir_fd
 MAX_RECORD_BYTES = 16 * 1024 * 1024
 _HASH_RE = re.compile(r"(sha256:[0-9a-f]{64}|git-sha1:[0-9a-f]{40})")
 _FORMAT = "hfcache-published"
+_REFUSED_HINT = ("`hfcache verify --repair` removes it (or remove it by hand), then re-warm the repo; someone who "
+                 "can write the cache wrote it")
 
 
 @dataclass(frozen=True)
@@ -81,16 +86,44 @@ def write_record(cache_dir: Path, folder_name: str, commit_hash: str, files: Ite
         atomic_write_at(dfd, parts[-1], data, policy)
 
 
+class RecordRefused(CacheError):
+    """A record past the bounds hfcache reads (larger than :data:`MAX_RECORD_BYTES`, or JSON nested deeper than
+    :data:`hfcache.bounds.MAX_JSON_DEPTH`): a problem of its repo (exit 5), never an internal error."""
+
+
 def read_record(cache_dir: str | os.PathLike[str], folder_name: str, commit_hash: str) -> PublishedRevision | None:
-    """The record of ``folder_name`` at ``commit_hash``, or None (none, unreadable, too large, malformed)."""
+    """The record of ``folder_name`` at ``commit_hash``, or None (none, unreadable, not a regular file, malformed).
+
+    Args:
+        cache_dir (str | os.PathLike[str]): the cache root.
+        folder_name (str): the repo folder (``models--org--name``).
+        commit_hash (str): 40 hex.
+
+    Returns:
+        PublishedRevision | None: the record, entries with malformed hashes left out.
+
+    Raises:
+        RecordRefused: the record is larger than :data:`MAX_RECORD_BYTES` or nested deeper than
+            :data:`hfcache.bounds.MAX_JSON_DEPTH` (what a cache member can plant: reported, not trusted or skipped
+            silently).
+    """
+    parts = ()
     try:
-        raw = safefs.read_small(cache_dir, record_parts(folder_name, commit_hash), MAX_RECORD_BYTES + 1)
+        parts = record_parts(folder_name, commit_hash)
+        raw = safefs.read_small(cache_dir, parts, MAX_RECORD_BYTES + 1)
     except (OSError, safefs.UnsafeLayout, safefs.UnsafeName):
         return None
+    where = "/".join(parts)
     if len(raw) > MAX_RECORD_BYTES:
+        raise RecordRefused(f"{where}: warm's record is larger than {MAX_RECORD_BYTES} bytes: refused",
+                            hint=_REFUSED_HINT)
+    try:
+        doc = loads_json(raw, where)
+    except TooDeep as exc:
+        raise RecordRefused(f"{exc}: warm's record refused", hint=_REFUSED_HINT) from None
+    except ValueError:
         return None
     try:
-        doc = json.loads(raw)
         if doc.get("format") != _FORMAT or doc.get("version") != 1 or doc.get("commit_hash") != commit_hash:
             return None
         files = {}

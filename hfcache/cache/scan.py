@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import NamedTuple
 
+from ..bounds import MAX_TREE_DEPTH
 from .safefs import list_modes, repo_layout_problems
 from .store_blobs import scan_blobs
 
@@ -313,16 +314,20 @@ def _snapshot_folders(base: str, denied: list[str], linked: list[str]) -> dict[s
             linked.append(f".no_exist/{e.name}: {'a symlink' if e.is_symlink() else 'not a directory'} (left alone)")
     return snapshots
 
-def _read_refs(refs_dir: str, prefix: str, denied: list[str], linked: list[str]) -> dict[str, str]:
+def _read_refs(refs_dir: str, prefix: str, denied: list[str], linked: list[str], depth: int = 0) -> dict[str, str]:
     """ref name (``main``, ``refs/pr/1``) -> its content, decoded; nested ref folders are walked. A ref (or ref
-    folder) that is a symlink is added to ``linked`` and never followed."""
+    folder) that is a symlink is added to ``linked`` and never followed, and so is a ref folder nested deeper than
+    :data:`hfcache.bounds.MAX_TREE_DEPTH` (the recursion is bounded by it)."""
     refs = {}
     for e in _scandir(refs_dir, denied, f"refs/{prefix}"):
         if e.is_symlink():
             linked.append(f"refs/{prefix}{e.name}: a symlink (left alone)")
             continue
         if e.is_dir(follow_symlinks=False):
-            refs.update(_read_refs(e.path, prefix + e.name + "/", denied, linked))
+            if depth >= MAX_TREE_DEPTH:
+                linked.append(f"refs/{prefix}{e.name}: {TOO_DEEP}")
+                continue
+            refs.update(_read_refs(e.path, prefix + e.name + "/", denied, linked, depth + 1))
             continue
         try:
             # O_NOFOLLOW: a ref that is a planted link reads as unreadable (reported malformed), never its target.
@@ -342,20 +347,38 @@ def _read_refs(refs_dir: str, prefix: str, denied: list[str], linked: list[str])
 
 
 def _walk_files(folder: str, prefix: str, out: list[tuple[str, os.DirEntry]], denied: list[str],
-                where: str) -> None:
+                where: str, too_deep: list[str] | None = None) -> None:
     """Append (relative path, DirEntry) of every non-directory below ``folder``, without following links; a folder
-    this user cannot list is added to ``denied`` (``where`` + its relative path)."""
-    try:
-        with os.scandir(folder) as it:
-            for e in it:
-                if e.is_dir(follow_symlinks=False):
-                    _walk_files(e.path, prefix + e.name + "/", out, denied, where)
-                else:
-                    out.append((prefix + e.name, e))
-    except (FileNotFoundError, NotADirectoryError):
-        pass
-    except PermissionError:
-        denied.append(where + prefix)
+    this user cannot list is added to ``denied`` (``where`` + its relative path). Iterative and bounded: a folder
+    more than :data:`hfcache.bounds.MAX_TREE_DEPTH` levels below ``folder`` is not entered but added to
+    ``too_deep`` (as its relative path), so a planted 1,000-level chain is a problem of its revision, not a
+    RecursionError (Python 3.11 recursion, and paths past PATH_MAX)."""
+    stack = [(folder, prefix, 0)]
+    while stack:
+        path, rel, depth = stack.pop()
+        try:
+            with os.scandir(path) as it:
+                for e in it:
+                    if not e.is_dir(follow_symlinks=False):
+                        out.append((rel + e.name, e))
+                    elif depth >= MAX_TREE_DEPTH:
+                        if too_deep is not None:
+                            too_deep.append(rel + e.name)
+                    else:
+                        stack.append((e.path, rel + e.name + "/", depth + 1))
+        except (FileNotFoundError, NotADirectoryError):
+            pass
+        except PermissionError:
+            denied.append(where + rel)
+        except OSError as exc:  # ENAMETOOLONG and the like: what a walk that deep cannot name is not read
+            if too_deep is not None:
+                too_deep.append(f"{rel} ({exc.strerror})")
+
+
+def _shortened(rel: str) -> str:
+    """A deep relative path as people read it: its first three parts, ``…``, and its depth."""
+    parts = rel.split("/")
+    return rel if len(parts) <= 4 else "/".join(parts[:3]) + f"/… ({len(parts)} levels)"
 
 
 _DENIED = ("cannot be read by this user (permission denied): ask the cache's owner to make it group-readable "
@@ -368,7 +391,9 @@ _BLOB_PREFIX = ["../" * (depth + 2) + "blobs/" for depth in range(64)]
 
 #: Problem text of a snapshot entry that is a FIFO, device or socket.
 SPECIAL_FILE = "not a regular file (a FIFO, device or socket)"
-_HAZARDS = ("absolute link", "link points outside", SPECIAL_FILE)
+#: Problem text of a snapshot folder nested deeper than :data:`hfcache.bounds.MAX_TREE_DEPTH` (not read below).
+TOO_DEEP = f"folder chain deeper than {MAX_TREE_DEPTH} levels (not read below; left alone)"
+_HAZARDS = ("absolute link", "link points outside", SPECIAL_FILE, TOO_DEEP)
 
 
 def load_hazards(repo: RepoInfo, commit_hash: str) -> list[str]:
@@ -405,7 +430,9 @@ def _scan_revision(base: str, commit: str, snapshot: str, refs: dict[str, str],
     except OSError:  # moved away by a concurrent prune since the listing (or snapshots/ cannot be searched)
         last_used = 0.0
     entries: list[tuple[str, os.DirEntry]] = []
-    _walk_files(snapshot, "", entries, denied, f"snapshots/{commit}/")
+    too_deep: list[str] = []
+    _walk_files(snapshot, "", entries, denied, f"snapshots/{commit}/", too_deep)
+    problems.extend(f"{_shortened(rel)}: {TOO_DEEP}" for rel in sorted(set(too_deep)))
     entries.sort(key=_first)
     readlink = os.readlink
     for rel, entry in entries:

@@ -8,14 +8,15 @@ are queued for hashing.
 
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
 
 from ..cache import safefs
 from ..cache.root import repo_folder_name
-from ..cache.published import read_record
+from ..bounds import loads_json
+from ..cache.published import RecordRefused, read_record
+from ..errors import CacheError
 from ..cache.scan import RepoInfo
 from ..records import folder_ids
 from ..warming.lockfile import Lockfile
@@ -38,12 +39,13 @@ MAX_TREE_LISTING_BYTES = 64 * 1024 * 1024
 def read_tree_listing(cache_dir: str, folder: str, commit: str) -> dict[str, Expected] | None:
     """Read ``trees/<commit>.json`` (huggingface_hub ``_tree_cache.py`` format 1) as path -> Expected, or None.
 
-    Read without following a link and at most :data:`MAX_TREE_LISTING_BYTES` (None when larger)."""
+    Read without following a link or opening a FIFO blocking, at most :data:`MAX_TREE_LISTING_BYTES` and
+    :data:`hfcache.bounds.MAX_JSON_DEPTH` levels deep (None past either: huggingface_hub's own listing, not trusted)."""
     try:
         raw = safefs.read_small(cache_dir, (folder, "trees", f"{commit}.json"), MAX_TREE_LISTING_BYTES + 1)
         if len(raw) > MAX_TREE_LISTING_BYTES:
             return None
-        data = json.loads(raw)
+        data = loads_json(raw, f"{folder}/trees/{commit}.json")
         if data.get("format_version") != 1:
             return None
         out = {}
@@ -51,19 +53,28 @@ def read_tree_listing(cache_dir: str, folder: str, commit: str) -> dict[str, Exp
             etag = info.get("lfs_sha256") or info["blob_id"]
             out[path] = Expected(etag=etag, size=int(info.get("lfs_size") or info["size"]))
         return out
-    except (OSError, ValueError, KeyError, TypeError, AttributeError, RecursionError, OverflowError):  # not ours
-        # (RecursionError: nested too deep; OverflowError: a size of 1e999, int(inf))
+    except (OSError, CacheError, ValueError, KeyError, TypeError, AttributeError, OverflowError):  # not ours
+        # (ValueError includes bounds.TooDeep; CacheError: a link or FIFO there; OverflowError: a size of 1e999)
         return None
 
 
-def expected_of(cache_dir: str, repo: RepoInfo, commit: str, expectations) -> tuple[
-        dict[str, Expected] | None, str, tuple[str, ...]]:
+def expected_of(cache_dir: str, repo: RepoInfo, commit: str, expectations,
+                refused: list[Problem] | None = None) -> tuple[dict[str, Expected] | None, str, tuple[str, ...]]:
     """(path -> Expected, where it comes from, names marked absent) for one revision: the lock's when given, else
-    what hfcache warm recorded publishing (:mod:`hfcache.cache.published`), else a ``trees/`` listing."""
+    what hfcache warm recorded publishing (:mod:`hfcache.cache.published`), else a ``trees/`` listing.
+
+    A warm record past its bounds (too large, nested too deep: :class:`hfcache.cache.published.RecordRefused`) is a
+    ``record_refused`` error appended to ``refused``; the revision is then checked against its ``trees/`` listing."""
     expected = expectations.get((repo.repo_type, repo.repo_id, commit))
     if expected is not None:
         return expected, "lock", ()
-    record = read_record(cache_dir, repo.folder, commit)
+    try:
+        record = read_record(cache_dir, repo.folder, commit)
+    except RecordRefused as exc:
+        if refused is not None:
+            refused.append(Problem(repo.repo_id, commit, f".locks/{repo.folder}/hfcache/{commit}.json",
+                                   "record_refused", exc.message.split(": ", 1)[-1], repo.folder))
+        record = None
     if record is not None:
         files = {p: Expected(digest.split(":", 1)[1], size) for p, (size, digest) in record.files.items()}
         return files, "warm record", record.absent
@@ -115,14 +126,15 @@ def check_expected(repo: RepoInfo, rev, expected: dict[str, Expected] | None, so
                                      "real file with no expected hash (no lock or trees/ listing names it)",
                                      repo.folder))
                 continue
-            path = os.path.join(cache_dir, repo.folder, "snapshots", rev.commit_hash, *f.path.split("/"))
             if f.size != want.size:
                 found.append(Problem(repo.repo_id, rev.commit_hash, f.path, "file_mismatch",
                                      f"{f.size} bytes, the {source} expects {want.size}", repo.folder))
                 continue
             algorithm = algorithm_of(want.etag)
             if algorithm and f.inode is not None:
-                jobs.setdefault(f.inode, (path, algorithm, want.etag, f.size))
+                # opened from the cache root by verify (safefs.open_repo_file), never by a path built here
+                jobs.setdefault(f.inode, ((cache_dir, repo.folder, rev.commit_hash, f.path), algorithm, want.etag,
+                                          f.size))
                 owners.setdefault(f.inode, []).append((repo, rev.commit_hash, f.path))
     for path in sorted(set(expected or ()) - set(present)):
         if source in ("lock", "warm record"):

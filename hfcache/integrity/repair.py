@@ -27,6 +27,7 @@ from pathlib import Path
 
 from ..cache import safefs
 from ..cache.layout import RepoFolder
+from ..cache.published import remove_record
 from ..cache.root import cache_error, symlinks_supported
 from ..hub.retry import RetryCounter
 from ..errors import HfcacheError, RevisionNotFound
@@ -52,8 +53,8 @@ class RepairAction:
     Attributes:
         repo_id (str), revision (str), path (str): what it concerns (as in
             :class:`hfcache.integrity.verify_report.Problem`).
-        action (str): ``rewrote ref``, ``relinked``, ``downloaded``, ``removed link``, ``removed blob``, or
-            ``failed``.
+        action (str): ``rewrote ref``, ``relinked``, ``downloaded``, ``removed link``, ``removed blob``,
+            ``removed record`` (warm's record past its bounds), or ``failed``.
         detail (str): one line for people.
     """
 
@@ -136,6 +137,10 @@ def _repair_repo(folder: RepoFolder, problems: list[Problem], client: HubClient 
         elif p.kind == "ref_dangling":
             actions.append(RepairAction(p.repo_id, p.revision, "", "failed",
                                         "the ref's snapshot is gone; run `hfcache warm` for this revision"))
+        elif p.kind == "record_refused":  # past its bounds (planted): removed, never parsed; trees/ checks it now
+            remove_record(folder.cache_dir, folder.name, p.revision)
+            actions.append(RepairAction(p.repo_id, p.revision, p.path, "removed record",
+                                        "warm's record was past its bounds; re-warm the revision to record it again"))
 
     # Corrupt blobs: every snapshot path that uses one is fetched again; a blob nobody uses is removed.
     for etag in sorted(bad_blobs):

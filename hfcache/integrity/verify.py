@@ -26,19 +26,22 @@ from ..cache import safefs
 from ..cache.root import repo_folder_name
 from ..cache.store_blobs import store_blob_stat
 from ..errors import CacheError
-from ..cache.scan import SPECIAL_FILE, RepoInfo, scan_cache
+from ..cache.scan import SPECIAL_FILE, TOO_DEEP, RepoInfo, scan_cache
 from ..records import parse_specs
 from ..warming.lockfile import Lockfile
 from . import verify_record
 from .expectations import Expected, check_expected, expected_of, lock_expectations, lock_repos_missing, lost_markers
-from .hashing import HashProgress, algorithm_of, content_hash, fd_hash
+from .hashing import HashProgress, algorithm_of, fd_hash
 from .verify_report import Problem, VerifyReport
 
 _BATCH_BYTES = 32 * 1024 * 1024  # blobs hashed per task: one hand-over to the reporting thread per ~32 MiB
 
-#: A blob or real file to hash, keyed by (device, inode): (path to open, or (cache root, repo folder, etag) for a
-#: link into the shared Xet store, opened with safefs.open_blob; algorithm, expected etag, size).
-_Jobs = dict[tuple[int, int], tuple[str | tuple[str, str, str], str, str, int]]
+#: A blob or real file to hash, keyed by (device, inode): (what to open: (cache root, repo folder, etag) for a blob,
+#: opened with safefs.open_blob, or (cache root, repo folder, commit, repo path) for a real snapshot file, opened with
+#: safefs.open_repo_file: both walk from the cache root through descriptors, never by a path rebuilt after the scan;
+#: algorithm, expected etag, size).
+_Opener = tuple[str, str, str] | tuple[str, str, str, str]
+_Jobs = dict[tuple[int, int], tuple[_Opener, str, str, int]]
 #: Who refers to each content: (repo, revision or "" for the blob itself, repo path or ``blobs/<etag>``).
 _Owners = dict[tuple[int, int], list[tuple[RepoInfo, str, str]]]
 #: Blobs' stat stamps (verify_record), for fast.
@@ -72,6 +75,9 @@ def _structure_problems(repo: RepoInfo) -> list[Problem]:
             if text.endswith(SPECIAL_FILE):
                 add(Problem(repo.repo_id, rev.commit_hash, text.split(": ", 1)[0], "unsafe_layout",
                             f"snapshot entry is {SPECIAL_FILE}: loads would block on it", repo.folder))
+            elif text.endswith(TOO_DEEP):
+                add(Problem(repo.repo_id, rev.commit_hash, text.split(": ", 1)[0], "unsafe_layout",
+                            f"snapshot {TOO_DEEP}", repo.folder))
         real_files = 0
         for f in rev.files:
             if f.form == "file":
@@ -108,7 +114,9 @@ def verify_cache(
         progress: receives the total byte count, then every chunk hashed.
         fast: skip blobs whose (device, inode, size, mtime, ctime) and name equal those recorded by an earlier
             ``fast`` run in which they hashed right, and record this run's (:mod:`hfcache.integrity.verify_record`:
-            what this cannot catch). Default False: every blob is hashed and nothing is written.
+            what this cannot catch). A record not owned by this euid, writable by group or others, or past its
+            bounds is ignored (a ``fast_record_ignored`` note) and every blob is hashed. Default False: every blob
+            is hashed and nothing is written.
 
     Returns:
         VerifyReport; ``ok`` is False when any integrity error (not a note) exists.
@@ -131,7 +139,10 @@ def verify_cache(
     problems.extend(_named_repos_missing(specs, info.repos))
     if lock is not None:
         problems.extend(lock_repos_missing(lock, info.cache_dir, wanted))
-    recorded = verify_record.load(info.cache_dir) if fast else {}
+    recorded, ignored = verify_record.load(info.cache_dir) if fast else ({}, "")
+    if ignored:  # a record this run may not trust (another uid's, group-writable, too deep...): everything is hashed
+        problems.append(Problem("", "", "/".join(verify_record.RECORD), "fast_record_ignored",
+                                f"the --fast record is {ignored}: ignored, every blob hashed", ""))
     skipped = {key for key, st in stamps.items() if recorded.get(key) == st and key in jobs}
     # Largest first: two threads then finish together instead of one hashing the last big blob alone.
     todo = sorted((key for key in jobs if key not in skipped), key=lambda key: -jobs[key][3])
@@ -165,7 +176,7 @@ def _repo_problems(cache_dir: str, repo: RepoInfo, specs: dict[str, set[str]],
         return problems  # nothing below a planted link is read
     problems.extend(_queue_blobs(cache_dir, repo, used, jobs, stamps, owners))
     for rev in repo.revisions:
-        expected, source, absent = expected_of(cache_dir, repo, rev.commit_hash, expectations)
+        expected, source, absent = expected_of(cache_dir, repo, rev.commit_hash, expectations, problems)
         problems.extend(check_expected(repo, rev, expected, source, jobs, owners, cache_dir))
         if absent:
             problems.extend(lost_markers(cache_dir, repo, rev, absent))
@@ -186,12 +197,11 @@ def _queue_blobs(cache_dir: str, repo: RepoInfo, used: set[str] | None, jobs: _J
             st = entry.stat(follow_symlinks=False)
         except FileNotFoundError:  # removed since the listing (a concurrent prune)
             continue
-        opener: str | tuple[str, str, str] = entry.path
+        opener: _Opener = (cache_dir, repo.folder, entry.name)  # opened from the root: a swapped blobs/ is refused
         if stat.S_ISLNK(st.st_mode):  # a shared-store link: the payload is hashed; other links the scan reported
             st, _problem = store_blob_stat(cache_dir, entry.path, entry.name)
             if st is None:
                 continue
-            opener = (cache_dir, repo.folder, entry.name)
         if algorithm is None:
             problems.append(Problem(repo.repo_id, "", f"blobs/{entry.name}", "unverified",
                                     "blob name is not a sha256 or git sha1: cannot be checked", repo.folder))
@@ -244,18 +254,29 @@ def _hash_contents(todo: list[tuple[int, int]], jobs: _Jobs, owners: _Owners, ma
     return problems, failed, hashed_bytes
 
 
-def _hash_one(path: str | tuple[str, str, str], algorithm: str, on_bytes) -> tuple[str, int]:
-    """(digest, bytes read) of a job's file: a path (:func:`content_hash`), or a store-linked repo blob opened with
-    :func:`hfcache.cache.safefs.open_blob` (the library's link shape into a marked store, nothing else followed).
-    Raises OSError, or CacheError (UnsafeLayout) for a store link refused since the scan."""
-    if isinstance(path, str):
-        return content_hash(path, algorithm, on_bytes)
-    root, folder, etag = path
+def _hash_one(opener: _Opener, algorithm: str, on_bytes) -> tuple[str, int]:
+    """(digest, bytes read) of a job's file: a repo blob opened with :func:`hfcache.cache.safefs.open_blob` (a
+    regular file, or the library's link shape into a marked store, nothing else followed), or a real snapshot file
+    opened with :func:`hfcache.cache.safefs.open_repo_file`; both from the cache root with ``O_NOFOLLOW`` on every
+    component, so a folder a cache member swapped for a link after the scan is refused, not read through.
+    Raises OSError, or CacheError (UnsafeLayout) for a layout refused since the scan."""
+    if len(opener) == 3:
+        root, folder, etag = opener
+
+        def open_(flags: int) -> int:
+            return safefs.open_blob(root, folder, etag, flags)
+        shown = f"{root}/{folder}/blobs/{etag}"
+    else:
+        root, folder, commit, rel = opener
+
+        def open_(flags: int) -> int:
+            return safefs.open_repo_file(root, folder, (commit, *rel.split("/")), flags | os.O_NONBLOCK)
+        shown = f"{root}/{folder}/snapshots/{commit}/{rel}"
     try:  # O_NOATIME: hashing is not a use (only the owner may ask for it)
-        fd = safefs.open_blob(root, folder, etag, os.O_RDONLY | getattr(os, "O_NOATIME", 0))
+        fd = open_(os.O_RDONLY | getattr(os, "O_NOATIME", 0))
     except PermissionError:
-        fd = safefs.open_blob(root, folder, etag)
-    return fd_hash(fd, algorithm, on_bytes, f"{root}/{folder}/blobs/{etag}")
+        fd = open_(os.O_RDONLY)
+    return fd_hash(fd, algorithm, on_bytes, shown)
 
 
 def _failure_problems(key: tuple[int, int], failure: str, jobs: _Jobs, owners: _Owners) -> list[Problem]:

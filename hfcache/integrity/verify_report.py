@@ -11,6 +11,7 @@ from dataclasses import dataclass
 ERROR_KINDS = frozenset({
     "blob_mismatch", "blob_size", "blob_not_file", "link_broken", "link_absolute", "link_outside",
     "ref_malformed", "ref_dangling", "file_missing", "file_mismatch", "revision_missing", "unreadable", "unsafe_layout",
+    "record_refused",
 })
 
 

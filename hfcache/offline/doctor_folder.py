@@ -13,12 +13,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .findings import Finding, is_true
+from ..bounds import MAX_TREE_DEPTH
 from ..cache.access import flock_check, outsider_check, reach_check, share_recipe, sharing_checks, write_checks
+from ..cache.treewalk import walk_tree
 from ..errors import HfcacheError
 
 #: Below this much free space a cache cannot take a model (or a few more tokenizers).
 LOW_DISK_BYTES = 1 << 30
 _UNREADABLE_SHOWN = 3
+_SNAPSHOT_DEPTH = 3  # <repo folder>/snapshots/<commit>: where a repo's own tree starts below the cache root
 
 
 @dataclass
@@ -212,21 +215,24 @@ def _unsafe_findings(cache: Path) -> list[Finding]:
     layout scan flags unsafe (a symlinked ``blobs/``, ``snapshots/<commit>``, ref, ``.no_exist/<commit>``...):
     hfcache leaves those alone and doctor reads no config through them."""
     from ..cache.access import unsafe_locks_check
-    from ..cache.scan import scan_cache
+    from ..cache.scan import TOO_DEEP, scan_cache
 
     found = []
     locks = unsafe_locks_check(cache)
     if locks is not None:
         found.append(Finding(locks.code, locks.severity, locks.message, locks.fix))
-    try:
-        unsafe = [r for r in scan_cache(cache).repos if r.unsafe]
+    try:  # planted links, and snapshot folder chains deeper than MAX_TREE_DEPTH (not read below)
+        unsafe = [(r, r.unsafe or tuple(p for p in r.problems if p.endswith(TOO_DEEP)))
+                  for r in scan_cache(cache).repos]
     except HfcacheError:
         return found  # cannot be listed: reach_check and the access walk report it
+    unsafe = [(r, parts) for r, parts in unsafe if parts]
     if unsafe:
-        shown = "; ".join(f"{r.folder}: {', '.join(r.unsafe)}" for r in unsafe[:_UNREADABLE_SHOWN])
+        shown = "; ".join(f"{r.folder}: {', '.join(parts)}" for r, parts in unsafe[:_UNREADABLE_SHOWN])
         more = f" (and {len(unsafe) - _UNREADABLE_SHOWN} more)" if len(unsafe) > _UNREADABLE_SHOWN else ""
         found.append(Finding("cache.unsafe_layout", "error",
-                             f"{len(unsafe)} repo folder(s) hold planted links or files where folders belong: "
+                             f"{len(unsafe)} repo folder(s) hold planted links, files where folders belong or folder "
+                             f"chains deeper than {MAX_TREE_DEPTH} levels: "
                              f"{shown}{more}; hfcache leaves them alone (check fails them, export refuses them)",
                              "remove the symlink or file (or the repo folder) and re-warm the repo"))
     return found
@@ -244,8 +250,11 @@ def _walk_access(cache: Path) -> tuple[list[str], set[int]]:
     symlinks out of the cache (a snapshot link is checked through its blob, which the walk visits too)."""
     unreadable: list[str] = []
     owners: set[int] = set()
-    for root, dirs, files in os.walk(cache, onerror=lambda exc: unreadable.append(
-            os.path.relpath(exc.filename, cache) if exc.filename else str(exc))):
+    # Bounded and iterative (os.walk recurses per level on Python 3.11: a planted 1,000-level chain was exit 70);
+    # a snapshot chain deeper than the bound is reported by the layout scan (_unsafe_findings).
+    for root, dirs, files in walk_tree(cache, max_depth=MAX_TREE_DEPTH + _SNAPSHOT_DEPTH, onerror=lambda exc:
+                                       unreadable.append(os.path.relpath(exc.filename, cache) if exc.filename
+                                                         else str(exc))):
         for name in dirs + files:
             path = os.path.join(root, name)
             try:
@@ -276,8 +285,8 @@ def _symlink_support(cache: Path, writable: bool | None) -> bool | None:
         except OSError:
             return None
     for snapshots in cache.glob("*--*/snapshots"):
-        for entry in snapshots.rglob("*"):
-            if entry.is_symlink():
+        for root, _dirs, names in walk_tree(snapshots):  # bounded: no rglob recursion through a planted chain
+            if any(os.path.islink(os.path.join(root, name)) for name in names):
                 return True
     return None
 

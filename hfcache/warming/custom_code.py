@@ -10,12 +10,12 @@ hash-checked; no network, no filesystem.
 from __future__ import annotations
 
 import ast
-import json
 import posixpath
 import re
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
+from ..bounds import TooDeep, loads_json
 from ..records import UnsafePath, validate_repo_path
 from .selection import (AUTO_MAP_FILES, EXPORT_DIRS, MODEL_SIDE_GLOBS, MODULES_FILE, matches, tokenizer_paths,
                         weight_paths)
@@ -45,15 +45,18 @@ def auto_map_refs(config_path: str, config_bytes: bytes, kind: str = "tokenizer"
         tuple[str, ...]: references in file order, without duplicates or ``null`` entries.
 
     Raises:
-        RepoDataError: the file is JSON nested too deeply for Python's parser (transformers cannot load it either);
-            a file that is simply not JSON (or not an object) has no reference.
+        RepoDataError: the file is JSON nested deeper than :data:`hfcache.bounds.MAX_JSON_DEPTH` levels, or larger
+            than :data:`MAX_PARSE_BYTES` (a cache member or an endpoint supplied it); a file that is simply not JSON
+            (or not an object) has no reference.
     """
+    if len(config_bytes) > MAX_PARSE_BYTES:
+        raise RepoDataError(f"{config_path} is larger than {MAX_PARSE_BYTES} bytes: not parsed")
     try:
-        auto_map = json.loads(config_bytes).get("auto_map")
+        auto_map = loads_json(config_bytes, config_path).get("auto_map")
+    except TooDeep:
+        raise RepoDataError(f"{config_path} is JSON nested too deeply to parse") from None  # > MAX_JSON_DEPTH
     except (ValueError, AttributeError, TypeError, OverflowError):
         return ()
-    except RecursionError:
-        raise RepoDataError(f"{config_path} is JSON nested too deeply to parse") from None
     if isinstance(auto_map, list):  # legacy tokenizer_config form: [slow, fast]
         auto_map = {"AutoTokenizer": auto_map}
     if not isinstance(auto_map, dict):
@@ -205,15 +208,18 @@ def module_folder_paths(modules_bytes: bytes, available: Iterable[str]) -> tuple
         :func:`shards_from_index`.
 
     Raises:
-        RepoDataError: ``modules.json`` is nested too deeply to parse (sentence-transformers cannot load it either).
+        RepoDataError: ``modules.json`` is nested deeper than :data:`hfcache.bounds.MAX_JSON_DEPTH` levels or larger
+            than :data:`MAX_PARSE_BYTES`.
     """
+    if len(modules_bytes) > MAX_PARSE_BYTES:
+        raise RepoDataError(f"{MODULES_FILE} is larger than {MAX_PARSE_BYTES} bytes: not parsed")
     try:
-        modules = json.loads(modules_bytes)
+        modules = loads_json(modules_bytes, MODULES_FILE)
         folders = [m["path"] for m in modules if isinstance(m, dict) and isinstance(m.get("path"), str)]
+    except TooDeep:
+        raise RepoDataError(f"{MODULES_FILE} is JSON nested too deeply to parse") from None  # > MAX_JSON_DEPTH
     except (ValueError, TypeError, OverflowError):
         return set(), ()
-    except RecursionError:
-        raise RepoDataError(f"{MODULES_FILE} is JSON nested too deeply to parse") from None
     have = set(available)
     chosen: set[str] = set()
     indexes: list[str] = []

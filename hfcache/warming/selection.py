@@ -16,10 +16,10 @@ and ``AutoTokenizer`` reading ``config.json`` to pick the class (``models/auto/t
 from __future__ import annotations
 
 import fnmatch
-import json
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
+from ..bounds import TooDeep, loads_json
 from ..records import KINDS
 
 #: Root-level names a tokenizer load may ask for. When the repo lacks one of them at a commit, warm writes the
@@ -215,12 +215,18 @@ def shards_from_index(index_bytes: bytes, available: Iterable[str], index_path: 
         set[str]: shard paths, relative to the repo root.
 
     Raises:
-        ValueError: the index is not JSON with a ``weight_map`` object, or names a shard the repo does not have.
+        ValueError: the index is not JSON with a ``weight_map`` object (or is larger than
+            :data:`MAX_INDEX_BYTES`, or nested deeper than :data:`hfcache.bounds.MAX_JSON_DEPTH`: ``TooDeep``), or
+            names a shard the repo does not have.
     """
+    if len(index_bytes) > MAX_INDEX_BYTES:
+        raise ValueError(f"{index_path} is larger than {MAX_INDEX_BYTES} bytes: not read as a sharded weight index")
     try:
-        weight_map = json.loads(index_bytes)["weight_map"]
+        weight_map = loads_json(index_bytes, index_path)["weight_map"]
         shard_names = set(weight_map.values())
-    except (ValueError, KeyError, TypeError, AttributeError, RecursionError, OverflowError) as exc:
+    except TooDeep as exc:  # a ValueError: named by its bound, not by its class
+        raise ValueError(f"{index_path} is not a sharded weight index: {str(exc).split(': ', 1)[-1]}") from None
+    except (ValueError, KeyError, TypeError, AttributeError, OverflowError) as exc:
         raise ValueError(f"{index_path} is not a sharded weight index: {type(exc).__name__} {exc}") from None
     odd = sorted(repr(n) for n in shard_names if not isinstance(n, str) or not n)
     if odd:
