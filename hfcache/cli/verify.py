@@ -73,17 +73,24 @@ def verify(repo_ids, cache_dir, lock_file, do_repair, fast, endpoints, token, to
               help="Check the lock's tokenizers, by the ids and revisions of its manifest (cache: --cache-dir, else "
                    "the lock's manifest's).")
 @click.option("--text", default=None, help="Probe text to encode [default: a mixed English/Chinese sentence].")
+@click.option("--trust-remote-code", "trusted", multiple=True, metavar="REPO_ID[@REVISION]",
+              help="Run the custom code (auto_map) of this repo when loading it (repeatable; '*': every repo "
+                   "checked) [default: only a --lock's repos; others are 'needs custom code: not run']. As root, "
+                   "refused for a cache other users can write.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON document on stdout.")
-def check(repo_ids, cache_dir, lock_file, text, as_json) -> None:
+def check(repo_ids, cache_dir, lock_file, text, trusted, as_json) -> None:
     """Prove each tokenizer loads offline: AutoTokenizer in a child with no network, encoding a probe text.
 
     Without arguments: every cached revision with a tokenizer (by ref, or by commit when no ref points to it). A repo
-    whose auto_map names custom code loads with trust_remote_code=True. On failure it names the missing piece
+    whose auto_map names custom code loads with trust_remote_code=True only when named by --trust-remote-code or
+    pinned by --lock; any other is reported 'needs custom code: not run'. On failure it names the missing piece
     (config.json and its .no_exist marker, a Python package, custom code, a chat template, a ref). Exit 1 if any
-    tokenizer fails.
+    tokenizer fails, or if nothing loaded because every tokenizer needs custom code that was not opted in to; exit 2
+    when run as root with code to run from a cache other users can write.
     """
     from ..integrity.check import DEFAULT_TEXT, check_tokenizers
     from ..integrity.check_targets import select_targets, targets_from_cache, targets_from_lock
+    from ..integrity.check_trust import TrustPolicy
     from ..warming.lockfile import read_lock
     from ..warming.project import reading_cache_dir
     from .render import verify as render
@@ -95,8 +102,20 @@ def check(repo_ids, cache_dir, lock_file, text, as_json) -> None:
         targets = targets_from_cache(root, repo_ids)
     if not targets:
         raise UsageError("no tokenizer to check", hint="warm one first, or name REPO_IDs / --lock")
+    trust = TrustPolicy.parse(trusted, targets if lock_file else ())
+    unmatched = trust.unmatched(targets)
+    if unmatched:
+        raise UsageError(f"--trust-remote-code {unmatched[0]}: no such tokenizer is checked",
+                         hint="name a repo_id being checked (or '*' for all of them)")
     with render.stderr.status(f"loading {len(targets)} tokenizer(s) offline", spinner="dots") \
             if not as_json else contextlib.nullcontext():
-        report = check_tokenizers(root, targets, text or DEFAULT_TEXT)
+        report = check_tokenizers(root, targets, text or DEFAULT_TEXT, trust=trust)
     render.show_check(report, as_json=as_json)
+    if report.not_run:
+        from rich.text import Text
+
+        names = ", ".join(r.target.spec for r in report.not_run[:3]) + (" ..." if len(report.not_run) > 3 else "")
+        render.stderr.print(Text(f"warning: {len(report.not_run)} tokenizer(s) need custom code and were not run "
+                                 f"({names}): name them with --trust-remote-code to load them", style="yellow"),
+                            soft_wrap=True)
     sys.exit(report.exit_code)

@@ -9,8 +9,11 @@ Python package, a chat template the repo has but the cache lacks, a missing ref,
 loaded, and what the cache holds for each: :mod:`.check_targets`.
 
 Custom code: a repo whose cached ``tokenizer_config.json`` / ``config.json`` ``auto_map`` names code a tokenizer load
-runs (``custom_code.auto_map_refs``) is loaded with ``trust_remote_code=True``, as its application must load it; every
-other repo without it. transformers copies that code into ``HF_MODULES_CACHE`` before importing it: an explicit
+runs (``custom_code.auto_map_refs``) is loaded with ``trust_remote_code=True`` only when the user opted in for it
+(:class:`.check_trust.TrustPolicy`: ``--trust-remote-code REPO_ID``, or a lock's repos); any other such repo is not
+loaded and reported as :data:`.check_trust.NOT_RUN`; as root, code from folders another user can change is refused
+(:func:`.check_trust.root_refusal`, exit 2). Every other repo loads without it. transformers copies that code into
+``HF_MODULES_CACHE`` before importing it: an explicit
 ``HF_MODULES_CACHE`` in check's environment is passed on as the application gets it (an unwritable one fails the load
 and is named as the cause); otherwise the child gets a private temporary one, so a read-only cache or HOME does not
 fail the check (``hfcache exec`` handles the runtime side, see :mod:`hfcache.warming.modules_cache`). A repo whose
@@ -22,22 +25,25 @@ they are listed as skipped, with the reason, and count as passed; nothing is loa
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import shutil
 import socket
-import subprocess
-import sys
+import stat
 import tempfile
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from ..bounds import MAX_TREE_DEPTH, TooDeep, loads_json
+from ..cache import safefs
 from ..cache.layout import RepoFolder
+from ..cache.safefs_tree import iter_tree
 from ..cache.scan import load_hazards, scan_repo
 from ..errors import CheckFailed, InternalError
 from ..warming.modules_cache import ENV_NAME
+from .check_child import ChildStuck, run_child
 from .check_targets import CheckTarget, custom_code_refs, unreadable_parts
+from .check_trust import NOT_RUN, TrustPolicy, refuse_as_root, root_refusal
 from .diagnosis import diagnose, missing_templates
 
 DEFAULT_TEXT = "Hello world, 深度学习技术正在改变世界"
@@ -54,8 +60,10 @@ class CheckResult:
         seconds (float): load time in the child.
         error (str | None): the exception the load raised.
         cause (str | None): hfcache's diagnosis of what is missing, when it can tell.
-        skipped (str | None): why nothing was loaded for a target that has no tokenizer to load (a kernel repo);
-            such a result is ``ok``.
+        skipped (str | None): why nothing was loaded: a target that has no tokenizer to load (a kernel repo), or
+            one whose custom code the user did not opt in to (starts with :data:`~.check_trust.NOT_RUN`); such a
+            result is ``ok``, but a report where nothing loaded and something was not run is not.
+        not_run (bool): nothing was loaded because the load would run custom code the user did not opt in to.
     """
 
     target: CheckTarget
@@ -67,6 +75,7 @@ class CheckResult:
     error: str | None = None
     cause: str | None = None
     skipped: str | None = None
+    not_run: bool = False
 
 
 #: Why a kernel repo is skipped (check_targets lists kernel repos so that a named or locked one is not a failure).
@@ -82,7 +91,16 @@ class CheckReport:
 
     @property
     def ok(self) -> bool:
-        return all(r.ok for r in self.results)
+        """No load failed, and unless nothing needed a load, something was loaded: a check that ran nothing because
+        every target needs custom code the user did not opt in to is not a pass."""
+        if not all(r.ok for r in self.results):
+            return False
+        return not any(r.not_run for r in self.results) or any(r.ok and not r.skipped for r in self.results)
+
+    @property
+    def not_run(self) -> tuple[CheckResult, ...]:
+        """The results not loaded because their custom code was not opted in to."""
+        return tuple(r for r in self.results if r.not_run)
 
     @property
     def exit_code(self) -> int:
@@ -117,14 +135,21 @@ def _closed_endpoint() -> str:
     return f"http://127.0.0.1:{port}"
 
 
-def probe_environment(cache_dir: Path) -> dict[str, str]:
-    """The child's environment: the caller's, minus every HF_/TRANSFORMERS_ setting, plus offline mode."""
+def probe_environment(cache_dir: Path, home: Path | None = None) -> dict[str, str]:
+    """The child's environment: the caller's, minus every HF_/TRANSFORMERS_ setting, plus offline mode.
+
+    Args:
+        cache_dir (Path): the cache (``HF_HUB_CACHE``).
+        home (Path | None): the child's ``HF_HOME``: a private folder of the caller's, never one below the cache
+            (a member of a shared cache could plant what the child reads there) [default: ``<tmp>/hfcache-check-home``
+            of a fresh private temporary folder, which the caller removes].
+    """
     env = {k: v for k, v in os.environ.items() if not k.startswith(("HF_", "TRANSFORMERS_", "HUGGINGFACE_"))}
     env.update(
         HF_HUB_OFFLINE="1",
         TRANSFORMERS_OFFLINE="1",
         HF_HUB_CACHE=str(cache_dir),
-        HF_HOME=str(cache_dir / ".hfcache-check-home"),
+        HF_HOME=str(home or Path(tempfile.mkdtemp(prefix="hfcache-check-")) / "home"),
         HF_ENDPOINT=_closed_endpoint(),
         HF_HUB_DISABLE_TELEMETRY="1",
         HF_HUB_DISABLE_UPDATE_CHECK="1",
@@ -134,18 +159,25 @@ def probe_environment(cache_dir: Path) -> dict[str, str]:
 
 
 def check_tokenizers(cache_dir: Path, targets: list[CheckTarget], text: str = DEFAULT_TEXT,
-                     timeout: float = 600) -> CheckReport:
+                     timeout: float = 600, trust: TrustPolicy | None = None) -> CheckReport:
     """Load every target in one offline child process and diagnose the failures; a kernel repo's target is not
     loaded but skipped (:data:`KERNEL_SKIP`), in its place among the results.
+
+    Args:
+        cache_dir (Path): the cache; targets (list[CheckTarget]): what to load; text (str): the probe text.
+        timeout (float): seconds the child may take in all; past it, every target it was loading fails.
+        trust (TrustPolicy | None): the targets whose custom code (``auto_map``) may run [default: none]; any
+            other target that needs it is not loaded (``not_run``).
 
     Returns:
         CheckReport: one result per target, in the targets' order.
 
     Raises:
+        UsageError: running as root, a trusted target's code comes from a folder another user can change.
         InternalError: the child crashed or printed no result.
     """
     loaded = [t for t in targets if t.repo_type != "kernel"]
-    report = _load_tokenizers(cache_dir, loaded, text, timeout) if loaded else \
+    report = _load_tokenizers(cache_dir, loaded, text, timeout, trust or TrustPolicy()) if loaded else \
         CheckReport(cache_dir=str(cache_dir), text=text, results=(), import_seconds=0.0)
     results = iter(report.results)
     merged = tuple(CheckResult(t, True, skipped=KERNEL_SKIP) if t.repo_type == "kernel" else next(results)
@@ -153,11 +185,13 @@ def check_tokenizers(cache_dir: Path, targets: list[CheckTarget], text: str = DE
     return replace(report, results=merged)
 
 
-def _load_tokenizers(cache_dir: Path, targets: list[CheckTarget], text: str, timeout: float) -> CheckReport:
+def _load_tokenizers(cache_dir: Path, targets: list[CheckTarget], text: str, timeout: float,
+                     trust: TrustPolicy) -> CheckReport:
     """Load every target in one offline child process and diagnose the failures.
 
     Targets whose cached configs name custom code (:func:`custom_code_refs`) are loaded with
-    ``trust_remote_code=True``; the child's ``HF_MODULES_CACHE`` is the caller's explicit one (as the application gets
+    ``trust_remote_code=True`` when ``trust`` allows them, else not loaded (``not_run``); the child's
+    ``HF_MODULES_CACHE`` is the caller's explicit one (as the application gets
     it), else a temporary folder, removed afterwards. A target whose configs cannot be parsed is a failed result. A
     target whose repo has a part the load needs that this user cannot read (:func:`unreadable_parts`) is not loaded:
     it fails with that part as its cause, and the other targets are still loaded.
@@ -173,22 +207,15 @@ def _load_tokenizers(cache_dir: Path, targets: list[CheckTarget], text: str, tim
     # the closed endpoint the child is given (a port the user never set).
     absent = {t.spec for t in targets if t.spec not in blocked
               and not os.path.lexists(RepoFolder(cache_dir, t.repo_id, t.repo_type).root)}
-    unparsable: dict[str, str] = {}  # a cached config no parser can read (custom_code.RepoDataError): that repo fails
-    prepared = []
-    for target in targets:
-        try:
-            trust = not unsafe[target.spec] and target.spec not in blocked and bool(custom_code_refs(cache_dir, target))
-            prepared.append(replace(target, trust_remote_code=trust))
-        except ValueError as exc:
-            unparsable[target.spec] = str(exc)
-            prepared.append(target)
-    targets = prepared
-    loadable = [t for t in targets
-                if not unsafe[t.spec] and t.spec not in blocked and t.spec not in unparsable and t.spec not in absent]
+    targets, unparsable, not_run = _prepare(cache_dir, targets, {s for s in unsafe if unsafe[s]} | set(blocked), trust)
+    loadable = [t for t in targets if not unsafe[t.spec] and t.spec not in blocked and t.spec not in unparsable
+                and t.spec not in absent and t.spec not in not_run]
     raw = _probe(cache_dir, loadable, text, timeout) if loadable else {}
     results = []
     for target in targets:
-        if unsafe[target.spec]:
+        if target.spec in not_run:
+            results.append(CheckResult(target, True, skipped=not_run[target.spec], not_run=True))
+        elif unsafe[target.spec]:
             results.append(CheckResult(target, False, error="not loaded: unsafe cache layout",
                                        cause="; ".join(unsafe[target.spec])))
         elif target.spec in blocked:
@@ -207,27 +234,66 @@ def _load_tokenizers(cache_dir: Path, targets: list[CheckTarget], text: str, tim
                        import_seconds=raw.get("__import_seconds__", {}).get("seconds", 0.0))
 
 
+def _prepare(cache_dir: Path, targets: list[CheckTarget], unloadable: set[str],
+             trust: TrustPolicy) -> tuple[list[CheckTarget], dict[str, str], dict[str, str]]:
+    """Which targets run custom code: (the targets with ``trust_remote_code`` set where ``trust`` allows the code
+    their configs name, spec -> why its configs cannot be parsed, spec -> why it is not run). Targets in
+    ``unloadable`` (unsafe, unreadable) are left as they are.
+
+    Raises:
+        UsageError: running as root, a trusted target's code comes from a folder another user can change
+            (:func:`root_refusal`): nothing is loaded.
+    """
+    unparsable: dict[str, str] = {}  # a cached config no parser can read (custom_code.RepoDataError): that repo fails
+    not_run: dict[str, str] = {}
+    running: list[tuple[CheckTarget, tuple[str, ...]]] = []
+    prepared = []
+    for target in targets:
+        try:
+            refs = () if target.spec in unloadable else custom_code_refs(cache_dir, target)
+        except ValueError as exc:
+            unparsable[target.spec] = str(exc)
+            prepared.append(target)
+            continue
+        if refs and not trust.allows(target):
+            not_run[target.spec] = (f"{NOT_RUN}: its auto_map names {refs[0]}; hfcache check --trust-remote-code "
+                                    f"{target.repo_id} loads it (and runs that code)")
+        elif refs:
+            running.append((target, refs))
+        prepared.append(replace(target, trust_remote_code=bool(refs) and target.spec not in not_run))
+    reason = root_refusal(cache_dir, running)
+    if reason:
+        raise refuse_as_root(reason)
+    return prepared, unparsable, not_run
+
+
 def _probe(cache_dir: Path, targets: list[CheckTarget], text: str, timeout: float) -> dict:
     """Run the offline probe child on ``targets``; its JSON answer (spec -> result). The child's ``HF_MODULES_CACHE``
-    is the caller's explicit one (as the application gets it), else a temporary folder removed afterwards."""
-    env = probe_environment(cache_dir)
-    home = Path(env["HF_HOME"])
+    is the caller's explicit one (as the application gets it), else a temporary folder removed afterwards; its
+    ``HF_HOME`` and working folder are private temporary ones (``python -m`` puts the working folder first on
+    ``sys.path``: a cache or project folder there could shadow any module). A child blocked opening a FIFO, or still
+    running after ``timeout`` seconds, is killed and every target fails with that (:func:`.check_child.run_child`:
+    a file swapped for a FIFO after the checks would block the load)."""
+    work = Path(tempfile.mkdtemp(prefix="hfcache-check-"))  # 0700, this user's
+    env = probe_environment(cache_dir, work / "home")
     explicit = os.environ.get(ENV_NAME)
-    modules = explicit if explicit is not None else tempfile.mkdtemp(prefix="hfcache-check-modules-")
-    env[ENV_NAME] = modules
+    env[ENV_NAME] = explicit if explicit is not None else str(work / "modules")
     args = [a for t in targets for a in (["--trust-remote-code", t.spec] if t.trust_remote_code else [])]
     try:
-        proc = subprocess.run([sys.executable, "-m", "hfcache.offline.probe", text, *[t.spec for t in targets], *args],
-                              stdin=subprocess.DEVNULL, capture_output=True, text=True, env=env, timeout=timeout)
+        proc = run_child(cache_dir, [text, *[t.spec for t in targets], *args], env=env, cwd=work, timeout=timeout)
+    except ChildStuck as exc:
+        error = f"not loaded: the offline load {exc.reason}, so it was stopped"
+        return {t.spec: {"error": error, "seconds": 0.0} for t in targets}
     finally:
-        _remove_tree(home)
-        if explicit is None:
-            _remove_tree(Path(modules))
+        _remove_tree(work)
     lines = proc.stdout.strip().splitlines()
     if proc.returncode != 0 or not lines:
         tail = (proc.stderr.strip().splitlines() or ["no output"])[-1]
         raise InternalError(f"the offline probe process failed (exit {proc.returncode}): {tail}")
-    raw = json.loads(lines[-1])
+    try:  # the last line is the probe's; custom code it ran may have printed before it
+        raw = loads_json(lines[-1], "the offline probe's answer")
+    except ValueError as exc:
+        raise InternalError(f"the offline probe process printed no result ({exc})") from None
     for data in raw.values():
         if isinstance(data, dict) and isinstance(data.get("error"), str):
             # The child's HF_ENDPOINT is a closed port of ours: name what it stands for, not the port.
@@ -265,5 +331,75 @@ def _hazards(cache_dir: Path, target: CheckTarget) -> list[str]:
     repo = scan_repo(folder.root, target.repo_id, target.repo_type)
     if repo.unsafe:
         return list(repo.unsafe)
+    odd_refs = _refs_hazards(cache_dir, folder)
+    if odd_refs:
+        return odd_refs
     commit = target.revision if re.fullmatch(r"[0-9a-f]{40}", target.revision) else repo.refs.get(target.revision)
-    return load_hazards(repo, commit) if commit else []
+    commit = commit.strip() if commit else commit
+    if not commit or not re.fullmatch(r"[0-9a-f]{40}", commit):
+        return []
+    return load_hazards(repo, commit) or _markers_hazards(cache_dir, folder, commit) \
+        or _listing_hazards(cache_dir, folder, commit)
+
+
+def _markers_hazards(cache_dir: Path, folder: RepoFolder, commit: str) -> list[str]:
+    """A ``.no_exist/<commit>/`` folder chain deeper than :data:`hfcache.bounds.MAX_TREE_DEPTH` (no Hub repo has
+    one; a member can plant one to exhaust a recursive walk), or a folder in it swapped for a link."""
+    try:
+        for _ in iter_tree(cache_dir, (folder.name, ".no_exist", commit)):
+            pass
+    except (TooDeep, safefs.UnsafeLayout) as exc:
+        return [f".no_exist/{commit[:12]}/: a folder chain deeper than {MAX_TREE_DEPTH} levels"
+                if isinstance(exc, TooDeep) else str(exc)]
+    except OSError:
+        return []  # missing, or unreadable (reported as such: unreadable_parts)
+    return []
+
+
+def _refs_hazards(cache_dir: Path, folder: RepoFolder) -> list[str]:
+    """Entries of ``refs/`` that are neither folders nor regular files (a FIFO or device there blocks
+    huggingface_hub's plain ``open()`` of that ref in the application's load), or a ``refs/`` chain deeper than
+    :data:`hfcache.bounds.MAX_TREE_DEPTH`; the scan leaves them out as no ref at all."""
+    try:
+        odd = [f"refs/{'/'.join((*parts, name))} is not a regular file (a FIFO, device or link)"
+               for parts, name, mode in iter_tree(cache_dir, (folder.name, "refs"))
+               if not (stat.S_ISREG(mode) or stat.S_ISDIR(mode))]
+    except FileNotFoundError:
+        return []
+    except (TooDeep, safefs.UnsafeLayout) as exc:
+        return [str(exc)]
+    except OSError:
+        return []  # an unreadable refs/ is reported as such (unreadable_parts)
+    return odd[:4]
+
+
+#: Largest ``trees/<commit>.json`` the child may read: huggingface_hub reads the whole listing into memory.
+MAX_LISTING_BYTES = 32 * 1024 * 1024
+
+
+def _listing_hazards(cache_dir: Path, folder: RepoFolder, commit: str) -> list[str]:
+    """Why the child must not read ``trees/<commit>.json``: huggingface_hub 2.4 (``_tree_cache``) opens it with a
+    blocking ``open()`` through any link and parses it with ``json.load`` (no size or depth bound), so a FIFO or
+    device there hangs the load and a deep document raises RecursionError. Checked here, ``O_NOFOLLOW |
+    O_NONBLOCK`` (:func:`safefs.read_small`): a link, FIFO, device or folder, a listing over
+    :data:`MAX_LISTING_BYTES`, or JSON nested past :data:`hfcache.bounds.MAX_JSON_DEPTH` is an unsafe layout."""
+    name = f"trees/{commit}.json"
+    try:
+        raw = safefs.read_small(cache_dir, (folder.name, "trees", f"{commit}.json"), MAX_LISTING_BYTES + 1)
+    except FileNotFoundError:
+        return []
+    except safefs.UnsafeLayout as exc:
+        link = "symlink" in str(exc)
+        return [f"{name} is a symlink or sits under one" if link
+                else f"{name} is not a regular file (a FIFO, device or folder)"]
+    except OSError as exc:
+        return [f"{name} cannot be read ({exc.strerror or exc})"]
+    if len(raw) > MAX_LISTING_BYTES:
+        return [f"{name} is larger than {MAX_LISTING_BYTES} bytes"]
+    try:
+        loads_json(raw, name)
+    except TooDeep as exc:
+        return [str(exc)]
+    except ValueError:
+        return []  # huggingface_hub ignores a listing it cannot parse
+    return []

@@ -14,6 +14,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..bounds import MAX_TREE_DEPTH
 from ..cache import safefs
 from ..cache.layout import RepoFolder
 from ..cache.scan import RepoInfo, scan_cache, scan_repo
@@ -173,17 +174,29 @@ def unreadable_parts(cache_dir: Path, target: CheckTarget) -> tuple[str, ...]:
 
 
 def _unreadable_below(folder: Path, part: str) -> list[str]:
-    """Folders under ``folder/part`` this user cannot list or enter, relative to ``folder`` (``.no_exist/abc/``)."""
+    """Folders under ``folder/part`` this user cannot list or enter, relative to ``folder`` (``.no_exist/abc/``).
+
+    Walked without recursion, no link followed, and no deeper than :data:`hfcache.bounds.MAX_TREE_DEPTH` below
+    ``part`` (a member can plant a 1,000-level chain; ``check`` reports a chain past the bound in a revision's
+    ``.no_exist/`` as an unsafe layout of its own)."""
     top = folder / part
     if not os.path.lexists(top):
         return []
     denied: list[str] = []
-    for root, dirs, _ in os.walk(top, onerror=lambda exc: denied.append(
-            os.path.relpath(exc.filename, folder) + "/" if exc.filename else part + "/")):
-        for name in dirs:
-            path = os.path.join(root, name)
-            if not os.path.islink(path) and not os.access(path, os.R_OK | os.X_OK):
-                denied.append(os.path.relpath(path, folder) + "/")
+    stack = [(str(top), 0)]
+    while stack:
+        path, depth = stack.pop()
+        try:
+            with os.scandir(path) as listing:
+                folders = [e.path for e in listing if e.is_dir(follow_symlinks=False)]
+        except OSError:
+            denied.append(os.path.relpath(path, folder) + "/")
+            continue
+        for sub in folders:
+            if not os.access(sub, os.R_OK | os.X_OK):
+                denied.append(os.path.relpath(sub, folder) + "/")
+            elif depth < MAX_TREE_DEPTH:
+                stack.append((sub, depth + 1))
     return denied
 
 

@@ -14,6 +14,7 @@ import os
 import re
 from pathlib import Path
 
+from ..bounds import MAX_TREE_DEPTH
 from ..cache import safefs
 from ..cache.layout import RepoFolder
 from ..errors import CacheError, HfcacheError
@@ -111,7 +112,7 @@ def _code_failure_cause(error: str, generic: bool = True) -> str | None:
 
 def _missing_code(snapshot: Path) -> tuple[str, ...]:
     """The code files ``auto_map`` names (and those they import relatively) that the snapshot lacks."""
-    present = {p.relative_to(snapshot).as_posix() for p in snapshot.rglob("*") if p.is_file()}
+    present = {rel for rel, path, _ in _snapshot_entries(snapshot) if os.path.isfile(path)}
 
     def read(path: str) -> bytes | None:
         return safefs.read_snapshot_file(snapshot, path, MAX_PARSE_BYTES)
@@ -120,6 +121,27 @@ def _missing_code(snapshot: Path) -> tuple[str, ...]:
         return custom_code_paths(AUTO_MAP_FILES, read, present).absent
     except (OSError, ValueError, CacheError):
         return ()
+
+
+def _snapshot_entries(snapshot: Path) -> list[tuple[str, str, bool]]:
+    """(path relative to the snapshot, full path, is a symlink) of every entry below ``snapshot``, walked without
+    recursion, no link followed, at most :data:`hfcache.bounds.MAX_TREE_DEPTH` levels deep (a diagnosis looks at
+    what is there; ``Path.rglob`` recursed once per level, so a planted 1,000-level chain raised RecursionError)."""
+    found: list[tuple[str, str, bool]] = []
+    stack = [("", str(snapshot), 0)]
+    while stack:
+        rel, path, depth = stack.pop()
+        try:
+            with os.scandir(path) as listing:
+                entries = list(listing)
+        except OSError:
+            continue
+        for entry in entries:
+            name = f"{rel}/{entry.name}" if rel else entry.name
+            found.append((name, entry.path, entry.is_symlink()))
+            if depth < MAX_TREE_DEPTH and entry.is_dir(follow_symlinks=False):
+                stack.append((name, entry.path, depth + 1))
+    return found
 
 
 def diagnose(cache_dir: Path, target: CheckTarget, error: str) -> str | None:
@@ -168,7 +190,8 @@ def _diagnose(cache_dir: Path, target: CheckTarget, error: str) -> str | None:
     missing = missing_templates(cache_dir, target)
     if missing:
         return f"chat template(s) in the repo but not in the cache: {', '.join(missing)}"
-    broken = [p.name for p in snapshot.rglob("*") if p.is_symlink() and not p.exists()]
+    broken = [os.path.basename(path) for _, path, link in _snapshot_entries(snapshot)
+              if link and not os.path.exists(path)]
     if broken:
         return f"broken snapshot link(s): {', '.join(sorted(broken))} (hfcache verify --repair)"
     if "network access attempted" in error or "couldn't connect" in error.lower() or "offline" in error.lower():

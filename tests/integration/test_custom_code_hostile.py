@@ -107,7 +107,7 @@ def _offline(cache: Path, repo_id: str, **env: str):
 
 
 def _check(cache: Path, *specs: str, **env: str) -> tuple[int, dict[str, dict]]:
-    proc = run_hfcache(["check", "--cache-dir", str(cache), "--json", *specs],
+    proc = run_hfcache(["check", "--cache-dir", str(cache), "--json", "--trust-remote-code", "*", *specs],
                        env=clean_env(HF_HOME=str(cache.parent / "home"), **env), timeout=300)
     assert proc.stdout.strip(), proc.stderr
     return proc.returncode, {r["repo_id"]: r for r in json.loads(proc.stdout)["tokenizers"]}

@@ -137,7 +137,7 @@ print(json.dumps({"equal": bool(np.array_equal(offline, local)), "shape": list(o
 @pytest.mark.slow
 def test_check_passes_on_every_model_repo_custom_code_included(model_cache):
     cache, _ = model_cache
-    proc = run_hfcache(["check", "--cache-dir", str(cache), "--json"])
+    proc = run_hfcache(["check", "--cache-dir", str(cache), "--json", "--trust-remote-code", "*"])
     assert proc.returncode == 0, proc.stdout + proc.stderr
     rows = {r["repo_id"]: r for r in json.loads(proc.stdout)["tokenizers"]}
     assert set(rows) == set(EXPECTED_MODEL_FILES)
@@ -167,7 +167,7 @@ def test_custom_code_tokenizer_warm_fetches_its_code_and_loads_offline(model_hub
     result = json.loads(loaded.stdout.strip().splitlines()[-1])
     assert result == {"class": "AcmeTokenizer", "marker": "acme-v1", "ids": [2, 5, 6, 3]}
 
-    checked = run_hfcache(["check", "--cache-dir", str(cache), "--json"])
+    checked = run_hfcache(["check", "--cache-dir", str(cache), "--json", "--trust-remote-code", "*"])
     assert checked.returncode == 0, checked.stdout + checked.stderr
     (row,) = json.loads(checked.stdout)["tokenizers"]
     assert row["ok"] and row["class"] == "AcmeTokenizer" and row["trust_remote_code"] is True
@@ -179,7 +179,7 @@ def test_check_blames_custom_code_not_a_package(model_hub, tmp_path):
     cache = tmp_path / "hub"
     assert run_hfcache(["warm", ACME, "--cache-dir", str(cache), "--endpoint", model_hub.endpoint]).returncode == 0
     (snapshot(cache, ACME) / "acme_text.py").unlink()  # the relative import of tokenization_acme.py
-    proc = run_hfcache(["check", "--cache-dir", str(cache), "--json"])
+    proc = run_hfcache(["check", "--cache-dir", str(cache), "--json", "--trust-remote-code", "*"])
     assert proc.returncode == 1
     (row,) = json.loads(proc.stdout)["tokenizers"]
     assert row["cause"].startswith("custom code: auto_map needs acme_text.py, which is not in the cache"), row
@@ -194,7 +194,7 @@ def test_commit_pinned_revision_is_checked_and_verified(model_hub, tmp_path):
     assert proc.returncode == 0, proc.stderr
     assert not (cache / f"models--{ACME.replace('/', '--')}" / "refs").exists()  # no ref for a commit
     for args in ([], [ACME], [f"{ACME}@{commit}"]):
-        checked = run_hfcache(["check", "--cache-dir", str(cache), "--json", *args])
+        checked = run_hfcache(["check", "--cache-dir", str(cache), "--json", "--trust-remote-code", "*", *args])
         assert checked.returncode == 0, (args, checked.stdout, checked.stderr)
         (row,) = json.loads(checked.stdout)["tokenizers"]
         assert row["revision"] == commit and row["ok"] and row["class"] == "AcmeTokenizer"
@@ -208,7 +208,7 @@ def test_commit_pinned_revision_is_checked_and_verified(model_hub, tmp_path):
     assert missing.returncode == 1
     kinds = {(p["repo_id"], p["kind"]) for p in json.loads(missing.stdout)["problems"]}
     assert kinds == {(ACME, "revision_missing"), (f"{ORG}/absent", "revision_missing")}
-    unchecked = run_hfcache(["check", f"{ACME}@{other}", "--cache-dir", str(cache), "--json"])
+    unchecked = run_hfcache(["check", f"{ACME}@{other}", "--cache-dir", str(cache), "--json", "--trust-remote-code", "*"])
     assert unchecked.returncode == 1
     assert "no snapshot of commit" in json.loads(unchecked.stdout)["tokenizers"][0]["cause"]
 
