@@ -36,7 +36,9 @@ def _registry_options(fn):
                      "credentials of REGISTRY_AUTH_FILE, containers auth.json or ~/.docker/config.json]."),
         click.option("--password-stdin", is_flag=True, help="Read the registry password from stdin (one line)."),
         click.option("--timeout", metavar="SECONDS", default="60", show_default=True, callback=_parsed("parse_timeout"),
-                     help="Seconds to wait for a connection or for any byte of an answer."),
+                     help="Seconds to wait for a connection or for any byte of an answer. Each metadata answer "
+                          "(manifest, config, token) must also end within HFCACHE_METADATA_DEADLINE seconds [120], and "
+                          "each blob keep HFCACHE_MIN_RATE [1KB/s] over HFCACHE_RATE_WINDOW seconds [60]."),
         click.option("--json", "as_json", is_flag=True, help="Print one JSON document on stdout; no progress."),
         click.option("--cache-dir", type=click.Path(file_okay=False),
                      help="Cache root [default: HF_HUB_CACHE, $HF_HOME/hub or ~/.cache/huggingface/hub]."),

@@ -42,8 +42,9 @@ from typing import BinaryIO
 from ..errors import CacheError, HubError, UsageError
 from ..move.export import Entry, ExportPlan, plan_export, write_tar
 from .credentials import Credentials, auth_files
-from .registry import (DIGEST, RegistryAuthError, TransferSink, check, connect, network_errors, parse_reference, upload,
-                       url)
+from .registry import (DIGEST, RegistryAuthError, TransferSink, check, connect, network_errors, parse_reference,
+                       registry_text, url)
+from .upload import upload
 from ..cache.scan import parse_folder_name
 
 __all__ = ["ANNOTATION_PREFIX", "CONFIG_TYPE", "DIGEST", "LAYER_GZIP", "MANIFEST_TYPE", "Credentials", "Layer",
@@ -241,7 +242,8 @@ def push(reference: str, cache_dir: Path, specs: Sequence[str] = (), lock_path: 
         split: ``repo`` (one layer per repo folder) or ``single``.
         plain_http: talk HTTP instead of HTTPS.
         credentials: username/password; None reads the auth files (:func:`auth_files`).
-        timeout: seconds to wait for a connection or any byte of an answer.
+        timeout: seconds to wait for a connection or any byte of an answer (metadata answers also end within
+            ``HFCACHE_METADATA_DEADLINE`` seconds; uploads keep ``HFCACHE_MIN_RATE``, see :mod:`hfcache.pace`).
         sink: receives upload progress.
         arch: the config's architecture (default: this machine's, :func:`architecture`); the content is portable,
             but the config, hence the digest, records it.
@@ -277,7 +279,8 @@ def push(reference: str, cache_dir: Path, specs: Sequence[str] = (), lock_path: 
     digest = _sha256(manifest_bytes)
     answered = response.headers.get("Docker-Content-Digest")
     if answered and answered != digest:
-        raise HubError(f"registry {container.registry} stored the manifest as {answered}, expected {digest}",
+        raise HubError(f"registry {container.registry} stored the manifest as {registry_text(answered, 100)}, "
+                       f"expected {digest}",
                        hint="the registry rewrote the manifest; pull by the digest it gave, or use another registry")
     return PushReport(reference=f"{container.registry}/{container.api_prefix}:{container.tag}", digest=digest,
                       layers=tuple(pushed), split=split, repos=tuple(_commits_of(plan)),

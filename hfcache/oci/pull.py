@@ -7,7 +7,12 @@ bytes than its size) -> gunzip -> sha256 (must equal the config's ``diff_id``) -
 stages under ``<cache>/.locks/``. The importer checks and publishes only after the last entry of the last layer,
 and a layer whose digest does not match raises at its end, before that: a tampered layer changes nothing in the
 target. Nothing goes to ``TMPDIR``; the disk needed is the uncompressed image, on the cache's filesystem, refused up
-front (and while streaming) when it exceeds the free space there or ``max_size``.
+front (and while streaming) when it exceeds the free space there or ``max_size``. The compressed bytes count too
+(declared sizes up front, received bytes while streaming): gzip members that inflate to nothing are bytes read.
+
+Manifests and configs are read under the metadata deadline, layers under the throughput floor
+(:mod:`hfcache.pace`, enforced in :mod:`hfcache.oci.registry`); registry text reaches messages only through
+:func:`hfcache.oci.registry.registry_text`.
 """
 
 from __future__ import annotations
@@ -26,8 +31,8 @@ from typing import BinaryIO
 from ..errors import CacheError, EndpointUnreachable, HubError, IntegrityError, UsageError
 from .image import ANNOTATION_PREFIX, DIGEST, LAYER_GZIP, MANIFEST_TYPE, Layer
 from .credentials import Credentials
-from .registry import (TransferSink, check, connect, network_errors, parse_reference, read_body, stream_errors,
-                       url)
+from .registry import (BlobBody, TransferSink, check, connect, network_errors, parse_reference, read_body,
+                       registry_text, stream_errors, url)
 
 INDEX_TYPE = "application/vnd.oci.image.index.v1+json"
 DOCKER_MANIFEST = "application/vnd.docker.distribution.manifest.v2+json"
@@ -60,25 +65,30 @@ class PullReport:
 
 
 class _Budget:
-    """The uncompressed bytes a pull may unpack: ``max_size`` (exit 2) and the free space on the cache's filesystem
-    when the pull started (exit 5); every layer's tar stream counts, and an entry is refused before it is staged."""
+    """The bytes a pull may unpack, and download: ``max_size`` (exit 2) and the free space on the cache's
+    filesystem when the pull started (exit 5). Every layer's tar stream counts (``used``), and an entry is refused
+    before it is staged; the compressed bytes count on their own (``wire``: a gzip layer is never smaller than its
+    tar, except for a stream of empty gzip members, which inflates to nothing and would otherwise be read forever)."""
 
     def __init__(self, max_size: int | None, free: int, where: Path) -> None:
-        self.max_size, self.free, self.where, self.used = max_size, free, where, 0
+        self.max_size, self.free, self.where, self.used, self.wire = max_size, free, where, 0, 0
 
-    def check(self, more: int, what: str) -> None:
-        total = self.used + more
+    def check(self, more: int, what: str, *, wire: bool = False) -> None:
+        total, verb = (self.wire + more, "downloads") if wire else (self.used + more, "unpacks to")
         if self.max_size is not None and total > self.max_size:
-            raise UsageError(f"refused {what}: the image unpacks to more than --max-size ({self.max_size} bytes); "
+            raise UsageError(f"refused {what}: the image {verb} more than --max-size ({self.max_size} bytes); "
                              "nothing was imported", hint="raise --max-size if you trust this image")
         if total > self.free:
-            raise CacheError(f"refused {what}: the image unpacks to more than the {self.free} bytes free on "
+            raise CacheError(f"refused {what}: the image {verb} more than the {self.free} bytes free on "
                              f"{self.where}'s filesystem; nothing was imported",
                              hint="free disk space or pull into another --cache-dir")
 
-    def take(self, n: int, what: str) -> None:
-        self.check(n, what)
-        self.used += n
+    def take(self, n: int, what: str, *, wire: bool = False) -> None:
+        self.check(n, what, wire=wire)
+        if wire:
+            self.wire += n
+        else:
+            self.used += n
 
 
 class _VerifiedStream(io.RawIOBase):
@@ -87,9 +97,9 @@ class _VerifiedStream(io.RawIOBase):
     (urllib3's, sockets') exit 3 as unreachable, ``corrupt`` ones (gzip's, zlib's) exit 3 as altered content."""
 
     def __init__(self, source, what: str, *, limit: int | None = None, sink: TransferSink | None = None,
-                 budget: _Budget | None = None, network: tuple = (), corrupt: tuple = ()) -> None:
+                 budget: _Budget | None = None, wire: bool = False, network: tuple = (), corrupt: tuple = ()) -> None:
         self._source, self._what, self._limit, self._sink, self._budget = source, what, limit, sink, budget
-        self._network, self._corrupt = network, corrupt
+        self._wire, self._network, self._corrupt = wire, network, corrupt
         self.sha256, self.size = hashlib.sha256(), 0
 
     def readable(self) -> bool:
@@ -111,7 +121,7 @@ class _VerifiedStream(io.RawIOBase):
             raise IntegrityError(f"refused layer {self._what}: larger than the {self._limit} bytes its manifest "
                                  "declares", hint=_ALTERED)
         if self._budget is not None:
-            self._budget.take(n, f"layer {self._what}")
+            self._budget.take(n, f"layer {self._what}", wire=self._wire)
         self.sha256.update(data)
         if self._sink is not None and n:
             self._sink.advance(n)
@@ -179,7 +189,7 @@ def _refuse_index(manifest: dict, media_type: str | None, reference: str) -> Non
         raise UsageError(f"{reference} is a multi-platform image index, not an image hfcache push wrote",
                          hint="pull one platform's manifest by digest: REGISTRY/NAME@sha256:...")
     if kind not in (MANIFEST_TYPE, DOCKER_MANIFEST, None):
-        raise UsageError(f"{reference} is not an image manifest ({str(kind)[:80]})",
+        raise UsageError(f"{reference} is not an image manifest ({registry_text(kind, 80)})",
                          hint="hfcache pull reads the single-platform images hfcache push writes")
 
 
@@ -196,7 +206,8 @@ def _layers_of(manifest: dict, config: dict, reference: str) -> list[tuple[dict,
                 or type(layer.get("size")) is not int or layer["size"] < 0 or not DIGEST.fullmatch(str(diff_id)):
             raise UsageError(f"{reference}: a layer descriptor is malformed (digest, size or diff_id)", hint=hint)
         if layer.get("mediaType") not in (LAYER_GZIP, DOCKER_LAYER_GZIP, LAYER_TAR):
-            raise UsageError(f"{reference}: layer {layer['digest']} has media type {str(layer.get('mediaType'))[:80]!r}",
+            raise UsageError(f"{reference}: layer {layer['digest']} has media type "
+                             f"{registry_text(repr(layer.get('mediaType')), 80)}",
                              hint="hfcache pull reads tar and tar+gzip layers (not zstd)")
         out.append((layer, diff_id))
     return out
@@ -216,10 +227,11 @@ def _layer_members(client, container, layer: dict, diff_id: str, sink: TransferS
         response = client.do_request(url(client, container, "blobs", digest), "GET", stream=True)
     with response:
         check(response, f"layer {digest}", 200)
-        repos = str((layer.get("annotations") or {}).get(f"{ANNOTATION_PREFIX}.repos", ""))
+        repos = _annotated_repos(layer)
         if sink is not None:
-            sink.begin(repos[:60] or digest[7:19], layer["size"])
-        compressed = _VerifiedStream(response.raw, digest, limit=layer["size"], sink=sink, network=stream_errors())
+            sink.begin(",".join(repos)[:60] or digest[7:19], layer["size"])
+        compressed = _VerifiedStream(BlobBody(response, container.registry, f"layer {digest}"), digest,
+                                     limit=layer["size"], sink=sink, budget=budget, wire=True, network=stream_errors())
         raw = io.BufferedReader(compressed, _CHUNK)
         unpacked = gzip.GzipFile(fileobj=raw, mode="rb") if layer["mediaType"] != LAYER_TAR else raw
         tar_stream = _VerifiedStream(unpacked, digest, budget=budget, corrupt=(OSError, EOFError, zlib.error))
@@ -235,7 +247,17 @@ def _layer_members(client, container, layer: dict, diff_id: str, sink: TransferS
         except (tarfile.TarError, EOFError) as exc:
             raise IntegrityError(f"refused layer {digest}: not a readable tar ({exc})", hint=_ALTERED) from None
     _verify_layer(layer, diff_id, compressed, tar_stream)
-    received.append(Layer(digest, layer["size"], diff_id, tuple(r for r in repos.split(",") if r), compressed.size))
+    received.append(Layer(digest, layer["size"], diff_id, repos, compressed.size))
+
+
+def _annotated_repos(layer: dict) -> tuple[str, ...]:
+    """The repo folders a layer's ``io.hfcache.repos`` annotation names (the registry's text: shown in progress and
+    output, so only names that are repo folders of the cache layout are kept)."""
+    from ..cache.scan import parse_folder_name
+
+    annotations = layer.get("annotations") if isinstance(layer.get("annotations"), dict) else {}
+    names = str(annotations.get(f"{ANNOTATION_PREFIX}.repos", "")).split(",")
+    return tuple(name for name in names[:1000] if name and name.isprintable() and parse_folder_name(name))
 
 
 def _verify_layer(layer: dict, diff_id: str, compressed: _VerifiedStream, tar_stream: _VerifiedStream) -> None:
@@ -269,7 +291,9 @@ def pull(reference: str, cache_dir: Path, plain_http: bool = False, credentials:
         reference: ``REGISTRY/NAME[:TAG][@sha256:...]``.
         cache_dir: the target cache (created if missing; removed again if the pull fails).
         plain_http (bool): HTTP instead of HTTPS; credentials: None reads the auth files when the registry asks;
-        timeout (float): seconds to wait for a connection or any byte of an answer; sink: download progress.
+        timeout (float): seconds to wait for a connection or any byte of an answer (each metadata answer must also end
+            within ``HFCACHE_METADATA_DEADLINE`` seconds, each layer keep ``HFCACHE_MIN_RATE``);
+        sink: download progress.
         move_refs: a ref the target has at another commit moves to the image's (else that refuses the pull).
         max_size: refuse an image whose layers unpack to more bytes than this (None: no bound but free space).
         lock_timeout, on_lock_wait: as for :func:`hfcache.move.importer.import_cache` (the bounded wait for repo locks).
@@ -280,10 +304,12 @@ def pull(reference: str, cache_dir: Path, plain_http: bool = False, credentials:
     Raises:
         IntegrityError: a manifest, config or layer does not match its digest or size (or a layer its diff_id);
             the message names the digest; nothing is written to the target.
-        UsageError: not an image hfcache can read (an index, no such tag), larger than ``max_size``, or content
+        UsageError: not an image hfcache can read (an index, no such tag), larger than ``max_size`` (compressed or
+            unpacked), or content
             ``hfcache import`` refuses (nothing is written).
         CheckFailed: the target holds an entry with other content, or a ref elsewhere (see ``import_members``).
-        RegistryAuthError, EndpointUnreachable, HubError: the registry refused or could not be reached.
+        RegistryAuthError, EndpointUnreachable, HubError: the registry refused or could not be reached, missed the
+            metadata deadline or the body floor, or redirected to a host that asks for credentials (never answered).
         CacheError: the target cannot be written, or the image does not fit in its free space.
         LockTimeout: a repo's lock stayed held for ``lock_timeout`` seconds (exit 5); nothing is written then.
     """
@@ -305,6 +331,7 @@ def pull(reference: str, cache_dir: Path, plain_http: bool = False, credentials:
         layers = _layers_of(manifest, config, reference)
         free, where = _free_space(Path(cache_dir))
         budget = _Budget(max_size, free, where)
+        budget.check(sum(layer["size"] for layer, _ in layers), f"image {reference}", wire=True)
         received: list[Layer] = []
 
         def members() -> Iterator:

@@ -1,4 +1,5 @@
-"""Registry access for ``hfcache push``/``pull``: references, requests (on oras-py's session), uploads.
+"""Registry access for ``hfcache push``/``pull``: references, requests (on oras-py's session); the upload is
+:mod:`hfcache.oci.upload`, origins, inert text and the deadline timer :mod:`hfcache.oci.peer`.
 
 The distribution API (distribution-spec v1.1) goes through ``oras`` (oras-py, the ORAS project's Python SDK): its
 reference parsing, its requests session, its challenge parsing. Library gaps worked around here (checked in oras
@@ -14,20 +15,31 @@ reference parsing, its requests session, its challenge parsing. Library gaps wor
   (:mod:`hfcache.oci.credentials`), and only when the registry asks for credentials (a 401 challenge).
 - ``Container`` accepts names the distribution spec does not (upper case: the registry answers 404) and takes
   ``localhost/NAME`` for a Docker Hub name: :func:`parse_reference` validates with the spec's grammar.
+- requests follows redirects itself and answers nothing about where a 401 came from: redirects are followed here
+  (:meth:`_RegistryMethods._follow`), so credentials and tokens go to the registry's own origin (scheme, host, port
+  as the user named it) only, and a 401 from any other origin is refused naming both.
+- a socket timeout bounds each byte only, and http.client reads a status line and headers (urllib3 a gzip body) in
+  loops of such reads: every metadata answer is read under a :class:`hfcache.pace.Deadline` that a timer enforces
+  by shutting the connection's socket down (:class:`hfcache.oci.peer.Watchdog`), and blob bodies under a throughput
+  floor.
+
+Text a registry sends (error codes and messages, header values, redirect targets) reaches a terminal only through
+:func:`registry_text`.
 """
 
 from __future__ import annotations
 
 import contextlib
-import io
-import json
 import re
+import urllib.parse
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Protocol
 
+from ..bounds import loads_json
 from ..errors import EndpointUnreachable, HubError, UsageError
+from ..pace import Deadline, Throughput, TooSlow, metadata_deadline, min_rate
 from .credentials import Credentials, file_credentials
+from .peer import SLOW_HINT, Watchdog, local, netloc, origin, registry_text, watch
 
 DIGEST = re.compile(r"sha256:[0-9a-f]{64}")
 #: distribution-spec v1.1 "Pulling manifests": the repository name and tag grammars.
@@ -38,8 +50,9 @@ _HOST = re.compile(r"(?:[A-Za-z0-9](?:[A-Za-z0-9-]*[A-Za-z0-9])?(?:\.[A-Za-z0-9]
 _EXAMPLE = "e.g. registry.example.com/hf/cache:v1 (lowercase name, tag after ':')"
 _MAX_ANSWER = 1024 * 1024  # an error document, an upload's answer: never more
 _CHUNK = 1024 * 1024
-
-
+_REDIRECTS = (301, 302, 303, 307, 308)
+_MAX_HOPS = 10
+_BODY_HEADERS = ("content-length", "content-type", "content-encoding")  # dropped when a redirect drops the body
 class TransferSink(Protocol):
     """Receives transfer progress (the CLI draws it; the core never prints)."""
 
@@ -107,11 +120,52 @@ def parse_reference(reference: str):
 # --- requests ------------------------------------------------------------------------------------------------------
 
 
+def _watched_pools() -> dict:
+    """urllib3 connection pools whose connections register their socket with this thread's
+    :class:`hfcache.oci.peer.Watchdog`."""
+    from urllib3.connection import HTTPConnection, HTTPSConnection
+    from urllib3.connectionpool import HTTPConnectionPool, HTTPSConnectionPool
+
+    def watched(base):
+        class _Watched(base):
+            def _new_conn(self):  # noqa: ANN202 - urllib3's signature
+                sock = super()._new_conn()
+                watch(sock, awaiting=False)
+                return sock
+
+            def getresponse(self):  # noqa: ANN202 - urllib3's signature
+                watch(self.sock, awaiting=True)
+                return super().getresponse()
+        return _Watched
+
+    class _Pool(HTTPConnectionPool):
+        ConnectionCls = watched(HTTPConnection)
+
+    class _TLSPool(HTTPSConnectionPool):
+        ConnectionCls = watched(HTTPSConnection)
+
+    return {"http": _Pool, "https": _TLSPool}
+
+
 def _timeout_adapter(timeout: float):
-    """A requests adapter that gives every request without a timeout this one (oras's token requests send none)."""
+    """A requests adapter that gives every request without a timeout this one (oras's token requests send none)
+    and whose connections the :class:`hfcache.oci.peer.Watchdog` of a request can shut down (also through an HTTP(S)
+    proxy; a SOCKS proxy keeps urllib3's own pools, and its answers are bounded per byte and in the body only)."""
     from requests.adapters import HTTPAdapter
 
+    pools = _watched_pools()
+
     class _TimeoutAdapter(HTTPAdapter):
+        def init_poolmanager(self, *args, **kwargs) -> None:  # noqa: ANN002, ANN003 - requests' signature
+            super().init_poolmanager(*args, **kwargs)
+            self.poolmanager.pool_classes_by_scheme = pools
+
+        def proxy_manager_for(self, proxy, **kwargs):  # noqa: ANN001, ANN003, ANN201 - requests' signature
+            manager = super().proxy_manager_for(proxy, **kwargs)
+            if type(manager).__name__ == "ProxyManager":
+                manager.pool_classes_by_scheme = pools
+            return manager
+
         def send(self, request, timeout=None, **kwargs):  # noqa: ANN001 - requests' signature
             return super().send(request, timeout=timeout if timeout is not None else _timeout, **kwargs)
 
@@ -137,25 +191,31 @@ class _RegistryMethods:
             self.auth.set_basic_auth(credentials.username, credentials.password)
 
     def do_request(self, url, method="GET", data=None, headers=None, json=None, stream=False):
-        headers = dict(headers or {})
-        response = self._send(method, url, data, headers, json, stream)
-        if response.status_code != 401:
-            return response
-        response.close()
-        self._authorization = self._answer(response.headers.get("Www-Authenticate", ""))
-        if hasattr(data, "seek"):
-            data.seek(0)
-        response = self._send(method, url, data, headers, json, stream)
+        """One request to the registry, redirects followed (at most 10), a 401 from the registry answered once.
+
+        Credentials and tokens go only to the registry's origin; a 401 from another origin (a redirect target) is
+        refused. Every hop's headers, and the body unless ``stream``, are read under the metadata deadline; with
+        ``stream`` the caller reads the body (:func:`read_body`, or :class:`BlobBody` under the throughput floor).
+
+        Raises:
+            RegistryAuthError: refused credentials, none to give, or a 401 from another origin (naming both).
+            EndpointUnreachable: the deadline passed; HubError: more than 10 redirects, a non-HTTP redirect.
+        """
+        response = self._follow(method, url, data, headers, json)
+        if response.status_code == 401 and self._own(response.url):
+            response.close()
+            self._authorization = self._answer(response.headers.get("Www-Authenticate", ""))
+            response = self._follow(method, url, data, headers, json)
+            if response.status_code == 401 and self._own(response.url):
+                response.close()
+                raise self._auth_error()
         if response.status_code == 401:
             response.close()
-            raise self._auth_error()
-        return response
-
-    def _send(self, method, url, data, headers, json, stream):
-        if self._authorization:
-            headers["Authorization"] = self._authorization
-        response = self.session.request(method, url, data=data, json=json, headers=headers, stream=True,
-                                        verify=self._tls_verify, timeout=self._timeout, allow_redirects=True)
+            raise RegistryAuthError(
+                f"registry {self.registry_name}: {method} {registry_text(urllib.parse.urlsplit(url).path, 120)} was "
+                f"redirected to {netloc(response.url)}, which asks for credentials (HTTP 401); not answered",
+                hint=f"hfcache sends the credentials and tokens for {self.registry_name} to {self.registry_name} "
+                     "only; the registry must redirect to a location that needs none")
         if not stream:  # library gap: requests reads a whole body into memory; an answer here is small
             body = read_body(response, _MAX_ANSWER + 1, self.registry_name)
             if len(body) > _MAX_ANSWER:
@@ -163,6 +223,73 @@ class _RegistryMethods:
                                hint="check the registry address; this is not a distribution registry")
             response._content, response._content_consumed = body, True
         return response
+
+    def _own(self, address: str) -> bool:
+        """Whether ``address`` is on the registry's origin (``docker.io``'s API host is registry-1.docker.io, as for
+        docker)."""
+        own = origin(f"{self.prefix}://{self.registry_name}/")
+        aliases = {own, ("https", "registry-1.docker.io", 443)} if own == ("https", "docker.io", 443) else {own}
+        return origin(address) in aliases
+
+    def _follow(self, method, address, data, headers, json_body, params=None, authorization=None, bound=None):
+        """Send, following redirects here (requests would carry the body and our choice of headers blindly):
+        ``authorization`` (default: the registry's) is set on hops to origin ``bound`` (default: the registry's)
+        only. The response carries the request's :class:`hfcache.oci.peer.Watchdog` (stopped when it is closed)."""
+        own = origin(f"{self.prefix}://{self.registry_name}/")
+        authorization, bound = (authorization, bound) if bound else (self._authorization, own)
+        path = registry_text(urllib.parse.urlsplit(address).path, 120)
+        dog = Watchdog(Deadline(metadata_deadline(), f"registry {self.registry_name}: {method} {path}"),
+                       uploading=hasattr(data, "read"))
+        try:
+            for _ in range(_MAX_HOPS + 1):
+                hop = dict(headers or {})
+                if authorization and (origin(address) == bound if bound != own else self._own(address)):
+                    hop["Authorization"] = authorization
+                if hasattr(data, "seek"):
+                    data.seek(0)
+                if dog.fired or (not dog.uploading and dog.deadline.remaining() <= 0):
+                    raise dog.error()
+                response = self._hop(method, address, data, hop, json_body, params, dog)
+                location = response.headers.get("Location")
+                if response.status_code not in _REDIRECTS or not location:
+                    break
+                response.close()
+                address, params = urllib.parse.urljoin(address, location), None
+                if not address.lower().startswith(("http://", "https://")):
+                    raise HubError(f"registry {self.registry_name}: a redirect to a non-HTTP address "
+                                   f"{registry_text(address, 100)}", hint="this is not a distribution registry")
+                if response.status_code == 303 or (response.status_code in (301, 302) and method == "POST"):
+                    method, data, json_body = ("HEAD" if method == "HEAD" else "GET"), None, None
+                    headers = {k: v for k, v in (headers or {}).items() if k.lower() not in _BODY_HEADERS}
+            else:
+                raise HubError(f"registry {self.registry_name}: more than {_MAX_HOPS} redirects for {path}",
+                               hint="check the registry address; it redirects in a loop")
+        except BaseException:
+            dog.stop()
+            raise
+        close = response.close
+
+        def closing() -> None:
+            dog.stop()
+            close()
+
+        response.close, response.hfcache_watchdog = closing, dog
+        return response
+
+    def _hop(self, method, address, data, headers, json_body, params, dog):
+        import requests
+
+        local.dog = dog
+        try:
+            return self.session.request(method, address, data=data, json=json_body, headers=headers, params=params,
+                                        stream=True, verify=self._tls_verify, timeout=self._timeout,
+                                        allow_redirects=False)
+        except requests.exceptions.RequestException:
+            if dog.fired:
+                raise dog.error() from None
+            raise
+        finally:
+            local.dog = None
 
     def _basic(self) -> str | None:
         if not self._explicit and getattr(self.auth, "_basic_auth", None) is None:
@@ -184,22 +311,30 @@ class _RegistryMethods:
 
     def _token(self, challenge, basic: str | None) -> str | None:
         """The distribution token flow (oras's ``request_token`` reads an unbounded answer): GET the realm with
-        the challenge's service and scope, with the Basic credentials when there are some."""
+        the challenge's service and scope, with the Basic credentials when there are some.
+
+        The challenge is the registry's own (:meth:`do_request` answers no other origin's), so its realm may be on
+        another host (Docker Hub's ``auth.docker.io``): the credentials go to that realm's origin and no further (not
+        where it redirects), never over plain HTTP from an HTTPS registry, and the token only to the registry.
+        """
         realm = str(challenge.realm or "")
         if not realm.startswith(("https://", "http://")):
             return None
+        if realm.startswith("http://") and self.prefix == "https" and basic:
+            raise RegistryAuthError(f"registry {self.registry_name}: its token realm {netloc(realm)} is plain "
+                                    "HTTP; the credentials were not sent",
+                                    hint="an HTTPS registry's token service must be HTTPS too")
         params = {key: value for key, value in (("service", challenge.service), ("scope", challenge.scope))
                   if value}
-        headers = {"Authorization": f"Basic {basic}"} if basic else {}
-        response = self.session.get(realm, params=params, headers=headers, stream=True, verify=self._tls_verify,
-                                    timeout=self._timeout)
+        response = self._follow("GET", realm, None, {}, None, params=params,
+                                authorization=f"Basic {basic}" if basic else None, bound=origin(realm))
         if response.status_code != 200:
             response.close()
             return None
         try:
-            answer = json.loads(read_body(response, _MAX_ANSWER, self.registry_name))
+            answer = loads_json(read_body(response, _MAX_ANSWER, self.registry_name), "token answer")
             token = answer.get("token") or answer.get("access_token")
-        except (ValueError, AttributeError, RecursionError):
+        except (ValueError, AttributeError):
             raise HubError(f"registry {self.registry_name}: its token endpoint gave no token",
                            hint="check the registry address; its auth service may be down") from None
         return str(token) if token else None
@@ -253,9 +388,11 @@ def network_errors(registry: str, plain_http: bool) -> Iterator[None]:
     except requests.exceptions.ConnectionError as exc:
         hint = "check the registry address" + ("" if plain_http else "; a registry without TLS needs --plain-http")
         raise EndpointUnreachable(f"registry {registry} unreachable ({_reason(exc)})", hint=hint) from None
-    except requests.exceptions.RequestException as exc:
-        raise HubError(f"registry {registry}: {type(exc).__name__}: {exc}",
+    except requests.exceptions.RequestException as exc:  # its text may hold a redirect's Location
+        raise HubError(f"registry {registry}: {type(exc).__name__}: {registry_text(exc)}",
                        hint="check the registry address and try again") from None
+    except TooSlow as exc:  # an upload below the floor (raised inside requests' send loop)
+        raise EndpointUnreachable(f"registry {registry}: {exc}", hint=SLOW_HINT) from None
 
 
 def stream_errors() -> tuple[type[BaseException], ...]:
@@ -267,18 +404,70 @@ def stream_errors() -> tuple[type[BaseException], ...]:
 
 
 def read_body(response, limit: int, registry: str) -> bytes:
-    """At most ``limit`` bytes of a streamed answer (decoded), then the answer is closed.
+    """At most ``limit`` bytes of a streamed metadata answer (decoded), read as they arrive under the request's
+    deadline (:class:`hfcache.oci.peer.Watchdog`, from :meth:`_RegistryMethods.do_request`), then the answer is closed.
+
+    Args:
+        response: a ``requests.Response`` with an unread body; limit (int): bytes; registry (str): for messages.
+
+    Returns:
+        bytes: at most ``limit`` decoded bytes.
 
     Raises:
-        EndpointUnreachable: the connection broke while reading.
+        EndpointUnreachable: the connection broke while reading, or the deadline passed (exit 3).
     """
+    dog = getattr(response, "hfcache_watchdog", None)
+    chunks, got = [], 0
     try:
-        return response.raw.read(limit, decode_content=True)
+        while got < limit:
+            data = response.raw.read1(min(_CHUNK, limit - got), decode_content=True)
+            if dog is not None:
+                dog.deadline.check()
+            if not data:
+                break
+            chunks.append(data[:limit - got])
+            got += len(chunks[-1])
+    except TooSlow:
+        raise dog.error() from None
     except stream_errors() as exc:
+        if dog is not None and dog.fired:
+            raise dog.error() from None
         raise EndpointUnreachable(f"registry {registry}: the answer broke off ({type(exc).__name__})",
                                   hint="check the registry and try again") from None
     finally:
         response.close()
+    if dog is not None and dog.fired:  # a socket shut down by the deadline can look like a clean end
+        raise dog.error()
+    return b"".join(chunks)
+
+
+class BlobBody:
+    """A blob's body as it arrives (urllib3 ``read1``: what one recv gave, so the checks run during a drip), under
+    the throughput floor (:func:`hfcache.pace.min_rate`) instead of the metadata deadline, which covered its headers.
+
+    Args:
+        response: the streamed ``requests.Response``; registry (str), what (str): for messages.
+    """
+
+    def __init__(self, response, registry: str, what: str) -> None:
+        dog = getattr(response, "hfcache_watchdog", None)
+        if dog is not None:
+            dog.stop()
+        rate, window = min_rate()
+        self._raw, self._floor = response.raw, Throughput(rate, window, f"registry {registry}: {what}")
+
+    def read(self, size: int) -> bytes:
+        """Up to ``size`` raw (undecoded) bytes; b"" at the end.
+
+        Raises:
+            EndpointUnreachable: the body fell below the floor (exit 3); the urllib3 errors of :func:`stream_errors`.
+        """
+        data = self._raw.read1(size, decode_content=False)
+        try:
+            self._floor.feed(len(data))
+        except TooSlow as exc:
+            raise EndpointUnreachable(str(exc), hint=SLOW_HINT) from None
+        return data
 
 
 def _reason(exc: Exception) -> str:
@@ -298,67 +487,13 @@ def check(response, what: str, *expected: int) -> None:
     if response.status_code in expected:
         return
     detail = ""
-    with contextlib.suppress(ValueError, AttributeError, TypeError, RecursionError, *stream_errors()):
-        body = response.content if response._content_consumed else response.raw.read(_MAX_ANSWER, decode_content=True)
-        errors = json.loads(body).get("errors") or []
-        detail = "; ".join(f"{e.get('code')}: {e.get('message')}" for e in errors if isinstance(e, dict))[:300]
+    with contextlib.suppress(ValueError, AttributeError, TypeError, HubError):
+        body = response.content if response._content_consumed else read_body(response, _MAX_ANSWER, what)
+        errors = loads_json(body, f"{what}: error document").get("errors") or []
+        detail = registry_text("; ".join(f"{registry_text(e.get('code'), 60)}: {registry_text(e.get('message'))}"
+                                         for e in errors[:10] if isinstance(e, dict)), 300)
     if response.status_code in (401, 403):
         raise RegistryAuthError(f"{what}: access denied (HTTP {response.status_code}) {detail}".rstrip(),
                                 hint="give --username and --password-stdin, or log in with podman/docker")
     raise HubError(f"{what}: HTTP {response.status_code} {detail}".rstrip(),
                    hint="check the reference and the registry; try again if it is a server error")
-
-
-class _ProgressFile(io.RawIOBase):
-    """A file read for an upload body, reporting progress (requests streams a file object with Content-Length)."""
-
-    def __init__(self, path: Path, sink: TransferSink | None) -> None:
-        self._f = open(path, "rb")  # noqa: SIM115 - closed in close()
-        self._sink = sink
-        self.sent = 0
-
-    def readable(self) -> bool:
-        return True
-
-    def read(self, size: int = -1) -> bytes:
-        data = self._f.read(_CHUNK if size is None or size < 0 else size)
-        self.sent += len(data)
-        if self._sink is not None and data:
-            self._sink.advance(len(data))
-        return data
-
-    def seek(self, offset: int, whence: int = 0) -> int:
-        self.sent = 0
-        return self._f.seek(offset, whence)
-
-    def close(self) -> None:
-        self._f.close()
-        super().close()
-
-
-def upload(client, container, digest: str, path: Path, size: int, sink: TransferSink | None, label: str) -> int:
-    """Upload one blob unless the registry has it (HEAD); return the bytes sent.
-
-    The monolithic upload of distribution-spec ("POST then PUT"): the body is streamed from the file.
-
-    Raises:
-        RegistryAuthError, HubError: the registry refused.
-    """
-    head = client.do_request(url(client, container, "blobs", digest), "HEAD")
-    if head.status_code == 200:
-        return 0
-    started = client.do_request(f"{client.prefix}://{container.upload_blob_url()}", "POST",
-                                headers={"Content-Length": "0"})
-    check(started, f"start upload to {container.registry}/{container.api_prefix}", 202)
-    location = client._get_location(started, container)  # oras: makes a relative Location absolute
-    if not location:
-        raise HubError(f"registry {container.registry}: no upload location in its answer",
-                       hint="the registry does not speak the distribution API's blob upload")
-    separator = "&" if "?" in location else "?"
-    if sink is not None:
-        sink.begin(label, size)
-    with _ProgressFile(path, sink) as body:
-        done = client.do_request(f"{location}{separator}digest={digest}", "PUT", data=body,
-                                 headers={"Content-Type": "application/octet-stream", "Content-Length": str(size)})
-        check(done, f"upload {digest}", 201, 204)
-        return body.sent

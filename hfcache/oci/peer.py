@@ -1,0 +1,111 @@
+"""What hfcache tells a registry and takes from it, below the HTTP client (:mod:`hfcache.oci.registry`): the
+origin credentials are bound to, text made inert before it reaches a terminal, and the timer that holds a request
+to its deadline.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+import threading
+import time
+import urllib.parse
+
+from ..errors import EndpointUnreachable
+from ..pace import Deadline
+
+SLOW_HINT = ("the registry answers too slowly; HFCACHE_METADATA_DEADLINE (seconds for a whole metadata answer) and "
+             "HFCACHE_MIN_RATE / HFCACHE_RATE_WINDOW (the body floor) change the bounds")
+local = threading.local()  # .dog: the Watchdog of the request this thread is sending
+
+
+def registry_text(value: object, limit: int = 200) -> str:
+    """``value`` as one inert line for a terminal or a JSON document: every character ``str.isprintable`` refuses
+    (C0/C1 controls such as ESC, CR, LF, DEL; U+0085, U+2028, U+2029; bidi and other format characters) is escaped
+    as ``\\xNN``/``\\uNNNN``, and the result is cut to ``limit`` characters (ending ``...``).
+
+    Args:
+        value: text from a registry (an error's code or message, a header value, a host).
+        limit (int): the most characters returned.
+
+    Returns:
+        str: printable characters only, at most ``limit`` long.
+    """
+    text = "".join(c if c.isprintable() else (f"\\x{ord(c):02x}" if ord(c) < 0x100 else f"\\u{ord(c):04x}")
+                   for c in str(value)[:limit * 2])
+    return text if len(text) <= limit else text[:max(0, limit - 3)] + "..."
+
+
+def origin(address: str) -> tuple[str, str, int]:
+    """``(scheme, lowercase host, port)`` of a URL (port defaulted by scheme): what credentials are bound to."""
+    parts = urllib.parse.urlsplit(address)
+    try:
+        port = parts.port
+    except ValueError:
+        port = None
+    scheme = parts.scheme.lower()
+    return scheme, (parts.hostname or "").lower(), port or {"http": 80, "https": 443}.get(scheme, 0)
+
+
+def netloc(address: str) -> str:
+    return registry_text(urllib.parse.urlsplit(address).netloc or address, 100)
+
+
+class Watchdog:
+    """Enforces one request's :class:`Deadline` from outside: when it passes, the sockets of the request are shut
+    down, so a read blocked in http.client's header loop or urllib3's gzip loop returns and the request fails.
+
+    Library gap (http.client, urllib3 2.x): the socket timeout applies to each recv, so a byte a second never trips
+    it. Sockets are registered (duplicated) by the connection class of :func:`hfcache.oci.registry._timeout_adapter`:
+    on connect for a request without a body to send, when the response is awaited for all (an upload's deadline
+    starts then). A socket registered after the deadline passed is shut down at once."""
+
+    def __init__(self, deadline: Deadline, uploading: bool) -> None:
+        self.deadline, self.uploading, self.fired = deadline, uploading, False
+        self._lock, self._socks, self._timer, self._stopped = threading.Lock(), [], None, False
+
+    def watch(self, sock, awaiting: bool) -> None:
+        """Register ``sock`` (``awaiting``: the request is sent, its answer awaited)."""
+        if sock is None or (self.uploading and not awaiting):
+            return
+        with self._lock:
+            if self._stopped:
+                return
+            if self.uploading and self._timer is None:
+                self.deadline.start = time.monotonic()
+            with contextlib.suppress(OSError):
+                self._socks.append(socket.fromfd(sock.fileno(), sock.family, sock.type))
+                if self.fired:
+                    self._socks[-1].shutdown(socket.SHUT_RDWR)
+            if self._timer is None:
+                self._timer = threading.Timer(self.deadline.remaining(), self._fire)
+                self._timer.daemon = True
+                self._timer.start()
+
+    def _fire(self) -> None:
+        with self._lock:
+            self.fired = not self._stopped
+            for sock in self._socks:
+                with contextlib.suppress(OSError):
+                    sock.shutdown(socket.SHUT_RDWR)
+
+    def stop(self) -> None:
+        """Cancel the timer and close the duplicated sockets (idempotent)."""
+        with self._lock:
+            self._stopped = True
+            if self._timer is not None:
+                self._timer.cancel()
+            for sock in self._socks:
+                sock.close()
+            self._socks = []
+
+    def error(self) -> EndpointUnreachable:
+        """The one-line error of a missed deadline."""
+        return EndpointUnreachable(f"{self.deadline.what}: no complete answer within {self.deadline.seconds:g} s",
+                                   hint=SLOW_HINT)
+
+
+def watch(sock, awaiting: bool) -> None:
+    dog = getattr(local, "dog", None)
+    if dog is not None:
+        dog.watch(sock, awaiting)
