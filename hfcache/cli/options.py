@@ -31,6 +31,19 @@ def lock_timeout_option(fn):
                         "then, naming the lock).")(fn)
 
 
+def trust_manifest_endpoint_option(fn):
+    """``--trust-manifest-endpoint``: send the Hub token to the manifest's ``endpoint`` (off: it is asked
+    anonymously; ``HFCACHE_TRUST_MANIFEST_ENDPOINT=1`` opts in too; docs/warm.md, "Tokens")."""
+    return click.option("--trust-manifest-endpoint", is_flag=True,
+                        help="Send the Hub token to the manifest's endpoint too (default: only to --endpoint, "
+                             "HF_ENDPOINT or the Hub; also HFCACHE_TRUST_MANIFEST_ENDPOINT=1).")(fn)
+
+
+def token_notice(message: str) -> None:
+    """One line on stderr for ``on_notice`` callbacks (a token withheld from an endpoint); never the token."""
+    click.echo(f"hfcache: note: {message}", err=True)
+
+
 def cache_dir_option(what: str = "Cache root"):
     """``--cache-dir DIR``, its help starting with ``what``."""
     return click.option("--cache-dir", type=click.Path(file_okay=False),
@@ -48,7 +61,8 @@ def common_hub_options(fn):
         click.option("--max-workers", type=click.IntRange(min=1), default=8, show_default=True,
                      help="Connections to the endpoint at once (repo resolutions, files, ranges of large files)."),
         click.option("--timeout", metavar="SECONDS", default="10", show_default=True, callback=parsed("parse_timeout"),
-                     help="Seconds to wait for a connection or for any byte of an answer."),
+                     help="Seconds to wait for a connection or for any byte of an answer (a whole metadata "
+                          "answer: HFCACHE_METADATA_DEADLINE; a body's least rate: HFCACHE_MIN_RATE)."),
         click.option("--retries", type=click.IntRange(min=0), default=5, show_default=True,
                      help="Retries of a 429, 502, 503, 504 or cut connection, per request or file (exponential "
                           "backoff with jitter; Retry-After honoured)."),

@@ -12,6 +12,8 @@ from .options import cache_dir_option as _cache_dir_option
 from .options import common_hub_options as _common_hub_options
 from .options import lock_timeout_option as _lock_timeout_option
 from .options import read_token as _read_token
+from .options import token_notice as _token_notice
+from .options import trust_manifest_endpoint_option as _trust_manifest_endpoint_option
 from ..errors import UsageError
 
 
@@ -29,11 +31,12 @@ from ..errors import UsageError
 @click.option("--locked", is_flag=True, help="With --lock: fail (exit 1) if the manifest and the lock disagree.")
 @click.option("--manifest", type=click.Path(dir_okay=False),
               help="With --lock: the manifest [default: hfcache.toml or pyproject.toml beside the lock].")
+@_trust_manifest_endpoint_option
 @_common_hub_options
 @_lock_timeout_option
 @click.option("-q", "--quiet", is_flag=True, help="No progress and no summary; errors only.")
-def warm(repos, cache_dir, kind, include, exclude, repo_type, lock_file, locked, manifest, endpoints, token,
-         token_file, max_workers, timeout, retries, lock_timeout, as_json, quiet) -> None:
+def warm(repos, cache_dir, kind, include, exclude, repo_type, lock_file, locked, manifest, trust_manifest_endpoint,
+         endpoints, token, token_file, max_workers, timeout, retries, lock_timeout, as_json, quiet) -> None:
     """Download tokenizers (or models) into a cache that transformers loads offline.
 
     Every file is hashed against what the endpoint publishes (or the lock pins) before it becomes visible; the
@@ -57,14 +60,17 @@ def warm(repos, cache_dir, kind, include, exclude, repo_type, lock_file, locked,
         from ..warming.install import warm_lock
         from ..warming.project import resolve_install
 
-        target = resolve_install(lock_file, manifest=manifest, locked=locked, cache_dir=cache_dir, endpoint=endpoints)
+        target = resolve_install(lock_file, manifest=manifest, locked=locked, cache_dir=cache_dir, endpoint=endpoints,
+                                 trust_manifest_endpoint=trust_manifest_endpoint)
         with render.WarmProgress(len(target.lock.repos), enabled=not (as_json or quiet)) as progress:
             report = warm_lock(target.lock, cache_dir=target.cache_dir, endpoint=target.endpoint, token=resolved_token,
                                max_workers=max_workers, timeout=timeout, progress=progress, retries=retries,
-                               lock_timeout=lock_timeout, on_lock_wait=None if quiet else lock_wait_notice)
+                               lock_timeout=lock_timeout, on_lock_wait=None if quiet else lock_wait_notice,
+                               withheld=target.withheld, on_notice=_token_notice)
     else:
-        if locked or manifest:
-            raise UsageError("--locked and --manifest go with --lock", hint="add --lock hfcache.lock")
+        if locked or manifest or trust_manifest_endpoint:
+            raise UsageError("--locked, --manifest and --trust-manifest-endpoint go with --lock",
+                             hint="add --lock hfcache.lock")
         if not repos:
             raise UsageError("nothing to warm", hint="give REPO_ID arguments or --lock FILE")
         from ..records import WarmRequest
@@ -96,9 +102,10 @@ def warm(repos, cache_dir, kind, include, exclude, repo_type, lock_file, locked,
               help="Re-resolve the REPO_IDs given (all entries when none) even if their entry did not change.")
 @click.option("--check", is_flag=True, help="Only check that the lock matches the manifest (no network); exit 1 "
               "when it does not.")
+@_trust_manifest_endpoint_option
 @_common_hub_options
-def lock(upgrade_ids, manifest, output_file, upgrade, check, endpoints, token, token_file, max_workers, timeout,
-         retries, as_json) -> None:
+def lock(upgrade_ids, manifest, output_file, upgrade, check, trust_manifest_endpoint, endpoints, token, token_file,
+         max_workers, timeout, retries, as_json) -> None:
     """Resolve the manifest to exact commits and write hfcache.lock (sizes and hashes of every file).
 
     An existing lock keeps its commits for entries that did not change, unless --upgrade names them.
@@ -131,7 +138,8 @@ def lock(upgrade_ids, manifest, output_file, upgrade, check, endpoints, token, t
     with spinner if not as_json else contextlib.nullcontext():
         run = lock_project(manifest, lock_path=output_file, upgrade=upgrade, upgrade_ids=upgrade_ids,
                            endpoint=endpoints, token=resolved_token, timeout=timeout, max_workers=max_workers,
-                           retries=retries)
+                           retries=retries, trust_manifest_endpoint=trust_manifest_endpoint,
+                           on_notice=_token_notice)
     render.show_pin_result(run.result, run.lock_path, run.written, as_json=as_json)
     if run.result.failures:
         sys.exit(run.result.failures[0].exit_code)

@@ -89,6 +89,21 @@ def answered_identity(endpoint: str, repo_id: str, info: RepoInfo) -> tuple[str,
     return canonical_id, commit
 
 
+def check_asked_commit(endpoint: str, repo_id: str, revision: str, commit: str) -> None:
+    """A revision that is a full commit (40 lowercase hex) must be answered as itself.
+
+    Args:
+        endpoint (str): names the endpoint (or ``"the lock"``) in the error.
+        repo_id (str): the requested id. revision (str): the requested revision. commit (str): the answered one.
+
+    Raises:
+        HubError: ``revision`` is 40 hex and ``commit`` is another sha (exit 3, naming the endpoint and both).
+    """
+    if COMMIT_RE.fullmatch(revision) and commit != revision:
+        raise HubError(f"{repo_id}: asked for commit {revision}, {endpoint} answered commit {commit!r}",
+                       hint="the endpoint is broken or hostile: a full commit sha must be answered as itself")
+
+
 def check_listing(endpoint: str, repo: RepoRevision, info: RepoInfo) -> None:
     """Refuse a resolved repo without any file listing, or whose listing names a path as a file and as a folder.
 

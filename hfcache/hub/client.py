@@ -20,13 +20,14 @@ that gives no hash or size for a file is an error naming the file: hash checks s
 Requests use huggingface_hub's shared HTTP client (``get_session``, with its request hooks and offline-mode guard)
 and its error mapping (``hf_raise_for_status``); transient failures are retried per :mod:`hfcache.hub.retry`. File
 bodies are opened here (:meth:`HubClient.open_body`, with ``Range``) and written by :mod:`hfcache.hub.transfer`.
+Every metadata answer is read under a deadline and every body under a throughput floor (:mod:`hfcache.pace`,
+checked per raw chunk by :mod:`hfcache.hub.bodies`); a full commit asked for must be answered as itself.
 Library gap: ``http_get`` (``file_download.py``) takes its timeout from a module constant read at import time,
 retries with uninterruptible sleeps, and never hashes what it wrote.
 """
 
 from __future__ import annotations
 
-import json
 import os
 import threading
 from collections.abc import Iterable, Iterator
@@ -47,10 +48,13 @@ from huggingface_hub.utils import build_hf_headers, get_session, hf_raise_for_st
 
 from .. import pools
 from .._version import __version__
+from ..bounds import TooDeep, loads_json
 from ..errors import (EndpointUnreachable, GatedRepo, HubError, IntegrityError, OfflineViolation, RepoNotFound,
                       RevisionNotFound)
-from .answers import (SHA256_RE, RepoInfo, answered_identity, check_listing, parse_repo_info, remote_file, safe_path,
-                      tree_entry)
+from ..pace import Deadline, Throughput, TooSlow, metadata_deadline, min_rate
+from .bodies import iter_body, keep_content, read_capped, slow_body
+from .answers import (SHA256_RE, RepoInfo, answered_identity, check_asked_commit, check_listing, parse_repo_info,
+                      remote_file, safe_path, tree_entry)
 from .files import Hasher, RemoteFile, RepoRevision
 from .retry import DEFAULT_RETRIES, RetryCounter, ShortBody
 from .retry import is_transient as _transient_without_client
@@ -60,6 +64,8 @@ DEFAULT_ENDPOINT = "https://huggingface.co"
 #: Largest repo info answer (or tree page) read, decoded (README "warm"): the Hub's answer for a repo of 100,000
 #: files is ~20 MB.
 MAX_METADATA_BYTES = 64 * 1024 * 1024
+#: Largest error body read (its message is what ``hf_raise_for_status`` shows); the rest is never read.
+MAX_ERROR_BYTES = 64 * 1024
 
 
 def _no_agent_registry_fetch() -> None:
@@ -89,12 +95,20 @@ class HubClient:
     Args:
         endpoint: base URL, e.g. ``https://huggingface.co`` (default: ``HF_ENDPOINT`` as huggingface_hub read it).
         token: a Hub token, or None for anonymous access. Never logged or stored by hfcache.
-        timeout: seconds to wait for a connection or for any byte of an answer.
+        timeout: seconds to wait for a connection or for any byte of an answer. A whole metadata answer (repo
+            info, a tree page, an error body) must also arrive within ``HFCACHE_METADATA_DEADLINE`` seconds, and a
+            file body keep ``HFCACHE_MIN_RATE`` over ``HFCACHE_RATE_WINDOW`` seconds (:mod:`hfcache.pace`).
         retries: retries of a transient failure per request or per file download (:mod:`hfcache.hub.retry`).
+        withheld_hint: set when a token exists but was withheld from this endpoint (a manifest's endpoint without
+            the opt-in): the hint of a 401/403/gated answer, naming the opt-in.
+
+    Raises:
+        UsageError: an invalid endpoint, or a malformed ``HFCACHE_METADATA_DEADLINE``/``HFCACHE_MIN_RATE``/
+            ``HFCACHE_RATE_WINDOW``.
     """
 
     def __init__(self, endpoint: str | None = None, token: str | None = None, timeout: float = 10.0,
-                 retries: int = DEFAULT_RETRIES) -> None:
+                 retries: int = DEFAULT_RETRIES, withheld_hint: str | None = None) -> None:
         _no_agent_registry_fetch()
         # HF_ENDPOINT is read now, not at import time as huggingface_hub's constants.ENDPOINT is
         # (docs/cache-layout.md, 'Traps the libraries leave').
@@ -103,6 +117,10 @@ class HubClient:
         self._token: str | bool = token or False
         self.timeout = timeout
         self.retries = retries
+        self.withheld_hint = withheld_hint
+        # Read now, so a malformed setting fails before any request (exit 2).
+        self.deadline = metadata_deadline()
+        self.rate, self.rate_window = min_rate()
 
     def __repr__(self) -> str:  # never show the token
         return f"HubClient(endpoint={self.endpoint!r})"
@@ -148,10 +166,11 @@ class HubClient:
             RepoNotFound, RevisionNotFound, GatedRepo, EndpointUnreachable, HubError (malformed answer).
         """
         counter = counter or self.counter()
-        with _mapped_errors(repo_id, revision, self.endpoint):
+        with self._mapped(repo_id, revision):
             info = counter.budget().call(lambda: self._repo_info(repo_id, revision, repo_type),
                                          f"{repo_id}@{revision}")
         canonical_id, commit = answered_identity(self.endpoint, repo_id, info)
+        check_asked_commit(self.endpoint, repo_id, revision, commit)
         paths = tuple(sorted(safe_path(repo_id, s.rfilename) for s in info.siblings or ()))
         repo = RepoRevision(repo_id=repo_id, canonical_id=canonical_id, repo_type=repo_type, revision=revision,
                             commit_hash=commit, files=(), paths=paths, metadata="head")
@@ -201,19 +220,22 @@ class HubClient:
 
     def _get_json(self, url: str, params: dict | None, what: str,
                   accepted: tuple[int, ...] = ()) -> tuple[httpx2.Response, object]:
-        """GET a JSON document with the body bounded to ``MAX_METADATA_BYTES`` decoded.
+        """GET a JSON document with the body bounded to ``MAX_METADATA_BYTES`` decoded, the whole answer within
+        the metadata deadline (checked at every raw chunk as it arrives, one byte included).
 
         Returns:
             (response, parsed JSON); the JSON is None when the status is one of ``accepted`` (not raised).
 
         Raises:
             HubError: too large or nested too deep; what ``hf_raise_for_status`` raises for other statuses;
-            ValueError: not JSON.
+            TooSlow: the deadline passed (mapped to EndpointUnreachable by the caller); ValueError: not JSON.
         """
+        deadline = self.metadata_deadline(what)
         headers = build_hf_headers(token=self._token, library_name="hfcache", library_version=__version__)
         with get_session().stream("GET", url, params=params, headers=headers, timeout=self.timeout) as r:
+            deadline.check()
             body = bytearray()
-            for chunk in r.iter_bytes():  # decoded (gzip, br, ...) as it arrives
+            for chunk in iter_body(r, lambda n: deadline.check()):
                 body += chunk
                 if len(body) > MAX_METADATA_BYTES:
                     raise HubError(f"{what}: the answer of {self.endpoint} is larger than "
@@ -221,12 +243,21 @@ class HubClient:
                                    hint="the endpoint is broken or hostile")
             if r.status_code in accepted:
                 return r, None
-            hf_raise_for_status(r)  # the body is consumed: its message comes from X-Error-Message
+            if r.is_error:
+                keep_content(r, bytes(body[:MAX_ERROR_BYTES]))
+            hf_raise_for_status(r)
         try:
-            return r, json.loads(body)
-        except RecursionError:
+            return r, loads_json(bytes(body), f"{what}: the answer of {self.endpoint}")
+        except TooDeep:
             raise HubError(f"{what}: the answer of {self.endpoint} is JSON nested too deep",
                            hint="the endpoint is broken or hostile") from None
+
+    def metadata_deadline(self, what: str) -> Deadline:
+        """A fresh :class:`hfcache.pace.Deadline` for one metadata answer of this endpoint (``what`` names it)."""
+        return Deadline(self.deadline, f"{what}: {self.endpoint}")
+
+    def _mapped(self, repo_id: str, revision: str, path: str | None = None) -> _mapped_errors:
+        return _mapped_errors(repo_id, revision, self.endpoint, path=path, withheld_hint=self.withheld_hint)
 
     def describe(self, repo: RepoRevision, paths: Iterable[str], counter: RetryCounter | None = None) -> RepoRevision:
         """``repo`` with ``paths`` described: one ``HEAD`` on ``resolve/<commit>/<path>`` per file not known yet.
@@ -261,7 +292,7 @@ class HubClient:
         from huggingface_hub import get_hf_file_metadata
 
         url = resolve_url(self.endpoint, repo.canonical_id, path, repo.repo_type, repo.commit_hash)
-        with _mapped_errors(repo.repo_id, repo.commit_hash, self.endpoint, path=path):
+        with self._mapped(repo.repo_id, repo.commit_hash, path=path):
             meta = counter.budget().call(lambda: get_hf_file_metadata(
                 url, token=self._token, timeout=self.timeout, library_name="hfcache", library_version=__version__,
                 endpoint=self.endpoint), f"{repo.repo_id}: HEAD {path}")
@@ -287,11 +318,11 @@ class HubClient:
         files: list[RemoteFile] = []
         what = f"{repo.repo_id}: tree listing"
         for _ in range(_MAX_TREE_PAGES):
-            with _mapped_errors(repo.repo_id, repo.commit_hash, self.endpoint):
+            with self._mapped(repo.repo_id, repo.commit_hash):
                 response, entries = counter.budget().call(lambda: self._get_json(url, params, what, _NO_TREE), what)
             if response.status_code in _NO_TREE:
                 return None
-            with _mapped_errors(repo.repo_id, repo.commit_hash, self.endpoint):
+            with self._mapped(repo.repo_id, repo.commit_hash):
                 if not isinstance(entries, list):
                     raise ValueError("the tree listing is not a JSON array")
                 files += [tree_entry(self.endpoint, repo.repo_id, e) for e in entries
@@ -312,10 +343,14 @@ class HubClient:
         """Open the GET of ``file``'s bytes ``[start, end)`` at the repo's commit (a ``Range`` unless the whole file).
 
         Yields the streaming response, status 200 (whole body: the server ignored ``Range``) or 206; the caller
-        checks which and reads it. Redirects are followed (the CDN); httpx drops ``Authorization`` across origins.
+        checks which and reads it (:func:`iter_body`, under a :meth:`throughput` floor). Redirects are followed (the
+        CDN); httpx drops ``Authorization`` across origins. An error answer's body is read at most
+        ``MAX_ERROR_BYTES`` and within the metadata deadline.
 
         Raises:
             HfHubHTTPError (via ``hf_raise_for_status``) and httpx2 errors, untranslated: the caller retries them.
+            TooSlow: an error body past the metadata deadline. HubError: the answer names another commit
+            (``X-Repo-Commit``) than the one asked for.
         """
         end = file.size if end is None else end
         url = resolve_url(self.endpoint, repo.canonical_id, file.path, repo.repo_type, repo.commit_hash)
@@ -326,12 +361,22 @@ class HubClient:
             headers["Range"] = f"bytes={start}-{end - 1}"
         with get_session().stream("GET", url, headers=headers, timeout=self.timeout,
                                   follow_redirects=True) as response:
+            if response.is_error:
+                deadline = self.metadata_deadline(f"{repo.repo_id}: {file.path}: error answer")
+                keep_content(response, read_capped(response, deadline, MAX_ERROR_BYTES))
             hf_raise_for_status(response)
+            answered = response.headers.get("X-Repo-Commit")
+            if answered is not None:
+                check_asked_commit(self.endpoint, repo.repo_id, repo.commit_hash, answered.strip())
             yield response
+
+    def throughput(self, what: str) -> Throughput:
+        """A fresh :class:`hfcache.pace.Throughput` floor for one body stream of this endpoint (``what`` names it)."""
+        return Throughput(self.rate, self.rate_window, f"{what}: {self.endpoint}")
 
     def mapped(self, repo: RepoRevision, path: str | None = None) -> _mapped_errors:
         """A context turning library errors of requests for ``repo`` into hfcache errors (one-line messages)."""
-        return _mapped_errors(repo.repo_id, repo.commit_hash, self.endpoint, path=path)
+        return self._mapped(repo.repo_id, repo.commit_hash, path=path)
 
     def download(self, repo: RepoRevision, file: RemoteFile, out: BinaryIO,
                  counter: RetryCounter | None = None) -> None:
@@ -349,8 +394,9 @@ class HubClient:
             out.truncate()
             hasher = Hasher(file)
             written = 0
+            floor = self.throughput(f"{repo.repo_id}: {file.path}")
             with self.open_body(repo, file) as response:
-                for chunk in response.iter_bytes():
+                for chunk in iter_body(response, lambda n: slow_body(floor, n)):
                     written += len(chunk)
                     if written > file.size:
                         raise IntegrityError(f"{repo.repo_id}: {file.path} is larger than the {file.size} bytes "
@@ -385,11 +431,13 @@ _MAX_TREE_PAGES = 10_000
 class _mapped_errors:
     """Context manager turning huggingface_hub / httpx2 errors into hfcache errors with one-line messages."""
 
-    def __init__(self, repo_id: str, revision: str, endpoint: str, path: str | None = None) -> None:
+    def __init__(self, repo_id: str, revision: str, endpoint: str, path: str | None = None,
+                 withheld_hint: str | None = None) -> None:
         self.what = f"{repo_id}@{revision}" + (f": {path}" if path else "")
         self.repo_id = repo_id
         self.revision = revision
         self.endpoint = endpoint
+        self.withheld_hint = withheld_hint
 
     def __enter__(self) -> None:
         return None
@@ -403,15 +451,20 @@ class _mapped_errors:
         raise translated from exc
 
     def _translate(self, exc: BaseException) -> BaseException:
+        if isinstance(exc, TooSlow):  # a deadline or throughput floor (hfcache.pace): the message names both
+            return EndpointUnreachable(_first_line(exc), hint="the endpoint is too slow: retry later, use another "
+                                       "--endpoint, or raise HFCACHE_METADATA_DEADLINE / lower HFCACHE_MIN_RATE")
         if isinstance(exc, GatedRepoError):
             return GatedRepo(f"{self.repo_id}: access is gated or forbidden at {self.endpoint}",
-                             hint="accept the repo's conditions on the Hub and pass a token with access (--token-file)")
+                             hint=self.withheld_hint or "accept the repo's conditions on the Hub and pass a token "
+                             "with access (--token-file)")
         if isinstance(exc, RevisionNotFoundError):
             return RevisionNotFound(f"{self.repo_id}: revision {self.revision!r} not found at {self.endpoint}",
                                     hint="check the branch, tag or commit name")
         if isinstance(exc, RepositoryNotFoundError):
             return RepoNotFound(f"{self.repo_id}: repo not found at {self.endpoint} (or private without access)",
-                                hint="check the repo id and --repo-type; for a private repo pass a token")
+                                hint=self.withheld_hint or "check the repo id and --repo-type; for a private repo "
+                                "pass a token")
         if isinstance(exc, OfflineModeIsEnabled):
             return OfflineViolation(f"{self.what}: HF_HUB_OFFLINE is set, so nothing can be downloaded",
                                     hint="unset HF_HUB_OFFLINE for hfcache warm (or use warm --lock on a warm cache)")
@@ -433,7 +486,7 @@ class _mapped_errors:
             status = exc.response.status_code if exc.response is not None else "?"
             if status in (401, 403):
                 return GatedRepo(f"{self.repo_id}: HTTP {status} from {self.endpoint}: not authorized",
-                                 hint="pass a token with access (--token-file or HF_TOKEN)")
+                                 hint=self.withheld_hint or "pass a token with access (--token-file or HF_TOKEN)")
             return HubError(f"{self.what}: HTTP {status} from {self.endpoint}", hint="retry later or check the endpoint")
         if isinstance(exc, (ValueError, KeyError, TypeError, RecursionError)):  # malformed JSON or fields
             return HubError(f"{self.what}: malformed answer from {self.endpoint} ({_first_line(exc)})",

@@ -1,6 +1,8 @@
 """Retries of transient Hub and CDN failures: exponential backoff with jitter, ``Retry-After`` honoured.
 
-Retried: HTTP 429, 502, 503, 504, and a connection cut mid-answer (reset, peer closed early). Never retried: other
+Retried: HTTP 429, 502, 503, 504, a connection cut mid-answer (reset, peer closed early) and a file body below the
+throughput floor (:class:`SlowBody`, ``HFCACHE_MIN_RATE``). Never retried: a metadata answer past its deadline
+(``HFCACHE_METADATA_DEADLINE``), other
 4xx and 5xx (a 404 or 500 will not change), timeouts (``--timeout`` already bounds the wait) and refused
 connections (the next endpoint is a better bet). Each request, or each file download with all its parts, gets its
 own budget of ``retries`` (``--retries``, default 5); every retry is counted for the report.
@@ -22,6 +24,7 @@ from email.utils import parsedate_to_datetime
 from typing import TypeVar
 
 from ..errors import HfcacheError, HubError
+from ..pace import TooSlow
 
 T = TypeVar("T")
 
@@ -53,11 +56,17 @@ def is_transient(exc: BaseException) -> bool:
     status = status_of(exc)
     if status is not None:
         return status in RETRY_STATUSES
-    return isinstance(exc, (ConnectionResetError, ShortBody))
+    return isinstance(exc, (ConnectionResetError, ShortBody, SlowBody))
 
 
 class ShortBody(Exception):
     """A body ended (cleanly) before the announced number of bytes: the connection was cut."""
+
+
+class SlowBody(TooSlow):
+    """A file body fell below the throughput floor (:class:`hfcache.pace.Throughput`): retried like a cut
+    connection (another connection may be faster), within the same budget, so ``--retries`` still bounds the whole.
+    A metadata answer past its deadline is a plain :class:`~hfcache.pace.TooSlow`, never retried."""
 
 
 def retry_after(exc: BaseException) -> float | None:

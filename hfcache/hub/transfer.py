@@ -12,6 +12,9 @@ One blob at a time, under its download lock (``.locks/<folder>/<etag>.lock``, th
   (the server ignores ``Range``) turns the download into one stream from byte 0.
 - **Hashing in order** as bytes land (read back in 1 MiB pieces: memory stays bounded), and the blob is published
   (renamed) only when size and hash match.
+- **Throughput floor**: every stream must average ``HFCACHE_MIN_RATE`` over ``HFCACHE_RATE_WINDOW`` seconds
+  (:mod:`hfcache.pace`), checked at every chunk off the wire; a slower one is cut and retried from where it stopped,
+  within the file's retry budget (``--retries``), then fails naming the endpoint (exit 3).
 - **Stop** (Ctrl-C, SIGTERM): every part stops at its next chunk, the file is cut to its contiguous prefix and kept
   for the next run; nothing is published.
 
@@ -27,12 +30,12 @@ import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from pathlib import Path
 
 from .. import pools
 from ..cache.layout import RepoFolder
 from ..cache.incomplete import IncompleteBlob
 from ..errors import HubError, IntegrityError
+from .bodies import iter_body, slow_body
 from .client import HubClient
 from .files import Hasher, RemoteFile, RepoRevision
 from .retry import Budget, Interrupted, RetryCounter, ShortBody
@@ -375,7 +378,10 @@ class _Job:
                                      f"{part.end - part.pos} published bytes (of {self.file.size})")
             if first:
                 self.probed.set()
-            for chunk in response.iter_bytes():
+            # A floor per stream, checked at every raw chunk (one byte too): a drip is cut within RATE_WINDOW
+            # seconds plus --timeout and retried (SlowBody) within the file's retry budget.
+            floor = self.client.throughput(self.what)
+            for chunk in iter_body(response, lambda n: slow_body(floor, n)):
                 if self.error is not None or self.stop.is_set():
                     return
                 if part.pos + len(chunk) > part.end:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from pathlib import Path
 
 from ..cache.root import resolve_cache_dir
@@ -43,6 +43,8 @@ def warm_lock(
     retries: int = 5,
     lock_timeout: float = DEFAULT_LOCK_TIMEOUT,
     on_lock_wait: Callable[[LockWait], None] | None = None,
+    withheld: Collection[str] = (),
+    on_notice: Callable[[str], None] | None = None,
 ) -> WarmReport:
     """Make ``cache_dir`` hold exactly what ``lock`` pins.
 
@@ -50,7 +52,8 @@ def warm_lock(
     every file is checked against the lock's hash: bytes that differ, or a commit the endpoint no longer has, fail
     that repo and nothing of it becomes visible.
 
-    Args: as :func:`hfcache.warming.orchestrate.warm`.
+    Args: as :func:`hfcache.warming.orchestrate.warm` (``withheld``: the manifest's endpoints that get no token,
+    :attr:`hfcache.warming.project.LockInstall.withheld`).
 
     Returns:
         WarmReport with one result per locked repo, in lock order.
@@ -76,7 +79,7 @@ def warm_lock(
 
         report = warm([r.request for r in todo], cache_dir=root, endpoint=endpoint, token=token,
                       max_workers=max_workers, timeout=timeout, progress=progress, pinned=todo, retries=retries,
-                      lock_timeout=lock_timeout, on_lock_wait=on_lock_wait)
+                      lock_timeout=lock_timeout, on_lock_wait=on_lock_wait, withheld=withheld, on_notice=on_notice)
         endpoints = report.endpoints
         fetched = iter(report.repos)
         results = [r if r is not None else next(fetched) for r in results]

@@ -253,6 +253,10 @@ def _locked_repo(entry: dict[str, Any], where: str) -> LockedRepo:
                          hint="the lock is corrupt or hostile; regenerate it")
     if not isinstance(commit, str) or not _COMMIT_RE.fullmatch(commit):
         raise UsageError(f"{where}: field 'commit_hash' must be 40 hex characters, got {commit!r}")
+    if _COMMIT_RE.fullmatch(request.revision) and request.revision != commit:
+        # A full commit pins itself: refs/<C> -> D would make an offline load of revision C fail.
+        raise UsageError(f"{where}: revision {request.revision} is a commit, but 'commit_hash' is {commit}",
+                         hint="the lock is corrupt or hostile; regenerate it")
     files = entry.get("files")
     if not isinstance(files, list) or not all(isinstance(f, dict) for f in files):
         raise UsageError(f"{where}: field 'files' must be an array of {{path, size, hash}} tables")

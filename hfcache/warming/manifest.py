@@ -22,6 +22,10 @@ else:  # pragma: no cover - Python 3.10
     import tomli as tomllib
 
 MANIFEST_NAME = "hfcache.toml"
+#: Set to 1 to send the Hub token to a manifest's ``endpoint`` (as ``--trust-manifest-endpoint`` does).
+TRUST_ENDPOINT_ENV = "HFCACHE_TRUST_MANIFEST_ENDPOINT"
+#: The endpoint the Hub token is for when neither ``--endpoint`` nor ``HF_ENDPOINT`` names one.
+HUB_ENDPOINT = "https://huggingface.co"
 _MANIFEST_KEYS = {"endpoint", "cache_dir", "repos"}
 ENTRY_KEYS = {"repo_id", "revision", "kind", "include", "exclude", "repo_type"}
 
@@ -146,9 +150,48 @@ def load_manifest(path: str | os.PathLike[str]) -> Manifest:
     return Manifest(
         path=path,
         endpoints=tuple(e.rstrip("/") for e in endpoint or ()),
-        cache_dir=(path.parent / os.path.expandvars(os.path.expanduser(cache_dir))) if cache_dir else None,
+        # ``~`` only, never environment variables: a manifest is the project's text, and ``${HF_TOKEN}`` in it
+        # would put the token in a folder name, the output and an image layer (docs/warm.md).
+        cache_dir=(path.parent / os.path.expanduser(cache_dir)) if cache_dir else None,
         repos=tuple(repos),
     )
+
+
+def trusts_manifest_endpoint(flag: bool = False, environ: dict[str, str] | None = None) -> bool:
+    """Whether the user opted in to sending the Hub token to a manifest's ``endpoint``: ``flag``
+    (``--trust-manifest-endpoint``) or ``HFCACHE_TRUST_MANIFEST_ENDPOINT=1`` (also ``true``/``yes``). A key in
+    the manifest never counts: the manifest is the text the opt-in is about."""
+    env = os.environ if environ is None else environ
+    return flag or env.get(TRUST_ENDPOINT_ENV, "").strip().lower() in ("1", "true", "yes")
+
+
+def withheld_endpoints(endpoints: tuple[str, ...] | list[str], trusted: bool,
+                       environ: dict[str, str] | None = None) -> tuple[str, ...]:
+    """The manifest endpoints among ``endpoints`` that must get no Hub token: without the opt-in (``trusted``),
+    every one whose origin (scheme, host, port) is neither ``HF_ENDPOINT``'s nor the public Hub's.
+
+    Args:
+        endpoints: the manifest's endpoints, as the clients will be made for them.
+        trusted: :func:`trusts_manifest_endpoint`.
+
+    Returns:
+        tuple[str, ...]: the endpoints (as given, without a trailing slash) to warm from anonymously.
+    """
+    from ..hub.urls import origin
+
+    if trusted:
+        return ()
+    env = os.environ if environ is None else environ
+    allowed = {origin(HUB_ENDPOINT)} | ({origin(env["HF_ENDPOINT"])} if env.get("HF_ENDPOINT") else set())
+    out = []
+    for endpoint in endpoints:
+        try:
+            if origin(endpoint) in allowed:
+                continue
+        except ValueError:  # not a URL at all: the client refuses it (exit 2), no token is ever sent
+            pass
+        out.append(endpoint.rstrip("/"))
+    return tuple(out)
 
 
 def _optional_str(data: dict[str, Any], key: str, where: str) -> str | None:

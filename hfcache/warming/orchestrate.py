@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from concurrent.futures import wait as wait_futures
 from pathlib import Path
@@ -68,6 +68,8 @@ def warm(
     retries: int = DEFAULT_RETRIES,
     lock_timeout: float = DEFAULT_LOCK_TIMEOUT,
     on_lock_wait: Callable[[LockWait], None] | None = None,
+    withheld: Collection[str] = (),
+    on_notice: Callable[[str], None] | None = None,
 ) -> WarmReport:
     """Warm every request into ``cache_dir``; a failed repo never stops the others.
 
@@ -90,6 +92,9 @@ def warm(
         lock_timeout: seconds to wait at most for a lock another process holds (a repo another warm or prune
             changes, a blob another process downloads); then that repo fails with exit 5 naming the lock.
         on_lock_wait: told (once per lock, after a few seconds) which lock a repo waits for and who holds it.
+        withheld: endpoints that get no token (a manifest's endpoint without the opt-in,
+            :func:`hfcache.warming.manifest.withheld_endpoints`); warmed from anonymously.
+        on_notice: told once, in one line, when a token exists and ``withheld`` keeps it from an endpoint.
 
     Returns:
         WarmReport with one RepoResult per request, in request order.
@@ -102,7 +107,7 @@ def warm(
     started = time.monotonic()
     root = resolve_cache_dir(cache_dir)
     ensure_cache_root(root)
-    clients = make_clients(endpoint, token, timeout, retries)
+    clients = make_clients(endpoint, token, timeout, retries, withheld=withheld, on_notice=on_notice)
     results = _run_jobs(requests, root, clients, max_workers=max_workers, sink=progress or NoProgress(),
                         pinned=pinned, lock_timeout=lock_timeout, on_lock_wait=on_lock_wait)
     return WarmReport(cache_dir=str(root), repos=results, seconds=time.monotonic() - started,
@@ -161,19 +166,45 @@ def _run_jobs(requests: Sequence[WarmRequest], root: Path, clients: list[HubClie
 
 
 def make_clients(endpoint: str | Sequence[str] | None, token: str | bool | None, timeout: float,
-                 retries: int = DEFAULT_RETRIES) -> list[HubClient]:
+                 retries: int = DEFAULT_RETRIES, *, withheld: Collection[str] = (),
+                 on_notice: Callable[[str], None] | None = None) -> list[HubClient]:
     """One HubClient per endpoint, in order of preference (an in-cluster mirror first, then the Hub).
 
     Args:
         endpoint: one URL, several, or None (``HF_ENDPOINT`` or the public Hub).
+        token: as :func:`warm`.
+        timeout: seconds per connection or byte.
         retries: retries of a transient failure per request (:mod:`hfcache.hub.retry`).
+        withheld: endpoints (without a trailing slash) whose client gets no token: a manifest's endpoint the user
+            did not opt in to (:func:`hfcache.warming.manifest.withheld_endpoints`).
+        on_notice: told once (one line, never the token) when a token exists and is withheld from an endpoint.
+
+    Returns:
+        list[HubClient]: in the order given.
 
     Raises:
-        UsageError: an endpoint is not an http(s) URL.
+        UsageError: an endpoint is not an http(s) URL, or a malformed HFCACHE_* deadline setting.
     """
     endpoints = [endpoint] if endpoint is None or isinstance(endpoint, str) else list(endpoint) or [None]
     resolved = resolve_token(token)
-    return [HubClient(endpoint=e, token=resolved, timeout=timeout, retries=retries) for e in endpoints]
+    skip = {e.rstrip("/") for e in withheld}
+    clients, anonymous = [], []
+    for e in endpoints:
+        kept = resolved if e is None or e.rstrip("/") not in skip else None
+        if resolved and kept is None:
+            anonymous.append(e.rstrip("/"))
+        clients.append(HubClient(endpoint=e, token=kept, timeout=timeout, retries=retries,
+                                 withheld_hint=_WITHHELD_HINT if resolved and kept is None else None))
+    if anonymous and on_notice is not None:
+        on_notice(f"the Hub token is not sent to the manifest's endpoint {', '.join(anonymous)}: warming from it "
+                  f"anonymously (pass --trust-manifest-endpoint or set {TRUST_ENDPOINT_ENV}=1 to send it)")
+    return clients
+
+
+#: manifest.TRUST_ENDPOINT_ENV, not imported: the manifest's module (and tomllib) is not needed to warm by name.
+TRUST_ENDPOINT_ENV = "HFCACHE_TRUST_MANIFEST_ENDPOINT"
+_WITHHELD_HINT = (f"the token was not sent to this endpoint, named by the manifest: pass --trust-manifest-endpoint "
+                  f"(or set {TRUST_ENDPOINT_ENV}=1) if you trust it")
 
 
 def resolve_revision(request: WarmRequest, clients: Sequence[HubClient]) -> RepoRevision:

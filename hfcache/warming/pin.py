@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import io
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -18,7 +18,7 @@ from .. import pools
 from ..errors import HfcacheError, HubError, IntegrityError
 from ..hub.client import HubClient
 from .lockfile import LockedFile, LockedRepo, Lockfile, filter_upgrade, lock_relative_name, write_lock
-from .manifest import Manifest
+from .manifest import Manifest, trusts_manifest_endpoint, withheld_endpoints
 from .project import open_project
 from ..records import WarmRequest
 from ..hub.retry import DEFAULT_RETRIES, RetryCounter
@@ -196,6 +196,8 @@ def lock_project(
     timeout: float = 10.0,
     max_workers: int = 8,
     retries: int = DEFAULT_RETRIES,
+    trust_manifest_endpoint: bool = False,
+    on_notice: Callable[[str], None] | None = None,
 ) -> LockRun:
     """Resolve a project's manifest and write its lock, keeping the commits of unchanged entries.
 
@@ -207,6 +209,9 @@ def lock_project(
         timeout: seconds per connection or read.
         max_workers: parallel resolutions.
         retries: retries of a transient failure per request or download (:mod:`hfcache.hub.retry`), >= 0.
+        trust_manifest_endpoint: send the token to the manifest's endpoints (``--trust-manifest-endpoint``, or
+            ``HFCACHE_TRUST_MANIFEST_ENDPOINT=1``); without it they are asked anonymously (docs/warm.md).
+        on_notice: told once (one line) when the token is withheld from a manifest's endpoint.
 
     Returns:
         LockRun; the lock is written atomically, and only when every entry resolved.
@@ -217,7 +222,10 @@ def lock_project(
     """
     found, path, existing = open_project(manifest, lock_path)
     upgrade_keys = filter_upgrade(found.repos, upgrade_ids) if upgrade else set()
-    clients = make_clients(list(endpoint) or list(found.endpoints) or None, token, timeout, retries)
+    trusted = trusts_manifest_endpoint(trust_manifest_endpoint)
+    withheld = () if endpoint else withheld_endpoints(found.endpoints, trusted)
+    clients = make_clients(list(endpoint) or list(found.endpoints) or None, token, timeout, retries,
+                           withheld=withheld, on_notice=on_notice)
     result = pin(found, clients, existing=existing, upgrade=upgrade_keys, max_workers=max_workers)
     written = False
     if not result.failures:

@@ -15,7 +15,7 @@ from pathlib import Path
 from ..cache.root import existing_cache_dir
 from ..errors import CheckFailed
 from .lockfile import Lockfile, default_lock_path, drift, lock_cache_dir, lock_manifest, read_lock
-from .manifest import Manifest, find_manifest, load_manifest
+from .manifest import Manifest, find_manifest, load_manifest, trusts_manifest_endpoint, withheld_endpoints
 
 __all__ = ["LockCheck", "LockInstall", "check_lock", "open_project", "reading_cache_dir", "resolve_install"]
 
@@ -30,12 +30,14 @@ class LockInstall:
         cache_dir (Path): absolute: the cache given, else the manifest's ``cache_dir``, else the environment's
             (:func:`hfcache.warming.lockfile.lock_cache_dir`; README "Which cache a --lock command uses").
         endpoint (list[str] | None): the endpoints given, else the manifest's, else None (``HF_ENDPOINT``/the Hub).
+        withheld (tuple[str, ...]): the manifest's endpoints that get no Hub token (no opt-in; docs/warm.md).
     """
 
     lock: Lockfile
     manifest: Manifest | None
     cache_dir: Path
     endpoint: list[str] | None
+    withheld: tuple[str, ...] = ()
 
 
 def resolve_install(
@@ -45,6 +47,7 @@ def resolve_install(
     locked: bool = False,
     cache_dir: str | os.PathLike[str] | None = None,
     endpoint: Sequence[str] = (),
+    trust_manifest_endpoint: bool = False,
 ) -> LockInstall:
     """Read a lock and the manifest beside it (``hfcache.toml`` or ``pyproject.toml`` with ``[tool.hfcache]`` in the
     lock's folder, or ``manifest``); with ``locked``, refuse a lock out of date with its manifest.
@@ -58,6 +61,8 @@ def resolve_install(
         locked: fail when the manifest and the lock disagree (``warm --locked``).
         cache_dir: the cache root; overrides the manifest's.
         endpoint: endpoints in order of preference; override the manifest's.
+        trust_manifest_endpoint: send the Hub token to the manifest's endpoints (``--trust-manifest-endpoint``;
+            ``HFCACHE_TRUST_MANIFEST_ENDPOINT=1`` counts too). Without it they are warmed from anonymously.
 
     Returns:
         LockInstall.
@@ -75,11 +80,15 @@ def resolve_install(
             raise CheckFailed(f"{lock_file} is out of date with {found.path}: {problems[0]}"
                               + (f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""),
                               hint="run `hfcache lock` and commit the new lock")
+    chosen = list(endpoint) or (list(found.endpoints) if found and found.endpoints else None)
+    from_manifest = bool(chosen) and not endpoint
     return LockInstall(
         lock=lock,
         manifest=found,
         cache_dir=lock_cache_dir(lock_file, cache_dir, manifest=found),
-        endpoint=list(endpoint) or (list(found.endpoints) if found and found.endpoints else None),
+        endpoint=chosen,
+        withheld=withheld_endpoints(chosen, trusts_manifest_endpoint(trust_manifest_endpoint)) if from_manifest
+        else (),
     )
 
 

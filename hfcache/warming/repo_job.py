@@ -23,6 +23,7 @@ from ..cache.layout import RepoFolder
 from ..cache.root import cache_error, find_blob_elsewhere
 from ..cache.locking import DEFAULT_LOCK_TIMEOUT, LockWait
 from ..errors import HfcacheError, HubError, IntegrityError, InternalError, UsageError
+from ..hub.answers import check_asked_commit
 from ..hub.client import HubClient
 from ..hub.files import RemoteFile, RepoRevision, hash_file
 from ..hub.retry import RetryCounter
@@ -120,6 +121,7 @@ class RepoJob:
         try:
             if self.pinned is not None:
                 repo = pinned_revision(self.pinned)
+                check_asked_commit("the lock", repo.repo_id, repo.revision, repo.commit_hash)
             else:
                 with self.slots.held(self.stop):
                     repo = client.resolve(self.request.repo_id, self.request.revision, self.request.repo_type,

@@ -191,9 +191,11 @@ def test_token_never_reaches_the_lock(hub_root, tmp_path):
     with HubServer(hub_root, token=secret) as server:
         write_manifest(tmp_path, server.endpoint, '[[repos]]\nrepo_id = "gpt2"\n')
         (tmp_path / "token").write_text(secret)
-        proc = hfcache(tmp_path, "lock", "--token-file", "token")
+        # The manifest names the endpoint: the token goes there only on the user's opt-in (docs/warm.md).
+        proc = hfcache(tmp_path, "lock", "--token-file", "token", "--trust-manifest-endpoint")
         assert proc.returncode == 0, proc.stderr
-        proc2 = hfcache(tmp_path, "warm", "--lock", "hfcache.lock", "--token-file", "token", "--json")
+        proc2 = hfcache(tmp_path, "warm", "--lock", "hfcache.lock", "--token-file", "token", "--json",
+                        "--trust-manifest-endpoint")
         assert proc2.returncode == 0, proc2.stderr
     assert secret not in (tmp_path / "hfcache.lock").read_text()
     assert secret not in proc.stdout + proc.stderr + proc2.stdout + proc2.stderr
