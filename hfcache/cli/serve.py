@@ -34,8 +34,11 @@ from ..errors import UsageError
               help="Prune least-recently-served revisions to keep the cache at most SIZE (50GB, 20GiB, ...).")
 @click.option("--revalidate", metavar="DURATION", callback=_parsed("parse_duration"),
               help="Ask upstream again for a branch or tag at most this often [default: 5m].")
+@click.option("--upstream-slots", type=click.IntRange(1, 256), default=None, metavar="N",
+              help="Upstream fetches (and requests waiting on them) at once; one more gets 503 + Retry-After, so a "
+                   "slow upstream never holds the threads of cached answers [default: 32].")
 def serve(cache_dir, repos_dir, host, port, token_file, access_log, upstreams, upstream_token_file, allow,
-          max_size, revalidate) -> None:
+          max_size, revalidate, upstream_slots) -> None:
     """Serve a cache as a Hub mirror (HF_ENDPOINT / --endpoint for every pod); with --upstream, pull through.
 
     It answers what the cache holds, at its commits and refs, including what its .no_exist markers know is
@@ -54,6 +57,7 @@ def serve(cache_dir, repos_dir, host, port, token_file, access_log, upstreams, u
     from .render import offline as render
     from ..serve.mirror import serve as serve_mirror
     from ..serve.pullthrough import DEFAULT_REVALIDATE, PullThroughConfig
+    from ..serve.upstream_pool import DEFAULT_UPSTREAM_SLOTS
 
     token = _read_token(None, token_file) if token_file else None
     upstream = None
@@ -61,9 +65,11 @@ def serve(cache_dir, repos_dir, host, port, token_file, access_log, upstreams, u
         upstream_token = _read_token(None, upstream_token_file, "--upstream-token-file") if upstream_token_file else None
         upstream = PullThroughConfig(upstreams=tuple(upstreams), token=upstream_token or None, allow=tuple(allow),
                                      revalidate=DEFAULT_REVALIDATE if revalidate is None else revalidate,
-                                     max_size=max_size)
-    elif upstream_token_file or allow or max_size is not None or revalidate is not None:
-        raise UsageError("--upstream-token-file, --allow, --max-size and --revalidate need --upstream",
+                                     max_size=max_size,
+                                     upstream_slots=DEFAULT_UPSTREAM_SLOTS if upstream_slots is None else upstream_slots)
+    elif (upstream_token_file or allow or max_size is not None or revalidate is not None
+          or upstream_slots is not None):
+        raise UsageError("--upstream-token-file, --allow, --max-size, --revalidate and --upstream-slots need --upstream",
                          hint="add --upstream URL (e.g. https://huggingface.co) to pull through")
     run = serve_mirror(cache_dir=cache_dir, repos_dir=repos_dir, host=host, port=port, token=token,
                        access_log=access_log, ready=render.show_mirror_ready, upstream=upstream)

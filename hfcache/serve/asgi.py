@@ -78,12 +78,14 @@ class UvicornOrigin:
         port (int): port; 0 picks a free one (``self.port`` is the real one once constructed).
         server (Responder): answers the requests (``respond``/``finish``/``stopping``): a HubServer.
         origin (str): ``"hub"`` or ``"cdn"``.
+        extra_workers (int): threads added to the WORKER_THREADS (a pull-through mirror's upstream slots: requests
+            waiting on upstream never take a thread from cached answers).
 
     Raises:
         OSError: the port cannot be bound, or uvicorn did not start within 10 seconds.
     """
 
-    def __init__(self, host: str, port: int, server: Responder, origin: str) -> None:
+    def __init__(self, host: str, port: int, server: Responder, origin: str, *, extra_workers: int = 0) -> None:
         self._hub, self._origin = server, origin
         family = socket.AF_INET6 if ":" in host else socket.AF_INET
         self._sock = socket.socket(family, socket.SOCK_STREAM)
@@ -95,7 +97,8 @@ class UvicornOrigin:
             self._sock.close()
             raise
         self.port = self._sock.getsockname()[1]
-        self._pool = ThreadPoolExecutor(max_workers=WORKER_THREADS, thread_name_prefix=f"hfcache-serve-{origin}")
+        self._pool = ThreadPoolExecutor(max_workers=WORKER_THREADS + extra_workers,
+                                        thread_name_prefix=f"hfcache-serve-{origin}")
         self._probe_pool = ThreadPoolExecutor(max_workers=PROBE_THREADS, thread_name_prefix=f"hfcache-probe-{origin}")
         config = uvicorn.Config(
             self._app,

@@ -96,6 +96,7 @@ class CacheStore:
         self._lock = threading.Lock()
         self._repos: dict[str, tuple[float, _Repo | None]] = {}
         self._names: tuple[float, tuple[str, ...]] | None = None
+        self._spellings: tuple[tuple[str, ...], dict[tuple[str, str], set[str]]] | None = None
 
     # -- Store protocol
 
@@ -268,6 +269,22 @@ class CacheStore:
                 matches.append(parsed[0])
         return matches[0] if len(matches) == 1 else None
 
+    def spelled(self, repo_type: str, repo_id: str) -> str | None:
+        """The id of the repo folder whose id equals ``repo_id`` ignoring case (the Hub resolves ids that way), as
+        the folder spells it; None when there is none (or several: then none is preferred)."""
+        names = self._folder_names()
+        with self._lock:
+            index = self._spellings if self._spellings is not None and self._spellings[0] is names else None
+        if index is None:  # rebuilt when the root's listing is (at most once per ttl)
+            table: dict[tuple[str, str], set[str]] = {}
+            for parsed in filter(None, map(parse_folder_name, names)):
+                table.setdefault((parsed[1], parsed[0].lower()), set()).add(parsed[0])
+            index = (names, table)
+            with self._lock:
+                self._spellings = index
+        found = index[1].get((repo_type, repo_id.lower()), set())
+        return next(iter(found)) if len(found) == 1 else None
+
     def _folder_names(self) -> tuple[str, ...]:
         now = time.monotonic()
         with self._lock:
@@ -365,6 +382,8 @@ def _read_trees(path: Path, commit: str) -> dict[str, dict] | None:
     """``trees/<commit>.json`` (huggingface_hub _tree_cache.py, format_version 1): path -> entry, or None."""
     try:
         with _open_beneath(path, ("trees", f"{commit}.json")) as f:
+            # json.loads, not bounds.loads_json (a store imports only the vocabulary and the safe opens): deep
+            # nesting raises RecursionError, caught below, so a hostile listing is ignored, never a crash.
             data = json.loads(f.read(_TREES_MAX_BYTES + 1)[:_TREES_MAX_BYTES])
     except (OSError, ValueError, RecursionError):
         return None

@@ -216,7 +216,9 @@ class HubServer:
         if self.backend == "uvicorn":
             from .asgi import UvicornOrigin
 
-            served = UvicornOrigin(self.host, port, self, origin)
+            # A pull-through mirror's requests waiting on upstream get threads of their own (upstream_pool.py).
+            slots = getattr(getattr(self._store, "config", None), "upstream_slots", 0)
+            served = UvicornOrigin(self.host, port, self, origin, extra_workers=slots if origin == "hub" else 0)
         else:
             served = WerkzeugOrigin(self.host, port, wsgi_app(self, origin, self.throttle_bps))
         self._origins.append(served)

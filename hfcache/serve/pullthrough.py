@@ -2,26 +2,27 @@
 
 ``hfcache serve --cache-dir DIR --upstream URL`` (README "Pull-through mirror"). What a request gets:
 
-- **A revision** (repo info, tree, resolve): a branch or tag is resolved against the upstreams in order
-  (:func:`hfcache.warming.orchestrate.resolve_revision`, warm's resolution) at most once per ``revalidate`` seconds; a 40-hex
-  commit once per process (a commit's listing never changes), and not at all once the cache keeps its listing
-  (``trees/<commit>.json``, huggingface_hub's format, written with the commit's first fetch: after a restart the
-  commit is still listed whole, and what the cache lacks fetched by those hashes). Concurrent requests for the same
-  revision wait for one resolution. When upstream fails, the cache answers what it holds (a stale branch keeps its
-  last commit); only what the cache lacks gets an error: 503 ``UpstreamUnavailable`` when no upstream answers, the
-  upstream's 404/403 otherwise.
-- **A file body** the cache lacks: fetched with :func:`hfcache.warming.orchestrate.fetch_pinned` (warm with a pin: the commit and
-  hashes of the resolution, the same repo and blob locks, endpoints in order, hash checked before anything becomes
-  visible, huggingface_hub's publishing order, legacy-id folder), then served from the cache. Concurrent requests
-  for the same file wait for one fetch (an in-process lock, then warm's blob lock across processes, so a ``hfcache
-  warm`` or ``prune`` on the same cache stays safe). Bytes failing the hash check on every upstream: 502
-  ``UpstreamIntegrityError`` naming the file; nothing is kept. A HEAD answers from the listing and fetches nothing.
-- **--allow**: only repos whose id matches a glob (``fnmatch``, case-sensitive) are pulled through; any other repo
-  the cache does not hold is refused with 403 ``RepoNotAllowed`` without contacting upstream. A canonical id reached
-  through an allowed legacy id (``bert-base-uncased`` -> ``google-bert/bert-base-uncased``) is allowed.
-- **Uses and budget**: serving a file touches its snapshot folder (at most once a second per revision), the last-use
-  signal of :mod:`hfcache.cache.scan`; with ``max_size``, prune's planner (:func:`hfcache.prune.plan_prune`) removes
-  least-recently-used revisions in a background thread after each fetch.
+- **A revision** (repo info, tree, resolve): a branch or tag is resolved against the upstreams in order (warm's
+  :func:`hfcache.warming.orchestrate.resolve_revision`) at most once per ``revalidate`` seconds; a 40-hex commit once
+  per process, never when the cache holds a snapshot of it (its ``trees/<commit>.json`` listing, written with the
+  first fetch, lists it whole; else what the cache holds is listed, and a file it lacks asks for the listing:
+  :meth:`PullThroughStore.expand`), and it must come back as itself (502, nothing kept). When upstream fails (or is
+  silent for ``timeout`` while the cache holds the revision), the cache answers what it holds; only what it lacks
+  gets an error: 503 ``UpstreamUnavailable`` when no upstream answers, the upstream's 404/403 otherwise.
+- **Ids** (:mod:`.upstream_ids`): an upstream's canonical id is followed exactly where warm follows it
+  (:func:`hfcache.records.folder_ids`); ids match without case, one folder per repo; every memory is bounded.
+- **A file body** the cache lacks: fetched with :func:`hfcache.warming.orchestrate.fetch_pinned` (warm with a pin:
+  the resolution's commit and hashes, warm's repo and blob locks, hash checked before anything becomes visible),
+  then served from the cache. Bytes failing the hash check on every upstream: 502 ``UpstreamIntegrityError``; nothing
+  is kept. A HEAD answers from the listing and fetches nothing.
+- **Upstream work** runs in a bounded pool of its own (:mod:`.upstream_pool`: single flight per revision or file,
+  deadlines, 503 + ``Retry-After`` beyond ``upstream_slots``): a slow upstream never starves cached answers.
+- **--allow**: only repos whose id matches a glob (``fnmatch``, without case) are pulled through; any other repo the
+  cache does not hold is refused with 403 ``RepoNotAllowed`` without contacting upstream. A canonical id reached
+  through an allowed legacy id by a rename the mirror follows is allowed.
+- **Uses and budget**: serving a file touches its snapshot folder (through its descriptor, at most once a second),
+  the last-use signal of :mod:`hfcache.cache.scan`; with ``max_size``, prune's planner removes least-recently-used
+  revisions in a background thread after each fetch.
 
 The upstream token goes only to the upstreams (through :mod:`hfcache.hub.client`); it is never logged or answered.
 """
@@ -34,23 +35,27 @@ import os
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Iterator
-from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import BinaryIO
 
+from ..cache import safefs
 from ..cache.layout import RepoFolder
 from ..errors import HfcacheError, HubError, UsageError
 from ..hub.files import RepoRevision
 from ..hub.urls import validate_endpoint
 from ..warming.lockfile import LockedFile, LockedRepo
 from ..records import WarmRequest
+from ..pace import Deadline
 from ..warming.orchestrate import fetch_pinned, make_clients, resolve_revision
 from .cache_store import CacheStore
 from .metrics import MirrorMetrics
 from .pruner import Pruner
-from .upstream_listing import revision_from_listing, snapshot_view, write_listing
+from .upstream_errors import Empty as _Empty
+from .upstream_errors import store_miss as _store_miss
+from .upstream_ids import Names, keep, storage_id
+from .upstream_listing import has_listing, revision_from_listing, snapshot_view, write_listing
+from .upstream_pool import DEFAULT_UPSTREAM_SLOTS, MAX_UPSTREAM_SLOTS, UpstreamPool, fetch_deadline, resolve_deadline
 from .vocabulary import SHA1_RE, RepoFile, RepoSnapshot, StoreMiss
 
 __all__ = ["DEFAULT_REVALIDATE", "PullThroughConfig", "PullThroughStore"]
@@ -70,15 +75,6 @@ HEALTH_TTL = 5.0
 #: Seconds ``/healthz`` waits for a fresh check before answering with the last one (probes time out after 1 s).
 HEALTH_WAIT = 0.5
 
-_STATUS = {  # hfcache error class -> (HTTP status, X-Error-Code) when upstream fails and the cache has nothing
-    "RepoNotFound": (404, "RepoNotFound"),
-    "RevisionNotFound": (404, "RevisionNotFound"),
-    "GatedRepo": (403, "GatedRepo"),
-    "EndpointUnreachable": (503, "UpstreamUnavailable"),
-    "IntegrityError": (502, "UpstreamIntegrityError"),
-    "CacheError": (507, "CacheError"),
-}
-
 
 @dataclass(frozen=True)
 class PullThroughConfig:
@@ -91,6 +87,8 @@ class PullThroughConfig:
         revalidate (float): seconds a branch or tag stays resolved.
         max_size (int | None): bytes; least-recently-used revisions are pruned to stay within it.
         timeout (float): seconds to wait for an upstream connection or any byte of an answer.
+        upstream_slots (int): upstream operations, and requests waiting on them, at once
+            (:mod:`hfcache.serve.upstream_pool`); one more request that needs upstream gets 503 with ``Retry-After``.
     """
 
     upstreams: tuple[str, ...]
@@ -99,6 +97,7 @@ class PullThroughConfig:
     revalidate: float = DEFAULT_REVALIDATE
     max_size: int | None = None
     timeout: float = 10.0
+    upstream_slots: int = DEFAULT_UPSTREAM_SLOTS
 
     def __post_init__(self) -> None:
         if not self.upstreams:
@@ -109,6 +108,8 @@ class PullThroughConfig:
             raise UsageError(f"--revalidate must not be negative, got {self.revalidate}")
         if self.max_size is not None and self.max_size < 0:
             raise UsageError(f"--max-size must not be negative, got {self.max_size}")
+        if not 1 <= self.upstream_slots <= MAX_UPSTREAM_SLOTS:
+            raise UsageError(f"--upstream-slots must be 1 to {MAX_UPSTREAM_SLOTS}, got {self.upstream_slots}")
 
 
 @dataclass
@@ -138,11 +139,13 @@ class PullThroughStore:
         self.metrics = metrics or MirrorMetrics()
         self.clients = make_clients(list(config.upstreams), config.token or False, config.timeout)
         self._lock = threading.Lock()
-        self._refs: dict[tuple[str, str, str], _Resolved] = {}  # (type, id as asked, branch/tag) -> resolution
-        self._commits: OrderedDict[tuple[str, str, str], _Resolved] = OrderedDict()  # (type, canonical, commit)
-        self._aliases: dict[tuple[str, str], str] = {}  # (type, canonical) -> a legacy id resolved to it
-        self._flights: dict[tuple, threading.Lock] = {}
-        self._touched: dict[tuple[str, str], float] = {}
+        # Every memory of what upstream said is bounded (LISTINGS_KEPT entries, least recently used dropped): ids
+        # are keyed without case, as the Hub resolves them, so case variants share one entry and one folder.
+        self._refs: OrderedDict[tuple[str, str, str], _Resolved] = OrderedDict()  # (type, id.lower(), ref)
+        self._commits: OrderedDict[tuple[str, str, str], _Resolved] = OrderedDict()  # (type, stored id, commit)
+        self._names = Names(LISTINGS_KEPT)  # asked id -> the id it is stored under; legacy folders to fill
+        self._pool = UpstreamPool(config.upstream_slots)
+        self._touched: OrderedDict[tuple[str, str], float] = OrderedDict()
         self._health: tuple[float, list[tuple[str, bool | None]]] | None = None
         self._health_thread: threading.Thread | None = None
         self._pruner = Pruner(self.root, config.max_size, self.metrics) if config.max_size is not None else None
@@ -150,10 +153,15 @@ class PullThroughStore:
     # -- Store protocol
 
     def canonical_id(self, repo_type: str, repo_id: str) -> str:
-        """The cache's alias, else what upstream answers for an org-less id (resolving ``main`` if needed)."""
+        """The id ``repo_id`` is answered under: the cache's alias (a legacy folder), the id it was stored under (a
+        case variant, a legacy id upstream renamed: :mod:`.upstream_ids`), else, for an org-less id, what upstream
+        answers for ``main``."""
         alias = self.cache.canonical_id(repo_type, repo_id)
-        if alias != repo_id or repo_type != "model" or "/" in repo_id:
+        if alias != repo_id:
             return alias
+        stored = self._stored_id(repo_type, repo_id)
+        if stored != repo_id or repo_type != "model" or "/" in repo_id:
+            return stored
         try:
             return self.snapshot(repo_type, repo_id, "main").repo_id
         except StoreMiss:
@@ -163,20 +171,49 @@ class PullThroughStore:
         """The repo at ``revision``: the upstream listing (files fetched on demand), or what the cache holds.
 
         Raises:
-            StoreMiss: not found upstream nor in the cache (404), not allowed (403), upstream unreachable (503).
+            StoreMiss: not found upstream nor in the cache (404), not allowed (403), upstream unreachable, busy or
+                too slow (503), upstream answering another commit for a 40-hex revision (502).
         """
-        cached = self._cached(repo_type, repo_id, revision)
-        known = self._known(repo_type, repo_id, revision, cached)
-        if known is not None:
-            return known
-        if not self._allowed(repo_id):
+        stored = self._stored_id(repo_type, repo_id)
+        cached = self._cached(repo_type, stored, revision)
+        if not self._allowed(repo_id):  # checked first: nothing remembered of upstream answers a non-allowed id
             if cached is not None:
                 return cached
             raise StoreMiss("RepoNotAllowed", f"{repo_id} is not in this mirror's cache, and this mirror's --allow "
                             "list does not let it be fetched from upstream", status=403)
-        with self._flight(("resolve", repo_type, repo_id, revision)):
-            known = self._known(repo_type, repo_id, revision, cached)  # resolved while this request waited
-            return known if known is not None else self._resolve(repo_type, repo_id, revision, cached)
+        known = self._known(repo_type, repo_id, revision, cached)
+        if known is not None:
+            return known
+
+        def resolve() -> RepoSnapshot:
+            again = self._known(repo_type, repo_id, revision, cached)  # resolved while this request waited
+            return again if again is not None else self._resolve(repo_type, repo_id, revision, cached)
+
+        deadline = resolve_deadline(f"{repo_id}@{revision} from upstream")
+        if cached is not None:  # the cache can answer: an upstream silent for --timeout counts as failing
+            deadline = Deadline(min(deadline.seconds, self.config.timeout), deadline.what)
+        try:
+            return self._pool.run(("resolve", repo_type, repo_id.lower(), revision), resolve, deadline)
+        except StoreMiss as miss:
+            if miss.retry_after is None or cached is None:  # busy or too slow, and the cache holds nothing
+                raise
+            with self._lock:  # as when upstream fails: the stale resolution, else what the cache holds
+                stale = self._refs.get((repo_type, repo_id.lower(), revision))
+            return stale.snapshot if stale is not None else self._full(cached)
+
+    def expand(self, snapshot: RepoSnapshot, path: str) -> RepoSnapshot:
+        """``snapshot`` with upstream's whole listing of its commit when it is a cache-only answer (a held commit
+        lists what the cache holds, without asking upstream) and ``path`` is neither held nor known absent; else
+        ``snapshot``. Only then is upstream asked (once per commit; in the bounded pool).
+
+        Raises:
+            StoreMiss: 503 (upstream busy or too slow), 502 (upstream answered another commit).
+        """
+        if (snapshot.listing is not None or path in snapshot.files or path in snapshot.absent
+                or not self._allowed(snapshot.repo_id)):
+            return snapshot
+        resolved = self._listing_of(snapshot)
+        return resolved.snapshot if resolved is not None else snapshot
 
     def lfs_file(self, repo_type: str, repo_id: str, sha256: str) -> tuple[RepoSnapshot, RepoFile] | None:
         return self.cache.lfs_file(repo_type, repo_id, sha256)
@@ -185,8 +222,8 @@ class PullThroughStore:
         """The file's bytes from the cache, fetched from upstream first if the cache lacks them.
 
         Raises:
-            StoreMiss: the fetch failed (502 bad bytes, 503 upstream unreachable, ...; nothing was kept), or the file
-                vanished from the cache right after its fetch (503: a concurrent prune).
+            StoreMiss: the fetch failed (502 bad bytes, 503 upstream unreachable, busy or too slow, ...; nothing was
+                kept), or the file vanished from the cache right after its fetch (503: a concurrent prune).
             OSError: ``snapshot`` None and the file is not in the cache (the CDN origin's lookup by hash).
         """
         if snapshot is None:
@@ -200,14 +237,20 @@ class PullThroughStore:
         if head:  # metadata only: the listing has it, no bytes are fetched for a HEAD
             return _Empty()
         self.metrics.cache_misses.inc()
-        with self._flight(("fetch", snapshot.repo_type, snapshot.repo_id, snapshot.commit, repo_file.path)):
-            body = self._held(snapshot, repo_file)  # fetched while this request waited
-            if body is None:
+
+        def fetch() -> None:
+            held = self._held(snapshot, repo_file)  # fetched while this request waited
+            if held is None:
                 self._fetch(snapshot, repo_file)
-                body = self._held(snapshot, repo_file)
+            else:
+                held.close()
+
+        self._pool.run(("fetch", snapshot.repo_type, snapshot.repo_id, snapshot.commit, repo_file.path), fetch,
+                       fetch_deadline(repo_file.size, f"{snapshot.repo_id}: {repo_file.path} from upstream"))
+        body = self._held(snapshot, repo_file)
         if body is None:  # fetched and gone at once: a concurrent prune; never a 404 (clients would record "absent")
             raise StoreMiss("CacheError", f"{snapshot.repo_id}: {repo_file.path} was removed from the cache while it "
-                            "was being fetched; retry", status=503)
+                            "was being fetched; retry", status=503, retry_after=1)
         self._touch(snapshot)
         return body
 
@@ -237,10 +280,15 @@ class PullThroughStore:
             self._health = (time.monotonic() + HEALTH_TTL, health)
 
     def close(self) -> None:
+        self._pool.close()
         if self._pruner is not None:
             self._pruner.close()
 
     # -- resolution
+
+    def _stored_id(self, repo_type: str, repo_id: str) -> str:
+        """The id ``repo_id`` was stored under (remembered, else a cache folder equal ignoring case), else itself."""
+        return self._names.stored(repo_type, repo_id) or self.cache.spelled(repo_type, repo_id) or repo_id
 
     def _cached(self, repo_type: str, repo_id: str, revision: str) -> RepoSnapshot | None:
         try:
@@ -249,24 +297,26 @@ class PullThroughStore:
             return None
 
     def _known(self, repo_type: str, repo_id: str, revision: str, cached: RepoSnapshot | None) -> RepoSnapshot | None:
-        """What can be answered without upstream: a fresh resolution, a known commit, a complete cached commit."""
+        """What can be answered without upstream: a fresh resolution, a known commit, a commit the cache holds."""
         now = time.monotonic()
         with self._lock:
             if SHA1_RE.match(revision):
-                canonical = cached.repo_id if cached is not None else self._canonical_known(repo_type, repo_id)
-                resolved = self._commits.get((repo_type, canonical, revision))
+                key = (repo_type, cached.repo_id if cached is not None else self._stored_id(repo_type, repo_id),
+                       revision)
+                resolved = self._commits.get(key)
                 if resolved is not None:
-                    self._commits.move_to_end((repo_type, canonical, revision))
+                    self._commits.move_to_end(key)
                     return resolved.snapshot
             else:
-                resolved = self._refs.get((repo_type, repo_id, revision))
+                resolved = self._refs.get((repo_type, repo_id.lower(), revision))
                 if resolved is not None and now - resolved.checked < self.config.revalidate:
+                    self._refs.move_to_end((repo_type, repo_id.lower(), revision))
                     return resolved.snapshot
                 return None
-        # A commit the cache holds with its whole listing (trees/<commit>.json, written with the first fetch):
-        # answered, and its missing files fetched, without asking upstream again, also after a restart.
-        full = self._full(cached)
-        return full if full is not cached else None
+        # A commit the cache holds is answered without asking upstream, also after a restart: with its whole listing
+        # when the cache keeps it (trees/<commit>.json, written with the first fetch: what the cache lacks is then
+        # fetched by those hashes), else as what the cache holds (a file it lacks: :meth:`expand`).
+        return self._full(cached)
 
     def _full(self, cached: RepoSnapshot | None) -> RepoSnapshot | None:
         """``cached`` with the whole repo's listing when the cache keeps it, so that what the cache lacks can still
@@ -278,13 +328,13 @@ class PullThroughStore:
             return cached
         resolved = _Resolved(revision, snapshot_view(self.root, revision), time.monotonic())
         with self._lock:
-            self._commits[(cached.repo_type, cached.repo_id, cached.commit)] = resolved
-            while len(self._commits) > LISTINGS_KEPT:
-                self._commits.popitem(last=False)
+            keep(LISTINGS_KEPT, self._commits, (cached.repo_type, cached.repo_id, cached.commit), resolved)
         return resolved.snapshot
 
     def _resolve(self, repo_type: str, repo_id: str, revision: str, cached: RepoSnapshot | None) -> RepoSnapshot:
-        """Ask upstream; on failure serve the stale resolution or the cache, else raise the mapped StoreMiss."""
+        """Ask upstream; on failure serve the stale resolution or the cache, else raise the mapped StoreMiss. The
+        answer is kept under the id :func:`.upstream_ids.storage_id` picks; a 40-hex revision answered with another
+        commit is refused (502, nothing kept)."""
         try:
             request = WarmRequest(repo_id, revision=revision, repo_type=repo_type)
         except UsageError as exc:
@@ -294,7 +344,7 @@ class PullThroughStore:
         except HubError as exc:
             self.metrics.upstream_failures.labels(type(exc).__name__).inc()
             with self._lock:
-                stale = self._refs.get((repo_type, repo_id, revision))
+                stale = self._refs.get((repo_type, repo_id.lower(), revision))
                 if stale is not None:  # ask again in a while, not on every request while upstream is down
                     stale.checked = time.monotonic() - self.config.revalidate + RETRY_AFTER_FAILURE
             if stale is not None:
@@ -302,33 +352,28 @@ class PullThroughStore:
             if cached is not None:
                 return self._full(cached)
             raise _store_miss(type(exc).__name__, exc.message) from None
+        if SHA1_RE.match(revision) and upstream.commit_hash != revision:
+            self.metrics.upstream_failures.labels("UpstreamError").inc()
+            raise _store_miss("UpstreamError", f"{repo_id}@{revision}: the upstream answered another commit "
+                              f"({upstream.commit_hash}) for this commit: refused, nothing kept")
+        stored, legacy = storage_id(repo_id, upstream.canonical_id, lambda i: self.cache.spelled(repo_type, i))
+        upstream = replace(upstream, canonical_id=stored)
         self.metrics.upstream_resolutions.inc()
         resolved = _Resolved(upstream, snapshot_view(self.root, upstream), time.monotonic())
+        self._names.record(repo_type, repo_id, stored, legacy)
         with self._lock:
-            if not SHA1_RE.match(revision):
-                self._refs[(repo_type, repo_id, revision)] = resolved
-                # The client follows the legacy id's redirect at once: the canonical id is resolved too.
-                self._refs[(repo_type, upstream.canonical_id, revision)] = resolved
-            self._commits[(repo_type, upstream.canonical_id, upstream.commit_hash)] = resolved
-            self._commits.move_to_end((repo_type, upstream.canonical_id, upstream.commit_hash))
-            while len(self._commits) > LISTINGS_KEPT:
-                self._commits.popitem(last=False)
-            if upstream.canonical_id != repo_id:
-                self._aliases[(repo_type, upstream.canonical_id)] = repo_id
+            if not SHA1_RE.match(revision):  # the asked id and the stored one are resolved alike (without case)
+                for asked in {repo_id.lower(), stored.lower()}:
+                    keep(LISTINGS_KEPT, self._refs, (repo_type, asked, revision), resolved)
+            keep(LISTINGS_KEPT, self._commits, (repo_type, stored, upstream.commit_hash), resolved)
         return resolved.snapshot
 
-    def _canonical_known(self, repo_type: str, repo_id: str) -> str:
-        """The canonical id of an alias resolved before, else ``repo_id``. Called with ``_lock`` held."""
-        return next((canonical for (rtype, canonical), alias in self._aliases.items()
-                     if rtype == repo_type and alias == repo_id), repo_id)
-
     def _allowed(self, repo_id: str) -> bool:
+        """``--allow`` (globs matched ignoring case, as the Hub matches ids): the id, or an id resolved to it."""
         allow = self.config.allow
-        if not allow or any(fnmatch.fnmatchcase(repo_id, glob) for glob in allow):
+        if not allow or _matches(repo_id, allow):
             return True
-        with self._lock:  # a canonical id reached through an allowed legacy id
-            legacy = [alias for (_, canonical), alias in self._aliases.items() if canonical == repo_id]
-        return any(fnmatch.fnmatchcase(alias, glob) for alias in legacy for glob in allow)
+        return any(_matches(asked, allow) for asked in self._names.askers(repo_id))
 
     # -- files
 
@@ -353,8 +398,8 @@ class PullThroughStore:
         if resolved is None or remote is None:  # a cache-only answer, and upstream still does not answer
             raise StoreMiss("UpstreamUnavailable", f"{snapshot.repo_id}: {repo_file.path} is not in this mirror's cache "
                             "and the upstream could not be reached to fetch it", status=503)
+        alias = self._names.legacy(snapshot.repo_type, snapshot.repo_id)
         with self._lock:
-            alias = self._aliases.get((snapshot.repo_type, snapshot.repo_id))
             ref = self._ref_name(snapshot)
         request = WarmRequest(alias or snapshot.repo_id, revision=ref, repo_type=snapshot.repo_type, kind="all")
         locked = LockedRepo(request=request, canonical_id=snapshot.repo_id, commit_hash=snapshot.commit,
@@ -377,7 +422,11 @@ class PullThroughStore:
 
     def _listing_of(self, snapshot: RepoSnapshot) -> _Resolved | None:
         """The upstream listing of the snapshot's commit: remembered, else asked now (the snapshot may be a
-        cache-only answer given while upstream was down). None when upstream cannot say."""
+        cache-only answer). None when upstream cannot say.
+
+        Raises:
+            StoreMiss: upstream busy or too slow (503), or it answered another commit (502).
+        """
         key = (snapshot.repo_type, snapshot.repo_id, snapshot.commit)
         with self._lock:
             resolved = self._commits.get(key) or next(
@@ -385,10 +434,20 @@ class PullThroughStore:
                 None)
         if resolved is not None:
             return resolved
+
+        def resolve() -> RepoSnapshot:
+            with self._lock:
+                again = self._commits.get(key)
+            if again is not None:
+                return again.snapshot
+            return self._resolve(snapshot.repo_type, snapshot.repo_id, snapshot.commit, None)
+
         try:
-            with self._flight(("resolve",) + key):
-                self._resolve(snapshot.repo_type, snapshot.repo_id, snapshot.commit, None)
-        except StoreMiss:
+            self._pool.run(("resolve", snapshot.repo_type, snapshot.repo_id.lower(), snapshot.commit), resolve,
+                           resolve_deadline(f"{snapshot.repo_id}@{snapshot.commit} from upstream"))
+        except StoreMiss as miss:
+            if miss.status == 502 or miss.retry_after is not None:
+                raise
             return None
         with self._lock:
             return self._commits.get(key)
@@ -402,7 +461,7 @@ class PullThroughStore:
         revision = resolved.revision
         for repo_id in filter(None, (revision.canonical_id, alias)):
             folder = RepoFolder(self.root, repo_id, revision.repo_type)
-            if not _lexists(folder.root / "trees" / f"{revision.commit_hash}.json"):
+            if not has_listing(folder, revision.commit_hash):
                 write_listing(folder, revision)
         if self._pruner is not None and downloaded:
             self._pruner.request()
@@ -416,50 +475,29 @@ class PullThroughStore:
         return names[0] if names else snapshot.commit
 
     def _touch(self, snapshot: RepoSnapshot) -> None:
-        """Record a use of the revision (its snapshot folder's mtime, :mod:`hfcache.cache.scan`), at most once a second."""
+        """Record a use of the revision (its snapshot folder's mtime, :mod:`hfcache.cache.scan`), at most once a
+        second, through a descriptor of the snapshot folder opened without following a link (never by path)."""
         key = (snapshot.repo_id, snapshot.commit)
         now = time.monotonic()
         with self._lock:
             if now - self._touched.get(key, -TOUCH_INTERVAL) < TOUCH_INTERVAL:
                 return
-            self._touched[key] = now
-        RepoFolder(self.root, snapshot.repo_id, snapshot.repo_type).touch_snapshot(snapshot.commit)
-
-    @contextmanager
-    def _flight(self, key: tuple) -> Iterator[None]:
-        """One thread at a time per key (one resolution per revision, one fetch per file); the others wait."""
-        with self._lock:
-            lock = self._flights.setdefault(key, threading.Lock())
-        with lock:
-            try:
-                yield
-            finally:
-                with self._lock:
-                    if self._flights.get(key) is lock:
-                        del self._flights[key]  # waiters re-check what is held before doing anything
+            keep(LISTINGS_KEPT, self._touched, key, now)
+        try:
+            name = RepoFolder(self.root, snapshot.repo_id, snapshot.repo_type).name
+            fd = safefs.open_dir(self.root, (name, "snapshots", safefs.check_commit(snapshot.commit)))
+        except (OSError, HfcacheError):  # gone, or a planted link: no use recorded
+            return
+        try:
+            os.utime(fd)  # best effort: a read-only cache keeps its old time
+        except OSError:
+            pass
+        finally:
+            os.close(fd)
 
 
-class _Empty:
-    """The body of a HEAD answer for a file not fetched yet: no bytes, and no file descriptor."""
-
-    def read(self, size: int = -1) -> bytes:
-        return b""
-
-    def seek(self, offset: int, whence: int = 0) -> int:
-        return 0
-
-    def close(self) -> None:
-        pass
-
-
-def _store_miss(error_type: str, message: str, *, fetch: bool = False) -> StoreMiss:
-    """The StoreMiss for an hfcache error class: 404/403 as upstream said, 503 unreachable, 502 otherwise."""
-    status, code = _STATUS.get(error_type, (502, "UpstreamError"))
-    if fetch and status == 404:  # the listing named the file: upstream losing it now is upstream's failure
-        status, code = 502, "UpstreamError"
-    # One line of printable ASCII: it also travels in the X-Error-Message header.
-    text = " ".join(message.split()).encode("ascii", "backslashreplace").decode()[:1000]
-    return StoreMiss(code, text, status=status)
+def _matches(repo_id: str, globs: tuple[str, ...]) -> bool:
+    return any(fnmatch.fnmatchcase(repo_id.lower(), glob.lower()) for glob in globs)
 
 
 def _lexists(path: Path) -> bool:

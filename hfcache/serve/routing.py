@@ -127,8 +127,7 @@ class Router:
         except StoreMiss as miss:
             if miss.code == "RevisionNotFound" and miss.repo_id:
                 self._check_gated(repo_type, miss.repo_id)
-            headers = {"X-Repo-Commit": miss.commit} if miss.commit else {}
-            raise HttpError(miss.status, miss.code, miss.message, headers) from None
+            raise HttpError(miss.status, miss.code, miss.message, miss.headers()) from None
         self._check_gated(repo_type, snapshot.repo_id)
         return snapshot
 
@@ -162,6 +161,10 @@ class Router:
         path = repo_path(rest[2:])
         snapshot = self._snapshot(repo_type, repo_id, rest[1])
         repo_file = snapshot.files.get(path)
+        expand = getattr(self.store, "expand", None)  # a pull-through store: a held commit lists what it holds
+        if repo_file is None and expand is not None:
+            snapshot = self._expanded(expand, snapshot, path)
+            repo_file = snapshot.files.get(path)
         if repo_file is None:
             raise not_found(snapshot, path)
         headers = {"X-Repo-Commit": snapshot.commit}
@@ -181,6 +184,15 @@ class Router:
                             "X-Linked-Size": str(repo_file.size)})
         body, length = self._open_body(snapshot, repo_file, head=request.method == "HEAD")
         return file_response(request, body, length, repo_file.etag, headers, self._faults)
+
+    @staticmethod
+    def _expanded(expand: Callable[[RepoSnapshot, str], RepoSnapshot], snapshot: RepoSnapshot,
+                  path: str) -> RepoSnapshot:
+        """The snapshot with upstream's whole listing when it may name ``path`` (PullThroughStore.expand)."""
+        try:
+            return expand(snapshot, path)
+        except StoreMiss as miss:
+            raise HttpError(miss.status, miss.code, miss.message, miss.headers()) from None
 
     # -- Xet
 
@@ -239,7 +251,7 @@ class Router:
         except OSError:  # deleted since the scan, or refused (a link leaving the served directory)
             raise HttpError(404, "EntryNotFound", "Entry not found", {"X-Repo-Commit": snapshot.commit}) from None
         except StoreMiss as miss:  # a pull-through store could not fetch it (upstream down, bytes failing the hash)
-            raise HttpError(miss.status, miss.code, miss.message) from None
+            raise HttpError(miss.status, miss.code, miss.message, miss.headers()) from None
         try:
             # The size on disk now, so the framing stays right even if the file changed since the scan.
             return body, os.fstat(body.fileno()).st_size

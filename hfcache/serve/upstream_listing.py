@@ -8,10 +8,14 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 from pathlib import Path
 
+from ..cache import safefs
+from ..cache.atomic import atomic_write_at
 from ..cache.layout import RepoFolder
-from ..cache.atomic import atomic_write
+from ..cache.safefs import check_commit
+from ..errors import CacheError
 from ..hub.files import RemoteFile, RepoRevision
 from ..records import UnsafePath, validate_repo_path
 from .vocabulary import SHA1_RE, SHA256_RE, RepoFile, RepoSnapshot, git_blob_sha1, lfs_pointer
@@ -66,10 +70,40 @@ def write_listing(folder: RepoFolder, revision: RepoRevision) -> None:
             entry.update(lfs_sha256=f.lfs_sha256, lfs_size=f.size)
         files[f.path] = entry
     data = json.dumps({"format_version": 1, "files": dict(sorted(files.items()))}, indent=1).encode()
+    commit = check_commit(revision.commit_hash)
     try:
         with folder.repo_lock():
-            if (folder.root / "snapshots" / revision.commit_hash).is_dir():
-                folder.make_dir(folder.root / "trees")  # shared like the rest in a group-shared cache
-                atomic_write(folder.root / "trees" / f"{revision.commit_hash}.json", data, policy=folder.policy)
+            try:  # the snapshot must exist (a concurrent prune removes both); walked without following a link
+                os.close(safefs.open_dir(folder.cache_dir, (folder.name, "snapshots", commit)))
+            except FileNotFoundError:
+                return
+            # Written through the descriptor of the trees/ folder the walk opened (created shared like the rest in
+            # a group-shared cache): a member swapping trees/ (or the repo folder) for a link meanwhile is never
+            # written through, and the temporary file and the rename stay in that folder.
+            dfd = folder.open_dir(folder.root / "trees")
+            try:
+                atomic_write_at(dfd, f"{commit}.json", data, folder.policy)
+            finally:
+                os.close(dfd)
+    except (OSError, CacheError) as exc:  # CacheError: a planted link (UnsafeLayout), a lock timeout: nothing written
+        logger.warning("cannot write the listing of %s@%s: %s", folder.repo_id, commit, exc)
+
+
+def has_listing(folder: RepoFolder, commit: str) -> bool:
+    """Whether ``trees/<commit>.json`` exists (as anything: it is never overwritten), looked up without following
+    a link on the way (a planted link reads as present: nothing is written there)."""
+    try:
+        dfd = safefs.open_dir(folder.cache_dir, (folder.name, "trees"))
+    except FileNotFoundError:
+        return False
+    except (OSError, CacheError):  # a planted link (UnsafeLayout) or unreadable: never written through
+        return True
+    try:
+        os.stat(f"{check_commit(commit)}.json", dir_fd=dfd, follow_symlinks=False)
+    except FileNotFoundError:
+        return False
     except OSError:
-        logger.warning("cannot write the listing of %s@%s", folder.repo_id, revision.commit_hash, exc_info=True)
+        return True
+    finally:
+        os.close(dfd)
+    return True

@@ -140,13 +140,21 @@ class StoreMiss(Exception):
         repo_id (str | None): the canonical id, for ``RevisionNotFound``.
         commit (str | None): a commit to send as ``X-Repo-Commit`` with the error, if any.
         status (int): the HTTP status to answer (404 unless said otherwise).
+        retry_after (int | None): seconds for a ``Retry-After`` header (a busy or slow upstream), if any.
     """
 
     def __init__(self, code: str, message: str, *, repo_id: str | None = None, commit: str | None = None,
-                 status: int = 404):
+                 status: int = 404, retry_after: int | None = None):
         super().__init__(message)
         self.code, self.message, self.repo_id, self.commit = code, message, repo_id, commit
-        self.status = status
+        self.status, self.retry_after = status, retry_after
+
+    def headers(self) -> dict[str, str]:
+        """The extra headers of the error answer: ``X-Repo-Commit``, ``Retry-After`` when set."""
+        headers = {"X-Repo-Commit": self.commit} if self.commit else {}
+        if self.retry_after is not None:
+            headers["Retry-After"] = str(self.retry_after)
+        return headers
 
 
 class Store(Protocol):
