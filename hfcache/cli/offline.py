@@ -38,7 +38,8 @@ def env_command(cache_dir, fmt, as_json) -> None:
 @click.option("--lock", "lock_file", type=click.Path(dir_okay=False),
               help="Refuse to start (exit 4) unless the cache holds this lock (sizes only: milliseconds).")
 @click.option("--allow-host", "allow_hosts", multiple=True, metavar="HOST[:PORT]",
-              help="Let Python children connect to this host (repeatable); everything else fails at once.")
+              help="Let Python children connect to this host (repeatable: one HOST[:PORT] each, no commas); "
+              "everything else fails at once.")
 @click.argument("command", nargs=-1, type=click.UNPROCESSED, metavar="-- COMMAND [ARGS]...")
 def exec_cmd(cache_dir, lock_file, allow_hosts, command) -> None:
     """Run COMMAND offline: with the variables of `hfcache env` and, for Python, a network guard.

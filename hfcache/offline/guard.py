@@ -14,8 +14,15 @@ failure and retry it with backoff - huggingface_hub's ``http_backoff`` (``utils/
 ``httpx.ConnectError`` 5 times over about 23 s - or fall back silently; a ``RuntimeError`` passes through them at once
 and names the host.
 
+What it checks is what C uses: the socket family from the C struct and the kernel, and addresses, hosts and ports
+only when they are exactly a tuple, str/bytes/bytearray or int (a subclass could tell the guard one host and C
+another: refused). ``socket.socket``'s ``connect``/``connect_ex``/``sendto``/``sendmsg`` are checked before C parses
+the address too, since parsing a host name resolves it with no audit event (:func:`_check_before_c_resolves`).
+
 Limits: it sees what Python code does. Native code that opens sockets itself (a Rust or C extension, ``ctypes``
-calling libc's ``connect``) is not seen; nor is a program that is not Python (``os.system("curl ...")``, a
+calling libc's ``connect``, uvloop's libuv event loop, which ``uvicorn[standard]`` installs) is not seen, and
+``_socket.socket`` used directly still resolves a host name in ``connect`` before the event (the connection is
+refused; the DNS query has left); nor is a program that is not Python (``os.system("curl ...")``, a
 ``subprocess`` of another program); a Python child started with ``-S``/``-I`` skips ``sitecustomize`` and one
 started with ``-E`` ignores the ``PYTHONPATH`` that brings it; a proxy (``HTTPS_PROXY``) is the host connected to,
 so allow the proxy. It is a fail-fast guard against accidents, not a sandbox.
@@ -26,17 +33,43 @@ file path, so a Python child needs neither hfcache nor its dependencies installe
 
 from __future__ import annotations
 
+import _socket
 import contextlib
 import contextvars
-import ipaddress
 import os
 import socket
 import sys
 import threading
 from typing import Iterable, Iterator
 
-#: Environment variable carrying the allowed hosts to a child: ``HOST[:PORT]`` entries separated by commas.
-ENV_ALLOW_HOSTS = "HFCACHE_ALLOW_HOSTS"
+
+def _load_hosts_module():
+    """``guard_hosts.py``, the allow-list half of the guard: imported as a sibling in the package, loaded by file
+    path when this file was (the exec ``sitecustomize``: the child may not have hfcache installed)."""
+    if __package__:
+        from . import guard_hosts
+
+        return guard_hosts
+    import importlib.util
+
+    name = "_hfcache_guard_hosts"
+    if name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(name, os.path.join(os.path.dirname(__file__), "guard_hosts.py"))
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module
+        spec.loader.exec_module(module)
+    return sys.modules[name]
+
+
+_hosts = _load_hosts_module()
+ENV_ALLOW_HOSTS = _hosts.ENV_ALLOW_HOSTS
+AllowedHost = _hosts.AllowedHost
+parse_allow_host = _hosts.parse_allow_host
+hosts_from_environ = _hosts.hosts_from_environ
+format_allow_hosts = _hosts.format_allow_hosts
+hosts_file_names = _hosts.hosts_file_names
+_ip = _hosts._ip
+_target = _hosts._target
 #: Where the process-wide guard lives (one per process, whichever copy of this file installed it).
 _STATE_ATTR = "_hfcache_network_guard"
 #: Audit events (CPython "Audit events table", docs.python.org/3/library/audit_events.html) that can put a byte on
@@ -56,6 +89,15 @@ _INET_FAMILIES = frozenset({socket.AF_INET, getattr(socket, "AF_INET6", socket.A
 #: Families that stay on this machine: Unix sockets, the kernel's netlink and crypto (AF_ALG) interfaces.
 _LOCAL_FAMILIES = frozenset(getattr(socket, name) for name in ("AF_UNIX", "AF_NETLINK", "AF_ALG")
                             if hasattr(socket, name))
+#: The C-level values, read past anything Python code can override. ``socket.socket.family`` is a Python property
+#: a subclass may redefine (it claimed AF_UNIX and then connected TCP to 127.0.0.1); the ``_socket.socket`` member
+#: descriptor reads the C struct's ``sock_family``, and ``SO_DOMAIN`` (Linux) asks the kernel, which also sees
+#: through ``socket(AF_UNIX, fileno=<an AF_INET or AF_PACKET descriptor>)``. Captured at import: a child that
+#: rebinds ``socket.getaddrinfo`` must not get its function called by the guard.
+_C_FAMILY = _socket.socket.__dict__["family"]
+_C_GETSOCKOPT = _socket.socket.getsockopt
+_C_GETADDRINFO = _socket.getaddrinfo
+_SO_DOMAIN = getattr(_socket, "SO_DOMAIN", None)
 
 
 class NetworkBlocked(RuntimeError):
@@ -63,107 +105,26 @@ class NetworkBlocked(RuntimeError):
 
     Attributes:
         target (str): ``HOST:PORT`` (``[V6]:PORT``) for connections, ``HOST`` for DNS lookups.
-        action (str): ``"connection to"``, ``"DNS lookup of"``, ``"reverse DNS lookup of"`` or
-            ``"socket of address family"``.
+        action (str): ``"connection to"``, ``"DNS lookup of"``, ``"reverse DNS lookup of"``,
+            ``"socket of address family"`` or ``"call with an argument of type"`` (a subclass of tuple, str, bytes
+            or int as an address, host or port: ``target`` names its type).
     """
 
     def __init__(self, action: str, target: str) -> None:
+        if not (target.isascii() and target.isprintable()):
+            target = ascii(target)[1:-1]  # a name from the code that asked: shown escaped, one line
         self.action = action
         self.target = target
         remedy = (
             "Such sockets cannot be allowed; run this without hfcache's guard if it must"
             if action.startswith("socket") else
+            "Pass the address as a plain tuple of a str host and an int port"
+            if action.startswith("call") else
             f"If it must reach this host, allow it: `hfcache exec --allow-host {target} -- ...`, or "
             f"hfcache.enforce_offline(allow_hosts=[{target!r}])"
         )
         super().__init__(f"hfcache blocked a {action} {target}: this process runs offline under hfcache's network "
                          f"guard. {remedy}")
-
-
-class AllowedHost:
-    """One ``HOST[:PORT]`` entry of the allow-list.
-
-    ``HOST`` is a host name (matched by name, and by the addresses it resolves to), an IPv4 or IPv6 address
-    (``[::1]:8080`` with a port), or ``localhost``, which stands for every loopback address. Without a port, every
-    port of the host is allowed.
-    """
-
-    __slots__ = ("host", "port", "ip")
-
-    def __init__(self, host: str, port: int | None = None) -> None:
-        self.host = host
-        self.port = port
-        self.ip = _ip(host)
-
-    def __eq__(self, other: object) -> bool:
-        return isinstance(other, AllowedHost) and (self.host, self.port) == (other.host, other.port)
-
-    def __hash__(self) -> int:
-        return hash((self.host, self.port))
-
-    def __repr__(self) -> str:
-        return f"AllowedHost({str(self)!r})"
-
-    def __str__(self) -> str:
-        return _target(self.host, self.port)
-
-
-def parse_allow_host(spec: str) -> AllowedHost:
-    """Parse ``HOST``, ``HOST:PORT``, ``IPV6``, ``[IPV6]`` or ``[IPV6]:PORT``.
-
-    Raises:
-        ValueError: empty host, a port that is not 1-65535, or an unbalanced bracket.
-    """
-    text = spec.strip()
-    port_text = None
-    if text.startswith("["):
-        host, sep, rest = text[1:].partition("]")
-        if not sep or (rest and not rest.startswith(":")):
-            raise ValueError(f"invalid host {spec!r}: use [IPV6]:PORT")
-        port_text = rest[1:] if rest else None
-    elif text.count(":") == 1:
-        host, port_text = text.split(":")
-    else:
-        host = text  # a bare name, IPv4 address, or IPv6 address without a port
-    host = host.strip().lower().rstrip(".")
-    if not host or any(c.isspace() for c in host) or "/" in host:
-        raise ValueError(f"invalid host {spec!r}: use HOST or HOST:PORT")
-    port = None
-    if port_text is not None:
-        if not port_text.isdigit() or not 0 < int(port_text) < 65536:
-            raise ValueError(f"invalid port in {spec!r}: use a number from 1 to 65535")
-        port = int(port_text)
-    ip = _ip(host)
-    return AllowedHost(str(ip) if ip is not None else host, port)
-
-
-def hosts_from_environ(environ: dict[str, str] | None = None) -> tuple[AllowedHost, ...]:
-    """The allow-list a parent passed in ``HFCACHE_ALLOW_HOSTS`` (comma-separated ``HOST[:PORT]``).
-
-    Raises:
-        ValueError: an entry does not parse.
-    """
-    value = (os.environ if environ is None else environ).get(ENV_ALLOW_HOSTS, "")
-    return tuple(parse_allow_host(item) for item in value.split(",") if item.strip())
-
-
-def format_allow_hosts(hosts: Iterable[AllowedHost]) -> str:
-    """The ``HFCACHE_ALLOW_HOSTS`` value for ``hosts`` (inverse of :func:`hosts_from_environ`)."""
-    return ",".join(str(h) for h in hosts)
-
-
-def _ip(host: str):
-    try:
-        ip = ipaddress.ip_address(host.split("%", 1)[0])
-    except ValueError:
-        return None
-    mapped = getattr(ip, "ipv4_mapped", None)
-    return mapped if mapped is not None else ip
-
-
-def _target(host: str, port: int | None) -> str:
-    shown = f"[{host}]" if ":" in host else host
-    return shown if port is None else f"{shown}:{port}"
 
 
 def _family_name(family) -> str:
@@ -174,43 +135,54 @@ def _family_name(family) -> str:
 
 
 def _port(value) -> int | None:
-    if isinstance(value, int):
+    """A port given as a plain int, or a plain str/bytes of ASCII digits (a service name: None, any port)."""
+    if type(value) is int:
         return value or None
-    if isinstance(value, (str, bytes)) and value.isdigit():
+    if type(value) in (str, bytes) and value.isascii() and value.isdigit():
         return int(value) or None
     return None
 
 
-def hosts_file_names(path: str = "/etc/hosts", nsswitch: str = "/etc/nsswitch.conf") -> frozenset:
-    """The names the C library answers from ``path`` without asking a DNS server: every name (lower case, no
-    trailing dot) of ``/etc/hosts``, when ``nsswitch``'s ``hosts:`` line consults ``files`` before ``dns`` (or has
-    no such line: glibc's default is ``files dns``). Empty when ``dns`` comes first or the file cannot be read.
+class _Refused(Exception):
+    """Raised inside :meth:`_Rules.refusal` when an argument is not of a type the guard can read exactly."""
 
-    glibc sends any other name to the nameservers of ``/etc/resolv.conf`` - ``*.localhost`` and the machine's own
-    name included (RFC 6761 asks resolvers to answer ``.localhost`` themselves; glibc does not) - so only these and
-    ``localhost`` are resolved without an allow-list entry.
-    """
+    def __init__(self, what: object) -> None:
+        super().__init__(what)
+        self.what = type.__dict__["__name__"].__get__(type(what))  # not type(what).__name__: a metaclass may lie
+
+
+def _plain_host(value) -> str:
+    """``value`` as text when it is exactly a str, bytes or bytearray (ASCII); else :class:`_Refused`."""
+    if type(value) is str:
+        return value
+    if type(value) in (bytes, bytearray) and value.isascii():
+        return value.decode("ascii")
+    raise _Refused(value)
+
+
+def _plain_address(address) -> tuple[str, int | None]:
+    """(host, port) of an IP socket address that is exactly a tuple of a plain host and a plain int port."""
+    if type(address) is not tuple or len(address) < 2:
+        raise _Refused(address)
+    host, port = address[0], address[1]
+    if type(port) is not int:
+        raise _Refused(port)
+    return _plain_host(host), port or None
+
+
+def _real_families(sock) -> frozenset:
+    """The socket's address family as C stores it and as the kernel reports it (``SO_DOMAIN``, Linux); empty when
+    ``sock`` is no real socket (a hand-made ``sys.audit`` call: nothing is sent)."""
     try:
-        with open(nsswitch, encoding="utf-8", errors="replace") as f:
-            for line in f:
-                words = line.split("#", 1)[0].split()
-                if words and words[0] == "hosts:":
-                    sources = [w for w in words[1:] if not w.startswith("[")]
-                    if "files" not in sources or ("dns" in sources and sources.index("dns") < sources.index("files")):
-                        return frozenset()
-                    break
-    except OSError:
-        pass
-    names = set()
-    try:
-        with open(path, encoding="utf-8", errors="replace") as f:
-            for line in f:
-                words = line.split("#", 1)[0].split()
-                if len(words) >= 2 and _ip(words[0]) is not None:
-                    names.update(w.lower().rstrip(".") for w in words[1:])
-    except OSError:
+        families = {_C_FAMILY.__get__(sock)}
+    except TypeError:
         return frozenset()
-    return frozenset(names)
+    if _SO_DOMAIN is not None:
+        try:
+            families.add(_C_GETSOCKOPT(sock, _socket.SOL_SOCKET, _SO_DOMAIN))
+        except OSError:
+            pass  # closed (the call fails too) or no SO_DOMAIN here: the C value stands
+    return frozenset(families)
 
 
 class _Rules:
@@ -224,7 +196,9 @@ class _Rules:
 
     def allow(self, hosts: Iterable[AllowedHost | str]) -> None:
         for host in hosts:
-            entry = parse_allow_host(host) if isinstance(host, str) else host
+            # Every entry is parsed again from its text: an AllowedHost of another copy of this file (hfcache's,
+            # when the exec sitecustomize installed its own) or any other object becomes one of ours, checked.
+            entry = parse_allow_host(host if type(host) is str else str(host))
             if entry not in self.allowed:
                 self.allowed.append(entry)
 
@@ -272,7 +246,7 @@ class _Rules:
         if name not in self.resolved:
             self.busy.on = True
             try:
-                infos = socket.getaddrinfo(name, None)
+                infos = _C_GETADDRINFO(name, None)
             except OSError:
                 return frozenset()
             finally:
@@ -284,33 +258,63 @@ class _Rules:
         return self.resolved[name]
 
     def refusal(self, event: str, args: tuple) -> tuple[str, str] | None:
-        """(action, target) when the audit event ``event`` reaches a host not allowed, else None."""
+        """(action, target) when the audit event ``event`` reaches a host not allowed, else None.
+
+        Reads the C-level values only (:func:`_real_families`, :func:`_plain_address`, :func:`_plain_host`): an
+        address, host or port of any other type than a plain tuple, str, bytes or int is refused, whatever it says.
+        """
+        try:
+            return self._refusal(event, args)
+        except _Refused as exc:
+            return "call with an argument of type", f"{exc.what} (only a plain tuple, str, bytes or int is read)"
+
+    def _refusal(self, event: str, args: tuple) -> tuple[str, str] | None:
         if event == "socket.__new__":
             family = args[1]  # -1: socket(fileno=...) wraps an existing descriptor; its connect or sendto is checked
             if family != -1 and family not in _INET_FAMILIES and family not in _LOCAL_FAMILIES:
                 return "socket of address family", _family_name(family)
         elif event in _SEND_EVENTS:
-            sock, address = args[0], args[1]
-            if getattr(sock, "family", None) not in _INET_FAMILIES or not isinstance(address, tuple):
-                return None  # AF_UNIX and other local families; sendto/sendmsg on a connected socket (connect seen)
-            host, port = str(address[0]), _port(address[1])
-            if not self.allows_connection(host, port):
-                return "connection to", _target(host.split("%", 1)[0], port)
+            return self._send_refusal(args[0], args[1])
         elif event in _REVERSE_EVENTS:
             address = args[0]
-            host, port = (address[0], _port(address[1]) if len(address) > 1 else None) \
-                if isinstance(address, tuple) and address else (address, None)
-            if isinstance(host, bytes):
-                host = host.decode("ascii", "replace")
-            if not self.allows_reverse_lookup(str(host), port):
-                return "reverse DNS lookup of", str(host)
+            if type(address) is tuple:
+                host, port = _plain_host(address[0]) if address else "", None
+                if len(address) > 1:
+                    if type(address[1]) is not int:
+                        raise _Refused(address[1])
+                    port = address[1] or None
+            else:
+                host, port = _plain_host(address), None
+            if not self.allows_reverse_lookup(host, port):
+                return "reverse DNS lookup of", host
         else:
-            host = args[0]
-            if isinstance(host, bytes):
-                host = host.decode("ascii", "replace")
-            port = _port(args[1]) if event == "socket.getaddrinfo" else None
-            if host and not self.allows_lookup(str(host), port):
-                return "DNS lookup of", str(host)
+            host = None if args[0] is None else _plain_host(args[0])
+            port = None
+            if event == "socket.getaddrinfo" and args[1] is not None:
+                if type(args[1]) not in (int, str, bytes):
+                    raise _Refused(args[1])
+                port = _port(args[1])
+            if host and not self.allows_lookup(host, port):
+                return "DNS lookup of", host
+        return None
+
+    def _send_refusal(self, sock, address) -> tuple[str, str] | None:
+        """connect/connect_ex, sendto, sendmsg: checked by the family C and the kernel give the socket."""
+        families = _real_families(sock)
+        if not families:
+            return None
+        family = next(iter(families))
+        if len(families) > 1 or (family not in _INET_FAMILIES and family not in _LOCAL_FAMILIES):
+            # socket(AF_UNIX, fileno=<an AF_INET or AF_PACKET descriptor>): what C parses is not what the kernel
+            # sends; and an AF_PACKET socket's later sends have no audit event of their own
+            return "socket of address family", "/".join(sorted(_family_name(f) for f in families))
+        if family in _LOCAL_FAMILIES or address is None:
+            return None  # AF_UNIX and other local families; sendmsg on a connected socket (its connect was seen)
+        if not isinstance(address, tuple) or (type(address) is tuple and len(address) < 2):
+            return None  # C refuses it itself (TypeError; seen only before C parses it): nothing is sent
+        host, port = _plain_address(address)
+        if not self.allows_connection(host, port):
+            return "connection to", _target(host.split("%", 1)[0], port)
         return None
 
 
@@ -349,8 +353,9 @@ class Guard:
                 return
             refused = rules.refusal(event, args)
             if refused is not None:
-                attempts.append(refused[1])
-                raise error_class(*refused)
+                error = error_class(*refused)
+                attempts.append(error.target)  # escaped when it is not printable ASCII
+                raise error
 
         def enforce() -> None:
             latch[0] = True
@@ -430,12 +435,57 @@ def install(allow_hosts: Iterable[AllowedHost | str] = (), *, enforce: bool = Tr
         guard = Guard()
         guard.allow(allow_hosts)
         sys.addaudithook(guard.hook)
+        _check_before_c_resolves(guard.hook)
         setattr(sys, _STATE_ATTR, guard)
     else:
         guard.allow(allow_hosts)
     if enforce:
         guard.enforce()
     return guard
+
+
+def _check_before_c_resolves(hook) -> None:
+    """Run ``hook``'s send check before C parses the address, in ``socket.socket.connect``/``connect_ex``/
+    ``sendto``/``sendmsg``.
+
+    Works around a CPython gap: those C methods parse the address (``getsockaddrarg``) before they raise their
+    audit event, and parsing a host *name* resolves it with the C library's ``getaddrinfo`` - no
+    ``socket.getaddrinfo`` event - so ``connect(("exfil-secret.example", 80))`` sent a DNS query that the guard
+    then refused to connect to. Checked here first, a name that is not allowed never reaches the resolver. The
+    audit event still fires after the parse (a second check of the same object). ``_socket.socket`` used
+    directly (no Python class in between) keeps the gap: docs/offline.md lists it.
+    """
+    import functools
+
+    base = _socket.socket
+
+    @functools.wraps(base.connect)
+    def connect(self, address):
+        hook("socket.connect", (self, address))
+        return base.connect(self, address)
+
+    @functools.wraps(base.connect_ex)
+    def connect_ex(self, address):
+        hook("socket.connect", (self, address))
+        return base.connect_ex(self, address)
+
+    @functools.wraps(base.sendto)
+    def sendto(self, data, *args):
+        if args:  # sendto(data, address) or sendto(data, flags, address); C reports a wrong count itself
+            hook("socket.sendto", (self, args[-1]))
+        return base.sendto(self, data, *args)
+
+    @functools.wraps(base.sendmsg)
+    def sendmsg(self, *args):
+        if len(args) > 3:  # sendmsg(buffers, ancdata, flags, address): positional only in C too
+            hook("socket.sendmsg", (self, args[3]))
+        return base.sendmsg(self, *args)
+
+    cls = socket.socket
+    if not (isinstance(cls, type) and issubclass(cls, base) and cls.__module__ == "socket"):
+        return  # replaced already (gevent's monkey patching): its class is not ours to change; the events stay
+    for method in (connect, connect_ex, sendto, sendmsg):
+        setattr(cls, method.__name__, method)
 
 
 def site_dir() -> str:

@@ -2,7 +2,8 @@
 
 ``hfcache exec`` puts this folder first on the child's ``PYTHONPATH``, so Python's ``site`` module imports this file as
 ``sitecustomize`` at start-up. It installs the guard (``hfcache/offline/guard.py``, loaded by file path: the child needs
-neither hfcache nor its dependencies installed) with the allow-list from ``HFCACHE_ALLOW_HOSTS``, then runs the
+neither hfcache nor its dependencies installed) with the allow-list from ``HFCACHE_ALLOW_HOSTS`` (a malformed value
+allows nothing, with a warning on stderr: fail closed), then runs the
 ``sitecustomize`` this file shadows, if there is one (an image's own, or a distribution's), so that one keeps working.
 """
 
@@ -17,7 +18,13 @@ def _install_guard() -> None:
     module = importlib.util.module_from_spec(spec)
     sys.modules["_hfcache_guard"] = module  # before exec_module: the module's classes look themselves up there
     spec.loader.exec_module(module)
-    module.install(module.hosts_from_environ(), enforce=True)
+    try:
+        hosts = module.hosts_from_environ()
+    except ValueError as exc:  # fail closed: a malformed allow-list allows nothing, it is never split some other way
+        sys.stderr.write(f"hfcache: warning: {module.ENV_ALLOW_HOSTS} is malformed ({exc}); the network guard "
+                         "allows no host\n")
+        hosts = ()
+    module.install(hosts, enforce=True)
 
 
 def _chain_next_sitecustomize() -> None:

