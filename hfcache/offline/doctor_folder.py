@@ -4,16 +4,18 @@ folder transformers copies custom code into (the list, with the sources followed
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import stat
-import tempfile
+import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from .findings import Finding, is_true
 from ..bounds import MAX_TREE_DEPTH
+from ..cache import safefs
 from ..cache.access import flock_check, outsider_check, reach_check, share_recipe, sharing_checks, write_checks
 from ..cache.treewalk import walk_tree
 from ..errors import HfcacheError
@@ -272,16 +274,14 @@ def _walk_access(cache: Path) -> tuple[list[str], set[int]]:
 
 def _symlink_support(cache: Path, writable: bool | None) -> bool | None:
     """Probe like huggingface_hub's ``are_symlinks_supported`` when the cache is writable; otherwise judge from what
-    the cache holds (a snapshot entry that is a symlink proves support; None when nothing tells)."""
+    the cache holds (a snapshot entry that is a symlink proves support; None when nothing tells).
+
+    The probe folder is made, filled and removed relative to descriptors (the root's, then its own, opened with
+    ``O_NOFOLLOW``): in a group-writable root a member can rename it away and put a link in its place, and a path
+    rebuilt afterwards would then write wherever that link points."""
     if writable:
         try:
-            with tempfile.TemporaryDirectory(dir=cache, prefix=".hfcache-doctor-") as tmp:
-                (Path(tmp) / "src").touch()
-                try:
-                    os.symlink("src", Path(tmp) / "dst")
-                    return True
-                except OSError:
-                    return False
+            return _probe_symlinks(cache)
         except OSError:
             return None
     for snapshots in cache.glob("*--*/snapshots"):
@@ -289,6 +289,35 @@ def _symlink_support(cache: Path, writable: bool | None) -> bool | None:
             if any(os.path.islink(os.path.join(root, name)) for name in names):
                 return True
     return None
+
+
+def _probe_symlinks(cache: Path) -> bool:
+    """Create ``.hfcache-doctor-<random>/{src,dst -> src}`` below the cache root through folder descriptors and
+    remove it; True when the symlink could be made.
+
+    Raises:
+        OSError: the probe folder could not be made or opened (a link swapped in is refused, ``ELOOP``).
+    """
+    name = f".hfcache-doctor-{uuid.uuid4().hex}"
+    with safefs.dir_fd(cache) as root_fd:
+        os.mkdir(name, 0o700, dir_fd=root_fd)
+        try:
+            probe = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=root_fd)
+            try:
+                os.close(os.open("src", os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600, dir_fd=probe))
+                try:
+                    os.symlink("src", "dst", dir_fd=probe)
+                    return True
+                except OSError:
+                    return False
+            finally:
+                for entry in ("dst", "src"):
+                    with contextlib.suppress(OSError):
+                        os.unlink(entry, dir_fd=probe)
+                os.close(probe)
+        finally:
+            with contextlib.suppress(OSError):
+                os.rmdir(name, dir_fd=root_fd)
 
 
 def _human(n: int) -> str:

@@ -19,7 +19,7 @@ other than the safe primitives (``hfcache/cache/safefs.py``, ``hfcache/cache/saf
   paths outside a cache;
 
 unless the (module, function) is in :data:`ALLOWED` (each with the reason it never acts below a cache root, or
-acts only where no member can write) or, for now, in :data:`PENDING`.
+acts only where no member can write).
 """
 
 from __future__ import annotations
@@ -71,15 +71,6 @@ ALLOWED: dict[tuple[str, str], str] = {
     ("hfcache.move.link", "_make_link"):
         "mkdir -p of the user's DEST parent (outside the cache, refuse_dest_inside); the link is made by fd",
 }
-
-#: TEMPORARY: offenders in modules other engineers are migrating now ("Trust, round three"). The lead empties this
-#: set; until then these (module, function) pairs pass. Entries that no longer offend do not fail the test.
-PENDING: set[tuple[str, str]] = {
-    # TemporaryDirectory(dir=<cache root>) then touch()/os.symlink by path inside it: a member can rename that
-    # folder away and put a symlink in its place (the root is group-writable, not sticky). Owner: doctor_folder.
-    ("hfcache.offline.doctor_folder", "_symlink_support"),
-}
-
 
 def _module_name(path: Path) -> str:
     parts = list(path.relative_to(PACKAGE.parent).with_suffix("").parts)
@@ -204,7 +195,7 @@ OFFENDERS = _all_offenders()
 
 
 def test_no_path_based_write_outside_the_safe_primitives():
-    unexpected = {key: where for key, where in OFFENDERS.items() if key not in ALLOWED and key not in PENDING}
+    unexpected = {key: where for key, where in OFFENDERS.items() if key not in ALLOWED}
     assert not unexpected, "path-based filesystem calls (act through safefs / *_at with the folder's fd):\n" + \
         "\n".join(f"  {w}" for where in unexpected.values() for w in where)
 
