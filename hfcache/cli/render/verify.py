@@ -116,7 +116,8 @@ def show_check(report: CheckReport, *, as_json: bool) -> None:
                  "ok": r.ok, "trust_remote_code": r.target.trust_remote_code,
                  "class": r.tokenizer_class, "vocab_size": r.vocab_size,
                  "input_ids": list(r.input_ids) if r.input_ids is not None else None,
-                 "seconds": r.seconds, "error": r.error, "cause": r.cause, "skipped": r.skipped}
+                 "seconds": r.seconds, "error": r.error, "cause": r.cause, "skipped": r.skipped,
+                 "not_run": r.not_run}
                 for r in report.results
             ],
         })
@@ -136,9 +137,12 @@ def show_check(report: CheckReport, *, as_json: bool) -> None:
         table.add_row(r.target.spec, r.tokenizer_class or "-", str(r.vocab_size or "-"), f"{r.seconds:.2f}s", result)
     stdout.print(table)
     failed = sum(not r.ok for r in report.results)
-    skipped = sum(bool(r.skipped) for r in report.results)
-    stdout.print(Text(f"{len(report.results) - failed - skipped} loaded, {failed} failed"
-                      + (f", {skipped} skipped" if skipped else ""), style="green" if not failed else "red"))
+    skipped = sum(bool(r.skipped) and not r.not_run for r in report.results)
+    not_run = sum(r.not_run for r in report.results)
+    stdout.print(Text(f"{len(report.results) - failed - skipped - not_run} loaded, {failed} failed"
+                      + (f", {skipped} skipped" if skipped else "")
+                      + (f", {not_run} not run (custom code not trusted)" if not_run else ""),
+                      style="green" if report.ok and not failed else "red"))
     for r in report.results:
         if not r.ok and r.cause and r.error and r.error != r.cause:
             stdout.print(Text(f"{r.target.spec}: {r.error.splitlines()[0][:300]}", style="dim"), soft_wrap=True)
