@@ -3,25 +3,138 @@
 A group member of a shared cache can swap any folder or file for a link between a check and a use, and plant a
 folder chain deep enough to exhaust Python's recursion. :func:`iter_tree` walks without recursion and within
 :data:`hfcache.bounds.MAX_TREE_DEPTH`; :func:`copy_blob_at` copies a blob between folder descriptors and re-checks
-its hash while it copies.
+its hash while it copies. :func:`walk` hands out each folder's descriptor (for ``link`` and ``export``, which
+open entries relative to it); :func:`open_regular` opens one regular file of such a folder.
 """
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import os
 import stat
 import uuid
 from collections.abc import Callable, Container, Iterator, Sequence
+from dataclasses import dataclass
 
-from ..bounds import MAX_TREE_DEPTH, TooDeep
+from .. import bounds
+from ..bounds import MAX_TREE_DEPTH
 from .safefs import UnsafeLayout, _parts, check_etag, open_dir
+
+#: Flags for a file read below the cache root: no final link followed, never blocking on a FIFO.
+READ_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+
+
+class TooDeep(UnsafeLayout, bounds.TooDeep):
+    """A folder chain below a cache folder deeper than :data:`hfcache.bounds.MAX_TREE_DEPTH`: nothing was done.
+    ``parts``: the components (below the walk's root) of the first folder left unentered. Both an
+    :class:`UnsafeLayout` (exit 5 where it ends a command) and a :class:`hfcache.bounds.TooDeep` (a ``ValueError``:
+    where callers report it as the problem of one repo)."""
+
+    parts: tuple[str, ...] = ()
+
+
+@dataclass
+class Folder:
+    """One folder of a :func:`walk`.
+
+    Attributes:
+        parts (tuple[str, ...]): its components below the walk's root.
+        fd (int): its descriptor, valid until the walk moves on (the walk closes it).
+        entries (list[tuple[str, os.stat_result]]): (name, ``lstat``) of its entries, sorted by name; remove
+            folders from it (in place) to keep the walk out of them.
+    """
+
+    parts: tuple[str, ...]
+    fd: int
+    entries: list[tuple[str, os.stat_result]]
+
+
+def walk(root: str | os.PathLike[str], top: Sequence[str] = (), *, max_depth: int = MAX_TREE_DEPTH) -> Iterator[Folder]:
+    """Every folder of ``root/top`` (``top`` first, then depth-first in name order), each opened through
+    :func:`hfcache.cache.safefs.open_dir` (no link below ``root`` followed).
+
+    Args:
+        root: the cache root (it may itself be a symlink).
+        top: components below ``root`` where the walk starts.
+        max_depth: deepest folder level entered below ``top`` (``top`` is level 0).
+
+    Yields:
+        Folder: its parts, descriptor and entries (lstat, not followed).
+
+    Raises:
+        TooDeep: a folder more than ``max_depth`` levels below ``top``.
+        UnsafeLayout: a folder was swapped for a link or a file during the walk.
+        FileNotFoundError: ``top`` is missing (a folder gone later is skipped).
+    """
+    base = tuple(top)
+    stack = [base]
+    while stack:
+        parts = stack.pop()
+        try:
+            fd = open_dir(root, parts)
+        except FileNotFoundError:
+            if parts == base:
+                raise
+            continue
+        try:
+            folder = Folder(parts, fd, _entries(fd))
+            yield folder
+            subdirs = [name for name, st in folder.entries if stat.S_ISDIR(st.st_mode)]
+            if subdirs and len(parts) - len(base) >= max_depth:
+                shown = "/".join((*parts, subdirs[0]))
+                deep = TooDeep(f"{os.fspath(root)}/{shown}: folders nested deeper than {max_depth} levels: left "
+                               "alone", hint="remove that folder chain, then rerun")
+                deep.parts = (*parts, subdirs[0])
+                raise deep
+            stack.extend(parts + (name,) for name in reversed(subdirs))
+        finally:
+            os.close(fd)
+
+
+def _entries(fd: int) -> list[tuple[str, os.stat_result]]:
+    """(name, lstat) of the folder ``fd``'s entries, sorted; an entry gone meanwhile is left out."""
+    out = []
+    for name in sorted(os.listdir(fd)):
+        try:
+            out.append((name, os.stat(name, dir_fd=fd, follow_symlinks=False)))
+        except FileNotFoundError:
+            continue
+    return out
+
+
+def open_regular(dir_fd: int, name: str, shown: str) -> int:
+    """Open the regular file ``name`` of the folder ``dir_fd`` for reading (``O_NOFOLLOW | O_NONBLOCK``, then
+    ``fstat``), so a name swapped for a link, FIFO, device or folder after it was listed is refused.
+
+    Args:
+        dir_fd: the folder's descriptor (from :func:`walk`). name: one component. shown: the path named in errors.
+
+    Returns:
+        int: the descriptor (caller closes).
+
+    Raises:
+        UnsafeLayout: not a regular file (a link, FIFO, device or folder) now.
+        FileNotFoundError: it is gone.
+    """
+    try:
+        fd = os.open(name, READ_FLAGS, dir_fd=dir_fd)
+    except OSError as exc:
+        if exc.errno in (errno.ELOOP, errno.ENOTDIR, errno.ENXIO):
+            raise UnsafeLayout(f"{shown} is not a regular file (a link, FIFO or device): left alone",
+                               hint="remove it, then rerun") from None
+        raise
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise UnsafeLayout(f"{shown} is not a regular file (a FIFO, device or folder): left alone",
+                           hint="remove it, then rerun")
+    return fd
 
 
 def iter_tree(root: str | os.PathLike[str], rel: str | Sequence[str], *, max_depth: int = MAX_TREE_DEPTH,
               skip: Container[str] = ()) -> Iterator[tuple[tuple[str, ...], str, int]]:
-    """Every entry below the folder ``root/rel``, breadth first, without recursion and without following a link:
-    each folder is opened from the cache root with ``O_NOFOLLOW | O_DIRECTORY`` (:func:`open_dir`).
+    """Every entry below the folder ``root/rel`` (:func:`walk`: without recursion and without following a link,
+    each folder opened from the cache root with ``O_NOFOLLOW | O_DIRECTORY``), parents before their children.
 
     ``skip``: names of folders directly in ``root/rel`` that are listed but not walked into.
 
@@ -29,34 +142,18 @@ def iter_tree(root: str | os.PathLike[str], rel: str | Sequence[str], *, max_dep
         (folder parts below ``rel``, entry name, ``st_mode`` of the entry, not followed).
 
     Raises:
-        TooDeep: a folder chain deeper than ``max_depth`` levels below ``rel`` (a ValueError: callers report it
-            as a problem of the one repo). UnsafeLayout: a folder was swapped for a link while walked.
+        TooDeep: a folder chain deeper than ``max_depth`` levels below ``rel`` (also a ``bounds.TooDeep``, a
+            ValueError: callers report it as a problem of the one repo). UnsafeLayout: a folder was swapped for a
+            link while walked.
         FileNotFoundError: ``root/rel`` is missing.
     """
     base = tuple(_parts(rel)) if rel else ()
-    queue: list[tuple[str, ...]] = [()]
-    while queue:
-        here = queue.pop(0)
-        if len(here) > max_depth:
-            raise TooDeep(f"{root}/{'/'.join(base)}: a folder chain deeper than {max_depth} levels")
-        try:
-            fd = open_dir(root, (*base, *here))
-        except FileNotFoundError:
-            if not here:
-                raise
-            continue  # removed since it was listed
-        try:
-            names = os.listdir(fd)
-            for name in names:
-                try:
-                    mode = os.stat(name, dir_fd=fd, follow_symlinks=False).st_mode
-                except FileNotFoundError:
-                    continue
-                yield here, name, mode
-                if stat.S_ISDIR(mode) and (here or name not in skip):
-                    queue.append((*here, name))
-        finally:
-            os.close(fd)
+    for folder in walk(root, base, max_depth=max_depth):
+        here = folder.parts[len(base):]
+        for name, st in folder.entries:
+            yield here, name, st.st_mode
+        if not here and skip:
+            folder.entries[:] = [(n, st) for n, st in folder.entries if n not in skip]
 
 
 def blob_hasher(etag: str, size: int):

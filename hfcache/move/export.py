@@ -20,7 +20,7 @@ gives a new layer digest on every build.
   an export never launders a broken revision into one that verifies.
 - The source may be a group-shared cache whose members swap folders while root exports it: blobs are opened with
   ``safefs.open_blob``, every other file and the ``.no_exist`` markers through folders opened from the cache root
-  without following links (:mod:`hfcache.move.tree_walk`; iterative walks, at most
+  without following links (:mod:`hfcache.cache.safefs_tree`; iterative walks, at most
   :data:`hfcache.bounds.MAX_TREE_DEPTH` levels: deeper is exit 5 naming the repo), and each file is read at
   exactly its planned size. A DEST inside the source cache is refused by the command (:mod:`hfcache.move.destination`);
   the directory form is written by :mod:`hfcache.move.export_dir`.
@@ -41,7 +41,7 @@ from typing import BinaryIO
 from ..bounds import MAX_TREE_DEPTH
 from ..cache import safefs
 from ..cache.root import CACHEDIR_TAG
-from . import tree_walk
+from ..cache import safefs_tree
 from .export_store import HashingReader as _HashingReader, SizedReader as _SizedReader
 from .export_store import open_plain_source as _open_source
 from .export_store import with_store_blobs as _with_store_blobs
@@ -336,7 +336,7 @@ def _parents(name: str, stop: str) -> set[str]:
 
 def _markers(cache_dir: Path, folder: str, commit: str) -> list[str]:
     """Relative paths of the regular files below ``<folder>/.no_exist/<commit>`` (sorted; links and other types
-    ignored), walked through descriptors (:mod:`hfcache.move.tree_walk`), iteratively.
+    ignored), walked through descriptors (:mod:`hfcache.cache.safefs_tree`), iteratively.
 
     Raises:
         CacheError (exit 5): folders nested deeper than :data:`hfcache.bounds.MAX_TREE_DEPTH`, naming the repo; a
@@ -344,12 +344,12 @@ def _markers(cache_dir: Path, folder: str, commit: str) -> list[str]:
     """
     out = []
     try:
-        for found in tree_walk.walk(cache_dir, (folder, ".no_exist", commit), max_depth=MAX_TREE_DEPTH):
+        for found in safefs_tree.walk(cache_dir, (folder, ".no_exist", commit), max_depth=MAX_TREE_DEPTH):
             prefix = "/".join(found.parts[3:])
             out += [f"{prefix}/{n}" if prefix else n for n, st in found.entries if stat.S_ISREG(st.st_mode)]
     except (FileNotFoundError, NotADirectoryError):
         return []
-    except tree_walk.TooDeep:
+    except safefs_tree.TooDeep:
         raise CacheError(f"{folder}: unsafe cache layout, nothing exported: .no_exist/{commit[:12]} holds folders "
                          f"nested deeper than {MAX_TREE_DEPTH} levels", hint="remove them, then rerun") from None
     return sorted(out)

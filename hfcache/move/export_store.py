@@ -18,7 +18,7 @@ from pathlib import Path
 
 from ..cache import safefs
 from ..cache.shared_store import StoreProblem, payload_stat
-from .tree_walk import open_regular
+from ..cache.safefs_tree import open_regular
 from ..errors import CacheError
 from ..integrity.hashing import algorithm_of
 

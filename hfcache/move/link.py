@@ -16,7 +16,7 @@ symlinked folder or a device in SRC refuses the whole link (DEST would otherwise
 
 SRC may be a group-shared cache whose members can swap any folder for a link while ``link`` runs (as root): every
 folder of SRC is opened from its root one component at a time without following links and every file through its
-folder's descriptor (:mod:`hfcache.move.tree_walk`), so nothing outside SRC is read, hardlinked or copied; the walk
+folder's descriptor (:mod:`hfcache.cache.safefs_tree`), so nothing outside SRC is read, hardlinked or copied; the walk
 is iterative and bounded (a chain deeper than :data:`hfcache.bounds.MAX_TREE_DEPTH` below a snapshot: exit 5). The
 staging folder is private (0700) until it is complete and is written through its descriptor. DEST inside SRC is
 refused (exit 2).
@@ -40,7 +40,7 @@ from ..cache import safefs
 from ..cache.safefs import repo_layout_problems
 from ..cache.shared_store import STORE_DIR
 from ..cache.scan import parse_folder_name
-from . import tree_walk
+from ..cache import safefs_tree
 from .destination import refuse_dest_inside
 
 MODES = ("symlink", "hardlink", "copy")
@@ -179,7 +179,7 @@ def already_linked(src: Path, dest: Path, mode: str) -> bool:
     """Whether ``dest`` already is what linking ``src`` in ``mode`` makes: a symlink resolving to ``src``; or the
     same tree (``.locks`` and ``*.incomplete`` left out on both sides) whose symlinks have the same targets and whose
     files are hardlinks of ``src``'s (``hardlink``) or hold the same bytes (``copy``: every file is read, through
-    descriptors of folders opened without following links, :mod:`hfcache.move.tree_walk`).
+    descriptors of folders opened without following links, :mod:`hfcache.cache.safefs_tree`).
 
     Raises:
         UnsafeLayout (CacheError): a folder of ``src`` swapped for a link meanwhile, or nested too deep.
@@ -226,17 +226,17 @@ def _tree(root: Path) -> dict[tuple[str, ...], tuple[os.stat_result, str | None]
 
 
 def _walk(root: Path):
-    """:func:`tree_walk.walk` of the cache ``root`` without what a link leaves out (top-level ``.locks`` and the
+    """:func:`safefs_tree.walk` of the cache ``root`` without what a link leaves out (top-level ``.locks`` and the
     shared store, ``*.incomplete`` files); its depth error names the repo."""
     try:
-        for folder in tree_walk.walk(root, max_depth=_LINK_DEPTH):
+        for folder in safefs_tree.walk(root, max_depth=_LINK_DEPTH):
             folder.entries[:] = [(n, st) for n, st in folder.entries
                                  if not (not folder.parts and n in _LEFT_OUT)
                                  and not (n.endswith(".incomplete") and not stat.S_ISDIR(st.st_mode))]
             yield folder
-    except tree_walk.TooDeep as exc:
+    except safefs_tree.TooDeep as exc:
         repo = exc.parts[0] if exc.parts else "?"
-        raise tree_walk.TooDeep(f"unsafe cache layout in {root}: {repo}: folders nested deeper than {MAX_TREE_DEPTH} "
+        raise safefs_tree.TooDeep(f"unsafe cache layout in {root}: {repo}: folders nested deeper than {MAX_TREE_DEPTH} "
                                 f"levels ({'/'.join(exc.parts[:3])}/...): nothing was linked",
                                 hint="remove that folder chain (or the repo), then rerun") from None
 
@@ -257,7 +257,7 @@ def _same_bytes(src: Path, dest: Path, rel: tuple[str, ...]) -> bool:
 def _open_regular(root: Path, rel: Sequence[str]) -> int:
     """The regular file ``root/rel`` opened through :func:`safefs.open_dir` of its folder (caller closes)."""
     with safefs.dir_fd(root, rel[:-1]) as fd:
-        return tree_walk.open_regular(fd, rel[-1], os.path.join(root, *rel))
+        return safefs_tree.open_regular(fd, rel[-1], os.path.join(root, *rel))
 
 
 #: What a link never carries over at the top: locks, and the shared Xet store (its payloads become the repo blobs).
@@ -311,7 +311,7 @@ def _refuse_unsafe(src: Path) -> None:
 def _copy_tree(src: Path, sfd: int, mode: str) -> tuple[int, int]:
     """Recreate ``src`` in the staging folder ``sfd`` with hardlinks or copies; return (files, bytes copied).
 
-    Every folder of ``src`` is opened from its root without following a link (:mod:`hfcache.move.tree_walk`) and
+    Every folder of ``src`` is opened from its root without following a link (:mod:`hfcache.cache.safefs_tree`) and
     every file through that folder's descriptor (``O_NOFOLLOW | O_NONBLOCK``, ``S_ISREG`` checked on what was
     opened), so a folder or file a group member swaps for a link during the walk is refused, never followed. The
     same rule as import for links: a symlink is carried over only when it is a snapshot entry pointing into its
@@ -338,7 +338,7 @@ def _copy_tree(src: Path, sfd: int, mode: str) -> tuple[int, int]:
             elif not stat.S_ISREG(st.st_mode):
                 raise UsageError(f"{shown} is not a regular file, link or folder")
             else:
-                fd = tree_walk.open_regular(folder.fd, name, shown)
+                fd = safefs_tree.open_regular(folder.fd, name, shown)
                 try:
                     added += _carry(fd, sfd, target, mode)
                 finally:
