@@ -14,7 +14,12 @@ def validate_endpoint(endpoint: str) -> str:
     """Return the endpoint without a trailing slash, or raise UsageError for anything but an http(s) URL with a host.
 
     Credentials in the URL (``https://user:pass@host``) are refused: they would end up in messages and reports.
+    So is any character that is not printable ASCII or is a space (httpx raises ``InvalidURL`` on control characters
+    at the first request, which surfaced as an internal error; a line break would also split the messages naming it).
     """
+    if not (endpoint.isascii() and endpoint.isprintable()) or " " in endpoint:
+        raise UsageError(f"invalid endpoint {endpoint!r}: only printable ASCII without spaces",
+                         hint="use an http(s) URL such as https://huggingface.co (percent-encode other characters)")
     try:
         parts = urlsplit(endpoint)
         host = parts.hostname

@@ -106,8 +106,8 @@ def warm(
     _check_arguments(retries=retries, max_workers=max_workers, timeout=timeout, lock_timeout=lock_timeout)
     started = time.monotonic()
     root = resolve_cache_dir(cache_dir)
-    ensure_cache_root(root)
-    clients = make_clients(endpoint, token, timeout, retries, withheld=withheld, on_notice=on_notice)
+    clients = make_clients(endpoint, token, timeout, retries, withheld=withheld, on_notice=on_notice)  # a bad
+    ensure_cache_root(root)  # endpoint is a usage error before anything is created
     results = _run_jobs(requests, root, clients, max_workers=max_workers, sink=progress or NoProgress(),
                         pinned=pinned, lock_timeout=lock_timeout, on_lock_wait=on_lock_wait)
     return WarmReport(cache_dir=str(root), repos=results, seconds=time.monotonic() - started,

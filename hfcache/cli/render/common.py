@@ -32,13 +32,44 @@ def _console(*, to_stderr: bool) -> Console:
     # (docs/benchmarks.md, goal P1).
     console = _consoles.get(to_stderr)
     if console is None:
-        from rich.console import Console
+        Console = _inert_console_class()  # noqa: N806
 
         console = Console(stderr=to_stderr, highlight=False)
         if not console.is_terminal and "COLUMNS" not in os.environ:
             console = Console(stderr=to_stderr, highlight=False, width=PIPE_WIDTH)
         _consoles[to_stderr] = console
     return console
+
+
+def _inert_console_class() -> type[Console]:
+    """A rich ``Console`` whose output text is inert: every rendered segment's text (a table cell, a summary
+    line) passes :func:`inert`, keeping line breaks rich made itself, so a file name, id, detail or message a cache,
+    an endpoint or a registry supplied cannot carry ESC sequences (recolour, move the cursor, erase lines) or bidi
+    overrides to the terminal. Rich's own styles are control codes added after this, untouched. Hooked at
+    ``Console.render_str`` (strings become Text there, before they are measured) and ``Console.render`` (public
+    API: every renderable becomes segments there, nested ones included, e.g. a ``Text`` built by hand; escaping is
+    idempotent, so the recursion is harmless)."""
+    from rich.console import Console
+    from rich.segment import Segment
+
+    def keep_lines(text: str) -> str:
+        return text if text.isprintable() else "\n".join(inert(part) for part in text.split("\n"))
+
+    class InertConsole(Console):
+        def render_str(self, text: str, **kwargs):  # type: ignore[override]
+            # Table cells and printed strings become Text here, before rich measures them: escaped first, a
+            # column is as wide as what is shown (the render hook below alone would cut escapes at the old width).
+            return super().render_str(keep_lines(text), **kwargs)
+
+        def render(self, renderable, options=None):  # type: ignore[override]
+            for segment in super().render(renderable, options):
+                text = segment.text
+                if segment.control or text.isprintable() or text == "\n":
+                    yield segment
+                else:
+                    yield Segment(keep_lines(text), segment.style)
+
+    return InertConsole
 
 
 def _stderr() -> Console:
@@ -78,13 +109,26 @@ def print_json(document: Any, *, compact: bool = False) -> None:
     sys.stdout.flush()
 
 
+def inert(text: str) -> str:
+    """``text`` as one inert line for a terminal: every character ``str.isprintable`` refuses (ESC and the other
+    C0/C1 controls, CR, LF, DEL, U+0085, U+2028, U+2029, bidi and other format characters) escaped as
+    ``\\xNN``/``\\uNNNN``. Error messages and notes quote what an endpoint, an upstream, a registry or a cache
+    supplied (a reason phrase, a file name, an id); escaped here, none of it can move the cursor, recolour the
+    terminal or print a line of its own (a fake ``ok`` or ``hint:``). Rich's ``Text`` strips only BEL, BS, VT, FF
+    and CR (``rich.control.strip_control_codes``), not ESC or line breaks."""
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() else (f"\\x{ord(c):02x}" if ord(c) < 0x100 else f"\\u{ord(c):04x}")
+                   for c in text)
+
+
 def print_error(message: str, hint: str | None = None) -> None:
-    """One or two lines on stderr: what failed, and what to do."""
+    """One or two lines on stderr: what failed, and what to do (both through :func:`inert`)."""
     from rich.text import Text
 
-    _stderr().print(Text(f"hfcache: error: {message}", style="bold red"), soft_wrap=True)
+    _stderr().print(Text(f"hfcache: error: {inert(message)}", style="bold red"), soft_wrap=True)
     if hint:
-        _stderr().print(Text(f"hint: {hint}", style="yellow"), soft_wrap=True)
+        _stderr().print(Text(f"hint: {inert(hint)}", style="yellow"), soft_wrap=True)
 
 
 def human_size(n: int | float) -> str:

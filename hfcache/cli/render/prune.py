@@ -9,7 +9,7 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 from rich.text import Text
 
-from .common import ago, human_size, iso_time, live_on_terminal, print_json, stderr, stdout
+from .common import ago, human_size, inert, iso_time, live_on_terminal, print_json, stderr, stdout
 
 if TYPE_CHECKING:
     from ...prune import PrunePlan, PruneResult
@@ -93,7 +93,7 @@ def prune_tables(plan: PrunePlan, result: PruneResult | None = None, *, dry_run:
         renderables.append(_housekeeping_table(groups, result, outcomes, title))
     renderables.append(_summary_table(plan, result, "summary" if (plan.revisions or groups) else title))
     for warning in plan.warnings:
-        renderables.append(Text(f"warning: {warning}", style="yellow"))
+        renderables.append(Text(f"warning: {inert(warning)}", style="yellow"))
     if not plan.items:
         renderables.append(Text("nothing to prune", style="green"))
     elif result is not None:

@@ -191,7 +191,7 @@ def show_warm_report(report: WarmReport, *, as_json: bool, quiet: bool) -> None:
         common.stdout.print(warm_summary_table(report))
     for r in report.repos:
         for note in r.notes:
-            common.stderr.print(Text(f"warning: {r.request.repo_id}: {note}", style="yellow"))
+            common.stderr.print(Text(f"warning: {r.request.repo_id}: {common.inert(note)}", style="yellow"))
         if not r.ok:
             print_error(r.error or "failed", r.hint or _usage_hint(r.exit_code, "warm"))
 
@@ -229,7 +229,7 @@ def show_pin_result(result: PinResult, lock_path, written: bool, *, as_json: boo
         common.stdout.print(table)
     for r in result.lock.repos:
         for note in r.notes:
-            common.stderr.print(Text(f"warning: {r.request.repo_id}: {note}", style="yellow"))
+            common.stderr.print(Text(f"warning: {r.request.repo_id}: {common.inert(note)}", style="yellow"))
     for f in result.failures:
         print_error(f.error, f.hint or _usage_hint(f.exit_code, "lock"))
     if result.failures:
