@@ -99,6 +99,17 @@ class RepoFolder:
     def blob_path(self, etag: str) -> Path:
         return self.root / "blobs" / safefs.check_etag(etag)
 
+    def read_blob(self, etag: str, limit: int) -> bytes:
+        """At most ``limit`` bytes of the blob ``etag``, opened from the cache root without following a link (a
+        Xet store link as the library writes it excepted, :func:`safefs.open_blob`) and without blocking: a blob a
+        group member swapped for a FIFO or a link to ``/dev/zero`` after it was fetched is refused, never read.
+
+        Raises:
+            UnsafeLayout: not a regular file, or reached through a link. FileNotFoundError: it is gone.
+        """
+        fd = safefs.open_blob(self.cache_dir, self.name, safefs.check_etag(etag))
+        return safefs.read_regular_fd(fd, f"{self.name}/blobs/{etag}", limit)
+
     def pointer_path(self, commit_hash: str, path: str) -> Path:
         return self.root / "snapshots" / safefs.check_commit(commit_hash) / Path(*_repo_parts(path))
 

@@ -1,7 +1,7 @@
 """What an endpoint publishes about a repo at a commit, and hashing a blob the way the Hub names it.
 
 :class:`RemoteFile` (one file: size, git blob sha1, LFS sha256), :class:`RepoRevision` (a repo resolved to a commit,
-with its listing), :class:`Hasher` and :func:`hash_file` (sha256 for LFS files, git's blob sha1 otherwise). Standard
+with its listing), :class:`Hasher` and :func:`hash_fd` (sha256 for LFS files, git's blob sha1 otherwise). Standard
 library only: the HTTP side is :mod:`hfcache.hub.client`.
 """
 
@@ -102,21 +102,22 @@ class Hasher:
         return self.hexdigest() == self.file.etag
 
 
-def hash_file(path: str, file: RemoteFile) -> bool:
-    """Return True when the file at ``path`` has exactly ``file``'s size and hash.
+def hash_fd(fd: int, file: RemoteFile) -> bool:
+    """Return True when the open file ``fd`` (closed here) is a regular file with exactly ``file``'s size and hash.
 
     Args:
-        path: local file path.
+        fd: a descriptor opened ``O_NONBLOCK`` through the cache's safe opens (``safefs.open_blob``), so a link, a
+            FIFO or a device a group member planted, or a folder swapped above it, is never read.
         file: what the endpoint (or a lock) says the content is.
     """
     hasher = Hasher(file)
     seen = 0
-    # O_NOFOLLOW|O_NONBLOCK + S_ISREG: a link, FIFO or device planted in another repo's blobs/ is never read.
-    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
     with os.fdopen(fd, "rb") as f:
         if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
             return False
         while chunk := f.read(_CHUNK):
             hasher.update(chunk)
             seen += len(chunk)
+            if seen > file.size:
+                return False
     return seen == file.size and hasher.matches()

@@ -264,7 +264,8 @@ def _check_refs(c: _Conflicts, repo: _RepoPlan, move_refs: bool) -> list[str]:
         kind = _kind(c.where(*parts))
         if kind == "missing":
             continue
-        current = c.where(*parts).read_bytes()[:1024].strip() if kind == "file" else b""
+        current = (safefs.read_small(c.folder.cache_dir, (c.folder.name, *parts), 1024).strip()
+                   if kind == "file" else b"")  # from the root, no link followed, a FIFO refused: never blocks
         if current == commit.encode():
             continue
         if kind == "file" and move_refs:

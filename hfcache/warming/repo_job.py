@@ -19,13 +19,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from .. import pools
+from ..cache import safefs
 from ..cache.layout import RepoFolder
 from ..cache.root import cache_error, find_blob_elsewhere
 from ..cache.locking import DEFAULT_LOCK_TIMEOUT, LockWait
 from ..errors import HfcacheError, HubError, IntegrityError, InternalError, UsageError
 from ..hub.answers import check_asked_commit
 from ..hub.client import HubClient
-from ..hub.files import RemoteFile, RepoRevision, hash_file
+from ..hub.files import RemoteFile, RepoRevision, hash_fd
 from ..hub.retry import RetryCounter
 from ..hub.transfer import Slots, TransferOptions, download_blob
 from ..records import ProgressSink, RepoResult, WarmedFile, WarmRequest, folder_ids
@@ -281,7 +282,7 @@ class RepoJob:
                                      "use --kind all") from None
             self._fetch(current, canonical, [by_path[p] for p in needs_index], progress=False)
             for index in needs_index:
-                data = canonical.blob_path(by_path[index].etag).read_bytes()
+                data = canonical.read_blob(by_path[index].etag, by_path[index].size)
                 try:
                     paths |= shards_from_index(data, current.paths, index)
                 except ValueError as exc:
@@ -294,7 +295,7 @@ class RepoJob:
         if file.size > MAX_PARSE_BYTES:
             return None
         self._fetch(repo, folder, [file], progress=False)
-        return folder.blob_path(file.etag).read_bytes()
+        return folder.read_blob(file.etag, file.size)
 
     def _fetch(self, repo: RepoRevision, folder: RepoFolder, files: Iterable[RemoteFile],
                progress: bool = True) -> dict[str, str]:
@@ -374,7 +375,8 @@ class RepoJob:
     def _link_from_elsewhere(self, folder: RepoFolder, file: RemoteFile) -> bool:
         """Hardlink the blob from another repo folder of the cache when one holds exactly this content."""
         other = find_blob_elsewhere(self.cache_dir, file.etag, file.size, exclude=folder.name)
-        return other is not None and _same_content(other, file) and folder.adopt_blob(other, file.etag)
+        return (other is not None and _same_content(self.cache_dir, other, file)
+                and folder.adopt_blob(other, file.etag))
 
     def _download(self, repo: RepoRevision, folder: RepoFolder, file: RemoteFile,
                   advance: Callable[[int, int], None]) -> None:
@@ -418,12 +420,13 @@ class InFlight:
             event.set()
 
 
-def _same_content(path: Path, file: RemoteFile) -> bool:
-    """True when another repo's blob has ``file``'s exact content; False also when it vanished meanwhile (a
-    concurrent prune): the file is then simply downloaded."""
+def _same_content(cache_dir: Path, path: Path, file: RemoteFile) -> bool:
+    """True when another repo's blob (``path``: ``<cache_dir>/<folder>/blobs/<etag>``) has ``file``'s exact
+    content, read from the cache root through descriptors (no folder or link a member swapped in is followed);
+    False also when it vanished meanwhile (a concurrent prune) or is no regular file: the file is then downloaded."""
     try:
-        return hash_file(str(path), file)
-    except OSError:
+        return hash_fd(safefs.open_blob(cache_dir, path.parent.parent.name, file.etag), file)
+    except (OSError, safefs.UnsafeLayout):
         return False
 
 

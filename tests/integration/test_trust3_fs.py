@@ -458,3 +458,29 @@ def test_a_lock_folder_swapped_after_filelock_resolves_it_is_not_followed(tmp_pa
     canary.assert_unchanged()
     assert (folder.locks.with_name("moved") / "hfcache-repo.lock").exists() or soft  # a soft marker goes at release
     assert not (canary.dir / "hfcache-repo.lock").exists()
+
+
+def test_warms_reads_of_a_fetched_blob_never_follow_or_wait(tmp_path: Path, hub_server) -> None:
+    """warm re-reads configs and weight indexes it fetched (custom code, shards): from the root, through
+    descriptors (``RepoFolder.read_blob``), so a blob a member swapped for a FIFO or a link to ``/dev/zero`` after
+    the fetch is refused at once, never read or waited on."""
+    from hfcache.cache.layout import RepoFolder
+    from hfcache.cache.safefs import UnsafeLayout
+
+    cache = tmp_path / "cache"
+    assert run_hfcache(["warm", "gpt2", "--endpoint", hub_server.endpoint, "--cache-dir", str(cache)]).returncode == 0
+    folder = RepoFolder(cache, "gpt2")
+    blob = next(p for p in (cache / "models--gpt2" / "blobs").iterdir())
+    size = blob.stat().st_size
+    assert len(folder.read_blob(blob.name, size)) == size
+    saved = blob.read_bytes()
+    for hostile in ("fifo", "/dev/zero"):
+        blob.unlink()
+        os.mkfifo(blob) if hostile == "fifo" else os.symlink(hostile, blob)
+        started = time.monotonic()
+        with pytest.raises(UnsafeLayout):
+            folder.read_blob(blob.name, size)
+        assert time.monotonic() - started < 5
+    blob.unlink()
+    blob.write_bytes(saved)
+    assert run_hfcache(["verify", "--cache-dir", str(cache)]).returncode == 0

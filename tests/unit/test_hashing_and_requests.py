@@ -1,14 +1,24 @@
 """Blob hashing as the Hub names blobs, safe repo paths, and request parsing."""
 
 import hashlib
+import os
 import subprocess
 
 import pytest
 
 from hfcache.errors import UsageError
-from hfcache.hub.files import RemoteFile, hash_file
+from hfcache.hub.files import RemoteFile, hash_fd
 from hfcache.records import UnsafePath, validate_repo_path
 from hfcache.records import WarmRequest
+
+
+def hash_file(path: str, file: RemoteFile) -> bool:
+    return hash_fd(os.open(path, os.O_RDONLY | os.O_NONBLOCK), file)
+
+
+def test_a_fifo_is_never_read_nor_waited_on(tmp_path):
+    os.mkfifo(tmp_path / "fifo")
+    assert not hash_file(str(tmp_path / "fifo"), RemoteFile("x", 0, "0" * 40))
 
 
 def test_git_blob_sha1_matches_git_hash_object(tmp_path):
