@@ -32,7 +32,6 @@ thousand clients starting at once cost one scan per repo per second. It never wr
 
 from __future__ import annotations
 
-import json
 import os
 import stat
 import threading
@@ -41,9 +40,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
 
+from ..bounds import loads_json
 from ..cache import safefs
 from ..cache.scan import RepoInfo, parse_folder_name, scan_repo
 from ..cache.shared_store import StoreProblem, payload_stat
+from ..cache.treewalk import walk_tree
 from .vocabulary import (
     REPO_NAME_RE,
     SHA1_RE,
@@ -370,7 +371,7 @@ def _from_blob_name(rel: str, local: Path, etag: str, size: int) -> RepoFile | N
 def _markers(folder: Path) -> frozenset[str]:
     """Paths of the ``.no_exist/<commit>/`` markers (names only; links are not followed)."""
     found = set()
-    for dirpath, dirnames, filenames in os.walk(folder):
+    for dirpath, dirnames, filenames in walk_tree(folder):  # iterative, 64 levels at most: no RecursionError
         rel = os.path.relpath(dirpath, folder)
         prefix = "" if rel == "." else rel.replace(os.sep, "/") + "/"
         found.update(prefix + name for name in filenames)
@@ -382,10 +383,9 @@ def _read_trees(path: Path, commit: str) -> dict[str, dict] | None:
     """``trees/<commit>.json`` (huggingface_hub _tree_cache.py, format_version 1): path -> entry, or None."""
     try:
         with _open_beneath(path, ("trees", f"{commit}.json")) as f:
-            # json.loads, not bounds.loads_json (a store imports only the vocabulary and the safe opens): deep
-            # nesting raises RecursionError, caught below, so a hostile listing is ignored, never a crash.
-            data = json.loads(f.read(_TREES_MAX_BYTES + 1)[:_TREES_MAX_BYTES])
-    except (OSError, ValueError, RecursionError):
+            # bounded nesting (bounds.TooDeep is a ValueError): a hostile listing is ignored, never a crash
+            data = loads_json(f.read(_TREES_MAX_BYTES + 1)[:_TREES_MAX_BYTES], f"trees/{commit}.json")
+    except (OSError, ValueError):
         return None
     files = data.get("files") if isinstance(data, dict) and data.get("format_version") == 1 else None
     if not isinstance(files, dict) or not all(isinstance(v, dict) for v in files.values()):

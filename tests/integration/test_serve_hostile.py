@@ -119,3 +119,31 @@ def test_a_request_head_over_16_kib_gets_431(warmed, shape):
         # a head just under the limit is served, so the bound is the documented one, not lower
         filler = b"X-Fill: " + b"a" * (asgi.MAX_REQUEST_HEAD_BYTES - len(head) - 200) + b"\r\n"
         assert _status_of(port, head + filler + b"\r\n") == b"HTTP/1.1 200 OK"
+
+
+def test_a_thousand_level_marker_chain_never_breaks_serving(tmp_path):
+    """``.no_exist/<commit>/`` is walked iteratively and to 64 levels (``cache/treewalk.py``): a chain a cache
+    member planted (Python 3.11's os.walk recursed per level: RecursionError) changes no answer."""
+    cache = tmp_path / "cache"
+    with HubServer(HUB) as server:
+        assert hfcache.warm([WarmRequest.parse(REPO)], cache_dir=cache, endpoint=server.endpoint, token=False).ok
+    folder = cache / "models--google-bert--bert-base-uncased"
+    commit = next((folder / "snapshots").iterdir()).name
+    import os
+
+    (folder / ".no_exist" / commit).mkdir(parents=True, exist_ok=True)
+    fd = os.open(folder / ".no_exist" / commit, os.O_RDONLY | os.O_DIRECTORY)
+    for _ in range(1000):  # relative to each new folder: no path ever grows past PATH_MAX
+        os.mkdir("d", dir_fd=fd)
+        fd, old = os.open("d", os.O_RDONLY | os.O_DIRECTORY, dir_fd=fd), fd
+        os.close(old)
+    os.close(fd)
+    try:
+        with HubServer(cache, layout="cache", backend="uvicorn", lfs_redirect=False) as served:
+            path = hf_hub_download(REPO, "vocab.txt", cache_dir=tmp_path / "client", endpoint=served.endpoint,
+                                   token=False)
+            assert Path(path).read_bytes() == (folder / "snapshots" / commit / "vocab.txt").read_bytes()
+    finally:  # remove the chain without recursion (pytest's cleanup would recurse): rm is iterative
+        import subprocess
+
+        subprocess.run(["rm", "-rf", str(folder / ".no_exist")], check=True)

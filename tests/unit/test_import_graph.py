@@ -231,7 +231,8 @@ def test_serve_vocabulary_imports_nothing_of_the_server_side():
 def test_stores_do_not_import_the_http_layer():
     for store in ("hfcache.serve.folder_store", "hfcache.serve.cache_store"):
         allowed = {"hfcache.serve.vocabulary", "hfcache.cache.scan",
-                   "hfcache.cache.safefs", "hfcache.cache.shared_store"}  # the safe opens of a blob
+                   "hfcache.cache.safefs", "hfcache.cache.shared_store",  # the safe opens of a blob
+                   "hfcache.cache.treewalk", "hfcache.bounds"}  # bounded walks and JSON (standard library only)
         assert GRAPH[store] <= allowed, store
 
 
