@@ -20,6 +20,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import BinaryIO
 
+from ..cache.treewalk import walk_tree
 from .vocabulary import DEFAULT_BRANCH, REPO_NAME_RE, HashMemo, RepoFile, RepoSnapshot, StoreMiss, is_inside
 
 __all__ = ["FolderStore"]
@@ -105,8 +106,9 @@ class FolderStore:
     def _scan(self, repo_dir: Path) -> dict[str, Path]:
         """Repo path -> resolved file, skipping hidden entries and anything resolving outside root."""
         found: dict[str, Path] = {}
-        # followlinks=False: a symlinked folder could loop or leave root; symlinked files are checked below.
-        for dirpath, dirnames, filenames in os.walk(repo_dir):
+        # Links to folders are not entered (they could loop or leave root); symlinked files are checked below. The
+        # walk is iterative and bounded (64 levels): os.walk recursed per level on Python 3.11.
+        for dirpath, dirnames, filenames in walk_tree(repo_dir):
             dirnames[:] = [d for d in dirnames if not d.startswith(".")]
             for name in filenames:
                 if name.startswith("."):
