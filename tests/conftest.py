@@ -44,3 +44,19 @@ def hub_server(hub_root: Path) -> Iterator[HubServer]:
     """A running HubServer over ``hub_root`` on loopback ports, stopped after the test."""
     with HubServer(hub_root) as server:
         yield server
+
+
+@pytest.fixture(scope="module")
+def runtime():
+    """What another uid needs to run hfcache (tests/users.py :func:`make_runtime`), for the shared-cache tests;
+    skipped where they cannot run (root and setpriv needed). Removed afterwards whatever chains it holds."""
+    import shutil
+
+    from tests.chains import remove_tree
+    from tests.users import make_runtime
+
+    if not hasattr(os, "geteuid") or os.geteuid() != 0 or shutil.which("setpriv") is None:
+        pytest.skip("runs commands as other uids (root and setpriv needed)")
+    rt = make_runtime()
+    yield rt
+    remove_tree(rt.base)

@@ -17,6 +17,7 @@ repo lacks, which transformers 5 needs to load a tokenizer offline (docs/cache-l
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from collections.abc import Callable, Collection, Sequence
@@ -35,6 +36,7 @@ from ..hub.client import HubClient
 from ..hub.files import RepoRevision
 from ..hub.retry import DEFAULT_RETRIES
 from ..hub.transfer import Slots
+from ..hub.urls import validate_endpoint
 from ..records import NoProgress, ProgressSink, RepoResult, WarmReport, WarmRequest
 from .repo_job import InFlight, RepoJob
 
@@ -106,8 +108,11 @@ def warm(
     _check_arguments(retries=retries, max_workers=max_workers, timeout=timeout, lock_timeout=lock_timeout)
     started = time.monotonic()
     root = resolve_cache_dir(cache_dir)
-    clients = make_clients(endpoint, token, timeout, retries, withheld=withheld, on_notice=on_notice)  # a bad
-    ensure_cache_root(root)  # endpoint is a usage error before anything is created
+    for named in ([endpoint] if isinstance(endpoint, str) else endpoint) or [os.environ.get("HF_ENDPOINT")]:
+        if named:
+            validate_endpoint(named)  # a malformed endpoint is a usage error before anything is created
+    ensure_cache_root(root)  # before the token is read: an unreadable cache is the error worth naming first
+    clients = make_clients(endpoint, token, timeout, retries, withheld=withheld, on_notice=on_notice)
     results = _run_jobs(requests, root, clients, max_workers=max_workers, sink=progress or NoProgress(),
                         pinned=pinned, lock_timeout=lock_timeout, on_lock_wait=on_lock_wait)
     return WarmReport(cache_dir=str(root), repos=results, seconds=time.monotonic() - started,

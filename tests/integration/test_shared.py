@@ -14,29 +14,19 @@ import stat
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from huggingface_hub import scan_cache_dir
 
 from tests.helpers import GOLDEN, clean_env, golden_ids, run_hfcache
-from tests.users import ALICE, BOB, EVE, GROUP, Runtime, make_runtime, needs_root
+from tests.users import ALICE, BOB, EVE, GROUP, Runtime, needs_root
 
 SITECUSTOM = Path(__file__).resolve().parent.parent / "sitecustom"
 BERT = "google-bert/bert-base-uncased"
 GPT2 = "openai-community/gpt2"
 
 pytestmark = pytest.mark.slow
-
-
-@pytest.fixture(scope="module")
-def runtime() -> Iterator[Runtime]:
-    if not hasattr(os, "geteuid") or os.geteuid() != 0 or shutil.which("setpriv") is None:
-        pytest.skip("runs commands as other uids (root and setpriv needed)")
-    rt = make_runtime()
-    yield rt
-    shutil.rmtree(rt.base, ignore_errors=True)
 
 
 def folder(cache: Path, repo_id: str) -> Path:

@@ -20,10 +20,11 @@ from pathlib import Path
 import pytest
 
 from hfcache.serve import HubServer
+from tests.chains import remove_tree
 from tests.canary import Canary
 from tests.helpers import REPO, clean_env, run_hfcache
 from tests.make_model_repos import ORG, _json, _tokenizer_files, _write
-from tests.users import ALICE, GROUP, Runtime, make_runtime, needs_root
+from tests.users import ALICE, GROUP, Runtime, needs_root
 
 PLANTED = f"{ORG}/planted-code"
 PLAIN = f"{ORG}/plain-tokenizer"
@@ -63,15 +64,6 @@ def hub(tmp_path_factory) -> Iterator[tuple[HubServer, Path]]:
     make_repos(base / "repos", marks / "ran-as")
     with HubServer(base / "repos") as server:
         yield server, marks / "ran-as"
-
-
-@pytest.fixture(scope="module")
-def runtime() -> Iterator[Runtime]:
-    if not hasattr(os, "geteuid") or os.geteuid() != 0 or shutil.which("setpriv") is None:
-        pytest.skip("runs commands as other uids (root and setpriv needed)")
-    rt = make_runtime()
-    yield rt
-    shutil.rmtree(rt.base, ignore_errors=True)
 
 
 def check(cache: Path, *args: str, timeout: float = 120) -> tuple[int, dict | None, str]:
@@ -296,22 +288,10 @@ def test_a_folder_chain_past_the_bound_is_that_revisions_problem(hub, tmp_path, 
             assert code == 1 and "deeper than 64" in report["tokenizers"][0]["cause"]
         canary.assert_unchanged()
     finally:
-        _remove_chain(deep)  # pytest's own tmp cleanup (shutil.rmtree) recurses: it would fail on the chain
+        remove_tree(deep / "d")  # pytest's own tmp cleanup (shutil.rmtree) recurses: it would fail on the chain
     verified(cache)
 
 
-def _remove_chain(top: Path) -> None:
-    """Remove the ``d/d/...`` chain below ``top`` without recursion (down by descriptor, then up)."""
-    fds = [os.open(top, os.O_RDONLY | os.O_DIRECTORY)]
-    try:
-        while "d" in os.listdir(fds[-1]):
-            fds.append(os.open("d", os.O_RDONLY | os.O_DIRECTORY, dir_fd=fds[-1]))
-        while len(fds) > 1:
-            os.close(fds.pop())
-            os.rmdir("d", dir_fd=fds[-1])
-    finally:
-        for fd in fds:
-            os.close(fd)
 
 
 def test_a_module_in_the_working_folder_never_reaches_the_child(hub, tmp_path):

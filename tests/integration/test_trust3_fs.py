@@ -16,17 +16,16 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import shutil
 import subprocess
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from tests.chains import plant_chain
 from tests.canary import Canary
 from tests.helpers import run_hfcache
-from tests.users import ALICE, GROUP, Runtime, make_runtime, needs_root
+from tests.users import ALICE, GROUP, Runtime, needs_root
 
 COMMITS = [f"{i:x}" * 40 for i in range(1, 10)]
 SHARED = b"shared weights " * 70_000  # ~1 MiB: every repo holds it (what export and push --layers single write)
@@ -90,21 +89,6 @@ print(hits)
 """
 
 
-@pytest.fixture(scope="module")
-def runtime() -> Iterator[Runtime]:
-    if not hasattr(os, "geteuid") or os.geteuid() != 0 or shutil.which("setpriv") is None:
-        pytest.skip("runs commands as other uids (root and setpriv needed)")
-    rt = make_runtime()
-    yield rt
-    remove(rt.base)
-
-
-def remove(path: Path) -> None:
-    """Remove a test folder whatever chains it holds (shutil.rmtree recurses per level)."""
-    from hfcache.cache import safefs
-
-    if path.exists():
-        safefs.rmtree(path.parent, (path.name,))
 
 
 def shared_cache(runtime: Runtime, name: str) -> Path:
@@ -349,19 +333,6 @@ def test_shared_folders_are_created_and_chmod_ed_through_their_descriptor(runtim
 # ------------------------------------------------------------------------------------------------ L2: deep chains
 
 
-def plant_chain(folder: Path, depth: int) -> None:
-    """``depth`` nested folders below ``folder`` (made through descriptors: the path is longer than PATH_MAX)."""
-    folder.mkdir(parents=True)
-    fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        for _ in range(depth):
-            os.mkdir("d", dir_fd=fd)
-            nfd = os.open("d", os.O_RDONLY | os.O_DIRECTORY, dir_fd=fd)
-            os.close(fd)
-            fd = nfd
-        os.close(os.open("leaf", os.O_WRONLY | os.O_CREAT, 0o644, dir_fd=fd))
-    finally:
-        os.close(fd)
 
 
 @needs_root

@@ -28,7 +28,7 @@ from hfcache.serve import HubServer
 from hfcache.serve.pullthrough import PullThroughConfig
 from tests.canary import Canary
 from tests.helpers import run_hfcache
-from tests.users import ALICE, GROUP, Runtime, make_runtime
+from tests.users import ALICE, GROUP, Runtime
 
 TOK = "acme/tok"
 
@@ -362,15 +362,6 @@ print(done, swapped, file=sys.stdout)
 if not swapped:
     print(error if "error" in globals() else "no repo folder", ctypes.get_errno(), file=sys.stderr)
 """
-
-
-@pytest.fixture(scope="module")
-def runtime() -> Iterator[Runtime]:
-    if not hasattr(os, "geteuid") or os.geteuid() != 0 or shutil.which("setpriv") is None:
-        pytest.skip("runs commands as other uids (root and setpriv needed)")
-    rt = make_runtime()
-    yield rt
-    shutil.rmtree(rt.base, ignore_errors=True)
 
 
 @pytest.mark.slow

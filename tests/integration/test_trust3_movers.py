@@ -33,6 +33,7 @@ from huggingface_hub import scan_cache_dir
 import hfcache
 from hfcache.records import WarmRequest
 from hfcache.serve import HubServer
+from tests.chains import plant_chain, remove_tree
 from tests.canary import SECRET, Canary
 from tests.helpers import clean_env, run_hfcache
 from tests.users import ALICE, GROUP, needs_root
@@ -97,37 +98,8 @@ def assert_no_canary_byte(dest: Path) -> None:
                 assert SECRET not in p.read_bytes(), p
 
 
-def make_chain(top: Path, levels: int) -> None:
-    """``levels`` nested folders ``d/d/...`` below ``top``, made relative to descriptors (no path grows long),
-    with a file at the bottom."""
-    fd = os.open(top, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        for _ in range(levels):
-            os.mkdir("d", dir_fd=fd)
-            nfd = os.open("d", os.O_RDONLY | os.O_DIRECTORY, dir_fd=fd)
-            os.close(fd)
-            fd = nfd
-        leaf = os.open("deep.txt", os.O_WRONLY | os.O_CREAT, 0o644, dir_fd=fd)
-        os.write(leaf, b"at the bottom\n")
-        os.close(leaf)
-    finally:
-        os.close(fd)
 
 
-def remove_chain(top: Path) -> None:
-    """Remove the chain :func:`make_chain` made (``shutil.rmtree`` recurses per level: delete bottom-up by fd)."""
-    fds = [os.open(top, os.O_RDONLY | os.O_DIRECTORY)]
-    try:
-        while "d" in os.listdir(fds[-1]):
-            fds.append(os.open("d", os.O_RDONLY | os.O_DIRECTORY, dir_fd=fds[-1]))
-        for name in os.listdir(fds[-1]):
-            os.unlink(name, dir_fd=fds[-1])
-        while len(fds) > 1:
-            os.close(fds.pop())
-            os.rmdir("d", dir_fd=fds[-1])
-    finally:
-        for fd in fds:
-            os.close(fd)
 
 
 # ------------------------------------------------------------------- 1: a member swaps folders under `link`
@@ -344,7 +316,7 @@ def test_a_thousand_level_chain_is_exit_5_naming_the_repo(tmp_path: Path, where:
     canary = Canary(tmp_path)
     top = cache / FOLDER / ("snapshots" if where == "snapshot" else ".no_exist") / commit
     top.mkdir(parents=True, exist_ok=True)
-    make_chain(top, 1000)
+    plant_chain(top, 1000, leaf="deep.txt", content=b"at the bottom\n")
     try:
         before = sorted(os.listdir(tmp_path))
         runs = {
@@ -361,7 +333,7 @@ def test_a_thousand_level_chain_is_exit_5_naming_the_repo(tmp_path: Path, where:
         assert sorted(os.listdir(tmp_path)) == before  # no DEST, no staging folder left
         canary.assert_unchanged()
     finally:
-        remove_chain(top)  # pytest's own cleanup (shutil.rmtree) recurses per level
+        remove_tree(top / "d")  # pytest's own cleanup (shutil.rmtree) recurses per level
     verify_ok(cache)
 
 

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import stat
 import subprocess
 import time
@@ -26,9 +25,10 @@ import pytest
 from click.testing import CliRunner
 
 from hfcache.cli.main import cli
+from tests.chains import plant_chain, remove_tree
 from tests.canary import Canary
 from tests.helpers import clean_env, run_hfcache
-from tests.users import ALICE, GROUP, Runtime, make_runtime, needs_root
+from tests.users import ALICE, GROUP, Runtime, needs_root
 
 BERT = "google-bert/bert-base-uncased"
 BERT_FOLDER = "models--google-bert--bert-base-uncased"
@@ -36,15 +36,6 @@ DEEP = 100_000
 CHAIN = 1_000
 #: The environment of root's own commands: PYTHONPATH so that ``python -m hfcache`` finds the checkout from any cwd.
 ENV = clean_env(PYTHONPATH=str(Path(__file__).resolve().parent.parent.parent))
-
-
-@pytest.fixture(scope="module")
-def runtime() -> Iterator[Runtime]:
-    if not hasattr(os, "geteuid") or os.geteuid() != 0 or shutil.which("setpriv") is None:
-        pytest.skip("runs commands as other uids (root and setpriv needed)")
-    rt = make_runtime()
-    yield rt
-    shutil.rmtree(rt.base, ignore_errors=True)
 
 
 def hf(*args: str, timeout: float = 180) -> subprocess.CompletedProcess[str]:
@@ -289,32 +280,11 @@ def chains() -> Iterator[list[Path]]:
     planted: list[Path] = []
     yield planted
     for base in planted:
-        remove_chain(base / "d")
+        remove_tree(base / "d")
 
 
-def plant_chain(base: Path, levels: int = CHAIN) -> None:
-    """``base/d/d/.../d/leaf.txt``, ``levels`` folders deep (made relative to an fd: no path grows past PATH_MAX)."""
-    fd = os.open(base, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        for _ in range(levels):
-            os.mkdir("d", dir_fd=fd)
-            nfd = os.open("d", os.O_RDONLY | os.O_DIRECTORY, dir_fd=fd)
-            os.close(fd)
-            fd = nfd
-        os.close(os.open("leaf.txt", os.O_WRONLY | os.O_CREAT, 0o644, dir_fd=fd))
-    finally:
-        os.close(fd)
 
 
-def remove_chain(top: Path) -> None:
-    """Remove a planted chain without recursion (Python 3.11's shutil.rmtree recurses per level)."""
-    while top.is_dir():
-        path = top
-        while (path / "d").exists():
-            path = path / "d"
-        for entry in path.iterdir():
-            entry.unlink()
-        path.rmdir()
 
 
 def test_a_thousand_level_chain_in_a_snapshot_is_a_layout_problem(tmp_path: Path, hub_server, chains) -> None:
@@ -323,7 +293,7 @@ def test_a_thousand_level_chain_in_a_snapshot_is_a_layout_problem(tmp_path: Path
     warm(cache, hub_server.endpoint)
     sha = commit(cache)
     chains.append(cache / BERT_FOLDER / "snapshots" / sha)
-    plant_chain(chains[-1])
+    plant_chain(chains[-1], CHAIN, leaf="leaf.txt")
     expected = "d/d/d/… (65 levels): folder chain deeper than 64 levels (not read below; left alone)"
 
     proc = hf("ls", "--cache-dir", str(cache), "--json")
@@ -348,7 +318,7 @@ def test_a_thousand_level_chain_in_a_snapshot_is_a_layout_problem(tmp_path: Path
     proc = hf("check", BERT, "--cache-dir", str(cache))
     assert proc.returncode == 1 and f"{BERT}@main: not loaded: unsafe cache layout" in proc.stdout + proc.stderr
 
-    remove_chain(cache / BERT_FOLDER / "snapshots" / sha / "d")
+    remove_tree(cache / BERT_FOLDER / "snapshots" / sha / "d")
     assert verify(cache)[0] == 0
     canary.assert_unchanged()
 
@@ -358,13 +328,13 @@ def test_a_thousand_level_chain_under_refs_leaves_the_repo_alone(tmp_path: Path,
     canary = Canary(tmp_path)
     warm(cache, hub_server.endpoint)
     chains.append(cache / BERT_FOLDER / "refs")
-    plant_chain(chains[-1])
+    plant_chain(chains[-1], CHAIN, leaf="leaf.txt")
     code, report = verify(cache)
     assert code == 1 and (BERT, "unsafe_layout") in kinds(report)
     proc = hf("ls", "--cache-dir", str(cache), "--json")
     assert proc.returncode == 0 and "folder chain deeper than 64 levels" in json.loads(proc.stdout)["repos"][0]["health"]
     assert hf("doctor", "--cache-dir", str(cache)).returncode == 1
-    remove_chain(cache / BERT_FOLDER / "refs" / "d")
+    remove_tree(cache / BERT_FOLDER / "refs" / "d")
     assert verify(cache)[0] == 0
     canary.assert_unchanged()
 
