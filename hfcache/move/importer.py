@@ -209,6 +209,8 @@ def _remove_created(cache_dir: Path, created: list[Path]) -> None:
     with contextlib.suppress(OSError):
         if {entry.name for entry in os.scandir(cache_dir)} <= {"CACHEDIR.TAG", ".locks"}:
             _remove_lock_files(cache_dir)
+            with contextlib.suppress(OSError, CacheError):  # emptied just now (the repo locks' folders are gone)
+                safefs.rmdir(cache_dir, (".locks",))
             (cache_dir / "CACHEDIR.TAG").unlink(missing_ok=True)
     for folder in created:
         try:
