@@ -40,6 +40,10 @@ DOCKER_LIST = "application/vnd.docker.distribution.manifest.list.v2+json"
 DOCKER_LAYER_GZIP = "application/vnd.docker.image.rootfs.diff.tar.gzip"
 LAYER_TAR = "application/vnd.oci.image.layer.v1.tar"
 _ACCEPT = ", ".join((MANIFEST_TYPE, DOCKER_MANIFEST, INDEX_TYPE, DOCKER_LIST))
+#: Most layers a pulled image may list: push writes one per repo (``--layers repo``) or one (``single``), and Docker's
+#: overlay2 storage refuses images of more than 127 layers anyway; each layer is a request, so this bounds a pull's
+#: requests (and, with the metadata deadline and the throughput floor, its time) however a registry answers.
+MAX_LAYERS = 1000
 _MAX_JSON = 4 * 1024 * 1024  # a manifest or config larger than this is not one of ours (or not one at all)
 _CHUNK = 1024 * 1024
 _ALTERED = "the registry content was altered or is corrupt; nothing was imported"
@@ -200,7 +204,9 @@ def _layers_of(manifest: dict, config: dict, reference: str) -> list[tuple[dict,
     diff_ids = (config.get("rootfs") or {}).get("diff_ids") if isinstance(config.get("rootfs"), dict) else None
     if not isinstance(layers, list) or not layers or not isinstance(diff_ids, list) or len(diff_ids) != len(layers):
         raise UsageError(f"{reference}: the manifest's layers and the config's rootfs.diff_ids do not match", hint=hint)
-    out = []
+    if len(layers) > MAX_LAYERS:
+        raise UsageError(f"{reference}: {len(layers)} layers, more than the {MAX_LAYERS} hfcache pulls", hint=hint)
+    out, seen = [], set()
     for layer, diff_id in zip(layers, diff_ids):
         if not isinstance(layer, dict) or not DIGEST.fullmatch(str(layer.get("digest"))) \
                 or type(layer.get("size")) is not int or layer["size"] < 0 or not DIGEST.fullmatch(str(diff_id)):
@@ -209,6 +215,9 @@ def _layers_of(manifest: dict, config: dict, reference: str) -> list[tuple[dict,
             raise UsageError(f"{reference}: layer {layer['digest']} has media type "
                              f"{registry_text(repr(layer.get('mediaType')), 80)}",
                              hint="hfcache pull reads tar and tar+gzip layers (not zstd)")
+        if layer["digest"] in seen:  # push writes each layer once: a repeat only costs requests and time
+            raise UsageError(f"{reference}: layer {layer['digest']} is listed twice", hint=hint)
+        seen.add(layer["digest"])
         out.append((layer, diff_id))
     return out
 

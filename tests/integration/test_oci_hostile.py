@@ -545,3 +545,23 @@ def test_a_sparse_map_in_a_layer_is_refused_before_tarfile_reads_it(registry, tm
     target = tmp_path / "fresh" / "hub"
     refused(pull(ref, target, home), 2, "a sparse file")
     assert not (tmp_path / "fresh").exists() and guard.read_bytes() == CANARY
+
+
+def test_a_layer_listed_twice_or_too_many_layers_are_refused_before_any_layer_is_fetched(registry, tmp_path, home):
+    """Each layer is a request under the metadata deadline: a registry repeating one layer (or listing thousands)
+    could stretch a pull indefinitely. push writes each layer once, and at most one per repo."""
+    from hfcache.errors import UsageError
+    from hfcache.oci.pull import MAX_LAYERS, _layers_of
+
+    target, guard = tmp_path / "new" / "hub", canary(tmp_path)
+    layer = tar_bytes(repo_members("models--a--ok", "1" * 40, {"config.json": b"{}"}))
+    ref = push_image(registry.host, "hostile/repeated", "v1", [layer, layer])
+    refused(pull(ref, target, home), 2, "is listed twice")
+    assert not (tmp_path / "new").exists() and guard.read_bytes() == CANARY
+    many = [{"mediaType": "application/vnd.oci.image.layer.v1.tar", "digest": f"sha256:{i:064x}", "size": 1}
+            for i in range(MAX_LAYERS + 1)]
+    config = {"rootfs": {"diff_ids": [f"sha256:{i:064x}" for i in range(MAX_LAYERS + 1)]}}
+    with pytest.raises(UsageError, match=f"more than the {MAX_LAYERS} hfcache pulls"):
+        _layers_of({"layers": many}, config, "r/x:v1")
+    assert len(_layers_of({"layers": many[:MAX_LAYERS]}, {"rootfs": {"diff_ids": config["rootfs"]["diff_ids"][:-1]}},
+                          "r/x:v1")) == MAX_LAYERS
