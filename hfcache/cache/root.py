@@ -14,7 +14,7 @@ import uuid
 from pathlib import Path
 
 from . import safefs
-from ..errors import CacheError
+from ..errors import CacheError, UsageError
 from .atomic import atomic_write_at
 from .shared_store import STORE_DIR, payload_stat
 from .sharing import cache_policy, open_dirs
@@ -49,11 +49,75 @@ def default_cache_dir(environ: dict[str, str] | None = None) -> tuple[Path, str]
     return Path.home() / ".cache" / "huggingface" / "hub", "default"
 
 
+#: Linux limits (``limits.h``): a path component is at most NAME_MAX = 255 bytes, a whole path less than
+#: PATH_MAX = 4096 bytes (the terminating NUL included).
+NAME_MAX = 255
+PATH_MAX = 4096
+
+
+def check_path_text(path: str | os.PathLike[str], what: str) -> str:
+    """Refuse a path the OS cannot hold before any call makes it an OSError, ValueError or RuntimeError (exit 70).
+
+    Args:
+        path: the path as given (a command line, a manifest, a lock or the environment).
+        what: how the error names it, e.g. ``"--cache-dir"`` or ``"hfcache.toml: field 'cache_dir'"``.
+
+    Returns:
+        str: ``path`` as text.
+
+    Raises:
+        UsageError: (exit 2, one line) it holds a NUL byte, a component longer than :data:`NAME_MAX` bytes, or is
+            :data:`PATH_MAX` bytes or more (bytes of ``os.fsencode``).
+    """
+    text = os.fspath(path)
+    text = text if isinstance(text, str) else os.fsdecode(text)
+    if "\0" in text:
+        raise UsageError(f"{what}: the path {text.replace(chr(0), '<NUL>')[:200]!r} holds a NUL byte",
+                         hint="no file system can name it")
+    encoded = os.fsencode(text)
+    if len(encoded) >= PATH_MAX:
+        raise UsageError(f"{what}: the path is {len(encoded)} bytes long (the limit is {PATH_MAX - 1})",
+                         hint="choose a shorter path")
+    longest = max(encoded.split(b"/"), key=len)
+    if len(longest) > NAME_MAX:
+        raise UsageError(f"{what}: a path component is {len(longest)} bytes long (the limit is {NAME_MAX}): "
+                         f"{os.fsdecode(longest[:40])!r}...", hint="choose a shorter path")
+    return text
+
+
+def expand_user(path: str | os.PathLike[str], what: str) -> Path:
+    """``path`` with a leading ``~`` or ``~user`` expanded (as :meth:`pathlib.Path.expanduser`).
+
+    Raises:
+        UsageError: (exit 2) ``~user`` names no user, or ``~`` has no home (no ``HOME``, no passwd entry).
+    """
+    try:
+        return Path(check_path_text(path, what)).expanduser()
+    except RuntimeError:  # pathlib: "Could not determine home directory."
+        first = os.fspath(path).split("/", 1)[0]
+        raise UsageError(f"{what}: {first[:100]!r} names no home directory (no such user)",
+                         hint="write the path out in full") from None
+
+
 def resolve_cache_dir(cache_dir: str | os.PathLike[str] | None) -> Path:
-    """Return ``cache_dir`` as an absolute Path, or the default when None."""
+    """Return ``cache_dir`` (``~`` expanded) as an absolute Path, or the default (:func:`default_cache_dir`) when None.
+
+    Raises:
+        UsageError: (exit 2, one line) a path the OS cannot hold (:func:`check_path_text`) or a ``~user`` that
+            does not exist (:func:`expand_user`), whoever supplied it (the command line, a manifest, the environment).
+    """
     if cache_dir is None:
-        return default_cache_dir()[0].absolute()
-    return Path(cache_dir).expanduser().absolute()
+        try:
+            root, source = default_cache_dir()
+        except RuntimeError:  # Path.home() without HOME or a passwd entry
+            raise UsageError("cannot find the default cache: no home directory",
+                             hint="set HF_HUB_CACHE or HF_HOME, or pass --cache-dir") from None
+        root = root.absolute()
+        check_path_text(root, f"the cache (from {source})")
+        return root
+    root = expand_user(cache_dir, "the cache directory").absolute()
+    check_path_text(root, "the cache directory")
+    return root
 
 
 def existing_cache_dir(cache_dir: str | os.PathLike[str] | None) -> Path:

@@ -199,8 +199,21 @@ def format_env(env: OfflineEnv, fmt: str) -> str:
         lines = [f'{name}="{_dockerfile_escape(value)}"' for name, value in items]
         body = "ENV " + " \\\n    ".join(lines) + "\n"
     else:
-        body = "env:\n" + "".join(f"  - name: {name}\n    value: {json.dumps(value)}\n" for name, value in items)
+        body = "env:\n" + "".join(f"  - name: {name}\n    value: {_yaml_quote(value)}\n" for name, value in items)
     return header + body
+
+
+def _yaml_quote(value: str) -> str:
+    """``value`` as a YAML 1.1/1.2 double-quoted scalar in ASCII: ``\\`` and ``"`` escaped, other non-ASCII as
+    ``\\uXXXX``, and a character beyond U+FFFF as one ``\\UXXXXXXXX`` (YAML spec 1.2 section 5.7): JSON's
+    surrogate pair would read back as two lone surrogates (PyYAML) or be refused (go-yaml, kubectl). Controls never
+    get here (:func:`check_inert`)."""
+    out = []
+    for char in value:
+        code = ord(char)
+        out.append("\\" + char if char in '\\"' else char if code < 0x80 else
+                   f"\\u{code:04x}" if code <= 0xFFFF else f"\\U{code:08x}")
+    return '"' + "".join(out) + '"'
 
 
 #: Unicode categories that are no inert text in generated output: controls (C0, DEL, C1 with U+0085), format

@@ -24,7 +24,7 @@ import tomli_w
 from ..cache import safefs
 from ..cache.layout import RepoFolder
 from ..cache.atomic import atomic_write
-from ..cache.root import cache_error, resolve_cache_dir
+from ..cache.root import NAME_MAX, PATH_MAX, cache_error, resolve_cache_dir
 from ..errors import CacheError, UsageError
 from ..records import UnsafePath, WarmRequest, folder_ids, valid_repo_id, validate_repo_path
 from .manifest import (ENTRY_KEYS, MANIFEST_NAME, Manifest, ManifestNotFound, find_manifest, load_manifest,
@@ -246,11 +246,8 @@ def _locked_repo(entry: dict[str, Any], where: str) -> LockedRepo:
     unknown = sorted(set(entry) - _LOCK_ENTRY_KEYS)
     if unknown:
         raise UsageError(f"{where}: unknown field {unknown[0]!r}", hint="the lock is corrupt; regenerate it")
-    canonical_id = entry.get("canonical_id")
+    canonical_id = _canonical_id(entry.get("canonical_id", request.repo_id), request.repo_id, where)
     commit = entry.get("commit_hash")
-    if not isinstance(canonical_id, str) or not valid_repo_id(canonical_id):
-        raise UsageError(f"{where}: field 'canonical_id' must be a valid repo id, got {canonical_id!r}",
-                         hint="the lock is corrupt or hostile; regenerate it")
     if not isinstance(commit, str) or not _COMMIT_RE.fullmatch(commit):
         raise UsageError(f"{where}: field 'commit_hash' must be 40 hex characters, got {commit!r}")
     if _COMMIT_RE.fullmatch(request.revision) and request.revision != commit:
@@ -263,10 +260,7 @@ def _locked_repo(entry: dict[str, Any], where: str) -> LockedRepo:
     locked = []
     for j, f in enumerate(files):
         fwhere = f"{where}: files[{j}]"
-        try:
-            file_path = validate_repo_path(f.get("path") if isinstance(f.get("path"), str) else "")
-        except UnsafePath as exc:
-            raise UsageError(f"{fwhere}: {exc}", hint="the lock is corrupt or hostile; regenerate it") from None
+        file_path = _lock_repo_path(f.get("path") if isinstance(f.get("path"), str) else "", fwhere)
         size, digest = f.get("size"), f.get("hash")
         if not isinstance(size, int) or isinstance(size, bool) or size < 0:
             raise UsageError(f"{fwhere} ({file_path}): field 'size' must be a non-negative integer")
@@ -276,12 +270,48 @@ def _locked_repo(entry: dict[str, Any], where: str) -> LockedRepo:
     absent = entry.get("absent", [])
     absent_t = str_list(absent, where, "absent") if absent else ()
     for name in absent_t:
-        try:
-            validate_repo_path(name)
-        except UnsafePath as exc:
-            raise UsageError(f"{where}: absent: {exc}", hint="the lock is corrupt or hostile; regenerate it") from None
+        _lock_repo_path(name, f"{where}: absent")
     return LockedRepo(request=request, canonical_id=canonical_id, commit_hash=commit,
                       files=tuple(sorted(locked, key=lambda f: f.path)), absent=absent_t)
+
+
+def _canonical_id(canonical_id: Any, repo_id: str, where: str) -> str:
+    """The entry's ``canonical_id`` if it keeps the one rule warm follows (:func:`hfcache.records.folder_ids`): equal
+    to ``repo_id``, or ``ORG/<the same name>`` for a legacy ``repo_id`` without an org. The lock is authority for
+    commits and hashes, never for which repo they are of: another id would install that repo's files under
+    ``repo_id``'s folder.
+
+    Raises:
+        UsageError: (exit 2) not a valid repo id, or one that breaks the rule; the message names the entry.
+    """
+    if not isinstance(canonical_id, str) or not valid_repo_id(canonical_id):
+        raise UsageError(f"{where}: field 'canonical_id' must be a valid repo id, got {canonical_id!r}",
+                         hint="the lock is corrupt or hostile; regenerate it")
+    if canonical_id != repo_id and folder_ids(repo_id, canonical_id)[0] != canonical_id:
+        allowed = repr(repo_id) if "/" in repo_id else f"{repo_id!r} or 'ORG/{repo_id}'"
+        raise UsageError(f"{where}: field 'canonical_id' is {canonical_id!r}, another repo than {repo_id!r} "
+                         f"(allowed: {allowed})",
+                         hint="the lock is corrupt or hostile; regenerate it and review its diff")
+    return canonical_id
+
+
+def _lock_repo_path(path: str, where: str) -> str:
+    """A file path or absent name of a lock: a safe relative repo path (:func:`hfcache.records.validate_repo_path`)
+    the OS can hold: each component at most 255 bytes, the whole at most 4096 (UTF-8).
+
+    Raises:
+        UsageError: (exit 2) naming ``where``.
+    """
+    hint = "the lock is corrupt or hostile; regenerate it"
+    try:
+        validate_repo_path(path)
+    except UnsafePath as exc:
+        raise UsageError(f"{where}: {exc}", hint=hint) from None
+    encoded = path.encode("utf-8", "surrogatepass")
+    if len(encoded) > PATH_MAX or max(len(part) for part in encoded.split(b"/")) > NAME_MAX:
+        raise UsageError(f"{where}: repo file path {path[:60]!r}... is too long (components at most {NAME_MAX} "
+                         f"bytes, the whole at most {PATH_MAX})", hint=hint)
+    return path
 
 
 def drift(manifest: Manifest, lock: Lockfile) -> tuple[str, ...]:

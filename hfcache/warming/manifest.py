@@ -28,6 +28,9 @@ TRUST_ENDPOINT_ENV = "HFCACHE_TRUST_MANIFEST_ENDPOINT"
 HUB_ENDPOINT = "https://huggingface.co"
 _MANIFEST_KEYS = {"endpoint", "cache_dir", "repos"}
 ENTRY_KEYS = {"repo_id", "revision", "kind", "include", "exclude", "repo_type"}
+#: The longest revision a manifest or lock may name: a ref is a file under ``refs/`` in git and in the cache
+#: (``refs/<revision>``), so one name component is at most NAME_MAX = 255 bytes on Linux, git's practical limit.
+MAX_REVISION = 255
 
 
 class ManifestNotFound(UsageError):
@@ -152,7 +155,7 @@ def load_manifest(path: str | os.PathLike[str]) -> Manifest:
         endpoints=tuple(e.rstrip("/") for e in endpoint or ()),
         # ``~`` only, never environment variables: a manifest is the project's text, and ``${HF_TOKEN}`` in it
         # would put the token in a folder name, the output and an image layer (docs/warm.md).
-        cache_dir=(path.parent / os.path.expanduser(cache_dir)) if cache_dir else None,
+        cache_dir=_manifest_cache_dir(path, cache_dir, where) if cache_dir else None,
         repos=tuple(repos),
     )
 
@@ -194,6 +197,21 @@ def withheld_endpoints(endpoints: tuple[str, ...] | list[str], trusted: bool,
     return tuple(out)
 
 
+def _manifest_cache_dir(path: Path, cache_dir: str, where: str) -> Path:
+    """The manifest's ``cache_dir`` relative to its folder, ``~``/``~user`` expanded, checked as soon as it is read.
+
+    Raises:
+        UsageError: (exit 2) a NUL byte, a component over 255 bytes, a path of 4096 bytes or more, or a ``~user``
+            that does not exist (:func:`hfcache.cache.root.check_path_text`, :func:`hfcache.cache.root.expand_user`).
+    """
+    from ..cache.root import check_path_text, expand_user
+
+    what = f"{where}: field 'cache_dir'"
+    joined = path.parent / expand_user(cache_dir, what)
+    check_path_text(joined.absolute(), what)
+    return joined
+
+
 def _optional_str(data: dict[str, Any], key: str, where: str) -> str | None:
     value = data.get(key)
     if value is not None and (not isinstance(value, str) or not value):
@@ -223,6 +241,9 @@ def manifest_entry(entry: dict[str, Any], where: str) -> WarmRequest:
     revision = entry.get("revision", "main")
     if not isinstance(revision, str):
         raise UsageError(f"{where}: field 'revision' must be a string, got {revision!r}")
+    if len(revision) > MAX_REVISION:
+        raise UsageError(f"{where}: field 'revision' is {len(revision)} characters long (at most {MAX_REVISION})",
+                         hint="use a branch, tag or 40-hex commit")
     include = str_list(entry.get("include", []), where, "include")
     exclude = str_list(entry.get("exclude", []), where, "exclude")
     try:
