@@ -14,9 +14,12 @@ failure and retry it with backoff - huggingface_hub's ``http_backoff`` (``utils/
 ``httpx.ConnectError`` 5 times over about 23 s - or fall back silently; a ``RuntimeError`` passes through them at once
 and names the host.
 
-What it checks is what C uses: the socket family from the C struct and the kernel, and addresses, hosts and ports
-only when they are exactly a tuple, str/bytes/bytearray or int (a subclass could tell the guard one host and C
-another: refused). ``socket.socket``'s ``connect``/``connect_ex``/``sendto``/``sendmsg`` are checked before C parses
+What it checks is what C uses: the socket family and type from the C struct and the kernel (raw sockets, which
+write their own headers, are refused), and addresses, hosts and ports only when they are exactly a tuple, str/bytes
+or int (a subclass could tell the guard one host and C another, a ``bytearray`` could change between the check and
+C's parse: refused). A name resolves without an allow-list entry only when ``/etc/hosts`` answers it for the family
+asked, spelt as glibc matches it; a reverse look-up only when ``/etc/hosts`` lists the address or the call is
+numeric (``getnameinfo`` with ``NI_NUMERICHOST``). ``socket.socket``'s ``connect``/``connect_ex``/``sendto``/``sendmsg`` are checked before C parses
 the address too, since parsing a host name resolves it with no audit event (:func:`_check_before_c_resolves`).
 
 Limits: it sees what Python code does. Native code that opens sockets itself (a Rust or C extension, ``ctypes``
@@ -68,7 +71,11 @@ parse_allow_host = _hosts.parse_allow_host
 hosts_from_environ = _hosts.hosts_from_environ
 format_allow_hosts = _hosts.format_allow_hosts
 hosts_file_names = _hosts.hosts_file_names
+hosts_file_entries = _hosts.hosts_file_entries
+_exact_ip = _hosts._exact_ip
 _ip = _hosts._ip
+_family_name, _type_name, _port = _hosts._family_name, _hosts._type_name, _hosts._port
+_Refused, _plain_host, _plain_address = _hosts._Refused, _hosts._plain_host, _hosts._plain_address
 _target = _hosts._target
 #: Where the process-wide guard lives (one per process, whichever copy of this file installed it).
 _STATE_ATTR = "_hfcache_network_guard"
@@ -98,6 +105,14 @@ _C_FAMILY = _socket.socket.__dict__["family"]
 _C_GETSOCKOPT = _socket.socket.getsockopt
 _C_GETADDRINFO = _socket.getaddrinfo
 _SO_DOMAIN = getattr(_socket, "SO_DOMAIN", None)
+_SO_TYPE = getattr(_socket, "SO_TYPE", None)
+_C_GETNAMEINFO = _socket.getnameinfo
+#: The sockaddr tuple :func:`_check_before_c_resolves`'s ``getnameinfo`` is passing to C with ``NI_NUMERICHOST``
+#: (no look-up at all), per thread; the audit event then carries that very object.
+_NUMERIC_LOOKUP = threading.local()
+#: Socket types whose packets carry headers the program writes (Linux ``SOCK_RAW`` = 3, ``SOCK_PACKET`` = 10): the
+#: kernel ignores the port of ``sendto``'s address (raw UDP reached any port) and, with ``IP_HDRINCL``, the host.
+_RAW_TYPES = frozenset({getattr(socket, "SOCK_RAW", 3), getattr(socket, "SOCK_PACKET", 10)})
 
 
 class NetworkBlocked(RuntimeError):
@@ -106,8 +121,10 @@ class NetworkBlocked(RuntimeError):
     Attributes:
         target (str): ``HOST:PORT`` (``[V6]:PORT``) for connections, ``HOST`` for DNS lookups.
         action (str): ``"connection to"``, ``"DNS lookup of"``, ``"reverse DNS lookup of"``,
-            ``"socket of address family"`` or ``"call with an argument of type"`` (a subclass of tuple, str, bytes
-            or int as an address, host or port: ``target`` names its type).
+            ``"socket of address family"``, ``"socket of type"`` (``SOCK_RAW``/``SOCK_PACKET`` of an IP family, at
+            creation or, for an adopted descriptor, at its send: ``target`` is ``SOCK_RAW (AF_INET)``) or ``"call with
+            an argument of type"`` (a subclass of tuple, str, bytes or int, a ``bytearray`` or ``memoryview`` as an
+            address, host or port: ``target`` names its type).
     """
 
     def __init__(self, action: str, target: str) -> None:
@@ -127,49 +144,6 @@ class NetworkBlocked(RuntimeError):
                          f"guard. {remedy}")
 
 
-def _family_name(family) -> str:
-    try:
-        return socket.AddressFamily(family).name
-    except ValueError:
-        return str(family)
-
-
-def _port(value) -> int | None:
-    """A port given as a plain int, or a plain str/bytes of ASCII digits (a service name: None, any port)."""
-    if type(value) is int:
-        return value or None
-    if type(value) in (str, bytes) and value.isascii() and value.isdigit():
-        return int(value) or None
-    return None
-
-
-class _Refused(Exception):
-    """Raised inside :meth:`_Rules.refusal` when an argument is not of a type the guard can read exactly."""
-
-    def __init__(self, what: object) -> None:
-        super().__init__(what)
-        self.what = type.__dict__["__name__"].__get__(type(what))  # not type(what).__name__: a metaclass may lie
-
-
-def _plain_host(value) -> str:
-    """``value`` as text when it is exactly a str, bytes or bytearray (ASCII); else :class:`_Refused`."""
-    if type(value) is str:
-        return value
-    if type(value) in (bytes, bytearray) and value.isascii():
-        return value.decode("ascii")
-    raise _Refused(value)
-
-
-def _plain_address(address) -> tuple[str, int | None]:
-    """(host, port) of an IP socket address that is exactly a tuple of a plain host and a plain int port."""
-    if type(address) is not tuple or len(address) < 2:
-        raise _Refused(address)
-    host, port = address[0], address[1]
-    if type(port) is not int:
-        raise _Refused(port)
-    return _plain_host(host), port or None
-
-
 def _real_families(sock) -> frozenset:
     """The socket's address family as C stores it and as the kernel reports it (``SO_DOMAIN``, Linux); empty when
     ``sock`` is no real socket (a hand-made ``sys.audit`` call: nothing is sent)."""
@@ -185,12 +159,24 @@ def _real_families(sock) -> frozenset:
     return frozenset(families)
 
 
+def _kernel_raw(sock) -> int:
+    """The socket type when the kernel says ``sock`` is raw (``SO_TYPE`` in :data:`_RAW_TYPES`), else 0: what
+    ``socket(fileno=...)``, ``socket.fromfd`` or an inherited descriptor really is, whatever type Python was told."""
+    if _SO_TYPE is None:
+        return 0
+    try:
+        kind = _C_GETSOCKOPT(sock, _socket.SOL_SOCKET, _SO_TYPE) & 0xF
+    except (OSError, TypeError):
+        return 0  # closed: the send fails too
+    return kind if kind in _RAW_TYPES else 0
+
+
 class _Rules:
     """Which hosts may be reached or resolved: the allow-list and the names ``/etc/hosts`` answers."""
 
     def __init__(self) -> None:
         self.allowed: list[AllowedHost] = []
-        self.local_names = hosts_file_names() | {"localhost"}
+        self.hosts_names, self.hosts_addresses = hosts_file_entries()
         self.resolved: dict[str, frozenset] = {}
         self.busy = threading.local()
 
@@ -202,26 +188,31 @@ class _Rules:
             if entry not in self.allowed:
                 self.allowed.append(entry)
 
-    def allows_lookup(self, host: str, port: int | None) -> bool:
-        """A name may be resolved when it is an address literal (nothing to look up), ``localhost``, a name
-        ``/etc/hosts`` answers (:func:`hosts_file_names`), or an allowed host (for that port, when the entry has
-        one). ``*.localhost`` and this machine's own name are not special: glibc asks the nameserver for them."""
-        name = host.lower().rstrip(".")
-        if _ip(name) is not None or name in self.local_names:
+    def allows_lookup(self, host: str, port: int | None, family: int = 0) -> bool:
+        """A name may be resolved when it is an address literal (nothing to look up), an allowed host (for that
+        port, when the entry has one), or a name ``/etc/hosts`` answers for ``family`` exactly as glibc's ``files``
+        backend matches it (:func:`hosts_file_entries`: case-insensitive, a trailing dot kept; ``AF_UNSPEC`` (0):
+        any entry, ``AF_INET``: an IPv4 one, ``AF_INET6``: an IPv6 one). ``localhost``, ``*.localhost`` and this
+        machine's own name are not special: glibc asks the nameserver for them when the file lacks them."""
+        if _ip(host) is not None:
             return True
+        name = host.lower()
+        versions = self.hosts_names.get(name, frozenset())
+        wanted = {socket.AF_INET: 4, getattr(socket, "AF_INET6", -6): 6}.get(family)
+        if versions and (family == socket.AF_UNSPEC or wanted in versions):
+            return True
+        name = name.rstrip(".")
         return any(a.host == name and (a.port is None or port is None or a.port == port) for a in self.allowed)
 
-    def allows_reverse_lookup(self, host: str, port: int | None) -> bool:
-        """A reverse look-up (``gethostbyaddr``, ``getnameinfo``) may run for a loopback address, a name
-        ``/etc/hosts`` answers (``socket.getfqdn()`` and ``http.server`` ask for them), or an address or name a
-        connection would be allowed to. Any other address is a query to a DNS server."""
-        name = host.lower().rstrip(".")
-        ip = _ip(name)
-        if (ip is not None and ip.is_loopback) or name in self.local_names:
-            return True
+    def allows_reverse_lookup(self, host: str, port: int | None = None) -> bool:
+        """A reverse look-up (``gethostbyaddr``, ``getnameinfo`` without ``NI_NUMERICHOST``) may run only when no
+        nameserver is asked: for an address ``/etc/hosts`` lists exactly as given (``::ffff:127.0.0.1`` is not
+        ``127.0.0.1``), or a name it answers (``gethostbyaddr`` of a name resolves it first). Loopback and allowed
+        addresses are no exception: glibc sends their PTR query to the nameserver (3 bytes of a secret per query)."""
+        ip = _exact_ip(host)
         if ip is None:
-            return self.allows_lookup(name, port)
-        return self.allows_connection(name, port) or any(a.ip == ip for a in self.allowed)
+            return bool(self.hosts_names.get(host.lower()))
+        return ip in self.hosts_addresses
 
     def allows_connection(self, host: str, port: int | None) -> bool:
         """Whether a connection to ``host``:``port`` is allowed: by address, by name, ``localhost`` for loopback
@@ -273,29 +264,39 @@ class _Rules:
             family = args[1]  # -1: socket(fileno=...) wraps an existing descriptor; its connect or sendto is checked
             if family != -1 and family not in _INET_FAMILIES and family not in _LOCAL_FAMILIES:
                 return "socket of address family", _family_name(family)
+            if family in _INET_FAMILIES and type(args[2]) is int and args[2] & 0xF in _RAW_TYPES:
+                return "socket of type", f"{_type_name(args[2] & 0xF)} ({_family_name(family)})"
         elif event in _SEND_EVENTS:
             return self._send_refusal(args[0], args[1])
         elif event in _REVERSE_EVENTS:
-            address = args[0]
-            if type(address) is tuple:
-                host, port = _plain_host(address[0]) if address else "", None
-                if len(address) > 1:
-                    if type(address[1]) is not int:
-                        raise _Refused(address[1])
-                    port = address[1] or None
-            else:
-                host, port = _plain_host(address), None
-            if not self.allows_reverse_lookup(host, port):
-                return "reverse DNS lookup of", host
+            return self._reverse_refusal(event, args[0])
         else:
             host = None if args[0] is None else _plain_host(args[0])
-            port = None
-            if event == "socket.getaddrinfo" and args[1] is not None:
-                if type(args[1]) not in (int, str, bytes):
-                    raise _Refused(args[1])
-                port = _port(args[1])
-            if host and not self.allows_lookup(host, port):
+            port, family = None, socket.AF_INET  # gethostbyname[_ex]: IPv4 look-ups
+            if event == "socket.getaddrinfo":
+                if args[1] is not None:
+                    if type(args[1]) not in (int, str, bytes):
+                        raise _Refused(args[1])
+                    port = _port(args[1])
+                family = args[2] if len(args) > 2 else socket.AF_UNSPEC
+                if type(family) is not int:
+                    raise _Refused(family)
+            if host and not self.allows_lookup(host, port, family):
                 return "DNS lookup of", host
+        return None
+
+    def _reverse_refusal(self, event: str, address) -> tuple[str, str] | None:
+        """gethostbyaddr(host) and getnameinfo(sockaddr): allowed when no nameserver is asked."""
+        if event == "socket.getnameinfo" and address is getattr(_NUMERIC_LOOKUP, "sockaddr", None):
+            return None  # our getnameinfo wrapper saw NI_NUMERICHOST for this very (immutable) tuple
+        if type(address) is tuple:
+            host = _plain_host(address[0]) if address else ""
+            if len(address) > 1 and type(address[1]) is not int:
+                raise _Refused(address[1])
+        else:
+            host = _plain_host(address)
+        if not self.allows_reverse_lookup(host):
+            return "reverse DNS lookup of", host
         return None
 
     def _send_refusal(self, sock, address) -> tuple[str, str] | None:
@@ -308,8 +309,13 @@ class _Rules:
             # socket(AF_UNIX, fileno=<an AF_INET or AF_PACKET descriptor>): what C parses is not what the kernel
             # sends; and an AF_PACKET socket's later sends have no audit event of their own
             return "socket of address family", "/".join(sorted(_family_name(f) for f in families))
-        if family in _LOCAL_FAMILIES or address is None:
-            return None  # AF_UNIX and other local families; sendmsg on a connected socket (its connect was seen)
+        if family in _LOCAL_FAMILIES:
+            return None  # AF_UNIX and other local families
+        raw = _kernel_raw(sock)  # adopted (fileno=, fromfd, inherited): the kernel ignores the port, IP_HDRINCL the host
+        if raw:
+            return "socket of type", f"{_type_name(raw)} ({_family_name(family)})"
+        if address is None:
+            return None  # sendmsg on a connected socket (its connect was seen)
         if not isinstance(address, tuple) or (type(address) is tuple and len(address) < 2):
             return None  # C refuses it itself (TypeError; seen only before C parses it): nothing is sent
         host, port = _plain_address(address)
@@ -481,6 +487,18 @@ def _check_before_c_resolves(hook) -> None:
             hook("socket.sendmsg", (self, args[3]))
         return base.sendmsg(self, *args)
 
+    @functools.wraps(_C_GETNAMEINFO)
+    def getnameinfo(sockaddr, flags):
+        if type(sockaddr) is not tuple or type(flags) is not int or not flags & _socket.NI_NUMERICHOST:
+            return _C_GETNAMEINFO(sockaddr, flags)  # the event checks it: a PTR query unless /etc/hosts answers
+        previous = getattr(_NUMERIC_LOOKUP, "sockaddr", None)
+        _NUMERIC_LOOKUP.sockaddr = sockaddr  # a tuple cannot change; C parses it numerically only
+        try:
+            return _C_GETNAMEINFO(sockaddr, flags)
+        finally:
+            _NUMERIC_LOOKUP.sockaddr = previous
+
+    socket.getnameinfo = getnameinfo
     cls = socket.socket
     if not (isinstance(cls, type) and issubclass(cls, base) and cls.__module__ == "socket"):
         return  # replaced already (gevent's monkey patching): its class is not ours to change; the events stay

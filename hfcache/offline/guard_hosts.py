@@ -1,5 +1,6 @@
 """The network guard's allow-list: what one ``HOST[:PORT]`` entry is, how the list travels to a child in
-``HFCACHE_ALLOW_HOSTS``, and which names ``/etc/hosts`` answers without a nameserver.
+``HFCACHE_ALLOW_HOSTS``, which names and addresses ``/etc/hosts`` answers without a nameserver, and how the guard
+reads an audit event's arguments (exactly a tuple, str, bytes or int: immutable, so what is checked is what C uses).
 
 Part of the guard (:mod:`hfcache.offline.guard`, which re-exports every public name here) and, like it, standard
 library only and importable on its own: the exec ``sitecustomize`` loads ``guard.py`` by file path, which loads
@@ -11,6 +12,7 @@ from __future__ import annotations
 import ipaddress
 import os
 import re
+import socket
 from typing import Iterable
 
 #: Environment variable carrying the allowed hosts to a child: ``HOST[:PORT]`` entries separated by commas.
@@ -139,32 +141,120 @@ def _target(host: str, port: int | None) -> str:
 
 
 def hosts_file_names(path: str = "/etc/hosts", nsswitch: str = "/etc/nsswitch.conf") -> frozenset:
-    """The names the C library answers from ``path`` without asking a DNS server: every name (lower case, no
-    trailing dot) of ``/etc/hosts``, when ``nsswitch``'s ``hosts:`` line consults ``files`` before ``dns`` (or has
-    no such line: glibc's default is ``files dns``). Empty when ``dns`` comes first or the file cannot be read.
+    """Every name (lower case, no trailing dot) of ``path`` when ``nsswitch``'s ``hosts:`` line consults ``files``
+    before ``dns`` (or has no such line: glibc's default is ``files dns``); empty when ``dns`` comes first or the
+    file cannot be read. A summary for people; the guard matches with :func:`hosts_file_entries`, which is exact."""
+    names, _ = hosts_file_entries(path, nsswitch)
+    return frozenset(name.rstrip(".") for name in names)
 
-    glibc sends any other name to the nameservers of ``/etc/resolv.conf`` - ``*.localhost`` and the machine's own
-    name included (RFC 6761 asks resolvers to answer ``.localhost`` themselves; glibc does not) - so only these and
-    ``localhost`` are resolved without an allow-list entry.
+
+def hosts_file_entries(path: str = "/etc/hosts", nsswitch: str = "/etc/nsswitch.conf") -> tuple[dict, frozenset]:
+    """What the C library answers from ``path`` without asking a DNS server (glibc's ``files`` backend, read from
+    the files themselves): ``({name: frozenset of IP versions 4/6}, frozenset of addresses)``. Names are lower case
+    and keep a trailing dot: glibc compares them case-insensitively and strips nothing (``vm.`` and a lookup of an
+    IPv4-only name for ``AF_INET6`` go to the nameserver; checked with a UDP nameserver in
+    tests/integration/test_trust3_guard.py). Addresses are ``ipaddress`` objects as written (an IPv4-mapped IPv6
+    address is not its IPv4 address: glibc asks the nameserver for it). Both empty when ``nsswitch``'s ``hosts:``
+    line consults ``dns`` before ``files`` or not ``files`` at all, or ``path`` cannot be read.
+
+    glibc sends any other name to the nameservers of ``/etc/resolv.conf`` - ``localhost``, ``*.localhost`` and the
+    machine's own name included when the file lacks them (RFC 6761 asks resolvers to answer ``.localhost``
+    themselves; glibc does not).
     """
+    if not _files_before_dns(nsswitch):
+        return {}, frozenset()
+    names: dict[str, set] = {}
+    addresses = set()
+    try:
+        with open(path, encoding="utf-8", errors="replace") as f:
+            for line in f:
+                words = line.split("#", 1)[0].split()
+                ip = _exact_ip(words[0]) if len(words) >= 2 else None
+                if ip is None:
+                    continue
+                addresses.add(ip)
+                for word in words[1:]:
+                    names.setdefault(word.lower(), set()).add(ip.version)
+    except OSError:
+        return {}, frozenset()
+    return {name: frozenset(v) for name, v in names.items()}, frozenset(addresses)
+
+
+def _files_before_dns(nsswitch: str) -> bool:
     try:
         with open(nsswitch, encoding="utf-8", errors="replace") as f:
             for line in f:
                 words = line.split("#", 1)[0].split()
                 if words and words[0] == "hosts:":
                     sources = [w for w in words[1:] if not w.startswith("[")]
-                    if "files" not in sources or ("dns" in sources and sources.index("dns") < sources.index("files")):
-                        return frozenset()
-                    break
+                    return "files" in sources and not ("dns" in sources and
+                                                       sources.index("dns") < sources.index("files"))
     except OSError:
         pass
-    names = set()
+    return True
+
+
+def _exact_ip(text: str):
+    """``text`` as an ``ipaddress`` address exactly as written (no IPv4-mapped unwrapping), without a ``%scope``."""
     try:
-        with open(path, encoding="utf-8", errors="replace") as f:
-            for line in f:
-                words = line.split("#", 1)[0].split()
-                if len(words) >= 2 and _ip(words[0]) is not None:
-                    names.update(w.lower().rstrip(".") for w in words[1:])
-    except OSError:
-        return frozenset()
-    return frozenset(names)
+        return _IP_ADDRESS(text.split("%", 1)[0])
+    except ValueError:
+        return None
+
+
+# ------------------------------------------------------------------ reading the guard's audit-event arguments
+# (used by guard.py: only exact, immutable types are read, so what is checked is what C uses)
+
+
+def _family_name(family) -> str:
+    try:
+        return socket.AddressFamily(family).name
+    except ValueError:
+        return str(family)
+
+
+def _type_name(kind: int) -> str:
+    try:
+        return socket.SocketKind(kind).name
+    except ValueError:
+        return "SOCK_PACKET" if kind == 10 else str(kind)
+
+
+def _port(value) -> int | None:
+    """A port given as a plain int, or a plain str/bytes of ASCII digits (a service name: None, any port)."""
+    if type(value) is int:
+        return value or None
+    if type(value) in (str, bytes) and value.isascii() and value.isdigit():
+        return int(value) or None
+    return None
+
+
+class _Refused(Exception):
+    """Raised inside :meth:`_Rules.refusal` when an argument is not of a type the guard can read exactly."""
+
+    def __init__(self, what: object) -> None:
+        super().__init__(what)
+        self.what = type.__dict__["__name__"].__get__(type(what))  # not type(what).__name__: a metaclass may lie
+
+
+def _plain_host(value) -> str:
+    """``value`` as text when it is exactly a str or bytes (ASCII); else :class:`_Refused`.
+
+    A ``bytearray`` (or ``memoryview``) is refused: another thread can change it between this check and C's
+    parse (a connect checked as 127.0.0.1 reached 127.0.0.2, and names were resolved); only an immutable value is
+    exactly what C uses."""
+    if type(value) is str:
+        return value
+    if type(value) is bytes and value.isascii():
+        return value.decode("ascii")
+    raise _Refused(value)
+
+
+def _plain_address(address) -> tuple[str, int | None]:
+    """(host, port) of an IP socket address that is exactly a tuple of a plain host and a plain int port."""
+    if type(address) is not tuple or len(address) < 2:
+        raise _Refused(address)
+    host, port = address[0], address[1]
+    if type(port) is not int:
+        raise _Refused(port)
+    return _plain_host(host), port or None

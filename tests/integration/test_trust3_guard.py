@@ -161,10 +161,12 @@ def test_without_the_guard_the_same_lies_reach_the_listener(tmp_path):
     assert "tcp:b'tuple-connect'" in arrivals and "udp:b'str-udp'" in arrivals, arrivals
 
 
-def _with_nameserver(tmp_path: Path, argv: list[str]) -> tuple[subprocess.CompletedProcess[str], list[bytes]]:
-    """Run ``argv`` with /etc/resolv.conf naming a UDP listener on 127.0.0.1:53 that records every query."""
+def _with_nameserver(tmp_path: Path, argv: list[str],
+                     hosts: str = "127.0.0.1 localhost\n") -> tuple[subprocess.CompletedProcess[str], list[bytes]]:
+    """Run ``argv`` with /etc/resolv.conf naming a UDP listener on 127.0.0.1:53 that records every query, and
+    /etc/hosts holding ``hosts``."""
     (tmp_path / "resolv.conf").write_text("nameserver 127.0.0.1\noptions timeout:1 attempts:1\n")
-    (tmp_path / "hosts").write_text("127.0.0.1 localhost\n")
+    (tmp_path / "hosts").write_text(hosts)
     dns = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
     dns.bind(("127.0.0.1", 53))
     dns.settimeout(0.2)
@@ -343,3 +345,314 @@ def test_a_refused_name_is_reported_on_one_line_and_entries_are_reparsed():
         g.allow([Liar()])
     g.allow([guard.AllowedHost("10.0.0.1", 80)])
     assert g.allowed == (guard.parse_allow_host("10.0.0.1:80"),)
+
+
+# ------------------------------------------------------------------ red team, round three (B1-B4)
+
+#: B1: a bytearray host can change between the guard's check and C's parse: refused at every call that takes one.
+BYTEARRAY_HOSTS = textwrap.dedent("""
+    import json, socket, sys, threading, time
+    port, race_port = int(sys.argv[1]), int(sys.argv[2])
+    host = lambda: bytearray(b"127.0.0.1")
+    tries = {
+        "connect": lambda: socket.socket().connect((host(), port)),
+        "connect_ex": lambda: socket.socket().connect_ex((host(), port)),
+        "sendto": lambda: socket.socket(socket.AF_INET, socket.SOCK_DGRAM).sendto(b"ba-sendto", (host(), port)),
+        "sendmsg": lambda: socket.socket(socket.AF_INET, socket.SOCK_DGRAM).sendmsg([b"ba"], [], 0, (host(), port)),
+        "getaddrinfo": lambda: socket.getaddrinfo(host(), port),
+        "create_connection": lambda: socket.create_connection((host(), port), timeout=3),
+        "gethostbyaddr": lambda: socket.gethostbyaddr(host()),
+        "memoryview": lambda: socket.socket().connect((memoryview(b"127.0.0.1"), port)),
+    }
+    out = {}
+    for name, attempt in tries.items():
+        try:
+            attempt()
+            out[name] = "sent"
+        except Exception as exc:
+            out[name] = f"{type(exc).__name__}: {exc}"
+    # The red team's race, bounded: another thread flips the last digit between 1 and 2.
+    sys.setswitchinterval(1e-6)
+    ba, stop, won = bytearray(b"127.0.0.1"), [], []
+    def flip():
+        while not stop:
+            ba[8] = 50
+            ba[8] = 49
+    threading.Thread(target=flip, daemon=True).start()
+    end = time.monotonic() + 3
+    while time.monotonic() < end and not won:
+        s = socket.socket()
+        try:
+            s.connect((ba, race_port)); won.append(s.getpeername()[0]); s.send(b"race-won")
+        except Exception:
+            pass
+        finally:
+            s.close()
+    stop.append(1)
+    out["race"] = won
+    print(json.dumps(out))
+""")
+
+
+def _tcp_listener(host: str) -> tuple[socket.socket, list[bytes], threading.Event]:
+    server = socket.socket()
+    server.bind((host, 0))
+    server.listen(64)
+    server.settimeout(0.2)
+    got: list[bytes] = []
+    stop = threading.Event()
+
+    def accept() -> None:
+        while not stop.is_set():
+            try:
+                conn, _ = server.accept()
+            except OSError:
+                continue
+            got.append(b"connection")
+            conn.close()
+
+    threading.Thread(target=accept, daemon=True).start()
+    return server, got, stop
+
+
+def test_b1_bytearray_hosts_are_refused_so_what_is_checked_is_what_c_uses(tmp_path):
+    canary = Canary(tmp_path)
+    race, race_got, stop = _tcp_listener("127.0.0.2")
+    try:
+        with listener() as (port, arrivals):
+            proc = run_hfcache(["exec", "--cache-dir", str(tmp_path / "cache"), "--allow-host", "127.0.0.1",
+                                "--", sys.executable, "-c", BYTEARRAY_HOSTS, str(port),
+                                str(race.getsockname()[1])])
+            results = _results(proc)
+            threading.Event().wait(0.5)
+            assert arrivals == [], (arrivals, results)
+    finally:
+        stop.set()
+        race.close()
+    assert race_got == [] and results.pop("race") == [], results
+    assert set(results) == {"connect", "connect_ex", "sendto", "sendmsg", "getaddrinfo", "create_connection",
+                            "gethostbyaddr", "memoryview"}
+    # C's getaddrinfo takes no bytearray at all (TypeError before anything is resolved)
+    for name in ("getaddrinfo", "create_connection"):
+        assert results.pop(name) == "TypeError: getaddrinfo() argument 1 must be string or None", results
+    for name, result in results.items():
+        kind = "memoryview" if name == "memoryview" else "bytearray"
+        assert result.startswith(f"{BLOCKED_TYPE} {kind} (only a plain tuple, str, bytes or int is read)"), \
+            (name, result)
+        assert "\n" not in result
+    canary.assert_unchanged()
+
+
+def test_b1_the_hook_refuses_a_bytearray_host_at_every_event():
+    g = guard.Guard()
+    g.allow(["127.0.0.1"])
+    g.enforce()
+    sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    try:
+        for event, args in [("socket.connect", (sock, (bytearray(b"127.0.0.1"), 9))),
+                            ("socket.sendto", (sock, (bytearray(b"127.0.0.1"), 9))),
+                            ("socket.getaddrinfo", (bytearray(b"127.0.0.1"), 9, 0, 0, 0, 0)),
+                            ("socket.gethostbyname", (bytearray(b"localhost"),)),
+                            ("socket.gethostbyaddr", (bytearray(b"127.0.0.1"),)),
+                            ("socket.getnameinfo", ((bytearray(b"127.0.0.1"), 9),))]:
+            with pytest.raises(guard.NetworkBlocked, match="call with an argument of type bytearray "):
+                g.hook(event, args)
+        g.hook("socket.connect", (sock, (b"127.0.0.1", 9)))  # bytes cannot change: read, allowed
+    finally:
+        sock.close()
+
+
+#: B2: raw sockets ignore sendto's port (and, with IP_HDRINCL, its host): a UDP datagram to any port.
+RAW_SENDS = textwrap.dedent("""
+    import json, socket, struct, sys
+    port, allowed = int(sys.argv[1]), int(sys.argv[2])
+    def raw_udp():
+        s = socket.socket(socket.AF_INET, socket.SOCK_RAW, socket.IPPROTO_UDP)
+        payload = b"raw-udp"
+        s.sendto(struct.pack("!HHHH", 40000, port, 8 + len(payload), 0) + payload, ("127.0.0.1", allowed))
+    def raw_hdrincl():
+        s = socket.socket(socket.AF_INET, socket.SOCK_RAW | socket.SOCK_CLOEXEC, socket.IPPROTO_RAW)
+        payload = b"raw-hdrincl"
+        udp = struct.pack("!HHHH", 40001, port, 8 + len(payload), 0) + payload
+        ip = struct.pack("!BBHHHBBH4s4s", 0x45, 0, 20 + len(udp), 1, 0, 64, socket.IPPROTO_UDP, 0,
+                         socket.inet_aton("127.0.0.1"), socket.inet_aton("127.0.0.1"))
+        s.sendto(ip + udp, ("127.0.0.1", allowed))
+    def raw_v6():
+        socket.socket(socket.AF_INET6, socket.SOCK_RAW, socket.IPPROTO_UDP)
+    def raw_c():
+        import _socket
+        _socket.socket(socket.AF_INET, socket.SOCK_RAW, socket.IPPROTO_UDP)
+    out = {}
+    for attempt in (raw_udp, raw_hdrincl, raw_v6, raw_c):
+        try:
+            attempt()
+            out[attempt.__name__] = "sent"
+        except Exception as exc:
+            out[attempt.__name__] = f"{type(exc).__name__}: {exc}"
+    print(json.dumps(out))
+""")
+needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="raw sockets need CAP_NET_RAW")
+
+
+@needs_root
+def test_b2_raw_sockets_are_refused_and_nothing_reaches_another_port(tmp_path):
+    canary = Canary(tmp_path)
+    with listener() as (port, arrivals):
+        proc = run_hfcache(["exec", "--cache-dir", str(tmp_path / "cache"), "--allow-host", "127.0.0.1:6379", "--",
+                            sys.executable, "-c", RAW_SENDS, str(port), "6379"])
+        results = _results(proc)
+        threading.Event().wait(0.5)
+        assert arrivals == [], (arrivals, results)
+    assert results == {
+        "raw_udp": "NetworkBlocked: hfcache blocked a socket of type SOCK_RAW (AF_INET): this process runs offline "
+                   "under hfcache's network guard. Such sockets cannot be allowed; run this without hfcache's guard "
+                   "if it must",
+        "raw_hdrincl": results["raw_hdrincl"], "raw_v6": results["raw_v6"], "raw_c": results["raw_c"]}, results
+    assert results["raw_c"] == results["raw_udp"], results
+    assert results["raw_hdrincl"].startswith("NetworkBlocked: hfcache blocked a socket of type SOCK_RAW (AF_INET):")
+    assert results["raw_v6"].startswith("NetworkBlocked: hfcache blocked a socket of type SOCK_RAW (AF_INET6):")
+    canary.assert_unchanged()
+
+
+@needs_root
+def test_b2_without_the_guard_raw_udp_reaches_a_port_not_named(tmp_path):
+    with listener() as (port, arrivals):
+        results = _results(subprocess.run([sys.executable, "-c", RAW_SENDS, str(port), "6379"], capture_output=True,
+                                          text=True, env=clean_env(), timeout=60))
+        threading.Event().wait(1.0)
+    assert results["raw_udp"] == "sent" and "udp:b'raw-udp'" in arrivals, (results, arrivals)
+
+
+@needs_root
+def test_b2_an_adopted_raw_descriptor_is_refused_by_what_the_kernel_says():
+    """socket(AF_INET, SOCK_DGRAM, fileno=<raw>) and socket.fromfd: the type Python was told is not read."""
+    g = guard.Guard()
+    g.allow(["127.0.0.1"])
+    g.enforce()
+    with pytest.raises(guard.NetworkBlocked, match=r"socket of type SOCK_RAW \(AF_INET\)"):
+        g.hook("socket.__new__", (None, socket.AF_INET, socket.SOCK_RAW | socket.SOCK_NONBLOCK, 17))
+    raw = socket.socket(socket.AF_INET, socket.SOCK_RAW, socket.IPPROTO_UDP)
+    adopted = socket.socket(socket.AF_INET, socket.SOCK_DGRAM, 0, fileno=os.dup(raw.fileno()))
+    dup = socket.fromfd(raw.fileno(), socket.AF_INET, socket.SOCK_DGRAM)
+    try:
+        g.hook("socket.__new__", (None, -1, -1, -1))  # fileno= without a type: checked at the send
+        for sock in (adopted, dup, raw):
+            for event in ("socket.sendto", "socket.connect", "socket.sendmsg"):
+                with pytest.raises(guard.NetworkBlocked, match=r"socket of type SOCK_RAW \(AF_INET\)"):
+                    g.hook(event, (sock, ("127.0.0.1", 9)))
+        udp = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        g.hook("socket.sendto", (udp, ("127.0.0.1", 9)))  # a plain UDP socket to an allowed host: allowed
+        udp.close()
+    finally:
+        for sock in (adopted, dup, raw):
+            sock.close()
+
+
+#: B3: reverse look-ups of chosen addresses: 3 bytes of a secret per PTR query.
+REVERSE = textwrap.dedent("""
+    import json, socket
+    tries = {
+        "gethostbyaddr_secret": lambda: socket.gethostbyaddr("127.104.102.95"),
+        "getnameinfo_secret": lambda: socket.getnameinfo(("127.83.69.67", 80), 0),
+        "getnameinfo_namereqd": lambda: socket.getnameinfo(("127.82.69.84", 80), socket.NI_NAMEREQD),
+        "gethostbyaddr_mapped": lambda: socket.gethostbyaddr("::ffff:127.0.0.1"),
+        "gethostbyaddr_v6": lambda: socket.gethostbyaddr("::2"),
+        "gethostbyaddr_name": lambda: socket.gethostbyaddr("exfil-secret.localhost"),
+        # answered without a nameserver: /etc/hosts lists them, or NI_NUMERICHOST asks for no name at all
+        "hosts_address": lambda: socket.gethostbyaddr("127.0.0.1")[0],
+        "hosts_name": lambda: socket.gethostbyaddr("vm")[0],
+        "getnameinfo_hosts": lambda: socket.getnameinfo(("127.0.0.1", 80), 0)[0],
+        "getnameinfo_numeric": lambda: socket.getnameinfo(("127.9.9.9", 80), socket.NI_NUMERICHOST)[0],
+        "getnameinfo_numeric_both": lambda: socket.getnameinfo(("127.9.9.8", 80),
+                                                               socket.NI_NUMERICHOST | socket.NI_NUMERICSERV),
+    }
+    out = {}
+    for name, attempt in tries.items():
+        try:
+            out[name] = attempt()
+        except Exception as exc:
+            out[name] = f"{type(exc).__name__}: {exc}"
+    print(json.dumps(out))
+""")
+HOSTS = "127.0.0.1 localhost\n127.0.0.1 vm\n::1 six\n"
+
+
+def _blocked(action: str, target: str) -> str:
+    return f"NetworkBlocked: {guard.NetworkBlocked(action, target)}"
+
+
+@needs_unshare
+def test_b3_reverse_lookups_run_only_when_no_nameserver_is_asked(tmp_path):
+    canary = Canary(tmp_path)
+    guarded = [sys.executable, "-m", "hfcache", "exec", "--cache-dir", str(tmp_path / "cache"), "--"]
+    proc, queries = _with_nameserver(tmp_path, [*guarded, sys.executable, "-c", REVERSE], hosts=HOSTS)
+    results = _results(proc)
+    assert queries == [], (queries, results)
+    for name, target in [("gethostbyaddr_secret", "127.104.102.95"), ("getnameinfo_secret", "127.83.69.67"),
+                         ("getnameinfo_namereqd", "127.82.69.84"), ("gethostbyaddr_mapped", "::ffff:127.0.0.1"),
+                         ("gethostbyaddr_v6", "::2"), ("gethostbyaddr_name", "exfil-secret.localhost")]:
+        assert results[name] == _blocked("reverse DNS lookup of", target), (name, results[name])
+    assert results["hosts_address"] == "localhost" and results["hosts_name"] == "localhost", results
+    assert results["getnameinfo_hosts"] == "localhost" and results["getnameinfo_numeric"] == "127.9.9.9", results
+    assert results["getnameinfo_numeric_both"] == ["127.9.9.8", "80"], results
+    canary.assert_unchanged()
+
+
+@needs_unshare
+def test_b3_without_the_guard_the_reverse_lookups_query_the_nameserver(tmp_path):
+    proc, queries = _with_nameserver(tmp_path, [sys.executable, "-c", REVERSE], hosts=HOSTS)
+    _results(proc)
+    for name in (b"\x0295\x03102\x03104\x03127\x07in-addr", b"\x0267\x0269\x0283\x03127\x07in-addr"):
+        assert any(name in q for q in queries), (name, queries)
+
+
+#: B4: names /etc/hosts lists, asked for another family or with a trailing dot, go to the nameserver.
+FORWARD = textwrap.dedent("""
+    import json, socket
+    tries = {
+        "vm_v6": lambda: socket.getaddrinfo("vm", 80, socket.AF_INET6),
+        "localhost_v6": lambda: socket.getaddrinfo("localhost", 80, socket.AF_INET6),
+        "LoCaLhOsT_v6": lambda: socket.getaddrinfo("LoCaLhOsT", 80, socket.AF_INET6),
+        "vm_dot": lambda: socket.getaddrinfo("vm.", 80, socket.AF_INET),
+        "localhost_dot": lambda: socket.getaddrinfo("localhost.", 80),
+        "gethostbyname_dot": lambda: socket.gethostbyname("RuNsC."),
+        "gethostbyname_v6_only": lambda: socket.gethostbyname_ex("six"),
+        "vm_v6_stream": lambda: socket.getaddrinfo("vm", 9, socket.AF_INET6, socket.SOCK_STREAM),
+        # answered from /etc/hosts: a name it lists for the family asked
+        "vm_v4": lambda: socket.getaddrinfo("VM", 80, socket.AF_INET)[0][4][0],
+        "vm_any": lambda: socket.getaddrinfo("vm", 80)[0][4][0],
+        "six_v6": lambda: socket.getaddrinfo("six", 80, socket.AF_INET6)[0][4][0],
+        "gethostbyname": lambda: socket.gethostbyname("vm"),
+    }
+    out = {}
+    for name, attempt in tries.items():
+        try:
+            out[name] = attempt()
+        except Exception as exc:
+            out[name] = f"{type(exc).__name__}: {exc}"
+    print(json.dumps(out))
+""")
+
+
+@needs_unshare
+def test_b4_a_hosts_file_name_resolves_only_for_the_family_and_spelling_the_file_answers(tmp_path):
+    canary = Canary(tmp_path)
+    guarded = [sys.executable, "-m", "hfcache", "exec", "--cache-dir", str(tmp_path / "cache"), "--"]
+    proc, queries = _with_nameserver(tmp_path, [*guarded, sys.executable, "-c", FORWARD], hosts=HOSTS)
+    results = _results(proc)
+    assert queries == [], (queries, results)
+    for name, target in [("vm_v6", "vm"), ("localhost_v6", "localhost"), ("LoCaLhOsT_v6", "LoCaLhOsT"),
+                         ("vm_dot", "vm."), ("localhost_dot", "localhost."), ("gethostbyname_dot", "RuNsC."),
+                         ("gethostbyname_v6_only", "six"), ("vm_v6_stream", "vm")]:
+        assert results[name] == _blocked("DNS lookup of", target), (name, results[name])
+    assert results["vm_v4"] == results["vm_any"] == results["gethostbyname"] == "127.0.0.1", results
+    assert results["six_v6"] == "::1", results
+    canary.assert_unchanged()
+
+
+@needs_unshare
+def test_b4_without_the_guard_those_names_query_the_nameserver(tmp_path):
+    proc, queries = _with_nameserver(tmp_path, [sys.executable, "-c", FORWARD], hosts=HOSTS)
+    _results(proc)
+    for name in (b"\x02vm\x00\x00\x1c", b"\x09LoCaLhOsT\x00\x00\x1c", b"\x09localhost\x00"):
+        assert any(name in q for q in queries), (name, queries)
