@@ -12,6 +12,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Protocol
 
+from .bounds import MAX_TREE_DEPTH
 from .errors import UsageError
 
 KINDS = ("tokenizer", "model", "all")
@@ -23,6 +24,9 @@ REPO_TYPES = ("model", "dataset", "kernel")
 # Same rule as huggingface_hub.utils._validators.REPO_ID_REGEX / validate_repo_id (copied: importing it loads
 # huggingface_hub.utils and its HTTP stack, which the light lock path must not pay for).
 _REPO_ID_RE = re.compile(r"(\b[\w\-.]{1,96}\b/)?\b[\w\-.]{1,96}\b", re.ASCII)
+#: Longest repo path component / whole repo path accepted, in UTF-8 bytes (Linux NAME_MAX / PATH_MAX).
+MAX_NAME_BYTES = 255
+MAX_PATH_BYTES = 4096
 _BAD_REVISION = re.compile(r"(^|/)\.\.?(/|$)|^/|\\|\s|\x00")
 
 
@@ -250,7 +254,13 @@ class UnsafePath(ValueError):
 def validate_repo_path(path: str) -> str:
     """Return ``path`` if it is a safe relative repo path, else raise UnsafePath (a ValueError).
 
-    A listing from a hostile or broken endpoint must not make hfcache write outside the repo folder.
+    A listing from a hostile or broken endpoint must not make hfcache write outside the repo folder, nor write a
+    path the other commands refuse to walk: at most :data:`hfcache.bounds.MAX_TREE_DEPTH` components (the folder
+    bound of verify, export and doctor), each at most :data:`MAX_NAME_BYTES` bytes of UTF-8 (NAME_MAX of Linux
+    file systems), the whole at most :data:`MAX_PATH_BYTES` bytes (PATH_MAX).
+
+    Raises:
+        UnsafePath: the path is unsafe or too deep/long; the one-line message names it (cut to 200 characters).
     """
     if (
         not path
@@ -261,4 +271,11 @@ def validate_repo_path(path: str) -> str:
         or any(part in ("", ".", "..") for part in path.split("/"))
     ):
         raise UnsafePath(f"unsafe repo file path {path!r}")
+    parts = path.split("/")
+    if len(parts) > MAX_TREE_DEPTH:
+        raise UnsafePath(f"unsafe repo file path {path!r:.200}: {len(parts)} components, more than {MAX_TREE_DEPTH}")
+    if len(path.encode("utf-8", "surrogatepass")) > MAX_PATH_BYTES:
+        raise UnsafePath(f"unsafe repo file path {path!r:.200}: longer than {MAX_PATH_BYTES} bytes")
+    if any(len(part.encode("utf-8", "surrogatepass")) > MAX_NAME_BYTES for part in parts):
+        raise UnsafePath(f"unsafe repo file path {path!r:.200}: a name longer than {MAX_NAME_BYTES} bytes")
     return path

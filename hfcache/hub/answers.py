@@ -132,7 +132,7 @@ def tree_entry(endpoint: str, repo_id: str, entry: object) -> RemoteFile:
 def remote_file(endpoint: str, repo_id: str, source: str, path: str, size: object, blob_id: object,
                 lfs_sha256: object) -> RemoteFile:
     """A RemoteFile from untrusted fields: a safe path, a size >= 0, 40/64 lowercase hex ids, else HubError."""
-    path = safe_path(repo_id, path)
+    path = safe_path(repo_id, path, endpoint)
     if not isinstance(size, int) or isinstance(size, bool) or size < 0:
         raise HubError(f"{repo_id}: {source} at {endpoint} gave no valid size for {path} ({size!r})",
                        hint="the endpoint must publish sizes like the Hub (docs/cache-layout.md, 'The Hub protocol')")
@@ -146,14 +146,16 @@ def remote_file(endpoint: str, repo_id: str, source: str, path: str, size: objec
                       lfs_sha256=lfs_sha256)
 
 
-def safe_path(repo_id: str, path: object) -> str:
-    """``path`` as a safe repo path (:func:`hfcache.records.validate_repo_path`), else HubError naming it."""
+def safe_path(repo_id: str, path: object, endpoint: str | None = None) -> str:
+    """``path`` as a safe repo path (:func:`hfcache.records.validate_repo_path`: no escape, within the folder and
+    name bounds), else HubError naming it and ``endpoint`` (exit 3, before anything is downloaded)."""
     try:
         if not isinstance(path, str):
-            raise UnsafePath(f"unsafe repo file path {path!r}")
+            raise UnsafePath(f"unsafe repo file path {path!r:.200}")
         return validate_repo_path(path)
     except UnsafePath as exc:
-        raise HubError(f"{repo_id}: endpoint listed an {exc}", hint="the endpoint is broken or hostile") from None
+        who = f"endpoint {endpoint}" if endpoint else "endpoint"
+        raise HubError(f"{repo_id}: {who} listed an {exc}", hint="the endpoint is broken or hostile") from None
 
 
 def file_and_folder(paths: set[str]) -> str | None:

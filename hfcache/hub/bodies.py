@@ -1,11 +1,16 @@
 """Reading a streamed answer's body with a check at every chunk off the wire: the deadline of a metadata answer,
-the throughput floor of a file body (:mod:`hfcache.pace`), and a bounded read of an error answer's body.
+the throughput floor of a file body (:mod:`hfcache.pace`), a bounded read of an error answer's body, and the
+:class:`Watchdog` that holds a whole metadata answer, its status line and headers included, to its deadline.
 
 No HTTP client is imported here (only :mod:`hfcache.hub.client` makes requests): these take the response it opened.
 """
 
 from __future__ import annotations
 
+import contextlib
+import socket
+import sys
+import threading
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING
 
@@ -71,3 +76,107 @@ def keep_content(response: httpx2.Response, content: bytes) -> None:
     whole body, unbounded and with no deadline. ``Response._content`` is what ``read()`` fills (private).
     """
     response._content = content
+
+
+_local = threading.local()  # .dog: the Watchdog of the request this thread is sending
+
+
+class Watchdog:
+    """Enforces one metadata answer's :class:`Deadline` from outside: when it passes, the socket of the request is
+    shut down, so a read blocked on a drip of response headers returns and the request fails.
+
+    Library gap (httpx2/httpcore2/h11): ``timeout=`` bounds each read, not the whole answer, and h11 accepts 16 KiB
+    of headers: one byte within ``--timeout`` each holds a request for hours before any body check can run. The
+    socket is found through httpx2's ``trace`` request extension, which :func:`watch_hook` sets on every request
+    sent while a dog is armed in the thread (redirects included): at ``*.send_request_headers.started`` the
+    connection object (``HTTP11Connection``/``HTTP2Connection``, private ``_network_stream``) is its caller's
+    ``self``. A duplicate of the socket is kept and shut down; a socket registered after the deadline passed is shut
+    down at once.
+
+    Args:
+        deadline (Deadline): the allowance, counted from its creation.
+    """
+
+    def __init__(self, deadline: Deadline) -> None:
+        self.deadline, self.fired = deadline, False
+        self._lock, self._socks, self._stopped = threading.Lock(), [], False
+        self._timer = threading.Timer(deadline.remaining(), self._fire)
+        self._timer.daemon = True
+        self._timer.start()
+
+    def trace(self, event: str, info: dict) -> None:
+        """httpx2 ``trace`` callback: registers the connection's socket when the request headers go out."""
+        if event.endswith(".send_request_headers.started"):
+            self.watch(_caller_socket())
+
+    def watch(self, sock: socket.socket | None) -> None:
+        """Register ``sock`` (shut down when the deadline passes; at once if it has)."""
+        if sock is None:
+            return
+        with self._lock:
+            if self._stopped:
+                return
+            with contextlib.suppress(OSError):
+                self._socks.append(socket.fromfd(sock.fileno(), sock.family, sock.type))
+                if self.fired:
+                    self._socks[-1].shutdown(socket.SHUT_RDWR)
+
+    def _fire(self) -> None:
+        with self._lock:
+            self.fired = not self._stopped
+            for sock in self._socks:
+                with contextlib.suppress(OSError):
+                    sock.shutdown(socket.SHUT_RDWR)
+
+    def stop(self) -> None:
+        """Cancel the timer and close the duplicated sockets (idempotent)."""
+        with self._lock:
+            self._stopped = True
+            self._timer.cancel()
+            for sock in self._socks:
+                sock.close()
+            self._socks = []
+
+
+def _caller_socket() -> socket.socket | None:
+    """The socket of the httpcore2 connection up the calling stack (``self._network_stream``), or None."""
+    frame = sys._getframe(2)
+    for _ in range(8):
+        if frame is None:
+            return None
+        stream = getattr(frame.f_locals.get("self"), "_network_stream", None)
+        if stream is not None:
+            with contextlib.suppress(Exception):
+                return stream.get_extra_info("socket")
+            return None
+        frame = frame.f_back
+    return None
+
+
+def watch_hook(request) -> None:
+    """httpx2 request event hook: gives a request sent while a :func:`watched` block is open its dog's ``trace``."""
+    dog = getattr(_local, "dog", None)
+    if dog is not None:
+        request.extensions = {**request.extensions, "trace": dog.trace}
+
+
+@contextlib.contextmanager
+def watched(deadline: Deadline) -> Iterator[Watchdog]:
+    """Hold the requests this thread sends inside the block to ``deadline`` (:class:`Watchdog`).
+
+    Raises:
+        TooSlow: the deadline passed (whatever error the shut-down socket caused inside the block).
+    """
+    dog, previous = Watchdog(deadline), getattr(_local, "dog", None)
+    _local.dog = dog
+    try:
+        yield dog
+    except TooSlow:
+        raise
+    except Exception as exc:
+        if dog.fired:
+            raise TooSlow(f"{deadline.what}: no complete answer within {deadline.seconds:g} s") from exc
+        raise
+    finally:
+        _local.dog = previous
+        dog.stop()

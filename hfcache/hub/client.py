@@ -17,7 +17,8 @@ that gives no hash or size for a file is an error naming the file: hash checks s
 (:mod:`hfcache.hub.answers`). What the answers describe is in :mod:`hfcache.hub.files`, the URLs in
 :mod:`hfcache.hub.urls`.
 
-Requests use huggingface_hub's shared HTTP client (``get_session``, with its request hooks and offline-mode guard)
+Requests use huggingface_hub's shared HTTP client (``get_session``, with its request hooks and offline-mode guard,
+plus :func:`hfcache.hub.session.hub_session`'s watchdog hook)
 and its error mapping (``hf_raise_for_status``); transient failures are retried per :mod:`hfcache.hub.retry`. File
 bodies are opened here (:meth:`HubClient.open_body`, with ``Range``) and written by :mod:`hfcache.hub.transfer`.
 Every metadata answer is read under a deadline and every body under a throughput floor (:mod:`hfcache.pace`,
@@ -31,7 +32,7 @@ from __future__ import annotations
 import os
 import threading
 from collections.abc import Iterable, Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from dataclasses import replace
 from typing import BinaryIO
 from urllib.parse import quote
@@ -44,7 +45,7 @@ from huggingface_hub.errors import (
     RepositoryNotFoundError,
     RevisionNotFoundError,
 )
-from huggingface_hub.utils import build_hf_headers, get_session, hf_raise_for_status
+from huggingface_hub.utils import build_hf_headers, hf_raise_for_status
 
 from .. import pools
 from .._version import __version__
@@ -52,12 +53,14 @@ from ..bounds import TooDeep, loads_json
 from ..errors import (EndpointUnreachable, GatedRepo, HubError, IntegrityError, OfflineViolation, RepoNotFound,
                       RevisionNotFound)
 from ..pace import Deadline, Throughput, TooSlow, metadata_deadline, min_rate
-from .bodies import iter_body, keep_content, read_capped, slow_body
+from .bodies import iter_body, keep_content, read_capped, slow_body, watched
 from .answers import (SHA256_RE, RepoInfo, answered_identity, check_asked_commit, check_listing, parse_repo_info,
                       remote_file, safe_path, tree_entry)
 from .files import Hasher, RemoteFile, RepoRevision
 from .retry import DEFAULT_RETRIES, RetryCounter, ShortBody
 from .retry import is_transient as _transient_without_client
+from .session import hub_session as _session
+from .session import no_agent_registry_fetch as _no_agent_registry_fetch
 from .urls import origin, resolve_url, validate_endpoint
 
 DEFAULT_ENDPOINT = "https://huggingface.co"
@@ -66,27 +69,6 @@ DEFAULT_ENDPOINT = "https://huggingface.co"
 MAX_METADATA_BYTES = 64 * 1024 * 1024
 #: Largest error body read (its message is what ``hf_raise_for_status`` shows); the rest is never read.
 MAX_ERROR_BYTES = 64 * 1024
-
-
-def _no_agent_registry_fetch() -> None:
-    """Keep huggingface_hub's agent detection from fetching its registry: hfcache talks only to its endpoints.
-
-    Library gap: ``build_hf_headers`` (utils/_headers.py, also inside ``get_hf_file_metadata``) calls
-    ``detect_agent()`` unless telemetry is disabled, and its first call (utils/_detect_agent.py, huggingface_hub
-    >= 1.x) fetches ``{constants.ENDPOINT}/api/agent-harnesses`` -- the public Hub even when hfcache was given
-    another endpoint, with a 3 s timeout, once from every worker thread that races to it -- and writes
-    ``$HF_HOME/.agent_harnesses.json`` (into an image layer, under ``RUN hfcache warm``). Here the registry is taken
-    from that file if it exists (so the user agent still names a detected agent) and is otherwise empty; it is
-    never fetched. A huggingface_hub without this module is left alone.
-    """
-    try:
-        from huggingface_hub import constants
-        from huggingface_hub.utils import _detect_agent as agent
-        if agent._registry is None:
-            cached = agent._read_cached_registry(constants.AGENT_HARNESSES_PATH, max_age=None)
-            agent._registry = cached or agent._EMPTY_REGISTRY
-    except (ImportError, AttributeError):
-        pass
 
 
 class HubClient:
@@ -138,9 +120,11 @@ class HubClient:
         Args:
             timeout: seconds to wait (default: the client's timeout).
         """
-        try:
-            get_session().head(self.endpoint + "/", timeout=timeout or self.timeout, follow_redirects=False)
-        except (httpx2.HTTPError, OfflineModeIsEnabled):
+        seconds = timeout or self.timeout
+        try:  # a drip of headers must not hold a health check either
+            with watched(Deadline(seconds, f"{self.endpoint}: health check")):
+                _session().head(self.endpoint + "/", timeout=seconds, follow_redirects=False)
+        except (httpx2.HTTPError, OfflineModeIsEnabled, TooSlow):
             return False
         return True
 
@@ -171,7 +155,7 @@ class HubClient:
                                          f"{repo_id}@{revision}")
         canonical_id, commit = answered_identity(self.endpoint, repo_id, info)
         check_asked_commit(self.endpoint, repo_id, revision, commit)
-        paths = tuple(sorted(safe_path(repo_id, s.rfilename) for s in info.siblings or ()))
+        paths = tuple(sorted(safe_path(repo_id, s.rfilename, self.endpoint) for s in info.siblings or ()))
         repo = RepoRevision(repo_id=repo_id, canonical_id=canonical_id, repo_type=repo_type, revision=revision,
                             commit_hash=commit, files=(), paths=paths, metadata="head")
         repo = self._listed_files(repo, info, counter)
@@ -218,13 +202,15 @@ class HubClient:
                            hint="the endpoint is broken or hostile")
         return parse_repo_info(data)
 
-    def _get_json(self, url: str, params: dict | None, what: str,
-                  accepted: tuple[int, ...] = ()) -> tuple[httpx2.Response, object]:
-        """GET a JSON document with the body bounded to ``MAX_METADATA_BYTES`` decoded, the whole answer within
-        the metadata deadline (checked at every raw chunk as it arrives, one byte included).
+    def _get_json(self, url: str, params: dict | None, what: str, accepted: tuple[int, ...] = (),
+                  limit: int = MAX_METADATA_BYTES, tally: list[int] | None = None) -> tuple[httpx2.Response, object]:
+        """GET a JSON document with the body bounded to ``limit`` bytes decoded (``MAX_METADATA_BYTES``), the
+        whole answer, status line and headers included, within the metadata deadline (a
+        :func:`hfcache.hub.bodies.watched` request, and a check at every raw chunk of the body).
 
         Returns:
-            (response, parsed JSON); the JSON is None when the status is one of ``accepted`` (not raised).
+            (response, parsed JSON); the JSON is None when the status is one of ``accepted`` (not raised). The
+            decoded body's size is appended to ``tally`` (if given).
 
         Raises:
             HubError: too large or nested too deep; what ``hf_raise_for_status`` raises for other statuses;
@@ -232,15 +218,18 @@ class HubClient:
         """
         deadline = self.metadata_deadline(what)
         headers = build_hf_headers(token=self._token, library_name="hfcache", library_version=__version__)
-        with get_session().stream("GET", url, params=params, headers=headers, timeout=self.timeout) as r:
+        with watched(deadline), _session().stream("GET", url, params=params, headers=headers,
+                                                  timeout=self.timeout) as r:
             deadline.check()
             body = bytearray()
             for chunk in iter_body(r, lambda n: deadline.check()):
                 body += chunk
-                if len(body) > MAX_METADATA_BYTES:
+                if len(body) > limit:
                     raise HubError(f"{what}: the answer of {self.endpoint} is larger than "
-                                   f"{MAX_METADATA_BYTES} bytes (decoded); refused",
+                                   f"{limit} bytes (decoded); refused",
                                    hint="the endpoint is broken or hostile")
+            if tally is not None:
+                tally.append(len(body))
             if r.status_code in accepted:
                 return r, None
             if r.is_error:
@@ -292,10 +281,14 @@ class HubClient:
         from huggingface_hub import get_hf_file_metadata
 
         url = resolve_url(self.endpoint, repo.canonical_id, path, repo.repo_type, repo.commit_hash)
+        def head():  # the whole answer (redirects included) within the metadata deadline
+            with watched(self.metadata_deadline(f"{repo.repo_id}: HEAD {path}")):
+                _session()  # the watchdog's hook on the client get_hf_file_metadata uses
+                return get_hf_file_metadata(url, token=self._token, timeout=self.timeout, library_name="hfcache",
+                                            library_version=__version__, endpoint=self.endpoint)
+
         with self._mapped(repo.repo_id, repo.commit_hash, path=path):
-            meta = counter.budget().call(lambda: get_hf_file_metadata(
-                url, token=self._token, timeout=self.timeout, library_name="hfcache", library_version=__version__,
-                endpoint=self.endpoint), f"{repo.repo_id}: HEAD {path}")
+            meta = counter.budget().call(head, f"{repo.repo_id}: HEAD {path}")
         if meta.commit_hash is not None and meta.commit_hash != repo.commit_hash:
             raise HubError(f"{repo.repo_id}: HEAD {path} at {self.endpoint} answered commit {meta.commit_hash!r}, "
                            f"not {repo.commit_hash}", hint="the endpoint is broken or not Hub-compatible")
@@ -308,25 +301,42 @@ class HubClient:
         return remote_file(self.endpoint, repo.repo_id, "HEAD", path, meta.size, etag, None)
 
     def _tree_files(self, repo: RepoRevision, counter: RetryCounter) -> list[RemoteFile] | None:
-        """Every file of the tree API listing at the commit, or None when the endpoint has no tree API.
+        """The tree API listing's files at the commit that ``repo.paths`` names (all if none), or None when the
+        endpoint has no tree API. The whole listing is bounded: ``MAX_TREE_ENTRIES`` entries and ``MAX_TREE_BYTES``
+        decoded over all pages, within ``LISTING_DEADLINE_PAGES`` metadata deadlines; only wanted files are kept.
 
         Library gap: ``HfApi.list_repo_tree`` pages through ``http_backoff``, whose own retries (500s, timeouts,
         uninterruptible sleeps) would multiply ``--retries``; this follows the same ``Link: rel="next"`` pages.
+
+        Raises:
+            HubError: a bound passed, or a link to another origin (exit 3 naming the endpoint).
+            TooSlow: the whole-listing deadline passed (mapped to EndpointUnreachable).
         """
         url = f"{self.endpoint}/api/{repo.repo_type}s/{repo.canonical_id}/tree/{quote(repo.commit_hash, safe='')}"
         params: dict[str, str] | None = {"recursive": "true", "expand": "false"}
         files: list[RemoteFile] = []
-        what = f"{repo.repo_id}: tree listing"
-        for _ in range(_MAX_TREE_PAGES):
+        what, wanted = f"{repo.repo_id}: tree listing", set(repo.paths)
+        listing = Deadline(self.deadline * LISTING_DEADLINE_PAGES, f"{what} (all pages): {self.endpoint}")
+        entries_seen, sizes = 0, [0]
+        while True:
             with self._mapped(repo.repo_id, repo.commit_hash):
-                response, entries = counter.budget().call(lambda: self._get_json(url, params, what, _NO_TREE), what)
+                listing.check()
+                response, entries = counter.budget().call(lambda: self._get_json(
+                    url, params, what, _NO_TREE, min(MAX_METADATA_BYTES, MAX_TREE_BYTES - sum(sizes)), sizes), what)
             if response.status_code in _NO_TREE:
                 return None
             with self._mapped(repo.repo_id, repo.commit_hash):
                 if not isinstance(entries, list):
                     raise ValueError("the tree listing is not a JSON array")
-                files += [tree_entry(self.endpoint, repo.repo_id, e) for e in entries
-                          if not isinstance(e, dict) or e.get("type") == "file"]
+                entries_seen += len(entries)
+                if entries_seen > MAX_TREE_ENTRIES:
+                    raise HubError(f"{what} at {self.endpoint} has more than {MAX_TREE_ENTRIES} entries; refused",
+                                   hint="the endpoint is broken or hostile (the Hub's largest repos list a few "
+                                   "hundred thousand)")
+                files += [f for f in (tree_entry(self.endpoint, repo.repo_id, e) for e in entries
+                                      if not isinstance(e, dict) or e.get("type") == "file")
+                          if not wanted or f.path in wanted]
+            del entries
             next_url = response.links.get("next", {}).get("url")
             if not next_url:
                 return files
@@ -334,8 +344,6 @@ class HubClient:
                 raise HubError(f"{repo.repo_id}: tree listing at {self.endpoint} links to another origin "
                                f"({origin(next_url)})", hint="the endpoint is broken or hostile")
             url, params = next_url, None
-        raise HubError(f"{repo.repo_id}: tree listing at {self.endpoint} has more than {_MAX_TREE_PAGES} pages",
-                       hint="the endpoint is broken or hostile")
 
     @contextmanager
     def open_body(self, repo: RepoRevision, file: RemoteFile, start: int = 0,
@@ -344,12 +352,12 @@ class HubClient:
 
         Yields the streaming response, status 200 (whole body: the server ignored ``Range``) or 206; the caller
         checks which and reads it (:func:`iter_body`, under a :meth:`throughput` floor). Redirects are followed (the
-        CDN); httpx drops ``Authorization`` across origins. An error answer's body is read at most
-        ``MAX_ERROR_BYTES`` and within the metadata deadline.
+        CDN); httpx drops ``Authorization`` across origins. The status line and headers (redirects included) and an
+        error answer's body (read at most ``MAX_ERROR_BYTES``) must arrive within the metadata deadline.
 
         Raises:
             HfHubHTTPError (via ``hf_raise_for_status``) and httpx2 errors, untranslated: the caller retries them.
-            TooSlow: an error body past the metadata deadline. HubError: the answer names another commit
+            TooSlow: headers or an error body past the metadata deadline. HubError: the answer names another commit
             (``X-Repo-Commit``) than the one asked for.
         """
         end = file.size if end is None else end
@@ -359,12 +367,14 @@ class HubClient:
         headers["Accept-Encoding"] = "identity"
         if start > 0 or end < file.size:
             headers["Range"] = f"bytes={start}-{end - 1}"
-        with get_session().stream("GET", url, headers=headers, timeout=self.timeout,
-                                  follow_redirects=True) as response:
-            if response.is_error:
-                deadline = self.metadata_deadline(f"{repo.repo_id}: {file.path}: error answer")
-                keep_content(response, read_capped(response, deadline, MAX_ERROR_BYTES))
-            hf_raise_for_status(response)
+        deadline = self.metadata_deadline(f"{repo.repo_id}: {file.path}: answer headers")
+        with ExitStack() as body:
+            with watched(deadline):  # status line, headers and an error body: within the metadata deadline
+                response = body.enter_context(_session().stream("GET", url, headers=headers, timeout=self.timeout,
+                                                                follow_redirects=True))
+                if response.is_error:
+                    keep_content(response, read_capped(response, deadline, MAX_ERROR_BYTES))
+                hf_raise_for_status(response)
             answered = response.headers.get("X-Repo-Commit")
             if answered is not None:
                 check_asked_commit(self.endpoint, repo.repo_id, repo.commit_hash, answered.strip())
@@ -425,7 +435,9 @@ def is_transient(exc: BaseException) -> bool:
 
 _HEAD_WORKERS = 8
 _NO_TREE = (400, 404, 405, 501)  # "no tree API here": fall back to HEAD per file
-_MAX_TREE_PAGES = 10_000
+#: A whole tree listing (all pages): most entries (the Hub's largest repos list a few hundred thousand files; a kept
+#: file costs a few hundred bytes), most decoded bytes (an ``expand=false`` entry is ~100-250), most deadlines.
+MAX_TREE_ENTRIES, MAX_TREE_BYTES, LISTING_DEADLINE_PAGES = 1_000_000, 512 * 1024 * 1024, 10
 
 
 class _mapped_errors:

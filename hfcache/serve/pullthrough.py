@@ -52,6 +52,7 @@ from .cache_store import CacheStore
 from .metrics import MirrorMetrics
 from .pruner import Pruner
 from .upstream_errors import Empty as _Empty
+from .upstream_errors import inert
 from .upstream_errors import store_miss as _store_miss
 from .upstream_ids import Names, keep, storage_id
 from .upstream_listing import has_listing, revision_from_listing, snapshot_view, write_listing
@@ -249,7 +250,7 @@ class PullThroughStore:
                        fetch_deadline(repo_file.size, f"{snapshot.repo_id}: {repo_file.path} from upstream"))
         body = self._held(snapshot, repo_file)
         if body is None:  # fetched and gone at once: a concurrent prune; never a 404 (clients would record "absent")
-            raise StoreMiss("CacheError", f"{snapshot.repo_id}: {repo_file.path} was removed from the cache while it "
+            raise StoreMiss("CacheError", f"{snapshot.repo_id}: {inert(repo_file.path)} was removed from the cache while it "
                             "was being fetched; retry", status=503, retry_after=1)
         self._touch(snapshot)
         return body
@@ -396,7 +397,7 @@ class PullThroughStore:
         resolved = self._listing_of(snapshot)
         remote = next((f for f in resolved.revision.files if f.path == repo_file.path), None) if resolved else None
         if resolved is None or remote is None:  # a cache-only answer, and upstream still does not answer
-            raise StoreMiss("UpstreamUnavailable", f"{snapshot.repo_id}: {repo_file.path} is not in this mirror's cache "
+            raise StoreMiss("UpstreamUnavailable", f"{snapshot.repo_id}: {inert(repo_file.path)} is not in this mirror's cache "
                             "and the upstream could not be reached to fetch it", status=503)
         alias = self._names.legacy(snapshot.repo_type, snapshot.repo_id)
         with self._lock:
