@@ -439,7 +439,7 @@ def _scan_revision(base: str, commit: str, snapshot: str, refs: dict[str, str],
         if entry.is_symlink():
             try:
                 target = readlink(entry.path)
-            except FileNotFoundError:  # removed since the listing (a concurrent prune)
+            except OSError:  # removed since the listing (a concurrent prune), or swapped for a file (EINVAL)
                 continue
             depth = rel.count("/")
             prefix = _BLOB_PREFIX[depth] if depth < 64 else "../" * (depth + 2) + "blobs/"

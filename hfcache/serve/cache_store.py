@@ -238,10 +238,9 @@ class CacheStore:
                 return _from_blob_name(rel, local, sha256, st.st_size)
             if SHA1_RE.match(known["blob_id"]):
                 return RepoFile(rel, local, st.st_size, known["blob_id"], None, False, 0)
-        try:
-            with _open_beneath(self.root, local.relative_to(self.root).parts):
-                pass  # refuses a path through a symlink before hashing anything
-            return self._memo.describe(rel, local)
+        try:  # hashed from the descriptor the safe open returned: a name swapped for a link later is never read
+            with _open_beneath(self.root, local.relative_to(self.root).parts) as opened:
+                return self._memo.describe(rel, local, opened=opened)
         except OSError:
             return None
 

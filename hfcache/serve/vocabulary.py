@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import fnmatch
 import hashlib
+import os
 import re
 import threading
 from collections.abc import Mapping
@@ -193,14 +194,17 @@ def lfs_pointer(sha256: str, size: int) -> bytes:
     return f"version https://git-lfs.github.com/spec/v1\noid sha256:{sha256}\nsize {size}\n".encode()
 
 
-def _hash_file(path: Path, size: int) -> tuple[str, str]:
-    """(git blob sha1 of the content, sha256) of a file, read once in chunks."""
+def _hash_open(f: BinaryIO, size: int) -> tuple[str, str]:
+    """(git blob sha1 of the content, sha256) of the open file ``f``, read from its start once, in chunks, at most
+    ``size`` bytes (the size its ``fstat`` gave: a file growing meanwhile is hashed as it was)."""
     sha1 = hashlib.sha1(b"blob %d\0" % size)
     sha256 = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(_HASH_CHUNK):
-            sha1.update(chunk)
-            sha256.update(chunk)
+    f.seek(0)
+    left = size
+    while left and (chunk := f.read(min(_HASH_CHUNK, left))):
+        sha1.update(chunk)
+        sha256.update(chunk)
+        left -= len(chunk)
     return sha1.hexdigest(), sha256.hexdigest()
 
 
@@ -213,17 +217,29 @@ class HashMemo:
     """Hashes of files on disk, computed once per (path, size, mtime): a file is re-hashed only when it changes."""
 
     def __init__(self) -> None:
-        self._hashes: dict[tuple[str, int, int], tuple[str, str]] = {}
+        self._hashes: dict[tuple[str, int, int, int], tuple[str, str]] = {}
         self._lock = threading.Lock()
 
-    def describe(self, path: str, local: Path, *, lfs: bool | None = None) -> RepoFile:
-        """A RepoFile for ``local`` served as repo path ``path``; ``lfs`` None decides by the Hub's defaults."""
-        stat = local.stat()
-        key = (str(local), stat.st_size, stat.st_mtime_ns)
+    def describe(self, path: str, local: Path, *, lfs: bool | None = None, opened: BinaryIO | None = None) -> RepoFile:
+        """A RepoFile for ``local`` served as repo path ``path``; ``lfs`` None decides by the Hub's defaults.
+
+        ``opened``: ``local`` already opened by a safe walk (a cache's ``snapshots/``, where a group member can swap
+        the name for a link between a check and a use): its size and hashes come from that descriptor (``fstat``,
+        reads), never from the path again. Without it (a plain folder the operator serves) the path is used.
+        """
+        if opened is not None:
+            stat = os.fstat(opened.fileno())
+        else:
+            stat = local.stat()
+        key = (str(local), stat.st_size, stat.st_mtime_ns, stat.st_ino)
         with self._lock:
             hashes = self._hashes.get(key)
-        if hashes is None:
-            hashes = _hash_file(local, stat.st_size)  # outside the lock: other requests keep flowing
+        if hashes is None:  # hashed outside the lock: other requests keep flowing
+            if opened is not None:
+                hashes = _hash_open(opened, stat.st_size)
+            else:
+                with open(local, "rb") as f:
+                    hashes = _hash_open(f, stat.st_size)
             with self._lock:
                 self._hashes[key] = hashes
         content_sha1, sha256 = hashes

@@ -1,0 +1,87 @@
+"""serve (often root) never reads a file outside the cache through a name a group member swaps.
+
+A real file in ``snapshots/<commit>/`` (a no-symlink cache) is hashed for its listing. It was checked through a
+safe walk and then hashed by path again: a member exchanging it with a link to a root-only file made the mirror
+publish that file's sha256 and size (found by the red team). It is now hashed from the descriptor the safe walk
+opened (``serve/cache_store.py`` ``_from_real_file``, ``serve/vocabulary.py`` ``HashMemo.describe(opened=)``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import subprocess
+import time
+import urllib.error
+import urllib.request
+
+import pytest
+
+import hfcache
+from hfcache.records import WarmRequest
+from hfcache.serve import HubServer
+from tests.canary import SECRET, Canary
+from tests.helpers import run_hfcache
+from tests.integration.test_trust3_fs import SWAP, shared_cache
+from tests.users import ALICE, Runtime, needs_root
+
+HUB = os.path.join(os.path.dirname(__file__), "..", "data", "hub")
+
+
+@needs_root
+@pytest.mark.slow
+def test_serve_never_hashes_a_file_a_member_swaps_for_a_link(runtime: Runtime, tmp_path) -> None:
+    cache = shared_cache(runtime, "serve-race")
+    with HubServer(HUB) as upstream:
+        assert hfcache.warm([WarmRequest.parse("gpt2")], cache_dir=cache, endpoint=upstream.endpoint, token=False).ok
+    canary = Canary(runtime.base)
+    snapshot = next((cache / "models--gpt2" / "snapshots").iterdir())
+    leak = snapshot / "leak.bin"
+    subprocess.run([*ALICE.setpriv(), "sh", "-c", f"umask 002; echo hello > {leak}"], check=True)
+    stop = runtime.base / "stop-swap"
+    spec = {"stop": str(stop), "rounds": 2_000_000, "hold": 0.0005, "plant": [],
+            "exchange": [[str(leak), str(canary.secret)]]}
+    member = subprocess.Popen([*ALICE.setpriv(), runtime.python, "-c", SWAP, json.dumps(spec)],
+                              stdout=subprocess.PIPE, text=True, env=runtime.env(ALICE))
+    secret_sha = hashlib.sha256(SECRET).hexdigest()
+    answers = []
+    try:
+        with HubServer(cache, layout="cache", backend="uvicorn", lfs_redirect=False) as served:
+            url = f"{served.endpoint}/api/models/gpt2/tree/main"
+            deadline = time.monotonic() + 15
+            while time.monotonic() < deadline:
+                try:
+                    with urllib.request.urlopen(url, timeout=10) as response:
+                        body = response.read().decode()
+                except urllib.error.HTTPError as exc:
+                    raise AssertionError(exc.read().decode()) from None
+                answers.append(body)
+    finally:
+        stop.touch()
+        swaps = int(member.communicate(timeout=60)[0].strip() or 0)
+    assert swaps > 100 and answers, (swaps, len(answers))  # the race ran (how often the file was listed varies)
+    assert not [a for a in answers if secret_sha in a], "the mirror published the hash of a file outside the cache"
+    canary.assert_unchanged()
+    leak.unlink()
+    assert run_hfcache(["verify", "--cache-dir", str(cache)]).returncode == 0
+
+
+def test_a_real_file_is_hashed_from_the_descriptor_the_safe_walk_opened(tmp_path) -> None:
+    """The window the race above aims at, opened on purpose: the name is swapped for a link to a root-only file
+    between the safe open and the hashing; what is hashed is still the file that was opened."""
+    from hfcache.serve.cache_store import _open_beneath
+    from hfcache.serve.vocabulary import HashMemo
+
+    canary = Canary(tmp_path)
+    root = tmp_path / "cache"
+    (root / "snap").mkdir(parents=True)
+    local = root / "snap" / "leak.bin"
+    local.write_bytes(b"hello\n")
+    with _open_beneath(root, ("snap", "leak.bin")) as opened:
+        local.unlink()
+        os.symlink(canary.secret, local)  # what a member's exchange leaves at the name
+        described = HashMemo().describe("leak.bin", local, opened=opened)
+    assert described.sha256 == hashlib.sha256(b"hello\n").hexdigest() and described.size == 6
+    assert described.sha256 != hashlib.sha256(SECRET).hexdigest()
+    canary.assert_unchanged()
