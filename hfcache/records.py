@@ -27,6 +27,9 @@ _REPO_ID_RE = re.compile(r"(\b[\w\-.]{1,96}\b/)?\b[\w\-.]{1,96}\b", re.ASCII)
 #: Longest repo path component / whole repo path accepted, in UTF-8 bytes (Linux NAME_MAX / PATH_MAX).
 MAX_NAME_BYTES = 255
 MAX_PATH_BYTES = 4096
+#: Longest revision accepted (bytes): huggingface_hub stores a ref as the file ``refs/<revision>``, and Linux
+#: file names hold at most 255 bytes (``NAME_MAX``, <linux/limits.h>).
+MAX_REVISION_BYTES = 255
 _BAD_REVISION = re.compile(r"(^|/)\.\.?(/|$)|^/|\\|\s|\x00")
 
 
@@ -57,6 +60,9 @@ class WarmRequest:
         if not self.revision or _BAD_REVISION.search(self.revision):
             raise UsageError(f"invalid revision {self.revision!r} for {self.repo_id}",
                              hint="use a branch, tag or 40-hex commit")
+        if len(self.revision.encode()) > MAX_REVISION_BYTES:  # a ref is a file under refs/: NAME_MAX on Linux
+            raise UsageError(f"invalid revision {self.revision[:40]!r}... for {self.repo_id}: longer than "
+                             f"{MAX_REVISION_BYTES} bytes", hint="use a branch, tag or 40-hex commit")
         if self.repo_type not in REPO_TYPES:
             raise UsageError(f"invalid repo type {self.repo_type!r}", hint=f"use one of {', '.join(REPO_TYPES)}")
         if self.kind not in KINDS:

@@ -191,3 +191,17 @@ def test_b8_k8s_env_astral_characters_parse_back(tmp_path, piece):
     assert values["HF_HUB_CACHE"] == str(cache)
     assert values["HF_HOME"] == os.fspath(cache.parent)
     assert "\\ud83d" not in proc.stdout
+
+
+def test_b6_a_command_line_revision_too_long_is_exit_2_and_creates_nothing(tmp_path):
+    """``warm REPO@<70,000 characters>`` was an httpx ``InvalidURL`` (exit 70): a revision is a file name under
+    ``refs/``, so more than 255 bytes is refused where the request is built (``records.WarmRequest``)."""
+    cache = tmp_path / "cache"
+    for revision in ("a" * 70_000, "é" * 128):
+        proc = run_hfcache(["warm", f"gpt2@{revision}", "--cache-dir", str(cache)])
+        assert proc.returncode == 2, proc.stderr
+        assert "longer than 255 bytes" in proc.stderr and "Traceback" not in proc.stderr
+        assert len(proc.stderr.splitlines()) == 2
+    assert not cache.exists()
+    assert run_hfcache(["warm", f"gpt2@{'a' * 255}", "--cache-dir", str(cache), "--endpoint",
+                        "http://127.0.0.1:9"]).returncode != 2  # the limit itself is accepted (then unreachable)
