@@ -22,6 +22,7 @@ from .. import pools
 from ..cache import safefs
 from ..cache.layout import RepoFolder
 from ..cache.root import cache_error, find_blob_elsewhere
+from ..cache.shared_store import StoreProblem, open_payload
 from ..cache.locking import DEFAULT_LOCK_TIMEOUT, LockWait
 from ..errors import HfcacheError, HubError, IntegrityError, InternalError, UsageError
 from ..hub.answers import check_asked_commit
@@ -421,12 +422,18 @@ class InFlight:
 
 
 def _same_content(cache_dir: Path, path: Path, file: RemoteFile) -> bool:
-    """True when another repo's blob (``path``: ``<cache_dir>/<folder>/blobs/<etag>``) has ``file``'s exact
-    content, read from the cache root through descriptors (no folder or link a member swapped in is followed);
-    False also when it vanished meanwhile (a concurrent prune) or is no regular file: the file is then downloaded."""
+    """True when another repo's blob has ``file``'s exact content. ``path`` is what :func:`find_blob_elsewhere`
+    found: ``<cache_dir>/<folder>/blobs/<etag>``, or the shared Xet store's payload ``<cache_dir>/blobs/<2hex>/<h>``
+    such a blob links to. Read from the cache root through descriptors (no folder or link a member swapped in is
+    followed); False also when it vanished meanwhile (a concurrent prune) or is no regular file: the file is then
+    downloaded."""
     try:
-        return hash_fd(safefs.open_blob(cache_dir, path.parent.parent.name, file.etag), file)
-    except (OSError, safefs.UnsafeLayout):
+        if path.parent.parent == cache_dir / "blobs":  # a store payload (huggingface_hub 2.4's Xet store)
+            fd = open_payload(cache_dir, path.name)
+        else:
+            fd = safefs.open_blob(cache_dir, path.parent.parent.name, file.etag)
+        return hash_fd(fd, file)
+    except (OSError, safefs.UnsafeLayout, StoreProblem):
         return False
 
 
