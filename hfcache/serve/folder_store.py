@@ -16,10 +16,12 @@ from __future__ import annotations
 
 import hashlib
 import os
+import stat
 from collections.abc import Mapping
 from pathlib import Path
 from typing import BinaryIO
 
+from ..cache import safefs
 from ..cache.treewalk import walk_tree
 from .vocabulary import DEFAULT_BRANCH, REPO_NAME_RE, HashMemo, RepoFile, RepoSnapshot, StoreMiss, is_inside
 
@@ -86,7 +88,17 @@ class FolderStore:
         real = repo_file.local_path.resolve()
         if not is_inside(real, self.root):
             raise FileNotFoundError(str(repo_file.local_path))
-        return open(real, "rb")
+        # Opened from the root with O_NOFOLLOW at every component (not by the resolved path): a name swapped for a
+        # link after the resolve (a member of a group-writable folder) is refused, never followed out of root.
+        try:
+            fd = safefs.open_file(self.root, real.relative_to(self.root).parts, os.O_RDONLY | os.O_NONBLOCK)
+        except (OSError, safefs.UnsafeLayout) as exc:
+            raise FileNotFoundError(str(repo_file.local_path)) from exc
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            os.close(fd)
+            raise FileNotFoundError(str(repo_file.local_path))
+        os.set_blocking(fd, True)
+        return os.fdopen(fd, "rb")
 
     def _repo_dir(self, repo_type: str, repo_id: str) -> Path | None:
         parts = repo_id.split("/")

@@ -85,3 +85,43 @@ def test_a_real_file_is_hashed_from_the_descriptor_the_safe_walk_opened(tmp_path
     assert described.sha256 == hashlib.sha256(b"hello\n").hexdigest() and described.size == 6
     assert described.sha256 != hashlib.sha256(SECRET).hexdigest()
     canary.assert_unchanged()
+
+
+@needs_root
+@pytest.mark.slow
+def test_serve_of_a_folder_of_repos_never_follows_a_file_a_member_swaps(runtime: Runtime) -> None:
+    """``serve --layout repos`` re-checked containment with ``resolve()`` and then opened the resolved path, which
+    follows a link swapped in after the check (the second red team read a root-only file this way in 1–32
+    requests). It now opens from the root with ``O_NOFOLLOW`` at every component."""
+    from tests.users import GROUP
+
+    root = runtime.base / "repos"
+    repo = root / "attacker-org" / "repo"
+    repo.mkdir(parents=True)
+    for folder in (root, root / "attacker-org", repo):
+        os.chown(folder, 0, GROUP)
+        os.chmod(folder, 0o2775)
+    (repo / "data.txt").write_bytes(b"public data\n")
+    canary = Canary(runtime.base)
+    stop = runtime.base / "stop-swap-repos"
+    spec = {"stop": str(stop), "rounds": 5_000_000, "hold": 0, "plant": [],
+            "exchange": [[str(repo / "data.txt"), str(canary.secret)]]}
+    member = subprocess.Popen([*ALICE.setpriv(), runtime.python, "-c", SWAP, json.dumps(spec)],
+                              stdout=subprocess.PIPE, text=True, env=runtime.env(ALICE))
+    bodies = []
+    try:
+        with HubServer(root, backend="uvicorn", lfs_redirect=False) as served:
+            url = f"{served.endpoint}/attacker-org/repo/resolve/main/data.txt"
+            deadline = time.monotonic() + 12
+            while time.monotonic() < deadline:
+                try:
+                    with urllib.request.urlopen(url, timeout=10) as response:
+                        bodies.append(response.read())
+                except urllib.error.HTTPError as exc:
+                    bodies.append(exc.code)
+    finally:
+        stop.touch()
+        swaps = int(member.communicate(timeout=60)[0].strip() or 0)
+    assert swaps > 100 and b"public data\n" in bodies, (swaps, bodies[:5])
+    assert SECRET not in bodies and not any(isinstance(b, bytes) and b"root-only" in b for b in bodies)
+    canary.assert_unchanged()
