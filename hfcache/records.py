@@ -30,6 +30,8 @@ MAX_PATH_BYTES = 4096
 #: Longest revision accepted (bytes): huggingface_hub stores a ref as the file ``refs/<revision>``, and Linux
 #: file names hold at most 255 bytes (``NAME_MAX``, <linux/limits.h>).
 MAX_REVISION_BYTES = 255
+MAX_GLOBS = 100  #: most include (or exclude) globs of one request
+MAX_GLOB_CHARS = 256  #: longest glob accepted
 _BAD_REVISION = re.compile(r"(^|/)\.\.?(/|$)|^/|\\|\s|\x00")
 
 
@@ -71,6 +73,11 @@ class WarmRequest:
             globs = getattr(self, name)
             if isinstance(globs, str) or not all(isinstance(g, str) and g for g in globs):
                 raise UsageError(f"{name} must be a sequence of non-empty glob strings, got {globs!r}")
+            # fnmatch's translation and matching cost grows with the square of a pattern (a glob of 100,000 '['
+            # kept warm busy for minutes, a manifest's for hours): globs are as short as the paths they match.
+            if len(globs) > MAX_GLOBS or any(len(g) > MAX_GLOB_CHARS for g in globs):
+                raise UsageError(f"{name}: at most {MAX_GLOBS} globs of at most {MAX_GLOB_CHARS} characters each",
+                                 hint="match with shorter patterns (e.g. '*.json', 'onnx/*')")
             object.__setattr__(self, name, tuple(globs))
 
     @classmethod

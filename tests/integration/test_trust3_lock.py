@@ -205,3 +205,20 @@ def test_b6_a_command_line_revision_too_long_is_exit_2_and_creates_nothing(tmp_p
     assert not cache.exists()
     assert run_hfcache(["warm", f"gpt2@{'a' * 255}", "--cache-dir", str(cache), "--endpoint",
                         "http://127.0.0.1:9"]).returncode != 2  # the limit itself is accepted (then unreachable)
+
+
+@pytest.mark.parametrize("where", ["manifest", "command line"])
+def test_a_glob_fnmatch_would_spend_hours_on_is_refused_at_once(tmp_path, where):
+    """fnmatch's cost grows with the square of a pattern: a manifest include of 1,000,000 '[' kept `lock` busy for
+    hours (second red team; one argument holds at most 128 KiB, so the command line gets 100,000). Globs are bounded where a request is built (``records.WarmRequest``)."""
+    glob = "[" * 1_000_000
+    started = time.monotonic()
+    if where == "manifest":
+        manifest = f'[[repos]]\nrepo_id = "org/x"\ninclude = ["{glob}"]\n'
+        proc = _run(_project(tmp_path, _lock("org/x", None), manifest), tmp_path, "lock")
+    else:
+        proc = run_hfcache(["warm", "gpt2", "--include", glob[:100_000], "--cache-dir", str(tmp_path / "c"),
+                            "--endpoint", NO_ENDPOINT])
+    assert time.monotonic() - started < 20
+    assert proc.returncode == 2 and "at most 256 characters" in proc.stderr, proc.stderr[-500:]
+    assert "Traceback" not in proc.stderr and not (tmp_path / "c").exists()
