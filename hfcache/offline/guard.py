@@ -264,7 +264,8 @@ class _Rules:
             family = args[1]  # -1: socket(fileno=...) wraps an existing descriptor; its connect or sendto is checked
             if family != -1 and family not in _INET_FAMILIES and family not in _LOCAL_FAMILIES:
                 return "socket of address family", _family_name(family)
-            if family in _INET_FAMILIES and type(args[2]) is int and args[2] & 0xF in _RAW_TYPES:
+            # family -1 is also C's default (AF_INET when no fileno is given): a raw type is refused then too
+            if (family in _INET_FAMILIES or family == -1) and type(args[2]) is int and args[2] & 0xF in _RAW_TYPES:
                 return "socket of type", f"{_type_name(args[2] & 0xF)} ({_family_name(family)})"
         elif event in _SEND_EVENTS:
             return self._send_refusal(args[0], args[1])

@@ -656,3 +656,18 @@ def test_b4_without_the_guard_those_names_query_the_nameserver(tmp_path):
     _results(proc)
     for name in (b"\x02vm\x00\x00\x1c", b"\x09LoCaLhOsT\x00\x00\x1c", b"\x09localhost\x00"):
         assert any(name in q for q in queries), (name, queries)
+
+
+@needs_root
+def test_b2_a_raw_socket_of_the_default_family_is_refused_at_creation(tmp_path):
+    """``_socket.socket(-1, SOCK_RAW, ...)``: family -1 is C's default (AF_INET) when no descriptor is adopted; the
+    second red team created one that way and raced it under a UDP socket's descriptor with ``dup2``."""
+    script = ("import _socket, socket\n"
+              "try:\n"
+              "    _socket.socket(-1, socket.SOCK_RAW, socket.IPPROTO_RAW)\n"
+              "    print('CREATED')\n"
+              "except Exception as exc:\n"
+              "    print(type(exc).__name__)\n")
+    proc = run_hfcache(["exec", "--cache-dir", str(tmp_path / "cache"), "--allow-host", "127.0.0.1:9", "--",
+                        sys.executable, "-c", script])
+    assert proc.returncode == 0 and proc.stdout.strip() == "NetworkBlocked", (proc.stdout, proc.stderr)
