@@ -47,7 +47,8 @@ def test_reports_go_to_stdout_and_nothing_else(cache):
     env = report_lines(["env", "--cache-dir", str(cache)])
     assert "export HF_HUB_OFFLINE=1" in env
     prune = report_lines(["prune", "--cache-dir", str(cache), "--dry-run"])
-    assert any("dry run" in line for line in prune)
+    # the summary is on stdout whichever it is (what is prunable depends on what ran before in this cache)
+    assert any("dry run" in line or line == "nothing to prune" for line in prune), prune
 
 
 @pytest.mark.slow
