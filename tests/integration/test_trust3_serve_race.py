@@ -102,7 +102,8 @@ def test_serve_of_a_folder_of_repos_never_follows_a_file_a_member_swaps(runtime:
         os.chown(folder, 0, GROUP)
         os.chmod(folder, 0o2775)
     (repo / "data.txt").write_bytes(b"public data\n")
-    canary = Canary(runtime.base)
+    (runtime.base / "repos-race").mkdir()
+    canary = Canary(runtime.base / "repos-race")  # the module's runtime is shared: a folder of its own
     stop = runtime.base / "stop-swap-repos"
     spec = {"stop": str(stop), "rounds": 5_000_000, "hold": 0, "plant": [],
             "exchange": [[str(repo / "data.txt"), str(canary.secret)]]}
