@@ -44,15 +44,12 @@ def gzip_bomb() -> bytes:
     return b"".join(parts)
 
 
-class HostileServer:
-    """Run with ``with HostileServer("stall_mid_body") as server: server.endpoint``."""
+class PeerServer:
+    """A threaded HTTP/1.1 server on 127.0.0.1 playing a hostile peer. A subclass sets its own state, then calls
+    ``super().__init__()``, answers in ``_answer(handler, head)`` and may log each request in ``_record(handler)``;
+    ``with Server(...) as server: server.endpoint``. ``_stop`` is set on exit (for answers that drip forever)."""
 
-    def __init__(self, fault: str) -> None:
-        assert fault in FAULTS, fault
-        self.fault = fault
-        if fault.startswith("gzip_bomb"):
-            gzip_bomb()  # built before the first request, not within the client's timeout
-        self.requests: list[str] = []
+    def __init__(self) -> None:
         self._stop = threading.Event()
         outer = self
 
@@ -66,7 +63,7 @@ class HostileServer:
                 self.do_GET(head=True)
 
             def do_GET(self, head: bool = False) -> None:
-                outer.requests.append(f"{self.command} {self.path}")
+                outer._record(self)
                 try:
                     outer._answer(self, head)
                 except (BrokenPipeError, ConnectionResetError):
@@ -76,7 +73,13 @@ class HostileServer:
         self._httpd.daemon_threads = True
         self.endpoint = f"http://127.0.0.1:{self._httpd.server_address[1]}"
 
-    def __enter__(self) -> HostileServer:
+    def _record(self, h) -> None:
+        """Log one request (nothing by default)."""
+
+    def _answer(self, h, head: bool) -> None:
+        raise NotImplementedError
+
+    def __enter__(self):
         threading.Thread(target=self._httpd.serve_forever, daemon=True).start()
         return self
 
@@ -84,6 +87,21 @@ class HostileServer:
         self._stop.set()
         self._httpd.shutdown()
         self._httpd.server_close()
+
+
+class HostileServer(PeerServer):
+    """Run with ``with HostileServer("stall_mid_body") as server: server.endpoint``."""
+
+    def __init__(self, fault: str) -> None:
+        assert fault in FAULTS, fault
+        self.fault = fault
+        if fault.startswith("gzip_bomb"):
+            gzip_bomb()  # built before the first request, not within the client's timeout
+        self.requests: list[str] = []
+        super().__init__()
+
+    def _record(self, h) -> None:
+        self.requests.append(f"{h.command} {h.path}")
 
     # ------------------------------------------------------------------ answers
 

@@ -13,17 +13,15 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import threading
 import time
 import zlib
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
 
 from tests.canary import Canary
 from tests.helpers import clean_env, run_hfcache
-from tests.hostile import CONTENT, git_sha1
+from tests.hostile import CONTENT, PeerServer, git_sha1
 
 TOKEN = "hf_trust3SecretTokenValue0123456789"
 REPO = "org/x"
@@ -31,7 +29,7 @@ C = hashlib.sha1(b"asked commit").hexdigest()  # noqa: S324 - a commit id
 D = hashlib.sha1(b"other commit").hexdigest()  # noqa: S324
 
 
-class TinyHub:
+class TinyHub(PeerServer):
     """One repo, ``org/x`` with ``tokenizer.json``, served at commit ``C`` (``D`` with mode ``other_sha``).
 
     Modes: ``honest``; ``gated`` (401 GatedRepo without the token); ``drip_info`` (repo info at 1 B/s);
@@ -43,37 +41,10 @@ class TinyHub:
     def __init__(self, mode: str = "honest") -> None:
         self.mode = mode
         self.auth: list[tuple[str, str | None]] = []
-        self._stop = threading.Event()
-        outer = self
+        super().__init__()
 
-        class Handler(BaseHTTPRequestHandler):
-            protocol_version = "HTTP/1.1"
-
-            def log_message(self, *args) -> None:
-                pass
-
-            def do_HEAD(self) -> None:
-                self.do_GET(head=True)
-
-            def do_GET(self, head: bool = False) -> None:
-                outer.auth.append((self.path, self.headers.get("Authorization")))
-                try:
-                    outer._answer(self, head)
-                except (BrokenPipeError, ConnectionResetError):
-                    pass
-
-        self._httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self._httpd.daemon_threads = True
-        self.endpoint = f"http://127.0.0.1:{self._httpd.server_address[1]}"
-
-    def __enter__(self) -> TinyHub:
-        threading.Thread(target=self._httpd.serve_forever, daemon=True).start()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self._stop.set()
-        self._httpd.shutdown()
-        self._httpd.server_close()
+    def _record(self, h) -> None:
+        self.auth.append((h.path, h.headers.get("Authorization")))
 
     def saw_token(self) -> bool:
         return any(value is not None and TOKEN in value for _, value in self.auth)

@@ -7,10 +7,8 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import threading
 import time
 from urllib.parse import quote
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
@@ -19,13 +17,13 @@ import httpx2
 from hfcache.serve import HubServer
 from hfcache.serve.pullthrough import PullThroughConfig
 from tests.helpers import clean_env, run_hfcache
-from tests.hostile import CONTENT, git_sha1
+from tests.hostile import CONTENT, PeerServer, git_sha1
 
 REPO = "org/x"
 C = "c" * 40
 
 
-class Hub:
+class Hub(PeerServer):
     """``org/x`` at commit ``C``. ``mode``: ``honest``; ``drip_headers`` (status line, then a header line every
     ``drip`` s, never done); ``tree_pages`` (names-only repo info, then tree pages of ``per_page`` entries linked
     for ever); ``deep`` (one file ``path`` listed)."""
@@ -35,37 +33,10 @@ class Hub:
         self.mode, self.drip, self.per_page, self.path = mode, drip, per_page, path
         self.pages = 0
         self.requests: list[str] = []
-        self._stop = threading.Event()
-        outer = self
+        super().__init__()
 
-        class Handler(BaseHTTPRequestHandler):
-            protocol_version = "HTTP/1.1"
-
-            def log_message(self, *args) -> None:
-                pass
-
-            def do_HEAD(self) -> None:
-                self.do_GET(head=True)
-
-            def do_GET(self, head: bool = False) -> None:
-                outer.requests.append(self.path)
-                try:
-                    outer._answer(self, head)
-                except (BrokenPipeError, ConnectionResetError):
-                    pass
-
-        self._httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self._httpd.daemon_threads = True
-        self.endpoint = f"http://127.0.0.1:{self._httpd.server_address[1]}"
-
-    def __enter__(self) -> Hub:
-        threading.Thread(target=self._httpd.serve_forever, daemon=True).start()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self._stop.set()
-        self._httpd.shutdown()
-        self._httpd.server_close()
+    def _record(self, h) -> None:
+        self.requests.append(h.path)
 
     def _send(self, h, body: bytes, headers: dict[str, str] | None = None, head: bool = False,
               status: int = 200) -> None:
