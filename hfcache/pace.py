@@ -13,7 +13,10 @@ least :data:`MIN_RATE` bytes/s over any :data:`RATE_WINDOW` seconds. ``HFCACHE_M
 
 from __future__ import annotations
 
+import contextlib
 import os
+import socket
+import threading
 import time
 from dataclasses import dataclass, field
 
@@ -125,3 +128,63 @@ class Throughput:
             raise TooSlow(f"{self.what}: {got:.0f} B/s over {now - self._mark:.0f} s, below the floor of "
                           f"{self.rate} B/s (HFCACHE_MIN_RATE)")
         self._mark, self._since_mark = now, 0
+
+
+class SocketWatchdog:
+    """Holds a :class:`Deadline` from outside a blocked read: when it passes, every socket registered with
+    :meth:`watch` is shut down, so a read waiting on a drip returns and its request fails.
+
+    Library gap (http.client and urllib3 for registries; httpx2/httpcore2/h11 for the Hub): their timeouts bound each
+    read, not a whole answer, and status lines and headers are read in loops no body check sees, so one byte within
+    the timeout each holds a request for hours. The HTTP side finds the socket (:mod:`hfcache.hub.bodies`,
+    :mod:`hfcache.oci.peer`); a duplicate of it is kept here and shut down (closing it would not wake a reader).
+    A socket registered after the deadline passed is shut down at once.
+
+    Args:
+        deadline (Deadline): the allowance. armed (bool): start the timer now (else at :meth:`arm`).
+    """
+
+    def __init__(self, deadline: Deadline, *, armed: bool = True) -> None:
+        self.deadline, self.fired = deadline, False
+        self._lock, self._socks, self._stopped = threading.Lock(), [], False
+        self._timer: threading.Timer | None = None
+        if armed:
+            with self._lock:
+                self._arm()
+
+    def watch(self, sock: socket.socket | None) -> None:
+        """Register ``sock`` (shut down when the deadline passes; at once if it has)."""
+        if sock is None:
+            return
+        with self._lock:
+            if not self._stopped:
+                self._register(sock)
+
+    def _register(self, sock: socket.socket) -> None:  # the lock is held
+        with contextlib.suppress(OSError):
+            self._socks.append(socket.fromfd(sock.fileno(), sock.family, sock.type))
+            if self.fired:
+                self._socks[-1].shutdown(socket.SHUT_RDWR)
+
+    def _arm(self) -> None:  # the lock is held
+        if self._timer is None and not self._stopped:
+            self._timer = threading.Timer(self.deadline.remaining(), self._fire)
+            self._timer.daemon = True
+            self._timer.start()
+
+    def _fire(self) -> None:
+        with self._lock:
+            self.fired = not self._stopped
+            for sock in self._socks:
+                with contextlib.suppress(OSError):
+                    sock.shutdown(socket.SHUT_RDWR)
+
+    def stop(self) -> None:
+        """Cancel the timer and close the duplicated sockets (idempotent)."""
+        with self._lock:
+            self._stopped = True
+            if self._timer is not None:
+                self._timer.cancel()
+            for sock in self._socks:
+                sock.close()
+            self._socks = []

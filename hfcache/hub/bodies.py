@@ -14,7 +14,7 @@ import threading
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING
 
-from ..pace import Deadline, Throughput, TooSlow
+from ..pace import Deadline, SocketWatchdog, Throughput, TooSlow
 from .retry import SlowBody
 
 if TYPE_CHECKING:
@@ -81,61 +81,23 @@ def keep_content(response: httpx2.Response, content: bytes) -> None:
 _local = threading.local()  # .dog: the Watchdog of the request this thread is sending
 
 
-class Watchdog:
-    """Enforces one metadata answer's :class:`Deadline` from outside: when it passes, the socket of the request is
-    shut down, so a read blocked on a drip of response headers returns and the request fails.
+class Watchdog(SocketWatchdog):
+    """Enforces one metadata answer's :class:`Deadline` from outside (:class:`hfcache.pace.SocketWatchdog`): when it
+    passes, the socket of the request is shut down, so a read blocked on a drip of response headers returns.
 
-    Library gap (httpx2/httpcore2/h11): ``timeout=`` bounds each read, not the whole answer, and h11 accepts 16 KiB
-    of headers: one byte within ``--timeout`` each holds a request for hours before any body check can run. The
-    socket is found through httpx2's ``trace`` request extension, which :func:`watch_hook` sets on every request
+    The socket is found through httpx2's ``trace`` request extension, which :func:`watch_hook` sets on every request
     sent while a dog is armed in the thread (redirects included): at ``*.send_request_headers.started`` the
     connection object (``HTTP11Connection``/``HTTP2Connection``, private ``_network_stream``) is its caller's
-    ``self``. A duplicate of the socket is kept and shut down; a socket registered after the deadline passed is shut
-    down at once.
+    ``self``.
 
     Args:
         deadline (Deadline): the allowance, counted from its creation.
     """
 
-    def __init__(self, deadline: Deadline) -> None:
-        self.deadline, self.fired = deadline, False
-        self._lock, self._socks, self._stopped = threading.Lock(), [], False
-        self._timer = threading.Timer(deadline.remaining(), self._fire)
-        self._timer.daemon = True
-        self._timer.start()
-
     def trace(self, event: str, info: dict) -> None:
         """httpx2 ``trace`` callback: registers the connection's socket when the request headers go out."""
         if event.endswith(".send_request_headers.started"):
             self.watch(_caller_socket())
-
-    def watch(self, sock: socket.socket | None) -> None:
-        """Register ``sock`` (shut down when the deadline passes; at once if it has)."""
-        if sock is None:
-            return
-        with self._lock:
-            if self._stopped:
-                return
-            with contextlib.suppress(OSError):
-                self._socks.append(socket.fromfd(sock.fileno(), sock.family, sock.type))
-                if self.fired:
-                    self._socks[-1].shutdown(socket.SHUT_RDWR)
-
-    def _fire(self) -> None:
-        with self._lock:
-            self.fired = not self._stopped
-            for sock in self._socks:
-                with contextlib.suppress(OSError):
-                    sock.shutdown(socket.SHUT_RDWR)
-
-    def stop(self) -> None:
-        """Cancel the timer and close the duplicated sockets (idempotent)."""
-        with self._lock:
-            self._stopped = True
-            self._timer.cancel()
-            for sock in self._socks:
-                sock.close()
-            self._socks = []
 
 
 def _caller_socket() -> socket.socket | None:

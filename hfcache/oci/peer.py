@@ -5,14 +5,12 @@ to its deadline.
 
 from __future__ import annotations
 
-import contextlib
-import socket
 import threading
 import time
 import urllib.parse
 
 from ..errors import EndpointUnreachable
-from ..pace import Deadline
+from ..pace import Deadline, SocketWatchdog
 
 SLOW_HINT = ("the registry answers too slowly; HFCACHE_METADATA_DEADLINE (seconds for a whole metadata answer) and "
              "HFCACHE_MIN_RATE / HFCACHE_RATE_WINDOW (the body floor) change the bounds")
@@ -51,21 +49,21 @@ def netloc(address: str) -> str:
     return registry_text(urllib.parse.urlsplit(address).netloc or address, 100)
 
 
-class Watchdog:
-    """Enforces one request's :class:`Deadline` from outside: when it passes, the sockets of the request are shut
-    down, so a read blocked in http.client's header loop or urllib3's gzip loop returns and the request fails.
+class Watchdog(SocketWatchdog):
+    """Enforces one request's :class:`Deadline` from outside (:class:`hfcache.pace.SocketWatchdog`): when it
+    passes, the sockets of the request are shut down, so a read blocked in http.client's header loop or urllib3's
+    gzip loop returns and the request fails.
 
-    Library gap (http.client, urllib3 2.x): the socket timeout applies to each recv, so a byte a second never trips
-    it. Sockets are registered (duplicated) by the connection class of :func:`hfcache.oci.registry._timeout_adapter`:
+    Sockets are registered (duplicated) by the connection class of :func:`hfcache.oci.registry._timeout_adapter`:
     on connect for a request without a body to send, when the response is awaited for all (an upload's deadline
-    starts then). A socket registered after the deadline passed is shut down at once."""
+    starts then, and so does its timer)."""
 
     def __init__(self, deadline: Deadline, uploading: bool) -> None:
-        self.deadline, self.uploading, self.fired = deadline, uploading, False
-        self._lock, self._socks, self._timer, self._stopped = threading.Lock(), [], None, False
+        self.uploading = uploading
+        super().__init__(deadline, armed=False)
 
-    def watch(self, sock, awaiting: bool) -> None:
-        """Register ``sock`` (``awaiting``: the request is sent, its answer awaited)."""
+    def watch(self, sock, awaiting: bool = True) -> None:  # type: ignore[override]
+        """Register ``sock`` (``awaiting``: the request is sent, its answer awaited) and start the timer."""
         if sock is None or (self.uploading and not awaiting):
             return
         with self._lock:
@@ -73,31 +71,8 @@ class Watchdog:
                 return
             if self.uploading and self._timer is None:
                 self.deadline.start = time.monotonic()
-            with contextlib.suppress(OSError):
-                self._socks.append(socket.fromfd(sock.fileno(), sock.family, sock.type))
-                if self.fired:
-                    self._socks[-1].shutdown(socket.SHUT_RDWR)
-            if self._timer is None:
-                self._timer = threading.Timer(self.deadline.remaining(), self._fire)
-                self._timer.daemon = True
-                self._timer.start()
-
-    def _fire(self) -> None:
-        with self._lock:
-            self.fired = not self._stopped
-            for sock in self._socks:
-                with contextlib.suppress(OSError):
-                    sock.shutdown(socket.SHUT_RDWR)
-
-    def stop(self) -> None:
-        """Cancel the timer and close the duplicated sockets (idempotent)."""
-        with self._lock:
-            self._stopped = True
-            if self._timer is not None:
-                self._timer.cancel()
-            for sock in self._socks:
-                sock.close()
-            self._socks = []
+            self._register(sock)
+            self._arm()
 
     def error(self) -> EndpointUnreachable:
         """The one-line error of a missed deadline."""
