@@ -23,6 +23,7 @@ from .._version import __version__
 from .ls import ls_command
 from .oci import pull_command, push_command
 from .offline import doctor_command, env_command, exec_cmd
+from .path import path_command
 from .prune import prune
 from .serve import serve
 from .stdout import GuardedStdout, abandon_if_blocked
@@ -53,6 +54,7 @@ def cli() -> None:
 for _command in (warm, lock, ls_command, verify, check, export_command, import_command, link_command, prune, serve,
                  env_command, exec_cmd, doctor_command, push_command, pull_command):
     cli.add_command(_command)
+cli.add_command(path_command)
 
 
 def _fail(message: str, hint: str | None, exit_code: int, as_json: bool) -> None:

@@ -40,24 +40,34 @@ def env_command(cache_dir, fmt, as_json) -> None:
 @click.option("--allow-host", "allow_hosts", multiple=True, metavar="HOST[:PORT]",
               help="Let Python children connect to this host (repeatable: one HOST[:PORT] each, no commas); "
               "everything else fails at once.")
+@click.option("--no-network", is_flag=True, help="Deny COMMAND and every process it starts any socket but AF_UNIX, "
+              "in the kernel (seccomp): Rust, C and `python -I` too. Exit 4 without running COMMAND if the filter "
+              "cannot be installed. Not with --allow-host.")
+@click.option("--path", "paths", multiple=True, metavar="NAME=REPO_ID[@REVISION][:PATTERN]",
+              help="Resolve from the cache, offline, the snapshot folder (or the one file matching PATTERN) and "
+              "pass it as variable NAME and in place of {NAME} in the arguments (repeatable). Exit 1 if it is not "
+              "cached or PATTERN matches several files.")
 @click.argument("command", nargs=-1, type=click.UNPROCESSED, metavar="-- COMMAND [ARGS]...")
-def exec_cmd(cache_dir, lock_file, allow_hosts, command) -> None:
+def exec_cmd(cache_dir, lock_file, allow_hosts, no_network, paths, command) -> None:
     """Run COMMAND offline: with the variables of `hfcache env` and, for Python, a network guard.
 
     The guard (a sitecustomize on PYTHONPATH, chained to any existing one) makes every connection or DNS lookup
-    to a host not allowed fail at once with a message, instead of hanging. hfcache replaces itself with COMMAND
-    (exec): signals reach it directly and its exit status is hfcache's.
+    to a host not allowed fail at once with a message, instead of hanging. With --no-network, a seccomp filter
+    also denies the whole process tree every network socket, whatever the language. hfcache replaces itself with
+    COMMAND (exec): signals reach it directly and its exit status is hfcache's.
 
     \b
     Examples:
       hfcache exec --cache-dir /opt/hf-cache -- python serve.py
       hfcache exec --lock hfcache.lock --allow-host redis:6379 -- gunicorn app:app
+      hfcache exec --no-network --path MODEL=org/model-GGUF:'*Q8_0*.gguf' -- llama-server -m {MODEL}
     """
     from ..offline.env import exec_command, prepare_exec
 
     if command and command[0].startswith("-"):  # ignore_unknown_options passes a mistyped option on as the command
         raise UsageError(f"no such option: {command[0]}", hint="see `hfcache exec --help`; put the command after --")
-    exec_command(prepare_exec(command, cache_dir=cache_dir, lock=lock_file, allow_hosts=allow_hosts))
+    exec_command(prepare_exec(command, cache_dir=cache_dir, lock=lock_file, allow_hosts=allow_hosts,
+                              no_network=no_network, paths=paths))
 
 
 @click.command(name="doctor")
@@ -66,7 +76,9 @@ def exec_cmd(cache_dir, lock_file, allow_hosts, command) -> None:
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON document on stdout.")
 def doctor_command(cache_dir, as_json) -> None:
     """Diagnose this environment's Hugging Face settings and cache: which cache, offline or not, conflicts,
-    permissions and owner, read-only filesystem, symlinks, free space, versions. Exit 1 if any error.
+    permissions and owner, read-only filesystem, symlinks, free space, versions; runtime traps (a read-only cache
+    used online with revisions that can move upstream: an error; a umask that drops group write in a group-shared
+    cache: a warning); which network enforcement `exec --no-network` can use here. Exit 1 if any error.
     """
     from ..offline.doctor import doctor
     from .render import offline as render

@@ -10,13 +10,20 @@ Each finding has a stable ``code``, a ``severity`` (``error``: loads will fail o
 - offline mode as huggingface_hub computes it (``HF_HUB_OFFLINE or TRANSFORMERS_OFFLINE``: a non-empty
   ``HF_HUB_OFFLINE=0`` masks ``TRANSFORMERS_OFFLINE=1``), values it does not understand, telemetry and token flags;
 - ``TRANSFORMERS_CACHE`` (and its older names), ignored by transformers 5 (no reference left in its source);
-  ``HF_HOME`` and ``HF_HUB_CACHE`` disagreeing;
+  ``HF_HOME`` and ``HF_HUB_CACHE`` disagreeing; the aliases other runtimes read (``HUGGINGFACE_HUB_CACHE``,
+  ``SENTENCE_TRANSFORMERS_HOME``, ``HF_DATASETS_OFFLINE``, ``LLAMA_OFFLINE``: :mod:`.aliases`) disagreeing with
+  what huggingface_hub uses;
 - the cache folder: present, readable by this user, writable, owner uid/gid versus the current user (the
   image-built-as-root, pod-runs-as-1000 problem), read-only filesystem, symlink support (probed like
   huggingface_hub ``file_download.py: are_symlinks_supported``), free disk space;
 - as the current user (:mod:`hfcache.cache.access`): reaching and listing the cache root, creating files in ``.locks/``
   and opening its lock files, writing every repo folder; in a group-shared cache, folders the group cannot write;
   whether flock works on the filesystem;
+- runtime traps (:mod:`.doctor_runtime`): a read-only cache used online with revisions that can move upstream
+  (``cache.read_only_online``, an error), and a umask that drops group write in a group-shared folder the
+  application writes into (``umask.not_shared``, a warning);
+- which network enforcement this machine and container allow (:mod:`.doctor_enforce`): the process-tree filter of
+  ``hfcache exec --no-network`` (``offline.network_filter``), probed in a forked child;
 - huggingface_hub 2.4's shared Xet blob store (:mod:`.doctor_store`): present and marked, its payloads and bytes,
   and ``HF_HUB_DISABLE_SHARED_BLOBS``/``HF_HUB_DISABLE_XET`` when set (they turn it off for the library);
 - installed versions of huggingface_hub, transformers, tokenizers (and optional tokenizer packages).
@@ -36,8 +43,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .doctor_folder import examine_folder, modules_cache_findings
+from .doctor_runtime import process_umask, read_only_online_findings, umask_findings
 from .doctor_store import StoreState, examine_store
-from .doctor_settings import (cache_setting_findings, installed_versions, legacy_cache_findings,
+from .doctor_settings import (alias_findings, cache_setting_findings, installed_versions, legacy_cache_findings,
                               offline_mode_findings, version_findings)
 from .findings import SEVERITIES, Finding
 from ..cache.root import resolve_cache_dir
@@ -60,6 +68,7 @@ class DoctorReport:
         versions (dict[str, str | None]): installed distribution versions (None: not installed).
         findings (tuple[Finding, ...]): errors first, then warnings, then infos.
         shared_store (StoreState | None): the cache's shared Xet blob store (None when the cache is missing).
+        umask (int | None): this process's umask (e.g. ``0o022``; None when it cannot be read).
     """
 
     cache_dir: str
@@ -78,6 +87,7 @@ class DoctorReport:
     versions: dict[str, str | None] = field(default_factory=dict)
     findings: tuple[Finding, ...] = ()
     shared_store: StoreState | None = None
+    umask: int | None = None
 
     @property
     def ok(self) -> bool:
@@ -132,6 +142,7 @@ def doctor(cache_dir: str | os.PathLike[str] | None = None, environ: Mapping[str
     findings += offline_findings
     versions = installed_versions()
     findings += legacy_cache_findings(env, effective, versions)
+    findings += alias_findings(env, effective, offline)
     findings += version_findings(versions)
     uid = os.geteuid() if hasattr(os, "geteuid") else None
     gid = os.getegid() if hasattr(os, "getegid") else None
@@ -140,6 +151,13 @@ def doctor(cache_dir: str | os.PathLike[str] | None = None, environ: Mapping[str
     folder = examine_folder(cache, env, offline, uid, gid, groups)
     findings += folder.findings
     findings += modules_cache_findings(cache, env)
+    umask = process_umask()
+    if folder.owner_uid is not None:  # the cache exists and this user reaches it
+        findings += read_only_online_findings(cache, folder.repos, offline=offline, read_only_fs=folder.read_only_fs)
+    findings += umask_findings(cache, env, offline, umask)
+    from .doctor_enforce import enforcement_findings  # forks a probe child: only when doctor runs
+
+    findings += enforcement_findings()
     store = None
     if os.path.isdir(cache):  # False, not PermissionError, where this user cannot reach it
         store, store_findings = examine_store(cache, env)
@@ -151,4 +169,4 @@ def doctor(cache_dir: str | os.PathLike[str] | None = None, environ: Mapping[str
         uid=uid, gid=gid, groups=groups, owner_uid=folder.owner_uid, owner_gid=folder.owner_gid,
         writable=folder.writable, read_only_fs=folder.read_only_fs, symlinks=folder.symlinks,
         free_bytes=folder.free_bytes, versions=versions, findings=tuple(findings),
-        shared_store=store)
+        shared_store=store, umask=umask)

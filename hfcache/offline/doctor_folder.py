@@ -35,6 +35,7 @@ class _Folder:
     read_only_fs: bool | None = None
     symlinks: bool | None = None
     free_bytes: int | None = None
+    repos: list = field(default_factory=list)  #: the cache's RepoInfo records (cache/scan.py), when it could be listed
 
 
 def _nearest_existing(path: Path) -> Path:
@@ -93,7 +94,7 @@ def _content_findings(cache: Path, uid: int | None, out: _Folder) -> set[int]:
     if not repos:
         out.findings.append(Finding("cache.empty", "warning", f"the cache {cache} holds no repo",
                                     f"warm it: hfcache warm REPO_ID... --cache-dir {cache}"))
-    out.findings += _unsafe_findings(cache)
+    out.findings += _unsafe_findings(cache, out)
     unreadable, owners = _walk_access(cache)
     if unreadable:
         shown = ", ".join(unreadable[:_UNREADABLE_SHOWN]) + (
@@ -212,10 +213,11 @@ def _modules_findings(repos: list, env: Mapping[str, str]) -> list[Finding]:
                     f"its modules cache {where}: every trust_remote_code load fails with PermissionError", fix)]
 
 
-def _unsafe_findings(cache: Path) -> list[Finding]:
+def _unsafe_findings(cache: Path, out: _Folder) -> list[Finding]:
     """Errors for planted links: a symlinked ``.locks`` (doctor's probes never write through it) and each repo whose
     layout scan flags unsafe (a symlinked ``blobs/``, ``snapshots/<commit>``, ref, ``.no_exist/<commit>``...):
-    hfcache leaves those alone and doctor reads no config through them."""
+    hfcache leaves those alone and doctor reads no config through them. The scan's repos are kept in ``out.repos``
+    (the runtime checks of :mod:`.doctor_runtime` read their refs: one scan per doctor run)."""
     from ..cache.access import unsafe_locks_check
     from ..cache.scan import TOO_DEEP, scan_cache
 
@@ -224,8 +226,8 @@ def _unsafe_findings(cache: Path) -> list[Finding]:
     if locks is not None:
         found.append(Finding(locks.code, locks.severity, locks.message, locks.fix))
     try:  # planted links, and snapshot folder chains deeper than MAX_TREE_DEPTH (not read below)
-        unsafe = [(r, r.unsafe or tuple(p for p in r.problems if p.endswith(TOO_DEEP)))
-                  for r in scan_cache(cache).repos]
+        out.repos = list(scan_cache(cache).repos)
+        unsafe = [(r, r.unsafe or tuple(p for p in r.problems if p.endswith(TOO_DEEP))) for r in out.repos]
     except HfcacheError:
         return found  # cannot be listed: reach_check and the access walk report it
     unsafe = [(r, parts) for r, parts in unsafe if parts]

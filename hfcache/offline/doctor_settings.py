@@ -107,15 +107,49 @@ def legacy_cache_findings(env: dict[str, str], effective: Path, versions: dict[s
             found.append(Finding("env.transformers_cache", "warning",
                                  f"{name}={value} is ignored by transformers 5; it happens to name the effective cache",
                                  f"unset {name}; HF_HUB_CACHE is the setting that counts"))
-    if "HUGGINGFACE_HUB_CACHE" in env:
-        if "HF_HUB_CACHE" in env:
-            found.append(Finding("env.legacy_hub_cache", "warning",
-                                 "HUGGINGFACE_HUB_CACHE is ignored: HF_HUB_CACHE is set and wins",
-                                 "unset HUGGINGFACE_HUB_CACHE"))
-        else:
-            found.append(Finding("env.legacy_hub_cache", "warning",
-                                 "HUGGINGFACE_HUB_CACHE is a deprecated name (huggingface_hub still reads it)",
-                                 f"export HF_HUB_CACHE={effective} and unset HUGGINGFACE_HUB_CACHE"))
+    # HUGGINGFACE_HUB_CACHE beside HF_HUB_CACHE is the alias `hfcache env` prints for TGI, TEI and llama.cpp, which
+    # read it (hfcache.offline.aliases): fine when both name one cache; alias_findings reports them disagreeing.
+    if "HUGGINGFACE_HUB_CACHE" in env and "HF_HUB_CACHE" not in env:
+        found.append(Finding("env.legacy_hub_cache", "warning",
+                             "HUGGINGFACE_HUB_CACHE is a deprecated name (huggingface_hub still reads it, when "
+                             "HF_HUB_CACHE is unset)",
+                             f"export HF_HUB_CACHE={effective} as well (keep HUGGINGFACE_HUB_CACHE: TGI and TEI read "
+                             "only it; hfcache env prints both)"))
+    return found
+
+
+def _cache_path(value: str) -> Path:
+    return Path(os.path.expanduser(value or ".")).expanduser().resolve()
+
+
+def alias_findings(env: dict[str, str], effective: Path, offline: bool) -> list[Finding]:
+    """The other names runtimes read for the cache and for offline mode (:mod:`hfcache.offline.aliases`), set in
+    ``env`` and disagreeing with what huggingface_hub uses: ``env.alias_mismatch`` (a warning) for a cache alias
+    naming another folder than ``effective``, and for an offline alias set to a false value while ``offline`` is
+    on (``TRANSFORMERS_OFFLINE`` is :func:`offline_mode_findings`'s: huggingface_hub reads it itself).
+
+    Returns:
+        list[Finding]: one warning per disagreeing alias (an unset alias is no finding: not every image runs
+        those runtimes).
+    """
+    from .aliases import ALIASES
+
+    found = []
+    for alias in ALIASES:
+        if alias.name not in env or alias.name == "TRANSFORMERS_OFFLINE":
+            continue
+        value, readers = env[alias.name], "; ".join(alias.readers)
+        if alias.canonical == "HF_HUB_CACHE" and _cache_path(value) != effective:
+            found.append(Finding(
+                "env.alias_mismatch", "warning",
+                f"{alias.name}={value} names another cache than the one huggingface_hub uses ({effective}): "
+                f"{readers} read {alias.name}, so they look for (and download into) another folder",
+                f"export {alias.name}={effective} (hfcache env prints every alias with the same value)"))
+        elif alias.canonical == "HF_HUB_OFFLINE" and offline and not is_true(value):
+            found.append(Finding(
+                "env.alias_mismatch", "warning",
+                f"{alias.name}={value} is not true while offline mode is on: {readers} read {alias.name} and go "
+                "online", f"export {alias.name}=1 (hfcache env prints every alias with the same value)"))
     return found
 
 

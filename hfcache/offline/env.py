@@ -34,6 +34,12 @@ docs/cache-layout.md, 'Traps the libraries leave'):
 Left out on purpose: ``HF_HUB_DISABLE_XET`` (Xet is used only to download a file, after its metadata request,
 ``file_download.py``, which offline mode never reaches), ``HF_HUB_ETAG_TIMEOUT``/``HF_HUB_DOWNLOAD_TIMEOUT`` (no
 request is made), ``HF_ENDPOINT`` (unused offline).
+
+Each variable is followed by the other names runtimes read for the same setting, with the same value
+(:mod:`hfcache.offline.aliases`, each checked in the source that reads it): ``HUGGINGFACE_HUB_CACHE`` (TGI, TEI,
+llama.cpp) and ``SENTENCE_TRANSFORMERS_HOME`` after ``HF_HUB_CACHE``; ``TRANSFORMERS_OFFLINE``,
+``HF_DATASETS_OFFLINE`` and ``LLAMA_OFFLINE`` after ``HF_HUB_OFFLINE``. A cache path holding ``$NAME`` is refused:
+huggingface_hub expands it in ``HF_HUB_CACHE``, the other readers do not.
 """
 
 from __future__ import annotations
@@ -50,21 +56,22 @@ from pathlib import Path
 from typing import TYPE_CHECKING, NoReturn
 
 from . import guard as network_guard
+from .aliases import alias_map, with_aliases
 from ..cache.root import resolve_cache_dir
 from ..errors import HfcacheError, OfflineViolation, UsageError
 
 if TYPE_CHECKING:
     from ..warming.lockfile import CacheStatus, Lockfile
 
-#: The flags every offline process gets, in output order (the cache variables come first).
-OFFLINE_FLAGS: tuple[tuple[str, str], ...] = (
+#: The flags every offline process gets, in output order (the cache variables come first), each followed by the
+#: other names runtimes read for it (:mod:`hfcache.offline.aliases`: ``TRANSFORMERS_OFFLINE``,
+#: ``HF_DATASETS_OFFLINE``, ``LLAMA_OFFLINE`` after ``HF_HUB_OFFLINE``).
+OFFLINE_FLAGS: tuple[tuple[str, str], ...] = with_aliases((
     ("HF_HUB_OFFLINE", "1"),
-    ("TRANSFORMERS_OFFLINE", "1"),
-    ("HF_DATASETS_OFFLINE", "1"),
     ("HF_HUB_DISABLE_TELEMETRY", "1"),
     ("HF_HUB_DISABLE_UPDATE_CHECK", "1"),
     ("HF_HUB_DISABLE_IMPLICIT_TOKEN", "1"),
-)
+))
 FORMATS = ("sh", "dotenv", "dockerfile", "k8s", "json")
 
 
@@ -117,7 +124,14 @@ class OfflineEnv:
     variables: tuple[tuple[str, str], ...]
 
     def as_dict(self) -> dict[str, str]:
+        """``{NAME: value}`` of every variable, aliases included, in output order."""
         return dict(self.variables)
+
+    @property
+    def aliases(self) -> dict[str, str]:
+        """``{alias: canonical}`` for the aliases among the variables (:mod:`hfcache.offline.aliases`), e.g.
+        ``{"HUGGINGFACE_HUB_CACHE": "HF_HUB_CACHE", ...}``; each alias has its canonical variable's value."""
+        return alias_map(self.variables)
 
 
 def offline_environment(cache_dir: str | os.PathLike[str] | None = None,
@@ -131,19 +145,22 @@ def offline_environment(cache_dir: str | os.PathLike[str] | None = None,
             modules cache needs moving (``modules_cache.modules_cache_override``, which creates the private folder).
 
     Returns:
-        OfflineEnv: ``HF_HOME`` (only when the cache folder is named ``hub``), ``HF_HUB_CACHE``, ``HF_MODULES_CACHE``
-        (only when its default cannot be written), then the flags.
+        OfflineEnv: ``HF_HOME`` (only when the cache folder is named ``hub``), ``HF_HUB_CACHE`` and its aliases
+        (``HUGGINGFACE_HUB_CACHE``, ``SENTENCE_TRANSFORMERS_HOME``), ``HF_MODULES_CACHE`` (only when its default
+        cannot be written), then the flags, each followed by its aliases (:data:`OFFLINE_FLAGS`).
 
     Raises:
-        UsageError: the path contains a newline or NUL (no output format can carry it).
+        UsageError: the path contains a newline or NUL (no output format can carry it), or a ``$NAME`` /
+            ``${NAME}`` that huggingface_hub would expand (exit 2).
     """
     cache = resolve_cache_dir(cache_dir)
     if any(c in str(cache) for c in "\n\r\x00"):
         raise UsageError(f"cache path {str(cache)!r} contains a line break or NUL", hint="choose another --cache-dir")
+    _refuse_expansion(str(cache))
     variables: list[tuple[str, str]] = []
     if cache.name == "hub":
         variables.append(("HF_HOME", str(cache.parent)))
-    variables.append(("HF_HUB_CACHE", str(cache)))
+    variables.extend(with_aliases([("HF_HUB_CACHE", str(cache))]))
     from ..warming.modules_cache import ENV_NAME, modules_cache_override
 
     try:
@@ -154,6 +171,28 @@ def offline_environment(cache_dir: str | os.PathLike[str] | None = None,
         variables.append((ENV_NAME, str(modules)))
     variables.extend(OFFLINE_FLAGS)
     return OfflineEnv(cache_dir=cache, variables=tuple(variables))
+
+
+#: What ``os.path.expandvars`` replaces (``posixpath._varprog``): ``$NAME`` and ``${...}``.
+_EXPANDED = re.compile(r"\$(\w+|\{[^}]*\})", re.ASCII)
+
+
+def _refuse_expansion(path: str) -> None:
+    """Refuse a cache path that runtimes would read as different folders.
+
+    huggingface_hub passes ``HF_HUB_CACHE`` and ``HF_HOME`` through ``os.path.expandvars`` (``constants.py``), so
+    ``/x/$HOME/hub`` is ``/x/root/hub`` to Python (whenever ``HOME`` is set where it runs), while the runtimes that
+    read the same value raw (TGI's and TEI's routers, llama.cpp, sentence-transformers' ``cache_folder``) and
+    hfcache itself use ``/x/$HOME/hub``. No quoting helps: expansion happens in the reader, after the shell.
+
+    Raises:
+        UsageError: ``path`` holds ``$NAME`` or ``${...}`` (exit 2).
+    """
+    found = _EXPANDED.search(path)
+    if found:
+        raise UsageError(f"cache path {_comment_text(path)} contains {_comment_text(found.group(0))}, which "
+                         "huggingface_hub expands (os.path.expandvars) and other runtimes do not: they would use "
+                         "different folders", hint="choose a --cache-dir without $NAME or ${NAME}")
 
 
 _PLAIN = re.compile(r"[A-Za-z0-9_./:@%+,=-]*")
@@ -175,7 +214,9 @@ def format_env(env: OfflineEnv, fmt: str) -> str:
     breaks lines at the last three too), another control or invisible format character, or a lone surrogate (a
     path that is not UTF-8). dotenv and Dockerfile have no portable escape for them, and one rule for every format
     means one output is never safe where another is not. JSON is also written ASCII-only; the comment headers
-    carry the path only through :func:`_comment_text`.
+    carry the path only through :func:`_comment_text`, then name the aliases (:mod:`hfcache.offline.aliases`) of
+    each canonical variable. JSON stays one flat object of strings, aliases as keys of their own (every consumer
+    that turns it into an environment keeps working); :attr:`OfflineEnv.aliases` maps each to its canonical name.
 
     Raises:
         UsageError: unknown format; a value that is not inert text (exit 2, naming the variable).
@@ -190,7 +231,7 @@ def format_env(env: OfflineEnv, fmt: str) -> str:
     cache_text = _comment_text(str(env.cache_dir))
     header = (f"# Offline settings for the Hugging Face cache at {cache_text}\n"
               f"# Generated by: hfcache env --cache-dir {_comment_text(shlex.quote(str(env.cache_dir)))} "
-              f"--format {fmt}\n")
+              f"--format {fmt}\n") + _header_notes(env)
     if fmt == "sh":
         body = "".join(f"export {name}={shlex.quote(value)}\n" for name, value in items)
     elif fmt == "dotenv":
@@ -201,6 +242,20 @@ def format_env(env: OfflineEnv, fmt: str) -> str:
     else:
         body = "env:\n" + "".join(f"  - name: {name}\n    value: {_yaml_quote(value)}\n" for name, value in items)
     return header + body
+
+
+def _header_notes(env: OfflineEnv) -> str:
+    """Comment lines after the header: which variables are aliases of which (names only, never a value), and
+    whether runtimes that find the cache through ``HF_HOME`` alone can find it."""
+    groups: dict[str, list[str]] = {}
+    for alias, canonical in env.aliases.items():
+        groups.setdefault(canonical, []).append(alias)
+    lines = [f"# {', '.join(names)}: {'aliases' if len(names) > 1 else 'an alias'} of {canonical}, same value\n"
+             for canonical, names in groups.items()]
+    if "HF_HOME" not in env.as_dict():
+        lines.append("# No HF_HOME (the cache folder is not named hub): the Rust hf-hub crate, which looks only in "
+                     "$HF_HOME/hub, will not find it\n")
+    return "".join(lines)
 
 
 def _yaml_quote(value: str) -> str:
@@ -284,6 +339,9 @@ class ExecPlan:
         offline (OfflineEnv): the offline variables set in it.
         allow_hosts (tuple[str, ...]): ``HOST[:PORT]`` entries the guard lets through.
         lock_statuses (tuple[CacheStatus, ...]): the lock check, when ``--lock`` was given (all satisfied).
+        no_network (bool): install the process-tree network filter (:mod:`.sandbox`) before the exec.
+        paths (tuple[tuple[str, str], ...]): ``(NAME, absolute path)`` of each ``--path``, in the order given (also
+            set in ``environ`` and substituted for ``{NAME}`` in ``argv[1:]``).
     """
 
     argv: tuple[str, ...]
@@ -291,6 +349,8 @@ class ExecPlan:
     offline: OfflineEnv
     allow_hosts: tuple[str, ...] = ()
     lock_statuses: tuple[CacheStatus, ...] = ()
+    no_network: bool = False
+    paths: tuple[tuple[str, str], ...] = ()
 
 
 def parse_allow_hosts(specs: Iterable[str]) -> tuple[network_guard.AllowedHost, ...]:
@@ -348,7 +408,8 @@ def check_lock(lock: Lockfile, cache: Path, lock_name: str) -> tuple[CacheStatus
 
 def prepare_exec(command: Sequence[str], *, cache_dir: str | os.PathLike[str] | None = None,
                  lock: str | os.PathLike[str] | None = None, allow_hosts: Iterable[str] = (),
-                 environ: Mapping[str, str] | None = None) -> ExecPlan:
+                 environ: Mapping[str, str] | None = None, no_network: bool = False,
+                 paths: Iterable[str] = ()) -> ExecPlan:
     """Everything ``hfcache exec`` does before it replaces itself with the command.
 
     Args:
@@ -357,17 +418,28 @@ def prepare_exec(command: Sequence[str], *, cache_dir: str | os.PathLike[str] | 
         lock: a lock file the cache must satisfy (``stat`` only: milliseconds, no network).
         allow_hosts: ``HOST[:PORT]`` entries the guard lets through.
         environ: the base environment (default: ``os.environ``).
+        no_network: deny the command's whole process tree every non-``AF_UNIX`` socket (``--no-network``,
+            :mod:`.sandbox`); the Python guard is set up as well.
+        paths: ``NAME=REPO_ID[@REVISION][:PATTERN]`` entries (``--path``, :mod:`.exec_paths`), resolved offline in
+            the cache: set as ``NAME`` in the environment and substituted for ``{NAME}`` in the arguments.
 
     Returns:
         ExecPlan.
 
     Raises:
-        UsageError: no command, a bad ``--allow-host``, an unreadable or invalid lock.
+        UsageError: no command, a bad ``--allow-host``, ``--allow-host`` with ``no_network``, a bad ``--path``, an
+            unreadable or invalid lock (exit 2).
         LockNotSatisfied: the cache lacks something the lock pins (exit 4).
+        PathNotCached, AmbiguousPath: a ``--path`` is not cached, or its pattern matches several files (exit 1).
     """
     if not command:
         raise UsageError("no command given", hint="hfcache exec [OPTIONS] -- COMMAND [ARGS]...")
     hosts = parse_allow_hosts(allow_hosts)
+    if no_network and hosts:
+        raise UsageError("--allow-host cannot be combined with --no-network: the process-tree filter refuses every "
+                         "network socket and cannot let one host through",
+                         hint="drop --no-network to use the Python guard's allow-list, or reach the service over a "
+                              "Unix socket")
     statuses: tuple[CacheStatus, ...] = ()
     if lock is not None:
         from ..warming.lockfile import lock_cache_dir, read_lock
@@ -380,8 +452,16 @@ def prepare_exec(command: Sequence[str], *, cache_dir: str | os.PathLike[str] | 
     base = os.environ if environ is None else environ
     offline = offline_environment(cache, base)
     child_env = guarded_environment(base, offline, hosts)
+    resolved: tuple[tuple[str, str], ...] = ()
+    if paths:
+        from .exec_paths import resolve_exec_paths, substitute_paths
+
+        resolved = resolve_exec_paths(offline.cache_dir, paths, reserved=offline.as_dict())
+        child_env.update(resolved)
+        command = substitute_paths(command, dict(resolved))
     return ExecPlan(argv=tuple(command), environ=child_env, offline=offline,
-                    allow_hosts=tuple(str(h) for h in hosts), lock_statuses=statuses)
+                    allow_hosts=tuple(str(h) for h in hosts), lock_statuses=statuses, no_network=no_network,
+                    paths=resolved)
 
 
 def exec_command(plan: ExecPlan) -> NoReturn:
@@ -392,7 +472,12 @@ def exec_command(plan: ExecPlan) -> NoReturn:
     process's own. A parent that forwards signals and relays the status would add nothing, since all of hfcache's
     work (the lock check, the environment) happens before the command starts.
 
+    With ``plan.no_network``, inherited network sockets above stderr are marked close-on-exec and the network filter
+    is loaded into this process (:func:`.sandbox.install_network_filter`, which checks it is in force) right before
+    the exec, so the command and all its descendants start under it; if it cannot be, the command is not started.
+
     Raises:
+        NetworkFilterUnavailable: ``no_network`` and the filter cannot be installed or is not in force (exit 4).
         CommandNotFound: not on ``PATH`` (exit 127).
         CommandNotExecutable: not executable, or not a valid program (exit 126).
     """
@@ -401,6 +486,11 @@ def exec_command(plan: ExecPlan) -> NoReturn:
             stream.flush()
         except (OSError, ValueError):
             pass
+    if plan.no_network:
+        from .sandbox import close_inherited_sockets, install_network_filter
+
+        close_inherited_sockets()
+        install_network_filter()
     name = plan.argv[0]
     try:
         os.execvpe(name, list(plan.argv), plan.environ)

@@ -385,12 +385,15 @@ def _grep_storage(podman: Podman, needle: str) -> list[str]:
 
 
 def _dockerfile_env_block(dockerfile: str) -> str | None:
-    """The ``hfcache env --format dockerfile`` block pasted in a Dockerfile (its two comment lines and ENV), if any."""
+    """The ``hfcache env --format dockerfile`` block pasted in a Dockerfile (its comment lines and ENV), if any."""
     lines = dockerfile.splitlines(keepends=True)
     for i, line in enumerate(lines):
         if line.startswith("# Offline settings for the Hugging Face cache at "):
-            block = lines[i:i + 3]
-            j = i + 3
+            j = i + 1
+            while j < len(lines) and lines[j].startswith("#"):  # the header, then the notes on aliases
+                j += 1
+            block = lines[i:j + 1]
+            j += 1
             while block[-1].rstrip("\n").endswith("\\") and j < len(lines):
                 block.append(lines[j])
                 j += 1

@@ -167,6 +167,116 @@ def test_apps_warm_from_the_mirror_service():
         assert command[command.index("--endpoint") + 1] == MIRROR
 
 
+# --- the offline NetworkPolicy (offline-networkpolicy.yaml) --------------------------------------------------
+
+POLICY = K8S / "offline-networkpolicy.yaml"
+APPS = ["app-emptydir.yaml", "app-shared-rwx.yaml", "app-image-volume.yaml"]
+DNS_POD = ({"kubernetes.io/metadata.name": "kube-system"}, {"k8s-app": "kube-dns"})
+
+
+def _selects(selector: dict, labels: dict) -> bool:
+    """A LabelSelector of these examples (matchLabels only: anything else is refused) against ``labels``."""
+    assert set(selector) <= {"matchLabels"}, selector
+    return selector.get("matchLabels", {}).items() <= labels.items()
+
+
+def egress_allowed(policies: list[dict], pod: dict, dest: tuple[dict, dict], protocol: str, port: int) -> bool:
+    """Would the NetworkPolicy API let a pod with labels ``pod`` (in the policies' namespace, ``default``) send to
+    a pod with (namespace labels, pod labels) ``dest`` on ``protocol``/``port``? The semantics of
+    networking.k8s.io/v1 for the fields these examples use: a pod selected by no Egress policy may send anything;
+    otherwise what any selecting policy's rule allows (rules are a union; an empty ``to``/``ports`` matches all)."""
+    selecting = [p for p in policies
+                 if "Egress" in p["spec"]["policyTypes"] and _selects(p["spec"]["podSelector"], pod)]
+    if not selecting:
+        return True
+    namespace, labels = dest
+    for policy in selecting:
+        for rule in policy["spec"].get("egress") or []:
+            peers = rule.get("to") or [{}]
+            ports = rule.get("ports") or [{}]
+            peer_ok = any(
+                ("ipBlock" not in peer)
+                and (_selects(peer["namespaceSelector"], namespace) if "namespaceSelector" in peer
+                     else namespace == {"kubernetes.io/metadata.name": "default"})
+                and _selects(peer.get("podSelector", {}), labels) for peer in peers)
+            port_ok = any(p.get("protocol", "TCP") == protocol and p.get("port", port) == port for p in ports)
+            if peer_ok and port_ok:
+                return True
+    return False
+
+
+def app_pods() -> dict[str, tuple[dict, dict]]:
+    """file -> (pod template labels, pod spec) of each application example."""
+    found = {}
+    for file, doc, spec in workloads():
+        if file in APPS:
+            found[file] = (doc["spec"]["template"]["metadata"]["labels"], spec)
+    assert set(found) == set(APPS)
+    return found
+
+
+def test_offline_policy_denies_all_egress_and_validates_strictly():
+    policies = documents(POLICY)
+    assert [p["kind"] for p in policies] == ["NetworkPolicy", "NetworkPolicy"]
+    for policy in policies:
+        kubernetes_validate.validate(policy, K8S_VERSION, strict=True)
+        assert policy["spec"]["policyTypes"] == ["Egress"]  # ingress is left to the cluster: not ours to open
+    base = next(p for p in policies if p["metadata"]["name"] == "hfcache-offline")
+    assert base["spec"].get("egress", []) == []  # no rule: the selected pods send nothing, DNS included
+    text = POLICY.read_text()
+    assert "Calico" in text and "Cilium" in text and "doctor" in text  # says who enforces it and who cannot see it
+
+
+def test_the_validator_refuses_a_broken_policy():
+    policy = copy.deepcopy(documents(POLICY)[1])
+    policy["spec"]["egress"][0]["to"][0]["podSelektor"] = policy["spec"]["egress"][0]["to"][0].pop("podSelector")
+    with pytest.raises(kubernetes_validate.ValidationError):
+        kubernetes_validate.validate(policy, K8S_VERSION, strict=True)
+    policy = copy.deepcopy(documents(POLICY)[0])
+    policy["spec"]["policyTypes"] = "Egress"
+    with pytest.raises(kubernetes_validate.ValidationError):
+        kubernetes_validate.validate(policy, K8S_VERSION, strict=True)
+
+
+def test_every_app_example_is_selected_by_the_policy_and_names_it():
+    policies = documents(POLICY)
+    base = next(p for p in policies if p["metadata"]["name"] == "hfcache-offline")
+    for file, (labels, _) in app_pods().items():
+        assert _selects(base["spec"]["podSelector"], labels), file
+        assert POLICY.name in (K8S / file).read_text(), file  # the example tells the reader about it
+
+
+def test_the_policy_lets_app_pods_reach_only_what_their_init_container_needs():
+    policies = documents(POLICY)
+    mirror = next(d for d in documents(K8S / "mirror.yaml")
+                  if d["kind"] == "Deployment" and d["metadata"]["name"] == "hfcache-mirror")
+    pullthrough = next(d for d in documents(K8S / "mirror.yaml")
+                       if d["kind"] == "Deployment" and d["metadata"]["name"] == "hfcache-pullthrough")
+    mirror_labels = mirror["spec"]["template"]["metadata"]["labels"]
+    (mirror_port,) = [p["containerPort"] for c in mirror["spec"]["template"]["spec"]["containers"]
+                      for p in c.get("ports", [])]
+    default = {"kubernetes.io/metadata.name": "default"}
+    mirror_pod = (default, mirror_labels)
+    pull_pod = (default, pullthrough["spec"]["template"]["metadata"]["labels"])
+    other_pod = (default, {"app.kubernetes.io/name": "something-else"})
+    for file, (labels, spec) in app_pods().items():
+        warms = any(argv(c)[:2] == ["hfcache", "warm"] for c in spec.get("initContainers", []))
+        # The mirror on its port, and DNS to find it, only for pods whose init container warms from it.
+        assert egress_allowed(policies, labels, mirror_pod, "TCP", mirror_port) is warms, file
+        assert egress_allowed(policies, labels, DNS_POD, "UDP", 53) is warms, file
+        assert egress_allowed(policies, labels, DNS_POD, "TCP", 53) is warms, file
+        # Never the pull-through mirror (it reaches the Hub on a miss), another port, another pod, or DNS on a
+        # pod that only carries the DNS label in another namespace.
+        assert not egress_allowed(policies, labels, pull_pod, "TCP", 8080), file
+        assert not egress_allowed(policies, labels, mirror_pod, "TCP", 443), file
+        assert not egress_allowed(policies, labels, other_pod, "TCP", mirror_port), file
+        assert not egress_allowed(policies, labels, (default, DNS_POD[1]), "UDP", 53), file
+    # Without its label a pod is selected by no policy and may send anything: the label is what makes it offline.
+    labels = dict(app_pods()["app-image-volume.yaml"][0])
+    labels.pop("hfcache.io/offline")
+    assert egress_allowed(policies, labels, other_pod, "TCP", 443)
+
+
 # --- the commands, for real ----------------------------------------------------------------------------
 
 
@@ -391,3 +501,93 @@ def test_the_manifests_commands_run_for_real(hub_root, tmp_path):
     expected = {(f, c["name"]) for f, _, spec in workloads() for _, c in all_containers(spec)
                 if argv(c)[0] == "hfcache"}
     assert ran == expected
+
+
+# --- the KServe example (kserve-oci.yaml): InferenceServices, validated against KServe's CRD schema ----------------
+
+KSERVE_SCHEMA = PROJECT / "tests" / "data" / "kserve" / "inferenceservice-v1beta1.schema.json"
+
+
+def _push_commands(path: Path) -> list[list[str]]:
+    """The ``hfcache push ...`` commands of a manifest's header comment (``\\`` continuations joined)."""
+    text = re.sub(r"\\\n#\s*", " ", path.read_text())
+    return [line.split("#", 1)[1].split() for line in text.splitlines() if line.lstrip("# ").startswith("hfcache push")]
+
+
+def test_kserve_example_validates_and_what_its_pushes_give_loads_at_mnt_models(hub_root, tmp_path):
+    """Both InferenceServices validate strictly against KServe's v1beta1 CRD schema (pruned copy in tests/data);
+    their env is what ``hfcache env --cache-dir /mnt/models`` prints; the header's push commands run against a local
+    registry, and what KServe mounts at /mnt/models (the image's ``models/`` folder: the image volume's subPath, or
+    the Modelcar's /models, whose image also runs ``sh``) loads the runtime's ``--model_id`` offline."""
+    import gzip
+    import io
+    import tarfile
+
+    import jsonschema
+
+    from tests.helpers import GOLDEN
+    from tests.integration.test_oci_modelpack import _shell_base
+    from tests.registry import available, running_registry
+
+    if available() and not os.environ.get("CI"):
+        pytest.skip(available())
+    path = K8S / "kserve-oci.yaml"
+    validator = jsonschema.Draft7Validator(json.loads(KSERVE_SCHEMA.read_text()))
+    docs = documents(path)
+    assert [d["kind"] for d in docs] == ["InferenceService", "InferenceService"]
+    for doc in docs:
+        validator.validate(doc)
+    bad = copy.deepcopy(docs[0])
+    bad["spec"]["predictor"]["model"]["storageURI"] = bad["spec"]["predictor"]["model"].pop("storageUri")
+    with pytest.raises(jsonschema.ValidationError):  # the schema is strict: a misspelt field fails
+        validator.validate(bad)
+    models = {d["spec"]["predictor"]["model"]["storageUri"].split("://")[0]: d["spec"]["predictor"]["model"]
+              for d in docs}
+    assert set(models) == {"oci+native", "oci"}
+    printed = subprocess.run([sys.executable, "-m", "hfcache", "env", "--cache-dir", "/mnt/models", "--format", "k8s"],
+                             capture_output=True, text=True, env=clean_env(), cwd=PROJECT, timeout=60)
+    assert printed.returncode == 0, printed.stderr
+    for model in models.values():
+        assert model["env"] == yaml.safe_load(printed.stdout)["env"]
+
+    cache = tmp_path / "cache" / "hub"
+    with HubServer(hub_root) as upstream:
+        warmed = run(["hfcache", "warm", "google-bert/bert-base-uncased", "--cache-dir", str(cache),
+                      "--endpoint", upstream.endpoint], {})
+    assert warmed.returncode == 0, warmed.stderr
+    commands = _push_commands(path)
+    assert len(commands) == 2 and all("--prefix" in c and "models" in c for c in commands)
+    with running_registry(tmp_path / "registry") as registry:
+        base_layer, _, _ = _shell_base(registry, "library/busybox")
+        base_digest = subprocess.run(["skopeo", "inspect", "--tls-verify=false", "--format", "{{.Digest}}",
+                                      f"docker://{registry.host}/library/busybox:v1"],
+                                     capture_output=True, text=True, timeout=60).stdout.strip()
+        for command in commands:
+            argv_ = [a.replace(REGISTRY, registry.host + "/").replace("<digest>", base_digest.split(":")[1])
+                     .replace("/cache/hub", str(cache)) for a in command]
+            pushed = run([*argv_, "--plain-http"], {})
+            assert pushed.returncode == 0, (argv_, pushed.stderr)
+        for scheme, model in models.items():
+            reference = model["storageUri"].split("://", 1)[1].replace(REGISTRY, registry.host + "/")
+            name, tag = reference.split("/", 1)[1].rsplit(":", 1)
+            manifest = json.loads(subprocess.run(["skopeo", "inspect", "--raw", "--tls-verify=false",
+                                                  f"docker://{reference}"], capture_output=True, timeout=60).stdout)
+            rootfs = tmp_path / scheme
+            for layer in manifest["layers"]:
+                with httpx2.Client() as client:
+                    data = client.get(f"http://{registry.host}/v2/{name}/blobs/{layer['digest']}").content
+                with tarfile.open(fileobj=io.BytesIO(gzip.decompress(data))) as tar:
+                    tar.extractall(rootfs, filter="tar")
+            if scheme == "oci":  # the Modelcar image starts with the shell base
+                assert manifest["layers"][0]["digest"] == base_layer and (rootfs / "bin" / "sh").is_symlink()
+            mnt = rootfs / "models"  # subPath: models (native), /models (Modelcar): KServe's /mnt/models
+            model_id = next(a.split("=", 1)[1] for a in model["args"] if a.startswith("--model_id="))
+            env = {e["name"]: e["value"].replace("/mnt/models", str(mnt)) for e in model["env"]}
+            loaded = subprocess.run([sys.executable, "-c", "import json, sys\nfrom transformers import AutoTokenizer\n"
+                                     "t = AutoTokenizer.from_pretrained(sys.argv[1])\n"
+                                     "print(json.dumps(t(sys.argv[2])['input_ids']))", model_id, GOLDEN["text"]],
+                                    capture_output=True, text=True, env=clean_env(**env), timeout=300)
+            assert loaded.returncode == 0, loaded.stderr
+            assert json.loads(loaded.stdout.strip().splitlines()[-1]) == golden_ids(model_id)
+            verified = run(["hfcache", "verify", "--cache-dir", str(mnt)], {})
+            assert verified.returncode == 0, verified.stdout + verified.stderr

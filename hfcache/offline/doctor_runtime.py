@@ -1,0 +1,205 @@
+"""``hfcache doctor``'s runtime traps: what goes wrong later, in the application, though every load works today.
+
+- ``cache.read_only_online`` (error): the cache is read-only to this process (a read-only filesystem, or folders
+  this user cannot write), offline mode is off, and a cached repo is known by a movable revision (a ref under
+  ``refs/``: a branch, a tag or ``pr/N``; the cache cannot tell a tag from a branch, and the Hub lets both move).
+  Online, huggingface_hub asks the Hub what the revision points at; once upstream moves it downloads the new
+  commit into the cache, which fails: ``OSError [Errno 30] Read-only file system``, which transformers 5.24 re-raises
+  instead of returning the stale cached file (huggingface/transformers#47852, ``utils/hub.py cached_files``), or a
+  ``PermissionError``. A cache holding only commit-pinned snapshots (warmed as ``REPO@COMMIT``: no ref) is loaded by
+  commit, which never asks the Hub (``file_download.py``: a commit revision whose file is cached returns at once).
+- ``umask.not_shared`` (warning): this process's umask drops a write bit a group-shared folder it writes into hands
+  on (the shared-cache recipe of :mod:`hfcache.cache.sharing`: a group- or world-writable root), so what it creates
+  there (huggingface_hub folders and blobs follow the umask, as do transformers' custom-code copies and datasets'
+  files) cannot be written by the other members, whose next download of that repo fails with PermissionError
+  (huggingface/datasets#7900). hfcache's own commands share what they create whatever the umask; the application
+  does not. The hub cache counts only when online (offline, huggingface_hub writes nothing there); the modules,
+  datasets and Xet folders always. Offline with only the hub cache shared: ``umask.not_shared_offline`` (info).
+
+Reads only: ``os.access``, ``os.stat`` and ``/proc/self/status``.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import stat
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+from .findings import Finding
+from ..cache.sharing import policy_of
+
+__all__ = ["process_umask", "read_only_online_findings", "umask_findings"]
+
+_COMMIT_RE = re.compile(r"[0-9a-f]{40}")
+_SHOWN = 5
+_WRITE = os.W_OK | os.X_OK
+
+
+def process_umask() -> int | None:
+    """This process's umask (e.g. ``0o022``), or None when it cannot be read.
+
+    Read from ``/proc/self/status`` (``Umask:``, Linux 4.7+), which changes nothing; elsewhere ``os.umask`` is set
+    and restored at once (library gap: Python has no read-only umask call; another thread creating a file in
+    that instant would get mode bits masked by ``0o077``, never looser ones).
+    """
+    try:
+        with open("/proc/self/status", encoding="ascii", errors="replace") as status:
+            for line in status:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    try:
+        previous = os.umask(0o077)
+    except (OSError, AttributeError):
+        return None
+    os.umask(previous)
+    return previous
+
+
+def _movable_refs(repo) -> list[str]:
+    """The ref names of a scanned repo (:class:`hfcache.cache.scan.RepoInfo`) that can move upstream: every name
+    that is not itself a commit (huggingface_hub writes no ref for a commit revision)."""
+    if repo.unsafe:
+        return []  # nothing below a planted link was read; the layout finding names it
+    return sorted(name for name in repo.refs if not _COMMIT_RE.fullmatch(name))
+
+
+def _inert(name: str, limit: int = 100) -> str:
+    """A name the cache supplied (a ref, a repo id) as one short inert line: every character ``str.isprintable``
+    refuses (ESC, newlines, bidi controls) escaped as ``\\xNN``/``\\uNNNN``, cut to ``limit`` characters."""
+    text = "".join(c if c.isprintable() else (f"\\x{ord(c):02x}" if ord(c) < 0x100 else f"\\u{ord(c):04x}")
+                   for c in name)
+    return text if len(text) <= limit else text[:limit] + "..."
+
+
+def _repo_writable(cache: Path, folder: str) -> bool:
+    """Whether this user can write what a download of ``folder`` writes: its ``blobs/``, ``snapshots/``, ``refs/``
+    and its lock folder (``.locks/<folder>``, else ``.locks``, else the root, whichever exists first)."""
+    base = cache / folder
+    parts = [base / name for name in ("blobs", "snapshots", "refs") if os.path.lexists(base / name)]
+    locks = next(p for p in (cache / ".locks" / folder, cache / ".locks", cache) if os.path.lexists(p))
+    return all(os.access(p, _WRITE) for p in [base, *parts, locks])
+
+
+def read_only_online_findings(cache: Path, repos: Sequence, *, offline: bool,
+                              read_only_fs: bool | None) -> list[Finding]:
+    """``cache.read_only_online`` (see the module docstring), or nothing.
+
+    Args:
+        cache (Path): the cache root (it exists and this user can reach it).
+        repos (Sequence[RepoInfo]): its repos as :func:`hfcache.cache.scan.scan_cache` read them.
+        offline (bool): huggingface_hub's offline mode in the judged environment.
+        read_only_fs (bool | None): the cache's filesystem is mounted read-only (``statvfs`` ``ST_RDONLY``).
+
+    Returns:
+        list[Finding]: one error naming the cache and up to 5 repos with their movable refs, or an empty list
+        (offline, the cache writable by this user, or no movable ref).
+    """
+    if offline:
+        return []
+    if not read_only_fs and os.access(cache, _WRITE):
+        return []  # writable at the root: a repo folder this user cannot write is cache.repo_not_writable's
+    trapped = [(r.repo_id, refs) for r in repos
+               if (refs := _movable_refs(r)) and (read_only_fs or not _repo_writable(cache, r.folder))]
+    if not trapped:
+        return []
+    shown = "; ".join(", ".join(f"{_inert(repo_id)}@{_inert(ref)}" for ref in refs[:3])
+                      + (f" (and {len(refs) - 3} more refs)" if len(refs) > 3 else "")
+                      for repo_id, refs in trapped[:_SHOWN])
+    more = f" (and {len(trapped) - _SHOWN} more)" if len(trapped) > _SHOWN else ""
+    uid = os.geteuid() if hasattr(os, "geteuid") else "?"
+    why, failure = (("on a read-only filesystem", "OSError [Errno 30] Read-only file system, which transformers "
+                     ">= 5.24 raises instead of returning the stale cached file (huggingface/transformers#47852)")
+                    if read_only_fs else
+                    (f"not writable by uid {uid}", "PermissionError (transformers: 'PermissionError at ... when "
+                     "downloading')"))
+    return [Finding(
+        "cache.read_only_online", "error",
+        f"the cache {cache} is {why} and offline mode is off, and {len(trapped)} cached repo(s) are known by a "
+        f"revision that can move upstream (a branch or tag under refs/): {shown}{more}; every load asks the Hub what "
+        f"that revision is now, and once upstream moves it must download the new commit into this cache and fails "
+        f"with {failure}",
+        f'run the application offline: eval "$(hfcache env --cache-dir {cache})" (or hfcache exec --cache-dir '
+        f"{cache} -- COMMAND); or pin: load each repo by commit (revision=<commit> from `hfcache lock`) and build "
+        "the cache with hfcache warm REPO@COMMIT, which leaves no ref that can move")]
+
+
+def _shared_targets(cache: Path, env: Mapping[str, str], offline: bool) -> list[tuple[str, Path]]:
+    """The folders an application started from ``env`` writes into: (what, path), the hub cache only when online
+    (huggingface_hub constants.py: ``HF_XET_CACHE``, default ``$HF_HOME/xet``; transformers ``HF_MODULES_CACHE``;
+    datasets config.py: ``HF_DATASETS_CACHE``, default ``$HF_HOME/datasets``)."""
+    from ..warming.modules_cache import hf_home, modules_cache
+
+    home = hf_home(env)
+    targets = [] if offline else [("the hub cache", cache)]
+    targets.append(("HF_MODULES_CACHE (custom code)", modules_cache(env)[0]))
+    for name, default in (("HF_DATASETS_CACHE", home / "datasets"), ("HF_XET_CACHE", home / "xet")):
+        targets.append((name, Path(os.path.expanduser(env[name])) if name in env else default))
+    return targets
+
+
+def _dropped_bits(path: Path, umask: int) -> tuple[int, os.stat_result] | None:
+    """The write bits the shared folder ``path`` hands on that ``umask`` removes, with its stat; None when ``path``
+    is no shared folder (:func:`hfcache.cache.sharing.policy_of`), this user cannot write it, or nothing is lost."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    if not stat.S_ISDIR(st.st_mode) or policy_of(st.st_mode, st.st_gid) is None or not os.access(path, _WRITE):
+        return None
+    dropped = umask & st.st_mode & (stat.S_IWGRP | stat.S_IWOTH)
+    return (dropped, st) if dropped else None
+
+
+def umask_findings(cache: Path, env: Mapping[str, str], offline: bool, umask: int | None) -> list[Finding]:
+    """``umask.not_shared`` (warning) or ``umask.not_shared_offline`` (info), or nothing (see the module docstring).
+
+    Args:
+        cache (Path): the hub cache examined.
+        env (Mapping[str, str]): the judged environment (``HF_HOME``, ``HF_MODULES_CACHE``...).
+        offline (bool): huggingface_hub's offline mode in it.
+        umask (int | None): this process's umask (:func:`process_umask`); None: nothing is reported.
+
+    Returns:
+        list[Finding]: at most one finding, naming each shared folder whose group (or others) loses write.
+    """
+    if umask is None:
+        return []
+    hits, seen = [], set()
+    for what, path in _shared_targets(cache, env, offline):
+        real = os.path.realpath(path)
+        if real in seen or (found := _dropped_bits(path, umask)) is None:
+            continue
+        seen.add(real)
+        hits.append((what, path, *found))
+    if not hits:
+        if not offline or (found := _dropped_bits(cache, umask)) is None:
+            return []
+        return [Finding("umask.not_shared_offline", "info",
+                        f"your umask {umask:04o} drops write for the members of the group-shared cache {cache}: "
+                        "harmless offline (huggingface_hub writes nothing there), but a download run with this umask "
+                        "(online) leaves folders the others cannot write", _umask_fix(umask, found[0]))]
+    dropped = 0
+    for *_, bits, _st in hits:
+        dropped |= bits
+    shown = "; ".join(f"{what} {path} (gid {st.st_gid}, mode {stat.S_IMODE(st.st_mode):04o})"
+                      for what, path, _bits, st in hits)
+    whom = "the group" + (" and others" if dropped & stat.S_IWOTH else "") if dropped & stat.S_IWGRP else "others"
+    return [Finding(
+        "umask.not_shared", "warning",
+        f"your umask {umask:04o} drops write for {whom} in the shared folder(s) {shown}: what this process creates "
+        "there (huggingface_hub downloads: folders and blobs follow the umask; transformers' custom-code copies; "
+        "datasets' files) cannot be written by the other members, whose next download of the same repo fails with "
+        "PermissionError (huggingface/datasets#7900); hfcache's own commands share what they create whatever the umask",
+        _umask_fix(umask, dropped))]
+
+
+def _umask_fix(umask: int, dropped: int) -> str:
+    wanted = umask & ~dropped
+    return (f"set umask {wanted:03o} before the application starts: in the image's entrypoint (`umask {wanted:03o}` "
+            f"then `exec \"$@\"`), or as the command (sh -c 'umask {wanted:03o} && exec python app.py'); "
+            "Kubernetes has no umask setting (securityContext.fsGroup sets the group, not the mode bits), so it "
+            "must be the entrypoint; or run downloads with hfcache warm, which shares what it creates")

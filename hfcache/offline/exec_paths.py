@@ -1,0 +1,75 @@
+"""``hfcache exec --path NAME=REPO_ID[@REVISION][:PATTERN]``: resolve each one offline in exec's cache
+(:func:`hfcache.offline.paths.resolve`) before the command starts, then hand the absolute path to the command as the
+variable ``NAME`` and in place of every ``{NAME}`` in its arguments.
+
+The value is the snapshot folder without a pattern, and the one file matching it with a pattern: a pattern matching
+several files is refused (exit 1, naming them: a command line takes one path; give the folder form and let the
+runtime pick, or narrow the glob), as is one matching none or a repo not cached (exit 1, the hint the ``hfcache
+warm`` command). The command does not start on any of these.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+
+from ..errors import UsageError
+
+#: Variables hfcache sets itself in exec's child (besides the offline variables): a --path may not replace them.
+RESERVED = frozenset({"PYTHONPATH"})
+RESERVED_PREFIXES = ("HFCACHE_",)
+_TOKEN = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*)\}")
+
+
+def resolve_exec_paths(cache: Path, specs: Iterable[str], reserved: Iterable[str] = ()) -> tuple[tuple[str, str], ...]:
+    """Resolve every ``--path`` spec in ``cache``, offline.
+
+    Args:
+        cache (Path): the cache exec uses (absolute).
+        specs (Iterable[str]): ``NAME=REPO_ID[@REVISION][:PATTERN]`` entries.
+        reserved (Iterable[str]): further variable names the spec may not take (the offline variables).
+
+    Returns:
+        tuple[tuple[str, str], ...]: ``(NAME, absolute path)`` in the order given.
+
+    Raises:
+        UsageError: a malformed spec, a NAME given twice or one hfcache sets itself (exit 2).
+        PathNotCached: the repo, revision or a matching file is not in the cache (exit 1, warm hint).
+        AmbiguousPath: a pattern matches more than one file (exit 1, naming them).
+        UnsafeLayout, CacheError: the cache's layout is unsafe or unreadable (exit 5).
+    """
+    from .paths import parse_path_var, resolve
+
+    taken = set(RESERVED) | set(reserved)
+    parsed = []
+    for text in specs:
+        name, spec, pattern = parse_path_var(text)
+        if name in taken or name.startswith(RESERVED_PREFIXES):
+            raise UsageError(f"--path {name}=...: {name} is "
+                             f"{'given twice' if name in dict(parsed) else 'set by hfcache exec itself'}",
+                             hint="choose another NAME, e.g. MODEL")
+        taken.add(name)
+        parsed.append((name, (spec, pattern)))
+    resolved = []
+    for name, (spec, pattern) in parsed:
+        found = resolve(cache, spec, pattern)
+        resolved.append((name, str(found.one() if pattern is not None else found.snapshot)))
+    return tuple(resolved)
+
+
+def substitute_paths(argv: Sequence[str], paths: Mapping[str, str]) -> tuple[str, ...]:
+    """``argv`` with every ``{NAME}`` of a resolved ``--path`` replaced by its path in the arguments (``argv[1:]``;
+    the program name is left as given). Only the exact text ``{NAME}`` of a NAME given is replaced (anywhere in an
+    argument: ``--model={MODEL}`` works); other braces are left alone.
+
+    Returns:
+        tuple[str, ...]: the new argv.
+    """
+    if not argv:
+        return tuple(argv)
+    def value(match: re.Match[str]) -> str:
+        return paths.get(match.group(1), match.group(0))
+
+    # one pass: a path holding "{OTHER}" (a file name may) is never substituted again
+    return (argv[0], *(_TOKEN.sub(value, arg) for arg in argv[1:]))

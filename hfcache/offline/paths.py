@@ -1,0 +1,398 @@
+"""``hfcache path``: the absolute snapshot folder of ``REPO_ID[@REVISION]`` in a cache, or the files in it matching
+a glob, resolved offline from the cache alone (what vLLM's ``serve PATH``, llama.cpp's ``-m FILE`` and TGI's
+``--model-id PATH`` take instead of a repo id; docs/runtimes.md).
+
+Resolution follows huggingface_hub's offline lookup (``file_download.py`` ``try_to_load_from_cache``,
+``_get_pointer_path``): the repo folder is named after the id exactly as given (``bert-base-uncased`` ->
+``models--bert-base-uncased``, the folder transformers loads that id from; ``records.folder_ids``), a branch or tag
+is read from ``refs/<revision>`` (exactly 40 hex characters: a trailing newline breaks the library's load too), a
+40-hex commit names ``snapshots/<commit>`` directly, and a file's path is its snapshot path
+(``snapshots/<commit>/<path>``: what loaders open). No huggingface_hub code runs: importing it costs more than the
+whole resolution, and nothing here may touch the network.
+
+The cache is group-writable (docs/security.md): refs are read with ``O_NOFOLLOW`` from folder descriptors, the
+snapshot is walked without following links (:func:`hfcache.cache.safefs_tree.walk`, bounded by
+:data:`hfcache.bounds.MAX_TREE_DEPTH`), and each file returned is opened as a loader would read it
+(:func:`hfcache.cache.safefs.open_repo_file`: a real file, or a link resolved inside its repo folder, a Xet store
+link as huggingface_hub 2.4 writes it included) and must be a regular file. A link leaving the repo folder, a FIFO
+or a device is refused (``UnsafeLayout``, exit 5); a dangling link (its blob missing) counts as not cached (exit 1).
+Not guaranteed: the cache can change after the path is printed (a loader opens it later by path).
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import re
+import shlex
+import stat
+import unicodedata
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ..cache import safefs
+from ..cache.layout import RepoFolder
+from ..cache.root import access_error, repo_folder_name
+from ..cache.safefs_tree import walk
+from ..errors import CacheError, CheckFailed, UsageError
+from ..records import MAX_GLOB_CHARS, WarmRequest, validate_repo_path
+from ..warming.selection import matches
+
+#: ``datasets/ORG/NAME``, ``kernels/ORG/NAME``: the type prefix of huggingface_hub's ``hf://`` paths
+#: (``hf_file_system.py``); a bare id is a model. "datasets" and "kernels" are reserved names on the Hub, never orgs.
+_TYPE_PREFIXES = {"datasets/": "dataset", "kernels/": "kernel"}
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+_COMMIT = re.compile(r"[0-9a-f]{40}")
+_GLOB_CHARS = frozenset("*?[")
+#: Characters no line of output may carry raw (as ``hfcache env`` refuses them, :func:`hfcache.offline.env.check_inert`):
+#: controls and line breaks (a name holding ``\n`` would print a second path), format characters (bidi, zero-width),
+#: lone surrogates (a name that is not UTF-8), line and paragraph separators.
+_NOT_INERT = frozenset({"Cc", "Cf", "Cs", "Zl", "Zp"})
+_SHOWN = 5  #: most names listed in one error
+
+
+class PathNotCached(CheckFailed):
+    """What ``hfcache path`` was asked for is not in the cache (exit 1); the hint is the warm command that fetches it.
+
+    Attributes:
+        missing (str): what is missing: ``cache``, ``repo``, ``ref``, ``snapshot``, ``file`` (no file matches) or
+            ``blob`` (a matching file is a dangling link).
+        warm_command (str | None): the ``hfcache warm ...`` command line that would fetch it (also the hint), or
+            None when warming cannot help (the repo marks the file absent).
+    """
+
+    def __init__(self, message: str, *, missing: str, warm_command: str | None) -> None:
+        hint = f"fetch it: {warm_command}" if warm_command else "pick a file the repo has (hfcache ls --revisions)"
+        super().__init__(message, hint=hint)
+        self.missing = missing
+        self.warm_command = warm_command
+
+
+class AmbiguousPath(CheckFailed):
+    """More (or fewer) files match than the caller allows (``--one``): exit 1, naming how many and which."""
+
+
+@dataclass(frozen=True)
+class ResolvedPath:
+    """A revision of a cached repo, resolved to paths.
+
+    Attributes:
+        repo_id (str): the id as given (its folder is named after it).
+        revision (str): as asked (``main`` by default): a branch, tag or 40-hex commit.
+        commit_hash (str): the commit it names.
+        snapshot (Path): absolute ``<cache>/<folder>/snapshots/<commit>``.
+        files (tuple[Path, ...]): absolute snapshot paths of the files matching ``pattern``, sorted by repo path;
+            empty without a pattern. Each was a regular file inside the cache when resolved.
+        repo_type (str): ``model``, ``dataset`` or ``kernel``.
+        pattern (str | None): the glob asked.
+    """
+
+    repo_id: str
+    revision: str
+    commit_hash: str
+    snapshot: Path
+    files: tuple[Path, ...] = ()
+    repo_type: str = "model"
+    pattern: str | None = field(default=None, compare=False)
+
+    def one(self) -> Path:
+        """The single file matching :attr:`pattern`.
+
+        Returns:
+            Path: the absolute snapshot path of that file.
+
+        Raises:
+            UsageError: resolved without a pattern.
+            AmbiguousPath: more than one file matches (exit 1, naming how many and the first few).
+        """
+        if self.pattern is None:
+            raise UsageError("exactly one file was asked for, but no PATTERN was given",
+                             hint="add a PATTERN, e.g. '*Q8_0*.gguf' or tokenizer.json")
+        if len(self.files) != 1:
+            names = ", ".join(str(p.relative_to(self.snapshot)) for p in self.files[:_SHOWN])
+            more = f", ... ({len(self.files) - _SHOWN} more)" if len(self.files) > _SHOWN else ""
+            raise AmbiguousPath(f"{len(self.files)} files match {self.pattern!r} in {_label(self)}, expected exactly "
+                                f"one: {names}{more}", hint="narrow the PATTERN (e.g. the full file name)")
+        return self.files[0]
+
+
+def parse_spec(spec: str, repo_type: str | None = None) -> WarmRequest:
+    """``[datasets/|kernels/]REPO_ID[@REVISION]`` parsed with warm's grammar (:meth:`WarmRequest.parse`).
+
+    Args:
+        spec (str): the spec; a ``datasets/`` or ``kernels/`` prefix (as in ``hf://`` paths) sets the repo type.
+        repo_type (str | None): ``model``, ``dataset`` or ``kernel`` (``--repo-type``); None: from the prefix, else
+            ``model``.
+
+    Returns:
+        WarmRequest: the repo id, revision (``main`` by default) and type.
+
+    Raises:
+        UsageError: a malformed id or revision, an unknown type, or a prefix that contradicts ``repo_type``.
+    """
+    if not isinstance(spec, str) or not spec:
+        raise UsageError(f"invalid repo spec {spec!r}", hint="use REPO_ID[@REVISION], e.g. bert-base-uncased@main")
+    prefixed = next((t for p, t in _TYPE_PREFIXES.items() if spec.startswith(p)), None)
+    if prefixed is not None:
+        spec = spec.split("/", 1)[1]
+        if repo_type is not None and repo_type != prefixed:
+            raise UsageError(f"the spec names a {prefixed} repo but --repo-type is {repo_type}",
+                             hint="drop the datasets/ or kernels/ prefix, or the --repo-type option")
+    return WarmRequest.parse(spec, repo_type=repo_type or prefixed or "model")
+
+
+def check_pattern(pattern: str) -> str:
+    """Return ``pattern`` when it is a glob ``hfcache path`` takes: non-empty, at most
+    :data:`hfcache.records.MAX_GLOB_CHARS` characters (fnmatch costs grow with the square of a pattern), no control
+    character.
+
+    Raises:
+        UsageError: otherwise (exit 2).
+    """
+    if not isinstance(pattern, str) or not pattern:
+        raise UsageError("empty PATTERN", hint="give a glob such as '*.safetensors', or leave PATTERN out")
+    if len(pattern) > MAX_GLOB_CHARS:
+        raise UsageError(f"PATTERN is {len(pattern)} characters long (the limit is {MAX_GLOB_CHARS})",
+                         hint="match with a shorter glob (e.g. '*Q8_0*.gguf')")
+    if _offending(pattern) is not None:
+        raise UsageError(f"PATTERN {pattern!r} holds a control or invisible character",
+                         hint="repo file names are printable: quote the glob in single quotes")
+    return pattern
+
+
+def parse_path_var(text: str) -> tuple[str, str, str | None]:
+    """Parse ``NAME=REPO_ID[@REVISION][:PATTERN]`` (``hfcache exec --path``).
+
+    Git refs cannot contain ``:`` (``git check-ref-format``) and repo ids cannot either, so the first ``:`` after
+    the ``=`` starts the pattern (which may hold more ``:``).
+
+    Returns:
+        tuple[str, str, str | None]: (NAME, spec, pattern or None).
+
+    Raises:
+        UsageError: NAME is not a variable name (``[A-Za-z_][A-Za-z0-9_]*``), the spec is malformed
+            (:func:`parse_spec`), or the pattern is empty or refused (:func:`check_pattern`).
+    """
+    grammar = "NAME=REPO_ID[@REVISION][:PATTERN]"
+    if not isinstance(text, str) or "=" not in text:
+        raise UsageError(f"invalid --path {text!r:.200}: expected {grammar}", hint="e.g. MODEL=org/name@main")
+    name, _, rest = text.partition("=")
+    if not _ENV_NAME.fullmatch(name):
+        raise UsageError(f"invalid --path {text!r:.200}: {name!r:.60} is not a variable name",
+                         hint="NAME is letters, digits and _, not starting with a digit: e.g. MODEL")
+    spec, sep, pattern = rest.partition(":")
+    if not spec:
+        raise UsageError(f"invalid --path {text!r:.200}: no repo after '='", hint=f"use {grammar}")
+    if sep and not pattern:
+        raise UsageError(f"invalid --path {text!r:.200}: empty pattern after ':'",
+                         hint="give a glob after ':' (e.g. MODEL=org/name:'*.gguf'), or drop the ':'")
+    parse_spec(spec)
+    if sep:
+        check_pattern(pattern)
+    return name, spec, pattern if sep else None
+
+
+def resolve(cache: Path, spec: str, pattern: str | None = None, *, repo_type: str | None = None) -> ResolvedPath:
+    """Resolve ``spec`` (and ``pattern``) in the cache ``cache``, offline.
+
+    Args:
+        cache (Path): the cache root (``hfcache.cache.root.resolve_cache_dir``).
+        spec (str): ``[datasets/|kernels/]REPO_ID[@REVISION]`` (:func:`parse_spec`); revision ``main`` by default.
+        pattern (str | None): a glob over the snapshot's repo paths, matched as huggingface_hub's
+            ``allow_patterns`` (``fnmatchcase``, ``*`` crosses ``/``, a trailing ``/`` matches a folder; a ``\\``
+            is read as ``/``: ``utils/_paths.py`` ``filter_repo_objects``). None: the snapshot folder only.
+        repo_type (str | None): see :func:`parse_spec`.
+
+    Returns:
+        ResolvedPath: the commit, the absolute snapshot folder and the matching files (absolute snapshot paths).
+
+    Raises:
+        UsageError: a malformed spec or pattern, or a cache path holding a control character (exit 2).
+        PathNotCached: no cache, repo folder, ref, snapshot or matching file; or a matching file (every file,
+            without a pattern) is a dangling link (exit 1; the hint is the warm command).
+        UnsafeLayout: a part of the repo folder, the ref or a file is a link leaving the repo folder, a FIFO, a
+            device, or a folder chain deeper than :data:`hfcache.bounds.MAX_TREE_DEPTH` (exit 5).
+        CacheError: a part of the cache this user cannot read (exit 5).
+    """
+    request = parse_spec(spec, repo_type)
+    if pattern is not None:
+        pattern = check_pattern(pattern)
+    root = Path(cache).absolute()  # as resolve_cache_dir: the path as given, not resolved (the root may be a link)
+    _check_shown(str(root), "the cache path")
+    folder = repo_folder_name(request.repo_id, request.repo_type)
+    safefs.check_folder_name(folder)
+    try:
+        commit = _commit_of(root, folder, request, pattern)
+        snapshot = root / folder / "snapshots" / commit
+        entries = _snapshot_entries(root, folder, commit)
+        chosen = [p for p in entries if matches(p, [pattern.replace("\\", "/")])] if pattern else entries
+        if pattern and not chosen:
+            raise _no_match(root, folder, request, commit, pattern, len(entries))
+        _check_files(root, folder, request, commit, chosen, pattern)
+    except PermissionError as exc:
+        part = f" ({exc.filename})" if exc.filename else ""  # a name relative to a folder descriptor, if any
+        raise CacheError(f"{root / folder}{part}: permission denied for uid {os.geteuid()}",
+                         hint="ask the cache's owner to make it group-readable (`hfcache doctor` prints the fix)"
+                         ) from None
+    files = tuple(snapshot / p for p in chosen) if pattern else ()
+    return ResolvedPath(repo_id=request.repo_id, revision=request.revision, commit_hash=commit, snapshot=snapshot,
+                        files=files, repo_type=request.repo_type, pattern=pattern)
+
+
+def warm_command(cache: Path, request: WarmRequest, pattern: str | None = None) -> str:
+    """The ``hfcache warm`` command line (shell-quoted) that fetches ``request`` into ``cache``: the whole model
+    (``--kind model``; ``--kind all`` for a dataset or kernel) without a pattern, the tokenizer set plus the pattern's
+    files (``--include``) with one."""
+    words = ["hfcache", "warm", request.spec, "--cache-dir", str(cache)]
+    if request.repo_type != "model":
+        words += ["--repo-type", request.repo_type]
+    if pattern is not None:
+        words += ["--include", pattern] if request.repo_type == "model" else ["--kind", "all", "--include", pattern]
+    else:
+        words += ["--kind", "model" if request.repo_type == "model" else "all"]
+    return " ".join(shlex.quote(w) for w in words)
+
+
+def _label(what: WarmRequest | ResolvedPath) -> str:
+    prefix = "" if what.repo_type == "model" else f"{what.repo_type}s/"
+    return f"{prefix}{what.repo_id}@{what.revision}"
+
+
+def _offending(text: str) -> str | None:
+    return next((c for c in text if unicodedata.category(c) in _NOT_INERT), None)
+
+
+def _check_shown(text: str, what: str) -> None:
+    """Refuse a path that would not print as one inert line (exit 2 for the cache path given; exit 5 below it)."""
+    char = _offending(text)
+    if char is None:
+        return
+    escaped = text.encode("unicode_escape", "backslashreplace").decode("ascii")[:200]
+    if what == "the cache path":
+        raise UsageError(f"the cache path {escaped} holds a control or invisible character (U+{ord(char):04X}): "
+                         "it cannot be printed as one line", hint="use a --cache-dir made of printable characters")
+    raise safefs.UnsafeLayout(f"{what} {escaped} holds a control or invisible character (U+{ord(char):04X}): left "
+                              "alone (it cannot be printed as one line)", hint="remove it, then rerun")
+
+
+def _commit_of(root: Path, folder: str, request: WarmRequest, pattern: str | None) -> str:
+    """The commit ``request.revision`` names in the repo folder, whose snapshot folder exists (a real folder)."""
+    hint = warm_command(root, request, pattern)
+    try:
+        is_dir = stat.S_ISDIR(os.stat(root).st_mode)
+    except FileNotFoundError:
+        is_dir = False
+    except PermissionError:
+        raise access_error(root) from None
+    if not is_dir:
+        raise PathNotCached(f"no cache at {root}", missing="cache", warm_command=hint)
+    if not os.access(root, os.R_OK | os.X_OK):
+        raise access_error(root)
+    try:
+        os.close(safefs.open_dir(root, (folder,)))
+    except FileNotFoundError:
+        raise PathNotCached(f"{_label(request)} is not in the cache {root}: no folder {folder}",
+                            missing="repo", warm_command=hint) from None
+    if _COMMIT.fullmatch(request.revision):
+        commit = request.revision
+        gone = f"commit {commit} of {request.repo_id} is not in the cache {root}"
+    else:
+        raw = RepoFolder(root, request.repo_id, request.repo_type).read_ref(request.revision)
+        if raw is None:
+            raise PathNotCached(f"{request.repo_id} has no ref {request.revision!r} in the cache {root} (no "
+                                f"{folder}/refs/{request.revision}; {_cached_refs(root, folder)})",
+                                missing="ref", warm_command=hint)
+        text = raw.decode("ascii", "replace")
+        if not _COMMIT.fullmatch(text):
+            raise PathNotCached(f"{folder}/refs/{request.revision} is malformed ({text[:60]!r}, expected exactly 40 "
+                                "hex characters): loaders cannot resolve it", missing="ref", warm_command=hint)
+        commit = text
+        gone = f"refs/{request.revision} of {request.repo_id} names commit {commit}, whose snapshot is missing"
+    try:
+        os.close(safefs.open_dir(root, (folder, "snapshots", commit)))
+    except FileNotFoundError:
+        raise PathNotCached(f"{gone} (no {folder}/snapshots/{commit})", missing="snapshot",
+                            warm_command=hint) from None
+    return commit
+
+
+def _cached_refs(root: Path, folder: str) -> str:
+    """``cached refs: a, b`` (at most five names; the refs folder walked without following links), or ``no refs``."""
+    names: list[str] = []
+    try:
+        for found in walk(root, (folder, "refs"), max_depth=8):
+            names += ["/".join((*found.parts[2:], n)) for n, st in found.entries if stat.S_ISREG(st.st_mode)]
+            if len(names) > _SHOWN:
+                break
+    except (OSError, ValueError, CacheError):  # no refs folder, unreadable, a planted link or chain: nothing listed
+        pass
+    shown = [n for n in sorted(names)[:_SHOWN] if _offending(n) is None]
+    return f"cached refs: {', '.join(shown)}{', ...' if len(names) > _SHOWN else ''}" if shown else "no refs cached"
+
+
+def _snapshot_entries(root: Path, folder: str, commit: str) -> list[str]:
+    """Repo paths (sorted) of every entry of ``snapshots/<commit>`` that is not a folder, walked without following
+    links and within :data:`hfcache.bounds.MAX_TREE_DEPTH` levels (a deeper chain: ``TooDeep``, exit 5)."""
+    top = (folder, "snapshots", commit)
+    found = []
+    for here in walk(root, top):
+        below = here.parts[len(top):]
+        found += ["/".join((*below, name)) for name, st in here.entries if not stat.S_ISDIR(st.st_mode)]
+    return sorted(found)
+
+
+def _check_files(root: Path, folder: str, request: WarmRequest, commit: str, paths: list[str],
+                 pattern: str | None) -> None:
+    """Open each snapshot entry as a loader would (:func:`safefs.open_repo_file`): each must be a regular file
+    inside the repo folder; dangling links are collected into one :class:`PathNotCached`."""
+    dangling = []
+    for rel in paths:
+        shown = f"{root}/{folder}/snapshots/{commit}/{rel}"
+        _check_shown(rel, f"{root}/{folder}/snapshots/{commit}: the file name")
+        try:
+            fd = safefs.open_repo_file(root, folder, (commit, *rel.split("/")))
+        except FileNotFoundError:
+            dangling.append(rel)
+            continue
+        except OSError as exc:
+            if exc.errno in (errno.ELOOP, errno.ENOTDIR, errno.ENXIO):
+                raise safefs.UnsafeLayout(f"{shown}: a link where a file belongs: left alone",
+                                          hint="remove it, then rerun") from None
+            if exc.errno == errno.EINVAL:  # readlink of an entry swapped for a file after it was judged a link
+                raise safefs.UnsafeLayout(f"{shown} changed while it was read: left alone",
+                                          hint="rerun; if it persists, run `hfcache verify`") from None
+            raise
+        try:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                raise safefs.UnsafeLayout(f"{shown} is not a regular file (a FIFO, device or folder): left alone",
+                                          hint="remove it, then rerun")
+        finally:
+            os.close(fd)
+    if dangling:
+        names = ", ".join(dangling[:_SHOWN]) + (f", ... ({len(dangling) - _SHOWN} more)"
+                                                 if len(dangling) > _SHOWN else "")
+        what = f"{len(dangling)} of the files matching {pattern!r}" if pattern else f"{len(dangling)} files"
+        raise PathNotCached(f"{_label(request)} (commit {commit[:12]}): {what} are dangling links, their blobs "
+                            f"missing from the cache: {names}", missing="blob",
+                            warm_command=warm_command(root, request, pattern))
+
+
+def _no_match(root: Path, folder: str, request: WarmRequest, commit: str, pattern: str, count: int) -> PathNotCached:
+    """No snapshot entry matches ``pattern``: a file the repo marks absent (``.no_exist``) is named as such."""
+    if not _GLOB_CHARS.intersection(pattern) and _marked_absent(root, folder, commit, pattern):
+        return PathNotCached(f"{_label(request)} has no file {pattern!r}: the repo lacks it at commit "
+                             f"{commit[:12]} (marked absent in {folder}/.no_exist)", missing="file",
+                             warm_command=None)
+    return PathNotCached(f"no file matching {pattern!r} in {_label(request)} (commit {commit[:12]}; {count} files "
+                         "cached)", missing="file", warm_command=warm_command(root, request, pattern))
+
+
+def _marked_absent(root: Path, folder: str, commit: str, path: str) -> bool:
+    """Whether ``.no_exist/<commit>/<path>`` is a regular file (looked up from folder descriptors, no link
+    followed); False for a path no repo can hold."""
+    try:
+        parts = validate_repo_path(path).split("/")
+        with safefs.dir_fd(root, (folder, ".no_exist", commit, *parts[:-1])) as fd:
+            return stat.S_ISREG(os.stat(parts[-1], dir_fd=fd, follow_symlinks=False).st_mode)
+    except (OSError, ValueError, CacheError):  # missing, unreadable, a planted link (UnsafeLayout), a bad path
+        return False

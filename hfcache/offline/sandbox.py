@@ -1,0 +1,348 @@
+"""The process-tree network filter of ``hfcache exec --no-network``: a seccomp filter, installed with libseccomp
+(through ``pyseccomp``, a ctypes binding with the API of libseccomp's own Python module) in hfcache's process just
+before ``execvpe``, so the command and every process it starts inherit it (seccomp filters are kept across
+``fork``/``clone``/``execve`` and can never be removed, only stacked).
+
+What the filter does (native architecture, e.g. x86_64 or aarch64):
+
+==============================  ====================================================================================
+``socket(family, ...)``         ``EACCES`` unless ``family`` is exactly ``AF_UNIX`` (the whole 64-bit register is
+                                compared: ``AF_UNIX | 1 << 32`` is refused too). So no IPv4/IPv6 socket (TCP, UDP,
+                                ICMP, raw), no ``AF_PACKET``, ``AF_NETLINK``, ``AF_VSOCK``, ``AF_BLUETOOTH``, ...
+``socketpair(family, ...)``     the same rule (only ``AF_UNIX`` pairs exist today; the rule keeps it so).
+``io_uring_setup``/``_enter``/  ``ENOSYS`` (as on a kernel without io_uring, so libuv and liburing users fall back):
+``_register``                   ``IORING_OP_SOCKET`` creates a socket without the ``socket`` syscall, and a ring
+                                inherited from the parent could be driven with ``io_uring_enter``.
+``socketcall``                  ``EACCES`` on architectures that have it (32-bit x86, s390, ppc): its arguments are in
+                                memory, out of a filter's reach, so all of it is refused (there, ``AF_UNIX`` through
+                                ``socketcall`` is refused too: fail closed).
+a foreign ABI                   the process is killed (libseccomp's ``ACT_BADARCH``, set to ``KILL_PROCESS``): a
+                                32-bit ``int 0x80`` call or an x32 call (``__X32_SYSCALL_BIT``) from an x86_64
+                                process could otherwise reach ``socketcall``/``socket`` under another syscall table.
+==============================  ====================================================================================
+
+libseccomp sets ``no_new_privs`` (``CTL_NNP``, its default), which seccomp requires without ``CAP_SYS_ADMIN``:
+setuid/file-capability programs (``sudo``, ``ping``) no longer gain privileges under the filter.
+
+After the load, :func:`install_network_filter` checks that the filter is in force (``/proc/self/status``
+``Seccomp: 2``, an ``AF_INET`` and an ``AF_INET6`` socket refused, an ``AF_UNIX`` pair still created): a kernel or
+an outer sandbox that answered the load with a fake success is caught, and the command never runs unprotected.
+
+Not covered (docs/offline.md, "exec --no-network"): ``AF_UNIX`` connections to a local service that talks to the
+network for the process (a proxy, ``docker.sock``, ``nscd``/``systemd-resolved``), descriptors received over
+``AF_UNIX`` (``SCM_RIGHTS``) or inherited on stdin/stdout/stderr, and another process of the same user that the
+tree can control (``/proc/PID/mem``, ptrace where Yama allows it). A network namespace or the NetworkPolicy covers
+those.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import errno
+import os
+import select
+import socket
+import stat
+import time
+from dataclasses import dataclass
+
+from ..errors import OfflineViolation
+
+#: The errno a refused ``socket``/``socketpair``/``socketcall`` returns (Python: ``PermissionError``).
+SOCKET_ERRNO = errno.EACCES
+#: The errno of the io_uring calls: "no io_uring here", so programs take their ordinary system-call path.
+IO_URING_ERRNO = errno.ENOSYS
+IO_URING_CALLS = ("io_uring_setup", "io_uring_enter", "io_uring_register")
+#: How long doctor's probe child may take before it is killed (it loads a filter and opens three sockets).
+PROBE_TIMEOUT = 10.0
+
+
+class NetworkFilterUnavailable(OfflineViolation):
+    """``exec --no-network``: the filter could not be installed or is not in force, so the command is not started
+    (exit 4, as every refusal to run a process that could reach the network).
+
+    Attributes:
+        reason (str): what failed, one line (e.g. ``the kernel refused the network filter (EPERM: Operation not
+            permitted)``).
+    """
+
+    def __init__(self, reason: str, *, hint: str | None = None) -> None:
+        super().__init__(f"exec --no-network: {reason}; the command was not started",
+                         hint=hint or "allow seccomp here (see `hfcache doctor`), or run without --no-network "
+                                      "to rely on the Python guard only")
+        self.reason = reason
+
+
+def _load_binding():
+    """``pyseccomp``, imported only when a filter is wanted.
+
+    Raises:
+        NetworkFilterUnavailable: the binding or libseccomp itself is missing (pyseccomp raises RuntimeError at
+            import when ``ctypes.util.find_library("seccomp")`` finds nothing: a library gap we catch here).
+    """
+    try:
+        import pyseccomp
+    except (ImportError, RuntimeError, OSError) as exc:
+        raise NetworkFilterUnavailable(f"libseccomp is not available ({exc})",
+                                       hint="install libseccomp (Debian/Ubuntu: libseccomp2) and pyseccomp, or "
+                                            "run without --no-network") from None
+    return pyseccomp
+
+
+def libseccomp_version() -> str | None:
+    """The loaded libseccomp's version, e.g. ``"2.5.4"``; None when it cannot be told (or is not installed).
+
+    ``seccomp_version()`` is not wrapped by pyseccomp (library gap): it is called through the binding's handle.
+    """
+    try:
+        binding = _load_binding()
+    except NetworkFilterUnavailable:
+        return None
+
+    class _Version(ctypes.Structure):
+        _fields_ = [("major", ctypes.c_uint), ("minor", ctypes.c_uint), ("micro", ctypes.c_uint)]
+
+    try:
+        function = binding._libseccomp.seccomp_version
+    except AttributeError:
+        return None
+    function.argtypes = ()
+    function.restype = ctypes.POINTER(_Version)
+    version = function().contents
+    return f"{version.major}.{version.minor}.{version.micro}"
+
+
+def build_filter(binding=None):
+    """The filter described in the module docstring, not loaded yet.
+
+    Args:
+        binding: the ``pyseccomp`` module (default: imported now).
+
+    Returns:
+        pyseccomp.SyscallFilter: default action ALLOW, the rules above, ``no_new_privs`` on.
+
+    Raises:
+        NetworkFilterUnavailable: libseccomp is missing, or refused a rule or attribute.
+    """
+    seccomp = binding or _load_binding()
+    try:
+        rules = seccomp.SyscallFilter(defaction=seccomp.ALLOW)
+        rules.set_attr(seccomp.Attr.CTL_NNP, 1)
+        _try_attr(rules, seccomp.Attr.API_SYSRAWRC, 1)  # the kernel's own errno from load() (libseccomp >= 2.5)
+        _try_attr(rules, seccomp.Attr.ACT_BADARCH, seccomp.KILL_PROCESS)  # else its default, KILL (the thread)
+        refused = seccomp.ERRNO(SOCKET_ERRNO)
+        for call in ("socket", "socketpair"):
+            rules.add_rule(refused, call, seccomp.Arg(0, seccomp.NE, socket.AF_UNIX))
+        rules.add_rule(refused, "socketcall")  # never matches on x86_64/aarch64 (no such call there)
+        for number, call in enumerate(IO_URING_CALLS, start=425):
+            # libseccomp < 2.5 has no names for them (library gap): 425-427 on every architecture but alpha
+            known = seccomp.resolve_syscall(seccomp.Arch.NATIVE, call) >= 0
+            rules.add_rule(seccomp.ERRNO(IO_URING_ERRNO), call if known else number)
+    except (OSError, ValueError) as exc:
+        raise NetworkFilterUnavailable(f"libseccomp refused to build the filter ({_describe(exc)})") from None
+    return rules
+
+
+def _try_attr(rules, attr: int, value: int) -> None:
+    try:
+        rules.set_attr(attr, value)
+    except OSError:
+        pass  # an older libseccomp: its default stays (raw errno codes and thread-kill are refinements only)
+
+
+def _describe(exc: BaseException) -> str:
+    code = getattr(exc, "errno", None)
+    if isinstance(code, int) and code in errno.errorcode:
+        return f"{errno.errorcode[code]}: {os.strerror(code)}"
+    return str(exc) or type(exc).__name__
+
+
+def install_network_filter() -> None:
+    """Load the filter into this process (irreversibly) and check it is in force.
+
+    Call it only right before ``exec``: this process can never create an IP socket again.
+
+    Raises:
+        NetworkFilterUnavailable: libseccomp missing, the kernel has no seccomp or refused the load (EPERM, EINVAL,
+            EFAULT, EACCES, ...), or the filter is not in force after a load that reported success.
+    """
+    rules = build_filter()
+    try:
+        rules.load()
+    except OSError as exc:
+        raise NetworkFilterUnavailable(f"the kernel refused the network filter ({_describe(exc)})") from None
+    problem = filter_problem()
+    if problem is not None:
+        raise NetworkFilterUnavailable(f"the network filter is not in force after loading it: {problem}")
+
+
+def filter_problem() -> str | None:
+    """Why this process is NOT under the network filter, or None when it is: ``/proc/self/status`` says
+    ``Seccomp: 2`` and ``NoNewPrivs: 1`` (when ``/proc`` is mounted), ``AF_INET``/``AF_INET6`` sockets are refused
+    with :data:`SOCKET_ERRNO`, and an ``AF_UNIX`` pair is still created."""
+    status = _proc_status()
+    if status is not None and (status.get("Seccomp") != "2" or status.get("NoNewPrivs") != "1"):
+        return f"/proc/self/status has Seccomp: {status.get('Seccomp')}, NoNewPrivs: {status.get('NoNewPrivs')}"
+    for family, name in ((socket.AF_INET, "AF_INET"), (socket.AF_INET6, "AF_INET6")):
+        try:
+            socket.socket(family, socket.SOCK_STREAM).close()
+        except OSError as exc:
+            if exc.errno != SOCKET_ERRNO and exc.errno != errno.EAFNOSUPPORT:
+                return f"an {name} socket failed with {_describe(exc)}, not the filter's EACCES"
+            continue
+        return f"an {name} socket could still be created"
+    try:
+        left, right = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    except OSError as exc:
+        return f"an AF_UNIX socket pair failed ({_describe(exc)})"
+    left.close()
+    right.close()
+    return None
+
+
+def _proc_status() -> dict[str, str] | None:
+    try:
+        with open("/proc/self/status", encoding="ascii", errors="replace") as handle:
+            text = handle.read(65536)
+    except OSError:
+        return None
+    fields = (line.split(":", 1) for line in text.splitlines() if ":" in line)
+    return {key.strip(): value.strip() for key, value in fields}
+
+
+def network_sockets_denied() -> bool:
+    """Whether this process already cannot create an IPv4 socket because of a filter (``EACCES``): it runs under
+    ``exec --no-network`` or a sandbox like it. Opens (and closes) one unconnected socket, nothing is sent."""
+    try:
+        socket.socket(socket.AF_INET, socket.SOCK_STREAM).close()
+    except OSError as exc:
+        return exc.errno == SOCKET_ERRNO
+    return False
+
+
+def close_inherited_sockets() -> tuple[int, ...]:
+    """Mark every inherited network socket (any family but ``AF_UNIX``) above stderr close-on-exec, so the command
+    cannot use a connection or listener hfcache's parent left open (the filter only stops new sockets).
+
+    Stdin, stdout and stderr are kept whatever they are: they are the caller's own redirections.
+
+    Returns:
+        tuple[int, ...]: the descriptors marked.
+
+    Raises:
+        NetworkFilterUnavailable: such a socket could not be marked (fail closed: the command is not started).
+    """
+    marked = []
+    for fd in _open_descriptors():
+        try:
+            if fd <= 2 or not stat.S_ISSOCK(os.fstat(fd).st_mode):
+                continue
+        except OSError:
+            continue  # not open (the listing's own descriptor, or closed since)
+        if _family(fd) == socket.AF_UNIX:
+            continue
+        try:
+            os.set_inheritable(fd, False)
+        except OSError as exc:
+            raise NetworkFilterUnavailable(f"cannot close inherited socket {fd} for the command "
+                                           f"({_describe(exc)})") from None
+        marked.append(fd)
+    return tuple(marked)
+
+
+def _family(fd: int) -> int | None:
+    """The family of socket ``fd`` (``SO_DOMAIN``), None when it cannot be read (treated as a network socket)."""
+    try:
+        probe = socket.socket(fileno=fd)
+    except OSError:
+        return None
+    family = probe.family
+    probe.detach()  # leaves the descriptor open
+    return family
+
+
+def _open_descriptors() -> list[int]:
+    try:
+        return sorted(int(name) for name in os.listdir("/proc/self/fd") if name.isdigit())
+    except OSError:
+        import resource
+
+        soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+        return list(range(3, min(soft if soft > 0 else 1024, 65536)))
+
+
+@dataclass(frozen=True)
+class FilterProbe:
+    """What :func:`probe_filter` found.
+
+    Attributes:
+        available (bool): the filter loads and is in force in a child process.
+        detail (str): ``seccomp, libseccomp 2.5.4`` when available, else the one-line reason.
+        already_denied (bool): the probing process itself already cannot create IP sockets (a filter is in force).
+    """
+
+    available: bool
+    detail: str
+    already_denied: bool = False
+
+
+def probe_filter(timeout: float = PROBE_TIMEOUT) -> FilterProbe:
+    """Whether :func:`install_network_filter` works here, tried in a forked child (never in this process: a filter
+    cannot be removed). The child reports one line over a pipe and exits; it is killed after ``timeout`` seconds.
+
+    Returns:
+        FilterProbe.
+    """
+    version = libseccomp_version()
+    already = network_sockets_denied()
+    read_end, write_end = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child: never returns
+        _probe_child(write_end)
+    os.close(write_end)
+    try:
+        line = _read_line(read_end, timeout)
+    finally:
+        os.close(read_end)
+        _reap(pid)
+    if line == "ok":
+        return FilterProbe(True, f"seccomp, libseccomp {version}" if version else "seccomp", already)
+    return FilterProbe(False, line or f"the probe gave no answer within {timeout:g} s", already)
+
+
+def _probe_child(write_end: int) -> None:  # pragma: no cover - runs in the forked child
+    try:
+        install_network_filter()
+        answer = "ok"
+    except NetworkFilterUnavailable as exc:
+        answer = exc.reason
+    except BaseException as exc:  # the child must always exit below, never return into the parent's code
+        answer = f"{type(exc).__name__}: {exc}"
+    try:
+        os.write(write_end, answer.replace("\n", " ").encode("utf-8", "replace")[:4000] + b"\n")
+    finally:
+        os._exit(0)
+
+
+def _read_line(fd: int, timeout: float) -> str:
+    chunks = []
+    deadline = time.monotonic() + timeout
+    while True:
+        ready, _, _ = select.select([fd], [], [], max(0.0, deadline - time.monotonic()))
+        if not ready:
+            return ""
+        chunk = os.read(fd, 4096)
+        if not chunk:
+            break
+        chunks.append(chunk)
+    return b"".join(chunks).decode("utf-8", "replace").strip()
+
+
+def _reap(pid: int) -> None:
+    finished, _ = os.waitpid(pid, os.WNOHANG)
+    if finished == 0:
+        try:
+            os.kill(pid, 9)
+        except ProcessLookupError:
+            pass
+        os.waitpid(pid, 0)
