@@ -26,6 +26,7 @@ from .offline import doctor_command, env_command, exec_cmd
 from .path import path_command
 from .prune import prune
 from .serve import serve
+from .sign import sign_command
 from .stdout import GuardedStdout, abandon_if_blocked
 from .move import export_command, import_command, link_command
 from .verify import check, verify
@@ -55,6 +56,7 @@ for _command in (warm, lock, ls_command, verify, check, export_command, import_c
                  env_command, exec_cmd, doctor_command, push_command, pull_command):
     cli.add_command(_command)
 cli.add_command(path_command)
+cli.add_command(sign_command)
 
 
 def _fail(message: str, hint: str | None, exit_code: int, as_json: bool) -> None:

@@ -56,14 +56,28 @@ def _registry_options(fn):
               help="repo: one layer per repo (an update re-sends one layer); single: one layer (each blob once).")
 @click.option("--arch", metavar="ARCH", help="The image config's architecture (amd64, arm64, ...) [default: this "
               "machine's]; pin it in CI for a digest that does not depend on the runner.")
+@click.option("--format", "fmt", type=click.Choice(["image", "modelpack"]), default="image", show_default=True,
+              help="image: the cache as the image's root filesystem (containerd, podman, kubelet image volumes); "
+                   "modelpack: a CNCF ModelPack artifact of ONE repo@revision, a raw layer per file (CRI-O, modctl, "
+                   "KitOps, Harbor).")
+@click.option("--prefix", metavar="DIR", help="Put the cache under DIR in the image/artifact (KServe: --prefix "
+              "models for a Modelcar's /models or an oci+native:// volume's subPath: models).")
+@click.option("--sign-key", type=click.Path(dir_okay=False, exists=True), metavar="KEY.pem",
+              help="Sign the pushed snapshot's files (model-signing v1.0, EC key) and attach the bundle as a "
+                   "referrer of the pushed manifest (one snapshot).")
+@click.option("--base", metavar="IMAGE", help="Put the cache's layers on this image (on the same registry, by tag or "
+              "digest), e.g. one with a shell for KServe's Modelcar; its Env/Entrypoint/Cmd are kept (image format).")
 @_registry_options
-def push_command(reference, specs, lock_file, split, arch, cache_dir, plain_http, username, password_stdin, timeout,
-                 as_json) -> None:
-    """Push the cache (or the repos / lock given) to REF as an OCI image whose root is the cache.
+def push_command(reference, specs, lock_file, split, arch, fmt, prefix, sign_key, base, cache_dir, plain_http,
+                 username, password_stdin, timeout, as_json) -> None:
+    """Push the cache (or the repos / lock given) to REF as an OCI image whose root is the cache, or one repo at one
+    revision as a CNCF ModelPack artifact (--format modelpack).
 
-    Mount it read-only at /opt/hf-cache (Kubernetes `image` volume, podman --mount type=image) with
+    Mount the image read-only at /opt/hf-cache (Kubernetes `image` volume, podman --mount type=image) with
     HF_HUB_CACHE=/opt/hf-cache HF_HUB_OFFLINE=1. The same cache always gives the same manifest digest.
     """
+    from pathlib import Path
+
     from ..oci.image import push
     from ..warming.project import reading_cache_dir
     from .render import oci as render
@@ -71,7 +85,8 @@ def push_command(reference, specs, lock_file, split, arch, cache_dir, plain_http
     credentials = _credentials(username, password_stdin)
     with render.TransferProgress(enabled=not as_json) as progress:
         report = push(reference, reading_cache_dir(cache_dir, lock_file), specs, lock_path=lock_file, split=split,
-                      plain_http=plain_http, credentials=credentials, timeout=timeout, sink=progress, arch=arch)
+                      plain_http=plain_http, credentials=credentials, timeout=timeout, sink=progress, arch=arch,
+                      format=fmt, prefix=prefix, sign_key=Path(sign_key) if sign_key else None, base=base)
     render.show_push(report, as_json=as_json)
 
 
@@ -83,15 +98,21 @@ def push_command(reference, specs, lock_file, split, arch, cache_dir, plain_http
 @click.option("--max-size", metavar="SIZE", callback=_parsed("parse_size"),
               help="Refuse an image whose layers unpack to more than SIZE (e.g. 20GB, 500MiB) [default: no bound but "
                    "the free space of the cache's filesystem].")
+@click.option("--verify-key", metavar="PUB", type=click.Path(exists=True, dir_okay=False),
+              help="Public key (PEM): the artifact's model-signing signatures (OCI referrers) must sign every pulled "
+                   "file under it, checked before anything is written (unsigned or wrongly signed: exit 1).")
 @_lock_timeout_option
 def pull_command(reference, cache_dir, plain_http, username, password_stdin, timeout, as_json, move_refs,
-                 max_size, lock_timeout) -> None:
-    """Pull the image REF and merge its cache into the cache, every digest checked before anything is written.
+                 max_size, verify_key, lock_timeout) -> None:
+    """Pull the image or ModelPack artifact REF and merge its cache into the cache, every digest checked before
+    anything is written; layers whose content the cache already holds are not downloaded.
 
     The same refusals as `hfcache import`; what the target already has is never overwritten (an entry it holds with
     other content, or a ref at another commit without --move-refs, refuses the pull: exit 1). Needs free space for
     the uncompressed image on the cache's filesystem (nothing goes to TMPDIR).
     """
+    from pathlib import Path
+
     from ..cache.root import resolve_cache_dir
     from ..oci.pull import pull
     from .render import oci as render
@@ -101,5 +122,6 @@ def pull_command(reference, cache_dir, plain_http, username, password_stdin, tim
     with render.TransferProgress(enabled=not as_json) as progress:
         report = pull(reference, resolve_cache_dir(cache_dir), plain_http=plain_http, credentials=credentials,
                       timeout=timeout, sink=progress, move_refs=move_refs, max_size=max_size,
-                      lock_timeout=lock_timeout, on_lock_wait=lock_wait_notice)
+                      lock_timeout=lock_timeout, on_lock_wait=lock_wait_notice,
+                      verify_key=Path(verify_key) if verify_key else None)
     render.show_pull(report, as_json=as_json)

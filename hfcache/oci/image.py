@@ -41,9 +41,13 @@ from typing import BinaryIO
 
 from ..errors import CacheError, HubError, UsageError
 from ..move.export import Entry, ExportPlan, plan_export, write_tar
+from .base_image import BaseImage, mount_base, read_base
 from .credentials import Credentials, auth_files
 from .registry import (DIGEST, RegistryAuthError, TransferSink, check, connect, network_errors, parse_reference,
                        registry_text, url)
+from .modelpack import (artifact_documents, attach_bundle, check_prefix, model_files, send_bytes, send_file, sign,
+                        signed_snapshot)
+from .prefixed import write_prefixed_tar
 from .upload import upload
 from ..cache.scan import parse_folder_name
 
@@ -60,6 +64,7 @@ DOCKER_LAYER_GZIP = "application/vnd.docker.image.rootfs.diff.tar.gzip"
 LAYER_TAR = "application/vnd.oci.image.layer.v1.tar"
 GZIP_LEVEL = 6
 SPLITS = ("repo", "single")
+FORMATS = ("image", "modelpack")
 ANNOTATION_PREFIX = "io.hfcache"
 _ARCH = re.compile(r"[a-z0-9_]{1,32}")
 
@@ -92,6 +97,8 @@ class PushReport:
         layers (tuple[Layer, ...]); split (str): ``repo`` or ``single``.
         repos (tuple[str, ...]): ``repo_id@commit`` in the image, sorted.
         bytes_total (int): compressed bytes of all blobs; bytes_uploaded (int): bytes actually sent.
+        format (str): ``image`` or ``modelpack``; prefix (str): the folder the cache is under (``""``: the root).
+        signature (str): the ``sha256:<hex>`` of the signature referrer attached (``--sign-key``), else ``""``.
     """
 
     reference: str
@@ -101,6 +108,9 @@ class PushReport:
     repos: tuple[str, ...]
     bytes_total: int
     bytes_uploaded: int
+    format: str = "image"
+    prefix: str = ""
+    signature: str = ""
 
 
 # --- layers --------------------------------------------------------------------------------------------------------
@@ -155,8 +165,8 @@ class _HashingWriter(io.RawIOBase):
         return self._out.write(data)
 
 
-def write_layer(plan: ExportPlan, out: BinaryIO) -> tuple[str, int, str]:
-    """Write ``plan`` as a reproducible tar+gzip layer to ``out``.
+def write_layer(plan: ExportPlan, out: BinaryIO, prefix: str = "") -> tuple[str, int, str]:
+    """Write ``plan`` as a reproducible tar+gzip layer to ``out`` (every entry under ``prefix/`` when given).
 
     Returns:
         (digest, size, diff_id): ``sha256:<hex>`` of the gzip bytes, their count, ``sha256:<hex>`` of the tar.
@@ -167,7 +177,7 @@ def write_layer(plan: ExportPlan, out: BinaryIO) -> tuple[str, int, str]:
     sink = _HashingWriter(out)
     # Fixed gzip header: mtime 0 and no FNAME (filename=""), and a fixed level: reproducible bytes.
     with gzip.GzipFile(filename="", mode="wb", compresslevel=GZIP_LEVEL, fileobj=sink, mtime=0) as gz:
-        diff_id = write_tar(plan, gz)
+        diff_id = write_prefixed_tar(plan, gz, prefix) if prefix else write_tar(plan, gz)
     return f"sha256:{sink.sha256.hexdigest()}", sink.size, f"sha256:{diff_id}"
 
 
@@ -193,13 +203,14 @@ def architecture() -> str:
 
 
 def image_documents(layers: Sequence[tuple[Layer, ExportPlan]], annotations: dict[str, str],
-                    arch: str) -> tuple[bytes, bytes]:
+                    arch: str, base: BaseImage | None = None) -> tuple[bytes, bytes]:
     """The config and manifest bytes (canonical JSON) of an image made of ``layers``.
 
     Args:
         layers: each pushed layer with the plan it was written from.
         annotations: manifest annotations (also the config's ``Labels``, which ``podman inspect`` shows).
         arch: the config's ``architecture``.
+        base: a base image whose layers come first (its Env/Entrypoint/Cmd/WorkingDir/User kept), or None.
 
     Returns:
         (config_bytes, manifest_bytes).
@@ -207,15 +218,19 @@ def image_documents(layers: Sequence[tuple[Layer, ExportPlan]], annotations: dic
     config = {
         "architecture": arch,
         "os": "linux",
-        "config": {"Labels": annotations},
-        "rootfs": {"type": "layers", "diff_ids": [layer.diff_id for layer, _ in layers]},
+        "config": {**(base.config if base else {}), "Labels": annotations},
+        "rootfs": {"type": "layers", "diff_ids": [*(base.diff_ids if base else ()),
+                                                  *(layer.diff_id for layer, _ in layers)]},
     }
+    if base is not None and base.variant:
+        config["variant"] = base.variant
     config_bytes = _canonical(config)
     manifest = {
         "schemaVersion": 2,
         "mediaType": MANIFEST_TYPE,
         "config": {"mediaType": CONFIG_TYPE, "digest": _sha256(config_bytes), "size": len(config_bytes)},
-        "layers": [{"mediaType": LAYER_GZIP, "digest": layer.digest, "size": layer.size,
+        "layers": [*(base.layers if base else ())] + [{"mediaType": LAYER_GZIP, "digest": layer.digest,
+                                                        "size": layer.size,
                     "annotations": {f"{ANNOTATION_PREFIX}.repos": ",".join(layer.repos),
                                     f"{ANNOTATION_PREFIX}.commits": ",".join(_commits_of(plan))}}
                    for layer, plan in layers],
@@ -230,8 +245,11 @@ def _sha256(data: bytes) -> str:
 
 def push(reference: str, cache_dir: Path, specs: Sequence[str] = (), lock_path: str | os.PathLike[str] | None = None,
          split: str = "repo", plain_http: bool = False, credentials: Credentials | None = None,
-         timeout: float = 60.0, sink: TransferSink | None = None, arch: str | None = None) -> PushReport:
-    """Push the cache (or the given repos, or what a lock pins) to ``reference`` as an OCI image.
+         timeout: float = 60.0, sink: TransferSink | None = None, arch: str | None = None, *,
+         format: str = "image", prefix: str | None = None, sign_key: Path | None = None,
+         base: str | None = None) -> PushReport:
+    """Push the cache (or the given repos, or what a lock pins) to ``reference`` as an OCI image, or one repo at one
+    commit as a CNCF ModelPack artifact (:mod:`hfcache.oci.modelpack`).
 
     Args:
         reference: ``REGISTRY/NAME:TAG`` (a tag, not a digest).
@@ -239,53 +257,142 @@ def push(reference: str, cache_dir: Path, specs: Sequence[str] = (), lock_path: 
         specs: ``REPO_ID[@REVISION]`` to push; with neither specs nor lock, the whole cache.
         lock_path: push exactly what this lock pins; its sha256 is recorded in the ``io.hfcache.lock.sha256``
             annotation (never its path).
-        split: ``repo`` (one layer per repo folder) or ``single``.
+        split: ``repo`` (one layer per repo folder) or ``single`` (image format).
         plain_http: talk HTTP instead of HTTPS.
         credentials: username/password; None reads the auth files (:func:`auth_files`).
         timeout: seconds to wait for a connection or any byte of an answer (metadata answers also end within
             ``HFCACHE_METADATA_DEADLINE`` seconds; uploads keep ``HFCACHE_MIN_RATE``, see :mod:`hfcache.pace`).
         sink: receives upload progress.
         arch: the config's architecture (default: this machine's, :func:`architecture`); the content is portable,
-            but the config, hence the digest, records it.
+            but the config, hence the digest, records it (image format).
+        format: ``image`` (the cache as the image's root filesystem) or ``modelpack`` (one raw layer per file).
+        prefix: a relative folder (``models``) every path of the image or artifact is under; recorded in the
+            ``io.hfcache.prefix`` annotation (pull strips it).
+        sign_key: a PEM EC private key: sign the pushed snapshot's files (model-signing v1.0) and attach the bundle
+            as a referrer of the pushed manifest (one snapshot only).
+        base: a base image on the same registry (``REGISTRY/NAME:TAG`` or ``@sha256:...``) whose layers go first,
+            e.g. one with a shell for KServe's Modelcar (image format; :mod:`hfcache.oci.base_image`).
 
     Returns:
         PushReport.
 
     Raises:
-        UsageError: bad reference or ``arch``, both ``specs`` and ``lock_path``, a repo not in the cache, a bad lock.
+        UsageError: bad reference, ``arch``, ``format`` or ``prefix``, both ``specs`` and ``lock_path``, a repo not in
+            the cache, a bad lock, several snapshots for ``modelpack`` or ``sign_key``, an unusable key.
         CacheError: a cache blob does not match its name or cannot be read, or TMPDIR is full (nothing is pushed).
         RegistryAuthError, EndpointUnreachable, HubError: the registry refused or could not be reached (exit 3).
     """
     from ..warming.lockfile import read_lock
 
     container = _push_target(reference, specs, lock_path, arch)
+    if format not in FORMATS:
+        raise UsageError(f"unknown format {format!r}", hint=f"use one of {', '.join(FORMATS)}")
+    if base and format != "image":
+        raise UsageError("--base is for --format image (a ModelPack artifact is mounted or extracted, never run)",
+                         hint="drop --base, or push --format image")
+    prefix = check_prefix(prefix)
     plan = plan_export(cache_dir, specs, lock=read_lock(lock_path) if lock_path else None)
     if not plan.repos:
         raise UsageError(f"nothing to push: {cache_dir} holds no repo", hint="warm it first (hfcache warm)")
-    annotations = _annotations(plan, split, Path(lock_path) if lock_path else None)
+    lock = Path(lock_path) if lock_path else None
+    if format == "modelpack":
+        return _push_modelpack(reference, container, Path(cache_dir), plan, lock, prefix, sign_key,
+                               (plain_http, credentials, timeout, sink))
+    return _push_image(reference, container, Path(cache_dir), plan, (split, lock, prefix, sign_key, base, arch),
+                       (plain_http, credentials, timeout, sink))
+
+
+def _push_image(reference: str, container, cache_dir: Path, plan: ExportPlan, choices: tuple,
+                connection: tuple) -> PushReport:
+    """Push ``plan`` as an image: layers written to TMPDIR, then (connected) the base read, the documents built,
+    the base's blobs mounted, the layers the registry lacks uploaded, the manifest PUT, the signature attached."""
+    split, lock, prefix, sign_key, base, arch = choices
+    plain_http, credentials, timeout, sink = connection
+    bundle = signed_snapshot(cache_dir, plan, _commits_of(plan), sign_key) if sign_key else None
+    annotations = _annotations(plan, split, lock, prefix)
     try:
         workdir = tempfile.TemporaryDirectory(prefix="hfcache-push-")
     except OSError as exc:
         raise _temp_error(exc, Path(tempfile.gettempdir()) / "hfcache-push") from exc
     with workdir as tmp:
-        layers = _write_layers(plan, split, Path(tmp))
-        config_bytes, manifest_bytes = image_documents([(layer, p) for layer, p, _ in layers], annotations,
-                                                       arch or architecture())
-        config_path = _write_temp(Path(tmp) / "config.json", config_bytes)
+        layers = _write_layers(plan, split, Path(tmp), prefix)
         with network_errors(container.registry, plain_http):
             client = connect(container, plain_http, credentials, timeout)
+            based = read_base(client, container, base, arch or architecture()) if base else None
+            if based is not None:
+                annotations.update({"org.opencontainers.image.base.name": base,
+                                    "org.opencontainers.image.base.digest": based.digest})
+            config_bytes, manifest_bytes = image_documents([(layer, p) for layer, p, _ in layers], annotations,
+                                                           arch or architecture(), based)
+            config_path = _write_temp(Path(tmp) / "config.json", config_bytes)
+            base_sent = mount_base(client, container, based, Path(tmp)) if based else 0
             pushed, config_sent, response = _upload_image(client, container, reference, layers, config_path,
                                                           config_bytes, manifest_bytes, sink)
+            signature = attach_bundle(client, container, manifest_bytes, bundle)
+    digest = _checked_digest(container, manifest_bytes, response)
+    return PushReport(reference=f"{container.registry}/{container.api_prefix}:{container.tag}", digest=digest,
+                      layers=tuple(pushed), split=split, repos=tuple(_commits_of(plan)),
+                      bytes_total=sum(x.size for x in pushed) + len(config_bytes) + len(manifest_bytes)
+                      + sum(x["size"] for x in (based.layers if based else ())),
+                      bytes_uploaded=sum(x.transferred for x in pushed) + config_sent + len(manifest_bytes) + base_sent,
+                      prefix=prefix, signature=signature)
+
+
+def _checked_digest(container, manifest_bytes: bytes, response) -> str:
+    """The manifest's digest, once the registry's answer agrees.
+
+    Raises:
+        HubError: the registry stored it under another digest (it rewrote the manifest).
+    """
     digest = _sha256(manifest_bytes)
     answered = response.headers.get("Docker-Content-Digest")
     if answered and answered != digest:
         raise HubError(f"registry {container.registry} stored the manifest as {registry_text(answered, 100)}, "
                        f"expected {digest}",
                        hint="the registry rewrote the manifest; pull by the digest it gave, or use another registry")
+    return digest
+
+
+def _push_modelpack(reference: str, container, cache_dir: Path, plan: ExportPlan, lock: Path | None, prefix: str,
+                    sign_key: Path | None, connection: tuple) -> PushReport:
+    """Push the one snapshot of ``plan`` as a ModelPack artifact: each distinct blob once (HEAD first), streamed
+    from the cache; then the config, the manifest and (``sign_key``) the signature referrer."""
+    plain_http, credentials, timeout, sink = connection
+    folder, commit, files = model_files(cache_dir, plan, prefix)
+    repo = _commits_of(plan)[0]
+    annotations = {"org.opencontainers.image.title": repo.partition("@")[0], f"{ANNOTATION_PREFIX}.repos": repo,
+                   f"{ANNOTATION_PREFIX}.format": "modelpack"}
+    if prefix:
+        annotations[f"{ANNOTATION_PREFIX}.prefix"] = prefix
+    if lock is not None:
+        annotations[f"{ANNOTATION_PREFIX}.lock.sha256"] = hashlib.sha256(lock.read_bytes()).hexdigest()
+    config_bytes, manifest_bytes = artifact_documents(cache_dir, folder, commit, files, annotations)
+    bundle = sign(files, repo, sign_key) if sign_key else None
+    sent: dict[str, int] = {}
+    with network_errors(container.registry, plain_http):
+        client = connect(container, plain_http, credentials, timeout)
+        layers = []
+        for f in files:
+            transferred = 0 if f.digest in sent else send_file(client, container, f, sink)
+            sent.setdefault(f.digest, transferred)
+            layers.append(Layer(f.digest, f.size, f.digest, (folder,), transferred))
+        config_sent = send_bytes(client, container, config_bytes, "config")
+        response = _put_manifest(client, container, reference, manifest_bytes)
+        signature = attach_bundle(client, container, manifest_bytes, bundle)
+    digest = _checked_digest(container, manifest_bytes, response)
+    distinct = {f.digest: f.size for f in files}
     return PushReport(reference=f"{container.registry}/{container.api_prefix}:{container.tag}", digest=digest,
-                      layers=tuple(pushed), split=split, repos=tuple(_commits_of(plan)),
-                      bytes_total=sum(x.size for x in pushed) + len(config_bytes) + len(manifest_bytes),
-                      bytes_uploaded=sum(x.transferred for x in pushed) + config_sent + len(manifest_bytes))
+                      layers=tuple(layers), split="file", repos=(repo,),
+                      bytes_total=sum(distinct.values()) + len(config_bytes) + len(manifest_bytes),
+                      bytes_uploaded=sum(sent.values()) + config_sent + len(manifest_bytes), format="modelpack",
+                      prefix=prefix, signature=signature)
+
+
+def _put_manifest(client, container, reference: str, manifest_bytes: bytes):
+    response = client.do_request(url(client, container, "manifests", container.tag), "PUT",
+                                 data=manifest_bytes, headers={"Content-Type": MANIFEST_TYPE})
+    check(response, f"push manifest {reference}", 201)
+    return response
 
 
 def _push_target(reference: str, specs: Sequence[str], lock_path: str | os.PathLike[str] | None, arch: str | None):
@@ -317,21 +424,22 @@ def _upload_image(client, container, reference: str, layers: list[tuple[Layer, E
                     upload(client, container, layer.digest, path, layer.size, sink, ",".join(layer.repos)))
               for layer, _, path in layers]
     config_sent = upload(client, container, _sha256(config_bytes), config_path, len(config_bytes), None, "config")
-    response = client.do_request(url(client, container, "manifests", container.tag), "PUT",
-                                 data=manifest_bytes, headers={"Content-Type": MANIFEST_TYPE})
-    check(response, f"push manifest {reference}", 201)
-    return pushed, config_sent, response
+    return pushed, config_sent, _put_manifest(client, container, reference, manifest_bytes)
 
 
-def _annotations(plan: ExportPlan, split: str, lock_path: Path | None) -> dict[str, str]:
+def _annotations(plan: ExportPlan, split: str, lock_path: Path | None, prefix: str = "") -> dict[str, str]:
     """The manifest's annotations: what the image is and which commits it holds; no path, no time, no token."""
+    where = f"/{prefix}" if prefix else "the image root"
     annotations = {
         "org.opencontainers.image.title": "Hugging Face hub cache",
-        "org.opencontainers.image.description": "A Hugging Face hub cache at the image root: mount it at "
-                                                "/opt/hf-cache, set HF_HUB_CACHE=/opt/hf-cache HF_HUB_OFFLINE=1",
+        "org.opencontainers.image.description": f"A Hugging Face hub cache at {where}: mount it at "
+                                                "/opt/hf-cache, set HF_HUB_CACHE=/opt/hf-cache HF_HUB_OFFLINE=1"
+                                                + (f" (a volume: subPath {prefix})" if prefix else ""),
         f"{ANNOTATION_PREFIX}.repos": ",".join(_commits_of(plan)),
         f"{ANNOTATION_PREFIX}.layer-split": split,
     }
+    if prefix:
+        annotations[f"{ANNOTATION_PREFIX}.prefix"] = prefix
     if lock_path is not None:
         annotations[f"{ANNOTATION_PREFIX}.lock.sha256"] = hashlib.sha256(lock_path.read_bytes()).hexdigest()
     return annotations
@@ -354,7 +462,7 @@ def _write_temp(path: Path, data: bytes) -> Path:
     return path
 
 
-def _write_layers(plan: ExportPlan, split: str, folder: Path) -> list[tuple[Layer, ExportPlan, Path]]:
+def _write_layers(plan: ExportPlan, split: str, folder: Path, prefix: str = "") -> list[tuple[Layer, ExportPlan, Path]]:
     """Write the layers of ``plan`` into ``folder``: (layer, its plan, its file) in image order.
 
     Raises:
@@ -365,7 +473,7 @@ def _write_layers(plan: ExportPlan, split: str, folder: Path) -> list[tuple[Laye
         path = folder / f"layer-{index}.tar.gz"
         try:
             with open(path, "wb") as out:
-                digest, size, diff_id = write_layer(layer_plan, out)
+                digest, size, diff_id = write_layer(layer_plan, out, prefix)
         except OSError as exc:
             if exc.filename and not str(exc.filename).startswith(str(folder)):
                 raise CacheError(f"push: cannot read {exc.filename} ({exc.strerror})",

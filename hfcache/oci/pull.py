@@ -10,6 +10,13 @@ target. Nothing goes to ``TMPDIR``; the disk needed is the uncompressed image, o
 front (and while streaming) when it exceeds the free space there or ``max_size``. The compressed bytes count too
 (declared sizes up front, received bytes while streaming): gzip members that inflate to nothing are bytes read.
 
+A ModelPack artifact (``artifactType`` ``application/vnd.cncf.model.manifest.v1+json``) is read by
+:mod:`hfcache.oci.pull_modelpack` into the same importer; an image or artifact pushed with ``--prefix DIR``
+(manifest annotation ``io.hfcache.prefix``) has ``DIR/`` stripped from every entry. What the target already holds is
+not downloaded: a tar layer whose diff_id an earlier pull recorded while every entry it held is unchanged by stat
+(:mod:`hfcache.oci.pull_record`), a raw layer whose blob the target holds (re-hashed). ``verify_key`` checks the
+manifest's signature referrers against the staged digests before publishing (:mod:`hfcache.oci.pull_signed`).
+
 Manifests and configs are read under the metadata deadline, layers under the throughput floor
 (:mod:`hfcache.pace`, enforced in :mod:`hfcache.oci.registry`); registry text reaches messages only through
 :func:`hfcache.oci.registry.registry_text`.
@@ -18,21 +25,20 @@ Manifests and configs are read under the metadata deadline, layers under the thr
 from __future__ import annotations
 
 import gzip
-import hashlib
 import io
-import json
+import re
 import tarfile
 import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import BinaryIO
 
-from ..errors import CacheError, EndpointUnreachable, HubError, IntegrityError, UsageError
+from ..errors import IntegrityError, UsageError
 from .image import ANNOTATION_PREFIX, DIGEST, LAYER_GZIP, MANIFEST_TYPE, Layer
 from .credentials import Credentials
-from .registry import (BlobBody, TransferSink, check, connect, network_errors, parse_reference, read_body,
-                       registry_text, stream_errors, url)
+from .pull_stream import _ALTERED, _CHUNK, Budget, Entry, VerifiedStream, free_space, get_json, sha256_of
+from .registry import (BlobBody, TransferSink, check, connect, network_errors, parse_reference, registry_text,
+                       stream_errors, url)
 
 INDEX_TYPE = "application/vnd.oci.image.index.v1+json"
 DOCKER_MANIFEST = "application/vnd.docker.distribution.manifest.v2+json"
@@ -44,9 +50,9 @@ _ACCEPT = ", ".join((MANIFEST_TYPE, DOCKER_MANIFEST, INDEX_TYPE, DOCKER_LIST))
 #: overlay2 storage refuses images of more than 127 layers anyway; each layer is a request, so this bounds a pull's
 #: requests (and, with the metadata deadline and the throughput floor, its time) however a registry answers.
 MAX_LAYERS = 1000
-_MAX_JSON = 4 * 1024 * 1024  # a manifest or config larger than this is not one of ours (or not one at all)
-_CHUNK = 1024 * 1024
-_ALTERED = "the registry content was altered or is corrupt; nothing was imported"
+#: The manifest annotation ``hfcache push --prefix DIR`` writes: the cache sits under ``DIR/`` in the image.
+PREFIX = f"{ANNOTATION_PREFIX}.prefix"
+_PREFIX_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")  # as push's --prefix (hfcache/oci/modelpack.py)
 
 
 @dataclass(frozen=True)
@@ -58,6 +64,10 @@ class PullReport:
         bytes_downloaded (int): compressed bytes received.
         bytes_unpacked (int): uncompressed layer bytes read (the tar streams).
         imported: the :class:`hfcache.move.importer.ImportReport` of the merge into the target cache.
+        format (str): ``image`` or ``modelpack``; skipped (tuple[str, ...]): digests of the layers not downloaded
+            because the target already held their content; signed_by (str | None): the key fingerprint the
+            signatures verified with (``--verify-key``); record_saved (bool): the tar layers imported were recorded
+            for the next pull's skips (image format).
     """
 
     reference: str
@@ -66,125 +76,10 @@ class PullReport:
     bytes_downloaded: int
     bytes_unpacked: int
     imported: object
-
-
-class _Budget:
-    """The bytes a pull may unpack, and download: ``max_size`` (exit 2) and the free space on the cache's
-    filesystem when the pull started (exit 5). Every layer's tar stream counts (``used``), and an entry is refused
-    before it is staged; the compressed bytes count on their own (``wire``: a gzip layer is never smaller than its
-    tar, except for a stream of empty gzip members, which inflates to nothing and would otherwise be read forever)."""
-
-    def __init__(self, max_size: int | None, free: int, where: Path) -> None:
-        self.max_size, self.free, self.where, self.used, self.wire = max_size, free, where, 0, 0
-
-    def check(self, more: int, what: str, *, wire: bool = False) -> None:
-        total, verb = (self.wire + more, "downloads") if wire else (self.used + more, "unpacks to")
-        if self.max_size is not None and total > self.max_size:
-            raise UsageError(f"refused {what}: the image {verb} more than --max-size ({self.max_size} bytes); "
-                             "nothing was imported", hint="raise --max-size if you trust this image")
-        if total > self.free:
-            raise CacheError(f"refused {what}: the image {verb} more than the {self.free} bytes free on "
-                             f"{self.where}'s filesystem; nothing was imported",
-                             hint="free disk space or pull into another --cache-dir")
-
-    def take(self, n: int, what: str, *, wire: bool = False) -> None:
-        self.check(n, what, wire=wire)
-        if wire:
-            self.wire += n
-        else:
-            self.used += n
-
-
-class _VerifiedStream(io.RawIOBase):
-    """Reads ``source``, hashing every byte; refuses more than ``limit`` bytes (a blob larger than declared) and
-    more than the ``budget``. Errors of ``source`` become hfcache errors naming the layer: ``network`` errors
-    (urllib3's, sockets') exit 3 as unreachable, ``corrupt`` ones (gzip's, zlib's) exit 3 as altered content."""
-
-    def __init__(self, source, what: str, *, limit: int | None = None, sink: TransferSink | None = None,
-                 budget: _Budget | None = None, wire: bool = False, network: tuple = (), corrupt: tuple = ()) -> None:
-        self._source, self._what, self._limit, self._sink, self._budget = source, what, limit, sink, budget
-        self._wire, self._network, self._corrupt = wire, network, corrupt
-        self.sha256, self.size = hashlib.sha256(), 0
-
-    def readable(self) -> bool:
-        return True
-
-    def readinto(self, buffer) -> int:
-        try:
-            data = self._source.read(len(buffer))
-        except self._network as exc:
-            raise EndpointUnreachable(f"layer {self._what}: the download failed ({type(exc).__name__})",
-                                      hint="check the registry and try again; nothing was imported") from None
-        except self._corrupt as exc:
-            raise IntegrityError(f"refused layer {self._what}: not a readable tar+gzip ({type(exc).__name__})",
-                                 hint=_ALTERED) from None
-        n = len(data)
-        buffer[:n] = data
-        self.size += n
-        if self._limit is not None and self.size > self._limit:
-            raise IntegrityError(f"refused layer {self._what}: larger than the {self._limit} bytes its manifest "
-                                 "declares", hint=_ALTERED)
-        if self._budget is not None:
-            self._budget.take(n, f"layer {self._what}", wire=self._wire)
-        self.sha256.update(data)
-        if self._sink is not None and n:
-            self._sink.advance(n)
-        return n
-
-    def digest(self) -> str:
-        return f"sha256:{self.sha256.hexdigest()}"
-
-
-class _Entry(io.RawIOBase):
-    """An entry's content as the importer reads it; a tar that breaks mid-entry is the layer's fault (exit 3)."""
-
-    def __init__(self, stream: BinaryIO, what: str) -> None:
-        self._stream, self._what = stream, what
-
-    def readable(self) -> bool:
-        return True
-
-    def read(self, size: int = -1) -> bytes:
-        try:
-            return self._stream.read(size)
-        except (tarfile.TarError, EOFError) as exc:
-            raise IntegrityError(f"refused layer {self._what}: its tar ends inside an entry ({exc})",
-                                 hint=_ALTERED) from None
-
-
-def _get_json(client, container, address: str, what: str, accept: str,
-              expected_digest: str | None) -> tuple[dict, bytes, str | None]:
-    """GET a manifest or config (at most ``_MAX_JSON`` bytes) checked against ``expected_digest``.
-
-    Returns:
-        (document, body, media type of the answer).
-    """
-    response = client.do_request(address, "GET", headers={"Accept": accept}, stream=True)
-    with response:
-        if response.status_code == 404:
-            raise HubError(f"{what}: not found in {container.registry}/{container.api_prefix}",
-                           hint="check the name and the tag or digest (`skopeo list-tags docker://REGISTRY/NAME`)")
-        check(response, what, 200)
-        body = read_body(response, _MAX_JSON + 1, container.registry)
-        answered = response.headers.get("Docker-Content-Digest")
-        media_type = response.headers.get("Content-Type", "").split(";")[0].strip() or None
-    if len(body) > _MAX_JSON:
-        raise UsageError(f"{what}: larger than {_MAX_JSON} bytes; not an hfcache image",
-                         hint="pull images written by `hfcache push`")
-    expected = expected_digest or (answered if answered and DIGEST.fullmatch(answered) else None)
-    if expected and _sha256(body) != expected:
-        raise IntegrityError(f"{what}: content does not match its digest {expected}", hint=_ALTERED)
-    try:
-        document = json.loads(body)
-    except (ValueError, RecursionError):
-        raise UsageError(f"{what}: not JSON", hint="pull images written by `hfcache push`") from None
-    if not isinstance(document, dict):
-        raise UsageError(f"{what}: not a JSON object", hint="pull images written by `hfcache push`")
-    return document, body, media_type
-
-
-def _sha256(data: bytes) -> str:
-    return f"sha256:{hashlib.sha256(data).hexdigest()}"
+    format: str = "image"
+    skipped: tuple[str, ...] = ()
+    signed_by: str | None = None
+    record_saved: bool = False
 
 
 def _refuse_index(manifest: dict, media_type: str | None, reference: str) -> None:
@@ -222,12 +117,12 @@ def _layers_of(manifest: dict, config: dict, reference: str) -> list[tuple[dict,
     return out
 
 
-def _layer_members(client, container, layer: dict, diff_id: str, sink: TransferSink | None, budget: _Budget,
-                   received: list[Layer]) -> Iterator:
+def _layer_members(client, container, layer: dict, diff_id: str, sink: TransferSink | None, budget: Budget,
+                   received: list[Layer], seen=None) -> Iterator:
     """The tar entries of one layer as the importer takes them; at the layer's end, its digest, size and diff_id
     are checked (IntegrityError, before the importer publishes anything), and the layer is appended to ``received``.
     Every error is an hfcache error here: a requests error (an OSError) reaching the importer would read as a cache
-    error.
+    error. ``seen`` (an :class:`_Observer`) renames entries (the image's prefix) and notes what they are.
     """
     from ..move.import_source import tar_members
 
@@ -239,16 +134,23 @@ def _layer_members(client, container, layer: dict, diff_id: str, sink: TransferS
         repos = _annotated_repos(layer)
         if sink is not None:
             sink.begin(",".join(repos)[:60] or digest[7:19], layer["size"])
-        compressed = _VerifiedStream(BlobBody(response, container.registry, f"layer {digest}"), digest,
-                                     limit=layer["size"], sink=sink, budget=budget, wire=True, network=stream_errors())
+        compressed = VerifiedStream(BlobBody(response, container.registry, f"layer {digest}"), digest,
+                                    limit=layer["size"], sink=sink, budget=budget, wire=True, network=stream_errors())
         raw = io.BufferedReader(compressed, _CHUNK)
         unpacked = gzip.GzipFile(fileobj=raw, mode="rb") if layer["mediaType"] != LAYER_TAR else raw
-        tar_stream = _VerifiedStream(unpacked, digest, budget=budget, corrupt=(OSError, EOFError, zlib.error))
+        tar_stream = VerifiedStream(unpacked, digest, budget=budget, corrupt=(OSError, EOFError, zlib.error))
         try:
             for member, stream in tar_members(io.BufferedReader(tar_stream, _CHUNK), mode="r|"):
                 if member.kind == "file":
                     budget.check(member.size, f"entry {member.name[:100]!r}")
-                yield member, (_Entry(stream, digest) if stream is not None else None)
+                entry = Entry(stream, digest) if stream is not None else None
+                if seen is not None:
+                    member, entry = seen.entry(diff_id, member, entry)
+                    if member is None:
+                        continue
+                yield member, entry
+                if seen is not None:
+                    seen.done()
             while tar_stream.read(_CHUNK):  # the tar's end padding: the diff_id covers every byte
                 pass
             while raw.read(_CHUNK):  # gzip trailers or concatenated members after the tar
@@ -257,6 +159,82 @@ def _layer_members(client, container, layer: dict, diff_id: str, sink: TransferS
             raise IntegrityError(f"refused layer {digest}: not a readable tar ({exc})", hint=_ALTERED) from None
     _verify_layer(layer, diff_id, compressed, tar_stream)
     received.append(Layer(digest, layer["size"], diff_id, repos, compressed.size))
+
+
+class _Observer:
+    """What the image format's pull learns from each tar entry: the name without the image's prefix, the entry
+    names per layer (for :mod:`hfcache.oci.pull_record`) and, with ``--verify-key``, each file's sha256."""
+
+    def __init__(self, prefix: str | None, reference: str, cache_dir: Path, files=None) -> None:
+        self.prefix, self.reference, self.files, self.cache_dir = prefix, reference, files, cache_dir
+        self.names: dict[str, list[str]] = {}
+        self._pending = None
+
+    def entry(self, diff_id: str, member, stream):
+        """(member renamed, stream) to give the importer, or (None, None) for the prefix folder itself.
+
+        Raises:
+            UsageError: an entry outside the prefix (exit 2).
+        """
+        from .pull_record import entry_name
+        from .pull_signed import HashingStream
+
+        if self.prefix is not None:
+            member.name = self._strip(member.name, member.kind)
+            if member.name is None:
+                return None, None
+            if member.kind == "hardlink":
+                member.linkname = self._strip(member.linkname, "file") or member.linkname
+        name = entry_name(member.name.removeprefix("./").rstrip("/")) if member.kind != "dir" else None
+        if name is not None:
+            self.names.setdefault(diff_id, []).append(name)
+            self._held_blob(name, member)
+        if self.files is not None and stream is not None:
+            stream = HashingStream(stream)
+        self._pending = (member, stream)
+        return member, stream
+
+    def done(self) -> None:
+        """The importer consumed the pending entry: note its hash."""
+        member, stream = self._pending
+        if self.files is not None:
+            self.files.note(member, stream.sha256.hexdigest() if stream is not None else None)
+
+    def _held_blob(self, name: str, member) -> None:
+        """A blob the target already has is re-hashed: import keeps what the target holds, so a blob a member
+        rewrote (same size, other bytes) would stay behind the pulled snapshot; it refuses the pull instead."""
+        from ..integrity.hashing import algorithm_of
+        from .pull_modelpack import held_locally
+
+        parts = name.split("/")
+        if member.kind == "file" and len(parts) == 3 and parts[1] == "blobs" and algorithm_of(parts[2]):
+            held_locally(self.cache_dir, parts[0], parts[2], member.size)
+
+    def _strip(self, name: str, kind: str) -> str | None:
+        clean = name.removeprefix("./").rstrip("/")
+        if kind == "dir" and (clean in ("", ".", self.prefix) or self.prefix.startswith(f"{clean}/")):
+            return None  # the prefix's own folders
+        if not clean.startswith(f"{self.prefix}/"):
+            raise UsageError(f"refused entry {registry_text(clean[:100], 100)!r}: outside the image's prefix "
+                             f"{self.prefix!r}", hint="hfcache pull reads the images hfcache push writes")
+        return clean[len(self.prefix) + 1:]
+
+
+def _prefix_of(manifest: dict, reference: str) -> str | None:
+    """The manifest's ``io.hfcache.prefix`` (a relative folder of at most 8 plain names, e.g. ``models``), or None.
+
+    Raises:
+        UsageError: a prefix that is not such a folder (exit 2).
+    """
+    annotations = manifest.get("annotations") if isinstance(manifest.get("annotations"), dict) else {}
+    prefix = annotations.get(PREFIX)
+    if prefix is None:
+        return None
+    parts = prefix.split("/") if isinstance(prefix, str) else []
+    if not 0 < len(parts) <= 8 or not all(_PREFIX_NAME.fullmatch(p) and p not in (".", "..") for p in parts):
+        raise UsageError(f"{reference}: its {PREFIX} annotation {registry_text(repr(prefix), 80)} is not a relative "
+                         "folder such as models", hint="hfcache pull reads the images hfcache push --prefix DIR writes")
+    return prefix
 
 
 def _annotated_repos(layer: dict) -> tuple[str, ...]:
@@ -269,7 +247,7 @@ def _annotated_repos(layer: dict) -> tuple[str, ...]:
     return tuple(name for name in names[:1000] if name and name.isprintable() and parse_folder_name(name))
 
 
-def _verify_layer(layer: dict, diff_id: str, compressed: _VerifiedStream, tar_stream: _VerifiedStream) -> None:
+def _verify_layer(layer: dict, diff_id: str, compressed: VerifiedStream, tar_stream: VerifiedStream) -> None:
     digest = layer["digest"]
     if compressed.size != layer["size"]:
         raise IntegrityError(f"refused layer {digest}: the registry sent {compressed.size} bytes, its manifest "
@@ -281,74 +259,162 @@ def _verify_layer(layer: dict, diff_id: str, compressed: _VerifiedStream, tar_st
                              hint="the image config and the layer disagree; nothing was imported")
 
 
-def _free_space(cache_dir: Path) -> tuple[int, Path]:
-    """Free bytes on the filesystem that holds (or will hold) ``cache_dir``: its nearest existing folder's."""
-    from ..move.import_staging import free_bytes
-
-    folder = cache_dir
-    while not folder.exists() and folder != folder.parent:
-        folder = folder.parent
-    return free_bytes(folder), folder
-
-
 def pull(reference: str, cache_dir: Path, plain_http: bool = False, credentials: Credentials | None = None,
          timeout: float = 60.0, sink: TransferSink | None = None, move_refs: bool = False,
-         max_size: int | None = None, lock_timeout: float = 600.0, on_lock_wait=None) -> PullReport:
-    """Pull the image ``reference`` and merge its cache into ``cache_dir``, every digest checked first.
+         max_size: int | None = None, lock_timeout: float = 600.0, on_lock_wait=None,
+         verify_key: Path | None = None) -> PullReport:
+    """Pull the image or ModelPack artifact ``reference`` and merge its cache into ``cache_dir``, every digest
+    checked first; layers whose content the target already holds are not downloaded.
 
     Args:
         reference: ``REGISTRY/NAME[:TAG][@sha256:...]``.
         cache_dir: the target cache (created if missing; removed again if the pull fails).
         plain_http (bool): HTTP instead of HTTPS; credentials: None reads the auth files when the registry asks;
         timeout (float): seconds to wait for a connection or any byte of an answer (each metadata answer must also end
-            within ``HFCACHE_METADATA_DEADLINE`` seconds, each layer keep ``HFCACHE_MIN_RATE``);
-        sink: download progress.
+            within ``HFCACHE_METADATA_DEADLINE`` seconds, each layer keep ``HFCACHE_MIN_RATE``); sink: progress.
         move_refs: a ref the target has at another commit moves to the image's (else that refuses the pull).
         max_size: refuse an image whose layers unpack to more bytes than this (None: no bound but free space).
         lock_timeout, on_lock_wait: as for :func:`hfcache.move.importer.import_cache` (the bounded wait for repo locks).
+        verify_key: a public key (PEM path): the manifest's model-signing bundles must sign every pulled snapshot
+            under it before anything is published (:mod:`hfcache.oci.pull_signed`); tar layers are then all read.
 
     Returns:
         PullReport.
 
     Raises:
-        IntegrityError: a manifest, config or layer does not match its digest or size (or a layer its diff_id);
-            the message names the digest; nothing is written to the target.
-        UsageError: not an image hfcache can read (an index, no such tag), larger than ``max_size`` (compressed or
-            unpacked), or content
-            ``hfcache import`` refuses (nothing is written).
-        CheckFailed: the target holds an entry with other content, or a ref elsewhere (see ``import_members``).
+        IntegrityError: a manifest, config or layer does not match its digest or size (or a layer its diff_id, a raw
+            layer its ``io.hfcache.etag``); the message names the digest; nothing is written to the target.
+        UsageError: not an image hfcache can read (an index, no such tag, a ModelPack artifact of another tool),
+            larger than ``max_size`` (compressed or unpacked), content ``hfcache import`` refuses (nothing written).
+        CheckFailed: the target holds an entry with other content, or a ref elsewhere (see ``import_members``), or a
+            blob that does not hash to its name; with ``verify_key``: unsigned, or not signed by that key (exit 1).
         RegistryAuthError, EndpointUnreachable, HubError: the registry refused or could not be reached, missed the
             metadata deadline or the body floor, or redirected to a host that asks for credentials (never answered).
         CacheError: the target cannot be written, or the image does not fit in its free space.
         LockTimeout: a repo's lock stayed held for ``lock_timeout`` seconds (exit 5); nothing is written then.
     """
     from ..move.importer import import_members
+    from .pull_modelpack import ArtifactSource, is_modelpack, plan_artifact
 
-    container = parse_reference(reference)
+    container, cache_dir = parse_reference(reference), Path(cache_dir)
     with network_errors(container.registry, plain_http):
         client = connect(container, plain_http, credentials, timeout)
-        manifest, body, media_type = _get_json(client, container,
-                                               url(client, container, "manifests", container.digest or container.tag),
-                                               f"manifest {reference}", _ACCEPT, container.digest)
-        _refuse_index(manifest, media_type, reference)
-        descriptor = manifest.get("config") if isinstance(manifest.get("config"), dict) else {}
-        if not DIGEST.fullmatch(str(descriptor.get("digest"))):
-            raise UsageError(f"{reference}: the manifest has no valid config descriptor",
-                             hint="hfcache pull reads the images hfcache push writes")
-        config, _, _ = _get_json(client, container, url(client, container, "blobs", descriptor["digest"]),
-                                 f"config {descriptor['digest']}", "*/*", descriptor["digest"])
-        layers = _layers_of(manifest, config, reference)
-        free, where = _free_space(Path(cache_dir))
-        budget = _Budget(max_size, free, where)
-        budget.check(sum(layer["size"] for layer, _ in layers), f"image {reference}", wire=True)
-        received: list[Layer] = []
-
-        def members() -> Iterator:
-            for layer, diff_id in layers:
-                yield from _layer_members(client, container, layer, diff_id, sink, budget, received)
-
-        imported = import_members(members, Path(cache_dir), move_refs=move_refs, lock_timeout=lock_timeout,
-                                  on_lock_wait=on_lock_wait)
-    return PullReport(reference=reference, digest=_sha256(body), layers=tuple(received),
+        manifest, digest, descriptor, config = _documents(client, container, reference)
+        prefix = _prefix_of(manifest, reference)
+        budget = Budget(max_size, *free_space(cache_dir))
+        if is_modelpack(manifest, descriptor):
+            source = ArtifactSource(client, container, plan_artifact(manifest, config, reference, prefix), cache_dir,
+                                    sink, budget)
+        else:
+            source = _ImageSource(client, container, _layers_of(manifest, config, reference), prefix, cache_dir, sink,
+                                  budget, reference, signed=verify_key is not None)
+        found = _bundles(client, container, digest, reference) if verify_key is not None else None
+        signed_by: list[str] = []
+        imported = import_members(lambda: _checked(source, found, verify_key, signed_by), cache_dir,
+                                  move_refs=move_refs, lock_timeout=lock_timeout, on_lock_wait=on_lock_wait)
+    received, imported = source.received, _with_held(imported, *source.held_counts())
+    saved = source.after() if isinstance(source, _ImageSource) else False  # after held_counts: it updates the record
+    return PullReport(reference=reference, digest=digest, layers=tuple(received),
                       bytes_downloaded=sum(x.transferred for x in received), bytes_unpacked=budget.used,
-                      imported=imported)
+                      imported=imported, format="image" if isinstance(source, _ImageSource) else "modelpack",
+                      skipped=tuple(source.skipped), signed_by=signed_by[0] if signed_by else None, record_saved=saved)
+
+
+def _checked(source, found: list[bytes] | None, verify_key: Path | None, signed_by: list[str]) -> Iterator:
+    """The source's entries; then, with ``--verify-key``, the signatures checked (every layer was read and checked,
+    nothing is published yet: a failure here publishes nothing). The key fingerprint is appended to ``signed_by``."""
+    yield from source.members()
+    if found is not None:
+        from .pull_signed import verify_snapshots
+
+        signed_by.append(verify_snapshots(found, source.signed_files(), Path(verify_key)))
+
+
+def _documents(client, container, reference: str) -> tuple[dict, str, dict, dict]:
+    """The manifest (by digest, or by tag checked against ``Docker-Content-Digest``) and its config (by digest).
+
+    Returns:
+        (manifest, its ``sha256:<hex>``, the config descriptor, the config).
+    """
+    manifest, body, media_type = get_json(client, container,
+                                          url(client, container, "manifests", container.digest or container.tag),
+                                          f"manifest {reference}", _ACCEPT, container.digest)
+    _refuse_index(manifest, media_type, reference)
+    descriptor = manifest.get("config") if isinstance(manifest.get("config"), dict) else {}
+    if not DIGEST.fullmatch(str(descriptor.get("digest"))):
+        raise UsageError(f"{reference}: the manifest has no valid config descriptor",
+                         hint="hfcache pull reads the images hfcache push writes")
+    config, _, _ = get_json(client, container, url(client, container, "blobs", descriptor["digest"]),
+                            f"config {descriptor['digest']}", "*/*", descriptor["digest"])
+    return manifest, sha256_of(body), descriptor, config
+
+
+def _with_held(imported, repos: set[str], files: int, blobs: set[tuple[str, str]]):
+    """The import's report with what the skipped layers hold counted as already there (it is: checked by stat or
+    re-hashed), so that a pull of what the cache has reports its files and blobs as existing, none new."""
+    import dataclasses
+
+    return dataclasses.replace(imported, repos=tuple(sorted(set(imported.repos) | repos)),
+                               files=imported.files + files, blobs_existing=imported.blobs_existing + len(blobs),
+                               blob_contents=imported.blob_contents + len({etag for _, etag in blobs}))
+
+
+def _bundles(client, container, digest: str, reference: str) -> list[bytes]:
+    from .pull_signed import fetch_bundles
+
+    return fetch_bundles(client, container, digest, reference)
+
+
+class _ImageSource:
+    """The entries of an image's tar layers for the importer; a layer the target still holds (its diff_id recorded
+    by an earlier pull, :mod:`hfcache.oci.pull_record`) is skipped unless every file must be hashed (``signed``)."""
+
+    def __init__(self, client, container, layers: list[tuple[dict, str]], prefix: str | None, cache_dir: Path,
+                 sink: TransferSink | None, budget: Budget, reference: str, *, signed: bool) -> None:
+        from . import pull_record
+        from .pull_signed import TarFiles
+
+        self.client, self.container, self.layers, self.cache_dir = client, container, layers, cache_dir
+        self.sink, self.budget = sink, budget
+        self.record = pull_record.load(str(cache_dir)) if cache_dir.is_dir() else {}
+        self.held = set() if signed else {diff_id for layer, diff_id in layers if pull_record.still_held(
+            str(cache_dir), self.record, diff_id, _annotated_commits(layer))}
+        self.files = TarFiles() if signed else None
+        self.seen = _Observer(prefix, reference, cache_dir, self.files)
+        self.received: list[Layer] = []
+        self.skipped: list[str] = []
+        budget.check(sum(layer["size"] for layer, diff_id in layers if diff_id not in self.held),
+                     f"image {reference}", wire=True)
+
+    def members(self) -> Iterator:
+        for layer, diff_id in self.layers:
+            if diff_id in self.held:
+                self.skipped.append(layer["digest"])
+                self.received.append(Layer(layer["digest"], layer["size"], diff_id, _annotated_repos(layer), 0))
+                continue
+            yield from _layer_members(self.client, self.container, layer, diff_id, self.sink, self.budget,
+                                      self.received, self.seen)
+
+    def signed_files(self) -> dict[str, dict[str, str]]:
+        return self.files.snapshots(self.cache_dir) if self.files is not None else {}
+
+    def held_counts(self) -> tuple[set[str], int, set[tuple[str, str]]]:
+        """(repo folders, snapshot entries, (folder, etag) blobs) of the layers skipped, from the record."""
+        names = [name.split("/") for diff_id in self.held for name in self.record[diff_id]["entries"]]
+        return ({p[0] for p in names}, sum(1 for p in names if p[1] == "snapshots"),
+                {(p[0], p[2]) for p in names if p[1] == "blobs"})
+
+    def after(self) -> bool:
+        """Record the layers this pull imported (after publishing), for the next pull's skips."""
+        from . import pull_record
+
+        imported = {diff_id: self.seen.names.get(diff_id, []) for _, diff_id in self.layers
+                    if diff_id not in self.held}
+        return pull_record.save(str(self.cache_dir), self.record, imported)
+
+
+def _annotated_commits(layer: dict) -> list[str]:
+    """The commits a layer's ``io.hfcache.commits`` annotation names (``repo_id@commit,...``)."""
+    annotations = layer.get("annotations") if isinstance(layer.get("annotations"), dict) else {}
+    names = str(annotations.get(f"{ANNOTATION_PREFIX}.commits", "")).split(",")
+    return [name.rsplit("@", 1)[-1] for name in names[:10000] if "@" in name]

@@ -25,6 +25,8 @@ PAGES = {
     "env": "offline.md", "exec": "offline.md", "doctor": "offline.md",
     "prune": "prune.md",
     "serve": "serve.md",
+    "path": "runtimes.md",
+    "sign": "oci.md",
 }
 
 

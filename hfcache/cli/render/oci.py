@@ -44,11 +44,15 @@ def show_push(report: Any, *, as_json: bool) -> None:
     """push's result: JSON, or one line on stderr and ``REF@DIGEST`` on stdout (for scripts)."""
     if as_json:
         print_json({"ok": True, "reference": report.reference, "digest": report.digest, "split": report.split,
+                    "format": report.format, "prefix": report.prefix, "signature": report.signature or None,
                     "repos": list(report.repos), "layers": _layers_json(report.layers),
                     "bytes_total": report.bytes_total, "bytes_uploaded": report.bytes_uploaded})
         return
-    stderr.print(f"pushed {len(report.repos)} revision(s) in {len(report.layers)} layer(s) "
-                 f"({human_size(report.bytes_uploaded)} sent of {human_size(report.bytes_total)})")
+    kind = "a ModelPack artifact" if report.format == "modelpack" else "an image"
+    where = f" under {report.prefix}/" if report.prefix else ""
+    stderr.print(f"pushed {len(report.repos)} revision(s) as {kind}{where} in {len(report.layers)} layer(s) "
+                 f"({human_size(report.bytes_uploaded)} sent of {human_size(report.bytes_total)})"
+                 + (f"; signed (referrer {report.signature[:19]})" if report.signature else ""))
     sys.stdout.write(f"{report.reference}@{report.digest}\n")
     sys.stdout.flush()
 
@@ -63,11 +67,17 @@ def show_pull(report: Any, *, as_json: bool) -> None:
                     "repos": list(imported.repos), "files": imported.files, "blobs_new": imported.blobs_new,
                     "blobs_existing": imported.blobs_existing,
                     "blob_contents": imported.blob_contents, "bytes_new": imported.bytes_new,
-                    "moved_refs": list(imported.moved)})
+                    "moved_refs": list(imported.moved), "format": getattr(report, "format", "image"),
+                    "skipped_layers": list(getattr(report, "skipped", ())),
+                    "signed_by": getattr(report, "signed_by", None)})
         return
-    stdout.print(f"pulled {report.reference} ({report.digest[:19]}): {len(report.layers)} layer(s), "
+    skipped = len(getattr(report, "skipped", ()))
+    held = f" ({skipped} already in the cache, not downloaded)" if skipped else ""
+    stdout.print(f"pulled {report.reference} ({report.digest[:19]}): {len(report.layers)} layer(s){held}, "
                  f"{human_size(report.bytes_downloaded)}; {len(imported.repos)} repo(s) into {imported.cache_dir}, "
                  f"{imported.blobs_new} new blob entries, {imported.blobs_existing} already there; "
                  f"{imported.blob_contents} distinct blobs")
+    if getattr(report, "signed_by", None) is not None:
+        stdout.print(f"signatures verified (key {report.signed_by or 'given'}) before anything was written")
     for ref in imported.moved:
         stdout.print(f"moved the target's {ref} to the image's commit (--move-refs)")

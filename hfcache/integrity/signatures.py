@@ -1,0 +1,351 @@
+"""signatures: OpenSSF model-signing v1.0 bundles over a snapshot's files, from the digests hfcache already holds.
+
+A bundle is what ``model_signing sign key`` (sigstore/model-transparency, ``model-signing`` 1.1.1) writes: a Sigstore
+bundle (``application/vnd.dev.sigstore.bundle.v0.3+json``) around a DSSE envelope whose in-toto statement
+(``predicateType https://model_signing/signature/v1.0``) lists every file of the model with its sha256, signed with
+an EC key (P-256, P-384 or P-521; fully offline). hfcache builds that statement from ``{path: sha256}`` (the Hugging
+Face LFS etag is the sha256 of the file; the small regular files are hashed), never by walking a folder, and checks
+a bundle against such a mapping: the same manifest ``model_signing verify key --allow_symlinks SNAPSHOT_DIR``
+computes for ``<cache>/models--ORG--NAME/snapshots/<commit>`` (its symlinks into ``../../blobs`` need
+``--allow_symlinks``).
+
+Paths model_signing ignores by default (``.git/``, ``.gitattributes``, ``.github/``, ``.gitignore``: its
+``ignore_git_paths``), and those a bundle lists in ``serialization.ignore_paths``, are left out on both sides, so a
+bundle made by either tool verifies with the other.
+
+``model_signing`` is the optional extra ``sign`` and is imported only when a bundle is made or checked; without it
+the error is one line naming ``pip install 'hfcache[sign]'`` (exit 2).
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import contextlib
+import hashlib
+import io
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path, PurePosixPath
+
+from ..bounds import TooDeep, loads_json
+from ..errors import CheckFailed, UsageError
+
+#: The media type of a model-signing bundle (a Sigstore bundle v0.3), as an OCI artifact type.
+BUNDLE_MEDIA_TYPE = "application/vnd.dev.sigstore.bundle.v0.3+json"
+#: The in-toto predicate type of model-signing v1.0.
+PREDICATE_TYPE = "https://model_signing/signature/v1.0"
+#: A bundle larger than this is refused unread (a statement of 1,000,000 files is ~150 MB; 64 MiB holds ~400,000).
+MAX_BUNDLE_BYTES = 64 * 1024 * 1024
+#: What ``model_signing`` leaves out of a model by default (``hashing.Config`` ``ignore_git_paths=True``).
+GIT_PATHS = (".git", ".gitattributes", ".github", ".gitignore")
+_SHA256 = re.compile(r"^[0-9a-f]{64}$")
+_INSTALL_HINT = "pip install 'hfcache[sign]'"
+
+
+class SignatureMismatch(CheckFailed):
+    """A bundle does not prove the files (exit 1): a bad signature, the wrong key, or files that differ.
+
+    Attributes:
+        unsigned (tuple[str, ...]): files present but not in the bundle.
+        changed (tuple[str, ...]): files whose sha256 differs from the bundle's.
+        missing (tuple[str, ...]): files in the bundle but not present.
+        reason (str): ``files`` for a file difference, ``unsigned`` when no signature is attached
+            (:func:`verify_any`), else ``signature`` (bad signature, wrong key, not a model-signing bundle).
+    """
+
+    def __init__(self, message: str, *, reason: str, unsigned: tuple[str, ...] = (), changed: tuple[str, ...] = (),
+                 missing: tuple[str, ...] = (), hint: str | None = None) -> None:
+        super().__init__(message, hint=hint)
+        self.reason, self.unsigned, self.changed, self.missing = reason, unsigned, changed, missing
+
+
+@dataclass(frozen=True)
+class SignatureCheck:
+    """A bundle that verified.
+
+    Attributes:
+        model_name (str): the statement's subject name (informative only: model_signing does not check it).
+        signed (tuple[str, ...]): the files the bundle signs, sorted (all present with these digests).
+        ignored (tuple[str, ...]): files of ``files`` left out because the bundle or model_signing ignores them.
+        key_fingerprint (str): sha256 hex of the public key's PEM (SubjectPublicKeyInfo), as the bundle's key hint.
+        root_digest (str): the statement subject's sha256 (over the file digests in path order).
+    """
+
+    model_name: str
+    signed: tuple[str, ...]
+    ignored: tuple[str, ...]
+    key_fingerprint: str
+    root_digest: str
+
+
+def _library():
+    """The model_signing modules hfcache uses, imported on first use (the optional extra ``sign``)."""
+    try:
+        from model_signing import manifest
+        from model_signing._hashing import hashing as digests
+        from model_signing._signing import sign_ec_key, sign_sigstore_pb, signing
+    except ImportError as exc:
+        raise UsageError(f"signing needs the model-signing library ({exc.name or exc} is not installed)",
+                         hint=_INSTALL_HINT) from None
+    return manifest, digests, sign_ec_key, sign_sigstore_pb, signing
+
+
+def read_user_file(path: Path, what: str, limit: int) -> bytes:
+    """At most ``limit`` bytes of a file the user named (a key, a bundle): opened ``O_NONBLOCK`` (a FIFO never
+    blocks), a regular file only.
+
+    Raises:
+        UsageError: unreadable, not a regular file, or larger than ``limit`` (exit 2, naming it)."""
+    import os
+    import stat
+
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    except OSError as exc:
+        raise UsageError(f"cannot read {what} {path}: {exc.strerror or exc}") from None
+    with os.fdopen(fd, "rb") as f:
+        st = os.fstat(f.fileno())
+        if not stat.S_ISREG(st.st_mode):
+            raise UsageError(f"{what} {path} is not a regular file")
+        data = f.read(limit + 1)
+    if len(data) > limit:
+        raise UsageError(f"{what} {path} is larger than {limit} bytes: refused")
+    return data
+
+
+_KEY_LIMIT = 1024 * 1024
+
+
+def ignored_path(path: str, extra: tuple[str, ...] = ()) -> bool:
+    """True when ``path`` (``/``-separated, relative) is one model_signing leaves out: a git path (:data:`GIT_PATHS`)
+    or below one of ``extra`` (a bundle's ``serialization.ignore_paths``)."""
+    pure = PurePosixPath(path)
+    return any(pure == PurePosixPath(p) or pure.is_relative_to(p) for p in (*GIT_PATHS, *extra) if p not in ("", "."))
+
+
+def _checked_files(files: Mapping[str, str]) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for path, digest in files.items():
+        if not isinstance(path, str) or not path or path.startswith("/") or ".." in path.split("/") \
+                or "\\" in path or "\0" in path:
+            raise UsageError(f"cannot sign {path!r}: not a relative path in the snapshot")
+        if not isinstance(digest, str) or not _SHA256.fullmatch(digest):
+            raise UsageError(f"cannot sign {path}: {digest!r} is not a sha256 hex digest")
+        out[path] = digest
+    return out
+
+
+def _load_private_key(private_key: Path, password: bytes | None):
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+
+    data = read_user_file(Path(private_key), "the signing key", _KEY_LIMIT)
+    try:
+        key = serialization.load_pem_private_key(data, password)
+    except TypeError:  # encrypted without a password, or a password for a key that has none
+        raise UsageError(f"{private_key}: " + ("the key is encrypted: give its password" if password is None
+                                               else "the key is not encrypted: give no password"),
+                         hint="--password-stdin reads the password from standard input") from None
+    except ValueError:
+        raise UsageError(f"{private_key}: not a PEM private key, or the wrong password") from None
+    if not isinstance(key, ec.EllipticCurvePrivateKey) or key.curve.name not in ("secp256r1", "secp384r1",
+                                                                                 "secp521r1"):
+        raise UsageError(f"{private_key}: not an EC P-256/P-384/P-521 private key (what model-signing signs with)",
+                         hint="openssl ecparam -name prime256v1 -genkey -noout -out key.pem")
+    return key
+
+
+def sign_files(files: Mapping[str, str], model_name: str, private_key: Path, *,
+               password: bytes | None = None) -> bytes:
+    """A model-signing v1.0 bundle (UTF-8 JSON bytes) over ``files``, signed with an EC private key.
+
+    Args:
+        files: relative ``/``-separated path in the snapshot -> sha256 hex of the file's content (an LFS etag, or
+            the sha256 of a regular file); git paths (:data:`GIT_PATHS`) are left out, as model_signing does.
+        model_name: the statement's subject name (e.g. ``ORG/NAME@<commit>``; informative).
+        private_key: a PEM EC private key (P-256 recommended).
+        password: the key's password, if it is encrypted.
+
+    Returns:
+        The bundle, verifiable by ``model_signing verify key --signature B --public_key P --allow_symlinks
+        SNAPSHOT_DIR`` and by :func:`verify_files`.
+
+    Raises:
+        UsageError: model-signing not installed, an unreadable/unsupported key or wrong password, a path that is
+            not relative, a digest that is not sha256 hex, or nothing left to sign.
+    """
+    manifest, digests, sign_ec_key, _pb, signing = _library()
+    kept = {p: d for p, d in _checked_files(files).items() if not ignored_path(p)}
+    if not kept:
+        raise UsageError(f"{model_name}: no file to sign")
+    key = _load_private_key(private_key, password)
+    items = [manifest.FileManifestItem(path=PurePosixPath(p), digest=digests.Digest("sha256", bytes.fromhex(d)))
+             for p, d in sorted(kept.items())]
+    # Library gap: model_signing 1.1.1 builds a manifest only by hashing a folder (hashing.Config.hash); the
+    # serialization description it records for `sign key --allow_symlinks` is the private _FileSerialization.
+    serialization = manifest._FileSerialization("sha256", True, sorted(GIT_PATHS))  # noqa: SLF001
+    payload = signing.Payload(manifest.Manifest(model_name, items, serialization))
+    # Library gap: sign_ec_key.Signer takes a key path only; the key was read and checked above.
+    signer = object.__new__(sign_ec_key.Signer)
+    signer._private_key = key  # noqa: SLF001
+    return signer.sign(payload).bundle.to_json().encode()
+
+
+def _bundle_document(bundle: bytes) -> dict:
+    if len(bundle) > MAX_BUNDLE_BYTES:
+        raise UsageError(f"the signature bundle is over {MAX_BUNDLE_BYTES // (1024 * 1024)} MiB: refused")
+    try:
+        document = loads_json(bundle, "the signature bundle")
+    except (TooDeep, ValueError, UnicodeDecodeError) as exc:
+        raise _not_a_bundle(f"not JSON ({exc})") from None
+    if not isinstance(document, dict) or not isinstance(document.get("verificationMaterial"), dict) \
+            or not isinstance(document.get("dsseEnvelope"), dict):
+        raise _not_a_bundle("no verificationMaterial or dsseEnvelope")
+    try:
+        statement = loads_json(base64.b64decode(document["dsseEnvelope"].get("payload") or "", validate=True),
+                               "the signed statement")
+    except (TooDeep, ValueError, UnicodeDecodeError, binascii.Error, TypeError) as exc:
+        raise _not_a_bundle(f"its payload is not a JSON statement ({exc})") from None
+    if not isinstance(statement, dict) or statement.get("predicateType") != PREDICATE_TYPE:
+        raise _not_a_bundle(f"not a model-signing v1.0 statement (predicateType "
+                            f"{statement.get('predicateType') if isinstance(statement, dict) else None!r})")
+    serialization = (statement.get("predicate") or {}).get("serialization") if isinstance(
+        statement.get("predicate"), dict) else None
+    if not isinstance(serialization, dict) or serialization.get("method") != "files" \
+            or serialization.get("hash_type") != "sha256":
+        raise _not_a_bundle("hfcache checks bundles of per-file sha256 digests (serialization method 'files', "
+                            "hash_type 'sha256') only")
+    # As sign_sigstore_pb.Signature.read adjusts a file's dict (library gap: it reads a path, not bytes).
+    material = document["verificationMaterial"]
+    material.setdefault("tlogEntries", [])
+    if isinstance(material.get("publicKey"), dict):
+        material["publicKey"].setdefault("hint", None)
+        for k in ("rawBytes", "keyDetails"):
+            material["publicKey"].pop(k, None)
+    return document
+
+
+def _not_a_bundle(why: str) -> SignatureMismatch:
+    return SignatureMismatch(f"the signature bundle is not a model-signing bundle: {why}", reason="signature")
+
+
+def public_key_fingerprint(public_key: Path) -> str:
+    """sha256 hex of the PEM SubjectPublicKeyInfo of ``public_key`` (what a bundle's key hint holds).
+
+    Raises:
+        UsageError: unreadable, or not a PEM EC public key of a curve model-signing supports."""
+    return hashlib.sha256(_public_pem(public_key)[1]).hexdigest()
+
+
+def _public_pem(public_key: Path):
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+
+    data = read_user_file(Path(public_key), "the verify key", _KEY_LIMIT)
+    try:
+        key = serialization.load_pem_public_key(data)
+    except ValueError:
+        raise UsageError(f"{public_key}: not a PEM public key",
+                         hint="openssl ec -in key.pem -pubout -out key.pub") from None
+    if not isinstance(key, ec.EllipticCurvePublicKey) or key.curve.name not in ("secp256r1", "secp384r1",
+                                                                                "secp521r1"):
+        raise UsageError(f"{public_key}: not an EC P-256/P-384/P-521 public key (what model-signing verifies)")
+    pem = key.public_bytes(serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo)
+    return key, pem
+
+
+def _signed_manifest(document: dict, public_key: Path, name: str | None = None):
+    """The manifest the bundle signs, after its signature verified with ``public_key``."""
+    _manifest, _digests, sign_ec_key, sign_sigstore_pb, _signing = _library()
+    from sigstore_models.bundle import v1 as bundle_pb
+
+    key, _pem = _public_pem(public_key)
+    try:
+        signature = sign_sigstore_pb.Signature(bundle_pb.Bundle.from_dict(document))
+    except Exception as exc:  # noqa: BLE001 - pydantic/protobuf validation errors of a hostile bundle
+        raise _not_a_bundle(f"malformed ({type(exc).__name__})") from None
+    verifier = object.__new__(sign_ec_key.Verifier)  # library gap: it takes a key path; the key was checked above
+    verifier._public_key = key  # noqa: SLF001
+    said = io.StringIO()
+    try:
+        with contextlib.redirect_stdout(said):  # library gap: an old bundle's warning is print()ed to stdout
+            return verifier.verify(signature)
+    except Exception as exc:  # noqa: BLE001 - InvalidSignature, ValueError (key hint), KeyError of a bad statement
+        from cryptography.exceptions import InvalidSignature
+
+        if isinstance(exc, InvalidSignature) or "Key mismatch" in str(exc):
+            why = "the signature does not verify with this key (wrong key, or the bundle was altered)"
+        else:
+            why = f"the signed statement is malformed ({type(exc).__name__})"
+        raise SignatureMismatch(f"{name + ': ' if name else ''}{why}: {public_key}", reason="signature",
+                                hint="check that --verify-key is the public half of the signing key") from None
+
+
+def verify_files(bundle: bytes, files: Mapping[str, str], public_key: Path, *,
+                 name: str | None = None) -> SignatureCheck:
+    """Check a model-signing bundle's signature with ``public_key``, then its file list against ``files``.
+
+    Args:
+        bundle: the bundle's bytes (at most :data:`MAX_BUNDLE_BYTES`; JSON read with ``bounds.loads_json``).
+        files: relative ``/``-separated path -> sha256 hex of what is present (the snapshot's files).
+        public_key: a PEM EC public key.
+        name: what the messages call the files (e.g. ``ORG/NAME@<commit>``) [default: the bundle's model name].
+
+    Returns:
+        SignatureCheck when the signature verifies and every file (but those ignored) is signed with its digest.
+
+    Raises:
+        SignatureMismatch: a bad signature or the wrong key (``reason`` ``signature``); or files unsigned (present,
+            not in the bundle), changed (digest differs) or missing (in the bundle, not present), all named in the
+            one-line message (``reason`` ``files``).
+        UsageError: model-signing not installed, an unreadable or unsupported key, a bundle over the size bound.
+    """
+    document = _bundle_document(bundle)
+    signed = _signed_manifest(document, public_key, name)
+    serialization = signed.serialization_type
+    extra = tuple(str(p) for p in serialization.get("ignore_paths") or ())
+    descriptors = list(signed.resource_descriptors())  # in the order the statement's root digest runs over
+    expected = {d.identifier: d.digest.digest_hex for d in descriptors}
+    present = {p: d for p, d in _checked_files(files).items() if not ignored_path(p, extra)}
+    ignored = tuple(sorted(set(files) - set(present)))
+    unsigned = tuple(sorted(set(present) - set(expected)))
+    missing = tuple(sorted(set(expected) - set(present)))
+    changed = tuple(sorted(p for p in set(expected) & set(present) if expected[p] != present[p]))
+    if unsigned or missing or changed:
+        parts = [f"{label} {', '.join(names)}" for label, names in (("changed:", changed), ("unsigned:", unsigned),
+                                                                     ("missing:", missing)) if names]
+        raise SignatureMismatch(f"{name or signed.model_name}: the files differ from the signed ones: " + "; ".join(parts),
+                                reason="files", unsigned=unsigned, changed=changed, missing=missing)
+    root = hashlib.sha256(b"".join(d.digest.digest_value for d in descriptors)).hexdigest()
+    return SignatureCheck(model_name=signed.model_name, signed=tuple(sorted(expected)), ignored=ignored,
+                          key_fingerprint=public_key_fingerprint(public_key), root_digest=root)
+
+
+def verify_any(bundles: Sequence[bytes], files: Mapping[str, str], public_key: Path, *,
+               name: str | None = None) -> SignatureCheck:
+    """The check of the first of ``bundles`` (e.g. every referrer of a pushed manifest) that verifies with
+    ``public_key`` against ``files``, as :func:`verify_files`.
+
+    Raises:
+        SignatureMismatch: no bundle at all (``reason`` ``unsigned``: "no signature is attached"); a bundle signed
+            with this key whose files differ (that one's error, naming the files); else none verifies with this key
+            (``reason`` ``signature``).
+        UsageError: model-signing not installed, an unreadable or unsupported key.
+    """
+    shown = name or "the files"
+    if not bundles:
+        raise SignatureMismatch(f"{shown}: no signature is attached", reason="unsigned",
+                                hint="sign it (hfcache sign, push --sign-key) or pull without --verify-key")
+    differing = None
+    for bundle in bundles:
+        try:
+            return verify_files(bundle, files, public_key, name=name)
+        except SignatureMismatch as exc:
+            if exc.reason == "files" and differing is None:
+                differing = exc
+    if differing is not None:
+        raise differing
+    raise SignatureMismatch(f"{shown}: none of the {len(bundles)} signature(s) verifies with {public_key}",
+                            reason="signature", hint="check that --verify-key is the public half of the signing key")

@@ -1,0 +1,329 @@
+"""``hfcache pull`` of a CNCF ModelPack artifact (modelpack/model-spec ``docs/spec.md``): raw layers, one per file of
+one snapshot, mapped onto the Hugging Face cache layout and fed to import's reader like the entries of a tar.
+
+An artifact ``hfcache push --format modelpack`` wrote names every file by its path in the hub cache
+(``org.cncf.model.filepath``: ``[<prefix>/]<repo folder>/snapshots/<commit>/<path>`` or ``.../refs/<name>``) and by
+the blob name the cache uses (``io.hfcache.etag``: the sha256 for an LFS file, which is the layer digest itself;
+the git blob sha1 ``blob <len>\\0...`` for a regular file). Each path goes through import's own name rules
+(:func:`hfcache.move.import_plan._clean_name`, ``_repo_folder_ok``: no ``..``, nothing absolute, bounded lengths, one
+repo folder grammar) before anything is fetched, and becomes:
+
+- ``<folder>/blobs/<etag>``: the layer's bytes, hashed as they stream (sha256 = the digest, the declared size, and the
+  git sha1 when the etag is one; import checks the blob name again), fetched once per content;
+- ``<folder>/snapshots/<commit>/<path>``: a relative link to it, as import writes it (or the copy/hardlink a cache
+  without symlinks gets);
+- ``<folder>/refs/<name>``: the ref layer's bytes (a 40-hex commit; import's ref rules, ``--move-refs``).
+
+So the result is the standard cache layout and every import refusal applies, all or nothing: import publishes only
+after the last layer, and a layer that does not match raises at its end, before that.
+
+Skipping what the cache holds: a content whose blob the target repo folder already has is not downloaded. The blob
+is re-hashed first (through :func:`hfcache.cache.safefs.open_blob`, regular files only): a shared cache is
+member-writable, so a blob of the right name is not trusted for its name. One that does not hash to its name (or
+has another size) refuses the pull before any layer is fetched (exit 1, nothing changed: import never replaces what
+the target holds; ``hfcache verify`` names it).
+
+An artifact another tool wrote (flat paths such as ``config.json``, no commit) does not map onto a cache: refused in
+one line (exit 2) naming the layer's path.
+"""
+
+from __future__ import annotations
+
+import errno
+import hashlib
+import io
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ..cache import safefs
+from ..errors import CacheError, CheckFailed, IntegrityError, UsageError
+from ..integrity.hashing import algorithm_of, fd_hash
+from ..move.import_plan import MAX_REF_BYTES, _clean_name, _repo_folder_ok
+from ..move.import_source import Member, _shown
+from .image import ANNOTATION_PREFIX, DIGEST, Layer
+from .pull_stream import _ALTERED, _CHUNK, Budget, VerifiedStream
+from .registry import BlobBody, TransferSink, check, network_errors, registry_text, stream_errors, url
+
+MODEL_MANIFEST = "application/vnd.cncf.model.manifest.v1+json"
+MODEL_CONFIG = "application/vnd.cncf.model.config.v1+json"
+#: The spec's raw layer media types (docs/spec.md "Layers"); tar, tar+gzip and tar+zstd layers are refused.
+RAW_TYPES = frozenset(f"application/vnd.cncf.model.{kind}.v1.raw"
+                      for kind in ("weight", "weight.config", "doc", "code", "dataset"))
+FILEPATH = "org.cncf.model.filepath"
+TITLE = "org.opencontainers.image.title"
+ETAG = f"{ANNOTATION_PREFIX}.etag"
+#: Most raw layers (files) one artifact may list: each is a request (with the metadata deadline and the throughput
+#: floor, this bounds a pull's requests and time); a 100,000-file snapshot is far beyond any model repo.
+MAX_FILES = 100_000
+_HINT = "hfcache pull reads the ModelPack artifacts `hfcache push --format modelpack` writes"
+_FOREIGN_HINT = ("hfcache maps ModelPack artifacts `hfcache push --format modelpack` wrote (file paths in the hub "
+                 "cache); extract others with modctl, `kit unpack` or a ModelPack client")
+
+
+def is_modelpack(manifest: dict, config_descriptor: dict) -> bool:
+    """Whether ``manifest`` is a ModelPack artifact (its ``artifactType``, or its config's media type)."""
+    return manifest.get("artifactType") == MODEL_MANIFEST or config_descriptor.get("mediaType") == MODEL_CONFIG
+
+
+@dataclass(frozen=True)
+class RawFile:
+    """One raw layer mapped onto the cache: ``section`` is ``snapshots`` (``rel`` = (commit, *path)) or ``refs``
+    (``rel`` = the ref name's parts); ``etag`` is the blob name (snapshots only)."""
+
+    digest: str
+    size: int
+    folder: str
+    section: str
+    rel: tuple[str, ...]
+    etag: str = ""
+
+    @property
+    def name(self) -> str:
+        return "/".join((self.folder, self.section, *self.rel))
+
+
+@dataclass
+class ModelPlan:
+    """What an artifact holds: one repo folder at one commit, its files grouped by content, its refs."""
+
+    folder: str
+    commit: str
+    contents: dict[str, list[RawFile]] = field(default_factory=dict)  # etag -> the files showing it
+    refs: list[RawFile] = field(default_factory=list)
+
+    def files(self) -> dict[str, str]:
+        """{path in the snapshot: sha256 hex} (what a model-signing bundle signs)."""
+        return {"/".join(f.rel[1:]): f.digest.split(":", 1)[1] for group in self.contents.values() for f in group}
+
+
+def _foreign(reference: str, digest: str, shown: str, why: str) -> UsageError:
+    return UsageError(f"{reference}: a ModelPack artifact hfcache cannot map onto a Hugging Face cache: layer "
+                      f"{digest[:19]} has file path {shown!r} ({why})", hint=_FOREIGN_HINT)
+
+
+def _descriptors(manifest: dict, config: dict, reference: str) -> list[dict]:
+    """The manifest's raw layer descriptors, validated (digests, sizes, media types, ``modelfs.diffIds``)."""
+    layers = manifest.get("layers")
+    modelfs = config.get("modelfs") if isinstance(config.get("modelfs"), dict) else {}
+    diff_ids = modelfs.get("diffIds")
+    if not isinstance(layers, list) or not layers or not isinstance(diff_ids, list) or len(diff_ids) != len(layers):
+        raise UsageError(f"{reference}: the manifest's layers and the config's modelfs.diffIds do not match",
+                         hint=_HINT)
+    if len(layers) > MAX_FILES:
+        raise UsageError(f"{reference}: {len(layers)} layers, more than the {MAX_FILES} hfcache pulls", hint=_HINT)
+    for layer, diff_id in zip(layers, diff_ids):
+        if not isinstance(layer, dict) or not DIGEST.fullmatch(str(layer.get("digest"))) \
+                or type(layer.get("size")) is not int or layer["size"] < 0:
+            raise UsageError(f"{reference}: a layer descriptor is malformed (digest or size)", hint=_HINT)
+        if layer.get("mediaType") not in RAW_TYPES:
+            raise UsageError(f"{reference}: layer {layer['digest'][:19]} has media type "
+                             f"{registry_text(repr(layer.get('mediaType')), 80)}",
+                             hint="hfcache pull reads raw ModelPack layers (one file each), not tar layers")
+        if diff_id != layer["digest"]:  # a raw layer is its own uncompressed content
+            raise UsageError(f"{reference}: layer {layer['digest'][:19]}: modelfs.diffIds names another digest",
+                             hint=_HINT)
+    return layers
+
+
+def _raw_file(layer: dict, reference: str, prefix: str | None) -> RawFile:
+    """Map one layer's ``org.cncf.model.filepath`` onto the cache layout with import's name rules."""
+    digest, size = layer["digest"], layer["size"]
+    annotations = layer.get("annotations") if isinstance(layer.get("annotations"), dict) else {}
+    path = annotations.get(FILEPATH) or annotations.get(TITLE)
+    if not isinstance(path, str) or not path:
+        raise _foreign(reference, digest, "", "no org.cncf.model.filepath annotation")
+    shown = registry_text(_shown(path), 120)
+    head, _, rest = path.partition("/")
+    if prefix is None and head == "models" and _repo_folder_ok(rest.split("/")[0]):
+        prefix = "models"  # KServe's layout (push --prefix models) without the annotation: never a repo folder
+    if prefix is not None:
+        if not path.startswith(f"{prefix}/"):
+            raise UsageError(f"{reference}: layer {digest[:19]}: file path {shown!r} is outside the artifact's "
+                             f"prefix {prefix!r}", hint=_HINT)
+        path = path[len(prefix) + 1:]
+    try:
+        parts = _clean_name(path)
+    except UsageError as exc:
+        raise UsageError(f"{reference}: layer {digest[:19]}: {exc}", hint=_HINT) from None
+    if not _repo_folder_ok(parts[0]) or len(parts) < 3 or parts[1] not in ("snapshots", "refs"):
+        raise _foreign(reference, digest, shown, "not <repo folder>/snapshots/<commit>/<path> or .../refs/<name>, "
+                                                 "e.g. models--ORG--NAME/snapshots/<40 hex>/config.json")
+    if parts[1] == "refs":
+        if size > MAX_REF_BYTES:
+            raise UsageError(f"{reference}: layer {digest[:19]}: a ref of {size} bytes (at most {MAX_REF_BYTES})",
+                             hint=_HINT)
+        return RawFile(digest, size, parts[0], "refs", tuple(parts[2:]))
+    if len(parts) < 4 or algorithm_of(parts[2]) != "git-sha1":
+        raise _foreign(reference, digest, shown, "no 40-hex commit after snapshots/")
+    etag = annotations.get(ETAG)
+    if not isinstance(etag, str) or algorithm_of(etag) is None:
+        raise _foreign(reference, digest, shown, f"no {ETAG} annotation naming its blob (40 or 64 hex)")
+    if algorithm_of(etag) == "sha256" and etag != digest.split(":", 1)[1]:
+        raise IntegrityError(f"refused layer {digest}: its {ETAG} {etag[:12]}... names another content than its "
+                             "digest", hint=_ALTERED)
+    return RawFile(digest, size, parts[0], "snapshots", tuple(parts[2:]), etag)
+
+
+def plan_artifact(manifest: dict, config: dict, reference: str, prefix: str | None) -> ModelPlan:
+    """The artifact's files mapped onto one repo folder at one commit.
+
+    Raises:
+        UsageError: malformed descriptors, a path import refuses, an artifact of another tool (exit 2), more than
+            one repo or commit, a path listed twice, a config whose ``descriptor.version`` is another commit.
+        IntegrityError: a sha256 etag that is not the layer's digest.
+    """
+    files = [_raw_file(layer, reference, prefix) for layer in _descriptors(manifest, config, reference)]
+    snapshots = {(f.folder, f.rel[0]) for f in files if f.section == "snapshots"}
+    if len(snapshots) != 1 or len({f.folder for f in files}) != 1:
+        raise UsageError(f"{reference}: a ModelPack artifact holds one model at one commit; this one names "
+                         f"{len(snapshots)} snapshots", hint=_HINT)
+    folder, commit = snapshots.pop()
+    descriptor = config.get("descriptor") if isinstance(config.get("descriptor"), dict) else {}
+    version = descriptor.get("version")
+    if isinstance(version, str) and algorithm_of(version) == "git-sha1" and version != commit:
+        raise UsageError(f"{reference}: the config's descriptor.version {version[:12]} is not the layers' commit "
+                         f"{commit[:12]}", hint=_HINT)
+    plan, seen = ModelPlan(folder, commit), set()
+    for f in files:
+        if f.name in seen:
+            raise UsageError(f"{reference}: file path {registry_text(_shown(f.name), 120)!r} is listed twice",
+                             hint=_HINT)
+        seen.add(f.name)
+        if f.section == "refs":
+            plan.refs.append(f)
+        else:
+            plan.contents.setdefault(f.etag, []).append(f)
+    return plan
+
+
+def held_locally(cache_dir: Path, folder: str, etag: str, size: int) -> bool:
+    """Whether the target's ``<folder>/blobs/<etag>`` holds this content, re-hashed now (a member can plant a wrong
+    blob under the right name): False when there is none (or it cannot be opened safely: import judges it then).
+
+    Raises:
+        CheckFailed: the blob is there but has another size or does not hash to its name (exit 1; nothing changed).
+    """
+    try:
+        fd = safefs.open_blob(cache_dir, folder, etag)
+    except (OSError, CacheError):
+        return False
+    try:
+        st = os.fstat(fd)
+        ok = st.st_size == size and fd_hash(os.dup(fd), algorithm_of(etag) or "sha256",
+                                            shown=f"{folder}/blobs/{etag}")[0] == etag
+    except OSError as exc:
+        if exc.errno == errno.EINVAL:  # not a regular file: import refuses it (nothing is written through it)
+            return False
+        raise
+    finally:
+        os.close(fd)
+    if not ok:
+        raise CheckFailed(f"refused the pull, nothing was changed: the target's {folder}/blobs/{etag} does not hold "
+                          "the content its name says (changed on disk)",
+                          hint="run `hfcache verify` on the target and remove that blob, then pull again")
+    return True
+
+
+def _same_ref(cache_dir: Path, ref: RawFile) -> bool:
+    """Whether the target's ref holds exactly the ref layer's bytes (their sha256 is the layer digest): then it is
+    not downloaded (read from the root without following a link; anything odd there: fetched, import judges it)."""
+    try:
+        data = safefs.read_small(cache_dir, (ref.folder, "refs", *ref.rel), MAX_REF_BYTES + 1)
+    except (OSError, CacheError):
+        return False
+    return f"sha256:{hashlib.sha256(data).hexdigest()}" == ref.digest
+
+
+class _ExactStream(io.RawIOBase):
+    """A raw layer's body: hashed (``VerifiedStream``), never more than its size, and the git sha1 of its bytes
+    when its blob is named by one; ending early is the registry's fault (exit 3), never an import error."""
+
+    def __init__(self, body: VerifiedStream, size: int, etag: str, digest: str) -> None:
+        self._body, self._size, self._digest = body, size, digest
+        self.sha1 = hashlib.sha1(b"blob %d\0" % size) if algorithm_of(etag) == "git-sha1" else None  # noqa: S324
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer) -> int:
+        n = self._body.readinto(buffer)
+        if n == 0 and self._body.size < self._size:
+            raise IntegrityError(f"refused layer {self._digest}: the registry sent {self._body.size} bytes, its "
+                                 f"manifest declares {self._size}", hint=_ALTERED)
+        if self.sha1 is not None:
+            self.sha1.update(memoryview(buffer)[:n])
+        return n
+
+
+class ArtifactSource:
+    """The entries of one ModelPack artifact for :func:`hfcache.move.importer.import_members`.
+
+    Args:
+        client, container: the registry; plan: :func:`plan_artifact`'s; cache_dir: the target (for skips);
+        sink: progress; budget: the pull's byte budget.
+    """
+
+    def __init__(self, client, container, plan: ModelPlan, cache_dir: Path, sink: TransferSink | None,
+                 budget: Budget) -> None:
+        self.client, self.container, self.plan, self.sink, self.budget = client, container, plan, sink, budget
+        self.cache_dir = cache_dir
+        self.held = {etag for etag, group in plan.contents.items()
+                     if held_locally(cache_dir, plan.folder, etag, group[0].size)}
+        self.received: list[Layer] = []
+        self.skipped: list[str] = []
+        to_fetch = [g[0].size for e, g in plan.contents.items() if e not in self.held] + [r.size for r in plan.refs]
+        budget.check(sum(to_fetch), f"artifact {container.api_prefix}")
+
+    def held_counts(self) -> tuple[set[str], int, set[tuple[str, str]]]:
+        """(repo folders, 0, (folder, etag) blobs) the target held and that were not downloaded (their snapshot
+        links went to the importer and are counted there)."""
+        return ({self.plan.folder} if self.held else set()), 0, {(self.plan.folder, etag) for etag in self.held}
+
+    def signed_files(self) -> dict[str, dict[str, str]]:
+        """``<folder>/<commit>`` -> {path: sha256 hex}: the raw layers' digests (each checked as it streamed, or the
+        target's blob re-hashed)."""
+        return {f"{self.plan.folder}/{self.plan.commit}": self.plan.files()}
+
+    def members(self) -> Iterator[tuple[Member, object]]:
+        """Blobs (fetched unless held), their snapshot links, then the refs; every layer checked at its end."""
+        folder = self.plan.folder
+        for etag, group in sorted(self.plan.contents.items()):
+            first = group[0]
+            if etag in self.held:
+                self.skipped += [f.digest for f in group]
+                self.received += [Layer(f.digest, f.size, f.digest, (folder,), 0) for f in group]
+            else:
+                yield from self._fetched(f"{folder}/blobs/{etag}", first, etag)
+                self.received += [Layer(f.digest, f.size, f.digest, (folder,), 0) for f in group[1:]]
+            for f in group:
+                parts = f.name.split("/")
+                yield Member(f.name, "symlink", linkname="../" * (len(parts) - 2) + f"blobs/{etag}"), None
+        for ref in self.plan.refs:
+            if _same_ref(self.cache_dir, ref):
+                self.skipped.append(ref.digest)
+                self.received.append(Layer(ref.digest, ref.size, ref.digest, (folder,), 0))
+            else:
+                yield from self._fetched(ref.name, ref, "")
+
+    def _fetched(self, name: str, f: RawFile, etag: str) -> Iterator[tuple[Member, object]]:
+        digest = f.digest
+        with network_errors(self.container.registry, self.client.prefix == "http"):
+            response = self.client.do_request(url(self.client, self.container, "blobs", digest), "GET", stream=True)
+        with response:
+            check(response, f"layer {digest}", 200)
+            if self.sink is not None:
+                self.sink.begin(registry_text("/".join(f.rel[1:] or f.rel)[-60:], 60), f.size)
+            body = VerifiedStream(BlobBody(response, self.container.registry, f"layer {digest}"), digest,
+                                  limit=f.size, sink=self.sink, budget=self.budget, network=stream_errors())
+            exact = _ExactStream(body, f.size, etag, digest)
+            yield Member(name, "file", size=f.size), io.BufferedReader(exact, _CHUNK)
+            while exact.read(_CHUNK):  # the importer read the declared size; more is refused by the limit
+                pass
+        if body.digest() != digest:
+            raise IntegrityError(f"refused layer {digest}: its content hashes to {body.digest()}", hint=_ALTERED)
+        if exact.sha1 is not None and exact.sha1.hexdigest() != etag:
+            raise IntegrityError(f"refused layer {digest}: its bytes are not the git blob {etag} its {ETAG} names",
+                                 hint=_ALTERED)
+        self.received.append(Layer(digest, f.size, digest, (self.plan.folder,), body.size))

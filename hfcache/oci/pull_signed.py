@@ -1,0 +1,131 @@
+"""``hfcache pull --verify-key PUB``: the pulled manifest's model-signing bundles (OCI referrers, :mod:`hfcache.oci.
+referrers`) checked against the digests of the staged content (:func:`hfcache.integrity.signatures.verify_files`)
+before anything is published.
+
+The bundles are fetched before any layer: an artifact with none is refused at once (exit 1, "unsigned"). After the
+last layer was read and its digests checked, but before import publishes, every snapshot the pull brings must be
+signed by one of the bundles under the given key: {path in the snapshot: sha256} of the bytes that were staged (a
+ModelPack raw layer's digest; for the image format, the sha256 of each file's bytes as its tar entry streamed, or of
+the target's own blob, re-hashed, for a link to a blob the target already has). Any failure raises
+:class:`hfcache.integrity.signatures.SignatureMismatch` (exit 1) naming what is unsigned, changed or missing, or a wrong
+key; import then publishes nothing.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import posixpath
+from pathlib import Path
+
+from ..cache import safefs
+from ..errors import CacheError, CheckFailed
+from ..integrity.hashing import fd_hash
+
+
+def fetch_bundles(client, container, digest: str, reference: str) -> list[bytes]:
+    """The signature bundles attached to ``digest``; an unsigned manifest is refused.
+
+    Raises:
+        CheckFailed: no bundle (exit 1); the registry's errors as :func:`hfcache.oci.referrers.bundles` raises them.
+    """
+    from .referrers import bundles
+
+    found = bundles(client, container, digest)
+    if not found:
+        raise CheckFailed(f"refused {reference}: unsigned (no signature referrer of {digest}); nothing was pulled",
+                          hint="sign it with `hfcache push --sign-key KEY` or `hfcache sign`, or pull without "
+                               "--verify-key")
+    return found
+
+
+def verify_snapshots(found: list[bytes], snapshots: dict[str, dict[str, str]], public_key: Path) -> str:
+    """Check that each snapshot (``<folder>/<commit>`` -> {path: sha256 hex}) verifies with one of the bundles.
+
+    Returns:
+        The key fingerprint the bundles verified with ("" when there was nothing to check).
+
+    Raises:
+        SignatureMismatch: a snapshot no bundle signs under ``public_key`` (the first bundle's reason is named).
+    """
+    from ..cache.scan import parse_folder_name
+    from ..integrity.signatures import SignatureMismatch, verify_files
+
+    fingerprint = ""
+    for name, files in sorted(snapshots.items()):
+        folder, _, commit = name.partition("/")
+        shown = f"{(parse_folder_name(folder) or (folder,))[0]}@{commit}"
+        first: SignatureMismatch | None = None
+        for bundle in found:
+            try:
+                fingerprint = verify_files(bundle, files, public_key, name=shown).key_fingerprint
+                break
+            except SignatureMismatch as exc:
+                first = first or exc
+        else:
+            if first is None:  # pragma: no cover - fetch_bundles never returns an empty list
+                raise CheckFailed(f"{name}: no signature bundle")
+            first.message = f"refused the pull, nothing was written: {first.message}"
+            first.args = (first.message,)
+            if first.hint is None:
+                first.hint = "the artifact is not what the key's owner signed; check where it came from"
+            raise first
+    return fingerprint
+
+
+class TarFiles:
+    """What the image format's tar entries show, for the signature check: blob hashes, snapshot links and files."""
+
+    def __init__(self) -> None:
+        self.blobs: dict[tuple[str, str], str] = {}  # (folder, etag) -> sha256 of the bytes streamed
+        self.entries: dict[str, str] = {}  # member name -> sha256 (real files)
+        self.links: dict[tuple[str, str, str], str] = {}  # (folder, commit, path) -> etag
+        self.files: dict[tuple[str, str, str], str] = {}  # (folder, commit, path) -> member name of its bytes
+
+    def note(self, member, sha256: str | None) -> None:
+        """One member (after prefix stripping); ``sha256`` of its bytes for a file."""
+        parts = member.name.split("/")
+        if len(parts) < 3:
+            return
+        if member.kind == "file" and sha256 is not None:
+            self.entries[member.name] = sha256
+            if parts[1] == "blobs" and len(parts) == 3:
+                self.blobs[(parts[0], parts[2])] = sha256
+        if parts[1] != "snapshots" or len(parts) < 4:
+            return
+        key = (parts[0], parts[2], "/".join(parts[3:]))
+        if member.kind == "symlink":
+            resolved = posixpath.normpath(posixpath.join(posixpath.dirname(member.name), member.linkname))
+            self.links[key] = posixpath.basename(resolved)
+        elif member.kind in ("file", "hardlink"):
+            self.files[key] = member.name if member.kind == "file" else member.linkname
+
+    def snapshots(self, cache_dir: Path) -> dict[str, dict[str, str]]:
+        """``<folder>/<commit>`` -> {path: sha256 hex}; a link to a blob the pull did not bring is re-hashed from the
+        target (through :func:`hfcache.cache.safefs.open_blob`)."""
+        out: dict[str, dict[str, str]] = {}
+        for (folder, commit, path), etag in self.links.items():
+            digest = self.blobs.get((folder, etag)) or _local_sha256(cache_dir, folder, etag)
+            out.setdefault(f"{folder}/{commit}", {})[path] = digest
+        for (folder, commit, path), source in self.files.items():
+            out.setdefault(f"{folder}/{commit}", {})[path] = self.entries.get(source, "")
+        return out
+
+
+def _local_sha256(cache_dir: Path, folder: str, etag: str) -> str:
+    """The sha256 of the target's ``<folder>/blobs/<etag>`` ("" when it cannot be read safely: then unsigned)."""
+    try:
+        return fd_hash(safefs.open_blob(cache_dir, folder, etag), "sha256", shown=f"{folder}/blobs/{etag}")[0]
+    except (OSError, CacheError):
+        return ""
+
+
+class HashingStream:
+    """A tar entry's bytes as the importer reads them, hashed (sha256) on the way."""
+
+    def __init__(self, stream) -> None:
+        self._stream, self.sha256 = stream, hashlib.sha256()
+
+    def read(self, size: int = -1) -> bytes:
+        data = self._stream.read(size)
+        self.sha256.update(data)
+        return data

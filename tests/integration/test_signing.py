@@ -1,0 +1,457 @@
+"""hfcache sign / verify --signature: OpenSSF model-signing v1.0 bundles over cached snapshots, interoperable both
+ways with the ``model_signing`` 1.1.1 CLI, and every way a snapshot or a bundle can differ named (exit 1).
+
+The cache is a warmed ``hfcache-test/tiny-bert`` (``--kind model``: an LFS ``model.safetensors`` whose blob is named
+by its sha256, and small git-sha1 files). Each test works on its own copy; a canary outside the cache must be
+unchanged and, where the cache was not damaged on purpose, ``hfcache verify`` must still pass.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric import ec, rsa
+
+import hfcache
+from hfcache.records import WarmRequest
+from hfcache.serve import HubServer
+from tests.canary import SECRET, Canary
+from tests.helpers import clean_env, run_hfcache
+from tests.integration.test_trust3_fs import SWAP, shared_cache
+from tests.users import ALICE, needs_root
+
+REPO = "hfcache-test/tiny-bert"
+FOLDER = "models--hfcache-test--tiny-bert"
+MODEL_SIGNING = str(Path(sys.executable).with_name("model_signing"))
+LFS_FILE, SMALL_FILE = "model.safetensors", "vocab.txt"
+
+
+@pytest.fixture(scope="module")
+def pristine(tmp_path_factory, model_repos_root) -> Path:
+    root = tmp_path_factory.mktemp("signing-src") / "cache"
+    with HubServer(model_repos_root) as server:
+        report = hfcache.warm([WarmRequest.parse(REPO, kind="model")], cache_dir=root, endpoint=server.endpoint,
+                              token=False)
+    assert report.ok
+    return root
+
+
+@pytest.fixture
+def cache(pristine, tmp_path) -> Path:
+    copy = tmp_path / "cache"
+    shutil.copytree(pristine, copy, symlinks=True)
+    return copy
+
+
+def snapshot_of(cache: Path) -> Path:
+    (snapshot,) = (cache / FOLDER / "snapshots").iterdir()
+    return snapshot
+
+
+def write_key(folder: Path, name: str, *, password: bytes | None = None) -> tuple[Path, Path]:
+    """A fresh EC P-256 key pair as PEM files ``<name>.pem`` (private) and ``<name>.pub``."""
+    key = ec.generate_private_key(ec.SECP256R1())
+    encryption = serialization.BestAvailableEncryption(password) if password else serialization.NoEncryption()
+    private, public = folder / f"{name}.pem", folder / f"{name}.pub"
+    private.write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, encryption))
+    public.write_bytes(key.public_key().public_bytes(serialization.Encoding.PEM,
+                                                     serialization.PublicFormat.SubjectPublicKeyInfo))
+    return private, public
+
+
+@pytest.fixture
+def keys(tmp_path) -> tuple[Path, Path]:
+    folder = tmp_path / "keys"
+    folder.mkdir()
+    return write_key(folder, "signer")
+
+
+def sign(cache: Path, key: Path, out: Path, *extra: str, **kw) -> subprocess.CompletedProcess[str]:
+    return run_hfcache(["sign", REPO, "--key", str(key), "--cache-dir", str(cache), "--output", str(out), *extra],
+                       **kw)
+
+
+def verify_signature(cache: Path, bundle: Path, public: Path, *extra: str) -> subprocess.CompletedProcess[str]:
+    return run_hfcache(["verify", REPO, "--signature", str(bundle), "--verify-key", str(public), "--cache-dir",
+                        str(cache), *extra])
+
+
+def signed_bundle(cache: Path, key: Path, tmp_path: Path) -> Path:
+    out = tmp_path / "bundle.sig.json"
+    proc = sign(cache, key, out)
+    assert proc.returncode == 0, proc.stderr
+    return out
+
+
+def one_error_line(proc: subprocess.CompletedProcess[str], code: int, *needles: str) -> str:
+    assert proc.returncode == code, (proc.returncode, proc.stdout, proc.stderr)
+    assert "Traceback" not in proc.stderr, proc.stderr
+    first = proc.stderr.splitlines()[0]
+    assert first.startswith("hfcache: error: "), proc.stderr
+    for needle in needles:
+        assert needle in first, (needle, first)
+    return first
+
+
+def statement_of(bundle: bytes) -> dict:
+    return json.loads(base64.b64decode(json.loads(bundle)["dsseEnvelope"]["payload"]))
+
+
+def assert_cache_verifies(cache: Path) -> None:
+    proc = run_hfcache(["verify", "--cache-dir", str(cache)])
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+# --- interoperability with the model_signing CLI --------------------------------------------------------------------
+
+
+def test_a_bundle_hfcache_writes_verifies_with_the_model_signing_cli(cache, keys, tmp_path) -> None:
+    canary = Canary(tmp_path)
+    private, public = keys
+    out = tmp_path / "bundles"
+    out.mkdir()
+    proc = sign(cache, private, out, "--json")
+    assert proc.returncode == 0, proc.stderr
+    (written,) = json.loads(proc.stdout)["bundles"]
+    snapshot = snapshot_of(cache)
+    bundle = Path(written["path"])
+    assert bundle == out / f"{FOLDER}@{snapshot.name}.sig.json" and written["files"] == 6
+    document = json.loads(bundle.read_bytes())
+    assert document["mediaType"] == "application/vnd.dev.sigstore.bundle.v0.3+json"
+    statement = statement_of(bundle.read_bytes())
+    assert statement["predicateType"] == "https://model_signing/signature/v1.0"
+    digests = {r["name"]: r["digest"] for r in statement["predicate"]["resources"]}
+    assert digests[LFS_FILE] == os.readlink(snapshot / LFS_FILE).rsplit("/", 1)[1]  # the LFS etag, unread
+    assert written["hashed"] == 5  # the five small git-sha1 files, hashed with sha256
+    ms = subprocess.run([MODEL_SIGNING, "verify", "key", "--signature", str(bundle), "--public_key", str(public),
+                         "--allow_symlinks", str(snapshot)], capture_output=True, text=True, timeout=120)
+    assert ms.returncode == 0 and "Verification succeeded" in ms.stdout, ms.stdout + ms.stderr
+    # Without --allow_symlinks the model_signing CLI refuses a hub cache snapshot (its files are links to blobs/).
+    ms = subprocess.run([MODEL_SIGNING, "verify", "key", "--signature", str(bundle), "--public_key", str(public),
+                         str(snapshot)], capture_output=True, text=True, timeout=120)
+    assert ms.returncode == 1 and "allow_symlinks" in ms.stderr
+    ok = verify_signature(cache, bundle, public)
+    assert ok.returncode == 0, ok.stderr
+    assert ok.stdout.startswith(f"ok: {REPO}@{snapshot.name}: 6 file(s) signed"), ok.stdout
+    canary.assert_unchanged()
+    assert_cache_verifies(cache)
+
+
+@pytest.mark.parametrize("rehash", [False, True])
+def test_a_bundle_the_model_signing_cli_writes_verifies_with_hfcache(cache, keys, tmp_path, rehash) -> None:
+    canary = Canary(tmp_path)
+    private, public = keys
+    snapshot = snapshot_of(cache)
+    bundle = tmp_path / "model.sig"
+    ms = subprocess.run([MODEL_SIGNING, "sign", "key", "--private_key", str(private), "--signature", str(bundle),
+                         "--allow_symlinks", str(snapshot)], capture_output=True, text=True, timeout=120)
+    assert ms.returncode == 0, ms.stdout + ms.stderr
+    proc = verify_signature(cache, bundle, public, "--json", *(["--rehash"] if rehash else []))
+    assert proc.returncode == 0, proc.stderr
+    document = json.loads(proc.stdout)
+    assert document["ok"] and len(document["signature"]["signed"]) == 6
+    assert document["hashed"] == (6 if rehash else 5)
+    canary.assert_unchanged()
+    assert_cache_verifies(cache)
+
+
+def test_git_paths_are_left_out_on_both_sides_as_model_signing_does(cache, keys, tmp_path) -> None:
+    private, public = keys
+    snapshot = snapshot_of(cache)
+    (snapshot / ".gitattributes").write_text("*.safetensors filter=lfs diff=lfs merge=lfs -text\n")
+    bundle = signed_bundle(cache, private, tmp_path)
+    assert ".gitattributes" not in {r["name"] for r in statement_of(bundle.read_bytes())["predicate"]["resources"]}
+    ms = subprocess.run([MODEL_SIGNING, "verify", "key", "--signature", str(bundle), "--public_key", str(public),
+                         "--allow_symlinks", str(snapshot)], capture_output=True, text=True, timeout=120)
+    assert ms.returncode == 0, ms.stdout + ms.stderr
+    proc = verify_signature(cache, bundle, public, "--json")
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout)["signature"]["ignored"] == [".gitattributes"]
+
+
+def test_a_key_made_with_openssl_signs_and_an_encrypted_one_needs_its_password(cache, tmp_path) -> None:
+    canary = Canary(tmp_path)
+    key, pub = tmp_path / "ossl.pem", tmp_path / "ossl.pub"
+    subprocess.run(["openssl", "ecparam", "-name", "prime256v1", "-genkey", "-noout", "-out", str(key)], check=True,
+                   capture_output=True)
+    subprocess.run(["openssl", "ec", "-in", str(key), "-pubout", "-out", str(pub)], check=True, capture_output=True)
+    bundle = signed_bundle(cache, key, tmp_path)
+    assert verify_signature(cache, bundle, pub).returncode == 0
+    locked, locked_pub = write_key(tmp_path, "locked", password=b"correct horse")
+    one_error_line(sign(cache, locked, tmp_path / "a.sig.json"), 2, "the key is encrypted")
+    one_error_line(sign(cache, locked, tmp_path / "b.sig.json", "--password-stdin", input_text="wrong\n"), 2,
+                   "wrong password")
+    proc = sign(cache, locked, tmp_path / "c.sig.json", "--password-stdin", input_text="correct horse\n")
+    assert proc.returncode == 0, proc.stderr
+    assert verify_signature(cache, tmp_path / "c.sig.json", locked_pub).returncode == 0
+    assert not (tmp_path / "a.sig.json").exists() and not (tmp_path / "b.sig.json").exists()
+    canary.assert_unchanged()
+
+
+# --- what verify --signature names ------------------------------------------------------------------------------------
+
+
+def _flip(path: Path) -> None:
+    real = path.resolve()
+    data = bytearray(real.read_bytes())
+    data[len(data) // 2] ^= 0x01
+    real.write_bytes(bytes(data))
+
+
+def damage_lfs_byte(snapshot: Path) -> tuple[tuple[str, ...], str, str]:
+    _flip(snapshot / LFS_FILE)
+    return ("--rehash",), "changed:", LFS_FILE  # the blob's name is its digest: --rehash reads the bytes
+
+
+def damage_small_byte(snapshot: Path) -> tuple[tuple[str, ...], str, str]:
+    _flip(snapshot / SMALL_FILE)
+    return (), "changed:", SMALL_FILE  # a git-sha1 blob is always hashed with sha256
+
+
+def damage_added(snapshot: Path) -> tuple[tuple[str, ...], str, str]:
+    (snapshot / "added.json").write_text("{}\n")
+    return (), "unsigned:", "added.json"
+
+
+def damage_removed(snapshot: Path) -> tuple[tuple[str, ...], str, str]:
+    (snapshot / "tokenizer.json").unlink()
+    return (), "missing:", "tokenizer.json"
+
+
+@pytest.mark.parametrize("damage", [damage_lfs_byte, damage_small_byte, damage_added, damage_removed])
+def test_each_difference_from_the_signed_files_is_exit_1_naming_the_file(cache, keys, tmp_path, damage) -> None:
+    private, public = keys
+    bundle = signed_bundle(cache, private, tmp_path)
+    canary = Canary(tmp_path)
+    extra, label, name = damage(snapshot_of(cache))
+    line = one_error_line(verify_signature(cache, bundle, public, *extra), 1, f"{REPO}@", label, name,
+                          "differ from the signed ones")
+    assert line.count(name) == 1
+    document = json.loads(verify_signature(cache, bundle, public, *extra, "--json").stdout)
+    assert document["ok"] is False and document["exit_code"] == 1 and document["reason"] == "files"
+    assert document[label.rstrip(":")] == [name]
+    canary.assert_unchanged()
+
+
+def test_every_unsigned_changed_and_missing_file_is_named_at_once(cache, keys, tmp_path) -> None:
+    private, public = keys
+    bundle = signed_bundle(cache, private, tmp_path)
+    snapshot = snapshot_of(cache)
+    for damage in (damage_small_byte, damage_added, damage_removed):
+        damage(snapshot)
+    (snapshot / "second-added.txt").write_text("x\n")
+    line = one_error_line(verify_signature(cache, bundle, public), 1)
+    assert "changed: vocab.txt; unsigned: added.json, second-added.txt; missing: tokenizer.json" in line, line
+
+
+def test_a_wrong_key_and_an_altered_bundle_are_exit_1(cache, keys, tmp_path) -> None:
+    private, _public = keys
+    canary = Canary(tmp_path)
+    bundle = signed_bundle(cache, private, tmp_path)
+    _other, other_pub = write_key(tmp_path, "other")
+    one_error_line(verify_signature(cache, bundle, other_pub), 1, "does not verify with this key", str(other_pub))
+    # The statement edited to sign another digest, the signature left as it was.
+    document = json.loads(bundle.read_bytes())
+    statement = statement_of(bundle.read_bytes())
+    statement["predicate"]["resources"][0]["digest"] = "0" * 64
+    document["dsseEnvelope"]["payload"] = base64.b64encode(json.dumps(statement).encode()).decode()
+    altered = tmp_path / "altered.sig.json"
+    altered.write_text(json.dumps(document))
+    one_error_line(verify_signature(cache, altered, keys[1]), 1, "does not verify")
+    document = json.loads(verify_signature(cache, altered, keys[1], "--json").stdout)
+    assert document["reason"] == "signature" and document["exit_code"] == 1
+    canary.assert_unchanged()
+    assert_cache_verifies(cache)
+
+
+# --- hostile bundles, snapshots and keys ------------------------------------------------------------------------------
+
+
+def test_hostile_bundles_are_one_line_errors(cache, keys, tmp_path) -> None:
+    _private, public = keys
+    canary = Canary(tmp_path)
+    deep = tmp_path / "deep.sig.json"
+    deep.write_text("[" * 200_000 + "]" * 200_000)
+    one_error_line(verify_signature(cache, deep, public), 1, "not a model-signing bundle", "not JSON")
+    nested = {"mediaType": "x", "verificationMaterial": {}, "dsseEnvelope": {
+        "payload": base64.b64encode(b'{"a":' * 5000 + b"1" + b"}" * 5000).decode(), "payloadType": "x"}}
+    deep_payload = tmp_path / "deep-payload.sig.json"
+    deep_payload.write_text(json.dumps(nested))
+    one_error_line(verify_signature(cache, deep_payload, public), 1, "payload is not a JSON statement")
+    shards = json.loads(signed_bundle(cache, keys[0], tmp_path).read_bytes())
+    statement = statement_of(json.dumps(shards).encode())
+    statement["predicate"]["serialization"]["method"] = "shards"
+    shards["dsseEnvelope"]["payload"] = base64.b64encode(json.dumps(statement).encode()).decode()
+    (tmp_path / "shards.sig.json").write_text(json.dumps(shards))
+    one_error_line(verify_signature(cache, tmp_path / "shards.sig.json", public), 1, "per-file sha256")
+    fifo = tmp_path / "fifo.sig.json"
+    os.mkfifo(fifo)
+    one_error_line(verify_signature(cache, fifo, public), 2, "not a regular file")
+    one_error_line(verify_signature(cache, tmp_path / "absent.sig.json", public), 2, "cannot read the signature")
+    canary.assert_unchanged()
+    assert_cache_verifies(cache)
+
+
+@pytest.mark.parametrize("rehash", [False, True])
+def test_a_snapshot_entry_linking_outside_the_cache_is_never_read(cache, keys, tmp_path, rehash) -> None:
+    private, public = keys
+    canary = Canary(tmp_path)
+    snapshot = snapshot_of(cache)
+    bundle = signed_bundle(cache, private, tmp_path)
+    (snapshot / "leak.txt").symlink_to(canary.secret)  # absolute: a member's plant
+    (snapshot / "leak2.txt").symlink_to(os.path.relpath(canary.secret, snapshot))  # relative, leaving the cache
+    extra = ("--rehash",) if rehash else ()
+    out = tmp_path / "out"
+    out.mkdir()
+    one_error_line(sign(cache, private, out, *extra), 5, "leak", "left alone")
+    assert list(out.iterdir()) == []
+    one_error_line(verify_signature(cache, bundle, public, *extra), 5, "leak", "left alone")
+    (snapshot / "leak.txt").unlink()
+    (snapshot / "leak2.txt").unlink()
+    os.mkfifo(snapshot / "pipe.txt")
+    one_error_line(sign(cache, private, out, *extra, timeout=60), 5, "pipe.txt")
+    canary.assert_unchanged()
+    assert SECRET not in b"".join(p.read_bytes() for p in tmp_path.glob("*.sig.json"))
+
+
+def test_bad_keys_outputs_and_arguments_are_exit_2(cache, keys, tmp_path) -> None:
+    private, public = keys
+    canary = Canary(tmp_path)
+    rsa_key = tmp_path / "rsa.pem"
+    rsa_key.write_bytes(rsa.generate_private_key(public_exponent=65537, key_size=2048).private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()))
+    one_error_line(sign(cache, rsa_key, tmp_path / "x.sig.json"), 2, "not an EC P-256")
+    one_error_line(sign(cache, public, tmp_path / "x.sig.json"), 2, "not a PEM private key")
+    one_error_line(sign(cache, private, snapshot_of(cache)), 2, "inside the cache")
+    one_error_line(sign(cache, private, cache / "x.sig.json"), 2, "inside the cache")
+    one_error_line(run_hfcache(["sign", REPO, "--key", str(private), "--cache-dir", str(cache), "--lock", "x.lock"]),
+                   2, "not both")
+    one_error_line(run_hfcache(["sign", "--key", str(private), "--cache-dir", str(cache)]), 2, "name the snapshots")
+    one_error_line(run_hfcache(["verify", REPO, "--signature", "b", "--cache-dir", str(cache)]), 2, "go together")
+    one_error_line(run_hfcache(["verify", "--signature", "b", "--verify-key", str(public), "--cache-dir",
+                                str(cache)]), 2, "exactly one")
+    one_error_line(run_hfcache(["verify", REPO, "--signature", "b", "--verify-key", str(private), "--cache-dir",
+                                str(cache)]), 2, "cannot read the signature")
+    bundle = signed_bundle(cache, private, tmp_path)
+    one_error_line(verify_signature(cache, bundle, private), 2, "not a PEM public key")
+    one_error_line(run_hfcache(["sign", "other/repo", "--key", str(private), "--cache-dir", str(cache), "-o",
+                                str(tmp_path)]), 1, "not in the cache")
+    one_error_line(run_hfcache(["sign", f"{REPO}@nope", "--key", str(private), "--cache-dir", str(cache), "-o",
+                                str(tmp_path)]), 1, "not in the cache")
+    assert list(snapshot_of(cache).parent.parent.glob("**/*.sig.json")) == []
+    canary.assert_unchanged()
+    assert_cache_verifies(cache)
+
+
+def test_without_the_sign_extra_the_error_says_how_to_install_it(cache, keys, tmp_path) -> None:
+    shadow = tmp_path / "shadow"
+    shadow.mkdir()
+    (shadow / "model_signing.py").write_text("raise ImportError('No module named model_signing', "
+                                              "name='model_signing')\n")
+    env = clean_env(PYTHONPATH=os.pathsep.join([str(shadow), str(Path(__file__).resolve().parents[2])]))
+    proc = sign(cache, keys[0], tmp_path / "x.sig.json", env=env)
+    one_error_line(proc, 2, "model-signing library")
+    assert "pip install 'hfcache[sign]'" in proc.stderr
+    assert not (tmp_path / "x.sig.json").exists()
+
+
+def test_several_snapshots_get_one_bundle_each_in_a_folder(cache, keys, tmp_path) -> None:
+    private, public = keys
+    commit = snapshot_of(cache).name
+    out = tmp_path / "new-folder/"
+    proc = run_hfcache(["sign", REPO, f"{REPO}@{commit}", "--key", str(private), "--cache-dir", str(cache),
+                        "--output", f"{out}/", "--json"])
+    assert proc.returncode == 0, proc.stderr
+    assert [b["commit"] for b in json.loads(proc.stdout)["bundles"]] == [commit]  # main is that commit: once
+    assert [p.name for p in out.iterdir()] == [f"{FOLDER}@{commit}.sig.json"]
+    assert verify_signature(cache, out / f"{FOLDER}@{commit}.sig.json", public).returncode == 0
+    # Signing again replaces the bundle in place (no temp file left behind).
+    again = run_hfcache(["sign", REPO, "--key", str(private), "--cache-dir", str(cache), "-o", str(out)])
+    assert again.returncode == 0 and [p.name for p in out.iterdir()] == [f"{FOLDER}@{commit}.sig.json"]
+
+
+def test_sign_lock_signs_every_snapshot_the_lock_pins(cache, keys, tmp_path) -> None:
+    from hfcache.warming.lockfile import LockedFile, LockedRepo, Lockfile, render_lock
+
+    private, public = keys
+    commit = snapshot_of(cache).name
+    lock = tmp_path / "hfcache.lock"
+    lock.write_bytes(render_lock(Lockfile((LockedRepo(WarmRequest.parse(REPO, kind="model"), REPO, commit,
+                                                      (LockedFile(SMALL_FILE, 1, "git-sha1:" + "0" * 40),)),))))
+    out = tmp_path / "signed"
+    out.mkdir()
+    proc = run_hfcache(["sign", "--lock", str(lock), "--key", str(private), "--cache-dir", str(cache), "-o", str(out),
+                        "--json"])
+    assert proc.returncode == 0, proc.stderr
+    (bundle,) = json.loads(proc.stdout)["bundles"]
+    assert bundle["commit"] == commit and bundle["files"] == 6
+    assert verify_signature(cache, Path(bundle["path"]), public).returncode == 0
+
+
+# --- a group member of a shared cache ---------------------------------------------------------------------------------
+
+
+@needs_root
+def test_a_member_swapping_entries_never_gets_a_file_outside_the_cache_signed(runtime, model_repos_root,
+                                                                              tmp_path) -> None:
+    """Root signs (and checks) a snapshot of a shared cache while Alice, a member, exchanges a snapshot link and
+    the LFS blob itself for links to a root-only file outside the cache (``renameat2(RENAME_EXCHANGE)``): every
+    run either signs the true digests or refuses (exit 5, naming the entry); the secret's sha256 never appears."""
+    cache = shared_cache(runtime, "sign-race")
+    with HubServer(model_repos_root) as server:
+        assert hfcache.warm([WarmRequest.parse(REPO, kind="model")], cache_dir=cache, endpoint=server.endpoint,
+                            token=False).ok
+    (runtime.base / "sign-race-canary").mkdir()
+    canary = Canary(runtime.base / "sign-race-canary")
+    snapshot = snapshot_of(cache)
+    lfs_blob = cache / FOLDER / "blobs" / os.readlink(snapshot / LFS_FILE).rsplit("/", 1)[1]
+    private, public = keys_in(tmp_path)
+    good = signed_bundle(cache, private, tmp_path)
+    truth = {r["name"]: r["digest"] for r in statement_of(good.read_bytes())["predicate"]["resources"]}
+    secret_sha = hashlib.sha256(SECRET).hexdigest()
+    stop = runtime.base / "stop-sign-swap"
+    spec = {"stop": str(stop), "rounds": 2_000_000, "hold": 0.0005, "plant": [],
+            "exchange": [[str(snapshot / SMALL_FILE), str(canary.secret)], [str(lfs_blob), str(canary.secret)]]}
+    member = subprocess.Popen([*ALICE.setpriv(), runtime.python, "-c", SWAP, json.dumps(spec)],
+                              stdout=subprocess.PIPE, text=True, env=runtime.env(ALICE))
+    codes = []
+    try:
+        for i in range(20):
+            out = tmp_path / f"race-{i}.sig.json"
+            proc = sign(cache, private, out, "--rehash")
+            codes.append(proc.returncode)
+            assert proc.returncode in (0, 5) and "Traceback" not in proc.stderr, proc.stderr
+            if proc.returncode == 0:  # what the snapshot held then: the member may rename entries, never more
+                signed = {r["name"]: r["digest"] for r in statement_of(out.read_bytes())["predicate"]["resources"]}
+                assert set(signed.values()) <= set(truth.values()), signed
+            else:
+                # a link refused ("left alone") or an entry the member took away meanwhile ("gone while it was read")
+                assert proc.stderr.startswith("hfcache: error: ") and not out.exists(), proc.stderr
+            check = verify_signature(cache, good, public, "--rehash")
+            # ok, a difference the member made at that moment (exit 1, named), or a refused link (exit 5)
+            assert check.returncode in (0, 1, 5) and "Traceback" not in check.stderr, check.stderr
+            assert secret_sha not in check.stderr
+            codes.append(check.returncode)
+    finally:
+        stop.touch()
+        swaps = int(member.communicate(timeout=60)[0].strip() or 0)
+    assert swaps > 10, swaps  # the race ran
+    assert 5 in codes, codes  # and was met at least once
+    assert secret_sha not in b"".join(p.read_bytes() for p in tmp_path.glob("*.sig.json")).decode()
+    canary.assert_unchanged()
+    assert_cache_verifies(cache)
+    assert verify_signature(cache, good, public, "--rehash").returncode == 0
+
+
+def keys_in(folder: Path) -> tuple[Path, Path]:
+    (folder / "keys").mkdir(exist_ok=True)
+    return write_key(folder / "keys", "signer")
