@@ -34,17 +34,17 @@ def json_depth(doc: Any) -> int:
     Returns:
         int: the depth.
     """
+    if not isinstance(doc, (dict, list)):
+        return 0
     deepest, stack = 0, [(doc, 0)]
     while stack:
         value, depth = stack.pop()
-        if isinstance(value, dict):
-            value = value.values()
-        elif not isinstance(value, list):
-            deepest = max(deepest, depth)
-            continue
         depth += 1
         deepest = max(deepest, depth)
-        stack.extend((child, depth) for child in value)
+        # A scalar child adds no depth beyond its container's: only containers are pushed (a tokenizer.json's
+        # vocabulary is 100k+ scalars, and the fast tokenizer path pays for every one visited).
+        stack.extend((child, depth) for child in (value.values() if isinstance(value, dict) else value)
+                     if isinstance(child, (dict, list)))
     return deepest
 
 

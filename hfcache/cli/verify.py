@@ -26,14 +26,26 @@ from ..errors import UsageError
 @click.option("--fast", is_flag=True,
               help="Skip blobs unchanged (inode, size, mtime, ctime) since an earlier --fast run hashed them right, "
                    "and record this run's in .locks/ [default: hash every blob, write nothing].")
+@click.option("--signature", type=click.Path(dir_okay=False), metavar="FILE",
+              help="Check this model-signing bundle (hfcache sign, model_signing sign) against REPO_ID[@REVISION]'s "
+                   "snapshot instead (with --verify-key): exit 1 naming every file unsigned, changed or missing.")
+@click.option("--verify-key", type=click.Path(dir_okay=False), metavar="PUB",
+              help="PEM EC public key the --signature must verify with.")
+@click.option("--rehash", is_flag=True,
+              help="With --signature: hash every file's bytes [default: an LFS file's blob name is its sha256].")
 @_common_hub_options
 @_lock_timeout_option
-def verify(repo_ids, cache_dir, lock_file, do_repair, fast, endpoints, token, token_file, max_workers, timeout,
-           retries, lock_timeout, as_json) -> None:
+def verify(repo_ids, cache_dir, lock_file, do_repair, fast, signature, verify_key, rehash, endpoints, token,
+           token_file, max_workers, timeout, retries, lock_timeout, as_json) -> None:
     """Check a cache's integrity offline: every blob's hash, links, refs, and the lock's files.
 
-    Without --repair it makes no network request. Exit 1 when any integrity problem remains.
+    Without --repair it makes no network request. Exit 1 when any integrity problem remains. With --signature FILE
+    --verify-key PUB: check that bundle's signature, then its file list against one snapshot (REPO_ID[@REVISION]).
     """
+    if signature or verify_key or rehash:
+        _verify_signature(repo_ids, cache_dir, signature, verify_key, rehash,
+                          lock_file or do_repair or fast, as_json)
+        return
     from ..warming.lockfile import read_lock
     from ..warming.project import reading_cache_dir
     from .render import verify as render
@@ -64,6 +76,27 @@ def verify(repo_ids, cache_dir, lock_file, do_repair, fast, endpoints, token, to
         actions, before = (), None
     render.show_verify(report, actions, before, as_json=as_json)
     sys.exit(report.exit_code)
+
+
+def _verify_signature(repo_ids, cache_dir, signature, verify_key, rehash, other, as_json) -> None:
+    """``verify REPO_ID[@REVISION] --signature FILE --verify-key PUB [--rehash]`` (:mod:`hfcache.integrity.sign`)."""
+    from ..integrity.sign import check_signature
+    from ..integrity.signatures import SignatureMismatch
+    from ..warming.project import reading_cache_dir
+    from .sign import show_mismatch, show_signature
+
+    if not signature or not verify_key:
+        raise UsageError("--signature FILE and --verify-key PUB go together (--rehash needs them)",
+                         hint="hfcache verify ORG/NAME@REVISION --signature B.sig.json --verify-key key.pub")
+    if len(repo_ids) != 1 or other:
+        raise UsageError("--signature checks one snapshot: name exactly one REPO_ID[@REVISION] (no --lock, --repair, "
+                         "--fast)", hint="run plain `hfcache verify` for the cache's integrity")
+    root = reading_cache_dir(cache_dir)
+    try:
+        verdict = check_signature(root, repo_ids[0], signature, verify_key, rehash=rehash)
+    except SignatureMismatch as exc:
+        show_mismatch(exc, repo_ids[0], as_json=as_json)
+    show_signature(verdict, as_json=as_json)
 
 
 @click.command()

@@ -64,6 +64,10 @@ class CheckResult:
             one whose custom code the user did not opt in to (starts with :data:`~.check_trust.NOT_RUN`); such a
             result is ``ok``, but a report where nothing loaded and something was not run is not.
         not_run (bool): nothing was loaded because the load would run custom code the user did not opt in to.
+        fast_path (str | None): the fast path's verdict on the built-in corpus (:mod:`.tokenizer_corpus`):
+            ``"equal"``, ``"differs: <first differing line, both ids>"`` or ``"refused: <reason>"``; None when
+            nothing was loaded.
+        commit (str | None): the commit the fast path read (the record's key).
     """
 
     target: CheckTarget
@@ -76,6 +80,8 @@ class CheckResult:
     cause: str | None = None
     skipped: str | None = None
     not_run: bool = False
+    fast_path: str | None = None
+    commit: str | None = None
 
 
 #: Why a kernel repo is skipped (check_targets lists kernel repos so that a named or locked one is not a failure).
@@ -88,6 +94,8 @@ class CheckReport:
     text: str
     results: tuple[CheckResult, ...]
     import_seconds: float
+    #: whether the fast-path verdicts were recorded (:mod:`.fast_record`); None when none was proved.
+    fast_recorded: bool | None = None
 
     @property
     def ok(self) -> bool:
@@ -182,7 +190,19 @@ def check_tokenizers(cache_dir: Path, targets: list[CheckTarget], text: str = DE
     results = iter(report.results)
     merged = tuple(CheckResult(t, True, skipped=KERNEL_SKIP) if t.repo_type == "kernel" else next(results)
                    for t in targets)
-    return replace(report, results=merged)
+    return replace(report, results=merged, fast_recorded=_record_fast_path(cache_dir, merged))
+
+
+def _record_fast_path(cache_dir: Path, results: tuple[CheckResult, ...]) -> bool | None:
+    """Record each proved verdict (``equal``/``differs``) by repo and commit (:mod:`.fast_record`); whether it was
+    written (None: nothing to record)."""
+    import tokenizers
+
+    from . import fast_record
+
+    verdicts = {fast_record.key(r.target.repo_type, r.target.repo_id, r.commit): r.fast_path for r in results
+                if r.commit and r.fast_path and not r.fast_path.startswith("refused")}
+    return fast_record.save(str(cache_dir), verdicts, tokenizers.__version__) if verdicts else None
 
 
 def _load_tokenizers(cache_dir: Path, targets: list[CheckTarget], text: str, timeout: float,
@@ -311,10 +331,13 @@ def _result(cache_dir: Path, target: CheckTarget, raw: dict) -> CheckResult:
     # transformers drops an uncached chat template silently (docs/cache-layout.md, 'Traps the libraries leave'):
     # the load "works", the app breaks.
     lost = missing_templates(cache_dir, target)
+    fast, commit = data.get("fast_path"), data.get("commit")
     return CheckResult(
         target, not lost, data["class"], data["vocab_size"], tuple(data["input_ids"]), data["seconds"],
         error="loaded without its chat template(s)" if lost else None,
-        cause=f"chat template(s) in the repo but not in the cache: {', '.join(lost)}" if lost else None)
+        cause=f"chat template(s) in the repo but not in the cache: {', '.join(lost)}" if lost else None,
+        fast_path=fast if isinstance(fast, str) else None,
+        commit=commit if isinstance(commit, str) and re.fullmatch(r"[0-9a-f]{40}", commit) else None)
 
 
 def _remove_tree(path: Path) -> None:

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 from . import guard as network_guard
 from .env import OfflineLoadError, OfflineSetupError, check_lock, offline_environment, parse_allow_hosts
 from ..cache.root import resolve_cache_dir
-from ..errors import HfcacheError, HubError
+from ..errors import HfcacheError, HubError, UsageError
 
 if TYPE_CHECKING:
     from ..warming.lockfile import Lockfile
@@ -148,9 +148,25 @@ def enforce_offline(cache_dir: str | os.PathLike[str] | None = None, *,
                            allow_hosts=tuple(str(h) for h in hosts))
 
 
+class FastTokenizerRefused(OfflineLoadError):
+    """``load_tokenizer(backend="tokenizers")`` cannot promise ``AutoTokenizer``'s ids for this repo (exit 4).
+
+    Attributes:
+        reason (str): why (no ``tokenizer.json``, custom code, a class not replicated, recorded as differing by
+            ``hfcache check``, no proof recorded under ``require_proof``).
+    """
+
+    def __init__(self, message: str, *, reason: str, hint: str | None = None) -> None:
+        super().__init__(message, hint=hint, cause=reason)
+        self.reason = reason
+
+
 def load_tokenizer(repo_id: str, revision: str | None = None, *, cache_dir: str | os.PathLike[str] | None = None,
-                   allow_network: bool = False, **kwargs: Any):
-    """Load a tokenizer from the cache alone, with ``AutoTokenizer.from_pretrained``, under the network guard.
+                   allow_network: bool = False, backend: str = "transformers", require_proof: bool = False,
+                   **kwargs: Any):
+    """Load a tokenizer from the cache alone, under the network guard: with ``AutoTokenizer.from_pretrained``
+    (``backend="transformers"``), or as a ``tokenizers.Tokenizer`` without importing transformers
+    (``backend="tokenizers"``, :func:`_load_fast`).
 
     The load passes ``cache_dir`` and ``local_files_only=True`` explicitly, so it does not depend on what
     huggingface_hub read from the environment at import time; any connection attempt during it (loopback included)
@@ -162,23 +178,48 @@ def load_tokenizer(repo_id: str, revision: str | None = None, *, cache_dir: str 
         cache_dir: the cache root (default: ``HF_HUB_CACHE``, ``$HF_HOME/hub`` or ``~/.cache/huggingface/hub``).
         allow_network (bool): when the cache cannot serve the load, load normally from the endpoint
             (``HF_ENDPOINT``) into ``cache_dir`` instead of failing.
-        **kwargs: passed to ``AutoTokenizer.from_pretrained`` (not ``cache_dir``/``local_files_only``).
+        backend (str): ``"transformers"`` [default] or ``"tokenizers"``: a ``tokenizers.Tokenizer`` built from the
+            cached ``tokenizer.json`` whose ``encode(text).ids`` equal ``AutoTokenizer``'s ``input_ids`` (special
+            tokens and post-processing as transformers 5.24 sets them up; no truncation or padding), in
+            milliseconds; transformers is not imported. It refuses what it cannot promise (FastTokenizerRefused).
+        require_proof (bool): with ``backend="tokenizers"``, load only a repo@commit that ``hfcache check`` proved
+            equal, in a record owned by this uid or root, with this ``tokenizers`` version [default: a repo nobody
+            checked loads; a recorded difference refuses].
+        **kwargs: passed to ``AutoTokenizer.from_pretrained`` (not ``cache_dir``/``local_files_only``); none with
+            ``backend="tokenizers"``.
 
     Returns:
-        The tokenizer (a ``transformers.PreTrainedTokenizerBase``).
+        The tokenizer: a ``transformers.PreTrainedTokenizerBase``, or a ``tokenizers.Tokenizer``.
 
     Raises:
         OfflineLoadError: the cache cannot serve the load (``cause`` names the missing piece: no ``config.json`` or
             ``.no_exist`` marker, a missing ref, a missing Python package, ...), a connection was attempted, or
             ``allow_network`` was given while offline mode is on in this process.
         HubError: ``allow_network`` and the network load failed too.
+        FastTokenizerRefused: ``backend="tokenizers"`` and the repo has no ``tokenizer.json`` (a slow-only
+            tokenizer), names custom code, loads a class whose load-time rewrite hfcache does not replicate, was
+            recorded as differing by ``hfcache check``, or (``require_proof``) has no proof recorded.
+        CacheError: ``backend="tokenizers"`` met a planted link or FIFO in the repo folder.
         HfcacheError: transformers is not installed.
+        UsageError: an unknown ``backend``; ``allow_network``, ``require_proof`` or ``kwargs`` with a backend that
+            does not take them.
         TypeError: ``cache_dir`` or ``local_files_only`` in ``kwargs``.
     """
     for reserved in ("cache_dir", "local_files_only"):
         if reserved in kwargs:
             raise TypeError(f"load_tokenizer() sets {reserved} itself")
+    if backend not in ("transformers", "tokenizers"):
+        raise UsageError(f"load_tokenizer(backend={backend!r}): not a backend",
+                         hint='use backend="transformers" or backend="tokenizers"')
     cache = resolve_cache_dir(cache_dir)
+    if backend == "tokenizers":
+        if allow_network or kwargs:
+            raise UsageError(f"load_tokenizer(backend=\"tokenizers\") takes no "
+                             f"{'allow_network' if allow_network else ', '.join(sorted(kwargs))}",
+                             hint='use backend="transformers" for those')
+        return _load_fast(cache, repo_id, revision, require_proof)
+    if require_proof:
+        raise UsageError("require_proof applies to backend=\"tokenizers\" only")
     try:
         from transformers import AutoTokenizer
     except ImportError as exc:
@@ -203,6 +244,46 @@ def load_tokenizer(repo_id: str, revision: str | None = None, *, cache_dir: str 
     if allow_network:
         return _load_from_network(AutoTokenizer, repo_id, revision, cache, spec, kwargs, error=error, failure=failure)
     raise _offline_load_error(cache, repo_id, revision, spec, error) from failure
+
+
+def _load_fast(cache: Path, repo_id: str, revision: str | None, require_proof: bool):
+    """``backend="tokenizers"``: :func:`hfcache.integrity.fast_tokenizer.build` under the network guard, then the
+    refusals ``hfcache check`` recorded (:mod:`hfcache.integrity.fast_record`: a ``differs`` entry from any record
+    read safely; an ``equal`` one only from a trusted record, and only needed with ``require_proof``)."""
+    from ..integrity import fast_record
+    from ..integrity.fast_tokenizer import HINT, FastPathRefused, NotCached, build
+
+    spec = f"{repo_id}@{revision or 'main'}"
+    try:
+        import tokenizers  # noqa: F401 - imported here so a missing package is one clear error
+    except ImportError as exc:
+        raise HfcacheError(f"tokenizers is not installed: {exc}", hint="pip install tokenizers") from None
+    guard = network_guard.install(enforce=False)
+    seen = len(guard.attempts)
+    try:
+        with guard.blocking():
+            built = build(cache, repo_id, revision)
+    except FastPathRefused as exc:
+        raise FastTokenizerRefused(f"{spec}: the fast tokenizer path refuses it: {exc.reason}", reason=exc.reason,
+                                   hint=HINT) from None
+    except NotCached as exc:
+        raise OfflineLoadError(f"{spec} cannot be loaded from the cache {cache}: {exc}", cause=str(exc),
+                               hint=f"warm it: hfcache warm {spec} --cache-dir {cache}") from None
+    if guard.attempts[seen:]:
+        raise OfflineLoadError(f"{spec}: network access attempted ({guard.attempts[seen]}) during an offline load")
+    record_key = fast_record.key("model", repo_id, built.commit)
+    differs = fast_record.recorded_difference(str(cache), record_key)
+    if differs:
+        reason = f"hfcache check recorded that its ids differ from AutoTokenizer's ({differs[:300]})"
+        raise FastTokenizerRefused(f"{spec}: the fast tokenizer path refuses it: {reason}", reason=reason, hint=HINT)
+    if require_proof:
+        if not fast_record.proven_equal(str(cache), record_key, tokenizers.__version__):
+            reason = (f"no proof recorded for commit {built.commit[:12]} with tokenizers {tokenizers.__version__} "
+                      "(require_proof=True)")
+            raise FastTokenizerRefused(f"{spec}: the fast tokenizer path refuses it: {reason}", reason=reason,
+                                       hint=f"run hfcache check {repo_id} --cache-dir {cache} as this user or root, "
+                                            "or " + HINT)
+    return built.tokenizer
 
 
 def _failure_text(failure: Exception, attempts: Sequence[object]) -> str:

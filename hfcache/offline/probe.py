@@ -13,7 +13,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import time
+from pathlib import Path
 
 from . import guard as network_guard
 
@@ -50,6 +52,7 @@ def probe(text: str, specs: list[str], trusted: frozenset[str] = frozenset()) ->
                 "vocab_size": len(tokenizer),
                 "input_ids": ids,
                 "seconds": round(time.perf_counter() - t0, 4),
+                **fast_path(tokenizer, repo_id, revision or "main"),
             }
         except Exception as exc:  # noqa: BLE001 - every failure is data for the parent's diagnosis
             error = f"{type(exc).__name__}: {exc}"
@@ -59,6 +62,43 @@ def probe(text: str, specs: list[str], trusted: frozenset[str] = frozenset()) ->
             results[spec] = {"error": error, "seconds": round(time.perf_counter() - t0, 4)}
     results["__import_seconds__"] = {"seconds": round(import_seconds, 4)}
     return results
+
+
+def _first_difference(lines: list[str], slow: list[list[int]], fast: list[list[int]]) -> str | None:
+    """``differs: ...`` naming the first corpus line whose ids differ and both ids' first 12, else None."""
+    for n, (line, a, b) in enumerate(zip(lines, slow, fast)):
+        if a != b:
+            at = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+            start = max(0, at - 2)
+            return (f"differs: corpus line {n} {line[:40]!r}: from id {start}, transformers {a[start:start + 12]} "
+                    f"vs tokenizers {b[start:start + 12]} ({len(a)} vs {len(b)} ids)")
+    return None
+
+
+def fast_path(tokenizer, repo_id: str, revision: str) -> dict:
+    """Whether ``hfcache.load_tokenizer(backend="tokenizers")`` gives ``tokenizer``'s ids on the built-in corpus:
+    ``{"fast_path": "equal" | "differs: ..." | "refused: <reason>", "commit": str | None}``."""
+    from ..integrity.fast_tokenizer import FastPathRefused, NotCached, build
+    from ..integrity.tokenizer_corpus import corpus
+
+    try:
+        built = build(Path(os.environ["HF_HUB_CACHE"]), repo_id, revision)
+    except (FastPathRefused, NotCached) as exc:
+        return {"fast_path": f"refused: {exc}", "commit": None}
+    except Exception as exc:  # noqa: BLE001 - reported, never fatal to the check
+        return {"fast_path": f"refused: {type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''}",
+                "commit": None}
+    added = [t.content for t in built.tokenizer.get_added_tokens_decoder().values()]
+    specials = [str(t) for t in getattr(tokenizer, "all_special_tokens", [])]
+    lines = corpus([*specials, *added])
+    try:
+        slow = [list(tokenizer(line)["input_ids"]) for line in lines]
+        fast = [built.tokenizer.encode(line).ids for line in lines]
+    except Exception as exc:  # noqa: BLE001 - an encode that raises is a difference, reported
+        return {"fast_path": f"differs: an encode raised {type(exc).__name__}: {str(exc)[:200]}",
+                "commit": built.commit}
+    return {"fast_path": _first_difference(lines, slow, fast) or "equal", "commit": built.commit,
+            "corpus_lines": len(lines)}
 
 
 def main() -> None:

@@ -117,13 +117,14 @@ def show_check(report: CheckReport, *, as_json: bool) -> None:
                  "class": r.tokenizer_class, "vocab_size": r.vocab_size,
                  "input_ids": list(r.input_ids) if r.input_ids is not None else None,
                  "seconds": r.seconds, "error": r.error, "cause": r.cause, "skipped": r.skipped,
-                 "not_run": r.not_run}
+                 "not_run": r.not_run, "fast_path": r.fast_path, "commit": r.commit}
                 for r in report.results
             ],
+            "fast_path_recorded": report.fast_recorded,
         })
         return
     table = Table(title=f"hfcache check {report.cache_dir} (offline)", title_justify="left")
-    for column in ("tokenizer", "class", "vocab", "load", "result"):
+    for column in ("tokenizer", "class", "vocab", "load", "fast path", "result"):
         table.add_column(column, overflow="fold", justify="right" if column in ("vocab", "load") else "left")
     for r in report.results:
         if r.skipped:
@@ -134,7 +135,8 @@ def show_check(report: CheckReport, *, as_json: bool) -> None:
             result = Text(f"ok [{shown}]", style="green")
         else:
             result = Text(r.cause or r.error or "failed", style="red")
-        table.add_row(r.target.spec, r.tokenizer_class or "-", str(r.vocab_size or "-"), f"{r.seconds:.2f}s", result)
+        table.add_row(r.target.spec, r.tokenizer_class or "-", str(r.vocab_size or "-"), f"{r.seconds:.2f}s",
+                      _fast_cell(r.fast_path), result)
     stdout.print(table)
     failed = sum(not r.ok for r in report.results)
     skipped = sum(bool(r.skipped) and not r.not_run for r in report.results)
@@ -146,3 +148,18 @@ def show_check(report: CheckReport, *, as_json: bool) -> None:
     for r in report.results:
         if not r.ok and r.cause and r.error and r.error != r.cause:
             stdout.print(Text(f"{r.target.spec}: {r.error.splitlines()[0][:300]}", style="dim"), soft_wrap=True)
+    for r in report.results:
+        if r.fast_path and r.fast_path != "equal":
+            stdout.print(Text(f"fast path {r.target.spec}: {r.fast_path.splitlines()[0][:400]}", style="dim"),
+                         soft_wrap=True)
+    if report.fast_recorded is False:
+        stdout.print(Text("fast path: not recorded (the cache's .locks/ cannot be written): load_tokenizer cannot "
+                          "refuse the repos that differ", style="yellow"), soft_wrap=True)
+
+
+def _fast_cell(verdict: str | None) -> Text:
+    """The fast-path column: the verdict's first word, coloured."""
+    if not verdict:
+        return Text("-")
+    word = verdict.split(":", 1)[0]
+    return Text(word, style={"equal": "green", "differs": "red"}.get(word, "yellow"))
