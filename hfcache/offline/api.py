@@ -57,6 +57,9 @@ def _module_constants(cache: Path, modules: str | None = None) -> list[tuple[str
     return moved + [
         ("huggingface_hub.constants", "HF_HUB_OFFLINE", True),
         ("huggingface_hub.constants", "HF_HUB_CACHE", str(cache)),
+        # the legacy name, computed once at import and not following HF_HUB_CACHE; TGI's Python server imports it
+        # by name (text-generation-inference server/text_generation_server/utils/hub.py)
+        ("huggingface_hub.constants", "HUGGINGFACE_HUB_CACHE", str(cache)),
         ("huggingface_hub.constants", "HF_HUB_DISABLE_TELEMETRY", True),
         ("huggingface_hub.constants", "HF_HUB_DISABLE_UPDATE_CHECK", True),
         ("huggingface_hub.constants", "HF_HUB_DISABLE_IMPLICIT_TOKEN", True),
