@@ -452,6 +452,10 @@ def prepare_exec(command: Sequence[str], *, cache_dir: str | os.PathLike[str] | 
     base = os.environ if environ is None else environ
     offline = offline_environment(cache, base)
     child_env = guarded_environment(base, offline, hosts)
+    if no_network:  # the Python guard names the mode at socket creation (the kernel's EACCES is retried by clients)
+        child_env[network_guard.ENV_NO_NETWORK] = "1"
+    else:
+        child_env.pop(network_guard.ENV_NO_NETWORK, None)
     resolved: tuple[tuple[str, str], ...] = ()
     if paths:
         from .exec_paths import resolve_exec_paths, substitute_paths

@@ -66,6 +66,10 @@ def _load_hosts_module():
 
 _hosts = _load_hosts_module()
 ENV_ALLOW_HOSTS = _hosts.ENV_ALLOW_HOSTS
+#: Set to ``1`` by ``hfcache exec --no-network`` for its children: the guard then refuses, at creation, every socket
+#: that is not ``AF_UNIX``, with its own message. The kernel filter (:mod:`hfcache.offline.sandbox`) refuses them too,
+#: but with ``EACCES``, a ``PermissionError`` that HTTP clients retry for ~20-50 s before they give up silently.
+ENV_NO_NETWORK = "HFCACHE_NO_NETWORK"
 AllowedHost = _hosts.AllowedHost
 parse_allow_host = _hosts.parse_allow_host
 hosts_from_environ = _hosts.hosts_from_environ
@@ -133,6 +137,9 @@ class NetworkBlocked(RuntimeError):
         self.action = action
         self.target = target
         remedy = (
+            "`hfcache exec --no-network` allows only AF_UNIX sockets; run without --no-network (and with "
+            "--allow-host) if it must reach a host"
+            if action.startswith("socket") and "--no-network" in target else
             "Such sockets cannot be allowed; run this without hfcache's guard if it must"
             if action.startswith("socket") else
             "Pass the address as a plain tuple of a str host and an int port"
@@ -179,6 +186,7 @@ class _Rules:
         self.hosts_names, self.hosts_addresses = hosts_file_entries()
         self.resolved: dict[str, frozenset] = {}
         self.busy = threading.local()
+        self.local_only = False  # exec --no-network: only AF_UNIX sockets (turns on only, see Guard.refuse_ip)
 
     def allow(self, hosts: Iterable[AllowedHost | str]) -> None:
         for host in hosts:
@@ -262,6 +270,8 @@ class _Rules:
     def _refusal(self, event: str, args: tuple) -> tuple[str, str] | None:
         if event == "socket.__new__":
             family = args[1]  # -1: socket(fileno=...) wraps an existing descriptor; its connect or sendto is checked
+            if self.local_only and family != -1 and family != socket.AF_UNIX:
+                return "socket of address family", f"{_family_name(family)} (exec --no-network: AF_UNIX only)"
             if family != -1 and family not in _INET_FAMILIES and family not in _LOCAL_FAMILIES:
                 return "socket of address family", _family_name(family)
             # family -1 is also C's default (AF_INET when no fileno is given): a raw type is refused then too
@@ -344,7 +354,7 @@ class Guard:
     """
 
     __slots__ = ("attempts", "hook", "allows_lookup", "allows_reverse_lookup", "allows_connection", "_allow",
-                 "_allowed", "_enforce", "_is_enforced", "_scoped")
+                 "_allowed", "_enforce", "_is_enforced", "_scoped", "_refuse_ip")
 
     def __init__(self) -> None:
         rules = _Rules()
@@ -377,6 +387,7 @@ class Guard:
         object.__setattr__(self, "_enforce", enforce)
         object.__setattr__(self, "_is_enforced", lambda: latch[0])
         object.__setattr__(self, "_scoped", scoped)
+        object.__setattr__(self, "_refuse_ip", lambda: setattr(rules, "local_only", True))
 
     def __setattr__(self, name: str, value) -> None:
         raise AttributeError(f"the network guard's {name!r} cannot be changed (blocking only turns on)")
@@ -401,6 +412,11 @@ class Guard:
         """Turn blocking on for the whole process, for good."""
         self._enforce()
 
+    def refuse_ip(self) -> None:
+        """Refuse every socket that is not ``AF_UNIX`` at its creation, for good (``exec --no-network``'s
+        children: the message names the mode instead of the kernel filter's bare ``EACCES``)."""
+        self._refuse_ip()
+
     @contextlib.contextmanager
     def blocking(self) -> Iterator[Guard]:
         """Block network access not allowed, in this thread (context) only, for the duration of the block."""
@@ -421,7 +437,7 @@ def current() -> Guard | None:
     return getattr(sys, _STATE_ATTR, None)
 
 
-def install(allow_hosts: Iterable[AllowedHost | str] = (), *, enforce: bool = True) -> Guard:
+def install(allow_hosts: Iterable[AllowedHost | str] = (), *, enforce: bool = True, local_only: bool = False) -> Guard:
     """Install the process's guard (once: audit hooks cannot be removed) and return it.
 
     A later call reuses the installed guard: it adds ``allow_hosts`` to the allow-list and, with ``enforce``, turns
@@ -430,6 +446,7 @@ def install(allow_hosts: Iterable[AllowedHost | str] = (), *, enforce: bool = Tr
     Args:
         allow_hosts: ``HOST[:PORT]`` strings or :class:`AllowedHost` entries that stay reachable.
         enforce: block everywhere in this process from now on.
+        local_only: also refuse every socket but ``AF_UNIX`` at creation (:meth:`Guard.refuse_ip`).
 
     Raises:
         ValueError: an allow-list entry does not parse.
@@ -448,6 +465,8 @@ def install(allow_hosts: Iterable[AllowedHost | str] = (), *, enforce: bool = Tr
         guard.allow(allow_hosts)
     if enforce:
         guard.enforce()
+    if local_only:
+        guard.refuse_ip()
     return guard
 
 

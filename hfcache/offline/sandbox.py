@@ -184,13 +184,11 @@ def filter_problem() -> str | None:
     if status is not None and (status.get("Seccomp") != "2" or status.get("NoNewPrivs") != "1"):
         return f"/proc/self/status has Seccomp: {status.get('Seccomp')}, NoNewPrivs: {status.get('NoNewPrivs')}"
     for family, name in ((socket.AF_INET, "AF_INET"), (socket.AF_INET6, "AF_INET6")):
-        try:
-            socket.socket(family, socket.SOCK_STREAM).close()
-        except OSError as exc:
-            if exc.errno != SOCKET_ERRNO and exc.errno != errno.EAFNOSUPPORT:
-                return f"an {name} socket failed with {_describe(exc)}, not the filter's EACCES"
-            continue
-        return f"an {name} socket could still be created"
+        code = _kernel_socket_errno(family)
+        if code is None:
+            return f"an {name} socket could still be created"
+        if code != SOCKET_ERRNO and code != errno.EAFNOSUPPORT:
+            return f"an {name} socket failed with {errno.errorcode.get(code, code)}, not the filter's EACCES"
     try:
         left, right = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
     except OSError as exc:
@@ -210,14 +208,25 @@ def _proc_status() -> dict[str, str] | None:
     return {key.strip(): value.strip() for key, value in fields}
 
 
+def _kernel_socket_errno(family: int) -> int | None:
+    """The errno the kernel gives ``socket(family, SOCK_STREAM, 0)``, or None when it made one (closed at once).
+
+    Through libc, not ``socket.socket``: under ``exec --no-network`` the Python guard (an audit hook) refuses the
+    socket first with ``NetworkBlocked``, and this asks what the kernel says."""
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    fd = libc.socket(family, socket.SOCK_STREAM, 0)
+    if fd >= 0:
+        os.close(fd)
+        return None
+    return ctypes.get_errno()
+
+
 def network_sockets_denied() -> bool:
     """Whether this process already cannot create an IPv4 socket because of a filter (``EACCES``): it runs under
     ``exec --no-network`` or a sandbox like it. Opens (and closes) one unconnected socket, nothing is sent."""
-    try:
-        socket.socket(socket.AF_INET, socket.SOCK_STREAM).close()
-    except OSError as exc:
-        return exc.errno == SOCKET_ERRNO
-    return False
+    return _kernel_socket_errno(socket.AF_INET) == SOCKET_ERRNO
 
 
 def close_inherited_sockets() -> tuple[int, ...]:

@@ -284,6 +284,37 @@ def test_no_network_offline_autotokenizer_load_works(tmp_path: Path, warm_cache:
     canary.assert_unchanged()
 
 
+HUB_DOWNLOAD_PY = textwrap.dedent("""
+    import sys, time
+    from huggingface_hub import hf_hub_download
+    started = time.monotonic()
+    try:
+        hf_hub_download(sys.argv[1], "tokenizer_config.json", cache_dir=sys.argv[2])
+    except Exception as exc:  # what the application sees, and how soon
+        print(f"{time.monotonic() - started:.1f}", type(exc).__name__, exc)
+        sys.exit(5)
+""")
+
+
+def test_no_network_python_clients_fail_at_once_naming_the_mode(tmp_path: Path, hub_server) -> None:
+    """The kernel's EACCES is a PermissionError that HTTP clients retry (huggingface_hub for ~23 s, then "check your
+    connection"); under --no-network the Python guard refuses the socket itself first, with its own message."""
+    env = clean_env(HF_ENDPOINT=hub_server.endpoint)
+    (tmp_path / "c").mkdir()
+    command = ["env", "-u", "HF_HUB_OFFLINE", "-u", "TRANSFORMERS_OFFLINE", sys.executable, "-c", HUB_DOWNLOAD_PY,
+               REPO, str(tmp_path / "online-cache")]
+    started = time.monotonic()
+    proc = hfcache_exec(["--cache-dir", str(tmp_path / "c"), "--no-network", "--", *command], env=env, timeout=120)
+    assert proc.returncode == 5, proc.stdout + proc.stderr
+    assert "exec --no-network: AF_UNIX only" in proc.stdout, proc.stdout
+    assert time.monotonic() - started < 15, proc.stdout
+    assert hub_server.requests == []
+    # the same child without the guard (python -I) still fails, only later and less clearly: the kernel is the floor
+    proc = hfcache_exec(["--cache-dir", str(tmp_path / "c"), "--no-network", "--", *command[:6], "-I",
+                         *command[6:]], env=env, timeout=120)
+    assert proc.returncode == 5 and hub_server.requests == [], proc.stdout + proc.stderr
+
+
 # ------------------------------------------------------------------------------------------------ fails closed
 
 #: Runs the rest of its argv under an outer seccomp filter that makes seccomp(2) and prctl(2) fail with EPERM

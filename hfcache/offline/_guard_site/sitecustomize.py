@@ -24,7 +24,7 @@ def _install_guard() -> None:
         sys.stderr.write(f"hfcache: warning: {module.ENV_ALLOW_HOSTS} is malformed ({exc}); the network guard "
                          "allows no host\n")
         hosts = ()
-    module.install(hosts, enforce=True)
+    module.install(hosts, enforce=True, local_only=os.environ.get(module.ENV_NO_NETWORK) == "1")
 
 
 def _chain_next_sitecustomize() -> None:
