@@ -19,6 +19,12 @@ from ..errors import UsageError
 #: Variables hfcache sets itself in exec's child (besides the offline variables): a --path may not replace them.
 RESERVED = frozenset({"PYTHONPATH"})
 RESERVED_PREFIXES = ("HFCACHE_",)
+#: Variables the shell, the dynamic loader and interpreters read to find programs, libraries and homes: a --path
+#: naming one would break the command in ways that name something else (``--path PATH=...`` made ``echo`` "not
+#: found"; ``LD_PRELOAD`` loads the snapshot folder as a library).
+SYSTEM = frozenset({"PATH", "HOME", "USER", "LOGNAME", "SHELL", "PWD", "OLDPWD", "IFS", "ENV", "BASH_ENV", "TMPDIR",
+                    "TERM", "LANG", "CDPATH", "PS4"})
+SYSTEM_PREFIXES = ("LD_", "DYLD_", "PYTHON", "LC_", "HF_", "HUGGINGFACE_", "TRANSFORMERS_")
 _TOKEN = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*)\}")
 
 
@@ -49,6 +55,9 @@ def resolve_exec_paths(cache: Path, specs: Iterable[str], reserved: Iterable[str
             raise UsageError(f"--path {name}=...: {name} is "
                              f"{'given twice' if name in dict(parsed) else 'set by hfcache exec itself'}",
                              hint="choose another NAME, e.g. MODEL")
+        if name in SYSTEM or name.startswith(SYSTEM_PREFIXES):
+            raise UsageError(f"--path {name}=...: {name} is read by the shell, the loader or a library, not a name "
+                             "for a path", hint="choose another NAME, e.g. MODEL")
         taken.add(name)
         parsed.append((name, (spec, pattern)))
     resolved = []

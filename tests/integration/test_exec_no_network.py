@@ -414,6 +414,8 @@ def test_path_substitutes_the_snapshot_and_one_file_into_argv_and_env(tmp_path: 
     (f"M={REPO}:nothing*.gguf", 1, ["no file matching 'nothing*.gguf'", "hint: fetch it: hfcache warm"]),
     (f"HF_HUB_CACHE={REPO}", 2, ["HF_HUB_CACHE is set by hfcache exec itself"]),
     ("1M=x", 2, ["is not a variable name"]),
+    (f"PATH={REPO}", 2, ["PATH is read by the shell, the loader or a library"]),
+    (f"LD_PRELOAD={REPO}", 2, ["LD_PRELOAD is read by the shell, the loader or a library"]),
 ])
 def test_path_that_cannot_be_resolved_stops_the_command(tmp_path: Path, warm_cache: Path, spec: str, code: int,
                                                          words: list[str]) -> None:
