@@ -50,6 +50,9 @@ def verify_snapshots(found: list[bytes], snapshots: dict[str, dict[str, str]], p
     from ..cache.scan import parse_folder_name
     from ..integrity.signatures import SignatureMismatch, verify_files
 
+    if not snapshots:  # nothing checked is not "verified": an image of refs, markers or blobs alone is refused
+        raise SignatureMismatch("refused the pull, nothing was written: --verify-key was given but the artifact "
+                                "brings no snapshot files for a signature to cover", reason="unsigned")
     fingerprint = ""
     for name, files in sorted(snapshots.items()):
         folder, _, commit = name.partition("/")
@@ -82,22 +85,29 @@ class TarFiles:
         self.files: dict[tuple[str, str, str], str] = {}  # (folder, commit, path) -> member name of its bytes
 
     def note(self, member, sha256: str | None) -> None:
-        """One member (after prefix stripping); ``sha256`` of its bytes for a file."""
-        parts = member.name.split("/")
+        """One member (after prefix stripping); ``sha256`` of its bytes for a file.
+
+        Names are split exactly as the importer splits them (``move/import_plan._clean_name``: a leading ``./``
+        dropped): entries named ``./models--.../snapshots/...`` were published but never seen here, so a pull of
+        such an image "verified" with nothing checked."""
+        from ..move.import_plan import _clean_name
+
+        parts = _clean_name(member.name)
+        name = "/".join(parts)
         if len(parts) < 3:
             return
         if member.kind == "file" and sha256 is not None:
-            self.entries[member.name] = sha256
+            self.entries[name] = sha256
             if parts[1] == "blobs" and len(parts) == 3:
                 self.blobs[(parts[0], parts[2])] = sha256
         if parts[1] != "snapshots" or len(parts) < 4:
             return
         key = (parts[0], parts[2], "/".join(parts[3:]))
         if member.kind == "symlink":
-            resolved = posixpath.normpath(posixpath.join(posixpath.dirname(member.name), member.linkname))
+            resolved = posixpath.normpath(posixpath.join(posixpath.dirname(name), member.linkname))
             self.links[key] = posixpath.basename(resolved)
         elif member.kind in ("file", "hardlink"):
-            self.files[key] = member.name if member.kind == "file" else member.linkname
+            self.files[key] = name if member.kind == "file" else "/".join(_clean_name(member.linkname))
 
     def snapshots(self, cache_dir: Path) -> dict[str, dict[str, str]]:
         """``<folder>/<commit>`` -> {path: sha256 hex}; a link to a blob the pull did not bring is re-hashed from the

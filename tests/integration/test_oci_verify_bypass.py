@@ -1,0 +1,136 @@
+"""``pull --verify-key`` against images crafted to publish what the signature does not cover (red team, round two):
+tar entries named ``./models--...`` (the importer drops the ``./``; the signature check used to skip such names, so
+a replaced ``config.json`` was published as "signatures verified"), and an image that brings no snapshot file at
+all (nothing checked is not "verified"). Each is refused with exit 1, nothing is published, and a canary outside
+the target is unchanged.
+"""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+import io
+import json
+import os
+import subprocess
+import tarfile
+from pathlib import Path
+
+import pytest
+
+import hfcache
+from hfcache.records import WarmRequest
+from hfcache.serve import HubServer
+from tests.canary import Canary
+from tests.helpers import clean_env, run_hfcache
+from tests.integration.test_oci_pull_modelpack import attach_signature, key_pair, signed_files
+from tests.registry import available, put_blob, put_manifest, running_registry
+
+pytestmark = [pytest.mark.skipif(available() is not None and not os.environ.get("CI"), reason=str(available()))]
+
+HUB = Path(__file__).parent.parent / "data" / "hub"
+REPO = "openai-community/gpt2"
+GPT2 = "models--openai-community--gpt2"
+MANIFEST = "application/vnd.oci.image.manifest.v1+json"
+EVIL = b'{"architectures": ["EVIL-VIA-DOTSLASH"]}'
+
+
+@pytest.fixture(scope="module")
+def seed(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("bypass-seed") / "cache"
+    with HubServer(HUB) as server:
+        assert hfcache.warm([WarmRequest.parse(REPO)], cache_dir=root, endpoint=server.endpoint, token=False).ok
+    return root
+
+
+@pytest.fixture(scope="module")
+def registry(tmp_path_factory):
+    with running_registry(tmp_path_factory.mktemp("bypass-registry")) as reg:
+        yield reg
+
+
+def _tar(members: list[tuple[tarfile.TarInfo, bytes | None]]) -> bytes:
+    out = io.BytesIO()
+    with tarfile.open(fileobj=out, mode="w", format=tarfile.PAX_FORMAT) as tar:
+        for info, data in members:
+            tar.addfile(info, io.BytesIO(data) if data is not None else None)
+    return out.getvalue()
+
+
+def _members(cache: Path, name_prefix: str, *, replace: dict[str, bytes] | None = None,
+             only: tuple[str, ...] | None = None) -> list[tuple[tarfile.TarInfo, bytes | None]]:
+    """The cache's gpt2 folder as tar members named ``name_prefix + path``; ``replace`` turns a snapshot link into a
+    real file with other bytes; ``only`` keeps the entries under those folders of the repo."""
+    members = []
+    for path in sorted((cache / GPT2).rglob("*")):
+        rel = str(path.relative_to(cache))
+        inner = rel.split("/", 2)[1] if "/" in rel else ""
+        if only is not None and inner not in only:
+            continue
+        info = tarfile.TarInfo(name_prefix + rel)
+        name = rel.rsplit("/", 1)[-1]
+        if replace and "/snapshots/" in rel and name in replace:
+            data = replace[name]
+            info.size = len(data)
+            members.append((info, data))
+        elif path.is_symlink():
+            info.type, info.linkname = tarfile.SYMTYPE, os.readlink(path)
+            members.append((info, None))
+        elif path.is_dir():
+            info.type = tarfile.DIRTYPE
+            members.append((info, None))
+        else:
+            data = path.read_bytes()
+            info.size = len(data)
+            members.append((info, data))
+    return members
+
+
+def _push_tar(host: str, name: str, tar: bytes) -> str:
+    blob = gzip.compress(tar, mtime=0)
+    config = json.dumps({"architecture": "amd64", "os": "linux",
+                         "rootfs": {"type": "layers", "diff_ids": [f"sha256:{hashlib.sha256(tar).hexdigest()}"]}})
+    manifest = {"schemaVersion": 2, "mediaType": MANIFEST,
+                "config": {"mediaType": "application/vnd.oci.image.config.v1+json",
+                           "digest": put_blob(host, name, config.encode()), "size": len(config)},
+                "layers": [{"mediaType": "application/vnd.oci.image.layer.v1.tar+gzip",
+                            "digest": put_blob(host, name, blob), "size": len(blob)}]}
+    put_manifest(host, name, "v1", json.dumps(manifest).encode(), MANIFEST)
+    return f"{host}/{name}:v1"
+
+
+def _pull(ref: str, target: Path, public: Path) -> subprocess.CompletedProcess:
+    return run_hfcache(["pull", ref, "--cache-dir", str(target), "--plain-http", "--verify-key", str(public)],
+                       env=clean_env())
+
+
+def _refused(proc: subprocess.CompletedProcess, needle: str) -> None:
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert "Traceback" not in proc.stderr and needle in proc.stderr, proc.stderr
+    assert "signatures verified" not in proc.stdout
+
+
+def test_dot_slash_names_are_checked_as_the_importer_publishes_them(seed, registry, tmp_path):
+    private, public = key_pair(tmp_path / "keys", "team")
+    canary = Canary(tmp_path)
+    # control: the same image with plain names and the signed bytes pulls and verifies
+    good = _push_tar(registry.host, "bypass/good", _tar(_members(seed, "")))
+    attach_signature(good, signed_files(seed), private)
+    proc = _pull(good, tmp_path / "ok", public)
+    assert proc.returncode == 0 and "signatures verified" in proc.stdout, proc.stdout + proc.stderr
+    # ./ names with config.json replaced by other bytes: the signature covers the real config.json
+    ref = _push_tar(registry.host, "bypass/dotslash", _tar(_members(seed, "./", replace={"config.json": EVIL})))
+    attach_signature(ref, signed_files(seed), private)
+    target = tmp_path / "target"
+    _refused(_pull(ref, target, public), "changed: config.json")
+    assert not target.exists()
+    canary.assert_unchanged()
+
+
+def test_an_image_without_snapshot_files_is_not_verified(seed, registry, tmp_path):
+    private, public = key_pair(tmp_path / "keys", "team")
+    ref = _push_tar(registry.host, "bypass/nosnap", _tar(_members(seed, "", only=("blobs", "refs"))))
+    attach_signature(ref, signed_files(seed), private)
+    target = tmp_path / "target"
+    _refused(_pull(ref, target, public), "brings no snapshot files")
+    assert not target.exists()
