@@ -198,12 +198,17 @@ def plan_artifact(manifest: dict, config: dict, reference: str, prefix: str | No
     return plan
 
 
-def held_locally(cache_dir: Path, folder: str, etag: str, size: int) -> bool:
+def held_locally(cache_dir: Path, folder: str, etag: str, size: int, digest: str | None = None) -> bool:
     """Whether the target's ``<folder>/blobs/<etag>`` holds this content, re-hashed now (a member can plant a wrong
     blob under the right name): False when there is none (or it cannot be opened safely: import judges it then).
 
+    ``digest`` (``sha256:<hex>``, a raw layer's): the held blob's bytes must also hash to it. For a git-sha1 etag the
+    name alone says nothing about the layer: an artifact naming another file's blob (one the target holds) as a
+    layer's ``io.hfcache.etag`` made the snapshot link to other bytes than the ones signed and listed.
+
     Raises:
         CheckFailed: the blob is there but has another size or does not hash to its name (exit 1; nothing changed).
+        IntegrityError: the held blob is not the layer's content: the artifact's etag annotation lies (exit 3).
     """
     try:
         fd = safefs.open_blob(cache_dir, folder, etag)
@@ -211,8 +216,18 @@ def held_locally(cache_dir: Path, folder: str, etag: str, size: int) -> bool:
         return False
     try:
         st = os.fstat(fd)
-        ok = st.st_size == size and fd_hash(os.dup(fd), algorithm_of(etag) or "sha256",
-                                            shown=f"{folder}/blobs/{etag}")[0] == etag
+        algorithm = algorithm_of(etag) or "sha256"
+        ok = fd_hash(os.dup(fd), algorithm, shown=f"{folder}/blobs/{etag}")[0] == etag
+        lies = ok and st.st_size != size
+        if ok and not lies and digest is not None and algorithm != "sha256":
+            os.lseek(fd, 0, os.SEEK_SET)
+            lies = f"sha256:{fd_hash(os.dup(fd), 'sha256', shown=f'{folder}/blobs/{etag}')[0]}" != digest
+        if lies:
+            shown = f" ({digest})" if digest else ""
+            raise IntegrityError(f"refused the pull, nothing was changed: a layer{shown} names {folder}/blobs/{etag} "
+                                 "as its blob, which holds other bytes (the blob name the artifact gives does not "
+                                 "match its content)",
+                                 hint="the artifact is altered or crafted; pull it from its source again")
     except OSError as exc:
         if exc.errno == errno.EINVAL:  # not a regular file: import refuses it (nothing is written through it)
             return False
@@ -270,7 +285,7 @@ class ArtifactSource:
         self.client, self.container, self.plan, self.sink, self.budget = client, container, plan, sink, budget
         self.cache_dir = cache_dir
         self.held = {etag for etag, group in plan.contents.items()
-                     if held_locally(cache_dir, plan.folder, etag, group[0].size)}
+                     if held_locally(cache_dir, plan.folder, etag, group[0].size, group[0].digest)}
         self.received: list[Layer] = []
         self.skipped: list[str] = []
         to_fetch = [g[0].size for e, g in plan.contents.items() if e not in self.held] + [r.size for r in plan.refs]

@@ -134,3 +134,35 @@ def test_an_image_without_snapshot_files_is_not_verified(seed, registry, tmp_pat
     target = tmp_path / "target"
     _refused(_pull(ref, target, public), "brings no snapshot files")
     assert not target.exists()
+
+
+def test_a_modelpack_etag_naming_another_held_blob_is_refused(seed, registry, tmp_path):
+    """A layer whose bytes are the signed config.json but whose ``io.hfcache.etag`` names another git-sha1 blob the
+    target already holds: the held blob was re-hashed against its name only, the layer skipped, and the snapshot's
+    config.json linked to the other bytes while the signature check saw the layer's digest."""
+    import shutil
+
+    from tests.integration.test_oci_pull_modelpack import GPT2 as FOLDER, layer, push_artifact, snapshot_files
+
+    private, public = key_pair(tmp_path / "keys", "team")
+    commit, files = snapshot_files(seed)
+    git_named = [(p, d, e) for p, d, e in files if len(e) == 40]
+    (cfg_path, cfg_data, _), (other_path, other_data, other_etag) = git_named[0], git_named[1]
+    layers = [layer(registry.host, "bypass/etag", f"{FOLDER}/snapshots/{'1' * 40}/{path}", data,
+                    other_etag if path == cfg_path else etag) for path, data, etag in files]
+    for entry in layers:  # the descriptor's size is the held blob's: the layer is never fetched, only compared
+        if entry["annotations"].get("io.hfcache.etag") == other_etag:
+            entry["size"] = len(other_data)
+    ref = push_artifact(registry.host, "bypass/etag", "v1", layers, commit="1" * 40)
+    attach_signature(ref, signed_files(seed), private)
+    target = tmp_path / "target"
+    shutil.copytree(seed, target, symlinks=True)  # the target holds every blob of gpt2 already
+    before = sorted(str(p.relative_to(target)) for p in target.rglob("*"))
+    canary = Canary(tmp_path)
+    proc = _pull(ref, target, public)
+    assert proc.returncode == 3, proc.stdout + proc.stderr
+    assert f"names {FOLDER}/blobs/{other_etag} as its blob, which holds other bytes" in proc.stderr, proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert sorted(str(p.relative_to(target)) for p in target.rglob("*")) == before
+    canary.assert_unchanged()
+    assert cfg_data != other_data and other_path != cfg_path
