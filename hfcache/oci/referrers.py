@@ -292,7 +292,10 @@ def _bundle_of(client, container, digest: str, subject_digest: str) -> bytes | N
     subject = manifest.get("subject")
     if not isinstance(subject, dict) or subject.get("digest") != subject_digest:
         return None
-    layers = [x for x in manifest.get("layers") or [] if isinstance(x, dict) and x.get("mediaType") == BUNDLE_TYPE]
+    listed = manifest.get("layers")
+    if not isinstance(listed, list):  # a number or true here was a TypeError (exit 70): not a bundle referrer
+        return None
+    layers = [x for x in listed if isinstance(x, dict) and x.get("mediaType") == BUNDLE_TYPE]
     if len(layers) != 1 or not DIGEST.fullmatch(str(layers[0].get("digest"))):
         return None
     size = layers[0].get("size")

@@ -392,3 +392,18 @@ def test_verify_any_takes_the_signature_of_the_key_given(registry, digests, tmp_
     with pytest.raises(SignatureMismatch, match="changed: vocab.txt") as differs:
         verify_any(found, changed, a_pub, name=name)
     assert differs.value.changed == ("vocab.txt",)
+
+
+
+@pytest.mark.parametrize("layers", [5, True, "x", None, {"a": 1}])
+def test_a_referrer_whose_layers_are_not_a_list_is_skipped(layers) -> None:
+    """A hostile referrer manifest with ``"layers": 5`` (or ``true``) was a TypeError, exit 70: it is no bundle.
+    (Distribution refuses such a manifest on upload, so the hand-written registry serves it.)"""
+    with _ReferrersRegistry() as api:
+        subject = _api_subject(api)
+        bad = json.dumps({"schemaVersion": 2, "mediaType": MANIFEST_TYPE, "artifactType": BUNDLE_TYPE,
+                          "config": {}, "subject": subject, "layers": layers}).encode()
+        api.manifests[f"sha256:{hashlib.sha256(bad).hexdigest()}"] = (bad, MANIFEST_TYPE)
+        client, container = client_for(api, "hf/api")
+        with network_errors(container.registry, True):
+            assert referrers.bundles(client, container, subject["digest"]) == []
