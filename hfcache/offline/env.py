@@ -432,8 +432,9 @@ def prepare_exec(command: Sequence[str], *, cache_dir: str | os.PathLike[str] | 
         LockNotSatisfied: the cache lacks something the lock pins (exit 4).
         PathNotCached, AmbiguousPath: a ``--path`` is not cached, or its pattern matches several files (exit 1).
     """
-    if not command:
-        raise UsageError("no command given", hint="hfcache exec [OPTIONS] -- COMMAND [ARGS]...")
+    if not command or not command[0]:
+        raise UsageError("no command given" if not command else "the command name is empty",
+                         hint="hfcache exec [OPTIONS] -- COMMAND [ARGS]...")
     hosts = parse_allow_hosts(allow_hosts)
     if no_network and hosts:
         raise UsageError("--allow-host cannot be combined with --no-network: the process-tree filter refuses every "

@@ -150,6 +150,11 @@ class NetworkBlocked(RuntimeError):
         super().__init__(f"hfcache blocked a {action} {target}: this process runs offline under hfcache's network "
                          f"guard. {remedy}")
 
+    def __reduce__(self):
+        # Picklable as it was made: a multiprocessing worker that hits the guard sends the error back to the pool
+        # (with RuntimeError's default, unpickling called __init__ with one argument and Pool.map hung for ever).
+        return type(self), (self.action, self.target)
+
 
 def _real_families(sock) -> frozenset:
     """The socket's address family as C stores it and as the kernel reports it (``SO_DOMAIN``, Linux); empty when

@@ -16,6 +16,12 @@ What the filter does (native architecture, e.g. x86_64 or aarch64):
 ``socketcall``                  ``EACCES`` on architectures that have it (32-bit x86, s390, ppc): its arguments are in
                                 memory, out of a filter's reach, so all of it is refused (there, ``AF_UNIX`` through
                                 ``socketcall`` is refused too: fail closed).
+``pidfd_getfd``,                ``EPERM``: each reaches a socket, or network I/O, that another process (or the
+``process_vm_readv``/``writev``, kernel on the tree's behalf) owns: ``pidfd_getfd`` copies a live socket out of
+``ptrace``, ``request_key``,    another process of the same user in one call; ``request_key`` makes the kernel run
+``bpf``                         ``/sbin/request-key`` outside the filter (``key.dns_resolver``: DNS look-ups).
+``ioctl(fd, TUNSETIFF, ...)``   ``EACCES``: creating or attaching a TUN/TAP device (root in the tree could write
+                                its own IP packets through it).
 a foreign ABI                   the process is killed (libseccomp's ``ACT_BADARCH``, set to ``KILL_PROCESS``): a
                                 32-bit ``int 0x80`` call or an x32 call (``__X32_SYSCALL_BIT``) from an x86_64
                                 process could otherwise reach ``socketcall``/``socket`` under another syscall table.
@@ -25,14 +31,16 @@ libseccomp sets ``no_new_privs`` (``CTL_NNP``, its default), which seccomp requi
 setuid/file-capability programs (``sudo``, ``ping``) no longer gain privileges under the filter.
 
 After the load, :func:`install_network_filter` checks that the filter is in force (``/proc/self/status``
-``Seccomp: 2``, an ``AF_INET`` and an ``AF_INET6`` socket refused, an ``AF_UNIX`` pair still created): a kernel or
+``Seccomp: 2``, ``AF_INET`` and ``AF_INET6`` stream and datagram sockets and an ``AF_NETLINK`` socket refused with
+``EACCES``, ``io_uring_setup`` answered ``ENOSYS``, an ``AF_UNIX`` pair still created): a kernel or
 an outer sandbox that answered the load with a fake success is caught, and the command never runs unprotected.
 
 Not covered (docs/offline.md, "exec --no-network"): ``AF_UNIX`` connections to a local service that talks to the
 network for the process (a proxy, ``docker.sock``, ``nscd``/``systemd-resolved``), descriptors received over
-``AF_UNIX`` (``SCM_RIGHTS``) or inherited on stdin/stdout/stderr, and another process of the same user that the
-tree can control (``/proc/PID/mem``, ptrace where Yama allows it). A network namespace or the NetworkPolicy covers
-those.
+``AF_UNIX`` (``SCM_RIGHTS``) or inherited on stdin/stdout/stderr, another process of the same user that the tree
+can reach through ``/proc/PID/mem``, and a tree running as root (or with ``CAP_NET_ADMIN``/``CAP_SYS_ADMIN``): root
+can make the kernel run a helper outside the filter (``/proc/sys/kernel/core_pattern`` ``|prog``). The filter is the
+floor for an unprivileged tree; a network namespace or the NetworkPolicy covers the rest.
 """
 
 from __future__ import annotations
@@ -53,6 +61,12 @@ SOCKET_ERRNO = errno.EACCES
 #: The errno of the io_uring calls: "no io_uring here", so programs take their ordinary system-call path.
 IO_URING_ERRNO = errno.ENOSYS
 IO_URING_CALLS = ("io_uring_setup", "io_uring_enter", "io_uring_register")
+#: Calls that reach another process's sockets or make the kernel act outside the filter (``EPERM``), with the
+#: number each has on every architecture but alpha, for a libseccomp too old to know its name (library gap).
+FOREIGN_CALLS = (("pidfd_getfd", 438), ("process_vm_readv", None), ("process_vm_writev", None), ("ptrace", None),
+                 ("request_key", None), ("bpf", None))
+#: ``TUNSETIFF`` (linux/if_tun.h: ``_IOW('T', 202, int)``), the ioctl that creates or attaches a TUN/TAP device.
+TUNSETIFF = 0x400454CA
 #: How long doctor's probe child may take before it is killed (it loads a filter and opens three sockets).
 PROBE_TIMEOUT = 10.0
 
@@ -134,6 +148,11 @@ def build_filter(binding=None):
         for call in ("socket", "socketpair"):
             rules.add_rule(refused, call, seccomp.Arg(0, seccomp.NE, socket.AF_UNIX))
         rules.add_rule(refused, "socketcall")  # never matches on x86_64/aarch64 (no such call there)
+        for call, number in FOREIGN_CALLS:
+            known = seccomp.resolve_syscall(seccomp.Arch.NATIVE, call) >= 0
+            if known or number is not None:
+                rules.add_rule(seccomp.ERRNO(errno.EPERM), call if known else number)
+        rules.add_rule(refused, "ioctl", seccomp.Arg(1, seccomp.MASKED_EQ, 0xFFFFFFFF, TUNSETIFF))
         for number, call in enumerate(IO_URING_CALLS, start=425):
             # libseccomp < 2.5 has no names for them (library gap): 425-427 on every architecture but alpha
             known = seccomp.resolve_syscall(seccomp.Arch.NATIVE, call) >= 0
@@ -183,12 +202,20 @@ def filter_problem() -> str | None:
     status = _proc_status()
     if status is not None and (status.get("Seccomp") != "2" or status.get("NoNewPrivs") != "1"):
         return f"/proc/self/status has Seccomp: {status.get('Seccomp')}, NoNewPrivs: {status.get('NoNewPrivs')}"
-    for family, name in ((socket.AF_INET, "AF_INET"), (socket.AF_INET6, "AF_INET6")):
-        code = _kernel_socket_errno(family)
+    netlink = getattr(socket, "AF_NETLINK", None)
+    probes = [(socket.AF_INET, socket.SOCK_STREAM, "AF_INET"), (socket.AF_INET, socket.SOCK_DGRAM, "AF_INET datagram"),
+              (socket.AF_INET6, socket.SOCK_STREAM, "AF_INET6"), (socket.AF_INET6, socket.SOCK_DGRAM, "AF_INET6 datagram")]
+    if netlink is not None:
+        probes.append((netlink, socket.SOCK_RAW, "AF_NETLINK"))
+    for family, kind, name in probes:
+        code = _kernel_socket_errno(family, kind)
         if code is None:
             return f"an {name} socket could still be created"
         if code != SOCKET_ERRNO and code != errno.EAFNOSUPPORT:
             return f"an {name} socket failed with {errno.errorcode.get(code, code)}, not the filter's EACCES"
+    ring = _io_uring_setup_errno()
+    if ring != IO_URING_ERRNO:
+        return f"io_uring_setup answered {errno.errorcode.get(ring, ring) if ring else 'with a ring'}, not ENOSYS"
     try:
         left, right = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
     except OSError as exc:
@@ -208,15 +235,27 @@ def _proc_status() -> dict[str, str] | None:
     return {key.strip(): value.strip() for key, value in fields}
 
 
-def _kernel_socket_errno(family: int) -> int | None:
-    """The errno the kernel gives ``socket(family, SOCK_STREAM, 0)``, or None when it made one (closed at once).
+def _io_uring_setup_errno() -> int | None:
+    """The errno of ``io_uring_setup(1, NULL)`` through libc's ``syscall`` (x86_64/aarch64 number 425): ENOSYS under
+    the filter; elsewhere EFAULT (the NULL parameters) or a ring, closed at once (None)."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.syscall.restype = ctypes.c_long
+    fd = libc.syscall(ctypes.c_long(425), ctypes.c_uint(1), ctypes.c_void_p(0))
+    if fd >= 0:
+        os.close(fd)
+        return None
+    return ctypes.get_errno()
+
+
+def _kernel_socket_errno(family: int, kind: int = socket.SOCK_STREAM) -> int | None:
+    """The errno the kernel gives ``socket(family, kind, 0)``, or None when it made one (closed at once).
 
     Through libc, not ``socket.socket``: under ``exec --no-network`` the Python guard (an audit hook) refuses the
     socket first with ``NetworkBlocked``, and this asks what the kernel says."""
     import ctypes
 
     libc = ctypes.CDLL(None, use_errno=True)
-    fd = libc.socket(family, socket.SOCK_STREAM, 0)
+    fd = libc.socket(family, kind, 0)
     if fd >= 0:
         os.close(fd)
         return None
@@ -229,9 +268,20 @@ def network_sockets_denied() -> bool:
     return _kernel_socket_errno(socket.AF_INET) == SOCKET_ERRNO
 
 
+#: Anonymous-inode descriptors (``/proc/self/fd`` names ``anon_inode:[KIND]``) a command may keep: they reach no
+#: network. Every other one (``io_uring``: a ring the parent keeps polling runs the child's requests; ``pidfd``;
+#: ``bpf-*``; ``perf_event``; ...) is closed at the exec.
+_KEPT_ANON = ("eventfd", "eventpoll", "timerfd", "signalfd", "inotify", "fanotify", "memfd", "[memfd")
+#: Character devices a command may keep: ttys, and the memory devices (major 1: null, zero, full, random, urandom).
+_MEMORY_MAJOR = 1
+
+
 def close_inherited_sockets() -> tuple[int, ...]:
-    """Mark every inherited network socket (any family but ``AF_UNIX``) above stderr close-on-exec, so the command
-    cannot use a connection or listener hfcache's parent left open (the filter only stops new sockets).
+    """Mark every inherited descriptor above stderr that could reach a network close-on-exec, so the command cannot
+    use what hfcache's parent left open (the filter only stops new sockets): network sockets (any family but
+    ``AF_UNIX``), io_uring rings (a ring whose owner polls it, ``IORING_SETUP_SQPOLL``, runs the child's socket and
+    connect requests without an io_uring call), pidfds, TUN/TAP and other character devices but ttys and the memory
+    devices, and anything it cannot tell. Regular files, folders, pipes, ``AF_UNIX`` sockets and ttys are kept.
 
     Stdin, stdout and stderr are kept whatever they are: they are the caller's own redirections.
 
@@ -239,24 +289,43 @@ def close_inherited_sockets() -> tuple[int, ...]:
         tuple[int, ...]: the descriptors marked.
 
     Raises:
-        NetworkFilterUnavailable: such a socket could not be marked (fail closed: the command is not started).
+        NetworkFilterUnavailable: such a descriptor could not be marked (fail closed: the command is not started).
     """
     marked = []
     for fd in _open_descriptors():
+        if fd <= 2:
+            continue
         try:
-            if fd <= 2 or not stat.S_ISSOCK(os.fstat(fd).st_mode):
-                continue
+            mode = os.fstat(fd).st_mode
         except OSError:
             continue  # not open (the listing's own descriptor, or closed since)
-        if _family(fd) == socket.AF_UNIX:
+        if _keeps(fd, mode):
             continue
         try:
             os.set_inheritable(fd, False)
         except OSError as exc:
-            raise NetworkFilterUnavailable(f"cannot close inherited socket {fd} for the command "
+            raise NetworkFilterUnavailable(f"cannot close inherited descriptor {fd} for the command "
                                            f"({_describe(exc)})") from None
         marked.append(fd)
     return tuple(marked)
+
+
+def _keeps(fd: int, mode: int) -> bool:
+    """Whether inherited descriptor ``fd`` (of file type ``mode``) reaches no network and may stay open."""
+    if stat.S_ISREG(mode) or stat.S_ISDIR(mode) or stat.S_ISFIFO(mode):
+        return True
+    if stat.S_ISSOCK(mode):
+        return _family(fd) == socket.AF_UNIX
+    if stat.S_ISCHR(mode):
+        return os.isatty(fd) or os.major(os.fstat(fd).st_rdev) == _MEMORY_MAJOR
+    if stat.S_IFMT(mode) == 0:  # an anonymous inode: known by its name only
+        try:
+            name = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:
+            return False
+        kind = name.removeprefix("anon_inode:").lstrip("[")
+        return name.startswith("anon_inode:") and kind.startswith(_KEPT_ANON)
+    return False
 
 
 def _family(fd: int) -> int | None:
@@ -276,8 +345,10 @@ def _open_descriptors() -> list[int]:
     except OSError:
         import resource
 
-        soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
-        return list(range(3, min(soft if soft > 0 else 1024, 65536)))
+        # No /proc: every number up to the hard limit (an inherited descriptor may sit above a lowered soft one)
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        top = max(n for n in (soft, hard, 1024) if n != resource.RLIM_INFINITY and n > 0)
+        return list(range(3, min(top, 1 << 20)))
 
 
 @dataclass(frozen=True)

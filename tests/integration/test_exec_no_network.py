@@ -450,3 +450,96 @@ def test_path_to_a_file_planted_as_a_link_out_of_the_cache_stops_the_command(tmp
     (snapshot / "model.gguf").unlink()
     verify_ok(cache)
     canary.assert_unchanged()
+
+
+# ------------------------------------------------------------------------------- red team, round two (exec)
+
+#: Each way around the socket rule the red team found: a live socket copied out of another process (pidfd_getfd),
+#: a TUN device (root writes its own IP packets), request_key (the kernel runs /sbin/request-key outside the filter).
+OTHER_ROUTES_PY = textwrap.dedent("""
+    import ctypes, errno, json, os
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.syscall.restype = ctypes.c_long
+    out = {}
+    pidfd = os.pidfd_open(os.getppid())
+    out["pidfd_getfd"] = libc.syscall(ctypes.c_long(438), pidfd, 0, 0) < 0 and ctypes.get_errno()
+    try:
+        tun = os.open("/dev/net/tun", os.O_RDWR)
+    except OSError as exc:
+        out["tunsetiff"] = "no /dev/net/tun: " + exc.strerror
+    else:
+        ifr = ctypes.create_string_buffer(b"hfc0".ljust(16, b"\\0") + (1).to_bytes(2, "little") + bytes(22))
+        out["tunsetiff"] = libc.ioctl(tun, ctypes.c_ulong(0x400454CA), ifr) < 0 and ctypes.get_errno()
+    out["request_key"] = libc.syscall(ctypes.c_long(249), b"user", b"hfcache-test", b"x", 0) < 0 and ctypes.get_errno()
+    out["ptrace"] = libc.syscall(ctypes.c_long(101), 0, 0, 0, 0) < 0 and ctypes.get_errno()  # PTRACE_TRACEME
+    print(json.dumps(out))
+""")
+
+
+@pytest.mark.skipif(os.uname().machine != "x86_64", reason="x86_64 system call numbers")
+def test_no_network_refuses_the_routes_through_other_processes_and_the_kernel(tmp_path: Path) -> None:
+    proc = hfcache_exec(["--cache-dir", str(tmp_path), "--no-network", "--", sys.executable, "-I", "-c",
+                         OTHER_ROUTES_PY])
+    assert proc.returncode == 0, proc.stderr
+    found = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert found["pidfd_getfd"] == errno_of("EPERM")
+    assert found["request_key"] == errno_of("EPERM")
+    assert found["ptrace"] == errno_of("EPERM")
+    assert found["tunsetiff"] == errno_of("EACCES") or str(found["tunsetiff"]).startswith("no /dev/net/tun")
+    # control: without the filter, none of them is EPERM/EACCES from seccomp (request_key: ENOKEY etc.)
+    plain = hfcache_exec(["--cache-dir", str(tmp_path), "--", sys.executable, "-I", "-c", OTHER_ROUTES_PY])
+    unfiltered = json.loads(plain.stdout.strip().splitlines()[-1])
+    assert unfiltered["ptrace"] is False and unfiltered["request_key"] != errno_of("EPERM"), unfiltered
+
+
+def errno_of(name: str) -> int:
+    import errno
+
+    return getattr(errno, name)
+
+
+def test_no_network_closes_inherited_rings_pidfds_and_devices_and_keeps_pipes(tmp_path: Path) -> None:
+    """An inherited descriptor that could reach the network (a pidfd, a TUN device, an io_uring ring whose owner
+    polls it) is closed at the exec; pipes, eventfds and /dev/null stay."""
+    read_end, write_end = os.pipe()
+    kept = [read_end, os.eventfd(0), os.open("/dev/null", os.O_RDONLY)]
+    closed = [os.pidfd_open(os.getpid())]
+    if os.path.exists("/dev/net/tun"):
+        closed.append(os.open("/dev/net/tun", os.O_RDWR))
+    script = "import os, sys; print(' '.join(a for a in sys.argv[1:] if os.path.exists(f'/proc/self/fd/{a}')))"
+    try:
+        for fd in kept + closed:
+            os.set_inheritable(fd, True)
+        proc = hfcache_exec(["--cache-dir", str(tmp_path), "--no-network", "--", sys.executable, "-I", "-c", script,
+                             *map(str, kept + closed)], pass_fds=kept + closed)
+        assert proc.returncode == 0, proc.stderr
+        assert proc.stdout.split() == [str(fd) for fd in kept], (proc.stdout, kept, closed)
+    finally:
+        for fd in kept + closed + [write_end]:
+            os.close(fd)
+
+
+def test_a_pool_worker_that_hits_the_guard_fails_the_map_at_once(tmp_path: Path) -> None:
+    """NetworkBlocked must survive pickling back from a worker (it made Pool.map hang for ever)."""
+    script = textwrap.dedent("""
+        import multiprocessing, socket
+        def reach(port):
+            socket.create_connection(("127.0.0.1", port), timeout=2)
+        if __name__ == "__main__":
+            with multiprocessing.Pool(2) as pool:
+                try:
+                    pool.map(reach, [9, 9])
+                except RuntimeError as exc:
+                    print("refused:", type(exc).__name__)
+    """)
+    (tmp_path / "pool.py").write_text(script)
+    for flags in ([], ["--no-network"]):
+        proc = hfcache_exec(["--cache-dir", str(tmp_path), *flags, "--", sys.executable, str(tmp_path / "pool.py")],
+                            timeout=60)
+        assert proc.returncode == 0 and "refused: NetworkBlocked" in proc.stdout, (flags, proc.stdout, proc.stderr)
+
+
+def test_an_empty_command_name_is_a_usage_error(tmp_path: Path) -> None:
+    proc = hfcache_exec(["--cache-dir", str(tmp_path), "--no-network", "--", ""])
+    assert proc.returncode == 2, proc.stderr
+    assert "the command name is empty" in one_error_line(proc.stderr)
