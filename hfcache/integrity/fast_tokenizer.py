@@ -332,16 +332,17 @@ def _retune(cls: str, tok: Any, doc: dict, tk_config: dict) -> Any:
 
 
 def _file_parts(doc: dict) -> Any:
-    """The file's post-processor, as ``convert_to_native_format`` extracts it (it parses the file without its
+    """(post-processor, decoder) of the file; the post-processor as ``convert_to_native_format`` extracts it (it parses the file without its
     vocabulary, or the whole file for a Unigram or an untyped model: the post-processor read is the same either way,
     so it is read here from the file's ``post_processor`` section beside an empty model)."""
     from tokenizers import Tokenizer
 
     minimal = {"version": "1.0", "truncation": None, "padding": None, "added_tokens": [], "normalizer": None,
-               "pre_tokenizer": None, "post_processor": doc.get("post_processor"), "decoder": None,
+               "pre_tokenizer": None, "post_processor": doc.get("post_processor"), "decoder": doc.get("decoder"),
                "model": {"type": "WordLevel", "vocab": {}, "unk_token": "[UNK]"}}
     try:
-        return Tokenizer.from_str(json.dumps(minimal)).post_processor
+        parsed = Tokenizer.from_str(json.dumps(minimal))
+        return parsed.post_processor, parsed.decoder
     except Exception as exc:  # noqa: BLE001 - the Rust parser's errors have no common class
         raise FastPathRefused(f"tokenizer.json cannot be loaded ({str(exc).splitlines()[0][:200]})") from None
 
@@ -447,7 +448,9 @@ def build(cache_dir: Path, repo_id: str, revision: str | None = None, repo_type:
         tok = _retune(cls, tok, doc, tk_config)
     elif cls in REBUILT:
         tok = _rebuild(cls, doc, tk_config)
-        tok.post_processor = _file_parts(doc)
+        # The decoder is the file's (decode is best effort: the promise is encode's ids; a rebuilt backend had none,
+        # so GPT-2 decoded to 'Hello , Ġworld !')
+        tok.post_processor, tok.decoder = _file_parts(doc)
     # With a tokenizer.json, _from_pretrained drops add_bos_token/add_eos_token from tokenizer_config: the template
     # is rebuilt (with neither) only when the file has no post-processor.
     update = tok.post_processor is None
