@@ -11,6 +11,7 @@ import errno
 import os
 import stat
 import uuid
+from dataclasses import dataclass
 from pathlib import Path
 
 from . import safefs
@@ -137,6 +138,168 @@ def existing_cache_dir(cache_dir: str | os.PathLike[str] | None) -> Path:
     if not os.access(root, os.R_OK | os.X_OK):
         raise access_error(root)
     return root
+
+
+#: What huggingface_hub (``file_download.py``, ``_local_folder.py``, 2.4's ``utils/_shared_blobs.py``) and
+#: transformers (``utils/hub.py``'s cache migration: ``version.txt``) write at a hub cache's root, besides the repo
+#: folders (:data:`REPO_PREFIXES`): one of them, or a repo folder, makes a folder a cache.
+CACHE_MARKERS = frozenset({".locks", "CACHEDIR.TAG", "version.txt", STORE_DIR})
+#: ``<type>s--`` of every repo type huggingface_hub names a repo folder after (``repo_folder_name``).
+REPO_PREFIXES = ("models--", "datasets--", "spaces--", "kernels--")
+#: What a fresh file system volume holds before anything is written to it: still an empty cache.
+_FRESH_VOLUME = frozenset({"lost+found"})
+#: What huggingface_hub and its neighbours keep in an ``HF_HOME`` beside ``hub/`` (``constants.py``: the token,
+#: ``stored_tokens``, ``xet/``, ``assets/``; the datasets, evaluate and transformers module caches).
+_HF_HOME_NAMES = frozenset({"hub", "token", "stored_tokens", "xet", "assets", "datasets", "modules", "accelerate"})
+#: At most this many entries of a folder are read to recognise it (a cache is known by its first few).
+_MAX_ENTRIES = 100_000
+
+
+@dataclass(frozen=True)
+class CacheDirKind:
+    """What a folder given as a cache is (:func:`describe_cache_dir`).
+
+    Attributes:
+        path (Path): the folder, absolute.
+        kind (str): ``"cache"`` (a repo folder ``models--*``/``datasets--*``/``spaces--*``/``kernels--*``, or one of
+            :data:`CACHE_MARKERS`, at its root), ``"empty"`` (an existing folder with nothing in it but a fresh
+            volume's ``lost+found``: a cache nothing was warmed into yet), ``"missing"`` (nothing there) or
+            ``"not_a_cache"`` (a folder holding other things).
+        meant (Path | None): the cache the user probably meant: ``path/hub`` when ``path`` is an ``HF_HOME`` (its
+            ``hub`` folder is a cache), the parent when ``path`` is a repo folder; else None.
+        meant_repos (int): repo folders in ``meant`` (0 when ``meant`` is None).
+        looks_like (str | None): what ``path`` looks like instead, e.g. ``"an HF_HOME"``, ``"a repo folder"``.
+    """
+
+    path: Path
+    kind: str
+    meant: Path | None = None
+    meant_repos: int = 0
+    looks_like: str | None = None
+
+    @property
+    def is_cache(self) -> bool:
+        """A cache, empty or not: what a reading command may work on."""
+        return self.kind in ("cache", "empty")
+
+    def suggestion(self) -> str | None:
+        """``"did you mean DIR/hub (it holds 3 repos)?"``, or None when nothing better is known."""
+        if self.meant is None:
+            return None
+        repos = f"{self.meant_repos} repo{'' if self.meant_repos == 1 else 's'}"
+        return f"did you mean {self.meant} (it holds {repos})?"
+
+    def error(self) -> CacheError:
+        """The one-line error (exit 5) for a folder that is not a cache (``missing`` or ``not_a_cache``)."""
+        suggestion = self.suggestion()
+        if self.kind == "missing":
+            return CacheError(f"no cache at {self.path}: the folder does not exist",
+                              hint="pass --cache-dir, or warm something first")
+        what = f" ({self.looks_like})" if self.looks_like else ""
+        if suggestion:
+            return CacheError(f"{self.path} is not a hub cache{what}; {suggestion}",
+                              hint=f"pass --cache-dir {self.meant}")
+        return CacheError(f"{self.path} is not a hub cache{what}: it holds no models--*, datasets--*, .locks or "
+                          "CACHEDIR.TAG", hint="pass the folder that holds the models--ORG--NAME folders as "
+                          "--cache-dir (HF_HUB_CACHE, or $HF_HOME/hub)")
+
+
+def _names(path: Path) -> list[str] | None:
+    """The names in folder ``path`` (at most :data:`_MAX_ENTRIES`), None when it is not a folder.
+
+    Raises:
+        CacheError: it exists but this user cannot list it (:func:`access_error`).
+    """
+    try:
+        with os.scandir(path) as entries:
+            names = []
+            for entry in entries:
+                names.append(entry.name)
+                if len(names) >= _MAX_ENTRIES:
+                    break
+            return names
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+    except PermissionError:
+        raise access_error(path) from None
+
+
+def _is_cache(names: list[str]) -> bool:
+    return any(n.startswith(REPO_PREFIXES) or n in CACHE_MARKERS for n in names)
+
+
+def _repo_count(names: list[str], path: Path) -> int:
+    return sum(1 for n in names if n.startswith(REPO_PREFIXES) and stat.S_ISDIR(_lstat_mode(path / n)))
+
+
+def _lstat_mode(path: Path) -> int:
+    try:
+        return os.lstat(path).st_mode
+    except OSError:
+        return 0
+
+
+def describe_cache_dir(path: str | os.PathLike[str]) -> CacheDirKind:
+    """Recognise a folder given as a hub cache, from the names at its root only (no hashing, no writes, a few
+    ``lstat`` calls), and name the cache the user probably meant when it is not one.
+
+    Args:
+        path: the folder (made absolute).
+
+    Returns:
+        CacheDirKind: see its ``kind``. A folder that exists but is not a folder is ``not_a_cache``.
+
+    Raises:
+        CacheError: the folder (or its ``hub`` folder) exists but this user cannot list it (exit 5).
+    """
+    root = Path(path).absolute()
+    names = _names(root)
+    if names is None:
+        kind = "missing" if not os.path.lexists(root) else "not_a_cache"
+        return CacheDirKind(root, kind, looks_like=None if kind == "missing" else "not a folder")
+    if {"snapshots", "refs"} & set(names) and not any(n.startswith(REPO_PREFIXES) for n in names):
+        # A repo folder (its blobs/ is no shared store): the cache is the folder above.
+        parent = _names(root.parent) or []
+        return CacheDirKind(root, "not_a_cache", meant=root.parent, meant_repos=_repo_count(parent, root.parent),
+                            looks_like="a repo folder")
+    if _is_cache(names):
+        return CacheDirKind(root, "cache")
+    if not set(names) - _FRESH_VOLUME:
+        return CacheDirKind(root, "empty")
+    if "hub" in names and stat.S_ISDIR(_lstat_mode(root / "hub")):
+        hub = _names(root / "hub")
+        if hub is not None and (_is_cache(hub) or not hub):
+            return CacheDirKind(root, "not_a_cache", meant=root / "hub", meant_repos=_repo_count(hub, root / "hub"),
+                                looks_like="an HF_HOME")
+    looks = "an HF_HOME without a hub cache" if set(names) & (_HF_HOME_NAMES - {"hub"}) else None
+    return CacheDirKind(root, "not_a_cache", looks_like=looks)
+
+
+def require_hub_cache(path: str | os.PathLike[str]) -> CacheDirKind:
+    """:func:`describe_cache_dir`, for a command that reads a cache: a cache or an empty one is returned.
+
+    Raises:
+        CacheError: (exit 5, one line) nothing is there, or it is not a cache (naming the cache probably meant:
+            ``DIR/hub`` for an ``HF_HOME``), or this user cannot list it.
+    """
+    found = describe_cache_dir(path)
+    if not found.is_cache:
+        raise found.error()
+    return found
+
+
+def cache_dir_warning(path: str | os.PathLike[str]) -> str | None:
+    """One line for a command that only hands the cache on (``env``, ``exec``): the folder does not exist, or is
+    not a hub cache (naming the cache probably meant, :meth:`CacheDirKind.suggestion`); None when it is a cache
+    (empty or not), or when this user cannot list it (``hfcache doctor`` reports that, with the fix)."""
+    try:
+        found = describe_cache_dir(path)
+    except CacheError:
+        return None
+    if found.kind == "missing":
+        return (f"the cache {found.path} does not exist: a program run with these settings finds nothing cached "
+                "(warm it first, or check --cache-dir)")
+    return None if found.is_cache else found.error().message
 
 
 def blocking_dir(path: Path) -> Path:

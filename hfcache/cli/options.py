@@ -87,3 +87,48 @@ def read_token(token: str | None, token_file: str | None, option: str = "--token
             raise UsageError(f"{option} {token_file} is empty", hint="write the token into it, or drop the option")
         return value
     return token or None
+
+
+def revision_option(fn):
+    """A hidden ``--revision REV``: the spelling of huggingface-cli and ``hf download``. Commands take
+    ``REPO_ID@REVISION``; with this, ``REPO_ID --revision REV`` means the same for one repo (see
+    :func:`apply_revision`), instead of click's "Did you mean '--json', '--retries'?"."""
+    return click.option("--revision", metavar="REV", hidden=True,
+                        help="Same as REPO_ID@REV, for a single REPO_ID.")(fn)
+
+
+def apply_revision(specs: tuple[str, ...] | list[str], revision: str | None, *,
+                   with_lock: bool = False) -> tuple[str, ...]:
+    """``specs`` with ``--revision`` folded into the one ``REPO_ID`` given (``REPO_ID@REVISION``).
+
+    Args:
+        specs: the ``REPO_ID[@REVISION]`` arguments as typed.
+        revision: the ``--revision`` value, or None.
+        with_lock: the command was given ``--lock`` (which pins every commit): ``--revision`` is refused.
+
+    Returns:
+        tuple[str, ...]: ``specs`` unchanged without ``revision``; else the single spec with ``@revision``.
+
+    Raises:
+        UsageError: (exit 2, one line) ``--revision`` with no REPO_ID, with several, with ``--lock``, with an empty
+            value, or with a REPO_ID that names another revision already.
+    """
+    specs = tuple(specs)
+    if revision is None:
+        return specs
+    example = "use REPO_ID@REVISION (e.g. bert-base-uncased@main)"
+    if with_lock:
+        raise UsageError("--revision does not go with --lock: the lock pins each repo's commit",
+                         hint=f"{example}, without --lock")
+    if not revision.strip() or "@" in revision:
+        raise UsageError(f"--revision {revision!r} is not a revision", hint=example)
+    if len(specs) != 1:
+        raise UsageError(f"--revision goes with a single REPO_ID ({len(specs)} given): {example}",
+                         hint="give each repo its own revision: org/a@main org/b@v1.0")
+    spec = specs[0]
+    if "@" in spec:
+        if spec.rsplit("@", 1)[1] == revision:
+            return specs
+        raise UsageError(f"{spec} names a revision already, and --revision says {revision!r}", hint=example)
+    return (f"{spec}@{revision}",)
+

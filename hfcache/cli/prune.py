@@ -23,16 +23,21 @@ from ..errors import UsageError
               help="Never remove a revision this hfcache.lock pins (repeatable).")
 @click.option("--keep", multiple=True, metavar="REPO_ID[@REVISION]",
               help="Never remove this repo's revisions, or the one a ref or commit names (repeatable).")
+@click.option("--missing-ok", is_flag=True, help="Exit 0 (with a warning) when the cache folder does not exist yet "
+              "(a job that may run before the first warm); without it, exit 5.")
 @click.option("--dry-run", is_flag=True, help="Print the plan; remove nothing.")
 @click.option("-y", "--yes", is_flag=True, help="Do not ask for confirmation (cron jobs, CI).")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON document on stdout (needs --yes or --dry-run).")
 @_lock_timeout_option
-def prune(cache_dir, older_than, max_size, keep_locks, keep, dry_run, yes, as_json, lock_timeout) -> None:
+def prune(cache_dir, older_than, max_size, keep_locks, keep, missing_ok, dry_run, yes, as_json,
+          lock_timeout) -> None:
     """Remove what a cache no longer needs, never what is pinned or being downloaded.
 
     In order: detached revisions (no ref; unused for an hour); revisions unused for longer than --older-than; then
     least-recently-used revisions until the cache fits --max-size. Also blobs no snapshot uses, .incomplete files older than an hour
     whose download is dead, .locks files of removed blobs, and empty repo folders. Safe while `hfcache warm` runs.
+    A cache folder that does not exist is exit 5 (unless --missing-ok), one that is not a cache (an HF_HOME: the
+    cache is DIR/hub) exit 5; an empty folder (a fresh volume) is exit 0, "empty cache: nothing to prune".
 
     \b
     Examples:
@@ -47,7 +52,8 @@ def prune(cache_dir, older_than, max_size, keep_locks, keep, dry_run, yes, as_js
         raise UsageError("--json needs --yes or --dry-run", hint="machines cannot answer the confirmation prompt")
     if not (yes or dry_run) and not sys.stdin.isatty():
         raise UsageError("no terminal to ask for confirmation", hint="pass --yes (cron jobs, CI) or --dry-run")
-    plan = plan_prune(cache_dir, older_than=older_than, max_size=max_size, keep=keep, keep_locks=keep_locks)
+    plan = plan_prune(cache_dir, older_than=older_than, max_size=max_size, keep=keep, keep_locks=keep_locks,
+                      missing_ok=missing_ok)
     if dry_run:
         render.show_prune(plan, as_json=as_json, dry_run=True)
         sys.exit(5 if plan.unreadable else 0)  # a repo it cannot read: a filesystem problem to fix

@@ -11,7 +11,9 @@ import click
 from .options import cache_dir_option as _cache_dir_option
 from .options import common_hub_options as _common_hub_options
 from .options import lock_timeout_option as _lock_timeout_option
+from .options import apply_revision as _apply_revision
 from .options import read_token as _read_token
+from .options import revision_option as _revision_option
 from ..errors import UsageError
 
 
@@ -33,15 +35,19 @@ from ..errors import UsageError
               help="PEM EC public key the --signature must verify with.")
 @click.option("--rehash", is_flag=True,
               help="With --signature: hash every file's bytes [default: an LFS file's blob name is its sha256].")
+@click.option("--allow-empty", is_flag=True,
+              help="A cache with nothing to verify is success [default: exit 1, 'nothing was verified'].")
+@_revision_option
 @_common_hub_options
 @_lock_timeout_option
-def verify(repo_ids, cache_dir, lock_file, do_repair, fast, signature, verify_key, rehash, endpoints, token,
-           token_file, max_workers, timeout, retries, lock_timeout, as_json) -> None:
+def verify(repo_ids, cache_dir, lock_file, do_repair, fast, signature, verify_key, rehash, allow_empty, revision,
+           endpoints, token, token_file, max_workers, timeout, retries, lock_timeout, as_json) -> None:
     """Check a cache's integrity offline: every blob's hash, links, refs, and the lock's files.
 
     Without --repair it makes no network request. Exit 1 when any integrity problem remains. With --signature FILE
     --verify-key PUB: check that bundle's signature, then its file list against one snapshot (REPO_ID[@REVISION]).
     """
+    repo_ids = _apply_revision(repo_ids, revision, with_lock=bool(lock_file))
     if signature or verify_key or rehash:
         _verify_signature(repo_ids, cache_dir, signature, verify_key, rehash,
                           lock_file or do_repair or fast, as_json)
@@ -52,6 +58,7 @@ def verify(repo_ids, cache_dir, lock_file, do_repair, fast, signature, verify_ke
 
     lock = read_lock(lock_file) if lock_file else None
     root = reading_cache_dir(cache_dir, lock_file)
+    _require_cache(root)
     if do_repair:
         from .render.common import lock_wait_notice
         from ..integrity.repair import verify_and_repair
@@ -75,7 +82,25 @@ def verify(repo_ids, cache_dir, lock_file, do_repair, fast, signature, verify_ke
                                   fast=fast)
         actions, before = (), None
     render.show_verify(report, actions, before, as_json=as_json)
+    if not report.repos and not allow_empty and report.exit_code == 0:
+        _nothing_verified(root, "verified")
     sys.exit(report.exit_code)
+
+
+def _require_cache(root) -> None:
+    """A ``--cache-dir`` that is not a hub cache (an ``HF_HOME``: the cache is ``DIR/hub``), or that does not exist,
+    is exit 5 naming the cache probably meant (``cache/root.py`` ``describe_cache_dir``), never "ok: 0 repos"."""
+    from ..cache.root import require_hub_cache
+
+    require_hub_cache(root)
+
+
+def _nothing_verified(root, what: str) -> None:
+    """Zero repos is not success unless asked (``--allow-empty``): a CI check on a mistyped path went green."""
+    from ..errors import CheckFailed
+
+    raise CheckFailed(f"nothing was {what}: the cache {root} holds no repo (or none of those named)",
+                      hint="warm it first, check --cache-dir, or pass --allow-empty where an empty cache is fine")
 
 
 def _verify_signature(repo_ids, cache_dir, signature, verify_key, rehash, other, as_json) -> None:
@@ -111,7 +136,8 @@ def _verify_signature(repo_ids, cache_dir, signature, verify_key, rehash, other,
                    "checked) [default: only a --lock's repos; others are 'needs custom code: not run']. As root, "
                    "refused for a cache other users can write.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON document on stdout.")
-def check(repo_ids, cache_dir, lock_file, text, trusted, as_json) -> None:
+@_revision_option
+def check(repo_ids, cache_dir, lock_file, text, trusted, as_json, revision) -> None:
     """Prove each tokenizer loads offline: AutoTokenizer in a child with no network, encoding a probe text.
 
     Without arguments: every cached revision with a tokenizer (by ref, or by commit when no ref points to it). A repo
@@ -128,7 +154,9 @@ def check(repo_ids, cache_dir, lock_file, text, trusted, as_json) -> None:
     from ..warming.project import reading_cache_dir
     from .render import verify as render
 
+    repo_ids = _apply_revision(repo_ids, revision, with_lock=bool(lock_file))
     root = reading_cache_dir(cache_dir, lock_file)
+    _require_cache(root)
     if lock_file:
         targets = select_targets(targets_from_lock(read_lock(lock_file)), repo_ids)
     else:

@@ -203,7 +203,7 @@ def load_tokenizer(repo_id: str, revision: str | None = None, *, cache_dir: str 
             tokenizer), names custom code, loads a class whose load-time rewrite hfcache does not replicate, was
             recorded as differing by ``hfcache check``, or (``require_proof``) has no proof recorded.
         CacheError: ``backend="tokenizers"`` met a planted link or FIFO in the repo folder.
-        HfcacheError: transformers is not installed.
+        UsageError: transformers is not installed (``backend="transformers"``; the extra ``hfcache[check]``).
         UsageError: an unknown ``backend``; ``allow_network``, ``require_proof`` or ``kwargs`` with a backend that
             does not take them.
         TypeError: ``cache_dir`` or ``local_files_only`` in ``kwargs``.
@@ -226,7 +226,9 @@ def load_tokenizer(repo_id: str, revision: str | None = None, *, cache_dir: str 
     try:
         from transformers import AutoTokenizer
     except ImportError as exc:
-        raise HfcacheError(f"transformers is not installed: {exc}", hint="pip install transformers") from None
+        # The extra `check` (pyproject.toml): a core install has no transformers; exit 2 as for any missing extra.
+        raise UsageError(f"transformers is not installed ({exc}): load_tokenizer()'s default backend needs it",
+                         hint="pip install 'hfcache[check]', or use backend=\"tokenizers\"") from None
     guard = network_guard.install(enforce=False)
     seen = len(guard.attempts)
     spec = f"{repo_id}@{revision or 'main'}"

@@ -180,8 +180,10 @@ def version_findings(versions: dict[str, str | None]) -> list[Finding]:
                                                    for name in ("huggingface_hub", "transformers", "tokenizers")))]
     if versions.get("transformers") is None:
         found.append(Finding("versions.transformers", "warning",
-                             "transformers is not installed: AutoTokenizer cannot load anything",
-                             "pip install transformers"))
+                             "transformers is not installed: AutoTokenizer cannot load anything (a core hfcache "
+                             "install warms, verifies and moves caches without it; "
+                             "load_tokenizer(backend=\"tokenizers\") loads fast tokenizers)",
+                             "pip install 'hfcache[check]' where the application loads tokenizers"))
     elif _major(versions["transformers"]) != 5:
         found.append(Finding("versions.transformers", "warning",
                              f"transformers {versions['transformers']}: hfcache's facts were checked against 5.x",

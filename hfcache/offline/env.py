@@ -57,7 +57,7 @@ from typing import TYPE_CHECKING, NoReturn
 
 from . import guard as network_guard
 from .aliases import alias_map, with_aliases
-from ..cache.root import resolve_cache_dir
+from ..cache.root import cache_dir_warning, resolve_cache_dir
 from ..errors import HfcacheError, OfflineViolation, UsageError
 
 if TYPE_CHECKING:
@@ -218,6 +218,9 @@ def format_env(env: OfflineEnv, fmt: str) -> str:
     each canonical variable. JSON stays one flat object of strings, aliases as keys of their own (every consumer
     that turns it into an environment keeps working); :attr:`OfflineEnv.aliases` maps each to its canonical name.
 
+    A cache folder that does not exist (or is not a cache) gets one warning line on stderr, never in the text
+    (:func:`warn_cache_dir`: ``eval "$(hfcache env)"`` reads only stdout).
+
     Raises:
         UsageError: unknown format; a value that is not inert text (exit 2, naming the variable).
     """
@@ -226,6 +229,7 @@ def format_env(env: OfflineEnv, fmt: str) -> str:
     items = env.variables
     for name, value in items:
         check_inert(name, value)
+    warn_cache_dir(env.cache_dir)
     if fmt == "json":
         return json.dumps(dict(items), indent=2, ensure_ascii=True) + "\n"
     cache_text = _comment_text(str(env.cache_dir))
@@ -242,6 +246,17 @@ def format_env(env: OfflineEnv, fmt: str) -> str:
     else:
         body = "env:\n" + "".join(f"  - name: {name}\n    value: {_yaml_quote(value)}\n" for name, value in items)
     return header + body
+
+
+def warn_cache_dir(cache: Path) -> None:
+    """One line on stderr when ``cache`` does not exist or is not a hub cache (:func:`cache_dir_warning`): env and
+    exec hand the cache on and still succeed (a warning, not a refusal). Written here, not by the CLI, because
+    ``format_env`` and ``exec_command`` are the CLI's last step (the printing belongs in ``cli/offline.py``)."""
+    warning = cache_dir_warning(cache)
+    if warning:
+        text = "".join(c if c.isprintable() else f"\\x{ord(c):02x}" for c in warning)
+        sys.stderr.write(f"hfcache: warning: {text}\n")
+        sys.stderr.flush()
 
 
 def _header_notes(env: OfflineEnv) -> str:
@@ -486,6 +501,7 @@ def exec_command(plan: ExecPlan) -> NoReturn:
         CommandNotFound: not on ``PATH`` (exit 127).
         CommandNotExecutable: not executable, or not a valid program (exit 126).
     """
+    warn_cache_dir(plan.offline.cache_dir)
     for stream in (sys.stdout, sys.stderr):
         try:
             stream.flush()

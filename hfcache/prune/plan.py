@@ -151,6 +151,7 @@ class PrunePlan:
         warnings (tuple[str, ...]): e.g. a budget that pinned revisions make impossible, a ``--keep`` matching nothing.
         unreadable (tuple[str, ...]): ``<folder>/<part>`` of repos left alone because this user cannot read all of
             them (what they hold, and what uses it, is unknown); the prune then exits 5.
+        empty (bool): the cache folder exists and holds nothing (a fresh volume): "empty cache: nothing to prune".
     """
 
     cache_dir: str
@@ -167,6 +168,7 @@ class PrunePlan:
     bytes_pinned: int
     warnings: tuple[str, ...] = ()
     unreadable: tuple[str, ...] = ()
+    empty: bool = False
 
     @property
     def bytes_kept(self) -> int:

@@ -15,7 +15,7 @@ from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
 
-from ..cache.root import access_error, resolve_cache_dir
+from ..cache.root import access_error, describe_cache_dir, resolve_cache_dir
 from ..errors import CacheError, UsageError
 from ..warming.lockfile import Lockfile, pinned_revisions, read_lock
 from ..cache.scan import RepoInfo, RevisionInfo, scan_cache
@@ -36,6 +36,7 @@ def plan_prune(
     keep_locks: Iterable[str | os.PathLike[str] | Lockfile] = (),
     grace: float = DEFAULT_GRACE,
     now: float | None = None,
+    missing_ok: bool = False,
 ) -> PrunePlan:
     """Compute what a prune removes, from metadata only (no hashing, no writes, no network).
 
@@ -50,32 +51,56 @@ def plan_prune(
         grace: seconds; ``.incomplete`` files and empty repo folders younger than this, and detached revisions
             used more recently, are kept (a download may be in progress).
         now: the time to measure ages against (seconds since the epoch; default: now).
+        missing_ok: a ``cache_dir`` that does not exist is an empty plan with a warning, not an error (``prune
+            --missing-ok``: a CronJob scheduled before the first warm).
 
     Returns:
         PrunePlan. The plan's ``warnings`` say when ``max_size`` cannot be met without pinned revisions.
 
     Raises:
         UsageError: a malformed ``keep`` spec, an unreadable or invalid lock, a negative duration or size.
-        CacheError: ``cache_dir`` is a file, or exists but cannot be reached or listed by this user. (A cache
-            directory that does not exist gives an empty plan and a warning: a CronJob on a fresh volume has nothing
-            to prune.)
+        CacheError: (exit 5) ``cache_dir`` does not exist, is a file, is not a hub cache
+            (:func:`hfcache.cache.root.describe_cache_dir`: an ``HF_HOME`` names its ``hub`` folder), or exists but
+            cannot be reached or listed by this user. An existing empty folder (a fresh volume) is an empty plan
+            with ``empty`` set.
     """
     policy, locks = _policy(older_than, max_size, keep, keep_locks, grace)
     root = resolve_cache_dir(cache_dir)
     now = time.time() if now is None else now
+    kind = _cache_kind(root, missing_ok)
+    if kind == "missing":  # --missing-ok: a job scheduled before the first warm
+        return _plan(str(root), (), 0, policy, locks, now, warnings=(f"no cache at {root} (nothing to prune)",))
+    if kind == "empty":
+        return replace(_plan(str(root), (), 0, policy, locks, now), empty=True)
+    return _plan_cache(root, policy, locks, now)
+
+
+def _cache_kind(root: Path, missing_ok: bool) -> str:
+    """``"cache"``, ``"empty"`` or (with ``missing_ok``) ``"missing"``: what :func:`plan_prune` may plan over.
+
+    Raises:
+        CacheError: see :func:`plan_prune`.
+    """
     try:
         os.lstat(root)
     except FileNotFoundError:
-        # A cron job on a fresh volume, before anything was warmed: nothing to prune is not a failure (said, though:
-        # a mistyped --cache-dir must not pass unnoticed).
-        return _plan(str(root), (), 0, policy, locks, now, warnings=(f"no cache at {root} (nothing to prune)",))
+        # A mistyped --cache-dir used to exit 0 here forever ("nothing to prune"); a fresh volume is an existing,
+        # empty folder (below), not a missing one, unless the caller says a missing one is expected.
+        if missing_ok:
+            return "missing"
+        raise CacheError(f"the cache {root} does not exist: nothing was pruned",
+                         hint="check --cache-dir (or HF_HUB_CACHE/HF_HOME); a job that may run before the first "
+                              "warm: add --missing-ok") from None
     except PermissionError:  # exists or not, this user cannot tell: never "no cache"
         raise access_error(root) from None
     except NotADirectoryError:
         pass
     if not os.path.isdir(root):
         raise CacheError(f"{root} is not a directory", hint="pass the cache root as --cache-dir")
-    return _plan_cache(root, policy, locks, now)
+    found = describe_cache_dir(root)  # never delete in a folder that is not a cache (an HF_HOME: DIR/hub is)
+    if not found.is_cache:
+        raise found.error()
+    return found.kind
 
 
 def _policy(older_than: float | None, max_size: int | None, keep: Iterable[str | KeepSpec],

@@ -24,6 +24,18 @@ what the vocabulary and the stores may import):
 - ``python -m hfcache.serve ROOT``  (:mod:`.__main__`) the server from a shell
 """
 
+import importlib.util as _importlib_util
+
+from ..errors import UsageError as _UsageError
+
+#: The extra ``serve`` (pyproject.toml), which a core install lacks: checked before anything below imports them,
+#: so that ``hfcache serve`` (and ``python -m hfcache.serve``) says which extra to install instead of a traceback;
+#: uvicorn is imported only when a server starts, hence find_spec and not an ImportError handler.
+SERVE_EXTRA = ("werkzeug", "uvicorn", "prometheus_client")
+_missing = [name for name in SERVE_EXTRA if _importlib_util.find_spec(name) is None]
+if _missing:
+    raise _UsageError(f"the Hub server needs {', '.join(_missing)}, not installed", hint="pip install 'hfcache[serve]'")
+
 from .accesslog import RequestRecord
 from .cache_store import CacheStore
 from .faults import Faults

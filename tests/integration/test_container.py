@@ -418,6 +418,24 @@ print(json.dumps({{"uid": os.getuid(), "foreign_owners": foreign, "distinct_byte
 """
 
 
+#: What the init-container image must not carry (it once did, to run `warm`), and what its serve flavour adds.
+NOT_IN_CORE = ("transformers", "numpy", "safetensors", "uvicorn", "werkzeug", "prometheus_client")
+SERVE_EXTRA = ("uvicorn", "werkzeug", "prometheus_client")
+HFCACHE_SERVE_IMAGE = "localhost/hfcache-serve:test"
+
+#: Run in the hfcache image: load_tokenizer's fast path (no transformers) for each repo; which of NOT_IN_CORE got
+#: imported.
+_FAST_LOAD = f"""
+import json, sys
+import hfcache
+out = {{r: hfcache.load_tokenizer(r, cache_dir="/cache", backend="tokenizers").encode(sys.argv[1]).ids
+       for r in sys.argv[2:]}}
+out["imported"] = sorted(set({NOT_IN_CORE!r}) & set(sys.modules))
+print(json.dumps(out))
+"""
+_FIND = "import importlib.util, sys; print(' '.join(n for n in sys.argv[1:] if importlib.util.find_spec(n)))"
+
+
 # --- the tests -----------------------------------------------------------------------------------------------------
 
 
@@ -505,12 +523,52 @@ def test_hfcache_image_is_an_init_container(podman: Podman, hub: Hub, tmp_path: 
     # The pod restarts: no network, the lock is already satisfied (zero requests), and the tokenizers load offline.
     podman("run", "--rm", "--network", "none", *mounts, HFCACHE_IMAGE, "warm", "--lock", "/config/hfcache.lock",
            "--cache-dir", "/cache", "-q")
-    report = json.loads(podman("run", "--rm", "--network", "none", *mounts, HFCACHE_IMAGE, "check", "--lock",
-                               "/config/hfcache.lock", "--cache-dir", "/cache", "--text", GOLDEN["text"],
-                               "--json").stdout)
-    assert report["ok"] is True, report
+    # The image is the core install (no transformers): check names its extra; the fast path loads in the image.
+    refused = podman("run", "--rm", "--network", "none", *mounts, HFCACHE_IMAGE, "check", "--lock",
+                     "/config/hfcache.lock", "--cache-dir", "/cache", check=False)
+    assert refused.returncode == 2 and "hint: pip install 'hfcache[check]'" in refused.stderr, refused
+    fast = json.loads(podman("run", "--rm", "--network", "none", *mounts, "--entrypoint", "/opt/hfcache/bin/python",
+                             HFCACHE_IMAGE, "-c", _FAST_LOAD, GOLDEN["text"],
+                             *(repo["repo_id"] for repo in _lock()["repos"])).stdout)
+    assert fast.pop("imported") == [], fast
     canonical = {repo["repo_id"]: repo["canonical_id"] for repo in _lock()["repos"]}
+    for repo_id, ids in fast.items():
+        assert ids == GOLDEN["repos"][canonical[repo_id]]["input_ids"], repo_id
+    assert {p.stat().st_uid for p in volume.rglob("*")} == {1000}
+    # AutoTokenizer loads from the volume too (the test environment has transformers: the app container's side;
+    # as root, check records its fast-path verdicts in the cache, hence after the owner check above).
+    checked = subprocess.run([sys.executable, "-m", "hfcache", "check", "--lock", str(EXAMPLES / "hfcache.lock"),
+                              "--cache-dir", str(volume), "--text", GOLDEN["text"], "--json"], capture_output=True,
+                             text=True, env=clean_env(), timeout=300, cwd=REPO)
+    report = json.loads(checked.stdout)
+    assert report["ok"] is True, report
     assert sorted(t["repo_id"] for t in report["tokenizers"]) == sorted(canonical)
     for t in report["tokenizers"]:
         assert t["input_ids"] == GOLDEN["repos"][canonical[t["repo_id"]]]["input_ids"], t["repo_id"]
-    assert {p.stat().st_uid for p in volume.rglob("*")} == {1000}
+
+
+def _image_mb(podman: Podman, image: str) -> float:
+    return int(podman("image", "inspect", "--format", "{{.Size}}", image).stdout.strip()) / 1e6
+
+
+def test_init_image_is_the_core_install_and_serve_is_an_extra(podman: Podman, pytestconfig: pytest.Config) -> None:
+    """docker/Dockerfile without build args is the core install (no transformers, numpy or server stack; with them
+    it was 518 MB on a 199 MB base); HFCACHE_EXTRAS=serve adds the server for `hfcache serve`. The
+    sizes are printed for docs/images.md ("Image sizes")."""
+    podman.build(HFCACHE_IMAGE, REPO, "--file", str(REPO / "docker/Dockerfile"),
+                 "--build-arg", f"BASE_IMAGE={podman.base_image}")
+    podman.build(HFCACHE_SERVE_IMAGE, REPO, "--file", str(REPO / "docker/Dockerfile"),
+                 "--build-arg", f"BASE_IMAGE={podman.base_image}", "--build-arg", "HFCACHE_EXTRAS=serve")
+    python = ["run", "--rm", "--network", "none", "--entrypoint", "/opt/hfcache/bin/python"]
+    assert podman(*python, HFCACHE_IMAGE, "-c", _FIND, *NOT_IN_CORE, "pip").stdout.split() == []
+    assert podman(*python, HFCACHE_SERVE_IMAGE, "-c", _FIND, *NOT_IN_CORE).stdout.split() == list(SERVE_EXTRA)
+    refused = podman("run", "--rm", "--network", "none", HFCACHE_IMAGE, "serve", "--port", "0", check=False)
+    assert refused.returncode == 2 and "hint: pip install 'hfcache[serve]'" in refused.stderr, refused
+    assert podman(*python, HFCACHE_SERVE_IMAGE, "-c", "import hfcache.serve.mirror").returncode == 0
+    base, lean, serve = (_image_mb(podman, image) for image in (podman.base_image, HFCACHE_IMAGE, HFCACHE_SERVE_IMAGE))
+    _to_terminal(pytestconfig, f"image sizes: base {base:.0f} MB, hfcache (init container) {lean:.0f} MB "
+                               f"(+{lean - base:.0f}), hfcache-serve {serve:.0f} MB (+{serve - base:.0f})")
+    # The core install's venv is ~70 MB (tokenizers, hf_xet, huggingface_hub, pygments, ...); transformers alone
+    # would add ~220 MB.
+    assert lean - base < 120, (base, lean)
+    assert serve - lean < 40, (lean, serve)

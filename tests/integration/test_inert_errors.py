@@ -61,3 +61,14 @@ def test_an_endpoint_with_a_control_character_is_a_usage_error_on_one_line(tmp_p
         assert lines[0].startswith("hfcache: error: invalid endpoint") and lines[1].startswith("hint: "), proc.stderr
         assert len(lines) == 2 and not any(c in proc.stderr for c in RAW), repr(proc.stderr)
     assert not (tmp_path / "c").exists()
+
+
+def test_text_that_looks_like_rich_markup_is_printed_as_it_is(tmp_path):
+    """A cache path or hint with brackets is text, never rich markup: '/x/a[/b]' was a MarkupError (exit 70) in
+    doctor's table, and "pip install 'hfcache[check]'" lost its "[check]"."""
+    cache = tmp_path / "a[/b]" / "c[bold]"
+    cache.mkdir(parents=True)
+    proc = run_hfcache(["doctor", "--cache-dir", str(cache)], env=clean_env(COLUMNS="400"))
+    assert proc.returncode in (0, 1) and "Traceback" not in proc.stderr and "internal error" not in proc.stderr, \
+        proc.stderr
+    assert "c[bold]" in proc.stdout, proc.stdout

@@ -6,7 +6,7 @@ import pytest
 from click.testing import CliRunner
 
 from hfcache.cli.main import cli
-from hfcache.errors import UsageError
+from hfcache.errors import CacheError, UsageError
 from hfcache.prune import KeepSpec
 from hfcache.units import format_duration, parse_duration, parse_size
 
@@ -78,11 +78,13 @@ def test_no_terminal_no_prompt(tmp_path):
     assert isinstance(result.exception, UsageError) and "--yes" in result.exception.hint
 
 
-def test_missing_cache_is_nothing_to_prune_but_said(tmp_path):
-    # A CronJob on a fresh volume must not fail before the first warm; a mistyped path must not pass unnoticed.
+def test_missing_cache_is_an_error_unless_missing_ok(tmp_path):
+    # A mistyped path must not pass unnoticed (exit 5); a CronJob that runs before the first warm says --missing-ok.
     result = CliRunner().invoke(cli, ["prune", "--cache-dir", str(tmp_path / "nope"), "--yes", "--json"])
-    assert result.exit_code == 0, result.output
-    assert '"warnings": [' in result.output and "no cache at" in result.output and not (tmp_path / "nope").exists()
+    assert isinstance(result.exception, CacheError) and "does not exist" in str(result.exception)
+    result = CliRunner().invoke(cli, ["prune", "--cache-dir", str(tmp_path / "nope"), "--yes", "--json",
+                                      "--missing-ok"])
+    assert result.exit_code == 0 and "no cache at" in result.output and not (tmp_path / "nope").exists()
     (tmp_path / "file").write_text("x")
     result = invoke("--cache-dir", str(tmp_path / "file"), "--dry-run")
     assert result.exit_code == 2 and "is a file" in result.output

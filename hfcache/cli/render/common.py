@@ -34,9 +34,11 @@ def _console(*, to_stderr: bool) -> Console:
     if console is None:
         Console = _inert_console_class()  # noqa: N806
 
-        console = Console(stderr=to_stderr, highlight=False)
+        # markup=False: a plain string is text, never rich markup (a cache path '/tmp/a[/b]' was a MarkupError,
+        # exit 70, and a hint "pip install 'hfcache[check]'" lost its "[check]"); styles are given as Text/styles
+        console = Console(stderr=to_stderr, highlight=False, markup=False)
         if not console.is_terminal and "COLUMNS" not in os.environ:
-            console = Console(stderr=to_stderr, highlight=False, width=PIPE_WIDTH)
+            console = Console(stderr=to_stderr, highlight=False, markup=False, width=PIPE_WIDTH)
         _consoles[to_stderr] = console
     return console
 

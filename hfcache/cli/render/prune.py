@@ -50,6 +50,7 @@ def prune_dict(plan: PrunePlan, result: PruneResult | None = None, *, dry_run: b
         "ok": result.ok if result is not None else True,
         "exit_code": result.exit_code if result is not None else (5 if plan.unreadable else 0),
         "unreadable": list(plan.unreadable),
+        "empty_cache": plan.empty,
         "policy": {"older_than": policy.older_than, "max_size": policy.max_size,
                    "keep": [str(k) for k in policy.keep], "keep_locks": list(policy.keep_locks),
                    "grace": policy.grace},
@@ -95,7 +96,7 @@ def prune_tables(plan: PrunePlan, result: PruneResult | None = None, *, dry_run:
     for warning in plan.warnings:
         renderables.append(Text(f"warning: {inert(warning)}", style="yellow"))
     if not plan.items:
-        renderables.append(Text("nothing to prune", style="green"))
+        renderables.append(Text("empty cache: nothing to prune" if plan.empty else "nothing to prune", style="green"))
     elif result is not None:
         renderables.extend(_prune_outcome_lines(result))
     return renderables
