@@ -121,13 +121,17 @@ class RepoResult:
 
     Attributes:
         request: what was asked.
-        endpoint (str): the endpoint that served it.
+        endpoint (str | None): the endpoint that served it (of several, the one whose answers were used; when every
+            endpoint failed, the last one tried); None when no request was made for it (a lock the cache already
+            satisfies), so nothing names an endpoint that was never asked.
         canonical_id (str | None): the id the endpoint answered with; None when resolution failed.
         commit_hash (str | None): the resolved commit.
         files (tuple[WarmedFile, ...]): the selected files, sorted by path.
         absent (tuple[str, ...]): optional tokenizer names the repo lacks, recorded as ``.no_exist`` markers.
         bytes_downloaded (int): bytes received from the network for this repo.
         retries (int): transient failures (429, 502-504, connections cut) retried for this repo, all endpoints.
+        requests (int): HTTP requests sent for this repo, all endpoints: metadata (repo info, tree pages, HEADs) and
+            file bodies, each retry and each redirect hop (to a CDN) included; 0 when the cache satisfied it.
         metadata (str | None): where sizes and hashes came from: ``model-info``, ``tree``, ``head`` or ``lock``.
         seconds (float): wall time.
         error (str | None): one-line reason when the repo failed.
@@ -143,13 +147,14 @@ class RepoResult:
     """
 
     request: WarmRequest
-    endpoint: str
+    endpoint: str | None
     canonical_id: str | None = None
     commit_hash: str | None = None
     files: tuple[WarmedFile, ...] = ()
     absent: tuple[str, ...] = ()
     bytes_downloaded: int = 0
     retries: int = 0
+    requests: int = 0
     metadata: str | None = None
     seconds: float = 0.0
     error: str | None = None
@@ -191,6 +196,16 @@ class WarmReport:
     @property
     def bytes_downloaded(self) -> int:
         return sum(r.bytes_downloaded for r in self.repos)
+
+    @property
+    def requests(self) -> int:
+        """HTTP requests sent for all repos (:attr:`RepoResult.requests`); 0: the cache alone answered."""
+        return sum(r.requests for r in self.repos)
+
+    @property
+    def satisfied_by_cache(self) -> bool:
+        """True when every repo succeeded from a lock without a single request (``warm --lock`` on a warm cache)."""
+        return bool(self.repos) and self.ok and self.requests == 0 and all(r.metadata == "lock" for r in self.repos)
 
 
 class ProgressSink(Protocol):

@@ -11,8 +11,14 @@ makes ``snapshot_download`` raise ``IncompleteSnapshotError`` (huggingface_hub `
 
 The format is deterministic JSON (sorted keys, LF, trailing newline)::
 
-    {"absent": ["chat_template.jinja"], "commit_hash": "<40 hex>", "files": {"vocab.txt": {"hash": "git-sha1:<hex>",
-     "size": 231508}}, "format": "hfcache-published", "version": 1}
+    {"absent": ["chat_template.jinja"], "commit_hash": "<40 hex>", "endpoint": "https://hub.internal",
+     "files": {"vocab.txt": {"hash": "git-sha1:<hex>", "size": 231508}}, "format": "hfcache-published", "version": 1}
+
+``endpoint`` (optional; records written before it have none) is the endpoint that served the commit's last warm:
+``verify --repair`` fetches from it by default. Only ``scheme://host[:port][/path]`` is written (never userinfo, a
+query or a fragment: :func:`public_endpoint`), and no token is ever written. Read back it is a hint of *where* to
+fetch, written by anyone who can write the cache: an endpoint that is not such a plain http(s) URL is ignored, and
+repair sends the token only to the endpoint the user configured (docs/security.md).
 
 A record is untrusted input like every file of a cache: read through :mod:`hfcache.cache.safefs` (no link followed, a
 FIFO never opened blocking), at most :data:`MAX_RECORD_BYTES` and :data:`hfcache.bounds.MAX_JSON_DEPTH` levels deep
@@ -27,6 +33,7 @@ import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from urllib.parse import urlsplit, urlunsplit
 
 from . import safefs
 from ..bounds import TooDeep, loads_json
@@ -36,6 +43,8 @@ from .sharing import cache_policy, share_dir_fd
 
 #: A record larger than this is not read (16 MiB holds ~150,000 files).
 MAX_RECORD_BYTES = 16 * 1024 * 1024
+#: Longest endpoint URL recorded or read back.
+MAX_ENDPOINT_CHARS = 2048
 _HASH_RE = re.compile(r"(sha256:[0-9a-f]{64}|git-sha1:[0-9a-f]{40})")
 _FORMAT = "hfcache-published"
 _REFUSED_HINT = ("`hfcache verify --repair` removes it (or remove it by hand), then re-warm the repo; someone who "
@@ -45,11 +54,40 @@ _REFUSED_HINT = ("`hfcache verify --repair` removes it (or remove it by hand), t
 @dataclass(frozen=True)
 class PublishedRevision:
     """One record: ``files`` maps path -> (size in bytes, ``sha256:<hex>`` or ``git-sha1:<hex>``); ``absent`` the
-    names warm marked absent with ``.no_exist``."""
+    names warm marked absent with ``.no_exist``; ``endpoint`` the endpoint that served the commit (a plain
+    ``scheme://host[:port][/path]``, :func:`public_endpoint`), or None when the record names none usable."""
 
     commit_hash: str
     files: Mapping[str, tuple[int, str]]
     absent: tuple[str, ...]
+    endpoint: str | None = None
+
+
+def public_endpoint(url: object) -> str | None:
+    """``url`` as it may be recorded and read back: ``scheme://host[:port][/path]`` with no trailing slash, or None.
+
+    Userinfo (``user:password@``), a query and a fragment are dropped, never written; None for anything that is not
+    a ``str`` of printable ASCII without spaces, at most :data:`MAX_ENDPOINT_CHARS` long, with an http(s) scheme
+    and a host (what a cache member may have planted: a hint that is not a plain URL is no hint).
+
+    Args:
+        url (object): an endpoint as configured, or a record's ``endpoint`` value.
+
+    Returns:
+        str | None: the endpoint without credentials, or None.
+    """
+    if not isinstance(url, str) or len(url) > MAX_ENDPOINT_CHARS or not (url.isascii() and url.isprintable()) \
+            or " " in url:
+        return None
+    try:
+        parts = urlsplit(url)
+        host, port = parts.hostname, parts.port
+    except ValueError:
+        return None
+    if parts.scheme not in ("http", "https") or not host:
+        return None
+    netloc = (f"[{host}]" if ":" in host else host) + (f":{port}" if port is not None else "")
+    return urlunsplit((parts.scheme, netloc, parts.path, "", "")).rstrip("/")
 
 
 def record_parts(folder_name: str, commit_hash: str) -> tuple[str, ...]:
@@ -58,12 +96,13 @@ def record_parts(folder_name: str, commit_hash: str) -> tuple[str, ...]:
 
 
 def write_record(cache_dir: Path, folder_name: str, commit_hash: str, files: Iterable[tuple[str, int, str]],
-                 absent: Iterable[str]) -> None:
+                 absent: Iterable[str], endpoint: str | None = None) -> None:
     """Add ``files`` ((path, size, hash)) and ``absent`` to the record of ``folder_name`` at ``commit_hash``.
 
     Merged with an existing record (several warms of one revision with different selections add up; a commit's
-    content never changes, so a path keeps its hash). Written atomically (temp file + ``os.replace``) under
-    ``.locks/<folder>/hfcache/``, created without following links. Call it under the repo lock.
+    content never changes, so a path keeps its hash). ``endpoint`` (the endpoint that served this warm) replaces the
+    recorded one, stripped of credentials (:func:`public_endpoint`); None keeps it. Written atomically (temp file +
+    ``os.replace``) under ``.locks/<folder>/hfcache/``, created without following links. Call it under the repo lock.
 
     Raises:
         UnsafeLayout: a part of ``.locks/<folder>/hfcache`` is a planted link. OSError: cannot write.
@@ -73,10 +112,13 @@ def write_record(cache_dir: Path, folder_name: str, commit_hash: str, files: Ite
     merged = {p: {"size": s, "hash": h} for p, (s, h) in (old.files.items() if old else ())}
     merged.update({p: {"size": s, "hash": h} for p, s, h in files})
     names = sorted(set(old.absent if old else ()) | set(absent))
+    served = public_endpoint(endpoint) or (old.endpoint if old else None)
     doc = {"format": _FORMAT, "version": 1, "commit_hash": commit_hash, "files": merged, "absent": names}
+    if served:
+        doc["endpoint"] = served
     data = (json.dumps(doc, sort_keys=True, separators=(",", ": ")) + "\n").encode()
     if old is not None and old.files == {p: (v["size"], v["hash"]) for p, v in merged.items()} \
-            and old.absent == tuple(names):
+            and old.absent == tuple(names) and old.endpoint == served:
         return
     policy = cache_policy(cache_dir)
     for depth in range(1, len(parts)):  # a group-shared cache: any member re-warms and rewrites the record
@@ -133,9 +175,10 @@ def read_record(cache_dir: str | os.PathLike[str], folder_name: str, commit_hash
                     and _HASH_RE.fullmatch(digest):
                 files[path] = (size, digest)
         absent = tuple(sorted(a for a in doc["absent"] if isinstance(a, str)))
+        endpoint = public_endpoint(doc.get("endpoint"))
     except (ValueError, KeyError, TypeError, AttributeError):
         return None
-    return PublishedRevision(commit_hash=commit_hash, files=files, absent=absent)
+    return PublishedRevision(commit_hash=commit_hash, files=files, absent=absent, endpoint=endpoint)
 
 
 def remove_record(cache_dir: Path, folder_name: str, commit_hash: str) -> None:

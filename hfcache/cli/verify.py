@@ -63,7 +63,7 @@ def verify(repo_ids, cache_dir, lock_file, do_repair, fast, signature, verify_ke
         from .render.common import lock_wait_notice
         from ..integrity.repair import verify_and_repair
 
-        def client():  # repair downloads from the first endpoint given (fallbacks are a warm feature)
+        def client():  # the endpoint the user configured (--endpoint, else HF_ENDPOINT, else the Hub), the token's
             from ..hub.client import HubClient
             from ..warming.orchestrate import resolve_token
 
@@ -72,8 +72,10 @@ def verify(repo_ids, cache_dir, lock_file, do_repair, fast, signature, verify_ke
 
         run = verify_and_repair(root, repo_ids or None, client_factory=client, lock=lock, max_workers=max_workers,
                                 fast=fast, lock_timeout=lock_timeout, on_lock_wait=lock_wait_notice,
-                                progress=lambda: render.HashProgress(enabled=not as_json))
+                                progress=lambda: render.HashProgress(enabled=not as_json),
+                                endpoint_given=bool(endpoints))
         report, actions, before = run.report, run.actions, run.before
+        exit_code, errors = run.exit_code, run.error_lines()
     else:
         from ..integrity.verify import verify_cache
 
@@ -81,10 +83,15 @@ def verify(repo_ids, cache_dir, lock_file, do_repair, fast, signature, verify_ke
             report = verify_cache(root, repo_ids or None, lock=lock, max_workers=max_workers, progress=progress,
                                   fast=fast)
         actions, before = (), None
-    render.show_verify(report, actions, before, as_json=as_json)
-    if not report.repos and not allow_empty and report.exit_code == 0:
+        exit_code, errors = report.exit_code, ()
+    render.show_verify(report, actions, before, as_json=as_json, exit_code=exit_code)
+    from .render.common import print_error
+
+    for n, (message, hint) in enumerate(errors, 1):  # a revision no endpoint could serve: a line each, exit 3
+        print_error(message, hint if n == len(errors) else None)
+    if not report.repos and not allow_empty and exit_code == 0:
         _nothing_verified(root, "verified")
-    sys.exit(report.exit_code)
+    sys.exit(exit_code)
 
 
 def _require_cache(root) -> None:

@@ -11,7 +11,9 @@ import click
 from .options import cache_dir_option as _cache_dir_option
 from .options import common_hub_options as _common_hub_options
 from .options import lock_timeout_option as _lock_timeout_option
+from .options import apply_revision as _apply_revision
 from .options import read_token as _read_token
+from .options import revision_option as _revision_option
 from .options import token_notice as _token_notice
 from .options import trust_manifest_endpoint_option as _trust_manifest_endpoint_option
 from ..errors import UsageError
@@ -35,8 +37,9 @@ from ..errors import UsageError
 @_common_hub_options
 @_lock_timeout_option
 @click.option("-q", "--quiet", is_flag=True, help="No progress and no summary; errors only.")
+@_revision_option
 def warm(repos, cache_dir, kind, include, exclude, repo_type, lock_file, locked, manifest, trust_manifest_endpoint,
-         endpoints, token, token_file, max_workers, timeout, retries, lock_timeout, as_json, quiet) -> None:
+         endpoints, token, token_file, max_workers, timeout, retries, lock_timeout, as_json, quiet, revision) -> None:
     """Download tokenizers (or models) into a cache that transformers loads offline.
 
     Every file is hashed against what the endpoint publishes (or the lock pins) before it becomes visible; the
@@ -52,6 +55,7 @@ def warm(repos, cache_dir, kind, include, exclude, repo_type, lock_file, locked,
     from .render import warm as render
     from .render.common import lock_wait_notice
 
+    repos = _apply_revision(repos, revision, with_lock=bool(lock_file))
     resolved_token = _read_token(token, token_file)
     if lock_file:
         if repos:
@@ -62,6 +66,7 @@ def warm(repos, cache_dir, kind, include, exclude, repo_type, lock_file, locked,
 
         target = resolve_install(lock_file, manifest=manifest, locked=locked, cache_dir=cache_dir, endpoint=endpoints,
                                  trust_manifest_endpoint=trust_manifest_endpoint)
+        drifted = target.drift_warning(lock_file)
         with render.WarmProgress(len(target.lock.repos), enabled=not (as_json or quiet)) as progress:
             report = warm_lock(target.lock, cache_dir=target.cache_dir, endpoint=target.endpoint, token=resolved_token,
                                max_workers=max_workers, timeout=timeout, progress=progress, retries=retries,
@@ -73,6 +78,7 @@ def warm(repos, cache_dir, kind, include, exclude, repo_type, lock_file, locked,
                              hint="add --lock hfcache.lock")
         if not repos:
             raise UsageError("nothing to warm", hint="give REPO_ID arguments or --lock FILE")
+        drifted = None
         from ..records import WarmRequest
 
         requests = [
@@ -88,8 +94,34 @@ def warm(repos, cache_dir, kind, include, exclude, repo_type, lock_file, locked,
             report = warm_repos(requests, cache_dir=cache_dir, endpoint=list(endpoints) or None, token=resolved_token,
                                 max_workers=max_workers, timeout=timeout, progress=progress, retries=retries,
                                 lock_timeout=lock_timeout, on_lock_wait=None if quiet else lock_wait_notice)
-    render.show_warm_report(report, as_json=as_json, quiet=quiet)
+    report, warnings = _with_warnings(report, drifted)
+    render.show_warm_report(report, as_json=as_json, quiet=quiet, warnings=warnings)
     sys.exit(report.exit_code)
+
+
+def _with_warnings(report, drifted: str | None):
+    """``report`` with each repo's selection notes added (:func:`hfcache.warming.selection.selection_notes`: a
+    ``--kind model`` without weights, an ``--include`` that matched nothing), and the run's own warnings: a lock
+    that drifted from its manifest, a root umask that leaves the cache unreadable by other users."""
+    import dataclasses
+    import os
+
+    warnings: list[str] = [drifted] if drifted else []
+    repos = []
+    for r in report.repos:
+        req = r.request
+        if r.ok and (req.kind == "model" or req.include):
+            from ..warming.selection import selection_notes
+
+            r = dataclasses.replace(r, notes=r.notes + selection_notes(req.kind, req.include, req.exclude,
+                                                                       [f.path for f in r.files]))
+        repos.append(r)
+    mask = _umask()
+    if os.geteuid() == 0 and mask & 0o044 and report.bytes_downloaded:
+        warnings.append(f"umask {mask:04o}: what this warm wrote into {report.cache_dir} is unreadable by other users "
+                        "(a pod's non-root uid cannot load it); warm under `umask 022`, or fix it now: "
+                        f"chmod -R a+rX {report.cache_dir}")
+    return dataclasses.replace(report, repos=tuple(repos)), tuple(warnings)
 
 
 @click.command()
@@ -143,3 +175,21 @@ def lock(upgrade_ids, manifest, output_file, upgrade, check, trust_manifest_endp
     render.show_pin_result(run.result, run.lock_path, run.written, as_json=as_json)
     if run.result.failures:
         sys.exit(run.result.failures[0].exit_code)
+
+
+def _umask() -> int:
+    """This process's umask, read without changing it (``/proc/self/status``, Linux 4.7+); else by setting it
+    back at once (no other thread writes files now: the warm is over)."""
+    import os
+
+    try:
+        with open("/proc/self/status", encoding="ascii") as status:
+            for line in status:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError):
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+

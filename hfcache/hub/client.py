@@ -18,8 +18,8 @@ that gives no hash or size for a file is an error naming the file: hash checks s
 :mod:`hfcache.hub.urls`.
 
 Requests use huggingface_hub's shared HTTP client (``get_session``, with its request hooks and offline-mode guard,
-plus :func:`hfcache.hub.session.hub_session`'s watchdog hook)
-and its error mapping (``hf_raise_for_status``); transient failures are retried per :mod:`hfcache.hub.retry`. File
+plus :func:`hfcache.hub.session.hub_session`'s watchdog and request-counting hooks: every request, redirect hop
+and retry is counted for the repo, :func:`hfcache.hub.retry.count_request`) and its error mapping (``hf_raise_for_status``); transient failures are retried per :mod:`hfcache.hub.retry`. File
 bodies are opened here (:meth:`HubClient.open_body`, with ``Range``) and written by :mod:`hfcache.hub.transfer`.
 Every metadata answer is read under a deadline and every body under a throughput floor (:mod:`hfcache.pace`,
 checked per raw chunk by :mod:`hfcache.hub.bodies`); a full commit asked for must be answered as itself.
@@ -106,6 +106,17 @@ class HubClient:
 
     def __repr__(self) -> str:  # never show the token
         return f"HubClient(endpoint={self.endpoint!r})"
+
+    def sibling(self, endpoint: str, *, with_token: bool) -> HubClient:
+        """A client of ``endpoint`` with this one's timeout and retries, and its token only when ``with_token``
+        (the caller decides whether ``endpoint`` is a host the user gave the token for, docs/security.md:
+        ``verify --repair`` asks an endpoint a cache's record names).
+
+        Raises:
+            UsageError: an invalid endpoint.
+        """
+        return HubClient(endpoint=validate_endpoint(endpoint), token=self._token if with_token and self._token
+                         else None, timeout=self.timeout, retries=self.retries)
 
     def counter(self, stop: threading.Event | None = None) -> RetryCounter:
         """A retry counter with this client's budget (one per repo: the report shows its count)."""
@@ -480,6 +491,11 @@ class _mapped_errors:
         if isinstance(exc, OfflineModeIsEnabled):
             return OfflineViolation(f"{self.what}: HF_HUB_OFFLINE is set, so nothing can be downloaded",
                                     hint="unset HF_HUB_OFFLINE for hfcache warm (or use warm --lock on a warm cache)")
+        if isinstance(exc, RuntimeError) and type(exc).__name__ == "NetworkBlocked":
+            # hfcache's own network guard (hfcache exec, enforce_offline) around this process: matched by name, as
+            # the exec sitecustomize loads the guard by file path (another module than hfcache.offline.guard).
+            return OfflineViolation(f"{self.what}: {self.endpoint} is not reachable from here: {_first_line(exc)}",
+                                    hint="run it outside hfcache exec, or allow the endpoint's host (--allow-host)")
         if isinstance(exc, ShortBody):
             return EndpointUnreachable(f"{self.what}: the connection to {self.endpoint} was cut mid-body",
                                        hint="retry later or raise --retries")

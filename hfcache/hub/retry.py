@@ -16,10 +16,11 @@ was cut" is :func:`hfcache.hub.client.is_transient`, handed to each :class:`Retr
 
 from __future__ import annotations
 
+import contextlib
 import random
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from email.utils import parsedate_to_datetime
 from typing import TypeVar
 
@@ -108,12 +109,20 @@ class RetryCounter:
         self.stop = stop or threading.Event()
         self.transient = transient
         self._count = 0
+        self._requests = 0
         self._lock = threading.Lock()
 
     @property
     def count(self) -> int:
         with self._lock:
             return self._count
+
+    @property
+    def requests(self) -> int:
+        """HTTP requests sent on this counter's behalf (:func:`count_request`): every attempt, retries and redirect
+        hops (to a CDN) included; a connection that was refused counts too (it was attempted)."""
+        with self._lock:
+            return self._requests
 
     def budget(self) -> Budget:
         """A fresh budget of ``retries`` for one request or one file download."""
@@ -122,6 +131,32 @@ class RetryCounter:
     def _add(self) -> None:
         with self._lock:
             self._count += 1
+
+    def _add_request(self) -> None:
+        with self._lock:
+            self._requests += 1
+
+
+_local = threading.local()
+
+
+@contextlib.contextmanager
+def counting(counter: RetryCounter) -> Iterator[None]:
+    """Credit ``counter`` with every request this thread sends inside the block (:func:`count_request`); nests."""
+    previous = getattr(_local, "counter", None)
+    _local.counter = counter
+    try:
+        yield
+    finally:
+        _local.counter = previous
+
+
+def count_request(request: object) -> None:
+    """HTTP client request hook (``event_hooks["request"]``: called once per request sent, each redirect hop
+    included): one more request for the counter :func:`counting` made current in this thread, if any."""
+    counter = getattr(_local, "counter", None)
+    if counter is not None:
+        counter._add_request()
 
 
 class Budget:
@@ -168,7 +203,8 @@ class Budget:
             if self.counter.stop.is_set():
                 raise Interrupted(f"{what}: interrupted")
             try:
-                return fn()
+                with counting(self.counter):
+                    return fn()
             except Exception as exc:  # noqa: BLE001 - classified by backoff(), re-raised when not retried
                 if not self.backoff(exc, what):
                     raise

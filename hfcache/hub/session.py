@@ -76,9 +76,11 @@ def hub_session():
     from huggingface_hub.utils import get_session
 
     from .bodies import watch_hook
+    from .retry import count_request
 
     session = get_session()
     hooks = session.event_hooks
-    if watch_hook not in hooks["request"]:
-        session.event_hooks = {**hooks, "request": [*hooks["request"], watch_hook]}
+    missing = [h for h in (watch_hook, count_request) if h not in hooks["request"]]
+    if missing:
+        session.event_hooks = {**hooks, "request": [*hooks["request"], *missing]}
     return session

@@ -38,7 +38,7 @@ from ..errors import HubError, IntegrityError
 from .bodies import iter_body, slow_body
 from .client import HubClient
 from .files import Hasher, RemoteFile, RepoRevision
-from .retry import Budget, Interrupted, RetryCounter, ShortBody
+from .retry import Budget, Interrupted, RetryCounter, ShortBody, counting
 
 PARALLEL_THRESHOLD = 16 * 1024 * 1024  # bytes left to fetch above which a file is split into ranges
 MIN_PART = 8 * 1024 * 1024
@@ -344,7 +344,8 @@ class _Job:
         try:
             while part.pos < part.end and self.error is None and not self.stop.is_set():
                 try:
-                    self._stream(part)
+                    with counting(self.options.counter):  # this thread's requests are the repo's (retry.py)
+                        self._stream(part)
                 except (HubError, Interrupted, IntegrityError):
                     raise
                 except Exception as exc:  # noqa: BLE001 - transient ones are retried, others re-raised

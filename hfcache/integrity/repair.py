@@ -5,8 +5,14 @@
   link huggingface_hub writes.
 - Broken content (a blob whose hash does not match its name, a blob that is a symlink or not a file, a link to a
   missing blob, a file the lock lists but the snapshot lacks, a snapshot entry that differs from the lock) is
-  downloaded again from the endpoint at the snapshot's commit, hashed, and published in huggingface_hub's order
-  (blob renamed into place, then the link). A link whose file the endpoint says no longer exists is removed.
+  downloaded again at the snapshot's commit, hashed, and published in huggingface_hub's order (blob renamed into
+  place, then the link). A link whose file the endpoint says no longer exists is removed. Where from, per revision
+  (:class:`RepairEndpoints`): ``--endpoint`` when given; else the endpoint warm recorded as the commit's source
+  (:mod:`hfcache.cache.published`), then ``HF_ENDPOINT`` if set and another; else ``HF_ENDPOINT`` or the public Hub.
+  The record is a hint of where, written by anyone who can write the cache: a recorded endpoint gets the token only
+  on the origin of ``HF_ENDPOINT`` or of the public Hub (the hosts the user gave it for), never userinfo (the record
+  keeps none: :func:`hfcache.cache.published.public_endpoint`).
+  A revision no endpoint could be reached for is a ``failed`` action with exit code 3 (network), not 1.
 - A corrupt blob no snapshot uses is removed.
 
 Healthy blobs and links are never rewritten; a repo blob that is huggingface_hub 2.4's link into the shared Xet
@@ -27,14 +33,15 @@ from pathlib import Path
 
 from ..cache import safefs
 from ..cache.layout import RepoFolder
-from ..cache.published import remove_record
+from ..cache.published import RecordRefused, read_record, remove_record
 from ..cache.root import cache_error, symlinks_supported
 from ..hub.retry import RetryCounter
-from ..errors import HfcacheError, RevisionNotFound
+from ..errors import HfcacheError, HubError, OfflineViolation, RevisionNotFound
 from ..cache.locking import DEFAULT_LOCK_TIMEOUT
-from ..hub.client import HubClient
+from ..hub.client import DEFAULT_ENDPOINT, HubClient
 from ..hub.files import RemoteFile, RepoRevision
 from ..hub.transfer import Slots, TransferOptions, download_blob
+from ..hub.urls import origin
 from ..warming.lockfile import Lockfile
 from ..records import folder_ids
 from ..cache.scan import parse_folder_name, scan_repo
@@ -43,6 +50,7 @@ from .verify import verify_cache
 from .verify_report import Problem, VerifyReport
 
 _REPAIR_CONNECTIONS = 4  # ranges of one large blob fetched at once
+_UNSERVED_CODES = (HubError.exit_code, OfflineViolation.exit_code)  # no endpoint could serve it: 3 network, 4 offline
 _CONTENT_KINDS = {"blob_mismatch", "blob_not_file", "link_broken", "file_missing", "file_mismatch"}
 
 
@@ -56,6 +64,8 @@ class RepairAction:
         action (str): ``rewrote ref``, ``relinked``, ``downloaded``, ``removed link``, ``removed blob``,
             ``removed record`` (warm's record past its bounds), or ``failed``.
         detail (str): one line for people.
+        exit_code (int): of a ``failed`` action that is not an integrity problem, its cause's exit code (3: no
+            endpoint could serve it, e.g. none could be reached); 0 otherwise.
     """
 
     repo_id: str
@@ -63,10 +73,47 @@ class RepairAction:
     path: str
     action: str
     detail: str
+    exit_code: int = 0
 
     @property
     def ok(self) -> bool:
         return self.action != "failed"
+
+
+class RepairEndpoints:
+    """Which endpoints repair asks for a revision, in order, and which of them get the token.
+
+    Args:
+        user (HubClient): the endpoint the user configured (``--endpoint``, else ``HF_ENDPOINT``, else the public
+            Hub), with the user's token: the only endpoint the token is sent to.
+        given (bool): True when the user named it with ``--endpoint``: it serves every revision, whatever the
+            cache's records say.
+    """
+
+    def __init__(self, user: HubClient, given: bool) -> None:
+        self.user = user
+        self.given = given
+        self._clients: dict[str, HubClient] = {user.endpoint: user}
+
+    def for_revision(self, recorded: str | None) -> list[HubClient]:
+        """The clients to try, in order, for a revision whose record names ``recorded`` (None: no usable record):
+        ``[--endpoint]``; else ``[recorded, HF_ENDPOINT]`` (``HF_ENDPOINT`` only when set and another endpoint);
+        else ``[HF_ENDPOINT or the public Hub]``. A recorded endpoint gets the token only on the origin (scheme,
+        host, port) of ``HF_ENDPOINT`` or of the public Hub, the rule a manifest's endpoint follows
+        (:func:`hfcache.warming.manifest.withheld_endpoints`)."""
+        if self.given or not recorded:
+            return [self.user]
+        order = [recorded]
+        if os.environ.get("HF_ENDPOINT") and self.user.endpoint != recorded:
+            order.append(self.user.endpoint)
+        return [self._client(e) for e in order]
+
+    def _client(self, endpoint: str) -> HubClient:
+        if endpoint not in self._clients:
+            bound = {origin(DEFAULT_ENDPOINT)} | ({origin(os.environ["HF_ENDPOINT"])}
+                                                  if os.environ.get("HF_ENDPOINT") else set())
+            self._clients[endpoint] = self.user.sibling(endpoint, with_token=origin(endpoint) in bound)
+        return self._clients[endpoint]
 
 
 def repair(
@@ -76,12 +123,16 @@ def repair(
     lock: Lockfile | None = None,
     lock_timeout: float = DEFAULT_LOCK_TIMEOUT,
     on_lock_wait=None,
+    endpoints: RepairEndpoints | None = None,
 ) -> tuple[RepairAction, ...]:
     """Repair the integrity errors of ``report`` in place.
 
     Args:
         report: a verify report of the cache to repair.
-        client: the endpoint to download from (None: only offline repairs: refs and links).
+        client: the endpoint to download from, for every revision (None: only offline repairs: refs and links,
+            unless ``endpoints`` is given).
+        endpoints: which endpoints to ask per revision (:class:`RepairEndpoints`: the one warm recorded first);
+            overrides ``client``.
         lock: when given, downloaded files must also match the lock's hashes.
         lock_timeout: seconds to wait at most for a repo's or blob's lock; a repo whose lock stays held is a
             ``failed`` action naming the lock.
@@ -96,6 +147,8 @@ def repair(
         by_folder[problem.folder].append(problem)
     actions: list[RepairAction] = []
     symlinks = symlinks_supported(cache_dir)
+    if endpoints is None and client is not None:
+        endpoints = RepairEndpoints(client, given=True)
     for folder_name, problems in sorted(by_folder.items()):
         parsed = parse_folder_name(folder_name)
         if parsed is None:
@@ -103,7 +156,7 @@ def repair(
         folder = RepoFolder(cache_dir, parsed[0], parsed[1], lock_timeout=lock_timeout, on_lock_wait=on_lock_wait)
         try:
             with folder.repo_lock():  # raises UnsafeLayout first for a repo folder with a planted link
-                actions.extend(_repair_repo(folder, problems, client, lock, symlinks))
+                actions.extend(_repair_repo(folder, problems, endpoints, lock, symlinks))
         except OSError as exc:
             actions.append(RepairAction(parsed[0], "", "", "failed", cache_error(exc, folder_name).message))
         except HfcacheError as exc:  # LockTimeout
@@ -111,8 +164,8 @@ def repair(
     return tuple(sorted(actions, key=lambda a: (a.repo_id, a.revision, a.path, a.action)))
 
 
-def _repair_repo(folder: RepoFolder, problems: list[Problem], client: HubClient | None, lock: Lockfile | None,
-                 symlinks: bool) -> list[RepairAction]:
+def _repair_repo(folder: RepoFolder, problems: list[Problem], endpoints: RepairEndpoints | None,
+                 lock: Lockfile | None, symlinks: bool) -> list[RepairAction]:
     actions: list[RepairAction] = []
     info = scan_repo(folder.root, folder.repo_id, folder.repo_type)
     links = {(rev.commit_hash, f.path): f for rev in info.revisions for f in rev.files}
@@ -152,7 +205,7 @@ def _repair_repo(folder: RepoFolder, problems: list[Problem], client: HubClient 
             actions.append(RepairAction(folder.repo_id, "", f"blobs/{etag}", "removed blob",
                                         "corrupt and used by no snapshot"))
     for commit, paths in sorted(wanted.items()):
-        actions.extend(_refetch(folder, commit, sorted(paths), client, lock, symlinks, bad_blobs))
+        actions.extend(_refetch(folder, commit, sorted(paths), endpoints, lock, symlinks, bad_blobs))
     return actions
 
 
@@ -180,21 +233,54 @@ def _fix_ref(folder: RepoFolder, problem: Problem, snapshots: set[str]) -> Repai
                         "the ref holds no commit of a cached snapshot; run `hfcache warm` for it")
 
 
-def _refetch(folder: RepoFolder, commit: str, paths: list[str], client: HubClient | None, lock: Lockfile | None,
-             symlinks: bool, bad_blobs: set[str]) -> list[RepairAction]:
-    """Download ``paths`` at ``commit`` again (verified) and relink them."""
-    if client is None:
+def _recorded_endpoint(folder: RepoFolder, commit: str) -> str | None:
+    """The endpoint warm recorded as ``commit``'s source, or None (no record, none in it, or a refused record)."""
+    try:
+        record = read_record(folder.cache_dir, folder.name, commit)
+    except RecordRefused:
+        return None
+    return record.endpoint if record is not None else None
+
+
+def _resolve_anywhere(folder: RepoFolder, commit: str, paths: list[str],
+                      clients: list[HubClient]) -> tuple[HubClient, RepoRevision, RetryCounter]:
+    """Resolve ``commit`` and describe ``paths`` on the first of ``clients`` that answers (a Hub-side failure moves
+    on to the next, as warm does); returns that client, the listing and its retry counter.
+
+    Raises:
+        HubError: the last endpoint's error (RevisionNotFound: it no longer has the commit), naming what the others
+            answered.
+    """
+    failures: list[str] = []
+    for n, client in enumerate(clients):
+        counter = client.counter()
+        try:
+            remote = client.resolve(folder.repo_id, commit, folder.repo_type, counter=counter)
+            # Same fallbacks as warm: files the listing did not describe get one HEAD each.
+            return client, client.describe(remote, [p for p in paths if p in remote.paths], counter), counter
+        except HubError as exc:
+            if n == len(clients) - 1:
+                if failures:
+                    raise type(exc)(f"{exc.message} (also tried: {'; '.join(failures)})", hint=exc.hint) from None
+                raise
+            failures.append(f"{client.endpoint}: {exc.message}")
+    raise AssertionError("no endpoint to repair from")
+
+
+def _refetch(folder: RepoFolder, commit: str, paths: list[str], endpoints: RepairEndpoints | None,
+             lock: Lockfile | None, symlinks: bool, bad_blobs: set[str]) -> list[RepairAction]:
+    """Download ``paths`` at ``commit`` again (verified), from the endpoints :class:`RepairEndpoints` picks for
+    the revision, and relink them."""
+    if endpoints is None:
         return [RepairAction(folder.repo_id, commit, p, "failed", "needs the endpoint (--endpoint) to re-download")
                 for p in paths]
-    counter = client.counter()
     try:
-        remote = client.resolve(folder.repo_id, commit, folder.repo_type, counter=counter)
-        # Same fallbacks as warm: files the listing did not describe get one HEAD each.
-        remote = client.describe(remote, [p for p in paths if p in remote.paths], counter)
+        client, remote, counter = _resolve_anywhere(folder, commit, paths,
+                                                    endpoints.for_revision(_recorded_endpoint(folder, commit)))
     except RevisionNotFound:
         return [_remove_link(folder, commit, p, "the endpoint no longer has this commit") for p in paths]
     except HfcacheError as exc:
-        return [RepairAction(folder.repo_id, commit, p, "failed", exc.message) for p in paths]
+        return [RepairAction(folder.repo_id, commit, p, "failed", exc.message, _cause(exc)) for p in paths]
     by_path = remote.by_path
     locked = _locked_files(lock, folder, commit)
     actions = []
@@ -211,7 +297,7 @@ def _refetch(folder: RepoFolder, commit: str, paths: list[str], client: HubClien
             _download_blob(folder, remote, file, client, counter, force=file.etag in bad_blobs)
             folder.link(commit, path, file.etag, symlinks=symlinks)
         except HfcacheError as exc:
-            actions.append(RepairAction(folder.repo_id, commit, path, "failed", exc.message))
+            actions.append(RepairAction(folder.repo_id, commit, path, "failed", exc.message, _cause(exc)))
             continue
         except OSError as exc:
             actions.append(RepairAction(folder.repo_id, commit, path, "failed", cache_error(exc, path).message))
@@ -228,6 +314,13 @@ def _download_blob(folder: RepoFolder, repo: RepoRevision, file: RemoteFile, cli
         if not force and folder.blob_ok(file.etag, file.size):
             return
         download_blob(client, folder, repo, file, TransferOptions(slots=Slots(_REPAIR_CONNECTIONS), counter=counter))
+
+
+def _cause(exc: HfcacheError) -> int:
+    """A failed action's exit code: 3 when an endpoint could not serve it (unreachable, not found, refused bytes:
+    the network's or the endpoint's fault, not the cache's), 4 when this process may not go online
+    (``HF_HUB_OFFLINE``, hfcache's network guard); else 0 (the verification after it says why)."""
+    return exc.exit_code if exc.exit_code in _UNSERVED_CODES else 0
 
 
 def _remove_link(folder: RepoFolder, commit: str, path: str, why: str) -> RepairAction:
@@ -260,6 +353,33 @@ class RepairRun:
     actions: tuple[RepairAction, ...]
     before: VerifyReport | None
 
+    @property
+    def unserved(self) -> tuple[RepairAction, ...]:
+        """One failed action per revision that no endpoint could serve (exit code 3: none reached, or each refused
+        it; 4: this process may not go online), in order: what ``verify --repair`` prints as an error line each on
+        stderr."""
+        seen: dict[tuple[str, str], RepairAction] = {}
+        for a in self.actions:
+            if not a.ok and a.exit_code in _UNSERVED_CODES:
+                seen.setdefault((a.repo_id, a.revision), a)
+        return tuple(seen.values())
+
+    def error_lines(self) -> tuple[tuple[str, str], ...]:
+        """``(message, hint)`` per revision in :attr:`unserved`, one line each, naming the endpoints tried."""
+        hint = ("check the network and the endpoint (a revision's is the one warm recorded as its source unless "
+                "--endpoint is given), or repair from another one: hfcache verify --repair --endpoint URL")
+        return tuple((f"not repaired: {a.detail}", hint) for a in self.unserved)
+
+    @property
+    def exit_code(self) -> int:
+        """0 when the cache verifies after the repair; 3 when something stays broken because no endpoint could serve
+        it (:attr:`unserved`: the network's fault, not the cache's), 4 when only because this process may not go
+        online; else the final report's (1)."""
+        if self.report.ok:
+            return 0
+        codes = {a.exit_code for a in self.unserved}
+        return min(codes) if codes else self.report.exit_code
+
 
 def verify_and_repair(
     cache_dir: str | os.PathLike[str],
@@ -272,17 +392,24 @@ def verify_and_repair(
     lock_timeout: float = DEFAULT_LOCK_TIMEOUT,
     on_lock_wait=None,
     progress: Callable[[], AbstractContextManager[HashProgress | None]] | None = None,
+    endpoint_given: bool | None = None,
 ) -> RepairRun:
     """Verify, repair what is broken, then verify again (``hfcache verify --repair``).
 
     Args:
         cache_dir, repo_ids, lock, max_workers, fast: as for :func:`hfcache.integrity.verify.verify_cache`.
-        client_factory: builds the endpoint client, called only when something needs repairing (no request otherwise).
+        client_factory: builds the client of the endpoint the user configured (``--endpoint``, else ``HF_ENDPOINT``,
+            else the public Hub) with the user's token; called only when something needs repairing (no request
+            otherwise). Each revision is fetched from the endpoint warm recorded for it unless ``endpoint_given``
+            (:class:`RepairEndpoints`).
+        endpoint_given: whether the user named the endpoint (``--endpoint``): then it serves every revision. None:
+            inferred (the client's endpoint is not ``HF_ENDPOINT`` or the public Hub).
         lock_timeout, on_lock_wait: as for :func:`repair`.
         progress: returns a fresh progress context for each verification pass (None: no progress).
 
     Returns:
-        RepairRun with the final report, the actions and the report that led to them.
+        RepairRun with the final report, the actions, the report that led to them, and the exit code
+        (:attr:`RepairRun.exit_code`: 3 when a revision could not be fetched from any endpoint).
     """
     from contextlib import nullcontext
 
@@ -292,7 +419,11 @@ def verify_and_repair(
         report = verify_cache(cache_dir, ids, lock=lock, max_workers=max_workers, progress=sink, fast=fast)
     if report.ok:
         return RepairRun(report, (), None)
-    actions = repair(report, client=client_factory(), lock=lock, lock_timeout=lock_timeout, on_lock_wait=on_lock_wait)
+    user = client_factory()
+    if endpoint_given is None:
+        endpoint_given = user.endpoint != (os.environ.get("HF_ENDPOINT") or DEFAULT_ENDPOINT).rstrip("/")
+    actions = repair(report, client=None, endpoints=RepairEndpoints(user, given=endpoint_given), lock=lock,
+                     lock_timeout=lock_timeout, on_lock_wait=on_lock_wait)
     with new_progress() as sink:
         after = verify_cache(cache_dir, ids, lock=lock, max_workers=max_workers, progress=sink, fast=fast)
     return RepairRun(after, actions, report)

@@ -18,11 +18,12 @@ from ..cache.locking import DEFAULT_LOCK_TIMEOUT, LockWait
 from ..records import ProgressSink, RepoResult, WarmedFile, WarmReport
 
 
-def _satisfied_result(status: CacheStatus, endpoint: str) -> RepoResult:
+def _satisfied_result(status: CacheStatus) -> RepoResult:
+    """A repo the cache already holds: no request was made, so no endpoint is named (``endpoint=None``)."""
     repo = status.repo
     return RepoResult(
         request=repo.request,
-        endpoint=endpoint,
+        endpoint=None,
         canonical_id=repo.canonical_id,
         commit_hash=repo.commit_hash,
         files=tuple(WarmedFile(f.path, f.size, f.hash, "cached") for f in repo.files),
@@ -64,13 +65,11 @@ def warm_lock(
     started = time.monotonic()
     root = resolve_cache_dir(cache_dir)
     statuses = cache_statuses(lock, root)
-    first = endpoint if isinstance(endpoint, str) or endpoint is None else (list(endpoint) or [None])[0]
-    shown_endpoint = (first or os.environ.get("HF_ENDPOINT") or "https://huggingface.co").rstrip("/")
-    results: list[RepoResult | None] = [
-        _satisfied_result(s, shown_endpoint) if s.satisfied else None for s in statuses
-    ]
+    named = [endpoint] if isinstance(endpoint, str) or endpoint is None else (list(endpoint) or [None])
+    # The endpoints configured, as warm reports them (none is asked anything when the cache satisfies the lock).
+    endpoints = tuple((e or os.environ.get("HF_ENDPOINT") or "https://huggingface.co").rstrip("/") for e in named)
+    results: list[RepoResult | None] = [_satisfied_result(s) if s.satisfied else None for s in statuses]
     todo = [s.repo for s in statuses if not s.satisfied]
-    endpoints: tuple[str, ...] = (shown_endpoint,)
     if todo:
         from ..hub.session import prepare_session
 

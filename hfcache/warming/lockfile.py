@@ -328,7 +328,11 @@ def drift(manifest: Manifest, lock: Lockfile) -> tuple[str, ...]:
         if key not in locked:
             problems.append(f"{request.spec}: in the manifest but not in the lock")
         elif locked[key].request != request:
-            problems.append(f"{request.spec}: manifest entry changed since the lock was written")
+            changed = [f"{name} {getattr(locked[key].request, name)!r} -> {getattr(request, name)!r}"
+                       for name in ("revision", "repo_type", "kind", "include", "exclude")
+                       if getattr(locked[key].request, name) != getattr(request, name)]
+            problems.append(f"{request.spec}: manifest entry changed since the lock was written"
+                            + (f" ({', '.join(changed)})" if changed else ""))
     for key, repo in locked.items():
         if key not in wanted:
             problems.append(f"{repo.request.spec}: in the lock but not in the manifest")

@@ -31,6 +31,8 @@ class LockInstall:
             (:func:`hfcache.warming.lockfile.lock_cache_dir`; README "Which cache a --lock command uses").
         endpoint (list[str] | None): the endpoints given, else the manifest's, else None (``HF_ENDPOINT``/the Hub).
         withheld (tuple[str, ...]): the manifest's endpoints that get no Hub token (no opt-in; docs/warm.md).
+        drift (tuple[str, ...]): without ``locked``, how the lock differs from its manifest (one line each,
+            :func:`hfcache.warming.lockfile.drift`): the lock is installed as written, and the CLI warns.
     """
 
     lock: Lockfile
@@ -38,6 +40,15 @@ class LockInstall:
     cache_dir: Path
     endpoint: list[str] | None
     withheld: tuple[str, ...] = ()
+    drift: tuple[str, ...] = ()
+
+    def drift_warning(self, lock_file: str | os.PathLike[str]) -> str | None:
+        """One line naming what drifted (the first difference, and how many more), or None when nothing did."""
+        if not self.drift or self.manifest is None:
+            return None
+        more = f" (and {len(self.drift) - 1} more)" if len(self.drift) > 1 else ""
+        return (f"{lock_file} is out of date with {self.manifest.path}: {self.drift[0]}{more}; installed the lock "
+                "as written (run `hfcache lock` to update it, or --locked to refuse a lock that drifted)")
 
 
 def resolve_install(
@@ -74,8 +85,8 @@ def resolve_install(
     lock = read_lock(lock_file)
     # A lock alone (e.g. copied into an image) is enough; a broken manifest, or none while one is needed, is an error.
     found = lock_manifest(lock_file, manifest, required=bool(locked))
+    problems = tuple(drift(found, lock)) if found is not None else ()
     if locked:
-        problems = drift(found, lock)
         if problems:
             raise CheckFailed(f"{lock_file} is out of date with {found.path}: {problems[0]}"
                               + (f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""),
@@ -89,6 +100,7 @@ def resolve_install(
         endpoint=chosen,
         withheld=withheld_endpoints(chosen, trusts_manifest_endpoint(trust_manifest_endpoint)) if from_manifest
         else (),
+        drift=problems,
     )
 
 

@@ -108,15 +108,19 @@ def _blob_source(folder: RepoFolder, etag: str) -> Path:
     return folder.cache_dir / STORE_DIR / xet_hash[:2] / xet_hash
 
 def publish(folder: RepoFolder, repo: RepoRevision, files: list[RemoteFile], absent: Sequence[str], *,
-            request: WarmRequest, cache_dir: Path, symlinks: bool) -> list[str]:
+            request: WarmRequest, cache_dir: Path, symlinks: bool, endpoint: str | None = None) -> list[str]:
     """Make the repo visible: links, then markers, the record of what was published (:mod:`hfcache.cache.published`),
     then the ref last (huggingface_hub's order). Returns notes: the ref of a folder other than the requested
-    one (a legacy id's canonical folder) that moved to another commit."""
+    one (a legacy id's canonical folder) that moved to another commit.
+
+    ``endpoint`` is recorded as the endpoint that served the commit (``verify --repair`` fetches from it; without
+    credentials, :func:`hfcache.cache.published.public_endpoint`); None keeps what the record names."""
     for f in files:
         folder.link(repo.commit_hash, f.path, f.etag, symlinks=symlinks)
     for name in absent:
         folder.mark_absent(repo.commit_hash, name)
-    write_record(cache_dir, folder.name, repo.commit_hash, ((f.path, f.size, f.hash) for f in files), absent)
+    write_record(cache_dir, folder.name, repo.commit_hash, ((f.path, f.size, f.hash) for f in files), absent,
+                 endpoint=endpoint)
     notes = []
     revision = request.revision
     if folder.repo_id != request.repo_id and revision != repo.commit_hash:

@@ -81,6 +81,7 @@ class RepoJob:
     client: HubClient | None = field(default=None, init=False)  # the endpoint being tried
     counter: RetryCounter | None = field(default=None, init=False)  # its retries
     _retries: int = 0  # retries on the endpoints tried before
+    _requests: int = 0  # requests sent to the endpoints tried before
     _downloaded: int = 0
     _count_lock: threading.Lock = field(default_factory=threading.Lock)
     _failed: threading.Event = field(default_factory=threading.Event)
@@ -98,6 +99,7 @@ class RepoJob:
             self._failed.clear()
             result = self._attempt(client)
             self._retries += self.counter.count
+            self._requests += self.counter.requests
             if result.ok or not self._fall_through(result) or n == len(self.clients) - 1:
                 break
             failures.append(f"{client.endpoint}: {result.error}")
@@ -107,8 +109,9 @@ class RepoJob:
         elif not result.ok and failures:
             # Every endpoint was tried: say what each one answered, the last one's error first.
             result = replace(result, error=f"{result.error} (also tried: {'; '.join(failures)})")
-        result = replace(result, bytes_downloaded=self._downloaded, retries=self._retries,
-                         seconds=time.monotonic() - started)
+        # No request at all (a pinned repo whose blobs were all in the cache): no endpoint served it.
+        result = replace(result, bytes_downloaded=self._downloaded, retries=self._retries, requests=self._requests,
+                         endpoint=result.endpoint if self._requests else None, seconds=time.monotonic() - started)
         self.sink.repo_finished(self.key, result)
         return result
 
@@ -239,9 +242,12 @@ class RepoJob:
         for folder in folders:  # every check before the first link: a refused repo leaves nothing published
             check_publishable(folder, repo, files)
         notes: list[str] = []
+        # The endpoint recorded as this commit's source (repair fetches from it): this attempt's, if it was asked
+        # anything; else (every blob already in the cache) the record keeps the endpoint it names.
+        served = self.client.endpoint if self.client is not None and self.counter and self.counter.requests else None
         for folder in folders:
             notes.extend(publish(folder, repo, files, absent, request=self.request, cache_dir=self.cache_dir,
-                                 symlinks=self.symlinks))
+                                 symlinks=self.symlinks, endpoint=served))
         return notes
 
     def _complete(self, repo: RepoRevision, canonical: RepoFolder,

@@ -191,6 +191,33 @@ def select(
     return Selection(paths=tuple(sorted(chosen)), absent=absent, needs_index=needs_index, needs_config=needs_config)
 
 
+def selection_notes(kind: str, include: Sequence[str], exclude: Sequence[str],
+                    selected: Iterable[str]) -> tuple[str, ...]:
+    """One-line warnings about a selection that succeeded but is probably not what was asked.
+
+    Args:
+        kind: the request's kind (``tokenizer``, ``model``, ``all``).
+        include, exclude: the request's globs.
+        selected: the repo paths warmed (every ``include`` match is among them unless ``exclude`` dropped it).
+
+    Returns:
+        tuple[str, ...]: ``kind == "model"`` and no weight file (:data:`WEIGHT_GLOBS`) was selected; each
+        ``include`` glob that matched no file (named, with the glob as typed). Empty when all is as asked.
+    """
+    paths = list(selected)
+    notes = []
+    after = " (after --exclude)" if exclude else ""
+    if kind == "model" and not any(matches(p, WEIGHT_GLOBS) for p in paths):
+        notes.append(f"no weight file matched{after}: this repo has no *.safetensors or *.bin at its root, so "
+                     "--kind model warmed its configs and tokenizer only (another format or folder: --include "
+                     "'onnx/*' or '*.gguf'; everything: --kind all)")
+    for glob in include:
+        if not any(matches(p, (glob,)) for p in paths):
+            notes.append(f"--include {glob!r} matched no file of this repo{after} (globs match the whole path "
+                         "from the repo root, e.g. 'onnx/*'; a folder: 'onnx/')")
+    return tuple(notes)
+
+
 #: Largest sharded weight index read into memory, bytes (real ones are about 1 MiB at most); checked against the size
 #: the endpoint publishes before the index is fetched.
 MAX_INDEX_BYTES = 64 * 1024 * 1024

@@ -56,13 +56,15 @@ def _problem_dict(p) -> dict[str, Any]:
 
 
 def show_verify(report: VerifyReport, actions: tuple[RepairAction, ...], before: VerifyReport | None, *,
-                as_json: bool) -> None:
-    """verify's result: JSON, or a table of every problem (errors first in severity, stable order) and a summary."""
+                as_json: bool, exit_code: int | None = None) -> None:
+    """verify's result: JSON, or a table of every problem (errors first in severity, stable order) and a summary.
+    ``exit_code``: the command's (``verify --repair``: 3 when no endpoint could serve a revision), default the
+    report's."""
     if as_json:
         document = {
             "cache_dir": report.cache_dir,
             "ok": report.ok,
-            "exit_code": report.exit_code,
+            "exit_code": report.exit_code if exit_code is None else exit_code,
             "repos": list(report.repos),
             "blobs_hashed": report.blobs_hashed,
             "bytes_hashed": report.bytes_hashed,

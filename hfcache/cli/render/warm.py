@@ -20,7 +20,7 @@ if TYPE_CHECKING:
     from ...warming.project import LockCheck
 
 __all__ = ["WarmProgress", "repo_result_dict", "show_lock_check", "show_pin_result", "show_warm_report",
-           "warm_report_dict", "warm_summary_table"]
+           "warm_report_dict", "warm_summary_line", "warm_summary_table"]
 
 
 def repo_result_dict(result: RepoResult) -> dict[str, Any]:
@@ -40,15 +40,20 @@ def repo_result_dict(result: RepoResult) -> dict[str, Any]:
     return data
 
 
-def warm_report_dict(report: WarmReport) -> dict[str, Any]:
+def warm_report_dict(report: WarmReport, warnings: tuple[str, ...] = ()) -> dict[str, Any]:
+    """``warm --json``; ``warnings`` holds every warning line the text output prints: the run's (``warnings``: a
+    drifted lock, an umask) and each repo's notes as ``REPO_ID: note``."""
     return {
         "cache_dir": report.cache_dir,
         "ok": report.ok,
         "exit_code": report.exit_code,
         "bytes_downloaded": report.bytes_downloaded,
+        "requests": report.requests,
+        "satisfied_by_cache": report.satisfied_by_cache,
         "seconds": round(report.seconds, 3),
         "endpoints": list(report.endpoints),
         "repos": [repo_result_dict(r) for r in report.repos],
+        "warnings": [*warnings, *(f"{r.request.repo_id}: {note}" for r in report.repos for note in r.notes)],
     }
 
 
@@ -68,8 +73,9 @@ def warm_summary_table(report: WarmReport) -> Table:
     table.add_column("files", justify="right")
     table.add_column("size", justify="right")
     table.add_column("downloaded", justify="right")
+    table.add_column("requests", justify="right")
     table.add_column("time", justify="right")
-    several = len(report.endpoints) > 1 or len({r.endpoint for r in report.repos}) > 1
+    several = len(report.endpoints) > 1 or len({r.endpoint for r in report.repos if r.endpoint}) > 1
     if several:
         table.add_column("endpoint")
     retried = any(r.retries for r in report.repos)
@@ -89,18 +95,28 @@ def warm_summary_table(report: WarmReport) -> Table:
             str(len(r.files)) if r.ok else "-",
             human_size(sum(f.size for f in r.files)) if r.ok else "-",
             human_size(r.bytes_downloaded),
+            str(r.requests),
             f"{r.seconds:.2f}s",
-            *([r.endpoint] if several else []),
+            *([r.endpoint or ("- (cache)" if r.ok else "-")] if several else []),
             *([str(r.retries)] if retried else []),
             status,
         )
-    failed = sum(not r.ok for r in report.repos)
-    table.caption = (
-        f"{len(report.repos) - failed} ok, {failed} failed; {human_size(report.bytes_downloaded)} downloaded "
-        f"in {report.seconds:.2f}s"
-    )
+    table.caption = warm_summary_line(report)
     table.caption_justify = "left"
     return table
+
+
+def warm_summary_line(report: WarmReport) -> str:
+    """The line under warm's table: repos ok and failed, bytes downloaded, HTTP requests sent (every metadata
+    request, file body, retry and redirect hop: :attr:`RepoResult.requests`), and time; ``lock satisfied by the
+    cache: 0 requests`` when a lock needed nothing from any endpoint."""
+    failed = sum(not r.ok for r in report.repos)
+    if report.satisfied_by_cache:
+        return (f"{len(report.repos)} ok; lock satisfied by the cache: 0 requests, 0 B downloaded "
+                f"in {report.seconds:.2f}s")
+    requests = f"{report.requests} request{'' if report.requests == 1 else 's'}"
+    return (f"{len(report.repos) - failed} ok, {failed} failed; {human_size(report.bytes_downloaded)} downloaded, "
+            f"{requests} in {report.seconds:.2f}s")
 
 
 def _usage_hint(exit_code: int, command: str) -> str | None:
@@ -180,18 +196,22 @@ class WarmProgress:
             self._progress.update(task, status=status)
 
 
-def show_warm_report(report: WarmReport, *, as_json: bool, quiet: bool) -> None:
-    """JSON document on stdout, or the summary table on stdout and one error line per failed repo on stderr."""
+def show_warm_report(report: WarmReport, *, as_json: bool, quiet: bool, warnings: tuple[str, ...] = ()) -> None:
+    """JSON document on stdout, or the summary table on stdout and, on stderr, one line per warning (``warnings``,
+    then each repo's notes) and per failed repo."""
     if as_json:
-        print_json(warm_report_dict(report))
+        print_json(warm_report_dict(report, warnings))
         return
     from rich.text import Text
 
     if not quiet and any(r.ok for r in report.repos):  # nothing warmed: the error lines say it all
         common.stdout.print(warm_summary_table(report))
+    for warning in warnings:
+        common.stderr.print(Text(f"warning: {common.inert(warning)}", style="yellow"), soft_wrap=True)
     for r in report.repos:
         for note in r.notes:
-            common.stderr.print(Text(f"warning: {r.request.repo_id}: {common.inert(note)}", style="yellow"))
+            common.stderr.print(Text(f"warning: {r.request.repo_id}: {common.inert(note)}", style="yellow"),
+                                soft_wrap=True)
         if not r.ok:
             print_error(r.error or "failed", r.hint or _usage_hint(r.exit_code, "warm"))
 
