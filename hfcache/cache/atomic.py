@@ -5,12 +5,14 @@
 from __future__ import annotations
 
 import os
+import stat
 import threading
 import uuid
 from collections.abc import Callable
 from contextlib import contextmanager
 from pathlib import Path
 
+from ..errors import UsageError
 from .locking import DEFAULT_LOCK_TIMEOUT, LockWait
 from .locking import file_lock as _file_lock
 from .sharing import SharePolicy, cache_policy, open_dirs, share_fd
@@ -37,10 +39,32 @@ def atomic_output(path: Path, policy: SharePolicy | None = None):
     """
     dfd = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     try:
+        _refuse_non_regular(dfd, path)
         with atomic_output_at(dfd, path.name, policy) as f:
             yield f
+            _refuse_non_regular(dfd, path)  # again right before the rename: the user's own folder, best effort
     finally:
         os.close(dfd)
+
+
+def _refuse_non_regular(dfd: int, path: Path) -> None:
+    """A user's output path that exists as anything but a regular file is never replaced: ``hfcache export T
+    /dev/null`` as root (or ``sign -o /dev/null``) renamed a regular file over the device node, and a symlinked
+    lock file became a copy.
+
+    Raises:
+        UsageError: (exit 2) ``path`` is a link, device, FIFO, socket or folder.
+    """
+    try:
+        st = os.stat(path.name, dir_fd=dfd, follow_symlinks=False)
+    except FileNotFoundError:
+        return
+    if not stat.S_ISREG(st.st_mode):
+        kind = ("a symbolic link" if stat.S_ISLNK(st.st_mode) else "a folder" if stat.S_ISDIR(st.st_mode) else
+                "a device" if stat.S_ISCHR(st.st_mode) or stat.S_ISBLK(st.st_mode) else
+                "a FIFO" if stat.S_ISFIFO(st.st_mode) else "a socket")
+        raise UsageError(f"{path} is {kind}, not a regular file: it is not replaced",
+                         hint="write to a regular file's path (or to stdout where the command takes -)")
 
 
 @contextmanager
