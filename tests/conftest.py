@@ -9,20 +9,27 @@ from pathlib import Path
 import pytest
 
 from hfcache.serve import HubServer
+from tests import cleanup
 
 
 @pytest.fixture(autouse=True)
-def clean_hf_env(monkeypatch: pytest.MonkeyPatch, tmp_path_factory: pytest.TempPathFactory) -> None:
-    """No HF_*/HFCACHE_* settings leak in from the developer's shell; HF_HOME points into a tmp dir.
+def clean_hf_env(monkeypatch: pytest.MonkeyPatch, tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """No HF_*/HFCACHE_* settings leak in from the developer's shell; HF_HOME points into a tmp dir, removed
+    after the test (one per test: left in the basetemp they would add up over a session).
 
     huggingface_hub reads HF_* at import time, so this only protects subprocesses and code that reads
     the environment at call time; in-process calls must still pass endpoint=, cache_dir=, token=.
     """
+    import shutil
+
     for name in list(os.environ):
         if name.startswith(("HF_", "HFCACHE_")):
             monkeypatch.delenv(name)
-    monkeypatch.setenv("HF_HOME", str(tmp_path_factory.mktemp("hf-home")))
+    home = tmp_path_factory.mktemp("hf-home")
+    monkeypatch.setenv("HF_HOME", str(home))
     monkeypatch.setenv("HF_HUB_DISABLE_TELEMETRY", "1")
+    yield
+    shutil.rmtree(home, ignore_errors=True)
 
 
 @pytest.fixture(scope="session")
@@ -60,3 +67,54 @@ def runtime():
     rt = make_runtime()
     yield rt
     remove_tree(rt.base)
+
+
+# --- what a session leaves behind (tests/cleanup.py) ---------------------------------------------------------------
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """pytest's tmp_path and basetemp removals handle folder chains of any depth (tests/cleanup.py)."""
+    cleanup.install_deep_rmtree()
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    """Give the session a token every child inherits; remove runtime folders that killed runs left."""
+    os.environ[cleanup.SESSION_VAR] = cleanup.new_token()
+    cleanup.sweep_dead_runtimes()
+
+
+@pytest.hookimpl(trylast=True)  # after pytest's own tmpdir plugin removed a passing session's basetemp
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """Stop the processes the session left running (and fail it), remove the runtime folders its teardowns
+    left, bound the container tests' base cache, and print what is left on one line."""
+    token = os.environ.get(cleanup.SESSION_VAR)
+    if not token:
+        return
+    from tests.chains import remove_tree
+
+    processes = cleanup.stop_processes(token)
+    runtimes = cleanup.session_runtimes(token)
+    for base in runtimes:
+        remove_tree(base)
+    base_cache = Path(os.environ.get("HFCACHE_TEST_CACHE", "/var/cache/hfcache-test"))
+    cleanup.prune_base_cache(base_cache)
+    # pytest has no public way to read the basetemp without creating it (TempPathFactory.getbasetemp makes one).
+    basetemp = getattr(getattr(session.config, "_tmp_path_factory", None), "_basetemp", None)
+    left = cleanup.Leftovers(basetemp, cleanup.tree_bytes(basetemp) if basetemp else 0, base_cache,
+                             *cleanup.base_cache_bytes(base_cache), tuple(processes), tuple(runtimes))
+    session.config.stash[_LEFT] = left
+    factory = session.config._tmp_path_factory
+    undeleted = (factory._retention_policy == "failed" and factory._given_basetemp is None
+                 and left.basetemp_bytes > cleanup.MAX_LEFT_BYTES)
+    if (processes or undeleted) and session.exitstatus == 0:
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+_LEFT = pytest.StashKey["cleanup.Leftovers"]()
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Config) -> None:
+    """The line of what the session left (pytest_sessionfinish above measured it; the summary comes after)."""
+    left = config.stash.get(_LEFT, None)
+    if left is not None:
+        terminalreporter.write_line(left.summary())

@@ -81,8 +81,14 @@ class Runtime:
 
 
 def make_runtime() -> Runtime:
-    base = Path(tempfile.mkdtemp(prefix="hfcache-users-", dir="/tmp"))
+    """Build the runtime in a fresh world-traversable ``/tmp/hfcache-users-*`` folder (other uids cannot enter
+    pytest's 0700 basetemp), marked with this session (tests/cleanup.py) so that the session's end, or the next
+    session if this one is killed, removes it when the caller's teardown did not. Skips when no interpreter fits."""
+    from tests import cleanup
+
+    base = Path(tempfile.mkdtemp(prefix=cleanup.RUNTIME_PREFIX, dir=cleanup.RUNTIME_ROOT))
     os.chmod(base, 0o755)
+    cleanup.mark_runtime(base, os.environ.get(cleanup.SESSION_VAR))
     code = base / "code"
     shutil.copytree(REPO / "hfcache", code / "hfcache", ignore=shutil.ignore_patterns("__pycache__"))
     shutil.copy(REPO / "tests" / "sitecustom" / "sitecustomize.py", code / "sitecustomize.py")
