@@ -52,10 +52,11 @@ def _registry_options(fn):
 @click.argument("specs", nargs=-1, metavar="[REPO_ID[@REVISION]]...")
 @click.option("--lock", "lock_file", type=click.Path(dir_okay=False),
               help="Push exactly what this lock pins (cache: --cache-dir, else the lock's manifest's).")
-@click.option("--layers", "split", type=click.Choice(["repo", "single"]), default="repo", show_default=True,
-              help="repo: one layer per repo (an update re-sends one layer); single: one layer (each blob once).")
+@click.option("--layers", "split", type=click.Choice(["repo", "single"]), default=None,
+              help="repo: one layer per repo (an update re-sends one layer); single: one layer (each blob once) "
+                   "[default: repo; image format only].")
 @click.option("--arch", metavar="ARCH", help="The image config's architecture (amd64, arm64, ...) [default: this "
-              "machine's]; pin it in CI for a digest that does not depend on the runner.")
+              "machine's]; pin it in CI for a digest that does not depend on the runner (image format only).")
 @click.option("--format", "fmt", type=click.Choice(["image", "modelpack"]), default="image", show_default=True,
               help="image: the cache as the image's root filesystem (containerd, podman, kubelet image volumes); "
                    "modelpack: a CNCF ModelPack artifact of ONE repo@revision, a raw layer per file (CRI-O, modctl, "
@@ -63,8 +64,8 @@ def _registry_options(fn):
 @click.option("--prefix", metavar="DIR", help="Put the cache under DIR in the image/artifact (KServe: --prefix "
               "models for a Modelcar's /models or an oci+native:// volume's subPath: models).")
 @click.option("--sign-key", type=click.Path(dir_okay=False, exists=True), metavar="KEY.pem",
-              help="Sign the pushed snapshot's files (model-signing v1.0, EC key) and attach the bundle as a "
-                   "referrer of the pushed manifest (one snapshot).")
+              help="Sign every pushed snapshot's files (model-signing v1.0, EC key; an encrypted key's password "
+                   "from HFCACHE_SIGN_KEY_PASSWORD) and attach each bundle as a referrer of the pushed manifest.")
 @click.option("--base", metavar="IMAGE", help="Put the cache's layers on this image (on the same registry, by tag or "
               "digest), e.g. one with a shell for KServe's Modelcar; its Env/Entrypoint/Cmd are kept (image format).")
 @_registry_options

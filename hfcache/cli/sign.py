@@ -13,9 +13,12 @@ from ..errors import UsageError
 
 
 def read_password(password_stdin: bool) -> bytes | None:
-    """The key's password: one line of stdin with ``--password-stdin`` (never from the command line), else None."""
+    """The key's password: one line of stdin with ``--password-stdin`` (never from the command line), else the
+    environment variable ``HFCACHE_SIGN_KEY_PASSWORD`` when set, else None."""
     if not password_stdin:
-        return None
+        from ..integrity.signatures import env_password
+
+        return env_password()
     password = sys.stdin.readline().rstrip("\r\n")
     if not password:
         raise UsageError("--password-stdin: no password on stdin",
@@ -30,21 +33,24 @@ def read_password(password_stdin: bool) -> bytes | None:
 @click.option("--password-stdin", is_flag=True, help="Read the key's password from stdin (one line).")
 @click.option("--lock", "lock_file", type=click.Path(dir_okay=False),
               help="Sign every snapshot this lock pins (cache: --cache-dir, else the lock's manifest's).")
-@click.option("--output", "-o", type=click.Path(), metavar="FILE|DIR",
-              help="Folder for the bundles (an existing one, or a path ending with '/'), or the bundle file for one "
-                   "snapshot [default: the current folder; never inside the cache].")
+@click.option("--output", "-o", type=click.Path(), metavar="FILE|DIR|-",
+              help="Folder for the bundles (an existing one, or a path ending with '/': created), the bundle file "
+                   "for one snapshot, or '-' for standard output (one snapshot) [default: the current folder; never "
+                   "inside the cache]. A link, device, FIFO or socket there is refused, never replaced.")
+@click.option("--force", is_flag=True, help="Replace bundle files that exist (regular files only).")
 @click.option("--rehash", is_flag=True,
               help="Hash every file's bytes [default: an LFS file's blob name is its sha256; others are hashed].")
 @_cache_dir_option()
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON document on stdout.")
-def sign_command(specs, key, password_stdin, lock_file, output, rehash, cache_dir, as_json) -> None:
+def sign_command(specs, key, password_stdin, lock_file, output, force, rehash, cache_dir, as_json) -> None:
     """Write an OpenSSF model-signing v1.0 bundle for each cached snapshot, signed with KEY.
 
     One bundle per snapshot, named <repo folder>@<commit>.sig.json (e.g. models--ORG--NAME@<commit>.sig.json),
     over every file of the snapshot with its sha256 (git paths such as .gitattributes are left out, as
     model_signing does). It verifies with `hfcache verify REPO_ID@COMMIT --signature B --verify-key PUB` and with
     `model_signing verify key --signature B --public_key PUB --allow_symlinks <cache>/models--ORG--NAME/snapshots/
-    <commit>`. Nothing is sent anywhere; nothing in the cache is written.
+    <commit>`. Nothing is sent anywhere; nothing in the cache is written. A bundle file that exists is replaced
+    only with --force. An encrypted key's password: --password-stdin, else HFCACHE_SIGN_KEY_PASSWORD.
     """
     from ..integrity.sign import sign_snapshots
     from ..warming.project import reading_cache_dir
@@ -62,8 +68,19 @@ def sign_command(specs, key, password_stdin, lock_file, output, rehash, cache_di
             raise UsageError(f"{lock_file} pins no repo: nothing to sign")
     else:
         targets = [(spec, "model") for spec in specs]
+    if output == "-" and as_json:
+        raise UsageError("--output - writes the bundle on stdout: --json cannot go there too",
+                         hint="drop --json, or give --output a file or folder")
     password = read_password(password_stdin)
-    signed = sign_snapshots(root, targets, Path(key), output, password=password, rehash=rehash)
+    signed = sign_snapshots(root, targets, Path(key), output, password=password, rehash=rehash, force=force)
+    if output == "-":
+        from .render.common import inert
+
+        sys.stdout.buffer.write(signed[0].data)
+        sys.stdout.buffer.flush()
+        click.echo(inert(f"signed {signed[0].repo_id}@{signed[0].commit}: {signed[0].files} file(s) -> standard "
+                         "output"), err=True)
+        return
     _show_signed(signed, str(root), as_json)
 
 

@@ -61,6 +61,18 @@ class SignatureMismatch(CheckFailed):
         self.reason, self.unsigned, self.changed, self.missing = reason, unsigned, changed, missing
 
 
+class NotABundle(SignatureMismatch):
+    """The bytes are not a model-signing v1.0 bundle hfcache reads (not JSON, no DSSE envelope, another predicate):
+    nothing was checked. ``reason`` is ``signature``; ``why`` (str) says what is wrong. A bundle file the user
+    names makes this a usage error (exit 2, :func:`hfcache.integrity.sign.check_signature`); a registry's referrer
+    stays exit 1."""
+
+    def __init__(self, why: str) -> None:
+        super().__init__(f"the signature bundle is not a model-signing bundle: {why}", reason="signature",
+                         hint="give a bundle written by `hfcache sign`, `push --sign-key` or `model_signing sign`")
+        self.why = why
+
+
 @dataclass(frozen=True)
 class SignatureCheck:
     """A bundle that verified.
@@ -116,6 +128,18 @@ def read_user_file(path: Path, what: str, limit: int) -> bytes:
 
 
 _KEY_LIMIT = 1024 * 1024
+#: The environment variable an encrypted signing key's password is read from (never printed, never stored).
+PASSWORD_ENV = "HFCACHE_SIGN_KEY_PASSWORD"
+#: The hint for an encrypted key without its password (``hfcache sign``).
+SIGN_PASSWORD_HINT = f"--password-stdin reads the password from standard input, else {PASSWORD_ENV} holds it"
+
+
+def env_password() -> bytes | None:
+    """The signing key's password from :data:`PASSWORD_ENV` (UTF-8), or None when it is unset or empty."""
+    import os
+
+    value = os.environ.get(PASSWORD_ENV)
+    return value.encode() if value else None
 
 
 def ignored_path(path: str, extra: tuple[str, ...] = ()) -> bool:
@@ -137,7 +161,7 @@ def _checked_files(files: Mapping[str, str]) -> dict[str, str]:
     return out
 
 
-def _load_private_key(private_key: Path, password: bytes | None):
+def _load_private_key(private_key: Path, password: bytes | None, hint: str = SIGN_PASSWORD_HINT):
     from cryptography.hazmat.primitives import serialization
     from cryptography.hazmat.primitives.asymmetric import ec
 
@@ -147,7 +171,7 @@ def _load_private_key(private_key: Path, password: bytes | None):
     except TypeError:  # encrypted without a password, or a password for a key that has none
         raise UsageError(f"{private_key}: " + ("the key is encrypted: give its password" if password is None
                                                else "the key is not encrypted: give no password"),
-                         hint="--password-stdin reads the password from standard input") from None
+                         hint=hint) from None
     except ValueError:
         raise UsageError(f"{private_key}: not a PEM private key, or the wrong password") from None
     if not isinstance(key, ec.EllipticCurvePrivateKey) or key.curve.name not in ("secp256r1", "secp384r1",
@@ -158,7 +182,7 @@ def _load_private_key(private_key: Path, password: bytes | None):
 
 
 def sign_files(files: Mapping[str, str], model_name: str, private_key: Path, *,
-               password: bytes | None = None) -> bytes:
+               password: bytes | None = None, password_hint: str = SIGN_PASSWORD_HINT) -> bytes:
     """A model-signing v1.0 bundle (UTF-8 JSON bytes) over ``files``, signed with an EC private key.
 
     Args:
@@ -166,7 +190,8 @@ def sign_files(files: Mapping[str, str], model_name: str, private_key: Path, *,
             the sha256 of a regular file); git paths (:data:`GIT_PATHS`) are left out, as model_signing does.
         model_name: the statement's subject name (e.g. ``ORG/NAME@<commit>``; informative).
         private_key: a PEM EC private key (P-256 recommended).
-        password: the key's password, if it is encrypted.
+        password: the key's password, if it is encrypted. password_hint: the hint of the error for an encrypted key
+            without one (where the caller reads a password from).
 
     Returns:
         The bundle, verifiable by ``model_signing verify key --signature B --public_key P --allow_symlinks
@@ -180,7 +205,7 @@ def sign_files(files: Mapping[str, str], model_name: str, private_key: Path, *,
     kept = {p: d for p, d in _checked_files(files).items() if not ignored_path(p)}
     if not kept:
         raise UsageError(f"{model_name}: no file to sign")
-    key = _load_private_key(private_key, password)
+    key = _load_private_key(private_key, password, password_hint)
     items = [manifest.FileManifestItem(path=PurePosixPath(p), digest=digests.Digest("sha256", bytes.fromhex(d)))
              for p, d in sorted(kept.items())]
     # Library gap: model_signing 1.1.1 builds a manifest only by hashing a folder (hashing.Config.hash); the
@@ -209,8 +234,8 @@ def _bundle_document(bundle: bytes) -> dict:
     except (TooDeep, ValueError, UnicodeDecodeError, binascii.Error, TypeError) as exc:
         raise _not_a_bundle(f"its payload is not a JSON statement ({exc})") from None
     if not isinstance(statement, dict) or statement.get("predicateType") != PREDICATE_TYPE:
-        raise _not_a_bundle(f"not a model-signing v1.0 statement (predicateType "
-                            f"{statement.get('predicateType') if isinstance(statement, dict) else None!r})")
+        said = statement.get("predicateType") if isinstance(statement, dict) else None
+        raise _not_a_bundle(f"not a model-signing v1.0 statement (predicateType {_printable(repr(said), 80)})")
     serialization = (statement.get("predicate") or {}).get("serialization") if isinstance(
         statement.get("predicate"), dict) else None
     if not isinstance(serialization, dict) or serialization.get("method") != "files" \
@@ -227,8 +252,26 @@ def _bundle_document(bundle: bytes) -> dict:
     return document
 
 
-def _not_a_bundle(why: str) -> SignatureMismatch:
-    return SignatureMismatch(f"the signature bundle is not a model-signing bundle: {why}", reason="signature")
+def _not_a_bundle(why: str) -> NotABundle:
+    return NotABundle(why)
+
+
+def bundle_identity(bundle: bytes) -> tuple[str, str]:
+    """(the model name its statement signs, its key hint: the sha256 hex of the public key's PEM) of a bundle
+    :func:`sign_files` made; ``("", "")`` for anything else (nothing is verified here: for labels only).
+
+    Raises:
+        Nothing: a bundle that is not one gives ``("", "")``."""
+    try:
+        document = _bundle_document(bundle)
+        statement = loads_json(base64.b64decode(document["dsseEnvelope"]["payload"], validate=True), "the statement")
+        name = statement["subject"][0]["name"]
+        hint = document["verificationMaterial"]["publicKey"]["hint"]
+    except (SignatureMismatch, UsageError, ValueError, KeyError, IndexError, TypeError, binascii.Error):
+        return "", ""
+    if not isinstance(name, str) or not isinstance(hint, str) or not _SHA256.fullmatch(hint):
+        return "", ""
+    return _printable(name), hint
 
 
 def public_key_fingerprint(public_key: Path) -> str:
@@ -265,7 +308,7 @@ def _signed_manifest(document: dict, public_key: Path, name: str | None = None):
     try:
         signature = sign_sigstore_pb.Signature(bundle_pb.Bundle.from_dict(document))
     except Exception as exc:  # noqa: BLE001 - pydantic/protobuf validation errors of a hostile bundle
-        raise _not_a_bundle(f"malformed ({type(exc).__name__})") from None
+        raise _not_a_bundle(f"malformed ({type(exc).__name__})") from None  # as bundle structure: exit 2
     verifier = object.__new__(sign_ec_key.Verifier)  # library gap: it takes a key path; the key was checked above
     verifier._public_key = key  # noqa: SLF001
     said = io.StringIO()
@@ -314,13 +357,31 @@ def verify_files(bundle: bytes, files: Mapping[str, str], public_key: Path, *,
     missing = tuple(sorted(set(expected) - set(present)))
     changed = tuple(sorted(p for p in set(expected) & set(present) if expected[p] != present[p]))
     if unsigned or missing or changed:
-        parts = [f"{label} {', '.join(names)}" for label, names in (("changed:", changed), ("unsigned:", unsigned),
-                                                                     ("missing:", missing)) if names]
-        raise SignatureMismatch(f"{name or signed.model_name}: the files differ from the signed ones: " + "; ".join(parts),
-                                reason="files", unsigned=unsigned, changed=changed, missing=missing)
+        raise _differ(name, str(signed.model_name), unsigned, changed, missing)
     root = hashlib.sha256(b"".join(d.digest.digest_value for d in descriptors)).hexdigest()
     return SignatureCheck(model_name=signed.model_name, signed=tuple(sorted(expected)), ignored=ignored,
                           key_fingerprint=public_key_fingerprint(public_key), root_digest=root)
+
+
+def _differ(name: str | None, model_name: str, unsigned: tuple[str, ...], changed: tuple[str, ...],
+            missing: tuple[str, ...]) -> SignatureMismatch:
+    """The exit-1 error of files that differ from a verified bundle's; it names the model the bundle signs when
+    that is not ``name`` (the snapshot checked against another repo's or revision's bundle)."""
+    parts = [f"{label} {', '.join(names)}" for label, names in (("changed:", changed), ("unsigned:", unsigned),
+                                                                 ("missing:", missing)) if names]
+    shown = _printable(model_name)
+    other = bool(name) and shown != name
+    message = (f"{name or shown}: the files differ from the signed ones"
+               + (f" (the bundle signs {shown}, not {name})" if other else "") + ": " + "; ".join(parts))
+    hint = (f"this bundle is for {shown}: check the snapshot against that model's bundle" if other else
+            "the snapshot is not what was signed: `hfcache verify` finds damaged files; re-warm it, or sign it again")
+    return SignatureMismatch(message, reason="files", unsigned=unsigned, changed=changed, missing=missing, hint=hint)
+
+
+def _printable(text: str, limit: int = 200) -> str:
+    """``text`` (a name a bundle supplies) with control characters replaced, at most ``limit`` characters."""
+    cleaned = "".join(c if c.isprintable() else "?" for c in text)
+    return cleaned if len(cleaned) <= limit else cleaned[:limit] + "..."
 
 
 def verify_any(bundles: Sequence[bytes], files: Mapping[str, str], public_key: Path, *,

@@ -346,6 +346,7 @@ def _publish(plan: dict[str, _RepoPlan], staging: _Staging, cache_dir: Path, fol
             files += 1
         for commit, path in sorted(repo.markers):
             folder.mark_absent(commit, path)
+        _record_published(folder, repo, staging)
         for tree, (staged, _) in sorted(repo.trees.items()):
             _publish_listing(folder, tree, staged, staging)
         for ref, commit in sorted(repo.refs.items()):
@@ -354,6 +355,42 @@ def _publish(plan: dict[str, _RepoPlan], staging: _Staging, cache_dir: Path, fol
     return ImportReport(cache_dir=str(cache_dir), repos=tuple(sorted(plan)), files=files, blobs_new=counts["new"],
                         blobs_existing=counts["existing"], blob_contents=len(contents), bytes_new=counts["bytes"],
                         moved=tuple(moved))
+
+
+def _record_published(folder: RepoFolder, repo: _RepoPlan, staging: _Staging) -> None:
+    """Write warm's per-revision record (:mod:`hfcache.cache.published`) of what the import published: each snapshot
+    path with the blob it links to (its name, checked against its bytes when staged) and size, and the absent
+    markers, so that ``hfcache verify`` checks names against blobs in an imported or pulled cache as in a warmed
+    one (a link re-pointed at another blob is then an error). Merged with a record the target has (a commit's files
+    never change; conflicts were refused before). A record that cannot be written (a read-only target) is skipped:
+    the cache is still the import's, only unrecorded."""
+    from ..cache.published import write_record
+
+    for commit in sorted({c for c, _ in repo.links} | {c for c, _ in repo.markers}):
+        files = []
+        for (c, path), etag in sorted(repo.links.items()):
+            if c != commit:
+                continue
+            size = staging.files[repo.blobs[etag]][1] if etag in repo.blobs else _blob_size(folder, etag)
+            algorithm = algorithm_of(etag)
+            if size is None or algorithm is None:
+                continue
+            files.append((path, size, f"{algorithm}:{etag}"))
+        absent = [path for c, path in sorted(repo.markers) if c == commit]
+        with contextlib.suppress(OSError, CacheError):
+            write_record(folder.cache_dir, folder.name, commit, files, absent)
+
+
+def _blob_size(folder: RepoFolder, etag: str) -> int | None:
+    """The size of the target's ``blobs/<etag>`` (opened through :func:`safefs.open_blob`), or None."""
+    try:
+        fd = safefs.open_blob(folder.cache_dir, folder.name, etag)
+    except (OSError, CacheError):
+        return None
+    try:
+        return os.fstat(fd).st_size
+    finally:
+        os.close(fd)
 
 
 def _publish_listing(folder: RepoFolder, tree: str, staged: Path, staging: _Staging) -> None:

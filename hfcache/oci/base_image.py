@@ -25,7 +25,7 @@ from ..bounds import loads_json
 from ..errors import CacheError, HubError, IntegrityError, UsageError
 from .registry import BlobBody, check, parse_reference, read_body, registry_text, url
 
-__all__ = ["BaseImage", "mount_base", "read_base"]
+__all__ = ["BASE_LAYERS", "BaseImage", "artifact_kind", "base_annotations", "mount_base", "read_base"]
 
 _MAX_JSON = 4 * 1024 * 1024
 _OCI_MANIFEST = "application/vnd.oci.image.manifest.v1+json"
@@ -38,6 +38,9 @@ _LAYERS = {"application/vnd.oci.image.layer.v1.tar+gzip": "application/vnd.oci.i
            "application/vnd.docker.image.rootfs.diff.tar.gzip": "application/vnd.oci.image.layer.v1.tar+gzip"}
 _KEPT = ("Env", "Entrypoint", "Cmd", "WorkingDir", "User")
 _DIGEST = re.compile(r"sha256:[0-9a-f]{64}")
+#: The manifest annotation ``push --base`` writes: the base's layer digests (comma-separated, in order), which are
+#: the manifest's first layers; ``pull`` skips them (an OS, not cache content).
+BASE_LAYERS = "io.hfcache.base.layers"
 _HINT = "give a base image on the registry you push to, by tag or digest (e.g. REGISTRY/library/busybox@sha256:...)"
 
 
@@ -87,6 +90,29 @@ def _get(client, container, kind: str, ref: str, accept: str, what: str) -> tupl
     return document, body, document.get("mediaType") or media_type
 
 
+_MODEL_MANIFEST = "application/vnd.cncf.model.manifest.v1+json"
+_MODEL_CONFIG = "application/vnd.cncf.model.config.v1+json"
+_SIGNATURE_PREFIX = "application/vnd.dev.sigstore.bundle"
+
+
+def artifact_kind(manifest: dict) -> str:
+    """What an OCI artifact manifest is, in words (``""`` for a plain image): a ModelPack artifact, a signature (a
+    Sigstore bundle referrer) or another artifact, each naming its ``artifactType`` (registry text made inert)."""
+    declared = manifest.get("artifactType")
+    config = manifest.get("config") if isinstance(manifest.get("config"), dict) else {}
+    kind = declared if isinstance(declared, str) and declared else None
+    if kind is None and config.get("mediaType") == _MODEL_CONFIG:
+        kind = _MODEL_MANIFEST
+    if kind is None:
+        return ""
+    shown = registry_text(kind, 80)
+    if kind == _MODEL_MANIFEST:
+        return f"a ModelPack artifact ({shown})"
+    if kind.startswith(_SIGNATURE_PREFIX):
+        return f"a signature, an OCI referrer ({shown})"
+    return f"an OCI artifact ({shown})"
+
+
 def read_base(client, target, reference: str, arch: str) -> BaseImage:
     """Read the base image ``reference`` (on ``target``'s registry) for ``linux/<arch>``.
 
@@ -111,7 +137,10 @@ def read_base(client, target, reference: str, arch: str) -> BaseImage:
                              hint="give --arch of an architecture the base has, or its platform manifest's digest")
         ref = entries[0]["digest"]
         manifest, body, media_type = _get(client, base, "manifests", ref, accept, f"{reference} ({arch})")
-    if media_type not in (_OCI_MANIFEST, _DOCKER_MANIFEST) or manifest.get("artifactType"):
+    kind = artifact_kind(manifest)
+    if kind:
+        raise UsageError(f"--base {reference}: {kind}, not a container image", hint=_HINT)
+    if media_type not in (_OCI_MANIFEST, _DOCKER_MANIFEST):
         raise UsageError(f"--base {reference}: not a container image ({registry_text(media_type, 80)})", hint=_HINT)
     layers = []
     for layer in manifest.get("layers") or []:
@@ -147,6 +176,15 @@ def _base_of(reference: str, base, digest: str, layers: list[dict], config: dict
     variant = config.get("variant") if isinstance(config.get("variant"), str) else ""
     return BaseImage(reference, digest, base.api_prefix, tuple(layers), tuple(diff_ids), "linux", arch, variant,
                      kept)
+
+
+def base_annotations(container, based: BaseImage) -> dict[str, str]:
+    """The manifest annotations of ``push --base``: the base by digest only (``REGISTRY/NAME@sha256:...``, however it
+    was typed: a tag and its digest give the same image digest) and ``io.hfcache.base.layers``, the digests of the
+    base's layers (the first ones of the manifest), which ``pull`` skips without downloading: not cache content."""
+    return {"org.opencontainers.image.base.name": f"{container.registry}/{based.repository}@{based.digest}",
+            "org.opencontainers.image.base.digest": based.digest,
+            BASE_LAYERS: ",".join(layer["digest"] for layer in based.layers)}
 
 
 def mount_base(client, target, base: BaseImage, workdir: Path) -> int:

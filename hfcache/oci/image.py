@@ -41,12 +41,12 @@ from typing import BinaryIO
 
 from ..errors import CacheError, HubError, UsageError
 from ..move.export import Entry, ExportPlan, plan_export, write_tar
-from .base_image import BaseImage, mount_base, read_base
+from .base_image import BaseImage, base_annotations, mount_base, read_base
 from .credentials import Credentials, auth_files
 from .registry import (DIGEST, RegistryAuthError, TransferSink, check, connect, network_errors, parse_reference,
                        registry_text, url)
-from .modelpack import (artifact_documents, attach_bundle, check_prefix, model_files, send_bytes, send_file, sign,
-                        signed_snapshot)
+from .modelpack import (artifact_documents, attach_bundles, check_prefix, model_files, send_bytes, send_file, sign,
+                        signed_snapshots)
 from .prefixed import write_prefixed_tar
 from .upload import upload
 from ..cache.scan import parse_folder_name
@@ -98,7 +98,8 @@ class PushReport:
         repos (tuple[str, ...]): ``repo_id@commit`` in the image, sorted.
         bytes_total (int): compressed bytes of all blobs; bytes_uploaded (int): bytes actually sent.
         format (str): ``image`` or ``modelpack``; prefix (str): the folder the cache is under (``""``: the root).
-        signature (str): the ``sha256:<hex>`` of the signature referrer attached (``--sign-key``), else ``""``.
+        signature (str): the ``sha256:<hex>`` of the first signature referrer attached (``--sign-key``), else ``""``;
+        signatures (tuple[str, ...]): every one attached, one per snapshot (in the order of the repo folders).
     """
 
     reference: str
@@ -111,6 +112,7 @@ class PushReport:
     format: str = "image"
     prefix: str = ""
     signature: str = ""
+    signatures: tuple[str, ...] = ()
 
 
 # --- layers --------------------------------------------------------------------------------------------------------
@@ -244,10 +246,10 @@ def _sha256(data: bytes) -> str:
 
 
 def push(reference: str, cache_dir: Path, specs: Sequence[str] = (), lock_path: str | os.PathLike[str] | None = None,
-         split: str = "repo", plain_http: bool = False, credentials: Credentials | None = None,
+         split: str | None = None, plain_http: bool = False, credentials: Credentials | None = None,
          timeout: float = 60.0, sink: TransferSink | None = None, arch: str | None = None, *,
          format: str = "image", prefix: str | None = None, sign_key: Path | None = None,
-         base: str | None = None) -> PushReport:
+         base: str | None = None, sign_key_password: bytes | None = None) -> PushReport:
     """Push the cache (or the given repos, or what a lock pins) to ``reference`` as an OCI image, or one repo at one
     commit as a CNCF ModelPack artifact (:mod:`hfcache.oci.modelpack`).
 
@@ -257,7 +259,8 @@ def push(reference: str, cache_dir: Path, specs: Sequence[str] = (), lock_path: 
         specs: ``REPO_ID[@REVISION]`` to push; with neither specs nor lock, the whole cache.
         lock_path: push exactly what this lock pins; its sha256 is recorded in the ``io.hfcache.lock.sha256``
             annotation (never its path).
-        split: ``repo`` (one layer per repo folder) or ``single`` (image format).
+        split: ``repo`` (one layer per repo folder, the default) or ``single`` (image format only: given with
+            ``format="modelpack"`` it is refused, as ``arch`` is, rather than silently ignored).
         plain_http: talk HTTP instead of HTTPS.
         credentials: username/password; None reads the auth files (:func:`auth_files`).
         timeout: seconds to wait for a connection or any byte of an answer (metadata answers also end within
@@ -268,8 +271,9 @@ def push(reference: str, cache_dir: Path, specs: Sequence[str] = (), lock_path: 
         format: ``image`` (the cache as the image's root filesystem) or ``modelpack`` (one raw layer per file).
         prefix: a relative folder (``models``) every path of the image or artifact is under; recorded in the
             ``io.hfcache.prefix`` annotation (pull strips it).
-        sign_key: a PEM EC private key: sign the pushed snapshot's files (model-signing v1.0) and attach the bundle
-            as a referrer of the pushed manifest (one snapshot only).
+        sign_key: a PEM EC private key: each snapshot's files signed (model-signing v1.0), each bundle attached as a
+            referrer of the manifest (:mod:`hfcache.oci.referrers`). sign_key_password: its password [default:
+            ``HFCACHE_SIGN_KEY_PASSWORD``]; never printed or stored.
         base: a base image on the same registry (``REGISTRY/NAME:TAG`` or ``@sha256:...``) whose layers go first,
             e.g. one with a shell for KServe's Modelcar (image format; :mod:`hfcache.oci.base_image`).
 
@@ -278,27 +282,24 @@ def push(reference: str, cache_dir: Path, specs: Sequence[str] = (), lock_path: 
 
     Raises:
         UsageError: bad reference, ``arch``, ``format`` or ``prefix``, both ``specs`` and ``lock_path``, a repo not in
-            the cache, a bad lock, several snapshots for ``modelpack`` or ``sign_key``, an unusable key.
+            the cache, a bad lock, several snapshots for ``modelpack``, an unusable key or password.
         CacheError: a cache blob does not match its name or cannot be read, or TMPDIR is full (nothing is pushed).
         RegistryAuthError, EndpointUnreachable, HubError: the registry refused or could not be reached (exit 3).
     """
     from ..warming.lockfile import read_lock
 
     container = _push_target(reference, specs, lock_path, arch)
-    if format not in FORMATS:
-        raise UsageError(f"unknown format {format!r}", hint=f"use one of {', '.join(FORMATS)}")
-    if base and format != "image":
-        raise UsageError("--base is for --format image (a ModelPack artifact is mounted or extracted, never run)",
-                         hint="drop --base, or push --format image")
+    split = _format_options(format, split, arch, base)
     prefix = check_prefix(prefix)
     plan = plan_export(cache_dir, specs, lock=read_lock(lock_path) if lock_path else None)
     if not plan.repos:
         raise UsageError(f"nothing to push: {cache_dir} holds no repo", hint="warm it first (hfcache warm)")
     lock = Path(lock_path) if lock_path else None
+    signing = _signing(sign_key, sign_key_password)
     if format == "modelpack":
-        return _push_modelpack(reference, container, Path(cache_dir), plan, lock, prefix, sign_key,
+        return _push_modelpack(reference, container, Path(cache_dir), plan, lock, prefix, signing,
                                (plain_http, credentials, timeout, sink))
-    return _push_image(reference, container, Path(cache_dir), plan, (split, lock, prefix, sign_key, base, arch),
+    return _push_image(reference, container, Path(cache_dir), plan, (split, lock, prefix, signing, base, arch),
                        (plain_http, credentials, timeout, sink))
 
 
@@ -306,9 +307,10 @@ def _push_image(reference: str, container, cache_dir: Path, plan: ExportPlan, ch
                 connection: tuple) -> PushReport:
     """Push ``plan`` as an image: layers written to TMPDIR, then (connected) the base read, the documents built,
     the base's blobs mounted, the layers the registry lacks uploaded, the manifest PUT, the signature attached."""
-    split, lock, prefix, sign_key, base, arch = choices
+    split, lock, prefix, signing, base, arch = choices
     plain_http, credentials, timeout, sink = connection
-    bundle = signed_snapshot(cache_dir, plan, _commits_of(plan), sign_key) if sign_key else None
+    bundles = signed_snapshots(cache_dir, plan, signing[0], password=signing[1], password_hint=_PASSWORD_HINT) \
+        if signing else []
     annotations = _annotations(plan, split, lock, prefix)
     try:
         workdir = tempfile.TemporaryDirectory(prefix="hfcache-push-")
@@ -320,22 +322,35 @@ def _push_image(reference: str, container, cache_dir: Path, plan: ExportPlan, ch
             client = connect(container, plain_http, credentials, timeout)
             based = read_base(client, container, base, arch or architecture()) if base else None
             if based is not None:
-                annotations.update({"org.opencontainers.image.base.name": base,
-                                    "org.opencontainers.image.base.digest": based.digest})
+                annotations.update(base_annotations(container, based))
             config_bytes, manifest_bytes = image_documents([(layer, p) for layer, p, _ in layers], annotations,
                                                            arch or architecture(), based)
             config_path = _write_temp(Path(tmp) / "config.json", config_bytes)
             base_sent = mount_base(client, container, based, Path(tmp)) if based else 0
             pushed, config_sent, response = _upload_image(client, container, reference, layers, config_path,
                                                           config_bytes, manifest_bytes, sink)
-            signature = attach_bundle(client, container, manifest_bytes, bundle)
+            signatures = attach_bundles(client, container, manifest_bytes, bundles)
     digest = _checked_digest(container, manifest_bytes, response)
     return PushReport(reference=f"{container.registry}/{container.api_prefix}:{container.tag}", digest=digest,
                       layers=tuple(pushed), split=split, repos=tuple(_commits_of(plan)),
                       bytes_total=sum(x.size for x in pushed) + len(config_bytes) + len(manifest_bytes)
                       + sum(x["size"] for x in (based.layers if based else ())),
                       bytes_uploaded=sum(x.transferred for x in pushed) + config_sent + len(manifest_bytes) + base_sent,
-                      prefix=prefix, signature=signature)
+                      prefix=prefix, signature=(signatures or ("",))[0], signatures=signatures)
+
+
+#: Where push reads an encrypted --sign-key's password: its --password-stdin is the registry's.
+_PASSWORD_HINT = ("push reads an encrypted --sign-key's password from the environment variable "
+                  "HFCACHE_SIGN_KEY_PASSWORD (its --password-stdin is the registry password)")
+
+
+def _signing(sign_key: Path | None, password: bytes | None) -> tuple[Path, bytes | None] | None:
+    """(the signing key, its password: given, else ``HFCACHE_SIGN_KEY_PASSWORD``'s), or None without a key."""
+    if sign_key is None:
+        return None
+    from ..integrity.signatures import env_password
+
+    return Path(sign_key), password if password is not None else env_password()
 
 
 def _checked_digest(container, manifest_bytes: bytes, response) -> str:
@@ -354,9 +369,9 @@ def _checked_digest(container, manifest_bytes: bytes, response) -> str:
 
 
 def _push_modelpack(reference: str, container, cache_dir: Path, plan: ExportPlan, lock: Path | None, prefix: str,
-                    sign_key: Path | None, connection: tuple) -> PushReport:
+                    signing: tuple[Path, bytes | None] | None, connection: tuple) -> PushReport:
     """Push the one snapshot of ``plan`` as a ModelPack artifact: each distinct blob once (HEAD first), streamed
-    from the cache; then the config, the manifest and (``sign_key``) the signature referrer."""
+    from the cache; then the config, the manifest and (``signing``: key, password) the signature referrer."""
     plain_http, credentials, timeout, sink = connection
     folder, commit, files = model_files(cache_dir, plan, prefix)
     repo = _commits_of(plan)[0]
@@ -367,7 +382,7 @@ def _push_modelpack(reference: str, container, cache_dir: Path, plan: ExportPlan
     if lock is not None:
         annotations[f"{ANNOTATION_PREFIX}.lock.sha256"] = hashlib.sha256(lock.read_bytes()).hexdigest()
     config_bytes, manifest_bytes = artifact_documents(cache_dir, folder, commit, files, annotations)
-    bundle = sign(files, repo, sign_key) if sign_key else None
+    bundles = [sign(files, repo, signing[0], password=signing[1], password_hint=_PASSWORD_HINT)] if signing else []
     sent: dict[str, int] = {}
     with network_errors(container.registry, plain_http):
         client = connect(container, plain_http, credentials, timeout)
@@ -378,14 +393,14 @@ def _push_modelpack(reference: str, container, cache_dir: Path, plan: ExportPlan
             layers.append(Layer(f.digest, f.size, f.digest, (folder,), transferred))
         config_sent = send_bytes(client, container, config_bytes, "config")
         response = _put_manifest(client, container, reference, manifest_bytes)
-        signature = attach_bundle(client, container, manifest_bytes, bundle)
+        signatures = attach_bundles(client, container, manifest_bytes, bundles)
     digest = _checked_digest(container, manifest_bytes, response)
     distinct = {f.digest: f.size for f in files}
     return PushReport(reference=f"{container.registry}/{container.api_prefix}:{container.tag}", digest=digest,
                       layers=tuple(layers), split="file", repos=(repo,),
                       bytes_total=sum(distinct.values()) + len(config_bytes) + len(manifest_bytes),
                       bytes_uploaded=sum(sent.values()) + config_sent + len(manifest_bytes), format="modelpack",
-                      prefix=prefix, signature=signature)
+                      prefix=prefix, signature=(signatures or ("",))[0], signatures=signatures)
 
 
 def _put_manifest(client, container, reference: str, manifest_bytes: bytes):
@@ -393,6 +408,25 @@ def _put_manifest(client, container, reference: str, manifest_bytes: bytes):
                                  data=manifest_bytes, headers={"Content-Type": MANIFEST_TYPE})
     check(response, f"push manifest {reference}", 201)
     return response
+
+
+def _format_options(format: str, split: str | None, arch: str | None, base: str | None) -> str:
+    """The layer split to use (``repo`` unless given), once the options agree with ``format``.
+
+    Raises:
+        UsageError: an unknown format; ``base``, ``split`` or ``arch`` with ``modelpack`` (one raw layer per file, no
+            architecture, never run: refused rather than silently ignored).
+    """
+    if format not in FORMATS:
+        raise UsageError(f"unknown format {format!r}", hint=f"use one of {', '.join(FORMATS)}")
+    if base and format != "image":
+        raise UsageError("--base is for --format image (a ModelPack artifact is mounted or extracted, never run)",
+                         hint="drop --base, or push --format image")
+    if format == "modelpack" and (split is not None or arch is not None):
+        given = "--layers" if split is not None else "--arch"
+        raise UsageError(f"{given} is for --format image: a ModelPack artifact has one raw layer per file and no "
+                         "architecture", hint=f"drop {given}, or push --format image")
+    return split or "repo"
 
 
 def _push_target(reference: str, specs: Sequence[str], lock_path: str | os.PathLike[str] | None, arch: str | None):

@@ -28,7 +28,7 @@ import io
 import json
 import re
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path, PurePosixPath
 
 from ..bounds import loads_json
@@ -42,9 +42,9 @@ from ..move.export_store import open_blob_source, open_plain_source
 from ..pace import Throughput, min_rate
 from .registry import TransferSink, check, url
 
-__all__ = ["ARTIFACT_TYPE", "CONFIG_TYPE", "ModelFile", "PREFIX_ANNOTATION", "artifact_documents", "attach_bundle",
+__all__ = ["ARTIFACT_TYPE", "CONFIG_TYPE", "ModelFile", "PREFIX_ANNOTATION", "artifact_documents", "attach_bundles",
            "check_prefix", "media_type_of", "model_files", "send_blob", "send_bytes", "send_file", "sign",
-           "signed_snapshot", "snapshot_digests"]
+           "prefix_problem", "signed_snapshots", "snapshot_digests"]
 
 ARTIFACT_TYPE = "application/vnd.cncf.model.manifest.v1+json"
 CONFIG_TYPE = "application/vnd.cncf.model.config.v1+json"
@@ -91,16 +91,40 @@ def check_prefix(prefix: str | None) -> str:
     """``prefix`` as a ``/``-separated relative folder (``models``; ``""`` for none).
 
     Raises:
-        UsageError: an absolute path, ``..``, an empty or unusual part (exit 2).
+        UsageError: an empty prefix, an absolute path, more than 8 folders, ``.`` or ``..``, a part starting with
+            ``-`` or holding other characters than letters, digits, ``.``, ``_``, ``-`` (exit 2; the message says
+            which).
     """
-    if not prefix:
+    if prefix is None:
         return ""
-    parts = prefix.strip("/").split("/")
-    if prefix.startswith("/") or len(parts) > 8 or not all(_PREFIX.fullmatch(p) and p not in (".", "..")
-                                                           for p in parts):
-        raise UsageError(f"--prefix {prefix!r}: expected a relative folder such as models",
-                         hint="KServe's Modelcar and oci+native:// (subPath: models) read models/")
-    return "/".join(parts)
+    why = prefix_problem(prefix)
+    if why:
+        raise UsageError(f"--prefix {prefix!r}: {why}",
+                         hint="a relative folder such as models (KServe's Modelcar and oci+native:// with subPath: "
+                              "models read models/)")
+    return prefix.rstrip("/")
+
+
+def prefix_problem(prefix: str) -> str:
+    """Why ``prefix`` is not a folder push writes under (``""`` when it is one); pull judges a prefix annotation
+    with it too. A trailing ``/`` is allowed."""
+    if prefix.startswith("/"):
+        return "must be relative, not absolute"
+    parts = prefix.rstrip("/").split("/")
+    if parts == [""]:
+        return "must not be empty (drop --prefix for the image root)"
+    if len(parts) > 8:
+        return f"{len(parts)} folders deep: at most 8 folders"
+    for part in parts:
+        if part in ("", ".", ".."):
+            return "must not hold '.', '..' or an empty folder name ('//')"
+        if part.startswith("-"):
+            return f"folder {part[:64]!r} must not start with -"
+        if len(part) > 64:
+            return "each folder name is at most 64 characters"
+        if not _PREFIX.fullmatch(part):
+            return f"folder {part[:64]!r}: only letters, digits, '.', '_' and '-' (starting with a letter or digit)"
+    return ""
 
 
 def media_type_of(name: str) -> str:
@@ -381,36 +405,60 @@ def snapshot_digests(files: Sequence[ModelFile]) -> dict[str, str]:
     return {f.rel: f.digest.partition(":")[2] for f in files if f.kind == "file"}
 
 
-def signed_snapshot(cache_dir: Path, plan: ExportPlan, commits: Sequence[str], sign_key: Path) -> bytes:
-    """The signature bundle of the one snapshot of an image push (``--sign-key``).
+def signed_snapshots(cache_dir: Path, plan: ExportPlan, sign_key: Path, *, password: bytes | None = None,
+                     password_hint: str | None = None) -> list[bytes]:
+    """One signature bundle per snapshot of an image push (``--sign-key``), each over that snapshot's files with the
+    digests the push computes (the model name ``REPO_ID@<commit>``), in the order of the snapshots' folder names.
 
     Raises:
-        UsageError: the image holds more than one snapshot; an unusable key.
+        UsageError: an unusable key or password. CacheError: a file does not match its name (exit 5).
     """
-    if len(commits) != 1:
-        raise UsageError(f"--sign-key signs one snapshot; this image holds {len(commits)}",
-                         hint="push one REPO_ID@REVISION per image, or sign each snapshot with `hfcache sign`")
-    _, _, files = model_files(cache_dir, plan)
-    return sign(files, commits[0], sign_key)
+    snapshots = sorted({(parts[0], parts[2]) for parts in (e.name.split("/") for e in plan.entries)
+                        if len(parts) == 3 and parts[1] == "snapshots"})
+    by_name = {e.name: e for e in plan.entries if e.kind == "file"}
+    out = []
+    for folder, commit in snapshots:
+        # One repo at one commit (what model_files reads): that folder's entries but the other snapshots', a blob
+        # the plan shares with another repo (a hardlink entry) as the file it links to.
+        entries = tuple(replace(by_name[e.target], name=e.name) if e.kind == "hardlink" and e.target in by_name else e
+                        for e in plan.entries if (e.name == folder or e.name.startswith(f"{folder}/")) and not (
+                            e.name.startswith(f"{folder}/snapshots/") and e.name.split("/")[2] != commit))
+        _, _, files = model_files(cache_dir, ExportPlan(entries, (folder,), 0))
+        repo_id = (parse_folder_name(folder) or (folder,))[0]
+        out.append(sign(files, f"{repo_id}@{commit}", sign_key, password=password, password_hint=password_hint))
+    return out
 
 
-def sign(files: Sequence[ModelFile], repo: str, sign_key: Path) -> bytes:
+def sign(files: Sequence[ModelFile], repo: str, sign_key: Path, *, password: bytes | None = None,
+         password_hint: str | None = None) -> bytes:
     """A model-signing v1.0 bundle over the snapshot's files, from the digests the push computed (no rehash).
+
+    Args:
+        files: :func:`model_files`' files. repo: the model name (``REPO_ID@<commit>``). sign_key: a PEM EC private
+            key; password: its password (encrypted keys); password_hint: where the caller reads it from, for the
+            error of a missing one.
 
     Raises:
         UsageError: an unusable key (:func:`hfcache.integrity.signatures.sign_files`).
     """
-    from ..integrity.signatures import sign_files
+    from ..integrity.signatures import SIGN_PASSWORD_HINT, sign_files
 
-    return sign_files(snapshot_digests(files), repo, Path(sign_key))
+    return sign_files(snapshot_digests(files), repo, Path(sign_key), password=password,
+                      password_hint=password_hint or SIGN_PASSWORD_HINT)
 
 
-def attach_bundle(client, container, manifest_bytes: bytes, bundle: bytes | None) -> str:
-    """Attach ``bundle`` as a referrer of the pushed manifest; its digest (``""`` without a bundle)."""
-    if bundle is None:
-        return ""
+def attach_bundles(client, container, manifest_bytes: bytes, bundles: Sequence[bytes]) -> tuple[str, ...]:
+    """Attach each of ``bundles`` as a referrer of the pushed manifest, annotated with the model it signs and its
+    key (so that a re-push replaces the earlier one, :mod:`hfcache.oci.referrers`); their digests, in order."""
+    if not bundles:
+        return ()
+    from ..integrity.signatures import bundle_identity
     from .referrers import attach
 
     subject = {"mediaType": "application/vnd.oci.image.manifest.v1+json", "digest": _sha256(manifest_bytes),
                "size": len(manifest_bytes)}
-    return attach(client, container, subject, bundle)
+    out = []
+    for bundle in bundles:
+        model, key = bundle_identity(bundle)
+        out.append(attach(client, container, subject, bundle, model=model, key=key))
+    return tuple(out)

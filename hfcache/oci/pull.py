@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import gzip
 import io
-import re
 import tarfile
 import zlib
 from collections.abc import Iterator
@@ -34,6 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import IntegrityError, UsageError
+from .base_image import BASE_LAYERS
 from .image import ANNOTATION_PREFIX, DIGEST, LAYER_GZIP, MANIFEST_TYPE, Layer
 from .credentials import Credentials
 from .pull_stream import _ALTERED, _CHUNK, Budget, Entry, VerifiedStream, free_space, get_json, sha256_of
@@ -52,7 +52,6 @@ _ACCEPT = ", ".join((MANIFEST_TYPE, DOCKER_MANIFEST, INDEX_TYPE, DOCKER_LIST))
 MAX_LAYERS = 1000
 #: The manifest annotation ``hfcache push --prefix DIR`` writes: the cache sits under ``DIR/`` in the image.
 PREFIX = f"{ANNOTATION_PREFIX}.prefix"
-_PREFIX_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")  # as push's --prefix (hfcache/oci/modelpack.py)
 
 
 @dataclass(frozen=True)
@@ -90,6 +89,15 @@ def _refuse_index(manifest: dict, media_type: str | None, reference: str) -> Non
     if kind not in (MANIFEST_TYPE, DOCKER_MANIFEST, None):
         raise UsageError(f"{reference} is not an image manifest ({registry_text(kind, 80)})",
                          hint="hfcache pull reads the single-platform images hfcache push writes")
+    from .base_image import artifact_kind
+
+    artifact = artifact_kind(manifest)
+    if artifact.startswith("a signature"):
+        raise UsageError(f"{reference} is a signature (an OCI referrer), not an image; pull the image it signs",
+                         hint="pull the image by its tag or digest; --verify-key checks its signatures")
+    if artifact and not artifact.startswith("a ModelPack"):
+        raise UsageError(f"{reference} is {artifact}, not an image or a ModelPack artifact",
+                         hint="hfcache pull reads the images and ModelPack artifacts hfcache push writes")
 
 
 def _layers_of(manifest: dict, config: dict, reference: str) -> list[tuple[dict, str]]:
@@ -101,8 +109,9 @@ def _layers_of(manifest: dict, config: dict, reference: str) -> list[tuple[dict,
         raise UsageError(f"{reference}: the manifest's layers and the config's rootfs.diff_ids do not match", hint=hint)
     if len(layers) > MAX_LAYERS:
         raise UsageError(f"{reference}: {len(layers)} layers, more than the {MAX_LAYERS} hfcache pulls", hint=hint)
+    base = _base_count(manifest, layers, reference)
     out, seen = [], set()
-    for layer, diff_id in zip(layers, diff_ids):
+    for layer, diff_id in zip(layers[base:], diff_ids[base:]):
         if not isinstance(layer, dict) or not DIGEST.fullmatch(str(layer.get("digest"))) \
                 or type(layer.get("size")) is not int or layer["size"] < 0 or not DIGEST.fullmatch(str(diff_id)):
             raise UsageError(f"{reference}: a layer descriptor is malformed (digest, size or diff_id)", hint=hint)
@@ -115,6 +124,25 @@ def _layers_of(manifest: dict, config: dict, reference: str) -> list[tuple[dict,
         seen.add(layer["digest"])
         out.append((layer, diff_id))
     return out
+
+
+def _base_count(manifest: dict, layers: list, reference: str) -> int:
+    """How many of the manifest's first layers are the ``push --base`` image's (``io.hfcache.base.layers``: their
+    digests, in order): an OS for KServe's Modelcar, not cache content, so pull skips them without a request.
+
+    Raises:
+        UsageError: the annotation does not name the manifest's first layers (exit 2).
+    """
+    annotations = manifest.get("annotations") if isinstance(manifest.get("annotations"), dict) else {}
+    named = annotations.get(BASE_LAYERS)
+    if named is None:
+        return 0
+    digests = named.split(",") if isinstance(named, str) and named else []
+    first = [layer.get("digest") if isinstance(layer, dict) else None for layer in layers[:len(digests)]]
+    if not digests or len(digests) >= len(layers) or first != digests:
+        raise UsageError(f"{reference}: its {BASE_LAYERS} annotation does not name the manifest's first layers",
+                         hint="hfcache pull reads the images hfcache push --base writes")
+    return len(digests)
 
 
 def _layer_members(client, container, layer: dict, diff_id: str, sink: TransferSink | None, budget: Budget,
@@ -216,7 +244,10 @@ class _Observer:
             return None  # the prefix's own folders
         if not clean.startswith(f"{self.prefix}/"):
             raise UsageError(f"refused entry {registry_text(clean[:100], 100)!r}: outside the image's prefix "
-                             f"{self.prefix!r}", hint="hfcache pull reads the images hfcache push writes")
+                             f"{self.prefix!r}; nothing was imported",
+                             hint="hfcache push --base marks its base image's layers (io.hfcache.base.layers) and "
+                                  "pull skips them; an image with other files outside its prefix is not one hfcache "
+                                  "push wrote")
         return clean[len(self.prefix) + 1:]
 
 
@@ -230,10 +261,14 @@ def _prefix_of(manifest: dict, reference: str) -> str | None:
     prefix = annotations.get(PREFIX)
     if prefix is None:
         return None
-    parts = prefix.split("/") if isinstance(prefix, str) else []
-    if not 0 < len(parts) <= 8 or not all(_PREFIX_NAME.fullmatch(p) and p not in (".", "..") for p in parts):
+    from .modelpack import prefix_problem
+
+    why = prefix_problem(prefix) if isinstance(prefix, str) and prefix.isprintable() and len(prefix) <= 600 else \
+        "not a short printable text"
+    if why or prefix.endswith("/"):
         raise UsageError(f"{reference}: its {PREFIX} annotation {registry_text(repr(prefix), 80)} is not a relative "
-                         "folder such as models", hint="hfcache pull reads the images hfcache push --prefix DIR writes")
+                         f"folder such as models ({registry_text(why or 'ends with /', 120)})",
+                         hint="hfcache pull reads the images hfcache push --prefix DIR writes")
     return prefix
 
 
@@ -276,7 +311,9 @@ def pull(reference: str, cache_dir: Path, plain_http: bool = False, credentials:
         max_size: refuse an image whose layers unpack to more bytes than this (None: no bound but free space).
         lock_timeout, on_lock_wait: as for :func:`hfcache.move.importer.import_cache` (the bounded wait for repo locks).
         verify_key: a public key (PEM path): the manifest's model-signing bundles must sign every pulled snapshot
-            under it before anything is published (:mod:`hfcache.oci.pull_signed`); tar layers are then all read.
+            (with what the target's snapshot already holds) under it before anything is published
+            (:mod:`hfcache.oci.pull_signed`); tar layers are then all read. The file is judged before any request
+            (UsageError, exit 2), the bundles' key hints before any layer (CheckFailed, exit 1).
 
     Returns:
         PullReport.
@@ -294,25 +331,21 @@ def pull(reference: str, cache_dir: Path, plain_http: bool = False, credentials:
         LockTimeout: a repo's lock stayed held for ``lock_timeout`` seconds (exit 5); nothing is written then.
     """
     from ..move.importer import import_members
-    from .pull_modelpack import ArtifactSource, is_modelpack, plan_artifact
 
     container, cache_dir = parse_reference(reference), Path(cache_dir)
+    fingerprint = _key_fingerprint(verify_key)  # before any request: a bad key file is exit 2 at once
     with network_errors(container.registry, plain_http):
         client = connect(container, plain_http, credentials, timeout)
         manifest, digest, descriptor, config = _documents(client, container, reference)
         prefix = _prefix_of(manifest, reference)
+        found = _bundles(client, container, digest, reference, fingerprint, verify_key) if verify_key else None
         budget = Budget(max_size, *free_space(cache_dir))
-        if is_modelpack(manifest, descriptor):
-            source = ArtifactSource(client, container, plan_artifact(manifest, config, reference, prefix), cache_dir,
-                                    sink, budget)
-        else:
-            source = _ImageSource(client, container, _layers_of(manifest, config, reference), prefix, cache_dir, sink,
-                                  budget, reference, signed=verify_key is not None)
-        found = _bundles(client, container, digest, reference) if verify_key is not None else None
+        source = _source(client, container, (manifest, descriptor, config), reference, prefix, cache_dir, sink,
+                         budget, signed=verify_key is not None)
         signed_by: list[str] = []
-        imported = import_members(lambda: _checked(source, found, verify_key, signed_by), cache_dir,
+        imported = import_members(lambda: _checked(source, found, verify_key, signed_by, cache_dir), cache_dir,
                                   move_refs=move_refs, lock_timeout=lock_timeout, on_lock_wait=on_lock_wait)
-    received, imported = source.received, _with_held(imported, *source.held_counts())
+    received, imported = source.received, _with_held(imported, source)
     saved = source.after() if isinstance(source, _ImageSource) else False  # after held_counts: it updates the record
     return PullReport(reference=reference, digest=digest, layers=tuple(received),
                       bytes_downloaded=sum(x.transferred for x in received), bytes_unpacked=budget.used,
@@ -320,14 +353,29 @@ def pull(reference: str, cache_dir: Path, plain_http: bool = False, credentials:
                       skipped=tuple(source.skipped), signed_by=signed_by[0] if signed_by else None, record_saved=saved)
 
 
-def _checked(source, found: list[bytes] | None, verify_key: Path | None, signed_by: list[str]) -> Iterator:
-    """The source's entries; then, with ``--verify-key``, the signatures checked (every layer was read and checked,
-    nothing is published yet: a failure here publishes nothing). The key fingerprint is appended to ``signed_by``."""
+def _source(client, container, documents: tuple[dict, dict, dict], reference: str, prefix: str | None,
+            cache_dir: Path, sink: TransferSink | None, budget: Budget, *, signed: bool):
+    """The entries' source for the importer: a ModelPack artifact's raw layers or an image's tar layers."""
+    from .pull_modelpack import ArtifactSource, is_modelpack, plan_artifact
+
+    manifest, descriptor, config = documents
+    if is_modelpack(manifest, descriptor):
+        return ArtifactSource(client, container, plan_artifact(manifest, config, reference, prefix), cache_dir, sink,
+                              budget)
+    return _ImageSource(client, container, _layers_of(manifest, config, reference), prefix, cache_dir, sink, budget,
+                        reference, signed=signed)
+
+
+def _checked(source, found: list[bytes] | None, verify_key: Path | None, signed_by: list[str],
+             cache_dir: Path) -> Iterator:
+    """The source's entries; then, with ``--verify-key``, the signatures checked over what each snapshot will hold
+    (the target's entries of it and the staged ones; every layer was read and checked, nothing is published yet: a
+    failure here publishes nothing). The key fingerprint is appended to ``signed_by``."""
     yield from source.members()
     if found is not None:
         from .pull_signed import verify_snapshots
 
-        signed_by.append(verify_snapshots(found, source.signed_files(), Path(verify_key)))
+        signed_by.append(verify_snapshots(found, source.signed_files(), Path(verify_key), cache_dir))
 
 
 def _documents(client, container, reference: str) -> tuple[dict, str, dict, dict]:
@@ -349,20 +397,38 @@ def _documents(client, container, reference: str) -> tuple[dict, str, dict, dict
     return manifest, sha256_of(body), descriptor, config
 
 
-def _with_held(imported, repos: set[str], files: int, blobs: set[tuple[str, str]]):
-    """The import's report with what the skipped layers hold counted as already there (it is: checked by stat or
-    re-hashed), so that a pull of what the cache has reports its files and blobs as existing, none new."""
+def _with_held(imported, source):
+    """The import's report with what the skipped layers hold (``source.held_counts()``) counted as already there
+    (it is: checked by stat or re-hashed), so that a pull of what the cache has reports its files and blobs as
+    existing, none new. A content two tar layers share (bert's and distilbert's vocab.txt), one skipped and one
+    imported, is one distinct blob, as in a first pull (a ModelPack content is either held or fetched, never both)."""
     import dataclasses
 
+    repos, files, blobs = source.held_counts()
+    counted = source.imported_etags() if isinstance(source, _ImageSource) else set()
+    held = {etag for _, etag in blobs}
     return dataclasses.replace(imported, repos=tuple(sorted(set(imported.repos) | repos)),
                                files=imported.files + files, blobs_existing=imported.blobs_existing + len(blobs),
-                               blob_contents=imported.blob_contents + len({etag for _, etag in blobs}))
+                               blob_contents=imported.blob_contents + len(held - counted))
 
 
-def _bundles(client, container, digest: str, reference: str) -> list[bytes]:
-    from .pull_signed import fetch_bundles
+def _key_fingerprint(verify_key: Path | None) -> str:
+    """``--verify-key``'s fingerprint ("" without one), read before anything is fetched (exit 2 naming the file)."""
+    if verify_key is None:
+        return ""
+    from .pull_signed import check_key
 
-    return fetch_bundles(client, container, digest, reference)
+    return check_key(Path(verify_key))
+
+
+def _bundles(client, container, digest: str, reference: str, fingerprint: str, verify_key: Path) -> list[bytes]:
+    """The manifest's signature bundles, fetched before any layer; refused at once when unsigned, or when every
+    bundle names a key (its hint) and none is ``verify_key`` (exit 1)."""
+    from .pull_signed import check_key_hints, fetch_bundles
+
+    found = fetch_bundles(client, container, digest, reference)
+    check_key_hints(found, fingerprint, Path(verify_key), reference)
+    return found
 
 
 class _ImageSource:
@@ -403,6 +469,11 @@ class _ImageSource:
         names = [name.split("/") for diff_id in self.held for name in self.record[diff_id]["entries"]]
         return ({p[0] for p in names}, sum(1 for p in names if p[1] == "snapshots"),
                 {(p[0], p[2]) for p in names if p[1] == "blobs"})
+
+    def imported_etags(self) -> set[str]:
+        """The blob names (``<folder>/blobs/<etag>`` entries) of the layers this pull imported."""
+        return {parts[2] for diff_id, names in self.seen.names.items() if diff_id not in self.held
+                for parts in (name.split("/") for name in names) if len(parts) == 3 and parts[1] == "blobs"}
 
     def after(self) -> bool:
         """Record the layers this pull imported (after publishing), for the next pull's skips."""

@@ -38,14 +38,66 @@ def fetch_bundles(client, container, digest: str, reference: str) -> list[bytes]
     return found
 
 
-def verify_snapshots(found: list[bytes], snapshots: dict[str, dict[str, str]], public_key: Path) -> str:
+def check_key(public_key: Path) -> str:
+    """The fingerprint of ``--verify-key`` (sha256 hex of its PEM SubjectPublicKeyInfo), checked before anything is
+    fetched: a missing file, a FIFO (opened non-blocking: never waits), a private key or an RSA key is refused at
+    once.
+
+    Raises:
+        UsageError: naming the key file (exit 2).
+    """
+    from ..integrity.signatures import public_key_fingerprint
+
+    return public_key_fingerprint(Path(public_key))
+
+
+def check_key_hints(found: list[bytes], fingerprint: str, public_key: Path, reference: str) -> None:
+    """Refuse before any layer when every bundle names its key (model-signing's
+    ``verificationMaterial.publicKey.hint``: the sha256 of the signer's PEM public key) and none is ``public_key``'s.
+    A bundle without a readable hint (an older one, or not a bundle) leaves the decision to the full check after the
+    download. Bundles are registry input: read with ``bounds.loads_json``.
+
+    Raises:
+        CheckFailed: no bundle is signed by that key (exit 1; nothing was pulled).
+    """
+    from ..bounds import loads_json
+
+    hints = []
+    for bundle in found:
+        try:
+            document = loads_json(bundle, "a signature bundle")
+            hint = document["verificationMaterial"]["publicKey"]["hint"]
+        except (ValueError, TypeError, KeyError):
+            return
+        if not isinstance(hint, str) or not hint:
+            return
+        hints.append(hint)
+    if hints and fingerprint not in hints:
+        raise CheckFailed(f"refused the pull, nothing was written: {reference}: none of its {len(hints)} "
+                          f"signature(s) is by the key {public_key} (fingerprint {fingerprint[:16]}...), checked "
+                          "before any layer was downloaded",
+                          hint="check that --verify-key is the public half of the signing key")
+
+
+def verify_snapshots(found: list[bytes], snapshots: dict[str, dict[str, str]], public_key: Path,
+                     cache_dir: Path | None = None) -> str:
     """Check that each snapshot (``<folder>/<commit>`` -> {path: sha256 hex}) verifies with one of the bundles.
+
+    The signature must cover what the snapshot holds after the pull: the files the target's snapshot of that commit
+    already has (:func:`hfcache.integrity.signed_snapshot.snapshot_digests`, opened through the safe opens) join the
+    staged ones, so a file planted there that the artifact does not carry is named unsigned (the staged digest wins
+    for a path both have: import refuses one whose content differs).
+
+    Args:
+        found: the bundles; snapshots: the staged files; public_key: the PEM key; cache_dir: the target (None: the
+            staged files only).
 
     Returns:
         The key fingerprint the bundles verified with ("" when there was nothing to check).
 
     Raises:
         SignatureMismatch: a snapshot no bundle signs under ``public_key`` (the first bundle's reason is named).
+        CacheError: the target's snapshot holds a FIFO, a device or a link leaving its repo (exit 5).
     """
     from ..cache.scan import parse_folder_name
     from ..integrity.signatures import SignatureMismatch, verify_files
@@ -54,9 +106,10 @@ def verify_snapshots(found: list[bytes], snapshots: dict[str, dict[str, str]], p
         raise SignatureMismatch("refused the pull, nothing was written: --verify-key was given but the artifact "
                                 "brings no snapshot files for a signature to cover", reason="unsigned")
     fingerprint = ""
-    for name, files in sorted(snapshots.items()):
+    for name, staged in sorted(snapshots.items()):
         folder, _, commit = name.partition("/")
         shown = f"{(parse_folder_name(folder) or (folder,))[0]}@{commit}"
+        files = {**_held_files(cache_dir, folder, commit), **staged} if cache_dir is not None else staged
         first: SignatureMismatch | None = None
         for bundle in found:
             try:
@@ -73,6 +126,20 @@ def verify_snapshots(found: list[bytes], snapshots: dict[str, dict[str, str]], p
                 first.hint = "the artifact is not what the key's owner signed; check where it came from"
             raise first
     return fingerprint
+
+
+def _held_files(cache_dir: Path, folder: str, commit: str) -> dict[str, str]:
+    """{path: sha256 hex} of the target's snapshot ``<folder>/snapshots/<commit>`` ({} when it has none)."""
+    from ..cache.scan import parse_folder_name
+    from ..integrity.signed_snapshot import snapshot_digests
+
+    parsed = parse_folder_name(folder)
+    if parsed is None or not Path(cache_dir, folder, "snapshots", commit).is_dir():
+        return {}
+    try:
+        return snapshot_digests(Path(cache_dir), f"{parsed[0]}@{commit}", repo_type=parsed[1]).files
+    except CheckFailed:  # no such snapshot (gone meanwhile): nothing held
+        return {}
 
 
 class TarFiles:

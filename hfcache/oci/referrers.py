@@ -5,14 +5,21 @@
 and one layer: the bundle. A registry with the referrers API says so by answering the manifest PUT with an
 ``OCI-Subject`` header; any other (Debian's ``docker-registry``, distribution 2.8) gets the spec's tag fallback: the
 image index at tag ``sha256-<hex of the subject digest>`` lists the referrers' descriptors (``artifactType``, the
-referrer's annotations). It is updated read-modify-write: every descriptor it held is kept, ours is added once, and
-the index is read back after the PUT, and again after pauses, and the write repeated while another client's
-concurrent write dropped ours (distribution 2.8 has no conditional PUT). Not guaranteed: a concurrent writer whose
-PUT lands after those checks can still drop our entry (the referrer manifest itself stays, pushed by digest).
+referrer's annotations). It is updated read-modify-write: ours is added once; an earlier hfcache referrer of the same
+subject for the same model (``io.hfcache.signature.model``) and key (``io.hfcache.signature.key``, the sha256 of the
+public key) is dropped from it (an ECDSA signature differs at each re-push: without that, re-pushes pile up and push
+the newest past what a reader reads); every other descriptor (other models, other keys, other tools') is kept. The
+index is read back after the PUT, and again after pauses, and the write repeated while another client's
+concurrent write dropped ours (distribution 2.8 has no conditional PUT); a concurrent push of the same model with
+the same key that replaced ours is taken as ours. With the referrers API, those earlier referrers are deleted
+(``DELETE`` by digest; a registry that forbids deletes keeps them, and readers take the newest first). Not
+guaranteed: a concurrent writer whose PUT lands after those checks can still drop our entry (the referrer manifest
+itself stays, pushed by digest).
 
 :func:`bundles` asks ``GET /v2/<name>/referrers/<digest>?artifactType=...`` first, then the tag fallback, and fetches
 each bundle by digest: every manifest and blob is bounded in size, checked against its digest, and a referrer whose
-own ``subject`` is not the one asked for (an index can list anything) is skipped.
+own ``subject`` is not the one asked for (an index can list anything) is skipped. The newest (listed last) are read
+first.
 
 All requests go through :mod:`hfcache.oci.registry`'s client (credentials bound to the registry's origin, metadata
 deadlines, bounded bodies).
@@ -46,6 +53,10 @@ MAX_REFERRERS = 100
 _WRITE_TRIES = 8
 _SETTLE_CHECKS = 2
 _TRANSIENT_TRIES = 3
+#: The annotations that say which model and which key a referrer's bundle signs (what a re-push replaces).
+MODEL_ANNOTATION = "io.hfcache.signature.model"
+KEY_ANNOTATION = "io.hfcache.signature.key"
+_PREDICATE = {"dev.sigstore.bundle.predicateType": "https://model_signing/signature/v1.0"}
 
 
 def _sha256(data: bytes) -> str:
@@ -88,8 +99,16 @@ def _check_subject(subject: dict) -> dict:
     return {"mediaType": subject["mediaType"], "digest": subject["digest"], "size": subject["size"]}
 
 
-def referrer_manifest(subject: dict, bundle: bytes) -> bytes:
-    """The canonical JSON of the artifact manifest :func:`attach` pushes for ``bundle`` about ``subject``."""
+def _annotations(model: str, key: str) -> dict[str, str]:
+    out = dict(_PREDICATE)
+    if model and key:
+        out.update({MODEL_ANNOTATION: model, KEY_ANNOTATION: key})
+    return out
+
+
+def referrer_manifest(subject: dict, bundle: bytes, model: str = "", key: str = "") -> bytes:
+    """The canonical JSON of the artifact manifest :func:`attach` pushes for ``bundle`` about ``subject`` (with
+    ``model`` and ``key`` both given: annotated with them)."""
     return _canonical({
         "schemaVersion": 2,
         "mediaType": MANIFEST_TYPE,
@@ -97,17 +116,20 @@ def referrer_manifest(subject: dict, bundle: bytes) -> bytes:
         "config": {"mediaType": EMPTY_TYPE, "digest": _sha256(EMPTY), "size": len(EMPTY)},
         "layers": [{"mediaType": BUNDLE_TYPE, "digest": _sha256(bundle), "size": len(bundle)}],
         "subject": _check_subject(subject),
-        "annotations": {"dev.sigstore.bundle.predicateType": "https://model_signing/signature/v1.0"},
+        "annotations": _annotations(model, key),
     })
 
 
-def attach(client, container, subject: dict, bundle: bytes) -> str:
+def attach(client, container, subject: dict, bundle: bytes, *, model: str = "", key: str = "") -> str:
     """Push ``bundle`` as a referrer of ``subject`` in ``container``'s repository; return the referrer's digest.
 
     Args:
         client, container: :func:`hfcache.oci.registry.connect` and :func:`~hfcache.oci.registry.parse_reference`.
         subject: the pushed manifest's descriptor ``{mediaType, digest, size}``.
         bundle: the model-signing bundle (JSON bytes, at most :data:`MAX_BUNDLE_BYTES`).
+        model, key: the model the bundle signs (``ORG/NAME@<commit>``) and the sha256 hex of its public key: both
+            given, the referrer is annotated with them and replaces earlier hfcache referrers of ``subject`` with
+            the same two (module docstring); else it is only added.
 
     Returns:
         ``sha256:<hex>`` of the referrer manifest.
@@ -119,7 +141,7 @@ def attach(client, container, subject: dict, bundle: bytes) -> str:
     if len(bundle) > MAX_BUNDLE_BYTES:
         raise UsageError(f"a signature bundle over {MAX_BUNDLE_BYTES // (1024 * 1024)} MiB is not attached")
     subject = _check_subject(subject)
-    manifest = referrer_manifest(subject, bundle)
+    manifest = referrer_manifest(subject, bundle, model, key)
     digest = _sha256(manifest)
     _upload_bytes(client, container, EMPTY)
     _upload_bytes(client, container, bundle)
@@ -127,11 +149,38 @@ def attach(client, container, subject: dict, bundle: bytes) -> str:
                                  headers={"Content-Type": MANIFEST_TYPE})
     check(response, f"push the signature of {subject['digest']} to {_where(container)}", 201)
     if response.headers.get("OCI-Subject") == subject["digest"]:
+        _delete_replaced(client, container, subject["digest"], digest, model, key)
         return digest  # the registry keeps the referrers list itself
     descriptor = {"mediaType": MANIFEST_TYPE, "digest": digest, "size": len(manifest), "artifactType": BUNDLE_TYPE,
-                  "annotations": {"dev.sigstore.bundle.predicateType": "https://model_signing/signature/v1.0"}}
+                  "annotations": _annotations(model, key)}
     _add_to_fallback(client, container, subject["digest"], descriptor)
     return digest
+
+
+def _same_signer(entry: dict, descriptor: dict) -> bool:
+    """True when ``entry`` (a listed referrer) is another hfcache signature of the model and key of
+    ``descriptor``: what attaching ``descriptor`` replaces."""
+    ours = descriptor.get("annotations") or {}
+    theirs = entry.get("annotations")
+    if not (ours.get(MODEL_ANNOTATION) and ours.get(KEY_ANNOTATION)) or not isinstance(theirs, dict):
+        return False
+    return entry.get("artifactType") == BUNDLE_TYPE and entry.get("digest") != descriptor["digest"] \
+        and all(theirs.get(name) == ours[name] for name in (MODEL_ANNOTATION, KEY_ANNOTATION))
+
+
+def _delete_replaced(client, container, subject_digest: str, digest: str, model: str, key: str) -> None:
+    """With the referrers API: delete the earlier hfcache referrers of the same model and key (best effort: a
+    registry that forbids deletes answers 405 and keeps them; readers take the newest first)."""
+    if not (model and key):
+        return
+    probe = {"digest": digest, "annotations": _annotations(model, key)}
+    try:
+        listed = _listed(client, container, subject_digest)
+    except HubError:  # the signature is attached; a listing that cannot be read leaves the old ones (best effort)
+        return
+    for entry in listed:
+        if _same_signer(entry, probe) and DIGEST.fullmatch(str(entry.get("digest"))):
+            client.do_request(url(client, container, "manifests", entry["digest"]), "DELETE").close()
 
 
 def fallback_tag(subject_digest: str) -> str:
@@ -149,11 +198,16 @@ def _add_to_fallback(client, container, subject_digest: str, descriptor: dict) -
     :data:`_WRITE_TRIES` writes in all."""
     tag = fallback_tag(subject_digest)
     writes, settled, pause = 0, 0, 0.1
+    before: set[str] | None = None  # the same-signer referrers listed before our first write
     while True:
         began = time.monotonic()
         index = _fallback_index(client, container, subject_digest)
         entries = [m for m in (index or {}).get("manifests", []) if isinstance(m, dict)]
-        if any(m.get("digest") == descriptor["digest"] for m in entries):
+        same = {str(m.get("digest")) for m in entries if _same_signer(m, descriptor)}
+        if before is None:
+            before = same
+        ours = any(m.get("digest") == descriptor["digest"] for m in entries)
+        if ours or same - before:  # listed, or replaced by a concurrent push of the same model with the same key
             if settled == _SETTLE_CHECKS:
                 return
             settled += 1
@@ -164,7 +218,7 @@ def _add_to_fallback(client, container, subject_digest: str, descriptor: dict) -
                            f"{_WRITE_TRIES} updates; the signature was pushed but is not listed",
                            hint="push the signature again when the other pushes have finished")
         document = dict(index or {"schemaVersion": 2, "mediaType": INDEX_TYPE})
-        document["manifests"] = [*entries, descriptor]
+        document["manifests"] = [*(m for m in entries if not _same_signer(m, descriptor)), descriptor]
         response = _request(client, url(client, container, "manifests", tag), "PUT", data=_canonical(document),
                             headers={"Content-Type": INDEX_TYPE})
         check(response, f"update the referrers tag {tag} of {_where(container)}", 201)
@@ -246,7 +300,8 @@ def _listed(client, container, subject_digest: str) -> list[dict]:
 
 
 def bundles(client, container, subject_digest: str) -> list[bytes]:
-    """Every model-signing bundle attached to ``subject_digest`` in ``container``'s repository, oldest listed first.
+    """Every model-signing bundle attached to ``subject_digest`` in ``container``'s repository, the newest (listed
+    last) first.
 
     Args:
         client, container: as for :func:`attach`. subject_digest: ``sha256:<hex>`` of the signed manifest.
@@ -264,7 +319,7 @@ def bundles(client, container, subject_digest: str) -> list[bytes]:
         raise UsageError(f"{subject_digest!r} is not a sha256:<hex> digest")
     out: list[bytes] = []
     seen: set[str] = set()
-    for entry in _listed(client, container, subject_digest):
+    for entry in reversed(_listed(client, container, subject_digest)):
         digest = entry.get("digest")
         if entry.get("artifactType") != BUNDLE_TYPE or not DIGEST.fullmatch(str(digest)) or digest in seen:
             continue

@@ -406,13 +406,11 @@ def test_push_sign_key_attaches_a_bundle_the_model_signing_cli_verifies(cache, r
                          "--public_key", str(public), str(snapshot)], capture_output=True, text=True, timeout=120)
     assert ms.returncode != 0
 
-    # The image format signs its one snapshot too (same files, same digests); several snapshots: exit 2.
+    # The image format signs its one snapshot too (same files, same digests); several snapshots: one bundle each.
     image = push(registry, "mp/signed-image:v1", cache, BERT, "--sign-key", str(private))
     assert len(_bundles_of(registry, "mp/signed-image:v1", image["digest"])) == 1
-    proc = push(registry, "mp/signed-two:v1", cache, "--sign-key", str(private), ok=False)
-    assert proc.returncode == 2 and "--sign-key signs one snapshot" in proc.stderr
-    with pytest.raises(urllib.error.HTTPError):
-        urllib.request.urlopen(f"http://{registry.host}/v2/mp/signed-two/manifests/v1", timeout=10)  # noqa: S310
+    two = push(registry, "mp/signed-two:v1", cache, "--sign-key", str(private))
+    assert len(_bundles_of(registry, "mp/signed-two:v1", two["digest"])) == 2
     proc = push(registry, "mp/signed-bad:v1", cache, "--format", "modelpack", BERT, "--sign-key",
                 str(public), ok=False)  # a public key is no signing key: refused before anything is sent
     assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
@@ -479,7 +477,8 @@ def test_base_image_with_a_shell_for_the_modelcar_is_mounted_not_copied_and_runs
     assert config["rootfs"]["diff_ids"][0] == base_diff and len(config["rootfs"]["diff_ids"]) == len(layers)
     assert {k: v for k, v in config["config"].items() if k != "Labels"} == base_config["config"]
     assert "created" not in config and "history" not in config
-    assert manifest["annotations"]["org.opencontainers.image.base.name"] == f"{registry.host}/library/shell:v1"
+    assert manifest["annotations"]["org.opencontainers.image.base.name"] == (
+        f"{registry.host}/library/shell@{manifest['annotations']['org.opencontainers.image.base.digest']}")
     assert manifest["annotations"]["org.opencontainers.image.base.digest"].startswith("sha256:")
     # The base blob was mounted from library/shell, never uploaded into ml/modelcar.
     assert any("POST /v2/ml/modelcar/blobs/uploads/?mount=" + base_layer.replace(":", "%3A") in line
@@ -626,3 +625,108 @@ def test_modelpack_push_of_a_one_repo_lock_records_its_hash_and_a_wider_lock_is_
     assert str(tmp_path) not in json.dumps(manifest)
     proc = push(registry, "mp/locked-all:v1", cache, "--format", "modelpack", "--lock", str(full), ok=False)
     assert proc.returncode == 2 and "a ModelPack artifact holds one model" in proc.stderr
+
+
+# --- push --sign-key: defects a new user found ----------------------------------------------------------------------
+
+
+def _pull(registry: Registry, tag: str, target: Path, *args: str):
+    return run_hfcache(["pull", f"{registry.host}/{tag}", "--cache-dir", str(target), "--plain-http", *args])
+
+
+def _two_repo_lock(tmp_path: Path) -> tuple[Path, Path, list[str]]:
+    """A lock of two repos of examples/hfcache.lock and a cache warmed from it: (lock, cache, repo ids)."""
+    import tomllib
+
+    import tomli_w
+
+    document = tomllib.loads((Path(__file__).parents[2] / "examples" / "hfcache.lock").read_text())
+    document["repos"] = [r for r in document["repos"] if r["repo_id"] != "openai-community/gpt2"]
+    assert len(document["repos"]) == 2
+    lock = tmp_path / "hfcache.lock"
+    lock.write_text(tomli_w.dumps(document))
+    cache = tmp_path / "cache"
+    with HubServer(HUB) as server:
+        warmed = run_hfcache(["warm", "--lock", str(lock), "--cache-dir", str(cache), "--endpoint", server.endpoint])
+    assert warmed.returncode == 0, warmed.stderr
+    return lock, cache, [f"{r['repo_id']}@{r['commit_hash']}" for r in document["repos"]]
+
+
+def test_push_lock_sign_key_signs_every_snapshot_and_pull_verify_key_checks_each(registry, tmp_path):
+    from hfcache.integrity.signatures import bundle_identity
+    from tests.integration.test_signing import write_key
+
+    lock, cache, repos = _two_repo_lock(tmp_path)
+    private, public = write_key(tmp_path, "signer")
+    _, other = write_key(tmp_path, "other")
+    canary = Canary(tmp_path)
+    pushed = push(registry, "mp/locked-signed:v1", cache, "--lock", str(lock), "--sign-key", str(private))
+    found = _bundles_of(registry, "mp/locked-signed:v1", pushed["digest"])
+    # One bundle per snapshot (the lock's two repos; the legacy id bert-base-uncased is also cached under its
+    # canonical folder, so three snapshots), each named by its snapshot.
+    assert len(found) == len(pushed["repos"]) >= len(repos) == 2
+    assert sorted(bundle_identity(b)[0] for b in found) == sorted(pushed["repos"])
+    target = tmp_path / "target"
+    proc = _pull(registry, "mp/locked-signed:v1", target, "--verify-key", str(other))
+    assert proc.returncode == 1 and "refused the pull, nothing was written" in proc.stderr, proc.stderr
+    assert not (target / "models--bert-base-uncased").exists()
+    proc = _pull(registry, "mp/locked-signed:v1", target, "--verify-key", str(public))
+    assert proc.returncode == 0, proc.stderr
+    assert "signatures verified" in proc.stdout
+    verify_ok(target)
+    verify_ok(cache)
+    canary.assert_unchanged()
+
+
+def test_signed_re_pushes_replace_their_referrer_and_a_key_rotation_keeps_both_keys(cache, registry, tmp_path):
+    from hfcache.oci.referrers import KEY_ANNOTATION, MODEL_ANNOTATION, fallback_tag
+    from tests.integration.test_signing import write_key
+
+    key_a, pub_a = write_key(tmp_path, "a")
+    key_b, pub_b = write_key(tmp_path, "b")
+    canary = Canary(tmp_path)
+    digests = {push(registry, "mp/repushed:v1", cache, BERT, "--sign-key", str(key_a))["digest"] for _ in range(5)}
+    digests.add(push(registry, "mp/repushed:v1", cache, BERT, "--sign-key", str(key_b))["digest"])
+    (digest,) = digests  # reproducible: one manifest, signed six times
+    with urllib.request.urlopen(urllib.request.Request(  # noqa: S310 - loopback registry
+            f"http://{registry.host}/v2/mp/repushed/manifests/{fallback_tag(digest)}",
+            headers={"Accept": "application/vnd.oci.image.index.v1+json"}), timeout=30) as r:
+        index = json.loads(r.read())
+    labels = [(m["annotations"][MODEL_ANNOTATION], m["annotations"][KEY_ANNOTATION]) for m in index["manifests"]]
+    assert len(labels) == 2 and len(set(labels)) == 2, labels  # one per (model, key)
+    assert {model for model, _ in labels} == {f"{BERT}@{commit_of(cache, BERT)}"}
+    for public in (pub_b, pub_a):
+        target = tmp_path / f"target-{public.stem}"
+        proc = _pull(registry, "mp/repushed:v1", target, "--verify-key", str(public))
+        assert proc.returncode == 0, proc.stderr
+        verify_ok(target)
+    canary.assert_unchanged()
+
+
+def test_push_with_an_encrypted_sign_key_reads_its_password_from_the_environment(cache, registry, tmp_path):
+    from tests.helpers import clean_env
+    from tests.integration.test_signing import write_key
+
+    secret = "correct horse battery"
+    locked, public = write_key(tmp_path, "locked", password=secret.encode())
+    canary = Canary(tmp_path)
+    args = ["push", f"{registry.host}/mp/locked-key:v1", BERT, "--cache-dir", str(cache), "--plain-http",
+            "--sign-key", str(locked)]
+    proc = run_hfcache(args)
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]  # (the progress display's blank line)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+    assert lines[0].startswith("hfcache: error: ") and "the key is encrypted" in lines[0], proc.stderr
+    assert lines[1].startswith("hint: ") and "HFCACHE_SIGN_KEY_PASSWORD" in lines[1]
+    assert "--password-stdin reads" not in proc.stderr
+    with pytest.raises(urllib.error.HTTPError):  # refused before anything was sent
+        urllib.request.urlopen(f"http://{registry.host}/v2/mp/locked-key/manifests/v1", timeout=10)  # noqa: S310
+    proc = run_hfcache(args + ["--json"], env=clean_env(HFCACHE_SIGN_KEY_PASSWORD=secret))
+    assert proc.returncode == 0, proc.stderr
+    assert secret not in proc.stdout + proc.stderr
+    digest = json.loads(proc.stdout)["digest"]
+    assert len(_bundles_of(registry, "mp/locked-key:v1", digest)) == 1
+    stored = [p for p in registry.root.rglob("data") if p.is_file()]
+    assert stored and not any(secret.encode() in p.read_bytes() for p in stored)
+    target = tmp_path / "target"
+    assert _pull(registry, "mp/locked-key:v1", target, "--verify-key", str(public)).returncode == 0
+    canary.assert_unchanged()

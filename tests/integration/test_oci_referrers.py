@@ -103,7 +103,7 @@ def test_two_signatures_attached_are_both_listed_and_both_verify(registry, diges
         two = referrers.attach(client, container, subject, second)
         assert referrers.attach(client, container, subject, second) == two  # once only
         found = referrers.bundles(client, container, subject["digest"])
-    assert found == [first, second]
+    assert found == [second, first]  # the newest first
     index = fallback_index(registry, "hf/signed", subject["digest"])
     assert index["mediaType"] == INDEX_TYPE
     assert [(m["digest"], m["artifactType"], m["mediaType"]) for m in index["manifests"]] == [
@@ -118,6 +118,7 @@ def test_two_signatures_attached_are_both_listed_and_both_verify(registry, diges
                                    "size": len(first)}]
     assert manifest["config"]["mediaType"] == "application/vnd.oci.empty.v1+json"
     # Each bundle checks out against the snapshot, with its own key only.
+    found = found[::-1]
     assert verify_files(found[0], digests.files, first_pub).signed == tuple(sorted(digests.files))
     assert verify_files(found[1], digests.files, second_pub).key_fingerprint != verify_files(
         found[0], digests.files, first_pub).key_fingerprint
@@ -300,6 +301,11 @@ class _Handler(BaseHTTPRequestHandler):
         self._send(201, headers={"Docker-Content-Digest": digest,
                                  **({"OCI-Subject": subject["digest"]} if subject else {})})
 
+    def do_DELETE(self) -> None:  # noqa: N802
+        self.registry.paths.append(f"DELETE {self.path}")
+        ref = self.path.rsplit("/", 1)[1]
+        self._send(202 if self.registry.manifests.pop(ref, None) else 404)
+
     def do_GET(self) -> None:  # noqa: N802
         self.registry.paths.append(f"GET {self.path}")
         path = self.path.split("?")[0]
@@ -310,7 +316,8 @@ class _Handler(BaseHTTPRequestHandler):
                 doc = json.loads(body)
                 if digest.startswith("sha256:") and (doc.get("subject") or {}).get("digest") == subject:
                     entries.append({"mediaType": media_type, "digest": digest, "size": len(body),
-                                    "artifactType": doc.get("artifactType")})
+                                    "artifactType": doc.get("artifactType"),
+                                    **({"annotations": doc["annotations"]} if doc.get("annotations") else {})})
             index = {"schemaVersion": 2, "mediaType": INDEX_TYPE, "manifests": entries}
             if self.hostile == "huge-index":
                 index["padding"] = "x" * (5 * 1024 * 1024)
@@ -407,3 +414,87 @@ def test_a_referrer_whose_layers_are_not_a_list_is_skipped(layers) -> None:
         client, container = client_for(api, "hf/api")
         with network_errors(container.registry, True):
             assert referrers.bundles(client, container, subject["digest"]) == []
+
+
+# --- re-pushes replace their own signature (defects a new user found) -------------------------------------------------
+
+
+def test_a_signature_of_the_same_model_and_key_replaces_the_earlier_one_and_others_are_kept(registry, digests,
+                                                                                             tmp_path) -> None:
+    from hfcache.integrity.signatures import bundle_identity, public_key_fingerprint, verify_any
+
+    canary = Canary(tmp_path)
+    subject = subject_image(registry, "hf/resigned", "v1")
+    client, container = client_for(registry, "hf/resigned")
+    key_a, pub_a = key_pair(tmp_path, "a")
+    key_b, pub_b = key_pair(tmp_path, "b")
+    name = f"{REPO}@{digests.commit}"
+    foreign = sign_files(digests.files, name, key_a)  # attached without labels: another tool's referrer
+    other_model = sign_files(digests.files, f"{REPO}-other@{digests.commit}", key_a)
+    with network_errors(container.registry, True):
+        referrers.attach(client, container, subject, foreign)
+        referrers.attach(client, container, subject, other_model, model=bundle_identity(other_model)[0],
+                         key=bundle_identity(other_model)[1])
+        for _ in range(5):  # an ECDSA signature differs each time: five different bundles of one model and key
+            last_a = sign_files(digests.files, name, key_a)
+            referrers.attach(client, container, subject, last_a, **dict(zip(("model", "key"), bundle_identity(last_a))))
+        bundle_b = sign_files(digests.files, name, key_b)
+        referrers.attach(client, container, subject, bundle_b, **dict(zip(("model", "key"), bundle_identity(bundle_b))))
+        found = referrers.bundles(client, container, subject["digest"])
+    assert found == [bundle_b, last_a, other_model, foreign]  # one per (model, key), the newest first
+    index = fallback_index(registry, "hf/resigned", subject["digest"])
+    labels = [(m.get("annotations") or {}).get(referrers.KEY_ANNOTATION) for m in index["manifests"]]
+    assert labels == [None, public_key_fingerprint(pub_a), public_key_fingerprint(pub_a),
+                      public_key_fingerprint(pub_b)]
+    assert [(m.get("annotations") or {}).get(referrers.MODEL_ANNOTATION) for m in index["manifests"]] == [
+        None, f"{REPO}-other@{digests.commit}", name, name]
+    assert verify_any(found, digests.files, pub_b).key_fingerprint == public_key_fingerprint(pub_b)
+    assert verify_any(found, digests.files, pub_a).key_fingerprint == public_key_fingerprint(pub_a)
+    canary.assert_unchanged()
+
+
+def test_concurrent_signatures_of_one_model_and_key_settle_on_one(registry, digests, tmp_path) -> None:
+    from hfcache.integrity.signatures import bundle_identity
+
+    subject = subject_image(registry, "hf/race", "v1")
+    key, _public = key_pair(tmp_path, "k")
+    bundles = [sign_files(digests.files, f"{REPO}@{digests.commit}", key) for _ in range(4)]
+    errors: list[BaseException] = []
+
+    def attach(bundle: bytes) -> None:
+        client, container = client_for(registry, "hf/race")
+        try:
+            with network_errors(container.registry, True):
+                referrers.attach(client, container, subject, bundle, **dict(zip(("model", "key"),
+                                                                                 bundle_identity(bundle))))
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=attach, args=(b,)) for b in bundles]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+    assert not errors, errors
+    client, container = client_for(registry, "hf/race")
+    with network_errors(container.registry, True):
+        found = referrers.bundles(client, container, subject["digest"])
+    assert len(found) == 1 and found[0] in bundles
+
+
+def test_with_the_referrers_api_the_replaced_signature_is_deleted(digests, tmp_path) -> None:
+    from hfcache.integrity.signatures import bundle_identity
+
+    key, public = key_pair(tmp_path, "k")
+    first, second = (sign_files(digests.files, f"{REPO}@{digests.commit}", key) for _ in range(2))
+    with _ReferrersRegistry() as api:
+        subject = _api_subject(api)
+        client, container = client_for(api, "hf/api")
+        with network_errors(container.registry, True):
+            one = referrers.attach(client, container, subject, first, **dict(zip(("model", "key"),
+                                                                                 bundle_identity(first))))
+            referrers.attach(client, container, subject, second, **dict(zip(("model", "key"),
+                                                                             bundle_identity(second))))
+            assert referrers.bundles(client, container, subject["digest"]) == [second]
+        assert f"DELETE /v2/hf/api/manifests/{one}" in api.paths
+    assert verify_files(second, digests.files, public).signed

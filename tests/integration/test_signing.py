@@ -281,18 +281,18 @@ def test_hostile_bundles_are_one_line_errors(cache, keys, tmp_path) -> None:
     canary = Canary(tmp_path)
     deep = tmp_path / "deep.sig.json"
     deep.write_text("[" * 200_000 + "]" * 200_000)
-    one_error_line(verify_signature(cache, deep, public), 1, "not a model-signing bundle", "not JSON")
+    one_error_line(verify_signature(cache, deep, public), 2, "not a model-signing bundle", "not JSON", str(deep))
     nested = {"mediaType": "x", "verificationMaterial": {}, "dsseEnvelope": {
         "payload": base64.b64encode(b'{"a":' * 5000 + b"1" + b"}" * 5000).decode(), "payloadType": "x"}}
     deep_payload = tmp_path / "deep-payload.sig.json"
     deep_payload.write_text(json.dumps(nested))
-    one_error_line(verify_signature(cache, deep_payload, public), 1, "payload is not a JSON statement")
+    one_error_line(verify_signature(cache, deep_payload, public), 2, "payload is not a JSON statement")
     shards = json.loads(signed_bundle(cache, keys[0], tmp_path).read_bytes())
     statement = statement_of(json.dumps(shards).encode())
     statement["predicate"]["serialization"]["method"] = "shards"
     shards["dsseEnvelope"]["payload"] = base64.b64encode(json.dumps(statement).encode()).decode()
     (tmp_path / "shards.sig.json").write_text(json.dumps(shards))
-    one_error_line(verify_signature(cache, tmp_path / "shards.sig.json", public), 1, "per-file sha256")
+    one_error_line(verify_signature(cache, tmp_path / "shards.sig.json", public), 2, "per-file sha256")
     fifo = tmp_path / "fifo.sig.json"
     os.mkfifo(fifo)
     one_error_line(verify_signature(cache, fifo, public), 2, "not a regular file")
@@ -374,8 +374,8 @@ def test_several_snapshots_get_one_bundle_each_in_a_folder(cache, keys, tmp_path
     assert [b["commit"] for b in json.loads(proc.stdout)["bundles"]] == [commit]  # main is that commit: once
     assert [p.name for p in out.iterdir()] == [f"{FOLDER}@{commit}.sig.json"]
     assert verify_signature(cache, out / f"{FOLDER}@{commit}.sig.json", public).returncode == 0
-    # Signing again replaces the bundle in place (no temp file left behind).
-    again = run_hfcache(["sign", REPO, "--key", str(private), "--cache-dir", str(cache), "-o", str(out)])
+    # Signing again replaces the bundle in place with --force (no temp file left behind).
+    again = run_hfcache(["sign", REPO, "--key", str(private), "--cache-dir", str(cache), "-o", str(out), "--force"])
     assert again.returncode == 0 and [p.name for p in out.iterdir()] == [f"{FOLDER}@{commit}.sig.json"]
 
 
@@ -455,3 +455,172 @@ def test_a_member_swapping_entries_never_gets_a_file_outside_the_cache_signed(ru
 def keys_in(folder: Path) -> tuple[Path, Path]:
     (folder / "keys").mkdir(exist_ok=True)
     return write_key(folder / "keys", "signer")
+
+
+# --- where `sign --output` writes (defects a new user found) ----------------------------------------------------------
+
+
+def _entry(path: Path) -> tuple:
+    st = os.lstat(path)
+    return st.st_ino, st.st_mode, st.st_rdev, os.readlink(path) if os.path.islink(path) else None
+
+
+def _no_temp_left(folder: Path) -> None:
+    assert [p.name for p in folder.iterdir() if p.name.endswith(".tmp")] == []
+
+
+@needs_root
+def test_sign_output_never_replaces_a_device_a_fifo_or_a_link(cache, keys, tmp_path) -> None:
+    import stat as stat_
+
+    private, public = keys
+    out = tmp_path / "out"
+    out.mkdir()
+    fake = out / "fakenull"
+    os.mknod(fake, 0o666 | stat_.S_IFCHR, os.makedev(1, 3))
+    fifo = out / "fifo.sig.json"
+    os.mkfifo(fifo)
+    target = out / "target.txt"
+    target.write_bytes(b"keep me\n")
+    link, dangling = out / "link.sig.json", out / "dangling.sig.json"
+    link.symlink_to(target)
+    dangling.symlink_to(out / "nowhere")
+    canary = Canary(tmp_path)
+    canary.watch(target)
+    null_before = _entry(Path("/dev/null"))
+    for path, kind in ((fake, "character device"), (fifo, "FIFO"), (link, "symlink"), (dangling, "symlink"),
+                       (Path("/dev/null"), "character device")):
+        before = _entry(path)
+        one_error_line(sign(cache, private, path, timeout=60), 2, str(path), kind, "not a regular file")
+        assert _entry(path) == before, path
+    assert _entry(Path("/dev/null")) == null_before and stat_.S_ISCHR(os.stat("/dev/null").st_mode)
+    assert target.read_bytes() == b"keep me\n" and not (out / "nowhere").exists()
+    # In a folder, the bundle's own name is held to the same rule: a FIFO planted there is refused.
+    commit = snapshot_of(cache).name
+    planted = out / f"{FOLDER}@{commit}.sig.json"
+    os.mkfifo(planted)
+    one_error_line(sign(cache, private, out, timeout=60), 2, str(planted), "FIFO")
+    assert stat_.S_ISFIFO(os.lstat(planted).st_mode)
+    _no_temp_left(out)
+    canary.assert_unchanged()
+    assert_cache_verifies(cache)
+
+
+def test_an_existing_bundle_is_replaced_only_with_force_and_dash_writes_stdout(cache, keys, tmp_path) -> None:
+    private, public = keys
+    canary = Canary(tmp_path)
+    existing = tmp_path / "b.sig.json"
+    existing.write_bytes(b"old\n")
+    one_error_line(sign(cache, private, existing), 2, str(existing), "exists", "--force")
+    assert existing.read_bytes() == b"old\n"
+    proc = sign(cache, private, existing, "--force")
+    assert proc.returncode == 0, proc.stderr
+    assert verify_signature(cache, existing, public).returncode == 0
+    # -o -: the bundle on stdout (the summary line on stderr); one snapshot only; not with --json.
+    proc = sign(cache, private, Path("-"))
+    assert proc.returncode == 0, proc.stderr
+    assert "standard output" in proc.stderr
+    (tmp_path / "stdout.sig.json").write_text(proc.stdout)
+    assert verify_signature(cache, tmp_path / "stdout.sig.json", public).returncode == 0
+    commit = snapshot_of(cache).name
+    one_error_line(run_hfcache(["sign", REPO, f"{REPO}@{commit}", "hfcache-test/tiny-bert@main", "--key",
+                                str(private), "--cache-dir", str(cache), "-o", "-", "--json"]), 2, "--json")
+    _no_temp_left(tmp_path)
+    canary.assert_unchanged()
+    assert_cache_verifies(cache)
+
+
+@needs_root
+def test_an_output_that_cannot_be_written_is_a_one_line_error(cache, keys, tmp_path) -> None:
+    private, _public = keys
+    canary = Canary(tmp_path)
+    # A path that does not exist or is not a folder: exit 2.
+    one_error_line(sign(cache, private, Path("/proc/x/"), timeout=60), 2, "/proc/x")
+    plain = tmp_path / "plain.txt"
+    plain.write_bytes(b"x")
+    one_error_line(run_hfcache(["sign", REPO, "--key", str(private), "--cache-dir", str(cache), "-o",
+                                f"{plain}/sub/"]), 2, str(plain))
+    one_error_line(run_hfcache(["sign", REPO, "--key", str(private), "--cache-dir", str(cache), "-o",
+                                f"{plain}/"]), 2, str(plain), "Not a directory")
+    # A read-only mount: exit 5 naming the path, for the folder itself and for a missing subfolder in it.
+    ro = tmp_path / "ro"
+    ro.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "ro,size=1m", "tmpfs", str(ro)], check=True)
+    try:
+        one_error_line(sign(cache, private, ro, timeout=60), 5, str(ro), "Read-only")
+        one_error_line(sign(cache, private, ro / "a.sig.json", timeout=60), 5, "Read-only")
+        one_error_line(run_hfcache(["sign", REPO, "--key", str(private), "--cache-dir", str(cache), "-o",
+                                    f"{ro}/missing/sub/"]), 5, f"{ro}/missing", "Read-only")
+        assert os.listdir(ro) == []
+    finally:
+        subprocess.run(["umount", str(ro)], check=True)
+    canary.assert_unchanged()
+    assert_cache_verifies(cache)
+
+
+def test_the_key_password_can_come_from_the_environment(cache, tmp_path) -> None:
+    canary = Canary(tmp_path)
+    locked, locked_pub = write_key(tmp_path, "locked", password=b"correct horse")
+    first = one_error_line(sign(cache, locked, tmp_path / "a.sig.json"), 2, "the key is encrypted")
+    proc = sign(cache, locked, tmp_path / "a.sig.json")
+    assert "HFCACHE_SIGN_KEY_PASSWORD" in proc.stderr and "correct horse" not in first
+    proc = sign(cache, locked, tmp_path / "b.sig.json", env=clean_env(HFCACHE_SIGN_KEY_PASSWORD="correct horse"))
+    assert proc.returncode == 0, proc.stderr
+    assert "correct horse" not in proc.stdout + proc.stderr
+    assert b"correct horse" not in (tmp_path / "b.sig.json").read_bytes()
+    assert verify_signature(cache, tmp_path / "b.sig.json", locked_pub).returncode == 0
+    canary.assert_unchanged()
+
+
+# --- what verify --signature says (defects a new user found) ----------------------------------------------------------
+
+
+def _hint(proc: subprocess.CompletedProcess[str]) -> str:
+    lines = proc.stderr.splitlines()
+    assert len(lines) >= 2 and lines[1].startswith("hint: "), proc.stderr
+    return lines[1]
+
+
+@pytest.mark.parametrize("content", [b"hello, not JSON", b"{}", b"[]", b'{"verificationMaterial": {}}', b"null"])
+def test_a_file_that_is_no_bundle_is_exit_2_naming_it(cache, keys, tmp_path, content) -> None:
+    canary = Canary(tmp_path)
+    bad = tmp_path / "bad.sig.json"
+    bad.write_bytes(content)
+    proc = verify_signature(cache, bad, keys[1])
+    one_error_line(proc, 2, str(bad), "not a model-signing bundle")
+    _hint(proc)
+    document = json.loads(verify_signature(cache, bad, keys[1], "--json").stdout or "{}")
+    assert document.get("ok") is False and document.get("exit_code") == 2, document
+    canary.assert_unchanged()
+    assert_cache_verifies(cache)
+
+
+def test_every_exit_1_of_verify_signature_has_a_hint_and_another_models_bundle_says_so(cache, keys, tmp_path) -> None:
+    from hfcache.integrity.signatures import sign_files
+    from hfcache.integrity.signed_snapshot import snapshot_digests
+
+    private, public = keys
+    canary = Canary(tmp_path)
+    _other, other_pub = write_key(tmp_path, "other")
+    bundle = signed_bundle(cache, private, tmp_path)
+    proc = verify_signature(cache, bundle, other_pub)
+    one_error_line(proc, 1, "does not verify with this key")
+    assert "--verify-key" in _hint(proc)
+    # Repo A's bundle checked against repo B: the message says whose bundle it is, besides the files.
+    commit = snapshot_of(cache).name
+    files = dict(snapshot_digests(cache, REPO).files)
+    files["other-model.safetensors"] = "1" * 64
+    del files[SMALL_FILE]
+    foreign = tmp_path / "foreign.sig.json"
+    foreign.write_bytes(sign_files(files, f"other-org/other-model@{commit}", private))
+    proc = verify_signature(cache, foreign, public)
+    line = one_error_line(proc, 1, f"the bundle signs other-org/other-model@{commit}", f"{REPO}@{commit}",
+                          "unsigned: " + SMALL_FILE, "missing: other-model.safetensors")
+    assert "other-org/other-model" in _hint(proc), line
+    # The same model with a changed file: the hint says what to do, without a foreign model named.
+    (snapshot_of(cache) / SMALL_FILE).unlink()
+    (snapshot_of(cache) / SMALL_FILE).write_bytes(b"[PAD]\n")
+    proc = verify_signature(cache, bundle, public)
+    line = one_error_line(proc, 1, "changed: " + SMALL_FILE)
+    assert "the bundle signs" not in line and "hfcache verify" in _hint(proc)
+    canary.assert_unchanged()
