@@ -334,7 +334,8 @@ def cache_error(exc: OSError, what: str) -> CacheError:
     if exc.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
         return CacheError(f"{what}: cannot write {exc.filename or 'the cache'} ({os.strerror(exc.errno)})",
                           hint="choose a writable --cache-dir or fix its permissions (`hfcache doctor --cache-dir "
-                               "DIR` names what this user cannot write, with the fix; shared caches: README)")
+                               "DIR` names what this user cannot write, with the fix; shared caches: "
+                               "docs/shared-caches.md)")
     return CacheError(f"{what}: {os.strerror(exc.errno) if exc.errno else exc}",
                       hint="check the cache directory")
 
@@ -388,7 +389,7 @@ def write_access_error(root: Path) -> CacheError:
     what = "write the cache" if existing == root else f"create the cache {root} in"
     hint = (join_fix(uid, st.st_gid) if outsider else
             "choose a writable --cache-dir or fix its permissions (`hfcache doctor --cache-dir DIR` names what this "
-            "user cannot write, with the fix; shared caches: README)")
+            "user cannot write, with the fix; shared caches: docs/shared-caches.md)")
     return CacheError(f"cannot {what} {existing}{owner}: permission denied for uid {uid}", hint=hint)
 
 

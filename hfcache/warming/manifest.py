@@ -82,7 +82,7 @@ def find_manifest(path: str | os.PathLike[str] | None = None, start: Path | None
         if "hfcache" in data.get("tool", {}):
             return pyproject
     raise ManifestNotFound(f"no {MANIFEST_NAME} (or pyproject.toml with [tool.hfcache]) in {folder}",
-                           hint="write one (see README 'Pinning') or pass --manifest FILE")
+                           hint="write one (see docs/warm.md, 'Pinning') or pass --manifest FILE")
 
 
 def read_toml(path: Path, what: str) -> dict[str, Any]:
