@@ -194,7 +194,16 @@ def plan_artifact(manifest: dict, config: dict, reference: str, prefix: str | No
         if f.section == "refs":
             plan.refs.append(f)
         else:
-            plan.contents.setdefault(f.etag, []).append(f)
+            group = plan.contents.setdefault(f.etag, [])
+            if group and (group[0].digest, group[0].size) != (f.digest, f.size):
+                # Only a group's first layer is fetched (or re-hashed when held): a later one naming the same blob
+                # with another digest was linked to the first one's bytes, unread, while the signature check saw
+                # its own digest.
+                raise IntegrityError(f"{reference}: layers {registry_text(_shown(group[0].name), 120)!r} and "
+                                     f"{registry_text(_shown(f.name), 120)!r} name the same blob {f.etag[:12]} with "
+                                     "other digests or sizes", hint="the artifact is altered or crafted; pull it "
+                                     "from its source again")
+            group.append(f)
     return plan
 
 

@@ -111,12 +111,23 @@ def verify_snapshots(found: list[bytes], snapshots: dict[str, dict[str, str]], p
         shown = f"{(parse_folder_name(folder) or (folder,))[0]}@{commit}"
         files = {**_held_files(cache_dir, folder, commit), **staged} if cache_dir is not None else staged
         first: SignatureMismatch | None = None
+        repo_id = shown.rpartition("@")[0]
         for bundle in found:
             try:
-                fingerprint = verify_files(bundle, files, public_key, name=shown).key_fingerprint
-                break
+                check = verify_files(bundle, files, public_key, name=shown)
             except SignatureMismatch as exc:
                 first = first or exc
+                continue
+            # The bundle's model name must name this repo or this commit (hfcache signs REPO_ID@COMMIT; the
+            # model_signing CLI names the snapshot folder, the commit): a bundle signed for another model carrying
+            # the same files was accepted for any repo and commit.
+            if str(check.model_name) not in (shown, repo_id, commit):
+                first = first or SignatureMismatch(
+                    f"the bundle signs {check.model_name!s:.120}, not {shown}", reason="signature",
+                    hint="a signature vouches for the model it names: sign this repo and commit")
+                continue
+            fingerprint = check.key_fingerprint
+            break
         else:
             if first is None:  # pragma: no cover - fetch_bundles never returns an empty list
                 raise CheckFailed(f"{name}: no signature bundle")

@@ -21,7 +21,8 @@ What the filter does (native architecture, e.g. x86_64 or aarch64):
 ``ptrace``, ``request_key``,    another process of the same user in one call; ``request_key`` makes the kernel run
 ``bpf``                         ``/sbin/request-key`` outside the filter (``key.dns_resolver``: DNS look-ups).
 ``ioctl(fd, TUNSETIFF, ...)``   ``EACCES``: creating or attaching a TUN/TAP device (root in the tree could write
-                                its own IP packets through it).
+                                its own IP packets through it); ``TIOCSTI``/``TIOCLINUX`` too (they type a line into
+                                the user's terminal, which the unfiltered shell then runs).
 a foreign ABI                   the process is killed (libseccomp's ``ACT_BADARCH``, set to ``KILL_PROCESS``): a
                                 32-bit ``int 0x80`` call or an x32 call (``__X32_SYSCALL_BIT``) from an x86_64
                                 process could otherwise reach ``socketcall``/``socket`` under another syscall table.
@@ -67,6 +68,9 @@ FOREIGN_CALLS = (("pidfd_getfd", 438), ("process_vm_readv", None), ("process_vm_
                  ("request_key", None), ("bpf", None))
 #: ``TUNSETIFF`` (linux/if_tun.h: ``_IOW('T', 202, int)``), the ioctl that creates or attaches a TUN/TAP device.
 TUNSETIFF = 0x400454CA
+#: ``TIOCSTI`` pushes input into the controlling terminal: the user's own shell (outside the filter) ran a line a
+#: filtered child typed there (as bubblewrap refuses it: CVE-2017-5226); ``TIOCLINUX`` can do the same on a VT.
+TIOCSTI, TIOCLINUX = 0x5412, 0x541C
 #: How long doctor's probe child may take before it is killed (it loads a filter and opens three sockets).
 PROBE_TIMEOUT = 10.0
 
@@ -152,7 +156,8 @@ def build_filter(binding=None):
             known = seccomp.resolve_syscall(seccomp.Arch.NATIVE, call) >= 0
             if known or number is not None:
                 rules.add_rule(seccomp.ERRNO(errno.EPERM), call if known else number)
-        rules.add_rule(refused, "ioctl", seccomp.Arg(1, seccomp.MASKED_EQ, 0xFFFFFFFF, TUNSETIFF))
+        for request in (TUNSETIFF, TIOCSTI, TIOCLINUX):
+            rules.add_rule(refused, "ioctl", seccomp.Arg(1, seccomp.MASKED_EQ, 0xFFFFFFFF, request))
         for number, call in enumerate(IO_URING_CALLS, start=425):
             # libseccomp < 2.5 has no names for them (library gap): 425-427 on every architecture but alpha
             known = seccomp.resolve_syscall(seccomp.Arch.NATIVE, call) >= 0
@@ -340,15 +345,40 @@ def _family(fd: int) -> int | None:
 
 
 def _open_descriptors() -> list[int]:
+    """The open descriptor numbers: ``/proc/self/fd`` when it is the real one (it lists a descriptor opened just
+    now: a tmpfs mounted over ``/proc`` that lists 0, 1 and 2 hid an inherited socket), else every number up to the
+    limit; anything above that range is marked close-on-exec at once (``close_range``, Linux >= 5.11)."""
+    probe = os.open("/", os.O_RDONLY | os.O_CLOEXEC)
     try:
-        return sorted(int(name) for name in os.listdir("/proc/self/fd") if name.isdigit())
+        listed = sorted(int(name) for name in os.listdir("/proc/self/fd") if name.isdigit())
+        if probe in listed:
+            return [fd for fd in listed if fd != probe]
     except OSError:
-        import resource
+        pass
+    finally:
+        os.close(probe)
+    numbers = _descriptor_range()
+    _cloexec_above(numbers[-1] + 1 if numbers else 3)
+    return numbers
 
-        # No /proc: every number up to the hard limit (an inherited descriptor may sit above a lowered soft one)
-        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-        top = max(n for n in (soft, hard, 1024) if n != resource.RLIM_INFINITY and n > 0)
-        return list(range(3, min(top, 1 << 20)))
+
+def _cloexec_above(first: int) -> None:
+    """``close_range(first, ~0U, CLOSE_RANGE_CLOEXEC)``: every descriptor from ``first`` up is closed at the exec
+    (a socket inherited at fd 3000 under ``ulimit -n 200`` sat above any scan). Fails closed when unsupported."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.syscall.restype = ctypes.c_long
+    if libc.syscall(ctypes.c_long(436), ctypes.c_uint(first), ctypes.c_uint(0xFFFFFFFF), ctypes.c_uint(4)) != 0:
+        raise NetworkFilterUnavailable(f"cannot mark inherited descriptors from {first} up close-on-exec without "
+                                       f"/proc (close_range: {_describe(OSError(ctypes.get_errno(), ''))})")
+
+
+def _descriptor_range() -> list[int]:
+    """Every number up to the hard limit (an inherited descriptor may sit above a lowered soft one), at most 2**20."""
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    top = max(n for n in (soft, hard, 1024) if n != resource.RLIM_INFINITY and n > 0)
+    return list(range(3, min(top, 1 << 20)))
 
 
 @dataclass(frozen=True)

@@ -543,3 +543,47 @@ def test_an_empty_command_name_is_a_usage_error(tmp_path: Path) -> None:
     proc = hfcache_exec(["--cache-dir", str(tmp_path), "--no-network", "--", ""])
     assert proc.returncode == 2, proc.stderr
     assert "the command name is empty" in one_error_line(proc.stderr)
+
+
+TIOCSTI_PY = textwrap.dedent("""
+    import ctypes, fcntl, sys
+    try:
+        fcntl.ioctl(0, 0x5412, b"x")
+        print("pushed")
+    except OSError as exc:
+        print("errno", exc.errno)
+""")
+
+
+def test_no_network_refuses_typing_into_the_callers_terminal(tmp_path: Path) -> None:
+    """TIOCSTI pushed a line into the controlling terminal that the user's unfiltered shell ran after exec ended."""
+    import errno
+    import pty
+
+    leader, follower = pty.openpty()
+    try:
+        proc = hfcache_exec(["--cache-dir", str(tmp_path), "--no-network", "--", sys.executable, "-I", "-c",
+                             TIOCSTI_PY], stdin=follower)
+    finally:
+        os.close(follower)
+        os.close(leader)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split() == ["errno", str(errno.EACCES)], proc.stdout
+
+
+def test_no_network_does_not_trust_a_fake_proc_listing(tmp_path: Path, listener: Listener) -> None:
+    """A tmpfs over /proc listing only 0, 1, 2 hid an inherited socket; without /proc, a socket above the lowered
+    descriptor limit sat above any scan. Both are closed at the exec."""
+    script = textwrap.dedent(f"""
+        exec 300<>/dev/tcp/127.0.0.1/{listener.port}
+        exec 3000<>/dev/tcp/127.0.0.1/{listener.port}
+        mount -t tmpfs none /proc && mkdir -p /proc/self/fd && touch /proc/self/fd/0 /proc/self/fd/1 /proc/self/fd/2
+        ulimit -n 200
+        {sys.executable} -m hfcache exec --cache-dir {tmp_path} --no-network -- bash -c \\
+            'for fd in 300 3000; do (echo leak >&$fd) 2>/dev/null && echo "open $fd"; done; echo done'
+    """)
+    proc = subprocess.run(["unshare", "-m", "bash", "-c", script], capture_output=True, text=True,
+                          env=clean_env(PYTHONPATH=str(Path(hfcache.__file__).parent.parent)), timeout=60)
+    assert proc.returncode == 0 and proc.stdout.split() == ["done"], (proc.stdout, proc.stderr)
+    time.sleep(0.3)
+    assert listener.received == b"", listener.received

@@ -149,7 +149,7 @@ def test_a_modelpack_etag_naming_another_held_blob_is_refused(seed, registry, tm
     git_named = [(p, d, e) for p, d, e in files if len(e) == 40]
     (cfg_path, cfg_data, _), (other_path, other_data, other_etag) = git_named[0], git_named[1]
     layers = [layer(registry.host, "bypass/etag", f"{FOLDER}/snapshots/{'1' * 40}/{path}", data,
-                    other_etag if path == cfg_path else etag) for path, data, etag in files]
+                    other_etag if path == cfg_path else etag) for path, data, etag in files if path != other_path]
     for entry in layers:  # the descriptor's size is the held blob's: the layer is never fetched, only compared
         if entry["annotations"].get("io.hfcache.etag") == other_etag:
             entry["size"] = len(other_data)
@@ -166,3 +166,56 @@ def test_a_modelpack_etag_naming_another_held_blob_is_refused(seed, registry, tm
     assert sorted(str(p.relative_to(target)) for p in target.rglob("*")) == before
     canary.assert_unchanged()
     assert cfg_data != other_data and other_path != cfg_path
+
+
+def test_two_modelpack_layers_naming_one_blob_with_other_digests_are_refused(seed, registry, tmp_path):
+    """Only the first layer of an etag is fetched: a later layer naming the same blob with its own (signed) digest
+    was linked to the first one's bytes, unread ("signatures verified" over a config.json holding another file)."""
+    from tests.integration.test_oci_pull_modelpack import GPT2 as FOLDER, layer, push_artifact, snapshot_files
+
+    private, public = key_pair(tmp_path / "keys", "team")
+    commit, files = snapshot_files(seed)
+    git_named = [(p, d, e) for p, d, e in files if len(e) == 40]
+    first_path, _, first_etag = git_named[0]
+    victim = git_named[1][0]
+    layers = [layer(registry.host, "bypass/same-etag", f"{FOLDER}/snapshots/{'2' * 40}/{path}", data,
+                    first_etag if path == victim else etag) for path, data, etag in files]
+    ref = push_artifact(registry.host, "bypass/same-etag", "v1", layers, commit="2" * 40)
+    attach_signature(ref, signed_files(seed), private)
+    target, canary = tmp_path / "target", Canary(tmp_path)
+    proc = _pull(ref, target, public)
+    assert proc.returncode == 3, proc.stdout + proc.stderr
+    assert f"name the same blob {first_etag[:12]} with other digests or sizes" in proc.stderr, proc.stderr
+    assert "signatures verified" not in proc.stdout and not target.exists()
+    canary.assert_unchanged()
+
+
+def test_a_bundle_signed_for_another_model_is_refused(seed, registry, tmp_path):
+    """The bundle's model name must name the pulled repo or commit: a bundle signed for another model with the
+    same files verified any repo at any commit."""
+    from hfcache.integrity.signatures import sign_files
+    from tests.integration.test_oci_pull_modelpack import artifact_of
+
+    private, public = key_pair(tmp_path / "keys", "team")
+    ref = artifact_of(seed, registry.host, "bypass/other-model", "v1")
+    good = artifact_of(seed, registry.host, "bypass/this-model", "v1")
+    import hashlib as _h
+    import urllib.request
+
+    from hfcache.oci.referrers import attach
+    from hfcache.oci.registry import connect, parse_reference
+
+    for reference, name in ((ref, "evil/other@" + "3" * 40), (good, REPO)):
+        container = parse_reference(reference)
+        request = urllib.request.Request(f"http://{container.registry}/v2/{container.api_prefix}/manifests/"
+                                         f"{container.tag}", headers={"Accept": MANIFEST})
+        with urllib.request.urlopen(request, timeout=30) as answer:  # noqa: S310 - loopback registry
+            body = answer.read()
+        subject = {"mediaType": MANIFEST, "digest": f"sha256:{_h.sha256(body).hexdigest()}", "size": len(body)}
+        attach(connect(container, True, None, 30), container, subject, sign_files(signed_files(seed), name, private))
+    target = tmp_path / "target"
+    proc = _pull(ref, target, public)
+    assert proc.returncode == 1 and "the bundle signs evil/other@" in proc.stderr, proc.stdout + proc.stderr
+    assert not target.exists()
+    proc = _pull(good, tmp_path / "good", public)
+    assert proc.returncode == 0 and "signatures verified" in proc.stdout, proc.stdout + proc.stderr
