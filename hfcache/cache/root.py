@@ -116,6 +116,8 @@ def resolve_cache_dir(cache_dir: str | os.PathLike[str] | None) -> Path:
         root = root.absolute()
         check_path_text(root, f"the cache (from {source})")
         return root
+    if not os.fspath(cache_dir).strip():  # `--cache-dir "$CACHE"` with CACHE unset meant the working directory
+        raise UsageError("the cache directory is empty", hint="pass a path, or leave --cache-dir out for the default")
     root = expand_user(cache_dir, "the cache directory").absolute()
     check_path_text(root, "the cache directory")
     return root
@@ -286,6 +288,27 @@ def require_hub_cache(path: str | os.PathLike[str]) -> CacheDirKind:
     if not found.is_cache:
         raise found.error()
     return found
+
+
+def refuse_misplaced_cache(path: str | os.PathLike[str], *, empty_ok: bool = True) -> None:
+    """For a command that writes or serves a cache: a folder that is another cache's home (an ``HF_HOME`` whose
+    ``hub`` folder is the cache; a repo folder) is refused, so ``warm --cache-dir $HF_HOME`` no longer writes a
+    second cache beside ``hub/`` (after which ``ls`` could not tell) and ``serve --cache-dir $HF_HOME`` no longer
+    serves an empty mirror that passes ``/healthz``.
+
+    Args:
+        path: the cache folder given. empty_ok: an empty (or missing) folder is fine (a new cache).
+
+    Raises:
+        CacheError: (exit 5) ``path`` is not a cache and names the cache probably meant; with ``empty_ok=False``,
+            any folder that is not a cache.
+    """
+    try:
+        found = describe_cache_dir(path)
+    except CacheError:
+        return  # this user cannot list it: the command's own access checks say so
+    if found.kind == "not_a_cache" and (found.meant is not None or not empty_ok):
+        raise found.error()
 
 
 def cache_dir_warning(path: str | os.PathLike[str]) -> str | None:

@@ -71,6 +71,10 @@ def serve(cache_dir, repos_dir, host, port, token_file, access_log, upstreams, u
           or upstream_slots is not None):
         raise UsageError("--upstream-token-file, --allow, --max-size, --revalidate and --upstream-slots need --upstream",
                          hint="add --upstream URL (e.g. https://huggingface.co) to pull through")
+    if repos_dir is None:  # a cache that is another's home (an HF_HOME, a repo folder) served an empty mirror
+        from ..cache.root import refuse_misplaced_cache, resolve_cache_dir
+
+        refuse_misplaced_cache(resolve_cache_dir(cache_dir))
     run = serve_mirror(cache_dir=cache_dir, repos_dir=repos_dir, host=host, port=port, token=token,
                        access_log=access_log, ready=render.show_mirror_ready, upstream=upstream)
     render.show_mirror_stopped(run)

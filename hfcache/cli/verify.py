@@ -84,13 +84,13 @@ def verify(repo_ids, cache_dir, lock_file, do_repair, fast, signature, verify_ke
                                   fast=fast)
         actions, before = (), None
         exit_code, errors = report.exit_code, ()
+    if not report.repos and not allow_empty and exit_code == 0:
+        _nothing_verified(root, "verified")  # before the report: no "ok: 0 repos" line for a script to grep
     render.show_verify(report, actions, before, as_json=as_json, exit_code=exit_code)
     from .render.common import print_error
 
     for n, (message, hint) in enumerate(errors, 1):  # a revision no endpoint could serve: a line each, exit 3
         print_error(message, hint if n == len(errors) else None)
-    if not report.repos and not allow_empty and exit_code == 0:
-        _nothing_verified(root, "verified")
     sys.exit(exit_code)
 
 

@@ -67,7 +67,9 @@ def warm(repos, cache_dir, kind, include, exclude, repo_type, lock_file, locked,
         target = resolve_install(lock_file, manifest=manifest, locked=locked, cache_dir=cache_dir, endpoint=endpoints,
                                  trust_manifest_endpoint=trust_manifest_endpoint)
         drifted = target.drift_warning(lock_file)
-        with render.WarmProgress(len(target.lock.repos), enabled=not (as_json or quiet)) as progress:
+        _refuse_misplaced(target.cache_dir)
+        with _progress(render, [r.request for r in target.lock.repos], target.cache_dir, as_json=as_json,
+                       quiet=quiet, lock=target.lock) as progress:
             report = warm_lock(target.lock, cache_dir=target.cache_dir, endpoint=target.endpoint, token=resolved_token,
                                max_workers=max_workers, timeout=timeout, progress=progress, retries=retries,
                                lock_timeout=lock_timeout, on_lock_wait=None if quiet else lock_wait_notice,
@@ -90,13 +92,70 @@ def warm(repos, cache_dir, kind, include, exclude, repo_type, lock_file, locked,
         prepare_session()  # the HTTP client is made while hfcache.warming.orchestrate imports (hub/session.py)
         from ..warming.orchestrate import warm as warm_repos
 
-        with render.WarmProgress(len(requests), enabled=not (as_json or quiet)) as progress:
+        _refuse_misplaced(cache_dir)
+        with _progress(render, requests, cache_dir, as_json=as_json, quiet=quiet) as progress:
             report = warm_repos(requests, cache_dir=cache_dir, endpoint=list(endpoints) or None, token=resolved_token,
                                 max_workers=max_workers, timeout=timeout, progress=progress, retries=retries,
                                 lock_timeout=lock_timeout, on_lock_wait=None if quiet else lock_wait_notice)
     report, warnings = _with_warnings(report, drifted)
     render.show_warm_report(report, as_json=as_json, quiet=quiet, warnings=warnings)
     sys.exit(report.exit_code)
+
+
+def _refuse_misplaced(cache_dir) -> None:
+    """An HF_HOME (or a repo folder) given as the cache is exit 5 naming the cache meant (cache/root.py)."""
+    from ..cache.root import refuse_misplaced_cache, resolve_cache_dir
+
+    refuse_misplaced_cache(resolve_cache_dir(cache_dir))
+
+
+@contextlib.contextmanager
+def _progress(render, requests, cache_dir, *, as_json: bool, quiet: bool, lock=None):
+    """warm's progress display (:class:`render.WarmProgress`, bars only on a terminal) around the warm; on Ctrl-C or
+    SIGTERM, once the bars are gone, the summary of what finished and what was ``interrupted`` (the table on stdout,
+    or with ``--json`` the report document, exit_code 130; not with ``-q``, nor when no repo had finished), then the
+    interrupt goes on to the CLI's one error line and exit 130/143. ``lock``: ``warm --lock``'s Lockfile, whose
+    repos the cache already held were never started (they are rows as ``warm --lock`` reports them, not
+    interrupted). ``requests``: WarmRequests in order."""
+    import time
+
+    started = time.monotonic()
+    progress = render.WarmProgress(len(requests), enabled=not (as_json or quiet))
+    try:
+        with progress:
+            yield progress
+    except KeyboardInterrupt:
+        if not quiet:
+            with contextlib.suppress(Exception):  # the summary is a courtesy: the interrupt itself must go on
+                _show_interrupted(render, requests, cache_dir, progress, time.monotonic() - started, as_json,
+                                  lock)
+        raise
+
+
+def _show_interrupted(render, requests, cache_dir, progress, seconds: float, as_json: bool, lock) -> None:
+    """Print the summary of an interrupted warm (:func:`_progress`), unless stdout's reader is not reading (a write
+    would wait: the exit must not)."""
+    import select
+
+    from ..cache.root import resolve_cache_dir
+
+    if not select.select([], [1], [], 0)[1]:
+        return
+    root = resolve_cache_dir(cache_dir)
+    finished = list(progress.finished.values())
+    if lock is not None:  # the repos warm --lock found complete in the cache: never started, so not in `finished`
+        from ..warming.lockfile import cache_statuses
+        from ..records import WarmedFile, RepoResult
+
+        done = {r.request for r in finished}
+        finished += [RepoResult(request=s.repo.request, endpoint=None, canonical_id=s.repo.canonical_id,
+                                commit_hash=s.repo.commit_hash, metadata="lock",
+                                files=tuple(WarmedFile(f.path, f.size, f.hash, "cached") for f in s.repo.files))
+                     for s in cache_statuses(lock, root) if s.satisfied and s.repo.request not in done]
+    if not finished:  # nothing ended before the stop: the CLI's one "interrupted" line says it all
+        return
+    report = render.interrupted_report(requests, finished, cache_dir=str(root), seconds=seconds)
+    render.show_warm_report(report, as_json=as_json, quiet=False)
 
 
 def _with_warnings(report, drifted: str | None):

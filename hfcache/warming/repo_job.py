@@ -210,7 +210,7 @@ class RepoJob:
         if selection.needs_config or selection.needs_index:
             # Configs and indexes only add files: fetch the ones already selected while they are read, so a repo
             # costs one round of requests, not two (docs/benchmarks.md).
-            self._early = {p: self.pool.submit(self._ensure_blob, repo, canonical, repo.by_path[p], False)
+            self._early = {p: self.pool.submit(self._ensure_blob, repo, canonical, repo.by_path[p], True)
                            for p in selection.paths}
         try:
             return self._complete(repo, canonical, selection)
@@ -321,10 +321,6 @@ class RepoJob:
                     error = exc
         if error is not None:
             raise error
-        if progress:  # files started early were fetched without moving the bar: count them now
-            for f in files:
-                if f.path in self._early:
-                    self.sink.advance(self.key, f.size)
         if not progress:
             self._read_sources.update(sources)
         return sources

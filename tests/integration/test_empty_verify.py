@@ -34,6 +34,7 @@ def test_an_empty_cache_is_nothing_verified_unless_allowed(tmp_path):
     empty.mkdir()
     proc = run_hfcache(["verify", "--cache-dir", str(empty)])
     assert proc.returncode == 1 and "nothing was verified" in proc.stderr, proc.stdout + proc.stderr
+    assert "ok:" not in proc.stdout, proc.stdout  # a script grepping for ok: must not pass either
     assert run_hfcache(["verify", "--cache-dir", str(empty), "--allow-empty"]).returncode == 0
     proc = run_hfcache(["verify", "--cache-dir", str(tmp_path / "missing")])
     assert proc.returncode == 5 and "no cache at" in proc.stderr, proc.stderr
@@ -53,3 +54,22 @@ def test_revision_option_is_the_spec_suffix(tmp_path, hub_server):
     assert proc.returncode == 0, proc.stderr
     proc = run_hfcache(["verify", "--cache-dir", str(cache), "a/b", "c/d", "--revision", "main"])
     assert proc.returncode == 2 and "REPO_ID@REVISION" in proc.stderr, proc.stderr
+
+
+def test_warm_and_serve_refuse_an_hf_home_and_an_empty_cache_dir_is_a_usage_error(tmp_path, hub_server):
+    """warm --cache-dir $HF_HOME wrote a second cache beside hub/ (and ls could no longer tell); serve --cache-dir
+    $HF_HOME served an empty mirror that passed /healthz; --cache-dir '' meant the working directory."""
+    home = tmp_path / "home"
+    _warm(hub_server, home / "hub")
+    before = sorted(p.name for p in home.iterdir())
+    proc = run_hfcache(["warm", "gpt2", "--endpoint", hub_server.endpoint, "--cache-dir", str(home)])
+    assert proc.returncode == 5 and f"did you mean {home / 'hub'}" in proc.stderr, proc.stderr
+    assert sorted(p.name for p in home.iterdir()) == before
+    proc = run_hfcache(["serve", "--cache-dir", str(home), "--port", "0"])
+    assert proc.returncode == 5 and f"did you mean {home / 'hub'}" in proc.stderr, proc.stderr
+    work = tmp_path / "work"
+    work.mkdir()
+    for command in (["warm", "gpt2", "--endpoint", hub_server.endpoint], ["ls"], ["verify"]):
+        proc = run_hfcache([*command, "--cache-dir", ""], cwd=work)
+        assert proc.returncode == 2 and "the cache directory is empty" in proc.stderr, (command, proc.stderr)
+    assert list(work.iterdir()) == []

@@ -5,33 +5,47 @@ from __future__ import annotations
 import sys
 from typing import Any
 
-from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TransferSpeedColumn
-
-from .common import human_size, print_json, stderr, stdout
+from . import common
+from .common import human_size, live_on_terminal, print_json
 
 __all__ = ["TransferProgress", "show_pull", "show_push"]
 
 
 class TransferProgress:
-    """A rich progress bar on stderr per blob transferred (implements :class:`hfcache.oci.image.TransferSink`)."""
+    """A rich progress bar on stderr per blob transferred (implements :class:`hfcache.oci.image.TransferSink`),
+    only on a terminal (:func:`live_on_terminal`, as warm's): off one (a log file, a pipe, CI) rich would still print
+    the final bars when it stops, one line per blob with its bar characters, into the log. Disabled (``--json``, or
+    stderr not a terminal) it draws nothing and imports no rich."""
 
     def __init__(self, enabled: bool) -> None:
-        self._progress = Progress(TextColumn("{task.description}"), BarColumn(), DownloadColumn(binary_units=True),
-                                  TransferSpeedColumn(), console=stderr, disable=not enabled)
+        self._progress = None
         self._task = None
+        if not live_on_terminal(enabled):
+            return
+        from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TransferSpeedColumn
+
+        # transient: the bars go when the transfer ends; the result line (push: stderr, pull: stdout) says what was
+        # sent, and an error line is not left under a column of half-full bars.
+        self._progress = Progress(TextColumn("{task.description}"), BarColumn(), DownloadColumn(binary_units=True),
+                                  TransferSpeedColumn(), console=common.stderr, transient=True)
 
     def __enter__(self):
-        self._progress.__enter__()
+        if self._progress is not None:
+            self._progress.__enter__()
         return self
 
     def __exit__(self, *exc) -> None:
-        self._progress.__exit__(*exc)
+        if self._progress is not None:
+            self._progress.__exit__(*exc)
 
     def begin(self, label: str, total: int) -> None:
-        self._task = self._progress.add_task(label[:60], total=total)
+        """A new bar: ``label`` (a blob's digest or repo, cut to 60 characters), ``total`` bytes."""
+        if self._progress is not None:
+            self._task = self._progress.add_task(common.inert(label[:60]), total=total)
 
     def advance(self, nbytes: int) -> None:
-        if self._task is not None:
+        """``nbytes`` more of the current blob transferred."""
+        if self._progress is not None and self._task is not None:
             self._progress.advance(self._task, nbytes)
 
 
@@ -50,7 +64,7 @@ def show_push(report: Any, *, as_json: bool) -> None:
         return
     kind = "a ModelPack artifact" if report.format == "modelpack" else "an image"
     where = f" under {report.prefix}/" if report.prefix else ""
-    stderr.print(f"pushed {len(report.repos)} revision(s) as {kind}{where} in {len(report.layers)} layer(s) "
+    common.stderr.print(f"pushed {len(report.repos)} revision(s) as {kind}{where} in {len(report.layers)} layer(s) "
                  f"({human_size(report.bytes_uploaded)} sent of {human_size(report.bytes_total)})"
                  + (f"; signed (referrer {report.signature[:19]})" if report.signature else ""))
     sys.stdout.write(f"{report.reference}@{report.digest}\n")
@@ -73,11 +87,11 @@ def show_pull(report: Any, *, as_json: bool) -> None:
         return
     skipped = len(getattr(report, "skipped", ()))
     held = f" ({skipped} already in the cache, not downloaded)" if skipped else ""
-    stdout.print(f"pulled {report.reference} ({report.digest[:19]}): {len(report.layers)} layer(s){held}, "
+    common.stdout.print(f"pulled {report.reference} ({report.digest[:19]}): {len(report.layers)} layer(s){held}, "
                  f"{human_size(report.bytes_downloaded)}; {len(imported.repos)} repo(s) into {imported.cache_dir}, "
                  f"{imported.blobs_new} new blob entries, {imported.blobs_existing} already there; "
                  f"{imported.blob_contents} distinct blobs")
     if getattr(report, "signed_by", None) is not None:
-        stdout.print(f"signatures verified (key {report.signed_by or 'given'}) before anything was written")
+        common.stdout.print(f"signatures verified (key {report.signed_by or 'given'}) before anything was written")
     for ref in imported.moved:
-        stdout.print(f"moved the target's {ref} to the image's commit (--move-refs)")
+        common.stdout.print(f"moved the target's {ref} to the image's commit (--move-refs)")

@@ -19,8 +19,8 @@ if TYPE_CHECKING:
     from ...warming.pin import PinResult
     from ...warming.project import LockCheck
 
-__all__ = ["WarmProgress", "repo_result_dict", "show_lock_check", "show_pin_result", "show_warm_report",
-           "warm_report_dict", "warm_summary_line", "warm_summary_table"]
+__all__ = ["WarmProgress", "interrupted_report", "repo_result_dict", "show_lock_check", "show_pin_result",
+           "show_warm_report", "warm_report_dict", "warm_summary_line", "warm_summary_table"]
 
 
 def repo_result_dict(result: RepoResult) -> dict[str, Any]:
@@ -109,13 +109,17 @@ def warm_summary_table(report: WarmReport) -> Table:
 def warm_summary_line(report: WarmReport) -> str:
     """The line under warm's table: repos ok and failed, bytes downloaded, HTTP requests sent (every metadata
     request, file body, retry and redirect hop: :attr:`RepoResult.requests`), and time; ``lock satisfied by the
-    cache: 0 requests`` when a lock needed nothing from any endpoint."""
-    failed = sum(not r.ok for r in report.repos)
+    cache: 0 requests`` when a lock needed nothing from any endpoint; ``, N interrupted`` after a Ctrl-C
+    (:func:`interrupted_report`)."""
+    stopped = sum(r.error_type == "Interrupted" for r in report.repos)  # Ctrl-C: not a failure of the repo
+    failed = sum(not r.ok for r in report.repos) - stopped
     if report.satisfied_by_cache:
         return (f"{len(report.repos)} ok; lock satisfied by the cache: 0 requests, 0 B downloaded "
                 f"in {report.seconds:.2f}s")
     requests = f"{report.requests} request{'' if report.requests == 1 else 's'}"
-    return (f"{len(report.repos) - failed} ok, {failed} failed; {human_size(report.bytes_downloaded)} downloaded, "
+    interrupted = f", {stopped} interrupted" if stopped else ""
+    return (f"{len(report.repos) - failed - stopped} ok, {failed} failed{interrupted}; "
+            f"{human_size(report.bytes_downloaded)} downloaded, "
             f"{requests} in {report.seconds:.2f}s")
 
 
@@ -128,14 +132,22 @@ class WarmProgress:
     """A rich progress display on stderr: one bar per repo (bytes) and a total bar; implements ProgressSink.
 
     Transient: the bars are cleared when the warm ends (the summary table on stdout says what was done), so a warm
-    that fails, or is interrupted, leaves no empty bars above its error lines."""
+    that fails, or is interrupted, leaves no empty bars above its error lines. Whatever it shows, it keeps every
+    finished repo's result (:attr:`finished`, key -> RepoResult): an interrupted warm's summary is built from it
+    (:func:`interrupted_report`).
+
+    Bytes a repo reports before its bar exists (files started while its configs are read, a resumed download's kept
+    prefix, blobs already cached) are kept and shown as done the moment the bar is added: a resumed repo starts at
+    what is already on disk, not at 0."""
 
     def __init__(self, total_repos: int, enabled: bool = True) -> None:
         self._enabled = enabled
         self._lock = threading.Lock()
         self._tasks: dict[int, TaskID] = {}
+        self._early: dict[int, int] = {}  # key -> bytes advanced before repo_started
         self._total_repos = total_repos
         self._done = 0
+        self.finished: dict[int, RepoResult] = {}
         if not enabled:  # --json / -q: no bar, and no rich import either
             return
         from rich.progress import (BarColumn, DownloadColumn, Progress, TextColumn, TimeElapsedColumn,
@@ -164,25 +176,36 @@ class WarmProgress:
             self._progress.__exit__(*exc)
 
     def repo_started(self, key: int, label: str, files: int, total_bytes: int) -> None:
+        """Repo ``key``'s bar: ``files`` files of ``total_bytes`` bytes, the bytes it reported already counted."""
         if not self._enabled:
             return
         with self._lock:
+            early = self._early.pop(key, 0)
             if key in self._tasks:  # the repo is retried on the next endpoint: start its bar again
-                self._progress.reset(self._tasks[key], total=total_bytes)
+                self._progress.reset(self._tasks[key], total=total_bytes, completed=early)
                 return
-            self._tasks[key] = self._progress.add_task(label, total=total_bytes, status=f"{files} files")
+            self._tasks[key] = self._progress.add_task(label, total=total_bytes, completed=early,
+                                                       status=f"{files} files")
             total = self._progress.tasks[self._total].total or 0
             self._progress.update(self._total, total=total + total_bytes)
+            self._progress.advance(self._total, early)
 
     def advance(self, key: int, nbytes: int) -> None:
+        """``nbytes`` more of repo ``key`` are in the cache (downloaded, resumed, linked or found cached)."""
         if not self._enabled:
             return
-        task = self._tasks.get(key)
-        if task is not None:
+        with self._lock:
+            task = self._tasks.get(key)
+            if task is None:  # no bar yet (its total is not known): shown as done when repo_started adds it
+                self._early[key] = self._early.get(key, 0) + nbytes
+                return
             self._progress.advance(task, nbytes)
-        self._progress.advance(self._total, nbytes)
+            self._progress.advance(self._total, nbytes)
 
     def repo_finished(self, key: int, result: RepoResult) -> None:
+        """Repo ``key`` ended with ``result`` (kept in :attr:`finished`, also when no bar is shown)."""
+        with self._lock:
+            self.finished[key] = result
         if not self._enabled:
             return
         with self._lock:
@@ -196,14 +219,44 @@ class WarmProgress:
             self._progress.update(task, status=status)
 
 
+def interrupted_report(requests, finished, *, cache_dir: str, seconds: float) -> WarmReport:
+    """The report of a warm that Ctrl-C (or SIGTERM) stopped: one row per request, in request order; the result of
+    each repo that finished before the stop (``finished``: RepoResults, matched to ``requests`` by their request),
+    every other one ``interrupted`` (exit 130, nothing of it published; its partial files resume on the next run).
+
+    Args:
+        requests (Sequence[WarmRequest]): what the warm was asked, in order.
+        finished (Iterable[RepoResult]): what ended before the stop (:attr:`WarmProgress.finished`'s values).
+        cache_dir (str): the cache written. seconds (float): wall time until the stop.
+
+    Returns:
+        WarmReport: ``exit_code`` is that of the first row not ok (130 for an interrupted one).
+    """
+    pool = list(finished)
+    rows = []
+    for request in requests:
+        match = next((r for r in pool if r.request == request), None)
+        if match is None:
+            match = RepoResult(request=request, endpoint=None, error=f"{request.spec}: interrupted", exit_code=130,
+                               error_type="Interrupted",
+                               hint="run the command again: nothing of this repo was published (partial downloads "
+                                    "resume)")
+        else:
+            pool.remove(match)
+        rows.append(match)
+    return WarmReport(cache_dir=cache_dir, repos=tuple(rows), seconds=seconds)
+
+
 def show_warm_report(report: WarmReport, *, as_json: bool, quiet: bool, warnings: tuple[str, ...] = ()) -> None:
     """JSON document on stdout, or the summary table on stdout and, on stderr, one line per warning (``warnings``,
-    then each repo's notes) and per failed repo."""
+    then each repo's notes) and per failed repo. An ``interrupted`` row (:func:`interrupted_report`) gets no error
+    line of its own: the CLI prints the one ``hfcache: error: interrupted`` line after the table."""
     if as_json:
         print_json(warm_report_dict(report, warnings))
         return
     from rich.text import Text
 
+    stopped = [r for r in report.repos if r.error_type == "Interrupted"]
     if not quiet and any(r.ok for r in report.repos):  # nothing warmed: the error lines say it all
         common.stdout.print(warm_summary_table(report))
     for warning in warnings:
@@ -212,7 +265,7 @@ def show_warm_report(report: WarmReport, *, as_json: bool, quiet: bool, warnings
         for note in r.notes:
             common.stderr.print(Text(f"warning: {r.request.repo_id}: {common.inert(note)}", style="yellow"),
                                 soft_wrap=True)
-        if not r.ok:
+        if not r.ok and r not in stopped:
             print_error(r.error or "failed", r.hint or _usage_hint(r.exit_code, "warm"))
 
 
