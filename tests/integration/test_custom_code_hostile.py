@@ -312,7 +312,9 @@ def test_progress_never_exceeds_its_total_with_the_two_step_selection(hostile, t
     assert report.ok
     (key,) = sink.totals
     total = sum(f.size for f in report.repos[0].files)
-    assert sink.totals[key] == total and sink.done[key] == total and sink.early == 0
+    # Files fetched while the configs are read advance before the total is known (the display keeps them for the
+    # bar it adds: cli/render/warm.py); what counts is that the bar ends exactly at its total, never past it.
+    assert sink.totals[key] == total and sink.done[key] == total and sink.early <= total
 
 
 def _bind_read_only(folder: Path) -> None:
