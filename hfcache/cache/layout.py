@@ -225,6 +225,31 @@ class RepoFolder:
             raise
         return IncompleteBlob(dfd, name, self.root / "blobs" / name)
 
+    def leftover_sizes(self) -> dict[str, int]:
+        """The size of each blob's largest leftover partial download (``blobs/<etag>[.<random>].incomplete``,
+        hfcache's names and huggingface_hub's): etag -> bytes, for the progress bar of a resumed repo. ``stat``
+        calls relative to an fd of ``blobs/`` opened from the cache root (no link followed); {} when there is no
+        ``blobs/``. Only an estimate: the download keeps what :func:`hfcache.hub.transfer.trusted_prefix` trusts."""
+        try:
+            dfd = safefs.open_dir(self.cache_dir, (self.name, "blobs"))
+        except (FileNotFoundError, NotADirectoryError):
+            return {}
+        sizes: dict[str, int] = {}
+        try:
+            for name in os.listdir(dfd):
+                if not name.endswith(".incomplete"):
+                    continue
+                try:
+                    st = os.stat(name, dir_fd=dfd, follow_symlinks=False)
+                except FileNotFoundError:
+                    continue
+                etag = name.split(".", 1)[0]
+                if stat.S_ISREG(st.st_mode):
+                    sizes[etag] = max(sizes.get(etag, 0), st.st_size)
+        finally:
+            os.close(dfd)
+        return sizes
+
     def discard_incomplete(self, etag: str) -> int:
         """Delete the leftover partial downloads of ``blobs/<etag>`` (``<etag>[.<random>].incomplete``, hfcache's
         names and huggingface_hub's) once the blob is in place by other means (already there, or hardlinked from

@@ -93,7 +93,8 @@ class TransferOptions:
         counter (RetryCounter): the repo's retry counter (its stop event stops every download).
         on_bytes (Callable[[int], None] | None): progress, called with each chunk's byte count (negative when bytes
             are discarded).
-        on_kept (Callable[[int], None] | None): progress, called once with the bytes kept from a leftover.
+        on_kept (Callable[[int], None] | None): progress, called once per attempt with the bytes kept from a leftover
+            (0 when none was kept).
         part_cap (int): parallel ranges per file (1: never split).
         threshold (int): bytes left to fetch above which a file is split.
     """
@@ -202,7 +203,7 @@ class _Job:
         try:
             kept = trusted_prefix(fd, self.file.size)
             os.ftruncate(fd, kept)
-            if kept and self.options.on_kept:
+            if self.options.on_kept:  # also 0: the caller may have counted a leftover this run discarded
                 self.options.on_kept(kept)
             self.fd = fd
             self._fetch_and_hash(kept)

@@ -89,6 +89,10 @@ class RepoJob:
     # The first selection's files, started while configs and indexes are read (their bytes are counted by the
     # progress bar only once its total is known): path -> future of _ensure_blob.
     _early: dict[str, Future] = field(default_factory=dict)
+    # Leftover bytes counted when the bar was added (etag -> bytes), before their download (queued behind others)
+    # reported what it keeps: that report then advances by the difference (see _precount_kept).
+    _prekept: dict[str, int] = field(default_factory=dict)
+    _kept_seen: set[str] = field(default_factory=set)  # etags whose kept bytes (or blob) were reported
 
     def run(self) -> RepoResult:
         started = time.monotonic()
@@ -225,6 +229,7 @@ class RepoJob:
         """Every file's blob in every folder (downloaded into the canonical one, hardlinked into the others);
         returns path -> source, as the report shows it."""
         canonical = folders[0]
+        self.sink.advance(self.key, self._precount_kept(canonical, files))  # shown as done when the bar is added
         self.sink.repo_started(self.key, self.request.spec, len(files), sum(f.size for f in files))
         sources = self._fetch(repo, canonical, files)
         sources.update({p: s for p, s in self._read_sources.items() if p in sources})  # not "cached" by itself
@@ -304,6 +309,29 @@ class RepoJob:
         self._fetch(repo, folder, [file], progress=False)
         return folder.read_blob(file.etag, file.size)
 
+    def _precount_kept(self, folder: RepoFolder, files: list[RemoteFile]) -> int:
+        """The bytes of the leftover downloads (an interrupted run's) of ``files`` whose download has not reported
+        them yet: counted now, so a resumed repo's bar starts at what is on disk even when its downloads wait for a
+        free connection. From ``stat`` calls only (:meth:`RepoFolder.leftover_sizes`); each download then reports
+        the difference with what it really keeps (:meth:`_settle_kept`)."""
+        sizes = folder.leftover_sizes()
+        total = 0
+        with self._count_lock:
+            for f in files:
+                kept = sizes.get(f.etag, 0)
+                if f.etag in self._kept_seen or f.etag in self._prekept or not 0 < kept <= f.size:
+                    continue
+                self._prekept[f.etag] = kept
+                total += kept
+        return total
+
+    def _settle_kept(self, etag: str, n: int) -> int:
+        """``n`` bytes of ``etag`` reported (kept from a leftover, or its whole blob found): what is left to advance
+        the bar by once the bytes :meth:`_precount_kept` counted for it are taken off (may be negative)."""
+        with self._count_lock:
+            self._kept_seen.add(etag)
+            return n - self._prekept.pop(etag, 0)
+
     def _fetch(self, repo: RepoRevision, folder: RepoFolder, files: Iterable[RemoteFile],
                progress: bool = True) -> dict[str, str]:
         """Ensure every file's blob is in ``folder``, in parallel; return path -> source. First error wins.
@@ -354,10 +382,10 @@ class RepoJob:
                 advance: Callable[[int, int], None]) -> str:
         """Put the blob in ``folder`` (the caller holds its blob lock); return how: cached, linked or downloaded."""
         if folder.blob_ok(file.etag, file.size):
-            advance(self.key, file.size)
+            advance(self.key, self._settle_kept(file.etag, file.size))
             return "cached"
         if self._link_from_elsewhere(folder, file):
-            advance(self.key, file.size)
+            advance(self.key, self._settle_kept(file.etag, file.size))
             return "linked"
         pending = self.inflight.claim(file.etag)
         if pending is not None:  # another repo of this warm is downloading the same blob: link it after
@@ -365,7 +393,7 @@ class RepoJob:
                 if self._failed.is_set() or self.stop.is_set():
                     raise _Cancelled(f"{repo.repo_id}: cancelled")
             if self._link_from_elsewhere(folder, file):
-                advance(self.key, file.size)
+                advance(self.key, self._settle_kept(file.etag, file.size))
                 return "linked"
             self._download(repo, folder, file, advance)  # that download failed: fetch it here
             return "downloaded"
@@ -391,7 +419,7 @@ class RepoJob:
             advance(self.key, n)
 
         options = TransferOptions(slots=self.slots, counter=self.counter, on_bytes=on_bytes,
-                                  on_kept=lambda n: advance(self.key, n))
+                                  on_kept=lambda n: advance(self.key, self._settle_kept(file.etag, n)))
         download_blob(self.client, folder, repo, file, options)
 
     def _count(self, n: int) -> None:
