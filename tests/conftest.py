@@ -73,8 +73,14 @@ def runtime():
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    """pytest's tmp_path and basetemp removals handle folder chains of any depth (tests/cleanup.py)."""
+    """pytest's tmp_path and basetemp removals handle folder chains of any depth (tests/cleanup.py); no terminal size
+    leaks into the tests' subprocesses."""
     cleanup.install_deep_rmtree()
+    # pytest-xdist's workers export COLUMNS=80 and LINES=24 (a serial run exports neither): hfcache would wrap its
+    # tables at 80 columns off a terminal instead of its pipe width (cli/render/common.py). Before the test modules
+    # are imported (some build their subprocess environment at import); tests that want a width pass COLUMNS.
+    for name in ("COLUMNS", "LINES"):
+        os.environ.pop(name, None)
 
 
 def pytest_sessionstart(session: pytest.Session) -> None:
