@@ -1,7 +1,7 @@
 """fast_record: what ``hfcache check`` proved about the fast tokenizer path, per repo and commit.
 
 ``<cache>/.locks/hfcache-fast-tokenizers.json``, beside verify's ``--fast`` record and under the same rules
-(:mod:`.verify_record`): read without following links, through a descriptor of ``.locks`` opened from the cache root,
+(:mod:`hfcache.cache.owned_record`): read without following links, through a descriptor of ``.locks`` opened from the cache root,
 ``O_NONBLOCK`` (a FIFO never blocks), at most :data:`MAX_RECORD_BYTES` and :data:`hfcache.bounds.MAX_JSON_DEPTH`
 levels deep; written atomically, mode 0644 from creation on, through that descriptor. A cache that cannot be
 written keeps no record (check says so).
@@ -21,12 +21,8 @@ with the ``tokenizers`` version it was proved with.
 from __future__ import annotations
 
 import json
-import os
-import stat
 
-from ..bounds import loads_json
-from ..cache import safefs
-from ..errors import CacheError
+from ..cache import owned_record
 
 RECORD = (".locks", "hfcache-fast-tokenizers.json")
 MAX_RECORD_BYTES = 16 * 1024 * 1024
@@ -39,42 +35,16 @@ def key(repo_type: str, repo_id: str, commit: str) -> str:
     return f"{repo_type}/{repo_id}@{commit}"
 
 
-def _open(cache_dir: str) -> tuple[int | None, bool]:
-    """(fd of the record or None, whether it is trusted: see the module docstring)."""
-    try:
-        locks = safefs.open_dir(cache_dir, RECORD[:-1])
-    except (OSError, CacheError):
-        return None, False
-    try:
-        fd = os.open(RECORD[-1], os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=locks)
-    except OSError:  # missing, a planted link (ELOOP), unreadable: no record
-        return None, False
-    finally:
-        os.close(locks)
-    st = os.fstat(fd)
-    trusted = (stat.S_ISREG(st.st_mode) and st.st_nlink == 1 and st.st_uid in (os.geteuid(), 0)
-               and not st.st_mode & (stat.S_IWGRP | stat.S_IWOTH))
-    return fd, trusted
-
-
 def load(cache_dir: str) -> tuple[dict[str, dict], bool]:
     """The record's entries (key -> ``{"verdict": str, "tokenizers": str}``) and whether the record is trusted;
     ``({}, False)`` when there is none or it cannot be read (too large, too deep, malformed, not a regular file)."""
-    fd, trusted = _open(cache_dir)
-    if fd is None:
+    loaded = owned_record.load(cache_dir, RECORD[-1], MAX_RECORD_BYTES, root_ok=True, read_untrusted=True)
+    data = loaded.data
+    if not isinstance(data, dict) or data.get("version") != _VERSION or not isinstance(data.get("repos"), dict):
         return {}, False
-    try:
-        raw = safefs.read_regular_fd(fd, "/".join(RECORD), MAX_RECORD_BYTES + 1)
-        if len(raw) > MAX_RECORD_BYTES:
-            return {}, False
-        data = loads_json(raw, "/".join(RECORD))
-        if not isinstance(data, dict) or data.get("version") != _VERSION or not isinstance(data.get("repos"), dict):
-            return {}, False
-        entries = {k: v for k, v in list(data["repos"].items())[:MAX_ENTRIES]
-                   if isinstance(k, str) and isinstance(v, dict) and isinstance(v.get("verdict"), str)}
-        return entries, trusted
-    except (OSError, CacheError, ValueError):
-        return {}, False
+    entries = {k: v for k, v in list(data["repos"].items())[:MAX_ENTRIES]
+               if isinstance(k, str) and isinstance(v, dict) and isinstance(v.get("verdict"), str)}
+    return entries, loaded.trusted
 
 
 def recorded_difference(cache_dir: str, record_key: str) -> str | None:
@@ -96,9 +66,6 @@ def proven_equal(cache_dir: str, record_key: str, tokenizers_version: str) -> bo
 def save(cache_dir: str, verdicts: dict[str, str], tokenizers_version: str) -> bool:
     """Record ``verdicts`` (key -> ``"equal"`` | ``"differs: ..."``; ``refused`` verdicts are not recorded: the
     refusal is static) over the trusted entries already recorded; False when the cache cannot be written."""
-    from ..cache.sharing import cache_policy, share_dir_fd
-    from .verify_record import _write_at
-
     entries, trusted = load(cache_dir)
     kept = entries if trusted else {}
     for record_key, verdict in verdicts.items():
@@ -106,15 +73,4 @@ def save(cache_dir: str, verdicts: dict[str, str], tokenizers_version: str) -> b
             kept[record_key] = {"verdict": verdict[:2000], "tokenizers": tokenizers_version}
     data = json.dumps({"version": _VERSION, "repos": dict(list(kept.items())[-MAX_ENTRIES:])},
                       ensure_ascii=True, sort_keys=True).encode()
-    policy = cache_policy(cache_dir)
-    try:
-        locks = safefs.open_dir(cache_dir, RECORD[:-1], create=True, on_create=lambda fd: share_dir_fd(fd, policy))
-    except (OSError, CacheError):
-        return False
-    try:
-        _write_at(locks, RECORD[-1], data)
-        return True
-    except OSError:
-        return False
-    finally:
-        os.close(locks)
+    return owned_record.save(cache_dir, RECORD[-1], data)

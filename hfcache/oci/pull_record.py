@@ -9,7 +9,7 @@ recorded entry has exactly that stamp (any write changes ctime, which only the k
 snapshots recorded for it. Stamps are taken through folder descriptors opened from the cache root without following
 links (:func:`hfcache.cache.safefs.dir_fd`).
 
-The record has the trust rules of ``verify --fast``'s (:mod:`hfcache.integrity.verify_record`): honoured only when
+The record has the trust rules of every record under ``.locks`` (:mod:`hfcache.cache.owned_record`): honoured only when
 it is a regular file with one link, owned by the current effective uid and not writable by group or others; read and
 written through a descriptor of ``.locks`` (``O_NOFOLLOW``, bounded size and nesting), written atomically with mode
 0644. A record another member wrote is ignored (every layer is downloaded) and this run's replaces it. What it cannot
@@ -23,11 +23,8 @@ import os
 import stat
 from collections.abc import Iterable
 
-from ..bounds import TooDeep, loads_json
-from ..cache import safefs
-from ..cache.sharing import cache_policy, share_dir_fd
+from ..cache import owned_record, safefs
 from ..errors import CacheError
-from ..integrity.verify_record import _write_at  # the record's atomic 0644 write (same trust rules)
 
 RECORD = (".locks", "hfcache-pulled.json")
 MAX_RECORD_BYTES = 64 * 1024 * 1024
@@ -35,44 +32,20 @@ _VERSION = 1
 _SECTIONS = ("blobs", "snapshots", "refs", ".no_exist", "trees")
 
 
-def _open_record(cache_dir: str) -> int | None:
-    """The record's fd when it may be honoured (see the module doc), else None.
-
-    The same judgement as :func:`hfcache.integrity.verify_record._open_record`, which is bound to its own file name.
-    """
-    try:
-        locks = safefs.open_dir(cache_dir, RECORD[:-1])
-    except (OSError, CacheError):
-        return None
-    try:
-        fd = os.open(RECORD[-1], os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=locks)
-    except OSError:
-        return None
-    finally:
-        os.close(locks)
-    st = os.fstat(fd)
-    if not stat.S_ISREG(st.st_mode) or st.st_nlink != 1 or st.st_uid != os.geteuid() \
-            or st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
-        os.close(fd)
-        return None
-    return fd
-
-
 def load(cache_dir: str) -> dict[str, dict]:
     """The honoured record: diff_id -> {"entries": {name: stamp}, "commits": [commit, ...]}; {} when there is none,
     or it is not honoured, too large, nested too deep or malformed."""
-    fd = _open_record(cache_dir)
-    if fd is None:
+    loaded = owned_record.load(cache_dir, RECORD[-1], MAX_RECORD_BYTES)
+    if not loaded.trusted:
         return {}
+    data = loaded.data
     try:
-        raw = safefs.read_regular_fd(fd, "/".join(RECORD), MAX_RECORD_BYTES + 1)
-        data = loads_json(raw, "/".join(RECORD)) if len(raw) <= MAX_RECORD_BYTES else {}
         if data.get("version") != _VERSION:
             return {}
         layers = data["layers"]
         return {str(k): {"entries": {str(n): list(s) for n, s in v["entries"].items()},
                          "commits": [str(c) for c in v["commits"]]} for k, v in layers.items()}
-    except (OSError, CacheError, TooDeep, ValueError, TypeError, KeyError, AttributeError):
+    except (ValueError, TypeError, KeyError, AttributeError):
         return {}
 
 
@@ -129,15 +102,4 @@ def save(cache_dir: str, record: dict[str, dict], imported: dict[str, list[str]]
     data = json.dumps({"version": _VERSION, "layers": record}, separators=(",", ":"), sort_keys=True).encode()
     if len(data) > MAX_RECORD_BYTES:
         return False
-    policy = cache_policy(cache_dir)
-    try:
-        locks = safefs.open_dir(cache_dir, RECORD[:-1], create=True, on_create=lambda fd: share_dir_fd(fd, policy))
-    except (OSError, CacheError):
-        return False
-    try:
-        _write_at(locks, RECORD[-1], data)
-        return True
-    except OSError:  # a read-only or full cache keeps no record
-        return False
-    finally:
-        os.close(locks)
+    return owned_record.save(cache_dir, RECORD[-1], data)

@@ -1,0 +1,164 @@
+"""owned_record: the JSON records hfcache keeps under ``<cache>/.locks/`` and the one rule for trusting them.
+
+Three records live there: ``verify --fast``'s (:mod:`hfcache.integrity.verify_record`), ``check``'s fast-tokenizer
+proofs (:mod:`hfcache.integrity.fast_record`) and ``pull``'s imported layers (:mod:`hfcache.oci.pull_record`).
+``.locks`` is ignored as a repo folder by huggingface_hub's cache scan (``scan_cache_dir``), ``hf cache`` and
+``hfcache ls``/``prune``.
+
+How a record is read (:func:`load`): through a descriptor of ``.locks`` opened from the cache root without following
+links, the file opened ``O_NOFOLLOW | O_NONBLOCK`` (a planted link is refused, a FIFO never blocks), at most
+``max_bytes`` and :data:`hfcache.bounds.MAX_JSON_DEPTH` levels deep.
+
+Whom a record is authority for: its writer only. In a group-shared cache any member can write ``.locks``, and a
+member who corrupted a blob could rewrite a record to vouch for it. So a record is *trusted* only when it is a regular
+file with one link, owned by the current effective uid (or by root where the caller allows it: an image built as
+root, run as another uid) and not writable by group or others (``fstat`` of the opened file). Each caller decides what
+an untrusted record may still do (usually nothing).
+
+How a record is written (:func:`save`): atomically (a temp file created ``O_EXCL | O_NOFOLLOW`` mode 0600, set to
+0644 by ``fchmod``, fsync-ed, renamed over the record) through a descriptor of ``.locks`` opened from the cache root
+(created and group-shared like every folder when missing). Nothing is written through a ``.locks`` a member swapped
+for a link, and no member can open the file for writing on the way. A cache that cannot be written (a read-only image
+layer) keeps no record.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import stat
+import uuid
+from dataclasses import dataclass
+
+from ..bounds import MAX_JSON_DEPTH, TooDeep, loads_json
+from ..errors import CacheError
+from . import safefs
+from .atomic import unlink_at
+from .sharing import cache_policy, share_dir_fd
+
+LOCKS = ".locks"
+MODE = 0o644  # never group-writable, even in a shared cache: a record is authority for its writer only
+
+
+@dataclass(frozen=True)
+class Loaded:
+    """A record as read by :func:`load`.
+
+    Attributes:
+        data: the parsed JSON; None when there is no record or it could not be read.
+        distrust: "" when the record is trusted, else why not, in a few words ("owned by uid 1001, not by uid 0
+            (this run)", "2 hard links", "writable by group (mode 0664)", "not a regular file").
+        problem: "" or why an existing record could not be read ("a symlink", "larger than N bytes", "JSON nested
+            deeper than N levels", "malformed (ValueError)", ".locks is a symlink, not a folder, or cannot be opened").
+    """
+
+    data: object | None
+    distrust: str = ""
+    problem: str = ""
+
+    @property
+    def trusted(self) -> bool:
+        return self.data is not None and not self.distrust
+
+
+def _distrust(st: os.stat_result, root_ok: bool) -> str:
+    euid = os.geteuid()
+    owners = (euid, 0) if root_ok else (euid,)
+    if not stat.S_ISREG(st.st_mode):
+        return "not a regular file"
+    if st.st_nlink != 1:
+        return f"{st.st_nlink} hard links"
+    if st.st_uid not in owners:
+        return f"owned by uid {st.st_uid}, not by uid {euid} (this run)"
+    if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        return (f"writable by {'group' if st.st_mode & stat.S_IWGRP else 'others'} "
+                f"(mode {stat.S_IMODE(st.st_mode):04o})")
+    return ""
+
+
+def load(cache_dir: str, name: str, max_bytes: int, *, root_ok: bool = False,
+         read_untrusted: bool = False) -> Loaded:
+    """Read the record ``<cache_dir>/.locks/<name>`` (see the module docstring for how, and what "trusted" means).
+
+    Args:
+        cache_dir (str): the cache root.
+        name (str): the record's file name in ``.locks``.
+        max_bytes (int): a larger record is not read (``problem`` says so).
+        root_ok (bool): a record owned by root is trusted too.
+        read_untrusted (bool): parse an untrusted record as well (``data`` set, ``distrust`` non-empty); by default
+            an untrusted record is not read (``data`` None).
+
+    Returns:
+        Loaded. Never raises for what a cache holds.
+    """
+    try:
+        locks = safefs.open_dir(cache_dir, (LOCKS,))
+    except FileNotFoundError:
+        return Loaded(None)
+    except (OSError, CacheError):
+        return Loaded(None, problem=f"{LOCKS} is a symlink, not a folder, or cannot be opened")
+    try:
+        fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=locks)
+    except FileNotFoundError:
+        return Loaded(None)
+    except OSError as exc:
+        return Loaded(None, problem="a symlink" if exc.errno == errno.ELOOP else f"cannot be opened ({exc.strerror})")
+    finally:
+        os.close(locks)
+    label = f"{LOCKS}/{name}"
+    st = os.fstat(fd)
+    distrust = _distrust(st, root_ok)
+    if distrust and not (read_untrusted and stat.S_ISREG(st.st_mode)):
+        os.close(fd)
+        return Loaded(None, distrust=distrust)
+    try:
+        raw = safefs.read_regular_fd(fd, label, max_bytes + 1)  # closes fd
+    except (OSError, CacheError) as exc:
+        return Loaded(None, distrust, f"cannot be read ({exc})")
+    if len(raw) > max_bytes:
+        return Loaded(None, distrust, f"larger than {max_bytes} bytes")
+    try:
+        return Loaded(loads_json(raw, label), distrust)
+    except TooDeep:
+        return Loaded(None, distrust, f"JSON nested deeper than {MAX_JSON_DEPTH} levels")
+    except ValueError as exc:
+        return Loaded(None, distrust, f"malformed ({type(exc).__name__})")
+
+
+def save(cache_dir: str, name: str, data: bytes) -> bool:
+    """Replace the record ``<cache_dir>/.locks/<name>`` with ``data`` (see the module docstring for how).
+
+    Returns:
+        bool: False when it cannot be written (a read-only or full cache, a ``.locks`` that is a link): then the
+        record is left as it was, or there is none.
+    """
+    policy = cache_policy(cache_dir)
+    try:
+        locks = safefs.open_dir(cache_dir, (LOCKS,), create=True, on_create=lambda fd: share_dir_fd(fd, policy))
+    except (OSError, CacheError):
+        return False
+    try:
+        write_at(locks, name, data)
+        return True
+    except OSError:
+        return False
+    finally:
+        os.close(locks)
+
+
+def write_at(dfd: int, name: str, data: bytes) -> None:
+    """Atomic write of ``name`` in the folder ``dfd`` with mode :data:`MODE` from creation on.
+
+    Not :func:`hfcache.cache.atomic.atomic_write_at`: that one creates with the umask and can only add a shared
+    cache's bits, so a umask-002 member would see a group-writable temp file before the rename."""
+    tmp = f".{name}.{uuid.uuid4().hex[:8]}.tmp"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600, dir_fd=dfd)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            os.fchmod(f.fileno(), MODE)
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, name, src_dir_fd=dfd, dst_dir_fd=dfd)
+    finally:
+        unlink_at(dfd, tmp)
