@@ -34,6 +34,9 @@ from pathlib import Path
 
 #: Inherited by every process the suite starts (clean_env keeps it: it starts with neither HF_ nor HFCACHE_).
 SESSION_VAR = "PYTEST_HFCACHE_SESSION"
+#: The pid of the process that owns the session: pytest's, or pytest-xdist's controller whose workers inherit both
+#: variables (one session, one token: the controller judges what the whole session left, after its workers ended).
+SESSION_PID_VAR = "PYTEST_HFCACHE_SESSION_PID"
 #: What a passing run may leave behind, in bytes ("a few MB").
 MAX_LEFT_BYTES = 4 * 2**20
 #: Where make_runtime puts the folders other uids run from, and the marker naming the session that made one.
@@ -108,8 +111,20 @@ def _start_time(pid: int) -> str | None:
     return raw.rpartition(")")[2].split()[19]
 
 
+def is_xdist_worker() -> bool:
+    """Whether this process is a pytest-xdist worker (it sets ``PYTEST_XDIST_WORKER``, e.g. ``gw0``)."""
+    return bool(os.environ.get("PYTEST_XDIST_WORKER"))
+
+
+def session_pid() -> int:
+    """The pid of the session's owner (:data:`SESSION_PID_VAR`), else this process's."""
+    value = os.environ.get(SESSION_PID_VAR, "")
+    return int(value) if value.isdigit() else os.getpid()
+
+
 def mark_runtime(base: Path, token: str | None) -> None:
-    """Write ``base/.pytest-session`` (``TOKEN PID STARTTIME``): which session made this runtime folder.
+    """Write ``base/.pytest-session`` (``TOKEN PID STARTTIME``): which session made this runtime folder (PID: the
+    session's owner, :func:`session_pid`, also when an xdist worker makes it).
 
     Args:
         base: the folder :func:`tests.users.make_runtime` made (root's, 0755: no other uid can plant the marker).
@@ -117,7 +132,7 @@ def mark_runtime(base: Path, token: str | None) -> None:
     """
     if not token:
         return
-    pid = os.getpid()
+    pid = session_pid()
     fd = os.open(base / RUNTIME_MARKER, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
     with os.fdopen(fd, "w", encoding="ascii") as out:
         out.write(f"{token} {pid} {_start_time(pid)}\n")

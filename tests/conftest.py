@@ -84,17 +84,23 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 def pytest_sessionstart(session: pytest.Session) -> None:
-    """Give the session a token every child inherits; remove runtime folders that killed runs left."""
+    """Give the session a token every child inherits; remove runtime folders that killed runs left. An xdist worker
+    keeps the token of its controller (which starts the workers after this hook): one session, judged by the
+    controller at its end."""
+    if cleanup.is_xdist_worker() and os.environ.get(cleanup.SESSION_VAR):
+        return
     os.environ[cleanup.SESSION_VAR] = cleanup.new_token()
+    os.environ[cleanup.SESSION_PID_VAR] = str(os.getpid())
     cleanup.sweep_dead_runtimes()
 
 
 @pytest.hookimpl(trylast=True)  # after pytest's own tmpdir plugin removed a passing session's basetemp
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     """Stop the processes the session left running (and fail it), remove the runtime folders its teardowns
-    left, bound the container tests' base cache, and print what is left on one line."""
+    left, bound the container tests' base cache, and print what is left on one line. Not in an xdist worker: its
+    siblings and their children carry the same token; the controller does it once they have all ended."""
     token = os.environ.get(cleanup.SESSION_VAR)
-    if not token:
+    if not token or cleanup.is_xdist_worker():
         return
     from tests.chains import remove_tree
 

@@ -52,7 +52,10 @@ def _session(tmp: Path, args: list[str], *, timeout: float = 900, **env: str) ->
     completed process's ``args`` is replaced by its pid."""
     environment = clean_env(**{"TMPDIR": str(tmp), "HFCACHE_TEST_CACHE": str(tmp.parent / "hfcache-test"), **env})
     environment.pop("PYTEST_ADDOPTS", None)
-    environment.pop(cleanup.SESSION_VAR, None)  # the child's conftest gives it a token of its own
+    # The child is a session of its own (its conftest gives it a token), not a worker of this one's xdist controller.
+    for name in [n for n in environment if n.startswith("PYTEST_XDIST_")] + [cleanup.SESSION_VAR,
+                                                                             cleanup.SESSION_PID_VAR]:
+        environment.pop(name, None)
     with subprocess.Popen([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *args], cwd=REPO,
                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=environment) as child:
         try:
@@ -143,7 +146,7 @@ def test_a_failed_run_keeps_its_failed_tests_folders_until_the_next_failed_run(t
     proc = _synthetic(tmp, failing)
     assert proc.returncode == 1, proc.stdout + proc.stderr
     assert "MiB in " in _summary(proc)
-    found = (tmp / f"pytest-of-{_user()}").glob("pytest-[0-9]*/test_fails_after_writing0/evidence")
+    found = (tmp / f"pytest-of-{_user()}").glob("pytest-[0-9]*/**/test_fails_after_writing0/evidence")  # xdist: popen-gwN/
     [kept] = found
     proc = _synthetic(tmp, _write_tests(tmp_path / "src2", LEAKY))
     assert proc.returncode == 0, proc.stdout + proc.stderr
