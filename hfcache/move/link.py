@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..bounds import MAX_TREE_DEPTH
-from ..cache.root import access_error, write_access_error
+from ..cache.root import access_error, require_hub_cache, write_access_error
 from ..errors import CacheError, UsageError
 from ..cache import safefs
 from ..cache.safefs import repo_layout_problems
@@ -97,7 +97,8 @@ def _checked_src(src: Path) -> Path:
     """``src`` made absolute, once it is a directory this user can read.
 
     Raises:
-        UsageError: not a directory. CacheError: it cannot be read (the error names the folder that blocks).
+        UsageError: not a directory. CacheError: it cannot be read (the error names the folder that blocks), or it
+            is not a hub cache (exit 5, naming the cache probably meant: :func:`hfcache.cache.root.require_hub_cache`).
     """
     src = src.absolute()
     try:
@@ -108,6 +109,7 @@ def _checked_src(src: Path) -> Path:
         raise UsageError(f"{src} is not a cache directory", hint="give the folder of an existing cache as SRC")
     if not os.access(src, os.R_OK | os.X_OK):
         raise access_error(src)
+    require_hub_cache(src)  # an HF_HOME (its cache is SRC/hub), a repo folder, any other folder: refused, naming it
     return src
 
 

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..cache.root import existing_cache_dir
+from ..cache.root import existing_cache_dir, require_hub_cache
 from ..errors import CheckFailed
 from .lockfile import Lockfile, default_lock_path, drift, lock_cache_dir, lock_manifest, read_lock
 from .manifest import Manifest, find_manifest, load_manifest, trusts_manifest_endpoint, withheld_endpoints
@@ -114,10 +114,15 @@ def reading_cache_dir(cache_dir: str | os.PathLike[str] | None = None,
         Path: absolute, an existing directory.
 
     Raises:
-        CacheError: the cache does not exist or is not a directory (see :func:`hfcache.cache.root.existing_cache_dir`).
+        CacheError: the cache does not exist or is not a directory (see :func:`hfcache.cache.root.existing_cache_dir`),
+            or it is a folder but no hub cache (an ``HF_HOME``, whose cache is ``DIR/hub``; a repo folder; anything
+            else), named in one line with the cache probably meant (:func:`hfcache.cache.root.require_hub_cache`):
+            ``export``/``push``/``sign`` of such a folder used to report 0 repos and exit 0.
         UsageError: the lock's manifest exists but is invalid.
     """
-    return existing_cache_dir(lock_cache_dir(lock_file, cache_dir) if lock_file else cache_dir)
+    root = existing_cache_dir(lock_cache_dir(lock_file, cache_dir) if lock_file else cache_dir)
+    require_hub_cache(root)
+    return root
 
 
 def open_project(manifest: str | os.PathLike[str] | None = None,

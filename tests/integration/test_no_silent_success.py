@@ -176,6 +176,27 @@ def test_prune_refuses_an_hf_home_and_removes_nothing(hf_home, tmp_path):
     verify_ok(hf_home / "hub")
 
 
+@pytest.mark.parametrize("command", ["export", "link", "push", "sign"])
+def test_the_movers_refuse_an_hf_home_and_write_nothing(hf_home, tmp_path, command):
+    """export/link/push/sign of an HF_HOME used to report 0 repos (or sign nothing) with exit 0: the same exit 5 and
+    line as ls, before any output is written or any registry is asked."""
+    canary = Canary(tmp_path)
+    out = tmp_path / "out"
+    key = tmp_path / "key.pem"  # never read: the cache is refused first
+    key.write_text("not a key\n")
+    argv = {"export": ["export", str(out), "--cache-dir", str(hf_home)],
+            "link": ["link", str(hf_home), str(out)],
+            "push": ["push", "127.0.0.1:9/hfcache/x:1", "--cache-dir", str(hf_home), "--plain-http"],
+            "sign": ["sign", BERT, "--key", str(key), "--cache-dir", str(hf_home),
+                     "--output", str(out)]}[command]
+    proc = run_hfcache(argv)
+    assert proc.returncode == 5, proc.stdout + proc.stderr
+    assert error_line(proc) == (f"hfcache: error: {hf_home} is not a hub cache (an HF_HOME); did you mean "
+                                f"{hf_home / 'hub'} (it holds 2 repos)?")
+    assert not out.exists() and not os.path.lexists(out)
+    canary.assert_unchanged()
+
+
 # ---------------------------------------------------------------------------------------------------- env, exec
 
 
