@@ -490,6 +490,7 @@ def test_sigterm_lets_a_download_in_flight_finish(tmp_path):
     header, _, body = received.partition(b"\r\n\r\n")
 
     assert header.startswith(b"HTTP/1.1 200")
+    assert len(body) == len(content), (len(body), header.decode(errors="replace"))
     assert hashlib.sha256(body).digest() == hashlib.sha256(content).digest()
     assert "stopped on SIGTERM" in proc.stderr.read()
     (line,) = access.read_text().splitlines()
