@@ -22,7 +22,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..errors import CacheError, UsageError
-from .signatures import MAX_BUNDLE_BYTES, NotABundle, SignatureCheck, read_user_file, sign_files, verify_files
+from .signatures import (MAX_BUNDLE_BYTES, NotABundle, SignatureCheck, foreign_model, read_user_file, sign_files,
+                         verify_files)
 from .signed_snapshot import snapshot_digests
 
 
@@ -287,7 +288,8 @@ def check_signature(cache_dir: Path, spec: str, signature: Path, public_key: Pat
 
     Raises:
         SignatureMismatch: bad signature, wrong key, or files unsigned / changed / missing (exit 1, all named, with
-            the model the bundle signs when it is another).
+            the model the bundle signs when it is another); or every file matches but the bundle names another model
+            (:func:`hfcache.integrity.signatures.foreign_model`).
         CheckFailed: the repo or revision is not in the cache. UsageError: an unreadable bundle or key, a file that
             is not a model-signing bundle (not JSON, ``{}``, ``[]``, another predicate: exit 2, naming it).
         CacheError: an unsafe entry in the snapshot.
@@ -299,4 +301,7 @@ def check_signature(cache_dir: Path, spec: str, signature: Path, public_key: Pat
     except NotABundle as exc:  # a file the user named that is no bundle at all: unreadable, exit 2 (docs/verify.md)
         raise UsageError(f"the signature {signature} is not a model-signing bundle: {exc.why}", hint=exc.hint) \
             from None
+    foreign = foreign_model(check, digests.repo_id, digests.commit)
+    if foreign is not None:
+        raise foreign
     return SignatureVerdict(digests.repo_id, digests.commit, str(digests.snapshot), check, digests.hashed)

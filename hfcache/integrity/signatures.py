@@ -363,6 +363,29 @@ def verify_files(bundle: bytes, files: Mapping[str, str], public_key: Path, *,
                           key_fingerprint=public_key_fingerprint(public_key), root_digest=root)
 
 
+def foreign_model(check: SignatureCheck, repo_id: str, commit: str) -> SignatureMismatch | None:
+    """The refusal of a bundle whose model name is another model's, or None when it names this one.
+
+    A signature vouches for the model it names: hfcache signs ``REPO_ID@COMMIT`` (:func:`sign_files` from
+    ``hfcache sign``), the model_signing CLI names the folder it signs (a snapshot folder: the commit). A bundle signed
+    for another model that carries the same files used to verify for any repo at any commit. Used by ``verify
+    --signature`` (:func:`hfcache.integrity.sign.check_signature`) and ``pull --verify-key``
+    (:mod:`hfcache.oci.pull_signed`).
+
+    Args:
+        check: what :func:`verify_files` returned. repo_id, commit: the snapshot checked.
+
+    Returns:
+        SignatureMismatch (``reason`` ``signature``, exit 1) naming both models, or None.
+    """
+    shown = f"{repo_id}@{commit}"
+    if str(check.model_name) in (shown, repo_id, commit):
+        return None
+    return SignatureMismatch(f"the bundle signs {_printable(str(check.model_name), 120)}, not {shown}",
+                             reason="signature",
+                             hint="a signature vouches for the model it names: sign this repo and commit")
+
+
 def _differ(name: str | None, model_name: str, unsigned: tuple[str, ...], changed: tuple[str, ...],
             missing: tuple[str, ...]) -> SignatureMismatch:
     """The exit-1 error of files that differ from a verified bundle's; it names the model the bundle signs when

@@ -100,7 +100,7 @@ def verify_snapshots(found: list[bytes], snapshots: dict[str, dict[str, str]], p
         CacheError: the target's snapshot holds a FIFO, a device or a link leaving its repo (exit 5).
     """
     from ..cache.scan import parse_folder_name
-    from ..integrity.signatures import SignatureMismatch, verify_files
+    from ..integrity.signatures import SignatureMismatch, foreign_model, verify_files
 
     if not snapshots:  # nothing checked is not "verified": an image of refs, markers or blobs alone is refused
         raise SignatureMismatch("refused the pull, nothing was written: --verify-key was given but the artifact "
@@ -118,13 +118,9 @@ def verify_snapshots(found: list[bytes], snapshots: dict[str, dict[str, str]], p
             except SignatureMismatch as exc:
                 first = first or exc
                 continue
-            # The bundle's model name must name this repo or this commit (hfcache signs REPO_ID@COMMIT; the
-            # model_signing CLI names the snapshot folder, the commit): a bundle signed for another model carrying
-            # the same files was accepted for any repo and commit.
-            if str(check.model_name) not in (shown, repo_id, commit):
-                first = first or SignatureMismatch(
-                    f"the bundle signs {check.model_name!s:.120}, not {shown}", reason="signature",
-                    hint="a signature vouches for the model it names: sign this repo and commit")
+            foreign = foreign_model(check, repo_id, commit)  # another model's bundle with the same files
+            if foreign is not None:
+                first = first or foreign
                 continue
             fingerprint = check.key_fingerprint
             break

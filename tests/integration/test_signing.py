@@ -595,6 +595,30 @@ def test_a_file_that_is_no_bundle_is_exit_2_naming_it(cache, keys, tmp_path, con
     assert_cache_verifies(cache)
 
 
+def test_another_models_bundle_over_the_same_files_does_not_verify_this_one(cache, keys, tmp_path) -> None:
+    """Every file matches, the signature is good, but the bundle names another model: exit 1 naming it (as ``pull
+    --verify-key`` refuses it). It used to verify for any repo at any commit that holds those files."""
+    from hfcache.integrity.signatures import sign_files
+    from hfcache.integrity.signed_snapshot import snapshot_digests
+
+    private, public = keys
+    canary = Canary(tmp_path)
+    commit = snapshot_of(cache).name
+    files = dict(snapshot_digests(cache, REPO).files)
+    foreign = tmp_path / "foreign.sig.json"
+    foreign.write_bytes(sign_files(files, "evil/other@" + "3" * 40, private))
+    proc = verify_signature(cache, foreign, public)
+    one_error_line(proc, 1, "the bundle signs evil/other@" + "3" * 40, f"not {REPO}@{commit}")
+    assert "sign this repo and commit" in _hint(proc)
+    # The names the bundles hfcache and the model_signing CLI write: this repo at this commit, or the commit.
+    for name in (f"{REPO}@{commit}", commit):
+        named = tmp_path / "named.sig.json"
+        named.write_bytes(sign_files(files, name, private))
+        proc = verify_signature(cache, named, public)
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+    canary.assert_unchanged()
+
+
 def test_every_exit_1_of_verify_signature_has_a_hint_and_another_models_bundle_says_so(cache, keys, tmp_path) -> None:
     from hfcache.integrity.signatures import sign_files
     from hfcache.integrity.signed_snapshot import snapshot_digests
