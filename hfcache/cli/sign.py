@@ -46,8 +46,8 @@ def sign_command(specs, key, password_stdin, lock_file, output, force, rehash, c
     """Write an OpenSSF model-signing v1.0 bundle for each cached snapshot, signed with KEY.
 
     One bundle per snapshot, named <repo folder>@<commit>.sig.json (e.g. models--ORG--NAME@<commit>.sig.json),
-    over every file of the snapshot with its sha256 (git paths such as .gitattributes are left out, as
-    model_signing does). It verifies with `hfcache verify REPO_ID@COMMIT --signature B --verify-key PUB` and with
+    over every file of the snapshot with its sha256 (a snapshot holding a git path such as .gitattributes is
+    refused: model_signing leaves those out of every bundle). It verifies with `hfcache verify REPO_ID@COMMIT --signature B --verify-key PUB` and with
     `model_signing verify key --signature B --public_key PUB --allow_symlinks <cache>/models--ORG--NAME/snapshots/
     <commit>`. Nothing is sent anywhere; nothing in the cache is written. A bundle file that exists is replaced
     only with --force. An encrypted key's password: --password-stdin, else HFCACHE_SIGN_KEY_PASSWORD.
@@ -104,9 +104,8 @@ def show_signature(verdict, *, as_json: bool) -> None:
     how = f"{verdict.hashed} file(s) hashed" if verdict.hashed else "digests from blob names"
     if as_json:
         print_json({"ok": True, "repo_id": verdict.repo_id, "commit": verdict.commit, "snapshot": verdict.snapshot,
-                    "signature": {"signed": list(check.signed), "ignored": list(check.ignored),
-                                  "key_fingerprint": check.key_fingerprint, "root_digest": check.root_digest,
-                                  "model_name": check.model_name},
+                    "signature": {"signed": list(check.signed), "key_fingerprint": check.key_fingerprint,
+                                  "root_digest": check.root_digest, "model_name": check.model_name},
                     "hashed": verdict.hashed})
         return
     click.echo(inert(f"ok: {verdict.repo_id}@{verdict.commit}: {len(check.signed)} file(s) signed by key "

@@ -55,6 +55,19 @@ def fd_hash(fd: int, algorithm: str, on_bytes=None, shown: str = "") -> tuple[st
     Used for a payload of huggingface_hub 2.4's shared Xet store, opened by
     :func:`hfcache.cache.safefs.open_blob` (no link followed). Raises OSError (EINVAL) when it is not a regular
     file; ``shown`` names it in that error."""
+    digests, read = fd_hashes(fd, (algorithm,), on_bytes, shown)
+    return digests[algorithm], read
+
+
+def fd_hashes(fd: int, algorithms: tuple[str, ...], on_bytes=None, shown: str = "") -> tuple[dict[str, str], int]:
+    """:func:`fd_hash` with several algorithms over one read of the bytes (``sha256`` and/or ``git-sha1``), so that
+    a blob's name and the digest a signature records are of the same bytes (two reads could see two contents).
+
+    Returns:
+        ({algorithm: hex digest}, bytes read).
+
+    Raises:
+        OSError: EINVAL when ``fd`` is not a regular file (``shown`` names it), or a read error."""
     buffer = getattr(_buffers, "buffer", None)
     if buffer is None:
         buffer = _buffers.buffer = bytearray(_CHUNK)
@@ -64,16 +77,19 @@ def fd_hash(fd: int, algorithm: str, on_bytes=None, shown: str = "") -> tuple[st
         if not stat.S_ISREG(st.st_mode):  # a FIFO or device would never end (or never start)
             raise OSError(errno.EINVAL, "not a regular file", shown)
         size = st.st_size
-        h = hashlib.sha256() if algorithm == "sha256" else hashlib.sha1()  # noqa: S324 - git object id
-        if algorithm != "sha256":
-            h.update(b"blob %d\0" % size)
+        hashes = {}
+        for algorithm in algorithms:
+            h = hashes[algorithm] = hashlib.sha256() if algorithm == "sha256" else hashlib.sha1()  # noqa: S324
+            if algorithm != "sha256":  # git's object id
+                h.update(b"blob %d\0" % size)
         read = 0
         while n := f.readinto(buffer):
-            h.update(view[:n])
+            for h in hashes.values():
+                h.update(view[:n])
             read += n
             if on_bytes:
                 on_bytes(n)
-    return h.hexdigest(), read
+    return {algorithm: h.hexdigest() for algorithm, h in hashes.items()}, read
 
 
 def algorithm_of(etag: str) -> str | None:

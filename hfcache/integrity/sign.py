@@ -22,9 +22,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..errors import CacheError, UsageError
-from .signatures import (MAX_BUNDLE_BYTES, NotABundle, SignatureCheck, foreign_model, read_user_file, sign_files,
-                         verify_files)
-from .signed_snapshot import snapshot_digests
+from .signatures import (MAX_BUNDLE_BYTES, NotABundle, SignatureCheck, SignatureMismatch, foreign_model,
+                         read_user_file, sign_files, verify_files)
+from .signed_snapshot import NameMismatch, snapshot_digests
 
 
 @dataclass(frozen=True)
@@ -242,12 +242,18 @@ def sign_snapshots(cache_dir: Path, targets: Sequence[tuple[str, str]], key: Pat
         UsageError: a malformed spec, a bad key or password, model-signing missing, an output inside the cache, a
             file (or ``-``) for several snapshots, an output that is not a regular file or folder, one that exists
             without ``force``, an output path that does not exist (exit 2). CheckFailed: a repo or revision not in
-            the cache. CacheError: an unsafe entry, or the output cannot be written (read-only, permission, full:
-            exit 5).
+            the cache; a git path in a snapshot (:func:`hfcache.integrity.signatures.sign_files`). NameMismatch: a
+            file hashed does not match its blob name (exit 5, naming it; nothing written). CacheError: an unsafe
+            entry, or the output cannot be written (read-only, permission, full: exit 5).
     """
     made: dict[tuple[str, str], tuple[str, bytes, int, int]] = {}
     for spec, repo_type in targets:
-        digests = snapshot_digests(cache_dir, spec, rehash=rehash, on_bytes=on_bytes, repo_type=repo_type)
+        try:
+            digests = snapshot_digests(cache_dir, spec, rehash=rehash, on_bytes=on_bytes, repo_type=repo_type)
+        except NameMismatch as exc:  # what plain `verify` and `push --sign-key` refuse is never signed
+            exc.message = f"{exc.message}: nothing was signed"
+            exc.args = (exc.message,)
+            raise
         if (digests.folder, digests.commit) in made:
             continue
         bundle = sign_files(digests.files, f"{digests.repo_id}@{digests.commit}", key, password=password)
@@ -289,13 +295,19 @@ def check_signature(cache_dir: Path, spec: str, signature: Path, public_key: Pat
     Raises:
         SignatureMismatch: bad signature, wrong key, or files unsigned / changed / missing (exit 1, all named, with
             the model the bundle signs when it is another); or every file matches but the bundle names another model
-            (:func:`hfcache.integrity.signatures.foreign_model`).
+            (:func:`hfcache.integrity.signatures.foreign_model`); or a file hashed does not match its blob name
+            (``changed``: nothing vouches for those bytes, whatever the bundle says).
         CheckFailed: the repo or revision is not in the cache. UsageError: an unreadable bundle or key, a file that
             is not a model-signing bundle (not JSON, ``{}``, ``[]``, another predicate: exit 2, naming it).
         CacheError: an unsafe entry in the snapshot.
     """
     bundle = read_user_file(Path(signature), "the signature", MAX_BUNDLE_BYTES)
-    digests = snapshot_digests(cache_dir, spec, rehash=rehash, on_bytes=on_bytes)
+    try:
+        digests = snapshot_digests(cache_dir, spec, rehash=rehash, on_bytes=on_bytes)
+    except NameMismatch as exc:  # verify's finding (exit 1), as plain `hfcache verify` reports it
+        raise SignatureMismatch(f"{exc.snapshot}: changed: {exc.path} no longer matches its blob name {exc.name} "
+                                "(changed on disk): not verified", reason="files", changed=(exc.path,),
+                                hint=exc.hint) from None
     try:
         check = verify_files(bundle, digests.files, public_key, name=f"{digests.repo_id}@{digests.commit}")
     except NotABundle as exc:  # a file the user named that is no bundle at all: unreadable, exit 2 (docs/verify.md)

@@ -10,8 +10,11 @@ computes for ``<cache>/models--ORG--NAME/snapshots/<commit>`` (its symlinks into
 ``--allow_symlinks``).
 
 Paths model_signing ignores by default (``.git/``, ``.gitattributes``, ``.github/``, ``.gitignore``: its
-``ignore_git_paths``), and those a bundle lists in ``serialization.ignore_paths``, are left out on both sides, so a
-bundle made by either tool verifies with the other.
+``ignore_git_paths``, what ``model_signing verify`` leaves out unless ``--no-ignore-git-paths``) never enter a bundle
+hfcache makes, so its bundles verify with the model_signing CLI's defaults; a snapshot holding such a file cannot be
+signed whole, and :func:`sign_files` refuses it. A check covers every file present, whatever its name: one the bundle
+does not list (a git path, or one below the bundle's own ``serialization.ignore_paths``) is unsigned, so a signed
+pull never publishes a file no signature covers (docs/security.md).
 
 ``model_signing`` is the optional extra ``sign`` and is imported only when a bundle is made or checked; without it
 the error is one line naming ``pip install 'hfcache[sign]'`` (exit 2).
@@ -79,15 +82,14 @@ class SignatureCheck:
 
     Attributes:
         model_name (str): the statement's subject name (informative only: model_signing does not check it).
-        signed (tuple[str, ...]): the files the bundle signs, sorted (all present with these digests).
-        ignored (tuple[str, ...]): files of ``files`` left out because the bundle or model_signing ignores them.
+        signed (tuple[str, ...]): the files the bundle signs, sorted (all present with these digests, and nothing
+            else present).
         key_fingerprint (str): sha256 hex of the public key's PEM (SubjectPublicKeyInfo), as the bundle's key hint.
         root_digest (str): the statement subject's sha256 (over the file digests in path order).
     """
 
     model_name: str
     signed: tuple[str, ...]
-    ignored: tuple[str, ...]
     key_fingerprint: str
     root_digest: str
 
@@ -143,8 +145,9 @@ def env_password() -> bytes | None:
 
 
 def ignored_path(path: str, extra: tuple[str, ...] = ()) -> bool:
-    """True when ``path`` (``/``-separated, relative) is one model_signing leaves out: a git path (:data:`GIT_PATHS`)
-    or below one of ``extra`` (a bundle's ``serialization.ignore_paths``)."""
+    """True when ``path`` (``/``-separated, relative) is one model_signing leaves out of a bundle: a git path
+    (:data:`GIT_PATHS`) or below one of ``extra`` (a bundle's ``serialization.ignore_paths``). hfcache never leaves
+    such a file out of a check: this only explains why a bundle does not list it."""
     pure = PurePosixPath(path)
     return any(pure == PurePosixPath(p) or pure.is_relative_to(p) for p in (*GIT_PATHS, *extra) if p not in ("", "."))
 
@@ -187,7 +190,7 @@ def sign_files(files: Mapping[str, str], model_name: str, private_key: Path, *,
 
     Args:
         files: relative ``/``-separated path in the snapshot -> sha256 hex of the file's content (an LFS etag, or
-            the sha256 of a regular file); git paths (:data:`GIT_PATHS`) are left out, as model_signing does.
+            the sha256 of a regular file); none may be a git path (:data:`GIT_PATHS`).
         model_name: the statement's subject name (e.g. ``ORG/NAME@<commit>``; informative).
         private_key: a PEM EC private key (P-256 recommended).
         password: the key's password, if it is encrypted. password_hint: the hint of the error for an encrypted key
@@ -199,10 +202,20 @@ def sign_files(files: Mapping[str, str], model_name: str, private_key: Path, *,
 
     Raises:
         UsageError: model-signing not installed, an unreadable/unsupported key or wrong password, a path that is
-            not relative, a digest that is not sha256 hex, or nothing left to sign.
+            not relative, a digest that is not sha256 hex, or nothing to sign.
+        CheckFailed: a git path among ``files`` (exit 1, naming it): model_signing leaves such paths out of a
+            bundle (and its CLI out of a check), so a bundle could not cover the snapshot whole.
     """
     manifest, digests, sign_ec_key, _pb, signing = _library()
-    kept = {p: d for p, d in _checked_files(files).items() if not ignored_path(p)}
+    kept = _checked_files(files)
+    git = sorted(p for p in kept if ignored_path(p))
+    if git:
+        raise CheckFailed(f"cannot sign {_printable(model_name, 120)}: {_named(git)} "
+                          f"{'is a git path' if len(git) == 1 else 'are git paths'} ({', '.join(GIT_PATHS)}), which "
+                          "model-signing leaves out of every bundle: no signature would cover "
+                          f"{'it' if len(git) == 1 else 'them'}",
+                          hint="remove it from the snapshot folder (no model load reads it), then sign again: a "
+                               "signed pull and `verify --signature` refuse a file the bundle does not list")
     if not kept:
         raise UsageError(f"{model_name}: no file to sign")
     key = _load_private_key(private_key, password, password_hint)
@@ -337,7 +350,8 @@ def verify_files(bundle: bytes, files: Mapping[str, str], public_key: Path, *,
         name: what the messages call the files (e.g. ``ORG/NAME@<commit>``) [default: the bundle's model name].
 
     Returns:
-        SignatureCheck when the signature verifies and every file (but those ignored) is signed with its digest.
+        SignatureCheck when the signature verifies and every file is signed with its digest (a git path or a path
+        below the bundle's ``ignore_paths`` too: none is left out of the check).
 
     Raises:
         SignatureMismatch: a bad signature or the wrong key (``reason`` ``signature``); or files unsigned (present,
@@ -347,19 +361,19 @@ def verify_files(bundle: bytes, files: Mapping[str, str], public_key: Path, *,
     """
     document = _bundle_document(bundle)
     signed = _signed_manifest(document, public_key, name)
-    serialization = signed.serialization_type
-    extra = tuple(str(p) for p in serialization.get("ignore_paths") or ())
     descriptors = list(signed.resource_descriptors())  # in the order the statement's root digest runs over
     expected = {d.identifier: d.digest.digest_hex for d in descriptors}
-    present = {p: d for p, d in _checked_files(files).items() if not ignored_path(p, extra)}
-    ignored = tuple(sorted(set(files) - set(present)))
+    present = _checked_files(files)  # every file, whatever its name: what the bundle leaves out is unsigned
     unsigned = tuple(sorted(set(present) - set(expected)))
     missing = tuple(sorted(set(expected) - set(present)))
     changed = tuple(sorted(p for p in set(expected) & set(present) if expected[p] != present[p]))
     if unsigned or missing or changed:
-        raise _differ(name, str(signed.model_name), unsigned, changed, missing)
+        ignore_paths = signed.serialization_type.get("ignore_paths")
+        extra = tuple(str(p) for p in ignore_paths) if isinstance(ignore_paths, (list, tuple)) else ()
+        raise _differ(name, str(signed.model_name), unsigned, changed, missing,
+                      left_out=tuple(p for p in unsigned if ignored_path(p, extra)))
     root = hashlib.sha256(b"".join(d.digest.digest_value for d in descriptors)).hexdigest()
-    return SignatureCheck(model_name=signed.model_name, signed=tuple(sorted(expected)), ignored=ignored,
+    return SignatureCheck(model_name=signed.model_name, signed=tuple(sorted(expected)),
                           key_fingerprint=public_key_fingerprint(public_key), root_digest=root)
 
 
@@ -386,16 +400,26 @@ def foreign_model(check: SignatureCheck, repo_id: str, commit: str) -> Signature
                              hint="a signature vouches for the model it names: sign this repo and commit")
 
 
+def _named(paths) -> str:
+    """At most five paths, printable, and how many more."""
+    paths = list(paths)
+    more = f" and {len(paths) - 5} more" if len(paths) > 5 else ""
+    return ", ".join(_printable(p, 120) for p in paths[:5]) + more
+
+
 def _differ(name: str | None, model_name: str, unsigned: tuple[str, ...], changed: tuple[str, ...],
-            missing: tuple[str, ...]) -> SignatureMismatch:
+            missing: tuple[str, ...], left_out: tuple[str, ...] = ()) -> SignatureMismatch:
     """The exit-1 error of files that differ from a verified bundle's; it names the model the bundle signs when
-    that is not ``name`` (the snapshot checked against another repo's or revision's bundle)."""
+    that is not ``name`` (the snapshot checked against another repo's or revision's bundle), and says why a file of
+    ``left_out`` (unsigned, a path model_signing leaves out of bundles) is not covered."""
     parts = [f"{label} {', '.join(names)}" for label, names in (("changed:", changed), ("unsigned:", unsigned),
                                                                  ("missing:", missing)) if names]
     shown = _printable(model_name)
     other = bool(name) and shown != name
+    why = (f" ({_named(left_out)}: model-signing leaves git paths and a bundle's ignore_paths out of a bundle, so "
+           "no signature covers them)") if left_out else ""
     message = (f"{name or shown}: the files differ from the signed ones"
-               + (f" (the bundle signs {shown}, not {name})" if other else "") + ": " + "; ".join(parts))
+               + (f" (the bundle signs {shown}, not {name})" if other else "") + ": " + "; ".join(parts) + why)
     hint = (f"this bundle is for {shown}: check the snapshot against that model's bundle" if other else
             "the snapshot is not what was signed: `hfcache verify` finds damaged files; re-warm it, or sign it again")
     return SignatureMismatch(message, reason="files", unsigned=unsigned, changed=changed, missing=missing, hint=hint)

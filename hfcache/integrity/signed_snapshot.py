@@ -3,9 +3,13 @@ against (:mod:`hfcache.integrity.signatures`).
 
 An LFS file's blob is named by its sha256 (the Hugging Face etag): that name is the digest, unread, unless ``rehash``
 asks for the bytes to be hashed (plain ``hfcache verify`` proves names against bytes). Any other file (a git-sha1
-blob, a real file in a cache written without symlinks) is hashed with sha256: such files are small. Every file is
-opened through :func:`hfcache.cache.safefs.open_repo_file` (a snapshot link resolved inside the repo folder, no
-link followed, a FIFO never opened blocking, ``S_ISREG`` checked on the fd), never by walking the snapshot's path.
+blob, a real file in a cache written without symlinks) is hashed with sha256: such files are small. Bytes that are
+hashed are checked against the name they are stored under in the same read (:func:`hfcache.integrity.hashing.
+fd_hashes`): the blob name, or for a real file the name warm's record gives it; a file that does not match is
+:class:`NameMismatch`, never signed or checked (a group member's edit to a shared cache's blob is what plain
+``hfcache verify`` refuses). Every file is opened through :func:`hfcache.cache.safefs.open_repo_file` (a snapshot
+link resolved inside the repo folder, no link followed, a FIFO never opened blocking, ``S_ISREG`` checked on the
+fd), never by walking the snapshot's path.
 """
 
 from __future__ import annotations
@@ -16,12 +20,28 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..cache import safefs
+from ..cache.published import read_record
 from ..cache.scan import SPECIAL_FILE, TOO_DEEP, RepoInfo, RevisionInfo, scan_cache
 from ..errors import CacheError, CheckFailed
 from ..records import WarmRequest
-from .hashing import fd_hash
+from .hashing import algorithm_of, fd_hashes
 
 _SHA256 = re.compile(r"^[0-9a-f]{64}$")
+
+
+class NameMismatch(CacheError):
+    """A cached file whose bytes do not hash to the name it is stored under (changed on disk): exit 5, as ``export``
+    and ``push`` refuse a corrupt source cache; ``verify --signature`` reports it as a changed file (exit 1).
+
+    Attributes:
+        snapshot (str): ``REPO_ID@COMMIT``. path (str): the file in the snapshot. name (str): the blob name (or
+            recorded digest) its bytes miss.
+    """
+
+    def __init__(self, message: str, *, snapshot: str, path: str, name: str) -> None:
+        super().__init__(message, hint="`hfcache verify` names the damaged files; `hfcache verify --repair` restores "
+                                       "them from the endpoint")
+        self.snapshot, self.path, self.name = snapshot, path, name
 
 
 @dataclass(frozen=True)
@@ -83,6 +103,7 @@ def snapshot_digests(cache_dir: Path, spec: str, *, rehash: bool = False, on_byt
 
     Raises:
         UsageError, CheckFailed: as :func:`resolve_snapshot`.
+        NameMismatch: a file hashed does not match its blob name (or warm's record of a real file): exit 5.
         CacheError: an entry links outside its repo folder, is a FIFO/device/folder where a file belongs, a folder
             chain is deeper than 64 levels, or an entry cannot be read (exit 5, naming it).
     """
@@ -91,6 +112,9 @@ def snapshot_digests(cache_dir: Path, spec: str, *, rehash: bool = False, on_byt
     if hazards:  # what the scan did not list: a signature over the rest would not be the snapshot's
         raise CacheError(f"{cache_dir}/{repo.folder}/snapshots/{revision.commit_hash}: {hazards[0]}: left alone",
                          hint="remove it, then rerun")
+    record = None
+    if any(entry.form == "file" for entry in revision.files):  # a real file is named by warm's record only
+        record = read_record(cache_dir, repo.folder, revision.commit_hash)
     files: dict[str, str] = {}
     hashed = 0
     for entry in revision.files:
@@ -99,14 +123,30 @@ def snapshot_digests(cache_dir: Path, spec: str, *, rehash: bool = False, on_byt
         if not rehash and entry.form == "link" and entry.etag and _SHA256.fullmatch(entry.etag):
             files[entry.path] = entry.etag
             continue
-        files[entry.path] = _hash_entry(cache_dir, repo.folder, revision.commit_hash, entry.path, on_bytes)
+        name = entry.etag if entry.form == "link" else _recorded(record, entry.path)
+        try:
+            files[entry.path] = _hash_entry(cache_dir, repo.folder, revision.commit_hash, entry.path, name, on_bytes)
+        except NameMismatch as exc:
+            exc.snapshot = f"{repo.repo_id}@{revision.commit_hash}"
+            raise
         hashed += 1
     return SnapshotDigests(repo_id=repo.repo_id, commit=revision.commit_hash, folder=repo.folder, files=files,
                            hashed=hashed, snapshot=Path(cache_dir) / repo.folder / "snapshots" / revision.commit_hash)
 
 
-def _hash_entry(cache_dir: Path, folder: str, commit: str, path: str, on_bytes) -> str:
+def _recorded(record, path: str) -> str | None:
+    """The blob name warm's record gives a real snapshot file (``sha256:<hex>`` or ``git-sha1:<hex>``), or None."""
+    entry = record.files.get(path) if record is not None else None
+    return entry[1].partition(":")[2] if entry else None
+
+
+def _hash_entry(cache_dir: Path, folder: str, commit: str, path: str, name: str | None, on_bytes) -> str:
+    """The sha256 of one snapshot file, its bytes checked against ``name`` (its blob name) in the same read.
+
+    Raises:
+        NameMismatch: the bytes do not hash to ``name``. CacheError: unreadable, gone, not a regular file."""
     shown = f"{cache_dir}/{folder}/snapshots/{commit}/{path}"
+    algorithm = algorithm_of(name) if name else None
     try:
         fd = safefs.open_repo_file(cache_dir, folder, (commit, *path.split("/")))
     except FileNotFoundError:
@@ -114,13 +154,16 @@ def _hash_entry(cache_dir: Path, folder: str, commit: str, path: str, on_bytes) 
     except OSError as exc:
         raise CacheError(f"cannot read {shown}: {exc.strerror or exc}") from None
     try:
-        digest, _ = fd_hash(fd, "sha256", on_bytes, shown)
+        digests, _ = fd_hashes(fd, tuple(dict.fromkeys(("sha256", algorithm or "sha256"))), on_bytes, shown)
     except OSError as exc:
         if exc.errno == errno.EINVAL:
             raise CacheError(f"{shown} is not a regular file (a FIFO, device or folder): left alone",
                              hint="remove it, then rerun") from None
         raise CacheError(f"cannot read {shown}: {exc.strerror or exc}") from None
-    return digest
+    if algorithm is not None and digests[algorithm] != name:
+        raise NameMismatch(f"{shown}: its content does not match its blob name {name} (changed on disk)",
+                           snapshot="", path=path, name=str(name))
+    return digests["sha256"]
 
 
 def commit_of(cache_dir: Path, spec: str, repo_type: str = "model") -> str:

@@ -164,18 +164,38 @@ def test_a_bundle_the_model_signing_cli_writes_verifies_with_hfcache(cache, keys
     assert_cache_verifies(cache)
 
 
-def test_git_paths_are_left_out_on_both_sides_as_model_signing_does(cache, keys, tmp_path) -> None:
+def test_a_git_path_in_a_snapshot_is_never_left_out_of_a_check(cache, keys, tmp_path) -> None:
+    """model_signing leaves .git*/.github paths out of a bundle (and its CLI out of a check): hfcache's bundles do
+    too, so they verify with the CLI's defaults, but a check never drops a file: a snapshot holding one cannot be
+    signed (exit 1, naming it), a bundle that does not list it leaves it unsigned, and one that lists it
+    (``--no-ignore-git-paths``) covers it."""
     private, public = keys
     snapshot = snapshot_of(cache)
     (snapshot / ".gitattributes").write_text("*.safetensors filter=lfs diff=lfs merge=lfs -text\n")
+    out = tmp_path / "bundle.sig.json"
+    one_error_line(sign(cache, private, out), 1, "cannot sign", ".gitattributes is a git path")
+    assert not out.exists()
+    default = tmp_path / "default.sig"
+    ms = subprocess.run([MODEL_SIGNING, "sign", "key", "--private_key", str(private), "--signature", str(default),
+                         "--allow_symlinks", str(snapshot)], capture_output=True, text=True, timeout=120)
+    assert ms.returncode == 0, ms.stdout + ms.stderr
+    assert ".gitattributes" not in {r["name"] for r in statement_of(default.read_bytes())["predicate"]["resources"]}
+    line = one_error_line(verify_signature(cache, default, public), 1, "unsigned: .gitattributes",
+                          "model-signing leaves git paths")
+    assert "changed" not in line and "missing" not in line
+    listed = tmp_path / "listed.sig"
+    ms = subprocess.run([MODEL_SIGNING, "sign", "key", "--private_key", str(private), "--signature", str(listed),
+                         "--allow_symlinks", "--no-ignore-git-paths", str(snapshot)], capture_output=True, text=True,
+                        timeout=120)
+    assert ms.returncode == 0, ms.stdout + ms.stderr
+    proc = verify_signature(cache, listed, public, "--json")
+    assert proc.returncode == 0, proc.stderr
+    assert ".gitattributes" in json.loads(proc.stdout)["signature"]["signed"]
+    (snapshot / ".gitattributes").unlink()  # without it, the snapshot signs and verifies with both tools
     bundle = signed_bundle(cache, private, tmp_path)
-    assert ".gitattributes" not in {r["name"] for r in statement_of(bundle.read_bytes())["predicate"]["resources"]}
     ms = subprocess.run([MODEL_SIGNING, "verify", "key", "--signature", str(bundle), "--public_key", str(public),
                          "--allow_symlinks", str(snapshot)], capture_output=True, text=True, timeout=120)
     assert ms.returncode == 0, ms.stdout + ms.stderr
-    proc = verify_signature(cache, bundle, public, "--json")
-    assert proc.returncode == 0, proc.stderr
-    assert json.loads(proc.stdout)["signature"]["ignored"] == [".gitattributes"]
 
 
 def test_a_key_made_with_openssl_signs_and_an_encrypted_one_needs_its_password(cache, tmp_path) -> None:
@@ -207,34 +227,46 @@ def _flip(path: Path) -> None:
     real.write_bytes(bytes(data))
 
 
-def damage_lfs_byte(snapshot: Path) -> tuple[tuple[str, ...], str, str]:
+DIFFER, NOT_ITS_NAME = "differ from the signed ones", "no longer matches its blob name"
+
+
+def damage_lfs_byte(snapshot: Path) -> tuple[tuple[str, ...], str, str, str]:
     _flip(snapshot / LFS_FILE)
-    return ("--rehash",), "changed:", LFS_FILE  # the blob's name is its digest: --rehash reads the bytes
+    # the blob's name is its digest: --rehash reads the bytes, which no longer match that name
+    return ("--rehash",), "changed:", LFS_FILE, NOT_ITS_NAME
 
 
-def damage_small_byte(snapshot: Path) -> tuple[tuple[str, ...], str, str]:
+def damage_small_byte(snapshot: Path) -> tuple[tuple[str, ...], str, str, str]:
     _flip(snapshot / SMALL_FILE)
-    return (), "changed:", SMALL_FILE  # a git-sha1 blob is always hashed with sha256
+    return (), "changed:", SMALL_FILE, NOT_ITS_NAME  # a git-sha1 blob is always hashed: checked against its name
 
 
-def damage_added(snapshot: Path) -> tuple[tuple[str, ...], str, str]:
+def damage_repointed(snapshot: Path) -> tuple[tuple[str, ...], str, str, str]:
+    """The link re-pointed at another blob of the repo: every blob matches its name, the file has other bytes."""
+    other = os.readlink(snapshot / "tokenizer_config.json")
+    (snapshot / SMALL_FILE).unlink()
+    os.symlink(other, snapshot / SMALL_FILE)
+    return (), "changed:", SMALL_FILE, DIFFER
+
+
+def damage_added(snapshot: Path) -> tuple[tuple[str, ...], str, str, str]:
     (snapshot / "added.json").write_text("{}\n")
-    return (), "unsigned:", "added.json"
+    return (), "unsigned:", "added.json", DIFFER
 
 
-def damage_removed(snapshot: Path) -> tuple[tuple[str, ...], str, str]:
+def damage_removed(snapshot: Path) -> tuple[tuple[str, ...], str, str, str]:
     (snapshot / "tokenizer.json").unlink()
-    return (), "missing:", "tokenizer.json"
+    return (), "missing:", "tokenizer.json", DIFFER
 
 
-@pytest.mark.parametrize("damage", [damage_lfs_byte, damage_small_byte, damage_added, damage_removed])
+@pytest.mark.parametrize("damage", [damage_lfs_byte, damage_small_byte, damage_repointed, damage_added,
+                                    damage_removed])
 def test_each_difference_from_the_signed_files_is_exit_1_naming_the_file(cache, keys, tmp_path, damage) -> None:
     private, public = keys
     bundle = signed_bundle(cache, private, tmp_path)
     canary = Canary(tmp_path)
-    extra, label, name = damage(snapshot_of(cache))
-    line = one_error_line(verify_signature(cache, bundle, public, *extra), 1, f"{REPO}@", label, name,
-                          "differ from the signed ones")
+    extra, label, name, why = damage(snapshot_of(cache))
+    line = one_error_line(verify_signature(cache, bundle, public, *extra), 1, f"{REPO}@", label, name, why)
     assert line.count(name) == 1
     document = json.loads(verify_signature(cache, bundle, public, *extra, "--json").stdout)
     assert document["ok"] is False and document["exit_code"] == 1 and document["reason"] == "files"
@@ -246,7 +278,7 @@ def test_every_unsigned_changed_and_missing_file_is_named_at_once(cache, keys, t
     private, public = keys
     bundle = signed_bundle(cache, private, tmp_path)
     snapshot = snapshot_of(cache)
-    for damage in (damage_small_byte, damage_added, damage_removed):
+    for damage in (damage_repointed, damage_added, damage_removed):
         damage(snapshot)
     (snapshot / "second-added.txt").write_text("x\n")
     line = one_error_line(verify_signature(cache, bundle, public), 1)
