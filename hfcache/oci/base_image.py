@@ -23,6 +23,7 @@ from pathlib import Path
 
 from ..bounds import loads_json
 from ..errors import CacheError, HubError, IntegrityError, UsageError
+from .peer import json_kind, size_ok
 from .registry import BlobBody, check, parse_reference, read_body, registry_text, url
 
 __all__ = ["BASE_LAYERS", "BaseImage", "artifact_kind", "base_annotations", "mount_base", "read_base"]
@@ -87,7 +88,10 @@ def _get(client, container, kind: str, ref: str, accept: str, what: str) -> tupl
         raise UsageError(f"--base {what}: not JSON", hint=_HINT) from None
     if not isinstance(document, dict):
         raise UsageError(f"--base {what}: not a JSON object", hint=_HINT)
-    return document, body, document.get("mediaType") or media_type
+    declared = document.get("mediaType")
+    if declared is not None and not isinstance(declared, str):
+        raise UsageError(f"--base {what}: its mediaType is {json_kind(declared)}, not a text", hint=_HINT)
+    return document, body, declared or media_type
 
 
 _MODEL_MANIFEST = "application/vnd.cncf.model.manifest.v1+json"
@@ -129,9 +133,12 @@ def read_base(client, target, reference: str, arch: str) -> BaseImage:
     accept = ", ".join((_OCI_MANIFEST, _DOCKER_MANIFEST, *_INDEXES))
     manifest, body, media_type = _get(client, base, "manifests", ref, accept, reference)
     if media_type in _INDEXES:
-        entries = [m for m in manifest.get("manifests") or [] if isinstance(m, dict)
-                   and (m.get("platform") or {}).get("os") == "linux"
-                   and (m.get("platform") or {}).get("architecture") == arch]
+        listed = manifest.get("manifests")
+        if not isinstance(listed, list):
+            raise UsageError(f"--base {reference}: its index's manifests are {json_kind(listed)}, not a list",
+                             hint=_HINT)
+        entries = [m for m in listed if isinstance(m, dict) and isinstance(m.get("platform"), dict)
+                   and m["platform"].get("os") == "linux" and m["platform"].get("architecture") == arch]
         if not entries or not _DIGEST.fullmatch(str(entries[0].get("digest"))):
             raise UsageError(f"--base {reference}: no linux/{arch} image in its index",
                              hint="give --arch of an architecture the base has, or its platform manifest's digest")
@@ -143,14 +150,19 @@ def read_base(client, target, reference: str, arch: str) -> BaseImage:
     if media_type not in (_OCI_MANIFEST, _DOCKER_MANIFEST):
         raise UsageError(f"--base {reference}: not a container image ({registry_text(media_type, 80)})", hint=_HINT)
     layers = []
-    for layer in manifest.get("layers") or []:
+    listed = manifest.get("layers", [])
+    if not isinstance(listed, list):
+        raise UsageError(f"--base {reference}: its layers are {json_kind(listed)}, not a list", hint=_HINT)
+    for layer in listed:
         kind = layer.get("mediaType") if isinstance(layer, dict) else None
-        if kind not in _LAYERS or not _DIGEST.fullmatch(str(layer.get("digest"))) \
-                or not isinstance(layer.get("size"), int) or layer["size"] < 0:
-            raise UsageError(f"--base {reference}: a layer hfcache does not copy ({registry_text(kind, 80)})",
-                             hint=_HINT)
+        if not isinstance(kind, str) or kind not in _LAYERS or not _DIGEST.fullmatch(str(layer.get("digest"))) \
+                or not size_ok(layer.get("size")):
+            shown = registry_text(kind, 80) if isinstance(kind, str) else f"media type {json_kind(kind)}"
+            raise UsageError(f"--base {reference}: a layer hfcache does not copy ({shown}, or a malformed digest or "
+                             "size)", hint=_HINT)
         layers.append({"mediaType": _LAYERS[kind], "digest": layer["digest"], "size": layer["size"]})
-    config_ref = (manifest.get("config") or {}).get("digest")
+    config = manifest.get("config")
+    config_ref = config.get("digest") if isinstance(config, dict) else None
     if not _DIGEST.fullmatch(str(config_ref)):
         raise UsageError(f"--base {reference}: its manifest names no config", hint=_HINT)
     config, _, _ = _get(client, base, "blobs", config_ref, "*/*", f"{reference} config")
@@ -172,10 +184,18 @@ def _base_of(reference: str, base, digest: str, layers: list[dict], config: dict
                          f"{registry_text(config.get('architecture'), 20)}, not linux/{arch}",
                          hint="pass --arch to match the base, or a base for this architecture")
     inner = config.get("config") if isinstance(config.get("config"), dict) else {}
-    kept = {k: inner[k] for k in _KEPT if k in inner and isinstance(inner[k], (str, list))}
+    kept = {k: inner[k] for k in _KEPT if k in inner and _kept_value(k, inner[k])}
     variant = config.get("variant") if isinstance(config.get("variant"), str) else ""
     return BaseImage(reference, digest, base.api_prefix, tuple(layers), tuple(diff_ids), "linux", arch, variant,
                      kept)
+
+
+def _kept_value(key: str, value: object) -> bool:
+    """Whether a base config's ``key`` holds what image-spec ``config.md`` says: ``WorkingDir`` and ``User`` a text,
+    ``Env``, ``Entrypoint`` and ``Cmd`` a list of texts (anything else is dropped, never copied into the image)."""
+    if key in ("WorkingDir", "User"):
+        return isinstance(value, str)
+    return isinstance(value, list) and all(isinstance(item, str) for item in value)
 
 
 def base_annotations(container, based: BaseImage) -> dict[str, str]:

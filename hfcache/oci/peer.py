@@ -34,6 +34,24 @@ def registry_text(value: object, limit: int = 200) -> str:
     return text if len(text) <= limit else text[:max(0, limit - 3)] + "..."
 
 
+#: The largest size a descriptor may declare (OCI image-spec ``descriptor.md``: an int64).
+MAX_DECLARED = 2**63 - 1
+
+
+def size_ok(size: object) -> bool:
+    """Whether a registry descriptor's ``size`` is a JSON integer (not a boolean, float or text) from 0 to
+    :data:`MAX_DECLARED` (OCI image-spec ``descriptor.md``)."""
+    return type(size) is int and 0 <= size <= MAX_DECLARED
+
+
+def json_kind(value: object) -> str:
+    """What a value parsed from a registry's JSON is, in words (``a list``, ``null``...), for a message that must not
+    show the value itself (it may be huge or hostile)."""
+    names = {dict: "an object", list: "a list", str: "a text", bool: "a boolean", int: "a number", float: "a number",
+             type(None): "null"}
+    return names.get(type(value), type(value).__name__)
+
+
 def origin(address: str) -> tuple[str, str, int]:
     """``(scheme, lowercase host, port)`` of a URL (port defaulted by scheme): what credentials are bound to."""
     parts = urllib.parse.urlsplit(address)

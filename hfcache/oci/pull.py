@@ -36,6 +36,7 @@ from ..errors import IntegrityError, UsageError
 from .base_image import BASE_LAYERS
 from .image import ANNOTATION_PREFIX, DIGEST, LAYER_GZIP, MANIFEST_TYPE, Layer
 from .credentials import Credentials
+from .peer import size_ok
 from .pull_stream import _ALTERED, _CHUNK, Budget, Entry, VerifiedStream, free_space, get_json, sha256_of
 from .registry import (BlobBody, TransferSink, check, connect, network_errors, parse_reference, registry_text,
                        stream_errors, url)
@@ -113,7 +114,7 @@ def _layers_of(manifest: dict, config: dict, reference: str) -> list[tuple[dict,
     out, seen = [], set()
     for layer, diff_id in zip(layers[base:], diff_ids[base:]):
         if not isinstance(layer, dict) or not DIGEST.fullmatch(str(layer.get("digest"))) \
-                or type(layer.get("size")) is not int or layer["size"] < 0 or not DIGEST.fullmatch(str(diff_id)):
+                or not size_ok(layer.get("size")) or not DIGEST.fullmatch(str(diff_id)):
             raise UsageError(f"{reference}: a layer descriptor is malformed (digest, size or diff_id)", hint=hint)
         if layer.get("mediaType") not in (LAYER_GZIP, DOCKER_LAYER_GZIP, LAYER_TAR):
             raise UsageError(f"{reference}: layer {layer['digest']} has media type "
@@ -226,7 +227,7 @@ class _Observer:
         """The importer consumed the pending entry: note its hash."""
         member, stream = self._pending
         if self.files is not None:
-            self.files.note(member, stream.sha256.hexdigest() if stream is not None else None)
+            self.files.note(member, stream)
 
     def _held_blob(self, name: str, member) -> None:
         """A blob the target already has is re-hashed: import keeps what the target holds, so a blob a member
@@ -370,12 +371,13 @@ def _checked(source, found: list[bytes] | None, verify_key: Path | None, signed_
              cache_dir: Path) -> Iterator:
     """The source's entries; then, with ``--verify-key``, the signatures checked over what each snapshot will hold
     (the target's entries of it and the staged ones; every layer was read and checked, nothing is published yet: a
-    failure here publishes nothing). The key fingerprint is appended to ``signed_by``."""
+    failure here publishes nothing), and every ref, marker and listing bound to a signed snapshot. The key
+    fingerprint is appended to ``signed_by``."""
     yield from source.members()
     if found is not None:
         from .pull_signed import verify_snapshots
 
-        signed_by.append(verify_snapshots(found, source.signed_files(), Path(verify_key), cache_dir))
+        signed_by.append(verify_snapshots(found, source.signed_files(), Path(verify_key), cache_dir, source.claims()))
 
 
 def _documents(client, container, reference: str) -> tuple[dict, str, dict, dict]:
@@ -463,6 +465,9 @@ class _ImageSource:
 
     def signed_files(self) -> dict[str, dict[str, str]]:
         return self.files.snapshots(self.cache_dir) if self.files is not None else {}
+
+    def claims(self) -> dict[str, str]:
+        return self.files.claims if self.files is not None else {}
 
     def held_counts(self) -> tuple[set[str], int, set[tuple[str, str]]]:
         """(repo folders, snapshot entries, (folder, etag) blobs) of the layers skipped, from the record."""

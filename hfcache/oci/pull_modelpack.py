@@ -39,10 +39,11 @@ from pathlib import Path
 
 from ..cache import safefs
 from ..errors import CacheError, CheckFailed, IntegrityError, UsageError
-from ..integrity.hashing import algorithm_of, fd_hash
+from ..integrity.hashing import algorithm_of, fd_hashes
 from ..move.import_plan import MAX_REF_BYTES, _clean_name, _repo_folder_ok
 from ..move.import_source import Member, _shown
 from .image import ANNOTATION_PREFIX, DIGEST, Layer
+from .peer import json_kind as _kind, size_ok
 from .pull_stream import _ALTERED, _CHUNK, Budget, VerifiedStream
 from .registry import BlobBody, TransferSink, check, network_errors, registry_text, stream_errors, url
 
@@ -114,10 +115,10 @@ def _descriptors(manifest: dict, config: dict, reference: str) -> list[dict]:
     if len(layers) > MAX_FILES:
         raise UsageError(f"{reference}: {len(layers)} layers, more than the {MAX_FILES} hfcache pulls", hint=_HINT)
     for layer, diff_id in zip(layers, diff_ids):
-        if not isinstance(layer, dict) or not DIGEST.fullmatch(str(layer.get("digest"))) \
-                or type(layer.get("size")) is not int or layer["size"] < 0:
+        if not isinstance(layer, dict) or not isinstance(layer.get("digest"), str) \
+                or not DIGEST.fullmatch(layer["digest"]) or not size_ok(layer.get("size")):
             raise UsageError(f"{reference}: a layer descriptor is malformed (digest or size)", hint=_HINT)
-        if layer.get("mediaType") not in RAW_TYPES:
+        if not isinstance(layer.get("mediaType"), str) or layer["mediaType"] not in RAW_TYPES:
             raise UsageError(f"{reference}: layer {layer['digest'][:19]} has media type "
                              f"{registry_text(repr(layer.get('mediaType')), 80)}",
                              hint="hfcache pull reads raw ModelPack layers (one file each), not tar layers")
@@ -130,10 +131,13 @@ def _descriptors(manifest: dict, config: dict, reference: str) -> list[dict]:
 def _raw_file(layer: dict, reference: str, prefix: str | None) -> RawFile:
     """Map one layer's ``org.cncf.model.filepath`` onto the cache layout with import's name rules."""
     digest, size = layer["digest"], layer["size"]
-    annotations = layer.get("annotations") if isinstance(layer.get("annotations"), dict) else {}
-    path = annotations.get(FILEPATH) or annotations.get(TITLE)
+    annotations = layer.get("annotations", {})
+    if not isinstance(annotations, dict):
+        raise _foreign(reference, digest, "", f"its annotations are {_kind(annotations)}, not an object")
+    path = annotations[FILEPATH] if FILEPATH in annotations else annotations.get(TITLE)
     if not isinstance(path, str) or not path:
-        raise _foreign(reference, digest, "", "no org.cncf.model.filepath annotation")
+        raise _foreign(reference, digest, "", f"no {FILEPATH} annotation" if path is None else
+                       f"its {FILEPATH} annotation is {_kind(path)}, not a path")
     shown = registry_text(_shown(path), 120)
     head, _, rest = path.partition("/")
     if prefix is None and head == "models" and _repo_folder_ok(rest.split("/")[0]):
@@ -159,7 +163,8 @@ def _raw_file(layer: dict, reference: str, prefix: str | None) -> RawFile:
         raise _foreign(reference, digest, shown, "no 40-hex commit after snapshots/")
     etag = annotations.get(ETAG)
     if not isinstance(etag, str) or algorithm_of(etag) is None:
-        raise _foreign(reference, digest, shown, f"no {ETAG} annotation naming its blob (40 or 64 hex)")
+        raise _foreign(reference, digest, shown, f"no {ETAG} annotation naming its blob (40 or 64 hex; "
+                                                 f"it is {_kind(etag)})")
     if algorithm_of(etag) == "sha256" and etag != digest.split(":", 1)[1]:
         raise IntegrityError(f"refused layer {digest}: its {ETAG} {etag[:12]}... names another content than its "
                              "digest", hint=_ALTERED)
@@ -180,8 +185,12 @@ def plan_artifact(manifest: dict, config: dict, reference: str, prefix: str | No
         raise UsageError(f"{reference}: a ModelPack artifact holds one model at one commit; this one names "
                          f"{len(snapshots)} snapshots", hint=_HINT)
     folder, commit = snapshots.pop()
-    descriptor = config.get("descriptor") if isinstance(config.get("descriptor"), dict) else {}
+    descriptor = config.get("descriptor", {})
+    if not isinstance(descriptor, dict):
+        raise UsageError(f"{reference}: the config's descriptor is {_kind(descriptor)}, not an object", hint=_HINT)
     version = descriptor.get("version")
+    if version is not None and not isinstance(version, str):
+        raise UsageError(f"{reference}: the config's descriptor.version is {_kind(version)}, not a text", hint=_HINT)
     if isinstance(version, str) and algorithm_of(version) == "git-sha1" and version != commit:
         raise UsageError(f"{reference}: the config's descriptor.version {version[:12]} is not the layers' commit "
                          f"{commit[:12]}", hint=_HINT)
@@ -226,11 +235,10 @@ def held_locally(cache_dir: Path, folder: str, etag: str, size: int, digest: str
     try:
         st = os.fstat(fd)
         algorithm = algorithm_of(etag) or "sha256"
-        ok = fd_hash(os.dup(fd), algorithm, shown=f"{folder}/blobs/{etag}")[0] == etag
-        lies = ok and st.st_size != size
-        if ok and not lies and digest is not None and algorithm != "sha256":
-            os.lseek(fd, 0, os.SEEK_SET)
-            lies = f"sha256:{fd_hash(os.dup(fd), 'sha256', shown=f'{folder}/blobs/{etag}')[0]}" != digest
+        # one read for both: the name and the layer's digest must be of the same bytes
+        digests, _ = fd_hashes(os.dup(fd), tuple(dict.fromkeys((algorithm, "sha256"))), shown=f"{folder}/blobs/{etag}")
+        ok = digests[algorithm] == etag
+        lies = ok and (st.st_size != size or (digest is not None and f"sha256:{digests['sha256']}" != digest))
         if lies:
             shown = f" ({digest})" if digest else ""
             raise IntegrityError(f"refused the pull, nothing was changed: a layer{shown} names {folder}/blobs/{etag} "
@@ -250,14 +258,15 @@ def held_locally(cache_dir: Path, folder: str, etag: str, size: int, digest: str
     return True
 
 
-def _same_ref(cache_dir: Path, ref: RawFile) -> bool:
-    """Whether the target's ref holds exactly the ref layer's bytes (their sha256 is the layer digest): then it is
-    not downloaded (read from the root without following a link; anything odd there: fetched, import judges it)."""
+def _same_ref(cache_dir: Path, ref: RawFile) -> bytes | None:
+    """The target's ref when it holds exactly the ref layer's bytes (their sha256 is the layer digest): then it is
+    not downloaded (read from the root without following a link; anything odd there: None, fetched, import judges
+    it)."""
     try:
         data = safefs.read_small(cache_dir, (ref.folder, "refs", *ref.rel), MAX_REF_BYTES + 1)
     except (OSError, CacheError):
-        return False
-    return f"sha256:{hashlib.sha256(data).hexdigest()}" == ref.digest
+        return None
+    return data if f"sha256:{hashlib.sha256(data).hexdigest()}" == ref.digest else None
 
 
 class _ExactStream(io.RawIOBase):
@@ -267,6 +276,7 @@ class _ExactStream(io.RawIOBase):
     def __init__(self, body: VerifiedStream, size: int, etag: str, digest: str) -> None:
         self._body, self._size, self._digest = body, size, digest
         self.sha1 = hashlib.sha1(b"blob %d\0" % size) if algorithm_of(etag) == "git-sha1" else None  # noqa: S324
+        self.head = bytearray()  # a ref layer's bytes (at most MAX_REF_BYTES: plan_artifact bounds its size)
 
     def readable(self) -> bool:
         return True
@@ -278,6 +288,8 @@ class _ExactStream(io.RawIOBase):
                                  f"manifest declares {self._size}", hint=_ALTERED)
         if self.sha1 is not None:
             self.sha1.update(memoryview(buffer)[:n])
+        if len(self.head) < MAX_REF_BYTES:
+            self.head += memoryview(buffer)[:min(n, MAX_REF_BYTES - len(self.head))]
         return n
 
 
@@ -297,6 +309,7 @@ class ArtifactSource:
                      if held_locally(cache_dir, plan.folder, etag, group[0].size, group[0].digest)}
         self.received: list[Layer] = []
         self.skipped: list[str] = []
+        self.refs: dict[str, str] = {}  # ref entry name -> the commit its bytes name (:func:`claims`)
         to_fetch = [g[0].size for e, g in plan.contents.items() if e not in self.held] + [r.size for r in plan.refs]
         budget.check(sum(to_fetch), f"artifact {container.api_prefix}")
 
@@ -309,6 +322,11 @@ class ArtifactSource:
         """``<folder>/<commit>`` -> {path: sha256 hex}: the raw layers' digests (each checked as it streamed, or the
         target's blob re-hashed)."""
         return {f"{self.plan.folder}/{self.plan.commit}": self.plan.files()}
+
+    def claims(self) -> dict[str, str]:
+        """Ref entry name -> the commit its bytes name ("" for none), read once :meth:`members` ran: what the
+        signature check binds to the signed snapshot (:func:`hfcache.oci.pull_signed.check_claims`)."""
+        return dict(self.refs)
 
     def members(self) -> Iterator[tuple[Member, object]]:
         """Blobs (fetched unless held), their snapshot links, then the refs; every layer checked at its end."""
@@ -324,14 +342,20 @@ class ArtifactSource:
             for f in group:
                 parts = f.name.split("/")
                 yield Member(f.name, "symlink", linkname="../" * (len(parts) - 2) + f"blobs/{etag}"), None
+        from .pull_signed import ref_commit
+
         for ref in self.plan.refs:
-            if _same_ref(self.cache_dir, ref):
+            held = _same_ref(self.cache_dir, ref)
+            if held is not None:
                 self.skipped.append(ref.digest)
                 self.received.append(Layer(ref.digest, ref.size, ref.digest, (folder,), 0))
+                self.refs[ref.name] = ref_commit(held)
             else:
-                yield from self._fetched(ref.name, ref, "")
+                exact = yield from self._fetched(ref.name, ref, "")
+                self.refs[ref.name] = ref_commit(bytes(exact.head))
 
-    def _fetched(self, name: str, f: RawFile, etag: str) -> Iterator[tuple[Member, object]]:
+    def _fetched(self, name: str, f: RawFile, etag: str):
+        """Yield one layer as the importer's entry (a generator; its value: the layer's :class:`_ExactStream`)."""
         digest = f.digest
         with network_errors(self.container.registry, self.client.prefix == "http"):
             response = self.client.do_request(url(self.client, self.container, "blobs", digest), "GET", stream=True)
@@ -351,3 +375,4 @@ class ArtifactSource:
             raise IntegrityError(f"refused layer {digest}: its bytes are not the git blob {etag} its {ETAG} names",
                                  hint=_ALTERED)
         self.received.append(Layer(digest, f.size, digest, (self.plan.folder,), body.size))
+        return exact

@@ -337,7 +337,7 @@ class _RegistryMethods:
         except (ValueError, AttributeError):
             raise HubError(f"registry {self.registry_name}: its token endpoint gave no token",
                            hint="check the registry address; its auth service may be down") from None
-        return str(token) if token else None
+        return token if isinstance(token, str) and token else None  # a list or object is no token: never sent
 
     def _auth_error(self) -> RegistryAuthError:
         basic = getattr(self.auth, "_basic_auth", None)
