@@ -359,8 +359,16 @@ def _modes(group_writable: bool) -> tuple[int, int]:
     return (0o775, 0o664) if group_writable else (0o755, 0o644)
 
 
-def write_tar(plan: ExportPlan, out: BinaryIO, chown: tuple[int, int] = (0, 0), group_writable: bool = False) -> str:
+def write_tar(plan: ExportPlan, out: BinaryIO, chown: tuple[int, int] = (0, 0), group_writable: bool = False,
+              prefix: str = "") -> str:
     """Write the plan as a reproducible tar to ``out``; return the sha256 of the bytes written.
+
+    Args:
+        plan: what :func:`plan_export` returned (names relative to the cache root). out: the binary stream written.
+        chown: (uid, gid) of every entry. group_writable: modes 0775/0664 instead of 0755/0644.
+        prefix: a checked relative folder (``push --prefix``, :func:`hfcache.oci.modelpack.check_prefix`) that
+            every entry is put under, its own folders first; hardlink targets get it too, relative symlink targets
+            stay as they are (they point inside the same repo folder). The plan's names still open the files.
 
     Raises:
         CacheError: a blob's content does not match its name (a corrupt source cache); a source file is no longer a
@@ -369,13 +377,24 @@ def write_tar(plan: ExportPlan, out: BinaryIO, chown: tuple[int, int] = (0, 0), 
     dir_mode, file_mode = _modes(group_writable)
     digest = hashlib.sha256()
     sink = _DigestWriter(out, digest)
+    under = (lambda name: f"{prefix}/{name}") if prefix else (lambda name: name)
+
+    def info_of(name: str) -> tarfile.TarInfo:
+        info = tarfile.TarInfo(name)
+        info.mtime = 0
+        info.uid, info.gid = chown
+        info.uname = info.gname = ""
+        info.mode = file_mode
+        return info
+
     with tarfile.open(fileobj=sink, mode="w|", format=tarfile.PAX_FORMAT) as tar:
+        parts = prefix.split("/") if prefix else []
+        for i in range(1, len(parts) + 1):
+            info = info_of("/".join(parts[:i]))
+            info.type, info.mode = tarfile.DIRTYPE, dir_mode
+            tar.addfile(info)
         for e in plan.entries:
-            info = tarfile.TarInfo(e.name)
-            info.mtime = 0
-            info.uid, info.gid = chown
-            info.uname = info.gname = ""
-            info.mode = file_mode
+            info = info_of(under(e.name))
             if e.kind == "dir":
                 info.type, info.mode = tarfile.DIRTYPE, dir_mode
                 tar.addfile(info)
@@ -383,7 +402,7 @@ def write_tar(plan: ExportPlan, out: BinaryIO, chown: tuple[int, int] = (0, 0), 
                 info.type, info.linkname, info.mode = tarfile.SYMTYPE, e.target, 0o777
                 tar.addfile(info)
             elif e.kind == "hardlink":
-                info.type, info.linkname = tarfile.LNKTYPE, e.target
+                info.type, info.linkname = tarfile.LNKTYPE, under(e.target)
                 tar.addfile(info)
             elif e.kind in ("empty", "data"):
                 data = e.target.encode()

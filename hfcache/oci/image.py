@@ -47,7 +47,6 @@ from .registry import (DIGEST, RegistryAuthError, TransferSink, check, connect, 
                        registry_text, url)
 from .modelpack import (artifact_documents, attach_bundles, check_prefix, model_files, send_bytes, send_file, sign,
                         signed_snapshots)
-from .prefixed import write_prefixed_tar
 from .upload import upload
 from ..cache.scan import parse_folder_name
 
@@ -179,7 +178,7 @@ def write_layer(plan: ExportPlan, out: BinaryIO, prefix: str = "") -> tuple[str,
     sink = _HashingWriter(out)
     # Fixed gzip header: mtime 0 and no FNAME (filename=""), and a fixed level: reproducible bytes.
     with gzip.GzipFile(filename="", mode="wb", compresslevel=GZIP_LEVEL, fileobj=sink, mtime=0) as gz:
-        diff_id = write_prefixed_tar(plan, gz, prefix) if prefix else write_tar(plan, gz)
+        diff_id = write_tar(plan, gz, prefix=prefix or "")
     return f"sha256:{sink.sha256.hexdigest()}", sink.size, f"sha256:{diff_id}"
 
 
