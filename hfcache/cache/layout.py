@@ -24,6 +24,7 @@ from collections.abc import Callable
 from contextlib import contextmanager
 from pathlib import Path
 
+from ..names import UnsafeName, check_commit, check_etag, check_folder_name, check_ref_name
 from . import safefs
 from .locking import DEFAULT_LOCK_TIMEOUT, LockWait
 from .atomic import atomic_write_at, file_lock, unlink_at
@@ -62,7 +63,7 @@ class RepoFolder:
         self.repo_id = repo_id
         self.repo_type = repo_type
         self.name = repo_folder_name(repo_id, repo_type)
-        safefs.check_folder_name(self.name)
+        check_folder_name(self.name)
         self.root = cache_dir / self.name
         self.locks = cache_dir / ".locks" / self.name
         self.lock_timeout = lock_timeout
@@ -97,7 +98,7 @@ class RepoFolder:
                                       hint="remove the symlink or file (or the repo folder), then rerun")
 
     def blob_path(self, etag: str) -> Path:
-        return self.root / "blobs" / safefs.check_etag(etag)
+        return self.root / "blobs" / check_etag(etag)
 
     def read_blob(self, etag: str, limit: int) -> bytes:
         """At most ``limit`` bytes of the blob ``etag``, opened from the cache root without following a link (a
@@ -107,17 +108,17 @@ class RepoFolder:
         Raises:
             UnsafeLayout: not a regular file, or reached through a link. FileNotFoundError: it is gone.
         """
-        fd = safefs.open_blob(self.cache_dir, self.name, safefs.check_etag(etag))
+        fd = safefs.open_blob(self.cache_dir, self.name, check_etag(etag))
         return safefs.read_regular_fd(fd, f"{self.name}/blobs/{etag}", limit)
 
     def pointer_path(self, commit_hash: str, path: str) -> Path:
-        return self.root / "snapshots" / safefs.check_commit(commit_hash) / Path(*_repo_parts(path))
+        return self.root / "snapshots" / check_commit(commit_hash) / Path(*_repo_parts(path))
 
     def marker_path(self, commit_hash: str, path: str) -> Path:
-        return self.root / ".no_exist" / safefs.check_commit(commit_hash) / Path(*_repo_parts(path))
+        return self.root / ".no_exist" / check_commit(commit_hash) / Path(*_repo_parts(path))
 
     def ref_path(self, revision: str) -> Path:
-        return self.root / "refs" / Path(*safefs.check_ref_name(revision).split("/"))
+        return self.root / "refs" / Path(*check_ref_name(revision).split("/"))
 
     @contextmanager
     def _lock(self, name: str, stop: threading.Event | None):
@@ -136,7 +137,7 @@ class RepoFolder:
 
     def blob_lock(self, etag: str, stop: threading.Event | None = None):
         """The lock huggingface_hub takes while downloading this blob (``.locks/<folder>/<etag>.lock``)."""
-        return self._lock(f"{safefs.check_etag(etag)}.lock", stop)
+        return self._lock(f"{check_etag(etag)}.lock", stop)
 
     def repo_lock(self, stop: threading.Event | None = None):
         """hfcache's lock on the whole repo folder, held while warm or prune change it.
@@ -152,7 +153,7 @@ class RepoFolder:
         shape into the marked shared Xet store to a payload of that size (no hashing; no other link followed)."""
         try:
             with safefs.dir_fd(self.cache_dir, (self.name, "blobs")) as fd:
-                st = os.stat(safefs.check_etag(etag), dir_fd=fd, follow_symlinks=False)
+                st = os.stat(check_etag(etag), dir_fd=fd, follow_symlinks=False)
             if stat.S_ISLNK(st.st_mode):
                 # huggingface_hub 2.4's link into the shared Xet store (cache/shared_store.py): the payload counts
                 xet_hash = safefs.store_link_of(self.cache_dir, self.name, etag)
@@ -176,7 +177,7 @@ class RepoFolder:
             (IncompleteBlob, binary file object). Mode 0o666 minus the umask, so the published blob has the usual
             mode. The caller calls ``incomplete.unlink(missing_ok=True)`` when done (also closes the dir fd).
         """
-        safefs.check_etag(etag)
+        check_etag(etag)
         self.make_dir(self.root / "snapshots")
         dfd = self.open_dir(self.root / "blobs")
         name = f"{etag}.{uuid.uuid4().hex[:8]}.incomplete"
@@ -196,7 +197,7 @@ class RepoFolder:
 
         Call it only while holding :meth:`blob_lock`: then no other process is writing any of them.
         """
-        safefs.check_etag(etag)
+        check_etag(etag)
         self.make_dir(self.root / "snapshots")
         dfd = self.open_dir(self.root / "blobs")
         try:
@@ -258,7 +259,7 @@ class RepoFolder:
         Returns:
             int: how many were deleted.
         """
-        safefs.check_etag(etag)
+        check_etag(etag)
         try:
             dfd = safefs.open_dir(self.cache_dir, (self.name, "blobs"))
         except (FileNotFoundError, NotADirectoryError):
@@ -280,7 +281,7 @@ class RepoFolder:
     def publish_blob(self, incomplete: IncompleteBlob, etag: str) -> None:
         """Rename a verified download to ``blobs/<etag>`` (atomic, relative to the dir fd it was created in;
         replaces a broken blob or a planted link of that name, never writes through it); closes that fd."""
-        os.replace(incomplete.name, safefs.check_etag(etag), src_dir_fd=incomplete.dir_fd,
+        os.replace(incomplete.name, check_etag(etag), src_dir_fd=incomplete.dir_fd,
                    dst_dir_fd=incomplete.dir_fd)
         incomplete.published = True
         incomplete.close()
@@ -295,11 +296,11 @@ class RepoFolder:
             shared store (a hardlink of a payload keeps its bytes once on disk, and survives the library's sweep of
             the payload); nothing is changed then.
         """
-        safefs.check_etag(etag)
+        check_etag(etag)
         try:
             src_rel = Path(source).relative_to(self.cache_dir).parts
-            safefs.check_etag(src_rel[-1])
-        except (ValueError, IndexError, safefs.UnsafeName):
+            check_etag(src_rel[-1])
+        except (ValueError, IndexError, UnsafeName):
             return False
         if len(src_rel) != 3 or (src_rel[1] != "blobs" and not _store_payload_rel(self.cache_dir, src_rel)):
             return False
@@ -333,7 +334,7 @@ class RepoFolder:
         Raises:
             UnsafeLayout: ``blobs/`` (or a folder above it) is a symlink. OSError: the rename failed.
         """
-        safefs.check_etag(etag)
+        check_etag(etag)
         share_file_at(src_dir_fd, name, self.policy)
         with self._blobs_fd() as dfd:
             os.replace(name, etag, src_dir_fd=src_dir_fd, dst_dir_fd=dfd)
@@ -350,9 +351,9 @@ class RepoFolder:
             UnsafeLayout: the source is a link, a FIFO, not ``size`` bytes, or does not hash to ``etag``.
             OSError: it is missing, or the copy cannot be written.
         """
-        safefs.check_etag(etag)
+        check_etag(etag)
         try:
-            src = safefs.open_file(self.cache_dir, (safefs.check_folder_name(source_folder), "blobs", etag),
+            src = safefs.open_file(self.cache_dir, (check_folder_name(source_folder), "blobs", etag),
                                    os.O_RDONLY | os.O_NONBLOCK)
         except OSError as exc:
             if exc.errno in (errno.ELOOP, errno.ENOTDIR):
@@ -439,7 +440,7 @@ class RepoFolder:
         """Record a use of the revision: set its snapshot folder's mtime to now (part of "last use", see
         :mod:`hfcache.cache.scan`). Best effort: a read-only cache keeps its old time."""
         try:
-            fd = safefs.open_dir(self.cache_dir, (self.name, "snapshots", safefs.check_commit(commit_hash)))
+            fd = safefs.open_dir(self.cache_dir, (self.name, "snapshots", check_commit(commit_hash)))
         except (OSError, safefs.UnsafeLayout):
             return
         try:
@@ -452,7 +453,7 @@ class RepoFolder:
     def read_ref(self, revision: str) -> bytes | None:
         """The bytes of ``refs/<revision>`` (at most 256), or None when there is none; no link is followed."""
         try:
-            return safefs.read_small(self.cache_dir, (self.name, "refs", *safefs.check_ref_name(revision).split("/")),
+            return safefs.read_small(self.cache_dir, (self.name, "refs", *check_ref_name(revision).split("/")),
                                      256)
         except FileNotFoundError:
             return None
@@ -464,7 +465,7 @@ class RepoFolder:
 
     def write_ref(self, revision: str, commit_hash: str) -> None:
         """Write ``refs/<revision>`` = commit (no trailing newline; one breaks offline resolution: huggingface_hub reads the file whole as the commit)."""
-        safefs.check_commit(commit_hash)
+        check_commit(commit_hash)
         if revision == commit_hash:
             return
         ref = self.ref_path(revision)
@@ -514,10 +515,10 @@ def _lstat_at(name: str, dir_fd: int) -> int:
 def _repo_parts(path: str) -> list[str]:
     """The components of a repo path; UnsafeName for an absolute path, ``..``, ``.`` or an empty component."""
     if not isinstance(path, str) or not path or path.startswith("/") or "\\" in path:
-        raise safefs.UnsafeName(f"refusing repo path {path!r}")
+        raise UnsafeName(f"refusing repo path {path!r}")
     parts = path.split("/")
     if any(p in ("", ".", "..") or "\x00" in p for p in parts):
-        raise safefs.UnsafeName(f"refusing repo path {path!r}")
+        raise UnsafeName(f"refusing repo path {path!r}")
     return parts
 
 

@@ -29,12 +29,12 @@ from __future__ import annotations
 
 import json
 import os
-import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
+from ..names import UnsafeName, check_commit, check_folder_name, is_prefixed_hash
 from . import safefs
 from ..bounds import TooDeep, loads_json
 from ..errors import CacheError
@@ -45,7 +45,6 @@ from .sharing import cache_policy, share_dir_fd
 MAX_RECORD_BYTES = 16 * 1024 * 1024
 #: Longest endpoint URL recorded or read back.
 MAX_ENDPOINT_CHARS = 2048
-_HASH_RE = re.compile(r"(sha256:[0-9a-f]{64}|git-sha1:[0-9a-f]{40})")
 _FORMAT = "hfcache-published"
 _REFUSED_HINT = ("`hfcache verify --repair` removes it (or remove it by hand), then re-warm the repo; someone who "
                  "can write the cache wrote it")
@@ -92,7 +91,7 @@ def public_endpoint(url: object) -> str | None:
 
 def record_parts(folder_name: str, commit_hash: str) -> tuple[str, ...]:
     """The record's path below the cache root, as components."""
-    return ".locks", safefs.check_folder_name(folder_name), "hfcache", f"{safefs.check_commit(commit_hash)}.json"
+    return ".locks", check_folder_name(folder_name), "hfcache", f"{check_commit(commit_hash)}.json"
 
 
 def write_record(cache_dir: Path, folder_name: str, commit_hash: str, files: Iterable[tuple[str, int, str]],
@@ -153,7 +152,7 @@ def read_record(cache_dir: str | os.PathLike[str], folder_name: str, commit_hash
     try:
         parts = record_parts(folder_name, commit_hash)
         raw = safefs.read_small(cache_dir, parts, MAX_RECORD_BYTES + 1)
-    except (OSError, safefs.UnsafeLayout, safefs.UnsafeName):
+    except (OSError, safefs.UnsafeLayout, UnsafeName):
         return None
     where = "/".join(parts)
     if len(raw) > MAX_RECORD_BYTES:
@@ -172,7 +171,7 @@ def read_record(cache_dir: str | os.PathLike[str], folder_name: str, commit_hash
         for path, entry in doc["files"].items():
             size, digest = entry["size"], entry["hash"]
             if isinstance(path, str) and isinstance(size, int) and size >= 0 and isinstance(digest, str) \
-                    and _HASH_RE.fullmatch(digest):
+                    and is_prefixed_hash(digest):
                 files[path] = (size, digest)
         absent = tuple(sorted(a for a in doc["absent"] if isinstance(a, str)))
         endpoint = public_endpoint(doc.get("endpoint"))
@@ -185,5 +184,5 @@ def remove_record(cache_dir: Path, folder_name: str, commit_hash: str) -> None:
     """Remove the record of a revision that was pruned (no link followed; missing is fine)."""
     try:
         safefs.unlink(cache_dir, record_parts(folder_name, commit_hash), missing_ok=True)
-    except (OSError, safefs.UnsafeLayout, safefs.UnsafeName):
+    except (OSError, safefs.UnsafeLayout, UnsafeName):
         pass

@@ -14,6 +14,7 @@ import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..names import FOLDER_PREFIXES, check_etag, repo_folder_name  # noqa: F401 - repo_folder_name re-exported
 from . import safefs
 from ..errors import CacheError, UsageError
 from .atomic import atomic_write_at
@@ -144,10 +145,8 @@ def existing_cache_dir(cache_dir: str | os.PathLike[str] | None) -> Path:
 
 #: What huggingface_hub (``file_download.py``, ``_local_folder.py``, 2.4's ``utils/_shared_blobs.py``) and
 #: transformers (``utils/hub.py``'s cache migration: ``version.txt``) write at a hub cache's root, besides the repo
-#: folders (:data:`REPO_PREFIXES`): one of them, or a repo folder, makes a folder a cache.
+#: folders (:data:`FOLDER_PREFIXES`): one of them, or a repo folder, makes a folder a cache.
 CACHE_MARKERS = frozenset({".locks", "CACHEDIR.TAG", "version.txt", STORE_DIR})
-#: ``<type>s--`` of every repo type huggingface_hub names a repo folder after (``repo_folder_name``).
-REPO_PREFIXES = ("models--", "datasets--", "spaces--", "kernels--")
 #: What a fresh file system volume holds before anything is written to it: still an empty cache.
 _FRESH_VOLUME = frozenset({"lost+found"})
 #: What huggingface_hub and its neighbours keep in an ``HF_HOME`` beside ``hub/`` (``constants.py``: the token,
@@ -227,11 +226,11 @@ def _names(path: Path) -> list[str] | None:
 
 
 def _is_cache(names: list[str]) -> bool:
-    return any(n.startswith(REPO_PREFIXES) or n in CACHE_MARKERS for n in names)
+    return any(n.startswith(FOLDER_PREFIXES) or n in CACHE_MARKERS for n in names)
 
 
 def _repo_count(names: list[str], path: Path) -> int:
-    return sum(1 for n in names if n.startswith(REPO_PREFIXES) and stat.S_ISDIR(_lstat_mode(path / n)))
+    return sum(1 for n in names if n.startswith(FOLDER_PREFIXES) and stat.S_ISDIR(_lstat_mode(path / n)))
 
 
 def _lstat_mode(path: Path) -> int:
@@ -259,7 +258,7 @@ def describe_cache_dir(path: str | os.PathLike[str]) -> CacheDirKind:
     if names is None:
         kind = "missing" if not os.path.lexists(root) else "not_a_cache"
         return CacheDirKind(root, kind, looks_like=None if kind == "missing" else "not a folder")
-    if {"snapshots", "refs"} & set(names) and not any(n.startswith(REPO_PREFIXES) for n in names):
+    if {"snapshots", "refs"} & set(names) and not any(n.startswith(FOLDER_PREFIXES) for n in names):
         # A repo folder (its blobs/ is no shared store): the cache is the folder above.
         parent = _names(root.parent) or []
         return CacheDirKind(root, "not_a_cache", meant=root.parent, meant_repos=_repo_count(parent, root.parent),
@@ -416,13 +415,6 @@ def write_access_error(root: Path) -> CacheError:
     return CacheError(f"cannot {what} {existing}{owner}: permission denied for uid {uid}", hint=hint)
 
 
-def repo_folder_name(repo_id: str, repo_type: str = "model") -> str:
-    """``models--ORG--NAME`` (``datasets--``, ``spaces--``, ``kernels--``: the type plus ``s``): huggingface_hub
-    ``file_download.repo_folder_name``, restated here because importing
-    that module loads the HTTP stack, which the light ``warm --lock`` check must not pay for."""
-    return "--".join([f"{repo_type}s", *repo_id.split("/")])
-
-
 def symlinks_supported(cache_dir: Path) -> bool:
     """Whether snapshot entries can be symlinks in ``cache_dir``.
 
@@ -456,7 +448,7 @@ def symlinks_supported(cache_dir: Path) -> bool:
 def find_blob_elsewhere(cache_dir: Path, etag: str, size: int, exclude: str) -> Path | None:
     """Find a regular ``blobs/<etag>`` of the right size in another repo folder of the cache (for hardlinking), or
     the shared Xet store's payload such a blob links to (huggingface_hub 2.4's ``blobs/<2hex>/<xet_hash>``)."""
-    safefs.check_etag(etag)
+    check_etag(etag)
     try:
         entries = os.scandir(cache_dir)
     except OSError:

@@ -16,13 +16,13 @@ from __future__ import annotations
 
 import errno
 import os
-import re
 import stat
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
 from ..errors import CacheError
+from ..names import UnsafeName, check_commit, check_etag, check_folder_name, check_ref_name  # noqa: F401 - the layer's checks
 from .fd_remove import remove_tree_at
 from .shared_store import StoreProblem, open_payload, xet_hash_of_link
 
@@ -31,48 +31,10 @@ REPO_PARTS = ("blobs", "refs", "snapshots", ".no_exist", "trees")
 _PART_SET = frozenset(REPO_PARTS)
 
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
-_ETAG_RE = re.compile(r"[0-9a-f]{40}|[0-9a-f]{64}")
-_COMMIT_RE = re.compile(r"[0-9a-f]{40}")
-_BAD_REF = re.compile(r"(^|/)\.\.?(/|$)|^/|\\|\x00|//|/$")
 
 
 class UnsafeLayout(CacheError):
     """A part of the cache is a symlink or not a directory where a directory belongs; nothing was done through it."""
-
-
-class UnsafeName(CacheError):
-    """A blob, commit or ref name that would build a path outside its folder (refused before any filesystem call)."""
-
-
-def check_etag(etag: str) -> str:
-    """Return ``etag`` when it is a blob name (40 or 64 lowercase hex: git sha1 or sha256), else raise UnsafeName."""
-    if not isinstance(etag, str) or not _ETAG_RE.fullmatch(etag):
-        raise UnsafeName(f"refusing blob name {etag!r}: not 40 or 64 lowercase hex characters",
-                         hint="the endpoint, lock or archive that named it is broken or hostile")
-    return etag
-
-
-def check_commit(commit: str) -> str:
-    """Return ``commit`` when it is 40 lowercase hex characters, else raise UnsafeName."""
-    if not isinstance(commit, str) or not _COMMIT_RE.fullmatch(commit):
-        raise UnsafeName(f"refusing commit {commit!r}: not 40 lowercase hex characters",
-                         hint="the endpoint, lock or archive that named it is broken or hostile")
-    return commit
-
-
-def check_ref_name(revision: str) -> str:
-    """Return ``revision`` when it can name a file under ``refs/`` (relative, no ``.``/``..``), else UnsafeName."""
-    if not isinstance(revision, str) or not revision or _BAD_REF.search(revision):
-        raise UnsafeName(f"refusing ref name {revision!r}: not a relative path inside refs/",
-                         hint="use a branch, tag or 40-hex commit")
-    return revision
-
-
-def check_folder_name(name: str) -> str:
-    """Return ``name`` when it can be one component below the cache root (a repo folder name), else UnsafeName."""
-    if not isinstance(name, str) or not name or name.startswith(".") or "/" in name or "\x00" in name:
-        raise UnsafeName(f"refusing repo folder name {name!r}")
-    return name
 
 
 def _parts(rel: str | Sequence[str]) -> list[str]:

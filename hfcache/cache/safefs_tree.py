@@ -10,7 +10,6 @@ open entries relative to it); :func:`open_regular` opens one regular file of suc
 from __future__ import annotations
 
 import errno
-import hashlib
 import os
 import stat
 import uuid
@@ -19,7 +18,9 @@ from dataclasses import dataclass
 
 from .. import bounds
 from ..bounds import MAX_TREE_DEPTH
-from .safefs import UnsafeLayout, _parts, check_etag, open_dir
+from ..names import check_etag
+from .content import BlobHash
+from .safefs import UnsafeLayout, _parts, open_dir
 
 #: Flags for a file read below the cache root: no final link followed, never blocking on a FIFO.
 READ_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
@@ -156,22 +157,12 @@ def iter_tree(root: str | os.PathLike[str], rel: str | Sequence[str], *, max_dep
             folder.entries[:] = [(n, st) for n, st in folder.entries if n not in skip]
 
 
-def blob_hasher(etag: str, size: int):
-    """The hash a blob named ``etag`` is named by, fed nothing yet: sha256 for 64 hex, git's blob sha1 (header
-    ``blob <size>\0`` included) for 40 hex. Returns a ``hashlib`` object."""
-    if len(check_etag(etag)) == 64:
-        return hashlib.sha256()
-    h = hashlib.sha1()  # noqa: S324 - git object id
-    h.update(b"blob %d\0" % size)
-    return h
-
-
 def copy_blob_at(src_fd: int, dst_dir_fd: int, etag: str, size: int,
                  on_create: Callable[[int], None] | None = None, *, name: str | None = None) -> None:
     """Copy the open file ``src_fd`` to ``etag`` in the folder open as ``dst_dir_fd``, re-checking it is the blob.
 
     The source must be a regular file (``fstat``; open it ``O_NOFOLLOW | O_NONBLOCK`` so a FIFO never blocks)
-    of ``size`` bytes whose content hashes to ``etag`` while it is copied (:func:`blob_hasher`): a file swapped in
+    of ``size`` bytes whose content hashes to ``etag`` while it is copied (:class:`hfcache.cache.content.BlobHash`): a file swapped in
     after it was checked is refused, never published. The copy is written to a private name created
     ``O_CREAT | O_EXCL | O_NOFOLLOW`` relative to ``dst_dir_fd`` and renamed onto ``etag`` relative to it.
 
@@ -190,7 +181,7 @@ def copy_blob_at(src_fd: int, dst_dir_fd: int, etag: str, size: int,
     if not stat.S_ISREG(st.st_mode) or st.st_size != size:
         raise UnsafeLayout(f"blobs/{etag}: the copy source is not a regular file of {size} bytes: left alone",
                            hint="remove it, then rerun")
-    digest = blob_hasher(etag, size)
+    digest = BlobHash.for_etag(check_etag(etag), size)
     tmp = f".{etag}.{uuid.uuid4().hex[:8]}.incomplete"
     out = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o666, dir_fd=dst_dir_fd)
     try:

@@ -16,18 +16,16 @@ from __future__ import annotations
 import gc
 import operator
 import os
-import re
 import stat
 from dataclasses import dataclass
 from pathlib import Path
 from typing import NamedTuple
 
+from ..names import is_commit, parse_folder_name  # noqa: F401 - parse_folder_name: re-exported for the rooms that read scans
 from ..bounds import MAX_TREE_DEPTH
 from .safefs import list_modes, repo_layout_problems
 from .store_blobs import scan_blobs
 
-_COMMIT_RE = re.compile(rb"^[0-9a-f]{40}$")
-_REPO_TYPES = {"models": "model", "datasets": "dataset", "spaces": "space", "kernels": "kernel"}
 
 
 class SnapshotFile(NamedTuple):
@@ -122,17 +120,6 @@ class CacheInfo:
     cache_dir: str
     repos: tuple[RepoInfo, ...]
     size_on_disk: int
-
-
-def parse_folder_name(name: str) -> tuple[str, str] | None:
-    """``models--ORG--NAME`` -> (``ORG/NAME``, ``model``); None for names that are not repo folders."""
-    prefix, sep, rest = name.partition("--")
-    if not sep or prefix not in _REPO_TYPES or not rest:
-        return None
-    parts = rest.split("--")
-    if len(parts) > 2 or any(p in ("", ".", "..") for p in parts):
-        return None
-    return "/".join(parts), _REPO_TYPES[prefix]
 
 
 def scan_cache(cache_dir: str | os.PathLike[str], repo_ids: set[str] | None = None) -> CacheInfo:
@@ -270,7 +257,7 @@ def scan_repo(folder: str | os.PathLike[str], repo_id: str, repo_type: str,
         # skips it, verify reports unsafe_layout), so nothing outside the cache is ever read through these links.
         return _unsafe_repo(folder_name, (repo_id, repo_type), sorted(linked))
     for name, value in sorted(refs.items()):
-        if not _COMMIT_RE.fullmatch(value.encode("utf-8", "replace")):
+        if not is_commit(value):
             problems.append(f"refs/{name}: malformed ({value!r}, expected 40 hex characters)")
         elif value not in snapshots:
             problems.append(f"refs/{name}: points to missing snapshot {value[:12]}")

@@ -25,8 +25,9 @@ from __future__ import annotations
 
 import errno
 import os
-import re
 import stat
+
+from ..names import is_sha256
 
 #: The store folder at the cache root, its marker and the marker's content (``_shared_blobs.py``).
 STORE_DIR = "blobs"
@@ -37,8 +38,6 @@ LOCK_SUFFIX = ".lock"
 #: The variables that turn the store off for huggingface_hub (``constants.py``, ``shared_blobs_enabled``).
 DISABLING_VARIABLES = ("HF_HUB_DISABLE_SHARED_BLOBS", "HF_HUB_DISABLE_XET")
 
-XET_HASH_RE = re.compile(r"[0-9a-f]{64}")
-_LINK_RE = re.compile(r"\.\./\.\./blobs/([0-9a-f]{2})/([0-9a-f]{64})")
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
@@ -57,18 +56,10 @@ def xet_hash_of_link(target: str) -> str | None:
     Returns:
         The 64-hex Xet hash, or None for any other shape (absolute, another depth, a prefix that does not match).
     """
-    match = _LINK_RE.fullmatch(target)
-    if match is None or match.group(1) != match.group(2)[:2]:
+    parts = target.split("/")
+    if len(parts) != 5 or parts[:3] != ["..", "..", STORE_DIR] or not is_sha256(parts[4]) or parts[3] != parts[4][:2]:
         return None
-    return match.group(2)
-
-
-def link_target(xet_hash: str) -> str:
-    """The relative link text huggingface_hub writes for a repo blob backed by ``xet_hash``; ValueError if the hash
-    is not 64 lowercase hex characters."""
-    if not XET_HASH_RE.fullmatch(xet_hash):
-        raise ValueError(f"invalid Xet hash {xet_hash!r}")
-    return f"../../{STORE_DIR}/{xet_hash[:2]}/{xet_hash}"
+    return parts[4]
 
 
 def open_store_dir(root: str | os.PathLike[str]) -> int:
@@ -127,7 +118,7 @@ def open_payload(root: str | os.PathLike[str], xet_hash: str, flags: int = os.O_
         StoreProblem: the store is unmarked, or the prefix folder or the payload is a link, a FIFO, a device or a
             folder.
     """
-    if not XET_HASH_RE.fullmatch(xet_hash):
+    if not is_sha256(xet_hash):
         raise StoreProblem(f"invalid Xet hash {xet_hash!r}")
     store_fd = open_store_dir(root)
     try:

@@ -56,7 +56,8 @@ from ..pace import Deadline, Throughput, TooSlow, metadata_deadline, min_rate
 from .bodies import iter_body, keep_content, read_capped, slow_body, watched
 from .answers import (SHA256_RE, RepoInfo, answered_identity, check_asked_commit, check_listing, parse_repo_info,
                       remote_file, safe_path, tree_entry)
-from .files import Hasher, RemoteFile, RepoRevision
+from ..cache.content import BlobHash
+from .files import RemoteFile, RepoRevision
 from .retry import DEFAULT_RETRIES, RetryCounter, ShortBody
 from .retry import is_transient as _transient_without_client
 from .session import hub_session as _session
@@ -77,8 +78,8 @@ class HubClient:
     Args:
         endpoint: base URL, e.g. ``https://huggingface.co`` (default: ``HF_ENDPOINT`` as huggingface_hub read it).
         token: a Hub token, or None for anonymous access. Never logged or stored by hfcache.
-        timeout: seconds to wait for a connection or for any byte of an answer. A whole metadata answer (repo
-            info, a tree page, an error body) must also arrive within ``HFCACHE_METADATA_DEADLINE`` seconds, and a
+        timeout: seconds to wait for a connection or any byte of an answer. A whole metadata answer (repo info, a
+            tree page, an error body) must also arrive within :func:`hfcache.pace.metadata_deadline` of it, and a
             file body keep ``HFCACHE_MIN_RATE`` over ``HFCACHE_RATE_WINDOW`` seconds (:mod:`hfcache.pace`).
         retries: retries of a transient failure per request or per file download (:mod:`hfcache.hub.retry`).
         withheld_hint: set when a token exists but was withheld from this endpoint (a manifest's endpoint without
@@ -101,7 +102,7 @@ class HubClient:
         self.retries = retries
         self.withheld_hint = withheld_hint
         # Read now, so a malformed setting fails before any request (exit 2).
-        self.deadline = metadata_deadline()
+        self.deadline = metadata_deadline(timeout)
         self.rate, self.rate_window = min_rate()
 
     def __repr__(self) -> str:  # never show the token
@@ -413,7 +414,7 @@ class HubClient:
         def attempt() -> None:
             out.seek(0)
             out.truncate()
-            hasher = Hasher(file)
+            hasher = file.hasher()
             written = 0
             floor = self.throughput(f"{repo.repo_id}: {file.path}")
             with self.open_body(repo, file) as response:

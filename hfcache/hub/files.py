@@ -1,19 +1,14 @@
-"""What an endpoint publishes about a repo at a commit, and hashing a blob the way the Hub names it.
-
-:class:`RemoteFile` (one file: size, git blob sha1, LFS sha256), :class:`RepoRevision` (a repo resolved to a commit,
-with its listing), :class:`Hasher` and :func:`hash_fd` (sha256 for LFS files, git's blob sha1 otherwise). Standard
-library only: the HTTP side is :mod:`hfcache.hub.client`.
+"""What an endpoint publishes about a repo at a commit: :class:`RemoteFile` (one file: size, git blob sha1, LFS
+sha256) and :class:`RepoRevision` (a repo resolved to a commit, with its listing). Hashing is
+:mod:`hfcache.cache.content`'s; the HTTP side is :mod:`hfcache.hub.client`.
 """
 
 from __future__ import annotations
 
 import functools
-import hashlib
-import os
-import stat
 from dataclasses import dataclass
 
-_CHUNK = 1024 * 1024
+from ..cache.content import BlobHash
 
 
 @dataclass(frozen=True)
@@ -36,6 +31,10 @@ class RemoteFile:
     def etag(self) -> str:
         """The blob name in the cache: sha256 for LFS files, git blob sha1 otherwise (docs/cache-layout.md)."""
         return self.lfs_sha256 or self.blob_id
+
+    def hasher(self) -> BlobHash:
+        """A fresh hash of this file's content as its etag names it (:class:`hfcache.cache.content.BlobHash`)."""
+        return BlobHash.for_etag(self.etag, self.size)
 
     @property
     def hash(self) -> str:
@@ -78,49 +77,3 @@ class RepoRevision:
         property rebuilding it made ``warm --lock`` of a 20,000-file lock quadratic, 17 s before any request).
         Read-only by convention: callers never change it."""
         return {f.path: f for f in self.files}
-
-
-class Hasher:
-    """Incremental hash of a blob, matching how the Hub names it.
-
-    For LFS files the etag is the sha256 of the content; for other files it is the git blob sha1,
-    ``sha1(b"blob <size>\\0" + content)`` (git's object format), so the size must be known up front.
-    """
-
-    def __init__(self, file: RemoteFile) -> None:
-        self.file = file
-        if file.lfs_sha256:
-            self._h = hashlib.sha256()
-        else:
-            self._h = hashlib.sha1()  # noqa: S324 - git's object id, not a security hash
-            self._h.update(b"blob %d\0" % file.size)
-
-    def update(self, data: bytes) -> None:
-        self._h.update(data)
-
-    def hexdigest(self) -> str:
-        return self._h.hexdigest()
-
-    def matches(self) -> bool:
-        return self.hexdigest() == self.file.etag
-
-
-def hash_fd(fd: int, file: RemoteFile) -> bool:
-    """Return True when the open file ``fd`` (closed here) is a regular file with exactly ``file``'s size and hash.
-
-    Args:
-        fd: a descriptor opened ``O_NONBLOCK`` through the cache's safe opens (``safefs.open_blob``), so a link, a
-            FIFO or a device a group member planted, or a folder swapped above it, is never read.
-        file: what the endpoint (or a lock) says the content is.
-    """
-    hasher = Hasher(file)
-    seen = 0
-    with os.fdopen(fd, "rb") as f:
-        if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
-            return False
-        while chunk := f.read(_CHUNK):
-            hasher.update(chunk)
-            seen += len(chunk)
-            if seen > file.size:
-                return False
-    return seen == file.size and hasher.matches()

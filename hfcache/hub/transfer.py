@@ -37,7 +37,8 @@ from ..cache.incomplete import IncompleteBlob
 from ..errors import HubError, IntegrityError
 from .bodies import iter_body, slow_body
 from .client import HubClient
-from .files import Hasher, RemoteFile, RepoRevision
+from ..cache.content import BlobHash
+from .files import RemoteFile, RepoRevision
 from .retry import Budget, Interrupted, RetryCounter, ShortBody, counting
 
 PARALLEL_THRESHOLD = 16 * 1024 * 1024  # bytes left to fetch above which a file is split into ranges
@@ -195,7 +196,7 @@ class _Job:
         self.ranged = False  # the server answered a Range request with 206 at least once
         self.probed = threading.Event()
         self.threads: list[threading.Thread] = []
-        self.inline: Hasher | None = None  # one stream: the hash of the bytes so far (_one_stream)
+        self.inline: BlobHash | None = None  # one stream: the hash of the bytes so far (_one_stream)
 
     def run(self) -> None:
         # Relative to the blobs/ fd resume_incomplete opened (cache.IncompleteBlob): never through a swapped link.
@@ -245,7 +246,7 @@ class _Job:
         """The bytes after ``kept`` as one stream in this thread, each chunk hashed as it is written (no worker
         thread, no second read of the file: most files are small, docs/benchmarks.md); the same retries, Range
         checks and resume as the parts of a large file (:meth:`_worker`, :meth:`_stream`)."""
-        self.inline = Hasher(self.file)
+        self.inline = self.file.hasher()
         self._hash_from_disk(self.inline, 0, kept)
         try:
             if self.parts:
@@ -260,7 +261,7 @@ class _Job:
             raise IntegrityError(f"{self.what} does not match its expected hash "
                                  f"(expected {self.file.hash}, got {self.inline.hexdigest()})")
 
-    def _hash_from_disk(self, hasher: Hasher, offset: int, end: int) -> None:
+    def _hash_from_disk(self, hasher: BlobHash, offset: int, end: int) -> None:
         while offset < end:
             piece = os.pread(self.fd, min(_HASH_PIECE, end - offset), offset)
             if not piece:
@@ -270,7 +271,7 @@ class _Job:
 
     def _hash(self, kept: int) -> None:
         """Hash the file in order as its bytes land; raise the first worker error or an integrity error."""
-        hasher = Hasher(self.file)
+        hasher = self.file.hasher()
         offset = 0
         while offset < self.file.size:
             ready = self._ready(offset, kept)
@@ -370,7 +371,7 @@ class _Job:
                 part.start = part.pos = 0
                 part.end = self.file.size
                 if self.inline is not None:  # the kept bytes are not used: hash from byte 0
-                    self.inline = Hasher(self.file)
+                    self.inline = self.file.hasher()
             elif response.status_code == 206:
                 self._check_range(response, part)
                 self.ranged = True

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from urllib.parse import quote, urlsplit
 
+from ..names import url_prefix
 from ..errors import UsageError
 
 
@@ -50,8 +51,7 @@ def resolve_url(endpoint: str, repo_id: str, path: str, repo_type: str, revision
     Returns:
         str: the absolute URL.
     """
-    prefix = {"dataset": "datasets/", "space": "spaces/", "kernel": "kernels/"}.get(repo_type, "")
-    return f"{endpoint}/{prefix}{repo_id}/resolve/{quote(revision, safe='')}/{quote(path)}"
+    return f"{endpoint}/{url_prefix(repo_type)}{repo_id}/resolve/{quote(revision, safe='')}/{quote(path)}"
 
 
 def origin(url: str) -> tuple[str, str, int | None]:

@@ -34,7 +34,7 @@ from pathlib import Path, PurePosixPath
 from ..bounds import loads_json
 from ..cache import safefs
 from ..cache.published import read_record
-from ..cache.safefs_tree import blob_hasher
+from ..cache.content import BlobHash
 from ..cache.scan import parse_folder_name
 from ..errors import CacheError, HubError, UsageError
 from ..move.export import Entry, ExportPlan
@@ -213,8 +213,8 @@ def _hashes(entry: Entry, etag: str) -> tuple[str, str]:
     Raises:
         CacheError: the bytes do not match ``etag`` or the size (exit 5).
     """
-    sha, git = hashlib.sha256(), blob_hasher("0" * 40, entry.size)
-    named = blob_hasher(etag, entry.size) if etag else None
+    sha, git = hashlib.sha256(), BlobHash("git-sha1", entry.size)
+    named = BlobHash.for_etag(etag, entry.size) if etag else None
     got = 0
     with _open(entry) as f:
         while chunk := f.read(_CHUNK):

@@ -22,17 +22,16 @@ Reads only: ``os.access``, ``os.stat`` and ``/proc/self/status``.
 from __future__ import annotations
 
 import os
-import re
 import stat
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
+from ..names import is_commit
 from .findings import Finding
 from ..cache.sharing import policy_of
 
 __all__ = ["process_umask", "read_only_online_findings", "umask_findings"]
 
-_COMMIT_RE = re.compile(r"[0-9a-f]{40}")
 _SHOWN = 5
 _WRITE = os.W_OK | os.X_OK
 
@@ -64,7 +63,7 @@ def _movable_refs(repo) -> list[str]:
     that is not itself a commit (huggingface_hub writes no ref for a commit revision)."""
     if repo.unsafe:
         return []  # nothing below a planted link was read; the layout finding names it
-    return sorted(name for name in repo.refs if not _COMMIT_RE.fullmatch(name))
+    return sorted(name for name in repo.refs if not is_commit(name))
 
 
 def _inert(name: str, limit: int = 100) -> str:

@@ -16,7 +16,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .findings import Finding, is_true
-from ..cache.shared_store import DISABLING_VARIABLES, MARKER, STORE_DIR, XET_HASH_RE, StoreProblem, open_store_dir
+from ..names import is_sha256
+from ..cache.shared_store import DISABLING_VARIABLES, MARKER, STORE_DIR, StoreProblem, open_store_dir
 
 __all__ = ["StoreState", "examine_store"]
 
@@ -95,7 +96,7 @@ def _payloads(store_fd: int, path: Path, problems: list[str]) -> tuple[int, int]
         try:
             with os.scandir(prefix_fd) as it:
                 for e in it:
-                    if not XET_HASH_RE.fullmatch(e.name) or not e.name.startswith(prefix):
+                    if not is_sha256(e.name) or not e.name.startswith(prefix):
                         continue
                     st = e.stat(follow_symlinks=False)
                     if stat.S_ISREG(st.st_mode):

@@ -30,6 +30,7 @@ import unicodedata
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ..names import is_commit
 from ..cache import safefs
 from ..cache.layout import RepoFolder
 from ..cache.root import access_error, repo_folder_name
@@ -42,7 +43,6 @@ from ..warming.selection import matches
 #: (``hf_file_system.py``); a bare id is a model. "datasets" and "kernels" are reserved names on the Hub, never orgs.
 _TYPE_PREFIXES = {"datasets/": "dataset", "kernels/": "kernel"}
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
-_COMMIT = re.compile(r"[0-9a-f]{40}")
 _GLOB_CHARS = frozenset("*?[")
 #: Characters no line of output may carry raw (as ``hfcache env`` refuses them, :func:`hfcache.offline.env.check_inert`):
 #: controls and line breaks (a name holding ``\n`` would print a second path), format characters (bidi, zero-width),
@@ -293,7 +293,7 @@ def _commit_of(root: Path, folder: str, request: WarmRequest, pattern: str | Non
     except FileNotFoundError:
         raise PathNotCached(f"{_label(request)} is not in the cache {root}: no folder {folder}",
                             missing="repo", warm_command=hint) from None
-    if _COMMIT.fullmatch(request.revision):
+    if is_commit(request.revision):
         commit = request.revision
         gone = f"commit {commit} of {request.repo_id} is not in the cache {root}"
     else:
@@ -303,7 +303,7 @@ def _commit_of(root: Path, folder: str, request: WarmRequest, pattern: str | Non
                                 f"{folder}/refs/{request.revision}; {_cached_refs(root, folder)})",
                                 missing="ref", warm_command=hint)
         text = raw.decode("ascii", "replace")
-        if not _COMMIT.fullmatch(text):
+        if not is_commit(text):
             raise PathNotCached(f"{folder}/refs/{request.revision} is malformed ({text[:60]!r}, expected exactly 40 "
                                 "hex characters): loaders cannot resolve it", missing="ref", warm_command=hint)
         commit = text

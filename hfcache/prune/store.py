@@ -32,7 +32,8 @@ from ..cache import safefs
 from ..cache.locking import DEFAULT_LOCK_TIMEOUT, LockTimeout, file_lock, flock_error, via_dir_fd
 from ..cache.safefs import UnsafeLayout
 from ..cache.scan import parse_folder_name
-from ..cache.shared_store import (LOCK_SUFFIX, MANIFEST_SUFFIX, STORE_DIR, XET_HASH_RE, StoreProblem,
+from ..names import is_sha256
+from ..cache.shared_store import (LOCK_SUFFIX, MANIFEST_SUFFIX, STORE_DIR, StoreProblem,
                                   open_store_dir, xet_hash_of_link)
 
 __all__ = ["Sweep", "has_store", "list_payloads", "payload_path", "read_references", "sweep_payload"]
@@ -92,7 +93,7 @@ def list_payloads(root: str | os.PathLike[str]) -> dict[str, os.stat_result]:
             try:
                 with os.scandir(prefix_fd) as it:
                     for e in it:
-                        if XET_HASH_RE.fullmatch(e.name) and e.name.startswith(prefix):
+                        if is_sha256(e.name) and e.name.startswith(prefix):
                             st = e.stat(follow_symlinks=False)
                             if stat.S_ISREG(st.st_mode):
                                 out[e.name] = st
@@ -196,7 +197,7 @@ def sweep_payload(root: str | os.PathLike[str], xet_hash: str, *, delete: bool,
         :class:`Sweep`. Errors (an unmarked store, a link or FIFO in place of a folder, the lock, the manifest or the
         payload, an OSError) give ``skipped`` with a note: nothing is deleted then.
     """
-    if not XET_HASH_RE.fullmatch(xet_hash):
+    if not is_sha256(xet_hash):
         return Sweep("skipped", f"invalid Xet hash {xet_hash!r}")
     try:
         store_fd = open_store_dir(root)

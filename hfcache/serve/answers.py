@@ -14,6 +14,7 @@ from urllib.parse import quote, urlencode
 
 from werkzeug.wrappers import Request, Response
 
+from ..names import PLURALS, url_prefix
 from .body import FileBody
 from .faults import FaultState
 from .http import HttpError, json_response, raw_target
@@ -87,7 +88,7 @@ def lfs_redirect(snapshot: RepoSnapshot, repo_file: RepoFile, cdn_host: str, cdn
     ``get_hf_file_metadata`` stops at a cross-origin redirect and reads X-Repo-Commit, X-Linked-Etag
     and X-Linked-Size from it; the download then goes to ``Location`` without Authorization.
     """
-    prefix = {"dataset": "datasets/", "kernel": "kernels/"}.get(snapshot.repo_type, "")
+    prefix = url_prefix(snapshot.repo_type)
     location = f"http://{cdn_host}:{cdn_port}"
     location += f"/lfs/{prefix}{snapshot.repo_id}/{repo_file.sha256}"
     etag = etag_header(repo_file.sha256, faults)
@@ -218,7 +219,7 @@ def legacy_redirect(request: Request, repo_type: str, canonical: str, rest: list
     A relative Location on the same origin is followed by ``_httpx2_follow_hub_redirects_with_backoff``
     (utils/_http.py), so X-Repo-Commit and ETag come from the canonical response.
     """
-    prefix = {"dataset": ["datasets"], "kernel": ["kernels"]}.get(repo_type, [])
+    prefix = [PLURALS[repo_type]] if repo_type != "model" else []
     path = "/" + "/".join(quote(s, safe="") for s in [*prefix, *canonical.split("/"), *rest])
     query = request.environ.get("QUERY_STRING")
     return Response(b"", status=307, headers={"Location": path + (f"?{query}" if query else "")})

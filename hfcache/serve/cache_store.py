@@ -40,6 +40,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
 
+from ..names import is_commit, is_sha256, repo_folder_name
+from ..records import REPO_TYPES as SERVED_TYPES
 from ..bounds import loads_json
 from ..cache import safefs
 from ..cache.scan import RepoInfo, parse_folder_name, scan_repo
@@ -47,8 +49,6 @@ from ..cache.shared_store import StoreProblem, payload_stat
 from ..cache.treewalk import walk_tree
 from .vocabulary import (
     REPO_NAME_RE,
-    SHA1_RE,
-    SHA256_RE,
     HashMemo,
     RepoFile,
     RepoSnapshot,
@@ -59,7 +59,6 @@ from .vocabulary import (
 
 __all__ = ["CacheStore", "unreadable_repos"]
 
-_FOLDER_PREFIX = {"model": "models", "dataset": "datasets", "kernel": "kernels"}
 _TREES_MAX_BYTES = 64 * 1024 * 1024
 _O_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
 _O_DIRECTORY = getattr(os, "O_DIRECTORY", 0)
@@ -177,7 +176,7 @@ class CacheStore:
             raise _unreadable(folder, info.unreadable)
         snapshots = {}
         for revision in info.revisions:
-            if SHA1_RE.match(revision.commit_hash):
+            if is_commit(revision.commit_hash):
                 snapshot = self._snapshot(info, path, revision)
                 if snapshot.files:
                     snapshots[revision.commit_hash] = snapshot
@@ -234,9 +233,9 @@ class CacheStore:
         known = (trees or {}).get(rel)
         if known and known.get("size") == st.st_size and isinstance(known.get("blob_id"), str):
             sha256 = known.get("lfs_sha256")
-            if isinstance(sha256, str) and SHA256_RE.match(sha256):
+            if isinstance(sha256, str) and is_sha256(sha256):
                 return _from_blob_name(rel, local, sha256, st.st_size)
-            if SHA1_RE.match(known["blob_id"]):
+            if is_commit(known["blob_id"]):
                 return RepoFile(rel, local, st.st_size, known["blob_id"], None, False, 0)
         try:  # hashed from the descriptor the safe open returned: a name swapped for a link later is never read
             with _open_beneath(self.root, local.relative_to(self.root).parts) as opened:
@@ -350,19 +349,19 @@ def _covers(canonical: _Repo, legacy: _Repo) -> bool:
 
 def _folder_name(repo_type: str, repo_id: str) -> str | None:
     """``models--ORG--NAME`` for a valid id, None otherwise (huggingface_hub forbids ``--`` and ``..`` in ids)."""
-    prefix = _FOLDER_PREFIX.get(repo_type)
     parts = repo_id.split("/")
-    if prefix is None or len(parts) > 2 or not all(REPO_NAME_RE.match(p) and "--" not in p for p in parts):
+    if repo_type not in SERVED_TYPES or len(parts) > 2 or not all(REPO_NAME_RE.match(p) and "--" not in p
+                                                                    for p in parts):
         return None
-    return "--".join([prefix, *parts])
+    return repo_folder_name(repo_id, repo_type)
 
 
 def _from_blob_name(rel: str, local: Path, etag: str, size: int) -> RepoFile | None:
     """A RepoFile from the blob's name: sha256 (LFS) or git blob sha1; None for other names."""
-    if SHA256_RE.match(etag):
+    if is_sha256(etag):
         pointer = lfs_pointer(etag, size)
         return RepoFile(rel, local, size, git_blob_sha1(pointer), etag, True, len(pointer))
-    if SHA1_RE.match(etag):
+    if is_commit(etag):
         return RepoFile(rel, local, size, etag, None, False, 0)
     return None
 

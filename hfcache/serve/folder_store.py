@@ -21,6 +21,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import BinaryIO
 
+from ..names import PLURALS
+from ..records import REPO_TYPES
 from ..cache import safefs
 from ..cache.treewalk import walk_tree
 from .vocabulary import DEFAULT_BRANCH, REPO_NAME_RE, HashMemo, RepoFile, RepoSnapshot, StoreMiss, is_inside
@@ -28,7 +30,7 @@ from .vocabulary import DEFAULT_BRANCH, REPO_NAME_RE, HashMemo, RepoFile, RepoSn
 __all__ = ["FolderStore"]
 
 #: The top folder of each repo type other than models (which sit at the top).
-_TYPE_FOLDERS = {"dataset": "datasets", "kernel": "kernels"}
+_TYPE_FOLDERS = {t: PLURALS[t] for t in REPO_TYPES if t != "model"}
 
 
 class FolderStore:

@@ -39,6 +39,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import BinaryIO
 
+from ..names import is_commit
 from ..cache import safefs
 from ..cache.layout import RepoFolder
 from ..errors import HfcacheError, HubError, UsageError
@@ -57,7 +58,7 @@ from .upstream_errors import store_miss as _store_miss
 from .upstream_ids import Names, keep, storage_id
 from .upstream_listing import has_listing, revision_from_listing, snapshot_view, write_listing
 from .upstream_pool import DEFAULT_UPSTREAM_SLOTS, MAX_UPSTREAM_SLOTS, UpstreamPool, fetch_deadline, resolve_deadline
-from .vocabulary import SHA1_RE, RepoFile, RepoSnapshot, StoreMiss
+from .vocabulary import RepoFile, RepoSnapshot, StoreMiss
 
 __all__ = ["DEFAULT_REVALIDATE", "PullThroughConfig", "PullThroughStore"]
 
@@ -190,7 +191,7 @@ class PullThroughStore:
             again = self._known(repo_type, repo_id, revision, cached)  # resolved while this request waited
             return again if again is not None else self._resolve(repo_type, repo_id, revision, cached)
 
-        deadline = resolve_deadline(f"{repo_id}@{revision} from upstream")
+        deadline = resolve_deadline(f"{repo_id}@{revision} from upstream", self.config.timeout)
         if cached is not None:  # the cache can answer: an upstream silent for --timeout counts as failing
             deadline = Deadline(min(deadline.seconds, self.config.timeout), deadline.what)
         try:
@@ -301,7 +302,7 @@ class PullThroughStore:
         """What can be answered without upstream: a fresh resolution, a known commit, a commit the cache holds."""
         now = time.monotonic()
         with self._lock:
-            if SHA1_RE.match(revision):
+            if is_commit(revision):
                 key = (repo_type, cached.repo_id if cached is not None else self._stored_id(repo_type, repo_id),
                        revision)
                 resolved = self._commits.get(key)
@@ -353,7 +354,7 @@ class PullThroughStore:
             if cached is not None:
                 return self._full(cached)
             raise _store_miss(type(exc).__name__, exc.message) from None
-        if SHA1_RE.match(revision) and upstream.commit_hash != revision:
+        if is_commit(revision) and upstream.commit_hash != revision:
             self.metrics.upstream_failures.labels("UpstreamError").inc()
             raise _store_miss("UpstreamError", f"{repo_id}@{revision}: the upstream answered another commit "
                               f"({upstream.commit_hash}) for this commit: refused, nothing kept")
@@ -363,7 +364,7 @@ class PullThroughStore:
         resolved = _Resolved(upstream, snapshot_view(self.root, upstream), time.monotonic())
         self._names.record(repo_type, repo_id, stored, legacy)
         with self._lock:
-            if not SHA1_RE.match(revision):  # the asked id and the stored one are resolved alike (without case)
+            if not is_commit(revision):  # the asked id and the stored one are resolved alike (without case)
                 for asked in {repo_id.lower(), stored.lower()}:
                     keep(LISTINGS_KEPT, self._refs, (repo_type, asked, revision), resolved)
             keep(LISTINGS_KEPT, self._commits, (repo_type, stored, upstream.commit_hash), resolved)
@@ -443,9 +444,9 @@ class PullThroughStore:
                 return again.snapshot
             return self._resolve(snapshot.repo_type, snapshot.repo_id, snapshot.commit, None)
 
+        deadline = resolve_deadline(f"{snapshot.repo_id}@{snapshot.commit} from upstream", self.config.timeout)
         try:
-            self._pool.run(("resolve", snapshot.repo_type, snapshot.repo_id.lower(), snapshot.commit), resolve,
-                           resolve_deadline(f"{snapshot.repo_id}@{snapshot.commit} from upstream"))
+            self._pool.run(("resolve", snapshot.repo_type, snapshot.repo_id.lower(), snapshot.commit), resolve, deadline)
         except StoreMiss as miss:
             if miss.status == 502 or miss.retry_after is not None:
                 raise

@@ -23,10 +23,12 @@ from urllib.parse import urlsplit
 
 from werkzeug.wrappers import Request, Response
 
+from ..names import PLURALS, is_sha256
+from ..records import REPO_TYPES
 from .answers import etag_header, file_response, legacy_redirect, lfs_redirect, not_found, repo_info, tree_page
 from .faults import Faults, FaultState
 from .http import HttpError, path_segments, raw_target, repo_path, split_repo_id, url_host
-from .vocabulary import DEFAULT_BRANCH, SHA256_RE, RepoFile, RepoSnapshot, Store, StoreMiss
+from .vocabulary import DEFAULT_BRANCH, RepoFile, RepoSnapshot, Store, StoreMiss
 from .xet import CasService, XetFile
 
 __all__ = ["Router"]
@@ -34,9 +36,9 @@ __all__ = ["Router"]
 logger = logging.getLogger(__name__)
 
 #: URL segment -> repo type (huggingface_hub constants.py ``REPO_TYPES_MAPPING``; no spaces: nothing serves them).
-_URL_REPO_TYPES = {"models": "model", "datasets": "dataset", "kernels": "kernel"}
+_URL_REPO_TYPES = {PLURALS[t]: t for t in REPO_TYPES}
 #: The prefixed types of resolve and CDN paths (``REPO_TYPES_URL_PREFIXES``); models have none.
-_PATH_REPO_TYPES = {"datasets": "dataset", "kernels": "kernel"}
+_PATH_REPO_TYPES = {PLURALS[t]: t for t in REPO_TYPES if t != "model"}
 
 
 class Router:
@@ -229,7 +231,7 @@ class Router:
         typed = segments[1] in _PATH_REPO_TYPES
         repo_type, segments = (_PATH_REPO_TYPES[segments[1]], segments[2:]) if typed else ("model", segments[1:])
         repo_id, sha256 = "/".join(segments[:-1]), segments[-1]
-        found = self.store.lfs_file(repo_type, repo_id, sha256) if SHA256_RE.match(sha256) else None
+        found = self.store.lfs_file(repo_type, repo_id, sha256) if is_sha256(sha256) else None
         if found is None:
             raise HttpError(404, None, "Not found")
         snapshot, repo_file = found

@@ -11,6 +11,7 @@ import logging
 import os
 from pathlib import Path
 
+from ..names import is_commit, is_sha256
 from ..cache import safefs
 from ..cache.atomic import atomic_write_at
 from ..cache.layout import RepoFolder
@@ -18,7 +19,7 @@ from ..cache.safefs import check_commit
 from ..errors import CacheError
 from ..hub.files import RemoteFile, RepoRevision
 from ..records import UnsafePath, validate_repo_path
-from .vocabulary import SHA1_RE, SHA256_RE, RepoFile, RepoSnapshot, git_blob_sha1, lfs_pointer
+from .vocabulary import RepoFile, RepoSnapshot, git_blob_sha1, lfs_pointer
 
 logger = logging.getLogger("hfcache.serve.pullthrough")  # the mirror's log, as before the split
 
@@ -48,9 +49,9 @@ def revision_from_listing(cached: RepoSnapshot, entries: dict[str, dict] | None)
             size, blob_id, sha256 = entry["size"], entry["blob_id"], entry.get("lfs_sha256")
         except (UnsafePath, KeyError, TypeError):
             return None
-        if not isinstance(size, int) or size < 0 or not isinstance(blob_id, str) or not SHA1_RE.match(blob_id):
+        if not isinstance(size, int) or size < 0 or not isinstance(blob_id, str) or not is_commit(blob_id):
             return None
-        if sha256 is not None and not (isinstance(sha256, str) and SHA256_RE.match(sha256)):
+        if sha256 is not None and not (isinstance(sha256, str) and is_sha256(sha256)):
             return None
         files.append(RemoteFile(path=path, size=size, blob_id=blob_id, lfs_sha256=sha256))
     if not files:

@@ -8,7 +8,6 @@ content (git blob sha1, LFS pointers and sha256, which files go to LFS). It impo
 from __future__ import annotations
 
 import fnmatch
-import hashlib
 import os
 import re
 import threading
@@ -18,13 +17,13 @@ from functools import cached_property
 from pathlib import Path
 from typing import BinaryIO, Protocol
 
+from ..cache.content import GIT_SHA1, SHA256, git_blob_sha1, hash_fd, lfs_pointer
+
 __all__ = [
     "DEFAULT_BRANCH",
     "LFS_PATTERNS",
     "LFS_SIZE_THRESHOLD",
     "REPO_NAME_RE",
-    "SHA1_RE",
-    "SHA256_RE",
     "HashMemo",
     "RepoFile",
     "RepoSnapshot",
@@ -48,10 +47,7 @@ LFS_SIZE_THRESHOLD = 10 * 1024 * 1024
 
 # Hub repo names: letters, digits, '-', '_', '.'; never starting with '.' (which also rules out '..').
 REPO_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,95}$")
-SHA1_RE = re.compile(r"^[0-9a-f]{40}$")
-SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
 DEFAULT_BRANCH = "main"
-_HASH_CHUNK = 1024 * 1024
 
 
 @dataclass(frozen=True)
@@ -184,28 +180,11 @@ def is_lfs_file(path: str, size: int) -> bool:
     return size >= LFS_SIZE_THRESHOLD or any(fnmatch.fnmatchcase(name, pattern) for pattern in LFS_PATTERNS)
 
 
-def git_blob_sha1(data: bytes) -> str:
-    """Git's object id for a blob holding ``data`` (what ``git hash-object`` prints)."""
-    return hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest()
-
-
-def lfs_pointer(sha256: str, size: int) -> bytes:
-    """The git-lfs pointer text git stores in place of an LFS file (git-lfs spec v1)."""
-    return f"version https://git-lfs.github.com/spec/v1\noid sha256:{sha256}\nsize {size}\n".encode()
-
-
-def _hash_open(f: BinaryIO, size: int) -> tuple[str, str]:
-    """(git blob sha1 of the content, sha256) of the open file ``f``, read from its start once, in chunks, at most
-    ``size`` bytes (the size its ``fstat`` gave: a file growing meanwhile is hashed as it was)."""
-    sha1 = hashlib.sha1(b"blob %d\0" % size)
-    sha256 = hashlib.sha256()
-    f.seek(0)
-    left = size
-    while left and (chunk := f.read(min(_HASH_CHUNK, left))):
-        sha1.update(chunk)
-        sha256.update(chunk)
-        left -= len(chunk)
-    return sha1.hexdigest(), sha256.hexdigest()
+def _hash_open(f: BinaryIO) -> tuple[str, str]:
+    """(git blob sha1, sha256) of the open file ``f`` from its start, as large as its ``fstat`` said (a file growing
+    meanwhile is hashed as it was)."""
+    digests, _ = hash_fd(f.fileno(), (GIT_SHA1, SHA256), close=False, offset=0)
+    return digests[GIT_SHA1], digests[SHA256]
 
 
 def is_inside(path: Path, root: Path) -> bool:
@@ -236,10 +215,10 @@ class HashMemo:
             hashes = self._hashes.get(key)
         if hashes is None:  # hashed outside the lock: other requests keep flowing
             if opened is not None:
-                hashes = _hash_open(opened, stat.st_size)
+                hashes = _hash_open(opened)
             else:
                 with open(local, "rb") as f:
-                    hashes = _hash_open(f, stat.st_size)
+                    hashes = _hash_open(f)
             with self._lock:
                 self._hashes[key] = hashes
         content_sha1, sha256 = hashes

@@ -17,7 +17,7 @@ from ..cache.layout import RepoFolder
 from ..cache.published import write_record
 from ..cache.safefs import UnsafeLayout
 from ..cache.shared_store import STORE_DIR
-from ..hub.files import Hasher, RemoteFile, RepoRevision
+from ..hub.files import RemoteFile, RepoRevision
 from ..records import WarmRequest
 
 
@@ -84,7 +84,7 @@ def _copy_hashed(src, out, file: RemoteFile, shown: str) -> None:
     Raises:
         UnsafeLayout (CacheError, exit 5): another size, or content that does not hash to ``file.etag``.
     """
-    hasher, seen = Hasher(file), 0
+    hasher, seen = file.hasher(), 0
     while chunk := src.read(min(_CHUNK, file.size + 1 - seen)):
         seen += len(chunk)
         if seen > file.size:

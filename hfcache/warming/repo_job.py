@@ -27,7 +27,8 @@ from ..cache.locking import DEFAULT_LOCK_TIMEOUT, LockWait
 from ..errors import HfcacheError, HubError, IntegrityError, InternalError, UsageError
 from ..hub.answers import check_asked_commit
 from ..hub.client import HubClient
-from ..hub.files import RemoteFile, RepoRevision, hash_fd
+from ..cache.content import fd_matches
+from ..hub.files import RemoteFile, RepoRevision
 from ..hub.retry import RetryCounter
 from ..hub.transfer import Slots, TransferOptions, download_blob
 from ..records import ProgressSink, RepoResult, WarmedFile, WarmRequest, folder_ids
@@ -462,7 +463,7 @@ def _same_content(cache_dir: Path, path: Path, file: RemoteFile) -> bool:
             fd = open_payload(cache_dir, path.name)
         else:
             fd = safefs.open_blob(cache_dir, path.parent.parent.name, file.etag)
-        return hash_fd(fd, file)
+        return fd_matches(fd, file.etag, file.size)
     except (OSError, safefs.UnsafeLayout, StoreProblem):
         return False
 

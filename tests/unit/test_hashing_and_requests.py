@@ -7,13 +7,14 @@ import subprocess
 import pytest
 
 from hfcache.errors import UsageError
-from hfcache.hub.files import RemoteFile, hash_fd
+from hfcache.cache.content import fd_matches
+from hfcache.hub.files import RemoteFile
 from hfcache.records import UnsafePath, validate_repo_path
 from hfcache.records import WarmRequest
 
 
 def hash_file(path: str, file: RemoteFile) -> bool:
-    return hash_fd(os.open(path, os.O_RDONLY | os.O_NONBLOCK), file)
+    return fd_matches(os.open(path, os.O_RDONLY | os.O_NONBLOCK), file.etag, file.size)
 
 
 def test_a_fifo_is_never_read_nor_waited_on(tmp_path):
