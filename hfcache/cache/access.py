@@ -24,7 +24,7 @@ from pathlib import Path
 from . import safefs
 from ..bounds import MAX_TREE_DEPTH
 from .locking import flock_error
-from .treewalk import walk_tree
+from .fsops import walk_tree
 
 _SHOWN = 4
 

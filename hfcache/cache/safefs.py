@@ -23,19 +23,12 @@ from pathlib import Path
 
 from ..errors import CacheError
 from ..names import UnsafeName, check_commit, check_etag, check_folder_name, check_ref_name  # noqa: F401 - the layer's checks
-from .fd_remove import remove_tree_at
+from .fsops import DIR_FLAGS as _DIR_FLAGS, UnsafeLayout, remove_tree_at
 from .shared_store import StoreProblem, open_payload, xet_hash_of_link
 
 #: The parts of a repo folder huggingface_hub writes; each must be a real directory when present.
 REPO_PARTS = ("blobs", "refs", "snapshots", ".no_exist", "trees")
 _PART_SET = frozenset(REPO_PARTS)
-
-_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
-
-
-class UnsafeLayout(CacheError):
-    """A part of the cache is a symlink or not a directory where a directory belongs; nothing was done through it."""
-
 
 def _parts(rel: str | Sequence[str]) -> list[str]:
     parts = rel.split("/") if isinstance(rel, str) else list(rel)

@@ -20,10 +20,9 @@ from .. import bounds
 from ..bounds import MAX_TREE_DEPTH
 from ..names import check_etag
 from .content import BlobHash
+from .fsops import READ_FLAGS, open_regular  # noqa: F401 - re-exported for walkers
 from .safefs import UnsafeLayout, _parts, open_dir
 
-#: Flags for a file read below the cache root: no final link followed, never blocking on a FIFO.
-READ_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 
 
 class TooDeep(UnsafeLayout, bounds.TooDeep):
@@ -102,34 +101,6 @@ def _entries(fd: int) -> list[tuple[str, os.stat_result]]:
         except FileNotFoundError:
             continue
     return out
-
-
-def open_regular(dir_fd: int, name: str, shown: str) -> int:
-    """Open the regular file ``name`` of the folder ``dir_fd`` for reading (``O_NOFOLLOW | O_NONBLOCK``, then
-    ``fstat``), so a name swapped for a link, FIFO, device or folder after it was listed is refused.
-
-    Args:
-        dir_fd: the folder's descriptor (from :func:`walk`). name: one component. shown: the path named in errors.
-
-    Returns:
-        int: the descriptor (caller closes).
-
-    Raises:
-        UnsafeLayout: not a regular file (a link, FIFO, device or folder) now.
-        FileNotFoundError: it is gone.
-    """
-    try:
-        fd = os.open(name, READ_FLAGS, dir_fd=dir_fd)
-    except OSError as exc:
-        if exc.errno in (errno.ELOOP, errno.ENOTDIR, errno.ENXIO):
-            raise UnsafeLayout(f"{shown} is not a regular file (a link, FIFO or device): left alone",
-                               hint="remove it, then rerun") from None
-        raise
-    if not stat.S_ISREG(os.fstat(fd).st_mode):
-        os.close(fd)
-        raise UnsafeLayout(f"{shown} is not a regular file (a FIFO, device or folder): left alone",
-                           hint="remove it, then rerun")
-    return fd
 
 
 def iter_tree(root: str | os.PathLike[str], rel: str | Sequence[str], *, max_depth: int = MAX_TREE_DEPTH,

@@ -17,7 +17,7 @@ from .findings import Finding, is_true
 from ..bounds import MAX_TREE_DEPTH
 from ..cache import safefs
 from ..cache.access import flock_check, outsider_check, reach_check, share_recipe, sharing_checks, write_checks
-from ..cache.treewalk import walk_tree
+from ..cache.fsops import walk_tree
 from ..errors import HfcacheError
 
 #: Below this much free space a cache cannot take a model (or a few more tokenizers).

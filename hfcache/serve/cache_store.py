@@ -46,7 +46,7 @@ from ..bounds import loads_json
 from ..cache import safefs
 from ..cache.scan import RepoInfo, parse_folder_name, scan_repo
 from ..cache.shared_store import StoreProblem, payload_stat
-from ..cache.treewalk import walk_tree
+from ..cache.fsops import walk_tree
 from .vocabulary import (
     REPO_NAME_RE,
     HashMemo,

@@ -24,7 +24,7 @@ from typing import BinaryIO
 from ..names import PLURALS
 from ..records import REPO_TYPES
 from ..cache import safefs
-from ..cache.treewalk import walk_tree
+from ..cache.fsops import walk_tree
 from .vocabulary import DEFAULT_BRANCH, REPO_NAME_RE, HashMemo, RepoFile, RepoSnapshot, StoreMiss, is_inside
 
 __all__ = ["FolderStore"]

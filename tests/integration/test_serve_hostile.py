@@ -122,7 +122,7 @@ def test_a_request_head_over_16_kib_gets_431(warmed, shape):
 
 
 def test_a_thousand_level_marker_chain_never_breaks_serving(tmp_path):
-    """``.no_exist/<commit>/`` is walked iteratively and to 64 levels (``cache/treewalk.py``): a chain a cache
+    """``.no_exist/<commit>/`` is walked iteratively and to 64 levels (``cache/fsops.py``): a chain a cache
     member planted (Python 3.11's os.walk recursed per level: RecursionError) changes no answer."""
     cache = tmp_path / "cache"
     with HubServer(HUB) as server:

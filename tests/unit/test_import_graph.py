@@ -233,7 +233,7 @@ def test_stores_do_not_import_the_http_layer():
     for store in ("hfcache.serve.folder_store", "hfcache.serve.cache_store"):
         allowed = {"hfcache.serve.vocabulary", "hfcache.cache.scan",
                    "hfcache.cache.safefs", "hfcache.cache.shared_store",  # the safe opens of a blob
-                   "hfcache.cache.treewalk", "hfcache.bounds",  # bounded walks and JSON (standard library only)
+                   "hfcache.cache.fsops", "hfcache.bounds",  # bounded walks and JSON (standard library only)
                    "hfcache.names", "hfcache.records", "hfcache.cache.content"}  # names and hashing: leaves
         assert GRAPH[store] <= allowed, store
 
