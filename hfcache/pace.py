@@ -6,8 +6,10 @@ read under a :class:`Deadline` for the whole answer, and every body under a :cla
 window. Readers must hand each chunk as it arrives (httpx ``iter_raw``/``iter_bytes``; urllib3 ``read1``), never a
 blocking ``read(n)`` that waits for ``n`` bytes, so the checks run while a drip is under way.
 
-Defaults (documented in docs/security.md, "Deadlines"): metadata answers :data:`METADATA_DEADLINE` seconds, bodies at
-least :data:`MIN_RATE` bytes/s over any :data:`RATE_WINDOW` seconds. ``HFCACHE_METADATA_DEADLINE``,
+Defaults (documented in docs/security.md, "Deadlines"): a metadata answer gets :data:`METADATA_DEADLINE` seconds, or
+:data:`DEADLINE_PER_TIMEOUT` times the command's ``--timeout`` when that is less (at least
+:data:`MIN_METADATA_DEADLINE`: :func:`metadata_deadline`); bodies at least :data:`MIN_RATE` bytes/s over any
+:data:`RATE_WINDOW` seconds. ``HFCACHE_METADATA_DEADLINE`` (seconds; it wins over ``--timeout``),
 ``HFCACHE_MIN_RATE`` (a size, e.g. ``1KB``; ``0`` turns the floor off) and ``HFCACHE_RATE_WINDOW`` change them.
 """
 
@@ -22,7 +24,20 @@ from dataclasses import dataclass, field
 
 from .errors import UsageError
 
-METADATA_DEADLINE = 120.0  #: seconds for a whole metadata answer (headers and body)
+METADATA_DEADLINE = 120.0  #: seconds for a whole metadata answer (headers and body), at most, unless configured
+#: A command's ``--timeout`` tightens that deadline to this many timeouts (:func:`metadata_deadline`). A legitimate
+#: answer spends up to one ``--timeout`` connecting, up to one more before its first byte (a server building a large
+#: listing), then streams; 12 leaves room for that and a large answer, and is exactly 120 s at the Hub commands'
+#: default ``--timeout`` of 10 s, so nobody who kept the default sees another deadline. ``--timeout`` only ever
+#: tightens it: a larger one (the registry commands' default 60 s) keeps 120 s, and a hostile peer's drip is never
+#: allowed longer because a user raised a per-byte wait; ``HFCACHE_METADATA_DEADLINE`` is the way to loosen it.
+DEADLINE_PER_TIMEOUT = 12
+#: The least deadline ``--timeout`` derives, in seconds: a sub-second ``--timeout`` still leaves time for a TLS
+#: handshake and an ordinary answer.
+MIN_METADATA_DEADLINE = 10.0
+#: The largest number of seconds an ``HFCACHE_*`` duration may give (about 115 days; ``threading.Timer`` refuses
+#: more than ``threading.TIMEOUT_MAX``, and a deadline past it would end in a thread's traceback).
+MAX_SETTING_SECONDS = 1e7
 MIN_RATE = 1024  #: bytes per second a body must average over RATE_WINDOW
 RATE_WINDOW = 60.0  #: seconds the throughput floor is averaged over (and the grace before it applies)
 
@@ -39,18 +54,34 @@ def _env_float(name: str, default: float) -> float:
         value = float(raw)
     except ValueError:
         value = -1.0
-    if not value >= 0 or value == float("inf"):
-        raise UsageError(f"invalid {name}={raw!r}", hint="give a finite number of seconds, e.g. 120")
+    if not 0 <= value <= MAX_SETTING_SECONDS:
+        raise UsageError(f"invalid {name}={raw!r}", hint=f"give a number of seconds from 0 to {MAX_SETTING_SECONDS:g}, "
+                         "e.g. 120")
     return value
 
 
-def metadata_deadline() -> float:
-    """Seconds allowed for a whole metadata answer: ``HFCACHE_METADATA_DEADLINE`` or :data:`METADATA_DEADLINE`.
+def metadata_deadline(timeout: float | None = None) -> float:
+    """Seconds allowed for a whole metadata answer (docs/security.md, "Deadlines").
+
+    ``HFCACHE_METADATA_DEADLINE`` when it is set (and not ``0``), whatever ``timeout`` is; else ``timeout`` tightens
+    :data:`METADATA_DEADLINE`: ``min(METADATA_DEADLINE, max(MIN_METADATA_DEADLINE, DEADLINE_PER_TIMEOUT * timeout))``
+    (``--timeout`` 10 or more: 120 s; 3: 36 s; 0.5: 10 s); with no ``timeout``, :data:`METADATA_DEADLINE`.
+
+    Args:
+        timeout (float | None): the command's ``--timeout`` (seconds per wait for a connection or a byte).
+
+    Returns:
+        float: seconds, > 0.
 
     Raises:
-        UsageError: the variable is not a finite number >= 0.
+        UsageError: the variable is not a number of seconds from 0 to :data:`MAX_SETTING_SECONDS`.
     """
-    return _env_float("HFCACHE_METADATA_DEADLINE", METADATA_DEADLINE) or METADATA_DEADLINE
+    explicit = _env_float("HFCACHE_METADATA_DEADLINE", 0.0)
+    if explicit:
+        return explicit
+    if timeout is None or not timeout > 0:
+        return METADATA_DEADLINE
+    return min(METADATA_DEADLINE, max(MIN_METADATA_DEADLINE, DEADLINE_PER_TIMEOUT * timeout))
 
 
 def min_rate() -> tuple[int, float]:

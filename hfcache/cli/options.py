@@ -62,7 +62,8 @@ def common_hub_options(fn):
                      help="Connections to the endpoint at once (repo resolutions, files, ranges of large files)."),
         click.option("--timeout", metavar="SECONDS", default="10", show_default=True, callback=parsed("parse_timeout"),
                      help="Seconds to wait for a connection or for any byte of an answer (a whole metadata "
-                          "answer: HFCACHE_METADATA_DEADLINE; a body's least rate: HFCACHE_MIN_RATE)."),
+                          "answer: 12 x this, 10 to 120 s, or HFCACHE_METADATA_DEADLINE; a body's least rate: "
+                          "HFCACHE_MIN_RATE)."),
         click.option("--retries", type=click.IntRange(min=0), default=5, show_default=True,
                      help="Retries of a 429, 502, 503, 504 or cut connection, per request or file (exponential "
                           "backoff with jitter; Retry-After honoured)."),

@@ -238,7 +238,7 @@ class _RegistryMethods:
         own = origin(f"{self.prefix}://{self.registry_name}/")
         authorization, bound = (authorization, bound) if bound else (self._authorization, own)
         path = registry_text(urllib.parse.urlsplit(address).path, 120)
-        dog = Watchdog(Deadline(metadata_deadline(), f"registry {self.registry_name}: {method} {path}"),
+        dog = Watchdog(Deadline(metadata_deadline(self._timeout), f"registry {self.registry_name}: {method} {path}"),
                        uploading=hasattr(data, "read"))
         try:
             for _ in range(_MAX_HOPS + 1):

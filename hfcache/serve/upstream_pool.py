@@ -10,8 +10,9 @@ files the cache already held got no answer. Now:
   ``UpstreamUnavailable`` and ``Retry-After`` (huggingface_hub retries a 503 with backoff), and so is a request for
   new work while every slot is taken;
 - a waiting request gives up at a deadline (:class:`hfcache.pace.Deadline`: a whole metadata answer within
-  ``HFCACHE_METADATA_DEADLINE``; a file within the throughput floor's time for its size) with 503, while the
-  operation goes on in its slot (it keeps its own upstream timeouts) and serves the next request once done.
+  :func:`hfcache.pace.metadata_deadline` of ``--timeout``; a file within the throughput floor's time for its size)
+  with 503, while the operation goes on in its slot (it keeps its own upstream timeouts) and serves the next
+  request once done.
 
 The server stack adds ``slots`` worker threads to its own (:mod:`hfcache.serve.asgi`), so the requests waiting here
 never take a thread from cached answers.
@@ -39,9 +40,10 @@ RETRY_AFTER = 2
 T = TypeVar("T")
 
 
-def resolve_deadline(what: str) -> Deadline:
-    """The deadline for a whole metadata answer (a revision's resolution): ``HFCACHE_METADATA_DEADLINE`` seconds."""
-    return Deadline(metadata_deadline(), what)
+def resolve_deadline(what: str, timeout: float | None = None) -> Deadline:
+    """The deadline for a whole metadata answer (a revision's resolution): :func:`hfcache.pace.metadata_deadline` of
+    the mirror's upstream ``timeout`` (``--timeout``; ``HFCACHE_METADATA_DEADLINE`` when set)."""
+    return Deadline(metadata_deadline(timeout), what)
 
 
 def fetch_deadline(size: int, what: str) -> Deadline | None:
