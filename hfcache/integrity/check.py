@@ -17,7 +17,8 @@ loaded and reported as :data:`.check_trust.NOT_RUN`; as root, code from folders 
 ``HF_MODULES_CACHE`` in check's environment is passed on as the application gets it (an unwritable one fails the load
 and is named as the cause); otherwise the child gets a private temporary one, so a read-only cache or HOME does not
 fail the check (``hfcache exec`` handles the runtime side, see :mod:`hfcache.warming.modules_cache`). A repo whose
-configs no parser can read (JSON nested too deeply) fails on its own, without stopping the others.
+configs no parser can read (JSON nested too deeply) fails on its own, without stopping the others; so does one whose
+``tokenizer.json`` makes the tokenizers library panic or abort (:mod:`.fast_inputs`, :func:`.check_child.probe_specs`).
 
 Kernel repos (huggingface_hub repo type ``kernel``, ``kernels--ORG--NAME``) hold compute kernels, never a tokenizer:
 they are listed as skipped, with the reason, and count as passed; nothing is loaded for them.
@@ -39,9 +40,9 @@ from ..cache import safefs
 from ..cache.layout import RepoFolder
 from ..cache.safefs_tree import iter_tree
 from ..cache.scan import load_hazards, scan_repo
-from ..errors import CheckFailed, InternalError, UsageError
+from ..errors import CheckFailed, UsageError
 from ..warming.modules_cache import ENV_NAME
-from .check_child import ChildStuck, run_child
+from .check_child import probe_specs
 from .check_targets import CheckTarget, custom_code_refs, unreadable_parts
 from .check_trust import NOT_RUN, TrustPolicy, refuse_as_root, root_refusal
 from .diagnosis import diagnose, missing_templates
@@ -168,12 +169,14 @@ def probe_environment(cache_dir: Path, home: Path | None = None) -> dict[str, st
 
 def check_tokenizers(cache_dir: Path, targets: list[CheckTarget], text: str = DEFAULT_TEXT,
                      timeout: float = 600, trust: TrustPolicy | None = None) -> CheckReport:
-    """Load every target in one offline child process and diagnose the failures; a kernel repo's target is not
-    loaded but skipped (:data:`KERNEL_SKIP`), in its place among the results.
+    """Load every target in an offline child process and diagnose the failures; a kernel repo's target is not
+    loaded but skipped (:data:`KERNEL_SKIP`), in its place among the results. A target whose load raises, makes the
+    tokenizers library panic, or kills the child fails alone; the others get their results.
 
     Args:
         cache_dir (Path): the cache; targets (list[CheckTarget]): what to load; text (str): the probe text.
-        timeout (float): seconds the child may take in all; past it, every target it was loading fails.
+        timeout (float): seconds the children may take in all; past it, the target being loaded and those not yet
+            loaded fail.
         trust (TrustPolicy | None): the targets whose custom code (``auto_map``) may run [default: none]; any
             other target that needs it is not loaded (``not_run``).
 
@@ -183,7 +186,7 @@ def check_tokenizers(cache_dir: Path, targets: list[CheckTarget], text: str = DE
     Raises:
         UsageError: running as root, a trusted target's code comes from a folder another user can change;
             transformers is not installed (:func:`require_transformers`).
-        InternalError: the child crashed or printed no result.
+        InternalError: the child ended before it loaded anything (:func:`.check_child.probe_specs`).
     """
     loaded = [t for t in targets if t.repo_type != "kernel"]
     if loaded:
@@ -235,7 +238,7 @@ def _load_tokenizers(cache_dir: Path, targets: list[CheckTarget], text: str, tim
     it fails with that part as its cause, and the other targets are still loaded.
 
     Raises:
-        InternalError: the child crashed or printed no result.
+        InternalError: the child ended before it loaded anything (:func:`.check_child.probe_specs`).
     """
     # A repo folder with a planted link is not loaded: transformers would read whatever the link points to.
     # So is a revision with a FIFO, device or a link leaving the repo (scan.load_hazards): the load would block.
@@ -306,32 +309,22 @@ def _prepare(cache_dir: Path, targets: list[CheckTarget], unloadable: set[str],
 
 
 def _probe(cache_dir: Path, targets: list[CheckTarget], text: str, timeout: float) -> dict:
-    """Run the offline probe child on ``targets``; its JSON answer (spec -> result). The child's ``HF_MODULES_CACHE``
+    """Run the offline probe child on ``targets``; spec -> result (:func:`.check_child.probe_specs`: a target whose
+    load kills the child fails alone, the others are loaded by a new child). The child's ``HF_MODULES_CACHE``
     is the caller's explicit one (as the application gets it), else a temporary folder removed afterwards; its
     ``HF_HOME`` and working folder are private temporary ones (``python -m`` puts the working folder first on
     ``sys.path``: a cache or project folder there could shadow any module). A child blocked opening a FIFO, or still
-    running after ``timeout`` seconds, is killed and every target fails with that (:func:`.check_child.run_child`:
-    a file swapped for a FIFO after the checks would block the load)."""
+    running after ``timeout`` seconds, is killed and the target it was loading fails with that
+    (:func:`.check_child.run_child`: a file swapped for a FIFO after the checks would block the load)."""
     work = Path(tempfile.mkdtemp(prefix="hfcache-check-"))  # 0700, this user's
     env = probe_environment(cache_dir, work / "home")
     explicit = os.environ.get(ENV_NAME)
     env[ENV_NAME] = explicit if explicit is not None else str(work / "modules")
-    args = [a for t in targets for a in (["--trust-remote-code", t.spec] if t.trust_remote_code else [])]
     try:
-        proc = run_child(cache_dir, [text, *[t.spec for t in targets], *args], env=env, cwd=work, timeout=timeout)
-    except ChildStuck as exc:
-        error = f"not loaded: the offline load {exc.reason}, so it was stopped"
-        return {t.spec: {"error": error, "seconds": 0.0} for t in targets}
+        raw = probe_specs(cache_dir, text, [t.spec for t in targets], [t.spec for t in targets if t.trust_remote_code],
+                          env=env, cwd=work, timeout=timeout)
     finally:
         _remove_tree(work)
-    lines = proc.stdout.strip().splitlines()
-    if proc.returncode != 0 or not lines:
-        tail = (proc.stderr.strip().splitlines() or ["no output"])[-1]
-        raise InternalError(f"the offline probe process failed (exit {proc.returncode}): {tail}")
-    try:  # the last line is the probe's; custom code it ran may have printed before it
-        raw = loads_json(lines[-1], "the offline probe's answer")
-    except ValueError as exc:
-        raise InternalError(f"the offline probe process printed no result ({exc})") from None
     for data in raw.values():
         if isinstance(data, dict) and isinstance(data.get("error"), str):
             # The child's HF_ENDPOINT is a closed port of ours: name what it stands for, not the port.

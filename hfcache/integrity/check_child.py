@@ -10,16 +10,27 @@ bounds stand against it:
 - :func:`run_child` watches the child: a thread of it waiting in the kernel for a FIFO's writer
   (``/proc/<pid>/task/<tid>/wchan`` is ``wait_for_partner``; Linux) for :data:`FIFO_GRACE` seconds, or a child
   still running after the caller's timeout, is killed (:class:`ChildStuck`).
+
+One repo's files must not take the others' results with them. The child catches what a load raises, and the
+tokenizers library's panics (:mod:`.fast_inputs`), as that repo's error; what it cannot catch ends it (Rust aborts
+on a failed allocation, a signal, the kernel's OOM killer, custom code calling ``os._exit``). :func:`probe_specs`
+therefore has the child append each spec's start and result to a progress file: when a child dies or is stopped,
+the spec it was loading fails with why (:data:`CRASHED`), the finished ones keep their results, and the rest are
+loaded by a new child, within the same overall timeout.
 """
 
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
+
+from ..bounds import loads_json
+from ..errors import InternalError
 
 #: How the child starts: ``python -c LAUNCHER HFCACHE_PARENT CACHE ARG...`` puts the folder this hfcache is imported
 #: from on ``sys.path`` (the child runs in a private empty folder, not ``python -m``'s working folder, which could
@@ -107,3 +118,127 @@ def run_child(cache_dir: Path, args: Sequence[str], *, env: dict[str, str], cwd:
             proc.kill()
             proc.communicate()
             raise ChildStuck(reason)
+
+
+#: How :func:`probe_specs` words the error of the spec a child was loading when it died (``diagnosis`` names it).
+CRASHED = "the offline load crashed the probe process"
+
+
+def _stderr_tail(stderr: str) -> str:
+    """The last line of a dead child's stderr that says something (not a Rust ``note:`` or a backtrace frame),
+    printable, at most 300 characters; empty when there is none."""
+    lines = [ln.strip() for ln in stderr.splitlines() if ln.strip() and not ln.startswith((" ", "\t", "note: "))]
+    tail = lines[-1] if lines else ""
+    return "".join(c if c.isprintable() else "?" for c in tail[:300])
+
+
+def _how(returncode: int) -> str:
+    """``killed by SIGABRT`` or ``exit 3``."""
+    if returncode < 0:
+        try:
+            return f"killed by {signal.Signals(-returncode).name}"
+        except ValueError:
+            return f"killed by signal {-returncode}"
+    return f"exit {returncode}"
+
+
+def _read_progress(path: Path) -> tuple[dict[str, dict], str | None, float | None]:
+    """(spec -> result of the specs the child finished, the spec it began last and did not finish or None, its
+    transformers import seconds or None) from its progress file; a torn last line is ignored."""
+    done: dict[str, dict] = {}
+    current = None
+    seconds = None
+    try:
+        text = path.read_text(encoding="utf-8", errors="replace")
+    except FileNotFoundError:
+        return done, None, None
+    for line in text.splitlines():
+        try:
+            entry = loads_json(line, "the offline probe's progress")
+        except ValueError:
+            continue
+        if not isinstance(entry, dict):
+            continue
+        if isinstance(entry.get("begin"), str):
+            current = entry["begin"]
+        elif isinstance(entry.get("spec"), str) and isinstance(entry.get("result"), dict):
+            done[entry["spec"]] = entry["result"]
+            current = None if current == entry["spec"] else current
+        elif isinstance(entry.get("import_seconds"), (int, float)):
+            seconds = float(entry["import_seconds"])
+    return done, current, seconds
+
+
+def _answer(proc: subprocess.CompletedProcess[str]) -> dict | None:
+    """The child's JSON answer (its last stdout line: code it ran may have printed before), or None when it did not
+    exit 0 with one."""
+    lines = proc.stdout.strip().splitlines()
+    if proc.returncode != 0 or not lines:
+        return None
+    try:
+        answer = loads_json(lines[-1], "the offline probe's answer")
+    except ValueError:
+        return None
+    return answer if isinstance(answer, dict) else None
+
+
+def probe_specs(cache_dir: Path, text: str, specs: Sequence[str], trusted: Sequence[str], *, env: dict[str, str],
+                cwd: Path, timeout: float) -> dict[str, dict]:
+    """Run the probe child (``hfcache.offline.probe``) until every spec has a result, each child on the specs not yet
+    done: a spec whose load killed its child fails alone (:data:`CRASHED`, how it ended and its last stderr line),
+    and so does the one a stopped child was loading (:class:`ChildStuck`: the reason).
+
+    Args:
+        cache_dir (Path): the cache; text (str): the probe text; specs: ``REPO_ID@REVISION`` to load; trusted: the
+            specs to load with ``trust_remote_code=True``.
+        env (dict[str, str]): the child's environment; cwd (Path): a private empty folder (progress files go there).
+        timeout (float): seconds for all children together; specs not begun when it runs out fail with it.
+
+    Returns:
+        dict[str, dict]: spec -> the probe's result (``{"error": ...}`` or the load's), plus ``__import_seconds__``.
+
+    Raises:
+        InternalError: a child ended before it began any load (it cannot import hfcache, a bad argument).
+    """
+    deadline = time.monotonic() + timeout
+    results: dict[str, dict] = {}
+    import_seconds = None
+    pending = list(specs)
+    run = 0
+    while pending:
+        run += 1
+        progress = cwd / f"progress-{run}.jsonl"
+        options = ["--progress", str(progress),
+                   *[a for s in pending if s in trusted for a in ("--trust-remote-code", s)]]
+        left = deadline - time.monotonic()
+        stuck = proc = None
+        if left <= 0:
+            stuck = f"did not finish within {timeout:g} s"
+        else:
+            try:
+                proc = run_child(cache_dir, [*options, "--", text, *pending], env=env, cwd=cwd, timeout=left)
+            except ChildStuck as exc:
+                stuck = exc.reason
+        answer = _answer(proc) if proc is not None else None
+        if answer is not None:
+            import_seconds = import_seconds or answer.pop("__import_seconds__", {}).get("seconds")
+            results.update({s: answer.get(s, {"error": "no result"}) for s in pending})
+            break
+        done, current, seconds = _read_progress(progress)
+        import_seconds = import_seconds or seconds
+        results.update({s: r for s, r in done.items() if s in pending})
+        if stuck is not None:
+            error = {"error": f"not loaded: the offline load {stuck}, so it was stopped", "seconds": 0.0}
+            # the spec it was loading, or all of them when none had begun (nothing else to blame)
+            results.update({s: dict(error) for s in ([current] if current in pending else pending)
+                            if s not in results})
+        elif current in pending:
+            tail = _stderr_tail(proc.stderr)
+            results[current] = {"error": f"{CRASHED} ({_how(proc.returncode)}){': ' + tail if tail else ''}",
+                                "seconds": 0.0}
+        elif not done:
+            tail = _stderr_tail(proc.stderr) or "no output"
+            raise InternalError(f"the offline probe process failed ({_how(proc.returncode)}): {tail}")
+        pending = [s for s in pending if s not in results]
+    results["__import_seconds__"] = {"seconds": import_seconds or 0.0}
+    return results

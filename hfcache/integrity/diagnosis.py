@@ -2,7 +2,8 @@
 
 Used by ``check`` (:mod:`hfcache.integrity.check`) and by ``hfcache.offline.api.load_tokenizer``. In order: custom
 code (a module of another repo or missing from the snapshot, ``trust_remote_code`` not passed, an unwritable
-``HF_MODULES_CACHE``, packages the code imports that are not installed, the code itself failing), a missing Python
+``HF_MODULES_CACHE``, packages the code imports that are not installed, the code itself failing), the tokenizers
+library panicking on the repo's files or the load killing check's child (:mod:`.fast_inputs`), a missing Python
 package, an unsafe layout, a repo or ref the cache lacks or holds malformed, no snapshot, no ``config.json`` and no
 ``.no_exist`` marker (transformers needs one of them offline: docs/cache-layout.md, 'Traps the libraries leave'), a
 chat template the repo has but the cache lacks, broken snapshot links, a file neither cached nor marked absent.
@@ -21,6 +22,7 @@ from ..errors import CacheError, HfcacheError
 from ..warming.modules_cache import ENV_NAME, can_create
 from ..warming.custom_code import MAX_PARSE_BYTES, custom_code_paths, foreign_repos, module_path
 from ..warming.selection import AUTO_MAP_FILES
+from .check_child import CRASHED
 from .check_targets import CheckTarget, custom_code_refs, snapshot_of
 
 _PACKAGE_HINTS = (("sentencepiece", "sentencepiece"), ("protobuf", "protobuf"), ("tiktoken", "tiktoken"),
@@ -153,8 +155,20 @@ def diagnose(cache_dir: Path, target: CheckTarget, error: str) -> str | None:
                 "owner to make it group-readable (`hfcache doctor` prints the fix)")
 
 
+def crash_cause(error: str) -> str | None:
+    """Why a load failed when the tokenizers library panicked (``PanicException: ...``: a ``BaseException`` the load
+    raised) or the load killed check's child (:data:`.check_child.CRASHED`); else None."""
+    if error.startswith("PanicException"):
+        return ("the tokenizers library panicked on this repo's tokenizer files (a malformed or hostile "
+                "tokenizer.json): it cannot be loaded")
+    if error.startswith(CRASHED):
+        return ("loading this repo killed the process (a native library or the repo's code aborted on its files): "
+                "it cannot be loaded; the other repos were loaded in a new process")
+    return None
+
+
 def _diagnose(cache_dir: Path, target: CheckTarget, error: str) -> str | None:
-    cause = custom_code_cause(cache_dir, target, error)
+    cause = custom_code_cause(cache_dir, target, error) or crash_cause(error)
     if cause is not None:
         return cause
     for needle, package in _PACKAGE_HINTS:

@@ -39,6 +39,10 @@ from ..bounds import loads_json
 from ..cache import safefs
 from ..cache.root import repo_folder_name
 from ..errors import CacheError
+from . import fast_inputs as read
+from .fast_inputs import FastPathRefused, library_call, smoke_encode
+
+__all__ = ["FastPathRefused", "FastTokenizer", "NotCached", "build", "resolve_class", "resolve_commit"]
 
 MAX_TOKENIZER_JSON = 512 * 1024 * 1024  # the largest Hub tokenizer.json files are ~30 MB
 MAX_CONFIG_JSON = 16 * 1024 * 1024
@@ -82,14 +86,6 @@ _DEFAULTS = {
 HINT = "use backend=\"transformers\" (AutoTokenizer) for this repo"
 
 
-class FastPathRefused(ValueError):
-    """The fast path cannot promise AutoTokenizer's ids for this repo; ``reason`` says why (one line)."""
-
-    def __init__(self, reason: str) -> None:
-        super().__init__(reason)
-        self.reason = reason
-
-
 class NotCached(LookupError):
     """The cache lacks the repo, its revision, or a file the load needs; the message names it."""
 
@@ -122,6 +118,8 @@ def resolve_commit(cache_dir: Path, folder: str, revision: str) -> str:
             raw = safefs.read_small(cache_dir, (folder, "refs", *safefs.check_ref_name(revision).split("/")), 1024)
         except FileNotFoundError:
             raise NotCached(f"no ref {revision!r} in {folder}/refs") from None
+        except OSError as exc:
+            raise _unreadable(f"{folder}/refs/{revision}", exc) from None
         commit = raw.decode("ascii", "replace").strip()
         if not re.fullmatch(r"[0-9a-f]{40}", commit):
             raise CacheError(f"{folder}/refs/{revision} does not hold a commit", hint="hfcache verify --repair")
@@ -135,6 +133,14 @@ def _must_exist(cache_dir: Path, rel: tuple[str, ...], missing: str) -> None:
         os.close(safefs.open_dir(cache_dir, rel))
     except FileNotFoundError:
         raise NotCached(missing) from None
+    except OSError as exc:
+        raise _unreadable("/".join(rel), exc) from None
+
+
+def _unreadable(what: str, exc: OSError) -> CacheError:
+    """A cache entry this user cannot read (permissions, I/O), as a CacheError naming it."""
+    return CacheError(f"{what} cannot be read ({exc.strerror or exc})",
+                      hint="ask the cache's owner to make it readable (`hfcache doctor` prints the fix)")
 
 
 def _read(cache_dir: Path, folder: str, commit: str, name: str, limit: int) -> bytes | None:
@@ -143,6 +149,8 @@ def _read(cache_dir: Path, folder: str, commit: str, name: str, limit: int) -> b
         raw = safefs.read_repo_file(cache_dir, folder, (commit, name), limit + 1)
     except FileNotFoundError:
         return None
+    except OSError as exc:
+        raise _unreadable(f"{folder}/snapshots/{commit[:12]}/{name}", exc) from None
     if len(raw) > limit:
         raise FastPathRefused(f"{name} is larger than {limit} bytes")
     return raw
@@ -159,11 +167,6 @@ def _read_json(cache_dir: Path, folder: str, commit: str, name: str) -> dict | N
     if not isinstance(doc, dict):
         raise FastPathRefused(f"{name} is not a JSON object")
     return doc
-
-
-def _version_before_5(value: Any) -> bool:
-    match = re.match(r"(\d+)", str(value or ""))
-    return not match or int(match.group(1)) < 5
 
 
 def resolve_class(tk_config: dict, config: dict | None) -> str:
@@ -232,16 +235,14 @@ def _token_settings(tk_config: dict, doc: dict, special_map: dict | None,
         for key, value in (special_map or {}).items():
             if key in SPECIAL_NAMES:
                 settings[key] = {**value, "special": True} if isinstance(value, dict) else value
-        entries = {e.get("id"): {k: v for k, v in e.items() if k != "id"} for e in doc.get("added_tokens") or []
-                   if isinstance(e, dict)}
+        where = "tokenizer.json's added_tokens"
+        entries = {read.token_id(e.get("id"), where): {k: v for k, v in e.items() if k != "id"}
+                   for e in read.entries(doc.get("added_tokens"), where)}
     elif isinstance(decoder, dict):
-        entries = decoder
+        entries = {read.token_id(k, "tokenizer_config.json's added_tokens_decoder"): v for k, v in decoder.items()}
     else:
         raise FastPathRefused("tokenizer_config.json's added_tokens_decoder is not an object")
-    try:
-        ordered = sorted((int(k), _added(v)) for k, v in entries.items())
-    except (TypeError, ValueError):
-        raise FastPathRefused("an added token id is not an integer") from None
+    ordered = sorted(((i, _added(v)) for i, v in entries.items()), key=lambda pair: pair[0])
     added = [t if isinstance(t, AddedToken) else AddedToken(t) for _, t in ordered]
     added_ids = [i for i, _ in ordered]
     by_text = {str(t): t for t in added}
@@ -259,21 +260,10 @@ def _token_settings(tk_config: dict, doc: dict, special_map: dict | None,
 
 
 def _vocab(doc: dict, kind: str) -> Any:
-    model = doc.get("model") or {}
-    vocab = model.get("vocab")
-    if isinstance(vocab, list):
-        vocab = {t[0] if isinstance(t, list) else t: i for i, t in enumerate(vocab)}
-    if not isinstance(vocab, dict) or (kind and model.get("type") not in (None, kind)):
+    model = doc["model"]  # an object: _parse_tokenizer_json
+    if kind and model.get("type") not in (None, kind):
         raise FastPathRefused(f"tokenizer.json's model is not a {kind} vocabulary")
-    return vocab
-
-
-def _merges(doc: dict) -> list[tuple[str, str]]:
-    merges = (doc.get("model") or {}).get("merges") or []
-    try:
-        return [tuple(m.split(" ")) if isinstance(m, str) else tuple(m) for m in merges]
-    except (TypeError, AttributeError):
-        raise FastPathRefused("tokenizer.json's merges are malformed") from None
+    return read.vocabulary(model)
 
 
 def _rebuild(cls: str, doc: dict, tk_config: dict) -> Any:
@@ -285,20 +275,22 @@ def _rebuild(cls: str, doc: dict, tk_config: dict) -> Any:
         unk = str(_added(tk_config.get("unk_token", "[UNK]")))
         tok = Tokenizer(WordPiece(_vocab(doc, "WordPiece"), unk_token=unk))
         tok.normalizer = normalizers.BertNormalizer(
-            clean_text=True, handle_chinese_chars=bool(tk_config.get("tokenize_chinese_chars", True)),
-            strip_accents=tk_config.get("strip_accents"), lowercase=bool(tk_config.get("do_lower_case", True)))
+            clean_text=True, handle_chinese_chars=bool(read.flag(tk_config, "tokenize_chinese_chars", True)),
+            strip_accents=read.flag(tk_config, "strip_accents", None),
+            lowercase=bool(read.flag(tk_config, "do_lower_case", True)))
         tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
     elif cls == "LlamaTokenizer":
-        tok = Tokenizer(BPE(vocab=_vocab(doc, "BPE"), merges=_merges(doc), fuse_unk=True, byte_fallback=True,
-                            dropout=None))
-        prefix = tk_config.get("add_prefix_space")
-        prefix = True if prefix is None else bool(prefix)
-        scheme = ("first" if not tk_config.get("legacy", False) else "always") if prefix else "never"
+        tok = Tokenizer(BPE(vocab=_vocab(doc, "BPE"), merges=read.merges(doc["model"]), fuse_unk=True,
+                            byte_fallback=True, dropout=None))
+        prefix = read.flag(tk_config, "add_prefix_space", None)
+        prefix = True if prefix is None else prefix
+        scheme = ("first" if not read.flag(tk_config, "legacy", False) else "always") if prefix else "never"
         tok.pre_tokenizer = pre_tokenizers.Metaspace(replacement="\u2581", prepend_scheme=scheme, split=False)
     else:  # GPT2Tokenizer
-        tok = Tokenizer(BPE(vocab=_vocab(doc, "BPE"), merges=_merges(doc), dropout=None,
+        tok = Tokenizer(BPE(vocab=_vocab(doc, "BPE"), merges=read.merges(doc["model"]), dropout=None,
                             continuing_subword_prefix="", end_of_word_suffix="", fuse_unk=False))
-        tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=bool(tk_config.get("add_prefix_space", False)))
+        tok.pre_tokenizer = pre_tokenizers.ByteLevel(
+            add_prefix_space=bool(read.flag(tk_config, "add_prefix_space", False)))
     return tok
 
 
@@ -340,11 +332,9 @@ def _file_parts(doc: dict) -> Any:
     minimal = {"version": "1.0", "truncation": None, "padding": None, "added_tokens": [], "normalizer": None,
                "pre_tokenizer": None, "post_processor": doc.get("post_processor"), "decoder": doc.get("decoder"),
                "model": {"type": "WordLevel", "vocab": {}, "unk_token": "[UNK]"}}
-    try:
+    with library_call("tokenizer.json cannot be loaded"):
         parsed = Tokenizer.from_str(json.dumps(minimal))
-        return parsed.post_processor, parsed.decoder
-    except Exception as exc:  # noqa: BLE001 - the Rust parser's errors have no common class
-        raise FastPathRefused(f"tokenizer.json cannot be loaded ({str(exc).splitlines()[0][:200]})") from None
+    return parsed.post_processor, parsed.decoder
 
 
 def _add_tokens(tok: Any, added: list, named: dict, extra: list) -> None:
@@ -389,7 +379,7 @@ def _mistral_patch(tok: Any, config: dict | None) -> bool:
     if tok.get_vocab_size() <= 100000 or tok.pre_tokenizer is None or config is None:
         return False
     model_type = config.get("model_type")
-    return _version_before_5(config.get("transformers_version")) and (model_type is None or
+    return read.version_before_5(config.get("transformers_version")) and (model_type is None or
                                                                        model_type in _MISTRAL_TYPES)
 
 
@@ -416,8 +406,10 @@ def build(cache_dir: Path, repo_id: str, revision: str | None = None, repo_type:
     Raises:
         NotCached: the repo, ref, snapshot is not in the cache.
         FastPathRefused: no ``tokenizer.json`` (a slow-only tokenizer), custom code, a class not replicated, a file
-            too large or malformed.
-        CacheError: a planted link or FIFO on the way (:class:`hfcache.cache.safefs.UnsafeLayout`).
+            too large or malformed, a setting of another type or out of bounds (:mod:`.fast_inputs`), a file the
+            tokenizers library raises or panics on, at load or at a first encode (:func:`.fast_inputs.smoke_encode`).
+        CacheError: a planted link or FIFO on the way (:class:`hfcache.cache.safefs.UnsafeLayout`), a file or folder
+            this user cannot read.
     """
     from tokenizers import Tokenizer
 
@@ -440,25 +432,27 @@ def build(cache_dir: Path, repo_id: str, revision: str | None = None, repo_type:
     if "added_tokens_decoder" not in tk_config:
         special_map = _read_json(cache_dir, folder, commit, "special_tokens_map.json")
     added_ids, added, named, extra = _token_settings(tk_config, doc, special_map, cls)
-    try:
+    split = bool(read.flag(tk_config, "split_special_tokens", False))
+    # Past here the settings are checked: what tokenizers raises or panics on is the file's (fast_inputs).
+    with library_call("tokenizer.json cannot be loaded"):
         tok = Tokenizer.from_str(raw.decode("utf-8"))
-    except Exception as exc:  # noqa: BLE001 - the Rust parser's errors have no common class
-        raise FastPathRefused(f"tokenizer.json cannot be loaded ({str(exc).splitlines()[0][:200]})") from None
-    if cls in REBUILT and _same_added_tokens(tok, added_ids, added):
-        tok = _retune(cls, tok, doc, tk_config)
-    elif cls in REBUILT:
-        tok = _rebuild(cls, doc, tk_config)
-        # The decoder is the file's (decode is best effort: the promise is encode's ids; a rebuilt backend had none,
-        # so GPT-2 decoded to 'Hello , Ġworld !')
-        tok.post_processor, tok.decoder = _file_parts(doc)
-    # With a tokenizer.json, _from_pretrained drops add_bos_token/add_eos_token from tokenizer_config: the template
-    # is rebuilt (with neither) only when the file has no post-processor.
-    update = tok.post_processor is None
-    tok.no_truncation()  # AutoTokenizer's __call__ neither truncates nor pads by default
-    tok.no_padding()
-    _add_tokens(tok, added, named, extra)
-    tok.encode_special_tokens = bool(tk_config.get("split_special_tokens", False))
-    _finish(tok, cls, named, config, update)
+    with library_call("tokenizers refuses this repo's tokenizer settings"):
+        if cls in REBUILT and _same_added_tokens(tok, added_ids, added):
+            tok = _retune(cls, tok, doc, tk_config)
+        elif cls in REBUILT:
+            tok = _rebuild(cls, doc, tk_config)
+            # The decoder is the file's (decode is best effort: the promise is encode's ids; a rebuilt backend had
+            # none, so GPT-2 decoded to 'Hello , Ġworld !')
+            tok.post_processor, tok.decoder = _file_parts(doc)
+        # With a tokenizer.json, _from_pretrained drops add_bos_token/add_eos_token from tokenizer_config: the
+        # template is rebuilt (with neither) only when the file has no post-processor.
+        update = tok.post_processor is None
+        tok.no_truncation()  # AutoTokenizer's __call__ neither truncates nor pads by default (nor may a padding of
+        tok.no_padding()  # 2**58 ids abort the process at the smoke encode: fast_inputs)
+        _add_tokens(tok, added, named, extra)
+        tok.encode_special_tokens = split
+        _finish(tok, cls, named, config, update)
+    smoke_encode(tok)
     return FastTokenizer(tok, commit, cls)
 
 

@@ -17,6 +17,7 @@ from . import guard as network_guard
 from .env import OfflineLoadError, OfflineSetupError, check_lock, offline_environment, parse_allow_hosts
 from ..cache.root import resolve_cache_dir
 from ..errors import HfcacheError, HubError, UsageError
+from ..integrity.fast_inputs import is_panic, one_line
 
 if TYPE_CHECKING:
     from ..warming.lockfile import Lockfile
@@ -155,7 +156,8 @@ class FastTokenizerRefused(OfflineLoadError):
     """``load_tokenizer(backend="tokenizers")`` cannot promise ``AutoTokenizer``'s ids for this repo (exit 4).
 
     Attributes:
-        reason (str): why (no ``tokenizer.json``, custom code, a class not replicated, recorded as differing by
+        reason (str): why (no ``tokenizer.json``, custom code, a class not replicated, a malformed setting or a
+            ``tokenizer.json`` the tokenizers library raises or panics on, recorded as differing by
             ``hfcache check``, no proof recorded under ``require_proof``).
     """
 
@@ -196,13 +198,18 @@ def load_tokenizer(repo_id: str, revision: str | None = None, *, cache_dir: str 
 
     Raises:
         OfflineLoadError: the cache cannot serve the load (``cause`` names the missing piece: no ``config.json`` or
-            ``.no_exist`` marker, a missing ref, a missing Python package, ...), a connection was attempted, or
-            ``allow_network`` was given while offline mode is on in this process.
+            ``.no_exist`` marker, a missing ref, a missing Python package, ...; or says that the tokenizers library
+            panicked on the repo's files, ``pyo3_runtime.PanicException``, which is then not retried over the
+            network), a connection was attempted, or ``allow_network`` was given while offline mode is on in this
+            process.
         HubError: ``allow_network`` and the network load failed too.
         FastTokenizerRefused: ``backend="tokenizers"`` and the repo has no ``tokenizer.json`` (a slow-only
-            tokenizer), names custom code, loads a class whose load-time rewrite hfcache does not replicate, was
-            recorded as differing by ``hfcache check``, or (``require_proof``) has no proof recorded.
-        CacheError: ``backend="tokenizers"`` met a planted link or FIFO in the repo folder.
+            tokenizer), names custom code, loads a class whose load-time rewrite hfcache does not replicate, has a
+            setting of another type or out of bounds, or a ``tokenizer.json`` the tokenizers library raises or
+            panics on at load or at a first encode (``hfcache.integrity.fast_inputs``), was recorded as differing
+            by ``hfcache check``, or (``require_proof``) has no proof recorded.
+        CacheError: ``backend="tokenizers"`` met a planted link or FIFO in the repo folder, or a file this user
+            cannot read.
         UsageError: transformers is not installed (``backend="transformers"``; the extra ``hfcache[check]``).
         UsageError: an unknown ``backend``; ``allow_network``, ``require_proof`` or ``kwargs`` with a backend that
             does not take them.
@@ -243,10 +250,12 @@ def load_tokenizer(repo_id: str, revision: str | None = None, *, cache_dir: str 
         return tokenizer
     except HfcacheError:
         raise
-    except Exception as exc:  # noqa: BLE001 - any load failure is diagnosed below
-        failure = exc
+    except BaseException as exc:  # noqa: BLE001 - any load failure is diagnosed below
+        if not isinstance(exc, Exception) and not is_panic(exc):
+            raise  # KeyboardInterrupt, SystemExit
+        failure = exc  # a panic of the tokenizers library (a BaseException) on the repo's files too
     error = _failure_text(failure, guard.attempts[seen:])
-    if allow_network:
+    if allow_network and not is_panic(failure):  # the endpoint would serve the same commit's files
         return _load_from_network(AutoTokenizer, repo_id, revision, cache, spec, kwargs, error=error, failure=failure)
     raise _offline_load_error(cache, repo_id, revision, spec, error) from failure
 
@@ -291,9 +300,9 @@ def _load_fast(cache: Path, repo_id: str, revision: str | None, require_proof: b
     return built.tokenizer
 
 
-def _failure_text(failure: Exception, attempts: Sequence[object]) -> str:
+def _failure_text(failure: BaseException, attempts: Sequence[object]) -> str:
     """The failed offline load as text, led by the first connection attempt the guard refused during it."""
-    error = f"{type(failure).__name__}: {failure}"
+    error = one_line(failure, 500) if is_panic(failure) else f"{type(failure).__name__}: {failure}"
     if attempts and "network access attempted" not in error:
         error = f"network access attempted ({attempts[0]}) during an offline load; then {error}"
     return error

@@ -1,9 +1,15 @@
 """The child side of ``hfcache check``: load tokenizers offline and report, one JSON line on stdout.
 
-Run as ``python -m hfcache.offline.probe TEXT REPO_ID@REVISION... [--trust-remote-code REPO_ID@REVISION]...`` (the
-specs repeated after ``--trust-remote-code`` load with ``trust_remote_code=True``: their ``auto_map`` names custom
-code, see ``hfcache.integrity.check_targets.custom_code_refs``) with ``HF_HUB_OFFLINE=1`` and ``HF_HUB_CACHE`` set by
-the parent. Before transformers is imported, hfcache's network guard (``offline/guard.py``: a PEP 578 audit hook, with nothing
+Run as ``python -m hfcache.offline.probe TEXT REPO_ID@REVISION... [--trust-remote-code REPO_ID@REVISION]...
+[--progress FILE]`` (the specs repeated after ``--trust-remote-code`` load with ``trust_remote_code=True``: their
+``auto_map`` names custom code, see ``hfcache.integrity.check_targets.custom_code_refs``) with ``HF_HUB_OFFLINE=1``
+and ``HF_HUB_CACHE`` set by the parent.
+
+A load or encode that raises, or that makes the tokenizers library panic (``pyo3_runtime.PanicException``, a
+``BaseException``: :mod:`hfcache.integrity.fast_inputs`), is that spec's ``error``. What no ``except`` sees (a Rust
+abort on a failed allocation, a signal, custom code calling ``os._exit``) ends the process: with ``--progress``,
+each spec's start and result are appended to FILE as JSON lines first (``{"begin": SPEC}``, ``{"spec": SPEC,
+"result": {...}}``), so the parent knows which spec was loading and which have results (``hfcache.integrity.check``). Before transformers is imported, hfcache's network guard (``offline/guard.py``: a PEP 578 audit hook, with nothing
 allowed, not even loopback) turns any attempt to open a network connection into an immediate error, so a load that
 would reach for the network fails fast and says so instead of hanging (docs/cache-layout.md, 'Traps the libraries
 leave').
@@ -17,7 +23,9 @@ import os
 import time
 from pathlib import Path
 
+from ..integrity.fast_inputs import is_panic, one_line
 from . import guard as network_guard
+
 
 def _attempts() -> list[str]:
     """Connection attempts the guard refused so far (libraries may swallow the exception, so look here too)."""
@@ -25,9 +33,17 @@ def _attempts() -> list[str]:
     return installed.attempts if installed is not None else []
 
 
-def probe(text: str, specs: list[str], trusted: frozenset[str] = frozenset()) -> dict[str, dict]:
+def _report(progress: str | None, entry: dict) -> None:
+    """Append ``entry`` to the progress file as one JSON line (opened per line: loaded code may close descriptors)."""
+    if progress:
+        with open(progress, "a", encoding="utf-8") as f:
+            f.write(json.dumps(entry) + "\n")
+
+
+def probe(text: str, specs: list[str], trusted: frozenset[str] = frozenset(),
+          progress: str | None = None) -> dict[str, dict]:
     """Load each ``REPO_ID@REVISION`` with ``AutoTokenizer.from_pretrained`` and encode ``text``; the specs in
-    ``trusted`` with ``trust_remote_code=True``."""
+    ``trusted`` with ``trust_remote_code=True``; each start and result appended to ``progress`` (a file path)."""
     results: dict[str, dict] = {}
     started = time.perf_counter()
     try:
@@ -35,8 +51,10 @@ def probe(text: str, specs: list[str], trusted: frozenset[str] = frozenset()) ->
     except Exception as exc:  # noqa: BLE001 - reported to the parent
         return {spec: {"error": f"{type(exc).__name__}: {exc}"} for spec in specs}
     import_seconds = time.perf_counter() - started
+    _report(progress, {"import_seconds": round(import_seconds, 4)})
     for spec in specs:
         repo_id, _, revision = spec.partition("@")
+        _report(progress, {"begin": spec})
         t0 = time.perf_counter()
         seen = len(_attempts())
         try:
@@ -54,12 +72,16 @@ def probe(text: str, specs: list[str], trusted: frozenset[str] = frozenset()) ->
                 "seconds": round(time.perf_counter() - t0, 4),
                 **fast_path(tokenizer, repo_id, revision or "main"),
             }
-        except Exception as exc:  # noqa: BLE001 - every failure is data for the parent's diagnosis
-            error = f"{type(exc).__name__}: {exc}"
+        except BaseException as exc:  # noqa: BLE001 - every failure is data for the parent's diagnosis
+            if not isinstance(exc, Exception) and not is_panic(exc):
+                raise  # KeyboardInterrupt, SystemExit: the parent names the spec in progress
+            # a panic's message may span lines (and its text is the library's): its first line only
+            error = one_line(exc, 500) if is_panic(exc) else f"{type(exc).__name__}: {exc}"
             attempts = _attempts()[seen:]
             if attempts and "network access attempted" not in error:
                 error = f"network access attempted ({attempts[0]}) during an offline load; then {error}"
             results[spec] = {"error": error, "seconds": round(time.perf_counter() - t0, 4)}
+        _report(progress, {"spec": spec, "result": results[spec]})
     results["__import_seconds__"] = {"seconds": round(import_seconds, 4)}
     return results
 
@@ -85,18 +107,20 @@ def fast_path(tokenizer, repo_id: str, revision: str) -> dict:
         built = build(Path(os.environ["HF_HUB_CACHE"]), repo_id, revision)
     except (FastPathRefused, NotCached) as exc:
         return {"fast_path": f"refused: {exc}", "commit": None}
-    except Exception as exc:  # noqa: BLE001 - reported, never fatal to the check
-        return {"fast_path": f"refused: {type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''}",
-                "commit": None}
+    except BaseException as exc:  # noqa: BLE001 - reported, never fatal to the check
+        if not isinstance(exc, Exception) and not is_panic(exc):
+            raise
+        return {"fast_path": f"refused: {one_line(exc)}", "commit": None}
     added = [t.content for t in built.tokenizer.get_added_tokens_decoder().values()]
     specials = [str(t) for t in getattr(tokenizer, "all_special_tokens", [])]
     lines = corpus([*specials, *added])
     try:
         slow = [list(tokenizer(line)["input_ids"]) for line in lines]
         fast = [built.tokenizer.encode(line).ids for line in lines]
-    except Exception as exc:  # noqa: BLE001 - an encode that raises is a difference, reported
-        return {"fast_path": f"differs: an encode raised {type(exc).__name__}: {str(exc)[:200]}",
-                "commit": built.commit}
+    except BaseException as exc:  # noqa: BLE001 - an encode that raises or panics is a difference, reported
+        if not isinstance(exc, Exception) and not is_panic(exc):
+            raise
+        return {"fast_path": f"differs: an encode raised {one_line(exc)}", "commit": built.commit}
     return {"fast_path": _first_difference(lines, slow, fast) or "equal", "commit": built.commit,
             "corpus_lines": len(lines)}
 
@@ -107,8 +131,9 @@ def main() -> None:
     parser.add_argument("text")
     parser.add_argument("specs", nargs="*")
     parser.add_argument("--trust-remote-code", action="append", default=[], metavar="SPEC")
+    parser.add_argument("--progress", default=None, metavar="FILE")
     args = parser.parse_args()
-    results = probe(args.text, args.specs, frozenset(args.trust_remote_code))
+    results = probe(args.text, args.specs, frozenset(args.trust_remote_code), args.progress)
     # On a line of its own: loaded code may have written to stdout without a final newline.
     print("\n" + json.dumps(results), flush=True)
 

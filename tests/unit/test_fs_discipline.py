@@ -66,6 +66,8 @@ ALLOWED: dict[tuple[str, str], str] = {
         "mkdir 0700 of hfcache-modules-<uid> in TMPDIR (never follows a planted link: mkdir fails on any entry)",
     ("hfcache.integrity.check", "_remove_tree"):
         "rmtree of check's own mkdtemp folder (0700, this user's, in TMPDIR): outside any cache",
+    ("hfcache.offline.probe", "_report"):
+        "append to the progress file check's parent names in its own mkdtemp folder (0700, in TMPDIR): outside any cache",
     ("hfcache.move.export_dir", "write_dir"):
         "mkdir -p of the user's DEST parent (outside the source cache); the tree itself is written by fd",
     ("hfcache.move.link", "_make_link"):
