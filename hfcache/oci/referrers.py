@@ -290,7 +290,8 @@ def _listed(client, container, subject_digest: str) -> list[dict]:
     if response.status_code == 200 and response.headers.get("Content-Type", "").startswith(INDEX_TYPE):
         body = read_body(response, MAX_MANIFEST_BYTES + 1, container.registry)
         if len(body) > MAX_MANIFEST_BYTES:
-            raise HubError(f"{what}: larger than {MAX_MANIFEST_BYTES} bytes: refused")
+            raise HubError(f"{what}: larger than {MAX_MANIFEST_BYTES} bytes: refused",
+                           hint="this is not a referrers list hfcache reads; check the registry")
         index = _json(body, what)
     else:  # 404 (or any answer but an index): no referrers API, as distribution-spec v1.1 says to read it
         response.close()
@@ -355,7 +356,8 @@ def _bundle_of(client, container, digest: str, subject_digest: str) -> bytes | N
         return None
     size = layers[0].get("size")
     if not isinstance(size, int) or isinstance(size, bool) or not 0 < size <= MAX_BUNDLE_BYTES:
-        raise HubError(f"{what}: its bundle declares {registry_text(size, 40)} bytes (at most {MAX_BUNDLE_BYTES})")
+        raise HubError(f"{what}: its bundle declares {registry_text(size, 40)} bytes (at most {MAX_BUNDLE_BYTES})",
+                       hint="this is not a signature hfcache reads; the registry content is altered or crafted")
     status, blob, _ = _get(client, container, "blobs", layers[0]["digest"], "*/*", size, f"{what}: bundle")
     if status == 404:
         raise HubError(f"{what}: its bundle {layers[0]['digest']} is missing", hint="push the signature again")
