@@ -101,7 +101,8 @@ def push_command(reference, specs, lock_file, split, arch, fmt, prefix, sign_key
                    "the free space of the cache's filesystem].")
 @click.option("--verify-key", metavar="PUB", type=click.Path(exists=True, dir_okay=False),
               help="Public key (PEM): the artifact's model-signing signatures (OCI referrers) must sign every pulled "
-                   "file under it, checked before anything is written (unsigned or wrongly signed: exit 1).")
+                   "file under it, and its refs must name signed commits, checked before anything is written "
+                   "(unsigned or wrongly signed: exit 1; a ref to a commit no signature covers: exit 3).")
 @_lock_timeout_option
 def pull_command(reference, cache_dir, plain_http, username, password_stdin, timeout, as_json, move_refs,
                  max_size, verify_key, lock_timeout) -> None:
