@@ -321,7 +321,8 @@ def pull(reference: str, cache_dir: Path, plain_http: bool = False, credentials:
 
     Raises:
         IntegrityError: a manifest, config or layer does not match its digest or size (or a layer its diff_id, a raw
-            layer its ``io.hfcache.etag``); the message names the digest; nothing is written to the target.
+            layer its ``io.hfcache.etag``); with ``verify_key``, a ref, marker or listing names a commit no signature
+            covered; the message names it; nothing is written to the target.
         UsageError: not an image hfcache can read (an index, no such tag, a ModelPack artifact of another tool),
             larger than ``max_size`` (compressed or unpacked), content ``hfcache import`` refuses (nothing written).
         CheckFailed: the target holds an entry with other content, or a ref elsewhere (see ``import_members``), or a

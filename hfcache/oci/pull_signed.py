@@ -172,8 +172,9 @@ def check_claims(claims: dict[str, str], snapshots: dict[str, dict[str, str]]) -
             "holds no commit" if section == "refs" else f"is about commit {commit}"
         raise IntegrityError(f"refused the pull, nothing was written: {name} {said}, which no signature of this pull "
                              f"covers (signed: {', '.join(c[:12] for c in signed[:5]) or 'no snapshot of that repo'})",
-                             hint="a signed pull moves a ref only to a commit it verified; the artifact is altered or "
-                                  "crafted (a ref rolled back to an unsigned revision): pull it from its source again")
+                             hint="a signed pull publishes refs, markers and listings only about the commits it "
+                                  "verified; the artifact is altered or crafted (a ref rolled back to an unsigned "
+                                  "revision): pull it from its source again")
 
 
 def ref_commit(head: bytes) -> str:
