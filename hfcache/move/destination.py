@@ -1,17 +1,26 @@
-"""Where ``export`` and ``link`` may write: never inside the cache they read.
+"""Where ``export`` and ``link`` write: never inside the cache they read (``export`` would write a second cache into
+the first, ``link --mode copy`` copy a tree into itself), and never half-made: DEST's new content is built under a
+private name beside it, then renamed into place.
 
-A DEST inside the source cache (or the cache itself) would make ``export`` write a second cache into the first one
-(``verify`` then fails, or a bogus repo folder appears) and ``link --mode copy`` copy a tree into itself. The check
-compares resolved paths and, for every existing ancestor of DEST, its resolved folders' ``(st_dev, st_ino)`` with
-the cache root's, so a DEST reached through a symlink (or a bind mount of the root) is caught too.
+The check compares resolved paths, and the ``(st_dev, st_ino)`` of every existing folder DEST lies in with the
+root's: a DEST reached through a symlink or a bind mount of the root is caught too.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
+import shutil
+import stat
+import uuid
+from collections.abc import Callable
 from pathlib import Path
+from typing import TypeVar
 
+from ..cache.fsops import open_dir_at
 from ..errors import UsageError
+
+_T = TypeVar("_T")
 
 
 def _identity(path: str) -> tuple[int, int] | None:
@@ -36,17 +45,10 @@ def _resolved_chain(dest: Path, follow: bool) -> list[str]:
 
 def refuse_dest_inside(cache_dir: str | os.PathLike[str], dest: str | os.PathLike[str], command: str, *,
                        follow: bool = True) -> None:
-    """Raise UsageError (exit 2) when ``dest`` is the cache ``cache_dir`` itself or anywhere inside it.
-
-    Args:
-        cache_dir: the source cache root. dest: the path the command would write (need not exist).
-        command: ``export`` or ``link``, for the message.
-        follow: judge where a DEST that is a symlink points (export); False judges where the link itself lies
-            (``link --mode symlink`` run again on its own DEST).
-
-    Raises:
-        UsageError: ``dest`` resolves to the cache or below it (by path, or by the identity of a folder on the way).
-    """
+    """Raise UsageError (exit 2) when ``dest`` (need not exist) is the cache ``cache_dir`` or inside it, by path or
+    by the identity of a folder on the way. ``command``: ``export`` or ``link``, for the message. ``follow``: judge
+    where a DEST that is a symlink points (export); False: where the link itself lies (``link --mode symlink`` run
+    again on its own DEST)."""
     root = os.path.realpath(cache_dir)
     root_id = _identity(root)
     chain = _resolved_chain(Path(dest), follow)
@@ -56,3 +58,39 @@ def refuse_dest_inside(cache_dir: str | os.PathLike[str], dest: str | os.PathLik
     if inside:
         raise UsageError(f"{command} DEST {os.fspath(dest)} is inside the source cache {root}: nothing written",
                          hint=f"{command} to a path outside the cache")
+
+
+def open_parent(dest: Path) -> int:
+    """An fd of DEST's parent folder, made if missing (the user's path, outside the cache; it may be a link)."""
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    return os.open(dest.parent, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+
+
+def replace_beside(pfd: int, dest: Path, make: Callable[[str], _T]) -> _T:
+    """``make(name)`` builds DEST's new content as the entry ``name`` of DEST's parent ``pfd`` (a private name
+    beside it), which is then renamed onto ``dest`` (new, or an empty folder). On any error the half-made entry is
+    removed (a link itself, a folder by descriptor: nothing followed). Returns what ``make`` returns."""
+    staging = f".{dest.name}.{uuid.uuid4().hex[:8]}.partial"
+    try:
+        made = make(staging)
+        with contextlib.suppress(FileNotFoundError):
+            os.rmdir(dest.name, dir_fd=pfd)  # an empty DEST folder (checked by the caller)
+        os.replace(staging, dest.name, src_dir_fd=pfd, dst_dir_fd=pfd)
+        return made
+    except BaseException:
+        with contextlib.suppress(OSError):
+            if stat.S_ISDIR(os.stat(staging, dir_fd=pfd, follow_symlinks=False).st_mode):
+                shutil.rmtree(staging, dir_fd=pfd, ignore_errors=True)
+            else:
+                os.unlink(staging, dir_fd=pfd)
+        raise
+
+
+def private_dir(pfd: int, name: str, fill: Callable[[int], _T]) -> _T:
+    """Make the folder ``name`` in ``pfd``, private (0700) while ``fill(fd)`` fills it through its descriptor."""
+    os.mkdir(name, 0o700, dir_fd=pfd)
+    fd = open_dir_at(pfd, name)
+    try:
+        return fill(fd)
+    finally:
+        os.close(fd)

@@ -1,32 +1,30 @@
-"""export's reading of blobs: each hashed while it is copied, and huggingface_hub 2.4's shared Xet blob store
-(``huggingface_hub/utils/_shared_blobs.py``).
+"""export's reading of the source cache: each file at exactly its planned size, each blob hashed against its name,
+and huggingface_hub 2.4's shared Xet blob store (``huggingface_hub/utils/_shared_blobs.py``).
 
-A repo blob that is a link of the library's exact shape into the marked store (``../../blobs/<h[:2]>/<h>``,
-:mod:`hfcache.cache.shared_store`) is exported as a regular blob holding the payload's bytes, so the export has no
-link leaving it and loads offline anywhere; any other shape, or a store part that is a link, FIFO or folder, is
-refused (exit 5). Payloads are opened with ``safefs.open_blob`` (a walk from the cache root, nothing else followed).
+A repo blob that is a link of the library's exact shape into the marked store (:mod:`hfcache.cache.shared_store`)
+is exported as a regular blob holding the payload's bytes, so the export has no link leaving it; any other shape,
+or a store part that is a link, FIFO or folder, is refused (exit 5).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import hashlib
-import io
 import os
 import stat
 from pathlib import Path
 
 from ..cache import safefs
+from ..cache.content import HashingReader
+from ..cache.fsops import open_regular
 from ..cache.shared_store import StoreProblem, payload_stat
-from ..cache.safefs_tree import open_regular
 from ..errors import CacheError
-from ..integrity.hashing import algorithm_of
+
+_RERUN = "rerun once nothing writes the cache"
 
 
 def with_store_blobs(cache_dir: str, folder: str, rev):
-    """``rev`` with each entry whose blob is a link into huggingface_hub 2.4's shared Xet store
-    (``utils/_shared_blobs.py``; scan sees a link there as a missing blob) taken as a ``link`` of the payload's
-    size: the export carries the payload's bytes as a regular blob (read through ``safefs.open_blob``).
+    """``rev`` with each entry whose blob is a store link (scan sees it as a missing blob) taken as a ``link`` of the
+    payload's size, so the payload's bytes are exported as a regular blob. A dangling store link stays broken.
 
     Raises:
         CacheError (exit 5): the store or the payload is not what the library writes (a link, FIFO, folder).
@@ -41,21 +39,16 @@ def with_store_blobs(cache_dir: str, folder: str, rev):
                 raise CacheError(f"{folder}/blobs/{f.etag}: {exc}: nothing exported",
                                  hint="remove it (or re-download the file), then rerun") from None
             except FileNotFoundError:
-                st = None  # a dangling store link: stays a broken entry
+                st = None
             if st is not None:
                 f = f._replace(form="link", size=st.st_size, inode=(st.st_dev, st.st_ino))
         files.append(f)
     return dataclasses.replace(rev, files=tuple(files))
 
 
-
 def open_blob_source(path: str, etag: str):
-    """Open the blob ``path`` (``<cache>/<folder>/blobs/<etag>``, as planned) with ``safefs.open_blob``: a
-    regular file, or the shared store's payload its library-shaped link names; nothing else is followed.
-
-    Raises:
-        CacheError: not a regular file, or a link of another shape (UnsafeLayout).
-    """
+    """Open the blob ``path`` (``<cache>/<folder>/blobs/<etag>``) with ``safefs.open_blob``: a regular file, or the
+    store payload its library-shaped link names. Raises CacheError: anything else (UnsafeLayout for a link)."""
     blob = Path(path)
     fd = safefs.open_blob(blob.parents[2], blob.parents[1].name, etag)
     f = os.fdopen(fd, "rb")
@@ -66,14 +59,12 @@ def open_blob_source(path: str, etag: str):
 
 
 def open_plain_source(entry):
-    """Open the file of the source cache an export entry (an ``Entry`` of kind ``file`` that is not a blob) copies: ``entry.source`` is ``<cache>/<entry.name>``,
-    opened from the cache root one folder at a time without following links (safefs.dir_fd) and then
-    ``O_NOFOLLOW | O_NONBLOCK``, regular files only (scan planned it as one; this re-checks what is opened), so a
-    folder a group member swaps for a link after the plan is refused, never read through.
+    """Open the file an export ``Entry`` that is no blob copies (``entry.source`` is ``<cache>/<entry.name>``):
+    its folders opened from the cache root without following links, the file itself a regular file
+    (:func:`hfcache.cache.fsops.open_regular`), so a folder swapped for a link after the plan is refused.
 
     Raises:
-        CacheError (exit 5): not a regular file now, a folder on the way is a link, or the source is not below a
-            cache root as planned.
+        CacheError (exit 5): not a regular file now, a folder on the way is a link, or not the planned path.
     """
     suffix = "/" + entry.name
     if not entry.source.endswith(suffix):
@@ -83,67 +74,24 @@ def open_plain_source(entry):
         return os.fdopen(open_regular(fd, parts[-1], entry.source), "rb")
 
 
-class SizedReader(io.RawIOBase):
-    """Reads exactly ``size`` bytes of the open binary file ``f`` (closed with it): a file that ends sooner or
-    goes on longer than the plan said (changed, or swapped for another by a group member after the plan) raises
-    CacheError (exit 5) instead of giving tarfile a short read (``OSError: unexpected end of data``, exit 70)."""
+def entry_reader(entry, grown: str | None = None) -> HashingReader:
+    """A reader of exactly ``entry.size`` bytes of an export ``Entry`` of kind ``file``, checked at its end (the
+    read that returns ``b""``): a blob (``entry.etag``) must hash to its name, another file must hold that size.
 
-    def __init__(self, f, size: int, shown: str) -> None:
-        self._f, self._left, self.name = f, size, shown
+    Raises:
+        CacheError (exit 5, nothing exported): a blob whose bytes are not its name's (corrupt source cache; a blob
+            longer than planned: ``grown`` as the message, when given); a file whose size changed since the plan
+            (a tarfile short read would be exit 70).
+    """
+    if not entry.etag:
+        return HashingReader(open_plain_source(entry), entry.size, shown=entry.source, error=lambda _why: CacheError(
+            f"{entry.source} changed while it was exported (not the size planned): nothing exported", hint=_RERUN))
 
-    def readable(self) -> bool:
-        return True
+    def error(why: str) -> CacheError:
+        if grown is not None and why.startswith("holds more"):
+            return CacheError(grown, hint=_RERUN)
+        return CacheError(f"{entry.source}: content does not match its blob name (corrupt source cache)",
+                          hint="run `hfcache verify --repair` on the source cache first")
 
-    def readinto(self, buffer) -> int:
-        view = memoryview(buffer)
-        if self._left == 0:
-            if self._f.read(1):
-                raise self._changed()
-            return 0
-        n = self._f.readinto(view[: self._left])
-        if not n:
-            raise self._changed()
-        self._left -= n
-        return n
-
-    def _changed(self) -> CacheError:
-        return CacheError(f"{self.name} changed while it was exported (not the size planned): nothing exported",
-                          hint="rerun once nothing writes the cache")
-
-    def close(self) -> None:
-        self._f.close()
-        super().close()
-
-
-class HashingReader(io.RawIOBase):
-    """Reads a blob and checks, at EOF, that its content hashes to its name (sha256 or git blob sha1)."""
-
-    def __init__(self, path: str, etag: str, size: int) -> None:
-        self._f = open_blob_source(path, etag)
-        self._etag = etag
-        self._size = size
-        self._seen = 0
-        algorithm = algorithm_of(etag)
-        self._h = hashlib.sha256() if algorithm == "sha256" else hashlib.sha1() if algorithm else None  # noqa: S324
-        if algorithm == "git-sha1":
-            self._h.update(b"blob %d\0" % size)
-        self.name = path
-
-    def readable(self) -> bool:
-        return True
-
-    def readinto(self, buffer) -> int:
-        n = self._f.readinto(buffer)
-        if n:
-            self._seen += n
-            if self._h is not None:
-                self._h.update(memoryview(buffer)[:n])
-        elif self._h is not None and (self._seen != self._size or self._h.hexdigest() != self._etag):
-            # a corrupt source cache is a cache problem (exit 5), like a broken snapshot entry in plan_export
-            raise CacheError(f"{self.name}: content does not match its blob name (corrupt source cache)",
-                             hint="run `hfcache verify --repair` on the source cache first")
-        return n
-
-    def close(self) -> None:
-        self._f.close()
-        super().close()
+    return HashingReader(open_blob_source(entry.source, entry.etag), entry.size, etag=entry.etag,
+                         shown=entry.source, error=error)

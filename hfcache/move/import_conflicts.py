@@ -1,38 +1,32 @@
 """import's check against what the target cache already holds: nothing the target has is replaced
 (docs/security.md, "import over existing content").
 
-The source of an import is untrusted. Its blobs prove themselves (named by their hash), but which blob a snapshot path
-shows, whether a path exists at a commit, and where a ref points are claims: a tar that names an existing commit could
-otherwise retarget ``snapshots/<commit>/vocab.txt``, overwrite a real file it vouches for with its own ``trees/``
-listing, or move ``refs/main``. So before anything is published (under the repo locks), every entry the import would
-write is compared with the target: the same content is left as it is, other content is a conflict and the whole
-import is refused. Also refused: a path that is a file on one side and a folder on the other, a part of the repo
-folder that is a symlink or not a folder (nothing is written through it), and a ref to a commit neither side has
-a snapshot of (a folder with at least one entry; ``.no_exist`` markers alone are no snapshot).
+The source is untrusted: its blobs prove themselves (named by their hash), but which blob a snapshot path shows,
+whether a path exists at a commit and where a ref points are claims (a tar naming an existing commit could retarget
+``snapshots/<commit>/vocab.txt`` or move ``refs/main``). So before anything is published (under the repo locks),
+every entry the import would write is compared with the target: the same content is left as it is; other content,
+a file where a folder belongs (or the reverse), a part of the repo folder that is a symlink, a ref to a commit
+neither side has a snapshot of (``.no_exist`` markers alone are none) refuse the whole import.
 
-A commit's file set is fixed, and the target may already know it: warm's record of what it published
-(:mod:`hfcache.cache.published`) or a ``trees/<commit>.json`` listing. For such a commit the import may not add a snapshot
-file the record or listing does not list (or lists with another hash), a ``.no_exist`` marker for a name the record
-lists as a file or does not list as absent (or that the listing lists), nor a ``trees/`` listing that contradicts
-the target's snapshot entries, record or markers. A commit the target holds without either may be completed by the
-import (two selections of one revision merge). A target ``.no_exist`` entry that is not an empty regular file (a
-planted link) is a conflict too, never left in place as if it were the marker.
+A commit's file set is fixed, and the target may know it (warm's record, :mod:`hfcache.cache.published`, or a
+``trees/<commit>.json`` listing): the import may then add no snapshot file, ``.no_exist`` marker or listing that
+contradicts it. A commit the target holds without either may be completed (two selections of one revision merge).
+A target ``.no_exist`` entry that is not an empty regular file (a planted link) is a conflict too.
 """
 
 from __future__ import annotations
 
-import hashlib
 import os
 import stat
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ..cache import safefs
+from ..cache.content import fd_matches
 from ..cache.layout import RepoFolder
 from ..cache.published import PublishedRevision, read_record
-from ..integrity.expectations import read_tree_listing
 from ..errors import CacheError
-from ..integrity.hashing import algorithm_of, fd_hash
+from ..integrity.expectations import read_tree_listing
 
 if TYPE_CHECKING:  # pragma: no cover
     from .import_plan import _RepoPlan
@@ -74,7 +68,7 @@ def _same_blob(path: Path, kind: str, folder: RepoFolder, etag: str) -> bool:
         try:  # opened from the cache root through folder fds (O_NOFOLLOW|O_NONBLOCK): a swapped parent is refused
             fd = safefs.open_file(folder.cache_dir, path.relative_to(folder.cache_dir).parts,
                                   os.O_RDONLY | os.O_NONBLOCK)
-            return fd_hash(fd, algorithm_of(etag) or "sha256", shown=str(path))[0] == etag
+            return fd_matches(fd, etag)
         except (OSError, ValueError, CacheError):
             return False
     return False
@@ -82,21 +76,15 @@ def _same_blob(path: Path, kind: str, folder: RepoFolder, etag: str) -> bool:
 
 def store_blob_holds(folder: RepoFolder, etag: str) -> bool:
     """Whether the target's ``blobs/<etag>`` is a link of huggingface_hub 2.4's exact shape into its marked shared
-    Xet store (``utils/_shared_blobs.py``) whose payload hashes to ``etag`` (sha256, or git blob sha1 for 40 hex):
-    the import then reuses the payload instead of writing the bytes again. Read through ``safefs.open_blob``; a store
-    part that is a link, FIFO or folder, or a payload with other bytes, is False."""
-    if safefs.store_link_of(folder.cache_dir, folder.name, etag) is None or not algorithm_of(etag):
+    Xet store (``utils/_shared_blobs.py``) whose payload (``safefs.open_blob``) hashes to ``etag``: the import then
+    reuses the payload. A store part that is a link, FIFO or folder, or a payload with other bytes, is False."""
+    if safefs.store_link_of(folder.cache_dir, folder.name, etag) is None:
         return False
     try:
         fd = safefs.open_blob(folder.cache_dir, folder.name, etag)
     except (OSError, CacheError):
         return False
-    with os.fdopen(fd, "rb") as f:
-        size = os.fstat(fd).st_size
-        digest = hashlib.sha256() if algorithm_of(etag) == "sha256" else hashlib.sha1(b"blob %d\0" % size)  # noqa: S324
-        for chunk in iter(lambda: f.read(1024 * 1024), b""):
-            digest.update(chunk)
-    return digest.hexdigest() == etag
+    return fd_matches(fd, etag)
 
 
 class _Conflicts:
@@ -111,10 +99,6 @@ class _Conflicts:
         if commit not in self._records:
             self._records[commit] = read_record(self.folder.cache_dir, self.folder.name, commit)
         return self._records[commit]
-
-    def known(self, commit: str) -> bool:
-        """Whether the target knows the file set of ``commit`` (a record or a trees/ listing)."""
-        return self.record(commit) is not None or self.listing(commit) is not None
 
     def listing(self, commit: str) -> dict | None:
         """The target's ``trees/<commit>.json`` as path -> Expected (read once; never through a symlink)."""
@@ -142,17 +126,12 @@ class _Conflicts:
 
 
 def check_target(folder: RepoFolder, repo: _RepoPlan, move_refs: bool = False) -> tuple[list[str], set, list[str]]:
-    """Compare what the import would write into ``folder`` with what it holds.
-
-    Args:
-        folder: the target repo folder.
-        repo: the import's plan for it (links, markers, trees, refs, blobs).
-        move_refs: a ref the target has at another commit may be moved (else it is a conflict).
+    """Compare what the import's plan for ``folder`` would write with what it holds (``move_refs``: a ref the
+    target has at another commit may move, else it is a conflict).
 
     Returns:
-        (conflicts, present, moved): one line per entry the target holds with other content or cannot take;
-        the ``(commit, path)`` snapshot entries the target already has with the same content (left untouched);
-        the refs that will move (only with ``move_refs``).
+        (conflicts, present, moved): one line per entry the target holds with other content or cannot take; the
+        ``(commit, path)`` snapshot entries it has with the same content (left untouched); the refs that move.
     """
     c = _Conflicts(folder)
     present: set[tuple[str, str]] = set()

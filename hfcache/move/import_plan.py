@@ -1,10 +1,8 @@
 """import's plan: what the source holds, per repo folder (:class:`_RepoPlan`), read by :class:`_Reader`.
 
 The reader refuses any entry outside the HF cache layout (absolute paths, ``..``, devices or fifos, names no
-filesystem holds), checks the shape of each section (blobs named by a hash, snapshot links into the same repo's
-``blobs/``, refs holding a commit, empty markers, ``trees/`` listings) and the caps on what it reads (``MAX_*``),
-and stages every file's content (:mod:`hfcache.move.import_staging`). Hashes, the target and publishing are checked
-and done later (:mod:`hfcache.move.importer`, :mod:`hfcache.move.import_conflicts`).
+filesystem holds), checks the shape of each section and the caps on what it reads (``MAX_*``), and stages every
+file's content (:mod:`.import_staging`). Hashes, the target and publishing come later (:mod:`.importer`).
 """
 
 from __future__ import annotations
@@ -19,9 +17,9 @@ from typing import BinaryIO
 from ..bounds import TooDeep, loads_json
 from ..cache.scan import parse_folder_name
 from ..errors import UsageError
-from ..integrity.hashing import algorithm_of
+from ..names import is_commit, is_etag
 from ..records import valid_repo_id
-from .import_source import Member, _shown
+from .import_source import Member, shown_name
 from .import_staging import _Staging
 
 _SECTIONS = {"blobs", "snapshots", "refs", ".no_exist", "trees"}
@@ -41,7 +39,7 @@ MAX_DEPTH = 256
 MAX_ENTRIES = 1_000_000
 
 
-def _clean_name(name: str) -> list[str]:
+def clean_name(name: str) -> list[str]:
     """Split a member name into parts, refusing absolute paths, ``..`` and other escapes."""
     if name.startswith("./"):
         name = name[2:]
@@ -51,7 +49,7 @@ def _clean_name(name: str) -> list[str]:
         raise UsageError(f"refused entry {name!r}: absolute or escaping path")
     parts = name.split("/")
     if len(parts) > MAX_DEPTH or any(len(os.fsencode(p)) > MAX_NAME_BYTES for p in parts):
-        raise UsageError(f"refused entry {_shown(name)!r}: more than {MAX_DEPTH} levels or a name longer than "
+        raise UsageError(f"refused entry {shown_name(name)!r}: more than {MAX_DEPTH} levels or a name longer than "
                          f"{MAX_NAME_BYTES} bytes (no filesystem holds it); nothing was imported")
     return parts
 
@@ -82,9 +80,9 @@ def _parse_listing(data: bytes, name: str) -> dict[str, tuple[str, str, int]]:
         raise UsageError(f"refused entry {name!r}: not a trees/ listing (JSON with a \"files\" object)") from None
 
 
-def _repo_folder_ok(name: str) -> bool:
-    """Whether ``name`` is a repo folder (``models--ORG--NAME``) of a valid repo id: huggingface_hub's own rule
-    (:func:`hfcache.records.valid_repo_id`: letters, digits, ``-``, ``_``, ``.``; no spaces or control characters)."""
+def repo_folder_ok(name: str) -> bool:
+    """Whether ``name`` is a repo folder (``models--ORG--NAME``) of a valid repo id
+    (:func:`hfcache.records.valid_repo_id`, huggingface_hub's rule)."""
     parsed = parse_folder_name(name)
     return parsed is not None and valid_repo_id(parsed[0])
 
@@ -106,16 +104,16 @@ class _Reader:
         return dict(self.repos)
 
     def entry(self, member: Member, stream: BinaryIO | None) -> None:
-        parts = _clean_name(member.name)
+        parts = clean_name(member.name)
         self.fits(member.name, parts)
         if member.kind in ("special", "sparse"):
             what = "a device, fifo or socket" if member.kind == "special" else "a sparse file (a cache has none)"
             raise UsageError(f"refused entry {member.name!r}: {what}")
         if parts[0] in ("CACHEDIR.TAG", ".locks") or member.kind == "dir":
-            if parts[0] not in ("CACHEDIR.TAG", ".locks") and not _repo_folder_ok(parts[0]):
+            if parts[0] not in ("CACHEDIR.TAG", ".locks") and not repo_folder_ok(parts[0]):
                 raise UsageError(f"refused entry {member.name!r}: not part of a Hugging Face cache")
             return
-        if not _repo_folder_ok(parts[0]) or len(parts) < 3 or parts[1] not in _SECTIONS:
+        if not repo_folder_ok(parts[0]) or len(parts) < 3 or parts[1] not in _SECTIONS:
             raise UsageError(f"refused entry {member.name!r}: not part of a Hugging Face cache layout")
         if member.kind == "file" and parts[-1].endswith(".incomplete"):
             return
@@ -127,16 +125,16 @@ class _Reader:
     def fits(self, name: str, parts: list[str]) -> None:
         """Refuse a name the target's filesystem cannot take (see ``MAX_PATH_BYTES``) before anything is written."""
         if len(os.fsencode(os.path.join(self.staging.cache_dir, *parts))) > MAX_PATH_BYTES:
-            raise UsageError(f"refused entry {_shown(name)!r}: its path in the target would be longer than "
+            raise UsageError(f"refused entry {shown_name(name)!r}: its path in the target would be longer than "
                              f"{MAX_PATH_BYTES} bytes; nothing was imported")
         if len(parts) > 2 and parts[1] == "refs" and len(os.fsencode(parts[-1])) > MAX_REF_NAME_BYTES:
-            raise UsageError(f"refused entry {_shown(name)!r}: a ref name longer than {MAX_REF_NAME_BYTES} bytes")
+            raise UsageError(f"refused entry {shown_name(name)!r}: a ref name longer than {MAX_REF_NAME_BYTES} bytes")
 
     def content(self, member: Member, stream: BinaryIO | None, parts: list[str]) -> str:
         """The staged member holding this entry's content ("" for a symlink), staged now for a file."""
         name = "/".join(parts)
         if member.kind == "hardlink":
-            target = "/".join(_clean_name(member.linkname))
+            target = "/".join(clean_name(member.linkname))
             if target not in self.staging.files:
                 raise UsageError(f"refused entry {member.name!r}: hardlink to {member.linkname!r}, not an earlier file")
             return target
@@ -150,13 +148,13 @@ class _Reader:
         return name
 
     def blob(self, repo: _RepoPlan, member: Member, parts: list[str], content: str) -> None:
-        if len(parts) != 3 or member.kind == "symlink" or algorithm_of(parts[2]) is None:
+        if len(parts) != 3 or member.kind == "symlink" or not is_etag(parts[2]):
             raise UsageError(f"refused entry {member.name!r}: a blob must be a file named by its sha256 or git sha1")
         repo.blobs[parts[2]] = content
 
     def snapshot(self, repo: _RepoPlan, member: Member, parts: list[str], content: str) -> None:
         commit, path = parts[2], "/".join(parts[3:])
-        if algorithm_of(commit) != "git-sha1" or not path:
+        if not is_commit(commit) or not path:
             raise UsageError(f"refused entry {member.name!r}: not snapshots/<commit>/<path>")
         if member.kind == "symlink":
             name = "/".join(parts)
@@ -170,19 +168,19 @@ class _Reader:
     def ref(self, repo: _RepoPlan, member: Member, parts: list[str], content: str) -> None:
         record = self.staging.files.get(content)
         value = record[0].read_bytes()[:MAX_REF_BYTES].decode("utf-8", "replace").strip() if record else ""
-        if member.kind == "symlink" or algorithm_of(value) != "git-sha1":
+        if member.kind == "symlink" or not is_commit(value):
             raise UsageError(f"refused entry {member.name!r}: a ref must hold a 40-hex commit")
         repo.refs["/".join(parts[2:])] = value
 
     def marker(self, repo: _RepoPlan, member: Member, parts: list[str], content: str) -> None:
-        if member.kind != "file" or member.size != 0 or len(parts) < 4 or algorithm_of(parts[2]) != "git-sha1":
+        if member.kind != "file" or member.size != 0 or len(parts) < 4 or not is_commit(parts[2]):
             raise UsageError(f"refused entry {member.name!r}: a .no_exist marker must be an empty file")
         repo.markers.add((parts[2], "/".join(parts[3:])))
 
     def tree(self, repo: _RepoPlan, member: Member, parts: list[str], content: str) -> None:
         record = self.staging.files.get(content)
         if member.kind == "symlink" or len(parts) != 3 or not parts[2].endswith(".json") or record is None \
-                or algorithm_of(parts[2].removesuffix(".json")) != "git-sha1" or record[1] > MAX_TREE_BYTES:
+                or not is_commit(parts[2].removesuffix(".json")) or record[1] > MAX_TREE_BYTES:
             raise UsageError(f"refused entry {member.name!r}: trees/ holds <commit>.json files of at most "
                              f"{MAX_TREE_BYTES} bytes")
         repo.trees[parts[2]] = (record[0], _parse_listing(record[0].read_bytes(), member.name))

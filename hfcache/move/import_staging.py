@@ -1,19 +1,19 @@
-"""import's staging: content read from the source, hashed while it streams and parked under ``<cache>/.locks/``.
-
-``.locks/`` is a folder huggingface_hub's scanner ignores, on the cache's filesystem, so publishing a staged blob is a
-rename. Nothing is staged past the size its entry declares, and free space is checked before each entry is written.
+"""import's staging: content read from the source, hashed while it streams and parked under ``<cache>/.locks/``
+(a folder huggingface_hub's scanner ignores, on the cache's filesystem: publishing is a rename). Nothing is staged
+past the size its entry declares, and free space is checked before each entry is written.
 """
 
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import os
 import uuid
 from pathlib import Path
 from typing import BinaryIO
 
 from ..cache import safefs
+from ..cache.content import GIT_SHA1, SHA256, BlobHash
+from ..cache.fsops import create_at, open_read_at
 from ..cache.locking import via_dir_fd
 from ..cache.sharing import cache_policy, make_dirs
 from ..errors import CacheError, UsageError
@@ -28,7 +28,9 @@ def free_bytes(path: Path) -> int:
 
 
 class _Staging:
-    """Content read from the source, hashed and parked under ``<cache>/.locks/`` until publishing."""
+    """Content read from the source, hashed and parked under ``<cache>/.locks/`` until publishing. Every staged
+    file is written, read and renamed relative to the staging folder's descriptor (:attr:`fd`), so a ``.locks``
+    swapped for a link while the source streams is not followed."""
 
     def __init__(self, cache_dir: Path) -> None:
         locks = cache_dir / ".locks"
@@ -41,14 +43,12 @@ class _Staging:
         safefs.check_existing(cache_dir, (".locks",))
         with safefs.dir_fd(cache_dir, (".locks",)) as locks_fd:
             os.mkdir(self.name, 0o700, dir_fd=locks_fd)  # relative to the checked .locks: no link followed
-        self._fd = safefs.open_dir(cache_dir, (".locks", self.name))
-        # Every staged file is written and renamed through the descriptor of the staging folder (see
-        # hfcache.cache.locking.via_dir_fd): a .locks swapped for a link while the source streams is not followed.
-        self.dir = via_dir_fd(locks / self.name / "x", self._fd).parent
+        self.fd = safefs.open_dir(cache_dir, (".locks", self.name))
+        self.dir = via_dir_fd(locks / self.name / "x", self.fd).parent
         self.files: dict[str, tuple[Path, int, str, str]] = {}  # member -> (staged, size, sha256, git-sha1)
 
     def add(self, name: str, stream: BinaryIO, size: int) -> tuple[Path, int, str, str]:
-        """Stage ``size`` bytes of ``stream``, hashing them on the way; never more than ``size``.
+        """Stage exactly ``size`` bytes of ``stream``, hashed (sha256 and git blob sha1) on the way.
 
         Raises:
             CacheError: ``size`` bytes do not fit on the cache's filesystem (checked before writing).
@@ -59,12 +59,9 @@ class _Staging:
             raise CacheError(f"refused entry {name!r}: its {size} bytes do not fit in the {free} bytes free on the "
                              "cache's filesystem (nothing was imported)", hint="free disk space or import elsewhere")
         path = self.dir / uuid.uuid4().hex
-        sha256, sha1 = hashlib.sha256(), hashlib.sha1()  # noqa: S324 - git object id
-        sha1.update(b"blob %d\0" % size)
+        sha256, sha1 = BlobHash(SHA256), BlobHash(GIT_SHA1, size)
         left = size
-        fd = os.open(path.name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o666,
-                     dir_fd=self._fd)  # relative to the staging folder's fd: no link on the way is followed
-        with os.fdopen(fd, "wb") as out:
+        with os.fdopen(create_at(self.fd, path.name), "wb") as out:
             while left and (chunk := stream.read(min(_CHUNK, left))):
                 sha256.update(chunk)
                 sha1.update(chunk)
@@ -72,24 +69,17 @@ class _Staging:
                 left -= len(chunk)
             if left or stream.read(1):
                 raise UsageError(f"refused entry {name!r}: its content is not the {size} bytes it declares")
-        record = (path, size, sha256.hexdigest(), sha1.hexdigest())
-        self.files[name] = record
+        record = self.files[name] = (path, size, sha256.hexdigest(), sha1.hexdigest())
         return record
 
-    @property
-    def fd(self) -> int:
-        """The staging folder's descriptor: staged files are read and renamed relative to it (their names are the
-        last component of the paths in :attr:`files`)."""
-        return self._fd
-
     def open_staged(self, staged: Path) -> int:
-        """Open a staged file for reading relative to :attr:`fd` (``O_NOFOLLOW``); returns an fd (caller closes)."""
-        return os.open(staged.name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=self._fd)
+        """Open a staged file for reading relative to :attr:`fd`; returns an fd (caller closes)."""
+        return open_read_at(self.fd, staged.name)
 
     def holds(self, staged: Path) -> bool:
         """Whether the staged file is still in the staging folder (not yet renamed into a repo)."""
         try:
-            os.stat(staged.name, dir_fd=self._fd, follow_symlinks=False)
+            os.stat(staged.name, dir_fd=self.fd, follow_symlinks=False)
         except FileNotFoundError:
             return False
         return True
@@ -99,5 +89,4 @@ class _Staging:
         with contextlib.suppress(OSError, CacheError):
             safefs.rmtree(self.cache_dir, (".locks", self.name))
         with contextlib.suppress(OSError):
-            os.close(self._fd)
-
+            os.close(self.fd)

@@ -1,22 +1,14 @@
 """import: merge an exported cache (a directory, a tar, or a tar on stdin) into a cache, verified first.
 
-Every entry is checked before anything becomes visible: names must stay inside the HF cache layout (no absolute
-paths, no ``..``, no devices or fifos), snapshot links must point into the same repo's ``blobs/``, every blob must
-hash to its name, every real snapshot file must match a blob or the ``trees/`` listing of its commit, refs must be
-commits and markers empty. Content is staged under ``<cache>/.locks/`` (a folder huggingface_hub's scanner ignores,
-on the cache's filesystem so publishing is a rename); when anything is refused the staging is removed and the
-target cache is left exactly as it was. Publishing follows warm's order per repo, under warm's repo lock: blobs,
-links, markers and listings, refs last. What the target already has is never overwritten: an entry it holds with
-other content, a ref it has at another commit (unless ``move_refs``), a file where the source has a folder refuse the
-whole import before anything is written (:mod:`hfcache.move.import_conflicts`). Bounded: content is hashed while it
-streams and never staged past its declared size, sparse members are refused, free space is checked before each entry
-is written, and refs, markers, ``trees/`` listings, tar headers and the entry count have caps (``MAX_*``).
-
-This module holds the flow and its last steps (hashes, the plan's shape, the repo locks, publishing); the source's
-entries are read by :mod:`hfcache.move.import_source` (the tar header cap), checked into one plan per repo by
-:mod:`hfcache.move.import_plan` (the other ``MAX_*`` caps) and staged by :mod:`hfcache.move.import_staging`.
-
 Library gap: huggingface_hub has no import; extracting a tar into a cache by hand trusts every byte and path.
+Every entry is checked before anything becomes visible: names stay inside the HF cache layout, snapshot links point
+into the same repo's ``blobs/``, every blob hashes to its name, every real snapshot file matches a blob or its
+commit's ``trees/`` listing, refs are commits and markers empty. Content is staged under ``<cache>/.locks/``
+(:mod:`.import_staging`); when anything is refused the staging is removed and the target is left as it was. What
+the target holds is never overwritten (:mod:`.import_conflicts`). Publishing follows warm's order per repo, under
+warm's repo lock: blobs, links, markers and listings, refs last. Bounded: content is hashed while it streams and
+never staged past its declared size, sparse members are refused, free space is checked before each entry, and tar
+headers (:mod:`.import_source`), refs, markers, listings and the entry count (:mod:`.import_plan`) have caps.
 """
 
 from __future__ import annotations
@@ -34,17 +26,18 @@ from typing import BinaryIO
 
 from ..bounds import TooDeep
 from ..cache import safefs
-from ..cache.layout import RepoFolder
-from ..cache.safefs_tree import iter_tree
 from ..cache.atomic import atomic_output_at
+from ..cache.content import SHA256, algorithm_of
+from ..cache.layout import RepoFolder
+from ..cache.locking import DEFAULT_LOCK_TIMEOUT, LockWait
+from ..cache.published import write_record
 from ..cache.root import cache_error, ensure_cache_root, symlinks_supported
+from ..cache.safefs_tree import iter_tree
+from ..cache.scan import parse_folder_name
 from ..errors import CacheError, CheckFailed, IntegrityError, UsageError
 from .import_conflicts import check_target, store_blob_holds
-from ..cache.locking import DEFAULT_LOCK_TIMEOUT, LockWait
-from ..cache.scan import parse_folder_name
-from ..integrity.hashing import algorithm_of
 from .import_plan import _Reader, _RepoPlan
-from .import_source import Member, _members_of_dir, tar_members
+from .import_source import Member, members_of_dir, tar_members
 from .import_staging import _CHUNK, _Staging
 
 
@@ -53,16 +46,13 @@ class ImportReport:
     """The outcome of :func:`import_cache`.
 
     Attributes:
-        cache_dir (str): the target cache.
-        repos (tuple[str, ...]): repo folders merged.
-        files (int): snapshot entries merged (entries the target already had with the same content included).
-        blobs_new (int): blob entries added; blobs_existing (int): blob entries the target already had (left
-            untouched). An entry is a file in one repo's ``blobs/``: the same content in two repos is two entries
-            (hardlinked), so their sum can exceed ``blob_contents``.
-        blob_contents (int): distinct contents among those entries (what ``verify`` counts as distinct blobs when
-            they are hardlinked).
+        cache_dir (str): the target cache. repos (tuple[str, ...]): repo folders merged.
+        files (int): snapshot entries merged (those the target already had with the same content included).
+        blobs_new (int), blobs_existing (int): blob entries added, and those the target already had (untouched).
+            An entry is a file in one repo's ``blobs/``: one content in two repos is two (hardlinked) entries.
+        blob_contents (int): distinct contents among those entries (``verify``'s distinct blobs).
         bytes_new (int): bytes added.
-        moved (tuple[str, ...]): refs the target had at another commit and that now point where the source's do
+        moved (tuple[str, ...]): refs the target had at another commit that now point where the source's do
             (only with ``move_refs``; without it such a ref refuses the import).
     """
 
@@ -81,20 +71,16 @@ def import_cache(src: str, cache_dir: Path, move_refs: bool = False, *, lock_tim
     """Merge the cache at ``src`` (a directory, a tar file, or ``-`` for a tar on stdin) into ``cache_dir``.
 
     Args:
-        src: the source (str path or ``-``).
-        cache_dir: the target cache.
-        move_refs: a ref the target has at another commit moves to the source's commit (reported); without it that
-            refuses the import.
+        move_refs: a ref the target has at another commit moves to the source's (reported); else it refuses.
         lock_timeout: seconds to wait at most for each repo's lock (another warm, prune or import of that repo).
         on_lock_wait: told which lock it waits for, and who holds it, when a wait lasts a few seconds.
 
-    Raises:
-        LockTimeout: a repo's lock stayed held for ``lock_timeout`` seconds (exit 5); nothing is written then.
-        UsageError: ``src`` does not exist, holds an entry that is refused (the message names it), or goes past a
-            bound (``MAX_*``); nothing is written then.
-        IntegrityError: a blob or file does not match its hash; nothing is written then.
-        CheckFailed: the target already holds an entry with other content, a path that is a file on one side and a
-            folder on the other, or a ref elsewhere; a ref names a commit neither side has. Nothing is written then.
+    Raises (nothing is written then, except for CacheError while publishing):
+        LockTimeout: a repo's lock stayed held for ``lock_timeout`` seconds (exit 5).
+        UsageError: ``src`` does not exist, holds a refused entry (named), or goes past a bound (``MAX_*``).
+        IntegrityError: a blob or file does not match its hash.
+        CheckFailed: the target holds an entry with other content, a file where the source has a folder (or the
+            reverse), or a ref elsewhere; a ref names a commit neither side has.
         CacheError: the target cannot be written, or the content does not fit on its filesystem.
     """
     if src != "-" and not os.path.isdir(src) and not os.path.isfile(src):
@@ -104,7 +90,7 @@ def import_cache(src: str, cache_dir: Path, move_refs: bool = False, *, lock_tim
         if src == "-":
             return tar_members(sys.stdin.buffer)
         if os.path.isdir(src):
-            return _members_of_dir(Path(src))
+            return members_of_dir(Path(src))
         return tar_members(open(src, "rb"))  # noqa: SIM115 - closed by tarfile at the end of the stream
 
     try:
@@ -117,22 +103,14 @@ def import_cache(src: str, cache_dir: Path, move_refs: bool = False, *, lock_tim
 def import_members(members: Callable[[], Iterable[tuple[Member, BinaryIO | None]]], cache_dir: Path,
                    move_refs: bool = False, *, lock_timeout: float = DEFAULT_LOCK_TIMEOUT,
                    on_lock_wait: Callable[[LockWait], None] | None = None) -> ImportReport:
-    """Merge the entries ``members()`` yields (each a :class:`Member` and, for a file, a stream of its bytes) into
-    ``cache_dir``: read and stage all of them, check, then publish. ``hfcache pull`` gives the entries of its
-    layers as they stream; an exception the iterator raises (a digest that does not match) refuses the import.
+    """Merge the entries ``members()`` yields (a :class:`Member` and, for a file, a stream of its bytes) into
+    ``cache_dir``: read and stage all, check, then publish. ``hfcache pull`` gives its layers' entries as they
+    stream; an exception the iterator raises (a digest that does not match) refuses the import.
 
-    Args:
-        members: called once, after the staging folder exists; its iterator is consumed to the end before anything
-            is checked against or published into the target.
-        cache_dir: the target cache; created if missing, and removed again (with the parents this call created) if
-            the import fails before anything was published.
-        move_refs, lock_timeout, on_lock_wait: as for :func:`import_cache`.
-
-    Returns:
-        ImportReport.
-
-    Raises:
-        as :func:`import_cache`, plus whatever ``members`` raises (tarfile errors pass through unchanged).
+    ``members`` is called once, after the staging folder exists, and consumed to its end before anything is checked
+    against or published into the target. ``cache_dir`` is created if missing, and removed again (with the parents
+    this call created) if the import fails before anything was published. Other arguments and errors: as
+    :func:`import_cache`, plus whatever ``members`` raises (tarfile errors pass through).
     """
     created = _missing_ancestors(cache_dir)
     staging = None
@@ -180,35 +158,26 @@ def _missing_ancestors(path: Path) -> list[Path]:
     return missing
 
 
-def _remove_lock_files(cache_dir: Path) -> None:
-    """Remove the empty ``*.lock`` files and then empty folders under ``<cache_dir>/.locks`` (the repo locks taken by
-    an import into a cache root it created); anything else (another import's staging) stays, and so does its folder.
-    Walked without recursion through folder fds (safefs_tree.iter_tree); nothing is followed."""
-    try:
-        entries = list(iter_tree(cache_dir, (".locks",)))
-    except (OSError, CacheError, TooDeep):
-        return
-    for here, name, mode in entries:
-        if stat.S_ISREG(mode) and name.endswith(".lock"):
-            with contextlib.suppress(OSError, CacheError), safefs.dir_fd(cache_dir, (".locks", *here)) as fd:
-                if os.stat(name, dir_fd=fd, follow_symlinks=False).st_size == 0:
-                    os.unlink(name, dir_fd=fd)
-    for here, name, mode in sorted(entries, key=lambda e: len(e[0]), reverse=True):
-        if stat.S_ISDIR(mode):
-            with contextlib.suppress(OSError, CacheError):
-                safefs.rmdir(cache_dir, (".locks", *here, name))
-
-
 def _remove_created(cache_dir: Path, created: list[Path]) -> None:
-    """Undo the creation of a cache root that received nothing: its ``CACHEDIR.TAG``, then the empty folders.
-
-    Only folders this import created, and only when empty (a concurrent writer's content is never removed).
-    """
+    """Undo the creation of a cache root that received nothing: the empty ``*.lock`` files of the repo locks taken
+    and their folders (walked through folder fds, :func:`iter_tree`; another import's staging stays), its
+    ``CACHEDIR.TAG``, then the empty folders this import created (a concurrent writer's content is never removed)."""
     if not created:
         return
     with contextlib.suppress(OSError):
         if {entry.name for entry in os.scandir(cache_dir)} <= {"CACHEDIR.TAG", ".locks"}:
-            _remove_lock_files(cache_dir)
+            with contextlib.suppress(OSError, CacheError, TooDeep):
+                entries = list(iter_tree(cache_dir, (".locks",)))
+                for here, name, mode in entries:
+                    if stat.S_ISREG(mode) and name.endswith(".lock"):
+                        with contextlib.suppress(OSError, CacheError), \
+                                safefs.dir_fd(cache_dir, (".locks", *here)) as fd:
+                            if os.stat(name, dir_fd=fd, follow_symlinks=False).st_size == 0:
+                                os.unlink(name, dir_fd=fd)
+                for here, name, mode in sorted(entries, key=lambda e: len(e[0]), reverse=True):
+                    if stat.S_ISDIR(mode):
+                        with contextlib.suppress(OSError, CacheError):
+                            safefs.rmdir(cache_dir, (".locks", *here, name))
             with contextlib.suppress(OSError, CacheError):  # emptied just now (the repo locks' folders are gone)
                 safefs.rmdir(cache_dir, (".locks",))
             (cache_dir / "CACHEDIR.TAG").unlink(missing_ok=True)
@@ -225,8 +194,8 @@ def _check(plan: dict[str, _RepoPlan], staging: _Staging, cache_dir: Path) -> No
         folder = RepoFolder(cache_dir, *parse_folder_name(folder_name))
         folder.ensure_safe()  # a target repo folder with a planted link: refused before any repo is published
         for etag, member in sorted(repo.blobs.items()):
-            _, size, sha256, sha1 = staging.files[member]
-            if (sha256 if algorithm_of(etag) == "sha256" else sha1) != etag:
+            _, _, sha256, sha1 = staging.files[member]
+            if (sha256 if algorithm_of(etag) == SHA256 else sha1) != etag:
                 raise IntegrityError(f"refused {folder_name}/blobs/{etag}: content does not match the blob name",
                                      hint="the source cache is corrupt; run `hfcache verify` on it")
         for (commit, path), etag in sorted(repo.links.items()):
@@ -235,10 +204,10 @@ def _check(plan: dict[str, _RepoPlan], staging: _Staging, cache_dir: Path) -> No
                 raise UsageError(f"refused {folder_name}/snapshots/{commit}/{path}: link to a blob that neither the "
                                  "source nor the target cache has")
         for (commit, path), member in sorted(repo.files.items()):
-            _, size, sha256, sha1 = staging.files[member]
+            _, _, sha256, sha1 = staging.files[member]
             if sha256 in repo.blobs or sha1 in repo.blobs:
                 continue
-            blob_id, lfs, _ = _listing(repo, commit).get(path) or ("", "", 0)
+            blob_id, lfs, _ = _listed(repo, commit, path)
             if lfs == sha256 or blob_id == sha1:
                 continue
             raise IntegrityError(f"refused {folder_name}/snapshots/{commit}/{path}: no blob or trees/ listing "
@@ -257,12 +226,16 @@ def _listing(repo: _RepoPlan, commit: str) -> dict[str, tuple[str, str, int]]:
     return repo.trees.get(f"{commit}.json", (None, {}))[1]
 
 
+def _listed(repo: _RepoPlan, commit: str, path: str) -> tuple[str, str, int]:
+    """(blob id, LFS sha256, size) the source's listing of ``commit`` gives ``path`` (empty when unlisted)."""
+    return _listing(repo, commit).get(path) or ("", "", 0)
+
+
 def _resolve_files(repo: _RepoPlan, staging: _Staging) -> None:
     """Real snapshot files become blobs named by the hash that vouched for them, and links to those blobs."""
     for (commit, path), member in repo.files.items():
         _, _, sha256, sha1 = staging.files[member]
-        lfs = (_listing(repo, commit).get(path) or ("", "", 0))[1]
-        etag = sha256 if (sha256 in repo.blobs or lfs == sha256) else sha1
+        etag = sha256 if (sha256 in repo.blobs or _listed(repo, commit, path)[1] == sha256) else sha1
         repo.blobs.setdefault(etag, member)
         repo.links[(commit, path)] = etag
     repo.files.clear()
@@ -279,12 +252,8 @@ def _file_and_folder(names: set[str]) -> str | None:
 
 
 def _check_shape(plan: dict[str, _RepoPlan]) -> None:
-    """Refuse a source that contradicts itself: a path that is a file and a folder, a file that is also marked
-    absent, a snapshot entry its own ``trees/`` listing does not list with that blob.
-
-    Raises:
-        UsageError: naming the entry.
-    """
+    """Refuse a source that contradicts itself (UsageError naming the entry): a path that is a file and a folder,
+    a file also marked absent, a snapshot entry its own ``trees/`` listing does not list with that blob."""
     for folder_name, repo in sorted(plan.items()):
         for section, keys in (("snapshots", set(repo.links)), (".no_exist", repo.markers)):
             for commit in sorted({c for c, _ in keys}):
@@ -297,21 +266,14 @@ def _check_shape(plan: dict[str, _RepoPlan]) -> None:
         for commit, path in sorted(set(repo.links) & repo.markers):
             raise UsageError(f"refused {folder_name}/.no_exist/{commit}/{path}: the source also has that file")
         for (commit, path), etag in sorted(repo.links.items()):
-            listing = _listing(repo, commit)
-            if listing and etag not in (listing.get(path) or ("", "", 0))[:2]:
+            if _listing(repo, commit) and etag not in _listed(repo, commit, path)[:2]:
                 raise UsageError(f"refused {folder_name}/snapshots/{commit}/{path}: its own trees/ listing of that "
                                  "commit says otherwise")
 
 
 def _check_target(plan: dict[str, _RepoPlan], folders: dict[str, RepoFolder], move_refs: bool) -> dict:
-    """Compare with the target (under the repo locks); refuse the whole import on any conflict.
-
-    Returns:
-        folder name -> (present snapshot entries, refs that move).
-
-    Raises:
-        CheckFailed: naming the conflicting entries (at most five, and how many).
-    """
+    """Compare with the target (under the repo locks): folder name -> (present snapshot entries, refs that move).
+    Raises CheckFailed: naming the conflicting entries (at most five, and how many)."""
     conflicts: list[str] = []
     checked = {}
     for name, repo in sorted(plan.items()):
@@ -358,14 +320,10 @@ def _publish(plan: dict[str, _RepoPlan], staging: _Staging, cache_dir: Path, fol
 
 
 def _record_published(folder: RepoFolder, repo: _RepoPlan, staging: _Staging) -> None:
-    """Write warm's per-revision record (:mod:`hfcache.cache.published`) of what the import published: each snapshot
-    path with the blob it links to (its name, checked against its bytes when staged) and size, and the absent
-    markers, so that ``hfcache verify`` checks names against blobs in an imported or pulled cache as in a warmed
-    one (a link re-pointed at another blob is then an error). Merged with a record the target has (a commit's files
-    never change; conflicts were refused before). A record that cannot be written (a read-only target) is skipped:
-    the cache is still the import's, only unrecorded."""
-    from ..cache.published import write_record
-
+    """Write warm's per-revision record (:mod:`hfcache.cache.published`) of what was published, so ``verify``
+    checks names against blobs in an imported or pulled cache as in a warmed one: each snapshot path with its blob
+    and size, and the absent markers. Merged with the target's record (conflicts were refused before); skipped
+    when it cannot be written (a read-only target: the cache is still the import's, only unrecorded)."""
     for commit in sorted({c for c, _ in repo.links} | {c for c, _ in repo.markers}):
         files = []
         for (c, path), etag in sorted(repo.links.items()):
@@ -373,9 +331,8 @@ def _record_published(folder: RepoFolder, repo: _RepoPlan, staging: _Staging) ->
                 continue
             size = staging.files[repo.blobs[etag]][1] if etag in repo.blobs else _blob_size(folder, etag)
             algorithm = algorithm_of(etag)
-            if size is None or algorithm is None:
-                continue
-            files.append((path, size, f"{algorithm}:{etag}"))
+            if size is not None and algorithm is not None:
+                files.append((path, size, f"{algorithm}:{etag}"))
         absent = [path for c, path in sorted(repo.markers) if c == commit]
         with contextlib.suppress(OSError, CacheError):
             write_record(folder.cache_dir, folder.name, commit, files, absent)
@@ -394,13 +351,13 @@ def _blob_size(folder: RepoFolder, etag: str) -> int | None:
 
 
 def _publish_listing(folder: RepoFolder, tree: str, staged: Path, staging: _Staging) -> None:
-    """Copy a staged ``trees/<commit>.json`` into the repo unless it has one: read relative to the staging fd,
-    written and renamed relative to the fd of ``trees/`` opened from the cache root (no link followed)."""
+    """Copy a staged ``trees/<commit>.json`` into the repo unless it has one (whatever is there stays): read
+    relative to the staging fd, written relative to the fd of ``trees/`` opened from the cache root."""
     dfd = folder.open_dir(folder.root / "trees")
     try:
         try:
             os.stat(tree, dir_fd=dfd, follow_symlinks=False)
-            return  # the target's own listing (or whatever is there) stays
+            return
         except FileNotFoundError:
             pass
         with os.fdopen(staging.open_staged(staged), "rb") as src, atomic_output_at(dfd, tree, folder.policy) as out:
@@ -411,9 +368,9 @@ def _publish_listing(folder: RepoFolder, tree: str, staged: Path, staging: _Stag
 
 def _publish_blobs(folder: RepoFolder, repo: _RepoPlan, staging: _Staging, published: dict[str, str],
                    counts: dict[str, int]) -> None:
-    """Publish each blob of ``repo``: a hardlink of one already published (``published``: etag -> repo folder
-    name), else the staged file renamed in, else a copy re-checked against its hash. Every step acts through
-    folder descriptors opened from the cache root (a member's swap of ``blobs/`` for a link is never followed)."""
+    """Publish each blob of ``repo``: a hardlink of one already published (``published``: etag -> repo folder),
+    else the staged file renamed in, else a copy re-checked against its hash; all through folder descriptors
+    opened from the cache root (a ``blobs/`` swapped for a link is never followed)."""
     for etag, member in sorted(repo.blobs.items()):
         staged, size, _, _ = staging.files[member]
         if folder.blob_ok(etag, size):

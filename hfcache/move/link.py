@@ -1,25 +1,16 @@
 """link: make the cache at DEST use the cache at SRC (a runtime user's default path, a volume mount).
 
-Three modes:
+Modes: ``symlink`` (DEST a directory symlink to SRC: no bytes, SRC must stay), ``hardlink`` (the same tree with
+every regular file hardlinked and the relative snapshot symlinks recreated; across filesystems a clear error) and
+``copy``. ``.locks``, the shared Xet store (its payloads become the repo blobs) and ``*.incomplete`` are never
+carried over. The tree is built beside DEST and renamed into place (:mod:`.destination`); DEST must be new or an
+empty folder, or already be what the link makes (then nothing changes: an init container can run it on every
+start). A symlink leaving its repo's ``blobs/``, a symlinked folder or a device in SRC refuses the whole link.
 
-- ``symlink``: DEST becomes a directory symlink to SRC (no bytes; SRC must stay where it is).
-- ``hardlink``: DEST gets the same tree with every regular file hardlinked (same filesystem: no extra bytes;
-  across filesystems a clear error, nothing left half-made) and the snapshot symlinks recreated as they are
-  (relative, so they resolve inside DEST).
-- ``copy``: the same tree with copies.
-
-``.locks`` and ``*.incomplete`` are never carried over. The tree is built next to DEST and renamed into place; DEST
-must be new or an empty folder, so nothing it holds is ever replaced. Linking again onto a DEST that already is what
-the link would make (the same symlink; the same tree of hardlinks, or of copies with the same bytes) changes nothing
-and succeeds, so an init container can run it on every start. A symlink that leaves its repo's ``blobs/``, a
-symlinked folder or a device in SRC refuses the whole link (DEST would otherwise point outside itself).
-
-SRC may be a group-shared cache whose members can swap any folder for a link while ``link`` runs (as root): every
-folder of SRC is opened from its root one component at a time without following links and every file through its
-folder's descriptor (:mod:`hfcache.cache.safefs_tree`), so nothing outside SRC is read, hardlinked or copied; the walk
-is iterative and bounded (a chain deeper than :data:`hfcache.bounds.MAX_TREE_DEPTH` below a snapshot: exit 5). The
-staging folder is private (0700) until it is complete and is written through its descriptor. DEST inside SRC is
-refused (exit 2).
+SRC may be a group-shared cache whose members swap folders for links while ``link`` runs as root: every folder of
+SRC is opened from its root without following links and every file through its folder's descriptor
+(:mod:`hfcache.cache.safefs_tree`), iteratively and bounded (deeper than :data:`hfcache.bounds.MAX_TREE_DEPTH`
+below a snapshot: exit 5). DEST inside SRC is refused (exit 2).
 """
 
 from __future__ import annotations
@@ -28,22 +19,25 @@ import errno
 import os
 import shutil
 import stat
-import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from ..bounds import MAX_TREE_DEPTH
+from ..cache import safefs, safefs_tree
+from ..cache.fsops import create_at, open_regular
 from ..cache.root import access_error, require_hub_cache, write_access_error
-from ..errors import CacheError, UsageError
-from ..cache import safefs
 from ..cache.safefs import repo_layout_problems
-from ..cache.shared_store import STORE_DIR
 from ..cache.scan import parse_folder_name
-from ..cache import safefs_tree
-from .destination import refuse_dest_inside
+from ..cache.shared_store import STORE_DIR
+from ..errors import CacheError, UsageError
+from .destination import open_parent, private_dir, refuse_dest_inside, replace_beside
 
 MODES = ("symlink", "hardlink", "copy")
+#: Deepest folder level walked below the root: ``<repo>/snapshots/<commit>/`` and MAX_TREE_DEPTH below it.
+_LINK_DEPTH = MAX_TREE_DEPTH + 3
+#: What a link never carries over at the top.
+_LEFT_OUT = (".locks", STORE_DIR)
 
 
 @dataclass(frozen=True)
@@ -63,12 +57,11 @@ def link_cache(src: Path, dest: Path, mode: str = "symlink") -> LinkReport:
     """Make ``dest`` a cache that uses ``src``.
 
     Raises:
-        UsageError: bad mode, ``src`` is not a directory, ``dest`` is inside ``src``, ``dest`` exists, is not an
-            empty directory and is not already this link, ``src`` holds a link out of its repo's ``blobs/`` or a
-            symlinked folder (hardlink and copy modes).
-        CacheError: hardlinks across filesystems (``EXDEV``), or ``dest`` cannot be written; UnsafeLayout (a
-            CacheError) when a folder of ``src`` is swapped for a link or file during the walk, or folders are
-            nested deeper than :data:`hfcache.bounds.MAX_TREE_DEPTH` below a snapshot (naming the repo).
+        UsageError: bad mode, ``src`` is not a directory, ``dest`` is ``src`` or inside it, ``dest`` is occupied
+            and not already this link, ``src`` holds a link out of its repo's ``blobs/`` (hardlink and copy).
+        CacheError: ``src`` is not a readable hub cache, hardlinks across filesystems (``EXDEV``), ``dest`` cannot
+            be written; UnsafeLayout when a folder of ``src`` is swapped for a link during the walk, a repo folder
+            has a planted link, or folders nest deeper than MAX_TREE_DEPTH below a snapshot (naming the repo).
     """
     if mode not in MODES:
         raise UsageError(f"invalid mode {mode!r}", hint=f"use one of {', '.join(MODES)}")
@@ -80,26 +73,21 @@ def link_cache(src: Path, dest: Path, mode: str = "symlink") -> LinkReport:
         occupied = dest.is_symlink() or (dest.exists() and (not dest.is_dir() or any(dest.iterdir())))
     except PermissionError:
         raise write_access_error(dest) from None
+    if mode != "symlink":
+        _refuse_unsafe(src)  # before reading anything of SRC to compare
     if occupied:
-        if mode != "symlink":
-            _refuse_unsafe(src)  # before reading anything of SRC to compare
         if already_linked(src, dest, mode):
             return LinkReport(src=str(src), dest=str(dest), mode=mode, files=0, bytes_added=0, unchanged=True)
         raise UsageError(f"{dest} exists, is not an empty directory and is not a {mode} of {src}",
                          hint="link into a new or empty path (DEST is left as it is)")
-    if mode != "symlink":
-        _refuse_unsafe(src)
     files, added = _make_link(src, dest, mode)
     return LinkReport(src=str(src), dest=str(dest), mode=mode, files=files, bytes_added=added)
 
 
 def _checked_src(src: Path) -> Path:
-    """``src`` made absolute, once it is a directory this user can read.
-
-    Raises:
-        UsageError: not a directory. CacheError: it cannot be read (the error names the folder that blocks), or it
-            is not a hub cache (exit 5, naming the cache probably meant: :func:`hfcache.cache.root.require_hub_cache`).
-    """
+    """``src`` made absolute, once it is a directory this user can read. Raises UsageError (not a directory),
+    CacheError (it cannot be read, naming the folder that blocks; or no hub cache, exit 5:
+    :func:`hfcache.cache.root.require_hub_cache`)."""
     src = src.absolute()
     try:
         is_dir = src.is_dir()
@@ -109,83 +97,50 @@ def _checked_src(src: Path) -> Path:
         raise UsageError(f"{src} is not a cache directory", hint="give the folder of an existing cache as SRC")
     if not os.access(src, os.R_OK | os.X_OK):
         raise access_error(src)
-    require_hub_cache(src)  # an HF_HOME (its cache is SRC/hub), a repo folder, any other folder: refused, naming it
+    require_hub_cache(src)
     return src
 
 
 def _make_link(src: Path, dest: Path, mode: str) -> tuple[int, int]:
-    """Build the link next to ``dest`` and rename it into place (``dest`` is new or an empty folder); returns the
-    files linked or copied and the bytes added. Nothing half-made is left behind on failure."""
+    """Build the link beside ``dest`` (new, or an empty folder) and rename it into place; returns the files linked
+    or copied and the bytes added. Nothing half-made is left behind on failure."""
     try:
-        dest.parent.mkdir(parents=True, exist_ok=True)  # DEST is the user's, outside the cache (refuse_dest_inside)
-        pfd = os.open(dest.parent, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        pfd = open_parent(dest)  # DEST is the user's, outside the cache (refuse_dest_inside)
     except PermissionError:
         raise write_access_error(dest) from None
-    staging = f".{dest.name}.{uuid.uuid4().hex[:8]}.partial"
-    files = added = 0
-    made = False
-    try:
+
+    def make(staging: str) -> tuple[int, int]:
         if mode == "symlink":
             os.symlink(src, staging, dir_fd=pfd)
-            made = True
-        else:
-            # Private (0700) while it is built: nobody else can reach into it before it is complete.
-            os.mkdir(staging, 0o700, dir_fd=pfd)
-            made = True
-            files, added = _build_staging(src, pfd, staging, mode)
-        try:
-            os.rmdir(dest.name, dir_fd=pfd)  # an empty DEST folder (checked by the caller)
-        except FileNotFoundError:
-            pass
-        os.replace(staging, dest.name, src_dir_fd=pfd, dst_dir_fd=pfd)
-        made = False
+            return 0, 0
+        return private_dir(pfd, staging, lambda sfd: _fill(src, sfd, mode))
+
+    try:
+        return replace_beside(pfd, dest, make)
     except OSError as exc:
         if exc.errno == errno.EXDEV:
             raise CacheError(f"cannot hardlink {src} into {dest}: they are on different filesystems",
                              hint="use --mode copy, or a DEST on the same filesystem") from None
         raise CacheError(f"link {src} -> {dest}: {exc.strerror or exc}") from exc
     finally:
-        if made:
-            _discard(pfd, staging)
         os.close(pfd)
+
+
+def _fill(src: Path, sfd: int, mode: str) -> tuple[int, int]:
+    """:func:`_copy_tree` into the private folder ``sfd``, then give it the mode ``mkdir`` would have (0777 minus
+    the umask, keeping an inherited setgid bit)."""
+    files, added = _copy_tree(src, sfd, mode)
+    mask = os.umask(0o022)
+    os.umask(mask)
+    os.fchmod(sfd, (0o777 & ~mask) | (os.fstat(sfd).st_mode & stat.S_ISGID))
     return files, added
-
-
-def _build_staging(src: Path, pfd: int, staging: str, mode: str) -> tuple[int, int]:
-    """Fill the private folder ``staging`` (in the folder ``pfd``) with the tree of ``src``, then give it the mode
-    ``mkdir`` would have (0777 minus the umask, keeping an inherited setgid bit); returns (files, bytes added)."""
-    sfd = os.open(staging, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=pfd)
-    try:
-        files, added = _copy_tree(src, sfd, mode)
-        mask = os.umask(0o022)
-        os.umask(mask)
-        os.fchmod(sfd, (0o777 & ~mask) | (os.fstat(sfd).st_mode & stat.S_ISGID))
-    finally:
-        os.close(sfd)
-    return files, added
-
-
-def _discard(pfd: int, name: str) -> None:
-    """Remove the staging entry ``name`` of the folder ``pfd`` (a link itself; a folder with ``rmtree``'s
-    descriptor-based form, which follows no link)."""
-    try:
-        if stat.S_ISDIR(os.stat(name, dir_fd=pfd, follow_symlinks=False).st_mode):
-            shutil.rmtree(name, dir_fd=pfd, ignore_errors=True)
-        else:
-            os.unlink(name, dir_fd=pfd)
-    except OSError:
-        pass
 
 
 def already_linked(src: Path, dest: Path, mode: str) -> bool:
     """Whether ``dest`` already is what linking ``src`` in ``mode`` makes: a symlink resolving to ``src``; or the
-    same tree (``.locks`` and ``*.incomplete`` left out on both sides) whose symlinks have the same targets and whose
-    files are hardlinks of ``src``'s (``hardlink``) or hold the same bytes (``copy``: every file is read, through
-    descriptors of folders opened without following links, :mod:`hfcache.cache.safefs_tree`).
-
-    Raises:
-        UnsafeLayout (CacheError): a folder of ``src`` swapped for a link meanwhile, or nested too deep.
-    """
+    same tree (what a link leaves out left out on both sides) whose symlinks have the same targets and whose files
+    are hardlinks of ``src``'s (``hardlink``) or hold the same bytes (``copy``: every file read through folder
+    descriptors). Raises UnsafeLayout (CacheError): a folder of ``src`` swapped for a link, or nested too deep."""
     if mode == "symlink":
         return dest.is_symlink() and os.path.realpath(dest) == os.path.realpath(src)
     if dest.is_symlink() or not dest.is_dir():
@@ -205,14 +160,8 @@ def already_linked(src: Path, dest: Path, mode: str) -> bool:
     return True
 
 
-#: Deepest folder level a link walks below the cache root: ``<repo>/snapshots/<commit>/`` and
-#: :data:`hfcache.bounds.MAX_TREE_DEPTH` levels below it.
-_LINK_DEPTH = MAX_TREE_DEPTH + 3
-
-
 def _tree(root: Path) -> dict[tuple[str, ...], tuple[os.stat_result, str | None]]:
-    """Every entry under ``root`` by relative parts: (lstat, or a store payload's fstat; a symlink's target),
-    leaving out what a link never carries over."""
+    """Every entry under ``root`` by relative parts: (lstat, or a store payload's fstat; a symlink's target)."""
     entries = {}
     for folder in _walk(root):
         for name, st in folder.entries:
@@ -228,8 +177,8 @@ def _tree(root: Path) -> dict[tuple[str, ...], tuple[os.stat_result, str | None]
 
 
 def _walk(root: Path):
-    """:func:`safefs_tree.walk` of the cache ``root`` without what a link leaves out (top-level ``.locks`` and the
-    shared store, ``*.incomplete`` files); its depth error names the repo."""
+    """:func:`safefs_tree.walk` of the cache ``root`` without what a link leaves out; its depth error names the
+    repo."""
     try:
         for folder in safefs_tree.walk(root, max_depth=_LINK_DEPTH):
             folder.entries[:] = [(n, st) for n, st in folder.entries
@@ -238,9 +187,9 @@ def _walk(root: Path):
             yield folder
     except safefs_tree.TooDeep as exc:
         repo = exc.parts[0] if exc.parts else "?"
-        raise safefs_tree.TooDeep(f"unsafe cache layout in {root}: {repo}: folders nested deeper than {MAX_TREE_DEPTH} "
-                                f"levels ({'/'.join(exc.parts[:3])}/...): nothing was linked",
-                                hint="remove that folder chain (or the repo), then rerun") from None
+        raise safefs_tree.TooDeep(f"unsafe cache layout in {root}: {repo}: folders nested deeper than "
+                                  f"{MAX_TREE_DEPTH} levels ({'/'.join(exc.parts[:3])}/...): nothing was linked",
+                                  hint="remove that folder chain (or the repo), then rerun") from None
 
 
 def _same_bytes(src: Path, dest: Path, rel: tuple[str, ...]) -> bool:
@@ -257,23 +206,15 @@ def _same_bytes(src: Path, dest: Path, rel: tuple[str, ...]) -> bool:
 
 
 def _open_regular(root: Path, rel: Sequence[str]) -> int:
-    """The regular file ``root/rel`` opened through :func:`safefs.open_dir` of its folder (caller closes)."""
+    """The regular file ``root/rel`` opened through its folder, opened from ``root`` (caller closes)."""
     with safefs.dir_fd(root, rel[:-1]) as fd:
-        return safefs_tree.open_regular(fd, rel[-1], os.path.join(root, *rel))
-
-
-#: What a link never carries over at the top: locks, and the shared Xet store (its payloads become the repo blobs).
-_LEFT_OUT = (".locks", STORE_DIR)
+        return open_regular(fd, rel[-1], os.path.join(root, *rel))
 
 
 def _store_payload(root: Path, rel: Sequence[str]):
-    """The open payload (a binary file) when ``rel`` is ``<repo>/blobs/<etag>`` and is a link of huggingface_hub
-    2.4's exact shape into its marked shared store (``utils/_shared_blobs.py``; ``safefs.open_blob``, nothing else
-    followed); else None.
-
-    Raises:
-        UnsafeLayout (CacheError): the store or payload is a link, FIFO or folder.
-    """
+    """The open payload (a binary file) when ``rel`` is ``<repo>/blobs/<etag>`` and a link of huggingface_hub 2.4's
+    exact shape into its marked shared store (``utils/_shared_blobs.py``, ``safefs.open_blob``); else None.
+    Raises CacheError: the store or payload is a link, FIFO or folder."""
     parts = list(rel)
     if len(parts) != 3 or parts[1] != "blobs" or safefs.store_link_of(root, parts[0], parts[2]) is None:
         return None
@@ -286,14 +227,12 @@ def _store_payload(root: Path, rel: Sequence[str]):
 
 
 def _carry(fd: int, sfd: int, target: str, mode: str) -> int:
-    """Write the open regular file ``fd`` at ``target`` (relative to the staging folder ``sfd``): a hardlink of
-    that very inode (``linkat`` of ``/proc/self/fd``, linkat(2); never a name looked up again) or a copy; returns
-    the bytes added."""
+    """Write the open regular file ``fd`` at ``target`` (relative to ``sfd``): a hardlink of that very inode
+    (``linkat`` of ``/proc/self/fd``, never a name looked up again) or a copy; returns the bytes added."""
     if mode == "hardlink":  # a dst_dir_fd makes os.link call linkat with AT_SYMLINK_FOLLOW (link() would not follow)
         os.link(f"/proc/self/fd/{fd}", target, dst_dir_fd=sfd, follow_symlinks=True)
         return 0
-    out = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o666, dir_fd=sfd)
-    with os.fdopen(out, "wb") as fout, os.fdopen(os.dup(fd), "rb") as fin:
+    with os.fdopen(create_at(sfd, target), "wb") as fout, os.fdopen(os.dup(fd), "rb") as fin:
         shutil.copyfileobj(fin, fout, 1024 * 1024)
         return fout.tell()
 
@@ -311,16 +250,11 @@ def _refuse_unsafe(src: Path) -> None:
 
 
 def _copy_tree(src: Path, sfd: int, mode: str) -> tuple[int, int]:
-    """Recreate ``src`` in the staging folder ``sfd`` with hardlinks or copies; return (files, bytes copied).
+    """Recreate ``src`` in the staging folder ``sfd`` with hardlinks or copies; return (files, bytes added).
 
-    Every folder of ``src`` is opened from its root without following a link (:mod:`hfcache.cache.safefs_tree`) and
-    every file through that folder's descriptor (``O_NOFOLLOW | O_NONBLOCK``, ``S_ISREG`` checked on what was
-    opened), so a folder or file a group member swaps for a link during the walk is refused, never followed. The
-    same rule as import for links: a symlink is carried over only when it is a snapshot entry pointing into its
-    own repo's ``blobs/`` (so DEST never links out of itself); any other symlink, or a device, is refused.
-
-    Raises:
-        UsageError: naming the entry. UnsafeLayout (CacheError): a swap caught, or folders nested too deep.
+    A folder or file swapped for a link during the walk is refused, never followed (S_ISREG checked on what was
+    opened). As import: a symlink is carried over only when it is a snapshot entry pointing into its own repo's
+    ``blobs/`` (DEST never links out of itself). Raises UsageError naming another link or a device; UnsafeLayout.
     """
     files = added = 0
     for folder in _walk(src):
@@ -340,7 +274,7 @@ def _copy_tree(src: Path, sfd: int, mode: str) -> tuple[int, int]:
             elif not stat.S_ISREG(st.st_mode):
                 raise UsageError(f"{shown} is not a regular file, link or folder")
             else:
-                fd = safefs_tree.open_regular(folder.fd, name, shown)
+                fd = open_regular(folder.fd, name, shown)
                 try:
                     added += _carry(fd, sfd, target, mode)
                 finally:
@@ -351,9 +285,8 @@ def _copy_tree(src: Path, sfd: int, mode: str) -> tuple[int, int]:
 
 def _checked_link(src: Path, rel: Sequence[str], target: str) -> str:
     """``target`` (the symlink ``src/rel``'s) if ``rel`` is ``<repo>/snapshots/...`` pointing into ``<repo>/blobs/``."""
-    path = os.path.join(src, *rel)
-    resolved = os.path.normpath(os.path.join(*rel[:-1], target))
-    if os.path.isabs(target) or len(rel) < 4 or rel[1] != "snapshots" or os.path.dirname(resolved) != f"{rel[0]}/blobs":
-        raise UsageError(f"{path} links to {target!r}, outside its repo's blobs/; nothing was linked",
+    resolved = os.path.dirname(os.path.normpath(os.path.join(*rel[:-1], target)))
+    if os.path.isabs(target) or len(rel) < 4 or rel[1] != "snapshots" or resolved != f"{rel[0]}/blobs":
+        raise UsageError(f"{os.path.join(src, *rel)} links to {target!r}, outside its repo's blobs/; nothing was linked",
                          hint="run `hfcache verify` on the source cache")
     return target

@@ -40,8 +40,8 @@ from pathlib import Path
 from ..cache import safefs
 from ..errors import CacheError, CheckFailed, IntegrityError, UsageError
 from ..integrity.hashing import algorithm_of, fd_hashes
-from ..move.import_plan import MAX_REF_BYTES, _clean_name, _repo_folder_ok
-from ..move.import_source import Member, _shown
+from ..move.import_plan import MAX_REF_BYTES, clean_name as _clean_name, repo_folder_ok as _repo_folder_ok
+from ..move.import_source import Member, shown_name as _shown
 from .image import ANNOTATION_PREFIX, DIGEST, Layer
 from .peer import json_kind as _kind, size_ok
 from .pull_stream import _ALTERED, _CHUNK, Budget, VerifiedStream

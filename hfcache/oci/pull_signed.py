@@ -231,7 +231,7 @@ class TarFiles:
         dropped): entries named ``./models--.../snapshots/...`` were published but never seen here, so a pull of
         such an image "verified" with nothing checked. A ref's commit is what the importer reads: its own bytes,
         or for a hardlink those of the entry it repeats."""
-        from ..move.import_plan import _clean_name
+        from ..move.import_plan import clean_name as _clean_name
 
         parts = _clean_name(member.name)
         name = "/".join(parts)

@@ -21,9 +21,9 @@ from collections.abc import Sequence
 
 from ..cache import safefs
 from ..cache.scan import RepoInfo, RevisionInfo
-from ..cache.shared_store import StoreProblem, open_store_dir, payload_stat
+from ..cache.shared_store import StoreProblem, payload_stat
 from .plan import TRASH, PlanItem, RevisionRemoval
-from .store import has_store, list_payloads, payload_path, read_references
+from .store import has_store, list_payloads, payload_path, payload_references
 
 __all__ = ["STORE_FOLDER", "Ledger", "RepoBook"]
 
@@ -227,7 +227,7 @@ class Ledger:
         xet_hash = self.store_hashes[inode]
         size = self.sizes[inode]
         removed = {f"{repo.info.folder}/blobs/{etag}" for repo, etag in self.store_removed.get(xet_hash, ())}
-        references, why = self._references(xet_hash)
+        references, why = payload_references(self.root, xet_hash)
         shown = payload_path(xet_hash)
         if references is None:
             self.warnings.append(f"{shown}: kept in the shared store ({size} bytes): {why}")
@@ -252,25 +252,6 @@ class Ledger:
         self.freed += size
         return 0
 
-    def _references(self, xet_hash: str) -> tuple[list[str] | None, str]:
-        """The payload's valid manifest references (:func:`.store.read_references`), or (None, why)."""
-        try:
-            store_fd = open_store_dir(self.root)
-        except (OSError, StoreProblem) as exc:
-            return None, f"the store is left alone ({exc})"
-        try:
-            try:
-                prefix_fd = os.open(xet_hash[:2], os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC,
-                                    dir_fd=store_fd)
-            except OSError as exc:
-                return None, f"its prefix folder is a symlink or missing ({exc.strerror})"
-            try:
-                return read_references(self.root, prefix_fd, xet_hash)
-            finally:
-                os.close(prefix_fd)
-        finally:
-            os.close(store_fd)
-
     def payload_items(self) -> None:
         """One ``payload`` item per payload the plan frees, on the repo of its last removed link (executed after
         every repo folder: :mod:`.executor`)."""
@@ -289,7 +270,7 @@ class Ledger:
             inode = (st.st_dev, st.st_ino)
             if inode in self.holders:
                 continue  # a repo holds it (or held it: its removal plans the payload)
-            references, why = self._references(xet_hash)
+            references, why = payload_references(self.root, xet_hash)
             if references is None:
                 self.warnings.append(f"{payload_path(xet_hash)}: kept in the shared store ({st.st_size} bytes): "
                                      f"{why}")

@@ -1,22 +1,19 @@
-"""prune and huggingface_hub 2.4's shared Xet blob store: which payloads a prune frees, and their sweep.
+"""prune and huggingface_hub 2.4's shared Xet blob store (:mod:`hfcache.cache.shared_store`): which payloads a
+prune frees, and their sweep.
 
-A repo blob that is a store link (``<folder>/blobs/<etag>`` -> ``../../blobs/<h[:2]>/<h>``,
-:mod:`hfcache.cache.shared_store`) holds no bytes itself: the payload ``<cache>/blobs/<h[:2]>/<h>`` does, and it is
-freed only when no repo link uses it any more. huggingface_hub's own deletion (``utils/_cache_manager.py``
-``DeleteCacheStrategy.execute``) unlinks the repo links, then calls ``utils/_shared_blobs.py sweep_shared_blob`` on
-each payload they named; this module does the same, more cautiously:
+A repo blob that is a store link holds no bytes: the payload ``<cache>/blobs/<h[:2]>/<h>`` does, freed only when no
+repo link uses it any more. huggingface_hub's deletion (``utils/_cache_manager.py`` ``DeleteCacheStrategy``)
+unlinks the repo links, then sweeps each payload they named (``utils/_shared_blobs.py sweep_shared_blob``); this
+module does the same, more cautiously, everything through the prefix folder's descriptor (no link followed):
 
-- under the per-hash lock ``<h>.lock`` (created ``O_NOFOLLOW`` through the prefix folder's fd, mode 0o666, then
-  held with filelock through that fd, as ``_shared_blob_lock`` does);
-- the manifest ``<h>.refs`` is read as a hint through the same fd (``O_NOFOLLOW``, a regular file) and every line is
-  validated: a cache-relative repo blob path (``<repo folder>/blobs/<name>``) that is now a link of exactly the
-  library's shape to this payload counts as a reference; a line that is anything else than a repo blob path (an
-  absolute path, ``..``, another depth: a hostile or damaged manifest), a link that cannot be read, a missing or
-  unreadable manifest, all make the sweep leak the payload rather than guess (the library skips such lines, which
-  a planted manifest could use to have a payload deleted);
-- the manifest is rewritten with the remaining references only (atomically, fsync'd), and the payload (and its
-  manifest) are deleted only when none remains and the plan said so; its bytes count only when the store name was
-  its last (``st_nlink == 1``: no hardlink in a repo folder or outside the cache keeps it).
+- under the per-hash lock ``<h>.lock`` (mode 0o666, held with filelock, as ``_shared_blob_lock``);
+- the manifest ``<h>.refs`` is a hint: a line counts as a reference when it is a repo blob path
+  (``<repo folder>/blobs/<name>``) that is now a link of the library's exact shape to this payload. A line that is
+  anything else (absolute, ``..``, another depth), a link that cannot be read, a missing or unreadable manifest make
+  the sweep keep the payload rather than guess (the library skips such lines, which a planted manifest could use);
+- the manifest is rewritten with the remaining references (atomically, fsync'd), and the payload and manifest are
+  deleted only when none remains and the plan said so; the bytes count only when the store name was the last
+  (``st_nlink == 1``).
 """
 
 from __future__ import annotations
@@ -29,30 +26,21 @@ from pathlib import Path
 from typing import NamedTuple
 
 from ..cache import safefs
+from ..cache.fsops import create_at, open_dir_at, open_read_at
 from ..cache.locking import DEFAULT_LOCK_TIMEOUT, LockTimeout, file_lock, flock_error, via_dir_fd
 from ..cache.safefs import UnsafeLayout
 from ..cache.scan import parse_folder_name
+from ..cache.shared_store import (LOCK_SUFFIX, MANIFEST_SUFFIX, STORE_DIR, StoreProblem, open_store_dir,
+                                  xet_hash_of_link)
 from ..names import is_sha256
-from ..cache.shared_store import (LOCK_SUFFIX, MANIFEST_SUFFIX, STORE_DIR, StoreProblem,
-                                  open_store_dir, xet_hash_of_link)
 
-__all__ = ["Sweep", "has_store", "list_payloads", "payload_path", "read_references", "sweep_payload"]
-
-_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
-_FILE_FLAGS = os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 #: A manifest larger than this (bytes) is not read: the payload is kept.
 MANIFEST_LIMIT = 16 * 1024 * 1024
 
 
 class Sweep(NamedTuple):
-    """One payload's sweep.
-
-    Attributes:
-        status (str): ``removed`` (the payload and its manifest are deleted), ``skipped`` (kept: ``note`` says why)
-            or ``gone`` (no such payload).
-        note (str): why it was kept; empty otherwise.
-        bytes_freed (int): bytes given back (0 unless removed, and 0 when another hardlink keeps the inode).
-    """
+    """One payload's sweep: ``status`` ``removed`` (payload and manifest deleted), ``skipped`` (kept: ``note`` says
+    why) or ``gone`` (no such payload); ``bytes_freed``: 0 unless removed, and 0 when a hardlink keeps the inode."""
 
     status: str
     note: str = ""
@@ -74,9 +62,8 @@ def has_store(root: str | os.PathLike[str]) -> bool:
 
 
 def list_payloads(root: str | os.PathLike[str]) -> dict[str, os.stat_result]:
-    """Xet hash -> ``lstat`` of every payload of a marked store: regular files named by a 64-hex hash under their
-    2-hex prefix folder, listed through folder fds (a prefix folder that is a link is skipped, never entered; an
-    entry that is not a regular file is not a payload). Empty without a marked store or when it cannot be listed."""
+    """Xet hash -> ``lstat`` of every payload of a marked store: regular files named by a 64-hex hash in their
+    2-hex prefix folder (a prefix folder that is a link is skipped). Empty without a store or when unlistable."""
     out: dict[str, os.stat_result] = {}
     try:
         store_fd = open_store_dir(root)
@@ -87,7 +74,7 @@ def list_payloads(root: str | os.PathLike[str]) -> dict[str, os.stat_result]:
             prefixes = sorted(e.name for e in it if len(e.name) == 2 and all(c in "0123456789abcdef" for c in e.name))
         for prefix in prefixes:
             try:
-                prefix_fd = os.open(prefix, _DIR_FLAGS, dir_fd=store_fd)
+                prefix_fd = open_dir_at(store_fd, prefix)
             except OSError:
                 continue
             try:
@@ -110,23 +97,20 @@ def list_payloads(root: str | os.PathLike[str]) -> dict[str, os.stat_result]:
 
 def _repo_blob(line: str) -> tuple[str, str] | None:
     """(repo folder, blob name) of a manifest line that is a cache-relative repo blob path, as the library writes
-    them (``_relative_blob_path``: three parts, a repo folder, ``blobs``); None for anything else."""
+    them (``_relative_blob_path``); None for anything else."""
     parts = line.split("/")
-    if len(parts) != 3 or parts[1] != "blobs" or parse_folder_name(parts[0]) is None:
+    if len(parts) != 3 or parts[1] != "blobs" or parse_folder_name(parts[0]) is None \
+            or parts[2] in ("", ".", "..") or "\0" in line or "\\" in line:
         return None
-    name = parts[2]
-    if name in ("", ".", "..") or "\0" in line or "\\" in line:
-        return None
-    return parts[0], name
+    return parts[0], parts[2]
 
 
 def _links_here(root: str | os.PathLike[str], folder: str, name: str, xet_hash: str) -> bool | None:
-    """Whether ``<folder>/blobs/<name>`` is now a link of the library's exact shape to ``xet_hash`` (read through
-    the repo's ``blobs`` fd); None when it cannot be told (a link where a folder belongs, an I/O error)."""
+    """Whether ``<folder>/blobs/<name>`` is now a link of the library's exact shape to ``xet_hash``; None when it
+    cannot be told (a link where a folder belongs, an I/O error)."""
     try:
         with safefs.dir_fd(root, (folder, "blobs")) as fd:
-            st = os.stat(name, dir_fd=fd, follow_symlinks=False)
-            if not stat.S_ISLNK(st.st_mode):
+            if not stat.S_ISLNK(os.stat(name, dir_fd=fd, follow_symlinks=False).st_mode):
                 return False
             return xet_hash_of_link(os.readlink(name, dir_fd=fd)) == xet_hash
     except FileNotFoundError:
@@ -136,16 +120,12 @@ def _links_here(root: str | os.PathLike[str], folder: str, name: str, xet_hash: 
 
 
 def read_references(root: str | os.PathLike[str], prefix_fd: int, xet_hash: str) -> tuple[list[str] | None, str]:
-    """The valid references of ``<h>.refs`` (opened through ``prefix_fd``, no link followed): the lines naming a
-    repo blob that links to this payload now, sorted, once each.
-
-    Returns:
-        (references, "") or (None, why): None when the manifest is missing, not a regular file, unreadable, larger
-        than :data:`MANIFEST_LIMIT`, not UTF-8, names anything that is not a repo blob path inside the cache, or a
-        reference cannot be checked. The payload is then kept (leaked), never deleted.
-    """
+    """The valid references of ``<h>.refs`` (read through ``prefix_fd``): the lines naming a repo blob that links
+    to this payload now, sorted, once each; or (None, why) when the manifest is missing, not a regular file,
+    unreadable, over :data:`MANIFEST_LIMIT`, not UTF-8, names anything but a repo blob, or a reference cannot be
+    checked (the payload is then kept, never deleted)."""
     try:
-        fd = os.open(xet_hash + MANIFEST_SUFFIX, os.O_RDONLY | _FILE_FLAGS, dir_fd=prefix_fd)
+        fd = open_read_at(prefix_fd, xet_hash + MANIFEST_SUFFIX)
     except FileNotFoundError:
         return None, "its .refs manifest is missing"
     except OSError as exc:
@@ -160,15 +140,13 @@ def read_references(root: str | os.PathLike[str], prefix_fd: int, xet_hash: str)
         chunks = []
         while chunk := os.read(fd, 1 << 20):
             chunks.append(chunk)
-        data = b"".join(chunks)
+        lines = b"".join(chunks).decode("utf-8").splitlines()
     except OSError as exc:
         return None, f"its .refs manifest cannot be read ({exc.strerror or exc})"
-    finally:
-        os.close(fd)
-    try:
-        lines = data.decode("utf-8").splitlines()
     except UnicodeDecodeError:
         return None, "its .refs manifest is not UTF-8"
+    finally:
+        os.close(fd)
     references = set()
     for line in lines:
         parsed = _repo_blob(line)
@@ -182,20 +160,38 @@ def read_references(root: str | os.PathLike[str], prefix_fd: int, xet_hash: str)
     return sorted(references), ""
 
 
+def payload_references(root: str | os.PathLike[str], xet_hash: str) -> tuple[list[str] | None, str]:
+    """:func:`read_references` of the payload ``xet_hash``, its prefix folder opened from the store; (None, why)
+    when the store or the prefix folder cannot be opened (a link, missing)."""
+    try:
+        store_fd = open_store_dir(root)
+    except (OSError, StoreProblem) as exc:
+        return None, f"the store is left alone ({exc})"
+    try:
+        prefix_fd = open_dir_at(store_fd, xet_hash[:2])
+    except OSError as exc:
+        return None, f"its prefix folder is a symlink or missing ({exc.strerror})"
+    finally:
+        os.close(store_fd)
+    try:
+        return read_references(root, prefix_fd, xet_hash)
+    finally:
+        os.close(prefix_fd)
+
+
 def sweep_payload(root: str | os.PathLike[str], xet_hash: str, *, delete: bool,
                   lock_timeout: float = DEFAULT_LOCK_TIMEOUT) -> Sweep:
     """Sweep one payload after repo links to it were removed (see the module docstring).
 
     Args:
-        root: the cache root.
-        xet_hash: 64 lowercase hex characters.
-        delete: whether the plan frees this payload; when False the manifest is only rewritten (a payload the plan
-            did not count stays, even without references: the next prune plans it).
+        root: the cache root. xet_hash: 64 lowercase hex characters.
+        delete: whether the plan frees this payload; False only rewrites the manifest (a payload the plan did not
+            count stays, even without references: the next prune plans it).
         lock_timeout: seconds to wait at most for ``<h>.lock``.
 
     Returns:
-        :class:`Sweep`. Errors (an unmarked store, a link or FIFO in place of a folder, the lock, the manifest or the
-        payload, an OSError) give ``skipped`` with a note: nothing is deleted then.
+        :class:`Sweep`. An unmarked store, a link or FIFO in place of a folder, the lock, the manifest or the
+        payload, an OSError: ``skipped`` with a note, nothing deleted.
     """
     if not is_sha256(xet_hash):
         return Sweep("skipped", f"invalid Xet hash {xet_hash!r}")
@@ -206,36 +202,33 @@ def sweep_payload(root: str | os.PathLike[str], xet_hash: str, *, delete: bool,
     except (OSError, StoreProblem) as exc:
         return Sweep("skipped", f"the shared store is left alone: {exc}")
     try:
-        try:
-            prefix_fd = os.open(xet_hash[:2], _DIR_FLAGS, dir_fd=store_fd)
-        except FileNotFoundError:
-            return Sweep("gone")
-        except OSError as exc:
-            return Sweep("skipped", f"{STORE_DIR}/{xet_hash[:2]} is a symlink or not a folder ({exc.strerror})")
-        try:
-            return _sweep_locked(Path(root), prefix_fd, xet_hash, delete, lock_timeout)
-        finally:
-            os.close(prefix_fd)
+        prefix_fd = open_dir_at(store_fd, xet_hash[:2])
+    except FileNotFoundError:
+        return Sweep("gone")
+    except OSError as exc:
+        return Sweep("skipped", f"{STORE_DIR}/{xet_hash[:2]} is a symlink or not a folder ({exc.strerror})")
     finally:
         os.close(store_fd)
+    try:
+        return _sweep_locked(Path(root), prefix_fd, xet_hash, delete, lock_timeout)
+    finally:
+        os.close(prefix_fd)
 
 
 def _open_lock(prefix_fd: int, name: str) -> str:
-    """Make sure ``name`` exists through ``prefix_fd`` as huggingface_hub's ``_shared_blob_lock`` leaves it (a
-    regular file, mode 0o666 whatever the umask); "" when it is usable, else why it is left alone.
+    """Make sure ``name`` exists through ``prefix_fd`` as ``_shared_blob_lock`` leaves it (a regular file, mode
+    0o666 whatever the umask); "" when it is usable, else why it is left alone.
 
-    Only a lock file created here is given mode 0o666. An existing one is never chmod-ed: a group member can plant a
-    hardlink to any file as ``<h>.lock`` (``O_NOFOLLOW`` stops symlinks, not hardlinks), and changing its mode would
-    change that file's. An existing lock with more than one link is refused for the same reason (filelock's own
-    check, ``_native/_unix.py`` ``_finalize_locked_fd``, refuses such a lock as well).
+    Only a lock file created here is chmod-ed: a member can plant a hardlink to any file as ``<h>.lock``
+    (``O_NOFOLLOW`` stops symlinks, not hardlinks), so an existing lock is never chmod-ed, and one with more than
+    one link is refused (as filelock's ``_native/_unix.py`` ``_finalize_locked_fd`` does).
     """
     try:
-        fd = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | _FILE_FLAGS, 0o666, dir_fd=prefix_fd)
-        created = True
+        fd, created = create_at(prefix_fd, name, 0o666), True
     except FileExistsError:
         created = False
         try:
-            fd = os.open(name, os.O_RDONLY | _FILE_FLAGS, dir_fd=prefix_fd)
+            fd = open_read_at(prefix_fd, name)
         except OSError as exc:
             return "its lock file is a symlink" if exc.errno == errno.ELOOP else \
                 f"its lock file cannot be opened ({exc.strerror})"
@@ -300,20 +293,18 @@ def _sweep_held(root: Path, prefix_fd: int, xet_hash: str, delete: bool) -> Swee
         os.unlink(xet_hash + MANIFEST_SUFFIX, dir_fd=prefix_fd)
     except FileNotFoundError:
         pass
-    note = "" if freed or not st.st_size else "another hardlink keeps its bytes"
-    return Sweep("removed", note, freed)
+    return Sweep("removed", "" if freed or not st.st_size else "another hardlink keeps its bytes", freed)
 
 
 def _rewrite_manifest(prefix_fd: int, xet_hash: str, references: list[str]) -> None:
-    """Replace ``<h>.refs`` with ``references`` (one a line), through ``prefix_fd``: a temporary file created
-    ``O_EXCL``, mode 0o666 (as ``_rewrite_manifest`` in ``_shared_blobs.py``), fsync'd, then renamed over it."""
+    """Replace ``<h>.refs`` with ``references`` (one a line) through ``prefix_fd``: a new temporary file, mode
+    0o666 (as ``_rewrite_manifest`` in ``_shared_blobs.py``), fsync'd, then renamed over it."""
     tmp = f"{xet_hash}{MANIFEST_SUFFIX}.{secrets.token_hex(4)}.tmp"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | _FILE_FLAGS, 0o666, dir_fd=prefix_fd)
+    fd = create_at(prefix_fd, tmp, 0o666)
     try:
         try:
             os.fchmod(fd, 0o666)
-            data = "".join(f"{line}\n" for line in references).encode()
-            view = memoryview(data)
+            view = memoryview("".join(f"{line}\n" for line in references).encode())
             while view:
                 view = view[os.write(fd, view):]
             os.fsync(fd)

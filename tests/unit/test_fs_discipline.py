@@ -68,10 +68,9 @@ ALLOWED: dict[tuple[str, str], str] = {
         "rmtree of check's own mkdtemp folder (0700, this user's, in TMPDIR): outside any cache",
     ("hfcache.offline.probe", "_report"):
         "append to the progress file check's parent names in its own mkdtemp folder (0700, in TMPDIR): outside any cache",
-    ("hfcache.move.export_dir", "write_dir"):
-        "mkdir -p of the user's DEST parent (outside the source cache); the tree itself is written by fd",
-    ("hfcache.move.link", "_make_link"):
-        "mkdir -p of the user's DEST parent (outside the cache, refuse_dest_inside); the link is made by fd",
+    ("hfcache.move.destination", "open_parent"):
+        "mkdir -p of the user's DEST parent of export and link (outside the cache, refuse_dest_inside); the tree "
+        "or link itself is made by fd",
 }
 
 def _module_name(path: Path) -> str:
