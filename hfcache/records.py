@@ -30,6 +30,10 @@ MAX_PATH_BYTES = 4096
 #: Longest revision accepted (bytes): huggingface_hub stores a ref as the file ``refs/<revision>``, and Linux
 #: file names hold at most 255 bytes (``NAME_MAX``, <linux/limits.h>).
 MAX_REVISION_BYTES = 255
+#: The largest file size accepted from an endpoint, a lock or a cache's record: 2**53 - 1 bytes (8 PiB), the largest
+#: integer a JSON number carries exactly (RFC 8259, section 6; the Hub answers in JSON). Past it, arithmetic on the
+#: size (download parts, ranges, the mirror's deadline for a file) overflows a float: exit 70 before this check.
+MAX_FILE_SIZE = 2**53 - 1
 MAX_GLOBS = 100  #: most include (or exclude) globs of one request
 MAX_GLOB_CHARS = 256  #: longest glob accepted
 _BAD_REVISION = re.compile(r"(^|/)\.\.?(/|$)|^/|\\|\s|\x00")
@@ -57,22 +61,22 @@ class WarmRequest:
 
     def __post_init__(self) -> None:
         if not valid_repo_id(self.repo_id):
-            raise UsageError(f"invalid repo id {self.repo_id!r}",
+            raise UsageError(f"invalid repo id {shown(self.repo_id)}",
                              hint="use ORG/NAME or a legacy id such as bert-base-uncased")
         if not self.revision or _BAD_REVISION.search(self.revision):
-            raise UsageError(f"invalid revision {self.revision!r} for {self.repo_id}",
+            raise UsageError(f"invalid revision {shown(self.revision)} for {self.repo_id}",
                              hint="use a branch, tag or 40-hex commit")
         if len(self.revision.encode()) > MAX_REVISION_BYTES:  # a ref is a file under refs/: NAME_MAX on Linux
             raise UsageError(f"invalid revision {self.revision[:40]!r}... for {self.repo_id}: longer than "
                              f"{MAX_REVISION_BYTES} bytes", hint="use a branch, tag or 40-hex commit")
         if self.repo_type not in REPO_TYPES:
-            raise UsageError(f"invalid repo type {self.repo_type!r}", hint=f"use one of {', '.join(REPO_TYPES)}")
+            raise UsageError(f"invalid repo type {shown(self.repo_type)}", hint=f"use one of {', '.join(REPO_TYPES)}")
         if self.kind not in KINDS:
-            raise UsageError(f"invalid kind {self.kind!r}", hint=f"use one of {', '.join(KINDS)}")
+            raise UsageError(f"invalid kind {shown(self.kind)}", hint=f"use one of {', '.join(KINDS)}")
         for name in ("include", "exclude"):
             globs = getattr(self, name)
             if isinstance(globs, str) or not all(isinstance(g, str) and g for g in globs):
-                raise UsageError(f"{name} must be a sequence of non-empty glob strings, got {globs!r}")
+                raise UsageError(f"{name} must be a sequence of non-empty glob strings, got {shown(globs)}")
             # fnmatch's translation and matching cost grows with the square of a pattern (a glob of 100,000 '['
             # kept warm busy for minutes, a manifest's for hours): globs are as short as the paths they match.
             if len(globs) > MAX_GLOBS or any(len(g) > MAX_GLOB_CHARS for g in globs):
@@ -89,7 +93,7 @@ class WarmRequest:
         """
         repo_id, sep, revision = spec.partition("@")
         if sep and not revision:
-            raise UsageError(f"invalid repo spec {spec!r}: empty revision after '@'", hint="use REPO_ID@REVISION")
+            raise UsageError(f"invalid repo spec {shown(spec)}: empty revision after '@'", hint="use REPO_ID@REVISION")
         return cls(repo_id=repo_id, revision=revision or "main", **options)
 
     @property
@@ -247,6 +251,35 @@ def parse_specs(specs: Iterable[str]) -> dict[str, set[str]]:
     return wanted
 
 
+def shown(value: object, limit: int = 80) -> str:
+    """``value`` quoted for a one-line message about a document a user, cache or peer supplied: ``repr`` (control
+    characters and newlines escaped), cut to ``limit`` characters; an integer of more than ``limit`` digits is
+    described, not printed (``repr`` of one over 4,300 digits raises ValueError on Python 3.11).
+
+    Args:
+        value (object): what the document held. limit (int): longest result.
+
+    Returns:
+        str: one line, at most ``limit`` characters.
+    """
+    if isinstance(value, int) and not isinstance(value, bool) and value.bit_length() > 3 * limit:
+        return f"<an integer of about {int(value.bit_length() * 0.30103)} digits>"
+    text = repr(value)
+    return text if len(text) <= limit else text[:limit - 1] + "…"
+
+
+def valid_size(value: object) -> bool:
+    """Whether ``value`` is a file size: an ``int`` (not a ``bool``) from 0 to :data:`MAX_FILE_SIZE`.
+
+    Args:
+        value (object): a size as a JSON or TOML document gave it.
+
+    Returns:
+        bool: False for a float, string, bool, None, a negative or a larger number.
+    """
+    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= MAX_FILE_SIZE
+
+
 def valid_repo_id(repo_id: str) -> bool:
     """True when ``repo_id`` passes huggingface_hub's local repo id rules (``utils/_validators.py``)."""
     return (
@@ -298,7 +331,7 @@ def validate_repo_path(path: str) -> str:
         or posixpath.normpath(path) != path
         or any(part in ("", ".", "..") for part in path.split("/"))
     ):
-        raise UnsafePath(f"unsafe repo file path {path!r}")
+        raise UnsafePath(f"unsafe repo file path {shown(path, 200)}")
     parts = path.split("/")
     if len(parts) > MAX_TREE_DEPTH:
         raise UnsafePath(f"unsafe repo file path {path!r:.200}: {len(parts)} components, more than {MAX_TREE_DEPTH}")

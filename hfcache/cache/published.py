@@ -22,7 +22,9 @@ repair sends the token only to the endpoint the user configured (docs/security.m
 
 A record is untrusted input like every file of a cache: read through :mod:`hfcache.cache.safefs` (no link followed, a
 FIFO never opened blocking), at most :data:`MAX_RECORD_BYTES` and :data:`hfcache.bounds.MAX_JSON_DEPTH` levels deep
-(past either it is :class:`RecordRefused`, a problem of its repo), and an entry with a malformed hash is ignored.
+(past either it is :class:`RecordRefused`, a problem of its repo), and an entry with a malformed hash, a size that
+is not an integer from 0 to :data:`hfcache.records.MAX_FILE_SIZE` (a bool, a float) or a path that is no safe repo path
+(``../x``: verify looks its marker up) is ignored.
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ from ..names import UnsafeName, check_commit, check_folder_name, is_prefixed_has
 from . import safefs
 from ..bounds import TooDeep, loads_json
 from ..errors import CacheError
+from ..records import UnsafePath, valid_size, validate_repo_path
 from .atomic import atomic_write_at
 from .sharing import cache_policy, share_dir_fd
 
@@ -170,14 +173,21 @@ def read_record(cache_dir: str | os.PathLike[str], folder_name: str, commit_hash
         files = {}
         for path, entry in doc["files"].items():
             size, digest = entry["size"], entry["hash"]
-            if isinstance(path, str) and isinstance(size, int) and size >= 0 and isinstance(digest, str) \
-                    and is_prefixed_hash(digest):
+            if _repo_path(path) and valid_size(size) and is_prefixed_hash(digest):
                 files[path] = (size, digest)
-        absent = tuple(sorted(a for a in doc["absent"] if isinstance(a, str)))
+        absent = tuple(sorted(a for a in doc["absent"] if _repo_path(a)))
         endpoint = public_endpoint(doc.get("endpoint"))
     except (ValueError, KeyError, TypeError, AttributeError):
         return None
     return PublishedRevision(commit_hash=commit_hash, files=files, absent=absent, endpoint=endpoint)
+
+
+def _repo_path(value: object) -> bool:
+    """Whether a record's path or absent name is a safe repo path (:func:`hfcache.records.validate_repo_path`)."""
+    try:
+        return isinstance(value, str) and validate_repo_path(value) == value
+    except UnsafePath:
+        return False
 
 
 def remove_record(cache_dir: Path, folder_name: str, commit_hash: str) -> None:

@@ -2,17 +2,22 @@
 id, path and size checked before it is used.
 
 Every id parsed from an answer is validated (commit 40 hex, blob ids 40/64 lowercase hex, safe paths) and a source
-that gives no hash or size for a file is an error naming the file: hash checks stay mandatory. Standard library and
-hfcache's records only: the requests themselves are :mod:`hfcache.hub.client`'s.
+that gives no hash or size for a file is an error naming the file: hash checks stay mandatory. A value of the wrong
+JSON type anywhere (a list where a string is due, a float or a bool where a size is) is a :class:`HubError` (exit 3)
+naming the field, quoted at most 80 characters long. Error answers are rebuilt before huggingface_hub reads them
+(:func:`error_document`). Standard library, hfcache's records and bounds only: the requests are
+:mod:`hfcache.hub.client`'s.
 """
 
 from __future__ import annotations
 
+import json
 import re
 from typing import NamedTuple
 
+from ..bounds import TooDeep, loads_json
 from ..errors import HubError
-from ..records import UnsafePath, valid_repo_id, validate_repo_path
+from ..records import MAX_FILE_SIZE, UnsafePath, shown, valid_repo_id, valid_size, validate_repo_path
 from .files import RemoteFile, RepoRevision
 
 COMMIT_RE = re.compile(r"^[0-9a-f]{40}$")
@@ -58,7 +63,7 @@ def parse_repo_info(data: dict) -> RepoInfo:
                 raise TypeError(f"a sibling is not an object: {entry!r:.80}")
             lfs = entry.get("lfs") or None
             if lfs is not None and not isinstance(lfs, dict):
-                raise TypeError(f"lfs of {entry['rfilename']!r:.80} is not an object")
+                raise TypeError(f"lfs of {entry.get('rfilename')!r:.80} is not an object")
             siblings.append(Sibling(entry["rfilename"], entry.get("size"), entry.get("blobId"),
                                     lfs.get("sha256") if lfs else None))
     for key in ("id", "sha"):
@@ -81,10 +86,10 @@ def answered_identity(endpoint: str, repo_id: str, info: RepoInfo) -> tuple[str,
         # requested id only): its files are fetched from the requested repo's URLs, no other id is claimed.
         canonical_id = repo_id
     if not valid_repo_id(canonical_id):
-        raise HubError(f"{repo_id}: {endpoint} answered an invalid repo id {canonical_id!r}",
+        raise HubError(f"{repo_id}: {endpoint} answered an invalid repo id {shown(canonical_id)}",
                        hint="the endpoint is broken or hostile")
     if not COMMIT_RE.fullmatch(commit):
-        raise HubError(f"{repo_id}: {endpoint} answered commit {commit!r}, not 40 hex characters",
+        raise HubError(f"{repo_id}: {endpoint} answered commit {shown(commit)}, not 40 hex characters",
                        hint="the endpoint is broken or not Hub-compatible")
     return canonical_id, commit
 
@@ -100,7 +105,7 @@ def check_asked_commit(endpoint: str, repo_id: str, revision: str, commit: str) 
         HubError: ``revision`` is 40 hex and ``commit`` is another sha (exit 3, naming the endpoint and both).
     """
     if COMMIT_RE.fullmatch(revision) and commit != revision:
-        raise HubError(f"{repo_id}: asked for commit {revision}, {endpoint} answered commit {commit!r}",
+        raise HubError(f"{repo_id}: asked for commit {revision}, {endpoint} answered commit {shown(commit)}",
                        hint="the endpoint is broken or hostile: a full commit sha must be answered as itself")
 
 
@@ -116,7 +121,7 @@ def check_listing(endpoint: str, repo: RepoRevision, info: RepoInfo) -> None:
                        hint="the endpoint is broken or not Hub-compatible")
     clash = file_and_folder(set(repo.paths))
     if clash:
-        raise HubError(f"{repo.repo_id}: endpoint listed {clash!r} as a file and as a folder",
+        raise HubError(f"{repo.repo_id}: endpoint listed {shown(clash)} as a file and as a folder",
                        hint="the endpoint is broken or hostile")
 
 
@@ -131,16 +136,18 @@ def tree_entry(endpoint: str, repo_id: str, entry: object) -> RemoteFile:
 
 def remote_file(endpoint: str, repo_id: str, source: str, path: str, size: object, blob_id: object,
                 lfs_sha256: object) -> RemoteFile:
-    """A RemoteFile from untrusted fields: a safe path, a size >= 0, 40/64 lowercase hex ids, else HubError."""
+    """A RemoteFile from untrusted fields: a safe path, a size from 0 to :data:`hfcache.records.MAX_FILE_SIZE` (an
+    int, not a bool), 40/64 lowercase hex ids, else HubError (exit 3) naming the file and the value."""
     path = safe_path(repo_id, path, endpoint)
-    if not isinstance(size, int) or isinstance(size, bool) or size < 0:
-        raise HubError(f"{repo_id}: {source} at {endpoint} gave no valid size for {path} ({size!r})",
+    if not valid_size(size):
+        raise HubError(f"{repo_id}: {source} at {endpoint} gave no valid size for {path} ({shown(size)}; sizes are "
+                       f"integers from 0 to {MAX_FILE_SIZE})",
                        hint="the endpoint must publish sizes like the Hub (docs/cache-layout.md, 'The Hub protocol')")
     if lfs_sha256 is not None and not (isinstance(lfs_sha256, str) and SHA256_RE.fullmatch(lfs_sha256)):
-        raise HubError(f"{repo_id}: {source} at {endpoint} gave sha256 {lfs_sha256!r} for {path}, "
+        raise HubError(f"{repo_id}: {source} at {endpoint} gave sha256 {shown(lfs_sha256)} for {path}, "
                        "not 64 lowercase hex characters", hint="the endpoint is broken or hostile")
     if lfs_sha256 is None and not (isinstance(blob_id, str) and BLOB_ID_RE.fullmatch(blob_id)):
-        raise HubError(f"{repo_id}: {source} at {endpoint} gave blob id {blob_id!r} for {path}, "
+        raise HubError(f"{repo_id}: {source} at {endpoint} gave blob id {shown(blob_id)} for {path}, "
                        "not 40 or 64 lowercase hex characters", hint="the endpoint is broken or hostile")
     return RemoteFile(path=path, size=size, blob_id=blob_id if isinstance(blob_id, str) else "",
                       lfs_sha256=lfs_sha256)
@@ -166,3 +173,43 @@ def file_and_folder(paths: set[str]) -> str | None:
             if "/".join(parts[:i]) in paths:
                 return "/".join(parts[:i])
     return None
+
+
+def error_document(content: bytes, content_type: str = "") -> bytes:
+    """An error answer's body (read at most 64 KiB) rebuilt as the JSON object ``hf_raise_for_status`` reads its
+    message from: the string (or strings) of ``error``, the string ``error_description``, the string ``message`` of
+    each object in ``errors``; a body that is a JSON string, or not JSON (and not HTML), becomes ``error``.
+
+    Library gap: ``hf_raise_for_status`` (huggingface_hub ``utils/_http.py`` ``_format``) reads ``response.json()``
+    as an object: an error body that is a JSON array, string, number or ``null`` raised AttributeError there, an
+    ``errors`` that is not a list of objects TypeError, undecodable bytes UnicodeDecodeError, deep nesting
+    RecursionError; each left the command as an internal error (exit 70) instead of the status's own error.
+
+    Args:
+        content (bytes): the body as read. content_type (str): the answer's ``Content-Type``.
+
+    Returns:
+        bytes: a JSON object of those fields only (``{}`` when none), ASCII.
+    """
+    text = content.decode("utf-8", "replace")
+    try:
+        doc = loads_json(text, "an error answer")
+    except TooDeep:
+        doc = None
+    except ValueError:  # not JSON: shown as text, as huggingface_hub shows it (not an HTML page)
+        doc = text if "html" not in content_type.lower() else None
+    if isinstance(doc, str):
+        doc = {"error": doc}
+    kept: dict[str, object] = {}
+    if isinstance(doc, dict):
+        error, description, errors = doc.get("error"), doc.get("error_description"), doc.get("errors")
+        if isinstance(error, list):
+            error = [e for e in error if isinstance(e, str)]
+        if isinstance(error, (str, list)) and error:
+            kept["error"] = error
+        if isinstance(description, str):
+            kept["error_description"] = description
+        if isinstance(errors, list):
+            kept["errors"] = [{"message": e["message"]} for e in errors
+                              if isinstance(e, dict) and isinstance(e.get("message"), str)]
+    return json.dumps(kept).encode()

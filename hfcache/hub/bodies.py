@@ -15,6 +15,7 @@ from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING
 
 from ..pace import Deadline, SocketWatchdog, Throughput, TooSlow
+from .answers import error_document
 from .retry import SlowBody
 
 if TYPE_CHECKING:
@@ -69,13 +70,14 @@ def read_capped(response: httpx2.Response, deadline: Deadline, cap: int) -> byte
 
 
 def keep_content(response: httpx2.Response, content: bytes) -> None:
-    """Give a streamed response the (bounded) body already read, so ``hf_raise_for_status`` reads its message from
-    it instead of reading the stream itself.
+    """Give a streamed error response the (bounded) body already read, so ``hf_raise_for_status`` reads its message
+    from it instead of reading the stream itself, rebuilt as a JSON object of strings it can read
+    (:func:`hfcache.hub.answers.error_document`: a body of another JSON type was exit 70).
 
     Library gap: ``hf_raise_for_status`` (``_format``) calls ``response.read()`` on a streamed error answer: the
     whole body, unbounded and with no deadline. ``Response._content`` is what ``read()`` fills (private).
     """
-    response._content = content
+    response._content = error_document(content, response.headers.get("Content-Type", ""))
 
 
 _local = threading.local()  # .dog: the Watchdog of the request this thread is sending

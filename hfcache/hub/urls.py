@@ -9,6 +9,7 @@ from urllib.parse import quote, urlsplit
 
 from ..names import url_prefix
 from ..errors import UsageError
+from ..records import shown
 
 
 def validate_endpoint(endpoint: str) -> str:
@@ -19,7 +20,7 @@ def validate_endpoint(endpoint: str) -> str:
     at the first request, which surfaced as an internal error; a line break would also split the messages naming it).
     """
     if not (endpoint.isascii() and endpoint.isprintable()) or " " in endpoint:
-        raise UsageError(f"invalid endpoint {endpoint!r}: only printable ASCII without spaces",
+        raise UsageError(f"invalid endpoint {shown(endpoint)}: only printable ASCII without spaces",
                          hint="use an http(s) URL such as https://huggingface.co (percent-encode other characters)")
     try:
         parts = urlsplit(endpoint)
@@ -28,7 +29,8 @@ def validate_endpoint(endpoint: str) -> str:
         host = None
         parts = None
     if parts is None or parts.scheme not in ("http", "https") or not host:
-        raise UsageError(f"invalid endpoint {endpoint!r}", hint="use an http(s) URL such as https://huggingface.co")
+        raise UsageError(f"invalid endpoint {shown(endpoint)}",
+                         hint="use an http(s) URL such as https://huggingface.co")
     if parts.username or parts.password:
         raise UsageError("the endpoint URL must not carry credentials",
                          hint="pass the token in a file instead: --token-file (serve: --upstream-token-file)")

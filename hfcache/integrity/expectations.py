@@ -18,7 +18,8 @@ from ..bounds import loads_json
 from ..cache.published import RecordRefused, read_record
 from ..errors import CacheError
 from ..cache.scan import RepoInfo
-from ..records import folder_ids
+from ..names import is_etag
+from ..records import folder_ids, valid_size
 from ..warming.lockfile import Lockfile
 from .hashing import algorithm_of
 from .verify_report import Problem
@@ -40,7 +41,9 @@ def read_tree_listing(cache_dir: str, folder: str, commit: str) -> dict[str, Exp
     """Read ``trees/<commit>.json`` (huggingface_hub ``_tree_cache.py`` format 1) as path -> Expected, or None.
 
     Read without following a link or opening a FIFO blocking, at most :data:`MAX_TREE_LISTING_BYTES` and
-    :data:`hfcache.bounds.MAX_JSON_DEPTH` levels deep (None past either: huggingface_hub's own listing, not trusted)."""
+    :data:`hfcache.bounds.MAX_JSON_DEPTH` levels deep (None past either: huggingface_hub's own listing, not trusted);
+    None too when an entry's etag is not 40/64 hex or its size not an integer from 0 to
+    :data:`hfcache.records.MAX_FILE_SIZE` (a blob id of another JSON type was exit 70 in verify)."""
     try:
         raw = safefs.read_small(cache_dir, (folder, "trees", f"{commit}.json"), MAX_TREE_LISTING_BYTES + 1)
         if len(raw) > MAX_TREE_LISTING_BYTES:
@@ -51,10 +54,13 @@ def read_tree_listing(cache_dir: str, folder: str, commit: str) -> dict[str, Exp
         out = {}
         for path, info in data["files"].items():
             etag = info.get("lfs_sha256") or info["blob_id"]
-            out[path] = Expected(etag=etag, size=int(info.get("lfs_size") or info["size"]))
+            size = info.get("lfs_size") or info["size"]
+            if not is_etag(etag) or not valid_size(size):  # a list, a number, a float size: not a listing
+                return None
+            out[path] = Expected(etag=etag, size=size)
         return out
-    except (OSError, CacheError, ValueError, KeyError, TypeError, AttributeError, OverflowError):  # not ours
-        # (ValueError includes bounds.TooDeep; CacheError: a link or FIFO there; OverflowError: a size of 1e999)
+    except (OSError, CacheError, ValueError, KeyError, TypeError, AttributeError):  # not ours
+        # (ValueError includes bounds.TooDeep; CacheError: a link or FIFO there)
         return None
 
 

@@ -18,7 +18,7 @@ from ..cache.layout import RepoFolder
 from ..cache.safefs import check_commit
 from ..errors import CacheError
 from ..hub.files import RemoteFile, RepoRevision
-from ..records import UnsafePath, validate_repo_path
+from ..records import UnsafePath, valid_size, validate_repo_path
 from .vocabulary import RepoFile, RepoSnapshot, git_blob_sha1, lfs_pointer
 
 logger = logging.getLogger("hfcache.serve.pullthrough")  # the mirror's log, as before the split
@@ -49,7 +49,7 @@ def revision_from_listing(cached: RepoSnapshot, entries: dict[str, dict] | None)
             size, blob_id, sha256 = entry["size"], entry["blob_id"], entry.get("lfs_sha256")
         except (UnsafePath, KeyError, TypeError):
             return None
-        if not isinstance(size, int) or size < 0 or not isinstance(blob_id, str) or not is_commit(blob_id):
+        if not valid_size(size) or not is_commit(blob_id):  # a bool, float or 2**64 size too: ignored whole
             return None
         if sha256 is not None and not (isinstance(sha256, str) and is_sha256(sha256)):
             return None

@@ -26,7 +26,8 @@ from ..cache.layout import RepoFolder
 from ..cache.atomic import atomic_write
 from ..cache.root import NAME_MAX, PATH_MAX, cache_error, resolve_cache_dir
 from ..errors import CacheError, UsageError
-from ..records import UnsafePath, WarmRequest, folder_ids, valid_repo_id, validate_repo_path
+from ..records import (MAX_FILE_SIZE, UnsafePath, WarmRequest, folder_ids, shown, valid_repo_id, valid_size,
+                       validate_repo_path)
 from .manifest import (ENTRY_KEYS, MANIFEST_NAME, Manifest, ManifestNotFound, find_manifest, load_manifest,
                        manifest_entry, read_toml, request_key, str_list)
 
@@ -213,9 +214,9 @@ def read_lock(path: str | os.PathLike[str]) -> Lockfile:
     data = read_toml(path, "lock")
     version = data.get("version")
     if not isinstance(version, int) or isinstance(version, bool):
-        raise UsageError(f"{path}: field 'version' must be an integer, got {version!r}")
+        raise UsageError(f"{path}: field 'version' must be an integer, got {shown(version)}")
     if version > LOCK_VERSION:
-        raise UsageError(f"{path}: lock schema version {version} is newer than this hfcache understands "
+        raise UsageError(f"{path}: lock schema version {shown(version)} is newer than this hfcache understands "
                          f"({LOCK_VERSION})", hint="upgrade hfcache")
     if version < 1:
         raise UsageError(f"{path}: invalid lock schema version {version}")
@@ -224,7 +225,7 @@ def read_lock(path: str | os.PathLike[str]) -> Lockfile:
         raise UsageError(f"{path}: 'repos' must be an array of tables")
     unknown = sorted(set(data) - {"version", "repos"})
     if unknown:
-        raise UsageError(f"{path}: unknown key {unknown[0]!r}", hint="the lock is corrupt; regenerate it")
+        raise UsageError(f"{path}: unknown key {shown(unknown[0])}", hint="the lock is corrupt; regenerate it")
     repos = []
     seen: dict[tuple[str, str, str], int] = {}
     for i, entry in enumerate(entries):
@@ -245,11 +246,11 @@ def _locked_repo(entry: dict[str, Any], where: str) -> LockedRepo:
     where = f"{where} ({request.repo_id})"
     unknown = sorted(set(entry) - _LOCK_ENTRY_KEYS)
     if unknown:
-        raise UsageError(f"{where}: unknown field {unknown[0]!r}", hint="the lock is corrupt; regenerate it")
+        raise UsageError(f"{where}: unknown field {shown(unknown[0])}", hint="the lock is corrupt; regenerate it")
     canonical_id = _canonical_id(entry.get("canonical_id", request.repo_id), request.repo_id, where)
     commit = entry.get("commit_hash")
     if not isinstance(commit, str) or not _COMMIT_RE.fullmatch(commit):
-        raise UsageError(f"{where}: field 'commit_hash' must be 40 hex characters, got {commit!r}")
+        raise UsageError(f"{where}: field 'commit_hash' must be 40 hex characters, got {shown(commit)}")
     if _COMMIT_RE.fullmatch(request.revision) and request.revision != commit:
         # A full commit pins itself: refs/<C> -> D would make an offline load of revision C fail.
         raise UsageError(f"{where}: revision {request.revision} is a commit, but 'commit_hash' is {commit}",
@@ -262,8 +263,9 @@ def _locked_repo(entry: dict[str, Any], where: str) -> LockedRepo:
         fwhere = f"{where}: files[{j}]"
         file_path = _lock_repo_path(f.get("path") if isinstance(f.get("path"), str) else "", fwhere)
         size, digest = f.get("size"), f.get("hash")
-        if not isinstance(size, int) or isinstance(size, bool) or size < 0:
-            raise UsageError(f"{fwhere} ({file_path}): field 'size' must be a non-negative integer")
+        if not valid_size(size):
+            raise UsageError(f"{fwhere} ({file_path}): field 'size' must be an integer from 0 to {MAX_FILE_SIZE}, "
+                             f"got {shown(size)}")
         if not isinstance(digest, str) or not _HASH_RE.fullmatch(digest):
             raise UsageError(f"{fwhere} ({file_path}): field 'hash' must be sha256:<64 hex> or git-sha1:<40 hex>")
         locked.append(LockedFile(path=file_path, size=size, hash=digest))
@@ -285,7 +287,7 @@ def _canonical_id(canonical_id: Any, repo_id: str, where: str) -> str:
         UsageError: (exit 2) not a valid repo id, or one that breaks the rule; the message names the entry.
     """
     if not isinstance(canonical_id, str) or not valid_repo_id(canonical_id):
-        raise UsageError(f"{where}: field 'canonical_id' must be a valid repo id, got {canonical_id!r}",
+        raise UsageError(f"{where}: field 'canonical_id' must be a valid repo id, got {shown(canonical_id)}",
                          hint="the lock is corrupt or hostile; regenerate it")
     if canonical_id != repo_id and folder_ids(repo_id, canonical_id)[0] != canonical_id:
         allowed = repr(repo_id) if "/" in repo_id else f"{repo_id!r} or 'ORG/{repo_id}'"

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import UsageError
-from ..records import KINDS, REPO_TYPES, WarmRequest
+from ..records import KINDS, REPO_TYPES, WarmRequest, shown
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -77,9 +77,10 @@ def find_manifest(path: str | os.PathLike[str] | None = None, start: Path | None
     if pyproject.is_file():
         try:
             data = tomllib.loads(pyproject.read_text(encoding="utf-8"))
-        except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError, RecursionError):
+        except (OSError, ValueError, RecursionError):  # ValueError: TOMLDecodeError, undecodable, a 5,000-digit int
             data = {}
-        if "hfcache" in data.get("tool", {}):
+        tool = data.get("tool")
+        if isinstance(tool, dict) and "hfcache" in tool:  # `tool = 1` or `tool = ["hfcache"]` is no [tool.hfcache]
             return pyproject
     raise ManifestNotFound(f"no {MANIFEST_NAME} (or pyproject.toml with [tool.hfcache]) in {folder}",
                            hint="write one (see docs/warm.md, 'Pinning') or pass --manifest FILE")
@@ -95,8 +96,8 @@ def read_toml(path: Path, what: str) -> dict[str, Any]:
         raise UsageError(f"{path}: not UTF-8 text") from None
     try:
         return tomllib.loads(text)
-    except tomllib.TOMLDecodeError as exc:
-        raise UsageError(f"{path}: invalid TOML: {exc}", hint=f"fix the {what}") from None
+    except ValueError as exc:  # TOMLDecodeError, or an integer over 4,300 digits (int()'s limit, Python 3.11): was 70
+        raise UsageError(f"{path}: invalid TOML: {str(exc).splitlines()[0][:200]}", hint=f"fix the {what}") from None
     except RecursionError:  # tomllib parses nested arrays and inline tables recursively
         raise UsageError(f"{path}: invalid TOML: nested too deep", hint=f"fix the {what}") from None
 
@@ -123,19 +124,22 @@ def load_manifest(path: str | os.PathLike[str]) -> Manifest:
     path = Path(path)
     data = read_toml(path, "manifest")
     if path.name == "pyproject.toml":
-        data = data.get("tool", {}).get("hfcache")
+        tool = data.get("tool")
+        data = tool.get("hfcache") if isinstance(tool, dict) else None
         if not isinstance(data, dict):
             raise UsageError(f"{path}: no [tool.hfcache] table", hint="add one, or write hfcache.toml")
     where = str(path) if path.name != "pyproject.toml" else f"{path} [tool.hfcache]"
     unknown = sorted(set(data) - _MANIFEST_KEYS)
     if unknown:
-        raise UsageError(f"{where}: unknown key {unknown[0]!r}", hint=f"allowed: {', '.join(sorted(_MANIFEST_KEYS))}")
+        raise UsageError(f"{where}: unknown key {shown(unknown[0])}",
+                         hint=f"allowed: {', '.join(sorted(_MANIFEST_KEYS))}")
     endpoint = data.get("endpoint")
     if isinstance(endpoint, str):
         endpoint = [endpoint]
     if endpoint is not None and (not isinstance(endpoint, list) or not endpoint
                                  or not all(isinstance(e, str) and e for e in endpoint)):
-        raise UsageError(f"{where}: field 'endpoint' must be a URL or a list of URLs, got {data.get('endpoint')!r}")
+        raise UsageError(f"{where}: field 'endpoint' must be a URL or a list of URLs, got "
+                         f"{shown(data.get('endpoint'))}")
     cache_dir = _optional_str(data, "cache_dir", where)
     entries = data.get("repos", [])
     if not isinstance(entries, list) or not all(isinstance(e, dict) for e in entries):
@@ -215,14 +219,14 @@ def _manifest_cache_dir(path: Path, cache_dir: str, where: str) -> Path:
 def _optional_str(data: dict[str, Any], key: str, where: str) -> str | None:
     value = data.get(key)
     if value is not None and (not isinstance(value, str) or not value):
-        raise UsageError(f"{where}: field {key!r} must be a non-empty string, got {value!r}")
+        raise UsageError(f"{where}: field {key!r} must be a non-empty string, got {shown(value)}")
     return value
 
 
 def str_list(value: Any, where: str, key: str) -> tuple[str, ...]:
     """A field that must be an array of non-empty strings, as a tuple; else UsageError naming it."""
     if not isinstance(value, list) or not all(isinstance(v, str) and v for v in value):
-        raise UsageError(f"{where}: field {key!r} must be an array of non-empty strings, got {value!r}")
+        raise UsageError(f"{where}: field {key!r} must be an array of non-empty strings, got {shown(value)}")
     return tuple(value)
 
 
@@ -231,16 +235,17 @@ def manifest_entry(entry: dict[str, Any], where: str) -> WarmRequest:
     repo_id = entry.get("repo_id")
     if not isinstance(repo_id, str) or not repo_id:
         raise UsageError(f"{where}: field 'repo_id' is required and must be a string")
-    where = f"{where} ({repo_id})"
+    where = f"{where} ({repo_id if repo_id.isprintable() and len(repo_id) <= 200 else shown(repo_id)})"
     unknown = sorted(set(entry) - ENTRY_KEYS)
     if unknown:
-        raise UsageError(f"{where}: unknown field {unknown[0]!r}", hint=f"allowed: {', '.join(sorted(ENTRY_KEYS))}")
+        raise UsageError(f"{where}: unknown field {shown(unknown[0])}",
+                         hint=f"allowed: {', '.join(sorted(ENTRY_KEYS))}")
     for key, allowed in (("kind", KINDS), ("repo_type", REPO_TYPES)):
         if key in entry and entry[key] not in allowed:
-            raise UsageError(f"{where}: field {key!r} must be one of {', '.join(allowed)}, got {entry[key]!r}")
+            raise UsageError(f"{where}: field {key!r} must be one of {', '.join(allowed)}, got {shown(entry[key])}")
     revision = entry.get("revision", "main")
     if not isinstance(revision, str):
-        raise UsageError(f"{where}: field 'revision' must be a string, got {revision!r}")
+        raise UsageError(f"{where}: field 'revision' must be a string, got {shown(revision)}")
     if len(revision) > MAX_REVISION:
         raise UsageError(f"{where}: field 'revision' is {len(revision)} characters long (at most {MAX_REVISION})",
                          hint="use a branch, tag or 40-hex commit")
