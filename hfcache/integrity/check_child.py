@@ -125,8 +125,9 @@ CRASHED = "the offline load crashed the probe process"
 
 
 def _stderr_tail(stderr: str) -> str:
-    """The last line of a dead child's stderr that says something (not a Rust ``note:`` or a backtrace frame),
-    printable, at most 300 characters; empty when there is none."""
+    """The last line of a dead child's stderr that says something (before a Rust ``stack backtrace:``; not a
+    ``note:`` or a backtrace frame), printable, at most 300 characters; empty when there is none."""
+    stderr = stderr.split("\nstack backtrace:", 1)[0]
     lines = [ln.strip() for ln in stderr.splitlines() if ln.strip() and not ln.startswith((" ", "\t", "note: "))]
     tail = lines[-1] if lines else ""
     return "".join(c if c.isprintable() else "?" for c in tail[:300])
