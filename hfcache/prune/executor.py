@@ -1,36 +1,36 @@
 """prune's execution: remove exactly what a :class:`~.plan.PrunePlan` lists, folder by folder under the repo lock.
 
-Safe next to a running ``hfcache warm``: each folder is re-read under the lock first, and an item whose reason no
-longer holds is skipped, never forced (see :func:`execute`).
+Every removal goes through :mod:`hfcache.cache.safefs`: parent folders are opened from the cache root without
+following a link, so a ``blobs/``, ``snapshots/`` or ``.locks/<folder>`` swapped for a symlink after the plan makes
+the item ``skipped``, never deletes outside the cache.
 """
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import stat
 import time
 import uuid
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable
 from contextlib import contextmanager
 from pathlib import Path
 
+from ..bounds import TooDeep
 from ..cache import safefs
 from ..cache.layout import RepoFolder
-from ..cache.root import cache_error
 from ..cache.locking import DEFAULT_LOCK_TIMEOUT, LockTimeout, LockWait, try_lock
 from ..cache.published import remove_record
+from ..cache.root import cache_error
 from ..cache.safefs import UnsafeLayout
-from ..cache.scan import scan_repo
-from ..cache.shared_store import StoreProblem, payload_stat, xet_hash_of_link
 from ..cache.safefs_tree import iter_tree
+from ..cache.scan import scan_repo
 from ..cache.sharing import cache_policy, open_dirs
-from ..bounds import TooDeep
+from ..cache.shared_store import StoreProblem, payload_stat, xet_hash_of_link
 from .housekeeping import etag_of
 from .plan import TRASH, ItemOutcome, PlanItem, PrunePlan, PruneResult, RevisionRemoval
 from .store import sweep_payload
-
-__all__ = ["execute"]
 
 
 def execute(plan: PrunePlan, *, on_item: Callable[[ItemOutcome], None] | None = None,
@@ -38,28 +38,26 @@ def execute(plan: PrunePlan, *, on_item: Callable[[ItemOutcome], None] | None = 
             on_lock_wait: Callable[[LockWait], None] | None = None) -> PruneResult:
     """Remove what ``plan`` lists, repo folder by repo folder, each under hfcache's repo lock.
 
-    Before changing a folder, it is scanned again under the lock; an item whose reason no longer holds is skipped
-    (see the module docstring). Within a folder: refs; ``.no_exist``/``trees/`` entries (while the snapshot still
-    exists, so that a prune killed in between plans them again); snapshots (moved out of ``snapshots/`` atomically,
-    then deleted); ``.locks`` files, then their blobs (each under its download lock when one exists);
-    ``.incomplete`` files; leftovers of an interrupted prune; the empty folder. Then, after every folder, the
-    shared Xet store (:mod:`.store`): each payload a removed repo link named is swept under its ``<hash>.lock`` (its
-    manifest rewritten without the removed links); the ``payload`` items the plan lists are deleted when no valid
-    reference remains, the others are kept. Their outcomes come last.
+    Each folder is scanned again under the lock; an item whose reason no longer holds (a ref points to the revision
+    now, it was used since the plan, a remaining revision uses the blob, a download holds the blob's lock) is
+    skipped. Within a folder: refs; ``.no_exist``/``trees/`` entries (while the snapshot still exists, so that a
+    prune killed in between plans them again); snapshots (renamed out of ``snapshots/`` atomically, then deleted:
+    a loader never sees half a snapshot); ``.locks`` files, then their blobs (under their download lock): no
+    loader sees a link to a missing blob; ``.incomplete`` files; an interrupted prune's leftovers; the empty folder.
+    Then the shared Xet store (:mod:`.store`): each payload a removed link named is swept under its lock; the
+    ``payload`` items are deleted when no valid reference remains. Their outcomes come last.
 
     Args:
-        plan: from :func:`plan_prune`.
         on_item: called after each item (progress).
         lock_timeout: seconds to wait at most for a repo's lock (another warm or prune changing that folder).
         on_lock_wait: told which lock it waits for, and who holds it, when a wait lasts a few seconds.
 
     Returns:
-        PruneResult with one outcome per item, in plan order. OSErrors become ``failed`` outcomes (exit 5), and so
-        do the items of a folder whose repo lock stays held for ``lock_timeout`` seconds.
+        PruneResult, one outcome per item. OSErrors become ``failed`` outcomes (exit 5), and so do the items of a
+        folder whose repo lock stays held for ``lock_timeout`` seconds.
 
     Raises:
-        CacheError: the repo lock cannot be created (read-only cache); LockTimeout (a CacheError) when a repo's lock
-            stays held for ``lock_timeout`` seconds.
+        CacheError: the repo lock cannot be created (a read-only cache).
     """
     started = time.monotonic()
     root = Path(plan.cache_dir)
@@ -67,7 +65,6 @@ def execute(plan: PrunePlan, *, on_item: Callable[[ItemOutcome], None] | None = 
     for item in plan.items:
         if item.kind != "payload":
             by_folder.setdefault(item.folder, []).append(item)
-    payloads = [item for item in plan.items if item.kind == "payload"]
     touched: set[str] = set()  # Xet hashes whose repo links were removed
     planned = {(r.folder, r.commit_hash): r for r in plan.revisions}
     outcomes: list[ItemOutcome] = []
@@ -78,7 +75,7 @@ def execute(plan: PrunePlan, *, on_item: Callable[[ItemOutcome], None] | None = 
             on_item(outcome)
 
     _run_folders(root, by_folder, planned, touched, record, lock_timeout, on_lock_wait)
-    for outcome in _sweep_store(root, payloads, touched, lock_timeout):
+    for outcome in _sweep_store(root, [i for i in plan.items if i.kind == "payload"], touched, lock_timeout):
         record(outcome)
     return PruneResult(plan=plan, outcomes=tuple(outcomes), seconds=time.monotonic() - started)
 
@@ -86,16 +83,16 @@ def execute(plan: PrunePlan, *, on_item: Callable[[ItemOutcome], None] | None = 
 def _run_folders(root: Path, by_folder: dict[str, list[PlanItem]], planned: dict[tuple[str, str], RevisionRemoval],
                  touched: set[str], record: Callable[[ItemOutcome], None], lock_timeout: float,
                  on_lock_wait: Callable[[LockWait], None] | None) -> None:
-    """Each repo folder's items under its repo lock (:func:`execute`); each outcome goes to ``record``."""
+    """Each repo folder's items under its repo lock; each outcome goes to ``record``."""
     for folder, items in by_folder.items():
-        first = items[0]
-        repo = RepoFolder(root, first.repo_id, first.repo_type, lock_timeout=lock_timeout, on_lock_wait=on_lock_wait)
+        repo = RepoFolder(root, items[0].repo_id, items[0].repo_type, lock_timeout=lock_timeout,
+                          on_lock_wait=on_lock_wait)
         try:
             lock = repo.repo_lock()
             lock.__enter__()
         except (UnsafeLayout, LockTimeout) as exc:
-            # A link planted since the plan was made: nothing of this folder is touched (skipped). Another warm or
-            # prune keeps this folder: its items fail (exit 5, naming the lock). Either way the other folders go on.
+            # A link planted since the plan: nothing of this folder is touched (skipped). Another warm or prune
+            # keeps this folder: its items fail (exit 5, naming the lock). Either way the other folders go on.
             status = "skipped" if isinstance(exc, UnsafeLayout) else "failed"
             for item in items:
                 record(ItemOutcome(item, status, exc.message))
@@ -111,9 +108,8 @@ def _run_folders(root: Path, by_folder: dict[str, list[PlanItem]], planned: dict
 
 def _sweep_store(root: Path, payloads: list[PlanItem], touched: set[str],
                  lock_timeout: float) -> Iterable[ItemOutcome]:
-    """Sweep the payloads of the shared store whose links were removed (:func:`.store.sweep_payload`): the planned
-    ones may be deleted (an outcome each, with the bytes the sweep measured), the others only have their manifest
-    rewritten (no outcome: the plan lists no item for them)."""
+    """Sweep the store payloads whose links were removed: the planned ones may be deleted (an outcome each, with
+    the bytes the sweep measured), the others only have their manifest rewritten (no item, no outcome)."""
     planned = set()
     for item in payloads:
         xet_hash = item.path.rsplit("/", 1)[-1]
@@ -126,9 +122,7 @@ def _sweep_store(root: Path, payloads: list[PlanItem], touched: set[str],
 
 def _execute_folder(root: Path, folder: str, items: list[PlanItem],
                     planned: dict[tuple[str, str], RevisionRemoval], touched: set[str]) -> Iterable[ItemOutcome]:
-    first = items[0]
-    base = root / folder
-    current = scan_repo(base, first.repo_id, first.repo_type)
+    current = scan_repo(root / folder, items[0].repo_id, items[0].repo_type)
     if current.unsafe:
         for item in items:
             yield ItemOutcome(item, "skipped", "left alone: " + "; ".join(current.unsafe))
@@ -137,11 +131,9 @@ def _execute_folder(root: Path, folder: str, items: list[PlanItem],
     refs_to: dict[str, set[str]] = {}
     for name, value in current.refs.items():
         refs_to.setdefault(value.strip(), set()).add(name)
-    # Which planned revision removals still hold, now that we hold the lock.
-    skipped: dict[str, str] = {}
+    skipped: dict[str, str] = {}  # the planned revision removals that no longer hold, now that the lock is held
     for commit in {i.revision for i in items if i.revision}:
-        removal = planned.get((folder, commit))
-        rev = revisions.get(commit)
+        removal, rev = planned.get((folder, commit)), revisions.get(commit)
         if removal is None or rev is None:
             continue
         new_refs = refs_to.get(commit, set()) - set(removal.refs)
@@ -149,11 +141,9 @@ def _execute_folder(root: Path, folder: str, items: list[PlanItem],
             skipped[commit] = f"a ref points to it now ({', '.join(sorted(new_refs))})"
         elif rev.last_used > removal.last_used:
             skipped[commit] = "used since the plan was made"
-    remaining = [r for r in current.revisions
-                 if r.commit_hash in skipped or (folder, r.commit_hash) not in planned]
+    remaining = [r for r in current.revisions if r.commit_hash in skipped or (folder, r.commit_hash) not in planned]
     used_etags = {f.etag for r in remaining for f in r.files if f.etag}
     used_inodes = {f.inode for r in remaining for f in r.files if f.inode is not None}
-
     for item in items:
         if item.revision in skipped:
             outcome = ItemOutcome(item, "skipped", skipped[item.revision])
@@ -178,7 +168,7 @@ def _remove_item(item: PlanItem, root: Path, folder: str, used_etags: set[str],
         if item.kind == "snapshot":
             return _remove_snapshot(item, root, folder)
         if item.kind in ("no_exist", "tree", "trash"):
-            return _remove_tree(item, root)
+            return ItemOutcome(item, "removed" if safefs.rmtree(root, item.path) else "gone")
         if item.kind == "blob":
             return _remove_blob(item, root, root / ".locks" / folder / f"{path.name}.lock", used_etags,
                                 used_inodes, touched)
@@ -187,7 +177,7 @@ def _remove_item(item: PlanItem, root: Path, folder: str, used_etags: set[str],
         if item.kind == "lock":
             return _remove_lock(item, root, used_etags)
         if item.kind == "repo_folder":
-            return _remove_repo_folder(item, root / folder)
+            return _remove_repo_folder(item, root, folder)
         return ItemOutcome(item, "skipped", f"unknown kind {item.kind}")  # pragma: no cover - all handled above
     except UnsafeLayout as exc:
         return ItemOutcome(item, "skipped", exc.message)
@@ -196,10 +186,6 @@ def _remove_item(item: PlanItem, root: Path, folder: str, used_etags: set[str],
             return ItemOutcome(item, "skipped", f"left alone: {exc.filename or path} is a symlink or not a folder")
         return ItemOutcome(item, "failed", f"{exc.strerror or exc}: {exc.filename or path}")
 
-
-# Every removal below goes through hfcache.cache.safefs: the parent folders are opened from the cache root without following
-# a link, so a blobs/, snapshots/ or .locks/<folder> swapped for a symlink after the plan makes the item fail
-# ("skipped"), never deletes outside the cache.
 
 def _remove_ref(item: PlanItem, root: Path) -> ItemOutcome:
     try:
@@ -219,29 +205,23 @@ def _remove_snapshot(item: PlanItem, root: Path, folder: str) -> ItemOutcome:
             os.stat(parts[-1], dir_fd=fd, follow_symlinks=False)
     except FileNotFoundError:
         return ItemOutcome(item, "gone")
-    # Created relative to the repo folder's fd and shared through its own fd (sharing.open_dirs): a trash name
-    # exchanged with a symlink is refused, never chmod-ed (shared: a prune killed here leaves it).
-    os.close(open_dirs(root / folder / TRASH, root, cache_policy(root)))  # walked from the cache root
-    # One atomic rename takes the whole snapshot out of sight; deleting its entries one by one in place would let a
-    # loader see half a snapshot (and transformers silently drops a missing chat template).
+    # The trash folder is created and shared through descriptors from the cache root (sharing.open_dirs): a trash
+    # name exchanged with a symlink is refused, never chmod-ed. One atomic rename takes the whole snapshot out of
+    # sight (transformers silently drops a missing chat template: a loader must never see half a snapshot).
+    os.close(open_dirs(root / folder / TRASH, root, cache_policy(root)))
     aside = (folder, TRASH, f"{parts[-1]}.{uuid.uuid4().hex[:8]}")
     safefs.rename(root, parts, aside)
     remove_record(root, folder, parts[-1])  # what warm published for it: nothing left to check
     safefs.rmtree(root, aside)
-    _rmdir_quiet(root, (folder, TRASH))
-    return ItemOutcome(item, "removed")
-
-
-def _remove_tree(item: PlanItem, root: Path) -> ItemOutcome:
-    if not safefs.rmtree(root, item.path):
-        return ItemOutcome(item, "gone")
+    with contextlib.suppress(OSError, UnsafeLayout):
+        safefs.rmdir(root, (folder, TRASH))
     return ItemOutcome(item, "removed")
 
 
 def _remove_blob(item: PlanItem, root: Path, lock_path: Path, used_etags: set[str],
                  used_inodes: set[tuple[int, int]], touched: set[str]) -> ItemOutcome:
     """Remove a blob: a regular file, or a link of exactly huggingface_hub's shape into the shared store (its
-    payload's Xet hash is added to ``touched``, to be swept after every folder); any other link is left alone."""
+    payload's Xet hash goes to ``touched``, swept after every folder); any other link is left alone."""
     parts = item.path.split("/")
     try:
         with safefs.dir_fd(root, parts[:-1]) as fd:
@@ -251,11 +231,9 @@ def _remove_blob(item: PlanItem, root: Path, lock_path: Path, used_etags: set[st
         return ItemOutcome(item, "gone")
     inode = (st.st_dev, st.st_ino)
     if xet_hash is not None:
-        try:
+        with contextlib.suppress(OSError, StoreProblem):  # a dangling link: removed all the same
             payload = payload_stat(root, xet_hash)
             inode = (payload.st_dev, payload.st_ino)
-        except (OSError, StoreProblem):
-            pass  # a dangling link: removed all the same, nothing else uses it
     if parts[-1] in used_etags or inode in used_inodes:
         return ItemOutcome(item, "skipped", "a remaining revision uses it now")
     if not stat.S_ISREG(st.st_mode) and xet_hash is None:
@@ -281,11 +259,10 @@ def _remove_incomplete(item: PlanItem, root: Path, lock_path: Path) -> ItemOutco
 
 
 def _remove_lock(item: PlanItem, root: Path, used_etags: set[str]) -> ItemOutcome:
-    path = root / item.path
     # Before the blob: a prune killed between the two leaves a blob without a lock file (which the next prune
     # removes as unused), never a lock file nobody would plan to remove.
-    etag = path.name[: -len(".lock")]
-    if etag in used_etags:
+    path = root / item.path
+    if path.name[: -len(".lock")] in used_etags:
         return ItemOutcome(item, "skipped", "a remaining revision uses its blob now")
     if not os.path.lexists(path):
         return ItemOutcome(item, "gone")
@@ -293,20 +270,16 @@ def _remove_lock(item: PlanItem, root: Path, used_etags: set[str]) -> ItemOutcom
         if why:
             return ItemOutcome(item, "skipped", why)
         # Unlinked while held: a process waiting on it then wins an unlinked inode, which filelock 4 notices
-        # (st_nlink == 0) and re-opens the path; with an older filelock the worst case is one duplicate download,
-        # never a corrupt cache, because every writer downloads to a private .incomplete file and renames it.
-        # A soft marker (no flock) is ours while held: unlinking it is its release.
+        # (st_nlink == 0) and re-opens the path; with an older filelock the worst case is one duplicate download
+        # (every writer downloads to a private .incomplete file). A soft marker is ours while held: unlinking it
+        # is its release.
         safefs.unlink(root, item.path, missing_ok=True)
     return ItemOutcome(item, "removed")
 
 
-def _remove_repo_folder(item: PlanItem, base: Path) -> ItemOutcome:
-    """Remove a repo folder holding nothing but empty folders, markers, listings and prune's trash.
-
-    Walked without recursion and without following links (:func:`safefs_tree.iter_tree`, at most
-    :data:`MAX_TREE_DEPTH` levels: a deeper chain is reported as this folder's problem, never exit 70); every
-    removal acts relative to folder fds opened from the cache root (safefs)."""
-    root, folder = base.parent, base.name
+def _remove_repo_folder(item: PlanItem, root: Path, folder: str) -> ItemOutcome:
+    """Remove a repo folder holding nothing but empty folders, markers, listings and prune's trash (walked by
+    :func:`iter_tree`: a chain deeper than MAX_TREE_DEPTH is this folder's problem, never exit 70)."""
     try:
         left = _repo_folder_leftovers(root, folder)
     except FileNotFoundError:
@@ -317,7 +290,7 @@ def _remove_repo_folder(item: PlanItem, base: Path) -> ItemOutcome:
         return ItemOutcome(item, "skipped", "not empty: " + left)
     # The trash folder marks the removal as a prune's until the very end: a prune killed halfway leaves it, and the
     # next prune then removes the rest at once instead of waiting out the grace period of an empty folder.
-    os.close(open_dirs(base / TRASH, root, cache_policy(root)))  # walked from the cache root: no link followed
+    os.close(open_dirs(root / folder / TRASH, root, cache_policy(root)))
     for sub in (".no_exist", "trees"):
         safefs.rmtree(root, (folder, sub))
     with safefs.dir_fd(root, (folder, TRASH)) as trash_fd:
@@ -329,25 +302,20 @@ def _remove_repo_folder(item: PlanItem, base: Path) -> ItemOutcome:
             if rel not in (("snapshots",), (TRASH,)):
                 safefs.rmdir(root, (folder, *rel))
         for rel in (("snapshots",), (TRASH,)):
-            try:
+            with contextlib.suppress(FileNotFoundError):
                 safefs.rmdir(root, (folder, *rel))
-            except FileNotFoundError:
-                pass
         safefs.rmdir(root, (folder,))
     except OSError as exc:
         if exc.errno in (errno.ENOTEMPTY, errno.EEXIST):
-            return ItemOutcome(item, "skipped", f"not empty any more: {exc.filename or base}")
+            return ItemOutcome(item, "skipped", f"not empty any more: {exc.filename or root / folder}")
         raise
     return ItemOutcome(item, "removed")
 
 
 def _repo_folder_leftovers(root: Path, folder: str) -> list[tuple[str, ...]] | str:
     """The folders (parts below the repo folder) to remove bottom-up when it holds nothing else, or the first entry
-    that makes it not empty (a file or link outside ``.no_exist``, ``trees`` and the trash) as a string.
-
-    Raises:
-        TooDeep: a folder chain deeper than MAX_TREE_DEPTH. FileNotFoundError: the folder is gone.
-    """
+    that makes it not empty (a file or link outside ``.no_exist``, ``trees`` and the trash). Raises TooDeep,
+    FileNotFoundError (the folder is gone)."""
     dirs: list[tuple[str, ...]] = []
     for here, name, mode in iter_tree(root, (folder,), skip=(".no_exist", "trees", TRASH)):
         if stat.S_ISDIR(mode):
@@ -358,39 +326,29 @@ def _repo_folder_leftovers(root: Path, folder: str) -> list[tuple[str, ...]] | s
     return dirs
 
 
-def _rmdir_quiet(root: Path, rel: Sequence[str]) -> None:
-    try:
-        safefs.rmdir(root, rel)
-    except (OSError, UnsafeLayout):
-        pass
-
-
 @contextmanager
 def _held(path: Path):
-    """Hold the lock at ``path``, without waiting, while a blob is removed; ``as`` gives "" when held (or when there
-    is no lock file: nobody downloads that blob), else why it could not be taken. A lock file (or its folder) planted
-    as a symlink is never opened: filelock opens with O_TRUNC, which would truncate the link's target."""
+    """Hold the lock at ``path`` without waiting while a blob is removed; ``as`` gives "" when held (or when there
+    is no lock file: nobody downloads that blob), else why it could not be taken. A lock file (or its folder)
+    planted as a symlink is never opened: filelock opens with O_TRUNC, which would truncate the link's target."""
     root = path.parent.parent.parent  # <cache>/.locks/<folder>/<name>
     try:
         fd = safefs.open_dir(root, (".locks", path.parent.name))
     except FileNotFoundError:
-        yield ""  # no lock folder: nobody downloads that blob
+        yield ""
         return
     except UnsafeLayout:
         yield "its lock folder is a symlink (left alone)"
         return
     try:
-        if stat.S_ISLNK(_mode_at(fd, path.name)):
+        try:
+            mode = os.stat(path.name, dir_fd=fd, follow_symlinks=False).st_mode
+        except FileNotFoundError:
+            mode = 0
+        if stat.S_ISLNK(mode):
             yield "its lock file is a symlink (left alone)"
             return
         with try_lock(path, dir_fd=fd) as why:  # opened through the folder's fd: a later swap is not followed
             yield why
     finally:
         os.close(fd)
-
-
-def _mode_at(fd: int, name: str) -> int:
-    try:
-        return os.stat(name, dir_fd=fd, follow_symlinks=False).st_mode
-    except FileNotFoundError:
-        return 0

@@ -1,8 +1,6 @@
 """prune's housekeeping: what goes whatever the policy says (blobs no snapshot uses, partial downloads nobody
-finishes, leftovers of an interrupted prune), and what follows the policy's removals (lock files of removed blobs,
-repo folders left empty).
-
-Live downloads are never touched: a partial download is stale only when older than ``grace`` and its download lock
+finishes, an interrupted prune's leftovers), and what follows the policy's removals (lock files of removed blobs,
+repo folders left empty). A partial download is stale only when older than ``grace`` and its download lock
 (``.locks/<folder>/<etag>.lock``, held by huggingface_hub and hfcache while they download) is free.
 """
 
@@ -14,9 +12,6 @@ from pathlib import Path
 from ..cache.locking import try_lock
 from .inventory import Ledger, RepoBook
 from .plan import TRASH
-
-__all__ = ["empty_folder", "etag_of", "housekeeping", "lock_held", "lock_items"]
-
 
 def housekeeping(ledger: Ledger, repo: RepoBook) -> None:
     """Plan the removal of ``repo``'s orphan blobs, stale partial downloads and an interrupted prune's trash."""

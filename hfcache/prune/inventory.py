@@ -1,16 +1,13 @@
 """prune's ledger: per repo folder and per content (inode), what the plan removes and the bytes that frees.
 
-The policy (:mod:`.policy`) and housekeeping (:mod:`.housekeeping`) decide what goes; the ledger records each
-removal as :class:`~.plan.PlanItem` objects and follows what it implies: the blobs only removed revisions used go
-too, and a content's bytes count as freed when the last repo folder holding it lets it go, and only if no hardlink
-outside the cache keeps it.
+The policy and housekeeping decide what goes; the ledger records each removal as :class:`~.plan.PlanItem` objects
+and follows what it implies: the blobs only removed revisions used go too, and a content's bytes count as freed
+when the last repo folder holding it lets it go, and only if no hardlink outside the cache keeps it.
 
-A repo blob that is a link into huggingface_hub 2.4's shared Xet store (``utils/_shared_blobs.py``) holds no bytes
-of its own: :mod:`hfcache.cache.scan` gives it the payload's inode and size, so the payload is one content whatever
-the number of repos linking to it, and its bytes count (on a ``payload`` item, :mod:`.store` sweeps it) only when
-the last repo link goes, its ``.refs`` manifest names exactly the links the plan removes (no link the plan keeps,
-none unknown to it: a missing, unreadable or hostile manifest keeps the payload, as the sweep will) and no hardlink
-keeps its inode.
+A store link (huggingface_hub 2.4's shared Xet store, :mod:`.store`) has the payload's inode and size
+(:mod:`hfcache.cache.scan`): the payload is one content whatever the number of repos linking to it, and its bytes
+count (on a ``payload`` item) only when the last repo link goes, its ``.refs`` manifest names exactly the links the
+plan removes (a missing, unreadable or hostile manifest keeps it, as the sweep will) and no hardlink keeps it.
 """
 
 from __future__ import annotations
@@ -24,8 +21,6 @@ from ..cache.scan import RepoInfo, RevisionInfo
 from ..cache.shared_store import StoreProblem, payload_stat
 from .plan import TRASH, PlanItem, RevisionRemoval
 from .store import has_store, list_payloads, payload_path, payload_references
-
-__all__ = ["STORE_FOLDER", "Ledger", "RepoBook"]
 
 #: The ``folder`` of plan items of the shared store itself (payloads no repo holds).
 STORE_FOLDER = "blobs"
@@ -60,15 +55,9 @@ class RepoBook:
 
 
 class Ledger:
-    """The plan being computed over a scanned cache: one :class:`RepoBook` per repo folder, the items, the bytes.
-
-    Args:
-        root (str): the cache root.
-        repos (Sequence[RepoInfo]): the scanned repo folders.
-        size_on_disk (int): bytes of the cache before (every distinct content once).
-        now (float): seconds since the epoch that ages are measured against.
-        grace (float): seconds; younger partial downloads and empty folders are left alone.
-    """
+    """The plan being computed over the scanned ``repos`` of the cache ``root``: one :class:`RepoBook` per repo
+    folder, the items, the bytes (``size_on_disk``: before, every distinct content once; ``now``, ``grace``:
+    seconds, as :class:`~.plan.PrunePolicy`)."""
 
     def __init__(self, root: str, repos: Sequence[RepoInfo], size_on_disk: int, now: float, grace: float) -> None:
         self.root = root

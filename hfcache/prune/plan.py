@@ -7,39 +7,27 @@ from dataclasses import dataclass
 from ..errors import CacheError, UsageError
 from ..records import valid_repo_id
 
-__all__ = ["DEFAULT_GRACE", "KINDS", "TRASH", "ItemOutcome", "KeepSpec", "PlanItem", "PrunePlan", "PrunePolicy",
-           "PruneResult", "RevisionRemoval"]
-
 #: Folder inside a repo folder where snapshots wait for deletion (neither hfcache's scanner nor huggingface_hub's
-#: ``scan_cache_dir`` reads it, and it is on the same filesystem, so the move out of ``snapshots/`` is atomic).
+#: ``scan_cache_dir`` reads it; on the same filesystem, so the move out of ``snapshots/`` is atomic).
 TRASH = ".hfcache-trash"
 #: ``.incomplete`` files, empty repo folders and detached revisions younger than this (seconds) are left alone: a
 #: download may be in progress.
 DEFAULT_GRACE = 3600.0
-
 #: Item kinds in execution order within a repo folder.
 KINDS = ("ref", "no_exist", "tree", "snapshot", "lock", "blob", "payload", "incomplete", "trash", "repo_folder")
 
 
 @dataclass(frozen=True)
 class KeepSpec:
-    """A ``--keep REPO_ID[@REVISION]``: every revision of the repo, or the one a ref or commit hash names.
-
-    Attributes:
-        repo_id (str): as the cache folder names it (any repo type).
-        revision (str | None): a ref name (``main``) or a 40-hex commit; None keeps every revision.
-    """
+    """A ``--keep REPO_ID[@REVISION]``: ``repo_id`` as the cache folder names it (any type); ``revision`` a ref name
+    or a 40-hex commit (None keeps every revision of the repo)."""
 
     repo_id: str
     revision: str | None = None
 
     @classmethod
     def parse(cls, spec: str) -> KeepSpec:
-        """``org/name`` or ``org/name@main`` or ``org/name@<40 hex>``.
-
-        Raises:
-            UsageError: malformed repo id or empty revision.
-        """
+        """``org/name``, ``org/name@main`` or ``org/name@<40 hex>``; UsageError: malformed id or empty revision."""
         repo_id, sep, revision = spec.partition("@")
         if not valid_repo_id(repo_id):
             raise UsageError(f"--keep {spec}: invalid repo id {repo_id!r}", hint="use REPO_ID or REPO_ID@REVISION")
@@ -53,16 +41,10 @@ class KeepSpec:
 
 @dataclass(frozen=True)
 class PrunePolicy:
-    """What a plan was computed from.
-
-    Attributes:
-        older_than (float | None): seconds; revisions unused for longer are removed.
-        max_size (int | None): bytes; least-recently-used revisions are removed until the cache fits.
-        keep (tuple[KeepSpec, ...]): revisions pinned on the command line.
-        keep_locks (tuple[str, ...]): lock files whose revisions are pinned.
-        grace (float): seconds; younger ``.incomplete`` files, empty repo folders and detached revisions used more
-            recently are left alone (a download may be in progress).
-    """
+    """What a plan was computed from: ``older_than`` (seconds; revisions unused for longer go), ``max_size``
+    (bytes; least-recently-used revisions go until the cache fits), ``keep`` (pinned on the command line),
+    ``keep_locks`` (lock files whose revisions are pinned), ``grace`` (seconds; younger ``.incomplete`` files,
+    empty repo folders and detached revisions used more recently are left alone)."""
 
     older_than: float | None = None
     max_size: int | None = None
@@ -76,22 +58,17 @@ class PlanItem:
     """One path the plan removes.
 
     Attributes:
-        kind (str): ``ref``, ``no_exist``, ``tree``, ``snapshot``, ``lock``, ``blob``, ``payload``, ``incomplete``,
-            ``trash`` or ``repo_folder`` (see :data:`KINDS`, in execution order). A ``payload`` is a file of
-            huggingface_hub 2.4's shared Xet store (``path`` ``blobs/<h[:2]>/<h>``) that the removed repo links
-            were the last users of; it is listed with the repo of its last link and swept after every folder.
-        repo_id (str): the repo, as its folder names it.
-        repo_type (str): ``model``, ``dataset`` or ``space``.
-        folder (str): the repo folder name (``models--org--name``).
+        kind (str): one of :data:`KINDS`. A ``payload`` is a file of huggingface_hub 2.4's shared Xet store
+            (``path`` ``blobs/<h[:2]>/<h>``) the removed repo links were the last users of; it is listed with the
+            repo of its last link and swept after every folder.
+        repo_id (str), repo_type (str), folder (str): the repo, as its folder (``models--org--name``) names it.
         path (str): ``/``-separated, relative to the cache root (lock files: ``.locks/<folder>/<etag>.lock``).
-        revision (str | None): the commit a ref, snapshot, marker folder or listing belongs to; None otherwise.
-        reason (str): ``detached``, ``older_than``, ``over_budget`` (with a revision), ``unused`` (a blob only removed
-            revisions used, or its lock), ``orphan`` (a blob no snapshot used, or its lock), ``stale_incomplete``,
-            ``interrupted`` (left by a killed prune) or ``empty``.
-        detail (str): one line for people.
-        bytes_freed (int): bytes this removal gives back to the filesystem (a content's bytes are counted on the
-            item that removes its last name in the cache; 0 when hardlinks outside the cache keep it; a blob that
-            is a link into the shared store counts 0, its payload item the payload's bytes).
+        revision (str | None): the commit a ref, snapshot, marker folder or listing belongs to.
+        reason (str): ``detached``, ``older_than``, ``over_budget`` (with a revision), ``unused`` (only removed
+            revisions used the blob), ``orphan`` (no snapshot used it), ``stale_incomplete``, ``interrupted`` (left
+            by a killed prune) or ``empty``. detail (str): one line for people.
+        bytes_freed (int): bytes given back, counted on the item removing a content's last name in the cache (0
+            when hardlinks outside the cache keep it; a store link 0, its payload item the payload's bytes).
     """
 
     kind: str
@@ -107,18 +84,10 @@ class PlanItem:
 
 @dataclass(frozen=True)
 class RevisionRemoval:
-    """A revision the plan removes (its ref, snapshot, marker and blob items are in :attr:`PrunePlan.items`).
-
-    Attributes:
-        repo_id (str), repo_type (str), folder (str): the repo.
-        commit_hash (str): the snapshot folder's name.
-        refs (tuple[str, ...]): refs pointing to it when planned (removed with it).
-        last_used (float): seconds since the epoch when planned; a later use cancels the removal.
-        size_on_disk (int): bytes of its distinct contents.
-        reason (str): ``detached``, ``older_than`` or ``over_budget``.
-        detail (str): one line for people.
-        bytes_freed (int): bytes its removal gives back (contents no remaining revision or repo holds).
-    """
+    """A revision the plan removes (its items are in :attr:`PrunePlan.items`): ``refs`` pointing to it when
+    planned, ``last_used`` (seconds since the epoch: a later use cancels the removal), ``size_on_disk`` (bytes of
+    its distinct contents), ``reason`` (``detached``, ``older_than``, ``over_budget``), ``detail``, ``bytes_freed``
+    (contents no remaining revision or repo holds)."""
 
     repo_id: str
     repo_type: str
@@ -137,20 +106,16 @@ class PrunePlan:
     """Everything a prune would remove, and why; :func:`execute` runs exactly this.
 
     Attributes:
-        cache_dir (str): the cache root.
-        now (float): the time the ages were measured against (seconds since the epoch).
-        policy (PrunePolicy): what the plan was computed from.
-        items (tuple[PlanItem, ...]): paths to remove, grouped by repo folder (sorted), in execution order.
-        revisions (tuple[RevisionRemoval, ...]): revisions removed, in policy order (detached, age, LRU).
+        cache_dir (str), now (float: seconds since the epoch ages are measured against), policy (PrunePolicy).
+        items (tuple[PlanItem, ...]): grouped by repo folder (sorted), in execution order.
+        revisions (tuple[RevisionRemoval, ...]): in policy order (detached, age, LRU).
         pinned (tuple[tuple[str, str, str], ...]): (repo_type, repo_id, commit) of every pinned revision present.
-        repos_before (int), revisions_before (int): counts before pruning.
-        repos_removed (int): repo folders removed entirely.
-        bytes_before (int): cache size before (every distinct content once, as ``hfcache ls``).
-        bytes_freed (int): sum of the items' ``bytes_freed``.
-        bytes_pinned (int): bytes of the pinned revisions' distinct contents.
-        warnings (tuple[str, ...]): e.g. a budget that pinned revisions make impossible, a ``--keep`` matching nothing.
+        repos_before, revisions_before, repos_removed (int): counts.
+        bytes_before (int): cache size before (every distinct content once, as ``hfcache ls``); bytes_freed (int):
+            the items' sum; bytes_pinned (int): the pinned revisions' distinct contents.
+        warnings (tuple[str, ...]): e.g. a budget pinned revisions make impossible, a ``--keep`` matching nothing.
         unreadable (tuple[str, ...]): ``<folder>/<part>`` of repos left alone because this user cannot read all of
-            them (what they hold, and what uses it, is unknown); the prune then exits 5.
+            them (what uses what is unknown); the prune then exits 5.
         empty (bool): the cache folder exists and holds nothing (a fresh volume): "empty cache: nothing to prune".
     """
 
@@ -183,16 +148,10 @@ class PrunePlan:
 
 @dataclass(frozen=True)
 class ItemOutcome:
-    """What :func:`execute` did with one item.
-
-    Attributes:
-        item (PlanItem): the planned item.
-        status (str): ``removed``; ``gone`` (already absent: a previous, interrupted prune or another process);
-            ``skipped`` (its reason no longer holds, or something uses it now: see ``note``); ``failed`` (an OSError).
-        note (str): why it was skipped or failed; empty otherwise.
-        bytes_freed (int | None): bytes actually freed when they differ from the plan's (a payload whose sweep
-            found another hardlink keeping it); None: the item's planned bytes when ``removed``, else 0.
-    """
+    """What :func:`execute` did with one item: ``status`` ``removed``, ``gone`` (already absent), ``skipped`` (its
+    reason no longer holds, or something uses it now: ``note`` says why) or ``failed`` (an OSError: ``note``);
+    ``bytes_freed`` the bytes freed when they differ from the plan's (a payload's sweep found a hardlink keeping
+    it), None: the item's planned bytes when ``removed``, else 0."""
 
     item: PlanItem
     status: str
@@ -202,14 +161,8 @@ class ItemOutcome:
 
 @dataclass(frozen=True)
 class PruneResult:
-    """The outcome of :func:`execute`.
-
-    Attributes:
-        plan (PrunePlan): the plan executed.
-        outcomes (tuple[ItemOutcome, ...]): one per plan item, in plan order except that ``payload`` items (swept
-            after every repo folder) come last.
-        seconds (float): wall time of the execution.
-    """
+    """The outcome of :func:`execute`: the ``plan``, one outcome per item (in plan order, ``payload`` items last:
+    swept after every repo folder), the wall time in ``seconds``."""
 
     plan: PrunePlan
     outcomes: tuple[ItemOutcome, ...]
@@ -220,8 +173,7 @@ class PruneResult:
 
     @property
     def bytes_freed(self) -> int:
-        """Bytes of the items actually removed (planned bytes of ``removed`` items, or what a payload's sweep
-        measured)."""
+        """Bytes of the items removed (planned bytes, or what a payload's sweep measured)."""
         return sum(o.item.bytes_freed if o.bytes_freed is None else o.bytes_freed
                    for o in self.outcomes if o.status == "removed")
 

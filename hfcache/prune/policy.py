@@ -1,8 +1,5 @@
-"""prune's policy: which revisions go, and why (pins, detached, age, size budget), as one frozen :class:`PrunePlan`.
-
-Order (pinned revisions are never removed): housekeeping first (:mod:`.housekeeping`), then detached revisions
-(unless used within ``grace``), then revisions unused for longer than ``older_than``, then least-recently-used
-revisions until the cache is at most ``max_size`` bytes. What each removal implies is :mod:`.inventory`'s business.
+"""prune's policy: which revisions go, and why (pins, detached, age, size budget), as one frozen :class:`PrunePlan`
+(the order: :mod:`hfcache.prune`); what each removal implies is :mod:`.inventory`'s business.
 """
 
 from __future__ import annotations
@@ -24,9 +21,6 @@ from .housekeeping import empty_folder, housekeeping, lock_items
 from .inventory import Ledger, RepoBook
 from .plan import DEFAULT_GRACE, KINDS, KeepSpec, PrunePlan, PrunePolicy
 
-__all__ = ["plan_prune"]
-
-
 def plan_prune(
     cache_dir: str | os.PathLike[str] | None = None,
     *,
@@ -42,27 +36,23 @@ def plan_prune(
 
     Args:
         cache_dir: the cache root (default: ``HF_HUB_CACHE``, ``$HF_HOME/hub``, ``~/.cache/huggingface/hub``).
-        older_than: seconds; unpinned revisions whose last use is older are removed. None: no age policy.
-        max_size: bytes; then least-recently-used unpinned revisions are removed until the cache is at most this.
-        keep: ``REPO_ID[@REVISION]`` strings (or KeepSpec): pinned. Without a revision every revision of the repo
-            is pinned; a revision is a ref name or a 40-hex commit.
-        keep_locks: lock file paths (or parsed Lockfile): every revision they pin is pinned. A pin covers every
-            repo folder holding that commit (a legacy id and its canonical repo).
-        grace: seconds; ``.incomplete`` files and empty repo folders younger than this, and detached revisions
-            used more recently, are kept (a download may be in progress).
-        now: the time to measure ages against (seconds since the epoch; default: now).
-        missing_ok: a ``cache_dir`` that does not exist is an empty plan with a warning, not an error (``prune
-            --missing-ok``: a CronJob scheduled before the first warm).
+        older_than: seconds; unpinned revisions whose last use is older go. max_size: bytes; then least-recently-
+            used unpinned revisions go until the cache is at most this. None: no such policy.
+        keep: ``REPO_ID[@REVISION]`` (or KeepSpec) pinned: every revision of the repo, or the one a ref name or
+            40-hex commit names. keep_locks: lock file paths (or Lockfile): every revision they pin, in every repo
+            folder holding that commit (a legacy id and its canonical repo).
+        grace: seconds (see :class:`PrunePolicy`). now: the time ages are measured against (default: now).
+        missing_ok: a missing ``cache_dir`` is an empty plan with a warning (``prune --missing-ok``: a CronJob
+            scheduled before the first warm).
 
     Returns:
-        PrunePlan. The plan's ``warnings`` say when ``max_size`` cannot be met without pinned revisions.
+        PrunePlan; its ``warnings`` say when ``max_size`` cannot be met without pinned revisions. An existing
+        empty folder (a fresh volume) is an empty plan with ``empty`` set.
 
     Raises:
         UsageError: a malformed ``keep`` spec, an unreadable or invalid lock, a negative duration or size.
-        CacheError: (exit 5) ``cache_dir`` does not exist, is a file, is not a hub cache
-            (:func:`hfcache.cache.root.describe_cache_dir`: an ``HF_HOME`` names its ``hub`` folder), or exists but
-            cannot be reached or listed by this user. An existing empty folder (a fresh volume) is an empty plan
-            with ``empty`` set.
+        CacheError: (exit 5) ``cache_dir`` does not exist, is a file, is no hub cache
+            (:func:`hfcache.cache.root.describe_cache_dir`: an ``HF_HOME`` names its ``hub``), or cannot be listed.
     """
     policy, locks = _policy(older_than, max_size, keep, keep_locks, grace)
     root = resolve_cache_dir(cache_dir)
@@ -76,11 +66,7 @@ def plan_prune(
 
 
 def _cache_kind(root: Path, missing_ok: bool) -> str:
-    """``"cache"``, ``"empty"`` or (with ``missing_ok``) ``"missing"``: what :func:`plan_prune` may plan over.
-
-    Raises:
-        CacheError: see :func:`plan_prune`.
-    """
+    """``"cache"``, ``"empty"`` or (with ``missing_ok``) ``"missing"``; CacheError as :func:`plan_prune`."""
     try:
         os.lstat(root)
     except FileNotFoundError:
@@ -112,9 +98,7 @@ def _policy(older_than: float | None, max_size: int | None, keep: Iterable[str |
     if max_size is not None and max_size < 0:
         raise UsageError(f"--max-size must not be negative, got {max_size}")
     specs = tuple(k if isinstance(k, KeepSpec) else KeepSpec.parse(k) for k in keep)
-    locks: list[tuple[str, Lockfile]] = []
-    for lock in keep_locks:
-        locks.append(("<lock>", lock) if isinstance(lock, Lockfile) else (str(lock), read_lock(lock)))
+    locks = [("<lock>", lock) if isinstance(lock, Lockfile) else (str(lock), read_lock(lock)) for lock in keep_locks]
     policy = PrunePolicy(older_than=older_than, max_size=max_size, keep=specs,
                          keep_locks=tuple(name for name, _ in locks), grace=grace)
     return policy, locks
@@ -137,9 +121,9 @@ def _plan_cache(root: Path, policy: PrunePolicy, locks: Sequence[tuple[str, Lock
 
 @contextmanager
 def _gc_paused():
-    """Pause the cyclic garbage collector while a whole cache is scanned and planned: that allocates ~10 objects per
-    file and frees none, so the collector would traverse them again and again (a third of the time on a
-    10,000-repo cache) to find no cycle. Restored afterwards, as it was."""
+    """Pause the cyclic garbage collector while a cache is scanned and planned: that allocates ~10 objects per file
+    and frees none, so the collector would traverse them again and again (a third of the time on a 10,000-repo
+    cache) to find no cycle."""
     enabled = gc.isenabled()
     gc.disable()
     try:

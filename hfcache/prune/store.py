@@ -1,19 +1,15 @@
 """prune and huggingface_hub 2.4's shared Xet blob store (:mod:`hfcache.cache.shared_store`): which payloads a
 prune frees, and their sweep.
 
-A repo blob that is a store link holds no bytes: the payload ``<cache>/blobs/<h[:2]>/<h>`` does, freed only when no
-repo link uses it any more. huggingface_hub's deletion (``utils/_cache_manager.py`` ``DeleteCacheStrategy``)
-unlinks the repo links, then sweeps each payload they named (``utils/_shared_blobs.py sweep_shared_blob``); this
-module does the same, more cautiously, everything through the prefix folder's descriptor (no link followed):
-
-- under the per-hash lock ``<h>.lock`` (mode 0o666, held with filelock, as ``_shared_blob_lock``);
-- the manifest ``<h>.refs`` is a hint: a line counts as a reference when it is a repo blob path
-  (``<repo folder>/blobs/<name>``) that is now a link of the library's exact shape to this payload. A line that is
-  anything else (absolute, ``..``, another depth), a link that cannot be read, a missing or unreadable manifest make
-  the sweep keep the payload rather than guess (the library skips such lines, which a planted manifest could use);
-- the manifest is rewritten with the remaining references (atomically, fsync'd), and the payload and manifest are
-  deleted only when none remains and the plan said so; the bytes count only when the store name was the last
-  (``st_nlink == 1``).
+A store link holds no bytes: the payload ``<cache>/blobs/<h[:2]>/<h>`` does, freed only when no repo link uses it.
+huggingface_hub's deletion (``utils/_cache_manager.py``) unlinks the repo links, then sweeps each payload they
+named (``utils/_shared_blobs.py sweep_shared_blob``); so does this module, more cautiously, through the prefix
+folder's descriptor: under the per-hash lock ``<h>.lock`` (mode 0o666, as ``_shared_blob_lock``), the manifest
+``<h>.refs`` read as a hint (a line counts when it is a repo blob path ``<repo folder>/blobs/<name>`` that now links
+to this payload in the library's exact shape; any other line, a link that cannot be read, a missing or unreadable
+manifest keep the payload: the library skips such lines, which a planted manifest could use), then rewritten with
+the remaining references (atomically, fsync'd); the payload and manifest are deleted only when none remains and
+the plan said so. Its bytes count only when the store name was the last (``st_nlink == 1``).
 """
 
 from __future__ import annotations
@@ -181,18 +177,10 @@ def payload_references(root: str | os.PathLike[str], xet_hash: str) -> tuple[lis
 
 def sweep_payload(root: str | os.PathLike[str], xet_hash: str, *, delete: bool,
                   lock_timeout: float = DEFAULT_LOCK_TIMEOUT) -> Sweep:
-    """Sweep one payload after repo links to it were removed (see the module docstring).
-
-    Args:
-        root: the cache root. xet_hash: 64 lowercase hex characters.
-        delete: whether the plan frees this payload; False only rewrites the manifest (a payload the plan did not
-            count stays, even without references: the next prune plans it).
-        lock_timeout: seconds to wait at most for ``<h>.lock``.
-
-    Returns:
-        :class:`Sweep`. An unmarked store, a link or FIFO in place of a folder, the lock, the manifest or the
-        payload, an OSError: ``skipped`` with a note, nothing deleted.
-    """
+    """Sweep the payload ``xet_hash`` (64 hex) of the cache ``root`` after repo links to it were removed, waiting at
+    most ``lock_timeout`` seconds for ``<h>.lock``. ``delete``: whether the plan frees it (False only rewrites the
+    manifest: a payload the plan did not count stays, the next prune plans it). An unmarked store, a link or FIFO
+    where a folder, the lock, the manifest or the payload belongs, an OSError: ``skipped`` with a note."""
     if not is_sha256(xet_hash):
         return Sweep("skipped", f"invalid Xet hash {xet_hash!r}")
     try:
