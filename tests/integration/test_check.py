@@ -105,3 +105,14 @@ def test_probe_guard_turns_any_connection_into_an_immediate_error(tmp_path, hub_
     result = json.loads(proc.stdout.strip().splitlines()[-1])["openai-community/gpt2@main"]
     assert "network access attempted" in result["error"]
     assert elapsed < 60
+
+
+def test_check_takes_a_probe_text_that_starts_with_a_dash(tmp_path):
+    """The child's options come before ``--`` and its text and specs after: ``--text=-x`` was exit 70 ("the offline
+    probe process failed (exit 2): ... unrecognized arguments: -x")."""
+    cache = tmp_path / "cache"
+    warm(cache, "google-bert/bert-base-uncased")
+    code, report = check_json(cache, "--text=-x")
+    assert code == 0, report
+    (row,) = report["tokenizers"]
+    assert report["text"] == "-x" and row["ok"] and row["input_ids"] == [101, 1011, 1060, 102], row
