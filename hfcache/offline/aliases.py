@@ -1,55 +1,33 @@
 """The other names runtimes read for the settings of ``hfcache env``: each alias is printed beside its canonical
 variable, with the same value, so that a runtime that reads only the alias uses the same cache and stays offline.
 
-Each one was checked in the source that reads it (the sources read for this table: huggingface_hub 2.4.0 and
-transformers 5.24.0 as installed; text-generation-inference at db931fc (2026-01-08); text-embeddings-inference at
-0d124dc (2026-07-24); hf-hub v0.4.3 and v0.5.0 (1.0 release candidates read no variable in the library);
-sentence-transformers at cad2119 (6.1.0.dev0) and v2.3.0; datasets at b7cb10b; llama.cpp common/hf-cache.cpp and
-common/arg.cpp):
+Each was checked in the source that reads it (huggingface_hub 2.4.0 and transformers 5.24.0 as installed;
+text-generation-inference db931fc (2026-01-08); text-embeddings-inference 0d124dc (2026-07-24); hf-hub v0.4.3 and
+v0.5.0; sentence-transformers cad2119 (6.1.0.dev0) and v2.3.0; datasets b7cb10b; llama.cpp ``common/hf-cache.cpp``
+and ``common/arg.cpp``):
 
-===============================  ===================  ========================================================
-alias                            canonical            read by
-===============================  ===================  ========================================================
-``HUGGINGFACE_HUB_CACHE``        ``HF_HUB_CACHE``     text-generation-inference's router
-                                                      (``router/src/server.rs``: the cache of its tokenizer
-                                                      download, and with ``HF_HUB_OFFLINE`` exactly ``1`` the
-                                                      offline ``Cache``) and launcher (``launcher/src/main.rs``
-                                                      ``--huggingface-hub-cache``, clap ``env``: passed on to
-                                                      the shards and the download process), TGI's Python server
-                                                      (``server/text_generation_server/utils/hub.py`` uses
-                                                      ``huggingface_hub.constants.HUGGINGFACE_HUB_CACHE``, which
-                                                      does not follow ``HF_HUB_CACHE``);
-                                                      text-embeddings-inference (``router/src/main.rs``
-                                                      ``--huggingface-hub-cache``, clap ``env``); huggingface_hub
-                                                      (``constants.py``: the legacy name, used when
-                                                      ``HF_HUB_CACHE`` is unset); llama.cpp
-                                                      (``common/hf-cache.cpp`` ``get_cache_directory``: after
-                                                      ``HF_HUB_CACHE``).
-``SENTENCE_TRANSFORMERS_HOME``   ``HF_HUB_CACHE``     sentence-transformers >= 2.3 (``base/model.py``; 2.3:
-                                                      ``SentenceTransformer.py``): its ``cache_folder``, passed
-                                                      as ``cache_dir`` to every hub download, so it wins over
-                                                      ``HF_HUB_CACHE`` when a base image set it elsewhere.
-                                                      (2.2 used its own layout under ``~/.cache/torch``.)
-``TRANSFORMERS_OFFLINE``         ``HF_HUB_OFFLINE``   huggingface_hub (``constants.py``:
-                                                      ``HF_HUB_OFFLINE or TRANSFORMERS_OFFLINE``) and
-                                                      transformers < 5; transformers 5 no longer reads it.
-``HF_DATASETS_OFFLINE``          ``HF_HUB_OFFLINE``   datasets (``src/datasets/config.py``: when set, it
-                                                      replaces ``HF_HUB_OFFLINE`` for datasets).
-``LLAMA_OFFLINE``                ``HF_HUB_OFFLINE``   llama.cpp's ``--offline`` (``common/arg.cpp``, env
-                                                      ``LLAMA_OFFLINE``, added in ggml-org/llama.cpp#13804,
-                                                      release b5501): ``-hf`` downloads use the cache only. A
-                                                      flag's variable counts when it is truthy (``1``).
-===============================  ===================  ========================================================
+- ``HUGGINGFACE_HUB_CACHE`` (for ``HF_HUB_CACHE``): TGI's router (``router/src/server.rs``: its tokenizer download,
+  and the offline ``Cache`` when ``HF_HUB_OFFLINE`` is exactly ``1``), launcher (``launcher/src/main.rs``
+  ``--huggingface-hub-cache``, clap ``env``: passed to the shards and the download) and Python server
+  (``server/text_generation_server/utils/hub.py``: ``constants.HUGGINGFACE_HUB_CACHE``, which does not follow
+  ``HF_HUB_CACHE``); TEI (``router/src/main.rs`` ``--huggingface-hub-cache``); huggingface_hub (``constants.py``:
+  the legacy name, when ``HF_HUB_CACHE`` is unset); llama.cpp (``get_cache_directory``, after ``HF_HUB_CACHE``).
+- ``SENTENCE_TRANSFORMERS_HOME`` (for ``HF_HUB_CACHE``): sentence-transformers >= 2.3 (``base/model.py``; 2.3:
+  ``SentenceTransformer.py``): its ``cache_folder``, passed as ``cache_dir`` to every hub download, so it wins over
+  ``HF_HUB_CACHE`` when a base image set it elsewhere (2.2 used its own layout under ``~/.cache/torch``).
+- ``TRANSFORMERS_OFFLINE`` (for ``HF_HUB_OFFLINE``): huggingface_hub (``constants.py``: ``HF_HUB_OFFLINE or
+  TRANSFORMERS_OFFLINE``) and transformers < 5.
+- ``HF_DATASETS_OFFLINE`` (for ``HF_HUB_OFFLINE``): datasets (``src/datasets/config.py``: replaces it for datasets).
+- ``LLAMA_OFFLINE`` (for ``HF_HUB_OFFLINE``): llama.cpp's ``--offline`` (``common/arg.cpp``, ggml-org/llama.cpp#13804,
+  release b5501): ``-hf`` downloads use the cache only; truthy (``1``) counts.
 
 Checked and not printed: ``TRANSFORMERS_CACHE`` (transformers 5.24 reads it nowhere; ``hfcache doctor`` flags it);
-``HUGGINGFACE_HUB_OFFLINE`` (no runtime above reads it); ``DISABLE_TELEMETRY``/``DO_NOT_TRACK`` (huggingface_hub
-reads them only as alternatives to ``HF_HUB_DISABLE_TELEMETRY``, which is set); ``LLAMA_CACHE`` (llama.cpp's old
-flat cache, read only to migrate it into the Hugging Face layout, which it finds through ``HF_HUB_CACHE``).
-The Rust ``hf-hub`` crate (0.4/0.5: TGI's launcher ``get_config``, TEI without ``--huggingface-hub-cache``) reads
-only ``HF_HOME`` (the cache is ``$HF_HOME/hub``) and ``HF_ENDPOINT``, and has no offline switch: ``hfcache env``
-sets ``HF_HOME`` when the cache folder is named ``hub`` (name it so), and cannot make that crate offline (the
-network layers can: docs/offline.md, "Layers of offline enforcement"). vLLM loads through huggingface_hub and
-transformers, so the canonical variables are the ones it reads.
+``HUGGINGFACE_HUB_OFFLINE`` (no runtime above reads it); ``DISABLE_TELEMETRY``/``DO_NOT_TRACK`` (alternatives to
+``HF_HUB_DISABLE_TELEMETRY``, which is set); ``LLAMA_CACHE`` (llama.cpp's old flat cache, read only to migrate it).
+The Rust ``hf-hub`` crate (0.4/0.5: TGI's launcher ``get_config``, TEI without ``--huggingface-hub-cache``; 1.0
+release candidates read no variable) reads only ``HF_HOME`` (the cache is ``$HF_HOME/hub``) and ``HF_ENDPOINT`` and
+has no offline switch: ``hfcache env`` sets ``HF_HOME`` when the cache folder is named ``hub`` (name it so); the
+network layers make it offline (docs/offline.md). vLLM loads through huggingface_hub and transformers.
 """
 
 from __future__ import annotations
@@ -60,13 +38,8 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True)
 class Alias:
-    """Another name for a variable of ``hfcache env``.
-
-    Attributes:
-        name (str): the alias, e.g. ``HUGGINGFACE_HUB_CACHE``.
-        canonical (str): the variable whose value it carries, e.g. ``HF_HUB_CACHE``.
-        readers (tuple[str, ...]): who reads it, ``project (file)`` each (the module docstring has the details).
-    """
+    """Another ``name`` (e.g. ``HUGGINGFACE_HUB_CACHE``) for the variable ``canonical`` of ``hfcache env`` (e.g.
+    ``HF_HUB_CACHE``), whose value it carries; ``readers``: who reads it, ``project (file)`` each."""
 
     name: str
     canonical: str
@@ -94,17 +67,8 @@ def aliases_of(canonical: str) -> tuple[Alias, ...]:
 
 
 def with_aliases(variables: Iterable[tuple[str, str]]) -> tuple[tuple[str, str], ...]:
-    """``variables`` with each canonical variable followed by its aliases, carrying the same value.
-
-    Args:
-        variables: ``(name, value)`` pairs in output order; none of them may be an alias already.
-
-    Returns:
-        tuple[tuple[str, str], ...]: the pairs, aliases inserted right after their canonical variable.
-
-    Raises:
-        ValueError: a pair is an alias (it would be printed twice, possibly with another value).
-    """
+    """``variables`` (``(name, value)`` pairs in output order) with each canonical variable followed by its aliases,
+    carrying the same value. ValueError when a pair is an alias already (printed twice, maybe with another value)."""
     names = {alias.name for alias in ALIASES}
     out: list[tuple[str, str]] = []
     for name, value in variables:

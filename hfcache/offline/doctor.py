@@ -3,36 +3,25 @@
 Each finding has a stable ``code``, a ``severity`` (``error``: loads will fail or use another cache than intended;
 ``warning``: a trap that bites under some conditions; ``info``: a fact worth seeing) and a ``fix``. Checks:
 
-- the effective cache path and the setting that chose it, resolved exactly as huggingface_hub ``constants.py`` does
-  (``HF_HUB_CACHE``, else the legacy ``HUGGINGFACE_HUB_CACHE``, else ``$HF_HOME/hub``, else
-  ``$XDG_CACHE_HOME/huggingface/hub``, else ``~/.cache/huggingface/hub``; a variable set to an empty string counts
-  as set, and yields a path relative to the working directory);
+- the effective cache and the setting that chose it, as huggingface_hub ``constants.py`` resolves it
+  (:func:`hub_cache_setting`; a variable set to an empty string counts as set: a path relative to the working
+  directory);
 - offline mode as huggingface_hub computes it (``HF_HUB_OFFLINE or TRANSFORMERS_OFFLINE``: a non-empty
   ``HF_HUB_OFFLINE=0`` masks ``TRANSFORMERS_OFFLINE=1``), values it does not understand, telemetry and token flags;
 - ``TRANSFORMERS_CACHE`` (and its older names), ignored by transformers 5 (no reference left in its source);
-  ``HF_HOME`` and ``HF_HUB_CACHE`` disagreeing; the aliases other runtimes read (``HUGGINGFACE_HUB_CACHE``,
-  ``SENTENCE_TRANSFORMERS_HOME``, ``HF_DATASETS_OFFLINE``, ``LLAMA_OFFLINE``: :mod:`.aliases`) disagreeing with
-  what huggingface_hub uses;
-- the cache folder: present, readable by this user, writable, owner uid/gid versus the current user (the
-  image-built-as-root, pod-runs-as-1000 problem), read-only filesystem, symlink support (probed like
-  huggingface_hub ``file_download.py: are_symlinks_supported``), free disk space;
-- as the current user (:mod:`hfcache.cache.access`): reaching and listing the cache root, creating files in ``.locks/``
-  and opening its lock files, writing every repo folder; in a group-shared cache, folders the group cannot write;
-  whether flock works on the filesystem;
-- runtime traps (:mod:`.doctor_runtime`): a read-only cache used online with revisions that can move upstream
-  (``cache.read_only_online``, an error), and a umask that drops group write in a group-shared folder the
-  application writes into (``umask.not_shared``, a warning);
-- which network enforcement this machine and container allow (:mod:`.doctor_enforce`): the process-tree filter of
-  ``hfcache exec --no-network`` (``offline.network_filter``), probed in a forked child;
-- huggingface_hub 2.4's shared Xet blob store (:mod:`.doctor_store`): present and marked, its payloads and bytes,
-  and ``HF_HUB_DISABLE_SHARED_BLOBS``/``HF_HUB_DISABLE_XET`` when set (they turn it off for the library);
+  ``HF_HOME`` and ``HF_HUB_CACHE`` disagreeing; the aliases other runtimes read (:mod:`.aliases`) disagreeing with
+  what huggingface_hub uses (:mod:`.doctor_settings`);
+- the cache folder (:mod:`.doctor_folder`): present, readable, writable, owner uid/gid versus the current user (the
+  image-built-as-root, pod-runs-as-1000 problem), read-only filesystem, symlink support (probed like huggingface_hub
+  ``file_download.py: are_symlinks_supported``), free space; as the current user (:mod:`hfcache.cache.access`):
+  listing the root, creating in ``.locks/``, writing every repo folder, group sharing, flock; the modules cache of
+  custom code; huggingface_hub 2.4's shared Xet blob store;
+- runtime traps (:mod:`.doctor_runtime`): ``cache.read_only_online`` and ``umask.not_shared``;
+- the process-tree filter of ``hfcache exec --no-network`` (``offline.network_filter``), probed in a forked child;
 - installed versions of huggingface_hub, transformers, tokenizers (and optional tokenizer packages).
 
 Reads only, except the probes: a temporary folder (symlinks) and files (``.locks/`` creation, flock) in the cache,
 removed at once (as huggingface_hub's symlink probe does).
-
-This module holds the report and :func:`doctor`, which runs the checks of :mod:`.doctor_settings` (the environment,
-the versions) and :mod:`.doctor_folder` (the cache folder); :mod:`.findings` holds what each check returns.
 """
 
 from __future__ import annotations
@@ -42,12 +31,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .doctor_folder import examine_folder, modules_cache_findings
+from .doctor_folder import StoreState, examine_folder, examine_store, modules_cache_findings
 from .doctor_runtime import process_umask, read_only_online_findings, umask_findings
-from .doctor_store import StoreState, examine_store
-from .doctor_settings import (alias_findings, cache_setting_findings, installed_versions, legacy_cache_findings,
-                              offline_mode_findings, version_findings)
-from .findings import SEVERITIES, Finding
+from .doctor_settings import (SEVERITIES, Finding, alias_findings, cache_setting_findings, installed_versions,
+                              legacy_cache_findings, offline_mode_findings, version_findings)
 from ..cache.root import resolve_cache_dir
 
 
@@ -99,15 +86,12 @@ class DoctorReport:
 
 
 def hub_cache_setting(environ: Mapping[str, str]) -> tuple[Path, str]:
-    """The cache huggingface_hub uses in ``environ`` and the variable that chose it.
+    """(absolute path, source): the cache huggingface_hub uses in ``environ`` and the variable that chose it
+    (``HF_HUB_CACHE``, ``HUGGINGFACE_HUB_CACHE``, ``HF_HOME``, ``XDG_CACHE_HOME`` or ``default``).
 
-    Mirrors huggingface_hub 2.4.0 ``constants.py`` (``HF_HOME``, ``HUGGINGFACE_HUB_CACHE``, ``HF_HUB_CACHE``, each
-    through ``os.getenv(name, default)``, then ``expandvars(expanduser(...))``) and ``file_download.py``
-    (``Path(cache_dir).expanduser().resolve()``): a variable set to the empty string is *set*.
-
-    Returns:
-        (absolute path, source) with source ``HF_HUB_CACHE``, ``HUGGINGFACE_HUB_CACHE``, ``HF_HOME``,
-        ``XDG_CACHE_HOME`` or ``default``.
+    Mirrors huggingface_hub 2.4.0 ``constants.py`` (each through ``os.getenv(name, default)``, then
+    ``expandvars(expanduser(...))``) and ``file_download.py`` (``Path(cache_dir).expanduser().resolve()``): a
+    variable set to the empty string is *set*.
     """
     def expand(value: str) -> str:
         return os.path.expandvars(os.path.expanduser(value))
@@ -124,15 +108,8 @@ def hub_cache_setting(environ: Mapping[str, str]) -> tuple[Path, str]:
 
 
 def doctor(cache_dir: str | os.PathLike[str] | None = None, environ: Mapping[str, str] | None = None) -> DoctorReport:
-    """Examine the environment and the cache.
-
-    Args:
-        cache_dir: the cache to examine (default: the effective one); it is also compared with the effective one.
-        environ: the environment to judge (default: ``os.environ``).
-
-    Returns:
-        DoctorReport; ``exit_code`` is 1 when any finding is an error.
-    """
+    """Examine ``environ`` (default: ``os.environ``) and ``cache_dir`` (default: the effective cache; else compared
+    with it). The report's ``exit_code`` is 1 when any finding is an error."""
     env = dict(os.environ if environ is None else environ)
     findings: list[Finding] = []
     effective, source = hub_cache_setting(env)
@@ -155,18 +132,39 @@ def doctor(cache_dir: str | os.PathLike[str] | None = None, environ: Mapping[str
     if folder.owner_uid is not None:  # the cache exists and this user reaches it
         findings += read_only_online_findings(cache, folder.repos, offline=offline, read_only_fs=folder.read_only_fs)
     findings += umask_findings(cache, env, offline, umask)
-    from .doctor_enforce import enforcement_findings  # forks a probe child: only when doctor runs
-
     findings += enforcement_findings()
     store = None
     if os.path.isdir(cache):  # False, not PermissionError, where this user cannot reach it
         store, store_findings = examine_store(cache, env)
         findings += store_findings
-    order = {s: i for i, s in enumerate(SEVERITIES)}
-    findings.sort(key=lambda f: order[f.severity])
+    findings.sort(key=lambda f: SEVERITIES.index(f.severity))
     return DoctorReport(
         cache_dir=str(cache), effective_cache_dir=str(effective), cache_source=source, offline=offline,
         uid=uid, gid=gid, groups=groups, owner_uid=folder.owner_uid, owner_gid=folder.owner_gid,
         writable=folder.writable, read_only_fs=folder.read_only_fs, symlinks=folder.symlinks,
         free_bytes=folder.free_bytes, versions=versions, findings=tuple(findings),
         shared_store=store, umask=umask)
+
+
+def enforcement_findings() -> list[Finding]:
+    """``offline.network_filter``: info when the process-tree filter (``exec --no-network``, :mod:`.sandbox`) loads
+    and is in force in a forked child (never in this process: a filter cannot be removed), else a warning with the
+    reason (``exec --no-network`` would refuse to start); plus ``offline.network_filter_active`` (info) when this
+    process already cannot create IP sockets. The Python guard needs nothing from the kernel: not reported."""
+    from .sandbox import probe_filter  # forks a probe child: only when doctor runs
+
+    probe = probe_filter()
+    label = "process-tree network filter (exec --no-network)"
+    if probe.available:
+        findings = [Finding("offline.network_filter", "info", f"{label}: available ({probe.detail})")]
+    else:
+        findings = [Finding(
+            "offline.network_filter", "warning", f"{label}: unavailable: {probe.detail}",
+            fix="exec --no-network refuses to start here; install libseccomp (libseccomp2), and in a container "
+                "allow seccomp(2)/prctl(2) (e.g. the runtime's default seccomp profile, not one that blocks them); "
+                "else rely on the Python guard and a NetworkPolicy (docs/offline.md)")]
+    if probe.already_denied:
+        findings.append(Finding("offline.network_filter_active", "info",
+                                "this process cannot create IP sockets: a network filter is in force "
+                                "(exec --no-network or a sandbox like it)"))
+    return findings

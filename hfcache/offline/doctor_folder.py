@@ -1,6 +1,13 @@
 """``hfcache doctor``'s checks of the cache folder, as the current user: present, reachable, readable, writable (and
-why not: owner, read-only filesystem, group sharing, flock), planted links, symlink support, free space, and the
-folder transformers copies custom code into (the list, with the sources followed: :mod:`hfcache.offline.doctor`)."""
+why not: owner, read-only filesystem, group sharing, flock), planted links, symlink support, free space, the folder
+transformers copies custom code into, and huggingface_hub 2.4's shared Xet blob store (the list, with the sources
+followed: :mod:`hfcache.offline.doctor`).
+
+The store (``utils/_shared_blobs.py``): ``<cache>/blobs`` with its marker ``.huggingface-shared-blobs``, its payloads
+and bytes, and whether ``HF_HUB_DISABLE_SHARED_BLOBS``/``HF_HUB_DISABLE_XET`` turn it off (``constants.py``,
+``shared_blobs_enabled``). It is read through folder descriptors from the cache root
+(:mod:`hfcache.cache.shared_store`): no link is followed; a link, FIFO or folder named like a payload is reported.
+"""
 
 from __future__ import annotations
 
@@ -13,16 +20,18 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .findings import Finding, is_true
+from .doctor_settings import Finding, is_true
 from ..bounds import MAX_TREE_DEPTH
 from ..cache import safefs
 from ..cache.access import flock_check, outsider_check, reach_check, share_recipe, sharing_checks, write_checks
-from ..cache.fsops import walk_tree
+from ..cache.fsops import create_at, open_dir_at, walk_tree
+from ..cache.shared_store import DISABLING_VARIABLES, MARKER, STORE_DIR, StoreProblem, open_store_dir
 from ..errors import HfcacheError
+from ..names import is_sha256
 
 #: Below this much free space a cache cannot take a model (or a few more tokenizers).
 LOW_DISK_BYTES = 1 << 30
-_UNREADABLE_SHOWN = 3
+_SHOWN = 3
 _SNAPSHOT_DEPTH = 3  # <repo folder>/snapshots/<commit>: where a repo's own tree starts below the cache root
 
 
@@ -38,17 +47,28 @@ class _Folder:
     repos: list = field(default_factory=list)  #: the cache's RepoInfo records (cache/scan.py), when it could be listed
 
 
-def _nearest_existing(path: Path) -> Path:
-    while not os.path.exists(path) and path != path.parent:
-        path = path.parent
-    return path
+def _finding(check) -> Finding:
+    """A :mod:`hfcache.cache.access` check result as a finding."""
+    return Finding(check.code, check.severity, check.message, check.fix)
+
+
+def _more(items: list, shown: int = _SHOWN) -> str:
+    return f" (and {len(items) - shown} more)" if len(items) > shown else ""
 
 
 def examine_folder(cache: Path, env: dict[str, str], offline: bool, uid: int | None, gid: int | None,
-                    groups: tuple[int, ...]) -> _Folder:
+                   groups: tuple[int, ...]) -> _Folder:
     """The cache folder as the current user finds it (findings in the order doctor reports them)."""
     out = _Folder()
-    _probe_filesystem(cache, out)
+    base = cache
+    while not os.path.exists(base) and base != base.parent:
+        base = base.parent  # free space and read-only flag of the nearest existing parent's filesystem
+    with contextlib.suppress(OSError):
+        out.free_bytes = shutil.disk_usage(base).free
+    try:
+        out.read_only_fs = bool(os.statvfs(base).f_flag & os.ST_RDONLY)
+    except (OSError, AttributeError):
+        out.read_only_fs = None
     try:
         os.stat(cache)
     except FileNotFoundError:
@@ -59,7 +79,7 @@ def examine_folder(cache: Path, env: dict[str, str], offline: bool, uid: int | N
         pass  # cannot even be reached: reach_check says by whom
     unreachable = reach_check(cache, uid, groups) if uid is not None else None
     if unreachable is not None:
-        out.findings.append(Finding(unreachable.code, unreachable.severity, unreachable.message, unreachable.fix))
+        out.findings.append(_finding(unreachable))
         return out
     if not cache.is_dir():
         out.findings.append(Finding("cache.not_dir", "error", f"the cache {cache} is not a folder",
@@ -70,39 +90,33 @@ def examine_folder(cache: Path, env: dict[str, str], offline: bool, uid: int | N
     owners = _content_findings(cache, uid, out)
     _access_findings(cache, st, owners, offline, uid, gid, groups, out)
     _symlink_findings(cache, env, out)
-    _disk_findings(out)
+    if out.free_bytes is not None:
+        free = _human(out.free_bytes)
+        if out.free_bytes < LOW_DISK_BYTES and out.writable:
+            out.findings.append(Finding("disk.low", "warning",
+                                        f"only {free} free on the cache's filesystem: warming more fails with "
+                                        "'no space left'", "free space or move the cache (HF_HUB_CACHE)"))
+        else:
+            out.findings.append(Finding("disk.free", "info", f"{free} free on the cache's filesystem"))
     return out
-
-
-def _probe_filesystem(cache: Path, out: _Folder) -> None:
-    """Free space and read-only flag of the cache's filesystem (its nearest existing parent's)."""
-    base = _nearest_existing(cache)
-    try:
-        usage = shutil.disk_usage(base)
-        out.free_bytes = usage.free
-    except OSError:
-        usage = None
-    try:
-        out.read_only_fs = bool(os.statvfs(base).f_flag & os.ST_RDONLY)
-    except (OSError, AttributeError):
-        out.read_only_fs = None
 
 
 def _content_findings(cache: Path, uid: int | None, out: _Folder) -> set[int]:
     """No repo, planted links, entries this user cannot read; returns the owners of the cache's entries."""
-    repos = [p for p in _listdir(cache) if "--" in p and not p.startswith(".")]
-    if not repos:
+    try:
+        names = os.listdir(cache)
+    except OSError:
+        names = []
+    if not [p for p in names if "--" in p and not p.startswith(".")]:
         out.findings.append(Finding("cache.empty", "warning", f"the cache {cache} holds no repo",
                                     f"warm it: hfcache warm REPO_ID... --cache-dir {cache}"))
     out.findings += _unsafe_findings(cache, out)
     unreadable, owners = _walk_access(cache)
     if unreadable:
-        shown = ", ".join(unreadable[:_UNREADABLE_SHOWN]) + (
-            f" (and {len(unreadable) - _UNREADABLE_SHOWN} more)" if len(unreadable) > _UNREADABLE_SHOWN else "")
         out.findings.append(Finding(
             "cache.unreadable", "error",
             f"{len(unreadable)} entr{'y' if len(unreadable) == 1 else 'ies'} of the cache cannot be read by uid {uid}: "
-            f"{shown}; loads fail with PermissionError",
+            f"{', '.join(unreadable[:_SHOWN])}{_more(unreadable)}; loads fail with PermissionError",
             f"make the cache world-readable in the image (chmod -R a+rX {cache}) or chown it to the runtime user"))
     return owners
 
@@ -124,7 +138,7 @@ def _access_findings(cache: Path, st: os.stat_result, owners: set[int], offline:
                ", but offline mode is off, so huggingface_hub will try to download into it and fail"),
             None if offline else "export HF_HUB_OFFLINE=1 (hfcache env)"))
     elif not access_w and uid is not None and (outsider := outsider_check(cache, uid, groups)) is not None:
-        out.findings.append(Finding(outsider.code, outsider.severity, outsider.message, outsider.fix))
+        out.findings.append(_finding(outsider))
     elif not access_w:
         # A cache whose entries have several owners is shared: a chown -R would lock the others out.
         fix = (share_recipe(cache, st.st_gid, None if st.st_gid in groups else uid) if len(owners) > 1 else
@@ -139,7 +153,7 @@ def _access_findings(cache: Path, st: os.stat_result, owners: set[int], offline:
         out.findings.append(Finding("cache.writable", "info", f"the cache is writable ({owner_note})"))
         # Writable at the root is not enough: as this user, can it create in .locks/ and in every repo folder?
         checks = [*write_checks(cache, uid, groups), *sharing_checks(cache), flock_check(cache)]
-        out.findings += [Finding(c.code, c.severity, c.message, c.fix) for c in checks if c is not None]
+        out.findings += [_finding(c) for c in checks if c is not None]
 
 
 def _symlink_findings(cache: Path, env: dict[str, str], out: _Folder) -> None:
@@ -160,102 +174,75 @@ def _symlink_findings(cache: Path, env: dict[str, str], out: _Folder) -> None:
         out.findings.append(Finding("cache.symlinks", "info", "symlinks are supported on the cache's filesystem"))
 
 
-def _disk_findings(out: _Folder) -> None:
-    """Free space on the cache's filesystem: low when under :data:`LOW_DISK_BYTES` and the cache is writable."""
-    if out.free_bytes is not None:
-        free = _human(out.free_bytes)
-        if out.free_bytes < LOW_DISK_BYTES and out.writable:
-            out.findings.append(Finding("disk.low", "warning",
-                                        f"only {free} free on the cache's filesystem: warming more fails with "
-                                        "'no space left'", "free space or move the cache (HF_HUB_CACHE)"))
-        else:
-            out.findings.append(Finding("disk.free", "info", f"{free} free on the cache's filesystem"))
-
-
 def modules_cache_findings(cache: Path, env: Mapping[str, str]) -> list[Finding]:
-    """Custom code in the cache versus the folder transformers copies it into (``HF_MODULES_CACHE``, see
-    :mod:`hfcache.warming.modules_cache`): an error when a cached repo's ``auto_map`` names code and that folder cannot be
-    written (every such load then fails with PermissionError; a warning when it already holds every copy, see
-    ``modules_cache.holds_code``); a warning per config no parser can read; nothing when no cached repo has custom
-    code."""
-    from ..warming.modules_cache import custom_code_repos
+    """Custom code in the cache versus the folder transformers copies it into (``HF_MODULES_CACHE``,
+    :mod:`hfcache.warming.modules_cache`): ``modules.unwritable`` (error) when a cached repo's ``auto_map`` names
+    code and that folder cannot be written, ``modules.readonly`` (warning) when it already holds every copy
+    (``holds_code``), ``modules.writable`` (info); ``config.unparsable`` (warning) per config no parser reads;
+    nothing when no cached repo has custom code."""
+    from ..warming.modules_cache import can_create, custom_code_repos, holds_code, modules_cache
 
     found = custom_code_repos(cache) if os.path.isdir(cache) else []  # no PermissionError (Path.is_dir raises)
     findings = [Finding("config.unparsable", "warning", f"{r.repo_id}@{r.commit_hash[:12]}: {r.error}: its loads fail",
                         "fix or re-warm the repo (hfcache verify --repair), or remove it (hfcache prune)")
                 for r in found if r.error]
     repos = [r for r in found if not r.error]
-    return findings + (_modules_findings(repos, env) if repos else [])
-
-
-def _modules_findings(repos: list, env: Mapping[str, str]) -> list[Finding]:
-    from ..warming.modules_cache import can_create, holds_code, modules_cache
-
+    if not repos:
+        return findings
     path, explicit = modules_cache(env)
     names = sorted({r.repo_id for r in repos})
-    shown = ", ".join(names[:3]) + (f" (and {len(names) - 3} more)" if len(names) > 3 else "")
+    shown = ", ".join(names[:3]) + _more(names, 3)
     where = f"{path} ({'HF_MODULES_CACHE' if explicit else 'default: $HF_HOME/modules'})"
     if can_create(path):
-        return [Finding("modules.writable", "info",
-                        f"{len(names)} cached repo(s) run custom code ({shown}); transformers copies it into {where}, "
-                        "which is writable")]
+        return findings + [Finding(
+            "modules.writable", "info", f"{len(names)} cached repo(s) run custom code ({shown}); transformers copies "
+            f"it into {where}, which is writable")]
     fix = ("HF_MODULES_CACHE is set explicitly (hfcache exec keeps it): point it at a writable folder, e.g. an "
            "emptyDir, or unset it so hfcache exec can choose one") if explicit else (
            "run the application with `hfcache exec` (it points HF_MODULES_CACHE at a private temporary "
            "folder), or export HF_MODULES_CACHE=<a writable folder, e.g. an emptyDir>")
     if all(holds_code(path, r) for r in repos):
-        return [Finding("modules.readonly", "warning",
-                        f"{len(names)} cached repo(s) run custom code ({shown}); transformers cannot write its modules "
-                        f"cache {where}, but it already holds their code: loads work until a repo or revision is added",
-                        fix)]
-    return [Finding("modules.unwritable", "error",
-                    f"{len(names)} cached repo(s) run custom code (auto_map: {shown}), and transformers cannot write "
-                    f"its modules cache {where}: every trust_remote_code load fails with PermissionError", fix)]
+        return findings + [Finding(
+            "modules.readonly", "warning", f"{len(names)} cached repo(s) run custom code ({shown}); transformers "
+            f"cannot write its modules cache {where}, but it already holds their code: loads work until a repo or "
+            "revision is added", fix)]
+    return findings + [Finding(
+        "modules.unwritable", "error", f"{len(names)} cached repo(s) run custom code (auto_map: {shown}), and "
+        f"transformers cannot write its modules cache {where}: every trust_remote_code load fails with "
+        "PermissionError", fix)]
 
 
 def _unsafe_findings(cache: Path, out: _Folder) -> list[Finding]:
     """Errors for planted links: a symlinked ``.locks`` (doctor's probes never write through it) and each repo whose
-    layout scan flags unsafe (a symlinked ``blobs/``, ``snapshots/<commit>``, ref, ``.no_exist/<commit>``...):
-    hfcache leaves those alone and doctor reads no config through them. The scan's repos are kept in ``out.repos``
-    (the runtime checks of :mod:`.doctor_runtime` read their refs: one scan per doctor run)."""
+    layout scan flags unsafe or too deep; doctor reads no config through them. Keeps the scan's repos in
+    ``out.repos`` (one scan per doctor run: :mod:`.doctor_runtime` reads their refs)."""
     from ..cache.access import unsafe_locks_check
     from ..cache.scan import TOO_DEEP, scan_cache
 
-    found = []
     locks = unsafe_locks_check(cache)
-    if locks is not None:
-        found.append(Finding(locks.code, locks.severity, locks.message, locks.fix))
-    try:  # planted links, and snapshot folder chains deeper than MAX_TREE_DEPTH (not read below)
+    found = [] if locks is None else [_finding(locks)]
+    try:
         out.repos = list(scan_cache(cache).repos)
-        unsafe = [(r, r.unsafe or tuple(p for p in r.problems if p.endswith(TOO_DEEP))) for r in out.repos]
     except HfcacheError:
         return found  # cannot be listed: reach_check and the access walk report it
+    unsafe = [(r, r.unsafe or tuple(p for p in r.problems if p.endswith(TOO_DEEP))) for r in out.repos]
     unsafe = [(r, parts) for r, parts in unsafe if parts]
     if unsafe:
-        shown = "; ".join(f"{r.folder}: {', '.join(parts)}" for r, parts in unsafe[:_UNREADABLE_SHOWN])
-        more = f" (and {len(unsafe) - _UNREADABLE_SHOWN} more)" if len(unsafe) > _UNREADABLE_SHOWN else ""
+        shown = "; ".join(f"{r.folder}: {', '.join(parts)}" for r, parts in unsafe[:_SHOWN])
         found.append(Finding("cache.unsafe_layout", "error",
                              f"{len(unsafe)} repo folder(s) hold planted links, files where folders belong or folder "
                              f"chains deeper than {MAX_TREE_DEPTH} levels: "
-                             f"{shown}{more}; hfcache leaves them alone (check fails them, export refuses them)",
-                             "remove the symlink or file (or the repo folder) and re-warm the repo"))
+                             f"{shown}{_more(unsafe)}; hfcache leaves them alone (check fails them, export refuses "
+                             "them)", "remove the symlink or file (or the repo folder) and re-warm the repo"))
     return found
 
 
-def _listdir(path: Path) -> list[str]:
-    try:
-        return os.listdir(path)
-    except OSError:
-        return []
-
-
 def _walk_access(cache: Path) -> tuple[list[str], set[int]]:
-    """Entries the current user cannot read (folders: list and enter) and the set of owners, without following
-    symlinks out of the cache (a snapshot link is checked through its blob, which the walk visits too)."""
+    """Entries the current user cannot read (folders: list and enter) and the set of owners, following no link (a
+    snapshot link is checked through its blob, which the walk visits too); bounded, a deeper chain is the layout
+    scan's (:func:`_unsafe_findings`)."""
     unreadable: list[str] = []
     owners: set[int] = set()
-    # Bounded and iterative (os.walk recurses per level on Python 3.11: a planted 1,000-level chain was exit 70);
-    # a snapshot chain deeper than the bound is reported by the layout scan (_unsafe_findings).
     for root, dirs, files in walk_tree(cache, max_depth=MAX_TREE_DEPTH + _SNAPSHOT_DEPTH, onerror=lambda exc:
                                        unreadable.append(os.path.relpath(exc.filename, cache) if exc.filename
                                                          else str(exc))):
@@ -268,65 +255,163 @@ def _walk_access(cache: Path) -> tuple[list[str], set[int]]:
             owners.add(st.st_uid)
             if stat.S_ISLNK(st.st_mode):
                 continue
-            mode = os.R_OK | (os.X_OK if stat.S_ISDIR(st.st_mode) else 0)
-            if not os.access(path, mode):
+            if not os.access(path, os.R_OK | (os.X_OK if stat.S_ISDIR(st.st_mode) else 0)):
                 unreadable.append(os.path.relpath(path, cache))
     return sorted(set(unreadable)), owners
 
 
 def _symlink_support(cache: Path, writable: bool | None) -> bool | None:
-    """Probe like huggingface_hub's ``are_symlinks_supported`` when the cache is writable; otherwise judge from what
-    the cache holds (a snapshot entry that is a symlink proves support; None when nothing tells).
+    """Probe like huggingface_hub's ``are_symlinks_supported`` when the cache is writable; else a snapshot entry
+    that is a symlink proves support (None when nothing tells).
 
-    The probe folder is made, filled and removed relative to descriptors (the root's, then its own, opened with
-    ``O_NOFOLLOW``): in a group-writable root a member can rename it away and put a link in its place, and a path
-    rebuilt afterwards would then write wherever that link points."""
-    if writable:
-        try:
-            return _probe_symlinks(cache)
-        except OSError:
-            return None
-    for snapshots in cache.glob("*--*/snapshots"):
-        for root, _dirs, names in walk_tree(snapshots):  # bounded: no rglob recursion through a planted chain
-            if any(os.path.islink(os.path.join(root, name)) for name in names):
-                return True
-    return None
-
-
-def _probe_symlinks(cache: Path) -> bool:
-    """Create ``.hfcache-doctor-<random>/{src,dst -> src}`` below the cache root through folder descriptors and
-    remove it; True when the symlink could be made.
-
-    Raises:
-        OSError: the probe folder could not be made or opened (a link swapped in is refused, ``ELOOP``).
-    """
-    name = f".hfcache-doctor-{uuid.uuid4().hex}"
-    with safefs.dir_fd(cache) as root_fd:
-        os.mkdir(name, 0o700, dir_fd=root_fd)
-        try:
-            probe = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=root_fd)
-            try:
-                os.close(os.open("src", os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600, dir_fd=probe))
-                try:
-                    os.symlink("src", "dst", dir_fd=probe)
+    The probe ``.hfcache-doctor-<random>/{src,dst -> src}`` is made and removed relative to folder descriptors: in a
+    group-writable root a member can swap it for a link, and a path rebuilt afterwards would write through it."""
+    if not writable:
+        for snapshots in cache.glob("*--*/snapshots"):
+            for root, _dirs, names in walk_tree(snapshots):  # bounded: no rglob recursion through a planted chain
+                if any(os.path.islink(os.path.join(root, name)) for name in names):
                     return True
-                except OSError:
-                    return False
+        return None
+    name = f".hfcache-doctor-{uuid.uuid4().hex}"
+    try:
+        with safefs.dir_fd(cache) as root_fd:
+            os.mkdir(name, 0o700, dir_fd=root_fd)
+            try:
+                probe = open_dir_at(root_fd, name)  # a link swapped in is refused (ELOOP)
+                try:
+                    os.close(create_at(probe, "src", 0o600))
+                    try:
+                        os.symlink("src", "dst", dir_fd=probe)
+                        return True
+                    except OSError:
+                        return False
+                finally:
+                    for entry in ("dst", "src"):
+                        with contextlib.suppress(OSError):
+                            os.unlink(entry, dir_fd=probe)
+                    os.close(probe)
             finally:
-                for entry in ("dst", "src"):
-                    with contextlib.suppress(OSError):
-                        os.unlink(entry, dir_fd=probe)
-                os.close(probe)
-        finally:
-            with contextlib.suppress(OSError):
-                os.rmdir(name, dir_fd=root_fd)
+                with contextlib.suppress(OSError):
+                    os.rmdir(name, dir_fd=root_fd)
+    except OSError:
+        return None
 
 
 def _human(n: int) -> str:
     value = float(n)
     for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
         if value < 1024 or unit == "TiB":
-            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
+            break
         value /= 1024
-    return f"{value:.1f} TiB"
+    return f"{value:.0f} B" if unit == "B" else f"{value:.1f} {unit}"
 
+
+# ------------------------------------------------------------------------------------------------ the shared store
+
+
+@dataclass(frozen=True)
+class StoreState:
+    """The shared store of a cache, as doctor found it (``doctor --json``'s ``shared_store``).
+
+    Attributes:
+        path (str): ``<cache>/blobs``. present (bool): something is there (a folder, or a link or file in its place).
+        marked (bool): a real folder with the marker huggingface_hub writes (``"1\\n"``): the library uses it.
+        payloads (int), payload_bytes (int): regular files named by a 64-hex Xet hash under their 2-hex prefix
+            folder, and their sizes summed.
+        problems (tuple[str, ...]): at most a few things not as the library writes them (no marker, a link or FIFO
+            in place of a prefix folder or payload).
+        disabling_variables (dict[str, str]): ``HF_HUB_DISABLE_SHARED_BLOBS``/``HF_HUB_DISABLE_XET`` as set.
+        enabled (bool): huggingface_hub would use the store here (neither variable reads as true).
+    """
+
+    path: str
+    present: bool
+    marked: bool
+    payloads: int
+    payload_bytes: int
+    problems: tuple[str, ...]
+    disabling_variables: dict[str, str]
+    enabled: bool
+
+
+def examine_store(cache: Path, env: Mapping[str, str]) -> tuple[StoreState, list[Finding]]:
+    """The store of ``cache`` and what doctor says about it (``store.present``, ``store.disabled``,
+    ``store.unusable``, ``store.hostile``)."""
+    set_vars = {name: env[name] for name in DISABLING_VARIABLES if name in env}
+    disabled = [name for name, value in set_vars.items() if is_true(value)]
+    path = cache / STORE_DIR
+    count, size, problems = 0, 0, []
+    try:
+        store_fd = open_store_dir(cache)
+    except FileNotFoundError:
+        store_fd = None
+    except (OSError, StoreProblem) as exc:
+        store_fd = None
+        problems.append(str(exc))
+    if store_fd is not None:
+        try:
+            count, size = _payloads(store_fd, path, problems)
+        finally:
+            os.close(store_fd)
+    state = StoreState(path=str(path), present=os.path.lexists(path), marked=store_fd is not None, payloads=count,
+                       payload_bytes=size, problems=tuple(problems[:_SHOWN]), disabling_variables=set_vars,
+                       enabled=not disabled)
+    return state, _store_findings(state, disabled)
+
+
+def _payloads(store_fd: int, path: Path, problems: list[str]) -> tuple[int, int]:
+    """(count, bytes) of the payloads below the store's fd; entries of the wrong kind go to ``problems``."""
+    count = size = 0
+    try:
+        with os.scandir(store_fd) as it:
+            prefixes = [e.name for e in it if len(e.name) == 2 and all(c in "0123456789abcdef" for c in e.name)]
+    except OSError as exc:
+        problems.append(f"{path} cannot be listed ({exc.strerror})")
+        return 0, 0
+    for prefix in sorted(prefixes):
+        try:
+            prefix_fd = open_dir_at(store_fd, prefix)
+        except OSError:
+            problems.append(f"{path}/{prefix} is a symlink or not a folder")
+            continue
+        try:
+            with os.scandir(prefix_fd) as it:
+                for e in it:
+                    if not is_sha256(e.name) or not e.name.startswith(prefix):
+                        continue
+                    st = e.stat(follow_symlinks=False)
+                    if stat.S_ISREG(st.st_mode):
+                        count += 1
+                        size += st.st_size
+                    else:
+                        problems.append(f"{path}/{prefix}/{e.name} is not a regular file (a link, FIFO or folder)")
+        except OSError as exc:
+            problems.append(f"{path}/{prefix} cannot be listed ({exc.strerror})")
+        finally:
+            os.close(prefix_fd)
+    return count, size
+
+
+def _store_findings(state: StoreState, disabled: list[str]) -> list[Finding]:
+    findings = []
+    if state.marked:
+        findings.append(Finding("store.present", "info",
+                                f"shared Xet blob store {state.path}: {state.payloads} payload(s), "
+                                f"{state.payload_bytes} bytes (huggingface_hub 2.4 keeps each Xet file once per "
+                                "cache; repo blobs link to it)"))
+    elif state.present:
+        findings.append(Finding("store.unusable", "warning",
+                                f"{state.path} is not a shared blob store huggingface_hub uses: "
+                                f"{'; '.join(state.problems) or 'no ' + MARKER}",
+                                f"remove {state.path} if nothing there is yours (huggingface_hub never adopts an "
+                                "unmarked folder)"))
+    if state.marked and state.problems:
+        findings.append(Finding("store.hostile", "warning",
+                                f"entries of the shared store that are not what huggingface_hub writes: "
+                                f"{'; '.join(state.problems)}", "remove them; hfcache never follows them"))
+    if disabled:
+        shown = ", ".join(f"{name}={state.disabling_variables[name]}" for name in disabled)
+        findings.append(Finding("store.disabled", "info",
+                                f"{shown}: huggingface_hub does not use the shared Xet blob store in this environment "
+                                "(new downloads are plain repo blobs; links already in the cache still load)"))
+    return findings

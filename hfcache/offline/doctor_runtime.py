@@ -2,19 +2,17 @@
 
 - ``cache.read_only_online`` (error): the cache is read-only to this process (a read-only filesystem, or folders
   this user cannot write), offline mode is off, and a cached repo is known by a movable revision (a ref under
-  ``refs/``: a branch, a tag or ``pr/N``; the cache cannot tell a tag from a branch, and the Hub lets both move).
-  Online, huggingface_hub asks the Hub what the revision points at; once upstream moves it downloads the new
-  commit into the cache, which fails: ``OSError [Errno 30] Read-only file system``, which transformers 5.24 re-raises
-  instead of returning the stale cached file (huggingface/transformers#47852, ``utils/hub.py cached_files``), or a
-  ``PermissionError``. A cache holding only commit-pinned snapshots (warmed as ``REPO@COMMIT``: no ref) is loaded by
-  commit, which never asks the Hub (``file_download.py``: a commit revision whose file is cached returns at once).
+  ``refs/``: branch, tag or ``pr/N``; the Hub lets each move). Online, huggingface_hub asks the Hub what it points
+  at; once upstream moves, the download of the new commit into the cache fails (``OSError [Errno 30]``, which
+  transformers 5.24 re-raises instead of returning the stale cached file: huggingface/transformers#47852,
+  ``utils/hub.py cached_files``; or ``PermissionError``). A commit-pinned snapshot (``REPO@COMMIT``: no ref) never
+  asks the Hub (``file_download.py``).
 - ``umask.not_shared`` (warning): this process's umask drops a write bit a group-shared folder it writes into hands
-  on (the shared-cache recipe of :mod:`hfcache.cache.sharing`: a group- or world-writable root), so what it creates
-  there (huggingface_hub folders and blobs follow the umask, as do transformers' custom-code copies and datasets'
-  files) cannot be written by the other members, whose next download of that repo fails with PermissionError
-  (huggingface/datasets#7900). hfcache's own commands share what they create whatever the umask; the application
-  does not. The hub cache counts only when online (offline, huggingface_hub writes nothing there); the modules,
-  datasets and Xet folders always. Offline with only the hub cache shared: ``umask.not_shared_offline`` (info).
+  on (:mod:`hfcache.cache.sharing`), so what it creates there (huggingface_hub folders and blobs, transformers'
+  custom-code copies, datasets' files) the other members cannot write, and their next download of that repo fails
+  (huggingface/datasets#7900). hfcache's own commands share what they create whatever the umask. The hub cache
+  counts only online; the modules, datasets and Xet folders always. Offline with only the hub cache shared:
+  ``umask.not_shared_offline`` (info).
 
 Reads only: ``os.access``, ``os.stat`` and ``/proc/self/status``.
 """
@@ -26,9 +24,9 @@ import stat
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from ..names import is_commit
-from .findings import Finding
+from .doctor_settings import Finding
 from ..cache.sharing import policy_of
+from ..names import is_commit
 
 __all__ = ["process_umask", "read_only_online_findings", "umask_findings"]
 
@@ -37,18 +35,14 @@ _WRITE = os.W_OK | os.X_OK
 
 
 def process_umask() -> int | None:
-    """This process's umask (e.g. ``0o022``), or None when it cannot be read.
+    """This process's umask (e.g. ``0o022``), or None when it cannot be read: ``/proc/self/status`` ``Umask:``
+    (Linux 4.7+), else ``os.umask`` set and restored at once (library gap: no read-only umask call; a file another
+    thread creates in that instant gets mode bits masked by ``0o077``, never looser ones)."""
+    from .sandbox import proc_status
 
-    Read from ``/proc/self/status`` (``Umask:``, Linux 4.7+), which changes nothing; elsewhere ``os.umask`` is set
-    and restored at once (library gap: Python has no read-only umask call; another thread creating a file in
-    that instant would get mode bits masked by ``0o077``, never looser ones).
-    """
     try:
-        with open("/proc/self/status", encoding="ascii", errors="replace") as status:
-            for line in status:
-                if line.startswith("Umask:"):
-                    return int(line.split()[1], 8)
-    except (OSError, ValueError, IndexError):
+        return int(proc_status()["Umask"], 8)
+    except (TypeError, KeyError, ValueError):
         pass
     try:
         previous = os.umask(0o077)
@@ -85,17 +79,9 @@ def _repo_writable(cache: Path, folder: str) -> bool:
 
 def read_only_online_findings(cache: Path, repos: Sequence, *, offline: bool,
                               read_only_fs: bool | None) -> list[Finding]:
-    """``cache.read_only_online`` (see the module docstring), or nothing.
-
-    Args:
-        cache (Path): the cache root (it exists and this user can reach it).
-        repos (Sequence[RepoInfo]): its repos as :func:`hfcache.cache.scan.scan_cache` read them.
-        offline (bool): huggingface_hub's offline mode in the judged environment.
-        read_only_fs (bool | None): the cache's filesystem is mounted read-only (``statvfs`` ``ST_RDONLY``).
-
-    Returns:
-        list[Finding]: one error naming the cache and up to 5 repos with their movable refs, or an empty list
-        (offline, the cache writable by this user, or no movable ref).
+    """``cache.read_only_online`` (module docstring): one error naming ``cache`` (it exists and this user reaches it)
+    and up to 5 of ``repos`` (:class:`hfcache.cache.scan.RepoInfo`) with their movable refs; nothing when
+    ``offline``, the cache is writable by this user, or no ref can move. ``read_only_fs``: ``statvfs`` ``ST_RDONLY``.
     """
     if offline:
         return []
@@ -154,17 +140,9 @@ def _dropped_bits(path: Path, umask: int) -> tuple[int, os.stat_result] | None:
 
 
 def umask_findings(cache: Path, env: Mapping[str, str], offline: bool, umask: int | None) -> list[Finding]:
-    """``umask.not_shared`` (warning) or ``umask.not_shared_offline`` (info), or nothing (see the module docstring).
-
-    Args:
-        cache (Path): the hub cache examined.
-        env (Mapping[str, str]): the judged environment (``HF_HOME``, ``HF_MODULES_CACHE``...).
-        offline (bool): huggingface_hub's offline mode in it.
-        umask (int | None): this process's umask (:func:`process_umask`); None: nothing is reported.
-
-    Returns:
-        list[Finding]: at most one finding, naming each shared folder whose group (or others) loses write.
-    """
+    """At most one of ``umask.not_shared`` (warning) or ``umask.not_shared_offline`` (info) (module docstring),
+    naming each shared folder whose group (or others) loses write; nothing when ``umask`` (:func:`process_umask`)
+    is None. ``env``: the judged environment (``HF_HOME``, ``HF_MODULES_CACHE``...); ``offline``: its mode."""
     if umask is None:
         return []
     hits, seen = [], set()

@@ -1,20 +1,54 @@
-"""``hfcache doctor``'s checks of the environment: which cache the settings choose, offline mode as huggingface_hub
-computes it, values it does not understand, telemetry and token flags, legacy cache variables, installed versions
-(the list, with the sources followed: :mod:`hfcache.offline.doctor`)."""
+"""What ``hfcache doctor`` reports (:class:`Finding`), and its checks of the environment: which cache the settings
+choose, offline mode as huggingface_hub computes it, values it does not understand, telemetry and token flags,
+legacy cache variables and aliases, installed versions (the sources followed: :mod:`hfcache.offline.doctor`).
+
+Booleans are read as huggingface_hub reads them (``constants.py``: ``ENV_VARS_TRUE_VALUES``, after ``.upper()``).
+"""
 
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 from pathlib import Path
 
-from .findings import FALSE_VALUES, TRUE_VALUES, Finding, is_true
-
+SEVERITIES = ("error", "warning", "info")
+TRUE_VALUES = {"1", "ON", "YES", "TRUE"}
+FALSE_VALUES = {"0", "OFF", "NO", "FALSE"}
 _PACKAGES = ("huggingface_hub", "transformers", "tokenizers", "hf_xet", "sentencepiece", "protobuf", "tiktoken")
 _LEGACY_TRANSFORMERS_CACHES = ("TRANSFORMERS_CACHE", "PYTORCH_TRANSFORMERS_CACHE", "PYTORCH_PRETRAINED_BERT_CACHE")
 
 
+@dataclass(frozen=True)
+class Finding:
+    """One thing doctor found.
+
+    Attributes:
+        code (str): stable identifier, e.g. ``offline.masked``.
+        severity (str): ``error``, ``warning`` or ``info``.
+        message (str): what is the case, and why it matters.
+        fix (str | None): what to do about it.
+    """
+
+    code: str
+    severity: str
+    message: str
+    fix: str | None = None
+
+
+def is_true(value: str | None) -> bool:
+    """Whether huggingface_hub reads ``value`` (a variable's value, None when unset) as true."""
+    return value is not None and value.upper() in TRUE_VALUES
+
+
+def _resolved(value: str, expand_vars: bool = True) -> Path:
+    """A cache variable's value as huggingface_hub makes it a folder (``expandvars(expanduser())``, then
+    ``Path.expanduser().resolve()``); empty is the working directory."""
+    value = os.path.expanduser(value or ".")
+    return Path(os.path.expandvars(value) if expand_vars else value).expanduser().resolve()
+
+
 def cache_setting_findings(env: dict[str, str], effective: Path, source: str, cache: Path,
-                            explicit: bool) -> list[Finding]:
+                           explicit: bool) -> list[Finding]:
     found = [Finding("cache.path", "info", f"huggingface_hub uses the cache {effective} (chosen by "
                      f"{'no setting: the default' if source == 'default' else source})")]
     for name in ("HF_HUB_CACHE", "HF_HOME", "HUGGINGFACE_HUB_CACHE", "XDG_CACHE_HOME"):
@@ -31,7 +65,7 @@ def cache_setting_findings(env: dict[str, str], effective: Path, source: str, ca
             f"{'the default' if source == 'default' else source}), not {cache}",
             f"export HF_HUB_CACHE={cache} (all the settings: hfcache env --cache-dir {cache})"))
     if "HF_HOME" in env and "HF_HUB_CACHE" in env and env["HF_HOME"].strip() and env["HF_HUB_CACHE"].strip():
-        home_hub = Path(os.path.expandvars(os.path.expanduser(env["HF_HOME"]))).expanduser().resolve() / "hub"
+        home_hub = _resolved(env["HF_HOME"]) / "hub"
         if home_hub != effective:
             found.append(Finding(
                 "env.home_mismatch", "warning",
@@ -92,7 +126,7 @@ def legacy_cache_findings(env: dict[str, str], effective: Path, versions: dict[s
         if name not in env:
             continue
         value = env[name]
-        target = Path(os.path.expandvars(os.path.expanduser(value or "."))).expanduser().resolve()
+        target = _resolved(value)
         if major is not None and major < 5:
             found.append(Finding("env.transformers_cache", "warning",
                                  f"{name}={value} is deprecated (transformers {versions['transformers']})",
@@ -107,8 +141,8 @@ def legacy_cache_findings(env: dict[str, str], effective: Path, versions: dict[s
             found.append(Finding("env.transformers_cache", "warning",
                                  f"{name}={value} is ignored by transformers 5; it happens to name the effective cache",
                                  f"unset {name}; HF_HUB_CACHE is the setting that counts"))
-    # HUGGINGFACE_HUB_CACHE beside HF_HUB_CACHE is the alias `hfcache env` prints for TGI, TEI and llama.cpp, which
-    # read it (hfcache.offline.aliases): fine when both name one cache; alias_findings reports them disagreeing.
+    # HUGGINGFACE_HUB_CACHE beside HF_HUB_CACHE is the alias `hfcache env` prints (TGI, TEI, llama.cpp read it):
+    # fine when both name one cache; alias_findings reports them disagreeing.
     if "HUGGINGFACE_HUB_CACHE" in env and "HF_HUB_CACHE" not in env:
         found.append(Finding("env.legacy_hub_cache", "warning",
                              "HUGGINGFACE_HUB_CACHE is a deprecated name (huggingface_hub still reads it, when "
@@ -118,20 +152,11 @@ def legacy_cache_findings(env: dict[str, str], effective: Path, versions: dict[s
     return found
 
 
-def _cache_path(value: str) -> Path:
-    return Path(os.path.expanduser(value or ".")).expanduser().resolve()
-
-
 def alias_findings(env: dict[str, str], effective: Path, offline: bool) -> list[Finding]:
-    """The other names runtimes read for the cache and for offline mode (:mod:`hfcache.offline.aliases`), set in
-    ``env`` and disagreeing with what huggingface_hub uses: ``env.alias_mismatch`` (a warning) for a cache alias
-    naming another folder than ``effective``, and for an offline alias set to a false value while ``offline`` is
-    on (``TRANSFORMERS_OFFLINE`` is :func:`offline_mode_findings`'s: huggingface_hub reads it itself).
-
-    Returns:
-        list[Finding]: one warning per disagreeing alias (an unset alias is no finding: not every image runs
-        those runtimes).
-    """
+    """``env.alias_mismatch`` (a warning) for each alias other runtimes read (:mod:`hfcache.offline.aliases`) set in
+    ``env`` and disagreeing with huggingface_hub: a cache alias naming another folder than ``effective``, an offline
+    alias not true while ``offline`` is on (``TRANSFORMERS_OFFLINE`` is :func:`offline_mode_findings`'s). An unset
+    alias is no finding: not every image runs those runtimes."""
     from .aliases import ALIASES
 
     found = []
@@ -139,7 +164,7 @@ def alias_findings(env: dict[str, str], effective: Path, offline: bool) -> list[
         if alias.name not in env or alias.name == "TRANSFORMERS_OFFLINE":
             continue
         value, readers = env[alias.name], "; ".join(alias.readers)
-        if alias.canonical == "HF_HUB_CACHE" and _cache_path(value) != effective:
+        if alias.canonical == "HF_HUB_CACHE" and _resolved(value, expand_vars=False) != effective:
             found.append(Finding(
                 "env.alias_mismatch", "warning",
                 f"{alias.name}={value} names another cache than the one huggingface_hub uses ({effective}): "
@@ -158,11 +183,10 @@ def installed_versions() -> dict[str, str | None]:
 
     found: dict[str, str | None] = {}
     for name in _PACKAGES:
-        try:
-            found[name] = metadata.version(name.replace("_", "-"))
-        except metadata.PackageNotFoundError:
+        for dist in dict.fromkeys((name.replace("_", "-"), name)):
             try:
-                found[name] = metadata.version(name)
+                found[name] = metadata.version(dist)
+                break
             except metadata.PackageNotFoundError:
                 found[name] = None
     return found
@@ -202,4 +226,3 @@ def version_findings(versions: dict[str, str | None]) -> list[Finding]:
                              f"not installed: {', '.join(missing)} (SentencePiece-only tokenizers need them)",
                              f"pip install {' '.join(missing)}"))
     return found
-

@@ -1,45 +1,29 @@
 """Offline at runtime: the environment that makes a process use only the cache, ``exec`` with a network guard, and
-the errors of offline use (also those of the Python API for applications, :mod:`hfcache.offline.api`).
+the errors of offline use (also those of :mod:`hfcache.offline.api`).
 
 The variables (checked against huggingface_hub 2.4.0 and transformers 5.24.0; why the libraries need them:
 docs/cache-layout.md, 'Traps the libraries leave'):
 
-==================================  ===========================================================================
-``HF_HUB_CACHE=<cache>``            where huggingface_hub (``constants.py``) and transformers (``utils/hub.py`` reads
-                                    ``constants.HF_HUB_CACHE``) look; it wins over ``HF_HOME``.
-``HF_HOME=<parent>``                only when the cache is a folder named ``hub``: then ``$HF_HOME/hub`` is the same
-                                    cache, so tools that derive it from ``HF_HOME`` agree (``hfcache doctor``).
-``HF_HUB_OFFLINE=1``                huggingface_hub refuses every HTTP request (``utils/_http.py`` request hook raises
-                                    ``OfflineModeIsEnabled``) and transformers loads with ``local_files_only``
-                                    (``utils/hub.py``: ``is_offline_mode()``): no ~3 requests per cached load, no hang
-                                    on an endpoint that never answers.
-``TRANSFORMERS_OFFLINE=1``          transformers 5 no longer reads it; huggingface_hub ``constants.py`` uses it when
-                                    ``HF_HUB_OFFLINE`` is unset (and older transformers read it).
-``HF_DATASETS_OFFLINE=1``           the ``datasets`` library's own flag.
-``HF_HUB_DISABLE_TELEMETRY=1``      no telemetry (``utils/_telemetry.py``), a plain user agent
-                                    (``utils/_headers.py``).
-``HF_HUB_DISABLE_UPDATE_CHECK=1``   no version checks by the ``hf`` CLI (``cli/_cli_utils.py``).
-``HF_HUB_DISABLE_IMPLICIT_TOKEN=1`` ``hf_hub_download`` builds auth headers even for a cached offline load
-                                    (``file_download.py``: ``build_hf_headers``), which reads the token file and may
-                                    refresh an OAuth login (a network call and a file write, ``utils/_auth.py``
-                                    ``_refresh_oauth_token_if_needed``); with this set, ``get_token_to_send``
-                                    (``utils/_headers.py``) skips all of it.
-``HF_MODULES_CACHE=<private tmp>``  only when the folder transformers copies ``trust_remote_code`` code into
-                                    (``HF_MODULES_CACHE``, default ``$HF_HOME/modules``: transformers
-                                    ``utils/hub.py``) cannot be written here, e.g. a read-only HOME; an explicit
-                                    ``HF_MODULES_CACHE`` is never replaced. See :mod:`hfcache.warming.modules_cache` for
-                                    the folder chosen (``<tmp>/hfcache-modules-<uid>``, mode 0700) and why.
-==================================  ===========================================================================
+- ``HF_HUB_CACHE=<cache>``: where huggingface_hub (``constants.py``) and transformers (``utils/hub.py``) look; it
+  wins over ``HF_HOME``. ``HF_HOME=<parent>`` only when the cache is a folder named ``hub`` (then ``$HF_HOME/hub`` is
+  the same cache, and tools that derive it from ``HF_HOME`` agree).
+- ``HF_HUB_OFFLINE=1``: huggingface_hub refuses every HTTP request (``utils/_http.py`` raises
+  ``OfflineModeIsEnabled``) and transformers loads with ``local_files_only`` (``is_offline_mode()``): no ~3 requests
+  per cached load, no hang on an endpoint that never answers.
+- ``HF_HUB_DISABLE_TELEMETRY=1``: no telemetry (``utils/_telemetry.py``), a plain user agent (``_headers.py``);
+  ``HF_HUB_DISABLE_UPDATE_CHECK=1``: no version checks by the ``hf`` CLI (``cli/_cli_utils.py``).
+- ``HF_HUB_DISABLE_IMPLICIT_TOKEN=1``: ``hf_hub_download`` builds auth headers even for a cached offline load
+  (``file_download.py``), reading the token file and perhaps refreshing an OAuth login (a network call and a file
+  write, ``utils/_auth.py``); with it, ``get_token_to_send`` (``utils/_headers.py``) skips all of it.
+- ``HF_MODULES_CACHE=<private tmp>`` only when the folder transformers copies ``trust_remote_code`` code into
+  (default ``$HF_HOME/modules``) cannot be written here, e.g. a read-only HOME; an explicit one is never replaced
+  (:mod:`hfcache.warming.modules_cache`).
 
-Left out on purpose: ``HF_HUB_DISABLE_XET`` (Xet is used only to download a file, after its metadata request,
-``file_download.py``, which offline mode never reaches), ``HF_HUB_ETAG_TIMEOUT``/``HF_HUB_DOWNLOAD_TIMEOUT`` (no
-request is made), ``HF_ENDPOINT`` (unused offline).
-
-Each variable is followed by the other names runtimes read for the same setting, with the same value
-(:mod:`hfcache.offline.aliases`, each checked in the source that reads it): ``HUGGINGFACE_HUB_CACHE`` (TGI, TEI,
-llama.cpp) and ``SENTENCE_TRANSFORMERS_HOME`` after ``HF_HUB_CACHE``; ``TRANSFORMERS_OFFLINE``,
-``HF_DATASETS_OFFLINE`` and ``LLAMA_OFFLINE`` after ``HF_HUB_OFFLINE``. A cache path holding ``$NAME`` is refused:
-huggingface_hub expands it in ``HF_HUB_CACHE``, the other readers do not.
+Each variable is followed by the other names runtimes read for it, with the same value (:mod:`.aliases`):
+``HUGGINGFACE_HUB_CACHE`` and ``SENTENCE_TRANSFORMERS_HOME`` after ``HF_HUB_CACHE``; ``TRANSFORMERS_OFFLINE``
+(huggingface_hub's fallback; transformers 5 no longer reads it), ``HF_DATASETS_OFFLINE`` and ``LLAMA_OFFLINE``
+after ``HF_HUB_OFFLINE``. Left out on purpose: ``HF_HUB_DISABLE_XET`` (Xet only downloads, after a metadata request
+offline mode never makes), ``HF_HUB_ETAG_TIMEOUT``/``HF_HUB_DOWNLOAD_TIMEOUT`` (no request), ``HF_ENDPOINT``.
 """
 
 from __future__ import annotations
@@ -63,15 +47,9 @@ from ..errors import HfcacheError, OfflineViolation, UsageError
 if TYPE_CHECKING:
     from ..warming.lockfile import CacheStatus, Lockfile
 
-#: The flags every offline process gets, in output order (the cache variables come first), each followed by the
-#: other names runtimes read for it (:mod:`hfcache.offline.aliases`: ``TRANSFORMERS_OFFLINE``,
-#: ``HF_DATASETS_OFFLINE``, ``LLAMA_OFFLINE`` after ``HF_HUB_OFFLINE``).
-OFFLINE_FLAGS: tuple[tuple[str, str], ...] = with_aliases((
-    ("HF_HUB_OFFLINE", "1"),
-    ("HF_HUB_DISABLE_TELEMETRY", "1"),
-    ("HF_HUB_DISABLE_UPDATE_CHECK", "1"),
-    ("HF_HUB_DISABLE_IMPLICIT_TOKEN", "1"),
-))
+#: The flags every offline process gets, in output order (after the cache variables), each followed by its aliases.
+OFFLINE_FLAGS: tuple[tuple[str, str], ...] = with_aliases((name, "1") for name in (
+    "HF_HUB_OFFLINE", "HF_HUB_DISABLE_TELEMETRY", "HF_HUB_DISABLE_UPDATE_CHECK", "HF_HUB_DISABLE_IMPLICIT_TOKEN"))
 FORMATS = ("sh", "dotenv", "dockerfile", "k8s", "json")
 
 
@@ -80,11 +58,8 @@ class LockNotSatisfied(OfflineViolation):
 
 
 class OfflineLoadError(OfflineViolation):
-    """A tokenizer could not be loaded from the cache alone (exit 4).
-
-    Attributes:
-        cause (str | None): hfcache's diagnosis of what is missing (see ``hfcache.integrity.diagnosis.diagnose``), when it can tell.
-    """
+    """A tokenizer could not be loaded from the cache alone (exit 4). ``cause`` (str | None): what is missing, when
+    hfcache can tell (``hfcache.integrity.diagnosis.diagnose``)."""
 
     def __init__(self, message: str, *, hint: str | None = None, cause: str | None = None) -> None:
         super().__init__(message, hint=hint)
@@ -108,17 +83,10 @@ class CommandNotExecutable(HfcacheError):
     exit_code = 126
 
 
-# ------------------------------------------------------------------------------------------------ env
-
-
 @dataclass(frozen=True)
 class OfflineEnv:
-    """The variables that make a process use only the cache.
-
-    Attributes:
-        cache_dir (Path): the absolute cache root.
-        variables (tuple[tuple[str, str], ...]): ``(name, value)`` in output order.
-    """
+    """The variables that make a process use only the cache: ``cache_dir`` (Path, the absolute cache root),
+    ``variables`` (``(name, value)`` pairs in output order)."""
 
     cache_dir: Path
     variables: tuple[tuple[str, str], ...]
@@ -136,22 +104,19 @@ class OfflineEnv:
 
 def offline_environment(cache_dir: str | os.PathLike[str] | None = None,
                         environ: Mapping[str, str] | None = None) -> OfflineEnv:
-    """The offline variables for ``cache_dir`` (see the module docstring for each one and its source).
+    """The offline variables for ``cache_dir`` (the module docstring has each one and its source).
 
     Args:
-        cache_dir: the cache root; default: ``HF_HUB_CACHE``, ``$HF_HOME/hub`` or ``~/.cache/huggingface/hub``
-            (``hfcache.cache.root.default_cache_dir``). Made absolute.
+        cache_dir: the cache root (default: ``hfcache.cache.root.default_cache_dir``), made absolute.
         environ: the environment the variables will be added to (default ``os.environ``): it decides whether the
-            modules cache needs moving (``modules_cache.modules_cache_override``, which creates the private folder).
+            modules cache moves (``modules_cache_override``, which creates the private folder).
 
     Returns:
-        OfflineEnv: ``HF_HOME`` (only when the cache folder is named ``hub``), ``HF_HUB_CACHE`` and its aliases
-        (``HUGGINGFACE_HUB_CACHE``, ``SENTENCE_TRANSFORMERS_HOME``), ``HF_MODULES_CACHE`` (only when its default
-        cannot be written), then the flags, each followed by its aliases (:data:`OFFLINE_FLAGS`).
+        OfflineEnv: ``HF_HOME`` (a cache folder named ``hub`` only), ``HF_HUB_CACHE`` and its aliases,
+        ``HF_MODULES_CACHE`` (when its default cannot be written), then :data:`OFFLINE_FLAGS`.
 
     Raises:
-        UsageError: the path contains a newline or NUL (no output format can carry it), or a ``$NAME`` /
-            ``${NAME}`` that huggingface_hub would expand (exit 2).
+        UsageError: the path holds a newline or NUL, or a ``$NAME``/``${NAME}`` huggingface_hub expands (exit 2).
     """
     cache = resolve_cache_dir(cache_dir)
     if any(c in str(cache) for c in "\n\r\x00"):
@@ -178,16 +143,10 @@ _EXPANDED = re.compile(r"\$(\w+|\{[^}]*\})", re.ASCII)
 
 
 def _refuse_expansion(path: str) -> None:
-    """Refuse a cache path that runtimes would read as different folders.
-
-    huggingface_hub passes ``HF_HUB_CACHE`` and ``HF_HOME`` through ``os.path.expandvars`` (``constants.py``), so
-    ``/x/$HOME/hub`` is ``/x/root/hub`` to Python (whenever ``HOME`` is set where it runs), while the runtimes that
-    read the same value raw (TGI's and TEI's routers, llama.cpp, sentence-transformers' ``cache_folder``) and
-    hfcache itself use ``/x/$HOME/hub``. No quoting helps: expansion happens in the reader, after the shell.
-
-    Raises:
-        UsageError: ``path`` holds ``$NAME`` or ``${...}`` (exit 2).
-    """
+    """Raise UsageError (exit 2) for a cache path holding ``$NAME`` or ``${...}``: huggingface_hub passes
+    ``HF_HUB_CACHE``/``HF_HOME`` through ``os.path.expandvars`` (``constants.py``: ``/x/$HOME/hub`` is
+    ``/x/root/hub``), while the runtimes reading the value raw (TGI, TEI, llama.cpp, sentence-transformers) and
+    hfcache use ``/x/$HOME/hub``. No quoting helps: the reader expands it, after the shell."""
     found = _EXPANDED.search(path)
     if found:
         raise UsageError(f"cache path {_comment_text(path)} contains {_comment_text(found.group(0))}, which "
@@ -207,19 +166,12 @@ def format_env(env: OfflineEnv, fmt: str) -> str:
         and python-dotenv). ``docker run --env-file`` reads values literally, so it needs a path without spaces.
         ``dockerfile``: one ``ENV`` instruction, values double-quoted with ``\\``, ``"`` and ``$`` escaped.
         ``k8s``: a container ``env:`` list in YAML, every value a quoted string (Kubernetes rejects numbers).
-        ``json``: one object ``{NAME: value}``.
+        ``json``: one flat ASCII object ``{NAME: value}``, aliases as keys of their own.
 
-    Every format refuses a value holding a character that is no printable text (:func:`check_inert`): a line
-    break of any kind (``\\n``, ``\\r``, ``\\v``, ``\\f``, ``\\x1c``-``\\x1e``, U+0085, U+2028, U+2029: YAML
-    breaks lines at the last three too), another control or invisible format character, or a lone surrogate (a
-    path that is not UTF-8). dotenv and Dockerfile have no portable escape for them, and one rule for every format
-    means one output is never safe where another is not. JSON is also written ASCII-only; the comment headers
-    carry the path only through :func:`_comment_text`, then name the aliases (:mod:`hfcache.offline.aliases`) of
-    each canonical variable. JSON stays one flat object of strings, aliases as keys of their own (every consumer
-    that turns it into an environment keeps working); :attr:`OfflineEnv.aliases` maps each to its canonical name.
-
-    A cache folder that does not exist (or is not a cache) gets one warning line on stderr, never in the text
-    (:func:`warn_cache_dir`: ``eval "$(hfcache env)"`` reads only stdout).
+    Every format refuses a value that is no inert text (:func:`check_inert`): dotenv and Dockerfile have no
+    portable escape, and one rule means one output is never safe where another is not. The comment headers carry
+    the path only escaped (:func:`_comment_text`), then name each canonical variable's aliases. A cache folder that
+    does not exist (or is no cache) gets one warning on stderr (:func:`warn_cache_dir`), never in the text.
 
     Raises:
         UsageError: unknown format; a value that is not inert text (exit 2, naming the variable).
@@ -250,8 +202,7 @@ def format_env(env: OfflineEnv, fmt: str) -> str:
 
 def warn_cache_dir(cache: Path) -> None:
     """One line on stderr when ``cache`` does not exist or is not a hub cache (:func:`cache_dir_warning`): env and
-    exec hand the cache on and still succeed (a warning, not a refusal). Written here, not by the CLI, because
-    ``format_env`` and ``exec_command`` are the CLI's last step (the printing belongs in ``cli/offline.py``)."""
+    exec still succeed. Written here because ``format_env`` and ``exec_command`` are the CLI's last step."""
     warning = cache_dir_warning(cache)
     if warning:
         text = "".join(c if c.isprintable() else f"\\x{ord(c):02x}" for c in warning)
@@ -274,10 +225,9 @@ def _header_notes(env: OfflineEnv) -> str:
 
 
 def _yaml_quote(value: str) -> str:
-    """``value`` as a YAML 1.1/1.2 double-quoted scalar in ASCII: ``\\`` and ``"`` escaped, other non-ASCII as
-    ``\\uXXXX``, and a character beyond U+FFFF as one ``\\UXXXXXXXX`` (YAML spec 1.2 section 5.7): JSON's
-    surrogate pair would read back as two lone surrogates (PyYAML) or be refused (go-yaml, kubectl). Controls never
-    get here (:func:`check_inert`)."""
+    """``value`` as a YAML 1.1/1.2 double-quoted ASCII scalar: ``\\`` and ``"`` escaped, other non-ASCII as
+    ``\\uXXXX``, beyond U+FFFF as one ``\\UXXXXXXXX`` (YAML 1.2 section 5.7: a surrogate pair reads back as two lone
+    surrogates in PyYAML, go-yaml refuses it)."""
     out = []
     for char in value:
         code = ord(char)
@@ -293,24 +243,13 @@ _NOT_INERT = frozenset({"Cc", "Cf", "Cs", "Zl", "Zp"})
 
 
 def _offending(value: str) -> str | None:
-    """The first character of ``value`` that is not inert text (see ``_NOT_INERT``), else None."""
-    for char in value:
-        if unicodedata.category(char) in _NOT_INERT:
-            return char
-    return None
+    """The first character of ``value`` that is not inert text (``_NOT_INERT``), else None."""
+    return next((c for c in value if unicodedata.category(c) in _NOT_INERT), None)
 
 
 def check_inert(name: str, value: str) -> None:
-    """Refuse ``value`` for variable ``name`` when it holds a character no output format may carry raw.
-
-    Args:
-        name (str): the variable, named in the error.
-        value (str): its value.
-
-    Raises:
-        UsageError: (exit 2) naming ``name``, the character (``U+XXXX``) and the value with every such character
-            escaped; the raw value is never printed.
-    """
+    """Raise UsageError (exit 2) when ``value`` of variable ``name`` holds a character no output format may carry
+    raw (``_NOT_INERT``), naming ``name``, the character (``U+XXXX``) and the value escaped, never raw."""
     char = _offending(value)
     if char is None:
         return
@@ -341,22 +280,18 @@ def _dockerfile_escape(value: str) -> str:
     return re.sub(r'([\\"$])', r"\\\1", value)
 
 
-# ------------------------------------------------------------------------------------------------ exec
-
-
 @dataclass(frozen=True)
 class ExecPlan:
     """What ``hfcache exec`` will run.
 
     Attributes:
-        argv (tuple[str, ...]): the command and its arguments.
-        environ (dict[str, str]): the child's whole environment.
+        argv (tuple[str, ...]): the command and its arguments. environ (dict[str, str]): the child's environment.
         offline (OfflineEnv): the offline variables set in it.
         allow_hosts (tuple[str, ...]): ``HOST[:PORT]`` entries the guard lets through.
         lock_statuses (tuple[CacheStatus, ...]): the lock check, when ``--lock`` was given (all satisfied).
         no_network (bool): install the process-tree network filter (:mod:`.sandbox`) before the exec.
-        paths (tuple[tuple[str, str], ...]): ``(NAME, absolute path)`` of each ``--path``, in the order given (also
-            set in ``environ`` and substituted for ``{NAME}`` in ``argv[1:]``).
+        paths (tuple[tuple[str, str], ...]): ``(NAME, absolute path)`` of each ``--path``, in order (also in
+            ``environ``, and substituted for ``{NAME}`` in ``argv[1:]``).
     """
 
     argv: tuple[str, ...]
@@ -369,11 +304,8 @@ class ExecPlan:
 
 
 def parse_allow_hosts(specs: Iterable[str]) -> tuple[network_guard.AllowedHost, ...]:
-    """Parse ``HOST[:PORT]`` entries (``--allow-host``, ``allow_hosts=``).
-
-    Raises:
-        UsageError: an entry does not parse.
-    """
+    """Parse ``HOST[:PORT]`` entries (``--allow-host``, ``allow_hosts=``), without repeats; UsageError for a bad
+    one."""
     hosts = []
     for spec in specs:
         try:
@@ -385,11 +317,9 @@ def parse_allow_hosts(specs: Iterable[str]) -> tuple[network_guard.AllowedHost, 
 
 def guarded_environment(base: Mapping[str, str], offline: OfflineEnv,
                         allow_hosts: Sequence[network_guard.AllowedHost] = ()) -> dict[str, str]:
-    """``base`` plus the offline variables and the network guard for Python children.
-
-    The guard's folder goes first on ``PYTHONPATH`` (an existing ``PYTHONPATH`` is kept after it; the guard's
-    ``sitecustomize`` runs the one it shadows), and ``HFCACHE_ALLOW_HOSTS`` carries the allow-list.
-    """
+    """``base`` plus the offline variables and the network guard for Python children: the guard's folder first on
+    ``PYTHONPATH`` (the rest kept after it; its ``sitecustomize`` runs the one it shadows), the allow-list in
+    ``HFCACHE_ALLOW_HOSTS``."""
     environ = dict(base)
     environ.update(offline.variables)
     site = network_guard.site_dir()
@@ -403,12 +333,8 @@ def guarded_environment(base: Mapping[str, str], offline: OfflineEnv,
 
 
 def check_lock(lock: Lockfile, cache: Path, lock_name: str) -> tuple[CacheStatus, ...]:
-    """Check with ``stat`` only (``lockfile.cache_status``: sizes, refs, markers; no hashing) that ``cache`` holds
-    ``lock``.
-
-    Raises:
-        LockNotSatisfied: naming the first missing pieces and how many there are.
-    """
+    """Check with ``stat`` only (``lockfile.cache_statuses``: sizes, refs, markers; no hashing) that ``cache``
+    holds ``lock``; LockNotSatisfied names the first missing pieces and how many there are."""
     from ..warming.lockfile import cache_statuses
 
     statuses = tuple(cache_statuses(lock, cache))
@@ -428,18 +354,12 @@ def prepare_exec(command: Sequence[str], *, cache_dir: str | os.PathLike[str] | 
     """Everything ``hfcache exec`` does before it replaces itself with the command.
 
     Args:
-        command: the command and its arguments.
+        command: the command and its arguments. environ: the base environment (default: ``os.environ``).
         cache_dir: the cache root (default: the lock's manifest, else the environment's).
         lock: a lock file the cache must satisfy (``stat`` only: milliseconds, no network).
         allow_hosts: ``HOST[:PORT]`` entries the guard lets through.
-        environ: the base environment (default: ``os.environ``).
-        no_network: deny the command's whole process tree every non-``AF_UNIX`` socket (``--no-network``,
-            :mod:`.sandbox`); the Python guard is set up as well.
-        paths: ``NAME=REPO_ID[@REVISION][:PATTERN]`` entries (``--path``, :mod:`.exec_paths`), resolved offline in
-            the cache: set as ``NAME`` in the environment and substituted for ``{NAME}`` in the arguments.
-
-    Returns:
-        ExecPlan.
+        no_network: deny the process tree every non-``AF_UNIX`` socket (:mod:`.sandbox`), besides the Python guard.
+        paths: ``NAME=REPO_ID[@REVISION][:PATTERN]`` entries (``--path``, :mod:`.exec_paths`), resolved offline.
 
     Raises:
         UsageError: no command, a bad ``--allow-host``, ``--allow-host`` with ``no_network``, a bad ``--path``, an
@@ -487,14 +407,10 @@ def prepare_exec(command: Sequence[str], *, cache_dir: str | os.PathLike[str] | 
 def exec_command(plan: ExecPlan) -> NoReturn:
     """Replace this process with the command (``os.execvpe``); never returns.
 
-    Exec rather than a child process: the command keeps hfcache's PID, so SIGTERM/SIGINT/SIGHUP from a terminal,
-    ``docker stop`` or the kubelet reach it directly, and its exit status (or the signal that killed it) is the
-    process's own. A parent that forwards signals and relays the status would add nothing, since all of hfcache's
-    work (the lock check, the environment) happens before the command starts.
-
-    With ``plan.no_network``, inherited network sockets above stderr are marked close-on-exec and the network filter
-    is loaded into this process (:func:`.sandbox.install_network_filter`, which checks it is in force) right before
-    the exec, so the command and all its descendants start under it; if it cannot be, the command is not started.
+    Exec, not a child: the command keeps hfcache's PID, so SIGTERM/SIGINT/SIGHUP from a terminal, ``docker stop`` or
+    the kubelet reach it directly and its exit status is the process's own (all of hfcache's work is done before).
+    With ``plan.no_network``, inherited network descriptors are marked close-on-exec and the filter is loaded
+    (:func:`.sandbox.install_network_filter`, checked in force) right before the exec, or the command never starts.
 
     Raises:
         NetworkFilterUnavailable: ``no_network`` and the filter cannot be installed or is not in force (exit 4).

@@ -1,11 +1,7 @@
-"""``hfcache exec --path NAME=REPO_ID[@REVISION][:PATTERN]``: resolve each one offline in exec's cache
-(:func:`hfcache.offline.paths.resolve`) before the command starts, then hand the absolute path to the command as the
-variable ``NAME`` and in place of every ``{NAME}`` in its arguments.
-
-The value is the snapshot folder without a pattern, and the one file matching it with a pattern: a pattern matching
-several files is refused (exit 1, naming them: a command line takes one path; give the folder form and let the
-runtime pick, or narrow the glob), as is one matching none or a repo not cached (exit 1, the hint the ``hfcache
-warm`` command). The command does not start on any of these.
+"""``hfcache exec --path NAME=REPO_ID[@REVISION][:PATTERN]``: each resolved offline in exec's cache
+(:func:`hfcache.offline.paths.resolve`) before the command starts, and handed to it as the variable ``NAME`` and in
+place of every ``{NAME}`` in its arguments: the snapshot folder, or with a pattern the one file matching it (several
+matches, none, or a repo not cached: exit 1, and the command does not start).
 """
 
 from __future__ import annotations
@@ -19,9 +15,8 @@ from ..errors import UsageError
 #: Variables hfcache sets itself in exec's child (besides the offline variables): a --path may not replace them.
 RESERVED = frozenset({"PYTHONPATH"})
 RESERVED_PREFIXES = ("HFCACHE_",)
-#: Variables the shell, the dynamic loader and interpreters read to find programs, libraries and homes: a --path
-#: naming one would break the command in ways that name something else (``--path PATH=...`` made ``echo`` "not
-#: found"; ``LD_PRELOAD`` loads the snapshot folder as a library).
+#: Variables the shell, the dynamic loader and interpreters read to find programs, libraries and homes (``--path
+#: PATH=...`` made ``echo`` "not found"; ``LD_PRELOAD`` loads the snapshot folder as a library).
 SYSTEM = frozenset({"PATH", "HOME", "USER", "LOGNAME", "SHELL", "PWD", "OLDPWD", "IFS", "ENV", "BASH_ENV", "TMPDIR",
                     "TERM", "LANG", "CDPATH", "PS4"})
 SYSTEM_PREFIXES = ("LD_", "DYLD_", "PYTHON", "LC_", "HF_", "HUGGINGFACE_", "TRANSFORMERS_")
@@ -29,15 +24,8 @@ _TOKEN = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*)\}")
 
 
 def resolve_exec_paths(cache: Path, specs: Iterable[str], reserved: Iterable[str] = ()) -> tuple[tuple[str, str], ...]:
-    """Resolve every ``--path`` spec in ``cache``, offline.
-
-    Args:
-        cache (Path): the cache exec uses (absolute).
-        specs (Iterable[str]): ``NAME=REPO_ID[@REVISION][:PATTERN]`` entries.
-        reserved (Iterable[str]): further variable names the spec may not take (the offline variables).
-
-    Returns:
-        tuple[tuple[str, str], ...]: ``(NAME, absolute path)`` in the order given.
+    """Resolve every ``NAME=REPO_ID[@REVISION][:PATTERN]`` of ``specs`` in ``cache`` (absolute), offline, to
+    ``(NAME, absolute path)`` pairs in order; ``reserved``: further names a spec may not take (the offline variables).
 
     Raises:
         UsageError: a malformed spec, a NAME given twice or one hfcache sets itself (exit 2).
@@ -68,13 +56,8 @@ def resolve_exec_paths(cache: Path, specs: Iterable[str], reserved: Iterable[str
 
 
 def substitute_paths(argv: Sequence[str], paths: Mapping[str, str]) -> tuple[str, ...]:
-    """``argv`` with every ``{NAME}`` of a resolved ``--path`` replaced by its path in the arguments (``argv[1:]``;
-    the program name is left as given). Only the exact text ``{NAME}`` of a NAME given is replaced (anywhere in an
-    argument: ``--model={MODEL}`` works); other braces are left alone.
-
-    Returns:
-        tuple[str, ...]: the new argv.
-    """
+    """``argv`` with every exact ``{NAME}`` of a NAME in ``paths`` replaced by its path in ``argv[1:]`` (anywhere in
+    an argument: ``--model={MODEL}``; the program name and other braces are left alone)."""
     if not argv:
         return tuple(argv)
     def value(match: re.Match[str]) -> str:

@@ -1,37 +1,34 @@
 """The network guard: a PEP 578 audit hook that turns network access to a host that is not allowed into an error.
 
-Used by ``hfcache exec`` (through the ``sitecustomize`` in ``hfcache/offline/_guard_site/``), by
-:func:`hfcache.enforce_offline`, :func:`hfcache.load_tokenizer` and by ``hfcache check``'s child (``offline/probe.py``).
+Used by ``hfcache exec`` (the ``sitecustomize`` in ``hfcache/offline/_guard_site/``), :func:`hfcache.enforce_offline`,
+:func:`hfcache.load_tokenizer` and ``hfcache check``'s child (``offline/probe.py``).
 
-Why an audit hook: ``sys.addaudithook`` sees every Python-level ``socket.connect``/``connect_ex``, ``sendto``,
-``sendmsg``, ``getaddrinfo``, ``gethostbyname``, ``gethostbyaddr`` and ``getnameinfo`` before it happens (see
-``_GUARDED_EVENTS``), whatever HTTP client made it (httpx, urllib3, urllib, asyncio),
-so a load that would reach for the network fails at once with a message instead of hanging on an endpoint that
-never answers, waiting on DNS in an air-gapped pod, or retrying (docs/cache-layout.md, 'Traps the libraries leave').
+Why an audit hook: ``sys.addaudithook`` sees every Python-level connect, send with an address, and name or address
+look-up (``_GUARDED_EVENTS``) before it happens, whatever HTTP client made it (httpx, urllib3, urllib, asyncio), so
+a load that would reach for the network fails at once with a message instead of hanging on an endpoint that never
+answers, waiting on DNS in an air-gapped pod, or retrying (docs/cache-layout.md, 'Traps the libraries leave').
+:class:`NetworkBlocked` is a ``RuntimeError``, not an ``OSError``: clients retry an ``OSError`` with backoff
+(huggingface_hub's ``http_backoff``, ``utils/_http.py``: ``httpx.ConnectError`` 5 times over about 23 s) or fall
+back silently; a ``RuntimeError`` passes through them at once and names the host.
 
-Why :class:`NetworkBlocked` is a ``RuntimeError`` and not an ``OSError``: clients treat an ``OSError`` as a network
-failure and retry it with backoff - huggingface_hub's ``http_backoff`` (``utils/_http.py``) retries
-``httpx.ConnectError`` 5 times over about 23 s - or fall back silently; a ``RuntimeError`` passes through them at once
-and names the host.
-
-What it checks is what C uses: the socket family and type from the C struct and the kernel (raw sockets, which
-write their own headers, are refused), and addresses, hosts and ports only when they are exactly a tuple, str/bytes
-or int (a subclass could tell the guard one host and C another, a ``bytearray`` could change between the check and
-C's parse: refused). A name resolves without an allow-list entry only when ``/etc/hosts`` answers it for the family
-asked, spelt as glibc matches it; a reverse look-up only when ``/etc/hosts`` lists the address or the call is
-numeric (``getnameinfo`` with ``NI_NUMERICHOST``). ``socket.socket``'s ``connect``/``connect_ex``/``sendto``/``sendmsg`` are checked before C parses
-the address too, since parsing a host name resolves it with no audit event (:func:`_check_before_c_resolves`).
+What it checks is what C uses: the socket family and type from the C struct and the kernel (raw sockets are
+refused), and addresses, hosts and ports only when they are exactly a tuple, str/bytes or int (a subclass could
+tell the guard one host and C another, a ``bytearray`` could change between the check and C's parse: refused). A
+name resolves without an allow-list entry only when ``/etc/hosts`` answers it for the family asked, spelt as glibc
+matches it; a reverse look-up only when ``/etc/hosts`` lists the address or the call is numeric (``getnameinfo``
+with ``NI_NUMERICHOST``). ``socket.socket``'s sends are checked before C parses the address too, since parsing a
+host name resolves it with no audit event (:func:`_check_before_c_resolves`).
 
 Limits: it sees what Python code does. Native code that opens sockets itself (a Rust or C extension, ``ctypes``
 calling libc's ``connect``, uvloop's libuv event loop, which ``uvicorn[standard]`` installs) is not seen, and
 ``_socket.socket`` used directly still resolves a host name in ``connect`` before the event (the connection is
-refused; the DNS query has left); nor is a program that is not Python (``os.system("curl ...")``, a
-``subprocess`` of another program); a Python child started with ``-S``/``-I`` skips ``sitecustomize`` and one
-started with ``-E`` ignores the ``PYTHONPATH`` that brings it; a proxy (``HTTPS_PROXY``) is the host connected to,
-so allow the proxy. It is a fail-fast guard against accidents, not a sandbox.
+refused; the DNS query has left); nor is a program that is not Python (``os.system("curl ...")``); a Python child
+started with ``-S``/``-I`` skips ``sitecustomize`` and one started with ``-E`` ignores the ``PYTHONPATH`` that
+brings it; a proxy (``HTTPS_PROXY``) is the host connected to, so allow the proxy. It is a fail-fast guard against
+accidents, not a sandbox.
 
-This module is standard library only and importable on its own (Python >= 3.8): the ``sitecustomize`` loads it by
-file path, so a Python child needs neither hfcache nor its dependencies installed.
+Standard library only and importable on its own (Python >= 3.8): the ``sitecustomize`` loads it by file path, so a
+Python child needs neither hfcache nor its dependencies installed.
 """
 
 from __future__ import annotations
@@ -47,8 +44,7 @@ from typing import Iterable, Iterator
 
 
 def _load_hosts_module():
-    """``guard_hosts.py``, the allow-list half of the guard: imported as a sibling in the package, loaded by file
-    path when this file was (the exec ``sitecustomize``: the child may not have hfcache installed)."""
+    """``guard_hosts.py``: imported as a sibling in the package, loaded by file path when this file was."""
     if __package__:
         from . import guard_hosts
 
@@ -65,33 +61,26 @@ def _load_hosts_module():
 
 
 _hosts = _load_hosts_module()
-ENV_ALLOW_HOSTS = _hosts.ENV_ALLOW_HOSTS
-#: Set to ``1`` by ``hfcache exec --no-network`` for its children: the guard then refuses, at creation, every socket
-#: that is not ``AF_UNIX``, with its own message. The kernel filter (:mod:`hfcache.offline.sandbox`) refuses them too,
-#: but with ``EACCES``, a ``PermissionError`` that HTTP clients retry for ~20-50 s before they give up silently.
-ENV_NO_NETWORK = "HFCACHE_NO_NETWORK"
-AllowedHost = _hosts.AllowedHost
-parse_allow_host = _hosts.parse_allow_host
-hosts_from_environ = _hosts.hosts_from_environ
-format_allow_hosts = _hosts.format_allow_hosts
-hosts_file_names = _hosts.hosts_file_names
-hosts_file_entries = _hosts.hosts_file_entries
-_exact_ip = _hosts._exact_ip
-_ip = _hosts._ip
+ENV_ALLOW_HOSTS, AllowedHost, parse_allow_host = _hosts.ENV_ALLOW_HOSTS, _hosts.AllowedHost, _hosts.parse_allow_host
+hosts_from_environ, format_allow_hosts = _hosts.hosts_from_environ, _hosts.format_allow_hosts
+hosts_file_names, hosts_file_entries = _hosts.hosts_file_names, _hosts.hosts_file_entries
+_exact_ip, _ip, _target = _hosts._exact_ip, _hosts._ip, _hosts._target
 _family_name, _type_name, _port = _hosts._family_name, _hosts._type_name, _hosts._port
 _Refused, _plain_host, _plain_address = _hosts._Refused, _hosts._plain_host, _hosts._plain_address
-_target = _hosts._target
+_RAW_TYPES, _real_families, _kernel_raw = _hosts._RAW_TYPES, _hosts._real_families, _hosts._kernel_raw
+#: Set to ``1`` by ``hfcache exec --no-network`` for its children: the guard then refuses, at creation, every socket
+#: that is not ``AF_UNIX``, with its own message (the kernel filter's ``EACCES`` is a ``PermissionError`` that HTTP
+#: clients retry for ~20-50 s before they give up silently).
+ENV_NO_NETWORK = "HFCACHE_NO_NETWORK"
 #: Where the process-wide guard lives (one per process, whichever copy of this file installed it).
 _STATE_ATTR = "_hfcache_network_guard"
-#: Audit events (CPython "Audit events table", docs.python.org/3/library/audit_events.html) that can put a byte on
-#: the network or make a resolver query. ``socket.connect`` also covers ``connect_ex``; ``socket.sendto`` and
-#: ``socket.sendmsg`` carry an address when they send without ``connect`` (UDP, and TCP with ``MSG_FASTOPEN``, which
-#: connects and delivers data in one call); ``socket.gethostbyname`` covers ``gethostbyname_ex``;
-#: ``socket.gethostbyaddr`` (also what ``getfqdn`` calls) and ``socket.getnameinfo`` are reverse look-ups;
-#: ``socket.__new__`` refuses address families that reach other machines without an IP address (``AF_PACKET``,
-#: ``AF_VSOCK``, ``AF_TIPC``, ``AF_BLUETOOTH``, ...), whose later ``send`` has no audit event. Not guarded, because
-#: they never leave the machine: ``socket.bind``, ``socket.gethostname``, ``socket.getservbyname``/``getservbyport``
-#: (``/etc/services``), ``socket.sethostname``.
+#: Audit events (docs.python.org/3/library/audit_events.html) that can put a byte on the network or make a resolver
+#: query. ``socket.connect`` also covers ``connect_ex``; ``sendto``/``sendmsg`` carry an address when they send
+#: without ``connect`` (UDP, and TCP with ``MSG_FASTOPEN``); ``gethostbyname`` covers ``gethostbyname_ex``;
+#: ``gethostbyaddr`` (also ``getfqdn``'s) and ``getnameinfo`` are reverse look-ups; ``socket.__new__`` refuses
+#: families that reach other machines without an IP address (``AF_PACKET``, ``AF_VSOCK``, ``AF_TIPC``, ...), whose
+#: later ``send`` has no audit event. Never leaving the machine, so not guarded: ``bind``, ``gethostname``,
+#: ``getservbyname``/``getservbyport`` (``/etc/services``), ``sethostname``.
 _SEND_EVENTS = frozenset({"socket.connect", "socket.sendto", "socket.sendmsg"})
 _REVERSE_EVENTS = frozenset({"socket.gethostbyaddr", "socket.getnameinfo"})
 _LOOKUP_EVENTS = frozenset({"socket.getaddrinfo", "socket.gethostbyname"})
@@ -100,87 +89,54 @@ _INET_FAMILIES = frozenset({socket.AF_INET, getattr(socket, "AF_INET6", socket.A
 #: Families that stay on this machine: Unix sockets, the kernel's netlink and crypto (AF_ALG) interfaces.
 _LOCAL_FAMILIES = frozenset(getattr(socket, name) for name in ("AF_UNIX", "AF_NETLINK", "AF_ALG")
                             if hasattr(socket, name))
-#: The C-level values, read past anything Python code can override. ``socket.socket.family`` is a Python property
-#: a subclass may redefine (it claimed AF_UNIX and then connected TCP to 127.0.0.1); the ``_socket.socket`` member
-#: descriptor reads the C struct's ``sock_family``, and ``SO_DOMAIN`` (Linux) asks the kernel, which also sees
-#: through ``socket(AF_UNIX, fileno=<an AF_INET or AF_PACKET descriptor>)``. Captured at import: a child that
-#: rebinds ``socket.getaddrinfo`` must not get its function called by the guard.
-_C_FAMILY = _socket.socket.__dict__["family"]
-_C_GETSOCKOPT = _socket.socket.getsockopt
+#: Captured at import: a child that rebinds ``socket.getaddrinfo`` must not get its function called by the guard.
 _C_GETADDRINFO = _socket.getaddrinfo
-_SO_DOMAIN = getattr(_socket, "SO_DOMAIN", None)
-_SO_TYPE = getattr(_socket, "SO_TYPE", None)
 _C_GETNAMEINFO = _socket.getnameinfo
 #: The sockaddr tuple :func:`_check_before_c_resolves`'s ``getnameinfo`` is passing to C with ``NI_NUMERICHOST``
 #: (no look-up at all), per thread; the audit event then carries that very object.
 _NUMERIC_LOOKUP = threading.local()
-#: Socket types whose packets carry headers the program writes (Linux ``SOCK_RAW`` = 3, ``SOCK_PACKET`` = 10): the
-#: kernel ignores the port of ``sendto``'s address (raw UDP reached any port) and, with ``IP_HDRINCL``, the host.
-_RAW_TYPES = frozenset({getattr(socket, "SOCK_RAW", 3), getattr(socket, "SOCK_PACKET", 10)})
 
 
-class NetworkBlocked(RuntimeError):
-    """A connection or DNS lookup the guard refused.
+_INSTALLED = getattr(sys, _STATE_ATTR, None)
+if _INSTALLED is not None:
+    # The exec sitecustomize installed the guard from its own copy of this file: `NetworkBlocked` here must be the
+    # class that guard raises, so that `except NetworkBlocked` works in the child.
+    NetworkBlocked = _INSTALLED.error_class
+else:
+    class NetworkBlocked(RuntimeError):
+        """A connection or DNS lookup the guard refused.
 
-    Attributes:
-        target (str): ``HOST:PORT`` (``[V6]:PORT``) for connections, ``HOST`` for DNS lookups.
-        action (str): ``"connection to"``, ``"DNS lookup of"``, ``"reverse DNS lookup of"``,
-            ``"socket of address family"``, ``"socket of type"`` (``SOCK_RAW``/``SOCK_PACKET`` of an IP family, at
-            creation or, for an adopted descriptor, at its send: ``target`` is ``SOCK_RAW (AF_INET)``) or ``"call with
-            an argument of type"`` (a subclass of tuple, str, bytes or int, a ``bytearray`` or ``memoryview`` as an
-            address, host or port: ``target`` names its type).
-    """
+        Attributes:
+            target (str): ``HOST:PORT`` (``[V6]:PORT``) for connections, ``HOST`` for DNS lookups.
+            action (str): ``"connection to"``, ``"DNS lookup of"``, ``"reverse DNS lookup of"``, ``"socket of
+                address family"``, ``"socket of type"`` (``SOCK_RAW``/``SOCK_PACKET`` of an IP family, at creation
+                or at an adopted descriptor's send: ``SOCK_RAW (AF_INET)``) or ``"call with an argument of type"``
+                (a subclass of tuple, str, bytes or int, a ``bytearray`` or ``memoryview``: ``target`` names it).
+        """
 
-    def __init__(self, action: str, target: str) -> None:
-        if not (target.isascii() and target.isprintable()):
-            target = ascii(target)[1:-1]  # a name from the code that asked: shown escaped, one line
-        self.action = action
-        self.target = target
-        remedy = (
-            "`hfcache exec --no-network` allows only AF_UNIX sockets; run without --no-network (and with "
-            "--allow-host) if it must reach a host"
-            if action.startswith("socket") and "--no-network" in target else
-            "Such sockets cannot be allowed; run this without hfcache's guard if it must"
-            if action.startswith("socket") else
-            "Pass the address as a plain tuple of a str host and an int port"
-            if action.startswith("call") else
-            f"If it must reach this host, allow it: `hfcache exec --allow-host {target} -- ...`, or "
-            f"hfcache.enforce_offline(allow_hosts=[{target!r}])"
-        )
-        super().__init__(f"hfcache blocked a {action} {target}: this process runs offline under hfcache's network "
-                         f"guard. {remedy}")
+        def __init__(self, action: str, target: str) -> None:
+            if not (target.isascii() and target.isprintable()):
+                target = ascii(target)[1:-1]  # a name from the code that asked: shown escaped, one line
+            self.action = action
+            self.target = target
+            remedy = (
+                "`hfcache exec --no-network` allows only AF_UNIX sockets; run without --no-network (and with "
+                "--allow-host) if it must reach a host"
+                if action.startswith("socket") and "--no-network" in target else
+                "Such sockets cannot be allowed; run this without hfcache's guard if it must"
+                if action.startswith("socket") else
+                "Pass the address as a plain tuple of a str host and an int port"
+                if action.startswith("call") else
+                f"If it must reach this host, allow it: `hfcache exec --allow-host {target} -- ...`, or "
+                f"hfcache.enforce_offline(allow_hosts=[{target!r}])"
+            )
+            super().__init__(f"hfcache blocked a {action} {target}: this process runs offline under hfcache's "
+                             f"network guard. {remedy}")
 
-    def __reduce__(self):
-        # Picklable as it was made: a multiprocessing worker that hits the guard sends the error back to the pool
-        # (with RuntimeError's default, unpickling called __init__ with one argument and Pool.map hung for ever).
-        return type(self), (self.action, self.target)
-
-
-def _real_families(sock) -> frozenset:
-    """The socket's address family as C stores it and as the kernel reports it (``SO_DOMAIN``, Linux); empty when
-    ``sock`` is no real socket (a hand-made ``sys.audit`` call: nothing is sent)."""
-    try:
-        families = {_C_FAMILY.__get__(sock)}
-    except TypeError:
-        return frozenset()
-    if _SO_DOMAIN is not None:
-        try:
-            families.add(_C_GETSOCKOPT(sock, _socket.SOL_SOCKET, _SO_DOMAIN))
-        except OSError:
-            pass  # closed (the call fails too) or no SO_DOMAIN here: the C value stands
-    return frozenset(families)
-
-
-def _kernel_raw(sock) -> int:
-    """The socket type when the kernel says ``sock`` is raw (``SO_TYPE`` in :data:`_RAW_TYPES`), else 0: what
-    ``socket(fileno=...)``, ``socket.fromfd`` or an inherited descriptor really is, whatever type Python was told."""
-    if _SO_TYPE is None:
-        return 0
-    try:
-        kind = _C_GETSOCKOPT(sock, _socket.SOL_SOCKET, _SO_TYPE) & 0xF
-    except (OSError, TypeError):
-        return 0  # closed: the send fails too
-    return kind if kind in _RAW_TYPES else 0
+        def __reduce__(self):
+            # Picklable as made: a multiprocessing worker sends the error back to the pool (with RuntimeError's
+            # default, unpickling called __init__ with one argument and Pool.map hung for ever).
+            return type(self), (self.action, self.target)
 
 
 class _Rules:
@@ -202,11 +158,9 @@ class _Rules:
                 self.allowed.append(entry)
 
     def allows_lookup(self, host: str, port: int | None, family: int = 0) -> bool:
-        """A name may be resolved when it is an address literal (nothing to look up), an allowed host (for that
-        port, when the entry has one), or a name ``/etc/hosts`` answers for ``family`` exactly as glibc's ``files``
-        backend matches it (:func:`hosts_file_entries`: case-insensitive, a trailing dot kept; ``AF_UNSPEC`` (0):
-        any entry, ``AF_INET``: an IPv4 one, ``AF_INET6``: an IPv6 one). ``localhost``, ``*.localhost`` and this
-        machine's own name are not special: glibc asks the nameserver for them when the file lacks them."""
+        """A name may be resolved when it is an address literal, an allowed host (for that port, when the entry has
+        one), or a name ``/etc/hosts`` answers for ``family`` as glibc matches it (:func:`hosts_file_entries`;
+        ``AF_UNSPEC`` (0): any entry, ``AF_INET``: an IPv4 one, ``AF_INET6``: an IPv6 one)."""
         if _ip(host) is not None:
             return True
         name = host.lower()
@@ -220,8 +174,8 @@ class _Rules:
     def allows_reverse_lookup(self, host: str, port: int | None = None) -> bool:
         """A reverse look-up (``gethostbyaddr``, ``getnameinfo`` without ``NI_NUMERICHOST``) may run only when no
         nameserver is asked: for an address ``/etc/hosts`` lists exactly as given (``::ffff:127.0.0.1`` is not
-        ``127.0.0.1``), or a name it answers (``gethostbyaddr`` of a name resolves it first). Loopback and allowed
-        addresses are no exception: glibc sends their PTR query to the nameserver (3 bytes of a secret per query)."""
+        ``127.0.0.1``) or a name it answers. Loopback and allowed addresses too go to the nameserver (a PTR query
+        carries 3 bytes of a secret)."""
         ip = _exact_ip(host)
         if ip is None:
             return bool(self.hosts_names.get(host.lower()))
@@ -262,11 +216,8 @@ class _Rules:
         return self.resolved[name]
 
     def refusal(self, event: str, args: tuple) -> tuple[str, str] | None:
-        """(action, target) when the audit event ``event`` reaches a host not allowed, else None.
-
-        Reads the C-level values only (:func:`_real_families`, :func:`_plain_address`, :func:`_plain_host`): an
-        address, host or port of any other type than a plain tuple, str, bytes or int is refused, whatever it says.
-        """
+        """(action, target) when the audit event ``event`` reaches a host not allowed, else None. Reads C-level
+        values only: an address, host or port that is not exactly a tuple, str, bytes or int is refused."""
         try:
             return self._refusal(event, args)
         except _Refused as exc:
@@ -327,7 +278,7 @@ class _Rules:
             return "socket of address family", "/".join(sorted(_family_name(f) for f in families))
         if family in _LOCAL_FAMILIES:
             return None  # AF_UNIX and other local families
-        raw = _kernel_raw(sock)  # adopted (fileno=, fromfd, inherited): the kernel ignores the port, IP_HDRINCL the host
+        raw = _kernel_raw(sock)  # adopted (fileno=, fromfd, inherited): the kernel ignores the port (IP_HDRINCL: host)
         if raw:
             return "socket of type", f"{_type_name(raw)} ({_family_name(family)})"
         if address is None:
@@ -343,11 +294,10 @@ class _Rules:
 class Guard:
     """The per-process guard behind the audit hook (create it with :func:`install`).
 
-    The hook registered with ``sys.addaudithook`` keeps its state in a closure, not in attributes of this object:
-    whether blocking is on for the whole process is a latch that only turns on (``guard.enforced = False`` raises
-    AttributeError, and rebinding any attribute here changes nothing the hook reads). It is a seatbelt against
-    accidents, not a sandbox: code in the process can still widen its own allow-list through :meth:`allow` (the
-    public API of :func:`hfcache.enforce_offline`) or dig into the closure; see the README's blind spots.
+    The hook keeps its state in a closure, not in attributes of this object: blocking for the whole process is a
+    latch that only turns on (``guard.enforced = False`` raises AttributeError; rebinding an attribute changes
+    nothing the hook reads). A seatbelt, not a sandbox: code in the process can still widen its allow-list through
+    :meth:`allow` (the API of :func:`hfcache.enforce_offline`) or dig into the closure (the README's blind spots).
 
     Attributes:
         allowed (tuple[AllowedHost, ...]): the allow-list (only grows; a copy).
@@ -382,17 +332,13 @@ class Guard:
         def enforce() -> None:
             latch[0] = True
 
-        object.__setattr__(self, "attempts", attempts)
-        object.__setattr__(self, "hook", hook)
-        object.__setattr__(self, "allows_lookup", rules.allows_lookup)
-        object.__setattr__(self, "allows_reverse_lookup", rules.allows_reverse_lookup)
-        object.__setattr__(self, "allows_connection", rules.allows_connection)
-        object.__setattr__(self, "_allow", rules.allow)
-        object.__setattr__(self, "_allowed", lambda: tuple(rules.allowed))
-        object.__setattr__(self, "_enforce", enforce)
-        object.__setattr__(self, "_is_enforced", lambda: latch[0])
-        object.__setattr__(self, "_scoped", scoped)
-        object.__setattr__(self, "_refuse_ip", lambda: setattr(rules, "local_only", True))
+        for name, value in (("attempts", attempts), ("hook", hook), ("allows_lookup", rules.allows_lookup),
+                            ("allows_reverse_lookup", rules.allows_reverse_lookup),
+                            ("allows_connection", rules.allows_connection), ("_allow", rules.allow),
+                            ("_allowed", lambda: tuple(rules.allowed)), ("_enforce", enforce),
+                            ("_is_enforced", lambda: latch[0]), ("_scoped", scoped),
+                            ("_refuse_ip", lambda: setattr(rules, "local_only", True))):
+            object.__setattr__(self, name, value)
 
     def __setattr__(self, name: str, value) -> None:
         raise AttributeError(f"the network guard's {name!r} cannot be changed (blocking only turns on)")
@@ -443,14 +389,11 @@ def current() -> Guard | None:
 
 
 def install(allow_hosts: Iterable[AllowedHost | str] = (), *, enforce: bool = True, local_only: bool = False) -> Guard:
-    """Install the process's guard (once: audit hooks cannot be removed) and return it.
-
-    A later call reuses the installed guard: it adds ``allow_hosts`` to the allow-list and, with ``enforce``, turns
-    blocking on for the whole process. With ``enforce=False`` the hook only blocks inside :meth:`Guard.blocking`.
+    """Install the process's guard (once: audit hooks cannot be removed; a later call reuses it) and return it.
 
     Args:
-        allow_hosts: ``HOST[:PORT]`` strings or :class:`AllowedHost` entries that stay reachable.
-        enforce: block everywhere in this process from now on.
+        allow_hosts: ``HOST[:PORT]`` strings or :class:`AllowedHost` entries that stay reachable (added).
+        enforce: block everywhere in this process from now on; else only inside :meth:`Guard.blocking`.
         local_only: also refuse every socket but ``AF_UNIX`` at creation (:meth:`Guard.refuse_ip`).
 
     Raises:
@@ -477,14 +420,12 @@ def install(allow_hosts: Iterable[AllowedHost | str] = (), *, enforce: bool = Tr
 
 def _check_before_c_resolves(hook) -> None:
     """Run ``hook``'s send check before C parses the address, in ``socket.socket.connect``/``connect_ex``/
-    ``sendto``/``sendmsg``.
+    ``sendto``/``sendmsg``, and mark ``getnameinfo`` calls with ``NI_NUMERICHOST`` (no look-up).
 
-    Works around a CPython gap: those C methods parse the address (``getsockaddrarg``) before they raise their
-    audit event, and parsing a host *name* resolves it with the C library's ``getaddrinfo`` - no
-    ``socket.getaddrinfo`` event - so ``connect(("exfil-secret.example", 80))`` sent a DNS query that the guard
-    then refused to connect to. Checked here first, a name that is not allowed never reaches the resolver. The
-    audit event still fires after the parse (a second check of the same object). ``_socket.socket`` used
-    directly (no Python class in between) keeps the gap: docs/offline.md lists it.
+    A CPython gap: those C methods parse the address (``getsockaddrarg``) before their audit event, and parsing a
+    host *name* resolves it with libc's ``getaddrinfo`` (no ``socket.getaddrinfo`` event): ``connect(("exfil-
+    secret.example", 80))`` sent a DNS query before the guard refused the connection. The event still fires after
+    the parse (a second check). ``_socket.socket`` used directly keeps the gap (docs/offline.md).
     """
     import functools
 
@@ -535,8 +476,3 @@ def site_dir() -> str:
     """The folder ``hfcache exec`` puts first on a Python child's ``PYTHONPATH`` (it holds the ``sitecustomize``)."""
     return os.path.join(os.path.dirname(os.path.abspath(__file__)), "_guard_site")
 
-
-# When the exec sitecustomize installed the guard from its own copy of this file, `hfcache.offline.guard.NetworkBlocked` must
-# be the class that guard raises, so that `except NetworkBlocked` works in the child.
-if current() is not None:
-    NetworkBlocked = current().error_class  # type: ignore[misc]  # noqa: F811

@@ -1,14 +1,15 @@
-"""The network guard's allow-list: what one ``HOST[:PORT]`` entry is, how the list travels to a child in
+"""The network guard's allow-list and readers: what one ``HOST[:PORT]`` entry is, how the list travels to a child in
 ``HFCACHE_ALLOW_HOSTS``, which names and addresses ``/etc/hosts`` answers without a nameserver, and how the guard
-reads an audit event's arguments (exactly a tuple, str, bytes or int: immutable, so what is checked is what C uses).
+reads an audit event's arguments (exactly a tuple, str, bytes or int: immutable, so what is checked is what C uses)
+and a socket's family and type (as C and the kernel hold them).
 
-Part of the guard (:mod:`hfcache.offline.guard`, which re-exports every public name here) and, like it, standard
-library only and importable on its own: the exec ``sitecustomize`` loads ``guard.py`` by file path, which loads
-this file next to it the same way.
+Part of the guard (:mod:`hfcache.offline.guard` re-exports every public name) and, like it, standard library only
+and importable on its own: the exec ``sitecustomize`` loads ``guard.py`` by file path, which loads this file so.
 """
 
 from __future__ import annotations
 
+import _socket
 import ipaddress
 import os
 import re
@@ -17,8 +18,6 @@ from typing import Iterable
 
 #: Environment variable carrying the allowed hosts to a child: ``HOST[:PORT]`` entries separated by commas.
 ENV_ALLOW_HOSTS = "HFCACHE_ALLOW_HOSTS"
-#: One allow-list entry: a host name (RFC 1123 labels; ``_`` allowed, as in container names), an IPv4 address,
-#: an IPv6 address (bare, or in brackets, optionally with a ``%scope``), each optionally with ``:PORT``.
 _LABEL = r"[a-z0-9_](?:[a-z0-9_-]{0,61}[a-z0-9_])?"
 _HOST_NAME = re.compile(rf"{_LABEL}(?:\.{_LABEL})*\.?")
 _IPV6_TEXT = re.compile(r"[0-9a-f:.]+(?:%[a-z0-9_.-]+)?")
@@ -27,12 +26,9 @@ _IP_ADDRESS = ipaddress.ip_address
 
 
 class AllowedHost:
-    """One ``HOST[:PORT]`` entry of the allow-list.
-
-    ``HOST`` is a host name (matched by name, and by the addresses it resolves to), an IPv4 or IPv6 address
-    (``[::1]:8080`` with a port), or ``localhost``, which stands for every loopback address. Without a port, every
-    port of the host is allowed.
-    """
+    """One ``HOST[:PORT]`` entry of the allow-list: a host name (matched by name, and by the addresses it resolves
+    to), an IPv4 or IPv6 address (``[::1]:8080`` with a port), or ``localhost`` (every loopback address). Without a
+    port, every port of the host is allowed."""
 
     __slots__ = ("host", "port", "ip")
 
@@ -55,18 +51,12 @@ class AllowedHost:
 
 
 def parse_allow_host(spec: str) -> AllowedHost:
-    """Parse exactly one ``HOST``, ``HOST:PORT``, ``IPV6``, ``[IPV6]`` or ``[IPV6]:PORT``.
-
-    ``HOST`` is a host name of RFC 1123 labels (letters, digits, ``-``, and ``_`` as container names use; at most
-    253 characters; a last label of digits only must be a whole IPv4 address) or an IPv4 address. Nothing else is
-    accepted: no separators (``,`` ``;`` whitespace), no ``/``, ``@``, control or non-ASCII characters, so an entry
-    never becomes several entries (``HFCACHE_ALLOW_HOSTS`` is comma-separated) or means more than it says.
-
-    Args:
-        spec (str): the entry as typed (``--allow-host``, ``allow_hosts=``, one ``HFCACHE_ALLOW_HOSTS`` item).
-
-    Returns:
-        AllowedHost: the host in lower case without a trailing dot (addresses in their canonical form).
+    """Parse exactly one ``HOST``, ``HOST:PORT``, ``IPV6``, ``[IPV6]`` or ``[IPV6]:PORT`` (``--allow-host``,
+    ``allow_hosts=``, one ``HFCACHE_ALLOW_HOSTS`` item) into the host in lower case without a trailing dot
+    (addresses in canonical form). ``HOST`` is a name of RFC 1123 labels (``_`` too, as container names use; at most
+    253 characters; a last label of digits only must make a whole IPv4 address) or an IPv4 address. No separators
+    (``,`` ``;`` whitespace), ``/``, ``@``, control or non-ASCII characters: an entry never becomes several or means
+    more than it says.
 
     Raises:
         ValueError: anything that is not one host with an optional port from 1 to 65535 (the message quotes
@@ -99,8 +89,8 @@ def parse_allow_host(spec: str) -> AllowedHost:
 
 
 def _is_host_name(host: str) -> bool:
-    """A name of RFC 1123 labels, or a dotted IPv4 address (C's ``inet_aton`` reads ``10.1`` or ``1234`` as an
-    address too, so a last label of digits only is accepted only as a whole IPv4 address)."""
+    """A name of RFC 1123 labels, or a dotted IPv4 address (``inet_aton`` reads ``10.1`` or ``1234`` as addresses
+    too: a last label of digits only is accepted only as a whole IPv4 address)."""
     if not host or len(host) > 254 or not _HOST_NAME.fullmatch(host) or ":" in host:
         return False
     last = host.rstrip(".").rsplit(".", 1)[-1]
@@ -108,12 +98,9 @@ def _is_host_name(host: str) -> bool:
 
 
 def hosts_from_environ(environ: dict[str, str] | None = None) -> tuple[AllowedHost, ...]:
-    """The allow-list a parent passed in ``HFCACHE_ALLOW_HOSTS``: ``HOST[:PORT]`` entries (:func:`parse_allow_host`)
-    joined by single commas, as :func:`format_allow_hosts` writes it. Unset or empty: nothing allowed.
-
-    Raises:
-        ValueError: an entry does not parse, or is empty (``a,,b``, a leading or trailing comma, spaces around an
-            entry): the caller must then allow nothing (the exec ``sitecustomize`` does), never guess.
+    """The allow-list a parent passed in ``HFCACHE_ALLOW_HOSTS`` (entries joined by single commas, as
+    :func:`format_allow_hosts` writes it; unset or empty: nothing). ValueError when an entry does not parse or is
+    empty (``a,,b``, spaces around one): the caller must then allow nothing (the ``sitecustomize`` does), never guess.
     """
     value = (os.environ if environ is None else environ).get(ENV_ALLOW_HOSTS, "")
     if not value:
@@ -127,10 +114,8 @@ def format_allow_hosts(hosts: Iterable[AllowedHost]) -> str:
 
 
 def _ip(host: str):
-    try:
-        ip = _IP_ADDRESS(host.split("%", 1)[0])
-    except ValueError:
-        return None
+    """:func:`_exact_ip` with an IPv4-mapped IPv6 address unwrapped."""
+    ip = _exact_ip(host)
     mapped = getattr(ip, "ipv4_mapped", None)
     return mapped if mapped is not None else ip
 
@@ -141,25 +126,20 @@ def _target(host: str, port: int | None) -> str:
 
 
 def hosts_file_names(path: str = "/etc/hosts", nsswitch: str = "/etc/nsswitch.conf") -> frozenset:
-    """Every name (lower case, no trailing dot) of ``path`` when ``nsswitch``'s ``hosts:`` line consults ``files``
-    before ``dns`` (or has no such line: glibc's default is ``files dns``); empty when ``dns`` comes first or the
-    file cannot be read. A summary for people; the guard matches with :func:`hosts_file_entries`, which is exact."""
+    """The names of :func:`hosts_file_entries` in lower case without a trailing dot: a summary for people (the guard
+    matches with the exact entries)."""
     names, _ = hosts_file_entries(path, nsswitch)
     return frozenset(name.rstrip(".") for name in names)
 
 
 def hosts_file_entries(path: str = "/etc/hosts", nsswitch: str = "/etc/nsswitch.conf") -> tuple[dict, frozenset]:
-    """What the C library answers from ``path`` without asking a DNS server (glibc's ``files`` backend, read from
-    the files themselves): ``({name: frozenset of IP versions 4/6}, frozenset of addresses)``. Names are lower case
-    and keep a trailing dot: glibc compares them case-insensitively and strips nothing (``vm.`` and a lookup of an
-    IPv4-only name for ``AF_INET6`` go to the nameserver; checked with a UDP nameserver in
-    tests/integration/test_trust3_guard.py). Addresses are ``ipaddress`` objects as written (an IPv4-mapped IPv6
-    address is not its IPv4 address: glibc asks the nameserver for it). Both empty when ``nsswitch``'s ``hosts:``
-    line consults ``dns`` before ``files`` or not ``files`` at all, or ``path`` cannot be read.
-
-    glibc sends any other name to the nameservers of ``/etc/resolv.conf`` - ``localhost``, ``*.localhost`` and the
-    machine's own name included when the file lacks them (RFC 6761 asks resolvers to answer ``.localhost``
-    themselves; glibc does not).
+    """What glibc's ``files`` backend answers from ``path`` without a DNS server: ``({name: frozenset of IP
+    versions 4/6}, frozenset of addresses)``. Names are lower case with a trailing dot kept (glibc compares
+    case-insensitively and strips nothing: ``vm.``, or an IPv4-only name looked up for ``AF_INET6``, goes to the
+    nameserver; tests/integration/test_trust3_guard.py); addresses are as written (an IPv4-mapped address is not its
+    IPv4 address). Both empty when ``nsswitch``'s ``hosts:`` line puts ``dns`` before ``files`` or lacks ``files``
+    (no line: glibc's ``files dns``), or ``path`` cannot be read. Any other name goes to the nameservers, even
+    ``localhost``, ``*.localhost`` and the machine's own name (glibc ignores RFC 6761 there).
     """
     if not _files_before_dns(nsswitch):
         return {}, frozenset()
@@ -204,6 +184,45 @@ def _exact_ip(text: str):
 
 # ------------------------------------------------------------------ reading the guard's audit-event arguments
 # (used by guard.py: only exact, immutable types are read, so what is checked is what C uses)
+
+#: The C-level values, read past anything Python code can override (``socket.socket.family`` is a property a subclass
+#: may redefine: it claimed AF_UNIX and connected TCP): the ``_socket.socket`` member descriptor reads the C struct's
+#: ``sock_family``; ``SO_DOMAIN`` (Linux) asks the kernel, which also sees through ``socket(AF_UNIX, fileno=<an
+#: AF_INET descriptor>)``. Captured at import.
+_C_FAMILY = _socket.socket.__dict__["family"]
+_C_GETSOCKOPT = _socket.socket.getsockopt
+_SO_DOMAIN = getattr(_socket, "SO_DOMAIN", None)
+_SO_TYPE = getattr(_socket, "SO_TYPE", None)
+#: Socket types whose packets carry headers the program writes (Linux ``SOCK_RAW`` = 3, ``SOCK_PACKET`` = 10): the
+#: kernel ignores the port of ``sendto``'s address (raw UDP reached any port) and, with ``IP_HDRINCL``, the host.
+_RAW_TYPES = frozenset({getattr(socket, "SOCK_RAW", 3), getattr(socket, "SOCK_PACKET", 10)})
+
+
+def _real_families(sock) -> frozenset:
+    """The socket's address family as C stores it and as the kernel reports it (``SO_DOMAIN``, Linux); empty when
+    ``sock`` is no real socket (a hand-made ``sys.audit`` call: nothing is sent)."""
+    try:
+        families = {_C_FAMILY.__get__(sock)}
+    except TypeError:
+        return frozenset()
+    if _SO_DOMAIN is not None:
+        try:
+            families.add(_C_GETSOCKOPT(sock, _socket.SOL_SOCKET, _SO_DOMAIN))
+        except OSError:
+            pass  # closed (the call fails too) or no SO_DOMAIN here: the C value stands
+    return frozenset(families)
+
+
+def _kernel_raw(sock) -> int:
+    """The socket type when the kernel says ``sock`` is raw (``SO_TYPE`` in :data:`_RAW_TYPES`), else 0: what
+    ``socket(fileno=...)``, ``socket.fromfd`` or an inherited descriptor really is, whatever type Python was told."""
+    if _SO_TYPE is None:
+        return 0
+    try:
+        kind = _C_GETSOCKOPT(sock, _socket.SOL_SOCKET, _SO_TYPE) & 0xF
+    except (OSError, TypeError):
+        return 0  # closed: the send fails too
+    return kind if kind in _RAW_TYPES else 0
 
 
 def _family_name(family) -> str:

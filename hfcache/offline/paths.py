@@ -2,21 +2,18 @@
 a glob, resolved offline from the cache alone (what vLLM's ``serve PATH``, llama.cpp's ``-m FILE`` and TGI's
 ``--model-id PATH`` take instead of a repo id; docs/runtimes.md).
 
-Resolution follows huggingface_hub's offline lookup (``file_download.py`` ``try_to_load_from_cache``,
-``_get_pointer_path``): the repo folder is named after the id exactly as given (``bert-base-uncased`` ->
-``models--bert-base-uncased``, the folder transformers loads that id from; ``records.folder_ids``), a branch or tag
-is read from ``refs/<revision>`` (exactly 40 hex characters: a trailing newline breaks the library's load too), a
-40-hex commit names ``snapshots/<commit>`` directly, and a file's path is its snapshot path
-(``snapshots/<commit>/<path>``: what loaders open). No huggingface_hub code runs: importing it costs more than the
-whole resolution, and nothing here may touch the network.
+As huggingface_hub's offline lookup (``file_download.py`` ``try_to_load_from_cache``, ``_get_pointer_path``): the
+repo folder is named after the id exactly as given (the folder transformers loads that id from), a branch or tag is
+read from ``refs/<revision>`` (exactly 40 hex characters: a trailing newline breaks the library's load too), a
+commit names ``snapshots/<commit>``, and a file's path is its snapshot path. No huggingface_hub code runs: importing
+it costs more than the resolution, and nothing here may touch the network.
 
-The cache is group-writable (docs/security.md): refs are read with ``O_NOFOLLOW`` from folder descriptors, the
-snapshot is walked without following links (:func:`hfcache.cache.safefs_tree.walk`, bounded by
-:data:`hfcache.bounds.MAX_TREE_DEPTH`), and each file returned is opened as a loader would read it
-(:func:`hfcache.cache.safefs.open_repo_file`: a real file, or a link resolved inside its repo folder, a Xet store
-link as huggingface_hub 2.4 writes it included) and must be a regular file. A link leaving the repo folder, a FIFO
-or a device is refused (``UnsafeLayout``, exit 5); a dangling link (its blob missing) counts as not cached (exit 1).
-Not guaranteed: the cache can change after the path is printed (a loader opens it later by path).
+The cache is group-writable (docs/security.md): refs are read from folder descriptors following no link, the
+snapshot is walked without following links (:func:`hfcache.cache.safefs_tree.walk`, bounded), and each file is
+opened as a loader would (:func:`hfcache.cache.safefs.open_repo_file`: a real file, or a link resolved inside its
+repo folder, a Xet store link included) and must be regular. A link leaving the repo folder, a FIFO or a device is
+refused (``UnsafeLayout``, exit 5); a dangling link counts as not cached (exit 1). The cache can still change after
+the path is printed (a loader opens it later by path).
 """
 
 from __future__ import annotations
@@ -30,35 +27,34 @@ import unicodedata
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..names import is_commit
 from ..cache import safefs
 from ..cache.layout import RepoFolder
-from ..cache.root import access_error, repo_folder_name
+from ..cache.root import access_error
 from ..cache.safefs_tree import walk
 from ..errors import CacheError, CheckFailed, UsageError
+from ..names import check_folder_name, is_commit, repo_folder_name, url_prefix
 from ..records import MAX_GLOB_CHARS, WarmRequest, validate_repo_path
 from ..warming.selection import matches
 
 #: ``datasets/ORG/NAME``, ``kernels/ORG/NAME``: the type prefix of huggingface_hub's ``hf://`` paths
 #: (``hf_file_system.py``); a bare id is a model. "datasets" and "kernels" are reserved names on the Hub, never orgs.
-_TYPE_PREFIXES = {"datasets/": "dataset", "kernels/": "kernel"}
+_TYPE_PREFIXES = {url_prefix(t): t for t in ("dataset", "kernel")}
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _GLOB_CHARS = frozenset("*?[")
-#: Characters no line of output may carry raw (as ``hfcache env`` refuses them, :func:`hfcache.offline.env.check_inert`):
-#: controls and line breaks (a name holding ``\n`` would print a second path), format characters (bidi, zero-width),
-#: lone surrogates (a name that is not UTF-8), line and paragraph separators.
+#: Characters no line of output may carry raw, as :func:`hfcache.offline.env.check_inert` refuses them (a name holding
+#: ``\n`` would print a second path).
 _NOT_INERT = frozenset({"Cc", "Cf", "Cs", "Zl", "Zp"})
 _SHOWN = 5  #: most names listed in one error
 
 
 class PathNotCached(CheckFailed):
-    """What ``hfcache path`` was asked for is not in the cache (exit 1); the hint is the warm command that fetches it.
+    """What ``hfcache path`` was asked for is not in the cache (exit 1).
 
     Attributes:
-        missing (str): what is missing: ``cache``, ``repo``, ``ref``, ``snapshot``, ``file`` (no file matches) or
-            ``blob`` (a matching file is a dangling link).
-        warm_command (str | None): the ``hfcache warm ...`` command line that would fetch it (also the hint), or
-            None when warming cannot help (the repo marks the file absent).
+        missing (str): ``cache``, ``repo``, ``ref``, ``snapshot``, ``file`` (no file matches) or ``blob`` (a matching
+            file is a dangling link).
+        warm_command (str | None): the ``hfcache warm ...`` line that fetches it (also the hint); None when warming
+            cannot help (the repo marks the file absent).
     """
 
     def __init__(self, message: str, *, missing: str, warm_command: str | None) -> None:
@@ -78,11 +74,10 @@ class ResolvedPath:
 
     Attributes:
         repo_id (str): the id as given (its folder is named after it).
-        revision (str): as asked (``main`` by default): a branch, tag or 40-hex commit.
-        commit_hash (str): the commit it names.
+        revision (str): as asked (``main`` by default): a branch, tag or commit. commit_hash (str): what it names.
         snapshot (Path): absolute ``<cache>/<folder>/snapshots/<commit>``.
-        files (tuple[Path, ...]): absolute snapshot paths of the files matching ``pattern``, sorted by repo path;
-            empty without a pattern. Each was a regular file inside the cache when resolved.
+        files (tuple[Path, ...]): absolute snapshot paths of the files matching ``pattern``, sorted by repo path
+            (empty without a pattern); each a regular file inside the cache when resolved.
         repo_type (str): ``model``, ``dataset`` or ``kernel``.
         pattern (str | None): the glob asked.
     """
@@ -96,36 +91,22 @@ class ResolvedPath:
     pattern: str | None = field(default=None, compare=False)
 
     def one(self) -> Path:
-        """The single file matching :attr:`pattern`.
-
-        Returns:
-            Path: the absolute snapshot path of that file.
-
-        Raises:
-            UsageError: resolved without a pattern.
-            AmbiguousPath: more than one file matches (exit 1, naming how many and the first few).
-        """
+        """The absolute snapshot path of the single file matching :attr:`pattern`. Raises UsageError when resolved
+        without a pattern, AmbiguousPath (exit 1, naming how many and the first few) when more than one matches."""
         if self.pattern is None:
             raise UsageError("exactly one file was asked for, but no PATTERN was given",
                              hint="add a PATTERN, e.g. '*Q8_0*.gguf' or tokenizer.json")
         if len(self.files) != 1:
-            names = ", ".join(str(p.relative_to(self.snapshot)) for p in self.files[:_SHOWN])
-            more = f", ... ({len(self.files) - _SHOWN} more)" if len(self.files) > _SHOWN else ""
+            names = _some([str(p.relative_to(self.snapshot)) for p in self.files])
             raise AmbiguousPath(f"{len(self.files)} files match {self.pattern!r} in {_label(self)}, expected exactly "
-                                f"one: {names}{more}", hint="narrow the PATTERN (e.g. the full file name)")
+                                f"one: {names}", hint="narrow the PATTERN (e.g. the full file name)")
         return self.files[0]
 
 
 def parse_spec(spec: str, repo_type: str | None = None) -> WarmRequest:
-    """``[datasets/|kernels/]REPO_ID[@REVISION]`` parsed with warm's grammar (:meth:`WarmRequest.parse`).
-
-    Args:
-        spec (str): the spec; a ``datasets/`` or ``kernels/`` prefix (as in ``hf://`` paths) sets the repo type.
-        repo_type (str | None): ``model``, ``dataset`` or ``kernel`` (``--repo-type``); None: from the prefix, else
-            ``model``.
-
-    Returns:
-        WarmRequest: the repo id, revision (``main`` by default) and type.
+    """``[datasets/|kernels/]REPO_ID[@REVISION]`` parsed with warm's grammar (:meth:`WarmRequest.parse`; revision
+    ``main`` by default). A ``datasets/`` or ``kernels/`` prefix (as in ``hf://`` paths) sets the type; else
+    ``repo_type`` (``--repo-type``), else ``model``.
 
     Raises:
         UsageError: a malformed id or revision, an unknown type, or a prefix that contradicts ``repo_type``.
@@ -142,13 +123,8 @@ def parse_spec(spec: str, repo_type: str | None = None) -> WarmRequest:
 
 
 def check_pattern(pattern: str) -> str:
-    """Return ``pattern`` when it is a glob ``hfcache path`` takes: non-empty, at most
-    :data:`hfcache.records.MAX_GLOB_CHARS` characters (fnmatch costs grow with the square of a pattern), no control
-    character.
-
-    Raises:
-        UsageError: otherwise (exit 2).
-    """
+    """``pattern`` when it is a glob ``hfcache path`` takes: non-empty, at most ``MAX_GLOB_CHARS`` characters
+    (fnmatch costs grow with the square of a pattern), no control character; else UsageError (exit 2)."""
     if not isinstance(pattern, str) or not pattern:
         raise UsageError("empty PATTERN", hint="give a glob such as '*.safetensors', or leave PATTERN out")
     if len(pattern) > MAX_GLOB_CHARS:
@@ -161,13 +137,8 @@ def check_pattern(pattern: str) -> str:
 
 
 def parse_path_var(text: str) -> tuple[str, str, str | None]:
-    """Parse ``NAME=REPO_ID[@REVISION][:PATTERN]`` (``hfcache exec --path``).
-
-    Git refs cannot contain ``:`` (``git check-ref-format``) and repo ids cannot either, so the first ``:`` after
-    the ``=`` starts the pattern (which may hold more ``:``).
-
-    Returns:
-        tuple[str, str, str | None]: (NAME, spec, pattern or None).
+    """Parse ``NAME=REPO_ID[@REVISION][:PATTERN]`` (``hfcache exec --path``) into (NAME, spec, pattern or None).
+    Neither refs (``git check-ref-format``) nor repo ids hold ``:``: the first one after ``=`` starts the pattern.
 
     Raises:
         UsageError: NAME is not a variable name (``[A-Za-z_][A-Za-z0-9_]*``), the spec is malformed
@@ -196,15 +167,10 @@ def resolve(cache: Path, spec: str, pattern: str | None = None, *, repo_type: st
     """Resolve ``spec`` (and ``pattern``) in the cache ``cache``, offline.
 
     Args:
-        cache (Path): the cache root (``hfcache.cache.root.resolve_cache_dir``).
-        spec (str): ``[datasets/|kernels/]REPO_ID[@REVISION]`` (:func:`parse_spec`); revision ``main`` by default.
+        cache (Path): the cache root. spec, repo_type: see :func:`parse_spec`.
         pattern (str | None): a glob over the snapshot's repo paths, matched as huggingface_hub's
             ``allow_patterns`` (``fnmatchcase``, ``*`` crosses ``/``, a trailing ``/`` matches a folder; a ``\\``
             is read as ``/``: ``utils/_paths.py`` ``filter_repo_objects``). None: the snapshot folder only.
-        repo_type (str | None): see :func:`parse_spec`.
-
-    Returns:
-        ResolvedPath: the commit, the absolute snapshot folder and the matching files (absolute snapshot paths).
 
     Raises:
         UsageError: a malformed spec or pattern, or a cache path holding a control character (exit 2).
@@ -220,7 +186,7 @@ def resolve(cache: Path, spec: str, pattern: str | None = None, *, repo_type: st
     root = Path(cache).absolute()  # as resolve_cache_dir: the path as given, not resolved (the root may be a link)
     _check_shown(str(root), "the cache path")
     folder = repo_folder_name(request.repo_id, request.repo_type)
-    safefs.check_folder_name(folder)
+    check_folder_name(folder)
     try:
         commit = _commit_of(root, folder, request, pattern)
         snapshot = root / folder / "snapshots" / commit
@@ -240,9 +206,9 @@ def resolve(cache: Path, spec: str, pattern: str | None = None, *, repo_type: st
 
 
 def warm_command(cache: Path, request: WarmRequest, pattern: str | None = None) -> str:
-    """The ``hfcache warm`` command line (shell-quoted) that fetches ``request`` into ``cache``: the whole model
-    (``--kind model``; ``--kind all`` for a dataset or kernel) without a pattern, the tokenizer set plus the pattern's
-    files (``--include``) with one."""
+    """The shell-quoted ``hfcache warm`` line that fetches ``request`` into ``cache``: without a pattern the whole
+    repo (``--kind model``; ``all`` for a dataset or kernel), with one the tokenizer set plus its files
+    (``--include``; ``--kind all`` for a dataset or kernel)."""
     words = ["hfcache", "warm", request.spec, "--cache-dir", str(cache)]
     if request.repo_type != "model":
         words += ["--repo-type", request.repo_type]
@@ -254,8 +220,11 @@ def warm_command(cache: Path, request: WarmRequest, pattern: str | None = None) 
 
 
 def _label(what: WarmRequest | ResolvedPath) -> str:
-    prefix = "" if what.repo_type == "model" else f"{what.repo_type}s/"
-    return f"{prefix}{what.repo_id}@{what.revision}"
+    return f"{url_prefix(what.repo_type)}{what.repo_id}@{what.revision}"
+
+
+def _some(names: list[str]) -> str:
+    return ", ".join(names[:_SHOWN]) + (f", ... ({len(names) - _SHOWN} more)" if len(names) > _SHOWN else "")
 
 
 def _offending(text: str) -> str | None:
@@ -369,8 +338,7 @@ def _check_files(root: Path, folder: str, request: WarmRequest, commit: str, pat
         finally:
             os.close(fd)
     if dangling:
-        names = ", ".join(dangling[:_SHOWN]) + (f", ... ({len(dangling) - _SHOWN} more)"
-                                                 if len(dangling) > _SHOWN else "")
+        names = _some(dangling)
         what = f"{len(dangling)} of the files matching {pattern!r}" if pattern else f"{len(dangling)} files"
         raise PathNotCached(f"{_label(request)} (commit {commit[:12]}): {what} are dangling links, their blobs "
                             f"missing from the cache: {names}", missing="blob",

@@ -1,47 +1,35 @@
 """The process-tree network filter of ``hfcache exec --no-network``: a seccomp filter, installed with libseccomp
 (through ``pyseccomp``, a ctypes binding with the API of libseccomp's own Python module) in hfcache's process just
 before ``execvpe``, so the command and every process it starts inherit it (seccomp filters are kept across
-``fork``/``clone``/``execve`` and can never be removed, only stacked).
+``fork``/``clone``/``execve`` and can never be removed, only stacked). On the native architecture (x86_64, aarch64):
 
-What the filter does (native architecture, e.g. x86_64 or aarch64):
-
-==============================  ====================================================================================
-``socket(family, ...)``         ``EACCES`` unless ``family`` is exactly ``AF_UNIX`` (the whole 64-bit register is
-                                compared: ``AF_UNIX | 1 << 32`` is refused too). So no IPv4/IPv6 socket (TCP, UDP,
-                                ICMP, raw), no ``AF_PACKET``, ``AF_NETLINK``, ``AF_VSOCK``, ``AF_BLUETOOTH``, ...
-``socketpair(family, ...)``     the same rule (only ``AF_UNIX`` pairs exist today; the rule keeps it so).
-``io_uring_setup``/``_enter``/  ``ENOSYS`` (as on a kernel without io_uring, so libuv and liburing users fall back):
-``_register``                   ``IORING_OP_SOCKET`` creates a socket without the ``socket`` syscall, and a ring
-                                inherited from the parent could be driven with ``io_uring_enter``.
-``socketcall``                  ``EACCES`` on architectures that have it (32-bit x86, s390, ppc): its arguments are in
-                                memory, out of a filter's reach, so all of it is refused (there, ``AF_UNIX`` through
-                                ``socketcall`` is refused too: fail closed).
-``pidfd_getfd``,                ``EPERM``: each reaches a socket, or network I/O, that another process (or the
-``process_vm_readv``/``writev``, kernel on the tree's behalf) owns: ``pidfd_getfd`` copies a live socket out of
-``ptrace``, ``request_key``,    another process of the same user in one call; ``request_key`` makes the kernel run
-``bpf``                         ``/sbin/request-key`` outside the filter (``key.dns_resolver``: DNS look-ups).
-``ioctl(fd, TUNSETIFF, ...)``   ``EACCES``: creating or attaching a TUN/TAP device (root in the tree could write
-                                its own IP packets through it); ``TIOCSTI``/``TIOCLINUX`` too (they type a line into
-                                the user's terminal, which the unfiltered shell then runs).
-a foreign ABI                   the process is killed (libseccomp's ``ACT_BADARCH``, set to ``KILL_PROCESS``): a
-                                32-bit ``int 0x80`` call or an x32 call (``__X32_SYSCALL_BIT``) from an x86_64
-                                process could otherwise reach ``socketcall``/``socket`` under another syscall table.
-==============================  ====================================================================================
+- ``socket``/``socketpair``: ``EACCES`` unless the family is exactly ``AF_UNIX`` (the whole 64-bit register is
+  compared: ``AF_UNIX | 1 << 32`` is refused too): no IPv4/IPv6 (TCP, UDP, ICMP, raw), ``AF_PACKET``,
+  ``AF_NETLINK``, ``AF_VSOCK``, ``AF_BLUETOOTH``, ... socket.
+- ``io_uring_setup``/``_enter``/``_register``: ``ENOSYS`` (as on a kernel without io_uring: libuv and liburing fall
+  back): ``IORING_OP_SOCKET`` creates a socket without ``socket``, and an inherited ring could be driven.
+- ``socketcall`` (32-bit x86, s390, ppc): ``EACCES``, all of it (``AF_UNIX`` too: its arguments are in memory, out of
+  a filter's reach; fail closed).
+- ``pidfd_getfd``, ``process_vm_readv``/``writev``, ``ptrace``, ``request_key``, ``bpf``: ``EPERM``: each reaches a
+  socket or network I/O another process (or the kernel for the tree) owns: ``pidfd_getfd`` copies a live socket out
+  of another process of the same user; ``request_key`` makes the kernel run ``/sbin/request-key`` outside the filter
+  (``key.dns_resolver``: DNS look-ups).
+- ``ioctl`` ``TUNSETIFF`` (a TUN/TAP device: root in the tree could write its own IP packets), ``TIOCSTI``/
+  ``TIOCLINUX`` (typing a line into the user's terminal, which the unfiltered shell runs): ``EACCES``.
+- a foreign ABI (a 32-bit ``int 0x80`` or an x32 call from an x86_64 process could reach ``socketcall``/``socket``):
+  the process is killed (``ACT_BADARCH`` = ``KILL_PROCESS``).
 
 libseccomp sets ``no_new_privs`` (``CTL_NNP``, its default), which seccomp requires without ``CAP_SYS_ADMIN``:
-setuid/file-capability programs (``sudo``, ``ping``) no longer gain privileges under the filter.
-
-After the load, :func:`install_network_filter` checks that the filter is in force (``/proc/self/status``
-``Seccomp: 2``, ``AF_INET`` and ``AF_INET6`` stream and datagram sockets and an ``AF_NETLINK`` socket refused with
-``EACCES``, ``io_uring_setup`` answered ``ENOSYS``, an ``AF_UNIX`` pair still created): a kernel or
-an outer sandbox that answered the load with a fake success is caught, and the command never runs unprotected.
+setuid/file-capability programs (``sudo``, ``ping``) no longer gain privileges under the filter. After the load,
+:func:`filter_problem` checks the filter is in force, so a kernel or an outer sandbox that answered the load with a
+fake success is caught and the command never runs unprotected.
 
 Not covered (docs/offline.md, "exec --no-network"): ``AF_UNIX`` connections to a local service that talks to the
 network for the process (a proxy, ``docker.sock``, ``nscd``/``systemd-resolved``), descriptors received over
-``AF_UNIX`` (``SCM_RIGHTS``) or inherited on stdin/stdout/stderr, another process of the same user that the tree
-can reach through ``/proc/PID/mem``, and a tree running as root (or with ``CAP_NET_ADMIN``/``CAP_SYS_ADMIN``): root
-can make the kernel run a helper outside the filter (``/proc/sys/kernel/core_pattern`` ``|prog``). The filter is the
-floor for an unprivileged tree; a network namespace or the NetworkPolicy covers the rest.
+``AF_UNIX`` (``SCM_RIGHTS``) or inherited on stdin/stdout/stderr, another process of the same user reached through
+``/proc/PID/mem``, and a tree running as root (or with ``CAP_NET_ADMIN``/``CAP_SYS_ADMIN``): root can make the
+kernel run a helper outside the filter (``core_pattern`` ``|prog``). The filter is the floor for an unprivileged
+tree; a network namespace or the NetworkPolicy covers the rest.
 """
 
 from __future__ import annotations
@@ -76,13 +64,8 @@ PROBE_TIMEOUT = 10.0
 
 
 class NetworkFilterUnavailable(OfflineViolation):
-    """``exec --no-network``: the filter could not be installed or is not in force, so the command is not started
-    (exit 4, as every refusal to run a process that could reach the network).
-
-    Attributes:
-        reason (str): what failed, one line (e.g. ``the kernel refused the network filter (EPERM: Operation not
-            permitted)``).
-    """
+    """``exec --no-network``: the filter could not be installed or is not in force; the command is not started
+    (exit 4). ``reason`` (str): what failed, one line (``the kernel refused the network filter (EPERM: ...)``)."""
 
     def __init__(self, reason: str, *, hint: str | None = None) -> None:
         super().__init__(f"exec --no-network: {reason}; the command was not started",
@@ -92,12 +75,8 @@ class NetworkFilterUnavailable(OfflineViolation):
 
 
 def _load_binding():
-    """``pyseccomp``, imported only when a filter is wanted.
-
-    Raises:
-        NetworkFilterUnavailable: the binding or libseccomp itself is missing (pyseccomp raises RuntimeError at
-            import when ``ctypes.util.find_library("seccomp")`` finds nothing: a library gap we catch here).
-    """
+    """``pyseccomp``, imported only when a filter is wanted. Raises NetworkFilterUnavailable when it or libseccomp
+    is missing (pyseccomp raises RuntimeError at import when ``find_library("seccomp")`` finds nothing)."""
     try:
         import pyseccomp
     except (ImportError, RuntimeError, OSError) as exc:
@@ -109,9 +88,7 @@ def _load_binding():
 
 def libseccomp_version() -> str | None:
     """The loaded libseccomp's version, e.g. ``"2.5.4"``; None when it cannot be told (or is not installed).
-
-    ``seccomp_version()`` is not wrapped by pyseccomp (library gap): it is called through the binding's handle.
-    """
+    ``seccomp_version()`` is not wrapped by pyseccomp (library gap): called through the binding's handle."""
     try:
         binding = _load_binding()
     except NetworkFilterUnavailable:
@@ -131,13 +108,8 @@ def libseccomp_version() -> str | None:
 
 
 def build_filter(binding=None):
-    """The filter described in the module docstring, not loaded yet.
-
-    Args:
-        binding: the ``pyseccomp`` module (default: imported now).
-
-    Returns:
-        pyseccomp.SyscallFilter: default action ALLOW, the rules above, ``no_new_privs`` on.
+    """The filter of the module docstring, not loaded yet: a ``pyseccomp.SyscallFilter`` (default action ALLOW,
+    ``no_new_privs`` on) built with ``binding`` (the ``pyseccomp`` module; default: imported now).
 
     Raises:
         NetworkFilterUnavailable: libseccomp is missing, or refused a rule or attribute.
@@ -182,9 +154,7 @@ def _describe(exc: BaseException) -> str:
 
 
 def install_network_filter() -> None:
-    """Load the filter into this process (irreversibly) and check it is in force.
-
-    Call it only right before ``exec``: this process can never create an IP socket again.
+    """Load the filter into this process (irreversibly: only right before ``exec``) and check it is in force.
 
     Raises:
         NetworkFilterUnavailable: libseccomp missing, the kernel has no seccomp or refused the load (EPERM, EINVAL,
@@ -202,14 +172,16 @@ def install_network_filter() -> None:
 
 def filter_problem() -> str | None:
     """Why this process is NOT under the network filter, or None when it is: ``/proc/self/status`` says
-    ``Seccomp: 2`` and ``NoNewPrivs: 1`` (when ``/proc`` is mounted), ``AF_INET``/``AF_INET6`` sockets are refused
-    with :data:`SOCKET_ERRNO`, and an ``AF_UNIX`` pair is still created."""
-    status = _proc_status()
+    ``Seccomp: 2`` and ``NoNewPrivs: 1`` (when ``/proc`` is mounted), ``AF_INET``/``AF_INET6`` stream and datagram
+    and ``AF_NETLINK`` sockets are refused with :data:`SOCKET_ERRNO`, ``io_uring_setup`` answers ``ENOSYS``, and an
+    ``AF_UNIX`` pair is still created."""
+    status = proc_status()
     if status is not None and (status.get("Seccomp") != "2" or status.get("NoNewPrivs") != "1"):
         return f"/proc/self/status has Seccomp: {status.get('Seccomp')}, NoNewPrivs: {status.get('NoNewPrivs')}"
     netlink = getattr(socket, "AF_NETLINK", None)
     probes = [(socket.AF_INET, socket.SOCK_STREAM, "AF_INET"), (socket.AF_INET, socket.SOCK_DGRAM, "AF_INET datagram"),
-              (socket.AF_INET6, socket.SOCK_STREAM, "AF_INET6"), (socket.AF_INET6, socket.SOCK_DGRAM, "AF_INET6 datagram")]
+              (socket.AF_INET6, socket.SOCK_STREAM, "AF_INET6"),
+              (socket.AF_INET6, socket.SOCK_DGRAM, "AF_INET6 datagram")]
     if netlink is not None:
         probes.append((netlink, socket.SOCK_RAW, "AF_NETLINK"))
     for family, kind, name in probes:
@@ -230,7 +202,8 @@ def filter_problem() -> str | None:
     return None
 
 
-def _proc_status() -> dict[str, str] | None:
+def proc_status() -> dict[str, str] | None:
+    """``/proc/self/status`` as ``{field: value}``; None when it cannot be read."""
     try:
         with open("/proc/self/status", encoding="ascii", errors="replace") as handle:
             text = handle.read(65536)
@@ -240,12 +213,16 @@ def _proc_status() -> dict[str, str] | None:
     return {key.strip(): value.strip() for key, value in fields}
 
 
+def _libc():
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.syscall.restype = ctypes.c_long
+    return libc
+
+
 def _io_uring_setup_errno() -> int | None:
     """The errno of ``io_uring_setup(1, NULL)`` through libc's ``syscall`` (x86_64/aarch64 number 425): ENOSYS under
     the filter; elsewhere EFAULT (the NULL parameters) or a ring, closed at once (None)."""
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.syscall.restype = ctypes.c_long
-    fd = libc.syscall(ctypes.c_long(425), ctypes.c_uint(1), ctypes.c_void_p(0))
+    fd = _libc().syscall(ctypes.c_long(425), ctypes.c_uint(1), ctypes.c_void_p(0))
     if fd >= 0:
         os.close(fd)
         return None
@@ -253,14 +230,9 @@ def _io_uring_setup_errno() -> int | None:
 
 
 def _kernel_socket_errno(family: int, kind: int = socket.SOCK_STREAM) -> int | None:
-    """The errno the kernel gives ``socket(family, kind, 0)``, or None when it made one (closed at once).
-
-    Through libc, not ``socket.socket``: under ``exec --no-network`` the Python guard (an audit hook) refuses the
-    socket first with ``NetworkBlocked``, and this asks what the kernel says."""
-    import ctypes
-
-    libc = ctypes.CDLL(None, use_errno=True)
-    fd = libc.socket(family, kind, 0)
+    """The errno the kernel gives ``socket(family, kind, 0)``, or None when it made one (closed at once). Through
+    libc: under ``exec --no-network`` the Python guard would refuse ``socket.socket`` first (``NetworkBlocked``)."""
+    fd = ctypes.CDLL(None, use_errno=True).socket(family, kind, 0)
     if fd >= 0:
         os.close(fd)
         return None
@@ -268,8 +240,8 @@ def _kernel_socket_errno(family: int, kind: int = socket.SOCK_STREAM) -> int | N
 
 
 def network_sockets_denied() -> bool:
-    """Whether this process already cannot create an IPv4 socket because of a filter (``EACCES``): it runs under
-    ``exec --no-network`` or a sandbox like it. Opens (and closes) one unconnected socket, nothing is sent."""
+    """Whether a filter already refuses this process an IPv4 socket (``EACCES``: ``exec --no-network`` or a sandbox
+    like it). Opens (and closes) one unconnected socket; nothing is sent."""
     return _kernel_socket_errno(socket.AF_INET) == SOCKET_ERRNO
 
 
@@ -282,16 +254,11 @@ _MEMORY_MAJOR = 1
 
 
 def close_inherited_sockets() -> tuple[int, ...]:
-    """Mark every inherited descriptor above stderr that could reach a network close-on-exec, so the command cannot
-    use what hfcache's parent left open (the filter only stops new sockets): network sockets (any family but
-    ``AF_UNIX``), io_uring rings (a ring whose owner polls it, ``IORING_SETUP_SQPOLL``, runs the child's socket and
-    connect requests without an io_uring call), pidfds, TUN/TAP and other character devices but ttys and the memory
-    devices, and anything it cannot tell. Regular files, folders, pipes, ``AF_UNIX`` sockets and ttys are kept.
-
-    Stdin, stdout and stderr are kept whatever they are: they are the caller's own redirections.
-
-    Returns:
-        tuple[int, ...]: the descriptors marked.
+    """Mark close-on-exec every inherited descriptor above stderr that could reach a network (the filter only stops
+    new sockets): sockets of any family but ``AF_UNIX``, io_uring rings (one its owner polls, ``SQPOLL``, runs the
+    child's requests without an io_uring call), pidfds, character devices but ttys and the memory devices, and
+    anything it cannot tell. Kept: regular files, folders, pipes, ``AF_UNIX`` sockets, ttys, and stdin/stdout/stderr
+    whatever they are (the caller's own redirections). Returns the descriptors marked.
 
     Raises:
         NetworkFilterUnavailable: such a descriptor could not be marked (fail closed: the command is not started).
@@ -346,8 +313,8 @@ def _family(fd: int) -> int | None:
 
 def _open_descriptors() -> list[int]:
     """The open descriptor numbers: ``/proc/self/fd`` when it is the real one (it lists a descriptor opened just
-    now: a tmpfs mounted over ``/proc`` that lists 0, 1 and 2 hid an inherited socket), else every number up to the
-    limit; anything above that range is marked close-on-exec at once (``close_range``, Linux >= 5.11)."""
+    now: a tmpfs over ``/proc`` listing 0, 1 and 2 hid an inherited socket), else every number up to the limit, and
+    everything above marked close-on-exec at once (``close_range``, Linux >= 5.11)."""
     probe = os.open("/", os.O_RDONLY | os.O_CLOEXEC)
     try:
         listed = sorted(int(name) for name in os.listdir("/proc/self/fd") if name.isdigit())
@@ -365,9 +332,7 @@ def _open_descriptors() -> list[int]:
 def _cloexec_above(first: int) -> None:
     """``close_range(first, ~0U, CLOSE_RANGE_CLOEXEC)``: every descriptor from ``first`` up is closed at the exec
     (a socket inherited at fd 3000 under ``ulimit -n 200`` sat above any scan). Fails closed when unsupported."""
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.syscall.restype = ctypes.c_long
-    if libc.syscall(ctypes.c_long(436), ctypes.c_uint(first), ctypes.c_uint(0xFFFFFFFF), ctypes.c_uint(4)) != 0:
+    if _libc().syscall(ctypes.c_long(436), ctypes.c_uint(first), ctypes.c_uint(0xFFFFFFFF), ctypes.c_uint(4)) != 0:
         raise NetworkFilterUnavailable(f"cannot mark inherited descriptors from {first} up close-on-exec without "
                                        f"/proc (close_range: {_describe(OSError(ctypes.get_errno(), ''))})")
 
@@ -383,13 +348,9 @@ def _descriptor_range() -> list[int]:
 
 @dataclass(frozen=True)
 class FilterProbe:
-    """What :func:`probe_filter` found.
-
-    Attributes:
-        available (bool): the filter loads and is in force in a child process.
-        detail (str): ``seccomp, libseccomp 2.5.4`` when available, else the one-line reason.
-        already_denied (bool): the probing process itself already cannot create IP sockets (a filter is in force).
-    """
+    """What :func:`probe_filter` found: ``available`` (the filter loads and is in force in a child), ``detail``
+    (``seccomp, libseccomp 2.5.4``, else the one-line reason), ``already_denied`` (the probing process itself
+    cannot create IP sockets: a filter is in force)."""
 
     available: bool
     detail: str
@@ -398,11 +359,7 @@ class FilterProbe:
 
 def probe_filter(timeout: float = PROBE_TIMEOUT) -> FilterProbe:
     """Whether :func:`install_network_filter` works here, tried in a forked child (never in this process: a filter
-    cannot be removed). The child reports one line over a pipe and exits; it is killed after ``timeout`` seconds.
-
-    Returns:
-        FilterProbe.
-    """
+    cannot be removed) that reports one line over a pipe; it is killed after ``timeout`` seconds."""
     version = libseccomp_version()
     already = network_sockets_denied()
     read_end, write_end = os.pipe()

@@ -1,4 +1,4 @@
-"""The network filter's probe for doctor (hfcache/offline/doctor_enforce.py) and exec's `{NAME}` substitution.
+"""The network filter's probe for doctor (hfcache/offline/doctor.py) and exec's `{NAME}` substitution.
 
 The probe runs in a forked child: doctor's own process must stay unfiltered (a seccomp filter cannot be removed).
 Where the kernel refuses the filter (an outer filter making seccomp/prctl fail), the finding is a warning naming
@@ -14,12 +14,12 @@ import sys
 import textwrap
 from pathlib import Path
 
-from hfcache.offline.doctor_enforce import enforcement_findings
+from hfcache.offline.doctor import enforcement_findings
 from hfcache.offline.exec_paths import substitute_paths
 from hfcache.offline.sandbox import filter_problem, libseccomp_version
 from tests.helpers import clean_env
 
-FINDINGS_PY = ("import json; from hfcache.offline.doctor_enforce import enforcement_findings; "
+FINDINGS_PY = ("import json; from hfcache.offline.doctor import enforcement_findings; "
                "print(json.dumps([f.__dict__ for f in enforcement_findings()]))")
 LAUNCHER_PY = textwrap.dedent("""
     import errno, os, sys

@@ -1,18 +1,18 @@
-"""hfcache's network guard for the Python processes ``hfcache exec`` starts.
+"""hfcache's network guard for the Python processes ``hfcache exec`` starts (standard library only).
 
-``hfcache exec`` puts this folder first on the child's ``PYTHONPATH``, so Python's ``site`` module imports this file as
-``sitecustomize`` at start-up. It installs the guard (``hfcache/offline/guard.py``, loaded by file path: the child needs
-neither hfcache nor its dependencies installed) with the allow-list from ``HFCACHE_ALLOW_HOSTS`` (a malformed value
-allows nothing, with a warning on stderr: fail closed), then runs the
-``sitecustomize`` this file shadows, if there is one (an image's own, or a distribution's), so that one keeps working.
+``hfcache exec`` puts this folder first on the child's ``PYTHONPATH``, so ``site`` imports this file at start-up. It
+installs the guard (``hfcache/offline/guard.py``, loaded by file path: the child needs neither hfcache nor its
+dependencies) with the allow-list of ``HFCACHE_ALLOW_HOSTS`` (malformed: no host allowed, a warning on stderr), then
+runs the ``sitecustomize`` this file shadows, if any (an image's own, or a distribution's).
 """
+
+import importlib.machinery
+import importlib.util
+import os
+import sys
 
 
 def _install_guard() -> None:
-    import importlib.util
-    import os
-    import sys
-
     path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "guard.py")
     spec = importlib.util.spec_from_file_location("_hfcache_guard", path)
     module = importlib.util.module_from_spec(spec)
@@ -28,28 +28,19 @@ def _install_guard() -> None:
 
 
 def _chain_next_sitecustomize() -> None:
-    import importlib.machinery
-    import importlib.util
-    import os
-    import sys
-
     here = os.path.dirname(os.path.abspath(__file__))
     rest = [p for p in sys.path if os.path.abspath(p or os.curdir) != here]
     spec = importlib.machinery.PathFinder.find_spec("sitecustomize", rest)
     if spec is None or spec.loader is None:
         return
     module = importlib.util.module_from_spec(spec)
-    # It runs under its own name, as it would have without us; what it raises reaches `site`, which reports it as it
-    # reports any failing sitecustomize.
-    sys.modules["sitecustomize"] = module
+    sys.modules["sitecustomize"] = module  # under its own name; what it raises reaches `site`, which reports it
     spec.loader.exec_module(module)
 
 
 try:
     _install_guard()
-except Exception as _exc:  # noqa: BLE001 - a start-up hook must not kill the child; say so instead
-    import sys as _sys
-
-    _sys.stderr.write(f"hfcache: warning: the network guard could not be installed: {type(_exc).__name__}: {_exc}\n")
+except Exception as _exc:  # a start-up hook must not kill the child; say so instead
+    sys.stderr.write(f"hfcache: warning: the network guard could not be installed: {type(_exc).__name__}: {_exc}\n")
 
 _chain_next_sitecustomize()
