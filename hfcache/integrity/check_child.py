@@ -59,11 +59,12 @@ FIFO_GRACE = 5.0
 
 
 class ChildStuck(Exception):
-    """The child was killed: ``reason`` says why (a FIFO open, or the timeout)."""
+    """The child was killed: ``reason`` says why (a FIFO open, or the timeout: ``timed_out``)."""
 
-    def __init__(self, reason: str) -> None:
+    def __init__(self, reason: str, *, timed_out: bool = False) -> None:
         super().__init__(reason)
         self.reason = reason
+        self.timed_out = timed_out
 
 
 def _waiting_on_fifo(pid: int) -> bool:
@@ -108,7 +109,8 @@ def run_child(cache_dir: Path, args: Sequence[str], *, env: dict[str, str], cwd:
                 pass
             now = time.monotonic()
             blocked_since = (blocked_since or now) if _waiting_on_fifo(proc.pid) else None
-            if blocked_since is not None and now - blocked_since >= FIFO_GRACE:
+            fifo = blocked_since is not None and now - blocked_since >= FIFO_GRACE
+            if fifo:
                 reason = (f"blocked for {FIFO_GRACE:g} s opening a FIFO in the cache (a file swapped for one while "
                           "check ran)")
             elif now >= deadline:
@@ -117,7 +119,7 @@ def run_child(cache_dir: Path, args: Sequence[str], *, env: dict[str, str], cwd:
                 continue
             proc.kill()
             proc.communicate()
-            raise ChildStuck(reason)
+            raise ChildStuck(reason, timed_out=not fifo)
 
 
 #: How :func:`probe_specs` words the error of the spec a child was loading when it died (``diagnosis`` names it).
@@ -218,8 +220,8 @@ def probe_specs(cache_dir: Path, text: str, specs: Sequence[str], trusted: Seque
         else:
             try:
                 proc = run_child(cache_dir, [*options, "--", text, *pending], env=env, cwd=cwd, timeout=left)
-            except ChildStuck as exc:
-                stuck = exc.reason
+            except ChildStuck as exc:  # a later child's timeout is what is left of the caller's: name the caller's
+                stuck = f"did not finish within {timeout:g} s" if exc.timed_out else exc.reason
         answer = _answer(proc) if proc is not None else None
         if answer is not None:
             import_seconds = import_seconds or answer.pop("__import_seconds__", {}).get("seconds")
