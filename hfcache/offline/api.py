@@ -324,9 +324,11 @@ def _load_from_network(auto_tokenizer: Any, repo_id: str, revision: str | None, 
             hint=f"warm it first: hfcache warm {spec} --cache-dir {cache}") from failure
     try:
         return auto_tokenizer.from_pretrained(repo_id, revision=revision, cache_dir=str(cache), **kwargs)
-    except Exception as exc:  # noqa: BLE001 - one clear error naming both attempts
+    except BaseException as exc:  # noqa: BLE001 - one clear error naming both attempts (a panic of tokenizers too)
+        if not isinstance(exc, Exception) and not is_panic(exc):
+            raise
         raise HubError(f"{spec}: not loadable from the cache {cache} ({error.splitlines()[0]}), and the network "
-                       f"load failed: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}",
+                       f"load failed: {one_line(exc, 500)}",
                        hint="check HF_ENDPOINT and the network, or warm the cache with hfcache warm") from exc
 
 

@@ -231,3 +231,31 @@ def test_load_tokenizer_with_transformers_reports_a_panic_as_an_offline_load_err
     assert result["error"] == "OfflineLoadError", result
     assert "PanicException: Precompiled" in result["message"] or "panicked" in result["message"], result
     assert result["cause"].startswith("the tokenizers library panicked on this repo's tokenizer files"), result
+
+
+NETWORK_LOAD = r"""
+import json, sys
+import hfcache
+from hfcache.errors import HubError
+try:
+    hfcache.load_tokenizer(sys.argv[1], cache_dir=sys.argv[2], allow_network=True)
+    print(json.dumps({"loaded": True}))
+except HubError as exc:
+    print(json.dumps({"error": type(exc).__name__, "message": str(exc)}))
+"""
+
+
+def test_load_tokenizer_reports_a_panic_of_the_network_load_as_a_hub_error(tmp_path):
+    """``allow_network=True`` on a repo the cache lacks: the endpoint serves the panicking file, and the load from it
+    fails with HubError naming both attempts (the panic escaped load_tokenizer before)."""
+    from hfcache.serve import HubServer
+
+    with HubServer(_hub(tmp_path, {"t5-short-charsmap": PANICS["t5-short-charsmap"]})) as server:
+        proc = subprocess.run([sys.executable, "-c", NETWORK_LOAD, "hostile/t5-short-charsmap", str(tmp_path / "cache")],
+                              capture_output=True, text=True, timeout=300, cwd=REPO,
+                              env=clean_env(HF_HOME=str(tmp_path / "home"), HF_ENDPOINT=server.endpoint))
+    assert proc.returncode == 0, proc.stderr
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert result["error"] == "HubError", result
+    assert "and the network load failed: PanicException: Precompiled: Error(" in result["message"], result
+    assert "\n" not in result["message"]
