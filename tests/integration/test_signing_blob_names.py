@@ -53,7 +53,7 @@ def one_error_line(proc, code: int, *needles: str) -> str:
 
 @pytest.fixture(scope="module")
 def registry(tmp_path_factory):
-    if available() is not None:
+    if available() is not None and not os.environ.get("CI"):
         pytest.skip(str(available()))
     with running_registry(tmp_path_factory.mktemp("names-registry")) as reg:
         yield reg
