@@ -16,8 +16,8 @@ panic in Python as ``pyo3_runtime.PanicException``, a ``BaseException`` by desig
 (PyO3/pyo3#2880), so :func:`is_panic` knows it by name and module. A panic in a rayon worker thread
 (``encode_batch``) reaches the caller the same way. A failed memory allocation aborts the process instead (Rust's
 ``handle_alloc_error``: e.g. a ``tokenizer.json`` padding of 2**58 ids, at encode): nothing in the process can catch
-that, which is why ``hfcache check``'s child reports its progress to the parent (:mod:`.check`), and why the fast
-path switches padding and truncation off before its first encode.
+that, which is why ``hfcache check``'s child reports its progress to the parent (:func:`.check_child.probe_specs`),
+and why the fast path switches padding and truncation off before its first encode.
 """
 
 from __future__ import annotations

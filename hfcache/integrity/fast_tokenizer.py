@@ -22,7 +22,9 @@ replays that work for the classes it knows, without importing transformers (``im
   transformers version before 5): refused.
 
 Every file is read through :mod:`hfcache.cache.safefs` (no link out of the repo folder, no FIFO) with a size cap, and
-every JSON through :func:`hfcache.bounds.loads_json`. ``hfcache check`` proves the result equal to ``AutoTokenizer``
+every JSON through :func:`hfcache.bounds.loads_json`; every field taken from them is checked for its type and bounds
+(:mod:`.fast_inputs`), and what the tokenizers library raises or panics on, at load or at a first encode, is a
+refusal. ``hfcache check`` proves the result equal to ``AutoTokenizer``
 on :mod:`.tokenizer_corpus` and records it (:mod:`.fast_record`).
 """
 

@@ -1,15 +1,19 @@
 """The child side of ``hfcache check``: load tokenizers offline and report, one JSON line on stdout.
 
-Run as ``python -m hfcache.offline.probe TEXT REPO_ID@REVISION... [--trust-remote-code REPO_ID@REVISION]...
-[--progress FILE]`` (the specs repeated after ``--trust-remote-code`` load with ``trust_remote_code=True``: their
-``auto_map`` names custom code, see ``hfcache.integrity.check_targets.custom_code_refs``) with ``HF_HUB_OFFLINE=1``
-and ``HF_HUB_CACHE`` set by the parent.
+Run as ``python -m hfcache.offline.probe [--trust-remote-code REPO_ID@REVISION]... [--progress FILE] -- TEXT
+REPO_ID@REVISION...`` (options before ``--``, so that a TEXT starting with a dash is text; the specs repeated after
+``--trust-remote-code`` load with ``trust_remote_code=True``: their ``auto_map`` names custom code, see
+``hfcache.integrity.check_targets.custom_code_refs``) with ``HF_HUB_OFFLINE=1`` and ``HF_HUB_CACHE`` set by the
+parent.
 
 A load or encode that raises, or that makes the tokenizers library panic (``pyo3_runtime.PanicException``, a
 ``BaseException``: :mod:`hfcache.integrity.fast_inputs`), is that spec's ``error``. What no ``except`` sees (a Rust
 abort on a failed allocation, a signal, custom code calling ``os._exit``) ends the process: with ``--progress``,
 each spec's start and result are appended to FILE as JSON lines first (``{"begin": SPEC}``, ``{"spec": SPEC,
-"result": {...}}``), so the parent knows which spec was loading and which have results (``hfcache.integrity.check``). Before transformers is imported, hfcache's network guard (``offline/guard.py``: a PEP 578 audit hook, with nothing
+"result": {...}}``), so the parent knows which spec was loading and which have results
+(:func:`hfcache.integrity.check_child.probe_specs`).
+
+Before transformers is imported, hfcache's network guard (``offline/guard.py``: a PEP 578 audit hook, with nothing
 allowed, not even loopback) turns any attempt to open a network connection into an immediate error, so a load that
 would reach for the network fails fast and says so instead of hanging (docs/cache-layout.md, 'Traps the libraries
 leave').

@@ -60,7 +60,15 @@ FIELDS = ([("tokenizer_config.json", (k,)) for k in TOKENIZER_CONFIG]
 
 
 def _trained(kind: str) -> dict:
-    from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
+    from tokenizers import (
+        Tokenizer,
+        decoders,
+        models,
+        normalizers,
+        pre_tokenizers,
+        processors,
+        trainers,
+    )
 
     if kind == "wordpiece":
         tok = Tokenizer(models.WordPiece(unk_token="[UNK]"))
@@ -185,17 +193,15 @@ def test_is_panic_knows_the_tokenizers_librarys_panic_which_except_exception_mis
 
     doc = {"version": "1.0", "normalizer": {"type": "Precompiled", "precompiled_charsmap": ""},
            "model": {"type": "WordLevel", "vocab": {"a": 0}, "unk_token": "a"}}
-    with pytest.raises(BaseException) as raised:  # noqa: PT011 - the point: it is no Exception
+    with pytest.raises(BaseException) as raised:  # the point: it is no Exception
         Tokenizer.from_str(json.dumps(doc))
     assert not isinstance(raised.value, Exception) and fast_inputs.is_panic(raised.value)
     assert fast_inputs.one_line(raised.value).startswith("PanicException: Precompiled: Error(")
-    with pytest.raises(FastPathRefused, match="panicked"):
-        with fast_inputs.library_call("tokenizer.json cannot be loaded"):
-            Tokenizer.from_str(json.dumps(doc))
+    with pytest.raises(FastPathRefused, match="panicked"), fast_inputs.library_call("tokenizer.json cannot be loaded"):
+        Tokenizer.from_str(json.dumps(doc))
     assert not fast_inputs.is_panic(KeyboardInterrupt()) and not fast_inputs.is_panic(ValueError("x"))
-    with pytest.raises(KeyboardInterrupt):  # never swallowed
-        with fast_inputs.library_call("x"):
-            raise KeyboardInterrupt
+    with pytest.raises(KeyboardInterrupt), fast_inputs.library_call("x"):  # never swallowed
+        raise KeyboardInterrupt
 
 
 @pytest.mark.parametrize(("value", "before"), [(None, True), ("4.57.1", True), ("5.0", False), ("05", False),
