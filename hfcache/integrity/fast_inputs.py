@@ -99,14 +99,6 @@ def flag(doc: dict, name: str, default: bool | None, where: str = "tokenizer_con
     raise FastPathRefused(f"{where}'s {name} is {_kind(value)}, not true, false or null")
 
 
-def text(doc: dict, name: str, where: str) -> str | None:
-    """``doc[name]`` when it is a string or null/absent (None). Raises FastPathRefused for any other value."""
-    value = doc.get(name)
-    if value is None or isinstance(value, str):
-        return value
-    raise FastPathRefused(f"{where}'s {name} is {_kind(value)}, not a string")
-
-
 def token_id(value: Any, where: str) -> int:
     """A token id: an int (or, as ``added_tokens_decoder`` keys are, its decimal text) in ``[0, MAX_TOKEN_ID]``.
 
