@@ -1,13 +1,10 @@
 """What the current user can do in a cache: the checks ``hfcache doctor`` runs for shared caches.
 
-As the current user (not as the owner, not as root): can it reach and list the cache root, create files in
-``.locks/`` and open the lock files there (huggingface_hub opens them read-write), create entries in every repo folder
-(``blobs/``, ``snapshots/<commit>/``, ``refs/``, ``.no_exist/<commit>/``), and does flock work on the filesystem.
-In a group-shared cache (group-writable root, :mod:`hfcache.cache.sharing`) it also finds folders other members cannot
-write. Each problem is a :class:`Check` with the exact command that fixes it.
-
-``.locks/`` is probed by creating and removing a file (``os.access`` cannot see NFS export rules or ACL masks);
-repo folders, being many, by ``os.access``.
+As the current user: can it reach and list the cache root, create files in ``.locks/`` and open the lock files
+there (huggingface_hub opens them read-write), create entries in every repo folder, and does flock work there. In a
+group-shared cache (:mod:`.sharing`) it also finds folders other members cannot write. Each problem is a
+:class:`Check` with the command that fixes it. ``.locks/`` is probed by creating and removing a file (``os.access``
+cannot see NFS export rules or ACL masks); repo folders, being many, by ``os.access``.
 """
 
 from __future__ import annotations
@@ -23,8 +20,8 @@ from pathlib import Path
 
 from . import safefs
 from ..bounds import MAX_TREE_DEPTH
+from .fsops import create_at, walk_tree
 from .locking import flock_error
-from .fsops import walk_tree
 
 _SHOWN = 4
 
@@ -110,28 +107,35 @@ def outsider_check(cache: Path, uid: int, groups: tuple[int, ...]) -> Check | No
                  join_fix(uid, st.st_gid))
 
 
+def blocking_dir(path: Path) -> Path:
+    """The first folder on the way to ``path`` (itself included) that this user cannot enter or list; ``path``
+    when there is none."""
+    path = path.absolute()
+    for folder in [*reversed(path.parents), path]:
+        if not os.access(folder, os.X_OK) or (folder == path and not os.access(folder, os.R_OK)):
+            return folder
+    return path
+
+
 def reach_check(cache: Path, uid: int, groups: tuple[int, ...]) -> Check | None:
     """An error when this user cannot enter a folder on the way to ``cache`` or list ``cache`` itself."""
     cache = cache.absolute()
-    for folder in [*reversed(cache.parents), cache]:
-        need = os.X_OK | (os.R_OK if folder == cache else 0)
-        if os.access(folder, need):
-            continue
-        fix = reach_fix(folder, folder == cache, uid, groups)
-        what = "list" if folder == cache else "enter"
-        return Check("cache.unreachable", "error",
-                     f"uid {uid} cannot {what} {folder}{_who(folder)}: every load from the cache {cache} and every "
-                     "hfcache command on it fail with 'Permission denied'", fix)
-    return None
+    folder = blocking_dir(cache)
+    if os.access(folder, os.X_OK | (os.R_OK if folder == cache else 0)):
+        return None
+    what = "list" if folder == cache else "enter"
+    return Check("cache.unreachable", "error",
+                 f"uid {uid} cannot {what} {folder}{_who(folder)}: every load from the cache {cache} and every "
+                 "hfcache command on it fail with 'Permission denied'", reach_fix(folder, folder == cache, uid, groups))
 
 
 def _probe_create(cache: Path, rel: str) -> OSError | None:
-    """Create and remove a probe file in ``cache/rel``, relative to an fd of that folder opened without following
-    links (safefs: a planted ``.locks`` symlink is never written through; UnsafeLayout is raised instead)."""
+    """Create and remove a probe file in ``cache/rel``, through an fd of that folder (safefs: a planted ``.locks``
+    link is never written through; UnsafeLayout is raised instead)."""
     name = f".hfcache-doctor-{secrets.token_hex(6)}"
     with safefs.dir_fd(cache, rel) as dfd:
         try:
-            os.close(os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600, dir_fd=dfd))
+            os.close(create_at(dfd, name, 0o600))
         except OSError as exc:
             return exc
         try:
@@ -201,9 +205,9 @@ def _lock_folders(locks: Path) -> list[tuple[Path, list[Path]]]:
 
 
 def _repo_folders(cache: Path) -> list[list[Path]]:
-    """Per repo folder: it and every folder below it that hfcache creates entries in (not ``trees/``), walked
-    iteratively to :data:`hfcache.bounds.MAX_TREE_DEPTH` levels below a snapshot (``os.walk`` recursed per level: a
-    planted 1,000-level chain was exit 70; the layout scan reports a deeper chain)."""
+    """Per repo folder: it and every folder below it that hfcache creates entries in (not ``trees/``), walked to
+    :data:`hfcache.bounds.MAX_TREE_DEPTH` levels below a snapshot (:func:`.fsops.walk_tree`; the layout scan
+    reports a deeper chain)."""
     out = []
     for entry in _entries(cache):
         if "--" not in entry.name or entry.name.startswith(".") or not entry.is_dir(follow_symlinks=False):
@@ -211,8 +215,9 @@ def _repo_folders(cache: Path) -> list[list[Path]]:
         folder = Path(entry.path)
         dirs = [folder]
         for root, subdirs, _ in walk_tree(folder, max_depth=MAX_TREE_DEPTH + 2):
-            subdirs[:] = [d for d in subdirs if not (root == str(folder) and d == "trees")]
-            dirs += [Path(root) / d for d in subdirs if not os.path.islink(Path(root) / d)]
+            if root == str(folder) and "trees" in subdirs:
+                subdirs.remove("trees")
+            dirs += [Path(root) / d for d in subdirs]  # folders only: walk_tree never lists a link among them
         out.append(dirs)
     return out
 

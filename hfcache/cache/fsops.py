@@ -2,9 +2,8 @@
 follow a link and never block on a FIFO, an exclusive create, a removal of a tree of any depth and a bounded walk.
 
 A group member of a shared cache can swap any folder or file for a link between a check and a use, or plant a
-folder chain deep enough to exhaust Python's recursion (docs/security.md, "Group members"). Only this module and
-the modules built on it (:mod:`.safefs`, :mod:`.safefs_tree`, :mod:`.shared_store`, :mod:`.atomic`) spell
-``O_NOFOLLOW``; ``tests/unit/test_fs_discipline.py`` fails anywhere else. Standard library only.
+folder chain deep enough to exhaust Python's recursion (docs/security.md, "Group members"). Only the filesystem
+layer spells ``O_NOFOLLOW`` (``tests/unit/test_layer_ownership.py``). Standard library only.
 """
 
 from __future__ import annotations
@@ -24,6 +23,8 @@ DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 READ_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 #: A file created below the root: a new name only, never through a link.
 CREATE_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+#: The errnos of an open that met a link (ELOOP) or a non-folder (ENOTDIR) where it followed none.
+LINK_ERRNOS = (errno.ELOOP, errno.ENOTDIR)
 
 
 class UnsafeLayout(CacheError):
@@ -32,16 +33,13 @@ class UnsafeLayout(CacheError):
 
 def open_dir_at(dir_fd: int | None, name: str) -> int:
     """Open the folder ``name`` of the folder ``dir_fd`` (None: ``name`` is a path) without following a link; its fd.
-
-    Raises:
-        OSError: ELOOP/ENOTDIR when it is a link or not a folder, FileNotFoundError when missing.
-    """
+    Raises OSError: ELOOP/ENOTDIR for a link or a non-folder, FileNotFoundError when missing."""
     return os.open(name, DIR_FLAGS, dir_fd=dir_fd)
 
 
 def open_read_at(dir_fd: int | None, name: str, extra: int = 0) -> int:
-    """Open ``name`` of the folder ``dir_fd`` for reading (``O_NOFOLLOW | O_NONBLOCK``, plus ``extra`` flags); the
-    caller checks ``S_ISREG`` (or uses :func:`open_regular`). Raises OSError (ELOOP for a link)."""
+    """Open ``name`` of the folder ``dir_fd`` (None: ``name`` is a path) for reading (``O_NOFOLLOW | O_NONBLOCK``,
+    plus ``extra`` flags); the caller checks ``S_ISREG`` (or uses :func:`open_regular`). OSError (ELOOP: a link)."""
     return os.open(name, READ_FLAGS | extra, dir_fd=dir_fd)
 
 
@@ -51,24 +49,31 @@ def create_at(dir_fd: int, name: str, mode: int = 0o666) -> int:
     return os.open(name, CREATE_FLAGS, mode, dir_fd=dir_fd)
 
 
+def temp_name(name: str, suffix: str = ".tmp") -> str:
+    """A private name beside ``name`` for a write renamed onto it: ``.<name>.<8 hex><suffix>``."""
+    return f".{name}.{uuid.uuid4().hex[:8]}{suffix}"
+
+
+def unlink_at(dir_fd: int, name: str) -> None:
+    """Remove ``name`` from the folder ``dir_fd`` (the entry itself, never a link's target); missing is fine."""
+    try:
+        os.unlink(name, dir_fd=dir_fd)
+    except FileNotFoundError:
+        pass
+
+
 def open_regular(dir_fd: int, name: str, shown: str) -> int:
     """Open the regular file ``name`` of the folder ``dir_fd`` for reading (``O_NOFOLLOW | O_NONBLOCK``, then
-    ``fstat``), so a name swapped for a link, FIFO, device or folder after it was listed is refused.
-
-    Args:
-        dir_fd: the folder's descriptor (from :func:`walk`). name: one component. shown: the path named in errors.
-
-    Returns:
-        int: the descriptor (caller closes).
+    ``fstat``): a name swapped for a link, FIFO, device or folder after it was listed is refused. ``shown``: the
+    path named in errors. Returns the fd (caller closes).
 
     Raises:
-        UnsafeLayout: not a regular file (a link, FIFO, device or folder) now.
-        FileNotFoundError: it is gone.
+        UnsafeLayout: not a regular file now. FileNotFoundError: it is gone.
     """
     try:
         fd = os.open(name, READ_FLAGS, dir_fd=dir_fd)
     except OSError as exc:
-        if exc.errno in (errno.ELOOP, errno.ENOTDIR, errno.ENXIO):
+        if exc.errno in (*LINK_ERRNOS, errno.ENXIO):
             raise UnsafeLayout(f"{shown} is not a regular file (a link, FIFO or device): left alone",
                                hint="remove it, then rerun") from None
         raise
@@ -80,18 +85,13 @@ def open_regular(dir_fd: int, name: str, shown: str) -> int:
 
 
 def remove_tree_at(parent_fd: int, name: str) -> None:
-    """Remove the folder ``name`` of the folder open as ``parent_fd`` and everything in it, iteratively.
+    """Remove the folder ``name`` of the folder ``parent_fd`` and everything in it, iteratively.
 
-    Library gap: Python 3.11's ``shutil.rmtree`` (and ``os.walk``) recurse once per level, so a 1,000-level chain
-    a group member plants raises RecursionError. Here every subfolder found at any depth is first renamed (relative
-    to the folder fds) up into the folder being removed under a private name, so the work stays one level deep,
-    with two descriptors open, whatever the depth. Nothing is followed: every folder is opened with
-    ``O_NOFOLLOW | O_DIRECTORY`` relative to its parent's fd, and an entry swapped for a link meanwhile is unlinked
-    (the link itself), never entered.
-
-    Args:
-        parent_fd (int): an fd of the folder holding ``name`` (opened by :func:`open_dir`).
-        name (str): one component.
+    Library gap: Python 3.11's ``shutil.rmtree`` recurses once per level (a planted 1,000-level chain raises
+    RecursionError). Here each subfolder found at any depth is first renamed (relative to the folder fds) up into
+    the folder being removed under a private name, so the work stays one level deep with two descriptors open.
+    Every folder is opened ``O_NOFOLLOW | O_DIRECTORY`` relative to its parent; an entry swapped for a link
+    meanwhile is unlinked (the link itself), never entered.
 
     Raises:
         FileNotFoundError: ``name`` is missing. NotADirectoryError / OSError(ELOOP): it is not a real folder.
@@ -105,7 +105,7 @@ def remove_tree_at(parent_fd: int, name: str) -> None:
             try:
                 fd = top if sub is None else os.open(sub, DIR_FLAGS, dir_fd=top)
             except OSError as exc:
-                if exc.errno not in (errno.ELOOP, errno.ENOTDIR):
+                if exc.errno not in LINK_ERRNOS:
                     raise
                 os.unlink(sub, dir_fd=top)  # swapped for a link or a file since it was listed
                 continue
@@ -141,42 +141,49 @@ def _empty_level(fd: int, top: int, is_top: bool) -> list[str]:
     return found
 
 
-def walk_tree(top: str | os.PathLike[str], *, max_depth: int = MAX_TREE_DEPTH,
-              too_deep: list[str] | None = None,
-              onerror: Callable[[OSError], object] | None = None) -> Iterator[tuple[str, list[str], list[str]]]:
-    """``os.walk(top)`` (top-down, links never followed, ``dirnames`` may be pruned in place), iterative and bounded.
-
-    Python 3.11's ``os.walk`` and ``Path.rglob`` recurse once per level, so a folder chain a cache member planted
-    (1,000 levels) raised RecursionError; this walk keeps an explicit stack and does not enter a folder more than
-    ``max_depth`` levels below ``top``.
+def scan_tree(top: str, *, max_depth: int = MAX_TREE_DEPTH, too_deep: list[str] | None = None,
+              onerror: Callable[[OSError, str], object] | None = None,
+              ) -> Iterator[tuple[str, str, list[os.DirEntry], list[os.DirEntry]]]:
+    """Every folder of ``top``, top-down, with an explicit stack (Python 3.11's ``os.walk`` and ``Path.rglob``
+    recurse once per level: a planted 1,000-level chain raised RecursionError); links are never followed.
 
     Args:
-        top: the folder to walk.
+        top: the folder to walk (a ``str``: this runs once per snapshot of ``ls``).
         max_depth: deepest level entered (:data:`hfcache.bounds.MAX_TREE_DEPTH`; ``top`` is level 0).
-        too_deep: receives the path (relative to ``top``) of each folder left unentered for its depth.
-        onerror: called with the OSError of a folder that cannot be listed (as ``os.walk``'s).
+        too_deep: receives the relative path (``a/b``) of each folder left unentered for its depth.
+        onerror: called with the OSError of a folder that cannot be listed and its relative prefix.
 
     Yields:
-        tuple[str, list[str], list[str]]: (folder path, sub-folder names, other entry names) per folder.
+        (path, relative prefix: ``""`` for ``top``, else ``"a/b/"``, folder entries, other entries), as
+        ``os.DirEntry`` (a link is an "other"); remove folder entries (in place) to keep the walk out of them.
     """
-    base = os.fspath(top)
-    stack = [(base, 0)]
+    stack = [(top, "", 0)]
     while stack:
-        path, depth = stack.pop()
+        path, rel, depth = stack.pop()
         try:
             with os.scandir(path) as it:
-                entries = list(it)
+                dirs, others = [], []
+                for e in it:
+                    (dirs if e.is_dir(follow_symlinks=False) else others).append(e)
         except OSError as exc:
             if onerror is not None:
-                onerror(exc)
+                onerror(exc, rel)
             continue
-        dirs = [e.name for e in entries if e.is_dir(follow_symlinks=False)]
-        files = [e.name for e in entries if not e.is_dir(follow_symlinks=False)]
-        yield path, dirs, files
-        for name in reversed(dirs):
-            sub = os.path.join(path, name)
-            if depth >= max_depth:
-                if too_deep is not None:
-                    too_deep.append(os.path.relpath(sub, base))
-                continue
-            stack.append((sub, depth + 1))
+        yield path, rel, dirs, others
+        if depth >= max_depth:
+            if too_deep is not None:
+                too_deep += [rel + e.name for e in dirs]
+            continue
+        stack += [(e.path, rel + e.name + "/", depth + 1) for e in reversed(dirs)]
+
+
+def walk_tree(top: str | os.PathLike[str], *, max_depth: int = MAX_TREE_DEPTH,
+              onerror: Callable[[OSError], object] | None = None) -> Iterator[tuple[str, list[str], list[str]]]:
+    """``os.walk(top)`` on :func:`scan_tree` (top-down, bounded, links never followed): (folder path, sub-folder
+    names, other entry names) per folder; ``dirnames`` may be pruned in place. ``onerror``: as ``os.walk``'s."""
+    report = None if onerror is None else (lambda exc, _rel: onerror(exc))
+    for path, _, dirs, others in scan_tree(os.fspath(top), max_depth=max_depth, onerror=report):
+        names = [e.name for e in dirs]
+        yield path, names, [e.name for e in others]
+        keep = set(names)
+        dirs[:] = [e for e in dirs if e.name in keep]

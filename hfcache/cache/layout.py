@@ -8,14 +8,12 @@ Layout (huggingface_hub ``file_download.py``; docs/cache-layout.md)::
     <cache>/<folder>/refs/<revision>               40-hex commit, no trailing newline
     <cache>/<folder>/.no_exist/<commit>/<path>     empty marker: the file does not exist at that commit
 
-``<folder>`` is ``models--ORG--NAME`` (``datasets--``, ``kernels--`` for those types), built from the repo id as the
-caller typed it.
-Every write lands atomically: a temporary name in the same folder, then ``os.replace``.
+``<folder>`` is ``models--ORG--NAME`` (``datasets--``, ``kernels--``) from the repo id as the caller typed it. Every
+write lands atomically (a temporary name in the same folder, then ``os.replace``) relative to a folder descriptor.
 """
 
 from __future__ import annotations
 
-import errno
 import os
 import stat
 import threading
@@ -24,15 +22,15 @@ from collections.abc import Callable
 from contextlib import contextmanager
 from pathlib import Path
 
-from ..names import UnsafeName, check_commit, check_etag, check_folder_name, check_ref_name
+from ..names import UnsafeName, check_commit, check_etag, check_folder_name, check_ref_name, repo_folder_name
 from . import safefs
-from .locking import DEFAULT_LOCK_TIMEOUT, LockWait
-from .atomic import atomic_write_at, file_lock, unlink_at
+from .atomic import atomic_write_at, file_lock
+from .fsops import create_at, open_read_at, temp_name, unlink_at
 from .incomplete import IncompleteBlob
-from .root import repo_folder_name
+from .locking import DEFAULT_LOCK_TIMEOUT, LockWait
 from .safefs_tree import copy_blob_at
 from .shared_store import STORE_DIR, StoreProblem, open_store_dir, payload_stat
-from .sharing import SharePolicy, cache_policy, share_dir_fd, share_fd, share_file_at
+from .sharing import SharePolicy, cache_policy, share_fd, share_file_at
 
 
 #: Name of hfcache's per-repo lock inside ``.locks/<folder>/`` (``scan_cache_dir`` never reads ``.locks``).
@@ -40,15 +38,12 @@ REPO_LOCK_NAME = "hfcache-repo.lock"
 
 
 class RepoFolder:
-    """Paths and atomic writes for one repo folder of a cache, none of which follows a link planted in it.
-
-    Every folder is checked from the cache root one component at a time without following symlinks before anything
-    is created in it (:mod:`hfcache.cache.safefs`), and every name that builds a path is checked first: blob names are 40
-    or 64 lowercase hex, commits 40, ref names relative without ``..``, repo paths relative without ``..``.
+    """Paths and atomic writes for one repo folder of a cache, none of which follows a link planted in it: every
+    folder is opened from the cache root without following links (:mod:`.safefs`), every name that builds a path is
+    checked first (:mod:`hfcache.names`; repo paths relative without ``..``).
 
     Args:
-        cache_dir: the cache root.
-        repo_id: the repo id exactly as callers will load it (a legacy id gets its own folder).
+        cache_dir: the cache root. repo_id: the id exactly as callers will load it (a legacy id gets its own folder).
         repo_type: ``model``, ``dataset``, ``space`` or ``kernel``.
 
     Raises (from every method that builds a path or writes):
@@ -71,23 +66,40 @@ class RepoFolder:
         self.policy = cache_policy(cache_dir)
 
     def make_dir(self, path: Path) -> None:
-        """``mkdir -p`` a folder of this repo, shared like the cache root (:mod:`hfcache.cache.sharing`).
-
-        Raises:
-            UnsafeLayout: a component that exists is a symlink or not a directory (checked before anything is
-                created, and again after).
-        """
+        """``mkdir -p`` a folder of this repo (:meth:`open_dir`)."""
         os.close(self.open_dir(path))
 
     def open_dir(self, path: Path) -> int:
-        """Open (creating it, shared like :meth:`make_dir`) a folder of this repo walking from the cache root with
-        ``O_NOFOLLOW | O_DIRECTORY``; return its fd (caller closes). Every write below acts relative to such an fd,
-        so a folder swapped for a symlink meanwhile is never written through (safefs)."""
+        """Open a folder of this repo from the cache root without following a link, creating it shared like the
+        root (:mod:`.sharing`); its fd (caller closes), which every write below acts through. UnsafeLayout for a
+        component that is a symlink or not a directory."""
         rel = path.relative_to(self.cache_dir).parts
-        return safefs.open_dir(self.cache_dir, rel, create=True, on_create=lambda fd: share_dir_fd(fd, self.policy))
+        return safefs.open_dir(self.cache_dir, rel, create=True, on_create=lambda fd: share_fd(fd, self.policy))
+
+    @contextmanager
+    def _blobs_fd(self, for_download: bool = False):
+        """An fd of ``blobs/`` (:meth:`open_dir`) for the block; ``for_download``: :meth:`_download_dir`'s."""
+        fd = self._download_dir() if for_download else self.open_dir(self.root / "blobs")
+        try:
+            yield fd
+        finally:
+            os.close(fd)
+
+    def _download_dir(self) -> int:
+        """An fd of ``blobs/``, ``snapshots/`` made first as huggingface_hub does before a download
+        (``scan_cache_dir`` reports a repo folder with blobs but no ``snapshots/`` as corrupted)."""
+        self.make_dir(self.root / "snapshots")
+        return self.open_dir(self.root / "blobs")
+
+    def _existing_blobs(self) -> int | None:
+        """An fd of ``blobs/`` (no link followed), None when there is none."""
+        try:
+            return safefs.open_dir(self.cache_dir, (self.name, "blobs"))
+        except (FileNotFoundError, NotADirectoryError):
+            return None
 
     def layout_problems(self) -> list[str]:
-        """Each part of this repo folder that is a symlink or not a directory (see safefs.repo_layout_problems)."""
+        """Each part of this repo folder that is a symlink or not a directory (safefs.repo_layout_problems)."""
         return safefs.repo_layout_problems(str(self.cache_dir), self.name)
 
     def ensure_safe(self) -> None:
@@ -101,13 +113,8 @@ class RepoFolder:
         return self.root / "blobs" / check_etag(etag)
 
     def read_blob(self, etag: str, limit: int) -> bytes:
-        """At most ``limit`` bytes of the blob ``etag``, opened from the cache root without following a link (a
-        Xet store link as the library writes it excepted, :func:`safefs.open_blob`) and without blocking: a blob a
-        group member swapped for a FIFO or a link to ``/dev/zero`` after it was fetched is refused, never read.
-
-        Raises:
-            UnsafeLayout: not a regular file, or reached through a link. FileNotFoundError: it is gone.
-        """
+        """At most ``limit`` bytes of the blob ``etag`` (:func:`.safefs.open_blob`: no link followed but a store
+        link, never blocking). UnsafeLayout: not a regular file (a FIFO, a link to ``/dev/zero``); FileNotFoundError."""
         fd = safefs.open_blob(self.cache_dir, self.name, check_etag(etag))
         return safefs.read_regular_fd(fd, f"{self.name}/blobs/{etag}", limit)
 
@@ -122,12 +129,14 @@ class RepoFolder:
 
     @contextmanager
     def _lock(self, name: str, stop: threading.Event | None):
-        """Hold ``.locks/<folder>/<name>``, opened through a descriptor of ``.locks/<folder>`` that safefs opened
-        without following a link (a folder swapped for a link later is not followed either)."""
-        self.make_dir(self.locks)  # created shared like the cache; checked before and after
-        fd = safefs.open_dir(self.cache_dir, (".locks", self.name))
+        """Hold ``.locks/<folder>/<name>``, opened through a descriptor of ``.locks/<folder>`` (no link followed)."""
+        fd = self.open_dir(self.locks)
         try:
-            if stat.S_ISLNK(_lstat_at(name, fd)):  # filelock opens with O_NOFOLLOW: say why, not ELOOP
+            try:
+                linked = stat.S_ISLNK(os.stat(name, dir_fd=fd, follow_symlinks=False).st_mode)
+            except FileNotFoundError:
+                linked = False
+            if linked:  # filelock opens with O_NOFOLLOW: say why, not ELOOP
                 raise safefs.UnsafeLayout(f"{self.locks / name} is a symlink: left alone", hint="remove it, then rerun")
             with file_lock(self.locks / name, stop, timeout=self.lock_timeout, on_wait=self.on_lock_wait,
                            cache_dir=self.cache_dir, dir_fd=fd):
@@ -140,11 +149,8 @@ class RepoFolder:
         return self._lock(f"{check_etag(etag)}.lock", stop)
 
     def repo_lock(self, stop: threading.Event | None = None):
-        """hfcache's lock on the whole repo folder, held while warm or prune change it.
-
-        Raises:
-            UnsafeLayout: checked first, so that no command writes into a repo folder with a planted link.
-        """
+        """hfcache's lock on the whole repo folder, held while warm or prune change it; the layout is checked first
+        (UnsafeLayout), so no command writes into a repo folder with a planted link."""
         self.ensure_safe()
         return self._lock(REPO_LOCK_NAME, stop)
 
@@ -164,60 +170,41 @@ class RepoFolder:
             return False
         return stat.S_ISREG(st.st_mode) and st.st_size == size
 
-    def open_incomplete(self, etag: str) -> tuple[IncompleteBlob, object]:
-        """Create ``blobs/<etag>.<random>.incomplete`` for writing, the name huggingface_hub uses for downloads.
+    def _new_incomplete(self, dfd: int, etag: str) -> tuple[str, int]:
+        name = f"{etag}.{uuid.uuid4().hex[:8]}.incomplete"
+        fd = create_at(dfd, name)
+        share_fd(fd, self.policy)
+        return name, fd
 
-        Created relative to an fd of ``blobs/`` opened from the cache root without following links, which the
-        returned :class:`IncompleteBlob` keeps for :meth:`publish_blob` and its cleanup: a ``blobs/`` swapped for a
-        symlink meanwhile is never written through. ``snapshots/`` is created alongside, as huggingface_hub does
-        before a download: a repo folder with blobs but no ``snapshots/`` is reported corrupted by
-        ``scan_cache_dir``.
+    def open_incomplete(self, etag: str) -> tuple[IncompleteBlob, object]:
+        """Create ``blobs/<etag>.<random>.incomplete`` (huggingface_hub's download name) for writing, relative to an
+        fd of ``blobs/`` that the returned :class:`IncompleteBlob` keeps for :meth:`publish_blob` and its cleanup.
 
         Returns:
-            (IncompleteBlob, binary file object). Mode 0o666 minus the umask, so the published blob has the usual
-            mode. The caller calls ``incomplete.unlink(missing_ok=True)`` when done (also closes the dir fd).
+            (IncompleteBlob, binary file object), mode 0o666 minus the umask. The caller calls
+            ``incomplete.unlink(missing_ok=True)`` when done (it also closes the folder fd).
         """
         check_etag(etag)
-        self.make_dir(self.root / "snapshots")
-        dfd = self.open_dir(self.root / "blobs")
-        name = f"{etag}.{uuid.uuid4().hex[:8]}.incomplete"
+        dfd = self._download_dir()
         try:
-            fd = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o666, dir_fd=dfd)
+            name, fd = self._new_incomplete(dfd, etag)
         except BaseException:
             os.close(dfd)
             raise
-        share_fd(fd, self.policy)
         return IncompleteBlob(dfd, name, self.root / "blobs" / name), os.fdopen(fd, "wb")
 
     def resume_incomplete(self, etag: str) -> IncompleteBlob:
-        """The partial download of ``blobs/<etag>`` to continue: the largest leftover ``<etag>[.<random>].incomplete``
-        (hfcache's names and huggingface_hub's), the other leftovers deleted; a new empty one when there is none.
-        Listed, deleted and created relative to an fd of ``blobs/`` (as :meth:`open_incomplete`); the returned
-        :class:`IncompleteBlob` opens it with :meth:`IncompleteBlob.open_fd`.
-
-        Call it only while holding :meth:`blob_lock`: then no other process is writing any of them.
-        """
+        """The partial download of ``blobs/<etag>`` to continue: the largest leftover (:meth:`_leftovers`), the others
+        deleted; a new empty one when there is none (:meth:`open_incomplete`; reopen it with
+        :meth:`IncompleteBlob.open_fd`). Call it only while holding :meth:`blob_lock`: no other process writes them."""
         check_etag(etag)
-        self.make_dir(self.root / "snapshots")
-        dfd = self.open_dir(self.root / "blobs")
+        dfd = self._download_dir()
         try:
-            leftovers = []
-            for name in os.listdir(dfd):
-                if name.startswith(f"{etag}.") and name.endswith(".incomplete"):
-                    try:
-                        st = os.stat(name, dir_fd=dfd, follow_symlinks=False)
-                    except FileNotFoundError:
-                        continue
-                    if stat.S_ISREG(st.st_mode):
-                        leftovers.append((st.st_size, name))
+            leftovers = sorted(((size, name) for name, size in _leftovers(dfd, etag)), reverse=True)
             if not leftovers:
-                name = f"{etag}.{uuid.uuid4().hex[:8]}.incomplete"
-                fd = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o666,
-                             dir_fd=dfd)
-                share_fd(fd, self.policy)
+                name, fd = self._new_incomplete(dfd, etag)
                 os.close(fd)
             else:
-                leftovers.sort(reverse=True)
                 for _, other in leftovers[1:]:
                     unlink_at(dfd, other)
                 name = leftovers[0][1]
@@ -227,53 +214,36 @@ class RepoFolder:
         return IncompleteBlob(dfd, name, self.root / "blobs" / name)
 
     def leftover_sizes(self) -> dict[str, int]:
-        """The size of each blob's largest leftover partial download (``blobs/<etag>[.<random>].incomplete``,
-        hfcache's names and huggingface_hub's): etag -> bytes, for the progress bar of a resumed repo. ``stat``
-        calls relative to an fd of ``blobs/`` opened from the cache root (no link followed); {} when there is no
-        ``blobs/``. Only an estimate: the download keeps what :func:`hfcache.hub.transfer.trusted_prefix` trusts."""
-        try:
-            dfd = safefs.open_dir(self.cache_dir, (self.name, "blobs"))
-        except (FileNotFoundError, NotADirectoryError):
+        """etag -> bytes of each blob's largest leftover partial download (:meth:`_leftovers`), for the progress bar
+        of a resumed repo; {} without ``blobs/``. An estimate: the download keeps what
+        :func:`hfcache.hub.transfer.trusted_prefix` trusts."""
+        dfd = self._existing_blobs()
+        if dfd is None:
             return {}
         sizes: dict[str, int] = {}
         try:
-            for name in os.listdir(dfd):
-                if not name.endswith(".incomplete"):
-                    continue
-                try:
-                    st = os.stat(name, dir_fd=dfd, follow_symlinks=False)
-                except FileNotFoundError:
-                    continue
+            for name, size in _leftovers(dfd, None):
                 etag = name.split(".", 1)[0]
-                if stat.S_ISREG(st.st_mode):
-                    sizes[etag] = max(sizes.get(etag, 0), st.st_size)
+                sizes[etag] = max(sizes.get(etag, 0), size)
         finally:
             os.close(dfd)
         return sizes
 
     def discard_incomplete(self, etag: str) -> int:
-        """Delete the leftover partial downloads of ``blobs/<etag>`` (``<etag>[.<random>].incomplete``, hfcache's
-        names and huggingface_hub's) once the blob is in place by other means (already there, or hardlinked from
-        another repo): a rerun leaves none behind. Call it only while holding :meth:`blob_lock`.
-
-        Returns:
-            int: how many were deleted.
-        """
+        """Delete the leftover partial downloads of ``blobs/<etag>`` once the blob is in place by other means, so a
+        rerun leaves none behind; how many. Call it only while holding :meth:`blob_lock`."""
         check_etag(etag)
-        try:
-            dfd = safefs.open_dir(self.cache_dir, (self.name, "blobs"))
-        except (FileNotFoundError, NotADirectoryError):
+        dfd = self._existing_blobs()
+        if dfd is None:
             return 0
         deleted = 0
         try:
-            for name in os.listdir(dfd):
-                if name.startswith(f"{etag}.") and name.endswith(".incomplete"):
-                    try:
-                        if stat.S_ISREG(os.stat(name, dir_fd=dfd, follow_symlinks=False).st_mode):
-                            os.unlink(name, dir_fd=dfd)
-                            deleted += 1
-                    except FileNotFoundError:
-                        continue
+            for name, _ in _leftovers(dfd, etag):
+                try:
+                    os.unlink(name, dir_fd=dfd)
+                    deleted += 1
+                except FileNotFoundError:
+                    continue
         finally:
             os.close(dfd)
         return deleted
@@ -304,14 +274,13 @@ class RepoFolder:
             return False
         if len(src_rel) != 3 or (src_rel[1] != "blobs" and not _store_payload_rel(self.cache_dir, src_rel)):
             return False
-        self.make_dir(self.root / "snapshots")
-        tmp = f".{etag}.{uuid.uuid4().hex[:8]}.incomplete"
+        tmp = temp_name(etag, ".incomplete")
         try:
             sfd = safefs.open_dir(self.cache_dir, src_rel[:2])
         except (OSError, safefs.UnsafeLayout):
             return False
         try:
-            with self._blobs_fd() as dfd:
+            with self._blobs_fd(for_download=True) as dfd:
                 try:
                     os.link(src_rel[2], tmp, src_dir_fd=sfd, dst_dir_fd=dfd, follow_symlinks=False)
                 except OSError:
@@ -340,39 +309,22 @@ class RepoFolder:
             os.replace(name, etag, src_dir_fd=src_dir_fd, dst_dir_fd=dfd)
 
     def copy_blob(self, source_folder: str, etag: str, size: int) -> None:
-        """Copy ``<source_folder>/blobs/<etag>`` of this cache as this repo's ``blobs/<etag>`` (where a hardlink
-        is not possible), both folders opened from the cache root without following links.
-
-        The source is opened ``O_NOFOLLOW | O_NONBLOCK`` relative to its ``blobs/`` fd, must be a regular file of
-        ``size`` bytes and must hash to ``etag`` while it is copied (:func:`safefs_tree.copy_blob_at`); the copy
-        is created and renamed relative to this repo's ``blobs/`` fd.
+        """Copy ``<source_folder>/blobs/<etag>`` of this cache as this repo's ``blobs/<etag>`` (where a hardlink is
+        not possible): the source opened without following links must be a regular file of ``size`` bytes hashing
+        to ``etag`` while copied (:func:`.safefs_tree.copy_blob_at`), the copy made relative to ``blobs/``'s fd.
 
         Raises:
             UnsafeLayout: the source is a link, a FIFO, not ``size`` bytes, or does not hash to ``etag``.
             OSError: it is missing, or the copy cannot be written.
         """
         check_etag(etag)
-        try:
-            src = safefs.open_file(self.cache_dir, (check_folder_name(source_folder), "blobs", etag),
-                                   os.O_RDONLY | os.O_NONBLOCK)
-        except OSError as exc:
-            if exc.errno in (errno.ELOOP, errno.ENOTDIR):
-                raise safefs.UnsafeLayout(f"{self.cache_dir}/{source_folder}/blobs/{etag} is a symlink or sits "
-                                          "under one: left alone (nothing copied)", hint="remove it, then rerun") from None
-            raise
+        src = safefs.open_unfollowed(self.cache_dir, (check_folder_name(source_folder), "blobs", etag),
+                                     f"{self.cache_dir}/{source_folder}/blobs/{etag}", " (nothing copied)")
         try:
             with self._blobs_fd() as dfd:
                 copy_blob_at(src, dfd, etag, size, on_create=lambda fd: share_fd(fd, self.policy))
         finally:
             os.close(src)
-
-    @contextmanager
-    def _blobs_fd(self):
-        fd = self.open_dir(self.root / "blobs")
-        try:
-            yield fd
-        finally:
-            os.close(fd)
 
     def link(self, commit_hash: str, path: str, etag: str, symlinks: bool = True) -> None:
         """Make ``snapshots/<commit>/<path>`` point to ``blobs/<etag>``.
@@ -415,7 +367,7 @@ class RepoFolder:
                 return
             except FileExistsError:
                 pass
-        tmp = f".{name}.{uuid.uuid4().hex[:8]}.tmp"
+        tmp = temp_name(name)
         try:
             make(tmp)
             os.replace(tmp, name, src_dir_fd=pfd, dst_dir_fd=pfd)
@@ -427,8 +379,7 @@ class RepoFolder:
         marker = self.marker_path(commit_hash, path)
         dfd = self.open_dir(marker.parent)
         try:
-            fd = os.open(marker.name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o666,
-                         dir_fd=dfd)  # empty: atomic
+            fd = create_at(dfd, marker.name)  # empty: atomic
         except FileExistsError:
             return
         finally:
@@ -437,34 +388,30 @@ class RepoFolder:
         os.close(fd)
 
     def touch_snapshot(self, commit_hash: str) -> None:
-        """Record a use of the revision: set its snapshot folder's mtime to now (part of "last use", see
-        :mod:`hfcache.cache.scan`). Best effort: a read-only cache keeps its old time."""
+        """Set the revision's snapshot folder's mtime to now, through its fd (part of "last use", :mod:`.scan`).
+        Best effort: a read-only cache keeps its old time."""
         try:
             fd = safefs.open_dir(self.cache_dir, (self.name, "snapshots", check_commit(commit_hash)))
         except (OSError, safefs.UnsafeLayout):
             return
         try:
-            os.utime(fd)  # through the fd opened without following a link: never another folder's time
+            os.utime(fd)
         except OSError:
             pass
         finally:
             os.close(fd)
 
     def read_ref(self, revision: str) -> bytes | None:
-        """The bytes of ``refs/<revision>`` (at most 256), or None when there is none; no link is followed."""
+        """The bytes of ``refs/<revision>`` (at most 256), or None when there is none; UnsafeLayout ("... is a
+        symlink or sits under one") for a link (:func:`.safefs.read_small`)."""
         try:
-            return safefs.read_small(self.cache_dir, (self.name, "refs", *check_ref_name(revision).split("/")),
-                                     256)
+            return safefs.read_small(self.cache_dir, (self.name, "refs", *check_ref_name(revision).split("/")), 256)
         except FileNotFoundError:
             return None
-        except OSError as exc:
-            if exc.errno in (errno.ELOOP, errno.ENOTDIR):
-                raise safefs.UnsafeLayout(f"{self.ref_path(revision)} is a symlink or sits under one: left alone",
-                                          hint="remove it, then rerun") from None
-            raise
 
     def write_ref(self, revision: str, commit_hash: str) -> None:
-        """Write ``refs/<revision>`` = commit (no trailing newline; one breaks offline resolution: huggingface_hub reads the file whole as the commit)."""
+        """Write ``refs/<revision>`` = commit, without a trailing newline (huggingface_hub reads the file whole as
+        the commit: one breaks offline resolution)."""
         check_commit(commit_hash)
         if revision == commit_hash:
             return
@@ -493,7 +440,7 @@ def _hardlink_or_copy_at(bfd: int, etag: str, pfd: int, dest: str, policy: Share
         raise FileExistsError(dest)
     except FileNotFoundError:
         pass
-    src = os.open(etag, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=bfd)
+    src = open_read_at(bfd, etag)
     try:
         st = os.fstat(src)
         if not stat.S_ISREG(st.st_mode):
@@ -504,12 +451,19 @@ def _hardlink_or_copy_at(bfd: int, etag: str, pfd: int, dest: str, policy: Share
         os.close(src)
 
 
-def _lstat_at(name: str, dir_fd: int) -> int:
-    """``st_mode`` of ``name`` in the folder ``dir_fd`` without following it; 0 when missing."""
-    try:
-        return os.stat(name, dir_fd=dir_fd, follow_symlinks=False).st_mode
-    except FileNotFoundError:
-        return 0
+def _leftovers(dfd: int, etag: str | None) -> list[tuple[str, int]]:
+    """(name, size) of the regular partial downloads in the ``blobs/`` folder ``dfd``: ``<etag>[.<random>].incomplete``
+    (hfcache's names and huggingface_hub's), of ``etag`` only when given."""
+    found = []
+    for name in os.listdir(dfd):
+        if name.endswith(".incomplete") and (etag is None or name.startswith(f"{etag}.")):
+            try:
+                st = os.stat(name, dir_fd=dfd, follow_symlinks=False)
+            except FileNotFoundError:
+                continue
+            if stat.S_ISREG(st.st_mode):
+                found.append((name, st.st_size))
+    return found
 
 
 def _repo_parts(path: str) -> list[str]:

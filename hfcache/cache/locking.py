@@ -1,23 +1,20 @@
 """Locks in a cache that cannot hang: bounded waits, a notice naming the holder, and a lock that works without flock.
 
 hfcache locks the files huggingface_hub locks (``.locks/<folder>/<etag>.lock``) plus its own per-repo lock, so that
-warm, prune, repair and import exclude each other and a concurrent ``hf_hub_download``. The locking itself is the
-filelock library's (huggingface_hub uses it too: ``utils/_fixes.py WeakFileLock``); this module fills its gaps:
+warm, prune, repair and import exclude each other and a concurrent ``hf_hub_download``. The locking is the filelock
+library's (huggingface_hub's too: ``utils/_fixes.py WeakFileLock``); this module fills its gaps:
 
-- **Bounded waits.** Every wait ends after ``timeout`` seconds (default :data:`DEFAULT_LOCK_TIMEOUT`) with
-  :class:`LockTimeout` (exit 5) naming the lock file and its holder; after :data:`NOTICE_AFTER` seconds the caller's
-  ``on_wait`` callback hears which lock it waits for and who holds it (a flock holder from ``/proc/locks``, a soft
-  lock's from its marker).
-- **Filesystems without flock.** filelock falls back to its SoftFileLock (a marker file holding pid, host and process
-  start time) only on ENOSYS; ENOLCK (NFS without a lock manager) and EOPNOTSUPP (some FUSE/CIFS mounts) are raised
-  as errors. Here all three select the soft lock, per filesystem (probed once, like filelock's own directory probe).
-- **Markers that cannot be left stale forever.** filelock's SoftFileLock takes a marker over when its owner is
-  provably gone (same host, pid dead), but treats an *empty* file as a live holder forever ("older holders leave
-  empty markers"): exactly what every flock-based run leaves behind (flock lock files are never deleted), so on a
-  filesystem that lost flock (or a cache copied to one) huggingface_hub and filelock wait forever. :class:`SoftLock`
-  takes over an empty marker older than :data:`EMPTY_MARKER_GRACE` at once, and any marker not refreshed for
-  :data:`STALE_AFTER` seconds whose owner is not a live process on this host; hfcache's own holders refresh their
-  marker every :data:`HEARTBEAT` seconds, so a live holder on another host is never taken over.
+- **Bounded waits.** Every wait ends after ``timeout`` seconds with :class:`LockTimeout` (exit 5) naming the lock
+  file and its holder; after :data:`NOTICE_AFTER` seconds ``on_wait`` hears who holds it (a flock holder from
+  ``/proc/locks``, a soft lock's from its marker).
+- **Filesystems without flock.** filelock falls back to its SoftFileLock (a marker holding pid, host and start
+  time) only on ENOSYS and raises ENOLCK (NFS without a lock manager) and EOPNOTSUPP (some FUSE/CIFS mounts); here
+  all three select the soft lock, per filesystem (probed once).
+- **Markers never stale forever.** SoftFileLock treats an *empty* marker as a live holder forever: exactly what
+  every flock-based run leaves behind, so on a filesystem that lost flock huggingface_hub and filelock wait forever.
+  :class:`SoftLock` takes over an empty marker older than :data:`EMPTY_MARKER_GRACE`, and any marker not refreshed
+  for :data:`STALE_AFTER` seconds whose owner is not a live process on this host; hfcache's holders refresh theirs
+  every :data:`HEARTBEAT` seconds, so a live holder on another host is never taken over.
 
 The marker format stays filelock's legacy one (``pid\\nhost\\nstart\\n``), which huggingface_hub's fallback
 SoftFileLock reads: both exclude each other on such a filesystem.
@@ -37,10 +34,11 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
-# filelock is imported where a lock is taken or inspected, not at import: `warm --lock` on a complete cache takes no
-# lock and must not pay for filelock's import (goal P1 of docs/benchmarks.md).
-
 from ..errors import CacheError
+from .fsops import open_read_at
+
+# filelock is imported where a lock is taken or inspected: `warm --lock` on a complete cache takes no lock and must
+# not pay for its import (goal P1 of docs/benchmarks.md).
 
 #: Seconds a command waits for a lock unless told otherwise (``--lock-timeout``).
 DEFAULT_LOCK_TIMEOUT = 600.0
@@ -63,14 +61,8 @@ _probe_lock = threading.Lock()
 
 @dataclass(frozen=True)
 class LockWait:
-    """A notice that a command waits for a lock.
-
-    Attributes:
-        path (str): the lock file.
-        holder (str | None): who holds it, when known (e.g. ``pid 4242 on node-a (hfcache warm gpt2)``).
-        waited (float): seconds waited so far.
-        timeout (float): seconds the wait may last in all.
-    """
+    """A notice that a command waits for the lock file ``path``, held by ``holder`` when known (e.g. ``pid 4242 on
+    node-a (hfcache warm gpt2)``), for ``waited`` seconds so far out of ``timeout``."""
 
     path: str
     holder: str | None
@@ -95,17 +87,15 @@ class _KeepFdPath:
     """Mixin for filelock's lock classes: a lock named ``/proc/self/fd/<N>/<name>`` (:func:`via_dir_fd`) is opened by
     that name, never by the folder's path.
 
-    Library gap: filelock 4 resolves the lock file's folder with ``os.path.realpath`` when it acquires
-    (``_core/_registry.py`` ``canonical``) and then creates and opens that path string (``claim_root``). For
-    ``/proc/self/fd/<N>`` the real path is the folder's name *now*, which a group member can swap for a symlink
-    before the open: root then created ``hfcache-repo.lock`` through the link, outside the cache. Keeping the
-    ``/proc/self/fd`` name makes the kernel resolve it through the descriptor of the folder hfcache checked.
+    Library gap: filelock 4 resolves the lock's folder with ``os.path.realpath`` (``_core/_registry.py``
+    ``canonical``) and opens that path (``claim_root``): for ``/proc/self/fd/<N>`` the folder's name *now*, which a
+    member can swap for a symlink (root then created ``hfcache-repo.lock`` outside the cache). The ``/proc/self/fd``
+    name resolves through the descriptor of the folder hfcache checked.
     """
 
     def _resolve_lock_path(self) -> str:
-        if str(self.lock_file).startswith("/proc/self/fd/"):  # type: ignore[attr-defined]
-            return str(self.lock_file)  # type: ignore[attr-defined]
-        return super()._resolve_lock_path()  # type: ignore[misc]
+        name = str(self.lock_file)  # type: ignore[attr-defined]
+        return name if name.startswith("/proc/self/fd/") else super()._resolve_lock_path()  # type: ignore[misc]
 
 
 @cache
@@ -125,11 +115,8 @@ def _soft_lock_class() -> type:
     from filelock._soft import parse_lock_holder, read_lock_file
 
     class SoftLock(_KeepFdPath, SoftFileLock):
-        """filelock's SoftFileLock, plus the takeover of empty and unrefreshed markers (see the module docstring).
-
-        Relies on two SoftFileLock hooks of filelock 4.x (``_try_break_stale_lock``, called when the marker exists,
-        and ``_take_over``, its atomic replacement of a marker by ours); pyproject pins ``filelock>=4.3,<5``.
-        """
+        """filelock's SoftFileLock plus the takeover of empty and unrefreshed markers (module docstring), on its
+        4.x hooks ``_try_break_stale_lock`` and ``_take_over`` (pyproject pins ``filelock>=4.3,<5``)."""
 
         def _try_break_stale_lock(self) -> None:
             try:
@@ -167,18 +154,13 @@ def _alive_here(pid: int, hostname: str) -> bool:
     except ProcessLookupError:
         return False
     except PermissionError:
-        return True
+        pass  # alive, another user's
     return True
 
 
 def flock_error(directory: Path) -> int | None:
-    """Whether flock works on ``directory``'s filesystem: None if it does, else the errno it fails with.
-
-    Probed once per filesystem (device) and process, on an anonymous or short-lived file in ``directory``.
-
-    Raises:
-        OSError: ``directory`` cannot be written (nothing can be told then).
-    """
+    """Whether flock works on ``directory``'s filesystem: None if it does, else the errno it fails with. Probed once
+    per filesystem and process on an anonymous or short-lived file; OSError when ``directory`` cannot be written."""
     import fcntl
 
     device = os.stat(directory).st_dev
@@ -215,15 +197,6 @@ def _probe_file(directory: Path) -> tuple[int, str | None]:
     return os.open(name, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600), name
 
 
-def _remember_no_flock(directory: Path, code: int) -> None:
-    try:
-        device = os.stat(directory).st_dev
-    except OSError:
-        return
-    with _probe_lock:
-        _flock_by_device[device] = code
-
-
 def _new_lock(path: Path, mode: int):
     try:
         no_flock = flock_error(path.parent)
@@ -236,11 +209,8 @@ def _new_lock(path: Path, mode: int):
 
 
 def holder_of(path: Path) -> str | None:
-    """Who holds the lock at ``path``, as far as this host can tell, or None.
-
-    A soft marker names its pid and host; a flock holder on this host is found in ``/proc/locks`` (Linux) by the lock
-    file's inode. Either way the holder's command line is added when ``/proc`` shows it.
-    """
+    """Who holds the lock at ``path`` as far as this host can tell (a soft marker's pid and host, a flock holder
+    from ``/proc/locks`` by inode, with its command line when ``/proc`` shows it), or None."""
     from filelock._identity import host_name
     from filelock._soft import parse_lock_holder, read_lock_file
 
@@ -285,11 +255,11 @@ def _describe_pid(pid: int, host: str) -> str:
 
 def via_dir_fd(path: Path, dir_fd: int | None) -> Path:
     """The name under which ``path`` is opened: ``/proc/self/fd/<dir_fd>/<name>`` when its folder was opened as
-    ``dir_fd`` (by :mod:`hfcache.cache.safefs`, no link followed) and ``/proc`` shows fds, else ``path`` itself.
+    ``dir_fd`` (safefs, no link followed) and ``/proc`` shows fds, else ``path``.
 
-    Library gap: filelock opens a lock by path name (``O_NOFOLLOW`` on the last component only) and creates its folder
-    with ``Path.mkdir(parents=True)``, both following a folder swapped for a symlink after hfcache checked it. The
-    ``/proc/self/fd`` name resolves through the descriptor of the folder that was checked, whatever is planted later.
+    Library gap: filelock opens a lock by path (``O_NOFOLLOW`` on the last component only) and makes its folder with
+    ``Path.mkdir(parents=True)``, both following a folder swapped for a link after hfcache checked it; the
+    ``/proc/self/fd`` name resolves through the checked folder's descriptor.
     """
     if dir_fd is None or not os.path.isdir("/proc/self/fd"):
         return path
@@ -300,27 +270,20 @@ def via_dir_fd(path: Path, dir_fd: int | None) -> Path:
 def file_lock(path: Path, *, timeout: float = DEFAULT_LOCK_TIMEOUT, stop: threading.Event | None = None,
               on_wait: Callable[[LockWait], None] | None = None, mode: int = 0o664,
               dir_fd: int | None = None, marker_mode: int | None = None) -> Iterator[None]:
-    """Hold an exclusive lock at ``path`` for the duration of the block.
-
-    flock (filelock's FileLock) where the filesystem has it, else :class:`SoftLock` with a heartbeat. The lock file is
-    created with ``mode`` (group-writable, as huggingface_hub's WeakFileLock creates it) whatever the umask.
+    """Hold an exclusive lock at ``path`` for the block: flock (filelock's FileLock) where the filesystem has it, else
+    :class:`SoftLock` with a heartbeat.
 
     Args:
-        path: the lock file; its folder must exist.
-        timeout: seconds to wait at most (0: one attempt).
-        stop: checked while waiting; when set, the wait ends with InterruptedError (Ctrl-C is not stuck behind
-            another process).
+        path: the lock file; its folder must exist. timeout: seconds to wait at most (0: one attempt).
+        stop: checked while waiting; when set, the wait ends with InterruptedError (Ctrl-C is never stuck).
         on_wait: called once after :data:`NOTICE_AFTER` seconds of waiting, with a :class:`LockWait`.
-        mode: permission bits of a newly created lock file.
-        dir_fd: an open descriptor of ``path``'s folder (kept open by the caller for the block): the lock file is
-            opened through it (:func:`via_dir_fd`), so a folder replaced by a link after it was opened is not
-            followed. Messages still name ``path``.
-        marker_mode: permission bits a soft marker gets once held (a shared cache's lock file bits, group write
-            included); None keeps filelock's (``mode`` without group/other write).
+        mode: permission bits of a new lock file, whatever the umask (group-writable as huggingface_hub's).
+        dir_fd: a descriptor of ``path``'s folder, kept open for the block: the file is opened through it
+            (:func:`via_dir_fd`), never through a folder swapped for a link. Messages still name ``path``.
+        marker_mode: bits a held soft marker gets (a shared cache's); None keeps filelock's (no group write).
 
     Raises:
-        LockTimeout: not acquired within ``timeout`` (exit 5; names the file and the holder when known).
-        InterruptedError: ``stop`` was set while waiting.
+        LockTimeout: not acquired within ``timeout`` (exit 5). InterruptedError: ``stop`` was set.
         OSError: the lock file cannot be created or opened (permissions, read-only filesystem).
     """
     opened = via_dir_fd(path, dir_fd)
@@ -358,7 +321,11 @@ def _acquire(path: Path, timeout: float, stop: threading.Event | None,
                 raise
             # The probe said flock works but this file's filesystem disagrees (e.g. ENOLCK from an NFS lock manager
             # that went away): use the soft lock from now on.
-            _remember_no_flock(path.parent, exc.errno)
+            try:
+                with _probe_lock:
+                    _flock_by_device[os.stat(path.parent).st_dev] = exc.errno
+            except OSError:
+                pass
             lock = soft_lock(str(path), mode=mode)
             continue
         if stop is not None and stop.is_set():
@@ -373,14 +340,9 @@ def _acquire(path: Path, timeout: float, stop: threading.Event | None,
 
 @contextmanager
 def try_lock(path: Path, dir_fd: int | None = None) -> Iterator[str]:
-    """Take the lock at ``path`` without waiting, for the block: ``as`` gives "" when it is held by us (or when there
-    is no lock file: nobody uses it), else why not ("a download holds its lock", "cannot be opened (...)").
-
-    Args:
-        path (Path): the lock file (named in messages).
-        dir_fd (int | None): an fd of its folder opened without following links (safefs): the file is looked up
-            and opened through it (:func:`via_dir_fd`), so a folder swapped for a link is never followed.
-    """
+    """Take the lock at ``path`` without waiting, for the block: ``as`` gives "" when held by us (or when there is no
+    lock file: nobody uses it), else why not ("a download holds its lock", "its lock file cannot be opened (...)").
+    ``dir_fd``: an fd of its folder (safefs) the file is looked up and opened through (:func:`via_dir_fd`)."""
     if dir_fd is None:
         regular = os.path.isfile(path)
     else:
@@ -406,15 +368,11 @@ def try_lock(path: Path, dir_fd: int | None = None) -> Iterator[str]:
 
 
 def _settle_marker_mode(path: Path, mode: int) -> None:
-    """Give the soft marker this process now holds the lock file ``mode`` (a shared cache's group write).
-
-    Library gap: filelock's SoftFileLock strips group and other write from its markers whatever ``mode`` asks (so
-    that nobody rewrites a live marker; in a group-writable ``.locks/`` folder members can replace it anyway), which
-    left markers ``0644`` in a shared cache whose lock files are meant to be group-writable (:mod:`hfcache.cache.sharing`).
-    Best effort, only on a regular file this user owns (the marker is ours while we hold it).
-    """
+    """Give the soft marker this process holds the lock file ``mode`` (a shared cache's group write). Library gap:
+    filelock's SoftFileLock strips group and other write from markers whatever ``mode`` asks, leaving ``0644``
+    markers in a shared cache (:mod:`.sharing`). Best effort, only on a regular file this user owns."""
     try:
-        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0))
+        fd = open_read_at(None, str(path))
     except OSError:
         return
     try:

@@ -2,24 +2,20 @@
 
 Three records live there: ``verify --fast``'s (:mod:`hfcache.integrity.verify_record`), ``check``'s fast-tokenizer
 proofs (:mod:`hfcache.integrity.fast_record`) and ``pull``'s imported layers (:mod:`hfcache.oci.pull_record`).
-``.locks`` is ignored as a repo folder by huggingface_hub's cache scan (``scan_cache_dir``), ``hf cache`` and
-``hfcache ls``/``prune``.
+huggingface_hub's ``scan_cache_dir``, ``hf cache`` and ``hfcache ls``/``prune`` ignore ``.locks``.
 
-How a record is read (:func:`load`): through a descriptor of ``.locks`` opened from the cache root without following
-links, the file opened ``O_NOFOLLOW | O_NONBLOCK`` (a planted link is refused, a FIFO never blocks), at most
-``max_bytes`` and :data:`hfcache.bounds.MAX_JSON_DEPTH` levels deep.
+Reading (:func:`load`): through a descriptor of ``.locks`` opened from the cache root without following links, the
+file opened ``O_NOFOLLOW | O_NONBLOCK``, at most ``max_bytes`` and :data:`hfcache.bounds.MAX_JSON_DEPTH` deep.
 
-Whom a record is authority for: its writer only. In a group-shared cache any member can write ``.locks``, and a
-member who corrupted a blob could rewrite a record to vouch for it. So a record is *trusted* only when it is a regular
-file with one link, owned by the current effective uid (or by root where the caller allows it: an image built as
-root, run as another uid) and not writable by group or others (``fstat`` of the opened file). Each caller decides what
-an untrusted record may still do (usually nothing).
+Trust: a record is authority for its writer only (in a group-shared cache any member can write ``.locks``, and one
+who corrupted a blob could rewrite a record to vouch for it). It is *trusted* only as a regular file with one
+link, owned by the effective uid (or by root where the caller allows it: an image built as root, run as another
+uid) and not writable by group or others (``fstat`` of the opened file). Each caller decides what an untrusted
+record may still do (usually nothing).
 
-How a record is written (:func:`save`): atomically (a temp file created ``O_EXCL | O_NOFOLLOW`` mode 0600, set to
-0644 by ``fchmod``, fsync-ed, renamed over the record) through a descriptor of ``.locks`` opened from the cache root
-(created and group-shared like every folder when missing). Nothing is written through a ``.locks`` a member swapped
-for a link, and no member can open the file for writing on the way. A cache that cannot be written (a read-only image
-layer) keeps no record.
+Writing (:func:`save`): atomically (a temp file created ``O_EXCL | O_NOFOLLOW`` mode 0600, ``fchmod`` 0644, fsync,
+renamed over the record) through a descriptor of ``.locks`` (created and group-shared when missing), so no member
+can open the file for writing on the way. A cache that cannot be written (a read-only image layer) keeps no record.
 """
 
 from __future__ import annotations
@@ -27,14 +23,13 @@ from __future__ import annotations
 import errno
 import os
 import stat
-import uuid
 from dataclasses import dataclass
 
 from ..bounds import MAX_JSON_DEPTH, TooDeep, loads_json
 from ..errors import CacheError
 from . import safefs
-from .atomic import unlink_at
-from .sharing import cache_policy, share_dir_fd
+from .fsops import create_at, open_read_at, temp_name, unlink_at
+from .sharing import cache_policy, share_fd
 
 LOCKS = ".locks"
 MODE = 0o644  # never group-writable, even in a shared cache: a record is authority for its writer only
@@ -98,7 +93,7 @@ def load(cache_dir: str, name: str, max_bytes: int, *, root_ok: bool = False,
     except (OSError, CacheError):
         return Loaded(None, problem=f"{LOCKS} is a symlink, not a folder, or cannot be opened")
     try:
-        fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=locks)
+        fd = open_read_at(locks, name)
     except FileNotFoundError:
         return Loaded(None)
     except OSError as exc:
@@ -134,7 +129,7 @@ def save(cache_dir: str, name: str, data: bytes) -> bool:
     """
     policy = cache_policy(cache_dir)
     try:
-        locks = safefs.open_dir(cache_dir, (LOCKS,), create=True, on_create=lambda fd: share_dir_fd(fd, policy))
+        locks = safefs.open_dir(cache_dir, (LOCKS,), create=True, on_create=lambda fd: share_fd(fd, policy))
     except (OSError, CacheError):
         return False
     try:
@@ -147,12 +142,11 @@ def save(cache_dir: str, name: str, data: bytes) -> bool:
 
 
 def write_at(dfd: int, name: str, data: bytes) -> None:
-    """Atomic write of ``name`` in the folder ``dfd`` with mode :data:`MODE` from creation on.
-
-    Not :func:`hfcache.cache.atomic.atomic_write_at`: that one creates with the umask and can only add a shared
-    cache's bits, so a umask-002 member would see a group-writable temp file before the rename."""
-    tmp = f".{name}.{uuid.uuid4().hex[:8]}.tmp"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600, dir_fd=dfd)
+    """Atomic write of ``name`` in the folder ``dfd`` with mode :data:`MODE` from creation on (not
+    :func:`.atomic.atomic_write_at`, which creates with the umask: a umask-002 member's temp file would be
+    group-writable before the rename)."""
+    tmp = temp_name(name)
+    fd = create_at(dfd, tmp, 0o600)
     try:
         with os.fdopen(fd, "wb") as f:
             os.fchmod(f.fileno(), MODE)

@@ -42,7 +42,7 @@ from ..bounds import TooDeep, loads_json
 from ..errors import CacheError
 from ..records import UnsafePath, valid_size, validate_repo_path
 from .atomic import atomic_write_at
-from .sharing import cache_policy, share_dir_fd
+from .sharing import cache_policy, share_fd
 
 #: A record larger than this is not read (16 MiB holds ~150,000 files).
 MAX_RECORD_BYTES = 16 * 1024 * 1024
@@ -125,7 +125,7 @@ def write_record(cache_dir: Path, folder_name: str, commit_hash: str, files: Ite
     policy = cache_policy(cache_dir)
     for depth in range(1, len(parts)):  # a group-shared cache: any member re-warms and rewrites the record
         with safefs.dir_fd(cache_dir, parts[:depth], create=True) as fd:  # no link followed
-            share_dir_fd(fd, policy)
+            share_fd(fd, policy)
     with safefs.dir_fd(cache_dir, parts[:-1]) as dfd:  # written relative to the fd: no link followed
         atomic_write_at(dfd, parts[-1], data, policy)
 

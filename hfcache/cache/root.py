@@ -1,8 +1,6 @@
-"""The cache root: where it is (huggingface_hub's resolution), making it (``CACHEDIR.TAG``), the errors that name
-what blocks it, and questions about the whole cache (symlink support, a blob another repo folder already holds).
-
-The root resolution follows huggingface_hub ``constants.py``: ``HF_HUB_CACHE``, else ``$HF_HOME/hub``, else
-``~/.cache/huggingface/hub``; folder names follow ``file_download.py`` (``repo_folder_name``).
+"""The cache root: where it is (huggingface_hub ``constants.py``: ``HF_HUB_CACHE``, else ``$HF_HOME/hub``, else
+``~/.cache/huggingface/hub``), what a folder given as one is, making it (``CACHEDIR.TAG``), the errors that name
+what blocks it, and questions about the whole cache (symlink support, a blob another repo folder holds).
 """
 
 from __future__ import annotations
@@ -14,9 +12,9 @@ import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..errors import CacheError, UsageError
 from ..names import FOLDER_PREFIXES, check_etag, repo_folder_name  # noqa: F401 - repo_folder_name re-exported
 from . import safefs
-from ..errors import CacheError, UsageError
 from .atomic import atomic_write_at
 from .shared_store import STORE_DIR, payload_stat
 from .sharing import cache_policy, open_dirs
@@ -32,20 +30,14 @@ CACHEDIR_TAG = (
 
 
 def default_cache_dir(environ: dict[str, str] | None = None) -> tuple[Path, str]:
-    """Return the cache directory huggingface_hub would use, and the setting that chose it.
-
-    Same precedence as huggingface_hub ``constants.py``: ``HF_HUB_CACHE``, else ``$HF_HOME/hub``, else
-    ``$XDG_CACHE_HOME/huggingface/hub``, else ``~/.cache/huggingface/hub``. Read at call time (huggingface_hub
-    reads them once at import).
-
-    Returns:
-        (path, source) where source is ``"HF_HUB_CACHE"``, ``"HF_HOME"``, ``"XDG_CACHE_HOME"`` or ``"default"``.
-    """
+    """The cache directory huggingface_hub would use and the setting that chose it (``"HF_HUB_CACHE"``,
+    ``"HF_HOME"``, ``"XDG_CACHE_HOME"`` or ``"default"``), with huggingface_hub's precedence, read at call time."""
     env = os.environ if environ is None else environ
+    expand = lambda name: Path(os.path.expandvars(os.path.expanduser(env[name])))  # noqa: E731
     if env.get("HF_HUB_CACHE"):
-        return Path(os.path.expandvars(os.path.expanduser(env["HF_HUB_CACHE"]))), "HF_HUB_CACHE"
+        return expand("HF_HUB_CACHE"), "HF_HUB_CACHE"
     if env.get("HF_HOME"):
-        return Path(os.path.expandvars(os.path.expanduser(env["HF_HOME"]))) / "hub", "HF_HOME"
+        return expand("HF_HOME") / "hub", "HF_HOME"
     if env.get("XDG_CACHE_HOME"):
         return Path(env["XDG_CACHE_HOME"]) / "huggingface" / "hub", "XDG_CACHE_HOME"
     return Path.home() / ".cache" / "huggingface" / "hub", "default"
@@ -58,18 +50,15 @@ PATH_MAX = 4096
 
 
 def check_path_text(path: str | os.PathLike[str], what: str) -> str:
-    """Refuse a path the OS cannot hold before any call makes it an OSError, ValueError or RuntimeError (exit 70).
+    """``path`` as text, refused before any call makes it an OSError, ValueError or RuntimeError (exit 70).
 
     Args:
-        path: the path as given (a command line, a manifest, a lock or the environment).
-        what: how the error names it, e.g. ``"--cache-dir"`` or ``"hfcache.toml: field 'cache_dir'"``.
-
-    Returns:
-        str: ``path`` as text.
+        path: as given (a command line, a manifest, a lock or the environment). what: how the error names it,
+            e.g. ``"--cache-dir"``.
 
     Raises:
-        UsageError: (exit 2, one line) it holds a NUL byte, a component longer than :data:`NAME_MAX` bytes, or is
-            :data:`PATH_MAX` bytes or more (bytes of ``os.fsencode``).
+        UsageError: (exit 2) it holds a NUL byte, a component longer than :data:`NAME_MAX` bytes, or is
+            :data:`PATH_MAX` bytes or more (``os.fsencode``).
     """
     text = os.fspath(path)
     text = text if isinstance(text, str) else os.fsdecode(text)
@@ -88,11 +77,8 @@ def check_path_text(path: str | os.PathLike[str], what: str) -> str:
 
 
 def expand_user(path: str | os.PathLike[str], what: str) -> Path:
-    """``path`` with a leading ``~`` or ``~user`` expanded (as :meth:`pathlib.Path.expanduser`).
-
-    Raises:
-        UsageError: (exit 2) ``~user`` names no user, or ``~`` has no home (no ``HOME``, no passwd entry).
-    """
+    """``path`` with a leading ``~`` or ``~user`` expanded (:meth:`pathlib.Path.expanduser`); UsageError (exit 2)
+    when ``~user`` names no user or ``~`` has no home."""
     try:
         return Path(check_path_text(path, what)).expanduser()
     except RuntimeError:  # pathlib: "Could not determine home directory."
@@ -102,12 +88,8 @@ def expand_user(path: str | os.PathLike[str], what: str) -> Path:
 
 
 def resolve_cache_dir(cache_dir: str | os.PathLike[str] | None) -> Path:
-    """Return ``cache_dir`` (``~`` expanded) as an absolute Path, or the default (:func:`default_cache_dir`) when None.
-
-    Raises:
-        UsageError: (exit 2, one line) a path the OS cannot hold (:func:`check_path_text`) or a ``~user`` that
-            does not exist (:func:`expand_user`), whoever supplied it (the command line, a manifest, the environment).
-    """
+    """``cache_dir`` (``~`` expanded) as an absolute Path, or the default (:func:`default_cache_dir`) when None.
+    Raises UsageError (exit 2) for a path the OS cannot hold or a ``~user`` that does not exist, whoever gave it."""
     if cache_dir is None:
         try:
             root, source = default_cache_dir()
@@ -125,12 +107,8 @@ def resolve_cache_dir(cache_dir: str | os.PathLike[str] | None) -> Path:
 
 
 def existing_cache_dir(cache_dir: str | os.PathLike[str] | None) -> Path:
-    """:func:`resolve_cache_dir` for commands that only read a cache.
-
-    Raises:
-        CacheError: there is no directory there, or it cannot be reached or listed by this user (a cache that exists
-            but cannot be read is never reported as "no cache": Python 3.11's ``Path.is_dir`` raises then).
-    """
+    """:func:`resolve_cache_dir` for commands that only read a cache. Raises CacheError: no directory there, or this
+    user cannot reach or list it (never reported as "no cache": Python 3.11's ``Path.is_dir`` raises then)."""
     root = resolve_cache_dir(cache_dir)
     try:
         is_dir = root.is_dir()
@@ -144,15 +122,13 @@ def existing_cache_dir(cache_dir: str | os.PathLike[str] | None) -> Path:
 
 
 #: What huggingface_hub (``file_download.py``, ``_local_folder.py``, 2.4's ``utils/_shared_blobs.py``) and
-#: transformers (``utils/hub.py``'s cache migration: ``version.txt``) write at a hub cache's root, besides the repo
-#: folders (:data:`FOLDER_PREFIXES`): one of them, or a repo folder, makes a folder a cache.
+#: transformers (``utils/hub.py``: ``version.txt``) write at a cache's root besides repo folders: one makes a cache.
 CACHE_MARKERS = frozenset({".locks", "CACHEDIR.TAG", "version.txt", STORE_DIR})
 #: What a fresh file system volume holds before anything is written to it: still an empty cache.
 _FRESH_VOLUME = frozenset({"lost+found"})
-#: What huggingface_hub and its neighbours keep in an ``HF_HOME`` beside ``hub/`` (``constants.py``: the token,
-#: ``stored_tokens``, ``xet/``, ``assets/``; the datasets, evaluate and transformers module caches).
+#: What huggingface_hub (``constants.py``) and its neighbours (datasets, evaluate, transformers) keep in an HF_HOME.
 _HF_HOME_NAMES = frozenset({"hub", "token", "stored_tokens", "xet", "assets", "datasets", "modules", "accelerate"})
-#: At most this many entries of a folder are read to recognise it (a cache is known by its first few).
+#: At most this many entries of a folder are read to recognise it.
 _MAX_ENTRIES = 100_000
 
 
@@ -162,12 +138,9 @@ class CacheDirKind:
 
     Attributes:
         path (Path): the folder, absolute.
-        kind (str): ``"cache"`` (a repo folder ``models--*``/``datasets--*``/``spaces--*``/``kernels--*``, or one of
-            :data:`CACHE_MARKERS`, at its root), ``"empty"`` (an existing folder with nothing in it but a fresh
-            volume's ``lost+found``: a cache nothing was warmed into yet), ``"missing"`` (nothing there) or
-            ``"not_a_cache"`` (a folder holding other things).
-        meant (Path | None): the cache the user probably meant: ``path/hub`` when ``path`` is an ``HF_HOME`` (its
-            ``hub`` folder is a cache), the parent when ``path`` is a repo folder; else None.
+        kind (str): ``"cache"`` (a repo folder or one of :data:`CACHE_MARKERS` at its root), ``"empty"`` (nothing
+            but a fresh volume's ``lost+found``), ``"missing"`` or ``"not_a_cache"`` (a folder holding other things).
+        meant (Path | None): the cache probably meant: ``path/hub`` for an ``HF_HOME``, the parent of a repo folder.
         meant_repos (int): repo folders in ``meant`` (0 when ``meant`` is None).
         looks_like (str | None): what ``path`` looks like instead, e.g. ``"an HF_HOME"``, ``"a repo folder"``.
     """
@@ -206,11 +179,8 @@ class CacheDirKind:
 
 
 def _names(path: Path) -> list[str] | None:
-    """The names in folder ``path`` (at most :data:`_MAX_ENTRIES`), None when it is not a folder.
-
-    Raises:
-        CacheError: it exists but this user cannot list it (:func:`access_error`).
-    """
+    """The names in folder ``path`` (at most :data:`_MAX_ENTRIES`), None when it is not a folder; CacheError
+    (:func:`access_error`) when this user cannot list it."""
     try:
         with os.scandir(path) as entries:
             names = []
@@ -241,18 +211,9 @@ def _lstat_mode(path: Path) -> int:
 
 
 def describe_cache_dir(path: str | os.PathLike[str]) -> CacheDirKind:
-    """Recognise a folder given as a hub cache, from the names at its root only (no hashing, no writes, a few
-    ``lstat`` calls), and name the cache the user probably meant when it is not one.
-
-    Args:
-        path: the folder (made absolute).
-
-    Returns:
-        CacheDirKind: see its ``kind``. A folder that exists but is not a folder is ``not_a_cache``.
-
-    Raises:
-        CacheError: the folder (or its ``hub`` folder) exists but this user cannot list it (exit 5).
-    """
+    """Recognise a folder given as a hub cache from the names at its root (a few ``lstat`` calls, no writes), and
+    name the cache the user probably meant when it is not one (:class:`CacheDirKind`; a file is ``not_a_cache``).
+    Raises CacheError (exit 5) when the folder (or its ``hub`` folder) exists but this user cannot list it."""
     root = Path(path).absolute()
     names = _names(root)
     if names is None:
@@ -277,12 +238,8 @@ def describe_cache_dir(path: str | os.PathLike[str]) -> CacheDirKind:
 
 
 def require_hub_cache(path: str | os.PathLike[str]) -> CacheDirKind:
-    """:func:`describe_cache_dir`, for a command that reads a cache: a cache or an empty one is returned.
-
-    Raises:
-        CacheError: (exit 5, one line) nothing is there, or it is not a cache (naming the cache probably meant:
-            ``DIR/hub`` for an ``HF_HOME``), or this user cannot list it.
-    """
+    """:func:`describe_cache_dir` for a command that reads a cache: a cache or an empty one is returned, else
+    CacheError (exit 5): nothing there, not a cache (naming the one probably meant), or not listable."""
     found = describe_cache_dir(path)
     if not found.is_cache:
         raise found.error()
@@ -290,18 +247,10 @@ def require_hub_cache(path: str | os.PathLike[str]) -> CacheDirKind:
 
 
 def refuse_misplaced_cache(path: str | os.PathLike[str], *, empty_ok: bool = True) -> None:
-    """For a command that writes or serves a cache: a folder that is another cache's home (an ``HF_HOME`` whose
-    ``hub`` folder is the cache; a repo folder) is refused, so ``warm --cache-dir $HF_HOME`` no longer writes a
-    second cache beside ``hub/`` (after which ``ls`` could not tell) and ``serve --cache-dir $HF_HOME`` no longer
-    serves an empty mirror that passes ``/healthz``.
-
-    Args:
-        path: the cache folder given. empty_ok: an empty (or missing) folder is fine (a new cache).
-
-    Raises:
-        CacheError: (exit 5) ``path`` is not a cache and names the cache probably meant; with ``empty_ok=False``,
-            any folder that is not a cache.
-    """
+    """For a command that writes or serves a cache: refuse a folder that is another cache's home (an ``HF_HOME``,
+    a repo folder), so ``warm --cache-dir $HF_HOME`` writes no second cache beside ``hub/`` and ``serve`` serves no
+    empty mirror. Raises CacheError (exit 5) for such a folder; with ``empty_ok=False``, for any non-cache folder
+    (an empty or missing one is a new cache)."""
     try:
         found = describe_cache_dir(path)
     except CacheError:
@@ -311,9 +260,8 @@ def refuse_misplaced_cache(path: str | os.PathLike[str], *, empty_ok: bool = Tru
 
 
 def cache_dir_warning(path: str | os.PathLike[str]) -> str | None:
-    """One line for a command that only hands the cache on (``env``, ``exec``): the folder does not exist, or is
-    not a hub cache (naming the cache probably meant, :meth:`CacheDirKind.suggestion`); None when it is a cache
-    (empty or not), or when this user cannot list it (``hfcache doctor`` reports that, with the fix)."""
+    """One line for a command that only hands the cache on (``env``, ``exec``): the folder does not exist, or is no
+    hub cache (naming the one probably meant); None for a cache, or one this user cannot list (doctor says so)."""
     try:
         found = describe_cache_dir(path)
     except CacheError:
@@ -324,29 +272,28 @@ def cache_dir_warning(path: str | os.PathLike[str]) -> str | None:
     return None if found.is_cache else found.error().message
 
 
-def blocking_dir(path: Path) -> Path:
-    """The first folder on the way to ``path`` (itself included) that this user cannot enter or list."""
-    path = path.absolute()
-    for folder in [*reversed(path.parents), path]:
-        if not os.access(folder, os.X_OK) or (folder == path and not os.access(folder, os.R_OK)):
-            return folder
-    return path
+def _owner(path: Path) -> tuple[str, os.stat_result | None]:
+    try:
+        st = os.stat(path)
+    except OSError:
+        return "", None
+    return f" (owned by uid {st.st_uid} gid {st.st_gid}, mode {st.st_mode & 0o7777:04o})", st
 
 
 def access_error(root: Path) -> CacheError:
     """The one-line error for a cache this user cannot reach or list, naming the folder that blocks it."""
-    blocker = blocking_dir(root)
-    try:
-        st = os.stat(blocker)
-        owner = f" (owned by uid {st.st_uid} gid {st.st_gid}, mode {st.st_mode & 0o7777:04o})"
-    except OSError:
-        owner = ""
-    from .access import reach_fix  # the fix doctor prints for the same folder (cache.unreachable)
+    from .access import blocking_dir, reach_fix  # the fix doctor prints for the same folder (cache.unreachable)
 
+    blocker = blocking_dir(root)
+    owner, _ = _owner(blocker)
     where = "" if blocker == root else f": {blocker} cannot be entered"
     fix = reach_fix(blocker, blocker == root, os.geteuid(), tuple(os.getgroups()) + (os.getegid(),))
     return CacheError(f"cannot read the cache {root}{where}{owner}: permission denied for uid {os.geteuid()}",
                       hint=f"{fix} (see `hfcache doctor`)")
+
+
+_WRITE_HINT = ("choose a writable --cache-dir or fix its permissions (`hfcache doctor --cache-dir DIR` names what this "
+               "user cannot write, with the fix; shared caches: docs/shared-caches.md)")
 
 
 def cache_error(exc: OSError, what: str) -> CacheError:
@@ -355,19 +302,14 @@ def cache_error(exc: OSError, what: str) -> CacheError:
         return CacheError(f"{what}: no space left on the device", hint="free disk space or choose another --cache-dir")
     if exc.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
         return CacheError(f"{what}: cannot write {exc.filename or 'the cache'} ({os.strerror(exc.errno)})",
-                          hint="choose a writable --cache-dir or fix its permissions (`hfcache doctor --cache-dir "
-                               "DIR` names what this user cannot write, with the fix; shared caches: "
-                               "docs/shared-caches.md)")
+                          hint=_WRITE_HINT)
     return CacheError(f"{what}: {os.strerror(exc.errno) if exc.errno else exc}",
                       hint="check the cache directory")
 
 
 def ensure_cache_root(cache_dir: Path) -> None:
-    """Create the cache root and its ``CACHEDIR.TAG`` (as huggingface_hub does).
-
-    Raises:
-        CacheError: the directory cannot be created or written.
-    """
+    """Create the cache root and its ``CACHEDIR.TAG`` (as huggingface_hub does); CacheError when it cannot be
+    created or written."""
     try:
         cache_dir.mkdir(parents=True, exist_ok=True)
         with safefs.dir_fd(cache_dir) as root_fd:  # the tag is written relative to the root's fd, never by path
@@ -393,7 +335,7 @@ def write_access_error(root: Path) -> CacheError:
     """The one-line error for a cache root this user cannot create or write, naming the folder that blocks it: one
     on the way that cannot be entered (:func:`access_error`), else the nearest existing folder (the root or the
     parent it would be created in) that cannot be written, with the fix doctor prints for it."""
-    from .access import join_fix
+    from .access import blocking_dir, join_fix
 
     root = root.absolute()
     existing = root
@@ -402,32 +344,21 @@ def write_access_error(root: Path) -> CacheError:
     if blocking_dir(existing) != existing or not os.access(existing, os.R_OK | os.X_OK):
         return access_error(root)
     uid = os.geteuid()
-    try:
-        st = os.stat(existing)
-        owner = f" (owned by uid {st.st_uid} gid {st.st_gid}, mode {st.st_mode & 0o7777:04o})"
-        outsider = bool(st.st_mode & 0o020) and uid != 0 and st.st_gid not in {*os.getgroups(), os.getegid()}
-    except OSError:
-        owner, outsider = "", False
+    owner, st = _owner(existing)
+    outsider = st is not None and bool(st.st_mode & 0o020) and uid != 0 and \
+        st.st_gid not in {*os.getgroups(), os.getegid()}
     what = "write the cache" if existing == root else f"create the cache {root} in"
-    hint = (join_fix(uid, st.st_gid) if outsider else
-            "choose a writable --cache-dir or fix its permissions (`hfcache doctor --cache-dir DIR` names what this "
-            "user cannot write, with the fix; shared caches: docs/shared-caches.md)")
+    hint = join_fix(uid, st.st_gid) if outsider else _WRITE_HINT
     return CacheError(f"cannot {what} {existing}{owner}: permission denied for uid {uid}", hint=hint)
 
 
 def symlinks_supported(cache_dir: Path) -> bool:
-    """Whether snapshot entries can be symlinks in ``cache_dir``.
-
-    The same question huggingface_hub's ``file_download.are_symlinks_supported`` answers (and the same
-    ``HF_HUB_DISABLE_SYMLINKS`` switch, read at call time), but probed inside ``.locks/``: the library probes in a
-    temporary folder at the cache root, which a process killed at that moment leaves behind for
-    ``scan_cache_dir`` to warn about.
-    """
+    """Whether snapshot entries can be symlinks in ``cache_dir``: huggingface_hub's ``are_symlinks_supported`` (and
+    its ``HF_HUB_DISABLE_SYMLINKS``, read at call time), probed inside ``.locks/`` through its fd (a ``.locks``
+    swapped for a link is never probed through) rather than in a root folder a killed process would leave behind."""
     if os.environ.get("HF_HUB_DISABLE_SYMLINKS", "").upper() in ("1", "ON", "YES", "TRUE"):
         return False
     probe = f".hfcache-symlink-probe-{uuid.uuid4().hex[:8]}"
-    # Made, and removed, relative to the descriptor of .locks opened from the root without following a link: a
-    # .locks swapped for a symlink is refused (UnsafeLayout), never probed through.
     try:
         fd = open_dirs(cache_dir / ".locks", cache_dir, cache_policy(cache_dir))
     except OSError:
@@ -446,8 +377,8 @@ def symlinks_supported(cache_dir: Path) -> bool:
 
 
 def find_blob_elsewhere(cache_dir: Path, etag: str, size: int, exclude: str) -> Path | None:
-    """Find a regular ``blobs/<etag>`` of the right size in another repo folder of the cache (for hardlinking), or
-    the shared Xet store's payload such a blob links to (huggingface_hub 2.4's ``blobs/<2hex>/<xet_hash>``)."""
+    """A regular ``blobs/<etag>`` of ``size`` bytes in another repo folder of the cache (to hardlink), or the shared
+    Xet store's payload such a blob links to (huggingface_hub 2.4's ``blobs/<2hex>/<xet_hash>``); None."""
     check_etag(etag)
     try:
         entries = os.scandir(cache_dir)
@@ -466,23 +397,12 @@ def find_blob_elsewhere(cache_dir: Path, etag: str, size: int, exclude: str) -> 
             except OSError:
                 continue
             if stat.S_ISLNK(st.st_mode):
-                payload = _store_payload(cache_dir, entry.name, etag)
-                if payload is not None and payload[1] == size:
-                    return payload[0]
-                continue
-            if st.st_size == size and stat.S_ISREG(st.st_mode):
+                xet_hash = safefs.store_link_of(cache_dir, entry.name, etag)
+                try:
+                    if xet_hash is not None and payload_stat(cache_dir, xet_hash).st_size == size:
+                        return cache_dir / STORE_DIR / xet_hash[:2] / xet_hash
+                except OSError:
+                    pass
+            elif st.st_size == size and stat.S_ISREG(st.st_mode):
                 return candidate
     return None
-
-
-def _store_payload(cache_dir: Path, folder: str, etag: str) -> tuple[Path, int] | None:
-    """(path, size) of the shared-store payload ``<folder>/blobs/<etag>`` links to, when the link has huggingface_hub
-    2.4's exact shape and the payload is a regular file of a marked store (:mod:`hfcache.cache.shared_store`)."""
-    xet_hash = safefs.store_link_of(cache_dir, folder, etag)
-    if xet_hash is None:
-        return None
-    try:
-        st = payload_stat(cache_dir, xet_hash)
-    except OSError:
-        return None
-    return cache_dir / STORE_DIR / xet_hash[:2] / xet_hash, st.st_size

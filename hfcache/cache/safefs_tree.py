@@ -1,18 +1,14 @@
 """Walks and copies below a cache root through folder descriptors (the companions of :mod:`.safefs`).
 
-A group member of a shared cache can swap any folder or file for a link between a check and a use, and plant a
-folder chain deep enough to exhaust Python's recursion. :func:`iter_tree` walks without recursion and within
-:data:`hfcache.bounds.MAX_TREE_DEPTH`; :func:`copy_blob_at` copies a blob between folder descriptors and re-checks
-its hash while it copies. :func:`walk` hands out each folder's descriptor (for ``link`` and ``export``, which
-open entries relative to it); :func:`open_regular` opens one regular file of such a folder.
+:func:`walk` hands out each folder's descriptor (``link``, ``export`` open entries relative to it), without
+recursion and within :data:`hfcache.bounds.MAX_TREE_DEPTH`; :func:`iter_tree` lists a tree that way;
+:func:`copy_blob_at` copies a blob between folder descriptors, re-checking its hash while it copies.
 """
 
 from __future__ import annotations
 
-import errno
 import os
 import stat
-import uuid
 from collections.abc import Callable, Container, Iterator, Sequence
 from dataclasses import dataclass
 
@@ -20,16 +16,14 @@ from .. import bounds
 from ..bounds import MAX_TREE_DEPTH
 from ..names import check_etag
 from .content import BlobHash
-from .fsops import READ_FLAGS, open_regular  # noqa: F401 - re-exported for walkers
+from .fsops import create_at, open_regular, temp_name, unlink_at  # noqa: F401 - open_regular: re-exported for walkers
 from .safefs import UnsafeLayout, _parts, open_dir
-
 
 
 class TooDeep(UnsafeLayout, bounds.TooDeep):
     """A folder chain below a cache folder deeper than :data:`hfcache.bounds.MAX_TREE_DEPTH`: nothing was done.
-    ``parts``: the components (below the walk's root) of the first folder left unentered. Both an
-    :class:`UnsafeLayout` (exit 5 where it ends a command) and a :class:`hfcache.bounds.TooDeep` (a ``ValueError``:
-    where callers report it as the problem of one repo)."""
+    ``parts``: the components (below the walk's root) of the first folder left unentered. An :class:`UnsafeLayout`
+    (exit 5) and a :class:`hfcache.bounds.TooDeep` (a ``ValueError``: a problem of one repo)."""
 
     parts: tuple[str, ...] = ()
 
@@ -105,19 +99,14 @@ def _entries(fd: int) -> list[tuple[str, os.stat_result]]:
 
 def iter_tree(root: str | os.PathLike[str], rel: str | Sequence[str], *, max_depth: int = MAX_TREE_DEPTH,
               skip: Container[str] = ()) -> Iterator[tuple[tuple[str, ...], str, int]]:
-    """Every entry below the folder ``root/rel`` (:func:`walk`: without recursion and without following a link,
-    each folder opened from the cache root with ``O_NOFOLLOW | O_DIRECTORY``), parents before their children.
-
-    ``skip``: names of folders directly in ``root/rel`` that are listed but not walked into.
+    """Every entry below the folder ``root/rel`` (:func:`walk`), parents before their children; ``skip``: names of
+    folders directly in ``root/rel`` listed but not walked into.
 
     Yields:
         (folder parts below ``rel``, entry name, ``st_mode`` of the entry, not followed).
 
     Raises:
-        TooDeep: a folder chain deeper than ``max_depth`` levels below ``rel`` (also a ``bounds.TooDeep``, a
-            ValueError: callers report it as a problem of the one repo). UnsafeLayout: a folder was swapped for a
-            link while walked.
-        FileNotFoundError: ``root/rel`` is missing.
+        As :func:`walk` (TooDeep, UnsafeLayout; FileNotFoundError: ``root/rel`` is missing).
     """
     base = tuple(_parts(rel)) if rel else ()
     for folder in walk(root, base, max_depth=max_depth):
@@ -130,19 +119,12 @@ def iter_tree(root: str | os.PathLike[str], rel: str | Sequence[str], *, max_dep
 
 def copy_blob_at(src_fd: int, dst_dir_fd: int, etag: str, size: int,
                  on_create: Callable[[int], None] | None = None, *, name: str | None = None) -> None:
-    """Copy the open file ``src_fd`` to ``etag`` in the folder open as ``dst_dir_fd``, re-checking it is the blob.
+    """Copy the open file ``src_fd`` (not closed here) to ``name`` (default ``etag``) in the folder ``dst_dir_fd``.
 
-    The source must be a regular file (``fstat``; open it ``O_NOFOLLOW | O_NONBLOCK`` so a FIFO never blocks)
-    of ``size`` bytes whose content hashes to ``etag`` while it is copied (:class:`hfcache.cache.content.BlobHash`): a file swapped in
-    after it was checked is refused, never published. The copy is written to a private name created
-    ``O_CREAT | O_EXCL | O_NOFOLLOW`` relative to ``dst_dir_fd`` and renamed onto ``etag`` relative to it.
-
-    Args:
-        src_fd (int): the source (not closed here); dst_dir_fd (int): the destination folder.
-        etag (str): the blob name; size (int): its size in bytes.
-        on_create: called with the new file's fd before it is written (to share it, :mod:`.sharing`).
-        name (str | None): the destination's name in ``dst_dir_fd`` (default ``etag``: a snapshot file made as a
-            copy of its blob passes its own name).
+    The source must be a regular file of ``size`` bytes hashing to ``etag`` while it is copied
+    (:class:`.content.BlobHash`): a file swapped in after it was checked is never published. The copy is written to
+    a private name (:func:`.fsops.create_at`; ``on_create`` gets its fd first, to share it) and renamed relative
+    to ``dst_dir_fd``.
 
     Raises:
         UnsafeLayout: the source is not a regular file of ``size`` bytes hashing to ``etag`` (nothing published).
@@ -153,20 +135,19 @@ def copy_blob_at(src_fd: int, dst_dir_fd: int, etag: str, size: int,
         raise UnsafeLayout(f"blobs/{etag}: the copy source is not a regular file of {size} bytes: left alone",
                            hint="remove it, then rerun")
     digest = BlobHash.for_etag(check_etag(etag), size)
-    tmp = f".{etag}.{uuid.uuid4().hex[:8]}.incomplete"
-    out = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o666, dir_fd=dst_dir_fd)
+    tmp = temp_name(etag, ".incomplete")
+    out = create_at(dst_dir_fd, tmp)
     try:
         try:
             if on_create is not None:
                 on_create(out)
-            done, offset = 0, 0
-            while chunk := os.pread(src_fd, min(1 << 20, size + 1 - done), offset):
+            done = 0
+            while chunk := os.pread(src_fd, min(1 << 20, size + 1 - done), done):
                 digest.update(chunk)
                 view = memoryview(chunk)
                 while view:
                     view = view[os.write(out, view):]
                 done += len(chunk)
-                offset += len(chunk)
                 if done > size:
                     break
             os.fsync(out)
@@ -177,7 +158,4 @@ def copy_blob_at(src_fd: int, dst_dir_fd: int, etag: str, size: int,
                                hint="rerun; if it persists, run `hfcache verify`")
         os.replace(tmp, name or etag, src_dir_fd=dst_dir_fd, dst_dir_fd=dst_dir_fd)
     finally:
-        try:
-            os.unlink(tmp, dir_fd=dst_dir_fd)
-        except FileNotFoundError:
-            pass
+        unlink_at(dst_dir_fd, tmp)

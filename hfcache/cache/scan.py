@@ -1,14 +1,12 @@
-"""One scanner of a cache's metadata, shared by ``ls`` (and the commands that judge a cache: verify, prune).
+"""One scanner of a cache's metadata, shared by ``ls`` and the commands that judge a cache (verify, prune).
 
-It reads only metadata (``scandir``, ``lstat``, ``readlink``, ref contents of 40 bytes): no hashing, no writes.
-Unlike ``huggingface_hub.scan_cache_dir``, which drops a repo it considers corrupted into ``warnings``, every repo
-folder is returned, with its problems listed (library gap: an operator debugging a failed offline load needs to see
-exactly the broken repos).
+Metadata only (``scandir``, ``lstat``, ``readlink``, refs of 40 bytes): no hashing, no writes. Unlike
+``huggingface_hub.scan_cache_dir``, which drops a repo it considers corrupted into ``warnings``, every repo folder is
+returned with its problems listed (library gap: an operator debugging a failed offline load needs the broken repos).
 
-Last use, as hfcache defines it (README "Last use"): the newest of the access times of the revision's blobs, the
-modification time of its snapshot folder and of the refs pointing to it. atime alone is unreliable on
-``noatime``/``relatime`` mounts and read-only image layers; the snapshot and ref mtimes change whenever warm
-(re)publishes a revision.
+Last use (README "Last use"): the newest of the access times of the revision's blobs and the modification times of
+its snapshot folder and of the refs pointing to it (atime alone is unreliable on ``noatime`` mounts and read-only
+image layers; warm's (re)publishing sets the mtimes).
 """
 
 from __future__ import annotations
@@ -21,11 +19,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import NamedTuple
 
-from ..names import is_commit, parse_folder_name  # noqa: F401 - parse_folder_name: re-exported for the rooms that read scans
 from ..bounds import MAX_TREE_DEPTH
-from .safefs import list_modes, repo_layout_problems
+from ..names import is_commit, parse_folder_name  # noqa: F401 - parse_folder_name: re-exported for the rooms that read scans
+from .fsops import open_read_at, scan_tree
+from .safefs import kind_of, list_modes, repo_layout_problems
 from .store_blobs import scan_blobs
-
 
 
 class SnapshotFile(NamedTuple):
@@ -250,7 +248,7 @@ def scan_repo(folder: str | os.PathLike[str], repo_id: str, repo_type: str,
     blob_stats, incomplete, inodes = scan_blobs(base, _scandir(base + "/blobs", denied, "blobs/"), denied, problems)
 
     linked: list[str] = []  # planted links below the parts: the repo is unsafe, as for a symlinked part
-    refs = _read_refs(base + "/refs", "", denied, linked)
+    refs = _read_refs(base + "/refs", denied, linked)
     snapshots = _snapshot_folders(base, denied, linked)
     if linked:
         # Not read further: every command leaves an unsafe repo alone (check fails it, export refuses it, prune
@@ -291,75 +289,56 @@ def _snapshot_folders(base: str, denied: list[str], linked: list[str]) -> dict[s
     """commit -> path of each snapshot folder; a link or file where a snapshot or ``.no_exist`` folder belongs is
     appended to ``linked`` (never followed)."""
     snapshots = {}
-    for e in _scandir(base + "/snapshots", denied, "snapshots/"):
-        if e.is_dir(follow_symlinks=False):
-            snapshots[e.name] = e.path
-        else:  # a link or file where a snapshot folder belongs: never followed
-            linked.append(f"snapshots/{e.name}: {'a symlink' if e.is_symlink() else 'not a directory'} (left alone)")
-    for e in _scandir(base + "/.no_exist", denied, ".no_exist/"):
-        if not e.is_dir(follow_symlinks=False):
-            linked.append(f".no_exist/{e.name}: {'a symlink' if e.is_symlink() else 'not a directory'} (left alone)")
+    for part in ("snapshots", ".no_exist"):
+        for e in _scandir(f"{base}/{part}", denied, f"{part}/"):
+            if not e.is_dir(follow_symlinks=False):
+                linked.append(f"{part}/{e.name}: {kind_of(stat.S_IFLNK if e.is_symlink() else 0)} (left alone)")
+            elif part == "snapshots":
+                snapshots[e.name] = e.path
     return snapshots
 
-def _read_refs(refs_dir: str, prefix: str, denied: list[str], linked: list[str], depth: int = 0) -> dict[str, str]:
-    """ref name (``main``, ``refs/pr/1``) -> its content, decoded; nested ref folders are walked. A ref (or ref
-    folder) that is a symlink is added to ``linked`` and never followed, and so is a ref folder nested deeper than
-    :data:`hfcache.bounds.MAX_TREE_DEPTH` (the recursion is bounded by it)."""
-    refs = {}
-    for e in _scandir(refs_dir, denied, f"refs/{prefix}"):
-        if e.is_symlink():
-            linked.append(f"refs/{prefix}{e.name}: a symlink (left alone)")
-            continue
-        if e.is_dir(follow_symlinks=False):
-            if depth >= MAX_TREE_DEPTH:
-                linked.append(f"refs/{prefix}{e.name}: {TOO_DEEP}")
-                continue
-            refs.update(_read_refs(e.path, prefix + e.name + "/", denied, linked, depth + 1))
-            continue
-        try:
-            # O_NOFOLLOW: a ref that is a planted link reads as unreadable (reported malformed), never its target.
-            fd = os.open(e.path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
-        except PermissionError:
-            denied.append(f"refs/{prefix}{e.name}")
-            continue
-        except OSError:
-            refs[prefix + e.name] = "<a symlink or unreadable>"
-            continue
-        try:  # os.read on the fd: no file object per ref (10,000 of them on a large cache)
-            data = os.read(fd, 256) if stat.S_ISREG(os.fstat(fd).st_mode) else b"<not a regular file>"
-        finally:
-            os.close(fd)
-        refs[prefix + e.name] = data.decode("utf-8", "replace")
-    return refs
 
-
-def _walk_files(folder: str, prefix: str, out: list[tuple[str, os.DirEntry]], denied: list[str],
-                where: str, too_deep: list[str] | None = None) -> None:
-    """Append (relative path, DirEntry) of every non-directory below ``folder``, without following links; a folder
-    this user cannot list is added to ``denied`` (``where`` + its relative path). Iterative and bounded: a folder
-    more than :data:`hfcache.bounds.MAX_TREE_DEPTH` levels below ``folder`` is not entered but added to
-    ``too_deep`` (as its relative path), so a planted 1,000-level chain is a problem of its revision, not a
-    RecursionError (Python 3.11 recursion, and paths past PATH_MAX)."""
-    stack = [(folder, prefix, 0)]
-    while stack:
-        path, rel, depth = stack.pop()
-        try:
-            with os.scandir(path) as it:
-                for e in it:
-                    if not e.is_dir(follow_symlinks=False):
-                        out.append((rel + e.name, e))
-                    elif depth >= MAX_TREE_DEPTH:
-                        if too_deep is not None:
-                            too_deep.append(rel + e.name)
-                    else:
-                        stack.append((e.path, rel + e.name + "/", depth + 1))
-        except (FileNotFoundError, NotADirectoryError):
-            pass
-        except PermissionError:
+def _on_error(denied: list[str], where: str, other: list[str] | None = None):
+    """A :func:`.fsops.scan_tree` ``onerror``: a folder this user cannot list goes to ``denied`` (``where`` + its
+    relative path), a vanished one is skipped, any other error (ENAMETOOLONG and the like) goes to ``other`` with
+    its reason (raised when ``other`` is None)."""
+    def failed(exc: OSError, rel: str) -> None:
+        if isinstance(exc, PermissionError):
             denied.append(where + rel)
-        except OSError as exc:  # ENAMETOOLONG and the like: what a walk that deep cannot name is not read
-            if too_deep is not None:
-                too_deep.append(f"{rel} ({exc.strerror})")
+        elif not isinstance(exc, (FileNotFoundError, NotADirectoryError)):
+            if other is None:
+                raise exc
+            other.append(f"{rel} ({exc.strerror})")
+    return failed
+
+
+def _read_refs(refs_dir: str, denied: list[str], linked: list[str]) -> dict[str, str]:
+    """ref name (``main``, ``pr/1``) -> its content, decoded; nested ref folders are walked (:func:`.fsops.scan_tree`).
+    A ref or ref folder that is a symlink, or a ref folder deeper than :data:`hfcache.bounds.MAX_TREE_DEPTH`, is
+    added to ``linked`` and never followed."""
+    refs = {}
+    deep: list[str] = []
+    for _, rel, _, others in scan_tree(refs_dir, too_deep=deep, onerror=_on_error(denied, "refs/")):
+        for e in others:
+            if e.is_symlink():
+                linked.append(f"refs/{rel}{e.name}: a symlink (left alone)")
+                continue
+            try:
+                # O_NOFOLLOW: a ref that is a planted link reads as unreadable (reported malformed), never its target.
+                fd = open_read_at(None, e.path)
+            except PermissionError:
+                denied.append(f"refs/{rel}{e.name}")
+                continue
+            except OSError:
+                refs[rel + e.name] = "<a symlink or unreadable>"
+                continue
+            try:  # os.read on the fd: no file object per ref (10,000 of them on a large cache)
+                data = os.read(fd, 256) if stat.S_ISREG(os.fstat(fd).st_mode) else b"<not a regular file>"
+            finally:
+                os.close(fd)
+            refs[rel + e.name] = data.decode("utf-8", "replace")
+    linked += [f"refs/{rel}: {TOO_DEEP}" for rel in deep]
+    return refs
 
 
 def _shortened(rel: str) -> str:
@@ -418,7 +397,9 @@ def _scan_revision(base: str, commit: str, snapshot: str, refs: dict[str, str],
         last_used = 0.0
     entries: list[tuple[str, os.DirEntry]] = []
     too_deep: list[str] = []
-    _walk_files(snapshot, "", entries, denied, f"snapshots/{commit}/", too_deep)
+    for _, rel, _, others in scan_tree(snapshot, too_deep=too_deep,
+                                       onerror=_on_error(denied, f"snapshots/{commit}/", too_deep)):
+        entries += [(rel + e.name, e) for e in others]
     problems.extend(f"{_shortened(rel)}: {TOO_DEEP}" for rel in sorted(set(too_deep)))
     entries.sort(key=_first)
     readlink = os.readlink

@@ -10,15 +10,11 @@ downloaded through Xet is kept once per cache::
     <cache>/blobs/<2 hex>/<xet_hash>.lock        the per-hash lock (publication, new references, sweeps)
     <cache>/<repo folder>/blobs/<etag>           a RELATIVE symlink ../../blobs/<2 hex>/<xet_hash>
 
-The library accepts a repo blob as store-backed only in that exact shape (``_shared_blob_target``: two parts under
-the store, the prefix equal to the hash's first two characters) and only in a marked store
-(``is_shared_blobs_dir``). hfcache takes the same definition and nothing wider: every other link stays refused,
-and the store is reached by walking from the cache root with ``O_NOFOLLOW | O_DIRECTORY`` on ``blobs`` and on the
-prefix folder, and ``O_NOFOLLOW | O_NONBLOCK`` on the payload, so a planted link, FIFO or folder anywhere on the way
-is refused, never followed. The store is off with ``HF_HUB_DISABLE_SHARED_BLOBS``, ``HF_HUB_DISABLE_XET`` or a
-cache without symlinks (``shared_blobs_enabled``, ``file_download.py``), so one cache can hold both forms.
-
-Standard library only: :mod:`hfcache.cache.safefs` builds on it.
+The library accepts a repo blob as store-backed only in that exact shape (``_shared_blob_target``: the prefix is
+the hash's first two characters) and only in a marked store (``is_shared_blobs_dir``); hfcache takes the same
+definition and nothing wider. The store is reached from the cache root through :mod:`.fsops` opens (no link
+followed, a FIFO never blocking). It is off with ``HF_HUB_DISABLE_SHARED_BLOBS``, ``HF_HUB_DISABLE_XET`` or a cache
+without symlinks (``shared_blobs_enabled``, ``file_download.py``), so one cache can hold both forms.
 """
 
 from __future__ import annotations
@@ -28,6 +24,7 @@ import os
 import stat
 
 from ..names import is_sha256
+from .fsops import LINK_ERRNOS, open_dir_at, open_read_at
 
 #: The store folder at the cache root, its marker and the marker's content (``_shared_blobs.py``).
 STORE_DIR = "blobs"
@@ -38,8 +35,6 @@ LOCK_SUFFIX = ".lock"
 #: The variables that turn the store off for huggingface_hub (``constants.py``, ``shared_blobs_enabled``).
 DISABLING_VARIABLES = ("HF_HUB_DISABLE_SHARED_BLOBS", "HF_HUB_DISABLE_XET")
 
-_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
-
 
 class StoreProblem(OSError):
     """The store, or the part of it a link names, is not what huggingface_hub writes (unmarked, a link, a FIFO, a
@@ -47,15 +42,8 @@ class StoreProblem(OSError):
 
 
 def xet_hash_of_link(target: str) -> str | None:
-    """The Xet hash a repo blob link names, when ``target`` (the link's text, as ``os.readlink`` gives it) has
-    exactly the shape huggingface_hub writes, ``../../blobs/<h[:2]>/<h>``; else None.
-
-    Args:
-        target: the symlink's content, relative to the repo's ``blobs/`` folder.
-
-    Returns:
-        The 64-hex Xet hash, or None for any other shape (absolute, another depth, a prefix that does not match).
-    """
+    """The 64-hex Xet hash a repo blob link names when ``target`` (its ``os.readlink`` text) has exactly the shape
+    huggingface_hub writes, ``../../blobs/<h[:2]>/<h>``; None for any other (absolute, another depth or prefix)."""
     parts = target.split("/")
     if len(parts) != 5 or parts[:3] != ["..", "..", STORE_DIR] or not is_sha256(parts[4]) or parts[3] != parts[4][:2]:
         return None
@@ -72,9 +60,9 @@ def open_store_dir(root: str | os.PathLike[str]) -> int:
             another version.
     """
     try:
-        fd = os.open(os.path.join(os.fspath(root), STORE_DIR), _DIR_FLAGS)
+        fd = open_dir_at(None, os.path.join(os.fspath(root), STORE_DIR))
     except OSError as exc:
-        if exc.errno in (errno.ELOOP, errno.ENOTDIR):
+        if exc.errno in LINK_ERRNOS:
             raise StoreProblem(f"{root}/{STORE_DIR} is a symlink or not a folder") from None
         raise
     try:
@@ -88,7 +76,7 @@ def open_store_dir(root: str | os.PathLike[str]) -> int:
 def _check_marker(store_fd: int, root: str | os.PathLike[str]) -> None:
     where = f"{root}/{STORE_DIR}/{MARKER}"
     try:
-        mfd = os.open(MARKER, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=store_fd)
+        mfd = open_read_at(store_fd, MARKER)
     except FileNotFoundError:
         raise StoreProblem(f"{root}/{STORE_DIR} has no marker {MARKER}: not a shared blob store") from None
     except OSError as exc:
@@ -105,12 +93,11 @@ def _check_marker(store_fd: int, root: str | os.PathLike[str]) -> None:
 
 
 def open_payload(root: str | os.PathLike[str], xet_hash: str, flags: int = os.O_RDONLY) -> int:
-    """Open the payload ``<root>/blobs/<h[:2]>/<h>`` of a marked store, following no link on the way, and return
-    its fd (the caller closes it) once ``fstat`` shows a regular file.
+    """Open the payload ``<root>/blobs/<h[:2]>/<h>`` of a marked store, following no link on the way; its fd (caller
+    closes) once ``fstat`` shows a regular file.
 
     Args:
-        root: the cache root (itself may be a link, as anywhere in hfcache).
-        xet_hash: 64 lowercase hex characters.
+        root: the cache root (itself may be a link). xet_hash: 64 lowercase hex characters.
         flags: extra ``os.open`` flags (read-only by default; the store is never written through this).
 
     Raises:
@@ -123,13 +110,13 @@ def open_payload(root: str | os.PathLike[str], xet_hash: str, flags: int = os.O_
     store_fd = open_store_dir(root)
     try:
         try:
-            prefix_fd = os.open(xet_hash[:2], _DIR_FLAGS, dir_fd=store_fd)
+            prefix_fd = open_dir_at(store_fd, xet_hash[:2])
         except OSError as exc:
-            if exc.errno in (errno.ELOOP, errno.ENOTDIR):
+            if exc.errno in LINK_ERRNOS:
                 raise StoreProblem(f"{root}/{STORE_DIR}/{xet_hash[:2]} is a symlink or not a folder") from None
             raise
         try:
-            fd = os.open(xet_hash, flags | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=prefix_fd)
+            fd = open_read_at(prefix_fd, xet_hash, flags)
         except OSError as exc:
             if exc.errno in (errno.ELOOP, errno.EISDIR):
                 raise StoreProblem(f"{root}/{STORE_DIR}/{xet_hash[:2]}/{xet_hash} is a symlink or a folder") from None

@@ -1,16 +1,14 @@
 """Group-shared caches, like git's ``core.sharedRepository``: what hfcache creates stays writable by the group.
 
 A cache root that is group-writable (typically ``chgrp hf ROOT && chmod 2775 ROOT``) is shared: every folder and
-file hfcache creates below it (repo folders, ``blobs/``, ``snapshots/``, ``refs/``, ``.no_exist/``, ``.locks/`` and
-lock files) gets the root's group and the root's group and other permission bits (group write included; for a
-world-writable root, other write too), whatever the creating user's umask, and folders get the setgid bit so that
-the group is inherited. Any member can then warm,
-re-warm, prune and repair any repo. Without this, user A with umask 022 leaves ``0755`` folders that user B cannot
-write: B fails with "Permission denied" on ``.locks/<folder>``.
+file hfcache creates below it gets the root's group and its group and other permission bits (group write
+included; for a world-writable root, other write too), whatever the umask, and folders get the setgid bit so the
+group is inherited. Any member can then warm, prune and repair any repo; without it, user A's umask 022 leaves
+``0755`` folders on which user B fails with "Permission denied".
 
 Library gap: huggingface_hub creates lock files ``0o664`` (``utils/_fixes.py WeakFileLock``) but its folders and
-blobs with the umask (``file_download.py _chmod_and_move`` copies a probe file's mode: the umask again), and git's
-approach (``adjust_shared_perm``: add the shared bits after each creation, set setgid on folders) is what is missing.
+blobs with the umask (``file_download.py _chmod_and_move``); git's ``adjust_shared_perm`` (add the shared bits
+after each creation, setgid on folders) is what is missing. Everything here acts through descriptors.
 """
 
 from __future__ import annotations
@@ -20,6 +18,9 @@ import stat
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
+
+from . import safefs
+from .fsops import open_read_at
 
 
 @dataclass(frozen=True)
@@ -39,10 +40,7 @@ class SharePolicy:
 
 def policy_of(mode: int, gid: int) -> SharePolicy | None:
     """The policy a cache root with ``mode`` and group ``gid`` asks for: None unless it is group- or world-writable.
-
-    A world-writable root (``0777``, ``1777``) shares with everyone: others get the same rights as the group. The
-    sticky bit is not passed on (it would stop members from removing each other's entries: prune).
-    """
+    A world-writable root shares with everyone; its sticky bit is not passed on (members could not prune)."""
     if not mode & (stat.S_IWGRP | stat.S_IWOTH):
         return None
     dir_bits = stat.S_ISGID | (mode & (stat.S_IRWXG | stat.S_IRWXO))
@@ -65,112 +63,57 @@ def cache_policy(cache_dir: Path) -> SharePolicy | None:
     return _policy_for(str(cache_dir))
 
 
-def share_dir(path: Path | str, policy: SharePolicy | None) -> None:
-    """Give a folder just created by this process the shared group and bits (best effort: a folder another user
-    created is theirs to fix, and doctor reports it).
-
-    The folder is opened ``O_NOFOLLOW | O_DIRECTORY`` and changed through that fd (:func:`share_dir_fd`), never by
-    path: a name exchanged with a symlink after the ``mkdir`` is not followed. The folders *above* ``path`` are
-    still resolved by path, so inside a cache use :func:`make_dirs` or ``safefs.open_dir(..., on_create=)``.
-    """
-    if policy is None:
-        return
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
-    except OSError:
-        return
-    try:
-        share_dir_fd(fd, policy)
-    finally:
-        os.close(fd)
-
-
-def share_dir_fd(fd: int, policy: SharePolicy | None) -> None:
-    """:func:`share_dir` for a folder this process just created, open as ``fd`` (no path, so no link followed)."""
-    if policy is None:
-        return
-    try:
-        st = os.fstat(fd)
-        if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid():
-            return
-        if st.st_gid != policy.gid:
-            os.fchown(fd, -1, policy.gid)
-        os.fchmod(fd, stat.S_IMODE(st.st_mode) | policy.dir_bits)
-    except OSError:
-        pass
-
-
 def share_fd(fd: int, policy: SharePolicy | None) -> None:
-    """Give a file this process just created (open as ``fd``) the shared group and bits.
-
-    Only a regular file this user owns with a single link is changed: a hardlink a member planted in its place
-    would carry the mode change to another file of the system.
-    """
+    """Give a folder or file this process just created, open as ``fd``, the shared group and bits (best effort: an
+    entry another user owns is theirs to fix, and doctor reports it). Only a folder, or a regular file with a single
+    link, this user owns is changed: a hardlink a member planted would carry the mode to another file."""
     if policy is None:
         return
     try:
         st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid() or st.st_nlink != 1:
+        if stat.S_ISDIR(st.st_mode):
+            bits = policy.dir_bits
+        elif stat.S_ISREG(st.st_mode) and st.st_nlink == 1:
+            bits = policy.file_bits
+        else:
+            return
+        if st.st_uid != os.geteuid():
             return
         if st.st_gid != policy.gid:
             os.fchown(fd, -1, policy.gid)
-        os.fchmod(fd, stat.S_IMODE(st.st_mode) | policy.file_bits)
+        os.fchmod(fd, stat.S_IMODE(st.st_mode) | bits)
     except OSError:
         pass
 
 
 def share_file_at(dir_fd: int, name: str, policy: SharePolicy | None) -> None:
-    """:func:`share_fd` for the entry ``name`` of the folder open as ``dir_fd`` (opened ``O_NOFOLLOW |
-    O_NONBLOCK`` relative to it: no link is followed, a FIFO never blocks)."""
+    """:func:`share_fd` for the entry ``name`` of the folder ``dir_fd`` (opened without following a link, never
+    blocking on a FIFO)."""
     if policy is None:
         return
     try:
-        fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=dir_fd)
+        fd = open_read_at(dir_fd, name)
     except OSError:
         return
     try:
         share_fd(fd, policy)
     finally:
         os.close(fd)
-
-
-def share_file(path: Path | str, policy: SharePolicy | None) -> None:
-    """:func:`share_fd` by path, without following a symlink at ``path`` itself. The folders above it are resolved
-    by path: below a cache root use :func:`share_file_at` with the folder's descriptor."""
-    if policy is None:
-        return
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
-    except OSError:
-        return
-    try:
-        share_fd(fd, policy)
-    finally:
-        os.close(fd)
-
-
-def make_dirs(path: Path, root: Path, policy: SharePolicy | None) -> None:
-    """``mkdir -p path`` below ``root``, sharing every folder created on the way (``root`` must exist). Pass the
-    cache root as ``root``: only what is below it is walked without following links (``root`` itself may be one).
-
-    Walks from ``root`` one component at a time with ``O_NOFOLLOW | O_DIRECTORY`` and creates each missing folder
-    relative to its parent's fd, then shares it through its own fd (:func:`hfcache.cache.safefs.open_dir`): a
-    component swapped for a symlink is never followed, created through, or chmod-ed.
-
-    Raises:
-        UnsafeLayout: a component is a symlink or not a directory (nothing created through it).
-        ValueError: ``path`` is not below ``root``.
-        OSError: a folder cannot be created (permissions, read-only filesystem).
-    """
-    from . import safefs  # safefs does not import this module: no cycle
-
-    rel = Path(path).relative_to(root).parts
-    os.close(safefs.open_dir(root, rel, create=True, on_create=lambda fd: share_dir_fd(fd, policy)))
 
 
 def open_dirs(path: Path, root: Path, policy: SharePolicy | None) -> int:
-    """:func:`make_dirs`, returning an fd of ``path`` (caller closes) to act through."""
-    from . import safefs
+    """``mkdir -p path`` below the cache root ``root`` (which must exist; it may itself be a link), sharing every
+    folder created on the way, and return an fd of ``path`` (caller closes). Each component is opened, or created
+    and shared, relative to its parent's fd without following a link (:func:`.safefs.open_dir`).
 
+    Raises:
+        UnsafeLayout: a component is a symlink or not a directory (nothing created through it).
+        ValueError: ``path`` is not below ``root``. OSError: a folder cannot be created.
+    """
     rel = Path(path).relative_to(root).parts
-    return safefs.open_dir(root, rel, create=True, on_create=lambda fd: share_dir_fd(fd, policy))
+    return safefs.open_dir(root, rel, create=True, on_create=lambda fd: share_fd(fd, policy))
+
+
+def make_dirs(path: Path, root: Path, policy: SharePolicy | None) -> None:
+    """:func:`open_dirs` without keeping the fd."""
+    os.close(open_dirs(path, root, policy))

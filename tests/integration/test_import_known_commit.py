@@ -175,8 +175,7 @@ def test_a_lock_folder_swapped_for_a_link_after_it_was_opened_is_not_followed(tm
     canary.mkdir()
     (canary / "keep").write_bytes(b"canary\n")
     cache.mkdir()
-    safefs.ensure_dirs(cache, (".locks", BERT))
-    fd = safefs.open_dir(cache, (".locks", BERT))
+    fd = safefs.open_dir(cache, (".locks", BERT), create=True)
     try:
         os.rename(cache / ".locks" / BERT, cache / ".locks" / "moved")
         os.symlink(canary, cache / ".locks" / BERT)
