@@ -46,13 +46,15 @@ ERROR_BODIES = (b"[1]", b'"x"', b"5", b"null", b'{"error": [1, {"a": 2}]}', b'{"
 class TypedHub(PeerServer):
     """``org/x`` at ``C``: ``info`` (repo info), ``tree`` (a tree page; None: no tree API, 404), ``files`` (path ->
     bytes, with their git sha1 as ETag); ``error`` = (route, status, body) answers that route with that error
-    (routes: ``info``, ``tree``, ``file``)."""
+    (routes: ``info``, ``tree``, ``file``); ``head`` = the headers of every ``HEAD`` of a file (the fallback when
+    neither repo info nor a tree lists sizes and hashes)."""
 
     def __init__(self) -> None:
         self.info: bytes = json.dumps(INFO).encode()
         self.tree: bytes | None = None
         self.files = {"tokenizer.json": TOKENIZER}
         self.error: tuple[str, int, bytes] | None = None
+        self.head: dict[str, str] | None = None
         super().__init__()
         self._httpd.handle_error = lambda request, address: None  # a client gone mid-answer: not our stderr
         # Headers and body are two writes: without TCP_NODELAY each answer waits ~40 ms for a delayed ACK.
@@ -71,7 +73,9 @@ class TypedHub(PeerServer):
         route = ("info" if path.startswith(f"/api/models/{REPO}/revision/") else
                  "tree" if path.startswith(f"/api/models/{REPO}/tree/") else
                  "file" if path.startswith(f"/{REPO}/resolve/") else None)
-        if self.error is not None and self.error[0] == route:
+        if head and route == "file" and self.head is not None:
+            self._send(h, 200, b"", {"X-Repo-Commit": C, **self.head}, head)
+        elif self.error is not None and self.error[0] == route:
             self._send(h, self.error[1], self.error[2], {"Content-Type": "application/json"}, head)
         elif route == "info":
             self._send(h, 200, self.info, {"Content-Type": "application/json"}, head)
@@ -169,6 +173,23 @@ def test_configs_warm_reads_of_every_type(hub, tmp_path):
     finally:
         hub.files, hub.info = {"tokenizer.json": TOKENIZER}, json.dumps(INFO).encode()
     _check(cases)
+
+
+@pytest.mark.parametrize("headers", [
+    {"X-Linked-Size": "abc"}, {"X-Linked-Size": "-1"}, {"X-Linked-Size": "1e3"}, {"X-Linked-Size": "9" * 5000},
+    {"X-Linked-Size": str(10**30)}, {"X-Linked-Size": "96", "ETag": '"' + "x" * 5000 + '"'},
+    {"X-Linked-Size": "96", "ETag": 'W/"abc"'}, {"X-Linked-Size": "96", "ETag": '""'}, {"X-Linked-Size": "96"},
+], ids=lambda headers: "-".join(f"{k}={v[:12]}" for k, v in headers.items()))
+def test_head_answers_of_every_shape(hub, tmp_path, headers):
+    """The ``HEAD`` fallback (names-only repo info, no tree API): sizes and ETags that are no number or no hash
+    end in exit 3 naming the file, on one line."""
+    hub.info, hub.tree, hub.error, hub.head = json.dumps(NAMES_ONLY).encode(), None, None, headers
+    try:
+        code, _, err = _warm(hub, tmp_path / "cache")
+    finally:
+        hub.info, hub.head = json.dumps(INFO).encode(), None
+    assert not problems("HEAD", code, err, (3,)), err
+    assert "tokenizer.json" in err, err
 
 
 def test_sizes_past_a_float_are_refused_naming_the_file(hub, tmp_path):
