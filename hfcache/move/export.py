@@ -1,21 +1,18 @@
 """export: a subset of a cache into a new cache directory or a reproducible tar, relocatable anywhere.
 
 Library gap: huggingface_hub has no export; copying a cache by hand breaks on symlinks, duplicates shared bytes and
-gives a new layer digest on every build. The plan (sorted entries, each distinct content once) is written as a tar
-here or as a folder by :mod:`.export_dir`; a DEST inside the source cache is refused (:mod:`.destination`).
+gives a new layer digest on every build. The plan (sorted entries, each distinct content once: a blob recurring in
+several repos is a hardlink) is written as a tar here or as a folder by :mod:`.export_dir`. Links stay relative
+(``../../blobs/<etag>``); ``materialize`` writes hardlinks of the blobs instead (the no-symlink form). The tar is
+byte-identical for the same content: sorted entries, mtime 0, uid/gid 0 (or ``chown``), no user or group names,
+modes 0644/0755 (0664/0775 with ``group_writable``).
 
-- Links stay relative (``../../blobs/<etag>``); ``materialize`` writes hardlinks of the blobs in ``snapshots/``
-  instead (huggingface_hub's no-symlink form). A blob that recurs in several repos is a hardlink.
-- The tar is byte-identical for the same content: sorted entries, mtime 0, uid/gid 0 (or ``chown``), no user or
-  group names, modes 0644/0755 (0664/0775 with ``group_writable``).
-- Every blob is hashed while it is copied and compared with its name; every file is read at exactly its planned
-  size (:func:`.export_store.entry_reader`).
-- Nothing but the HF layout, plus warm's record of each revision (:mod:`hfcache.cache.published`), so ``verify``
-  on the export knows what the revision must hold. A revision that lost a recorded file, or holds a FIFO, device or
-  a link leaving the repo (:func:`hfcache.cache.scan.load_hazards`), is refused (exit 5).
-- A group member may swap folders while root exports: blobs are opened with ``safefs.open_blob``, other files and
-  the ``.no_exist`` markers through folders opened from the root without following links
-  (:mod:`hfcache.cache.safefs_tree`, at most :data:`hfcache.bounds.MAX_TREE_DEPTH` levels: deeper is exit 5).
+Nothing but the HF layout is exported, plus warm's record of each revision (:mod:`hfcache.cache.published`) so
+``verify`` on the export knows what it must hold; a revision that lost a recorded file or holds a FIFO, device or a
+link leaving the repo (:func:`hfcache.cache.scan.load_hazards`) is refused (exit 5). Every blob is hashed against
+its name and every file read at its planned size while it is copied (:func:`.export_store.entry_reader`); a group
+member may swap folders meanwhile, so blobs are opened with ``safefs.open_blob``, other files and the markers
+through folders opened from the root without following links (:mod:`hfcache.cache.safefs_tree`, bounded depth).
 """
 
 from __future__ import annotations
