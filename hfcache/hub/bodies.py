@@ -21,6 +21,11 @@ from .retry import SlowBody
 if TYPE_CHECKING:
     import httpx2
 
+#: The hint of a missed deadline or throughput floor (:mod:`hfcache.pace`): a larger ``--timeout`` (below 10 s) also
+#: raises the metadata deadline, which is 12 timeouts (``pace.metadata_deadline``).
+SLOW_HINT = ("the endpoint is too slow: retry later, use another --endpoint, or raise --timeout / "
+             "HFCACHE_METADATA_DEADLINE / lower HFCACHE_MIN_RATE")
+
 
 def iter_body(response: httpx2.Response, on_raw: Callable[[int], None]) -> Iterator[bytes]:
     """The decoded body of a streamed response; ``on_raw(n)`` runs for every raw chunk as it arrives off the wire

@@ -53,7 +53,7 @@ from ..bounds import TooDeep, loads_json
 from ..errors import (EndpointUnreachable, GatedRepo, HubError, IntegrityError, OfflineViolation, RepoNotFound,
                       RevisionNotFound)
 from ..pace import Deadline, Throughput, TooSlow, metadata_deadline, min_rate
-from .bodies import iter_body, keep_content, read_capped, slow_body, watched
+from .bodies import SLOW_HINT, iter_body, keep_content, read_capped, slow_body, watched
 from .answers import (SHA256_RE, RepoInfo, answered_identity, check_asked_commit, check_listing, parse_repo_info,
                       remote_file, safe_path, tree_entry)
 from ..cache.content import BlobHash
@@ -476,8 +476,7 @@ class _mapped_errors:
 
     def _translate(self, exc: BaseException) -> BaseException:
         if isinstance(exc, TooSlow):  # a deadline or throughput floor (hfcache.pace): the message names both
-            return EndpointUnreachable(_first_line(exc), hint="the endpoint is too slow: retry later, use another "
-                                       "--endpoint, or raise HFCACHE_METADATA_DEADLINE / lower HFCACHE_MIN_RATE")
+            return EndpointUnreachable(_first_line(exc), hint=SLOW_HINT)
         if isinstance(exc, GatedRepoError):
             return GatedRepo(f"{self.repo_id}: access is gated or forbidden at {self.endpoint}",
                              hint=self.withheld_hint or "accept the repo's conditions on the Hub and pass a token "

@@ -107,8 +107,8 @@ class UpstreamPool:
                 return future.result(timeout=None if deadline is None else deadline.remaining())
             except TimeoutError:
                 raise _busy(f"{deadline.what}: upstream gave no complete answer within {deadline.seconds:g} s "
-                            "(HFCACHE_METADATA_DEADLINE, HFCACHE_MIN_RATE); it is still being fetched, retry "
-                            "later") from None
+                            "(--timeout, HFCACHE_METADATA_DEADLINE, HFCACHE_MIN_RATE); it is still being fetched, "
+                            "retry later") from None
         finally:
             self._waiting.release()
 

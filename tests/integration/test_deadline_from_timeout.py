@@ -85,6 +85,7 @@ def test_warm_timeout_3_ends_at_36_seconds_not_120_on_a_dripping_endpoint(tmp_pa
     assert proc.returncode == 3, proc.stderr
     line = _deadline_line(proc.stderr)
     assert f"no complete answer within {expected} s" in line and hub.endpoint in line, line
+    assert "raise --timeout / HFCACHE_METADATA_DEADLINE" in proc.stderr.splitlines()[-1], proc.stderr  # the hint
     assert expected - 1 < elapsed < expected + 12, f"took {elapsed:.1f}s; the deadline of --timeout 3 is {expected} s"
     assert not list((tmp_path / "cache").glob("*/snapshots/*"))
 
