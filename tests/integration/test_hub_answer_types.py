@@ -220,7 +220,7 @@ def test_lock_and_the_mirror_read_the_same_answers_typed(hub, tmp_path):
     cases, answers = [], []
     root = tmp_path / "mirror"
     root.mkdir()
-    with HubServer(root, layout="cache", backend="werkzeug", lfs_redirect=False,
+    with HubServer(root, layout="cache", lfs_redirect=False,
                    upstream=PullThroughConfig(upstreams=(hub.endpoint,), timeout=10, revalidate=0)) as mirror:
         for case, info, error in samples:
             hub.info, hub.tree, hub.error = info, None, error
