@@ -43,6 +43,16 @@ def open_read_at(dir_fd: int | None, name: str, extra: int = 0) -> int:
     return os.open(name, READ_FLAGS | extra, dir_fd=dir_fd)
 
 
+def open_noatime(open_: Callable[[int], int], flags: int = os.O_RDONLY) -> int:
+    """``open_(flags | O_NOATIME)``, else ``open_(flags)`` where only the file's owner (or root) may ask for it
+    (PermissionError). For reads that are not a use (verify's hashing): on relatime mounts an atime update would make
+    every blob look just used to ``ls``/``prune``."""
+    try:
+        return open_(flags | getattr(os, "O_NOATIME", 0))
+    except PermissionError:
+        return open_(flags)
+
+
 def create_at(dir_fd: int, name: str, mode: int = 0o666) -> int:
     """Create the new file ``name`` in the folder ``dir_fd`` for writing (``O_EXCL | O_NOFOLLOW``: never an existing
     entry, never through a link); its fd. Raises FileExistsError, OSError."""

@@ -21,7 +21,7 @@ from ..cache.scan import RepoInfo
 from ..names import is_etag
 from ..records import folder_ids, valid_size
 from ..warming.lockfile import Lockfile
-from .hashing import algorithm_of
+from ..cache.content import algorithm_of
 from .verify_report import Problem
 
 

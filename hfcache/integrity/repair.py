@@ -45,8 +45,8 @@ from ..hub.urls import origin
 from ..warming.lockfile import Lockfile
 from ..records import folder_ids
 from ..cache.scan import parse_folder_name, scan_repo
-from .hashing import HashProgress, algorithm_of
-from .verify import verify_cache
+from ..cache.content import algorithm_of
+from .verify import HashProgress, verify_cache
 from .verify_report import Problem, VerifyReport
 
 _REPAIR_CONNECTIONS = 4  # ranges of one large blob fetched at once

@@ -39,7 +39,7 @@ from pathlib import Path
 
 from ..cache import safefs
 from ..errors import CacheError, CheckFailed, IntegrityError, UsageError
-from ..integrity.hashing import algorithm_of, fd_hashes
+from ..cache.content import algorithm_of, hash_fd
 from ..move.import_plan import MAX_REF_BYTES, clean_name as _clean_name, repo_folder_ok as _repo_folder_ok
 from ..move.import_source import Member, shown_name as _shown
 from .image import ANNOTATION_PREFIX, DIGEST, Layer
@@ -236,7 +236,7 @@ def held_locally(cache_dir: Path, folder: str, etag: str, size: int, digest: str
         st = os.fstat(fd)
         algorithm = algorithm_of(etag) or "sha256"
         # one read for both: the name and the layer's digest must be of the same bytes
-        digests, _ = fd_hashes(os.dup(fd), tuple(dict.fromkeys((algorithm, "sha256"))), shown=f"{folder}/blobs/{etag}")
+        digests, _ = hash_fd(os.dup(fd), tuple(dict.fromkeys((algorithm, "sha256"))), shown=f"{folder}/blobs/{etag}")
         ok = digests[algorithm] == etag
         lies = ok and (st.st_size != size or (digest is not None and f"sha256:{digests['sha256']}" != digest))
         if lies:

@@ -28,7 +28,7 @@ from pathlib import Path
 
 from ..cache import safefs
 from ..errors import CacheError, CheckFailed, IntegrityError
-from ..integrity.hashing import algorithm_of, fd_hashes
+from ..cache.content import algorithm_of, hash_fd
 
 #: At most this many bytes of an entry are kept to read a ref's commit (import's ``MAX_REF_BYTES``).
 _REF_BYTES = 1024
@@ -282,8 +282,8 @@ def _local_sha256(cache_dir: Path, folder: str, etag: str) -> str:
     shown = f"{folder}/blobs/{etag}"
     algorithm = algorithm_of(etag)
     try:
-        digests, _ = fd_hashes(safefs.open_blob(cache_dir, folder, etag),
-                               tuple(dict.fromkeys(("sha256", algorithm or "sha256"))), shown=shown)
+        digests, _ = hash_fd(safefs.open_blob(cache_dir, folder, etag),
+                             tuple(dict.fromkeys(("sha256", algorithm or "sha256"))), shown=shown)
     except (OSError, CacheError):
         return ""
     if algorithm is not None and digests[algorithm] != etag:
