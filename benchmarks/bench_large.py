@@ -8,8 +8,8 @@ fetches a large file as parallel ``Range`` parts (``hfcache.hub.transfer``). Thi
 
 Set-up, generated at run time in a temporary folder (nothing is downloaded from the internet): a repo
 ``acme/large`` holding ``model.safetensors`` (``--size-mib``, default 128 MiB of random bytes: an LFS file, served
-through the CDN origin like the Hub's) and a small ``config.json``; ``hfcache.serve.HubServer`` over it with every
-file body paced to ``--throttle-bps`` per connection (default 10 MB/s). Each contender starts on an empty cache.
+through the CDN origin like the Hub's) and a small ``config.json``; the test Hub (``tests.testhub.HubServer``) over
+it with every file body paced to ``--throttle-bps`` per connection (default 10 MB/s). Each contender starts on an empty cache.
 
 Figures: wall time (``time.perf_counter`` around the subprocess: interpreter start-up counts), peak RSS of the
 process (``os.wait4`` rusage), body requests the server logged, and the ratio hfcache / hf download.
@@ -33,7 +33,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # so `hfcache` imports even when the package is not installed
 
-from hfcache.serve import HubServer  # noqa: E402
+from tests.testhub import HubServer  # noqa: E402
 
 REPO = "acme/large"
 GOAL_RATIO = 0.3

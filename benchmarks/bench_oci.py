@@ -35,7 +35,7 @@ sys.path.insert(0, str(ROOT))
 
 import hfcache  # noqa: E402
 from hfcache.records import WarmRequest  # noqa: E402
-from hfcache.serve import HubServer  # noqa: E402
+from tests.testhub import HubServer  # noqa: E402
 from tests.registry import available, running_registry  # noqa: E402
 
 REPOS = sorted(json.loads((ROOT / "tests/data/golden.json").read_text())["repos"])

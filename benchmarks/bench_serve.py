@@ -3,7 +3,7 @@
 Contenders (each a server subprocess on 127.0.0.1, serving the same bytes):
 
 - ``hfcache serve``   uvicorn running HubServer over the warmed cache (what the CLI runs);
-- ``werkzeug``        the same HubServer and cache on werkzeug's threaded server (``python -m hfcache.serve
+- ``werkzeug``        the same HubServer and cache on werkzeug's threaded server (``python -m tests.testhub
                       --layout cache --backend werkzeug --no-cdn``), the stack the tests use;
 - ``http.server``     ``python -m http.server`` over a plain copy of the same files at the same URL paths
                       (``<repo>/resolve/main/<path>``): the standard library's static file server, the floor.
@@ -64,7 +64,7 @@ REPOS = [
 
 def warm_cache(cache: Path) -> None:
     import hfcache
-    from hfcache.serve import HubServer
+    from tests.testhub import HubServer
 
     requests = [hfcache.WarmRequest(r, kind="model" if "MiniLM" in r else "tokenizer") for r in REPOS]
     with HubServer(HUB) as server:
@@ -97,7 +97,7 @@ def start(name: str, cache: Path, static: Path) -> tuple[subprocess.Popen, str]:
         proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True)
         endpoint = re.search(r" at (http://\S+)$", proc.stderr.readline().strip()).group(1)
     elif name == "werkzeug":
-        cmd = [sys.executable, "-m", "hfcache.serve", str(cache), "--layout", "cache", "--backend", "werkzeug",
+        cmd = [sys.executable, "-m", "tests.testhub", str(cache), "--layout", "cache", "--backend", "werkzeug",
                "--no-cdn", "--port", "0"]
         proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, text=True)
         endpoint = proc.stdout.readline().rsplit(" at ", 1)[1].strip()
@@ -206,7 +206,7 @@ def snapshot_client_at(args: tuple[float, str, dict[str, list[str]]]) -> tuple[l
 def pull_through(pool: ProcessPoolExecutor, clients: int, base: Path, warmed: Path,
                  rel: dict[str, list[str]]) -> dict:
     """The pull-through workload (module docstring, 4): cold wave, later wave, static mirror; upstream counts."""
-    from hfcache.serve import HubServer
+    from tests.testhub import HubServer
 
     env = {**os.environ, "NO_COLOR": "1"}
     rows: dict = {}

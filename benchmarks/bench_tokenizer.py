@@ -92,7 +92,7 @@ def warm(cache: Path, repo: str) -> None:
     sys.path.insert(0, str(ROOT))
     import hfcache
     from hfcache.records import WarmRequest
-    from hfcache.serve import HubServer
+    from tests.testhub import HubServer
 
     with HubServer(ROOT / "tests" / "data" / "hub") as server:
         report = hfcache.warm([WarmRequest.parse(repo)], cache_dir=cache, endpoint=server.endpoint, token=False)

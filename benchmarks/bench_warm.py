@@ -1,6 +1,6 @@
 """Benchmark: warming nine tokenizers with hfcache vs. the ways users do it otherwise.
 
-What it measures, against a local Hub-compatible server (``hfcache.serve.HubServer`` over
+What it measures, against a local Hub-compatible server (the test Hub, ``tests.testhub.HubServer``, over
 ``tests/data/hub``, no internet needed):
 
   A  hfcache            ONE subprocess: ``python -m hfcache warm <9 repos> --json -q`` (kind tokenizer).
@@ -58,8 +58,7 @@ sys.path.insert(0, str(ROOT))  # so `hfcache` imports even when the package is n
 
 from anchors import anchor_python, anchor_version, clean_python_env, load_average, precompile  # noqa: E402
 
-from hfcache.serve import HubServer  # noqa: E402
-from hfcache.serve.faults import Faults  # noqa: E402
+from tests.testhub import Faults, HubServer  # noqa: E402
 
 REPOS = [
     "bert-base-uncased",

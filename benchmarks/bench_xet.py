@@ -34,8 +34,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_large import ROOT, clean_env, hf_cli, run  # noqa: E402
 
 sys.path.insert(0, str(ROOT))
-from hfcache.serve import HubServer  # noqa: E402
-from hfcache.serve.xet import XetMode  # noqa: E402
+from tests.testhub import HubServer, XetMode  # noqa: E402
 
 BASE, TUNED = "acme/xet-model", "acme/xet-model-ft"
 GOAL_RATIO = 0.5

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from hfcache.serve import HubServer
+from tests.testhub import HubServer
 from tests import cleanup
 
 

@@ -13,8 +13,7 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
-from hfcache.serve import HubServer
-from hfcache.serve.xet import XetMode
+from tests.testhub import HubServer, XetMode
 from tests.helpers import DATA, clean_env
 
 #: The fixture repos whose every file goes through Xet under ``xet_hub()`` (min_size=1), with their legacy ids.

@@ -232,3 +232,9 @@ class DigestWriter(io.RawIOBase):
     def digest(self) -> str:
         """``sha256:<hex>`` of what was written (the OCI form)."""
         return f"sha256:{self.sha256.hexdigest()}"
+
+
+def sha1_hex(data: bytes) -> str:
+    """The plain sha1 of ``data`` (40 hex): ids that only have to look like git's (a folder store's commits, tree
+    entries' folder oids), never a blob's name (that is :func:`git_blob_sha1`)."""
+    return hashlib.sha1(data).hexdigest()  # noqa: S324 - an id, not a security hash

@@ -1,8 +1,5 @@
-"""Response bodies and the contract between the protocol side and the server stacks (werkzeug, uvicorn).
-
-:class:`Responder` is what :mod:`.wsgi` and :mod:`.asgi` call (``HubServer`` implements it); :class:`FileBody`
-is the file body both stacks stream in constant memory.
-"""
+"""The contract between the protocol side and a server stack (:class:`Responder`: what :mod:`.asgi` calls,
+``HubServer`` implements), and :class:`FileBody`, the file body a stack streams in constant memory."""
 
 from __future__ import annotations
 
@@ -22,7 +19,7 @@ _RWF_NOWAIT = getattr(os, "RWF_NOWAIT", None) if hasattr(os, "preadv") else None
 
 
 class Responder(Protocol):
-    """What a server stack (werkzeug, uvicorn) needs from the protocol side: :class:`hfcache.serve.HubServer`."""
+    """What a server stack needs from the protocol side: :class:`hfcache.serve.HubServer`."""
 
     def respond(self, origin: str, environ: dict[str, Any]) -> tuple[str, list[tuple[str, str]], Iterable[bytes],
                                                                       LogEntry]:
@@ -37,14 +34,11 @@ class Responder(Protocol):
 
 
 class FileBody:
-    """A file, or one byte range of it, as a response body read in ``BODY_CHUNK`` pieces (constant memory).
-
-    Both server stacks stream it: werkzeug iterates it; the uvicorn adapter calls :meth:`read` in a worker thread.
-    """
+    """A file, or one byte range of it, as a response body read in ``BODY_CHUNK`` pieces (constant memory): iterated
+    (WSGI), or :meth:`read` in a worker thread (:mod:`.asgi`)."""
 
     def __init__(self, file: BinaryIO, start: int, length: int) -> None:
         self.file, self.start, self.length = file, start, length
-        self.fault_reset = False  # hfcache.serve.faults: cut the connection midway (werkzeug stack, .wsgi)
         self.remaining = length
         self._positioned = False
 

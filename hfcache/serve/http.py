@@ -1,20 +1,20 @@
-"""HTTP vocabulary of the server: error answers, request-target parsing and small response helpers.
-
-Shared by the routing (:mod:`.routing`), the protocol answers (:mod:`.answers`) and both server stacks
-(:mod:`.wsgi`, :mod:`.asgi`); it knows nothing of stores or of HubServer.
-"""
+"""HTTP vocabulary of the server: error answers, request-target parsing and small response helpers; it knows nothing
+of stores or of HubServer."""
 
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+import logging
+from collections.abc import Callable, Mapping
 from typing import Any
 from urllib.parse import quote, unquote, urlsplit
 
-from werkzeug.wrappers import Response
+from werkzeug.wrappers import Request, Response
 
-__all__ = ["PRINTABLE", "HttpError", "close", "header_value", "json_response", "path_segments", "raw_target",
-           "repo_path", "split_repo_id", "url_host"]
+__all__ = ["PRINTABLE", "HttpError", "guarded", "header_value", "json_response", "path_segments",
+           "raw_target", "repo_path", "split_repo_id", "url_host"]
+
+logger = logging.getLogger("hfcache.serve.routing")
 
 PRINTABLE = "".join(chr(c) for c in range(0x21, 0x7F))  # what a header value or access log line holds verbatim
 
@@ -35,6 +35,17 @@ class HttpError(Exception):
         headers = {k: header_value(v) for k, v in headers.items()}
         body = json.dumps({"error": self.message})
         return Response(body, status=self.status, mimetype="application/json", headers=headers)
+
+
+def guarded(handler: Callable[[Request], Response], request: Request) -> Response:
+    """``handler``'s answer to ``request``, an :class:`HttpError`'s answer, or a 500 (logged) on a bug."""
+    try:
+        return handler(request)
+    except HttpError as error:
+        return error.response()
+    except Exception:
+        logger.exception("HubServer failed on %s %s", request.method, raw_target(request.environ))
+        return HttpError(500, None, "Internal server error").response()
 
 
 def header_value(value: str) -> str:
@@ -103,11 +114,3 @@ def url_host(host: str) -> str:
     """A host usable in a URL: wildcard binds become loopback, IPv6 gets brackets."""
     host = {"": "127.0.0.1", "0.0.0.0": "127.0.0.1", "::": "::1"}.get(host, host)
     return f"[{host}]" if ":" in host else host
-
-
-def close(iterable: object) -> None:
-    """Close a response body if it has a ``close`` method (WSGI, PEP 3333)."""
-    closer = getattr(iterable, "close", None)
-    if closer is not None:
-        closer()
-

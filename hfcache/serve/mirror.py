@@ -128,9 +128,7 @@ def serve(
     stop_event = stop or threading.Event()
     signals: list[str] = []
     installed = _install_signals(stop_event, signals)
-    server = HubServer(root, host=host, port=port, token=token, layout=layout, backend="uvicorn",
-                       lfs_redirect=False, record_requests=False, access_log=log_stream, metrics=True,
-                       upstream=upstream)
+    server = HubServer(root, host=host, port=port, token=token, layout=layout, access_log=log_stream, upstream=upstream)
     try:
         try:
             server.start()

@@ -10,7 +10,7 @@ import pytest
 
 import hfcache
 from hfcache.records import WarmRequest
-from hfcache.serve import HubServer
+from tests.testhub import HubServer
 from tests.helpers import GOLDEN, run_hfcache
 
 HUB = Path(__file__).parent.parent / "data" / "hub"

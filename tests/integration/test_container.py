@@ -338,12 +338,12 @@ class Hub:
 
 @pytest.fixture
 def hub(tmp_path: Path) -> Iterator[Hub]:
-    """``python -m hfcache.serve tests/data/hub`` on 127.0.0.1, requiring a Bearer token (a private Hub)."""
+    """``python -m tests.testhub tests/data/hub`` on 127.0.0.1, requiring a Bearer token (a private Hub)."""
     token = f"hf_containertest{secrets.token_hex(16)}"
     token_file = tmp_path / "hf_token"
     token_file.write_text(token, encoding="utf-8")
     proc = subprocess.Popen(
-        [sys.executable, "-m", "hfcache.serve", str(REPO / "tests/data/hub"), "--host", "127.0.0.1", "--port", "0",
+        [sys.executable, "-m", "tests.testhub", str(REPO / "tests/data/hub"), "--host", "127.0.0.1", "--port", "0",
          "--token", token],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=clean_env(), cwd=REPO,
     )

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from hfcache.serve import HubServer
+from tests.testhub import HubServer
 from tests.helpers import clean_env, run_hfcache
 from tests.make_model_repos import ORG, _json, _tokenizer_files, _write
 

@@ -17,7 +17,7 @@ import time
 import httpx2
 
 from hfcache.pace import DEADLINE_PER_TIMEOUT, MIN_METADATA_DEADLINE
-from hfcache.serve import HubServer
+from tests.testhub import HubServer
 from hfcache.serve.pullthrough import PullThroughConfig
 from tests.helpers import clean_env, run_hfcache
 from tests.hostile import CONTENT, PeerServer, git_sha1

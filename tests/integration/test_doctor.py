@@ -17,7 +17,7 @@ import pytest
 import hfcache
 from hfcache.offline.env import offline_environment
 from hfcache.records import WarmRequest
-from hfcache.serve import HubServer
+from tests.testhub import HubServer
 from tests.helpers import GOLDEN, LOAD_SCRIPT, clean_env, run_hfcache
 
 HUB = Path(__file__).parent.parent / "data" / "hub"

@@ -16,7 +16,7 @@ import pytest
 import hfcache
 from hfcache.offline.aliases import ALIASES
 from hfcache.records import WarmRequest
-from hfcache.serve import HubServer
+from tests.testhub import HubServer
 from tests.canary import Canary
 from tests.helpers import GOLDEN, clean_env, golden_ids, run_hfcache
 

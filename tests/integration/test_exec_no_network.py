@@ -27,7 +27,7 @@ import pytest
 
 import hfcache
 from hfcache.records import WarmRequest
-from hfcache.serve import HubServer
+from tests.testhub import HubServer
 from tests.canary import Canary
 from tests.helpers import GOLDEN, LOAD_SCRIPT, clean_env, golden_ids, run_hfcache
 

@@ -6,7 +6,7 @@ import json
 import shutil
 from pathlib import Path
 
-from hfcache.serve import HubServer
+from tests.testhub import HubServer
 from tests.helpers import offline_load, golden_ids, refused_endpoint, run_hfcache
 
 HUB = Path(__file__).parent.parent / "data" / "hub"

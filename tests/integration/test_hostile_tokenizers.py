@@ -248,7 +248,7 @@ except HubError as exc:
 def test_load_tokenizer_reports_a_panic_of_the_network_load_as_a_hub_error(tmp_path):
     """``allow_network=True`` on a repo the cache lacks: the endpoint serves the panicking file, and the load from it
     fails with HubError naming both attempts (the panic escaped load_tokenizer before)."""
-    from hfcache.serve import HubServer
+    from tests.testhub import HubServer
 
     with HubServer(_hub(tmp_path, {"t5-short-charsmap": PANICS["t5-short-charsmap"]})) as server:
         proc = subprocess.run([sys.executable, "-c", NETWORK_LOAD, "hostile/t5-short-charsmap", str(tmp_path / "cache")],

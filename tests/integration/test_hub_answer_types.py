@@ -21,7 +21,7 @@ import json
 import httpx2
 import pytest
 
-from hfcache.serve import HubServer
+from tests.testhub import HubServer
 from hfcache.serve.pullthrough import PullThroughConfig
 from tests.helpers import clean_env, run_hfcache
 from tests.hostile import PeerServer, git_sha1

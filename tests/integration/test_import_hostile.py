@@ -24,7 +24,7 @@ import hfcache
 from hfcache.move.import_plan import MAX_REF_BYTES, MAX_TREE_BYTES
 from hfcache.move.import_source import MAX_HEADER_BYTES
 from hfcache.records import WarmRequest
-from hfcache.serve import HubServer
+from tests.testhub import HubServer
 from tests.helpers import clean_env, run_hfcache
 
 HUB = Path(__file__).parent.parent / "data" / "hub"

@@ -172,9 +172,9 @@ def test_core_install_check_and_serve_name_the_extra_to_install(core_venv, hub_s
     assert warmed.returncode == 0, warmed
     _one_error(_core(core_venv, "check", "--cache-dir", str(cache), cwd=work), "check")
     _one_error(_core(core_venv, "serve", "--cache-dir", str(cache), "--port", "0", cwd=work, timeout=60), "serve")
-    # the test server too (python -m hfcache.serve): the same message, no server stack needed to say so
-    proc = subprocess.run([str(core_venv / "bin" / "python"), "-m", "hfcache.serve", str(cache)], capture_output=True,
-                          text=True, cwd=work, env=clean_env(), timeout=60)
+    # the test Hub too (python -m tests.testhub, at the repository root): the same message, no server stack needed
+    proc = subprocess.run([str(core_venv / "bin" / "python"), "-m", "tests.testhub", str(cache)], capture_output=True,
+                          text=True, cwd=Path(__file__).parents[2], env=clean_env(), timeout=60)
     assert proc.returncode != 0 and "pip install 'hfcache[serve]'" in proc.stderr, proc
     assert _core(core_venv, "verify", "--cache-dir", str(cache), cwd=work).returncode == 0
 

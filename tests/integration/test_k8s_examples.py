@@ -27,7 +27,7 @@ import pytest
 import yaml
 from huggingface_hub import hf_hub_download
 
-from hfcache.serve import HubServer
+from tests.testhub import HubServer
 from tests.helpers import clean_env, golden_ids, refused_endpoint
 
 PROJECT = Path(__file__).parents[2]

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 from huggingface_hub import scan_cache_dir
 
-from hfcache.serve import HubServer
+from tests.testhub import HubServer
 from hfcache.serve.pullthrough import PullThroughConfig
 from tests.helpers import DATA, clean_env, run_hfcache
 from tests.integration.test_serve import raw_request, served

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from huggingface_hub import scan_cache_dir
 
-from hfcache.serve import HubServer
+from tests.testhub import HubServer
 from tests.helpers import golden_ids, offline_load, run_hfcache, visible_entries
 
 MANIFEST = """

@@ -98,7 +98,7 @@ def test_manifest_fields_of_every_type(tmp_path, name):
 @pytest.fixture(scope="module")
 def warmed(hub_root, tmp_path_factory):
     """A cache with bert-base-uncased's tokenizer warmed from the test Hub, and its commit."""
-    from hfcache.serve import HubServer
+    from tests.testhub import HubServer
 
     cache = tmp_path_factory.mktemp("typed") / "cache"
     with HubServer(hub_root) as hub:

@@ -11,7 +11,7 @@ from huggingface_hub import scan_cache_dir
 
 import hfcache
 from hfcache.records import WarmRequest
-from hfcache.serve import HubServer
+from tests.testhub import HubServer
 from tests.helpers import clean_env, run_hfcache
 
 REPOS = ["openai-community/gpt2", "FacebookAI/roberta-base", "google-t5/t5-small", "google-bert/bert-base-chinese",

@@ -17,7 +17,7 @@ import pytest
 from huggingface_hub import scan_cache_dir
 from safetensors.numpy import load_file
 
-from hfcache.serve import HubServer
+from tests.testhub import HubServer
 from tests.helpers import clean_env, run_hfcache
 from tests.make_model_repos import (
     EXPECTED_MODEL_FILES,

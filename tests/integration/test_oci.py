@@ -23,7 +23,7 @@ import pytest
 
 import hfcache
 from hfcache.records import WarmRequest
-from hfcache.serve import HubServer
+from tests.testhub import HubServer
 from tests.helpers import GOLDEN, clean_env, golden_ids, offline_load, run_hfcache, visible_entries
 from tests.registry import Registry, available, push_image, running_registry, tar_bytes
 

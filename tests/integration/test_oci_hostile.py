@@ -27,7 +27,7 @@ import pytest
 
 import hfcache
 from hfcache.records import WarmRequest
-from hfcache.serve import HubServer
+from tests.testhub import HubServer
 from tests.helpers import clean_env, run_hfcache, silent_server
 from tests.registry import available, put_manifest, push_image, running_registry, tar_bytes
 

@@ -24,7 +24,7 @@ import pytest
 
 import hfcache
 from hfcache.records import WarmRequest
-from hfcache.serve import HubServer
+from tests.testhub import HubServer
 from tests.canary import Canary
 from tests.helpers import golden_ids, offline_load, run_hfcache
 from tests.registry import Registry, available, running_registry

@@ -20,7 +20,7 @@ import pytest
 
 import hfcache
 from hfcache.records import WarmRequest
-from hfcache.serve import HubServer
+from tests.testhub import HubServer
 from tests.canary import Canary
 from tests.helpers import clean_env, golden_ids, offline_load, run_hfcache
 from tests.registry import available, put_blob, put_manifest, running_registry

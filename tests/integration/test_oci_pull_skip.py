@@ -27,7 +27,7 @@ import pytest
 
 import hfcache
 from hfcache.records import WarmRequest
-from hfcache.serve import HubServer
+from tests.testhub import HubServer
 from tests.canary import Canary
 from tests.helpers import GOLDEN, clean_env, golden_ids, offline_load, run_hfcache
 from tests.registry import Registry, _free_port, available, put_blob, put_manifest, tar_bytes

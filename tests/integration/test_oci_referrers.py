@@ -28,7 +28,7 @@ from hfcache.integrity.signed_snapshot import snapshot_digests
 from hfcache.oci import referrers
 from hfcache.oci.registry import connect, network_errors, parse_reference
 from hfcache.records import WarmRequest
-from hfcache.serve import HubServer
+from tests.testhub import HubServer
 from tests.canary import Canary
 from tests.registry import Registry, available, push_image, put_blob, put_manifest, running_registry, tar_bytes
 

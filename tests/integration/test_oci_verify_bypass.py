@@ -20,7 +20,7 @@ import pytest
 
 import hfcache
 from hfcache.records import WarmRequest
-from hfcache.serve import HubServer
+from tests.testhub import HubServer
 from tests.canary import Canary
 from tests.helpers import clean_env, run_hfcache
 from tests.integration.test_oci_pull_modelpack import attach_signature, key_pair, signed_files

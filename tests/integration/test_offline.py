@@ -19,7 +19,7 @@ import pytest
 import hfcache
 from hfcache.offline.env import offline_environment
 from hfcache.records import WarmRequest
-from hfcache.serve import HubServer
+from tests.testhub import HubServer
 from tests.helpers import GOLDEN, LOAD_SCRIPT, clean_env, golden_ids, run_hfcache, silent_server
 
 HUB = Path(__file__).parent.parent / "data" / "hub"

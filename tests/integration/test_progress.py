@@ -23,7 +23,7 @@ import pytest
 
 import hfcache
 from hfcache.records import WarmRequest
-from hfcache.serve import HubServer
+from tests.testhub import HubServer
 from tests.canary import Canary
 from tests.helpers import clean_env, run_hfcache
 from tests.registry import available, running_registry

@@ -25,7 +25,7 @@ from huggingface_hub import hf_hub_download, scan_cache_dir, snapshot_download
 from huggingface_hub.errors import HfHubHTTPError
 from prometheus_client.parser import text_string_to_metric_families
 
-from hfcache.serve import Faults, HubServer
+from tests.testhub import Faults, HubServer
 from hfcache.serve.pullthrough import PullThroughConfig
 from tests.helpers import GOLDEN, clean_env, golden_ids, run_hfcache, silent_server
 from tests.integration.test_serve import ACCESS_LINE, TRAVERSALS, raw_request, served

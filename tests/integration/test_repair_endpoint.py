@@ -18,7 +18,7 @@ from pathlib import Path
 
 import hfcache.offline
 from hfcache.cache.published import read_record
-from hfcache.serve import HubServer
+from tests.testhub import HubServer
 from tests.canary import Canary
 from tests.helpers import clean_env, run_hfcache
 from tests.users import ALICE, BOB, GROUP, Runtime, needs_root

@@ -32,7 +32,7 @@ from huggingface_hub.hf_api import RepoFile as HubRepoFile
 
 import hfcache
 from hfcache import WarmRequest
-from hfcache.serve import HubServer
+from tests.testhub import HubServer
 from tests.helpers import GOLDEN, clean_env, golden_ids, offline_load, run_hfcache
 
 PROJECT = Path(__file__).parents[2]

@@ -20,7 +20,7 @@ from huggingface_hub.errors import EntryNotFoundError
 import hfcache
 from hfcache.serve import asgi
 from hfcache.records import WarmRequest
-from hfcache.serve import HubServer
+from tests.testhub import HubServer
 from tests.helpers import run_hfcache
 
 HUB = Path(__file__).parent.parent / "data" / "hub"

@@ -26,7 +26,7 @@ from huggingface_hub.errors import (
 )
 from huggingface_hub.hf_api import RepoFile, RepoFolder
 
-from hfcache.serve import HubServer
+from tests.testhub import HubServer
 
 BERT = "google-bert/bert-base-uncased"
 MINILM = "sentence-transformers/all-MiniLM-L6-v2"
@@ -394,7 +394,7 @@ def test_stop_cuts_a_transfer_short(hub_root):
 def test_cli_serves_until_sigterm(hub_root):
     project = Path(__file__).parents[2]
     proc = subprocess.Popen(
-        [sys.executable, "-m", "hfcache.serve", str(hub_root), "--port", "0"],
+        [sys.executable, "-m", "tests.testhub", str(hub_root), "--port", "0"],
         stdout=subprocess.PIPE,
         text=True,
         cwd=project,

@@ -1,6 +1,6 @@
 """Any mirror, any network: metadata fallbacks, retries, resume, parallel ranges and SIGTERM, end to end.
 
-Every test talks HTTP to the project's HubServer with one fault switched on (hfcache.serve.faults), runs hfcache in a
+Every test talks HTTP to the project's HubServer with one fault switched on (tests.testhub.faults), runs hfcache in a
 real subprocess, asserts on the server's request log, and loads the result offline with transformers.
 """
 
@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 from huggingface_hub import scan_cache_dir
 
-from hfcache.serve import Faults, HubServer
+from tests.testhub import Faults, HubServer
 from tests.helpers import clean_env, golden_ids, offline_load, run_hfcache, visible_entries
 
 HUB = Path(__file__).parent.parent / "data" / "hub"

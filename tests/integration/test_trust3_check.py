@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from hfcache.serve import HubServer
+from tests.testhub import HubServer
 from tests.chains import remove_tree
 from tests.canary import Canary
 from tests.helpers import REPO, clean_env, run_hfcache

@@ -14,7 +14,7 @@ import pytest
 
 import httpx2
 
-from hfcache.serve import HubServer
+from tests.testhub import HubServer
 from hfcache.serve.pullthrough import PullThroughConfig
 from tests.helpers import clean_env, run_hfcache
 from tests.hostile import CONTENT, PeerServer, git_sha1

@@ -24,7 +24,7 @@ from pathlib import Path
 import httpx2
 import pytest
 
-from hfcache.serve import HubServer
+from tests.testhub import HubServer
 from hfcache.serve.pullthrough import PullThroughConfig
 from tests.canary import Canary
 from tests.helpers import run_hfcache

@@ -32,7 +32,7 @@ from huggingface_hub import scan_cache_dir
 
 import hfcache
 from hfcache.records import WarmRequest
-from hfcache.serve import HubServer
+from tests.testhub import HubServer
 from tests.chains import plant_chain, remove_tree
 from tests.canary import SECRET, Canary
 from tests.helpers import clean_env, run_hfcache

@@ -20,7 +20,7 @@ import pytest
 
 import hfcache
 from hfcache.records import WarmRequest
-from hfcache.serve import HubServer
+from tests.testhub import HubServer
 from tests.canary import SECRET, Canary
 from tests.helpers import run_hfcache
 from tests.integration.test_trust3_fs import SWAP, shared_cache

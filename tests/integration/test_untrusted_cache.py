@@ -23,7 +23,7 @@ from huggingface_hub import scan_cache_dir
 
 import hfcache
 from hfcache.records import WarmRequest
-from hfcache.serve import HubServer
+from tests.testhub import HubServer
 from tests.helpers import run_hfcache
 
 HUB = Path(__file__).parent.parent / "data" / "hub"

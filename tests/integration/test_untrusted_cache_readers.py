@@ -18,7 +18,7 @@ from huggingface_hub import scan_cache_dir
 import hfcache
 from hfcache.cache.layout import RepoFolder
 from hfcache.records import WarmRequest
-from hfcache.serve import HubServer
+from tests.testhub import HubServer
 from tests.helpers import run_hfcache
 from tests.integration.test_untrusted_cache import FOLDER, HUB, REPO, make_canary, tree_state, verify, warm_two
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from hfcache.serve import HubServer
+from tests.testhub import HubServer
 from tests.helpers import clean_env, run_hfcache, visible_entries
 from tests.make_model_repos import ORG, _json, _tokenizer_files, _write
 
@@ -140,7 +140,7 @@ def test_falling_back_to_another_endpoint_leaves_no_partial_file(hub_root, tmp_p
     """Every body fails on the first endpoint, so each file leaves a partial download there; the second endpoint's
     attempt finds some blobs already in place (cached, or linked from a repo of the same run): those leftovers are
     deleted too (docs/warm.md: a rerun leaves no .incomplete)."""
-    from hfcache.serve.faults import Faults
+    from tests.testhub import Faults
 
     cache = tmp_path / "hub"
     ids = ["google-bert/bert-base-uncased", "distilbert/distilbert-base-uncased",

@@ -14,7 +14,7 @@ import shutil
 from pathlib import Path
 
 from hfcache.cache.published import read_record, write_record
-from hfcache.serve import Faults, HubServer
+from tests.testhub import Faults, HubServer
 from tests.canary import Canary
 from tests.helpers import clean_env, run_hfcache
 

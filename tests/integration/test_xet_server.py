@@ -1,7 +1,7 @@
 """HubServer's Xet mode against the unmodified huggingface_hub 2.4 + hf_xet: real servers on loopback, real clients
 in fresh subprocesses (huggingface_hub reads HF_* at import time), no mocks.
 
-What the Hub does for Xet files and what the clients read: hfcache/serve/xet/cas.py's docstring (huggingface/hub-docs
+What the Hub does for Xet files and what the clients read: tests/testhub/xet/cas.py's docstring (huggingface/hub-docs
 docs/xet/*.md; huggingface_hub utils/_xet.py, file_download.py, utils/_shared_blobs.py).
 """
 
@@ -20,8 +20,8 @@ import httpx2
 import pytest
 from huggingface_hub import HfApi
 
-from hfcache.serve import HubServer
-from hfcache.serve.xet import XetMode
+from tests.testhub import HubServer
+from tests.testhub import XetMode
 from tests.helpers import clean_env
 
 REPO = "xet-org/weights"
@@ -235,8 +235,9 @@ def test_default_mode_speaks_no_xet(xet_root):
 
 
 def test_cli_xet_flag_starts_a_cas_origin(xet_root):
-    proc = subprocess.Popen([sys.executable, "-m", "hfcache.serve", str(xet_root), "--port", "0", "--xet",
-                             "--xet-min-size", "1"], stdout=subprocess.PIPE, text=True, env=clean_env())
+    proc = subprocess.Popen([sys.executable, "-m", "tests.testhub", str(xet_root), "--port", "0", "--xet",
+                             "--xet-min-size", "1"], stdout=subprocess.PIPE, text=True, env=clean_env(),
+                            cwd=Path(__file__).parents[2])
     try:
         hub = proc.stdout.readline().split(" at ")[-1].strip()
         cas = proc.stdout.readline().split(" at ")[-1].strip()

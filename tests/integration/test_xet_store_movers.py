@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from hfcache.serve import HubServer
+from tests.testhub import HubServer
 from tests.helpers import clean_env, golden_ids, offline_load, run_hfcache
 from tests.xet_caches import library_download, store_linked_blobs, store_payloads, xet_hub
 

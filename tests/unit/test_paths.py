@@ -96,7 +96,7 @@ def test_one(tmp_path):
 def warm_cache(tmp_path_factory, hub_root):
     import json
 
-    from hfcache.serve import HubServer
+    from tests.testhub import HubServer
 
     cache = tmp_path_factory.mktemp("paths") / "hub"
     with HubServer(hub_root, legacy_ids=json.loads((hub_root / "legacy_ids.json").read_text())) as server:

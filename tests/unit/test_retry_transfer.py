@@ -122,7 +122,7 @@ def test_trusted_prefix_of_sequential_and_sparse_leftovers(tmp_path):
 
 
 def test_server_fault_switches_parse_from_the_command_line():
-    from hfcache.serve.faults import Faults, parse_faults
+    from tests.testhub import Faults, parse_faults
 
     assert parse_faults(["no_blobs", "no_range=false", "rate_limit=3", "body_failure=reset"]) == \
         Faults(no_blobs=True, rate_limit=3, body_failure="reset")

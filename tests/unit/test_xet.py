@@ -16,9 +16,9 @@ import random
 
 import pytest
 
-from hfcache.serve.xet import blake3_py
-from hfcache.serve.xet.chunking import MAX_CHUNK_SIZE, MIN_CHUNK_SIZE, chunk_boundaries, iter_chunks
-from hfcache.serve.xet.hashing import (
+from tests.testhub.xet import blake3_py
+from tests.testhub.xet.chunking import MAX_CHUNK_SIZE, MIN_CHUNK_SIZE, chunk_boundaries, iter_chunks
+from tests.testhub.xet.hashing import (
     DATA_KEY,
     chunk_hash,
     file_hash,
@@ -27,7 +27,7 @@ from hfcache.serve.xet.hashing import (
     keyed_hash,
     xorb_hash,
 )
-from hfcache.serve.xet.xorb import CHUNK_HEADER_SIZE, build_xet_file, chunk_header
+from tests.testhub.xet.xorb import CHUNK_HEADER_SIZE, build_xet_file, chunk_header
 
 # --- chunking ---------------------------------------------------------------------------------------------------
 

@@ -28,14 +28,13 @@ from urllib.parse import unquote, urlsplit
 
 from werkzeug.wrappers import Request, Response
 
-from ..http import HttpError, json_response, path_segments, url_host
+from hfcache.names import PLURALS
+from hfcache.serve.http import HttpError, json_response, path_segments, url_host
+
 from .index import XetIndex, XetMode
 from .xorb import XetFile
 
 __all__ = ["CasService"]
-
-_URL_TYPES = {"model": "models", "dataset": "datasets", "space": "spaces", "kernel": "kernels"}
-
 
 class CasService:
     """The Xet side of one HubServer: which files are Xet files, the read token, and the CAS origin's answers.
@@ -64,7 +63,7 @@ class CasService:
     def resolve_headers(self, request: Request, repo_type: str, repo_id: str, commit: str,
                         xet_file: XetFile) -> dict[str, str]:
         """``X-Xet-Hash`` and the ``Link`` header (token route, reconstruction URL) of a resolve answer."""
-        token_url = f"{request.host_url.rstrip('/')}/api/{_URL_TYPES[repo_type]}/{repo_id}/xet-read-token/{commit}"
+        token_url = f"{request.host_url.rstrip('/')}/api/{PLURALS[repo_type]}/{repo_id}/xet-read-token/{commit}"
         reconstruction = f"{self.cas_url(request)}/v1/reconstructions/{xet_file.hash}"
         link = f'<{token_url}>; rel="xet-auth", <{reconstruction}>; rel="xet-reconstruction-info"'
         return {"X-Xet-Hash": xet_file.hash, "Link": link}

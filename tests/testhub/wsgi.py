@@ -1,7 +1,6 @@
-"""HubServer's protocol on werkzeug's threaded server: the WSGI app (metering, pacing) and an origin in a thread.
-
-The protocol itself is :meth:`hfcache.serve.HubServer.respond` (the :class:`~.body.Responder` contract), the same
-code the uvicorn backend (:mod:`.asgi`) runs; this module only moves bytes.
+"""The test Hub on werkzeug's threaded server (in-process, instant start): the WSGI app (metering, pacing, resets)
+and an origin in a thread. The protocol is :meth:`hfcache.serve.HubServer.respond` (the
+:class:`hfcache.serve.body.Responder` contract), the code ``hfcache serve`` runs on uvicorn; this only moves bytes.
 """
 
 from __future__ import annotations
@@ -13,10 +12,10 @@ from typing import Any
 
 from werkzeug.serving import WSGIRequestHandler, make_server
 
-from .accesslog import LogEntry
-from .body import FileBody, Responder
-from .faults import reset_midway
-from .http import close
+from hfcache.serve.accesslog import LogEntry
+from hfcache.serve.body import FileBody, Responder
+
+from .faults import RESET, reset_midway
 
 __all__ = ["WerkzeugOrigin", "wsgi_app"]
 
@@ -25,8 +24,8 @@ def wsgi_app(responder: Responder, origin: str, throttle_bps: int | None) -> Any
     """A WSGI application answering ``origin`` (``"hub"`` or ``"cdn"``) through ``responder``.
 
     Bodies are counted into the log entry as they go, paced to about ``throttle_bps`` bytes/s if set, and cut
-    short once ``responder.stopping`` is set; ``responder.finish`` runs once per response. A body marked
-    :attr:`~.body.FileBody.fault_reset` (:mod:`.faults`) is cut after half its bytes, the TCP connection reset.
+    short once ``responder.stopping`` is set; ``responder.finish`` runs once per response. A body whose environ
+    :mod:`.faults` marked (``RESET``) is cut after half its bytes, the TCP connection reset.
     """
 
     def app(environ: dict[str, Any], start_response: Any) -> Iterable[bytes]:
@@ -35,7 +34,7 @@ def wsgi_app(responder: Responder, origin: str, throttle_bps: int | None) -> Any
         chunks: Iterable[bytes] = body
         if throttle_bps is not None and isinstance(body, FileBody):
             chunks = _throttled(body, throttle_bps, responder.stopping)
-        if isinstance(body, FileBody) and body.fault_reset:
+        if isinstance(body, FileBody) and environ.get(RESET):
             chunks = reset_midway(chunks, body.length, environ)
         return _metered(responder, chunks, entry)
 
@@ -71,6 +70,13 @@ def _throttled(chunks: Iterable[bytes], bps: int, stopping: threading.Event) -> 
                     return
     finally:
         close(chunks)
+
+
+def close(iterable: object) -> None:
+    """Close a response body if it has a ``close`` method (WSGI, PEP 3333)."""
+    closer = getattr(iterable, "close", None)
+    if closer is not None:
+        closer()
 
 
 class _QuietHandler(WSGIRequestHandler):

@@ -15,7 +15,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import BinaryIO
 
-from ..vocabulary import RepoFile
+from hfcache.serve.vocabulary import RepoFile
+
 from .xorb import MAX_XORB_BYTES, XetFile, Xorb, build_xet_file
 
 __all__ = ["Opener", "XetIndex", "XetMode"]

@@ -1,12 +1,8 @@
-"""``python -m hfcache.serve ROOT``: the test Hub server from a shell (tests, benchmarks, a quick local Hub).
+"""``python -m tests.testhub ROOT``, run at the repository root: the test Hub from a shell (tests, benchmarks).
 
-``python -m hfcache.serve ROOT [--host 127.0.0.1] [--port 8080] [--throttle-bps N] [--layout cache]
-[--backend uvicorn] [--no-cdn] [--token T] [--fault NAME[=VALUE]]... [--xet [--xet-min-size N]]``. ``hfcache serve``
-is the production entry point (:mod:`hfcache.serve.mirror`). Faults (:mod:`.faults`) make it behave like a poorer
-mirror or a flaky network: no ``?blobs=true`` metadata, no tree API, unquoted ETags, leading 429s, failing bodies,
-no ``Range``.
-``--xet`` serves LFS files (or, with ``--xet-min-size N``, every file of N bytes or more) through Xet, with a CAS
-origin of its own (:mod:`.xet`).
+``python -m tests.testhub ROOT [--host 127.0.0.1] [--port 8080] [--throttle-bps N] [--layout cache]
+[--backend uvicorn] [--no-cdn] [--token T] [--fault NAME[=VALUE]]... [--xet [--xet-min-size N]]`` (tests/README.md).
+To serve files to people or pods: ``hfcache serve``.
 """
 
 from __future__ import annotations
@@ -16,18 +12,20 @@ import signal
 import threading
 from pathlib import Path
 
+from hfcache.serve.hub_server import LAYOUTS
+
 from .faults import Faults, parse_faults
-from .hub_server import BACKENDS, LAYOUTS, HubServer
+from .server import BACKENDS, HubServer
 from .xet import XetMode
 
 __all__ = ["main"]
 
-_DESCRIPTION = "A Hub-compatible, read-only HTTP server over a store of repos: plain repo folders or a warmed HF cache."
+_DESCRIPTION = "The tests' Hub: hfcache serve's server with faults, Xet, a CDN origin (tests/README.md)."
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m hfcache.serve ROOT``: serve until Ctrl-C or SIGTERM, then shut down cleanly."""
-    parser = argparse.ArgumentParser(prog="python -m hfcache.serve", description=_DESCRIPTION)
+    """``python -m tests.testhub ROOT``: serve until Ctrl-C or SIGTERM, then shut down cleanly."""
+    parser = argparse.ArgumentParser(prog="python -m tests.testhub", description=_DESCRIPTION)
     parser.add_argument("root", type=Path, help="folder of <org>/<name> repo folders (or a hub cache, --layout cache)")
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8080, help="main origin port (0 = any free port)")
@@ -37,7 +35,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--backend", choices=BACKENDS, default="werkzeug", help="server stack (default: werkzeug)")
     parser.add_argument("--no-cdn", action="store_true", help="serve LFS files from the main origin (one port)")
     parser.add_argument("--fault", action="append", default=[], metavar="NAME[=VALUE]",
-                        help="inject a fault (hfcache.serve.faults.Faults field), e.g. no_blobs, no_tree, rate_limit=3, "
+                        help="inject a fault (tests.testhub.Faults field), e.g. no_blobs, no_tree, rate_limit=3, "
                              "failing_bodies=2, body_failure=reset (repeatable)")
     parser.add_argument("--xet", action="store_true",
                         help="serve LFS files through Xet (X-Xet-Hash, read token, a CAS origin), as the Hub does")
