@@ -1,26 +1,25 @@
-"""sign: ``hfcache sign`` (a model-signing bundle per cached snapshot, written outside the cache) and
-``hfcache verify --signature`` (a bundle checked against a cached snapshot), on :mod:`.signatures` and
-:mod:`.signed_snapshot`.
+"""sign: ``hfcache sign`` (a model-signing bundle per cached snapshot, written outside the cache) and ``hfcache verify
+--signature`` (a bundle checked against a cached snapshot), on :mod:`.signatures` and :mod:`.signed_snapshot`.
 
-A bundle file is named ``<repo folder>@<commit>.sig.json`` (``models--ORG--NAME@<40 hex>.sig.json``: one name per
-repo type, id and commit). It is written to a folder outside the cache (a folder below the cache root is refused:
-a group member could plant links there), through that folder's descriptor: a private ``O_EXCL`` temp name, then
-``linkat`` to the final name (which fails if anything is there), or with ``force`` a ``rename`` over a regular file.
-What is not a regular file at the output (a link, device node, FIFO, socket) is never replaced (``-o /dev/null``
-once replaced /dev/null with a file); ``-`` returns the bundle for standard output. Every OSError of the output is
-one line: exit 2 for a path that does not exist or is not a folder, exit 5 for one that cannot be written.
+A bundle file, ``<repo folder>@<commit>.sig.json`` by default, is written into a folder outside the cache (one below
+the cache root is refused: a group member could plant links there) through that folder's descriptor: a private
+``O_EXCL`` temp file, then ``linkat`` to the name (which fails if anything is there), or with ``force`` a rename over
+a regular file. What is not a regular file there (a link, device node, FIFO, socket) is never replaced (``-o
+/dev/null`` once replaced /dev/null); ``-`` returns the bundle for standard output. An OSError of the output is one
+line: exit 2 for a path that does not exist or is not a folder, else exit 5.
 """
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
-import secrets
 import stat
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+from ..cache.fsops import create_at, open_dir_at, temp_name
 from ..errors import CacheError, UsageError
 from .signatures import (MAX_BUNDLE_BYTES, NotABundle, SignatureCheck, SignatureMismatch, foreign_model,
                          read_user_file, sign_files, verify_files)
@@ -29,13 +28,9 @@ from .signed_snapshot import NameMismatch, snapshot_digests
 
 @dataclass(frozen=True)
 class SignedSnapshot:
-    """One bundle ``hfcache sign`` wrote.
-
-    Attributes:
-        repo_id (str), commit (str): the snapshot. path (str): the bundle file written.
-        files (int): files signed. hashed (int): files whose bytes were hashed (the others: their LFS blob names).
-        data (bytes): the bundle itself when ``path`` is ``-`` (standard output), else ``b""``.
-    """
+    """One bundle ``hfcache sign`` wrote: the snapshot (``repo_id``, ``commit``), the bundle file ``path``, the
+    ``files`` signed and those ``hashed`` (the others: their LFS blob names); ``data``: the bundle when ``path`` is
+    ``-`` (standard output), else ``b""``."""
 
     repo_id: str
     commit: str
@@ -47,23 +42,14 @@ class SignedSnapshot:
 
 @dataclass(frozen=True)
 class SignatureVerdict:
-    """A bundle that verified against a cached snapshot (``verify --signature``).
-
-    Attributes:
-        repo_id (str), commit (str): the snapshot; snapshot (str): its folder. check (SignatureCheck): the result.
-        hashed (int): files whose bytes were hashed for the check.
-    """
+    """A bundle that verified against a cached snapshot (``verify --signature``): ``repo_id``, ``commit``, the
+    ``snapshot`` folder, the ``check`` (SignatureCheck) and the files ``hashed`` for it."""
 
     repo_id: str
     commit: str
     snapshot: str
     check: SignatureCheck
     hashed: int
-
-
-def bundle_name(folder: str, commit: str) -> str:
-    """``<repo folder>@<commit>.sig.json``, the default bundle file name."""
-    return f"{folder}@{commit}.sig.json"
 
 
 def _inside(path: Path, root: Path) -> bool:
@@ -73,11 +59,9 @@ def _inside(path: Path, root: Path) -> bool:
 
 def _kind(mode: int) -> str:
     """What a non-regular, non-folder entry is, for the messages."""
-    for test, name in ((stat.S_ISLNK, "symlink"), (stat.S_ISCHR, "character device"), (stat.S_ISBLK, "block device"),
-                       (stat.S_ISFIFO, "FIFO"), (stat.S_ISSOCK, "socket")):
-        if test(mode):
-            return name
-    return "special file"
+    kinds = {stat.S_IFLNK: "symlink", stat.S_IFCHR: "character device", stat.S_IFBLK: "block device",
+             stat.S_IFIFO: "FIFO", stat.S_IFSOCK: "socket"}
+    return kinds.get(stat.S_IFMT(mode), "special file")
 
 
 def output_error(exc: OSError, shown: str) -> UsageError | CacheError:
@@ -127,13 +111,13 @@ def _destination(output: str | os.PathLike[str] | None, count: int, cache_dir: P
 
 
 def _open_folder(folder: Path) -> int:
-    """A descriptor of ``folder``, created (with its missing parents, 0755) when it does not exist.
+    """A descriptor of ``folder`` (a link to a folder is the user's choice), created with its missing parents (0755)
+    when it does not exist; what is created is opened without following a link.
 
     Raises:
         UsageError, CacheError: as :func:`output_error`."""
-    flags = os.O_RDONLY | os.O_DIRECTORY | getattr(os, "O_CLOEXEC", 0)
     try:
-        return os.open(folder, flags)
+        return os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     except FileNotFoundError:
         if str(folder.parent) == str(folder):
             raise UsageError(f"--output {folder}: no such folder") from None
@@ -141,11 +125,9 @@ def _open_folder(folder: Path) -> int:
         raise output_error(exc, str(folder)) from None
     parent = _open_folder(folder.parent)
     try:
-        try:
+        with contextlib.suppress(FileExistsError):
             os.mkdir(folder.name, 0o755, dir_fd=parent)
-        except FileExistsError:
-            pass
-        return os.open(folder.name, flags | os.O_NOFOLLOW, dir_fd=parent)
+        return open_dir_at(parent, folder.name)
     except OSError as exc:
         raise output_error(exc, str(folder)) from None
     finally:
@@ -175,18 +157,16 @@ def _check_target(folder_fd: int, name: str, shown: str, force: bool) -> None:
 
 def write_bundle(folder_fd: int, name: str, data: bytes, shown: str, *, force: bool = True) -> None:
     """Write ``data`` as ``name`` in the folder ``folder_fd``: a private temp file (``O_EXCL``, 0644), fsync, then
-    published: hard-linked to ``name`` when it does not exist (``linkat`` fails if anything appeared there), or,
-    with ``force``, renamed over it after checking it is a regular file (a reader sees the old bundle or the new
-    one). Whatever is not a regular file at ``name`` (a link, device, FIFO, socket) is never replaced.
+    hard-linked to ``name`` when it does not exist, or with ``force`` renamed over it once checked a regular file (a
+    reader sees the old bundle or the new one). Whatever is not a regular file at ``name`` is never replaced.
 
     Raises:
         UsageError: ``name`` exists and is not a regular file, or is one and ``force`` is not set (exit 2).
         CacheError: the folder cannot be written (exit 5, naming ``shown``)."""
-    temp = f".{name}.{secrets.token_hex(6)}.tmp"
+    temp = temp_name(name)
     _check_target(folder_fd, name, shown, force)
     try:
-        fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0),
-                     0o644, dir_fd=folder_fd)
+        fd = create_at(folder_fd, temp, 0o644)
     except OSError as exc:
         raise output_error(exc, shown) from None
     try:
@@ -198,10 +178,8 @@ def write_bundle(folder_fd: int, name: str, data: bytes, shown: str, *, force: b
     except OSError as exc:
         raise output_error(exc, shown) from None
     finally:
-        try:
+        with contextlib.suppress(OSError):
             os.unlink(temp, dir_fd=folder_fd)
-        except OSError:
-            pass
 
 
 def _publish(folder_fd: int, temp: str, name: str, shown: str, force: bool) -> None:
@@ -227,13 +205,11 @@ def sign_snapshots(cache_dir: Path, targets: Sequence[tuple[str, str]], key: Pat
 
     Args:
         cache_dir: the cache root. targets: ``(REPO_ID[@REVISION], repo_type)`` pairs (a ref or a commit).
-        key: a PEM EC private key. output: a folder (existing, a link to one, or a path ending with ``/``: created),
-            for one snapshot a file (new, or a regular file with ``force``), or ``-``: the bundle is returned in
-            ``SignedSnapshot.data``, nothing written (one snapshot) [default: the current folder]; never inside the
-            cache.
-        password: the key's password. rehash: hash every file (default: an LFS blob's name is its sha256).
-        on_bytes: called with the size of every chunk hashed. force: replace existing bundle files (regular files
-            only; a link, device, FIFO or socket is never replaced).
+        key: a PEM EC private key; password: its password. output: a folder (existing, a link to one, or a path
+            ending with ``/``: created), for one snapshot a file (new, or a regular file with ``force``), or ``-``
+            (one snapshot: the bundle is returned in ``SignedSnapshot.data``) [default: the current folder]; never
+            inside the cache. rehash: hash every file (default: an LFS blob's name is its sha256).
+        on_bytes: called with the size of every chunk hashed. force: replace existing bundle files (regular only).
 
     Returns:
         One SignedSnapshot per snapshot, in order (a snapshot named twice is signed once).
@@ -242,11 +218,10 @@ def sign_snapshots(cache_dir: Path, targets: Sequence[tuple[str, str]], key: Pat
         UsageError: a malformed spec, a bad key or password, model-signing missing, an output inside the cache, a
             file (or ``-``) for several snapshots, an output that is not a regular file or folder, one that exists
             without ``force``, an output path that does not exist (exit 2). CheckFailed: a repo or revision not in
-            the cache; a git path in a snapshot (:func:`hfcache.integrity.signatures.sign_files`). NameMismatch: a
-            file hashed does not match its blob name (exit 5, naming it; nothing written). CacheError: an unsafe
-            entry, or the output cannot be written (read-only, permission, full: exit 5).
+            the cache; a git path in a snapshot. NameMismatch: a file hashed does not match its blob name (exit 5;
+            nothing written). CacheError: an unsafe entry, or the output cannot be written (exit 5).
     """
-    made: dict[tuple[str, str], tuple[str, bytes, int, int]] = {}
+    made: dict[tuple[str, str], SignedSnapshot] = {}
     for spec, repo_type in targets:
         try:
             digests = snapshot_digests(cache_dir, spec, rehash=rehash, on_bytes=on_bytes, repo_type=repo_type)
@@ -254,49 +229,37 @@ def sign_snapshots(cache_dir: Path, targets: Sequence[tuple[str, str]], key: Pat
             exc.message = f"{exc.message}: nothing was signed"
             exc.args = (exc.message,)
             raise
-        if (digests.folder, digests.commit) in made:
-            continue
-        bundle = sign_files(digests.files, f"{digests.repo_id}@{digests.commit}", key, password=password)
-        made[(digests.folder, digests.commit)] = (digests.repo_id, bundle, len(digests.files), digests.hashed)
+        if (digests.folder, digests.commit) not in made:
+            bundle = sign_files(digests.files, f"{digests.repo_id}@{digests.commit}", key, password=password)
+            made[(digests.folder, digests.commit)] = SignedSnapshot(digests.repo_id, digests.commit, "-",
+                                                                    len(digests.files), digests.hashed, bundle)
     if output is not None and os.fspath(output) == "-":
         if len(made) != 1:
             raise UsageError(f"--output -: {len(made)} snapshots are signed, one bundle each: give a folder",
                              hint="standard output takes the bundle of one snapshot")
-        ((_, commit), (repo_id, bundle, files, hashed)), = made.items()
-        return (SignedSnapshot(repo_id, commit, "-", files, hashed, bundle),)
+        return tuple(made.values())
     folder, name = _destination(output, len(made), cache_dir)
-    names = {key_: name or bundle_name(*key_) for key_ in made}
+    names = {key_: name or f"{key_[0]}@{key_[1]}.sig.json" for key_ in made}
     fd = _open_folder(folder)
-    written = []
     try:
-        for key_, file_name in names.items():  # every name checked before the first is written
+        for file_name in names.values():  # every name checked before the first is written
             _check_target(fd, file_name, str(folder / file_name), force)
-        for (repo_folder, commit), (repo_id, bundle, files, hashed) in made.items():
-            file_name = names[(repo_folder, commit)]
-            write_bundle(fd, file_name, bundle, str(folder / file_name), force=force)
-            written.append(SignedSnapshot(repo_id, commit, str(folder / file_name), files, hashed))
+        for key_, signed in made.items():
+            write_bundle(fd, names[key_], signed.data, str(folder / names[key_]), force=force)
     finally:
         os.close(fd)
-    return tuple(written)
+    return tuple(replace(signed, path=str(folder / names[key_]), data=b"") for key_, signed in made.items())
 
 
 def check_signature(cache_dir: Path, spec: str, signature: Path, public_key: Path, *, rehash: bool = False,
                     on_bytes=None) -> SignatureVerdict:
-    """Check the bundle file ``signature`` with ``public_key`` against the cached snapshot ``spec`` names.
-
-    Args:
-        cache_dir: the cache root. spec: ``REPO_ID[@REVISION]``. signature: the bundle file (at most 64 MiB).
-        public_key: a PEM EC public key. rehash: hash every file (default: LFS blob names are their sha256).
-        on_bytes: called with the size of every chunk hashed.
-
-    Returns:
-        SignatureVerdict.
+    """Check the bundle file ``signature`` (at most 64 MiB) with ``public_key`` against the cached snapshot ``spec``
+    (``REPO_ID[@REVISION]``) names; ``rehash`` and ``on_bytes`` as :func:`sign_snapshots`.
 
     Raises:
         SignatureMismatch: bad signature, wrong key, or files unsigned / changed / missing (exit 1, all named, with
-            the model the bundle signs when it is another); or every file matches but the bundle names another model
-            (:func:`hfcache.integrity.signatures.foreign_model`); or a file hashed does not match its blob name
-            (``changed``: nothing vouches for those bytes, whatever the bundle says).
+            the model the bundle signs when it is another); every file matches but the bundle names another model
+            (:func:`.signatures.foreign_model`); a file hashed does not match its blob name (``changed``).
         CheckFailed: the repo or revision is not in the cache. UsageError: an unreadable bundle or key, a file that
             is not a model-signing bundle (not JSON, ``{}``, ``[]``, another predicate: exit 2, naming it).
         CacheError: an unsafe entry in the snapshot.
