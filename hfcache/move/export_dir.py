@@ -8,6 +8,7 @@ user's path, outside the source cache (``cli/move.py``: :func:`hfcache.move.dest
 
 from __future__ import annotations
 
+import contextlib
 import os
 from pathlib import Path
 
@@ -46,10 +47,8 @@ def _write_entries(plan: ExportPlan, sfd: int, chown: tuple[int, int] | None, gr
     dir_mode, file_mode = modes(group_writable)
     for e in plan.entries:
         if e.kind == "dir":
-            try:
+            with contextlib.suppress(FileExistsError):
                 os.mkdir(e.name, dir_mode, dir_fd=sfd)
-            except FileExistsError:
-                pass
             _fchmod_close(open_dir_at(sfd, e.name), dir_mode)
         elif e.kind == "symlink":
             os.symlink(e.target, e.name, dir_fd=sfd)

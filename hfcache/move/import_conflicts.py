@@ -211,18 +211,18 @@ def _listing_disagrees(c: _Conflicts, commit: str, ours: dict[str, tuple[str, in
 
 
 def _check_trees(c: _Conflicts, repo: _RepoPlan) -> None:
-    for name, (data, _files) in sorted(repo.trees.items()):
+    for name, (_staged, files) in sorted(repo.trees.items()):
         parts = ("trees", name)
         if not c.writable(parts):
             continue
         kind = _kind(c.where(*parts))
         if kind == "missing":
-            why = _listing_disagrees(c, name.removesuffix(".json"), _expected(_files))
+            why = _listing_disagrees(c, name.removesuffix(".json"), _expected(files))
             if why:
                 c.add(parts, why)
             continue
         theirs = c.listing(name.removesuffix(".json")) if kind == "file" else None
-        ours = _expected(_files)
+        ours = _expected(files)
         if theirs is None or {p: (e.etag, e.size) for p, e in theirs.items()} != ours:
             c.add(parts, "the target already has another listing of that commit")
 

@@ -41,8 +41,7 @@ MAX_ENTRIES = 1_000_000
 
 def clean_name(name: str) -> list[str]:
     """Split a member name into parts, refusing absolute paths, ``..`` and other escapes."""
-    if name.startswith("./"):
-        name = name[2:]
+    name = name.removeprefix("./")
     name = name.rstrip("/")
     if (not name or name.startswith("/") or "\\" in name or "\0" in name
             or any(p in ("", ".", "..") for p in name.split("/"))):

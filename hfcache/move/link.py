@@ -287,6 +287,6 @@ def _checked_link(src: Path, rel: Sequence[str], target: str) -> str:
     """``target`` (the symlink ``src/rel``'s) if ``rel`` is ``<repo>/snapshots/...`` pointing into ``<repo>/blobs/``."""
     resolved = os.path.dirname(os.path.normpath(os.path.join(*rel[:-1], target)))
     if os.path.isabs(target) or len(rel) < 4 or rel[1] != "snapshots" or resolved != f"{rel[0]}/blobs":
-        raise UsageError(f"{os.path.join(src, *rel)} links to {target!r}, outside its repo's blobs/; nothing was linked",
-                         hint="run `hfcache verify` on the source cache")
+        raise UsageError(f"{os.path.join(src, *rel)} links to {target!r}, outside its repo's blobs/; nothing was "
+                         "linked", hint="run `hfcache verify` on the source cache")
     return target

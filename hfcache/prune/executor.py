@@ -26,8 +26,8 @@ from ..cache.root import cache_error
 from ..cache.safefs import UnsafeLayout
 from ..cache.safefs_tree import iter_tree
 from ..cache.scan import scan_repo
-from ..cache.sharing import cache_policy, open_dirs
 from ..cache.shared_store import StoreProblem, payload_stat, xet_hash_of_link
+from ..cache.sharing import cache_policy, open_dirs
 from .housekeeping import etag_of
 from .plan import TRASH, ItemOutcome, PlanItem, PrunePlan, PruneResult, RevisionRemoval
 from .store import sweep_payload

@@ -6,12 +6,14 @@ repo folders left empty). A partial download is stale only when older than ``gra
 
 from __future__ import annotations
 
+import contextlib
 import os
 from pathlib import Path
 
 from ..cache.locking import try_lock
 from .inventory import Ledger, RepoBook
 from .plan import TRASH
+
 
 def housekeeping(ledger: Ledger, repo: RepoBook) -> None:
     """Plan the removal of ``repo``'s orphan blobs, stale partial downloads and an interrupted prune's trash."""
@@ -20,7 +22,7 @@ def housekeeping(ledger: Ledger, repo: RepoBook) -> None:
         inode = repo.blobs[etag][0]
         if not repo.blob_users.get(etag) and not repo.inode_users.get(inode):
             ledger.delete_blob(repo, etag, "orphan", "no snapshot uses it")
-    for name, inode, size, mtime in repo.incomplete:
+    for name, inode, _size, mtime in repo.incomplete:
         if mtime < ledger.now - ledger.grace and not lock_held(ledger.lock_path(folder, etag_of(name))):
             freed = ledger.release(repo, inode)
             ledger.freed += freed
@@ -69,10 +71,8 @@ def empty_folder(ledger: Ledger, repo: RepoBook) -> int:
         # until the very end): a download may just have created it, so only take it when untouched for a while.
         newest = 0.0
         for sub in ("", "/blobs", "/snapshots", "/refs"):
-            try:
+            with contextlib.suppress(OSError):
                 newest = max(newest, os.lstat(repo.base + sub).st_mtime)
-            except OSError:
-                pass
         if newest > ledger.now - ledger.grace:
             return 0
     ledger.item(repo, "repo_folder", info.folder, None, "empty", "no revision, ref or blob left")

@@ -146,7 +146,7 @@ class Ledger:
                 pass
         if self.has_store:
             self._store_links(repo)
-        for etag, (inode, size) in blobs.items():
+        for etag, (inode, _size) in blobs.items():
             names[inode] = names.get(inode, 0) + 1
             a_path.setdefault(inode, f"{base}/blobs/{etag}")
             repo.blobs_by_inode.setdefault(inode, []).append(etag)

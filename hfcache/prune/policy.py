@@ -13,13 +13,14 @@ from dataclasses import replace
 from pathlib import Path
 
 from ..cache.root import access_error, describe_cache_dir, resolve_cache_dir
-from ..errors import CacheError, UsageError
-from ..warming.lockfile import Lockfile, pinned_revisions, read_lock
 from ..cache.scan import RepoInfo, RevisionInfo, scan_cache
+from ..errors import CacheError, UsageError
 from ..units import format_duration
+from ..warming.lockfile import Lockfile, pinned_revisions, read_lock
 from .housekeeping import empty_folder, housekeeping, lock_items
 from .inventory import Ledger, RepoBook
 from .plan import DEFAULT_GRACE, KINDS, KeepSpec, PrunePlan, PrunePolicy
+
 
 def plan_prune(
     cache_dir: str | os.PathLike[str] | None = None,

@@ -14,6 +14,7 @@ the plan said so. Its bytes count only when the store name was the last (``st_nl
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import secrets
@@ -229,10 +230,8 @@ def _open_lock(prefix_fd: int, name: str) -> str:
         if st.st_nlink != 1:
             return "its lock file has other hard links (it may be another file of the system)"
         if created:
-            try:
+            with contextlib.suppress(OSError):
                 os.fchmod(fd, 0o666)
-            except OSError:
-                pass
     finally:
         os.close(fd)
     return ""
@@ -277,10 +276,8 @@ def _sweep_held(root: Path, prefix_fd: int, xet_hash: str, delete: bool) -> Swee
         return Sweep("skipped", "not planned for deletion; its manifest is rewritten")
     freed = st.st_size if st.st_nlink == 1 else 0
     os.unlink(xet_hash, dir_fd=prefix_fd)
-    try:
+    with contextlib.suppress(FileNotFoundError):
         os.unlink(xet_hash + MANIFEST_SUFFIX, dir_fd=prefix_fd)
-    except FileNotFoundError:
-        pass
     return Sweep("removed", "" if freed or not st.st_size else "another hardlink keeps its bytes", freed)
 
 
@@ -300,8 +297,6 @@ def _rewrite_manifest(prefix_fd: int, xet_hash: str, references: list[str]) -> N
             os.close(fd)
         os.replace(tmp, xet_hash + MANIFEST_SUFFIX, src_dir_fd=prefix_fd, dst_dir_fd=prefix_fd)
     except BaseException:
-        try:
+        with contextlib.suppress(OSError):
             os.unlink(tmp, dir_fd=prefix_fd)
-        except OSError:
-            pass
         raise
