@@ -1,14 +1,8 @@
-"""Blob content as the Hub names it, hashed in one place.
+"""Blob content as the Hub names it, hashed in one place for every room (cache, network and archive bytes).
 
 A blob is named by its hash: the sha256 of the content for LFS (and Xet) files, git's blob sha1 for the others,
-``sha1(b"blob <size>\\0" + content)`` (git's object format, so the size must be known before the first byte). Every
-room that hashes cache, network or archive bytes against such a name uses this module: :class:`BlobHash` (one
-incremental hash), :func:`hash_fd` (an open file, read into one reused buffer per thread), :func:`verify_fd`,
-:class:`HashingReader` (a stream checked at its end) and :class:`DigestWriter` (what is written, hashed). The git
-blob and LFS pointer forms the Hub publishes (:func:`git_blob_sha1`, :func:`lfs_pointer`) are here too.
-
-Sources: git's object format (``git hash-object``), the LFS pointer spec (git-lfs ``docs/spec.md``), the cache
-layout (huggingface_hub ``file_download.py``, docs/cache-layout.md).
+``sha1(b"blob <size>\\0" + content)`` (so the size must be known before the first byte). Sources: git's object
+format (``git hash-object``), the LFS pointer spec (git-lfs ``docs/spec.md``), huggingface_hub ``file_download.py``.
 """
 
 from __future__ import annotations
@@ -105,16 +99,14 @@ def _buffer() -> memoryview:
 
 def hash_fd(fd: int, algorithms: tuple[str, ...] = (SHA256,), *, on_bytes: Callable[[int], None] | None = None,
             shown: str = "", close: bool = True, offset: int | None = None) -> tuple[dict[str, str], int]:
-    """Hash the open regular file ``fd`` to its end with each of ``algorithms``.
+    """Hash the open regular file ``fd`` to its end with each of ``algorithms``, into one reused buffer per thread.
 
-    Reads into one reused buffer per thread (constant memory). git-sha1's size is the file's size (``fstat``); with
-    ``offset`` (read from there with ``pread``, at most that size) a file that grows meanwhile is hashed as it was,
-    without it (the current offset, to the end) it hashes wrong, never right.
+    git-sha1's size is the file's (``fstat``): with ``offset`` (``pread`` from there, at most that size) a file that
+    grows meanwhile is hashed as it was; without it (from the current offset) it hashes wrong, never right.
 
     Args:
-        fd: opened through the cache's safe opens (``O_NOFOLLOW | O_NONBLOCK``), closed here unless ``close`` is
-            False. algorithms: ``sha256`` and/or ``git-sha1``. on_bytes: called with each read's size (progress).
-        shown: the path named in errors.
+        fd: opened through the cache's safe opens, closed here unless ``close`` is False. algorithms: ``sha256``
+            and/or ``git-sha1``. on_bytes: called with each read's size (progress). shown: the path in errors.
 
     Returns:
         ({algorithm: hex digest}, bytes read).
@@ -166,16 +158,10 @@ def verify_fd(fd: int, etag: str, size: int | None, shown: str) -> None:
 
 
 class HashingReader(io.RawIOBase):
-    """A raw binary ``source`` read through: exactly ``size`` bytes, each fed to ``hashes`` (and to the hash of
-    ``etag`` when given), checked at the end.
-
-    Args:
-        source: has ``readinto`` (closed with the reader). size: the bytes it must hold.
-        etag: the blob name the bytes must hash to (None: only counted). hashes: more :class:`BlobHash` to feed
-            (e.g. the sha256 of a git-sha1 blob for a signature). shown: the name in errors.
-        error: builds the exception raised on a short, long or mismatching source, from a reason
-            (default :class:`ContentMismatch`).
-    """
+    """A raw binary ``source`` (with ``readinto``, closed with the reader) read through: exactly ``size`` bytes,
+    each fed to ``hashes`` (more :class:`BlobHash`, e.g. a signature's sha256) and to the hash of ``etag`` when
+    given, checked at the end. ``error`` builds the exception for a short, long or mismatching source from a reason
+    (default :class:`ContentMismatch` naming ``shown``)."""
 
     def __init__(self, source, size: int, *, etag: str | None = None, hashes: tuple[BlobHash, ...] = (),
                  shown: str = "", error: Callable[[str], Exception] | None = None) -> None:

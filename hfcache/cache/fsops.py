@@ -73,13 +73,8 @@ def unlink_at(dir_fd: int, name: str) -> None:
 
 
 def open_regular(dir_fd: int, name: str, shown: str) -> int:
-    """Open the regular file ``name`` of the folder ``dir_fd`` for reading (``O_NOFOLLOW | O_NONBLOCK``, then
-    ``fstat``): a name swapped for a link, FIFO, device or folder after it was listed is refused. ``shown``: the
-    path named in errors. Returns the fd (caller closes).
-
-    Raises:
-        UnsafeLayout: not a regular file now. FileNotFoundError: it is gone.
-    """
+    """Open the regular file ``name`` of the folder ``dir_fd`` for reading (:func:`open_read_at`, then ``fstat``);
+    its fd. UnsafeLayout (naming ``shown``): a link, FIFO, device or folder now; FileNotFoundError: it is gone."""
     try:
         fd = os.open(name, READ_FLAGS, dir_fd=dir_fd)
     except OSError as exc:
@@ -95,13 +90,10 @@ def open_regular(dir_fd: int, name: str, shown: str) -> int:
 
 
 def remove_tree_at(parent_fd: int, name: str) -> None:
-    """Remove the folder ``name`` of the folder ``parent_fd`` and everything in it, iteratively.
-
-    Library gap: Python 3.11's ``shutil.rmtree`` recurses once per level (a planted 1,000-level chain raises
-    RecursionError). Here each subfolder found at any depth is first renamed (relative to the folder fds) up into
-    the folder being removed under a private name, so the work stays one level deep with two descriptors open.
-    Every folder is opened ``O_NOFOLLOW | O_DIRECTORY`` relative to its parent; an entry swapped for a link
-    meanwhile is unlinked (the link itself), never entered.
+    """Remove the folder ``name`` of the folder ``parent_fd`` and everything in it, iteratively: Python 3.11's
+    ``shutil.rmtree`` recurses once per level (RecursionError on a planted 1,000-level chain). Each subfolder at any
+    depth is renamed up into the folder being removed under a private name, so the work stays one level deep. No
+    link is followed; an entry swapped for a link meanwhile is unlinked (the link itself), never entered.
 
     Raises:
         FileNotFoundError: ``name`` is missing. NotADirectoryError / OSError(ELOOP): it is not a real folder.
@@ -155,17 +147,16 @@ def scan_tree(top: str, *, max_depth: int = MAX_TREE_DEPTH, too_deep: list[str] 
               onerror: Callable[[OSError, str], object] | None = None,
               ) -> Iterator[tuple[str, str, list[os.DirEntry], list[os.DirEntry]]]:
     """Every folder of ``top``, top-down, with an explicit stack (Python 3.11's ``os.walk`` and ``Path.rglob``
-    recurse once per level: a planted 1,000-level chain raised RecursionError); links are never followed.
+    recurse once per level: RecursionError on a planted 1,000-level chain); links are never followed.
 
     Args:
-        top: the folder to walk (a ``str``: this runs once per snapshot of ``ls``).
-        max_depth: deepest level entered (:data:`hfcache.bounds.MAX_TREE_DEPTH`; ``top`` is level 0).
-        too_deep: receives the relative path (``a/b``) of each folder left unentered for its depth.
+        top: the folder (a ``str``: this runs per snapshot of ``ls``). max_depth: deepest level entered
+            (``top`` is 0). too_deep: receives the relative path (``a/b``) of each folder left unentered.
         onerror: called with the OSError of a folder that cannot be listed and its relative prefix.
 
     Yields:
-        (path, relative prefix: ``""`` for ``top``, else ``"a/b/"``, folder entries, other entries), as
-        ``os.DirEntry`` (a link is an "other"); remove folder entries (in place) to keep the walk out of them.
+        (path, relative prefix ``""`` or ``"a/b/"``, folder entries, other entries: ``os.DirEntry``, a link is an
+        "other"); remove folder entries in place to keep the walk out of them.
     """
     stack = [(top, "", 0)]
     while stack:

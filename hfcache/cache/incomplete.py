@@ -1,6 +1,5 @@
-"""A download in progress: ``blobs/<etag>.<random>.incomplete``, the name huggingface_hub gives its downloads
-(``file_download.py``), held by the ``blobs/`` folder's descriptor so that publishing it never goes through a path
-rebuilt afterwards (:meth:`hfcache.cache.layout.RepoFolder.open_incomplete` makes one, ``publish_blob`` renames it).
+"""A download in progress: ``blobs/<etag>.<random>.incomplete`` (huggingface_hub's ``file_download.py`` name), held by
+the ``blobs/`` folder's descriptor so publishing it never goes through a rebuilt path (:class:`.layout.RepoFolder`).
 """
 
 from __future__ import annotations
@@ -35,20 +34,15 @@ class IncompleteBlob(os.PathLike):
 
     def unlink(self, missing_ok: bool = True) -> None:
         """Remove the ``.incomplete`` file (when not published) and close the folder fd; idempotent."""
-        if self.dir_fd < 0:
-            return
         try:
-            if not self.published:
-                try:
-                    os.unlink(self.name, dir_fd=self.dir_fd)
-                except FileNotFoundError:
-                    if not missing_ok:
-                        raise
+            if self.dir_fd >= 0 and not self.published:
+                os.unlink(self.name, dir_fd=self.dir_fd)
+        except FileNotFoundError:
+            if not missing_ok:
+                raise
         finally:
-            os.close(self.dir_fd)
-            self.dir_fd = -1
+            self.close()
 
     def __del__(self) -> None:
-        if getattr(self, "dir_fd", -1) >= 0:
-            os.close(self.dir_fd)
-            self.dir_fd = -1
+        if hasattr(self, "dir_fd"):
+            self.close()

@@ -257,15 +257,10 @@ class RepoFolder:
         incomplete.close()
 
     def adopt_blob(self, source: Path, etag: str) -> bool:
-        """Hardlink an identical blob of another repo folder as ``blobs/<etag>`` (deduplication); both folders are
-        opened from the cache root without following links, and the link is made relative to their fds.
-
-        Returns:
-            False when hardlinks are not possible here (another filesystem, no support), or ``source`` is neither a
-            regular ``<folder>/blobs/<etag>`` of this cache nor a payload ``blobs/<2hex>/<xet_hash>`` of its marked
-            shared store (a hardlink of a payload keeps its bytes once on disk, and survives the library's sweep of
-            the payload); nothing is changed then.
-        """
+        """Hardlink an identical blob as ``blobs/<etag>`` (deduplication), relative to both folders' fds: a regular
+        ``<folder>/blobs/<etag>`` of this cache or a payload ``blobs/<2hex>/<xet_hash>`` of its marked shared store
+        (its bytes stay once on disk and survive the library's sweep). False, nothing changed, for any other
+        ``source`` or where hardlinks are not possible (another filesystem, no support)."""
         check_etag(etag)
         try:
             src_rel = Path(source).relative_to(self.cache_dir).parts
@@ -296,13 +291,9 @@ class RepoFolder:
         return True
 
     def move_blob_in(self, src_dir_fd: int, name: str, etag: str) -> None:
-        """Rename the verified file ``name`` of the folder open as ``src_dir_fd`` (import's staging) to
-        ``blobs/<etag>``, shared like the cache first: one ``os.replace`` relative to both folder fds (same
-        filesystem), so a ``blobs/`` swapped for a link meanwhile never receives it.
-
-        Raises:
-            UnsafeLayout: ``blobs/`` (or a folder above it) is a symlink. OSError: the rename failed.
-        """
+        """Rename the verified file ``name`` of the folder ``src_dir_fd`` (import's staging) to ``blobs/<etag>``,
+        shared first: one ``os.replace`` relative to both folder fds. UnsafeLayout: ``blobs/`` or a folder above it
+        is a symlink; OSError: the rename failed."""
         check_etag(etag)
         share_file_at(src_dir_fd, name, self.policy)
         with self._blobs_fd() as dfd:
@@ -327,13 +318,10 @@ class RepoFolder:
             os.close(src)
 
     def link(self, commit_hash: str, path: str, etag: str, symlinks: bool = True) -> None:
-        """Make ``snapshots/<commit>/<path>`` point to ``blobs/<etag>``.
-
-        With symlinks, a relative link (``../../blobs/<etag>``, one more ``../`` per subfolder), as
-        huggingface_hub ``_create_symlink`` writes; without, a hardlink (or copy) of the blob, the real-file form
-        huggingface_hub uses when symlinks are unsupported. ``os.symlink``/``os.link`` create the entry atomically;
-        only a wrong existing entry is replaced, through a temporary name and ``os.replace``.
-        """
+        """Make ``snapshots/<commit>/<path>`` point to ``blobs/<etag>``: a relative link (``../../blobs/<etag>``, one
+        more ``../`` per subfolder, as huggingface_hub's ``_create_symlink``), or without ``symlinks`` a hardlink (or
+        copy) of the blob, the library's real-file form. A wrong existing entry is replaced through a temporary
+        name and ``os.replace``."""
         pointer = self.pointer_path(commit_hash, path)
         blob = self.blob_path(etag)
         pfd = self.open_dir(pointer.parent)
@@ -445,7 +433,6 @@ def _hardlink_or_copy_at(bfd: int, etag: str, pfd: int, dest: str, policy: Share
         st = os.fstat(src)
         if not stat.S_ISREG(st.st_mode):
             raise safefs.UnsafeLayout(f"blobs/{etag} is not a regular file: left alone")
-        # re-hashed while copied, written to a private name and renamed relative to the folder fd
         copy_blob_at(src, pfd, etag, st.st_size, on_create=lambda fd: share_fd(fd, policy), name=dest)
     finally:
         os.close(src)

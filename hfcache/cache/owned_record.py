@@ -73,19 +73,9 @@ def _distrust(st: os.stat_result, root_ok: bool) -> str:
 
 def load(cache_dir: str, name: str, max_bytes: int, *, root_ok: bool = False,
          read_untrusted: bool = False) -> Loaded:
-    """Read the record ``<cache_dir>/.locks/<name>`` (see the module docstring for how, and what "trusted" means).
-
-    Args:
-        cache_dir (str): the cache root.
-        name (str): the record's file name in ``.locks``.
-        max_bytes (int): a larger record is not read (``problem`` says so).
-        root_ok (bool): a record owned by root is trusted too.
-        read_untrusted (bool): parse an untrusted record as well (``data`` set, ``distrust`` non-empty); by default
-            an untrusted record is not read (``data`` None).
-
-    Returns:
-        Loaded. Never raises for what a cache holds.
-    """
+    """Read the record ``<cache_dir>/.locks/<name>`` (module docstring: how, and what "trusted" means); never raises
+    for what a cache holds. ``max_bytes``: a larger record is not read. ``root_ok``: a record owned by root is
+    trusted too. ``read_untrusted``: parse an untrusted record as well (``data`` set, ``distrust`` non-empty)."""
     try:
         locks = safefs.open_dir(cache_dir, (LOCKS,))
     except FileNotFoundError:
@@ -121,12 +111,8 @@ def load(cache_dir: str, name: str, max_bytes: int, *, root_ok: bool = False,
 
 
 def save(cache_dir: str, name: str, data: bytes) -> bool:
-    """Replace the record ``<cache_dir>/.locks/<name>`` with ``data`` (see the module docstring for how).
-
-    Returns:
-        bool: False when it cannot be written (a read-only or full cache, a ``.locks`` that is a link): then the
-        record is left as it was, or there is none.
-    """
+    """Replace the record ``<cache_dir>/.locks/<name>`` with ``data`` (module docstring); False when it cannot be
+    written (a read-only or full cache, a ``.locks`` that is a link), the record then left as it was."""
     policy = cache_policy(cache_dir)
     try:
         locks = safefs.open_dir(cache_dir, (LOCKS,), create=True, on_create=lambda fd: share_fd(fd, policy))

@@ -1,30 +1,25 @@
 """What warm published: per repo folder and commit, each file's path, size and hash, and the names marked absent.
 
-``verify`` checks a revision against this record when no lock is given, so that a file edited in place (``sed -i``
-replaces the snapshot link with a modified real file) or lost (neither the file nor its ``.no_exist`` marker) is an
-error, not a note.
+``verify`` checks a revision against this record when no lock is given, so a file edited in place (``sed -i``) or lost
+(neither the file nor its ``.no_exist`` marker) is an error, not a note.
 
-Where: ``<cache>/.locks/<folder>/hfcache/<commit>.json``. huggingface_hub never reads ``.locks`` (``scan_cache_dir``
-skips it, ``_cache_manager.py``), so the record changes nothing in how the library reads the cache. It is not a
-``trees/<commit>.json``: the library reads that listing offline, and a listing naming files the cache does not hold
-makes ``snapshot_download`` raise ``IncompleteSnapshotError`` (huggingface_hub ``_snapshot_download.py``).
-
-The format is deterministic JSON (sorted keys, LF, trailing newline)::
+Where: ``<cache>/.locks/<folder>/hfcache/<commit>.json``, which huggingface_hub never reads (``_cache_manager.py``).
+Not a ``trees/<commit>.json``: the library reads that offline, and one naming files the cache does not hold makes
+``snapshot_download`` raise ``IncompleteSnapshotError`` (``_snapshot_download.py``). Deterministic JSON (sorted keys,
+LF, trailing newline)::
 
     {"absent": ["chat_template.jinja"], "commit_hash": "<40 hex>", "endpoint": "https://hub.internal",
      "files": {"vocab.txt": {"hash": "git-sha1:<hex>", "size": 231508}}, "format": "hfcache-published", "version": 1}
 
-``endpoint`` (optional; records written before it have none) is the endpoint that served the commit's last warm:
-``verify --repair`` fetches from it by default. Only ``scheme://host[:port][/path]`` is written (never userinfo, a
-query or a fragment: :func:`public_endpoint`), and no token is ever written. Read back it is a hint of *where* to
-fetch, written by anyone who can write the cache: an endpoint that is not such a plain http(s) URL is ignored, and
-repair sends the token only to the endpoint the user configured (docs/security.md).
+``endpoint`` (optional) served the commit's last warm; ``verify --repair`` fetches from it by default. Only
+``scheme://host[:port][/path]`` is written (:func:`public_endpoint`), never a token. Read back it is a hint written by
+anyone who can write the cache: one that is no plain http(s) URL is ignored, and repair sends the token only to the
+endpoint the user configured (docs/security.md).
 
-A record is untrusted input like every file of a cache: read through :mod:`hfcache.cache.safefs` (no link followed, a
-FIFO never opened blocking), at most :data:`MAX_RECORD_BYTES` and :data:`hfcache.bounds.MAX_JSON_DEPTH` levels deep
-(past either it is :class:`RecordRefused`, a problem of its repo), and an entry with a malformed hash, a size that
-is not an integer from 0 to :data:`hfcache.records.MAX_FILE_SIZE` (a bool, a float) or a path that is no safe repo path
-(``../x``: verify looks its marker up) is ignored.
+A record is untrusted input: read through :mod:`.safefs`, at most :data:`MAX_RECORD_BYTES` and
+:data:`hfcache.bounds.MAX_JSON_DEPTH` levels deep (past either, :class:`RecordRefused`: a problem of its repo); an
+entry with a malformed hash, a size that is not an integer from 0 to :data:`hfcache.records.MAX_FILE_SIZE` or a path
+that is no safe repo path (``../x``: verify looks its marker up) is ignored.
 """
 
 from __future__ import annotations
@@ -66,18 +61,9 @@ class PublishedRevision:
 
 
 def public_endpoint(url: object) -> str | None:
-    """``url`` as it may be recorded and read back: ``scheme://host[:port][/path]`` with no trailing slash, or None.
-
-    Userinfo (``user:password@``), a query and a fragment are dropped, never written; None for anything that is not
-    a ``str`` of printable ASCII without spaces, at most :data:`MAX_ENDPOINT_CHARS` long, with an http(s) scheme
-    and a host (what a cache member may have planted: a hint that is not a plain URL is no hint).
-
-    Args:
-        url (object): an endpoint as configured, or a record's ``endpoint`` value.
-
-    Returns:
-        str | None: the endpoint without credentials, or None.
-    """
+    """``url`` (as configured, or a record's value) as it may be recorded and read back: ``scheme://host[:port]
+    [/path]`` without trailing slash, userinfo, query or fragment; None for anything but a ``str`` of printable ASCII
+    without spaces, at most :data:`MAX_ENDPOINT_CHARS` long, with an http(s) scheme and a host."""
     if not isinstance(url, str) or len(url) > MAX_ENDPOINT_CHARS or not (url.isascii() and url.isprintable()) \
             or " " in url:
         return None
@@ -99,12 +85,9 @@ def record_parts(folder_name: str, commit_hash: str) -> tuple[str, ...]:
 
 def write_record(cache_dir: Path, folder_name: str, commit_hash: str, files: Iterable[tuple[str, int, str]],
                  absent: Iterable[str], endpoint: str | None = None) -> None:
-    """Add ``files`` ((path, size, hash)) and ``absent`` to the record of ``folder_name`` at ``commit_hash``.
-
-    Merged with an existing record (several warms of one revision with different selections add up; a commit's
-    content never changes, so a path keeps its hash). ``endpoint`` (the endpoint that served this warm) replaces the
-    recorded one, stripped of credentials (:func:`public_endpoint`); None keeps it. Written atomically (temp file +
-    ``os.replace``) under ``.locks/<folder>/hfcache/``, created without following links. Call it under the repo lock.
+    """Add ``files`` ((path, size, hash)) and ``absent`` to the record of ``folder_name`` at ``commit_hash``, merged
+    with an existing one (a commit's content never changes). ``endpoint`` (:func:`public_endpoint`) replaces the
+    recorded one; None keeps it. Written atomically through folder fds; call it under the repo lock.
 
     Raises:
         UnsafeLayout: a part of ``.locks/<folder>/hfcache`` is a planted link. OSError: cannot write.
@@ -136,21 +119,9 @@ class RecordRefused(CacheError):
 
 
 def read_record(cache_dir: str | os.PathLike[str], folder_name: str, commit_hash: str) -> PublishedRevision | None:
-    """The record of ``folder_name`` at ``commit_hash``, or None (none, unreadable, not a regular file, malformed).
-
-    Args:
-        cache_dir (str | os.PathLike[str]): the cache root.
-        folder_name (str): the repo folder (``models--org--name``).
-        commit_hash (str): 40 hex.
-
-    Returns:
-        PublishedRevision | None: the record, entries with malformed hashes left out.
-
-    Raises:
-        RecordRefused: the record is larger than :data:`MAX_RECORD_BYTES` or nested deeper than
-            :data:`hfcache.bounds.MAX_JSON_DEPTH` (what a cache member can plant: reported, not trusted or skipped
-            silently).
-    """
+    """The record of the repo folder ``folder_name`` at ``commit_hash`` (malformed entries left out), or None (none,
+    unreadable, not a regular file, malformed). RecordRefused: larger than :data:`MAX_RECORD_BYTES` or nested deeper
+    than :data:`hfcache.bounds.MAX_JSON_DEPTH` (what a member can plant: reported, never skipped silently)."""
     parts = ()
     try:
         parts = record_parts(folder_name, commit_hash)

@@ -15,6 +15,7 @@ from pathlib import Path
 from ..errors import CacheError, UsageError
 from ..names import FOLDER_PREFIXES, check_etag, repo_folder_name  # noqa: F401 - repo_folder_name re-exported
 from . import safefs
+from .access import blocking_dir, join_fix, reach_fix
 from .atomic import atomic_write_at
 from .shared_store import STORE_DIR, payload_stat
 from .sharing import cache_policy, open_dirs
@@ -281,9 +282,8 @@ def _owner(path: Path) -> tuple[str, os.stat_result | None]:
 
 
 def access_error(root: Path) -> CacheError:
-    """The one-line error for a cache this user cannot reach or list, naming the folder that blocks it."""
-    from .access import blocking_dir, reach_fix  # the fix doctor prints for the same folder (cache.unreachable)
-
+    """The one-line error for a cache this user cannot reach or list, naming the folder that blocks it, with the
+    fix doctor prints for it (cache.unreachable)."""
     blocker = blocking_dir(root)
     owner, _ = _owner(blocker)
     where = "" if blocker == root else f": {blocker} cannot be entered"
@@ -335,8 +335,6 @@ def write_access_error(root: Path) -> CacheError:
     """The one-line error for a cache root this user cannot create or write, naming the folder that blocks it: one
     on the way that cannot be entered (:func:`access_error`), else the nearest existing folder (the root or the
     parent it would be created in) that cannot be written, with the fix doctor prints for it."""
-    from .access import blocking_dir, join_fix
-
     root = root.absolute()
     existing = root
     while not os.path.isdir(existing) and existing != existing.parent:

@@ -80,13 +80,12 @@ def _descend(root: str | os.PathLike[str], rel: str | Sequence[str], *, create: 
 
 def open_dir(root: str | os.PathLike[str], rel: str | Sequence[str] = (), *, create: bool = False,
              on_create: Callable[[int], None] | None = None) -> int:
-    """Open the directory ``root/rel`` without following a symlink below ``root``; return its fd (caller closes).
+    """Open the directory ``root/rel`` without following a symlink below ``root``; its fd (caller closes).
 
     Args:
-        root: the cache root (may itself be a symlink).
-        rel: ``/``-separated path or components below it; ``()`` opens the root.
-        create: make missing directories (mode 0o777 minus the umask, as ``os.makedirs``).
-        on_create: called with the fd of each directory this call created (to share it, :mod:`.sharing`).
+        root: the cache root (may itself be a symlink). rel: ``/``-separated path or components; ``()``: the root.
+        create: make missing directories (0o777 minus the umask). on_create: called with the fd of each directory
+            this call created (to share it, :mod:`.sharing`).
 
     Raises:
         UnsafeLayout: a component is a symlink or not a directory. UnsafeName: a component is empty, ``.``, ``..``.
@@ -119,31 +118,23 @@ def _split(rel: str | Sequence[str]) -> tuple[list[str], str]:
 
 
 def unlink(root: str | os.PathLike[str], rel: str | Sequence[str], *, missing_ok: bool = False) -> bool:
-    """Remove the non-directory ``root/rel`` (a link itself, never its target). Returns False when it was missing
-    (with ``missing_ok``). Raises UnsafeLayout for a symlinked parent."""
-    parent, name = _split(rel)
-    try:
-        with dir_fd(root, parent) as fd:
-            os.unlink(name, dir_fd=fd)
-    except FileNotFoundError:
-        if not missing_ok:
-            raise
-        return False
-    return True
+    """Remove the non-directory ``root/rel`` (a link itself, never its target); False when it was missing (with
+    ``missing_ok``). UnsafeLayout for a symlinked parent."""
+    return _remove(root, rel, missing_ok, tree=False)
 
 
 def rmtree(root: str | os.PathLike[str], rel: str | Sequence[str], *, missing_ok: bool = True) -> bool:
-    """Remove the directory ``root/rel`` and its contents without following any link and without recursion
-    (:func:`.fsops.remove_tree_at`: a chain of any depth); a non-directory there is unlinked. Returns False when it
-    was missing (with ``missing_ok``).
+    """Remove the directory ``root/rel`` and its contents without following a link or recursing
+    (:func:`.fsops.remove_tree_at`: a chain of any depth), or the non-directory there; False when it was missing
+    (with ``missing_ok``). UnsafeLayout for a symlinked parent, OSError when an entry cannot be removed."""
+    return _remove(root, rel, missing_ok, tree=True)
 
-    Raises:
-        UnsafeLayout: a folder above ``rel`` is a symlink. OSError: an entry cannot be removed.
-    """
+
+def _remove(root: str | os.PathLike[str], rel: str | Sequence[str], missing_ok: bool, tree: bool) -> bool:
     parent, name = _split(rel)
     try:
         with dir_fd(root, parent) as fd:
-            if stat.S_ISDIR(os.stat(name, dir_fd=fd, follow_symlinks=False).st_mode):
+            if tree and stat.S_ISDIR(os.stat(name, dir_fd=fd, follow_symlinks=False).st_mode):
                 remove_tree_at(fd, name)
             else:
                 os.unlink(name, dir_fd=fd)
@@ -189,13 +180,8 @@ def open_unfollowed(root: str | os.PathLike[str], rel: str | Sequence[str], show
 
 
 def read_small(root: str | os.PathLike[str], rel: str | Sequence[str], limit: int) -> bytes:
-    """At most ``limit`` bytes of the regular file ``root/rel`` (no link followed; a FIFO or device is refused
-    without blocking).
-
-    Raises:
-        UnsafeLayout: ``root/rel`` or a folder above it is a symlink, or it is not a regular file.
-        FileNotFoundError: it is missing.
-    """
+    """At most ``limit`` bytes of the regular file ``root/rel`` (:func:`open_unfollowed`). UnsafeLayout: it or a
+    folder above it is a symlink, or it is not a regular file; FileNotFoundError: it is missing."""
     shown = f"{root}/{'/'.join(_parts(rel))}"
     return read_regular_fd(open_unfollowed(root, rel, shown), shown, limit)  # type: ignore[return-value]
 
@@ -213,16 +199,10 @@ def read_regular_fd(fd: int, what: str, limit: int, *, whole: bool = False) -> b
 
 def open_repo_file(root: str | os.PathLike[str], folder: str, snapshot_rel: Sequence[str],
                    flags: int = os.O_RDONLY) -> int:
-    """Open the file a snapshot entry stands for without leaving ``root/folder``: a real file in
-    ``snapshots/<commit>/...``, or a symlink's target resolved inside the repo folder (``../../blobs/<etag>`` as
-    huggingface_hub writes it: :func:`open_blob`), with ``O_NOFOLLOW | O_NONBLOCK`` on every component. The caller
+    """Open (fd, caller closes) the file a snapshot entry ``snapshot_rel`` = ``(commit, *path_parts)`` of the repo
+    folder ``folder`` stands for without leaving it: a real file, or a symlink's target resolved inside the repo
+    folder (``../../blobs/<etag>``: :func:`open_blob`), ``O_NOFOLLOW | O_NONBLOCK`` on every component. The caller
     checks ``S_ISREG``.
-
-    Args:
-        root: the cache root; folder: the repo folder name; snapshot_rel: ``(commit, *path_parts)``.
-
-    Returns:
-        An fd (caller closes).
 
     Raises:
         UnsafeLayout: a symlink where a folder belongs, a link outside the repo folder or to another link.
@@ -256,16 +236,13 @@ def _misplaced_link(root: str | os.PathLike[str], folder: str, shown: str) -> Un
 
 def open_blob(root: str | os.PathLike[str], folder: str, etag: str, flags: int = os.O_RDONLY, *,
               shown: str | None = None) -> int:
-    """Open ``<root>/<folder>/blobs/<etag>``: a regular file there, or, where huggingface_hub 2.4 made it a link
-    into the shared Xet store, the store's payload (:mod:`.shared_store`: exactly the library's link shape and
-    marked store). Nothing else is followed; opened ``O_NONBLOCK``, callers check ``S_ISREG``.
-
-    Args:
-        flags: ``os.open`` flags; shown: the path named in errors (default ``blobs/<etag>``).
+    """Open ``<root>/<folder>/blobs/<etag>`` with ``flags | O_NONBLOCK``: a regular file there, or where
+    huggingface_hub 2.4 made it a link into the shared Xet store, the payload (:mod:`.shared_store`: exactly the
+    library's link shape and marked store). Nothing else is followed; callers check ``S_ISREG``.
 
     Raises:
-        UnsafeLayout: a link of another shape, a store that is not what the library writes, a link where a folder
-            belongs. FileNotFoundError: the blob, or the payload a store link names, is missing.
+        UnsafeLayout (naming ``shown``, default ``blobs/<etag>``): a link of another shape, a store that is not what
+            the library writes, a link where a folder belongs. FileNotFoundError: the blob or payload is missing.
     """
     shown = shown or f"blobs/{etag}"
     try:
@@ -296,11 +273,7 @@ def store_link_of(root: str | os.PathLike[str], folder: str, etag: str) -> str |
 
 def read_snapshot_file(snapshot: str | os.PathLike[str], rel: str, limit: int) -> bytes | None:
     """The bytes of ``rel`` in the snapshot folder ``<cache>/<folder>/snapshots/<commit>`` (:func:`open_repo_file`),
-    or None when it is larger than ``limit`` bytes (the caller's parse cap).
-
-    Raises:
-        UnsafeLayout: a planted link on the way, or not a regular file. FileNotFoundError: missing.
-    """
+    None when larger than ``limit`` (the caller's parse cap). UnsafeLayout, FileNotFoundError as there."""
     snapshot = Path(snapshot)
     fd = open_repo_file(snapshot.parents[2], snapshot.parent.parent.name, (snapshot.name, *_parts(rel)))
     return read_regular_fd(fd, f"{snapshot}/{rel}", limit, whole=True)
@@ -315,18 +288,10 @@ def read_repo_file(root: str | os.PathLike[str], folder: str, snapshot_rel: Sequ
 
 def repo_layout_problems(root: str, folder: str, locks_entries: dict[str, int] | None = None,
                          entries: dict[str, int] | None = None) -> list[str]:
-    """What is unsafe about one repo folder's layout (metadata only): the folder itself, its :data:`REPO_PARTS`,
-    ``.locks`` or ``.locks/<folder>`` being a symlink or not a directory.
-
-    Args:
-        root: the cache root. folder: the repo folder name.
-        locks_entries: name -> ``st_mode`` of ``.locks``' entries when a whole-cache scan listed it already (having
-            checked ``.locks`` and the folder are real directories), else None to look everything up.
-        entries: name -> ``st_mode`` of the repo folder's entries when already listed, else None.
-
-    Returns:
-        Sorted messages such as ``"blobs: a symlink (left alone)"``; empty when the layout is sound.
-    """
+    """What is unsafe about one repo folder's layout (metadata only), sorted: the folder itself, its
+    :data:`REPO_PARTS`, ``.locks`` or ``.locks/<folder>`` being a symlink or not a directory (``"blobs: a symlink
+    (left alone)"``). ``locks_entries``: name -> ``st_mode`` of ``.locks`` as a whole-cache scan listed it (having
+    checked ``.locks`` and the folder are real folders), else None; ``entries``: the repo folder's, when listed."""
     found = []
     if locks_entries is not None:
         lmode = locks_entries.get(folder)

@@ -30,14 +30,8 @@ class TooDeep(UnsafeLayout, bounds.TooDeep):
 
 @dataclass
 class Folder:
-    """One folder of a :func:`walk`.
-
-    Attributes:
-        parts (tuple[str, ...]): its components below the walk's root.
-        fd (int): its descriptor, valid until the walk moves on (the walk closes it).
-        entries (list[tuple[str, os.stat_result]]): (name, ``lstat``) of its entries, sorted by name; remove
-            folders from it (in place) to keep the walk out of them.
-    """
+    """One folder of a :func:`walk`: its ``parts`` below the walk's root, its ``fd`` (valid until the walk moves on),
+    its ``entries`` (name, ``lstat``) sorted by name (remove folders in place to keep the walk out of them)."""
 
     parts: tuple[str, ...]
     fd: int
@@ -45,16 +39,9 @@ class Folder:
 
 
 def walk(root: str | os.PathLike[str], top: Sequence[str] = (), *, max_depth: int = MAX_TREE_DEPTH) -> Iterator[Folder]:
-    """Every folder of ``root/top`` (``top`` first, then depth-first in name order), each opened through
-    :func:`hfcache.cache.safefs.open_dir` (no link below ``root`` followed).
-
-    Args:
-        root: the cache root (it may itself be a symlink).
-        top: components below ``root`` where the walk starts.
-        max_depth: deepest folder level entered below ``top`` (``top`` is level 0).
-
-    Yields:
-        Folder: its parts, descriptor and entries (lstat, not followed).
+    """Every folder of ``root/top`` (``top`` first, then depth-first in name order) as a :class:`Folder`, each opened
+    from the cache root ``root`` by :func:`.safefs.open_dir` (no link followed), at most ``max_depth`` levels below
+    ``top`` (level 0).
 
     Raises:
         TooDeep: a folder more than ``max_depth`` levels below ``top``.

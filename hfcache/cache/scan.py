@@ -15,13 +15,14 @@ import gc
 import operator
 import os
 import stat
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import NamedTuple
 
 from ..bounds import MAX_TREE_DEPTH
 from ..names import is_commit, parse_folder_name  # noqa: F401 - parse_folder_name: re-exported for the rooms that read scans
 from .fsops import open_read_at, scan_tree
+from .root import access_error
 from .safefs import kind_of, list_modes, repo_layout_problems
 from .store_blobs import scan_blobs
 
@@ -94,14 +95,14 @@ class RepoInfo:
     repo_id: str
     repo_type: str
     folder: str
-    refs: dict[str, str]
-    revisions: tuple[RevisionInfo, ...]
-    size_on_disk: int
-    blob_count: int
-    incomplete: tuple[str, ...]
-    last_used: float
-    problems: tuple[str, ...]
-    inodes: dict[tuple[int, int], int]
+    refs: dict[str, str] = field(default_factory=dict)
+    revisions: tuple[RevisionInfo, ...] = ()
+    size_on_disk: int = 0
+    blob_count: int = 0
+    incomplete: tuple[str, ...] = ()
+    last_used: float = 0.0
+    problems: tuple[str, ...] = ()
+    inodes: dict[tuple[int, int], int] = field(default_factory=dict)
     unsafe: tuple[str, ...] = ()
     unreadable: tuple[str, ...] = ()
 
@@ -121,14 +122,8 @@ class CacheInfo:
 
 
 def scan_cache(cache_dir: str | os.PathLike[str], repo_ids: set[str] | None = None) -> CacheInfo:
-    """Scan every repo folder of ``cache_dir`` (or only those whose id is in ``repo_ids``).
-
-    Returns:
-        CacheInfo. A missing cache directory gives an empty CacheInfo.
-
-    Raises:
-        CacheError: the cache directory exists but cannot be listed by this user (exit 5, naming what blocks it).
-    """
+    """Scan every repo folder of ``cache_dir`` (or those whose id is in ``repo_ids``); empty for a missing cache.
+    CacheError (exit 5, naming what blocks it) when it exists but this user cannot list it."""
     root = Path(cache_dir)
     # The scan allocates ~10 objects per file and frees none: the cyclic collector would run thousands of times for
     # nothing (a third of the wall time on 10,000 repos). Paused for the scan, restored after.
@@ -156,19 +151,13 @@ FolderEntry = tuple[str, str, str, bool]
 
 def repo_folders(root: Path, repo_ids: set[str] | None = None) -> tuple[list[FolderEntry], dict[str, int] | None]:
     """The repo folders of the cache at ``root``, sorted by (repo_type, repo_id case-folded), and the listing of its
-    ``.locks`` (for :func:`scan_folder`), from one ``scandir`` each: a caller can scan the folders one at a time
-    and let each result go, as ``ls --json`` does for large caches (goal P4 of docs/benchmarks.md).
-
-    Raises:
-        CacheError: the cache directory exists but cannot be listed by this user (exit 5).
-    """
+    ``.locks`` (for :func:`scan_folder`), one ``scandir`` each: a caller can scan the folders one at a time, as
+    ``ls --json`` does (goal P4 of docs/benchmarks.md). CacheError (exit 5) as :func:`scan_cache`."""
     try:
         entries = sorted(os.scandir(root), key=lambda e: e.name)
     except FileNotFoundError:
         entries = []
     except PermissionError:
-        from .root import access_error
-
         raise access_error(root) from None
     # .locks is listed once for the whole cache (not looked up per repo: this runs 10,000 times). No .locks at all
     # is fine ({}); one that is a link or a file makes every repo report it (None: each repo checks in full).
@@ -185,11 +174,8 @@ def repo_folders(root: Path, repo_ids: set[str] | None = None) -> tuple[list[Fol
     folders = []
     for entry in entries:
         parsed = parse_folder_name(entry.name)
-        if parsed is None:
-            continue
-        if repo_ids is not None and parsed[0] not in repo_ids:
-            continue
-        folders.append((entry.name, parsed[0], parsed[1], entry.is_dir(follow_symlinks=False)))
+        if parsed is not None and (repo_ids is None or parsed[0] in repo_ids):
+            folders.append((entry.name, parsed[0], parsed[1], entry.is_dir(follow_symlinks=False)))
     folders.sort(key=lambda f: (f[2], f[1].lower()))
     return folders, locks
 
@@ -217,32 +203,21 @@ def _scandir(path: str, denied: list[str] | None = None, rel: str = "") -> list[
 
 
 def _unsafe_repo(name: str, parsed: tuple[str, str], unsafe: list[str]) -> RepoInfo:
-    return RepoInfo(repo_id=parsed[0], repo_type=parsed[1], folder=name, refs={}, revisions=(), size_on_disk=0,
-                    blob_count=0, incomplete=(), last_used=0.0, problems=tuple(unsafe), inodes={},
-                    unsafe=tuple(unsafe))
+    return RepoInfo(parsed[0], parsed[1], name, problems=tuple(unsafe), unsafe=tuple(unsafe))
 
 
 def scan_repo(folder: str | os.PathLike[str], repo_id: str, repo_type: str,
               locks_entries: dict[str, int] | None = None) -> RepoInfo:
-    """Scan one repo folder (metadata only). String paths and ``scandir`` throughout: this runs 10,000 times
-    for a large cache, and ``os.walk``/``relpath``/``pathlib`` dominated its cost.
-
-    A folder whose parts are symlinks or not directories is not read at all: the result has ``unsafe`` set
-    (see :func:`hfcache.cache.safefs.repo_layout_problems`).
-
-    Args:
-        locks_entries: name -> mode of the entries of ``<cache>/.locks`` when the caller listed it once for a
-            whole cache; None looks up ``.locks/<folder>`` directly.
-    """
-    base = os.fspath(folder)  # str paths, no Path per repo (a tenth of ls's time on 10,000 repos)
+    """Scan one repo folder (metadata only; ``locks_entries`` as :func:`.safefs.repo_layout_problems`'s). A folder
+    with a part that is a symlink or not a directory is not read at all (``unsafe`` set). String paths and
+    ``scandir`` throughout: this runs 10,000 times for a large cache (``os.walk``/``pathlib`` dominated its cost)."""
+    base = os.fspath(folder)
     parent, folder_name = os.path.split(base)
     unsafe = repo_layout_problems(parent, folder_name, locks_entries)
     if unsafe:
         return _unsafe_repo(folder_name, (repo_id, repo_type), unsafe)
     if not os.access(base, os.R_OK | os.X_OK):  # the folder itself cannot be listed or entered: nothing is known
-        return RepoInfo(repo_id=repo_id, repo_type=repo_type, folder=folder_name, refs={}, revisions=(),
-                        size_on_disk=0, blob_count=0, incomplete=(), last_used=0.0,
-                        problems=(f"{folder_name}/: {_DENIED}",), inodes={}, unreadable=("",))
+        return RepoInfo(repo_id, repo_type, folder_name, problems=(f"{folder_name}/: {_DENIED}",), unreadable=("",))
     problems: list[str] = []
     denied: list[str] = []
     blob_stats, incomplete, inodes = scan_blobs(base, _scandir(base + "/blobs", denied, "blobs/"), denied, problems)
@@ -268,21 +243,10 @@ def scan_repo(folder: str | os.PathLike[str], repo_id: str, repo_type: str,
         # What this user sees of the repo is partial (links into an unreadable blobs/ look broken): only the parts
         # it cannot read are reported, and commands that change a repo leave it alone.
         problems = [f"{part or folder_name + '/'}: {_DENIED}" for part in sorted(set(denied))]
-    return RepoInfo(
-        repo_id=repo_id,
-        repo_type=repo_type,
-        folder=folder_name,
-        refs=refs,
-        revisions=tuple(revisions),
-        size_on_disk=sum(inodes.values()),
-        blob_count=len(blob_stats),
-        incomplete=tuple(incomplete),
-        last_used=max((r.last_used for r in revisions), default=0.0),
-        problems=tuple(problems),
-        inodes=inodes,
-        unreadable=tuple(sorted(set(denied))),
-    )
-
+    return RepoInfo(repo_id, repo_type, folder_name, refs=refs, revisions=tuple(revisions),
+                    size_on_disk=sum(inodes.values()), blob_count=len(blob_stats), incomplete=tuple(incomplete),
+                    last_used=max((r.last_used for r in revisions), default=0.0), problems=tuple(problems),
+                    inodes=inodes, unreadable=tuple(sorted(set(denied))))
 
 
 def _snapshot_folders(base: str, denied: list[str], linked: list[str]) -> dict[str, str]:

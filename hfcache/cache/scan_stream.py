@@ -1,10 +1,6 @@
 """A large cache's listing, one repo at a time: ``ls --json`` over thousands of repos scans and renders them in forked
 worker processes (order kept, nothing shared between workers), so no process holds the whole listing (goal P4 of
 docs/benchmarks.md).
-
-Each worker k takes folders k, k+n, ... and sends each summarized repo down a pipe of its own, read round-robin;
-workers ignore SIGINT/SIGTERM (the parent SIGKILLs them when the listing ends or fails) and stop on their own when
-the parent is gone.
 """
 
 from __future__ import annotations
@@ -24,13 +20,11 @@ T = TypeVar("T")
 
 def stream_repos(root: Path, summarize: Callable[[RepoInfo], T], repo_ids: set[str] | None = None, *,
                  threshold: int = 100, workers: int | None = None) -> Iterator[T] | None:
-    """For a large cache (more than ``threshold`` repo folders), ``summarize(repo)`` for each repo, one at a time, in
-    the order ``ls`` shows (id case-folded), so that a caller never holds the whole listing (``ls --json``, docs/benchmarks.md
-    P4); None for a smaller cache (scan it whole with :func:`scan_cache`).
+    """For a cache of more than ``threshold`` repo folders, ``summarize(repo)`` of each repo, one at a time, in the
+    order ``ls`` shows (id case-folded); None for a smaller cache (scan it whole with :func:`.scan.scan_cache`).
 
-    The repos are scanned and summarized in ``workers`` forked processes where the platform forks and no other
-    thread runs (scanning is CPU-bound Python: a second core halves it on a 10,000-repo cache), else here. Results
-    keep the order; an error in a worker is raised here.
+    Scanned in ``workers`` forked processes where the platform forks and no other thread runs (scanning is
+    CPU-bound Python: a second core halves it on 10,000 repos), else here; an error in a worker is raised here.
 
     Args:
         summarize: applied to each RepoInfo; its results must be picklable (they cross a pipe).
@@ -60,16 +54,14 @@ def _in_workers(state: tuple[str, dict[str, int] | None, Callable[[RepoInfo], T]
                 workers: int) -> Iterator[T]:
     """``summarize(scan_folder(...))`` over ``folders`` in forked processes, results in order.
 
-    Worker ``k`` takes folders ``k, k + workers, ...`` and sends each result down a pipe of its own; the results are
-    read round-robin, which is the folders' order. Nothing is shared between workers (``multiprocessing.Pool``
-    shares a result queue whose lock a worker killed mid-write holds forever: a SIGTERM sent to the whole process
-    group hung ``ls``). Workers ignore SIGINT and SIGTERM: the parent handles them and kills its workers
-    (SIGKILL) when the iterator ends, is closed or raises. ``state`` (root, ``.locks`` listing, summarize) reaches
-    the workers through the fork, never pickled.
+    Worker ``k`` takes folders ``k, k + workers, ...`` and sends each result down a pipe of its own, read
+    round-robin. Nothing is shared between workers (``multiprocessing.Pool``'s result queue lock, held forever by a
+    worker killed mid-write, hung ``ls`` on a group SIGTERM). Workers ignore SIGINT and SIGTERM; the parent SIGKILLs
+    them when the iterator ends, is closed or raises. ``state`` (root, ``.locks`` listing, summarize) reaches them
+    through the fork, never pickled.
 
     Raises:
-        InternalError: a worker ended without sending its results (killed from outside, out of memory).
-        What ``summarize`` or the scan raised in a worker, re-raised here.
+        InternalError: a worker ended without sending its results. What a worker raised, re-raised here.
     """
     context = multiprocessing.get_context("fork")
     processes, pipes = [], []
@@ -105,8 +97,8 @@ def _in_workers(state: tuple[str, dict[str, int] | None, Callable[[RepoInfo], T]
 
 def _worker(pipe, inherited: list, state: tuple[str, dict[str, int] | None, Callable[[RepoInfo], object]],
             folders: list[FolderEntry], first: int, step: int) -> None:
-    """A scan worker (forked): its share of ``folders``, each result or the first error sent to the parent; it
-    stops as soon as the parent is gone (its pipe breaks, or it has been re-parented)."""
+    """A forked scan worker: each result of its share of ``folders``, or the first error, sent to the parent; it
+    stops as soon as the parent is gone (its pipe breaks, or it was re-parented)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C and a group SIGTERM reach every process: the parent
     signal.signal(signal.SIGTERM, signal.SIG_IGN)  # handles them and kills its workers
     for other in inherited:  # the parent's reading ends (this worker's and the earlier ones'): held here, they would

@@ -26,7 +26,7 @@ import stat
 from ..names import is_sha256
 from .fsops import LINK_ERRNOS, open_dir_at, open_read_at
 
-#: The store folder at the cache root, its marker and the marker's content (``_shared_blobs.py``).
+#: The store folder at the cache root, its marker, the marker's content, a payload's manifest and lock suffixes.
 STORE_DIR = "blobs"
 MARKER = ".huggingface-shared-blobs"
 MARKER_CONTENT = b"1\n"
@@ -37,8 +37,8 @@ DISABLING_VARIABLES = ("HF_HUB_DISABLE_SHARED_BLOBS", "HF_HUB_DISABLE_XET")
 
 
 class StoreProblem(OSError):
-    """The store, or the part of it a link names, is not what huggingface_hub writes (unmarked, a link, a FIFO, a
-    folder, missing): nothing was read through it. ``str()`` says what was found."""
+    """The store, or the part a link names, is not what huggingface_hub writes (unmarked, a link, a FIFO, a folder):
+    nothing was read through it. ``str()`` says what was found."""
 
 
 def xet_hash_of_link(target: str) -> str | None:
@@ -51,14 +51,9 @@ def xet_hash_of_link(target: str) -> str | None:
 
 
 def open_store_dir(root: str | os.PathLike[str]) -> int:
-    """An fd of ``<root>/blobs`` when it is a real folder holding a regular marker file with the layout version
-    huggingface_hub writes. The caller closes the fd.
-
-    Raises:
-        FileNotFoundError: the cache has no store.
-        StoreProblem: ``blobs`` is a link or not a folder, or its marker is missing, a link, not a regular file, or
-            another version.
-    """
+    """An fd of ``<root>/blobs`` (caller closes) when it is a real folder holding a regular marker file with the
+    layout version huggingface_hub writes. FileNotFoundError: no store; StoreProblem: ``blobs`` is a link or not a
+    folder, or its marker is missing, a link, not a regular file, or another version."""
     try:
         fd = open_dir_at(None, os.path.join(os.fspath(root), STORE_DIR))
     except OSError as exc:
@@ -102,8 +97,7 @@ def open_payload(root: str | os.PathLike[str], xet_hash: str, flags: int = os.O_
 
     Raises:
         FileNotFoundError: no store, or no such payload (a dangling repo link).
-        StoreProblem: the store is unmarked, or the prefix folder or the payload is a link, a FIFO, a device or a
-            folder.
+        StoreProblem: the store is unmarked, or the prefix folder or payload is a link, FIFO, device or folder.
     """
     if not is_sha256(xet_hash):
         raise StoreProblem(f"invalid Xet hash {xet_hash!r}")

@@ -25,13 +25,8 @@ from .fsops import open_read_at
 
 @dataclass(frozen=True)
 class SharePolicy:
-    """How entries created in a shared cache are made shareable.
-
-    Attributes:
-        gid (int): the cache root's group; new entries get it.
-        dir_bits (int): permission bits added to new folders (e.g. ``0o2070``: setgid + group rwx).
-        file_bits (int): permission bits added to new files (e.g. ``0o060``: group rw).
-    """
+    """How entries created in a shared cache are made shareable: they get the root's group ``gid``, folders get
+    ``dir_bits`` added (e.g. ``0o2070``: setgid + group rwx), files ``file_bits`` (e.g. ``0o060``: group rw)."""
 
     gid: int
     dir_bits: int

@@ -1,12 +1,10 @@
-"""Judging a repo blob that is a symlink: huggingface_hub 2.4's link into the shared Xet blob store, or not.
+"""A repo's ``blobs/`` as the scan reads it, and a blob that is a symlink: huggingface_hub 2.4's link into the shared
+Xet store (:mod:`.shared_store`), or not.
 
-A repo's ``blobs/<etag>`` may be a relative link ``../../blobs/<h[:2]>/<h>`` into the cache's shared store
-(``huggingface_hub/utils/_shared_blobs.py``; :mod:`hfcache.cache.shared_store`). Only that exact shape, into a
-marked store, to a regular payload, stands for a blob; the payload's ``fstat`` (size, inode, times) is then the
-blob's, so a payload several repos link to is counted once by inode, as ``scan_cache_dir`` counts it. Every other
-link stays "a symlink, not a file". Nothing is followed: the link is read with ``readlink`` and the payload opened
-by walking from the cache root (:func:`hfcache.cache.shared_store.open_payload`). :func:`scan_blobs` reads a repo's
-whole ``blobs/`` folder this way for :mod:`hfcache.cache.scan`.
+Only the library's exact link shape, into a marked store, to a regular payload, stands for a blob; the payload's
+``fstat`` is then the blob's, so a payload several repos link to is counted once by inode, as ``scan_cache_dir``
+counts it. Every other link stays "a symlink, not a file". Nothing is followed (``readlink``, then
+:func:`.shared_store.open_payload` from the cache root).
 """
 
 from __future__ import annotations
@@ -18,16 +16,9 @@ from .shared_store import StoreProblem, payload_stat, xet_hash_of_link
 
 
 def store_blob_stat(root: str, link_path: str, name: str) -> tuple[os.stat_result | None, str | None]:
-    """(payload stat, None) when the symlink ``link_path`` (the repo's ``blobs/<name>``) is a healthy store link,
-    else (None, problem text starting ``blobs/<name>: ``).
-
-    Args:
-        root: the cache root; link_path: the link's path (read with ``readlink``, never followed); name: its name.
-
-    Returns:
-        The stat of the payload, or the problem: another link shape, a dangling store link (missing payload), a
-        payload that is a link, FIFO or folder, a store without its marker or with a marker that is a link.
-    """
+    """(payload stat, None) when the symlink ``link_path`` (the repo's ``blobs/<name>``, below the cache ``root``) is
+    a healthy store link, else (None, the problem: ``blobs/<name>: `` another link shape, a dangling store link, a
+    payload or marker that is a link, FIFO or folder, an unmarked store)."""
     try:
         target = os.readlink(link_path)
     except OSError:
@@ -47,17 +38,16 @@ def store_blob_stat(root: str, link_path: str, name: str) -> tuple[os.stat_resul
 
 def scan_blobs(base: str, entries: list[os.DirEntry], denied: list[str], problems: list[str]
                ) -> tuple[dict[str, os.stat_result], list[str], dict[tuple[int, int], int]]:
-    """A repo's ``blobs/`` folder, for :func:`hfcache.cache.scan.scan_repo` (metadata only).
+    """A repo's ``blobs/`` folder for :func:`.scan.scan_repo` (metadata only).
 
     Args:
         base: the repo folder's path (its parent is the cache root); entries: the listing of ``base/blobs``;
         denied: receives ``"blobs/"`` when the folder can be listed but not searched; problems: receives what is
-            wrong (``blobs/<name>: ...``): other links, store problems (:func:`store_blob_stat`), special files,
-            leftover ``.incomplete`` files.
+            wrong (other links, store problems, special files, leftover ``.incomplete`` files).
 
     Returns:
-        (name -> lstat of each regular blob, or the payload's stat for a healthy store link; sorted ``.incomplete``
-        names; (dev, inode) -> size of everything that takes space, a shared payload once).
+        (name -> lstat of each regular blob, or its payload's; sorted ``.incomplete`` names; (dev, inode) -> size
+        of everything that takes space, a shared payload once).
     """
     blob_stats: dict[str, os.stat_result] = {}
     incomplete = []
