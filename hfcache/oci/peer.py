@@ -1,10 +1,11 @@
-"""What hfcache tells a registry and takes from it, below the HTTP client (:mod:`hfcache.oci.registry`): the
-origin credentials are bound to, text made inert before it reaches a terminal, and the timer that holds a request
-to its deadline.
-"""
+"""What hfcache tells a registry and takes from it, below the HTTP client (:mod:`hfcache.oci.registry`): media
+types, digests and canonical JSON, the origin credentials are bound to, registry text made inert, checks of the
+values a registry's JSON holds, and the timer that holds a request to its deadline."""
 
 from __future__ import annotations
 
+import hashlib
+import json
 import threading
 import time
 import urllib.parse
@@ -12,35 +13,47 @@ import urllib.parse
 from ..errors import EndpointUnreachable
 from ..pace import Deadline, SocketWatchdog
 
+#: Media types (OCI image-spec v1.1 ``media-types.md``, Docker's image manifest v2, modelpack/model-spec ``spec.md``).
+MANIFEST_TYPE = "application/vnd.oci.image.manifest.v1+json"
+INDEX_TYPE = "application/vnd.oci.image.index.v1+json"
+CONFIG_TYPE = "application/vnd.oci.image.config.v1+json"
+LAYER_GZIP = "application/vnd.oci.image.layer.v1.tar+gzip"
+LAYER_TAR = "application/vnd.oci.image.layer.v1.tar"
+DOCKER_MANIFEST = "application/vnd.docker.distribution.manifest.v2+json"
+DOCKER_LIST = "application/vnd.docker.distribution.manifest.list.v2+json"
+DOCKER_LAYER_GZIP = "application/vnd.docker.image.rootfs.diff.tar.gzip"
+MODEL_MANIFEST = "application/vnd.cncf.model.manifest.v1+json"
+MODEL_CONFIG = "application/vnd.cncf.model.config.v1+json"
+#: The largest size a descriptor may declare (OCI image-spec ``descriptor.md``: an int64).
+MAX_DECLARED = 2**63 - 1
 SLOW_HINT = ("the registry answers too slowly; HFCACHE_METADATA_DEADLINE (seconds for a whole metadata answer) and "
              "HFCACHE_MIN_RATE / HFCACHE_RATE_WINDOW (the body floor) change the bounds")
 local = threading.local()  # .dog: the Watchdog of the request this thread is sending
 
 
+def digest_of(data: bytes) -> str:
+    """``sha256:<hex>`` of ``data``: the OCI digest of a blob or a document."""
+    return f"sha256:{hashlib.sha256(data).hexdigest()}"
+
+
+def canonical(document: dict) -> bytes:
+    """``document`` as canonical JSON (sorted keys, no spaces, UTF-8): the same document always has the same
+    digest."""
+    return json.dumps(document, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
+
+
 def registry_text(value: object, limit: int = 200) -> str:
-    """``value`` as one inert line for a terminal or a JSON document: every character ``str.isprintable`` refuses
-    (C0/C1 controls such as ESC, CR, LF, DEL; U+0085, U+2028, U+2029; bidi and other format characters) is escaped
-    as ``\\xNN``/``\\uNNNN``, and the result is cut to ``limit`` characters (ending ``...``).
-
-    Args:
-        value: text from a registry (an error's code or message, a header value, a host).
-        limit (int): the most characters returned.
-
-    Returns:
-        str: printable characters only, at most ``limit`` long.
-    """
+    """``value`` (text from a registry: an error's code or message, a header, a host) as one inert line of at most
+    ``limit`` characters (ending ``...`` when cut): every character ``str.isprintable`` refuses (C0/C1 controls
+    such as ESC, CR, LF; U+0085, U+2028, U+2029; bidi and other format characters) escaped as ``\\xNN``/``\\uNNNN``."""
     text = "".join(c if c.isprintable() else (f"\\x{ord(c):02x}" if ord(c) < 0x100 else f"\\u{ord(c):04x}")
                    for c in str(value)[:limit * 2])
     return text if len(text) <= limit else text[:max(0, limit - 3)] + "..."
 
 
-#: The largest size a descriptor may declare (OCI image-spec ``descriptor.md``: an int64).
-MAX_DECLARED = 2**63 - 1
-
-
 def size_ok(size: object) -> bool:
-    """Whether a registry descriptor's ``size`` is a JSON integer (not a boolean, float or text) from 0 to
-    :data:`MAX_DECLARED` (OCI image-spec ``descriptor.md``)."""
+    """Whether a descriptor's ``size`` is a JSON integer (not a boolean, float or text) from 0 to
+    :data:`MAX_DECLARED`."""
     return type(size) is int and 0 <= size <= MAX_DECLARED
 
 

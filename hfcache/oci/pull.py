@@ -1,25 +1,15 @@
-"""``hfcache pull``: an OCI image made by ``hfcache push`` merged into a cache, every digest checked first.
+"""``hfcache pull``: an image or ModelPack artifact made by ``hfcache push`` merged into a cache, every digest
+checked before anything is published (docs/oci.md "Pull: what is checked").
 
-The manifest is read (by digest, or by tag and then checked against the registry's ``Docker-Content-Digest``), then
-the config (its digest). Each layer then streams once, straight into :func:`hfcache.move.importer.import_members` (the
-same refusals as ``hfcache import``): compressed bytes -> sha256 (must equal the descriptor's digest; never more
-bytes than its size) -> gunzip -> sha256 (must equal the config's ``diff_id``) -> tar entries, which the importer
-stages under ``<cache>/.locks/``. The importer checks and publishes only after the last entry of the last layer,
-and a layer whose digest does not match raises at its end, before that: a tampered layer changes nothing in the
-target. Nothing goes to ``TMPDIR``; the disk needed is the uncompressed image, on the cache's filesystem, refused up
-front (and while streaming) when it exceeds the free space there or ``max_size``. The compressed bytes count too
-(declared sizes up front, received bytes while streaming): gzip members that inflate to nothing are bytes read.
-
-A ModelPack artifact (``artifactType`` ``application/vnd.cncf.model.manifest.v1+json``) is read by
-:mod:`hfcache.oci.pull_modelpack` into the same importer; an image or artifact pushed with ``--prefix DIR``
-(manifest annotation ``io.hfcache.prefix``) has ``DIR/`` stripped from every entry. What the target already holds is
-not downloaded: a tar layer whose diff_id an earlier pull recorded while every entry it held is unchanged by stat
-(:mod:`hfcache.oci.pull_record`), a raw layer whose blob the target holds (re-hashed). ``verify_key`` checks the
-manifest's signature referrers against the staged digests before publishing (:mod:`hfcache.oci.pull_signed`).
-
-Manifests and configs are read under the metadata deadline, layers under the throughput floor
-(:mod:`hfcache.pace`, enforced in :mod:`hfcache.oci.registry`); registry text reaches messages only through
-:func:`hfcache.oci.registry.registry_text`.
+The manifest is read (by digest, or by tag and checked against ``Docker-Content-Digest``), then the config. Each tar
+layer streams once into :func:`hfcache.move.importer.import_members` (``hfcache import``'s refusals): compressed
+bytes -> sha256 (the descriptor's digest, never more than its size) -> gunzip -> sha256 (the config's ``diff_id``)
+-> tar entries, staged under ``<cache>/.locks/``; a layer that does not match raises at its end, before the
+importer publishes. Nothing goes to ``TMPDIR``; the uncompressed image must fit the free space of the cache's
+filesystem and ``max_size``, the compressed bytes too (:class:`hfcache.oci.pull_stream.Budget`). ModelPack
+artifacts: :mod:`.pull_modelpack`; a ``--prefix`` image has its prefix stripped from every entry; what the target
+holds is not downloaded (:mod:`.pull_record`, ``pull_modelpack.held_locally``); ``verify_key``:
+:mod:`.pull_signed`.
 """
 
 from __future__ import annotations
@@ -33,19 +23,16 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import IntegrityError, UsageError
+from ..names import is_oci_digest
 from .base_image import BASE_LAYERS
-from .image import ANNOTATION_PREFIX, DIGEST, LAYER_GZIP, MANIFEST_TYPE, Layer
 from .credentials import Credentials
-from .peer import size_ok
-from .pull_stream import _ALTERED, _CHUNK, Budget, Entry, VerifiedStream, free_space, get_json, sha256_of
+from .image import ANNOTATION_PREFIX, Layer
+from .peer import (DOCKER_LAYER_GZIP, DOCKER_LIST, DOCKER_MANIFEST, INDEX_TYPE, LAYER_GZIP, LAYER_TAR, MANIFEST_TYPE,
+                   digest_of, size_ok)
+from .pull_stream import _ALTERED, _CHUNK, Budget, Entry, VerifiedStream, free_space, get_json, held_locally
 from .registry import (BlobBody, TransferSink, check, connect, network_errors, parse_reference, registry_text,
                        stream_errors, url)
 
-INDEX_TYPE = "application/vnd.oci.image.index.v1+json"
-DOCKER_MANIFEST = "application/vnd.docker.distribution.manifest.v2+json"
-DOCKER_LIST = "application/vnd.docker.distribution.manifest.list.v2+json"
-DOCKER_LAYER_GZIP = "application/vnd.docker.image.rootfs.diff.tar.gzip"
-LAYER_TAR = "application/vnd.oci.image.layer.v1.tar"
 _ACCEPT = ", ".join((MANIFEST_TYPE, DOCKER_MANIFEST, INDEX_TYPE, DOCKER_LIST))
 #: Most layers a pulled image may list: push writes one per repo (``--layers repo``) or one (``single``), and Docker's
 #: overlay2 storage refuses images of more than 127 layers anyway; each layer is a request, so this bounds a pull's
@@ -113,8 +100,8 @@ def _layers_of(manifest: dict, config: dict, reference: str) -> list[tuple[dict,
     base = _base_count(manifest, layers, reference)
     out, seen = [], set()
     for layer, diff_id in zip(layers[base:], diff_ids[base:]):
-        if not isinstance(layer, dict) or not DIGEST.fullmatch(str(layer.get("digest"))) \
-                or not size_ok(layer.get("size")) or not DIGEST.fullmatch(str(diff_id)):
+        if not isinstance(layer, dict) or not is_oci_digest(layer.get("digest")) \
+                or not size_ok(layer.get("size")) or not is_oci_digest(diff_id):
             raise UsageError(f"{reference}: a layer descriptor is malformed (digest, size or diff_id)", hint=hint)
         if layer.get("mediaType") not in (LAYER_GZIP, DOCKER_LAYER_GZIP, LAYER_TAR):
             raise UsageError(f"{reference}: layer {layer['digest']} has media type "
@@ -233,7 +220,6 @@ class _Observer:
         """A blob the target already has is re-hashed: import keeps what the target holds, so a blob a member
         rewrote (same size, other bytes) would stay behind the pulled snapshot; it refuses the pull instead."""
         from ..cache.content import algorithm_of
-        from .pull_modelpack import held_locally
 
         parts = name.split("/")
         if member.kind == "file" and len(parts) == 3 and parts[1] == "blobs" and algorithm_of(parts[2]):
@@ -335,12 +321,17 @@ def pull(reference: str, cache_dir: Path, plain_http: bool = False, credentials:
     from ..move.importer import import_members
 
     container, cache_dir = parse_reference(reference), Path(cache_dir)
-    fingerprint = _key_fingerprint(verify_key)  # before any request: a bad key file is exit 2 at once
+    if verify_key is not None:  # judged before any request: a bad key file is exit 2 at once
+        from ..integrity.signatures import public_key_fingerprint
+        from .pull_signed import signed_bundles
+
+        fingerprint = public_key_fingerprint(Path(verify_key))
     with network_errors(container.registry, plain_http):
         client = connect(container, plain_http, credentials, timeout)
         manifest, digest, descriptor, config = _documents(client, container, reference)
         prefix = _prefix_of(manifest, reference)
-        found = _bundles(client, container, digest, reference, fingerprint, verify_key) if verify_key else None
+        found = signed_bundles(client, container, digest, reference, fingerprint, Path(verify_key)) \
+            if verify_key is not None else None
         budget = Budget(max_size, *free_space(cache_dir))
         source = _source(client, container, (manifest, descriptor, config), reference, prefix, cache_dir, sink,
                          budget, signed=verify_key is not None)
@@ -392,12 +383,12 @@ def _documents(client, container, reference: str) -> tuple[dict, str, dict, dict
                                           f"manifest {reference}", _ACCEPT, container.digest)
     _refuse_index(manifest, media_type, reference)
     descriptor = manifest.get("config") if isinstance(manifest.get("config"), dict) else {}
-    if not DIGEST.fullmatch(str(descriptor.get("digest"))):
+    if not is_oci_digest(descriptor.get("digest")):
         raise UsageError(f"{reference}: the manifest has no valid config descriptor",
                          hint="hfcache pull reads the images hfcache push writes")
     config, _, _ = get_json(client, container, url(client, container, "blobs", descriptor["digest"]),
                             f"config {descriptor['digest']}", "*/*", descriptor["digest"])
-    return manifest, sha256_of(body), descriptor, config
+    return manifest, digest_of(body), descriptor, config
 
 
 def _with_held(imported, source):
@@ -413,25 +404,6 @@ def _with_held(imported, source):
     return dataclasses.replace(imported, repos=tuple(sorted(set(imported.repos) | repos)),
                                files=imported.files + files, blobs_existing=imported.blobs_existing + len(blobs),
                                blob_contents=imported.blob_contents + len(held - counted))
-
-
-def _key_fingerprint(verify_key: Path | None) -> str:
-    """``--verify-key``'s fingerprint ("" without one), read before anything is fetched (exit 2 naming the file)."""
-    if verify_key is None:
-        return ""
-    from .pull_signed import check_key
-
-    return check_key(Path(verify_key))
-
-
-def _bundles(client, container, digest: str, reference: str, fingerprint: str, verify_key: Path) -> list[bytes]:
-    """The manifest's signature bundles, fetched before any layer; refused at once when unsigned, or when every
-    bundle names a key (its hint) and none is ``verify_key`` (exit 1)."""
-    from .pull_signed import check_key_hints, fetch_bundles
-
-    found = fetch_bundles(client, container, digest, reference)
-    check_key_hints(found, fingerprint, Path(verify_key), reference)
-    return found
 
 
 class _ImageSource:

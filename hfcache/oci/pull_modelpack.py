@@ -1,54 +1,33 @@
 """``hfcache pull`` of a CNCF ModelPack artifact (modelpack/model-spec ``docs/spec.md``): raw layers, one per file of
-one snapshot, mapped onto the Hugging Face cache layout and fed to import's reader like the entries of a tar.
+one snapshot, mapped onto the hub cache layout and fed to import's reader like the entries of a tar.
 
-An artifact ``hfcache push --format modelpack`` wrote names every file by its path in the hub cache
-(``org.cncf.model.filepath``: ``[<prefix>/]<repo folder>/snapshots/<commit>/<path>`` or ``.../refs/<name>``) and by
-the blob name the cache uses (``io.hfcache.etag``: the sha256 for an LFS file, which is the layer digest itself;
-the git blob sha1 ``blob <len>\\0...`` for a regular file). Each path goes through import's own name rules
-(:func:`hfcache.move.import_plan._clean_name`, ``_repo_folder_ok``: no ``..``, nothing absolute, bounded lengths, one
-repo folder grammar) before anything is fetched, and becomes:
-
-- ``<folder>/blobs/<etag>``: the layer's bytes, hashed as they stream (sha256 = the digest, the declared size, and the
-  git sha1 when the etag is one; import checks the blob name again), fetched once per content;
-- ``<folder>/snapshots/<commit>/<path>``: a relative link to it, as import writes it (or the copy/hardlink a cache
-  without symlinks gets);
-- ``<folder>/refs/<name>``: the ref layer's bytes (a 40-hex commit; import's ref rules, ``--move-refs``).
-
-So the result is the standard cache layout and every import refusal applies, all or nothing: import publishes only
-after the last layer, and a layer that does not match raises at its end, before that.
-
-Skipping what the cache holds: a content whose blob the target repo folder already has is not downloaded. The blob
-is re-hashed first (through :func:`hfcache.cache.safefs.open_blob`, regular files only): a shared cache is
-member-writable, so a blob of the right name is not trusted for its name. One that does not hash to its name (or
-has another size) refuses the pull before any layer is fetched (exit 1, nothing changed: import never replaces what
-the target holds; ``hfcache verify`` names it).
-
-An artifact another tool wrote (flat paths such as ``config.json``, no commit) does not map onto a cache: refused in
-one line (exit 2) naming the layer's path.
+Each layer's ``org.cncf.model.filepath`` (``[<prefix>/]<repo folder>/snapshots/<commit>/<path>`` or ``.../refs/<name>``,
+as ``push --format modelpack`` writes it) goes through import's name rules (:func:`hfcache.move.import_plan.clean_name`,
+``repo_folder_ok``) before anything is fetched; ``io.hfcache.etag`` names its blob (an LFS file's sha256 is the layer
+digest; a git blob sha1 is re-derived from the bytes as they stream). It becomes ``<folder>/blobs/<etag>`` (fetched
+once per content, unless the target holds it, re-hashed: :func:`hfcache.oci.pull_stream.held_locally`), a relative
+snapshot link to it, or the ref. All of import's refusals apply, all or nothing. An artifact of another tool (flat
+paths, no commit) is refused in one line naming the layer's path (exit 2).
 """
 
 from __future__ import annotations
 
-import errno
-import hashlib
 import io
-import os
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..cache import safefs
-from ..errors import CacheError, CheckFailed, IntegrityError, UsageError
-from ..cache.content import algorithm_of, hash_fd
-from ..move.import_plan import MAX_REF_BYTES, clean_name as _clean_name, repo_folder_ok as _repo_folder_ok
-from ..move.import_source import Member, shown_name as _shown
-from .image import ANNOTATION_PREFIX, DIGEST, Layer
-from .peer import json_kind as _kind, size_ok
-from .pull_stream import _ALTERED, _CHUNK, Budget, VerifiedStream
+from ..cache.content import BlobHash, algorithm_of
+from ..errors import CacheError, IntegrityError, UsageError
+from ..move.import_plan import MAX_REF_BYTES, clean_name, repo_folder_ok
+from ..move.import_source import Member, shown_name
+from ..names import is_commit, is_oci_digest
+from .image import ANNOTATION_PREFIX, Layer
+from .peer import MODEL_CONFIG, MODEL_MANIFEST, digest_of, json_kind, size_ok
+from .pull_stream import _ALTERED, _CHUNK, Budget, VerifiedStream, held_locally
 from .registry import BlobBody, TransferSink, check, network_errors, registry_text, stream_errors, url
 
-MODEL_MANIFEST = "application/vnd.cncf.model.manifest.v1+json"
-MODEL_CONFIG = "application/vnd.cncf.model.config.v1+json"
 #: The spec's raw layer media types (docs/spec.md "Layers"); tar, tar+gzip and tar+zstd layers are refused.
 RAW_TYPES = frozenset(f"application/vnd.cncf.model.{kind}.v1.raw"
                       for kind in ("weight", "weight.config", "doc", "code", "dataset"))
@@ -115,8 +94,7 @@ def _descriptors(manifest: dict, config: dict, reference: str) -> list[dict]:
     if len(layers) > MAX_FILES:
         raise UsageError(f"{reference}: {len(layers)} layers, more than the {MAX_FILES} hfcache pulls", hint=_HINT)
     for layer, diff_id in zip(layers, diff_ids):
-        if not isinstance(layer, dict) or not isinstance(layer.get("digest"), str) \
-                or not DIGEST.fullmatch(layer["digest"]) or not size_ok(layer.get("size")):
+        if not isinstance(layer, dict) or not is_oci_digest(layer.get("digest")) or not size_ok(layer.get("size")):
             raise UsageError(f"{reference}: a layer descriptor is malformed (digest or size)", hint=_HINT)
         if not isinstance(layer.get("mediaType"), str) or layer["mediaType"] not in RAW_TYPES:
             raise UsageError(f"{reference}: layer {layer['digest'][:19]} has media type "
@@ -133,14 +111,14 @@ def _raw_file(layer: dict, reference: str, prefix: str | None) -> RawFile:
     digest, size = layer["digest"], layer["size"]
     annotations = layer.get("annotations", {})
     if not isinstance(annotations, dict):
-        raise _foreign(reference, digest, "", f"its annotations are {_kind(annotations)}, not an object")
+        raise _foreign(reference, digest, "", f"its annotations are {json_kind(annotations)}, not an object")
     path = annotations[FILEPATH] if FILEPATH in annotations else annotations.get(TITLE)
     if not isinstance(path, str) or not path:
         raise _foreign(reference, digest, "", f"no {FILEPATH} annotation" if path is None else
-                       f"its {FILEPATH} annotation is {_kind(path)}, not a path")
-    shown = registry_text(_shown(path), 120)
+                       f"its {FILEPATH} annotation is {json_kind(path)}, not a path")
+    shown = registry_text(shown_name(path), 120)
     head, _, rest = path.partition("/")
-    if prefix is None and head == "models" and _repo_folder_ok(rest.split("/")[0]):
+    if prefix is None and head == "models" and repo_folder_ok(rest.split("/")[0]):
         prefix = "models"  # KServe's layout (push --prefix models) without the annotation: never a repo folder
     if prefix is not None:
         if not path.startswith(f"{prefix}/"):
@@ -148,10 +126,10 @@ def _raw_file(layer: dict, reference: str, prefix: str | None) -> RawFile:
                              f"prefix {prefix!r}", hint=_HINT)
         path = path[len(prefix) + 1:]
     try:
-        parts = _clean_name(path)
+        parts = clean_name(path)
     except UsageError as exc:
         raise UsageError(f"{reference}: layer {digest[:19]}: {exc}", hint=_HINT) from None
-    if not _repo_folder_ok(parts[0]) or len(parts) < 3 or parts[1] not in ("snapshots", "refs"):
+    if not repo_folder_ok(parts[0]) or len(parts) < 3 or parts[1] not in ("snapshots", "refs"):
         raise _foreign(reference, digest, shown, "not <repo folder>/snapshots/<commit>/<path> or .../refs/<name>, "
                                                  "e.g. models--ORG--NAME/snapshots/<40 hex>/config.json")
     if parts[1] == "refs":
@@ -159,12 +137,12 @@ def _raw_file(layer: dict, reference: str, prefix: str | None) -> RawFile:
             raise UsageError(f"{reference}: layer {digest[:19]}: a ref of {size} bytes (at most {MAX_REF_BYTES})",
                              hint=_HINT)
         return RawFile(digest, size, parts[0], "refs", tuple(parts[2:]))
-    if len(parts) < 4 or algorithm_of(parts[2]) != "git-sha1":
+    if len(parts) < 4 or not is_commit(parts[2]):
         raise _foreign(reference, digest, shown, "no 40-hex commit after snapshots/")
     etag = annotations.get(ETAG)
     if not isinstance(etag, str) or algorithm_of(etag) is None:
         raise _foreign(reference, digest, shown, f"no {ETAG} annotation naming its blob (40 or 64 hex; "
-                                                 f"it is {_kind(etag)})")
+                                                 f"it is {json_kind(etag)})")
     if algorithm_of(etag) == "sha256" and etag != digest.split(":", 1)[1]:
         raise IntegrityError(f"refused layer {digest}: its {ETAG} {etag[:12]}... names another content than its "
                              "digest", hint=_ALTERED)
@@ -177,7 +155,7 @@ def plan_artifact(manifest: dict, config: dict, reference: str, prefix: str | No
     Raises:
         UsageError: malformed descriptors, a path import refuses, an artifact of another tool (exit 2), more than
             one repo or commit, a path listed twice, a config whose ``descriptor.version`` is another commit.
-        IntegrityError: a sha256 etag that is not the layer's digest.
+        IntegrityError: a sha256 etag that is not the layer's digest; two layers naming one blob with other digests.
     """
     files = [_raw_file(layer, reference, prefix) for layer in _descriptors(manifest, config, reference)]
     snapshots = {(f.folder, f.rel[0]) for f in files if f.section == "snapshots"}
@@ -187,96 +165,54 @@ def plan_artifact(manifest: dict, config: dict, reference: str, prefix: str | No
     folder, commit = snapshots.pop()
     descriptor = config.get("descriptor", {})
     if not isinstance(descriptor, dict):
-        raise UsageError(f"{reference}: the config's descriptor is {_kind(descriptor)}, not an object", hint=_HINT)
+        raise UsageError(f"{reference}: the config's descriptor is {json_kind(descriptor)}, not an object", hint=_HINT)
     version = descriptor.get("version")
     if version is not None and not isinstance(version, str):
-        raise UsageError(f"{reference}: the config's descriptor.version is {_kind(version)}, not a text", hint=_HINT)
-    if isinstance(version, str) and algorithm_of(version) == "git-sha1" and version != commit:
+        raise UsageError(f"{reference}: the config's descriptor.version is {json_kind(version)}, not a text",
+                         hint=_HINT)
+    if is_commit(version) and version != commit:
         raise UsageError(f"{reference}: the config's descriptor.version {version[:12]} is not the layers' commit "
                          f"{commit[:12]}", hint=_HINT)
     plan, seen = ModelPlan(folder, commit), set()
     for f in files:
         if f.name in seen:
-            raise UsageError(f"{reference}: file path {registry_text(_shown(f.name), 120)!r} is listed twice",
+            raise UsageError(f"{reference}: file path {registry_text(shown_name(f.name), 120)!r} is listed twice",
                              hint=_HINT)
         seen.add(f.name)
         if f.section == "refs":
             plan.refs.append(f)
-        else:
-            group = plan.contents.setdefault(f.etag, [])
-            if group and (group[0].digest, group[0].size) != (f.digest, f.size):
-                # Only a group's first layer is fetched (or re-hashed when held): a later one naming the same blob
-                # with another digest was linked to the first one's bytes, unread, while the signature check saw
-                # its own digest.
-                raise IntegrityError(f"{reference}: layers {registry_text(_shown(group[0].name), 120)!r} and "
-                                     f"{registry_text(_shown(f.name), 120)!r} name the same blob {f.etag[:12]} with "
-                                     "other digests or sizes", hint="the artifact is altered or crafted; pull it "
-                                     "from its source again")
-            group.append(f)
+            continue
+        group = plan.contents.setdefault(f.etag, [])
+        if group and (group[0].digest, group[0].size) != (f.digest, f.size):
+            # Only a group's first layer is fetched (or re-hashed when held): a later one naming the same blob with
+            # another digest would be linked to the first one's bytes, unread, while the signature check saw its own.
+            raise IntegrityError(f"{reference}: layers {registry_text(shown_name(group[0].name), 120)!r} and "
+                                 f"{registry_text(shown_name(f.name), 120)!r} name the same blob {f.etag[:12]} with "
+                                 "other digests or sizes",
+                                 hint="the artifact is altered or crafted; pull it from its source again")
+        group.append(f)
     return plan
 
 
-def held_locally(cache_dir: Path, folder: str, etag: str, size: int, digest: str | None = None) -> bool:
-    """Whether the target's ``<folder>/blobs/<etag>`` holds this content, re-hashed now (a member can plant a wrong
-    blob under the right name): False when there is none (or it cannot be opened safely: import judges it then).
-
-    ``digest`` (``sha256:<hex>``, a raw layer's): the held blob's bytes must also hash to it. For a git-sha1 etag the
-    name alone says nothing about the layer: an artifact naming another file's blob (one the target holds) as a
-    layer's ``io.hfcache.etag`` made the snapshot link to other bytes than the ones signed and listed.
-
-    Raises:
-        CheckFailed: the blob is there but has another size or does not hash to its name (exit 1; nothing changed).
-        IntegrityError: the held blob is not the layer's content: the artifact's etag annotation lies (exit 3).
-    """
-    try:
-        fd = safefs.open_blob(cache_dir, folder, etag)
-    except (OSError, CacheError):
-        return False
-    try:
-        st = os.fstat(fd)
-        algorithm = algorithm_of(etag) or "sha256"
-        # one read for both: the name and the layer's digest must be of the same bytes
-        digests, _ = hash_fd(os.dup(fd), tuple(dict.fromkeys((algorithm, "sha256"))), shown=f"{folder}/blobs/{etag}")
-        ok = digests[algorithm] == etag
-        lies = ok and (st.st_size != size or (digest is not None and f"sha256:{digests['sha256']}" != digest))
-        if lies:
-            shown = f" ({digest})" if digest else ""
-            raise IntegrityError(f"refused the pull, nothing was changed: a layer{shown} names {folder}/blobs/{etag} "
-                                 "as its blob, which holds other bytes (the blob name the artifact gives does not "
-                                 "match its content)",
-                                 hint="the artifact is altered or crafted; pull it from its source again")
-    except OSError as exc:
-        if exc.errno == errno.EINVAL:  # not a regular file: import refuses it (nothing is written through it)
-            return False
-        raise
-    finally:
-        os.close(fd)
-    if not ok:
-        raise CheckFailed(f"refused the pull, nothing was changed: the target's {folder}/blobs/{etag} does not hold "
-                          "the content its name says (changed on disk)",
-                          hint="run `hfcache verify` on the target and remove that blob, then pull again")
-    return True
-
-
 def _same_ref(cache_dir: Path, ref: RawFile) -> bytes | None:
-    """The target's ref when it holds exactly the ref layer's bytes (their sha256 is the layer digest): then it is
-    not downloaded (read from the root without following a link; anything odd there: None, fetched, import judges
-    it)."""
+    """The target's ref when it holds exactly the ref layer's bytes (not downloaded then); None when it does not,
+    or anything odd is there (read from the root without following a link; import judges it)."""
     try:
         data = safefs.read_small(cache_dir, (ref.folder, "refs", *ref.rel), MAX_REF_BYTES + 1)
     except (OSError, CacheError):
         return None
-    return data if f"sha256:{hashlib.sha256(data).hexdigest()}" == ref.digest else None
+    return data if digest_of(data) == ref.digest else None
 
 
 class _ExactStream(io.RawIOBase):
-    """A raw layer's body: hashed (``VerifiedStream``), never more than its size, and the git sha1 of its bytes
-    when its blob is named by one; ending early is the registry's fault (exit 3), never an import error."""
+    """A raw layer's body: hashed (``VerifiedStream``), never more than its size, the git sha1 of its bytes when its
+    blob is named by one, its first bytes kept (``head``: a ref's commit); ending early is the registry's fault
+    (exit 3), never an import error."""
 
     def __init__(self, body: VerifiedStream, size: int, etag: str, digest: str) -> None:
         self._body, self._size, self._digest = body, size, digest
-        self.sha1 = hashlib.sha1(b"blob %d\0" % size) if algorithm_of(etag) == "git-sha1" else None  # noqa: S324
-        self.head = bytearray()  # a ref layer's bytes (at most MAX_REF_BYTES: plan_artifact bounds its size)
+        self.git = BlobHash("git-sha1", size) if is_commit(etag) else None
+        self.head = bytearray()  # at most MAX_REF_BYTES: plan_artifact bounds a ref's size
 
     def readable(self) -> bool:
         return True
@@ -286,20 +222,16 @@ class _ExactStream(io.RawIOBase):
         if n == 0 and self._body.size < self._size:
             raise IntegrityError(f"refused layer {self._digest}: the registry sent {self._body.size} bytes, its "
                                  f"manifest declares {self._size}", hint=_ALTERED)
-        if self.sha1 is not None:
-            self.sha1.update(memoryview(buffer)[:n])
+        if self.git is not None:
+            self.git.update(memoryview(buffer)[:n])
         if len(self.head) < MAX_REF_BYTES:
             self.head += memoryview(buffer)[:min(n, MAX_REF_BYTES - len(self.head))]
         return n
 
 
 class ArtifactSource:
-    """The entries of one ModelPack artifact for :func:`hfcache.move.importer.import_members`.
-
-    Args:
-        client, container: the registry; plan: :func:`plan_artifact`'s; cache_dir: the target (for skips);
-        sink: progress; budget: the pull's byte budget.
-    """
+    """The entries of one ModelPack artifact (:func:`plan_artifact`'s ``plan``) for
+    :func:`hfcache.move.importer.import_members`; a content the target ``cache_dir`` holds is not fetched."""
 
     def __init__(self, client, container, plan: ModelPlan, cache_dir: Path, sink: TransferSink | None,
                  budget: Budget) -> None:
@@ -309,7 +241,7 @@ class ArtifactSource:
                      if held_locally(cache_dir, plan.folder, etag, group[0].size, group[0].digest)}
         self.received: list[Layer] = []
         self.skipped: list[str] = []
-        self.refs: dict[str, str] = {}  # ref entry name -> the commit its bytes name (:func:`claims`)
+        self.refs: dict[str, str] = {}  # ref entry name -> the commit its bytes name (:meth:`claims`)
         to_fetch = [g[0].size for e, g in plan.contents.items() if e not in self.held] + [r.size for r in plan.refs]
         budget.check(sum(to_fetch), f"artifact {container.api_prefix}")
 
@@ -319,31 +251,29 @@ class ArtifactSource:
         return ({self.plan.folder} if self.held else set()), 0, {(self.plan.folder, etag) for etag in self.held}
 
     def signed_files(self) -> dict[str, dict[str, str]]:
-        """``<folder>/<commit>`` -> {path: sha256 hex}: the raw layers' digests (each checked as it streamed, or the
-        target's blob re-hashed)."""
+        """``<folder>/<commit>`` -> {path: sha256 hex}: the raw layers' checked digests."""
         return {f"{self.plan.folder}/{self.plan.commit}": self.plan.files()}
 
     def claims(self) -> dict[str, str]:
-        """Ref entry name -> the commit its bytes name ("" for none), read once :meth:`members` ran: what the
-        signature check binds to the signed snapshot (:func:`hfcache.oci.pull_signed.check_claims`)."""
+        """Ref entry name -> the commit its bytes name ("" for none), once :meth:`members` ran
+        (:func:`hfcache.oci.pull_signed.check_claims`)."""
         return dict(self.refs)
 
     def members(self) -> Iterator[tuple[Member, object]]:
         """Blobs (fetched unless held), their snapshot links, then the refs; every layer checked at its end."""
+        from .pull_signed import ref_commit
+
         folder = self.plan.folder
         for etag, group in sorted(self.plan.contents.items()):
-            first = group[0]
             if etag in self.held:
                 self.skipped += [f.digest for f in group]
                 self.received += [Layer(f.digest, f.size, f.digest, (folder,), 0) for f in group]
             else:
-                yield from self._fetched(f"{folder}/blobs/{etag}", first, etag)
+                yield from self._fetched(f"{folder}/blobs/{etag}", group[0], etag)
                 self.received += [Layer(f.digest, f.size, f.digest, (folder,), 0) for f in group[1:]]
             for f in group:
                 parts = f.name.split("/")
                 yield Member(f.name, "symlink", linkname="../" * (len(parts) - 2) + f"blobs/{etag}"), None
-        from .pull_signed import ref_commit
-
         for ref in self.plan.refs:
             held = _same_ref(self.cache_dir, ref)
             if held is not None:
@@ -371,7 +301,7 @@ class ArtifactSource:
                 pass
         if body.digest() != digest:
             raise IntegrityError(f"refused layer {digest}: its content hashes to {body.digest()}", hint=_ALTERED)
-        if exact.sha1 is not None and exact.sha1.hexdigest() != etag:
+        if exact.git is not None and exact.git.hexdigest() != etag:
             raise IntegrityError(f"refused layer {digest}: its bytes are not the git blob {etag} its {ETAG} names",
                                  hint=_ALTERED)
         self.received.append(Layer(digest, f.size, digest, (self.plan.folder,), body.size))

@@ -1,22 +1,23 @@
-"""What ``hfcache pull`` reads from a registry, checked as it streams: the byte budget (``--max-size``, free space),
-hashing readers that refuse more than a declared size, manifests and configs read under a cap and their digest.
-
-Both formats use them: the image format's tar layers (:mod:`hfcache.oci.pull`) and ModelPack's raw layers
-(:mod:`hfcache.oci.pull_modelpack`). JSON a registry sends is read with :func:`hfcache.bounds.loads_json` (nesting
-bounded: a manifest nested too deep is exit 2, never a RecursionError).
+"""What ``hfcache pull`` reads from a registry, checked as it streams, for both formats (:mod:`.pull`,
+:mod:`.pull_modelpack`): the byte budget (``--max-size``, free space), hashing readers that refuse more than a
+declared size, manifests and configs read under a size cap (JSON nesting bounded) and checked against their digest.
 """
 
 from __future__ import annotations
 
-import hashlib
+import errno
 import io
 import tarfile
 from pathlib import Path
 from typing import BinaryIO
 
 from ..bounds import TooDeep, loads_json
-from ..errors import CacheError, EndpointUnreachable, HubError, IntegrityError, UsageError
-from .registry import DIGEST, TransferSink, check, read_body
+from ..cache import safefs
+from ..cache.content import SHA256, BlobHash, algorithm_of, hash_fd
+from ..errors import CacheError, CheckFailed, EndpointUnreachable, HubError, IntegrityError, UsageError
+from ..names import is_oci_digest
+from .peer import digest_of
+from .registry import TransferSink, check, read_body
 
 _MAX_JSON = 4 * 1024 * 1024  # a manifest or config larger than this is not one of ours (or not one at all)
 _CHUNK = 1024 * 1024
@@ -59,7 +60,7 @@ class VerifiedStream(io.RawIOBase):
                  budget: Budget | None = None, wire: bool = False, network: tuple = (), corrupt: tuple = ()) -> None:
         self._source, self._what, self._limit, self._sink, self._budget = source, what, limit, sink, budget
         self._wire, self._network, self._corrupt = wire, network, corrupt
-        self.sha256, self.size = hashlib.sha256(), 0
+        self.sha256, self.size = BlobHash(SHA256), 0
 
     def readable(self) -> bool:
         return True
@@ -126,8 +127,8 @@ def get_json(client, container, address: str, what: str, accept: str,
     if len(body) > _MAX_JSON:
         raise UsageError(f"{what}: larger than {_MAX_JSON} bytes; not an hfcache image",
                          hint="pull images written by `hfcache push`")
-    expected = expected_digest or (answered if answered and DIGEST.fullmatch(answered) else None)
-    if expected and sha256_of(body) != expected:
+    expected = expected_digest or (answered if is_oci_digest(answered) else None)
+    if expected and digest_of(body) != expected:
         raise IntegrityError(f"{what}: content does not match its digest {expected}", hint=_ALTERED)
     try:
         document = loads_json(body, what)  # bounded nesting (bounds.MAX_JSON_DEPTH): TooDeep, never a 70
@@ -141,10 +142,6 @@ def get_json(client, container, address: str, what: str, accept: str,
     return document, body, media_type
 
 
-def sha256_of(data: bytes) -> str:
-    return f"sha256:{hashlib.sha256(data).hexdigest()}"
-
-
 def free_space(cache_dir: Path) -> tuple[int, Path]:
     """Free bytes on the filesystem that holds (or will hold) ``cache_dir``: its nearest existing folder's."""
     from ..move.import_staging import free_bytes
@@ -154,3 +151,57 @@ def free_space(cache_dir: Path) -> tuple[int, Path]:
         folder = folder.parent
     return free_bytes(folder), folder
 
+
+
+def changed_on_disk(shown: str, says: str = "its name says") -> CheckFailed:
+    """The refusal of a target file whose bytes are not what its blob name says (exit 1, nothing changed)."""
+    return CheckFailed(f"refused the pull, nothing was changed: the target's {shown} does not hold the content "
+                       f"{says} (changed on disk)",
+                       hint="run `hfcache verify` on the target and remove that blob, then pull again")
+
+
+def rehashed(cache_dir: Path, folder: str, etag: str, says: str = "its name says") -> tuple[dict[str, str], int] | None:
+    """({algorithm: hex} of ``etag``'s algorithm and sha256, size) of the target's ``<folder>/blobs/<etag>``, read
+    once through :func:`hfcache.cache.safefs.open_blob` and checked against its name: a shared cache is
+    member-writable, so a blob is not trusted for its name. None when there is none, or it cannot be opened safely or
+    is no regular file (import judges it then).
+
+    Raises:
+        CheckFailed: its bytes are not its name's (:func:`changed_on_disk` with ``says``). OSError: a read error.
+    """
+    try:
+        fd = safefs.open_blob(cache_dir, folder, etag)
+    except (OSError, CacheError):
+        return None
+    algorithm = algorithm_of(etag)
+    try:
+        digests, size = hash_fd(fd, tuple(dict.fromkeys((algorithm or SHA256, SHA256))), shown=f"{folder}/blobs/{etag}")
+    except OSError as exc:
+        if exc.errno == errno.EINVAL:
+            return None
+        raise
+    if algorithm is not None and digests[algorithm] != etag:
+        raise changed_on_disk(f"{folder}/blobs/{etag}", says)
+    return digests, size
+
+
+def held_locally(cache_dir: Path, folder: str, etag: str, size: int, digest: str | None = None) -> bool:
+    """Whether the target already holds the blob ``<folder>/blobs/<etag>`` of ``size`` bytes (:func:`rehashed`);
+    with ``digest`` (a raw layer's ``sha256:<hex>``) its bytes must also be that layer's: for a git-sha1 etag the name
+    alone says nothing about the layer (an artifact naming another file's held blob as a layer's ``io.hfcache.etag``
+    made the snapshot link to bytes other than the ones signed).
+
+    Raises:
+        CheckFailed: the blob does not hash to its name (exit 1). IntegrityError: it does, but is not the layer's
+            content (another size or digest: the artifact's etag lies, exit 3).
+    """
+    held = rehashed(cache_dir, folder, etag)
+    if held is None:
+        return False
+    digests, held_size = held
+    if held_size != size or (digest is not None and f"sha256:{digests[SHA256]}" != digest):
+        shown = f" ({digest})" if digest else ""
+        raise IntegrityError(f"refused the pull, nothing was changed: a layer{shown} names {folder}/blobs/{etag} as "
+                             "its blob, which holds other bytes (the blob name the artifact gives does not match its "
+                             "content)", hint="the artifact is altered or crafted; pull it from its source again")
+    return True

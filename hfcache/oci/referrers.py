@@ -1,49 +1,36 @@
-"""referrers: a model-signing bundle attached to a pushed manifest as an OCI referrer (distribution-spec v1.1).
+"""Model-signing bundles as OCI referrers of a pushed manifest (distribution-spec v1.1 "Listing Referrers").
 
-:func:`attach` pushes an artifact manifest whose ``subject`` is the pushed manifest's descriptor, ``artifactType``
-``application/vnd.dev.sigstore.bundle.v0.3+json``, the empty config (``application/vnd.oci.empty.v1+json``, ``{}``)
-and one layer: the bundle. A registry with the referrers API says so by answering the manifest PUT with an
-``OCI-Subject`` header; any other (Debian's ``docker-registry``, distribution 2.8) gets the spec's tag fallback: the
-image index at tag ``sha256-<hex of the subject digest>`` lists the referrers' descriptors (``artifactType``, the
-referrer's annotations). It is updated read-modify-write: ours is added once; an earlier hfcache referrer of the same
-subject for the same model (``io.hfcache.signature.model``) and key (``io.hfcache.signature.key``, the sha256 of the
-public key) is dropped from it (an ECDSA signature differs at each re-push: without that, re-pushes pile up and push
-the newest past what a reader reads); every other descriptor (other models, other keys, other tools') is kept. The
-index is read back after the PUT, and again after pauses, and the write repeated while another client's
-concurrent write dropped ours (distribution 2.8 has no conditional PUT); a concurrent push of the same model with
-the same key that replaced ours is taken as ours. With the referrers API, those earlier referrers are deleted
-(``DELETE`` by digest; a registry that forbids deletes keeps them, and readers take the newest first). Not
-guaranteed: a concurrent writer whose PUT lands after those checks can still drop our entry (the referrer manifest
-itself stays, pushed by digest).
+:func:`attach` pushes an artifact manifest whose ``subject`` is the pushed manifest, ``artifactType``
+:data:`BUNDLE_TYPE`, the empty config (``{}``) and one layer: the bundle. A registry with the referrers API says so
+with an ``OCI-Subject`` header on the manifest PUT; for any other (distribution 2.8, Debian's ``docker-registry``)
+the spec's tag fallback lists the referrers in the image index at tag ``sha256-<hex of the subject>``, updated
+read-modify-write. An earlier hfcache referrer of the same subject for the same model (:data:`MODEL_ANNOTATION`) and
+key (:data:`KEY_ANNOTATION`) is replaced (an ECDSA signature differs at each re-push: without that they pile up
+past what a reader reads); every other descriptor is kept. Without conditional PUTs a concurrent writer can drop
+our entry: the index is read back and rewritten while that happens (:func:`_add_to_fallback`; still not guaranteed
+against a PUT landing after the last check). With the referrers API the replaced ones are deleted (best effort).
 
-:func:`bundles` asks ``GET /v2/<name>/referrers/<digest>?artifactType=...`` first, then the tag fallback, and fetches
-each bundle by digest: every manifest and blob is bounded in size, checked against its digest, and a referrer whose
-own ``subject`` is not the one asked for (an index can list anything) is skipped. The newest (listed last) are read
-first.
-
-All requests go through :mod:`hfcache.oci.registry`'s client (credentials bound to the registry's origin, metadata
-deadlines, bounded bodies).
+:func:`bundles` asks the referrers API, then the tag fallback, and fetches each bundle by digest: every manifest
+and blob is bounded in size and checked against its digest, and a referrer whose own ``subject`` is another is
+skipped. Requests go through :mod:`hfcache.oci.registry`'s client.
 """
 
 from __future__ import annotations
 
-import hashlib
-import json
 import random
 import time
 
 from ..bounds import TooDeep, loads_json
 from ..errors import HubError, UsageError
-from .peer import registry_text
-from .registry import DIGEST, check, read_body, url
+from ..names import is_oci_digest
+from .peer import DOCKER_LIST, DOCKER_MANIFEST, INDEX_TYPE, MANIFEST_TYPE, canonical, digest_of, registry_text
+from .registry import check, read_body, url
+from .upload import upload_bytes
 
 BUNDLE_TYPE = "application/vnd.dev.sigstore.bundle.v0.3+json"
-MANIFEST_TYPE = "application/vnd.oci.image.manifest.v1+json"
-INDEX_TYPE = "application/vnd.oci.image.index.v1+json"
 EMPTY_TYPE = "application/vnd.oci.empty.v1+json"
 EMPTY = b"{}"
-_ANY_MANIFEST = ", ".join((INDEX_TYPE, MANIFEST_TYPE, "application/vnd.docker.distribution.manifest.v2+json",
-                           "application/vnd.docker.distribution.manifest.list.v2+json"))
+_ANY_MANIFEST = ", ".join((INDEX_TYPE, MANIFEST_TYPE, DOCKER_MANIFEST, DOCKER_LIST))
 #: A manifest or referrers index larger than this is refused (distribution's own manifest limit is 4 MiB).
 MAX_MANIFEST_BYTES = 4 * 1024 * 1024
 #: A bundle larger than this is refused (as :data:`hfcache.integrity.signatures.MAX_BUNDLE_BYTES`).
@@ -59,40 +46,12 @@ KEY_ANNOTATION = "io.hfcache.signature.key"
 _PREDICATE = {"dev.sigstore.bundle.predicateType": "https://model_signing/signature/v1.0"}
 
 
-def _sha256(data: bytes) -> str:
-    return "sha256:" + hashlib.sha256(data).hexdigest()
-
-
-def _canonical(document: dict) -> bytes:
-    return json.dumps(document, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
-
-
 def _where(container) -> str:
     return f"{container.registry}/{container.api_prefix}"
 
 
-def _upload_bytes(client, container, data: bytes) -> str:
-    """Upload ``data`` as a blob unless the registry has it (HEAD); return its digest."""
-    digest = _sha256(data)
-    head = client.do_request(url(client, container, "blobs", digest), "HEAD")
-    if head.status_code == 200:
-        return digest
-    started = client.do_request(f"{client.prefix}://{container.upload_blob_url()}", "POST",
-                                headers={"Content-Length": "0"})
-    check(started, f"start upload to {_where(container)}", 202)
-    location = client._get_location(started, container)  # noqa: SLF001 - oras: makes a relative Location absolute
-    if not location:
-        raise HubError(f"registry {container.registry}: no upload location in its answer",
-                       hint="the registry does not speak the distribution API's blob upload")
-    separator = "&" if "?" in location else "?"
-    done = client.do_request(f"{location}{separator}digest={digest}", "PUT", data=data,
-                             headers={"Content-Type": "application/octet-stream", "Content-Length": str(len(data))})
-    check(done, f"upload {digest} to {_where(container)}", 201, 204)
-    return digest
-
-
 def _check_subject(subject: dict) -> dict:
-    if not isinstance(subject, dict) or not DIGEST.fullmatch(str(subject.get("digest"))) \
+    if not isinstance(subject, dict) or not is_oci_digest(subject.get("digest")) \
             or not isinstance(subject.get("size"), int) or isinstance(subject.get("size"), bool) \
             or not isinstance(subject.get("mediaType"), str):
         raise UsageError("a referrer's subject must be a descriptor {mediaType, digest: sha256:<hex>, size}")
@@ -109,12 +68,12 @@ def _annotations(model: str, key: str) -> dict[str, str]:
 def referrer_manifest(subject: dict, bundle: bytes, model: str = "", key: str = "") -> bytes:
     """The canonical JSON of the artifact manifest :func:`attach` pushes for ``bundle`` about ``subject`` (with
     ``model`` and ``key`` both given: annotated with them)."""
-    return _canonical({
+    return canonical({
         "schemaVersion": 2,
         "mediaType": MANIFEST_TYPE,
         "artifactType": BUNDLE_TYPE,
-        "config": {"mediaType": EMPTY_TYPE, "digest": _sha256(EMPTY), "size": len(EMPTY)},
-        "layers": [{"mediaType": BUNDLE_TYPE, "digest": _sha256(bundle), "size": len(bundle)}],
+        "config": {"mediaType": EMPTY_TYPE, "digest": digest_of(EMPTY), "size": len(EMPTY)},
+        "layers": [{"mediaType": BUNDLE_TYPE, "digest": digest_of(bundle), "size": len(bundle)}],
         "subject": _check_subject(subject),
         "annotations": _annotations(model, key),
     })
@@ -142,9 +101,9 @@ def attach(client, container, subject: dict, bundle: bytes, *, model: str = "", 
         raise UsageError(f"a signature bundle over {MAX_BUNDLE_BYTES // (1024 * 1024)} MiB is not attached")
     subject = _check_subject(subject)
     manifest = referrer_manifest(subject, bundle, model, key)
-    digest = _sha256(manifest)
-    _upload_bytes(client, container, EMPTY)
-    _upload_bytes(client, container, bundle)
+    digest = digest_of(manifest)
+    for blob in (EMPTY, bundle):
+        upload_bytes(client, container, blob, "signature", what=f"upload {digest_of(blob)} to {_where(container)}")
     response = client.do_request(url(client, container, "manifests", digest), "PUT", data=manifest,
                                  headers={"Content-Type": MANIFEST_TYPE})
     check(response, f"push the signature of {subject['digest']} to {_where(container)}", 201)
@@ -179,7 +138,7 @@ def _delete_replaced(client, container, subject_digest: str, digest: str, model:
     except HubError:  # the signature is attached; a listing that cannot be read leaves the old ones (best effort)
         return
     for entry in listed:
-        if _same_signer(entry, probe) and DIGEST.fullmatch(str(entry.get("digest"))):
+        if _same_signer(entry, probe) and is_oci_digest(entry.get("digest")):
             client.do_request(url(client, container, "manifests", entry["digest"]), "DELETE").close()
 
 
@@ -219,7 +178,7 @@ def _add_to_fallback(client, container, subject_digest: str, descriptor: dict) -
                            hint="push the signature again when the other pushes have finished")
         document = dict(index or {"schemaVersion": 2, "mediaType": INDEX_TYPE})
         document["manifests"] = [*(m for m in entries if not _same_signer(m, descriptor)), descriptor]
-        response = _request(client, url(client, container, "manifests", tag), "PUT", data=_canonical(document),
+        response = _request(client, url(client, container, "manifests", tag), "PUT", data=canonical(document),
                             headers={"Content-Type": INDEX_TYPE})
         check(response, f"update the referrers tag {tag} of {_where(container)}", 201)
         writes, settled = writes + 1, 0
@@ -316,13 +275,13 @@ def bundles(client, container, subject_digest: str) -> list[bytes]:
         UsageError: a malformed digest. RegistryAuthError, HubError, EndpointUnreachable: the registry refused, a
             listed manifest or bundle is over its bound or does not match its digest.
     """
-    if not DIGEST.fullmatch(subject_digest or ""):
+    if not is_oci_digest(subject_digest):
         raise UsageError(f"{subject_digest!r} is not a sha256:<hex> digest")
     out: list[bytes] = []
     seen: set[str] = set()
     for entry in reversed(_listed(client, container, subject_digest)):
         digest = entry.get("digest")
-        if entry.get("artifactType") != BUNDLE_TYPE or not DIGEST.fullmatch(str(digest)) or digest in seen:
+        if entry.get("artifactType") != BUNDLE_TYPE or not is_oci_digest(digest) or digest in seen:
             continue
         seen.add(digest)
         if len(seen) > MAX_REFERRERS:
@@ -334,7 +293,7 @@ def bundles(client, container, subject_digest: str) -> list[bytes]:
 
 
 def _verified(body: bytes, digest: str, what: str) -> bytes:
-    if _sha256(body) != digest:
+    if digest_of(body) != digest:
         raise HubError(f"{what}: its content does not match its digest", hint="the registry content was altered")
     return body
 
@@ -352,7 +311,7 @@ def _bundle_of(client, container, digest: str, subject_digest: str) -> bytes | N
     if not isinstance(listed, list):  # a number or true here was a TypeError (exit 70): not a bundle referrer
         return None
     layers = [x for x in listed if isinstance(x, dict) and x.get("mediaType") == BUNDLE_TYPE]
-    if len(layers) != 1 or not DIGEST.fullmatch(str(layers[0].get("digest"))):
+    if len(layers) != 1 or not is_oci_digest(layers[0].get("digest")):
         return None
     size = layers[0].get("size")
     if not isinstance(size, int) or isinstance(size, bool) or not 0 < size <= MAX_BUNDLE_BYTES:

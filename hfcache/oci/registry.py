@@ -1,30 +1,16 @@
-"""Registry access for ``hfcache push``/``pull``: references, requests (on oras-py's session); the upload is
-:mod:`hfcache.oci.upload`, origins, inert text and the deadline timer :mod:`hfcache.oci.peer`.
+"""Registry access for ``hfcache push``/``pull``: references, and requests on oras-py's session (the upload is
+:mod:`hfcache.oci.upload`; origins, inert text and the deadline timer :mod:`hfcache.oci.peer`).
 
-The distribution API (distribution-spec v1.1) goes through ``oras`` (oras-py, the ORAS project's Python SDK): its
-reference parsing, its requests session, its challenge parsing. Library gaps worked around here (checked in oras
-0.2.43, ``provider.py``, ``auth/base.py``, ``auth/utils.py``, ``auth/token.py``):
-
-- ``do_request`` retries *every* exception five times with sleeps of 3 s to 83 s (a refused password or a closed
-  port takes minutes) and sends no timeout; its token requests send none either (a silent token endpoint hangs
-  forever). So requests go through :meth:`_RegistryMethods.do_request` and every request of the session has a
-  timeout.
-- its token backend mistakes a ``Basic`` challenge (the distribution registry with htpasswd) for a token realm, and
-  reads a token answer whole into memory: :meth:`_RegistryMethods._token` does the token flow with a bounded read.
-- ``load_configs`` reads the auth files unreliably: hfcache reads them itself
-  (:mod:`hfcache.oci.credentials`), and only when the registry asks for credentials (a 401 challenge).
-- ``Container`` accepts names the distribution spec does not (upper case: the registry answers 404) and takes
-  ``localhost/NAME`` for a Docker Hub name: :func:`parse_reference` validates with the spec's grammar.
-- requests follows redirects itself and answers nothing about where a 401 came from: redirects are followed here
-  (:meth:`_RegistryMethods._follow`), so credentials and tokens go to the registry's own origin (scheme, host, port
-  as the user named it) only, and a 401 from any other origin is refused naming both.
-- a socket timeout bounds each byte only, and http.client reads a status line and headers (urllib3 a gzip body) in
-  loops of such reads: every metadata answer is read under a :class:`hfcache.pace.Deadline` that a timer enforces
-  by shutting the connection's socket down (:class:`hfcache.oci.peer.Watchdog`), and blob bodies under a throughput
-  floor.
-
-Text a registry sends (error codes and messages, header values, redirect targets) reaches a terminal only through
-:func:`registry_text`.
+Library gaps worked around (oras 0.2.43 ``provider.py``, ``auth/base.py``, ``auth/utils.py``, ``auth/token.py``;
+docs/oci.md "Why oras-py"): ``do_request`` retries every exception five times with sleeps of 3 to 83 s and sends no
+timeout, nor do its token requests (:meth:`_RegistryMethods.do_request` fails fast; every request of the session
+has a timeout); its token backend takes a ``Basic`` challenge for a token realm and reads a token answer whole
+(:meth:`_RegistryMethods._token`); ``load_configs`` reads the auth files unreliably (:mod:`hfcache.oci.credentials`,
+read only on a 401); ``Container`` accepts names the distribution spec does not (:func:`parse_reference`); requests
+follows redirects blindly (:meth:`_RegistryMethods._follow`: credentials and tokens only to the registry's origin, a
+401 from any other refused naming both); a socket timeout bounds each byte only (every metadata answer is read
+under a :class:`hfcache.pace.Deadline` a timer enforces, :class:`hfcache.oci.peer.Watchdog`; blob bodies under a
+throughput floor). Registry text reaches a terminal only through :func:`registry_text`.
 """
 
 from __future__ import annotations
@@ -37,11 +23,11 @@ from typing import Protocol
 
 from ..bounds import loads_json
 from ..errors import EndpointUnreachable, HubError, UsageError
+from ..names import is_oci_digest
 from ..pace import Deadline, Throughput, TooSlow, metadata_deadline, min_rate
 from .credentials import Credentials, file_credentials
 from .peer import SLOW_HINT, Watchdog, local, netloc, origin, registry_text, watch
 
-DIGEST = re.compile(r"sha256:[0-9a-f]{64}")
 #: distribution-spec v1.1 "Pulling manifests": the repository name and tag grammars.
 _NAME = re.compile(r"[a-z0-9]+(?:(?:\.|_|__|-+)[a-z0-9]+)*(?:/[a-z0-9]+(?:(?:\.|_|__|-+)[a-z0-9]+)*)*")
 _TAG = re.compile(r"[a-zA-Z0-9_][a-zA-Z0-9._-]{0,127}")
@@ -111,7 +97,7 @@ def parse_reference(reference: str):
     if container.tag is not None and not _TAG.fullmatch(container.tag):
         raise UsageError(f"{reference!r}: tag {container.tag[:40]!r} is not valid (letters, digits, '_', '.', '-'; "
                          "at most 128, not starting with '.' or '-')", hint=_EXAMPLE)
-    if container.digest is not None and not DIGEST.fullmatch(container.digest):
+    if container.digest is not None and not is_oci_digest(container.digest):
         raise UsageError(f"{reference!r}: the digest must be sha256:<64 lowercase hex>",
                          hint="copy it from `hfcache push` output: REGISTRY/NAME@sha256:...")
     return container

@@ -56,8 +56,6 @@ ALLOWED: dict[tuple[str, str], str] = {
         "atomic_output of the export tar at the user's DEST (outside the source cache: export refuses that)",
     ("hfcache.warming.lockfile", "write_lock"):
         "atomic_write of the project's hfcache.lock next to its manifest: outside any cache",
-    ("hfcache.oci.image", "_write_temp"):
-        "push's private TemporaryDirectory (0700, this user's, in TMPDIR): outside any cache",
     ("hfcache.oci.image", "_write_layers"):
         "push's private TemporaryDirectory (0700, this user's, in TMPDIR): outside any cache",
     ("hfcache.serve.mirror", "_open_access_log"):
