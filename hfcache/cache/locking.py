@@ -102,11 +102,7 @@ class _KeepFdPath:
 def _fd_file_lock_class() -> type:
     from filelock import FileLock
 
-    class FdFileLock(_KeepFdPath, FileLock):
-        """filelock's FileLock, opened through ``/proc/self/fd/<N>`` names as given (:class:`_KeepFdPath`)."""
-
-    FdFileLock.__module__ = __name__
-    return FdFileLock
+    return type("FdFileLock", (_KeepFdPath, FileLock), {"__module__": __name__})
 
 
 @cache

@@ -6,6 +6,7 @@ what blocks it, and questions about the whole cache (symlink support, a blob ano
 from __future__ import annotations
 
 import errno
+import itertools
 import os
 import stat
 import uuid
@@ -184,12 +185,7 @@ def _names(path: Path) -> list[str] | None:
     (:func:`access_error`) when this user cannot list it."""
     try:
         with os.scandir(path) as entries:
-            names = []
-            for entry in entries:
-                names.append(entry.name)
-                if len(names) >= _MAX_ENTRIES:
-                    break
-            return names
+            return [entry.name for entry in itertools.islice(entries, _MAX_ENTRIES)]
     except (FileNotFoundError, NotADirectoryError):
         return None
     except PermissionError:

@@ -316,7 +316,7 @@ _DENIED = ("cannot be read by this user (permission denied): ask the cache's own
 _PROBLEM_TEXT = {"broken": "broken link (missing blob)", "absolute": "absolute link ({})",
                  "outside": "link points outside the repo's blobs ({})"}
 _first = operator.itemgetter(0)
-_BLOB_PREFIX = ["../" * (depth + 2) + "blobs/" for depth in range(64)]
+_BLOB_PREFIX = ["../" * (depth + 2) + "blobs/" for depth in range(MAX_TREE_DEPTH + 1)]  # a file's, by its depth
 
 
 #: Problem text of a snapshot entry that is a FIFO, device or socket.
@@ -373,8 +373,7 @@ def _scan_revision(base: str, commit: str, snapshot: str, refs: dict[str, str],
                 target = readlink(entry.path)
             except OSError:  # removed since the listing (a concurrent prune), or swapped for a file (EINVAL)
                 continue
-            depth = rel.count("/")
-            prefix = _BLOB_PREFIX[depth] if depth < 64 else "../" * (depth + 2) + "blobs/"
+            prefix = _BLOB_PREFIX[rel.count("/")]  # scan_tree enters no folder deeper than MAX_TREE_DEPTH
             etag = target[len(prefix):]
             if target.startswith(prefix) and etag in blob_stats and "/" not in etag:
                 form = "link"  # the fast path: huggingface_hub's own link shape, to a blob that exists
