@@ -1,22 +1,14 @@
-"""check_child: start ``check``'s offline probe child and keep it from hanging on what a cache's writers swap in.
+"""check_child: start ``check``'s offline probe child, keep it from hanging on what a cache's writers swap in, and
+keep one repo's crash from taking the others' results.
 
-The child (``hfcache.offline.probe``) loads tokenizers with huggingface_hub and transformers, which open cache files
-with a plain blocking ``open()`` through any link. ``check`` refuses FIFOs, devices and odd links before it starts
-the child (``check._hazards``), but a group member of a shared cache can swap a file for a FIFO after that. Two
-bounds stand against it:
-
-- the child runs with an audit hook (:data:`LAUNCHER`) that fails at once an ``open`` of a FIFO or device below the
-  cache (a ``stat`` before the open: it cannot see a swap between that ``stat`` and the open);
-- :func:`run_child` watches the child: a thread of it waiting in the kernel for a FIFO's writer
-  (``/proc/<pid>/task/<tid>/wchan`` is ``wait_for_partner``; Linux) for :data:`FIFO_GRACE` seconds, or a child
-  still running after the caller's timeout, is killed (:class:`ChildStuck`).
-
-One repo's files must not take the others' results with them. The child catches what a load raises, and the
-tokenizers library's panics (:mod:`.fast_inputs`), as that repo's error; what it cannot catch ends it (Rust aborts
-on a failed allocation, a signal, the kernel's OOM killer, custom code calling ``os._exit``). :func:`probe_specs`
-therefore has the child append each spec's start and result to a progress file: when a child dies or is stopped,
-the spec it was loading fails with why (:data:`CRASHED`), the finished ones keep their results, and the rest are
-loaded by a new child, within the same overall timeout.
+The child (``hfcache.offline.probe``) loads with huggingface_hub and transformers, which open cache files with a
+plain blocking ``open()`` through any link; ``check`` refuses FIFOs, devices and odd links before it starts, but a
+group member can swap one in later. So the child runs with an audit hook (:data:`LAUNCHER`) that fails an ``open`` of
+a FIFO or device below the cache (a ``stat`` before the open), and :func:`run_child` kills a child with a thread
+waiting for a FIFO's writer for :data:`FIFO_GRACE` seconds (Linux ``wchan`` ``wait_for_partner``) or still running
+at the timeout. The child catches what a load raises and the tokenizers library's panics (:mod:`.fast_inputs`); what
+it cannot catch ends it (a Rust abort, a signal, the OOM killer, ``os._exit``), so :func:`probe_specs` reads its
+progress file: the spec it was loading fails (:data:`CRASHED`), the rest are loaded by a new child.
 """
 
 from __future__ import annotations
@@ -31,11 +23,10 @@ from pathlib import Path
 
 from ..bounds import loads_json
 from ..errors import InternalError
+from .fast_inputs import printable
 
-#: How the child starts: ``python -c LAUNCHER HFCACHE_PARENT CACHE ARG...`` puts the folder this hfcache is imported
-#: from on ``sys.path`` (the child runs in a private empty folder, not ``python -m``'s working folder, which could
-#: shadow any module), adds the audit hook refusing to open a FIFO or device below the cache, then runs
-#: ``hfcache.offline.probe`` as ``python -m`` would.
+#: ``python -c LAUNCHER HFCACHE_PARENT CACHE ARG...``: the folder this hfcache is imported from on ``sys.path`` (not
+#: the working folder, which could shadow any module), the audit hook, then ``hfcache.offline.probe`` as ``-m`` runs it.
 LAUNCHER = """\
 import os, runpy, stat, sys
 sys.path[:] = [p for p in sys.path if p not in ('', '.')]
@@ -131,8 +122,7 @@ def _stderr_tail(stderr: str) -> str:
     ``note:`` or a backtrace frame), printable, at most 300 characters; empty when there is none."""
     stderr = stderr.split("\nstack backtrace:", 1)[0]
     lines = [ln.strip() for ln in stderr.splitlines() if ln.strip() and not ln.startswith((" ", "\t", "note: "))]
-    tail = lines[-1] if lines else ""
-    return "".join(c if c.isprintable() else "?" for c in tail[:300])
+    return printable(lines[-1] if lines else "", 300)
 
 
 def _how(returncode: int) -> str:
@@ -187,14 +177,13 @@ def _answer(proc: subprocess.CompletedProcess[str]) -> dict | None:
 
 def probe_specs(cache_dir: Path, text: str, specs: Sequence[str], trusted: Sequence[str], *, env: dict[str, str],
                 cwd: Path, timeout: float) -> dict[str, dict]:
-    """Run the probe child (``hfcache.offline.probe``) until every spec has a result, each child on the specs not yet
-    done: a spec whose load killed its child fails alone (:data:`CRASHED`, how it ended and its last stderr line),
-    and so does the one a stopped child was loading (:class:`ChildStuck`: the reason).
+    """Run probe children until every spec has a result, each on the specs not yet done: a spec whose load killed
+    its child fails alone (:data:`CRASHED`, how it ended, its last stderr line), as does the one a stopped child was
+    loading (:class:`ChildStuck`'s reason).
 
     Args:
-        cache_dir (Path): the cache; text (str): the probe text; specs: ``REPO_ID@REVISION`` to load; trusted: the
-            specs to load with ``trust_remote_code=True``.
-        env (dict[str, str]): the child's environment; cwd (Path): a private empty folder (progress files go there).
+        cache_dir, text, specs: the cache, the probe text, ``REPO_ID@REVISION`` to load; trusted: the specs to load
+            with ``trust_remote_code=True``. env, cwd: the child's environment and private empty working folder.
         timeout (float): seconds for all children together; specs not begun when it runs out fail with it.
 
     Returns:

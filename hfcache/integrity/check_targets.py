@@ -1,24 +1,21 @@
-"""check_targets: which tokenizers ``check`` loads, and what the cache holds for each.
-
-The targets of a lock or of a cache (one per ref, and one per commit for a snapshot no ref points to, which the
-application loads by commit), narrowed by ``REPO_ID[@REVISION]`` specs; the snapshot folder a target loads from;
-the parts of its repo folder an offline load needs that this user cannot read; and the custom code (``auto_map``)
-its load runs, read from its cached configs.
+"""check_targets: which tokenizers ``check`` loads (from a lock or a cache, narrowed by ``REPO_ID[@REVISION]``
+specs), and what the cache holds for each: the snapshot it loads from, the parts of its repo folder this user cannot
+read, the custom code (``auto_map``) its load runs.
 """
 
 from __future__ import annotations
 
 import os
-import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..bounds import MAX_TREE_DEPTH
 from ..cache import safefs
+from ..cache.fsops import scan_tree
 from ..cache.layout import RepoFolder
 from ..cache.scan import RepoInfo, scan_cache, scan_repo
 from ..errors import CacheError, UsageError
+from ..names import is_commit
 from ..records import parse_specs
 from ..warming.lockfile import Lockfile
 from ..warming.custom_code import MAX_PARSE_BYTES, auto_map_refs
@@ -151,19 +148,14 @@ def snapshot_of(cache_dir: Path, target: CheckTarget) -> Path | None:
     except (OSError, CacheError):
         return None
     # os.path.isdir, not Path.is_dir: Python 3.11's raises PermissionError on an unreadable snapshots/
-    return snapshot if re.fullmatch(r"[0-9a-f]{40}", commit) and os.path.isdir(snapshot) else None
-
-
-#: The parts of a repo folder an offline load by repo id reads: huggingface_hub resolves the revision in ``refs/``,
-#: opens files through ``snapshots/<commit>/`` into ``blobs/``, and looks for absent files in ``.no_exist/<commit>/``.
-LOAD_PARTS = ("refs", "snapshots", "blobs", ".no_exist")
+    return snapshot if is_commit(commit) and os.path.isdir(snapshot) else None
 
 
 def unreadable_parts(cache_dir: Path, target: CheckTarget) -> tuple[str, ...]:
-    """The parts of ``target``'s repo folder that an offline load needs and this user cannot list or enter
-    (:data:`LOAD_PARTS` and every folder below them), relative to the cache (``models--org--name/refs/``); empty when
-    all can be read or the repo is not cached. A load by commit can succeed where the application's load by repo id
-    fails (an unreadable ``refs/``): such a repo fails the check whatever the probe would say."""
+    """The parts of ``target``'s repo folder an offline load by repo id reads (``refs/``, ``snapshots/``, ``blobs/``,
+    ``.no_exist/`` and every folder below them) that this user cannot list or enter, relative to the cache
+    (``models--org--name/refs/``). A load by commit can succeed where the application's load by repo id fails (an
+    unreadable ``refs/``): such a repo fails the check whatever the probe would say."""
     folder = RepoFolder(cache_dir, target.repo_id, target.repo_type).root
     if not os.path.lexists(folder):
         return ()
@@ -174,29 +166,16 @@ def unreadable_parts(cache_dir: Path, target: CheckTarget) -> tuple[str, ...]:
 
 
 def _unreadable_below(folder: Path, part: str) -> list[str]:
-    """Folders under ``folder/part`` this user cannot list or enter, relative to ``folder`` (``.no_exist/abc/``).
-
-    Walked without recursion, no link followed, and no deeper than :data:`hfcache.bounds.MAX_TREE_DEPTH` below
-    ``part`` (a member can plant a 1,000-level chain; ``check`` reports a chain past the bound in a revision's
-    ``.no_exist/`` as an unsafe layout of its own)."""
-    top = folder / part
-    if not os.path.lexists(top):
-        return []
+    """Folders under ``folder/part`` this user cannot list or enter, relative to ``folder`` (``.no_exist/abc/``);
+    a bounded walk (:func:`hfcache.cache.fsops.scan_tree`: a member can plant a 1,000-level chain)."""
     denied: list[str] = []
-    stack = [(str(top), 0)]
-    while stack:
-        path, depth = stack.pop()
-        try:
-            with os.scandir(path) as listing:
-                folders = [e.path for e in listing if e.is_dir(follow_symlinks=False)]
-        except OSError:
-            denied.append(os.path.relpath(path, folder) + "/")
-            continue
-        for sub in folders:
-            if not os.access(sub, os.R_OK | os.X_OK):
-                denied.append(os.path.relpath(sub, folder) + "/")
-            elif depth < MAX_TREE_DEPTH:
-                stack.append((sub, depth + 1))
+    if not os.path.lexists(folder / part):
+        return denied
+    for _path, rel, dirs, _others in scan_tree(str(folder / part), onerror=lambda _exc, rel: denied.append(
+            f"{part}/{rel}")):
+        for entry in [e for e in dirs if not os.access(e.path, os.R_OK | os.X_OK)]:
+            denied.append(f"{part}/{rel}{entry.name}/")
+            dirs.remove(entry)
     return denied
 
 

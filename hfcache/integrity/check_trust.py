@@ -1,13 +1,10 @@
 """check_trust: which repos ``check`` may run custom code for, and when running it as root is refused.
 
-A repo whose cached ``auto_map`` names code (``custom_code.auto_map_refs``) runs that code when its tokenizer loads
-with ``trust_remote_code=True``. Whoever can write the cache chooses that code: a member of a group-shared cache, an
-image a ``pull`` brought, a tar an ``import`` merged. So ``check`` runs it only for the repos the user names
-(:class:`TrustPolicy`: ``--trust-remote-code REPO_ID[@REVISION]``, ``'*'`` for every target, or a lock's repos),
-and, when it runs as root (euid 0), only from folders no other user can change (:func:`root_refusal`): the cache
-root and its parents, the repo folders the code comes from (every entry below them), the files its snapshot links
-resolve to and an explicit ``HF_MODULES_CACHE``. Anything another uid owns or a group or others can write
-(a sticky folder excepted: others cannot rename what is not theirs) makes it refuse (exit 2), without loading.
+A repo whose cached ``auto_map`` names code runs it when its tokenizer loads with ``trust_remote_code=True``, and
+whoever can write the cache chose that code (a group member, a pulled image, an imported tar). So ``check`` runs it
+only for the repos the user names (:class:`TrustPolicy`), and as root only from folders no other user can change
+(:func:`root_refusal`): anything on the way another uid owns or a group or others can write (a sticky folder
+excepted) refuses the check (exit 2), without loading.
 """
 
 from __future__ import annotations
@@ -31,19 +28,14 @@ from .check_targets import CheckTarget
 #: What a target whose code was not opted in reports (``CheckResult.skipped``); ``check`` is not a pass on it.
 NOT_RUN = "needs custom code: not run"
 
-#: At most this many entries are looked at per repo folder before running its code as root (a larger repo is
-#: refused: nothing a member planted goes unlooked at).
+#: Entries looked at per repo folder before running its code as root (a larger repo is refused).
 MAX_ENTRIES = 200_000
 
 
 @dataclass(frozen=True)
 class TrustPolicy:
-    """The repos whose custom code ``check`` may run.
-
-    Attributes:
-        everything (bool): every target (``--trust-remote-code '*'``).
-        specs (dict[str, frozenset[str]]): repo id -> the revisions named (empty: every revision of that repo).
-    """
+    """The repos whose custom code ``check`` may run: ``everything`` (``--trust-remote-code '*'``), or ``specs``:
+    repo id -> the revisions named (empty: every revision of that repo)."""
 
     everything: bool = False
     specs: dict[str, frozenset[str]] = field(default_factory=dict)
@@ -124,12 +116,10 @@ def _repo_folder(cache_dir: Path, folder: RepoFolder, euid: int) -> str | None:
 
 
 def root_refusal(cache_dir: Path, targets: Iterable[tuple[CheckTarget, tuple[str, ...]]]) -> str | None:
-    """Why ``check`` running as root must not run these targets' custom code, or None (not root, or nothing any
-    other user can change). ``targets``: (target, its ``auto_map`` refs) for each target whose code would run.
-
-    Returns:
-        str | None: one line naming the first changeable path and the repo whose code it would feed.
-    """
+    """Why ``check`` running as root must not run these targets' custom code (one line naming the first path
+    another user can change and the repo whose code it would feed), or None. Looked at: the cache root and its
+    parents (as given and resolved), every entry of the repo folders the code comes from, the files their links
+    resolve to, an explicit ``HF_MODULES_CACHE``. ``targets``: (target, its ``auto_map`` refs) per code to run."""
     euid = os.geteuid()
     if euid != 0:
         return None

@@ -1,12 +1,6 @@
-"""diagnosis: name the missing piece behind a failed offline tokenizer load, from the cache and the error text.
-
-Used by ``check`` (:mod:`hfcache.integrity.check`) and by ``hfcache.offline.api.load_tokenizer``. In order: custom
-code (a module of another repo or missing from the snapshot, ``trust_remote_code`` not passed, an unwritable
-``HF_MODULES_CACHE``, packages the code imports that are not installed, the code itself failing), the tokenizers
-library panicking on the repo's files or the load killing check's child (:mod:`.fast_inputs`), a missing Python
-package, an unsafe layout, a repo or ref the cache lacks or holds malformed, no snapshot, no ``config.json`` and no
-``.no_exist`` marker (transformers needs one of them offline: docs/cache-layout.md, 'Traps the libraries leave'), a
-chat template the repo has but the cache lacks, broken snapshot links, a file neither cached nor marked absent.
+"""diagnosis: name the missing piece behind a failed offline tokenizer load, from the cache and the error text
+(for ``check`` and ``hfcache.offline.api.load_tokenizer``; what transformers needs offline: docs/cache-layout.md,
+'Traps the libraries leave').
 """
 
 from __future__ import annotations
@@ -15,10 +9,11 @@ import os
 import re
 from pathlib import Path
 
-from ..bounds import MAX_TREE_DEPTH
 from ..cache import safefs
+from ..cache.fsops import scan_tree
 from ..cache.layout import RepoFolder
 from ..errors import CacheError, HfcacheError
+from ..names import is_commit
 from ..warming.modules_cache import ENV_NAME, can_create
 from ..warming.custom_code import MAX_PARSE_BYTES, custom_code_paths, foreign_repos, module_path
 from ..warming.selection import AUTO_MAP_FILES
@@ -126,24 +121,10 @@ def _missing_code(snapshot: Path) -> tuple[str, ...]:
 
 
 def _snapshot_entries(snapshot: Path) -> list[tuple[str, str, bool]]:
-    """(path relative to the snapshot, full path, is a symlink) of every entry below ``snapshot``, walked without
-    recursion, no link followed, at most :data:`hfcache.bounds.MAX_TREE_DEPTH` levels deep (a diagnosis looks at
-    what is there; ``Path.rglob`` recursed once per level, so a planted 1,000-level chain raised RecursionError)."""
-    found: list[tuple[str, str, bool]] = []
-    stack = [("", str(snapshot), 0)]
-    while stack:
-        rel, path, depth = stack.pop()
-        try:
-            with os.scandir(path) as listing:
-                entries = list(listing)
-        except OSError:
-            continue
-        for entry in entries:
-            name = f"{rel}/{entry.name}" if rel else entry.name
-            found.append((name, entry.path, entry.is_symlink()))
-            if depth < MAX_TREE_DEPTH and entry.is_dir(follow_symlinks=False):
-                stack.append((name, entry.path, depth + 1))
-    return found
+    """(path relative to the snapshot, full path, is a symlink) of every entry below ``snapshot``, no link followed,
+    walked within :data:`hfcache.bounds.MAX_TREE_DEPTH` levels (:func:`hfcache.cache.fsops.scan_tree`)."""
+    return [(rel + e.name, e.path, e.is_symlink()) for _path, rel, dirs, others in scan_tree(str(snapshot))
+            for e in (*dirs, *others)]
 
 
 def diagnose(cache_dir: Path, target: CheckTarget, error: str) -> str | None:
@@ -186,12 +167,12 @@ def _diagnose(cache_dir: Path, target: CheckTarget, error: str) -> str | None:
         return f"refs/{target.revision} cannot be read: {exc}"
     commit = raw.decode("utf-8", "replace") if raw is not None else ""
     if raw is None:
-        commit = target.revision if re.fullmatch(r"[0-9a-f]{40}", target.revision) else ""
+        commit = target.revision if is_commit(target.revision) else ""
         if not commit:
             return f"refs/{target.revision} is missing: the revision cannot be resolved offline"
     if commit != commit.strip():
         return f"refs/{target.revision} has trailing whitespace: offline resolution fails (hfcache verify --repair)"
-    if not re.fullmatch(r"[0-9a-f]{40}", commit):
+    if not is_commit(commit):
         return f"refs/{target.revision} holds {commit[:50]!r}, not a commit: offline resolution fails"
     snapshot = folder.root / "snapshots" / commit
     if not snapshot.is_dir():

@@ -1,9 +1,6 @@
-"""expectations: what each snapshot path should hold, and where a snapshot differs from it.
-
-The expected size and hash of every path come from a lock when one is given, else from what ``hfcache warm``
-recorded publishing (:mod:`hfcache.cache.published`), else from huggingface_hub's ``trees/<commit>.json`` listing;
-with them, missing, swapped, resized and unlisted files are found, and real files (a cache written without symlinks)
-are queued for hashing.
+"""expectations: what each snapshot path should hold (size and hash: from a lock, else warm's record, else
+huggingface_hub's ``trees/<commit>.json``), and where a snapshot differs from it; real files (a cache written without
+symlinks) are queued for verify's hashing.
 """
 
 from __future__ import annotations
@@ -38,12 +35,10 @@ MAX_TREE_LISTING_BYTES = 64 * 1024 * 1024
 
 
 def read_tree_listing(cache_dir: str, folder: str, commit: str) -> dict[str, Expected] | None:
-    """Read ``trees/<commit>.json`` (huggingface_hub ``_tree_cache.py`` format 1) as path -> Expected, or None.
-
-    Read without following a link or opening a FIFO blocking, at most :data:`MAX_TREE_LISTING_BYTES` and
-    :data:`hfcache.bounds.MAX_JSON_DEPTH` levels deep (None past either: huggingface_hub's own listing, not trusted);
-    None too when an entry's etag is not 40/64 hex or its size not an integer from 0 to
-    :data:`hfcache.records.MAX_FILE_SIZE` (a blob id of another JSON type was exit 70 in verify)."""
+    """``trees/<commit>.json`` (huggingface_hub ``_tree_cache.py`` format 1) as path -> Expected, or None: none
+    there, a link or FIFO (never followed or opened blocking), past :data:`MAX_TREE_LISTING_BYTES` or
+    :data:`hfcache.bounds.MAX_JSON_DEPTH`, or an entry whose etag is not 40/64 hex or whose size is not an integer
+    from 0 to :data:`hfcache.records.MAX_FILE_SIZE` (not a listing hfcache trusts)."""
     try:
         raw = safefs.read_small(cache_dir, (folder, "trees", f"{commit}.json"), MAX_TREE_LISTING_BYTES + 1)
         if len(raw) > MAX_TREE_LISTING_BYTES:
@@ -67,10 +62,8 @@ def read_tree_listing(cache_dir: str, folder: str, commit: str) -> dict[str, Exp
 def expected_of(cache_dir: str, repo: RepoInfo, commit: str, expectations,
                 refused: list[Problem] | None = None) -> tuple[dict[str, Expected] | None, str, tuple[str, ...]]:
     """(path -> Expected, where it comes from, names marked absent) for one revision: the lock's when given, else
-    what hfcache warm recorded publishing (:mod:`hfcache.cache.published`), else a ``trees/`` listing.
-
-    A warm record past its bounds (too large, nested too deep: :class:`hfcache.cache.published.RecordRefused`) is a
-    ``record_refused`` error appended to ``refused``; the revision is then checked against its ``trees/`` listing."""
+    warm's record (:mod:`hfcache.cache.published`), else a ``trees/`` listing. A warm record past its bounds
+    (:class:`hfcache.cache.published.RecordRefused`) is a ``record_refused`` error appended to ``refused``."""
     expected = expectations.get((repo.repo_type, repo.repo_id, commit))
     if expected is not None:
         return expected, "lock", ()
@@ -115,41 +108,35 @@ def lock_expectations(lock: Lockfile | None) -> dict[tuple[str, str, str], dict[
 
 def check_expected(repo: RepoInfo, rev, expected: dict[str, Expected] | None, source: str, jobs, owners,
                    cache_dir: str) -> list[Problem]:
-    """Compare a snapshot with its expected listing (lock or trees/); queue real files for hashing."""
-    found = []
-    present = {f.path: f for f in rev.files}
+    """Compare a snapshot with its expected listing (``source``: lock, warm record, trees/ listing); queue its real
+    files for hashing in verify's ``jobs`` and ``owners`` (opened from the cache root there, never by a path)."""
+    found: list[Problem] = []
+
+    def add(path: str, kind: str, detail: str) -> None:
+        found.append(Problem(repo.repo_id, rev.commit_hash, path, kind, detail, repo.folder))
+
     for f in rev.files:
         want = expected.get(f.path) if expected else None
         if f.form == "link" and want is not None and (f.etag != want.etag or f.size != want.size):
-            found.append(Problem(repo.repo_id, rev.commit_hash, f.path, "file_mismatch",
-                                 f"links to blob {f.etag[:16]}… ({f.size} bytes), the {source} expects "
-                                 f"{want.etag[:16]}… ({want.size} bytes)", repo.folder))
-        elif f.form == "file":
-            if want is None and f.inode in jobs:
-                continue  # a hardlink of a blob (hfcache's form without symlinks): verified by the blob's name
-            if want is None:
-                found.append(Problem(repo.repo_id, rev.commit_hash, f.path, "unverified",
-                                     "real file with no expected hash (no lock or trees/ listing names it)",
-                                     repo.folder))
-                continue
-            if f.size != want.size:
-                found.append(Problem(repo.repo_id, rev.commit_hash, f.path, "file_mismatch",
-                                     f"{f.size} bytes, the {source} expects {want.size}", repo.folder))
-                continue
-            algorithm = algorithm_of(want.etag)
-            if algorithm and f.inode is not None:
-                # opened from the cache root by verify (safefs.open_repo_file), never by a path built here
-                jobs.setdefault(f.inode, ((cache_dir, repo.folder, rev.commit_hash, f.path), algorithm, want.etag,
-                                          f.size))
-                owners.setdefault(f.inode, []).append((repo, rev.commit_hash, f.path))
-    for path in sorted(set(expected or ()) - set(present)):
-        if source in ("lock", "warm record"):
-            found.append(Problem(repo.repo_id, rev.commit_hash, path, "file_missing",
-                                 f"listed in the {source} but not in the snapshot", repo.folder))
+            add(f.path, "file_mismatch", f"links to blob {f.etag[:16]}… ({f.size} bytes), the {source} expects "
+                                         f"{want.etag[:16]}… ({want.size} bytes)")
+        elif f.form != "file" or (want is None and f.inode in jobs):
+            continue  # a hardlink of a blob (hfcache's form without symlinks): verified by the blob's name
+        elif want is None:
+            add(f.path, "unverified", "real file with no expected hash (no lock or trees/ listing names it)")
+        elif f.size != want.size:
+            add(f.path, "file_mismatch", f"{f.size} bytes, the {source} expects {want.size}")
+        elif algorithm_of(want.etag) and f.inode is not None:
+            jobs.setdefault(f.inode, ((cache_dir, repo.folder, rev.commit_hash, f.path), algorithm_of(want.etag),
+                                      want.etag, f.size))
+            owners.setdefault(f.inode, []).append((repo, rev.commit_hash, f.path))
+    present = {f.path for f in rev.files}
+    if source in ("lock", "warm record"):
+        for path in sorted(set(expected or ()) - present):
+            add(path, "file_missing", f"listed in the {source} but not in the snapshot")
     if expected is not None and source == "lock":
-        for path in sorted(set(present) - set(expected)):
-            found.append(Problem(repo.repo_id, rev.commit_hash, path, "file_unlisted",
-                                 "present but not listed in the lock", repo.folder))
+        for path in sorted(present - set(expected)):
+            add(path, "file_unlisted", "present but not listed in the lock")
     return found
 
 

@@ -1,23 +1,17 @@
 """fast_inputs: what the fast tokenizer path takes from a cache's tokenizer files, read as untrusted input.
 
-Any member of a shared cache, a pulled image or an imported tar can write ``tokenizer_config.json``,
-``special_tokens_map.json``, ``config.json`` and ``tokenizer.json``. :mod:`.fast_tokenizer` reads their fields through
-the typed reads here, which refuse (:class:`FastPathRefused`, one line) a value of another type or out of bounds
-instead of letting a ``TypeError`` or ``ValueError`` out, and hands the rest to the tokenizers library inside
-:func:`library_call`.
+Any member of a shared cache, a pulled image or an imported tar can write the tokenizer files. :mod:`.fast_tokenizer`
+reads their fields through the typed reads here, which refuse a value of another type or out of bounds
+(:class:`FastPathRefused`, one line), and hands the rest to the tokenizers library inside :func:`library_call`.
 
-Panics. tokenizers (Rust, bound with pyo3) panics on some malformed files instead of returning an error (0.23.x):
-a ``Precompiled`` normalizer whose ``precompiled_charsmap`` does not parse (``normalizers/mod.rs``:
-``.expect("Precompiled")``, at load) or whose trie points outside itself (at encode), a ``TemplateProcessing`` naming
-a special token missing from its ``special_tokens`` (``processors/template.rs``, at every encode), a BPE merge of a
-token the vocabulary lacks (at load), a truncation ``stride`` not below its ``max_length`` (at encode). pyo3 raises a
-panic in Python as ``pyo3_runtime.PanicException``, a ``BaseException`` by design (PyO3/pyo3#2783), so
-``except Exception`` lets it through; every pyo3 extension has its own class and none can be imported
-(PyO3/pyo3#2880), so :func:`is_panic` knows it by name and module. A panic in a rayon worker thread
-(``encode_batch``) reaches the caller the same way. A failed memory allocation aborts the process instead (Rust's
-``handle_alloc_error``: e.g. a ``tokenizer.json`` padding of 2**58 ids, at encode): nothing in the process can catch
-that, which is why ``hfcache check``'s child reports its progress to the parent (:func:`.check_child.probe_specs`),
-and why the fast path switches padding and truncation off before its first encode.
+tokenizers (Rust, via pyo3) panics on some malformed files (0.23.x): a ``Precompiled`` normalizer whose
+``precompiled_charsmap`` does not parse (at load) or whose trie points outside itself (at encode), a
+``TemplateProcessing`` naming a special token it lacks (every encode), a BPE merge of a token the vocabulary lacks
+(load), a truncation ``stride`` not below its ``max_length`` (encode). pyo3 raises a panic as
+``pyo3_runtime.PanicException``, a ``BaseException`` (PyO3/pyo3#2783) whose class cannot be imported
+(PyO3/pyo3#2880): :func:`is_panic` knows it by name. A failed allocation aborts the process instead (a padding of
+2**58 ids, at encode): nothing in it can catch that, hence check's child reports its progress
+(:func:`.check_child.probe_specs`) and the fast path switches padding and truncation off before its first encode.
 """
 
 from __future__ import annotations
@@ -49,10 +43,15 @@ def is_panic(exc: BaseException) -> bool:
     return any(c.__name__ == "PanicException" and c.__module__ == "pyo3_runtime" for c in type(exc).__mro__)
 
 
+def printable(text: str, limit: int) -> str:
+    """At most ``limit`` characters of ``text`` (written by a cache's members or a child), control characters as
+    ``?``."""
+    return "".join(c if c.isprintable() else "?" for c in text[:limit])
+
+
 def one_line(exc: BaseException, limit: int = 200) -> str:
-    """``TypeName: first line of the message`` (at most ``limit`` characters of it, control characters as ``?``)."""
-    text = str(exc).splitlines()[0] if str(exc).strip() else ""
-    text = "".join(c if c.isprintable() else "?" for c in text[:limit])
+    """``TypeName: first line of the message`` (at most ``limit`` characters of it, :func:`printable`)."""
+    text = printable(str(exc).splitlines()[0], limit) if str(exc).strip() else ""
     return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
 
 

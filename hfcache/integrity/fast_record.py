@@ -1,21 +1,12 @@
 """fast_record: what ``hfcache check`` proved about the fast tokenizer path, per repo and commit.
 
-``<cache>/.locks/hfcache-fast-tokenizers.json``, beside verify's ``--fast`` record and under the same rules
-(:mod:`hfcache.cache.owned_record`): read without following links, through a descriptor of ``.locks`` opened from the cache root,
-``O_NONBLOCK`` (a FIFO never blocks), at most :data:`MAX_RECORD_BYTES` and :data:`hfcache.bounds.MAX_JSON_DEPTH`
-levels deep; written atomically, mode 0644 from creation on, through that descriptor. A cache that cannot be
-written keeps no record (check says so).
-
-What a record can do, and who may write it: an entry is ``"equal"`` or ``"differs: ..."`` for ``REPO_TYPE/REPO_ID@COMMIT``
-with the ``tokenizers`` version it was proved with.
-
-- A ``differs`` entry only ever makes ``load_tokenizer(backend="tokenizers")`` refuse (the application falls back to
-  ``backend="transformers"``), so it is honoured from any record read safely, whoever wrote it: the worst a group
-  member can do with it is that fallback.
-- An ``equal`` entry is proof only from a *trusted* record: a regular file with one link, owned by the caller's
-  effective uid or by root (an image built as root, run as another uid), not writable by group or others; and only
-  for the same ``tokenizers`` version. It is needed only with ``require_proof=True``; it never makes the fast path load
-  a repo it refuses statically (no ``tokenizer.json``, custom code, a class not replicated).
+``<cache>/.locks/hfcache-fast-tokenizers.json``, read and written under :mod:`hfcache.cache.owned_record`'s rules:
+an entry is ``"equal"`` or ``"differs: ..."`` for ``REPO_TYPE/REPO_ID@COMMIT``, with the ``tokenizers`` version
+proved with. A ``differs`` entry only ever makes ``load_tokenizer(backend="tokenizers")`` refuse (the application
+falls back to transformers), so it is honoured from any record read safely, whoever wrote it. An ``equal`` entry is
+proof only from a *trusted* record (owned by this euid or by root: an image built as root, run as another uid) for
+the same ``tokenizers`` version; needed only with ``require_proof=True``, it never makes the fast path load a repo
+it refuses statically.
 """
 
 from __future__ import annotations
@@ -23,6 +14,7 @@ from __future__ import annotations
 import json
 
 from ..cache import owned_record
+from .fast_inputs import printable
 
 RECORD = (".locks", "hfcache-fast-tokenizers.json")
 MAX_RECORD_BYTES = 16 * 1024 * 1024
@@ -53,7 +45,7 @@ def recorded_difference(cache_dir: str, record_key: str) -> str | None:
     verdict = entry.get("verdict") if entry else None
     if not isinstance(verdict, str) or not verdict.startswith("differs"):
         return None
-    return "".join(c if c.isprintable() else "?" for c in verdict[:500])  # any member may have written it
+    return printable(verdict, 500)  # any member may have written it
 
 
 def proven_equal(cache_dir: str, record_key: str, tokenizers_version: str) -> bool:

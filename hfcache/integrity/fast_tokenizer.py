@@ -1,31 +1,16 @@
 """fast_tokenizer: a ``tokenizers.Tokenizer`` from a cached ``tokenizer.json``, set up as transformers sets it up.
 
-``AutoTokenizer.from_pretrained`` (transformers 5.24) does more than read ``tokenizer.json``, and this module
-replays that work for the classes it knows, without importing transformers (``import transformers`` is ~0.8 s):
-
-- which class loads: ``tokenizer_config.json``'s ``tokenizer_class`` (else ``config.json``'s), else ``config.json``'s
-  ``model_type`` through transformers' ``TOKENIZER_MAPPING_NAMES`` (the rows kept here: :data:`MODEL_TYPES`), else
-  ``TokenizersBackend``; a repo whose ``auto_map`` names tokenizer code is refused (custom code);
-- ``TokenizersBackend`` (and classes without an ``__init__`` of their own) load ``tokenizer.json`` as it is; ``BertTokenizer``,
-  ``LlamaTokenizer`` and ``GPT2Tokenizer`` rebuild the model, normalizer and pre-tokenizer from the vocabulary
-  and their own arguments (``do_lower_case``, ``strip_accents``, ``tokenize_chinese_chars``, ``legacy``,
-  ``add_prefix_space``), keeping only the post-processor of the file (``tokenization_utils_tokenizers.py``
-  ``convert_to_native_format``; ``models/{bert,llama,gpt2}/tokenization_*.py``); every other class is refused;
-- added and special tokens: ``added_tokens_decoder`` (else the file's ``added_tokens`` and ``special_tokens_map.json``),
-  then the named special tokens missing from them, added in that order (``TokenizersBackend.__init__``);
-  ``split_special_tokens``; BERT's ``[CLS] $A [SEP]`` template; ``add_bos_token``/``add_eos_token`` are ignored, as
-  ``_from_pretrained`` drops them when there is a ``tokenizer.json`` (a file without a post-processor gets the
-  ``$A`` template of ``update_post_processor``);
-- truncation and padding from ``tokenizer.json`` are switched off: ``__call__`` does not truncate or pad by default
-  (``set_truncation_and_padding``), and neither does the result here, past ``model_max_length`` too;
-- transformers' Mistral regex patch (a vocabulary over 100,000 with a ``config.json`` of a Mistral model type or of a
-  transformers version before 5): refused.
-
-Every file is read through :mod:`hfcache.cache.safefs` (no link out of the repo folder, no FIFO) with a size cap, and
-every JSON through :func:`hfcache.bounds.loads_json`; every field taken from them is checked for its type and bounds
-(:mod:`.fast_inputs`), and what the tokenizers library raises or panics on, at load or at a first encode, is a
-refusal. ``hfcache check`` proves the result equal to ``AutoTokenizer``
-on :mod:`.tokenizer_corpus` and records it (:mod:`.fast_record`).
+``AutoTokenizer.from_pretrained`` (transformers 5.24, ``tokenization_auto.py``, ``tokenization_utils_tokenizers.py``,
+``models/{bert,llama,gpt2}/tokenization_*.py``) does more than read ``tokenizer.json``; this replays it for the
+classes it knows, without importing transformers (~0.8 s): the class (:func:`resolve_class`; ``auto_map`` tokenizer
+code is refused); ``TokenizersBackend`` loads the file as it is, ``BertTokenizer``/``LlamaTokenizer``/``GPT2Tokenizer``
+rebuild model, normalizer and pre-tokenizer from the vocabulary and their arguments and keep the file's
+post-processor, any other class is refused; added and special tokens in transformers' order, ``split_special_tokens``,
+BERT's template (``add_bos_token``/``add_eos_token`` are dropped, as ``_from_pretrained`` drops them with a
+``tokenizer.json``); truncation and padding off, as ``__call__``'s defaults; the Mistral regex patch is refused.
+Files are read through :mod:`hfcache.cache.safefs` with size caps, JSON through :func:`hfcache.bounds.loads_json`,
+fields through :mod:`.fast_inputs`; what the library raises or panics on is a refusal. ``hfcache check`` proves the
+result equal to ``AutoTokenizer`` on :mod:`.tokenizer_corpus` and records it (:mod:`.fast_record`).
 """
 
 from __future__ import annotations
@@ -41,6 +26,7 @@ from ..bounds import loads_json
 from ..cache import safefs
 from ..cache.root import repo_folder_name
 from ..errors import CacheError
+from ..names import is_commit
 from . import fast_inputs as read
 from .fast_inputs import FastPathRefused, library_call, smoke_encode
 
@@ -94,13 +80,8 @@ class NotCached(LookupError):
 
 @dataclass(frozen=True)
 class FastTokenizer:
-    """What :func:`build` made.
-
-    Attributes:
-        tokenizer (tokenizers.Tokenizer): set up as described in the module docstring.
-        commit (str): the snapshot it was read from (40 hex).
-        tokenizer_class (str): the transformers class whose load it replays.
-    """
+    """What :func:`build` made: the ``tokenizers.Tokenizer``, the ``commit`` it was read from and the transformers
+    ``tokenizer_class`` whose load it replays."""
 
     tokenizer: Any
     commit: str
@@ -113,7 +94,7 @@ def resolve_commit(cache_dir: Path, folder: str, revision: str) -> str:
     Raises:
         NotCached: no such ref, or the snapshot folder is missing. CacheError: a planted link, a bad ref name.
     """
-    if re.fullmatch(r"[0-9a-f]{40}", revision):
+    if is_commit(revision):
         commit = revision
     else:
         try:
@@ -123,7 +104,7 @@ def resolve_commit(cache_dir: Path, folder: str, revision: str) -> str:
         except OSError as exc:
             raise _unreadable(f"{folder}/refs/{revision}", exc) from None
         commit = raw.decode("ascii", "replace").strip()
-        if not re.fullmatch(r"[0-9a-f]{40}", commit):
+        if not is_commit(commit):
             raise CacheError(f"{folder}/refs/{revision} does not hold a commit", hint="hfcache verify --repair")
     _must_exist(cache_dir, (folder, "snapshots", commit), f"no snapshot {commit[:12]} in {folder}")
     return commit
@@ -159,13 +140,19 @@ def _read(cache_dir: Path, folder: str, commit: str, name: str, limit: int) -> b
 
 
 def _read_json(cache_dir: Path, folder: str, commit: str, name: str) -> dict | None:
-    raw = _read(cache_dir, folder, commit, name, MAX_CONFIG_JSON)
+    return _json(_read(cache_dir, folder, commit, name, MAX_CONFIG_JSON), name)
+
+
+def _json(raw: bytes | None, name: str) -> dict | None:
+    """``raw`` parsed as a JSON object (``tokenizer.json``: with a ``model`` object); None for None."""
     if raw is None:
         return None
     try:
         doc = loads_json(raw, name)
     except ValueError as exc:
         raise FastPathRefused(f"{name} cannot be parsed ({exc})") from None
+    if name == "tokenizer.json" and not (isinstance(doc, dict) and isinstance(doc.get("model"), dict)):
+        raise FastPathRefused("tokenizer.json has no model")
     if not isinstance(doc, dict):
         raise FastPathRefused(f"{name} is not a JSON object")
     return doc
@@ -385,16 +372,6 @@ def _mistral_patch(tok: Any, config: dict | None) -> bool:
                                                                        model_type in _MISTRAL_TYPES)
 
 
-def _parse_tokenizer_json(raw: bytes) -> dict:
-    try:
-        doc = loads_json(raw, "tokenizer.json")
-    except ValueError as exc:
-        raise FastPathRefused(f"tokenizer.json cannot be parsed ({exc})") from None
-    if not isinstance(doc, dict) or not isinstance(doc.get("model"), dict):
-        raise FastPathRefused("tokenizer.json has no model")
-    return doc
-
-
 def build(cache_dir: Path, repo_id: str, revision: str | None = None, repo_type: str = "model") -> FastTokenizer:
     """The fast tokenizer of ``repo_id@revision`` from the cache alone (no network, no transformers).
 
@@ -413,8 +390,6 @@ def build(cache_dir: Path, repo_id: str, revision: str | None = None, repo_type:
         CacheError: a planted link or FIFO on the way (:class:`hfcache.cache.safefs.UnsafeLayout`), a file or folder
             this user cannot read.
     """
-    from tokenizers import Tokenizer
-
     folder = safefs.check_folder_name(repo_folder_name(repo_id, repo_type))
     _must_exist(cache_dir, (folder,), f"{repo_id} is not in the cache (no {folder}/)")
     commit = resolve_commit(cache_dir, folder, revision or "main")
@@ -427,15 +402,24 @@ def build(cache_dir: Path, repo_id: str, revision: str | None = None, repo_type:
                               "vocabulary files on load)")
     if _read(cache_dir, folder, commit, "added_tokens.json", MAX_CONFIG_JSON) is not None:
         raise FastPathRefused("added_tokens.json (a legacy added-token file) is not replicated")
-    doc = _parse_tokenizer_json(raw)
+    doc = _json(raw, "tokenizer.json")
     if cls == "LlamaTokenizer" and b'"ByteLevel"' in raw:
         cls = "TokenizersBackend"  # AutoTokenizer loads a byte-level "LlamaTokenizer" as TokenizersBackend
     special_map = None
     if "added_tokens_decoder" not in tk_config:
         special_map = _read_json(cache_dir, folder, commit, "special_tokens_map.json")
+    tok = _set_up(raw, doc, cls, tk_config, config, special_map)
+    smoke_encode(tok)
+    return FastTokenizer(tok, commit, cls)
+
+
+def _set_up(raw: bytes, doc: dict, cls: str, tk_config: dict, config: dict | None, special_map: dict | None) -> Any:
+    """The ``tokenizers.Tokenizer`` of ``raw`` set up as ``cls``'s load sets it up. Once the settings are checked,
+    what the library raises or panics on is the file's (:func:`.fast_inputs.library_call`)."""
+    from tokenizers import Tokenizer
+
     added_ids, added, named, extra = _token_settings(tk_config, doc, special_map, cls)
     split = bool(read.flag(tk_config, "split_special_tokens", False))
-    # Past here the settings are checked: what tokenizers raises or panics on is the file's (fast_inputs).
     with library_call("tokenizer.json cannot be loaded"):
         tok = Tokenizer.from_str(raw.decode("utf-8"))
     with library_call("tokenizers refuses this repo's tokenizer settings"):
@@ -454,8 +438,7 @@ def build(cache_dir: Path, repo_id: str, revision: str | None = None, repo_type:
         _add_tokens(tok, added, named, extra)
         tok.encode_special_tokens = split
         _finish(tok, cls, named, config, update)
-    smoke_encode(tok)
-    return FastTokenizer(tok, commit, cls)
+    return tok
 
 
 def _finish(tok: Any, cls: str, named: dict, config: dict | None, update: bool) -> None:

@@ -1,24 +1,13 @@
 """repair: fix exactly what :func:`hfcache.integrity.verify.verify_cache` found broken, and nothing else.
 
-- A malformed ref whose content is a commit plus whitespace (a hand-written trailing newline) is rewritten.
-- An absolute or escaping snapshot link whose target is a healthy blob of the repo is rewritten as the relative
-  link huggingface_hub writes.
-- Broken content (a blob whose hash does not match its name, a blob that is a symlink or not a file, a link to a
-  missing blob, a file the lock lists but the snapshot lacks, a snapshot entry that differs from the lock) is
-  downloaded again at the snapshot's commit, hashed, and published in huggingface_hub's order (blob renamed into
-  place, then the link). A link whose file the endpoint says no longer exists is removed. Where from, per revision
-  (:class:`RepairEndpoints`): ``--endpoint`` when given; else the endpoint warm recorded as the commit's source
-  (:mod:`hfcache.cache.published`), then ``HF_ENDPOINT`` if set and another; else ``HF_ENDPOINT`` or the public Hub.
-  The record is a hint of where, written by anyone who can write the cache: a recorded endpoint gets the token only
-  on the origin of ``HF_ENDPOINT`` or of the public Hub (the hosts the user gave it for), never userinfo (the record
-  keeps none: :func:`hfcache.cache.published.public_endpoint`).
-  A revision no endpoint could be reached for is a ``failed`` action with exit code 3 (network), not 1.
-- A corrupt blob no snapshot uses is removed.
-
-Healthy blobs and links are never rewritten; a repo blob that is huggingface_hub 2.4's link into the shared Xet
-store (exact shape, marked store, regular payload) is a healthy blob and stays a link. A broken one (a corrupt or
-missing payload, a refused store) is downloaded again into a regular blob, replacing the link itself (``os.replace``,
-never written through); the store's payload is left to the library. Each repo is repaired under the same repo lock warm takes.
+A ref holding a commit plus whitespace is rewritten; an absolute or escaping snapshot link to a healthy blob of the
+repo is rewritten as huggingface_hub's relative link; broken content (a blob that does not hash to its name or is not
+a file, a link to a missing blob, a file the lock lists but the snapshot lacks or holds otherwise) is downloaded again
+at the snapshot's commit, hashed, and published in huggingface_hub's order (blob, then link); a link whose file the
+endpoint no longer has is removed; a corrupt blob no snapshot uses is removed. A healthy huggingface_hub 2.4 link into
+the shared Xet store stays a link; a broken one is replaced by a regular blob (the store is left to the library).
+Each repo is repaired under warm's repo lock. Where from, per revision: :class:`RepairEndpoints`; a revision no
+endpoint could serve is a ``failed`` action with exit code 3 (network), not 1.
 """
 
 from __future__ import annotations
@@ -27,7 +16,7 @@ import os
 import stat
 from collections import defaultdict
 from collections.abc import Callable, Iterable
-from contextlib import AbstractContextManager
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -45,7 +34,7 @@ from ..hub.urls import origin
 from ..warming.lockfile import Lockfile
 from ..records import folder_ids
 from ..cache.scan import parse_folder_name, scan_repo
-from ..cache.content import algorithm_of
+from ..names import is_commit
 from .verify import HashProgress, verify_cache
 from .verify_report import Problem, VerifyReport
 
@@ -56,17 +45,10 @@ _CONTENT_KINDS = {"blob_mismatch", "blob_not_file", "link_broken", "file_missing
 
 @dataclass(frozen=True)
 class RepairAction:
-    """One thing repair did or could not do.
-
-    Attributes:
-        repo_id (str), revision (str), path (str): what it concerns (as in
-            :class:`hfcache.integrity.verify_report.Problem`).
-        action (str): ``rewrote ref``, ``relinked``, ``downloaded``, ``removed link``, ``removed blob``,
-            ``removed record`` (warm's record past its bounds), or ``failed``.
-        detail (str): one line for people.
-        exit_code (int): of a ``failed`` action that is not an integrity problem, its cause's exit code (3: no
-            endpoint could serve it, e.g. none could be reached); 0 otherwise.
-    """
+    """One thing repair did or could not do: ``repo_id``, ``revision``, ``path`` as in
+    :class:`hfcache.integrity.verify_report.Problem`; ``action``: ``rewrote ref``, ``relinked``, ``downloaded``,
+    ``removed link``, ``removed blob``, ``removed record`` (warm's record past its bounds) or ``failed``; ``detail``:
+    one line; ``exit_code``: of a ``failed`` action no endpoint could serve, 3 (or 4: offline), else 0."""
 
     repo_id: str
     revision: str
@@ -85,9 +67,8 @@ class RepairEndpoints:
 
     Args:
         user (HubClient): the endpoint the user configured (``--endpoint``, else ``HF_ENDPOINT``, else the public
-            Hub), with the user's token: the only endpoint the token is sent to.
-        given (bool): True when the user named it with ``--endpoint``: it serves every revision, whatever the
-            cache's records say.
+            Hub), with the user's token. given (bool): the user named it with ``--endpoint``: it serves every
+            revision, whatever the cache's records say.
     """
 
     def __init__(self, user: HubClient, given: bool) -> None:
@@ -96,11 +77,11 @@ class RepairEndpoints:
         self._clients: dict[str, HubClient] = {user.endpoint: user}
 
     def for_revision(self, recorded: str | None) -> list[HubClient]:
-        """The clients to try, in order, for a revision whose record names ``recorded`` (None: no usable record):
-        ``[--endpoint]``; else ``[recorded, HF_ENDPOINT]`` (``HF_ENDPOINT`` only when set and another endpoint);
-        else ``[HF_ENDPOINT or the public Hub]``. A recorded endpoint gets the token only on the origin (scheme,
-        host, port) of ``HF_ENDPOINT`` or of the public Hub, the rule a manifest's endpoint follows
-        (:func:`hfcache.warming.manifest.withheld_endpoints`)."""
+        """The clients to try, in order, for a revision whose warm record names ``recorded`` (None: no usable
+        record): ``[--endpoint]``; else ``[recorded, HF_ENDPOINT]`` (``HF_ENDPOINT`` only when set and another);
+        else ``[HF_ENDPOINT or the public Hub]``. The record is a hint anyone who can write the cache writes: a
+        recorded endpoint gets the token only on the origin of ``HF_ENDPOINT`` or of the public Hub, the rule a
+        manifest's endpoint follows (:func:`hfcache.warming.manifest.withheld_endpoints`)."""
         if self.given or not recorded:
             return [self.user]
         order = [recorded]
@@ -116,30 +97,14 @@ class RepairEndpoints:
         return self._clients[endpoint]
 
 
-def repair(
-    report: VerifyReport,
-    *,
-    client: HubClient | None,
-    lock: Lockfile | None = None,
-    lock_timeout: float = DEFAULT_LOCK_TIMEOUT,
-    on_lock_wait=None,
-    endpoints: RepairEndpoints | None = None,
-) -> tuple[RepairAction, ...]:
-    """Repair the integrity errors of ``report`` in place.
+def repair(report: VerifyReport, *, endpoints: RepairEndpoints, lock: Lockfile | None = None,
+           lock_timeout: float = DEFAULT_LOCK_TIMEOUT, on_lock_wait=None) -> tuple[RepairAction, ...]:
+    """Repair the integrity errors of ``report`` in place; the actions taken, sorted (a ``failed`` one says why).
 
     Args:
-        report: a verify report of the cache to repair.
-        client: the endpoint to download from, for every revision (None: only offline repairs: refs and links,
-            unless ``endpoints`` is given).
-        endpoints: which endpoints to ask per revision (:class:`RepairEndpoints`: the one warm recorded first);
-            overrides ``client``.
-        lock: when given, downloaded files must also match the lock's hashes.
-        lock_timeout: seconds to wait at most for a repo's or blob's lock; a repo whose lock stays held is a
-            ``failed`` action naming the lock.
-        on_lock_wait: called with a :class:`hfcache.cache.locking.LockWait` when a wait lasts a few seconds.
-
-    Returns:
-        The actions taken, sorted; a ``failed`` action names what could not be fixed and why.
+        endpoints: which endpoints to ask per revision. lock: when given, downloads must match its hashes too.
+        lock_timeout: seconds to wait at most for a repo's or blob's lock (a repo whose lock stays held is a
+            ``failed`` action naming it). on_lock_wait: called with a :class:`hfcache.cache.locking.LockWait`.
     """
     cache_dir = Path(report.cache_dir)
     by_folder: dict[str, list[Problem]] = defaultdict(list)
@@ -147,8 +112,6 @@ def repair(
         by_folder[problem.folder].append(problem)
     actions: list[RepairAction] = []
     symlinks = symlinks_supported(cache_dir)
-    if endpoints is None and client is not None:
-        endpoints = RepairEndpoints(client, given=True)
     for folder_name, problems in sorted(by_folder.items()):
         parsed = parse_folder_name(folder_name)
         if parsed is None:
@@ -164,7 +127,7 @@ def repair(
     return tuple(sorted(actions, key=lambda a: (a.repo_id, a.revision, a.path, a.action)))
 
 
-def _repair_repo(folder: RepoFolder, problems: list[Problem], endpoints: RepairEndpoints | None,
+def _repair_repo(folder: RepoFolder, problems: list[Problem], endpoints: RepairEndpoints,
                  lock: Lockfile | None, symlinks: bool) -> list[RepairAction]:
     actions: list[RepairAction] = []
     info = scan_repo(folder.root, folder.repo_id, folder.repo_type)
@@ -226,7 +189,7 @@ def _healthy_blob(folder: RepoFolder, etag: str) -> bool:
 def _fix_ref(folder: RepoFolder, problem: Problem, snapshots: set[str]) -> RepairAction:
     name = problem.revision.removeprefix("refs/")
     value = (folder.read_ref(name) or b"").decode("utf-8", "replace").strip()
-    if algorithm_of(value) == "git-sha1" and value in snapshots:
+    if is_commit(value) and value in snapshots:
         folder.write_ref(name, value)
         return RepairAction(problem.repo_id, problem.revision, "", "rewrote ref", f"{name} -> {value}")
     return RepairAction(problem.repo_id, problem.revision, "", "failed",
@@ -267,13 +230,10 @@ def _resolve_anywhere(folder: RepoFolder, commit: str, paths: list[str],
     raise AssertionError("no endpoint to repair from")
 
 
-def _refetch(folder: RepoFolder, commit: str, paths: list[str], endpoints: RepairEndpoints | None,
+def _refetch(folder: RepoFolder, commit: str, paths: list[str], endpoints: RepairEndpoints,
              lock: Lockfile | None, symlinks: bool, bad_blobs: set[str]) -> list[RepairAction]:
     """Download ``paths`` at ``commit`` again (verified), from the endpoints :class:`RepairEndpoints` picks for
     the revision, and relink them."""
-    if endpoints is None:
-        return [RepairAction(folder.repo_id, commit, p, "failed", "needs the endpoint (--endpoint) to re-download")
-                for p in paths]
     try:
         client, remote, counter = _resolve_anywhere(folder, commit, paths,
                                                     endpoints.for_revision(_recorded_endpoint(folder, commit)))
@@ -341,13 +301,8 @@ def _locked_files(lock: Lockfile | None, folder: RepoFolder, commit: str) -> dic
 
 @dataclass(frozen=True)
 class RepairRun:
-    """What ``verify --repair`` did.
-
-    Attributes:
-        report (VerifyReport): the final verification (after the repair when one ran).
-        actions (tuple[RepairAction, ...]): the repairs taken (empty when nothing was broken).
-        before (VerifyReport | None): the verification that led to the repair, or None when none was needed.
-    """
+    """What ``verify --repair`` did: the final ``report`` (after the repair when one ran), the ``actions`` taken,
+    and the report ``before`` them (None when nothing needed repairing)."""
 
     report: VerifyReport
     actions: tuple[RepairAction, ...]
@@ -381,38 +336,23 @@ class RepairRun:
         return min(codes) if codes else self.report.exit_code
 
 
-def verify_and_repair(
-    cache_dir: str | os.PathLike[str],
-    repo_ids: Iterable[str] | None,
-    *,
-    client_factory: Callable[[], HubClient],
-    lock: Lockfile | None = None,
-    max_workers: int | None = None,
-    fast: bool = False,
-    lock_timeout: float = DEFAULT_LOCK_TIMEOUT,
-    on_lock_wait=None,
-    progress: Callable[[], AbstractContextManager[HashProgress | None]] | None = None,
-    endpoint_given: bool | None = None,
-) -> RepairRun:
+def verify_and_repair(cache_dir: str | os.PathLike[str], repo_ids: Iterable[str] | None, *,
+                      client_factory: Callable[[], HubClient], lock: Lockfile | None = None,
+                      max_workers: int | None = None, fast: bool = False,
+                      lock_timeout: float = DEFAULT_LOCK_TIMEOUT, on_lock_wait=None,
+                      progress: Callable[[], AbstractContextManager[HashProgress | None]] | None = None,
+                      endpoint_given: bool | None = None) -> RepairRun:
     """Verify, repair what is broken, then verify again (``hfcache verify --repair``).
 
     Args:
         cache_dir, repo_ids, lock, max_workers, fast: as for :func:`hfcache.integrity.verify.verify_cache`.
         client_factory: builds the client of the endpoint the user configured (``--endpoint``, else ``HF_ENDPOINT``,
-            else the public Hub) with the user's token; called only when something needs repairing (no request
-            otherwise). Each revision is fetched from the endpoint warm recorded for it unless ``endpoint_given``
-            (:class:`RepairEndpoints`).
-        endpoint_given: whether the user named the endpoint (``--endpoint``): then it serves every revision. None:
-            inferred (the client's endpoint is not ``HF_ENDPOINT`` or the public Hub).
+            else the public Hub) with the user's token; called only when something needs repairing.
+        endpoint_given: the user named that endpoint (``--endpoint``): it serves every revision
+            (:class:`RepairEndpoints`). None: inferred (the client's endpoint is not ``HF_ENDPOINT`` or the Hub).
         lock_timeout, on_lock_wait: as for :func:`repair`.
         progress: returns a fresh progress context for each verification pass (None: no progress).
-
-    Returns:
-        RepairRun with the final report, the actions, the report that led to them, and the exit code
-        (:attr:`RepairRun.exit_code`: 3 when a revision could not be fetched from any endpoint).
     """
-    from contextlib import nullcontext
-
     new_progress = progress or (lambda: nullcontext(None))
     ids = list(repo_ids) if repo_ids else None
     with new_progress() as sink:
@@ -422,7 +362,7 @@ def verify_and_repair(
     user = client_factory()
     if endpoint_given is None:
         endpoint_given = user.endpoint != (os.environ.get("HF_ENDPOINT") or DEFAULT_ENDPOINT).rstrip("/")
-    actions = repair(report, client=None, endpoints=RepairEndpoints(user, given=endpoint_given), lock=lock,
+    actions = repair(report, endpoints=RepairEndpoints(user, given=endpoint_given), lock=lock,
                      lock_timeout=lock_timeout, on_lock_wait=on_lock_wait)
     with new_progress() as sink:
         after = verify_cache(cache_dir, ids, lock=lock, max_workers=max_workers, progress=sink, fast=fast)

@@ -1,23 +1,12 @@
 """The record ``verify --fast`` keeps of blobs that hashed right, so that a later ``--fast`` run skips them.
 
-A blob is skipped only while its (device, inode, size, mtime_ns, ctime_ns) and name are exactly those recorded when it
-last hashed to its name. Any write to the file changes its mtime and ctime; ``touch -d`` can set mtime back but not
-ctime, which only the kernel sets. What ``--fast`` cannot catch: bytes changed under a live filesystem without going
-through the file (a disk or a filesystem fault), and a writer of the cache who rewrites the record too. That is why
-the default stays "hash every blob".
-
-The record is ``<cache>/.locks/hfcache-verified.json``: under ``.locks``, which huggingface_hub's cache scan, ``hf
-cache`` and ``hfcache ls``/``prune`` ignore as a repo folder. Read and written without following links (a planted
-link is ignored on read and refused on write), through a descriptor of ``.locks`` opened from the cache root (so a
-``.locks`` swapped for a link mid-run is never written through), at most :data:`MAX_RECORD_BYTES` and
-:data:`hfcache.bounds.MAX_JSON_DEPTH` levels deep, atomically (temp file + rename in that folder); a cache that cannot
-be written (a read-only image layer) keeps no record, and ``--fast`` then hashes everything.
-
-The record is authority for its writer only: in a group-shared cache any member can write ``.locks``, and a member who
-corrupted a blob could rewrite the record to vouch for it. So it is honoured only when it is a regular file with one
-link, owned by the current effective uid and not writable by group or others (``fstat`` of the opened file); it is
-written ``0644`` whatever the umask or the cache's sharing. A record another member wrote (or one a member
-rewrote) is ignored with a note (:func:`load` returns why), every blob is hashed, and this run's record replaces it.
+A blob is skipped only while its (device, inode, size, mtime_ns, ctime_ns) and name are those recorded when it last
+hashed to its name: any write changes mtime and ctime, and ``touch -d`` can set mtime back but not ctime. What this
+cannot catch: bytes changed without going through the file (a disk fault), and a writer who rewrites the record too:
+hence the default stays "hash every blob". The record, ``<cache>/.locks/hfcache-verified.json``, is read and written
+under :mod:`hfcache.cache.owned_record`'s rules: honoured only when this euid wrote it (a record another member wrote
+is ignored with a note, everything is hashed, and this run's record replaces it); a cache that cannot be written
+keeps none.
 """
 
 from __future__ import annotations
@@ -41,16 +30,9 @@ def stamp(st: os.stat_result, etag: str) -> tuple[int, int, int, str]:
 
 
 def load(cache_dir: str) -> tuple[Stamps, str]:
-    """The record of ``cache_dir``, and why it was ignored.
-
-    Args:
-        cache_dir (str): the cache root.
-
-    Returns:
-        tuple[Stamps, str]: the stamps (empty when there is no record or it is not honoured: then every blob is
-        hashed), and "" or one line saying why an existing record was ignored (a symlink, not a regular file, owned
-        by another uid, writable by group or others, too large, nested too deep, malformed).
-    """
+    """The stamps ``cache_dir``'s record holds (empty when there is none or it is not honoured: then every blob is
+    hashed), and "" or one line saying why an existing record was ignored (a symlink, not a regular file, another
+    uid's, writable by group or others, too large, nested too deep, malformed)."""
     loaded = owned_record.load(cache_dir, RECORD[-1], MAX_RECORD_BYTES)
     if loaded.data is None:
         return {}, loaded.problem or loaded.distrust
@@ -65,13 +47,8 @@ def load(cache_dir: str) -> tuple[Stamps, str]:
 
 
 def save(cache_dir: str, stamps: Stamps) -> bool:
-    """Replace the record of ``cache_dir`` with ``stamps``; False when it cannot be written (then there is none).
-
-    Written relative to a descriptor of ``.locks`` opened from the cache root without following links (created and
-    group-shared like every folder when missing): a temp file created ``O_EXCL|O_NOFOLLOW`` with mode 0600, set to
-    0644 (:data:`hfcache.cache.owned_record.MODE`) by ``fchmod``, fsync-ed, then renamed over the record in that same folder. Nothing is written
-    through a ``.locks`` a member swapped for a link, and no member can open the file for writing on the way.
-    """
+    """Replace the record of ``cache_dir`` with ``stamps`` (:func:`hfcache.cache.owned_record.save`: atomic, mode
+    0644, never through a ``.locks`` swapped for a link); False when it cannot be written (then there is none)."""
     rows = sorted([dev, ino, *rest] for (dev, ino), rest in stamps.items())
     data = json.dumps({"version": _VERSION, "blobs": rows}, separators=(",", ":")).encode()
     return owned_record.save(cache_dir, RECORD[-1], data)

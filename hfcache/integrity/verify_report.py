@@ -1,7 +1,4 @@
-"""verify_report: what ``verify`` finds: :class:`Problem` (one finding), :data:`ERROR_KINDS` (the kinds that are
-integrity errors, exit 1; the others are notes) and :class:`VerifyReport` (the outcome of
-:func:`hfcache.integrity.verify.verify_cache`).
-"""
+"""verify_report: what ``verify`` finds (:class:`Problem`) and its outcome (:class:`VerifyReport`)."""
 
 from __future__ import annotations
 
@@ -20,13 +17,11 @@ class Problem:
     """One finding, sortable into a stable report order (repo, revision, path, kind).
 
     Attributes:
-        repo_id (str): the repo (as its folder names it).
+        repo_id (str): the repo (as its folder names it). folder (str): the repo folder name.
         revision (str): commit hash, ``refs/<name>`` for ref problems, or ``""`` for blob-level findings.
         path (str): repo path, or ``blobs/<etag>`` for a blob.
-        kind (str): machine-readable kind, e.g. ``blob_mismatch``, ``link_broken``, ``ref_malformed``,
-            ``file_missing``, ``file_unlisted``, ``incomplete``, ``no_symlinks``, ``unverified``.
-        detail (str): one line for people.
-        folder (str): the repo folder name.
+        kind (str): machine-readable kind (:data:`ERROR_KINDS`, or a note: ``file_unlisted``, ``incomplete``,
+            ``no_symlinks``, ``unverified``, ``fast_record_ignored``). detail (str): one line for people.
         linked_from (tuple[str, ...]): for a blob finding, the snapshot entries that use the blob, each
             ``REPO_ID@REVISION:PATH`` (the revision is a ref pointing to the snapshot, else its commit hash).
     """
@@ -46,18 +41,10 @@ class Problem:
 
 @dataclass(frozen=True)
 class VerifyReport:
-    """The outcome of :func:`verify_cache`.
-
-    Attributes:
-        cache_dir (str): the cache verified.
-        repos (tuple[str, ...]): repo ids checked, sorted.
-        blobs_hashed (int): distinct contents hashed.
-        bytes_hashed (int): their total size.
-        seconds (float): wall time.
-        problems (tuple[Problem, ...]): every finding, errors and notes, sorted.
-        blobs_skipped (int): with ``fast``: blobs not hashed because the record shows them unchanged since they last
-            hashed right (0 otherwise).
-    """
+    """The outcome of :func:`hfcache.integrity.verify.verify_cache`: the ``cache_dir`` verified, the ``repos`` ids
+    checked (sorted), the distinct contents hashed (``blobs_hashed``, ``bytes_hashed``), the wall time ``seconds``,
+    every finding (``problems``, sorted), and with ``fast`` the blobs not hashed because the record shows them
+    unchanged since they last hashed right (``blobs_skipped``)."""
 
     cache_dir: str
     repos: tuple[str, ...]
