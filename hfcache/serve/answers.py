@@ -1,8 +1,5 @@
-"""The Hub protocol's answers (docs/cache-layout.md, 'The Hub protocol'): repo info, tree pages, file bodies,
-redirects and 404s, each built from a :class:`~hfcache.serve.vocabulary.RepoSnapshot` and the request as the Hub
-would send it (checked against huggingface_hub 2.4.0 hf_api.py, file_download.py). Which answer a request gets is
-:mod:`.routing`'s business.
-"""
+"""The Hub protocol's answers (docs/cache-layout.md, 'The Hub protocol'; huggingface_hub 2.4.0 hf_api.py,
+file_download.py): repo info, tree pages, file bodies, redirects and 404s, from a snapshot and the request."""
 
 from __future__ import annotations
 
@@ -83,7 +80,8 @@ def file_response(request: Request, body: BinaryIO, length: int, etag: str, head
                 headers["Content-Range"] = f"bytes {start}-{stop - 1}/{length}"
             elif ranges.units == "bytes" and len(ranges.ranges) == 1:
                 body.close()
-                return Response(b"", status=416, headers={"Content-Range": f"bytes */{length}", "ETag": headers["ETag"]})
+                headers = {"Content-Range": f"bytes */{length}", "ETag": headers["ETag"]}
+                return Response(b"", status=416, headers=headers)
         response = Response(FileBody(body, start, size), status=status, headers=headers,
                             mimetype="application/octet-stream", direct_passthrough=True)
         response.content_length = size

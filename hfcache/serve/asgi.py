@@ -1,11 +1,10 @@
-"""HubServer's protocol on uvicorn: an ASGI adapter and a server running in a background thread.
+"""HubServer on uvicorn: an ASGI adapter and a server in a background thread; the protocol is
+:meth:`hfcache.serve.HubServer.respond`, this module only moves bytes.
 
-The protocol itself (routing, stores, errors, ranges, ETags) is :meth:`hfcache.serve.HubServer.respond`, the same
-code the werkzeug backend runs; this module only moves bytes. Per request, ``respond`` runs in a worker thread
-(it scans and stats the store), then the body streams from the event loop: each ``BODY_CHUNK`` comes from the page
-cache without blocking (``preadv(RWF_NOWAIT)``) or else is read in a worker thread (a slow volume never stalls other
-clients), and ``send`` waits for the socket to drain, so memory per connection is one chunk whatever the file size
-and however slow the client. Many idle or slow connections cost no thread (unlike a thread-per-connection server).
+Per request, ``respond`` runs in a worker thread (it scans and stats the store), then the body streams from the event
+loop: each ``BODY_CHUNK`` comes from the page cache without blocking (``preadv(RWF_NOWAIT)``) or else is read in a
+worker thread (a slow volume never stalls other clients), and ``send`` waits for the socket to drain, so memory per
+connection is one chunk whatever the file size and however slow the client; idle or slow connections cost no thread.
 """
 
 from __future__ import annotations
@@ -77,7 +76,7 @@ class UvicornOrigin:
         host (str): interface to bind.
         port (int): port; 0 picks a free one (``self.port`` is the real one once constructed).
         server (Responder): answers the requests (``respond``/``finish``/``stopping``): a HubServer.
-        origin (str): ``"hub"`` or ``"cdn"``.
+        origin (str): the origin's name, passed to ``respond`` (``"hub"``).
         extra_workers (int): threads added to the WORKER_THREADS (a pull-through mirror's upstream slots: requests
             waiting on upstream never take a thread from cached answers).
 
@@ -100,23 +99,16 @@ class UvicornOrigin:
         self._pool = ThreadPoolExecutor(max_workers=WORKER_THREADS + extra_workers,
                                         thread_name_prefix=f"hfcache-serve-{origin}")
         self._probe_pool = ThreadPoolExecutor(max_workers=PROBE_THREADS, thread_name_prefix=f"hfcache-probe-{origin}")
-        config = uvicorn.Config(
-            self._app,
-            interface="asgi3",
-            lifespan="off",
-            log_config=None,  # leave the process's logging alone
-            access_log=False,  # HubServer writes its own access log (without headers, so without tokens)
-            server_header=False,
-            proxy_headers=False,  # never trust X-Forwarded-*: the access log shows what the socket saw
-            timeout_graceful_shutdown=None,
-            # Longer than any client's idle expiry (httpx: 5 s), so the client always closes an idle connection
-            # first: with equal timeouts a request sent as the server closes gets a reset, and huggingface_hub
-            # does not retry a HEAD (measured: benchmarks/bench_serve.py failed with ECONNRESET at uvicorn's 5 s).
-            timeout_keep_alive=KEEP_ALIVE_SECONDS,
-            http=_bounded_protocol(HEADER_TIMEOUT_SECONDS, MAX_CONNECTIONS),
-            limit_concurrency=MAX_CONNECTIONS,
-            h11_max_incomplete_event_size=MAX_REQUEST_HEAD_BYTES,
-        )
+        # log_config None: the process's logging is left alone; access_log False: HubServer writes its own (without
+        # headers, so without tokens); proxy_headers False: the access log shows what the socket saw. The keep-alive
+        # outlasts any client's idle expiry (httpx: 5 s), so the client always closes an idle connection first: with
+        # equal timeouts a request sent as the server closes gets a reset, and huggingface_hub does not retry a HEAD
+        # (benchmarks/bench_serve.py failed with ECONNRESET at uvicorn's 5 s).
+        config = uvicorn.Config(self._app, interface="asgi3", lifespan="off", log_config=None, access_log=False,
+                                server_header=False, proxy_headers=False, timeout_graceful_shutdown=None,
+                                timeout_keep_alive=KEEP_ALIVE_SECONDS, limit_concurrency=MAX_CONNECTIONS,
+                                http=_bounded_protocol(HEADER_TIMEOUT_SECONDS, MAX_CONNECTIONS),
+                                h11_max_incomplete_event_size=MAX_REQUEST_HEAD_BYTES)
         self._server = uvicorn.Server(config)
         # Not the main thread: uvicorn installs no signal handlers there; the caller owns SIGTERM/SIGINT.
         self._thread = threading.Thread(target=self._server.run, kwargs={"sockets": [self._sock]},

@@ -1,33 +1,26 @@
-"""A Hugging Face hub cache as a store of repos for the Hub-compatible server (``hfcache serve --cache-dir``).
+"""A Hugging Face hub cache as a store of repos (``hfcache serve --cache-dir``), read-only, for every ``models--*`` /
+``datasets--*`` / ``kernels--*`` folder (docs/cache-layout.md):
 
-What it answers, for every ``models--*`` / ``datasets--*`` / ``kernels--*`` folder of the cache (the layout of
-docs/cache-layout.md):
+- **Revisions**: the names in ``refs/`` whose commit has a snapshot, and every snapshot's full commit; anything else
+  is ``RevisionNotFound``, a folder without a servable snapshot ``RepoNotFound``. A part the server's user cannot
+  read is 500 ``CacheUnreadable`` naming it (never hidden as ``RepoNotFound``; ``hfcache serve`` warns at start).
+- **Files**: snapshot entries that are huggingface_hub's relative links into the repo's own ``blobs/`` (broken,
+  absolute and escaping links are not served), and real files (caches written without symlinks).
+- **Hashes without hashing**: a blob named by 64 hex is an LFS file with that sha256 (its ``blobId`` the git sha1 of
+  the LFS pointer, as on the Hub), a 40-hex name the content's git blob sha1; other names are not served. Real
+  files take their hashes from ``trees/<commit>.json`` when it lists them with the same size, else are hashed once.
+- **Absence**: a ``.no_exist/<commit>/<path>`` marker, or a path missing from ``trees/<commit>.json``, is known
+  absent: 404 ``EntryNotFound`` with ``X-Repo-Commit`` (clients write the marker too). A path the cache merely lacks
+  gets the 404 *without* it: it may exist upstream.
+- **Legacy ids**: an org-less folder whose refs and commits all appear, with the same files or fewer, in exactly
+  one ``models--ORG--<same name>`` folder is answered as that canonical id (307 on ``resolve``, the canonical
+  ``id`` in repo info), as ``hfcache warm`` writes them; otherwise it is a repo of its own.
+- **Nothing outside the cache**: ids, revisions and paths are looked up in what the scan found; a repo part that is
+  a symlink makes the repo unserved; files are opened through the cache's safe opens (no link followed at any
+  component), so a blob that is a symlink (to ``/etc/passwd`` or anywhere) is never read.
 
-- **Revisions**: the names in ``refs/`` (``main``, ``v1.0``, ``refs/pr/1``) whose 40-hex commit has a snapshot, and
-  the full 40-hex commit of every snapshot folder. Anything else is ``RevisionNotFound``; a repo folder without a
-  servable snapshot is ``RepoNotFound``. A repo folder with a part the server's user cannot read is 500
-  ``CacheUnreadable`` naming the part (not hidden as ``RepoNotFound``); ``hfcache serve`` also warns at startup.
-- **Files**: the snapshot's entries that are huggingface_hub's relative links into the repo's own ``blobs/``
-  (broken, absolute and escaping links are not served), and real files (caches written without symlinks).
-- **Hashes without hashing**: a blob named by 64 hex characters is an LFS file whose sha256 is its name (its
-  ``blobId`` is the git sha1 of the LFS pointer, as on the Hub); a 40-hex name is the git blob sha1 of the
-  content. Blobs named otherwise are not served (no hash to publish). Real files in ``snapshots/`` take their
-  hashes from ``trees/<commit>.json`` when it lists them with the same size, else they are hashed once.
-- **Absence**: a path with a ``.no_exist/<commit>/<path>`` marker, or missing from ``trees/<commit>.json`` (the
-  whole repo's listing, written by ``snapshot_download``), is known not to exist: 404 ``EntryNotFound`` with
-  ``X-Repo-Commit``, so clients write the marker too. A path the cache simply does not hold gets 404
-  ``EntryNotFound`` *without* ``X-Repo-Commit``: it may exist upstream, and clients must not record otherwise.
-- **Legacy ids**: an org-less folder (``models--bert-base-uncased``) whose refs and commits all appear, with the
-  same files or fewer, in exactly one ``models--ORG--bert-base-uncased`` folder is answered as that canonical id,
-  as the Hub answers renamed repos (307 on ``resolve``, the canonical ``id`` in repo info). ``hfcache warm``
-  writes both folders that way. Otherwise the org-less folder is a repo of its own.
-- **Nothing outside the cache**: ids, revisions and paths are looked up in what the scan found (no path is
-  built from the request); a repo folder or its ``blobs``/``snapshots``/``refs`` that is a symlink makes the repo
-  unserved; files are opened component by component from the cache root with ``O_NOFOLLOW``, so a blob that is
-  a symlink (to ``/etc/passwd`` or anywhere) is never read.
-
-Changes to the cache (another ``warm``) are seen within ``ttl`` seconds: scans are memoised that long, so a
-thousand clients starting at once cost one scan per repo per second. It never writes to the cache.
+Scans are memoised ``ttl`` seconds (a thousand clients starting at once cost one scan per repo per second), so
+another ``warm`` is seen within that.
 """
 
 from __future__ import annotations
@@ -40,30 +33,19 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
 
-from ..names import is_commit, is_sha256, repo_folder_name
-from ..records import REPO_TYPES as SERVED_TYPES
 from ..bounds import loads_json
 from ..cache import safefs
+from ..cache.content import git_blob_sha1, lfs_pointer
+from ..cache.fsops import walk_tree
 from ..cache.scan import RepoInfo, parse_folder_name, scan_repo
 from ..cache.shared_store import StoreProblem, payload_stat
-from ..cache.fsops import walk_tree
-from .vocabulary import (
-    REPO_NAME_RE,
-    HashMemo,
-    RepoFile,
-    RepoSnapshot,
-    StoreMiss,
-    git_blob_sha1,
-    lfs_pointer,
-)
+from ..names import is_commit, is_sha256, repo_folder_name
+from ..records import REPO_TYPES as SERVED_TYPES
+from .vocabulary import REPO_NAME_RE, HashMemo, RepoFile, RepoSnapshot, StoreMiss, open_beneath, regular_file
 
 __all__ = ["CacheStore", "unreadable_repos"]
 
 _TREES_MAX_BYTES = 64 * 1024 * 1024
-_O_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
-_O_DIRECTORY = getattr(os, "O_DIRECTORY", 0)
-_O_NONBLOCK = getattr(os, "O_NONBLOCK", 0)  # a FIFO planted in the cache must not block open()
-_OPENAT = os.open in os.supports_dir_fd and _O_NOFOLLOW != 0
 
 
 @dataclass(frozen=True)
@@ -98,7 +80,6 @@ class CacheStore:
         self._names: tuple[float, tuple[str, ...]] | None = None
         self._spellings: tuple[tuple[str, ...], dict[tuple[str, str], set[str]]] | None = None
 
-    # -- Store protocol
 
     def canonical_id(self, repo_type: str, repo_id: str) -> str:
         """The canonical id a legacy-id folder stands for (see the module docstring), else ``repo_id``."""
@@ -122,33 +103,21 @@ class CacheStore:
         """The raw entries of the snapshot's ``trees/<commit>.json`` (path -> ``size``, ``blob_id``, ``lfs_sha256``
         as huggingface_hub ``_tree_cache.py`` writes them; unvalidated), or None when there is none."""
         folder = _folder_name(snapshot.repo_type, snapshot.repo_id)
-        return _read_trees(self.root / folder, snapshot.commit) if folder is not None else None
-
-    def lfs_file(self, repo_type: str, repo_id: str, sha256: str) -> tuple[RepoSnapshot, RepoFile] | None:
-        """An LFS file of any snapshot of the repo, by content hash (for the CDN origin)."""
-        repo = self._repo(repo_type, self.canonical_id(repo_type, repo_id))
-        for snapshot in repo.snapshots.values() if repo else ():
-            found = snapshot.file_by_sha256(sha256)
-            if found is not None:
-                return snapshot, found
-        return None
+        return _read_trees(self.root, folder, snapshot.commit) if folder is not None else None
 
     def open(self, repo_file: RepoFile, snapshot: RepoSnapshot | None = None, *, head: bool = False) -> BinaryIO:
-        """Open a blob or snapshot file without following any symlink below the cache root.
+        """Open a blob (a regular file, or huggingface_hub 2.4's link into the shared Xet store:
+        :func:`hfcache.cache.safefs.open_blob`) or a snapshot file, following no other link below the cache root.
 
         Raises:
-            OSError: missing, a symlink anywhere on the way (ELOOP/ENOTDIR), or not a regular file.
+            OSError: missing, a symlink anywhere on the way, or not a regular file.
+            UnsafeLayout: a blob link of another shape.
         """
         parts = repo_file.local_path.relative_to(self.root).parts
-        if len(parts) == 3 and parts[1] == "blobs":  # a repo blob: a regular file or a shared-store link
-            fd = safefs.open_blob(self.root, parts[0], parts[2])
-            if not stat.S_ISREG(os.fstat(fd).st_mode):
-                os.close(fd)
-                raise OSError(f"{repo_file.local_path} is not a regular file")
-            return os.fdopen(fd, "rb")
-        return _open_beneath(self.root, parts)
+        if len(parts) == 3 and parts[1] == "blobs":
+            return regular_file(safefs.open_blob(self.root, parts[0], parts[2]), str(repo_file.local_path))
+        return open_beneath(self.root, parts)
 
-    # -- scanning
 
     def _repo(self, repo_type: str, repo_id: str) -> _Repo | None:
         folder = _folder_name(repo_type, repo_id)
@@ -187,7 +156,7 @@ class CacheStore:
 
     def _snapshot(self, info: RepoInfo, path: Path, revision) -> RepoSnapshot:
         commit = revision.commit_hash
-        trees = _read_trees(path, commit)
+        trees = _read_trees(self.root, info.folder, commit)
         files: dict[str, RepoFile] = {}
         for entry in revision.files:
             size = entry.size if entry.form == "link" else self._store_size(info.folder, entry)
@@ -199,14 +168,9 @@ class CacheStore:
                 repo_file = None  # broken, absolute or escaping link: not served
             if repo_file is not None:
                 files[entry.path] = repo_file
-        return RepoSnapshot(
-            repo_type=info.repo_type,
-            repo_id=info.repo_id,
-            commit=commit,
-            files=dict(sorted(files.items())),
-            absent=_markers(path / ".no_exist" / commit),
-            listing=frozenset(trees) if trees is not None else None,
-        )
+        return RepoSnapshot(repo_type=info.repo_type, repo_id=info.repo_id, commit=commit,
+                            files=dict(sorted(files.items())), absent=_markers(path / ".no_exist" / commit),
+                            listing=frozenset(trees) if trees is not None else None)
 
     def _store_size(self, folder: str, entry) -> int | None:
         """The payload size (bytes) of a snapshot entry whose blob links into huggingface_hub 2.4's shared Xet store
@@ -238,12 +202,11 @@ class CacheStore:
             if is_commit(known["blob_id"]):
                 return RepoFile(rel, local, st.st_size, known["blob_id"], None, False, 0)
         try:  # hashed from the descriptor the safe open returned: a name swapped for a link later is never read
-            with _open_beneath(self.root, local.relative_to(self.root).parts) as opened:
+            with open_beneath(self.root, local.relative_to(self.root).parts) as opened:
                 return self._memo.describe(rel, local, opened=opened)
         except OSError:
             return None
 
-    # -- legacy aliases
 
     def _alias(self, repo_type: str, repo_id: str) -> str | None:
         """The canonical id an org-less model folder duplicates, if exactly one ``ORG/<same name>`` holds it."""
@@ -289,39 +252,28 @@ class CacheStore:
         with self._lock:
             if self._names is not None and self._names[0] > now:
                 return self._names[1]
-        try:
-            names = tuple(sorted(e.name for e in os.scandir(self.root) if e.is_dir(follow_symlinks=False)))
-        except OSError:
-            names = ()
+        names = _folders(self.root)
         with self._lock:
             self._names = (now + self.ttl, names)
         return names
 
 
 def _unreadable(folder: str, parts) -> StoreMiss:
-    """The answer for a repo the server's user cannot read: 500 ``CacheUnreadable``, in the Hub's error format.
-
-    500, not 404: the repo exists, the mirror is misconfigured, and a client must not conclude the repo is gone (nor
-    401/403: no token fixes it). huggingface_hub raises ``HfHubHTTPError`` with this message from API calls
-    (``model_info``); ``hf_hub_download``/``snapshot_download`` (so transformers) raise their "cannot find the requested
-    files" error *from* it, so the message is the cause shown in the traceback (huggingface_hub 2.4
-    ``file_download._raise_on_head_call_error`` re-raises as is only 401, RepoNotFound and GatedRepo)."""
+    """500 ``CacheUnreadable`` for a repo the server's user cannot read: not 404 (the repo exists, the mirror is
+    misconfigured), nor 401/403 (no token fixes it). huggingface_hub raises ``HfHubHTTPError`` with this message from
+    API calls; ``hf_hub_download``/``snapshot_download`` raise theirs *from* it, so it is the cause in the traceback
+    (huggingface_hub 2.4 ``file_download._raise_on_head_call_error`` re-raises only 401, RepoNotFound, GatedRepo)."""
     shown = ", ".join(f"{folder}/{p}" for p in sorted(parts))
     return StoreMiss("CacheUnreadable", f"{shown} cannot be read by the server (permission denied for uid "
                      f"{os.geteuid()}): ask the mirror's operator to fix the cache's permissions", status=500)
 
 
 def unreadable_repos(root: Path) -> tuple[str, ...]:
-    """Repo folders of the cache ``root`` (or their ``blobs/``, ``snapshots/``, ``refs/``, ``.no_exist/``) that
-    this user cannot list or enter, relative to ``root`` (``models--org--name/blobs/``): what ``serve`` warns about at
-    startup. Only these top-level folders are looked at (five ``access`` calls per repo; deeper parts are found when
-    a request scans the repo)."""
+    """Repo folders of the cache ``root`` (or their ``blobs/``, ``snapshots/``, ``refs/``, ``.no_exist/``) this user
+    cannot list or enter, relative to ``root`` (``models--org--name/blobs/``): what ``serve`` warns about at start
+    (five ``access`` calls per repo; deeper parts are found when a request scans the repo)."""
     found = []
-    try:
-        entries = sorted(e.name for e in os.scandir(root) if e.is_dir(follow_symlinks=False))
-    except OSError:
-        return ()
-    for name in entries:
+    for name in _folders(root):
         if parse_folder_name(name) is None:
             continue
         if not os.access(root / name, os.R_OK | os.X_OK):
@@ -330,6 +282,14 @@ def unreadable_repos(root: Path) -> tuple[str, ...]:
         found += [f"{name}/{sub}/" for sub in ("blobs", "snapshots", "refs", ".no_exist")
                   if os.path.isdir(root / name / sub) and not os.access(root / name / sub, os.R_OK | os.X_OK)]
     return tuple(found)
+
+
+def _folders(root: Path) -> tuple[str, ...]:
+    """The names of the folders (not links) of ``root``, sorted; none when it cannot be listed."""
+    try:
+        return tuple(sorted(e.name for e in os.scandir(root) if e.is_dir(follow_symlinks=False)))
+    except OSError:
+        return ()
 
 
 def _covers(canonical: _Repo, legacy: _Repo) -> bool:
@@ -377,10 +337,10 @@ def _markers(folder: Path) -> frozenset[str]:
     return frozenset(found)
 
 
-def _read_trees(path: Path, commit: str) -> dict[str, dict] | None:
-    """``trees/<commit>.json`` (huggingface_hub _tree_cache.py, format_version 1): path -> entry, or None."""
+def _read_trees(root: Path, folder: str, commit: str) -> dict[str, dict] | None:
+    """``<folder>/trees/<commit>.json`` (huggingface_hub _tree_cache.py, format_version 1): path -> entry, or None."""
     try:
-        with _open_beneath(path, ("trees", f"{commit}.json")) as f:
+        with open_beneath(root, (folder, "trees", f"{commit}.json")) as f:
             # bounded nesting (bounds.TooDeep is a ValueError): a hostile listing is ignored, never a crash
             data = loads_json(f.read(_TREES_MAX_BYTES + 1)[:_TREES_MAX_BYTES], f"trees/{commit}.json")
     except (OSError, ValueError):
@@ -390,35 +350,3 @@ def _read_trees(path: Path, commit: str) -> dict[str, dict] | None:
         return None
     return files
 
-
-def _open_beneath(root: Path, parts: tuple[str, ...]) -> BinaryIO:
-    """Open ``root/parts...`` for reading, refusing a symlink at any component and anything but a regular file.
-
-    Library gap: ``open()`` follows every symlink on the way; ``openat`` with ``O_NOFOLLOW`` per component is the
-    portable way to stay below a directory on Linux (``openat2(RESOLVE_BENEATH)`` is not exposed by Python).
-    """
-    if not parts or any(p in ("", ".", "..") or "/" in p for p in parts):
-        raise FileNotFoundError(os.path.join(root, *parts))
-    if not _OPENAT:  # no openat: check every component with lstat instead (racy, but nothing is followed)
-        current = root
-        for part in parts:
-            current = current / part
-            if os.path.islink(current):
-                raise OSError(f"{current} is a symlink")
-        fd = os.open(current, os.O_RDONLY | _O_NONBLOCK)
-    else:
-        dir_fd = os.open(root, os.O_RDONLY | _O_DIRECTORY)
-        try:
-            for part in parts[:-1]:
-                next_fd = os.open(part, os.O_RDONLY | _O_DIRECTORY | _O_NOFOLLOW, dir_fd=dir_fd)
-                os.close(dir_fd)
-                dir_fd = next_fd
-            fd = os.open(parts[-1], os.O_RDONLY | _O_NOFOLLOW | _O_NONBLOCK, dir_fd=dir_fd)
-        finally:
-            os.close(dir_fd)
-    if not stat.S_ISREG(os.fstat(fd).st_mode):
-        os.close(fd)
-        raise OSError(f"{os.path.join(root, *parts)} is not a regular file")
-    if _O_NONBLOCK:
-        os.set_blocking(fd, True)
-    return os.fdopen(fd, "rb")

@@ -1,6 +1,4 @@
-"""A directory of plain repo folders as a store of repos (``HubServer(layout="repos")``, ``hfcache serve --repos``).
-
-Layout::
+"""A folder of plain repo folders as a store of repos (``hfcache serve --repos``), scanned on every request::
 
     <root>/<org>/<name>/<files...>          model repo "org/name"
     <root>/<name>/<files...>                org-less model repo "name" (a top folder holding files directly)
@@ -8,24 +6,22 @@ Layout::
     <root>/kernels/<org>/<name>/<files...>  kernel repo (huggingface_hub repo type ``kernel``)
     <root>/legacy_ids.json                  {"bert-base-uncased": "google-bert/bert-base-uncased", ...}
 
-Each repo has one branch, ``main``, whose commit is derived from the content, so editing a file
-on disk yields a new commit and the old one answers ``RevisionNotFound``.
+Each repo has one branch, ``main``, whose commit is derived from the content: editing a file on disk yields a new
+commit, and the old one answers ``RevisionNotFound``.
 """
 
 from __future__ import annotations
 
-import hashlib
 import os
-import stat
 from collections.abc import Mapping
 from pathlib import Path
 from typing import BinaryIO
 
+from ..cache.content import sha1_hex
+from ..cache.fsops import walk_tree
 from ..names import PLURALS
 from ..records import REPO_TYPES
-from ..cache import safefs
-from ..cache.fsops import walk_tree
-from .vocabulary import DEFAULT_BRANCH, REPO_NAME_RE, HashMemo, RepoFile, RepoSnapshot, StoreMiss, is_inside
+from .vocabulary import DEFAULT_BRANCH, REPO_NAME_RE, HashMemo, RepoFile, RepoSnapshot, StoreMiss, open_beneath
 
 __all__ = ["FolderStore"]
 
@@ -34,7 +30,7 @@ _TYPE_FOLDERS = {t: PLURALS[t] for t in REPO_TYPES if t != "model"}
 
 
 class FolderStore:
-    """A directory of plain repo folders (see the module docstring), snapshotted on every request.
+    """A folder of plain repo folders (see the module docstring).
 
     Args:
         root (str | Path): the directory.
@@ -49,58 +45,38 @@ class FolderStore:
     def canonical_id(self, repo_type: str, repo_id: str) -> str:
         return self.legacy_ids.get(repo_id, repo_id) if repo_type == "model" else repo_id
 
-    def current(self, repo_type: str, repo_id: str) -> RepoSnapshot | None:
-        """The current content of a repo (legacy ids resolved), or None if there is no such repo."""
-        repo_id = self.canonical_id(repo_type, repo_id)
-        repo_dir = self._repo_dir(repo_type, repo_id)
-        if repo_dir is None:
-            return None
-        files = {path: self._memo.describe(path, real) for path, real in sorted(self._scan(repo_dir).items())}
-        if not files:
-            return None
-        listing = "".join(f"{path}\0{f.blob_id}\n" for path, f in files.items())
-        commit = hashlib.sha1(listing.encode()).hexdigest()
-        return RepoSnapshot(repo_type=repo_type, repo_id=repo_id, commit=commit, files=files,
-                            listing=frozenset(files))
-
     def snapshot(self, repo_type: str, repo_id: str, revision: str) -> RepoSnapshot:
-        """The repo at ``revision``: ``main`` or the current commit (older content is gone from disk).
+        """The repo (legacy ids resolved) at ``revision``: ``main`` or the current commit (older content is gone).
 
         Raises:
             StoreMiss: no such repo, or another revision (with the current commit as ``X-Repo-Commit``).
         """
-        snapshot = self.current(repo_type, repo_id)
-        if snapshot is None:
+        repo_id = self.canonical_id(repo_type, repo_id)
+        repo_dir = self._repo_dir(repo_type, repo_id)
+        found = sorted(self._scan(repo_dir).items()) if repo_dir is not None else ()
+        files = {path: self._memo.describe(path, real) for path, real in found}
+        if not files:
             raise StoreMiss("RepoNotFound", "Repository not found")
-        if revision not in (DEFAULT_BRANCH, snapshot.commit):
-            raise StoreMiss("RevisionNotFound", "Invalid rev id", repo_id=snapshot.repo_id, commit=snapshot.commit)
-        return snapshot
-
-    def lfs_file(self, repo_type: str, repo_id: str, sha256: str) -> tuple[RepoSnapshot, RepoFile] | None:
-        snapshot = self.current(repo_type, repo_id)
-        repo_file = snapshot.file_by_sha256(sha256) if snapshot is not None else None
-        return (snapshot, repo_file) if repo_file is not None else None
+        commit = sha1_hex("".join(f"{path}\0{f.blob_id}\n" for path, f in files.items()).encode())
+        if revision not in (DEFAULT_BRANCH, commit):
+            raise StoreMiss("RevisionNotFound", "Invalid rev id", repo_id=repo_id, commit=commit)
+        return RepoSnapshot(repo_type=repo_type, repo_id=repo_id, commit=commit, files=files, listing=frozenset(files))
 
     def open(self, repo_file: RepoFile, snapshot: RepoSnapshot | None = None, *, head: bool = False) -> BinaryIO:
-        """Open the file, re-checking containment: a symlink may have been swapped since the scan.
+        """Open the file, re-checking containment (a symlink may have been swapped since the scan), then opened from
+        the root following no link (not by the resolved path: a name swapped for a link after the resolve, by a
+        member of a group-writable folder, is refused, never followed out of root).
 
         Raises:
-            FileNotFoundError: gone, or now resolving outside ``root``.
+            FileNotFoundError: gone, now resolving outside ``root``, a link, or not a regular file.
         """
         real = repo_file.local_path.resolve()
-        if not is_inside(real, self.root):
-            raise FileNotFoundError(str(repo_file.local_path))
-        # Opened from the root with O_NOFOLLOW at every component (not by the resolved path): a name swapped for a
-        # link after the resolve (a member of a group-writable folder) is refused, never followed out of root.
         try:
-            fd = safefs.open_file(self.root, real.relative_to(self.root).parts, os.O_RDONLY | os.O_NONBLOCK)
-        except (OSError, safefs.UnsafeLayout) as exc:
+            if not real.is_relative_to(self.root):
+                raise OSError("outside the served folder")
+            return open_beneath(self.root, real.relative_to(self.root).parts)
+        except OSError as exc:
             raise FileNotFoundError(str(repo_file.local_path)) from exc
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            os.close(fd)
-            raise FileNotFoundError(str(repo_file.local_path))
-        os.set_blocking(fd, True)
-        return os.fdopen(fd, "rb")
 
     def _repo_dir(self, repo_type: str, repo_id: str) -> Path | None:
         parts = repo_id.split("/")
@@ -113,7 +89,7 @@ class FolderStore:
         # A top folder holding files directly is an org-less repo; one holding only folders is an org.
         if (len(parts) == 1) != _has_direct_files(top):
             return None
-        if not repo_dir.is_dir() or not is_inside(repo_dir.resolve(), self.root):
+        if not repo_dir.is_dir() or not repo_dir.resolve().is_relative_to(self.root):
             return None
         return repo_dir
 
@@ -129,7 +105,7 @@ class FolderStore:
                     continue
                 full = Path(dirpath, name)
                 real = full.resolve()
-                if is_inside(real, self.root) and real.is_file():
+                if real.is_relative_to(self.root) and real.is_file():
                     found[full.relative_to(repo_dir).as_posix()] = real
         return found
 

@@ -20,7 +20,7 @@ PRINTABLE = "".join(chr(c) for c in range(0x21, 0x7F))  # what a header value or
 
 
 class HttpError(Exception):
-    """An error answer: status, Hub ``X-Error-Code`` and extra headers (docs/cache-layout.md, 'The Hub protocol', errors)."""
+    """An error answer: status, Hub ``X-Error-Code`` and extra headers (docs/cache-layout.md, 'The Hub protocol')."""
 
     def __init__(self, status: int, code: str | None, message: str, headers: Mapping[str, str] | None = None):
         super().__init__(message)
@@ -49,18 +49,12 @@ def guarded(handler: Callable[[Request], Response], request: Request) -> Respons
 
 
 def header_value(value: str) -> str:
-    """``value`` as a header value every stack sends: printable ASCII as is, anything else percent-escaped.
-
-    Messages can hold request paths (``"<path> is not held by this mirror"``): a name in another script cannot be
-    encoded as Latin-1 (uvicorn answered 500 with a ``UnicodeEncodeError`` after logging 404) and a ``%0D%0A`` in
-    the path would be a newline (werkzeug refuses to build the response: 500 again).
-    """
+    """``value`` as a header value every stack sends: printable ASCII as is, anything else percent-escaped. Messages
+    can hold request paths: a name in another script is no Latin-1 (uvicorn answered 500, ``UnicodeEncodeError``) and
+    a ``%0D%0A`` in it would be a newline (werkzeug refuses to build the response: 500 again)."""
     if all(" " <= c <= "~" for c in value):
         return value
     return quote(value, safe=PRINTABLE + " ")
-
-
-# --- request parsing --------------------------------------------------------------------------------
 
 
 def raw_target(environ: Mapping[str, Any]) -> str:
@@ -73,11 +67,8 @@ def raw_target(environ: Mapping[str, Any]) -> str:
 
 
 def path_segments(environ: Mapping[str, Any]) -> list[str]:
-    """Path segments, each URL-decoded on its own.
-
-    Splitting before decoding keeps ``refs%2Fpr%2F1`` one segment (huggingface_hub quotes revisions
-    with ``safe=""``, hf_api.py), which werkzeug's PATH_INFO (decoded as a whole) would lose.
-    """
+    """Path segments, each URL-decoded on its own: ``refs%2Fpr%2F1`` stays one segment (huggingface_hub quotes
+    revisions with ``safe=""``, hf_api.py), which werkzeug's PATH_INFO (decoded as a whole) would lose."""
     path = raw_target(environ).split("?", 1)[0]
     if path.startswith(("http://", "https://")):  # absolute-form request target
         path = urlsplit(path).path
@@ -85,10 +76,8 @@ def path_segments(environ: Mapping[str, Any]) -> list[str]:
 
 
 def split_repo_id(segments: list[str], keywords: set[str]) -> tuple[str, list[str]]:
-    """(repo_id, rest): a route keyword in second place ends a one-part (org-less) id.
-
-    Same rule as huggingface_hub's ``_parse_repo_info_from_url`` (utils/_http.py).
-    """
+    """(repo_id, rest): a route keyword in second place ends a one-part (org-less) id, as huggingface_hub's
+    ``_parse_repo_info_from_url`` (utils/_http.py) reads it."""
     size = 1 if len(segments) < 2 or segments[1] in keywords else 2
     return "/".join(segments[:size]), segments[size:]
 
@@ -100,9 +89,6 @@ def repo_path(parts: list[str]) -> str:
     if any(p in ("", ".", "..") or "\\" in p or "\0" in p for p in pieces):
         raise HttpError(400, None, "Invalid path")
     return "/".join(pieces)
-
-
-# --- responses --------------------------------------------------------------------------------------
 
 
 def json_response(data: Any) -> Response:

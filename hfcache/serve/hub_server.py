@@ -1,11 +1,5 @@
-"""HubServer: ``hfcache serve``'s server, the Hub protocol over a store of repos on uvicorn, in background threads.
-
-It speaks the subset of the Hugging Face Hub protocol that huggingface_hub's downloaders use (docs/cache-layout.md,
-'The Hub protocol'; routes in :mod:`.routing`), so ``endpoint=`` can point at it. This module owns the lifecycle
-(the origin, graceful stop) and the access log; the answers are :mod:`.routing` and :mod:`.answers`, the stores
-:mod:`.folder_store`, :mod:`.cache_store` and :mod:`.pullthrough`, the server stack :mod:`.asgi` (see README
-"Mirror: hfcache serve" for the measurement).
-"""
+"""HubServer: ``hfcache serve``'s server, the Hub protocol (:mod:`.routing`) over a store of repos on uvicorn
+(:mod:`.asgi`) in background threads: the lifecycle (the origin, graceful stop), the access log, ``/metrics``."""
 
 from __future__ import annotations
 
@@ -36,18 +30,15 @@ LAYOUTS = ("repos", "cache")
 
 
 class HubServer:
-    """A Hub-compatible read-only HTTP server over ``root``: one origin, LFS files answered there with
-    ``X-Linked-Etag``/``X-Linked-Size`` (one port to expose), ``GET /metrics`` (Prometheus text, :mod:`.metrics`;
-    no token, no repo ids) and ``GET /healthz``.
-
-    Protocol per docs/cache-layout.md ('The Hub protocol'), checked against huggingface_hub 2.4.0 (file_download.py
-    ``get_hf_file_metadata`` / ``_get_metadata_or_catch_error``, utils/_http.py ``hf_raise_for_status``).
+    """A Hub-compatible read-only HTTP server over ``root`` for huggingface_hub's downloaders (docs/cache-layout.md,
+    'The Hub protocol', checked against huggingface_hub 2.4.0 file_download.py ``get_hf_file_metadata``, utils/_http.py
+    ``hf_raise_for_status``): one origin, LFS files answered there with ``X-Linked-Etag``/``X-Linked-Size`` (one port
+    to expose), ``GET /metrics`` (Prometheus text, :mod:`.metrics`; no token, no repo ids) and ``GET /healthz``.
 
     Args:
         root (str | Path): a hub cache (``layout="cache"``) or a folder of repo folders (``layout="repos"``; legacy
             id -> canonical id from ``<root>/legacy_ids.json`` if present).
-        host (str): the interface bound.
-        port (int): the port; 0 picks a free one.
+        host (str), port (int): where to listen; port 0 picks a free one (:attr:`endpoint` once started).
         token (str | None): if set, every request but ``/healthz`` and ``/metrics`` must carry
             ``Authorization: Bearer <token>``, else 401 ``RepoNotFound`` (as the Hub answers for private repos).
         layout (str): ``"repos"`` (:class:`FolderStore`) or ``"cache"`` (:class:`CacheStore`).
@@ -89,14 +80,9 @@ class HubServer:
         legacy_file = self.root / "legacy_ids.json"
         return FolderStore(self.root, json.loads(legacy_file.read_text()) if legacy_file.is_file() else {})
 
-    # -- lifecycle
 
     def start(self) -> HubServer:
-        """Bind the origin and serve it from background threads; returns self.
-
-        Raises:
-            OSError: the port cannot be bound.
-        """
+        """Bind the origin and serve it from background threads; returns self. Raises OSError: the port is taken."""
         if self._origins:
             raise RuntimeError("HubServer already started")
         self._stopping.clear()
@@ -109,13 +95,9 @@ class HubServer:
         return self
 
     def stop(self, grace: float = 0.0) -> int:
-        """Stop serving. New connections are refused at once; responses still streaming get up to ``grace``
-        seconds to finish, then are cut short, as when a real server dies. Setting :attr:`stopping` from another
-        thread ends the grace period early.
-
-        Returns:
-            int: responses still streaming when they were cut short.
-        """
+        """Stop serving: new connections are refused at once; responses still streaming get up to ``grace`` seconds,
+        then are cut short, as when a real server dies (setting :attr:`stopping` ends the grace period early).
+        Returns the number cut short."""
         origins, self._origins = self._origins, []
         if grace <= 0:
             self._stopping.set()
@@ -157,7 +139,6 @@ class HubServer:
         self._origins.append(served)
         return served
 
-    # -- one request (the Responder contract of :mod:`.body`)
 
     def answer(self, origin: str, request: Request) -> Response:
         """The response to one request of ``origin`` (:class:`~.routing.Router`)."""
@@ -170,7 +151,7 @@ class HubServer:
         The body is a :class:`FileBody` for file bytes, else a short iterable. The caller streams it, adds to
         ``entry.bytes_sent`` and calls :meth:`finish` exactly once, after the last byte or on failure.
         """
-        entry = LogEntry(origin, environ)
+        entry = LogEntry(environ)
         response = self.answer(origin, Request(environ))
         entry.status = response.status_code
         # A FileBody comes back as is (direct_passthrough); HEAD/304 get an empty iterable that closes the file.
@@ -181,7 +162,7 @@ class HubServer:
 
     def finish(self, entry: LogEntry) -> None:
         """A response is over (complete, cut short or failed): count it, write its access log line."""
-        self.metrics.observe(entry.origin, entry.method, entry.path, entry.status, entry.bytes_sent)
+        self.metrics.observe(entry.path, entry.status, entry.bytes_sent)
         if self.access_log is not None:
             line = entry.access_line()
             with self._log_lock:
@@ -204,7 +185,6 @@ class HubServer:
         """The store answering the requests."""
         return self._store
 
-    # -- /metrics and /healthz
 
     def _public_routes(self) -> dict[str, Any]:
         routes: dict[str, Any] = {"metrics": lambda request: Response(self.metrics.render(), content_type=CONTENT_TYPE)}

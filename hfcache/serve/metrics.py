@@ -1,8 +1,7 @@
-"""``GET /metrics`` of ``hfcache serve``: Prometheus text format through the ``prometheus_client`` library.
-
-Each server has its own :class:`prometheus_client.CollectorRegistry` (no process-global state: tests run several
-servers in one process). Labels are the route and the status only, never a repo id or a path: a client cannot grow
-the number of series, and nothing private leaks into a scrape.
+"""``GET /metrics`` of ``hfcache serve``: Prometheus text through ``prometheus_client``, one
+:class:`prometheus_client.CollectorRegistry` per server (no process-global state: tests run several servers in one
+process). Labels are the route and the status only, never a repo id or a path: a client cannot grow the number of
+series, and nothing private leaks into a scrape.
 
 Series (counters get prometheus_client's ``_total`` suffix):
 
@@ -38,11 +37,9 @@ CONTENT_TYPE = CONTENT_TYPE_LATEST
 SIZE_TTL = 15.0
 
 
-def route_of(origin: str, method: str, target: str) -> str:
-    """The route label of a request: ``repo_info``, ``tree``, ``resolve``, ``cdn``, ``healthz``, ``metrics`` or
-    ``other``; from the raw target (path and query, URL-encoded) as the access log holds it."""
-    if origin == "cdn":
-        return "cdn"
+def route_of(target: str) -> str:
+    """The route label of a request: ``repo_info``, ``tree``, ``resolve``, ``healthz``, ``metrics`` or ``other``;
+    from the raw target (path and query, URL-encoded) as the access log holds it."""
     segments = [unquote(s) for s in target.split("?", 1)[0].split("/")[1:]]
     if segments in (["healthz"], ["metrics"]):
         return segments[0]
@@ -88,9 +85,9 @@ class MirrorMetrics:
                   registry=r).set_function(self._cache_bytes)
         self.before_scrape: Callable[[], None] | None = None
 
-    def observe(self, origin: str, method: str, target: str, status: int, bytes_sent: int) -> None:
+    def observe(self, target: str, status: int, bytes_sent: int) -> None:
         """Count one finished request."""
-        self.requests.labels(route_of(origin, method, target), str(status)).inc()
+        self.requests.labels(route_of(target), str(status)).inc()
         if bytes_sent:
             self.bytes_served.inc(bytes_sent)
 

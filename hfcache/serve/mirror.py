@@ -1,10 +1,5 @@
-"""``hfcache serve``: run the Hub-compatible server as a read-only mirror until SIGTERM or Ctrl-C.
-
-One warmed cache, served inside a cluster, answers every pod's ``hfcache warm --endpoint`` (or any
-huggingface_hub / transformers client with ``HF_ENDPOINT``): see README "Mirror: hfcache serve".
-The protocol and stores are the rest of :mod:`hfcache.serve`; this module chooses the
-production settings (uvicorn, one origin, no in-memory request log), owns the signals, and shuts down gracefully.
-"""
+"""``hfcache serve``: the Hub-compatible server as a read-only mirror until SIGTERM or Ctrl-C (docs/serve.md): the
+signals, the access log file and the graceful shutdown around :class:`hfcache.serve.HubServer`."""
 
 from __future__ import annotations
 
@@ -36,11 +31,8 @@ class MirrorInfo:
 
     Attributes:
         endpoint (str): base URL clients use as ``HF_ENDPOINT`` / ``--endpoint`` (wildcard binds shown as loopback).
-        root (str): the directory served (absolute).
-        layout (str): ``"cache"`` (a hub cache) or ``"repos"`` (plain repo folders).
-        host (str): the interface bound.
-        port (int): the port bound.
-        token_required (bool): whether requests need the bearer token.
+        root (str): the directory served (absolute). layout (str): ``"cache"`` or ``"repos"``.
+        host (str), port (int): the interface and port bound. token_required (bool): requests need the token.
         access_log (str | None): the access log's path (``"-"`` for stdout), if any.
         upstreams (tuple[str, ...]): pull-through upstream endpoints, in order (empty: a static mirror).
         allow (tuple[str, ...]): repo id globs that may be pulled through (empty: all).
@@ -65,8 +57,7 @@ class MirrorRun:
     """A mirror that has stopped.
 
     Attributes:
-        info (MirrorInfo): what was served.
-        seconds (float): how long it served.
+        info (MirrorInfo): what was served. seconds (float): how long it served.
         signal (str): what stopped it, e.g. ``"SIGTERM"``, ``"SIGINT"`` or ``"stop"`` (the ``stop`` event).
         cut_short (int): responses still streaming when the grace period ended (0 after a clean shutdown).
     """
@@ -77,50 +68,28 @@ class MirrorRun:
     cut_short: int
 
 
-# Over 60 lines only with its docstring (every argument documented): the body is 35 lines.
-def serve(
-    *,
-    cache_dir: str | os.PathLike[str] | None = None,
-    repos_dir: str | os.PathLike[str] | None = None,
-    host: str = "127.0.0.1",
-    port: int = 8080,
-    token: str | None = None,
-    access_log: str | None = None,
-    grace: float = GRACE_SECONDS,
-    ready: Callable[[MirrorInfo], None] | None = None,
-    stop: threading.Event | None = None,
-    upstream: PullThroughConfig | None = None,
-) -> MirrorRun:
-    """Serve a hub cache (default) or a directory of plain repo folders until SIGTERM, SIGINT or ``stop``.
-
-    The server is uvicorn running :class:`hfcache.serve.HubServer` with one origin (LFS bytes are answered
-    directly, with ``X-Linked-Etag``/``X-Linked-Size``, so one port is all a Service exposes) and no in-memory
-    request log. On SIGTERM or SIGINT it stops accepting connections at once, lets in-flight responses finish for
-    up to ``grace`` seconds, then returns. A second signal cuts the remaining responses short.
+def serve(*, cache_dir: str | os.PathLike[str] | None = None, repos_dir: str | os.PathLike[str] | None = None,
+          host: str = "127.0.0.1", port: int = 8080, token: str | None = None, access_log: str | None = None,
+          grace: float = GRACE_SECONDS, ready: Callable[[MirrorInfo], None] | None = None,
+          stop: threading.Event | None = None, upstream: PullThroughConfig | None = None) -> MirrorRun:
+    """Serve a hub cache (default) or a folder of repo folders with :class:`hfcache.serve.HubServer` until SIGTERM,
+    SIGINT or ``stop``: then stop accepting connections, let in-flight responses finish for up to ``grace`` seconds
+    (a second signal cuts them) and return the :class:`MirrorRun`.
 
     Args:
-        cache_dir: the hub cache to serve; None (and no ``repos_dir``) means huggingface_hub's default cache
-            (``HF_HUB_CACHE``, ``$HF_HOME/hub``, ``~/.cache/huggingface/hub``).
-        repos_dir: serve this directory of ``<org>/<name>/`` repo folders instead (layout of
-            :class:`hfcache.serve.FolderStore`).
-        host: interface to bind; loopback by default (``0.0.0.0`` in a pod).
-        port: TCP port; 0 picks a free one (see ``MirrorInfo.port``).
-        token: if set, every request but ``/healthz`` needs ``Authorization: Bearer <token>`` (401 otherwise).
-            Never logged.
-        access_log: a file to append one line per request to (``TIME METHOD PATH STATUS BYTES SECONDS``;
-            ``"-"``: stdout). Request headers, so tokens, are never written.
-        grace: seconds in-flight responses get after the first signal.
-        ready: called once with the MirrorInfo when the port is bound (the CLI prints the endpoint).
-        stop: an event that stops the mirror like SIGTERM (for embedding and tests); signal handlers are installed
-            only when called from the main thread.
-        upstream: pull through: fetch what the cache lacks from these upstreams, verified
-            (:mod:`hfcache.serve.pullthrough`); the cache directory is created if missing. Cache layout only.
-
-    Returns:
-        MirrorRun.
+        cache_dir: the hub cache; None (and no ``repos_dir``): huggingface_hub's default (``HF_HUB_CACHE``,
+            ``$HF_HOME/hub``, ``~/.cache/huggingface/hub``). repos_dir: ``<org>/<name>/`` repo folders instead.
+        host, port: where to listen (port 0: any free one, ``MirrorInfo.port``). token: if set, every request but
+            ``/healthz`` and ``/metrics`` needs ``Authorization: Bearer <token>``; never logged.
+        access_log: a file to append one line per request to (``TIME METHOD PATH STATUS BYTES SECONDS``; ``"-"``:
+            stdout); headers, so tokens, are never written. grace: seconds in-flight responses get.
+        ready: called once with the MirrorInfo when the port is bound. stop: an event that stops the mirror like
+            SIGTERM; signal handlers are installed only when called from the main thread.
+        upstream: fetch what the cache lacks from these upstreams (:mod:`.pullthrough`); the cache is created if
+            missing. Cache layout only.
 
     Raises:
-        UsageError: both or neither directory valid, the port cannot be bound, the access log cannot be opened.
+        UsageError: both directories, the port cannot be bound, the access log cannot be opened.
         CacheError: the directory to serve does not exist.
     """
     layout, root = _served_root(cache_dir, repos_dir, pull_through=upstream is not None)
@@ -150,7 +119,6 @@ def serve(
             log_stream.close()
 
 
-
 def _mirror_info(server: HubServer, root: Path, layout: str, host: str, token_required: bool,
                  access_log: str | None, upstream: PullThroughConfig | None) -> MirrorInfo:
     """What the started mirror serves, where, and to whom (the CLI prints it)."""
@@ -161,15 +129,15 @@ def _mirror_info(server: HubServer, root: Path, layout: str, host: str, token_re
                       unreadable=unreadable_repos(root) if layout == "cache" else ())
 
 
-def _stop_gracefully(server: HubServer, grace: float) -> bool:
-    """Stop accepting, let in-flight responses finish for ``grace`` seconds; True if some were cut short.
-
-    A second signal during the grace period ends it: the handler sets ``server.stopping``."""
+def _stop_gracefully(server: HubServer, grace: float) -> int:
+    """Stop accepting, let in-flight responses finish for ``grace`` seconds (a second signal ends the grace period:
+    its handler sets ``server.stopping``); the responses cut short."""
     signal_stop = _second_signal(server.stopping)
     try:
         return server.stop(grace=grace)
     finally:
         signal_stop()
+
 
 def _served_root(cache_dir: str | os.PathLike[str] | None, repos_dir: str | os.PathLike[str] | None, *,
                  pull_through: bool = False) -> tuple[str, Path]:

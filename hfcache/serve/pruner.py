@@ -10,7 +10,7 @@ from pathlib import Path
 from ..prune import execute, plan_prune
 from .metrics import MirrorMetrics
 
-logger = logging.getLogger("hfcache.serve.pullthrough")  # the mirror's log, as before the split
+logger = logging.getLogger("hfcache.serve.pullthrough")  # the mirror's log
 
 
 class Pruner:

@@ -1,28 +1,22 @@
-"""A pull-through store: a hub cache that fetches what it lacks from upstream endpoints, verified, then serves it.
+"""A pull-through store: a hub cache that fetches what it lacks from upstream endpoints, verified, then serves it
+(``hfcache serve --upstream``, docs/serve.md). What a request gets:
 
-``hfcache serve --cache-dir DIR --upstream URL`` (README "Pull-through mirror"). What a request gets:
-
-- **A revision** (repo info, tree, resolve): a branch or tag is resolved against the upstreams in order (warm's
+- **A revision**: a branch or tag is resolved against the upstreams in order (warm's
   :func:`hfcache.warming.orchestrate.resolve_revision`) at most once per ``revalidate`` seconds; a 40-hex commit once
-  per process, never when the cache holds a snapshot of it (its ``trees/<commit>.json`` listing, written with the
-  first fetch, lists it whole; else what the cache holds is listed, and a file it lacks asks for the listing:
-  :meth:`PullThroughStore.expand`), and it must come back as itself (502, nothing kept). When upstream fails (or is
-  silent for ``timeout`` while the cache holds the revision), the cache answers what it holds; only what it lacks
-  gets an error: 503 ``UpstreamUnavailable`` when no upstream answers, the upstream's 404/403 otherwise.
-- **Ids** (:mod:`.upstream_ids`): an upstream's canonical id is followed exactly where warm follows it
-  (:func:`hfcache.records.folder_ids`); ids match without case, one folder per repo; every memory is bounded.
-- **A file body** the cache lacks: fetched with :func:`hfcache.warming.orchestrate.fetch_pinned` (warm with a pin:
-  the resolution's commit and hashes, warm's repo and blob locks, hash checked before anything becomes visible),
-  then served from the cache. Bytes failing the hash check on every upstream: 502 ``UpstreamIntegrityError``; nothing
-  is kept. A HEAD answers from the listing and fetches nothing.
-- **Upstream work** runs in a bounded pool of its own (:mod:`.upstream_pool`: single flight per revision or file,
-  deadlines, 503 + ``Retry-After`` beyond ``upstream_slots``): a slow upstream never starves cached answers.
-- **--allow**: only repos whose id matches a glob (``fnmatch``, without case) are pulled through; any other repo the
-  cache does not hold is refused with 403 ``RepoNotAllowed`` without contacting upstream. A canonical id reached
-  through an allowed legacy id by a rename the mirror follows is allowed.
-- **Uses and budget**: serving a file touches its snapshot folder (through its descriptor, at most once a second),
-  the last-use signal of :mod:`hfcache.cache.scan`; with ``max_size``, prune's planner removes least-recently-used
-  revisions in a background thread after each fetch.
+  per process, never when the cache holds a snapshot of it (listed whole from its ``trees/<commit>.json``, else as
+  held, a file it lacks asking for the listing: :meth:`PullThroughStore.expand`), and it must come back as itself
+  (502, nothing kept). When upstream fails (or is silent for ``timeout`` while the cache holds the revision), the
+  cache answers what it holds; what it lacks gets 503 ``UpstreamUnavailable``, or the upstream's 404/403.
+- **Ids** (:mod:`.upstream_ids`): an upstream's canonical id is followed exactly where warm follows it; ids match
+  without case, one folder per repo.
+- **A file body** the cache lacks: fetched with :func:`hfcache.warming.orchestrate.fetch_pinned` (pinned to the
+  resolution's commit and hashes, under warm's locks, hash checked before anything is visible); bytes failing the
+  check on every upstream: 502 ``UpstreamIntegrityError``, nothing kept. A HEAD answers from the listing.
+- **Upstream work** runs in a bounded pool (:mod:`.upstream_pool`): a slow upstream never starves cached answers.
+- **--allow**: only ids matching a glob (without case) are pulled through, others the cache lacks get 403
+  ``RepoNotAllowed`` without contacting upstream (a canonical id reached from an allowed legacy id is allowed).
+- **Uses and budget**: serving a file touches its snapshot folder (at most once a second), the last-use signal of
+  :mod:`hfcache.cache.scan`; with ``max_size``, prune removes least-recently-used revisions after each fetch.
 
 The upstream token goes only to the upstreams (through :mod:`hfcache.hub.client`); it is never logged or answered.
 """
@@ -30,6 +24,7 @@ The upstream token goes only to the upstreams (through :mod:`hfcache.hub.client`
 from __future__ import annotations
 
 import fnmatch
+import io
 import logging
 import os
 import threading
@@ -39,20 +34,19 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import BinaryIO
 
-from ..names import is_commit
 from ..cache import safefs
 from ..cache.layout import RepoFolder
 from ..errors import HfcacheError, HubError, UsageError
 from ..hub.files import RepoRevision
 from ..hub.urls import validate_endpoint
-from ..warming.lockfile import LockedFile, LockedRepo
-from ..records import WarmRequest
+from ..names import check_commit, is_commit
 from ..pace import Deadline
+from ..records import HubOptions, WarmRequest
+from ..warming.lockfile import LockedFile, LockedRepo
 from ..warming.orchestrate import fetch_pinned, make_clients, resolve_revision
 from .cache_store import CacheStore
 from .metrics import MirrorMetrics
 from .pruner import Pruner
-from .upstream_errors import Empty as _Empty
 from .upstream_errors import inert
 from .upstream_errors import store_miss as _store_miss
 from .upstream_ids import Names, keep, storage_id
@@ -139,7 +133,10 @@ class PullThroughStore:
         self.root = self.cache.root
         self.config = config
         self.metrics = metrics or MirrorMetrics()
-        self.clients = make_clients(list(config.upstreams), config.token or False, config.timeout)
+        # A pulled file is fetched over at most 4 connections (its ranges): the mirror serves others meanwhile.
+        self.hub = HubOptions(endpoints=config.upstreams, token=config.token or False, timeout=config.timeout,
+                              max_workers=4)
+        self.clients = make_clients(self.hub)
         self._lock = threading.Lock()
         # Every memory of what upstream said is bounded (LISTINGS_KEPT entries, least recently used dropped): ids
         # are keyed without case, as the Hub resolves them, so case variants share one entry and one folder.
@@ -152,7 +149,6 @@ class PullThroughStore:
         self._health_thread: threading.Thread | None = None
         self._pruner = Pruner(self.root, config.max_size, self.metrics) if config.max_size is not None else None
 
-    # -- Store protocol
 
     def canonical_id(self, repo_type: str, repo_id: str) -> str:
         """The id ``repo_id`` is answered under: the cache's alias (a legacy folder), the id it was stored under (a
@@ -217,27 +213,21 @@ class PullThroughStore:
         resolved = self._listing_of(snapshot)
         return resolved.snapshot if resolved is not None else snapshot
 
-    def lfs_file(self, repo_type: str, repo_id: str, sha256: str) -> tuple[RepoSnapshot, RepoFile] | None:
-        return self.cache.lfs_file(repo_type, repo_id, sha256)
-
-    def open(self, repo_file: RepoFile, snapshot: RepoSnapshot | None = None, *, head: bool = False) -> BinaryIO:
+    def open(self, repo_file: RepoFile, snapshot: RepoSnapshot, *, head: bool = False) -> BinaryIO:
         """The file's bytes from the cache, fetched from upstream first if the cache lacks them.
 
         Raises:
             StoreMiss: the fetch failed (502 bad bytes, 503 upstream unreachable, busy or too slow, ...; nothing was
                 kept), or the file vanished from the cache right after its fetch (503: a concurrent prune).
-            OSError: ``snapshot`` None and the file is not in the cache (the CDN origin's lookup by hash).
         """
-        if snapshot is None:
-            return self.cache.open(repo_file)
         body = self._held(snapshot, repo_file)
         if body is not None:
             if not head:
                 self.metrics.cache_hits.inc()
                 self._touch(snapshot)
             return body
-        if head:  # metadata only: the listing has it, no bytes are fetched for a HEAD
-            return _Empty()
+        if head:  # metadata only: the listing has it, no bytes are fetched for a HEAD (no descriptor either)
+            return io.BytesIO()
         self.metrics.cache_misses.inc()
 
         def fetch() -> None:
@@ -251,12 +241,11 @@ class PullThroughStore:
                        fetch_deadline(repo_file.size, f"{snapshot.repo_id}: {repo_file.path} from upstream"))
         body = self._held(snapshot, repo_file)
         if body is None:  # fetched and gone at once: a concurrent prune; never a 404 (clients would record "absent")
-            raise StoreMiss("CacheError", f"{snapshot.repo_id}: {inert(repo_file.path)} was removed from the cache while it "
-                            "was being fetched; retry", status=503, retry_after=1)
+            raise StoreMiss("CacheError", f"{snapshot.repo_id}: {inert(repo_file.path)} was removed from the cache "
+                            "while it was being fetched; retry", status=503, retry_after=1)
         self._touch(snapshot)
         return body
 
-    # -- health
 
     def upstream_health(self, wait: float = HEALTH_WAIT) -> list[tuple[str, bool | None]]:
         """(endpoint, reachable) per upstream; None: not known yet. Checked in a background thread at most every
@@ -286,7 +275,6 @@ class PullThroughStore:
         if self._pruner is not None:
             self._pruner.close()
 
-    # -- resolution
 
     def _stored_id(self, repo_type: str, repo_id: str) -> str:
         """The id ``repo_id`` was stored under (remembered, else a cache folder equal ignoring case), else itself."""
@@ -377,7 +365,6 @@ class PullThroughStore:
             return True
         return any(_matches(asked, allow) for asked in self._names.askers(repo_id))
 
-    # -- files
 
     def _held(self, snapshot: RepoSnapshot, repo_file: RepoFile) -> BinaryIO | None:
         """The open file when the cache holds it in this snapshot with the listed size, else None."""
@@ -398,8 +385,8 @@ class PullThroughStore:
         resolved = self._listing_of(snapshot)
         remote = next((f for f in resolved.revision.files if f.path == repo_file.path), None) if resolved else None
         if resolved is None or remote is None:  # a cache-only answer, and upstream still does not answer
-            raise StoreMiss("UpstreamUnavailable", f"{snapshot.repo_id}: {inert(repo_file.path)} is not in this mirror's cache "
-                            "and the upstream could not be reached to fetch it", status=503)
+            raise StoreMiss("UpstreamUnavailable", f"{snapshot.repo_id}: {inert(repo_file.path)} is not in this "
+                            "mirror's cache and the upstream could not be reached to fetch it", status=503)
         alias = self._names.legacy(snapshot.repo_type, snapshot.repo_id)
         with self._lock:
             ref = self._ref_name(snapshot)
@@ -407,8 +394,7 @@ class PullThroughStore:
         locked = LockedRepo(request=request, canonical_id=snapshot.repo_id, commit_hash=snapshot.commit,
                             files=(LockedFile(remote.path, remote.size, remote.hash),))
         try:
-            result = fetch_pinned(locked, cache_dir=self.root, endpoint=self.config.upstreams,
-                                  token=self.config.token or False, timeout=self.config.timeout)
+            result = fetch_pinned(locked, cache_dir=self.root, hub=self.hub)
         except HfcacheError as exc:
             result = None
             error_type, message = type(exc).__name__, exc.message
@@ -431,9 +417,8 @@ class PullThroughStore:
         """
         key = (snapshot.repo_type, snapshot.repo_id, snapshot.commit)
         with self._lock:
-            resolved = self._commits.get(key) or next(
-                (r for r in self._refs.values() if (r.snapshot.repo_type, r.snapshot.repo_id, r.snapshot.commit) == key),
-                None)
+            resolved = self._commits.get(key) or next((r for r in self._refs.values() if (
+                r.snapshot.repo_type, r.snapshot.repo_id, r.snapshot.commit) == key), None)
         if resolved is not None:
             return resolved
 
@@ -446,7 +431,7 @@ class PullThroughStore:
 
         deadline = resolve_deadline(f"{snapshot.repo_id}@{snapshot.commit} from upstream", self.config.timeout)
         try:
-            self._pool.run(("resolve", snapshot.repo_type, snapshot.repo_id.lower(), snapshot.commit), resolve, deadline)
+            self._pool.run(("resolve", key[0], key[1].lower(), key[2]), resolve, deadline)
         except StoreMiss as miss:
             if miss.status == 502 or miss.retry_after is not None:
                 raise
@@ -487,7 +472,7 @@ class PullThroughStore:
             keep(LISTINGS_KEPT, self._touched, key, now)
         try:
             name = RepoFolder(self.root, snapshot.repo_id, snapshot.repo_type).name
-            fd = safefs.open_dir(self.root, (name, "snapshots", safefs.check_commit(snapshot.commit)))
+            fd = safefs.open_dir(self.root, (name, "snapshots", check_commit(snapshot.commit)))
         except (OSError, HfcacheError):  # gone, or a planted link: no use recorded
             return
         try:

@@ -75,12 +75,8 @@ class Router:
             return self._resolve(request, PATH_REPO_TYPES[segments[0]], segments[1:])
         return self._resolve(request, "model", segments)
 
-    def snapshot(self, repo_type: str, repo_id: str, revision: str) -> RepoSnapshot:
-        """The repo at a revision, or the store's miss as the Hub's error (RepoNotFound, RevisionNotFound, ...).
-
-        Raises:
-            HttpError: the store's :class:`StoreMiss`.
-        """
+    def _snapshot(self, repo_type: str, repo_id: str, revision: str) -> RepoSnapshot:
+        """The repo at a revision; raises HttpError: the store's :class:`StoreMiss` (RepoNotFound, ...)."""
         try:
             return self.store.snapshot(repo_type, repo_id, revision)
         except StoreMiss as miss:
@@ -89,13 +85,13 @@ class Router:
     def _api(self, request: Request, repo_type: str, segments: list[str]) -> Response:
         repo_id, rest = split_repo_id(segments, {"revision", "tree"})
         if not rest:
-            return repo_info(request, self.snapshot(repo_type, repo_id, DEFAULT_BRANCH))
+            return repo_info(request, self._snapshot(repo_type, repo_id, DEFAULT_BRANCH))
         if rest[0] == "revision" and len(rest) == 2:
-            return repo_info(request, self.snapshot(repo_type, repo_id, rest[1]))
+            return repo_info(request, self._snapshot(repo_type, repo_id, rest[1]))
         if rest[0] == "tree" and len(rest) >= 2:
             folder = repo_path(rest[2:]) if len(rest) > 2 else ""
-            return tree_page(request, self.snapshot(repo_type, repo_id, rest[1]), folder, self.page_size)
-        self.snapshot(repo_type, repo_id, DEFAULT_BRANCH)  # RepoNotFound before a plain 404
+            return tree_page(request, self._snapshot(repo_type, repo_id, rest[1]), folder, self.page_size)
+        self._snapshot(repo_type, repo_id, DEFAULT_BRANCH)  # RepoNotFound before a plain 404
         raise HttpError(404, None, "Not found")
 
     def _resolve(self, request: Request, repo_type: str, segments: list[str]) -> Response:
@@ -108,7 +104,7 @@ class Router:
         if canonical != repo_id:
             return legacy_redirect(request, repo_type, canonical, rest)
         path = repo_path(rest[2:])
-        snapshot = self.snapshot(repo_type, repo_id, rest[1])
+        snapshot = self._snapshot(repo_type, repo_id, rest[1])
         repo_file = snapshot.files.get(path)
         expand = getattr(self.store, "expand", None)  # a pull-through store: a held commit lists what it holds
         if repo_file is None and expand is not None:

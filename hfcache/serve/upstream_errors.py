@@ -1,11 +1,10 @@
-"""How the pull-through mirror answers when upstream fails: hfcache error classes as the Hub's HTTP errors, and the
-empty body of a HEAD for a file not fetched yet."""
+"""How the pull-through mirror answers when upstream fails: hfcache error classes as the Hub's HTTP errors."""
 
 from __future__ import annotations
 
 from .vocabulary import StoreMiss
 
-__all__ = ["Empty", "inert", "store_miss"]
+__all__ = ["inert", "store_miss"]
 
 STATUS = {  # hfcache error class -> (HTTP status, X-Error-Code) when upstream fails and the cache has nothing
     "RepoNotFound": (404, "RepoNotFound"),
@@ -17,19 +16,6 @@ STATUS = {  # hfcache error class -> (HTTP status, X-Error-Code) when upstream f
     "UnsafeLayout": (507, "CacheError"),  # a planted link in the repo folder: refused, nothing written through it
     "UnsafeName": (502, "UpstreamError"),
 }
-
-
-class Empty:
-    """The body of a HEAD answer for a file not fetched yet: no bytes, and no file descriptor."""
-
-    def read(self, size: int = -1) -> bytes:
-        return b""
-
-    def seek(self, offset: int, whence: int = 0) -> int:
-        return 0
-
-    def close(self) -> None:
-        pass
 
 
 def store_miss(error_type: str, message: str, *, fetch: bool = False) -> StoreMiss:

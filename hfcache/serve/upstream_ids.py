@@ -1,15 +1,10 @@
-"""Which id the pull-through mirror stores an upstream answer under: one rule for ids, as warm follows them.
-
-An upstream answers a repo id with the id it knows (``id`` in repo info). The mirror follows that answer exactly
-where warm does (:func:`hfcache.records.folder_ids`): a legacy id without an org (``gpt2``) answered as
-``ORG/<the same name>`` is stored under the canonical id, and its own folder is filled too. Ids are matched without
-case, the way the Hub resolves them: a case variant (``GPT2``, ``Google-BERT/bert-base-uncased``) is stored under
-the id as the upstream spells it (or as a folder already in the cache spells it), never in a folder of its own.
-Any other answer (``gpt2`` answered as ``victim-org/victim``) is not followed: the listing is kept under the id that
-was asked, where warm and huggingface_hub would store it, so an upstream can never make the mirror store or answer
-a repo nobody asked for (nor an ``--allow`` glob reach one it does not match).
-
-What the mirror remembers of these answers is bounded (:class:`Names`).
+"""Which id the pull-through mirror stores an upstream answer under: exactly where warm follows an upstream's
+``id`` (:func:`hfcache.records.folder_ids`). A legacy id without an org (``gpt2``) answered as ``ORG/<the same
+name>`` is stored under the canonical id, its own folder filled too. Ids match without case, as the Hub resolves
+them: a case variant is stored under the id as the upstream (or a folder already in the cache) spells it, never in a
+folder of its own. Any other answer (``gpt2`` answered as ``victim-org/victim``) is not followed: kept under the id
+asked, so an upstream can never make the mirror store or answer a repo nobody asked for (nor an ``--allow`` glob
+reach one it does not match). What the mirror remembers of these answers is bounded (:class:`Names`).
 """
 
 from __future__ import annotations

@@ -1,8 +1,6 @@
-"""An upstream commit's listing as the pull-through mirror keeps it: as a snapshot the store serves, and as the
-``trees/<commit>.json`` file of the cache (huggingface_hub ``_tree_cache.py`` format 1), read back after a restart.
-
-The cache is untrusted: a listing read back with a bad path, size or hash is ignored whole.
-"""
+"""An upstream commit's listing as the pull-through mirror keeps it: a snapshot the store serves, and the cache's
+``trees/<commit>.json`` (huggingface_hub ``_tree_cache.py`` format 1), read back after a restart (untrusted: a bad
+path, size or hash in it and it is ignored whole)."""
 
 from __future__ import annotations
 
@@ -11,17 +9,17 @@ import logging
 import os
 from pathlib import Path
 
-from ..names import is_commit, is_sha256
 from ..cache import safefs
 from ..cache.atomic import atomic_write_at
+from ..cache.content import git_blob_sha1, lfs_pointer
 from ..cache.layout import RepoFolder
-from ..cache.safefs import check_commit
 from ..errors import CacheError
 from ..hub.files import RemoteFile, RepoRevision
+from ..names import check_commit, is_commit, is_sha256
 from ..records import UnsafePath, valid_size, validate_repo_path
-from .vocabulary import RepoFile, RepoSnapshot, git_blob_sha1, lfs_pointer
+from .vocabulary import RepoFile, RepoSnapshot
 
-logger = logging.getLogger("hfcache.serve.pullthrough")  # the mirror's log, as before the split
+logger = logging.getLogger("hfcache.serve.pullthrough")  # the mirror's log
 
 
 def snapshot_view(root: Path, revision: RepoRevision) -> RepoSnapshot:
@@ -57,7 +55,8 @@ def revision_from_listing(cached: RepoSnapshot, entries: dict[str, dict] | None)
     if not files:
         return None
     return RepoRevision(repo_id=cached.repo_id, canonical_id=cached.repo_id, repo_type=cached.repo_type,
-                        revision=cached.commit, commit_hash=cached.commit, files=tuple(sorted(files, key=lambda f: f.path)))
+                        revision=cached.commit, commit_hash=cached.commit,
+                        files=tuple(sorted(files, key=lambda f: f.path)))
 
 
 def write_listing(folder: RepoFolder, revision: RepoRevision) -> None:

@@ -1,21 +1,15 @@
-"""The pull-through mirror's upstream work, in a bounded pool of its own: a slow upstream never starves cached answers.
+"""The pull-through mirror's upstream work, in a bounded pool of its own, so a slow upstream never starves cached
+answers (in the server's workers, 40 misses on an upstream dripping a byte a second held all 32):
 
-A request the cache cannot answer (a revision to resolve, a file to fetch) waits on upstream. Before this pool, it
-waited in one of the server's worker threads: 40 misses on an upstream dripping one byte a second held all 32, and
-files the cache already held got no answer. Now:
+- the work (warm's resolution or fetch) runs here, at most ``slots`` operations at once, one per key (single
+  flight: concurrent requests for the same revision or file wait for the same operation);
+- at most ``slots`` requests wait at once; one more, or a request for new work while every slot is taken, gets 503
+  ``UpstreamUnavailable`` with ``Retry-After`` at once (huggingface_hub retries a 503 with backoff);
+- a waiting request gives up with 503 at a deadline (:class:`hfcache.pace.Deadline`: a metadata answer within
+  :func:`hfcache.pace.metadata_deadline` of ``--timeout``, a file within the throughput floor's time for its size);
+  the operation goes on in its slot and serves the next request once done.
 
-- the work itself (warm's resolution or fetch) runs here, at most ``slots`` operations at once, one per key
-  (single flight: concurrent requests for the same revision or file wait for the same operation);
-- at most ``slots`` requests wait on this pool at once; one more is answered at once with 503
-  ``UpstreamUnavailable`` and ``Retry-After`` (huggingface_hub retries a 503 with backoff), and so is a request for
-  new work while every slot is taken;
-- a waiting request gives up at a deadline (:class:`hfcache.pace.Deadline`: a whole metadata answer within
-  :func:`hfcache.pace.metadata_deadline` of ``--timeout``; a file within the throughput floor's time for its size)
-  with 503, while the operation goes on in its slot (it keeps its own upstream timeouts) and serves the next
-  request once done.
-
-The server stack adds ``slots`` worker threads to its own (:mod:`hfcache.serve.asgi`), so the requests waiting here
-never take a thread from cached answers.
+The server stack adds ``slots`` worker threads to its own (:mod:`.asgi`) for the requests waiting here.
 """
 
 from __future__ import annotations

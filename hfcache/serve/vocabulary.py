@@ -1,51 +1,36 @@
-"""The protocol vocabulary shared by the stores and the HTTP layer: repo files, snapshots, misses and hashes.
-
-What a store answers (:class:`RepoSnapshot` of :class:`RepoFile`, or :class:`StoreMiss`) and how the Hub names
-content (git blob sha1, LFS pointers and sha256, which files go to LFS). It imports nothing else of
-:mod:`hfcache.serve`: the stores and the server both build on it (docs/architecture.md).
-"""
+"""What the stores and the HTTP layer share: repo files, snapshots, misses, how the Hub names content (git blob sha1,
+LFS pointers and sha256, which files go to LFS) and the safe open of a served file. Imports nothing else of
+:mod:`hfcache.serve` (docs/architecture.md)."""
 
 from __future__ import annotations
 
 import fnmatch
 import os
 import re
+import stat
 import threading
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
 from typing import BinaryIO, Protocol
 
+from ..cache import safefs
 from ..cache.content import GIT_SHA1, SHA256, git_blob_sha1, hash_fd, lfs_pointer
+from ..names import UnsafeName
 
-__all__ = [
-    "DEFAULT_BRANCH",
-    "LFS_PATTERNS",
-    "LFS_SIZE_THRESHOLD",
-    "REPO_NAME_RE",
-    "HashMemo",
-    "RepoFile",
-    "RepoSnapshot",
-    "Store",
-    "StoreMiss",
-    "git_blob_sha1",
-    "is_inside",
-    "is_lfs_file",
-    "lfs_pointer",
-]
+__all__ = ["DEFAULT_BRANCH", "LFS_PATTERNS", "LFS_SIZE_THRESHOLD", "REPO_NAME_RE", "HashMemo", "RepoFile",
+           "RepoSnapshot", "Store", "StoreMiss", "is_lfs_file", "open_beneath", "regular_file"]
 
-# The patterns of the default .gitattributes the Hub creates for new repos (text formats such as
-# *.tiktoken or *.json stay in git). Matched against the file's base name, as git does for
-# patterns without a slash.
+#: The default .gitattributes the Hub creates for new repos (text formats such as *.tiktoken or *.json stay in git),
+#: matched against a file's base name as git does for patterns without a slash.
 LFS_PATTERNS: tuple[str, ...] = (
     "*.model", "*.bin", "*.safetensors", "*.pt", "*.pth", "*.ckpt", "*.h5", "*.msgpack", "*.onnx",
     "*.ot", "*.gguf", "*.tflite", "*.npz", "*.zip", "*.tar.gz", "*.pkl", "*.joblib",
 )  # fmt: skip
-# The Hub rejects plain-git files of 10 MiB or more, so anything that big is always LFS.
+#: The Hub rejects plain-git files of 10 MiB or more, so anything that big is always LFS.
 LFS_SIZE_THRESHOLD = 10 * 1024 * 1024
-
-# Hub repo names: letters, digits, '-', '_', '.'; never starting with '.' (which also rules out '..').
+#: Hub repo names: letters, digits, '-', '_', '.'; never starting with '.' (which also rules out '..').
 REPO_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,95}$")
 DEFAULT_BRANCH = "main"
 
@@ -56,14 +41,14 @@ class RepoFile:
 
     Attributes:
         path (str): POSIX path inside the repo, e.g. ``"1_Pooling/config.json"``.
-        local_path (Path): the file on disk (for ``FolderStore`` symlinks resolved, always inside ``root``; for
-            the cache store the blob or snapshot entry, never a symlink).
-        size (int): size in bytes.
+        local_path (Path): the file on disk (``FolderStore``: symlinks resolved, inside ``root``; the cache store:
+            the blob or snapshot entry, never a symlink).
+        size (int): bytes.
         blob_id (str): git blob sha1 of what git stores: the content, or for LFS files the pointer text.
-        sha256 (str | None): sha256 of the content; None when it is not known without hashing (a non-LFS blob of
-            a cache, which is named by its git blob sha1).
+        sha256 (str | None): of the content; None when unknown without hashing (a cache's non-LFS blob, named by
+            its git blob sha1).
         is_lfs (bool): stored with LFS.
-        pointer_size (int): byte size of the LFS pointer text (meaningful for LFS files only).
+        pointer_size (int): bytes of the LFS pointer text (LFS files only).
     """
 
     path: str
@@ -90,8 +75,8 @@ class RepoSnapshot:
         commit (str): 40-hex commit.
         files (Mapping[str, RepoFile]): the files served, by path, sorted by path.
         absent (frozenset[str]): paths known not to exist at this commit (a cache's ``.no_exist`` markers).
-        listing (frozenset[str] | None): every path of the repo at this commit when known (a plain folder is the
-            whole repo; a cache's ``trees/<commit>.json``); None when the store may hold only part of the repo.
+        listing (frozenset[str] | None): every path of the repo at this commit when known (a plain folder; a
+            cache's ``trees/<commit>.json``); None when the store may hold only part of the repo.
     """
 
     repo_type: str
@@ -104,19 +89,12 @@ class RepoSnapshot:
     @cached_property
     def directories(self) -> list[str]:
         """Every folder that holds a file, at any depth, sorted (``"a"``, ``"a/b"``...)."""
-        found = {path.rsplit("/", i)[0] for path in self.files for i in range(1, path.count("/") + 1)}
-        return sorted(found)
-
-    def file_by_sha256(self, sha256: str) -> RepoFile | None:
-        """The LFS file whose content hash is ``sha256``, or None."""
-        return next((f for f in self.files.values() if f.is_lfs and f.sha256 == sha256), None)
+        return sorted({path.rsplit("/", i)[0] for path in self.files for i in range(1, path.count("/") + 1)})
 
     def knows_absent(self, path: str) -> bool:
-        """True when ``path`` (a file or folder) is known not to exist in the repo at this commit.
-
-        Only then may a 404 carry ``X-Repo-Commit``, which makes huggingface_hub write a permanent ``.no_exist``
-        marker (file_download.py); a file the store merely does not hold must not be reported that way.
-        """
+        """True when ``path`` (a file or folder) is known not to exist in the repo at this commit: only then may a
+        404 carry ``X-Repo-Commit``, which makes huggingface_hub write a permanent ``.no_exist`` marker
+        (file_download.py); a file the store merely does not hold must not be reported that way."""
         if path in self.files:
             return False
         if path in self.absent:
@@ -155,7 +133,7 @@ class StoreMiss(Exception):
 
 
 class Store(Protocol):
-    """What the HTTP layer needs from a store of repos (``FolderStore``, ``CacheStore``)."""
+    """What the HTTP layer needs from a store of repos (``FolderStore``, ``CacheStore``, ``PullThroughStore``)."""
 
     root: Path
 
@@ -165,13 +143,9 @@ class Store(Protocol):
     def snapshot(self, repo_type: str, repo_id: str, revision: str) -> RepoSnapshot:
         """The repo at ``revision`` (legacy ids resolved). Raises StoreMiss."""
 
-    def lfs_file(self, repo_type: str, repo_id: str, sha256: str) -> tuple[RepoSnapshot, RepoFile] | None:
-        """An LFS file of the repo by content hash, for the CDN origin."""
-
     def open(self, repo_file: RepoFile, snapshot: RepoSnapshot, *, head: bool = False) -> BinaryIO:
         """Open the file's bytes (of ``snapshot``), refusing anything outside ``root``. ``head``: only the metadata
         is wanted (a pull-through store then fetches nothing). Raises OSError, or StoreMiss (upstream failed)."""
-
 
 
 def is_lfs_file(path: str, size: int) -> bool:
@@ -180,20 +154,33 @@ def is_lfs_file(path: str, size: int) -> bool:
     return size >= LFS_SIZE_THRESHOLD or any(fnmatch.fnmatchcase(name, pattern) for pattern in LFS_PATTERNS)
 
 
-def _hash_open(f: BinaryIO) -> tuple[str, str]:
-    """(git blob sha1, sha256) of the open file ``f`` from its start, as large as its ``fstat`` said (a file growing
-    meanwhile is hashed as it was)."""
-    digests, _ = hash_fd(f.fileno(), (GIT_SHA1, SHA256), close=False, offset=0)
-    return digests[GIT_SHA1], digests[SHA256]
+def open_beneath(root: str | os.PathLike[str], parts: Sequence[str]) -> BinaryIO:
+    """Open ``root/parts...`` for reading through the cache's safe opens (:func:`hfcache.cache.safefs.open_file`: no
+    link followed at any component, a FIFO never blocks the open), a regular file only.
+
+    Raises:
+        OSError: missing, a link on the way, not a regular file, a part that is empty, ``.`` or ``..``.
+    """
+    shown = os.path.join(root, *parts)
+    try:
+        fd = safefs.open_file(root, parts, os.O_RDONLY | os.O_NONBLOCK)
+    except (safefs.UnsafeLayout, UnsafeName) as exc:
+        raise OSError(f"{shown}: {exc}") from None
+    return regular_file(fd, shown)
 
 
-def is_inside(path: Path, root: Path) -> bool:
-    """Whether ``path`` is ``root`` or below it (both already resolved)."""
-    return path == root or path.is_relative_to(root)
+def regular_file(fd: int, shown: str) -> BinaryIO:
+    """The open ``fd`` (opened ``O_NONBLOCK``) as a blocking binary file when it is a regular file; else it is closed
+    and OSError names ``shown``."""
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise OSError(f"{shown} is not a regular file")
+    os.set_blocking(fd, True)
+    return os.fdopen(fd, "rb")
 
 
 class HashMemo:
-    """Hashes of files on disk, computed once per (path, size, mtime): a file is re-hashed only when it changes."""
+    """Hashes of files on disk, computed once per (path, size, mtime, inode): a file is re-hashed when it changes."""
 
     def __init__(self) -> None:
         self._hashes: dict[tuple[str, int, int, int], tuple[str, str]] = {}
@@ -203,14 +190,11 @@ class HashMemo:
         """A RepoFile for ``local`` served as repo path ``path``; ``lfs`` None decides by the Hub's defaults.
 
         ``opened``: ``local`` already opened by a safe walk (a cache's ``snapshots/``, where a group member can swap
-        the name for a link between a check and a use): its size and hashes come from that descriptor (``fstat``,
-        reads), never from the path again. Without it (a plain folder the operator serves) the path is used.
+        the name for a link between a check and a use): its size and hashes come from that descriptor, never from
+        the path again. Without it (a plain folder the operator serves) the path is used.
         """
-        if opened is not None:
-            stat = os.fstat(opened.fileno())
-        else:
-            stat = local.stat()
-        key = (str(local), stat.st_size, stat.st_mtime_ns, stat.st_ino)
+        stat_result = os.fstat(opened.fileno()) if opened is not None else local.stat()
+        key = (str(local), stat_result.st_size, stat_result.st_mtime_ns, stat_result.st_ino)
         with self._lock:
             hashes = self._hashes.get(key)
         if hashes is None:  # hashed outside the lock: other requests keep flowing
@@ -222,17 +206,16 @@ class HashMemo:
             with self._lock:
                 self._hashes[key] = hashes
         content_sha1, sha256 = hashes
-        if lfs is None:
-            lfs = is_lfs_file(path, stat.st_size)
-        pointer = lfs_pointer(sha256, stat.st_size)
-        return RepoFile(
-            path=path,
-            local_path=local,
-            size=stat.st_size,
-            # The Hub's blobId of an LFS file is the git id of its pointer, not of the content.
-            blob_id=git_blob_sha1(pointer) if lfs else content_sha1,
-            sha256=sha256,
-            is_lfs=lfs,
-            pointer_size=len(pointer),
-        )
+        lfs = is_lfs_file(path, stat_result.st_size) if lfs is None else lfs
+        pointer = lfs_pointer(sha256, stat_result.st_size)
+        # The Hub's blobId of an LFS file is the git id of its pointer, not of the content.
+        return RepoFile(path=path, local_path=local, size=stat_result.st_size,
+                        blob_id=git_blob_sha1(pointer) if lfs else content_sha1, sha256=sha256, is_lfs=lfs,
+                        pointer_size=len(pointer))
 
+
+def _hash_open(f: BinaryIO) -> tuple[str, str]:
+    """(git blob sha1, sha256) of the open file ``f`` from its start, as large as its ``fstat`` said (a file growing
+    meanwhile is hashed as it was)."""
+    digests, _ = hash_fd(f.fileno(), (GIT_SHA1, SHA256), close=False, offset=0)
+    return digests[GIT_SHA1], digests[SHA256]

@@ -70,15 +70,14 @@ def test_serve_never_hashes_a_file_a_member_swaps_for_a_link(runtime: Runtime, t
 def test_a_real_file_is_hashed_from_the_descriptor_the_safe_walk_opened(tmp_path) -> None:
     """The window the race above aims at, opened on purpose: the name is swapped for a link to a root-only file
     between the safe open and the hashing; what is hashed is still the file that was opened."""
-    from hfcache.serve.cache_store import _open_beneath
-    from hfcache.serve.vocabulary import HashMemo
+    from hfcache.serve.vocabulary import HashMemo, open_beneath
 
     canary = Canary(tmp_path)
     root = tmp_path / "cache"
     (root / "snap").mkdir(parents=True)
     local = root / "snap" / "leak.bin"
     local.write_bytes(b"hello\n")
-    with _open_beneath(root, ("snap", "leak.bin")) as opened:
+    with open_beneath(root, ("snap", "leak.bin")) as opened:
         local.unlink()
         os.symlink(canary.secret, local)  # what a member's exchange leaves at the name
         described = HashMemo().describe("leak.bin", local, opened=opened)

@@ -9,10 +9,8 @@
 - ``python -m tests.testhub ROOT`` (:mod:`.__main__`) from a shell, at the repository root
 """
 
-from hfcache.serve import RequestRecord
-
 from .faults import Faults, parse_faults
-from .server import HubServer
+from .server import HubServer, RequestRecord
 from .xet import XetMode
 
 __all__ = ["Faults", "HubServer", "RequestRecord", "XetMode", "parse_faults"]

@@ -18,7 +18,7 @@ from hfcache.names import is_sha256, url_prefix
 from hfcache.serve.answers import file_response
 from hfcache.serve.http import HttpError, path_segments, url_host
 from hfcache.serve.routing import PATH_REPO_TYPES, open_body
-from hfcache.serve.vocabulary import Store
+from hfcache.serve.vocabulary import DEFAULT_BRANCH, RepoFile, RepoSnapshot, Store, StoreMiss
 
 from .routes import CONDITIONAL, route_of, subrequest
 
@@ -26,12 +26,14 @@ __all__ = ["Cdn"]
 
 
 class Cdn:
-    """The CDN origin of one server over ``store``; ``host``: the interface bound, for redirects when a request
-    names no host. :attr:`port` is set once the origin is bound."""
+    """The CDN origin of one server: LFS files of ``base``'s snapshots (no gating), opened through ``store`` (with
+    a test's overridden bodies). ``host``: the interface bound, for redirects when a request names no host.
+    :attr:`port` is set once the origin is bound."""
 
-    def __init__(self, store: Store, host: str) -> None:
-        self.store, self.host = store, host
+    def __init__(self, store: Store, base: Store, host: str) -> None:
+        self.store, self.base, self.host = store, base, host
         self.port = 0
+        self._commits: dict[tuple[str, str, str], str] = {}  # (type, repo id, sha256) -> the commit redirected from
 
     def split(self, answer: Callable[[Request], Response]) -> Callable[[Request], Response]:
         """The main origin's ``answer`` with LFS files redirected here."""
@@ -48,15 +50,17 @@ class Cdn:
                 return answer(request)
             # Same host name the client used for the main origin, so the CDN is reachable wherever the hub is.
             cdn_host = url_host(urlsplit(request.host_url).hostname or self.host)
-            location = f"http://{cdn_host}:{self.port}/lfs/{url_prefix(route.repo_type)}{route.repo_id}/{linked[1:-1]}"
+            commit, sha256 = probe.headers["X-Repo-Commit"], linked[1:-1]
+            self._commits[(route.repo_type, route.repo_id, sha256)] = commit
+            location = f"http://{cdn_host}:{self.port}/lfs/{url_prefix(route.repo_type)}{route.repo_id}/{sha256}"
             return Response(b"", status=302, headers={
-                "Location": location, "X-Repo-Commit": probe.headers["X-Repo-Commit"], "X-Linked-Etag": linked,
+                "Location": location, "X-Repo-Commit": commit, "X-Linked-Etag": linked,
                 "X-Linked-Size": probe.headers["X-Linked-Size"], "ETag": linked})
 
         return split_answer
 
     def answer(self, request: Request) -> Response:
-        """A CDN origin request: LFS bytes by content hash.
+        """A CDN origin request: LFS bytes by content hash, from the commit a redirect named (else ``main``).
 
         Raises:
             HttpError: 405, 404 (no such route, repo or LFS file), the store's errors.
@@ -69,9 +73,21 @@ class Cdn:
         typed = segments[1] in PATH_REPO_TYPES
         repo_type, segments = (PATH_REPO_TYPES[segments[1]], segments[2:]) if typed else ("model", segments[1:])
         repo_id, sha256 = "/".join(segments[:-1]), segments[-1]
-        found = self.store.lfs_file(repo_type, repo_id, sha256) if is_sha256(sha256) else None
+        found = self._lfs_file(repo_type, repo_id, sha256) if is_sha256(sha256) else None
         if found is None:
             raise HttpError(404, None, "Not found")
         snapshot, repo_file = found
         body, length = open_body(self.store, snapshot, repo_file, head=request.method == "HEAD")
         return file_response(request, body, length, sha256, {})
+
+    def _lfs_file(self, repo_type: str, repo_id: str, sha256: str) -> tuple[RepoSnapshot, RepoFile] | None:
+        """(snapshot, file) of the LFS file ``sha256``: in the commit a redirect named, else in ``main``."""
+        for revision in filter(None, (self._commits.get((repo_type, repo_id, sha256)), DEFAULT_BRANCH)):
+            try:
+                snapshot = self.base.snapshot(repo_type, repo_id, revision)
+            except StoreMiss:
+                continue
+            found = next((f for f in snapshot.files.values() if f.is_lfs and f.sha256 == sha256), None)
+            if found is not None:
+                return snapshot, found
+        return None

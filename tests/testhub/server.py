@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import tempfile
 from collections.abc import Iterable
+from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 from typing import IO, Any, BinaryIO
@@ -17,7 +18,7 @@ from typing import IO, Any, BinaryIO
 from werkzeug.wrappers import Request, Response
 
 from hfcache import serve
-from hfcache.serve.accesslog import LogEntry, RequestRecord
+from hfcache.serve.accesslog import LogEntry
 from hfcache.serve.folder_store import FolderStore
 from hfcache.serve.http import guarded, url_host
 from hfcache.serve.pullthrough import PullThroughConfig
@@ -28,9 +29,32 @@ from .faults import Faults, FaultyHub
 from .wsgi import WerkzeugOrigin, wsgi_app
 from .xet import CasService, XetHub, XetMode
 
-__all__ = ["BACKENDS", "HubServer", "TestStore"]
+__all__ = ["BACKENDS", "HubServer", "RequestRecord", "TestStore"]
 
 BACKENDS = ("werkzeug", "uvicorn")
+
+
+@dataclass(frozen=True)
+class RequestRecord:
+    """One request as the test Hub saw it.
+
+    Attributes:
+        origin (str): ``"hub"`` (main origin), ``"cdn"`` (LFS origin) or ``"cas"`` (Xet).
+        method (str): HTTP method, e.g. ``"HEAD"``.
+        path (str): raw request target as sent: path and query string, still URL-encoded.
+        status (int): HTTP status code answered.
+        authorized (bool): whether the request carried an ``Authorization`` header (any value).
+        bytes_sent (int): body bytes handed to the socket (0 for HEAD and redirects).
+        range (str | None): the ``Range`` header as sent, e.g. ``"bytes=1048576-"``; None without one.
+    """
+
+    origin: str
+    method: str
+    path: str
+    status: int
+    authorized: bool
+    bytes_sent: int
+    range: str | None = None
 
 
 class HubServer(serve.HubServer):
@@ -74,9 +98,9 @@ class HubServer(serve.HubServer):
         self.router.page_size = max(1, page_size)
         self.faults = faults or Faults()
         self.xet = CasService(XetMode() if xet is True else xet) if xet else None
-        self.cdn = Cdn(self.store, host) if lfs_redirect else None
+        self.cdn = Cdn(self.store, self._base, host) if lfs_redirect else None
         self._answer = self._compose()
-        self._log: list[LogEntry] = []
+        self._log: list[tuple[str, LogEntry, bool, str | None]] = []  # origin, entry, authorized, range
         self.cdn_endpoint = self.cas_endpoint = ""
 
     def _open_store(self) -> Store:
@@ -130,7 +154,7 @@ class HubServer(serve.HubServer):
         answered = super().respond(origin, environ)
         if self.record_requests:
             with self._log_lock:
-                self._log.append(answered[3])
+                self._log.append((origin, answered[3], "HTTP_AUTHORIZATION" in environ, environ.get("HTTP_RANGE")))
         return answered
 
     @property
@@ -138,7 +162,8 @@ class HubServer(serve.HubServer):
         """Every request on every origin so far, in the order their responses started (a copy; empty when
         ``record_requests`` is False)."""
         with self._log_lock:
-            return [entry.freeze() for entry in self._log]
+            return [RequestRecord(origin, e.method, e.path, e.status, authorized, e.bytes_sent, range_)
+                    for origin, e, authorized, range_ in self._log]
 
     def clear_log(self) -> None:
         """Forget the requests logged so far."""
