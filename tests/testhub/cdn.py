@@ -42,12 +42,17 @@ class Cdn:
             route = route_of(request)
             if route is None or route.kind != "resolve" or request.method not in ("GET", "HEAD"):
                 return answer(request)
-            # The product's whole answer to a plain HEAD (token, gating, errors) says whether it is an LFS file.
-            probe = answer(subrequest(request, method="HEAD", drop=CONDITIONAL))
-            probe.close()
+            # The product's answer to a plain HEAD (token, gating, errors) says whether it is an LFS file: the request
+            # itself when it is one, else a HEAD without Range or conditions (a GET would fetch, a Range could 416).
+            plain = request.method == "HEAD" and not any(h in request.environ for h in CONDITIONAL)
+            probe = answer(request if plain else subrequest(request, method="HEAD", drop=CONDITIONAL))
             linked = probe.headers.get("X-Linked-Etag")
             if probe.status_code != 200 or linked is None:
+                if plain:
+                    return probe
+                probe.close()
                 return answer(request)
+            probe.close()
             # Same host name the client used for the main origin, so the CDN is reachable wherever the hub is.
             cdn_host = url_host(urlsplit(request.host_url).hostname or self.host)
             commit, sha256 = probe.headers["X-Repo-Commit"], linked[1:-1]
