@@ -43,20 +43,11 @@ MAX_LISTING_BYTES = 32 * 1024 * 1024
 
 @dataclass(frozen=True)
 class CheckResult:
-    """One tokenizer's load.
-
-    Attributes:
-        target: what was loaded. ok (bool): it loaded and encoded the text.
-        tokenizer_class (str | None), vocab_size (int | None), input_ids (tuple[int, ...] | None): on success.
-        seconds (float): load time in the child. error (str | None): the exception the load raised.
-        cause (str | None): hfcache's diagnosis of what is missing, when it can tell.
-        skipped (str | None): why nothing was loaded (a kernel repo; custom code not opted in to, starting with
-            :data:`~.check_trust.NOT_RUN`): ``ok``, but a report where nothing loaded and something was not run is not.
-        not_run (bool): nothing was loaded because the load would run custom code the user did not opt in to.
-        fast_path (str | None): the fast path's verdict on :mod:`.tokenizer_corpus`: ``"equal"``, ``"differs:
-            <first differing line, both ids>"`` or ``"refused: <reason>"``; None when nothing was loaded.
-        commit (str | None): the commit the fast path read (the record's key).
-    """
+    """One tokenizer's load: ``ok`` when it loaded and encoded the text (``tokenizer_class``, ``vocab_size``,
+    ``input_ids``, load ``seconds`` in the child), else the ``error`` it raised and hfcache's diagnosis (``cause``).
+    ``skipped``: why nothing was loaded (a kernel repo; ``not_run``: custom code not opted in to, starting with
+    :data:`~.check_trust.NOT_RUN`). ``fast_path``: the fast path's verdict on :mod:`.tokenizer_corpus` (``"equal"``,
+    ``"differs: <first differing line, both ids>"``, ``"refused: <reason>"``) for ``commit`` (the record's key)."""
 
     target: CheckTarget
     ok: bool

@@ -76,16 +76,9 @@ def _waiting_on_fifo(pid: int) -> bool:
 
 def run_child(cache_dir: Path, args: Sequence[str], *, env: dict[str, str], cwd: Path,
               timeout: float) -> subprocess.CompletedProcess[str]:
-    """Run the probe child on ``cache_dir`` with ``args`` (its TEXT and specs) and return its completed process.
-
-    Args:
-        cache_dir (Path): the cache the audit hook guards; args: the probe's arguments.
-        env (dict[str, str]): its environment; cwd (Path): its working folder (private, empty).
-        timeout (float): seconds it may run in all.
-
-    Raises:
-        ChildStuck: it waited :data:`FIFO_GRACE` s for a FIFO's writer, or ran past ``timeout`` (it is killed).
-    """
+    """The completed probe child run on ``cache_dir`` (what the audit hook guards) with ``args``, ``env`` and its
+    private ``cwd``. ChildStuck: it waited :data:`FIFO_GRACE` s for a FIFO's writer, or ran past ``timeout`` seconds
+    (it is killed)."""
     top = str(Path(__file__).resolve().parents[2])
     proc = subprocess.Popen([sys.executable, "-c", LAUNCHER, top, str(cache_dir), *args], stdin=subprocess.DEVNULL,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=cwd)

@@ -71,11 +71,8 @@ def _has_tokenizer(repo: RepoInfo, commit: str) -> bool:
 
 
 def select_targets(targets: list[CheckTarget], specs: Iterable[str]) -> list[CheckTarget]:
-    """The targets (e.g. a lock's) that ``REPO_ID[@REVISION]`` specs name; all of them when there is no spec.
-
-    Raises:
-        UsageError: a malformed spec, or one naming no target.
-    """
+    """The targets (e.g. a lock's) that ``REPO_ID[@REVISION]`` specs name, all without a spec. UsageError: a
+    malformed spec, or one naming no target."""
     wanted = parse_specs(specs)
     if not wanted:
         return targets
@@ -91,44 +88,32 @@ def select_targets(targets: list[CheckTarget], specs: Iterable[str]) -> list[Che
 def targets_from_cache(cache_dir: Path, specs: Iterable[str] = ()) -> list[CheckTarget]:
     """The tokenizers of a cache to check: every model repo revision (by ref, or by commit when no ref points to it)
     whose snapshot holds tokenizer files; with ``specs`` (``REPO_ID[@REVISION]``), only those repos, at the
-    revisions given (all cached ones when none is given). Kernel repos (``kernels--*``) are targets of type
-    ``kernel`` the same way, which check lists as skipped; dataset repos are left out.
-
-    A spec naming something the cache lacks still becomes a target, so that its failed load says what is missing.
+    revisions given (else all). Kernel repos are targets of type ``kernel`` (check lists them as skipped); datasets
+    are left out. A spec the cache lacks is still a target, so that its failed load says what is missing.
 
     Raises:
         UsageError: a malformed spec.
     """
     wanted = parse_specs(specs)
     targets: list[CheckTarget] = []
-    found: set[str] = set()
     for repo in scan_cache(cache_dir, set(wanted) or None).repos:
-        if repo.repo_type == "kernel":  # no tokenizer: listed, so that naming one is a note, not a failure
-            revisions = sorted(wanted.get(repo.repo_id) or {r for r, _ in cached_revisions(repo)} or {"main"})
-            targets += [CheckTarget(repo.repo_id, revision, "kernel") for revision in revisions]
-            found.add(repo.repo_id)
-            continue
-        if repo.repo_type != "model":
-            continue
-        if repo.unsafe:
-            targets.append(CheckTarget(repo.repo_id, "main"))  # reported as unsafe, never loaded
-            found.add(repo.repo_id)
-            continue
         asked = wanted.get(repo.repo_id)
-        if asked:  # exactly the revisions named, loadable or not
-            targets += [CheckTarget(repo.repo_id, revision) for revision in sorted(asked)]
-            found.add(repo.repo_id)
+        if repo.repo_type == "kernel":  # no tokenizer: listed, so that naming one is a note, not a failure
+            revisions = sorted(asked or {r for r, _ in cached_revisions(repo)} or {"main"})
+            targets += [CheckTarget(repo.repo_id, revision, "kernel") for revision in revisions]
+        elif repo.repo_type != "model":
             continue
-        for revision, commit in cached_revisions(repo):
-            # A repo this user cannot fully read is checked anyway: what it holds is unknown, the load tells.
-            if repo.unreadable or _has_tokenizer(repo, commit):
-                targets.append(CheckTarget(repo.repo_id, revision))
-                found.add(repo.repo_id)
-        if repo.unreadable and repo.repo_id not in found:
-            targets.append(CheckTarget(repo.repo_id, "main"))
-            found.add(repo.repo_id)
+        elif repo.unsafe:
+            targets.append(CheckTarget(repo.repo_id, "main"))  # reported as unsafe, never loaded
+        elif asked:  # exactly the revisions named, loadable or not
+            targets += [CheckTarget(repo.repo_id, revision) for revision in sorted(asked)]
+        else:  # a repo this user cannot fully read is checked anyway: what it holds is unknown, the load tells
+            found = [CheckTarget(repo.repo_id, revision) for revision, commit in cached_revisions(repo)
+                     if repo.unreadable or _has_tokenizer(repo, commit)]
+            targets += found or ([CheckTarget(repo.repo_id, "main")] if repo.unreadable else [])
+    listed = {t.repo_id for t in targets}
     for repo_id, asked in sorted(wanted.items()):
-        if repo_id not in found:
+        if repo_id not in listed:
             targets += [CheckTarget(repo_id, revision) for revision in sorted(asked or {"main"})]
     return targets
 

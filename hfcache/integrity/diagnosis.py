@@ -35,14 +35,10 @@ def missing_templates(cache_dir: Path, target: CheckTarget) -> list[str]:
 
 
 def custom_code_cause(cache_dir: Path, target: CheckTarget, error: str) -> str | None:
-    """Why a load that runs custom code (``auto_map``) failed, when the custom code is the cause; else None.
-
-    Looks at, in order: a module of another repo, a module missing from the snapshot (marked absent or not), the
-    load refusing to run code without ``trust_remote_code``, an unwritable ``HF_MODULES_CACHE`` (the explicit one of
-    check's environment, which the child used), packages the code imports that are not installed (transformers
-    ``dynamic_module_utils.check_imports`` message), an ``auto_map`` entry that is not ``module.Class``, and the code
-    itself failing (a syntax error, a circular import, any exception while it is imported).
-    """
+    """Why a load that runs custom code (``auto_map``) failed, when that code is the cause, else None: a module of
+    another repo or missing from the snapshot, ``trust_remote_code`` not passed, an unwritable ``HF_MODULES_CACHE``,
+    packages the code imports not installed (transformers ``check_imports``' message), an ``auto_map`` entry that is
+    not ``module.Class``, the code failing (a syntax error, a circular import)."""
     try:
         refs = custom_code_refs(cache_dir, target)
     except ValueError:

@@ -86,12 +86,8 @@ def _kind(value: Any) -> str:
 
 
 def flag(doc: dict, name: str, default: bool | None, where: str = "tokenizer_config.json") -> bool | None:
-    """``doc[name]`` when it is true, false or null, ``default`` when absent. transformers hands these settings to
-    tokenizers' Rust constructors (``BertNormalizer(strip_accents=...)``, ...), which take only a bool or None.
-
-    Raises:
-        FastPathRefused: any other value.
-    """
+    """``doc[name]`` when it is true, false or null, ``default`` when absent; FastPathRefused for anything else
+    (transformers hands these settings to tokenizers' Rust constructors, which take only a bool or None)."""
     value = doc.get(name, default)
     if value is None or isinstance(value, bool):
         return value
@@ -99,11 +95,8 @@ def flag(doc: dict, name: str, default: bool | None, where: str = "tokenizer_con
 
 
 def token_id(value: Any, where: str) -> int:
-    """A token id: an int (or, as ``added_tokens_decoder`` keys are, its decimal text) in ``[0, MAX_TOKEN_ID]``.
-
-    Raises:
-        FastPathRefused: anything else (a bool, a list, a float, text that is no number, a negative or huge id).
-    """
+    """A token id: an int (or, as ``added_tokens_decoder`` keys are, its decimal text) in ``[0, MAX_TOKEN_ID]``;
+    FastPathRefused for anything else."""
     if isinstance(value, str) and re.fullmatch(r"\s*[0-9]{1,10}\s*", value):
         value = int(value)
     if isinstance(value, bool) or not isinstance(value, int):
@@ -123,12 +116,8 @@ def entries(value: Any, where: str) -> list[dict]:
 
 
 def vocabulary(model: dict) -> dict[str, int]:
-    """A ``tokenizer.json`` model's ``vocab`` as token -> id: an object of ids, or (Unigram) a list of tokens or of
-    ``[token, score]`` pairs, ids by position.
-
-    Raises:
-        FastPathRefused: any other shape, an id that is not an integer in ``[0, MAX_TOKEN_ID]``.
-    """
+    """A ``tokenizer.json`` model's ``vocab`` as token -> id: an object of ids in ``[0, MAX_TOKEN_ID]``, or (Unigram)
+    a list of tokens or ``[token, score]`` pairs, ids by position; FastPathRefused for any other shape."""
     vocab = model.get("vocab")
     if isinstance(vocab, list):
         if not all(isinstance(t, str) or isinstance(t, list) and t and isinstance(t[0], str) for t in vocab):
@@ -142,11 +131,8 @@ def vocabulary(model: dict) -> dict[str, int]:
 
 
 def merges(model: dict) -> list[tuple[str, str]]:
-    """A ``tokenizer.json`` BPE model's ``merges`` (``"a b"`` strings or ``[a, b]`` pairs; null: none).
-
-    Raises:
-        FastPathRefused: any other shape.
-    """
+    """A ``tokenizer.json`` BPE model's ``merges`` (``"a b"`` strings or ``[a, b]`` pairs; null: none);
+    FastPathRefused for any other shape."""
     value = model.get("merges") or []
     pairs = [tuple(m.split(" ")) if isinstance(m, str) else tuple(m) if isinstance(m, list) else None
              for m in (value if isinstance(value, list) else [None])]

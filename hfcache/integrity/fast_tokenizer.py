@@ -186,8 +186,8 @@ def resolve_class(tk_config: dict, config: dict | None) -> str:
             raise FastPathRefused(f"config.json's model_type {model_type!r} loads a tokenizer class hfcache does "
                                   "not replicate")
         return registered or "TokenizersBackend"
-    if registered == "TokenizersBackend" and declared != registered:
-        return "TokenizersBackend"  # transformers loads TokenizersBackend for a generic model type whatever is declared
+    if registered == "TokenizersBackend":  # what transformers loads for a generic model type, whatever is declared
+        return registered
     if model_type and declared != registered:
         raise FastPathRefused(f"tokenizer_class {declared} and model_type {model_type!r}: transformers picks "
                               "between them by tables hfcache does not replicate")
@@ -249,7 +249,7 @@ def _token_settings(tk_config: dict, doc: dict, special_map: dict | None,
 
 
 def _vocab(doc: dict, kind: str) -> Any:
-    model = doc["model"]  # an object: _parse_tokenizer_json
+    model = doc["model"]  # an object: _json
     if kind and model.get("type") not in (None, kind):
         raise FastPathRefused(f"tokenizer.json's model is not a {kind} vocabulary")
     return read.vocabulary(model)
@@ -313,9 +313,8 @@ def _retune(cls: str, tok: Any, doc: dict, tk_config: dict) -> Any:
 
 
 def _file_parts(doc: dict) -> Any:
-    """(post-processor, decoder) of the file; the post-processor as ``convert_to_native_format`` extracts it (it parses the file without its
-    vocabulary, or the whole file for a Unigram or an untyped model: the post-processor read is the same either way,
-    so it is read here from the file's ``post_processor`` section beside an empty model)."""
+    """(post-processor, decoder) of the file, parsed beside an empty model: what ``convert_to_native_format`` reads
+    (it parses the file without its vocabulary, or whole for a Unigram or untyped model: the same post-processor)."""
     from tokenizers import Tokenizer
 
     minimal = {"version": "1.0", "truncation": None, "padding": None, "added_tokens": [], "normalizer": None,

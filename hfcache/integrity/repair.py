@@ -40,7 +40,6 @@ from .verify_report import Problem, VerifyReport
 
 _REPAIR_CONNECTIONS = 4  # ranges of one large blob fetched at once
 _UNSERVED_CODES = (HubError.exit_code, OfflineViolation.exit_code)  # no endpoint could serve it: 3 network, 4 offline
-_CONTENT_KINDS = {"blob_mismatch", "blob_not_file", "link_broken", "file_missing", "file_mismatch"}
 
 
 @dataclass(frozen=True)
@@ -63,13 +62,9 @@ class RepairAction:
 
 
 class RepairEndpoints:
-    """Which endpoints repair asks for a revision, in order, and which of them get the token.
-
-    Args:
-        user (HubClient): the endpoint the user configured (``--endpoint``, else ``HF_ENDPOINT``, else the public
-            Hub), with the user's token. given (bool): the user named it with ``--endpoint``: it serves every
-            revision, whatever the cache's records say.
-    """
+    """Which endpoints repair asks for a revision, in order, and which get the token. ``user``: the endpoint the
+    user configured (``--endpoint``, else ``HF_ENDPOINT``, else the public Hub) with the user's token; ``given``:
+    named with ``--endpoint``, it serves every revision whatever the cache's records say."""
 
     def __init__(self, user: HubClient, given: bool) -> None:
         self.user = user
@@ -207,13 +202,8 @@ def _recorded_endpoint(folder: RepoFolder, commit: str) -> str | None:
 
 def _resolve_anywhere(folder: RepoFolder, commit: str, paths: list[str],
                       clients: list[HubClient]) -> tuple[HubClient, RepoRevision, RetryCounter]:
-    """Resolve ``commit`` and describe ``paths`` on the first of ``clients`` that answers (a Hub-side failure moves
-    on to the next, as warm does); returns that client, the listing and its retry counter.
-
-    Raises:
-        HubError: the last endpoint's error (RevisionNotFound: it no longer has the commit), naming what the others
-            answered.
-    """
+    """(client, listing, retry counter) of the first of ``clients`` that resolves ``commit`` and describes
+    ``paths`` (a Hub-side failure moves on, as warm does). HubError: the last one's, naming the others' answers."""
     failures: list[str] = []
     for n, client in enumerate(clients):
         counter = client.counter()
@@ -277,9 +267,8 @@ def _download_blob(folder: RepoFolder, repo: RepoRevision, file: RemoteFile, cli
 
 
 def _cause(exc: HfcacheError) -> int:
-    """A failed action's exit code: 3 when an endpoint could not serve it (unreachable, not found, refused bytes:
-    the network's or the endpoint's fault, not the cache's), 4 when this process may not go online
-    (``HF_HUB_OFFLINE``, hfcache's network guard); else 0 (the verification after it says why)."""
+    """A failed action's exit code: 3 when no endpoint could serve it (the network's or the endpoint's fault), 4
+    when this process may not go online; else 0 (the verification after it says why)."""
     return exc.exit_code if exc.exit_code in _UNSERVED_CODES else 0
 
 
@@ -298,7 +287,6 @@ def _locked_files(lock: Lockfile | None, folder: RepoFolder, commit: str) -> dic
     return None
 
 
-
 @dataclass(frozen=True)
 class RepairRun:
     """What ``verify --repair`` did: the final ``report`` (after the repair when one ran), the ``actions`` taken,
@@ -310,9 +298,7 @@ class RepairRun:
 
     @property
     def unserved(self) -> tuple[RepairAction, ...]:
-        """One failed action per revision that no endpoint could serve (exit code 3: none reached, or each refused
-        it; 4: this process may not go online), in order: what ``verify --repair`` prints as an error line each on
-        stderr."""
+        """One failed action per revision no endpoint could serve (exit code 3 or 4), in order."""
         seen: dict[tuple[str, str], RepairAction] = {}
         for a in self.actions:
             if not a.ok and a.exit_code in _UNSERVED_CODES:

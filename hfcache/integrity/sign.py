@@ -65,8 +65,8 @@ def _kind(mode: int) -> str:
 
 
 def output_error(exc: OSError, shown: str) -> UsageError | CacheError:
-    """The one-line error of an OSError on ``--output``: a path that does not exist or is not a folder is exit 2
-    (UsageError), anything else (read-only, permission, full disk...) exit 5 (CacheError), both naming ``shown``."""
+    """The error of an OSError on ``--output``, naming ``shown``: exit 2 for a path that does not exist or is not a
+    folder, else exit 5 (read-only, permission, full disk...)."""
     why = exc.strerror or str(exc)
     if exc.errno in (errno.ENOENT, errno.ENOTDIR):
         return UsageError(f"--output {shown}: {why}",
@@ -75,14 +75,9 @@ def output_error(exc: OSError, shown: str) -> UsageError | CacheError:
 
 
 def _destination(output: str | os.PathLike[str] | None, count: int, cache_dir: Path) -> tuple[Path, str | None]:
-    """(the folder to write into, the file name when ``output`` names a file). ``output`` is a folder when it is an
-    existing folder (or a link to one) or ends with ``/`` (created when missing); else a file (exactly one
-    snapshot), which must not exist as anything but a regular file (a link, device, FIFO or socket is refused: a
-    rename would replace it).
-
-    Raises:
-        UsageError: a file for several snapshots, a non-regular file, a path that is not a folder, a folder inside
-            the cache. CacheError: the path cannot be examined (permission...)."""
+    """(the folder to write into, the file name when ``output`` names a file): a folder when it is one (or a link to
+    one) or ends with ``/``; else a file (one snapshot) that is absent or a regular file. UsageError otherwise, or
+    for a folder inside the cache; CacheError: the path cannot be examined."""
     text = os.fspath(output) if output is not None else os.getcwd()
     try:
         st = os.lstat(text)
@@ -111,11 +106,8 @@ def _destination(output: str | os.PathLike[str] | None, count: int, cache_dir: P
 
 
 def _open_folder(folder: Path) -> int:
-    """A descriptor of ``folder`` (a link to a folder is the user's choice), created with its missing parents (0755)
-    when it does not exist; what is created is opened without following a link.
-
-    Raises:
-        UsageError, CacheError: as :func:`output_error`."""
+    """A descriptor of ``folder`` (a link to a folder is the user's choice), created with its missing parents (0755,
+    opened without following a link); errors as :func:`output_error`."""
     try:
         return os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     except FileNotFoundError:
@@ -135,11 +127,8 @@ def _open_folder(folder: Path) -> int:
 
 
 def _check_target(folder_fd: int, name: str, shown: str, force: bool) -> None:
-    """Refuse to replace ``name`` in ``folder_fd`` unless it is absent, or a regular file and ``force``.
-
-    Raises:
-        UsageError: it is a link, device, FIFO, socket or folder, or a regular file without ``force`` (exit 2).
-        CacheError: it cannot be examined."""
+    """Refuse (UsageError) ``name`` in ``folder_fd`` unless it is absent, or a regular file and ``force``;
+    CacheError: it cannot be examined."""
     try:
         st = os.stat(name, dir_fd=folder_fd, follow_symlinks=False)
     except FileNotFoundError:
@@ -155,14 +144,9 @@ def _check_target(folder_fd: int, name: str, shown: str, force: bool) -> None:
         raise UsageError(f"{shown} exists: --force replaces it", hint="or give --output another path")
 
 
-def write_bundle(folder_fd: int, name: str, data: bytes, shown: str, *, force: bool = True) -> None:
-    """Write ``data`` as ``name`` in the folder ``folder_fd``: a private temp file (``O_EXCL``, 0644), fsync, then
-    hard-linked to ``name`` when it does not exist, or with ``force`` renamed over it once checked a regular file (a
-    reader sees the old bundle or the new one). Whatever is not a regular file at ``name`` is never replaced.
-
-    Raises:
-        UsageError: ``name`` exists and is not a regular file, or is one and ``force`` is not set (exit 2).
-        CacheError: the folder cannot be written (exit 5, naming ``shown``)."""
+def _write_bundle(folder_fd: int, name: str, data: bytes, shown: str, force: bool) -> None:
+    """Write ``data`` as ``name`` in the folder ``folder_fd`` as the module docstring says. UsageError: ``name`` is
+    not a regular file, or exists without ``force``; CacheError: the folder cannot be written (exit 5)."""
     temp = temp_name(name)
     _check_target(folder_fd, name, shown, force)
     try:
@@ -174,28 +158,24 @@ def write_bundle(folder_fd: int, name: str, data: bytes, shown: str, *, force: b
             f.write(data)
             f.flush()
             os.fsync(f.fileno())
-        _publish(folder_fd, temp, name, shown, force)
+        try:
+            os.link(temp, name, src_dir_fd=folder_fd, dst_dir_fd=folder_fd, follow_symlinks=False)
+            return
+        except FileExistsError:
+            if not force:
+                raise UsageError(f"{shown} exists: --force replaces it", hint="or give --output another path") \
+                    from None
+        except OSError as exc:  # a filesystem without hard links (vfat, some FUSE): rename, after one more check
+            if exc.errno not in (errno.EPERM, errno.EOPNOTSUPP, errno.EMLINK, errno.ENOSYS):
+                raise
+        # Replacing: narrowed, not closed (a writer of the user's own folder can swap the name before the rename).
+        _check_target(folder_fd, name, shown, True)
+        os.replace(temp, name, src_dir_fd=folder_fd, dst_dir_fd=folder_fd)
     except OSError as exc:
         raise output_error(exc, shown) from None
     finally:
         with contextlib.suppress(OSError):
             os.unlink(temp, dir_fd=folder_fd)
-
-
-def _publish(folder_fd: int, temp: str, name: str, shown: str, force: bool) -> None:
-    try:
-        os.link(temp, name, src_dir_fd=folder_fd, dst_dir_fd=folder_fd, follow_symlinks=False)
-        return
-    except FileExistsError:
-        if not force:
-            raise UsageError(f"{shown} exists: --force replaces it", hint="or give --output another path") from None
-    except OSError as exc:  # a filesystem without hard links (vfat, some FUSE): rename, after one more check
-        if exc.errno not in (errno.EPERM, errno.EOPNOTSUPP, errno.EMLINK, errno.ENOSYS):
-            raise
-    # Replacing (or no hard links): narrowed, not closed: a writer of the folder can swap the name between this
-    # check and the rename (the folder is the user's own choice, outside the cache).
-    _check_target(folder_fd, name, shown, True)
-    os.replace(temp, name, src_dir_fd=folder_fd, dst_dir_fd=folder_fd)
 
 
 def sign_snapshots(cache_dir: Path, targets: Sequence[tuple[str, str]], key: Path,
@@ -245,7 +225,7 @@ def sign_snapshots(cache_dir: Path, targets: Sequence[tuple[str, str]], key: Pat
         for file_name in names.values():  # every name checked before the first is written
             _check_target(fd, file_name, str(folder / file_name), force)
         for key_, signed in made.items():
-            write_bundle(fd, names[key_], signed.data, str(folder / names[key_]), force=force)
+            _write_bundle(fd, names[key_], signed.data, str(folder / names[key_]), force)
     finally:
         os.close(fd)
     return tuple(replace(signed, path=str(folder / names[key_]), data=b"") for key_, signed in made.items())

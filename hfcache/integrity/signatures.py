@@ -1,14 +1,10 @@
-"""signatures: OpenSSF model-signing v1.0 bundles over a snapshot's files, from the digests hfcache already holds.
+"""signatures: OpenSSF model-signing v1.0 bundles over a snapshot's ``{path: sha256}``, never a folder walk.
 
-A bundle is what ``model_signing sign key`` (sigstore/model-transparency, ``model-signing`` 1.1.1) writes: a Sigstore
-bundle v0.3 around a DSSE envelope whose in-toto statement (``predicateType`` :data:`PREDICATE_TYPE`) lists every
-file with its sha256, signed with an EC key (P-256/384/521; offline). hfcache builds the statement from ``{path:
-sha256}``, never by walking a folder, and checks a bundle against such a mapping: the manifest ``model_signing verify
-key --allow_symlinks SNAPSHOT_DIR`` computes for a snapshot folder.
-
-model_signing leaves git paths (:data:`GIT_PATHS`) out of every bundle: :func:`sign_files` refuses a snapshot holding
-one, so hfcache's bundles verify with the CLI's defaults. A check covers every file present whatever its name: one
-the bundle does not list is unsigned (docs/security.md). ``model_signing`` is the extra ``sign``, imported on use.
+A bundle is what ``model_signing sign key`` (``model-signing`` 1.1.1) writes: a Sigstore bundle v0.3 around a DSSE
+envelope whose in-toto statement lists every file with its sha256, signed with an EC key (offline); it verifies with
+``model_signing verify key --allow_symlinks SNAPSHOT_DIR``. model_signing leaves git paths (:data:`GIT_PATHS`) out of
+every bundle, so :func:`sign_files` refuses a snapshot holding one; a check covers every file present whatever its
+name (docs/security.md). ``model_signing`` is the extra ``sign``, imported on use.
 """
 
 from __future__ import annotations
@@ -45,14 +41,9 @@ _WRONG_KEY = "check that --verify-key is the public half of the signing key"
 
 
 class SignatureMismatch(CheckFailed):
-    """A bundle does not prove the files (exit 1): a bad signature, the wrong key, or files that differ.
-
-    Attributes:
-        unsigned, changed, missing (tuple[str, ...]): files present but not in the bundle; whose sha256 differs;
-            in the bundle but not present.
-        reason (str): ``files`` for a file difference, ``unsigned`` when no signature is attached
-            (:func:`verify_any`), else ``signature`` (bad signature, wrong key, not a model-signing bundle).
-    """
+    """A bundle does not prove the files (exit 1). ``reason``: ``files`` (``unsigned``: present, not in the bundle;
+    ``changed``: another sha256; ``missing``: in the bundle, not present), ``unsigned`` (no signature attached:
+    :func:`verify_any`), else ``signature`` (bad signature, wrong key, not a model-signing bundle)."""
 
     def __init__(self, message: str, *, reason: str, unsigned: tuple[str, ...] = (), changed: tuple[str, ...] = (),
                  missing: tuple[str, ...] = (), hint: str | None = None) -> None:
@@ -73,14 +64,9 @@ class NotABundle(SignatureMismatch):
 
 @dataclass(frozen=True)
 class SignatureCheck:
-    """A bundle that verified.
-
-    Attributes:
-        model_name (str): the statement's subject name (informative only: model_signing does not check it).
-        signed (tuple[str, ...]): the files the bundle signs, sorted (all present with these digests, nothing else).
-        key_fingerprint (str): sha256 hex of the public key's PEM (SubjectPublicKeyInfo), as the bundle's key hint.
-        root_digest (str): the statement subject's sha256 (over the file digests in path order).
-    """
+    """A bundle that verified: its ``model_name`` (informative: model_signing does not check it), the files it
+    ``signed`` (sorted; all present with these digests, nothing else), the ``key_fingerprint`` (sha256 hex of the
+    public key's PEM, as the bundle's key hint) and the ``root_digest`` (over the file digests in path order)."""
 
     model_name: str
     signed: tuple[str, ...]
@@ -132,11 +118,8 @@ def _upstream() -> SimpleNamespace:
 
 
 def read_user_file(path: Path, what: str, limit: int) -> bytes:
-    """At most ``limit`` bytes of a file the user named (a key, a bundle): opened ``O_NONBLOCK`` (a FIFO never
-    blocks), a regular file only.
-
-    Raises:
-        UsageError: unreadable, not a regular file, or larger than ``limit`` (exit 2, naming it)."""
+    """At most ``limit`` bytes of a file the user named (a key, a bundle), opened ``O_NONBLOCK`` (a FIFO never
+    blocks). Raises UsageError (exit 2, naming it): unreadable, not a regular file, or larger than ``limit``."""
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
     except OSError as exc:
@@ -194,8 +177,7 @@ def _load_private_key(private_key: Path, password: bytes | None, hint: str):
 
 
 def _public_key(public_key: Path):
-    """(the key, its PEM SubjectPublicKeyInfo). Raises UsageError: unreadable, not a PEM EC public key of a
-    curve model-signing supports."""
+    """(the key, its PEM SubjectPublicKeyInfo). Raises UsageError: unreadable, or no EC key model-signing takes."""
     from cryptography.hazmat.primitives import serialization
     from cryptography.hazmat.primitives.asymmetric import ec
 
@@ -211,23 +193,16 @@ def _public_key(public_key: Path):
 
 
 def public_key_fingerprint(public_key: Path) -> str:
-    """sha256 hex of the PEM SubjectPublicKeyInfo of ``public_key`` (what a bundle's key hint holds).
-
-    Raises:
-        UsageError: unreadable, or not a PEM EC public key of a curve model-signing supports."""
+    """sha256 hex of the PEM SubjectPublicKeyInfo of ``public_key`` (a bundle's key hint); UsageError as
+    :func:`_public_key`."""
     return hashlib.sha256(_public_key(public_key)[1]).hexdigest()
 
 
 def sign_files(files: Mapping[str, str], model_name: str, private_key: Path, *,
                password: bytes | None = None, password_hint: str = SIGN_PASSWORD_HINT) -> bytes:
-    """A model-signing v1.0 bundle (UTF-8 JSON bytes) over ``files``, signed with an EC private key; it verifies with
-    ``model_signing verify key --signature B --public_key P --allow_symlinks SNAPSHOT_DIR`` and :func:`verify_files`.
-
-    Args:
-        files: relative ``/``-separated path -> sha256 hex of the file's content; none may be a git path.
-        model_name: the statement's subject name (e.g. ``ORG/NAME@<commit>``; informative).
-        private_key: a PEM EC private key (P-256 recommended). password: its password, if it is encrypted.
-        password_hint: the hint of the error for an encrypted key without one (where the caller reads one from).
+    """A model-signing v1.0 bundle (UTF-8 JSON bytes) over ``files`` (relative ``/``-separated path -> sha256 hex;
+    no git path), naming ``model_name`` (e.g. ``ORG/NAME@<commit>``), signed with the PEM EC ``private_key`` (and
+    its ``password``; ``password_hint``: the hint of the error for an encrypted key without one).
 
     Raises:
         UsageError: model-signing not installed, an unreadable/unsupported key or wrong password, a path that is
@@ -240,8 +215,9 @@ def sign_files(files: Mapping[str, str], model_name: str, private_key: Path, *,
     if git:
         one = len(git) == 1
         raise CheckFailed(f"cannot sign {_printable(model_name, 120)}: {_named(git)} "
-                          f"{'is a git path' if one else 'are git paths'} ({', '.join(GIT_PATHS)}), which model-signing "
-                          f"leaves out of every bundle: no signature would cover {'it' if one else 'them'}",
+                          f"{'is a git path' if one else 'are git paths'} ({', '.join(GIT_PATHS)}), which "
+                          "model-signing leaves out of every bundle: no signature would cover "
+                          f"{'it' if one else 'them'}",
                           hint="remove it from the snapshot folder (no model load reads it), then sign again: a "
                                "signed pull and `verify --signature` refuse a file the bundle does not list")
     if not kept:
@@ -250,11 +226,8 @@ def sign_files(files: Mapping[str, str], model_name: str, private_key: Path, *,
 
 
 def _bundle_document(bundle: bytes) -> dict:
-    """The bundle's JSON, checked to be a model-signing v1.0 bundle of per-file sha256 digests, with its key
-    material adjusted as ``sign_sigstore_pb.Signature.read`` adjusts a file's.
-
-    Raises:
-        UsageError: over :data:`MAX_BUNDLE_BYTES`. NotABundle: anything else it is not."""
+    """The bundle's JSON, checked to be a model-signing v1.0 bundle of per-file sha256 digests, its key material
+    adjusted as ``sign_sigstore_pb.Signature.read`` adjusts a file's. UsageError: over :data:`MAX_BUNDLE_BYTES`."""
     if len(bundle) > MAX_BUNDLE_BYTES:
         raise UsageError(f"the signature bundle is over {MAX_BUNDLE_BYTES // (1024 * 1024)} MiB: refused")
     try:
@@ -328,16 +301,8 @@ def _signed_manifest(document: dict, public_key: Path, name: str | None = None):
 
 def verify_files(bundle: bytes, files: Mapping[str, str], public_key: Path, *,
                  name: str | None = None) -> SignatureCheck:
-    """Check a model-signing bundle's signature with ``public_key``, then its file list against ``files``.
-
-    Args:
-        bundle: the bundle's bytes (at most :data:`MAX_BUNDLE_BYTES`; JSON read with ``bounds.loads_json``).
-        files: relative ``/``-separated path -> sha256 hex of what is present (the snapshot's files).
-        public_key: a PEM EC public key.
-        name: what the messages call the files (e.g. ``ORG/NAME@<commit>``) [default: the bundle's model name].
-
-    Returns:
-        SignatureCheck when the signature verifies and every file present is signed with its digest.
+    """Check a bundle's signature with the PEM EC ``public_key``, then its file list against ``files`` (relative
+    path -> sha256 hex of what is present); ``name``: what messages call them [default: the bundle's model name].
 
     Raises:
         SignatureMismatch: a bad signature or the wrong key (``reason`` ``signature``); or files unsigned,
@@ -362,10 +327,8 @@ def verify_files(bundle: bytes, files: Mapping[str, str], public_key: Path, *,
 
 
 def foreign_model(check: SignatureCheck, repo_id: str, commit: str) -> SignatureMismatch | None:
-    """The refusal (``reason`` ``signature``, exit 1) of a bundle whose model name is another model's than
-    ``repo_id``/``commit``, or None. A signature vouches for the model it names: hfcache signs ``REPO_ID@COMMIT``,
-    the model_signing CLI names the folder it signs (a snapshot folder: the commit). Used by ``verify --signature``
-    and ``pull --verify-key``."""
+    """The refusal (exit 1) of a bundle naming another model than ``repo_id``/``commit``, or None: a signature vouches
+    for the model it names (hfcache signs ``REPO_ID@COMMIT``, the model_signing CLI names the snapshot folder)."""
     shown = f"{repo_id}@{commit}"
     if str(check.model_name) in (shown, repo_id, commit):
         return None
@@ -383,8 +346,8 @@ def _named(paths) -> str:
 
 def _differ(name: str | None, model_name: str, unsigned: tuple[str, ...], changed: tuple[str, ...],
             missing: tuple[str, ...], left_out: tuple[str, ...] = ()) -> SignatureMismatch:
-    """The exit-1 error of files that differ from a verified bundle's; it names the model the bundle signs when
-    that is not ``name``, and says why a file of ``left_out`` (a path model_signing leaves out) is not covered."""
+    """The error of files that differ from a verified bundle's, naming the model it signs when not ``name`` and why
+    ``left_out`` files (paths model_signing leaves out) are not covered."""
     parts = [f"{label} {', '.join(names)}" for label, names in (("changed:", changed), ("unsigned:", unsigned),
                                                                  ("missing:", missing)) if names]
     shown = _printable(model_name)
@@ -406,8 +369,7 @@ def _printable(text: str, limit: int = 200) -> str:
 
 def verify_any(bundles: Sequence[bytes], files: Mapping[str, str], public_key: Path, *,
                name: str | None = None) -> SignatureCheck:
-    """The check of the first of ``bundles`` (e.g. every referrer of a pushed manifest) that verifies with
-    ``public_key`` against ``files``, as :func:`verify_files`.
+    """:func:`verify_files` of the first of ``bundles`` (e.g. a manifest's referrers) that verifies.
 
     Raises:
         SignatureMismatch: no bundle at all (``reason`` ``unsigned``); a bundle signed with this key whose files

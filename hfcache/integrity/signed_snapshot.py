@@ -23,12 +23,8 @@ from ..records import WarmRequest
 
 
 class NameMismatch(CacheError):
-    """A cached file whose bytes do not hash to the name it is stored under: exit 5, as ``export`` and ``push``
-    refuse a corrupt source; ``verify --signature`` reports it as changed (exit 1).
-
-    Attributes:
-        snapshot (str): ``REPO_ID@COMMIT``. path (str): the file. name (str): the blob name (or recorded digest).
-    """
+    """A cached file whose bytes do not hash to the ``name`` it is stored under (blob name or recorded digest): exit
+    5, as ``export`` and ``push`` refuse a corrupt source; ``snapshot``: ``REPO_ID@COMMIT``; ``path``: the file."""
 
     def __init__(self, message: str, *, snapshot: str, path: str, name: str) -> None:
         super().__init__(message, hint="`hfcache verify` names the damaged files; `hfcache verify --repair` restores "
@@ -38,13 +34,8 @@ class NameMismatch(CacheError):
 
 @dataclass(frozen=True)
 class SnapshotDigests:
-    """One snapshot's files as a model-signing manifest sees them.
-
-    Attributes:
-        repo_id (str), commit (str), folder (str): the repo, the snapshot's commit, the repo folder name.
-        files (dict[str, str]): ``/``-separated path -> sha256 hex. hashed (int): files whose bytes were hashed.
-        snapshot (Path): ``<cache>/<folder>/snapshots/<commit>`` (the folder ``model_signing`` is pointed at).
-    """
+    """One snapshot's ``files`` (``/``-separated path -> sha256 hex) as a model-signing manifest sees them, with
+    the repo, its commit and folder, the files ``hashed``, and the ``snapshot`` folder ``model_signing`` reads."""
 
     repo_id: str
     commit: str
@@ -123,10 +114,8 @@ def snapshot_digests(cache_dir: Path, spec: str, *, rehash: bool = False, on_byt
 
 
 def _hash_entry(cache_dir: Path, folder: str, commit: str, path: str, name: str | None, on_bytes) -> str:
-    """The sha256 of one snapshot file, its bytes checked against ``name`` (its blob name) in the same read.
-
-    Raises:
-        NameMismatch: the bytes do not hash to ``name``. CacheError: unreadable, gone, not a regular file."""
+    """The sha256 of one snapshot file, its bytes checked against ``name`` (its blob name) in the same read:
+    NameMismatch when they miss it; CacheError: unreadable, gone, not a regular file."""
     shown = f"{cache_dir}/{folder}/snapshots/{commit}/{path}"
     algorithm = algorithm_of(name)
     try:

@@ -1,12 +1,10 @@
 """tokenizer_corpus: the text ``hfcache check`` encodes with both backends to prove the fast path equal.
 
-Lines chosen where tokenizers' load-time rewrites show: scripts a normalizer or pre-tokenizer treats apart (CJK,
-which BERT splits per character; Arabic, Devanagari, Cyrillic, Hangul), accents composed and decomposed (NFC vs
-NFD, ``strip_accents``, lowercasing), emoji with skin tones and ZWJ sequences (byte fallback), whitespace runs,
-tabs, newlines and the empty string (``add_prefix_space``, Metaspace's prepend scheme), and invisible characters.
-:func:`corpus` adds the repo's own special-token strings (alone, spaced and glued to words: how added tokens are
-split, ``lstrip``/``rstrip``) and a text longer than any ``model_max_length`` a fixture has (neither backend
-truncates: ``AutoTokenizer.__call__`` only warns).
+Lines where tokenizers' load-time rewrites show: scripts a normalizer or pre-tokenizer treats apart (CJK, Arabic,
+Devanagari, Cyrillic, Hangul), accents composed and decomposed (``strip_accents``, lowercasing), emoji with ZWJ
+sequences (byte fallback), whitespace runs and the empty string (``add_prefix_space``, Metaspace), invisible
+characters; :func:`corpus` adds the repo's special tokens and a text past every ``model_max_length`` (neither
+backend truncates).
 """
 
 from __future__ import annotations
@@ -40,15 +38,9 @@ LONG_WORDS = 9000
 
 
 def corpus(special_tokens: Iterable[str] = ()) -> list[str]:
-    """The lines to compare: :data:`BASE`, then each special token alone, spaced and glued (at most 64 tokens, in
-    the order given), then a long line.
-
-    Args:
-        special_tokens: the repo's special and added token strings.
-
-    Returns:
-        list[str]: the corpus lines.
-    """
+    """The lines to compare: :data:`BASE`, the repo's ``special_tokens`` (special and added token strings, at most
+    64 in the order given) alone, spaced and glued to words (how added tokens split, ``lstrip``/``rstrip``), then a
+    long line."""
     lines = list(BASE)
     tokens = [t for t in dict.fromkeys(special_tokens) if t][:64]
     if tokens:

@@ -62,7 +62,7 @@ ALLOWED: dict[tuple[str, str], str] = {
         "the --access-log file the operator named: outside any cache",
     ("hfcache.warming.modules_cache", "private_modules_dir"):
         "mkdir 0700 of hfcache-modules-<uid> in TMPDIR (never follows a planted link: mkdir fails on any entry)",
-    ("hfcache.integrity.check", "_remove_tree"):
+    ("hfcache.integrity.check", "_probe"):
         "rmtree of check's own mkdtemp folder (0700, this user's, in TMPDIR): outside any cache",
     ("hfcache.offline.probe", "_report"):
         "append to the progress file check's parent names in its own mkdtemp folder (0700, in TMPDIR): outside any cache",
