@@ -1,11 +1,9 @@
 """Registry credentials for ``hfcache push``/``pull``: ``--username``/``--password-stdin``, or the auth files.
 
 Library gap (oras 0.2.43, ``auth/utils.py``): ``load_configs`` reads the auth files into a ``set`` (which file wins
-is undefined), raises ``JSONDecodeError`` on a broken file even when the registry needs no credentials, always reads
-``~/.docker/config.json`` (also when ``DOCKER_CONFIG`` says otherwise), and a missing credential helper is logged on
-stderr once per host alias. So hfcache reads the auth files itself (:func:`file_credentials`), in the documented
-order (containers-auth.json(5)), with a bounded read, and :mod:`hfcache.oci.registry` calls it only when the
-registry asks for credentials (a 401 challenge).
+is undefined), raises ``JSONDecodeError`` on a broken file even when the registry needs no credentials, ignores
+``DOCKER_CONFIG`` and logs a missing credential helper on stderr once per host alias. So :func:`file_credentials`
+reads them in the documented order (containers-auth.json(5)), bounded, when the registry answers 401.
 """
 
 from __future__ import annotations
@@ -36,11 +34,9 @@ class Credentials:
 
 
 def auth_files() -> list[str]:
-    """Credential files to read, in the order podman/skopeo and docker look (containers-auth.json(5)).
-
-    ``REGISTRY_AUTH_FILE``; ``$XDG_RUNTIME_DIR/containers/auth.json``; ``~/.config/containers/auth.json``;
-    ``$DOCKER_CONFIG/config.json``, else ``~/.docker/config.json``. Existing files only.
-    """
+    """The existing credential files, in the order podman/skopeo and docker look: ``REGISTRY_AUTH_FILE``,
+    ``$XDG_RUNTIME_DIR/containers/auth.json``, ``~/.config/containers/auth.json``, ``$DOCKER_CONFIG/config.json``
+    else ``~/.docker/config.json``."""
     candidates = [os.environ.get("REGISTRY_AUTH_FILE", "")]
     if os.environ.get("XDG_RUNTIME_DIR"):
         candidates.append(os.path.join(os.environ["XDG_RUNTIME_DIR"], "containers", "auth.json"))
@@ -51,11 +47,7 @@ def auth_files() -> list[str]:
 
 
 def _read_auth_file(path: str) -> dict:
-    """One auth file as a dict.
-
-    Raises:
-        UsageError: unreadable, too large, not a JSON object (the message names the file).
-    """
+    """One auth file as a dict. Raises UsageError naming it: unreadable, too large, not a JSON object."""
     hint = "fix or remove it (hfcache reads the auth files only when a registry asks for credentials)"
     try:
         with open(path, "rb") as f:
@@ -127,12 +119,9 @@ def _from_helper(helper: str, host: str) -> tuple[str | None, str]:
 
 
 def file_credentials(registry: str) -> tuple[str | None, str]:
-    """Credentials for ``registry`` from the first auth file (:func:`auth_files`) that has an entry for it: an
-    ``auths`` entry's ``auth``, else its ``credHelpers`` helper, else its ``credsStore``.
-
-    Returns:
-        (base64 ``user:password`` or None, a note on why none was found, for the error's hint; "" if no file has an
-        entry).
+    """(base64 ``user:password`` or None, why none was found for the error's hint) for ``registry`` from the first
+    auth file (:func:`auth_files`) with an entry for it: its ``auths`` entry, else its ``credHelpers`` helper, else
+    its ``credsStore``.
 
     Raises:
         UsageError: a file that has to be read is broken (names the file).

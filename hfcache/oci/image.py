@@ -20,6 +20,7 @@ import re
 import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import BinaryIO
 
@@ -62,17 +63,10 @@ class Layer:
 
 @dataclass(frozen=True)
 class PushReport:
-    """The outcome of :func:`push`.
-
-    Attributes:
-        reference (str): ``registry/name:tag`` pushed; digest (str): the manifest's ``sha256:<hex>``.
-        layers (tuple[Layer, ...]); split (str): ``repo``, ``single`` or (ModelPack) ``file``.
-        repos (tuple[str, ...]): ``repo_id@commit`` in the image, sorted.
-        bytes_total (int): compressed bytes of all blobs; bytes_uploaded (int): bytes actually sent.
-        format (str): ``image`` or ``modelpack``; prefix (str): the folder the cache is under (``""``: the root).
-        signature (str): the first signature referrer's ``sha256:<hex>`` (``--sign-key``), else ``""``;
-        signatures (tuple[str, ...]): every one attached, one per snapshot (in the order of the repo folders).
-    """
+    """The outcome of :func:`push`: ``reference`` (``registry/name:tag``), the manifest's ``digest``, ``split``
+    (``repo``, ``single``, ModelPack's ``file``), ``repos`` (``repo_id@commit``, sorted), ``bytes_total`` (all
+    blobs, compressed) and ``bytes_uploaded`` (sent), ``prefix`` (``""``: the root), ``signature`` (the first
+    referrer's digest with ``--sign-key``, else ``""``) and ``signatures`` (one per snapshot, in folder order)."""
 
     reference: str
     digest: str
@@ -88,12 +82,9 @@ class PushReport:
 
 
 def split_plan(plan: ExportPlan, split: str) -> list[ExportPlan]:
-    """Cut an export plan into layer plans: one per repo folder (``repo``) or the whole plan (``single``). Each
-    layer is self-contained (a hardlink to content in another layer becomes a copy of it) and has ``CACHEDIR.TAG``.
-
-    Raises:
-        UsageError: unknown ``split``.
-    """
+    """Cut an export plan into layer plans: one per repo folder (``repo``) or the whole plan (``single``); each is
+    self-contained (a hardlink to another layer's content becomes a copy) and has ``CACHEDIR.TAG``. UsageError: an
+    unknown ``split``."""
     if split not in SPLITS:
         raise UsageError(f"unknown layer split {split!r}", hint=f"use one of {', '.join(SPLITS)}")
     if split == "single" or len(plan.repos) <= 1:
@@ -122,14 +113,9 @@ def split_plan(plan: ExportPlan, split: str) -> list[ExportPlan]:
 
 
 def write_layer(plan: ExportPlan, out: BinaryIO, prefix: str = "") -> tuple[str, int, str]:
-    """Write ``plan`` as a reproducible tar+gzip layer to ``out`` (every entry under ``prefix/`` when given).
-
-    Returns:
-        (digest, size, diff_id): ``sha256:<hex>`` of the gzip bytes, their count, ``sha256:<hex>`` of the tar.
-
-    Raises:
-        CacheError: a blob's content does not match its name (:func:`hfcache.move.export.write_tar`).
-    """
+    """Write ``plan`` as a reproducible tar+gzip layer to ``out`` (every entry under ``prefix/`` when given); return
+    (``sha256:<hex>`` of the gzip bytes, their count, ``sha256:<hex>`` of the tar). CacheError: a blob does not
+    match its name (:func:`hfcache.move.export.write_tar`)."""
     sink = DigestWriter(out)
     with gzip.GzipFile(filename="", mode="wb", compresslevel=GZIP_LEVEL, fileobj=sink, mtime=0) as gz:
         diff_id = write_tar(plan, gz, prefix=prefix or "")
@@ -202,8 +188,7 @@ def push(reference: str, cache_dir: Path, specs: Sequence[str] = (), lock_path: 
     """
     from ..warming.lockfile import read_lock
 
-    container = _push_target(reference, specs, lock_path, arch)
-    split = _format_options(format, split, arch, base)
+    container, split = _options(reference, specs, lock_path, arch, format, split, base)
     prefix = check_prefix(prefix)
     plan = plan_export(cache_dir, specs, lock=read_lock(lock_path) if lock_path else None)
     if not plan.repos:
@@ -224,8 +209,8 @@ def push(reference: str, cache_dir: Path, specs: Sequence[str] = (), lock_path: 
 
 def _push_image(reference: str, container, cache_dir: Path, plan: ExportPlan, choices: tuple,
                 connection: tuple) -> PushReport:
-    """Push ``plan`` as an image: layers written to TMPDIR, then (connected) the base read, the documents built,
-    the base's blobs mounted, the layers the registry lacks uploaded, the manifest PUT, the signatures attached."""
+    """Push ``plan`` as an image: layers written to TMPDIR, then the base read, the documents built, the base's
+    blobs mounted, what the registry lacks uploaded, the manifest PUT, the signatures attached."""
     split, prefix, annotations, signing, base, arch = choices
     plain_http, credentials, timeout, sink = connection
     bundles = signed_snapshots(cache_dir, plan, signing[0], password=signing[1], password_hint=_PASSWORD_HINT) \
@@ -248,7 +233,7 @@ def _push_image(reference: str, container, cache_dir: Path, plan: ExportPlan, ch
                                                            arch or architecture(), based)
             base_sent = mount_base(client, container, based, Path(tmp)) if based else 0
             pushed = [Layer(layer.digest, layer.size, layer.diff_id, layer.repos,
-                            upload(client, container, layer.digest, layer.size, lambda path=path: open(path, "rb"),
+                            upload(client, container, layer.digest, layer.size, partial(open, path, "rb"),
                                    shown=str(path), sink=sink, label=",".join(layer.repos)))
                       for layer, _, path in layers]
             config_sent = upload_bytes(client, container, config_bytes, "config")
@@ -263,8 +248,8 @@ def _push_image(reference: str, container, cache_dir: Path, plan: ExportPlan, ch
 
 def _push_modelpack(reference: str, container, cache_dir: Path, plan: ExportPlan, choices: tuple,
                     connection: tuple) -> PushReport:
-    """Push the one snapshot of ``plan`` as a ModelPack artifact: each distinct blob once (HEAD first), streamed
-    from the cache; then the config, the manifest and (``signing``: key, password) the signature referrer."""
+    """Push the one snapshot of ``plan`` as a ModelPack artifact: each distinct blob once, streamed from the cache,
+    then the config, the manifest and the signature referrer."""
     prefix, annotations, signing = choices
     plain_http, credentials, timeout, sink = connection
     folder, commit, files = model_files(cache_dir, plan, prefix)
@@ -297,10 +282,7 @@ def _pushed(container) -> str:
 def _publish(client, container, reference: str, manifest_bytes: bytes,
              bundles: Sequence[bytes]) -> tuple[str, tuple[str, ...]]:
     """PUT the manifest under the tag and attach the signature ``bundles``: (the manifest's digest, the referrers').
-
-    Raises:
-        HubError: the registry stored the manifest under another digest (it rewrote it).
-    """
+    HubError: the registry stored the manifest under another digest (it rewrote it)."""
     response = client.do_request(url(client, container, "manifests", container.tag), "PUT",
                                  data=manifest_bytes, headers={"Content-Type": MANIFEST_TYPE})
     check(response, f"push manifest {reference}", 201)
@@ -314,30 +296,13 @@ def _publish(client, container, reference: str, manifest_bytes: bytes,
     return digest, signatures
 
 
-def _format_options(format: str, split: str | None, arch: str | None, base: str | None) -> str:
-    """The layer split to use (``repo`` unless given), once the options agree with ``format``.
+def _options(reference: str, specs: Sequence[str], lock_path, arch: str | None, format: str, split: str | None,
+             base: str | None) -> tuple:
+    """(the parsed ``reference``, the layer split: ``repo`` unless given), once :func:`push`'s arguments agree.
 
     Raises:
-        UsageError: an unknown format; ``base``, ``split`` or ``arch`` with ``modelpack`` (one raw layer per file, no
-            architecture, never run: refused rather than silently ignored).
-    """
-    if format not in FORMATS:
-        raise UsageError(f"unknown format {format!r}", hint=f"use one of {', '.join(FORMATS)}")
-    if base and format != "image":
-        raise UsageError("--base is for --format image (a ModelPack artifact is mounted or extracted, never run)",
-                         hint="drop --base, or push --format image")
-    if format == "modelpack" and (split is not None or arch is not None):
-        given = "--layers" if split is not None else "--arch"
-        raise UsageError(f"{given} is for --format image: a ModelPack artifact has one raw layer per file and no "
-                         "architecture", hint=f"drop {given}, or push --format image")
-    return split or "repo"
-
-
-def _push_target(reference: str, specs: Sequence[str], lock_path: str | os.PathLike[str] | None, arch: str | None):
-    """The parsed ``reference`` to push to, once the arguments of :func:`push` agree.
-
-    Raises:
-        UsageError: a bad reference, a digest instead of a tag, a bad ``arch``, both ``specs`` and ``lock_path``.
+        UsageError: a bad reference, a digest instead of a tag, a bad ``arch``, both ``specs`` and ``lock_path``, an
+            unknown format; ``base``, ``split`` or ``arch`` with ``modelpack`` (refused rather than ignored).
     """
     container = parse_reference(reference)
     if container.digest:
@@ -348,7 +313,16 @@ def _push_target(reference: str, specs: Sequence[str], lock_path: str | os.PathL
     if specs and lock_path:
         raise UsageError("give REPO_ID arguments or --lock, not both",
                          hint="--lock pushes exactly what the lock pins; list repos to push those instead")
-    return container
+    if format not in FORMATS:
+        raise UsageError(f"unknown format {format!r}", hint=f"use one of {', '.join(FORMATS)}")
+    if base and format != "image":
+        raise UsageError("--base is for --format image (a ModelPack artifact is mounted or extracted, never run)",
+                         hint="drop --base, or push --format image")
+    if format == "modelpack" and (split is not None or arch is not None):
+        given = "--layers" if split is not None else "--arch"
+        raise UsageError(f"{given} is for --format image: a ModelPack artifact has one raw layer per file and no "
+                         "architecture", hint=f"drop {given}, or push --format image")
+    return container, split or "repo"
 
 
 def _annotations(plan: ExportPlan, lock_path: Path | None, prefix: str) -> dict[str, str]:
@@ -377,11 +351,8 @@ def _temp_error(exc: OSError, folder: Path) -> CacheError:
 
 
 def _write_layers(plan: ExportPlan, split: str, folder: Path, prefix: str = "") -> list[tuple[Layer, ExportPlan, Path]]:
-    """Write the layers of ``plan`` into ``folder``: (layer, its plan, its file) in image order.
-
-    Raises:
-        CacheError: a blob of the source cache does not match its name, cannot be read, or ``folder`` is full.
-    """
+    """Write the layers of ``plan`` into ``folder``: (layer, its plan, its file) in image order. CacheError: a
+    blob of the source cache does not match its name or cannot be read, or ``folder`` is full."""
     layers = []
     for index, layer_plan in enumerate(split_plan(plan, split)):
         path = folder / f"layer-{index}.tar.gz"

@@ -1,16 +1,11 @@
 """``hfcache push --format modelpack``: one repo at one commit as a CNCF ModelPack artifact (modelpack/model-spec
-``docs/spec.md``, ``docs/annotations.md``, ``docs/config.md``, ``schema/config-schema.json``); the signatures of a
-push (``--sign-key``), both formats.
+``docs/spec.md``, ``annotations.md``, ``config.md``, ``schema/config-schema.json``); push's signatures (both formats).
 
-The manifest (canonical JSON, ``artifactType`` :data:`~hfcache.oci.peer.MODEL_MANIFEST`) lists one raw layer per
-file of the snapshot, its bytes as they are (the digest is the file's sha256: an LFS file's etag), media type by
-file kind (:func:`media_type_of`), plus one small raw layer per ref naming the commit. Each layer's
-``org.cncf.model.filepath`` (and ``org.opencontainers.image.title``) is its path *in a hub cache*
-(``[PREFIX/]models--ORG--NAME/snapshots/<commit>/<path>``), so an artifact CRI-O mounts or a ModelPack client
-extracts is a cache huggingface_hub loads offline; file metadata is fixed (reproducible digests). The config holds
-exactly the schema's keys, no creation time. Layers stream from the cache through the safe opens
-(``export_store.open_blob_source``/``open_plain_source``), hashed as they are sent: a file whose bytes are not its
-name is refused (exit 5).
+One raw layer per snapshot file, its bytes as they are (an LFS file's digest is its etag), plus one per ref; each
+layer's ``org.cncf.model.filepath`` is its path *in a hub cache* (``[PREFIX/]models--ORG--NAME/snapshots/<commit>/
+<path>``), so an artifact CRI-O mounts or a ModelPack client extracts is a cache huggingface_hub loads offline. File
+metadata is fixed and the config has no time (reproducible digests). Layers stream from the cache through the safe
+opens, hashed as they are sent: a file whose bytes are not its name is refused (exit 5).
 """
 
 from __future__ import annotations
@@ -36,7 +31,6 @@ WEIGHT = "application/vnd.cncf.model.weight.v1.raw"
 WEIGHT_CONFIG = "application/vnd.cncf.model.weight.config.v1.raw"
 DOC = "application/vnd.cncf.model.doc.v1.raw"
 CODE = "application/vnd.cncf.model.code.v1.raw"
-PREFIX_ANNOTATION = "io.hfcache.prefix"
 _WEIGHTS = (".safetensors", ".bin", ".gguf", ".pt", ".pth", ".h5", ".onnx", ".msgpack", ".ckpt", ".tflite")
 _FORMATS = ((".safetensors", "safetensors"), (".gguf", "gguf"), (".onnx", "onnx"), (".bin", "pytorch"),
             (".pt", "pytorch"), (".h5", "tensorflow"), (".msgpack", "flax"))
@@ -66,11 +60,8 @@ class ModelFile:
 
 
 def check_prefix(prefix: str | None) -> str:
-    """``--prefix`` as a ``/``-separated relative folder without a trailing ``/`` (``""`` for None).
-
-    Raises:
-        UsageError: :func:`prefix_problem` found one (exit 2).
-    """
+    """``--prefix`` as a ``/``-separated relative folder without a trailing ``/`` (``""`` for None); UsageError
+    (exit 2) naming what :func:`prefix_problem` found."""
     if prefix is None:
         return ""
     why = prefix_problem(prefix)
@@ -130,12 +121,9 @@ def repo_id_of(folder: str) -> str:
 
 
 def model_files(cache_dir: Path, plan: ExportPlan, prefix: str = "") -> tuple[str, str, list[ModelFile]]:
-    """The raw layers of the one snapshot in ``plan`` (``plan_export`` with symlinks), sorted by path: each file
-    (an LFS file's digest is its etag; a git-named one is read once here to learn its sha256, its git sha1 checked
-    against its name) and one ``refs/<name>`` layer per ref at the commit.
-
-    Returns:
-        (repo folder, commit, files).
+    """(repo folder, commit, the raw layers sorted by path) of the one snapshot in ``plan`` (``plan_export`` with
+    symlinks): each file (a git-named one read once here for its sha256, its git sha1 checked against its name) and
+    one ``refs/<name>`` layer per ref at the commit.
 
     Raises:
         UsageError: not exactly one repo at one commit. CacheError: a file does not match its name, or cannot be
@@ -180,12 +168,8 @@ def _open(entry: Entry):
 
 
 def _hashes(entry: Entry, etag: str) -> tuple[str, str]:
-    """(``sha256:<hex>``, git sha1 hex) of a file, read once through the safe opens, checked against ``etag``
-    (when given) and its planned size.
-
-    Raises:
-        CacheError: the bytes do not match ``etag`` or the size (exit 5).
-    """
+    """(``sha256:<hex>``, git sha1 hex) of a file, read once through the safe opens; CacheError (exit 5) when the
+    bytes do not match ``etag`` (when given) or the planned size."""
     with _open(entry) as f:
         digests, got = hash_fd(f.fileno(), (SHA256, GIT_SHA1), shown=entry.source, close=False)
     if got != entry.size or (etag and digests.get(algorithm_of(etag) or "") != etag):
@@ -252,19 +236,11 @@ def send_file(client, container, f: ModelFile, sink: TransferSink | None) -> int
                   label=PurePosixPath(f.path).name, verify=True)
 
 
-def snapshot_digests(files: Sequence[ModelFile]) -> dict[str, str]:
-    """{path in the snapshot: sha256 hex} of the files (not refs) of :func:`model_files`: what a signature covers."""
-    return {f.rel: f.digest.partition(":")[2] for f in files if f.kind == "file"}
-
-
 def signed_snapshots(cache_dir: Path, plan: ExportPlan, sign_key: Path, *, password: bytes | None = None,
                      password_hint: str | None = None) -> list[bytes]:
     """One bundle per snapshot of an image push (``--sign-key``), in the order of :func:`snapshots_of`, each
-    :func:`sign`-ed over that snapshot's files as :func:`model_files` reads them.
-
-    Raises:
-        UsageError: an unusable key or password. CacheError: a file does not match its name (exit 5).
-    """
+    :func:`sign`-ed over that snapshot's files as :func:`model_files` reads them. UsageError: an unusable key or
+    password; CacheError: a file does not match its name (exit 5)."""
     by_name = {e.name: e for e in plan.entries if e.kind == "file"}
     out = []
     for folder, commit in snapshots_of(plan):
@@ -281,16 +257,14 @@ def signed_snapshots(cache_dir: Path, plan: ExportPlan, sign_key: Path, *, passw
 
 def sign(files: Sequence[ModelFile], repo: str, sign_key: Path, *, password: bytes | None = None,
          password_hint: str | None = None) -> bytes:
-    """A model-signing v1.0 bundle over :func:`snapshot_digests` of ``files`` (no rehash), for the model ``repo``
+    """A model-signing v1.0 bundle over {path: sha256} of the ``files`` (no rehash), for the model ``repo``
     (``REPO_ID@<commit>``), signed with the PEM EC key ``sign_key`` (``password``: an encrypted key's;
-    ``password_hint``: where the caller reads it, for the error of a missing one).
-
-    Raises:
-        UsageError: an unusable key (:func:`hfcache.integrity.signatures.sign_files`).
-    """
+    ``password_hint``: where the caller reads it). UsageError: an unusable key
+    (:func:`hfcache.integrity.signatures.sign_files`)."""
     from ..integrity.signatures import SIGN_PASSWORD_HINT, sign_files
 
-    return sign_files(snapshot_digests(files), repo, Path(sign_key), password=password,
+    digests = {f.rel: f.digest.partition(":")[2] for f in files if f.kind == "file"}  # what a signature covers
+    return sign_files(digests, repo, Path(sign_key), password=password,
                       password_hint=password_hint or SIGN_PASSWORD_HINT)
 
 

@@ -2,14 +2,11 @@
 checked before anything is published (docs/oci.md "Pull: what is checked").
 
 The manifest is read (by digest, or by tag and checked against ``Docker-Content-Digest``), then the config. Each tar
-layer streams once into :func:`hfcache.move.importer.import_members` (``hfcache import``'s refusals): compressed
-bytes -> sha256 (the descriptor's digest, never more than its size) -> gunzip -> sha256 (the config's ``diff_id``)
--> tar entries, staged under ``<cache>/.locks/``; a layer that does not match raises at its end, before the
-importer publishes. Nothing goes to ``TMPDIR``; the uncompressed image must fit the free space of the cache's
-filesystem and ``max_size``, the compressed bytes too (:class:`hfcache.oci.pull_stream.Budget`). ModelPack
-artifacts: :mod:`.pull_modelpack`; a ``--prefix`` image has its prefix stripped from every entry; what the target
-holds is not downloaded (:mod:`.pull_record`, ``pull_modelpack.held_locally``); ``verify_key``:
-:mod:`.pull_signed`.
+layer streams once into :func:`hfcache.move.importer.import_members` (import's refusals): compressed bytes -> sha256
+(the descriptor's digest, never more than its size) -> gunzip -> sha256 (the ``diff_id``) -> tar entries staged
+under ``<cache>/.locks/``; a layer that does not match raises at its end, before the importer publishes. Nothing
+goes to ``TMPDIR`` (:class:`.pull_stream.Budget`). ModelPack: :mod:`.pull_modelpack`; skips: :mod:`.pull_record`,
+``pull_stream.held_locally``; ``verify_key``: :mod:`.pull_signed`.
 """
 
 from __future__ import annotations
@@ -23,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import IntegrityError, UsageError
-from ..names import is_oci_digest
+from ..names import is_oci_digest, parse_folder_name
 from .base_image import BASE_LAYERS
 from .credentials import Credentials
 from .image import ANNOTATION_PREFIX, Layer
@@ -44,18 +41,11 @@ PREFIX = f"{ANNOTATION_PREFIX}.prefix"
 
 @dataclass(frozen=True)
 class PullReport:
-    """The outcome of :func:`pull`.
-
-    Attributes:
-        reference (str); digest (str): the manifest's ``sha256:<hex>``; layers (tuple[Layer, ...]).
-        bytes_downloaded (int): compressed bytes received.
-        bytes_unpacked (int): uncompressed layer bytes read (the tar streams).
-        imported: the :class:`hfcache.move.importer.ImportReport` of the merge into the target cache.
-        format (str): ``image`` or ``modelpack``; skipped (tuple[str, ...]): digests of the layers not downloaded
-            because the target already held their content; signed_by (str | None): the key fingerprint the
-            signatures verified with (``--verify-key``); record_saved (bool): the tar layers imported were recorded
-            for the next pull's skips (image format).
-    """
+    """The outcome of :func:`pull`: the manifest's ``digest``; ``bytes_downloaded`` (compressed, received) and
+    ``bytes_unpacked`` (the tar streams read); ``imported``, the :class:`hfcache.move.importer.ImportReport` of the
+    merge; ``format`` (``image`` or ``modelpack``); ``skipped``, the digests of layers not downloaded (the target
+    held their content); ``signed_by``, the key fingerprint (``--verify-key``); ``record_saved``: the tar layers
+    imported were recorded for the next pull's skips."""
 
     reference: str
     digest: str
@@ -116,11 +106,8 @@ def _layers_of(manifest: dict, config: dict, reference: str) -> list[tuple[dict,
 
 def _base_count(manifest: dict, layers: list, reference: str) -> int:
     """How many of the manifest's first layers are the ``push --base`` image's (``io.hfcache.base.layers``: their
-    digests, in order): an OS for KServe's Modelcar, not cache content, so pull skips them without a request.
-
-    Raises:
-        UsageError: the annotation does not name the manifest's first layers (exit 2).
-    """
+    digests, in order): an OS, not cache content, skipped without a request. UsageError (exit 2): the annotation
+    does not name the manifest's first layers."""
     annotations = manifest.get("annotations") if isinstance(manifest.get("annotations"), dict) else {}
     named = annotations.get(BASE_LAYERS)
     if named is None:
@@ -133,117 +120,9 @@ def _base_count(manifest: dict, layers: list, reference: str) -> int:
     return len(digests)
 
 
-def _layer_members(client, container, layer: dict, diff_id: str, sink: TransferSink | None, budget: Budget,
-                   received: list[Layer], seen=None) -> Iterator:
-    """The tar entries of one layer as the importer takes them; at the layer's end, its digest, size and diff_id
-    are checked (IntegrityError, before the importer publishes anything), and the layer is appended to ``received``.
-    Every error is an hfcache error here: a requests error (an OSError) reaching the importer would read as a cache
-    error. ``seen`` (an :class:`_Observer`) renames entries (the image's prefix) and notes what they are.
-    """
-    from ..move.import_source import tar_members
-
-    digest = layer["digest"]
-    with network_errors(container.registry, client.prefix == "http"):
-        response = client.do_request(url(client, container, "blobs", digest), "GET", stream=True)
-    with response:
-        check(response, f"layer {digest}", 200)
-        repos = _annotated_repos(layer)
-        if sink is not None:
-            sink.begin(",".join(repos)[:60] or digest[7:19], layer["size"])
-        compressed = VerifiedStream(BlobBody(response, container.registry, f"layer {digest}"), digest,
-                                    limit=layer["size"], sink=sink, budget=budget, wire=True, network=stream_errors())
-        raw = io.BufferedReader(compressed, _CHUNK)
-        unpacked = gzip.GzipFile(fileobj=raw, mode="rb") if layer["mediaType"] != LAYER_TAR else raw
-        tar_stream = VerifiedStream(unpacked, digest, budget=budget, corrupt=(OSError, EOFError, zlib.error))
-        try:
-            for member, stream in tar_members(io.BufferedReader(tar_stream, _CHUNK), mode="r|"):
-                if member.kind == "file":
-                    budget.check(member.size, f"entry {member.name[:100]!r}")
-                entry = Entry(stream, digest) if stream is not None else None
-                if seen is not None:
-                    member, entry = seen.entry(diff_id, member, entry)
-                    if member is None:
-                        continue
-                yield member, entry
-                if seen is not None:
-                    seen.done()
-            while tar_stream.read(_CHUNK):  # the tar's end padding: the diff_id covers every byte
-                pass
-            while raw.read(_CHUNK):  # gzip trailers or concatenated members after the tar
-                pass
-        except (tarfile.TarError, EOFError) as exc:
-            raise IntegrityError(f"refused layer {digest}: not a readable tar ({exc})", hint=_ALTERED) from None
-    _verify_layer(layer, diff_id, compressed, tar_stream)
-    received.append(Layer(digest, layer["size"], diff_id, repos, compressed.size))
-
-
-class _Observer:
-    """What the image format's pull learns from each tar entry: the name without the image's prefix, the entry
-    names per layer (for :mod:`hfcache.oci.pull_record`) and, with ``--verify-key``, each file's sha256."""
-
-    def __init__(self, prefix: str | None, reference: str, cache_dir: Path, files=None) -> None:
-        self.prefix, self.reference, self.files, self.cache_dir = prefix, reference, files, cache_dir
-        self.names: dict[str, list[str]] = {}
-        self._pending = None
-
-    def entry(self, diff_id: str, member, stream):
-        """(member renamed, stream) to give the importer, or (None, None) for the prefix folder itself.
-
-        Raises:
-            UsageError: an entry outside the prefix (exit 2).
-        """
-        from .pull_record import entry_name
-        from .pull_signed import HashingStream
-
-        if self.prefix is not None:
-            member.name = self._strip(member.name, member.kind)
-            if member.name is None:
-                return None, None
-            if member.kind == "hardlink":
-                member.linkname = self._strip(member.linkname, "file") or member.linkname
-        name = entry_name(member.name.removeprefix("./").rstrip("/")) if member.kind != "dir" else None
-        if name is not None:
-            self.names.setdefault(diff_id, []).append(name)
-            self._held_blob(name, member)
-        if self.files is not None and stream is not None:
-            stream = HashingStream(stream)
-        self._pending = (member, stream)
-        return member, stream
-
-    def done(self) -> None:
-        """The importer consumed the pending entry: note its hash."""
-        member, stream = self._pending
-        if self.files is not None:
-            self.files.note(member, stream)
-
-    def _held_blob(self, name: str, member) -> None:
-        """A blob the target already has is re-hashed: import keeps what the target holds, so a blob a member
-        rewrote (same size, other bytes) would stay behind the pulled snapshot; it refuses the pull instead."""
-        from ..cache.content import algorithm_of
-
-        parts = name.split("/")
-        if member.kind == "file" and len(parts) == 3 and parts[1] == "blobs" and algorithm_of(parts[2]):
-            held_locally(self.cache_dir, parts[0], parts[2], member.size)
-
-    def _strip(self, name: str, kind: str) -> str | None:
-        clean = name.removeprefix("./").rstrip("/")
-        if kind == "dir" and (clean in ("", ".", self.prefix) or self.prefix.startswith(f"{clean}/")):
-            return None  # the prefix's own folders
-        if not clean.startswith(f"{self.prefix}/"):
-            raise UsageError(f"refused entry {registry_text(clean[:100], 100)!r}: outside the image's prefix "
-                             f"{self.prefix!r}; nothing was imported",
-                             hint="hfcache push --base marks its base image's layers (io.hfcache.base.layers) and "
-                                  "pull skips them; an image with other files outside its prefix is not one hfcache "
-                                  "push wrote")
-        return clean[len(self.prefix) + 1:]
-
-
 def _prefix_of(manifest: dict, reference: str) -> str | None:
-    """The manifest's ``io.hfcache.prefix`` (a relative folder of at most 8 plain names, e.g. ``models``), or None.
-
-    Raises:
-        UsageError: a prefix that is not such a folder (exit 2).
-    """
+    """The manifest's ``io.hfcache.prefix`` (``modelpack.prefix_problem``'s folders, e.g. ``models``), or None;
+    UsageError (exit 2) for another value."""
     annotations = manifest.get("annotations") if isinstance(manifest.get("annotations"), dict) else {}
     prefix = annotations.get(PREFIX)
     if prefix is None:
@@ -257,16 +136,6 @@ def _prefix_of(manifest: dict, reference: str) -> str | None:
                          f"folder such as models ({registry_text(why or 'ends with /', 120)})",
                          hint="hfcache pull reads the images hfcache push --prefix DIR writes")
     return prefix
-
-
-def _annotated_repos(layer: dict) -> tuple[str, ...]:
-    """The repo folders a layer's ``io.hfcache.repos`` annotation names (the registry's text: shown in progress and
-    output, so only names that are repo folders of the cache layout are kept)."""
-    from ..cache.scan import parse_folder_name
-
-    annotations = layer.get("annotations") if isinstance(layer.get("annotations"), dict) else {}
-    names = str(annotations.get(f"{ANNOTATION_PREFIX}.repos", "")).split(",")
-    return tuple(name for name in names[:1000] if name and name.isprintable() and parse_folder_name(name))
 
 
 def _verify_layer(layer: dict, diff_id: str, compressed: VerifiedStream, tar_stream: VerifiedStream) -> None:
@@ -285,25 +154,20 @@ def pull(reference: str, cache_dir: Path, plain_http: bool = False, credentials:
          timeout: float = 60.0, sink: TransferSink | None = None, move_refs: bool = False,
          max_size: int | None = None, lock_timeout: float = 600.0, on_lock_wait=None,
          verify_key: Path | None = None) -> PullReport:
-    """Pull the image or ModelPack artifact ``reference`` and merge its cache into ``cache_dir``, every digest
-    checked first; layers whose content the target already holds are not downloaded.
+    """Pull the image or ModelPack artifact ``reference`` (``REGISTRY/NAME[:TAG][@sha256:...]``) and merge its
+    cache into ``cache_dir`` (created if missing, removed again if the pull fails), every digest checked first;
+    layers whose content the target already holds are not downloaded.
 
     Args:
-        reference: ``REGISTRY/NAME[:TAG][@sha256:...]``.
-        cache_dir: the target cache (created if missing; removed again if the pull fails).
-        plain_http (bool): HTTP instead of HTTPS; credentials: None reads the auth files when the registry asks;
-        timeout (float): seconds to wait for a connection or any byte of an answer (each metadata answer must also end
-            within ``HFCACHE_METADATA_DEADLINE`` seconds, each layer keep ``HFCACHE_MIN_RATE``); sink: progress.
+        plain_http: HTTP instead of HTTPS; credentials: None reads the auth files when the registry asks.
+        timeout: seconds to wait for a connection or any byte (metadata answers also end within
+            ``HFCACHE_METADATA_DEADLINE``, layers keep ``HFCACHE_MIN_RATE``); sink: progress.
         move_refs: a ref the target has at another commit moves to the image's (else that refuses the pull).
-        max_size: refuse an image whose layers unpack to more bytes than this (None: no bound but free space).
-        lock_timeout, on_lock_wait: as for :func:`hfcache.move.importer.import_cache` (the bounded wait for repo locks).
-        verify_key: a public key (PEM path): the manifest's model-signing bundles must sign every pulled snapshot
-            (with what the target's snapshot already holds) under it before anything is published
-            (:mod:`hfcache.oci.pull_signed`); tar layers are then all read. The file is judged before any request
-            (UsageError, exit 2), the bundles' key hints before any layer (CheckFailed, exit 1).
-
-    Returns:
-        PullReport.
+        max_size: refuse an image whose layers unpack to more bytes (None: no bound but free space).
+        lock_timeout, on_lock_wait: as for :func:`hfcache.move.importer.import_cache`.
+        verify_key: a PEM public key: the manifest's model-signing bundles must sign every pulled snapshot (with
+            what the target's snapshot already holds) under it before anything is published (tar layers are then
+            all read); the file is judged before any request (exit 2), the bundles' key hints before any layer.
 
     Raises:
         IntegrityError: a manifest, config or layer does not match its digest or size (or a layer its diff_id, a raw
@@ -361,10 +225,8 @@ def _source(client, container, documents: tuple[dict, dict, dict], reference: st
 
 def _checked(source, found: list[bytes] | None, verify_key: Path | None, signed_by: list[str],
              cache_dir: Path) -> Iterator:
-    """The source's entries; then, with ``--verify-key``, the signatures checked over what each snapshot will hold
-    (the target's entries of it and the staged ones; every layer was read and checked, nothing is published yet: a
-    failure here publishes nothing), and every ref, marker and listing bound to a signed snapshot. The key
-    fingerprint is appended to ``signed_by``."""
+    """The source's entries; then, with ``--verify-key`` (every layer read and checked, nothing published yet),
+    :func:`hfcache.oci.pull_signed.verify_snapshots`, whose key fingerprint is appended to ``signed_by``."""
     yield from source.members()
     if found is not None:
         from .pull_signed import verify_snapshots
@@ -373,11 +235,8 @@ def _checked(source, found: list[bytes] | None, verify_key: Path | None, signed_
 
 
 def _documents(client, container, reference: str) -> tuple[dict, str, dict, dict]:
-    """The manifest (by digest, or by tag checked against ``Docker-Content-Digest``) and its config (by digest).
-
-    Returns:
-        (manifest, its ``sha256:<hex>``, the config descriptor, the config).
-    """
+    """(the manifest, by digest or by tag checked against ``Docker-Content-Digest``; its ``sha256:<hex>``; the
+    config descriptor; the config)."""
     manifest, body, media_type = get_json(client, container,
                                           url(client, container, "manifests", container.digest or container.tag),
                                           f"manifest {reference}", _ACCEPT, container.digest)
@@ -392,10 +251,9 @@ def _documents(client, container, reference: str) -> tuple[dict, str, dict, dict
 
 
 def _with_held(imported, source):
-    """The import's report with what the skipped layers hold (``source.held_counts()``) counted as already there
-    (it is: checked by stat or re-hashed), so that a pull of what the cache has reports its files and blobs as
-    existing, none new. A content two tar layers share (bert's and distilbert's vocab.txt), one skipped and one
-    imported, is one distinct blob, as in a first pull (a ModelPack content is either held or fetched, never both)."""
+    """The import's report with what the skipped layers hold (``source.held_counts()``, checked by stat or
+    re-hashed) counted as existing; a content two tar layers share (bert's and distilbert's vocab.txt), one skipped
+    and one imported, is one distinct blob, as in a first pull."""
     import dataclasses
 
     repos, files, blobs = source.held_counts()
@@ -407,8 +265,10 @@ def _with_held(imported, source):
 
 
 class _ImageSource:
-    """The entries of an image's tar layers for the importer; a layer the target still holds (its diff_id recorded
-    by an earlier pull, :mod:`hfcache.oci.pull_record`) is skipped unless every file must be hashed (``signed``)."""
+    """The entries of an image's tar layers for the importer, each layer checked at its end; a layer the target
+    still holds (its diff_id recorded by an earlier pull, :mod:`.pull_record`) is skipped unless every file must be
+    hashed (``signed``). Entries lose the image's ``prefix``; the names of each layer's entries are kept for the
+    record, and with ``signed`` each file's sha256 (:class:`hfcache.oci.pull_signed.TarFiles`)."""
 
     def __init__(self, client, container, layers: list[tuple[dict, str]], prefix: str | None, cache_dir: Path,
                  sink: TransferSink | None, budget: Budget, reference: str, *, signed: bool) -> None:
@@ -416,12 +276,12 @@ class _ImageSource:
         from .pull_signed import TarFiles
 
         self.client, self.container, self.layers, self.cache_dir = client, container, layers, cache_dir
-        self.sink, self.budget = sink, budget
+        self.sink, self.budget, self.prefix = sink, budget, prefix
         self.record = pull_record.load(str(cache_dir)) if cache_dir.is_dir() else {}
         self.held = set() if signed else {diff_id for layer, diff_id in layers if pull_record.still_held(
-            str(cache_dir), self.record, diff_id, _annotated_commits(layer))}
+            str(cache_dir), self.record, diff_id, _annotated(layer, "commits"))}
         self.files = TarFiles() if signed else None
-        self.seen = _Observer(prefix, reference, cache_dir, self.files)
+        self.names: dict[str, list[str]] = {}  # diff_id -> the record's names of its entries
         self.received: list[Layer] = []
         self.skipped: list[str] = []
         budget.check(sum(layer["size"] for layer, diff_id in layers if diff_id not in self.held),
@@ -431,10 +291,85 @@ class _ImageSource:
         for layer, diff_id in self.layers:
             if diff_id in self.held:
                 self.skipped.append(layer["digest"])
-                self.received.append(Layer(layer["digest"], layer["size"], diff_id, _annotated_repos(layer), 0))
-                continue
-            yield from _layer_members(self.client, self.container, layer, diff_id, self.sink, self.budget,
-                                      self.received, self.seen)
+                self.received.append(Layer(layer["digest"], layer["size"], diff_id, _annotated(layer, "repos"), 0))
+            else:
+                yield from self._layer(layer, diff_id)
+
+    def _layer(self, layer: dict, diff_id: str) -> Iterator:
+        """One layer's tar entries; at its end its digest, size and diff_id are checked (IntegrityError, before the
+        importer publishes). Every error is an hfcache error here: a requests error (an OSError) reaching the
+        importer would read as a cache error."""
+        from ..move.import_source import tar_members
+
+        digest, client, budget = layer["digest"], self.client, self.budget
+        with network_errors(self.container.registry, client.prefix == "http"):
+            response = client.do_request(url(client, self.container, "blobs", digest), "GET", stream=True)
+        with response:
+            check(response, f"layer {digest}", 200)
+            repos = _annotated(layer, "repos")
+            if self.sink is not None:
+                self.sink.begin(",".join(repos)[:60] or digest[7:19], layer["size"])
+            compressed = VerifiedStream(BlobBody(response, self.container.registry, f"layer {digest}"), digest,
+                                        limit=layer["size"], sink=self.sink, budget=budget, wire=True,
+                                        network=stream_errors())
+            raw = io.BufferedReader(compressed, _CHUNK)
+            unpacked = gzip.GzipFile(fileobj=raw, mode="rb") if layer["mediaType"] != LAYER_TAR else raw
+            tar_stream = VerifiedStream(unpacked, digest, budget=budget, corrupt=(OSError, EOFError, zlib.error))
+            try:
+                for member, stream in tar_members(io.BufferedReader(tar_stream, _CHUNK), mode="r|"):
+                    if member.kind == "file":
+                        budget.check(member.size, f"entry {member.name[:100]!r}")
+                    member, entry = self._entry(diff_id, member, Entry(stream, digest) if stream is not None else None)
+                    if member is not None:
+                        yield member, entry
+                        if self.files is not None:
+                            self.files.note(member, entry)
+                while tar_stream.read(_CHUNK):  # the tar's end padding: the diff_id covers every byte
+                    pass
+                while raw.read(_CHUNK):  # gzip trailers or concatenated members after the tar
+                    pass
+            except (tarfile.TarError, EOFError) as exc:
+                raise IntegrityError(f"refused layer {digest}: not a readable tar ({exc})", hint=_ALTERED) from None
+        _verify_layer(layer, diff_id, compressed, tar_stream)
+        self.received.append(Layer(digest, layer["size"], diff_id, repos, compressed.size))
+
+    def _entry(self, diff_id: str, member, stream):
+        """(member renamed, stream) to give the importer, or (None, None) for the prefix's own folders. A blob the
+        target already has is re-hashed (import keeps what the target holds: a blob a member rewrote would stay
+        behind the pulled snapshot).
+
+        Raises:
+            UsageError: an entry outside the prefix (exit 2). CheckFailed, IntegrityError: of ``held_locally``.
+        """
+        from ..cache.content import algorithm_of
+        from .pull_record import entry_name
+        from .pull_signed import HashingStream
+
+        if self.prefix is not None:
+            member.name = self._strip(member.name, member.kind)
+            if member.name is None:
+                return None, None
+            if member.kind == "hardlink":
+                member.linkname = self._strip(member.linkname, "file") or member.linkname
+        name = entry_name(member.name.removeprefix("./").rstrip("/")) if member.kind != "dir" else None
+        if name is not None:
+            self.names.setdefault(diff_id, []).append(name)
+            parts = name.split("/")
+            if member.kind == "file" and len(parts) == 3 and parts[1] == "blobs" and algorithm_of(parts[2]):
+                held_locally(self.cache_dir, parts[0], parts[2], member.size)
+        return member, HashingStream(stream) if self.files is not None and stream is not None else stream
+
+    def _strip(self, name: str, kind: str) -> str | None:
+        clean = name.removeprefix("./").rstrip("/")
+        if kind == "dir" and (clean in ("", ".", self.prefix) or self.prefix.startswith(f"{clean}/")):
+            return None  # the prefix's own folders
+        if not clean.startswith(f"{self.prefix}/"):
+            raise UsageError(f"refused entry {registry_text(clean[:100], 100)!r}: outside the image's prefix "
+                             f"{self.prefix!r}; nothing was imported",
+                             hint="hfcache push --base marks its base image's layers (io.hfcache.base.layers) and "
+                                  "pull skips them; an image with other files outside its prefix is not one hfcache "
+                                  "push wrote")
+        return clean[len(self.prefix) + 1:]
 
     def signed_files(self) -> dict[str, dict[str, str]]:
         return self.files.snapshots(self.cache_dir) if self.files is not None else {}
@@ -450,20 +385,23 @@ class _ImageSource:
 
     def imported_etags(self) -> set[str]:
         """The blob names (``<folder>/blobs/<etag>`` entries) of the layers this pull imported."""
-        return {parts[2] for diff_id, names in self.seen.names.items() if diff_id not in self.held
+        return {parts[2] for diff_id, names in self.names.items() if diff_id not in self.held
                 for parts in (name.split("/") for name in names) if len(parts) == 3 and parts[1] == "blobs"}
 
     def after(self) -> bool:
         """Record the layers this pull imported (after publishing), for the next pull's skips."""
         from . import pull_record
 
-        imported = {diff_id: self.seen.names.get(diff_id, []) for _, diff_id in self.layers
-                    if diff_id not in self.held}
+        imported = {diff_id: self.names.get(diff_id, []) for _, diff_id in self.layers if diff_id not in self.held}
         return pull_record.save(str(self.cache_dir), self.record, imported)
 
 
-def _annotated_commits(layer: dict) -> list[str]:
-    """The commits a layer's ``io.hfcache.commits`` annotation names (``repo_id@commit,...``)."""
+def _annotated(layer: dict, kind: str) -> tuple[str, ...]:
+    """What a layer's ``io.hfcache.repos`` annotation names (``kind`` ``repos``: the repo folders, only names of the
+    cache layout: the registry's text is shown in progress and output), or ``io.hfcache.commits`` (``commits``:
+    the commits of its ``repo_id@commit,...``)."""
     annotations = layer.get("annotations") if isinstance(layer.get("annotations"), dict) else {}
-    names = str(annotations.get(f"{ANNOTATION_PREFIX}.commits", "")).split(",")
-    return [name.rsplit("@", 1)[-1] for name in names[:10000] if "@" in name]
+    names = str(annotations.get(f"{ANNOTATION_PREFIX}.{kind}", "")).split(",")
+    if kind == "commits":
+        return tuple(name.rsplit("@", 1)[-1] for name in names[:10000] if "@" in name)
+    return tuple(name for name in names[:1000] if name and name.isprintable() and parse_folder_name(name))

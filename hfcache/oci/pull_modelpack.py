@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..cache import safefs
-from ..cache.content import BlobHash, algorithm_of
+from ..cache.content import algorithm_of
 from ..errors import CacheError, IntegrityError, UsageError
 from ..move.import_plan import MAX_REF_BYTES, clean_name, repo_folder_ok
 from ..move.import_source import Member, shown_name
@@ -204,31 +204,6 @@ def _same_ref(cache_dir: Path, ref: RawFile) -> bytes | None:
     return data if digest_of(data) == ref.digest else None
 
 
-class _ExactStream(io.RawIOBase):
-    """A raw layer's body: hashed (``VerifiedStream``), never more than its size, the git sha1 of its bytes when its
-    blob is named by one, its first bytes kept (``head``: a ref's commit); ending early is the registry's fault
-    (exit 3), never an import error."""
-
-    def __init__(self, body: VerifiedStream, size: int, etag: str, digest: str) -> None:
-        self._body, self._size, self._digest = body, size, digest
-        self.git = BlobHash("git-sha1", size) if is_commit(etag) else None
-        self.head = bytearray()  # at most MAX_REF_BYTES: plan_artifact bounds a ref's size
-
-    def readable(self) -> bool:
-        return True
-
-    def readinto(self, buffer) -> int:
-        n = self._body.readinto(buffer)
-        if n == 0 and self._body.size < self._size:
-            raise IntegrityError(f"refused layer {self._digest}: the registry sent {self._body.size} bytes, its "
-                                 f"manifest declares {self._size}", hint=_ALTERED)
-        if self.git is not None:
-            self.git.update(memoryview(buffer)[:n])
-        if len(self.head) < MAX_REF_BYTES:
-            self.head += memoryview(buffer)[:min(n, MAX_REF_BYTES - len(self.head))]
-        return n
-
-
 class ArtifactSource:
     """The entries of one ModelPack artifact (:func:`plan_artifact`'s ``plan``) for
     :func:`hfcache.move.importer.import_members`; a content the target ``cache_dir`` holds is not fetched."""
@@ -281,11 +256,11 @@ class ArtifactSource:
                 self.received.append(Layer(ref.digest, ref.size, ref.digest, (folder,), 0))
                 self.refs[ref.name] = ref_commit(held)
             else:
-                exact = yield from self._fetched(ref.name, ref, "")
-                self.refs[ref.name] = ref_commit(bytes(exact.head))
+                body = yield from self._fetched(ref.name, ref, "")
+                self.refs[ref.name] = ref_commit(bytes(body.head))
 
     def _fetched(self, name: str, f: RawFile, etag: str):
-        """Yield one layer as the importer's entry (a generator; its value: the layer's :class:`_ExactStream`)."""
+        """Yield one layer as the importer's entry (a generator; its value: the layer's checked stream)."""
         digest = f.digest
         with network_errors(self.container.registry, self.client.prefix == "http"):
             response = self.client.do_request(url(self.client, self.container, "blobs", digest), "GET", stream=True)
@@ -293,16 +268,15 @@ class ArtifactSource:
             check(response, f"layer {digest}", 200)
             if self.sink is not None:
                 self.sink.begin(registry_text("/".join(f.rel[1:] or f.rel)[-60:], 60), f.size)
-            body = VerifiedStream(BlobBody(response, self.container.registry, f"layer {digest}"), digest,
-                                  limit=f.size, sink=self.sink, budget=self.budget, network=stream_errors())
-            exact = _ExactStream(body, f.size, etag, digest)
-            yield Member(name, "file", size=f.size), io.BufferedReader(exact, _CHUNK)
-            while exact.read(_CHUNK):  # the importer read the declared size; more is refused by the limit
+            body = VerifiedStream(BlobBody(response, self.container.registry, f"layer {digest}"), digest, limit=f.size,
+                                  sink=self.sink, budget=self.budget, network=stream_errors(), exact=True, etag=etag)
+            yield Member(name, "file", size=f.size), io.BufferedReader(body, _CHUNK)
+            while body.read(_CHUNK):  # the importer read the declared size; more is refused by the limit
                 pass
         if body.digest() != digest:
             raise IntegrityError(f"refused layer {digest}: its content hashes to {body.digest()}", hint=_ALTERED)
-        if exact.git is not None and exact.git.hexdigest() != etag:
+        if body.git is not None and body.git.hexdigest() != etag:
             raise IntegrityError(f"refused layer {digest}: its bytes are not the git blob {etag} its {ETAG} names",
                                  hint=_ALTERED)
         self.received.append(Layer(digest, f.size, digest, (self.plan.folder,), body.size))
-        return exact
+        return body

@@ -1,13 +1,8 @@
 """``hfcache pull --verify-key PUB``: the manifest's model-signing bundles (OCI referrers, :mod:`.referrers`) checked
-against the staged content before anything is published (docs/oci.md "Pull: what is checked", Signatures).
-
-The bundles are fetched before any layer (none: exit 1, "unsigned"). After the last layer was checked, every
-snapshot the pull brings must verify with one bundle under the key (:func:`verify_snapshots`), over {path: sha256}
-of the bytes staged (a raw layer's digest; a tar entry's bytes as they streamed; the target's blob, re-hashed against
-its name, for a link to a blob it already holds) and of the target's own entries of that snapshot. Then every ref,
-``.no_exist`` marker and ``trees/`` listing the artifact carries must be about a commit a signature covered
-(:func:`check_claims`, exit 3): a signed artifact whose ``refs/main`` names an older commit the target holds would
-otherwise move ``main`` to an unsigned revision, with or without ``--move-refs``.
+against the staged content before anything is published (docs/oci.md "Pull: what is checked", Signatures): every
+snapshot the pull brings (:func:`verify_snapshots`), then every ref, ``.no_exist`` marker and ``trees/`` listing it
+carries (:func:`check_claims`: a signed artifact whose ``refs/main`` names an older commit the target holds would
+otherwise move ``main`` to an unsigned revision).
 """
 
 from __future__ import annotations
@@ -24,13 +19,10 @@ from .pull_stream import changed_on_disk, rehashed
 
 
 def signed_bundles(client, container, digest: str, reference: str, fingerprint: str, public_key: Path) -> list[bytes]:
-    """The bundles attached to the manifest ``digest``, fetched before any layer.
-
-    Refused at once (:class:`~hfcache.errors.CheckFailed`, exit 1, nothing pulled) when there is none, or when every
-    bundle names its key (model-signing's ``verificationMaterial.publicKey.hint``, the sha256 of the signer's PEM
-    public key) and none is ``fingerprint``; a bundle without a readable hint leaves it to :func:`verify_snapshots`.
-    The registry's errors as :func:`hfcache.oci.referrers.bundles` raises them.
-    """
+    """The bundles attached to the manifest ``digest``, fetched before any layer; refused at once (CheckFailed,
+    exit 1) when there is none, or when every bundle names its key (model-signing's
+    ``verificationMaterial.publicKey.hint``: the sha256 of the signer's PEM public key) and none is ``fingerprint``
+    (a bundle without a hint leaves it to :func:`verify_snapshots`). Registry errors: :func:`.referrers.bundles`'."""
     from .referrers import bundles
 
     found = bundles(client, container, digest)
@@ -57,13 +49,10 @@ def signed_bundles(client, container, digest: str, reference: str, fingerprint: 
 
 def verify_snapshots(found: list[bytes], snapshots: dict[str, dict[str, str]], public_key: Path,
                      cache_dir: Path | None = None, claims: dict[str, str] | None = None) -> str:
-    """Check that each snapshot (``<folder>/<commit>`` -> {path: sha256 hex} staged) verifies with one of the
-    bundles under ``public_key``, joined by the files the target's snapshot of that commit already has (read through
-    the safe opens; ``cache_dir`` None: the staged files only; the staged digest wins for a path both have), so a
-    file planted there is named unsigned; then :func:`check_claims` with ``claims``.
-
-    Returns:
-        The key fingerprint the bundles verified with.
+    """Check that each snapshot (``<folder>/<commit>`` -> {path: sha256 hex} of the bytes staged) joined by the
+    files the target's snapshot of that commit already has (``cache_dir`` None: none; a planted file is named
+    unsigned) verifies with one of the bundles under ``public_key``, then :func:`check_claims` with ``claims``;
+    return the key fingerprint.
 
     Raises:
         SignatureMismatch: a snapshot no bundle signs under the key (the first bundle's reason), or none at all.
@@ -107,16 +96,9 @@ def verify_snapshots(found: list[bytes], snapshots: dict[str, dict[str, str]], p
 
 
 def check_claims(claims: dict[str, str], snapshots: dict[str, dict[str, str]]) -> None:
-    """Refuse a ref, ``.no_exist`` marker or ``trees/`` listing about a commit whose snapshot no signature of this
-    pull covered in the same repo folder.
-
-    Args:
-        claims: entry name (``<folder>/refs/<name>``, ``<folder>/.no_exist/<commit>/...``, ``<folder>/trees/...``)
-            -> the commit it names ("" for a ref whose bytes are no commit). snapshots: as :func:`verify_snapshots`.
-
-    Raises:
-        IntegrityError: naming the entry, its commit and the signed ones (exit 3; nothing was written).
-    """
+    """Refuse (IntegrityError, exit 3, naming the entry, its commit and the signed ones) a ref, marker or listing
+    of ``claims`` (entry name -> the commit it names, "" for a ref holding none) about a commit whose snapshot no
+    signature of this pull covered in the same repo folder (``snapshots``: as :func:`verify_snapshots`)."""
     for name, commit in sorted(claims.items()):
         folder, section = name.split("/", 2)[:2]
         if f"{folder}/{commit}" in snapshots:

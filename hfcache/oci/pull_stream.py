@@ -13,15 +13,17 @@ from typing import BinaryIO
 
 from ..bounds import TooDeep, loads_json
 from ..cache import safefs
-from ..cache.content import SHA256, BlobHash, algorithm_of, hash_fd
+from ..cache.content import GIT_SHA1, SHA256, BlobHash, algorithm_of, hash_fd
 from ..errors import CacheError, CheckFailed, EndpointUnreachable, HubError, IntegrityError, UsageError
-from ..names import is_oci_digest
+from ..move.import_plan import MAX_REF_BYTES
+from ..names import is_commit, is_oci_digest
 from .peer import digest_of
 from .registry import TransferSink, check, read_body
 
 _MAX_JSON = 4 * 1024 * 1024  # a manifest or config larger than this is not one of ours (or not one at all)
 _CHUNK = 1024 * 1024
 _ALTERED = "the registry content was altered or is corrupt; nothing was imported"
+_OURS = "pull images written by `hfcache push`"
 
 
 class Budget:
@@ -52,15 +54,19 @@ class Budget:
 
 
 class VerifiedStream(io.RawIOBase):
-    """Reads ``source``, hashing every byte; refuses more than ``limit`` bytes (a blob larger than declared) and
-    more than the ``budget``. Errors of ``source`` become hfcache errors naming the layer: ``network`` errors
-    (urllib3's, sockets') exit 3 as unreachable, ``corrupt`` ones (gzip's, zlib's) exit 3 as altered content."""
+    """Reads ``source``, hashing every byte (sha256; and ``git``, the git blob sha1, for an ``etag`` that is one);
+    refuses more than ``limit`` bytes (a blob larger than declared), with ``exact`` fewer too (the first bytes kept
+    in ``head``: a ref's commit), and more than the ``budget``. Errors of ``source`` become hfcache errors naming the
+    layer: ``network`` errors (urllib3's, sockets') exit 3 as unreachable, ``corrupt`` ones (gzip's, zlib's) exit 3
+    as altered content."""
 
     def __init__(self, source, what: str, *, limit: int | None = None, sink: TransferSink | None = None,
-                 budget: Budget | None = None, wire: bool = False, network: tuple = (), corrupt: tuple = ()) -> None:
+                 budget: Budget | None = None, wire: bool = False, network: tuple = (), corrupt: tuple = (),
+                 exact: bool = False, etag: str = "") -> None:
         self._source, self._what, self._limit, self._sink, self._budget = source, what, limit, sink, budget
-        self._wire, self._network, self._corrupt = wire, network, corrupt
-        self.sha256, self.size = BlobHash(SHA256), 0
+        self._wire, self._network, self._corrupt, self._exact = wire, network, corrupt, exact
+        self.sha256, self.size, self.head = BlobHash(SHA256), 0, bytearray()
+        self.git = BlobHash(GIT_SHA1, limit) if is_commit(etag) else None
 
     def readable(self) -> bool:
         return True
@@ -75,6 +81,9 @@ class VerifiedStream(io.RawIOBase):
             raise IntegrityError(f"refused layer {self._what}: not a readable tar+gzip ({type(exc).__name__})",
                                  hint=_ALTERED) from None
         n = len(data)
+        if n == 0 and self._exact and self.size < self._limit:
+            raise IntegrityError(f"refused layer {self._what}: the registry sent {self.size} bytes, its manifest "
+                                 f"declares {self._limit}", hint=_ALTERED)
         buffer[:n] = data
         self.size += n
         if self._limit is not None and self.size > self._limit:
@@ -83,6 +92,10 @@ class VerifiedStream(io.RawIOBase):
         if self._budget is not None:
             self._budget.take(n, f"layer {self._what}", wire=self._wire)
         self.sha256.update(data)
+        if self.git is not None:
+            self.git.update(data)
+        if self._exact and len(self.head) < MAX_REF_BYTES:  # plan_artifact bounds a ref's size to this
+            self.head += data[:MAX_REF_BYTES - len(self.head)]
         if self._sink is not None and n:
             self._sink.advance(n)
         return n
@@ -110,11 +123,8 @@ class Entry(io.RawIOBase):
 
 def get_json(client, container, address: str, what: str, accept: str,
               expected_digest: str | None) -> tuple[dict, bytes, str | None]:
-    """GET a manifest or config (at most ``_MAX_JSON`` bytes) checked against ``expected_digest``.
-
-    Returns:
-        (document, body, media type of the answer).
-    """
+    """(document, body, media type) of the manifest or config at ``address`` (at most ``_MAX_JSON`` bytes, JSON
+    nesting bounded), checked against ``expected_digest``, else the registry's ``Docker-Content-Digest``."""
     response = client.do_request(address, "GET", headers={"Accept": accept}, stream=True)
     with response:
         if response.status_code == 404:
@@ -125,20 +135,18 @@ def get_json(client, container, address: str, what: str, accept: str,
         answered = response.headers.get("Docker-Content-Digest")
         media_type = response.headers.get("Content-Type", "").split(";")[0].strip() or None
     if len(body) > _MAX_JSON:
-        raise UsageError(f"{what}: larger than {_MAX_JSON} bytes; not an hfcache image",
-                         hint="pull images written by `hfcache push`")
+        raise UsageError(f"{what}: larger than {_MAX_JSON} bytes; not an hfcache image", hint=_OURS)
     expected = expected_digest or (answered if is_oci_digest(answered) else None)
     if expected and digest_of(body) != expected:
         raise IntegrityError(f"{what}: content does not match its digest {expected}", hint=_ALTERED)
     try:
-        document = loads_json(body, what)  # bounded nesting (bounds.MAX_JSON_DEPTH): TooDeep, never a 70
+        document = loads_json(body, what)
     except TooDeep:
-        raise UsageError(f"{what}: JSON nested too deep; not an hfcache image",
-                         hint="pull images written by `hfcache push`") from None
+        raise UsageError(f"{what}: JSON nested too deep; not an hfcache image", hint=_OURS) from None
     except (ValueError, RecursionError):
-        raise UsageError(f"{what}: not JSON", hint="pull images written by `hfcache push`") from None
+        raise UsageError(f"{what}: not JSON", hint=_OURS) from None
     if not isinstance(document, dict):
-        raise UsageError(f"{what}: not a JSON object", hint="pull images written by `hfcache push`")
+        raise UsageError(f"{what}: not a JSON object", hint=_OURS)
     return document, body, media_type
 
 
@@ -150,7 +158,6 @@ def free_space(cache_dir: Path) -> tuple[int, Path]:
     while not folder.exists() and folder != folder.parent:
         folder = folder.parent
     return free_bytes(folder), folder
-
 
 
 def changed_on_disk(shown: str, says: str = "its name says") -> CheckFailed:

@@ -65,33 +65,11 @@ def _annotations(model: str, key: str) -> dict[str, str]:
     return out
 
 
-def referrer_manifest(subject: dict, bundle: bytes, model: str = "", key: str = "") -> bytes:
-    """The canonical JSON of the artifact manifest :func:`attach` pushes for ``bundle`` about ``subject`` (with
-    ``model`` and ``key`` both given: annotated with them)."""
-    return canonical({
-        "schemaVersion": 2,
-        "mediaType": MANIFEST_TYPE,
-        "artifactType": BUNDLE_TYPE,
-        "config": {"mediaType": EMPTY_TYPE, "digest": digest_of(EMPTY), "size": len(EMPTY)},
-        "layers": [{"mediaType": BUNDLE_TYPE, "digest": digest_of(bundle), "size": len(bundle)}],
-        "subject": _check_subject(subject),
-        "annotations": _annotations(model, key),
-    })
-
-
 def attach(client, container, subject: dict, bundle: bytes, *, model: str = "", key: str = "") -> str:
-    """Push ``bundle`` as a referrer of ``subject`` in ``container``'s repository; return the referrer's digest.
-
-    Args:
-        client, container: :func:`hfcache.oci.registry.connect` and :func:`~hfcache.oci.registry.parse_reference`.
-        subject: the pushed manifest's descriptor ``{mediaType, digest, size}``.
-        bundle: the model-signing bundle (JSON bytes, at most :data:`MAX_BUNDLE_BYTES`).
-        model, key: the model the bundle signs (``ORG/NAME@<commit>``) and the sha256 hex of its public key: both
-            given, the referrer is annotated with them and replaces earlier hfcache referrers of ``subject`` with
-            the same two (module docstring); else it is only added.
-
-    Returns:
-        ``sha256:<hex>`` of the referrer manifest.
+    """Push ``bundle`` (model-signing JSON, at most :data:`MAX_BUNDLE_BYTES`) as a referrer of ``subject`` (the
+    pushed manifest's descriptor ``{mediaType, digest, size}``) in ``container``'s repository; return the referrer
+    manifest's digest. ``model`` (``ORG/NAME@<commit>``) and ``key`` (the sha256 hex of its public key) both given,
+    the referrer is annotated with them and replaces earlier hfcache referrers of ``subject`` with the same two.
 
     Raises:
         UsageError: a malformed subject, an oversized bundle. RegistryAuthError, HubError, EndpointUnreachable: the
@@ -100,7 +78,10 @@ def attach(client, container, subject: dict, bundle: bytes, *, model: str = "", 
     if len(bundle) > MAX_BUNDLE_BYTES:
         raise UsageError(f"a signature bundle over {MAX_BUNDLE_BYTES // (1024 * 1024)} MiB is not attached")
     subject = _check_subject(subject)
-    manifest = referrer_manifest(subject, bundle, model, key)
+    manifest = canonical({"schemaVersion": 2, "mediaType": MANIFEST_TYPE, "artifactType": BUNDLE_TYPE,
+                          "config": {"mediaType": EMPTY_TYPE, "digest": digest_of(EMPTY), "size": len(EMPTY)},
+                          "layers": [{"mediaType": BUNDLE_TYPE, "digest": digest_of(bundle), "size": len(bundle)}],
+                          "subject": subject, "annotations": _annotations(model, key)})
     digest = digest_of(manifest)
     for blob in (EMPTY, bundle):
         upload_bytes(client, container, blob, "signature", what=f"upload {digest_of(blob)} to {_where(container)}")
@@ -117,8 +98,8 @@ def attach(client, container, subject: dict, bundle: bytes, *, model: str = "", 
 
 
 def _same_signer(entry: dict, descriptor: dict) -> bool:
-    """True when ``entry`` (a listed referrer) is another hfcache signature of the model and key of
-    ``descriptor``: what attaching ``descriptor`` replaces."""
+    """Whether ``entry`` (a listed referrer) is another hfcache signature of the model and key of ``descriptor``:
+    what attaching ``descriptor`` replaces."""
     ours = descriptor.get("annotations") or {}
     theirs = entry.get("annotations")
     if not (ours.get(MODEL_ANNOTATION) and ours.get(KEY_ANNOTATION)) or not isinstance(theirs, dict):
@@ -149,12 +130,10 @@ def fallback_tag(subject_digest: str) -> str:
 
 
 def _add_to_fallback(client, container, subject_digest: str, descriptor: dict) -> None:
-    """Add ``descriptor`` to the fallback index of ``subject_digest`` (read-modify-write), then check it stays.
-
-    Without conditional PUTs (distribution 2.8) a writer whose GET came before our PUT drops our entry with its own
-    PUT. So the index is read back after each write, and again twice after a pause (twice the time of one
-    read-and-write round, at least 0.1 s, with jitter): a drop seen there is written again, at most
-    :data:`_WRITE_TRIES` writes in all."""
+    """Add ``descriptor`` to the fallback index of ``subject_digest`` (read-modify-write) and check it stays: without
+    conditional PUTs (distribution 2.8) a writer whose GET came before our PUT drops our entry with its own PUT. The
+    index is read back after each write and twice more after a pause (twice a read-and-write round, at least 0.1 s,
+    with jitter); a drop seen is written again, at most :data:`_WRITE_TRIES` writes in all."""
     tag = fallback_tag(subject_digest)
     writes, settled, pause = 0, 0, 0.1
     before: set[str] | None = None  # the same-signer referrers listed before our first write
@@ -260,16 +239,9 @@ def _listed(client, container, subject_digest: str) -> list[dict]:
 
 
 def bundles(client, container, subject_digest: str) -> list[bytes]:
-    """Every model-signing bundle attached to ``subject_digest`` in ``container``'s repository, the newest (listed
-    last) first.
-
-    Args:
-        client, container: as for :func:`attach`. subject_digest: ``sha256:<hex>`` of the signed manifest.
-
-    Returns:
-        The bundles' bytes (each checked against its digest and size, at most :data:`MAX_BUNDLE_BYTES`); an empty
-        list when the subject has none. At most :data:`MAX_REFERRERS` are read; referrers of other artifact types,
-        and listed manifests whose own ``subject`` is another, are skipped.
+    """The model-signing bundles attached to the manifest ``subject_digest`` in ``container``'s repository, newest
+    (listed last) first, each checked against its digest and size (at most :data:`MAX_BUNDLE_BYTES`); [] for none.
+    At most :data:`MAX_REFERRERS` are read; other artifact types and manifests of another ``subject`` are skipped.
 
     Raises:
         UsageError: a malformed digest. RegistryAuthError, HubError, EndpointUnreachable: the registry refused, a

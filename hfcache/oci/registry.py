@@ -39,6 +39,8 @@ _CHUNK = 1024 * 1024
 _REDIRECTS = (301, 302, 303, 307, 308)
 _MAX_HOPS = 10
 _BODY_HEADERS = ("content-length", "content-type", "content-encoding")  # dropped when a redirect drops the body
+
+
 class TransferSink(Protocol):
     """Receives transfer progress (the CLI draws it; the core never prints)."""
 
@@ -53,17 +55,11 @@ class RegistryAuthError(HubError):
     """The registry refused the request for want of (valid) credentials."""
 
 
-# --- references ----------------------------------------------------------------------------------------------------
-
-
 def parse_reference(reference: str):
-    """Parse ``[REGISTRY/]NAME[:TAG][@DIGEST]`` with oras (default registry docker.io, tag ``latest``), validated
-    with the distribution spec's grammar: NAME lowercase components joined by ``.``, ``_``, ``__`` or ``-``,
-    separated by ``/`` (at most 255 characters with the registry); TAG ``[A-Za-z0-9_][A-Za-z0-9._-]{0,127}``; DIGEST
-    ``sha256:<64 hex>``. A first component ``localhost`` (or with a ``.`` or ``:``) is the registry, as for docker.
-
-    Returns:
-        ``oras.container.Container`` (``registry``, ``api_prefix``, ``tag``, ``digest``).
+    """``[REGISTRY/]NAME[:TAG][@DIGEST]`` parsed by oras (default registry docker.io, tag ``latest``) as an
+    ``oras.container.Container`` (``registry``, ``api_prefix``, ``tag``, ``digest``), validated with the
+    distribution spec's grammars (:data:`_NAME`, at most 255 characters with the registry; :data:`_TAG`; DIGEST
+    ``sha256:<64 hex>``). A first component ``localhost``, or with a ``.`` or ``:``, is the registry, as for docker.
 
     Raises:
         UsageError: not a valid reference (the message says which part).
@@ -101,9 +97,6 @@ def parse_reference(reference: str):
         raise UsageError(f"{reference!r}: the digest must be sha256:<64 lowercase hex>",
                          hint="copy it from `hfcache push` output: REGISTRY/NAME@sha256:...")
     return container
-
-
-# --- requests ------------------------------------------------------------------------------------------------------
 
 
 def _watched_pools() -> dict:
@@ -153,14 +146,14 @@ def _timeout_adapter(timeout: float):
             return manager
 
         def send(self, request, timeout=None, **kwargs):  # noqa: ANN001 - requests' signature
-            return super().send(request, timeout=timeout if timeout is not None else _timeout, **kwargs)
+            return super().send(request, timeout=timeout if timeout is not None else default, **kwargs)
 
-    _timeout = timeout
+    default = timeout
     return _TimeoutAdapter()
 
 
 class _RegistryMethods:
-    """What hfcache's client adds to oras's Registry (mixed in by :func:`_registry_class`): a request method that
+    """What hfcache's client adds to oras's Registry (mixed in by :func:`connect`): a request method that
     fails fast, answers Basic and Bearer challenges, times out, and reads the auth files only when the registry asks
     for credentials."""
 
@@ -337,20 +330,15 @@ class _RegistryMethods:
                                       "(REGISTRY_AUTH_FILE, ~/.docker/config.json)")
 
 
-def _registry_class():
-    """oras imported on first use: it pulls in requests and jsonschema, which no other command needs."""
+def connect(container, plain_http: bool, credentials: Credentials | None, timeout: float):
+    """A client for ``container``'s registry (nothing is sent yet): oras's ``Registry`` with
+    :class:`_RegistryMethods` (oras imported on first use: it pulls in requests and jsonschema)."""
     import oras.provider
 
     class _Registry(_RegistryMethods, oras.provider.Registry):
-        """oras's Registry with a request method that fails fast, answers Basic and Bearer challenges, times out,
-        and reads the auth files only when the registry asks for credentials."""
+        pass
 
-    return _Registry
-
-
-def connect(container, plain_http: bool, credentials: Credentials | None, timeout: float):
-    """A client for ``container``'s registry (nothing is sent yet)."""
-    return _registry_class()(container, plain_http, credentials, timeout)
+    return _Registry(container, plain_http, credentials, timeout)
 
 
 def url(client, container, kind: str, ref: str) -> str:
@@ -390,17 +378,11 @@ def stream_errors() -> tuple[type[BaseException], ...]:
 
 
 def read_body(response, limit: int, registry: str) -> bytes:
-    """At most ``limit`` bytes of a streamed metadata answer (decoded), read as they arrive under the request's
-    deadline (:class:`hfcache.oci.peer.Watchdog`, from :meth:`_RegistryMethods.do_request`), then the answer is closed.
-
-    Args:
-        response: a ``requests.Response`` with an unread body; limit (int): bytes; registry (str): for messages.
-
-    Returns:
-        bytes: at most ``limit`` decoded bytes.
+    """At most ``limit`` decoded bytes of the unread body of ``response`` (a streamed metadata answer), read as they
+    arrive under the request's deadline (its :class:`hfcache.oci.peer.Watchdog`); the answer is closed then.
 
     Raises:
-        EndpointUnreachable: the connection broke while reading, or the deadline passed (exit 3).
+        EndpointUnreachable: the connection broke while reading, or the deadline passed (exit 3; naming ``registry``).
     """
     dog = getattr(response, "hfcache_watchdog", None)
     chunks, got = [], 0
@@ -428,12 +410,9 @@ def read_body(response, limit: int, registry: str) -> bytes:
 
 
 class BlobBody:
-    """A blob's body as it arrives (urllib3 ``read1``: what one recv gave, so the checks run during a drip), under
-    the throughput floor (:func:`hfcache.pace.min_rate`) instead of the metadata deadline, which covered its headers.
-
-    Args:
-        response: the streamed ``requests.Response``; registry (str), what (str): for messages.
-    """
+    """The body of the streamed ``response`` as it arrives (urllib3 ``read1``: what one recv gave, so the checks
+    run during a drip), under the throughput floor (:func:`hfcache.pace.min_rate`) instead of the metadata deadline,
+    which covered its headers; ``registry`` and ``what`` name it in messages."""
 
     def __init__(self, response, registry: str, what: str) -> None:
         dog = getattr(response, "hfcache_watchdog", None)
@@ -443,11 +422,8 @@ class BlobBody:
         self._raw, self._floor = response.raw, Throughput(rate, window, f"registry {registry}: {what}")
 
     def read(self, size: int) -> bytes:
-        """Up to ``size`` raw (undecoded) bytes; b"" at the end.
-
-        Raises:
-            EndpointUnreachable: the body fell below the floor (exit 3); the urllib3 errors of :func:`stream_errors`.
-        """
+        """Up to ``size`` raw (undecoded) bytes; b"" at the end. Raises EndpointUnreachable below the floor
+        (exit 3), or the urllib3 errors of :func:`stream_errors`."""
         data = self._raw.read1(size, decode_content=False)
         try:
             self._floor.feed(len(data))

@@ -1,12 +1,10 @@
 """Blob uploads for ``hfcache push``: the distribution API's monolithic upload (POST, then PUT ``?digest=``;
-distribution-spec v1.1 "Pushing blobs") or a cross-repository mount (POST ``?mount=&from=``), the body streamed under
-the throughput floor (:func:`hfcache.pace.min_rate`) through :mod:`hfcache.oci.registry`'s client.
+distribution-spec v1.1 "Pushing blobs") or a cross-repository mount, the body streamed under the throughput floor.
 
-Library gap (oras-py 0.2.43 ``provider.py``): ``Registry.upload_blob`` and ``put_upload`` take a *path*, open it by
-name (a group member could swap it) and read the whole blob into memory (``data=fd.read()``); ``chunked_upload``
-takes a path too; none takes a stream or bytes, checks what it sends against the digest, mounts a blob, or bounds
-the time a registry takes to read it. So the upload is written here, reusing only ``_get_location`` (see
-:func:`_location`).
+Library gap (oras-py 0.2.43 ``provider.py``): ``Registry.upload_blob``, ``put_upload`` and ``chunked_upload`` take
+a *path*, opened by name (a group member could swap it) and, but for chunked uploads, read whole into memory
+(``data=fd.read()``); none takes a stream or bytes, checks what it sends, mounts, or bounds the time a registry takes
+to read it. Only the private ``_get_location`` is reused (:func:`_location`).
 """
 
 from __future__ import annotations
@@ -77,12 +75,8 @@ class UploadBody(io.RawIOBase):
 
 
 def _location(client, container, started) -> str:
-    """The upload's ``Location``, made absolute: oras's private ``Registry._get_location`` (a registry may answer
-    a path; oras-py has no public call for it, see the module docstring).
-
-    Raises:
-        HubError: the answer has no ``Location``.
-    """
+    """The upload's ``Location`` made absolute (a registry may answer a path) by oras's private
+    ``Registry._get_location``, which has no public equivalent. Raises HubError when there is none."""
     location = client._get_location(started, container)  # noqa: SLF001 - the library gap above
     if not location:
         raise HubError(f"registry {container.registry}: no upload location in its answer",
@@ -94,11 +88,8 @@ def upload(client, container, digest: str, size: int, opener: Callable[[], io.Bu
            sink: TransferSink | None = None, label: str = "", verify: bool = False, mount_from: str = "",
            what: str = "") -> int:
     """Make ``digest`` a blob of ``container``'s repository unless the registry has it (HEAD): mounted from the
-    repository ``mount_from`` of the same registry when given and the registry mounts (201), else uploaded from
-    ``opener()`` (:class:`UploadBody`; ``shown``: its name in messages; ``label``: the progress line of ``sink``).
-
-    Returns:
-        int: the bytes sent (0 when the registry had the blob or mounted it).
+    repository ``mount_from`` when given and the registry mounts (201), else uploaded from ``opener()``
+    (:class:`UploadBody`; ``shown`` names it, ``label`` is its progress line). Returns the bytes sent.
 
     Raises:
         CacheError: with ``verify``, the bytes are not ``digest`` (exit 5). RegistryAuthError, HubError: the registry
