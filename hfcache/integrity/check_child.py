@@ -128,23 +128,25 @@ def _how(returncode: int) -> str:
     return f"exit {returncode}"
 
 
+def _object(line: str) -> dict | None:
+    """``line`` parsed as a JSON object (the child's progress and answer lines), else None."""
+    try:
+        value = loads_json(line, "the offline probe's output")
+    except ValueError:
+        return None
+    return value if isinstance(value, dict) else None
+
+
 def _read_progress(path: Path) -> tuple[dict[str, dict], str | None, float | None]:
     """(spec -> result of the specs the child finished, the spec it began last and did not finish or None, its
     transformers import seconds or None) from its progress file; a torn last line is ignored."""
     done: dict[str, dict] = {}
-    current = None
-    seconds = None
+    current = seconds = None
     try:
         text = path.read_text(encoding="utf-8", errors="replace")
     except FileNotFoundError:
         return done, None, None
-    for line in text.splitlines():
-        try:
-            entry = loads_json(line, "the offline probe's progress")
-        except ValueError:
-            continue
-        if not isinstance(entry, dict):
-            continue
+    for entry in filter(None, map(_object, text.splitlines())):
         if isinstance(entry.get("begin"), str):
             current = entry["begin"]
         elif isinstance(entry.get("spec"), str) and isinstance(entry.get("result"), dict):
@@ -159,13 +161,7 @@ def _answer(proc: subprocess.CompletedProcess[str]) -> dict | None:
     """The child's JSON answer (its last stdout line: code it ran may have printed before), or None when it did not
     exit 0 with one."""
     lines = proc.stdout.strip().splitlines()
-    if proc.returncode != 0 or not lines:
-        return None
-    try:
-        answer = loads_json(lines[-1], "the offline probe's answer")
-    except ValueError:
-        return None
-    return answer if isinstance(answer, dict) else None
+    return _object(lines[-1]) if proc.returncode == 0 and lines else None
 
 
 def probe_specs(cache_dir: Path, text: str, specs: Sequence[str], trusted: Sequence[str], *, env: dict[str, str],
