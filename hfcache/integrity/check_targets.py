@@ -17,8 +17,8 @@ from ..cache.scan import RepoInfo, scan_cache, scan_repo
 from ..errors import CacheError, UsageError
 from ..names import is_commit
 from ..records import parse_specs
-from ..warming.lockfile import Lockfile
 from ..warming.custom_code import MAX_PARSE_BYTES, auto_map_refs
+from ..warming.lockfile import Lockfile
 from ..warming.selection import AUTO_MAP_FILES, tokenizer_paths
 
 

@@ -97,9 +97,7 @@ def _repo_folder(cache_dir: Path, folder: RepoFolder, euid: int) -> str | None:
     why = _changeable(os.lstat(folder.root), euid)
     if why:
         return f"{folder.root} is {why}"
-    seen = 0
-    for parts, name, mode in iter_tree(cache_dir, folder.name):
-        seen += 1
+    for seen, (parts, name, mode) in enumerate(iter_tree(cache_dir, folder.name), 1):
         if seen > MAX_ENTRIES:
             return f"{folder.root} holds more than {MAX_ENTRIES} entries (not all looked at)"
         path = folder.root.joinpath(*parts, name)

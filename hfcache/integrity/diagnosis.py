@@ -14,8 +14,8 @@ from ..cache.fsops import scan_tree
 from ..cache.layout import RepoFolder
 from ..errors import CacheError, HfcacheError
 from ..names import is_commit
-from ..warming.modules_cache import ENV_NAME, can_create
 from ..warming.custom_code import MAX_PARSE_BYTES, custom_code_paths, foreign_repos, module_path
+from ..warming.modules_cache import ENV_NAME, can_create
 from ..warming.selection import AUTO_MAP_FILES
 from .check_child import CRASHED
 from .check_targets import CheckTarget, custom_code_refs, snapshot_of

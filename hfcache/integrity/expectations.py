@@ -9,16 +9,16 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..cache import safefs
-from ..cache.root import repo_folder_name
 from ..bounds import loads_json
+from ..cache import safefs
+from ..cache.content import algorithm_of
 from ..cache.published import RecordRefused, read_record
-from ..errors import CacheError
+from ..cache.root import repo_folder_name
 from ..cache.scan import RepoInfo
+from ..errors import CacheError
 from ..names import is_etag
 from ..records import folder_ids, valid_size
 from ..warming.lockfile import Lockfile
-from ..cache.content import algorithm_of
 from .verify_report import Problem
 
 
