@@ -41,7 +41,7 @@ from ..hub.files import RepoRevision
 from ..hub.urls import validate_endpoint
 from ..names import check_commit, is_commit
 from ..pace import Deadline
-from ..records import HubOptions, WarmRequest
+from ..records import WarmRequest
 from ..warming.lockfile import LockedFile, LockedRepo
 from ..warming.orchestrate import fetch_pinned, make_clients, resolve_revision
 from .cache_store import CacheStore
@@ -133,10 +133,7 @@ class PullThroughStore:
         self.root = self.cache.root
         self.config = config
         self.metrics = metrics or MirrorMetrics()
-        # A pulled file is fetched over at most 4 connections (its ranges): the mirror serves others meanwhile.
-        self.hub = HubOptions(endpoints=config.upstreams, token=config.token or False, timeout=config.timeout,
-                              max_workers=4)
-        self.clients = make_clients(self.hub)
+        self.clients = make_clients(list(config.upstreams), config.token or False, config.timeout)
         self._lock = threading.Lock()
         # Every memory of what upstream said is bounded (LISTINGS_KEPT entries, least recently used dropped): ids
         # are keyed without case, as the Hub resolves them, so case variants share one entry and one folder.
@@ -394,7 +391,8 @@ class PullThroughStore:
         locked = LockedRepo(request=request, canonical_id=snapshot.repo_id, commit_hash=snapshot.commit,
                             files=(LockedFile(remote.path, remote.size, remote.hash),))
         try:
-            result = fetch_pinned(locked, cache_dir=self.root, hub=self.hub)
+            result = fetch_pinned(locked, cache_dir=self.root, endpoint=self.config.upstreams,
+                                  token=self.config.token or False, timeout=self.config.timeout)
         except HfcacheError as exc:
             result = None
             error_type, message = type(exc).__name__, exc.message
