@@ -1,15 +1,17 @@
-"""The records hfcache's commands pass around: requests and results, as frozen dataclasses.
+"""The records hfcache's rooms pass around: requests, results and the Hub options, as frozen dataclasses; the checks
+of ids, paths and sizes they hold.
 
-This module is deliberately light (standard library only): ``warm --lock`` on a warm cache imports it without
-loading huggingface_hub or an HTTP client.
+Standard library only: ``warm --lock`` on a warm cache imports it without loading huggingface_hub or an HTTP client.
 """
 
 from __future__ import annotations
 
+import os
 import posixpath
 import re
-from collections.abc import Iterable
-from dataclasses import dataclass
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field, replace
+from pathlib import Path
 from typing import Protocol
 
 from .bounds import MAX_TREE_DEPTH
@@ -17,26 +19,102 @@ from .errors import UsageError
 
 KINDS = ("tokenizer", "model", "all")
 
-#: The repo types hfcache warms (huggingface_hub constants.py ``REPO_TYPES_WITH_KERNEL``, less ``space``): each is
-#: cached as ``{type}s--ORG--NAME`` and asked under the URL prefix ``{type}s/`` (none for models).
+#: The repo types hfcache warms (huggingface_hub constants.py ``REPO_TYPES_WITH_KERNEL``, less ``space``).
 REPO_TYPES = ("model", "dataset", "kernel")
 
-# Same rule as huggingface_hub.utils._validators.REPO_ID_REGEX / validate_repo_id (copied: importing it loads
-# huggingface_hub.utils and its HTTP stack, which the light lock path must not pay for).
+# huggingface_hub utils/_validators.py REPO_ID_REGEX, copied: importing it loads the HTTP stack.
 _REPO_ID_RE = re.compile(r"(\b[\w\-.]{1,96}\b/)?\b[\w\-.]{1,96}\b", re.ASCII)
-#: Longest repo path component / whole repo path accepted, in UTF-8 bytes (Linux NAME_MAX / PATH_MAX).
+#: Longest repo path component / whole repo path, in UTF-8 bytes (Linux NAME_MAX / PATH_MAX).
 MAX_NAME_BYTES = 255
 MAX_PATH_BYTES = 4096
-#: Longest revision accepted (bytes): huggingface_hub stores a ref as the file ``refs/<revision>``, and Linux
-#: file names hold at most 255 bytes (``NAME_MAX``, <linux/limits.h>).
+#: Longest revision (bytes): a ref is the file ``refs/<revision>``, one name of at most NAME_MAX bytes.
 MAX_REVISION_BYTES = 255
-#: The largest file size accepted from an endpoint, a lock or a cache's record: 2**53 - 1 bytes (8 PiB), the largest
-#: integer a JSON number carries exactly (RFC 8259, section 6; the Hub answers in JSON). Past it, arithmetic on the
-#: size (download parts, ranges, the mirror's deadline for a file) overflows a float: exit 70 before this check.
+#: The largest file size accepted from an endpoint, a lock or a record: 2**53 - 1, the largest integer a JSON number
+#: carries exactly (RFC 8259, section 6); past it, arithmetic on sizes (parts, ranges, deadlines) overflows a float.
 MAX_FILE_SIZE = 2**53 - 1
 MAX_GLOBS = 100  #: most include (or exclude) globs of one request
 MAX_GLOB_CHARS = 256  #: longest glob accepted
 _BAD_REVISION = re.compile(r"(^|/)\.\.?(/|$)|^/|\\|\s|\x00")
+
+DEFAULT_ENDPOINT = "https://huggingface.co"
+DEFAULT_TIMEOUT = 10.0  #: seconds to wait for a connection or any byte of an answer (``--timeout``)
+DEFAULT_RETRIES = 5  #: retries of a transient failure per request or file (``--retries``, :mod:`hfcache.hub.retry`)
+DEFAULT_MAX_WORKERS = 8  #: connections at once (``--max-workers``)
+#: Set to 1 to send the Hub token to a manifest's ``endpoint`` too (``--trust-manifest-endpoint``; docs/warm.md).
+TRUST_ENDPOINT_ENV = "HFCACHE_TRUST_MANIFEST_ENDPOINT"
+
+
+@dataclass(frozen=True)
+class HubOptions:
+    """How a command reaches the Hub: built once by the CLI's shared options (or the Python API) and passed down.
+
+    Attributes:
+        endpoints (tuple[str, ...]): endpoints in order of preference (a str is one); empty: ``HF_ENDPOINT`` or
+            :data:`DEFAULT_ENDPOINT`.
+        token (str | bool | None): a token; None: huggingface_hub's (``HF_TOKEN``, the saved token); False: none.
+        token_file (str | None): a file holding the token, read by :meth:`read_token` when the token is needed.
+        timeout (float): seconds to wait for a connection or any byte of an answer, > 0.
+        retries (int): retries of a transient failure per request or file download, >= 0.
+        max_workers (int): connections at once (and verify's hashing threads), >= 1.
+        withheld (tuple[str, ...]): endpoints that get no token: a manifest's, without the opt-in
+            (:func:`hfcache.warming.manifest.withheld_endpoints`).
+
+    Raises:
+        UsageError: ``retries`` < 0, ``max_workers`` < 1 or ``timeout`` <= 0.
+    """
+
+    endpoints: tuple[str, ...] = ()
+    token: str | bool | None = field(default=None, repr=False)
+    token_file: str | None = field(default=None, repr=False)
+    timeout: float = DEFAULT_TIMEOUT
+    retries: int = DEFAULT_RETRIES
+    max_workers: int = DEFAULT_MAX_WORKERS
+    withheld: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        endpoints = self.endpoints
+        object.__setattr__(self, "endpoints", (endpoints,) if isinstance(endpoints, str) else tuple(endpoints or ()))
+        object.__setattr__(self, "withheld", tuple(self.withheld))
+        if self.retries < 0:
+            raise UsageError(f"--retries must be at least 0, got {self.retries}")
+        if self.max_workers < 1:
+            raise UsageError(f"--max-workers must be at least 1, got {self.max_workers}")
+        if self.timeout <= 0:
+            raise UsageError(f"--timeout must be positive, got {self.timeout}")
+
+    def read_token(self) -> HubOptions:
+        """These options with ``token_file`` read into ``token`` (unchanged without a file).
+
+        Raises:
+            UsageError: both a token and a file, or the file unreadable or empty (exit 2).
+        """
+        if self.token_file is None:
+            return self
+        if self.token:
+            raise UsageError("--token and --token-file are mutually exclusive", hint="give one of them")
+        return replace(self, token=read_token_file(self.token_file), token_file=None)
+
+    def named(self) -> tuple[str, ...]:
+        """The endpoints as a report names them: without a trailing slash, an empty one as ``HF_ENDPOINT`` or the
+        Hub."""
+        default = os.environ.get("HF_ENDPOINT") or DEFAULT_ENDPOINT
+        return tuple((e or default).rstrip("/") for e in self.endpoints or ("",))
+
+
+def read_token_file(path: str, option: str = "--token-file") -> str:
+    """The token in the file ``path``, stripped.
+
+    Raises:
+        UsageError: the file is unreadable or empty, naming ``option`` (exit 2).
+    """
+    try:
+        value = Path(path).read_text(encoding="utf-8").strip()
+    except OSError as exc:
+        raise UsageError(f"cannot read {option} {path}: {exc.strerror}",
+                         hint="give a readable file holding the token") from None
+    if not value:
+        raise UsageError(f"{option} {path} is empty", hint="write the token into it, or drop the option")
+    return value
 
 
 @dataclass(frozen=True)
@@ -47,9 +125,12 @@ class WarmRequest:
         repo_id (str): ``org/name`` or a legacy id; the cache folder is named after it, as loaders will ask for it.
         revision (str): branch, tag or 40-hex commit (default ``main``).
         repo_type (str): ``model``, ``dataset`` or ``kernel`` (:data:`REPO_TYPES`).
-        kind (str): ``tokenizer`` (default), ``model`` or ``all`` (see :func:`hfcache.warming.selection.select`).
-        include (tuple[str, ...]): globs added to the kind's selection.
-        exclude (tuple[str, ...]): globs removed from it.
+        kind (str): ``tokenizer`` (default), ``model`` or ``all`` (:func:`hfcache.warming.selection.select`).
+        include (tuple[str, ...]): globs added to the kind's selection. exclude (tuple[str, ...]): globs removed.
+
+    Raises:
+        UsageError: a malformed id, revision, type, kind or glob list (at most :data:`MAX_GLOBS` globs of
+            :data:`MAX_GLOB_CHARS` characters: fnmatch's cost grows with the square of a pattern).
     """
 
     repo_id: str
@@ -66,7 +147,7 @@ class WarmRequest:
         if not self.revision or _BAD_REVISION.search(self.revision):
             raise UsageError(f"invalid revision {shown(self.revision)} for {self.repo_id}",
                              hint="use a branch, tag or 40-hex commit")
-        if len(self.revision.encode()) > MAX_REVISION_BYTES:  # a ref is a file under refs/: NAME_MAX on Linux
+        if len(self.revision.encode()) > MAX_REVISION_BYTES:
             raise UsageError(f"invalid revision {self.revision[:40]!r}... for {self.repo_id}: longer than "
                              f"{MAX_REVISION_BYTES} bytes", hint="use a branch, tag or 40-hex commit")
         if self.repo_type not in REPO_TYPES:
@@ -77,8 +158,6 @@ class WarmRequest:
             globs = getattr(self, name)
             if isinstance(globs, str) or not all(isinstance(g, str) and g for g in globs):
                 raise UsageError(f"{name} must be a sequence of non-empty glob strings, got {shown(globs)}")
-            # fnmatch's translation and matching cost grows with the square of a pattern (a glob of 100,000 '['
-            # kept warm busy for minutes, a manifest's for hours): globs are as short as the paths they match.
             if len(globs) > MAX_GLOBS or any(len(g) > MAX_GLOB_CHARS for g in globs):
                 raise UsageError(f"{name}: at most {MAX_GLOBS} globs of at most {MAX_GLOB_CHARS} characters each",
                                  hint="match with shorter patterns (e.g. '*.json', 'onnx/*')")
@@ -86,7 +165,7 @@ class WarmRequest:
 
     @classmethod
     def parse(cls, spec: str, **options) -> WarmRequest:
-        """Build a request from ``REPO_ID[@REVISION]``; ``options`` are the other fields.
+        """A request from ``REPO_ID[@REVISION]``; ``options`` are the other fields.
 
         Raises:
             UsageError: malformed repo id, revision, type or kind.
@@ -103,15 +182,9 @@ class WarmRequest:
 
 @dataclass(frozen=True)
 class WarmedFile:
-    """A file of a warmed repo.
-
-    Attributes:
-        path (str): path in the repo.
-        size (int): bytes.
-        hash (str): ``sha256:<hex>`` (LFS) or ``git-sha1:<hex>``.
-        source (str): ``downloaded`` (fetched and hashed now), ``cached`` (blob already present, size checked) or
-            ``linked`` (hardlinked from an identical, re-hashed blob of another repo folder).
-    """
+    """A file of a warmed repo: ``path`` in the repo, ``size`` in bytes, ``hash`` (``sha256:<hex>`` or
+    ``git-sha1:<hex>``), ``source``: ``downloaded`` (fetched and hashed now), ``cached`` (blob present, size checked)
+    or ``linked`` (hardlinked from an identical, re-hashed blob of another repo folder)."""
 
     path: str
     size: int
@@ -125,29 +198,24 @@ class RepoResult:
 
     Attributes:
         request: what was asked.
-        endpoint (str | None): the endpoint that served it (of several, the one whose answers were used; when every
-            endpoint failed, the last one tried); None when no request was made for it (a lock the cache already
-            satisfies), so nothing names an endpoint that was never asked.
+        endpoint (str | None): the endpoint whose answers were used (all failed: the last tried); None when no
+            request was made (a lock the cache already satisfies).
         canonical_id (str | None): the id the endpoint answered with; None when resolution failed.
         commit_hash (str | None): the resolved commit.
         files (tuple[WarmedFile, ...]): the selected files, sorted by path.
         absent (tuple[str, ...]): optional tokenizer names the repo lacks, recorded as ``.no_exist`` markers.
-        bytes_downloaded (int): bytes received from the network for this repo.
-        retries (int): transient failures (429, 502-504, connections cut) retried for this repo, all endpoints.
-        requests (int): HTTP requests sent for this repo, all endpoints: metadata (repo info, tree pages, HEADs) and
-            file bodies, each retry and each redirect hop (to a CDN) included; 0 when the cache satisfied it.
+        bytes_downloaded (int): bytes received for this repo.
+        retries (int): transient failures (429, 502-504, connections cut) retried, all endpoints.
+        requests (int): HTTP requests sent for this repo, all endpoints, every retry and redirect hop included; 0
+            when the cache satisfied it.
         metadata (str | None): where sizes and hashes came from: ``model-info``, ``tree``, ``head`` or ``lock``.
         seconds (float): wall time.
-        error (str | None): one-line reason when the repo failed.
-        hint (str | None): what to do about it.
+        error (str | None): one-line reason when the repo failed. hint (str | None): what to do about it.
         exit_code (int): 0, or the documented exit code of the error.
-        notes (tuple[str, ...]): one-line warnings: what warm changed beyond the requested repo, e.g. the ref of a
-            legacy id's canonical folder moved to another commit; custom code in another repo, a file too large to
-            parse (``custom_code.Followed.notes``).
-        error_type (str | None): the error's class in :mod:`hfcache.errors` (``IntegrityError``,
-            ``EndpointUnreachable``, ``RepoNotFound``...;
-            ``Interrupted`` with exit 130 when Ctrl-C stopped it), for callers that answer each kind differently
-            (the mirror).
+        notes (tuple[str, ...]): one-line warnings: what warm changed beyond the request (the ref of a legacy id's
+            canonical folder moved), custom code in another repo, a file too large to parse.
+        error_type (str | None): the error's class in :mod:`hfcache.errors` (``IntegrityError``, ``RepoNotFound``...;
+            ``Interrupted``, exit 130, on Ctrl-C), for callers that answer each kind differently (the mirror).
     """
 
     request: WarmRequest
@@ -174,19 +242,22 @@ class RepoResult:
 
 @dataclass(frozen=True)
 class WarmReport:
-    """The outcome of one :func:`warm` call.
+    """The outcome of one warm.
 
     Attributes:
         cache_dir (str): the cache written.
         repos (tuple[RepoResult, ...]): one result per request, in request order.
         seconds (float): total wall time.
         endpoints (tuple[str, ...]): the endpoints configured, in order of preference.
+        warnings (tuple[str, ...]): the run's own warnings (``hfcache warm``: a lock that drifted from its manifest,
+            a root umask that hides the cache from other users); the Python API's :func:`hfcache.warm` leaves it empty.
     """
 
     cache_dir: str
     repos: tuple[RepoResult, ...]
     seconds: float
     endpoints: tuple[str, ...] = ()
+    warnings: tuple[str, ...] = ()
 
     @property
     def ok(self) -> bool:
@@ -203,7 +274,7 @@ class WarmReport:
 
     @property
     def requests(self) -> int:
-        """HTTP requests sent for all repos (:attr:`RepoResult.requests`); 0: the cache alone answered."""
+        """HTTP requests sent for all repos; 0: the cache alone answered."""
         return sum(r.requests for r in self.repos)
 
     @property
@@ -213,7 +284,10 @@ class WarmReport:
 
 
 class ProgressSink(Protocol):
-    """Receives progress events from :func:`warm` (from worker threads). ``key`` is the request's index."""
+    """Receives progress events from a warm (from worker threads). ``key`` is the request's index."""
+
+    def planned(self, cache_dir: str, requests: Sequence[WarmRequest], satisfied: Sequence[RepoResult]) -> None:
+        """Before anything starts (``hfcache warm`` only): every request, and those a lock's cache already holds."""
 
     def repo_started(self, key: int, label: str, files: int, total_bytes: int) -> None: ...
 
@@ -223,6 +297,9 @@ class ProgressSink(Protocol):
 
 
 class NoProgress:
+    def planned(self, cache_dir: str, requests: Sequence[WarmRequest], satisfied: Sequence[RepoResult]) -> None:
+        pass
+
     def repo_started(self, key: int, label: str, files: int, total_bytes: int) -> None:
         pass
 
@@ -233,11 +310,9 @@ class NoProgress:
         pass
 
 
-
-
 def parse_specs(specs: Iterable[str]) -> dict[str, set[str]]:
-    """``REPO_ID[@REVISION]`` arguments of the reading commands (``check``, ``verify``), parsed as ``warm`` parses
-    them: repo id -> the revisions named (an empty set: every cached revision of that repo).
+    """``REPO_ID[@REVISION]`` arguments of ``check`` and ``verify``, parsed as ``warm`` parses them: repo id -> the
+    revisions named (empty: every cached revision).
 
     Raises:
         UsageError: a malformed id or revision.
@@ -252,16 +327,9 @@ def parse_specs(specs: Iterable[str]) -> dict[str, set[str]]:
 
 
 def shown(value: object, limit: int = 80) -> str:
-    """``value`` quoted for a one-line message about a document a user, cache or peer supplied: ``repr`` (control
-    characters and newlines escaped), cut to ``limit`` characters; an integer of more than ``limit`` digits is
-    described, not printed (``repr`` of one over 4,300 digits raises ValueError on Python 3.11).
-
-    Args:
-        value (object): what the document held. limit (int): longest result.
-
-    Returns:
-        str: one line, at most ``limit`` characters.
-    """
+    """``value`` quoted for a one-line message about what a user, cache or peer supplied: ``repr`` (control
+    characters escaped), cut to ``limit`` characters; an integer of more than ``limit`` digits is described (``repr``
+    of one over 4,300 digits raises ValueError on Python 3.11)."""
     if isinstance(value, int) and not isinstance(value, bool) and value.bit_length() > 3 * limit:
         return f"<an integer of about {int(value.bit_length() * 0.30103)} digits>"
     text = repr(value)
@@ -269,19 +337,12 @@ def shown(value: object, limit: int = 80) -> str:
 
 
 def valid_size(value: object) -> bool:
-    """Whether ``value`` is a file size: an ``int`` (not a ``bool``) from 0 to :data:`MAX_FILE_SIZE`.
-
-    Args:
-        value (object): a size as a JSON or TOML document gave it.
-
-    Returns:
-        bool: False for a float, string, bool, None, a negative or a larger number.
-    """
+    """Whether ``value`` is a file size: an ``int`` (not a ``bool``) from 0 to :data:`MAX_FILE_SIZE`."""
     return isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= MAX_FILE_SIZE
 
 
 def valid_repo_id(repo_id: str) -> bool:
-    """True when ``repo_id`` passes huggingface_hub's local repo id rules (``utils/_validators.py``)."""
+    """Whether ``repo_id`` passes huggingface_hub's local repo id rules (``utils/_validators.py``)."""
     return (
         isinstance(repo_id, str)
         and repo_id.count("/") <= 1
@@ -295,12 +356,10 @@ def valid_repo_id(repo_id: str) -> bool:
 def folder_ids(repo_id: str, canonical_id: str | None) -> tuple[str, ...]:
     """The repo ids whose cache folders a warmed repo occupies, canonical first.
 
-    The canonical id an endpoint answers is followed only where the Hub itself renames: a legacy id without an org
-    (``bert-base-uncased``) answered as ``ORG/<the same name>`` (``google-bert/bert-base-uncased``) fills both
-    folders, since loaders ask for either. Any other answer (an ``org/name`` request answered with another id, as
-    after a 307 rename, or by a hostile endpoint) is stored only under the requested id, which is also where
-    huggingface_hub stores it (the folder is named after the id as the caller typed it, huggingface_hub ``file_download.py`` ``repo_folder_name``): an endpoint can
-    never write into the folder of a repo that was not requested.
+    The canonical id is followed only where the Hub renames: a legacy id (``bert-base-uncased``) answered as
+    ``ORG/<the same name>`` fills both folders, since loaders ask for either. Any other answer (a 307 rename of an
+    ``org/name``, a hostile endpoint) is stored under the requested id only, as huggingface_hub stores it
+    (``file_download.py`` ``repo_folder_name``): an endpoint never writes into the folder of a repo not requested.
     """
     if (canonical_id and canonical_id != repo_id and "/" not in repo_id
             and canonical_id.count("/") == 1 and canonical_id.split("/")[1] == repo_id):
@@ -313,12 +372,9 @@ class UnsafePath(ValueError):
 
 
 def validate_repo_path(path: str) -> str:
-    """Return ``path`` if it is a safe relative repo path, else raise UnsafePath (a ValueError).
-
-    A listing from a hostile or broken endpoint must not make hfcache write outside the repo folder, nor write a
-    path the other commands refuse to walk: at most :data:`hfcache.bounds.MAX_TREE_DEPTH` components (the folder
-    bound of verify, export and doctor), each at most :data:`MAX_NAME_BYTES` bytes of UTF-8 (NAME_MAX of Linux
-    file systems), the whole at most :data:`MAX_PATH_BYTES` bytes (PATH_MAX).
+    """``path`` if it is a safe relative repo path the other commands will walk: no escape, at most
+    :data:`hfcache.bounds.MAX_TREE_DEPTH` components of at most :data:`MAX_NAME_BYTES` bytes of UTF-8, at most
+    :data:`MAX_PATH_BYTES` in all.
 
     Raises:
         UnsafePath: the path is unsafe or too deep/long; the one-line message names it (cut to 200 characters).
@@ -340,3 +396,15 @@ def validate_repo_path(path: str) -> str:
     if any(len(part.encode("utf-8", "surrogatepass")) > MAX_NAME_BYTES for part in parts):
         raise UnsafePath(f"unsafe repo file path {path!r:.200}: a name longer than {MAX_NAME_BYTES} bytes")
     return path
+
+
+def folder_clash(paths: Iterable[str]) -> str | None:
+    """The first path (sorted) that ``paths`` names both as a file and as a folder of another (``a`` and ``a/b``):
+    no snapshot can hold both, so such a listing is refused before anything is fetched. None when there is none."""
+    names = set(paths)
+    for path in sorted(names):
+        parts = path.split("/")
+        for i in range(1, len(parts)):
+            if "/".join(parts[:i]) in names:
+                return "/".join(parts[:i])
+    return None

@@ -27,11 +27,12 @@ from .path import path_command
 from .prune import prune
 from .serve import serve
 from .sign import sign_command
-from .stdout import GuardedStdout, abandon_if_blocked
+from ..errors import HfcacheError, UsageError
 from .move import export_command, import_command, link_command
+from .render.common import usage_hint
+from .stdout import GuardedStdout, abandon_if_blocked
 from .verify import check, verify
 from .warm import lock, warm
-from ..errors import HfcacheError, UsageError
 
 EXIT_INTERNAL = 70
 EXIT_INTERRUPTED = 130
@@ -75,13 +76,6 @@ def _command_path(args: list[str]) -> str:
     return f"hfcache {name}" if name in cli.commands else "hfcache"
 
 
-def _usage_hint(exit_code: int, hint: str | None, args: list[str]) -> str | None:
-    """Every usage error (exit 2) gets a hint line: its own, else where the command's usage is explained."""
-    if hint or exit_code != UsageError.exit_code:
-        return hint
-    return f"see `{_command_path(args)} --help`"
-
-
 def _interrupted(code: int, as_json: bool) -> None:
     """Ctrl-C (exit 130) or SIGTERM (exit 143): the error line (and with --json the error document), then exit at
     once (:func:`_exit_now`)."""
@@ -109,13 +103,10 @@ def _exit_now(code: int) -> None:
 
 def run() -> NoReturn:
     """The ``hfcache`` program (console script and ``python -m hfcache``): :func:`main`, then an exit without the
-    interpreter's teardown.
-
-    Library gap: CPython's finalization tears down every imported module one by one (~27 ms after ``warm``'s
-    imports, 6% of a cold warm of nine tokenizers: docs/benchmarks.md), work no command needs: by then every file
-    hfcache wrote is closed and every lock released. What a normal exit does that matters is done first, in the same
-    order: non-daemon threads joined, atexit handlers run (``atexit._run_exitfuncs``: no public API runs them early),
-    stdout and stderr flushed. In-process callers use :func:`main`, which returns or raises SystemExit as usual.
+    interpreter's teardown, which tears down every imported module one by one (~27 ms after ``warm``'s imports, 6% of
+    a cold warm of nine tokenizers: docs/benchmarks.md) when every file is closed and every lock released. What a
+    normal exit does that matters is done first, in order: non-daemon threads joined, atexit handlers run
+    (:func:`_run_exit_handlers`), stdout and stderr flushed. In-process callers use :func:`main`.
     """
     sys.stdout = GuardedStdout(sys.stdout)  # a failed write of the output: exit 141 or 5, no traceback
     try:
@@ -131,12 +122,22 @@ def run() -> NoReturn:
     for thread in threading.enumerate():
         if thread is not threading.current_thread() and not thread.daemon:
             thread.join()
-    atexit._run_exitfuncs()
+    _run_exit_handlers()
     try:
         sys.stdout.flush()  # the output's last buffered bytes: their failure is the command's
     except SystemExit as exc:
         code = exc.code
     _exit_now(code)
+
+
+def _run_exit_handlers() -> None:
+    """The atexit handlers, run now as interpreter shutdown would run them: CPython's private
+    ``atexit._run_exitfuncs``.
+
+    Library gap: the atexit module has no public way to run (or list) its handlers before ``os._exit``
+    (bpo-17186, "no way to introspect registered atexit handlers").
+    """
+    atexit._run_exitfuncs()
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -157,7 +158,7 @@ def main(argv: list[str] | None = None) -> None:
         command = exc.ctx.command_path if exc.ctx is not None else _command_path(args)
         _fail(exc.format_message(), f"see `{command} --help`", UsageError.exit_code, as_json)
     except click.ClickException as exc:
-        _fail(exc.format_message(), _usage_hint(exc.exit_code, None, args), exc.exit_code, as_json)
+        _fail(exc.format_message(), usage_hint(exc.exit_code, _command_path(args)), exc.exit_code, as_json)
     except click.Abort as exc:  # click turns KeyboardInterrupt (and so Terminated) into Abort
         _interrupted(EXIT_TERMINATED if isinstance(exc.__cause__, Terminated) else EXIT_INTERRUPTED, as_json)
     except Terminated:
@@ -165,7 +166,7 @@ def main(argv: list[str] | None = None) -> None:
     except HfcacheError as exc:
         if debug:
             raise
-        _fail(exc.message, _usage_hint(exc.exit_code, exc.hint, args), exc.exit_code, as_json)
+        _fail(exc.message, usage_hint(exc.exit_code, _command_path(args), exc.hint), exc.exit_code, as_json)
     except KeyboardInterrupt:
         _interrupted(EXIT_INTERRUPTED, as_json)
     except PermissionError as exc:

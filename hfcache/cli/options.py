@@ -1,13 +1,14 @@
-"""Click options and option values shared by the command modules of :mod:`hfcache.cli` (``--cache-dir``, the Hub
-options, ``--lock-timeout``, unit-parsed values, the token): presentation layer only."""
+"""Click options and values shared by the command modules of :mod:`hfcache.cli`: ``--cache-dir``, the Hub options
+(one :class:`hfcache.records.HubOptions`), ``--lock-timeout``, ``--json``, ``--revision``, unit-parsed values."""
 
 from __future__ import annotations
 
-from pathlib import Path
+import functools
 
 import click
 
 from ..errors import UsageError
+from ..records import DEFAULT_MAX_WORKERS, DEFAULT_RETRIES, DEFAULT_TIMEOUT, HubOptions
 
 
 def parsed(name: str):
@@ -32,11 +33,15 @@ def lock_timeout_option(fn):
 
 
 def trust_manifest_endpoint_option(fn):
-    """``--trust-manifest-endpoint``: send the Hub token to the manifest's ``endpoint`` (off: it is asked
-    anonymously; ``HFCACHE_TRUST_MANIFEST_ENDPOINT=1`` opts in too; docs/warm.md, "Tokens")."""
+    """``--trust-manifest-endpoint``: send the Hub token to the manifest's ``endpoint`` too (docs/warm.md)."""
     return click.option("--trust-manifest-endpoint", is_flag=True,
                         help="Send the Hub token to the manifest's endpoint too (default: only to --endpoint, "
                              "HF_ENDPOINT or the Hub; also HFCACHE_TRUST_MANIFEST_ENDPOINT=1).")(fn)
+
+
+def json_option(fn):
+    """``--json``: one JSON document on stdout."""
+    return click.option("--json", "as_json", is_flag=True, help="Print one JSON document on stdout.")(fn)
 
 
 def token_notice(message: str) -> None:
@@ -50,65 +55,48 @@ def cache_dir_option(what: str = "Cache root"):
                         help=f"{what} [default: HF_HUB_CACHE, $HF_HOME/hub or ~/.cache/huggingface/hub].")
 
 
-def common_hub_options(fn):
-    """The options of every command that talks to a Hub: endpoints, token, workers, timeout, retries, ``--json``."""
+def hub_options(fn):
+    """The options of every command that talks to a Hub, handed to it as one ``hub``
+    (:class:`~hfcache.records.HubOptions`: the token file is read when the core needs the token), and ``--json``."""
+    @functools.wraps(fn)
+    def command(*args, endpoints, token, token_file, max_workers, timeout, retries, **kwargs):
+        hub = HubOptions(endpoints=endpoints, token=token or None, token_file=token_file, timeout=timeout,
+                         retries=retries, max_workers=max_workers)
+        return fn(*args, hub=hub, **kwargs)
+
     for decorator in reversed([
         click.option("--endpoint", "endpoints", metavar="URL", multiple=True,
                      help="Hub endpoint; repeat to give fallbacks, tried in order per repo (an in-cluster mirror "
                           "first) [default: the manifest's, HF_ENDPOINT or https://huggingface.co]."),
         click.option("--token", metavar="TOKEN", help="Hub token (visible in `ps`; prefer --token-file or HF_TOKEN)."),
         click.option("--token-file", type=click.Path(dir_okay=False), help="File holding the Hub token."),
-        click.option("--max-workers", type=click.IntRange(min=1), default=8, show_default=True,
+        click.option("--max-workers", type=click.IntRange(min=1), default=DEFAULT_MAX_WORKERS, show_default=True,
                      help="Connections to the endpoint at once (repo resolutions, files, ranges of large files)."),
-        click.option("--timeout", metavar="SECONDS", default="10", show_default=True, callback=parsed("parse_timeout"),
+        click.option("--timeout", metavar="SECONDS", default=f"{DEFAULT_TIMEOUT:g}", show_default=True,
+                     callback=parsed("parse_timeout"),
                      help="Seconds to wait for a connection or for any byte of an answer (a whole metadata "
                           "answer: 12 x this, 10 to 120 s, or HFCACHE_METADATA_DEADLINE; a body's least rate: "
                           "HFCACHE_MIN_RATE)."),
-        click.option("--retries", type=click.IntRange(min=0), default=5, show_default=True,
+        click.option("--retries", type=click.IntRange(min=0), default=DEFAULT_RETRIES, show_default=True,
                      help="Retries of a 429, 502, 503, 504 or cut connection, per request or file (exponential "
                           "backoff with jitter; Retry-After honoured)."),
         click.option("--json", "as_json", is_flag=True, help="Print one JSON document on stdout; no progress."),
     ]):
-        fn = decorator(fn)
-    return fn
-
-
-def read_token(token: str | None, token_file: str | None, option: str = "--token-file") -> str | bool | None:
-    """The token to send: --token, else --token-file, else None (huggingface_hub's own lookup: HF_TOKEN, file).
-    ``option`` names the file's option in errors."""
-    if token and token_file:
-        raise UsageError("--token and --token-file are mutually exclusive", hint="give one of them")
-    if token_file:
-        try:
-            value = Path(token_file).read_text(encoding="utf-8").strip()
-        except OSError as exc:
-            raise UsageError(f"cannot read {option} {token_file}: {exc.strerror}",
-                             hint="give a readable file holding the token") from None
-        if not value:
-            raise UsageError(f"{option} {token_file} is empty", hint="write the token into it, or drop the option")
-        return value
-    return token or None
+        command = decorator(command)
+    return command
 
 
 def revision_option(fn):
-    """A hidden ``--revision REV``: the spelling of huggingface-cli and ``hf download``. Commands take
-    ``REPO_ID@REVISION``; with this, ``REPO_ID --revision REV`` means the same for one repo (see
-    :func:`apply_revision`), instead of click's "Did you mean '--json', '--retries'?"."""
+    """A hidden ``--revision REV``, huggingface-cli's and ``hf download``'s spelling: ``REPO_ID --revision REV`` means
+    ``REPO_ID@REV`` for one repo (:func:`apply_revision`), not click's "Did you mean '--json', '--retries'?"."""
     return click.option("--revision", metavar="REV", hidden=True,
                         help="Same as REPO_ID@REV, for a single REPO_ID.")(fn)
 
 
 def apply_revision(specs: tuple[str, ...] | list[str], revision: str | None, *,
                    with_lock: bool = False) -> tuple[str, ...]:
-    """``specs`` with ``--revision`` folded into the one ``REPO_ID`` given (``REPO_ID@REVISION``).
-
-    Args:
-        specs: the ``REPO_ID[@REVISION]`` arguments as typed.
-        revision: the ``--revision`` value, or None.
-        with_lock: the command was given ``--lock`` (which pins every commit): ``--revision`` is refused.
-
-    Returns:
-        tuple[str, ...]: ``specs`` unchanged without ``revision``; else the single spec with ``@revision``.
+    """``specs`` (``REPO_ID[@REVISION]`` as typed) with ``--revision`` folded into the one ``REPO_ID`` given;
+    unchanged without ``revision``. ``with_lock``: the command was given ``--lock`` (it pins every commit).
 
     Raises:
         UsageError: (exit 2, one line) ``--revision`` with no REPO_ID, with several, with ``--lock``, with an empty
@@ -132,4 +120,3 @@ def apply_revision(specs: tuple[str, ...] | list[str], revision: str | None, *,
             return specs
         raise UsageError(f"{spec} names a revision already, and --revision says {revision!r}", hint=example)
     return (f"{spec}@{revision}",)
-

@@ -5,14 +5,13 @@ from __future__ import annotations
 
 import click
 
-from .options import cache_dir_option as _cache_dir_option
-from .options import parsed as _parsed
-from .options import read_token as _read_token
 from ..errors import UsageError
+from ..records import read_token_file
+from .options import cache_dir_option, parsed
 
 
 @click.command()
-@_cache_dir_option("Hub cache to serve")
+@cache_dir_option("Hub cache to serve")
 @click.option("--repos", "repos_dir", type=click.Path(file_okay=False),
               help="Serve a directory of plain repo folders (<org>/<name>/...) instead of a cache.")
 @click.option("--host", default="127.0.0.1", show_default=True,
@@ -30,9 +29,9 @@ from ..errors import UsageError
               help="Token sent to the upstreams only (never logged, never answered). Default: none.")
 @click.option("--allow", multiple=True, metavar="REPO_GLOB",
               help="Only pull through repos whose id matches (fnmatch, repeatable); others get 403. Default: all.")
-@click.option("--max-size", metavar="SIZE", callback=_parsed("parse_size"),
+@click.option("--max-size", metavar="SIZE", callback=parsed("parse_size"),
               help="Prune least-recently-served revisions to keep the cache at most SIZE (50GB, 20GiB, ...).")
-@click.option("--revalidate", metavar="DURATION", callback=_parsed("parse_duration"),
+@click.option("--revalidate", metavar="DURATION", callback=parsed("parse_duration"),
               help="Ask upstream again for a branch or tag at most this often [default: 5m].")
 @click.option("--upstream-slots", type=click.IntRange(1, 256), default=None, metavar="N",
               help="Upstream fetches (and requests waiting on them) at once; one more gets 503 + Retry-After, so a "
@@ -59,11 +58,11 @@ def serve(cache_dir, repos_dir, host, port, token_file, access_log, upstreams, u
     from ..serve.pullthrough import DEFAULT_REVALIDATE, PullThroughConfig
     from ..serve.upstream_pool import DEFAULT_UPSTREAM_SLOTS
 
-    token = _read_token(None, token_file) if token_file else None
+    token = read_token_file(token_file) if token_file else None
     upstream = None
     if upstreams:
-        upstream_token = _read_token(None, upstream_token_file, "--upstream-token-file") if upstream_token_file else None
-        upstream = PullThroughConfig(upstreams=tuple(upstreams), token=upstream_token or None, allow=tuple(allow),
+        upstream_token = read_token_file(upstream_token_file, "--upstream-token-file") if upstream_token_file else None
+        upstream = PullThroughConfig(upstreams=tuple(upstreams), token=upstream_token, allow=tuple(allow),
                                      revalidate=DEFAULT_REVALIDATE if revalidate is None else revalidate,
                                      max_size=max_size,
                                      upstream_slots=DEFAULT_UPSTREAM_SLOTS if upstream_slots is None else upstream_slots)

@@ -89,12 +89,17 @@ class _Closed(io.TextIOBase):
         return False
 
 
-def output_failed(exc: OSError) -> NoReturn:
-    """End the command after ``exc`` writing stdout: 141 for a reader gone, else one error line and exit 5."""
+def _to_devnull() -> None:
+    """Point descriptor 1 at ``/dev/null``: later writes and flushes go nowhere instead of failing or waiting."""
     with contextlib.suppress(OSError):
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, 1)
         os.close(devnull)
+
+
+def output_failed(exc: OSError) -> NoReturn:
+    """End the command after ``exc`` writing stdout: 141 for a reader gone, else one error line and exit 5."""
+    _to_devnull()
     global _reported
     if isinstance(exc, BrokenPipeError):
         raise SystemExit(EXIT_BROKEN_PIPE)
@@ -109,14 +114,10 @@ def output_failed(exc: OSError) -> NoReturn:
 
 
 def abandon_if_blocked(stream: Any) -> bool:
-    """On Ctrl-C or SIGTERM: when stdout already holds part of a document, or its reader is not reading (a write
-    would wait), point descriptor 1 at ``/dev/null`` so that nothing more (no second document glued to a truncated
-    one) is written and no flush waits. The flag that would make writes fail instead (``O_NONBLOCK``) is not used:
-    it belongs to the open file description, shared with the shell and the pipeline, and would outlive us.
-
-    Returns:
-        bool: True when stdout was abandoned (print no error document then).
-    """
+    """On Ctrl-C or SIGTERM: when stdout holds part of a document, or its reader is not reading (a write would
+    wait), point it at ``/dev/null``: no second document glued to a truncated one, no flush that waits (not
+    ``O_NONBLOCK``: that flag belongs to the open file description, shared with the shell, and would outlive us).
+    Returns True when stdout was abandoned (print no error document then)."""
     import select
 
     started = getattr(stream, "started", False)
@@ -125,9 +126,5 @@ def abandon_if_blocked(stream: Any) -> bool:
     except (OSError, ValueError):
         writable = False
     if started or not writable:
-        with contextlib.suppress(OSError):
-            devnull = os.open(os.devnull, os.O_WRONLY)
-            os.dup2(devnull, 1)
-            os.close(devnull)
-        return True
-    return False
+        _to_devnull()
+    return started or not writable

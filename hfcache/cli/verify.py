@@ -8,18 +8,13 @@ import sys
 
 import click
 
-from .options import cache_dir_option as _cache_dir_option
-from .options import common_hub_options as _common_hub_options
-from .options import lock_timeout_option as _lock_timeout_option
-from .options import apply_revision as _apply_revision
-from .options import read_token as _read_token
-from .options import revision_option as _revision_option
 from ..errors import UsageError
+from .options import apply_revision, cache_dir_option, hub_options, json_option, lock_timeout_option, revision_option
 
 
 @click.command()
 @click.argument("repo_ids", nargs=-1, metavar="[REPO_ID[@REVISION]]...")
-@_cache_dir_option()
+@cache_dir_option()
 @click.option("--lock", "lock_file", type=click.Path(dir_okay=False),
               help="Expected files, sizes and hashes [default: blob names and trees/ listings] (cache: --cache-dir, "
                    "else the lock's manifest's).")
@@ -37,17 +32,17 @@ from ..errors import UsageError
               help="With --signature: hash every file's bytes [default: an LFS file's blob name is its sha256].")
 @click.option("--allow-empty", is_flag=True,
               help="A cache with nothing to verify is success [default: exit 1, 'nothing was verified'].")
-@_revision_option
-@_common_hub_options
-@_lock_timeout_option
+@revision_option
+@hub_options
+@lock_timeout_option
 def verify(repo_ids, cache_dir, lock_file, do_repair, fast, signature, verify_key, rehash, allow_empty, revision,
-           endpoints, token, token_file, max_workers, timeout, retries, lock_timeout, as_json) -> None:
+           hub, lock_timeout, as_json) -> None:
     """Check a cache's integrity offline: every blob's hash, links, refs, and the lock's files.
 
     Without --repair it makes no network request. Exit 1 when any integrity problem remains. With --signature FILE
     --verify-key PUB: check that bundle's signature, then its file list against one snapshot (REPO_ID[@REVISION]).
     """
-    repo_ids = _apply_revision(repo_ids, revision, with_lock=bool(lock_file))
+    repo_ids = apply_revision(repo_ids, revision, with_lock=bool(lock_file))
     if signature or verify_key or rehash:
         _verify_signature(repo_ids, cache_dir, signature, verify_key, rehash,
                           lock_file or do_repair or fast, as_json)
@@ -58,30 +53,21 @@ def verify(repo_ids, cache_dir, lock_file, do_repair, fast, signature, verify_ke
 
     lock = read_lock(lock_file) if lock_file else None
     root = reading_cache_dir(cache_dir, lock_file)
-    _require_cache(root)
     if do_repair:
-        from .render.common import lock_wait_notice
         from ..integrity.repair import verify_and_repair
+        from .render.common import lock_wait_notice
 
-        def client():  # the endpoint the user configured (--endpoint, else HF_ENDPOINT, else the Hub), the token's
-            from ..hub.client import HubClient
-            from ..warming.orchestrate import resolve_token
-
-            return HubClient(endpoint=endpoints[0] if endpoints else None,
-                             token=resolve_token(_read_token(token, token_file)), timeout=timeout, retries=retries)
-
-        run = verify_and_repair(root, repo_ids or None, client_factory=client, lock=lock, max_workers=max_workers,
-                                fast=fast, lock_timeout=lock_timeout, on_lock_wait=lock_wait_notice,
-                                progress=lambda: render.HashProgress(enabled=not as_json),
-                                endpoint_given=bool(endpoints))
+        run = verify_and_repair(root, repo_ids or None, hub=hub, lock=lock, max_workers=hub.max_workers, fast=fast,
+                                lock_timeout=lock_timeout, on_lock_wait=lock_wait_notice,
+                                progress=lambda: render.HashProgress(enabled=not as_json))
         report, actions, before = run.report, run.actions, run.before
         exit_code, errors = run.exit_code, run.error_lines()
     else:
         from ..integrity.verify import verify_cache
 
         with render.HashProgress(enabled=not as_json) as progress:
-            report = verify_cache(root, repo_ids or None, lock=lock, max_workers=max_workers, progress=progress,
-                                  fast=fast)
+            report = verify_cache(root, repo_ids or None, lock=lock, max_workers=hub.max_workers,
+                                  progress=progress, fast=fast)
         actions, before = (), None
         exit_code, errors = report.exit_code, ()
     if not report.repos and not allow_empty and exit_code == 0:
@@ -92,14 +78,6 @@ def verify(repo_ids, cache_dir, lock_file, do_repair, fast, signature, verify_ke
     for n, (message, hint) in enumerate(errors, 1):  # a revision no endpoint could serve: a line each, exit 3
         print_error(message, hint if n == len(errors) else None)
     sys.exit(exit_code)
-
-
-def _require_cache(root) -> None:
-    """A ``--cache-dir`` that is not a hub cache (an ``HF_HOME``: the cache is ``DIR/hub``), or that does not exist,
-    is exit 5 naming the cache probably meant (``cache/root.py`` ``describe_cache_dir``), never "ok: 0 repos"."""
-    from ..cache.root import require_hub_cache
-
-    require_hub_cache(root)
 
 
 def _nothing_verified(root, what: str) -> None:
@@ -133,7 +111,7 @@ def _verify_signature(repo_ids, cache_dir, signature, verify_key, rehash, other,
 
 @click.command()
 @click.argument("repo_ids", nargs=-1, metavar="[REPO_ID[@REVISION]]...")
-@_cache_dir_option()
+@cache_dir_option()
 @click.option("--lock", "lock_file", type=click.Path(dir_okay=False),
               help="Check the lock's tokenizers, by the ids and revisions of its manifest (cache: --cache-dir, else "
                    "the lock's manifest's).")
@@ -142,8 +120,8 @@ def _verify_signature(repo_ids, cache_dir, signature, verify_key, rehash, other,
               help="Run the custom code (auto_map) of this repo when loading it (repeatable; '*': every repo "
                    "checked) [default: only a --lock's repos; others are 'needs custom code: not run']. As root, "
                    "refused for a cache other users can write.")
-@click.option("--json", "as_json", is_flag=True, help="Print one JSON document on stdout.")
-@_revision_option
+@json_option
+@revision_option
 def check(repo_ids, cache_dir, lock_file, text, trusted, as_json, revision) -> None:
     """Prove each tokenizer loads offline: AutoTokenizer in a child with no network, encoding a probe text.
 
@@ -161,9 +139,8 @@ def check(repo_ids, cache_dir, lock_file, text, trusted, as_json, revision) -> N
     from ..warming.project import reading_cache_dir
     from .render import verify as render
 
-    repo_ids = _apply_revision(repo_ids, revision, with_lock=bool(lock_file))
+    repo_ids = apply_revision(repo_ids, revision, with_lock=bool(lock_file))
     root = reading_cache_dir(cache_dir, lock_file)
-    _require_cache(root)
     if lock_file:
         targets = select_targets(targets_from_lock(read_lock(lock_file)), repo_ids)
     else:

@@ -1,34 +1,26 @@
-"""An endpoint's answers, read as untrusted input: the repo info fields hfcache reads, tree entries, and every
-id, path and size checked before it is used.
+"""An endpoint's answers, read as untrusted input: the repo info fields hfcache reads, tree entries, error bodies.
 
-Every id parsed from an answer is validated (commit 40 hex, blob ids 40/64 lowercase hex, safe paths) and a source
-that gives no hash or size for a file is an error naming the file: hash checks stay mandatory. A value of the wrong
-JSON type anywhere (a list where a string is due, a float or a bool where a size is) is a :class:`HubError` (exit 3)
-naming the field, quoted at most 80 characters long. Error answers are rebuilt before huggingface_hub reads them
-(:func:`error_document`). Standard library, hfcache's records and bounds only: the requests are
-:mod:`hfcache.hub.client`'s.
+Every id is validated (commit 40 hex, blob ids 40/64 lowercase hex: :mod:`hfcache.names`; safe paths) and a file
+without a hash or size is an error naming it: hash checks stay mandatory. A value of the wrong JSON type anywhere
+is a :class:`HubError` (exit 3) naming the field, quoted at most 80 characters long. Standard library, hfcache's
+records and bounds only: the requests are :mod:`hfcache.hub.client`'s.
 """
 
 from __future__ import annotations
 
 import json
-import re
 from typing import NamedTuple
 
 from ..bounds import TooDeep, loads_json
 from ..errors import HubError
-from ..records import MAX_FILE_SIZE, UnsafePath, shown, valid_repo_id, valid_size, validate_repo_path
+from ..names import is_commit, is_etag, is_sha256
+from ..records import MAX_FILE_SIZE, UnsafePath, folder_clash, shown, valid_repo_id, valid_size, validate_repo_path
 from .files import RemoteFile, RepoRevision
-
-COMMIT_RE = re.compile(r"^[0-9a-f]{40}$")
-SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
-BLOB_ID_RE = re.compile(r"^(?:[0-9a-f]{40}|[0-9a-f]{64})$")
 
 
 class Sibling(NamedTuple):
-    """One entry of a repo info's ``siblings`` as the Hub spells it: ``rfilename``, ``size``, ``blobId``,
-    ``lfs.sha256`` (``RepoSibling``/``BlobLfsInfo`` in huggingface_hub's hf_api.py). Values unchecked: see
-    :func:`remote_file`."""
+    """One entry of a repo info's ``siblings``: ``rfilename``, ``size``, ``blobId``, ``lfs.sha256`` (huggingface_hub
+    hf_api.py ``RepoSibling``/``BlobLfsInfo``), unchecked: see :func:`remote_file`."""
 
     rfilename: object
     size: object
@@ -38,7 +30,7 @@ class Sibling(NamedTuple):
 
 class RepoInfo(NamedTuple):
     """The fields of ``GET /api/{type}s/{repo_id}/revision/{rev}?blobs=true`` hfcache reads; ``siblings`` is None
-    when the answer has none (``"siblings": null`` or missing), as ``ModelInfo.siblings``."""
+    when the answer has none, as ``ModelInfo.siblings``."""
 
     id: str | None
     sha: str | None
@@ -73,38 +65,30 @@ def parse_repo_info(data: dict) -> RepoInfo:
 
 
 def answered_identity(endpoint: str, repo_id: str, info: RepoInfo) -> tuple[str, str]:
-    """``(canonical id, commit)`` of a repo info answer for ``repo_id``, checked.
+    """``(canonical id, commit)`` of a repo info answer for ``repo_id``. Only a legacy id (no org) is renamed, as
+    the Hub renames ``gpt2``; an ``org/name`` answered with another id is taken as the requested repo.
 
     Raises:
         HubError: an invalid repo id, or a commit that is not 40 hex characters.
     """
     commit = info.sha or ""
-    canonical_id = info.id or repo_id
-    if "/" in repo_id and canonical_id != repo_id:
-        # Only a legacy id (no org) is renamed by the Hub (``gpt2`` -> ``openai-community/gpt2``); an
-        # ``org/name`` request answered with another id is taken as the requested repo (README: stored under the
-        # requested id only): its files are fetched from the requested repo's URLs, no other id is claimed.
-        canonical_id = repo_id
+    canonical_id = repo_id if "/" in repo_id else info.id or repo_id
     if not valid_repo_id(canonical_id):
         raise HubError(f"{repo_id}: {endpoint} answered an invalid repo id {shown(canonical_id)}",
                        hint="the endpoint is broken or hostile")
-    if not COMMIT_RE.fullmatch(commit):
+    if not is_commit(commit):
         raise HubError(f"{repo_id}: {endpoint} answered commit {shown(commit)}, not 40 hex characters",
                        hint="the endpoint is broken or not Hub-compatible")
     return canonical_id, commit
 
 
 def check_asked_commit(endpoint: str, repo_id: str, revision: str, commit: str) -> None:
-    """A revision that is a full commit (40 lowercase hex) must be answered as itself.
-
-    Args:
-        endpoint (str): names the endpoint (or ``"the lock"``) in the error.
-        repo_id (str): the requested id. revision (str): the requested revision. commit (str): the answered one.
+    """A revision that is a full commit must be answered as itself; ``endpoint`` (or ``"the lock"``) is named.
 
     Raises:
-        HubError: ``revision`` is 40 hex and ``commit`` is another sha (exit 3, naming the endpoint and both).
+        HubError: ``revision`` is 40 hex and ``commit`` is another (exit 3, naming both).
     """
-    if COMMIT_RE.fullmatch(revision) and commit != revision:
+    if is_commit(revision) and commit != revision:
         raise HubError(f"{repo_id}: asked for commit {revision}, {endpoint} answered commit {shown(commit)}",
                        hint="the endpoint is broken or hostile: a full commit sha must be answered as itself")
 
@@ -116,10 +100,9 @@ def check_listing(endpoint: str, repo: RepoRevision, info: RepoInfo) -> None:
         HubError: either fault of the endpoint.
     """
     if info.siblings is None and not repo.paths:
-        # No listing at all (``"siblings": null`` and no tree): an endpoint fault, not an empty selection.
         raise HubError(f"{repo.repo_id}: {endpoint} answered no file listing (siblings) for {repo.revision}",
                        hint="the endpoint is broken or not Hub-compatible")
-    clash = file_and_folder(set(repo.paths))
+    clash = folder_clash(repo.paths)
     if clash:
         raise HubError(f"{repo.repo_id}: endpoint listed {shown(clash)} as a file and as a folder",
                        hint="the endpoint is broken or hostile")
@@ -143,10 +126,10 @@ def remote_file(endpoint: str, repo_id: str, source: str, path: str, size: objec
         raise HubError(f"{repo_id}: {source} at {endpoint} gave no valid size for {path} ({shown(size)}; sizes are "
                        f"integers from 0 to {MAX_FILE_SIZE})",
                        hint="the endpoint must publish sizes like the Hub (docs/cache-layout.md, 'The Hub protocol')")
-    if lfs_sha256 is not None and not (isinstance(lfs_sha256, str) and SHA256_RE.fullmatch(lfs_sha256)):
+    if lfs_sha256 is not None and not is_sha256(lfs_sha256):
         raise HubError(f"{repo_id}: {source} at {endpoint} gave sha256 {shown(lfs_sha256)} for {path}, "
                        "not 64 lowercase hex characters", hint="the endpoint is broken or hostile")
-    if lfs_sha256 is None and not (isinstance(blob_id, str) and BLOB_ID_RE.fullmatch(blob_id)):
+    if lfs_sha256 is None and not is_etag(blob_id):
         raise HubError(f"{repo_id}: {source} at {endpoint} gave blob id {shown(blob_id)} for {path}, "
                        "not 40 or 64 lowercase hex characters", hint="the endpoint is broken or hostile")
     return RemoteFile(path=path, size=size, blob_id=blob_id if isinstance(blob_id, str) else "",
@@ -154,8 +137,8 @@ def remote_file(endpoint: str, repo_id: str, source: str, path: str, size: objec
 
 
 def safe_path(repo_id: str, path: object, endpoint: str | None = None) -> str:
-    """``path`` as a safe repo path (:func:`hfcache.records.validate_repo_path`: no escape, within the folder and
-    name bounds), else HubError naming it and ``endpoint`` (exit 3, before anything is downloaded)."""
+    """``path`` as a safe repo path (:func:`hfcache.records.validate_repo_path`), else HubError naming it and
+    ``endpoint`` (exit 3, before anything is downloaded)."""
     try:
         if not isinstance(path, str):
             raise UnsafePath(f"unsafe repo file path {path!r:.200}")
@@ -165,28 +148,14 @@ def safe_path(repo_id: str, path: object, endpoint: str | None = None) -> str:
         raise HubError(f"{repo_id}: {who} listed an {exc}", hint="the endpoint is broken or hostile") from None
 
 
-def file_and_folder(paths: set[str]) -> str | None:
-    """A path of ``paths`` that is also a folder of another (``a`` and ``a/b``): no cache can hold both."""
-    for path in paths:
-        parts = path.split("/")
-        for i in range(1, len(parts)):
-            if "/".join(parts[:i]) in paths:
-                return "/".join(parts[:i])
-    return None
-
-
 def error_document(content: bytes, content_type: str = "") -> bytes:
-    """An error answer's body (read at most 64 KiB) rebuilt as the JSON object ``hf_raise_for_status`` reads its
-    message from: the string (or strings) of ``error``, the string ``error_description``, the string ``message`` of
-    each object in ``errors``; a body that is a JSON string, or not JSON (and not HTML), becomes ``error``.
+    """An error answer's body (at most 64 KiB read) rebuilt as the JSON object ``hf_raise_for_status`` reads its
+    message from: the string(s) of ``error``, the string ``error_description``, each ``message`` string of
+    ``errors``; a JSON string, or a body that is not JSON (and not HTML), becomes ``error``.
 
     Library gap: ``hf_raise_for_status`` (huggingface_hub ``utils/_http.py`` ``_format``) reads ``response.json()``
-    as an object: an error body that is a JSON array, string, number or ``null`` raised AttributeError there, an
-    ``errors`` that is not a list of objects TypeError, undecodable bytes UnicodeDecodeError, deep nesting
-    RecursionError; each left the command as an internal error (exit 70) instead of the status's own error.
-
-    Args:
-        content (bytes): the body as read. content_type (str): the answer's ``Content-Type``.
+    as an object: a JSON array, string, number or ``null`` raised AttributeError there, odd ``errors`` TypeError,
+    undecodable bytes UnicodeDecodeError, deep nesting RecursionError: exit 70 instead of the status's own error.
 
     Returns:
         bytes: a JSON object of those fields only (``{}`` when none), ASCII.

@@ -1,8 +1,8 @@
-"""Reading a streamed answer's body with a check at every chunk off the wire: the deadline of a metadata answer,
-the throughput floor of a file body (:mod:`hfcache.pace`), a bounded read of an error answer's body, and the
-:class:`Watchdog` that holds a whole metadata answer, its status line and headers included, to its deadline.
-
-No HTTP client is imported here (only :mod:`hfcache.hub.client` makes requests): these take the response it opened.
+"""Streamed answers read with a check at every chunk off the wire: a metadata answer's deadline, a file body's
+throughput floor (:mod:`hfcache.pace`), a bounded error body, and the :class:`Watchdog` that holds a whole metadata
+answer, status line and headers included, to its deadline. No HTTP client is imported: these take the responses
+:mod:`hfcache.hub.client` opened. The two private APIs of the HTTP libraries used are behind :func:`_httpx2_decoder`
+and :func:`_httpcore2_socket`.
 """
 
 from __future__ import annotations
@@ -15,31 +15,24 @@ from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING
 
 from ..pace import Deadline, SocketWatchdog, Throughput, TooSlow
-from .answers import error_document
 from .retry import SlowBody
 
 if TYPE_CHECKING:
     import httpx2
 
-#: The hint of a missed deadline or throughput floor (:mod:`hfcache.pace`): a larger ``--timeout`` (below 10 s) also
-#: raises the metadata deadline, which is 12 timeouts (``pace.metadata_deadline``).
+#: The hint of a missed deadline or throughput floor: ``--timeout`` (below 10 s) also sets the metadata deadline.
 SLOW_HINT = ("the endpoint is too slow: retry later, use another --endpoint, or raise --timeout / "
              "HFCACHE_METADATA_DEADLINE / lower HFCACHE_MIN_RATE")
 
 
 def iter_body(response: httpx2.Response, on_raw: Callable[[int], None]) -> Iterator[bytes]:
-    """The decoded body of a streamed response; ``on_raw(n)`` runs for every raw chunk as it arrives off the wire
-    (``n`` >= 1 bytes), before it is decoded, so a deadline or throughput check runs on a one-byte drip too.
-
-    Library gap: httpx2's ``iter_bytes`` yields only non-empty decoded chunks (``ByteChunker``), so raw bytes that
-    decode to nothing (an endless run of empty gzip members) never reach a check made per yielded chunk. This reads
-    ``iter_raw`` and decodes with the response's own decoder (``Response._get_content_decoder``, private; the same
-    decoders ``iter_bytes`` uses).
+    """The decoded body of a streamed response; ``on_raw(n)`` runs for every raw chunk off the wire (``n`` >= 1)
+    before it is decoded, so a deadline or throughput check runs on a one-byte drip too.
 
     Raises:
         what ``on_raw`` raises; httpx2 errors (``DecodingError``, ``ReadError``...).
     """
-    decoder = response._get_content_decoder()
+    decoder = _httpx2_decoder(response)
     for raw in response.iter_raw():
         on_raw(len(raw))
         for piece in decoder.decode(raw):
@@ -50,11 +43,21 @@ def iter_body(response: httpx2.Response, on_raw: Callable[[int], None]) -> Itera
             yield piece
 
 
+def _httpx2_decoder(response: httpx2.Response):
+    """The response's own content decoder (the one ``iter_bytes`` uses): httpx2's private
+    ``Response._get_content_decoder``.
+
+    Library gap: ``iter_bytes`` yields only non-empty decoded chunks, so raw bytes that decode to nothing (an endless
+    run of empty gzip members) never reach a check made per chunk it yields; ``iter_raw`` does not decode.
+    """
+    return response._get_content_decoder()
+
+
 def slow_body(floor: Throughput, n: int) -> None:
-    """Feed ``n`` bytes of a file body to ``floor``; a breach is a :class:`hfcache.hub.retry.SlowBody` (retried).
+    """Feed ``n`` bytes of a file body to ``floor``.
 
     Raises:
-        SlowBody: the body fell below the floor.
+        SlowBody: the body fell below the floor (retried, :mod:`hfcache.hub.retry`).
     """
     try:
         floor.feed(n)
@@ -74,41 +77,29 @@ def read_capped(response: httpx2.Response, deadline: Deadline, cap: int) -> byte
     return bytes(body[:cap])
 
 
-def keep_content(response: httpx2.Response, content: bytes) -> None:
-    """Give a streamed error response the (bounded) body already read, so ``hf_raise_for_status`` reads its message
-    from it instead of reading the stream itself, rebuilt as a JSON object of strings it can read
-    (:func:`hfcache.hub.answers.error_document`: a body of another JSON type was exit 70).
-
-    Library gap: ``hf_raise_for_status`` (``_format``) calls ``response.read()`` on a streamed error answer: the
-    whole body, unbounded and with no deadline. ``Response._content`` is what ``read()`` fills (private).
-    """
-    response._content = error_document(content, response.headers.get("Content-Type", ""))
-
-
 _local = threading.local()  # .dog: the Watchdog of the request this thread is sending
 
 
 class Watchdog(SocketWatchdog):
     """Enforces one metadata answer's :class:`Deadline` from outside (:class:`hfcache.pace.SocketWatchdog`): when it
-    passes, the socket of the request is shut down, so a read blocked on a drip of response headers returns.
-
-    The socket is found through httpx2's ``trace`` request extension, which :func:`watch_hook` sets on every request
-    sent while a dog is armed in the thread (redirects included): at ``*.send_request_headers.started`` the
-    connection object (``HTTP11Connection``/``HTTP2Connection``, private ``_network_stream``) is its caller's
-    ``self``.
-
-    Args:
-        deadline (Deadline): the allowance, counted from its creation.
-    """
+    passes, the request's socket is shut down, so a read blocked on a drip of response headers returns. The socket is
+    registered by httpx2's ``trace`` request extension, which :func:`watch_hook` sets on every request (redirects
+    included) sent while a dog is armed in the thread."""
 
     def trace(self, event: str, info: dict) -> None:
         """httpx2 ``trace`` callback: registers the connection's socket when the request headers go out."""
         if event.endswith(".send_request_headers.started"):
-            self.watch(_caller_socket())
+            self.watch(_httpcore2_socket())
 
 
-def _caller_socket() -> socket.socket | None:
-    """The socket of the httpcore2 connection up the calling stack (``self._network_stream``), or None."""
+def _httpcore2_socket() -> socket.socket | None:
+    """The socket of the httpcore2 connection sending the request: the private ``_network_stream`` of the caller's
+    ``self`` (``HTTP11Connection``/``HTTP2Connection``) up the stack of a ``trace`` callback; None if not found.
+
+    Library gap: no trace event names the connection or stream of a request sent on a reused connection, and the
+    ``network_stream`` response extension (encode/httpcore#724) arrives with the response, after the headers a drip
+    holds back.
+    """
     frame = sys._getframe(2)
     for _ in range(8):
         if frame is None:
@@ -123,7 +114,7 @@ def _caller_socket() -> socket.socket | None:
 
 
 def watch_hook(request) -> None:
-    """httpx2 request event hook: gives a request sent while a :func:`watched` block is open its dog's ``trace``."""
+    """httpx2 request event hook: a request sent while a :func:`watched` block is open gets its dog's ``trace``."""
     dog = getattr(_local, "dog", None)
     if dog is not None:
         request.extensions = {**request.extensions, "trace": dog.trace}

@@ -1,30 +1,18 @@
-"""Hub access: the only Hub client (the registry client is :mod:`hfcache.oci.registry`).
+"""The Hub client (the registry client is :mod:`hfcache.oci.registry`): metadata, file bodies, errors mapped.
 
-Metadata, in order of preference (docs/cache-layout.md, 'The Hub protocol'; anything huggingface_hub can download
-from, hfcache can warm from):
+Metadata, in order of preference (docs/cache-layout.md, 'The Hub protocol'; what huggingface_hub downloads from,
+hfcache warms from): repo info as ``HfApi.repo_info(files_metadata=True)`` asks it (``?blobs=true``: every file's
+size, git blob sha1 and LFS sha256 in one request); where siblings carry ``rfilename`` only, the tree API at the
+commit (paged); where that is refused too, one ``HEAD`` per *selected* file (:meth:`HubClient.describe`), read as
+``hf_hub_download`` reads it. Answers are untrusted input (:mod:`hfcache.hub.answers`).
 
-1. Repo info as ``HfApi.repo_info(files_metadata=True)`` asks it (``GET {endpoint}/api/{type}s/{repo_id}/revision/
-   {rev}?blobs=true``, read with a bound on its decoded size, see ``HubClient._repo_info``): canonical id, commit,
-   and every file's size, git blob sha1 and LFS sha256 in one request.
-2. Where the siblings carry ``rfilename`` only (mirrors ignoring ``?blobs=true``): the tree API at the commit
-   (``/tree/{commit}?recursive=true``, paged with ``Link: rel="next"``).
-3. Where the tree API is refused too: one ``HEAD`` on ``resolve/{commit}/{path}`` per *selected* file
-   (:meth:`HubClient.describe`), reading ``X-Linked-Etag``/``ETag`` and ``X-Linked-Size``/``Content-Length`` as
-   ``hf_hub_download`` does (``get_hf_file_metadata``).
-
-Every id parsed from an answer is validated (commit 40 hex, blob ids 40/64 lowercase hex, safe paths) and a source
-that gives no hash or size for a file is an error naming the file: hash checks stay mandatory
-(:mod:`hfcache.hub.answers`). What the answers describe is in :mod:`hfcache.hub.files`, the URLs in
-:mod:`hfcache.hub.urls`.
-
-Requests use huggingface_hub's shared HTTP client (``get_session``, with its request hooks and offline-mode guard,
-plus :func:`hfcache.hub.session.hub_session`'s watchdog and request-counting hooks: every request, redirect hop
-and retry is counted for the repo, :func:`hfcache.hub.retry.count_request`) and its error mapping (``hf_raise_for_status``); transient failures are retried per :mod:`hfcache.hub.retry`. File
-bodies are opened here (:meth:`HubClient.open_body`, with ``Range``) and written by :mod:`hfcache.hub.transfer`.
-Every metadata answer is read under a deadline and every body under a throughput floor (:mod:`hfcache.pace`,
-checked per raw chunk by :mod:`hfcache.hub.bodies`); a full commit asked for must be answered as itself.
-Library gap: ``http_get`` (``file_download.py``) takes its timeout from a module constant read at import time,
-retries with uninterruptible sleeps, and never hashes what it wrote.
+Requests use huggingface_hub's shared HTTP client with hfcache's hooks (:func:`hfcache.hub.session.hub_session`:
+the watchdog, and every request, redirect hop and retry counted for the repo) and its error mapping
+(``hf_raise_for_status``); transient failures are retried (:mod:`hfcache.hub.retry`). Every metadata answer is read
+under a deadline, every body under a throughput floor (:mod:`hfcache.pace`, per raw chunk: :mod:`hfcache.hub.bodies`);
+a full commit asked for must be answered as itself. File bodies are opened here and written by
+:mod:`hfcache.hub.transfer`. Library gap: ``http_get`` (``file_download.py``) takes its timeout from a constant read
+at import, retries with uninterruptible sleeps, and never hashes what it wrote.
 """
 
 from __future__ import annotations
@@ -52,21 +40,22 @@ from .._version import __version__
 from ..bounds import TooDeep, loads_json
 from ..errors import (EndpointUnreachable, GatedRepo, HubError, IntegrityError, OfflineViolation, RepoNotFound,
                       RevisionNotFound)
+from ..names import is_sha256
 from ..pace import Deadline, Throughput, TooSlow, metadata_deadline, min_rate
-from .bodies import SLOW_HINT, iter_body, keep_content, read_capped, slow_body, watched
-from .answers import (SHA256_RE, RepoInfo, answered_identity, check_asked_commit, check_listing, parse_repo_info,
+from ..records import DEFAULT_ENDPOINT, DEFAULT_RETRIES, DEFAULT_TIMEOUT
+from .answers import (RepoInfo, answered_identity, check_asked_commit, check_listing, error_document, parse_repo_info,
                       remote_file, safe_path, tree_entry)
-from ..cache.content import BlobHash
+from .bodies import SLOW_HINT, iter_body, read_capped, slow_body, watched
 from .files import RemoteFile, RepoRevision
-from .retry import DEFAULT_RETRIES, RetryCounter, ShortBody
+from .retry import RetryCounter, ShortBody
 from .retry import is_transient as _transient_without_client
 from .session import hub_session as _session
 from .session import no_agent_registry_fetch as _no_agent_registry_fetch
 from .urls import origin, resolve_url, validate_endpoint
 
-DEFAULT_ENDPOINT = "https://huggingface.co"
-#: Largest repo info answer (or tree page) read, decoded (README "warm"): the Hub's answer for a repo of 100,000
-#: files is ~20 MB.
+__all__ = ["DEFAULT_ENDPOINT", "HubClient", "is_transient"]
+
+#: Largest repo info answer (or tree page) read, decoded: the Hub's answer for a repo of 100,000 files is ~20 MB.
 MAX_METADATA_BYTES = 64 * 1024 * 1024
 #: Largest error body read (its message is what ``hf_raise_for_status`` shows); the rest is never read.
 MAX_ERROR_BYTES = 64 * 1024
@@ -76,25 +65,21 @@ class HubClient:
     """A connection to one Hub endpoint with one token, one timeout and one retry budget per request.
 
     Args:
-        endpoint: base URL, e.g. ``https://huggingface.co`` (default: ``HF_ENDPOINT`` as huggingface_hub read it).
+        endpoint: base URL (default: ``HF_ENDPOINT``, read now, not at import as huggingface_hub reads it).
         token: a Hub token, or None for anonymous access. Never logged or stored by hfcache.
-        timeout: seconds to wait for a connection or any byte of an answer. A whole metadata answer (repo info, a
-            tree page, an error body) must also arrive within :func:`hfcache.pace.metadata_deadline` of it, and a
-            file body keep ``HFCACHE_MIN_RATE`` over ``HFCACHE_RATE_WINDOW`` seconds (:mod:`hfcache.pace`).
+        timeout: seconds to wait for a connection or any byte of an answer (:func:`hfcache.pace.metadata_deadline`
+            derives the deadline of a whole metadata answer from it).
         retries: retries of a transient failure per request or per file download (:mod:`hfcache.hub.retry`).
-        withheld_hint: set when a token exists but was withheld from this endpoint (a manifest's endpoint without
-            the opt-in): the hint of a 401/403/gated answer, naming the opt-in.
+        withheld_hint: the hint of a 401/403/gated answer when a token exists but was withheld from this endpoint.
 
     Raises:
         UsageError: an invalid endpoint, or a malformed ``HFCACHE_METADATA_DEADLINE``/``HFCACHE_MIN_RATE``/
             ``HFCACHE_RATE_WINDOW``.
     """
 
-    def __init__(self, endpoint: str | None = None, token: str | None = None, timeout: float = 10.0,
+    def __init__(self, endpoint: str | None = None, token: str | None = None, timeout: float = DEFAULT_TIMEOUT,
                  retries: int = DEFAULT_RETRIES, withheld_hint: str | None = None) -> None:
         _no_agent_registry_fetch()
-        # HF_ENDPOINT is read now, not at import time as huggingface_hub's constants.ENDPOINT is
-        # (docs/cache-layout.md, 'Traps the libraries leave').
         self.endpoint = validate_endpoint(endpoint or os.environ.get("HF_ENDPOINT") or DEFAULT_ENDPOINT)
         # token=False stops huggingface_hub from reading a stored token behind our back.
         self._token: str | bool = token or False
@@ -109,9 +94,8 @@ class HubClient:
         return f"HubClient(endpoint={self.endpoint!r})"
 
     def sibling(self, endpoint: str, *, with_token: bool) -> HubClient:
-        """A client of ``endpoint`` with this one's timeout and retries, and its token only when ``with_token``
-        (the caller decides whether ``endpoint`` is a host the user gave the token for, docs/security.md:
-        ``verify --repair`` asks an endpoint a cache's record names).
+        """A client of ``endpoint`` with this one's timeout and retries, and its token only when ``with_token`` (the
+        caller decides whether the user gave the token for that host: docs/security.md).
 
         Raises:
             UsageError: an invalid endpoint.
@@ -124,14 +108,8 @@ class HubClient:
         return RetryCounter(self.retries, stop, is_transient)
 
     def reachable(self, timeout: float | None = None) -> bool:
-        """Whether the endpoint answers HTTP at all (any status, even 404: a server is there).
-
-        One ``HEAD`` of the endpoint's root, without the token (nothing there needs it). For health checks
-        (``hfcache serve --upstream``'s ``/healthz``), not for deciding what a repo request gets.
-
-        Args:
-            timeout: seconds to wait (default: the client's timeout).
-        """
+        """Whether the endpoint answers HTTP at all (any status): one ``HEAD`` of its root without the token, within
+        ``timeout`` seconds (default: the client's). For ``serve --upstream``'s ``/healthz``."""
         seconds = timeout or self.timeout
         try:  # a drip of headers must not hold a health check either
             with watched(Deadline(seconds, f"{self.endpoint}: health check")):
@@ -142,21 +120,12 @@ class HubClient:
 
     def resolve(self, repo_id: str, revision: str = "main", repo_type: str = "model",
                 counter: RetryCounter | None = None) -> RepoRevision:
-        """Resolve ``revision`` to a commit and list every file, with sizes and hashes where the endpoint lists them.
-
-        Sources, in order (docs/cache-layout.md, 'The Hub protocol'): repo info at ``/revision/<rev>?blobs=true``;
-        where its siblings lack ``size``/``blobId``, the tree API at the commit (paged, recursive); where that is
-        refused too, nothing more: :meth:`describe` then asks one ``HEAD`` per selected file.
-
-        Args:
-            repo_id: ``org/name`` or a legacy id.
-            revision: branch, tag or 40-hex commit (always sent as ``/revision/<rev>``: some mirrors answer 404
-                to repo info without it).
-            repo_type: ``model``, ``dataset`` or ``kernel`` (``/api/{type}s/``: hf_api.py ``kernel_info``).
-            counter: counts retries (default: a fresh one).
+        """Resolve ``revision`` (a branch, tag or commit, always sent as ``/revision/<rev>``: some mirrors answer
+        404 without it) to a commit and list every file, with sizes and hashes where the repo info or the tree API
+        gives them (else :meth:`describe` asks). ``repo_type``: ``/api/{type}s/`` (hf_api.py ``kernel_info``).
 
         Returns:
-            RepoRevision with the canonical id, the commit, every path, and the files described so far.
+            RepoRevision: the canonical id, the commit, every path, and the files described so far.
 
         Raises:
             RepoNotFound, RevisionNotFound, GatedRepo, EndpointUnreachable, HubError (malformed answer).
@@ -191,17 +160,13 @@ class HubClient:
         return repo
 
     def _repo_info(self, repo_id: str, revision: str, repo_type: str) -> RepoInfo:
-        """``HfApi.repo_info(files_metadata=True)`` with a bound on the answer (``MAX_METADATA_BYTES`` decoded).
+        """``HfApi.repo_info(files_metadata=True)``'s request with its answer bounded (``MAX_METADATA_BYTES``
+        decoded), not retried here (the caller retries).
 
-        Library gap: ``HfApi.model_info``/``dataset_info`` (hf_api.py) read the whole body with ``get_session().get``
-        and decode it without bound: a gzip-encoded answer of a few MiB inflates to gigabytes in memory, and
-        ``hf_raise_for_status`` reads a streamed error body whole too. Same request (URL, ``?blobs=true``, headers,
-        redirects), but the body is read as it decodes and refused past the bound, error bodies included. It also
-        does not retry; the caller does (:mod:`hfcache.hub.retry`). Only the fields hfcache reads are parsed
-        (:func:`hfcache.hub.answers.parse_repo_info`, same keys as ``ModelInfo.__init__``): importing ``ModelInfo``
-        loads all of ``hf_api.py`` (~0.13 s, a fifth of a cold warm of nine tokenizers: docs/benchmarks.md), and its
-        parsing of fields hfcache never reads (card data, spaces, inference mappings) can fail on a mirror's odd
-        values.
+        Library gap: ``HfApi.model_info`` (hf_api.py) decodes the whole body without bound (a few MiB of gzip inflate
+        to gigabytes), and importing ``ModelInfo`` loads all of ``hf_api.py`` (~0.13 s of a cold warm,
+        docs/benchmarks.md), whose parsing of fields hfcache never reads can fail on a mirror's odd values: only the
+        fields read are parsed (:func:`hfcache.hub.answers.parse_repo_info`).
 
         Raises:
             HubError: the answer is larger than the bound, not JSON, or nested too deep; and what
@@ -216,9 +181,8 @@ class HubClient:
 
     def _get_json(self, url: str, params: dict | None, what: str, accepted: tuple[int, ...] = (),
                   limit: int = MAX_METADATA_BYTES, tally: list[int] | None = None) -> tuple[httpx2.Response, object]:
-        """GET a JSON document with the body bounded to ``limit`` bytes decoded (``MAX_METADATA_BYTES``), the
-        whole answer, status line and headers included, within the metadata deadline (a
-        :func:`hfcache.hub.bodies.watched` request, and a check at every raw chunk of the body).
+        """GET a JSON document, its body bounded to ``limit`` bytes decoded, the whole answer within the metadata
+        deadline (:func:`hfcache.hub.bodies.watched`, and a check at every raw chunk).
 
         Returns:
             (response, parsed JSON); the JSON is None when the status is one of ``accepted`` (not raised). The
@@ -244,9 +208,7 @@ class HubClient:
                 tally.append(len(body))
             if r.status_code in accepted:
                 return r, None
-            if r.is_error:
-                keep_content(r, bytes(body[:MAX_ERROR_BYTES]))
-            hf_raise_for_status(r)
+            hf_raise_for_status(_with_body(r, bytes(body[:MAX_ERROR_BYTES])) if r.is_error else r)
         try:
             return r, loads_json(bytes(body), f"{what}: the answer of {self.endpoint}")
         except TooDeep:
@@ -257,15 +219,24 @@ class HubClient:
         """A fresh :class:`hfcache.pace.Deadline` for one metadata answer of this endpoint (``what`` names it)."""
         return Deadline(self.deadline, f"{what}: {self.endpoint}")
 
-    def _mapped(self, repo_id: str, revision: str, path: str | None = None) -> _mapped_errors:
-        return _mapped_errors(repo_id, revision, self.endpoint, path=path, withheld_hint=self.withheld_hint)
+    @contextmanager
+    def _mapped(self, repo_id: str, revision: str, path: str | None = None) -> Iterator[None]:
+        """Turn huggingface_hub and httpx2 errors inside the block into hfcache errors (:func:`_translate`)."""
+        try:
+            yield
+        except HubError:
+            raise
+        except BaseException as exc:
+            what = f"{repo_id}@{revision}" + (f": {path}" if path else "")
+            translated = _translate(exc, what, repo_id, revision, self.endpoint, self.withheld_hint)
+            if translated is exc:
+                raise
+            raise translated from exc
 
     def describe(self, repo: RepoRevision, paths: Iterable[str], counter: RetryCounter | None = None) -> RepoRevision:
-        """``repo`` with ``paths`` described: one ``HEAD`` on ``resolve/<commit>/<path>`` per file not known yet.
-
-        Reads what ``hf_hub_download`` reads (``get_hf_file_metadata``, file_download.py): ``X-Linked-Etag`` /
-        ``ETag`` (quoted or not) as the blob id, ``X-Linked-Size`` / ``Content-Length`` as the size,
-        ``X-Repo-Commit`` (if sent) must be the commit. A 64-hex ETag is an LFS sha256, a 40-hex one a git blob sha1.
+        """``repo`` with ``paths`` described: one ``HEAD`` on ``resolve/<commit>/<path>`` per file not known yet, read
+        as ``hf_hub_download`` reads it (``get_hf_file_metadata``: ``X-Linked-Etag``/``ETag`` as the blob id, a 64-hex
+        one an LFS sha256; ``X-Linked-Size``/``Content-Length``; ``X-Repo-Commit``, if sent, must be the commit).
 
         Raises:
             HubError: a file the repo does not list, or an answer without a usable hash or size (names the file).
@@ -288,8 +259,7 @@ class HubClient:
         return replace(repo, files=tuple(sorted(known.values(), key=lambda f: f.path)))
 
     def _head_file(self, repo: RepoRevision, path: str, counter: RetryCounter) -> RemoteFile:
-        # Only endpoints that list names without hashes come here: file_download.py (and tqdm, asyncio) is loaded
-        # then, not on every warm (docs/benchmarks.md).
+        # file_download.py (and tqdm, asyncio) is loaded only for endpoints that list names without hashes.
         from huggingface_hub import get_hf_file_metadata
 
         url = resolve_url(self.endpoint, repo.canonical_id, path, repo.repo_type, repo.commit_hash)
@@ -308,17 +278,15 @@ class HubClient:
         if meta.size is None:
             raise HubError(f"{repo.repo_id}: HEAD {path} at {self.endpoint} gave no size (X-Linked-Size or "
                            "Content-Length)", hint="the endpoint is not Hub-compatible")
-        if SHA256_RE.fullmatch(etag):
+        if is_sha256(etag):
             return remote_file(self.endpoint, repo.repo_id, "HEAD", path, meta.size, "", etag)
         return remote_file(self.endpoint, repo.repo_id, "HEAD", path, meta.size, etag, None)
 
     def _tree_files(self, repo: RepoRevision, counter: RetryCounter) -> list[RemoteFile] | None:
-        """The tree API listing's files at the commit that ``repo.paths`` names (all if none), or None when the
-        endpoint has no tree API. The whole listing is bounded: ``MAX_TREE_ENTRIES`` entries and ``MAX_TREE_BYTES``
-        decoded over all pages, within ``LISTING_DEADLINE_PAGES`` metadata deadlines; only wanted files are kept.
-
-        Library gap: ``HfApi.list_repo_tree`` pages through ``http_backoff``, whose own retries (500s, timeouts,
-        uninterruptible sleeps) would multiply ``--retries``; this follows the same ``Link: rel="next"`` pages.
+        """The tree API's files at the commit that ``repo.paths`` names (all if none), or None when the endpoint has
+        no tree API. The whole listing is bounded: ``MAX_TREE_ENTRIES`` entries, ``MAX_TREE_BYTES`` decoded,
+        ``LISTING_DEADLINE_PAGES`` metadata deadlines. Library gap: ``HfApi.list_repo_tree`` pages through
+        ``http_backoff``, whose own retries would multiply ``--retries``; the same ``Link: rel="next"`` pages here.
 
         Raises:
             HubError: a bound passed, or a link to another origin (exit 3 naming the endpoint).
@@ -362,10 +330,9 @@ class HubClient:
                   end: int | None = None) -> Iterator[httpx2.Response]:
         """Open the GET of ``file``'s bytes ``[start, end)`` at the repo's commit (a ``Range`` unless the whole file).
 
-        Yields the streaming response, status 200 (whole body: the server ignored ``Range``) or 206; the caller
-        checks which and reads it (:func:`iter_body`, under a :meth:`throughput` floor). Redirects are followed (the
-        CDN); httpx drops ``Authorization`` across origins. The status line and headers (redirects included) and an
-        error answer's body (read at most ``MAX_ERROR_BYTES``) must arrive within the metadata deadline.
+        Yields the streaming response, 200 (the server ignored ``Range``) or 206; the caller reads it (:func:`iter_body`
+        under a :meth:`throughput` floor). Redirects (the CDN) are followed; httpx drops ``Authorization`` across
+        origins. Status line, headers and an error body (at most ``MAX_ERROR_BYTES``) within the metadata deadline.
 
         Raises:
             HfHubHTTPError (via ``hf_raise_for_status``) and httpx2 errors, untranslated: the caller retries them.
@@ -385,7 +352,7 @@ class HubClient:
                 response = body.enter_context(_session().stream("GET", url, headers=headers, timeout=self.timeout,
                                                                 follow_redirects=True))
                 if response.is_error:
-                    keep_content(response, read_capped(response, deadline, MAX_ERROR_BYTES))
+                    hf_raise_for_status(_with_body(response, read_capped(response, deadline, MAX_ERROR_BYTES)))
                 hf_raise_for_status(response)
             answered = response.headers.get("X-Repo-Commit")
             if answered is not None:
@@ -396,14 +363,14 @@ class HubClient:
         """A fresh :class:`hfcache.pace.Throughput` floor for one body stream of this endpoint (``what`` names it)."""
         return Throughput(self.rate, self.rate_window, f"{what}: {self.endpoint}")
 
-    def mapped(self, repo: RepoRevision, path: str | None = None) -> _mapped_errors:
+    def mapped(self, repo: RepoRevision, path: str | None = None):
         """A context turning library errors of requests for ``repo`` into hfcache errors (one-line messages)."""
         return self._mapped(repo.repo_id, repo.commit_hash, path=path)
 
     def download(self, repo: RepoRevision, file: RemoteFile, out: BinaryIO,
                  counter: RetryCounter | None = None) -> None:
-        """Download one (small) file into ``out`` from byte 0, checking its size and hash; a transient failure
-        starts over (``out`` is truncated). For blobs in a cache use :func:`hfcache.hub.transfer.download_blob`.
+        """Download one small file into ``out``, checking its size and hash; a transient failure starts over (``out``
+        is truncated). Blobs in a cache: :func:`hfcache.hub.transfer.download_blob`.
 
         Raises:
             IntegrityError: the bytes do not match the published size or hash.
@@ -438,90 +405,81 @@ class HubClient:
 
 def is_transient(exc: BaseException) -> bool:
     """True for a failure worth retrying (:mod:`hfcache.hub.retry`): a 429, 502, 503 or 504, or a connection cut
-    mid-answer, including httpx2's ``RemoteProtocolError`` (peer closed early), ``ReadError`` and ``WriteError``.
-    Timeouts and refused connections are not retried (``--timeout`` bounds the wait; the next endpoint is a better
-    bet)."""
+    mid-answer (httpx2's ``RemoteProtocolError``, ``ReadError``, ``WriteError``)."""
     return _transient_without_client(exc) or isinstance(
         exc, (httpx2.RemoteProtocolError, httpx2.ReadError, httpx2.WriteError))
 
 
 _HEAD_WORKERS = 8
 _NO_TREE = (400, 404, 405, 501)  # "no tree API here": fall back to HEAD per file
-#: A whole tree listing (all pages): most entries (the Hub's largest repos list a few hundred thousand files; a kept
-#: file costs a few hundred bytes), most decoded bytes (an ``expand=false`` entry is ~100-250), most deadlines.
+#: A whole tree listing (all pages): most entries (the Hub's largest repos list a few hundred thousand), most decoded
+#: bytes (an ``expand=false`` entry is ~100-250), most metadata deadlines.
 MAX_TREE_ENTRIES, MAX_TREE_BYTES, LISTING_DEADLINE_PAGES = 1_000_000, 512 * 1024 * 1024, 10
 
 
-class _mapped_errors:
-    """Context manager turning huggingface_hub / httpx2 errors into hfcache errors with one-line messages."""
+def _with_body(response: httpx2.Response, content: bytes) -> httpx2.Response:
+    """An error ``response`` rebuilt around the bounded body already read, as the JSON object ``hf_raise_for_status``
+    reads its message from (:func:`hfcache.hub.answers.error_document`).
 
-    def __init__(self, repo_id: str, revision: str, endpoint: str, path: str | None = None,
-                 withheld_hint: str | None = None) -> None:
-        self.what = f"{repo_id}@{revision}" + (f": {path}" if path else "")
-        self.repo_id = repo_id
-        self.revision = revision
-        self.endpoint = endpoint
-        self.withheld_hint = withheld_hint
+    Library gap: ``hf_raise_for_status`` (``_format``) calls ``response.read()`` on a streamed error answer: the
+    whole body, unbounded, with no deadline.
+    """
+    headers = [(k, v) for k, v in response.headers.multi_items()
+               if k.lower() not in ("content-encoding", "content-length", "transfer-encoding")]
+    return httpx2.Response(response.status_code, headers=headers, request=response.request,
+                           content=error_document(content, response.headers.get("Content-Type", "")))
 
-    def __enter__(self) -> None:
-        return None
 
-    def __exit__(self, exc_type, exc, tb) -> bool:
-        if exc is None or isinstance(exc, HubError):
-            return False
-        translated = self._translate(exc)
-        if translated is exc:
-            return False
-        raise translated from exc
-
-    def _translate(self, exc: BaseException) -> BaseException:
-        if isinstance(exc, TooSlow):  # a deadline or throughput floor (hfcache.pace): the message names both
-            return EndpointUnreachable(_first_line(exc), hint=SLOW_HINT)
-        if isinstance(exc, GatedRepoError):
-            return GatedRepo(f"{self.repo_id}: access is gated or forbidden at {self.endpoint}",
-                             hint=self.withheld_hint or "accept the repo's conditions on the Hub and pass a token "
-                             "with access (--token-file)")
-        if isinstance(exc, RevisionNotFoundError):
-            return RevisionNotFound(f"{self.repo_id}: revision {self.revision!r} not found at {self.endpoint}",
-                                    hint="check the branch, tag or commit name")
-        if isinstance(exc, RepositoryNotFoundError):
-            return RepoNotFound(f"{self.repo_id}: repo not found at {self.endpoint} (or private without access)",
-                                hint=self.withheld_hint or "check the repo id and --repo-type; for a private repo "
-                                "pass a token")
-        if isinstance(exc, OfflineModeIsEnabled):
-            return OfflineViolation(f"{self.what}: HF_HUB_OFFLINE is set, so nothing can be downloaded",
-                                    hint="unset HF_HUB_OFFLINE for hfcache warm (or use warm --lock on a warm cache)")
-        if isinstance(exc, RuntimeError) and type(exc).__name__ == "NetworkBlocked":
-            # hfcache's own network guard (hfcache exec, enforce_offline) around this process: matched by name, as
-            # the exec sitecustomize loads the guard by file path (another module than hfcache.offline.guard).
-            return OfflineViolation(f"{self.what}: {self.endpoint} is not reachable from here: {_first_line(exc)}",
-                                    hint="run it outside hfcache exec, or allow the endpoint's host (--allow-host)")
-        if isinstance(exc, ShortBody):
-            return EndpointUnreachable(f"{self.what}: the connection to {self.endpoint} was cut mid-body",
-                                       hint="retry later or raise --retries")
-        if isinstance(exc, httpx2.TimeoutException):
-            return EndpointUnreachable(f"{self.what}: no answer from {self.endpoint} within the timeout",
-                                       hint="check the endpoint, or raise --timeout")
-        if isinstance(exc, httpx2.TooManyRedirects):
-            return HubError(f"{self.what}: too many redirects from {self.endpoint}", hint="the endpoint is misconfigured")
-        if isinstance(exc, (httpx2.ReadError, httpx2.WriteError, httpx2.RemoteProtocolError)):
-            return EndpointUnreachable(f"{self.what}: the connection to {self.endpoint} was cut ({_first_line(exc)})",
-                                       hint="retry later or raise --retries")
-        if isinstance(exc, (httpx2.ConnectError, httpx2.NetworkError)):
-            return EndpointUnreachable(f"{self.what}: cannot connect to {self.endpoint} ({_first_line(exc)})",
-                                       hint="check --endpoint / HF_ENDPOINT and the network")
-        if isinstance(exc, HfHubHTTPError):
-            status = exc.response.status_code if exc.response is not None else "?"
-            if status in (401, 403):
-                return GatedRepo(f"{self.repo_id}: HTTP {status} from {self.endpoint}: not authorized",
-                                 hint=self.withheld_hint or "pass a token with access (--token-file or HF_TOKEN)")
-            return HubError(f"{self.what}: HTTP {status} from {self.endpoint}", hint="retry later or check the endpoint")
-        if isinstance(exc, (ValueError, KeyError, TypeError, RecursionError)):  # malformed JSON or fields
-            return HubError(f"{self.what}: malformed answer from {self.endpoint} ({_first_line(exc)})",
-                            hint="the endpoint is not Hub-compatible")
-        if isinstance(exc, httpx2.HTTPError):
-            return EndpointUnreachable(f"{self.what}: {_first_line(exc)}", hint="check the endpoint and network")
-        return exc
+def _translate(exc: BaseException, what: str, repo_id: str, revision: str, endpoint: str,
+               withheld: str | None) -> BaseException:
+    """``exc`` as the hfcache error with a one-line message (``exc`` itself when none applies)."""
+    if isinstance(exc, TooSlow):  # a deadline or throughput floor (hfcache.pace): the message names both
+        return EndpointUnreachable(_first_line(exc), hint=SLOW_HINT)
+    if isinstance(exc, GatedRepoError):
+        return GatedRepo(f"{repo_id}: access is gated or forbidden at {endpoint}",
+                         hint=withheld or "accept the repo's conditions on the Hub and pass a token "
+                         "with access (--token-file)")
+    if isinstance(exc, RevisionNotFoundError):
+        return RevisionNotFound(f"{repo_id}: revision {revision!r} not found at {endpoint}",
+                                hint="check the branch, tag or commit name")
+    if isinstance(exc, RepositoryNotFoundError):
+        return RepoNotFound(f"{repo_id}: repo not found at {endpoint} (or private without access)",
+                            hint=withheld or "check the repo id and --repo-type; for a private repo "
+                            "pass a token")
+    if isinstance(exc, OfflineModeIsEnabled):
+        return OfflineViolation(f"{what}: HF_HUB_OFFLINE is set, so nothing can be downloaded",
+                                hint="unset HF_HUB_OFFLINE for hfcache warm (or use warm --lock on a warm cache)")
+    if isinstance(exc, RuntimeError) and type(exc).__name__ == "NetworkBlocked":
+        # hfcache's own network guard (hfcache exec, enforce_offline) around this process: matched by name, as
+        # the exec sitecustomize loads the guard by file path (another module than hfcache.offline.guard).
+        return OfflineViolation(f"{what}: {endpoint} is not reachable from here: {_first_line(exc)}",
+                                hint="run it outside hfcache exec, or allow the endpoint's host (--allow-host)")
+    if isinstance(exc, ShortBody):
+        return EndpointUnreachable(f"{what}: the connection to {endpoint} was cut mid-body",
+                                   hint="retry later or raise --retries")
+    if isinstance(exc, httpx2.TimeoutException):
+        return EndpointUnreachable(f"{what}: no answer from {endpoint} within the timeout",
+                                   hint="check the endpoint, or raise --timeout")
+    if isinstance(exc, httpx2.TooManyRedirects):
+        return HubError(f"{what}: too many redirects from {endpoint}", hint="the endpoint is misconfigured")
+    if isinstance(exc, (httpx2.ReadError, httpx2.WriteError, httpx2.RemoteProtocolError)):
+        return EndpointUnreachable(f"{what}: the connection to {endpoint} was cut ({_first_line(exc)})",
+                                   hint="retry later or raise --retries")
+    if isinstance(exc, (httpx2.ConnectError, httpx2.NetworkError)):
+        return EndpointUnreachable(f"{what}: cannot connect to {endpoint} ({_first_line(exc)})",
+                                   hint="check --endpoint / HF_ENDPOINT and the network")
+    if isinstance(exc, HfHubHTTPError):
+        status = exc.response.status_code if exc.response is not None else "?"
+        if status in (401, 403):
+            return GatedRepo(f"{repo_id}: HTTP {status} from {endpoint}: not authorized",
+                             hint=withheld or "pass a token with access (--token-file or HF_TOKEN)")
+        return HubError(f"{what}: HTTP {status} from {endpoint}", hint="retry later or check the endpoint")
+    if isinstance(exc, (ValueError, KeyError, TypeError, RecursionError)):  # malformed JSON or fields
+        return HubError(f"{what}: malformed answer from {endpoint} ({_first_line(exc)})",
+                        hint="the endpoint is not Hub-compatible")
+    if isinstance(exc, httpx2.HTTPError):
+        return EndpointUnreachable(f"{what}: {_first_line(exc)}", hint="check the endpoint and network")
+    return exc
 
 
 def _first_line(exc: BaseException) -> str:

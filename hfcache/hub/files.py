@@ -1,7 +1,4 @@
-"""What an endpoint publishes about a repo at a commit: :class:`RemoteFile` (one file: size, git blob sha1, LFS
-sha256) and :class:`RepoRevision` (a repo resolved to a commit, with its listing). Hashing is
-:mod:`hfcache.cache.content`'s; the HTTP side is :mod:`hfcache.hub.client`.
-"""
+"""What an endpoint publishes about a repo at a commit: :class:`RemoteFile` and :class:`RepoRevision`."""
 
 from __future__ import annotations
 
@@ -13,14 +10,8 @@ from ..cache.content import BlobHash
 
 @dataclass(frozen=True)
 class RemoteFile:
-    """One file of a repo at a commit, as the endpoint publishes it.
-
-    Attributes:
-        path (str): ``/``-separated path in the repo.
-        size (int): size in bytes.
-        blob_id (str): git blob sha1 (40 hex).
-        lfs_sha256 (str | None): sha256 (64 hex) for LFS files, else None.
-    """
+    """One file of a repo at a commit: ``path`` (``/``-separated), ``size`` (bytes), ``blob_id`` (git blob sha1,
+    40 hex), ``lfs_sha256`` (64 hex for LFS files, else None)."""
 
     path: str
     size: int
@@ -73,7 +64,6 @@ class RepoRevision:
 
     @functools.cached_property
     def by_path(self) -> dict[str, RemoteFile]:
-        """The described files by path (built once per revision: callers look files up one path at a time, and a
-        property rebuilding it made ``warm --lock`` of a 20,000-file lock quadratic, 17 s before any request).
-        Read-only by convention: callers never change it."""
+        """The described files by path, built once per revision (rebuilt per lookup, ``warm --lock`` of 20,000 files
+        was quadratic)."""
         return {f.path: f for f in self.files}

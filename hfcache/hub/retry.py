@@ -1,17 +1,13 @@
 """Retries of transient Hub and CDN failures: exponential backoff with jitter, ``Retry-After`` honoured.
 
-Retried: HTTP 429, 502, 503, 504, a connection cut mid-answer (reset, peer closed early) and a file body below the
-throughput floor (:class:`SlowBody`, ``HFCACHE_MIN_RATE``). Never retried: a metadata answer past its deadline
-(``HFCACHE_METADATA_DEADLINE``), other
-4xx and 5xx (a 404 or 500 will not change), timeouts (``--timeout`` already bounds the wait) and refused
-connections (the next endpoint is a better bet). Each request, or each file download with all its parts, gets its
-own budget of ``retries`` (``--retries``, default 5); every retry is counted for the report.
+Retried: HTTP 429, 502, 503, 504, a connection cut mid-answer and a file body below the throughput floor
+(:class:`SlowBody`). Never retried: a metadata answer past its deadline, other 4xx and 5xx, timeouts (``--timeout``
+bounds the wait already) and refused connections (the next endpoint is a better bet). Each request, or each file
+download with all its parts, gets its own budget of ``--retries``; every retry is counted for the report.
 
-Library gap: huggingface_hub's ``http_backoff`` also retries 500 and timeouts, sleeps without a way to be
-interrupted (SIGTERM must stop within a second) and keeps no count; ``HfApi.repo_info`` does not retry at all.
-
-This module knows no HTTP client (only :mod:`hfcache.hub.client` imports one): which client exceptions mean "the connection
-was cut" is :func:`hfcache.hub.client.is_transient`, handed to each :class:`RetryCounter` by ``HubClient.counter()``.
+Library gap: huggingface_hub's ``http_backoff`` also retries 500 and timeouts, sleeps uninterruptibly (SIGTERM must
+stop within a second) and keeps no count; ``HfApi.repo_info`` does not retry at all. No HTTP client here: which of its
+exceptions mean "cut" is :func:`hfcache.hub.client.is_transient`, handed to each :class:`RetryCounter`.
 """
 
 from __future__ import annotations
@@ -26,11 +22,11 @@ from typing import TypeVar
 
 from ..errors import HfcacheError, HubError
 from ..pace import TooSlow
+from ..records import DEFAULT_RETRIES
 
 T = TypeVar("T")
 
 RETRY_STATUSES = frozenset({429, 502, 503, 504})
-DEFAULT_RETRIES = 5
 BASE_DELAY = 0.25  # seconds before the first retry; doubles each time
 MAX_DELAY = 10.0
 MAX_RETRY_AFTER = 60.0  # a longer Retry-After fails the request instead of stalling the warm
@@ -43,17 +39,15 @@ class Interrupted(HfcacheError):
 
 
 def status_of(exc: BaseException) -> int | None:
-    """The HTTP status an exception carries (any with ``.response.status_code``: huggingface_hub's HfHubHTTPError,
-    httpx's HTTPStatusError), or None."""
+    """The HTTP status an exception's ``.response`` carries (HfHubHTTPError, HTTPStatusError), or None."""
     response = getattr(exc, "response", None)
     status = getattr(response, "status_code", None)
     return status if isinstance(status, int) else None
 
 
 def is_transient(exc: BaseException) -> bool:
-    """True for failures worth retrying that need no HTTP client to recognise: an answer with status 429, 502, 503
-    or 504, a reset connection, a body that ended early (:class:`ShortBody`). The HTTP client's own "connection cut"
-    exceptions are added by :func:`hfcache.hub.client.is_transient`."""
+    """True for a retried failure that needs no HTTP client to recognise: status 429, 502, 503 or 504, a reset
+    connection, a body that ended early (:class:`ShortBody`) or too slowly (:class:`SlowBody`)."""
     status = status_of(exc)
     if status is not None:
         return status in RETRY_STATUSES
@@ -65,9 +59,8 @@ class ShortBody(Exception):
 
 
 class SlowBody(TooSlow):
-    """A file body fell below the throughput floor (:class:`hfcache.pace.Throughput`): retried like a cut
-    connection (another connection may be faster), within the same budget, so ``--retries`` still bounds the whole.
-    A metadata answer past its deadline is a plain :class:`~hfcache.pace.TooSlow`, never retried."""
+    """A file body fell below the throughput floor (:class:`hfcache.pace.Throughput`): retried like a cut connection
+    within the same budget. A metadata answer past its deadline is a plain :class:`~hfcache.pace.TooSlow`."""
 
 
 def retry_after(exc: BaseException) -> float | None:
@@ -89,13 +82,12 @@ def retry_after(exc: BaseException) -> float | None:
 
 
 class RetryCounter:
-    """Retries made for one repo (thread-safe); what the report shows. ``stop`` interrupts every backoff wait.
+    """Retries and requests made for one repo (thread-safe): what the report shows.
 
     Args:
         retries: retries per request or per file download (a fresh :meth:`budget` each), >= 0.
-        stop: set to interrupt every wait at once (Ctrl-C, SIGTERM).
-        transient: which failures are retried (default :func:`is_transient`; ``HubClient`` passes
-            :func:`hfcache.hub.client.is_transient`, which also knows its HTTP client's exceptions).
+        stop: set to interrupt every backoff wait at once (Ctrl-C, SIGTERM).
+        transient: which failures are retried (``HubClient`` passes :func:`hfcache.hub.client.is_transient`).
 
     Raises:
         ValueError: ``retries`` < 0.
@@ -114,27 +106,21 @@ class RetryCounter:
 
     @property
     def count(self) -> int:
-        with self._lock:
-            return self._count
+        return self._count
 
     @property
     def requests(self) -> int:
-        """HTTP requests sent on this counter's behalf (:func:`count_request`): every attempt, retries and redirect
-        hops (to a CDN) included; a connection that was refused counts too (it was attempted)."""
-        with self._lock:
-            return self._requests
+        """HTTP requests sent on this counter's behalf (:func:`count_request`): every attempt, retry and redirect hop,
+        a refused connection too."""
+        return self._requests
 
     def budget(self) -> Budget:
         """A fresh budget of ``retries`` for one request or one file download."""
         return Budget(self)
 
-    def _add(self) -> None:
+    def _add(self, name: str) -> None:
         with self._lock:
-            self._count += 1
-
-    def _add_request(self) -> None:
-        with self._lock:
-            self._requests += 1
+            setattr(self, name, getattr(self, name) + 1)
 
 
 _local = threading.local()
@@ -152,11 +138,11 @@ def counting(counter: RetryCounter) -> Iterator[None]:
 
 
 def count_request(request: object) -> None:
-    """HTTP client request hook (``event_hooks["request"]``: called once per request sent, each redirect hop
-    included): one more request for the counter :func:`counting` made current in this thread, if any."""
+    """HTTP client request hook (once per request sent, redirect hops included): one more request for the counter
+    :func:`counting` made current in this thread."""
     counter = getattr(_local, "counter", None)
     if counter is not None:
-        counter._add_request()
+        counter._add("_requests")
 
 
 class Budget:
@@ -184,7 +170,7 @@ class Budget:
             self.left -= 1
             self.attempt += 1
             attempt = self.attempt
-        self.counter._add()
+        self.counter._add("_count")
         delay = retry_after(exc)
         if delay is not None and delay > MAX_RETRY_AFTER:
             raise HubError(f"{what}: rate-limited, the endpoint asks to retry after {delay:.0f} s",

@@ -1,19 +1,12 @@
-"""Create huggingface_hub's shared HTTP client ahead of the first request, off the critical path.
+"""huggingface_hub's shared HTTP client, built ahead of the first request, off the critical path; its hooks.
 
-``get_session()`` (huggingface_hub utils/_http.py) builds one ``httpx2.Client`` per process on first use; building
-it imports httpcore2, h11, anyio and truststore and creates an SSL context that loads the CA bundle (~85 ms on this
-project's 2-core benchmark machine, half of it in ``_ssl``, which runs without the GIL). Started in a thread before
-``hfcache.warming.orchestrate`` is imported, it overlaps with those imports: the first request of a cold ``warm`` starts that
-much sooner (docs/benchmarks.md). The client is exactly the one the first request would have made.
-
-Concurrent imports: CPython raises ``_DeadlockError`` in one of two threads that import modules depending on each
-other in opposite orders. So the calling thread imports huggingface_hub's HTTP module (and httpx2) itself, and the
-thread only builds the client: the modules that imports (httpcore2, h11, anyio, truststore) are imported by no
-other hfcache code path at that time (checked in tests/unit/test_import_graph.py).
-
-Also here: :func:`hub_session` (that client with the watchdog's request hook, :mod:`hfcache.hub.bodies`) and
-:func:`no_agent_registry_fetch`. Imports nothing at module import time (the command-line entry point calls :func:`prepare_session` before the
-heavy imports).
+``get_session()`` (huggingface_hub utils/_http.py) builds one ``httpx2.Client`` per process on first use: importing
+httpcore2, h11, anyio and truststore and loading the CA bundle (~85 ms on the 2-core benchmark machine, half of it
+in ``_ssl``, without the GIL). :func:`prepare_session` starts that in a thread before ``hfcache.warming.orchestrate``
+is imported, so it overlaps those imports (docs/benchmarks.md). CPython raises ``_DeadlockError`` in one of two
+threads importing modules that depend on each other in opposite orders: the calling thread imports huggingface_hub's
+HTTP module itself, and the thread only builds the client, whose modules no other hfcache code imports meanwhile
+(tests/unit/test_import_graph.py). Nothing is imported at module import time.
 """
 
 from __future__ import annotations
@@ -27,13 +20,8 @@ CLIENT_MODULES = ("httpcore2", "h11", "anyio", "truststore")
 
 
 def prepare_session() -> threading.Thread:
-    """Import huggingface_hub's HTTP module here, then build its shared HTTP client in a daemon thread.
-
-    Any failure of the thread is ignored: the first request builds the client again and reports it.
-
-    Returns:
-        threading.Thread: the started thread (joining it is never required).
-    """
+    """Import huggingface_hub's HTTP module here, then build its shared client in a daemon thread (a failure there is
+    ignored: the first request builds it again and reports it). Returns the started thread (no join needed)."""
     from huggingface_hub.utils import get_session
 
     thread = threading.Thread(target=_make_session, args=(get_session,), name="hfcache-session", daemon=True)
@@ -51,13 +39,13 @@ def _make_session(get_session) -> None:
 def no_agent_registry_fetch() -> None:
     """Keep huggingface_hub's agent detection from fetching its registry: hfcache talks only to its endpoints.
 
-    Library gap: ``build_hf_headers`` (utils/_headers.py, also inside ``get_hf_file_metadata``) calls
-    ``detect_agent()`` unless telemetry is disabled, and its first call (utils/_detect_agent.py, huggingface_hub
-    >= 1.x) fetches ``{constants.ENDPOINT}/api/agent-harnesses`` -- the public Hub even when hfcache was given
-    another endpoint, with a 3 s timeout, once from every worker thread that races to it -- and writes
-    ``$HF_HOME/.agent_harnesses.json`` (into an image layer, under ``RUN hfcache warm``). Here the registry is taken
-    from that file if it exists (so the user agent still names a detected agent) and is otherwise empty; it is
-    never fetched. A huggingface_hub without this module is left alone.
+    Library gap (huggingface_hub >= 1.x, utils/_detect_agent.py; huggingface/huggingface_hub#4325): unless telemetry
+    is off, ``build_hf_headers`` calls ``detect_agent()``, whose first call fetches
+    ``{constants.ENDPOINT}/api/agent-harnesses`` (the public Hub whatever endpoint hfcache was given, 3 s timeout,
+    from every worker thread racing to it) and writes ``$HF_HOME/.agent_harnesses.json`` (into an image layer under
+    ``RUN hfcache warm``). No public API turns off only the fetch (``HF_HUB_DISABLE_TELEMETRY`` also drops the user
+    agent's fields), so the module's registry is set here, once: from that file if it exists (a detected agent is still
+    named), else empty. A huggingface_hub without this module is left alone.
     """
     try:
         from huggingface_hub import constants
@@ -70,9 +58,10 @@ def no_agent_registry_fetch() -> None:
 
 
 def hub_session():
-    """huggingface_hub's shared ``httpx2.Client`` (``get_session()``), with :func:`hfcache.hub.bodies.watch_hook`
-    among its request hooks, so a :func:`~hfcache.hub.bodies.watched` block bounds a whole answer, headers
-    included, even inside ``get_hf_file_metadata``. Installed again if huggingface_hub made a new client."""
+    """huggingface_hub's shared ``httpx2.Client`` (``get_session()``) with hfcache's request hooks:
+    :func:`hfcache.hub.bodies.watch_hook` (a :func:`~hfcache.hub.bodies.watched` block bounds a whole answer, headers
+    included, also inside ``get_hf_file_metadata``) and :func:`hfcache.hub.retry.count_request`. Installed again if
+    huggingface_hub made a new client."""
     from huggingface_hub.utils import get_session
 
     from .bodies import watch_hook

@@ -1,20 +1,18 @@
 """Blob downloads into a cache: resumed, in parallel ranges for large files, hashed, published only when verified.
 
-One blob at a time, under its download lock (``.locks/<folder>/<etag>.lock``, the lock huggingface_hub takes):
+One blob at a time, under its download lock (``.locks/<folder>/<etag>.lock``, huggingface_hub's):
 
-- **Resume.** A ``blobs/<etag>[.<random>].incomplete`` left by a killed or stopped download (the lock is ours, so
-  nobody writes it) is continued: its trusted prefix (the whole file when written in order; up to the first hole,
-  rounded down to 1 MiB, when parallel parts left holes: ``SEEK_HOLE``) is re-hashed from disk first, and only the
-  rest is requested, with ``Range``. Other leftovers of the same blob are deleted, so a rerun leaves none behind.
-- **Parallel ranges.** A file with more than :data:`PARALLEL_THRESHOLD` bytes still to fetch is split into up to
-  ``part_cap`` ranges fetched at once, each written in place with ``os.pwrite``; a shared :class:`Slots` bounds the
-  connections of the whole warm (``--max-workers``). The first part's answer decides: 206 starts the others; 200
-  (the server ignores ``Range``) turns the download into one stream from byte 0.
-- **Hashing in order** as bytes land (read back in 1 MiB pieces: memory stays bounded), and the blob is published
-  (renamed) only when size and hash match.
-- **Throughput floor**: every stream must average ``HFCACHE_MIN_RATE`` over ``HFCACHE_RATE_WINDOW`` seconds
-  (:mod:`hfcache.pace`), checked at every chunk off the wire; a slower one is cut and retried from where it stopped,
-  within the file's retry budget (``--retries``), then fails naming the endpoint (exit 3).
+- **Resume.** A ``blobs/<etag>[.<random>].incomplete`` left by a killed or stopped download is continued: its
+  trusted prefix (:func:`trusted_prefix`) is re-hashed from disk and only the rest is requested, with ``Range``.
+  Other leftovers of the same blob are deleted.
+- **Parallel ranges.** More than :data:`PARALLEL_THRESHOLD` bytes still to fetch are split into up to ``part_cap``
+  ranges fetched at once, each written in place (``os.pwrite``); a shared :class:`Slots` bounds the connections of
+  the whole warm (``--max-workers``). The first part's answer decides: 206 starts the others, 200 (``Range``
+  ignored) turns the download into one stream from byte 0.
+- **Hashing in order** as bytes land (read back in 1 MiB pieces); the blob is renamed into place only when size and
+  hash match.
+- **Throughput floor** (:mod:`hfcache.pace`) checked at every chunk off the wire: a slower stream is cut and retried
+  from where it stopped within the file's retry budget, then fails naming the endpoint (exit 3).
 - **Stop** (Ctrl-C, SIGTERM): every part stops at its next chunk, the file is cut to its contiguous prefix and kept
   for the next run; nothing is published.
 
@@ -56,11 +54,7 @@ class Slots:
         self._sem = threading.BoundedSemaphore(self.size)
 
     def acquire(self, stop: threading.Event, give_up: Callable[[], bool] = lambda: False) -> bool:
-        """Wait for a slot; False (no slot taken) when ``give_up()`` turns true meanwhile.
-
-        Raises:
-            Interrupted: ``stop`` was set while waiting.
-        """
+        """Wait for a slot (Interrupted when ``stop`` is set); False, no slot taken, once ``give_up()`` is true."""
         while not self._sem.acquire(timeout=0.1):
             if stop.is_set():
                 raise Interrupted("interrupted while waiting for a connection slot")
@@ -73,11 +67,7 @@ class Slots:
 
     @contextmanager
     def held(self, stop: threading.Event) -> Iterator[None]:
-        """One slot for the duration of the block (a repo's resolution request).
-
-        Raises:
-            Interrupted: ``stop`` was set while waiting.
-        """
+        """One slot for the block (a repo's resolution request); Interrupted when ``stop`` is set while waiting."""
         self.acquire(stop)
         try:
             yield
@@ -87,18 +77,10 @@ class Slots:
 
 @dataclass(frozen=True)
 class TransferOptions:
-    """How blob downloads run.
-
-    Attributes:
-        slots (Slots): connection slots shared by every download of the run.
-        counter (RetryCounter): the repo's retry counter (its stop event stops every download).
-        on_bytes (Callable[[int], None] | None): progress, called with each chunk's byte count (negative when bytes
-            are discarded).
-        on_kept (Callable[[int], None] | None): progress, called once per attempt with the bytes kept from a leftover
-            (0 when none was kept).
-        part_cap (int): parallel ranges per file (1: never split).
-        threshold (int): bytes left to fetch above which a file is split.
-    """
+    """How blob downloads run: ``slots`` shared by every download of the run; ``counter``, the repo's retry counter
+    (its stop event stops every download); ``on_bytes(n)`` per chunk (negative when bytes are discarded);
+    ``on_kept(n)`` once per attempt with the bytes kept from a leftover (0: none); ``part_cap`` parallel ranges per
+    file (1: never split); ``threshold``, the bytes left to fetch above which a file is split."""
 
     slots: Slots
     counter: RetryCounter
@@ -110,16 +92,13 @@ class TransferOptions:
 
 def download_blob(client: HubClient, folder: RepoFolder, repo: RepoRevision, file: RemoteFile,
                   options: TransferOptions) -> int:
-    """Download ``file`` into ``folder``'s ``blobs/<etag>`` (resuming a leftover), verified; the caller holds the
-    blob lock. A resumed file that fails its hash check is downloaded once more from byte 0.
-
-    Returns:
-        int: bytes received from the network.
+    """Download ``file`` into ``folder``'s ``blobs/<etag>`` (resuming a leftover), verified, under the blob lock the
+    caller holds; a resumed file that fails its hash check is downloaded once more from byte 0. Returns the bytes
+    received.
 
     Raises:
-        IntegrityError: the bytes do not match the published size or hash (the partial file is deleted).
-        Interrupted: stopped; the partial file is kept for the next run.
-        EndpointUnreachable, HubError...: the partial file is kept (a rerun resumes it).
+        IntegrityError: bytes that do not match the published size or hash (the partial file is deleted).
+        Interrupted, EndpointUnreachable, HubError...: the partial file is kept for the next run.
         OSError: a local failure (disk full...); the partial file is deleted.
     """
     received = 0
@@ -150,11 +129,9 @@ def download_blob(client: HubClient, folder: RepoFolder, repo: RepoRevision, fil
 
 
 def trusted_prefix(fd: int, size: int) -> int:
-    """Bytes at the start of a leftover download that can be trusted to hold what was received.
-
-    Written in order (one stream), the whole file; with holes (parallel parts), up to the first hole rounded
-    down to 1 MiB (the hole starts on a block boundary, possibly inside the last partly written block). Larger than
-    ``size``: nothing (not this blob's download). The final hash check catches anything else.
+    """Bytes at the start of a leftover download that hold what was received: the whole file when written in order;
+    with holes (parallel parts), up to the first hole rounded down to 1 MiB (a hole starts on a block boundary,
+    possibly inside the last partly written block); nothing when larger than ``size``. The hash check catches the rest.
     """
     length = os.fstat(fd).st_size
     if length == 0 or length > size:
@@ -179,8 +156,8 @@ class _Part:
 
 
 class _Job:
-    """One file: one stream fetched and hashed by the calling thread, or (a large file with ranges) parts streamed by
-    worker threads and hashed in order by the calling thread."""
+    """One file: one stream fetched and hashed by the calling thread, or parts streamed by worker threads and hashed
+    in order by the calling thread."""
 
     def __init__(self, client: HubClient, repo: RepoRevision, file: RemoteFile, path: IncompleteBlob,
                  options: TransferOptions) -> None:
@@ -243,9 +220,8 @@ class _Job:
             raise
 
     def _one_stream(self, kept: int) -> None:
-        """The bytes after ``kept`` as one stream in this thread, each chunk hashed as it is written (no worker
-        thread, no second read of the file: most files are small, docs/benchmarks.md); the same retries, Range
-        checks and resume as the parts of a large file (:meth:`_worker`, :meth:`_stream`)."""
+        """The bytes after ``kept`` as one stream in this thread, each chunk hashed as it is written (no worker, no
+        second read: most files are small, docs/benchmarks.md); retries, Range checks and resume as for parts."""
         self.inline = self.file.hasher()
         self._hash_from_disk(self.inline, 0, kept)
         try:
@@ -340,7 +316,7 @@ class _Job:
 
     def _fetch_part(self, part: _Part) -> None:
         """Stream ``part`` under a connection slot, retrying transient failures from where it stopped; returns early
-        when another part failed or the run was stopped (the caller checks)."""
+        when another part failed or the run stopped (the caller checks)."""
         if not self.options.slots.acquire(self.stop, give_up=lambda: self.error is not None):
             return  # another part failed while this one waited
         try:
@@ -410,8 +386,8 @@ class _Job:
 
 
 def _write_all(fd: int, data: bytes, offset: int) -> None:
-    """``os.pwrite`` until every byte is written: a short write (the disk filling up) is continued, so that the
-    next call raises the real error (ENOSPC) instead of leaving a silent gap."""
+    """``os.pwrite`` until every byte is written: after a short write (a disk filling up) the next call raises the
+    real error (ENOSPC) instead of leaving a silent gap."""
     view = memoryview(data)
     while view:
         written = os.pwrite(fd, view, offset)

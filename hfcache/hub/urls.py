@@ -1,7 +1,5 @@
-"""The URLs hfcache accepts and builds: endpoint validation, a file's ``resolve`` URL, a URL's origin.
-
-Standard library only (huggingface_hub's ``hf_hub_url`` is not imported: see :func:`resolve_url`).
-"""
+"""The URLs hfcache accepts and builds: endpoint validation, a file's ``resolve`` URL, a URL's origin. Standard
+library only."""
 
 from __future__ import annotations
 
@@ -13,11 +11,12 @@ from ..records import shown
 
 
 def validate_endpoint(endpoint: str) -> str:
-    """Return the endpoint without a trailing slash, or raise UsageError for anything but an http(s) URL with a host.
+    """The endpoint without a trailing slash.
 
-    Credentials in the URL (``https://user:pass@host``) are refused: they would end up in messages and reports.
-    So is any character that is not printable ASCII or is a space (httpx raises ``InvalidURL`` on control characters
-    at the first request, which surfaced as an internal error; a line break would also split the messages naming it).
+    Raises:
+        UsageError: not an http(s) URL with a host; credentials in it (they would end up in messages and reports);
+            a character that is not printable ASCII, or a space (httpx's ``InvalidURL`` at the first request was
+            exit 70, and a line break would split the messages naming it).
     """
     if not (endpoint.isascii() and endpoint.isprintable()) or " " in endpoint:
         raise UsageError(f"invalid endpoint {shown(endpoint)}: only printable ASCII without spaces",
@@ -38,21 +37,10 @@ def validate_endpoint(endpoint: str) -> str:
 
 
 def resolve_url(endpoint: str, repo_id: str, path: str, repo_type: str, revision: str) -> str:
-    """The URL of one file at a revision: ``{endpoint}/{prefix}{repo_id}/resolve/{revision}/{path}``.
-
-    Same URL as ``hf_hub_url`` (file_download.py: ``HUGGINGFACE_CO_URL_TEMPLATE``, prefix ``datasets/``, ``spaces/``
-    or ``kernels/`` from constants.py ``REPO_TYPES_URL_PREFIXES``, revision quoted with no safe character, path
-    quoted keeping ``/``), built here because importing file_download.py loads tqdm and asyncio (~25 ms of every
-    cold warm, docs/benchmarks.md).
-
-    Args:
-        endpoint: base URL without a trailing slash.
-        repo_id: ``org/name`` or a legacy id. path: the file's path in the repo. repo_type: ``model``, ``dataset``,
-            ``space`` or ``kernel``. revision: a branch, tag or commit.
-
-    Returns:
-        str: the absolute URL.
-    """
+    """``{endpoint}/{prefix}{repo_id}/resolve/{revision}/{path}``: ``hf_hub_url``'s URL (file_download.py: prefix
+    from constants.py ``REPO_TYPES_URL_PREFIXES``, revision quoted with no safe character, path keeping ``/``), built
+    here because importing file_download.py loads tqdm and asyncio (~25 ms of a cold warm, docs/benchmarks.md).
+    ``endpoint`` has no trailing slash."""
     return f"{endpoint}/{url_prefix(repo_type)}{repo_id}/resolve/{quote(revision, safe='')}/{quote(path)}"
 
 

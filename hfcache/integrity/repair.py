@@ -32,7 +32,8 @@ from ..hub.files import RemoteFile, RepoRevision
 from ..hub.transfer import Slots, TransferOptions, download_blob
 from ..hub.urls import origin
 from ..warming.lockfile import Lockfile
-from ..records import folder_ids
+from ..warming.orchestrate import user_client
+from ..records import HubOptions, folder_ids
 from ..cache.scan import parse_folder_name, scan_repo
 from ..names import is_commit
 from .verify import HashProgress, verify_cache
@@ -323,19 +324,17 @@ class RepairRun:
 
 
 def verify_and_repair(cache_dir: str | os.PathLike[str], repo_ids: Iterable[str] | None, *,
-                      client_factory: Callable[[], HubClient], lock: Lockfile | None = None,
+                      hub: HubOptions, lock: Lockfile | None = None,
                       max_workers: int | None = None, fast: bool = False,
                       lock_timeout: float = DEFAULT_LOCK_TIMEOUT, on_lock_wait=None,
-                      progress: Callable[[], AbstractContextManager[HashProgress | None]] | None = None,
-                      endpoint_given: bool | None = None) -> RepairRun:
+                      progress: Callable[[], AbstractContextManager[HashProgress | None]] | None = None) -> RepairRun:
     """Verify, repair what is broken, then verify again (``hfcache verify --repair``).
 
     Args:
         cache_dir, repo_ids, lock, max_workers, fast: as for :func:`hfcache.integrity.verify.verify_cache`.
-        client_factory: builds the client of the endpoint the user configured (``--endpoint``, else ``HF_ENDPOINT``,
-            else the public Hub) with the user's token; called only when something needs repairing.
-        endpoint_given: the user named that endpoint (``--endpoint``): it serves every revision
-            (:class:`RepairEndpoints`). None: inferred (the client's endpoint is not ``HF_ENDPOINT`` or the Hub).
+        hub: the Hub options: the client of the endpoint the user configured (its first, else ``HF_ENDPOINT``, else
+            the public Hub) is made only when something needs repairing; one named (``--endpoint``) serves every
+            revision (:class:`RepairEndpoints`).
         lock_timeout, on_lock_wait: as for :func:`repair`.
         progress: returns a fresh progress context for each verification pass (None: no progress).
     """
@@ -345,10 +344,8 @@ def verify_and_repair(cache_dir: str | os.PathLike[str], repo_ids: Iterable[str]
         report = verify_cache(cache_dir, ids, lock=lock, max_workers=max_workers, progress=sink, fast=fast)
     if report.ok:
         return RepairRun(report, (), None)
-    user = client_factory()
-    if endpoint_given is None:
-        endpoint_given = user.endpoint != (os.environ.get("HF_ENDPOINT") or DEFAULT_ENDPOINT).rstrip("/")
-    actions = repair(report, endpoints=RepairEndpoints(user, given=endpoint_given), lock=lock,
+    user = user_client(hub)
+    actions = repair(report, endpoints=RepairEndpoints(user, given=bool(hub.endpoints)), lock=lock,
                      lock_timeout=lock_timeout, on_lock_wait=on_lock_wait)
     with new_progress() as sink:
         after = verify_cache(cache_dir, ids, lock=lock, max_workers=max_workers, progress=sink, fast=fast)

@@ -295,6 +295,10 @@ def follow_configs(needs_config: Sequence[str], read: Callable[[str], bytes | No
                     needs_index=tuple(i for i in indexes if i in keep), foreign=code.foreign, unparsed=unparsed)
 
 
+#: The hint of a repo file hfcache cannot parse (:class:`RepoDataError`, a malformed sharded index).
+BAD_FILE_HINT = "the repo's file is malformed (a loader fails on it too): fix the repo, or --exclude that file"
+
+
 class RepoDataError(ValueError):
     """A repo file hfcache must parse (a config, ``modules.json``, a sharded index) that no parser can read: nested
     too deeply, wrong types. The message names the file; callers add the repo id."""

@@ -1,18 +1,15 @@
 """The lock (``hfcache.lock``) hfcache writes from the manifest (:mod:`hfcache.warming.manifest`) users write.
 
-Light on purpose (standard library, tomli-w, hfcache's records and the cache layout only): ``warm --lock`` on a warm cache reads the
-lock and checks the cache with this module alone, without importing huggingface_hub or an HTTP client.
-
-The lock is deterministic, in the manner of pip-tools' ``writer.py`` and ``uv.lock``: sorted entries, stable
-formatting, LF, trailing newline, a header naming the command that regenerates it, a schema ``version``; no
-timestamps, hostnames, absolute paths or tokens. Every file has a size and an algorithm-prefixed hash. Also here: the
-manifest that goes with a lock, drift between the two, and the stat-only check of a cache against the lock.
+Deterministic, in the manner of pip-tools' ``writer.py`` and ``uv.lock``: sorted entries, stable formatting, LF, a
+header naming the command that regenerates it, a schema ``version``; no timestamps, hostnames, absolute paths or
+tokens; every file with its size and algorithm-prefixed hash. Also here: the manifest that goes with a lock, drift
+between the two, and the stat-only check of a cache against the lock. Light (standard library, tomli-w, records and
+the cache layout): ``warm --lock`` on a warm cache needs no more (no huggingface_hub, no HTTP client).
 """
 
 from __future__ import annotations
 
 import os
-import re
 import stat
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -24,17 +21,18 @@ import tomli_w
 from ..cache import safefs
 from ..cache.layout import RepoFolder
 from ..cache.atomic import atomic_write
-from ..cache.root import NAME_MAX, PATH_MAX, cache_error, resolve_cache_dir
+from ..cache.root import cache_error, resolve_cache_dir
 from ..errors import CacheError, UsageError
+from ..names import is_commit, is_prefixed_hash
 from ..records import (MAX_FILE_SIZE, UnsafePath, WarmRequest, folder_ids, shown, valid_repo_id, valid_size,
                        validate_repo_path)
 from .manifest import (ENTRY_KEYS, MANIFEST_NAME, Manifest, ManifestNotFound, find_manifest, load_manifest,
-                       manifest_entry, read_toml, request_key, str_list)
+                       manifest_entry, read_toml, request_key, str_list, unique_entries)
 
 LOCK_VERSION = 1
 LOCK_NAME = "hfcache.lock"
-_HASH_RE = re.compile(r"^(sha256:[0-9a-f]{64}|git-sha1:[0-9a-f]{40})$")
-_COMMIT_RE = re.compile(r"^[0-9a-f]{40}$")
+_CORRUPT = "the lock is corrupt; regenerate it"
+_HOSTILE = "the lock is corrupt or hostile; regenerate it"
 
 
 @dataclass(frozen=True)
@@ -53,17 +51,10 @@ class LockedFile:
 
 @dataclass(frozen=True)
 class LockedRepo:
-    """One repo pinned by the lock.
-
-    Attributes:
-        request: the manifest entry it was resolved from (repo id as written, revision, kind, globs, type).
-        canonical_id (str): the id the endpoint answered with.
-        commit_hash (str): the 40-hex commit.
-        files (tuple[LockedFile, ...]): the selected files, sorted by path.
-        absent (tuple[str, ...]): optional tokenizer names the repo lacks (written as ``.no_exist`` markers).
-        notes (tuple[str, ...]): one-line warnings found while resolving it (custom code in another repo, a file
-            too large to parse: ``custom_code.Followed.notes``); reported by ``hfcache lock``, not written.
-    """
+    """One repo pinned by the lock: the manifest entry it was resolved from (``request``), the ``canonical_id`` the
+    endpoint answered, the 40-hex ``commit_hash``, the selected ``files`` sorted by path, the ``absent`` optional
+    tokenizer names (``.no_exist`` markers), and ``notes`` found while resolving it (``custom_code.Followed.notes``),
+    reported by ``hfcache lock``, not written."""
 
     request: WarmRequest
     canonical_id: str
@@ -91,13 +82,8 @@ class Lockfile:
 
 @dataclass(frozen=True)
 class CacheStatus:
-    """Whether a cache already holds a locked repo, from ``stat`` calls only (no hashing, no network).
-
-    Attributes:
-        repo: the locked repo.
-        missing (tuple[str, ...]): what is absent or wrong, e.g. ``"snapshots/<commit>/vocab.txt: missing"``;
-            empty when the cache satisfies the lock for this repo.
-    """
+    """Whether a cache already holds a locked ``repo`` (``stat`` calls only): ``missing`` lists what is absent or
+    wrong (``"<folder>/snapshots/<commit12>/vocab.txt: missing"``); empty when the cache satisfies it."""
 
     repo: LockedRepo
     missing: tuple[str, ...] = field(default=())
@@ -107,17 +93,11 @@ class CacheStatus:
         return not self.missing
 
 
-# ------------------------------------------------------------------------------------------------ lock
-
-
 def lock_manifest(lock_path: str | os.PathLike[str], manifest_path: str | os.PathLike[str] | None = None, *,
                   required: bool = False) -> Manifest | None:
-    """The manifest that goes with a lock: ``manifest_path`` when given (``--manifest``), else ``hfcache.toml`` or a
-    ``pyproject.toml`` with ``[tool.hfcache]`` in the lock's folder.
-
-    Returns:
-        Manifest, or None when there is none beside the lock and none is ``required`` (a lock alone, e.g. copied
-        into an image, is enough).
+    """The manifest that goes with a lock: ``manifest_path`` (``--manifest``), else ``hfcache.toml`` or a
+    ``pyproject.toml`` with ``[tool.hfcache]`` in the lock's folder; None when there is none and none is
+    ``required`` (a lock alone, e.g. copied into an image, is enough).
 
     Raises:
         UsageError: the manifest is given or required but missing, or it exists but is invalid.
@@ -132,13 +112,9 @@ def lock_manifest(lock_path: str | os.PathLike[str], manifest_path: str | os.Pat
 
 def lock_cache_dir(lock_path: str | os.PathLike[str], cache_dir: str | os.PathLike[str] | None = None, *,
                    manifest: Manifest | None = None, manifest_path: str | os.PathLike[str] | None = None) -> Path:
-    """The cache every ``--lock`` command works on (README "Which cache a --lock command uses"): ``cache_dir``
-    (``--cache-dir``) when given; else the ``cache_dir`` of the lock's manifest (``manifest`` if already loaded,
-    else :func:`lock_manifest`); else the environment's (``HF_HUB_CACHE``, ``$HF_HOME/hub``,
-    ``~/.cache/huggingface/hub``).
-
-    Returns:
-        Path: absolute; not checked for existence.
+    """The cache every ``--lock`` command works on (README "Which cache a --lock command uses"), absolute and not
+    checked: ``cache_dir`` when given; else the lock's manifest's (``manifest`` if loaded, else
+    :func:`lock_manifest`); else the environment's.
 
     Raises:
         UsageError: the manifest is given but missing, or exists but is invalid.
@@ -155,12 +131,8 @@ def default_lock_path(manifest_path: Path) -> Path:
 
 
 def render_lock(lock: Lockfile, manifest_name: str = MANIFEST_NAME) -> bytes:
-    """The lock's exact bytes: header comment, then TOML from tomli-w with keys in a fixed order.
-
-    Args:
-        lock: the lock to render.
-        manifest_name: the manifest path shown in the regenerate command (relative; never absolute).
-    """
+    """The lock's exact bytes: the header (``manifest_name``, relative, in the regenerate command), then TOML from
+    tomli-w with keys in a fixed order."""
     document = {
         "version": lock.version,
         "repos": [
@@ -207,8 +179,8 @@ def read_lock(path: str | os.PathLike[str]) -> Lockfile:
     """Read and validate a lock.
 
     Raises:
-        UsageError: unreadable, invalid TOML, a schema version newer than this hfcache understands, a missing or
-            malformed field, a file path that escapes the repo; the message names the file, entry and field.
+        UsageError: unreadable, invalid TOML, a newer schema version, a missing or malformed field, a file path
+            that escapes the repo; the message names the file, entry and field.
     """
     path = Path(path)
     data = read_toml(path, "lock")
@@ -225,16 +197,9 @@ def read_lock(path: str | os.PathLike[str]) -> Lockfile:
         raise UsageError(f"{path}: 'repos' must be an array of tables")
     unknown = sorted(set(data) - {"version", "repos"})
     if unknown:
-        raise UsageError(f"{path}: unknown key {shown(unknown[0])}", hint="the lock is corrupt; regenerate it")
-    repos = []
-    seen: dict[tuple[str, str, str], int] = {}
-    for i, entry in enumerate(entries):
-        repo = _locked_repo(entry, f"{path}: repos[{i}]")
-        if request_key(repo.request) in seen:
-            raise UsageError(f"{path}: repos[{i}] ({repo.request.spec}) repeats "
-                             f"repos[{seen[request_key(repo.request)]}]", hint="the lock is corrupt; regenerate it")
-        seen[request_key(repo.request)] = i
-        repos.append(repo)
+        raise UsageError(f"{path}: unknown key {shown(unknown[0])}", hint=_CORRUPT)
+    repos = unique_entries((_locked_repo(e, f"{path}: repos[{i}]") for i, e in enumerate(entries)), str(path),
+                           lambda r: r.request, hint=_CORRUPT)
     return Lockfile(repos=tuple(repos), version=version)
 
 
@@ -246,15 +211,15 @@ def _locked_repo(entry: dict[str, Any], where: str) -> LockedRepo:
     where = f"{where} ({request.repo_id})"
     unknown = sorted(set(entry) - _LOCK_ENTRY_KEYS)
     if unknown:
-        raise UsageError(f"{where}: unknown field {shown(unknown[0])}", hint="the lock is corrupt; regenerate it")
+        raise UsageError(f"{where}: unknown field {shown(unknown[0])}", hint=_CORRUPT)
     canonical_id = _canonical_id(entry.get("canonical_id", request.repo_id), request.repo_id, where)
     commit = entry.get("commit_hash")
-    if not isinstance(commit, str) or not _COMMIT_RE.fullmatch(commit):
+    if not is_commit(commit):
         raise UsageError(f"{where}: field 'commit_hash' must be 40 hex characters, got {shown(commit)}")
-    if _COMMIT_RE.fullmatch(request.revision) and request.revision != commit:
+    if is_commit(request.revision) and request.revision != commit:
         # A full commit pins itself: refs/<C> -> D would make an offline load of revision C fail.
         raise UsageError(f"{where}: revision {request.revision} is a commit, but 'commit_hash' is {commit}",
-                         hint="the lock is corrupt or hostile; regenerate it")
+                         hint=_HOSTILE)
     files = entry.get("files")
     if not isinstance(files, list) or not all(isinstance(f, dict) for f in files):
         raise UsageError(f"{where}: field 'files' must be an array of {{path, size, hash}} tables")
@@ -266,7 +231,7 @@ def _locked_repo(entry: dict[str, Any], where: str) -> LockedRepo:
         if not valid_size(size):
             raise UsageError(f"{fwhere} ({file_path}): field 'size' must be an integer from 0 to {MAX_FILE_SIZE}, "
                              f"got {shown(size)}")
-        if not isinstance(digest, str) or not _HASH_RE.fullmatch(digest):
+        if not is_prefixed_hash(digest):
             raise UsageError(f"{fwhere} ({file_path}): field 'hash' must be sha256:<64 hex> or git-sha1:<40 hex>")
         locked.append(LockedFile(path=file_path, size=size, hash=digest))
     absent = entry.get("absent", [])
@@ -278,17 +243,16 @@ def _locked_repo(entry: dict[str, Any], where: str) -> LockedRepo:
 
 
 def _canonical_id(canonical_id: Any, repo_id: str, where: str) -> str:
-    """The entry's ``canonical_id`` if it keeps the one rule warm follows (:func:`hfcache.records.folder_ids`): equal
-    to ``repo_id``, or ``ORG/<the same name>`` for a legacy ``repo_id`` without an org. The lock is authority for
-    commits and hashes, never for which repo they are of: another id would install that repo's files under
-    ``repo_id``'s folder.
+    """The entry's ``canonical_id`` if it keeps warm's rule (:func:`hfcache.records.folder_ids`): ``repo_id``, or
+    ``ORG/<the same name>`` for a legacy id. The lock is authority for commits and hashes, never for which repo they
+    are of: another id would install that repo's files under ``repo_id``'s folder.
 
     Raises:
         UsageError: (exit 2) not a valid repo id, or one that breaks the rule; the message names the entry.
     """
     if not isinstance(canonical_id, str) or not valid_repo_id(canonical_id):
         raise UsageError(f"{where}: field 'canonical_id' must be a valid repo id, got {shown(canonical_id)}",
-                         hint="the lock is corrupt or hostile; regenerate it")
+                         hint=_HOSTILE)
     if canonical_id != repo_id and folder_ids(repo_id, canonical_id)[0] != canonical_id:
         allowed = repr(repo_id) if "/" in repo_id else f"{repo_id!r} or 'ORG/{repo_id}'"
         raise UsageError(f"{where}: field 'canonical_id' is {canonical_id!r}, another repo than {repo_id!r} "
@@ -298,31 +262,17 @@ def _canonical_id(canonical_id: Any, repo_id: str, where: str) -> str:
 
 
 def _lock_repo_path(path: str, where: str) -> str:
-    """A file path or absent name of a lock: a safe relative repo path (:func:`hfcache.records.validate_repo_path`)
-    the OS can hold: each component at most 255 bytes, the whole at most 4096 (UTF-8).
-
-    Raises:
-        UsageError: (exit 2) naming ``where``.
-    """
-    hint = "the lock is corrupt or hostile; regenerate it"
+    """A file path or absent name of a lock, if a safe relative repo path the OS can hold
+    (:func:`hfcache.records.validate_repo_path`), else UsageError (exit 2) naming ``where``."""
     try:
-        validate_repo_path(path)
+        return validate_repo_path(path)
     except UnsafePath as exc:
-        raise UsageError(f"{where}: {exc}", hint=hint) from None
-    encoded = path.encode("utf-8", "surrogatepass")
-    if len(encoded) > PATH_MAX or max(len(part) for part in encoded.split(b"/")) > NAME_MAX:
-        raise UsageError(f"{where}: repo file path {path[:60]!r}... is too long (components at most {NAME_MAX} "
-                         f"bytes, the whole at most {PATH_MAX})", hint=hint)
-    return path
+        raise UsageError(f"{where}: {exc}", hint=_HOSTILE) from None
 
 
 def drift(manifest: Manifest, lock: Lockfile) -> tuple[str, ...]:
-    """Where the lock no longer matches the manifest (no network); empty when it matches.
-
-    Returns:
-        One line per difference, sorted: an entry missing from the lock, an entry locked but no longer in the
-        manifest, or an entry whose kind/include/exclude changed.
-    """
+    """Where the lock no longer matches the manifest, one line per difference, sorted (an entry missing from the
+    lock, one no longer in the manifest, one whose fields changed); empty when it matches."""
     problems = []
     wanted = {request_key(r): r for r in manifest.repos}
     locked = {request_key(r.request): r for r in lock.repos}
@@ -349,17 +299,10 @@ def lock_relative_name(manifest_path: Path, lock_path: Path) -> str:
         return manifest_path.name
 
 
-# ------------------------------------------------------------------------------------------------ cache check
-
-
 def cache_status(repo: LockedRepo, cache_dir: Path) -> CacheStatus:
-    """Check with ``stat`` only that ``cache_dir`` holds ``repo`` exactly as locked.
-
-    For every folder of the repo (the requested id and the canonical id): ``refs/<revision>`` equals the commit,
-    every file's snapshot entry resolves to a regular file of the locked size, and every absent name has its
-    ``.no_exist`` marker. Hashes are not computed (that is ``verify``'s job); this keeps a warm rebuild in
-    milliseconds.
-    """
+    """Whether ``cache_dir`` holds ``repo`` as locked, from ``stat`` calls only (hashes are ``verify``'s job: a warm
+    rebuild stays milliseconds): in every folder of the repo, ``refs/<revision>`` is the commit, every file's
+    snapshot entry a regular file of the locked size, every absent name marked in ``.no_exist``."""
     missing = []
     for folder in repo.folders(cache_dir):
         rel = folder.name
@@ -391,8 +334,8 @@ def cache_status(repo: LockedRepo, cache_dir: Path) -> CacheStatus:
 
 
 def _top_level_markers(folder: Path) -> set[str]:
-    """The names of the regular files directly in a ``.no_exist/<commit>`` folder, from one ``scandir`` (absent
-    names are mostly top-level: this replaces a stat per name). Others (links, subfolders) are checked one by one."""
+    """The regular files directly in a ``.no_exist/<commit>`` folder, from one ``scandir`` instead of a stat per
+    absent name (others, in subfolders, are checked one by one)."""
     try:
         with os.scandir(folder) as entries:
             return {e.name for e in entries if e.is_file(follow_symlinks=False)}
@@ -402,7 +345,6 @@ def _top_level_markers(folder: Path) -> set[str]:
 
 def cache_statuses(lock: Lockfile, cache_dir: Path) -> list[CacheStatus]:
     return [cache_status(r, cache_dir) for r in lock.repos]
-
 
 
 def filter_upgrade(repos: Iterable[WarmRequest], names: Sequence[str]) -> set[tuple[str, str, str]]:
@@ -421,8 +363,5 @@ def filter_upgrade(repos: Iterable[WarmRequest], names: Sequence[str]) -> set[tu
 
 def pinned_revisions(lock: Lockfile) -> set[tuple[str, str, str]]:
     """``(repo_type, repo_id, commit_hash)`` of every folder and commit the lock pins (requested and canonical ids)."""
-    pinned = set()
-    for repo in lock.repos:
-        for repo_id in folder_ids(repo.request.repo_id, repo.canonical_id):
-            pinned.add((repo.request.repo_type, repo_id, repo.commit_hash))
-    return pinned
+    return {(repo.request.repo_type, repo_id, repo.commit_hash)
+            for repo in lock.repos for repo_id in folder_ids(repo.request.repo_id, repo.canonical_id)}

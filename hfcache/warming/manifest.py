@@ -1,35 +1,32 @@
 """The manifest (``hfcache.toml``, or ``[tool.hfcache]`` in ``pyproject.toml``): what the user asks to warm.
 
-Finding it, reading and validating it into :class:`Manifest` (one :class:`hfcache.records.WarmRequest` per entry);
-the entry rules are shared with the lock (:mod:`hfcache.warming.lockfile`). Light like the lock's module: standard
-library (``tomllib``) and hfcache's records only.
+Finding it, reading and validating it into :class:`Manifest` (the entry rules are shared with the lock,
+:mod:`hfcache.warming.lockfile`), and who gets the Hub token when it names the endpoints. Light like the lock's
+module: standard library (``tomllib``) and hfcache's records only.
 """
 
 from __future__ import annotations
 
 import os
 import sys
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from ..errors import UsageError
-from ..records import KINDS, REPO_TYPES, WarmRequest, shown
+from ..records import DEFAULT_ENDPOINT, KINDS, REPO_TYPES, TRUST_ENDPOINT_ENV, HubOptions, WarmRequest, shown
 
 if sys.version_info >= (3, 11):
     import tomllib
 else:  # pragma: no cover - Python 3.10
     import tomli as tomllib
 
+T = TypeVar("T")
 MANIFEST_NAME = "hfcache.toml"
-#: Set to 1 to send the Hub token to a manifest's ``endpoint`` (as ``--trust-manifest-endpoint`` does).
-TRUST_ENDPOINT_ENV = "HFCACHE_TRUST_MANIFEST_ENDPOINT"
-#: The endpoint the Hub token is for when neither ``--endpoint`` nor ``HF_ENDPOINT`` names one.
-HUB_ENDPOINT = "https://huggingface.co"
 _MANIFEST_KEYS = {"endpoint", "cache_dir", "repos"}
 ENTRY_KEYS = {"repo_id", "revision", "kind", "include", "exclude", "repo_type"}
-#: The longest revision a manifest or lock may name: a ref is a file under ``refs/`` in git and in the cache
-#: (``refs/<revision>``), so one name component is at most NAME_MAX = 255 bytes on Linux, git's practical limit.
+#: The longest revision a manifest or lock may name: a ref is one file name under ``refs/`` (NAME_MAX, 255 bytes).
 MAX_REVISION = 255
 
 
@@ -39,14 +36,8 @@ class ManifestNotFound(UsageError):
 
 @dataclass(frozen=True)
 class Manifest:
-    """What the user asked for.
-
-    Attributes:
-        path (Path): the file it was read from.
-        endpoints (tuple[str, ...]): Hub endpoints in order of preference (``endpoint`` may be a string or a list
-            in the file); empty when the manifest sets none.
-        cache_dir (Path | None): cache root, resolved relative to the manifest's folder.
-        repos (tuple[WarmRequest, ...]): the entries, in file order.
+    """What the user asked for: ``path`` read, ``endpoints`` in order of preference (empty: none set),
+    ``cache_dir`` (relative to the manifest's folder, or None), ``repos`` (one WarmRequest per entry, in file order).
     """
 
     path: Path
@@ -55,18 +46,17 @@ class Manifest:
     repos: tuple[WarmRequest, ...]
 
 
-
 def request_key(request: WarmRequest) -> tuple[str, str, str]:
     """What identifies an entry of the manifest or the lock: ``(repo_id, revision, repo_type)``."""
     return (request.repo_id, request.revision, request.repo_type)
 
 
 def find_manifest(path: str | os.PathLike[str] | None = None, start: Path | None = None) -> Path:
-    """Return the manifest to use: ``path`` when given, else ``hfcache.toml`` or a ``pyproject.toml`` with a
+    """The manifest to use: ``path`` when given, else ``hfcache.toml`` or a ``pyproject.toml`` with a
     ``[tool.hfcache]`` table in ``start`` (default: the working directory).
 
     Raises:
-        UsageError: nothing found.
+        ManifestNotFound: nothing found (a UsageError).
     """
     if path is not None:
         return Path(path)
@@ -103,19 +93,9 @@ def read_toml(path: Path, what: str) -> dict[str, Any]:
 
 
 def load_manifest(path: str | os.PathLike[str]) -> Manifest:
-    """Read and validate a manifest.
-
-    The shape (README "Pinning")::
-
-        endpoint = "https://huggingface.co"   # optional; or a list, tried in order
-        cache_dir = "/opt/hf-cache"            # optional, relative to the manifest's folder
-        [[repos]]
-        repo_id = "bert-base-uncased"
-        revision = "main"      # optional
-        kind = "tokenizer"     # optional: tokenizer | model | all
-        include = []           # optional globs
-        exclude = []           # optional globs
-        repo_type = "model"    # optional: model | dataset | kernel
+    """Read and validate a manifest (the shape: docs/warm.md, 'Pinning': optional ``endpoint``, a URL or a list,
+    optional ``cache_dir``, ``[[repos]]`` with ``repo_id`` and optional ``revision``, ``kind``, ``include``,
+    ``exclude``, ``repo_type``).
 
     Raises:
         UsageError: unreadable file, invalid TOML, unknown key, wrong type or value, duplicate entry; the message
@@ -140,56 +120,61 @@ def load_manifest(path: str | os.PathLike[str]) -> Manifest:
                                  or not all(isinstance(e, str) and e for e in endpoint)):
         raise UsageError(f"{where}: field 'endpoint' must be a URL or a list of URLs, got "
                          f"{shown(data.get('endpoint'))}")
-    cache_dir = _optional_str(data, "cache_dir", where)
+    cache_dir = data.get("cache_dir")
+    if cache_dir is not None and (not isinstance(cache_dir, str) or not cache_dir):
+        raise UsageError(f"{where}: field 'cache_dir' must be a non-empty string, got {shown(cache_dir)}")
     entries = data.get("repos", [])
     if not isinstance(entries, list) or not all(isinstance(e, dict) for e in entries):
         raise UsageError(f"{where}: 'repos' must be an array of tables ([[repos]])")
     if not entries:
         raise UsageError(f"{where}: no [[repos]] entries", hint="add at least one [[repos]] with a repo_id")
-    repos = []
-    seen: dict[tuple[str, str, str], int] = {}
-    for index, entry in enumerate(entries):
-        request = manifest_entry(entry, f"{where}: repos[{index}]")
-        if request_key(request) in seen:
-            raise UsageError(f"{where}: repos[{index}] ({request.spec}) repeats repos[{seen[request_key(request)]}]")
-        seen[request_key(request)] = index
-        repos.append(request)
+    repos = unique_entries((manifest_entry(e, f"{where}: repos[{i}]") for i, e in enumerate(entries)), where)
     return Manifest(
         path=path,
         endpoints=tuple(e.rstrip("/") for e in endpoint or ()),
-        # ``~`` only, never environment variables: a manifest is the project's text, and ``${HF_TOKEN}`` in it
-        # would put the token in a folder name, the output and an image layer (docs/warm.md).
+        # ``~`` only, never environment variables: ``${HF_TOKEN}`` in a manifest would put the token in a folder
+        # name, the output and an image layer (docs/warm.md).
         cache_dir=_manifest_cache_dir(path, cache_dir, where) if cache_dir else None,
         repos=tuple(repos),
     )
 
 
+def unique_entries(items: Iterable[T], where: str, request: Callable[[T], WarmRequest] = lambda item: item,
+                   hint: str | None = None) -> list[T]:
+    """``items`` (entries of the manifest or lock ``where``, read one by one) as a list, when no two ``request(item)``
+    share a :func:`request_key`.
+
+    Raises:
+        UsageError: ``repos[j] (spec) repeats repos[i]``, with ``hint``.
+    """
+    seen: dict[tuple[str, str, str], int] = {}
+    out = []
+    for index, item in enumerate(items):
+        key = request_key(request(item))
+        if key in seen:
+            raise UsageError(f"{where}: repos[{index}] ({request(item).spec}) repeats repos[{seen[key]}]", hint=hint)
+        seen[key] = index
+        out.append(item)
+    return out
+
+
 def trusts_manifest_endpoint(flag: bool = False, environ: dict[str, str] | None = None) -> bool:
     """Whether the user opted in to sending the Hub token to a manifest's ``endpoint``: ``flag``
-    (``--trust-manifest-endpoint``) or ``HFCACHE_TRUST_MANIFEST_ENDPOINT=1`` (also ``true``/``yes``). A key in
-    the manifest never counts: the manifest is the text the opt-in is about."""
+    (``--trust-manifest-endpoint``) or ``HFCACHE_TRUST_MANIFEST_ENDPOINT=1`` (``true``, ``yes``). A key in the manifest
+    never counts: the manifest is the text the opt-in is about."""
     env = os.environ if environ is None else environ
     return flag or env.get(TRUST_ENDPOINT_ENV, "").strip().lower() in ("1", "true", "yes")
 
 
-def withheld_endpoints(endpoints: tuple[str, ...] | list[str], trusted: bool,
-                       environ: dict[str, str] | None = None) -> tuple[str, ...]:
-    """The manifest endpoints among ``endpoints`` that must get no Hub token: without the opt-in (``trusted``),
-    every one whose origin (scheme, host, port) is neither ``HF_ENDPOINT``'s nor the public Hub's.
-
-    Args:
-        endpoints: the manifest's endpoints, as the clients will be made for them.
-        trusted: :func:`trusts_manifest_endpoint`.
-
-    Returns:
-        tuple[str, ...]: the endpoints (as given, without a trailing slash) to warm from anonymously.
-    """
+def withheld_endpoints(endpoints: Sequence[str], trusted: bool, environ: dict[str, str] | None = None) -> tuple[str, ...]:
+    """The manifest's ``endpoints`` that get no Hub token: without the opt-in (``trusted``), each whose origin
+    (scheme, host, port) is neither ``HF_ENDPOINT``'s nor the public Hub's; as given, without a trailing slash."""
     from ..hub.urls import origin
 
     if trusted:
         return ()
     env = os.environ if environ is None else environ
-    allowed = {origin(HUB_ENDPOINT)} | ({origin(env["HF_ENDPOINT"])} if env.get("HF_ENDPOINT") else set())
+    allowed = {origin(DEFAULT_ENDPOINT)} | ({origin(env["HF_ENDPOINT"])} if env.get("HF_ENDPOINT") else set())
     out = []
     for endpoint in endpoints:
         try:
@@ -199,6 +184,15 @@ def withheld_endpoints(endpoints: tuple[str, ...] | list[str], trusted: bool,
             pass
         out.append(endpoint.rstrip("/"))
     return tuple(out)
+
+
+def with_manifest_endpoints(hub: HubOptions, endpoints: Sequence[str], trust: bool = False) -> HubOptions:
+    """``hub`` for a manifest that names ``endpoints``: the endpoints given win; else the manifest's, the token
+    withheld from those the user did not opt in to (``trust``: :func:`trusts_manifest_endpoint`)."""
+    if hub.endpoints or not endpoints:
+        return hub
+    return replace(hub, endpoints=tuple(endpoints),
+                   withheld=withheld_endpoints(endpoints, trusts_manifest_endpoint(trust)))
 
 
 def _manifest_cache_dir(path: Path, cache_dir: str, where: str) -> Path:
@@ -214,13 +208,6 @@ def _manifest_cache_dir(path: Path, cache_dir: str, where: str) -> Path:
     joined = path.parent / expand_user(cache_dir, what)
     check_path_text(joined.absolute(), what)
     return joined
-
-
-def _optional_str(data: dict[str, Any], key: str, where: str) -> str | None:
-    value = data.get(key)
-    if value is not None and (not isinstance(value, str) or not value):
-        raise UsageError(f"{where}: field {key!r} must be a non-empty string, got {shown(value)}")
-    return value
 
 
 def str_list(value: Any, where: str, key: str) -> tuple[str, ...]:
@@ -252,14 +239,7 @@ def manifest_entry(entry: dict[str, Any], where: str) -> WarmRequest:
     include = str_list(entry.get("include", []), where, "include")
     exclude = str_list(entry.get("exclude", []), where, "exclude")
     try:
-        return WarmRequest(
-            repo_id=repo_id,
-            revision=revision,
-            kind=entry.get("kind", "tokenizer"),
-            repo_type=entry.get("repo_type", "model"),
-            include=include,
-            exclude=exclude,
-        )
+        return WarmRequest(repo_id=repo_id, revision=revision, kind=entry.get("kind", "tokenizer"),
+                           repo_type=entry.get("repo_type", "model"), include=include, exclude=exclude)
     except UsageError as exc:
         raise UsageError(f"{where}: {exc.message}", hint=exc.hint) from None
-

@@ -1,23 +1,16 @@
-"""Where transformers puts custom code (``trust_remote_code``) before importing it, and what to do when it cannot.
+"""Where transformers copies custom code (``trust_remote_code``) before importing it, and what to do when it cannot.
 
-transformers 5.24 ``utils/hub.py`` reads, once at import::
+transformers 5.24 ``utils/hub.py`` reads once, at import: ``HF_MODULES_CACHE = os.getenv("HF_MODULES_CACHE",
+os.path.join(constants.HF_HOME, "modules"))`` (huggingface_hub's ``HF_HOME``: ``HF_HOME``, else
+``$XDG_CACHE_HOME/huggingface``, else ``~/.cache/huggingface``). Every load of custom code, even offline from a
+read-only cache, creates ``transformers_modules/<repo>/<commit>/`` there, copies the code into it and imports it from
+there (``dynamic_module_utils.py``): with a read-only HOME (a hardened pod) that write fails.
 
-    HF_MODULES_CACHE = os.getenv("HF_MODULES_CACHE", os.path.join(constants.HF_HOME, "modules"))
-
-(``constants.HF_HOME`` is huggingface_hub's: ``HF_HOME``, else ``$XDG_CACHE_HOME/huggingface``, else
-``~/.cache/huggingface``.) Every load of custom code, even fully offline from a read-only cache, creates
-``transformers_modules/<repo>/<commit>/`` there and copies the code files into it (``dynamic_module_utils.py``:
-``init_hf_modules``, ``create_dynamic_module``, ``get_cached_module_file``), then imports them from there. With a
-read-only HOME (a hardened pod) that write fails with ``PermissionError``/``OSError: Read-only file system``.
-
-hfcache's choice (``hfcache env`` / ``hfcache exec``): keep whatever the environment gives when it is writable, and
-an explicit ``HF_MODULES_CACHE`` always; otherwise point ``HF_MODULES_CACHE`` at ``<tmp>/hfcache-modules-<uid>``
-(``tempfile.gettempdir()``: ``TMPDIR``, else ``/tmp``: writable in containers with a read-only root filesystem, where
-``/tmp`` is an ``emptyDir`` or a tmpfs). transformers imports whatever Python it finds in that folder, so the folder
-is created private (mode 0700) and reused only while it is a real folder owned by this user (one that others can
-write is made private again); a link or another user's folder there is refused with an error naming it (never a new
-folder per call: ``env`` must print the same path every time). Its content is a copy of code already in the cache:
-losing it costs nothing but the copy.
+hfcache's choice (``env``, ``exec``): keep a writable default and any explicit ``HF_MODULES_CACHE``; otherwise point
+``HF_MODULES_CACHE`` at ``<tmp>/hfcache-modules-<uid>`` (``TMPDIR``, else ``/tmp``: writable in containers with a
+read-only root). transformers imports whatever Python it finds there, so the folder is private (0700) and reused
+only while it is a real folder of this user; a link or another user's folder is refused, naming it (never a new
+folder per call: ``env`` must print the same path every time). Its content is a copy of code in the cache.
 """
 
 from __future__ import annotations
@@ -30,8 +23,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..cache import safefs
+from ..cache import fsops, safefs
 from ..errors import CacheError
+from ..names import parse_folder_name
 from .custom_code import MAX_PARSE_BYTES, auto_map_refs, module_path
 from .selection import AUTO_MAP_FILES
 
@@ -47,10 +41,8 @@ def hf_home(environ: Mapping[str, str]) -> Path:
 
 
 def modules_cache(environ: Mapping[str, str]) -> tuple[Path, bool]:
-    """The folder transformers copies custom code into in ``environ``, and whether ``HF_MODULES_CACHE`` chose it.
-
-    Source: transformers 5.24 ``utils/hub.py`` (``HF_MODULES_CACHE``; module docstring).
-    """
+    """The folder transformers copies custom code into in ``environ``, and whether ``HF_MODULES_CACHE`` chose it
+    (transformers 5.24 ``utils/hub.py``)."""
     if ENV_NAME in environ:
         return Path(os.path.expanduser(environ[ENV_NAME])), True
     return hf_home(environ) / "modules", False
@@ -69,12 +61,11 @@ def can_create(path: Path) -> bool:
 
 def private_modules_dir(tmp: str | None = None) -> Path:
     """A folder for ``HF_MODULES_CACHE`` only this user can write: ``<tmp>/hfcache-modules-<uid>``, created 0700 (the
-    same path on every call). An existing folder of this user that others can write is made 0700 again.
+    same path on every call); one of this user that others can write is made 0700 again.
 
     Raises:
-        CacheError: that path is a link, not a folder, or another user's (someone else may plant code there that
-            transformers would import): the message names it; remove it or set ``HF_MODULES_CACHE``.
-        OSError: the folder cannot be created.
+        CacheError: that path is a link, not a folder, or another user's (someone may plant code there that
+            transformers would import), naming it. OSError: the folder cannot be created.
     """
     base = tmp or tempfile.gettempdir()
     uid = os.geteuid() if hasattr(os, "geteuid") else 0
@@ -83,12 +74,12 @@ def private_modules_dir(tmp: str | None = None) -> Path:
         path.mkdir(mode=0o700)
     except FileExistsError:
         pass
-    # Judged and chmod-ed through one descriptor opened O_NOFOLLOW: a TMPDIR others can write (no sticky bit) lets
-    # them swap the name for a link between a check and a chmod by path (which would chmod the link's target).
+    # Judged and chmod-ed through one descriptor that followed no link: in a TMPDIR others can write (no sticky bit)
+    # they could swap the name for a link between a check and a chmod by path (which would chmod the link's target).
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+        fd = fsops.open_dir_at(None, str(path))
     except OSError as exc:
-        if exc.errno not in (errno.ELOOP, errno.ENOTDIR):
+        if exc.errno not in fsops.LINK_ERRNOS:
             raise
         try:
             mode = os.lstat(path).st_mode
@@ -115,15 +106,12 @@ def _not_private(path: Path, what: str, uid: int) -> CacheError:
 
 
 def modules_cache_override(environ: Mapping[str, str]) -> Path | None:
-    """The ``HF_MODULES_CACHE`` value ``env``/``exec`` set: None when the environment already names one or its default
-    can be written (nothing to change); else :func:`private_modules_dir` (created now, in ``environ``'s ``TMPDIR``
-    when set, else ``tempfile.gettempdir()``).
+    """The ``HF_MODULES_CACHE`` value ``env``/``exec`` set for ``environ`` (the command's environment, offline
+    variables included): None when it names one or its default can be written; else :func:`private_modules_dir`
+    (created now, in ``environ``'s ``TMPDIR`` when set).
 
     Raises:
-        CacheError: the private folder's path is taken by a link or another user's folder (:func:`private_modules_dir`).
-
-    Args:
-        environ: the environment the command will run with (offline variables included: ``HF_HOME`` may be one).
+        CacheError: the private folder's path is a link or another user's folder (:func:`private_modules_dir`).
     """
     path, explicit = modules_cache(environ)
     if explicit or can_create(path):
@@ -165,12 +153,9 @@ def holds_code(modules_dir: Path, repo: CustomCodeRepo) -> bool:
 
 def custom_code_repos(cache_dir: Path) -> list[CustomCodeRepo]:
     """Every cached model revision whose ``tokenizer_config.json`` or ``config.json`` has an ``auto_map`` (any key: a
-    model load runs ``AutoModel`` code too). Reads at most two small files per snapshot (``os.scandir`` and string
-    paths: doctor runs this on caches of 10,000 repos); unreadable files are skipped; a config no parser can read
-    (nested too deeply) gives a :class:`CustomCodeRepo` with ``error``.
-    """
-    from ..cache.scan import parse_folder_name
-
+    model load runs ``AutoModel`` code too), from at most two small files per snapshot (doctor runs this on caches of
+    10,000 repos); unreadable files are skipped; a config no parser can read gives a :class:`CustomCodeRepo` with
+    ``error``."""
     found = []
     for folder in _scandir(str(cache_dir)):
         parsed = parse_folder_name(folder.name) if folder.name.startswith("models--") else None

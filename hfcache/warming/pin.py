@@ -1,9 +1,9 @@
 """pin: resolve a manifest against an endpoint into a lock (``hfcache lock``).
 
-Every entry is resolved like warm resolves it (:meth:`hfcache.hub.client.HubClient.resolve`, then ``describe`` for the
-selected files where the endpoint's listing gave no sizes or hashes: the tree API or one HEAD per file);
-sharded weight indexes are downloaded (into memory, hash-checked) to learn the shard list. Entries whose manifest
-entry is unchanged keep their locked commit unless ``--upgrade`` names them: no request is made for them.
+Every entry is resolved as warm resolves it (:meth:`hfcache.hub.client.HubClient.resolve`, then ``describe`` for the
+selected files the listing gave no sizes or hashes for); configs and sharded weight indexes are downloaded into
+memory, hash-checked, to finish the selection. Unchanged entries keep their locked commit, with no request, unless
+``--upgrade`` names them.
 """
 
 from __future__ import annotations
@@ -17,14 +17,14 @@ from pathlib import Path
 from .. import pools
 from ..errors import HfcacheError, HubError, IntegrityError
 from ..hub.client import HubClient
+from ..hub.retry import RetryCounter
+from ..records import HubOptions, WarmRequest
+from .custom_code import BAD_FILE_HINT, MAX_PARSE_BYTES, follow_configs
 from .lockfile import LockedFile, LockedRepo, Lockfile, filter_upgrade, lock_relative_name, write_lock
-from .manifest import Manifest, trusts_manifest_endpoint, withheld_endpoints
-from .project import open_project
-from ..records import WarmRequest
-from ..hub.retry import DEFAULT_RETRIES, RetryCounter
-from .custom_code import MAX_PARSE_BYTES, follow_configs
-from .selection import check_index_size, select, shards_from_index
+from .manifest import Manifest, with_manifest_endpoints
 from .orchestrate import make_clients
+from .project import open_project
+from .selection import check_index_size, select, shards_from_index
 
 
 @dataclass(frozen=True)
@@ -39,14 +39,8 @@ class LockFailure:
 
 @dataclass(frozen=True)
 class PinResult:
-    """The outcome of :func:`pin`.
-
-    Attributes:
-        lock: the new lock (complete only when ``failures`` is empty).
-        resolved (tuple[str, ...]): specs resolved against the endpoint in this run.
-        kept (tuple[str, ...]): specs whose locked commit was kept without a request.
-        failures (tuple[LockFailure, ...]): entries that failed, in manifest order.
-    """
+    """The outcome of :func:`pin`: the new ``lock`` (complete only without ``failures``, the entries that failed in
+    manifest order), the specs ``resolved`` in this run and those ``kept`` without a request."""
 
     lock: Lockfile
     resolved: tuple[str, ...]
@@ -56,13 +50,8 @@ class PinResult:
 
 @dataclass(frozen=True)
 class LockRun:
-    """The outcome of :func:`lock_project` (``hfcache lock``).
-
-    Attributes:
-        result (PinResult): what was resolved, kept and failed.
-        lock_path (Path): the lock file.
-        written (bool): whether the file changed (False when any entry failed: then it is left as it was).
-    """
+    """The outcome of :func:`lock_project`: the :class:`PinResult`, the ``lock_path``, and whether the file was
+    ``written`` (not when it had these bytes already, nor when an entry failed)."""
 
     result: PinResult
     lock_path: Path
@@ -70,10 +59,10 @@ class LockRun:
 
 
 def resolve_entry(client: HubClient, request: WarmRequest) -> LockedRepo:
-    """Resolve one manifest entry to a locked repo (commit, selected files with size and hash, absent names).
+    """One manifest entry resolved to a locked repo (commit, selected files with size and hash, absent names).
 
     Raises:
-        HfcacheError subclasses from :class:`HubClient`; IntegrityError for a malformed sharded index.
+        HfcacheError subclasses from :class:`HubClient`; IntegrityError for a malformed config or sharded index.
     """
     counter = client.counter()
     repo = client.resolve(request.repo_id, request.revision, request.repo_type, counter=counter)
@@ -93,7 +82,7 @@ def resolve_entry(client: HubClient, request: WarmRequest) -> LockedRepo:
         try:
             followed = follow_configs(selection.needs_config, read, repo.paths, request.kind, request.exclude)
         except ValueError as exc:  # custom_code.RepoDataError: a config no parser can read
-            raise IntegrityError(f"{request.repo_id}: {exc}", hint=_BAD_FILE_HINT) from None
+            raise IntegrityError(f"{request.repo_id}: {exc}", hint=BAD_FILE_HINT) from None
         notes = followed.notes
         paths |= set(followed.paths)
         absent = tuple(sorted(set(absent) | set(followed.absent)))
@@ -105,7 +94,7 @@ def resolve_entry(client: HubClient, request: WarmRequest) -> LockedRepo:
             paths |= shards_from_index(_download(client, repo, repo.by_path[index], counter, limit=None), repo.paths,
                                        index)
         except ValueError as exc:
-            raise IntegrityError(f"{request.repo_id}: {exc}", hint=_BAD_FILE_HINT) from None
+            raise IntegrityError(f"{request.repo_id}: {exc}", hint=BAD_FILE_HINT) from None
     repo = client.describe(repo, paths, counter)
     by_path = repo.by_path
     files = tuple(LockedFile(path=p, size=by_path[p].size, hash=by_path[p].hash) for p in sorted(paths))
@@ -113,14 +102,9 @@ def resolve_entry(client: HubClient, request: WarmRequest) -> LockedRepo:
                       files=files, absent=absent, notes=notes)
 
 
-#: The hint of a repo file hfcache cannot parse (custom_code.RepoDataError, a malformed sharded index).
-_BAD_FILE_HINT = "the repo's file is malformed (a loader fails on it too): fix the repo, or --exclude that file"
-
-
 def _download(client: HubClient, repo, file, counter: RetryCounter,
               limit: int | None = MAX_PARSE_BYTES) -> bytes | None:
-    """A small file's bytes, in memory (``HubClient.download`` checks size and hash, retries count for the repo);
-    None above ``limit`` bytes (nothing is parsed from it then)."""
+    """A small file's bytes, in memory, size and hash checked (``HubClient.download``); None above ``limit``."""
     if limit is not None and file.size > limit:
         return None
     buffer = io.BytesIO()
@@ -135,19 +119,9 @@ def pin(
     upgrade: set[tuple[str, str, str]] | None = None,
     max_workers: int = 8,
 ) -> PinResult:
-    """Compute the lock for ``manifest``.
-
-    Args:
-        manifest: the entries to pin.
-        clients: the endpoint connection, or several tried in order per entry (the first that resolves it wins;
-            a Hub-side failure moves on to the next).
-        existing: the current lock, whose commits are kept for unchanged entries.
-        upgrade: keys ``(repo_id, revision, repo_type)`` to re-resolve even if unchanged (``--upgrade``).
-        max_workers: parallel resolutions.
-
-    Returns:
-        PinResult; the lock lists every entry that resolved (kept or new).
-    """
+    """The lock for ``manifest``: each entry resolved on ``clients`` in order (a Hub-side failure moves on to the
+    next), ``max_workers`` at once, except those ``existing`` locks unchanged and ``upgrade`` does not name (keys
+    ``(repo_id, revision, repo_type)``). The lock lists every entry that resolved, kept or new."""
     upgrade = upgrade or set()
     kept: list[LockedRepo] = []
     todo: list[WarmRequest] = []
@@ -191,42 +165,29 @@ def lock_project(
     lock_path: str | os.PathLike[str] | None = None,
     upgrade: bool = False,
     upgrade_ids: Sequence[str] = (),
-    endpoint: Sequence[str] = (),
-    token: str | bool | None = None,
-    timeout: float = 10.0,
-    max_workers: int = 8,
-    retries: int = DEFAULT_RETRIES,
+    hub: HubOptions | None = None,
     trust_manifest_endpoint: bool = False,
     on_notice: Callable[[str], None] | None = None,
 ) -> LockRun:
-    """Resolve a project's manifest and write its lock, keeping the commits of unchanged entries.
+    """Resolve a project's manifest and write its lock (atomically, only when every entry resolved), keeping the
+    commits of unchanged entries (``hfcache lock``).
 
     Args:
         manifest, lock_path: as :func:`hfcache.warming.project.open_project`.
         upgrade: re-resolve entries even if unchanged: those named by ``upgrade_ids``, all when it is empty.
-        endpoint: endpoints in order of preference (default: the manifest's, ``HF_ENDPOINT`` or the Hub).
-        token: Hub token (None: huggingface_hub's lookup; False: none).
-        timeout: seconds per connection or read.
-        max_workers: parallel resolutions.
-        retries: retries of a transient failure per request or download (:mod:`hfcache.hub.retry`), >= 0.
-        trust_manifest_endpoint: send the token to the manifest's endpoints (``--trust-manifest-endpoint``, or
-            ``HFCACHE_TRUST_MANIFEST_ENDPOINT=1``); without it they are asked anonymously (docs/warm.md).
-        on_notice: told once (one line) when the token is withheld from a manifest's endpoint.
-
-    Returns:
-        LockRun; the lock is written atomically, and only when every entry resolved.
+        hub: the Hub options; its endpoints win over the manifest's, ``max_workers`` resolutions run at once.
+        trust_manifest_endpoint: send the token to the manifest's endpoints too (else they are asked anonymously;
+            ``HFCACHE_TRUST_MANIFEST_ENDPOINT=1`` counts too). on_notice: told once when the token is withheld.
 
     Raises:
-        UsageError: no or invalid manifest or lock, an ``upgrade_ids`` name not in the manifest, a bad endpoint.
-        CacheError: the lock cannot be written.
+        UsageError: no or invalid manifest or lock, an ``upgrade_ids`` name not in the manifest, a bad endpoint, an
+            unreadable token file. CacheError: the lock cannot be written.
     """
+    hub = (hub or HubOptions()).read_token()
     found, path, existing = open_project(manifest, lock_path)
     upgrade_keys = filter_upgrade(found.repos, upgrade_ids) if upgrade else set()
-    trusted = trusts_manifest_endpoint(trust_manifest_endpoint)
-    withheld = () if endpoint else withheld_endpoints(found.endpoints, trusted)
-    clients = make_clients(list(endpoint) or list(found.endpoints) or None, token, timeout, retries,
-                           withheld=withheld, on_notice=on_notice)
-    result = pin(found, clients, existing=existing, upgrade=upgrade_keys, max_workers=max_workers)
+    clients = make_clients(with_manifest_endpoints(hub, found.endpoints, trust_manifest_endpoint), on_notice=on_notice)
+    result = pin(found, clients, existing=existing, upgrade=upgrade_keys, max_workers=hub.max_workers)
     written = False
     if not result.failures:
         written = write_lock(result.lock, path, lock_relative_name(found.path, path))

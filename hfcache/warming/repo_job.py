@@ -31,16 +31,14 @@ from ..cache.content import fd_matches
 from ..hub.files import RemoteFile, RepoRevision
 from ..hub.retry import RetryCounter
 from ..hub.transfer import Slots, TransferOptions, download_blob
-from ..records import ProgressSink, RepoResult, WarmedFile, WarmRequest, folder_ids
+from ..records import ProgressSink, RepoResult, WarmedFile, WarmRequest, folder_clash, folder_ids
 from .publish import check_publishable, copy_blob, publish
-from .custom_code import MAX_PARSE_BYTES, follow_configs
-from .selection import Selection, check_index_size, file_folder_conflict, select, shards_from_index
+from .custom_code import BAD_FILE_HINT, MAX_PARSE_BYTES, follow_configs
+from .selection import Selection, check_index_size, select, shards_from_index
 
 if TYPE_CHECKING:  # the lock file's module (and tomllib) is not needed to warm by name (docs/benchmarks.md)
     from .lockfile import LockedRepo
 
-#: The hint of a repo file hfcache cannot parse (custom_code.RepoDataError, a malformed sharded index).
-_BAD_FILE_HINT = "the repo's file is malformed (a loader fails on it too): fix the repo, or --exclude that file"
 
 
 class _Cancelled(HfcacheError):
@@ -201,7 +199,7 @@ class RepoJob:
         already selected start downloading into the canonical folder (``folders[0]``); returns what
         :meth:`_complete` returns. The caller holds the repo locks."""
         canonical = folders[0]
-        conflict = file_folder_conflict(repo.paths)
+        conflict = folder_clash(repo.paths)
         if conflict is not None:  # before any download: a refused repo leaves no blob behind either
             raise HubError(f"{self.request.repo_id}: {conflict!r} is both a file and a folder in the listing",
                            hint="the endpoint or lock is broken or hostile")
@@ -278,7 +276,7 @@ class RepoJob:
             try:
                 followed = follow_configs(selection.needs_config, read, current.paths, req.kind, req.exclude)
             except ValueError as exc:  # RepoDataError: a config no parser can read (transformers' neither)
-                raise IntegrityError(f"{req.repo_id}: {exc}", hint=_BAD_FILE_HINT) from None
+                raise IntegrityError(f"{req.repo_id}: {exc}", hint=BAD_FILE_HINT) from None
             notes = followed.notes
             paths |= set(followed.paths)
             absent = tuple(sorted(set(absent) | set(followed.absent)))
@@ -299,7 +297,7 @@ class RepoJob:
                 try:
                     paths |= shards_from_index(data, current.paths, index)
                 except ValueError as exc:
-                    raise IntegrityError(f"{req.repo_id}: {exc}", hint=_BAD_FILE_HINT) from None
+                    raise IntegrityError(f"{req.repo_id}: {exc}", hint=BAD_FILE_HINT) from None
         return self.client.describe(current, paths, self.counter), paths, absent, notes
 
     def _read(self, repo: RepoRevision, folder: RepoFolder, file: RemoteFile) -> bytes | None:

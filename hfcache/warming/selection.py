@@ -274,19 +274,3 @@ AUTO_MAP_FILES: tuple[str, ...] = ("tokenizer_config.json", "config.json")
 #: loaded from that folder (``""`` or ``"."``: the repo root), e.g. ``1_Pooling/config.json``,
 #: ``2_Dense/model.safetensors``, ``0_StaticEmbedding/{model.safetensors,tokenizer.json}`` (model2vec/static models).
 MODULES_FILE = "modules.json"
-
-
-def file_folder_conflict(paths: Iterable[str]) -> str | None:
-    """The first path (sorted) that a listing names both as a file and as a folder of another file, else None.
-
-    Such a listing cannot be laid out in a snapshot (``a`` cannot be a link and a folder at once): it is refused
-    before anything is downloaded or published, so a failed warm leaves nothing behind.
-    """
-    names = set(paths)
-    for path in sorted(names):
-        parts = path.split("/")
-        for i in range(1, len(parts)):
-            prefix = "/".join(parts[:i])
-            if prefix in names:
-                return prefix
-    return None

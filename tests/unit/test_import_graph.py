@@ -238,10 +238,10 @@ def test_stores_do_not_import_the_http_layer():
         assert GRAPH[store] <= allowed, store
 
 
-@pytest.mark.parametrize("module", ["hfcache.warming.lockfile", "hfcache.warming.project", "hfcache.warming.install", "hfcache.records",
+@pytest.mark.parametrize("module", ["hfcache.warming.lockfile", "hfcache.warming.project", "hfcache.warming.run", "hfcache.records",
                                     "hfcache.cli.main", "hfcache.cli.render.warm"])
 def test_warm_lock_fast_path_does_not_import_huggingface_hub_at_import_time(module):
-    """``warm --lock`` on a satisfied cache must not pay for huggingface_hub's import (warming/install.py)."""
+    """``warm --lock`` on a satisfied cache must not pay for huggingface_hub's import (warming/run.py)."""
     seen, todo = set(), [module]
     while todo:
         current = todo.pop()
@@ -257,7 +257,7 @@ def test_warm_lock_fast_path_does_not_import_huggingface_hub_at_import_time(modu
 def test_warm_lock_modules_really_import_without_huggingface_hub():
     """The same promise at run time: importing what ``warm --lock`` runs on a warm cache leaves huggingface_hub
     (and its HTTP client) unimported."""
-    modules = "hfcache, hfcache.cli.main, hfcache.warming.project, hfcache.warming.install, hfcache.warming.lockfile, hfcache.cli.render.warm"
+    modules = "hfcache, hfcache.cli.main, hfcache.warming.project, hfcache.warming.run, hfcache.warming.lockfile, hfcache.cli.render.warm"
     code = (f"import sys, {modules}\n"
             "print(sorted(m for m in ('huggingface_hub', 'httpx', 'httpx2') if m in sys.modules))")
     env = {**os.environ, "PYTHONPATH": str(PACKAGE.parent)}
@@ -274,7 +274,7 @@ def test_the_session_thread_imports_nothing_the_main_thread_is_importing():
         "import sys\n"
         "from huggingface_hub.utils import get_session\n"
         "before = set(sys.modules)\n"
-        "import hfcache.warming.orchestrate, hfcache.cli.main, hfcache.warming.install\n"
+        "import hfcache.warming.orchestrate, hfcache.cli.main, hfcache.warming.run\n"
         "main = set(sys.modules) - before\n"
         "get_session()\n"
         "thread = set(sys.modules) - before - main\n"

@@ -2,7 +2,9 @@
 and times for people. ``NO_COLOR`` is honoured by rich.
 
 The CLI convention (``git status``, ``pip list``, ``hf cache ls``): a command's result (its table, its summary line)
-goes to ``stdout``, so that ``hfcache ls | grep bert`` works; progress, waits, notices and errors go to ``stderr``."""
+goes to ``stdout``, so that ``hfcache ls | grep bert`` works; progress, waits, notices and errors go to ``stderr``.
+The consoles ``stdout`` and ``stderr`` are module attributes made on first use (:func:`__getattr__`).
+"""
 
 from __future__ import annotations
 
@@ -10,15 +12,13 @@ import datetime
 import json
 import os
 import sys
-from typing import Any
-
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from rich.console import Console
 
-__all__ = ["ago", "human_size", "iso_time", "live_on_terminal", "lock_wait_notice", "print_error", "print_json",
-           "stderr", "stdout"]
+__all__ = ["ago", "human_size", "inert", "iso_time", "live_on_terminal", "lock_wait_notice", "print_error",
+           "print_json", "usage_hint"]
 
 # Off a terminal (a pipe, a file, CI logs, docker build output) rich assumes 80 columns and would wrap every long
 # repo id and path, breaking `| grep` and `| awk`. A table is only as wide as its content (rich tables do not expand),
@@ -28,8 +28,7 @@ _consoles: dict[bool, Console] = {}
 
 
 def _console(*, to_stderr: bool) -> Console:
-    # Built on first use, not at import: `warm --lock --json` on a complete cache never loads rich
-    # (docs/benchmarks.md, goal P1).
+    # Built on first use: `warm --lock --json` on a complete cache never loads rich (docs/benchmarks.md, goal P1).
     console = _consoles.get(to_stderr)
     if console is None:
         Console = _inert_console_class()  # noqa: N806
@@ -44,13 +43,11 @@ def _console(*, to_stderr: bool) -> Console:
 
 
 def _inert_console_class() -> type[Console]:
-    """A rich ``Console`` whose output text is inert: every rendered segment's text (a table cell, a summary
-    line) passes :func:`inert`, keeping line breaks rich made itself, so a file name, id, detail or message a cache,
-    an endpoint or a registry supplied cannot carry ESC sequences (recolour, move the cursor, erase lines) or bidi
-    overrides to the terminal. Rich's own styles are control codes added after this, untouched. Hooked at
-    ``Console.render_str`` (strings become Text there, before they are measured) and ``Console.render`` (public
-    API: every renderable becomes segments there, nested ones included, e.g. a ``Text`` built by hand; escaping is
-    idempotent, so the recursion is harmless)."""
+    """A rich ``Console`` whose output text is inert: every rendered segment's text passes :func:`inert` (line
+    breaks rich made kept), so what a cache, an endpoint or a registry supplied cannot carry ESC sequences or bidi
+    overrides to the terminal; rich's own styles, added after, are untouched. Hooked at ``Console.render_str``
+    (strings become Text there, before they are measured) and ``Console.render`` (every renderable becomes segments
+    there, a ``Text`` built by hand too; escaping is idempotent)."""
     from rich.console import Console
     from rich.segment import Segment
 
@@ -122,6 +119,11 @@ def inert(text: str) -> str:
         return text
     return "".join(c if c.isprintable() else (f"\\x{ord(c):02x}" if ord(c) < 0x100 else f"\\u{ord(c):04x}")
                    for c in text)
+
+
+def usage_hint(exit_code: int, command: str, hint: str | None = None) -> str | None:
+    """``hint``, else for a usage error (exit 2) where ``command`` (``hfcache warm``) explains its usage."""
+    return hint or (f"see `{command} --help`" if exit_code == 2 else None)
 
 
 def print_error(message: str, hint: str | None = None) -> None:

@@ -1,17 +1,22 @@
-"""Rendering of ``hfcache warm`` and ``hfcache lock``: progress per repo, the summary table, the pin result."""
+"""Rendering of ``hfcache warm`` and ``hfcache lock``: progress per repo, the summary table, the pin result.
+
+rich is imported where a table or a bar is drawn: ``warm --lock --json`` on a complete cache must not pay for it
+(docs/benchmarks.md, goal P1).
+"""
 
 from __future__ import annotations
 
+import contextlib
+import select
 import threading
+import time
 from dataclasses import asdict
 from typing import TYPE_CHECKING, Any
 
 from ...records import RepoResult, WarmReport
 from . import common
-from .common import human_size, live_on_terminal, print_error, print_json
+from .common import human_size, live_on_terminal, print_error, print_json, usage_hint
 
-# rich is imported where a table or a bar is drawn, not here: `warm --lock --json` on a complete cache prints one
-# JSON document and must not pay rich's import (docs/benchmarks.md, goal P1).
 if TYPE_CHECKING:
     from rich.progress import TaskID
     from rich.table import Table
@@ -40,9 +45,9 @@ def repo_result_dict(result: RepoResult) -> dict[str, Any]:
     return data
 
 
-def warm_report_dict(report: WarmReport, warnings: tuple[str, ...] = ()) -> dict[str, Any]:
-    """``warm --json``; ``warnings`` holds every warning line the text output prints: the run's (``warnings``: a
-    drifted lock, an umask) and each repo's notes as ``REPO_ID: note``."""
+def warm_report_dict(report: WarmReport) -> dict[str, Any]:
+    """``warm --json``; ``warnings`` holds every warning line the text output prints: the run's
+    (:attr:`WarmReport.warnings`), then each repo's notes as ``REPO_ID: note``."""
     return {
         "cache_dir": report.cache_dir,
         "ok": report.ok,
@@ -53,7 +58,7 @@ def warm_report_dict(report: WarmReport, warnings: tuple[str, ...] = ()) -> dict
         "seconds": round(report.seconds, 3),
         "endpoints": list(report.endpoints),
         "repos": [repo_result_dict(r) for r in report.repos],
-        "warnings": [*warnings, *(f"{r.request.repo_id}: {note}" for r in report.repos for note in r.notes)],
+        "warnings": [*report.warnings, *(f"{r.request.repo_id}: {note}" for r in report.repos for note in r.notes)],
     }
 
 
@@ -107,10 +112,8 @@ def warm_summary_table(report: WarmReport) -> Table:
 
 
 def warm_summary_line(report: WarmReport) -> str:
-    """The line under warm's table: repos ok and failed, bytes downloaded, HTTP requests sent (every metadata
-    request, file body, retry and redirect hop: :attr:`RepoResult.requests`), and time; ``lock satisfied by the
-    cache: 0 requests`` when a lock needed nothing from any endpoint; ``, N interrupted`` after a Ctrl-C
-    (:func:`interrupted_report`)."""
+    """The line under warm's table: repos ok, failed and interrupted, bytes downloaded, HTTP requests sent
+    (:attr:`RepoResult.requests`), time; ``lock satisfied by the cache: 0 requests`` when no endpoint was asked."""
     stopped = sum(r.error_type == "Interrupted" for r in report.repos)  # Ctrl-C: not a failure of the repo
     failed = sum(not r.ok for r in report.repos) - stopped
     if report.satisfied_by_cache:
@@ -123,57 +126,62 @@ def warm_summary_line(report: WarmReport) -> str:
             f"{requests} in {report.seconds:.2f}s")
 
 
-def _usage_hint(exit_code: int, command: str) -> str | None:
-    """Every usage error (exit 2) shows a hint line, as the CLI's own errors do."""
-    return f"see `hfcache {command} --help`" if exit_code == 2 else None
-
-
 class WarmProgress:
-    """A rich progress display on stderr: one bar per repo (bytes) and a total bar; implements ProgressSink.
+    """warm's progress (a :class:`hfcache.records.ProgressSink`): on a terminal, one transient bar per repo (bytes)
+    and a total bar on stderr, cleared when the warm ends, so a failed or interrupted warm leaves no empty bars above
+    its error lines. Bytes a repo reports before its bar exists (files started while its configs are read, a resumed
+    download's kept prefix, cached blobs) are shown as done when it is added.
 
-    Transient: the bars are cleared when the warm ends (the summary table on stdout says what was done), so a warm
-    that fails, or is interrupted, leaves no empty bars above its error lines. Whatever it shows, it keeps every
-    finished repo's result (:attr:`finished`, key -> RepoResult): an interrupted warm's summary is built from it
-    (:func:`interrupted_report`).
+    On Ctrl-C or SIGTERM, once the bars are gone, it prints the summary of what finished (:attr:`finished`, and what
+    a lock's cache already held) and what was ``interrupted`` (:func:`interrupted_report`; the table, or with
+    ``--json`` the document, exit_code 130; not with ``-q``, nor when nothing finished), then the interrupt goes on
+    to the CLI's one error line and exit 130/143."""
 
-    Bytes a repo reports before its bar exists (files started while its configs are read, a resumed download's kept
-    prefix, blobs already cached) are kept and shown as done the moment the bar is added: a resumed repo starts at
-    what is already on disk, not at 0."""
-
-    def __init__(self, total_repos: int, enabled: bool = True) -> None:
-        self._enabled = enabled
+    def __init__(self, *, as_json: bool, quiet: bool) -> None:
+        self._enabled = not (as_json or quiet)  # --json / -q: no bar, and no rich import either
+        self._as_json, self._quiet, self._started = as_json, quiet, time.monotonic()
         self._lock = threading.Lock()
         self._tasks: dict[int, TaskID] = {}
         self._early: dict[int, int] = {}  # key -> bytes advanced before repo_started
-        self._total_repos = total_repos
-        self._done = 0
+        self._total_repos = self._done = 0
         self.finished: dict[int, RepoResult] = {}
-        if not enabled:  # --json / -q: no bar, and no rich import either
+        self.cache_dir, self.requests, self.satisfied = "", [], []
+        if not self._enabled:
             return
         from rich.progress import (BarColumn, DownloadColumn, Progress, TextColumn, TimeElapsedColumn,
                                    TransferSpeedColumn)
 
-        self._progress = Progress(
-            TextColumn("{task.description}"),
-            BarColumn(),
-            DownloadColumn(binary_units=True),
-            TransferSpeedColumn(),
-            TextColumn("{task.fields[status]}"),
-            TimeElapsedColumn(),
-            console=common.stderr,
-            disable=not live_on_terminal(enabled),
-            transient=True,
-        )
-        self._total = self._progress.add_task("[bold]total", total=0, status=f"0/{total_repos} repos")
+        self._progress = Progress(TextColumn("{task.description}"), BarColumn(), DownloadColumn(binary_units=True),
+                                  TransferSpeedColumn(), TextColumn("{task.fields[status]}"), TimeElapsedColumn(),
+                                  console=common.stderr, disable=not live_on_terminal(True), transient=True)
 
     def __enter__(self) -> WarmProgress:
         if self._enabled:
             self._progress.__enter__()
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, kind, exc, tb) -> None:
         if self._enabled:
-            self._progress.__exit__(*exc)
+            self._progress.__exit__(kind, exc, tb)
+        if kind is not None and issubclass(kind, KeyboardInterrupt) and not self._quiet:
+            with contextlib.suppress(Exception):  # the summary is a courtesy: the interrupt itself must go on
+                self._show_interrupted()
+
+    def _show_interrupted(self) -> None:
+        """The summary of an interrupted warm, unless stdout's reader is not reading (the exit must not wait)."""
+        finished = [*self.finished.values(), *self.satisfied]
+        if not select.select([], [1], [], 0)[1] or not finished:  # nothing ended: the CLI's error line says it all
+            return
+        report = interrupted_report(self.requests, finished, cache_dir=self.cache_dir,
+                                    seconds=time.monotonic() - self._started)
+        show_warm_report(report, as_json=self._as_json, quiet=False)
+
+    def planned(self, cache_dir: str, requests, satisfied) -> None:
+        """Every request of the warm, and the results of those a lock's cache already holds (never started)."""
+        self.cache_dir, self.requests, self.satisfied = cache_dir, list(requests), list(satisfied)
+        self._total_repos = len(self.requests)
+        if self._enabled:
+            self._total = self._progress.add_task("[bold]total", total=0, status=f"0/{self._total_repos} repos")
 
     def repo_started(self, key: int, label: str, files: int, total_bytes: int) -> None:
         """Repo ``key``'s bar: ``files`` files of ``total_bytes`` bytes, the bytes it reported already counted."""
@@ -220,18 +228,9 @@ class WarmProgress:
 
 
 def interrupted_report(requests, finished, *, cache_dir: str, seconds: float) -> WarmReport:
-    """The report of a warm that Ctrl-C (or SIGTERM) stopped: one row per request, in request order; the result of
-    each repo that finished before the stop (``finished``: RepoResults, matched to ``requests`` by their request),
-    every other one ``interrupted`` (exit 130, nothing of it published; its partial files resume on the next run).
-
-    Args:
-        requests (Sequence[WarmRequest]): what the warm was asked, in order.
-        finished (Iterable[RepoResult]): what ended before the stop (:attr:`WarmProgress.finished`'s values).
-        cache_dir (str): the cache written. seconds (float): wall time until the stop.
-
-    Returns:
-        WarmReport: ``exit_code`` is that of the first row not ok (130 for an interrupted one).
-    """
+    """The report of a warm Ctrl-C (or SIGTERM) stopped: one row per request (WarmRequests, in order), the result of
+    each repo that finished before the stop (``finished``: RepoResults, matched by request), every other one
+    ``interrupted`` (exit 130, nothing of it published; its partial files resume on the next run)."""
     pool = list(finished)
     rows = []
     for request in requests:
@@ -247,26 +246,26 @@ def interrupted_report(requests, finished, *, cache_dir: str, seconds: float) ->
     return WarmReport(cache_dir=cache_dir, repos=tuple(rows), seconds=seconds)
 
 
-def show_warm_report(report: WarmReport, *, as_json: bool, quiet: bool, warnings: tuple[str, ...] = ()) -> None:
-    """JSON document on stdout, or the summary table on stdout and, on stderr, one line per warning (``warnings``,
-    then each repo's notes) and per failed repo. An ``interrupted`` row (:func:`interrupted_report`) gets no error
+def show_warm_report(report: WarmReport, *, as_json: bool, quiet: bool) -> None:
+    """JSON document on stdout, or the summary table on stdout and, on stderr, one line per warning (the run's, then
+    each repo's notes) and per failed repo. An ``interrupted`` row (:func:`interrupted_report`) gets no error
     line of its own: the CLI prints the one ``hfcache: error: interrupted`` line after the table."""
     if as_json:
-        print_json(warm_report_dict(report, warnings))
+        print_json(warm_report_dict(report))
         return
     from rich.text import Text
 
     stopped = [r for r in report.repos if r.error_type == "Interrupted"]
     if not quiet and any(r.ok for r in report.repos):  # nothing warmed: the error lines say it all
         common.stdout.print(warm_summary_table(report))
-    for warning in warnings:
+    for warning in report.warnings:
         common.stderr.print(Text(f"warning: {common.inert(warning)}", style="yellow"), soft_wrap=True)
     for r in report.repos:
         for note in r.notes:
             common.stderr.print(Text(f"warning: {r.request.repo_id}: {common.inert(note)}", style="yellow"),
                                 soft_wrap=True)
         if not r.ok and r not in stopped:
-            print_error(r.error or "failed", r.hint or _usage_hint(r.exit_code, "warm"))
+            print_error(r.error or "failed", r.hint or usage_hint(r.exit_code, "hfcache warm"))
 
 
 def show_pin_result(result: PinResult, lock_path, written: bool, *, as_json: bool) -> None:
@@ -304,7 +303,7 @@ def show_pin_result(result: PinResult, lock_path, written: bool, *, as_json: boo
         for note in r.notes:
             common.stderr.print(Text(f"warning: {r.request.repo_id}: {common.inert(note)}", style="yellow"))
     for f in result.failures:
-        print_error(f.error, f.hint or _usage_hint(f.exit_code, "lock"))
+        print_error(f.error, f.hint or usage_hint(f.exit_code, "hfcache lock"))
     if result.failures:
         entries = f"{len(result.failures)} entr{'y' if len(result.failures) == 1 else 'ies'}"
         common.stdout.print(f"{lock_path} not written: {entries} failed")

@@ -1,0 +1,198 @@
+"""``hfcache warm``'s one core function, :func:`run`: repos by name, or exactly what a lock pins (``--lock``).
+
+``warm --lock`` on a cache that already holds the lock costs ``stat`` calls only
+(:func:`hfcache.warming.lockfile.cache_statuses`): huggingface_hub and the HTTP client are imported only when something
+is missing, so an image rebuild or an init container on a warm volume takes milliseconds. This module stays that
+light at import time (tests/unit/test_import_graph.py).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ..cache.locking import DEFAULT_LOCK_TIMEOUT, LockWait
+from ..cache.root import refuse_misplaced_cache, resolve_cache_dir
+from ..errors import CheckFailed, UsageError
+from ..records import HubOptions, NoProgress, ProgressSink, RepoResult, WarmedFile, WarmReport, WarmRequest
+from .lockfile import CacheStatus, Lockfile, cache_statuses, drift, lock_cache_dir, lock_manifest, read_lock
+from .manifest import with_manifest_endpoints
+
+
+@dataclass(frozen=True)
+class WarmJob:
+    """What ``hfcache warm`` was asked.
+
+    Attributes:
+        specs (tuple[str, ...]): ``REPO_ID[@REVISION]`` arguments (none with ``lock_file``), each warmed with
+            ``kind``, ``include``, ``exclude`` and ``repo_type`` (:class:`hfcache.records.WarmRequest`).
+        lock_file (str | None): install exactly this lock instead (``--lock``).
+        manifest (str | None): the lock's manifest (default: found beside the lock; a lock alone is enough unless
+            ``manifest`` or ``locked`` asks for one).
+        locked (bool): refuse a lock out of date with its manifest (exit 1).
+        trust_manifest_endpoint (bool): send the token to the manifest's endpoints too (else they are warmed from
+            anonymously; ``HFCACHE_TRUST_MANIFEST_ENDPOINT=1`` counts too).
+        cache_dir (str | None): the cache root (a lock's default: its manifest's ``cache_dir``, else the environment's).
+        hub (HubOptions): endpoints (they override a manifest's), token, timeout, retries, connections.
+        lock_timeout (float): seconds to wait at most for a lock another process holds.
+    """
+
+    specs: tuple[str, ...] = ()
+    kind: str = "tokenizer"
+    include: tuple[str, ...] = ()
+    exclude: tuple[str, ...] = ()
+    repo_type: str = "model"
+    lock_file: str | None = None
+    manifest: str | None = None
+    locked: bool = False
+    trust_manifest_endpoint: bool = False
+    cache_dir: str | None = None
+    hub: HubOptions = field(default_factory=HubOptions)
+    lock_timeout: float = DEFAULT_LOCK_TIMEOUT
+
+
+def run(job: WarmJob, *, progress: ProgressSink | None = None, on_lock_wait: Callable[[LockWait], None] | None = None,
+        on_notice: Callable[[str], None] | None = None) -> WarmReport:
+    """Warm what ``job`` asks (``hfcache warm``); a failed repo never stops the others.
+
+    Args:
+        job: the command's arguments.
+        progress: receives :meth:`~hfcache.records.ProgressSink.planned`, then each repo's events.
+        on_lock_wait: told which lock a repo waits for (:func:`hfcache.warming.orchestrate.warm`).
+        on_notice: told once, in one line, when the token is withheld from a manifest's endpoint.
+
+    Returns:
+        WarmReport: one result per request (a lock's: per locked repo, in lock order), each ok repo's selection notes
+        (:func:`hfcache.warming.selection.selection_notes`) added, and the run's warnings: a lock that drifted from its
+        manifest, a root umask that leaves the cache unreadable by other users.
+
+    Raises:
+        UsageError: REPO_IDs and ``--lock`` together, lock options without ``--lock``, nothing to warm, a malformed
+            spec, lock or manifest, an unreadable token file. CheckFailed: ``locked`` and the lock drifted.
+        CacheError: the cache is misplaced (an ``HF_HOME``, a repo folder) or cannot be written.
+    """
+    hub = job.hub.read_token()
+    sink = progress or NoProgress()
+    locking = {"lock_timeout": job.lock_timeout, "on_lock_wait": on_lock_wait, "on_notice": on_notice}
+    drifted = None
+    if job.lock_file:
+        if job.specs:
+            raise UsageError("give REPO_ID arguments or --lock, not both",
+                             hint="add the repos to the manifest and run `hfcache lock`, or drop --lock")
+        lock = read_lock(job.lock_file)
+        found = lock_manifest(job.lock_file, job.manifest, required=job.locked)
+        problems = drift(found, lock) if found is not None else ()
+        if problems:
+            drifted = (f"{job.lock_file} is out of date with {found.path}: {problems[0]}"
+                       + (f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""))
+            if job.locked:
+                raise CheckFailed(drifted, hint="run `hfcache lock` and commit the new lock")
+            drifted += ("; installed the lock as written (run `hfcache lock` to update it, or --locked to refuse a "
+                        "lock that drifted)")
+        root = lock_cache_dir(job.lock_file, job.cache_dir, manifest=found)
+        hub = with_manifest_endpoints(hub, found.endpoints if found else (), job.trust_manifest_endpoint)
+        refuse_misplaced_cache(resolve_cache_dir(root))
+        report = warm_lock(lock, hub, cache_dir=root, progress=sink, **locking)
+    else:
+        if job.locked or job.manifest or job.trust_manifest_endpoint:
+            raise UsageError("--locked, --manifest and --trust-manifest-endpoint go with --lock",
+                             hint="add --lock hfcache.lock")
+        if not job.specs:
+            raise UsageError("nothing to warm", hint="give REPO_ID arguments or --lock FILE")
+        requests = [WarmRequest.parse(spec, repo_type=job.repo_type, kind=job.kind, include=tuple(job.include),
+                                      exclude=tuple(job.exclude)) for spec in job.specs]
+        from ..hub.session import prepare_session
+
+        prepare_session()  # the HTTP client is made while hfcache.warming.orchestrate imports (hub/session.py)
+        from .orchestrate import warm_repos
+
+        root = resolve_cache_dir(job.cache_dir)
+        refuse_misplaced_cache(root)
+        sink.planned(str(root), requests, ())
+        report = warm_repos(requests, hub, cache_dir=job.cache_dir, progress=sink, **locking)
+    return _with_warnings(report, drifted)
+
+
+def warm_lock(lock: Lockfile, hub: HubOptions, *, cache_dir: str | Path | None = None,
+              progress: ProgressSink | None = None, lock_timeout: float = DEFAULT_LOCK_TIMEOUT,
+              on_lock_wait: Callable[[LockWait], None] | None = None,
+              on_notice: Callable[[str], None] | None = None) -> WarmReport:
+    """Make ``cache_dir`` hold exactly what ``lock`` pins. Repos the cache satisfies (sizes only) cost no request; the
+    others are downloaded by commit, every file checked against the lock's hash: bytes that differ, or a commit the
+    endpoint no longer has, fail that repo and nothing of it becomes visible.
+
+    Returns:
+        WarmReport with one result per locked repo, in lock order.
+
+    Raises:
+        UsageError, CacheError: as :func:`hfcache.warming.orchestrate.warm`.
+    """
+    started = time.monotonic()
+    root = resolve_cache_dir(cache_dir)
+    statuses = cache_statuses(lock, root)
+    results: list[RepoResult | None] = [_satisfied_result(s) if s.satisfied else None for s in statuses]
+    sink = progress or NoProgress()
+    sink.planned(str(root), [r.request for r in lock.repos], [r for r in results if r is not None])
+    todo = [s.repo for s in statuses if not s.satisfied]
+    endpoints = hub.named()  # as a report names them (none is asked anything when the cache satisfies the lock)
+    if todo:
+        from ..hub.session import prepare_session
+
+        prepare_session()  # the HTTP client is made while hfcache.warming.orchestrate imports (hub/session.py)
+        from .orchestrate import warm_repos  # the network path: only now pay for huggingface_hub's import
+
+        report = warm_repos([r.request for r in todo], hub, cache_dir=root, progress=sink, pinned=todo,
+                            lock_timeout=lock_timeout, on_lock_wait=on_lock_wait, on_notice=on_notice)
+        endpoints = report.endpoints
+        fetched = iter(report.repos)
+        results = [r if r is not None else next(fetched) for r in results]
+    return WarmReport(cache_dir=str(root), repos=tuple(r for r in results if r is not None),
+                      seconds=time.monotonic() - started, endpoints=endpoints)
+
+
+def _satisfied_result(status: CacheStatus) -> RepoResult:
+    """A repo the cache already holds: no request was made, so no endpoint is named."""
+    repo = status.repo
+    return RepoResult(request=repo.request, endpoint=None, canonical_id=repo.canonical_id,
+                      commit_hash=repo.commit_hash, absent=repo.absent, metadata="lock",
+                      files=tuple(WarmedFile(f.path, f.size, f.hash, "cached") for f in repo.files))
+
+
+def _with_warnings(report: WarmReport, drifted: str | None) -> WarmReport:
+    """``report`` with each ok repo's selection notes (a ``--kind model`` without weights, an ``--include`` that
+    matched nothing) and the run's warnings: ``drifted``, a root umask that leaves the cache unreadable by others."""
+    warnings: list[str] = [drifted] if drifted else []
+    repos = []
+    for r in report.repos:
+        req = r.request
+        if r.ok and (req.kind == "model" or req.include):
+            from .selection import selection_notes
+
+            r = dataclasses.replace(r, notes=r.notes + selection_notes(req.kind, req.include, req.exclude,
+                                                                       [f.path for f in r.files]))
+        repos.append(r)
+    mask = _umask()
+    if os.geteuid() == 0 and mask & 0o044 and report.bytes_downloaded:
+        warnings.append(f"umask {mask:04o}: what this warm wrote into {report.cache_dir} is unreadable by other users "
+                        "(a pod's non-root uid cannot load it); warm under `umask 022`, or fix it now: "
+                        f"chmod -R a+rX {report.cache_dir}")
+    return dataclasses.replace(report, repos=tuple(repos), warnings=tuple(warnings))
+
+
+def _umask() -> int:
+    """This process's umask, read without changing it (``/proc/self/status``, Linux 4.7+); else by setting it back
+    at once (no other thread writes files now: the warm is over)."""
+    try:
+        with open("/proc/self/status", encoding="ascii") as status:
+            for line in status:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError):
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
