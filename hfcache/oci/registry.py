@@ -1,16 +1,13 @@
-"""Registry access for ``hfcache push``/``pull``: references, and requests on oras-py's session (the upload is
-:mod:`hfcache.oci.upload`; origins, inert text and the deadline timer :mod:`hfcache.oci.peer`).
+"""Registry access for ``hfcache push``/``pull``: references, and requests on oras-py's session (uploads:
+:mod:`.upload`; origins, inert text, the deadline timer: :mod:`.peer`).
 
-Library gaps worked around (oras 0.2.43 ``provider.py``, ``auth/base.py``, ``auth/utils.py``, ``auth/token.py``;
-docs/oci.md "Why oras-py"): ``do_request`` retries every exception five times with sleeps of 3 to 83 s and sends no
-timeout, nor do its token requests (:meth:`_RegistryMethods.do_request` fails fast; every request of the session
-has a timeout); its token backend takes a ``Basic`` challenge for a token realm and reads a token answer whole
-(:meth:`_RegistryMethods._token`); ``load_configs`` reads the auth files unreliably (:mod:`hfcache.oci.credentials`,
-read only on a 401); ``Container`` accepts names the distribution spec does not (:func:`parse_reference`); requests
-follows redirects blindly (:meth:`_RegistryMethods._follow`: credentials and tokens only to the registry's origin, a
-401 from any other refused naming both); a socket timeout bounds each byte only (every metadata answer is read
-under a :class:`hfcache.pace.Deadline` a timer enforces, :class:`hfcache.oci.peer.Watchdog`; blob bodies under a
-throughput floor). Registry text reaches a terminal only through :func:`registry_text`.
+Library gaps (oras 0.2.43 ``provider.py``, ``auth/*.py``; docs/oci.md "Why oras-py"): ``do_request`` retries every
+exception five times (sleeps of 3 to 83 s) and sends no timeout, nor do its token requests
+(:meth:`_RegistryMethods.do_request`); its token backend takes a ``Basic`` challenge for a realm and reads a token
+answer whole (:meth:`~_RegistryMethods._token`); ``Container`` accepts names the spec does not
+(:func:`parse_reference`); requests follows redirects blindly (:meth:`~_RegistryMethods._follow`: credentials only
+to the registry's origin); a socket timeout bounds each byte only (metadata answers under a deadline a timer
+enforces, :class:`.peer.Watchdog`; blob bodies under a throughput floor).
 """
 
 from __future__ import annotations
