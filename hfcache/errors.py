@@ -1,23 +1,15 @@
-"""One exception tree for hfcache; each class carries its exit code and a hint.
+"""One exception tree for hfcache; each class carries its exit code (README "Exit codes") and a hint.
 
-This module imports nothing from hfcache (as pip's ``exceptions`` module imports nothing from pip),
-so every layer can raise these errors and the CLI maps them to exit codes in one place.
-
-Exit codes (documented in README.md):
-    0 ok; 1 a check failed; 2 usage / bad input; 3 Hub or network; 4 offline violation;
-    5 cache or filesystem.
+Imports nothing from hfcache (as pip's ``exceptions`` imports nothing from pip): every layer raises these, and the
+CLI maps them to exit codes in one place.
 """
 
 from __future__ import annotations
 
 
 class HfcacheError(Exception):
-    """Base of every error hfcache raises on purpose.
-
-    Attributes:
-        exit_code (int): process exit code the CLI uses for this error.
-        hint (str | None): one line telling the user what to do next.
-    """
+    """Base of every error hfcache raises on purpose: ``exit_code``, the CLI's; ``hint``, one line telling the user
+    what to do next (or None)."""
 
     exit_code = 1
 

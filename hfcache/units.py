@@ -1,8 +1,8 @@
 """Durations and sizes as people write them on a command line (``30d``, ``12h``, ``50GB``, ``500MiB``); pure.
 
-Sizes follow the SI/IEC convention that Kubernetes also uses for volumes: ``K``/``KB``, ``M``/``MB``, ``G``/``GB``,
-``T``/``TB`` are powers of 1000; ``Ki``/``KiB``, ``Mi``/``MiB``, ``Gi``/``GiB``, ``Ti``/``TiB`` are powers of 1024. A bare
-number is bytes. Letters are case-insensitive (``50gb`` is ``50GB``).
+Sizes follow the SI/IEC convention Kubernetes uses for volumes: ``K``/``KB``, ``M``/``MB``, ``G``/``GB``, ``T``/``TB``
+are powers of 1000; ``Ki``/``KiB``, ``Mi``/``MiB``, ``Gi``/``GiB``, ``Ti``/``TiB`` powers of 1024. A bare number is
+bytes. Letters are case-insensitive (``50gb`` is ``50GB``).
 """
 
 from __future__ import annotations
@@ -24,13 +24,8 @@ _SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([a-z]*)\s*$", re.IGNORECASE)
 
 
 def parse_duration(text: str) -> float:
-    """``"30d"`` -> 2592000.0: a non-negative number and one unit, ``s``, ``m``, ``h``, ``d`` or ``w``.
-
-    Args:
-        text: e.g. ``30d``, ``12h``, ``90m``, ``45s``, ``1.5h``, ``2w``.
-
-    Returns:
-        The duration in seconds.
+    """Seconds of ``text``: a non-negative number and one unit, ``s``, ``m``, ``h``, ``d`` or ``w`` (``30d`` ->
+    2592000.0, ``1.5h``).
 
     Raises:
         UsageError: no unit (``30`` is ambiguous), an unknown unit, a negative or malformed number.
@@ -43,13 +38,8 @@ def parse_duration(text: str) -> float:
 
 
 def parse_size(text: str) -> int:
-    """``"50GB"`` -> 50000000000: a non-negative number and an optional unit (see the module docstring).
-
-    Args:
-        text: e.g. ``50GB``, ``500MiB``, ``1.5G``, ``20Gi``, ``1048576``.
-
-    Returns:
-        The size in bytes (fractions of a byte are rounded down).
+    """Bytes of ``text``, rounded down: a non-negative number and an optional unit (module docstring; ``50GB`` ->
+    50000000000, ``500MiB``, ``1.5G``, ``1048576``).
 
     Raises:
         UsageError: an unknown unit, a negative or malformed number.
@@ -63,11 +53,7 @@ def parse_size(text: str) -> int:
 
 
 def parse_timeout(value: str | float) -> float:
-    """``"30"`` -> 30.0: a timeout in seconds, a finite number greater than 0 (``nan``, ``inf``, ``0`` refused).
-
-    Raises:
-        UsageError: not such a number.
-    """
+    """``"30"`` -> 30.0: seconds, a finite number greater than 0; else UsageError (``nan``, ``inf``, ``0``)."""
     try:
         seconds = float(value)
     except (TypeError, ValueError):

@@ -8,18 +8,18 @@ from pathlib import Path
 
 import click
 
-from .options import cache_dir_option as _cache_dir_option
+from .options import cache_dir_option, json_option
 
 
 @click.command(name="ls")
 @click.argument("repo_ids", nargs=-1, metavar="[REPO_ID]...")
-@_cache_dir_option()
+@cache_dir_option()
 @click.option("--revisions", is_flag=True, help="One row per revision instead of per repo.")
 @click.option("--lock", "lock_file", type=click.Path(dir_okay=False, exists=False),
               help="Mark the revisions this lock pins (cache: --cache-dir, else the lock's manifest's).")
 @click.option("--sort", type=click.Choice(["name", "size", "last-used"]), default="name", show_default=True,
               help="name: A-Z; size: largest first; last-used: most recent first.")
-@click.option("--json", "as_json", is_flag=True, help="Print one JSON document on stdout.")
+@json_option
 def ls_command(repo_ids, cache_dir, revisions, lock_file, sort, as_json) -> None:
     """List what a cache holds: repos, refs, files, size, last use, pins and health.
 
@@ -29,13 +29,12 @@ def ls_command(repo_ids, cache_dir, revisions, lock_file, sort, as_json) -> None
     """
     import gc
 
+    from ..cache.root import require_hub_cache
+    from ..cache.scan import scan_cache
+    from ..cache.scan_stream import stream_repos
     from ..warming.lockfile import pinned_revisions, read_lock
     from ..warming.project import reading_cache_dir
     from .render import ls as render
-    from ..cache.scan import scan_cache
-    from ..cache.scan_stream import stream_repos
-
-    from ..cache.root import require_hub_cache
 
     pinned = pinned_revisions(read_lock(lock_file)) if lock_file else None
     root = reading_cache_dir(cache_dir, lock_file)

@@ -20,16 +20,16 @@ from typing import NoReturn
 import click
 
 from .._version import __version__
+from ..errors import HfcacheError, UsageError
 from .ls import ls_command
+from .move import export_command, import_command, link_command
 from .oci import pull_command, push_command
 from .offline import doctor_command, env_command, exec_cmd
 from .path import path_command
 from .prune import prune
+from .render.common import print_error, print_json, usage_hint
 from .serve import serve
 from .sign import sign_command
-from ..errors import HfcacheError, UsageError
-from .move import export_command, import_command, link_command
-from .render.common import usage_hint
 from .stdout import GuardedStdout, abandon_if_blocked
 from .verify import check, verify
 from .warm import lock, warm
@@ -62,8 +62,6 @@ cli.add_command(sign_command)
 
 def _fail(message: str, hint: str | None, exit_code: int, as_json: bool) -> None:
     """Report a command-level error: one or two lines on stderr, and with --json also one JSON document."""
-    from .render.common import print_error, print_json
-
     print_error(message, hint)
     if as_json and not getattr(sys.stdout, "started", False):  # never a second document after a begun one
         print_json({"ok": False, "error": message, "hint": hint, "exit_code": exit_code})
@@ -79,8 +77,6 @@ def _command_path(args: list[str]) -> str:
 def _interrupted(code: int, as_json: bool) -> None:
     """Ctrl-C (exit 130) or SIGTERM (exit 143): the error line (and with --json the error document), then exit at
     once (:func:`_exit_now`)."""
-    from .render.common import print_error, print_json
-
     message = "terminated" if code == EXIT_TERMINATED else "interrupted"
     hint = "run the command again; what was interrupted was not published (partial downloads resume)"
     abandoned = abandon_if_blocked(sys.stdout)  # a reader that does not read must not hold the exit up
@@ -141,7 +137,8 @@ def _run_exit_handlers() -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    """In-process entry point (:func:`run` is the program): run the CLI and map every hfcache error to its exit code, without traceback."""
+    """In-process entry point (:func:`run` is the program): run the CLI and map every hfcache error to its exit
+    code, without traceback."""
     args = sys.argv[1:] if argv is None else argv
     head = args[:args.index("--")] if "--" in args else args
     as_json = "--json" in head and head[:1] != ["exec"]  # exec has no --json: its COMMAND's arguments are not ours

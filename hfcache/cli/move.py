@@ -8,9 +8,8 @@ from pathlib import Path
 
 import click
 
-from .options import cache_dir_option as _cache_dir_option
-from .options import lock_timeout_option as _lock_timeout_option
 from ..errors import UsageError
+from .options import cache_dir_option, json_option, lock_timeout_option
 
 
 def _parse_chown(value: str | None) -> tuple[int, int] | None:
@@ -27,7 +26,7 @@ def _parse_chown(value: str | None) -> tuple[int, int] | None:
 @click.argument("dest")
 @click.argument("specs", nargs=-1, metavar="[REPO_ID[@REVISION]]...")
 @click.option("--lock", "lock_file", type=click.Path(dir_okay=False), help="Export exactly what this lock pins.")
-@_cache_dir_option("Source cache")
+@cache_dir_option("Source cache")
 @click.option("--materialize", is_flag=True, help="Real files in snapshots/ (hardlinks of the blobs), no symlinks.")
 @click.option("--format", "fmt", type=click.Choice(["dir", "tar"]), default=None,
               help="dir: a new cache directory; tar: a reproducible tar [default: tar for '-' or *.tar, else dir].")
@@ -75,11 +74,11 @@ def export_command(dest, specs, lock_file, cache_dir, materialize, fmt, chown, g
 
 @click.command(name="import")
 @click.argument("src")
-@_cache_dir_option("Target cache")
+@cache_dir_option("Target cache")
 @click.option("--move-refs", is_flag=True,
               help="Move a ref the target has at another commit to the source's commit (default: refuse).")
-@_lock_timeout_option
-@click.option("--json", "as_json", is_flag=True, help="Print one JSON document on stdout.")
+@lock_timeout_option
+@json_option
 def import_command(src, cache_dir, move_refs, lock_timeout, as_json) -> None:
     """Merge an exported cache (directory, tar, or '-' for a tar on stdin) into the cache, verified first.
 
@@ -101,7 +100,7 @@ def import_command(src, cache_dir, move_refs, lock_timeout, as_json) -> None:
 @click.argument("dest", type=click.Path())
 @click.option("--mode", type=click.Choice(["symlink", "hardlink", "copy"]), default="symlink", show_default=True,
               help="symlink: DEST -> SRC; hardlink: per-file hardlinks (same filesystem, no extra bytes); copy.")
-@click.option("--json", "as_json", is_flag=True, help="Print one JSON document on stdout.")
+@json_option
 def link_command(src, dest, mode, as_json) -> None:
     """Make the cache at DEST use the cache at SRC (e.g. the runtime user's default path, or a volume mount)."""
     from ..move.link import link_cache

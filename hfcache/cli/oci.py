@@ -1,14 +1,12 @@
-"""``hfcache push`` and ``hfcache pull``: parse, call :mod:`hfcache.oci.image` (push) or :mod:`hfcache.oci.pull`, render (:mod:`hfcache.cli.render.oci`)."""
+"""``hfcache push`` and ``hfcache pull``: parse, call :mod:`hfcache.oci.image` (push) or :mod:`hfcache.oci.pull`,
+render (:mod:`hfcache.cli.render.oci`)."""
 
 from __future__ import annotations
 
-import sys
-
 import click
 
-from .options import lock_timeout_option as _lock_timeout_option
-from .options import parsed as _parsed
 from ..errors import UsageError
+from .options import cache_dir_option, lock_timeout_option, parsed, stdin_password
 
 
 def _credentials(username: str | None, password_stdin: bool):
@@ -21,12 +19,7 @@ def _credentials(username: str | None, password_stdin: bool):
     if username and not password_stdin:
         raise UsageError("--username needs --password-stdin (the password is never taken from the command line)",
                          hint=usage)
-    if not username:
-        return None
-    password = sys.stdin.readline().rstrip("\r\n")
-    if not password:
-        raise UsageError("--password-stdin: no password on stdin", hint=usage)
-    return Credentials(username, password)
+    return Credentials(username, stdin_password(usage)) if username else None
 
 
 def _registry_options(fn):
@@ -35,13 +28,12 @@ def _registry_options(fn):
         click.option("--username", metavar="USER", help="Registry user (with --password-stdin) [default: the "
                      "credentials of REGISTRY_AUTH_FILE, containers auth.json or ~/.docker/config.json]."),
         click.option("--password-stdin", is_flag=True, help="Read the registry password from stdin (one line)."),
-        click.option("--timeout", metavar="SECONDS", default="60", show_default=True, callback=_parsed("parse_timeout"),
+        click.option("--timeout", metavar="SECONDS", default="60", show_default=True, callback=parsed("parse_timeout"),
                      help="Seconds to wait for a connection or for any byte of an answer. Each metadata answer "
                           "(manifest, config, token) must also end within HFCACHE_METADATA_DEADLINE seconds [120], and "
                           "each blob keep HFCACHE_MIN_RATE [1KB/s] over HFCACHE_RATE_WINDOW seconds [60]."),
         click.option("--json", "as_json", is_flag=True, help="Print one JSON document on stdout; no progress."),
-        click.option("--cache-dir", type=click.Path(file_okay=False),
-                     help="Cache root [default: HF_HUB_CACHE, $HF_HOME/hub or ~/.cache/huggingface/hub]."),
+        cache_dir_option(),
     ]):
         fn = decorator(fn)
     return fn
@@ -96,14 +88,14 @@ def push_command(reference, specs, lock_file, split, arch, fmt, prefix, sign_key
 @_registry_options
 @click.option("--move-refs", is_flag=True,
               help="Move a ref the target has at another commit to the image's commit (default: refuse).")
-@click.option("--max-size", metavar="SIZE", callback=_parsed("parse_size"),
+@click.option("--max-size", metavar="SIZE", callback=parsed("parse_size"),
               help="Refuse an image whose layers unpack to more than SIZE (e.g. 20GB, 500MiB) [default: no bound but "
                    "the free space of the cache's filesystem].")
 @click.option("--verify-key", metavar="PUB", type=click.Path(exists=True, dir_okay=False),
               help="Public key (PEM): the artifact's model-signing signatures (OCI referrers) must sign every pulled "
                    "file under it, and its refs must name signed commits, checked before anything is written "
                    "(unsigned or wrongly signed: exit 1; a ref to a commit no signature covers: exit 3).")
-@_lock_timeout_option
+@lock_timeout_option
 def pull_command(reference, cache_dir, plain_http, username, password_stdin, timeout, as_json, move_refs,
                  max_size, verify_key, lock_timeout) -> None:
     """Pull the image or ModelPack artifact REF and merge its cache into the cache, every digest checked before

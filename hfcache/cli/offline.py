@@ -7,12 +7,12 @@ import sys
 
 import click
 
-from .options import cache_dir_option as _cache_dir_option
 from ..errors import UsageError
+from .options import cache_dir_option, json_option
 
 
 @click.command(name="env")
-@_cache_dir_option()
+@cache_dir_option()
 @click.option("--format", "fmt", type=click.Choice(["sh", "dotenv", "dockerfile", "k8s", "json"]), default="sh",
               show_default=True, help="sh: export lines; dotenv: NAME=value; dockerfile: one ENV instruction; "
               "k8s: a container env: list; json: one object.")
@@ -73,7 +73,7 @@ def exec_cmd(cache_dir, lock_file, allow_hosts, no_network, paths, command) -> N
 @click.command(name="doctor")
 @click.option("--cache-dir", type=click.Path(file_okay=False), help="Cache to examine [default: the one "
               "huggingface_hub would use here].")
-@click.option("--json", "as_json", is_flag=True, help="Print one JSON document on stdout.")
+@json_option
 def doctor_command(cache_dir, as_json) -> None:
     """Diagnose this environment's Hugging Face settings and cache: which cache, offline or not, conflicts,
     permissions and owner, read-only filesystem, symlinks, free space, versions; runtime traps (a read-only cache

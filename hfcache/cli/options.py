@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import functools
+import sys
 
 import click
 
@@ -42,6 +43,18 @@ def trust_manifest_endpoint_option(fn):
 def json_option(fn):
     """``--json``: one JSON document on stdout."""
     return click.option("--json", "as_json", is_flag=True, help="Print one JSON document on stdout.")(fn)
+
+
+def stdin_password(hint: str) -> str:
+    """The one line ``--password-stdin`` reads (passwords are never taken from the command line).
+
+    Raises:
+        UsageError: an empty line, with ``hint``.
+    """
+    password = sys.stdin.readline().rstrip("\r\n")
+    if not password:
+        raise UsageError("--password-stdin: no password on stdin", hint=hint)
+    return password
 
 
 def token_notice(message: str) -> None:

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import click
 
-from .options import cache_dir_option as _cache_dir_option
+from .options import cache_dir_option
 
 
 @click.command(name="path")
 @click.argument("spec", metavar="REPO_ID[@REVISION]")
 @click.argument("pattern", required=False, metavar="[PATTERN]")
-@_cache_dir_option()
+@cache_dir_option()
 @click.option("--repo-type", type=click.Choice(["model", "dataset", "kernel"]), default=None,
               help="Repo type [default: model; a datasets/ or kernels/ prefix on REPO_ID sets it too].")
 @click.option("--one", is_flag=True, help="Exit 1 unless exactly one file matches PATTERN (says how many did).")

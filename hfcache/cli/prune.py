@@ -6,17 +6,15 @@ import sys
 
 import click
 
-from .options import cache_dir_option as _cache_dir_option
-from .options import lock_timeout_option as _lock_timeout_option
-from .options import parsed as _parsed
 from ..errors import UsageError
+from .options import cache_dir_option, lock_timeout_option, parsed
 
 
 @click.command()
-@_cache_dir_option()
-@click.option("--older-than", metavar="DURATION", callback=_parsed("parse_duration"),
+@cache_dir_option()
+@click.option("--older-than", metavar="DURATION", callback=parsed("parse_duration"),
               help="Remove unpinned revisions not used for longer than this: 45s, 90m, 12h, 30d, 2w.")
-@click.option("--max-size", metavar="SIZE", callback=_parsed("parse_size"),
+@click.option("--max-size", metavar="SIZE", callback=parsed("parse_size"),
               help="Then remove least-recently-used unpinned revisions until the cache is at most SIZE: "
                    "50GB, 1.5G (powers of 1000), 500MiB, 20Gi (powers of 1024), or bytes.")
 @click.option("--keep-lock", "keep_locks", multiple=True, type=click.Path(dir_okay=False),
@@ -28,14 +26,15 @@ from ..errors import UsageError
 @click.option("--dry-run", is_flag=True, help="Print the plan; remove nothing.")
 @click.option("-y", "--yes", is_flag=True, help="Do not ask for confirmation (cron jobs, CI).")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON document on stdout (needs --yes or --dry-run).")
-@_lock_timeout_option
+@lock_timeout_option
 def prune(cache_dir, older_than, max_size, keep_locks, keep, missing_ok, dry_run, yes, as_json,
           lock_timeout) -> None:
     """Remove what a cache no longer needs, never what is pinned or being downloaded.
 
     In order: detached revisions (no ref; unused for an hour); revisions unused for longer than --older-than; then
-    least-recently-used revisions until the cache fits --max-size. Also blobs no snapshot uses, .incomplete files older than an hour
-    whose download is dead, .locks files of removed blobs, and empty repo folders. Safe while `hfcache warm` runs.
+    least-recently-used revisions until the cache fits --max-size. Also blobs no snapshot uses, .incomplete files
+    older than an hour whose download is dead, .locks files of removed blobs, and empty repo folders. Safe while
+    `hfcache warm` runs.
     A cache folder that does not exist is exit 5 (unless --missing-ok), one that is not a cache (an HF_HOME: the
     cache is DIR/hub) exit 5; an empty folder (a fresh volume) is exit 0, "empty cache: nothing to prune".
 
@@ -45,6 +44,7 @@ def prune(cache_dir, older_than, max_size, keep_locks, keep, missing_ok, dry_run
       hfcache prune --older-than 30d --max-size 50GB --keep-lock hfcache.lock --yes
     """
     from ..prune import execute, plan_prune
+    from .render import common
     from .render import prune as render
     from .render.common import lock_wait_notice
 
@@ -61,7 +61,7 @@ def prune(cache_dir, older_than, max_size, keep_locks, keep, missing_ok, dry_run
     if asked:
         render.show_prune(plan, as_json=False, dry_run=False)
         if not click.confirm(render.prune_question(plan), default=False, err=True):
-            render.stderr.print("nothing removed")
+            common.stderr.print("nothing removed")
             return
     with render.PruneProgress(len(plan.items), enabled=not as_json and bool(plan.items)) as progress:
         result = execute(plan, on_item=progress.advance, lock_timeout=lock_timeout,

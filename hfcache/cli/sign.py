@@ -8,8 +8,8 @@ from pathlib import Path
 
 import click
 
-from .options import cache_dir_option as _cache_dir_option
 from ..errors import UsageError
+from .options import cache_dir_option, json_option, stdin_password
 
 
 def read_password(password_stdin: bool) -> bytes | None:
@@ -19,11 +19,7 @@ def read_password(password_stdin: bool) -> bytes | None:
         from ..integrity.signatures import env_password
 
         return env_password()
-    password = sys.stdin.readline().rstrip("\r\n")
-    if not password:
-        raise UsageError("--password-stdin: no password on stdin",
-                         hint="echo \"$KEY_PASSWORD\" | hfcache sign ... --key KEY.pem --password-stdin")
-    return password.encode()
+    return stdin_password("echo \"$KEY_PASSWORD\" | hfcache sign ... --key KEY.pem --password-stdin").encode()
 
 
 @click.command(name="sign")
@@ -40,14 +36,15 @@ def read_password(password_stdin: bool) -> bytes | None:
 @click.option("--force", is_flag=True, help="Replace bundle files that exist (regular files only).")
 @click.option("--rehash", is_flag=True,
               help="Hash every file's bytes [default: an LFS file's blob name is its sha256; others are hashed].")
-@_cache_dir_option()
-@click.option("--json", "as_json", is_flag=True, help="Print one JSON document on stdout.")
+@cache_dir_option()
+@json_option
 def sign_command(specs, key, password_stdin, lock_file, output, force, rehash, cache_dir, as_json) -> None:
     """Write an OpenSSF model-signing v1.0 bundle for each cached snapshot, signed with KEY.
 
     One bundle per snapshot, named <repo folder>@<commit>.sig.json (e.g. models--ORG--NAME@<commit>.sig.json),
     over every file of the snapshot with its sha256 (a snapshot holding a git path such as .gitattributes is
-    refused: model_signing leaves those out of every bundle). It verifies with `hfcache verify REPO_ID@COMMIT --signature B --verify-key PUB` and with
+    refused: model_signing leaves those out of every bundle). It verifies with `hfcache verify REPO_ID@COMMIT
+    --signature B --verify-key PUB` and with
     `model_signing verify key --signature B --public_key PUB --allow_symlinks <cache>/models--ORG--NAME/snapshots/
     <commit>`. Nothing is sent anywhere; nothing in the cache is written. A bundle file that exists is replaced
     only with --force. An encrypted key's password: --password-stdin, else HFCACHE_SIGN_KEY_PASSWORD.

@@ -137,6 +137,7 @@ def check(repo_ids, cache_dir, lock_file, text, trusted, as_json, revision) -> N
     from ..integrity.check_trust import TrustPolicy
     from ..warming.lockfile import read_lock
     from ..warming.project import reading_cache_dir
+    from .render import common
     from .render import verify as render
 
     repo_ids = apply_revision(repo_ids, revision, with_lock=bool(lock_file))
@@ -152,7 +153,7 @@ def check(repo_ids, cache_dir, lock_file, text, trusted, as_json, revision) -> N
     if unmatched:
         raise UsageError(f"--trust-remote-code {unmatched[0]}: no such tokenizer is checked",
                          hint="name a repo_id being checked (or '*' for all of them)")
-    with render.stderr.status(f"loading {len(targets)} tokenizer(s) offline", spinner="dots") \
+    with common.stderr.status(f"loading {len(targets)} tokenizer(s) offline", spinner="dots") \
             if not as_json else contextlib.nullcontext():
         report = check_tokenizers(root, targets, text or DEFAULT_TEXT, trust=trust)
     render.show_check(report, as_json=as_json)
@@ -160,7 +161,7 @@ def check(repo_ids, cache_dir, lock_file, text, trusted, as_json, revision) -> N
         from rich.text import Text
 
         names = ", ".join(r.target.spec for r in report.not_run[:3]) + (" ..." if len(report.not_run) > 3 else "")
-        render.stderr.print(Text(f"warning: {len(report.not_run)} tokenizer(s) need custom code and were not run "
+        common.stderr.print(Text(f"warning: {len(report.not_run)} tokenizer(s) need custom code and were not run "
                                  f"({names}): name them with --trust-remote-code to load them", style="yellow"),
                             soft_wrap=True)
     sys.exit(report.exit_code)

@@ -10,8 +10,8 @@ import sys
 import click
 
 from ..errors import UsageError
-from .options import (apply_revision, cache_dir_option, hub_options, lock_timeout_option, revision_option,
-                      token_notice, trust_manifest_endpoint_option)
+from .options import (apply_revision, cache_dir_option, hub_options, lock_timeout_option, revision_option, token_notice,
+                      trust_manifest_endpoint_option)
 
 
 @click.command()

@@ -26,13 +26,8 @@ from typing import BinaryIO
 from urllib.parse import quote
 
 import httpx2
-from huggingface_hub.errors import (
-    GatedRepoError,
-    HfHubHTTPError,
-    OfflineModeIsEnabled,
-    RepositoryNotFoundError,
-    RevisionNotFoundError,
-)
+from huggingface_hub.errors import (GatedRepoError, HfHubHTTPError, OfflineModeIsEnabled, RepositoryNotFoundError,
+                                    RevisionNotFoundError)
 from huggingface_hub.utils import build_hf_headers, hf_raise_for_status
 
 from .. import pools

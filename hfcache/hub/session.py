@@ -11,6 +11,7 @@ HTTP module itself, and the thread only builds the client, whose modules no othe
 
 from __future__ import annotations
 
+import contextlib
 import threading
 
 __all__ = ["hub_session", "no_agent_registry_fetch", "prepare_session"]
@@ -30,10 +31,8 @@ def prepare_session() -> threading.Thread:
 
 
 def _make_session(get_session) -> None:
-    try:
+    with contextlib.suppress(Exception):  # best effort: the first request raises the real error
         get_session()
-    except Exception:  # noqa: BLE001 - best effort; the first request raises the real error
-        pass
 
 
 def no_agent_registry_fetch() -> None:

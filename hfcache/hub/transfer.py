@@ -30,12 +30,12 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 from .. import pools
-from ..cache.layout import RepoFolder
+from ..cache.content import BlobHash
 from ..cache.incomplete import IncompleteBlob
+from ..cache.layout import RepoFolder
 from ..errors import HubError, IntegrityError
 from .bodies import iter_body, slow_body
 from .client import HubClient
-from ..cache.content import BlobHash
 from .files import RemoteFile, RepoRevision
 from .retry import Budget, Interrupted, RetryCounter, ShortBody, counting
 

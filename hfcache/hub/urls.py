@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from urllib.parse import quote, urlsplit
 
-from ..names import url_prefix
 from ..errors import UsageError
+from ..names import url_prefix
 from ..records import shown
 
 

@@ -1,10 +1,8 @@
-"""What reading a repo's configs adds to a selection (:attr:`hfcache.warming.selection.Selection.needs_config`).
-
-Custom code named by ``auto_map`` (``tokenizer_config.json``, ``config.json``) and, recursively, the modules it
-imports relatively, as transformers' ``dynamic_module_utils`` finds them: parsed with regexes and ``ast``, never
-executed. For ``kind="model"``, the sentence-transformers module folders ``modules.json`` names, each selected with
-the root's rules (:mod:`hfcache.warming.selection`). Pure functions over file contents the caller fetched and
-hash-checked; no network, no filesystem.
+"""What reading a repo's configs adds to a selection (:attr:`hfcache.warming.selection.Selection.needs_config`):
+custom code named by ``auto_map`` and, recursively, the modules it imports relatively, found as transformers'
+``dynamic_module_utils`` finds them (regexes and ``ast``, never executed); for ``kind="model"``, the
+sentence-transformers module folders ``modules.json`` names, each selected with the root's rules. Pure functions over
+file contents the caller fetched and hash-checked.
 """
 
 from __future__ import annotations
@@ -20,34 +18,23 @@ from ..records import UnsafePath, validate_repo_path
 from .selection import (AUTO_MAP_FILES, EXPORT_DIRS, MODEL_SIDE_GLOBS, MODULES_FILE, matches, tokenizer_paths,
                         weight_paths)
 
-#: Configs and code files larger than this are not parsed for ``auto_map`` or imports (a hostile repo's 5 GB
-#: "config.json" must not be read into memory); readers passed to :func:`custom_code_paths` return None then, and the
-#: file is reported in :attr:`CustomCode.unparsed`.
+#: Configs and code files larger than this are not parsed (a hostile repo's 5 GB "config.json" is not read into
+#: memory): readers return None, the file is reported in :attr:`CustomCode.unparsed`.
 MAX_PARSE_BYTES = 16 * 1024 * 1024
-#: The ``auto_map`` keys that matter for a tokenizer load, per file of :data:`AUTO_MAP_FILES` (transformers 5.24:
-#: ``models/auto/tokenization_auto.py`` takes ``AutoTokenizer`` from ``tokenizer_config.json`` (a dict entry, or the
-#: legacy list form), and first loads the config through ``AutoConfig``, which runs ``config.json``'s
-#: ``auto_map["AutoConfig"]`` (``models/auto/configuration_auto.py``)). ``config.json``'s ``AutoTokenizer`` is read by
-#: transformers 4.x; it is followed too.
+#: The ``auto_map`` keys of a tokenizer load, per file (transformers 5.24 ``models/auto/tokenization_auto.py``:
+#: ``AutoTokenizer`` of ``tokenizer_config.json``, a dict entry or the legacy list, after ``AutoConfig`` of
+#: ``config.json``, ``models/auto/configuration_auto.py``; ``config.json``'s ``AutoTokenizer``: transformers 4.x).
 _TOKENIZER_AUTO_KEYS = {"tokenizer_config.json": ("AutoTokenizer",), "config.json": ("AutoConfig", "AutoTokenizer")}
 
 
 def auto_map_refs(config_path: str, config_bytes: bytes, kind: str = "tokenizer") -> tuple[str, ...]:
-    """The class references (``module.ClassName``, or ``org/repo--module.ClassName``) a config's ``auto_map`` names.
-
-    Args:
-        config_path (str): ``tokenizer_config.json`` or ``config.json`` (selects the keys that matter).
-        config_bytes (bytes): the file's content. Not JSON, or no ``auto_map``: no reference.
-        kind (str): ``tokenizer``: only the keys a tokenizer load uses (:data:`AUTO_MAP_FILES`); other kinds: every
-            key (``AutoModel...`` too).
-
-    Returns:
-        tuple[str, ...]: references in file order, without duplicates or ``null`` entries.
+    """The class references (``module.ClassName``, ``org/repo--module.ClassName``) a config's ``auto_map`` names, in
+    file order, without duplicates or ``null``: for ``kind="tokenizer"`` only the keys a tokenizer load uses
+    (``config_path`` picks them), else every key. A file that is not a JSON object has none.
 
     Raises:
-        RepoDataError: the file is JSON nested deeper than :data:`hfcache.bounds.MAX_JSON_DEPTH` levels, or larger
-            than :data:`MAX_PARSE_BYTES` (a cache member or an endpoint supplied it); a file that is simply not JSON
-            (or not an object) has no reference.
+        RepoDataError: JSON nested deeper than :data:`hfcache.bounds.MAX_JSON_DEPTH`, or larger than
+            :data:`MAX_PARSE_BYTES`.
     """
     if len(config_bytes) > MAX_PARSE_BYTES:
         raise RepoDataError(f"{config_path} is larger than {MAX_PARSE_BYTES} bytes: not parsed")
@@ -72,11 +59,9 @@ def auto_map_refs(config_path: str, config_bytes: bytes, kind: str = "tokenizer"
 
 
 def module_path(class_ref: str) -> str | None:
-    """The repo path of the module a class reference lives in, as transformers derives it
-    (``dynamic_module_utils.get_class_from_dynamic_module``: ``module_file, class_name = ref.split(".")``, then
-    ``module_file + ".py"``); None for a reference into another repo (``org/repo--module.Class``: that repo must be
-    warmed itself) or one transformers could not load either (not exactly ``module.Class``, or an unsafe path).
-    """
+    """The repo path of a class reference's module, as transformers derives it (``get_class_from_dynamic_module``:
+    ``module_file, class_name = ref.split(".")``, then ``module_file + ".py"``); None for a reference into another
+    repo (``org/repo--module.Class``: warm that repo) or one transformers could not load either."""
     if "--" in class_ref:
         return None
     parts = class_ref.split(".")
@@ -88,24 +73,19 @@ def module_path(class_ref: str) -> str | None:
         return None
 
 
-#: transformers 5.24 ``dynamic_module_utils.get_relative_imports``: the two regexes it runs over a code file's text
-#: (a docstring or comment line that looks like an import counts too, so transformers fetches that module as well):
-#: ``^\s*import\s+\.(\S+)\s*$`` and ``^\s*from\s+\.(\S+)\s+import`` (MULTILINE). Their leading ``^\s*`` may span
-#: blank lines, which makes them quadratic on a file of blank lines (40,000 lines: 34 s); here it is ``[^\S\n]*``
-#: (no newline): the same captures, since a match that starts lines earlier also matches from its own line start.
+#: transformers 5.24 ``dynamic_module_utils.get_relative_imports``'s two regexes over a code file's text (a docstring
+#: line that looks like an import counts too): ``^\s*import\s+\.(\S+)\s*$`` and ``^\s*from\s+\.(\S+)\s+import``
+#: (MULTILINE), with ``[^\S\n]*`` for the leading ``\s*``: the same captures, without its quadratic time on a file of
+#: blank lines (40,000 lines: 34 s).
 _RELATIVE_IMPORT_RES = (re.compile(r"^[^\S\n]*import\s+\.(\S+)\s*$", re.MULTILINE),
                         re.compile(r"^[^\S\n]*from\s+\.(\S+)\s+import", re.MULTILINE))
 
 
 def relative_imports(source: bytes, path: str) -> tuple[str, ...]:
-    """The repo paths of the modules a custom-code file imports relatively (never executed).
-
-    transformers copies them into its modules cache beside the file: ``dynamic_module_utils.get_relative_imports``
-    matches the text with :data:`_RELATIVE_IMPORT_RES` (``from .NAME import ...`` becomes ``<folder>/NAME.py``, NAME
-    taken literally, dots included: ``from ..up import`` asks for ``.up.py``), and ``get_cached_module_file`` fetches
-    each. That rule is restated here, united with an ``ast`` walk (``from .NAME import`` statements the regexes miss,
-    e.g. after ``;``). Names that are not safe repo paths are dropped (transformers' fetch of them fails anyway).
-    """
+    """The repo paths of the modules a custom-code file imports relatively, which transformers fetches beside it
+    (:data:`_RELATIVE_IMPORT_RES`: ``from .NAME import`` is ``<folder>/NAME.py``, NAME taken literally, so
+    ``from ..up import`` asks for ``.up.py``), with an ``ast`` walk for statements the regexes miss (after ``;``).
+    Names that are not safe repo paths are dropped (transformers' fetch of them fails too). Never executed."""
     text = source.decode("utf-8", errors="replace")
     names = [m.group(1) for regex in _RELATIVE_IMPORT_RES for m in regex.finditer(text)]
     try:
@@ -125,17 +105,10 @@ def relative_imports(source: bytes, path: str) -> tuple[str, ...]:
 
 @dataclass(frozen=True)
 class CustomCode:
-    """The custom code a repo's configs name.
-
-    Attributes:
-        paths (tuple[str, ...]): Python files of the repo to fetch: the modules ``auto_map`` names and, recursively,
-            the modules they import relatively; sorted.
-        absent (tuple[str, ...]): files named that way which the repo does not have (``.no_exist`` markers: an
-            offline load then fails at once with "no file named" instead of "couldn't connect"); sorted.
-        foreign (tuple[str, ...]): class references into other repos (``org/repo--module.Class``); not fetched.
-        unparsed (tuple[str, ...]): configs and code files larger than :data:`MAX_PARSE_BYTES`, not read: the
-            ``auto_map`` or relative imports in them are not followed (the caller warns).
-    """
+    """The custom code a repo's configs name, each sorted: ``paths`` to fetch (the modules ``auto_map`` names and,
+    recursively, those they import relatively); ``absent``, named but missing (``.no_exist`` markers: an offline
+    load fails at once with "no file named", not "couldn't connect"); ``foreign`` class references into other repos
+    (not fetched); ``unparsed`` files larger than :data:`MAX_PARSE_BYTES` (what they name is not followed)."""
 
     paths: tuple[str, ...] = ()
     absent: tuple[str, ...] = ()
@@ -150,18 +123,9 @@ def foreign_repos(refs: Iterable[str]) -> tuple[str, ...]:
 
 def custom_code_paths(configs: Iterable[str], read: Callable[[str], bytes | None], available: Iterable[str],
                       kind: str = "tokenizer", exclude: Sequence[str] = ()) -> CustomCode:
-    """Follow ``auto_map`` from the configs to the Python files a load runs, without executing any of them.
-
-    Args:
-        configs: config paths to read (:attr:`Selection.needs_config`).
-        read: returns a repo file's bytes (the caller fetches it first when needed), or None for a file larger than
-            :data:`MAX_PARSE_BYTES` (not parsed); only called on paths of ``available``.
-        available: every path of the repo at the commit.
-        kind: as :func:`auto_map_refs`.
-        exclude: globs never fetched (``--exclude`` wins here too; an excluded file gets no marker either).
-
-    Returns:
-        CustomCode.
+    """Follow ``auto_map`` from ``configs`` to the Python files a load runs, executing none: ``read(path)`` gives a
+    file's bytes (None above :data:`MAX_PARSE_BYTES`), only for paths of ``available``; ``exclude`` globs are never
+    fetched nor marked.
 
     Raises:
         RepoDataError: a config nested too deeply to parse (:func:`auto_map_refs`).
@@ -192,24 +156,14 @@ def custom_code_paths(configs: Iterable[str], read: Callable[[str], bytes | None
                       foreign=tuple(sorted({r for r in refs if "--" in r})), unparsed=tuple(sorted(unparsed)))
 
 
-
-
 def module_folder_paths(modules_bytes: bytes, available: Iterable[str]) -> tuple[set[str], tuple[str, ...]]:
-    """The files a sentence-transformers load reads from the module folders ``modules.json`` names: per folder, its
-    tokenizer files, its small side files (configs, ``*.txt``...) and its weights in ONE format (safetensors first,
-    as at the root).
-
-    Args:
-        modules_bytes: the content of ``modules.json`` (a JSON list of ``{"path": ...}``). Not that: nothing.
-        available: every path of the repo.
-
-    Returns:
-        ``(paths, index_files)``: repo paths, and sharded index files in module folders to follow with
-        :func:`shards_from_index`.
+    """``(paths, index_files)`` a sentence-transformers load reads from the folders ``modules.json`` (a JSON list of
+    ``{"path": ...}``; anything else names none) names: per folder, its tokenizer files, small side files and weights
+    in ONE format (as at the root), and the sharded indexes among them to follow.
 
     Raises:
-        RepoDataError: ``modules.json`` is nested deeper than :data:`hfcache.bounds.MAX_JSON_DEPTH` levels or larger
-            than :data:`MAX_PARSE_BYTES`.
+        RepoDataError: ``modules.json`` nested deeper than :data:`hfcache.bounds.MAX_JSON_DEPTH` or larger than
+            :data:`MAX_PARSE_BYTES`.
     """
     if len(modules_bytes) > MAX_PARSE_BYTES:
         raise RepoDataError(f"{MODULES_FILE} is larger than {MAX_PARSE_BYTES} bytes: not parsed")
@@ -262,19 +216,8 @@ class Followed:
 
 def follow_configs(needs_config: Sequence[str], read: Callable[[str], bytes | None], available: Iterable[str],
                    kind: str = "tokenizer", exclude: Sequence[str] = ()) -> Followed:
-    """Finish a selection from the configs it needs (:attr:`Selection.needs_config`): custom code named by
-    ``auto_map`` (:func:`custom_code_paths`) and sentence-transformers module folders (:func:`module_folder_paths`).
-
-    Args:
-        needs_config: the configs to read.
-        read: returns a repo file's bytes (the caller fetches and hash-checks it first), None above
-            :data:`MAX_PARSE_BYTES`; only called on available paths.
-        available: every path of the repo at the commit.
-        kind: the selection's kind.
-        exclude: globs never selected (as in :func:`select`).
-
-    Returns:
-        Followed.
+    """Finish a selection from the configs it needs: custom code named by ``auto_map`` (:func:`custom_code_paths`)
+    and sentence-transformers module folders (:func:`module_folder_paths`); arguments as :func:`custom_code_paths`.
 
     Raises:
         RepoDataError: a config nested too deeply to parse; the message names the file.
@@ -300,6 +243,6 @@ BAD_FILE_HINT = "the repo's file is malformed (a loader fails on it too): fix th
 
 
 class RepoDataError(ValueError):
-    """A repo file hfcache must parse (a config, ``modules.json``, a sharded index) that no parser can read: nested
-    too deeply, wrong types. The message names the file; callers add the repo id."""
+    """A repo file hfcache must parse (a config, ``modules.json``, a sharded index) that no parser can read; the
+    message names the file, callers add the repo id."""
 

@@ -166,7 +166,8 @@ def trusts_manifest_endpoint(flag: bool = False, environ: dict[str, str] | None 
     return flag or env.get(TRUST_ENDPOINT_ENV, "").strip().lower() in ("1", "true", "yes")
 
 
-def withheld_endpoints(endpoints: Sequence[str], trusted: bool, environ: dict[str, str] | None = None) -> tuple[str, ...]:
+def withheld_endpoints(endpoints: Sequence[str], trusted: bool,
+                       environ: dict[str, str] | None = None) -> tuple[str, ...]:
     """The manifest's ``endpoints`` that get no Hub token: without the opt-in (``trusted``), each whose origin
     (scheme, host, port) is neither ``HF_ENDPOINT``'s nor the public Hub's; as given, without a trailing slash."""
     from ..hub.urls import origin

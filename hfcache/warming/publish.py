@@ -1,9 +1,7 @@
-"""Making a warmed repo visible in the cache, and refusing beforehand what could only be published halfway.
-
-:func:`check_publishable` runs before anything is fetched and again before the first link; :func:`copy_blob` gives
-a legacy id's folder the canonical folder's blobs; :func:`publish` writes snapshot links, ``.no_exist`` markers, the
-record of what was published (:mod:`hfcache.cache.published`) and the ref last, in huggingface_hub's order.
-"""
+"""Making a warmed repo visible, and refusing beforehand what could only be published halfway: :func:`check_publishable`
+(before anything is fetched and again before the first link), :func:`copy_blob` (a legacy id's folder gets the
+canonical folder's blobs), :func:`publish` (huggingface_hub's order: snapshot links, ``.no_exist`` markers, the
+record of what was published, the ref last)."""
 
 from __future__ import annotations
 
@@ -22,8 +20,8 @@ from ..records import WarmRequest
 
 
 def check_publishable(folder: RepoFolder, repo: RepoRevision, files: Sequence[RemoteFile]) -> None:
-    """Refuse, before anything is fetched or published, what could only be published halfway: a repo folder with a
-    planted link, or a snapshot where a path's folder is already a file or link (or the path a folder).
+    """Refuse what could only be published halfway: a repo folder with a planted link, or a snapshot where a path's
+    folder is a file or link (or the path a folder).
 
     Raises:
         UnsafeLayout (CacheError, exit 5): the cache conflicts with the listing.
@@ -76,10 +74,9 @@ def copy_blob(source: RepoFolder, dest: RepoFolder, file: RemoteFile) -> None:
                 incomplete.unlink(missing_ok=True)
 
 
-
 def _copy_hashed(src, out, file: RemoteFile, shown: str) -> None:
-    """Copy at most ``file.size`` bytes from ``src`` to ``out`` (binary files), hashing them as the Hub names the
-    blob: a canonical blob another user of a shared cache changed is never published under its name.
+    """Copy at most ``file.size`` bytes from ``src`` to ``out``, hashed as the Hub names the blob: a canonical blob
+    another user of a shared cache changed is never published under its name.
 
     Raises:
         UnsafeLayout (CacheError, exit 5): another size, or content that does not hash to ``file.etag``.
@@ -109,12 +106,9 @@ def _blob_source(folder: RepoFolder, etag: str) -> Path:
 
 def publish(folder: RepoFolder, repo: RepoRevision, files: list[RemoteFile], absent: Sequence[str], *,
             request: WarmRequest, cache_dir: Path, symlinks: bool, endpoint: str | None = None) -> list[str]:
-    """Make the repo visible: links, then markers, the record of what was published (:mod:`hfcache.cache.published`),
-    then the ref last (huggingface_hub's order). Returns notes: the ref of a folder other than the requested
-    one (a legacy id's canonical folder) that moved to another commit.
-
-    ``endpoint`` is recorded as the endpoint that served the commit (``verify --repair`` fetches from it; without
-    credentials, :func:`hfcache.cache.published.public_endpoint`); None keeps what the record names."""
+    """Make the repo visible: links, markers, the record of what was published (:mod:`hfcache.cache.published`,
+    naming ``endpoint`` as the one that served it, for ``verify --repair``; None keeps the record's), the ref last.
+    Returns notes: the ref of a folder other than the requested one (a legacy id's canonical folder) that moved."""
     for f in files:
         folder.link(repo.commit_hash, f.path, f.etag, symlinks=symlinks)
     for name in absent:

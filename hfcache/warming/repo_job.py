@@ -1,10 +1,9 @@
 """One repo of a warm: resolved (or taken from the lock), selected, fetched and published, endpoint after endpoint.
 
-:class:`RepoJob` tries the endpoints in order (a Hub-side failure moves on to the next); per endpoint it selects the
-files (:mod:`hfcache.warming.selection`), reads the configs and sharded indexes that complete the selection while the
-files already selected download, puts every blob in place (cached, hardlinked from another repo of the cache, or
-downloaded by :mod:`hfcache.hub.transfer`), and publishes the repo only when every blob is there
-(:mod:`hfcache.warming.publish`). :class:`InFlight` makes a blob shared by several repos of one warm download once.
+Per endpoint, :class:`RepoJob` selects the files (:mod:`hfcache.warming.selection`), reads the configs and sharded
+indexes that complete the selection while the files already selected download, puts every blob in place (cached,
+hardlinked from another repo, or downloaded by :mod:`hfcache.hub.transfer`), and publishes the repo only when every
+blob is there (:mod:`hfcache.warming.publish`). :class:`InFlight` makes a blob shared by repos download once.
 """
 
 from __future__ import annotations
@@ -20,20 +19,20 @@ from typing import TYPE_CHECKING
 
 from .. import pools
 from ..cache import safefs
+from ..cache.content import fd_matches
 from ..cache.layout import RepoFolder
+from ..cache.locking import DEFAULT_LOCK_TIMEOUT, LockWait
 from ..cache.root import cache_error, find_blob_elsewhere
 from ..cache.shared_store import StoreProblem, open_payload
-from ..cache.locking import DEFAULT_LOCK_TIMEOUT, LockWait
 from ..errors import HfcacheError, HubError, IntegrityError, InternalError, UsageError
 from ..hub.answers import check_asked_commit
 from ..hub.client import HubClient
-from ..cache.content import fd_matches
 from ..hub.files import RemoteFile, RepoRevision
 from ..hub.retry import RetryCounter
 from ..hub.transfer import Slots, TransferOptions, download_blob
 from ..records import ProgressSink, RepoResult, WarmedFile, WarmRequest, folder_clash, folder_ids
-from .publish import check_publishable, copy_blob, publish
 from .custom_code import BAD_FILE_HINT, MAX_PARSE_BYTES, follow_configs
+from .publish import check_publishable, copy_blob, publish
 from .selection import Selection, check_index_size, select, shards_from_index
 
 if TYPE_CHECKING:  # the lock file's module (and tomllib) is not needed to warm by name (docs/benchmarks.md)
@@ -175,11 +174,7 @@ class RepoJob:
         )
 
     def _selection(self, repo: RepoRevision) -> Selection:
-        """The files of ``repo`` the request (or the lock) selects.
-
-        Raises:
-            UsageError: no file matches.
-        """
+        """The files of ``repo`` the request (or the lock) selects; UsageError when none matches."""
         req = self.request
         if self.pinned is not None:
             selection = Selection(paths=repo.paths, absent=self.pinned.absent)
@@ -195,9 +190,8 @@ class RepoJob:
 
     def _describe_and_read(self, repo: RepoRevision, folders: list[RepoFolder],
                            selection: Selection) -> tuple[RepoRevision, set[str], tuple[str, ...], tuple[str, ...]]:
-        """Check the listing and the folders, then complete the selection (:meth:`_complete`) while the files
-        already selected start downloading into the canonical folder (``folders[0]``); returns what
-        :meth:`_complete` returns. The caller holds the repo locks."""
+        """Check the listing and the folders, then complete the selection (:meth:`_complete`, its return) while the
+        files already selected download into the canonical folder (``folders[0]``). The caller holds the repo locks."""
         canonical = folders[0]
         conflict = folder_clash(repo.paths)
         if conflict is not None:  # before any download: a refused repo leaves no blob behind either
@@ -225,8 +219,8 @@ class RepoJob:
             raise
 
     def _fetch_into(self, folders: list[RepoFolder], repo: RepoRevision, files: list[RemoteFile]) -> dict[str, str]:
-        """Every file's blob in every folder (downloaded into the canonical one, hardlinked into the others);
-        returns path -> source, as the report shows it."""
+        """Every file's blob in every folder (downloaded into the canonical one, hardlinked into the others); returns
+        path -> source, as the report shows it."""
         canonical = folders[0]
         self.sink.advance(self.key, self._precount_kept(canonical, files))  # shown as done when the bar is added
         self.sink.repo_started(self.key, self.request.spec, len(files), sum(f.size for f in files))
@@ -256,12 +250,10 @@ class RepoJob:
 
     def _complete(self, repo: RepoRevision, canonical: RepoFolder,
                   selection: Selection) -> tuple[RepoRevision, set[str], tuple[str, ...], tuple[str, ...]]:
-        """Finish a selection that needs file contents: configs first (custom code named by ``auto_map``,
-        sentence-transformers module folders), then sharded indexes (their shards). Returns ``(repo with every
-        selected file described, paths, absent, notes)`` (notes: one-line warnings, :attr:`custom_code.Followed.notes`).
-        The files read here are fetched without moving the progress bar: its total is known only afterwards, and
-        they are counted then (as cached). Every file read is described (one HEAD where the listing gave no hash),
-        fetched and hash-checked into the cache first; nothing is executed."""
+        """Finish a selection from file contents: configs (custom code, module folders), then sharded indexes.
+        Returns ``(repo with every selected file described, paths, absent, notes)``. Each file read is described,
+        fetched and hash-checked into the cache first, without moving the progress bar (its total is known only
+        afterwards; they count then, as cached); nothing is executed."""
         req = self.request
         paths, absent, needs_index = set(selection.paths), selection.absent, selection.needs_index
         notes: tuple[str, ...] = ()
@@ -301,18 +293,17 @@ class RepoJob:
         return self.client.describe(current, paths, self.counter), paths, absent, notes
 
     def _read(self, repo: RepoRevision, folder: RepoFolder, file: RemoteFile) -> bytes | None:
-        """A small file's verified bytes (a config or custom code to parse): fetched into the cache first if needed;
-        None (not parsed, reported in the notes) above ``custom_code.MAX_PARSE_BYTES``."""
+        """A small file's verified bytes, fetched into the cache first if needed; None (not parsed, noted) above
+        ``custom_code.MAX_PARSE_BYTES``."""
         if file.size > MAX_PARSE_BYTES:
             return None
         self._fetch(repo, folder, [file], progress=False)
         return folder.read_blob(file.etag, file.size)
 
     def _precount_kept(self, folder: RepoFolder, files: list[RemoteFile]) -> int:
-        """The bytes of the leftover downloads (an interrupted run's) of ``files`` whose download has not reported
-        them yet: counted now, so a resumed repo's bar starts at what is on disk even when its downloads wait for a
-        free connection. From ``stat`` calls only (:meth:`RepoFolder.leftover_sizes`); each download then reports
-        the difference with what it really keeps (:meth:`_settle_kept`)."""
+        """The bytes of ``files``' leftover downloads not reported yet, counted now (``stat`` only), so a resumed
+        repo's bar starts at what is on disk while its downloads wait for a connection; each download then reports
+        the difference with what it keeps (:meth:`_settle_kept`)."""
         sizes = folder.leftover_sizes()
         total = 0
         with self._count_lock:
@@ -427,8 +418,8 @@ class RepoJob:
 
 
 class InFlight:
-    """The blobs this warm is downloading, by etag: a second repo with the same file (one vocab in several repos)
-    waits for the first download and hardlinks it, so identical files are fetched once per run (docs/benchmarks.md)."""
+    """The blobs this warm is downloading, by etag: a second repo with the same file waits for the first download and
+    hardlinks it, so identical files are fetched once per run (docs/benchmarks.md)."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
@@ -451,11 +442,9 @@ class InFlight:
 
 
 def _same_content(cache_dir: Path, path: Path, file: RemoteFile) -> bool:
-    """True when another repo's blob has ``file``'s exact content. ``path`` is what :func:`find_blob_elsewhere`
-    found: ``<cache_dir>/<folder>/blobs/<etag>``, or the shared Xet store's payload ``<cache_dir>/blobs/<2hex>/<h>``
-    such a blob links to. Read from the cache root through descriptors (no folder or link a member swapped in is
-    followed); False also when it vanished meanwhile (a concurrent prune) or is no regular file: the file is then
-    downloaded."""
+    """True when another repo's blob (``path``, from :func:`find_blob_elsewhere`: ``<folder>/blobs/<etag>``, or the
+    Xet store's payload ``blobs/<2hex>/<h>`` it links to) has ``file``'s exact content, read through descriptors
+    from the cache root; False when it vanished (a concurrent prune) or is no regular file: then it is downloaded."""
     try:
         if path.parent.parent == cache_dir / "blobs":  # a store payload (huggingface_hub 2.4's Xet store)
             fd = open_payload(cache_dir, path.name)

@@ -25,21 +25,12 @@ from .manifest import with_manifest_endpoints
 
 @dataclass(frozen=True)
 class WarmJob:
-    """What ``hfcache warm`` was asked.
-
-    Attributes:
-        specs (tuple[str, ...]): ``REPO_ID[@REVISION]`` arguments (none with ``lock_file``), each warmed with
-            ``kind``, ``include``, ``exclude`` and ``repo_type`` (:class:`hfcache.records.WarmRequest`).
-        lock_file (str | None): install exactly this lock instead (``--lock``).
-        manifest (str | None): the lock's manifest (default: found beside the lock; a lock alone is enough unless
-            ``manifest`` or ``locked`` asks for one).
-        locked (bool): refuse a lock out of date with its manifest (exit 1).
-        trust_manifest_endpoint (bool): send the token to the manifest's endpoints too (else they are warmed from
-            anonymously; ``HFCACHE_TRUST_MANIFEST_ENDPOINT=1`` counts too).
-        cache_dir (str | None): the cache root (a lock's default: its manifest's ``cache_dir``, else the environment's).
-        hub (HubOptions): endpoints (they override a manifest's), token, timeout, retries, connections.
-        lock_timeout (float): seconds to wait at most for a lock another process holds.
-    """
+    """What ``hfcache warm`` was asked: ``specs`` (``REPO_ID[@REVISION]``), each with ``kind``, ``include``,
+    ``exclude`` and ``repo_type`` (:class:`hfcache.records.WarmRequest`); or a ``lock_file`` to install exactly, with
+    its ``manifest`` (default: beside the lock; a lock alone is enough unless ``manifest`` or ``locked`` asks for
+    one), ``locked`` (refuse a lock out of date with it, exit 1), ``trust_manifest_endpoint`` (send the token to its
+    endpoints too; ``HFCACHE_TRUST_MANIFEST_ENDPOINT=1`` counts too); the ``cache_dir`` (a lock's default: its
+    manifest's, else the environment's); ``hub``, whose endpoints override a manifest's; ``lock_timeout`` (seconds)."""
 
     specs: tuple[str, ...] = ()
     kind: str = "tokenizer"
@@ -57,17 +48,13 @@ class WarmJob:
 
 def run(job: WarmJob, *, progress: ProgressSink | None = None, on_lock_wait: Callable[[LockWait], None] | None = None,
         on_notice: Callable[[str], None] | None = None) -> WarmReport:
-    """Warm what ``job`` asks (``hfcache warm``); a failed repo never stops the others.
-
-    Args:
-        job: the command's arguments.
-        progress: receives :meth:`~hfcache.records.ProgressSink.planned`, then each repo's events.
-        on_lock_wait: told which lock a repo waits for (:func:`hfcache.warming.orchestrate.warm`).
-        on_notice: told once, in one line, when the token is withheld from a manifest's endpoint.
+    """Warm what ``job`` asks (``hfcache warm``); a failed repo never stops the others. ``progress`` gets
+    :meth:`~hfcache.records.ProgressSink.planned` first; ``on_lock_wait``, ``on_notice``: as
+    :func:`hfcache.warming.orchestrate.warm`.
 
     Returns:
-        WarmReport: one result per request (a lock's: per locked repo, in lock order), each ok repo's selection notes
-        (:func:`hfcache.warming.selection.selection_notes`) added, and the run's warnings: a lock that drifted from its
+        WarmReport: one result per request (a lock's: per locked repo, in lock order) with each ok repo's selection
+        notes (:func:`hfcache.warming.selection.selection_notes`), and the run's warnings: a lock that drifted from its
         manifest, a root umask that leaves the cache unreadable by other users.
 
     Raises:

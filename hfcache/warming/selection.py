@@ -1,16 +1,12 @@
 """Which files of a repo to fetch: the tokenizer set, a model in one weight format, or everything.
 
-Pure functions over a repo's file listing; no network, no filesystem. Some selections need file contents to finish
-(:attr:`Selection.needs_index`, :attr:`Selection.needs_config`): the caller fetches and hash-checks those files and
-passes their bytes to :func:`shards_from_index` / :func:`hfcache.warming.custom_code.follow_configs` (custom code
-named by ``auto_map``, parsed with ``ast`` and never executed; sentence-transformers module folders named by
-``modules.json``).
-
-The tokenizer file names come from transformers 5.x: ``tokenization_utils_base.py`` (``tokenizer_config.json``,
-``special_tokens_map.json``, ``added_tokens.json``, ``tokenizer.json``, ``chat_template.jinja``,
-``chat_template.json``, ``additional_chat_templates/``), the per-class ``vocab_files_names`` of the tokenizers
-(``vocab.txt``, ``vocab.json``, ``merges.txt``, SentencePiece ``*.model``, tiktoken files, Mistral ``tekken.json``),
-and ``AutoTokenizer`` reading ``config.json`` to pick the class (``models/auto/tokenization_auto.py``).
+Pure functions over a repo's file listing. Some selections need file contents to finish (:attr:`Selection.needs_index`,
+:attr:`Selection.needs_config`): the caller fetches and hash-checks those files and passes their bytes to
+:func:`shards_from_index` / :func:`hfcache.warming.custom_code.follow_configs`. The tokenizer file names come from
+transformers 5.x: ``tokenization_utils_base.py`` (``tokenizer_config.json``, ``special_tokens_map.json``,
+``added_tokens.json``, ``tokenizer.json``, chat templates), the tokenizers' ``vocab_files_names`` (``vocab.txt``,
+``vocab.json``, ``merges.txt``, SentencePiece ``*.model``, tiktoken files, Mistral ``tekken.json``), and
+``AutoTokenizer`` reading ``config.json`` to pick the class (``models/auto/tokenization_auto.py``).
 """
 
 from __future__ import annotations
@@ -22,9 +18,8 @@ from dataclasses import dataclass
 from ..bounds import TooDeep, loads_json
 from ..records import KINDS
 
-#: Root-level names a tokenizer load may ask for. When the repo lacks one of them at a commit, warm writes the
-#: ``.no_exist/<commit>/<name>`` marker so an offline load knows it is absent instead of failing
-#: (docs/cache-layout.md, 'Traps the libraries leave').
+#: Root-level names a tokenizer load may ask for; one the repo lacks gets a ``.no_exist/<commit>/<name>`` marker, so an
+#: offline load knows it is absent instead of failing (docs/cache-layout.md, 'Traps the libraries leave').
 TOKENIZER_FILENAMES: tuple[str, ...] = (
     "added_tokens.json",
     "chat_template.jinja",
@@ -75,19 +70,10 @@ MODEL_SIDE_GLOBS: tuple[str, ...] = ("*.json", "*.py", "*.txt", "*.jinja", "*.ya
 
 @dataclass(frozen=True)
 class Selection:
-    """The outcome of selecting files from a listing.
-
-    Attributes:
-        paths (tuple[str, ...]): repo paths to fetch, sorted.
-        absent (tuple[str, ...]): optional tokenizer names the repo does not have (``.no_exist`` markers), sorted.
-        needs_index (tuple[str, ...]): sharded weight index files whose ``weight_map`` must be read to finish
-            the selection (see :func:`shards_from_index`); empty when the selection is complete.
-        needs_config (tuple[str, ...]): config files to read to finish the selection (see
-            :func:`hfcache.warming.custom_code.follow_configs`): ``tokenizer_config.json``/``config.json`` whose
-            ``auto_map`` may name custom code (a module the repo lacks too: it gets a ``.no_exist`` marker), and for
-            ``kind="model"`` a sentence-transformers ``modules.json`` naming module folders; empty when the kind
-            selects every file.
-    """
+    """The outcome of selecting files from a listing, each sorted: the ``paths`` to fetch; the optional tokenizer
+    names the repo lacks (``absent``: ``.no_exist`` markers); the sharded indexes whose ``weight_map`` finishes the
+    selection (``needs_index``: :func:`shards_from_index`); the configs whose ``auto_map`` (and for ``kind="model"``
+    ``modules.json``) may add files (``needs_config``: :func:`hfcache.warming.custom_code.follow_configs`)."""
 
     paths: tuple[str, ...]
     absent: tuple[str, ...]
@@ -96,10 +82,8 @@ class Selection:
 
 
 def matches(path: str, patterns: Iterable[str]) -> bool:
-    """fnmatch a repo path against globs; a pattern ending in ``/`` matches a whole folder.
-
-    Same rule as ``huggingface_hub.utils.filter_repo_objects`` (``utils/_paths.py``).
-    """
+    """fnmatch a repo path against globs; a pattern ending in ``/`` matches a whole folder (huggingface_hub
+    ``utils/_paths.py`` ``filter_repo_objects``)."""
     for pattern in patterns:
         if pattern.endswith("/"):
             pattern += "*"
@@ -116,20 +100,16 @@ def tokenizer_paths(paths: Iterable[str]) -> set[str]:
     """Return the paths a tokenizer load can need, from all the repo's paths."""
     chosen = set()
     for path in paths:
-        if _is_root(path) and (path in TOKENIZER_FILENAMES or matches(path, TOKENIZER_GLOBS)):
-            chosen.add(path)
-        elif path.startswith("additional_chat_templates/") and path.endswith(".jinja"):
+        if (_is_root(path) and (path in TOKENIZER_FILENAMES or matches(path, TOKENIZER_GLOBS))
+                or path.startswith("additional_chat_templates/") and path.endswith(".jinja")):
             chosen.add(path)
     # A root "*.model"/"vocab.*" glob can catch weights ("vocab.bin" is rare, "model.bin" is not matched).
     return {p for p in chosen if not matches(p, WEIGHT_GLOBS)}
 
 
 def weight_paths(paths: set[str]) -> tuple[set[str], tuple[str, ...]]:
-    """Pick root weights in one format: safetensors when present, else PyTorch ``.bin``.
-
-    Returns ``(paths, index_files)``: when a sharded index exists, the shards are known only after reading
-    it, so the index is returned for :func:`shards_from_index` and no shard is guessed.
-    """
+    """``(paths, index_files)``: root weights in one format, safetensors when present, else PyTorch ``.bin``; a
+    sharded index is returned for :func:`shards_from_index` instead (no shard is guessed)."""
     root = {p for p in paths if _is_root(p)}
     for index_name, single_name, glob in _WEIGHT_FORMATS:
         if index_name in root:
@@ -148,17 +128,12 @@ def select(
     include: Sequence[str] = (),
     exclude: Sequence[str] = (),
 ) -> Selection:
-    """Select the files of one repo listing.
+    """Select the files of one repo listing (``paths``: every file at one commit).
 
     Args:
-        paths: every file path of the repo at one commit (``/``-separated, relative to the repo root).
-        kind: ``"tokenizer"`` (tokenizer files plus ``config.json``), ``"model"`` (tokenizer files, configs,
-            custom code and the weights in ONE format, safetensors first) or ``"all"`` (every file).
-        include: globs whose matches are added to the kind's selection (e.g. ``"onnx/*"``).
-        exclude: globs whose matches are never selected; exclude wins over include.
-
-    Returns:
-        Selection: the paths to fetch, the absent optional tokenizer names, and index files to follow.
+        kind: ``"tokenizer"`` (tokenizer files plus ``config.json``), ``"model"`` (tokenizer files, configs, custom
+            code and the weights in ONE format, safetensors first) or ``"all"`` (every file).
+        include: globs whose matches are added (e.g. ``"onnx/*"``). exclude: globs never selected (they win).
 
     Raises:
         ValueError: ``kind`` is not one of :data:`KINDS`.
@@ -193,17 +168,9 @@ def select(
 
 def selection_notes(kind: str, include: Sequence[str], exclude: Sequence[str],
                     selected: Iterable[str]) -> tuple[str, ...]:
-    """One-line warnings about a selection that succeeded but is probably not what was asked.
-
-    Args:
-        kind: the request's kind (``tokenizer``, ``model``, ``all``).
-        include, exclude: the request's globs.
-        selected: the repo paths warmed (every ``include`` match is among them unless ``exclude`` dropped it).
-
-    Returns:
-        tuple[str, ...]: ``kind == "model"`` and no weight file (:data:`WEIGHT_GLOBS`) was selected; each
-        ``include`` glob that matched no file (named, with the glob as typed). Empty when all is as asked.
-    """
+    """One-line warnings about a selection that succeeded but is probably not what was asked (``selected``: the paths
+    warmed): ``kind == "model"`` without a weight file (:data:`WEIGHT_GLOBS`), each ``include`` glob that matched
+    nothing."""
     paths = list(selected)
     notes = []
     after = " (after --exclude)" if exclude else ""
@@ -231,20 +198,12 @@ def check_index_size(index_path: str, size: int) -> None:
 
 
 def shards_from_index(index_bytes: bytes, available: Iterable[str], index_path: str) -> set[str]:
-    """Return the shard paths a sharded ``*.index.json`` names in its ``weight_map``.
-
-    Args:
-        index_bytes: the content of the index file (JSON with a ``weight_map`` of tensor name -> shard file).
-        available: every path of the repo, to resolve shards relative to the index's folder.
-        index_path: the index's own repo path.
-
-    Returns:
-        set[str]: shard paths, relative to the repo root.
+    """The shard paths (from the repo root) the sharded index at ``index_path`` names in its ``weight_map`` (tensor
+    name -> shard file, relative to the index's folder); ``available``: every path of the repo.
 
     Raises:
-        ValueError: the index is not JSON with a ``weight_map`` object (or is larger than
-            :data:`MAX_INDEX_BYTES`, or nested deeper than :data:`hfcache.bounds.MAX_JSON_DEPTH`: ``TooDeep``), or
-            names a shard the repo does not have.
+        ValueError: not JSON with a ``weight_map`` object, larger than :data:`MAX_INDEX_BYTES`, nested deeper than
+            :data:`hfcache.bounds.MAX_JSON_DEPTH`, or naming a shard the repo does not have.
     """
     if len(index_bytes) > MAX_INDEX_BYTES:
         raise ValueError(f"{index_path} is larger than {MAX_INDEX_BYTES} bytes: not read as a sharded weight index")

@@ -12,13 +12,15 @@ import datetime
 import json
 import os
 import sys
+from collections.abc import Collection, Iterable
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from rich.console import Console
+    from rich.table import Table
 
-__all__ = ["ago", "human_size", "inert", "iso_time", "live_on_terminal", "lock_wait_notice", "print_error",
-           "print_json", "usage_hint"]
+__all__ = ["Bar", "ago", "human_size", "inert", "iso_time", "live_on_terminal", "lock_wait_notice", "print_error",
+           "print_json", "table", "usage_hint", "warn"]
 
 # Off a terminal (a pipe, a file, CI logs, docker build output) rich assumes 80 columns and would wrap every long
 # repo id and path, breaking `| grep` and `| awk`. A table is only as wide as its content (rich tables do not expand),
@@ -89,6 +91,41 @@ def live_on_terminal(enabled: bool) -> bool:
     return enabled and _stderr().is_terminal
 
 
+def table(title: str, columns: Iterable[str], right: Collection[str] = (), **options: Any) -> Table:
+    """A rich Table titled ``title`` (left-justified) with ``columns``, those in ``right`` right-justified;
+    ``options`` go to every ``add_column`` (``overflow="fold"``)."""
+    from rich.table import Table
+
+    made = Table(title=title, title_justify="left")
+    for column in columns:
+        made.add_column(column, justify="right" if column in right else "left", **options)
+    return made
+
+
+class Bar:
+    """One transient rich progress bar of ``total`` on stderr (rich ``ProgressColumn``s ``columns``), drawn only on a
+    terminal (:func:`live_on_terminal`); a context manager. :meth:`start` sets the total, :meth:`advance` moves it."""
+
+    def __init__(self, enabled: bool, total: int, *columns: Any) -> None:
+        from rich.progress import Progress
+
+        self._progress = Progress(*columns, console=_stderr(), disable=not live_on_terminal(enabled), transient=True)
+        self._task = self._progress.add_task("", total=total)
+
+    def __enter__(self) -> Any:
+        self._progress.__enter__()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._progress.__exit__(*exc)
+
+    def start(self, total: int) -> None:
+        self._progress.update(self._task, total=total)
+
+    def advance(self, n: int) -> None:
+        self._progress.advance(self._task, n)
+
+
 def lock_wait_notice(wait: Any) -> None:
     """Tell the user on stderr which lock a command waits for, who holds it, and how long it will wait at most
     (a :class:`hfcache.cache.locking.LockWait`; the ``on_lock_wait`` callback of warm, prune, repair and import)."""
@@ -119,6 +156,13 @@ def inert(text: str) -> str:
         return text
     return "".join(c if c.isprintable() else (f"\\x{ord(c):02x}" if ord(c) < 0x100 else f"\\u{ord(c):04x}")
                    for c in text)
+
+
+def warn(line: str, prefix: str = "warning: ", soft_wrap: bool = True) -> None:
+    """One yellow line on stderr: ``prefix`` then ``line`` (through :func:`inert`)."""
+    from rich.text import Text
+
+    _stderr().print(Text(f"{prefix}{inert(line)}", style="yellow"), soft_wrap=soft_wrap)
 
 
 def usage_hint(exit_code: int, command: str, hint: str | None = None) -> str | None:

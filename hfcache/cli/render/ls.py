@@ -26,33 +26,15 @@ def repo_dict(repo: RepoInfo, pinned: set[tuple[str, str, str]] | None) -> dict[
     def is_pinned(rev) -> bool | None:
         return None if pinned is None else (repo.repo_type, repo.repo_id, rev.commit_hash) in pinned
 
-    revisions = [
-        {
-            "commit_hash": rev.commit_hash,
-            "refs": list(rev.refs),
-            "files": len(rev.files),
-            "size_on_disk": rev.size_on_disk,
-            "last_used": iso_time(rev.last_used),
-            "pinned": is_pinned(rev),
-            "health": "ok" if not rev.problems else "; ".join(rev.problems),
-        }
-        for rev in repo.revisions
-    ]
-    return {
-        "repo_id": repo.repo_id,
-        "repo_type": repo.repo_type,
-        "folder": repo.folder,
-        "refs": dict(sorted(repo.refs.items())),
-        "revisions": revisions,
-        "files": len({f.path for rev in repo.revisions for f in rev.files}),
-        "size_on_disk": repo.size_on_disk,
-        "last_used": iso_time(repo.last_used),
-        "pinned": None if pinned is None else any(r["pinned"] for r in revisions),
-        "health": repo.health,
-        "problems": list(repo.problems),
-        "unreadable": list(repo.unreadable),
-        "incomplete": list(repo.incomplete),
-    }
+    revisions = [{"commit_hash": rev.commit_hash, "refs": list(rev.refs), "files": len(rev.files),
+                  "size_on_disk": rev.size_on_disk, "last_used": iso_time(rev.last_used), "pinned": is_pinned(rev),
+                  "health": "ok" if not rev.problems else "; ".join(rev.problems)} for rev in repo.revisions]
+    return {"repo_id": repo.repo_id, "repo_type": repo.repo_type, "folder": repo.folder,
+            "refs": dict(sorted(repo.refs.items())), "revisions": revisions,
+            "files": len({f.path for rev in repo.revisions for f in rev.files}), "size_on_disk": repo.size_on_disk,
+            "last_used": iso_time(repo.last_used),
+            "pinned": None if pinned is None else any(r["pinned"] for r in revisions), "health": repo.health,
+            "problems": list(repo.problems), "unreadable": list(repo.unreadable), "incomplete": list(repo.incomplete)}
 
 
 _SIZE_NOTE = "bytes shared between revisions or repos (hardlinks) are counted once"
@@ -60,18 +42,10 @@ _SIZE_NOTE = "bytes shared between revisions or repos (hardlinks) are counted on
 
 def ls_dict(info: CacheInfo, pinned: set[tuple[str, str, str]] | None) -> dict[str, Any]:
     """``hfcache ls --json``: sizes in bytes, times ISO 8601; ``pinned`` is null without --lock."""
-    return {
-        "cache_dir": info.cache_dir,
-        "size_on_disk": info.size_on_disk,
-        "size_note": _SIZE_NOTE,
-        "repos": [repo_dict(repo, pinned) for repo in info.repos],
-        "totals": {
-            "repos": len(info.repos),
-            "revisions": sum(len(r.revisions) for r in info.repos),
-            "size_on_disk": info.size_on_disk,
-            "unhealthy": sum(1 for r in info.repos if r.problems),
-        },
-    }
+    return {"cache_dir": info.cache_dir, "size_on_disk": info.size_on_disk, "size_note": _SIZE_NOTE,
+            "repos": [repo_dict(repo, pinned) for repo in info.repos],
+            "totals": {"repos": len(info.repos), "revisions": sum(len(r.revisions) for r in info.repos),
+                       "size_on_disk": info.size_on_disk, "unhealthy": sum(1 for r in info.repos if r.problems)}}
 
 
 class RepoSummary(NamedTuple):
@@ -96,16 +70,10 @@ def _dumps(value: Any) -> str:
 
 
 def stream_ls_json(cache_dir: str, repos: Iterable[RepoSummary], out: TextIO) -> bool:
-    """Write ``hfcache ls --json``'s compact document to ``out`` one repo at a time, in the order given, and return
-    whether any repo had an unreadable part (exit 1).
-
-    Byte for byte what ``print_json(ls_dict(...), compact=True)`` prints for the same repos in the same order: the
-    keys sorted put ``repos`` before the totals, which are summed on the way. Only one repo's objects live at a time,
-    so memory stays flat on a 10,000-repo cache (docs/benchmarks.md, goal P4).
-
-    Args:
-        repos: :func:`repo_summary` of each repo, in order.
-    """
+    """Write ``hfcache ls --json``'s compact document to ``out`` one repo (:func:`repo_summary`) at a time, in the
+    order given; return whether any repo had an unreadable part (exit 1). Byte for byte what
+    ``print_json(ls_dict(...), compact=True)`` prints (sorted keys put ``repos`` before the totals, summed on the way),
+    with one repo's objects in memory at a time (docs/benchmarks.md, goal P4)."""
     seen: dict[tuple[int, int], int] = {}
     count = revisions = unhealthy = 0
     unreadable = False
@@ -138,24 +106,18 @@ def empty_cache_note(root) -> None:
 
 def not_cached_warning(line: str) -> None:
     """One ``hfcache: warning:`` line on stderr for a REPO_ID ``ls`` was asked about and the cache does not hold."""
-    from rich.text import Text
-
-    common.stderr.print(Text(f"hfcache: warning: {common.inert(line)}", style="yellow"), soft_wrap=True)
+    common.warn(line, "hfcache: warning: ")
 
 
 def ls_table(document: dict[str, Any], revisions: bool, now: float) -> Table:
     """The ``hfcache ls`` table, built from the same document ``--json`` prints."""
-    from rich.table import Table
     from rich.text import Text
 
     def ts(value: str | None) -> float:
         return datetime.datetime.fromisoformat(value).timestamp() if value else 0.0
 
-    table = Table(title=f"hfcache ls {document['cache_dir']}", title_justify="left")
-    for column in ("repo", "type", "revision" if revisions else "refs", "files", "size", "last used", "pinned",
-                   "health"):
-        table.add_column(column, justify="right" if column in ("files", "size") else "left",
-                         overflow="fold")
+    table = common.table(f"hfcache ls {document['cache_dir']}", ("repo", "type", "revision" if revisions else "refs",
+                         "files", "size", "last used", "pinned", "health"), right=("files", "size"), overflow="fold")
     for repo in document["repos"]:
         rows = repo["revisions"] if revisions else [repo]
         for row in rows:

@@ -6,9 +6,9 @@ import os
 import sys
 from typing import TYPE_CHECKING, Any
 
-from rich.table import Table
 from rich.text import Text
 
+from . import common
 from .common import print_json, stderr, stdout
 
 if TYPE_CHECKING:
@@ -58,9 +58,7 @@ def show_doctor(report: DoctorReport, *, as_json: bool) -> None:
         print_json(doctor_dict(report))
         return
     styles = {"error": "bold red", "warning": "yellow", "info": "dim"}
-    table = Table(title=f"hfcache doctor {report.cache_dir}", title_justify="left")
-    for column in ("severity", "finding", "fix"):
-        table.add_column(column, overflow="fold")
+    table = common.table(f"hfcache doctor {report.cache_dir}", ("severity", "finding", "fix"), overflow="fold")
     for f in report.findings:
         table.add_row(Text(f.severity, style=styles[f.severity]), f.message, f.fix or "")
     stdout.print(table)
@@ -75,7 +73,8 @@ def show_mirror_ready(info: Any) -> None:
     what = "cache" if info.layout == "cache" else "repo folders"
     token = ", bearer token required" if info.token_required else ""
     pull = f", pulling through from {', '.join(info.upstreams)}" if info.upstreams else ""
-    allow = f" (allowed: {', '.join(info.allow)})" if info.allow else " (any repo: no --allow)" if info.upstreams else ""
+    allow = (f" (allowed: {', '.join(info.allow)})" if info.allow
+             else " (any repo: no --allow)" if info.upstreams else "")
     unreadable = info.unreadable
     if unreadable:
         shown = ", ".join(unreadable[:4]) + (f" (and {len(unreadable) - 4} more)" if len(unreadable) > 4 else "")

@@ -5,11 +5,12 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.progress import BarColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
 from rich.text import Text
 
-from .common import ago, human_size, inert, iso_time, live_on_terminal, print_json, stderr, stdout
+from . import common
+from .common import Bar, ago, human_size, inert, iso_time, print_json, stdout
 
 if TYPE_CHECKING:
     from ...prune import PrunePlan, PruneResult
@@ -44,13 +45,10 @@ def prune_dict(plan: PrunePlan, result: PruneResult | None = None, *, dry_run: b
         revisions.append(entry)
     policy = plan.policy
     document: dict[str, Any] = {
-        "cache_dir": plan.cache_dir,
-        "dry_run": dry_run,
-        "executed": result is not None,
+        "cache_dir": plan.cache_dir, "dry_run": dry_run, "executed": result is not None,
         "ok": result.ok if result is not None else True,
         "exit_code": result.exit_code if result is not None else (5 if plan.unreadable else 0),
-        "unreadable": list(plan.unreadable),
-        "empty_cache": plan.empty,
+        "unreadable": list(plan.unreadable), "empty_cache": plan.empty,
         "policy": {"older_than": policy.older_than, "max_size": policy.max_size,
                    "keep": [str(k) for k in policy.keep], "keep_locks": list(policy.keep_locks),
                    "grace": policy.grace},
@@ -60,13 +58,9 @@ def prune_dict(plan: PrunePlan, result: PruneResult | None = None, *, dry_run: b
             "revisions_before": plan.revisions_before, "revisions_removed": len(plan.revisions),
             "revisions_kept": plan.revisions_before - len(plan.revisions), "revisions_pinned": len(plan.pinned),
             "bytes_before": plan.bytes_before, "bytes_freed": plan.bytes_freed, "bytes_kept": plan.bytes_kept,
-            "bytes_pinned": plan.bytes_pinned, "budget_met": plan.budget_met,
-        },
+            "bytes_pinned": plan.bytes_pinned, "budget_met": plan.budget_met},
         "pinned": [{"repo_type": t, "repo_id": i, "commit_hash": c} for t, i, c in plan.pinned],
-        "revisions": revisions,
-        "items": items,
-        "warnings": list(plan.warnings),
-    }
+        "revisions": revisions, "items": items, "warnings": list(plan.warnings)}
     if result is not None:
         document["result"] = {status: result.count(status) for status in ("removed", "gone", "skipped", "failed")}
         document["result"].update(bytes_freed=result.bytes_freed, seconds=round(result.seconds, 3))
@@ -103,9 +97,8 @@ def prune_tables(plan: PrunePlan, result: PruneResult | None = None, *, dry_run:
 
 
 def _revisions_table(plan: PrunePlan, result: PruneResult | None, outcomes: dict, title: str) -> Table:
-    table = Table(title=title + " - revisions", title_justify="left")
-    for column in ("repo", "revision", "refs", "last used", "why", "frees") + (("status",) if result else ()):
-        table.add_column(column, justify="right" if column == "frees" else "left", overflow="fold")
+    table = common.table(title + " - revisions", ("repo", "revision", "refs", "last used", "why", "frees")
+                         + (("status",) if result else ()), right=("frees",), overflow="fold")
     status = {(o.item.folder, o.item.revision): o for o in outcomes.values() if o.item.kind == "snapshot"}
     for r in plan.revisions:
         row = [r.repo_id, r.commit_hash[:12], ", ".join(r.refs) or "-", ago(r.last_used, plan.now),
@@ -119,9 +112,8 @@ def _revisions_table(plan: PrunePlan, result: PruneResult | None, outcomes: dict
 
 def _housekeeping_table(groups: dict[tuple[str, str], list], result: PruneResult | None, outcomes: dict,
                         title: str) -> Table:
-    table = Table(title=title + " - housekeeping", title_justify="left")
-    for column in ("repo", "what", "count", "frees") + (("status",) if result else ()):
-        table.add_column(column, justify="right" if column in ("count", "frees") else "left", overflow="fold")
+    table = common.table(title + " - housekeeping", ("repo", "what", "count", "frees")
+                         + (("status",) if result else ()), right=("count", "frees"), overflow="fold")
     for (repo_id, label), items in groups.items():
         row = [repo_id, label, str(len(items)), human_size(sum(i.bytes_freed for i in items))]
         if result is not None:
@@ -135,9 +127,7 @@ def _housekeeping_table(groups: dict[tuple[str, str], list], result: PruneResult
 
 def _summary_table(plan: PrunePlan, result: PruneResult | None, title: str) -> Table:
     pinned_repos = len({(t, i) for t, i, _ in plan.pinned})
-    summary = Table(title=title, title_justify="left")
-    for column in ("", "repos", "revisions", "size"):
-        summary.add_column(column, justify="left" if not column else "right")
+    summary = common.table(title, ("", "repos", "revisions", "size"), right=("repos", "revisions", "size"))
     summary.add_row("before", str(plan.repos_before), str(plan.revisions_before), human_size(plan.bytes_before))
     summary.add_row("removed" if result else "to remove", str(plan.repos_removed), str(len(plan.revisions)),
                     human_size(plan.bytes_freed))
@@ -186,21 +176,12 @@ def prune_question(plan: PrunePlan) -> str:
             f"freeing {human_size(plan.bytes_freed)}?")
 
 
-class PruneProgress:
+class PruneProgress(Bar):
     """A progress bar on stderr while prune removes items (call :meth:`advance` once per item)."""
 
     def __init__(self, total: int, enabled: bool = True) -> None:
-        self._progress = Progress(TextColumn("pruning"), BarColumn(), TextColumn("{task.completed}/{task.total} items"),
-                                  TimeElapsedColumn(), console=stderr,
-                                  disable=not live_on_terminal(enabled), transient=True)
-        self._task = self._progress.add_task("prune", total=total)
-
-    def __enter__(self) -> PruneProgress:
-        self._progress.__enter__()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self._progress.__exit__(*exc)
+        super().__init__(enabled, total, TextColumn("pruning"), BarColumn(),
+                         TextColumn("{task.completed}/{task.total} items"), TimeElapsedColumn())
 
     def advance(self, _outcome: Any = None) -> None:
-        self._progress.advance(self._task, 1)
+        super().advance(1)

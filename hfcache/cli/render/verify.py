@@ -4,19 +4,11 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from rich.progress import (
-    BarColumn,
-    DownloadColumn,
-    Progress,
-    TextColumn,
-    TimeElapsedColumn,
-    TransferSpeedColumn,
-)
-from rich.table import Table
+from rich.progress import BarColumn, DownloadColumn, TextColumn, TimeElapsedColumn, TransferSpeedColumn
 from rich.text import Text
 
 from . import common
-from .common import human_size, live_on_terminal, print_json, stderr, stdout
+from .common import Bar, human_size, print_json, stdout
 
 if TYPE_CHECKING:
     from ...integrity.check import CheckReport
@@ -26,28 +18,12 @@ if TYPE_CHECKING:
 __all__ = ["HashProgress", "show_check", "show_verify"]
 
 
-class HashProgress:
+class HashProgress(Bar):
     """A bytes progress bar on stderr while verify hashes (implements verify's HashProgress)."""
 
     def __init__(self, enabled: bool = True) -> None:
-        self._progress = Progress(TextColumn("hashing"), BarColumn(), DownloadColumn(binary_units=True),
-                                  TransferSpeedColumn(), TimeElapsedColumn(), console=stderr,
-                                  disable=not live_on_terminal(enabled),
-                                  transient=True)
-        self._task = self._progress.add_task("hash", total=0)
-
-    def __enter__(self) -> HashProgress:
-        self._progress.__enter__()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self._progress.__exit__(*exc)
-
-    def start(self, total_bytes: int) -> None:
-        self._progress.update(self._task, total=total_bytes)
-
-    def advance(self, nbytes: int) -> None:
-        self._progress.advance(self._task, nbytes)
+        super().__init__(enabled, 0, TextColumn("hashing"), BarColumn(), DownloadColumn(binary_units=True),
+                         TransferSpeedColumn(), TimeElapsedColumn())
 
 
 def _problem_dict(p) -> dict[str, Any]:
@@ -79,17 +55,14 @@ def show_verify(report: VerifyReport, actions: tuple[RepairAction, ...], before:
         print_json(document)
         return
     if before is not None:
-        table = Table(title="repairs", title_justify="left")
-        for column in ("repo", "revision", "path", "action", "detail"):
-            table.add_column(column, overflow="fold")
+        table = common.table("repairs", ("repo", "revision", "path", "action", "detail"), overflow="fold")
         for a in actions:
             table.add_row(a.repo_id, a.revision[:12], a.path, Text(a.action, style="green" if a.ok else "red"),
                           a.detail)
         stdout.print(table)
     if report.problems:
-        table = Table(title=f"hfcache verify {report.cache_dir}", title_justify="left")
-        for column in ("repo", "revision", "path", "problem", "detail"):
-            table.add_column(column, overflow="fold")
+        table = common.table(f"hfcache verify {report.cache_dir}", ("repo", "revision", "path", "problem", "detail"),
+                             overflow="fold")
         for p in report.problems:
             table.add_row(p.repo_id, p.revision[:12] if len(p.revision) == 40 else p.revision, p.path,
                           Text(p.kind, style="red" if p.is_error else "yellow"), p.detail)
@@ -97,8 +70,9 @@ def show_verify(report: VerifyReport, actions: tuple[RepairAction, ...], before:
     errors = len(report.errors)
     notes = len(report.problems) - errors
     verdict = Text("ok", style="green") if report.ok else Text(f"{errors} integrity problem(s)", style="bold red")
-    common.stdout.print(Text.assemble(
-        verdict, f": {len(report.repos)} repos, {report.blobs_hashed} distinct blobs ({human_size(report.bytes_hashed)}) "
+    stdout.print(Text.assemble(
+        verdict, f": {len(report.repos)} repos, {report.blobs_hashed} distinct blobs "
+        f"({human_size(report.bytes_hashed)}) "
         f"hashed in {report.seconds:.2f}s"
         + (f", {report.blobs_skipped} unchanged since a --fast run (not hashed)" if report.blobs_skipped else "")
         + (f", {notes} note(s)" if notes else "")))
@@ -125,9 +99,9 @@ def show_check(report: CheckReport, *, as_json: bool) -> None:
             "fast_path_recorded": report.fast_recorded,
         })
         return
-    table = Table(title=f"hfcache check {report.cache_dir} (offline)", title_justify="left")
-    for column in ("tokenizer", "class", "vocab", "load", "fast path", "result"):
-        table.add_column(column, overflow="fold", justify="right" if column in ("vocab", "load") else "left")
+    table = common.table(f"hfcache check {report.cache_dir} (offline)",
+                         ("tokenizer", "class", "vocab", "load", "fast path", "result"), right=("vocab", "load"),
+                         overflow="fold")
     for r in report.results:
         if r.skipped:
             result = Text(f"skipped: {r.skipped}", style="yellow")

@@ -32,34 +32,20 @@ def repo_result_dict(result: RepoResult) -> dict[str, Any]:
     """A RepoResult as plain JSON data (sizes in bytes, times in seconds)."""
     data = asdict(result)
     request = data.pop("request")
-    data.update(
-        repo_id=request["repo_id"],
-        revision=request["revision"],
-        repo_type=request["repo_type"],
-        kind=request["kind"],
-        include=list(request["include"]),
-        exclude=list(request["exclude"]),
-        ok=result.ok,
-        seconds=round(result.seconds, 3),
-    )
+    data.update({key: request[key] for key in ("repo_id", "revision", "repo_type", "kind")},
+                include=list(request["include"]), exclude=list(request["exclude"]), ok=result.ok,
+                seconds=round(result.seconds, 3))
     return data
 
 
 def warm_report_dict(report: WarmReport) -> dict[str, Any]:
     """``warm --json``; ``warnings`` holds every warning line the text output prints: the run's
     (:attr:`WarmReport.warnings`), then each repo's notes as ``REPO_ID: note``."""
-    return {
-        "cache_dir": report.cache_dir,
-        "ok": report.ok,
-        "exit_code": report.exit_code,
-        "bytes_downloaded": report.bytes_downloaded,
-        "requests": report.requests,
-        "satisfied_by_cache": report.satisfied_by_cache,
-        "seconds": round(report.seconds, 3),
-        "endpoints": list(report.endpoints),
-        "repos": [repo_result_dict(r) for r in report.repos],
-        "warnings": [*report.warnings, *(f"{r.request.repo_id}: {note}" for r in report.repos for note in r.notes)],
-    }
+    return {"cache_dir": report.cache_dir, "ok": report.ok, "exit_code": report.exit_code,
+            "bytes_downloaded": report.bytes_downloaded, "requests": report.requests,
+            "satisfied_by_cache": report.satisfied_by_cache, "seconds": round(report.seconds, 3),
+            "endpoints": list(report.endpoints), "repos": [repo_result_dict(r) for r in report.repos],
+            "warnings": [*report.warnings, *(f"{r.request.repo_id}: {note}" for r in report.repos for note in r.notes)]}
 
 
 def __getattr__(name: str) -> Any:
@@ -69,24 +55,14 @@ def __getattr__(name: str) -> Any:
 
 
 def warm_summary_table(report: WarmReport) -> Table:
-    from rich.table import Table
     from rich.text import Text
 
-    table = Table(title=f"hfcache warm -> {report.cache_dir}", title_justify="left")
-    table.add_column("repo")
-    table.add_column("commit")
-    table.add_column("files", justify="right")
-    table.add_column("size", justify="right")
-    table.add_column("downloaded", justify="right")
-    table.add_column("requests", justify="right")
-    table.add_column("time", justify="right")
     several = len(report.endpoints) > 1 or len({r.endpoint for r in report.repos if r.endpoint}) > 1
-    if several:
-        table.add_column("endpoint")
     retried = any(r.retries for r in report.repos)
-    if retried:
-        table.add_column("retries", justify="right")
-    table.add_column("status")
+    columns = ["repo", "commit", "files", "size", "downloaded", "requests", "time", *(["endpoint"] if several else []),
+               *(["retries"] if retried else []), "status"]
+    table = common.table(f"hfcache warm -> {report.cache_dir}", columns,
+                         right=("files", "size", "downloaded", "requests", "time", "retries"))
     for r in report.repos:
         label = r.request.spec
         if r.canonical_id and r.canonical_id != r.request.repo_id:
@@ -94,18 +70,11 @@ def warm_summary_table(report: WarmReport) -> Table:
         status = Text("ok", style="green") if r.ok else Text(f"failed (exit {r.exit_code})", style="red")
         if r.error_type == "Interrupted":
             status = Text("interrupted", style="yellow")
-        table.add_row(
-            label,
-            (r.commit_hash or "-")[:12],
-            str(len(r.files)) if r.ok else "-",
-            human_size(sum(f.size for f in r.files)) if r.ok else "-",
-            human_size(r.bytes_downloaded),
-            str(r.requests),
-            f"{r.seconds:.2f}s",
-            *([r.endpoint or ("- (cache)" if r.ok else "-")] if several else []),
-            *([str(r.retries)] if retried else []),
-            status,
-        )
+        table.add_row(label, (r.commit_hash or "-")[:12], str(len(r.files)) if r.ok else "-",
+                      human_size(sum(f.size for f in r.files)) if r.ok else "-", human_size(r.bytes_downloaded),
+                      str(r.requests), f"{r.seconds:.2f}s",
+                      *([r.endpoint or ("- (cache)" if r.ok else "-")] if several else []),
+                      *([str(r.retries)] if retried else []), status)
     table.caption = warm_summary_line(report)
     table.caption_justify = "left"
     return table
@@ -253,17 +222,14 @@ def show_warm_report(report: WarmReport, *, as_json: bool, quiet: bool) -> None:
     if as_json:
         print_json(warm_report_dict(report))
         return
-    from rich.text import Text
-
     stopped = [r for r in report.repos if r.error_type == "Interrupted"]
     if not quiet and any(r.ok for r in report.repos):  # nothing warmed: the error lines say it all
         common.stdout.print(warm_summary_table(report))
     for warning in report.warnings:
-        common.stderr.print(Text(f"warning: {common.inert(warning)}", style="yellow"), soft_wrap=True)
+        common.warn(warning)
     for r in report.repos:
         for note in r.notes:
-            common.stderr.print(Text(f"warning: {r.request.repo_id}: {common.inert(note)}", style="yellow"),
-                                soft_wrap=True)
+            common.warn(f"{r.request.repo_id}: {note}")
         if not r.ok and r not in stopped:
             print_error(r.error or "failed", r.hint or usage_hint(r.exit_code, "hfcache warm"))
 
@@ -271,28 +237,17 @@ def show_warm_report(report: WarmReport, *, as_json: bool, quiet: bool) -> None:
 def show_pin_result(result: PinResult, lock_path, written: bool, *, as_json: bool) -> None:
     """The outcome of ``hfcache lock``: JSON, or a table of pinned repos and one line per failure."""
     if as_json:
-        print_json({
-            "lock": str(lock_path),
-            "written": written,
-            "ok": not result.failures,
-            "resolved": list(result.resolved),
-            "kept": list(result.kept),
-            "failures": [{"spec": f.spec, "error": f.error, "hint": f.hint, "exit_code": f.exit_code}
-                         for f in result.failures],
-            "repos": [
-                {"repo_id": r.request.repo_id, "revision": r.request.revision, "canonical_id": r.canonical_id,
-                 "commit_hash": r.commit_hash, "files": len(r.files), "bytes": sum(f.size for f in r.files),
-                 "notes": list(r.notes)}
-                for r in result.lock.repos
-            ],
-        })
+        print_json({"lock": str(lock_path), "written": written, "ok": not result.failures,
+                    "resolved": list(result.resolved), "kept": list(result.kept),
+                    "failures": [{"spec": f.spec, "error": f.error, "hint": f.hint, "exit_code": f.exit_code}
+                                 for f in result.failures],
+                    "repos": [{"repo_id": r.request.repo_id, "revision": r.request.revision,
+                               "canonical_id": r.canonical_id, "commit_hash": r.commit_hash, "files": len(r.files),
+                               "bytes": sum(f.size for f in r.files), "notes": list(r.notes)}
+                              for r in result.lock.repos]})
         return
-    from rich.table import Table
-    from rich.text import Text
-
-    table = Table(title=f"hfcache lock -> {lock_path}", title_justify="left")
-    for column in ("repo", "commit", "files", "size", "status"):
-        table.add_column(column, justify="right" if column in ("files", "size") else "left")
+    table = common.table(f"hfcache lock -> {lock_path}", ("repo", "commit", "files", "size", "status"),
+                         right=("files", "size"))
     for r in result.lock.repos:
         status = "resolved" if r.request.spec in result.resolved else "kept"
         table.add_row(r.request.spec, r.commit_hash[:12], str(len(r.files)),
@@ -301,7 +256,7 @@ def show_pin_result(result: PinResult, lock_path, written: bool, *, as_json: boo
         common.stdout.print(table)
     for r in result.lock.repos:
         for note in r.notes:
-            common.stderr.print(Text(f"warning: {r.request.repo_id}: {common.inert(note)}", style="yellow"))
+            common.warn(f"{r.request.repo_id}: {note}", soft_wrap=False)
     for f in result.failures:
         print_error(f.error, f.hint or usage_hint(f.exit_code, "hfcache lock"))
     if result.failures:
