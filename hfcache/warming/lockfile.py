@@ -111,7 +111,7 @@ def lock_manifest(lock_path: str | os.PathLike[str], manifest_path: str | os.Pat
 
 
 def lock_cache_dir(lock_path: str | os.PathLike[str], cache_dir: str | os.PathLike[str] | None = None, *,
-                   manifest: Manifest | None = None, manifest_path: str | os.PathLike[str] | None = None) -> Path:
+                   manifest: Manifest | None = None) -> Path:
     """The cache every ``--lock`` command works on (README "Which cache a --lock command uses"), absolute and not
     checked: ``cache_dir`` when given; else the lock's manifest's (``manifest`` if loaded, else
     :func:`lock_manifest`); else the environment's.
@@ -122,7 +122,7 @@ def lock_cache_dir(lock_path: str | os.PathLike[str], cache_dir: str | os.PathLi
     if cache_dir is not None:
         return resolve_cache_dir(cache_dir)
     if manifest is None:
-        manifest = lock_manifest(lock_path, manifest_path)
+        manifest = lock_manifest(lock_path)
     return resolve_cache_dir(manifest.cache_dir if manifest is not None and manifest.cache_dir else None)
 
 
