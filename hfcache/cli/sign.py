@@ -46,7 +46,9 @@ def sign_command(specs, key, password_stdin, lock_file, output, force, rehash, c
     refused: model_signing leaves those out of every bundle). It verifies with `hfcache verify REPO_ID@COMMIT
     --signature B --verify-key PUB` and with
     `model_signing verify key --signature B --public_key PUB --allow_symlinks <cache>/models--ORG--NAME/snapshots/
-    <commit>`. Nothing is sent anywhere; nothing in the cache is written. A bundle file that exists is replaced
+    <commit>`. Only files the cache proves are what was fetched are signed (with --lock: its pins, path, size and
+    hash; else warm's record, a trees/ listing, a link's blob name): any other is refused (exit 5, naming it).
+    Nothing is sent anywhere; nothing in the cache is written. A bundle file that exists is replaced
     only with --force. An encrypted key's password: --password-stdin, else HFCACHE_SIGN_KEY_PASSWORD.
     """
     from ..integrity.sign import sign_snapshots
@@ -57,10 +59,12 @@ def sign_command(specs, key, password_stdin, lock_file, output, force, rehash, c
     if not specs and not lock_file:
         raise UsageError("name the snapshots to sign: REPO_ID[@REVISION]... or --lock FILE")
     root = reading_cache_dir(cache_dir, lock_file)
+    lock = None
     if lock_file:
         from ..warming.lockfile import read_lock
 
-        targets = [(f"{r.request.repo_id}@{r.commit_hash}", r.request.repo_type) for r in read_lock(lock_file).repos]
+        lock = read_lock(lock_file)  # its pins are what each file signed must match
+        targets = [(f"{r.request.repo_id}@{r.commit_hash}", r.request.repo_type) for r in lock.repos]
         if not targets:
             raise UsageError(f"{lock_file} pins no repo: nothing to sign")
     else:
@@ -69,7 +73,8 @@ def sign_command(specs, key, password_stdin, lock_file, output, force, rehash, c
         raise UsageError("--output - writes the bundle on stdout: --json cannot go there too",
                          hint="drop --json, or give --output a file or folder")
     password = read_password(password_stdin)
-    signed = sign_snapshots(root, targets, Path(key), output, password=password, rehash=rehash, force=force)
+    signed = sign_snapshots(root, targets, Path(key), output, password=password, rehash=rehash, force=force,
+                            lock=lock)
     if output == "-":
         from .render.common import inert
 

@@ -6,6 +6,7 @@ symlinks) are queued for verify's hashing.
 from __future__ import annotations
 
 import os
+import stat
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -59,25 +60,89 @@ def read_tree_listing(cache_dir: str, folder: str, commit: str) -> dict[str, Exp
         return None
 
 
+class RevisionExpectation:
+    """What one revision's snapshot should hold, the one rule ``verify``, ``sign``, ``verify --signature`` and
+    ``push --sign-key`` judge a snapshot file by (:meth:`of`): a lock's pins when a lock pins the commit (then nothing
+    else counts), else per path warm's record (:mod:`hfcache.cache.published`), else the ``trees/<commit>.json``
+    listing (read when a path needs it), else the blob name of a link (or of the blob a real file is a hardlink of)."""
+
+    def __init__(self, cache_dir: str, folder: str, commit: str, pinned: dict[str, Expected] | None,
+                 recorded: dict[str, Expected] | None, absent: tuple[str, ...] = ()) -> None:
+        self.cache_dir, self.folder, self.commit = cache_dir, folder, commit
+        self.pinned, self.recorded, self.absent = pinned, recorded, absent
+        self._listed: dict[str, Expected] | None = None
+        self._read = False
+
+    @property
+    def source(self) -> str:
+        """Where the revision's file set comes from: ``lock``, ``warm record`` or ``trees/ listing``."""
+        return "lock" if self.pinned is not None else "warm record" if self.recorded is not None else "trees/ listing"
+
+    def listed(self) -> dict[str, Expected] | None:
+        """The ``trees/`` listing (:func:`read_tree_listing`), read once."""
+        if not self._read:
+            self._listed, self._read = read_tree_listing(self.cache_dir, self.folder, self.commit), True
+        return self._listed
+
+    def of(self, path: str, blob: str | None = None, size: int = 0) -> tuple[Expected | None, str]:
+        """(what ``path`` should hold, where that comes from: ``lock``, ``warm record``, ``trees/ listing``,
+        ``blob name``), or (None, the source that has nothing for it): under a lock an unpinned path; else a real
+        file no record or listing names that is no hardlink of a blob (``blob``: the blob name of a link, or of the
+        blob a real file shares its inode with; ``size``: its size)."""
+        if self.pinned is not None:
+            return self.pinned.get(path), "lock"
+        for files, source in ((self.recorded, "warm record"), (self.listed(), "trees/ listing")):
+            if files and path in files:
+                return files[path], source
+        return (Expected(blob, size), "blob name") if blob else (None, self.source)
+
+    def missing(self, present: set[str]) -> list[str]:
+        """The paths the lock or warm's record lists that ``present`` lacks (a ``trees/`` listing names the whole
+        commit, of which a snapshot may hold part)."""
+        files = self.pinned if self.pinned is not None else self.recorded
+        return sorted(set(files or ()) - present)
+
+    def unlisted(self, present: set[str]) -> list[str]:
+        """The paths of ``present`` a lock does not pin (none without a lock)."""
+        return sorted(present - set(self.pinned)) if self.pinned is not None else []
+
+
 def expected_of(cache_dir: str, repo: RepoInfo, commit: str, expectations,
-                refused: list[Problem] | None = None) -> tuple[dict[str, Expected] | None, str, tuple[str, ...]]:
-    """(path -> Expected, where it comes from, names marked absent) for one revision: the lock's when given, else
-    warm's record (:mod:`hfcache.cache.published`), else a ``trees/`` listing. A warm record past its bounds
-    (:class:`hfcache.cache.published.RecordRefused`) is a ``record_refused`` error appended to ``refused``."""
-    expected = expectations.get((repo.repo_type, repo.repo_id, commit))
-    if expected is not None:
-        return expected, "lock", ()
+                refused: list[Problem] | None = None) -> RevisionExpectation:
+    """One revision's :class:`RevisionExpectation`: the lock's pins when ``expectations``
+    (:func:`lock_expectations`) has the commit, else warm's record and the ``trees/`` listing. A warm record past
+    its bounds (:class:`hfcache.cache.published.RecordRefused`) is a ``record_refused`` error appended to
+    ``refused``, or raised when ``refused`` is None."""
+    pinned = expectations.get((repo.repo_type, repo.repo_id, commit))
+    if pinned is not None:
+        return RevisionExpectation(cache_dir, repo.folder, commit, pinned, None)
     try:
         record = read_record(cache_dir, repo.folder, commit)
     except RecordRefused as exc:
-        if refused is not None:
-            refused.append(Problem(repo.repo_id, commit, f".locks/{repo.folder}/hfcache/{commit}.json",
-                                   "record_refused", exc.message.split(": ", 1)[-1], repo.folder))
+        if refused is None:
+            raise
+        refused.append(Problem(repo.repo_id, commit, f".locks/{repo.folder}/hfcache/{commit}.json",
+                               "record_refused", exc.message.split(": ", 1)[-1], repo.folder))
         record = None
-    if record is not None:
-        files = {p: Expected(digest.split(":", 1)[1], size) for p, (size, digest) in record.files.items()}
-        return files, "warm record", record.absent
-    return read_tree_listing(cache_dir, repo.folder, commit), "trees/ listing", ()
+    if record is None:
+        return RevisionExpectation(cache_dir, repo.folder, commit, None, None)
+    files = {p: Expected(digest.split(":", 1)[1], size) for p, (size, digest) in record.files.items()}
+    return RevisionExpectation(cache_dir, repo.folder, commit, None, files, record.absent)
+
+
+def blob_inodes(cache_dir: str, folder: str) -> dict[tuple[int, int], str]:
+    """(device, inode) -> name of each regular file in the repo's ``blobs/`` (a real snapshot file sharing one is a
+    hardlink of that blob, hfcache's form without symlinks); empty when it cannot be listed."""
+    found = {}
+    try:
+        with os.scandir(os.path.join(cache_dir, folder, "blobs")) as it:
+            for entry in it:
+                st = entry.stat(follow_symlinks=False)
+                if stat.S_ISREG(st.st_mode) and is_etag(entry.name):
+                    found[(st.st_dev, st.st_ino)] = entry.name
+    except OSError:
+        return {}
+    return found
 
 
 def lost_markers(cache_dir: str, repo: RepoInfo, rev, absent: tuple[str, ...]) -> list[Problem]:
@@ -106,37 +171,39 @@ def lock_expectations(lock: Lockfile | None) -> dict[tuple[str, str, str], dict[
     return out
 
 
-def check_expected(repo: RepoInfo, rev, expected: dict[str, Expected] | None, source: str, jobs, owners,
+def check_expected(repo: RepoInfo, rev, expected: RevisionExpectation, jobs, owners,
                    cache_dir: str) -> list[Problem]:
-    """Compare a snapshot with its expected listing (``source``: lock, warm record, trees/ listing); queue its real
-    files for hashing in verify's ``jobs`` and ``owners`` (opened from the cache root there, never by a path)."""
+    """Compare a snapshot with what it should hold (:meth:`RevisionExpectation.of`); queue its real files for
+    hashing in verify's ``jobs`` and ``owners`` (opened from the cache root there, never by a path)."""
     found: list[Problem] = []
 
     def add(path: str, kind: str, detail: str) -> None:
         found.append(Problem(repo.repo_id, rev.commit_hash, path, kind, detail, repo.folder))
 
     for f in rev.files:
-        want = expected.get(f.path) if expected else None
-        if f.form == "link" and want is not None and (f.etag != want.etag or f.size != want.size):
+        if f.form not in ("link", "file"):
+            continue  # broken, absolute, outside: reported from the scan
+        job = jobs.get(f.inode) if f.form == "file" else None
+        blob = f.etag if f.form == "link" else job[2] if job and len(job[0]) == 3 else None
+        want, source = expected.of(f.path, blob, f.size)
+        if want is None or source == "blob name":  # a link's or hardlink's blob is verified by its name
+            if want is None and blob is None and f.form == "file":
+                add(f.path, "unverified", "real file with no expected hash (no lock, warm record or trees/ listing "
+                                          "names it)")
+        elif f.form == "link" and (f.etag != want.etag or f.size != want.size):
             add(f.path, "file_mismatch", f"links to blob {f.etag[:16]}… ({f.size} bytes), the {source} expects "
                                          f"{want.etag[:16]}… ({want.size} bytes)")
-        elif f.form != "file" or (want is None and f.inode in jobs):
-            continue  # a hardlink of a blob (hfcache's form without symlinks): verified by the blob's name
-        elif want is None:
-            add(f.path, "unverified", "real file with no expected hash (no lock or trees/ listing names it)")
-        elif f.size != want.size:
+        elif f.form == "file" and f.size != want.size:
             add(f.path, "file_mismatch", f"{f.size} bytes, the {source} expects {want.size}")
-        elif algorithm_of(want.etag) and f.inode is not None:
+        elif f.form == "file" and algorithm_of(want.etag) and f.inode is not None:
             jobs.setdefault(f.inode, ((cache_dir, repo.folder, rev.commit_hash, f.path), algorithm_of(want.etag),
                                       want.etag, f.size))
             owners.setdefault(f.inode, []).append((repo, rev.commit_hash, f.path))
     present = {f.path for f in rev.files}
-    if source in ("lock", "warm record"):
-        for path in sorted(set(expected or ()) - present):
-            add(path, "file_missing", f"listed in the {source} but not in the snapshot")
-    if expected is not None and source == "lock":
-        for path in sorted(present - set(expected)):
-            add(path, "file_unlisted", "present but not listed in the lock")
+    for path in expected.missing(present):
+        add(path, "file_missing", f"listed in the {expected.source} but not in the snapshot")
+    for path in expected.unlisted(present):
+        add(path, "file_unlisted", "present but not listed in the lock")
     return found
 
 

@@ -21,6 +21,7 @@ from pathlib import Path
 
 from ..cache.fsops import create_at, open_dir_at, temp_name
 from ..errors import CacheError, UsageError
+from ..warming.lockfile import Lockfile
 from .signatures import (MAX_BUNDLE_BYTES, NotABundle, SignatureCheck, SignatureMismatch, foreign_model,
                          read_user_file, sign_files, verify_files)
 from .signed_snapshot import NameMismatch, snapshot_digests
@@ -180,8 +181,10 @@ def _write_bundle(folder_fd: int, name: str, data: bytes, shown: str, force: boo
 
 def sign_snapshots(cache_dir: Path, targets: Sequence[tuple[str, str]], key: Path,
                    output: str | os.PathLike[str] | None = None, *, password: bytes | None = None,
-                   rehash: bool = False, on_bytes=None, force: bool = False) -> tuple[SignedSnapshot, ...]:
-    """Sign each snapshot ``targets`` names, one bundle each, written after all of them signed.
+                   rehash: bool = False, on_bytes=None, force: bool = False,
+                   lock: Lockfile | None = None) -> tuple[SignedSnapshot, ...]:
+    """Sign each snapshot ``targets`` names, one bundle each, written after all of them signed; only files the cache
+    proves are what was fetched (:func:`.signed_snapshot.judge`: with ``lock``, its pins and nothing else).
 
     Args:
         cache_dir: the cache root. targets: ``(REPO_ID[@REVISION], repo_type)`` pairs (a ref or a commit).
@@ -190,6 +193,7 @@ def sign_snapshots(cache_dir: Path, targets: Sequence[tuple[str, str]], key: Pat
             (one snapshot: the bundle is returned in ``SignedSnapshot.data``) [default: the current folder]; never
             inside the cache. rehash: hash every file (default: an LFS blob's name is its sha256).
         on_bytes: called with the size of every chunk hashed. force: replace existing bundle files (regular only).
+        lock: the lock whose pins (path, size, hash) every file of a snapshot at a locked commit must match.
 
     Returns:
         One SignedSnapshot per snapshot, in order (a snapshot named twice is signed once).
@@ -198,13 +202,15 @@ def sign_snapshots(cache_dir: Path, targets: Sequence[tuple[str, str]], key: Pat
         UsageError: a malformed spec, a bad key or password, model-signing missing, an output inside the cache, a
             file (or ``-``) for several snapshots, an output that is not a regular file or folder, one that exists
             without ``force``, an output path that does not exist (exit 2). CheckFailed: a repo or revision not in
-            the cache; a git path in a snapshot. NameMismatch: a file hashed does not match its blob name (exit 5;
-            nothing written). CacheError: an unsafe entry, or the output cannot be written (exit 5).
+            the cache; a git path in a snapshot. NameMismatch: a file is not what the cache says was fetched, or
+            its bytes do not match its name (exit 5; nothing written). CacheError: an unsafe entry, or the output
+            cannot be written (exit 5).
     """
     made: dict[tuple[str, str], SignedSnapshot] = {}
     for spec, repo_type in targets:
         try:
-            digests = snapshot_digests(cache_dir, spec, rehash=rehash, on_bytes=on_bytes, repo_type=repo_type)
+            digests = snapshot_digests(cache_dir, spec, rehash=rehash, on_bytes=on_bytes, repo_type=repo_type,
+                                       lock=lock, proven=True)
         except NameMismatch as exc:  # what plain `verify` and `push --sign-key` refuse is never signed
             exc.message = f"{exc.message}: nothing was signed"
             exc.args = (exc.message,)
@@ -239,7 +245,8 @@ def check_signature(cache_dir: Path, spec: str, signature: Path, public_key: Pat
     Raises:
         SignatureMismatch: bad signature, wrong key, or files unsigned / changed / missing (exit 1, all named, with
             the model the bundle signs when it is another); every file matches but the bundle names another model
-            (:func:`.signatures.foreign_model`); a file hashed does not match its blob name (``changed``).
+            (:func:`.signatures.foreign_model`); a file the cache does not prove is what was fetched
+            (:func:`.signed_snapshot.judge`: ``changed``; a recorded file absent: ``missing``).
         CheckFailed: the repo or revision is not in the cache. UsageError: an unreadable bundle or key, a file that
             is not a model-signing bundle (not JSON, ``{}``, ``[]``, another predicate: exit 2, naming it).
         CacheError: an unsafe entry in the snapshot.
@@ -247,16 +254,23 @@ def check_signature(cache_dir: Path, spec: str, signature: Path, public_key: Pat
     bundle = read_user_file(Path(signature), "the signature", MAX_BUNDLE_BYTES)
     try:
         digests = snapshot_digests(cache_dir, spec, rehash=rehash, on_bytes=on_bytes)
-    except NameMismatch as exc:  # verify's finding (exit 1), as plain `hfcache verify` reports it
-        raise SignatureMismatch(f"{exc.snapshot}: changed: {exc.path} no longer matches its blob name {exc.name} "
-                                "(changed on disk): not verified", reason="files", changed=(exc.path,),
-                                hint=exc.hint) from None
+    except NameMismatch as exc:  # bytes that are not their name: verify's finding (exit 1), as `verify` reports it
+        raise _mismatch(exc) from None
     try:
         check = verify_files(bundle, digests.files, public_key, name=f"{digests.repo_id}@{digests.commit}")
     except NotABundle as exc:  # a file the user named that is no bundle at all: unreadable, exit 2 (docs/verify.md)
         raise UsageError(f"the signature {signature} is not a model-signing bundle: {exc.why}", hint=exc.hint) \
             from None
+    if digests.unproven is not None:  # signed, but not what the cache says was fetched: as `sign` refuses it
+        raise _mismatch(digests.unproven)
     foreign = foreign_model(check, digests.repo_id, digests.commit)
     if foreign is not None:
         raise foreign
     return SignatureVerdict(digests.repo_id, digests.commit, str(digests.snapshot), check, digests.hashed)
+
+
+def _mismatch(exc: NameMismatch) -> SignatureMismatch:
+    """``verify --signature``'s exit 1 for a file the cache does not prove (``changed``, or ``missing``)."""
+    kind = "missing" if exc.missing else "changed"
+    return SignatureMismatch(f"{exc.snapshot}: {kind}: {exc.path} {exc.detail}: not verified", reason="files",
+                             hint=exc.hint, **{kind: (exc.path,)})

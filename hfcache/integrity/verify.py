@@ -160,10 +160,10 @@ def _repo_problems(cache_dir: str, repo: RepoInfo, specs: dict[str, set[str]],
         return problems  # nothing below a planted link is read
     problems += _queue_blobs(cache_dir, repo, used, jobs, stamps, owners)
     for rev in repo.revisions:
-        expected, source, absent = expected_of(cache_dir, repo, rev.commit_hash, expectations, problems)
-        problems += check_expected(repo, rev, expected, source, jobs, owners, cache_dir)
-        if absent:
-            problems += lost_markers(cache_dir, repo, rev, absent)
+        expected = expected_of(cache_dir, repo, rev.commit_hash, expectations, problems)
+        problems += check_expected(repo, rev, expected, jobs, owners, cache_dir)
+        if expected.absent:
+            problems += lost_markers(cache_dir, repo, rev, expected.absent)
     return problems
 
 

@@ -190,14 +190,15 @@ def push(reference: str, cache_dir: Path, specs: Sequence[str] = (), lock_path: 
 
     container, split = _options(reference, specs, lock_path, arch, format, split, base)
     prefix = check_prefix(prefix)
-    plan = plan_export(cache_dir, specs, lock=read_lock(lock_path) if lock_path else None)
+    lock = read_lock(lock_path) if lock_path else None
+    plan = plan_export(cache_dir, specs, lock=lock)
     if not plan.repos:
         raise UsageError(f"nothing to push: {cache_dir} holds no repo", hint="warm it first (hfcache warm)")
     signing = None
     if sign_key is not None:
         from ..integrity.signatures import env_password
 
-        signing = Path(sign_key), sign_key_password if sign_key_password is not None else env_password()
+        signing = Path(sign_key), sign_key_password if sign_key_password is not None else env_password(), lock
     annotations = _annotations(plan, Path(lock_path) if lock_path else None, prefix)
     connection = (plain_http, credentials, timeout, sink)
     if format == "modelpack":
@@ -213,8 +214,8 @@ def _push_image(reference: str, container, cache_dir: Path, plan: ExportPlan, ch
     blobs mounted, what the registry lacks uploaded, the manifest PUT, the signatures attached."""
     split, prefix, annotations, signing, base, arch = choices
     plain_http, credentials, timeout, sink = connection
-    bundles = signed_snapshots(cache_dir, plan, signing[0], password=signing[1], password_hint=_PASSWORD_HINT) \
-        if signing else []
+    bundles = signed_snapshots(cache_dir, plan, signing[0], password=signing[1], password_hint=_PASSWORD_HINT,
+                               lock=signing[2]) if signing else []
     annotations.update({"org.opencontainers.image.title": "Hugging Face hub cache",
                         "org.opencontainers.image.description": _description(prefix),
                         f"{ANNOTATION_PREFIX}.layer-split": split})
@@ -257,7 +258,8 @@ def _push_modelpack(reference: str, container, cache_dir: Path, plan: ExportPlan
     annotations.update({"org.opencontainers.image.title": repo.partition("@")[0],
                         f"{ANNOTATION_PREFIX}.format": "modelpack"})
     config_bytes, manifest_bytes = artifact_documents(cache_dir, folder, commit, files, annotations)
-    bundles = [sign(files, repo, signing[0], password=signing[1], password_hint=_PASSWORD_HINT)] if signing else []
+    bundles = [sign(files, repo, signing[0], password=signing[1], password_hint=_PASSWORD_HINT,
+                    proof=(cache_dir, folder, signing[2]))] if signing else []
     sent: dict[str, int] = {}
     with network_errors(container.registry, plain_http):
         client = connect(container, plain_http, credentials, timeout)

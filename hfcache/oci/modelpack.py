@@ -237,10 +237,11 @@ def send_file(client, container, f: ModelFile, sink: TransferSink | None) -> int
 
 
 def signed_snapshots(cache_dir: Path, plan: ExportPlan, sign_key: Path, *, password: bytes | None = None,
-                     password_hint: str | None = None) -> list[bytes]:
+                     password_hint: str | None = None, lock=None) -> list[bytes]:
     """One bundle per snapshot of an image push (``--sign-key``), in the order of :func:`snapshots_of`, each
-    :func:`sign`-ed over that snapshot's files as :func:`model_files` reads them. UsageError: an unusable key or
-    password; CacheError: a file does not match its name (exit 5)."""
+    :func:`sign`-ed over that snapshot's files as :func:`model_files` reads them (``lock``: the pushed lock).
+    UsageError: an unusable key or password; CacheError: a file does not match its name or is not what the cache
+    says was fetched (exit 5)."""
     by_name = {e.name: e for e in plan.entries if e.kind == "file"}
     out = []
     for folder, commit in snapshots_of(plan):
@@ -251,17 +252,24 @@ def signed_snapshots(cache_dir: Path, plan: ExportPlan, sign_key: Path, *, passw
                             e.name.startswith(f"{folder}/snapshots/") and e.name.split("/")[2] != commit))
         _, _, files = model_files(cache_dir, ExportPlan(entries, (folder,), 0))
         out.append(sign(files, f"{repo_id_of(folder)}@{commit}", sign_key, password=password,
-                        password_hint=password_hint))
+                        password_hint=password_hint, proof=(cache_dir, folder, lock)))
     return out
 
 
-def sign(files: Sequence[ModelFile], repo: str, sign_key: Path, *, password: bytes | None = None,
+def sign(files: Sequence[ModelFile], repo: str, sign_key: Path, *, proof: tuple, password: bytes | None = None,
          password_hint: str | None = None) -> bytes:
     """A model-signing v1.0 bundle over {path: sha256} of the ``files`` (no rehash), for the model ``repo``
     (``REPO_ID@<commit>``), signed with the PEM EC key ``sign_key`` (``password``: an encrypted key's;
-    ``password_hint``: where the caller reads it). UsageError: an unusable key
-    (:func:`hfcache.integrity.signatures.sign_files`)."""
+    ``password_hint``: where the caller reads it), once the cache proves them what was fetched: ``proof`` is (cache
+    root, repo folder, the pushed lock or None) (:func:`hfcache.integrity.signed_snapshot.prove_held`, exit 5).
+    UsageError: an unusable key (:func:`hfcache.integrity.signatures.sign_files`)."""
     from ..integrity.signatures import SIGN_PASSWORD_HINT, sign_files
+    from ..integrity.signed_snapshot import Held, prove_held
+
+    held = {f.rel: Held(f.etag if f.entry is not None and f.entry.name.split("/")[1] == "blobs" else None, f.size,
+                        {SHA256: f.digest.partition(":")[2], algorithm_of(f.etag) or "": f.etag})
+            for f in files if f.kind == "file"}
+    prove_held(proof[0], proof[1], repo.rpartition("@")[2], held, proof[2])
 
     digests = {f.rel: f.digest.partition(":")[2] for f in files if f.kind == "file"}  # what a signature covers
     return sign_files(digests, repo, Path(sign_key), password=password,

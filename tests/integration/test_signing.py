@@ -171,7 +171,11 @@ def test_a_git_path_in_a_snapshot_is_never_left_out_of_a_check(cache, keys, tmp_
     (``--no-ignore-git-paths``) covers it."""
     private, public = keys
     snapshot = snapshot_of(cache)
-    (snapshot / ".gitattributes").write_text("*.safetensors filter=lfs diff=lfs merge=lfs -text\n")
+    # as huggingface_hub stores it: a link to a blob named by its git sha1 (a real file nothing names is refused)
+    data = b"*.safetensors filter=lfs diff=lfs merge=lfs -text\n"
+    blob = hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest()  # git's blob name
+    (cache / FOLDER / "blobs" / blob).write_bytes(data)
+    (snapshot / ".gitattributes").symlink_to(f"../../blobs/{blob}")
     out = tmp_path / "bundle.sig.json"
     one_error_line(sign(cache, private, out), 1, "cannot sign", ".gitattributes is a git path")
     assert not out.exists()
@@ -415,10 +419,12 @@ def test_sign_lock_signs_every_snapshot_the_lock_pins(cache, keys, tmp_path) -> 
     from hfcache.warming.lockfile import LockedFile, LockedRepo, Lockfile, render_lock
 
     private, public = keys
-    commit = snapshot_of(cache).name
+    snapshot = snapshot_of(cache)
+    commit = snapshot.name
+    pins = tuple(LockedFile(p.name, p.stat().st_size, ("sha256:" if len(etag) == 64 else "git-sha1:") + etag)
+                 for p in sorted(snapshot.iterdir()) for etag in (os.readlink(p).rsplit("/", 1)[1],))
     lock = tmp_path / "hfcache.lock"
-    lock.write_bytes(render_lock(Lockfile((LockedRepo(WarmRequest.parse(REPO, kind="model"), REPO, commit,
-                                                      (LockedFile(SMALL_FILE, 1, "git-sha1:" + "0" * 40),)),))))
+    lock.write_bytes(render_lock(Lockfile((LockedRepo(WarmRequest.parse(REPO, kind="model"), REPO, commit, pins),))))
     out = tmp_path / "signed"
     out.mkdir()
     proc = run_hfcache(["sign", "--lock", str(lock), "--key", str(private), "--cache-dir", str(cache), "-o", str(out),
