@@ -109,11 +109,11 @@ def _selection(specs: Iterable[str], lock: Lockfile | None) -> dict[tuple[str, s
     selection: dict[tuple[str, str], set[str] | None] = {}
     for spec in specs:
         repo_id, _, revision = spec.partition("@")
-        selection.setdefault((repo_id, "model"), set())
-        if revision:
-            selection[(repo_id, "model")].add(revision)  # type: ignore[union-attr]
-        else:
+        current = selection.setdefault((repo_id, "model"), set())
+        if not revision:
             selection[(repo_id, "model")] = None
+        elif current is not None:  # a bare id named before: every revision already
+            current.add(revision)
     for locked in lock.repos if lock else ():
         for repo_id in folder_ids(locked.request.repo_id, locked.canonical_id):
             current = selection.setdefault((repo_id, locked.request.repo_type), set())

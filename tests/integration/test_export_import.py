@@ -132,6 +132,15 @@ def test_relative_export_moved_elsewhere_loads_offline(source_cache, tmp_path):
     assert loaded["openai-community/gpt2"]["input_ids"] == golden_ids("openai-community/gpt2")
 
 
+def test_bare_id_before_the_same_id_at_a_revision_exports_every_revision(source_cache, tmp_path):
+    """`export DEST REPO REPO@REV`: the bare id (every revision) wins, whatever the order (was exit 70)."""
+    gpt2 = "openai-community/gpt2"
+    both = export(source_cache, tmp_path / "a.tar", gpt2, f"{gpt2}@main")
+    reverse = export(source_cache, tmp_path / "b.tar", f"{gpt2}@main", gpt2)
+    bare = export(source_cache, tmp_path / "c.tar", gpt2)
+    assert both["sha256"] == reverse["sha256"] == bare["sha256"]
+
+
 def test_import_round_trip_merges_and_verifies(source_cache, tmp_path):
     export(source_cache, tmp_path / "x.tar", "openai-community/gpt2")
     target = tmp_path / "target"
