@@ -33,7 +33,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # so `hfcache` imports even when the package is not installed
 
-from tests.testhub import HubServer  # noqa: E402
+from tests.testhub import HubServer
 
 REPO = "acme/large"
 GOAL_RATIO = 0.3

@@ -30,7 +30,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from anchors import anchor_python, anchor_version, clean_python_env, load_average, precompile  # noqa: E402
+from anchors import anchor_python, anchor_version, clean_python_env, load_average, precompile
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -43,7 +43,7 @@ RSS_WRAPPER = (
 
 
 def git_sha1(data: bytes) -> str:
-    return hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest()  # noqa: S324 - git object id
+    return hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest()  # git object id
 
 
 def build_cache(root: Path, repos: int) -> None:
@@ -61,9 +61,9 @@ def build_cache(root: Path, repos: int) -> None:
         }
         if i % 10 == 0:
             files["1_Pooling/config.json"] = b'{"word_embedding_dimension": 384}'
-        commits = [hashlib.sha1(b"commit-%d" % i).hexdigest()]  # noqa: S324
+        commits = [hashlib.sha1(b"commit-%d" % i).hexdigest()]
         if i % 10 == 0:
-            commits.append(hashlib.sha1(b"old-%d" % i).hexdigest())  # noqa: S324
+            commits.append(hashlib.sha1(b"old-%d" % i).hexdigest())
         (repo / "blobs").mkdir(parents=True)
         (repo / "refs").mkdir()
         (repo / "refs" / "main").write_text(commits[0])

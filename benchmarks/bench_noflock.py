@@ -22,7 +22,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from tests.testhub import HubServer  # noqa: E402
+from tests.testhub import HubServer
 
 
 def main() -> None:

@@ -33,10 +33,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-import hfcache  # noqa: E402
-from hfcache.records import WarmRequest  # noqa: E402
-from tests.testhub import HubServer  # noqa: E402
-from tests.registry import available, running_registry  # noqa: E402
+import hfcache
+from hfcache.records import WarmRequest
+from tests.registry import available, running_registry
+from tests.testhub import HubServer
 
 REPOS = sorted(json.loads((ROOT / "tests/data/golden.json").read_text())["repos"])
 UPDATED = "models--openai-community--gpt2"
@@ -57,11 +57,11 @@ def update_one_repo(cache: Path) -> None:
     """gpt2 gets a new commit whose tokenizer_config.json changed; the old revision is removed (warm + prune)."""
     repo = cache / UPDATED
     old = (repo / "refs" / "main").read_text()
-    new = hashlib.sha1(old.encode()).hexdigest()  # noqa: S324 - a made-up commit id
+    new = hashlib.sha1(old.encode()).hexdigest()  # a made-up commit id
     shutil.copytree(repo / "snapshots" / old, repo / "snapshots" / new, symlinks=True)
     link = repo / "snapshots" / new / "tokenizer_config.json"
     content = link.read_bytes() + b"\n"
-    etag = hashlib.sha1(b"blob %d\0" % len(content) + content).hexdigest()  # noqa: S324 - git blob id
+    etag = hashlib.sha1(b"blob %d\0" % len(content) + content).hexdigest()  # git blob id
     (repo / "blobs" / etag).write_bytes(content)
     link.unlink()
     link.symlink_to(f"../../blobs/{etag}")

@@ -32,7 +32,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_ls import build_cache, timed  # noqa: E402
+from bench_ls import build_cache, timed
 
 
 def main() -> None:

@@ -291,7 +291,7 @@ def _proc_status(pid: int) -> dict[str, float]:
 
 
 def _warm_worker(_: int) -> None:
-    import huggingface_hub  # noqa: F401 - import once per worker, outside the timings
+    pass  # import once per worker, outside the timings
 
 
 def run(pool: ProcessPoolExecutor, fn, tasks: list) -> dict:

@@ -29,7 +29,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from anchors import clean_python_env, load_average, precompile  # noqa: E402
+from anchors import clean_python_env, load_average, precompile
 
 ROOT = Path(__file__).resolve().parent.parent
 TEXT = "Hello world, 深度学习技术正在改变世界 😀"
@@ -118,7 +118,7 @@ def main() -> None:
         before = load_average()
         times: dict[str, list[float]] = {name: [] for name in LOADERS}
         ids: dict[str, set[str]] = {name: set() for name in LOADERS}
-        for name, body in LOADERS.items():  # one untimed round: page cache and bytecode
+        for body in LOADERS.values():  # one untimed round: page cache and bytecode
             run(script(body), argv, env)
         for _ in range(args.repeat):
             for name, body in LOADERS.items():

@@ -36,7 +36,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from anchors import clean_python_env, load_average, precompile  # noqa: E402
+from anchors import clean_python_env, load_average, precompile
 
 ROOT = Path(__file__).resolve().parent.parent
 

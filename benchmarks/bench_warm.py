@@ -56,9 +56,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # so `hfcache` imports even when the package is not installed
 
-from anchors import anchor_python, anchor_version, clean_python_env, load_average, precompile  # noqa: E402
-
-from tests.testhub import Faults, HubServer  # noqa: E402
+from anchors import anchor_python, anchor_version, clean_python_env, load_average, precompile
+from tests.testhub import Faults, HubServer
 
 REPOS = [
     "bert-base-uncased",
@@ -266,7 +265,7 @@ def print_table(results: dict) -> None:
     ]
     widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
     for n, row in enumerate(rows):
-        print("  ".join(cell.ljust(w) if i == 0 else cell.rjust(w) for i, (cell, w) in enumerate(zip(row, widths))))
+        print("  ".join(cell.ljust(w) if i == 0 else cell.rjust(w) for i, (cell, w) in enumerate(zip(row, widths, strict=True))))
         if n == 0:
             print("  ".join("-" * w for w in widths))
     print()

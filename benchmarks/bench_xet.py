@@ -31,10 +31,10 @@ import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_large import ROOT, clean_env, hf_cli, run  # noqa: E402
+from bench_large import ROOT, clean_env, hf_cli, run
 
 sys.path.insert(0, str(ROOT))
-from tests.testhub import HubServer, XetMode  # noqa: E402
+from tests.testhub import HubServer, XetMode
 
 BASE, TUNED = "acme/xet-model", "acme/xet-model-ft"
 GOAL_RATIO = 0.5

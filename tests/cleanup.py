@@ -23,6 +23,7 @@ and is left behind. :func:`install_deep_rmtree` makes them fall back to ``rm -rf
 
 from __future__ import annotations
 
+import contextlib
 import os
 import secrets
 import signal
@@ -233,10 +234,8 @@ def stop_processes(token: str, settle: float = 2.0, grace: float = 5.0) -> list[
 
 
 def _signal(pid: int, sig: int) -> None:
-    try:
+    with contextlib.suppress(ProcessLookupError):
         os.kill(pid, sig)
-    except ProcessLookupError:
-        pass
 
 
 def prune_base_cache(root: Path) -> list[Path]:

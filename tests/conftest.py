@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.testhub import HubServer
 from tests import cleanup
+from tests.testhub import HubServer
 
 
 @pytest.fixture(autouse=True)

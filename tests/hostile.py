@@ -15,11 +15,11 @@ import zlib
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 CONTENT = b'{"version": "1.0", "model": {"type": "WordLevel", "vocab": {"[UNK]": 0}, "unk_token": "[UNK]"}}\n'
-COMMIT = hashlib.sha1(b"evil commit").hexdigest()  # noqa: S324
+COMMIT = hashlib.sha1(b"evil commit").hexdigest()
 
 
 def git_sha1(data: bytes) -> str:
-    return hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest()  # noqa: S324 - git object id
+    return hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest()  # git object id
 
 
 FAULTS = (

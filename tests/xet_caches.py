@@ -13,8 +13,8 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
-from tests.testhub import HubServer, XetMode
 from tests.helpers import DATA, clean_env
+from tests.testhub import HubServer, XetMode
 
 #: The fixture repos whose every file goes through Xet under ``xet_hub()`` (min_size=1), with their legacy ids.
 LEGACY_IDS = {"bert-base-uncased": "google-bert/bert-base-uncased", "gpt2": "openai-community/gpt2"}

@@ -10,8 +10,8 @@ import pytest
 
 import hfcache
 from hfcache.records import WarmRequest
-from tests.testhub import HubServer
 from tests.helpers import GOLDEN, run_hfcache
+from tests.testhub import HubServer
 
 HUB = Path(__file__).parent.parent / "data" / "hub"
 CANONICAL = {"bert-base-uncased": "google-bert/bert-base-uncased", "gpt2": "openai-community/gpt2"}

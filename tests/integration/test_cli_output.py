@@ -10,8 +10,8 @@ import pytest
 
 import hfcache
 from hfcache.records import WarmRequest
-from tests.testhub import HubServer
 from tests.helpers import clean_env, run_hfcache
+from tests.testhub import HubServer
 
 HUB = Path(__file__).parent.parent / "data" / "hub"
 #: Longer than rich's 80-column default on its own: a row holding it must not wrap when piped.

@@ -17,9 +17,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.testhub import HubServer
 from tests.helpers import clean_env, run_hfcache
 from tests.make_model_repos import ORG, _json, _tokenizer_files, _write
+from tests.testhub import HubServer
 
 DEEP = "[" * 100_000 + "]" * 100_000
 DEEP_AUTO_MAP = '{"auto_map": ' + DEEP + "}"  # doctor parses only files that mention auto_map

@@ -17,10 +17,10 @@ import time
 import httpx2
 
 from hfcache.pace import DEADLINE_PER_TIMEOUT, MIN_METADATA_DEADLINE
-from tests.testhub import HubServer
 from hfcache.serve.pullthrough import PullThroughConfig
 from tests.helpers import clean_env, run_hfcache
 from tests.hostile import CONTENT, PeerServer, git_sha1
+from tests.testhub import HubServer
 
 REPO = "org/x"
 C = "c" * 40

@@ -17,8 +17,8 @@ import pytest
 import hfcache
 from hfcache.offline.env import offline_environment
 from hfcache.records import WarmRequest
-from tests.testhub import HubServer
 from tests.helpers import GOLDEN, LOAD_SCRIPT, clean_env, run_hfcache
+from tests.testhub import HubServer
 
 HUB = Path(__file__).parent.parent / "data" / "hub"
 

@@ -26,9 +26,9 @@ import pytest
 
 import hfcache
 from hfcache.records import WarmRequest
-from tests.testhub import HubServer
 from tests.canary import Canary
 from tests.helpers import clean_env, run_hfcache
+from tests.testhub import HubServer
 from tests.users import ALICE, BOB, GROUP, Runtime, needs_root
 
 HUB = Path(__file__).parent.parent / "data" / "hub"

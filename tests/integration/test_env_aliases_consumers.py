@@ -16,9 +16,9 @@ import pytest
 import hfcache
 from hfcache.offline.aliases import ALIASES
 from hfcache.records import WarmRequest
-from tests.testhub import HubServer
 from tests.canary import Canary
 from tests.helpers import GOLDEN, clean_env, golden_ids, run_hfcache
+from tests.testhub import HubServer
 
 HUB = Path(__file__).parent.parent / "data" / "hub"
 REPO = "google-bert/bert-base-uncased"

@@ -6,8 +6,8 @@ import json
 import shutil
 from pathlib import Path
 
+from tests.helpers import golden_ids, offline_load, refused_endpoint, run_hfcache
 from tests.testhub import HubServer
-from tests.helpers import offline_load, golden_ids, refused_endpoint, run_hfcache
 
 HUB = Path(__file__).parent.parent / "data" / "hub"
 

@@ -83,7 +83,7 @@ def test_fast_path_gives_autotokenizers_ids_or_names_its_refusal(cache, auto, re
         assert 'backend="transformers"' in result["hint"]
         return
     assert "refused" not in result, result
-    for line, want, got in zip(auto[repo_id]["lines"], auto[repo_id]["ids"], result["ids"]):
+    for line, want, got in zip(auto[repo_id]["lines"], auto[repo_id]["ids"], result["ids"], strict=True):
         assert got == want, (repo_id, line[:60])
     assert max(map(len, result["ids"])) > 8192  # the long line: past model_max_length, not truncated
 

@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 from huggingface_hub import scan_cache_dir
 
-from tests.testhub import HubServer
 from tests.helpers import clean_env, golden_ids, offline_load, run_hfcache, visible_entries
 from tests.hostile import FAULTS, HostileServer
+from tests.testhub import HubServer
 
 HUB = Path(__file__).parent.parent / "data" / "hub"
 REPOS = ["openai-community/gpt2", "FacebookAI/roberta-base", "google-bert/bert-base-chinese",

@@ -8,6 +8,7 @@ hosts file resolves. The same child without the guard does send the query, so th
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -49,10 +50,8 @@ def _run(tmp_path: Path, guarded: bool) -> tuple[dict, list[bytes]]:
 
     def record() -> None:
         while not stop.is_set():
-            try:
+            with contextlib.suppress(OSError):
                 queries.append(dns.recvfrom(4096)[0])  # never answered: the client times out
-            except OSError:
-                pass
 
     thread = threading.Thread(target=record, daemon=True)
     thread.start()

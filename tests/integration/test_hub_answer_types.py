@@ -21,14 +21,14 @@ import json
 import httpx2
 import pytest
 
-from tests.testhub import HubServer
 from hfcache.serve.pullthrough import PullThroughConfig
 from tests.helpers import clean_env, run_hfcache
 from tests.hostile import PeerServer, git_sha1
 from tests.mutations import JSON_VALUES, label, mutations, problems, run_cli
+from tests.testhub import HubServer
 
 REPO = "org/x"
-C = hashlib.sha1(b"typed commit").hexdigest()  # noqa: S324 - a commit id
+C = hashlib.sha1(b"typed commit").hexdigest()  # a commit id
 TOKENIZER = b'{"version": "1.0", "model": {"type": "WordLevel", "vocab": {"[UNK]": 0}, "unk_token": "[UNK]"}}\n'
 SHA256 = hashlib.sha256(TOKENIZER).hexdigest()
 INFO = {"id": REPO, "sha": C, "siblings": [{"rfilename": "tokenizer.json", "size": len(TOKENIZER),

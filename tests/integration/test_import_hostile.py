@@ -24,17 +24,17 @@ import hfcache
 from hfcache.move.import_plan import MAX_REF_BYTES, MAX_TREE_BYTES
 from hfcache.move.import_source import MAX_HEADER_BYTES
 from hfcache.records import WarmRequest
-from tests.testhub import HubServer
 from tests.helpers import clean_env, run_hfcache
+from tests.testhub import HubServer
 
 HUB = Path(__file__).parent.parent / "data" / "hub"
 BERT = "models--google-bert--bert-base-uncased"
 EVIL = b"[PAD]\n[UNK]\nattacker\n"
-NEW_COMMIT = hashlib.sha1(b"a commit nobody has").hexdigest()  # noqa: S324
+NEW_COMMIT = hashlib.sha1(b"a commit nobody has").hexdigest()
 
 
 def git_sha1(data: bytes) -> str:
-    return hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest()  # noqa: S324
+    return hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest()
 
 
 def state(root: Path, skip_locks: bool = True) -> dict[str, tuple]:

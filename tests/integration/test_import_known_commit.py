@@ -22,8 +22,16 @@ import pytest
 
 from hfcache.cache import safefs
 from hfcache.cache.locking import file_lock
-from tests.integration.test_import_hostile import (  # noqa: F401 - fixtures
-    BERT, EVIL, assert_refused, assert_untouched, git_sha1, run_import, state, target, warmed_template, write_tar)
+from tests.integration.test_import_hostile import (  # fixtures
+    BERT,
+    EVIL,
+    assert_refused,
+    assert_untouched,
+    git_sha1,
+    run_import,
+    state,
+    write_tar,
+)
 
 ONES = "1" * 40
 

@@ -73,7 +73,7 @@ except hfcache.HfcacheError as exc:
     out["default"] = {"type": type(exc).__name__, "message": str(exc), "hint": exc.hint, "exit_code": exc.exit_code}
 out["imported"] = sorted(set(%r) & set(sys.modules))
 print(json.dumps(out))
-""" % (NOT_IN_CORE,)
+""" % (NOT_IN_CORE,)  # noqa: UP031 - a script whose own braces would need escaping in a format string
 
 
 @pytest.fixture(scope="module")
@@ -190,8 +190,8 @@ def test_missing_extra_is_one_line_and_exit_2(tmp_path, hub_server, command, ext
     cache = tmp_path / "cache"
     assert run_hfcache(["warm", REPOS[0], "--cache-dir", str(cache), "--endpoint", hub_server.endpoint,
                         "-q"]).returncode == 0
-    hide = ("import sys; sys.modules.update(dict.fromkeys(%r)); sys.argv[0] = 'hfcache'; "
-            "from hfcache.cli import run; run()" % (NOT_IN_CORE,))
+    hide = (f"import sys; sys.modules.update(dict.fromkeys({NOT_IN_CORE!r})); sys.argv[0] = 'hfcache'; "
+            "from hfcache.cli import run; run()")
     args = [command, "--cache-dir", str(cache)] + (["--port", "0"] if command == "serve" else [])
     proc = subprocess.run([sys.executable, "-c", hide, *args], capture_output=True, text=True, env=clean_env(),
                           timeout=120, stdin=subprocess.DEVNULL)

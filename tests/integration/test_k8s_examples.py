@@ -27,8 +27,8 @@ import pytest
 import yaml
 from huggingface_hub import hf_hub_download
 
-from tests.testhub import HubServer
 from tests.helpers import clean_env, golden_ids, refused_endpoint
+from tests.testhub import HubServer
 
 PROJECT = Path(__file__).parents[2]
 K8S = PROJECT / "examples" / "k8s"
@@ -429,7 +429,7 @@ def test_the_manifests_commands_run_for_real(hub_root, tmp_path):
                 pod, spec, init = container_of(file, "warm-tokenizers")
                 replicas = 3 if file == "app-shared-rwx.yaml" else 1  # pods racing on the shared claim
                 with ThreadPoolExecutor(replicas) as pool:
-                    results = list(pool.map(lambda _: run(*cluster.process(pod, spec, init)), range(replicas)))
+                    results = list(pool.map(lambda _, app=(pod, spec, init): run(*cluster.process(*app)), range(replicas)))
                 assert all(r.returncode == 0 for r in results), [r.stderr for r in results]
                 ran.add((file, "warm-tokenizers"))
                 # A restarted pod: the volume already holds the lock, so warm needs no request (the mirror is

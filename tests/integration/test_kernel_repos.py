@@ -17,10 +17,10 @@ from pathlib import Path
 import pytest
 from huggingface_hub import scan_cache_dir
 
-from tests.testhub import HubServer
 from hfcache.serve.pullthrough import PullThroughConfig
 from tests.helpers import DATA, clean_env, run_hfcache
 from tests.integration.test_serve import raw_request, served
+from tests.testhub import HubServer
 from tests.xet_caches import library_download, store_linked_blobs, xet_hub
 
 KERNEL = "kernels-community/tiny"

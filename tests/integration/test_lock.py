@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 from huggingface_hub import scan_cache_dir
 
-from tests.testhub import HubServer
 from tests.helpers import golden_ids, offline_load, run_hfcache, visible_entries
+from tests.testhub import HubServer
 
 MANIFEST = """
 [[repos]]

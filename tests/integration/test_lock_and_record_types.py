@@ -28,7 +28,7 @@ import tomli_w
 from tests.helpers import clean_env, run_hfcache
 from tests.mutations import JSON_VALUES, TOML_VALUES, label, mutations, problems, run_cli
 
-C = hashlib.sha1(b"locked commit").hexdigest()  # noqa: S324 - a commit id
+C = hashlib.sha1(b"locked commit").hexdigest()  # a commit id
 REFUSED = "http://127.0.0.1:9"  # nothing listens: a valid document ends at the network, exit 3
 LOCK = {"version": 1, "repos": [{
     "repo_id": "org/x", "revision": "main", "repo_type": "model", "kind": "tokenizer", "include": ["*.json"],

@@ -11,8 +11,8 @@ from huggingface_hub import scan_cache_dir
 
 import hfcache
 from hfcache.records import WarmRequest
-from tests.testhub import HubServer
 from tests.helpers import clean_env, run_hfcache
+from tests.testhub import HubServer
 
 REPOS = ["openai-community/gpt2", "FacebookAI/roberta-base", "google-t5/t5-small", "google-bert/bert-base-chinese",
          "bert-base-uncased", "distilbert/distilbert-base-uncased"]
@@ -140,9 +140,9 @@ def test_large_listing_is_streamed_with_the_same_document(damaged_cache, tmp_pat
     print_json(ls_dict(...)) builds whole, damaged repos, mixed case ids and the lock's pins included."""
     import shutil
 
-    from hfcache.warming.lockfile import pinned_revisions, read_lock
-    from hfcache.cli.render.ls import _SORT_KEYS, ls_dict
     from hfcache.cache.scan import scan_cache
+    from hfcache.cli.render.ls import _SORT_KEYS, ls_dict
+    from hfcache.warming.lockfile import pinned_revisions, read_lock
 
     source, lock = damaged_cache
     cache = tmp_path / "cache"
@@ -164,8 +164,8 @@ def test_large_listing_is_streamed_with_the_same_document(damaged_cache, tmp_pat
     import functools
     import io
 
-    from hfcache.cli.render.ls import repo_summary, stream_ls_json
     from hfcache.cache.scan_stream import stream_repos
+    from hfcache.cli.render.ls import repo_summary, stream_ls_json
 
     pinned = pinned_revisions(read_lock(lock))
     for workers in (1, 2, 3):

@@ -17,7 +17,6 @@ import pytest
 from huggingface_hub import scan_cache_dir
 from safetensors.numpy import load_file
 
-from tests.testhub import HubServer
 from tests.helpers import clean_env, run_hfcache
 from tests.make_model_repos import (
     EXPECTED_MODEL_FILES,
@@ -27,6 +26,7 @@ from tests.make_model_repos import (
     TEXTS,
     read_torch_zip,
 )
+from tests.testhub import HubServer
 
 ACME = f"{ORG}/acme-tokenizer"
 TRANSFORMERS_REPOS = [f"{ORG}/tiny-bert", f"{ORG}/tiny-bert-sharded", f"{ORG}/tiny-sentence-transformer",

@@ -23,9 +23,9 @@ import pytest
 
 import hfcache
 from hfcache.records import WarmRequest
-from tests.testhub import HubServer
 from tests.helpers import GOLDEN, clean_env, golden_ids, offline_load, run_hfcache, visible_entries
 from tests.registry import Registry, available, push_image, running_registry, tar_bytes
+from tests.testhub import HubServer
 
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(available() is not None and not os.environ.get("CI"),
                                                    reason=str(available()))]
@@ -66,7 +66,7 @@ def hfcache_json(args: list[str], **kwargs) -> dict:
 
 def get(registry: Registry, path: str, accept: str = "*/*") -> bytes:
     request = urllib.request.Request(f"http://{registry.host}/v2/{path}", headers={"Accept": accept})
-    with urllib.request.urlopen(request, timeout=30) as response:  # noqa: S310 - loopback registry
+    with urllib.request.urlopen(request, timeout=30) as response:  # loopback registry
         return response.read()
 
 

@@ -27,9 +27,9 @@ import pytest
 
 import hfcache
 from hfcache.records import WarmRequest
-from tests.testhub import HubServer
 from tests.helpers import clean_env, run_hfcache, silent_server
-from tests.registry import available, put_manifest, push_image, running_registry, tar_bytes
+from tests.registry import available, push_image, put_manifest, running_registry, tar_bytes
+from tests.testhub import HubServer
 
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(available() is not None and not os.environ.get("CI"),
                                                    reason=str(available()))]
@@ -339,7 +339,7 @@ def test_an_image_index_is_refused_with_a_clear_message(seed, registry, tmp_path
     pushed = run_hfcache(["push", f"{registry.host}/{name}:single", "--cache-dir", str(seed), "--plain-http",
                           "--json"], env=env(home))
     digest = json.loads(pushed.stdout)["digest"]
-    size = len(urllib.request.urlopen(urllib.request.Request(  # noqa: S310 - loopback registry
+    size = len(urllib.request.urlopen(urllib.request.Request(  # loopback registry
         f"http://{registry.host}/v2/{name}/manifests/{digest}", headers={"Accept": MANIFEST})).read())
     child = MANIFEST if "oci" in media_type else "application/vnd.docker.distribution.manifest.v2+json"
     index = {"schemaVersion": 2, "mediaType": media_type, "manifests": [
@@ -405,11 +405,11 @@ class _ProxyHandler(http.server.BaseHTTPRequestHandler):
     def log_message(self, *args) -> None:
         pass
 
-    def do_GET(self) -> None:  # noqa: N802 - http.server's name
+    def do_GET(self) -> None:  # http.server's name
         server: _StallingProxy = self.server  # type: ignore[assignment]
         request = urllib.request.Request(f"http://{server.upstream}{self.path}",
                                          headers={"Accept": self.headers.get("Accept", "*/*")})
-        with urllib.request.urlopen(request, timeout=30) as answer:  # noqa: S310 - loopback registry
+        with urllib.request.urlopen(request, timeout=30) as answer:  # loopback registry
             body, headers = answer.read(), answer.headers
         self.send_response(200)
         for name in ("Content-Type", "Docker-Content-Digest"):
@@ -468,7 +468,7 @@ class _GateHandler(http.server.BaseHTTPRequestHandler):
     def log_message(self, *args) -> None:
         pass
 
-    def do_GET(self) -> None:  # noqa: N802 - http.server's name
+    def do_GET(self) -> None:  # http.server's name
         gate: _TokenGate = self.server  # type: ignore[assignment]
         if self.path.startswith("/token"):
             if gate.flood:
@@ -495,7 +495,7 @@ class _GateHandler(http.server.BaseHTTPRequestHandler):
         else:
             request = urllib.request.Request(f"http://{gate.upstream}{self.path}",
                                              headers={"Accept": self.headers.get("Accept", "*/*")})
-            with urllib.request.urlopen(request, timeout=30) as answer:  # noqa: S310 - loopback registry
+            with urllib.request.urlopen(request, timeout=30) as answer:  # loopback registry
                 body, headers = answer.read(), answer.headers
             self.send_response(200)
             for name in ("Content-Type", "Docker-Content-Digest"):

@@ -24,10 +24,10 @@ import pytest
 
 import hfcache
 from hfcache.records import WarmRequest
-from tests.testhub import HubServer
 from tests.canary import Canary
 from tests.helpers import golden_ids, offline_load, run_hfcache
 from tests.registry import Registry, available, running_registry
+from tests.testhub import HubServer
 from tests.users import ALICE, GROUP, needs_root
 
 pytestmark = [pytest.mark.skipif(available() is not None and not os.environ.get("CI"), reason=str(available()))]
@@ -72,7 +72,7 @@ def skopeo_raw(registry: Registry, tag: str) -> bytes:
 
 
 def blob(registry: Registry, name: str, digest: str) -> bytes:
-    with urllib.request.urlopen(f"http://{registry.host}/v2/{name}/blobs/{digest}", timeout=30) as r:  # noqa: S310
+    with urllib.request.urlopen(f"http://{registry.host}/v2/{name}/blobs/{digest}", timeout=30) as r:
         return r.read()
 
 
@@ -204,7 +204,7 @@ def test_modelpack_of_two_repos_or_two_revisions_is_exit_2(cache, registry, tmp_
     proc = push(registry, "mp/two:v1", cache, "--format", "modelpack", BERT, DISTIL, ok=False)
     assert proc.returncode == 2 and "one model" in proc.stderr and "Traceback" not in proc.stderr
     with pytest.raises(urllib.error.HTTPError):
-        urllib.request.urlopen(f"http://{registry.host}/v2/mp/two/manifests/v1", timeout=10)  # noqa: S310
+        urllib.request.urlopen(f"http://{registry.host}/v2/mp/two/manifests/v1", timeout=10)
 
 
 def _logging_registry(workdir: Path):
@@ -226,7 +226,7 @@ def _logging_registry(workdir: Path):
         try:
             for _ in range(300):
                 try:
-                    urllib.request.urlopen(f"http://127.0.0.1:{port}/v2/", timeout=2)  # noqa: S310
+                    urllib.request.urlopen(f"http://127.0.0.1:{port}/v2/", timeout=2)
                     break
                 except OSError:
                     time.sleep(0.1)
@@ -291,9 +291,9 @@ def test_an_lfs_file_is_a_weight_layer_named_by_its_etag_and_a_corrupt_one_is_re
     assert "its bytes are not the" in proc.stderr and "Traceback" not in proc.stderr
     assert len(proc.stderr.strip().splitlines()) <= 2  # the error and its hint
     with pytest.raises(urllib.error.HTTPError):
-        urllib.request.urlopen(f"http://{registry.host}/v2/mp/lfs-bad/manifests/v1", timeout=10)  # noqa: S310
+        urllib.request.urlopen(f"http://{registry.host}/v2/mp/lfs-bad/manifests/v1", timeout=10)
     with pytest.raises(urllib.error.HTTPError):
-        urllib.request.urlopen(f"http://{registry.host}/v2/mp/lfs-bad/blobs/sha256:{etag}", timeout=10)  # noqa: S310
+        urllib.request.urlopen(f"http://{registry.host}/v2/mp/lfs-bad/blobs/sha256:{etag}", timeout=10)
     canary.assert_unchanged()
 
 
@@ -310,7 +310,7 @@ def test_a_blob_swapped_for_a_link_to_a_secret_is_refused_and_the_secret_never_l
     assert proc.returncode == 5, proc.stderr
     assert "Traceback" not in proc.stderr
     with pytest.raises(urllib.error.HTTPError):
-        urllib.request.urlopen(f"http://{registry.host}/v2/mp/swap/manifests/v1", timeout=10)  # noqa: S310
+        urllib.request.urlopen(f"http://{registry.host}/v2/mp/swap/manifests/v1", timeout=10)
     secret_digest = hashlib.sha256(secret.read_bytes()).hexdigest()
     assert not registry.blob_path(f"sha256:{secret_digest}").exists()
     canary.assert_unchanged()
@@ -342,8 +342,14 @@ def test_a_member_swapping_a_blob_for_a_link_during_push_never_ships_the_secret(
     """A group member exchanges the weights blob of a shared cache with a link to root's 0600 secret, over and
     over, while root pushes it as a ModelPack artifact: each push either ships the real bytes or stops in one line
     (exit 5); the secret's bytes never reach the registry; once the member stops, the cache verifies and pushes."""
-    from tests.integration.test_trust3_fs import (SHARED, make_export, one_line_outcome, sha256, shared_cache,
-                                                  stop_member)
+    from tests.integration.test_trust3_fs import (
+        SHARED,
+        make_export,
+        one_line_outcome,
+        sha256,
+        shared_cache,
+        stop_member,
+    )
 
     canary = Canary(tmp_path)
     cache = shared_cache(runtime, "mp-race")
@@ -415,7 +421,7 @@ def test_push_sign_key_attaches_a_bundle_the_model_signing_cli_verifies(cache, r
                 str(public), ok=False)  # a public key is no signing key: refused before anything is sent
     assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
     with pytest.raises(urllib.error.HTTPError):
-        urllib.request.urlopen(f"http://{registry.host}/v2/mp/signed-bad/manifests/v1", timeout=10)  # noqa: S310
+        urllib.request.urlopen(f"http://{registry.host}/v2/mp/signed-bad/manifests/v1", timeout=10)
     canary.assert_unchanged()
 
 
@@ -508,7 +514,7 @@ def test_a_base_on_another_registry_or_with_modelpack_or_missing_is_exit_2(cache
         assert proc.returncode == 2, proc.stderr
         assert needle in proc.stderr.splitlines()[0] and "Traceback" not in proc.stderr
     with pytest.raises(urllib.error.HTTPError):
-        urllib.request.urlopen(f"http://{registry.host}/v2/mp/based/manifests/v1", timeout=10)  # noqa: S310
+        urllib.request.urlopen(f"http://{registry.host}/v2/mp/based/manifests/v1", timeout=10)
 
 
 @pytest.mark.parametrize("fmt", ["image", "modelpack"])
@@ -600,13 +606,12 @@ def test_a_base_the_registry_will_not_mount_is_copied_with_its_digest_checked(ca
     assert proc.returncode == 3, proc.stderr
     assert "content does not match its digest" in proc.stderr.splitlines()[0] and "Traceback" not in proc.stderr
     with pytest.raises(urllib.error.HTTPError):
-        urllib.request.urlopen(f"http://{registry.host}/v2/ml/copied-bad/manifests/v1", timeout=10)  # noqa: S310
+        urllib.request.urlopen(f"http://{registry.host}/v2/ml/copied-bad/manifests/v1", timeout=10)
 
 
 def test_modelpack_push_of_a_one_repo_lock_records_its_hash_and_a_wider_lock_is_exit_2(registry, tmp_path):
-    import tomllib
-
     import tomli_w
+    import tomllib
 
     full = Path(__file__).parents[2] / "examples" / "hfcache.lock"
     document = tomllib.loads(full.read_text())
@@ -636,9 +641,8 @@ def _pull(registry: Registry, tag: str, target: Path, *args: str):
 
 def _two_repo_lock(tmp_path: Path) -> tuple[Path, Path, list[str]]:
     """A lock of two repos of examples/hfcache.lock and a cache warmed from it: (lock, cache, repo ids)."""
-    import tomllib
-
     import tomli_w
+    import tomllib
 
     document = tomllib.loads((Path(__file__).parents[2] / "examples" / "hfcache.lock").read_text())
     document["repos"] = [r for r in document["repos"] if r["repo_id"] != "openai-community/gpt2"]
@@ -688,7 +692,7 @@ def test_signed_re_pushes_replace_their_referrer_and_a_key_rotation_keeps_both_k
     digests = {push(registry, "mp/repushed:v1", cache, BERT, "--sign-key", str(key_a))["digest"] for _ in range(5)}
     digests.add(push(registry, "mp/repushed:v1", cache, BERT, "--sign-key", str(key_b))["digest"])
     (digest,) = digests  # reproducible: one manifest, signed six times
-    with urllib.request.urlopen(urllib.request.Request(  # noqa: S310 - loopback registry
+    with urllib.request.urlopen(urllib.request.Request(  # loopback registry
             f"http://{registry.host}/v2/mp/repushed/manifests/{fallback_tag(digest)}",
             headers={"Accept": "application/vnd.oci.image.index.v1+json"}), timeout=30) as r:
         index = json.loads(r.read())
@@ -719,7 +723,7 @@ def test_push_with_an_encrypted_sign_key_reads_its_password_from_the_environment
     assert lines[1].startswith("hint: ") and "HFCACHE_SIGN_KEY_PASSWORD" in lines[1]
     assert "--password-stdin reads" not in proc.stderr
     with pytest.raises(urllib.error.HTTPError):  # refused before anything was sent
-        urllib.request.urlopen(f"http://{registry.host}/v2/mp/locked-key/manifests/v1", timeout=10)  # noqa: S310
+        urllib.request.urlopen(f"http://{registry.host}/v2/mp/locked-key/manifests/v1", timeout=10)
     proc = run_hfcache(args + ["--json"], env=clean_env(HFCACHE_SIGN_KEY_PASSWORD=secret))
     assert proc.returncode == 0, proc.stderr
     assert secret not in proc.stdout + proc.stderr

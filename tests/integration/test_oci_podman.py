@@ -20,10 +20,10 @@ import pytest
 
 import hfcache
 from hfcache.records import WarmRequest
-from tests.testhub import HubServer
 from tests.helpers import GOLDEN, LOAD_SCRIPT, clean_env, golden_ids, run_hfcache
 from tests.integration.test_container import RunLog, _cache_root, _make_podman, _remove_home, _unavailable
 from tests.registry import available, running_registry
+from tests.testhub import HubServer
 
 pytestmark = pytest.mark.container
 

@@ -20,10 +20,10 @@ import pytest
 
 import hfcache
 from hfcache.records import WarmRequest
-from tests.testhub import HubServer
 from tests.canary import Canary
 from tests.helpers import clean_env, golden_ids, offline_load, run_hfcache
 from tests.registry import available, put_blob, put_manifest, running_registry
+from tests.testhub import HubServer
 
 pytestmark = [pytest.mark.skipif(available() is not None and not os.environ.get("CI"), reason=str(available()))]
 
@@ -272,7 +272,7 @@ def attach_signature(ref: str, files: dict[str, str], private: Path) -> None:
     container = parse_reference(ref)
     request = urllib.request.Request(f"http://{container.registry}/v2/{container.api_prefix}/manifests/"
                                      f"{container.tag}", headers={"Accept": MANIFEST})
-    with urllib.request.urlopen(request, timeout=30) as answer:  # noqa: S310 - loopback registry
+    with urllib.request.urlopen(request, timeout=30) as answer:  # loopback registry
         body = answer.read()
     subject = {"mediaType": MANIFEST, "digest": f"sha256:{hashlib.sha256(body).hexdigest()}", "size": len(body)}
     attach(connect(container, True, None, 30), container, subject, sign_files(files, REPO, private))

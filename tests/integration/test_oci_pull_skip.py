@@ -27,10 +27,10 @@ import pytest
 
 import hfcache
 from hfcache.records import WarmRequest
-from tests.testhub import HubServer
 from tests.canary import Canary
 from tests.helpers import GOLDEN, clean_env, golden_ids, offline_load, run_hfcache
 from tests.registry import Registry, _free_port, available, put_blob, put_manifest, tar_bytes
+from tests.testhub import HubServer
 from tests.users import ALICE
 
 pytestmark = [pytest.mark.skipif(available() is not None and not os.environ.get("CI"), reason=str(available()))]
@@ -56,7 +56,7 @@ def logged_registry(workdir: Path) -> Iterator[tuple[Registry, Path]]:
         deadline = time.monotonic() + 30
         while True:
             try:
-                urllib.request.urlopen(f"http://127.0.0.1:{port}/v2/", timeout=2)  # noqa: S310 - loopback only
+                urllib.request.urlopen(f"http://127.0.0.1:{port}/v2/", timeout=2)  # loopback only
                 break
             except urllib.error.HTTPError:
                 break

@@ -28,9 +28,9 @@ from hfcache.integrity.signed_snapshot import snapshot_digests
 from hfcache.oci import referrers
 from hfcache.oci.registry import connect, network_errors, parse_reference
 from hfcache.records import WarmRequest
-from tests.testhub import HubServer
 from tests.canary import Canary
 from tests.registry import Registry, available, push_image, put_blob, put_manifest, running_registry, tar_bytes
+from tests.testhub import HubServer
 
 pytestmark = pytest.mark.skipif(available() is not None and not os.environ.get("CI"), reason=str(available()))
 
@@ -76,7 +76,7 @@ def subject_image(registry: Registry, name: str, tag: str, content: bytes = b"x"
 
 def get(registry: Registry, path: str, accept: str = "*/*") -> bytes:
     request = urllib.request.Request(f"http://{registry.host}/v2/{path}", headers={"Accept": accept})
-    with urllib.request.urlopen(request, timeout=30) as response:  # noqa: S310 - loopback registry
+    with urllib.request.urlopen(request, timeout=30) as response:  # loopback registry
         return response.read()
 
 
@@ -174,7 +174,7 @@ def test_concurrent_attaches_all_end_up_listed(registry, digests, tmp_path) -> N
         try:
             with network_errors(container.registry, True):
                 referrers.attach(client, container, subject, bundle)
-        except BaseException as exc:  # noqa: BLE001 - reported below
+        except BaseException as exc:  # reported below
             errors.append(exc)
 
     threads = [threading.Thread(target=attach, args=(b,)) for b in bundles]
@@ -260,7 +260,7 @@ class _ReferrersRegistry:
         self.thread.start()
         return self
 
-    def __exit__(self, *exc) -> None:  # noqa: ANN002
+    def __exit__(self, *exc) -> None:
         self.server.shutdown()
         self.server.server_close()
 
@@ -269,7 +269,7 @@ class _Handler(BaseHTTPRequestHandler):
     registry: _ReferrersRegistry
     hostile = ""
 
-    def log_message(self, *args) -> None:  # noqa: ANN002 - quiet
+    def log_message(self, *args) -> None:  # quiet
         pass
 
     def _send(self, code: int, body: bytes = b"", headers: dict[str, str] | None = None) -> None:
@@ -281,14 +281,14 @@ class _Handler(BaseHTTPRequestHandler):
         if self.command != "HEAD":
             self.wfile.write(body)
 
-    def do_HEAD(self) -> None:  # noqa: N802 - http.server's name
+    def do_HEAD(self) -> None:  # http.server's name
         digest = self.path.rsplit("/", 1)[1]
         self._send(200 if digest in self.registry.blobs else 404)
 
-    def do_POST(self) -> None:  # noqa: N802
+    def do_POST(self) -> None:
         self._send(202, headers={"Location": "/upload/1"})
 
-    def do_PUT(self) -> None:  # noqa: N802
+    def do_PUT(self) -> None:
         body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
         self.registry.paths.append(f"PUT {self.path}")
         if self.path.startswith("/upload/"):
@@ -301,12 +301,12 @@ class _Handler(BaseHTTPRequestHandler):
         self._send(201, headers={"Docker-Content-Digest": digest,
                                  **({"OCI-Subject": subject["digest"]} if subject else {})})
 
-    def do_DELETE(self) -> None:  # noqa: N802
+    def do_DELETE(self) -> None:
         self.registry.paths.append(f"DELETE {self.path}")
         ref = self.path.rsplit("/", 1)[1]
         self._send(202 if self.registry.manifests.pop(ref, None) else 404)
 
-    def do_GET(self) -> None:  # noqa: N802
+    def do_GET(self) -> None:
         self.registry.paths.append(f"GET {self.path}")
         path = self.path.split("?")[0]
         if "/referrers/" in path:
@@ -334,6 +334,13 @@ class _Handler(BaseHTTPRequestHandler):
 def _handler(registry: _ReferrersRegistry, hostile: str) -> type[_Handler]:
     """The request handler of :class:`_ReferrersRegistry` (its state on ``registry``)."""
     return type("Handler", (_Handler,), {"registry": registry, "hostile": hostile})
+
+
+def _labels(bundle: bytes) -> dict[str, str]:
+    """``attach``'s ``model`` and ``key`` labels of a bundle (:func:`bundle_identity`)."""
+    from hfcache.integrity.signatures import bundle_identity
+
+    return dict(zip(("model", "key"), bundle_identity(bundle), strict=True))
 
 
 def _api_subject(registry: _ReferrersRegistry) -> dict:
@@ -437,9 +444,9 @@ def test_a_signature_of_the_same_model_and_key_replaces_the_earlier_one_and_othe
                          key=bundle_identity(other_model)[1])
         for _ in range(5):  # an ECDSA signature differs each time: five different bundles of one model and key
             last_a = sign_files(digests.files, name, key_a)
-            referrers.attach(client, container, subject, last_a, **dict(zip(("model", "key"), bundle_identity(last_a))))
+            referrers.attach(client, container, subject, last_a, **_labels(last_a))
         bundle_b = sign_files(digests.files, name, key_b)
-        referrers.attach(client, container, subject, bundle_b, **dict(zip(("model", "key"), bundle_identity(bundle_b))))
+        referrers.attach(client, container, subject, bundle_b, **_labels(bundle_b))
         found = referrers.bundles(client, container, subject["digest"])
     assert found == [bundle_b, last_a, other_model, foreign]  # one per (model, key), the newest first
     index = fallback_index(registry, "hf/resigned", subject["digest"])
@@ -454,7 +461,6 @@ def test_a_signature_of_the_same_model_and_key_replaces_the_earlier_one_and_othe
 
 
 def test_concurrent_signatures_of_one_model_and_key_settle_on_one(registry, digests, tmp_path) -> None:
-    from hfcache.integrity.signatures import bundle_identity
 
     subject = subject_image(registry, "hf/race", "v1")
     key, _public = key_pair(tmp_path, "k")
@@ -465,9 +471,8 @@ def test_concurrent_signatures_of_one_model_and_key_settle_on_one(registry, dige
         client, container = client_for(registry, "hf/race")
         try:
             with network_errors(container.registry, True):
-                referrers.attach(client, container, subject, bundle, **dict(zip(("model", "key"),
-                                                                                 bundle_identity(bundle))))
-        except BaseException as exc:  # noqa: BLE001 - reported below
+                referrers.attach(client, container, subject, bundle, **_labels(bundle))
+        except BaseException as exc:  # reported below
             errors.append(exc)
 
     threads = [threading.Thread(target=attach, args=(b,)) for b in bundles]
@@ -483,7 +488,6 @@ def test_concurrent_signatures_of_one_model_and_key_settle_on_one(registry, dige
 
 
 def test_with_the_referrers_api_the_replaced_signature_is_deleted(digests, tmp_path) -> None:
-    from hfcache.integrity.signatures import bundle_identity
 
     key, public = key_pair(tmp_path, "k")
     first, second = (sign_files(digests.files, f"{REPO}@{digests.commit}", key) for _ in range(2))
@@ -491,10 +495,8 @@ def test_with_the_referrers_api_the_replaced_signature_is_deleted(digests, tmp_p
         subject = _api_subject(api)
         client, container = client_for(api, "hf/api")
         with network_errors(container.registry, True):
-            one = referrers.attach(client, container, subject, first, **dict(zip(("model", "key"),
-                                                                                 bundle_identity(first))))
-            referrers.attach(client, container, subject, second, **dict(zip(("model", "key"),
-                                                                             bundle_identity(second))))
+            one = referrers.attach(client, container, subject, first, **_labels(first))
+            referrers.attach(client, container, subject, second, **_labels(second))
             assert referrers.bundles(client, container, subject["digest"]) == [second]
         assert f"DELETE /v2/hf/api/manifests/{one}" in api.paths
     assert verify_files(second, digests.files, public).signed

@@ -23,11 +23,11 @@ import pytest
 
 import hfcache
 from hfcache.records import WarmRequest
-from tests.testhub import HubServer
 from tests.canary import Canary
 from tests.helpers import clean_env, run_hfcache
 from tests.integration.test_trust3_oci import NAME, Image, Peer, body, serve_image
 from tests.registry import available, put_blob, put_manifest, running_registry
+from tests.testhub import HubServer
 
 HUB = Path(__file__).parent.parent / "data" / "hub"
 MANIFEST = "application/vnd.oci.image.manifest.v1+json"
@@ -47,7 +47,7 @@ def sha(data: bytes) -> str:
 
 
 def git_sha1(data: bytes) -> str:
-    return hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest()  # noqa: S324 - git object id
+    return hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest()  # git object id
 
 
 @pytest.fixture(scope="module")
@@ -400,10 +400,10 @@ def test_base_config_values_of_another_type_are_dropped_never_copied(seed, tmp_p
         assert proc.returncode == 0, proc.stderr
         request = urllib.request.Request(f"http://{registry.host}/v2/base/out/manifests/v1",
                                          headers={"Accept": MANIFEST})
-        with urllib.request.urlopen(request, timeout=30) as answer:  # noqa: S310 - loopback registry
+        with urllib.request.urlopen(request, timeout=30) as answer:  # loopback registry
             pushed = json.loads(answer.read())
         with urllib.request.urlopen(f"http://{registry.host}/v2/base/out/blobs/{pushed['config']['digest']}",
-                                    timeout=30) as answer:  # noqa: S310
+                                    timeout=30) as answer:
             kept = json.loads(answer.read())["config"]
     assert kept["Cmd"] == ["-c", "true"] and kept["WorkingDir"] == "/models", kept
     assert not {"Env", "Entrypoint", "User"} & set(kept), kept

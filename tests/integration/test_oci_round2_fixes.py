@@ -28,11 +28,11 @@ import pytest
 
 import hfcache
 from hfcache.records import WarmRequest
-from tests.testhub import HubServer
 from tests.canary import Canary
 from tests.helpers import clean_env, run_hfcache
 from tests.integration.test_oci_pull_skip import logged_registry
 from tests.registry import available, put_blob, put_manifest, tar_bytes
+from tests.testhub import HubServer
 
 pytestmark = [pytest.mark.skipif(available() is not None and not os.environ.get("CI"), reason=str(available()))]
 

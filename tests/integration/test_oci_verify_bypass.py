@@ -20,11 +20,11 @@ import pytest
 
 import hfcache
 from hfcache.records import WarmRequest
-from tests.testhub import HubServer
 from tests.canary import Canary
 from tests.helpers import clean_env, run_hfcache
 from tests.integration.test_oci_pull_modelpack import attach_signature, key_pair, signed_files
 from tests.registry import available, put_blob, put_manifest, running_registry
+from tests.testhub import HubServer
 
 pytestmark = [pytest.mark.skipif(available() is not None and not os.environ.get("CI"), reason=str(available()))]
 
@@ -142,7 +142,8 @@ def test_a_modelpack_etag_naming_another_held_blob_is_refused(seed, registry, tm
     config.json linked to the other bytes while the signature check saw the layer's digest."""
     import shutil
 
-    from tests.integration.test_oci_pull_modelpack import GPT2 as FOLDER, layer, push_artifact, snapshot_files
+    from tests.integration.test_oci_pull_modelpack import GPT2 as FOLDER
+    from tests.integration.test_oci_pull_modelpack import layer, push_artifact, snapshot_files
 
     private, public = key_pair(tmp_path / "keys", "team")
     commit, files = snapshot_files(seed)
@@ -171,7 +172,8 @@ def test_a_modelpack_etag_naming_another_held_blob_is_refused(seed, registry, tm
 def test_two_modelpack_layers_naming_one_blob_with_other_digests_are_refused(seed, registry, tmp_path):
     """Only the first layer of an etag is fetched: a later layer naming the same blob with its own (signed) digest
     was linked to the first one's bytes, unread ("signatures verified" over a config.json holding another file)."""
-    from tests.integration.test_oci_pull_modelpack import GPT2 as FOLDER, layer, push_artifact, snapshot_files
+    from tests.integration.test_oci_pull_modelpack import GPT2 as FOLDER
+    from tests.integration.test_oci_pull_modelpack import layer, push_artifact, snapshot_files
 
     private, public = key_pair(tmp_path / "keys", "team")
     commit, files = snapshot_files(seed)
@@ -209,7 +211,7 @@ def test_a_bundle_signed_for_another_model_is_refused(seed, registry, tmp_path):
         container = parse_reference(reference)
         request = urllib.request.Request(f"http://{container.registry}/v2/{container.api_prefix}/manifests/"
                                          f"{container.tag}", headers={"Accept": MANIFEST})
-        with urllib.request.urlopen(request, timeout=30) as answer:  # noqa: S310 - loopback registry
+        with urllib.request.urlopen(request, timeout=30) as answer:  # loopback registry
             body = answer.read()
         subject = {"mediaType": MANIFEST, "digest": f"sha256:{_h.sha256(body).hexdigest()}", "size": len(body)}
         attach(connect(container, True, None, 30), container, subject, sign_files(signed_files(seed), name, private))

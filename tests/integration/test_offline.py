@@ -19,8 +19,8 @@ import pytest
 import hfcache
 from hfcache.offline.env import offline_environment
 from hfcache.records import WarmRequest
-from tests.testhub import HubServer
 from tests.helpers import GOLDEN, LOAD_SCRIPT, clean_env, golden_ids, run_hfcache, silent_server
+from tests.testhub import HubServer
 
 HUB = Path(__file__).parent.parent / "data" / "hub"
 FIXTURES = ["google-bert/bert-base-uncased", "openai-community/gpt2", "google-bert/bert-base-chinese",

@@ -23,10 +23,10 @@ import pytest
 
 import hfcache
 from hfcache.records import WarmRequest
-from tests.testhub import HubServer
 from tests.canary import Canary
 from tests.helpers import clean_env, run_hfcache
 from tests.registry import available, running_registry
+from tests.testhub import HubServer
 
 HUB = Path(__file__).parent.parent / "data" / "hub"
 SMALL, LARGE = "google-bert/bert-base-chinese", "openai-community/gpt2"  # ~0.4 MiB and 2.7 MiB of tokenizer files

@@ -29,8 +29,8 @@ from huggingface_hub import scan_cache_dir
 
 import hfcache
 from hfcache.records import WarmRequest
-from tests.testhub import HubServer
 from tests.helpers import clean_env, golden_ids, offline_load, run_hfcache
+from tests.testhub import HubServer
 
 HUB = Path(__file__).parent.parent / "data" / "hub"
 EXAMPLES = Path(__file__).parent.parent.parent / "examples"
@@ -52,7 +52,7 @@ HOLD_LOCK = (
 
 
 def git_sha1(data: bytes) -> str:
-    return hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest()  # noqa: S324 - git object id
+    return hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest()  # git object id
 
 
 def folder_of(cache: Path, repo_id: str) -> Path:
@@ -70,7 +70,7 @@ def add_revision(cache: Path, repo_id: str, seed: str, files: dict[str, bytes], 
                  tree: bool = False) -> str:
     """Write one revision in huggingface_hub's layout: blobs named by git sha1, relative links, refs, markers."""
     folder = folder_of(cache, repo_id)
-    commit = hashlib.sha1(seed.encode()).hexdigest()  # noqa: S324
+    commit = hashlib.sha1(seed.encode()).hexdigest()
     (folder / "blobs").mkdir(parents=True, exist_ok=True)
     listing = {}
     for path, data in files.items():

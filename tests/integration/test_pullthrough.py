@@ -25,10 +25,10 @@ from huggingface_hub import hf_hub_download, scan_cache_dir, snapshot_download
 from huggingface_hub.errors import HfHubHTTPError
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.testhub import Faults, HubServer
 from hfcache.serve.pullthrough import PullThroughConfig
 from tests.helpers import GOLDEN, clean_env, golden_ids, run_hfcache, silent_server
 from tests.integration.test_serve import ACCESS_LINE, TRAVERSALS, raw_request, served
+from tests.testhub import Faults, HubServer
 
 PROJECT = Path(__file__).parents[2]
 HUB = PROJECT / "tests" / "data" / "hub"
@@ -258,19 +258,19 @@ def test_probes_answer_within_a_second_while_every_worker_waits_on_a_silent_upst
     for the whole 6 s timeout, yet /healthz and /metrics answer at once from their own threads (the server waits at
     most 0.5 s for a health check; the bound below leaves room for this test's 40 client threads sharing the GIL
     with the in-process server, and stays far below the 6 s a probe queued behind the workers would take)."""
-    with silent_server() as silent, mirror(tmp_path / "mirror", silent, timeout=6) as server:
-        with ThreadPoolExecutor(40) as pool:
-            pending = [pool.submit(httpx2.get, f"{server.endpoint}/api/models/acme/repo{n}", timeout=60)
-                       for n in range(40)]
-            time.sleep(0.5)
-            started = time.monotonic()
-            health = httpx2.get(f"{server.endpoint}/healthz", timeout=10)
-            health_s = time.monotonic() - started
-            started = time.monotonic()
-            scrape = httpx2.get(f"{server.endpoint}/metrics", timeout=10)
-            scrape_s = time.monotonic() - started
-            still_waiting = sum(not f.done() for f in pending)
-            answers = [f.result() for f in pending]
+    with (silent_server() as silent, mirror(tmp_path / "mirror", silent, timeout=6) as server,
+          ThreadPoolExecutor(40) as pool):
+        pending = [pool.submit(httpx2.get, f"{server.endpoint}/api/models/acme/repo{n}", timeout=60)
+                   for n in range(40)]
+        time.sleep(0.5)
+        started = time.monotonic()
+        health = httpx2.get(f"{server.endpoint}/healthz", timeout=10)
+        health_s = time.monotonic() - started
+        started = time.monotonic()
+        scrape = httpx2.get(f"{server.endpoint}/metrics", timeout=10)
+        scrape_s = time.monotonic() - started
+        still_waiting = sum(not f.done() for f in pending)
+        answers = [f.result() for f in pending]
 
     assert health.status_code == 200 and health.json()["upstreams"][0]["reachable"] in (None, False)
     assert scrape.status_code == 200 and health_s < 3.0 and scrape_s < 3.0, (health_s, scrape_s)

@@ -18,9 +18,9 @@ from pathlib import Path
 
 import hfcache.offline
 from hfcache.cache.published import read_record
-from tests.testhub import HubServer
 from tests.canary import Canary
 from tests.helpers import clean_env, run_hfcache
+from tests.testhub import HubServer
 from tests.users import ALICE, BOB, GROUP, Runtime, needs_root
 
 HUB = Path(__file__).parent.parent / "data" / "hub"

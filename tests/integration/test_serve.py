@@ -32,8 +32,8 @@ from huggingface_hub.hf_api import RepoFile as HubRepoFile
 
 import hfcache
 from hfcache import WarmRequest
-from tests.testhub import HubServer
 from tests.helpers import GOLDEN, clean_env, golden_ids, offline_load, run_hfcache
+from tests.testhub import HubServer
 
 PROJECT = Path(__file__).parents[2]
 BERT = "google-bert/bert-base-uncased"
@@ -295,7 +295,7 @@ def test_revisions_are_refs_and_snapshot_commits(warmed_cache, tmp_path):
 def test_range_etag_and_head(cache_server):
     url = f"{cache_server.endpoint}/{BERT}/resolve/main/vocab.txt"
     vocab = fixture_bytes(BERT, "vocab.txt")
-    etag = '"%s"' % hashlib.sha1(b"blob %d\0" % len(vocab) + vocab).hexdigest()
+    etag = '"' + hashlib.sha1(b"blob %d\0" % len(vocab) + vocab).hexdigest() + '"'
 
     head = httpx2.head(url)
     part = httpx2.get(url, headers={"Range": "bytes=100-199"})
@@ -345,9 +345,8 @@ def test_many_concurrent_clients(warmed_cache):
                 got[(repo, path)] = hashlib.sha256(response.content).hexdigest()
         return got
 
-    with served("--cache-dir", str(warmed_cache)) as (endpoint, _):
-        with ThreadPoolExecutor(48) as pool:
-            results = list(pool.map(client, [endpoint] * 48))
+    with served("--cache-dir", str(warmed_cache)) as (endpoint, _), ThreadPoolExecutor(48) as pool:
+        results = list(pool.map(client, [endpoint] * 48))
 
     assert all(r == expected for r in results)
 

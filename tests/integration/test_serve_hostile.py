@@ -18,10 +18,10 @@ from huggingface_hub import hf_hub_download
 from huggingface_hub.errors import EntryNotFoundError
 
 import hfcache
-from hfcache.serve import asgi
 from hfcache.records import WarmRequest
-from tests.testhub import HubServer
+from hfcache.serve import asgi
 from tests.helpers import run_hfcache
+from tests.testhub import HubServer
 
 HUB = Path(__file__).parent.parent / "data" / "hub"
 REPO = "google-bert/bert-base-uncased"

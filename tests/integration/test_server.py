@@ -18,12 +18,7 @@ from pathlib import Path
 import httpx2
 import pytest
 from huggingface_hub import HfApi, hf_hub_download, snapshot_download
-from huggingface_hub.errors import (
-    EntryNotFoundError,
-    GatedRepoError,
-    RepositoryNotFoundError,
-    RevisionNotFoundError,
-)
+from huggingface_hub.errors import EntryNotFoundError, GatedRepoError, RepositoryNotFoundError, RevisionNotFoundError
 from huggingface_hub.hf_api import RepoFile, RepoFolder
 
 from tests.testhub import HubServer

@@ -131,7 +131,7 @@ def test_doctor_names_what_another_user_cannot_write(runtime: Runtime, hub_serve
 
     # The fix doctor printed, run as root, makes the cache whole for Bob again.
     fix = finding["fix"].split(": ", 1)[1].split(" (and add")[0]
-    subprocess.run(fix, shell=True, check=True)  # noqa: S602 - the command doctor prints, on the test's cache
+    subprocess.run(fix, shell=True, check=True)  # the command doctor prints, on the test's cache
     assert runtime.hfcache(BOB, "doctor", "--cache-dir", str(cache)).returncode == 0
     ok(runtime.hfcache(BOB, "warm", BERT, "--cache-dir", str(cache), "--endpoint", hub_server.endpoint))
 

@@ -22,14 +22,22 @@ import pytest
 
 import hfcache
 from hfcache.records import WarmRequest
-from tests.testhub import HubServer
 from tests.canary import Canary
 from tests.helpers import clean_env, run_hfcache
-from tests.integration.test_oci_pull_modelpack import (MANIFEST, attach_signature, key_pair, layer, push_artifact,
-                                                       signed_files, snapshot_files, tree)
+from tests.integration.test_oci_pull_modelpack import (
+    MANIFEST,
+    attach_signature,
+    key_pair,
+    layer,
+    push_artifact,
+    signed_files,
+    snapshot_files,
+    tree,
+)
 from tests.integration.test_oci_verify_bypass import _push_tar, _tar
 from tests.integration.test_signed_pull_refs import member
 from tests.registry import available, running_registry
+from tests.testhub import HubServer
 
 pytestmark = [pytest.mark.skipif(available() is not None and not os.environ.get("CI"), reason=str(available()))]
 
@@ -62,7 +70,7 @@ def keys(tmp_path_factory) -> tuple[Path, Path]:
 
 
 def git_sha1(data: bytes) -> str:
-    return hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest()  # noqa: S324 - git object id
+    return hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest()  # git object id
 
 
 def files_with(seed: Path, extra: dict[str, bytes]) -> tuple[str, list[tuple[str, bytes, str]]]:
@@ -151,7 +159,7 @@ def _attach(ref: str, bundle: bytes) -> None:
     container = parse_reference(ref)
     request = urllib.request.Request(f"http://{container.registry}/v2/{container.api_prefix}/manifests/"
                                      f"{container.tag}", headers={"Accept": MANIFEST})
-    with urllib.request.urlopen(request, timeout=30) as answer:  # noqa: S310 - loopback registry
+    with urllib.request.urlopen(request, timeout=30) as answer:  # loopback registry
         body = answer.read()
     subject = {"mediaType": MANIFEST, "digest": f"sha256:{hashlib.sha256(body).hexdigest()}", "size": len(body)}
     attach(connect(container, True, None, 30), container, subject, bundle)

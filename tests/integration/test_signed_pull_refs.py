@@ -19,13 +19,20 @@ import pytest
 
 import hfcache
 from hfcache.records import WarmRequest
-from tests.testhub import HubServer
 from tests.canary import Canary
 from tests.helpers import clean_env, run_hfcache
-from tests.integration.test_oci_pull_modelpack import (attach_signature, key_pair, layer, push_artifact, signed_files,
-                                                       snapshot_files, tree)
+from tests.integration.test_oci_pull_modelpack import (
+    attach_signature,
+    key_pair,
+    layer,
+    push_artifact,
+    signed_files,
+    snapshot_files,
+    tree,
+)
 from tests.integration.test_oci_verify_bypass import _push_tar, _tar
 from tests.registry import available, running_registry
+from tests.testhub import HubServer
 
 pytestmark = [pytest.mark.skipif(available() is not None and not os.environ.get("CI"), reason=str(available()))]
 
@@ -191,7 +198,7 @@ def test_a_ref_hardlinked_to_a_blob_naming_an_unsigned_commit_is_refused(seed, r
     private, public = keys
     commit, _ = snapshot_files(seed)
     data = OLDER.encode() + b"\n"
-    blob = hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest()  # noqa: S324 - git object id
+    blob = hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest()  # git object id
     ref = signed_image(seed, registry.host, "refs/hardlink", private, None, member(f"{GPT2}/blobs/{blob}", data),
                        member(f"{GPT2}/refs/main", hardlink=f"{GPT2}/blobs/{blob}"))
     target = holding_older(seed, tmp_path / "target", main=commit)

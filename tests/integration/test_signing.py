@@ -23,10 +23,10 @@ from cryptography.hazmat.primitives.asymmetric import ec, rsa
 
 import hfcache
 from hfcache.records import WarmRequest
-from tests.testhub import HubServer
 from tests.canary import SECRET, Canary
 from tests.helpers import clean_env, run_hfcache
 from tests.integration.test_trust3_fs import SWAP, shared_cache
+from tests.testhub import HubServer
 from tests.users import ALICE, needs_root
 
 REPO = "hfcache-test/tiny-bert"

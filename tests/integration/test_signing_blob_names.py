@@ -21,7 +21,6 @@ import pytest
 
 import hfcache
 from hfcache.records import WarmRequest
-from tests.testhub import HubServer
 from tests.canary import Canary
 from tests.helpers import clean_env, run_hfcache
 from tests.integration.test_oci_pull_modelpack import attach_signature, key_pair, signed_files, snapshot_files, tree
@@ -29,6 +28,7 @@ from tests.integration.test_oci_verify_bypass import _push_tar, _tar
 from tests.integration.test_signed_pull_refs import member
 from tests.integration.test_trust3_fs import shared_cache
 from tests.registry import available, running_registry
+from tests.testhub import HubServer
 from tests.users import ALICE, needs_root
 
 ACME = "hfcache-test/acme-tokenizer"

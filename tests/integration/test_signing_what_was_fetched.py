@@ -31,13 +31,7 @@ from hfcache.records import WarmRequest
 from tests.canary import Canary
 from tests.helpers import clean_env, run_hfcache
 from tests.integration.test_oci_pull_modelpack import key_pair
-from tests.integration.test_signing_blob_names import (
-    ACME,
-    ACME_FOLDER,
-    APPENDED,
-    CODE,
-    one_error_line,
-)
+from tests.integration.test_signing_blob_names import ACME, ACME_FOLDER, APPENDED, CODE, one_error_line
 from tests.integration.test_trust3_fs import shared_cache
 from tests.registry import available, running_registry
 from tests.testhub import HubServer

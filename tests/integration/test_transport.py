@@ -18,8 +18,8 @@ from pathlib import Path
 import pytest
 from huggingface_hub import scan_cache_dir
 
-from tests.testhub import Faults, HubServer
 from tests.helpers import clean_env, golden_ids, offline_load, run_hfcache, visible_entries
+from tests.testhub import Faults, HubServer
 
 HUB = Path(__file__).parent.parent / "data" / "hub"
 REPOS = ["openai-community/gpt2", "mistralai/Mistral-7B-v0.1", "sentence-transformers/all-MiniLM-L6-v2",

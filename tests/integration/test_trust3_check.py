@@ -19,11 +19,11 @@ from pathlib import Path
 
 import pytest
 
-from tests.testhub import HubServer
-from tests.chains import remove_tree
 from tests.canary import Canary
+from tests.chains import remove_tree
 from tests.helpers import REPO, clean_env, run_hfcache
 from tests.make_model_repos import ORG, _json, _tokenizer_files, _write
+from tests.testhub import HubServer
 from tests.users import ALICE, GROUP, Runtime, needs_root
 
 PLANTED = f"{ORG}/planted-code"

@@ -22,8 +22,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.chains import plant_chain
 from tests.canary import Canary
+from tests.chains import plant_chain
 from tests.helpers import run_hfcache
 from tests.users import ALICE, GROUP, Runtime, needs_root
 
@@ -105,7 +105,7 @@ def sha256(data: bytes) -> str:
 
 
 def git_sha1(data: bytes) -> str:
-    return hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest()  # noqa: S324
+    return hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest()
 
 
 def make_export(root: Path, repos: int) -> list[str]:
@@ -379,8 +379,8 @@ def test_the_iterative_remove_handles_any_depth_and_follows_no_link(tmp_path: Pa
 def test_a_chain_deeper_than_the_bound_left_in_an_empty_repo_folder_is_reported_not_fatal(tmp_path: Path) -> None:
     """The repo-folder removal walks at most ``bounds.MAX_TREE_DEPTH`` levels: a deeper chain of empty folders
     outside ``snapshots/`` is "left alone" for that folder (skipped), never exit 70."""
-    from hfcache.cache.safefs_tree import iter_tree
     from hfcache.bounds import MAX_TREE_DEPTH, TooDeep
+    from hfcache.cache.safefs_tree import iter_tree
 
     cache = tmp_path / "cache"
     plant_chain(cache / "models--org--x" / "blobs", MAX_TREE_DEPTH + 5)

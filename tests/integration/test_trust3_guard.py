@@ -12,6 +12,7 @@ and the listeners see nothing; the same child without the guard reaches them, so
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -175,10 +176,8 @@ def _with_nameserver(tmp_path: Path, argv: list[str],
 
     def record() -> None:
         while not stop.is_set():
-            try:
+            with contextlib.suppress(OSError):
                 queries.append(dns.recvfrom(4096)[0])  # never answered: the client times out
-            except OSError:
-                pass
 
     thread = threading.Thread(target=record, daemon=True)
     thread.start()

@@ -25,8 +25,8 @@ from tests.hostile import CONTENT, PeerServer, git_sha1
 
 TOKEN = "hf_trust3SecretTokenValue0123456789"
 REPO = "org/x"
-C = hashlib.sha1(b"asked commit").hexdigest()  # noqa: S324 - a commit id
-D = hashlib.sha1(b"other commit").hexdigest()  # noqa: S324
+C = hashlib.sha1(b"asked commit").hexdigest()  # a commit id
+D = hashlib.sha1(b"other commit").hexdigest()
 
 
 class TinyHub(PeerServer):

@@ -10,14 +10,13 @@ import sys
 import time
 from urllib.parse import quote
 
+import httpx2
 import pytest
 
-import httpx2
-
-from tests.testhub import HubServer
 from hfcache.serve.pullthrough import PullThroughConfig
 from tests.helpers import clean_env, run_hfcache
 from tests.hostile import CONTENT, PeerServer, git_sha1
+from tests.testhub import HubServer
 
 REPO = "org/x"
 C = "c" * 40

@@ -17,17 +17,17 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import httpx2
 import pytest
 
-from tests.testhub import HubServer
 from hfcache.serve.pullthrough import PullThroughConfig
 from tests.canary import Canary
 from tests.helpers import run_hfcache
+from tests.testhub import HubServer
 from tests.users import ALICE, GROUP, Runtime
 
 TOK = "acme/tok"
@@ -79,10 +79,8 @@ class _Upstream:
 
             def do_GET(self) -> None:
                 outer.requests.append(f"{self.command} {self.path}")
-                try:
+                with suppress(BrokenPipeError, ConnectionResetError):
                     answer(self)
-                except (BrokenPipeError, ConnectionResetError):
-                    pass
 
             do_HEAD = do_GET
 
@@ -149,21 +147,21 @@ def test_held_files_answer_while_forty_misses_wait_on_a_dripping_upstream(tmp_pa
         warm_into(cache, good.endpoint, TOK)
         commit = good.commit_of(TOK)
     drip_stop = threading.Event()
-    with _Upstream(dripping(drip_stop)) as drip, mirror(cache, drip.endpoint, timeout=2) as server:
-        with ThreadPoolExecutor(40) as pool:
-            misses = [pool.submit(httpx2.get, f"{server.endpoint}/api/models/acme/miss{n}", timeout=300)
-                      for n in range(40)]
-            time.sleep(1.0)  # every miss is now waiting on the drip (or was answered 503 at once)
-            started = time.monotonic()
-            by_commit = httpx2.get(f"{server.endpoint}/{TOK}/resolve/{commit}/vocab.txt", timeout=30)
-            commit_s = time.monotonic() - started
-            started = time.monotonic()
-            by_branch = httpx2.get(f"{server.endpoint}/{TOK}/resolve/main/vocab.txt", timeout=30)
-            branch_s = time.monotonic() - started
-            waiting = sum(not f.done() for f in misses)
-            early = [f.result() for f in misses if f.done()]
-            drip_stop.set()  # the drip ends: the waiting misses are answered and the mirror can stop
-            late = [f.result() for f in misses]
+    with (_Upstream(dripping(drip_stop)) as drip, mirror(cache, drip.endpoint, timeout=2) as server,
+          ThreadPoolExecutor(40) as pool):
+        misses = [pool.submit(httpx2.get, f"{server.endpoint}/api/models/acme/miss{n}", timeout=300)
+                  for n in range(40)]
+        time.sleep(1.0)  # every miss is now waiting on the drip (or was answered 503 at once)
+        started = time.monotonic()
+        by_commit = httpx2.get(f"{server.endpoint}/{TOK}/resolve/{commit}/vocab.txt", timeout=30)
+        commit_s = time.monotonic() - started
+        started = time.monotonic()
+        by_branch = httpx2.get(f"{server.endpoint}/{TOK}/resolve/main/vocab.txt", timeout=30)
+        branch_s = time.monotonic() - started
+        waiting = sum(not f.done() for f in misses)
+        early = [f.result() for f in misses if f.done()]
+        drip_stop.set()  # the drip ends: the waiting misses are answered and the mirror can stop
+        late = [f.result() for f in misses]
 
     assert by_commit.status_code == 200 and by_commit.content == b"held\n" and commit_s < 3.0, commit_s
     # The branch is revalidated, and the upstream silent for --timeout (2 s) counts as failing: the cache answers.

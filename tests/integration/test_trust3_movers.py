@@ -32,10 +32,10 @@ from huggingface_hub import scan_cache_dir
 
 import hfcache
 from hfcache.records import WarmRequest
-from tests.testhub import HubServer
-from tests.chains import plant_chain, remove_tree
 from tests.canary import SECRET, Canary
+from tests.chains import plant_chain, remove_tree
 from tests.helpers import clean_env, run_hfcache
+from tests.testhub import HubServer
 from tests.users import ALICE, GROUP, needs_root
 
 HUB = Path(__file__).parent.parent / "data" / "hub"

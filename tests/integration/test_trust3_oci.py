@@ -130,7 +130,7 @@ class _Handler(BaseHTTPRequestHandler):
         with contextlib.suppress(BrokenPipeError, ConnectionResetError):
             (route or (lambda h: send(h, 404, b'{"errors": []}')))(self)
 
-    do_GET = do_HEAD = do_PUT = do_POST = _any  # noqa: N815 - http.server's names
+    do_GET = do_HEAD = do_PUT = do_POST = _any  # http.server's names
 
 
 def send(h: BaseHTTPRequestHandler, status: int, body: bytes = b"", headers: dict[str, str] | None = None) -> None:
@@ -518,10 +518,7 @@ def test_a_registry_error_message_is_escaped_on_one_line(seed, tmp_path, home, s
         with guarded(seed, tmp_path) as target:
             proc = pull(ref, target, home, *(["--json"] if as_json else []))
     assert proc.returncode == 3, proc.stderr
-    if as_json:
-        message = json.loads(proc.stdout)["error"]
-    else:
-        message = refused(proc, 3, f"HTTP {status}")[0]
+    message = json.loads(proc.stdout)["error"] if as_json else refused(proc, 3, f"HTTP {status}")[0]
     assert "\\x1b[32mok\\x1b[0m\\x0ahint: all good\\x0d\\u2028fake line\\x85\\u202e" in message, message
     assert not any(c in proc.stdout + proc.stderr for c in "\x1b\r\u2028\u2029\u0085\u202e")
     assert len(message) < 500

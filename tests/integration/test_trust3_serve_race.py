@@ -20,10 +20,10 @@ import pytest
 
 import hfcache
 from hfcache.records import WarmRequest
-from tests.testhub import HubServer
 from tests.canary import SECRET, Canary
 from tests.helpers import run_hfcache
 from tests.integration.test_trust3_fs import SWAP, shared_cache
+from tests.testhub import HubServer
 from tests.users import ALICE, Runtime, needs_root
 
 HUB = os.path.join(os.path.dirname(__file__), "..", "data", "hub")

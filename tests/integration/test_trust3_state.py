@@ -25,8 +25,8 @@ import pytest
 from click.testing import CliRunner
 
 from hfcache.cli.main import cli
-from tests.chains import plant_chain, remove_tree
 from tests.canary import Canary
+from tests.chains import plant_chain, remove_tree
 from tests.helpers import clean_env, run_hfcache
 from tests.users import ALICE, GROUP, Runtime, needs_root
 

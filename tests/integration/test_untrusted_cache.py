@@ -11,7 +11,6 @@ import hashlib
 import json
 import os
 import shutil
-import tarfile
 import threading
 import urllib.error
 import urllib.request
@@ -23,8 +22,8 @@ from huggingface_hub import scan_cache_dir
 
 import hfcache
 from hfcache.records import WarmRequest
-from tests.testhub import HubServer
 from tests.helpers import run_hfcache
+from tests.testhub import HubServer
 
 HUB = Path(__file__).parent.parent / "data" / "hub"
 REPO = "google-bert/bert-base-uncased"
@@ -52,7 +51,7 @@ def tree_state(root: Path) -> dict[str, tuple[str, bytes | str]]:
 
 
 def git_sha1(data: bytes) -> str:
-    return hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest()  # noqa: S324 - git object id
+    return hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest()  # git object id
 
 
 def make_canary(tmp_path: Path) -> Path:
@@ -171,7 +170,7 @@ def test_every_command_leaves_a_symlinked_repo_part_alone(tmp_path: Path, part: 
         }
     with HubServer(cache, layout="cache") as mirror:
         try:
-            urllib.request.urlopen(f"{mirror.endpoint}/api/models/{REPO}", timeout=30)  # noqa: S310 - loopback
+            urllib.request.urlopen(f"{mirror.endpoint}/api/models/{REPO}", timeout=30)  # loopback
             served = 200
         except urllib.error.HTTPError as exc:
             served = exc.code

@@ -17,10 +17,8 @@ from huggingface_hub import scan_cache_dir
 
 import hfcache
 from hfcache.cache.layout import RepoFolder
-from hfcache.records import WarmRequest
-from tests.testhub import HubServer
 from tests.helpers import run_hfcache
-from tests.integration.test_untrusted_cache import FOLDER, HUB, REPO, make_canary, tree_state, verify, warm_two
+from tests.integration.test_untrusted_cache import FOLDER, REPO, make_canary, tree_state, verify, warm_two
 
 #: Generous: a hang is what is tested; the machine is shared.
 T = 120

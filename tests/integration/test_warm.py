@@ -12,7 +12,6 @@ from pathlib import Path
 import pytest
 from huggingface_hub import scan_cache_dir
 
-from tests.testhub import HubServer
 from tests.helpers import (
     clean_env,
     golden_ids,
@@ -22,6 +21,7 @@ from tests.helpers import (
     silent_server,
     visible_entries,
 )
+from tests.testhub import HubServer
 
 REPOS = [
     "bert-base-uncased",  # legacy id -> google-bert/bert-base-uncased

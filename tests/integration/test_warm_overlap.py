@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.testhub import HubServer
 from tests.helpers import clean_env, run_hfcache, visible_entries
 from tests.make_model_repos import ORG, _json, _tokenizer_files, _write
+from tests.testhub import HubServer
 
 CODE = "from transformers import BertTokenizer\n\n\nclass TokOverlap(BertTokenizer):\n    pass\n"
 

@@ -14,9 +14,9 @@ import shutil
 from pathlib import Path
 
 from hfcache.cache.published import read_record, write_record
-from tests.testhub import Faults, HubServer
 from tests.canary import Canary
 from tests.helpers import clean_env, run_hfcache
+from tests.testhub import Faults, HubServer
 
 HUB = Path(__file__).parent.parent / "data" / "hub"
 TOKEN = "hf_n2RequestCountTokenNeverWritten"

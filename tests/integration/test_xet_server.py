@@ -20,9 +20,8 @@ import httpx2
 import pytest
 from huggingface_hub import HfApi
 
-from tests.testhub import HubServer
-from tests.testhub import XetMode
 from tests.helpers import clean_env
+from tests.testhub import HubServer, XetMode
 
 REPO = "xet-org/weights"
 BERT = "google-bert/bert-base-uncased"

@@ -19,8 +19,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.testhub import HubServer
 from tests.helpers import clean_env, golden_ids, offline_load, run_hfcache
+from tests.testhub import HubServer
 from tests.xet_caches import library_download, store_linked_blobs, store_payloads, xet_hub
 
 pytestmark = pytest.mark.slow
@@ -116,7 +116,7 @@ def test_link_carries_the_payloads(store_cache, tmp_path, mode):
 def _get(url: str, method: str = "GET") -> tuple[int, dict[str, str], bytes]:
     request = urllib.request.Request(url, method=method)
     try:
-        with urllib.request.urlopen(request, timeout=30) as answer:  # noqa: S310 (loopback test server)
+        with urllib.request.urlopen(request, timeout=30) as answer:  # (loopback test server)
             return answer.status, {k.lower(): v for k, v in answer.headers.items()}, answer.read()
     except urllib.error.HTTPError as exc:
         return exc.code, {k.lower(): v for k, v in exc.headers.items()}, exc.read()

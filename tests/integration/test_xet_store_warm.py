@@ -103,8 +103,8 @@ def test_a_pull_through_mirror_of_a_xet_endpoint_answers_without_xet_headers(tmp
     """Clients behind a mirror that passes Xet headers through go to a CAS they may not reach and hang or fail
     (huggingface_hub#4475, padeoe/hf-mirror-site#64): the mirror answers with its own bytes and no Xet header, so
     the unmodified huggingface_hub + hf_xet behind it download over the plain path."""
-    from tests.testhub import HubServer
     from hfcache.serve.pullthrough import PullThroughConfig
+    from tests.testhub import HubServer
 
     (tmp_path / "mirror").mkdir()
     with xet_hub() as upstream, HubServer(tmp_path / "mirror", layout="cache",

@@ -8,6 +8,7 @@ To serve files to people or pods: ``hfcache serve``.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import signal
 import threading
 from pathlib import Path
@@ -62,10 +63,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"serving {args.root} at {server.endpoint}", flush=True)
         if server.cas_endpoint:
             print(f"Xet CAS at {server.cas_endpoint}", flush=True)
-        try:
+        with contextlib.suppress(KeyboardInterrupt):
             done.wait()
-        except KeyboardInterrupt:
-            pass
     return 0
 
 

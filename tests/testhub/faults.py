@@ -8,6 +8,7 @@ marks bodies to be cut midway, which the werkzeug stack (:mod:`.wsgi`) does on t
 
 from __future__ import annotations
 
+import contextlib
 import hmac
 import json
 import socket
@@ -188,8 +189,6 @@ def reset_midway(chunks: Iterable[bytes], length: int, environ: Mapping[str, Any
             close()
     sock = environ.get("werkzeug.socket")
     if sock is not None:
-        try:
+        with contextlib.suppress(OSError):
             sock.shutdown(socket.SHUT_RDWR)
-        except OSError:
-            pass
     raise ConnectionResetError("fault: connection reset mid-body")

@@ -213,7 +213,7 @@ class TestStore:
         data = self._overrides.get((snapshot.repo_id, repo_file.path))
         if data is None:
             return self._store.open(repo_file, snapshot, head=head)
-        body = tempfile.TemporaryFile()  # a real file: the server frames it by its fstat size
+        body = tempfile.TemporaryFile()  # noqa: SIM115 - returned open: the server frames it by its fstat size
         body.write(data)
         body.seek(0)
         return body

@@ -10,17 +10,17 @@ from pathlib import Path
 import pytest
 
 from hfcache.errors import CacheError
-from hfcache.warming.modules_cache import can_create, modules_cache, modules_cache_override, private_modules_dir
 from hfcache.records import parse_specs
 from hfcache.warming.custom_code import (
-    auto_map_refs,
     RepoDataError,
+    auto_map_refs,
     custom_code_paths,
     follow_configs,
     module_folder_paths,
     module_path,
     relative_imports,
 )
+from hfcache.warming.modules_cache import can_create, modules_cache, modules_cache_override, private_modules_dir
 from hfcache.warming.selection import select, shards_from_index
 
 DEEP = b"[" * 200_000 + b"]" * 200_000
@@ -262,8 +262,8 @@ def test_other_json_readers_turn_overflow_and_depth_into_clear_errors(tmp_path):
     """The same kind of fault outside custom code: cached/imported tree listings with a size of 1e999 (int(inf)
     raises OverflowError) or nested too deep."""
     from hfcache.errors import UsageError
-    from hfcache.move.import_plan import _parse_listing
     from hfcache.integrity.expectations import read_tree_listing
+    from hfcache.move.import_plan import _parse_listing
 
     (tmp_path / "models--o--r" / "trees").mkdir(parents=True)
     for body in (b'{"format_version": 1, "files": {"a": {"blob_id": "x", "size": 1e999}}}', DEEP):

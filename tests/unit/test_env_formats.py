@@ -75,7 +75,7 @@ def test_sh_is_sourced_by_bash(tmp_path, cache):
     dump = "; ".join(f'printf "%s\\0" "${name}"' for name in names)
     proc = subprocess.run(["bash", "-c", f"set -eu; source {script}; {dump}"], capture_output=True, env={})
     assert proc.returncode == 0, proc.stderr
-    assert dict(zip(names, proc.stdout.decode().split("\0"))) == expected(cache)
+    assert dict(zip(names, proc.stdout.decode().split("\0")[:-1], strict=True)) == expected(cache)
     # exported, not just set: a child process sees them
     proc = subprocess.run(["bash", "-c", f"source {script}; env -0"], capture_output=True, env={})
     seen = dict(item.split("=", 1) for item in proc.stdout.decode().split("\0") if "=" in item)

@@ -60,15 +60,7 @@ FIELDS = ([("tokenizer_config.json", (k,)) for k in TOKENIZER_CONFIG]
 
 
 def _trained(kind: str) -> dict:
-    from tokenizers import (
-        Tokenizer,
-        decoders,
-        models,
-        normalizers,
-        pre_tokenizers,
-        processors,
-        trainers,
-    )
+    from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
 
     if kind == "wordpiece":
         tok = Tokenizer(models.WordPiece(unk_token="[UNK]"))
@@ -155,7 +147,7 @@ def _verdict(cache: Path, files: dict) -> str:
         return "ok"
     except (FastPathRefused, NotCached, CacheError):
         return "refused"
-    except BaseException as exc:  # noqa: BLE001 - a PanicException is one
+    except BaseException as exc:  # a PanicException is one
         if isinstance(exc, KeyboardInterrupt):
             raise
         return fast_inputs.one_line(exc)

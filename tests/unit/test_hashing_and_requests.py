@@ -6,11 +6,10 @@ import subprocess
 
 import pytest
 
-from hfcache.errors import UsageError
 from hfcache.cache.content import fd_matches
+from hfcache.errors import UsageError
 from hfcache.hub.files import RemoteFile
-from hfcache.records import UnsafePath, validate_repo_path
-from hfcache.records import WarmRequest
+from hfcache.records import UnsafePath, WarmRequest, validate_repo_path
 
 
 def hash_file(path: str, file: RemoteFile) -> bool:

@@ -85,9 +85,8 @@ def test_file_lock_times_out_naming_the_file_and_holder_and_tells_the_waiter(tmp
         assert holder.stdout.readline().strip() == "held"
         waits = []
         started = time.monotonic()
-        with pytest.raises(LockTimeout) as info:
-            with file_lock(lock_file, timeout=1.5, on_wait=waits.append):
-                pass
+        with pytest.raises(LockTimeout) as info, file_lock(lock_file, timeout=1.5, on_wait=waits.append):
+            pass
         assert 1.5 <= time.monotonic() - started < 10
         assert info.value.exit_code == 5 and str(lock_file) in info.value.message
         assert f"pid {holder.pid}" in info.value.message  # from /proc/locks

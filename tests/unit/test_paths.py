@@ -7,8 +7,16 @@ import pytest
 
 import hfcache
 from hfcache.errors import CheckFailed, UsageError
-from hfcache.offline.paths import (AmbiguousPath, PathNotCached, ResolvedPath, check_pattern, parse_path_var,
-                                   parse_spec, resolve, warm_command)
+from hfcache.offline.paths import (
+    AmbiguousPath,
+    PathNotCached,
+    ResolvedPath,
+    check_pattern,
+    parse_path_var,
+    parse_spec,
+    resolve,
+    warm_command,
+)
 from hfcache.records import WarmRequest
 
 BERT, CANON = "bert-base-uncased", "google-bert/bert-base-uncased"

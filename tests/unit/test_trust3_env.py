@@ -22,8 +22,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from hfcache.offline.env import FORMATS, OFFLINE_FLAGS, check_inert, format_env, offline_environment
 from hfcache.errors import UsageError
+from hfcache.offline.env import FORMATS, OFFLINE_FLAGS, check_inert, format_env, offline_environment
 from tests.canary import Canary
 from tests.helpers import clean_env
 

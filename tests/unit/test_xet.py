@@ -18,15 +18,7 @@ import pytest
 
 from tests.testhub.xet import blake3_py
 from tests.testhub.xet.chunking import MAX_CHUNK_SIZE, MIN_CHUNK_SIZE, chunk_boundaries, iter_chunks
-from tests.testhub.xet.hashing import (
-    DATA_KEY,
-    chunk_hash,
-    file_hash,
-    hash_from_hex,
-    hash_to_hex,
-    keyed_hash,
-    xorb_hash,
-)
+from tests.testhub.xet.hashing import DATA_KEY, chunk_hash, file_hash, hash_from_hex, hash_to_hex, keyed_hash, xorb_hash
 from tests.testhub.xet.xorb import CHUNK_HEADER_SIZE, build_xet_file, chunk_header
 
 # --- chunking ---------------------------------------------------------------------------------------------------
@@ -91,7 +83,7 @@ def test_small_and_empty_inputs():
 def test_random_data_chunks_stay_within_the_limits_and_stream_the_same():
     data = random.Random(7).randbytes(3 * 1024 * 1024)
     ends = chunk_boundaries(data)
-    sizes = [end - start for start, end in zip([0, *ends], ends)]
+    sizes = [end - start for start, end in zip([0, *ends], ends, strict=False)]
     assert ends[-1] == len(data)
     assert all(MIN_CHUNK_SIZE <= size <= MAX_CHUNK_SIZE for size in sizes[:-1])
     assert 20 <= len(sizes) <= 60  # a 64 KiB mean: about 48 chunks
@@ -197,14 +189,14 @@ def test_xorbs_serialize_chunks_and_read_back_any_range(tmp_path):
     assert len(xet_file.xorbs) >= 3 and xet_file.size == len(data)
     rebuilt = b""
     for xorb in xet_file.xorbs:
-        whole = b"".join(xorb.read(lambda: open(path, "rb"), 0, xorb.size - 1))
+        whole = b"".join(xorb.read(lambda: open(path, "rb"), 0, xorb.size - 1))  # noqa: SIM115 - an opener: read() closes it
         assert len(whole) == xorb.size <= 300_000
         pos = 0
         for length in xorb.lengths:
             assert whole[pos : pos + CHUNK_HEADER_SIZE] == chunk_header(length)
             rebuilt += whole[pos + CHUNK_HEADER_SIZE : pos + CHUNK_HEADER_SIZE + length]
             pos += CHUNK_HEADER_SIZE + length
-        assert b"".join(xorb.read(lambda: open(path, "rb"), 5, 20)) == whole[5:21]
+        assert b"".join(xorb.read(lambda: open(path, "rb"), 5, 20))  # noqa: SIM115 - an opener == whole[5:21]
     assert rebuilt == data
 
     offset, terms = xet_file.terms(200_000, 450_000)
