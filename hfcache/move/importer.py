@@ -102,10 +102,12 @@ def import_cache(src: str, cache_dir: Path, move_refs: bool = False, *, lock_tim
 
 def import_members(members: Callable[[], Iterable[tuple[Member, BinaryIO | None]]], cache_dir: Path,
                    move_refs: bool = False, *, lock_timeout: float = DEFAULT_LOCK_TIMEOUT,
-                   on_lock_wait: Callable[[LockWait], None] | None = None) -> ImportReport:
+                   on_lock_wait: Callable[[LockWait], None] | None = None, listings: bool = True) -> ImportReport:
     """Merge the entries ``members()`` yields (a :class:`Member` and, for a file, a stream of its bytes) into
     ``cache_dir``: read and stage all, check, then publish. ``hfcache pull`` gives its layers' entries as they
-    stream; an exception the iterator raises (a digest that does not match) refuses the import.
+    stream; an exception the iterator raises (a digest that does not match) refuses the import. ``listings``
+    False: the source's ``trees/`` listings vouch for its real files and must agree with its links, but are neither
+    compared with the target nor published (``pull --verify-key``: no signature covers them).
 
     ``members`` is called once, after the staging folder exists, and consumed to its end before anything is checked
     against or published into the target. ``cache_dir`` is created if missing, and removed again (with the parents
@@ -123,6 +125,8 @@ def import_members(members: Callable[[], Iterable[tuple[Member, BinaryIO | None]
         for repo in plan.values():
             _resolve_files(repo, staging)
         _check_shape(plan)
+        for repo in plan.values() if not listings else ():
+            repo.trees.clear()
         with contextlib.ExitStack() as locks:
             folders = {name: RepoFolder(cache_dir, *parse_folder_name(name), lock_timeout=lock_timeout,
                                         on_lock_wait=on_lock_wait) for name in sorted(plan)}

@@ -26,15 +26,13 @@ from .credentials import Credentials
 from .image import ANNOTATION_PREFIX, Layer
 from .peer import (DOCKER_LAYER_GZIP, DOCKER_LIST, DOCKER_MANIFEST, INDEX_TYPE, LAYER_GZIP, LAYER_TAR, MANIFEST_TYPE,
                    digest_of, size_ok)
-from .pull_stream import _ALTERED, _CHUNK, Budget, Entry, VerifiedStream, free_space, get_json, held_locally
+from .pull_stream import (_ALTERED, _CHUNK, MAX_LAYERS, Budget, Entry, VerifiedStream, check_layer_count, free_space,
+                          get_json, held_locally)
 from .registry import (BlobBody, TransferSink, check, connect, network_errors, parse_reference, registry_text,
                        stream_errors, url)
 
 _ACCEPT = ", ".join((MANIFEST_TYPE, DOCKER_MANIFEST, INDEX_TYPE, DOCKER_LIST))
-#: Most layers a pulled image may list: push writes one per repo (``--layers repo``) or one (``single``), and Docker's
-#: overlay2 storage refuses images of more than 127 layers anyway; each layer is a request, so this bounds a pull's
-#: requests (and, with the metadata deadline and the throughput floor, its time) however a registry answers.
-MAX_LAYERS = 1000
+__all__ = ["MAX_LAYERS", "PREFIX", "PullReport", "pull"]  # MAX_LAYERS: both formats' bound, from .pull_stream
 #: The manifest annotation ``hfcache push --prefix DIR`` writes: the cache sits under ``DIR/`` in the image.
 PREFIX = f"{ANNOTATION_PREFIX}.prefix"
 
@@ -85,8 +83,7 @@ def _layers_of(manifest: dict, config: dict, reference: str) -> list[tuple[dict,
     diff_ids = (config.get("rootfs") or {}).get("diff_ids") if isinstance(config.get("rootfs"), dict) else None
     if not isinstance(layers, list) or not layers or not isinstance(diff_ids, list) or len(diff_ids) != len(layers):
         raise UsageError(f"{reference}: the manifest's layers and the config's rootfs.diff_ids do not match", hint=hint)
-    if len(layers) > MAX_LAYERS:
-        raise UsageError(f"{reference}: {len(layers)} layers, more than the {MAX_LAYERS} hfcache pulls", hint=hint)
+    check_layer_count(len(layers), reference, hint)
     base = _base_count(manifest, layers, reference)
     out, seen = [], set()
     for layer, diff_id in zip(layers[base:], diff_ids[base:]):
@@ -171,8 +168,8 @@ def pull(reference: str, cache_dir: Path, plain_http: bool = False, credentials:
 
     Raises:
         IntegrityError: a manifest, config or layer does not match its digest or size (or a layer its diff_id, a raw
-            layer its ``io.hfcache.etag``); with ``verify_key``, a ref, marker or listing names a commit no signature
-            covered; the message names it; nothing is written to the target.
+            layer its ``io.hfcache.etag``); with ``verify_key``, a ref, marker, listing or blob no signed snapshot
+            accounts for (:func:`hfcache.oci.pull_signed.check_claims`); the message names it; nothing is written.
         UsageError: not an image hfcache can read (an index, no such tag, a ModelPack artifact of another tool),
             larger than ``max_size`` (compressed or unpacked), content ``hfcache import`` refuses (nothing written).
         CheckFailed: the target holds an entry with other content, or a ref elsewhere (see ``import_members``), or a
@@ -201,7 +198,8 @@ def pull(reference: str, cache_dir: Path, plain_http: bool = False, credentials:
                          budget, signed=verify_key is not None)
         signed_by: list[str] = []
         imported = import_members(lambda: _checked(source, found, verify_key, signed_by, cache_dir), cache_dir,
-                                  move_refs=move_refs, lock_timeout=lock_timeout, on_lock_wait=on_lock_wait)
+                                  move_refs=move_refs, lock_timeout=lock_timeout, on_lock_wait=on_lock_wait,
+                                  listings=verify_key is None)  # no signature covers a trees/ listing's entries
     received, imported = source.received, _with_held(imported, source)
     saved = source.after() if isinstance(source, _ImageSource) else False  # after held_counts: it updates the record
     return PullReport(reference=reference, digest=digest, layers=tuple(received),
@@ -352,7 +350,7 @@ class _ImageSource:
             if member.kind == "hardlink":
                 member.linkname = self._strip(member.linkname, "file") or member.linkname
         name = entry_name(member.name.removeprefix("./").rstrip("/")) if member.kind != "dir" else None
-        if name is not None:
+        if name is not None and not (self.files is not None and name.split("/")[1] == "trees"):  # not published
             self.names.setdefault(diff_id, []).append(name)
             parts = name.split("/")
             if member.kind == "file" and len(parts) == 3 and parts[1] == "blobs" and algorithm_of(parts[2]):
@@ -375,7 +373,7 @@ class _ImageSource:
         return self.files.snapshots(self.cache_dir) if self.files is not None else {}
 
     def claims(self) -> dict[str, str]:
-        return self.files.claims if self.files is not None else {}
+        return self.files.bound() if self.files is not None else {}
 
     def held_counts(self) -> tuple[set[str], int, set[tuple[str, str]]]:
         """(repo folders, snapshot entries, (folder, etag) blobs) of the layers skipped, from the record."""

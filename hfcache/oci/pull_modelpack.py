@@ -25,7 +25,7 @@ from ..move.import_source import Member, shown_name
 from ..names import is_commit, is_oci_digest
 from .image import ANNOTATION_PREFIX, Layer
 from .peer import MODEL_CONFIG, MODEL_MANIFEST, digest_of, json_kind, size_ok
-from .pull_stream import _ALTERED, _CHUNK, Budget, VerifiedStream, held_locally
+from .pull_stream import _ALTERED, _CHUNK, Budget, VerifiedStream, check_layer_count, held_locally
 from .registry import BlobBody, TransferSink, check, network_errors, registry_text, stream_errors, url
 
 #: The spec's raw layer media types (docs/spec.md "Layers"); tar, tar+gzip and tar+zstd layers are refused.
@@ -34,9 +34,6 @@ RAW_TYPES = frozenset(f"application/vnd.cncf.model.{kind}.v1.raw"
 FILEPATH = "org.cncf.model.filepath"
 TITLE = "org.opencontainers.image.title"
 ETAG = f"{ANNOTATION_PREFIX}.etag"
-#: Most raw layers (files) one artifact may list: each is a request (with the metadata deadline and the throughput
-#: floor, this bounds a pull's requests and time); a 100,000-file snapshot is far beyond any model repo.
-MAX_FILES = 100_000
 _HINT = "hfcache pull reads the ModelPack artifacts `hfcache push --format modelpack` writes"
 _FOREIGN_HINT = ("hfcache maps ModelPack artifacts `hfcache push --format modelpack` wrote (file paths in the hub "
                  "cache); extract others with modctl, `kit unpack` or a ModelPack client")
@@ -91,8 +88,7 @@ def _descriptors(manifest: dict, config: dict, reference: str) -> list[dict]:
     if not isinstance(layers, list) or not layers or not isinstance(diff_ids, list) or len(diff_ids) != len(layers):
         raise UsageError(f"{reference}: the manifest's layers and the config's modelfs.diffIds do not match",
                          hint=_HINT)
-    if len(layers) > MAX_FILES:
-        raise UsageError(f"{reference}: {len(layers)} layers, more than the {MAX_FILES} hfcache pulls", hint=_HINT)
+    check_layer_count(len(layers), reference, _HINT)  # one request per file: the same bound as an image's layers
     for layer, diff_id in zip(layers, diff_ids):
         if not isinstance(layer, dict) or not is_oci_digest(layer.get("digest")) or not size_ok(layer.get("size")):
             raise UsageError(f"{reference}: a layer descriptor is malformed (digest or size)", hint=_HINT)

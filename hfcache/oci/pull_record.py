@@ -18,6 +18,8 @@ from collections.abc import Iterable
 
 from ..cache import owned_record, safefs
 from ..errors import CacheError
+from ..move.import_plan import repo_folder_ok
+from ..names import is_commit, is_etag
 
 NAME = "hfcache-pulled.json"  # in <cache>/.locks
 MAX_RECORD_BYTES = 64 * 1024 * 1024
@@ -27,17 +29,23 @@ _SECTIONS = ("blobs", "snapshots", "refs", ".no_exist", "trees")
 
 def load(cache_dir: str) -> dict[str, dict]:
     """The honoured record: diff_id -> {"entries": {name: stamp}, "commits": [commit, ...]}; {} when there is none,
-    or it is not honoured, too large, nested too deep or malformed."""
+    or it is not honoured, too large, nested too deep or malformed: an entry name :func:`entry_name` would not
+    record (``CACHEDIR.TAG``, ``../x``) or a commit that is not 40 hex ignores the whole record, as a record another
+    user wrote is ignored (every layer is fetched, and this run's record replaces it)."""
     loaded = owned_record.load(cache_dir, NAME, MAX_RECORD_BYTES)
     if not loaded.trusted:
         return {}
     try:
         if loaded.data.get("version") != _VERSION:
             return {}
-        return {str(k): {"entries": {str(n): list(s) for n, s in v["entries"].items()},
-                         "commits": [str(c) for c in v["commits"]]} for k, v in loaded.data["layers"].items()}
+        record = {str(k): {"entries": {str(n): list(s) for n, s in v["entries"].items()},
+                           "commits": [str(c) for c in v["commits"]]} for k, v in loaded.data["layers"].items()}
     except (ValueError, TypeError, KeyError, AttributeError):
         return {}
+    for layer in record.values():
+        if not all(entry_name(name) == name for name in layer["entries"]) or not all(map(is_commit, layer["commits"])):
+            return {}
+    return record
 
 
 def stamp_of(cache_dir: str, name: str) -> list | None:
@@ -63,9 +71,12 @@ def still_held(cache_dir: str, record: dict[str, dict], diff_id: str, commits: I
 
 
 def entry_name(name: str) -> str | None:
-    """The name a tar entry has in the record (a file, link or hardlink below a repo folder's sections), or None."""
+    """The name a tar entry has in the record (a file, link or hardlink below a repo folder's sections:
+    ``<repo folder>/<section>/...``, no empty, ``.`` or ``..`` part, a blob named by its hash), or None."""
     parts = name.split("/")
-    if len(parts) < 3 or parts[1] not in _SECTIONS or parts[-1].endswith(".incomplete"):
+    if len(parts) < 3 or parts[1] not in _SECTIONS or parts[-1].endswith(".incomplete") \
+            or not repo_folder_ok(parts[0]) or any(p in ("", ".", "..") for p in parts) \
+            or (parts[1] == "blobs" and (len(parts) != 3 or not is_etag(parts[2]))):
         return None
     return name
 

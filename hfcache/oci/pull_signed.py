@@ -1,8 +1,10 @@
 """``hfcache pull --verify-key PUB``: the manifest's model-signing bundles (OCI referrers, :mod:`.referrers`) checked
 against the staged content before anything is published (docs/oci.md "Pull: what is checked", Signatures): every
-snapshot the pull brings (:func:`verify_snapshots`), then every ref, ``.no_exist`` marker and ``trees/`` listing it
-carries (:func:`check_claims`: a signed artifact whose ``refs/main`` names an older commit the target holds would
-otherwise move ``main`` to an unsigned revision).
+snapshot the pull brings (:func:`verify_snapshots`), then everything else it carries (:func:`check_claims`): a ref
+must name a signed commit (a signed artifact whose ``refs/main`` names an older commit the target holds would
+otherwise move ``main`` to an unsigned revision), a ``.no_exist`` marker or ``trees/`` listing be about one (a marker
+never about a file the signature covers: huggingface_hub reads the marker first), and a blob be used by a snapshot.
+Listings are then not published at all (:func:`hfcache.oci.pull.pull`): no signature covers their entries.
 """
 
 from __future__ import annotations
@@ -56,7 +58,7 @@ def verify_snapshots(found: list[bytes], snapshots: dict[str, dict[str, str]], p
 
     Raises:
         SignatureMismatch: a snapshot no bundle signs under the key (the first bundle's reason), or none at all.
-        IntegrityError: a ref, marker or listing about a commit no signature covered (exit 3).
+        IntegrityError: a ref, marker, listing or blob no signed snapshot accounts for (:func:`check_claims`, exit 3).
         CheckFailed: a blob of the target's snapshot does not hold the content its name says (exit 1).
         CacheError: the target's snapshot holds a FIFO, a device or a link leaving its repo (exit 5).
     """
@@ -65,11 +67,12 @@ def verify_snapshots(found: list[bytes], snapshots: dict[str, dict[str, str]], p
     if not snapshots:  # nothing checked is not "verified": an image of refs, markers or blobs alone is refused
         raise SignatureMismatch("refused the pull, nothing was written: --verify-key was given but the artifact "
                                 "brings no snapshot files for a signature to cover", reason="unsigned")
-    fingerprint = ""
+    fingerprint, covered = "", {}
     for name, staged in sorted(snapshots.items()):
         folder, _, commit = name.partition("/")
         repo_id = (parse_folder_name(folder) or (folder,))[0]
         files = {**_held_files(cache_dir, folder, commit), **staged} if cache_dir is not None else staged
+        covered[name] = set(files)
         first: SignatureMismatch | None = None
         for bundle in found:
             try:
@@ -91,26 +94,52 @@ def verify_snapshots(found: list[bytes], snapshots: dict[str, dict[str, str]], p
             if first.hint is None:
                 first.hint = "the artifact is not what the key's owner signed; check where it came from"
             raise first
-    check_claims(claims or {}, snapshots)
+    check_claims(claims or {}, covered)
     return fingerprint
 
 
-def check_claims(claims: dict[str, str], snapshots: dict[str, dict[str, str]]) -> None:
-    """Refuse (IntegrityError, exit 3, naming the entry, its commit and the signed ones) a ref, marker or listing
-    of ``claims`` (entry name -> the commit it names, "" for a ref holding none) about a commit whose snapshot no
-    signature of this pull covered in the same repo folder (``snapshots``: as :func:`verify_snapshots`)."""
-    for name, commit in sorted(claims.items()):
-        folder, section = name.split("/", 2)[:2]
-        if f"{folder}/{commit}" in snapshots:
-            continue
-        signed = sorted(c for key in snapshots for f, _, c in (key.partition("/"),) if f == folder)
-        said = f"names commit {commit}" if section == "refs" and commit else \
-            "holds no commit" if section == "refs" else f"is about commit {commit}"
-        raise IntegrityError(f"refused the pull, nothing was written: {name} {said}, which no signature of this pull "
-                             f"covers (signed: {', '.join(c[:12] for c in signed[:5]) or 'no snapshot of that repo'})",
-                             hint="a signed pull publishes refs, markers and listings only about the commits it "
-                                  "verified; the artifact is altered or crafted (a ref rolled back to an unsigned "
-                                  "revision): pull it from its source again")
+_CRAFTED = "the artifact is altered or crafted: pull it from its source again"
+
+
+def check_claims(claims: dict[str, str], covered: dict[str, set[str]]) -> None:
+    """Refuse (IntegrityError, exit 3, naming the entry) what a signed pull would publish beyond its signatures:
+    ``claims`` maps each entry that is no snapshot file to the commit it names (a ref's, a marker's or listing's
+    commit; for a blob, "" when no snapshot of the artifact uses it) and must name a commit whose snapshot a
+    signature covered in the same repo folder; a ``.no_exist`` marker must not mark absent a path of that signed
+    snapshot (``covered``: ``<folder>/<commit>`` -> its signed paths, as :func:`verify_snapshots` checked them).
+    Refs, markers and listings are judged before blobs (a ref naming an unsigned commit is named as such)."""
+    for name, commit in sorted(claims.items(), key=lambda claim: (claim[0].split("/")[1] == "blobs", claim[0])):
+        folder, section, rest = name.split("/", 2)
+        if f"{folder}/{commit}" not in covered:
+            raise IntegrityError(f"refused the pull, nothing was written: {_unsigned(name, section, commit, covered)}",
+                                 hint="a signed pull publishes refs, markers, listings and blobs only about the "
+                                      "snapshots it verified (a ref rolled back to an unsigned revision, a blob "
+                                      f"nothing uses); {_CRAFTED}")
+        path = rest.partition("/")[2]
+        if section == ".no_exist" and _clashes(path, covered[f"{folder}/{commit}"]):
+            raise IntegrityError(f"refused the pull, nothing was written: {name} marks {path} absent at commit "
+                                 f"{commit[:12]}, whose signature covers it",
+                                 hint="huggingface_hub reads a .no_exist marker before the file, so it would hide a "
+                                      f"signed file; {_CRAFTED}")
+
+
+def _unsigned(name: str, section: str, commit: str, covered: dict[str, set[str]]) -> str:
+    """Why the entry ``name`` is about no signed snapshot, with the signed commits of its repo folder."""
+    folder = name.split("/", 1)[0]
+    if section == "blobs":
+        return f"{name} is used by no snapshot a signature of this pull covers"
+    signed = sorted(c for key in covered for f, _, c in (key.partition("/"),) if f == folder)
+    said = f"names commit {commit}" if section == "refs" and commit else \
+        "holds no commit" if section == "refs" else f"is about commit {commit}"
+    return f"{name} {said}, which no signature of this pull covers (signed: " \
+           f"{', '.join(c[:12] for c in signed[:5]) or 'no snapshot of that repo'})"
+
+
+def _clashes(path: str, signed: set[str]) -> bool:
+    """Whether marking ``path`` absent contradicts the ``signed`` paths: one of them, a folder of one, or below one."""
+    parts = path.split("/")
+    return path in signed or any("/".join(parts[:i]) in signed for i in range(1, len(parts))) \
+        or any(p.startswith(f"{path}/") for p in signed)
 
 
 def ref_commit(head: bytes) -> str:
@@ -149,6 +178,7 @@ class TarFiles:
         self.files: dict[tuple[str, str, str], str] = {}  # (folder, commit, path) -> member name of its bytes
         self.commits: dict[str, str] = {}  # member name -> the commit its first bytes name (those naming one only)
         self.claims: dict[str, str] = {}  # ref, marker or listing name -> the commit it names
+        self.blob_entries: dict[str, tuple[str, str]] = {}  # blob entry name (a file or hardlink) -> (folder, etag)
 
     def note(self, member, stream: HashingStream | None) -> None:
         """One member (after prefix stripping) and the stream its bytes went through (a file), named exactly as the
@@ -166,6 +196,8 @@ class TarFiles:
                 self.commits[name] = ref_commit(stream.head)
             if parts[1] == "blobs" and len(parts) == 3:
                 self.blobs[(parts[0], parts[2])] = sha256
+        if parts[1] == "blobs" and len(parts) == 3 and member.kind != "symlink":
+            self.blob_entries[name] = (parts[0], parts[2])
         if parts[1] == "refs":
             source = name if member.kind == "file" else "/".join(clean_name(member.linkname))
             self.claims[name] = self.commits.get(source, "") if member.kind != "symlink" else ""
@@ -181,6 +213,14 @@ class TarFiles:
             self.links[key] = posixpath.basename(resolved)
         elif member.kind in ("file", "hardlink"):
             self.files[key] = name if member.kind == "file" else "/".join(clean_name(member.linkname))
+
+    def bound(self) -> dict[str, str]:
+        """:attr:`claims`, with every blob entry no snapshot entry of the artifact uses (a link to it, or a hardlink
+        repeating its bytes) mapped to "" (:func:`check_claims`)."""
+        linked = {(folder, etag) for (folder, _, _), etag in self.links.items()}
+        repeated = set(self.files.values())  # the member names whose bytes a snapshot file repeats
+        return {**self.claims, **{name: "" for name, blob in self.blob_entries.items()
+                                  if blob not in linked and name not in repeated}}
 
     def snapshots(self, cache_dir: Path) -> dict[str, dict[str, str]]:
         """``<folder>/<commit>`` -> {path: sha256 hex}; a link to a blob the pull did not bring is the target's blob,

@@ -21,6 +21,11 @@ from .peer import digest_of
 from .registry import TransferSink, check, read_body
 
 _MAX_JSON = 4 * 1024 * 1024  # a manifest or config larger than this is not one of ours (or not one at all)
+#: Most layers a pull reads, in either format: each is one request (headers under the metadata deadline, body under
+#: the throughput floor), so this bounds a pull's requests whatever a registry lists. An image holds one layer per
+#: repo (``push --layers repo``; Docker's overlay2 runs at most 127), a ModelPack artifact one per file of one
+#: snapshot: no model repo has 10,000 files, and a 4 MiB manifest holds about that many of push's descriptors.
+MAX_LAYERS = 10_000
 _CHUNK = 1024 * 1024
 _ALTERED = "the registry content was altered or is corrupt; nothing was imported"
 _OURS = "pull images written by `hfcache push`"
@@ -119,6 +124,12 @@ class Entry(io.RawIOBase):
         except (tarfile.TarError, EOFError) as exc:
             raise IntegrityError(f"refused layer {self._what}: its tar ends inside an entry ({exc})",
                                  hint=_ALTERED) from None
+
+
+def check_layer_count(count: int, reference: str, hint: str) -> None:
+    """UsageError (exit 2, before any layer is fetched): a manifest listing more than :data:`MAX_LAYERS` layers."""
+    if count > MAX_LAYERS:
+        raise UsageError(f"{reference}: {count} layers, more than the {MAX_LAYERS} hfcache pulls", hint=hint)
 
 
 def get_json(client, container, address: str, what: str, accept: str,

@@ -11,8 +11,9 @@ our entry: the index is read back and rewritten while that happens (:func:`_add_
 against a PUT landing after the last check). With the referrers API the replaced ones are deleted (best effort).
 
 :func:`bundles` asks the referrers API, then the tag fallback, and fetches each bundle by digest: every manifest
-and blob is bounded in size and checked against its digest, and a referrer whose own ``subject`` is another is
-skipped. Requests go through :mod:`hfcache.oci.registry`'s client.
+and blob is bounded in size and checked against its digest, a referrer whose own ``subject`` is another is
+skipped, and the whole reading ends within :data:`REFERRER_DEADLINES` metadata deadlines. Requests go through
+:mod:`hfcache.oci.registry`'s client.
 """
 
 from __future__ import annotations
@@ -37,6 +38,10 @@ MAX_MANIFEST_BYTES = 4 * 1024 * 1024
 MAX_BUNDLE_BYTES = 64 * 1024 * 1024
 #: At most this many referrers are read for one subject (each costs two requests).
 MAX_REFERRERS = 100
+#: Reading a subject's signatures (the listing, every referrer manifest and bundle) ends, all together, within this
+#: many metadata deadlines (:meth:`hfcache.oci.registry._RegistryMethods.within`; ``--timeout 1``: 36 s): a registry
+#: dripping each of 100 answers just inside its own deadline held a pull for minutes before any layer.
+REFERRER_DEADLINES = 3
 _WRITE_TRIES = 8
 _SETTLE_CHECKS = 2
 _TRANSIENT_TRIES = 3
@@ -164,21 +169,22 @@ def _add_to_fallback(client, container, subject_digest: str, descriptor: dict) -
         pause = max(pause, 2 * (time.monotonic() - began))
 
 
-def _request(client, address: str, method: str, **kwargs):
-    """``client.do_request``, repeated (at most :data:`_TRANSIENT_TRIES` times, 0.2 s, 0.4 s apart) while the
-    registry answers 500-504: distribution 2.8 answers 500 to a read of a tag another client is writing."""
-    for attempt in range(_TRANSIENT_TRIES):
+def _request(client, address: str, method: str, tries: int = _TRANSIENT_TRIES, **kwargs):
+    """``client.do_request``, repeated (at most ``tries`` times, 0.2 s, 0.4 s apart) while the registry answers
+    500-504: distribution 2.8 answers 500 to a read of a tag another client is writing."""
+    for attempt in range(tries):
         response = client.do_request(address, method, **kwargs)
-        if response.status_code not in (500, 502, 503, 504) or attempt == _TRANSIENT_TRIES - 1:
+        if response.status_code not in (500, 502, 503, 504) or attempt == tries - 1:
             return response
         response.close()
         time.sleep(0.2 * (attempt + 1))
     raise AssertionError("unreachable")
 
 
-def _get(client, container, kind: str, ref: str, accept: str, limit: int, what: str):
+def _get(client, container, kind: str, ref: str, accept: str, limit: int, what: str, tries: int = _TRANSIENT_TRIES):
     """(status, body bytes or None, media type) of ``GET /v2/<name>/<kind>/<ref>``; 404 gives (404, None, '')."""
-    response = _request(client, url(client, container, kind, ref), "GET", headers={"Accept": accept}, stream=True)
+    response = _request(client, url(client, container, kind, ref), "GET", tries, headers={"Accept": accept},
+                        stream=True)
     if response.status_code == 404:
         response.close()
         return 404, None, ""
@@ -241,26 +247,30 @@ def _listed(client, container, subject_digest: str) -> list[dict]:
 def bundles(client, container, subject_digest: str) -> list[bytes]:
     """The model-signing bundles attached to the manifest ``subject_digest`` in ``container``'s repository, newest
     (listed last) first, each checked against its digest and size (at most :data:`MAX_BUNDLE_BYTES`); [] for none.
-    At most :data:`MAX_REFERRERS` are read; other artifact types and manifests of another ``subject`` are skipped.
+    At most :data:`MAX_REFERRERS` are read (two requests each; only the tag fallback's read is repeated on a 5xx),
+    all within :data:`REFERRER_DEADLINES` metadata deadlines; other artifact types and manifests of another
+    ``subject`` are skipped.
 
     Raises:
         UsageError: a malformed digest. RegistryAuthError, HubError, EndpointUnreachable: the registry refused, a
-            listed manifest or bundle is over its bound or does not match its digest.
+            listed manifest or bundle is over its bound or does not match its digest, a deadline passed.
     """
     if not is_oci_digest(subject_digest):
         raise UsageError(f"{subject_digest!r} is not a sha256:<hex> digest")
     out: list[bytes] = []
     seen: set[str] = set()
-    for entry in reversed(_listed(client, container, subject_digest)):
-        digest = entry.get("digest")
-        if entry.get("artifactType") != BUNDLE_TYPE or not is_oci_digest(digest) or digest in seen:
-            continue
-        seen.add(digest)
-        if len(seen) > MAX_REFERRERS:
-            break
-        bundle = _bundle_of(client, container, digest, subject_digest)
-        if bundle is not None:
-            out.append(bundle)
+    with client.within(REFERRER_DEADLINES, f"registry {_where(container)}: the signatures of {subject_digest[:19]}... "
+                                           f"(every referrer together, {REFERRER_DEADLINES} metadata deadlines)"):
+        for entry in reversed(_listed(client, container, subject_digest)):
+            digest = entry.get("digest")
+            if entry.get("artifactType") != BUNDLE_TYPE or not is_oci_digest(digest) or digest in seen:
+                continue
+            seen.add(digest)
+            if len(seen) > MAX_REFERRERS:
+                break
+            bundle = _bundle_of(client, container, digest, subject_digest)
+            if bundle is not None:
+                out.append(bundle)
     return out
 
 
@@ -272,7 +282,7 @@ def _verified(body: bytes, digest: str, what: str) -> bytes:
 
 def _bundle_of(client, container, digest: str, subject_digest: str) -> bytes | None:
     what = f"signature {digest} in {_where(container)}"
-    status, body, _ = _get(client, container, "manifests", digest, MANIFEST_TYPE, MAX_MANIFEST_BYTES, what)
+    status, body, _ = _get(client, container, "manifests", digest, MANIFEST_TYPE, MAX_MANIFEST_BYTES, what, 1)
     if status == 404:
         return None  # listed but gone (deleted since): not a signature any more
     manifest = _json(_verified(body, digest, what), what)
@@ -289,7 +299,7 @@ def _bundle_of(client, container, digest: str, subject_digest: str) -> bytes | N
     if not isinstance(size, int) or isinstance(size, bool) or not 0 < size <= MAX_BUNDLE_BYTES:
         raise HubError(f"{what}: its bundle declares {registry_text(size, 40)} bytes (at most {MAX_BUNDLE_BYTES})",
                        hint="this is not a signature hfcache reads; the registry content is altered or crafted")
-    status, blob, _ = _get(client, container, "blobs", layers[0]["digest"], "*/*", size, f"{what}: bundle")
+    status, blob, _ = _get(client, container, "blobs", layers[0]["digest"], "*/*", size, f"{what}: bundle", 1)
     if status == 404:
         raise HubError(f"{what}: its bundle {layers[0]['digest']} is missing", hint="push the signature again")
     return _verified(blob, layers[0]["digest"], f"{what}: bundle")

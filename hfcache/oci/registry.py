@@ -13,6 +13,7 @@ enforces, :class:`.peer.Watchdog`; blob bodies under a throughput floor).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import re
 import urllib.parse
 from collections.abc import Iterator
@@ -161,10 +162,27 @@ class _RegistryMethods:
         self._explicit = credentials is not None
         self._note = ""
         self.registry_name = container.registry
+        self.overall: Deadline | None = None  # the phase's deadline inside :meth:`within`
         for scheme in ("http://", "https://"):
             self.session.mount(scheme, _timeout_adapter(timeout))
         if credentials is not None:
             self.auth.set_basic_auth(credentials.username, credentials.password)
+
+    @contextlib.contextmanager
+    def within(self, deadlines: int, what: str) -> Iterator[None]:
+        """Every request made inside ends, all of them together, within ``deadlines`` metadata deadlines (each one
+        also within its own): a phase of many small answers (a signed pull's referrers) is bounded as a whole, as a
+        Hub listing's pages are; past it a request fails as its own deadline would, ``what`` naming the phase."""
+        self.overall = Deadline(deadlines * metadata_deadline(self._timeout), what)
+        try:
+            yield
+        finally:
+            self.overall = None
+
+    def _deadline(self, what: str) -> Deadline:
+        """A request's deadline: the metadata deadline, or the rest of :meth:`within`'s when that ends first."""
+        own, overall = Deadline(metadata_deadline(self._timeout), what), self.overall
+        return own if overall is None or overall.remaining() >= own.seconds else dataclasses.replace(overall)
 
     def do_request(self, url, method="GET", data=None, headers=None, json=None, stream=False):
         """One request to the registry, redirects followed (at most 10), a 401 from the registry answered once.
@@ -214,7 +232,7 @@ class _RegistryMethods:
         own = origin(f"{self.prefix}://{self.registry_name}/")
         authorization, bound = (authorization, bound) if bound else (self._authorization, own)
         path = registry_text(urllib.parse.urlsplit(address).path, 120)
-        dog = Watchdog(Deadline(metadata_deadline(self._timeout), f"registry {self.registry_name}: {method} {path}"),
+        dog = Watchdog(self._deadline(f"registry {self.registry_name}: {method} {path}"),
                        uploading=hasattr(data, "read"))
         try:
             for _ in range(_MAX_HOPS + 1):
