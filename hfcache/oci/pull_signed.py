@@ -108,15 +108,21 @@ def check_claims(claims: dict[str, str], covered: dict[str, set[str]]) -> None:
     signature covered in the same repo folder; a ``.no_exist`` marker must not mark absent a path of that signed
     snapshot (``covered``: ``<folder>/<commit>`` -> its signed paths, as :func:`verify_snapshots` checked them).
     Refs, markers and listings are judged before blobs (a ref naming an unsigned commit is named as such)."""
+    folders: dict[str, set[str]] = {}  # <folder>/<commit> -> the folders of its signed paths (made once)
     for name, commit in sorted(claims.items(), key=lambda claim: (claim[0].split("/")[1] == "blobs", claim[0])):
         folder, section, rest = name.split("/", 2)
-        if f"{folder}/{commit}" not in covered:
+        key = f"{folder}/{commit}"
+        if key not in covered:
             raise IntegrityError(f"refused the pull, nothing was written: {_unsigned(name, section, commit, covered)}",
                                  hint="a signed pull publishes refs, markers, listings and blobs only about the "
                                       "snapshots it verified (a ref rolled back to an unsigned revision, a blob "
                                       f"nothing uses); {_CRAFTED}")
+        if section != ".no_exist":
+            continue
+        if key not in folders:
+            folders[key] = {p.rsplit("/", i)[0] for p in covered[key] for i in range(1, p.count("/") + 1)}
         path = rest.partition("/")[2]
-        if section == ".no_exist" and _clashes(path, covered[f"{folder}/{commit}"]):
+        if _clashes(path, covered[key], folders[key]):
             raise IntegrityError(f"refused the pull, nothing was written: {name} marks {path} absent at commit "
                                  f"{commit[:12]}, whose signature covers it",
                                  hint="huggingface_hub reads a .no_exist marker before the file, so it would hide a "
@@ -135,11 +141,11 @@ def _unsigned(name: str, section: str, commit: str, covered: dict[str, set[str]]
            f"{', '.join(c[:12] for c in signed[:5]) or 'no snapshot of that repo'})"
 
 
-def _clashes(path: str, signed: set[str]) -> bool:
-    """Whether marking ``path`` absent contradicts the ``signed`` paths: one of them, a folder of one, or below one."""
+def _clashes(path: str, signed: set[str], folders: set[str]) -> bool:
+    """Whether marking ``path`` absent contradicts the ``signed`` paths (``folders``: theirs): one of them, a folder
+    of one, or below one."""
     parts = path.split("/")
-    return path in signed or any("/".join(parts[:i]) in signed for i in range(1, len(parts))) \
-        or any(p.startswith(f"{path}/") for p in signed)
+    return path in signed or path in folders or any("/".join(parts[:i]) in signed for i in range(1, len(parts)))
 
 
 def ref_commit(head: bytes) -> str:
