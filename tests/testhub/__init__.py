@@ -9,6 +9,8 @@
 - ``python -m tests.testhub ROOT`` (:mod:`.__main__`) from a shell, at the repository root
 """
 
+import hfcache.serve  # noqa: F401 - first: without the extra `serve` it names the extra to install (test_install.py)
+
 from .faults import Faults, parse_faults
 from .server import HubServer, RequestRecord
 from .xet import XetMode
