@@ -39,6 +39,13 @@ DEFAULT_TEXT = "Hello world, 深度学习技术正在改变世界"
 KERNEL_SKIP = "a kernel repo has no tokenizer: nothing to load (verify checks its files)"
 #: Largest ``trees/<commit>.json`` the child may read: huggingface_hub reads the whole listing into memory.
 MAX_LISTING_BYTES = 32 * 1024 * 1024
+#: Seconds each tokenizer may take in check's child from its start (load, encode, fast-path comparison: half of it),
+#: past which it alone fails; ``HFCACHE_CHECK_REPO_TIMEOUT`` sets it.
+REPO_TIMEOUT = 120.0
+#: The child's address-space limit (``RLIMIT_AS``): a load that would take more fails an allocation and ends only
+#: that child (its tokenizer fails, a new child loads the rest); ``HFCACHE_CHECK_MEMORY`` sets it (a size, ``0``:
+#: none).
+MEMORY = 8 * 1024**3
 
 
 @dataclass(frozen=True)
@@ -109,29 +116,46 @@ def probe_environment(cache_dir: Path, home: Path) -> dict[str, str]:
 def check_tokenizers(cache_dir: Path, targets: list[CheckTarget], text: str = DEFAULT_TEXT,
                      timeout: float = 600, trust: TrustPolicy | None = None) -> CheckReport:
     """Load every target in an offline child process and diagnose the failures; a kernel repo's target is skipped
-    (:data:`KERNEL_SKIP`) in its place. A target whose load raises, panics or kills the child fails alone.
+    (:data:`KERNEL_SKIP`) in its place. A target whose load raises, panics, kills the child or runs past its own
+    budget (:func:`limits`) fails alone.
 
     Args:
         cache_dir (Path): the cache; targets (list[CheckTarget]): what to load; text (str): the probe text.
-        timeout (float): seconds the children may take in all; past it, the targets not loaded fail.
+        timeout (float): seconds the children may take in all; past it, the targets not begun fail saying so.
         trust (TrustPolicy | None): the targets whose custom code may run [default: none]; any other target that
             needs it is not loaded (``not_run``).
 
     Raises:
         UsageError: transformers is not installed (exit 2: the extra ``check``, found with ``find_spec`` so that
             the parent does not pay its import); running as root, a trusted target's code comes from a folder
-            another user can change. InternalError: the child ended before it loaded anything.
+            another user can change; a malformed ``HFCACHE_CHECK_*`` setting. InternalError: the child ended before
+            it loaded anything.
     """
     loaded = [t for t in targets if t.repo_type != "kernel"]
     if loaded and importlib.util.find_spec("transformers") is None:
         raise UsageError("hfcache check loads each tokenizer with transformers, which is not installed",
                          hint="pip install 'hfcache[check]'")
-    report = _load_tokenizers(cache_dir, loaded, text, timeout, trust or TrustPolicy()) if loaded else \
+    budgets = (timeout, *limits())
+    report = _load_tokenizers(cache_dir, loaded, text, budgets, trust or TrustPolicy()) if loaded else \
         CheckReport(cache_dir=str(cache_dir), text=text, results=(), import_seconds=0.0)
     results = iter(report.results)
     merged = tuple(CheckResult(t, True, skipped=KERNEL_SKIP) if t.repo_type == "kernel" else next(results)
                    for t in targets)
     return replace(report, results=merged, fast_recorded=_record_fast_path(cache_dir, merged))
+
+
+def limits() -> tuple[float, int]:
+    """(seconds each tokenizer may take, the child's address-space bytes; 0: no limit): ``HFCACHE_CHECK_REPO_TIMEOUT``
+    (seconds) and ``HFCACHE_CHECK_MEMORY`` (a size: ``8GiB``), else :data:`REPO_TIMEOUT` and :data:`MEMORY`.
+    UsageError: a value that is no number of seconds above 0 or no size."""
+    from ..units import parse_size, parse_timeout
+
+    seconds, memory = os.environ.get("HFCACHE_CHECK_REPO_TIMEOUT", ""), os.environ.get("HFCACHE_CHECK_MEMORY", "")
+    try:
+        return (parse_timeout(seconds) if seconds.strip() else REPO_TIMEOUT,
+                parse_size(memory) if memory.strip() else MEMORY)
+    except UsageError as exc:
+        raise UsageError(f"HFCACHE_CHECK_REPO_TIMEOUT / HFCACHE_CHECK_MEMORY: {exc.message}", hint=exc.hint) from None
 
 
 def _record_fast_path(cache_dir: Path, results: tuple[CheckResult, ...]) -> bool | None:
@@ -146,7 +170,7 @@ def _record_fast_path(cache_dir: Path, results: tuple[CheckResult, ...]) -> bool
     return fast_record.save(str(cache_dir), verdicts, tokenizers.__version__) if verdicts else None
 
 
-def _load_tokenizers(cache_dir: Path, targets: list[CheckTarget], text: str, timeout: float,
+def _load_tokenizers(cache_dir: Path, targets: list[CheckTarget], text: str, budgets: tuple[float, float, int],
                      trust: TrustPolicy) -> CheckReport:
     """Load the targets that may be loaded in the probe child; the others fail (or are not run) with why: an unsafe
     layout (a planted link, a FIFO, a link leaving the repo: the load would read it or block), a part this user
@@ -159,7 +183,7 @@ def _load_tokenizers(cache_dir: Path, targets: list[CheckTarget], text: str, tim
     targets, unparsable, not_run = _prepare(cache_dir, targets, {s for s in unsafe if unsafe[s]} | set(blocked), trust)
     loadable = [t for t in targets if not unsafe[t.spec] and t.spec not in blocked and t.spec not in unparsable
                 and t.spec not in absent and t.spec not in not_run]
-    raw = _probe(cache_dir, loadable, text, timeout) if loadable else {}
+    raw = _probe(cache_dir, loadable, text, budgets) if loadable else {}
     results = []
     for target in targets:
         spec = target.spec
@@ -233,16 +257,18 @@ def _prepare(cache_dir: Path, targets: list[CheckTarget], unloadable: set[str],
     return prepared, unparsable, not_run
 
 
-def _probe(cache_dir: Path, targets: list[CheckTarget], text: str, timeout: float) -> dict:
-    """spec -> the probe child's result (:func:`.check_child.probe_specs`), in a private temporary working folder
-    (``python -m`` puts it first on ``sys.path``: a cache or project folder there could shadow any module) holding
-    the child's ``HF_HOME`` and, unless the caller set one, its ``HF_MODULES_CACHE``; removed afterwards."""
+def _probe(cache_dir: Path, targets: list[CheckTarget], text: str, budgets: tuple[float, float, int]) -> dict:
+    """spec -> the probe child's result (:func:`.check_child.probe_specs`, ``budgets``: the overall timeout, each
+    target's, the child's memory), in a private temporary working folder (``python -m`` puts it first on
+    ``sys.path``: a cache or project folder there could shadow any module) holding the child's ``HF_HOME`` and,
+    unless the caller set one, its ``HF_MODULES_CACHE``; removed afterwards."""
+    timeout, repo_timeout, memory = budgets
     work = Path(tempfile.mkdtemp(prefix="hfcache-check-"))  # 0700, this user's
     env = probe_environment(cache_dir, work / "home")
     env[ENV_NAME] = os.environ.get(ENV_NAME, str(work / "modules"))
     try:
         raw = probe_specs(cache_dir, text, [t.spec for t in targets], [t.spec for t in targets if t.trust_remote_code],
-                          env=env, cwd=work, timeout=timeout)
+                          env=env, cwd=work, timeout=timeout, repo_timeout=repo_timeout, memory=memory)
     finally:
         shutil.rmtree(work, ignore_errors=True)
     offline = "the Hub (hfcache check is offline)"  # the child's HF_ENDPOINT is a closed port of ours

@@ -17,7 +17,7 @@ from ..names import is_commit
 from ..warming.custom_code import MAX_PARSE_BYTES, custom_code_paths, foreign_repos, module_path
 from ..warming.modules_cache import ENV_NAME, can_create
 from ..warming.selection import AUTO_MAP_FILES
-from .check_child import CRASHED
+from .check_child import ALL_TOKENIZERS, CRASHED, OWN_BUDGET
 from .check_targets import CheckTarget, custom_code_refs, snapshot_of
 
 _PACKAGE_HINTS = (("sentencepiece", "sentencepiece"), ("protobuf", "protobuf"), ("tiktoken", "tiktoken"),
@@ -124,12 +124,17 @@ def _snapshot_entries(snapshot: Path) -> list[tuple[str, str, bool]]:
 
 
 def diagnose(cache_dir: Path, target: CheckTarget, error: str) -> str | None:
-    """Name the missing piece behind a failed offline load, from the cache's contents and the error text."""
+    """Name the missing piece behind a failed offline load, from the cache's contents and the error text (its
+    first :data:`MAX_ERROR_CHARS` characters: the rest is the repo's text)."""
     try:
-        return _diagnose(cache_dir, target, error)
+        return _diagnose(cache_dir, target, error[:MAX_ERROR_CHARS])
     except PermissionError as exc:  # Python 3.11's Path.exists()/is_dir() raise on EACCES
         return (f"{exc.filename or cache_dir} cannot be read by this user (permission denied): ask the cache's "
                 "owner to make it group-readable (`hfcache doctor` prints the fix)")
+
+
+#: The characters of a load's error that are read (and reported: :mod:`hfcache.offline.probe` cuts there too).
+MAX_ERROR_CHARS = 2000
 
 
 def crash_cause(error: str) -> str | None:
@@ -141,6 +146,26 @@ def crash_cause(error: str) -> str | None:
     if error.startswith(CRASHED):
         return ("loading this repo killed the process (a native library or the repo's code aborted on its files): "
                 "it cannot be loaded; the other repos were loaded in a new process")
+    return stop_cause(error)
+
+
+def stop_cause(error: str) -> str | None:
+    """Why check stopped a load (:func:`.check_child.probe_specs`' ``not loaded: ...`` errors), else None."""
+    if not error.startswith("not loaded: "):
+        return None
+    if "probe process did not start" in error:
+        return "the probe process did not import transformers in time (an overloaded machine?): run check again"
+    if OWN_BUDGET in error:
+        return ("this tokenizer's load or encode ran past its own time budget (HFCACHE_CHECK_REPO_TIMEOUT): a "
+                "tokenizer.json whose regex backtracks, or whose normalizer grows the text, makes each encode slow; "
+                "the other repos were loaded in a new process")
+    if ALL_TOKENIZERS in error:
+        return ("check's time for all tokenizers ran out " + ("before this load began: not this repo's failure; "
+                                                              if "before this load began" in error else
+                                                              "while this one loaded: ")
+                + "check this repo alone to see whether it is slow")
+    if "FIFO" in error:
+        return "a cache file was swapped for a FIFO while check ran: the load blocked on it"
     return None
 
 
@@ -186,7 +211,9 @@ def _diagnose(cache_dir: Path, target: CheckTarget, error: str) -> str | None:
     if broken:
         return f"broken snapshot link(s): {', '.join(sorted(broken))} (hfcache verify --repair)"
     if "network access attempted" in error or "couldn't connect" in error.lower() or "offline" in error.lower():
-        named = re.findall(r"[\w./-]+\.(?:py|json|txt|model|jinja)\b", error)
+        # At most 255 characters a name: the error text is the repo's (a config key of megabytes made an unbounded
+        # run quadratic: minutes in the parent, which no budget bounds).
+        named = re.findall(r"[\w./-]{1,255}\.(?:py|json|txt|model|jinja)\b", error)
         file = next((n for n in named if "://" not in n and not n.startswith("http")), None)
         return (f"{file} is needed by the load but neither cached nor marked absent (.no_exist): warm the repo "
                 "again" if file else "a file the load needs is neither cached nor marked absent (.no_exist)")

@@ -205,9 +205,9 @@ def _added(value: Any) -> Any:
         fields = {k: value[k] for k in ("single_word", "lstrip", "rstrip", "normalized", "special") if k in value}
         if not isinstance(value.get("content"), str) or not all(isinstance(v, bool) for v in fields.values()):
             raise FastPathRefused("a token in tokenizer_config.json is not a string or an AddedToken")
-        return AddedToken(value["content"], **fields)
+        return AddedToken(read.text(value["content"], "an added token's content"), **fields)
     if isinstance(value, str):
-        return value
+        return read.text(value, "a token")
     raise FastPathRefused("a token in tokenizer_config.json is not a string or an AddedToken")
 
 
@@ -402,6 +402,7 @@ def build(cache_dir: Path, repo_id: str, revision: str | None = None, repo_type:
     if _read(cache_dir, folder, commit, "added_tokens.json", MAX_CONFIG_JSON) is not None:
         raise FastPathRefused("added_tokens.json (a legacy added-token file) is not replicated")
     doc = _json(raw, "tokenizer.json")
+    read.growth(doc)  # a chain that can blow a text up is refused before the library builds it
     if cls == "LlamaTokenizer" and b'"ByteLevel"' in raw:
         cls = "TokenizersBackend"  # AutoTokenizer loads a byte-level "LlamaTokenizer" as TokenizersBackend
     special_map = None
@@ -417,7 +418,8 @@ def _set_up(raw: bytes, doc: dict, cls: str, tk_config: dict, config: dict | Non
     what the library raises or panics on is the file's (:func:`.fast_inputs.library_call`)."""
     from tokenizers import Tokenizer
 
-    added_ids, added, named, extra = _token_settings(tk_config, doc, special_map, cls)
+    with library_call("tokenizers refuses this repo's added tokens"):  # AddedToken() is the library's too
+        added_ids, added, named, extra = _token_settings(tk_config, doc, special_map, cls)
     split = bool(read.flag(tk_config, "split_special_tokens", False))
     with library_call("tokenizer.json cannot be loaded"):
         tok = Tokenizer.from_str(raw.decode("utf-8"))

@@ -1,16 +1,17 @@
 """The child side of ``hfcache check``: load tokenizers offline and report, one JSON line on stdout.
 
-Run as ``python -m hfcache.offline.probe [--trust-remote-code REPO_ID@REVISION]... [--progress FILE] -- TEXT
-REPO_ID@REVISION...`` (options before ``--``, so that a TEXT starting with a dash is text; the specs repeated after
-``--trust-remote-code`` load with ``trust_remote_code=True``: their ``auto_map`` names custom code, see
-``hfcache.integrity.check_targets.custom_code_refs``) with ``HF_HUB_OFFLINE=1`` and ``HF_HUB_CACHE`` set by the
-parent.
+Run as ``python -m hfcache.offline.probe [--trust-remote-code REPO_ID@REVISION]... [--progress FILE]
+[--corpus-seconds N] -- TEXT REPO_ID@REVISION...`` (options before ``--``, so that a TEXT starting with a dash is
+text; the specs repeated after ``--trust-remote-code`` load with ``trust_remote_code=True``: their ``auto_map`` names
+custom code, see ``hfcache.integrity.check_targets.custom_code_refs``) with ``HF_HUB_OFFLINE=1`` and
+``HF_HUB_CACHE`` set by the parent.
 
 A load or encode that raises, or that makes the tokenizers library panic (``pyo3_runtime.PanicException``, a
 ``BaseException``: :mod:`hfcache.integrity.fast_inputs`), is that spec's ``error``. What no ``except`` sees (a Rust
 abort on a failed allocation, a signal, custom code calling ``os._exit``) ends the process: with ``--progress``,
-each spec's start and result are appended to FILE as JSON lines first (``{"begin": SPEC}``, ``{"spec": SPEC,
-"result": {...}}``), so the parent knows which spec was loading and which have results
+each spec's start, load and result are appended to FILE as JSON lines first (``{"begin": SPEC}``, ``{"loaded":
+SPEC, "result": {...}}`` before the fast-path comparison, ``{"spec": SPEC, "result": {...}}``), so the parent knows
+which spec was loading, whether it had loaded, and which have results
 (:func:`hfcache.integrity.check_child.probe_specs`).
 
 Before transformers is imported, hfcache's network guard (``offline/guard.py``: a PEP 578 audit hook, with nothing
@@ -45,14 +46,15 @@ def _report(progress: str | None, entry: dict) -> None:
 
 
 def probe(text: str, specs: list[str], trusted: frozenset[str] = frozenset(),
-          progress: str | None = None) -> dict[str, dict]:
+          progress: str | None = None, corpus_seconds: float = 60.0) -> dict[str, dict]:
     """Load each ``REPO_ID@REVISION`` with ``AutoTokenizer.from_pretrained`` and encode ``text``; the specs in
-    ``trusted`` with ``trust_remote_code=True``; each start and result appended to ``progress`` (a file path)."""
+    ``trusted`` with ``trust_remote_code=True``; each start, load and result appended to ``progress`` (a file path);
+    the fast-path comparison (:func:`fast_path`) of each given ``corpus_seconds``."""
     results: dict[str, dict] = {}
     started = time.perf_counter()
     try:
         from transformers import AutoTokenizer
-    except Exception as exc:  # noqa: BLE001 - reported to the parent
+    except Exception as exc:  # reported to the parent
         return {spec: {"error": f"{type(exc).__name__}: {exc}"} for spec in specs}
     import_seconds = time.perf_counter() - started
     _report(progress, {"import_seconds": round(import_seconds, 4)})
@@ -69,18 +71,16 @@ def probe(text: str, specs: list[str], trusted: frozenset[str] = frozenset(),
             attempts = _attempts()[seen:]
             if attempts:  # it loaded, but only because the library swallowed the refused connection
                 raise RuntimeError(f"network access attempted ({attempts[0]}) during an offline load")
-            results[spec] = {
-                "class": type(tokenizer).__name__,
-                "vocab_size": len(tokenizer),
-                "input_ids": ids,
-                "seconds": round(time.perf_counter() - t0, 4),
-                **fast_path(tokenizer, repo_id, revision or "main"),
-            }
-        except BaseException as exc:  # noqa: BLE001 - every failure is data for the parent's diagnosis
+            results[spec] = {"class": type(tokenizer).__name__, "vocab_size": len(tokenizer), "input_ids": ids,
+                             "seconds": round(time.perf_counter() - t0, 4)}
+            _report(progress, {"loaded": spec, "result": results[spec]})  # kept if the comparison is cut short
+            results[spec].update(fast_path(tokenizer, repo_id, revision or "main", corpus_seconds))
+        except BaseException as exc:  # every failure is data for the parent's diagnosis
             if not isinstance(exc, Exception) and not is_panic(exc):
                 raise  # KeyboardInterrupt, SystemExit: the parent names the spec in progress
             # a panic's message may span lines (and its text is the library's): its first line only
-            error = one_line(exc, 500) if is_panic(exc) else f"{type(exc).__name__}: {exc}"
+            # at most 2,000 characters (integrity.diagnosis.MAX_ERROR_CHARS): a message can quote the repo's files
+            error = one_line(exc, 500) if is_panic(exc) else f"{type(exc).__name__}: {exc}"[:2000]
             attempts = _attempts()[seen:]
             if attempts and "network access attempted" not in error:
                 error = f"network access attempted ({attempts[0]}) during an offline load; then {error}"
@@ -92,18 +92,19 @@ def probe(text: str, specs: list[str], trusted: frozenset[str] = frozenset(),
 
 def _first_difference(lines: list[str], slow: list[list[int]], fast: list[list[int]]) -> str | None:
     """``differs: ...`` naming the first corpus line whose ids differ and both ids' first 12, else None."""
-    for n, (line, a, b) in enumerate(zip(lines, slow, fast)):
+    for n, (line, a, b) in enumerate(zip(lines, slow, fast, strict=True)):
         if a != b:
-            at = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+            at = next((i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), min(len(a), len(b)))
             start = max(0, at - 2)
             return (f"differs: corpus line {n} {line[:40]!r}: from id {start}, transformers {a[start:start + 12]} "
                     f"vs tokenizers {b[start:start + 12]} ({len(a)} vs {len(b)} ids)")
     return None
 
 
-def fast_path(tokenizer, repo_id: str, revision: str) -> dict:
+def fast_path(tokenizer, repo_id: str, revision: str, seconds: float = 60.0) -> dict:
     """Whether ``hfcache.load_tokenizer(backend="tokenizers")`` gives ``tokenizer``'s ids on the built-in corpus:
-    ``{"fast_path": "equal" | "differs: ..." | "refused: <reason>", "commit": str | None}``."""
+    ``{"fast_path": "equal" | "differs: ..." | "refused: <reason>", "commit": str | None}``; a comparison still
+    running after ``seconds`` (a regex that backtracks for seconds per encode) stops between lines, ``refused``."""
     from ..integrity.fast_tokenizer import FastPathRefused, NotCached, build
     from ..integrity.tokenizer_corpus import corpus
 
@@ -111,17 +112,24 @@ def fast_path(tokenizer, repo_id: str, revision: str) -> dict:
         built = build(Path(os.environ["HF_HUB_CACHE"]), repo_id, revision)
     except (FastPathRefused, NotCached) as exc:
         return {"fast_path": f"refused: {exc}", "commit": None}
-    except BaseException as exc:  # noqa: BLE001 - reported, never fatal to the check
+    except BaseException as exc:  # reported, never fatal to the check
         if not isinstance(exc, Exception) and not is_panic(exc):
             raise
         return {"fast_path": f"refused: {one_line(exc)}", "commit": None}
     added = [t.content for t in built.tokenizer.get_added_tokens_decoder().values()]
     specials = [str(t) for t in getattr(tokenizer, "all_special_tokens", [])]
     lines = corpus([*specials, *added])
+    deadline = time.monotonic() + seconds
+    slow: list[list[int]] = []
+    fast: list[list[int]] = []
     try:
-        slow = [list(tokenizer(line)["input_ids"]) for line in lines]
-        fast = [built.tokenizer.encode(line).ids for line in lines]
-    except BaseException as exc:  # noqa: BLE001 - an encode that raises or panics is a difference, reported
+        for line in lines:
+            if time.monotonic() > deadline:
+                return {"fast_path": f"refused: the comparison on the corpus took over {seconds:g} s (stopped at "
+                                     f"line {len(slow)} of {len(lines)})", "commit": None}
+            slow.append(list(tokenizer(line)["input_ids"]))
+            fast.append(built.tokenizer.encode(line).ids)
+    except BaseException as exc:  # an encode that raises or panics is a difference, reported
         if not isinstance(exc, Exception) and not is_panic(exc):
             raise
         return {"fast_path": f"differs: an encode raised {one_line(exc)}", "commit": built.commit}
@@ -136,8 +144,9 @@ def main() -> None:
     parser.add_argument("specs", nargs="*")
     parser.add_argument("--trust-remote-code", action="append", default=[], metavar="SPEC")
     parser.add_argument("--progress", default=None, metavar="FILE")
+    parser.add_argument("--corpus-seconds", type=float, default=60.0, metavar="SECONDS")
     args = parser.parse_args()
-    results = probe(args.text, args.specs, frozenset(args.trust_remote_code), args.progress)
+    results = probe(args.text, args.specs, frozenset(args.trust_remote_code), args.progress, args.corpus_seconds)
     # On a line of its own: loaded code may have written to stdout without a final newline.
     print("\n" + json.dumps(results), flush=True)
 

@@ -1,8 +1,10 @@
 """The fast tokenizer path (hfcache/integrity/fast_tokenizer.py, fast_inputs.py) on hostile settings: every field it
 reads from ``tokenizer_config.json``, ``config.json``, ``special_tokens_map.json`` and ``tokenizer.json`` replaced by
 a value of each other JSON type (list, object, negative and huge numbers, float, null, bool, string, a 5,000-digit
-string, nesting 60 levels deep, a list of objects). ``build`` and a first encode must either work or raise the documented
-refusal (``FastPathRefused``; ``NotCached``/``CacheError`` for the layout). Before, cases escaped as ``TypeError``
+string, nesting 60 levels deep, a list of objects, and strings UTF-8 cannot encode: lone surrogates, alone,
+inside a word, reversed, in a list, as a token's content; and in the keys the library takes). ``build`` and a first
+encode must either work or raise the documented refusal (``FastPathRefused``; ``NotCached``/``CacheError`` for the
+layout). Before, cases escaped as ``TypeError``
 (``strip_accents``, ``added_tokens``, an added token's ``id``), ``Exception`` at the first encode, or
 ``pyo3_runtime.PanicException`` (a ``BaseException``: ``precompiled_charsmap``): 105 of 5,112 in a wider run.
 
@@ -36,7 +38,10 @@ def _deep(levels: int) -> list:
 
 
 VALUES = {"list": ["x"], "object": {"x": 1}, "negative": -1, "huge number": 2**64, "float": 1.5, "null": None,
-          "true": True, "string": "x", "digits": "9" * 5000, "deep": _deep(60), "list of objects": [{}]}
+          "true": True, "string": "x", "digits": "9" * 5000, "deep": _deep(60), "list of objects": [{}],
+          # strings UTF-8 cannot encode (JSON spells them \\ud800): pyo3 raised UnicodeEncodeError out of build()
+          "lone surrogate": "\ud800", "surrogate in a word": "ab\udfffc", "reversed pair": "\udc00\ud800",
+          "list of a surrogate": ["\ud800"], "object of a surrogate": {"content": "\ud800", "special": True}}
 
 TOKENIZER_CONFIG = ["auto_map", "tokenizer_class", "bos_token", "eos_token", "unk_token", "sep_token", "pad_token",
                     "cls_token", "mask_token", "added_tokens_decoder", "extra_special_tokens",
@@ -206,3 +211,20 @@ def test_transformers_version_is_read_by_its_leading_number_of_any_length(value,
 def test_transformers_version_of_another_type_is_refused(value):
     with pytest.raises(FastPathRefused, match="transformers_version is"):
         fast_inputs.version_before_5(value)
+
+
+@pytest.mark.parametrize("base", ["bert, added_tokens_decoder", "gpt2", "unigram"])
+def test_a_surrogate_in_a_key_loads_or_is_refused(bases, base, tmp_path):
+    """Keys the fast path hands to the library: a vocabulary's tokens, an added token's id text."""
+    files = copy.deepcopy(bases[base])
+    vocab = files["tokenizer.json"]["model"]["vocab"]
+    if isinstance(vocab, dict):
+        first = next(iter(vocab))
+        vocab["\ud800" + first] = vocab.pop(first)
+    else:
+        vocab[0] = ["\ud800", *vocab[0][1:]] if isinstance(vocab[0], list) else "\ud800"
+    assert _verdict(tmp_path, files) in ("ok", "refused")
+    decoder = files["tokenizer_config.json"].get("added_tokens_decoder")
+    if decoder:
+        decoder["\ud800"] = decoder.pop(next(iter(decoder)))
+        assert _verdict(tmp_path, files) == "refused"
