@@ -9,6 +9,7 @@ code all judge names with these. Sources: huggingface_hub ``constants.py`` (``RE
 from __future__ import annotations
 
 import re
+import unicodedata
 
 from .errors import CacheError
 
@@ -25,10 +26,19 @@ _BAD_REF = re.compile(r"(^|/)\.\.?(/|$)|^/|\\|\x00|//|/$")
 #: The algorithm-prefixed hash a lock or record writes: ``sha256:<64 hex>`` or ``git-sha1:<40 hex>``.
 _PREFIXED = {"sha256": _HEX64, "git-sha1": _HEX40}
 _BROKEN = "the endpoint, lock or archive that named it is broken or hostile"
+#: Unicode categories that are no inert text in generated output: controls (C0, DEL, C1 with U+0085), format
+#: characters (bidi overrides, zero-width), lone surrogates (``surrogateescape`` of a non-UTF-8 path), and the line
+#: and paragraph separators U+2028/U+2029 (YAML, JavaScript and ``str.splitlines`` break lines there).
+NOT_INERT = frozenset({"Cc", "Cf", "Cs", "Zl", "Zp"})
 
 
 class UnsafeName(CacheError):
     """A blob, commit or ref name that would build a path outside its folder (refused before any filesystem call)."""
+
+
+def not_inert(value: str) -> str | None:
+    """The first character of ``value`` that is not inert text (:data:`NOT_INERT`), else None."""
+    return next((c for c in value if unicodedata.category(c) in NOT_INERT), None)
 
 
 def url_prefix(repo_type: str) -> str:

@@ -9,6 +9,7 @@ cannot see NFS export rules or ACL masks); repo folders, being many, by ``os.acc
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import grp
 import os
@@ -18,8 +19,8 @@ import stat
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import safefs
 from ..bounds import MAX_TREE_DEPTH
+from . import safefs
 from .fsops import create_at, walk_tree
 from .locking import flock_error
 
@@ -138,10 +139,8 @@ def _probe_create(cache: Path, rel: str) -> OSError | None:
             os.close(create_at(dfd, name, 0o600))
         except OSError as exc:
             return exc
-        try:
+        with contextlib.suppress(OSError):
             os.unlink(name, dir_fd=dfd)
-        except OSError:
-            pass
     return None
 
 

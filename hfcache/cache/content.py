@@ -49,7 +49,7 @@ class BlobHash:
         if algorithm == SHA256:
             self._h = hashlib.sha256()
         elif algorithm == GIT_SHA1 and size is not None:
-            self._h = hashlib.sha1(b"blob %d\0" % size)  # noqa: S324 - git's object id, not a security hash
+            self._h = hashlib.sha1(b"blob %d\0" % size)  # git's object id, not a security hash
         else:
             raise ValueError(f"cannot hash as {algorithm!r} (size {size})")
 
@@ -81,7 +81,7 @@ class BlobHash:
 
 def git_blob_sha1(data: bytes) -> str:
     """git's blob id of ``data`` (``git hash-object``)."""
-    return hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest()  # noqa: S324 - git object id
+    return hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest()  # git object id
 
 
 def lfs_pointer(sha256: str, size: int) -> bytes:
@@ -223,4 +223,4 @@ class DigestWriter(io.RawIOBase):
 def sha1_hex(data: bytes) -> str:
     """The plain sha1 of ``data`` (40 hex): ids that only have to look like git's (a folder store's commits, tree
     entries' folder oids), never a blob's name (that is :func:`git_blob_sha1`)."""
-    return hashlib.sha1(data).hexdigest()  # noqa: S324 - an id, not a security hash
+    return hashlib.sha1(data).hexdigest()  # an id, not a security hash

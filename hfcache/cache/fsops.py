@@ -8,6 +8,7 @@ layer spells ``O_NOFOLLOW`` (``tests/unit/test_layer_ownership.py``). Standard l
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import stat
@@ -66,10 +67,8 @@ def temp_name(name: str, suffix: str = ".tmp") -> str:
 
 def unlink_at(dir_fd: int, name: str) -> None:
     """Remove ``name`` from the folder ``dir_fd`` (the entry itself, never a link's target); missing is fine."""
-    try:
+    with contextlib.suppress(FileNotFoundError):
         os.unlink(name, dir_fd=dir_fd)
-    except FileNotFoundError:
-        pass
 
 
 def open_regular(dir_fd: int, name: str, shown: str) -> int:

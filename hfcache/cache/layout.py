@@ -32,7 +32,6 @@ from .safefs_tree import copy_blob_at
 from .shared_store import STORE_DIR, StoreProblem, open_store_dir, payload_stat
 from .sharing import SharePolicy, cache_policy, share_fd, share_file_at
 
-
 #: Name of hfcache's per-repo lock inside ``.locks/<folder>/`` (``scan_cache_dir`` never reads ``.locks``).
 REPO_LOCK_NAME = "hfcache-repo.lock"
 

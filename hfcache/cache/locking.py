@@ -28,7 +28,7 @@ import stat
 import threading
 import time
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
@@ -172,10 +172,8 @@ def flock_error(directory: Path) -> int | None:
     finally:
         os.close(fd)
         if name is not None:
-            try:
+            with suppress(OSError):
                 os.unlink(name)
-            except OSError:
-                pass
     with _probe_lock:
         _flock_by_device[device] = result
     return result

@@ -24,6 +24,7 @@ that is no safe repo path (``../x``: verify looks its marker up) is ignored.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 from collections.abc import Iterable, Mapping
@@ -31,11 +32,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
-from ..names import UnsafeName, check_commit, check_folder_name, is_prefixed_hash
-from . import safefs
 from ..bounds import TooDeep, loads_json
 from ..errors import CacheError
+from ..names import UnsafeName, check_commit, check_folder_name, is_prefixed_hash
 from ..records import UnsafePath, valid_size, validate_repo_path
+from . import safefs
 from .atomic import atomic_write_at
 from .sharing import cache_policy, share_fd
 
@@ -163,7 +164,5 @@ def _repo_path(value: object) -> bool:
 
 def remove_record(cache_dir: Path, folder_name: str, commit_hash: str) -> None:
     """Remove the record of a revision that was pruned (no link followed; missing is fine)."""
-    try:
+    with contextlib.suppress(OSError, safefs.UnsafeLayout, UnsafeName):
         safefs.unlink(cache_dir, record_parts(folder_name, commit_hash), missing_ok=True)
-    except (OSError, safefs.UnsafeLayout, UnsafeName):
-        pass

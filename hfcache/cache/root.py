@@ -5,6 +5,7 @@ what blocks it, and questions about the whole cache (symlink support, a blob ano
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import itertools
 import os
@@ -20,7 +21,6 @@ from .access import blocking_dir, join_fix, reach_fix
 from .atomic import atomic_write_at
 from .shared_store import STORE_DIR, payload_stat
 from .sharing import cache_policy, open_dirs
-
 
 # Same text as huggingface_hub's _local_folder.CACHEDIR_TAG_CONTENT (the Cache Directory Tagging Standard).
 CACHEDIR_TAG = (
@@ -363,10 +363,8 @@ def symlinks_supported(cache_dir: Path) -> bool:
     except OSError:
         return False
     finally:
-        try:
+        with contextlib.suppress(OSError):
             os.unlink(probe, dir_fd=fd)
-        except OSError:
-            pass
         os.close(fd)
 
 

@@ -11,6 +11,7 @@ image layers; warm's (re)publishing sets the mtimes).
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import operator
 import os
@@ -20,7 +21,7 @@ from pathlib import Path
 from typing import NamedTuple
 
 from ..bounds import MAX_TREE_DEPTH
-from ..names import is_commit, parse_folder_name  # noqa: F401 - parse_folder_name: re-exported for the rooms that read scans
+from ..names import is_commit, parse_folder_name
 from .fsops import open_read_at, scan_tree
 from .root import access_error
 from .safefs import kind_of, list_modes, repo_layout_problems
@@ -414,8 +415,6 @@ def _refs_to(base: str, refs: dict[str, str], commit: str, last_used: float) -> 
     """The sorted ref names pointing to ``commit``, and ``last_used`` raised to the newest of their mtimes."""
     pointing = tuple(sorted(name for name, value in refs.items() if value == commit))
     for name in pointing:
-        try:
+        with contextlib.suppress(OSError):
             last_used = max(last_used, os.lstat(f"{base}/refs/{name}").st_mtime)
-        except OSError:
-            pass
     return pointing, last_used

@@ -77,11 +77,11 @@ def _in_workers(state: tuple[str, dict[str, int] | None, Callable[[RepoInfo], T]
         for i in range(len(folders)):
             try:
                 ok, value = pipes[i % workers].recv()
-            except EOFError:
+            except EOFError as exc:
                 from ..errors import InternalError
 
                 raise InternalError(f"a cache scan worker process ended early (exit {processes[i % workers].exitcode})",
-                                    hint="it was killed from outside or ran out of memory: run the command again")
+                                    hint="it was killed from outside or ran out of memory: run the command again") from exc
             if not ok:
                 raise value
             yield value
@@ -115,7 +115,7 @@ def _worker(pipe, inherited: list, state: tuple[str, dict[str, int] | None, Call
                 break
             try:
                 item = (True, summarize(scan_folder(root, folder, locks)))
-            except Exception as exc:  # noqa: BLE001 - raised again in the parent, as an in-process scan would
+            except Exception as exc:  # raised again in the parent, as an in-process scan would
                 item = (False, exc)
             pipe.send(item)
             if not item[0]:

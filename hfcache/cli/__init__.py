@@ -1,8 +1,5 @@
-"""The ``hfcache`` command: Click commands (``main``), their options, the stdout guard and ``render/``.
-
-``run`` is the console script's entry point (``pyproject.toml``: ``hfcache = "hfcache.cli:run"``) and
-``python -m hfcache``'s.
-"""
+"""The ``hfcache`` command: Click commands, their options, the stdout guard and ``render/``; ``run`` is the console
+script (``pyproject.toml``) and ``python -m hfcache``."""
 
 from .main import main, run
 

@@ -34,17 +34,18 @@ def ls_command(repo_ids, cache_dir, revisions, lock_file, sort, as_json) -> None
     from ..cache.scan_stream import stream_repos
     from ..warming.lockfile import pinned_revisions, read_lock
     from ..warming.project import reading_cache_dir
+    from .render import common
     from .render import ls as render
 
     pinned = pinned_revisions(read_lock(lock_file)) if lock_file else None
     root = reading_cache_dir(cache_dir, lock_file)
     if require_hub_cache(root).kind == "empty":  # a folder that holds other things: exit 5, naming DIR/hub
-        render.empty_cache_note(root)
+        common.warn(f"{root} is an empty cache: nothing was warmed into it yet", "hfcache: note: ")
     gc.disable()  # a short-lived process building one large document: the cyclic collector only costs time
     wanted = set(repo_ids) if repo_ids else None
     missing = _not_cached(Path(root), wanted)
     for line in missing:  # a REPO_ID the cache does not hold: said, and exit 1 (a CI check must not go green)
-        render.not_cached_warning(line)
+        common.warn(line, "hfcache: warning: ")
     summaries = (stream_repos(Path(root), functools.partial(render.repo_summary, pinned=pinned), wanted)
                  if as_json and sort == "name" else None)
     if summaries is not None:  # a large cache: one repo at a time, never the whole document in memory

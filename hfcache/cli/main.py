@@ -1,10 +1,6 @@
-"""The ``hfcache`` command: the Click group (``cli``) holding the commands of the modules beside this one (one
-module per group of commands, as ``render/`` groups their output), and the entry points (``run``, ``main``) that map
-every error to its exit code.
-
-Exit codes (README "Exit codes"): 0 ok; 1 a check failed; 2 usage or bad input; 3 Hub or network;
-4 offline violation; 5 cache or filesystem; 70 internal error (a bug: please report it); 130 interrupted;
-``exec``: 126/127 command not executable/not found, else the command's own status.
+"""The ``hfcache`` command: the Click group (``cli``) holding the commands of the modules beside this one, and the
+entry points (``run``, ``main``) that map every error to its exit code (README "Exit codes"; 70: an internal error,
+143: SIGTERM).
 """
 
 from __future__ import annotations
@@ -20,12 +16,11 @@ from typing import NoReturn
 import click
 
 from .._version import __version__
-from ..errors import HfcacheError, UsageError
+from ..errors import CacheError, HfcacheError, UsageError
 from .ls import ls_command
 from .move import export_command, import_command, link_command
 from .oci import pull_command, push_command
-from .offline import doctor_command, env_command, exec_cmd
-from .path import path_command
+from .offline import doctor_command, env_command, exec_cmd, path_command
 from .prune import prune
 from .render.common import print_error, print_json, usage_hint
 from .serve import serve
@@ -54,10 +49,8 @@ def cli() -> None:
 
 
 for _command in (warm, lock, ls_command, verify, check, export_command, import_command, link_command, prune, serve,
-                 env_command, exec_cmd, doctor_command, push_command, pull_command):
+                 env_command, exec_cmd, doctor_command, push_command, pull_command, path_command, sign_command):
     cli.add_command(_command)
-cli.add_command(path_command)
-cli.add_command(sign_command)
 
 
 def _fail(message: str, hint: str | None, exit_code: int, as_json: bool) -> None:
@@ -75,8 +68,7 @@ def _command_path(args: list[str]) -> str:
 
 
 def _interrupted(code: int, as_json: bool) -> None:
-    """Ctrl-C (exit 130) or SIGTERM (exit 143): the error line (and with --json the error document), then exit at
-    once (:func:`_exit_now`)."""
+    """Ctrl-C (exit 130) or SIGTERM (exit 143): the error line (and the --json document), then exit at once."""
     message = "terminated" if code == EXIT_TERMINATED else "interrupted"
     hint = "run the command again; what was interrupted was not published (partial downloads resume)"
     abandoned = abandon_if_blocked(sys.stdout)  # a reader that does not read must not hold the exit up
@@ -88,9 +80,7 @@ def _interrupted(code: int, as_json: bool) -> None:
 
 
 def _exit_now(code: int) -> None:
-    """Exit at once after Ctrl-C/SIGTERM (and at the end of :func:`run`): the work has been told to stop and
-    publishes nothing more; a download thread blocked on a silent socket must not hold the exit up to --timeout
-    (partial files stay resumable)."""
+    """Flush and exit at once: a download thread blocked on a silent socket must not hold the exit up."""
     for stream in (sys.stdout, sys.stderr):
         with contextlib.suppress(BaseException):  # cli/stdout.py ends a failed write with SystemExit
             stream.flush()
@@ -98,12 +88,9 @@ def _exit_now(code: int) -> None:
 
 
 def run() -> NoReturn:
-    """The ``hfcache`` program (console script and ``python -m hfcache``): :func:`main`, then an exit without the
-    interpreter's teardown, which tears down every imported module one by one (~27 ms after ``warm``'s imports, 6% of
-    a cold warm of nine tokenizers: docs/benchmarks.md) when every file is closed and every lock released. What a
-    normal exit does that matters is done first, in order: non-daemon threads joined, atexit handlers run
-    (:func:`_run_exit_handlers`), stdout and stderr flushed. In-process callers use :func:`main`.
-    """
+    """The ``hfcache`` program (console script, ``python -m hfcache``): :func:`main`, then non-daemon threads joined,
+    atexit handlers run and the output flushed, and an exit without the interpreter's module teardown (~27 ms after
+    ``warm``'s imports: docs/benchmarks.md). In-process callers use :func:`main`."""
     sys.stdout = GuardedStdout(sys.stdout)  # a failed write of the output: exit 141 or 5, no traceback
     try:
         main()
@@ -127,18 +114,13 @@ def run() -> NoReturn:
 
 
 def _run_exit_handlers() -> None:
-    """The atexit handlers, run now as interpreter shutdown would run them: CPython's private
-    ``atexit._run_exitfuncs``.
-
-    Library gap: the atexit module has no public way to run (or list) its handlers before ``os._exit``
-    (bpo-17186, "no way to introspect registered atexit handlers").
-    """
+    """The atexit handlers, run now: CPython's private ``atexit._run_exitfuncs`` (library gap: no public way to run
+    them before ``os._exit``, bpo-17186)."""
     atexit._run_exitfuncs()
 
 
 def main(argv: list[str] | None = None) -> None:
-    """In-process entry point (:func:`run` is the program): run the CLI and map every hfcache error to its exit
-    code, without traceback."""
+    """In-process entry point: run the CLI and map every error to its exit code, without traceback."""
     args = sys.argv[1:] if argv is None else argv
     head = args[:args.index("--")] if "--" in args else args
     as_json = "--json" in head and head[:1] != ["exec"]  # exec has no --json: its COMMAND's arguments are not ours
@@ -171,12 +153,10 @@ def main(argv: list[str] | None = None) -> None:
         # filesystem problem (exit 5) naming the path, never an internal error.
         if debug:
             raise
-        from ..errors import CacheError
-
         _fail(f"{exc.filename or 'a file'}: permission denied for uid {os.geteuid()}",
               "check its permissions (`hfcache doctor` shows what this user can read and write in a cache)",
               CacheError.exit_code, as_json)
-    except Exception as exc:  # noqa: BLE001 - the one place unexpected errors are turned into an exit code
+    except Exception as exc:  # the one place unexpected errors are turned into an exit code
         if debug:
             raise
         _fail(f"internal error: {type(exc).__name__}: {exc}",

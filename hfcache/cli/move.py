@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import sys
 from pathlib import Path
 
@@ -60,13 +61,10 @@ def export_command(dest, specs, lock_file, cache_dir, materialize, fmt, chown, g
     plan = plan_export(root, specs, lock=read_lock(lock_file) if lock_file else None, materialize=materialize)
     digest = None
     if fmt == "tar":
-        if dest == "-":
-            digest = write_tar(plan, sys.stdout.buffer, chown=owner or (0, 0), group_writable=group_writable)
-        else:
-            from ..cache.atomic import atomic_output
+        from ..cache.atomic import atomic_output
 
-            with atomic_output(Path(dest)) as out:
-                digest = write_tar(plan, out, chown=owner or (0, 0), group_writable=group_writable)
+        with contextlib.nullcontext(sys.stdout.buffer) if dest == "-" else atomic_output(Path(dest)) as out:
+            digest = write_tar(plan, out, chown=owner or (0, 0), group_writable=group_writable)
     else:
         write_dir(plan, Path(dest), chown=owner, group_writable=group_writable)
     render.show_export(plan, dest, fmt, digest, as_json=as_json)

@@ -3,6 +3,8 @@ render (:mod:`hfcache.cli.render.oci`)."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import click
 
 from ..errors import UsageError
@@ -69,8 +71,6 @@ def push_command(reference, specs, lock_file, split, arch, fmt, prefix, sign_key
     Mount the image read-only at /opt/hf-cache (Kubernetes `image` volume, podman --mount type=image) with
     HF_HUB_CACHE=/opt/hf-cache HF_HUB_OFFLINE=1. The same cache always gives the same manifest digest.
     """
-    from pathlib import Path
-
     from ..oci.image import push
     from ..warming.project import reading_cache_dir
     from .render import oci as render
@@ -105,8 +105,6 @@ def pull_command(reference, cache_dir, plain_http, username, password_stdin, tim
     other content, or a ref at another commit without --move-refs, refuses the pull: exit 1). Needs free space for
     the uncompressed image on the cache's filesystem (nothing goes to TMPDIR).
     """
-    from pathlib import Path
-
     from ..cache.root import resolve_cache_dir
     from ..oci.pull import pull
     from .render import oci as render

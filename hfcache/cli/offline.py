@@ -1,4 +1,4 @@
-"""``hfcache env``, ``hfcache exec`` and ``hfcache doctor``: parse, call :mod:`hfcache.offline`, render
+"""``hfcache env``, ``exec``, ``doctor`` and ``path``: parse, call :mod:`hfcache.offline`, render
 (:mod:`hfcache.cli.render.offline`)."""
 
 from __future__ import annotations
@@ -86,3 +86,38 @@ def doctor_command(cache_dir, as_json) -> None:
     report = doctor(cache_dir)
     render.show_doctor(report, as_json=as_json)
     sys.exit(report.exit_code)
+
+
+@click.command(name="path")
+@click.argument("spec", metavar="REPO_ID[@REVISION]")
+@click.argument("pattern", required=False, metavar="[PATTERN]")
+@cache_dir_option()
+@click.option("--repo-type", type=click.Choice(["model", "dataset", "kernel"]), default=None,
+              help="Repo type [default: model; a datasets/ or kernels/ prefix on REPO_ID sets it too].")
+@click.option("--one", is_flag=True, help="Exit 1 unless exactly one file matches PATTERN (says how many did).")
+@click.option("--json", "as_json", is_flag=True,
+              help="Print one JSON document: repo_id, repo_type, revision, commit_hash, snapshot, files.")
+def path_command(spec, pattern, cache_dir, repo_type, one, as_json) -> None:
+    """Print the absolute snapshot folder of REPO_ID@REVISION in the cache, or each file in it matching PATTERN
+    (a glob as warm's --include: '*' crosses '/'), one a line. Offline: from the cache alone.
+
+    Exit 1 when something is missing (the repo, the ref, the snapshot, a matching file, a blob), naming it and the
+    `hfcache warm` command that would fetch it.
+
+    \b
+    Examples:
+      vllm serve "$(hfcache path org/model@COMMIT)"
+      llama-server -m "$(hfcache path org/model-GGUF '*Q8_0*.gguf' --one)"
+      hfcache path datasets/org/name --json
+    """
+    from ..cache.root import resolve_cache_dir
+    from ..errors import UsageError
+    from ..offline.paths import resolve
+    from .render import offline as render
+
+    if one and pattern is None:
+        raise UsageError("--one needs a PATTERN", hint="e.g. hfcache path org/model '*.gguf' --one")
+    resolved = resolve(resolve_cache_dir(cache_dir), spec, pattern, repo_type=repo_type)
+    if one:
+        resolved.one()
+    render.show_path(resolved, as_json=as_json)

@@ -1,5 +1,4 @@
-"""Click options and values shared by the command modules of :mod:`hfcache.cli`: ``--cache-dir``, the Hub options
-(one :class:`hfcache.records.HubOptions`), ``--lock-timeout``, ``--json``, ``--revision``, unit-parsed values."""
+"""Click options and values shared by the command modules of :mod:`hfcache.cli`."""
 
 from __future__ import annotations
 
@@ -26,31 +25,14 @@ def parsed(name: str):
     return callback
 
 
-def lock_timeout_option(fn):
-    """``--lock-timeout SECONDS`` (default 600): how long a command waits for a lock another process holds."""
-    return click.option("--lock-timeout", type=click.FloatRange(min=0), default=600.0, show_default=True,
-                        metavar="SECONDS", help="Wait at most this long for a lock another process holds (exit 5 "
-                        "then, naming the lock).")(fn)
-
-
-def trust_manifest_endpoint_option(fn):
-    """``--trust-manifest-endpoint``: send the Hub token to the manifest's ``endpoint`` too (docs/warm.md)."""
-    return click.option("--trust-manifest-endpoint", is_flag=True,
-                        help="Send the Hub token to the manifest's endpoint too (default: only to --endpoint, "
-                             "HF_ENDPOINT or the Hub; also HFCACHE_TRUST_MANIFEST_ENDPOINT=1).")(fn)
-
-
-def json_option(fn):
-    """``--json``: one JSON document on stdout."""
-    return click.option("--json", "as_json", is_flag=True, help="Print one JSON document on stdout.")(fn)
+lock_timeout_option = click.option("--lock-timeout", type=click.FloatRange(min=0), default=600.0, show_default=True,
+                                   metavar="SECONDS", help="Wait at most this long for a lock another process holds "
+                                   "(exit 5 then, naming the lock).")
+json_option = click.option("--json", "as_json", is_flag=True, help="Print one JSON document on stdout.")
 
 
 def stdin_password(hint: str) -> str:
-    """The one line ``--password-stdin`` reads (passwords are never taken from the command line).
-
-    Raises:
-        UsageError: an empty line, with ``hint``.
-    """
+    """The one line ``--password-stdin`` reads; UsageError (with ``hint``) for an empty one."""
     password = sys.stdin.readline().rstrip("\r\n")
     if not password:
         raise UsageError("--password-stdin: no password on stdin", hint=hint)
@@ -63,14 +45,12 @@ def token_notice(message: str) -> None:
 
 
 def cache_dir_option(what: str = "Cache root"):
-    """``--cache-dir DIR``, its help starting with ``what``."""
     return click.option("--cache-dir", type=click.Path(file_okay=False),
                         help=f"{what} [default: HF_HUB_CACHE, $HF_HOME/hub or ~/.cache/huggingface/hub].")
 
 
 def hub_options(fn):
-    """The options of every command that talks to a Hub, handed to it as one ``hub``
-    (:class:`~hfcache.records.HubOptions`: the token file is read when the core needs the token), and ``--json``."""
+    """The Hub options (handed to the command as one :class:`~hfcache.records.HubOptions` ``hub``) and ``--json``."""
     @functools.wraps(fn)
     def command(*args, endpoints, token, token_file, max_workers, timeout, retries, **kwargs):
         hub = HubOptions(endpoints=endpoints, token=token or None, token_file=token_file, timeout=timeout,
@@ -99,22 +79,15 @@ def hub_options(fn):
     return command
 
 
-def revision_option(fn):
-    """A hidden ``--revision REV``, huggingface-cli's and ``hf download``'s spelling: ``REPO_ID --revision REV`` means
-    ``REPO_ID@REV`` for one repo (:func:`apply_revision`), not click's "Did you mean '--json', '--retries'?"."""
-    return click.option("--revision", metavar="REV", hidden=True,
-                        help="Same as REPO_ID@REV, for a single REPO_ID.")(fn)
+#: A hidden ``--revision REV`` (``hf download``'s spelling of ``REPO_ID@REV``: :func:`apply_revision`).
+revision_option = click.option("--revision", metavar="REV", hidden=True,
+                               help="Same as REPO_ID@REV, for a single REPO_ID.")
 
 
 def apply_revision(specs: tuple[str, ...] | list[str], revision: str | None, *,
                    with_lock: bool = False) -> tuple[str, ...]:
-    """``specs`` (``REPO_ID[@REVISION]`` as typed) with ``--revision`` folded into the one ``REPO_ID`` given;
-    unchanged without ``revision``. ``with_lock``: the command was given ``--lock`` (it pins every commit).
-
-    Raises:
-        UsageError: (exit 2, one line) ``--revision`` with no REPO_ID, with several, with ``--lock``, with an empty
-            value, or with a REPO_ID that names another revision already.
-    """
+    """``specs`` (``REPO_ID[@REVISION]``) with ``revision`` folded into the one ``REPO_ID`` given; ``with_lock``: the
+    command has ``--lock``. Raises UsageError: no or several REPO_IDs, ``--lock``, an empty value, another revision."""
     specs = tuple(specs)
     if revision is None:
         return specs

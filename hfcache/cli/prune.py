@@ -46,7 +46,6 @@ def prune(cache_dir, older_than, max_size, keep_locks, keep, missing_ok, dry_run
     from ..prune import execute, plan_prune
     from .render import common
     from .render import prune as render
-    from .render.common import lock_wait_notice
 
     if as_json and not (yes or dry_run):
         raise UsageError("--json needs --yes or --dry-run", hint="machines cannot answer the confirmation prompt")
@@ -65,6 +64,6 @@ def prune(cache_dir, older_than, max_size, keep_locks, keep, missing_ok, dry_run
             return
     with render.PruneProgress(len(plan.items), enabled=not as_json and bool(plan.items)) as progress:
         result = execute(plan, on_item=progress.advance, lock_timeout=lock_timeout,
-                         on_lock_wait=lock_wait_notice)
+                         on_lock_wait=common.lock_wait_notice)
     render.show_prune(plan, result, as_json=as_json, dry_run=False, tables=not asked)
     sys.exit(result.exit_code)

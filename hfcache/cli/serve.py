@@ -54,24 +54,20 @@ def serve(cache_dir, repos_dir, host, port, token_file, access_log, upstreams, u
           --upstream-token-file /run/secrets/hf-token --allow 'google-bert/*' --max-size 200GB
     """
     from ..serve.mirror import serve as serve_mirror
-    from ..serve.pullthrough import DEFAULT_REVALIDATE, PullThroughConfig
-    from ..serve.upstream_pool import DEFAULT_UPSTREAM_SLOTS
+    from ..serve.pullthrough import PullThroughConfig
     from .render import offline as render
 
     token = read_token_file(token_file) if token_file else None
     upstream = None
     if upstreams:
         upstream_token = read_token_file(upstream_token_file, "--upstream-token-file") if upstream_token_file else None
+        given = {"revalidate": revalidate, "upstream_slots": upstream_slots}  # None: PullThroughConfig's default
         upstream = PullThroughConfig(upstreams=tuple(upstreams), token=upstream_token, allow=tuple(allow),
-                                     revalidate=DEFAULT_REVALIDATE if revalidate is None else revalidate,
-                                     max_size=max_size,
-                                     upstream_slots=DEFAULT_UPSTREAM_SLOTS if upstream_slots is None
-                                     else upstream_slots)
+                                     max_size=max_size, **{k: v for k, v in given.items() if v is not None})
     elif (upstream_token_file or allow or max_size is not None or revalidate is not None
           or upstream_slots is not None):
         raise UsageError("--upstream-token-file, --allow, --max-size, --revalidate and --upstream-slots need "
-                         "--upstream",
-                         hint="add --upstream URL (e.g. https://huggingface.co) to pull through")
+                         "--upstream", hint="add --upstream URL (e.g. https://huggingface.co) to pull through")
     if repos_dir is None:  # a cache that is another's home (an HF_HOME, a repo folder) served an empty mirror
         from ..cache.root import refuse_misplaced_cache, resolve_cache_dir
 

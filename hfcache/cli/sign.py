@@ -10,6 +10,7 @@ import click
 
 from ..errors import UsageError
 from .options import cache_dir_option, json_option, stdin_password
+from .render.common import inert, print_error, print_json
 
 
 def read_password(password_stdin: bool) -> bytes | None:
@@ -76,8 +77,6 @@ def sign_command(specs, key, password_stdin, lock_file, output, force, rehash, c
     signed = sign_snapshots(root, targets, Path(key), output, password=password, rehash=rehash, force=force,
                             lock=lock)
     if output == "-":
-        from .render.common import inert
-
         sys.stdout.buffer.write(signed[0].data)
         sys.stdout.buffer.flush()
         click.echo(inert(f"signed {signed[0].repo_id}@{signed[0].commit}: {signed[0].files} file(s) -> standard "
@@ -87,8 +86,6 @@ def sign_command(specs, key, password_stdin, lock_file, output, force, rehash, c
 
 
 def _show_signed(signed, cache_dir: str, as_json: bool) -> None:
-    from .render.common import inert, print_json
-
     if as_json:
         print_json({"ok": True, "cache_dir": cache_dir, "bundles": [
             {"repo_id": s.repo_id, "commit": s.commit, "path": s.path, "files": s.files, "hashed": s.hashed}
@@ -100,8 +97,6 @@ def _show_signed(signed, cache_dir: str, as_json: bool) -> None:
 
 def show_signature(verdict, *, as_json: bool) -> None:
     """The ok line (or document) of ``verify --signature``."""
-    from .render.common import inert, print_json
-
     check = verdict.check
     how = f"{verdict.hashed} file(s) hashed" if verdict.hashed else "digests from blob names"
     if as_json:
@@ -117,8 +112,6 @@ def show_signature(verdict, *, as_json: bool) -> None:
 def show_mismatch(exc, spec: str, *, as_json: bool) -> None:
     """``verify --signature``'s failure: the one-line error (and with --json one document naming every file), exit
     1."""
-    from .render.common import print_error, print_json
-
     print_error(exc.message, exc.hint)
     if as_json:
         print_json({"ok": False, "spec": spec, "error": exc.message, "reason": exc.reason,

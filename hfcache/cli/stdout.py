@@ -1,14 +1,7 @@
-"""The program's standard output: a failure to write it ends the command like any other error, never a traceback.
-
-- A reader that went away (``hfcache ls --json | head -c 100``): exit 141, silently, what a shell reports for a
-  program ended by SIGPIPE (``git log | head``). click and rich would exit 1 there (click.core ``main`` and rich
-  ``Console.on_broken_pipe``), which reads as "a check failed"; and SIGPIPE itself cannot be left at its default
-  (Python's advice, the ``signal`` module's "Note on SIGPIPE"): a socket closed by a Hub would then kill a download.
-- Any other write error (a full disk, ``> /dev/full``; a closed descriptor, ``>&-``): one ``hfcache: error:`` line
-  on stderr and exit 5 (a filesystem problem, docs/cli.md).
-
-After either, file descriptor 1 is pointed at ``/dev/null``, so that flushes of buffered output on the way out write
-nowhere instead of failing again. Standard library only; installed by :func:`hfcache.cli.main.run`.
+"""The program's standard output: a failure to write it ends the command, never a traceback: a reader gone
+(``| head``) exits 141 silently, as a shell reports SIGPIPE (click and rich would exit 1; SIGPIPE itself stays ignored:
+a socket a Hub closed would kill a download); any other write error (a full disk, ``>&-``) prints one error line and
+exits 5 (docs/cli.md). Descriptor 1 then points at ``/dev/null``. Installed by :func:`hfcache.cli.main.run`.
 """
 
 from __future__ import annotations
@@ -26,10 +19,8 @@ _reported = False  # the error line has been printed
 
 
 class GuardedStdout:
-    """``sys.stdout`` for the program: writes and flushes go to ``stream`` (and ``buffer`` to its binary buffer, as
-    ``export -`` writes a tar); an OSError ends the command (module docstring) by raising SystemExit, which click and
-    rich let through. ``started`` tells whether anything was written: a document already begun is not followed by
-    an error document (:func:`hfcache.cli.main._fail`)."""
+    """``sys.stdout`` for the program (``buffer``: its binary side, ``export -``'s tar): an OSError ends the command
+    with SystemExit (click and rich let it through); ``started``: anything was written (no error document then)."""
 
     def __init__(self, stream: Any) -> None:
         self._stream = stream if stream is not None else _Closed()
@@ -64,7 +55,7 @@ class GuardedStdout:
 
 
 class _GuardedBuffer(GuardedStdout):
-    """The binary side of :class:`GuardedStdout` (``sys.stdout.buffer``), sharing its ``started``."""
+    """``sys.stdout.buffer``, sharing :class:`GuardedStdout`'s ``started``."""
 
     def __init__(self, text: GuardedStdout) -> None:
         self._text = text
@@ -80,7 +71,7 @@ class _GuardedBuffer(GuardedStdout):
 
 
 class _Closed(io.TextIOBase):
-    """What ``sys.stdout`` is when descriptor 1 was closed (``>&-``: Python sets it to None); also its buffer."""
+    """``sys.stdout`` when descriptor 1 was closed (``>&-``: Python sets it to None)."""
 
     def write(self, data: Any) -> int:
         raise OSError(errno.EBADF, "standard output is closed")
@@ -90,7 +81,7 @@ class _Closed(io.TextIOBase):
 
 
 def _to_devnull() -> None:
-    """Point descriptor 1 at ``/dev/null``: later writes and flushes go nowhere instead of failing or waiting."""
+    """Point descriptor 1 at ``/dev/null``: later writes go nowhere instead of failing or waiting."""
     with contextlib.suppress(OSError):
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, 1)
@@ -114,10 +105,8 @@ def output_failed(exc: OSError) -> NoReturn:
 
 
 def abandon_if_blocked(stream: Any) -> bool:
-    """On Ctrl-C or SIGTERM: when stdout holds part of a document, or its reader is not reading (a write would
-    wait), point it at ``/dev/null``: no second document glued to a truncated one, no flush that waits (not
-    ``O_NONBLOCK``: that flag belongs to the open file description, shared with the shell, and would outlive us).
-    Returns True when stdout was abandoned (print no error document then)."""
+    """On Ctrl-C or SIGTERM: point stdout at ``/dev/null`` when it holds part of a document or its reader is not
+    reading (not ``O_NONBLOCK``: the shell shares that flag); True when abandoned (no error document then)."""
     import select
 
     started = getattr(stream, "started", False)

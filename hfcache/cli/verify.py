@@ -47,15 +47,16 @@ def verify(repo_ids, cache_dir, lock_file, do_repair, fast, signature, verify_ke
         _verify_signature(repo_ids, cache_dir, signature, verify_key, rehash,
                           lock_file or do_repair or fast, as_json)
         return
+    from ..errors import CheckFailed
     from ..warming.lockfile import read_lock
     from ..warming.project import reading_cache_dir
     from .render import verify as render
+    from .render.common import lock_wait_notice, print_error
 
     lock = read_lock(lock_file) if lock_file else None
     root = reading_cache_dir(cache_dir, lock_file)
     if do_repair:
         from ..integrity.repair import verify_and_repair
-        from .render.common import lock_wait_notice
 
         run = verify_and_repair(root, repo_ids or None, hub=hub, lock=lock, max_workers=hub.max_workers, fast=fast,
                                 lock_timeout=lock_timeout, on_lock_wait=lock_wait_notice,
@@ -70,26 +71,17 @@ def verify(repo_ids, cache_dir, lock_file, do_repair, fast, signature, verify_ke
                                   progress=progress, fast=fast)
         actions, before = (), None
         exit_code, errors = report.exit_code, ()
-    if not report.repos and not allow_empty and exit_code == 0:
-        _nothing_verified(root, "verified")  # before the report: no "ok: 0 repos" line for a script to grep
+    if not report.repos and not allow_empty and exit_code == 0:  # a CI check on a mistyped path must not go green
+        raise CheckFailed(f"nothing was verified: the cache {root} holds no repo (or none of those named)",
+                          hint="warm it first, check --cache-dir, or pass --allow-empty where an empty cache is fine")
     render.show_verify(report, actions, before, as_json=as_json, exit_code=exit_code)
-    from .render.common import print_error
-
     for n, (message, hint) in enumerate(errors, 1):  # a revision no endpoint could serve: a line each, exit 3
         print_error(message, hint if n == len(errors) else None)
     sys.exit(exit_code)
 
 
-def _nothing_verified(root, what: str) -> None:
-    """Zero repos is not success unless asked (``--allow-empty``): a CI check on a mistyped path went green."""
-    from ..errors import CheckFailed
-
-    raise CheckFailed(f"nothing was {what}: the cache {root} holds no repo (or none of those named)",
-                      hint="warm it first, check --cache-dir, or pass --allow-empty where an empty cache is fine")
-
-
 def _verify_signature(repo_ids, cache_dir, signature, verify_key, rehash, other, as_json) -> None:
-    """``verify REPO_ID[@REVISION] --signature FILE --verify-key PUB [--rehash]`` (:mod:`hfcache.integrity.sign`)."""
+    """``verify REPO_ID[@REVISION] --signature FILE --verify-key PUB [--rehash]``."""
     from ..integrity.sign import check_signature
     from ..integrity.signatures import SignatureMismatch
     from ..warming.project import reading_cache_dir
@@ -158,10 +150,7 @@ def check(repo_ids, cache_dir, lock_file, text, trusted, as_json, revision) -> N
         report = check_tokenizers(root, targets, text or DEFAULT_TEXT, trust=trust)
     render.show_check(report, as_json=as_json)
     if report.not_run:
-        from rich.text import Text
-
         names = ", ".join(r.target.spec for r in report.not_run[:3]) + (" ..." if len(report.not_run) > 3 else "")
-        common.stderr.print(Text(f"warning: {len(report.not_run)} tokenizer(s) need custom code and were not run "
-                                 f"({names}): name them with --trust-remote-code to load them", style="yellow"),
-                            soft_wrap=True)
+        common.warn(f"{len(report.not_run)} tokenizer(s) need custom code and were not run ({names}): name them with "
+                    "--trust-remote-code to load them")
     sys.exit(report.exit_code)

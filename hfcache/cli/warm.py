@@ -1,6 +1,5 @@
-"""``hfcache warm`` and ``hfcache lock``: parse, call one core function (:func:`hfcache.warming.run.run`,
-:func:`hfcache.warming.pin.lock_project` or :func:`hfcache.warming.project.check_lock`), render
-(:mod:`hfcache.cli.render.warm`)."""
+"""``hfcache warm`` and ``hfcache lock``: parse, call one core function (:mod:`hfcache.warming`: ``run.run``,
+``pin.lock_project``, ``project.check_lock``), render (:mod:`hfcache.cli.render.warm`)."""
 
 from __future__ import annotations
 
@@ -10,8 +9,12 @@ import sys
 import click
 
 from ..errors import UsageError
-from .options import (apply_revision, cache_dir_option, hub_options, lock_timeout_option, revision_option, token_notice,
-                      trust_manifest_endpoint_option)
+from .options import apply_revision, cache_dir_option, hub_options, lock_timeout_option, revision_option, token_notice
+
+#: ``--trust-manifest-endpoint`` (docs/warm.md).
+trust_manifest_endpoint_option = click.option(
+    "--trust-manifest-endpoint", is_flag=True, help="Send the Hub token to the manifest's endpoint too (default: only "
+    "to --endpoint, HF_ENDPOINT or the Hub; also HFCACHE_TRUST_MANIFEST_ENDPOINT=1).")
 
 
 @click.command()
@@ -85,6 +88,7 @@ def lock(upgrade_ids, manifest, output_file, upgrade, check, trust_manifest_endp
       hfcache lock --check
     """
     from ..errors import CheckFailed
+    from .render import common
     from .render import warm as render
 
     if upgrade_ids and not upgrade:
@@ -101,7 +105,7 @@ def lock(upgrade_ids, manifest, output_file, upgrade, check, trust_manifest_endp
         return
     from ..warming.pin import lock_project
 
-    with render.stderr.status("resolving manifest entries", spinner="dots") if not as_json \
+    with common.stderr.status("resolving manifest entries", spinner="dots") if not as_json \
             else contextlib.nullcontext():
         run = lock_project(manifest, lock_path=output_file, upgrade=upgrade, upgrade_ids=upgrade_ids, hub=hub,
                            trust_manifest_endpoint=trust_manifest_endpoint, on_notice=token_notice)

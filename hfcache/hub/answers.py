@@ -1,9 +1,7 @@
 """An endpoint's answers, read as untrusted input: the repo info fields hfcache reads, tree entries, error bodies.
 
-Every id is validated (commit 40 hex, blob ids 40/64 lowercase hex: :mod:`hfcache.names`; safe paths) and a file
-without a hash or size is an error naming it: hash checks stay mandatory. A value of the wrong JSON type anywhere
-is a :class:`HubError` (exit 3) naming the field, quoted at most 80 characters long. Standard library, hfcache's
-records and bounds only: the requests are :mod:`hfcache.hub.client`'s.
+Every id is validated (:mod:`hfcache.names`, safe paths) and a file without a hash or size is an error naming it; a
+value of the wrong JSON type is a :class:`HubError` (exit 3) naming the field, quoted at most 80 characters long.
 """
 
 from __future__ import annotations
@@ -19,8 +17,8 @@ from .files import RemoteFile, RepoRevision
 
 
 class Sibling(NamedTuple):
-    """One entry of a repo info's ``siblings``: ``rfilename``, ``size``, ``blobId``, ``lfs.sha256`` (huggingface_hub
-    hf_api.py ``RepoSibling``/``BlobLfsInfo``), unchecked: see :func:`remote_file`."""
+    """One ``siblings`` entry (hf_api.py ``RepoSibling``): ``rfilename``, ``size``, ``blobId``, ``lfs.sha256``,
+    unchecked."""
 
     rfilename: object
     size: object
@@ -29,8 +27,7 @@ class Sibling(NamedTuple):
 
 
 class RepoInfo(NamedTuple):
-    """The fields of ``GET /api/{type}s/{repo_id}/revision/{rev}?blobs=true`` hfcache reads; ``siblings`` is None
-    when the answer has none, as ``ModelInfo.siblings``."""
+    """The fields of ``GET /api/{type}s/{id}/revision/{rev}?blobs=true`` read (``siblings``: None when absent)."""
 
     id: str | None
     sha: str | None
@@ -38,12 +35,8 @@ class RepoInfo(NamedTuple):
 
 
 def parse_repo_info(data: dict) -> RepoInfo:
-    """The repo info fields hfcache reads, with ``ModelInfo.__init__``'s keys (hf_api.py).
-
-    Raises:
-        KeyError, TypeError: a sibling without ``rfilename`` or not an object, ``lfs`` not an object, ``id`` or
-            ``sha`` not a string (mapped to a one-line HubError by :mod:`hfcache.hub.client`).
-    """
+    """The repo info fields hfcache reads, with ``ModelInfo.__init__``'s keys (hf_api.py). Raises KeyError, TypeError: a
+    sibling without ``rfilename`` or not an object, ``lfs`` not an object, ``id`` or ``sha`` not a string."""
     raw = data.get("siblings")
     siblings = None
     if raw is not None:
@@ -65,12 +58,8 @@ def parse_repo_info(data: dict) -> RepoInfo:
 
 
 def answered_identity(endpoint: str, repo_id: str, info: RepoInfo) -> tuple[str, str]:
-    """``(canonical id, commit)`` of a repo info answer for ``repo_id``. Only a legacy id (no org) is renamed, as
-    the Hub renames ``gpt2``; an ``org/name`` answered with another id is taken as the requested repo.
-
-    Raises:
-        HubError: an invalid repo id, or a commit that is not 40 hex characters.
-    """
+    """``(canonical id, commit)`` of a repo info answer for ``repo_id``: only a legacy id (no org) is renamed, as the
+    Hub renames ``gpt2``. Raises HubError: an invalid repo id, or a commit that is not 40 hex."""
     commit = info.sha or ""
     canonical_id = repo_id if "/" in repo_id else info.id or repo_id
     if not valid_repo_id(canonical_id):
@@ -83,27 +72,19 @@ def answered_identity(endpoint: str, repo_id: str, info: RepoInfo) -> tuple[str,
 
 
 def check_asked_commit(endpoint: str, repo_id: str, revision: str, commit: str) -> None:
-    """A revision that is a full commit must be answered as itself; ``endpoint`` (or ``"the lock"``) is named.
-
-    Raises:
-        HubError: ``revision`` is 40 hex and ``commit`` is another (exit 3, naming both).
-    """
+    """Raise HubError (exit 3, naming both) when ``revision`` is a full commit and ``commit`` another; ``endpoint`` (or
+    ``"the lock"``) is named."""
     if is_commit(revision) and commit != revision:
         raise HubError(f"{repo_id}: asked for commit {revision}, {endpoint} answered commit {shown(commit)}",
                        hint="the endpoint is broken or hostile: a full commit sha must be answered as itself")
 
 
 def check_listing(endpoint: str, repo: RepoRevision, info: RepoInfo) -> None:
-    """Refuse a resolved repo without any file listing, or whose listing names a path as a file and as a folder.
-
-    Raises:
-        HubError: either fault of the endpoint.
-    """
+    """Raise HubError when a resolved repo has no file listing, or names a path as a file and as a folder."""
     if info.siblings is None and not repo.paths:
         raise HubError(f"{repo.repo_id}: {endpoint} answered no file listing (siblings) for {repo.revision}",
                        hint="the endpoint is broken or not Hub-compatible")
-    clash = folder_clash(repo.paths)
-    if clash:
+    if clash := folder_clash(repo.paths):
         raise HubError(f"{repo.repo_id}: endpoint listed {shown(clash)} as a file and as a folder",
                        hint="the endpoint is broken or hostile")
 
@@ -119,8 +100,8 @@ def tree_entry(endpoint: str, repo_id: str, entry: object) -> RemoteFile:
 
 def remote_file(endpoint: str, repo_id: str, source: str, path: str, size: object, blob_id: object,
                 lfs_sha256: object) -> RemoteFile:
-    """A RemoteFile from untrusted fields: a safe path, a size from 0 to :data:`hfcache.records.MAX_FILE_SIZE` (an
-    int, not a bool), 40/64 lowercase hex ids, else HubError (exit 3) naming the file and the value."""
+    """A RemoteFile from untrusted fields: a safe path, a size from 0 to :data:`hfcache.records.MAX_FILE_SIZE`, 40/64
+    lowercase hex ids; else HubError (exit 3) naming the file and the value."""
     path = safe_path(repo_id, path, endpoint)
     if not valid_size(size):
         raise HubError(f"{repo_id}: {source} at {endpoint} gave no valid size for {path} ({shown(size)}; sizes are "
@@ -138,7 +119,7 @@ def remote_file(endpoint: str, repo_id: str, source: str, path: str, size: objec
 
 def safe_path(repo_id: str, path: object, endpoint: str | None = None) -> str:
     """``path`` as a safe repo path (:func:`hfcache.records.validate_repo_path`), else HubError naming it and
-    ``endpoint`` (exit 3, before anything is downloaded)."""
+    ``endpoint``."""
     try:
         if not isinstance(path, str):
             raise UnsafePath(f"unsafe repo file path {path!r:.200}")
@@ -149,16 +130,12 @@ def safe_path(repo_id: str, path: object, endpoint: str | None = None) -> str:
 
 
 def error_document(content: bytes, content_type: str = "") -> bytes:
-    """An error answer's body (at most 64 KiB read) rebuilt as the JSON object ``hf_raise_for_status`` reads its
-    message from: the string(s) of ``error``, the string ``error_description``, each ``message`` string of
-    ``errors``; a JSON string, or a body that is not JSON (and not HTML), becomes ``error``.
+    """An error answer's body (at most 64 KiB read) as the JSON object ``hf_raise_for_status`` reads its message from:
+    the string(s) of ``error``, ``error_description``, each ``message`` of ``errors``; a JSON string or a non-JSON,
+    non-HTML body becomes ``error``. Returns ASCII bytes of a JSON object of those fields only (``{}`` when none).
 
-    Library gap: ``hf_raise_for_status`` (huggingface_hub ``utils/_http.py`` ``_format``) reads ``response.json()``
-    as an object: a JSON array, string, number or ``null`` raised AttributeError there, odd ``errors`` TypeError,
-    undecodable bytes UnicodeDecodeError, deep nesting RecursionError: exit 70 instead of the status's own error.
-
-    Returns:
-        bytes: a JSON object of those fields only (``{}`` when none), ASCII.
+    Library gap: ``hf_raise_for_status`` (``utils/_http.py`` ``_format``) reads ``response.json()`` as an object: an
+    array, string, number or ``null``, odd ``errors``, undecodable bytes or deep nesting were exit 70 there.
     """
     text = content.decode("utf-8", "replace")
     try:

@@ -1,9 +1,7 @@
 """Streamed answers read with a check at every chunk off the wire: a metadata answer's deadline, a file body's
-throughput floor (:mod:`hfcache.pace`), a bounded error body, and the :class:`Watchdog` that holds a whole metadata
-answer, status line and headers included, to its deadline. No HTTP client is imported: these take the responses
-:mod:`hfcache.hub.client` opened. The two private APIs of the HTTP libraries used are behind :func:`_httpx2_decoder`
-and :func:`_httpcore2_socket`.
-"""
+throughput floor (:mod:`hfcache.pace`), a bounded error body, and the :class:`Watchdog` holding a whole metadata answer,
+headers included, to its deadline. No HTTP client is imported; the private APIs of the HTTP libraries used are behind
+:func:`_httpx2_decoder` and :func:`_httpcore2_socket`."""
 
 from __future__ import annotations
 
@@ -26,12 +24,8 @@ SLOW_HINT = ("the endpoint is too slow: retry later, use another --endpoint, or 
 
 
 def iter_body(response: httpx2.Response, on_raw: Callable[[int], None]) -> Iterator[bytes]:
-    """The decoded body of a streamed response; ``on_raw(n)`` runs for every raw chunk off the wire (``n`` >= 1)
-    before it is decoded, so a deadline or throughput check runs on a one-byte drip too.
-
-    Raises:
-        what ``on_raw`` raises; httpx2 errors (``DecodingError``, ``ReadError``...).
-    """
+    """The decoded body of a streamed response; ``on_raw(n)`` runs for every raw chunk off the wire (``n`` >= 1) before
+    it is decoded, so a check runs on a one-byte drip too. Raises what ``on_raw`` raises, httpx2 errors."""
     decoder = _httpx2_decoder(response)
     for raw in response.iter_raw():
         on_raw(len(raw))
@@ -44,25 +38,15 @@ def iter_body(response: httpx2.Response, on_raw: Callable[[int], None]) -> Itera
 
 
 def _httpx2_decoder(response: httpx2.Response):
-    """The response's own content decoder (the one ``iter_bytes`` uses): httpx2's private
-    ``Response._get_content_decoder``.
-
-    Library gap: ``iter_bytes`` yields only non-empty decoded chunks, so raw bytes that decode to nothing (an endless
-    run of empty gzip members) never reach a check made per chunk it yields; ``iter_raw`` does not decode.
-    """
+    """The response's own content decoder (httpx2's private ``Response._get_content_decoder``)."""
+    # Library gap: iter_bytes yields only non-empty chunks (an endless run of empty gzip members reaches no check).
     return response._get_content_decoder()
 
 
 def slow_body(floor: Throughput, n: int) -> None:
-    """Feed ``n`` bytes of a file body to ``floor``.
-
-    Raises:
-        SlowBody: the body fell below the floor (retried, :mod:`hfcache.hub.retry`).
-    """
+    """Feed ``n`` bytes of a file body to ``floor``; SlowBody (retried) when it fell below."""
     try:
         floor.feed(n)
-    except SlowBody:
-        raise
     except TooSlow as exc:
         raise SlowBody(str(exc)) from None
 
@@ -81,10 +65,9 @@ _local = threading.local()  # .dog: the Watchdog of the request this thread is s
 
 
 class Watchdog(SocketWatchdog):
-    """Enforces one metadata answer's :class:`Deadline` from outside (:class:`hfcache.pace.SocketWatchdog`): when it
-    passes, the request's socket is shut down, so a read blocked on a drip of response headers returns. The socket is
-    registered by httpx2's ``trace`` request extension, which :func:`watch_hook` sets on every request (redirects
-    included) sent while a dog is armed in the thread."""
+    """Enforces one metadata answer's :class:`Deadline` from outside: when it passes, the request's socket is shut down,
+    so a read blocked on a drip of headers returns. The socket is registered by httpx2's ``trace`` extension, which
+    :func:`watch_hook` sets on every request (redirects included) sent while a dog is armed in the thread."""
 
     def trace(self, event: str, info: dict) -> None:
         """httpx2 ``trace`` callback: registers the connection's socket when the request headers go out."""
@@ -93,13 +76,9 @@ class Watchdog(SocketWatchdog):
 
 
 def _httpcore2_socket() -> socket.socket | None:
-    """The socket of the httpcore2 connection sending the request: the private ``_network_stream`` of the caller's
-    ``self`` (``HTTP11Connection``/``HTTP2Connection``) up the stack of a ``trace`` callback; None if not found.
-
-    Library gap: no trace event names the connection or stream of a request sent on a reused connection, and the
-    ``network_stream`` response extension (encode/httpcore#724) arrives with the response, after the headers a drip
-    holds back.
-    """
+    """The socket of the httpcore2 connection sending the request (a ``trace`` callback's caller), or None."""
+    # Library gap: no trace event names the connection of a request on a reused one, and the network_stream extension
+    # (encode/httpcore#724) arrives after the headers a drip holds back: the private _network_stream up the stack.
     frame = sys._getframe(2)
     for _ in range(8):
         if frame is None:
@@ -122,11 +101,8 @@ def watch_hook(request) -> None:
 
 @contextlib.contextmanager
 def watched(deadline: Deadline) -> Iterator[Watchdog]:
-    """Hold the requests this thread sends inside the block to ``deadline`` (:class:`Watchdog`).
-
-    Raises:
-        TooSlow: the deadline passed (whatever error the shut-down socket caused inside the block).
-    """
+    """Hold the requests this thread sends inside the block to ``deadline``; TooSlow once it passed (whatever error the
+    shut-down socket caused)."""
     dog, previous = Watchdog(deadline), getattr(_local, "dog", None)
     _local.dog = dog
     try:

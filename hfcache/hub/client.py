@@ -1,18 +1,10 @@
 """The Hub client (the registry client is :mod:`hfcache.oci.registry`): metadata, file bodies, errors mapped.
 
-Metadata, in order of preference (docs/cache-layout.md, 'The Hub protocol'; what huggingface_hub downloads from,
-hfcache warms from): repo info as ``HfApi.repo_info(files_metadata=True)`` asks it (``?blobs=true``: every file's
-size, git blob sha1 and LFS sha256 in one request); where siblings carry ``rfilename`` only, the tree API at the
-commit (paged); where that is refused too, one ``HEAD`` per *selected* file (:meth:`HubClient.describe`), read as
-``hf_hub_download`` reads it. Answers are untrusted input (:mod:`hfcache.hub.answers`).
-
-Requests use huggingface_hub's shared HTTP client with hfcache's hooks (:func:`hfcache.hub.session.hub_session`:
-the watchdog, and every request, redirect hop and retry counted for the repo) and its error mapping
-(``hf_raise_for_status``); transient failures are retried (:mod:`hfcache.hub.retry`). Every metadata answer is read
-under a deadline, every body under a throughput floor (:mod:`hfcache.pace`, per raw chunk: :mod:`hfcache.hub.bodies`);
-a full commit asked for must be answered as itself. File bodies are opened here and written by
-:mod:`hfcache.hub.transfer`. Library gap: ``http_get`` (``file_download.py``) takes its timeout from a constant read
-at import, retries with uninterruptible sleeps, and never hashes what it wrote.
+Metadata in order of preference (docs/cache-layout.md, 'The Hub protocol'): repo info with ``?blobs=true``, the tree API
+at the commit (paged), one ``HEAD`` per selected file. Answers are untrusted (:mod:`.answers`), read under a deadline or
+a throughput floor (:mod:`.bodies`), retried when transient (:mod:`.retry`), on huggingface_hub's shared HTTP client
+with hfcache's hooks (:mod:`.session`). Library gap: ``http_get`` (``file_download.py``) takes its timeout from a
+constant read at import, retries with uninterruptible sleeps, and never hashes what it wrote.
 """
 
 from __future__ import annotations
@@ -26,20 +18,25 @@ from typing import BinaryIO
 from urllib.parse import quote
 
 import httpx2
-from huggingface_hub.errors import (GatedRepoError, HfHubHTTPError, OfflineModeIsEnabled, RepositoryNotFoundError,
-                                    RevisionNotFoundError)
+from huggingface_hub import errors as hf_errors
 from huggingface_hub.utils import build_hf_headers, hf_raise_for_status
 
 from .. import pools
 from .._version import __version__
 from ..bounds import TooDeep, loads_json
-from ..errors import (EndpointUnreachable, GatedRepo, HubError, IntegrityError, OfflineViolation, RepoNotFound,
-                      RevisionNotFound)
+from ..errors import (
+    EndpointUnreachable,
+    GatedRepo,
+    HubError,
+    IntegrityError,
+    OfflineViolation,
+    RepoNotFound,
+    RevisionNotFound,
+)
 from ..names import is_sha256
 from ..pace import Deadline, Throughput, TooSlow, metadata_deadline, min_rate
 from ..records import DEFAULT_ENDPOINT, DEFAULT_RETRIES, DEFAULT_TIMEOUT
-from .answers import (RepoInfo, answered_identity, check_asked_commit, check_listing, error_document, parse_repo_info,
-                      remote_file, safe_path, tree_entry)
+from . import answers
 from .bodies import SLOW_HINT, iter_body, read_capped, slow_body, watched
 from .files import RemoteFile, RepoRevision
 from .retry import RetryCounter, ShortBody
@@ -62,14 +59,13 @@ class HubClient:
     Args:
         endpoint: base URL (default: ``HF_ENDPOINT``, read now, not at import as huggingface_hub reads it).
         token: a Hub token, or None for anonymous access. Never logged or stored by hfcache.
-        timeout: seconds to wait for a connection or any byte of an answer (:func:`hfcache.pace.metadata_deadline`
-            derives the deadline of a whole metadata answer from it).
+        timeout: seconds to wait for a connection or any byte of an answer (it also sets the metadata deadline).
         retries: retries of a transient failure per request or per file download (:mod:`hfcache.hub.retry`).
         withheld_hint: the hint of a 401/403/gated answer when a token exists but was withheld from this endpoint.
 
     Raises:
-        UsageError: an invalid endpoint, or a malformed ``HFCACHE_METADATA_DEADLINE``/``HFCACHE_MIN_RATE``/
-            ``HFCACHE_RATE_WINDOW``.
+        UsageError: an invalid endpoint, or a malformed
+            ``HFCACHE_METADATA_DEADLINE``/``HFCACHE_MIN_RATE``/``HFCACHE_RATE_WINDOW``.
     """
 
     def __init__(self, endpoint: str | None = None, token: str | None = None, timeout: float = DEFAULT_TIMEOUT,
@@ -78,9 +74,7 @@ class HubClient:
         self.endpoint = validate_endpoint(endpoint or os.environ.get("HF_ENDPOINT") or DEFAULT_ENDPOINT)
         # token=False stops huggingface_hub from reading a stored token behind our back.
         self._token: str | bool = token or False
-        self.timeout = timeout
-        self.retries = retries
-        self.withheld_hint = withheld_hint
+        self.timeout, self.retries, self.withheld_hint = timeout, retries, withheld_hint
         # Read now, so a malformed setting fails before any request (exit 2).
         self.deadline = metadata_deadline(timeout)
         self.rate, self.rate_window = min_rate()
@@ -89,12 +83,8 @@ class HubClient:
         return f"HubClient(endpoint={self.endpoint!r})"
 
     def sibling(self, endpoint: str, *, with_token: bool) -> HubClient:
-        """A client of ``endpoint`` with this one's timeout and retries, and its token only when ``with_token`` (the
-        caller decides whether the user gave the token for that host: docs/security.md).
-
-        Raises:
-            UsageError: an invalid endpoint.
-        """
+        """A client of ``endpoint`` with this one's settings, and its token only when ``with_token`` (the caller decides
+        whether the token was given for that host: docs/security.md). Raises UsageError: an invalid endpoint."""
         return HubClient(endpoint=validate_endpoint(endpoint), token=self._token if with_token and self._token
                          else None, timeout=self.timeout, retries=self.retries)
 
@@ -103,47 +93,41 @@ class HubClient:
         return RetryCounter(self.retries, stop, is_transient)
 
     def reachable(self, timeout: float | None = None) -> bool:
-        """Whether the endpoint answers HTTP at all (any status): one ``HEAD`` of its root without the token, within
-        ``timeout`` seconds (default: the client's). For ``serve --upstream``'s ``/healthz``."""
+        """Whether the endpoint answers HTTP at all (``HEAD /`` without the token) within ``timeout`` seconds (default:
+        the client's), for ``serve --upstream``'s ``/healthz``."""
         seconds = timeout or self.timeout
         try:  # a drip of headers must not hold a health check either
             with watched(Deadline(seconds, f"{self.endpoint}: health check")):
                 _session().head(self.endpoint + "/", timeout=seconds, follow_redirects=False)
-        except (httpx2.HTTPError, OfflineModeIsEnabled, TooSlow):
+        except (httpx2.HTTPError, hf_errors.OfflineModeIsEnabled, TooSlow):
             return False
         return True
 
     def resolve(self, repo_id: str, revision: str = "main", repo_type: str = "model",
                 counter: RetryCounter | None = None) -> RepoRevision:
-        """Resolve ``revision`` (a branch, tag or commit, always sent as ``/revision/<rev>``: some mirrors answer
-        404 without it) to a commit and list every file, with sizes and hashes where the repo info or the tree API
-        gives them (else :meth:`describe` asks). ``repo_type``: ``/api/{type}s/`` (hf_api.py ``kernel_info``).
-
-        Returns:
-            RepoRevision: the canonical id, the commit, every path, and the files described so far.
-
-        Raises:
-            RepoNotFound, RevisionNotFound, GatedRepo, EndpointUnreachable, HubError (malformed answer).
-        """
+        """Resolve ``revision`` (branch, tag or commit, always sent as ``/revision/<rev>``: some mirrors answer 404
+        without it) to a commit and list every file, with sizes and hashes where the listing gives them (else
+        :meth:`describe` asks). ``repo_type``: ``/api/{type}s/`` (hf_api.py ``kernel_info``). Returns a RepoRevision
+        (the canonical id, the commit, every path, the files described so far). Raises RepoNotFound, RevisionNotFound,
+        GatedRepo, EndpointUnreachable, HubError (a malformed answer)."""
         counter = counter or self.counter()
         with self._mapped(repo_id, revision):
             info = counter.budget().call(lambda: self._repo_info(repo_id, revision, repo_type),
                                          f"{repo_id}@{revision}")
-        canonical_id, commit = answered_identity(self.endpoint, repo_id, info)
-        check_asked_commit(self.endpoint, repo_id, revision, commit)
-        paths = tuple(sorted(safe_path(repo_id, s.rfilename, self.endpoint) for s in info.siblings or ()))
+        canonical_id, commit = answers.answered_identity(self.endpoint, repo_id, info)
+        answers.check_asked_commit(self.endpoint, repo_id, revision, commit)
+        paths = tuple(sorted(answers.safe_path(repo_id, s.rfilename, self.endpoint) for s in info.siblings or ()))
         repo = RepoRevision(repo_id=repo_id, canonical_id=canonical_id, repo_type=repo_type, revision=revision,
                             commit_hash=commit, files=(), paths=paths, metadata="head")
         repo = self._listed_files(repo, info, counter)
-        check_listing(self.endpoint, repo, info)
+        answers.check_listing(self.endpoint, repo, info)
         return repo
 
-    def _listed_files(self, repo: RepoRevision, info: RepoInfo, counter: RetryCounter) -> RepoRevision:
-        """``repo`` with the files its listing describes: every sibling when all carry ``size`` and ``blobId``
-        (``model-info``), else the tree API's files (``tree``), else none (``head``: :meth:`describe` asks)."""
+    def _listed_files(self, repo: RepoRevision, info: answers.RepoInfo, counter: RetryCounter) -> RepoRevision:
+        """``repo`` with the files its listing describes: siblings with ``size`` and ``blobId``, else the tree API's."""
         siblings = list(info.siblings or ())
         if siblings and all(s.size is not None and s.blob_id is not None for s in siblings):
-            files = [remote_file(self.endpoint, repo.repo_id, "repo info", s.rfilename, s.size, s.blob_id,
+            files = [answers.remote_file(self.endpoint, repo.repo_id, "repo info", s.rfilename, s.size, s.blob_id,
                                  s.lfs_sha256) for s in siblings]
             return replace(repo, files=tuple(sorted(files, key=lambda f: f.path)), metadata="model-info")
         if (listed := self._tree_files(repo, counter)) is not None:
@@ -154,39 +138,20 @@ class HubClient:
                            metadata="tree")
         return repo
 
-    def _repo_info(self, repo_id: str, revision: str, repo_type: str) -> RepoInfo:
-        """``HfApi.repo_info(files_metadata=True)``'s request with its answer bounded (``MAX_METADATA_BYTES``
-        decoded), not retried here (the caller retries).
-
-        Library gap: ``HfApi.model_info`` (hf_api.py) decodes the whole body without bound (a few MiB of gzip inflate
-        to gigabytes), and importing ``ModelInfo`` loads all of ``hf_api.py`` (~0.13 s of a cold warm,
-        docs/benchmarks.md), whose parsing of fields hfcache never reads can fail on a mirror's odd values: only the
-        fields read are parsed (:func:`hfcache.hub.answers.parse_repo_info`).
-
-        Raises:
-            HubError: the answer is larger than the bound, not JSON, or nested too deep; and what
-                ``hf_raise_for_status`` raises (mapped by the caller).
-        """
+    def _repo_info(self, repo_id: str, revision: str, repo_type: str) -> answers.RepoInfo:
+        """``HfApi.repo_info(files_metadata=True)``'s request, bounded, unparsed fields ignored, not retried here."""
+        # Library gap: HfApi.model_info decodes the body unbounded, loads all of hf_api.py (~0.13 s, docs/benchmarks.md)
+        # and parses fields hfcache never reads (a mirror's odd value fails it): answers.parse_repo_info reads ours.
         url = f"{self.endpoint}/api/{repo_type}s/{repo_id}/revision/{quote(revision, safe='')}"
         _, data = self._get_json(url, {"blobs": True}, f"{repo_id}@{revision}")
         if not isinstance(data, dict):
             raise HubError(f"{repo_id}@{revision}: the answer of {self.endpoint} is not a JSON object",
                            hint="the endpoint is broken or hostile")
-        return parse_repo_info(data)
+        return answers.parse_repo_info(data)
 
     def _get_json(self, url: str, params: dict | None, what: str, accepted: tuple[int, ...] = (),
                   limit: int = MAX_METADATA_BYTES, tally: list[int] | None = None) -> tuple[httpx2.Response, object]:
-        """GET a JSON document, its body bounded to ``limit`` bytes decoded, the whole answer within the metadata
-        deadline (:func:`hfcache.hub.bodies.watched`, and a check at every raw chunk).
-
-        Returns:
-            (response, parsed JSON); the JSON is None when the status is one of ``accepted`` (not raised). The
-            decoded body's size is appended to ``tally`` (if given).
-
-        Raises:
-            HubError: too large or nested too deep; what ``hf_raise_for_status`` raises for other statuses;
-            TooSlow: the deadline passed (mapped to EndpointUnreachable by the caller); ValueError: not JSON.
-        """
+        """(response, JSON; None for a status in ``accepted``), ``limit`` decoded bytes at most, within the deadline."""
         deadline = self.metadata_deadline(what)
         headers = build_hf_headers(token=self._token, library_name="hfcache", library_version=__version__)
         with watched(deadline), _session().stream("GET", url, params=params, headers=headers,
@@ -211,7 +176,7 @@ class HubClient:
                            hint="the endpoint is broken or hostile") from None
 
     def metadata_deadline(self, what: str) -> Deadline:
-        """A fresh :class:`hfcache.pace.Deadline` for one metadata answer of this endpoint (``what`` names it)."""
+        """A fresh :class:`hfcache.pace.Deadline` for one metadata answer of this endpoint."""
         return Deadline(self.deadline, f"{what}: {self.endpoint}")
 
     @contextmanager
@@ -231,15 +196,11 @@ class HubClient:
     def describe(self, repo: RepoRevision, paths: Iterable[str], counter: RetryCounter | None = None) -> RepoRevision:
         """``repo`` with ``paths`` described: one ``HEAD`` on ``resolve/<commit>/<path>`` per file not known yet, read
         as ``hf_hub_download`` reads it (``get_hf_file_metadata``: ``X-Linked-Etag``/``ETag`` as the blob id, a 64-hex
-        one an LFS sha256; ``X-Linked-Size``/``Content-Length``; ``X-Repo-Commit``, if sent, must be the commit).
-
-        Raises:
-            HubError: a file the repo does not list, or an answer without a usable hash or size (names the file).
-            RepoNotFound, RevisionNotFound, GatedRepo, EndpointUnreachable.
-        """
+        one an LFS sha256; ``X-Linked-Size``/``Content-Length``; ``X-Repo-Commit``, if sent, must be the commit). Raises
+        HubError (a file the repo does not list, an answer without a usable hash or size), RepoNotFound,
+        RevisionNotFound, GatedRepo, EndpointUnreachable."""
         known = repo.by_path
-        missing = sorted(set(paths) - set(known))
-        if not missing:
+        if not (missing := sorted(set(paths) - set(known))):
             return repo
         counter = counter or self.counter()
         for path in missing:
@@ -273,20 +234,13 @@ class HubClient:
         if meta.size is None:
             raise HubError(f"{repo.repo_id}: HEAD {path} at {self.endpoint} gave no size (X-Linked-Size or "
                            "Content-Length)", hint="the endpoint is not Hub-compatible")
-        if is_sha256(etag):
-            return remote_file(self.endpoint, repo.repo_id, "HEAD", path, meta.size, "", etag)
-        return remote_file(self.endpoint, repo.repo_id, "HEAD", path, meta.size, etag, None)
+        lfs = is_sha256(etag)  # a 64-hex ETag is an LFS file's sha256
+        return answers.remote_file(self.endpoint, repo.repo_id, "HEAD", path, meta.size, "" if lfs else etag,
+                           etag if lfs else None)
 
     def _tree_files(self, repo: RepoRevision, counter: RetryCounter) -> list[RemoteFile] | None:
-        """The tree API's files at the commit that ``repo.paths`` names (all if none), or None when the endpoint has
-        no tree API. The whole listing is bounded: ``MAX_TREE_ENTRIES`` entries, ``MAX_TREE_BYTES`` decoded,
-        ``LISTING_DEADLINE_PAGES`` metadata deadlines. Library gap: ``HfApi.list_repo_tree`` pages through
-        ``http_backoff``, whose own retries would multiply ``--retries``; the same ``Link: rel="next"`` pages here.
-
-        Raises:
-            HubError: a bound passed, or a link to another origin (exit 3 naming the endpoint).
-            TooSlow: the whole-listing deadline passed (mapped to EndpointUnreachable).
-        """
+        """The tree API's files at the commit (``repo.paths``, or all), None without tree API; ``MAX_TREE_*`` bound."""
+        # Library gap: HfApi.list_repo_tree pages through http_backoff, whose retries would multiply --retries.
         url = f"{self.endpoint}/api/{repo.repo_type}s/{repo.canonical_id}/tree/{quote(repo.commit_hash, safe='')}"
         params: dict[str, str] | None = {"recursive": "true", "expand": "false"}
         files: list[RemoteFile] = []
@@ -296,7 +250,7 @@ class HubClient:
         while True:
             with self._mapped(repo.repo_id, repo.commit_hash):
                 listing.check()
-                response, entries = counter.budget().call(lambda: self._get_json(
+                response, entries = counter.budget().call(lambda url=url, params=params: self._get_json(
                     url, params, what, _NO_TREE, min(MAX_METADATA_BYTES, MAX_TREE_BYTES - sum(sizes)), sizes), what)
             if response.status_code in _NO_TREE:
                 return None
@@ -308,7 +262,7 @@ class HubClient:
                     raise HubError(f"{what} at {self.endpoint} has more than {MAX_TREE_ENTRIES} entries; refused",
                                    hint="the endpoint is broken or hostile (the Hub's largest repos list a few "
                                    "hundred thousand)")
-                files += [f for f in (tree_entry(self.endpoint, repo.repo_id, e) for e in entries
+                files += [f for f in (answers.tree_entry(self.endpoint, repo.repo_id, e) for e in entries
                                       if not isinstance(e, dict) or e.get("type") == "file")
                           if not wanted or f.path in wanted]
             del entries
@@ -325,15 +279,10 @@ class HubClient:
                   end: int | None = None) -> Iterator[httpx2.Response]:
         """Open the GET of ``file``'s bytes ``[start, end)`` at the repo's commit (a ``Range`` unless the whole file).
 
-        Yields the streaming response, 200 (the server ignored ``Range``) or 206; the caller reads it (:func:`iter_body`
-        under a :meth:`throughput` floor). Redirects (the CDN) are followed; httpx drops ``Authorization`` across
-        origins. Status line, headers and an error body (at most ``MAX_ERROR_BYTES``) within the metadata deadline.
-
-        Raises:
-            HfHubHTTPError (via ``hf_raise_for_status``) and httpx2 errors, untranslated: the caller retries them.
-            TooSlow: headers or an error body past the metadata deadline. HubError: the answer names another commit
-            (``X-Repo-Commit``) than the one asked for.
-        """
+        Yields the streaming response, 200 (``Range`` ignored) or 206, for the caller to read (:func:`iter_body` under a
+        :meth:`throughput` floor). Redirects are followed (httpx drops ``Authorization`` across origins); status line,
+        headers and an error body (``MAX_ERROR_BYTES`` at most) within the metadata deadline. Raises HfHubHTTPError and
+        httpx2 errors untranslated (the caller retries), TooSlow, HubError (``X-Repo-Commit`` names another commit)."""
         end = file.size if end is None else end
         url = resolve_url(self.endpoint, repo.canonical_id, file.path, repo.repo_type, repo.commit_hash)
         headers = build_hf_headers(token=self._token, library_name="hfcache", library_version=__version__)
@@ -351,11 +300,11 @@ class HubClient:
                 hf_raise_for_status(response)
             answered = response.headers.get("X-Repo-Commit")
             if answered is not None:
-                check_asked_commit(self.endpoint, repo.repo_id, repo.commit_hash, answered.strip())
+                answers.check_asked_commit(self.endpoint, repo.repo_id, repo.commit_hash, answered.strip())
             yield response
 
     def throughput(self, what: str) -> Throughput:
-        """A fresh :class:`hfcache.pace.Throughput` floor for one body stream of this endpoint (``what`` names it)."""
+        """A fresh :class:`hfcache.pace.Throughput` floor for one body stream of this endpoint."""
         return Throughput(self.rate, self.rate_window, f"{what}: {self.endpoint}")
 
     def mapped(self, repo: RepoRevision, path: str | None = None):
@@ -364,13 +313,9 @@ class HubClient:
 
     def download(self, repo: RepoRevision, file: RemoteFile, out: BinaryIO,
                  counter: RetryCounter | None = None) -> None:
-        """Download one small file into ``out``, checking its size and hash; a transient failure starts over (``out``
-        is truncated). Blobs in a cache: :func:`hfcache.hub.transfer.download_blob`.
-
-        Raises:
-            IntegrityError: the bytes do not match the published size or hash.
-            EndpointUnreachable, RepoNotFound, RevisionNotFound, GatedRepo, HubError.
-        """
+        """Download one small file into ``out`` (truncated on a retry), checking its size and hash (blobs into a cache:
+        :func:`hfcache.hub.transfer.download_blob`). Raises IntegrityError (not the published size or hash),
+        EndpointUnreachable, RepoNotFound, RevisionNotFound, GatedRepo, HubError."""
         counter = counter or self.counter()
 
         def attempt() -> None:
@@ -399,8 +344,8 @@ class HubClient:
 
 
 def is_transient(exc: BaseException) -> bool:
-    """True for a failure worth retrying (:mod:`hfcache.hub.retry`): a 429, 502, 503 or 504, or a connection cut
-    mid-answer (httpx2's ``RemoteProtocolError``, ``ReadError``, ``WriteError``)."""
+    """True for a failure worth retrying: :func:`hfcache.hub.retry.is_transient`'s, or a connection cut mid-answer
+    (httpx2's ``RemoteProtocolError``, ``ReadError``, ``WriteError``)."""
     return _transient_without_client(exc) or isinstance(
         exc, (httpx2.RemoteProtocolError, httpx2.ReadError, httpx2.WriteError))
 
@@ -413,16 +358,12 @@ MAX_TREE_ENTRIES, MAX_TREE_BYTES, LISTING_DEADLINE_PAGES = 1_000_000, 512 * 1024
 
 
 def _with_body(response: httpx2.Response, content: bytes) -> httpx2.Response:
-    """An error ``response`` rebuilt around the bounded body already read, as the JSON object ``hf_raise_for_status``
-    reads its message from (:func:`hfcache.hub.answers.error_document`).
-
-    Library gap: ``hf_raise_for_status`` (``_format``) calls ``response.read()`` on a streamed error answer: the
-    whole body, unbounded, with no deadline.
-    """
+    """An error ``response`` rebuilt around the bounded body read, as ``hf_raise_for_status`` reads it."""
+    # Library gap: hf_raise_for_status (_format) reads a streamed error answer whole, unbounded, with no deadline.
     headers = [(k, v) for k, v in response.headers.multi_items()
                if k.lower() not in ("content-encoding", "content-length", "transfer-encoding")]
     return httpx2.Response(response.status_code, headers=headers, request=response.request,
-                           content=error_document(content, response.headers.get("Content-Type", "")))
+                           content=answers.error_document(content, response.headers.get("Content-Type", "")))
 
 
 def _translate(exc: BaseException, what: str, repo_id: str, revision: str, endpoint: str,
@@ -430,18 +371,18 @@ def _translate(exc: BaseException, what: str, repo_id: str, revision: str, endpo
     """``exc`` as the hfcache error with a one-line message (``exc`` itself when none applies)."""
     if isinstance(exc, TooSlow):  # a deadline or throughput floor (hfcache.pace): the message names both
         return EndpointUnreachable(_first_line(exc), hint=SLOW_HINT)
-    if isinstance(exc, GatedRepoError):
+    if isinstance(exc, hf_errors.GatedRepoError):
         return GatedRepo(f"{repo_id}: access is gated or forbidden at {endpoint}",
                          hint=withheld or "accept the repo's conditions on the Hub and pass a token "
                          "with access (--token-file)")
-    if isinstance(exc, RevisionNotFoundError):
+    if isinstance(exc, hf_errors.RevisionNotFoundError):
         return RevisionNotFound(f"{repo_id}: revision {revision!r} not found at {endpoint}",
                                 hint="check the branch, tag or commit name")
-    if isinstance(exc, RepositoryNotFoundError):
+    if isinstance(exc, hf_errors.RepositoryNotFoundError):
         return RepoNotFound(f"{repo_id}: repo not found at {endpoint} (or private without access)",
                             hint=withheld or "check the repo id and --repo-type; for a private repo "
                             "pass a token")
-    if isinstance(exc, OfflineModeIsEnabled):
+    if isinstance(exc, hf_errors.OfflineModeIsEnabled):
         return OfflineViolation(f"{what}: HF_HUB_OFFLINE is set, so nothing can be downloaded",
                                 hint="unset HF_HUB_OFFLINE for hfcache warm (or use warm --lock on a warm cache)")
     if isinstance(exc, RuntimeError) and type(exc).__name__ == "NetworkBlocked":
@@ -463,7 +404,7 @@ def _translate(exc: BaseException, what: str, repo_id: str, revision: str, endpo
     if isinstance(exc, (httpx2.ConnectError, httpx2.NetworkError)):
         return EndpointUnreachable(f"{what}: cannot connect to {endpoint} ({_first_line(exc)})",
                                    hint="check --endpoint / HF_ENDPOINT and the network")
-    if isinstance(exc, HfHubHTTPError):
+    if isinstance(exc, hf_errors.HfHubHTTPError):
         status = exc.response.status_code if exc.response is not None else "?"
         if status in (401, 403):
             return GatedRepo(f"{repo_id}: HTTP {status} from {endpoint}: not authorized",
@@ -478,5 +419,4 @@ def _translate(exc: BaseException, what: str, repo_id: str, revision: str, endpo
 
 
 def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip() or type(exc).__name__
-    return text.splitlines()[0]
+    return (str(exc).strip() or type(exc).__name__).splitlines()[0]

@@ -38,15 +38,13 @@ class RepoRevision:
     """A repo resolved to a commit.
 
     Attributes:
-        repo_id (str): the id as requested (may be a legacy id such as ``bert-base-uncased``).
-        canonical_id (str): the id the endpoint answered with (``google-bert/bert-base-uncased``).
-        repo_type (str): ``model``, ``dataset`` or ``kernel``.
-        revision (str): the requested revision (branch, tag or commit).
-        commit_hash (str): the 40-hex commit.
+        repo_id (str): the id as requested (may be a legacy id such as ``bert-base-uncased``); canonical_id (str):
+            the id the endpoint answered with (``google-bert/bert-base-uncased``).
+        repo_type (str): ``model``, ``dataset`` or ``kernel``. revision (str): as requested. commit_hash (str).
         files (tuple[RemoteFile, ...]): the files whose size and hash are known, sorted by path.
         paths (tuple[str, ...]): every file path of the repo at that commit, sorted (default: those of ``files``).
-        metadata (str): where sizes and hashes came from: ``model-info`` (``?blobs=true``), ``tree`` (the tree
-            API), ``head`` (one HEAD per file, see :meth:`HubClient.describe`) or ``lock``.
+        metadata (str): where sizes and hashes came from: ``model-info`` (``?blobs=true``), ``tree`` (the tree API),
+            ``head`` (one HEAD per file, :meth:`HubClient.describe`) or ``lock``.
     """
 
     repo_id: str
@@ -64,6 +62,5 @@ class RepoRevision:
 
     @functools.cached_property
     def by_path(self) -> dict[str, RemoteFile]:
-        """The described files by path, built once per revision (rebuilt per lookup, ``warm --lock`` of 20,000 files
-        was quadratic)."""
+        """The described files by path, built once (a lookup per file made ``warm --lock`` quadratic)."""
         return {f.path: f for f in self.files}

@@ -1,13 +1,8 @@
 """Retries of transient Hub and CDN failures: exponential backoff with jitter, ``Retry-After`` honoured.
 
-Retried: HTTP 429, 502, 503, 504, a connection cut mid-answer and a file body below the throughput floor
-(:class:`SlowBody`). Never retried: a metadata answer past its deadline, other 4xx and 5xx, timeouts (``--timeout``
-bounds the wait already) and refused connections (the next endpoint is a better bet). Each request, or each file
-download with all its parts, gets its own budget of ``--retries``; every retry is counted for the report.
-
-Library gap: huggingface_hub's ``http_backoff`` also retries 500 and timeouts, sleeps uninterruptibly (SIGTERM must
-stop within a second) and keeps no count; ``HfApi.repo_info`` does not retry at all. No HTTP client here: which of its
-exceptions mean "cut" is :func:`hfcache.hub.client.is_transient`, handed to each :class:`RetryCounter`.
+What is retried and why (docs/warm.md, ``--retries``): 429, 502, 503, 504, a connection cut, a body below the throughput
+floor; each request or file download has its own budget, every retry counted. Library gap: ``http_backoff`` also retries
+500 and timeouts, sleeps uninterruptibly and keeps no count.
 """
 
 from __future__ import annotations
@@ -48,8 +43,7 @@ def status_of(exc: BaseException) -> int | None:
 def is_transient(exc: BaseException) -> bool:
     """True for a retried failure that needs no HTTP client to recognise: status 429, 502, 503 or 504, a reset
     connection, a body that ended early (:class:`ShortBody`) or too slowly (:class:`SlowBody`)."""
-    status = status_of(exc)
-    if status is not None:
+    if (status := status_of(exc)) is not None:
         return status in RETRY_STATUSES
     return isinstance(exc, (ConnectionResetError, ShortBody, SlowBody))
 
@@ -59,22 +53,18 @@ class ShortBody(Exception):
 
 
 class SlowBody(TooSlow):
-    """A file body fell below the throughput floor (:class:`hfcache.pace.Throughput`): retried like a cut connection
-    within the same budget. A metadata answer past its deadline is a plain :class:`~hfcache.pace.TooSlow`."""
+    """A file body fell below the throughput floor: retried like a cut connection within the same budget."""
 
 
 def retry_after(exc: BaseException) -> float | None:
-    """Seconds from the ``Retry-After`` header of the failed answer (delay-seconds or HTTP-date; RFC 9110,
-    section 10.2.3)."""
+    """Seconds from the failed answer's ``Retry-After`` (delay-seconds or HTTP-date, RFC 9110 10.2.3), or None."""
     response = getattr(exc, "response", None)
     value = getattr(response, "headers", {}).get("Retry-After") if response is not None else None
     if not value:
         return None
     value = value.strip()
-    try:
+    with contextlib.suppress(ValueError):
         return max(0.0, float(value))
-    except ValueError:
-        pass
     try:
         return max(0.0, parsedate_to_datetime(value).timestamp() - time.time())
     except (TypeError, ValueError, IndexError):
@@ -85,12 +75,9 @@ class RetryCounter:
     """Retries and requests made for one repo (thread-safe): what the report shows.
 
     Args:
-        retries: retries per request or per file download (a fresh :meth:`budget` each), >= 0.
+        retries: retries per request or per file download (a fresh :meth:`budget` each), >= 0 (else ValueError).
         stop: set to interrupt every backoff wait at once (Ctrl-C, SIGTERM).
         transient: which failures are retried (``HubClient`` passes :func:`hfcache.hub.client.is_transient`).
-
-    Raises:
-        ValueError: ``retries`` < 0.
     """
 
     def __init__(self, retries: int = DEFAULT_RETRIES, stop: threading.Event | None = None,
@@ -110,8 +97,7 @@ class RetryCounter:
 
     @property
     def requests(self) -> int:
-        """HTTP requests sent on this counter's behalf (:func:`count_request`): every attempt, retry and redirect hop,
-        a refused connection too."""
+        """HTTP requests sent on this counter's behalf: every attempt, retry and redirect hop."""
         return self._requests
 
     def budget(self) -> Budget:
@@ -138,8 +124,8 @@ def counting(counter: RetryCounter) -> Iterator[None]:
 
 
 def count_request(request: object) -> None:
-    """HTTP client request hook (once per request sent, redirect hops included): one more request for the counter
-    :func:`counting` made current in this thread."""
+    """HTTP client request hook (redirect hops included): one more request for the counter :func:`counting` made current
+    in this thread."""
     counter = getattr(_local, "counter", None)
     if counter is not None:
         counter._add("_requests")
@@ -156,12 +142,8 @@ class Budget:
         self._lock = threading.Lock()
 
     def backoff(self, exc: BaseException, what: str) -> bool:
-        """After a failure: wait and return True when it should be retried, False when it should be raised.
-
-        Raises:
-            Interrupted: the stop event was set while waiting.
-            HubError: a 429 whose ``Retry-After`` exceeds :data:`MAX_RETRY_AFTER`.
-        """
+        """After a failure: wait and return True when it should be retried, False when it should be raised. Raises
+        Interrupted (stopped while waiting), HubError (a ``Retry-After`` over :data:`MAX_RETRY_AFTER`)."""
         if not self.counter.transient(exc):
             return False
         with self._lock:
@@ -191,6 +173,6 @@ class Budget:
             try:
                 with counting(self.counter):
                     return fn()
-            except Exception as exc:  # noqa: BLE001 - classified by backoff(), re-raised when not retried
+            except Exception as exc:  # classified by backoff(), re-raised when not retried
                 if not self.backoff(exc, what):
                     raise

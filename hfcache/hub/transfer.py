@@ -1,23 +1,10 @@
 """Blob downloads into a cache: resumed, in parallel ranges for large files, hashed, published only when verified.
 
-One blob at a time, under its download lock (``.locks/<folder>/<etag>.lock``, huggingface_hub's):
-
-- **Resume.** A ``blobs/<etag>[.<random>].incomplete`` left by a killed or stopped download is continued: its
-  trusted prefix (:func:`trusted_prefix`) is re-hashed from disk and only the rest is requested, with ``Range``.
-  Other leftovers of the same blob are deleted.
-- **Parallel ranges.** More than :data:`PARALLEL_THRESHOLD` bytes still to fetch are split into up to ``part_cap``
-  ranges fetched at once, each written in place (``os.pwrite``); a shared :class:`Slots` bounds the connections of
-  the whole warm (``--max-workers``). The first part's answer decides: 206 starts the others, 200 (``Range``
-  ignored) turns the download into one stream from byte 0.
-- **Hashing in order** as bytes land (read back in 1 MiB pieces); the blob is renamed into place only when size and
-  hash match.
-- **Throughput floor** (:mod:`hfcache.pace`) checked at every chunk off the wire: a slower stream is cut and retried
-  from where it stopped within the file's retry budget, then fails naming the endpoint (exit 3).
-- **Stop** (Ctrl-C, SIGTERM): every part stops at its next chunk, the file is cut to its contiguous prefix and kept
-  for the next run; nothing is published.
-
-Library gap: huggingface_hub resumes only its own ``<etag>.incomplete`` from its size, never re-hashes the kept
-bytes, and fetches each file in one stream (``file_download.http_get``).
+One blob at a time, under its download lock: a leftover ``.incomplete`` is resumed from its trusted prefix
+(:func:`trusted_prefix`, re-hashed); more than ``threshold`` bytes left are fetched in up to ``part_cap`` ranges written
+in place, hashed in order as they land; every chunk is checked against the throughput floor; a stop keeps the contiguous
+prefix. The behaviour and its numbers: docs/warm.md, "Any mirror, any network, any file size". Library gap:
+huggingface_hub resumes only its own ``.incomplete`` unhashed, in one stream (``file_download.http_get``).
 """
 
 from __future__ import annotations
@@ -77,10 +64,10 @@ class Slots:
 
 @dataclass(frozen=True)
 class TransferOptions:
-    """How blob downloads run: ``slots`` shared by every download of the run; ``counter``, the repo's retry counter
-    (its stop event stops every download); ``on_bytes(n)`` per chunk (negative when bytes are discarded);
-    ``on_kept(n)`` once per attempt with the bytes kept from a leftover (0: none); ``part_cap`` parallel ranges per
-    file (1: never split); ``threshold``, the bytes left to fetch above which a file is split."""
+    """How blob downloads run: ``slots`` shared by the whole run; ``counter``, the repo's retry counter (its stop event
+    stops every download); ``on_bytes(n)`` per chunk (negative: bytes discarded); ``on_kept(n)`` once per attempt, the
+    bytes kept from a leftover; ``part_cap`` parallel ranges per file (1: never split); ``threshold``, the bytes left to
+    fetch above which a file is split."""
 
     slots: Slots
     counter: RetryCounter
@@ -93,8 +80,7 @@ class TransferOptions:
 def download_blob(client: HubClient, folder: RepoFolder, repo: RepoRevision, file: RemoteFile,
                   options: TransferOptions) -> int:
     """Download ``file`` into ``folder``'s ``blobs/<etag>`` (resuming a leftover), verified, under the blob lock the
-    caller holds; a resumed file that fails its hash check is downloaded once more from byte 0. Returns the bytes
-    received.
+    caller holds; a resumed file failing its hash is fetched once more from byte 0. Returns the bytes received.
 
     Raises:
         IntegrityError: bytes that do not match the published size or hash (the partial file is deleted).
@@ -129,10 +115,9 @@ def download_blob(client: HubClient, folder: RepoFolder, repo: RepoRevision, fil
 
 
 def trusted_prefix(fd: int, size: int) -> int:
-    """Bytes at the start of a leftover download that hold what was received: the whole file when written in order;
-    with holes (parallel parts), up to the first hole rounded down to 1 MiB (a hole starts on a block boundary,
-    possibly inside the last partly written block); nothing when larger than ``size``. The hash check catches the rest.
-    """
+    """The bytes at the start of a leftover that hold what was received: all when written in order; with holes (parallel
+    parts), up to the first hole rounded down to 1 MiB (the block before a hole may be partly written); 0 when larger
+    than ``size``. The hash check catches the rest."""
     length = os.fstat(fd).st_size
     if length == 0 or length > size:
         return 0
@@ -220,8 +205,7 @@ class _Job:
             raise
 
     def _one_stream(self, kept: int) -> None:
-        """The bytes after ``kept`` as one stream in this thread, each chunk hashed as it is written (no worker, no
-        second read: most files are small, docs/benchmarks.md); retries, Range checks and resume as for parts."""
+        """The bytes after ``kept`` as one stream in this thread, hashed as written (most files are small)."""
         self.inline = self.file.hasher()
         self._hash_from_disk(self.inline, 0, kept)
         try:
@@ -309,14 +293,13 @@ class _Job:
     def _worker(self, part: _Part) -> None:
         try:
             self._fetch_part(part)
-        except BaseException as exc:  # noqa: BLE001 - handed to the hashing thread, which raises it
+        except BaseException as exc:  # handed to the hashing thread, which raises it
             self._fail(exc)
         finally:
             self.probed.set()
 
     def _fetch_part(self, part: _Part) -> None:
-        """Stream ``part`` under a connection slot, retrying transient failures from where it stopped; returns early
-        when another part failed or the run stopped (the caller checks)."""
+        """Stream ``part`` under a slot, retrying transient failures from where it stopped (returns early on a stop)."""
         if not self.options.slots.acquire(self.stop, give_up=lambda: self.error is not None):
             return  # another part failed while this one waited
         try:
@@ -326,7 +309,7 @@ class _Job:
                         self._stream(part)
                 except (HubError, Interrupted, IntegrityError):
                     raise
-                except Exception as exc:  # noqa: BLE001 - transient ones are retried, others re-raised
+                except Exception as exc:  # transient ones are retried, others re-raised
                     if self.error is not None or not self.budget.backoff(exc, self.what):
                         raise
         finally:
@@ -386,8 +369,7 @@ class _Job:
 
 
 def _write_all(fd: int, data: bytes, offset: int) -> None:
-    """``os.pwrite`` until every byte is written: after a short write (a disk filling up) the next call raises the
-    real error (ENOSPC) instead of leaving a silent gap."""
+    """``os.pwrite`` every byte: after a short write the next call raises the real error (ENOSPC), no gap."""
     view = memoryview(data)
     while view:
         written = os.pwrite(fd, view, offset)

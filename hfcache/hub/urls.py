@@ -1,5 +1,4 @@
-"""The URLs hfcache accepts and builds: endpoint validation, a file's ``resolve`` URL, a URL's origin. Standard
-library only."""
+"""The URLs hfcache accepts and builds: endpoint validation, a file's ``resolve`` URL, a URL's origin."""
 
 from __future__ import annotations
 
@@ -11,12 +10,8 @@ from ..records import shown
 
 
 def validate_endpoint(endpoint: str) -> str:
-    """The endpoint without a trailing slash.
-
-    Raises:
-        UsageError: not an http(s) URL with a host; credentials in it (they would end up in messages and reports);
-            a character that is not printable ASCII, or a space (httpx's ``InvalidURL`` at the first request was
-            exit 70, and a line break would split the messages naming it).
+    """The endpoint without a trailing slash. Raises UsageError: not an http(s) URL with a host, credentials in it (they
+    would end up in messages), a character that is not printable ASCII or a space (a line break would split messages).
     """
     if not (endpoint.isascii() and endpoint.isprintable()) or " " in endpoint:
         raise UsageError(f"invalid endpoint {shown(endpoint)}: only printable ASCII without spaces",
@@ -25,8 +20,7 @@ def validate_endpoint(endpoint: str) -> str:
         parts = urlsplit(endpoint)
         host = parts.hostname
     except ValueError:
-        host = None
-        parts = None
+        parts = host = None
     if parts is None or parts.scheme not in ("http", "https") or not host:
         raise UsageError(f"invalid endpoint {shown(endpoint)}",
                          hint="use an http(s) URL such as https://huggingface.co")
@@ -37,10 +31,8 @@ def validate_endpoint(endpoint: str) -> str:
 
 
 def resolve_url(endpoint: str, repo_id: str, path: str, repo_type: str, revision: str) -> str:
-    """``{endpoint}/{prefix}{repo_id}/resolve/{revision}/{path}``: ``hf_hub_url``'s URL (file_download.py: prefix
-    from constants.py ``REPO_TYPES_URL_PREFIXES``, revision quoted with no safe character, path keeping ``/``), built
-    here because importing file_download.py loads tqdm and asyncio (~25 ms of a cold warm, docs/benchmarks.md).
-    ``endpoint`` has no trailing slash."""
+    """``{endpoint}/{prefix}{repo_id}/resolve/{revision}/{path}`` as ``hf_hub_url`` builds it (file_download.py), here
+    because importing file_download.py loads tqdm and asyncio (~25 ms, docs/benchmarks.md)."""
     return f"{endpoint}/{url_prefix(repo_type)}{repo_id}/resolve/{quote(revision, safe='')}/{quote(path)}"
 
 

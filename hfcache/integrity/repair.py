@@ -22,20 +22,20 @@ from pathlib import Path
 
 from ..cache import safefs
 from ..cache.layout import RepoFolder
+from ..cache.locking import DEFAULT_LOCK_TIMEOUT
 from ..cache.published import RecordRefused, read_record, remove_record
 from ..cache.root import cache_error, symlinks_supported
-from ..hub.retry import RetryCounter
+from ..cache.scan import parse_folder_name, scan_repo
 from ..errors import HfcacheError, HubError, OfflineViolation, RevisionNotFound
-from ..cache.locking import DEFAULT_LOCK_TIMEOUT
 from ..hub.client import DEFAULT_ENDPOINT, HubClient
 from ..hub.files import RemoteFile, RepoRevision
+from ..hub.retry import RetryCounter
 from ..hub.transfer import Slots, TransferOptions, download_blob
 from ..hub.urls import origin
+from ..names import is_commit
+from ..records import HubOptions, folder_ids
 from ..warming.lockfile import Lockfile
 from ..warming.orchestrate import user_client
-from ..records import HubOptions, folder_ids
-from ..cache.scan import parse_folder_name, scan_repo
-from ..names import is_commit
 from .verify import HashProgress, verify_cache
 from .verify_report import Problem, VerifyReport
 

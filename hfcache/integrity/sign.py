@@ -22,8 +22,16 @@ from pathlib import Path
 from ..cache.fsops import create_at, open_dir_at, temp_name
 from ..errors import CacheError, UsageError
 from ..warming.lockfile import Lockfile
-from .signatures import (MAX_BUNDLE_BYTES, NotABundle, SignatureCheck, SignatureMismatch, foreign_model,
-                         read_user_file, sign_files, verify_files)
+from .signatures import (
+    MAX_BUNDLE_BYTES,
+    NotABundle,
+    SignatureCheck,
+    SignatureMismatch,
+    foreign_model,
+    read_user_file,
+    sign_files,
+    verify_files,
+)
 from .signed_snapshot import NameMismatch, snapshot_digests
 
 

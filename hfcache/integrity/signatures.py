@@ -105,7 +105,7 @@ def _upstream() -> SimpleNamespace:
     def sign(files: Mapping[str, str], model_name: str, key) -> bytes:
         items = [manifest.FileManifestItem(path=PurePosixPath(p), digest=hashing.Digest("sha256", bytes.fromhex(d)))
                  for p, d in sorted(files.items())]
-        serialization = manifest._FileSerialization("sha256", True, sorted(GIT_PATHS))  # noqa: SLF001
+        serialization = manifest._FileSerialization("sha256", True, sorted(GIT_PATHS))  # private: #568
         payload = signing.Payload(manifest.Manifest(model_name, items, serialization))
         return keyed(sign_ec_key.Signer, "_private_key", key).sign(payload).bundle.to_json().encode()
 
@@ -284,11 +284,11 @@ def _signed_manifest(document: dict, public_key: Path, name: str | None = None):
     key, _pem = _public_key(public_key)
     try:
         signature = library.parse(document)
-    except Exception as exc:  # noqa: BLE001 - pydantic/protobuf validation errors of a hostile bundle
+    except Exception as exc:  # pydantic/protobuf validation errors of a hostile bundle
         raise NotABundle(f"malformed ({type(exc).__name__})") from None  # as bundle structure: exit 2
     try:
         return library.verify(signature, key)
-    except Exception as exc:  # noqa: BLE001 - InvalidSignature, ValueError (key hint), KeyError of a bad statement
+    except Exception as exc:  # InvalidSignature, ValueError (key hint), KeyError of a bad statement
         from cryptography.exceptions import InvalidSignature
 
         if isinstance(exc, InvalidSignature) or "Key mismatch" in str(exc):

@@ -26,13 +26,7 @@ from ..errors import CacheError, CheckFailed
 from ..names import is_sha256, parse_folder_name
 from ..records import WarmRequest
 from ..warming.lockfile import Lockfile
-from .expectations import (
-    Expected,
-    RevisionExpectation,
-    blob_inodes,
-    expected_of,
-    lock_expectations,
-)
+from .expectations import Expected, RevisionExpectation, blob_inodes, expected_of, lock_expectations
 
 #: Why a real file nothing names is refused.
 UNPROVEN = ("a real file no lock, warm record or trees/ listing names: nothing proves it is what was fetched")

@@ -148,7 +148,7 @@ def _repo_problems(cache_dir: str, repo: RepoInfo, specs: dict[str, set[str]],
     """What one repo's metadata shows wrong; its blobs and real files are queued in ``jobs`` for hashing."""
     if repo.unreadable:  # what a part this user cannot read holds cannot be verified (exit 1)
         return [Problem(repo.repo_id, "", part or f"{repo.folder}/", "unreadable", detail.split(": ", 1)[1],
-                        repo.folder) for part, detail in zip(repo.unreadable, repo.problems)]
+                        repo.folder) for part, detail in zip(repo.unreadable, repo.problems, strict=False)]
     problems: list[Problem] = []
     used: set[str] | None = None
     if specs.get(repo.repo_id):

@@ -1,9 +1,6 @@
-"""Where ``export`` and ``link`` write: never inside the cache they read (``export`` would write a second cache into
-the first, ``link --mode copy`` copy a tree into itself), and never half-made: DEST's new content is built under a
-private name beside it, then renamed into place.
-
-The check compares resolved paths, and the ``(st_dev, st_ino)`` of every existing folder DEST lies in with the
-root's: a DEST reached through a symlink or a bind mount of the root is caught too.
+"""Where ``export`` and ``link`` write: never inside the cache they read (by resolved path, and by the identity of
+every existing folder on the way: a symlink or bind mount of the root is caught), and never half-made: DEST's new
+content is built under a private name beside it, then renamed into place.
 """
 
 from __future__ import annotations
@@ -32,8 +29,7 @@ def _identity(path: str) -> tuple[int, int] | None:
 
 
 def _resolved_chain(dest: Path, follow: bool) -> list[str]:
-    """The resolved folders DEST lies in: its deepest existing ancestor (DEST itself when it exists and is no
-    symlink, or ``follow``), resolved, and every folder above that."""
+    """DEST's deepest existing ancestor (DEST itself unless a symlink not followed), resolved, and its parents."""
     probe = Path.cwd() / dest  # not abspath: '..' after a symlink is resolved by the kernel, not lexically
     if not follow and probe.is_symlink():
         probe = probe.parent
@@ -45,10 +41,9 @@ def _resolved_chain(dest: Path, follow: bool) -> list[str]:
 
 def refuse_dest_inside(cache_dir: str | os.PathLike[str], dest: str | os.PathLike[str], command: str, *,
                        follow: bool = True) -> None:
-    """Raise UsageError (exit 2) when ``dest`` (need not exist) is the cache ``cache_dir`` or inside it, by path or
-    by the identity of a folder on the way. ``command``: ``export`` or ``link``, for the message. ``follow``: judge
-    where a DEST that is a symlink points (export); False: where the link itself lies (``link --mode symlink`` run
-    again on its own DEST)."""
+    """Raise UsageError (exit 2) when ``dest`` (need not exist) is ``cache_dir`` or inside it. ``command``: for the
+    message. ``follow``: judge where a symlink DEST points (export); False: where the link lies (``link`` run again
+    on its own symlink DEST)."""
     root = os.path.realpath(cache_dir)
     root_id = _identity(root)
     chain = _resolved_chain(Path(dest), follow)
@@ -67,9 +62,8 @@ def open_parent(dest: Path) -> int:
 
 
 def replace_beside(pfd: int, dest: Path, make: Callable[[str], _T]) -> _T:
-    """``make(name)`` builds DEST's new content as the entry ``name`` of DEST's parent ``pfd`` (a private name
-    beside it), which is then renamed onto ``dest`` (new, or an empty folder). On any error the half-made entry is
-    removed (a link itself, a folder by descriptor: nothing followed). Returns what ``make`` returns."""
+    """``make(name)`` builds DEST's content as ``name`` in DEST's parent ``pfd``, then renamed onto ``dest`` (new, or
+    an empty folder); on any error the half-made entry is removed, following nothing. Returns what ``make`` does."""
     staging = f".{dest.name}.{uuid.uuid4().hex[:8]}.partial"
     try:
         made = make(staging)

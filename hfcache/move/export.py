@@ -1,18 +1,9 @@
-"""export: a subset of a cache into a new cache directory or a reproducible tar, relocatable anywhere.
+"""export: a subset of a cache as a reproducible tar (here) or a new cache folder (:mod:`.export_dir`).
 
-Library gap: huggingface_hub has no export; copying a cache by hand breaks on symlinks, duplicates shared bytes and
-gives a new layer digest on every build. The plan (sorted entries, each distinct content once: a blob recurring in
-several repos is a hardlink) is written as a tar here or as a folder by :mod:`.export_dir`. Links stay relative
-(``../../blobs/<etag>``); ``materialize`` writes hardlinks of the blobs instead (the no-symlink form). The tar is
-byte-identical for the same content: sorted entries, mtime 0, uid/gid 0 (or ``chown``), no user or group names,
-modes 0644/0755 (0664/0775 with ``group_writable``).
-
-Nothing but the HF layout is exported, plus warm's record of each revision (:mod:`hfcache.cache.published`) so
-``verify`` on the export knows what it must hold; a revision that lost a recorded file or holds a FIFO, device or a
-link leaving the repo (:func:`hfcache.cache.scan.load_hazards`) is refused (exit 5). Every blob is hashed against
-its name and every file read at its planned size while it is copied (:func:`.export_store.entry_reader`); a group
-member may swap folders meanwhile, so blobs are opened with ``safefs.open_blob``, other files and the markers
-through folders opened from the root without following links (:mod:`hfcache.cache.safefs_tree`, bounded depth).
+The plan lists sorted entries, each distinct content once (a blob in several repos is a hardlink), plus warm's
+record of each revision (:mod:`hfcache.cache.published`). Every blob is hashed and every file read at its planned
+size while it is copied (:mod:`.export_store`); folders are opened from the root without following links. The tar
+format, the refusals and the threat model: docs/transfer.md.
 """
 
 from __future__ import annotations
@@ -42,14 +33,9 @@ _CHUNK = 1024 * 1024
 
 @dataclass(frozen=True, order=True)
 class Entry:
-    """One entry of an export; ``name`` is ``/``-separated, relative to the cache root
-    (``models--gpt2/blobs/<etag>``).
-
-    ``kind``: ``dir``; ``file`` (``size`` bytes copied from the absolute path ``source``, hashed against ``etag``
-    when it is a blob); ``symlink`` (to ``target``); ``hardlink`` (the same content as the earlier entry
-    ``target``); ``data`` (``target`` is the content: a ref, ``CACHEDIR.TAG``, a record); ``empty`` (a ``.no_exist``
-    marker).
-    """
+    """One entry of an export: ``name`` relative to the cache root, ``/``-separated; ``kind``: ``dir``, ``file``
+    (``size`` bytes of the absolute path ``source``, hashed against ``etag`` for a blob), ``symlink`` (to ``target``),
+    ``hardlink`` (to the earlier entry ``target``), ``data`` (``target`` is the content), ``empty`` (a marker)."""
 
     name: str
     kind: str
@@ -86,18 +72,14 @@ def plan_export(cache_dir: str | os.PathLike[str], specs: Iterable[str] = (), lo
     info = _scan_selected(cache_dir, selection)
     entries: list[Entry] = [Entry("CACHEDIR.TAG", "data", target=CACHEDIR_TAG)]
     first_of_content: dict[str, str] = {}  # etag -> entry name holding it
-    unique = 0
-    repos = []
     unsafe = [f"{r.folder}: {'; '.join(r.unsafe)}" for r in info.repos if r.unsafe]
     if unsafe:  # never read through a planted link, never ship a repo without saying so
         raise CacheError(f"unsafe cache layout, nothing exported: {unsafe[0]}" + _more(unsafe),
                          hint="remove the symlink or file (or pass only other repos), then rerun")
-    for repo in info.repos:
-        revisions = _selected_revisions(repo, selection)
-        repos.append(repo.folder)
-        unique += _plan_repo(info.cache_dir, repo, revisions, materialize, entries, first_of_content)
+    unique = sum(_plan_repo(info.cache_dir, repo, _selected_revisions(repo, selection), materialize, entries,
+                            first_of_content) for repo in info.repos)
     entries.sort(key=lambda e: e.name)
-    return ExportPlan(entries=tuple(entries), repos=tuple(repos), unique_bytes=unique)
+    return ExportPlan(entries=tuple(entries), repos=tuple(r.folder for r in info.repos), unique_bytes=unique)
 
 
 def _more(items: list) -> str:
@@ -123,24 +105,19 @@ def _selection(specs: Iterable[str], lock: Lockfile | None) -> dict[tuple[str, s
 
 
 def _scan_selected(cache_dir: str | os.PathLike[str], selection: dict[tuple[str, str], set[str] | None]):
-    """The scan of the selected repos (the whole cache when nothing is selected). A spec (keyed as a model) whose id
-    the cache holds only as another type (``kernels--``, ``datasets--``) is re-keyed to it in ``selection``.
-    Raises UsageError: a selected repo is not in the cache."""
+    """The scan of the selected repos (all when none); a spec is re-keyed to the type the cache holds its id as."""
     info = scan_cache(cache_dir, {r for r, _ in selection} if selection else None)
     found = {(r.repo_id, r.repo_type) for r in info.repos}
     for repo_id, _ in [key for key in selection if key[1] == "model" and key not in found]:
-        other = next((t for r, t in sorted(found) if r == repo_id and (r, t) not in selection), None)
-        if other is not None:
+        if (other := next((t for r, t in sorted(found) if r == repo_id and (r, t) not in selection), None)) is not None:
             selection[(repo_id, other)] = selection.pop((repo_id, "model"))
-    missing = sorted(f"{r}" for r, t in selection if (r, t) not in found)
-    if missing:
+    if missing := sorted(f"{r}" for r, t in selection if (r, t) not in found):
         raise UsageError(f"not in the cache: {', '.join(missing)}", hint="check the repo ids (hfcache ls)")
     return info
 
 
 def _selected_revisions(repo: RepoInfo, selection: dict[tuple[str, str], set[str] | None]) -> list:
-    """The revisions of ``repo`` to export (commits and ref names; None: all). Raises UsageError (a named revision
-    is not in the cache), CacheError (part of the repo cannot be read)."""
+    """The revisions of ``repo`` to export (UsageError: a named one is not cached; CacheError: unreadable)."""
     wanted = selection.get((repo.repo_id, repo.repo_type)) if selection else None
     revisions = list(repo.revisions)
     if wanted is not None:
@@ -158,7 +135,7 @@ def _selected_revisions(repo: RepoInfo, selection: dict[tuple[str, str], set[str
 
 def _plan_repo(cache_dir: str, repo: RepoInfo, revisions: list, materialize: bool, entries: list[Entry],
                first_of_content: dict[str, str]) -> int:
-    """Append the entries of ``repo`` at ``revisions`` to ``entries``; returns the bytes of new distinct content."""
+    """Append the entries of ``repo`` at ``revisions``; returns the bytes of new distinct content."""
     folder = repo.folder
     root = Path(cache_dir) / folder
     dirs = {folder, f"{folder}/blobs", f"{folder}/snapshots"}
@@ -183,12 +160,11 @@ def _plan_repo(cache_dir: str, repo: RepoInfo, revisions: list, materialize: boo
 
 def _plan_blobs(repo: RepoInfo, revisions: list, root: Path, entries: list[Entry],
                 first_of_content: dict[str, str]) -> int:
-    """Append the blobs the snapshot links of ``revisions`` use (a content seen before: a hardlink); returns the
-    bytes of new distinct content. Raises CacheError: a snapshot entry is neither a link to a blob nor a file."""
+    """Append the blobs ``revisions`` link to (seen before: a hardlink); returns the new distinct bytes."""
     blobs: dict[str, int] = {}
     for rev in revisions:
         for f in rev.files:
-            if f.form != "link" and f.form != "file":
+            if f.form not in ("link", "file"):
                 raise CacheError(f"{repo.repo_id}: snapshot {rev.commit_hash[:12]} has a broken entry {f.path} "
                                  f"({f.form})", hint="run `hfcache verify --repair` first")
             if f.form == "link":
@@ -207,8 +183,7 @@ def _plan_blobs(repo: RepoInfo, revisions: list, root: Path, entries: list[Entry
 
 def _plan_revision(folder: str, root: Path, rev, materialize: bool, entries: list[Entry],
                    first_of_content: dict[str, str], dirs: set[str]) -> int:
-    """Append the snapshot entries, ``.no_exist`` markers and ``trees/`` listing of ``rev`` (their folders to
-    ``dirs``); returns the bytes of new distinct content (real files and the listing)."""
+    """Append the snapshot entries, markers and ``trees/`` listing of ``rev``; returns the new distinct bytes."""
     unique = 0
     base = f"{folder}/snapshots/{rev.commit_hash}"
     for f in rev.files:
@@ -227,8 +202,7 @@ def _plan_revision(folder: str, root: Path, rev, materialize: bool, entries: lis
         dirs.update(_parents(name, stop=folder))
         entries.append(Entry(name, "empty"))
     tree = f"{rev.commit_hash}.json"
-    size = _regular_size(root.parent, (folder, "trees", tree))
-    if size is not None:
+    if (size := _regular_size(root.parent, (folder, "trees", tree))) is not None:
         dirs.add(f"{folder}/trees")
         unique += size
         entries.append(Entry(f"{folder}/trees/{tree}", "file", source=str(root / "trees" / tree), size=size))
@@ -236,8 +210,7 @@ def _plan_revision(folder: str, root: Path, rev, materialize: bool, entries: lis
 
 
 def _regular_size(cache_dir: Path, rel: tuple[str, ...]) -> int | None:
-    """The size of ``cache_dir/rel`` when it is a regular file (lstat through its folder, opened from the root
-    without following links), else None. Raises UnsafeLayout (exit 5): a folder on the way is a link."""
+    """The size of the regular file ``cache_dir/rel`` (no link followed on the way), else None."""
     try:
         with safefs.dir_fd(cache_dir, rel[:-1]) as fd:
             st = os.stat(rel[-1], dir_fd=fd, follow_symlinks=False)
@@ -247,11 +220,8 @@ def _regular_size(cache_dir: Path, rel: tuple[str, ...]) -> int | None:
 
 
 def _checked_record(cache_dir: str, repo: RepoInfo, rev) -> str | None:
-    """The text of warm's record of ``rev`` (carried along), or None. Raises CacheError (exit 5) for a revision an
-    export would launder: a load hazard (FIFO, device, a chain scan did not enter: an export would drop what lies
-    below) or a recorded file lost (neither in the snapshot nor marked absent: verify's ``file_missing``)."""
-    hazards = [h for h in load_hazards(repo, rev.commit_hash) if h.endswith(SPECIAL_FILE) or TOO_DEEP in h]
-    if hazards:
+    """warm's record of ``rev`` (text) or None; CacheError: a load hazard, a recorded file lost."""
+    if hazards := [h for h in load_hazards(repo, rev.commit_hash) if h.endswith(SPECIAL_FILE) or TOO_DEEP in h]:
         raise CacheError(f"{repo.repo_id}: unsafe cache layout, nothing exported: {repo.folder}/{hazards[0]}",
                          hint="remove it, then `hfcache verify --repair` (or re-warm) and rerun")
     record = read_record(cache_dir, repo.folder, rev.commit_hash)
@@ -275,9 +245,7 @@ def _parents(name: str, stop: str) -> set[str]:
 
 
 def _markers(cache_dir: Path, folder: str, commit: str) -> list[str]:
-    """Relative paths of the regular files below ``<folder>/.no_exist/<commit>``, sorted (walked through folder
-    descriptors). Raises CacheError (exit 5): folders nested deeper than MAX_TREE_DEPTH, or a folder on the way is
-    a link (UnsafeLayout)."""
+    """The regular files below ``<folder>/.no_exist/<commit>``, sorted (CacheError: nested too deep)."""
     out = []
     try:
         for found in safefs_tree.walk(cache_dir, (folder, ".no_exist", commit), max_depth=MAX_TREE_DEPTH):
@@ -302,12 +270,9 @@ def write_tar(plan: ExportPlan, out: BinaryIO, chown: tuple[int, int] = (0, 0), 
 
     Args:
         chown: (uid, gid) of every entry. group_writable: modes 0775/0664 instead of 0755/0644.
-        prefix: a checked relative folder (``push --prefix``, :func:`hfcache.oci.modelpack.check_prefix`) every
-            entry is put under, its own folders first; hardlink targets get it too, relative symlink targets stay.
+        prefix: a checked relative folder (``push --prefix``) every entry goes under; hardlink targets too.
 
-    Raises:
-        CacheError: a blob's content does not match its name; a source file changed or is no longer a regular
-            file below the cache (refused, never read through).
+    Raises CacheError: a blob does not match its name; a source file changed or is no longer a regular file.
     """
     dir_mode, file_mode = modes(group_writable)
     sink = DigestWriter(out)

@@ -1,9 +1,7 @@
 """export to a directory: the plan written as a new cache folder beside DEST, then renamed into place.
 
-The staging folder is private (0700) until it is complete, and every entry is created, chmod-ed and chown-ed
-relative to its descriptor (``*at`` calls that follow no link, ``fchmod`` of what was created), so neither the
-source cache's members nor the owner ``--chown`` names can redirect a write while the export runs. DEST is the
-user's path, outside the source cache (``cli/move.py``: :func:`hfcache.move.destination.refuse_dest_inside`).
+The staging folder stays private (0700) until complete; every entry is created, chmod-ed and chown-ed relative to
+its descriptor (``*at`` calls that follow no link), so no member of the source or ``--chown`` owner redirects a write.
 """
 
 from __future__ import annotations
@@ -20,13 +18,9 @@ from .export_store import entry_reader
 
 
 def write_dir(plan: ExportPlan, dest: Path, chown: tuple[int, int] | None = None, group_writable: bool = False) -> None:
-    """Write the plan as a new cache directory at ``dest`` (built beside it, then renamed into place).
-
-    Raises:
-        UsageError: ``dest`` exists and is not an empty directory.
-        CacheError: a blob's content does not match its name, a source file changed or was swapped for a link
-            (nothing is left at ``dest``), or ``dest`` cannot be written.
-    """
+    """Write the plan as a new cache directory at ``dest`` (built beside it, then renamed into place). Raises
+    UsageError (``dest`` is not an empty directory), CacheError (a blob does not match its name, a source file
+    changed or became a link, ``dest`` cannot be written: nothing is left there)."""
     if dest.exists() and (not dest.is_dir() or any(dest.iterdir())):
         raise UsageError(f"{dest} exists and is not empty", hint="export into a new directory")
     pfd = None
@@ -42,8 +36,7 @@ def write_dir(plan: ExportPlan, dest: Path, chown: tuple[int, int] | None = None
 
 
 def _write_entries(plan: ExportPlan, sfd: int, chown: tuple[int, int] | None, group_writable: bool) -> None:
-    """Create the plan's entries in the staging folder ``sfd``, then chown them deepest first and give the staging
-    folder its mode and owner last (each folder stays ours until its content is done)."""
+    """Create the entries in ``sfd``, chown them deepest first, the staging folder's mode and owner last."""
     dir_mode, file_mode = modes(group_writable)
     for e in plan.entries:
         if e.kind == "dir":

@@ -1,9 +1,7 @@
-"""export's reading of the source cache: each file at exactly its planned size, each blob hashed against its name,
-and huggingface_hub 2.4's shared Xet blob store (``huggingface_hub/utils/_shared_blobs.py``).
+"""export's reads of the source cache: each file at exactly its planned size, each blob hashed against its name.
 
-A repo blob that is a link of the library's exact shape into the marked store (:mod:`hfcache.cache.shared_store`)
-is exported as a regular blob holding the payload's bytes, so the export has no link leaving it; any other shape,
-or a store part that is a link, FIFO or folder, is refused (exit 5).
+A blob linked into huggingface_hub 2.4's shared Xet store (``utils/_shared_blobs.py``) is exported as a regular
+blob holding the payload (:mod:`hfcache.cache.shared_store`); any other shape of store part is refused (exit 5).
 """
 
 from __future__ import annotations
@@ -23,12 +21,8 @@ _RERUN = "rerun once nothing writes the cache"
 
 
 def with_store_blobs(cache_dir: str, folder: str, rev):
-    """``rev`` with each entry whose blob is a store link (scan sees it as a missing blob) taken as a ``link`` of the
-    payload's size, so the payload's bytes are exported as a regular blob. A dangling store link stays broken.
-
-    Raises:
-        CacheError (exit 5): the store or the payload is not what the library writes (a link, FIFO, folder).
-    """
+    """``rev`` with each entry whose blob is a store link taken as a ``link`` of the payload's size (a dangling one
+    stays broken). Raises CacheError (exit 5): a store part is a link, FIFO or folder."""
     files = []
     for f in rev.files:
         xet_hash = safefs.store_link_of(cache_dir, folder, f.etag) if f.form == "broken" and f.etag else None
@@ -47,8 +41,8 @@ def with_store_blobs(cache_dir: str, folder: str, rev):
 
 
 def open_blob_source(path: str, etag: str):
-    """Open the blob ``path`` (``<cache>/<folder>/blobs/<etag>``) with ``safefs.open_blob``: a regular file, or the
-    store payload its library-shaped link names. Raises CacheError: anything else (UnsafeLayout for a link)."""
+    """Open the blob ``path`` (``<cache>/<folder>/blobs/<etag>``, or the store payload it links to) as a binary
+    file. Raises CacheError: not a regular file (UnsafeLayout for a link)."""
     blob = Path(path)
     fd = safefs.open_blob(blob.parents[2], blob.parents[1].name, etag)
     f = os.fdopen(fd, "rb")
@@ -59,13 +53,8 @@ def open_blob_source(path: str, etag: str):
 
 
 def open_plain_source(entry):
-    """Open the file an export ``Entry`` that is no blob copies (``entry.source`` is ``<cache>/<entry.name>``):
-    its folders opened from the cache root without following links, the file itself a regular file
-    (:func:`hfcache.cache.fsops.open_regular`), so a folder swapped for a link after the plan is refused.
-
-    Raises:
-        CacheError (exit 5): not a regular file now, a folder on the way is a link, or not the planned path.
-    """
+    """Open the non-blob file of an export ``Entry`` (``entry.source`` is ``<cache>/<entry.name>``) through folders
+    opened from the root. Raises CacheError (exit 5): not a regular file, a link on the way, not the planned path."""
     suffix = "/" + entry.name
     if not entry.source.endswith(suffix):
         raise CacheError(f"{entry.source}: not the cache file planned for {entry.name}: nothing exported")
@@ -75,14 +64,9 @@ def open_plain_source(entry):
 
 
 def entry_reader(entry, grown: str | None = None) -> HashingReader:
-    """A reader of exactly ``entry.size`` bytes of an export ``Entry`` of kind ``file``, checked at its end (the
-    read that returns ``b""``): a blob (``entry.etag``) must hash to its name, another file must hold that size.
-
-    Raises:
-        CacheError (exit 5, nothing exported): a blob whose bytes are not its name's (corrupt source cache; a blob
-            longer than planned: ``grown`` as the message, when given); a file whose size changed since the plan
-            (a tarfile short read would be exit 70).
-    """
+    """A reader of exactly ``entry.size`` bytes of a ``file`` entry, checked at its end (the read returning ``b""``).
+    Raises CacheError (exit 5): a blob not matching its name (longer than planned: ``grown`` as the message, when
+    given); another file whose size changed since the plan."""
     if not entry.etag:
         return HashingReader(open_plain_source(entry), entry.size, shown=entry.source, error=lambda _why: CacheError(
             f"{entry.source} changed while it was exported (not the size planned): nothing exported", hint=_RERUN))

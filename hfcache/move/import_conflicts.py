@@ -1,17 +1,7 @@
-"""import's check against what the target cache already holds: nothing the target has is replaced
-(docs/security.md, "import over existing content").
-
-The source is untrusted: its blobs prove themselves (named by their hash), but which blob a snapshot path shows,
-whether a path exists at a commit and where a ref points are claims (a tar naming an existing commit could retarget
-``snapshots/<commit>/vocab.txt`` or move ``refs/main``). So before anything is published (under the repo locks),
-every entry the import would write is compared with the target: the same content is left as it is; other content,
-a file where a folder belongs (or the reverse), a part of the repo folder that is a symlink, a ref to a commit
-neither side has a snapshot of (``.no_exist`` markers alone are none) refuse the whole import.
-
-A commit's file set is fixed, and the target may know it (warm's record, :mod:`hfcache.cache.published`, or a
-``trees/<commit>.json`` listing): the import may then add no snapshot file, ``.no_exist`` marker or listing that
-contradicts it. A commit the target holds without either may be completed (two selections of one revision merge).
-A target ``.no_exist`` entry that is not an empty regular file (a planted link) is a conflict too.
+"""import's check against what the target cache holds: nothing there is replaced (docs/security.md, "import over
+existing content"). The source's blobs prove themselves; which blob a path shows, which paths a commit has and where
+a ref points are claims, compared with the target (its entries, warm's record, its ``trees/`` listing) under the repo
+locks before anything is published: the same content is left, anything else refuses the whole import.
 """
 
 from __future__ import annotations
@@ -40,13 +30,11 @@ def _kind(path: Path) -> str:
         return "missing"
     except NotADirectoryError:
         return "other"
-    return ("dir" if stat.S_ISDIR(mode) else "link" if stat.S_ISLNK(mode) else "file" if stat.S_ISREG(mode)
-            else "other")
+    return {stat.S_IFDIR: "dir", stat.S_IFLNK: "link", stat.S_IFREG: "file"}.get(stat.S_IFMT(mode), "other")
 
 
 def _blocked(root: Path, parts: tuple[str, ...]) -> str | None:
-    """The first existing folder on the way to ``root/parts`` (``root`` included, the entry itself excluded) that is
-    not a real directory (a file, a symlink): the entry cannot be written without replacing or following it."""
+    """The first existing folder on the way to ``root/parts`` (the entry excluded) that is not a real directory."""
     path = root
     for depth in range(len(parts)):
         kind = _kind(path)
@@ -61,9 +49,7 @@ def _blocked(root: Path, parts: tuple[str, ...]) -> str | None:
 def _same_blob(path: Path, kind: str, folder: RepoFolder, etag: str) -> bool:
     """Whether the existing snapshot entry ``path`` shows the content ``blobs/<etag>``."""
     if kind == "link":
-        target = os.readlink(path)
-        resolved = os.path.normpath(os.path.join(path.parent, target))
-        return resolved == os.path.normpath(folder.blob_path(etag))
+        return os.path.normpath(path.parent / os.readlink(path)) == os.path.normpath(folder.blob_path(etag))
     if kind == "file":
         try:  # opened from the cache root through folder fds (O_NOFOLLOW|O_NONBLOCK): a swapped parent is refused
             fd = safefs.open_file(folder.cache_dir, path.relative_to(folder.cache_dir).parts,
@@ -75,9 +61,8 @@ def _same_blob(path: Path, kind: str, folder: RepoFolder, etag: str) -> bool:
 
 
 def store_blob_holds(folder: RepoFolder, etag: str) -> bool:
-    """Whether the target's ``blobs/<etag>`` is a link of huggingface_hub 2.4's exact shape into its marked shared
-    Xet store (``utils/_shared_blobs.py``) whose payload (``safefs.open_blob``) hashes to ``etag``: the import then
-    reuses the payload. A store part that is a link, FIFO or folder, or a payload with other bytes, is False."""
+    """Whether the target's ``blobs/<etag>`` is a link into huggingface_hub 2.4's shared Xet store
+    (``utils/_shared_blobs.py``) whose payload hashes to ``etag`` (reused by the import)."""
     if safefs.store_link_of(folder.cache_dir, folder.name, etag) is None:
         return False
     try:
@@ -95,13 +80,13 @@ class _Conflicts:
         self._records: dict[str, PublishedRevision | None] = {}
 
     def record(self, commit: str) -> PublishedRevision | None:
-        """warm's record of what it published at ``commit`` (read once, through safefs), or None."""
+        """warm's record of ``commit`` (read once), or None."""
         if commit not in self._records:
             self._records[commit] = read_record(self.folder.cache_dir, self.folder.name, commit)
         return self._records[commit]
 
     def listing(self, commit: str) -> dict | None:
-        """The target's ``trees/<commit>.json`` as path -> Expected (read once; never through a symlink)."""
+        """The target's ``trees/<commit>.json`` as path -> Expected (read once, no link followed), or None."""
         if commit not in self._listings:
             parts = ("trees", f"{commit}.json")
             regular = _blocked(self.folder.root, parts) is None and _kind(self.where(*parts)) == "file"
@@ -126,13 +111,9 @@ class _Conflicts:
 
 
 def check_target(folder: RepoFolder, repo: _RepoPlan, move_refs: bool = False) -> tuple[list[str], set, list[str]]:
-    """Compare what the import's plan for ``folder`` would write with what it holds (``move_refs``: a ref the
-    target has at another commit may move, else it is a conflict).
-
-    Returns:
-        (conflicts, present, moved): one line per entry the target holds with other content or cannot take; the
-        ``(commit, path)`` snapshot entries it has with the same content (left untouched); the refs that move.
-    """
+    """Compare what the plan would write into ``folder`` with what it holds (``move_refs``: a ref elsewhere may move).
+    Returns (conflicts: one line per entry held otherwise or blocked, present: the ``(commit, path)`` snapshot
+    entries held with the same content, moved: the refs that move)."""
     c = _Conflicts(folder)
     present: set[tuple[str, str]] = set()
     for (commit, path), etag in sorted(repo.links.items()):
@@ -172,7 +153,7 @@ def check_target(folder: RepoFolder, repo: _RepoPlan, move_refs: bool = False) -
 
 
 def _record_hash(record: PublishedRevision, path: str) -> str | None:
-    """The hex digest the record gives ``path`` (a git sha1 or sha256, as blob names are), or None."""
+    """The hex digest the record gives ``path`` (as blob names are), or None."""
     entry = record.files.get(path)
     return entry[1].split(":", 1)[1] if entry else None
 
@@ -217,8 +198,7 @@ def _check_trees(c: _Conflicts, repo: _RepoPlan) -> None:
             continue
         kind = _kind(c.where(*parts))
         if kind == "missing":
-            why = _listing_disagrees(c, name.removesuffix(".json"), _expected(files))
-            if why:
+            if why := _listing_disagrees(c, name.removesuffix(".json"), _expected(files)):
                 c.add(parts, why)
             continue
         theirs = c.listing(name.removesuffix(".json")) if kind == "file" else None
@@ -256,7 +236,7 @@ def _check_refs(c: _Conflicts, repo: _RepoPlan, move_refs: bool) -> list[str]:
 
 
 def _has_snapshot(c: _Conflicts, commit: str) -> bool:
-    """Whether the target's ``snapshots/<commit>`` is a real folder with at least one entry (no link followed)."""
+    """Whether the target's ``snapshots/<commit>`` is a real folder with an entry."""
     if _blocked(c.folder.root, ("snapshots", commit, "x")) is not None or _kind(c.where("snapshots", commit)) != "dir":
         return False
     with os.scandir(c.where("snapshots", commit)) as entries:

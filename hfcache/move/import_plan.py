@@ -1,8 +1,5 @@
-"""import's plan: what the source holds, per repo folder (:class:`_RepoPlan`), read by :class:`_Reader`.
-
-The reader refuses any entry outside the HF cache layout (absolute paths, ``..``, devices or fifos, names no
-filesystem holds), checks the shape of each section and the caps on what it reads (``MAX_*``), and stages every
-file's content (:mod:`.import_staging`). Hashes, the target and publishing come later (:mod:`.importer`).
+"""import's plan: what the source holds per repo folder (:class:`_RepoPlan`), read by :class:`_Reader`, which
+refuses any entry outside the HF cache layout or past a cap (``MAX_*``) and stages every file's content.
 """
 
 from __future__ import annotations
@@ -19,30 +16,27 @@ from ..cache.scan import parse_folder_name
 from ..errors import UsageError
 from ..names import is_commit, is_etag
 from ..records import valid_repo_id
-from .import_source import Member, shown_name
+from .import_source import MAX_DEPTH, Member, shown_name
 from .import_staging import _Staging
 
 _SECTIONS = {"blobs", "snapshots", "refs", ".no_exist", "trees"}
 
-#: Bounds on what import reads (docs/transfer.md, "Bounds"). A ref holds a 40-hex commit; a ``.no_exist`` marker is
-#: empty; the ``trees/`` listing of a repo with 100,000 files is about 15 MiB.
+#: Bounds on what import reads (docs/transfer.md, "Bounds"): a ref holds a commit; a ``trees/`` listing of 100,000
+#: files is about 15 MiB.
 MAX_REF_BYTES = 1024
 MAX_TREE_BYTES = 32 * 1024 * 1024
-#: Names a filesystem can hold (Linux NAME_MAX and PATH_MAX), checked before anything is published: a name
-#: component, a ref's name (written through ``.<name>.<8 hex>.tmp``), the absolute path of an entry in the target,
-#: and the folder depth (a snapshot link climbs one ``../`` per level, and a link target is bounded too).
+#: Names a filesystem holds (Linux NAME_MAX, PATH_MAX): a component, a ref name (written as ``.<name>.<8 hex>.tmp``),
+#: an entry's absolute path in the target, the depth (a snapshot link climbs one ``../`` per level).
 MAX_NAME_BYTES = 255
 MAX_REF_NAME_BYTES = MAX_NAME_BYTES - 15
 MAX_PATH_BYTES = 4095
-MAX_DEPTH = 256
 #: Entries in one import (tarfile keeps every member's header in memory while it streams).
 MAX_ENTRIES = 1_000_000
 
 
 def clean_name(name: str) -> list[str]:
     """Split a member name into parts, refusing absolute paths, ``..`` and other escapes."""
-    name = name.removeprefix("./")
-    name = name.rstrip("/")
+    name = name.removeprefix("./").rstrip("/")
     if (not name or name.startswith("/") or "\\" in name or "\0" in name
             or any(p in ("", ".", "..") for p in name.split("/"))):
         raise UsageError(f"refused entry {name!r}: absolute or escaping path")
@@ -64,11 +58,7 @@ class _RepoPlan:
 
 
 def _parse_listing(data: bytes, name: str) -> dict[str, tuple[str, str, int]]:
-    """A ``trees/<commit>.json`` (huggingface_hub ``_tree_cache.py`` format 1) as path -> (blob_id, lfs_sha256, size).
-
-    Raises:
-        UsageError: not JSON, nested too deep, or not that format.
-    """
+    """A ``trees/<commit>.json`` (huggingface_hub ``_tree_cache.py`` format 1) as path -> (blob_id, lfs, size)."""
     try:
         files = loads_json(data, name)["files"]  # bounded nesting (bounds.MAX_JSON_DEPTH): TooDeep, never 70
         return {str(path): (str(e.get("blob_id", "")), str(e.get("lfs_sha256") or ""),
@@ -80,8 +70,7 @@ def _parse_listing(data: bytes, name: str) -> dict[str, tuple[str, str, int]]:
 
 
 def repo_folder_ok(name: str) -> bool:
-    """Whether ``name`` is a repo folder (``models--ORG--NAME``) of a valid repo id
-    (:func:`hfcache.records.valid_repo_id`, huggingface_hub's rule)."""
+    """Whether ``name`` is a repo folder (``models--ORG--NAME``) of a valid repo id (huggingface_hub's rule)."""
     parsed = parse_folder_name(name)
     return parsed is not None and valid_repo_id(parsed[0])
 
@@ -122,7 +111,7 @@ class _Reader:
         handler(self.repos[parts[0]], member, parts, content)
 
     def fits(self, name: str, parts: list[str]) -> None:
-        """Refuse a name the target's filesystem cannot take (see ``MAX_PATH_BYTES``) before anything is written."""
+        """Refuse a name the target's filesystem cannot take (``MAX_PATH_BYTES``, ``MAX_REF_NAME_BYTES``)."""
         if len(os.fsencode(os.path.join(self.staging.cache_dir, *parts))) > MAX_PATH_BYTES:
             raise UsageError(f"refused entry {shown_name(name)!r}: its path in the target would be longer than "
                              f"{MAX_PATH_BYTES} bytes; nothing was imported")

@@ -1,8 +1,5 @@
-"""import's source: the entries of an exported cache, read from a tar stream or a directory, never trusted.
-
-:func:`tar_members` reads a tar as a stream (compressed or not) with :class:`BoundedTarInfo`; :func:`members_of_dir`
-walks an exported directory without following a link swapped in while it reads. Both yield :class:`Member` entries
-with a stream of the file's bytes; what the entries may be is checked by :mod:`hfcache.move.import_plan`.
+"""import's source: the entries of an exported cache (:class:`Member` and a stream of a file's bytes), read from a
+tar stream (:func:`tar_members`) or a directory (:func:`members_of_dir`), never trusted: checked by :mod:`.import_plan`.
 """
 
 from __future__ import annotations
@@ -23,8 +20,8 @@ from ..errors import UsageError
 MAX_HEADER_BYTES = 1024 * 1024
 _HEADER_TYPES = (tarfile.GNUTYPE_LONGNAME, tarfile.GNUTYPE_LONGLINK, tarfile.XHDTYPE, tarfile.XGLTYPE,
                  tarfile.SOLARIS_XHDTYPE)
-#: Deepest folder chain read from a source directory (the tar names' bound, import_plan.MAX_DEPTH).
-MAX_DIR_DEPTH = 256
+#: Deepest folder chain of an entry, in a tar or a source directory.
+MAX_DEPTH = 256
 _T = TypeVar("_T")
 
 
@@ -42,15 +39,10 @@ def shown_name(name: str) -> str:
 
 
 class BoundedTarInfo(tarfile.TarInfo):
-    """Library gap: tarfile reads a PAX extended header or a GNU long name whole into memory, whatever size it
-    declares (``TarInfo._proc_pax``/``_proc_gnulong``, Python 3.8-3.13): such a header past
-    :data:`MAX_HEADER_BYTES` is refused before it is read.
-
-    Library gap: a PAX header with GNU.sparse.* keys makes tarfile parse a sparse map inside ``_proc_pax``, before
-    ``issparse()`` can refuse the member: format 1.0 (``_proc_gnusparse_10``) reads its map whole, whatever its
-    length (a 12 MB map: 72 s and 348 MB), and malformed maps raise ValueError. A cache has no sparse file: each
-    format is refused before its map is parsed (the hooks keep their names in 3.8-3.13; their other arguments
-    changed in 3.12, so they are taken as they come).
+    """Library gaps (tarfile, Python 3.8-3.13): a PAX header or GNU long name is read whole whatever size it declares
+    (``_proc_pax``/``_proc_gnulong``): refused past :data:`MAX_HEADER_BYTES`. A GNU.sparse.* map is parsed inside
+    ``_proc_pax`` before ``issparse()`` (format 1.0 reads it whole: a 12 MB map took 72 s and 348 MB): a cache has
+    no sparse file, so each format is refused before its map is read (hook arguments changed in 3.12: taken as is).
     """
 
     def _proc_member(self, tar):
@@ -58,24 +50,16 @@ class BoundedTarInfo(tarfile.TarInfo):
             raise UsageError(f"refused a tar header of {self.size} bytes (more than {MAX_HEADER_BYTES})")
         return super()._proc_member(tar)
 
-    def _refuse_sparse(self, next, args: tuple) -> None:
+    def _refuse_sparse(self, next, *args) -> None:
         headers = args[0] if args and isinstance(args[0], dict) else {}
         name = headers.get("GNU.sparse.name") or headers.get("path") or next.name
         raise UsageError(f"refused entry {shown_name(str(name))!r}: a sparse file (a cache has none)")
 
-    def _proc_gnusparse_00(self, next, *args):
-        self._refuse_sparse(next, args)
-
-    def _proc_gnusparse_01(self, next, *args):
-        self._refuse_sparse(next, args)
-
-    def _proc_gnusparse_10(self, next, *args):
-        self._refuse_sparse(next, args)
+    _proc_gnusparse_00 = _proc_gnusparse_01 = _proc_gnusparse_10 = _refuse_sparse
 
 
 def _header(read: Callable[[], _T]) -> _T:
-    """``read()``, with tarfile's ValueError/OverflowError on malformed numbers (a sparse map, a base-256 field)
-    turned into the ReadError callers answer as "not a readable tar" (library gap: tarfile lets them escape)."""
+    """``read()``, with tarfile's ValueError/OverflowError on a malformed number as ReadError (library gap)."""
     try:
         return read()
     except (ValueError, OverflowError) as exc:
@@ -83,14 +67,10 @@ def _header(read: Callable[[], _T]) -> _T:
 
 
 def tar_members(stream: BinaryIO, mode: str = "r|*") -> Iterator[tuple[Member, BinaryIO | None]]:
-    """The entries of a tar read as a stream (``mode`` ``r|*``: compressed or not; ``r|``: plain), a file's content
-    as a stream of the tar (valid until the next entry).
-
-    Raises:
-        tarfile.TarError: not a tar, truncated, or a malformed header.
-        UsageError: a header past :data:`MAX_HEADER_BYTES`, or a sparse member (refused before its map is read).
-    """
-    tar = _header(lambda: tarfile.open(fileobj=stream, mode=mode, tarinfo=BoundedTarInfo))  # reads a header
+    """The entries of a tar read as a stream (``mode`` ``r|*``: compressed or not; ``r|``: plain); a file's stream
+    is valid until the next entry. Raises tarfile.TarError (not a tar, truncated, a malformed header), UsageError
+    (a header past :data:`MAX_HEADER_BYTES`, a sparse member)."""
+    tar = _header(lambda: tarfile.open(fileobj=stream, mode=mode, tarinfo=BoundedTarInfo))  # noqa: SIM115 - closed below
     with tar:
         while (info := _header(tar.next)) is not None:
             if info.isdir():
@@ -108,13 +88,9 @@ def tar_members(stream: BinaryIO, mode: str = "r|*") -> Iterator[tuple[Member, B
 
 
 def members_of_dir(root: Path) -> Iterator[tuple[Member, BinaryIO | None]]:
-    """The entries of an exported directory, depth first in name order, without recursion: each folder opened
-    relative to its parent's fd and each file relative to its folder's (:mod:`hfcache.cache.fsops`: no link
-    followed, no FIFO blocking), so an entry swapped for a link while it is read is refused.
-
-    Raises:
-        UsageError: a chain deeper than :data:`MAX_DIR_DEPTH`, or an entry that changed while it was read.
-    """
+    """The entries of an exported directory, depth first in name order, each opened relative to its folder's fd
+    (no link followed, no FIFO blocking). Raises UsageError: deeper than :data:`MAX_DEPTH`, or an entry changed
+    (became a link) while it was read."""
     top = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     stack: list[tuple[int, str, Iterator[str]]] = [(top, "", iter(()))]
     try:
@@ -129,8 +105,8 @@ def members_of_dir(root: Path) -> Iterator[tuple[Member, BinaryIO | None]]:
             st = os.stat(name, dir_fd=fd, follow_symlinks=False)
             if stat.S_ISDIR(st.st_mode):
                 yield Member(rel, "dir"), None
-                if len(stack) >= MAX_DIR_DEPTH:
-                    raise UsageError(f"refused entry {shown_name(rel)!r}: more than {MAX_DIR_DEPTH} levels; "
+                if len(stack) >= MAX_DEPTH:
+                    raise UsageError(f"refused entry {shown_name(rel)!r}: more than {MAX_DEPTH} levels; "
                                      "nothing was imported")
                 try:
                     sub = open_dir_at(fd, name)

@@ -1,6 +1,5 @@
-"""import's staging: content read from the source, hashed while it streams and parked under ``<cache>/.locks/``
-(a folder huggingface_hub's scanner ignores, on the cache's filesystem: publishing is a rename). Nothing is staged
-past the size its entry declares, and free space is checked before each entry is written.
+"""import's staging: content hashed while it streams and parked under ``<cache>/.locks/`` (ignored by huggingface_hub's
+scanner, on the cache's filesystem: publishing is a rename), never past its declared size or the free space.
 """
 
 from __future__ import annotations
@@ -28,9 +27,8 @@ def free_bytes(path: Path) -> int:
 
 
 class _Staging:
-    """Content read from the source, hashed and parked under ``<cache>/.locks/`` until publishing. Every staged
-    file is written, read and renamed relative to the staging folder's descriptor (:attr:`fd`), so a ``.locks``
-    swapped for a link while the source streams is not followed."""
+    """The staging folder, every file written, read and renamed relative to its fd (a ``.locks`` swapped for a link is
+    not followed); ``files``: member -> (staged, size, sha256, git-sha1)."""
 
     def __init__(self, cache_dir: Path) -> None:
         locks = cache_dir / ".locks"
@@ -45,15 +43,10 @@ class _Staging:
             os.mkdir(self.name, 0o700, dir_fd=locks_fd)  # relative to the checked .locks: no link followed
         self.fd = safefs.open_dir(cache_dir, (".locks", self.name))
         self.dir = via_dir_fd(locks / self.name / "x", self.fd).parent
-        self.files: dict[str, tuple[Path, int, str, str]] = {}  # member -> (staged, size, sha256, git-sha1)
+        self.files: dict[str, tuple[Path, int, str, str]] = {}
 
     def add(self, name: str, stream: BinaryIO, size: int) -> tuple[Path, int, str, str]:
-        """Stage exactly ``size`` bytes of ``stream``, hashed (sha256 and git blob sha1) on the way.
-
-        Raises:
-            CacheError: ``size`` bytes do not fit on the cache's filesystem (checked before writing).
-            UsageError: the stream holds more or fewer bytes than ``size`` (a file that changed while read).
-        """
+        """Stage exactly ``size`` bytes of ``stream``, hashed; CacheError: no room, UsageError: not that size."""
         free = free_bytes(self.dir)
         if size > free:
             raise CacheError(f"refused entry {name!r}: its {size} bytes do not fit in the {free} bytes free on the "
@@ -73,11 +66,11 @@ class _Staging:
         return record
 
     def open_staged(self, staged: Path) -> int:
-        """Open a staged file for reading relative to :attr:`fd`; returns an fd (caller closes)."""
+        """An fd (caller closes) of a staged file, opened relative to :attr:`fd`."""
         return open_read_at(self.fd, staged.name)
 
     def holds(self, staged: Path) -> bool:
-        """Whether the staged file is still in the staging folder (not yet renamed into a repo)."""
+        """Whether the staged file is still there (not yet renamed into a repo)."""
         try:
             os.stat(staged.name, dir_fd=self.fd, follow_symlinks=False)
         except FileNotFoundError:
@@ -85,7 +78,7 @@ class _Staging:
         return True
 
     def remove(self) -> None:
-        """Remove the staging folder, walking from the cache root without following links."""
+        """Remove the staging folder (from the cache root, no link followed)."""
         with contextlib.suppress(OSError, CacheError):
             safefs.rmtree(self.cache_dir, (".locks", self.name))
         with contextlib.suppress(OSError):

@@ -1,14 +1,9 @@
 """import: merge an exported cache (a directory, a tar, or a tar on stdin) into a cache, verified first.
 
-Library gap: huggingface_hub has no import; extracting a tar into a cache by hand trusts every byte and path.
-Every entry is checked before anything becomes visible: names stay inside the HF cache layout, snapshot links point
-into the same repo's ``blobs/``, every blob hashes to its name, every real snapshot file matches a blob or its
-commit's ``trees/`` listing, refs are commits and markers empty. Content is staged under ``<cache>/.locks/``
-(:mod:`.import_staging`); when anything is refused the staging is removed and the target is left as it was. What
-the target holds is never overwritten (:mod:`.import_conflicts`). Publishing follows warm's order per repo, under
-warm's repo lock: blobs, links, markers and listings, refs last. Bounded: content is hashed while it streams and
-never staged past its declared size, sparse members are refused, free space is checked before each entry, and tar
-headers (:mod:`.import_source`), refs, markers, listings and the entry count (:mod:`.import_plan`) have caps.
+Every entry is read (:mod:`.import_plan`), staged under ``<cache>/.locks/`` (:mod:`.import_staging`) and checked,
+and compared with the target (:mod:`.import_conflicts`, nothing it holds is replaced) before anything is published;
+then each repo in warm's order under its repo lock: blobs, links, markers, listings, refs last. What is refused and
+the bounds: docs/transfer.md.
 """
 
 from __future__ import annotations
@@ -35,6 +30,7 @@ from ..cache.root import cache_error, ensure_cache_root, symlinks_supported
 from ..cache.safefs_tree import iter_tree
 from ..cache.scan import parse_folder_name
 from ..errors import CacheError, CheckFailed, IntegrityError, UsageError
+from ..records import folder_clash
 from .import_conflicts import check_target, store_blob_holds
 from .import_plan import _Reader, _RepoPlan
 from .import_source import Member, members_of_dir, tar_members
@@ -48,12 +44,9 @@ class ImportReport:
     Attributes:
         cache_dir (str): the target cache. repos (tuple[str, ...]): repo folders merged.
         files (int): snapshot entries merged (those the target already had with the same content included).
-        blobs_new (int), blobs_existing (int): blob entries added, and those the target already had (untouched).
-            An entry is a file in one repo's ``blobs/``: one content in two repos is two (hardlinked) entries.
-        blob_contents (int): distinct contents among those entries (``verify``'s distinct blobs).
-        bytes_new (int): bytes added.
-        moved (tuple[str, ...]): refs the target had at another commit that now point where the source's do
-            (only with ``move_refs``; without it such a ref refuses the import).
+        blobs_new (int), blobs_existing (int): blob entries added, and those already there (one per repo folder:
+            one content in two repos is two hardlinked entries). blob_contents (int): distinct contents (verify's).
+        bytes_new (int): bytes added. moved (tuple[str, ...]): refs moved to the source's commit (``move_refs``).
     """
 
     cache_dir: str
@@ -72,15 +65,14 @@ def import_cache(src: str, cache_dir: Path, move_refs: bool = False, *, lock_tim
 
     Args:
         move_refs: a ref the target has at another commit moves to the source's (reported); else it refuses.
-        lock_timeout: seconds to wait at most for each repo's lock (another warm, prune or import of that repo).
+        lock_timeout: seconds to wait at most for each repo's lock.
         on_lock_wait: told which lock it waits for, and who holds it, when a wait lasts a few seconds.
 
     Raises (nothing is written then, except for CacheError while publishing):
         LockTimeout: a repo's lock stayed held for ``lock_timeout`` seconds (exit 5).
         UsageError: ``src`` does not exist, holds a refused entry (named), or goes past a bound (``MAX_*``).
         IntegrityError: a blob or file does not match its hash.
-        CheckFailed: the target holds an entry with other content, a file where the source has a folder (or the
-            reverse), or a ref elsewhere; a ref names a commit neither side has.
+        CheckFailed: the target holds an entry otherwise (named); a ref names a commit neither side has.
         CacheError: the target cannot be written, or the content does not fit on its filesystem.
     """
     if src != "-" and not os.path.isdir(src) and not os.path.isfile(src):
@@ -91,7 +83,7 @@ def import_cache(src: str, cache_dir: Path, move_refs: bool = False, *, lock_tim
             return tar_members(sys.stdin.buffer)
         if os.path.isdir(src):
             return members_of_dir(Path(src))
-        return tar_members(open(src, "rb"))  # noqa: SIM115 - closed by tarfile at the end of the stream
+        return tar_members(open(src, "rb"))
 
     try:
         return import_members(members, cache_dir, move_refs=move_refs, lock_timeout=lock_timeout,
@@ -103,17 +95,11 @@ def import_cache(src: str, cache_dir: Path, move_refs: bool = False, *, lock_tim
 def import_members(members: Callable[[], Iterable[tuple[Member, BinaryIO | None]]], cache_dir: Path,
                    move_refs: bool = False, *, lock_timeout: float = DEFAULT_LOCK_TIMEOUT,
                    on_lock_wait: Callable[[LockWait], None] | None = None, listings: bool = True) -> ImportReport:
-    """Merge the entries ``members()`` yields (a :class:`Member` and, for a file, a stream of its bytes) into
-    ``cache_dir``: read and stage all, check, then publish. ``hfcache pull`` gives its layers' entries as they
-    stream; an exception the iterator raises (a digest that does not match) refuses the import. ``listings``
-    False: the source's ``trees/`` listings vouch for its real files and must agree with its links, but are neither
-    compared with the target nor published (``pull --verify-key``: no signature covers them).
-
-    ``members`` is called once, after the staging folder exists, and consumed to its end before anything is checked
-    against or published into the target. ``cache_dir`` is created if missing, and removed again (with the parents
-    this call created) if the import fails before anything was published. Other arguments and errors: as
-    :func:`import_cache`, plus whatever ``members`` raises (tarfile errors pass through).
-    """
+    """Merge the entries ``members()`` yields (a :class:`Member` and, for a file, its byte stream) into ``cache_dir``
+    (``hfcache pull`` streams its layers): consumed to its end before anything is checked or published. ``cache_dir`` is
+    created if missing, removed again (with the parents created) if nothing was published. ``listings`` False: the
+    ``trees/`` listings vouch for real files and must agree with the links, but are neither compared with the target nor
+    published (``pull --verify-key``). Else as :func:`import_cache`, plus what ``members`` raises."""
     created = _missing_ancestors(cache_dir)
     staging = None
     published = False
@@ -163,9 +149,7 @@ def _missing_ancestors(path: Path) -> list[Path]:
 
 
 def _remove_created(cache_dir: Path, created: list[Path]) -> None:
-    """Undo the creation of a cache root that received nothing: the empty ``*.lock`` files of the repo locks taken
-    and their folders (walked through folder fds, :func:`iter_tree`; another import's staging stays), its
-    ``CACHEDIR.TAG``, then the empty folders this import created (a concurrent writer's content is never removed)."""
+    """Undo the creation of a cache root that received nothing (another import's staging stays)."""
     if not created:
         return
     with contextlib.suppress(OSError):
@@ -219,7 +203,7 @@ def _check(plan: dict[str, _RepoPlan], staging: _Staging, cache_dir: Path) -> No
 
 
 def _regular_file(path: Path) -> bool:
-    """A regular file, not a symlink to one (the target's blob a link would use must be inside the cache)."""
+    """A regular file, not a symlink to one."""
     try:
         return stat.S_ISREG(os.lstat(path).st_mode)
     except OSError:
@@ -245,27 +229,14 @@ def _resolve_files(repo: _RepoPlan, staging: _Staging) -> None:
     repo.files.clear()
 
 
-def _file_and_folder(names: set[str]) -> str | None:
-    """A name of ``names`` that is also a folder of another (``a`` and ``a/b``), or None."""
-    for name in sorted(names):
-        parts = name.split("/")
-        for i in range(1, len(parts)):
-            if "/".join(parts[:i]) in names:
-                return "/".join(parts[:i])
-    return None
-
-
 def _check_shape(plan: dict[str, _RepoPlan]) -> None:
-    """Refuse a source that contradicts itself (UsageError naming the entry): a path that is a file and a folder,
-    a file also marked absent, a snapshot entry its own ``trees/`` listing does not list with that blob."""
+    """Raise UsageError naming an entry the source contradicts (file and folder, file and marker, listing)."""
     for folder_name, repo in sorted(plan.items()):
         for section, keys in (("snapshots", set(repo.links)), (".no_exist", repo.markers)):
             for commit in sorted({c for c, _ in keys}):
-                clash = _file_and_folder({p for c, p in keys if c == commit})
-                if clash:
+                if clash := folder_clash(p for c, p in keys if c == commit):
                     raise UsageError(f"refused {folder_name}/{section}/{commit}/{clash}: a file and a folder at once")
-        clash = _file_and_folder(set(repo.refs))
-        if clash:
+        if clash := folder_clash(repo.refs):
             raise UsageError(f"refused {folder_name}/refs/{clash}: a file and a folder at once")
         for commit, path in sorted(set(repo.links) & repo.markers):
             raise UsageError(f"refused {folder_name}/.no_exist/{commit}/{path}: the source also has that file")
@@ -276,19 +247,14 @@ def _check_shape(plan: dict[str, _RepoPlan]) -> None:
 
 
 def _check_target(plan: dict[str, _RepoPlan], folders: dict[str, RepoFolder], move_refs: bool) -> dict:
-    """Compare with the target (under the repo locks): folder name -> (present snapshot entries, refs that move).
-    Raises CheckFailed: naming the conflicting entries (at most five, and how many)."""
-    conflicts: list[str] = []
-    checked = {}
-    for name, repo in sorted(plan.items()):
-        found, present, moved = check_target(folders[name], repo, move_refs)
-        conflicts += found
-        checked[name] = (present, moved)
+    """Folder name -> (entries present, refs that move), under the repo locks; CheckFailed names conflicts."""
+    results = {name: check_target(folders[name], repo, move_refs) for name, repo in sorted(plan.items())}
+    conflicts = [line for found, _, _ in results.values() for line in found]
     if conflicts:
         more = f" and {len(conflicts) - 5} more" if len(conflicts) > 5 else ""
         raise CheckFailed(f"refused the import, nothing was changed: {'; '.join(conflicts[:5])}{more}",
                           hint="what the target holds is never replaced by an import")
-    return checked
+    return {name: (present, moved) for name, (_, present, moved) in results.items()}
 
 
 def _publish(plan: dict[str, _RepoPlan], staging: _Staging, cache_dir: Path, folders: dict[str, RepoFolder],
@@ -297,19 +263,13 @@ def _publish(plan: dict[str, _RepoPlan], staging: _Staging, cache_dir: Path, fol
     symlinks = symlinks_supported(cache_dir)
     published: dict[str, str] = {}  # etag -> the repo folder that has it, to hardlink instead of copying again
     counts = {"new": 0, "existing": 0, "bytes": 0}
-    contents: set[str] = set()
-    files = 0
-    moved: list[str] = []
     for folder_name, repo in sorted(plan.items()):
-        folder = folders[folder_name]
-        present, moves = checked[folder_name]
+        folder, present = folders[folder_name], checked[folder_name][0]
         folder.make_dir(folder.root / "snapshots")
         _publish_blobs(folder, repo, staging, published, counts)
-        contents.update(repo.blobs)
         for (commit, path), etag in sorted(repo.links.items()):
             if (commit, path) not in present:
                 folder.link(commit, path, etag, symlinks=symlinks)
-            files += 1
         for commit, path in sorted(repo.markers):
             folder.mark_absent(commit, path)
         _record_published(folder, repo, staging)
@@ -317,17 +277,15 @@ def _publish(plan: dict[str, _RepoPlan], staging: _Staging, cache_dir: Path, fol
             _publish_listing(folder, tree, staged, staging)
         for ref, commit in sorted(repo.refs.items()):
             folder.write_ref(ref, commit)
-        moved += moves
-    return ImportReport(cache_dir=str(cache_dir), repos=tuple(sorted(plan)), files=files, blobs_new=counts["new"],
-                        blobs_existing=counts["existing"], blob_contents=len(contents), bytes_new=counts["bytes"],
-                        moved=tuple(moved))
+    names = sorted(plan)
+    return ImportReport(cache_dir=str(cache_dir), repos=tuple(names), files=sum(len(plan[n].links) for n in names),
+                        blobs_new=counts["new"], blobs_existing=counts["existing"],
+                        blob_contents=len({etag for n in names for etag in plan[n].blobs}), bytes_new=counts["bytes"],
+                        moved=tuple(ref for n in names for ref in checked[n][1]))
 
 
 def _record_published(folder: RepoFolder, repo: _RepoPlan, staging: _Staging) -> None:
-    """Write warm's per-revision record (:mod:`hfcache.cache.published`) of what was published, so ``verify``
-    checks names against blobs in an imported or pulled cache as in a warmed one: each snapshot path with its blob
-    and size, and the absent markers. Merged with the target's record (conflicts were refused before); skipped
-    when it cannot be written (a read-only target: the cache is still the import's, only unrecorded)."""
+    """Write warm's record (:mod:`hfcache.cache.published`) of each revision published, merged; skipped if read-only."""
     for commit in sorted({c for c, _ in repo.links} | {c for c, _ in repo.markers}):
         files = []
         for (c, path), etag in sorted(repo.links.items()):
@@ -343,7 +301,7 @@ def _record_published(folder: RepoFolder, repo: _RepoPlan, staging: _Staging) ->
 
 
 def _blob_size(folder: RepoFolder, etag: str) -> int | None:
-    """The size of the target's ``blobs/<etag>`` (opened through :func:`safefs.open_blob`), or None."""
+    """The size of the target's ``blobs/<etag>`` (``safefs.open_blob``), or None."""
     try:
         fd = safefs.open_blob(folder.cache_dir, folder.name, etag)
     except (OSError, CacheError):
@@ -355,15 +313,12 @@ def _blob_size(folder: RepoFolder, etag: str) -> int | None:
 
 
 def _publish_listing(folder: RepoFolder, tree: str, staged: Path, staging: _Staging) -> None:
-    """Copy a staged ``trees/<commit>.json`` into the repo unless it has one (whatever is there stays): read
-    relative to the staging fd, written relative to the fd of ``trees/`` opened from the cache root."""
+    """Copy a staged ``trees/<commit>.json`` into the repo unless it has one, through folder descriptors."""
     dfd = folder.open_dir(folder.root / "trees")
     try:
-        try:
+        with contextlib.suppress(FileNotFoundError):
             os.stat(tree, dir_fd=dfd, follow_symlinks=False)
             return
-        except FileNotFoundError:
-            pass
         with os.fdopen(staging.open_staged(staged), "rb") as src, atomic_output_at(dfd, tree, folder.policy) as out:
             shutil.copyfileobj(src, out, _CHUNK)
     finally:
@@ -372,9 +327,7 @@ def _publish_listing(folder: RepoFolder, tree: str, staged: Path, staging: _Stag
 
 def _publish_blobs(folder: RepoFolder, repo: _RepoPlan, staging: _Staging, published: dict[str, str],
                    counts: dict[str, int]) -> None:
-    """Publish each blob of ``repo``: a hardlink of one already published (``published``: etag -> repo folder),
-    else the staged file renamed in, else a copy re-checked against its hash; all through folder descriptors
-    opened from the cache root (a ``blobs/`` swapped for a link is never followed)."""
+    """Publish each blob: a hardlink of one published before, the staged file renamed in, or a checked copy."""
     for etag, member in sorted(repo.blobs.items()):
         staged, size, _, _ = staging.files[member]
         if folder.blob_ok(etag, size):

@@ -1,16 +1,9 @@
 """link: make the cache at DEST use the cache at SRC (a runtime user's default path, a volume mount).
 
-Modes: ``symlink`` (DEST a directory symlink to SRC: no bytes, SRC must stay), ``hardlink`` (the same tree with
-every regular file hardlinked and the relative snapshot symlinks recreated; across filesystems a clear error) and
-``copy``. ``.locks``, the shared Xet store (its payloads become the repo blobs) and ``*.incomplete`` are never
-carried over. The tree is built beside DEST and renamed into place (:mod:`.destination`); DEST must be new or an
-empty folder, or already be what the link makes (then nothing changes: an init container can run it on every
-start). A symlink leaving its repo's ``blobs/``, a symlinked folder or a device in SRC refuses the whole link.
-
-SRC may be a group-shared cache whose members swap folders for links while ``link`` runs as root: every folder of
-SRC is opened from its root without following links and every file through its folder's descriptor
-(:mod:`hfcache.cache.safefs_tree`), iteratively and bounded (deeper than :data:`hfcache.bounds.MAX_TREE_DEPTH`
-below a snapshot: exit 5). DEST inside SRC is refused (exit 2).
+Modes: ``symlink`` (DEST a symlink to SRC), ``hardlink`` (the tree with every file hardlinked, the snapshot links
+recreated) and ``copy``; ``.locks``, the shared Xet store (its payloads become repo blobs) and ``*.incomplete`` are
+left out. Built beside DEST and renamed into place (:mod:`.destination`); SRC is read through folder descriptors
+(:mod:`hfcache.cache.safefs_tree`), a group member may swap its folders. The rules: docs/transfer.md.
 """
 
 from __future__ import annotations
@@ -57,11 +50,10 @@ def link_cache(src: Path, dest: Path, mode: str = "symlink") -> LinkReport:
     """Make ``dest`` a cache that uses ``src``.
 
     Raises:
-        UsageError: bad mode, ``src`` is not a directory, ``dest`` is ``src`` or inside it, ``dest`` is occupied
-            and not already this link, ``src`` holds a link out of its repo's ``blobs/`` (hardlink and copy).
-        CacheError: ``src`` is not a readable hub cache, hardlinks across filesystems (``EXDEV``), ``dest`` cannot
-            be written; UnsafeLayout when a folder of ``src`` is swapped for a link during the walk, a repo folder
-            has a planted link, or folders nest deeper than MAX_TREE_DEPTH below a snapshot (naming the repo).
+        UsageError: bad mode, ``src`` no directory, ``dest`` in ``src``, ``dest`` occupied and not this link, a link
+            in ``src`` out of its repo's ``blobs/``.
+        CacheError: ``src`` no readable hub cache, hardlinks across filesystems, ``dest`` not writable;
+            UnsafeLayout: a folder of ``src`` swapped for a link, a planted link, folders nested too deep.
     """
     if mode not in MODES:
         raise UsageError(f"invalid mode {mode!r}", hint=f"use one of {', '.join(MODES)}")
@@ -85,9 +77,7 @@ def link_cache(src: Path, dest: Path, mode: str = "symlink") -> LinkReport:
 
 
 def _checked_src(src: Path) -> Path:
-    """``src`` made absolute, once it is a directory this user can read. Raises UsageError (not a directory),
-    CacheError (it cannot be read, naming the folder that blocks; or no hub cache, exit 5:
-    :func:`hfcache.cache.root.require_hub_cache`)."""
+    """``src`` made absolute, a hub cache this user can read (UsageError, CacheError naming what blocks)."""
     src = src.absolute()
     try:
         is_dir = src.is_dir()
@@ -102,8 +92,7 @@ def _checked_src(src: Path) -> Path:
 
 
 def _make_link(src: Path, dest: Path, mode: str) -> tuple[int, int]:
-    """Build the link beside ``dest`` (new, or an empty folder) and rename it into place; returns the files linked
-    or copied and the bytes added. Nothing half-made is left behind on failure."""
+    """Build the link beside ``dest`` and rename it into place; returns (files, bytes added)."""
     try:
         pfd = open_parent(dest)  # DEST is the user's, outside the cache (refuse_dest_inside)
     except PermissionError:
@@ -113,7 +102,7 @@ def _make_link(src: Path, dest: Path, mode: str) -> tuple[int, int]:
         if mode == "symlink":
             os.symlink(src, staging, dir_fd=pfd)
             return 0, 0
-        return private_dir(pfd, staging, lambda sfd: _fill(src, sfd, mode))
+        return private_dir(pfd, staging, lambda sfd: _copy_tree(src, sfd, mode))
 
     try:
         return replace_beside(pfd, dest, make)
@@ -126,21 +115,10 @@ def _make_link(src: Path, dest: Path, mode: str) -> tuple[int, int]:
         os.close(pfd)
 
 
-def _fill(src: Path, sfd: int, mode: str) -> tuple[int, int]:
-    """:func:`_copy_tree` into the private folder ``sfd``, then give it the mode ``mkdir`` would have (0777 minus
-    the umask, keeping an inherited setgid bit)."""
-    files, added = _copy_tree(src, sfd, mode)
-    mask = os.umask(0o022)
-    os.umask(mask)
-    os.fchmod(sfd, (0o777 & ~mask) | (os.fstat(sfd).st_mode & stat.S_ISGID))
-    return files, added
-
-
 def already_linked(src: Path, dest: Path, mode: str) -> bool:
-    """Whether ``dest`` already is what linking ``src`` in ``mode`` makes: a symlink resolving to ``src``; or the
-    same tree (what a link leaves out left out on both sides) whose symlinks have the same targets and whose files
-    are hardlinks of ``src``'s (``hardlink``) or hold the same bytes (``copy``: every file read through folder
-    descriptors). Raises UnsafeLayout (CacheError): a folder of ``src`` swapped for a link, or nested too deep."""
+    """Whether ``dest`` already is what linking ``src`` in ``mode`` makes: a symlink to ``src``; or the same tree with
+    the same link targets and files that are ``src``'s inodes (hardlink) or bytes (copy). Raises UnsafeLayout: a
+    folder of ``src`` swapped for a link, or nested too deep."""
     if mode == "symlink":
         return dest.is_symlink() and os.path.realpath(dest) == os.path.realpath(src)
     if dest.is_symlink() or not dest.is_dir():
@@ -161,24 +139,22 @@ def already_linked(src: Path, dest: Path, mode: str) -> bool:
 
 
 def _tree(root: Path) -> dict[tuple[str, ...], tuple[os.stat_result, str | None]]:
-    """Every entry under ``root`` by relative parts: (lstat, or a store payload's fstat; a symlink's target)."""
+    """Every entry under ``root`` by relative parts: (lstat or a store payload's fstat, a symlink's target)."""
     entries = {}
     for folder in _walk(root):
         for name, st in folder.entries:
             key = (*folder.parts, name)
             link = os.readlink(name, dir_fd=folder.fd) if stat.S_ISLNK(st.st_mode) else None
-            payload = _store_payload(root, key) if link is not None else None
-            if payload is None:
-                entries[key] = (st, link)
-            else:
+            if link is not None and (payload := _store_payload(root, key)) is not None:
                 with payload:
                     entries[key] = (os.fstat(payload.fileno()), None)
+            else:
+                entries[key] = (st, link)
     return entries
 
 
 def _walk(root: Path):
-    """:func:`safefs_tree.walk` of the cache ``root`` without what a link leaves out; its depth error names the
-    repo."""
+    """:func:`safefs_tree.walk` of ``root`` without what a link leaves out; its depth error names the repo."""
     try:
         for folder in safefs_tree.walk(root, max_depth=_LINK_DEPTH):
             folder.entries[:] = [(n, st) for n, st in folder.entries
@@ -193,8 +169,7 @@ def _walk(root: Path):
 
 
 def _same_bytes(src: Path, dest: Path, rel: tuple[str, ...]) -> bool:
-    """Whether the file ``rel`` holds the same bytes in ``src`` (a store payload followed as the library links it)
-    and in ``dest``; both opened without following any link below their roots."""
+    """Whether the file ``rel`` holds the same bytes in ``src`` (a store payload followed) and in ``dest``."""
     ours = _store_payload(src, rel) or os.fdopen(_open_regular(src, rel), "rb")
     with ours, os.fdopen(_open_regular(dest, rel), "rb") as theirs:
         while True:
@@ -206,15 +181,13 @@ def _same_bytes(src: Path, dest: Path, rel: tuple[str, ...]) -> bool:
 
 
 def _open_regular(root: Path, rel: Sequence[str]) -> int:
-    """The regular file ``root/rel`` opened through its folder, opened from ``root`` (caller closes)."""
+    """An fd of the regular file ``root/rel``, through folders opened from ``root``."""
     with safefs.dir_fd(root, rel[:-1]) as fd:
         return open_regular(fd, rel[-1], os.path.join(root, *rel))
 
 
 def _store_payload(root: Path, rel: Sequence[str]):
-    """The open payload (a binary file) when ``rel`` is ``<repo>/blobs/<etag>`` and a link of huggingface_hub 2.4's
-    exact shape into its marked shared store (``utils/_shared_blobs.py``, ``safefs.open_blob``); else None.
-    Raises CacheError: the store or payload is a link, FIFO or folder."""
+    """The open payload when ``rel`` is a blob linked into the shared Xet store, else None (CacheError: not a file)."""
     parts = list(rel)
     if len(parts) != 3 or parts[1] != "blobs" or safefs.store_link_of(root, parts[0], parts[2]) is None:
         return None
@@ -227,8 +200,7 @@ def _store_payload(root: Path, rel: Sequence[str]):
 
 
 def _carry(fd: int, sfd: int, target: str, mode: str) -> int:
-    """Write the open regular file ``fd`` at ``target`` (relative to ``sfd``): a hardlink of that very inode
-    (``linkat`` of ``/proc/self/fd``, never a name looked up again) or a copy; returns the bytes added."""
+    """Write the open file ``fd`` at ``target`` in ``sfd``: a hardlink of its inode (no name looked up) or a copy."""
     if mode == "hardlink":  # a dst_dir_fd makes os.link call linkat with AT_SYMLINK_FOLLOW (link() would not follow)
         os.link(f"/proc/self/fd/{fd}", target, dst_dir_fd=sfd, follow_symlinks=True)
         return 0
@@ -238,24 +210,18 @@ def _carry(fd: int, sfd: int, target: str, mode: str) -> int:
 
 
 def _refuse_unsafe(src: Path) -> None:
-    """CacheError when a repo folder of ``src`` has a planted link (safefs.repo_layout_problems): a copy would
-    silently drop it, and nothing outside the cache is read."""
+    """Raise CacheError when a repo folder of ``src`` has a planted link (a copy would drop it silently)."""
     for entry in sorted(os.scandir(src), key=lambda e: e.name):
         if parse_folder_name(entry.name) is None:
             continue
-        problems = repo_layout_problems(str(src), entry.name)
-        if problems:
+        if problems := repo_layout_problems(str(src), entry.name):
             raise CacheError(f"unsafe cache layout in {src}: {entry.name}: {'; '.join(problems)}",
                              hint="remove the symlink or file, then rerun")
 
 
 def _copy_tree(src: Path, sfd: int, mode: str) -> tuple[int, int]:
-    """Recreate ``src`` in the staging folder ``sfd`` with hardlinks or copies; return (files, bytes added).
-
-    A folder or file swapped for a link during the walk is refused, never followed (S_ISREG checked on what was
-    opened). As import: a symlink is carried over only when it is a snapshot entry pointing into its own repo's
-    ``blobs/`` (DEST never links out of itself). Raises UsageError naming another link or a device; UnsafeLayout.
-    """
+    """Recreate ``src`` in ``sfd`` (hardlinks or copies; only snapshot links into their repo's ``blobs/``), then give
+    ``sfd`` ``mkdir``'s mode; (files, bytes added). Raises UsageError (another link, a device), UnsafeLayout."""
     files = added = 0
     for folder in _walk(src):
         for name, st in folder.entries:
@@ -280,11 +246,14 @@ def _copy_tree(src: Path, sfd: int, mode: str) -> tuple[int, int]:
                 finally:
                     os.close(fd)
                 files += 1
+    mask = os.umask(0o022)
+    os.umask(mask)
+    os.fchmod(sfd, (0o777 & ~mask) | (os.fstat(sfd).st_mode & stat.S_ISGID))
     return files, added
 
 
 def _checked_link(src: Path, rel: Sequence[str], target: str) -> str:
-    """``target`` (the symlink ``src/rel``'s) if ``rel`` is ``<repo>/snapshots/...`` pointing into ``<repo>/blobs/``."""
+    """``target`` (of the symlink ``src/rel``) if it is a snapshot entry pointing into ``<repo>/blobs/``."""
     resolved = os.path.dirname(os.path.normpath(os.path.join(*rel[:-1], target)))
     if os.path.isabs(target) or len(rel) < 4 or rel[1] != "snapshots" or resolved != f"{rel[0]}/blobs":
         raise UsageError(f"{os.path.join(src, *rel)} links to {target!r}, outside its repo's blobs/; nothing was "

@@ -19,8 +19,20 @@ from ..bounds import loads_json
 from ..cache.content import DigestWriter
 from ..errors import CacheError, IntegrityError, UsageError
 from ..names import is_oci_digest
-from .peer import (DOCKER_LAYER_GZIP, DOCKER_LIST, DOCKER_MANIFEST, INDEX_TYPE, LAYER_GZIP, LAYER_TAR, MANIFEST_TYPE,
-                   MODEL_CONFIG, MODEL_MANIFEST, digest_of, json_kind, size_ok)
+from .peer import (
+    DOCKER_LAYER_GZIP,
+    DOCKER_LIST,
+    DOCKER_MANIFEST,
+    INDEX_TYPE,
+    LAYER_GZIP,
+    LAYER_TAR,
+    MANIFEST_TYPE,
+    MODEL_CONFIG,
+    MODEL_MANIFEST,
+    digest_of,
+    json_kind,
+    size_ok,
+)
 from .registry import BlobBody, check, parse_reference, read_body, registry_text, url
 from .upload import upload
 

@@ -29,8 +29,17 @@ from ..errors import CacheError, HubError, UsageError
 from ..move.export import Entry, ExportPlan, plan_export, write_tar
 from .base_image import BaseImage, base_annotations, mount_base, read_base
 from .credentials import Credentials
-from .modelpack import (artifact_documents, attach_bundles, check_prefix, model_files, repo_id_of, send_file, sign,
-                        signed_snapshots, snapshots_of)
+from .modelpack import (
+    artifact_documents,
+    attach_bundles,
+    check_prefix,
+    model_files,
+    repo_id_of,
+    send_file,
+    sign,
+    signed_snapshots,
+    snapshots_of,
+)
 from .peer import CONFIG_TYPE, LAYER_GZIP, MANIFEST_TYPE, canonical, digest_of
 from .registry import TransferSink, check, connect, network_errors, parse_reference, registry_text, url
 from .upload import upload, upload_bytes

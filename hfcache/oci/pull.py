@@ -24,12 +24,40 @@ from ..names import is_oci_digest, parse_folder_name
 from .base_image import BASE_LAYERS
 from .credentials import Credentials
 from .image import ANNOTATION_PREFIX, Layer
-from .peer import (DOCKER_LAYER_GZIP, DOCKER_LIST, DOCKER_MANIFEST, INDEX_TYPE, LAYER_GZIP, LAYER_TAR, MANIFEST_TYPE,
-                   digest_of, size_ok)
-from .pull_stream import (_ALTERED, _CHUNK, MAX_LAYERS, Budget, Entry, VerifiedStream, check_layer_count, free_space,
-                          get_json, held_locally)
-from .registry import (BlobBody, TransferSink, check, connect, network_errors, parse_reference, registry_text,
-                       stream_errors, url)
+from .peer import (
+    DOCKER_LAYER_GZIP,
+    DOCKER_LIST,
+    DOCKER_MANIFEST,
+    INDEX_TYPE,
+    LAYER_GZIP,
+    LAYER_TAR,
+    MANIFEST_TYPE,
+    digest_of,
+    size_ok,
+)
+from .pull_stream import (
+    _ALTERED,
+    _CHUNK,
+    MAX_LAYERS,
+    Budget,
+    Entry,
+    VerifiedStream,
+    check_layer_count,
+    free_space,
+    get_json,
+    held_locally,
+)
+from .registry import (
+    BlobBody,
+    TransferSink,
+    check,
+    connect,
+    network_errors,
+    parse_reference,
+    registry_text,
+    stream_errors,
+    url,
+)
 
 _ACCEPT = ", ".join((MANIFEST_TYPE, DOCKER_MANIFEST, INDEX_TYPE, DOCKER_LIST))
 __all__ = ["MAX_LAYERS", "PREFIX", "PullReport", "pull"]  # MAX_LAYERS: both formats' bound, from .pull_stream
@@ -86,7 +114,7 @@ def _layers_of(manifest: dict, config: dict, reference: str) -> list[tuple[dict,
     check_layer_count(len(layers), reference, hint)
     base = _base_count(manifest, layers, reference)
     out, seen = [], set()
-    for layer, diff_id in zip(layers[base:], diff_ids[base:]):
+    for layer, diff_id in zip(layers[base:], diff_ids[base:], strict=True):
         if not isinstance(layer, dict) or not is_oci_digest(layer.get("digest")) \
                 or not size_ok(layer.get("size")) or not is_oci_digest(diff_id):
             raise UsageError(f"{reference}: a layer descriptor is malformed (digest, size or diff_id)", hint=hint)

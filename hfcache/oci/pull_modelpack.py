@@ -89,7 +89,7 @@ def _descriptors(manifest: dict, config: dict, reference: str) -> list[dict]:
         raise UsageError(f"{reference}: the manifest's layers and the config's modelfs.diffIds do not match",
                          hint=_HINT)
     check_layer_count(len(layers), reference, _HINT)  # one request per file: the same bound as an image's layers
-    for layer, diff_id in zip(layers, diff_ids):
+    for layer, diff_id in zip(layers, diff_ids, strict=True):
         if not isinstance(layer, dict) or not is_oci_digest(layer.get("digest")) or not size_ok(layer.get("size")):
             raise UsageError(f"{reference}: a layer descriptor is malformed (digest or size)", hint=_HINT)
         if not isinstance(layer.get("mediaType"), str) or layer["mediaType"] not in RAW_TYPES:

@@ -154,7 +154,7 @@ def _add_to_fallback(client, container, subject_digest: str, descriptor: dict) -
             if settled == _SETTLE_CHECKS:
                 return
             settled += 1
-            time.sleep(pause * (1 + random.random()))  # noqa: S311 - jitter, not a secret
+            time.sleep(pause * (1 + random.random()))  # jitter, not a secret
             continue
         if writes == _WRITE_TRIES:
             raise HubError(f"registry {_where(container)}: the referrers tag {tag} kept changing under "

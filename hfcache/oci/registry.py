@@ -105,12 +105,12 @@ def _watched_pools() -> dict:
 
     def watched(base):
         class _Watched(base):
-            def _new_conn(self):  # noqa: ANN202 - urllib3's signature
+            def _new_conn(self):  # urllib3's signature
                 sock = super()._new_conn()
                 watch(sock, awaiting=False)
                 return sock
 
-            def getresponse(self):  # noqa: ANN202 - urllib3's signature
+            def getresponse(self):  # urllib3's signature
                 watch(self.sock, awaiting=True)
                 return super().getresponse()
         return _Watched
@@ -133,17 +133,17 @@ def _timeout_adapter(timeout: float):
     pools = _watched_pools()
 
     class _TimeoutAdapter(HTTPAdapter):
-        def init_poolmanager(self, *args, **kwargs) -> None:  # noqa: ANN002, ANN003 - requests' signature
+        def init_poolmanager(self, *args, **kwargs) -> None:  # requests' signature
             super().init_poolmanager(*args, **kwargs)
             self.poolmanager.pool_classes_by_scheme = pools
 
-        def proxy_manager_for(self, proxy, **kwargs):  # noqa: ANN001, ANN003, ANN201 - requests' signature
+        def proxy_manager_for(self, proxy, **kwargs):  # requests' signature
             manager = super().proxy_manager_for(proxy, **kwargs)
             if type(manager).__name__ == "ProxyManager":
                 manager.pool_classes_by_scheme = pools
             return manager
 
-        def send(self, request, timeout=None, **kwargs):  # noqa: ANN001 - requests' signature
+        def send(self, request, timeout=None, **kwargs):  # requests' signature
             return super().send(request, timeout=timeout if timeout is not None else default, **kwargs)
 
     default = timeout

@@ -77,7 +77,7 @@ class UploadBody(io.RawIOBase):
 def _location(client, container, started) -> str:
     """The upload's ``Location`` made absolute (a registry may answer a path) by oras's private
     ``Registry._get_location``, which has no public equivalent. Raises HubError when there is none."""
-    location = client._get_location(started, container)  # noqa: SLF001 - the library gap above
+    location = client._get_location(started, container)  # the library gap above
     if not location:
         raise HubError(f"registry {container.registry}: no upload location in its answer",
                        hint="the registry does not speak the distribution API's blob upload")

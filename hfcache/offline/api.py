@@ -1,8 +1,6 @@
-"""The Python API for applications: :func:`enforce_offline` (this process uses only the cache, under the network
-guard) and :func:`load_tokenizer` (one tokenizer from the cache alone). Reached as ``hfcache.enforce_offline`` and
-``hfcache.load_tokenizer``; the variables set are :mod:`hfcache.offline.env`'s, and so are the errors raised
-(``LockNotSatisfied``, ``OfflineSetupError``, ``OfflineLoadError``).
-"""
+"""The Python API for applications (``hfcache.enforce_offline``, ``hfcache.load_tokenizer``): this process uses only the
+cache under the network guard, or one tokenizer loads from the cache alone. The variables set and the errors raised are
+:mod:`hfcache.offline.env`'s."""
 
 from __future__ import annotations
 
@@ -13,11 +11,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from . import guard as network_guard
-from .env import OfflineLoadError, OfflineSetupError, check_lock, offline_environment, parse_allow_hosts
 from ..cache.root import resolve_cache_dir
 from ..errors import HfcacheError, HubError, UsageError
 from ..integrity.fast_inputs import is_panic, one_line
+from . import guard as network_guard
+from .env import OfflineLoadError, OfflineSetupError, check_lock, offline_environment, parse_allow_hosts
 
 if TYPE_CHECKING:
     from ..warming.lockfile import Lockfile
@@ -25,14 +23,9 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True)
 class OfflineSettings:
-    """What :func:`enforce_offline` did.
-
-    Attributes:
-        cache_dir (Path): the cache this process now uses.
-        environ (dict[str, str]): the variables set in ``os.environ``.
-        patched (tuple[str, ...]): ``module.NAME`` constants updated because the module was already imported.
-        allow_hosts (tuple[str, ...]): hosts the guard lets through.
-    """
+    """What :func:`enforce_offline` did: ``cache_dir`` (Path, the cache this process now uses), ``environ`` (dict[str,
+    str], the variables set in ``os.environ``), ``patched`` (tuple[str, ...], ``module.NAME`` constants updated in
+    modules already imported), ``allow_hosts`` (tuple[str, ...], hosts the guard lets through)."""
 
     cache_dir: Path
     environ: dict[str, str]
@@ -41,17 +34,13 @@ class OfflineSettings:
 
 
 def _module_constants(cache: Path, modules: str | None = None) -> list[tuple[str, str, Any]]:
-    """``(module, NAME, value)`` of every copy of an offline setting that a library computed at import time.
+    """``(module, NAME, value)`` of every copy of an offline setting a library computed at import time.
 
-    Found in huggingface_hub 2.4.0 and transformers 5.24.0: ``huggingface_hub/constants.py`` reads every ``HF_*``
-    variable once, at import; the library and transformers then read the module attributes at call time
-    (``constants.is_offline_mode()``, ``constants.HF_HUB_CACHE``), so setting them takes effect. One copy is made by
-    ``from ..constants import HF_HUB_CACHE`` (``utils/_cache_manager.py``, ``scan_cache_dir``'s default).
-    transformers 5 keeps no copy of these (it imports ``is_offline_mode`` and ``constants`` from huggingface_hub);
-    transformers 4 had ``utils/hub.py: _is_offline_mode``; ``datasets`` has ``config.HF_DATASETS_OFFLINE`` and
-    ``config.HF_HUB_OFFLINE``. ``HF_HOME``-derived paths (token file) are not touched, except the modules cache when
-    ``modules`` moves it (``HF_MODULES_CACHE``: copied by ``transformers.utils.hub`` and imported by name into
-    ``transformers.dynamic_module_utils``, which uses its own copy).
+    Found in huggingface_hub 2.4.0 and transformers 5.24.0: ``huggingface_hub/constants.py`` reads every ``HF_*`` once,
+    at import, and the libraries read the module attributes at call time (``constants.is_offline_mode()``), so setting
+    them takes effect; ``utils/_cache_manager.py`` copies ``HF_HUB_CACHE`` by name. transformers 4 had ``utils/hub.py:
+    _is_offline_mode``; ``datasets`` has ``config.HF_DATASETS_OFFLINE``/``HF_HUB_OFFLINE``. ``HF_HOME``-derived paths
+    stay, but a moved modules cache (``transformers.utils.hub`` and ``dynamic_module_utils`` each keep a copy).
     """
     moved = [("transformers.utils.hub", "HF_MODULES_CACHE", modules),
              ("transformers.dynamic_module_utils", "HF_MODULES_CACHE", modules)] if modules else []
@@ -72,13 +61,7 @@ def _module_constants(cache: Path, modules: str | None = None) -> list[tuple[str
 
 
 def _sync_imported_modules(cache: Path, modules: str | None = None) -> tuple[str, ...]:
-    """Set the import-time copies of the offline settings in modules already imported, then check that the libraries
-    now report offline mode and this cache through their own accessors.
-
-    Raises:
-        OfflineSetupError: a library still reports online mode or another cache (a version that keeps a copy hfcache
-            does not know about).
-    """
+    """Set the import-time copies in imported modules; OfflineSetupError if an accessor still disagrees."""
     patched = []
     for module_name, attr, value in _module_constants(cache, modules):
         module = sys.modules.get(module_name)
@@ -86,11 +69,10 @@ def _sync_imported_modules(cache: Path, modules: str | None = None) -> tuple[str
             setattr(module, attr, value)
             patched.append(f"{module_name}.{attr}")
     problems = []
-    constants = sys.modules.get("huggingface_hub.constants")
-    if constants is not None:
+    if (constants := sys.modules.get("huggingface_hub.constants")) is not None:
         if not constants.is_offline_mode():
             problems.append("huggingface_hub.constants.is_offline_mode() is False")
-        if constants.HF_HUB_CACHE != str(cache):
+        if str(cache) != constants.HF_HUB_CACHE:
             problems.append(f"huggingface_hub.constants.HF_HUB_CACHE is {constants.HF_HUB_CACHE}")
     hub = sys.modules.get("transformers.utils.hub")
     if hub is not None and hasattr(hub, "is_offline_mode") and not hub.is_offline_mode():
@@ -109,19 +91,15 @@ def enforce_offline(cache_dir: str | os.PathLike[str] | None = None, *,
                     allow_hosts: Iterable[str] = ()) -> OfflineSettings:
     """Make this process use only the cache: set the offline environment and install the network guard.
 
-    Best called first thing, before transformers or huggingface_hub is imported: they read ``HF_*`` at import time.
-    If they were already imported, their import-time copies of these settings are updated too (see
-    ``_module_constants`` for the list and its source), and the libraries' own accessors are checked afterwards;
-    ``HF_HOME``-derived paths keep their import-time values (the token file), except a moved ``HF_MODULES_CACHE``.
-    Subprocesses inherit the environment but not the guard (use ``hfcache exec`` for those).
+    Best called first, before transformers or huggingface_hub is imported (they read ``HF_*`` at import); their
+    import-time copies are updated otherwise (``_module_constants``). Subprocesses inherit the environment, not the
+    guard (use ``hfcache exec``).
 
     Args:
         cache_dir: the cache root (default: ``HF_HUB_CACHE``, ``$HF_HOME/hub`` or ``~/.cache/huggingface/hub``).
-        lock: a lock file (or a parsed :class:`~hfcache.warming.lockfile.Lockfile`) the cache must satisfy; checked with
-            ``stat`` only (sizes, refs, markers; no hashing, no network).
-        allow_hosts: ``HOST[:PORT]`` entries the network guard lets through (everything else, loopback included,
-            fails at once with :class:`hfcache.offline.guard.NetworkBlocked`). The guard stays for the life of the process
-            (audit hooks cannot be removed); a later call adds hosts.
+        lock: a lock file (or a :class:`~hfcache.warming.lockfile.Lockfile`) the cache must satisfy (``stat`` only).
+        allow_hosts: ``HOST[:PORT]`` entries the guard lets through (else :class:`.guard.NetworkBlocked` at once);
+            the guard stays for the process's life, a later call adds hosts.
 
     Returns:
         OfflineSettings: the cache, the variables set, the module constants updated and the allowed hosts.
@@ -129,8 +107,7 @@ def enforce_offline(cache_dir: str | os.PathLike[str] | None = None, *,
     Raises:
         UsageError: a bad ``allow_hosts`` entry, an invalid lock.
         LockNotSatisfied: the cache lacks something the lock pins (nothing is changed then).
-        OfflineSetupError: an already-imported library could not be switched to offline mode (``os.environ`` is set
-            by then, for subprocesses; this process must not rely on offline mode).
+        OfflineSetupError: an imported library could not be switched (``os.environ`` is set by then).
     """
     hosts = parse_allow_hosts(allow_hosts)
     if lock is not None:
@@ -153,13 +130,7 @@ def enforce_offline(cache_dir: str | os.PathLike[str] | None = None, *,
 
 
 class FastTokenizerRefused(OfflineLoadError):
-    """``load_tokenizer(backend="tokenizers")`` cannot promise ``AutoTokenizer``'s ids for this repo (exit 4).
-
-    Attributes:
-        reason (str): why (no ``tokenizer.json``, custom code, a class not replicated, a malformed setting or a
-            ``tokenizer.json`` the tokenizers library raises or panics on, recorded as differing by
-            ``hfcache check``, no proof recorded under ``require_proof``).
-    """
+    """``load_tokenizer(backend="tokenizers")`` cannot promise ``AutoTokenizer``'s ids (exit 4); ``reason``: why."""
 
     def __init__(self, message: str, *, reason: str, hint: str | None = None) -> None:
         super().__init__(message, hint=hint, cause=reason)
@@ -169,50 +140,35 @@ class FastTokenizerRefused(OfflineLoadError):
 def load_tokenizer(repo_id: str, revision: str | None = None, *, cache_dir: str | os.PathLike[str] | None = None,
                    allow_network: bool = False, backend: str = "transformers", require_proof: bool = False,
                    **kwargs: Any):
-    """Load a tokenizer from the cache alone, under the network guard: with ``AutoTokenizer.from_pretrained``
-    (``backend="transformers"``), or as a ``tokenizers.Tokenizer`` without importing transformers
-    (``backend="tokenizers"``, :func:`_load_fast`).
-
-    The load passes ``cache_dir`` and ``local_files_only=True`` explicitly, so it does not depend on what
-    huggingface_hub read from the environment at import time; any connection attempt during it (loopback included)
-    fails at once (the guard blocks in the calling context only, for the duration of the load).
+    """Load a tokenizer from the cache alone, under the network guard (blocking the calling context for the load):
+    ``AutoTokenizer.from_pretrained`` with ``cache_dir`` and ``local_files_only=True`` passed explicitly, or a
+    ``tokenizers.Tokenizer`` without importing transformers.
 
     Args:
         repo_id (str): the id as the application uses it (a legacy id loads from its own cache folder).
         revision (str | None): branch, tag or commit; None means ``main``.
         cache_dir: the cache root (default: ``HF_HUB_CACHE``, ``$HF_HOME/hub`` or ``~/.cache/huggingface/hub``).
-        allow_network (bool): when the cache cannot serve the load, load normally from the endpoint
-            (``HF_ENDPOINT``) into ``cache_dir`` instead of failing.
-        backend (str): ``"transformers"`` [default] or ``"tokenizers"``: a ``tokenizers.Tokenizer`` built from the
-            cached ``tokenizer.json`` whose ``encode(text).ids`` equal ``AutoTokenizer``'s ``input_ids`` (special
-            tokens and post-processing as transformers 5.24 sets them up; no truncation or padding), in
-            milliseconds; transformers is not imported. It refuses what it cannot promise (FastTokenizerRefused).
-        require_proof (bool): with ``backend="tokenizers"``, load only a repo@commit that ``hfcache check`` proved
-            equal, in a record owned by this uid or root, with this ``tokenizers`` version [default: a repo nobody
-            checked loads; a recorded difference refuses].
-        **kwargs: passed to ``AutoTokenizer.from_pretrained`` (not ``cache_dir``/``local_files_only``); none with
-            ``backend="tokenizers"``.
+        allow_network (bool): load from the endpoint into ``cache_dir`` when the cache cannot serve the load.
+        backend (str): ``"transformers"`` [default] or ``"tokenizers"``: built from the cached ``tokenizer.json``,
+            its ``encode(text).ids`` equal ``AutoTokenizer``'s ``input_ids`` (as transformers 5.24 sets it up; no
+            truncation or padding), in milliseconds.
+        require_proof (bool): ``backend="tokenizers"`` only: load only a repo@commit ``hfcache check`` proved equal,
+            in a record owned by this uid or root, with this ``tokenizers`` version.
+        **kwargs: passed to ``AutoTokenizer.from_pretrained`` (not ``cache_dir``/``local_files_only``).
 
     Returns:
-        The tokenizer: a ``transformers.PreTrainedTokenizerBase``, or a ``tokenizers.Tokenizer``.
+        A ``transformers.PreTrainedTokenizerBase``, or a ``tokenizers.Tokenizer``.
 
     Raises:
-        OfflineLoadError: the cache cannot serve the load (``cause`` names the missing piece: no ``config.json`` or
-            ``.no_exist`` marker, a missing ref, a missing Python package, ...; or says that the tokenizers library
-            panicked on the repo's files, ``pyo3_runtime.PanicException``, which is then not retried over the
-            network), a connection was attempted, or ``allow_network`` was given while offline mode is on in this
-            process.
+        OfflineLoadError: the cache cannot serve the load (``cause``: the missing piece, or a tokenizers panic, not
+            retried online), a connection was attempted, ``allow_network`` while offline.
         HubError: ``allow_network`` and the network load failed too.
-        FastTokenizerRefused: ``backend="tokenizers"`` and the repo has no ``tokenizer.json`` (a slow-only
-            tokenizer), names custom code, loads a class whose load-time rewrite hfcache does not replicate, has a
-            setting of another type or out of bounds, or a ``tokenizer.json`` the tokenizers library raises or
-            panics on at load or at a first encode (``hfcache.integrity.fast_inputs``), was recorded as differing
-            by ``hfcache check``, or (``require_proof``) has no proof recorded.
-        CacheError: ``backend="tokenizers"`` met a planted link or FIFO in the repo folder, or a file this user
-            cannot read.
-        UsageError: transformers is not installed (``backend="transformers"``; the extra ``hfcache[check]``).
-        UsageError: an unknown ``backend``; ``allow_network``, ``require_proof`` or ``kwargs`` with a backend that
-            does not take them.
+        FastTokenizerRefused: no ``tokenizer.json``, custom code, a class whose load-time rewrite is not replicated,
+            a bad setting, a ``tokenizer.json`` the library raises or panics on (``integrity.fast_inputs``),
+            recorded as differing by ``hfcache check``, or no proof.
+        CacheError: ``backend="tokenizers"`` met a planted link or FIFO, or a file this user cannot read.
+        UsageError: transformers not installed (the extra ``hfcache[check]``), an unknown ``backend``, an argument
+            the backend does not take.
         TypeError: ``cache_dir`` or ``local_files_only`` in ``kwargs``.
     """
     for reserved in ("cache_dir", "local_files_only"):
@@ -230,6 +186,11 @@ def load_tokenizer(repo_id: str, revision: str | None = None, *, cache_dir: str 
         return _load_fast(cache, repo_id, revision, require_proof)
     if require_proof:
         raise UsageError("require_proof applies to backend=\"tokenizers\" only")
+    return _load_slow(cache, repo_id, revision, allow_network, kwargs)
+
+
+def _load_slow(cache: Path, repo_id: str, revision: str | None, allow_network: bool, kwargs: dict[str, Any]):
+    """``backend="transformers"``: ``AutoTokenizer`` under the guard, diagnosed (or loaded over the network)."""
     try:
         from transformers import AutoTokenizer
     except ImportError as exc:
@@ -250,7 +211,7 @@ def load_tokenizer(repo_id: str, revision: str | None = None, *, cache_dir: str 
         return tokenizer
     except HfcacheError:
         raise
-    except BaseException as exc:  # noqa: BLE001 - any load failure is diagnosed below
+    except BaseException as exc:  # any load failure is diagnosed below
         if not isinstance(exc, Exception) and not is_panic(exc):
             raise  # KeyboardInterrupt, SystemExit
         failure = exc  # a panic of the tokenizers library (a BaseException) on the repo's files too
@@ -261,15 +222,13 @@ def load_tokenizer(repo_id: str, revision: str | None = None, *, cache_dir: str 
 
 
 def _load_fast(cache: Path, repo_id: str, revision: str | None, require_proof: bool):
-    """``backend="tokenizers"``: :func:`hfcache.integrity.fast_tokenizer.build` under the network guard, then the
-    refusals ``hfcache check`` recorded (:mod:`hfcache.integrity.fast_record`: a ``differs`` entry from any record
-    read safely; an ``equal`` one only from a trusted record, and only needed with ``require_proof``)."""
+    """``backend="tokenizers"``: ``integrity.fast_tokenizer.build`` under the guard, then check's records."""
     from ..integrity import fast_record
     from ..integrity.fast_tokenizer import HINT, FastPathRefused, NotCached, build
 
     spec = f"{repo_id}@{revision or 'main'}"
     try:
-        import tokenizers  # noqa: F401 - imported here so a missing package is one clear error
+        import tokenizers  # imported here so a missing package is one clear error
     except ImportError as exc:
         raise HfcacheError(f"tokenizers is not installed: {exc}", hint="pip install tokenizers") from None
     guard = network_guard.install(enforce=False)
@@ -285,18 +244,17 @@ def _load_fast(cache: Path, repo_id: str, revision: str | None, require_proof: b
                                hint=f"warm it: hfcache warm {spec} --cache-dir {cache}") from None
     if guard.attempts[seen:]:
         raise OfflineLoadError(f"{spec}: network access attempted ({guard.attempts[seen]}) during an offline load")
+    # fast_record: a "differs" entry counts from any record read safely, an "equal" one only from a trusted record.
     record_key = fast_record.key("model", repo_id, built.commit)
-    differs = fast_record.recorded_difference(str(cache), record_key)
-    if differs:
+    if differs := fast_record.recorded_difference(str(cache), record_key):
         reason = f"hfcache check recorded that its ids differ from AutoTokenizer's ({differs[:300]})"
         raise FastTokenizerRefused(f"{spec}: the fast tokenizer path refuses it: {reason}", reason=reason, hint=HINT)
-    if require_proof:
-        if not fast_record.proven_equal(str(cache), record_key, tokenizers.__version__):
-            reason = (f"no proof recorded for commit {built.commit[:12]} with tokenizers {tokenizers.__version__} "
-                      "(require_proof=True)")
-            raise FastTokenizerRefused(f"{spec}: the fast tokenizer path refuses it: {reason}", reason=reason,
-                                       hint=f"run hfcache check {repo_id} --cache-dir {cache} as this user or root, "
-                                            "or " + HINT)
+    if require_proof and not fast_record.proven_equal(str(cache), record_key, tokenizers.__version__):
+        reason = (f"no proof recorded for commit {built.commit[:12]} with tokenizers {tokenizers.__version__} "
+                  "(require_proof=True)")
+        raise FastTokenizerRefused(f"{spec}: the fast tokenizer path refuses it: {reason}", reason=reason,
+                                   hint=f"run hfcache check {repo_id} --cache-dir {cache} as this user or root, "
+                                        "or " + HINT)
     return built.tokenizer
 
 
@@ -310,12 +268,7 @@ def _failure_text(failure: BaseException, attempts: Sequence[object]) -> str:
 
 def _load_from_network(auto_tokenizer: Any, repo_id: str, revision: str | None, cache: Path, spec: str,
                        kwargs: dict[str, Any], *, error: str, failure: Exception):
-    """``allow_network=True``: the load the cache could not serve, from the endpoint into ``cache``.
-
-    Raises:
-        OfflineLoadError: offline mode is on in this process, so the network load cannot help.
-        HubError: the network load failed too (naming both failures).
-    """
+    """``allow_network=True``: the load from the endpoint (OfflineLoadError when offline, HubError naming both)."""
     constants = sys.modules.get("huggingface_hub.constants")
     if constants is not None and constants.is_offline_mode():
         raise OfflineLoadError(
@@ -324,7 +277,7 @@ def _load_from_network(auto_tokenizer: Any, repo_id: str, revision: str | None, 
             hint=f"warm it first: hfcache warm {spec} --cache-dir {cache}") from failure
     try:
         return auto_tokenizer.from_pretrained(repo_id, revision=revision, cache_dir=str(cache), **kwargs)
-    except BaseException as exc:  # noqa: BLE001 - one clear error naming both attempts (a panic of tokenizers too)
+    except BaseException as exc:  # one clear error naming both attempts (a panic of tokenizers too)
         if not isinstance(exc, Exception) and not is_panic(exc):
             raise
         raise HubError(f"{spec}: not loadable from the cache {cache} ({error.splitlines()[0]}), and the network "

@@ -1,28 +1,7 @@
-"""doctor: what a process started from this environment will do with the Hugging Face cache, and what is wrong.
-
-Each finding has a stable ``code``, a ``severity`` (``error``: loads will fail or use another cache than intended;
-``warning``: a trap that bites under some conditions; ``info``: a fact worth seeing) and a ``fix``. Checks:
-
-- the effective cache and the setting that chose it, as huggingface_hub ``constants.py`` resolves it
-  (:func:`hub_cache_setting`; a variable set to an empty string counts as set: a path relative to the working
-  directory);
-- offline mode as huggingface_hub computes it (``HF_HUB_OFFLINE or TRANSFORMERS_OFFLINE``: a non-empty
-  ``HF_HUB_OFFLINE=0`` masks ``TRANSFORMERS_OFFLINE=1``), values it does not understand, telemetry and token flags;
-- ``TRANSFORMERS_CACHE`` (and its older names), ignored by transformers 5 (no reference left in its source);
-  ``HF_HOME`` and ``HF_HUB_CACHE`` disagreeing; the aliases other runtimes read (:mod:`.aliases`) disagreeing with
-  what huggingface_hub uses (:mod:`.doctor_settings`);
-- the cache folder (:mod:`.doctor_folder`): present, readable, writable, owner uid/gid versus the current user (the
-  image-built-as-root, pod-runs-as-1000 problem), read-only filesystem, symlink support (probed like huggingface_hub
-  ``file_download.py: are_symlinks_supported``), free space; as the current user (:mod:`hfcache.cache.access`):
-  listing the root, creating in ``.locks/``, writing every repo folder, group sharing, flock; the modules cache of
-  custom code; huggingface_hub 2.4's shared Xet blob store;
-- runtime traps (:mod:`.doctor_runtime`): ``cache.read_only_online`` and ``umask.not_shared``;
-- the process-tree filter of ``hfcache exec --no-network`` (``offline.network_filter``), probed in a forked child;
-- installed versions of huggingface_hub, transformers, tokenizers (and optional tokenizer packages).
-
-Reads only, except the probes: a temporary folder (symlinks) and files (``.locks/`` creation, flock) in the cache,
-removed at once (as huggingface_hub's symlink probe does).
-"""
+"""doctor: what a process started from this environment will do with the Hugging Face cache, and what is wrong. Each
+finding has a stable ``code``, a ``severity`` (``error``: loads fail or use another cache; ``warning``: a trap;
+``info``) and a ``fix``; the checks are :mod:`.doctor_settings`', :mod:`.doctor_folder`'s, :mod:`.doctor_runtime`'s and
+the ``exec --no-network`` filter's (docs/offline.md, "doctor"). Reads only, but for probes removed at once."""
 
 from __future__ import annotations
 
@@ -31,11 +10,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ..cache.root import resolve_cache_dir
+from . import doctor_settings as settings
 from .doctor_folder import StoreState, examine_folder, examine_store, modules_cache_findings
 from .doctor_runtime import process_umask, read_only_online_findings, umask_findings
-from .doctor_settings import (SEVERITIES, Finding, alias_findings, cache_setting_findings, installed_versions,
-                              legacy_cache_findings, offline_mode_findings, version_findings)
-from ..cache.root import resolve_cache_dir
+from .doctor_settings import SEVERITIES, Finding
 
 
 @dataclass(frozen=True)
@@ -45,8 +24,8 @@ class DoctorReport:
     Attributes:
         cache_dir (str): the cache examined (``--cache-dir``, else the effective one).
         effective_cache_dir (str): the cache huggingface_hub would use in this environment.
-        cache_source (str): the setting that chose the effective cache: ``HF_HUB_CACHE``, ``HUGGINGFACE_HUB_CACHE``,
-            ``HF_HOME``, ``XDG_CACHE_HOME`` or ``default``.
+        cache_source (str): the setting that chose it (``HF_HUB_CACHE``, ``HUGGINGFACE_HUB_CACHE``, ``HF_HOME``,
+            ...).
         offline (bool): huggingface_hub's offline mode in this environment.
         uid (int | None), gid (int | None), groups (tuple[int, ...]): the current user (None off POSIX).
         owner_uid (int | None), owner_gid (int | None): owner of the cache folder (None when it does not exist).
@@ -87,12 +66,9 @@ class DoctorReport:
 
 def hub_cache_setting(environ: Mapping[str, str]) -> tuple[Path, str]:
     """(absolute path, source): the cache huggingface_hub uses in ``environ`` and the variable that chose it
-    (``HF_HUB_CACHE``, ``HUGGINGFACE_HUB_CACHE``, ``HF_HOME``, ``XDG_CACHE_HOME`` or ``default``).
-
-    Mirrors huggingface_hub 2.4.0 ``constants.py`` (each through ``os.getenv(name, default)``, then
-    ``expandvars(expanduser(...))``) and ``file_download.py`` (``Path(cache_dir).expanduser().resolve()``): a
-    variable set to the empty string is *set*.
-    """
+    (``HF_HUB_CACHE``, ``HUGGINGFACE_HUB_CACHE``, ``HF_HOME``, ``XDG_CACHE_HOME`` or ``default``), as huggingface_hub
+    2.4.0 ``constants.py`` (``os.getenv``, then ``expandvars(expanduser())``) and ``file_download.py``
+    (``.expanduser().resolve()``) compute it: a variable set to the empty string is *set*."""
     def expand(value: str) -> str:
         return os.path.expandvars(os.path.expanduser(value))
 
@@ -114,13 +90,13 @@ def doctor(cache_dir: str | os.PathLike[str] | None = None, environ: Mapping[str
     findings: list[Finding] = []
     effective, source = hub_cache_setting(env)
     cache = resolve_cache_dir(cache_dir).resolve() if cache_dir is not None else effective
-    findings += cache_setting_findings(env, effective, source, cache, cache_dir is not None)
-    offline, offline_findings = offline_mode_findings(env)
+    findings += settings.cache_setting_findings(env, effective, source, cache, cache_dir is not None)
+    offline, offline_findings = settings.offline_mode_findings(env)
     findings += offline_findings
-    versions = installed_versions()
-    findings += legacy_cache_findings(env, effective, versions)
-    findings += alias_findings(env, effective, offline)
-    findings += version_findings(versions)
+    versions = settings.installed_versions()
+    findings += settings.legacy_cache_findings(env, effective, versions)
+    findings += settings.alias_findings(env, effective, offline)
+    findings += settings.version_findings(versions)
     uid = os.geteuid() if hasattr(os, "geteuid") else None
     gid = os.getegid() if hasattr(os, "getegid") else None
     groups = tuple(sorted(set(os.getgroups()) | ({gid} if gid is not None else set()))) \
@@ -147,10 +123,8 @@ def doctor(cache_dir: str | os.PathLike[str] | None = None, environ: Mapping[str
 
 
 def enforcement_findings() -> list[Finding]:
-    """``offline.network_filter``: info when the process-tree filter (``exec --no-network``, :mod:`.sandbox`) loads
-    and is in force in a forked child (never in this process: a filter cannot be removed), else a warning with the
-    reason (``exec --no-network`` would refuse to start); plus ``offline.network_filter_active`` (info) when this
-    process already cannot create IP sockets. The Python guard needs nothing from the kernel: not reported."""
+    """``offline.network_filter`` (info: it loads and is in force in a forked child; else a warning with the reason) and
+    ``offline.network_filter_active`` (info) when this process already cannot create IP sockets."""
     from .sandbox import probe_filter  # forks a probe child: only when doctor runs
 
     probe = probe_filter()

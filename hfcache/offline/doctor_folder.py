@@ -1,13 +1,7 @@
-"""``hfcache doctor``'s checks of the cache folder, as the current user: present, reachable, readable, writable (and
-why not: owner, read-only filesystem, group sharing, flock), planted links, symlink support, free space, the folder
-transformers copies custom code into, and huggingface_hub 2.4's shared Xet blob store (the list, with the sources
-followed: :mod:`hfcache.offline.doctor`).
-
-The store (``utils/_shared_blobs.py``): ``<cache>/blobs`` with its marker ``.huggingface-shared-blobs``, its payloads
-and bytes, and whether ``HF_HUB_DISABLE_SHARED_BLOBS``/``HF_HUB_DISABLE_XET`` turn it off (``constants.py``,
-``shared_blobs_enabled``). It is read through folder descriptors from the cache root
-(:mod:`hfcache.cache.shared_store`): no link is followed; a link, FIFO or folder named like a payload is reported.
-"""
+"""``hfcache doctor``'s checks of the cache folder as the current user (reachable, readable, writable and why not,
+planted links, symlinks, free space), the folder transformers copies custom code into, and huggingface_hub 2.4's shared
+Xet blob store (``utils/_shared_blobs.py``: ``<cache>/blobs`` with its marker), read through folder descriptors from the
+cache root (:mod:`hfcache.cache.shared_store`): no link is followed."""
 
 from __future__ import annotations
 
@@ -20,7 +14,6 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .doctor_settings import Finding, is_true
 from ..bounds import MAX_TREE_DEPTH
 from ..cache import safefs
 from ..cache.access import flock_check, outsider_check, reach_check, share_recipe, sharing_checks, write_checks
@@ -28,6 +21,7 @@ from ..cache.fsops import create_at, open_dir_at, walk_tree
 from ..cache.shared_store import DISABLING_VARIABLES, MARKER, STORE_DIR, StoreProblem, open_store_dir
 from ..errors import HfcacheError
 from ..names import is_sha256
+from .doctor_settings import Finding, is_true
 
 #: Below this much free space a cache cannot take a model (or a few more tokenizers).
 LOW_DISK_BYTES = 1 << 30
@@ -65,10 +59,8 @@ def examine_folder(cache: Path, env: dict[str, str], offline: bool, uid: int | N
         base = base.parent  # free space and read-only flag of the nearest existing parent's filesystem
     with contextlib.suppress(OSError):
         out.free_bytes = shutil.disk_usage(base).free
-    try:
+    with contextlib.suppress(OSError, AttributeError):
         out.read_only_fs = bool(os.statvfs(base).f_flag & os.ST_RDONLY)
-    except (OSError, AttributeError):
-        out.read_only_fs = None
     try:
         os.stat(cache)
     except FileNotFoundError:
@@ -77,8 +69,7 @@ def examine_folder(cache: Path, env: dict[str, str], offline: bool, uid: int | N
         return out
     except OSError:
         pass  # cannot even be reached: reach_check says by whom
-    unreachable = reach_check(cache, uid, groups) if uid is not None else None
-    if unreachable is not None:
+    if (unreachable := reach_check(cache, uid, groups) if uid is not None else None) is not None:
         out.findings.append(_finding(unreachable))
         return out
     if not cache.is_dir():
@@ -123,8 +114,7 @@ def _content_findings(cache: Path, uid: int | None, out: _Folder) -> set[int]:
 
 def _access_findings(cache: Path, st: os.stat_result, owners: set[int], offline: bool, uid: int | None,
                      gid: int | None, groups: tuple[int, ...], out: _Folder) -> None:
-    """Whether this user can write the cache, and if not why (read-only filesystem, owner, a shared cache); when it
-    can, whether it can create in ``.locks/`` and every repo folder. Sets ``out.writable``."""
+    """Whether this user can write the cache and if not why; if so, ``.locks/`` and every repo folder too."""
     access_w = os.access(cache, os.W_OK | os.X_OK)
     out.writable = access_w and not out.read_only_fs
     owner_note = (f"owned by uid {st.st_uid} gid {st.st_gid}"
@@ -157,7 +147,7 @@ def _access_findings(cache: Path, st: os.stat_result, owners: set[int], offline:
 
 
 def _symlink_findings(cache: Path, env: dict[str, str], out: _Folder) -> None:
-    """Symlink support on the cache's filesystem (sets ``out.symlinks``) and ``HF_HUB_DISABLE_SYMLINKS``."""
+    """Symlink support on the cache's filesystem (``out.symlinks``) and ``HF_HUB_DISABLE_SYMLINKS``."""
     out.symlinks = _symlink_support(cache, out.writable)
     if is_true(env.get("HF_HUB_DISABLE_SYMLINKS")):
         out.findings.append(Finding("cache.symlinks_disabled", "info",
@@ -175,19 +165,16 @@ def _symlink_findings(cache: Path, env: dict[str, str], out: _Folder) -> None:
 
 
 def modules_cache_findings(cache: Path, env: Mapping[str, str]) -> list[Finding]:
-    """Custom code in the cache versus the folder transformers copies it into (``HF_MODULES_CACHE``,
-    :mod:`hfcache.warming.modules_cache`): ``modules.unwritable`` (error) when a cached repo's ``auto_map`` names
-    code and that folder cannot be written, ``modules.readonly`` (warning) when it already holds every copy
-    (``holds_code``), ``modules.writable`` (info); ``config.unparsable`` (warning) per config no parser reads;
-    nothing when no cached repo has custom code."""
+    """Custom code in the cache versus ``HF_MODULES_CACHE`` (:mod:`hfcache.warming.modules_cache`):
+    ``modules.unwritable`` (error), ``modules.readonly`` (warning: it holds every copy already), ``modules.writable``
+    (info); ``config.unparsable`` (warning) per config no parser reads; nothing without custom code."""
     from ..warming.modules_cache import can_create, custom_code_repos, holds_code, modules_cache
 
     found = custom_code_repos(cache) if os.path.isdir(cache) else []  # no PermissionError (Path.is_dir raises)
     findings = [Finding("config.unparsable", "warning", f"{r.repo_id}@{r.commit_hash[:12]}: {r.error}: its loads fail",
                         "fix or re-warm the repo (hfcache verify --repair), or remove it (hfcache prune)")
                 for r in found if r.error]
-    repos = [r for r in found if not r.error]
-    if not repos:
+    if not (repos := [r for r in found if not r.error]):
         return findings
     path, explicit = modules_cache(env)
     names = sorted({r.repo_id for r in repos})
@@ -213,9 +200,7 @@ def modules_cache_findings(cache: Path, env: Mapping[str, str]) -> list[Finding]
 
 
 def _unsafe_findings(cache: Path, out: _Folder) -> list[Finding]:
-    """Errors for planted links: a symlinked ``.locks`` (doctor's probes never write through it) and each repo whose
-    layout scan flags unsafe or too deep; doctor reads no config through them. Keeps the scan's repos in
-    ``out.repos`` (one scan per doctor run: :mod:`.doctor_runtime` reads their refs)."""
+    """Errors for a symlinked ``.locks`` and repos scanned unsafe or too deep (the scan kept in ``out.repos``)."""
     from ..cache.access import unsafe_locks_check
     from ..cache.scan import TOO_DEEP, scan_cache
 
@@ -226,8 +211,7 @@ def _unsafe_findings(cache: Path, out: _Folder) -> list[Finding]:
     except HfcacheError:
         return found  # cannot be listed: reach_check and the access walk report it
     unsafe = [(r, r.unsafe or tuple(p for p in r.problems if p.endswith(TOO_DEEP))) for r in out.repos]
-    unsafe = [(r, parts) for r, parts in unsafe if parts]
-    if unsafe:
+    if unsafe := [(r, parts) for r, parts in unsafe if parts]:
         shown = "; ".join(f"{r.folder}: {', '.join(parts)}" for r, parts in unsafe[:_SHOWN])
         found.append(Finding("cache.unsafe_layout", "error",
                              f"{len(unsafe)} repo folder(s) hold planted links, files where folders belong or folder "
@@ -238,9 +222,7 @@ def _unsafe_findings(cache: Path, out: _Folder) -> list[Finding]:
 
 
 def _walk_access(cache: Path) -> tuple[list[str], set[int]]:
-    """Entries the current user cannot read (folders: list and enter) and the set of owners, following no link (a
-    snapshot link is checked through its blob, which the walk visits too); bounded, a deeper chain is the layout
-    scan's (:func:`_unsafe_findings`)."""
+    """Entries the current user cannot read, and their owners; no link followed, bounded."""
     unreadable: list[str] = []
     owners: set[int] = set()
     for root, dirs, files in walk_tree(cache, max_depth=MAX_TREE_DEPTH + _SNAPSHOT_DEPTH, onerror=lambda exc:
@@ -261,17 +243,14 @@ def _walk_access(cache: Path) -> tuple[list[str], set[int]]:
 
 
 def _symlink_support(cache: Path, writable: bool | None) -> bool | None:
-    """Probe like huggingface_hub's ``are_symlinks_supported`` when the cache is writable; else a snapshot entry
-    that is a symlink proves support (None when nothing tells).
-
-    The probe ``.hfcache-doctor-<random>/{src,dst -> src}`` is made and removed relative to folder descriptors: in a
-    group-writable root a member can swap it for a link, and a path rebuilt afterwards would write through it."""
+    """Probe like huggingface_hub's ``are_symlinks_supported`` when writable, else look for a snapshot symlink."""
     if not writable:
         for snapshots in cache.glob("*--*/snapshots"):
             for root, _dirs, names in walk_tree(snapshots):  # bounded: no rglob recursion through a planted chain
                 if any(os.path.islink(os.path.join(root, name)) for name in names):
                     return True
         return None
+    # Made and removed relative to folder descriptors: a group member can swap the probe for a link meanwhile.
     name = f".hfcache-doctor-{uuid.uuid4().hex}"
     try:
         with safefs.dir_fd(cache) as root_fd:
@@ -314,12 +293,10 @@ class StoreState:
     """The shared store of a cache, as doctor found it (``doctor --json``'s ``shared_store``).
 
     Attributes:
-        path (str): ``<cache>/blobs``. present (bool): something is there (a folder, or a link or file in its place).
+        path (str): ``<cache>/blobs``. present (bool): something is there (a folder, a link or a file).
         marked (bool): a real folder with the marker huggingface_hub writes (``"1\\n"``): the library uses it.
-        payloads (int), payload_bytes (int): regular files named by a 64-hex Xet hash under their 2-hex prefix
-            folder, and their sizes summed.
-        problems (tuple[str, ...]): at most a few things not as the library writes them (no marker, a link or FIFO
-            in place of a prefix folder or payload).
+        payloads (int), payload_bytes (int): regular files named by a 64-hex Xet hash in their 2-hex prefix folder.
+        problems (tuple[str, ...]): a few things not as the library writes them (no marker, a link or FIFO).
         disabling_variables (dict[str, str]): ``HF_HUB_DISABLE_SHARED_BLOBS``/``HF_HUB_DISABLE_XET`` as set.
         enabled (bool): huggingface_hub would use the store here (neither variable reads as true).
     """
@@ -335,8 +312,7 @@ class StoreState:
 
 
 def examine_store(cache: Path, env: Mapping[str, str]) -> tuple[StoreState, list[Finding]]:
-    """The store of ``cache`` and what doctor says about it (``store.present``, ``store.disabled``,
-    ``store.unusable``, ``store.hostile``)."""
+    """The store of ``cache`` and doctor's findings on it (``store.present``/``disabled``/``unusable``/``hostile``)."""
     set_vars = {name: env[name] for name in DISABLING_VARIABLES if name in env}
     disabled = [name for name, value in set_vars.items() if is_true(value)]
     path = cache / STORE_DIR

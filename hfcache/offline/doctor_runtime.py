@@ -1,32 +1,20 @@
-"""``hfcache doctor``'s runtime traps: what goes wrong later, in the application, though every load works today.
-
-- ``cache.read_only_online`` (error): the cache is read-only to this process (a read-only filesystem, or folders
-  this user cannot write), offline mode is off, and a cached repo is known by a movable revision (a ref under
-  ``refs/``: branch, tag or ``pr/N``; the Hub lets each move). Online, huggingface_hub asks the Hub what it points
-  at; once upstream moves, the download of the new commit into the cache fails (``OSError [Errno 30]``, which
-  transformers 5.24 re-raises instead of returning the stale cached file: huggingface/transformers#47852,
-  ``utils/hub.py cached_files``; or ``PermissionError``). A commit-pinned snapshot (``REPO@COMMIT``: no ref) never
-  asks the Hub (``file_download.py``).
-- ``umask.not_shared`` (warning): this process's umask drops a write bit a group-shared folder it writes into hands
-  on (:mod:`hfcache.cache.sharing`), so what it creates there (huggingface_hub folders and blobs, transformers'
-  custom-code copies, datasets' files) the other members cannot write, and their next download of that repo fails
-  (huggingface/datasets#7900). hfcache's own commands share what they create whatever the umask. The hub cache
-  counts only online; the modules, datasets and Xet folders always. Offline with only the hub cache shared:
-  ``umask.not_shared_offline`` (info).
-
-Reads only: ``os.access``, ``os.stat`` and ``/proc/self/status``.
-"""
+"""``hfcache doctor``'s runtime traps: what goes wrong later, in the application, though every load works today
+(docs/offline.md, "Two runtime traps"): ``cache.read_only_online`` (a read-only cache used online with refs that can
+move: huggingface/transformers#47852) and ``umask.not_shared`` (a umask dropping a write bit a group-shared folder hands
+on: huggingface/datasets#7900; ``umask.not_shared_offline`` when only the hub cache is hit, offline). Reads only:
+``os.access``, ``os.stat`` and ``/proc/self/status``."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import stat
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from .doctor_settings import Finding
 from ..cache.sharing import policy_of
 from ..names import is_commit
+from .doctor_settings import Finding
 
 __all__ = ["process_umask", "read_only_online_findings", "umask_findings"]
 
@@ -35,15 +23,12 @@ _WRITE = os.W_OK | os.X_OK
 
 
 def process_umask() -> int | None:
-    """This process's umask (e.g. ``0o022``), or None when it cannot be read: ``/proc/self/status`` ``Umask:``
-    (Linux 4.7+), else ``os.umask`` set and restored at once (library gap: no read-only umask call; a file another
-    thread creates in that instant gets mode bits masked by ``0o077``, never looser ones)."""
+    """This process's umask, or None: ``/proc/self/status`` ``Umask:`` (Linux 4.7+), else ``os.umask`` set and restored
+    at once (library gap: no read-only call; a file created meanwhile gets ``0o077``, never looser)."""
     from .sandbox import proc_status
 
-    try:
+    with contextlib.suppress(TypeError, KeyError, ValueError):
         return int(proc_status()["Umask"], 8)
-    except (TypeError, KeyError, ValueError):
-        pass
     try:
         previous = os.umask(0o077)
     except (OSError, AttributeError):
@@ -53,24 +38,21 @@ def process_umask() -> int | None:
 
 
 def _movable_refs(repo) -> list[str]:
-    """The ref names of a scanned repo (:class:`hfcache.cache.scan.RepoInfo`) that can move upstream: every name
-    that is not itself a commit (huggingface_hub writes no ref for a commit revision)."""
+    """The ref names of a scanned repo that can move upstream (every name that is not itself a commit)."""
     if repo.unsafe:
         return []  # nothing below a planted link was read; the layout finding names it
     return sorted(name for name in repo.refs if not is_commit(name))
 
 
 def _inert(name: str, limit: int = 100) -> str:
-    """A name the cache supplied (a ref, a repo id) as one short inert line: every character ``str.isprintable``
-    refuses (ESC, newlines, bidi controls) escaped as ``\\xNN``/``\\uNNNN``, cut to ``limit`` characters."""
+    """A name the cache supplied as one short inert line (non-printables escaped, cut to ``limit``)."""
     text = "".join(c if c.isprintable() else (f"\\x{ord(c):02x}" if ord(c) < 0x100 else f"\\u{ord(c):04x}")
                    for c in name)
     return text if len(text) <= limit else text[:limit] + "..."
 
 
 def _repo_writable(cache: Path, folder: str) -> bool:
-    """Whether this user can write what a download of ``folder`` writes: its ``blobs/``, ``snapshots/``, ``refs/``
-    and its lock folder (``.locks/<folder>``, else ``.locks``, else the root, whichever exists first)."""
+    """Whether this user can write what a download of ``folder`` writes (its folders and its lock folder)."""
     base = cache / folder
     parts = [base / name for name in ("blobs", "snapshots", "refs") if os.path.lexists(base / name)]
     locks = next(p for p in (cache / ".locks" / folder, cache / ".locks", cache) if os.path.lexists(p))
@@ -79,10 +61,8 @@ def _repo_writable(cache: Path, folder: str) -> bool:
 
 def read_only_online_findings(cache: Path, repos: Sequence, *, offline: bool,
                               read_only_fs: bool | None) -> list[Finding]:
-    """``cache.read_only_online`` (module docstring): one error naming ``cache`` (it exists and this user reaches it)
-    and up to 5 of ``repos`` (:class:`hfcache.cache.scan.RepoInfo`) with their movable refs; nothing when
-    ``offline``, the cache is writable by this user, or no ref can move. ``read_only_fs``: ``statvfs`` ``ST_RDONLY``.
-    """
+    """``cache.read_only_online``: one error naming ``cache`` and up to 5 of ``repos`` (scan records) with their movable
+    refs; nothing when ``offline``, the cache is writable, or no ref can move. ``read_only_fs``: ``ST_RDONLY``."""
     if offline:
         return []
     if not read_only_fs and os.access(cache, _WRITE):
@@ -113,9 +93,7 @@ def read_only_online_findings(cache: Path, repos: Sequence, *, offline: bool,
 
 
 def _shared_targets(cache: Path, env: Mapping[str, str], offline: bool) -> list[tuple[str, Path]]:
-    """The folders an application started from ``env`` writes into: (what, path), the hub cache only when online
-    (huggingface_hub constants.py: ``HF_XET_CACHE``, default ``$HF_HOME/xet``; transformers ``HF_MODULES_CACHE``;
-    datasets config.py: ``HF_DATASETS_CACHE``, default ``$HF_HOME/datasets``)."""
+    """(what, path) of the folders an application started from ``env`` writes into (the hub cache only online)."""
     from ..warming.modules_cache import hf_home, modules_cache
 
     home = hf_home(env)
@@ -127,8 +105,7 @@ def _shared_targets(cache: Path, env: Mapping[str, str], offline: bool) -> list[
 
 
 def _dropped_bits(path: Path, umask: int) -> tuple[int, os.stat_result] | None:
-    """The write bits the shared folder ``path`` hands on that ``umask`` removes, with its stat; None when ``path``
-    is no shared folder (:func:`hfcache.cache.sharing.policy_of`), this user cannot write it, or nothing is lost."""
+    """(write bits ``umask`` removes, stat) of the shared folder ``path`` this user writes, or None."""
     try:
         st = os.stat(path)
     except OSError:
@@ -140,9 +117,8 @@ def _dropped_bits(path: Path, umask: int) -> tuple[int, os.stat_result] | None:
 
 
 def umask_findings(cache: Path, env: Mapping[str, str], offline: bool, umask: int | None) -> list[Finding]:
-    """At most one of ``umask.not_shared`` (warning) or ``umask.not_shared_offline`` (info) (module docstring),
-    naming each shared folder whose group (or others) loses write; nothing when ``umask`` (:func:`process_umask`)
-    is None. ``env``: the judged environment (``HF_HOME``, ``HF_MODULES_CACHE``...); ``offline``: its mode."""
+    """At most one ``umask.not_shared`` (warning) or ``umask.not_shared_offline`` (info) finding naming each shared
+    folder losing write; none when ``umask`` is None. ``env``, ``offline``: the judged environment and its mode."""
     if umask is None:
         return []
     hits, seen = [], set()

@@ -1,9 +1,6 @@
-"""What ``hfcache doctor`` reports (:class:`Finding`), and its checks of the environment: which cache the settings
-choose, offline mode as huggingface_hub computes it, values it does not understand, telemetry and token flags,
-legacy cache variables and aliases, installed versions (the sources followed: :mod:`hfcache.offline.doctor`).
-
-Booleans are read as huggingface_hub reads them (``constants.py``: ``ENV_VARS_TRUE_VALUES``, after ``.upper()``).
-"""
+"""What ``hfcache doctor`` reports (:class:`Finding`), and its checks of the environment: the cache the settings choose,
+offline mode, booleans as huggingface_hub reads them (``constants.py``: ``ENV_VARS_TRUE_VALUES``, after ``.upper()``),
+telemetry and token flags, legacy cache variables and aliases, installed versions."""
 
 from __future__ import annotations
 
@@ -20,14 +17,8 @@ _LEGACY_TRANSFORMERS_CACHES = ("TRANSFORMERS_CACHE", "PYTORCH_TRANSFORMERS_CACHE
 
 @dataclass(frozen=True)
 class Finding:
-    """One thing doctor found.
-
-    Attributes:
-        code (str): stable identifier, e.g. ``offline.masked``.
-        severity (str): ``error``, ``warning`` or ``info``.
-        message (str): what is the case, and why it matters.
-        fix (str | None): what to do about it.
-    """
+    """One thing doctor found: ``code`` (stable, e.g. ``offline.masked``), ``severity`` (``error``, ``warning`` or
+    ``info``), ``message`` (what is the case, and why it matters), ``fix`` (what to do, or None)."""
 
     code: str
     severity: str
@@ -41,8 +32,7 @@ def is_true(value: str | None) -> bool:
 
 
 def _resolved(value: str, expand_vars: bool = True) -> Path:
-    """A cache variable's value as huggingface_hub makes it a folder (``expandvars(expanduser())``, then
-    ``Path.expanduser().resolve()``); empty is the working directory."""
+    """A cache variable's value as huggingface_hub makes it a folder; empty is the working directory."""
     value = os.path.expanduser(value or ".")
     return Path(os.path.expandvars(value) if expand_vars else value).expanduser().resolve()
 
@@ -153,10 +143,8 @@ def legacy_cache_findings(env: dict[str, str], effective: Path, versions: dict[s
 
 
 def alias_findings(env: dict[str, str], effective: Path, offline: bool) -> list[Finding]:
-    """``env.alias_mismatch`` (a warning) for each alias other runtimes read (:mod:`hfcache.offline.aliases`) set in
-    ``env`` and disagreeing with huggingface_hub: a cache alias naming another folder than ``effective``, an offline
-    alias not true while ``offline`` is on (``TRANSFORMERS_OFFLINE`` is :func:`offline_mode_findings`'s). An unset
-    alias is no finding: not every image runs those runtimes."""
+    """``env.alias_mismatch`` (warning) for each alias set in ``env`` that disagrees with huggingface_hub: a cache alias
+    naming another folder than ``effective``, an offline alias not true while ``offline``. Unset: no finding."""
     from .aliases import ALIASES
 
     found = []
@@ -220,8 +208,7 @@ def version_findings(versions: dict[str, str | None]) -> list[Finding]:
         found.append(Finding("versions.tokenizers", "warning",
                              "tokenizers is not installed: no fast tokenizers (tokenizer.json cannot be used)",
                              "pip install tokenizers"))
-    missing = [n for n in ("sentencepiece", "protobuf") if versions.get(n) is None]
-    if missing:
+    if missing := [n for n in ("sentencepiece", "protobuf") if versions.get(n) is None]:
         found.append(Finding("versions.optional", "info",
                              f"not installed: {', '.join(missing)} (SentencePiece-only tokenizers need them)",
                              f"pip install {' '.join(missing)}"))

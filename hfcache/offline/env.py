@@ -1,33 +1,20 @@
-"""Offline at runtime: the environment that makes a process use only the cache, ``exec`` with a network guard, and
-the errors of offline use (also those of :mod:`hfcache.offline.api`).
+"""Offline at runtime: the environment that makes a process use only the cache, ``exec`` with a network guard, and the
+errors of offline use (also :mod:`hfcache.offline.api`'s).
 
-The variables (checked against huggingface_hub 2.4.0 and transformers 5.24.0; why the libraries need them:
-docs/cache-layout.md, 'Traps the libraries leave'):
-
-- ``HF_HUB_CACHE=<cache>``: where huggingface_hub (``constants.py``) and transformers (``utils/hub.py``) look; it
-  wins over ``HF_HOME``. ``HF_HOME=<parent>`` only when the cache is a folder named ``hub`` (then ``$HF_HOME/hub`` is
-  the same cache, and tools that derive it from ``HF_HOME`` agree).
-- ``HF_HUB_OFFLINE=1``: huggingface_hub refuses every HTTP request (``utils/_http.py`` raises
-  ``OfflineModeIsEnabled``) and transformers loads with ``local_files_only`` (``is_offline_mode()``): no ~3 requests
-  per cached load, no hang on an endpoint that never answers.
-- ``HF_HUB_DISABLE_TELEMETRY=1``: no telemetry (``utils/_telemetry.py``), a plain user agent (``_headers.py``);
-  ``HF_HUB_DISABLE_UPDATE_CHECK=1``: no version checks by the ``hf`` CLI (``cli/_cli_utils.py``).
-- ``HF_HUB_DISABLE_IMPLICIT_TOKEN=1``: ``hf_hub_download`` builds auth headers even for a cached offline load
-  (``file_download.py``), reading the token file and perhaps refreshing an OAuth login (a network call and a file
-  write, ``utils/_auth.py``); with it, ``get_token_to_send`` (``utils/_headers.py``) skips all of it.
-- ``HF_MODULES_CACHE=<private tmp>`` only when the folder transformers copies ``trust_remote_code`` code into
-  (default ``$HF_HOME/modules``) cannot be written here, e.g. a read-only HOME; an explicit one is never replaced
-  (:mod:`hfcache.warming.modules_cache`).
-
-Each variable is followed by the other names runtimes read for it, with the same value (:mod:`.aliases`):
-``HUGGINGFACE_HUB_CACHE`` and ``SENTENCE_TRANSFORMERS_HOME`` after ``HF_HUB_CACHE``; ``TRANSFORMERS_OFFLINE``
-(huggingface_hub's fallback; transformers 5 no longer reads it), ``HF_DATASETS_OFFLINE`` and ``LLAMA_OFFLINE``
-after ``HF_HUB_OFFLINE``. Left out on purpose: ``HF_HUB_DISABLE_XET`` (Xet only downloads, after a metadata request
-offline mode never makes), ``HF_HUB_ETAG_TIMEOUT``/``HF_HUB_DOWNLOAD_TIMEOUT`` (no request), ``HF_ENDPOINT``.
+The variables (checked in huggingface_hub 2.4.0 and transformers 5.24.0; docs/cache-layout.md, 'Traps the libraries
+leave'): ``HF_HUB_CACHE`` (``constants.py``, transformers ``utils/hub.py``; wins over ``HF_HOME``, set only for a folder
+named ``hub``); ``HF_HUB_OFFLINE=1`` (``utils/_http.py`` raises ``OfflineModeIsEnabled``; transformers'
+``is_offline_mode()`` loads ``local_files_only``); ``HF_HUB_DISABLE_TELEMETRY=1`` (``utils/_telemetry.py``,
+``_headers.py``); ``HF_HUB_DISABLE_UPDATE_CHECK=1`` (``cli/_cli_utils.py``); ``HF_HUB_DISABLE_IMPLICIT_TOKEN=1``
+(``file_download.py`` builds auth headers even offline, reading the token and maybe refreshing an OAuth login:
+``utils/_auth.py``, ``_headers.py`` ``get_token_to_send``); ``HF_MODULES_CACHE`` only when its default cannot be written
+(:mod:`hfcache.warming.modules_cache`). Each is followed by its aliases (:mod:`.aliases`). Not set:
+``HF_HUB_DISABLE_XET``, the timeouts, ``HF_ENDPOINT`` (offline mode makes no request).
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -39,10 +26,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, NoReturn
 
-from . import guard as network_guard
-from .aliases import alias_map, with_aliases
 from ..cache.root import cache_dir_warning, resolve_cache_dir
 from ..errors import HfcacheError, OfflineViolation, UsageError
+from ..names import NOT_INERT, not_inert
+from . import guard as network_guard
+from .aliases import alias_map, with_aliases
 
 if TYPE_CHECKING:
     from ..warming.lockfile import CacheStatus, Lockfile
@@ -58,8 +46,7 @@ class LockNotSatisfied(OfflineViolation):
 
 
 class OfflineLoadError(OfflineViolation):
-    """A tokenizer could not be loaded from the cache alone (exit 4). ``cause`` (str | None): what is missing, when
-    hfcache can tell (``hfcache.integrity.diagnosis.diagnose``)."""
+    """A tokenizer could not be loaded from the cache alone (exit 4); ``cause``: what is missing, when known."""
 
     def __init__(self, message: str, *, hint: str | None = None, cause: str | None = None) -> None:
         super().__init__(message, hint=hint)
@@ -67,8 +54,7 @@ class OfflineLoadError(OfflineViolation):
 
 
 class OfflineSetupError(OfflineViolation):
-    """huggingface_hub or transformers was imported before :func:`hfcache.offline.api.enforce_offline` and could not
-    be switched."""
+    """huggingface_hub or transformers was imported before :func:`hfcache.enforce_offline` and could not be switched."""
 
 
 class CommandNotFound(HfcacheError):
@@ -97,8 +83,7 @@ class OfflineEnv:
 
     @property
     def aliases(self) -> dict[str, str]:
-        """``{alias: canonical}`` for the aliases among the variables (:mod:`hfcache.offline.aliases`), e.g.
-        ``{"HUGGINGFACE_HUB_CACHE": "HF_HUB_CACHE", ...}``; each alias has its canonical variable's value."""
+        """``{alias: canonical}`` for the aliases among the variables (each with its canonical's value)."""
         return alias_map(self.variables)
 
 
@@ -108,12 +93,11 @@ def offline_environment(cache_dir: str | os.PathLike[str] | None = None,
 
     Args:
         cache_dir: the cache root (default: ``hfcache.cache.root.default_cache_dir``), made absolute.
-        environ: the environment the variables will be added to (default ``os.environ``): it decides whether the
-            modules cache moves (``modules_cache_override``, which creates the private folder).
+        environ: the environment the variables go into (default ``os.environ``): whether the modules cache moves.
 
     Returns:
-        OfflineEnv: ``HF_HOME`` (a cache folder named ``hub`` only), ``HF_HUB_CACHE`` and its aliases,
-        ``HF_MODULES_CACHE`` (when its default cannot be written), then :data:`OFFLINE_FLAGS`.
+        OfflineEnv: ``HF_HOME`` (a folder named ``hub`` only), ``HF_HUB_CACHE`` and its aliases, ``HF_MODULES_CACHE``
+            (when its default cannot be written), then :data:`OFFLINE_FLAGS`.
 
     Raises:
         UsageError: the path holds a newline or NUL, or a ``$NAME``/``${NAME}`` huggingface_hub expands (exit 2).
@@ -143,12 +127,8 @@ _EXPANDED = re.compile(r"\$(\w+|\{[^}]*\})", re.ASCII)
 
 
 def _refuse_expansion(path: str) -> None:
-    """Raise UsageError (exit 2) for a cache path holding ``$NAME`` or ``${...}``: huggingface_hub passes
-    ``HF_HUB_CACHE``/``HF_HOME`` through ``os.path.expandvars`` (``constants.py``: ``/x/$HOME/hub`` is
-    ``/x/root/hub``), while the runtimes reading the value raw (TGI, TEI, llama.cpp, sentence-transformers) and
-    hfcache use ``/x/$HOME/hub``. No quoting helps: the reader expands it, after the shell."""
-    found = _EXPANDED.search(path)
-    if found:
+    """UsageError for a path with ``$NAME``/``${...}``: huggingface_hub expands it, raw readers do not."""
+    if found := _EXPANDED.search(path):
         raise UsageError(f"cache path {_comment_text(path)} contains {_comment_text(found.group(0))}, which "
                          "huggingface_hub expands (os.path.expandvars) and other runtimes do not: they would use "
                          "different folders", hint="choose a --cache-dir without $NAME or ${NAME}")
@@ -158,24 +138,12 @@ _PLAIN = re.compile(r"[A-Za-z0-9_./:@%+,=-]*")
 
 
 def format_env(env: OfflineEnv, fmt: str) -> str:
-    """Render ``env`` as text that each consumer parses back to exactly these values.
-
-    Formats:
-        ``sh``: ``export NAME=value`` lines, quoted with ``shlex.quote`` (``eval "$(hfcache env)"``).
-        ``dotenv``: ``NAME=value``; a value that needs quoting is single-quoted (literal for shells, docker compose
-        and python-dotenv). ``docker run --env-file`` reads values literally, so it needs a path without spaces.
-        ``dockerfile``: one ``ENV`` instruction, values double-quoted with ``\\``, ``"`` and ``$`` escaped.
-        ``k8s``: a container ``env:`` list in YAML, every value a quoted string (Kubernetes rejects numbers).
-        ``json``: one flat ASCII object ``{NAME: value}``, aliases as keys of their own.
-
-    Every format refuses a value that is no inert text (:func:`check_inert`): dotenv and Dockerfile have no
-    portable escape, and one rule means one output is never safe where another is not. The comment headers carry
-    the path only escaped (:func:`_comment_text`), then name each canonical variable's aliases. A cache folder that
-    does not exist (or is no cache) gets one warning on stderr (:func:`warn_cache_dir`), never in the text.
-
-    Raises:
-        UsageError: unknown format; a value that is not inert text (exit 2, naming the variable).
-    """
+    """Render ``env`` as text each consumer parses back to exactly these values: ``sh`` (``export``, ``shlex.quote``),
+    ``dotenv`` (single-quoted when needed; ``docker run --env-file`` reads values literally), ``dockerfile`` (one
+    ``ENV``, ``\\``, ``"`` and ``$`` escaped), ``k8s`` (a container ``env:`` list, quoted strings), ``json`` (one flat
+    ASCII object). Comment headers carry the path escaped and name the aliases; a missing cache is one warning on stderr
+    (:func:`warn_cache_dir`). Raises UsageError: an unknown format, a value that is not inert text (:func:`check_inert`:
+    no format may carry it)."""
     if fmt not in FORMATS:
         raise UsageError(f"unknown format {fmt!r}", hint=f"use one of {', '.join(FORMATS)}")
     items = env.variables
@@ -193,7 +161,7 @@ def format_env(env: OfflineEnv, fmt: str) -> str:
     elif fmt == "dotenv":
         body = "".join(f"{name}={_dotenv_value(value)}\n" for name, value in items)
     elif fmt == "dockerfile":
-        lines = [f'{name}="{_dockerfile_escape(value)}"' for name, value in items]
+        lines = ['{}="{}"'.format(name, re.sub(r'([\\"$])', r"\\\1", value)) for name, value in items]
         body = "ENV " + " \\\n    ".join(lines) + "\n"
     else:
         body = "env:\n" + "".join(f"  - name: {name}\n    value: {_yaml_quote(value)}\n" for name, value in items)
@@ -201,18 +169,15 @@ def format_env(env: OfflineEnv, fmt: str) -> str:
 
 
 def warn_cache_dir(cache: Path) -> None:
-    """One line on stderr when ``cache`` does not exist or is not a hub cache (:func:`cache_dir_warning`): env and
-    exec still succeed. Written here because ``format_env`` and ``exec_command`` are the CLI's last step."""
-    warning = cache_dir_warning(cache)
-    if warning:
+    """One line on stderr when ``cache`` does not exist or is no hub cache; env and exec still succeed."""
+    if warning := cache_dir_warning(cache):
         text = "".join(c if c.isprintable() else f"\\x{ord(c):02x}" for c in warning)
         sys.stderr.write(f"hfcache: warning: {text}\n")
         sys.stderr.flush()
 
 
 def _header_notes(env: OfflineEnv) -> str:
-    """Comment lines after the header: which variables are aliases of which (names only, never a value), and
-    whether runtimes that find the cache through ``HF_HOME`` alone can find it."""
+    """Comment lines naming each variable's aliases, and whether runtimes using ``HF_HOME`` alone find the cache."""
     groups: dict[str, list[str]] = {}
     for alias, canonical in env.aliases.items():
         groups.setdefault(canonical, []).append(alias)
@@ -225,9 +190,7 @@ def _header_notes(env: OfflineEnv) -> str:
 
 
 def _yaml_quote(value: str) -> str:
-    """``value`` as a YAML 1.1/1.2 double-quoted ASCII scalar: ``\\`` and ``"`` escaped, other non-ASCII as
-    ``\\uXXXX``, beyond U+FFFF as one ``\\UXXXXXXXX`` (YAML 1.2 section 5.7: a surrogate pair reads back as two lone
-    surrogates in PyYAML, go-yaml refuses it)."""
+    """``value`` as a YAML double-quoted ASCII scalar (beyond U+FFFF one ``\\UXXXXXXXX``: YAML 1.2 5.7)."""
     out = []
     for char in value:
         code = ord(char)
@@ -236,22 +199,11 @@ def _yaml_quote(value: str) -> str:
     return '"' + "".join(out) + '"'
 
 
-#: Unicode categories that are no inert text in generated output: controls (C0, DEL, C1 with U+0085), format
-#: characters (bidi overrides, zero-width), lone surrogates (``surrogateescape`` of a non-UTF-8 path), and the line
-#: and paragraph separators U+2028/U+2029 (YAML, JavaScript and ``str.splitlines`` break lines there).
-_NOT_INERT = frozenset({"Cc", "Cf", "Cs", "Zl", "Zp"})
-
-
-def _offending(value: str) -> str | None:
-    """The first character of ``value`` that is not inert text (``_NOT_INERT``), else None."""
-    return next((c for c in value if unicodedata.category(c) in _NOT_INERT), None)
-
 
 def check_inert(name: str, value: str) -> None:
-    """Raise UsageError (exit 2) when ``value`` of variable ``name`` holds a character no output format may carry
-    raw (``_NOT_INERT``), naming ``name``, the character (``U+XXXX``) and the value escaped, never raw."""
-    char = _offending(value)
-    if char is None:
+    """Raise UsageError (exit 2) when ``value`` of variable ``name`` holds a character no output format may carry raw
+    (:data:`hfcache.names.NOT_INERT`), naming ``name``, the character (``U+XXXX``) and the value escaped."""
+    if (char := not_inert(value)) is None:
         return
     what = ("a line break" if char in "\n\r\v\f\x1c\x1d\x1e\x85\u2028\u2029" else
             "a byte that is not UTF-8" if unicodedata.category(char) == "Cs" else "a control or invisible character")
@@ -262,10 +214,9 @@ def check_inert(name: str, value: str) -> None:
 
 
 def _comment_text(text: str) -> str:
-    """``text`` with every character that is not inert text written as ``\\uXXXX`` (``\\xXX``, ``\\UXXXXXXXX``),
-    so a comment header or an error message stays one line, whatever the value."""
+    """``text`` with every character that is not inert escaped (``\\uXXXX``...): one line whatever the value."""
     return "".join(char.encode("unicode_escape", "backslashreplace").decode("ascii")
-                   if unicodedata.category(char) in _NOT_INERT else char for char in text)
+                   if unicodedata.category(char) in NOT_INERT else char for char in text)
 
 
 def _dotenv_value(value: str) -> str:
@@ -274,10 +225,6 @@ def _dotenv_value(value: str) -> str:
     if "'" not in value:
         return f"'{value}'"
     return '"' + re.sub(r'([\\"$`])', r"\\\1", value) + '"'
-
-
-def _dockerfile_escape(value: str) -> str:
-    return re.sub(r'([\\"$])', r"\\\1", value)
 
 
 @dataclass(frozen=True)
@@ -290,8 +237,8 @@ class ExecPlan:
         allow_hosts (tuple[str, ...]): ``HOST[:PORT]`` entries the guard lets through.
         lock_statuses (tuple[CacheStatus, ...]): the lock check, when ``--lock`` was given (all satisfied).
         no_network (bool): install the process-tree network filter (:mod:`.sandbox`) before the exec.
-        paths (tuple[tuple[str, str], ...]): ``(NAME, absolute path)`` of each ``--path``, in order (also in
-            ``environ``, and substituted for ``{NAME}`` in ``argv[1:]``).
+        paths (tuple[tuple[str, str], ...]): ``(NAME, absolute path)`` of each ``--path`` (in ``environ`` and
+            ``argv``).
     """
 
     argv: tuple[str, ...]
@@ -304,8 +251,7 @@ class ExecPlan:
 
 
 def parse_allow_hosts(specs: Iterable[str]) -> tuple[network_guard.AllowedHost, ...]:
-    """Parse ``HOST[:PORT]`` entries (``--allow-host``, ``allow_hosts=``), without repeats; UsageError for a bad
-    one."""
+    """``HOST[:PORT]`` entries parsed, without repeats; UsageError for a bad one."""
     hosts = []
     for spec in specs:
         try:
@@ -317,9 +263,8 @@ def parse_allow_hosts(specs: Iterable[str]) -> tuple[network_guard.AllowedHost, 
 
 def guarded_environment(base: Mapping[str, str], offline: OfflineEnv,
                         allow_hosts: Sequence[network_guard.AllowedHost] = ()) -> dict[str, str]:
-    """``base`` plus the offline variables and the network guard for Python children: the guard's folder first on
-    ``PYTHONPATH`` (the rest kept after it; its ``sitecustomize`` runs the one it shadows), the allow-list in
-    ``HFCACHE_ALLOW_HOSTS``."""
+    """``base`` plus the offline variables and the guard for Python children: its folder first on ``PYTHONPATH``, the
+    allow-list in ``HFCACHE_ALLOW_HOSTS``."""
     environ = dict(base)
     environ.update(offline.variables)
     site = network_guard.site_dir()
@@ -333,13 +278,11 @@ def guarded_environment(base: Mapping[str, str], offline: OfflineEnv,
 
 
 def check_lock(lock: Lockfile, cache: Path, lock_name: str) -> tuple[CacheStatus, ...]:
-    """Check with ``stat`` only (``lockfile.cache_statuses``: sizes, refs, markers; no hashing) that ``cache``
-    holds ``lock``; LockNotSatisfied names the first missing pieces and how many there are."""
+    """Check with ``stat`` only that ``cache`` holds ``lock``; LockNotSatisfied names the first missing pieces."""
     from ..warming.lockfile import cache_statuses
 
     statuses = tuple(cache_statuses(lock, cache))
-    missing = [f"{s.repo.request.spec}: {m}" for s in statuses for m in s.missing]
-    if missing:
+    if missing := [f"{s.repo.request.spec}: {m}" for s in statuses for m in s.missing]:
         shown = "; ".join(missing[:3]) + (f" (and {len(missing) - 3} more)" if len(missing) > 3 else "")
         raise LockNotSatisfied(f"the cache {cache} does not hold everything {lock_name} pins: {shown}",
                                hint=f"run `hfcache warm --lock {lock_name} --cache-dir {cache}` first "
@@ -362,8 +305,7 @@ def prepare_exec(command: Sequence[str], *, cache_dir: str | os.PathLike[str] | 
         paths: ``NAME=REPO_ID[@REVISION][:PATTERN]`` entries (``--path``, :mod:`.exec_paths`), resolved offline.
 
     Raises:
-        UsageError: no command, a bad ``--allow-host``, ``--allow-host`` with ``no_network``, a bad ``--path``, an
-            unreadable or invalid lock (exit 2).
+        UsageError: no command, a bad ``--allow-host`` (or one with ``no_network``), ``--path`` or lock (exit 2).
         LockNotSatisfied: the cache lacks something the lock pins (exit 4).
         PathNotCached, AmbiguousPath: a ``--path`` is not cached, or its pattern matches several files (exit 1).
     """
@@ -405,24 +347,14 @@ def prepare_exec(command: Sequence[str], *, cache_dir: str | os.PathLike[str] | 
 
 
 def exec_command(plan: ExecPlan) -> NoReturn:
-    """Replace this process with the command (``os.execvpe``); never returns.
-
-    Exec, not a child: the command keeps hfcache's PID, so SIGTERM/SIGINT/SIGHUP from a terminal, ``docker stop`` or
-    the kubelet reach it directly and its exit status is the process's own (all of hfcache's work is done before).
-    With ``plan.no_network``, inherited network descriptors are marked close-on-exec and the filter is loaded
-    (:func:`.sandbox.install_network_filter`, checked in force) right before the exec, or the command never starts.
-
-    Raises:
-        NetworkFilterUnavailable: ``no_network`` and the filter cannot be installed or is not in force (exit 4).
-        CommandNotFound: not on ``PATH`` (exit 127).
-        CommandNotExecutable: not executable, or not a valid program (exit 126).
-    """
+    """Replace this process with the command (``os.execvpe``: it keeps hfcache's PID, so signals reach it and its exit
+    status is the process's); never returns. With ``plan.no_network``, inherited network descriptors are marked
+    close-on-exec and the filter loaded (and checked) right before the exec. Raises NetworkFilterUnavailable (exit 4),
+    CommandNotFound (exit 127), CommandNotExecutable (exit 126)."""
     warn_cache_dir(plan.offline.cache_dir)
     for stream in (sys.stdout, sys.stderr):
-        try:
+        with contextlib.suppress(OSError, ValueError):
             stream.flush()
-        except (OSError, ValueError):
-            pass
     if plan.no_network:
         from .sandbox import close_inherited_sockets, install_network_filter
 

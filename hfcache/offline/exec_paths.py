@@ -1,8 +1,6 @@
 """``hfcache exec --path NAME=REPO_ID[@REVISION][:PATTERN]``: each resolved offline in exec's cache
-(:func:`hfcache.offline.paths.resolve`) before the command starts, and handed to it as the variable ``NAME`` and in
-place of every ``{NAME}`` in its arguments: the snapshot folder, or with a pattern the one file matching it (several
-matches, none, or a repo not cached: exit 1, and the command does not start).
-"""
+(:func:`hfcache.offline.paths.resolve`) before the command starts, set as the variable ``NAME`` and put in place of
+every ``{NAME}`` in its arguments."""
 
 from __future__ import annotations
 
@@ -24,13 +22,12 @@ _TOKEN = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*)\}")
 
 
 def resolve_exec_paths(cache: Path, specs: Iterable[str], reserved: Iterable[str] = ()) -> tuple[tuple[str, str], ...]:
-    """Resolve every ``NAME=REPO_ID[@REVISION][:PATTERN]`` of ``specs`` in ``cache`` (absolute), offline, to
-    ``(NAME, absolute path)`` pairs in order; ``reserved``: further names a spec may not take (the offline variables).
+    """Resolve each ``NAME=REPO_ID[@REVISION][:PATTERN]`` in ``cache``, offline, to ``(NAME, absolute path)`` pairs in
+    order; ``reserved``: further names a spec may not take.
 
     Raises:
-        UsageError: a malformed spec, a NAME given twice or one hfcache sets itself (exit 2).
-        PathNotCached: the repo, revision or a matching file is not in the cache (exit 1, warm hint).
-        AmbiguousPath: a pattern matches more than one file (exit 1, naming them).
+        UsageError: a malformed spec, a NAME given twice or one hfcache sets, or one the system reads (exit 2).
+        PathNotCached, AmbiguousPath: not cached, or a pattern matching several files (exit 1).
         UnsafeLayout, CacheError: the cache's layout is unsafe or unreadable (exit 5).
     """
     from .paths import parse_path_var, resolve
@@ -56,12 +53,9 @@ def resolve_exec_paths(cache: Path, specs: Iterable[str], reserved: Iterable[str
 
 
 def substitute_paths(argv: Sequence[str], paths: Mapping[str, str]) -> tuple[str, ...]:
-    """``argv`` with every exact ``{NAME}`` of a NAME in ``paths`` replaced by its path in ``argv[1:]`` (anywhere in
-    an argument: ``--model={MODEL}``; the program name and other braces are left alone)."""
+    """``argv`` with every ``{NAME}`` of a NAME in ``paths`` replaced in ``argv[1:]`` (anywhere in an argument), in one
+    pass; the program name and other braces are left alone."""
     if not argv:
         return tuple(argv)
-    def value(match: re.Match[str]) -> str:
-        return paths.get(match.group(1), match.group(0))
-
     # one pass: a path holding "{OTHER}" (a file name may) is never substituted again
-    return (argv[0], *(_TOKEN.sub(value, arg) for arg in argv[1:]))
+    return (argv[0], *(_TOKEN.sub(lambda m: paths.get(m.group(1), m.group(0)), arg) for arg in argv[1:]))

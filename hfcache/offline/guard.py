@@ -1,34 +1,10 @@
-"""The network guard: a PEP 578 audit hook that turns network access to a host that is not allowed into an error.
+"""The network guard: a PEP 578 audit hook that turns network access to a host not allowed into an error.
 
-Used by ``hfcache exec`` (the ``sitecustomize`` in ``hfcache/offline/_guard_site/``), :func:`hfcache.enforce_offline`,
-:func:`hfcache.load_tokenizer` and ``hfcache check``'s child (``offline/probe.py``).
-
-Why an audit hook: ``sys.addaudithook`` sees every Python-level connect, send with an address, and name or address
-look-up (``_GUARDED_EVENTS``) before it happens, whatever HTTP client made it (httpx, urllib3, urllib, asyncio), so
-a load that would reach for the network fails at once with a message instead of hanging on an endpoint that never
-answers, waiting on DNS in an air-gapped pod, or retrying (docs/cache-layout.md, 'Traps the libraries leave').
-:class:`NetworkBlocked` is a ``RuntimeError``, not an ``OSError``: clients retry an ``OSError`` with backoff
-(huggingface_hub's ``http_backoff``, ``utils/_http.py``: ``httpx.ConnectError`` 5 times over about 23 s) or fall
-back silently; a ``RuntimeError`` passes through them at once and names the host.
-
-What it checks is what C uses: the socket family and type from the C struct and the kernel (raw sockets are
-refused), and addresses, hosts and ports only when they are exactly a tuple, str/bytes or int (a subclass could
-tell the guard one host and C another, a ``bytearray`` could change between the check and C's parse: refused). A
-name resolves without an allow-list entry only when ``/etc/hosts`` answers it for the family asked, spelt as glibc
-matches it; a reverse look-up only when ``/etc/hosts`` lists the address or the call is numeric (``getnameinfo``
-with ``NI_NUMERICHOST``). ``socket.socket``'s sends are checked before C parses the address too, since parsing a
-host name resolves it with no audit event (:func:`_check_before_c_resolves`).
-
-Limits: it sees what Python code does. Native code that opens sockets itself (a Rust or C extension, ``ctypes``
-calling libc's ``connect``, uvloop's libuv event loop, which ``uvicorn[standard]`` installs) is not seen, and
-``_socket.socket`` used directly still resolves a host name in ``connect`` before the event (the connection is
-refused; the DNS query has left); nor is a program that is not Python (``os.system("curl ...")``); a Python child
-started with ``-S``/``-I`` skips ``sitecustomize`` and one started with ``-E`` ignores the ``PYTHONPATH`` that
-brings it; a proxy (``HTTPS_PROXY``) is the host connected to, so allow the proxy. It is a fail-fast guard against
-accidents, not a sandbox.
-
-Standard library only and importable on its own (Python >= 3.8): the ``sitecustomize`` loads it by file path, so a
-Python child needs neither hfcache nor its dependencies installed.
+Used by ``hfcache exec`` (``_guard_site/sitecustomize.py``), :func:`hfcache.enforce_offline`,
+:func:`hfcache.load_tokenizer` and ``hfcache check``'s child. :class:`NetworkBlocked` is a ``RuntimeError``: clients
+retry an ``OSError`` (huggingface_hub ``http_backoff``: ~23 s) or fall back silently. Only C-level values are read
+(:mod:`.guard_hosts`). What it checks and what it cannot see (native code, ``python -I``): docs/offline.md. Standard
+library only and importable on its own (Python >= 3.8): the ``sitecustomize`` loads it by file path.
 """
 
 from __future__ import annotations
@@ -40,11 +16,11 @@ import os
 import socket
 import sys
 import threading
-from typing import Iterable, Iterator
+from collections.abc import Iterable, Iterator
 
 
 def _load_hosts_module():
-    """``guard_hosts.py``: imported as a sibling in the package, loaded by file path when this file was."""
+    """``guard_hosts.py``: a sibling in the package, loaded by file path when this file was."""
     if __package__:
         from . import guard_hosts
 
@@ -68,19 +44,16 @@ _exact_ip, _ip, _target = _hosts._exact_ip, _hosts._ip, _hosts._target
 _family_name, _type_name, _port = _hosts._family_name, _hosts._type_name, _hosts._port
 _Refused, _plain_host, _plain_address = _hosts._Refused, _hosts._plain_host, _hosts._plain_address
 _RAW_TYPES, _real_families, _kernel_raw = _hosts._RAW_TYPES, _hosts._real_families, _hosts._kernel_raw
-#: Set to ``1`` by ``hfcache exec --no-network`` for its children: the guard then refuses, at creation, every socket
-#: that is not ``AF_UNIX``, with its own message (the kernel filter's ``EACCES`` is a ``PermissionError`` that HTTP
-#: clients retry for ~20-50 s before they give up silently).
+#: Set to ``1`` by ``exec --no-network``: every socket but ``AF_UNIX`` is refused at creation with the guard's message
+#: (the kernel filter's ``EACCES`` is a ``PermissionError`` HTTP clients retry for ~20-50 s).
 ENV_NO_NETWORK = "HFCACHE_NO_NETWORK"
 #: Where the process-wide guard lives (one per process, whichever copy of this file installed it).
 _STATE_ATTR = "_hfcache_network_guard"
-#: Audit events (docs.python.org/3/library/audit_events.html) that can put a byte on the network or make a resolver
-#: query. ``socket.connect`` also covers ``connect_ex``; ``sendto``/``sendmsg`` carry an address when they send
-#: without ``connect`` (UDP, and TCP with ``MSG_FASTOPEN``); ``gethostbyname`` covers ``gethostbyname_ex``;
-#: ``gethostbyaddr`` (also ``getfqdn``'s) and ``getnameinfo`` are reverse look-ups; ``socket.__new__`` refuses
-#: families that reach other machines without an IP address (``AF_PACKET``, ``AF_VSOCK``, ``AF_TIPC``, ...), whose
-#: later ``send`` has no audit event. Never leaving the machine, so not guarded: ``bind``, ``gethostname``,
-#: ``getservbyname``/``getservbyport`` (``/etc/services``), ``sethostname``.
+#: Audit events (docs.python.org/3/library/audit_events.html) that can put a byte on the network or query a resolver:
+#: ``socket.connect`` covers ``connect_ex``, ``sendto``/``sendmsg`` carry an address (UDP, TCP ``MSG_FASTOPEN``),
+#: ``gethostbyname`` covers ``_ex``, reverse look-ups; ``socket.__new__`` refuses families that reach other machines
+#: without an IP (``AF_PACKET``, ``AF_VSOCK``: their sends have no event). Local only, not guarded: ``bind``,
+#: ``gethostname``, ``getservbyname``/``getservbyport``, ``sethostname``.
 _SEND_EVENTS = frozenset({"socket.connect", "socket.sendto", "socket.sendmsg"})
 _REVERSE_EVENTS = frozenset({"socket.gethostbyaddr", "socket.getnameinfo"})
 _LOOKUP_EVENTS = frozenset({"socket.getaddrinfo", "socket.gethostbyname"})
@@ -109,9 +82,8 @@ else:
         Attributes:
             target (str): ``HOST:PORT`` (``[V6]:PORT``) for connections, ``HOST`` for DNS lookups.
             action (str): ``"connection to"``, ``"DNS lookup of"``, ``"reverse DNS lookup of"``, ``"socket of
-                address family"``, ``"socket of type"`` (``SOCK_RAW``/``SOCK_PACKET`` of an IP family, at creation
-                or at an adopted descriptor's send: ``SOCK_RAW (AF_INET)``) or ``"call with an argument of type"``
-                (a subclass of tuple, str, bytes or int, a ``bytearray`` or ``memoryview``: ``target`` names it).
+                address family"``, ``"socket of type"`` (``SOCK_RAW``/``SOCK_PACKET`` of an IP family) or ``"call
+                with an argument of type"`` (not exactly a tuple, str, bytes or int).
         """
 
         def __init__(self, action: str, target: str) -> None:
@@ -158,9 +130,9 @@ class _Rules:
                 self.allowed.append(entry)
 
     def allows_lookup(self, host: str, port: int | None, family: int = 0) -> bool:
-        """A name may be resolved when it is an address literal, an allowed host (for that port, when the entry has
-        one), or a name ``/etc/hosts`` answers for ``family`` as glibc matches it (:func:`hosts_file_entries`;
-        ``AF_UNSPEC`` (0): any entry, ``AF_INET``: an IPv4 one, ``AF_INET6``: an IPv6 one)."""
+        """A name may be resolved when it is an address literal, an allowed host (for that port), or a name
+        ``/etc/hosts`` answers for ``family`` as glibc matches it (``AF_UNSPEC``: any entry; ``AF_INET``/``AF_INET6``:
+        one of that version)."""
         if _ip(host) is not None:
             return True
         name = host.lower()
@@ -172,18 +144,15 @@ class _Rules:
         return any(a.host == name and (a.port is None or port is None or a.port == port) for a in self.allowed)
 
     def allows_reverse_lookup(self, host: str, port: int | None = None) -> bool:
-        """A reverse look-up (``gethostbyaddr``, ``getnameinfo`` without ``NI_NUMERICHOST``) may run only when no
-        nameserver is asked: for an address ``/etc/hosts`` lists exactly as given (``::ffff:127.0.0.1`` is not
-        ``127.0.0.1``) or a name it answers. Loopback and allowed addresses too go to the nameserver (a PTR query
-        carries 3 bytes of a secret)."""
+        """Only when no nameserver is asked: an address ``/etc/hosts`` lists exactly as given or a name it answers (a
+        PTR query for loopback or an allowed address carries 3 bytes of a secret too)."""
         ip = _exact_ip(host)
         if ip is None:
             return bool(self.hosts_names.get(host.lower()))
         return ip in self.hosts_addresses
 
     def allows_connection(self, host: str, port: int | None) -> bool:
-        """Whether a connection to ``host``:``port`` is allowed: by address, by name, ``localhost`` for loopback
-        addresses, or an allowed name that resolves to this address."""
+        """By address, by name, ``localhost`` for loopback, or an allowed name resolving to this address."""
         name = host.lower().rstrip(".")
         ip = _ip(name)
         for entry in self.allowed:
@@ -216,8 +185,7 @@ class _Rules:
         return self.resolved[name]
 
     def refusal(self, event: str, args: tuple) -> tuple[str, str] | None:
-        """(action, target) when the audit event ``event`` reaches a host not allowed, else None. Reads C-level
-        values only: an address, host or port that is not exactly a tuple, str, bytes or int is refused."""
+        """(action, target) when ``event`` reaches a host not allowed, else None (C-level values only)."""
         try:
             return self._refusal(event, args)
         except _Refused as exc:
@@ -294,18 +262,14 @@ class _Rules:
 class Guard:
     """The per-process guard behind the audit hook (create it with :func:`install`).
 
-    The hook keeps its state in a closure, not in attributes of this object: blocking for the whole process is a
-    latch that only turns on (``guard.enforced = False`` raises AttributeError; rebinding an attribute changes
-    nothing the hook reads). A seatbelt, not a sandbox: code in the process can still widen its allow-list through
-    :meth:`allow` (the API of :func:`hfcache.enforce_offline`) or dig into the closure (the README's blind spots).
+    Its state lives in the hook's closure, not in attributes: blocking for the whole process only turns on (assigning an
+    attribute raises AttributeError). A seatbelt, not a sandbox: code can still widen its allow-list (:meth:`allow`).
 
     Attributes:
         allowed (tuple[AllowedHost, ...]): the allow-list (only grows; a copy).
-        enforced (bool): blocking is on for the whole process (``exec``, :func:`enforce_offline`); otherwise only
-            inside :meth:`blocking` blocks. Read-only.
-        attempts (list[str]): every blocked target, in order (libraries may swallow the exception; callers such as
-            ``hfcache check`` look here to notice).
-        error_class (type): the exception raised (:class:`NetworkBlocked` of the copy of this file that installed it).
+        enforced (bool): blocking is on for the whole process; otherwise only inside :meth:`blocking`. Read-only.
+        attempts (list[str]): every blocked target, in order (libraries may swallow the exception).
+        error_class (type): the exception raised (the installing copy's :class:`NetworkBlocked`).
     """
 
     __slots__ = ("attempts", "hook", "allows_lookup", "allows_reverse_lookup", "allows_connection", "_allow",
@@ -364,8 +328,7 @@ class Guard:
         self._enforce()
 
     def refuse_ip(self) -> None:
-        """Refuse every socket that is not ``AF_UNIX`` at its creation, for good (``exec --no-network``'s
-        children: the message names the mode instead of the kernel filter's bare ``EACCES``)."""
+        """Refuse every socket but ``AF_UNIX`` at its creation, for good (``exec --no-network``'s children)."""
         self._refuse_ip()
 
     @contextlib.contextmanager
@@ -376,11 +339,6 @@ class Guard:
             yield self
         finally:
             self._scoped.reset(token)
-
-    @property
-    def active(self) -> bool:
-        """Whether the calling context is blocked right now."""
-        return self.enforced or self._scoped.get()
 
 
 def current() -> Guard | None:
@@ -397,8 +355,7 @@ def install(allow_hosts: Iterable[AllowedHost | str] = (), *, enforce: bool = Tr
         local_only: also refuse every socket but ``AF_UNIX`` at creation (:meth:`Guard.refuse_ip`).
 
     Raises:
-        ValueError: an allow-list entry does not parse.
-        RuntimeError: this Python has no ``sys.addaudithook`` (before 3.8).
+        ValueError: an allow-list entry does not parse. RuntimeError: no ``sys.addaudithook`` (Python < 3.8).
     """
     guard = current()
     if guard is None:
@@ -419,14 +376,9 @@ def install(allow_hosts: Iterable[AllowedHost | str] = (), *, enforce: bool = Tr
 
 
 def _check_before_c_resolves(hook) -> None:
-    """Run ``hook``'s send check before C parses the address, in ``socket.socket.connect``/``connect_ex``/
-    ``sendto``/``sendmsg``, and mark ``getnameinfo`` calls with ``NI_NUMERICHOST`` (no look-up).
-
-    A CPython gap: those C methods parse the address (``getsockaddrarg``) before their audit event, and parsing a
-    host *name* resolves it with libc's ``getaddrinfo`` (no ``socket.getaddrinfo`` event): ``connect(("exfil-
-    secret.example", 80))`` sent a DNS query before the guard refused the connection. The event still fires after
-    the parse (a second check). ``_socket.socket`` used directly keeps the gap (docs/offline.md).
-    """
+    """Run ``hook``'s send check before C parses the address; mark ``NI_NUMERICHOST`` ``getnameinfo`` calls."""
+    # CPython gap: socket.socket's connect/sendto/sendmsg parse the address before their audit event, and parsing a
+    # host name resolves it (libc getaddrinfo, no event): connect(("exfil-secret.example", 80)) sent a DNS query.
     import functools
 
     base = _socket.socket

@@ -1,20 +1,17 @@
-"""The network guard's allow-list and readers: what one ``HOST[:PORT]`` entry is, how the list travels to a child in
-``HFCACHE_ALLOW_HOSTS``, which names and addresses ``/etc/hosts`` answers without a nameserver, and how the guard
-reads an audit event's arguments (exactly a tuple, str, bytes or int: immutable, so what is checked is what C uses)
-and a socket's family and type (as C and the kernel hold them).
-
-Part of the guard (:mod:`hfcache.offline.guard` re-exports every public name) and, like it, standard library only
-and importable on its own: the exec ``sitecustomize`` loads ``guard.py`` by file path, which loads this file so.
-"""
+"""The network guard's allow-list and readers: one ``HOST[:PORT]`` entry, the list in ``HFCACHE_ALLOW_HOSTS``, what
+``/etc/hosts`` answers without a nameserver, and an audit event's arguments and a socket's family and type as C and the
+kernel hold them. Part of :mod:`hfcache.offline.guard` (which re-exports it): standard library only, loaded by file path
+with it."""
 
 from __future__ import annotations
 
 import _socket
+import contextlib
 import ipaddress
 import os
 import re
 import socket
-from typing import Iterable
+from collections.abc import Iterable
 
 #: Environment variable carrying the allowed hosts to a child: ``HOST[:PORT]`` entries separated by commas.
 ENV_ALLOW_HOSTS = "HFCACHE_ALLOW_HOSTS"
@@ -26,9 +23,8 @@ _IP_ADDRESS = ipaddress.ip_address
 
 
 class AllowedHost:
-    """One ``HOST[:PORT]`` entry of the allow-list: a host name (matched by name, and by the addresses it resolves
-    to), an IPv4 or IPv6 address (``[::1]:8080`` with a port), or ``localhost`` (every loopback address). Without a
-    port, every port of the host is allowed."""
+    """One ``HOST[:PORT]`` entry: a host name (matched by name and by the addresses it resolves to), an IPv4 or IPv6
+    address, or ``localhost`` (every loopback address); without a port, every port."""
 
     __slots__ = ("host", "port", "ip")
 
@@ -51,17 +47,11 @@ class AllowedHost:
 
 
 def parse_allow_host(spec: str) -> AllowedHost:
-    """Parse exactly one ``HOST``, ``HOST:PORT``, ``IPV6``, ``[IPV6]`` or ``[IPV6]:PORT`` (``--allow-host``,
-    ``allow_hosts=``, one ``HFCACHE_ALLOW_HOSTS`` item) into the host in lower case without a trailing dot
-    (addresses in canonical form). ``HOST`` is a name of RFC 1123 labels (``_`` too, as container names use; at most
-    253 characters; a last label of digits only must make a whole IPv4 address) or an IPv4 address. No separators
-    (``,`` ``;`` whitespace), ``/``, ``@``, control or non-ASCII characters: an entry never becomes several or means
-    more than it says.
-
-    Raises:
-        ValueError: anything that is not one host with an optional port from 1 to 65535 (the message quotes
-            ``spec`` with ``repr``, so a control character is shown escaped).
-    """
+    """Parse exactly one ``HOST``, ``HOST:PORT``, ``IPV6``, ``[IPV6]`` or ``[IPV6]:PORT`` into the host in lower case
+    without a trailing dot (addresses canonical). ``HOST`` is a name of RFC 1123 labels (``_`` too, as container names
+    use; a last label of digits only must make a whole IPv4 address) or an IPv4 address; no separators, ``/``, ``@``,
+    control or non-ASCII characters: an entry never becomes several. Raises ValueError (quoting ``spec`` with ``repr``):
+    not one host with an optional port from 1 to 65535."""
     text = spec if type(spec) is str else ""
     if not text.isascii() or not text.isprintable():
         raise ValueError(f"invalid host {spec!r}: use one HOST, HOST:PORT or [IPV6]:PORT")
@@ -89,8 +79,7 @@ def parse_allow_host(spec: str) -> AllowedHost:
 
 
 def _is_host_name(host: str) -> bool:
-    """A name of RFC 1123 labels, or a dotted IPv4 address (``inet_aton`` reads ``10.1`` or ``1234`` as addresses
-    too: a last label of digits only is accepted only as a whole IPv4 address)."""
+    """A name of RFC 1123 labels, or a dotted IPv4 address (``inet_aton`` reads ``10.1`` as one too)."""
     if not host or len(host) > 254 or not _HOST_NAME.fullmatch(host) or ":" in host:
         return False
     last = host.rstrip(".").rsplit(".", 1)[-1]
@@ -98,10 +87,8 @@ def _is_host_name(host: str) -> bool:
 
 
 def hosts_from_environ(environ: dict[str, str] | None = None) -> tuple[AllowedHost, ...]:
-    """The allow-list a parent passed in ``HFCACHE_ALLOW_HOSTS`` (entries joined by single commas, as
-    :func:`format_allow_hosts` writes it; unset or empty: nothing). ValueError when an entry does not parse or is
-    empty (``a,,b``, spaces around one): the caller must then allow nothing (the ``sitecustomize`` does), never guess.
-    """
+    """The allow-list a parent passed in ``HFCACHE_ALLOW_HOSTS`` (:func:`format_allow_hosts`'s form; unset or empty:
+    nothing). ValueError for an entry that does not parse or is empty: the caller must then allow nothing."""
     value = (os.environ if environ is None else environ).get(ENV_ALLOW_HOSTS, "")
     if not value:
         return ()
@@ -126,21 +113,17 @@ def _target(host: str, port: int | None) -> str:
 
 
 def hosts_file_names(path: str = "/etc/hosts", nsswitch: str = "/etc/nsswitch.conf") -> frozenset:
-    """The names of :func:`hosts_file_entries` in lower case without a trailing dot: a summary for people (the guard
-    matches with the exact entries)."""
+    """The names of :func:`hosts_file_entries`, lower case without a trailing dot (a summary for people)."""
     names, _ = hosts_file_entries(path, nsswitch)
     return frozenset(name.rstrip(".") for name in names)
 
 
 def hosts_file_entries(path: str = "/etc/hosts", nsswitch: str = "/etc/nsswitch.conf") -> tuple[dict, frozenset]:
-    """What glibc's ``files`` backend answers from ``path`` without a DNS server: ``({name: frozenset of IP
-    versions 4/6}, frozenset of addresses)``. Names are lower case with a trailing dot kept (glibc compares
-    case-insensitively and strips nothing: ``vm.``, or an IPv4-only name looked up for ``AF_INET6``, goes to the
-    nameserver; tests/integration/test_trust3_guard.py); addresses are as written (an IPv4-mapped address is not its
-    IPv4 address). Both empty when ``nsswitch``'s ``hosts:`` line puts ``dns`` before ``files`` or lacks ``files``
-    (no line: glibc's ``files dns``), or ``path`` cannot be read. Any other name goes to the nameservers, even
-    ``localhost``, ``*.localhost`` and the machine's own name (glibc ignores RFC 6761 there).
-    """
+    """What glibc's ``files`` backend answers from ``path``: ``({name: frozenset of IP versions 4/6}, frozenset of
+    addresses)``, names lower case with a trailing dot kept, addresses as written (glibc strips nothing and does not
+    unwrap IPv4-mapped addresses; tests/integration/test_trust3_guard.py). Both empty when ``nsswitch`` puts ``dns``
+    before ``files`` or lacks ``files``, or ``path`` cannot be read; every other name (``localhost`` too) goes to the
+    nameservers."""
     if not _files_before_dns(nsswitch):
         return {}, frozenset()
     names: dict[str, set] = {}
@@ -175,20 +158,17 @@ def _files_before_dns(nsswitch: str) -> bool:
 
 
 def _exact_ip(text: str):
-    """``text`` as an ``ipaddress`` address exactly as written (no IPv4-mapped unwrapping), without a ``%scope``."""
+    """``text`` as an ``ipaddress`` address exactly as written (no IPv4-mapped unwrapping), without ``%scope``."""
     try:
         return _IP_ADDRESS(text.split("%", 1)[0])
     except ValueError:
         return None
 
 
-# ------------------------------------------------------------------ reading the guard's audit-event arguments
-# (used by guard.py: only exact, immutable types are read, so what is checked is what C uses)
+# ---------------------- reading the guard's audit-event arguments: only exact, immutable types (what C uses)
 
-#: The C-level values, read past anything Python code can override (``socket.socket.family`` is a property a subclass
-#: may redefine: it claimed AF_UNIX and connected TCP): the ``_socket.socket`` member descriptor reads the C struct's
-#: ``sock_family``; ``SO_DOMAIN`` (Linux) asks the kernel, which also sees through ``socket(AF_UNIX, fileno=<an
-#: AF_INET descriptor>)``. Captured at import.
+#: The C-level values, past what Python code can override (a subclass's ``family`` claimed AF_UNIX, connected TCP):
+#: the C struct's ``sock_family``; ``SO_DOMAIN`` asks the kernel (``socket(AF_UNIX, fileno=<an AF_INET fd>)``).
 _C_FAMILY = _socket.socket.__dict__["family"]
 _C_GETSOCKOPT = _socket.socket.getsockopt
 _SO_DOMAIN = getattr(_socket, "SO_DOMAIN", None)
@@ -199,23 +179,19 @@ _RAW_TYPES = frozenset({getattr(socket, "SOCK_RAW", 3), getattr(socket, "SOCK_PA
 
 
 def _real_families(sock) -> frozenset:
-    """The socket's address family as C stores it and as the kernel reports it (``SO_DOMAIN``, Linux); empty when
-    ``sock`` is no real socket (a hand-made ``sys.audit`` call: nothing is sent)."""
+    """The family as C stores it and as the kernel reports it (``SO_DOMAIN``); empty for no real socket."""
     try:
         families = {_C_FAMILY.__get__(sock)}
     except TypeError:
         return frozenset()
     if _SO_DOMAIN is not None:
-        try:
+        with contextlib.suppress(OSError):  # closed (the call fails too) or no SO_DOMAIN here: the C value stands
             families.add(_C_GETSOCKOPT(sock, _socket.SOL_SOCKET, _SO_DOMAIN))
-        except OSError:
-            pass  # closed (the call fails too) or no SO_DOMAIN here: the C value stands
     return frozenset(families)
 
 
 def _kernel_raw(sock) -> int:
-    """The socket type when the kernel says ``sock`` is raw (``SO_TYPE`` in :data:`_RAW_TYPES`), else 0: what
-    ``socket(fileno=...)``, ``socket.fromfd`` or an inherited descriptor really is, whatever type Python was told."""
+    """The socket type when the kernel says ``sock`` is raw (whatever type Python was told), else 0."""
     if _SO_TYPE is None:
         return 0
     try:
@@ -249,7 +225,7 @@ def _port(value) -> int | None:
 
 
 class _Refused(Exception):
-    """Raised inside :meth:`_Rules.refusal` when an argument is not of a type the guard can read exactly."""
+    """An argument not of a type the guard can read exactly (raised inside :meth:`_Rules.refusal`)."""
 
     def __init__(self, what: object) -> None:
         super().__init__(what)
@@ -257,11 +233,8 @@ class _Refused(Exception):
 
 
 def _plain_host(value) -> str:
-    """``value`` as text when it is exactly a str or bytes (ASCII); else :class:`_Refused`.
-
-    A ``bytearray`` (or ``memoryview``) is refused: another thread can change it between this check and C's
-    parse (a connect checked as 127.0.0.1 reached 127.0.0.2, and names were resolved); only an immutable value is
-    exactly what C uses."""
+    """``value`` as text when exactly a str or ASCII bytes, else :class:`_Refused`."""
+    # A bytearray or memoryview can change between this check and C's parse (checked 127.0.0.1, reached 127.0.0.2).
     if type(value) is str:
         return value
     if type(value) is bytes and value.isascii():
@@ -270,7 +243,7 @@ def _plain_host(value) -> str:
 
 
 def _plain_address(address) -> tuple[str, int | None]:
-    """(host, port) of an IP socket address that is exactly a tuple of a plain host and a plain int port."""
+    """(host, port) of an IP socket address that is exactly a tuple of a plain host and an int port."""
     if type(address) is not tuple or len(address) < 2:
         raise _Refused(address)
     host, port = address[0], address[1]

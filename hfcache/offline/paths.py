@@ -1,20 +1,8 @@
-"""``hfcache path``: the absolute snapshot folder of ``REPO_ID[@REVISION]`` in a cache, or the files in it matching
-a glob, resolved offline from the cache alone (what vLLM's ``serve PATH``, llama.cpp's ``-m FILE`` and TGI's
-``--model-id PATH`` take instead of a repo id; docs/runtimes.md).
-
-As huggingface_hub's offline lookup (``file_download.py`` ``try_to_load_from_cache``, ``_get_pointer_path``): the
-repo folder is named after the id exactly as given (the folder transformers loads that id from), a branch or tag is
-read from ``refs/<revision>`` (exactly 40 hex characters: a trailing newline breaks the library's load too), a
-commit names ``snapshots/<commit>``, and a file's path is its snapshot path. No huggingface_hub code runs: importing
-it costs more than the resolution, and nothing here may touch the network.
-
-The cache is group-writable (docs/security.md): refs are read from folder descriptors following no link, the
-snapshot is walked without following links (:func:`hfcache.cache.safefs_tree.walk`, bounded), and each file is
-opened as a loader would (:func:`hfcache.cache.safefs.open_repo_file`: a real file, or a link resolved inside its
-repo folder, a Xet store link included) and must be regular. A link leaving the repo folder, a FIFO or a device is
-refused (``UnsafeLayout``, exit 5); a dangling link counts as not cached (exit 1). The cache can still change after
-the path is printed (a loader opens it later by path).
-"""
+"""``hfcache path``: the absolute snapshot folder of ``REPO_ID[@REVISION]`` in a cache, or the files in it matching a
+glob, resolved offline (what runtimes take instead of a repo id; docs/runtimes.md), as huggingface_hub's
+``try_to_load_from_cache`` finds them (``file_download.py``) but with no huggingface_hub code. The cache is
+group-writable: refs and folders are read through descriptors following no link, each file opened as a loader would
+(:func:`hfcache.cache.safefs.open_repo_file`) and must be regular."""
 
 from __future__ import annotations
 
@@ -23,7 +11,6 @@ import os
 import re
 import shlex
 import stat
-import unicodedata
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -32,18 +19,14 @@ from ..cache.layout import RepoFolder
 from ..cache.root import access_error
 from ..cache.safefs_tree import walk
 from ..errors import CacheError, CheckFailed, UsageError
-from ..names import check_folder_name, is_commit, repo_folder_name, url_prefix
+from ..names import check_folder_name, is_commit, not_inert, repo_folder_name, url_prefix
 from ..records import MAX_GLOB_CHARS, WarmRequest, validate_repo_path
 from ..warming.selection import matches
 
-#: ``datasets/ORG/NAME``, ``kernels/ORG/NAME``: the type prefix of huggingface_hub's ``hf://`` paths
-#: (``hf_file_system.py``); a bare id is a model. "datasets" and "kernels" are reserved names on the Hub, never orgs.
+#: The type prefix of ``hf://`` paths (``hf_file_system.py``; "datasets", "kernels" are reserved, never orgs).
 _TYPE_PREFIXES = {url_prefix(t): t for t in ("dataset", "kernel")}
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _GLOB_CHARS = frozenset("*?[")
-#: Characters no line of output may carry raw, as :func:`hfcache.offline.env.check_inert` refuses them (a name holding
-#: ``\n`` would print a second path).
-_NOT_INERT = frozenset({"Cc", "Cf", "Cs", "Zl", "Zp"})
 _SHOWN = 5  #: most names listed in one error
 
 
@@ -51,8 +34,8 @@ class PathNotCached(CheckFailed):
     """What ``hfcache path`` was asked for is not in the cache (exit 1).
 
     Attributes:
-        missing (str): ``cache``, ``repo``, ``ref``, ``snapshot``, ``file`` (no file matches) or ``blob`` (a matching
-            file is a dangling link).
+        missing (str): ``cache``, ``repo``, ``ref``, ``snapshot``, ``file`` (none matches) or ``blob`` (a dangling
+            link).
         warm_command (str | None): the ``hfcache warm ...`` line that fetches it (also the hint); None when warming
             cannot help (the repo marks the file absent).
     """
@@ -73,12 +56,11 @@ class ResolvedPath:
     """A revision of a cached repo, resolved to paths.
 
     Attributes:
-        repo_id (str): the id as given (its folder is named after it).
+        repo_id (str): the id as given (its folder is named after it). repo_type (str): model, dataset or kernel.
         revision (str): as asked (``main`` by default): a branch, tag or commit. commit_hash (str): what it names.
         snapshot (Path): absolute ``<cache>/<folder>/snapshots/<commit>``.
-        files (tuple[Path, ...]): absolute snapshot paths of the files matching ``pattern``, sorted by repo path
-            (empty without a pattern); each a regular file inside the cache when resolved.
-        repo_type (str): ``model``, ``dataset`` or ``kernel``.
+        files (tuple[Path, ...]): the snapshot's regular files matching ``pattern``, by repo path (none without
+            one).
         pattern (str | None): the glob asked.
     """
 
@@ -91,8 +73,8 @@ class ResolvedPath:
     pattern: str | None = field(default=None, compare=False)
 
     def one(self) -> Path:
-        """The absolute snapshot path of the single file matching :attr:`pattern`. Raises UsageError when resolved
-        without a pattern, AmbiguousPath (exit 1, naming how many and the first few) when more than one matches."""
+        """The absolute snapshot path of the single file matching :attr:`pattern`. Raises UsageError (no pattern),
+        AmbiguousPath (exit 1, naming how many and the first few) when not exactly one matches."""
         if self.pattern is None:
             raise UsageError("exactly one file was asked for, but no PATTERN was given",
                              hint="add a PATTERN, e.g. '*Q8_0*.gguf' or tokenizer.json")
@@ -104,17 +86,12 @@ class ResolvedPath:
 
 
 def parse_spec(spec: str, repo_type: str | None = None) -> WarmRequest:
-    """``[datasets/|kernels/]REPO_ID[@REVISION]`` parsed with warm's grammar (:meth:`WarmRequest.parse`; revision
-    ``main`` by default). A ``datasets/`` or ``kernels/`` prefix (as in ``hf://`` paths) sets the type; else
-    ``repo_type`` (``--repo-type``), else ``model``.
-
-    Raises:
-        UsageError: a malformed id or revision, an unknown type, or a prefix that contradicts ``repo_type``.
-    """
+    """``[datasets/|kernels/]REPO_ID[@REVISION]`` parsed with :meth:`WarmRequest.parse` (revision ``main`` by default);
+    the prefix (as in ``hf://`` paths) sets the type, else ``repo_type``, else ``model``. Raises UsageError: a malformed
+    id or revision, an unknown type, or a prefix contradicting ``repo_type``."""
     if not isinstance(spec, str) or not spec:
         raise UsageError(f"invalid repo spec {spec!r}", hint="use REPO_ID[@REVISION], e.g. bert-base-uncased@main")
-    prefixed = next((t for p, t in _TYPE_PREFIXES.items() if spec.startswith(p)), None)
-    if prefixed is not None:
+    if (prefixed := next((t for p, t in _TYPE_PREFIXES.items() if spec.startswith(p)), None)) is not None:
         spec = spec.split("/", 1)[1]
         if repo_type is not None and repo_type != prefixed:
             raise UsageError(f"the spec names a {prefixed} repo but --repo-type is {repo_type}",
@@ -123,27 +100,23 @@ def parse_spec(spec: str, repo_type: str | None = None) -> WarmRequest:
 
 
 def check_pattern(pattern: str) -> str:
-    """``pattern`` when it is a glob ``hfcache path`` takes: non-empty, at most ``MAX_GLOB_CHARS`` characters
-    (fnmatch costs grow with the square of a pattern), no control character; else UsageError (exit 2)."""
+    """``pattern`` when non-empty, at most ``MAX_GLOB_CHARS`` (fnmatch costs grow with its square), with no control
+    character; else UsageError (exit 2)."""
     if not isinstance(pattern, str) or not pattern:
         raise UsageError("empty PATTERN", hint="give a glob such as '*.safetensors', or leave PATTERN out")
     if len(pattern) > MAX_GLOB_CHARS:
         raise UsageError(f"PATTERN is {len(pattern)} characters long (the limit is {MAX_GLOB_CHARS})",
                          hint="match with a shorter glob (e.g. '*Q8_0*.gguf')")
-    if _offending(pattern) is not None:
+    if not_inert(pattern) is not None:
         raise UsageError(f"PATTERN {pattern!r} holds a control or invisible character",
                          hint="repo file names are printable: quote the glob in single quotes")
     return pattern
 
 
 def parse_path_var(text: str) -> tuple[str, str, str | None]:
-    """Parse ``NAME=REPO_ID[@REVISION][:PATTERN]`` (``hfcache exec --path``) into (NAME, spec, pattern or None).
-    Neither refs (``git check-ref-format``) nor repo ids hold ``:``: the first one after ``=`` starts the pattern.
-
-    Raises:
-        UsageError: NAME is not a variable name (``[A-Za-z_][A-Za-z0-9_]*``), the spec is malformed
-            (:func:`parse_spec`), or the pattern is empty or refused (:func:`check_pattern`).
-    """
+    """``NAME=REPO_ID[@REVISION][:PATTERN]`` (``exec --path``) as (NAME, spec, pattern or None): neither refs nor ids
+    hold ``:``, so the first one after ``=`` starts the pattern. Raises UsageError: NAME is no variable name, a
+    malformed spec (:func:`parse_spec`), an empty or refused pattern (:func:`check_pattern`)."""
     grammar = "NAME=REPO_ID[@REVISION][:PATTERN]"
     if not isinstance(text, str) or "=" not in text:
         raise UsageError(f"invalid --path {text!r:.200}: expected {grammar}", hint="e.g. MODEL=org/name@main")
@@ -168,16 +141,13 @@ def resolve(cache: Path, spec: str, pattern: str | None = None, *, repo_type: st
 
     Args:
         cache (Path): the cache root. spec, repo_type: see :func:`parse_spec`.
-        pattern (str | None): a glob over the snapshot's repo paths, matched as huggingface_hub's
-            ``allow_patterns`` (``fnmatchcase``, ``*`` crosses ``/``, a trailing ``/`` matches a folder; a ``\\``
-            is read as ``/``: ``utils/_paths.py`` ``filter_repo_objects``). None: the snapshot folder only.
+        pattern (str | None): a glob over the snapshot's repo paths as huggingface_hub's ``allow_patterns``
+            (``utils/_paths.py``: ``*`` crosses ``/``, ``\\`` is ``/``); None: the snapshot folder only.
 
     Raises:
         UsageError: a malformed spec or pattern, or a cache path holding a control character (exit 2).
-        PathNotCached: no cache, repo folder, ref, snapshot or matching file; or a matching file (every file,
-            without a pattern) is a dangling link (exit 1; the hint is the warm command).
-        UnsafeLayout: a part of the repo folder, the ref or a file is a link leaving the repo folder, a FIFO, a
-            device, or a folder chain deeper than :data:`hfcache.bounds.MAX_TREE_DEPTH` (exit 5).
+        PathNotCached: no cache, repo, ref, snapshot or matching file, or a dangling link (exit 1, warm hint).
+        UnsafeLayout: a link leaving the repo folder, a FIFO, a device, or a folder chain too deep (exit 5).
         CacheError: a part of the cache this user cannot read (exit 5).
     """
     request = parse_spec(spec, repo_type)
@@ -206,9 +176,9 @@ def resolve(cache: Path, spec: str, pattern: str | None = None, *, repo_type: st
 
 
 def warm_command(cache: Path, request: WarmRequest, pattern: str | None = None) -> str:
-    """The shell-quoted ``hfcache warm`` line that fetches ``request`` into ``cache``: without a pattern the whole
-    repo (``--kind model``; ``all`` for a dataset or kernel), with one the tokenizer set plus its files
-    (``--include``; ``--kind all`` for a dataset or kernel)."""
+    """The shell-quoted ``hfcache warm`` line that fetches ``request`` into ``cache``: the whole repo (``--kind model``,
+    ``all`` for a dataset or kernel), or with a pattern the tokenizer set plus ``--include`` (``--kind all`` for a
+    dataset or kernel)."""
     words = ["hfcache", "warm", request.spec, "--cache-dir", str(cache)]
     if request.repo_type != "model":
         words += ["--repo-type", request.repo_type]
@@ -227,14 +197,9 @@ def _some(names: list[str]) -> str:
     return ", ".join(names[:_SHOWN]) + (f", ... ({len(names) - _SHOWN} more)" if len(names) > _SHOWN else "")
 
 
-def _offending(text: str) -> str | None:
-    return next((c for c in text if unicodedata.category(c) in _NOT_INERT), None)
-
-
 def _check_shown(text: str, what: str) -> None:
-    """Refuse a path that would not print as one inert line (exit 2 for the cache path given; exit 5 below it)."""
-    char = _offending(text)
-    if char is None:
+    """Refuse a path that would not print as one inert line (exit 2 for the cache path; exit 5 below it)."""
+    if (char := not_inert(text)) is None:
         return
     escaped = text.encode("unicode_escape", "backslashreplace").decode("ascii")[:200]
     if what == "the cache path":
@@ -245,7 +210,7 @@ def _check_shown(text: str, what: str) -> None:
 
 
 def _commit_of(root: Path, folder: str, request: WarmRequest, pattern: str | None) -> str:
-    """The commit ``request.revision`` names in the repo folder, whose snapshot folder exists (a real folder)."""
+    """The commit ``request.revision`` names in the repo folder, whose snapshot folder exists."""
     hint = warm_command(root, request, pattern)
     try:
         is_dir = stat.S_ISDIR(os.stat(root).st_mode)
@@ -266,8 +231,7 @@ def _commit_of(root: Path, folder: str, request: WarmRequest, pattern: str | Non
         commit = request.revision
         gone = f"commit {commit} of {request.repo_id} is not in the cache {root}"
     else:
-        raw = RepoFolder(root, request.repo_id, request.repo_type).read_ref(request.revision)
-        if raw is None:
+        if (raw := RepoFolder(root, request.repo_id, request.repo_type).read_ref(request.revision)) is None:
             raise PathNotCached(f"{request.repo_id} has no ref {request.revision!r} in the cache {root} (no "
                                 f"{folder}/refs/{request.revision}; {_cached_refs(root, folder)})",
                                 missing="ref", warm_command=hint)
@@ -286,7 +250,7 @@ def _commit_of(root: Path, folder: str, request: WarmRequest, pattern: str | Non
 
 
 def _cached_refs(root: Path, folder: str) -> str:
-    """``cached refs: a, b`` (at most five names; the refs folder walked without following links), or ``no refs``."""
+    """``cached refs: a, b`` (five names at most, no link followed), or ``no refs cached``."""
     names: list[str] = []
     try:
         for found in walk(root, (folder, "refs"), max_depth=8):
@@ -295,13 +259,12 @@ def _cached_refs(root: Path, folder: str) -> str:
                 break
     except (OSError, ValueError, CacheError):  # no refs folder, unreadable, a planted link or chain: nothing listed
         pass
-    shown = [n for n in sorted(names)[:_SHOWN] if _offending(n) is None]
+    shown = [n for n in sorted(names)[:_SHOWN] if not_inert(n) is None]
     return f"cached refs: {', '.join(shown)}{', ...' if len(names) > _SHOWN else ''}" if shown else "no refs cached"
 
 
 def _snapshot_entries(root: Path, folder: str, commit: str) -> list[str]:
-    """Repo paths (sorted) of every entry of ``snapshots/<commit>`` that is not a folder, walked without following
-    links and within :data:`hfcache.bounds.MAX_TREE_DEPTH` levels (a deeper chain: ``TooDeep``, exit 5)."""
+    """Repo paths (sorted) of every non-folder entry of ``snapshots/<commit>``, walked without following links."""
     top = (folder, "snapshots", commit)
     found = []
     for here in walk(root, top):
@@ -312,8 +275,7 @@ def _snapshot_entries(root: Path, folder: str, commit: str) -> list[str]:
 
 def _check_files(root: Path, folder: str, request: WarmRequest, commit: str, paths: list[str],
                  pattern: str | None) -> None:
-    """Open each snapshot entry as a loader would (:func:`safefs.open_repo_file`): each must be a regular file
-    inside the repo folder; dangling links are collected into one :class:`PathNotCached`."""
+    """Open each snapshot entry as a loader would: a regular file inside the repo folder; dangling links collected."""
     dangling = []
     for rel in paths:
         shown = f"{root}/{folder}/snapshots/{commit}/{rel}"
@@ -346,7 +308,7 @@ def _check_files(root: Path, folder: str, request: WarmRequest, commit: str, pat
 
 
 def _no_match(root: Path, folder: str, request: WarmRequest, commit: str, pattern: str, count: int) -> PathNotCached:
-    """No snapshot entry matches ``pattern``: a file the repo marks absent (``.no_exist``) is named as such."""
+    """No entry matches ``pattern``: a file the repo marks absent (``.no_exist``) is named as such."""
     if not _GLOB_CHARS.intersection(pattern) and _marked_absent(root, folder, commit, pattern):
         return PathNotCached(f"{_label(request)} has no file {pattern!r}: the repo lacks it at commit "
                              f"{commit[:12]} (marked absent in {folder}/.no_exist)", missing="file",
@@ -356,8 +318,7 @@ def _no_match(root: Path, folder: str, request: WarmRequest, commit: str, patter
 
 
 def _marked_absent(root: Path, folder: str, commit: str, path: str) -> bool:
-    """Whether ``.no_exist/<commit>/<path>`` is a regular file (looked up from folder descriptors, no link
-    followed); False for a path no repo can hold."""
+    """Whether ``.no_exist/<commit>/<path>`` is a regular file (no link followed); False for a bad path."""
     try:
         parts = validate_repo_path(path).split("/")
         with safefs.dir_fd(root, (folder, ".no_exist", commit, *parts[:-1])) as fd:

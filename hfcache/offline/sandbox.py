@@ -1,39 +1,13 @@
-"""The process-tree network filter of ``hfcache exec --no-network``: a seccomp filter, installed with libseccomp
-(through ``pyseccomp``, a ctypes binding with the API of libseccomp's own Python module) in hfcache's process just
-before ``execvpe``, so the command and every process it starts inherit it (seccomp filters are kept across
-``fork``/``clone``/``execve`` and can never be removed, only stacked). On the native architecture (x86_64, aarch64):
-
-- ``socket``/``socketpair``: ``EACCES`` unless the family is exactly ``AF_UNIX`` (the whole 64-bit register is
-  compared: ``AF_UNIX | 1 << 32`` is refused too): no IPv4/IPv6 (TCP, UDP, ICMP, raw), ``AF_PACKET``,
-  ``AF_NETLINK``, ``AF_VSOCK``, ``AF_BLUETOOTH``, ... socket.
-- ``io_uring_setup``/``_enter``/``_register``: ``ENOSYS`` (as on a kernel without io_uring: libuv and liburing fall
-  back): ``IORING_OP_SOCKET`` creates a socket without ``socket``, and an inherited ring could be driven.
-- ``socketcall`` (32-bit x86, s390, ppc): ``EACCES``, all of it (``AF_UNIX`` too: its arguments are in memory, out of
-  a filter's reach; fail closed).
-- ``pidfd_getfd``, ``process_vm_readv``/``writev``, ``ptrace``, ``request_key``, ``bpf``: ``EPERM``: each reaches a
-  socket or network I/O another process (or the kernel for the tree) owns: ``pidfd_getfd`` copies a live socket out
-  of another process of the same user; ``request_key`` makes the kernel run ``/sbin/request-key`` outside the filter
-  (``key.dns_resolver``: DNS look-ups).
-- ``ioctl`` ``TUNSETIFF`` (a TUN/TAP device: root in the tree could write its own IP packets), ``TIOCSTI``/
-  ``TIOCLINUX`` (typing a line into the user's terminal, which the unfiltered shell runs): ``EACCES``.
-- a foreign ABI (a 32-bit ``int 0x80`` or an x32 call from an x86_64 process could reach ``socketcall``/``socket``):
-  the process is killed (``ACT_BADARCH`` = ``KILL_PROCESS``).
-
-libseccomp sets ``no_new_privs`` (``CTL_NNP``, its default), which seccomp requires without ``CAP_SYS_ADMIN``:
-setuid/file-capability programs (``sudo``, ``ping``) no longer gain privileges under the filter. After the load,
-:func:`filter_problem` checks the filter is in force, so a kernel or an outer sandbox that answered the load with a
-fake success is caught and the command never runs unprotected.
-
-Not covered (docs/offline.md, "exec --no-network"): ``AF_UNIX`` connections to a local service that talks to the
-network for the process (a proxy, ``docker.sock``, ``nscd``/``systemd-resolved``), descriptors received over
-``AF_UNIX`` (``SCM_RIGHTS``) or inherited on stdin/stdout/stderr, another process of the same user reached through
-``/proc/PID/mem``, and a tree running as root (or with ``CAP_NET_ADMIN``/``CAP_SYS_ADMIN``): root can make the
-kernel run a helper outside the filter (``core_pattern`` ``|prog``). The filter is the floor for an unprivileged
-tree; a network namespace or the NetworkPolicy covers the rest.
-"""
+"""The process-tree network filter of ``hfcache exec --no-network``: a seccomp filter (libseccomp through ``pyseccomp``)
+loaded in hfcache's process just before ``execvpe``, so every process of the command's tree inherits it (filters survive
+``fork``/``execve`` and cannot be removed). On the native ABI: ``socket``/``socketpair`` of any family but ``AF_UNIX``
+and ``socketcall`` get ``EACCES``, io_uring ``ENOSYS``, calls reaching other processes' sockets ``EPERM``,
+``TUNSETIFF``/``TIOCSTI``/``TIOCLINUX`` ioctls ``EACCES``; a foreign ABI kills the process. Why each, what it does not
+cover: docs/offline.md, "exec --no-network". :func:`filter_problem` checks it is in force."""
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import errno
 import os
@@ -75,8 +49,7 @@ class NetworkFilterUnavailable(OfflineViolation):
 
 
 def _load_binding():
-    """``pyseccomp``, imported only when a filter is wanted. Raises NetworkFilterUnavailable when it or libseccomp
-    is missing (pyseccomp raises RuntimeError at import when ``find_library("seccomp")`` finds nothing)."""
+    """``pyseccomp``, imported when a filter is wanted; NetworkFilterUnavailable without it or libseccomp."""
     try:
         import pyseccomp
     except (ImportError, RuntimeError, OSError) as exc:
@@ -87,8 +60,8 @@ def _load_binding():
 
 
 def libseccomp_version() -> str | None:
-    """The loaded libseccomp's version, e.g. ``"2.5.4"``; None when it cannot be told (or is not installed).
-    ``seccomp_version()`` is not wrapped by pyseccomp (library gap): called through the binding's handle."""
+    """The loaded libseccomp's version (``"2.5.4"``), or None; ``seccomp_version()`` is not wrapped by pyseccomp
+    (library gap): called through the binding's handle."""
     try:
         binding = _load_binding()
     except NetworkFilterUnavailable:
@@ -108,12 +81,9 @@ def libseccomp_version() -> str | None:
 
 
 def build_filter(binding=None):
-    """The filter of the module docstring, not loaded yet: a ``pyseccomp.SyscallFilter`` (default action ALLOW,
-    ``no_new_privs`` on) built with ``binding`` (the ``pyseccomp`` module; default: imported now).
-
-    Raises:
-        NetworkFilterUnavailable: libseccomp is missing, or refused a rule or attribute.
-    """
+    """The filter (the module docstring's rules), not loaded: a ``pyseccomp.SyscallFilter`` (default ALLOW,
+    ``no_new_privs`` on) built with ``binding`` (default: ``pyseccomp`` imported now). Raises NetworkFilterUnavailable:
+    libseccomp is missing, or refused a rule or attribute."""
     seccomp = binding or _load_binding()
     try:
         rules = seccomp.SyscallFilter(defaction=seccomp.ALLOW)
@@ -140,10 +110,8 @@ def build_filter(binding=None):
 
 
 def _try_attr(rules, attr: int, value: int) -> None:
-    try:
+    with contextlib.suppress(OSError):  # an older libseccomp keeps its default (raw errno, thread-kill: refinements)
         rules.set_attr(attr, value)
-    except OSError:
-        pass  # an older libseccomp: its default stays (raw errno codes and thread-kill are refinements only)
 
 
 def _describe(exc: BaseException) -> str:
@@ -154,26 +122,21 @@ def _describe(exc: BaseException) -> str:
 
 
 def install_network_filter() -> None:
-    """Load the filter into this process (irreversibly: only right before ``exec``) and check it is in force.
-
-    Raises:
-        NetworkFilterUnavailable: libseccomp missing, the kernel has no seccomp or refused the load (EPERM, EINVAL,
-            EFAULT, EACCES, ...), or the filter is not in force after a load that reported success.
-    """
+    """Load the filter into this process (irreversibly: only right before ``exec``) and check it is in force. Raises
+    NetworkFilterUnavailable: libseccomp missing, the kernel has no seccomp or refused the load, or the filter is not in
+    force after a load that reported success."""
     rules = build_filter()
     try:
         rules.load()
     except OSError as exc:
         raise NetworkFilterUnavailable(f"the kernel refused the network filter ({_describe(exc)})") from None
-    problem = filter_problem()
-    if problem is not None:
+    if (problem := filter_problem()) is not None:
         raise NetworkFilterUnavailable(f"the network filter is not in force after loading it: {problem}")
 
 
 def filter_problem() -> str | None:
-    """Why this process is NOT under the network filter, or None when it is: ``/proc/self/status`` says
-    ``Seccomp: 2`` and ``NoNewPrivs: 1`` (when ``/proc`` is mounted), ``AF_INET``/``AF_INET6`` stream and datagram
-    and ``AF_NETLINK`` sockets are refused with :data:`SOCKET_ERRNO`, ``io_uring_setup`` answers ``ENOSYS``, and an
+    """Why this process is NOT under the filter, or None: ``/proc/self/status`` says ``Seccomp: 2`` and ``NoNewPrivs:
+    1`` (when mounted), IP and netlink sockets get :data:`SOCKET_ERRNO`, ``io_uring_setup`` ``ENOSYS``, and an
     ``AF_UNIX`` pair is still created."""
     status = proc_status()
     if status is not None and (status.get("Seccomp") != "2" or status.get("NoNewPrivs") != "1"):
@@ -185,8 +148,7 @@ def filter_problem() -> str | None:
     if netlink is not None:
         probes.append((netlink, socket.SOCK_RAW, "AF_NETLINK"))
     for family, kind, name in probes:
-        code = _kernel_socket_errno(family, kind)
-        if code is None:
+        if (code := _kernel_socket_errno(family, kind)) is None:
             return f"an {name} socket could still be created"
         if code != SOCKET_ERRNO and code != errno.EAFNOSUPPORT:
             return f"an {name} socket failed with {errno.errorcode.get(code, code)}, not the filter's EACCES"
@@ -220,19 +182,17 @@ def _libc():
 
 
 def _io_uring_setup_errno() -> int | None:
-    """The errno of ``io_uring_setup(1, NULL)`` through libc's ``syscall`` (x86_64/aarch64 number 425): ENOSYS under
-    the filter; elsewhere EFAULT (the NULL parameters) or a ring, closed at once (None)."""
-    fd = _libc().syscall(ctypes.c_long(425), ctypes.c_uint(1), ctypes.c_void_p(0))
-    if fd >= 0:
-        os.close(fd)
-        return None
-    return ctypes.get_errno()
+    """The errno of ``io_uring_setup(1, NULL)`` (syscall 425), or None when a ring was made (closed at once)."""
+    return _errno_of(_libc().syscall(ctypes.c_long(425), ctypes.c_uint(1), ctypes.c_void_p(0)))
 
 
 def _kernel_socket_errno(family: int, kind: int = socket.SOCK_STREAM) -> int | None:
-    """The errno the kernel gives ``socket(family, kind, 0)``, or None when it made one (closed at once). Through
-    libc: under ``exec --no-network`` the Python guard would refuse ``socket.socket`` first (``NetworkBlocked``)."""
-    fd = ctypes.CDLL(None, use_errno=True).socket(family, kind, 0)
+    """The errno of ``socket(family, kind, 0)`` through libc (the Python guard would refuse first), or None."""
+    return _errno_of(_libc().socket(family, kind, 0))
+
+
+def _errno_of(fd: int) -> int | None:
+    """The errno of a libc call that returned ``fd`` (None when it made one: closed at once)."""
     if fd >= 0:
         os.close(fd)
         return None
@@ -240,8 +200,7 @@ def _kernel_socket_errno(family: int, kind: int = socket.SOCK_STREAM) -> int | N
 
 
 def network_sockets_denied() -> bool:
-    """Whether a filter already refuses this process an IPv4 socket (``EACCES``: ``exec --no-network`` or a sandbox
-    like it). Opens (and closes) one unconnected socket; nothing is sent."""
+    """Whether a filter already refuses this process an IPv4 socket (``EACCES``); opens and closes one."""
     return _kernel_socket_errno(socket.AF_INET) == SOCKET_ERRNO
 
 
@@ -254,15 +213,10 @@ _MEMORY_MAJOR = 1
 
 
 def close_inherited_sockets() -> tuple[int, ...]:
-    """Mark close-on-exec every inherited descriptor above stderr that could reach a network (the filter only stops
-    new sockets): sockets of any family but ``AF_UNIX``, io_uring rings (one its owner polls, ``SQPOLL``, runs the
-    child's requests without an io_uring call), pidfds, character devices but ttys and the memory devices, and
-    anything it cannot tell. Kept: regular files, folders, pipes, ``AF_UNIX`` sockets, ttys, and stdin/stdout/stderr
-    whatever they are (the caller's own redirections). Returns the descriptors marked.
-
-    Raises:
-        NetworkFilterUnavailable: such a descriptor could not be marked (fail closed: the command is not started).
-    """
+    """Mark close-on-exec every inherited descriptor above stderr that could reach a network (the filter stops only new
+    sockets): sockets but ``AF_UNIX``, io_uring rings, pidfds, character devices but ttys and memory devices, and
+    anything unknown; stdin/stdout/stderr are kept whatever they are. Returns the descriptors marked. Raises
+    NetworkFilterUnavailable: one could not be marked (fail closed)."""
     marked = []
     for fd in _open_descriptors():
         if fd <= 2:
@@ -312,9 +266,8 @@ def _family(fd: int) -> int | None:
 
 
 def _open_descriptors() -> list[int]:
-    """The open descriptor numbers: ``/proc/self/fd`` when it is the real one (it lists a descriptor opened just
-    now: a tmpfs over ``/proc`` listing 0, 1 and 2 hid an inherited socket), else every number up to the limit, and
-    everything above marked close-on-exec at once (``close_range``, Linux >= 5.11)."""
+    """The open descriptors: ``/proc/self/fd`` when it lists one opened just now (a tmpfs over ``/proc`` hid a socket),
+    else every number up to the limit, and everything above marked close-on-exec (``close_range``)."""
     probe = os.open("/", os.O_RDONLY | os.O_CLOEXEC)
     try:
         listed = sorted(int(name) for name in os.listdir("/proc/self/fd") if name.isdigit())
@@ -330,8 +283,7 @@ def _open_descriptors() -> list[int]:
 
 
 def _cloexec_above(first: int) -> None:
-    """``close_range(first, ~0U, CLOSE_RANGE_CLOEXEC)``: every descriptor from ``first`` up is closed at the exec
-    (a socket inherited at fd 3000 under ``ulimit -n 200`` sat above any scan). Fails closed when unsupported."""
+    """``close_range(first, ~0U, CLOSE_RANGE_CLOEXEC)``; fails closed when unsupported."""
     if _libc().syscall(ctypes.c_long(436), ctypes.c_uint(first), ctypes.c_uint(0xFFFFFFFF), ctypes.c_uint(4)) != 0:
         raise NetworkFilterUnavailable(f"cannot mark inherited descriptors from {first} up close-on-exec without "
                                        f"/proc (close_range: {_describe(OSError(ctypes.get_errno(), ''))})")
@@ -349,8 +301,7 @@ def _descriptor_range() -> list[int]:
 @dataclass(frozen=True)
 class FilterProbe:
     """What :func:`probe_filter` found: ``available`` (the filter loads and is in force in a child), ``detail``
-    (``seccomp, libseccomp 2.5.4``, else the one-line reason), ``already_denied`` (the probing process itself
-    cannot create IP sockets: a filter is in force)."""
+    (``seccomp, libseccomp 2.5.4``, or the reason), ``already_denied`` (this process cannot create IP sockets)."""
 
     available: bool
     detail: str
@@ -358,8 +309,8 @@ class FilterProbe:
 
 
 def probe_filter(timeout: float = PROBE_TIMEOUT) -> FilterProbe:
-    """Whether :func:`install_network_filter` works here, tried in a forked child (never in this process: a filter
-    cannot be removed) that reports one line over a pipe; it is killed after ``timeout`` seconds."""
+    """Whether :func:`install_network_filter` works here, tried in a forked child (a filter cannot be removed) that
+    reports one line over a pipe; killed after ``timeout`` seconds."""
     version = libseccomp_version()
     already = network_sockets_denied()
     read_end, write_end = os.pipe()
@@ -398,8 +349,7 @@ def _read_line(fd: int, timeout: float) -> str:
         ready, _, _ = select.select([fd], [], [], max(0.0, deadline - time.monotonic()))
         if not ready:
             return ""
-        chunk = os.read(fd, 4096)
-        if not chunk:
+        if not (chunk := os.read(fd, 4096)):
             break
         chunks.append(chunk)
     return b"".join(chunks).decode("utf-8", "replace").strip()
@@ -408,8 +358,6 @@ def _read_line(fd: int, timeout: float) -> str:
 def _reap(pid: int) -> None:
     finished, _ = os.waitpid(pid, os.WNOHANG)
     if finished == 0:
-        try:
+        with contextlib.suppress(ProcessLookupError):
             os.kill(pid, 9)
-        except ProcessLookupError:
-            pass
         os.waitpid(pid, 0)

@@ -20,8 +20,18 @@ any point leaves a cache that verifies, and the next prune finishes the job.
 """
 
 from .executor import execute
-from .plan import (DEFAULT_GRACE, KINDS, TRASH, ItemOutcome, KeepSpec, PlanItem, PrunePlan, PrunePolicy,
-                   PruneResult, RevisionRemoval)
+from .plan import (
+                   DEFAULT_GRACE,
+                   KINDS,
+                   TRASH,
+                   ItemOutcome,
+                   KeepSpec,
+                   PlanItem,
+                   PrunePlan,
+                   PrunePolicy,
+                   PruneResult,
+                   RevisionRemoval,
+)
 from .policy import plan_prune
 
 __all__ = ["DEFAULT_GRACE", "KINDS", "TRASH", "ItemOutcome", "KeepSpec", "PlanItem", "PrunePlan", "PrunePolicy",

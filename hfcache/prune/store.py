@@ -27,8 +27,7 @@ from ..cache.fsops import create_at, open_dir_at, open_read_at
 from ..cache.locking import DEFAULT_LOCK_TIMEOUT, LockTimeout, file_lock, flock_error, via_dir_fd
 from ..cache.safefs import UnsafeLayout
 from ..cache.scan import parse_folder_name
-from ..cache.shared_store import (LOCK_SUFFIX, MANIFEST_SUFFIX, STORE_DIR, StoreProblem, open_store_dir,
-                                  xet_hash_of_link)
+from ..cache.shared_store import LOCK_SUFFIX, MANIFEST_SUFFIX, STORE_DIR, StoreProblem, open_store_dir, xet_hash_of_link
 from ..names import is_sha256
 
 #: A manifest larger than this (bytes) is not read: the payload is kept.

@@ -6,9 +6,8 @@ import importlib.util as _importlib_util
 
 from ..errors import UsageError as _UsageError
 
-#: The extra ``serve`` (pyproject.toml), which a core install lacks: checked before anything below imports them,
-#: so that ``hfcache serve`` says which extra to install instead of a traceback (uvicorn is imported only when a
-#: server starts, hence find_spec and not an ImportError handler).
+#: The extra ``serve`` (pyproject.toml): checked before anything below imports them, so that ``hfcache serve`` names
+#: the extra instead of a traceback (find_spec: uvicorn is imported only when a server starts).
 SERVE_EXTRA = ("werkzeug", "uvicorn", "prometheus_client")
 _missing = [name for name in SERVE_EXTRA if _importlib_util.find_spec(name) is None]
 if _missing:

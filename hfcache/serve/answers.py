@@ -38,10 +38,7 @@ def repo_info(request: Request, snapshot: RepoSnapshot) -> Response:
 
 def tree_page(request: Request, snapshot: RepoSnapshot, folder: str, page_size: int) -> Response:
     """A page of ``page_size`` ``list_repo_tree`` entries, with a ``Link: <...>; rel="next"`` header like the Hub's.
-
-    Raises:
-        HttpError: 404 for a folder the snapshot does not hold, 400 for a bad ``cursor``.
-    """
+    Raises HttpError: 404 for a folder the snapshot does not hold, 400 for a bad ``cursor``."""
     if folder and folder not in snapshot.directories:
         raise not_found(snapshot, folder)
     recursive = request.args.get("recursive", "").lower() in ("true", "1")
@@ -59,12 +56,9 @@ def tree_page(request: Request, snapshot: RepoSnapshot, folder: str, page_size: 
 
 
 def file_response(request: Request, body: BinaryIO, length: int, etag: str, headers: dict[str, str]) -> Response:
-    """200/206/304/416 for an open file of ``length`` bytes, its body a :class:`FileBody` (constant memory). Takes
-    ownership of ``body``: closed here unless it goes out as the response body.
-
-    ``If-None-Match`` (weak comparison) gives 304; one satisfiable ``Range`` gives 206, an unsatisfiable one 416;
-    several ranges, or an ``If-Range`` naming another version, give the whole file (RFC 9110 allows both).
-    """
+    """200/206/304/416 for an open file of ``length`` bytes (``body``: closed here unless it is the response body).
+    ``If-None-Match`` (weak) gives 304; one satisfiable ``Range`` 206, an unsatisfiable one 416; several ranges, or an
+    ``If-Range`` naming another version, the whole file (RFC 9110 allows both)."""
     headers = {**headers, "ETag": f'"{etag}"', "Accept-Ranges": "bytes"}
     try:
         if request.if_none_match and request.if_none_match.contains_weak(etag):
@@ -92,18 +86,16 @@ def file_response(request: Request, body: BinaryIO, length: int, etag: str, head
 
 
 def not_found(snapshot: RepoSnapshot, path: str) -> HttpError:
-    """404 EntryNotFound; with ``X-Repo-Commit`` only when the path is known not to exist at that commit: that header
-    makes huggingface_hub write a ``.no_exist`` marker (file_download.py), and a file a cache does not hold may well
-    exist upstream."""
+    """404 EntryNotFound; with ``X-Repo-Commit`` (a ``.no_exist`` marker for the client) only when the path is known
+    not to exist at that commit (:meth:`RepoSnapshot.knows_absent`)."""
     if snapshot.knows_absent(path):
         return HttpError(404, "EntryNotFound", "Entry not found", {"X-Repo-Commit": snapshot.commit})
     return HttpError(404, "EntryNotFound", f"{path} is not held by this mirror")
 
 
 def legacy_redirect(request: Request, repo_type: str, canonical: str, rest: list[str]) -> Response:
-    """307 to the canonical id's URL, as the Hub answers renamed repos. huggingface_hub follows a relative Location on
-    the same origin (utils/_http.py ``_httpx2_follow_hub_redirects_with_backoff``), so X-Repo-Commit and ETag come
-    from the canonical response."""
+    """307 to the canonical id's URL, as the Hub answers renamed repos (huggingface_hub follows a relative Location on
+    the same origin: utils/_http.py ``_httpx2_follow_hub_redirects_with_backoff``)."""
     prefix = [PLURALS[repo_type]] if repo_type != "model" else []
     path = "/" + "/".join(quote(s, safe="") for s in [*prefix, *canonical.split("/"), *rest])
     query = request.environ.get("QUERY_STRING")
@@ -120,8 +112,8 @@ def _sibling(repo_file: RepoFile, with_blobs: bool) -> dict[str, Any]:
 
 
 def _tree_entries(snapshot: RepoSnapshot, folder: str, recursive: bool) -> list[dict[str, Any]]:
-    """Tree entries under ``folder`` ("" = root) as ``RepoFile``/``RepoFolder`` parse them (hf_api.py). A folder's
-    ``oid`` only has to look like a git tree id: nothing downloads by it."""
+    """Tree entries under ``folder`` ("" = root) as hf_api.py's ``RepoFile``/``RepoFolder`` parse them (a folder's
+    ``oid`` only looks like a git tree id: nothing downloads by it)."""
     prefix = f"{folder}/" if folder else ""
 
     def wanted(path: str) -> bool:

@@ -1,10 +1,7 @@
-"""HubServer on uvicorn: an ASGI adapter and a server in a background thread; the protocol is
-:meth:`hfcache.serve.HubServer.respond`, this module only moves bytes.
-
-Per request, ``respond`` runs in a worker thread (it scans and stats the store), then the body streams from the event
-loop: each ``BODY_CHUNK`` comes from the page cache without blocking (``preadv(RWF_NOWAIT)``) or else is read in a
-worker thread (a slow volume never stalls other clients), and ``send`` waits for the socket to drain, so memory per
-connection is one chunk whatever the file size and however slow the client; idle or slow connections cost no thread.
+"""HubServer on uvicorn, in a background thread; the protocol is :meth:`hfcache.serve.HubServer.respond`, this module
+only moves bytes. ``respond`` runs in a worker thread, then the body streams from the event loop one ``BODY_CHUNK``
+at a time (from the page cache without blocking, else read in a worker thread), ``send`` waiting for the socket to
+drain: one chunk of memory per connection, and idle or slow connections cost no thread.
 """
 
 from __future__ import annotations
@@ -28,32 +25,25 @@ __all__ = ["UvicornOrigin"]
 
 #: Seconds an idle keep-alive connection stays open (nginx's default is 75, load balancers' 60).
 KEEP_ALIVE_SECONDS = 65
-
 #: Worker threads for ``respond`` and file reads (blocking filesystem work), shared by all connections.
 WORKER_THREADS = 32
 #: Paths answered from a pool of their own: probes and scrapes must answer while every worker waits on an upstream
 #: fetch (a pull-through mirror under a cold start), or the kubelet would restart a mirror that is merely busy.
 PROBE_PATHS = frozenset({"/healthz", "/metrics"})
 PROBE_THREADS = 4
-
 #: Seconds a client has to send a request's line and headers, counted from its connection or from the first byte
 #: after a response. uvicorn has no such timeout: a connection that never finishes its request stays open forever.
 HEADER_TIMEOUT_SECONDS = 30.0
-
-#: Connections open at once, at most: the lower of 4096 and the open-file limit minus 64 (files being served need
-#: descriptors too). One more is closed as soon as it is accepted; a request beyond ``limit_concurrency`` (the same
-#: number, requests included) gets 503, which huggingface_hub retries with backoff.
+#: Connections open at once, at most (files being served need descriptors too); one more is closed as soon as it is
+#: accepted, a request beyond ``limit_concurrency`` (the same number) gets 503, which huggingface_hub retries.
 MAX_CONNECTIONS = max(64, min(4096, resource.getrlimit(resource.RLIMIT_NOFILE)[0] - 64))
-
-#: Largest request line + headers, bytes (h11's own default, stated: the Hub's clients send well under 4 KiB).
-#: uvicorn's ``h11_max_incomplete_event_size`` only bounds a head still incomplete in its buffer: a larger head that
-#: arrives whole is parsed. So :meth:`UvicornOrigin._app` measures every head it is given and answers 431.
+#: Largest request line + headers, bytes (h11's default). uvicorn's ``h11_max_incomplete_event_size`` only bounds a
+#: head still incomplete in its buffer, so :meth:`UvicornOrigin._app` measures every head and answers 431.
 MAX_REQUEST_HEAD_BYTES = 16 * 1024
 
 
 def request_head_bytes(scope: dict[str, Any]) -> int:
-    """The size in bytes of a request's line and headers as sent (``METHOD PATH?QUERY HTTP/x.y``, ``name: value``
-    lines with their CRLFs, the blank line), from an ASGI ``http`` scope."""
+    """The bytes of a request's line and headers as sent (CRLFs and the blank line included), from an ASGI scope."""
     line = len(scope["method"]) + len(scope.get("raw_path") or scope["path"].encode()) + 12
     query = scope.get("query_string") or b""
     line += len(query) + 1 if query else 0
@@ -61,7 +51,7 @@ def request_head_bytes(scope: dict[str, Any]) -> int:
 
 
 async def _too_large(send: Any) -> None:
-    """Answer 431 (RFC 6585: Request Header Fields Too Large) and close the connection."""
+    """431 (RFC 6585: Request Header Fields Too Large), closing the connection."""
     body = f"request line and headers larger than {MAX_REQUEST_HEAD_BYTES} bytes\n".encode()
     await send({"type": "http.response.start", "status": 431,
                 "headers": [(b"content-type", b"text/plain; charset=utf-8"), (b"connection", b"close"),
@@ -70,19 +60,10 @@ async def _too_large(send: Any) -> None:
 
 
 class UvicornOrigin:
-    """One origin of a HubServer served by uvicorn in a background thread.
-
-    Args:
-        host (str): interface to bind.
-        port (int): port; 0 picks a free one (``self.port`` is the real one once constructed).
-        server (Responder): answers the requests (``respond``/``finish``/``stopping``): a HubServer.
-        origin (str): the origin's name, passed to ``respond`` (``"hub"``).
-        extra_workers (int): threads added to the WORKER_THREADS (a pull-through mirror's upstream slots: requests
-            waiting on upstream never take a thread from cached answers).
-
-    Raises:
-        OSError: the port cannot be bound, or uvicorn did not start within 10 seconds.
-    """
+    """One origin of a HubServer served by uvicorn in a background thread: bound to ``host``/``port`` (0: any free
+    port, ``self.port``), answered by ``server`` (a Responder) as ``origin``, with ``extra_workers`` threads beyond
+    WORKER_THREADS (a pull-through mirror's upstream slots). Raises OSError: the port cannot be bound, or uvicorn did
+    not start within 10 seconds."""
 
     def __init__(self, host: str, port: int, server: Responder, origin: str, *, extra_workers: int = 0) -> None:
         self._hub, self._origin = server, origin
@@ -178,10 +159,9 @@ class UvicornOrigin:
 
 
 def _bounded_protocol(header_timeout: float, max_connections: int) -> type:
-    """uvicorn's HTTP protocol with what it lacks (library gap, uvicorn 0.54): a deadline for a request's headers
-    and a cap on open connections. Without them 1,000 clients that each send half a request line hold 1,000
-    connections (and descriptors) forever: ``timeout_keep_alive`` only runs between requests, and
-    ``limit_concurrency`` only answers requests that arrive."""
+    """uvicorn's HTTP protocol with what it lacks (library gap, uvicorn 0.54: ``timeout_keep_alive`` only runs
+    between requests, ``limit_concurrency`` only answers requests that arrive): a deadline for a request's headers
+    and a cap on open connections."""
 
     class BoundedProtocol(AutoHTTPProtocol):  # type: ignore[misc, valid-type]
         def connection_made(self, transport) -> None:  # type: ignore[override]

@@ -1,21 +1,47 @@
 """The contract between the protocol side and a server stack (:class:`Responder`: what :mod:`.asgi` calls,
-``HubServer`` implements), and :class:`FileBody`, the file body a stack streams in constant memory."""
+``HubServer`` implements), :class:`FileBody`, the file body a stack streams in constant memory, and :class:`LogEntry`,
+one request's access log entry."""
 
 from __future__ import annotations
 
 import io
 import os
 import threading
-from collections.abc import Iterable, Iterator
+import time
+from collections.abc import Iterable, Iterator, Mapping
+from datetime import datetime, timezone
 from typing import Any, BinaryIO, Protocol
+from urllib.parse import quote
 
-from .accesslog import LogEntry
+from .http import PRINTABLE, raw_target
 
-__all__ = ["BODY_CHUNK", "FileBody", "Responder"]
+__all__ = ["BODY_CHUNK", "FileBody", "LogEntry", "Responder"]
 
 # Body reads: 256 KiB per read. werkzeug's 8 KiB default halved throughput (benchmarks/bench_serve.py).
 BODY_CHUNK = 256 * 1024
 _RWF_NOWAIT = getattr(os, "RWF_NOWAIT", None) if hasattr(os, "preadv") else None
+
+
+class LogEntry:
+    """A request (method, raw target ``path``), its answer's ``status`` and the body ``bytes_sent`` so far."""
+
+    __slots__ = ("method", "path", "status", "bytes_sent", "started", "wall")
+
+    def __init__(self, environ: Mapping[str, Any]):
+        self.method = environ["REQUEST_METHOD"]
+        self.path = raw_target(environ)
+        self.status = 0
+        self.bytes_sent = 0
+        self.started = time.monotonic()
+        self.wall = time.time()
+
+    def access_line(self) -> str:
+        """``TIME METHOD PATH STATUS BYTES SECONDS``: never a header, so never the Authorization token."""
+        when = datetime.fromtimestamp(self.wall, timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%f")[:-3] + "Z"
+        # The target is attacker-controlled: percent-escape whitespace and control bytes so a line stays a line.
+        path = quote(self.path, safe=PRINTABLE) or "-"
+        seconds = time.monotonic() - self.started
+        return f"{when} {self.method} {path} {self.status} {self.bytes_sent} {seconds:.3f}\n"
 
 
 class Responder(Protocol):
@@ -23,7 +49,9 @@ class Responder(Protocol):
 
     def respond(self, origin: str, environ: dict[str, Any]) -> tuple[str, list[tuple[str, str]], Iterable[bytes],
                                                                       LogEntry]:
-        """Answer one request given as a WSGI environ: (status line, headers, body, log entry)."""
+        """Answer one request given as a WSGI environ: (status line, headers, body, log entry). The body is a
+        :class:`FileBody` for file bytes, else a short iterable; the caller streams it, adds to ``entry.bytes_sent``
+        and calls :meth:`finish` exactly once, after the last byte or on failure."""
 
     def finish(self, entry: LogEntry) -> None:
         """A response is over: account for it once."""
@@ -34,8 +62,7 @@ class Responder(Protocol):
 
 
 class FileBody:
-    """A file, or one byte range of it, as a response body read in ``BODY_CHUNK`` pieces (constant memory): iterated
-    (WSGI), or :meth:`read` in a worker thread (:mod:`.asgi`)."""
+    """A file, or one byte range of it, as a response body read in ``BODY_CHUNK`` pieces (constant memory)."""
 
     def __init__(self, file: BinaryIO, start: int, length: int) -> None:
         self.file, self.start, self.length = file, start, length
@@ -54,9 +81,8 @@ class FileBody:
         return data
 
     def read_cached(self) -> bytes | None:
-        """The next piece if the kernel has it in the page cache, without blocking on the disk; None if a read
-        would wait for the device (then call :meth:`read` from a worker thread). Linux ``preadv(RWF_NOWAIT)``;
-        elsewhere, and for in-memory bodies, always None."""
+        """The next piece if the page cache has it (Linux ``preadv(RWF_NOWAIT)``), else None: a read would wait for
+        the device (call :meth:`read` from a worker thread), or no RWF_NOWAIT here, or an in-memory body."""
         if self.remaining <= 0:
             return b""
         if _RWF_NOWAIT is None:

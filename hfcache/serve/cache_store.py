@@ -1,26 +1,8 @@
-"""A Hugging Face hub cache as a store of repos (``hfcache serve --cache-dir``), read-only, for every ``models--*`` /
-``datasets--*`` / ``kernels--*`` folder (docs/cache-layout.md):
-
-- **Revisions**: the names in ``refs/`` whose commit has a snapshot, and every snapshot's full commit; anything else
-  is ``RevisionNotFound``, a folder without a servable snapshot ``RepoNotFound``. A part the server's user cannot
-  read is 500 ``CacheUnreadable`` naming it (never hidden as ``RepoNotFound``; ``hfcache serve`` warns at start).
-- **Files**: snapshot entries that are huggingface_hub's relative links into the repo's own ``blobs/`` (broken,
-  absolute and escaping links are not served), and real files (caches written without symlinks).
-- **Hashes without hashing**: a blob named by 64 hex is an LFS file with that sha256 (its ``blobId`` the git sha1 of
-  the LFS pointer, as on the Hub), a 40-hex name the content's git blob sha1; other names are not served. Real
-  files take their hashes from ``trees/<commit>.json`` when it lists them with the same size, else are hashed once.
-- **Absence**: a ``.no_exist/<commit>/<path>`` marker, or a path missing from ``trees/<commit>.json``, is known
-  absent: 404 ``EntryNotFound`` with ``X-Repo-Commit`` (clients write the marker too). A path the cache merely lacks
-  gets the 404 *without* it: it may exist upstream.
-- **Legacy ids**: an org-less folder whose refs and commits all appear, with the same files or fewer, in exactly
-  one ``models--ORG--<same name>`` folder is answered as that canonical id (307 on ``resolve``, the canonical
-  ``id`` in repo info), as ``hfcache warm`` writes them; otherwise it is a repo of its own.
-- **Nothing outside the cache**: ids, revisions and paths are looked up in what the scan found; a repo part that is
-  a symlink makes the repo unserved; files are opened through the cache's safe opens (no link followed at any
-  component), so a blob that is a symlink (to ``/etc/passwd`` or anywhere) is never read.
-
-Scans are memoised ``ttl`` seconds (a thousand clients starting at once cost one scan per repo per second), so
-another ``warm`` is seen within that.
+"""A Hugging Face hub cache as a store of repos (``hfcache serve --cache-dir``), read-only. What it answers (refs and
+snapshot commits, hashes from blob names, absence from ``.no_exist`` and ``trees/``, legacy ids): docs/serve.md;
+unreadable parts (500 ``CacheUnreadable``): docs/shared-caches.md. The rule: ids, revisions and paths are looked up
+in what a scan found (memoised ``ttl`` seconds), and files are opened through the cache's safe opens (no link
+followed at any component).
 """
 
 from __future__ import annotations
@@ -59,15 +41,8 @@ class _Repo:
 
 
 class CacheStore:
-    """Repos of a Hugging Face hub cache, answered as the Hub would (read-only; see the module docstring).
-
-    Args:
-        cache_dir (str | Path): the cache root (holding ``models--ORG--NAME`` folders).
-        ttl (float): seconds a scan of a repo folder (and of the root, for legacy aliases) is reused.
-
-    Raises:
-        FileNotFoundError: ``cache_dir`` is not a directory.
-    """
+    """Repos of the hub cache ``cache_dir`` (str | Path), answered as the Hub would (read-only); ``ttl``: seconds a
+    scan of a repo folder (and of the root, for legacy aliases) is reused. Raises FileNotFoundError: no directory."""
 
     def __init__(self, cache_dir: str | Path, *, ttl: float = 1.0) -> None:
         self.root = Path(os.path.realpath(cache_dir))
@@ -80,17 +55,13 @@ class CacheStore:
         self._names: tuple[float, tuple[str, ...]] | None = None
         self._spellings: tuple[tuple[str, ...], dict[tuple[str, str], set[str]]] | None = None
 
-
     def canonical_id(self, repo_type: str, repo_id: str) -> str:
-        """The canonical id a legacy-id folder stands for (see the module docstring), else ``repo_id``."""
+        """The canonical id a legacy-id folder stands for (:meth:`_alias`), else ``repo_id``."""
         return self._alias(repo_type, repo_id) or repo_id
 
     def snapshot(self, repo_type: str, repo_id: str, revision: str) -> RepoSnapshot:
-        """The repo at ``revision`` (a ref name or a full commit of a snapshot).
-
-        Raises:
-            StoreMiss: ``RepoNotFound`` (no such folder, nothing servable in it) or ``RevisionNotFound``.
-        """
+        """The repo at ``revision`` (a ref name or a snapshot's full commit). Raises StoreMiss: ``RepoNotFound`` (no
+        servable folder), ``RevisionNotFound``."""
         repo = self._repo(repo_type, self.canonical_id(repo_type, repo_id))
         if repo is None:
             raise StoreMiss("RepoNotFound", "Repository not found")
@@ -106,18 +77,13 @@ class CacheStore:
         return _read_trees(self.root, folder, snapshot.commit) if folder is not None else None
 
     def open(self, repo_file: RepoFile, snapshot: RepoSnapshot | None = None, *, head: bool = False) -> BinaryIO:
-        """Open a blob (a regular file, or huggingface_hub 2.4's link into the shared Xet store:
-        :func:`hfcache.cache.safefs.open_blob`) or a snapshot file, following no other link below the cache root.
-
-        Raises:
-            OSError: missing, a symlink anywhere on the way, or not a regular file.
-            UnsafeLayout: a blob link of another shape.
-        """
+        """Open a blob (:func:`hfcache.cache.safefs.open_blob`: a regular file or a link into the shared Xet store) or
+        a snapshot file, following no other link. Raises OSError: missing, a link on the way, not a regular file;
+        UnsafeLayout: a blob link of another shape."""
         parts = repo_file.local_path.relative_to(self.root).parts
         if len(parts) == 3 and parts[1] == "blobs":
             return regular_file(safefs.open_blob(self.root, parts[0], parts[2]), str(repo_file.local_path))
         return open_beneath(self.root, parts)
-
 
     def _repo(self, repo_type: str, repo_id: str) -> _Repo | None:
         folder = _folder_name(repo_type, repo_id)
@@ -173,9 +139,8 @@ class CacheStore:
                             listing=frozenset(trees) if trees is not None else None)
 
     def _store_size(self, folder: str, entry) -> int | None:
-        """The payload size (bytes) of a snapshot entry whose blob links into huggingface_hub 2.4's shared Xet store
-        (``utils/_shared_blobs.py``; scan sees such a blob as missing); None for any other entry, a dangling link, or
-        a store part that is a link, FIFO or folder (not served)."""
+        """Payload bytes of an entry whose blob links into huggingface_hub 2.4's shared Xet store
+        (``utils/_shared_blobs.py``), else None (not served)."""
         if entry.form != "broken" or entry.etag is None:
             return None
         xet_hash = safefs.store_link_of(self.root, folder, entry.etag)
@@ -206,7 +171,6 @@ class CacheStore:
                 return self._memo.describe(rel, local, opened=opened)
         except OSError:
             return None
-
 
     def _alias(self, repo_type: str, repo_id: str) -> str | None:
         """The canonical id an org-less model folder duplicates, if exactly one ``ORG/<same name>`` holds it."""
@@ -259,10 +223,7 @@ class CacheStore:
 
 
 def _unreadable(folder: str, parts) -> StoreMiss:
-    """500 ``CacheUnreadable`` for a repo the server's user cannot read: not 404 (the repo exists, the mirror is
-    misconfigured), nor 401/403 (no token fixes it). huggingface_hub raises ``HfHubHTTPError`` with this message from
-    API calls; ``hf_hub_download``/``snapshot_download`` raise theirs *from* it, so it is the cause in the traceback
-    (huggingface_hub 2.4 ``file_download._raise_on_head_call_error`` re-raises only 401, RepoNotFound, GatedRepo)."""
+    """500 ``CacheUnreadable``: the repo exists (not 404) and no token fixes it (not 401/403)."""
     shown = ", ".join(f"{folder}/{p}" for p in sorted(parts))
     return StoreMiss("CacheUnreadable", f"{shown} cannot be read by the server (permission denied for uid "
                      f"{os.geteuid()}): ask the mirror's operator to fix the cache's permissions", status=500)
@@ -270,8 +231,7 @@ def _unreadable(folder: str, parts) -> StoreMiss:
 
 def unreadable_repos(root: Path) -> tuple[str, ...]:
     """Repo folders of the cache ``root`` (or their ``blobs/``, ``snapshots/``, ``refs/``, ``.no_exist/``) this user
-    cannot list or enter, relative to ``root`` (``models--org--name/blobs/``): what ``serve`` warns about at start
-    (five ``access`` calls per repo; deeper parts are found when a request scans the repo)."""
+    cannot list or enter, relative to ``root`` (``models--org--name/blobs/``): what ``serve`` warns about at start."""
     found = []
     for name in _folders(root):
         if parse_folder_name(name) is None:
@@ -285,7 +245,7 @@ def unreadable_repos(root: Path) -> tuple[str, ...]:
 
 
 def _folders(root: Path) -> tuple[str, ...]:
-    """The names of the folders (not links) of ``root``, sorted; none when it cannot be listed."""
+    """The folders (not links) of ``root``, sorted; none when it cannot be listed."""
     try:
         return tuple(sorted(e.name for e in os.scandir(root) if e.is_dir(follow_symlinks=False)))
     except OSError:
@@ -317,7 +277,7 @@ def _folder_name(repo_type: str, repo_id: str) -> str | None:
 
 
 def _from_blob_name(rel: str, local: Path, etag: str, size: int) -> RepoFile | None:
-    """A RepoFile from the blob's name: sha256 (LFS) or git blob sha1; None for other names."""
+    """A RepoFile from a sha256 (LFS) or git blob sha1 blob name; None for other names."""
     if is_sha256(etag):
         pointer = lfs_pointer(etag, size)
         return RepoFile(rel, local, size, git_blob_sha1(pointer), etag, True, len(pointer))
@@ -329,19 +289,17 @@ def _from_blob_name(rel: str, local: Path, etag: str, size: int) -> RepoFile | N
 def _markers(folder: Path) -> frozenset[str]:
     """Paths of the ``.no_exist/<commit>/`` markers (names only; links are not followed)."""
     found = set()
-    for dirpath, dirnames, filenames in walk_tree(folder):  # iterative, 64 levels at most: no RecursionError
+    for dirpath, _dirnames, filenames in walk_tree(folder):  # iterative, 64 levels at most, links not entered
         rel = os.path.relpath(dirpath, folder)
         prefix = "" if rel == "." else rel.replace(os.sep, "/") + "/"
         found.update(prefix + name for name in filenames)
-        # Symlinked folders appear in dirnames but are not entered (followlinks=False).
     return frozenset(found)
 
 
 def _read_trees(root: Path, folder: str, commit: str) -> dict[str, dict] | None:
     """``<folder>/trees/<commit>.json`` (huggingface_hub _tree_cache.py, format_version 1): path -> entry, or None."""
     try:
-        with open_beneath(root, (folder, "trees", f"{commit}.json")) as f:
-            # bounded nesting (bounds.TooDeep is a ValueError): a hostile listing is ignored, never a crash
+        with open_beneath(root, (folder, "trees", f"{commit}.json")) as f:  # bounds.TooDeep is a ValueError
             data = loads_json(f.read(_TREES_MAX_BYTES + 1)[:_TREES_MAX_BYTES], f"trees/{commit}.json")
     except (OSError, ValueError):
         return None

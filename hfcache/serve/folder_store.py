@@ -1,13 +1,8 @@
-"""A folder of plain repo folders as a store of repos (``hfcache serve --repos``), scanned on every request::
-
-    <root>/<org>/<name>/<files...>          model repo "org/name"
-    <root>/<name>/<files...>                org-less model repo "name" (a top folder holding files directly)
-    <root>/datasets/<org>/<name>/<files...> dataset repo
-    <root>/kernels/<org>/<name>/<files...>  kernel repo (huggingface_hub repo type ``kernel``)
-    <root>/legacy_ids.json                  {"bert-base-uncased": "google-bert/bert-base-uncased", ...}
-
-Each repo has one branch, ``main``, whose commit is derived from the content: editing a file on disk yields a new
-commit, and the old one answers ``RevisionNotFound``.
+"""A folder of plain repo folders as a store of repos (``hfcache serve --repos``), scanned on every request:
+``<root>/<org>/<name>/`` (a model; an org-less one: ``<root>/<name>/`` holding files directly),
+``<root>/datasets/<org>/<name>/``, ``<root>/kernels/<org>/<name>/``, and ``<root>/legacy_ids.json``
+(``{"bert-base-uncased": "google-bert/..."}``). Each repo has one branch, ``main``, whose commit is derived from the
+content (an edit makes a new commit; the old one is ``RevisionNotFound``).
 """
 
 from __future__ import annotations
@@ -30,12 +25,8 @@ _TYPE_FOLDERS = {t: PLURALS[t] for t in REPO_TYPES if t != "model"}
 
 
 class FolderStore:
-    """A folder of plain repo folders (see the module docstring).
-
-    Args:
-        root (str | Path): the directory.
-        legacy_ids (Mapping[str, str]): legacy id -> canonical id (model repos).
-    """
+    """The plain repo folders of ``root`` (str | Path); ``legacy_ids`` (Mapping[str, str]): legacy id -> canonical
+    id (model repos)."""
 
     def __init__(self, root: str | Path, legacy_ids: Mapping[str, str]):
         self.root = Path(root).resolve()
@@ -46,11 +37,8 @@ class FolderStore:
         return self.legacy_ids.get(repo_id, repo_id) if repo_type == "model" else repo_id
 
     def snapshot(self, repo_type: str, repo_id: str, revision: str) -> RepoSnapshot:
-        """The repo (legacy ids resolved) at ``revision``: ``main`` or the current commit (older content is gone).
-
-        Raises:
-            StoreMiss: no such repo, or another revision (with the current commit as ``X-Repo-Commit``).
-        """
+        """The repo (legacy ids resolved) at ``main`` or its current commit. Raises StoreMiss: no such repo, or another
+        revision (the current commit as ``X-Repo-Commit``)."""
         repo_id = self.canonical_id(repo_type, repo_id)
         repo_dir = self._repo_dir(repo_type, repo_id)
         found = sorted(self._scan(repo_dir).items()) if repo_dir is not None else ()
@@ -63,13 +51,8 @@ class FolderStore:
         return RepoSnapshot(repo_type=repo_type, repo_id=repo_id, commit=commit, files=files, listing=frozenset(files))
 
     def open(self, repo_file: RepoFile, snapshot: RepoSnapshot | None = None, *, head: bool = False) -> BinaryIO:
-        """Open the file, re-checking containment (a symlink may have been swapped since the scan), then opened from
-        the root following no link (not by the resolved path: a name swapped for a link after the resolve, by a
-        member of a group-writable folder, is refused, never followed out of root).
-
-        Raises:
-            FileNotFoundError: gone, now resolving outside ``root``, a link, or not a regular file.
-        """
+        """Open the file, re-checking containment (a link may have been swapped since the scan), from the root
+        following no link. Raises FileNotFoundError: gone, now outside ``root``, a link, not a regular file."""
         real = repo_file.local_path.resolve()
         try:
             if not real.is_relative_to(self.root):
@@ -96,8 +79,7 @@ class FolderStore:
     def _scan(self, repo_dir: Path) -> dict[str, Path]:
         """Repo path -> resolved file, skipping hidden entries and anything resolving outside root."""
         found: dict[str, Path] = {}
-        # Links to folders are not entered (they could loop or leave root); symlinked files are checked below. The
-        # walk is iterative and bounded (64 levels): os.walk recursed per level on Python 3.11.
+        # Links to folders are not entered (they could loop or leave root); symlinked files are checked below.
         for dirpath, dirnames, filenames in walk_tree(repo_dir):
             dirnames[:] = [d for d in dirnames if not d.startswith(".")]
             for name in filenames:

@@ -49,9 +49,8 @@ def guarded(handler: Callable[[Request], Response], request: Request) -> Respons
 
 
 def header_value(value: str) -> str:
-    """``value`` as a header value every stack sends: printable ASCII as is, anything else percent-escaped. Messages
-    can hold request paths: a name in another script is no Latin-1 (uvicorn answered 500, ``UnicodeEncodeError``) and
-    a ``%0D%0A`` in it would be a newline (werkzeug refuses to build the response: 500 again)."""
+    """``value`` as a header value every stack sends: printable ASCII as is, anything else percent-escaped (a request
+    path in a message may be no Latin-1, or hold a ``%0D%0A``: either was a 500)."""
     if all(" " <= c <= "~" for c in value):
         return value
     return quote(value, safe=PRINTABLE + " ")
@@ -68,7 +67,7 @@ def raw_target(environ: Mapping[str, Any]) -> str:
 
 def path_segments(environ: Mapping[str, Any]) -> list[str]:
     """Path segments, each URL-decoded on its own: ``refs%2Fpr%2F1`` stays one segment (huggingface_hub quotes
-    revisions with ``safe=""``, hf_api.py), which werkzeug's PATH_INFO (decoded as a whole) would lose."""
+    revisions with ``safe=""``, hf_api.py; werkzeug's PATH_INFO would lose it)."""
     path = raw_target(environ).split("?", 1)[0]
     if path.startswith(("http://", "https://")):  # absolute-form request target
         path = urlsplit(path).path

@@ -13,7 +13,7 @@ from typing import IO, Any
 
 from werkzeug.wrappers import Request, Response
 
-from .accesslog import LogEntry
+from .body import LogEntry
 from .cache_store import CacheStore
 from .folder_store import FolderStore
 from .http import header_value, url_host
@@ -31,26 +31,20 @@ LAYOUTS = ("repos", "cache")
 
 class HubServer:
     """A Hub-compatible read-only HTTP server over ``root`` for huggingface_hub's downloaders (docs/cache-layout.md,
-    'The Hub protocol', checked against huggingface_hub 2.4.0 file_download.py ``get_hf_file_metadata``, utils/_http.py
-    ``hf_raise_for_status``): one origin, LFS files answered there with ``X-Linked-Etag``/``X-Linked-Size`` (one port
-    to expose), ``GET /metrics`` (Prometheus text, :mod:`.metrics`; no token, no repo ids) and ``GET /healthz``.
+    'The Hub protocol'; huggingface_hub 2.4.0 file_download.py ``get_hf_file_metadata``): one origin (LFS files with
+    ``X-Linked-Etag``/``X-Linked-Size``, no CDN), ``GET /metrics`` (:mod:`.metrics`) and ``GET /healthz``.
 
     Args:
-        root (str | Path): a hub cache (``layout="cache"``) or a folder of repo folders (``layout="repos"``; legacy
-            id -> canonical id from ``<root>/legacy_ids.json`` if present).
-        host (str), port (int): where to listen; port 0 picks a free one (:attr:`endpoint` once started).
-        token (str | None): if set, every request but ``/healthz`` and ``/metrics`` must carry
-            ``Authorization: Bearer <token>``, else 401 ``RepoNotFound`` (as the Hub answers for private repos).
-        layout (str): ``"repos"`` (:class:`FolderStore`) or ``"cache"`` (:class:`CacheStore`).
-        access_log (IO[str] | None): a text stream receiving one line per finished request
-            (``TIME METHOD PATH STATUS BYTES SECONDS``); headers, and so tokens, are never written.
-        upstream (PullThroughConfig | None): ``layout="cache"`` only: fetch what the cache lacks from these
-            upstreams (:class:`~.pullthrough.PullThroughStore`); ``/healthz`` then says whether they answer.
+        root (str | Path): a hub cache (``layout="cache"``) or repo folders (``layout="repos"``, legacy ids from
+            ``<root>/legacy_ids.json`` if present). host (str), port (int): where to listen (0: any free port).
+        token (str | None): required as ``Authorization: Bearer`` (not by ``/healthz``, ``/metrics``), else 401
+            ``RepoNotFound``. access_log (IO[str] | None): one line per finished request (never a header).
+        upstream (PullThroughConfig | None): ``layout="cache"`` only: pull through (``/healthz`` then says whether
+            the upstreams answer).
 
     Raises:
-        ValueError: an unknown layout, an upstream with ``layout="repos"``.
-        FileNotFoundError: ``layout="cache"`` and ``root`` is not a directory.
-        OSError: from :meth:`start` if the port cannot be bound.
+        ValueError: an unknown layout, an upstream with ``layout="repos"``. FileNotFoundError: no cache at
+            ``root``. OSError: from :meth:`start` if the port cannot be bound.
     """
 
     def __init__(self, root: str | Path, *, host: str = "127.0.0.1", port: int = 0, token: str | None = None,
@@ -79,7 +73,6 @@ class HubServer:
             return CacheStore(self.root)
         legacy_file = self.root / "legacy_ids.json"
         return FolderStore(self.root, json.loads(legacy_file.read_text()) if legacy_file.is_file() else {})
-
 
     def start(self) -> HubServer:
         """Bind the origin and serve it from background threads; returns self. Raises OSError: the port is taken."""
@@ -118,12 +111,6 @@ class HubServer:
             self._store.close()
         return cut
 
-    @property
-    def active(self) -> int:
-        """Responses started and not finished yet."""
-        with self._active_cond:
-            return self._active
-
     def __enter__(self) -> HubServer:
         return self.start()
 
@@ -139,18 +126,13 @@ class HubServer:
         self._origins.append(served)
         return served
 
-
     def answer(self, origin: str, request: Request) -> Response:
         """The response to one request of ``origin`` (:class:`~.routing.Router`)."""
         return self.router.answer(request)
 
     def respond(self, origin: str, environ: dict[str, Any]) -> tuple[str, list[tuple[str, str]], Iterable[bytes],
                                                                       LogEntry]:
-        """Answer one request given as a WSGI environ: (status line, headers, body, log entry).
-
-        The body is a :class:`FileBody` for file bytes, else a short iterable. The caller streams it, adds to
-        ``entry.bytes_sent`` and calls :meth:`finish` exactly once, after the last byte or on failure.
-        """
+        """(status line, headers, body, log entry) for a WSGI environ: the :class:`~.body.Responder` contract."""
         entry = LogEntry(environ)
         response = self.answer(origin, Request(environ))
         entry.status = response.status_code
@@ -185,7 +167,6 @@ class HubServer:
         """The store answering the requests."""
         return self._store
 
-
     def _public_routes(self) -> dict[str, Any]:
         routes: dict[str, Any] = {"metrics": lambda request: Response(self.metrics.render(), content_type=CONTENT_TYPE)}
         if self.upstream is not None:
@@ -194,8 +175,7 @@ class HubServer:
         return routes
 
     def _healthz(self, request: Request) -> Response:
-        """200 while the mirror serves its cache; the body says which upstreams answer (liveness must not depend
-        on upstream: a pod restarted for the Hub's outage would lose nothing but its ability to serve)."""
+        """200 while the mirror serves (liveness never follows upstream); the body says which upstreams answer."""
         health = self._store.upstream_health()
         body = {"status": "ok", "upstream_reachable": any(up is True for _, up in health),
                 "upstreams": [{"endpoint": endpoint, "reachable": up} for endpoint, up in health]}

@@ -1,21 +1,7 @@
 """``GET /metrics`` of ``hfcache serve``: Prometheus text through ``prometheus_client``, one
-:class:`prometheus_client.CollectorRegistry` per server (no process-global state: tests run several servers in one
-process). Labels are the route and the status only, never a repo id or a path: a client cannot grow the number of
-series, and nothing private leaks into a scrape.
-
-Series (counters get prometheus_client's ``_total`` suffix):
-
-- ``hfcache_serve_requests_total{route,status}``   requests answered (``route``: see :func:`route_of`)
-- ``hfcache_serve_bytes_served_total``             response body bytes sent
-- ``hfcache_serve_cache_hits_total``               file bodies answered from the cache
-- ``hfcache_serve_cache_misses_total``             file bodies the cache lacked (fetched from upstream, or failed)
-- ``hfcache_upstream_resolutions_total``           revisions resolved against upstream (repo info requests)
-- ``hfcache_upstream_fetches_total``               files downloaded from upstream (verified and kept)
-- ``hfcache_upstream_bytes_total``                 bytes downloaded from upstream
-- ``hfcache_upstream_failures_total{reason}``      failed upstream resolutions and fetches, by hfcache error class
-- ``hfcache_verification_failures_total``          fetches whose bytes failed the hash check (never served, not kept)
-- ``hfcache_cache_bytes``                          bytes on disk (every distinct content once, as ``hfcache ls``)
-- ``hfcache_upstream_up{endpoint}``                1 when the upstream answered the last health check
+:class:`prometheus_client.CollectorRegistry` per server (tests run several servers in one process). Labels are the
+route and the status only, never a repo id or a path: a client cannot grow the number of series. The series:
+docs/serve.md, "GET /metrics".
 """
 
 from __future__ import annotations
@@ -23,6 +9,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from urllib.parse import unquote
 
@@ -51,38 +38,31 @@ def route_of(target: str) -> str:
 
 
 class MirrorMetrics:
-    """The counters and gauges of one server (see the module docstring).
-
-    Args:
-        cache_dir (Path | None): the cache whose size ``hfcache_cache_bytes`` reports (None: no such gauge).
-    """
+    """The counters and gauges of one server; ``cache_dir`` (Path | None): the cache whose size
+    ``hfcache_cache_bytes`` reports (None: no such gauge)."""
 
     def __init__(self, cache_dir: Path | None = None) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
-        r = self.registry
-        self.requests = Counter("hfcache_serve_requests", "HTTP requests answered, by route and status",
-                                ["route", "status"], registry=r)
-        self.bytes_served = Counter("hfcache_serve_bytes_served", "Response body bytes sent", registry=r)
-        self.cache_hits = Counter("hfcache_serve_cache_hits", "File bodies answered from the cache", registry=r)
-        self.cache_misses = Counter("hfcache_serve_cache_misses", "File bodies the cache lacked", registry=r)
-        self.upstream_resolutions = Counter("hfcache_upstream_resolutions",
-                                            "Revisions resolved against upstream", registry=r)
-        self.upstream_fetches = Counter("hfcache_upstream_fetches", "Files downloaded from upstream, verified and kept",
-                                        registry=r)
-        self.upstream_bytes = Counter("hfcache_upstream_bytes", "Bytes downloaded from upstream", registry=r)
-        self.upstream_failures = Counter("hfcache_upstream_failures", "Failed upstream resolutions and fetches",
-                                         ["reason"], registry=r)
-        self.verification_failures = Counter("hfcache_verification_failures",
-                                             "Upstream bytes that failed the hash check (never served, not kept)",
-                                             registry=r)
-        self.upstream_up = Gauge("hfcache_upstream_up", "1 when the upstream answered the last health check",
-                                 ["endpoint"], registry=r)
+        counter, gauge = partial(Counter, registry=self.registry), partial(Gauge, registry=self.registry)
+        self.requests = counter("hfcache_serve_requests", "HTTP requests answered, by route and status",
+                                ["route", "status"])
+        self.bytes_served = counter("hfcache_serve_bytes_served", "Response body bytes sent")
+        self.cache_hits = counter("hfcache_serve_cache_hits", "File bodies answered from the cache")
+        self.cache_misses = counter("hfcache_serve_cache_misses", "File bodies the cache lacked")
+        self.upstream_resolutions = counter("hfcache_upstream_resolutions", "Revisions resolved against upstream")
+        self.upstream_fetches = counter("hfcache_upstream_fetches", "Files downloaded from upstream, verified and kept")
+        self.upstream_bytes = counter("hfcache_upstream_bytes", "Bytes downloaded from upstream")
+        self.upstream_failures = counter("hfcache_upstream_failures", "Failed upstream resolutions and fetches",
+                                         ["reason"])
+        self.verification_failures = counter("hfcache_verification_failures",
+                                             "Upstream bytes that failed the hash check (never served, not kept)")
+        self.upstream_up = gauge("hfcache_upstream_up", "1 when the upstream answered the last health check",
+                                 ["endpoint"])
         self._cache_dir = cache_dir
         self._size: tuple[float, int] | None = None
         self._size_lock = threading.Lock()
         if cache_dir is not None:
-            Gauge("hfcache_cache_bytes", "Bytes on disk (every distinct content once)",
-                  registry=r).set_function(self._cache_bytes)
+            gauge("hfcache_cache_bytes", "Bytes on disk (every distinct content once)").set_function(self._cache_bytes)
         self.before_scrape: Callable[[], None] | None = None
 
     def observe(self, target: str, status: int, bytes_sent: int) -> None:

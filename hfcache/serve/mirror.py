@@ -27,18 +27,10 @@ GRACE_SECONDS = 20.0
 
 @dataclass(frozen=True)
 class MirrorInfo:
-    """A mirror that is listening.
-
-    Attributes:
-        endpoint (str): base URL clients use as ``HF_ENDPOINT`` / ``--endpoint`` (wildcard binds shown as loopback).
-        root (str): the directory served (absolute). layout (str): ``"cache"`` or ``"repos"``.
-        host (str), port (int): the interface and port bound. token_required (bool): requests need the token.
-        access_log (str | None): the access log's path (``"-"`` for stdout), if any.
-        upstreams (tuple[str, ...]): pull-through upstream endpoints, in order (empty: a static mirror).
-        allow (tuple[str, ...]): repo id globs that may be pulled through (empty: all).
-        unreadable (tuple[str, ...]): repo folders (or their parts) of the cache this user cannot read, relative to
-            ``root``: requests for them get 500 ``CacheUnreadable`` (:func:`.cache_store.unreadable_repos`).
-    """
+    """A mirror that is listening: the ``endpoint`` clients use (wildcard binds shown as loopback), the absolute
+    ``root`` served, its ``layout`` (``"cache"``/``"repos"``), the ``host`` and ``port`` bound, whether a token is
+    required, the ``access_log`` path (``"-"``: stdout), the pull-through ``upstreams`` (empty: static) and ``allow``
+    globs, and the ``unreadable`` repo folders (:func:`.cache_store.unreadable_repos`)."""
 
     endpoint: str
     root: str
@@ -54,13 +46,8 @@ class MirrorInfo:
 
 @dataclass(frozen=True)
 class MirrorRun:
-    """A mirror that has stopped.
-
-    Attributes:
-        info (MirrorInfo): what was served. seconds (float): how long it served.
-        signal (str): what stopped it, e.g. ``"SIGTERM"``, ``"SIGINT"`` or ``"stop"`` (the ``stop`` event).
-        cut_short (int): responses still streaming when the grace period ended (0 after a clean shutdown).
-    """
+    """A mirror that has stopped: its ``info``, the ``seconds`` it served, the ``signal`` that stopped it
+    (``"SIGTERM"``, ``"SIGINT"``, ``"stop"``: the event), the responses ``cut_short`` by the end of the grace period."""
 
     info: MirrorInfo
     seconds: float
@@ -73,20 +60,15 @@ def serve(*, cache_dir: str | os.PathLike[str] | None = None, repos_dir: str | o
           grace: float = GRACE_SECONDS, ready: Callable[[MirrorInfo], None] | None = None,
           stop: threading.Event | None = None, upstream: PullThroughConfig | None = None) -> MirrorRun:
     """Serve a hub cache (default) or a folder of repo folders with :class:`hfcache.serve.HubServer` until SIGTERM,
-    SIGINT or ``stop``: then stop accepting connections, let in-flight responses finish for up to ``grace`` seconds
-    (a second signal cuts them) and return the :class:`MirrorRun`.
+    SIGINT or ``stop``, then let in-flight responses finish for up to ``grace`` seconds (a second signal cuts them).
 
     Args:
-        cache_dir: the hub cache; None (and no ``repos_dir``): huggingface_hub's default (``HF_HUB_CACHE``,
-            ``$HF_HOME/hub``, ``~/.cache/huggingface/hub``). repos_dir: ``<org>/<name>/`` repo folders instead.
-        host, port: where to listen (port 0: any free one, ``MirrorInfo.port``). token: if set, every request but
-            ``/healthz`` and ``/metrics`` needs ``Authorization: Bearer <token>``; never logged.
-        access_log: a file to append one line per request to (``TIME METHOD PATH STATUS BYTES SECONDS``; ``"-"``:
-            stdout); headers, so tokens, are never written. grace: seconds in-flight responses get.
-        ready: called once with the MirrorInfo when the port is bound. stop: an event that stops the mirror like
-            SIGTERM; signal handlers are installed only when called from the main thread.
-        upstream: fetch what the cache lacks from these upstreams (:mod:`.pullthrough`); the cache is created if
-            missing. Cache layout only.
+        cache_dir: the hub cache (None: huggingface_hub's default). repos_dir: ``<org>/<name>/`` folders instead.
+        host, port: where to listen (port 0: any free one). token: required as ``Authorization: Bearer`` (not by
+            ``/healthz``, ``/metrics``). access_log: a file (``"-"``: stdout) for one line per request, no headers.
+        ready: called once with the MirrorInfo when the port is bound. stop: an event that stops it like SIGTERM
+            (signal handlers are installed only from the main thread). upstream: pull through (:mod:`.pullthrough`;
+            the cache is created if missing).
 
     Raises:
         UsageError: both directories, the port cannot be bound, the access log cannot be opened.
@@ -105,11 +87,19 @@ def serve(*, cache_dir: str | os.PathLike[str] | None = None, repos_dir: str | o
             raise UsageError(f"cannot listen on {host}:{port}: {exc.strerror or exc}",
                              hint="choose another --port (or stop the process using it)") from None
         started = time.monotonic()
-        info = _mirror_info(server, root, layout, host, token is not None, access_log, upstream)
+        info = MirrorInfo(endpoint=server.endpoint, root=str(root), layout=layout, host=host,
+                          port=int(server.endpoint.rsplit(":", 1)[1]), token_required=token is not None,
+                          access_log=access_log, upstreams=upstream.upstreams if upstream else (),
+                          allow=upstream.allow if upstream else (),
+                          unreadable=unreadable_repos(root) if layout == "cache" else ())
         if ready is not None:
             ready(info)
         stop_event.wait()
-        cut = _stop_gracefully(server, grace)
+        signal_stop = _second_signal(server.stopping)  # a second signal ends the grace period
+        try:
+            cut = server.stop(grace=grace)
+        finally:
+            signal_stop()
         return MirrorRun(info=info, seconds=time.monotonic() - started, signal=signals[0] if signals else "stop",
                          cut_short=cut)
     finally:
@@ -119,30 +109,9 @@ def serve(*, cache_dir: str | os.PathLike[str] | None = None, repos_dir: str | o
             log_stream.close()
 
 
-def _mirror_info(server: HubServer, root: Path, layout: str, host: str, token_required: bool,
-                 access_log: str | None, upstream: PullThroughConfig | None) -> MirrorInfo:
-    """What the started mirror serves, where, and to whom (the CLI prints it)."""
-    return MirrorInfo(endpoint=server.endpoint, root=str(root), layout=layout, host=host,
-                      port=int(server.endpoint.rsplit(":", 1)[1]), token_required=token_required,
-                      access_log=access_log, upstreams=upstream.upstreams if upstream else (),
-                      allow=upstream.allow if upstream else (),
-                      unreadable=unreadable_repos(root) if layout == "cache" else ())
-
-
-def _stop_gracefully(server: HubServer, grace: float) -> int:
-    """Stop accepting, let in-flight responses finish for ``grace`` seconds (a second signal ends the grace period:
-    its handler sets ``server.stopping``); the responses cut short."""
-    signal_stop = _second_signal(server.stopping)
-    try:
-        return server.stop(grace=grace)
-    finally:
-        signal_stop()
-
-
 def _served_root(cache_dir: str | os.PathLike[str] | None, repos_dir: str | os.PathLike[str] | None, *,
                  pull_through: bool = False) -> tuple[str, Path]:
-    """(layout, absolute root) of what to serve; raises UsageError for both, CacheError for a missing directory.
-    A pull-through mirror's cache is created if missing (CacheError if it cannot be)."""
+    """(layout, absolute root) of what to serve (a pull-through mirror's cache created if missing)."""
     if cache_dir is not None and repos_dir is not None:
         raise UsageError("--cache-dir and --repos are mutually exclusive", hint="serve one of them")
     if pull_through and repos_dir is not None:
@@ -184,7 +153,7 @@ def _install_signals(stop: threading.Event, names: list[str]) -> dict[int, objec
 
 
 def _second_signal(stopping: threading.Event) -> Callable[[], None]:
-    """During the grace period, another SIGTERM/SIGINT cuts remaining responses short; returns an undo function."""
+    """Another SIGTERM/SIGINT sets ``stopping`` (main thread only); returns an undo function."""
     if threading.current_thread() is not threading.main_thread():
         return lambda: None
     previous = {sig: signal.signal(sig, lambda *_: stopping.set()) for sig in (signal.SIGTERM, signal.SIGINT)}

@@ -20,7 +20,6 @@ class Pruner:
         self.root, self.max_size, self.metrics = root, max_size, metrics
         self._wanted = threading.Event()
         self._closed = False
-        self.runs = 0
         self._thread = threading.Thread(target=self._loop, name="hfcache-serve-prune", daemon=True)
         self._thread.start()
         self.request()  # a cache already over budget at start
@@ -44,6 +43,5 @@ class Pruner:
                     result = execute(plan)
                     logger.info("pruned %d revision(s), %d bytes", len(plan.revisions), result.bytes_freed)
                     self.metrics.cache_changed()
-            except Exception:  # noqa: BLE001 - the mirror keeps serving; the next fetch tries again
+            except Exception:  # the mirror keeps serving; the next fetch tries again
                 logger.warning("prune to --max-size failed", exc_info=True)
-            self.runs += 1

@@ -1,24 +1,8 @@
-"""A pull-through store: a hub cache that fetches what it lacks from upstream endpoints, verified, then serves it
-(``hfcache serve --upstream``, docs/serve.md). What a request gets:
-
-- **A revision**: a branch or tag is resolved against the upstreams in order (warm's
-  :func:`hfcache.warming.orchestrate.resolve_revision`) at most once per ``revalidate`` seconds; a 40-hex commit once
-  per process, never when the cache holds a snapshot of it (listed whole from its ``trees/<commit>.json``, else as
-  held, a file it lacks asking for the listing: :meth:`PullThroughStore.expand`), and it must come back as itself
-  (502, nothing kept). When upstream fails (or is silent for ``timeout`` while the cache holds the revision), the
-  cache answers what it holds; what it lacks gets 503 ``UpstreamUnavailable``, or the upstream's 404/403.
-- **Ids** (:mod:`.upstream_ids`): an upstream's canonical id is followed exactly where warm follows it; ids match
-  without case, one folder per repo.
-- **A file body** the cache lacks: fetched with :func:`hfcache.warming.orchestrate.fetch_pinned` (pinned to the
-  resolution's commit and hashes, under warm's locks, hash checked before anything is visible); bytes failing the
-  check on every upstream: 502 ``UpstreamIntegrityError``, nothing kept. A HEAD answers from the listing.
-- **Upstream work** runs in a bounded pool (:mod:`.upstream_pool`): a slow upstream never starves cached answers.
-- **--allow**: only ids matching a glob (without case) are pulled through, others the cache lacks get 403
-  ``RepoNotAllowed`` without contacting upstream (a canonical id reached from an allowed legacy id is allowed).
-- **Uses and budget**: serving a file touches its snapshot folder (at most once a second), the last-use signal of
-  :mod:`hfcache.cache.scan`; with ``max_size``, prune removes least-recently-used revisions after each fetch.
-
-The upstream token goes only to the upstreams (through :mod:`hfcache.hub.client`); it is never logged or answered.
+"""A pull-through store (``hfcache serve --upstream``): a hub cache that resolves and fetches what it lacks with
+warm's code path (``resolve_revision``, ``fetch_pinned`` of :mod:`hfcache.warming.orchestrate`: pinned to the
+resolution's commit and hashes, hash checked before anything is visible), in a bounded pool (:mod:`.upstream_pool`).
+What a request gets (revalidation, ids, ``--allow``, failures, budget): docs/serve.md, "Pull-through mirror". The
+upstream token goes only to the upstreams; it is never logged or answered.
 """
 
 from __future__ import annotations
@@ -41,7 +25,7 @@ from ..hub.files import RepoRevision
 from ..hub.urls import validate_endpoint
 from ..names import check_commit, is_commit
 from ..pace import Deadline
-from ..records import WarmRequest
+from ..records import HubOptions, WarmRequest
 from ..warming.lockfile import LockedFile, LockedRepo
 from ..warming.orchestrate import fetch_pinned, make_clients, resolve_revision
 from .cache_store import CacheStore
@@ -74,18 +58,10 @@ HEALTH_WAIT = 0.5
 
 @dataclass(frozen=True)
 class PullThroughConfig:
-    """How a pull-through mirror reaches upstream.
-
-    Attributes:
-        upstreams (tuple[str, ...]): endpoint URLs, in order of preference.
-        token (str | None): sent to the upstreams only; never logged, never in a response (not in ``repr``).
-        allow (tuple[str, ...]): repo id globs that may be pulled through; empty: every repo.
-        revalidate (float): seconds a branch or tag stays resolved.
-        max_size (int | None): bytes; least-recently-used revisions are pruned to stay within it.
-        timeout (float): seconds to wait for an upstream connection or any byte of an answer.
-        upstream_slots (int): upstream operations, and requests waiting on them, at once
-            (:mod:`hfcache.serve.upstream_pool`); one more request that needs upstream gets 503 with ``Retry-After``.
-    """
+    """How a pull-through mirror reaches upstream: ``upstreams`` (URLs, in order), a ``token`` for them only (not in
+    ``repr``), ``allow`` (repo id globs; empty: all), ``revalidate`` (seconds a branch or tag stays resolved),
+    ``max_size`` (bytes, kept by pruning), ``timeout`` (seconds for a connection or any byte), ``upstream_slots``
+    (:mod:`.upstream_pool`). Raises UsageError: no upstream, a bad URL, a negative or out-of-range value."""
 
     upstreams: tuple[str, ...]
     token: str | None = field(default=None, repr=False)
@@ -116,24 +92,18 @@ class _Resolved:
 
 
 class PullThroughStore:
-    """A :class:`CacheStore` that fetches from upstream what it lacks (see the module docstring).
-
-    Args:
-        cache_dir (str | Path): the cache root (created if missing).
-        config (PullThroughConfig): upstreams, token, allow list, revalidation, budget.
-        metrics (MirrorMetrics | None): counters to update.
-
-    Raises:
-        UsageError: an upstream is not an http(s) URL.
-        CacheError: the cache cannot be created.
-    """
+    """A :class:`CacheStore` over ``cache_dir`` that fetches what it lacks as ``config`` says, counting in
+    ``metrics``. Raises FileNotFoundError: no cache at ``cache_dir``; UsageError: a malformed setting."""
 
     def __init__(self, cache_dir: str | Path, config: PullThroughConfig, metrics: MirrorMetrics | None = None):
         self.cache = CacheStore(cache_dir)
         self.root = self.cache.root
         self.config = config
         self.metrics = metrics or MirrorMetrics()
-        self.clients = make_clients(list(config.upstreams), config.token or False, config.timeout)
+        # A pulled file is fetched over at most 4 connections (its ranges): the mirror serves others meanwhile.
+        self.hub = HubOptions(endpoints=config.upstreams, token=config.token or False, timeout=config.timeout,
+                              max_workers=4)
+        self.clients = make_clients(self.hub)
         self._lock = threading.Lock()
         # Every memory of what upstream said is bounded (LISTINGS_KEPT entries, least recently used dropped): ids
         # are keyed without case, as the Hub resolves them, so case variants share one entry and one folder.
@@ -145,7 +115,6 @@ class PullThroughStore:
         self._health: tuple[float, list[tuple[str, bool | None]]] | None = None
         self._health_thread: threading.Thread | None = None
         self._pruner = Pruner(self.root, config.max_size, self.metrics) if config.max_size is not None else None
-
 
     def canonical_id(self, repo_type: str, repo_id: str) -> str:
         """The id ``repo_id`` is answered under: the cache's alias (a legacy folder), the id it was stored under (a
@@ -163,12 +132,8 @@ class PullThroughStore:
             return repo_id
 
     def snapshot(self, repo_type: str, repo_id: str, revision: str) -> RepoSnapshot:
-        """The repo at ``revision``: the upstream listing (files fetched on demand), or what the cache holds.
-
-        Raises:
-            StoreMiss: not found upstream nor in the cache (404), not allowed (403), upstream unreachable, busy or
-                too slow (503), upstream answering another commit for a 40-hex revision (502).
-        """
+        """The repo at ``revision``: the upstream listing (files fetched on demand), or what the cache holds. Raises
+        StoreMiss: not found (404), not allowed (403), upstream unreachable, busy or slow (503), other commit (502)."""
         stored = self._stored_id(repo_type, repo_id)
         cached = self._cached(repo_type, stored, revision)
         if not self._allowed(repo_id):  # checked first: nothing remembered of upstream answers a non-allowed id
@@ -197,13 +162,9 @@ class PullThroughStore:
             return stale.snapshot if stale is not None else self._full(cached)
 
     def expand(self, snapshot: RepoSnapshot, path: str) -> RepoSnapshot:
-        """``snapshot`` with upstream's whole listing of its commit when it is a cache-only answer (a held commit
-        lists what the cache holds, without asking upstream) and ``path`` is neither held nor known absent; else
-        ``snapshot``. Only then is upstream asked (once per commit; in the bounded pool).
-
-        Raises:
-            StoreMiss: 503 (upstream busy or too slow), 502 (upstream answered another commit).
-        """
+        """``snapshot`` with upstream's whole listing of its commit when it is a cache-only answer and ``path`` is
+        neither held nor known absent (only then is upstream asked, once per commit); else ``snapshot``. Raises
+        StoreMiss: 503 (upstream busy or too slow), 502 (another commit)."""
         if (snapshot.listing is not None or path in snapshot.files or path in snapshot.absent
                 or not self._allowed(snapshot.repo_id)):
             return snapshot
@@ -211,12 +172,8 @@ class PullThroughStore:
         return resolved.snapshot if resolved is not None else snapshot
 
     def open(self, repo_file: RepoFile, snapshot: RepoSnapshot, *, head: bool = False) -> BinaryIO:
-        """The file's bytes from the cache, fetched from upstream first if the cache lacks them.
-
-        Raises:
-            StoreMiss: the fetch failed (502 bad bytes, 503 upstream unreachable, busy or too slow, ...; nothing was
-                kept), or the file vanished from the cache right after its fetch (503: a concurrent prune).
-        """
+        """The file's bytes from the cache, fetched from upstream first if it lacks them. Raises StoreMiss: the fetch
+        failed (502 bad bytes, 503 unreachable, busy or slow; nothing kept), or a prune removed it at once (503)."""
         body = self._held(snapshot, repo_file)
         if body is not None:
             if not head:
@@ -242,7 +199,6 @@ class PullThroughStore:
                             "while it was being fetched; retry", status=503, retry_after=1)
         self._touch(snapshot)
         return body
-
 
     def upstream_health(self, wait: float = HEALTH_WAIT) -> list[tuple[str, bool | None]]:
         """(endpoint, reachable) per upstream; None: not known yet. Checked in a background thread at most every
@@ -272,7 +228,6 @@ class PullThroughStore:
         if self._pruner is not None:
             self._pruner.close()
 
-
     def _stored_id(self, repo_type: str, repo_id: str) -> str:
         """The id ``repo_id`` was stored under (remembered, else a cache folder equal ignoring case), else itself."""
         return self._names.stored(repo_type, repo_id) or self.cache.spelled(repo_type, repo_id) or repo_id
@@ -284,7 +239,7 @@ class PullThroughStore:
             return None
 
     def _known(self, repo_type: str, repo_id: str, revision: str, cached: RepoSnapshot | None) -> RepoSnapshot | None:
-        """What can be answered without upstream: a fresh resolution, a known commit, a commit the cache holds."""
+        """A fresh resolution, a known commit or a commit the cache holds: answered without upstream."""
         now = time.monotonic()
         with self._lock:
             if is_commit(revision):
@@ -306,8 +261,7 @@ class PullThroughStore:
         return self._full(cached)
 
     def _full(self, cached: RepoSnapshot | None) -> RepoSnapshot | None:
-        """``cached`` with the whole repo's listing when the cache keeps it, so that what the cache lacks can still
-        be listed and fetched (pinned to those hashes); else ``cached`` itself."""
+        """``cached`` with the whole listing when the cache keeps it (what it lacks stays fetchable), else itself."""
         if cached is None or cached.listing is None:
             return cached
         revision = revision_from_listing(cached, self.cache.listing(cached))
@@ -319,9 +273,8 @@ class PullThroughStore:
         return resolved.snapshot
 
     def _resolve(self, repo_type: str, repo_id: str, revision: str, cached: RepoSnapshot | None) -> RepoSnapshot:
-        """Ask upstream; on failure serve the stale resolution or the cache, else raise the mapped StoreMiss. The
-        answer is kept under the id :func:`.upstream_ids.storage_id` picks; a 40-hex revision answered with another
-        commit is refused (502, nothing kept)."""
+        """Ask upstream (kept under :func:`.upstream_ids.storage_id`); on failure the stale resolution, the cache, or
+        the mapped StoreMiss; another commit for a 40-hex revision: 502, nothing kept."""
         try:
             request = WarmRequest(repo_id, revision=revision, repo_type=repo_type)
         except UsageError as exc:
@@ -362,17 +315,16 @@ class PullThroughStore:
             return True
         return any(_matches(asked, allow) for asked in self._names.askers(repo_id))
 
-
     def _held(self, snapshot: RepoSnapshot, repo_file: RepoFile) -> BinaryIO | None:
         """The open file when the cache holds it in this snapshot with the listed size, else None."""
         folder = RepoFolder(self.root, snapshot.repo_id, snapshot.repo_type)
-        if not _lexists(folder.pointer_path(snapshot.commit, repo_file.path)):
+        if not os.path.lexists(folder.pointer_path(snapshot.commit, repo_file.path)):
             return None
         try:
             body = self.cache.open(repo_file)
         except OSError:
             return None
-        if _size(body) != repo_file.size:
+        if os.fstat(body.fileno()).st_size != repo_file.size:
             body.close()
             return None
         return body
@@ -391,8 +343,7 @@ class PullThroughStore:
         locked = LockedRepo(request=request, canonical_id=snapshot.repo_id, commit_hash=snapshot.commit,
                             files=(LockedFile(remote.path, remote.size, remote.hash),))
         try:
-            result = fetch_pinned(locked, cache_dir=self.root, endpoint=self.config.upstreams,
-                                  token=self.config.token or False, timeout=self.config.timeout)
+            result = fetch_pinned(locked, cache_dir=self.root, hub=self.hub)
         except HfcacheError as exc:
             result = None
             error_type, message = type(exc).__name__, exc.message
@@ -407,12 +358,8 @@ class PullThroughStore:
         self._fetched(result, resolved, alias)
 
     def _listing_of(self, snapshot: RepoSnapshot) -> _Resolved | None:
-        """The upstream listing of the snapshot's commit: remembered, else asked now (the snapshot may be a
-        cache-only answer). None when upstream cannot say.
-
-        Raises:
-            StoreMiss: upstream busy or too slow (503), or it answered another commit (502).
-        """
+        """The upstream listing of the snapshot's commit, remembered or asked now; None when upstream cannot say.
+        Raises StoreMiss: busy or too slow (503), another commit (502)."""
         key = (snapshot.repo_type, snapshot.repo_id, snapshot.commit)
         with self._lock:
             resolved = self._commits.get(key) or next((r for r in self._refs.values() if (
@@ -452,16 +399,15 @@ class PullThroughStore:
             self._pruner.request()
 
     def _ref_name(self, snapshot: RepoSnapshot) -> str:
-        """The branch or tag a fetch writes as the ref (``main`` first), or the commit (no ref) when none points
-        to the snapshot's commit. Called with ``_lock`` held."""
+        """The ref a fetch writes (``main`` first), else the commit (no ref); called with ``_lock`` held."""
         names = sorted({rev for (rtype, _, rev), r in self._refs.items()
                         if rtype == snapshot.repo_type and r.snapshot.repo_id == snapshot.repo_id
                         and r.snapshot.commit == snapshot.commit}, key=lambda n: (n != "main", n))
         return names[0] if names else snapshot.commit
 
     def _touch(self, snapshot: RepoSnapshot) -> None:
-        """Record a use of the revision (its snapshot folder's mtime, :mod:`hfcache.cache.scan`), at most once a
-        second, through a descriptor of the snapshot folder opened without following a link (never by path)."""
+        """Record a use (the snapshot folder's mtime), at most once a second, through a descriptor opened without
+        following a link."""
         key = (snapshot.repo_id, snapshot.commit)
         now = time.monotonic()
         with self._lock:
@@ -483,15 +429,3 @@ class PullThroughStore:
 
 def _matches(repo_id: str, globs: tuple[str, ...]) -> bool:
     return any(fnmatch.fnmatchcase(repo_id.lower(), glob.lower()) for glob in globs)
-
-
-def _lexists(path: Path) -> bool:
-    try:
-        path.lstat()
-    except OSError:
-        return False
-    return True
-
-
-def _size(body: BinaryIO) -> int:
-    return os.fstat(body.fileno()).st_size

@@ -1,11 +1,6 @@
-"""Which answer (:mod:`.answers`) a request to the Hub protocol gets, after the token check.
-
-Routes (docs/cache-layout.md, 'The Hub protocol'):
-
-- ``GET /api/{models|datasets|kernels}/{repo_id}[/revision/{rev}]``    repo info (``HfApi.repo_info``)
-- ``GET /api/{models|datasets|kernels}/{repo_id}/tree/{rev}[/{path}]`` tree listing (``HfApi.list_repo_tree``)
-- ``HEAD|GET /[datasets/|kernels/]{repo_id}/resolve/{rev}/{path}``     file metadata and bytes (``hf_hub_download``)
-- ``GET /healthz``                                                     liveness probe
+"""Which answer (:mod:`.answers`) a request to the Hub protocol gets, after the token check (docs/cache-layout.md,
+'The Hub protocol'): ``/api/{models|datasets|kernels}/{repo_id}[/revision/{rev}]`` repo info, ``.../tree/{rev}[/path]``
+tree listing, ``/[datasets/|kernels/]{repo_id}/resolve/{rev}/{path}`` file metadata and bytes, ``/healthz``.
 """
 
 from __future__ import annotations
@@ -33,17 +28,9 @@ PATH_REPO_TYPES = {PLURALS[t]: t for t in REPO_TYPES if t != "model"}
 
 
 class Router:
-    """Answers requests from a store.
-
-    Args:
-        store (Store): the repos served.
-        token (str | None): bearer token every request but ``/healthz`` and ``public`` must carry, if set.
-        public (Mapping[str, Callable[[Request], Response]]): one-segment paths answered before the token check,
-            e.g. ``{"metrics": ...}``; ``healthz`` here replaces the plain ``ok``.
-
-    Attributes:
-        page_size (int): entries per tree listing page.
-    """
+    """Answers requests from ``store`` (Store). ``token`` (str | None): the bearer token every request but
+    ``/healthz`` and ``public`` must carry; ``public`` (Mapping[str, Callable[[Request], Response]]): one-segment paths
+    answered before the token check (a ``healthz`` replaces the plain ``ok``); ``page_size``: tree entries per page."""
 
     page_size = 50
 
@@ -76,7 +63,7 @@ class Router:
         return self._resolve(request, "model", segments)
 
     def _snapshot(self, repo_type: str, repo_id: str, revision: str) -> RepoSnapshot:
-        """The repo at a revision; raises HttpError: the store's :class:`StoreMiss` (RepoNotFound, ...)."""
+        """The repo at a revision; a :class:`StoreMiss` raised as its HttpError."""
         try:
             return self.store.snapshot(repo_type, repo_id, revision)
         except StoreMiss as miss:
@@ -95,8 +82,8 @@ class Router:
         raise HttpError(404, None, "Not found")
 
     def _resolve(self, request: Request, repo_type: str, segments: list[str]) -> Response:
-        """``/{repo_id}/resolve/{rev}/{path}``: the bytes (LFS files with the metadata a CDN redirect would carry:
-        file_download.py reads X-Linked-Etag / X-Linked-Size before ETag / Content-Length), or an error."""
+        """``/{repo_id}/resolve/{rev}/{path}``: the bytes (LFS files with X-Linked-Etag / X-Linked-Size, which
+        file_download.py reads before ETag / Content-Length), or an error."""
         repo_id, rest = split_repo_id(segments, {"resolve"})
         if len(rest) < 3 or rest[0] != "resolve":
             raise HttpError(404, None, "Not found")
@@ -128,13 +115,8 @@ def miss_error(miss: StoreMiss) -> HttpError:
 
 
 def open_body(store: Store, snapshot: RepoSnapshot, repo_file: RepoFile, *, head: bool) -> tuple[BinaryIO, int]:
-    """(open body, its length in bytes) of a file of ``snapshot``; ``head``: a HEAD request (a pull-through store then
-    answers from its listing without fetching).
-
-    Raises:
-        HttpError: 404 EntryNotFound for a file deleted since the scan or refused (a link leaving the served folder);
-            a pull-through store's miss (upstream down, bytes failing the hash).
-    """
+    """(open body, its length in bytes) of a file of ``snapshot``; ``head``: a HEAD request (nothing is fetched).
+    Raises HttpError: 404 EntryNotFound for a file gone since the scan or refused (a link); a store's miss."""
     try:
         body = store.open(repo_file, snapshot, head=head)
     except OSError:

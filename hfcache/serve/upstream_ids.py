@@ -1,10 +1,7 @@
-"""Which id the pull-through mirror stores an upstream answer under: exactly where warm follows an upstream's
-``id`` (:func:`hfcache.records.folder_ids`). A legacy id without an org (``gpt2``) answered as ``ORG/<the same
-name>`` is stored under the canonical id, its own folder filled too. Ids match without case, as the Hub resolves
-them: a case variant is stored under the id as the upstream (or a folder already in the cache) spells it, never in a
-folder of its own. Any other answer (``gpt2`` answered as ``victim-org/victim``) is not followed: kept under the id
-asked, so an upstream can never make the mirror store or answer a repo nobody asked for (nor an ``--allow`` glob
-reach one it does not match). What the mirror remembers of these answers is bounded (:class:`Names`).
+"""Which id the pull-through mirror stores an upstream answer under: exactly where warm follows an upstream's ``id``
+(:func:`hfcache.records.folder_ids`), ids matched without case (one folder per repo); any other answer is kept under
+the id asked, so an upstream can never make the mirror store or answer a repo nobody asked for (docs/serve.md, "Ids,
+as the Hub resolves them"). What the mirror remembers of these answers is bounded (:class:`Names`).
 """
 
 from __future__ import annotations
@@ -19,13 +16,8 @@ __all__ = ["Names", "keep", "storage_id"]
 
 
 def storage_id(asked: str, answered: str, spelled: Callable[[str], str | None]) -> tuple[str, str | None]:
-    """``(id to store and answer under, legacy id whose own folder is filled too or None)``.
-
-    Args:
-        asked (str): the repo id the client asked for.
-        answered (str): the id the upstream answered with.
-        spelled (Callable[[str], str | None]): the cache's spelling of an id (a folder equal ignoring case), if any.
-    """
+    """``(id to store and answer under, legacy id whose own folder is filled too or None)`` for the id ``asked``
+    (str) and the one upstream ``answered`` (str); ``spelled``: the cache's spelling of an id (without case), if any."""
     legacy = None
     if answered == asked or answered.lower() == asked.lower():
         stored = answered  # the same repo, as the upstream spells it
@@ -45,11 +37,7 @@ def storage_id(asked: str, answered: str, spelled: Callable[[str], str | None]) 
 
 class Names:
     """Bounded memory of the ids upstream resolved: asked id (ignoring case) -> stored id, and the legacy id whose
-    folder a stored id also fills. At most ``kept`` of each; the least recently used is forgotten first.
-
-    Args:
-        kept (int): entries kept per map.
-    """
+    folder a stored id also fills; at most ``kept`` (int) of each, the least recently used forgotten first."""
 
     def __init__(self, kept: int) -> None:
         self.kept = kept

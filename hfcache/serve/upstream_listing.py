@@ -1,6 +1,5 @@
 """An upstream commit's listing as the pull-through mirror keeps it: a snapshot the store serves, and the cache's
-``trees/<commit>.json`` (huggingface_hub ``_tree_cache.py`` format 1), read back after a restart (untrusted: a bad
-path, size or hash in it and it is ignored whole)."""
+``trees/<commit>.json`` (huggingface_hub ``_tree_cache.py`` format 1), read back after a restart (untrusted)."""
 
 from __future__ import annotations
 
@@ -60,9 +59,8 @@ def revision_from_listing(cached: RepoSnapshot, entries: dict[str, dict] | None)
 
 
 def write_listing(folder: RepoFolder, revision: RepoRevision) -> None:
-    """``trees/<commit>.json`` (huggingface_hub ``_tree_cache.py`` format 1): the whole repo's listing, so the cache
-    knows which files the commit lacks after a restart. Written under warm's repo lock, and only while the snapshot
-    exists (a concurrent prune removes both)."""
+    """Write ``trees/<commit>.json``, the whole repo's listing (what the commit lacks is known after a restart), under
+    warm's repo lock and only while the snapshot exists (a concurrent prune removes both)."""
     files = {}
     for f in revision.files:
         entry = {"size": f.size, "blob_id": f.blob_id or git_blob_sha1(lfs_pointer(f.lfs_sha256 or "", f.size))}
@@ -77,9 +75,8 @@ def write_listing(folder: RepoFolder, revision: RepoRevision) -> None:
                 os.close(safefs.open_dir(folder.cache_dir, (folder.name, "snapshots", commit)))
             except FileNotFoundError:
                 return
-            # Written through the descriptor of the trees/ folder the walk opened (created shared like the rest in
-            # a group-shared cache): a member swapping trees/ (or the repo folder) for a link meanwhile is never
-            # written through, and the temporary file and the rename stay in that folder.
+            # Through the trees/ descriptor the walk opened: a member swapping trees/ for a link is never written
+            # through, and the temporary file and the rename stay in that folder.
             dfd = folder.open_dir(folder.root / "trees")
             try:
                 atomic_write_at(dfd, f"{commit}.json", data, folder.policy)
@@ -90,8 +87,8 @@ def write_listing(folder: RepoFolder, revision: RepoRevision) -> None:
 
 
 def has_listing(folder: RepoFolder, commit: str) -> bool:
-    """Whether ``trees/<commit>.json`` exists (as anything: it is never overwritten), looked up without following
-    a link on the way (a planted link reads as present: nothing is written there)."""
+    """Whether ``trees/<commit>.json`` exists as anything (a planted link reads as present: never written through),
+    looked up without following a link."""
     try:
         dfd = safefs.open_dir(folder.cache_dir, (folder.name, "trees"))
     except FileNotFoundError:

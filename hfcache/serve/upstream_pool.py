@@ -1,15 +1,8 @@
-"""The pull-through mirror's upstream work, in a bounded pool of its own, so a slow upstream never starves cached
-answers (in the server's workers, 40 misses on an upstream dripping a byte a second held all 32):
-
-- the work (warm's resolution or fetch) runs here, at most ``slots`` operations at once, one per key (single
-  flight: concurrent requests for the same revision or file wait for the same operation);
-- at most ``slots`` requests wait at once; one more, or a request for new work while every slot is taken, gets 503
-  ``UpstreamUnavailable`` with ``Retry-After`` at once (huggingface_hub retries a 503 with backoff);
-- a waiting request gives up with 503 at a deadline (:class:`hfcache.pace.Deadline`: a metadata answer within
-  :func:`hfcache.pace.metadata_deadline` of ``--timeout``, a file within the throughput floor's time for its size);
-  the operation goes on in its slot and serves the next request once done.
-
-The server stack adds ``slots`` worker threads to its own (:mod:`.asgi`) for the requests waiting here.
+"""The pull-through mirror's upstream work in a bounded pool of its own, so a slow upstream never starves cached
+answers: at most ``slots`` operations (one per key: single flight) and ``slots`` waiting requests; one more gets 503
+``UpstreamUnavailable`` with ``Retry-After`` at once, and a waiting request gives up with the same 503 at its
+deadline while the operation goes on (docs/serve.md, "A slow upstream never starves cached answers"). The server
+stack adds ``slots`` worker threads to its own (:mod:`.asgi`) for the requests waiting here.
 """
 
 from __future__ import annotations
@@ -35,15 +28,13 @@ T = TypeVar("T")
 
 
 def resolve_deadline(what: str, timeout: float | None = None) -> Deadline:
-    """The deadline for a whole metadata answer (a revision's resolution): :func:`hfcache.pace.metadata_deadline` of
-    the mirror's upstream ``timeout`` (``--timeout``; ``HFCACHE_METADATA_DEADLINE`` when set)."""
+    """The deadline of a revision's resolution: :func:`hfcache.pace.metadata_deadline` of ``timeout`` (seconds)."""
     return Deadline(metadata_deadline(timeout), what)
 
 
 def fetch_deadline(size: int, what: str) -> Deadline | None:
-    """The deadline for a file of ``size`` bytes at the throughput floor (``HFCACHE_MIN_RATE`` over
-    ``HFCACHE_RATE_WINDOW``, :func:`hfcache.pace.min_rate`): the window plus ``size / rate`` seconds; None when the
-    floor is off (``HFCACHE_MIN_RATE=0``)."""
+    """The deadline of a file of ``size`` bytes at the throughput floor (:func:`hfcache.pace.min_rate`): the window
+    plus ``size / rate`` seconds; None when the floor is off."""
     rate, window = min_rate()
     if rate <= 0:
         return None
@@ -55,11 +46,7 @@ def _busy(message: str) -> StoreMiss:
 
 
 class UpstreamPool:
-    """At most ``slots`` upstream operations, one per key, and at most ``slots`` requests waiting on them.
-
-    Args:
-        slots (int): operations at once (threads of this pool) and requests waiting at once, >= 1.
-    """
+    """At most ``slots`` (int, >= 1) upstream operations, one per key, and at most ``slots`` requests waiting."""
 
     def __init__(self, slots: int) -> None:
         self.slots = slots
@@ -70,10 +57,8 @@ class UpstreamPool:
         self._local = threading.local()
 
     def run(self, key: Hashable, fn: Callable[[], T], deadline: Deadline | None) -> T:
-        """``fn()``'s result, run once per ``key`` in the pool (a request for a key in flight waits for that run).
-
-        ``fn`` must re-check what it is about to fetch (a run that finished just before may have fetched it). Called
-        from inside an operation (``fn`` needing a resolution), it runs inline, or waits for the running twin.
+        """``fn()``'s result, run once per ``key`` in the pool (a request for a key in flight waits for that run);
+        ``fn`` must re-check what it fetches. Called from inside an operation, it runs inline (or waits for the twin).
 
         Raises:
             StoreMiss: 503 ``UpstreamUnavailable`` with ``retry_after`` when every slot is taken or ``deadline``

@@ -41,14 +41,10 @@ class RepoFile:
 
     Attributes:
         path (str): POSIX path inside the repo, e.g. ``"1_Pooling/config.json"``.
-        local_path (Path): the file on disk (``FolderStore``: symlinks resolved, inside ``root``; the cache store:
-            the blob or snapshot entry, never a symlink).
-        size (int): bytes.
+        local_path (Path): the file on disk (resolved inside ``root``; in a cache the blob or snapshot entry).
+        size (int): bytes. is_lfs (bool): stored with LFS. pointer_size (int): bytes of the LFS pointer text.
         blob_id (str): git blob sha1 of what git stores: the content, or for LFS files the pointer text.
-        sha256 (str | None): of the content; None when unknown without hashing (a cache's non-LFS blob, named by
-            its git blob sha1).
-        is_lfs (bool): stored with LFS.
-        pointer_size (int): bytes of the LFS pointer text (LFS files only).
+        sha256 (str | None): of the content; None when unknown without hashing (a cache's non-LFS blob).
     """
 
     path: str
@@ -70,13 +66,11 @@ class RepoSnapshot:
     """The content of one repo at one commit.
 
     Attributes:
-        repo_type (str): ``"model"``, ``"dataset"`` or ``"kernel"``.
-        repo_id (str): canonical id, e.g. ``"google-bert/bert-base-uncased"``.
-        commit (str): 40-hex commit.
-        files (Mapping[str, RepoFile]): the files served, by path, sorted by path.
+        repo_type (str): ``"model"``, ``"dataset"`` or ``"kernel"``. repo_id (str): the canonical id.
+        commit (str): 40-hex commit. files (Mapping[str, RepoFile]): the files served, by path, sorted by path.
         absent (frozenset[str]): paths known not to exist at this commit (a cache's ``.no_exist`` markers).
-        listing (frozenset[str] | None): every path of the repo at this commit when known (a plain folder; a
-            cache's ``trees/<commit>.json``); None when the store may hold only part of the repo.
+        listing (frozenset[str] | None): every path of the repo at this commit when known (a plain folder, a
+            ``trees/<commit>.json``); None when the store may hold only part of the repo.
     """
 
     repo_type: str
@@ -92,9 +86,8 @@ class RepoSnapshot:
         return sorted({path.rsplit("/", i)[0] for path in self.files for i in range(1, path.count("/") + 1)})
 
     def knows_absent(self, path: str) -> bool:
-        """True when ``path`` (a file or folder) is known not to exist in the repo at this commit: only then may a
-        404 carry ``X-Repo-Commit``, which makes huggingface_hub write a permanent ``.no_exist`` marker
-        (file_download.py); a file the store merely does not hold must not be reported that way."""
+        """True when ``path`` (a file or folder) is known not to exist at this commit: only then may a 404 carry
+        ``X-Repo-Commit``, which makes huggingface_hub write a permanent ``.no_exist`` marker (file_download.py)."""
         if path in self.files:
             return False
         if path in self.absent:
@@ -109,13 +102,10 @@ class StoreMiss(Exception):
     """A store has no such repo or revision, or cannot get what was asked (a pull-through store's upstream failed).
 
     Attributes:
-        code (str): the ``X-Error-Code``: the Hub's ``"RepoNotFound"``, ``"RevisionNotFound"``, ``"GatedRepo"``,
-            or a pull-through mirror's ``"RepoNotAllowed"``, ``"UpstreamUnavailable"``, ``"UpstreamIntegrityError"``,
-            ``"UpstreamError"``.
-        repo_id (str | None): the canonical id, for ``RevisionNotFound``.
-        commit (str | None): a commit to send as ``X-Repo-Commit`` with the error, if any.
-        status (int): the HTTP status to answer (404 unless said otherwise).
-        retry_after (int | None): seconds for a ``Retry-After`` header (a busy or slow upstream), if any.
+        code (str): the ``X-Error-Code`` (the Hub's ``RepoNotFound``, ``RevisionNotFound``, ``GatedRepo``, or a
+            pull-through mirror's ``RepoNotAllowed``, ``UpstreamUnavailable``, ``UpstreamIntegrityError``, ...).
+        repo_id (str | None): the canonical id, for ``RevisionNotFound``. commit (str | None): ``X-Repo-Commit``.
+        status (int): the HTTP status (404 by default). retry_after (int | None): seconds for ``Retry-After``.
     """
 
     def __init__(self, code: str, message: str, *, repo_id: str | None = None, commit: str | None = None,
@@ -155,8 +145,8 @@ def is_lfs_file(path: str, size: int) -> bool:
 
 
 def open_beneath(root: str | os.PathLike[str], parts: Sequence[str]) -> BinaryIO:
-    """Open ``root/parts...`` for reading through the cache's safe opens (:func:`hfcache.cache.safefs.open_file`: no
-    link followed at any component, a FIFO never blocks the open), a regular file only.
+    """Open the regular file ``root/parts...`` for reading (:func:`hfcache.cache.safefs.open_file`: no link followed
+    at any component, ``O_NONBLOCK``: a FIFO never blocks).
 
     Raises:
         OSError: missing, a link on the way, not a regular file, a part that is empty, ``.`` or ``..``.
@@ -188,11 +178,8 @@ class HashMemo:
 
     def describe(self, path: str, local: Path, *, lfs: bool | None = None, opened: BinaryIO | None = None) -> RepoFile:
         """A RepoFile for ``local`` served as repo path ``path``; ``lfs`` None decides by the Hub's defaults.
-
-        ``opened``: ``local`` already opened by a safe walk (a cache's ``snapshots/``, where a group member can swap
-        the name for a link between a check and a use): its size and hashes come from that descriptor, never from
-        the path again. Without it (a plain folder the operator serves) the path is used.
-        """
+        ``opened``: ``local`` already opened safely (a cache's ``snapshots/``, where a member can swap the name for a
+        link): size and hashes come from that descriptor; without it (a plain folder) the path is used."""
         stat_result = os.fstat(opened.fileno()) if opened is not None else local.stat()
         key = (str(local), stat_result.st_size, stat_result.st_mtime_ns, stat_result.st_ino)
         with self._lock:
@@ -215,7 +202,6 @@ class HashMemo:
 
 
 def _hash_open(f: BinaryIO) -> tuple[str, str]:
-    """(git blob sha1, sha256) of the open file ``f`` from its start, as large as its ``fstat`` said (a file growing
-    meanwhile is hashed as it was)."""
+    """(git blob sha1, sha256) of the open file ``f`` from its start."""
     digests, _ = hash_fd(f.fileno(), (GIT_SHA1, SHA256), close=False, offset=0)
     return digests[GIT_SHA1], digests[SHA256]

@@ -1,8 +1,7 @@
-"""What reading a repo's configs adds to a selection (:attr:`hfcache.warming.selection.Selection.needs_config`):
-custom code named by ``auto_map`` and, recursively, the modules it imports relatively, found as transformers'
-``dynamic_module_utils`` finds them (regexes and ``ast``, never executed); for ``kind="model"``, the
-sentence-transformers module folders ``modules.json`` names, each selected with the root's rules. Pure functions over
-file contents the caller fetched and hash-checked.
+"""What reading a repo's configs adds to a selection: custom code named by ``auto_map`` and, recursively, the modules
+it imports relatively, found as transformers' ``dynamic_module_utils`` finds them (never executed); for
+``kind="model"``, the sentence-transformers module folders ``modules.json`` names. Pure functions over file contents
+the caller fetched and hash-checked.
 """
 
 from __future__ import annotations
@@ -15,11 +14,9 @@ from dataclasses import dataclass
 
 from ..bounds import TooDeep, loads_json
 from ..records import UnsafePath, validate_repo_path
-from .selection import (AUTO_MAP_FILES, EXPORT_DIRS, MODEL_SIDE_GLOBS, MODULES_FILE, matches, tokenizer_paths,
-                        weight_paths)
+from .selection import AUTO_MAP_FILES, MODULES_FILE, matches, model_paths
 
-#: Configs and code files larger than this are not parsed (a hostile repo's 5 GB "config.json" is not read into
-#: memory): readers return None, the file is reported in :attr:`CustomCode.unparsed`.
+#: Configs and code files larger than this are not parsed (readers return None; :attr:`CustomCode.unparsed`).
 MAX_PARSE_BYTES = 16 * 1024 * 1024
 #: The ``auto_map`` keys of a tokenizer load, per file (transformers 5.24 ``models/auto/tokenization_auto.py``:
 #: ``AutoTokenizer`` of ``tokenizer_config.json``, a dict entry or the legacy list, after ``AutoConfig`` of
@@ -29,13 +26,8 @@ _TOKENIZER_AUTO_KEYS = {"tokenizer_config.json": ("AutoTokenizer",), "config.jso
 
 def auto_map_refs(config_path: str, config_bytes: bytes, kind: str = "tokenizer") -> tuple[str, ...]:
     """The class references (``module.ClassName``, ``org/repo--module.ClassName``) a config's ``auto_map`` names, in
-    file order, without duplicates or ``null``: for ``kind="tokenizer"`` only the keys a tokenizer load uses
-    (``config_path`` picks them), else every key. A file that is not a JSON object has none.
-
-    Raises:
-        RepoDataError: JSON nested deeper than :data:`hfcache.bounds.MAX_JSON_DEPTH`, or larger than
-            :data:`MAX_PARSE_BYTES`.
-    """
+    file order, without duplicates: for ``kind="tokenizer"`` only the keys a tokenizer load uses, else every key.
+    Raises RepoDataError: nested deeper than :data:`hfcache.bounds.MAX_JSON_DEPTH`, larger than MAX_PARSE_BYTES."""
     if len(config_bytes) > MAX_PARSE_BYTES:
         raise RepoDataError(f"{config_path} is larger than {MAX_PARSE_BYTES} bytes: not parsed")
     try:
@@ -59,9 +51,8 @@ def auto_map_refs(config_path: str, config_bytes: bytes, kind: str = "tokenizer"
 
 
 def module_path(class_ref: str) -> str | None:
-    """The repo path of a class reference's module, as transformers derives it (``get_class_from_dynamic_module``:
-    ``module_file, class_name = ref.split(".")``, then ``module_file + ".py"``); None for a reference into another
-    repo (``org/repo--module.Class``: warm that repo) or one transformers could not load either."""
+    """The repo path of a class reference's module, as transformers' ``get_class_from_dynamic_module`` derives it;
+    None for a reference into another repo (``org/repo--module.Class``) or one transformers could not load."""
     if "--" in class_ref:
         return None
     parts = class_ref.split(".")
@@ -82,10 +73,9 @@ _RELATIVE_IMPORT_RES = (re.compile(r"^[^\S\n]*import\s+\.(\S+)\s*$", re.MULTILIN
 
 
 def relative_imports(source: bytes, path: str) -> tuple[str, ...]:
-    """The repo paths of the modules a custom-code file imports relatively, which transformers fetches beside it
-    (:data:`_RELATIVE_IMPORT_RES`: ``from .NAME import`` is ``<folder>/NAME.py``, NAME taken literally, so
-    ``from ..up import`` asks for ``.up.py``), with an ``ast`` walk for statements the regexes miss (after ``;``).
-    Names that are not safe repo paths are dropped (transformers' fetch of them fails too). Never executed."""
+    """The repo paths of the modules a custom-code file imports relatively (``from .NAME import`` is
+    ``<folder>/NAME.py``, NAME taken literally), by :data:`_RELATIVE_IMPORT_RES` and an ``ast`` walk (statements
+    after ``;``); names that are not safe repo paths are dropped. Never executed."""
     text = source.decode("utf-8", errors="replace")
     names = [m.group(1) for regex in _RELATIVE_IMPORT_RES for m in regex.finditer(text)]
     try:
@@ -105,10 +95,9 @@ def relative_imports(source: bytes, path: str) -> tuple[str, ...]:
 
 @dataclass(frozen=True)
 class CustomCode:
-    """The custom code a repo's configs name, each sorted: ``paths`` to fetch (the modules ``auto_map`` names and,
-    recursively, those they import relatively); ``absent``, named but missing (``.no_exist`` markers: an offline
-    load fails at once with "no file named", not "couldn't connect"); ``foreign`` class references into other repos
-    (not fetched); ``unparsed`` files larger than :data:`MAX_PARSE_BYTES` (what they name is not followed)."""
+    """The custom code a repo's configs name, each sorted: ``paths`` to fetch; ``absent``, named but missing
+    (``.no_exist`` markers: an offline load fails at once); ``foreign`` class references into other repos (not
+    fetched); ``unparsed`` files larger than :data:`MAX_PARSE_BYTES` (not followed)."""
 
     paths: tuple[str, ...] = ()
     absent: tuple[str, ...] = ()
@@ -124,12 +113,8 @@ def foreign_repos(refs: Iterable[str]) -> tuple[str, ...]:
 def custom_code_paths(configs: Iterable[str], read: Callable[[str], bytes | None], available: Iterable[str],
                       kind: str = "tokenizer", exclude: Sequence[str] = ()) -> CustomCode:
     """Follow ``auto_map`` from ``configs`` to the Python files a load runs, executing none: ``read(path)`` gives a
-    file's bytes (None above :data:`MAX_PARSE_BYTES`), only for paths of ``available``; ``exclude`` globs are never
-    fetched nor marked.
-
-    Raises:
-        RepoDataError: a config nested too deeply to parse (:func:`auto_map_refs`).
-    """
+    file's bytes (None above :data:`MAX_PARSE_BYTES`) for paths of ``available``; ``exclude`` globs are never fetched
+    nor marked. Raises RepoDataError: a config nested too deeply to parse."""
     have = set(available)
     unparsed: list[str] = []
 
@@ -157,14 +142,9 @@ def custom_code_paths(configs: Iterable[str], read: Callable[[str], bytes | None
 
 
 def module_folder_paths(modules_bytes: bytes, available: Iterable[str]) -> tuple[set[str], tuple[str, ...]]:
-    """``(paths, index_files)`` a sentence-transformers load reads from the folders ``modules.json`` (a JSON list of
-    ``{"path": ...}``; anything else names none) names: per folder, its tokenizer files, small side files and weights
-    in ONE format (as at the root), and the sharded indexes among them to follow.
-
-    Raises:
-        RepoDataError: ``modules.json`` nested deeper than :data:`hfcache.bounds.MAX_JSON_DEPTH` or larger than
-            :data:`MAX_PARSE_BYTES`.
-    """
+    """``(paths, index_files)`` a sentence-transformers load reads from the folders ``modules.json`` names (a JSON list
+    of ``{"path": ...}``): per folder, what the root's rules select, and the sharded indexes among them. Raises
+    RepoDataError: nested too deeply, or larger than :data:`MAX_PARSE_BYTES`."""
     if len(modules_bytes) > MAX_PARSE_BYTES:
         raise RepoDataError(f"{MODULES_FILE} is larger than {MAX_PARSE_BYTES} bytes: not parsed")
     try:
@@ -186,18 +166,16 @@ def module_folder_paths(modules_bytes: bytes, available: Iterable[str]) -> tuple
         except UnsafePath:
             continue
         inside = {p[len(folder) + 1:] for p in have if p.startswith(folder + "/")}
-        weights, index_files = weight_paths(inside)
-        side = {p for p in inside if matches(p, MODEL_SIDE_GLOBS) and not p.startswith(EXPORT_DIRS)}
-        chosen |= {f"{folder}/{p}" for p in tokenizer_paths(inside) | side | weights}
+        picked, index_files = model_paths(inside)
+        chosen |= {f"{folder}/{p}" for p in picked}
         indexes += [f"{folder}/{i}" for i in index_files]
     return chosen, tuple(indexes)
 
 
 @dataclass(frozen=True)
 class Followed:
-    """What reading a selection's :attr:`Selection.needs_config` adds: ``paths`` to fetch, ``absent`` names to mark
-    (``.no_exist``), ``needs_index`` sharded indexes to follow next, ``foreign`` custom-code references into other
-    repos (not fetched), ``unparsed`` files too large to parse (:attr:`CustomCode.unparsed`)."""
+    """What reading a selection's configs adds: ``paths``, ``absent``, ``foreign`` and ``unparsed`` as in
+    :class:`CustomCode`, and ``needs_index``, the sharded indexes to follow next."""
 
     paths: tuple[str, ...] = ()
     absent: tuple[str, ...] = ()
@@ -216,12 +194,8 @@ class Followed:
 
 def follow_configs(needs_config: Sequence[str], read: Callable[[str], bytes | None], available: Iterable[str],
                    kind: str = "tokenizer", exclude: Sequence[str] = ()) -> Followed:
-    """Finish a selection from the configs it needs: custom code named by ``auto_map`` (:func:`custom_code_paths`)
-    and sentence-transformers module folders (:func:`module_folder_paths`); arguments as :func:`custom_code_paths`.
-
-    Raises:
-        RepoDataError: a config nested too deeply to parse; the message names the file.
-    """
+    """Finish a selection from the configs it needs (:func:`custom_code_paths`, :func:`module_folder_paths`;
+    arguments as the first). Raises RepoDataError: a config nested too deeply to parse, naming the file."""
     have = set(available)
     code = custom_code_paths([c for c in needs_config if c in AUTO_MAP_FILES], read, have, kind, exclude)
     modules: set[str] = set()

@@ -1,10 +1,7 @@
-"""The lock (``hfcache.lock``) hfcache writes from the manifest (:mod:`hfcache.warming.manifest`) users write.
-
-Deterministic, in the manner of pip-tools' ``writer.py`` and ``uv.lock``: sorted entries, stable formatting, LF, a
-header naming the command that regenerates it, a schema ``version``; no timestamps, hostnames, absolute paths or
-tokens; every file with its size and algorithm-prefixed hash. Also here: the manifest that goes with a lock, drift
-between the two, and the stat-only check of a cache against the lock. Light (standard library, tomli-w, records and
-the cache layout): ``warm --lock`` on a warm cache needs no more (no huggingface_hub, no HTTP client).
+"""The lock (``hfcache.lock``), written from the manifest: deterministic as pip-tools' ``writer.py`` and ``uv.lock``
+(sorted, stable, a regenerate header, a schema ``version``; no timestamps, hosts, absolute paths or tokens), every file
+with its size and prefixed hash. Also: the manifest that goes with a lock, drift, and the stat-only check of a cache
+against it. Light (no huggingface_hub): ``warm --lock`` on a warm cache needs no more.
 """
 
 from __future__ import annotations
@@ -24,10 +21,29 @@ from ..cache.layout import RepoFolder
 from ..cache.root import cache_error, resolve_cache_dir
 from ..errors import CacheError, UsageError
 from ..names import is_commit, is_prefixed_hash
-from ..records import (MAX_FILE_SIZE, UnsafePath, WarmRequest, folder_ids, shown, valid_repo_id, valid_size,
-                       validate_repo_path)
-from .manifest import (ENTRY_KEYS, MANIFEST_NAME, Manifest, ManifestNotFound, find_manifest, load_manifest,
-                       manifest_entry, read_toml, request_key, str_list, unique_entries)
+from ..records import (
+    MAX_FILE_SIZE,
+    UnsafePath,
+    WarmRequest,
+    folder_ids,
+    shown,
+    valid_repo_id,
+    valid_size,
+    validate_repo_path,
+)
+from .manifest import (
+    ENTRY_KEYS,
+    MANIFEST_NAME,
+    Manifest,
+    ManifestNotFound,
+    find_manifest,
+    load_manifest,
+    manifest_entry,
+    read_toml,
+    request_key,
+    str_list,
+    unique_entries,
+)
 
 LOCK_VERSION = 1
 LOCK_NAME = "hfcache.lock"
@@ -52,9 +68,8 @@ class LockedFile:
 @dataclass(frozen=True)
 class LockedRepo:
     """One repo pinned by the lock: the manifest entry it was resolved from (``request``), the ``canonical_id`` the
-    endpoint answered, the 40-hex ``commit_hash``, the selected ``files`` sorted by path, the ``absent`` optional
-    tokenizer names (``.no_exist`` markers), and ``notes`` found while resolving it (``custom_code.Followed.notes``),
-    reported by ``hfcache lock``, not written."""
+    endpoint answered, the 40-hex ``commit_hash``, the ``files`` sorted by path, the ``absent`` names (``.no_exist``
+    markers), and ``notes`` found while resolving it (reported by ``hfcache lock``, not written)."""
 
     request: WarmRequest
     canonical_id: str
@@ -82,8 +97,7 @@ class Lockfile:
 
 @dataclass(frozen=True)
 class CacheStatus:
-    """Whether a cache already holds a locked ``repo`` (``stat`` calls only): ``missing`` lists what is absent or
-    wrong (``"<folder>/snapshots/<commit12>/vocab.txt: missing"``); empty when the cache satisfies it."""
+    """Whether a cache holds a locked ``repo``: ``missing`` lists what is absent or wrong (empty: satisfied)."""
 
     repo: LockedRepo
     missing: tuple[str, ...] = field(default=())
@@ -95,13 +109,9 @@ class CacheStatus:
 
 def lock_manifest(lock_path: str | os.PathLike[str], manifest_path: str | os.PathLike[str] | None = None, *,
                   required: bool = False) -> Manifest | None:
-    """The manifest that goes with a lock: ``manifest_path`` (``--manifest``), else ``hfcache.toml`` or a
-    ``pyproject.toml`` with ``[tool.hfcache]`` in the lock's folder; None when there is none and none is
-    ``required`` (a lock alone, e.g. copied into an image, is enough).
-
-    Raises:
-        UsageError: the manifest is given or required but missing, or it exists but is invalid.
-    """
+    """The manifest that goes with a lock: ``manifest_path`` (``--manifest``), else one in the lock's folder; None
+    when there is none and none is ``required`` (a lock alone is enough). Raises UsageError: given or required but
+    missing, or invalid."""
     if manifest_path is not None or required:
         return load_manifest(find_manifest(manifest_path, start=Path(lock_path).parent))
     try:
@@ -112,13 +122,9 @@ def lock_manifest(lock_path: str | os.PathLike[str], manifest_path: str | os.Pat
 
 def lock_cache_dir(lock_path: str | os.PathLike[str], cache_dir: str | os.PathLike[str] | None = None, *,
                    manifest: Manifest | None = None) -> Path:
-    """The cache every ``--lock`` command works on (README "Which cache a --lock command uses"), absolute and not
-    checked: ``cache_dir`` when given; else the lock's manifest's (``manifest`` if loaded, else
-    :func:`lock_manifest`); else the environment's.
-
-    Raises:
-        UsageError: the manifest is given but missing, or exists but is invalid.
-    """
+    """The cache every ``--lock`` command works on (README "Which cache a --lock command uses"), absolute, not
+    checked: ``cache_dir``, else the lock's manifest's (``manifest`` if loaded), else the environment's. Raises
+    UsageError: as :func:`lock_manifest`."""
     if cache_dir is not None:
         return resolve_cache_dir(cache_dir)
     if manifest is None:
@@ -126,13 +132,8 @@ def lock_cache_dir(lock_path: str | os.PathLike[str], cache_dir: str | os.PathLi
     return resolve_cache_dir(manifest.cache_dir if manifest is not None and manifest.cache_dir else None)
 
 
-def default_lock_path(manifest_path: Path) -> Path:
-    return manifest_path.parent / LOCK_NAME
-
-
 def render_lock(lock: Lockfile, manifest_name: str = MANIFEST_NAME) -> bytes:
-    """The lock's exact bytes: the header (``manifest_name``, relative, in the regenerate command), then TOML from
-    tomli-w with keys in a fixed order."""
+    """The lock's exact bytes: the header (``manifest_name`` in the regenerate command), then TOML in a fixed order."""
     repos = [{"repo_id": r.request.repo_id, "revision": r.request.revision, "repo_type": r.request.repo_type,
               "kind": r.request.kind, "include": list(r.request.include), "exclude": list(r.request.exclude),
               "canonical_id": r.canonical_id, "commit_hash": r.commit_hash, "absent": list(r.absent),
@@ -162,12 +163,8 @@ def write_lock(lock: Lockfile, path: Path, manifest_name: str = MANIFEST_NAME) -
 
 
 def read_lock(path: str | os.PathLike[str]) -> Lockfile:
-    """Read and validate a lock.
-
-    Raises:
-        UsageError: unreadable, invalid TOML, a newer schema version, a missing or malformed field, a file path
-            that escapes the repo; the message names the file, entry and field.
-    """
+    """Read and validate a lock. Raises UsageError: unreadable, invalid TOML, a newer schema, a missing or malformed
+    field, a path escaping the repo; naming the file, entry and field."""
     path = Path(path)
     data = read_toml(path, "lock")
     version = data.get("version")
@@ -229,13 +226,8 @@ def _locked_repo(entry: dict[str, Any], where: str) -> LockedRepo:
 
 
 def _canonical_id(canonical_id: Any, repo_id: str, where: str) -> str:
-    """The entry's ``canonical_id`` if it keeps warm's rule (:func:`hfcache.records.folder_ids`): ``repo_id``, or
-    ``ORG/<the same name>`` for a legacy id. The lock is authority for commits and hashes, never for which repo they
-    are of: another id would install that repo's files under ``repo_id``'s folder.
-
-    Raises:
-        UsageError: (exit 2) not a valid repo id, or one that breaks the rule; the message names the entry.
-    """
+    """The entry's ``canonical_id`` if it keeps warm's rule (:func:`hfcache.records.folder_ids`): the lock is
+    authority for commits and hashes, never for which repo they are of. Raises UsageError naming the entry."""
     if not isinstance(canonical_id, str) or not valid_repo_id(canonical_id):
         raise UsageError(f"{where}: field 'canonical_id' must be a valid repo id, got {shown(canonical_id)}",
                          hint=_HOSTILE)
@@ -248,8 +240,8 @@ def _canonical_id(canonical_id: Any, repo_id: str, where: str) -> str:
 
 
 def _lock_repo_path(path: str, where: str) -> str:
-    """A file path or absent name of a lock, if a safe relative repo path the OS can hold
-    (:func:`hfcache.records.validate_repo_path`), else UsageError (exit 2) naming ``where``."""
+    """A file path or absent name of a lock, if a safe repo path (:func:`hfcache.records.validate_repo_path`), else
+    UsageError naming ``where``."""
     try:
         return validate_repo_path(path)
     except UnsafePath as exc:
@@ -257,8 +249,7 @@ def _lock_repo_path(path: str, where: str) -> str:
 
 
 def drift(manifest: Manifest, lock: Lockfile) -> tuple[str, ...]:
-    """Where the lock no longer matches the manifest, one line per difference, sorted (an entry missing from the
-    lock, one no longer in the manifest, one whose fields changed); empty when it matches."""
+    """Where the lock no longer matches the manifest, one line per difference, sorted; empty when it matches."""
     problems = []
     wanted = {request_key(r): r for r in manifest.repos}
     locked = {request_key(r.request): r for r in lock.repos}
@@ -286,9 +277,8 @@ def lock_relative_name(manifest_path: Path, lock_path: Path) -> str:
 
 
 def cache_status(repo: LockedRepo, cache_dir: Path) -> CacheStatus:
-    """Whether ``cache_dir`` holds ``repo`` as locked, from ``stat`` calls only (hashes are ``verify``'s job: a warm
-    rebuild stays milliseconds): in every folder of the repo, ``refs/<revision>`` is the commit, every file's
-    snapshot entry a regular file of the locked size, every absent name marked in ``.no_exist``."""
+    """Whether ``cache_dir`` holds ``repo`` as locked, from ``stat`` calls only (hashes are ``verify``'s job): in
+    every folder, the ref, a regular file of the locked size per file, a ``.no_exist`` marker per absent name."""
     missing = []
     for folder in repo.folders(cache_dir):
         rel = folder.name
@@ -320,8 +310,7 @@ def cache_status(repo: LockedRepo, cache_dir: Path) -> CacheStatus:
 
 
 def _top_level_markers(folder: Path) -> set[str]:
-    """The regular files directly in a ``.no_exist/<commit>`` folder, from one ``scandir`` instead of a stat per
-    absent name (others, in subfolders, are checked one by one)."""
+    """The regular files directly in a ``.no_exist/<commit>`` folder (one ``scandir``, not a stat per name)."""
     try:
         with os.scandir(folder) as entries:
             return {e.name for e in entries if e.is_file(follow_symlinks=False)}
@@ -334,11 +323,8 @@ def cache_statuses(lock: Lockfile, cache_dir: Path) -> list[CacheStatus]:
 
 
 def filter_upgrade(repos: Iterable[WarmRequest], names: Sequence[str]) -> set[tuple[str, str, str]]:
-    """The keys of manifest entries that ``--upgrade NAME...`` selects (all of them when ``names`` is empty).
-
-    Raises:
-        UsageError: a name is not a repo id of the manifest.
-    """
+    """The keys of the manifest entries ``--upgrade NAME...`` selects (all when ``names`` is empty); UsageError for a
+    name that is not a repo id of the manifest."""
     repos = list(repos)
     known = {r.repo_id for r in repos}
     unknown = [n for n in names if n not in known]

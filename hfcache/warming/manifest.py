@@ -1,8 +1,6 @@
-"""The manifest (``hfcache.toml``, or ``[tool.hfcache]`` in ``pyproject.toml``): what the user asks to warm.
-
-Finding it, reading and validating it into :class:`Manifest` (the entry rules are shared with the lock,
-:mod:`hfcache.warming.lockfile`), and who gets the Hub token when it names the endpoints. Light like the lock's
-module: standard library (``tomllib``) and hfcache's records only.
+"""The manifest (``hfcache.toml``, or ``[tool.hfcache]`` in ``pyproject.toml``: docs/warm.md, 'Pinning'): finding,
+reading and validating it (the entry rules are shared with the lock), and who gets the Hub token when it names the
+endpoints. Light: standard library and hfcache's records only.
 """
 
 from __future__ import annotations
@@ -36,9 +34,8 @@ class ManifestNotFound(UsageError):
 
 @dataclass(frozen=True)
 class Manifest:
-    """What the user asked for: ``path`` read, ``endpoints`` in order of preference (empty: none set),
-    ``cache_dir`` (relative to the manifest's folder, or None), ``repos`` (one WarmRequest per entry, in file order).
-    """
+    """What the user asked for: ``path`` read, ``endpoints`` in order (empty: none set), ``cache_dir`` (relative to
+    the manifest's folder, or None), ``repos`` (one WarmRequest per entry, in file order)."""
 
     path: Path
     endpoints: tuple[str, ...]
@@ -53,11 +50,7 @@ def request_key(request: WarmRequest) -> tuple[str, str, str]:
 
 def find_manifest(path: str | os.PathLike[str] | None = None, start: Path | None = None) -> Path:
     """The manifest to use: ``path`` when given, else ``hfcache.toml`` or a ``pyproject.toml`` with a
-    ``[tool.hfcache]`` table in ``start`` (default: the working directory).
-
-    Raises:
-        ManifestNotFound: nothing found (a UsageError).
-    """
+    ``[tool.hfcache]`` table in ``start`` (default: the working directory). Raises ManifestNotFound (a UsageError)."""
     if path is not None:
         return Path(path)
     folder = start or Path.cwd()
@@ -93,14 +86,8 @@ def read_toml(path: Path, what: str) -> dict[str, Any]:
 
 
 def load_manifest(path: str | os.PathLike[str]) -> Manifest:
-    """Read and validate a manifest (the shape: docs/warm.md, 'Pinning': optional ``endpoint``, a URL or a list,
-    optional ``cache_dir``, ``[[repos]]`` with ``repo_id`` and optional ``revision``, ``kind``, ``include``,
-    ``exclude``, ``repo_type``).
-
-    Raises:
-        UsageError: unreadable file, invalid TOML, unknown key, wrong type or value, duplicate entry; the message
-            names the file, the entry and the field.
-    """
+    """Read and validate a manifest (its shape: docs/warm.md, 'Pinning'). Raises UsageError: unreadable, invalid
+    TOML, unknown key, wrong type or value, duplicate entry; naming the file, the entry and the field."""
     path = Path(path)
     data = read_toml(path, "manifest")
     if path.name == "pyproject.toml":
@@ -129,24 +116,15 @@ def load_manifest(path: str | os.PathLike[str]) -> Manifest:
     if not entries:
         raise UsageError(f"{where}: no [[repos]] entries", hint="add at least one [[repos]] with a repo_id")
     repos = unique_entries((manifest_entry(e, f"{where}: repos[{i}]") for i, e in enumerate(entries)), where)
-    return Manifest(
-        path=path,
-        endpoints=tuple(e.rstrip("/") for e in endpoint or ()),
-        # ``~`` only, never environment variables: ``${HF_TOKEN}`` in a manifest would put the token in a folder
-        # name, the output and an image layer (docs/warm.md).
-        cache_dir=_manifest_cache_dir(path, cache_dir, where) if cache_dir else None,
-        repos=tuple(repos),
-    )
+    # cache_dir: ``~`` only, never environment variables (``${HF_TOKEN}`` would put the token in a folder name).
+    return Manifest(path=path, endpoints=tuple(e.rstrip("/") for e in endpoint or ()), repos=tuple(repos),
+                    cache_dir=_manifest_cache_dir(path, cache_dir, where) if cache_dir else None)
 
 
 def unique_entries(items: Iterable[T], where: str, request: Callable[[T], WarmRequest] = lambda item: item,
                    hint: str | None = None) -> list[T]:
-    """``items`` (entries of the manifest or lock ``where``, read one by one) as a list, when no two ``request(item)``
-    share a :func:`request_key`.
-
-    Raises:
-        UsageError: ``repos[j] (spec) repeats repos[i]``, with ``hint``.
-    """
+    """``items`` (entries of the manifest or lock ``where``) as a list, when no two ``request(item)`` share a
+    :func:`request_key`; else UsageError ``repos[j] (spec) repeats repos[i]``, with ``hint``."""
     seen: dict[tuple[str, str, str], int] = {}
     out = []
     for index, item in enumerate(items):
@@ -156,14 +134,6 @@ def unique_entries(items: Iterable[T], where: str, request: Callable[[T], WarmRe
         seen[key] = index
         out.append(item)
     return out
-
-
-def trusts_manifest_endpoint(flag: bool = False, environ: dict[str, str] | None = None) -> bool:
-    """Whether the user opted in to sending the Hub token to a manifest's ``endpoint``: ``flag``
-    (``--trust-manifest-endpoint``) or ``HFCACHE_TRUST_MANIFEST_ENDPOINT=1`` (``true``, ``yes``). A key in the manifest
-    never counts: the manifest is the text the opt-in is about."""
-    env = os.environ if environ is None else environ
-    return flag or env.get(TRUST_ENDPOINT_ENV, "").strip().lower() in ("1", "true", "yes")
 
 
 def withheld_endpoints(endpoints: Sequence[str], trusted: bool,
@@ -189,20 +159,17 @@ def withheld_endpoints(endpoints: Sequence[str], trusted: bool,
 
 def with_manifest_endpoints(hub: HubOptions, endpoints: Sequence[str], trust: bool = False) -> HubOptions:
     """``hub`` for a manifest that names ``endpoints``: the endpoints given win; else the manifest's, the token
-    withheld from those the user did not opt in to (``trust``: :func:`trusts_manifest_endpoint`)."""
+    withheld from those the user did not opt in to (``trust``: ``--trust-manifest-endpoint``, or
+    ``HFCACHE_TRUST_MANIFEST_ENDPOINT=1``; never a key of the manifest, the text the opt-in is about)."""
     if hub.endpoints or not endpoints:
         return hub
-    return replace(hub, endpoints=tuple(endpoints),
-                   withheld=withheld_endpoints(endpoints, trusts_manifest_endpoint(trust)))
+    trust = trust or os.environ.get(TRUST_ENDPOINT_ENV, "").strip().lower() in ("1", "true", "yes")
+    return replace(hub, endpoints=tuple(endpoints), withheld=withheld_endpoints(endpoints, trust))
 
 
 def _manifest_cache_dir(path: Path, cache_dir: str, where: str) -> Path:
-    """The manifest's ``cache_dir`` relative to its folder, ``~``/``~user`` expanded, checked as soon as it is read.
-
-    Raises:
-        UsageError: (exit 2) a NUL byte, a component over 255 bytes, a path of 4096 bytes or more, or a ``~user``
-            that does not exist (:func:`hfcache.cache.root.check_path_text`, :func:`hfcache.cache.root.expand_user`).
-    """
+    """The manifest's ``cache_dir`` relative to its folder, ``~``/``~user`` expanded and checked
+    (:func:`hfcache.cache.root.check_path_text`, ``expand_user``: UsageError)."""
     from ..cache.root import check_path_text, expand_user
 
     what = f"{where}: field 'cache_dir'"
@@ -219,7 +186,7 @@ def str_list(value: Any, where: str, key: str) -> tuple[str, ...]:
 
 
 def manifest_entry(entry: dict[str, Any], where: str) -> WarmRequest:
-    """One ``[[repos]]`` entry (of the manifest, or the request part of a locked repo) as a WarmRequest."""
+    """One ``[[repos]]`` entry (of the manifest, or a locked repo's request) as a WarmRequest."""
     repo_id = entry.get("repo_id")
     if not isinstance(repo_id, str) or not repo_id:
         raise UsageError(f"{where}: field 'repo_id' is required and must be a string")

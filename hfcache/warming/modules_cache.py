@@ -1,20 +1,12 @@
-"""Where transformers copies custom code (``trust_remote_code``) before importing it, and what to do when it cannot.
-
-transformers 5.24 ``utils/hub.py`` reads once, at import: ``HF_MODULES_CACHE = os.getenv("HF_MODULES_CACHE",
-os.path.join(constants.HF_HOME, "modules"))`` (huggingface_hub's ``HF_HOME``: ``HF_HOME``, else
-``$XDG_CACHE_HOME/huggingface``, else ``~/.cache/huggingface``). Every load of custom code, even offline from a
-read-only cache, creates ``transformers_modules/<repo>/<commit>/`` there, copies the code into it and imports it from
-there (``dynamic_module_utils.py``): with a read-only HOME (a hardened pod) that write fails.
-
-hfcache's choice (``env``, ``exec``): keep a writable default and any explicit ``HF_MODULES_CACHE``; otherwise point
-``HF_MODULES_CACHE`` at ``<tmp>/hfcache-modules-<uid>`` (``TMPDIR``, else ``/tmp``: writable in containers with a
-read-only root). transformers imports whatever Python it finds there, so the folder is private (0700) and reused
-only while it is a real folder of this user; a link or another user's folder is refused, naming it (never a new
-folder per call: ``env`` must print the same path every time). Its content is a copy of code in the cache.
+"""Where transformers copies custom code before importing it (``HF_MODULES_CACHE``, read once at import by
+transformers 5.24 ``utils/hub.py``; every load of custom code writes there, even offline), the private folder
+``env``/``exec`` point it at when the default cannot be written (docs/models.md, docs/offline.md), and which cached
+revisions name custom code.
 """
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import stat
@@ -34,7 +26,7 @@ ENV_NAME = "HF_MODULES_CACHE"
 
 def hf_home(environ: Mapping[str, str]) -> Path:
     """huggingface_hub ``constants.HF_HOME`` in ``environ``: ``HF_HOME``, else ``$XDG_CACHE_HOME/huggingface``, else
-    ``~/.cache/huggingface`` (``expanduser`` + ``expandvars``, as constants.py does)."""
+    ``~/.cache/huggingface``, expanded as constants.py does."""
     default = os.path.join(environ.get("XDG_CACHE_HOME", os.path.join(os.path.expanduser("~"), ".cache")),
                            "huggingface")
     return Path(os.path.expandvars(os.path.expanduser(environ.get("HF_HOME", default))))
@@ -49,8 +41,8 @@ def modules_cache(environ: Mapping[str, str]) -> tuple[Path, bool]:
 
 
 def can_create(path: Path) -> bool:
-    """Whether this user can write ``path`` (a folder), or create it: ``os.access`` on it or its nearest existing
-    parent (``access(2)`` also answers False on a read-only filesystem, for root too)."""
+    """Whether this user can write (or create) the folder ``path``: ``os.access`` on its nearest existing part
+    (False on a read-only filesystem, for root too)."""
     probe = path
     while not probe.exists():
         if probe == probe.parent:
@@ -60,20 +52,14 @@ def can_create(path: Path) -> bool:
 
 
 def private_modules_dir(tmp: str | None = None) -> Path:
-    """A folder for ``HF_MODULES_CACHE`` only this user can write: ``<tmp>/hfcache-modules-<uid>``, created 0700 (the
-    same path on every call); one of this user that others can write is made 0700 again.
-
-    Raises:
-        CacheError: that path is a link, not a folder, or another user's (someone may plant code there that
-            transformers would import), naming it. OSError: the folder cannot be created.
-    """
+    """``<tmp>/hfcache-modules-<uid>``, a folder only this user can write (created 0700, the same path on every call;
+    made 0700 again if others can write it). Raises CacheError: a link, not a folder, or another user's (code
+    planted there would be imported); OSError: it cannot be created."""
     base = tmp or tempfile.gettempdir()
     uid = os.geteuid() if hasattr(os, "geteuid") else 0
     path = Path(base) / f"hfcache-modules-{uid}"
-    try:
+    with contextlib.suppress(FileExistsError):
         path.mkdir(mode=0o700)
-    except FileExistsError:
-        pass
     # Judged and chmod-ed through one descriptor that followed no link: in a TMPDIR others can write (no sticky bit)
     # they could swap the name for a link between a check and a chmod by path (which would chmod the link's target).
     try:
@@ -106,13 +92,8 @@ def _not_private(path: Path, what: str, uid: int) -> CacheError:
 
 
 def modules_cache_override(environ: Mapping[str, str]) -> Path | None:
-    """The ``HF_MODULES_CACHE`` value ``env``/``exec`` set for ``environ`` (the command's environment, offline
-    variables included): None when it names one or its default can be written; else :func:`private_modules_dir`
-    (created now, in ``environ``'s ``TMPDIR`` when set).
-
-    Raises:
-        CacheError: the private folder's path is a link or another user's folder (:func:`private_modules_dir`).
-    """
+    """The ``HF_MODULES_CACHE`` ``env``/``exec`` set for ``environ`` (the command's environment): None when it names
+    one or its default can be written, else :func:`private_modules_dir` (in its ``TMPDIR``; CacheError as there)."""
     path, explicit = modules_cache(environ)
     if explicit or can_create(path):
         return None
@@ -121,8 +102,8 @@ def modules_cache_override(environ: Mapping[str, str]) -> Path | None:
 
 @dataclass(frozen=True)
 class CustomCodeRepo:
-    """A cached revision whose configs' ``auto_map`` names custom code: ``repo_id``, ``commit_hash``, and the class
-    references (``module.Class``); or whose config cannot be parsed: ``error`` says which (``refs`` empty)."""
+    """A cached revision whose configs' ``auto_map`` names custom code (``refs``: ``module.Class``), or whose config
+    cannot be parsed (``error``)."""
 
     repo_id: str
     commit_hash: str
@@ -137,9 +118,8 @@ def sanitize_module_name(name: str) -> str:
 
 
 def holds_code(modules_dir: Path, repo: CustomCodeRepo) -> bool:
-    """Whether ``modules_dir`` already holds the copies transformers would make for ``repo``: its named modules in
-    ``transformers_modules/<org>/<name>/<commit>/`` (``dynamic_module_utils.get_cached_module_file``; a file already
-    there is not copied again, so a read-only modules cache that holds them still loads)."""
+    """Whether ``modules_dir`` already holds the copies transformers would make for ``repo`` (a file already there is
+    not copied again: ``dynamic_module_utils.get_cached_module_file``)."""
     modules = {m for m in (module_path(r) for r in repo.refs) if m}
     if not modules or len(modules) != len(repo.refs):
         return False  # nothing to look for, or code in another repo (its own folder)
@@ -152,10 +132,8 @@ def holds_code(modules_dir: Path, repo: CustomCodeRepo) -> bool:
 
 
 def custom_code_repos(cache_dir: Path) -> list[CustomCodeRepo]:
-    """Every cached model revision whose ``tokenizer_config.json`` or ``config.json`` has an ``auto_map`` (any key: a
-    model load runs ``AutoModel`` code too), from at most two small files per snapshot (doctor runs this on caches of
-    10,000 repos); unreadable files are skipped; a config no parser can read gives a :class:`CustomCodeRepo` with
-    ``error``."""
+    """Every cached model revision whose ``tokenizer_config.json`` or ``config.json`` has an ``auto_map`` (any key),
+    from at most two small files per snapshot; unreadable files are skipped, unparsable ones reported (``error``)."""
     found = []
     for folder in _scandir(str(cache_dir)):
         parsed = parse_folder_name(folder.name) if folder.name.startswith("models--") else None

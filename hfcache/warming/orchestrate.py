@@ -1,14 +1,8 @@
-"""warm: download a selection of repo files into a cache, verified, in huggingface_hub's own layout.
-
-:func:`warm_repos` runs one :class:`hfcache.warming.repo_job.RepoJob` per repo, all at once: one request resolves the
-revision and lists every file with its hash (``HubClient.resolve``), :mod:`hfcache.warming.selection` picks the files,
-each missing blob is downloaded by :mod:`hfcache.hub.transfer` and renamed into place only when size and hash match,
-and only when every blob of the repo is in place does the repo become visible (:mod:`hfcache.warming.publish`):
-snapshot links, ``.no_exist`` markers, the ref last. A failed repo leaves no snapshot entry and no ref behind.
-
-Library gap: ``hf_hub_download``/``snapshot_download`` publish a file as soon as its bytes arrive and check only its
-size (docs/cache-layout.md, 'Hashes'; docs/security.md); they never write the ``.no_exist`` markers transformers 5
-needs to load a tokenizer offline (docs/cache-layout.md, 'Traps the libraries leave').
+"""warm: download a selection of repo files into a cache, verified, in huggingface_hub's own layout. :func:`warm_repos`
+runs one :class:`hfcache.warming.repo_job.RepoJob` per repo, all at once; a repo becomes visible only when every blob
+is in place and hash-checked (a failed repo leaves no snapshot entry and no ref). Library gap: ``snapshot_download``
+publishes a file as soon as its bytes arrive, checks only its size, and writes no ``.no_exist`` markers
+(docs/cache-layout.md, 'Traps the libraries leave').
 """
 
 from __future__ import annotations
@@ -33,8 +27,7 @@ from ..hub.client import HubClient
 from ..hub.files import RepoRevision
 from ..hub.transfer import Slots
 from ..hub.urls import validate_endpoint
-from ..records import (DEFAULT_MAX_WORKERS, DEFAULT_RETRIES, DEFAULT_TIMEOUT, TRUST_ENDPOINT_ENV, HubOptions,
-                       NoProgress, ProgressSink, RepoResult, WarmReport, WarmRequest)
+from ..records import TRUST_ENDPOINT_ENV, HubOptions, NoProgress, ProgressSink, RepoResult, WarmReport, WarmRequest
 from .repo_job import InFlight, RepoJob
 
 if TYPE_CHECKING:  # the lock file's module (and tomllib) is not needed to warm by name (docs/benchmarks.md)
@@ -46,42 +39,27 @@ _WITHHELD_HINT = (f"the token was not sent to this endpoint, named by the manife
                   f"(or set {TRUST_ENDPOINT_ENV}=1) if you trust it")
 
 
-def warm(
-    requests: Sequence[WarmRequest],
-    *,
-    cache_dir: str | Path | None = None,
-    endpoint: str | Sequence[str] | None = None,
-    token: str | bool | None = None,
-    max_workers: int = DEFAULT_MAX_WORKERS,
-    timeout: float = DEFAULT_TIMEOUT,
-    progress: ProgressSink | None = None,
-    pinned: Sequence[LockedRepo] | None = None,
-    retries: int = DEFAULT_RETRIES,
-    lock_timeout: float = DEFAULT_LOCK_TIMEOUT,
-    on_lock_wait: Callable[[LockWait], None] | None = None,
-    withheld: Collection[str] = (),
-    on_notice: Callable[[str], None] | None = None,
-) -> WarmReport:
+def warm(requests: Sequence[WarmRequest], *, cache_dir: str | Path | None = None,
+         endpoint: str | Sequence[str] | None = None, token: str | bool | None = None,
+         max_workers: int = HubOptions.max_workers, timeout: float = HubOptions.timeout,
+         progress: ProgressSink | None = None, pinned: Sequence[LockedRepo] | None = None,
+         retries: int = HubOptions.retries,
+         lock_timeout: float = DEFAULT_LOCK_TIMEOUT, on_lock_wait: Callable[[LockWait], None] | None = None,
+         withheld: Collection[str] = (), on_notice: Callable[[str], None] | None = None) -> WarmReport:
     """Warm every request into ``cache_dir`` (``hfcache.warm``, the Python API); a failed repo never stops the others.
 
     Args:
-        requests: the repos to warm.
-        cache_dir: cache root (default: ``HF_HUB_CACHE``, ``$HF_HOME/hub``, ``~/.cache/huggingface/hub``).
-        endpoint: Hub base URL, or several tried in order per repo (an in-cluster mirror first): a repo an endpoint
-            cannot serve (not found, unreachable, bytes failing the hash check, gated) is tried on the next, with the
-            same checks; ``RepoResult.endpoint`` says which one served it. Default: ``HF_ENDPOINT`` or the public Hub.
+        requests: the repos to warm. cache_dir: cache root (default: ``HF_HUB_CACHE``, ``$HF_HOME/hub``, ...).
+        endpoint: Hub base URL, or several tried in order per repo (a repo one cannot serve: not found, unreachable,
+            bad bytes, gated, is tried on the next; ``RepoResult.endpoint`` names it). Default: ``HF_ENDPOINT``/the Hub.
         token: Hub token; None reads it as huggingface_hub does, False sends none. Never logged or stored.
-        max_workers: connections at once (repo resolutions, files and ranges of large files, all repos), >= 1.
-        timeout: seconds to wait for a connection or for any byte of an answer, > 0.
-        progress: optional receiver of progress events.
-        pinned: one locked repo per request (``warm --lock``): no resolution request; the lock's commit, files and
-            hashes are used, so bytes that differ from the lock are refused.
-        retries: retries of a transient failure (429, 502-504, a cut connection) per request or file download, with
-            exponential backoff and jitter, honouring ``Retry-After`` (:mod:`hfcache.hub.retry`); >= 0.
-        lock_timeout: seconds to wait at most for a lock another process holds; then that repo fails with exit 5.
-        on_lock_wait: told (once per lock, after a few seconds) which lock a repo waits for and who holds it.
-        withheld: endpoints that get no token (a manifest's without the opt-in); warmed from anonymously.
-        on_notice: told once, in one line, when a token exists and ``withheld`` keeps it from an endpoint.
+        max_workers: connections at once (resolutions, files, ranges; all repos), >= 1.
+        timeout: seconds to wait for a connection or any byte of an answer, > 0. progress: a ProgressSink.
+        pinned: one locked repo per request (``warm --lock``): its commit, files and hashes, no resolution.
+        retries: retries of a transient failure per request or file (:mod:`hfcache.hub.retry`), >= 0.
+        lock_timeout: seconds to wait for a lock another process holds (then that repo fails, exit 5).
+        on_lock_wait: told which lock a repo waits for. on_notice: told once when ``withheld`` keeps the token.
+        withheld: endpoints that get no token (a manifest's without the opt-in).
 
     Returns:
         WarmReport with one RepoResult per request, in request order.
@@ -119,8 +97,7 @@ def warm_repos(requests: Sequence[WarmRequest], hub: HubOptions, *, cache_dir: s
 def _run_jobs(requests: Sequence[WarmRequest], root: Path, clients: list[HubClient], *, max_workers: int,
               sink: ProgressSink, pinned: Sequence[LockedRepo] | None, lock_timeout: float,
               on_lock_wait: Callable[[LockWait], None] | None) -> tuple[RepoResult, ...]:
-    """One :class:`RepoJob` per request, all at once; their results in request order. Ctrl-C or SIGTERM stops them
-    (:data:`_PUBLISH_GRACE`) and is re-raised."""
+    """One :class:`RepoJob` per request, all at once; results in request order. Ctrl-C/SIGTERM stops them."""
     use_symlinks = symlinks_supported(root)
     stop = threading.Event()  # set on Ctrl-C/SIGTERM: downloads abort at their next chunk, nothing more is published
     slots = Slots(max_workers)
@@ -153,13 +130,10 @@ def _run_jobs(requests: Sequence[WarmRequest], root: Path, clients: list[HubClie
 
 
 def make_clients(hub: HubOptions, *, on_notice: Callable[[str], None] | None = None) -> list[HubClient]:
-    """One HubClient per endpoint of ``hub``, in order (one of ``HF_ENDPOINT`` or the public Hub when it names none),
-    each with the token (``hub.read_token()``, else huggingface_hub's: ``HF_TOKEN``, the saved token; ``False``:
-    none) unless ``hub.withheld`` names it; ``on_notice`` is told once, in one line, when a token is withheld.
-
-    Raises:
-        UsageError: an endpoint is not an http(s) URL, an unreadable token file, a malformed HFCACHE_* setting.
-    """
+    """One HubClient per endpoint of ``hub``, in order (``HF_ENDPOINT`` or the Hub when it names none), each with the
+    token (``hub.read_token()``, else huggingface_hub's; ``False``: none) unless ``hub.withheld`` names it;
+    ``on_notice`` is told once when a token is withheld. Raises UsageError: an endpoint not an http(s) URL, an
+    unreadable token file, a malformed HFCACHE_* setting."""
     token = hub.read_token().token
     resolved = None if token is False else get_token() if token is None or token is True else token
     skip = {e.rstrip("/") for e in hub.withheld}
@@ -182,16 +156,8 @@ def user_client(hub: HubOptions) -> HubClient:
 
 
 def resolve_revision(request: WarmRequest, clients: Sequence[HubClient]) -> RepoRevision:
-    """Resolve ``request``'s revision on the endpoints in order, as a repo job does (a Hub-side failure moves on).
-
-    Returns:
-        RepoRevision: the commit, the canonical id and every file with its size and hash (repo info, the tree API or
-        one ``HEAD`` per file: :meth:`HubClient.describe`).
-
-    Raises:
-        HubError (RepoNotFound, RevisionNotFound, GatedRepo, EndpointUnreachable...): the last endpoint's, its
-        message naming what the others answered.
-    """
+    """Resolve ``request``'s revision on the endpoints in order, as a repo job does (a Hub-side failure moves on):
+    a RepoRevision with every file's size and hash. Raises HubError: the last endpoint's, naming the others'."""
     failures: list[str] = []
     for n, client in enumerate(clients):
         try:
@@ -209,15 +175,7 @@ def resolve_revision(request: WarmRequest, clients: Sequence[HubClient]) -> Repo
 
 
 def fetch_pinned(locked: LockedRepo, *, cache_dir: str | Path, hub: HubOptions) -> RepoResult:
-    """Fetch the files of ``locked`` (a commit and files with known hashes) into the cache with ``warm --lock``'s
-    code path (endpoints in order, hash checks, locks, the legacy-id folder, publishing order, the snapshot touched):
-    the pull-through mirror's per-file fetch. The request's revision becomes the ref written.
-
-    Returns:
-        RepoResult: ``error_type`` says what failed (``IntegrityError``: bytes that failed the hash check on every
-        endpoint; nothing of them is kept).
-
-    Raises:
-        CacheError: the cache root cannot be created or written.
-    """
+    """Fetch the files of ``locked`` (a commit, files with known hashes) with ``warm --lock``'s code path: the
+    pull-through mirror's per-file fetch (the request's revision is the ref written). Returns the RepoResult
+    (``error_type``: what failed; nothing of bad bytes is kept). Raises CacheError: the cache cannot be written."""
     return warm_repos([locked.request], hub, cache_dir=cache_dir, pinned=[locked]).repos[0]

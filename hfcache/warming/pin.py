@@ -1,9 +1,6 @@
-"""pin: resolve a manifest against an endpoint into a lock (``hfcache lock``).
-
-Every entry is resolved as warm resolves it (:meth:`hfcache.hub.client.HubClient.resolve`, then ``describe`` for the
-selected files the listing gave no sizes or hashes for); configs and sharded weight indexes are downloaded into
-memory, hash-checked, to finish the selection. Unchanged entries keep their locked commit, with no request, unless
-``--upgrade`` names them.
+"""pin: resolve a manifest into a lock (``hfcache lock``), each entry as warm resolves it (configs and sharded indexes
+read into memory, hash-checked, to finish the selection); unchanged entries keep their locked commit, with no request,
+unless ``--upgrade`` names them.
 """
 
 from __future__ import annotations
@@ -39,8 +36,8 @@ class LockFailure:
 
 @dataclass(frozen=True)
 class PinResult:
-    """The outcome of :func:`pin`: the new ``lock`` (complete only without ``failures``, the entries that failed in
-    manifest order), the specs ``resolved`` in this run and those ``kept`` without a request."""
+    """The outcome of :func:`pin`: the new ``lock`` (complete only without ``failures``, in manifest order), the specs
+    ``resolved`` in this run and those ``kept`` without a request."""
 
     lock: Lockfile
     resolved: tuple[str, ...]
@@ -59,11 +56,8 @@ class LockRun:
 
 
 def resolve_entry(client: HubClient, request: WarmRequest) -> LockedRepo:
-    """One manifest entry resolved to a locked repo (commit, selected files with size and hash, absent names).
-
-    Raises:
-        HfcacheError subclasses from :class:`HubClient`; IntegrityError for a malformed config or sharded index.
-    """
+    """One manifest entry resolved to a locked repo. Raises HfcacheError: the client's; IntegrityError for a
+    malformed config or sharded index."""
     counter = client.counter()
     repo = client.resolve(request.repo_id, request.revision, request.repo_type, counter=counter)
     selection = select(repo.paths, request.kind, request.include, request.exclude)
@@ -112,13 +106,8 @@ def _download(client: HubClient, repo, file, counter: RetryCounter,
     return buffer.getvalue()
 
 
-def pin(
-    manifest: Manifest,
-    clients: HubClient | Sequence[HubClient],
-    existing: Lockfile | None = None,
-    upgrade: set[tuple[str, str, str]] | None = None,
-    max_workers: int = 8,
-) -> PinResult:
+def pin(manifest: Manifest, clients: Sequence[HubClient], existing: Lockfile | None = None,
+        upgrade: set[tuple[str, str, str]] | None = None, max_workers: int = 8) -> PinResult:
     """The lock for ``manifest``: each entry resolved on ``clients`` in order (a Hub-side failure moves on to the
     next), ``max_workers`` at once, except those ``existing`` locks unchanged and ``upgrade`` does not name (keys
     ``(repo_id, revision, repo_type)``). The lock lists every entry that resolved, kept or new."""
@@ -132,8 +121,6 @@ def pin(
             kept.append(previous)
         else:
             todo.append(request)
-
-    clients = [clients] if isinstance(clients, HubClient) else list(clients)
 
     def attempt(request: WarmRequest) -> LockedRepo | LockFailure:
         failure = None
@@ -150,38 +137,25 @@ def pin(
         outcomes = list(pools.ordered([executor.submit(attempt, request) for request in todo]))  # Ctrl-C: pools.py
     resolved = [o for o in outcomes if isinstance(o, LockedRepo)]
     failures = tuple(o for o in outcomes if isinstance(o, LockFailure))
-    return PinResult(
-        lock=Lockfile(repos=tuple(kept + resolved)),
-        resolved=tuple(r.request.spec for r in resolved),
-        kept=tuple(r.request.spec for r in kept),
-        failures=failures,
-    )
+    return PinResult(lock=Lockfile(repos=tuple(kept + resolved)), resolved=tuple(r.request.spec for r in resolved),
+                     kept=tuple(r.request.spec for r in kept), failures=failures)
 
 
-
-def lock_project(
-    manifest: str | os.PathLike[str] | None = None,
-    *,
-    lock_path: str | os.PathLike[str] | None = None,
-    upgrade: bool = False,
-    upgrade_ids: Sequence[str] = (),
-    hub: HubOptions | None = None,
-    trust_manifest_endpoint: bool = False,
-    on_notice: Callable[[str], None] | None = None,
-) -> LockRun:
+def lock_project(manifest: str | os.PathLike[str] | None = None, *, lock_path: str | os.PathLike[str] | None = None,
+                 upgrade: bool = False, upgrade_ids: Sequence[str] = (), hub: HubOptions | None = None,
+                 trust_manifest_endpoint: bool = False, on_notice: Callable[[str], None] | None = None) -> LockRun:
     """Resolve a project's manifest and write its lock (atomically, only when every entry resolved), keeping the
     commits of unchanged entries (``hfcache lock``).
 
     Args:
         manifest, lock_path: as :func:`hfcache.warming.project.open_project`.
         upgrade: re-resolve entries even if unchanged: those named by ``upgrade_ids``, all when it is empty.
-        hub: the Hub options; its endpoints win over the manifest's, ``max_workers`` resolutions run at once.
-        trust_manifest_endpoint: send the token to the manifest's endpoints too (else they are asked anonymously;
-            ``HFCACHE_TRUST_MANIFEST_ENDPOINT=1`` counts too). on_notice: told once when the token is withheld.
+        hub: its endpoints win over the manifest's; ``max_workers`` resolutions at once.
+        trust_manifest_endpoint: send the token to the manifest's endpoints too. on_notice: told when it is withheld.
 
     Raises:
-        UsageError: no or invalid manifest or lock, an ``upgrade_ids`` name not in the manifest, a bad endpoint, an
-            unreadable token file. CacheError: the lock cannot be written.
+        UsageError: no or invalid manifest or lock, an unknown ``upgrade_ids`` name, a bad endpoint, an unreadable
+            token file. CacheError: the lock cannot be written.
     """
     hub = (hub or HubOptions()).read_token()
     found, path, existing = open_project(manifest, lock_path)

@@ -1,6 +1,5 @@
 """A project's manifest and lock together, before any request: the cache a reading command works on, the manifest
-and lock of ``hfcache lock``, and whether they agree (``lock --check``). Light like :mod:`hfcache.warming.lockfile`.
-"""
+and lock of ``hfcache lock``, and whether they agree (``lock --check``). Light like the lock's module."""
 
 from __future__ import annotations
 
@@ -10,7 +9,7 @@ from pathlib import Path
 
 from ..cache.root import existing_cache_dir, require_hub_cache
 from ..errors import CheckFailed
-from .lockfile import Lockfile, default_lock_path, drift, lock_cache_dir, read_lock
+from .lockfile import LOCK_NAME, Lockfile, drift, lock_cache_dir, read_lock
 from .manifest import Manifest, find_manifest, load_manifest
 
 __all__ = ["LockCheck", "check_lock", "open_project", "reading_cache_dir"]
@@ -18,15 +17,10 @@ __all__ = ["LockCheck", "check_lock", "open_project", "reading_cache_dir"]
 
 def reading_cache_dir(cache_dir: str | os.PathLike[str] | None = None,
                       lock_file: str | os.PathLike[str] | None = None) -> Path:
-    """The existing hub cache a reading command (``ls``, ``verify``, ``check``, ``export``...) works on: with a lock,
-    the one ``warm --lock`` picks (:func:`hfcache.warming.lockfile.lock_cache_dir`); else ``cache_dir`` or the
-    environment's. Absolute.
-
-    Raises:
-        CacheError: missing, not a directory, or not a hub cache (an ``HF_HOME``, a repo folder: named in one line
-            with the cache probably meant, :func:`hfcache.cache.root.require_hub_cache`).
-        UsageError: the lock's manifest exists but is invalid.
-    """
+    """The existing hub cache (absolute) a reading command (``ls``, ``verify``, ``export``...) works on: with a lock,
+    the one ``warm --lock`` picks (:func:`hfcache.warming.lockfile.lock_cache_dir`), else ``cache_dir`` or the
+    environment's. Raises CacheError: missing, or not a hub cache (:func:`hfcache.cache.root.require_hub_cache`);
+    UsageError: the lock's manifest is invalid."""
     root = existing_cache_dir(lock_cache_dir(lock_file, cache_dir) if lock_file else cache_dir)
     require_hub_cache(root)
     return root
@@ -34,21 +28,18 @@ def reading_cache_dir(cache_dir: str | os.PathLike[str] | None = None,
 
 def open_project(manifest: str | os.PathLike[str] | None = None,
                  lock_path: str | os.PathLike[str] | None = None) -> tuple[Manifest, Path, Lockfile | None]:
-    """(the manifest, the lock's path, the lock if it exists) for ``hfcache lock``: the manifest given, else
-    ``./hfcache.toml`` or ``./pyproject.toml`` with ``[tool.hfcache]``; the lock given, else ``hfcache.lock`` beside.
-
-    Raises:
-        UsageError: no manifest, or an invalid manifest or lock.
-    """
+    """(the manifest, the lock's path, the lock if it exists) for ``hfcache lock``: the manifest given or found
+    (:func:`hfcache.warming.manifest.find_manifest`), the lock given or ``hfcache.lock`` beside it. Raises UsageError:
+    no manifest, or an invalid manifest or lock."""
     found = load_manifest(find_manifest(manifest))
-    path = Path(lock_path) if lock_path else default_lock_path(found.path)
+    path = Path(lock_path) if lock_path else found.path.parent / LOCK_NAME
     return found, path, read_lock(path) if path.exists() else None
 
 
 @dataclass(frozen=True)
 class LockCheck:
-    """Whether a lock matches its manifest (``hfcache lock --check``): the ``manifest`` and ``lock_path`` compared,
-    and one ``drift`` line per difference (:func:`hfcache.warming.lockfile.drift`; a missing lock is one too)."""
+    """Whether a lock matches its manifest (``lock --check``): the ``manifest`` and ``lock_path`` compared, one
+    ``drift`` line per difference (a missing lock is one too)."""
 
     manifest: Path
     lock_path: Path
@@ -66,11 +57,7 @@ class LockCheck:
 
 def check_lock(manifest: str | os.PathLike[str] | None = None,
                lock_path: str | os.PathLike[str] | None = None) -> LockCheck:
-    """Compare a project's lock with its manifest, without network (arguments as :func:`open_project`).
-
-    Raises:
-        UsageError: no manifest, or an invalid manifest or lock.
-    """
+    """Compare a project's lock with its manifest, without network (arguments and errors as :func:`open_project`)."""
     found, path, existing = open_project(manifest, lock_path)
     problems = drift(found, existing) if existing else (f"{path}: no lock file",)
     return LockCheck(manifest=found.path, lock_path=path, drift=problems)

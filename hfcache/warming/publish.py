@@ -1,7 +1,5 @@
-"""Making a warmed repo visible, and refusing beforehand what could only be published halfway: :func:`check_publishable`
-(before anything is fetched and again before the first link), :func:`copy_blob` (a legacy id's folder gets the
-canonical folder's blobs), :func:`publish` (huggingface_hub's order: snapshot links, ``.no_exist`` markers, the
-record of what was published, the ref last)."""
+"""Making a warmed repo visible (:func:`publish`, in huggingface_hub's order, the ref last), and refusing beforehand
+what could only be published halfway (:func:`check_publishable`); :func:`copy_blob` for a legacy id's folder."""
 
 from __future__ import annotations
 
@@ -20,12 +18,8 @@ from ..records import WarmRequest
 
 
 def check_publishable(folder: RepoFolder, repo: RepoRevision, files: Sequence[RemoteFile]) -> None:
-    """Refuse what could only be published halfway: a repo folder with a planted link, or a snapshot where a path's
-    folder is a file or link (or the path a folder).
-
-    Raises:
-        UnsafeLayout (CacheError, exit 5): the cache conflicts with the listing.
-    """
+    """Raise UnsafeLayout (exit 5) for what could only be published halfway: a repo folder with a planted link, a
+    snapshot where a path's folder is a file or link (or the path a folder)."""
     folder.ensure_safe()
     snapshot = (folder.name, "snapshots", safefs.check_commit(repo.commit_hash))
     for f in files:
@@ -46,7 +40,7 @@ def check_publishable(folder: RepoFolder, repo: RepoRevision, files: Sequence[Re
 
 
 def _is_real_dir(cache_dir: Path, rel: tuple[str, ...]) -> bool:
-    """Whether ``cache_dir/rel`` is a directory (not a link), looked up through its parent's descriptor."""
+    """Whether ``cache_dir/rel`` is a directory (not a link), through its parent's descriptor."""
     try:
         with safefs.dir_fd(cache_dir, rel[:-1]) as fd:
             return stat.S_ISDIR(os.stat(rel[-1], dir_fd=fd, follow_symlinks=False).st_mode)
@@ -75,12 +69,7 @@ def copy_blob(source: RepoFolder, dest: RepoFolder, file: RemoteFile) -> None:
 
 
 def _copy_hashed(src, out, file: RemoteFile, shown: str) -> None:
-    """Copy at most ``file.size`` bytes from ``src`` to ``out``, hashed as the Hub names the blob: a canonical blob
-    another user of a shared cache changed is never published under its name.
-
-    Raises:
-        UnsafeLayout (CacheError, exit 5): another size, or content that does not hash to ``file.etag``.
-    """
+    """Copy ``file.size`` bytes from ``src`` to ``out``, hashed (UnsafeLayout: another size or content)."""
     hasher, seen = file.hasher(), 0
     while chunk := src.read(min(_CHUNK, file.size + 1 - seen)):
         seen += len(chunk)
@@ -97,8 +86,7 @@ _CHUNK = 1024 * 1024
 
 
 def _blob_source(folder: RepoFolder, etag: str) -> Path:
-    """What to hardlink for ``folder``'s blob: the blob itself, or, where huggingface_hub 2.4 made it a link into the
-    shared Xet store, the store's payload (a hardlink of a link would be a link; cache/shared_store.py)."""
+    """What to hardlink for ``folder``'s blob: the blob, or the shared Xet store's payload it links to."""
     xet_hash = safefs.store_link_of(folder.cache_dir, folder.name, etag)
     if xet_hash is None:
         return folder.blob_path(etag)
@@ -107,8 +95,7 @@ def _blob_source(folder: RepoFolder, etag: str) -> Path:
 def publish(folder: RepoFolder, repo: RepoRevision, files: list[RemoteFile], absent: Sequence[str], *,
             request: WarmRequest, cache_dir: Path, symlinks: bool, endpoint: str | None = None) -> list[str]:
     """Make the repo visible: links, markers, the record of what was published (:mod:`hfcache.cache.published`,
-    naming ``endpoint`` as the one that served it, for ``verify --repair``; None keeps the record's), the ref last.
-    Returns notes: the ref of a folder other than the requested one (a legacy id's canonical folder) that moved."""
+    ``endpoint``: who served it; None keeps the record's), the ref last. Returns notes: another folder's ref moved."""
     for f in files:
         folder.link(repo.commit_hash, f.path, f.etag, symlinks=symlinks)
     for name in absent:

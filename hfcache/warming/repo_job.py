@@ -1,8 +1,5 @@
-"""One repo of a warm: resolved (or taken from the lock), selected, fetched and published, endpoint after endpoint.
-
-Per endpoint, :class:`RepoJob` selects the files (:mod:`hfcache.warming.selection`), reads the configs and sharded
-indexes that complete the selection while the files already selected download, puts every blob in place (cached,
-hardlinked from another repo, or downloaded by :mod:`hfcache.hub.transfer`), and publishes the repo only when every
+"""One repo of a warm (:class:`RepoJob`), endpoint after endpoint: resolved (or taken from the lock), selected, every
+blob put in place (cached, hardlinked, or downloaded by :mod:`hfcache.hub.transfer`), and published only when every
 blob is there (:mod:`hfcache.warming.publish`). :class:`InFlight` makes a blob shared by repos download once.
 """
 
@@ -138,7 +135,7 @@ class RepoJob:
             result = _failed(base, repo, exc)
         except OSError as exc:
             result = _failed(base, repo, cache_error(exc, self.request.repo_id))
-        except Exception as exc:  # noqa: BLE001 - one repo's bug must not lose the other repos' results
+        except Exception as exc:  # one repo's bug must not lose the other repos' results
             result = _failed(base, repo, InternalError(
                 f"{self.request.repo_id}: internal error: {type(exc).__name__}: {exc}",
                 hint="rerun with HFCACHE_DEBUG=1 and report it"))
@@ -190,8 +187,7 @@ class RepoJob:
 
     def _describe_and_read(self, repo: RepoRevision, folders: list[RepoFolder],
                            selection: Selection) -> tuple[RepoRevision, set[str], tuple[str, ...], tuple[str, ...]]:
-        """Check the listing and the folders, then complete the selection (:meth:`_complete`, its return) while the
-        files already selected download into the canonical folder (``folders[0]``). The caller holds the repo locks."""
+        """:meth:`_complete` while the files already selected download into ``folders[0]`` (repo locks held)."""
         canonical = folders[0]
         conflict = folder_clash(repo.paths)
         if conflict is not None:  # before any download: a refused repo leaves no blob behind either
@@ -219,8 +215,7 @@ class RepoJob:
             raise
 
     def _fetch_into(self, folders: list[RepoFolder], repo: RepoRevision, files: list[RemoteFile]) -> dict[str, str]:
-        """Every file's blob in every folder (downloaded into the canonical one, hardlinked into the others); returns
-        path -> source, as the report shows it."""
+        """Every file's blob in every folder (the canonical one first, hardlinked into the others): path -> source."""
         canonical = folders[0]
         self.sink.advance(self.key, self._precount_kept(canonical, files))  # shown as done when the bar is added
         self.sink.repo_started(self.key, self.request.spec, len(files), sum(f.size for f in files))
@@ -233,8 +228,7 @@ class RepoJob:
 
     def _publish_all(self, folders: list[RepoFolder], repo: RepoRevision, files: list[RemoteFile],
                      absent: Sequence[str]) -> list[str]:
-        """Publish the repo in every folder (:func:`hfcache.warming.publish.publish`), unless stopped; returns the
-        notes of the publishing."""
+        """Publish the repo in every folder unless stopped; the notes of the publishing."""
         if self.stop.is_set():
             raise _Cancelled(f"{self.request.repo_id}: interrupted before publishing")
         for folder in folders:  # every check before the first link: a refused repo leaves nothing published
@@ -250,10 +244,8 @@ class RepoJob:
 
     def _complete(self, repo: RepoRevision, canonical: RepoFolder,
                   selection: Selection) -> tuple[RepoRevision, set[str], tuple[str, ...], tuple[str, ...]]:
-        """Finish a selection from file contents: configs (custom code, module folders), then sharded indexes.
-        Returns ``(repo with every selected file described, paths, absent, notes)``. Each file read is described,
-        fetched and hash-checked into the cache first, without moving the progress bar (its total is known only
-        afterwards; they count then, as cached); nothing is executed."""
+        """``(repo described, paths, absent, notes)``: the selection finished from configs, then sharded indexes (each
+        read fetched and hash-checked into the cache first, never executed; the bar counts them later, as cached)."""
         req = self.request
         paths, absent, needs_index = set(selection.paths), selection.absent, selection.needs_index
         notes: tuple[str, ...] = ()
@@ -293,17 +285,14 @@ class RepoJob:
         return self.client.describe(current, paths, self.counter), paths, absent, notes
 
     def _read(self, repo: RepoRevision, folder: RepoFolder, file: RemoteFile) -> bytes | None:
-        """A small file's verified bytes, fetched into the cache first if needed; None (not parsed, noted) above
-        ``custom_code.MAX_PARSE_BYTES``."""
+        """A small file's verified bytes, fetched into the cache first; None above ``MAX_PARSE_BYTES``."""
         if file.size > MAX_PARSE_BYTES:
             return None
         self._fetch(repo, folder, [file], progress=False)
         return folder.read_blob(file.etag, file.size)
 
     def _precount_kept(self, folder: RepoFolder, files: list[RemoteFile]) -> int:
-        """The bytes of ``files``' leftover downloads not reported yet, counted now (``stat`` only), so a resumed
-        repo's bar starts at what is on disk while its downloads wait for a connection; each download then reports
-        the difference with what it keeps (:meth:`_settle_kept`)."""
+        """Leftover download bytes of ``files`` not reported yet, counted now (a resumed repo's bar starts there)."""
         sizes = folder.leftover_sizes()
         total = 0
         with self._count_lock:
@@ -316,16 +305,14 @@ class RepoJob:
         return total
 
     def _settle_kept(self, etag: str, n: int) -> int:
-        """``n`` bytes of ``etag`` reported (kept from a leftover, or its whole blob found): what is left to advance
-        the bar by once the bytes :meth:`_precount_kept` counted for it are taken off (may be negative)."""
+        """``n`` kept bytes of ``etag`` less what :meth:`_precount_kept` counted (may be negative)."""
         with self._count_lock:
             self._kept_seen.add(etag)
             return n - self._prekept.pop(etag, 0)
 
     def _fetch(self, repo: RepoRevision, folder: RepoFolder, files: Iterable[RemoteFile],
                progress: bool = True) -> dict[str, str]:
-        """Ensure every file's blob is in ``folder``, in parallel; return path -> source. First error wins.
-        ``progress=False``: the bytes do not move the progress bar."""
+        """Every file's blob in ``folder``, in parallel (first error wins): path -> source."""
         files = list(files)
         futures = {f.path: self._early.get(f.path) or self.pool.submit(self._ensure_blob, repo, folder, f, progress)
                    for f in files}
@@ -334,7 +321,7 @@ class RepoJob:
         for path, future in futures.items():
             try:
                 sources[path] = future.result()
-            except BaseException as exc:  # noqa: BLE001 - re-raised below after every download settled
+            except BaseException as exc:  # re-raised below after every download settled
                 if error is None or isinstance(error, _Cancelled):
                     error = exc
         if error is not None:
@@ -426,8 +413,7 @@ class InFlight:
         self._events: dict[str, threading.Event] = {}
 
     def claim(self, etag: str) -> threading.Event | None:
-        """None: the caller downloads ``etag`` and then calls :meth:`done`; else the event set when the download
-        in flight ends (successfully or not)."""
+        """None: the caller downloads ``etag``, then :meth:`done`; else the event set when that download ends."""
         with self._lock:
             event = self._events.get(etag)
             if event is None:
@@ -442,9 +428,8 @@ class InFlight:
 
 
 def _same_content(cache_dir: Path, path: Path, file: RemoteFile) -> bool:
-    """True when another repo's blob (``path``, from :func:`find_blob_elsewhere`: ``<folder>/blobs/<etag>``, or the
-    Xet store's payload ``blobs/<2hex>/<h>`` it links to) has ``file``'s exact content, read through descriptors
-    from the cache root; False when it vanished (a concurrent prune) or is no regular file: then it is downloaded."""
+    """Whether another repo's blob (or the Xet payload it links to) at ``path`` has ``file``'s exact content, read
+    through descriptors; False when it vanished or is no regular file (then it is downloaded)."""
     try:
         if path.parent.parent == cache_dir / "blobs":  # a store payload (huggingface_hub 2.4's Xet store)
             fd = open_payload(cache_dir, path.name)

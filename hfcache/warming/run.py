@@ -1,9 +1,6 @@
-"""``hfcache warm``'s one core function, :func:`run`: repos by name, or exactly what a lock pins (``--lock``).
-
-``warm --lock`` on a cache that already holds the lock costs ``stat`` calls only
-(:func:`hfcache.warming.lockfile.cache_statuses`): huggingface_hub and the HTTP client are imported only when something
-is missing, so an image rebuild or an init container on a warm volume takes milliseconds. This module stays that
-light at import time (tests/unit/test_import_graph.py).
+"""``hfcache warm``'s one core function, :func:`run`: repos by name, or exactly what a lock pins (``--lock``). On a
+cache that holds the lock it costs ``stat`` calls only: huggingface_hub and the HTTP client are imported only when
+something is missing, and this module stays light at import time (tests/unit/test_import_graph.py).
 """
 
 from __future__ import annotations
@@ -25,12 +22,10 @@ from .manifest import with_manifest_endpoints
 
 @dataclass(frozen=True)
 class WarmJob:
-    """What ``hfcache warm`` was asked: ``specs`` (``REPO_ID[@REVISION]``), each with ``kind``, ``include``,
-    ``exclude`` and ``repo_type`` (:class:`hfcache.records.WarmRequest`); or a ``lock_file`` to install exactly, with
-    its ``manifest`` (default: beside the lock; a lock alone is enough unless ``manifest`` or ``locked`` asks for
-    one), ``locked`` (refuse a lock out of date with it, exit 1), ``trust_manifest_endpoint`` (send the token to its
-    endpoints too; ``HFCACHE_TRUST_MANIFEST_ENDPOINT=1`` counts too); the ``cache_dir`` (a lock's default: its
-    manifest's, else the environment's); ``hub``, whose endpoints override a manifest's; ``lock_timeout`` (seconds)."""
+    """What ``hfcache warm`` was asked: ``specs`` (``REPO_ID[@REVISION]``) with ``kind``, ``include``, ``exclude``,
+    ``repo_type``; or a ``lock_file`` to install exactly, its ``manifest`` (default: beside the lock, optional unless
+    given or ``locked``: refuse a lock out of date, exit 1), ``trust_manifest_endpoint``; the ``cache_dir`` (a lock's
+    default: its manifest's); ``hub`` (its endpoints override a manifest's); ``lock_timeout`` (seconds)."""
 
     specs: tuple[str, ...] = ()
     kind: str = "tokenizer"
@@ -48,19 +43,17 @@ class WarmJob:
 
 def run(job: WarmJob, *, progress: ProgressSink | None = None, on_lock_wait: Callable[[LockWait], None] | None = None,
         on_notice: Callable[[str], None] | None = None) -> WarmReport:
-    """Warm what ``job`` asks (``hfcache warm``); a failed repo never stops the others. ``progress`` gets
-    :meth:`~hfcache.records.ProgressSink.planned` first; ``on_lock_wait``, ``on_notice``: as
-    :func:`hfcache.warming.orchestrate.warm`.
+    """Warm what ``job`` asks (``hfcache warm``); a failed repo never stops the others. ``progress`` gets ``planned``
+    first; ``on_lock_wait``, ``on_notice``: as :func:`hfcache.warming.orchestrate.warm`.
 
     Returns:
-        WarmReport: one result per request (a lock's: per locked repo, in lock order) with each ok repo's selection
-        notes (:func:`hfcache.warming.selection.selection_notes`), and the run's warnings: a lock that drifted from its
-        manifest, a root umask that leaves the cache unreadable by other users.
+        WarmReport: one result per request (a lock's: in lock order) with each ok repo's selection notes, and the
+        run's warnings (a lock that drifted from its manifest, a root umask that hides the cache from other users).
 
     Raises:
-        UsageError: REPO_IDs and ``--lock`` together, lock options without ``--lock``, nothing to warm, a malformed
-            spec, lock or manifest, an unreadable token file. CheckFailed: ``locked`` and the lock drifted.
-        CacheError: the cache is misplaced (an ``HF_HOME``, a repo folder) or cannot be written.
+        UsageError: REPO_IDs and ``--lock``, lock options without it, nothing to warm, a malformed spec, lock or
+            manifest, an unreadable token file. CheckFailed: ``locked`` and the lock drifted. CacheError: the cache
+            is misplaced (an ``HF_HOME``, a repo folder) or cannot be written.
     """
     hub = job.hub.read_token()
     sink = progress or NoProgress()
@@ -92,11 +85,7 @@ def run(job: WarmJob, *, progress: ProgressSink | None = None, on_lock_wait: Cal
             raise UsageError("nothing to warm", hint="give REPO_ID arguments or --lock FILE")
         requests = [WarmRequest.parse(spec, repo_type=job.repo_type, kind=job.kind, include=tuple(job.include),
                                       exclude=tuple(job.exclude)) for spec in job.specs]
-        from ..hub.session import prepare_session
-
-        prepare_session()  # the HTTP client is made while hfcache.warming.orchestrate imports (hub/session.py)
-        from .orchestrate import warm_repos
-
+        warm_repos = _network()
         root = resolve_cache_dir(job.cache_dir)
         refuse_misplaced_cache(root)
         sink.planned(str(root), requests, ())
@@ -108,16 +97,9 @@ def warm_lock(lock: Lockfile, hub: HubOptions, *, cache_dir: str | Path | None =
               progress: ProgressSink | None = None, lock_timeout: float = DEFAULT_LOCK_TIMEOUT,
               on_lock_wait: Callable[[LockWait], None] | None = None,
               on_notice: Callable[[str], None] | None = None) -> WarmReport:
-    """Make ``cache_dir`` hold exactly what ``lock`` pins. Repos the cache satisfies (sizes only) cost no request; the
-    others are downloaded by commit, every file checked against the lock's hash: bytes that differ, or a commit the
-    endpoint no longer has, fail that repo and nothing of it becomes visible.
-
-    Returns:
-        WarmReport with one result per locked repo, in lock order.
-
-    Raises:
-        UsageError, CacheError: as :func:`hfcache.warming.orchestrate.warm`.
-    """
+    """Make ``cache_dir`` hold exactly what ``lock`` pins: repos the cache satisfies (sizes only) cost no request, the
+    others are downloaded by commit, checked against the lock's hashes. Returns a WarmReport in lock order; raises
+    UsageError, CacheError as :func:`hfcache.warming.orchestrate.warm`."""
     started = time.monotonic()
     root = resolve_cache_dir(cache_dir)
     statuses = cache_statuses(lock, root)
@@ -127,18 +109,24 @@ def warm_lock(lock: Lockfile, hub: HubOptions, *, cache_dir: str | Path | None =
     todo = [s.repo for s in statuses if not s.satisfied]
     endpoints = hub.named()  # as a report names them (none is asked anything when the cache satisfies the lock)
     if todo:
-        from ..hub.session import prepare_session
-
-        prepare_session()  # the HTTP client is made while hfcache.warming.orchestrate imports (hub/session.py)
-        from .orchestrate import warm_repos  # the network path: only now pay for huggingface_hub's import
-
-        report = warm_repos([r.request for r in todo], hub, cache_dir=root, progress=sink, pinned=todo,
+        report = _network()([r.request for r in todo], hub, cache_dir=root, progress=sink, pinned=todo,
                             lock_timeout=lock_timeout, on_lock_wait=on_lock_wait, on_notice=on_notice)
         endpoints = report.endpoints
         fetched = iter(report.repos)
         results = [r if r is not None else next(fetched) for r in results]
     return WarmReport(cache_dir=str(root), repos=tuple(r for r in results if r is not None),
                       seconds=time.monotonic() - started, endpoints=endpoints)
+
+
+def _network():
+    """:func:`hfcache.warming.orchestrate.warm_repos`, huggingface_hub imported only now (the HTTP client is made
+    while orchestrate imports: hub/session.py)."""
+    from ..hub.session import prepare_session
+
+    prepare_session()
+    from .orchestrate import warm_repos
+
+    return warm_repos
 
 
 def _satisfied_result(status: CacheStatus) -> RepoResult:
@@ -150,8 +138,7 @@ def _satisfied_result(status: CacheStatus) -> RepoResult:
 
 
 def _with_warnings(report: WarmReport, drifted: str | None) -> WarmReport:
-    """``report`` with each ok repo's selection notes (a ``--kind model`` without weights, an ``--include`` that
-    matched nothing) and the run's warnings: ``drifted``, a root umask that leaves the cache unreadable by others."""
+    """``report`` with each ok repo's selection notes and the run's warnings (``drifted``, a root umask)."""
     warnings: list[str] = [drifted] if drifted else []
     repos = []
     for r in report.repos:
@@ -171,8 +158,7 @@ def _with_warnings(report: WarmReport, drifted: str | None) -> WarmReport:
 
 
 def _umask() -> int:
-    """This process's umask, read without changing it (``/proc/self/status``, Linux 4.7+); else by setting it back
-    at once (no other thread writes files now: the warm is over)."""
+    """This process's umask from ``/proc/self/status`` (Linux 4.7+), else set and set back (the warm is over)."""
     try:
         with open("/proc/self/status", encoding="ascii") as status:
             for line in status:

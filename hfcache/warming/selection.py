@@ -1,12 +1,7 @@
-"""Which files of a repo to fetch: the tokenizer set, a model in one weight format, or everything.
-
-Pure functions over a repo's file listing. Some selections need file contents to finish (:attr:`Selection.needs_index`,
-:attr:`Selection.needs_config`): the caller fetches and hash-checks those files and passes their bytes to
-:func:`shards_from_index` / :func:`hfcache.warming.custom_code.follow_configs`. The tokenizer file names come from
-transformers 5.x: ``tokenization_utils_base.py`` (``tokenizer_config.json``, ``special_tokens_map.json``,
-``added_tokens.json``, ``tokenizer.json``, chat templates), the tokenizers' ``vocab_files_names`` (``vocab.txt``,
-``vocab.json``, ``merges.txt``, SentencePiece ``*.model``, tiktoken files, Mistral ``tekken.json``), and
-``AutoTokenizer`` reading ``config.json`` to pick the class (``models/auto/tokenization_auto.py``).
+"""Which files of a repo to fetch (the tokenizer set, a model in one weight format, or everything): pure functions
+over a file listing; what needs file contents to finish (indexes, configs) is fetched by the caller. The tokenizer
+names come from transformers 5.x (``tokenization_utils_base.py``, the tokenizers' ``vocab_files_names``, and
+``config.json``, which ``AutoTokenizer`` reads to pick the class: ``models/auto/tokenization_auto.py``).
 """
 
 from __future__ import annotations
@@ -21,19 +16,10 @@ from ..records import KINDS
 #: Root-level names a tokenizer load may ask for; one the repo lacks gets a ``.no_exist/<commit>/<name>`` marker, so an
 #: offline load knows it is absent instead of failing (docs/cache-layout.md, 'Traps the libraries leave').
 TOKENIZER_FILENAMES: tuple[str, ...] = (
-    "added_tokens.json",
-    "chat_template.jinja",
-    "chat_template.json",
-    "config.json",
-    "merges.txt",
-    "special_tokens_map.json",
-    "tekken.json",
-    "tokenizer.json",
-    "tokenizer.model",
-    "tokenizer_config.json",
-    "vocab.json",
-    "vocab.txt",
-)
+    "added_tokens.json", "chat_template.jinja", "chat_template.json", "config.json", "merges.txt",
+    "special_tokens_map.json", "tekken.json", "tokenizer.json", "tokenizer.model", "tokenizer_config.json",
+    "vocab.json", "vocab.txt",
+)  # fmt: skip
 
 #: Root-level globs for vocab files whose names vary by model family.
 TOKENIZER_GLOBS: tuple[str, ...] = (
@@ -70,10 +56,9 @@ MODEL_SIDE_GLOBS: tuple[str, ...] = ("*.json", "*.py", "*.txt", "*.jinja", "*.ya
 
 @dataclass(frozen=True)
 class Selection:
-    """The outcome of selecting files from a listing, each sorted: the ``paths`` to fetch; the optional tokenizer
-    names the repo lacks (``absent``: ``.no_exist`` markers); the sharded indexes whose ``weight_map`` finishes the
-    selection (``needs_index``: :func:`shards_from_index`); the configs whose ``auto_map`` (and for ``kind="model"``
-    ``modules.json``) may add files (``needs_config``: :func:`hfcache.warming.custom_code.follow_configs`)."""
+    """A selection, each sorted: ``paths`` to fetch; ``absent`` optional tokenizer names (``.no_exist`` markers);
+    ``needs_index``: sharded indexes to follow (:func:`shards_from_index`); ``needs_config``: configs whose
+    ``auto_map`` (and ``modules.json``) may add files (:func:`hfcache.warming.custom_code.follow_configs`)."""
 
     paths: tuple[str, ...]
     absent: tuple[str, ...]
@@ -92,15 +77,11 @@ def matches(path: str, patterns: Iterable[str]) -> bool:
     return False
 
 
-def _is_root(path: str) -> bool:
-    return "/" not in path
-
-
 def tokenizer_paths(paths: Iterable[str]) -> set[str]:
-    """Return the paths a tokenizer load can need, from all the repo's paths."""
+    """The paths a tokenizer load can need, of all the repo's ``paths``."""
     chosen = set()
     for path in paths:
-        if (_is_root(path) and (path in TOKENIZER_FILENAMES or matches(path, TOKENIZER_GLOBS))
+        if ("/" not in path and (path in TOKENIZER_FILENAMES or matches(path, TOKENIZER_GLOBS))
                 or path.startswith("additional_chat_templates/") and path.endswith(".jinja")):
             chosen.add(path)
     # A root "*.model"/"vocab.*" glob can catch weights ("vocab.bin" is rare, "model.bin" is not matched).
@@ -110,7 +91,7 @@ def tokenizer_paths(paths: Iterable[str]) -> set[str]:
 def weight_paths(paths: set[str]) -> tuple[set[str], tuple[str, ...]]:
     """``(paths, index_files)``: root weights in one format, safetensors when present, else PyTorch ``.bin``; a
     sharded index is returned for :func:`shards_from_index` instead (no shard is guessed)."""
-    root = {p for p in paths if _is_root(p)}
+    root = {p for p in paths if "/" not in p}
     for index_name, single_name, glob in _WEIGHT_FORMATS:
         if index_name in root:
             return {index_name}, (index_name,)
@@ -122,37 +103,29 @@ def weight_paths(paths: set[str]) -> tuple[set[str], tuple[str, ...]]:
     return set(), ()
 
 
-def select(
-    paths: Iterable[str],
-    kind: str = "tokenizer",
-    include: Sequence[str] = (),
-    exclude: Sequence[str] = (),
-) -> Selection:
-    """Select the files of one repo listing (``paths``: every file at one commit).
+def model_paths(paths: set[str]) -> tuple[set[str], tuple[str, ...]]:
+    """``(paths, index_files)`` a model load reads from ``paths`` (a repo's, or a module folder's): tokenizer files,
+    small side files (not other runtimes' exports) and the root weights in one format (:func:`weight_paths`)."""
+    weights, index_files = weight_paths(paths)
+    side = {p for p in paths if matches(p, MODEL_SIDE_GLOBS) and not p.startswith(EXPORT_DIRS)}
+    return tokenizer_paths(paths) | side | weights, index_files
 
-    Args:
-        kind: ``"tokenizer"`` (tokenizer files plus ``config.json``), ``"model"`` (tokenizer files, configs, custom
-            code and the weights in ONE format, safetensors first) or ``"all"`` (every file).
-        include: globs whose matches are added (e.g. ``"onnx/*"``). exclude: globs never selected (they win).
 
-    Raises:
-        ValueError: ``kind`` is not one of :data:`KINDS`.
-    """
+def select(paths: Iterable[str], kind: str = "tokenizer", include: Sequence[str] = (),
+           exclude: Sequence[str] = ()) -> Selection:
+    """Select the files of one repo listing (``paths``: every file at one commit). ``kind``: ``"tokenizer"``
+    (tokenizer files plus ``config.json``), ``"model"`` (:func:`model_paths`) or ``"all"``; ``include`` globs add
+    files, ``exclude`` globs win. Raises ValueError: ``kind`` is not one of :data:`KINDS`."""
     if kind not in KINDS:
         raise ValueError(f"unknown kind {kind!r}: expected one of {', '.join(KINDS)}")
     all_paths = set(paths)
     needs_index: tuple[str, ...] = ()
     if kind == "all":
         chosen = set(all_paths)
+    elif kind == "model":  # root weights; module folders: custom_code.follow_configs
+        chosen, needs_index = model_paths(all_paths)
     else:
         chosen = tokenizer_paths(all_paths)
-        if kind == "model":
-            side = {
-                p for p in all_paths
-                if matches(p, MODEL_SIDE_GLOBS) and not p.startswith(EXPORT_DIRS)
-            }
-            weights, needs_index = weight_paths(all_paths)  # root weights; module folders: custom_code.follow_configs
-            chosen |= side | weights
     chosen |= {p for p in all_paths if include and matches(p, include)}
     chosen = {p for p in chosen if not (exclude and matches(p, exclude))}
     # Markers for every kind: a tokenizer load from a "model" or "all" warm needs them just the same.
@@ -168,9 +141,8 @@ def select(
 
 def selection_notes(kind: str, include: Sequence[str], exclude: Sequence[str],
                     selected: Iterable[str]) -> tuple[str, ...]:
-    """One-line warnings about a selection that succeeded but is probably not what was asked (``selected``: the paths
-    warmed): ``kind == "model"`` without a weight file (:data:`WEIGHT_GLOBS`), each ``include`` glob that matched
-    nothing."""
+    """One-line warnings about a selection probably not what was asked (``selected``: the paths warmed): ``--kind
+    model`` without a weight file, each ``include`` glob that matched nothing."""
     paths = list(selected)
     notes = []
     after = " (after --exclude)" if exclude else ""
@@ -185,26 +157,21 @@ def selection_notes(kind: str, include: Sequence[str], exclude: Sequence[str],
     return tuple(notes)
 
 
-#: Largest sharded weight index read into memory, bytes (real ones are about 1 MiB at most); checked against the size
-#: the endpoint publishes before the index is fetched.
+#: Largest sharded weight index read into memory, bytes (real ones are about 1 MiB at most).
 MAX_INDEX_BYTES = 64 * 1024 * 1024
 
 
 def check_index_size(index_path: str, size: int) -> None:
-    """Raise ValueError when an index of ``size`` bytes (as published) is larger than ``MAX_INDEX_BYTES``."""
+    """ValueError when an index of ``size`` bytes (as published) is larger than ``MAX_INDEX_BYTES``."""
     if size > MAX_INDEX_BYTES:
         raise ValueError(f"{index_path} is {size} bytes, more than the {MAX_INDEX_BYTES} a sharded weight index "
                          "may have")
 
 
 def shards_from_index(index_bytes: bytes, available: Iterable[str], index_path: str) -> set[str]:
-    """The shard paths (from the repo root) the sharded index at ``index_path`` names in its ``weight_map`` (tensor
-    name -> shard file, relative to the index's folder); ``available``: every path of the repo.
-
-    Raises:
-        ValueError: not JSON with a ``weight_map`` object, larger than :data:`MAX_INDEX_BYTES`, nested deeper than
-            :data:`hfcache.bounds.MAX_JSON_DEPTH`, or naming a shard the repo does not have.
-    """
+    """The shard paths (from the repo root) the index at ``index_path`` names in its ``weight_map`` (relative to its
+    folder); ``available``: every path of the repo. Raises ValueError: no ``weight_map`` object, too large or deep,
+    or a shard the repo does not have."""
     if len(index_bytes) > MAX_INDEX_BYTES:
         raise ValueError(f"{index_path} is larger than {MAX_INDEX_BYTES} bytes: not read as a sharded weight index")
     try:
@@ -225,8 +192,7 @@ def shards_from_index(index_bytes: bytes, available: Iterable[str], index_path: 
     return shards
 
 
-#: Root files whose ``auto_map`` names the custom code a load runs (followed by :mod:`hfcache.warming.custom_code`,
-#: which also knows the keys of it that matter for a tokenizer load).
+#: Root files whose ``auto_map`` names the custom code a load runs (:mod:`hfcache.warming.custom_code`).
 AUTO_MAP_FILES: tuple[str, ...] = ("tokenizer_config.json", "config.json")
 
 #: sentence-transformers' list of modules (``SentenceTransformer._load_sbert_model``): each ``{"path": folder}`` is

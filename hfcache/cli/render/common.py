@@ -1,9 +1,6 @@
-"""What every command's rendering shares: the two consoles, one JSON document on stdout, error lines, and sizes
-and times for people. ``NO_COLOR`` is honoured by rich.
-
-The CLI convention (``git status``, ``pip list``, ``hf cache ls``): a command's result (its table, its summary line)
-goes to ``stdout``, so that ``hfcache ls | grep bert`` works; progress, waits, notices and errors go to ``stderr``.
-The consoles ``stdout`` and ``stderr`` are module attributes made on first use (:func:`__getattr__`).
+"""What every command's rendering shares: the two consoles (module attributes ``stdout``, ``stderr``, made on first
+use), one JSON document on stdout, error lines, sizes and times for people. A command's result goes to stdout (``|
+grep`` works), progress, waits, notices and errors to stderr (as ``git status``, ``pip list``).
 """
 
 from __future__ import annotations
@@ -22,9 +19,8 @@ if TYPE_CHECKING:
 __all__ = ["Bar", "ago", "human_size", "inert", "iso_time", "live_on_terminal", "lock_wait_notice", "print_error",
            "print_json", "table", "usage_hint", "warn"]
 
-# Off a terminal (a pipe, a file, CI logs, docker build output) rich assumes 80 columns and would wrap every long
-# repo id and path, breaking `| grep` and `| awk`. A table is only as wide as its content (rich tables do not expand),
-# so a generous width keeps each row on one line without padding anything. COLUMNS, when set, still wins.
+# Off a terminal rich assumes 80 columns and would wrap long ids and paths, breaking `| grep`; a table is only as wide
+# as its content, so a generous width keeps each row on one line. COLUMNS, when set, still wins.
 PIPE_WIDTH = 1000
 _consoles: dict[bool, Console] = {}
 
@@ -33,7 +29,7 @@ def _console(*, to_stderr: bool) -> Console:
     # Built on first use: `warm --lock --json` on a complete cache never loads rich (docs/benchmarks.md, goal P1).
     console = _consoles.get(to_stderr)
     if console is None:
-        Console = _inert_console_class()  # noqa: N806
+        Console = _inert_console_class()
 
         # markup=False: a plain string is text, never rich markup (a cache path '/tmp/a[/b]' was a MarkupError,
         # exit 70, and a hint "pip install 'hfcache[check]'" lost its "[check]"); styles are given as Text/styles
@@ -45,11 +41,8 @@ def _console(*, to_stderr: bool) -> Console:
 
 
 def _inert_console_class() -> type[Console]:
-    """A rich ``Console`` whose output text is inert: every rendered segment's text passes :func:`inert` (line
-    breaks rich made kept), so what a cache, an endpoint or a registry supplied cannot carry ESC sequences or bidi
-    overrides to the terminal; rich's own styles, added after, are untouched. Hooked at ``Console.render_str``
-    (strings become Text there, before they are measured) and ``Console.render`` (every renderable becomes segments
-    there, a ``Text`` built by hand too; escaping is idempotent)."""
+    """A rich ``Console`` whose output text passes :func:`inert` (line breaks kept; rich's own styles untouched),
+    hooked at ``render_str`` (before strings are measured) and ``render`` (every segment; escaping is idempotent)."""
     from rich.console import Console
     from rich.segment import Segment
 
@@ -58,8 +51,7 @@ def _inert_console_class() -> type[Console]:
 
     class InertConsole(Console):
         def render_str(self, text: str, **kwargs):  # type: ignore[override]
-            # Table cells and printed strings become Text here, before rich measures them: escaped first, a
-            # column is as wide as what is shown (the render hook below alone would cut escapes at the old width).
+            # Escaped before rich measures it: a column is as wide as what is shown.
             return super().render_str(keep_lines(text), **kwargs)
 
         def render(self, renderable, options=None):  # type: ignore[override]
@@ -86,8 +78,8 @@ def __getattr__(name: str) -> Any:
 
 
 def live_on_terminal(enabled: bool) -> bool:
-    """Whether a transient progress display should run: only on a terminal. Off one it would show nothing anyway,
-    and rich still writes its cursor-restoring controls when it stops (a stray empty line in logs and pipes)."""
+    """Whether a transient progress display should run: only on a terminal (off one, rich still writes its cursor
+    controls when it stops)."""
     return enabled and _stderr().is_terminal
 
 
@@ -103,8 +95,8 @@ def table(title: str, columns: Iterable[str], right: Collection[str] = (), **opt
 
 
 class Bar:
-    """One transient rich progress bar of ``total`` on stderr (rich ``ProgressColumn``s ``columns``), drawn only on a
-    terminal (:func:`live_on_terminal`); a context manager. :meth:`start` sets the total, :meth:`advance` moves it."""
+    """One transient rich progress bar of ``total`` with ``columns`` on stderr, drawn only on a terminal; a context
+    manager."""
 
     def __init__(self, enabled: bool, total: int, *columns: Any) -> None:
         from rich.progress import Progress
@@ -127,8 +119,8 @@ class Bar:
 
 
 def lock_wait_notice(wait: Any) -> None:
-    """Tell the user on stderr which lock a command waits for, who holds it, and how long it will wait at most
-    (a :class:`hfcache.cache.locking.LockWait`; the ``on_lock_wait`` callback of warm, prune, repair and import)."""
+    """``on_lock_wait``: which lock a command waits for (a :class:`hfcache.cache.locking.LockWait`), who holds it, and
+    how long it will wait at most, on stderr."""
     from rich.text import Text
 
     holder = f", held by {wait.holder}" if wait.holder else ""
@@ -137,8 +129,7 @@ def lock_wait_notice(wait: Any) -> None:
 
 
 def print_json(document: Any, *, compact: bool = False) -> None:
-    """Print exactly one JSON document on stdout (sorted keys, trailing newline; two-space indent unless
-    ``compact``, which large listings use: indenting 10,000 repos costs more than scanning them)."""
+    """Print one JSON document on stdout (sorted keys, trailing newline; two-space indent unless ``compact``)."""
     text = json.dumps(document, sort_keys=True, separators=(",", ":")) if compact else json.dumps(
         document, indent=2, sort_keys=True)
     sys.stdout.write(text + "\n")
@@ -146,12 +137,9 @@ def print_json(document: Any, *, compact: bool = False) -> None:
 
 
 def inert(text: str) -> str:
-    """``text`` as one inert line for a terminal: every character ``str.isprintable`` refuses (ESC and the other
-    C0/C1 controls, CR, LF, DEL, U+0085, U+2028, U+2029, bidi and other format characters) escaped as
-    ``\\xNN``/``\\uNNNN``. Error messages and notes quote what an endpoint, an upstream, a registry or a cache
-    supplied (a reason phrase, a file name, an id); escaped here, none of it can move the cursor, recolour the
-    terminal or print a line of its own (a fake ``ok`` or ``hint:``). Rich's ``Text`` strips only BEL, BS, VT, FF
-    and CR (``rich.control.strip_control_codes``), not ESC or line breaks."""
+    """``text`` as one inert line for a terminal: every character ``str.isprintable`` refuses (C0/C1 controls, CR,
+    LF, DEL, U+2028, bidi and other format characters) escaped as ``\\xNN``/``\\uNNNN``, so what a peer or cache
+    supplied cannot move the cursor or print a line of its own (rich's ``Text`` strips only BEL, BS, VT, FF, CR)."""
     if text.isprintable():
         return text
     return "".join(c if c.isprintable() else (f"\\x{ord(c):02x}" if ord(c) < 0x100 else f"\\u{ord(c):04x}")

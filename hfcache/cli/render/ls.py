@@ -16,8 +16,7 @@ if TYPE_CHECKING:
 
     from ...cache.scan import CacheInfo, RepoInfo
 
-__all__ = ["RepoSummary", "empty_cache_note", "ls_dict", "ls_table", "not_cached_warning", "repo_dict", "repo_summary",
-           "show_ls", "stream_ls_json"]
+__all__ = ["RepoSummary", "ls_dict", "ls_table", "repo_dict", "repo_summary", "show_ls", "stream_ls_json"]
 
 
 def repo_dict(repo: RepoInfo, pinned: set[tuple[str, str, str]] | None) -> dict[str, Any]:
@@ -94,19 +93,6 @@ def stream_ls_json(cache_dir: str, repos: Iterable[RepoSummary], out: TextIO) ->
     out.write("".join(chunk))
     out.flush()
     return unreadable
-
-
-def empty_cache_note(root) -> None:
-    """One line on stderr (stdout stays the table or the document): the cache exists and holds nothing yet."""
-    from rich.text import Text
-
-    common.stderr.print(Text(f"hfcache: note: {common.inert(str(root))} is an empty cache: nothing was warmed into "
-                             "it yet", style="yellow"), soft_wrap=True)
-
-
-def not_cached_warning(line: str) -> None:
-    """One ``hfcache: warning:`` line on stderr for a REPO_ID ``ls`` was asked about and the cache does not hold."""
-    common.warn(line, "hfcache: warning: ")
 
 
 def ls_table(document: dict[str, Any], revisions: bool, now: float) -> Table:

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+from dataclasses import asdict
+
 from rich.text import Text
 
 from .common import human_size, print_json, stderr, stdout
 
-__all__ = ["show_export", "show_import", "show_link"]
+__all__ = ["import_dict", "show_export", "show_import", "show_link"]
 
 
 def show_export(plan, dest: str, fmt: str, digest: str | None, *, as_json: bool) -> None:
@@ -22,13 +24,16 @@ def show_export(plan, dest: str, fmt: str, digest: str | None, *, as_json: bool)
                  + (f"\nsha256:{digest}" if digest else ""))
 
 
+def import_dict(report) -> dict:
+    """An :class:`hfcache.move.importer.ImportReport` as JSON data (``moved`` as ``moved_refs``)."""
+    document = asdict(report)
+    document["moved_refs"] = document.pop("moved")
+    return document
+
+
 def show_import(report, *, as_json: bool) -> None:
-    document = {"cache_dir": report.cache_dir, "repos": list(report.repos), "files": report.files,
-                "blobs_new": report.blobs_new, "blobs_existing": report.blobs_existing,
-                "blob_contents": report.blob_contents,
-                "bytes_new": report.bytes_new, "moved_refs": list(report.moved)}
     if as_json:
-        print_json(document)
+        print_json(import_dict(report))
         return
     stdout.print(f"imported {len(report.repos)} repo(s), {report.files} snapshot entries into {report.cache_dir}: "
                  f"{report.blobs_new} new blob entries ({human_size(report.bytes_new)}), "
@@ -39,10 +44,8 @@ def show_import(report, *, as_json: bool) -> None:
 
 
 def show_link(report, *, as_json: bool) -> None:
-    document = {"src": report.src, "dest": report.dest, "mode": report.mode, "files": report.files,
-                "bytes_added": report.bytes_added, "unchanged": report.unchanged}
     if as_json:
-        print_json(document)
+        print_json(asdict(report))
         return
     if report.unchanged:
         stdout.print(f"{report.dest} already is a {report.mode} of {report.src}: nothing to do")

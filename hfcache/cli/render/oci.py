@@ -3,19 +3,19 @@
 from __future__ import annotations
 
 import sys
+from dataclasses import asdict
 from typing import Any
 
 from . import common
 from .common import human_size, live_on_terminal, print_json
+from .move import import_dict
 
 __all__ = ["TransferProgress", "show_pull", "show_push"]
 
 
 class TransferProgress:
-    """A rich progress bar on stderr per blob transferred (implements :class:`hfcache.oci.image.TransferSink`),
-    only on a terminal (:func:`live_on_terminal`, as warm's): off one (a log file, a pipe, CI) rich would still print
-    the final bars when it stops, one line per blob with its bar characters, into the log. Disabled (``--json``, or
-    stderr not a terminal) it draws nothing and imports no rich."""
+    """A rich progress bar on stderr per blob transferred (a :class:`hfcache.oci.image.TransferSink`), only on a
+    terminal (:func:`live_on_terminal`); disabled, it draws nothing and imports no rich."""
 
     def __init__(self, enabled: bool) -> None:
         self._progress = None
@@ -24,8 +24,7 @@ class TransferProgress:
             return
         from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TransferSpeedColumn
 
-        # transient: the bars go when the transfer ends; the result line (push: stderr, pull: stdout) says what was
-        # sent, and an error line is not left under a column of half-full bars.
+        # transient: the result line says what was sent; an error line is not left under half-full bars.
         self._progress = Progress(TextColumn("{task.description}"), BarColumn(), DownloadColumn(binary_units=True),
                                   TransferSpeedColumn(), console=common.stderr, transient=True)
 
@@ -49,17 +48,12 @@ class TransferProgress:
             self._progress.advance(self._task, nbytes)
 
 
-def _layers_json(layers) -> list[dict]:
-    return [{"digest": x.digest, "size": x.size, "diff_id": x.diff_id, "repos": list(x.repos),
-             "transferred": x.transferred} for x in layers]
-
-
 def show_push(report: Any, *, as_json: bool) -> None:
     """push's result: JSON, or one line on stderr and ``REF@DIGEST`` on stdout (for scripts)."""
     if as_json:
         print_json({"ok": True, "reference": report.reference, "digest": report.digest, "split": report.split,
                     "format": report.format, "prefix": report.prefix, "signature": report.signature or None,
-                    "repos": list(report.repos), "layers": _layers_json(report.layers),
+                    "repos": list(report.repos), "layers": [asdict(x) for x in report.layers],
                     "bytes_total": report.bytes_total, "bytes_uploaded": report.bytes_uploaded})
         return
     kind = "a ModelPack artifact" if report.format == "modelpack" else "an image"
@@ -75,13 +69,9 @@ def show_pull(report: Any, *, as_json: bool) -> None:
     """pull's result: JSON, or what was downloaded and merged (stdout)."""
     imported = report.imported
     if as_json:
-        print_json({"ok": True, "reference": report.reference, "digest": report.digest,
-                    "layers": _layers_json(report.layers), "bytes_downloaded": report.bytes_downloaded,
-                    "bytes_unpacked": report.bytes_unpacked, "cache_dir": imported.cache_dir,
-                    "repos": list(imported.repos), "files": imported.files, "blobs_new": imported.blobs_new,
-                    "blobs_existing": imported.blobs_existing,
-                    "blob_contents": imported.blob_contents, "bytes_new": imported.bytes_new,
-                    "moved_refs": list(imported.moved), "format": getattr(report, "format", "image"),
+        print_json({**import_dict(imported), "ok": True, "reference": report.reference, "digest": report.digest,
+                    "layers": [asdict(x) for x in report.layers], "bytes_downloaded": report.bytes_downloaded,
+                    "bytes_unpacked": report.bytes_unpacked, "format": getattr(report, "format", "image"),
                     "skipped_layers": list(getattr(report, "skipped", ())),
                     "signed_by": getattr(report, "signed_by", None)})
         return

@@ -1,9 +1,11 @@
-"""Rendering of ``hfcache env``, ``doctor`` and ``serve`` (the runtime side: offline variables, diagnosis, mirror)."""
+"""Rendering of ``hfcache env``, ``doctor`` and ``serve`` (the runtime side: offline variables, diagnosis, mirror),
+and ``hfcache path`` (one absolute path a line, so ``$(hfcache path ...)`` works, or one JSON document)."""
 
 from __future__ import annotations
 
 import os
 import sys
+from dataclasses import asdict
 from typing import TYPE_CHECKING, Any
 
 from rich.text import Text
@@ -14,7 +16,8 @@ from .common import print_json, stderr, stdout
 if TYPE_CHECKING:
     from ...offline.doctor import DoctorReport
 
-__all__ = ["doctor_dict", "show_doctor", "show_env", "show_mirror_ready", "show_mirror_stopped"]
+__all__ = ["doctor_dict", "path_document", "show_doctor", "show_env", "show_mirror_ready", "show_mirror_stopped",
+           "show_path"]
 
 
 def show_env(text: str) -> None:
@@ -26,30 +29,16 @@ def show_env(text: str) -> None:
 def doctor_dict(report: DoctorReport) -> dict[str, Any]:
     """``hfcache doctor --json``: the report as plain data (sizes in bytes)."""
     return {
-        "ok": report.ok,
-        "exit_code": report.exit_code,
-        "cache_dir": report.cache_dir,
-        "effective_cache_dir": report.effective_cache_dir,
-        "cache_source": report.cache_source,
-        "offline": report.offline,
+        "ok": report.ok, "exit_code": report.exit_code, "cache_dir": report.cache_dir, "offline": report.offline,
+        "effective_cache_dir": report.effective_cache_dir, "cache_source": report.cache_source,
         "user": {"uid": report.uid, "gid": report.gid, "groups": list(report.groups),
                  "umask": None if report.umask is None else f"{report.umask:04o}"},
         "cache": {"owner_uid": report.owner_uid, "owner_gid": report.owner_gid, "writable": report.writable,
                   "read_only_fs": report.read_only_fs, "symlinks": report.symlinks, "free_bytes": report.free_bytes},
         "versions": dict(report.versions),
-        "shared_store": _store_dict(report.shared_store),
-        "findings": [{"code": f.code, "severity": f.severity, "message": f.message, "fix": f.fix}
-                     for f in report.findings],
+        "shared_store": None if report.shared_store is None else asdict(report.shared_store),
+        "findings": [asdict(f) for f in report.findings],
     }
-
-
-def _store_dict(store: Any) -> dict[str, Any] | None:
-    """The shared Xet blob store of a doctor report as plain data (None when the cache is missing)."""
-    if store is None:
-        return None
-    return {"path": store.path, "present": store.present, "marked": store.marked, "payloads": store.payloads,
-            "payload_bytes": store.payload_bytes, "problems": list(store.problems),
-            "disabling_variables": dict(store.disabling_variables), "enabled": store.enabled}
 
 
 def show_doctor(report: DoctorReport, *, as_json: bool) -> None:
@@ -89,3 +78,22 @@ def show_mirror_stopped(run: Any) -> None:
     cut = f"; {run.cut_short} download(s) cut short" if run.cut_short else ""
     stderr.print(Text(f"hfcache: stopped on {run.signal} after {run.seconds:.0f} s{cut}"), soft_wrap=True)
 
+
+def path_document(resolved: Any) -> dict[str, Any]:
+    """The ``--json`` document of a :class:`hfcache.offline.paths.ResolvedPath`: ``repo_id``, ``repo_type``,
+    ``revision``, ``commit_hash``, ``snapshot`` (absolute) and ``files`` (absolute snapshot paths; empty without a
+    PATTERN)."""
+    return {"repo_id": resolved.repo_id, "repo_type": resolved.repo_type, "revision": resolved.revision,
+            "commit_hash": resolved.commit_hash, "snapshot": str(resolved.snapshot),
+            "files": [str(p) for p in resolved.files]}
+
+
+def show_path(resolved: Any, *, as_json: bool) -> None:
+    """Print the snapshot folder (no PATTERN) or each matching file on its own line, nothing else; or the JSON
+    document. Every path was checked to be one printable line (hfcache/offline/paths.py)."""
+    if as_json:
+        print_json(path_document(resolved))
+        return
+    lines = [str(p) for p in resolved.files] if resolved.pattern is not None else [str(resolved.snapshot)]
+    sys.stdout.write("".join(line + "\n" for line in lines))
+    sys.stdout.flush()

@@ -3,6 +3,7 @@ outcome; ``--json`` prints the same plan as one document."""
 
 from __future__ import annotations
 
+from dataclasses import asdict
 from typing import TYPE_CHECKING, Any
 
 from rich.progress import BarColumn, TextColumn, TimeElapsedColumn
@@ -27,9 +28,7 @@ def prune_dict(plan: PrunePlan, result: PruneResult | None = None, *, dry_run: b
     outcomes = {o.item: o for o in result.outcomes} if result is not None else {}
     items = []
     for item in plan.items:
-        entry = {"kind": item.kind, "repo_id": item.repo_id, "repo_type": item.repo_type, "path": item.path,
-                 "revision": item.revision, "reason": item.reason, "detail": item.detail,
-                 "bytes_freed": item.bytes_freed}
+        entry = {k: v for k, v in asdict(item).items() if k != "folder"}
         if item in outcomes:
             entry.update(status=outcomes[item].status, note=outcomes[item].note)
         items.append(entry)
@@ -37,9 +36,7 @@ def prune_dict(plan: PrunePlan, result: PruneResult | None = None, *, dry_run: b
                        if o.item.kind == "snapshot"}
     revisions = []
     for r in plan.revisions:
-        entry = {"repo_id": r.repo_id, "repo_type": r.repo_type, "commit_hash": r.commit_hash, "refs": list(r.refs),
-                 "last_used": iso_time(r.last_used), "size_on_disk": r.size_on_disk, "reason": r.reason,
-                 "detail": r.detail, "bytes_freed": r.bytes_freed}
+        entry = {k: v for k, v in asdict(r).items() if k != "folder"} | {"last_used": iso_time(r.last_used)}
         if result is not None:
             entry["status"] = snapshot_status.get((r.folder, r.commit_hash), "removed")
         revisions.append(entry)
@@ -49,9 +46,7 @@ def prune_dict(plan: PrunePlan, result: PruneResult | None = None, *, dry_run: b
         "ok": result.ok if result is not None else True,
         "exit_code": result.exit_code if result is not None else (5 if plan.unreadable else 0),
         "unreadable": list(plan.unreadable), "empty_cache": plan.empty,
-        "policy": {"older_than": policy.older_than, "max_size": policy.max_size,
-                   "keep": [str(k) for k in policy.keep], "keep_locks": list(policy.keep_locks),
-                   "grace": policy.grace},
+        "policy": asdict(policy) | {"keep": [str(k) for k in policy.keep]},
         "summary": {
             "repos_before": plan.repos_before, "repos_removed": plan.repos_removed,
             "repos_kept": plan.repos_before - plan.repos_removed,

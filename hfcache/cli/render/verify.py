@@ -33,21 +33,14 @@ def _problem_dict(p) -> dict[str, Any]:
 
 def show_verify(report: VerifyReport, actions: tuple[RepairAction, ...], before: VerifyReport | None, *,
                 as_json: bool, exit_code: int | None = None) -> None:
-    """verify's result: JSON, or a table of every problem (errors first in severity, stable order) and a summary.
-    ``exit_code``: the command's (``verify --repair``: 3 when no endpoint could serve a revision), default the
-    report's."""
+    """verify's result: JSON, or a table of every problem and a summary; ``exit_code``: the command's (``verify
+    --repair``: 3 when no endpoint could serve a revision), default the report's."""
     if as_json:
-        document = {
-            "cache_dir": report.cache_dir,
-            "ok": report.ok,
-            "exit_code": report.exit_code if exit_code is None else exit_code,
-            "repos": list(report.repos),
-            "blobs_hashed": report.blobs_hashed,
-            "bytes_hashed": report.bytes_hashed,
-            "blobs_skipped": report.blobs_skipped,
-            "seconds": round(report.seconds, 3),
-            "problems": [_problem_dict(p) for p in report.problems],
-        }
+        document = {"cache_dir": report.cache_dir, "ok": report.ok, "repos": list(report.repos),
+                    "exit_code": report.exit_code if exit_code is None else exit_code,
+                    "blobs_hashed": report.blobs_hashed, "bytes_hashed": report.bytes_hashed,
+                    "blobs_skipped": report.blobs_skipped, "seconds": round(report.seconds, 3),
+                    "problems": [_problem_dict(p) for p in report.problems]}
         if before is not None:
             document["before_repair"] = [_problem_dict(p) for p in before.problems]
             document["repairs"] = [{"repo_id": a.repo_id, "revision": a.revision, "path": a.path,
@@ -81,23 +74,16 @@ def show_verify(report: VerifyReport, actions: tuple[RepairAction, ...], before:
 def show_check(report: CheckReport, *, as_json: bool) -> None:
     """check's result: JSON, or a table (repo, class, vocab, load time, ids or the cause of the failure)."""
     if as_json:
-        print_json({
-            "cache_dir": report.cache_dir,
-            "text": report.text,
-            "ok": report.ok,
-            "exit_code": report.exit_code,
-            "import_seconds": report.import_seconds,
-            "tokenizers": [
-                {"repo_id": r.target.repo_id, "revision": r.target.revision, "repo_type": r.target.repo_type,
-                 "ok": r.ok, "trust_remote_code": r.target.trust_remote_code,
-                 "class": r.tokenizer_class, "vocab_size": r.vocab_size,
-                 "input_ids": list(r.input_ids) if r.input_ids is not None else None,
-                 "seconds": r.seconds, "error": r.error, "cause": r.cause, "skipped": r.skipped,
-                 "not_run": r.not_run, "fast_path": r.fast_path, "commit": r.commit}
-                for r in report.results
-            ],
-            "fast_path_recorded": report.fast_recorded,
-        })
+        print_json({"cache_dir": report.cache_dir, "text": report.text, "ok": report.ok, "exit_code": report.exit_code,
+                    "import_seconds": report.import_seconds, "fast_path_recorded": report.fast_recorded,
+                    "tokenizers": [
+                        {"repo_id": r.target.repo_id, "revision": r.target.revision, "repo_type": r.target.repo_type,
+                         "ok": r.ok, "trust_remote_code": r.target.trust_remote_code,
+                         "class": r.tokenizer_class, "vocab_size": r.vocab_size,
+                         "input_ids": list(r.input_ids) if r.input_ids is not None else None,
+                         "seconds": r.seconds, "error": r.error, "cause": r.cause, "skipped": r.skipped,
+                         "not_run": r.not_run, "fast_path": r.fast_path, "commit": r.commit}
+                        for r in report.results]})
         return
     table = common.table(f"hfcache check {report.cache_dir} (offline)",
                          ("tokenizer", "class", "vocab", "load", "fast path", "result"), right=("vocab", "load"),

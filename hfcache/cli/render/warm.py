@@ -1,7 +1,5 @@
-"""Rendering of ``hfcache warm`` and ``hfcache lock``: progress per repo, the summary table, the pin result.
-
-rich is imported where a table or a bar is drawn: ``warm --lock --json`` on a complete cache must not pay for it
-(docs/benchmarks.md, goal P1).
+"""Rendering of ``hfcache warm`` and ``hfcache lock``: progress per repo, the summary table, the pin result. rich is
+imported where a table or a bar is drawn (``warm --lock --json`` on a complete cache: docs/benchmarks.md, goal P1).
 """
 
 from __future__ import annotations
@@ -48,12 +46,6 @@ def warm_report_dict(report: WarmReport) -> dict[str, Any]:
             "warnings": [*report.warnings, *(f"{r.request.repo_id}: {note}" for r in report.repos for note in r.notes)]}
 
 
-def __getattr__(name: str) -> Any:
-    if name == "stderr":  # the shared rich Console, made on first use (render.common)
-        return common.stderr
-    raise AttributeError(name)
-
-
 def warm_summary_table(report: WarmReport) -> Table:
     from rich.text import Text
 
@@ -81,8 +73,7 @@ def warm_summary_table(report: WarmReport) -> Table:
 
 
 def warm_summary_line(report: WarmReport) -> str:
-    """The line under warm's table: repos ok, failed and interrupted, bytes downloaded, HTTP requests sent
-    (:attr:`RepoResult.requests`), time; ``lock satisfied by the cache: 0 requests`` when no endpoint was asked."""
+    """The line under warm's table: repos ok, failed and interrupted, bytes downloaded, HTTP requests sent, time."""
     stopped = sum(r.error_type == "Interrupted" for r in report.repos)  # Ctrl-C: not a failure of the repo
     failed = sum(not r.ok for r in report.repos) - stopped
     if report.satisfied_by_cache:
@@ -97,14 +88,9 @@ def warm_summary_line(report: WarmReport) -> str:
 
 class WarmProgress:
     """warm's progress (a :class:`hfcache.records.ProgressSink`): on a terminal, one transient bar per repo (bytes)
-    and a total bar on stderr, cleared when the warm ends, so a failed or interrupted warm leaves no empty bars above
-    its error lines. Bytes a repo reports before its bar exists (files started while its configs are read, a resumed
-    download's kept prefix, cached blobs) are shown as done when it is added.
-
-    On Ctrl-C or SIGTERM, once the bars are gone, it prints the summary of what finished (:attr:`finished`, and what
-    a lock's cache already held) and what was ``interrupted`` (:func:`interrupted_report`; the table, or with
-    ``--json`` the document, exit_code 130; not with ``-q``, nor when nothing finished), then the interrupt goes on
-    to the CLI's one error line and exit 130/143."""
+    and a total bar on stderr; bytes a repo reports before its bar exists are shown as done when it is added. On
+    Ctrl-C or SIGTERM, once the bars are gone, the summary of what finished and what was interrupted
+    (:func:`interrupted_report`; not with ``-q``, nor when nothing finished), before the CLI's error line."""
 
     def __init__(self, *, as_json: bool, quiet: bool) -> None:
         self._enabled = not (as_json or quiet)  # --json / -q: no bar, and no rich import either
@@ -117,12 +103,12 @@ class WarmProgress:
         self.cache_dir, self.requests, self.satisfied = "", [], []
         if not self._enabled:
             return
-        from rich.progress import (BarColumn, DownloadColumn, Progress, TextColumn, TimeElapsedColumn,
-                                   TransferSpeedColumn)
+        from rich import progress as rp
 
-        self._progress = Progress(TextColumn("{task.description}"), BarColumn(), DownloadColumn(binary_units=True),
-                                  TransferSpeedColumn(), TextColumn("{task.fields[status]}"), TimeElapsedColumn(),
-                                  console=common.stderr, disable=not live_on_terminal(True), transient=True)
+        self._progress = rp.Progress(rp.TextColumn("{task.description}"), rp.BarColumn(),
+                                     rp.DownloadColumn(binary_units=True), rp.TransferSpeedColumn(),
+                                     rp.TextColumn("{task.fields[status]}"), rp.TimeElapsedColumn(),
+                                     console=common.stderr, disable=not live_on_terminal(True), transient=True)
 
     def __enter__(self) -> WarmProgress:
         if self._enabled:
@@ -137,7 +123,7 @@ class WarmProgress:
                 self._show_interrupted()
 
     def _show_interrupted(self) -> None:
-        """The summary of an interrupted warm, unless stdout's reader is not reading (the exit must not wait)."""
+        """The summary of an interrupted warm, unless stdout's reader is not reading."""
         finished = [*self.finished.values(), *self.satisfied]
         if not select.select([], [1], [], 0)[1] or not finished:  # nothing ended: the CLI's error line says it all
             return
@@ -146,7 +132,6 @@ class WarmProgress:
         show_warm_report(report, as_json=self._as_json, quiet=False)
 
     def planned(self, cache_dir: str, requests, satisfied) -> None:
-        """Every request of the warm, and the results of those a lock's cache already holds (never started)."""
         self.cache_dir, self.requests, self.satisfied = cache_dir, list(requests), list(satisfied)
         self._total_repos = len(self.requests)
         if self._enabled:
@@ -183,9 +168,8 @@ class WarmProgress:
         """Repo ``key`` ended with ``result`` (kept in :attr:`finished`, also when no bar is shown)."""
         with self._lock:
             self.finished[key] = result
-        if not self._enabled:
-            return
-        with self._lock:
+            if not self._enabled:
+                return
             self._done += 1
             self._progress.update(self._total, status=f"{self._done}/{self._total_repos} repos")
             task = self._tasks.get(key)
@@ -197,9 +181,8 @@ class WarmProgress:
 
 
 def interrupted_report(requests, finished, *, cache_dir: str, seconds: float) -> WarmReport:
-    """The report of a warm Ctrl-C (or SIGTERM) stopped: one row per request (WarmRequests, in order), the result of
-    each repo that finished before the stop (``finished``: RepoResults, matched by request), every other one
-    ``interrupted`` (exit 130, nothing of it published; its partial files resume on the next run)."""
+    """The report of an interrupted warm: per request (in order), its RepoResult among ``finished``, else an
+    ``interrupted`` one (exit 130, nothing of it published)."""
     pool = list(finished)
     rows = []
     for request in requests:
@@ -217,8 +200,7 @@ def interrupted_report(requests, finished, *, cache_dir: str, seconds: float) ->
 
 def show_warm_report(report: WarmReport, *, as_json: bool, quiet: bool) -> None:
     """JSON document on stdout, or the summary table on stdout and, on stderr, one line per warning (the run's, then
-    each repo's notes) and per failed repo. An ``interrupted`` row (:func:`interrupted_report`) gets no error
-    line of its own: the CLI prints the one ``hfcache: error: interrupted`` line after the table."""
+    each repo's notes) and per failed repo (not per interrupted one: the CLI prints that line)."""
     if as_json:
         print_json(warm_report_dict(report))
         return
@@ -239,8 +221,7 @@ def show_pin_result(result: PinResult, lock_path, written: bool, *, as_json: boo
     if as_json:
         print_json({"lock": str(lock_path), "written": written, "ok": not result.failures,
                     "resolved": list(result.resolved), "kept": list(result.kept),
-                    "failures": [{"spec": f.spec, "error": f.error, "hint": f.hint, "exit_code": f.exit_code}
-                                 for f in result.failures],
+                    "failures": [asdict(f) for f in result.failures],
                     "repos": [{"repo_id": r.request.repo_id, "revision": r.request.revision,
                                "canonical_id": r.canonical_id, "commit_hash": r.commit_hash, "files": len(r.files),
                                "bytes": sum(f.size for f in r.files), "notes": list(r.notes)}

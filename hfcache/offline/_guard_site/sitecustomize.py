@@ -1,10 +1,6 @@
-"""hfcache's network guard for the Python processes ``hfcache exec`` starts (standard library only).
-
-``hfcache exec`` puts this folder first on the child's ``PYTHONPATH``, so ``site`` imports this file at start-up. It
-installs the guard (``hfcache/offline/guard.py``, loaded by file path: the child needs neither hfcache nor its
-dependencies) with the allow-list of ``HFCACHE_ALLOW_HOSTS`` (malformed: no host allowed, a warning on stderr), then
-runs the ``sitecustomize`` this file shadows, if any (an image's own, or a distribution's).
-"""
+"""hfcache's network guard for the Python processes ``hfcache exec`` starts (standard library only): put first on
+``PYTHONPATH``, it loads ``hfcache/offline/guard.py`` by file path, installs it with ``HFCACHE_ALLOW_HOSTS`` (malformed:
+no host allowed, a warning), then runs the ``sitecustomize`` it shadows, if any."""
 
 import importlib.machinery
 import importlib.util
