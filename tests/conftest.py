@@ -83,6 +83,17 @@ def pytest_configure(config: pytest.Config) -> None:
         os.environ.pop(name, None)
 
 
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Tests marked ``timing`` (wall-time ratios, the harness's own pytest sessions) run only when ``-m`` selects them
+    (``-m slow``, ``-m timing``): the plain command of README.md and CI skips them, saying how to run them."""
+    if config.option.markexpr:
+        return
+    skip = pytest.mark.skip(reason="timing: needs a quiet machine; run with -m slow (or -m timing)")
+    for item in items:
+        if item.get_closest_marker("timing") is not None:
+            item.add_marker(skip)
+
+
 def pytest_sessionstart(session: pytest.Session) -> None:
     """Give the session a token every child inherits; remove runtime folders that killed runs left. An xdist worker
     keeps the token of its controller (which starts the workers after this hook): one session, judged by the

@@ -8,11 +8,13 @@ import shutil
 import socket
 import subprocess
 import sys
+import threading
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
 DATA = Path(__file__).parent / "data"
+HUB = DATA / "hub"  # the fixture repos the test Hub serves (tests/data/README.md)
 REPO = Path(__file__).resolve().parent.parent
 GOLDEN = json.loads((DATA / "golden.json").read_text(encoding="utf-8"))
 
@@ -112,3 +114,90 @@ def build_wheel(outdir: Path, work: Path) -> Path:
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     [wheel] = outdir.glob("hfcache-*.whl")
     return wheel
+
+
+def one_error_line(proc, code: int, *needles: str) -> str:
+    """The one ``hfcache: error:`` line of a command that exited ``code`` (no traceback), holding every needle and
+    followed by its hint."""
+    assert proc.returncode == code, (proc.returncode, proc.stdout, proc.stderr)
+    assert "Traceback" not in proc.stderr
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    error = next(line for line in lines if line.startswith("hfcache: error: "))
+    assert all(needle in error for needle in needles), (needles, error)
+    assert lines[lines.index(error) + 1].startswith("hint: "), proc.stderr
+    return error
+
+
+@contextmanager
+def listener() -> Iterator[tuple[int, list[str]]]:
+    """A TCP listener and a UDP socket on the same 127.0.0.1 port (and [::1] is not used); yields (port, arrivals)."""
+    tcp = socket.socket()
+    tcp.setsockopt(socket.IPPROTO_TCP, getattr(socket, "TCP_FASTOPEN", 23), 16)
+    tcp.bind(("127.0.0.1", 0))
+    tcp.listen(16)
+    port = tcp.getsockname()[1]
+    udp = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    udp.bind(("127.0.0.1", port))
+    arrivals: list[str] = []
+    stop = threading.Event()
+
+    def accept() -> None:
+        tcp.settimeout(0.2)
+        while not stop.is_set():
+            try:
+                conn, _ = tcp.accept()
+            except (TimeoutError, OSError):
+                continue
+            conn.settimeout(2)
+            try:
+                arrivals.append(f"tcp:{conn.recv(100)!r}")
+            except OSError:
+                arrivals.append("tcp:connection")
+            conn.close()
+
+    def receive() -> None:
+        udp.settimeout(0.2)
+        while not stop.is_set():
+            try:
+                arrivals.append(f"udp:{udp.recv(100)!r}")
+            except (TimeoutError, OSError):
+                continue
+
+    threads = [threading.Thread(target=accept, daemon=True), threading.Thread(target=receive, daemon=True)]
+    for t in threads:
+        t.start()
+    try:
+        yield port, arrivals
+    finally:
+        stop.set()
+        for t in threads:
+            t.join(5)
+        tcp.close()
+        udp.close()
+
+
+def warm(cache: Path, *specs: str, root: Path = HUB) -> None:
+    """Warm ``specs`` (``REPO[@REV]``) into ``cache`` from a test Hub over ``root``, in-process; they must succeed."""
+    import hfcache
+    from hfcache.records import WarmRequest
+    from tests.testhub import HubServer
+
+    with HubServer(root) as server:
+        report = hfcache.warm([WarmRequest.parse(s) for s in specs], cache_dir=cache, endpoint=server.endpoint,
+                              token=False)
+    assert report.ok, [r.error for r in report.repos]
+
+
+def many_repos_cache(root: Path, repos: int) -> Path:
+    """``repos`` small repo folders (one blob, one snapshot link, a ref): enough for ls to take a while."""
+    cache = root / "cache"
+    commit = "1" * 40
+    for i in range(repos):
+        repo = cache / f"models--org--r{i}"
+        (repo / "blobs").mkdir(parents=True)
+        (repo / "blobs" / ("a" * 40)).write_text(str(i))
+        (repo / "refs").mkdir()
+        (repo / "refs" / "main").write_text(commit)
+        (repo / "snapshots" / commit).mkdir(parents=True)
+        (repo / "snapshots" / commit / "config.json").symlink_to("../../blobs/" + "a" * 40)
+    return cache

@@ -1,21 +1,36 @@
-"""A Hub-compatible server that misbehaves on purpose, for the adversarial tests.
+"""Peers that misbehave on purpose, for the adversarial tests: :class:`PeerServer`, the one hand-written HTTP
+server of the suite, its route builders, and :class:`HostileServer`, a Hub of one repo with a fault at a time.
 
-It serves one small repo, ``evil/repo``, whose one file ``tokenizer.json`` is honest unless a fault says
-otherwise. Standard library only (``http.server``), so a fault can do anything a broken proxy could: lie in
-headers, stall, never end, loop redirects, speak invalid JSON. The request log counts what was asked.
+The suite's Hub is the test Hub (``tests/testhub``, tests/README.md): real repos, real answers, and the faults a
+misbehaving Hub or CDN shows (429s, cut bodies, pacing). A :class:`PeerServer` is for what no real server sends and so
+the test Hub cannot: lies in headers and JSON (hashes, sizes, commits, paths), answers dripped a byte at a time or
+never ending, redirects to other origins, a registry with its own auth or a proxy that stalls. Standard library only
+(``http.server``), so an answer can be anything a broken proxy could send.
+
+``HostileServer`` serves one small repo, ``evil/repo``, whose one file ``tokenizer.json`` is honest unless a fault
+says otherwise. Its request log counts what was asked.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
+import gzip
 import hashlib
+import http.client
 import json
 import threading
+import time
 import zlib
+from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 CONTENT = b'{"version": "1.0", "model": {"type": "WordLevel", "vocab": {"[UNK]": 0}, "unk_token": "[UNK]"}}\n'
 COMMIT = hashlib.sha1(b"evil commit").hexdigest()
+#: An answer: writes the whole response to the handler (status line, headers, body).
+Route = Callable[[BaseHTTPRequestHandler], None]
+#: Headers a proxy does not pass on (hop by hop, or recomputed from the body it sends).
+HOP_HEADERS = ("content-length", "transfer-encoding", "connection")
 
 
 def git_sha1(data: bytes) -> str:
@@ -44,49 +59,150 @@ def gzip_bomb() -> bytes:
     return b"".join(parts)
 
 
-class PeerServer:
-    """A threaded HTTP/1.1 server on 127.0.0.1 playing a hostile peer. A subclass sets its own state, then calls
-    ``super().__init__()``, answers in ``_answer(handler, head)`` and may log each request in ``_record(handler)``;
-    ``with Server(...) as server: server.endpoint``. ``_stop`` is set on exit (for answers that drip forever)."""
+class _Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
 
-    def __init__(self) -> None:
-        self._stop = threading.Event()
-        outer = self
+    def log_message(self, *args) -> None:  # quiet
+        pass
 
-        class Handler(BaseHTTPRequestHandler):
-            protocol_version = "HTTP/1.1"
+    def _any(self) -> None:
+        peer: PeerServer = self.server  # type: ignore[assignment]
+        peer.log.append((self.command, self.path, self.headers.get("Authorization")))
+        peer._record(self)
+        with contextlib.suppress(BrokenPipeError, ConnectionResetError):
+            peer._answer(self, self.command == "HEAD")
 
-            def log_message(self, *args) -> None:  # quiet
-                pass
+    do_GET = do_HEAD = do_PUT = do_POST = do_PATCH = do_DELETE = _any
 
-            def do_HEAD(self) -> None:
-                self.do_GET(head=True)
 
-            def do_GET(self, head: bool = False) -> None:
-                outer._record(self)
-                try:
-                    outer._answer(self, head)
-                except (BrokenPipeError, ConnectionResetError):
-                    pass
+class PeerServer(ThreadingHTTPServer):
+    """A threaded HTTP/1.1 server on 127.0.0.1 playing a peer the test Hub cannot (the module's docstring).
 
-        self._httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self._httpd.daemon_threads = True
-        self.endpoint = f"http://127.0.0.1:{self._httpd.server_address[1]}"
+    It answers by ``routes`` (path prefix -> :data:`Route`, the longest prefix first; 404 otherwise), or a subclass
+    answers in ``_answer(handler, head)`` and may log more in ``_record(handler)``. ``log`` holds (method, path,
+    Authorization) of every request. ``host`` is how clients name it (``127.0.0.1`` or ``localhost``: two origins),
+    ``endpoint`` its URL; ``stop`` is set on exit (for answers that drip forever). ``with PeerServer() as peer:``.
+    """
 
-    def _record(self, h) -> None:
-        """Log one request (nothing by default)."""
+    daemon_threads = True
 
-    def _answer(self, h, head: bool) -> None:
-        raise NotImplementedError
+    def __init__(self, host: str = "127.0.0.1") -> None:
+        self.log: list[tuple[str, str, str | None]] = []
+        self.routes: dict[str, Route] = {}
+        self.stop = threading.Event()
+        # A handler class of its own: a server may set class attributes (disable_nagle_algorithm) for itself alone.
+        super().__init__(("127.0.0.1", 0), type("Handler", (_Handler,), {}))
+        self.host = f"{host}:{self.server_port}"
+        self.endpoint = f"http://{self.host}"
+
+    def _record(self, h: BaseHTTPRequestHandler) -> None:
+        """Log one request beyond ``log`` (nothing by default)."""
+
+    def _answer(self, h: BaseHTTPRequestHandler, head: bool) -> None:
+        length = int(h.headers.get("Content-Length") or 0)
+        if length:
+            h.rfile.read(length)
+        path = h.path.split("?")[0]
+        route = next((self.routes[p] for p in sorted(self.routes, key=len, reverse=True) if path.startswith(p)), None)
+        (route or (lambda h: send(h, 404, b'{"errors": []}')))(h)
+
+    def authorizations(self) -> list[str]:
+        return [auth for _, _, auth in self.log if auth]
 
     def __enter__(self):
-        threading.Thread(target=self._httpd.serve_forever, daemon=True).start()
+        threading.Thread(target=self.serve_forever, daemon=True).start()
         return self
 
     def __exit__(self, *exc) -> None:
-        self._stop.set()
-        self._httpd.shutdown()
-        self._httpd.server_close()
+        self.stop.set()
+        self.shutdown()
+        self.server_close()
+
+
+# --- answers ---------------------------------------------------------------------------------------------------------
+
+
+def send(h: BaseHTTPRequestHandler, status: int, body: bytes = b"", headers: dict[str, str] | None = None) -> None:
+    """One whole answer (``Content-Length`` from the body unless ``headers`` set it; no body for a HEAD)."""
+    h.send_response(status)
+    for key, value in (headers or {}).items():
+        h.send_header(key, value)
+    if "Content-Length" not in (headers or {}):
+        h.send_header("Content-Length", str(len(body)))
+    h.end_headers()
+    if h.command != "HEAD":
+        h.wfile.write(body)
+
+
+def body(data: bytes, **headers: str) -> Route:
+    return lambda h: send(h, 200, data, headers)
+
+
+def drip(data: bytes, interval: float, headers: dict[str, str] | None = None) -> Route:
+    """Headers at once, then ``data`` one byte every ``interval`` seconds (until the client or the test stops)."""
+    def answer(h: BaseHTTPRequestHandler) -> None:
+        peer: PeerServer = h.server  # type: ignore[assignment]
+        h.send_response(200)
+        for key, value in {"Content-Length": str(len(data)), **(headers or {})}.items():
+            h.send_header(key, value)
+        h.end_headers()
+        for i in range(len(data)):
+            if peer.stop.wait(interval):
+                return
+            h.wfile.write(data[i:i + 1])
+            h.wfile.flush()
+    return answer
+
+
+def drip_headers(content_type: str) -> Route:
+    """A status line, then a header one byte every half second: http.client waits for the blank line."""
+    def answer(h: BaseHTTPRequestHandler) -> None:
+        peer: PeerServer = h.server  # type: ignore[assignment]
+        h.wfile.write(b"HTTP/1.1 200 OK\r\nContent-Type: " + content_type.encode())
+        for byte in b"x" * 60_000:
+            if peer.stop.wait(0.5):
+                return
+            h.wfile.write(bytes([byte]))
+            h.wfile.flush()
+    return answer
+
+
+EMPTY_GZIP = gzip.compress(b"", mtime=0)  # a gzip member holding nothing
+
+
+def empty_gzip_members(headers: dict[str, str]) -> Route:
+    """An endless body of empty gzip members, sent as fast as the client reads: it inflates to nothing."""
+    def answer(h: BaseHTTPRequestHandler) -> None:
+        peer: PeerServer = h.server  # type: ignore[assignment]
+        h.send_response(200)
+        for key, value in headers.items():
+            h.send_header(key, value)
+        h.end_headers()
+        block = EMPTY_GZIP * 2000
+        while not peer.stop.is_set():
+            h.wfile.write(block)
+            time.sleep(0.005)
+    return answer
+
+
+def forward(h: BaseHTTPRequestHandler, upstream: str, path: str | None = None,
+            headers: dict[str, str] | None = None) -> tuple[int, list[tuple[str, str]], bytes]:
+    """Send the request ``h`` holds (its method, body, and its headers or ``headers``) to ``upstream``
+    (``host:port``) at ``path`` (default: the same path); return the answer (status, headers less
+    :data:`HOP_HEADERS`, whole body) for the proxy to pass on or alter."""
+    data = h.rfile.read(int(h.headers.get("Content-Length") or 0))
+    if headers is None:
+        headers = {k: v for k, v in h.headers.items() if k.lower() not in HOP_HEADERS}
+    conn = http.client.HTTPConnection(upstream, timeout=30)
+    try:
+        conn.request(h.command, path or h.path, data if h.command in ("POST", "PUT", "PATCH") else None, headers)
+        answer = conn.getresponse()
+        return answer.status, [(k, v) for k, v in answer.getheaders() if k.lower() not in HOP_HEADERS], answer.read()
+    finally:
+        conn.close()
+
+
+# --- a Hub of one repo, with a fault -----------------------------------------------------------------------------
 
 
 class HostileServer(PeerServer):
@@ -191,7 +307,7 @@ class HostileServer(PeerServer):
                 h.send_header(k, v)
             h.end_headers()
             chunk = b"x" * 65536
-            while not self._stop.is_set():
+            while not self.stop.is_set():
                 h.wfile.write(b"%x\r\n%s\r\n" % (len(chunk), chunk))
             return
         if fault == "stall_mid_body":
@@ -201,6 +317,6 @@ class HostileServer(PeerServer):
             h.end_headers()
             h.wfile.write(CONTENT[:20])
             h.wfile.flush()
-            self._stop.wait(120)  # never finishes while the test runs
+            self.stop.wait(120)  # never finishes while the test runs
             return
         self._send(h, 200, CONTENT, base, head)

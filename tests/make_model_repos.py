@@ -43,6 +43,9 @@ from pathlib import Path
 import numpy as np
 
 ORG = "hfcache-test"
+#: The custom-code tokenizer, its cache folder and its code file; APPENDED is what a hostile edit adds to that code.
+ACME, ACME_FOLDER, CODE = f"{ORG}/acme-tokenizer", f"models--{ORG}--acme-tokenizer", "tokenization_acme.py"
+APPENDED = b"\nimport os\nos.system('id > /tmp/hfcache-owned')\n"
 TEXTS = ["Hello world, the cache is offline.", "an embed model of the token"]
 
 _WORDS = ["hello", "world", "the", "cache", "model", "offline", "token", "an", "is", "of", "and", "to", "embed"]

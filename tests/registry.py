@@ -11,6 +11,7 @@ import gzip
 import hashlib
 import io
 import json
+import os
 import shutil
 import socket
 import subprocess
@@ -152,3 +153,82 @@ def push_image(host: str, name: str, tag: str, layers: list[bytes], *, declared_
                 "layers": descriptors}
     put_manifest(host, name, tag, json.dumps(manifest).encode(), "application/vnd.oci.image.manifest.v1+json")
     return f"{host}/{name}:{tag}"
+
+
+def member(name: str, data: bytes | None = None, *, link: str | None = None, hardlink: str | None = None):
+    """A tar member (TarInfo, content) for :func:`tar_bytes`: a file of ``data``, a symlink or a hardlink."""
+    info = tarfile.TarInfo(name)
+    if link is not None:
+        info.type, info.linkname = tarfile.SYMTYPE, link
+    elif hardlink is not None:
+        info.type, info.linkname = tarfile.LNKTYPE, hardlink
+    else:
+        info.size = len(data or b"")
+    return info, (data if link is None and hardlink is None else None)
+
+
+def push_tar(host: str, name: str, members: list[tuple[tarfile.TarInfo, bytes | None]]) -> str:
+    """:func:`push_image` of one layer, the tar of ``members``, as ``name:v1``; returns the ref."""
+    return push_image(host, name, "v1", [tar_bytes(members)])
+
+
+@contextmanager
+def logged_registry(workdir: Path) -> Iterator[tuple[Registry, Path]]:
+    """``docker-registry serve`` on 127.0.0.1 with its access log on (tests/registry.py turns it off)."""
+    workdir.mkdir(parents=True, exist_ok=True)
+    root, port, log_path = workdir / "storage", _free_port(), workdir / "access.log"
+    config = workdir / "config.yml"
+    config.write_text("version: 0.1\nlog:\n  level: warn\n  accesslog:\n    disabled: false\n"
+                      f"storage:\n  filesystem:\n    rootdirectory: {root}\n"
+                      f"http:\n  addr: 127.0.0.1:{port}\n", encoding="utf-8")
+    log = log_path.open("wb")
+    proc = subprocess.Popen(["docker-registry", "serve", str(config)], stdout=log, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                urllib.request.urlopen(f"http://127.0.0.1:{port}/v2/", timeout=2)  # loopback only
+                break
+            except urllib.error.HTTPError:
+                break
+            except OSError:
+                if proc.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError(f"docker-registry did not start: {log_path.read_text()}") from None
+                time.sleep(0.1)
+        yield Registry(host=f"127.0.0.1:{port}", root=root), log_path
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+        log.close()
+
+
+def push_shell_base(registry: Registry, name: str) -> tuple[str, str, dict]:
+    """A base image with a shell (this machine's dash and the libraries it loads) pushed by hand to ``name:v1``,
+    its config holding Env/Entrypoint/Cmd and the fields push drops (history, created). Returns (layer digest,
+    diff_id, config)."""
+    members = []
+    for path in ("/bin/dash", "/lib/x86_64-linux-gnu/libc.so.6", "/lib64/ld-linux-x86-64.so.2"):
+        real = Path(os.path.realpath(path))
+        info = tarfile.TarInfo(path.lstrip("/"))
+        info.size, info.mode = real.stat().st_size, 0o755
+        members.append((info, real.read_bytes()))
+    link = tarfile.TarInfo("bin/sh")
+    link.type, link.linkname = tarfile.SYMTYPE, "dash"
+    members.append((link, None))
+    tar = tar_bytes(members)
+    layer = gzip.compress(tar, mtime=0)
+    from hfcache.oci.image import architecture  # the machine's, as push --base reads it
+
+    config = {"architecture": architecture(), "os": "linux", "created": "2024-01-01T00:00:00Z",
+              "history": [{"created_by": "hand"}],
+              "config": {"Env": ["PATH=/bin", "SHELL_BASE=1"], "Entrypoint": ["/bin/sh"], "Cmd": ["-c", "true"]},
+              "rootfs": {"type": "layers", "diff_ids": [f"sha256:{hashlib.sha256(tar).hexdigest()}"]}}
+    raw = json.dumps(config).encode()
+    manifest = {"schemaVersion": 2, "mediaType": "application/vnd.docker.distribution.manifest.v2+json",
+                "config": {"mediaType": "application/vnd.docker.container.image.v1+json",
+                           "digest": put_blob(registry.host, name, raw), "size": len(raw)},
+                "layers": [{"mediaType": "application/vnd.docker.image.rootfs.diff.tar.gzip",
+                            "digest": put_blob(registry.host, name, layer), "size": len(layer)}]}
+    put_manifest(registry.host, name, "v1", json.dumps(manifest).encode(),
+                 "application/vnd.docker.distribution.manifest.v2+json")
+    return manifest["layers"][0]["digest"], config["rootfs"]["diff_ids"][0], config

@@ -8,20 +8,12 @@ from pathlib import Path
 
 import pytest
 
-import hfcache
-from hfcache.records import WarmRequest
-from tests.helpers import GOLDEN, run_hfcache
+from tests.helpers import GOLDEN, run_hfcache, warm
 from tests.testhub import HubServer
 
 HUB = Path(__file__).parent.parent / "data" / "hub"
 CANONICAL = {"bert-base-uncased": "google-bert/bert-base-uncased", "gpt2": "openai-community/gpt2"}
 
-
-def warm(cache: Path, *specs: str, root: Path = HUB) -> None:
-    with HubServer(root) as server:
-        report = hfcache.warm([WarmRequest.parse(s) for s in specs], cache_dir=cache, endpoint=server.endpoint,
-                              token=False)
-    assert report.ok, [r.error for r in report.repos]
 
 
 def check_json(cache: Path, *args: str) -> tuple[int, dict]:

@@ -187,9 +187,9 @@ def test_a_reader_that_goes_away_ends_the_command_with_141(tmp_path):
     import subprocess
     import sys
 
-    from tests.integration.test_ls import _large_cache
+    from tests.helpers import many_repos_cache
 
-    big = _large_cache(tmp_path, 1500)
+    big = many_repos_cache(tmp_path, 1500)
     proc = subprocess.Popen([sys.executable, "-m", "hfcache", "ls", "--cache-dir", str(big), "--json"],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=clean_env())
     assert proc.stdout.read(100)
@@ -206,9 +206,9 @@ def test_sigterm_ends_the_command_even_when_its_reader_does_not_read(tmp_path):
     import sys
     import time
 
-    from tests.integration.test_ls import _large_cache
+    from tests.helpers import many_repos_cache
 
-    big = _large_cache(tmp_path, 3000)
+    big = many_repos_cache(tmp_path, 3000)
     reader = subprocess.Popen(["sleep", "120"], stdin=subprocess.PIPE)  # never reads: the pipe fills up
     try:
         proc = subprocess.Popen([sys.executable, "-m", "hfcache", "ls", "--cache-dir", str(big), "--json"],

@@ -10,7 +10,7 @@ host's CA bundle copied in, ``podman import``. What this needs from the machine 
 - ``--network host`` for the builds (pip reaches the package index; the builder stage reaches the local Hub
   server on 127.0.0.1), ``--network none`` for the runs;
 - everything else stays inside a private podman home (storage, containers.conf, registries.conf with no registry;
-  the runroot at a short path of its own, see ``_make_podman``), removed afterwards: the host's podman
+  the runroot at a short path of its own, see tests/podman.py ``make_podman``), removed afterwards: the host's podman
   configuration and images are neither read nor changed.
 
 The debootstrapped base is cached as a tarball under ``$HFCACHE_TEST_CACHE`` (default ``/var/cache/hfcache-test``),
@@ -23,10 +23,8 @@ tools are missing outside CI; under ``CI`` a missing tool is a failure, not a sk
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
-import resource
 import secrets
 import select
 import shlex
@@ -36,14 +34,28 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
 from hfcache import __version__
 from tests.helpers import GOLDEN, build_wheel, clean_env
+from tests.podman import (
+    APT_HINT,
+    PODMAN_HOME_PREFIX,
+    Podman,
+    RunLog,
+    base_key,
+    base_tarball,
+    cache_root,
+    make_podman,
+    missing_tools,
+    remove_home,
+    remove_stale_homes,
+    unavailable,
+)
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -55,210 +67,22 @@ pytestmark = pytest.mark.container
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLES = REPO / "examples"
 
-BASE_SUITE = "bookworm"
-BASE_VARIANT = "minbase"
-BASE_PACKAGES = ("python3", "python3-venv", "python3-pip", "ca-certificates")
-#: Bump when the bootstrap recipe below changes, so cached tarballs are rebuilt.
-BASE_RECIPE = 1
-DEBIAN_MIRROR = os.environ.get("HFCACHE_TEST_DEBIAN_MIRROR", "http://deb.debian.org/debian")
-HOST_CA_BUNDLE = Path("/etc/ssl/certs/ca-certificates.crt")
-#: What the base rootfs does not need (debootstrap leaves the .debs and apt lists behind).
-BASE_TRIM = ("var/cache/apt/archives/*.deb", "var/lib/apt/lists/*", "usr/share/doc/*", "usr/share/man/*",
-             "usr/share/locale/*")
 
-APT_HINT = "apt-get update && apt-get install -y podman buildah runc debootstrap"
 EXAMPLE_IMAGE = "localhost/hfcache-example:test"
 HFCACHE_IMAGE = "localhost/hfcache:test"
-PODMAN_HOME_PREFIX = "hfcache-podman-"
 CACHE_DIR_IN_IMAGE = "/opt/hf-cache"
 
 
 # --- what the machine offers ---------------------------------------------------------------------------------------
 
 
-def _unavailable() -> str | None:
-    """Why this machine cannot run the builds at all (the reason of the skip), or None."""
-    if os.geteuid() != 0:
-        userns = Path("/proc/sys/user/max_user_namespaces")
-        if not userns.exists() or userns.read_text().strip() == "0":
-            return "podman cannot run here: not root and no user namespaces (user.max_user_namespaces is 0)"
-        return ("needs root: the images are built with rootful podman on a debootstrapped base (debootstrap creates "
-                "device nodes; rootless builds are not attempted); CI runs it as root")
-    return None
-
-
-def _missing_tools() -> list[str]:
-    return [tool for tool in ("podman", "buildah", "runc", "debootstrap", "tar") if shutil.which(tool) is None]
-
 
 # --- the base image ------------------------------------------------------------------------------------------------
 
 
-def _cache_root() -> Path:
-    return Path(os.environ.get("HFCACHE_TEST_CACHE", "/var/cache/hfcache-test"))
-
-
-def _base_key() -> str:
-    """A hash of everything that goes into the base tarball."""
-    recipe = {
-        "recipe": BASE_RECIPE,
-        "suite": BASE_SUITE,
-        "variant": BASE_VARIANT,
-        "mirror": DEBIAN_MIRROR,
-        "packages": sorted(BASE_PACKAGES),
-        "trim": BASE_TRIM,
-        "ca": hashlib.sha256(HOST_CA_BUNDLE.read_bytes()).hexdigest() if HOST_CA_BUNDLE.is_file() else None,
-    }
-    return hashlib.sha256(json.dumps(recipe, sort_keys=True).encode()).hexdigest()[:16]
-
-
-def _base_tarball(log: RunLog) -> Path:
-    """The bootstrapped base rootfs as a tar: from the cache, or debootstrapped now (~1 minute) and cached."""
-    from filelock import FileLock
-
-    root = _cache_root()
-    root.mkdir(parents=True, exist_ok=True)
-    key = _base_key()
-    tarball = root / f"base-{BASE_SUITE}-{key}.tar"
-    with FileLock(str(root / f"base-{key}.lock"), timeout=1800):
-        if tarball.is_file():
-            log.note(f"base rootfs: cached {tarball}")
-            return tarball
-        work = Path(tempfile.mkdtemp(prefix=f"base-{key}.", dir=root))
-        try:
-            rootfs = work / "rootfs"
-            started = time.monotonic()
-            for attempt in (1, 2):  # a mirror hiccup should not fail CI: one retry from an empty folder
-                _remove_tree(rootfs, log)
-                done = log.run(["debootstrap", f"--variant={BASE_VARIANT}", f"--include={','.join(BASE_PACKAGES)}",
-                                BASE_SUITE, str(rootfs), DEBIAN_MIRROR], timeout=1200, quiet=True, check=attempt == 2)
-                if done.returncode == 0:
-                    break
-            for pattern in BASE_TRIM:
-                for path in rootfs.glob(pattern):
-                    shutil.rmtree(path) if path.is_dir() and not path.is_symlink() else path.unlink()
-            if HOST_CA_BUNDLE.is_file():
-                shutil.copyfile(HOST_CA_BUNDLE, rootfs / "etc/ssl/certs/ca-certificates.crt")
-            partial = work / "base.tar"
-            log.run(["tar", "--numeric-owner", "--sort=name", "-C", str(rootfs), "-cf", str(partial), "."],
-                    timeout=600)
-            os.replace(partial, tarball)
-            log.phase("debootstrap + tar of the base rootfs", time.monotonic() - started)
-        finally:
-            _remove_tree(work, log)
-    return tarball
-
-
-def _remove_tree(path: Path, log: RunLog) -> None:
-    """``rm -rf path``, never through a mount point: a failed debootstrap can leave /proc (or, in a container, bind
-    mounts of the host's /dev) mounted inside its target. Unmount what is below ``path`` first; if anything stays
-    mounted, leave the folder alone."""
-    below = f"{path}/"
-    for _ in range(2):
-        mounts = [line.split()[1] for line in Path("/proc/self/mounts").read_text().splitlines()]
-        mine = sorted((m for m in mounts if m.startswith(below)), key=len, reverse=True)
-        if not mine:
-            shutil.rmtree(path, ignore_errors=True)
-            return
-        for mount in mine:
-            log.run(["umount", "--lazy", mount], check=False)
-    log.note(f"left {path} in place: still mounted below it")
-
 
 # --- podman in a private home ------------------------------------------------------------------------------------
 
-
-@dataclass
-class RunLog:
-    """Commands run, their output (in a log file kept with the test's tmp dir) and the duration of each phase."""
-
-    path: Path
-    phases: list[tuple[str, float]] = field(default_factory=list)
-
-    def note(self, text: str) -> None:
-        with self.path.open("a", encoding="utf-8") as f:
-            f.write(text + "\n")
-
-    def phase(self, name: str, seconds: float) -> None:
-        self.phases.append((name, seconds))
-        self.note(f"== {name}: {seconds:.1f}s")
-
-    def run(self, cmd: Sequence[str], *, env: dict[str, str] | None = None, timeout: float = 600,
-            check: bool = True, quiet: bool = False) -> subprocess.CompletedProcess[str]:
-        """Run ``cmd``; on failure (with ``check``), fail the test with the command and its last output lines."""
-        self.note(f"$ {shlex.join(cmd)}")
-        started = time.monotonic()
-        proc = subprocess.run(list(cmd), env=env, capture_output=True, text=True, timeout=timeout,
-                              stdin=subprocess.DEVNULL)
-        if not quiet or proc.returncode:
-            self.note(proc.stdout + proc.stderr)
-        self.note(f"-> exit {proc.returncode} after {time.monotonic() - started:.1f}s")
-        if check and proc.returncode != 0:
-            tail = "\n".join((proc.stdout + proc.stderr).splitlines()[-60:])
-            pytest.fail(f"{shlex.join(cmd)} exited {proc.returncode} (full log: {self.path}):\n{tail}", pytrace=False)
-        return proc
-
-
-@dataclass
-class Podman:
-    """``podman`` with its own containers.conf, storage and registries.conf: nothing of the host's is used."""
-
-    home: Path
-    runroot: Path
-    log: RunLog
-    env: dict[str, str]
-    base_image: str = ""
-
-    def __call__(self, *args: str, timeout: float = 900, check: bool = True) -> subprocess.CompletedProcess[str]:
-        return self.log.run(["podman", *args], env=self.env, timeout=timeout, check=check)
-
-    def build(self, name: str, context: Path, *args: str) -> None:
-        started = time.monotonic()
-        self("build", "--pull=never", "--network", "host", "--tag", name, *args, str(context), timeout=1200)
-        self.log.phase(f"podman build {name}", time.monotonic() - started)
-
-
-def _ulimits() -> list[str]:
-    """Limits runc can set without CAP_SYS_RESOURCE: never above this process's hard limits.
-
-    podman's defaults (nofile 1048576, nproc from podman's own limit) are refused here; podman itself also caps its
-    nproc at 32768, so nproc stays below that.
-    """
-    def cap(kind: int, ceiling: int) -> int:
-        hard = resource.getrlimit(kind)[1]
-        return ceiling if hard == resource.RLIM_INFINITY else min(hard, ceiling)
-
-    nofile, nproc = cap(resource.RLIMIT_NOFILE, 65536), cap(resource.RLIMIT_NPROC, 16384)
-    return [f"nofile={nofile}:{nofile}", f"nproc={nproc}:{nproc}"]
-
-
-def _make_podman(home: Path, log: RunLog) -> Podman:
-    (home / "storage").mkdir(parents=True)
-    # podman refuses a --runroot longer than 50 characters, and it passes the runroot as that flag to the
-    # `podman container cleanup` that conmon runs when a container exits: a long one makes that cleanup fail and
-    # every `podman run --rm` then waits 20 s for it. So the runroot lives at a short path.
-    runroot = Path(tempfile.mkdtemp(prefix="hfcp-", dir="/run" if os.access("/run", os.W_OK) else "/tmp"))
-    assert len(str(runroot)) <= 50, runroot
-    (home / "runroot").write_text(str(runroot), encoding="utf-8")
-    conf = home / "containers.conf"
-    conf.write_text(
-        "[containers]\n"
-        f"default_ulimits = {json.dumps(_ulimits())}\n"
-        "[engine]\n"
-        'runtime = "runc"\n'
-        'cgroup_manager = "cgroupfs"\n'
-        'events_logger = "file"\n',
-        encoding="utf-8",
-    )
-    storage = home / "storage.conf"
-    storage.write_text(f'[storage]\ndriver = "overlay"\ngraphroot = "{home / "storage"}"\nrunroot = "{runroot}"\n',
-                       encoding="utf-8")
-    registries = home / "registries.conf"
-    registries.write_text("unqualified-search-registries = []\n", encoding="utf-8")
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("CONTAINERS_", "BUILDAH_", "HF_", "HFCACHE_"))}
-    env.update(CONTAINERS_CONF=str(conf), CONTAINERS_STORAGE_CONF=str(storage),
-               CONTAINERS_REGISTRIES_CONF=str(registries), TMPDIR=str(home))
-    return Podman(home=home, runroot=runroot, log=log, env=env)
 
 
 @pytest.fixture(scope="module")
@@ -269,54 +93,31 @@ def run_log(tmp_path_factory: pytest.TempPathFactory) -> RunLog:
 @pytest.fixture(scope="module")
 def podman(run_log: RunLog, pytestconfig: pytest.Config) -> Iterator[Podman]:
     """A private podman with the base image imported as ``base_image``; its storage is deleted afterwards."""
-    reason = _unavailable()
+    reason = unavailable()
     if reason:
         pytest.skip(reason)
-    missing = _missing_tools()
+    missing = missing_tools()
     if missing:
         message = f"{', '.join(missing)} not installed ({APT_HINT})"
         if os.environ.get("CI"):
             pytest.fail(f"CI must run the container test: {message}", pytrace=False)
         pytest.skip(message)
     started = time.monotonic()
-    tarball = _base_tarball(run_log)
-    _remove_stale_homes(run_log)
+    tarball = base_tarball(run_log)
+    remove_stale_homes(run_log)
     # Not under pytest's basetemp: it keeps the last runs, and this storage is about 1.5 GB.
-    home = Path(tempfile.mkdtemp(prefix=PODMAN_HOME_PREFIX, dir=_cache_root()))
-    engine = _make_podman(home, run_log)
+    home = Path(tempfile.mkdtemp(prefix=PODMAN_HOME_PREFIX, dir=cache_root()))
+    engine = make_podman(home, run_log)
     try:
-        engine.base_image = f"localhost/hfcache-test-base:{_base_key()}"
+        engine.base_image = f"localhost/hfcache-test-base:{base_key()}"
         engine("import", "--change", 'CMD ["/bin/bash"]', str(tarball), engine.base_image)
         run_log.phase("base image ready (bootstrap or cache, then podman import)", time.monotonic() - started)
         yield engine
     finally:
-        _remove_home(engine)
+        remove_home(engine)
         lines = [f"  {seconds:6.1f}s  {name}" for name, seconds in run_log.phases]
         _to_terminal(pytestconfig, f"container test phases (log: {run_log.path}):\n" + "\n".join(lines))
 
-
-def _remove_home(engine: Podman) -> None:
-    """Stop and remove what the private podman holds (no mount left behind), then its folder."""
-    engine("rm", "--all", "--force", "--time", "0", timeout=120, check=False)
-    engine("rmi", "--all", "--force", timeout=300, check=False)
-    # The overlay driver bind-mounts its own folder (and a container's shm may linger): unmounted first.
-    _remove_tree(engine.runroot, engine.log)
-    _remove_tree(engine.home, engine.log)
-
-
-def _remove_stale_homes(log: RunLog) -> None:
-    """Private podman homes left by runs that were killed (hours old: no live run is that old)."""
-    for home in _cache_root().glob(f"{PODMAN_HOME_PREFIX}*"):
-        try:
-            stale = time.time() - home.stat().st_mtime > 6 * 3600
-        except FileNotFoundError:
-            continue
-        if stale and (home / "runroot").is_file():
-            log.note(f"removing stale podman home {home}")
-            env = {**os.environ, "CONTAINERS_CONF": str(home / "containers.conf"),
-                   "CONTAINERS_STORAGE_CONF": str(home / "storage.conf")}
-            runroot = Path((home / "runroot").read_text(encoding="utf-8"))
-            _remove_home(Podman(home=home, runroot=runroot, log=log, env=env))
 
 
 def _to_terminal(config: pytest.Config, text: str) -> None:

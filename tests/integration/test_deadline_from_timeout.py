@@ -31,7 +31,8 @@ PADDING = " " * 400
 class DripHub(PeerServer):
     """``org/x`` at commit ``C`` with ``tokenizer.json``; with ``drip`` set, every answer (repo info, files, a
     registry's ``/v2/`` too) is sent one byte every ``interval`` seconds after its headers: no single wait is as long
-    as ``--timeout``, so only the whole-answer deadline ends it."""
+    as ``--timeout``, so only the whole-answer deadline ends it. (The test Hub's ``throttle_bps`` paces file bodies
+    only; this drips metadata too.)"""
 
     def __init__(self, interval: float = 1.0) -> None:
         self.drip, self.interval = False, interval
@@ -59,7 +60,7 @@ class DripHub(PeerServer):
             h.wfile.write(body)
             return
         for i in range(len(body)):
-            if self._stop.wait(self.interval):
+            if self.stop.wait(self.interval):
                 return
             h.wfile.write(body[i:i + 1])
             h.wfile.flush()

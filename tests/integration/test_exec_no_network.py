@@ -452,9 +452,9 @@ def test_path_to_a_file_planted_as_a_link_out_of_the_cache_stops_the_command(tmp
     canary.assert_unchanged()
 
 
-# ------------------------------------------------------------------------------- red team, round two (exec)
+# ------------------------------------------------------------------------------ ways around the socket rule
 
-#: Each way around the socket rule the red team found: a live socket copied out of another process (pidfd_getfd),
+#: Each way around the socket rule found so far: a live socket copied out of another process (pidfd_getfd),
 #: a TUN device (root writes its own IP packets), request_key (the kernel runs /sbin/request-key outside the filter).
 OTHER_ROUTES_PY = textwrap.dedent("""
     import ctypes, errno, json, os

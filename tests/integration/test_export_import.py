@@ -15,8 +15,8 @@ import pytest
 
 import hfcache
 from hfcache.records import WarmRequest
-from tests.testhub import HubServer
 from tests.helpers import golden_ids, offline_load, run_hfcache
+from tests.testhub import HubServer
 
 HUB = Path(__file__).parent.parent / "data" / "hub"
 # bert-base-uncased, distilbert and all-MiniLM-L6-v2 share the same vocab.txt blob.

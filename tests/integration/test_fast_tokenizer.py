@@ -14,8 +14,7 @@ import pytest
 
 from hfcache.integrity import fast_record
 from tests.canary import Canary
-from tests.helpers import REPO, clean_env, run_hfcache
-from tests.integration.test_check import warm
+from tests.helpers import REPO, clean_env, run_hfcache, warm
 
 FIXTURES = ["bert-base-uncased", "gpt2", "google-bert/bert-base-chinese", "FacebookAI/roberta-base",
             "mistralai/Mistral-7B-v0.1", "sentence-transformers/all-MiniLM-L6-v2",
@@ -214,7 +213,7 @@ print(json.dumps(out))
 def variants(tmp_path_factory) -> list:
     import shutil
 
-    from tests.integration.test_check import HUB
+    from tests.helpers import HUB
 
     base = tmp_path_factory.mktemp("variants")
     pairs = []

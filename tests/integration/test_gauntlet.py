@@ -238,7 +238,7 @@ def test_read_only_cache_serves_reads_and_refuses_writes_clearly(warmed, tmp_pat
         assert proc.returncode == 0, proc.stderr
         loaded = offline_load(ro, ["openai-community/gpt2"])
         assert loaded["openai-community/gpt2"]["input_ids"] == golden_ids("openai-community/gpt2")
-        from tests.integration.test_serve import served
+        from tests.served import served
 
         with served("--cache-dir", str(ro)) as (endpoint, _):  # serve a read-only cache to a real client
             client = tmp_path / "client"

@@ -9,16 +9,13 @@ can fail.
 from __future__ import annotations
 
 import json
-import socket
 import sys
 import textwrap
 import threading
-from collections.abc import Iterator
-from contextlib import contextmanager
 
 import pytest
 
-from tests.helpers import clean_env, run_hfcache
+from tests.helpers import clean_env, listener, run_hfcache
 
 ATTEMPTS = textwrap.dedent("""
     import json, socket, sys
@@ -60,53 +57,6 @@ ATTEMPTS = textwrap.dedent("""
     print(json.dumps(out))
 """)
 
-
-@contextmanager
-def listener() -> Iterator[tuple[int, list[str]]]:
-    """A TCP listener and a UDP socket on the same 127.0.0.1 port (and [::1] is not used); yields (port, arrivals)."""
-    tcp = socket.socket()
-    tcp.setsockopt(socket.IPPROTO_TCP, getattr(socket, "TCP_FASTOPEN", 23), 16)
-    tcp.bind(("127.0.0.1", 0))
-    tcp.listen(16)
-    port = tcp.getsockname()[1]
-    udp = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-    udp.bind(("127.0.0.1", port))
-    arrivals: list[str] = []
-    stop = threading.Event()
-
-    def accept() -> None:
-        tcp.settimeout(0.2)
-        while not stop.is_set():
-            try:
-                conn, _ = tcp.accept()
-            except (TimeoutError, OSError):
-                continue
-            conn.settimeout(2)
-            try:
-                arrivals.append(f"tcp:{conn.recv(100)!r}")
-            except OSError:
-                arrivals.append("tcp:connection")
-            conn.close()
-
-    def receive() -> None:
-        udp.settimeout(0.2)
-        while not stop.is_set():
-            try:
-                arrivals.append(f"udp:{udp.recv(100)!r}")
-            except (TimeoutError, OSError):
-                continue
-
-    threads = [threading.Thread(target=accept, daemon=True), threading.Thread(target=receive, daemon=True)]
-    for t in threads:
-        t.start()
-    try:
-        yield port, arrivals
-    finally:
-        stop.set()
-        for t in threads:
-            t.join(5)
-        tcp.close()
-        udp.close()
 
 
 def test_every_send_and_lookup_is_blocked_and_nothing_reaches_the_listener(tmp_path):

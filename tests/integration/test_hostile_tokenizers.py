@@ -26,8 +26,7 @@ import pytest
 import hfcache
 from hfcache.integrity.check_child import CRASHED
 from hfcache.offline.api import FastTokenizerRefused
-from tests.helpers import GOLDEN, REPO, clean_env, run_hfcache
-from tests.integration.test_check import HUB, warm
+from tests.helpers import GOLDEN, HUB, REPO, clean_env, run_hfcache, warm
 
 HEALTHY = ["google-bert/bert-base-uncased", "sentence-transformers/all-MiniLM-L6-v2"]  # sorted before/after hostile/
 T5 = HUB / "google-t5" / "t5-small" / "tokenizer.json"

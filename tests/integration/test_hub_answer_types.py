@@ -2,7 +2,7 @@
 answers a list, an object, a number, null, a bool, a float, a huge integer or deep nesting where the protocol has
 another type gets a one-line hfcache error with exit 3 (or 2: an empty selection), never exit 70 or a traceback.
 
-A small Hub (:class:`TypedHub`, standard library ``http.server``) serves ``org/x`` with mutated answers; each case runs
+A small Hub (:class:`TypedHub`, on tests/hostile.py's ``PeerServer``) serves ``org/x`` with mutated answers; each case runs
 the real command (``warm``, ``lock``, and the mirror of ``hfcache serve --upstream``) against it. The mutations are
 every path of the repo info, of a tree page, of the error bodies, of the configs warm reads, times every substitute
 of tests/mutations.py: a few hundred cases, deterministic, in-process (a few as subprocesses).
@@ -47,7 +47,8 @@ class TypedHub(PeerServer):
     """``org/x`` at ``C``: ``info`` (repo info), ``tree`` (a tree page; None: no tree API, 404), ``files`` (path ->
     bytes, with their git sha1 as ETag); ``error`` = (route, status, body) answers that route with that error
     (routes: ``info``, ``tree``, ``file``); ``head`` = the headers of every ``HEAD`` of a file (the fallback when
-    neither repo info nor a tree lists sizes and hashes)."""
+    neither repo info nor a tree lists sizes and hashes). The test Hub answers from the files it serves, never with a
+    field of the wrong type."""
 
     def __init__(self) -> None:
         self.info: bytes = json.dumps(INFO).encode()
@@ -56,9 +57,9 @@ class TypedHub(PeerServer):
         self.error: tuple[str, int, bytes] | None = None
         self.head: dict[str, str] | None = None
         super().__init__()
-        self._httpd.handle_error = lambda request, address: None  # a client gone mid-answer: not our stderr
+        self.handle_error = lambda request, address: None  # a client gone mid-answer: not our stderr
         # Headers and body are two writes: without TCP_NODELAY each answer waits ~40 ms for a delayed ACK.
-        self._httpd.RequestHandlerClass.disable_nagle_algorithm = True
+        self.RequestHandlerClass.disable_nagle_algorithm = True
 
     def _send(self, h, status: int, body: bytes, headers: dict[str, str], head: bool) -> None:
         h.send_response(status)

@@ -528,8 +528,7 @@ def test_kserve_example_validates_and_what_its_pushes_give_loads_at_mnt_models(h
     import jsonschema
 
     from tests.helpers import GOLDEN
-    from tests.integration.test_oci_modelpack import _shell_base
-    from tests.registry import available, running_registry
+    from tests.registry import available, push_shell_base, running_registry
 
     if available() and not os.environ.get("CI"):
         pytest.skip(available())
@@ -560,7 +559,7 @@ def test_kserve_example_validates_and_what_its_pushes_give_loads_at_mnt_models(h
     commands = _push_commands(path)
     assert len(commands) == 2 and all("--prefix" in c and "models" in c for c in commands)
     with running_registry(tmp_path / "registry") as registry:
-        base_layer, _, _ = _shell_base(registry, "library/busybox")
+        base_layer, _, _ = push_shell_base(registry, "library/busybox")
         base_digest = subprocess.run(["skopeo", "inspect", "--tls-verify=false", "--format", "{{.Digest}}",
                                       f"docker://{registry.host}/library/busybox:v1"],
                                      capture_output=True, text=True, timeout=60).stdout.strip()

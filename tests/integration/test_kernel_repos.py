@@ -19,7 +19,7 @@ from huggingface_hub import scan_cache_dir
 
 from hfcache.serve.pullthrough import PullThroughConfig
 from tests.helpers import DATA, clean_env, run_hfcache
-from tests.integration.test_serve import raw_request, served
+from tests.served import raw_request, served
 from tests.testhub import HubServer
 from tests.xet_caches import library_download, store_linked_blobs, xet_hub
 

@@ -11,7 +11,7 @@ from huggingface_hub import scan_cache_dir
 
 import hfcache
 from hfcache.records import WarmRequest
-from tests.helpers import clean_env, run_hfcache
+from tests.helpers import clean_env, many_repos_cache, run_hfcache
 from tests.testhub import HubServer
 
 REPOS = ["openai-community/gpt2", "FacebookAI/roberta-base", "google-t5/t5-small", "google-bert/bert-base-chinese",
@@ -175,20 +175,6 @@ def test_large_listing_is_streamed_with_the_same_document(damaged_cache, tmp_pat
         assert out.getvalue() == proc.stdout, workers
 
 
-def _large_cache(root: Path, repos: int) -> Path:
-    """``repos`` small repo folders (one blob, one snapshot link, a ref): enough for ls to take a while."""
-    cache = root / "cache"
-    commit = "1" * 40
-    for i in range(repos):
-        repo = cache / f"models--org--r{i}"
-        (repo / "blobs").mkdir(parents=True)
-        (repo / "blobs" / ("a" * 40)).write_text(str(i))
-        (repo / "refs").mkdir()
-        (repo / "refs" / "main").write_text(commit)
-        (repo / "snapshots" / commit).mkdir(parents=True)
-        (repo / "snapshots" / commit / "config.json").symlink_to("../../blobs/" + "a" * 40)
-    return cache
-
 
 @pytest.mark.parametrize("signame, code, group", [("SIGINT", 130, False), ("SIGTERM", 143, False),
                                                    ("SIGTERM", 143, True), ("SIGINT", 130, True),
@@ -201,7 +187,7 @@ def test_interrupted_large_listing_leaves_no_worker_behind(tmp_path, signame, co
     import sys
     import time
 
-    cache = _large_cache(tmp_path, 3000)
+    cache = many_repos_cache(tmp_path, 3000)
     proc = subprocess.Popen([sys.executable, "-m", "hfcache", "ls", "--cache-dir", str(cache), "--json"],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=clean_env(), text=True,
                             start_new_session=group)

@@ -11,7 +11,6 @@ from __future__ import annotations
 import base64
 import contextlib
 import hashlib
-import http.server
 import json
 import os
 import shutil
@@ -28,6 +27,7 @@ import pytest
 import hfcache
 from hfcache.records import WarmRequest
 from tests.helpers import clean_env, run_hfcache, silent_server
+from tests.hostile import PeerServer, forward, send
 from tests.registry import available, push_image, put_manifest, running_registry, tar_bytes
 from tests.testhub import HubServer
 
@@ -391,39 +391,31 @@ def test_push_and_pull_json_say_ok(seed, registry, tmp_path, home):
 # --- 12: Ctrl-C during pull --json --------------------------------------------------------------------------------
 
 
-class _StallingProxy(http.server.ThreadingHTTPServer):
-    """Forwards GETs to the registry, but sends only the first half of a layer blob and then stalls."""
-
-    daemon_threads = True
+class _StallingProxy(PeerServer):
+    """Forwards GETs to the registry, but sends only the first half of a layer blob and then stalls (docker-registry
+    sends whole blobs at disk speed)."""
 
     def __init__(self, upstream: str, stall: set[str]) -> None:
         self.upstream, self.stall, self.stalled, self.release = upstream, stall, threading.Event(), threading.Event()
-        super().__init__(("127.0.0.1", 0), _ProxyHandler)
+        super().__init__()
 
-
-class _ProxyHandler(http.server.BaseHTTPRequestHandler):
-    def log_message(self, *args) -> None:
-        pass
-
-    def do_GET(self) -> None:  # http.server's name
-        server: _StallingProxy = self.server  # type: ignore[assignment]
-        request = urllib.request.Request(f"http://{server.upstream}{self.path}",
-                                         headers={"Accept": self.headers.get("Accept", "*/*")})
-        with urllib.request.urlopen(request, timeout=30) as answer:  # loopback registry
-            body, headers = answer.read(), answer.headers
-        self.send_response(200)
-        for name in ("Content-Type", "Docker-Content-Digest"):
-            if headers.get(name):
-                self.send_header(name, headers[name])
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        if self.path.rsplit("/", 1)[-1] in server.stall:
-            self.wfile.write(body[:len(body) // 2])
-            self.wfile.flush()
-            server.stalled.set()
-            server.release.wait(60)
+    def _answer(self, h, head: bool) -> None:
+        if h.command != "GET":
+            return h.send_error(501)
+        _, headers, body = forward(h, self.upstream, headers={"Accept": h.headers.get("Accept", "*/*")})
+        h.send_response(200)
+        for name, value in headers:
+            if name.lower() in ("content-type", "docker-content-digest"):
+                h.send_header(name, value)
+        h.send_header("Content-Length", str(len(body)))
+        h.end_headers()
+        if h.path.rsplit("/", 1)[-1] in self.stall:
+            h.wfile.write(body[:len(body) // 2])
+            h.wfile.flush()
+            self.stalled.set()
+            self.release.wait(60)
             return
-        self.wfile.write(body)
+        h.wfile.write(body)
 
 
 def test_ctrl_c_during_pull_json_prints_one_document_and_leaves_nothing(seed, registry, tmp_path, home):
@@ -453,57 +445,35 @@ def test_ctrl_c_during_pull_json_prints_one_document_and_leaves_nothing(seed, re
 # --- Bearer token flow (a token service in front of the registry), bounded and with credentials -----------------
 
 
-class _TokenGate(http.server.ThreadingHTTPServer):
+class _TokenGate(PeerServer):
     """A registry front that wants ``Bearer <token>`` (401 with a token realm otherwise) and its token service:
-    ``/token`` gives the token for the right Basic credentials, or ``flood`` bytes of junk when set."""
-
-    daemon_threads = True
+    ``/token`` gives the token for the right Basic credentials, or ``flood`` bytes of junk when set (the tests'
+    docker-registry has Basic auth only)."""
 
     def __init__(self, upstream: str, basic: str, flood: int = 0) -> None:
         self.upstream, self.basic, self.flood, self.token = upstream, basic, flood, "t0k3n-" + "x" * 20
-        super().__init__(("127.0.0.1", 0), _GateHandler)
+        super().__init__()
 
-
-class _GateHandler(http.server.BaseHTTPRequestHandler):
-    def log_message(self, *args) -> None:
-        pass
-
-    def do_GET(self) -> None:  # http.server's name
-        gate: _TokenGate = self.server  # type: ignore[assignment]
-        if self.path.startswith("/token"):
-            if gate.flood:
-                self.send_response(200)
-                self.send_header("Content-Length", str(gate.flood))
-                self.end_headers()
+    def _answer(self, h, head: bool) -> None:
+        if h.command != "GET":
+            return h.send_error(501)
+        if h.path.startswith("/token"):
+            if self.flood:
+                h.send_response(200)
+                h.send_header("Content-Length", str(self.flood))
+                h.end_headers()
                 with contextlib.suppress(ConnectionError):  # the client stops reading at its bound
-                    self.wfile.write(b"[" * gate.flood)
+                    h.wfile.write(b"[" * self.flood)
                 return
-            if self.headers.get("Authorization") != f"Basic {gate.basic}":
-                self.send_response(401)
-                self.send_header("Content-Length", "0")
-                self.end_headers()
-                return
-            body = json.dumps({"token": gate.token}).encode()
-            self.send_response(200)
-        elif self.headers.get("Authorization") != f"Bearer {gate.token}":
-            self.send_response(401)
-            self.send_header("Www-Authenticate", f'Bearer realm="http://127.0.0.1:{gate.server_port}/token",'
-                                                 'service="gate",scope="repository:hf/gated:pull"')
-            self.send_header("Content-Length", "0")
-            self.end_headers()
-            return
-        else:
-            request = urllib.request.Request(f"http://{gate.upstream}{self.path}",
-                                             headers={"Accept": self.headers.get("Accept", "*/*")})
-            with urllib.request.urlopen(request, timeout=30) as answer:  # loopback registry
-                body, headers = answer.read(), answer.headers
-            self.send_response(200)
-            for name in ("Content-Type", "Docker-Content-Digest"):
-                if headers.get(name):
-                    self.send_header(name, headers[name])
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
+            if h.headers.get("Authorization") != f"Basic {self.basic}":
+                return send(h, 401)
+            return send(h, 200, json.dumps({"token": self.token}).encode())
+        if h.headers.get("Authorization") != f"Bearer {self.token}":
+            return send(h, 401, b"", {"Www-Authenticate": f'Bearer realm="http://127.0.0.1:{self.server_port}/token",'
+                                                           'service="gate",scope="repository:hf/gated:pull"'})
+        _, headers, body = forward(h, self.upstream, headers={"Accept": h.headers.get("Accept", "*/*")})
+        send(h, 200, body, {name: value for name, value in headers
+                            if name.lower() in ("content-type", "docker-content-digest")})
 
 
 @pytest.mark.parametrize("flood", [0, 8 << 20], ids=["token", "flooding-token-service"])

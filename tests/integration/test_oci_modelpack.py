@@ -26,7 +26,8 @@ import hfcache
 from hfcache.records import WarmRequest
 from tests.canary import Canary
 from tests.helpers import golden_ids, offline_load, run_hfcache
-from tests.registry import Registry, available, running_registry
+from tests.hostile import PeerServer, forward
+from tests.registry import Registry, available, push_shell_base, running_registry
 from tests.testhub import HubServer
 from tests.users import ALICE, GROUP, needs_root
 
@@ -342,14 +343,7 @@ def test_a_member_swapping_a_blob_for_a_link_during_push_never_ships_the_secret(
     """A group member exchanges the weights blob of a shared cache with a link to root's 0600 secret, over and
     over, while root pushes it as a ModelPack artifact: each push either ships the real bytes or stops in one line
     (exit 5); the secret's bytes never reach the registry; once the member stops, the cache verifies and pushes."""
-    from tests.integration.test_trust3_fs import (
-        SHARED,
-        make_export,
-        one_line_outcome,
-        sha256,
-        shared_cache,
-        stop_member,
-    )
+    from tests.shared_cache import SHARED, make_export, one_line_outcome, sha256, shared_cache, stop_member
 
     canary = Canary(tmp_path)
     cache = shared_cache(runtime, "mp-race")
@@ -392,7 +386,7 @@ def _bundles_of(registry: Registry, tag: str, digest: str) -> list[bytes]:
 
 
 def test_push_sign_key_attaches_a_bundle_the_model_signing_cli_verifies(cache, registry, tmp_path):
-    from tests.integration.test_signing import MODEL_SIGNING, write_key
+    from tests.artifacts import MODEL_SIGNING, write_key
 
     canary = Canary(tmp_path)
     private, public = write_key(tmp_path, "signer")
@@ -425,41 +419,6 @@ def test_push_sign_key_attaches_a_bundle_the_model_signing_cli_verifies(cache, r
     canary.assert_unchanged()
 
 
-def _shell_base(registry: Registry, name: str) -> tuple[str, str, dict]:
-    """A base image with a shell (this machine's dash and the libraries it loads) pushed by hand to ``name:v1``,
-    its config holding Env/Entrypoint/Cmd and the fields push drops (history, created). Returns (layer digest,
-    diff_id, config)."""
-    from tests.registry import put_blob, put_manifest
-
-    members = []
-    for path in ("/bin/dash", "/lib/x86_64-linux-gnu/libc.so.6", "/lib64/ld-linux-x86-64.so.2"):
-        real = Path(os.path.realpath(path))
-        info = tarfile.TarInfo(path.lstrip("/"))
-        info.size, info.mode = real.stat().st_size, 0o755
-        members.append((info, real.read_bytes()))
-    link = tarfile.TarInfo("bin/sh")
-    link.type, link.linkname = tarfile.SYMTYPE, "dash"
-    members.append((link, None))
-    from tests.registry import tar_bytes
-
-    tar = tar_bytes(members)
-    layer = gzip.compress(tar, mtime=0)
-    from hfcache.oci.image import architecture
-
-    config = {"architecture": architecture(), "os": "linux", "created": "2024-01-01T00:00:00Z",
-              "history": [{"created_by": "hand"}],
-              "config": {"Env": ["PATH=/bin", "SHELL_BASE=1"], "Entrypoint": ["/bin/sh"], "Cmd": ["-c", "true"]},
-              "rootfs": {"type": "layers", "diff_ids": [f"sha256:{hashlib.sha256(tar).hexdigest()}"]}}
-    raw = json.dumps(config).encode()
-    manifest = {"schemaVersion": 2, "mediaType": "application/vnd.docker.distribution.manifest.v2+json",
-                "config": {"mediaType": "application/vnd.docker.container.image.v1+json",
-                           "digest": put_blob(registry.host, name, raw), "size": len(raw)},
-                "layers": [{"mediaType": "application/vnd.docker.image.rootfs.diff.tar.gzip",
-                            "digest": put_blob(registry.host, name, layer), "size": len(layer)}]}
-    put_manifest(registry.host, name, "v1", json.dumps(manifest).encode(),
-                 "application/vnd.docker.distribution.manifest.v2+json")
-    return manifest["layers"][0]["digest"], config["rootfs"]["diff_ids"][0], config
-
 
 @needs_root
 @pytest.mark.skipif(not Path("/lib64/ld-linux-x86-64.so.2").exists(), reason="the hand-made shell base is x86-64")
@@ -467,7 +426,7 @@ def test_base_image_with_a_shell_for_the_modelcar_is_mounted_not_copied_and_runs
     canary = Canary(tmp_path)
     commit = commit_of(cache, BERT)
     with _logging_registry(tmp_path / "reg") as (registry, log):
-        base_layer, base_diff, base_config = _shell_base(registry, "library/shell")
+        base_layer, base_diff, base_config = push_shell_base(registry, "library/shell")
         pushed = push(registry, "ml/modelcar:v1", cache, BERT, "--prefix", "models", "--base",
                       f"{registry.host}/library/shell:v1")
         again = push(registry, "ml/modelcar:v2", cache, BERT, "--prefix", "models", "--base",
@@ -532,64 +491,34 @@ def test_hfcache_pull_reads_a_prefixed_push_of_either_format_into_a_cache_that_v
     load_offline(target, BERT)
 
 
-class _NoMountProxy:
+class _NoMountProxy(PeerServer):
     """A proxy in front of the registry that answers a cross-repository mount as a plain upload start (202, as a
-    registry without mounts does), and can flip the last byte of one blob it serves (``alter``: a digest)."""
+    registry without mounts does), and can flip the last byte of one blob it serves (``alter``: a digest).
+    docker-registry always mounts; the test Hub is no registry."""
 
     def __init__(self, upstream: str, alter: str | None = None) -> None:
-        import http.client
-        import threading
-        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+        self.upstream, self.alter, self.mounts = upstream, alter, 0
+        super().__init__()
 
-        outer = self
-        self.mounts = 0
-
-        class Handler(BaseHTTPRequestHandler):
-            protocol_version = "HTTP/1.1"
-
-            def log_message(self, *args) -> None:
-                pass
-
-            def _forward(self) -> None:
-                path = self.path
-                if self.command == "POST" and "mount=" in path:
-                    outer.mounts += 1
-                    path = path.split("?", 1)[0]
-                body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
-                headers = {k: v for k, v in self.headers.items() if k.lower() not in ("content-length", "connection")}
-                conn = http.client.HTTPConnection(upstream, timeout=30)
-                conn.request(self.command, path, body if self.command in ("POST", "PUT", "PATCH") else None, headers)
-                answer = conn.getresponse()
-                data = answer.read()
-                if alter and self.command == "GET" and path.endswith(f"/blobs/{alter}") and data:
-                    data = data[:-1] + bytes([data[-1] ^ 1])
-                self.send_response(answer.status)
-                for k, v in answer.getheaders():
-                    if k.lower() not in ("content-length", "transfer-encoding", "connection"):
-                        self.send_header(k, v)
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                if self.command != "HEAD":
-                    self.wfile.write(data)
-                conn.close()
-
-            do_GET = do_HEAD = do_POST = do_PUT = do_PATCH = do_DELETE = _forward
-
-        self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.host = f"127.0.0.1:{self._server.server_address[1]}"
-        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
-
-    def __enter__(self):
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self._server.shutdown()
-        self._server.server_close()
+    def _answer(self, h, head: bool) -> None:
+        path = h.path
+        if h.command == "POST" and "mount=" in path:
+            self.mounts += 1
+            path = path.split("?", 1)[0]
+        status, headers, data = forward(h, self.upstream, path)
+        if self.alter and h.command == "GET" and path.endswith(f"/blobs/{self.alter}") and data:
+            data = data[:-1] + bytes([data[-1] ^ 1])
+        h.send_response(status)
+        for k, v in headers:
+            h.send_header(k, v)
+        h.send_header("Content-Length", str(len(data)))
+        h.end_headers()
+        if not head:
+            h.wfile.write(data)
 
 
 def test_a_base_the_registry_will_not_mount_is_copied_with_its_digest_checked(cache, registry, tmp_path):
-    base_layer, _, _ = _shell_base(registry, "library/copyshell")
+    base_layer, _, _ = push_shell_base(registry, "library/copyshell")
     with _NoMountProxy(registry.host) as proxy:
         proxied = Registry(host=proxy.host, root=registry.root)
         pushed = push(proxied, "ml/copied:v1", cache, BERT, "--prefix", "models", "--base",
@@ -632,7 +561,7 @@ def test_modelpack_push_of_a_one_repo_lock_records_its_hash_and_a_wider_lock_is_
     assert proc.returncode == 2 and "a ModelPack artifact holds one model" in proc.stderr
 
 
-# --- push --sign-key: defects a new user found ----------------------------------------------------------------------
+# --- push --sign-key ------------------------------------------------------------------------------------------------
 
 
 def _pull(registry: Registry, tag: str, target: Path, *args: str):
@@ -658,7 +587,7 @@ def _two_repo_lock(tmp_path: Path) -> tuple[Path, Path, list[str]]:
 
 def test_push_lock_sign_key_signs_every_snapshot_and_pull_verify_key_checks_each(registry, tmp_path):
     from hfcache.integrity.signatures import bundle_identity
-    from tests.integration.test_signing import write_key
+    from tests.artifacts import write_key
 
     lock, cache, repos = _two_repo_lock(tmp_path)
     private, public = write_key(tmp_path, "signer")
@@ -684,7 +613,7 @@ def test_push_lock_sign_key_signs_every_snapshot_and_pull_verify_key_checks_each
 
 def test_signed_re_pushes_replace_their_referrer_and_a_key_rotation_keeps_both_keys(cache, registry, tmp_path):
     from hfcache.oci.referrers import KEY_ANNOTATION, MODEL_ANNOTATION, fallback_tag
-    from tests.integration.test_signing import write_key
+    from tests.artifacts import write_key
 
     key_a, pub_a = write_key(tmp_path, "a")
     key_b, pub_b = write_key(tmp_path, "b")
@@ -708,8 +637,8 @@ def test_signed_re_pushes_replace_their_referrer_and_a_key_rotation_keeps_both_k
 
 
 def test_push_with_an_encrypted_sign_key_reads_its_password_from_the_environment(cache, registry, tmp_path):
+    from tests.artifacts import write_key
     from tests.helpers import clean_env
-    from tests.integration.test_signing import write_key
 
     secret = "correct horse battery"
     locked, public = write_key(tmp_path, "locked", password=secret.encode())

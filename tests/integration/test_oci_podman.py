@@ -21,7 +21,7 @@ import pytest
 import hfcache
 from hfcache.records import WarmRequest
 from tests.helpers import GOLDEN, LOAD_SCRIPT, clean_env, golden_ids, run_hfcache
-from tests.integration.test_container import RunLog, _cache_root, _make_podman, _remove_home, _unavailable
+from tests.podman import RunLog, cache_root, make_podman, remove_home, unavailable
 from tests.registry import available, running_registry
 from tests.testhub import HubServer
 
@@ -32,7 +32,7 @@ REPOS = ["google-bert/bert-base-uncased", "openai-community/gpt2", "FacebookAI/r
 
 
 def _skip_reason() -> str | None:
-    reason = _unavailable() or available() or (None if shutil.which("podman") else "podman not installed")
+    reason = unavailable() or available() or (None if shutil.which("podman") else "podman not installed")
     if reason and os.environ.get("CI") and os.geteuid() == 0:
         pytest.fail(f"CI must run the podman image test: {reason}", pytrace=False)
     return reason
@@ -47,9 +47,9 @@ def test_podman_pulls_and_mounts_the_pushed_cache_and_it_loads_offline(tmp_path)
         assert hfcache.warm([WarmRequest.parse(r) for r in REPOS], cache_dir=cache, endpoint=server.endpoint,
                             token=False).ok
     log = RunLog(tmp_path / "podman.log")
-    root = _cache_root()
+    root = cache_root()
     root.mkdir(parents=True, exist_ok=True)
-    engine = _make_podman(Path(tempfile.mkdtemp(prefix="hfcache-podman-", dir=root)), log)
+    engine = make_podman(Path(tempfile.mkdtemp(prefix="hfcache-podman-", dir=root)), log)
     with running_registry(tmp_path / "registry") as registry:
         ref = f"{registry.host}/hf/cache:v1"
         pushed = run_hfcache(["push", ref, "--cache-dir", str(cache), "--plain-http", "--json"])
@@ -76,4 +76,4 @@ def test_podman_pulls_and_mounts_the_pushed_cache_and_it_loads_offline(tmp_path)
             finally:
                 engine("image", "unmount", ref, check=False)
         finally:
-            _remove_home(engine)
+            remove_home(engine)

@@ -9,7 +9,7 @@ can (docs/security.md, "How many requests a pull makes"; docs/oci.md; red team, 
 - a ``.locks/hfcache-pulled.json`` entry that is no cache-layout name (``CACHEDIR.TAG``, with its matching stamp) made
   the pull exit 70 after it published; such a record is ignored (every layer fetched, the record rewritten).
 
-The registries are hand-written servers on 127.0.0.1 (tests/integration/test_trust3_oci.py ``Peer``) that log every
+The registries are hand-written servers on 127.0.0.1 (tests/hostile.py ``PeerServer``) that log every
 request, and Debian's ``docker-registry`` (tests/registry.py) for the record.
 """
 
@@ -29,7 +29,8 @@ from hfcache.oci.referrers import MAX_REFERRERS
 from hfcache.records import WarmRequest
 from tests.canary import Canary
 from tests.helpers import clean_env, run_hfcache
-from tests.integration.test_trust3_oci import NAME, Image, Peer, body, drip, pull, refused, serve_image
+from tests.hostile import PeerServer, body, drip
+from tests.oci_peer import NAME, Image, pull, refused, serve_image
 from tests.registry import available, running_registry
 from tests.testhub import HubServer
 
@@ -54,12 +55,12 @@ def home(tmp_path) -> Path:
 
 @pytest.fixture(scope="module")
 def public_key(tmp_path_factory) -> Path:
-    from tests.integration.test_oci_pull_modelpack import key_pair
+    from tests.artifacts import key_pair
 
     return key_pair(tmp_path_factory.mktemp("bounds-keys"), "team")[1]
 
 
-def serve_referrers(peer: Peer, image: Image, count: int, interval: float = 0.0) -> list[str]:
+def serve_referrers(peer: PeerServer, image: Image, count: int, interval: float = 0.0) -> list[str]:
     """``count`` referrers of ``image``'s manifest listed at its fallback tag (no referrers API), each a distinct
     bundle (not a valid one); their manifests dripped one byte every ``interval`` seconds. Returns their digests."""
     subject = {"mediaType": MANIFEST, "digest": sha(image.manifest), "size": len(image.manifest)}
@@ -83,7 +84,7 @@ def serve_referrers(peer: Peer, image: Image, count: int, interval: float = 0.0)
     return [entry["digest"] for entry in listed]
 
 
-def gets(peer: Peer, kind: str, digests) -> int:
+def gets(peer: PeerServer, kind: str, digests) -> int:
     wanted = {f"/v2/{NAME}/{kind}/{d}" for d in digests}
     return sum(1 for method, path, _ in peer.log if method == "GET" and path in wanted)
 
@@ -96,7 +97,7 @@ def test_dripped_referrers_end_within_one_deadline_for_the_whole_phase(tmp_path,
     deadline at ``--timeout 1``). The signatures are read under one deadline of 3 x 12 s: refused at 36 s (was
     4 min 42 s), exit 3 naming the phase, no layer fetched, no target created."""
     image, fresh, canary = Image(), tmp_path / "fresh", Canary(tmp_path)
-    with Peer() as peer:
+    with PeerServer() as peer:
         ref = serve_image(peer, image)
         referrers = serve_referrers(peer, image, 150, interval=0.004)
         proc = pull(ref, fresh, home, "--timeout", "1", "--verify-key", str(public_key))
@@ -116,7 +117,7 @@ def test_the_referrer_phase_is_at_most_two_requests_per_referrer_and_a_hundred_r
     """150 listed, answered at once: the pull reads the listing (the referrers API, then the fallback tag) and 100
     referrers (the newest: listed last), a manifest and a bundle each, then refuses: none is a signature."""
     image = Image()
-    with Peer() as peer:
+    with PeerServer() as peer:
         ref = serve_image(peer, image)
         referrers = serve_referrers(peer, image, 150)
         proc = pull(ref, tmp_path / "fresh", home, "--verify-key", str(public_key))
@@ -156,7 +157,7 @@ def test_more_layers_than_a_pull_reads_are_refused_before_any_layer_in_both_form
     manifest = json.dumps({"schemaVersion": 2, "mediaType": MANIFEST,
                            "config": {"mediaType": shape.pop("mediaType"), "digest": sha(config), "size": len(config)},
                            **shape}).encode()
-    with Peer() as peer:
+    with PeerServer() as peer:
         peer.routes["/v2/"] = body(b"{}")
         peer.routes[f"/v2/{NAME}/manifests/v1"] = body(manifest, **{"Content-Type": MANIFEST,
                                                                     "Docker-Content-Digest": sha(manifest)})
@@ -172,7 +173,7 @@ def test_a_modelpack_artifact_of_n_files_is_two_plus_n_requests(tmp_path, home):
     """The red team's artifact (one tiny raw layer per file; theirs had 3,000: 3,002 requests), at 300 files: the
     manifest, the config and one request per file, nothing else."""
     count, commit, folder = 300, "2" * 40, "models--evil--many"
-    with Peer() as peer:
+    with PeerServer() as peer:
         layers = []
         for i in range(count):
             data = f"{i}\n".encode()

@@ -16,11 +16,6 @@ import os
 import shutil
 import subprocess
 import tarfile
-import time
-import urllib.error
-import urllib.request
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -29,7 +24,7 @@ import hfcache
 from hfcache.records import WarmRequest
 from tests.canary import Canary
 from tests.helpers import GOLDEN, clean_env, golden_ids, offline_load, run_hfcache
-from tests.registry import Registry, _free_port, available, put_blob, put_manifest, tar_bytes
+from tests.registry import available, logged_registry, put_blob, put_manifest, tar_bytes
 from tests.testhub import HubServer
 from tests.users import ALICE
 
@@ -40,35 +35,6 @@ REPOS = sorted(GOLDEN["repos"])[:2]
 MANIFEST = "application/vnd.oci.image.manifest.v1+json"
 RECORD = (".locks", "hfcache-pulled.json")
 
-
-@contextmanager
-def logged_registry(workdir: Path) -> Iterator[tuple[Registry, Path]]:
-    """``docker-registry serve`` on 127.0.0.1 with its access log on (tests/registry.py turns it off)."""
-    workdir.mkdir(parents=True, exist_ok=True)
-    root, port, log_path = workdir / "storage", _free_port(), workdir / "access.log"
-    config = workdir / "config.yml"
-    config.write_text("version: 0.1\nlog:\n  level: warn\n  accesslog:\n    disabled: false\n"
-                      f"storage:\n  filesystem:\n    rootdirectory: {root}\n"
-                      f"http:\n  addr: 127.0.0.1:{port}\n", encoding="utf-8")
-    log = log_path.open("wb")
-    proc = subprocess.Popen(["docker-registry", "serve", str(config)], stdout=log, stderr=subprocess.STDOUT)
-    try:
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                urllib.request.urlopen(f"http://127.0.0.1:{port}/v2/", timeout=2)  # loopback only
-                break
-            except urllib.error.HTTPError:
-                break
-            except OSError:
-                if proc.poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError(f"docker-registry did not start: {log_path.read_text()}") from None
-                time.sleep(0.1)
-        yield Registry(host=f"127.0.0.1:{port}", root=root), log_path
-    finally:
-        proc.terminate()
-        proc.wait(timeout=10)
-        log.close()
 
 
 @pytest.fixture(scope="module")
@@ -284,7 +250,7 @@ def test_an_image_under_a_prefix_is_stripped_and_an_entry_outside_it_refused(see
 @pytest.mark.parametrize("swapped", [("locks",), ("blobs", "snapshot")])
 def test_a_members_swaps_during_pulls_never_make_root_act_outside_the_cache(seed, logged, runtime, tmp_path,
                                                                            swapped):
-    from tests.integration.test_trust3_fs import member_swaps, shared_cache, stop_member
+    from tests.shared_cache import member_swaps, shared_cache, stop_member
 
     registry, _ = logged
     ref = f"{registry.host}/skip/race:v1"

@@ -14,7 +14,6 @@ import shutil
 import subprocess
 import threading
 import urllib.request
-from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 
 import pytest
@@ -29,6 +28,7 @@ from hfcache.oci import referrers
 from hfcache.oci.registry import connect, network_errors, parse_reference
 from hfcache.records import WarmRequest
 from tests.canary import Canary
+from tests.hostile import PeerServer, send
 from tests.registry import Registry, available, push_image, put_blob, put_manifest, running_registry, tar_bytes
 from tests.testhub import HubServer
 
@@ -241,78 +241,55 @@ def test_malformed_arguments_are_usage_errors(registry) -> None:
 # --- a registry with the referrers API (distribution-spec v1.1), hand-written -------------------------------------
 
 
-class _ReferrersRegistry:
-    """A minimal distribution-spec v1.1 registry on 127.0.0.1 with the referrers API: a manifest PUT with a
-    ``subject`` is answered with ``OCI-Subject``; ``GET /v2/<name>/referrers/<digest>`` lists its referrers.
-    ``hostile="huge-index"`` makes the referrers answer 5 MiB of index."""
+class _ReferrersRegistry(PeerServer):
+    """A minimal distribution-spec v1.1 registry on 127.0.0.1 with the referrers API (docker-registry, the real
+    registry of the other tests, has none): a manifest PUT with a ``subject`` is answered with ``OCI-Subject``;
+    ``GET /v2/<name>/referrers/<digest>`` lists its referrers. ``hostile="huge-index"`` makes the referrers answer
+    5 MiB of index."""
 
     def __init__(self, hostile: str = "") -> None:
-        from http.server import ThreadingHTTPServer
-
+        self.hostile = hostile
         self.blobs: dict[str, bytes] = {}
         self.manifests: dict[str, tuple[bytes, str]] = {}
         self.paths: list[str] = []
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), _handler(self, hostile))
-        self.host = f"127.0.0.1:{self.server.server_address[1]}"
-        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        super().__init__()
 
-    def __enter__(self):
-        self.thread.start()
-        return self
+    def _answer(self, h, head: bool) -> None:
+        {"HEAD": self._head, "POST": self._post, "PUT": self._put, "DELETE": self._delete}.get(h.command, self._get)(h)
 
-    def __exit__(self, *exc) -> None:
-        self.server.shutdown()
-        self.server.server_close()
+    def _head(self, h) -> None:
+        digest = h.path.rsplit("/", 1)[1]
+        send(h, 200 if digest in self.blobs else 404)
 
+    def _post(self, h) -> None:
+        h.rfile.read(int(h.headers.get("Content-Length") or 0))
+        send(h, 202, headers={"Location": "/upload/1"})
 
-class _Handler(BaseHTTPRequestHandler):
-    registry: _ReferrersRegistry
-    hostile = ""
-
-    def log_message(self, *args) -> None:  # quiet
-        pass
-
-    def _send(self, code: int, body: bytes = b"", headers: dict[str, str] | None = None) -> None:
-        self.send_response(code)
-        for key, value in (headers or {}).items():
-            self.send_header(key, value)
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        if self.command != "HEAD":
-            self.wfile.write(body)
-
-    def do_HEAD(self) -> None:  # http.server's name
-        digest = self.path.rsplit("/", 1)[1]
-        self._send(200 if digest in self.registry.blobs else 404)
-
-    def do_POST(self) -> None:
-        self._send(202, headers={"Location": "/upload/1"})
-
-    def do_PUT(self) -> None:
-        body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
-        self.registry.paths.append(f"PUT {self.path}")
-        if self.path.startswith("/upload/"):
-            self.registry.blobs[self.path.split("digest=")[1]] = body
-            return self._send(201)
-        ref = self.path.rsplit("/", 1)[1]
+    def _put(self, h) -> None:
+        body = h.rfile.read(int(h.headers.get("Content-Length", 0)))
+        self.paths.append(f"PUT {h.path}")
+        if h.path.startswith("/upload/"):
+            self.blobs[h.path.split("digest=")[1]] = body
+            return send(h, 201)
+        ref = h.path.rsplit("/", 1)[1]
         digest = f"sha256:{hashlib.sha256(body).hexdigest()}"
-        self.registry.manifests[ref] = self.registry.manifests[digest] = (body, self.headers["Content-Type"])
+        self.manifests[ref] = self.manifests[digest] = (body, h.headers["Content-Type"])
         subject = json.loads(body).get("subject")
-        self._send(201, headers={"Docker-Content-Digest": digest,
-                                 **({"OCI-Subject": subject["digest"]} if subject else {})})
+        send(h, 201, headers={"Docker-Content-Digest": digest,
+                              **({"OCI-Subject": subject["digest"]} if subject else {})})
 
-    def do_DELETE(self) -> None:
-        self.registry.paths.append(f"DELETE {self.path}")
-        ref = self.path.rsplit("/", 1)[1]
-        self._send(202 if self.registry.manifests.pop(ref, None) else 404)
+    def _delete(self, h) -> None:
+        self.paths.append(f"DELETE {h.path}")
+        ref = h.path.rsplit("/", 1)[1]
+        send(h, 202 if self.manifests.pop(ref, None) else 404)
 
-    def do_GET(self) -> None:
-        self.registry.paths.append(f"GET {self.path}")
-        path = self.path.split("?")[0]
+    def _get(self, h) -> None:
+        self.paths.append(f"GET {h.path}")
+        path = h.path.split("?")[0]
         if "/referrers/" in path:
             subject = path.rsplit("/", 1)[1]
             entries = []
-            for digest, (body, media_type) in sorted(self.registry.manifests.items()):
+            for digest, (body, media_type) in sorted(self.manifests.items()):
                 doc = json.loads(body)
                 if digest.startswith("sha256:") and (doc.get("subject") or {}).get("digest") == subject:
                     entries.append({"mediaType": media_type, "digest": digest, "size": len(body),
@@ -321,19 +298,14 @@ class _Handler(BaseHTTPRequestHandler):
             index = {"schemaVersion": 2, "mediaType": INDEX_TYPE, "manifests": entries}
             if self.hostile == "huge-index":
                 index["padding"] = "x" * (5 * 1024 * 1024)
-            return self._send(200, json.dumps(index).encode(), {"Content-Type": INDEX_TYPE})
+            return send(h, 200, json.dumps(index).encode(), {"Content-Type": INDEX_TYPE})
         kind, ref = path.split("/")[-2:]
-        if kind == "manifests" and ref in self.registry.manifests:
-            body, media_type = self.registry.manifests[ref]
-            return self._send(200, body, {"Content-Type": media_type})
-        if kind == "blobs" and ref in self.registry.blobs:
-            return self._send(200, self.registry.blobs[ref], {"Content-Type": "application/octet-stream"})
-        self._send(404, b'{"errors":[{"code":"MANIFEST_UNKNOWN","message":"unknown"}]}')
-
-
-def _handler(registry: _ReferrersRegistry, hostile: str) -> type[_Handler]:
-    """The request handler of :class:`_ReferrersRegistry` (its state on ``registry``)."""
-    return type("Handler", (_Handler,), {"registry": registry, "hostile": hostile})
+        if kind == "manifests" and ref in self.manifests:
+            body, media_type = self.manifests[ref]
+            return send(h, 200, body, {"Content-Type": media_type})
+        if kind == "blobs" and ref in self.blobs:
+            return send(h, 200, self.blobs[ref], {"Content-Type": "application/octet-stream"})
+        send(h, 404, b'{"errors":[{"code":"MANIFEST_UNKNOWN","message":"unknown"}]}')
 
 
 def _labels(bundle: bytes) -> dict[str, str]:
@@ -423,7 +395,7 @@ def test_a_referrer_whose_layers_are_not_a_list_is_skipped(layers) -> None:
             assert referrers.bundles(client, container, subject["digest"]) == []
 
 
-# --- re-pushes replace their own signature (defects a new user found) -------------------------------------------------
+# --- re-pushes replace their own signature ----------------------------------------------------------------------------
 
 
 def test_a_signature_of_the_same_model_and_key_replaces_the_earlier_one_and_others_are_kept(registry, digests,

@@ -5,7 +5,7 @@ same kind of value elsewhere (sizes, digests, annotations, config fields, referr
 a traceback, and nothing written.
 
 Distribution validates the manifests it stores (a list where Go wants a string is refused at upload), so the
-registry here is hand-written (tests/integration/test_trust3_oci.py ``Peer``, on 127.0.0.1) and serves the hostile
+registry here is hand-written (tests/hostile.py ``PeerServer``, on 127.0.0.1) and serves the hostile
 documents as they are, each consistent with its digest. Configs are blobs the real registry does not read: the base
 image's config fields are also pushed to ``docker-registry`` (tests/registry.py) for the one case that succeeds.
 """
@@ -25,7 +25,8 @@ import hfcache
 from hfcache.records import WarmRequest
 from tests.canary import Canary
 from tests.helpers import clean_env, run_hfcache
-from tests.integration.test_trust3_oci import NAME, Image, Peer, body, serve_image
+from tests.hostile import PeerServer, body
+from tests.oci_peer import NAME, Image, serve_image
 from tests.registry import available, put_blob, put_manifest, running_registry
 from tests.testhub import HubServer
 
@@ -52,12 +53,12 @@ def git_sha1(data: bytes) -> str:
 
 @pytest.fixture(scope="module")
 def peer():
-    with Peer() as server:
+    with PeerServer() as server:
         server.routes["/v2/"] = body(b"{}")
         yield server
 
 
-def serve(peer: Peer, name: str, manifest: dict, config: dict | bytes) -> str:
+def serve(peer: PeerServer, name: str, manifest: dict, config: dict | bytes) -> str:
     """Serve ``manifest`` (by tag ``v1``, with its digest header) and its config blob; return the reference."""
     config_bytes = config if isinstance(config, bytes) else json.dumps(config).encode()
     manifest = copy.deepcopy(manifest)
@@ -227,11 +228,11 @@ def test_annotations_and_an_artifact_type_of_another_type_only_inform(peer, tmp_
 
 @pytest.fixture(scope="module")
 def signed_peer(tmp_path_factory):
-    """A Peer serving the valid small image (tests/integration/test_trust3_oci.py) at ``hf/evil:v1``, and a key."""
-    from tests.integration.test_oci_pull_modelpack import key_pair
+    """A PeerServer serving the valid small image (tests/oci_peer.py) at ``hf/evil:v1``, and a key."""
+    from tests.artifacts import key_pair
 
     folder = tmp_path_factory.mktemp("fields-keys")
-    with Peer() as server:
+    with PeerServer() as server:
         real = Image()
         ref = serve_image(server, real)
         yield server, ref, sha(real.manifest), key_pair(folder, "k")
@@ -246,7 +247,7 @@ def referrer(subject: str, **layer_changes) -> tuple[bytes, dict]:
     return bundle, manifest
 
 
-def serve_referrers(server: Peer, subject: str, index: dict, documents: list[tuple[bytes, dict]]) -> None:
+def serve_referrers(server: PeerServer, subject: str, index: dict, documents: list[tuple[bytes, dict]]) -> None:
     for bundle, manifest in documents:
         raw = json.dumps(manifest).encode()
         server.routes[f"/v2/{NAME}/manifests/{sha(raw)}"] = body(raw, **{"Content-Type": MANIFEST})
@@ -327,7 +328,7 @@ def base_documents() -> tuple[dict, dict]:
     return manifest, config
 
 
-def push_on(peer: Peer, seed: Path, base: str, tmp_path: Path):
+def push_on(peer: PeerServer, seed: Path, base: str, tmp_path: Path):
     return run_hfcache(["push", f"{peer.host}/base/out:v1", "openai-community/gpt2", "--cache-dir", str(seed),
                         "--plain-http", "--base", base], env=clean_env(HOME=str(tmp_path)), timeout=90)
 

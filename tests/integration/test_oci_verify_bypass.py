@@ -1,4 +1,4 @@
-"""``pull --verify-key`` against images crafted to publish what the signature does not cover (red team, round two):
+"""``pull --verify-key`` against images crafted to publish what the signature does not cover:
 tar entries named ``./models--...`` (the importer drops the ``./``; the signature check used to skip such names, so
 a replaced ``config.json`` was published as "signatures verified"), and an image that brings no snapshot file at
 all (nothing checked is not "verified"). Each is refused with exit 1, nothing is published, and a canary outside
@@ -7,10 +7,6 @@ the target is unchanged.
 
 from __future__ import annotations
 
-import gzip
-import hashlib
-import io
-import json
 import os
 import subprocess
 import tarfile
@@ -20,10 +16,10 @@ import pytest
 
 import hfcache
 from hfcache.records import WarmRequest
+from tests.artifacts import attach_signature, key_pair, signed_files
 from tests.canary import Canary
 from tests.helpers import clean_env, run_hfcache
-from tests.integration.test_oci_pull_modelpack import attach_signature, key_pair, signed_files
-from tests.registry import available, put_blob, put_manifest, running_registry
+from tests.registry import available, push_tar, running_registry
 from tests.testhub import HubServer
 
 pytestmark = [pytest.mark.skipif(available() is not None and not os.environ.get("CI"), reason=str(available()))]
@@ -48,13 +44,6 @@ def registry(tmp_path_factory):
     with running_registry(tmp_path_factory.mktemp("bypass-registry")) as reg:
         yield reg
 
-
-def _tar(members: list[tuple[tarfile.TarInfo, bytes | None]]) -> bytes:
-    out = io.BytesIO()
-    with tarfile.open(fileobj=out, mode="w", format=tarfile.PAX_FORMAT) as tar:
-        for info, data in members:
-            tar.addfile(info, io.BytesIO(data) if data is not None else None)
-    return out.getvalue()
 
 
 def _members(cache: Path, name_prefix: str, *, replace: dict[str, bytes] | None = None,
@@ -86,18 +75,6 @@ def _members(cache: Path, name_prefix: str, *, replace: dict[str, bytes] | None 
     return members
 
 
-def _push_tar(host: str, name: str, tar: bytes) -> str:
-    blob = gzip.compress(tar, mtime=0)
-    config = json.dumps({"architecture": "amd64", "os": "linux",
-                         "rootfs": {"type": "layers", "diff_ids": [f"sha256:{hashlib.sha256(tar).hexdigest()}"]}})
-    manifest = {"schemaVersion": 2, "mediaType": MANIFEST,
-                "config": {"mediaType": "application/vnd.oci.image.config.v1+json",
-                           "digest": put_blob(host, name, config.encode()), "size": len(config)},
-                "layers": [{"mediaType": "application/vnd.oci.image.layer.v1.tar+gzip",
-                            "digest": put_blob(host, name, blob), "size": len(blob)}]}
-    put_manifest(host, name, "v1", json.dumps(manifest).encode(), MANIFEST)
-    return f"{host}/{name}:v1"
-
 
 def _pull(ref: str, target: Path, public: Path) -> subprocess.CompletedProcess:
     return run_hfcache(["pull", ref, "--cache-dir", str(target), "--plain-http", "--verify-key", str(public)],
@@ -114,12 +91,12 @@ def test_dot_slash_names_are_checked_as_the_importer_publishes_them(seed, regist
     private, public = key_pair(tmp_path / "keys", "team")
     canary = Canary(tmp_path)
     # control: the same image with plain names and the signed bytes pulls and verifies
-    good = _push_tar(registry.host, "bypass/good", _tar(_members(seed, "")))
+    good = push_tar(registry.host, "bypass/good", _members(seed, ""))
     attach_signature(good, signed_files(seed), private)
     proc = _pull(good, tmp_path / "ok", public)
     assert proc.returncode == 0 and "signatures verified" in proc.stdout, proc.stdout + proc.stderr
     # ./ names with config.json replaced by other bytes: the signature covers the real config.json
-    ref = _push_tar(registry.host, "bypass/dotslash", _tar(_members(seed, "./", replace={"config.json": EVIL})))
+    ref = push_tar(registry.host, "bypass/dotslash", _members(seed, "./", replace={"config.json": EVIL}))
     attach_signature(ref, signed_files(seed), private)
     target = tmp_path / "target"
     _refused(_pull(ref, target, public), "changed: config.json")
@@ -129,7 +106,7 @@ def test_dot_slash_names_are_checked_as_the_importer_publishes_them(seed, regist
 
 def test_an_image_without_snapshot_files_is_not_verified(seed, registry, tmp_path):
     private, public = key_pair(tmp_path / "keys", "team")
-    ref = _push_tar(registry.host, "bypass/nosnap", _tar(_members(seed, "", only=("blobs", "refs"))))
+    ref = push_tar(registry.host, "bypass/nosnap", _members(seed, "", only=("blobs", "refs")))
     attach_signature(ref, signed_files(seed), private)
     target = tmp_path / "target"
     _refused(_pull(ref, target, public), "brings no snapshot files")
@@ -142,8 +119,8 @@ def test_a_modelpack_etag_naming_another_held_blob_is_refused(seed, registry, tm
     config.json linked to the other bytes while the signature check saw the layer's digest."""
     import shutil
 
-    from tests.integration.test_oci_pull_modelpack import GPT2 as FOLDER
-    from tests.integration.test_oci_pull_modelpack import layer, push_artifact, snapshot_files
+    from tests.artifacts import GPT2 as FOLDER
+    from tests.artifacts import layer, push_artifact, snapshot_files
 
     private, public = key_pair(tmp_path / "keys", "team")
     commit, files = snapshot_files(seed)
@@ -172,8 +149,8 @@ def test_a_modelpack_etag_naming_another_held_blob_is_refused(seed, registry, tm
 def test_two_modelpack_layers_naming_one_blob_with_other_digests_are_refused(seed, registry, tmp_path):
     """Only the first layer of an etag is fetched: a later layer naming the same blob with its own (signed) digest
     was linked to the first one's bytes, unread ("signatures verified" over a config.json holding another file)."""
-    from tests.integration.test_oci_pull_modelpack import GPT2 as FOLDER
-    from tests.integration.test_oci_pull_modelpack import layer, push_artifact, snapshot_files
+    from tests.artifacts import GPT2 as FOLDER
+    from tests.artifacts import layer, push_artifact, snapshot_files
 
     private, public = key_pair(tmp_path / "keys", "team")
     commit, files = snapshot_files(seed)
@@ -196,7 +173,7 @@ def test_a_bundle_signed_for_another_model_is_refused(seed, registry, tmp_path):
     """The bundle's model name must name the pulled repo or commit: a bundle signed for another model with the
     same files verified any repo at any commit."""
     from hfcache.integrity.signatures import sign_files
-    from tests.integration.test_oci_pull_modelpack import artifact_of
+    from tests.artifacts import artifact_of
 
     private, public = key_pair(tmp_path / "keys", "team")
     ref = artifact_of(seed, registry.host, "bypass/other-model", "v1")

@@ -345,7 +345,7 @@ def test_a_member_swapping_the_file_for_a_link_out_never_gets_it_approved_or_cra
     """Alice (a group member) exchanges the snapshot entry with a link to a root-only file in a loop while root
     runs ``hfcache path``: every run is either the snapshot path (exit 0) or a one-line refusal (exit 5); never a
     crash or a hang, and nothing outside the cache changes."""
-    from tests.integration.test_trust3_fs import SWAP, shared_cache
+    from tests.shared_cache import SWAP, shared_cache
     from tests.testhub import HubServer
     from tests.users import ALICE  # the runtime fixture skips where setpriv or root is missing
 
@@ -385,7 +385,7 @@ def hfcache_warm(cache: Path, endpoint: str) -> subprocess.CompletedProcess[str]
 
 def test_a_snapshot_another_user_cannot_read_is_exit_5_naming_it(runtime, hub_dir):
     """Eve, outside the cache's group, and Alice with the snapshot closed to her: exit 5 with what blocks, no crash."""
-    from tests.integration.test_trust3_fs import shared_cache
+    from tests.shared_cache import shared_cache
     from tests.testhub import HubServer
     from tests.users import ALICE, EVE
 

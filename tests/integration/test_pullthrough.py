@@ -27,7 +27,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from hfcache.serve.pullthrough import PullThroughConfig
 from tests.helpers import GOLDEN, clean_env, golden_ids, run_hfcache, silent_server
-from tests.integration.test_serve import ACCESS_LINE, TRAVERSALS, raw_request, served
+from tests.served import ACCESS_LINE, TRAVERSALS, raw_request, served
 from tests.testhub import Faults, HubServer
 
 PROJECT = Path(__file__).parents[2]

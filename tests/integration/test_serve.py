@@ -11,7 +11,6 @@ import http.client
 import io
 import json
 import os
-import re
 import shutil
 import signal
 import socket
@@ -21,7 +20,6 @@ import threading
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import contextmanager
 from pathlib import Path
 
 import httpx2
@@ -33,6 +31,7 @@ from huggingface_hub.hf_api import RepoFile as HubRepoFile
 import hfcache
 from hfcache import WarmRequest
 from tests.helpers import GOLDEN, clean_env, golden_ids, offline_load, run_hfcache
+from tests.served import ACCESS_LINE, TRAVERSALS, raw_request, served
 from tests.testhub import HubServer
 
 PROJECT = Path(__file__).parents[2]
@@ -42,7 +41,6 @@ MISTRAL = "mistralai/Mistral-7B-v0.1"
 CANONICAL_IDS = sorted(GOLDEN["repos"])  # the nine fixture repos
 LEGACY = json.loads((PROJECT / "tests" / "data" / "hub" / "legacy_ids.json").read_text())  # legacy -> canonical
 SECRET = "TOP SECRET do not serve"
-ACCESS_LINE = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z (GET|HEAD|POST) \S+ \d{3} \d+ \d+\.\d{3}$")
 
 
 # --- fixtures and helpers -----------------------------------------------------------------------------
@@ -65,42 +63,6 @@ def warmed_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
     warm_fixture_cache(PROJECT / "tests" / "data" / "hub", cache)
     return cache
 
-
-@contextmanager
-def served(*args: str, env: dict[str, str] | None = None,
-           check_exit: bool = True) -> Iterator[tuple[str, subprocess.Popen]]:
-    """Run ``python -m hfcache serve ARGS --port 0``; yield (endpoint, process); SIGTERM it afterwards."""
-    proc = subprocess.Popen([sys.executable, "-m", "hfcache", "serve", *args, "--port", "0"], cwd=PROJECT,
-                            env=env or clean_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    try:
-        line = proc.stderr.readline()
-        match = re.search(r" at (http://\S+)$", line.strip())
-        assert match, line + proc.stderr.read() if proc.poll() is not None else line
-        yield match.group(1), proc
-    finally:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-        try:
-            code = proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-            raise
-        if check_exit:
-            assert code == 0, proc.stderr.read()
-
-
-def raw_request(endpoint: str, target: str, method: str = "GET", headers: dict[str, str] | None = None
-                ) -> tuple[int, dict[str, str], bytes]:
-    """Send a request target byte for byte (httpx would normalise '..' away); (status, headers, body)."""
-    host, port = endpoint.removeprefix("http://").rsplit(":", 1)
-    conn = http.client.HTTPConnection(host, int(port), timeout=10)
-    try:
-        conn.request(method, target, headers=headers or {})
-        response = conn.getresponse()
-        return response.status, {k.lower(): v for k, v in response.getheaders()}, response.read()
-    finally:
-        conn.close()
 
 
 def fixture_bytes(repo_id: str, path: str) -> bytes:
@@ -386,31 +348,6 @@ def hostile_cache(warmed_cache: Path, base: Path) -> Path:
     (shadow / "blobs").symlink_to(fake / "blobs")
     return cache
 
-
-TRAVERSALS = [
-    f"/{BERT}/resolve/main/../../../../outside/secret.txt",
-    f"/{BERT}/resolve/main/%2e%2e/%2e%2e/%2e%2e/%2e%2e/outside/secret.txt",
-    f"/{BERT}/resolve/main/..%2F..%2F..%2F..%2Foutside%2Fsecret.txt",
-    f"/{BERT}/resolve/main/..%5C..%5C..%5Coutside%5Csecret.txt",
-    f"/{BERT}/resolve/main//etc/passwd",
-    f"/{BERT}/resolve/main/%2Fetc%2Fpasswd",
-    f"/{BERT}/resolve/..%2F..%2F..%2F..%2Fetc/passwd",
-    f"/{BERT}/resolve/refs%2F..%2F..%2F..%2F..%2Fetc/passwd",
-    "/google-bert/..%2F..%2F..%2Foutside/resolve/main/secret.txt",
-    "/%2e%2e/%2e%2e/resolve/main/outside/secret.txt",
-    "/..%2F..%2Foutside/resolve/main/secret.txt",
-    "/api/models/..%2F..%2F..%2Fetc/tree/main",
-    f"/api/models/{BERT}/tree/main/..%2F..%2F..?recursive=true",
-    f"/api/models/{BERT}/revision/..%2F..%2F..%2Fetc%2Fpasswd",
-    "/http://example.invalid/etc/passwd",
-    f"/{BERT}/resolve/main/vocab.txt",  # its blob is a symlink to the secret
-    f"/{BERT}/resolve/main/absolute.txt",
-    f"/{BERT}/resolve/main/relative.txt",
-    "/evil/repo/resolve/main/config.json",
-    "/api/models/evil/repo",
-    "/evil/shadow/resolve/main/config.json",
-    "/api/models/evil/shadow/tree/main",
-]
 
 
 @pytest.mark.slow

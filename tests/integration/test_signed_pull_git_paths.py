@@ -22,9 +22,7 @@ import pytest
 
 import hfcache
 from hfcache.records import WarmRequest
-from tests.canary import Canary
-from tests.helpers import clean_env, run_hfcache
-from tests.integration.test_oci_pull_modelpack import (
+from tests.artifacts import (
     MANIFEST,
     attach_signature,
     key_pair,
@@ -34,9 +32,9 @@ from tests.integration.test_oci_pull_modelpack import (
     snapshot_files,
     tree,
 )
-from tests.integration.test_oci_verify_bypass import _push_tar, _tar
-from tests.integration.test_signed_pull_refs import member
-from tests.registry import available, running_registry
+from tests.canary import Canary
+from tests.helpers import clean_env, run_hfcache
+from tests.registry import available, member, push_tar, running_registry
 from tests.testhub import HubServer
 
 pytestmark = [pytest.mark.skipif(available() is not None and not os.environ.get("CI"), reason=str(available()))]
@@ -88,7 +86,7 @@ def push(seed: Path, host: str, name: str, fmt: str, extra: dict[str, bytes]) ->
     members += [member(f"{GPT2}/snapshots/{commit}/{path}", link="../" * (2 + path.count("/")) + f"blobs/{etag}")
                 for path, _, etag in files]
     members.append(member(f"{GPT2}/refs/main", commit.encode()))
-    return _push_tar(host, name, _tar(members))
+    return push_tar(host, name, members)
 
 
 def pull(ref: str, target: Path, public: Path) -> subprocess.CompletedProcess:

@@ -11,27 +11,28 @@ from __future__ import annotations
 import hashlib
 import os
 import shutil
-import subprocess
-import tarfile
 from pathlib import Path
 
 import pytest
 
 import hfcache
 from hfcache.records import WarmRequest
-from tests.canary import Canary
-from tests.helpers import clean_env, run_hfcache
-from tests.integration.test_oci_pull_modelpack import (
+from tests.artifacts import (
     attach_signature,
+    image_members,
     key_pair,
     layer,
+    pull,
     push_artifact,
+    refused,
     signed_files,
     snapshot_files,
     tree,
+    verified,
 )
-from tests.integration.test_oci_verify_bypass import _push_tar, _tar
-from tests.registry import available, running_registry
+from tests.canary import Canary
+from tests.helpers import clean_env, run_hfcache
+from tests.registry import available, member, push_tar, running_registry
 from tests.testhub import HubServer
 
 pytestmark = [pytest.mark.skipif(available() is not None and not os.environ.get("CI"), reason=str(available()))]
@@ -61,27 +62,6 @@ def keys(tmp_path_factory) -> tuple[Path, Path]:
     return key_pair(tmp_path_factory.mktemp("refs-keys"), "team")
 
 
-def member(name: str, data: bytes | None = None, *, link: str | None = None, hardlink: str | None = None):
-    info = tarfile.TarInfo(name)
-    if link is not None:
-        info.type, info.linkname = tarfile.SYMTYPE, link
-    elif hardlink is not None:
-        info.type, info.linkname = tarfile.LNKTYPE, hardlink
-    else:
-        info.size = len(data or b"")
-    return info, (data if link is None and hardlink is None else None)
-
-
-def image_members(seed: Path, ref: bytes | None, *extra) -> list:
-    """The seed's gpt2 folder as an image's tar entries (blobs, the signed snapshot, its .no_exist markers), with
-    ``refs/main`` holding ``ref`` (none when None), then ``extra`` entries."""
-    commit, files = snapshot_files(seed)
-    out = [member(f"{GPT2}/blobs/{etag}", data) for _, data, etag in files]
-    out += [member(f"{GPT2}/snapshots/{commit}/{path}", link=f"../../blobs/{etag}") for path, _, etag in files]
-    out += [member(f"{GPT2}/.no_exist/{commit}/{p.name}", b"") for p in (seed / GPT2 / ".no_exist" / commit).iterdir()]
-    if ref is not None:
-        out.append(member(f"{GPT2}/refs/main", ref))
-    return out + list(extra)
 
 
 def modelpack(seed: Path, host: str, name: str, ref: bytes) -> str:
@@ -93,7 +73,7 @@ def modelpack(seed: Path, host: str, name: str, ref: bytes) -> str:
 
 
 def signed_image(seed: Path, host: str, name: str, private: Path, ref: bytes | None, *extra) -> str:
-    ref_ = _push_tar(host, name, _tar(image_members(seed, ref, *extra)))
+    ref_ = push_tar(host, name, image_members(seed, ref, *extra))
     attach_signature(ref_, signed_files(seed), private)
     return ref_
 
@@ -110,23 +90,6 @@ def holding_older(seed: Path, target: Path, *, main: str | None) -> Path:
         (target / GPT2 / "refs" / "main").write_text(main)
     return target
 
-
-def pull(ref: str, target: Path, public: Path, *args: str) -> subprocess.CompletedProcess:
-    return run_hfcache(["pull", ref, "--cache-dir", str(target), "--plain-http", "--verify-key", str(public), *args],
-                       env=clean_env(HOME=str(target.parent / "home")))
-
-
-def refused(proc: subprocess.CompletedProcess, code: int, *needles: str) -> None:
-    lines = proc.stderr.splitlines()
-    assert proc.returncode == code, proc.stdout + proc.stderr
-    assert "Traceback" not in proc.stderr and "signatures verified" not in proc.stdout
-    assert lines and lines[-2].startswith("hfcache: error: "), proc.stderr
-    assert all(needle in lines[-2] for needle in needles), proc.stderr
-    assert lines[-1].startswith("hint: "), proc.stderr
-
-
-def verified(proc: subprocess.CompletedProcess) -> None:
-    assert proc.returncode == 0 and "signatures verified" in proc.stdout, proc.stdout + proc.stderr
 
 
 # --- the rollback, both formats ----------------------------------------------------------------------------------

@@ -24,20 +24,22 @@ import pytest
 
 import hfcache
 from hfcache.records import WarmRequest
-from tests.canary import Canary
-from tests.helpers import clean_env, run_hfcache
-from tests.integration.test_oci_pull_modelpack import (
+from tests.artifacts import (
     attach_signature,
+    image_members,
     key_pair,
     layer,
+    pull,
     push_artifact,
+    refused,
     signed_files,
     snapshot_files,
     tree,
+    verified,
 )
-from tests.integration.test_oci_verify_bypass import _push_tar, _tar
-from tests.integration.test_signed_pull_refs import image_members, member, pull, refused, verified
-from tests.registry import available, running_registry
+from tests.canary import Canary
+from tests.helpers import clean_env, run_hfcache
+from tests.registry import available, member, push_tar, running_registry
 from tests.testhub import HubServer
 
 pytestmark = [pytest.mark.skipif(available() is not None and not os.environ.get("CI"), reason=str(available()))]
@@ -70,7 +72,7 @@ def keys(tmp_path_factory) -> tuple[Path, Path]:
 
 def signed(seed: Path, host: str, name: str, private: Path, members: list) -> str:
     """An image of ``members`` (one layer), signed as ``hfcache push --sign-key`` signs gpt2's snapshot."""
-    ref = _push_tar(host, name, _tar(members))
+    ref = push_tar(host, name, members)
     attach_signature(ref, signed_files(seed), private)
     return ref
 

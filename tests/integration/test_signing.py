@@ -14,24 +14,23 @@ import json
 import os
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 from cryptography.hazmat.primitives import serialization
-from cryptography.hazmat.primitives.asymmetric import ec, rsa
+from cryptography.hazmat.primitives.asymmetric import rsa
 
 import hfcache
 from hfcache.records import WarmRequest
+from tests.artifacts import MODEL_SIGNING, write_key
 from tests.canary import SECRET, Canary
 from tests.helpers import clean_env, run_hfcache
-from tests.integration.test_trust3_fs import SWAP, shared_cache
+from tests.shared_cache import SWAP, shared_cache
 from tests.testhub import HubServer
 from tests.users import ALICE, needs_root
 
 REPO = "hfcache-test/tiny-bert"
 FOLDER = "models--hfcache-test--tiny-bert"
-MODEL_SIGNING = str(Path(sys.executable).with_name("model_signing"))
 LFS_FILE, SMALL_FILE = "model.safetensors", "vocab.txt"
 
 
@@ -56,16 +55,6 @@ def snapshot_of(cache: Path) -> Path:
     (snapshot,) = (cache / FOLDER / "snapshots").iterdir()
     return snapshot
 
-
-def write_key(folder: Path, name: str, *, password: bytes | None = None) -> tuple[Path, Path]:
-    """A fresh EC P-256 key pair as PEM files ``<name>.pem`` (private) and ``<name>.pub``."""
-    key = ec.generate_private_key(ec.SECP256R1())
-    encryption = serialization.BestAvailableEncryption(password) if password else serialization.NoEncryption()
-    private, public = folder / f"{name}.pem", folder / f"{name}.pub"
-    private.write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, encryption))
-    public.write_bytes(key.public_key().public_bytes(serialization.Encoding.PEM,
-                                                     serialization.PublicFormat.SubjectPublicKeyInfo))
-    return private, public
 
 
 @pytest.fixture
@@ -495,7 +484,7 @@ def keys_in(folder: Path) -> tuple[Path, Path]:
     return write_key(folder / "keys", "signer")
 
 
-# --- where `sign --output` writes (defects a new user found) ----------------------------------------------------------
+# --- where `sign --output` writes -------------------------------------------------------------------------------------
 
 
 def _entry(path: Path) -> tuple:
@@ -610,7 +599,7 @@ def test_the_key_password_can_come_from_the_environment(cache, tmp_path) -> None
     canary.assert_unchanged()
 
 
-# --- what verify --signature says (defects a new user found) ----------------------------------------------------------
+# --- what verify --signature says -------------------------------------------------------------------------------------
 
 
 def _hint(proc: subprocess.CompletedProcess[str]) -> str:

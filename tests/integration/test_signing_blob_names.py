@@ -21,34 +21,20 @@ import pytest
 
 import hfcache
 from hfcache.records import WarmRequest
+from tests.artifacts import attach_signature, key_pair, signed_files, snapshot_files, tree
 from tests.canary import Canary
-from tests.helpers import clean_env, run_hfcache
-from tests.integration.test_oci_pull_modelpack import attach_signature, key_pair, signed_files, snapshot_files, tree
-from tests.integration.test_oci_verify_bypass import _push_tar, _tar
-from tests.integration.test_signed_pull_refs import member
-from tests.integration.test_trust3_fs import shared_cache
-from tests.registry import available, running_registry
+from tests.helpers import clean_env, one_error_line, run_hfcache
+from tests.make_model_repos import ACME, ACME_FOLDER, APPENDED, CODE
+from tests.registry import available, member, push_tar, running_registry
+from tests.shared_cache import shared_cache
 from tests.testhub import HubServer
 from tests.users import ALICE, needs_root
 
-ACME = "hfcache-test/acme-tokenizer"
-ACME_FOLDER = "models--hfcache-test--acme-tokenizer"
-CODE = "tokenization_acme.py"
 HUB = Path(__file__).parent.parent / "data" / "hub"
 GPT2_REPO = "openai-community/gpt2"
 GPT2 = "models--openai-community--gpt2"
-APPENDED = b"\nimport os\nos.system('id > /tmp/hfcache-owned')\n"
 registry_needed = pytest.mark.skipif(available() is not None and not os.environ.get("CI"), reason=str(available()))
 
-
-def one_error_line(proc, code: int, *needles: str) -> str:
-    assert proc.returncode == code, (proc.returncode, proc.stdout, proc.stderr)
-    assert "Traceback" not in proc.stderr
-    lines = [line for line in proc.stderr.splitlines() if line.strip()]
-    error = next(line for line in lines if line.startswith("hfcache: error: "))
-    assert all(needle in error for needle in needles), (needles, error)
-    assert lines[lines.index(error) + 1].startswith("hint: "), proc.stderr
-    return error
 
 
 @pytest.fixture(scope="module")
@@ -123,7 +109,7 @@ def test_a_linked_target_blob_holding_other_bytes_is_refused_though_they_are_the
                        link=f"../../blobs/{merges_etag if path == 'config.json' else etag}") for path, _, etag in files]
     members.append(member(f"{GPT2}/refs/main", commit.encode()))
     private, public = key_pair(tmp_path / "keys", "team")
-    ref = _push_tar(registry.host, "names/linked", _tar(members))
+    ref = push_tar(registry.host, "names/linked", members)
     attach_signature(ref, {**signed_files(seed), "merges.txt": hashlib.sha256(by_path["merges.txt"][0]).hexdigest()},
                        private)
     target = tmp_path / "target"
@@ -147,7 +133,7 @@ def test_a_held_snapshot_file_whose_blob_changed_is_refused_by_name(seed, regist
     kept = [(p, d, e) for p, d, e in files if p != "vocab.json"]
     members = [member(f"{GPT2}/blobs/{etag}", data) for _, data, etag in kept]
     members += [member(f"{GPT2}/snapshots/{commit}/{path}", link=f"../../blobs/{etag}") for path, _, etag in kept]
-    ref = _push_tar(registry.host, "names/held", _tar(members))
+    ref = push_tar(registry.host, "names/held", members)
     attach_signature(ref, signed_files(seed), private)
     target = tmp_path / "target"
     shutil.copytree(seed, target, symlinks=True)

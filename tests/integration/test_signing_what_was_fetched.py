@@ -1,13 +1,13 @@
-"""A signer signs only what the cache proves was fetched (docs/security.md, the signing rows): the red team's round-4
-bypasses, built as they built them. In a shared cache (tests/users.py: root-owned, group 4100, 2775) Alice, a
+"""A signer signs only what the cache proves was fetched (docs/security.md, the signing rows): three ways
+around it, built as an attacker would. In a shared cache (tests/users.py: root-owned, group 4100, 2775) Alice, a
 member (uid 4101), edits the custom tokenizer code of a warmed repo:
 
-- F2a: a copy with code added, stored as ``blobs/<its own git sha1>``, the snapshot link re-pointed to it and warm's
+- a record rewritten: a copy with code added, stored as ``blobs/<its own git sha1>``, the snapshot link re-pointed to it and warm's
   group-writable record rewritten to match. ``sign --lock`` and ``push --lock --sign-key`` signed it (exit 0) though
   the lock pins another hash; ``verify --lock`` said exit 1. Now: exit 5, naming the file, nothing signed or pushed.
-- F2b: the same blob and link, the record left alone: ``sign``/``sign --rehash``/``push --sign-key`` signed it while
+- the record left alone: the same blob and link: ``sign``/``sign --rehash``/``push --sign-key`` signed it while
   plain ``verify`` said exit 1. Now exit 5, and ``verify --signature`` of a bundle another tool signed over it: exit 1.
-- F2c: the link replaced by an edited real file, the record deleted or that path's entry removed: ``sign`` signed it
+- no record: the link replaced by an edited real file, the record deleted or that path's entry removed: ``sign`` signed it
   unchecked. Now exit 5 ("nothing proves it is what was fetched").
 
 The pushes go to a real registry (tests/registry.py); bundles written by ``model_signing``'s own CLI stand for the
@@ -28,12 +28,12 @@ import pytest
 
 import hfcache
 from hfcache.records import WarmRequest
+from tests.artifacts import key_pair
 from tests.canary import Canary
-from tests.helpers import clean_env, run_hfcache
-from tests.integration.test_oci_pull_modelpack import key_pair
-from tests.integration.test_signing_blob_names import ACME, ACME_FOLDER, APPENDED, CODE, one_error_line
-from tests.integration.test_trust3_fs import shared_cache
+from tests.helpers import clean_env, one_error_line, run_hfcache
+from tests.make_model_repos import ACME, ACME_FOLDER, APPENDED, CODE
 from tests.registry import available, running_registry
+from tests.shared_cache import shared_cache
 from tests.testhub import HubServer
 from tests.users import ALICE, needs_root
 
@@ -137,7 +137,7 @@ def verify_signature(cache: Path, bundle: Path, public: Path, *extra: str) -> su
 
 @needs_root
 def test_sign_and_push_with_a_lock_refuse_content_the_lock_contradicts(warmed, runtime, registry, tmp_path):
-    """F2a: the record rewritten to match Alice's blob; only the lock still pins the fetched hash."""
+    """The record rewritten to match Alice's blob; only the lock still pins the fetched hash."""
     cache, snapshot, lock = warmed
     private, _public = key_pair(tmp_path / "keys", "root")
     out = tmp_path / "bundles"
@@ -166,7 +166,7 @@ def test_sign_and_push_with_a_lock_refuse_content_the_lock_contradicts(warmed, r
 
 @needs_root
 def test_sign_refuses_a_link_that_contradicts_warms_record(warmed, runtime, registry, tmp_path):
-    """F2b: the new blob and re-pointed link, the record left alone (plain verify: exit 1)."""
+    """The new blob and re-pointed link, the record left alone (plain verify: exit 1)."""
     cache, snapshot, _lock = warmed
     private, public = key_pair(tmp_path / "keys", "root")
     out = tmp_path / "bundles"
@@ -195,7 +195,7 @@ def test_sign_refuses_a_link_that_contradicts_warms_record(warmed, runtime, regi
 @needs_root
 @pytest.mark.parametrize("record", ["delete", "drop"])
 def test_a_real_file_nothing_names_is_never_signed(warmed, runtime, registry, tmp_path, record):
-    """F2c: the link replaced by an edited real file; the record deleted, or its entry for that path removed."""
+    """The link replaced by an edited real file; the record deleted, or its entry for that path removed."""
     cache, snapshot, _lock = warmed
     private, public = key_pair(tmp_path / "keys", "root")
     out = tmp_path / "bundles"

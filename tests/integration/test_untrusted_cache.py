@@ -7,66 +7,25 @@ outside the cache is byte-for-byte unchanged with no new file in it, and that th
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import shutil
-import threading
 import urllib.error
 import urllib.request
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
 from huggingface_hub import scan_cache_dir
 
-import hfcache
-from hfcache.records import WarmRequest
 from tests.helpers import run_hfcache
+from tests.hostile import PeerServer, git_sha1, send
 from tests.testhub import HubServer
+from tests.untrusted import FOLDER, HUB, REPO, make_canary, tree_state, verify, warm_two
 
-HUB = Path(__file__).parent.parent / "data" / "hub"
-REPO = "google-bert/bert-base-uncased"
-FOLDER = "models--google-bert--bert-base-uncased"
-OTHER = "FacebookAI/roberta-base"
 OTHER_FOLDER = "models--FacebookAI--roberta-base"
 
 
 # ----------------------------------------------------------------------------------------------------- helpers
-
-def tree_state(root: Path) -> dict[str, tuple[str, bytes | str]]:
-    """Every entry below ``root`` (links not followed): relative path -> (type, bytes or link target)."""
-    state: dict[str, tuple[str, bytes | str]] = {}
-    for dirpath, dirnames, filenames in os.walk(root):
-        for name in dirnames + filenames:
-            p = Path(dirpath) / name
-            rel = str(p.relative_to(root))
-            if p.is_symlink():
-                state[rel] = ("link", os.readlink(p))
-            elif p.is_dir():
-                state[rel] = ("dir", b"")
-            else:
-                state[rel] = ("file", p.read_bytes())
-    return state
-
-
-def git_sha1(data: bytes) -> str:
-    return hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest()  # git object id
-
-
-def make_canary(tmp_path: Path) -> Path:
-    """A folder outside the cache with a file that looks like an orphan blob (prune would remove it) and others."""
-    canary = tmp_path / "canary"
-    canary.mkdir()
-    (canary / "precious.txt").write_bytes(b"do not touch\n")
-    return canary
-
-
-def warm_two(cache: Path) -> None:
-    with HubServer(HUB) as server:
-        report = hfcache.warm([WarmRequest.parse(REPO), WarmRequest.parse(OTHER)], cache_dir=cache,
-                              endpoint=server.endpoint, token=False)
-    assert report.ok, [r.error for r in report.repos]
 
 
 def plant(cache: Path, canary: Path, part: str) -> tuple[Path, Path]:
@@ -106,13 +65,8 @@ def write_manifest(folder: Path, endpoint: str, cache: str) -> Path:
     return folder
 
 
-def verify(cache: Path) -> tuple[int, dict]:
-    # --allow-empty: a refused warm leaves a cache that holds nothing, and that must verify too
-    proc = run_hfcache(["verify", "--cache-dir", str(cache), "--json", "--allow-empty"])
-    return proc.returncode, json.loads(proc.stdout)
 
-
-# ----------------------------------------------------------------------------------- item 1: planted links
+# ------------------------------------------------------------------------------------------- planted links
 
 PARTS = ["blobs", "refs", "snapshots", ".no_exist", "trees", ".locks/<folder>", "repo", ".locks"]
 
@@ -218,59 +172,32 @@ def test_a_symlinked_lock_file_is_never_opened(tmp_path: Path) -> None:
     assert tree_state(canary) == before
 
 
-# ----------------------------------------------------------------------------- hostile endpoints (items 2, 4, 8)
+# --------------------------------------------------------------------------------------------- hostile endpoints
 
-class ScriptedHub:
-    """A Hub endpoint whose model info for ``h/<name>`` is given by the test (any JSON), with honest file bytes.
+class ScriptedHub(PeerServer):
+    """A Hub endpoint whose model info for ``h/<name>`` is given by the test (any JSON), with honest file bytes: the
+    test Hub answers model info from the files it serves, this one whatever names and hashes the test makes up.
 
     ``repos``: repo id -> (model info dict, {path: bytes}). The resolve route serves the bytes of any commit.
     """
 
     def __init__(self, repos: dict[str, tuple[dict, dict[str, bytes]]]) -> None:
         self.repos = repos
-        self.requests: list[str] = []
-        outer = self
+        super().__init__()
 
-        class Handler(BaseHTTPRequestHandler):
-            protocol_version = "HTTP/1.1"
+    @property
+    def requests(self) -> list[str]:
+        return [path for _, path, _ in self.log]
 
-            def log_message(self, *args) -> None:
-                pass
-
-            def do_HEAD(self) -> None:
-                self.do_GET()
-
-            def do_GET(self) -> None:
-                outer.requests.append(self.path)
-                path = self.path.split("?")[0]
-                for repo_id, (info, files) in outer.repos.items():
-                    if path == f"/api/models/{repo_id}" or path.startswith(f"/api/models/{repo_id}/revision/"):
-                        return self._send(200, json.dumps(info).encode(), {"Content-Type": "application/json"})
-                    for name, data in files.items():
-                        if path.startswith(f"/{repo_id}/resolve/") and path.endswith("/" + name):
-                            return self._send(200, data, {"X-Repo-Commit": info["sha"], "ETag": f'"{git_sha1(data)}"'})
-                self._send(404, b"{}", {"X-Error-Code": "RepoNotFound"})
-
-            def _send(self, status: int, body: bytes, headers: dict[str, str]) -> None:
-                self.send_response(status)
-                for k, v in headers.items():
-                    self.send_header(k, v)
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                if self.command != "HEAD":
-                    self.wfile.write(body)
-
-        self._httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self._httpd.daemon_threads = True
-        self.endpoint = f"http://127.0.0.1:{self._httpd.server_address[1]}"
-
-    def __enter__(self) -> ScriptedHub:
-        threading.Thread(target=self._httpd.serve_forever, daemon=True).start()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self._httpd.shutdown()
-        self._httpd.server_close()
+    def _answer(self, h, head: bool) -> None:
+        path = h.path.split("?")[0]
+        for repo_id, (info, files) in self.repos.items():
+            if path == f"/api/models/{repo_id}" or path.startswith(f"/api/models/{repo_id}/revision/"):
+                return send(h, 200, json.dumps(info).encode(), {"Content-Type": "application/json"})
+            for name, data in files.items():
+                if path.startswith(f"/{repo_id}/resolve/") and path.endswith("/" + name):
+                    return send(h, 200, data, {"X-Repo-Commit": info["sha"], "ETag": f'"{git_sha1(data)}"'})
+        send(h, 404, b"{}", {"X-Error-Code": "RepoNotFound"})
 
 
 VOCAB = b"[PAD]\n[UNK]\nhello\n"
@@ -410,7 +337,7 @@ def test_a_lock_with_a_path_both_file_and_folder_leaves_no_blob(tmp_path: Path) 
     assert not [p for p in folder.rglob("*") if p.is_file()] if folder.exists() else True
 
 
-# --------------------------------------------------------------------- item 7: what warm published is checked
+# ----------------------------------------------------------------------------- what warm published is checked
 
 def test_a_file_edited_in_place_or_lost_fails_verify(tmp_path: Path) -> None:
     cache = tmp_path / "cache"

@@ -18,7 +18,7 @@ from huggingface_hub import scan_cache_dir
 import hfcache
 from hfcache.cache.layout import RepoFolder
 from tests.helpers import run_hfcache
-from tests.integration.test_untrusted_cache import FOLDER, REPO, make_canary, tree_state, verify, warm_two
+from tests.untrusted import FOLDER, REPO, make_canary, tree_state, verify, warm_two
 
 #: Generous: a hang is what is tested; the machine is shared.
 T = 120

@@ -18,7 +18,7 @@ from typing import IO, Any, BinaryIO
 from werkzeug.wrappers import Request, Response
 
 from hfcache import serve
-from hfcache.serve.accesslog import LogEntry
+from hfcache.serve.body import LogEntry
 from hfcache.serve.folder_store import FolderStore
 from hfcache.serve.http import guarded, url_host
 from hfcache.serve.pullthrough import PullThroughConfig

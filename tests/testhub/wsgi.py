@@ -12,8 +12,7 @@ from typing import Any
 
 from werkzeug.serving import WSGIRequestHandler, make_server
 
-from hfcache.serve.accesslog import LogEntry
-from hfcache.serve.body import FileBody, Responder
+from hfcache.serve.body import FileBody, LogEntry, Responder
 
 from .faults import RESET, reset_midway
 

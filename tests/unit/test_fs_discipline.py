@@ -1,10 +1,11 @@
 """Filesystem discipline, read with ast (nothing is imported): below a cache root, every create, chmod/chown,
 rename, copy and write acts through the descriptors the safety walk opened (docs/security.md, "Group members").
 
-A group member of a shared cache can swap any folder for a symlink between a check and a use ("Trust, round
-three": H1, H2, H3). A call that rebuilds a path afterwards (``os.replace(staged, folder.blob_path(etag))``,
-``shutil.copyfile``, ``os.chmod(path)``, ``open(path, "w")``) follows that link. This test fails where a module
-other than the safe primitives (``hfcache/cache/safefs.py``, ``hfcache/cache/safefs_tree.py``) calls one of:
+A group member of a shared cache can swap any folder for a symlink between a check and a use
+(tests/integration/test_shared_cache_races.py). A call that rebuilds a path afterwards
+(``os.replace(staged, folder.blob_path(etag))``, ``shutil.copyfile``, ``os.chmod(path)``, ``open(path, "w")``) follows
+that link. This test fails where a module other than the safe primitives (``hfcache/cache/safefs.py``,
+``hfcache/cache/safefs_tree.py``) calls one of:
 
 - ``os.chmod``, ``os.chown``, ``os.lchown``, ``os.replace``, ``os.rename``, ``os.link``, ``os.symlink``,
   ``os.mkdir``, ``os.makedirs`` without ``dir_fd=``/``src_dir_fd=``/``dst_dir_fd=``;
@@ -261,7 +262,8 @@ def test_planted_source_is_caught():
 
 
 def test_the_old_importer_fallback_would_fail_this_test():
-    """The exact lines the red team won with (H1, H3) are offenders, so they cannot come back unnoticed."""
+    """The exact lines a member once raced the importer through (its copy and rename by path) are offenders, so they
+    cannot come back unnoticed."""
     old = '''
 def _publish_blobs(folder, repo, staging, published, counts):
     for etag, member in sorted(repo.blobs.items()):

@@ -30,10 +30,13 @@ from tests.canary import Canary
 from tests.helpers import clean_env
 from tests.users import EVE, needs_root
 
+#: Each test runs a pytest session of its own (minutes, and CPU the suite's workers share): run with -m slow.
+pytestmark = [pytest.mark.slow, pytest.mark.timing]
+
 REPO = Path(__file__).resolve().parents[2]
 #: A representative slice: unit tests that write caches in tmp_path, a local Hub (hub_server), another uid's
 #: runtime and 1,000-level folder chains (runtime fixture), a real registry and module-wide fixture folders.
-SLICE = ("tests/unit/test_locking.py", "tests/unit/test_paths.py", "tests/integration/test_trust3_state.py",
+SLICE = ("tests/unit/test_locking.py", "tests/unit/test_paths.py", "tests/integration/test_untrusted_cache_records.py",
          "tests/integration/test_oci.py")
 
 
@@ -56,8 +59,10 @@ def _session(tmp: Path, args: list[str], *, timeout: float = 900, **env: str) ->
     for name in [n for n in environment if n.startswith("PYTEST_XDIST_")] + [cleanup.SESSION_VAR,
                                                                              cleanup.SESSION_PID_VAR]:
         environment.pop(name, None)
-    with subprocess.Popen([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *args], cwd=REPO,
-                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=environment) as child:
+    # -n 0: one process, as these sessions were designed (pyproject's addopts run the suite in xdist workers).
+    command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-n", "0", *args]
+    with subprocess.Popen(command, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                          env=environment) as child:
         try:
             out, err = child.communicate(timeout=timeout)
         except subprocess.TimeoutExpired:

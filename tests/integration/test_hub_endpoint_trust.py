@@ -1,8 +1,8 @@
-"""Trust, round three, the Hub side: a manifest's endpoint gets no token without the user's opt-in, manifest paths
+"""What a Hub endpoint is trusted with: a manifest's endpoint gets no token without the user's opt-in, manifest paths
 expand ``~`` only, every metadata answer has a deadline and every body a throughput floor, and a full commit sha
 must be answered as itself (warm, lock, warm --lock).
 
-Each test builds the hostile endpoint or manifest itself (a small ``http.server`` Hub below), runs the real
+Each test builds the hostile endpoint or manifest itself (a small Hub below, on tests/hostile.py's ``PeerServer``), runs the real
 command as a subprocess, and checks the exit code, the one-line message, that the token never leaves for where it
 was not sent (the endpoint's request log, every output, every path), that a canary outside the cache is unchanged
 and that the cache still verifies.
@@ -23,7 +23,7 @@ from tests.canary import Canary
 from tests.helpers import clean_env, run_hfcache
 from tests.hostile import CONTENT, PeerServer, git_sha1
 
-TOKEN = "hf_trust3SecretTokenValue0123456789"
+TOKEN = "hf_manifestSecretTokenValue0123456789"
 REPO = "org/x"
 C = hashlib.sha1(b"asked commit").hexdigest()  # a commit id
 D = hashlib.sha1(b"other commit").hexdigest()
@@ -35,7 +35,8 @@ class TinyHub(PeerServer):
     Modes: ``honest``; ``gated`` (401 GatedRepo without the token); ``drip_info`` (repo info at 1 B/s);
     ``gzip_drip`` (repo info as an endless run of empty gzip members); ``drip_body`` (the file at 1 B/s);
     ``other_sha`` (any revision answered as ``D``); ``other_commit_header`` (file GETs say ``X-Repo-Commit: D``).
-    ``auth`` logs every request's path and Authorization header.
+    ``auth`` logs every request's path and Authorization header. The test Hub answers the commit it was asked and
+    sends whole bodies (paced at most): drips and another commit than asked are this server's.
     """
 
     def __init__(self, mode: str = "honest") -> None:
@@ -64,7 +65,7 @@ class TinyHub(PeerServer):
             h.send_header(key, value)
         h.end_headers()
         for i in range(len(body)):
-            if self._stop.wait(1.0):
+            if self.stop.wait(1.0):
                 return
             h.wfile.write(body[i:i + 1])
             h.wfile.flush()
@@ -106,7 +107,7 @@ class TinyHub(PeerServer):
         h.end_headers()
         squeezer = zlib.compressobj(9, zlib.DEFLATED, 31)
         member = squeezer.compress(b"") + squeezer.flush()
-        while not self._stop.wait(0.05):
+        while not self.stop.wait(0.05):
             h.wfile.write(b"%x\r\n%s\r\n" % (len(member), member))
             h.wfile.flush()
 

@@ -1,4 +1,4 @@
-"""Trust, round three, "state": what a cache (or a member of a shared cache's group) writes is data, not authority.
+"""What a cache (or a member of a shared cache's group) writes is data, not authority.
 
 - the ``verify --fast`` record is honoured only when this euid owns it and nobody else can write it; its write goes
   through the checked ``.locks`` descriptor (a ``.locks`` swapped for a link mid-run leaves nothing outside);

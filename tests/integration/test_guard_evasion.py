@@ -1,4 +1,4 @@
-"""Trust, round three, fault 12: the exec guard reads C-level values, and ``--allow-host`` is one host.
+"""Objects, sockets and names built to slip past ``hfcache exec``'s network guard; ``--allow-host`` is one host.
 
 A child under ``hfcache exec`` builds each object that lies about itself - a ``socket.socket`` subclass whose
 ``family`` property says ``AF_UNIX``, a ``tuple`` subclass whose ``__getitem__`` names an allowed host, a ``str``
@@ -28,8 +28,7 @@ import pytest
 from hfcache.offline import guard
 from hfcache.offline.guard import ENV_ALLOW_HOSTS, site_dir
 from tests.canary import Canary
-from tests.helpers import clean_env, run_hfcache
-from tests.integration.test_guard_listener import listener
+from tests.helpers import clean_env, listener, run_hfcache
 
 #: Every lie aimed at the listener's port; 127.0.0.2 is what the lies claim (exec allows it with --allow-host).
 LIARS = textwrap.dedent("""
@@ -346,9 +345,9 @@ def test_a_refused_name_is_reported_on_one_line_and_entries_are_reparsed():
     assert g.allowed == (guard.parse_allow_host("10.0.0.1:80"),)
 
 
-# ------------------------------------------------------------------ red team, round three (B1-B4)
+# ----------------------------- hosts that change, raw sockets, reverse look-ups, hosts-file names
 
-#: B1: a bytearray host can change between the guard's check and C's parse: refused at every call that takes one.
+#: A bytearray host can change between the guard's check and C's parse: refused at every call that takes one.
 BYTEARRAY_HOSTS = textwrap.dedent("""
     import json, socket, sys, threading, time
     port, race_port = int(sys.argv[1]), int(sys.argv[2])
@@ -370,7 +369,7 @@ BYTEARRAY_HOSTS = textwrap.dedent("""
             out[name] = "sent"
         except Exception as exc:
             out[name] = f"{type(exc).__name__}: {exc}"
-    # The red team's race, bounded: another thread flips the last digit between 1 and 2.
+    # The race, bounded: another thread flips the last digit between 1 and 2.
     sys.setswitchinterval(1e-6)
     ba, stop, won = bytearray(b"127.0.0.1"), [], []
     def flip():
@@ -414,7 +413,7 @@ def _tcp_listener(host: str) -> tuple[socket.socket, list[bytes], threading.Even
     return server, got, stop
 
 
-def test_b1_bytearray_hosts_are_refused_so_what_is_checked_is_what_c_uses(tmp_path):
+def test_bytearray_hosts_are_refused_so_what_is_checked_is_what_c_uses(tmp_path):
     canary = Canary(tmp_path)
     race, race_got, stop = _tcp_listener("127.0.0.2")
     try:
@@ -442,7 +441,7 @@ def test_b1_bytearray_hosts_are_refused_so_what_is_checked_is_what_c_uses(tmp_pa
     canary.assert_unchanged()
 
 
-def test_b1_the_hook_refuses_a_bytearray_host_at_every_event():
+def test_the_hook_refuses_a_bytearray_host_at_every_event():
     g = guard.Guard()
     g.allow(["127.0.0.1"])
     g.enforce()
@@ -461,7 +460,7 @@ def test_b1_the_hook_refuses_a_bytearray_host_at_every_event():
         sock.close()
 
 
-#: B2: raw sockets ignore sendto's port (and, with IP_HDRINCL, its host): a UDP datagram to any port.
+#: Raw sockets ignore sendto's port (and, with IP_HDRINCL, its host): a UDP datagram to any port.
 RAW_SENDS = textwrap.dedent("""
     import json, socket, struct, sys
     port, allowed = int(sys.argv[1]), int(sys.argv[2])
@@ -494,7 +493,7 @@ needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="raw sockets need CAP_
 
 
 @needs_root
-def test_b2_raw_sockets_are_refused_and_nothing_reaches_another_port(tmp_path):
+def test_raw_sockets_are_refused_and_nothing_reaches_another_port(tmp_path):
     canary = Canary(tmp_path)
     with listener() as (port, arrivals):
         proc = run_hfcache(["exec", "--cache-dir", str(tmp_path / "cache"), "--allow-host", "127.0.0.1:6379", "--",
@@ -514,7 +513,7 @@ def test_b2_raw_sockets_are_refused_and_nothing_reaches_another_port(tmp_path):
 
 
 @needs_root
-def test_b2_without_the_guard_raw_udp_reaches_a_port_not_named(tmp_path):
+def test_without_the_guard_raw_udp_reaches_a_port_not_named(tmp_path):
     with listener() as (port, arrivals):
         results = _results(subprocess.run([sys.executable, "-c", RAW_SENDS, str(port), "6379"], capture_output=True,
                                           text=True, env=clean_env(), timeout=60))
@@ -523,7 +522,7 @@ def test_b2_without_the_guard_raw_udp_reaches_a_port_not_named(tmp_path):
 
 
 @needs_root
-def test_b2_an_adopted_raw_descriptor_is_refused_by_what_the_kernel_says():
+def test_an_adopted_raw_descriptor_is_refused_by_what_the_kernel_says():
     """socket(AF_INET, SOCK_DGRAM, fileno=<raw>) and socket.fromfd: the type Python was told is not read."""
     g = guard.Guard()
     g.allow(["127.0.0.1"])
@@ -547,7 +546,7 @@ def test_b2_an_adopted_raw_descriptor_is_refused_by_what_the_kernel_says():
             sock.close()
 
 
-#: B3: reverse look-ups of chosen addresses: 3 bytes of a secret per PTR query.
+#: Reverse look-ups of chosen addresses: 3 bytes of a secret per PTR query.
 REVERSE = textwrap.dedent("""
     import json, socket
     tries = {
@@ -581,7 +580,7 @@ def _blocked(action: str, target: str) -> str:
 
 
 @needs_unshare
-def test_b3_reverse_lookups_run_only_when_no_nameserver_is_asked(tmp_path):
+def test_reverse_lookups_run_only_when_no_nameserver_is_asked(tmp_path):
     canary = Canary(tmp_path)
     guarded = [sys.executable, "-m", "hfcache", "exec", "--cache-dir", str(tmp_path / "cache"), "--"]
     proc, queries = _with_nameserver(tmp_path, [*guarded, sys.executable, "-c", REVERSE], hosts=HOSTS)
@@ -598,14 +597,14 @@ def test_b3_reverse_lookups_run_only_when_no_nameserver_is_asked(tmp_path):
 
 
 @needs_unshare
-def test_b3_without_the_guard_the_reverse_lookups_query_the_nameserver(tmp_path):
+def test_without_the_guard_the_reverse_lookups_query_the_nameserver(tmp_path):
     proc, queries = _with_nameserver(tmp_path, [sys.executable, "-c", REVERSE], hosts=HOSTS)
     _results(proc)
     for name in (b"\x0295\x03102\x03104\x03127\x07in-addr", b"\x0267\x0269\x0283\x03127\x07in-addr"):
         assert any(name in q for q in queries), (name, queries)
 
 
-#: B4: names /etc/hosts lists, asked for another family or with a trailing dot, go to the nameserver.
+#: Names /etc/hosts lists, asked for another family or with a trailing dot, go to the nameserver.
 FORWARD = textwrap.dedent("""
     import json, socket
     tries = {
@@ -634,7 +633,7 @@ FORWARD = textwrap.dedent("""
 
 
 @needs_unshare
-def test_b4_a_hosts_file_name_resolves_only_for_the_family_and_spelling_the_file_answers(tmp_path):
+def test_a_hosts_file_name_resolves_only_for_the_family_and_spelling_the_file_answers(tmp_path):
     canary = Canary(tmp_path)
     guarded = [sys.executable, "-m", "hfcache", "exec", "--cache-dir", str(tmp_path / "cache"), "--"]
     proc, queries = _with_nameserver(tmp_path, [*guarded, sys.executable, "-c", FORWARD], hosts=HOSTS)
@@ -650,7 +649,7 @@ def test_b4_a_hosts_file_name_resolves_only_for_the_family_and_spelling_the_file
 
 
 @needs_unshare
-def test_b4_without_the_guard_those_names_query_the_nameserver(tmp_path):
+def test_without_the_guard_those_names_query_the_nameserver(tmp_path):
     proc, queries = _with_nameserver(tmp_path, [sys.executable, "-c", FORWARD], hosts=HOSTS)
     _results(proc)
     for name in (b"\x02vm\x00\x00\x1c", b"\x09LoCaLhOsT\x00\x00\x1c", b"\x09localhost\x00"):
@@ -658,9 +657,9 @@ def test_b4_without_the_guard_those_names_query_the_nameserver(tmp_path):
 
 
 @needs_root
-def test_b2_a_raw_socket_of_the_default_family_is_refused_at_creation(tmp_path):
-    """``_socket.socket(-1, SOCK_RAW, ...)``: family -1 is C's default (AF_INET) when no descriptor is adopted; the
-    second red team created one that way and raced it under a UDP socket's descriptor with ``dup2``."""
+def test_a_raw_socket_of_the_default_family_is_refused_at_creation(tmp_path):
+    """``_socket.socket(-1, SOCK_RAW, ...)``: family -1 is C's default (AF_INET) when no descriptor is adopted; a
+    socket made that way was raced under a UDP socket's descriptor with ``dup2``."""
     script = ("import _socket, socket\n"
               "try:\n"
               "    _socket.socket(-1, socket.SOCK_RAW, socket.IPPROTO_RAW)\n"

@@ -1,15 +1,16 @@
-"""Defects a new user found in the OCI round two: pull, ``push --base``, ModelPack push; each against the real registry
-(``docker-registry serve``, tests/registry.py) with the real command: exit code and one-line message, a canary
-outside the cache unchanged, and ``hfcache verify`` on the cache still passing where a cache is involved.
+"""``pull`` of what ``push`` wrote (``--base``, ``--prefix``, ``--format modelpack``, signatures), against the real
+registry with its access log on (``docker-registry serve``, tests/registry.py ``logged_registry``), with the real
+command: exit code and one-line message, a canary outside the cache unchanged, and ``hfcache verify`` on the cache
+still passing where a cache is involved.
 
-1. ``pull`` reads what ``push --prefix models --base IMAGE`` writes (the base's layers are skipped, never fetched);
-2. ``pull --verify-key`` judges the key file before any request, and a key no bundle names before any layer;
-3. ``pull --verify-key`` covers what the snapshot holds after the pull (a planted file is unsigned);
-4. a pulled (either format) or imported cache keeps warm's record: a re-pointed link fails ``verify``;
-5. ``--format modelpack`` refuses ``--layers`` and ``--arch``;
-6. messages: a ModelPack ``--base``, a signature pulled as an image, bad ``--prefix`` values;
-7. the same base by tag or by digest gives the same image digest;
-8. pull's blob counts agree between a first pull, a partial one and a pull of what the cache holds.
+- ``pull`` reads what ``push --prefix models --base IMAGE`` writes (the base's layers are skipped, never fetched);
+- ``pull --verify-key`` judges the key file before any request, and a key no bundle names before any layer;
+- ``pull --verify-key`` covers what the snapshot holds after the pull (a planted file is unsigned);
+- a pulled (either format) or imported cache keeps warm's record: a re-pointed link fails ``verify``;
+- ``--format modelpack`` refuses ``--layers`` and ``--arch``;
+- messages: a ModelPack ``--base``, a signature pulled as an image, bad ``--prefix`` values;
+- the same base by tag or by digest gives the same image digest;
+- pull's blob counts agree between a first pull, a partial one and a pull of what the cache holds.
 """
 
 from __future__ import annotations
@@ -28,10 +29,10 @@ import pytest
 
 import hfcache
 from hfcache.records import WarmRequest
+from tests.artifacts import key_pair
 from tests.canary import Canary
 from tests.helpers import clean_env, run_hfcache
-from tests.integration.test_oci_pull_skip import logged_registry
-from tests.registry import available, put_blob, put_manifest, tar_bytes
+from tests.registry import available, logged_registry, put_blob, put_manifest, tar_bytes
 from tests.testhub import HubServer
 
 pytestmark = [pytest.mark.skipif(available() is not None and not os.environ.get("CI"), reason=str(available()))]
@@ -100,7 +101,7 @@ def commit_of(cache: Path, folder: str = FOLDER) -> str:
     return (cache / folder / "refs" / "main").read_text()
 
 
-# --- 1 and 7: push --base, then pull ----------------------------------------------------------------------------
+# --- push --base, then pull -------------------------------------------------------------------------------------
 
 
 def tiny_base(host: str, name: str, tag: str) -> tuple[str, str]:
@@ -165,21 +166,8 @@ def test_pull_reads_what_push_base_writes_skipping_the_base_and_tag_or_digest_gi
     canary.assert_unchanged()
 
 
-# --- 2 and 3: --verify-key --------------------------------------------------------------------------------------
+# --- --verify-key -----------------------------------------------------------------------------------------------
 
-
-def key_pair(folder: Path, name: str) -> tuple[Path, Path]:
-    from cryptography.hazmat.primitives import serialization
-    from cryptography.hazmat.primitives.asymmetric import ec
-
-    folder.mkdir(parents=True, exist_ok=True)
-    key = ec.generate_private_key(ec.SECP256R1())
-    private, public = folder / f"{name}.pem", folder / f"{name}.pub"
-    private.write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-                                          serialization.NoEncryption()))
-    public.write_bytes(key.public_key().public_bytes(serialization.Encoding.PEM,
-                                                     serialization.PublicFormat.SubjectPublicKeyInfo))
-    return private, public
 
 
 def rsa_public(path: Path) -> Path:
@@ -253,7 +241,7 @@ def test_verify_key_names_a_planted_file_the_signature_does_not_cover(seed, logg
     canary.assert_unchanged()
 
 
-# --- 4: the file-to-blob mapping survives pull and import ---------------------------------------------------------
+# --- the file-to-blob mapping survives pull and import ------------------------------------------------------------
 
 
 def repoint_fails_verify(cache: Path, commit: str) -> None:
@@ -288,7 +276,7 @@ def test_a_pulled_or_imported_cache_keeps_which_blob_each_file_is(seed, logged, 
     canary.assert_unchanged()
 
 
-# --- 5 and 6: refusals with one line ------------------------------------------------------------------------------
+# --- refusals with one line ---------------------------------------------------------------------------------------
 
 
 def test_modelpack_refuses_layers_and_arch_and_bad_prefixes_say_why(seed, logged, tmp_path):
@@ -335,7 +323,7 @@ def test_a_modelpack_base_and_a_signature_pulled_as_an_image_are_named_for_what_
     canary.assert_unchanged()
 
 
-# --- 8: blob counts -------------------------------------------------------------------------------------------------
+# --- blob counts ----------------------------------------------------------------------------------------------------
 
 
 def test_blob_counts_agree_between_a_first_a_partial_and_a_repeated_pull(seed, logged, tmp_path):

@@ -1,4 +1,4 @@
-"""Trust, round three: the pull-through mirror (``hfcache serve --upstream``) against slow and hostile upstreams
+"""The pull-through mirror (``hfcache serve --upstream``) against slow and hostile upstreams
 and a member of a shared cache's group.
 
 Each test builds its hostile upstream or member here (a dripping server, a proxy in front of the fixture Hub that
@@ -17,8 +17,8 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import contextmanager, suppress
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from contextlib import contextmanager
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 
 import httpx2
@@ -27,6 +27,7 @@ import pytest
 from hfcache.serve.pullthrough import PullThroughConfig
 from tests.canary import Canary
 from tests.helpers import run_hfcache
+from tests.hostile import PeerServer, Route, send
 from tests.testhub import HubServer
 from tests.users import ALICE, GROUP, Runtime
 
@@ -63,42 +64,20 @@ def repo_folders(cache: Path) -> list[str]:
     return sorted(p.name for p in cache.iterdir() if p.name.startswith(("models--", "datasets--")))
 
 
-class _Upstream:
-    """A hostile upstream in a thread: ``answer(handler)`` answers each request; every request line is logged."""
+class _Upstream(PeerServer):
+    """A hostile upstream: ``answer`` answers every request (a drip, or the test Hub's answers rewritten: what the
+    test Hub itself never sends); ``requests`` lists each request line."""
 
-    def __init__(self, answer: Callable[[BaseHTTPRequestHandler], None]) -> None:
-        self.requests: list[str] = []
-        self.stop = threading.Event()
-        outer = self
+    def __init__(self, answer: Route) -> None:
+        super().__init__()
+        self.routes["/"] = answer
 
-        class Handler(BaseHTTPRequestHandler):
-            protocol_version = "HTTP/1.1"
-
-            def log_message(self, *args) -> None:
-                pass
-
-            def do_GET(self) -> None:
-                outer.requests.append(f"{self.command} {self.path}")
-                with suppress(BrokenPipeError, ConnectionResetError):
-                    answer(self)
-
-            do_HEAD = do_GET
-
-        self._httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self._httpd.daemon_threads = True
-        self.endpoint = f"http://127.0.0.1:{self._httpd.server_address[1]}"
-
-    def __enter__(self) -> _Upstream:
-        threading.Thread(target=self._httpd.serve_forever, daemon=True).start()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.stop.set()
-        self._httpd.shutdown()
-        self._httpd.server_close()
+    @property
+    def requests(self) -> list[str]:
+        return [f"{method} {path}" for method, path, _ in self.log]
 
 
-def dripping(stop: threading.Event) -> Callable[[BaseHTTPRequestHandler], None]:
+def dripping(stop: threading.Event) -> Route:
     """Answers 200 with a 1 MB body and sends one byte a second: never idle long enough for a read timeout."""
     def answer(h: BaseHTTPRequestHandler) -> None:
         h.send_response(200)
@@ -112,7 +91,7 @@ def dripping(stop: threading.Event) -> Callable[[BaseHTTPRequestHandler], None]:
 
 
 def proxy(target: str, rewrite: Callable[[str, int, dict[str, str], bytes], tuple[int, dict[str, str], bytes]],
-          route: Callable[[str], str] = lambda path: path) -> Callable[[BaseHTTPRequestHandler], None]:
+          route: Callable[[str], str] = lambda path: path) -> Route:
     """Forwards each request to the fixture Hub at ``target`` (path mapped by ``route``), then ``rewrite``s the
     answer (path, status, headers, body) -> (status, headers, body)."""
     def answer(h: BaseHTTPRequestHandler) -> None:
@@ -121,13 +100,7 @@ def proxy(target: str, rewrite: Callable[[str, int, dict[str, str], bytes], tupl
         keep = {k: v for k, v in r.headers.items()
                 if k.lower() not in ("content-length", "transfer-encoding", "connection", "content-encoding")}
         status, headers, body = rewrite(path, r.status_code, keep, r.content)
-        h.send_response(status)
-        for k, v in headers.items():
-            h.send_header(k, v)
-        h.send_header("Content-Length", str(len(body)))
-        h.end_headers()
-        if h.command != "HEAD":
-            h.wfile.write(body)
+        send(h, status, body, {k: v for k, v in headers.items() if k.lower() != "content-length"})
     return answer
 
 
@@ -136,7 +109,7 @@ def warm_into(cache: Path, endpoint: str, *repo_ids: str) -> None:
     assert proc.returncode == 0, proc.stdout + proc.stderr
 
 
-# --- fault 8 (M1): a dripping upstream never starves cached answers ---------------------------------------------
+# --- a dripping upstream never starves cached answers -----------------------------------------------------------
 
 
 def test_held_files_answer_while_forty_misses_wait_on_a_dripping_upstream(tmp_path):
@@ -202,7 +175,7 @@ def test_a_held_commit_without_a_listing_is_answered_with_no_upstream_request(tm
     verify(cache)
 
 
-# --- fault 9 (M3): --allow cannot be bypassed by an upstream's rename ---------------------------------------------
+# --- --allow cannot be bypassed by an upstream's rename -----------------------------------------------------------
 
 
 def test_an_upstream_renaming_an_allowed_legacy_id_to_another_repo_does_not_open_it(tmp_path):
@@ -245,7 +218,7 @@ def test_a_legacy_rename_the_hub_makes_is_followed_and_its_canonical_id_allowed(
     verify(cache)
 
 
-# --- fault 10 (M8): a 40-hex revision must come back as itself ---------------------------------------------------
+# --- a 40-hex revision must come back as itself ------------------------------------------------------------------
 
 
 def test_a_commit_answered_with_another_sha_is_refused_and_nothing_is_kept(tmp_path):
@@ -274,7 +247,7 @@ def test_a_commit_answered_with_another_sha_is_refused_and_nothing_is_kept(tmp_p
     verify(cache)
 
 
-# --- fault 11 (L6): case variants share one folder ------------------------------------------------------------
+# --- case variants share one folder ---------------------------------------------------------------------------
 
 
 def case_variants(repo_id: str, n: int) -> list[str]:
@@ -326,7 +299,7 @@ def test_case_variants_of_an_allowed_id_share_one_folder_and_one_resolution(tmp_
     verify(cache)
 
 
-# --- fault 3: the listing write goes through the descriptor of the checked trees/ folder ----------------------
+# --- the listing write goes through the descriptor of the checked trees/ folder -------------------------------
 
 
 SWAP_LOOP = r"""

@@ -2,7 +2,7 @@
 
 A real file in ``snapshots/<commit>/`` (a no-symlink cache) is hashed for its listing. It was checked through a
 safe walk and then hashed by path again: a member exchanging it with a link to a root-only file made the mirror
-publish that file's sha256 and size (found by the red team). It is now hashed from the descriptor the safe walk
+publish that file's sha256 and size. It is now hashed from the descriptor the safe walk
 opened (``serve/cache_store.py`` ``_from_real_file``, ``serve/vocabulary.py`` ``HashMemo.describe(opened=)``).
 """
 
@@ -22,7 +22,7 @@ import hfcache
 from hfcache.records import WarmRequest
 from tests.canary import SECRET, Canary
 from tests.helpers import run_hfcache
-from tests.integration.test_trust3_fs import SWAP, shared_cache
+from tests.shared_cache import SWAP, shared_cache
 from tests.testhub import HubServer
 from tests.users import ALICE, Runtime, needs_root
 
@@ -90,8 +90,7 @@ def test_a_real_file_is_hashed_from_the_descriptor_the_safe_walk_opened(tmp_path
 @pytest.mark.slow
 def test_serve_of_a_folder_of_repos_never_follows_a_file_a_member_swaps(runtime: Runtime) -> None:
     """``serve --layout repos`` re-checked containment with ``resolve()`` and then opened the resolved path, which
-    follows a link swapped in after the check (the second red team read a root-only file this way in 1–32
-    requests). It now opens from the root with ``O_NOFOLLOW`` at every component."""
+    follows a link swapped in after the check (a root-only file was read this way in 1–32 requests). It now opens from the root with ``O_NOFOLLOW`` at every component."""
     from tests.users import GROUP
 
     root = runtime.base / "repos"

@@ -1,4 +1,4 @@
-"""Trust, round three, the movers: ``link``, ``export`` (and warm's publish) against a group member, deep folder
+"""The movers: ``link``, ``export`` (and warm's publish) against a group member, deep folder
 chains and a DEST inside the source cache.
 
 - A member of a shared cache's group (ALICE, via ``setpriv``) swaps ``blobs/`` or a snapshot folder for a link to
@@ -132,7 +132,7 @@ SWAP = textwrap.dedent("""
 @pytest.fixture
 def shared_base() -> Iterator[Path]:
     """A world-traversable folder (other uids cannot enter pytest's 0700 tmp_path)."""
-    base = Path(tempfile.mkdtemp(prefix="hfcache-trust3-movers-", dir="/tmp"))
+    base = Path(tempfile.mkdtemp(prefix="hfcache-movers-", dir="/tmp"))
     os.chmod(base, 0o755)
     yield base
     shutil.rmtree(base, ignore_errors=True)

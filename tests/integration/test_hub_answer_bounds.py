@@ -1,6 +1,7 @@
-"""Trust, round three, red team on the Hub client: a whole metadata answer (headers included) within the deadline
+"""Bounds on what a Hub endpoint answers the Hub client: a whole metadata answer (headers included) within the deadline
 and the next --endpoint tried, a whole tree listing bounded (entries, bytes, time), listing paths within the folder
-bound the other commands enforce. Each test builds the hostile endpoint itself (a small ``http.server`` below)."""
+bound the other commands enforce. Each test builds the hostile endpoint itself (a small Hub below, on
+tests/hostile.py's ``PeerServer``)."""
 
 from __future__ import annotations
 
@@ -25,7 +26,8 @@ C = "c" * 40
 class Hub(PeerServer):
     """``org/x`` at commit ``C``. ``mode``: ``honest``; ``drip_headers`` (status line, then a header line every
     ``drip`` s, never done); ``tree_pages`` (names-only repo info, then tree pages of ``per_page`` entries linked
-    for ever); ``deep`` (one file ``path`` listed)."""
+    for ever); ``deep`` (one file ``path`` listed). Dripped headers, endless listings and listed paths no folder holds
+    are nothing the test Hub sends."""
 
     def __init__(self, mode: str = "honest", *, drip: float = 1.0, per_page: int = 1000,
                  path: str = "tokenizer.json") -> None:
@@ -50,7 +52,7 @@ class Hub(PeerServer):
         h.wfile.write(b"HTTP/1.1 200 OK\r\n")
         h.wfile.flush()
         n = 0
-        while not self._stop.wait(self.drip):
+        while not self.stop.wait(self.drip):
             n += 1
             h.wfile.write(b"X-Drip-%d: x\r\n" % n)
             h.wfile.flush()
@@ -89,7 +91,7 @@ def _error_line(proc) -> str:
     return lines[0]
 
 
-# ------------------------------------------------------------------------------------------ B1: header drip
+# ---------------------------------------------------------------------------------------------- header drip
 
 
 def test_a_drip_of_response_headers_fails_at_the_metadata_deadline(tmp_path):
@@ -137,7 +139,7 @@ def test_a_header_drip_on_head_requests_fails_at_the_metadata_deadline():
     assert "no complete answer within 2 s" in str(caught.value)
 
 
-# ------------------------------------------------------------------------------------------ B2: tree pages
+# ---------------------------------------------------------------------------------------------- tree pages
 
 
 #: ``python -m hfcache`` with the listing's entry bound lowered (a million entries are too slow for a test).
@@ -189,7 +191,7 @@ def test_a_slow_endless_tree_listing_is_refused_at_the_listing_deadline():
     assert "tree listing" in str(caught.value) and hub.endpoint in str(caught.value)
 
 
-# ------------------------------------------------------------------------------------------ B4: deep paths
+# ---------------------------------------------------------------------------------------------- deep paths
 
 
 @pytest.mark.parametrize("path", ["/".join(["d"] * 100) + "/f.json",
@@ -224,7 +226,7 @@ def _mirror(cache, *upstreams: str, **options) -> HubServer:
 
 
 def test_a_header_drip_upstream_frees_its_mirror_slots_at_the_deadline(tmp_path, monkeypatch):
-    """B1b: misses on an upstream dripping headers end at the deadline and free their slots; the next miss gets a
+    """Misses on an upstream dripping headers end at the deadline and free their slots; the next miss gets a
     slot and is served by the healthy second upstream."""
     monkeypatch.setenv("HFCACHE_METADATA_DEADLINE", "2")
     with Hub("drip_headers", drip=1.0) as drip, Hub() as good, \

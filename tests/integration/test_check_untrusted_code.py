@@ -1,4 +1,4 @@
-"""Trust, round three, ``check``: custom code a cache holds runs only on the user's opt-in, never as root from a
+"""``check`` and untrusted code: custom code a cache holds runs only on the user's opt-in, never as root from a
 cache other users can write; a FIFO, a deep listing or an odd ref in the metadata the load reads never blocks it.
 
 The custom-code repo is served by the real test Hub and warmed with hfcache's own code (by a member of the shared
@@ -56,7 +56,7 @@ def make_repos(root: Path, marker: Path) -> None:
 def hub(tmp_path_factory) -> Iterator[tuple[HubServer, Path]]:
     """The test Hub serving both repos, and the marker path tok.py writes (outside every cache; world-writable
     folder, so that the code would leave it whoever ran it)."""
-    base = tmp_path_factory.mktemp("trust3-hub")
+    base = tmp_path_factory.mktemp("untrusted-code-hub")
     os.chmod(base, 0o755)
     marks = base / "marks"
     marks.mkdir()

@@ -1,7 +1,9 @@
-"""Trust, round three, red team (locks, manifests, cache paths, env output): findings B5-B8.
+"""Hostile locks, manifests and cache paths, and env output: a lock's canonical id naming another repo, cache
+folders and revisions the OS cannot hold, `warm --lock`'s time in the number of files, astral characters in k8s.
 
 Each test builds the hostile manifest or lock itself and runs the real command: exit 2 and one line naming the file
-and entry (never a traceback or exit 70). B7 (quadratic ``warm --lock``) is the linear-time test at the end.
+and entry (never a traceback or exit 70). The linear time of ``warm --lock`` is measured at the end (``-m slow``:
+a ratio of wall times needs a quiet machine).
 """
 
 from __future__ import annotations
@@ -55,7 +57,7 @@ def _refused(proc: subprocess.CompletedProcess[str], *needles: str) -> str:
     return errors[0]
 
 
-# ------------------------------------------------------------------------------------------------ B5 canonical_id
+# --------------------------------------------------------------------------------------------------- canonical_id
 
 
 LOCK_COMMANDS = [
@@ -70,8 +72,8 @@ LOCK_COMMANDS = [
 
 
 @pytest.mark.parametrize("args", LOCK_COMMANDS, ids=lambda a: " ".join(a[:2] + a[3:4]))
-def test_b5_lock_canonical_id_of_another_repo_is_refused_everywhere(tmp_path, args):
-    """B5: an org/name entry whose canonical_id names another repo (the attacker's commit and hashes) would put
+def test_lock_canonical_id_of_another_repo_is_refused_everywhere(tmp_path, args):
+    """An org/name entry whose canonical_id names another repo (the attacker's commit and hashes) would put
     that repo's files under the requested repo's folder; every --lock command refuses the lock as it reads it."""
     folder = _project(tmp_path, _lock("google-bert/bert-base-uncased", "attacker/bert-base-uncased"),
                       repo_id="google-bert/bert-base-uncased")
@@ -91,7 +93,7 @@ def test_b5_lock_canonical_id_of_another_repo_is_refused_everywhere(tmp_path, ar
     ("org/x", "org/y", False),
     ("org/x", "x", False),
 ])
-def test_b5_canonical_id_rule_is_folder_ids(tmp_path, repo_id, canonical_id, ok):
+def test_canonical_id_rule_is_folder_ids(tmp_path, repo_id, canonical_id, ok):
     path = tmp_path / "hfcache.lock"
     path.write_text(_lock(repo_id, canonical_id))
     if ok:
@@ -101,7 +103,7 @@ def test_b5_canonical_id_rule_is_folder_ids(tmp_path, repo_id, canonical_id, ok)
             read_lock(path)
 
 
-# ------------------------------------------------------------------------------------------------ B6 exit 70
+# -------------------------------------------------------------------- names the OS cannot hold (was exit 70)
 
 
 @pytest.mark.parametrize("cache_dir,needle", [
@@ -112,7 +114,7 @@ def test_b5_canonical_id_rule_is_folder_ids(tmp_path, repo_id, canonical_id, ok)
 ], ids=["nul", "tilde-user", "long-component", "long-path"])
 @pytest.mark.parametrize("args", [("exec", "--lock", "hfcache.lock", "--", "true"), ("ls", "--lock", "hfcache.lock"),
                                   ("warm", "--lock", "hfcache.lock")], ids=lambda a: a[0])
-def test_b6_manifest_cache_dir_the_os_cannot_hold(tmp_path, cache_dir, needle, args):
+def test_manifest_cache_dir_the_os_cannot_hold(tmp_path, cache_dir, needle, args):
     folder = _project(tmp_path, _lock("org/x", "org/x"), f'cache_dir = {cache_dir}\n[[repos]]\nrepo_id = "org/x"\n')
     _refused(_run(folder, tmp_path, *args), "hfcache.toml: field 'cache_dir'", needle)
 
@@ -122,12 +124,12 @@ def test_b6_manifest_cache_dir_the_os_cannot_hold(tmp_path, cache_dir, needle, a
     (f"/tmp/{'a' * 300}", "a path component is 300 bytes long"),
 ], ids=["tilde-user", "long-component"])
 @pytest.mark.parametrize("command", ["ls", "warm", "env", "verify"])
-def test_b6_command_line_cache_dir_the_os_cannot_hold(tmp_path, cache_dir, needle, command):
+def test_command_line_cache_dir_the_os_cannot_hold(tmp_path, cache_dir, needle, command):
     args = [command, "--cache-dir", cache_dir] + (["org/x"] if command == "warm" else [])
     _refused(_run(tmp_path, tmp_path, *args), "the cache directory", needle)
 
 
-def test_b6_revision_too_long(tmp_path):
+def test_revision_too_long(tmp_path):
     """A 70,000-character revision once reached the HTTP client (InvalidURL: exit 70)."""
     folder = _project(tmp_path, "", f'[[repos]]\nrepo_id = "org/x"\nrevision = "{"r" * 70000}"\n')
     (folder / "hfcache.lock").unlink()
@@ -138,7 +140,7 @@ def test_b6_revision_too_long(tmp_path):
 @pytest.mark.parametrize("field", ["absent", "files"])
 @pytest.mark.parametrize("args", [("exec", "--lock", "hfcache.lock", "--", "true"), ("warm", "--lock", "hfcache.lock")],
                          ids=lambda a: a[0])
-def test_b6_lock_name_too_long(tmp_path, field, args):
+def test_lock_name_too_long(tmp_path, field, args):
     long = "b" * 300
     lock = (_lock("org/x", "org/x", absent=f'absent = ["{long}"]\n') if field == "absent" else
             _lock("org/x", "org/x", files=f'[{{path = "d/{long}", size = 1, hash = "{HASH}"}}]'))
@@ -151,7 +153,7 @@ def test_b6_lock_name_too_long(tmp_path, field, args):
     assert len(line) < 400
 
 
-# ------------------------------------------------------------------------------------------------ B7 linear lock
+# --------------------------------------------------------------------------------------------------- linear lock
 
 
 def _timed_warm(tmp_path: Path, n: int) -> float:
@@ -168,8 +170,10 @@ def _timed_warm(tmp_path: Path, n: int) -> float:
     return elapsed
 
 
-def test_b7_warm_lock_is_not_quadratic_in_files(tmp_path):
-    """B7: 4x the files must cost about 4x the time before the first request, not 16x (was 5k 1.8 s, 20k 34 s).
+@pytest.mark.slow
+@pytest.mark.timing
+def test_warm_lock_is_not_quadratic_in_files(tmp_path):
+    """4x the files must cost about 4x the time before the first request, not 16x (was 5k 1.8 s, 20k 34 s).
     The run of a one-file lock is the fixed cost (start-up, imports), taken off both."""
     base = min(_timed_warm(tmp_path, 1), _timed_warm(tmp_path, 2))
     small, large = _timed_warm(tmp_path, 4000), _timed_warm(tmp_path, 16000)
@@ -177,12 +181,12 @@ def test_b7_warm_lock_is_not_quadratic_in_files(tmp_path):
     assert ratio < 8, (base, small, large, ratio)
 
 
-# ------------------------------------------------------------------------------------------------ B8 k8s
+# --------------------------------------------------------------------------------------------------- k8s
 
 
 @pytest.mark.parametrize("piece", ["\U0001F600", "\U00010348", "é\u3000", 'q"b\\s'])
-def test_b8_k8s_env_astral_characters_parse_back(tmp_path, piece):
-    """B8: a non-BMP character was written as a JSON surrogate pair, which YAML reads as two lone surrogates."""
+def test_k8s_env_astral_characters_parse_back(tmp_path, piece):
+    """A non-BMP character was written as a JSON surrogate pair, which YAML reads as two lone surrogates."""
     cache = tmp_path / f"emoji{piece}" / "hub"
     cache.mkdir(parents=True)
     proc = run_hfcache(["env", "--cache-dir", str(cache), "--format", "k8s"], env=clean_env(HOME=str(tmp_path)))
@@ -193,7 +197,7 @@ def test_b8_k8s_env_astral_characters_parse_back(tmp_path, piece):
     assert "\\ud83d" not in proc.stdout
 
 
-def test_b6_a_command_line_revision_too_long_is_exit_2_and_creates_nothing(tmp_path):
+def test_a_command_line_revision_too_long_is_exit_2_and_creates_nothing(tmp_path):
     """``warm REPO@<70,000 characters>`` was an httpx ``InvalidURL`` (exit 70): a revision is a file name under
     ``refs/``, so more than 255 bytes is refused where the request is built (``records.WarmRequest``)."""
     cache = tmp_path / "cache"
@@ -210,7 +214,8 @@ def test_b6_a_command_line_revision_too_long_is_exit_2_and_creates_nothing(tmp_p
 @pytest.mark.parametrize("where", ["manifest", "command line"])
 def test_a_glob_fnmatch_would_spend_hours_on_is_refused_at_once(tmp_path, where):
     """fnmatch's cost grows with the square of a pattern: a manifest include of 1,000,000 '[' kept `lock` busy for
-    hours (second red team; one argument holds at most 128 KiB, so the command line gets 100,000). Globs are bounded where a request is built (``records.WarmRequest``)."""
+    hours (one argument holds at most 128 KiB, so the command line gets 100,000). Globs are bounded where a request
+    is built (``records.WarmRequest``)."""
     glob = "[" * 1_000_000
     started = time.monotonic()
     if where == "manifest":

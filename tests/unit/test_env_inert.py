@@ -1,4 +1,4 @@
-"""Trust, round three, fault 13: what ``hfcache env`` writes is inert in every format.
+"""What ``hfcache env`` writes is inert in every format.
 
 A line break in ``TMPDIR`` (which becomes ``HF_MODULES_CACHE`` when the default modules cache cannot be written)
 used to add lines to ``--format dotenv`` (``docker run --env-file`` then read an injected ``LD_PRELOAD=``) and raw

@@ -1,4 +1,4 @@
-"""Trust, round three, the registry side (docs/oci.md "Registry access", docs/security.md): a registry, or a host it
+"""Registry access (docs/oci.md "Registry access", docs/security.md): a registry, or a host it
 redirects to, cannot get credentials it was not given, hold ``pull``/``push`` forever, or print lines of its own.
 
 Every registry here is a hand-written HTTP server on 127.0.0.1 that records what it was sent (method, path,
@@ -10,218 +10,41 @@ still passing ``hfcache verify``, or no target at all.
 
 from __future__ import annotations
 
-import base64
 import contextlib
-import gzip
 import hashlib
-import io
 import json
 import os
 import shutil
 import ssl
 import subprocess
-import tarfile
-import threading
 import time
-from collections.abc import Callable, Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from tests.canary import Canary
-from tests.helpers import clean_env, run_hfcache
+from tests.helpers import run_hfcache
+from tests.hostile import PeerServer, body, drip, drip_headers, empty_gzip_members, send
+from tests.oci_peer import (
+    BASIC,
+    MANIFEST_TYPE,
+    NAME,
+    PASSWORD,
+    TOKEN,
+    USER,
+    Image,
+    environment,
+    gate,
+    pull,
+    refused,
+    serve_image,
+    sha,
+    token_service,
+)
 
-NAME = "hf/evil"
-FOLDER = "models--hostile--tiny"
-COMMIT = "a" * 40
-FILES = {"tokenizer_config.json": b'{"model_max_length": 8}\n', "vocab.txt": b"[UNK]\nhello\n"}
-USER, PASSWORD = "bot", "pw-Registry-3"
-BASIC = base64.b64encode(f"{USER}:{PASSWORD}".encode()).decode()
-TOKEN = "registry-token-" + "x" * 16
-MANIFEST_TYPE = "application/vnd.oci.image.manifest.v1+json"
-EMPTY_GZIP = gzip.compress(b"", mtime=0)
-
-
-# --- an image, and the servers --------------------------------------------------------------------------------------
-
-
-def _sha(data: bytes) -> str:
-    return f"sha256:{hashlib.sha256(data).hexdigest()}"
-
-
-def _tar() -> bytes:
-    raw = io.BytesIO()
-    with tarfile.open(fileobj=raw, mode="w", format=tarfile.PAX_FORMAT) as tar:
-        def add(name: str, data: bytes | None = None, link: str | None = None) -> None:
-            info = tarfile.TarInfo(name)
-            if link is not None:
-                info.type, info.linkname = tarfile.SYMTYPE, link
-            else:
-                info.size = len(data or b"")
-            tar.addfile(info, io.BytesIO(data) if data is not None else None)
-        for path, data in FILES.items():
-            etag = hashlib.sha256(data).hexdigest()
-            add(f"{FOLDER}/blobs/{etag}", data)
-            add(f"{FOLDER}/snapshots/{COMMIT}/{path}", link=f"../../blobs/{etag}")
-        add(f"{FOLDER}/refs/main", COMMIT.encode())
-    return raw.getvalue()
-
-
-class Image:
-    """A valid single-layer image of one small repo; ``layer_size`` overrides the declared layer size."""
-
-    def __init__(self, layer_size: int | None = None, diff_id: str | None = None) -> None:
-        tar = _tar()
-        self.layer = gzip.compress(tar, mtime=0)
-        self.config = json.dumps({"architecture": "amd64", "os": "linux",
-                                  "rootfs": {"type": "layers", "diff_ids": [diff_id or _sha(tar)]}}).encode()
-        self.manifest = json.dumps({
-            "schemaVersion": 2, "mediaType": MANIFEST_TYPE,
-            "config": {"mediaType": "application/vnd.oci.image.config.v1+json", "digest": _sha(self.config),
-                       "size": len(self.config)},
-            "layers": [{"mediaType": "application/vnd.oci.image.layer.v1.tar+gzip", "digest": _sha(self.layer),
-                        "size": len(self.layer) if layer_size is None else layer_size}]}).encode()
-
-
-Route = Callable[[BaseHTTPRequestHandler], None]
-
-
-class Peer(ThreadingHTTPServer):
-    """A server on 127.0.0.1 answering by path prefix (longest first); ``log`` holds (method, path, Authorization)
-    of every request. ``host`` is how clients name it (``127.0.0.1`` or ``localhost``: two origins)."""
-
-    daemon_threads = True
-
-    def __init__(self, host: str = "127.0.0.1") -> None:
-        self.log: list[tuple[str, str, str | None]] = []
-        self.routes: dict[str, Route] = {}
-        self.stop = threading.Event()
-        super().__init__(("127.0.0.1", 0), _Handler)
-        self.host = f"{host}:{self.server_port}"
-
-    def __enter__(self) -> Peer:
-        threading.Thread(target=self.serve_forever, daemon=True).start()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.stop.set()
-        self.shutdown()
-        self.server_close()
-
-    def authorizations(self) -> list[str]:
-        return [auth for _, _, auth in self.log if auth]
-
-
-class _Handler(BaseHTTPRequestHandler):
-    protocol_version = "HTTP/1.1"
-
-    def log_message(self, *args) -> None:
-        pass
-
-    def _any(self) -> None:
-        peer: Peer = self.server  # type: ignore[assignment]
-        peer.log.append((self.command, self.path, self.headers.get("Authorization")))
-        length = int(self.headers.get("Content-Length") or 0)
-        if length:
-            self.rfile.read(length)
-        path = self.path.split("?")[0]
-        route = next((peer.routes[p] for p in sorted(peer.routes, key=len, reverse=True) if path.startswith(p)), None)
-        with contextlib.suppress(BrokenPipeError, ConnectionResetError):
-            (route or (lambda h: send(h, 404, b'{"errors": []}')))(self)
-
-    do_GET = do_HEAD = do_PUT = do_POST = _any  # http.server's names
-
-
-def send(h: BaseHTTPRequestHandler, status: int, body: bytes = b"", headers: dict[str, str] | None = None) -> None:
-    h.send_response(status)
-    for key, value in (headers or {}).items():
-        h.send_header(key, value)
-    if "Content-Length" not in (headers or {}):
-        h.send_header("Content-Length", str(len(body)))
-    h.end_headers()
-    if h.command != "HEAD":
-        h.wfile.write(body)
-
-
-def body(data: bytes, **headers: str) -> Route:
-    return lambda h: send(h, 200, data, headers)
-
-
-def gate(route: Route, scheme: str, realm: str = "") -> Route:
-    """``route`` behind the registry's own auth: Basic credentials, or a Bearer token from ``realm``."""
-    def answer(h: BaseHTTPRequestHandler) -> None:
-        expected = f"Basic {BASIC}" if scheme == "basic" else f"Bearer {TOKEN}"
-        if h.headers.get("Authorization") == expected:
-            route(h)
-            return
-        challenge = 'Basic realm="hfcache-test"' if scheme == "basic" else \
-            f'Bearer realm="{realm}",service="registry",scope="repository:{NAME}:pull"'
-        send(h, 401, b"", {"Www-Authenticate": challenge})
-    return answer
-
-
-def token_service(h: BaseHTTPRequestHandler) -> None:
-    if h.headers.get("Authorization") != f"Basic {BASIC}":
-        send(h, 401)
-        return
-    send(h, 200, json.dumps({"token": TOKEN}).encode(), {"Content-Type": "application/json"})
-
-
-def serve_image(registry: Peer, image: Image, auth: str | None = None, realm: str = "",
-                layer: Route | None = None) -> str:
-    """Routes of ``image`` on ``registry`` (behind ``auth``); ``layer`` replaces the layer's answer. Returns REF."""
-    def wrap(route: Route) -> Route:
-        return gate(route, auth, realm) if auth else route
-    base = f"/v2/{NAME}"
-    registry.routes["/v2/"] = wrap(body(b"{}"))
-    headers = {"Content-Type": MANIFEST_TYPE, "Docker-Content-Digest": _sha(image.manifest)}
-    registry.routes[f"{base}/manifests/v1"] = wrap(body(image.manifest, **headers))
-    registry.routes[f"{base}/blobs/{_sha(image.config)}"] = wrap(body(image.config))
-    registry.routes[f"{base}/blobs/{_sha(image.layer)}"] = wrap(layer or body(image.layer))
-    return f"{registry.host}/{NAME}:v1"
-
-
-def drip(data: bytes, interval: float, headers: dict[str, str] | None = None) -> Route:
-    """Headers at once, then ``data`` one byte every ``interval`` seconds (until the client or the test stops)."""
-    def answer(h: BaseHTTPRequestHandler) -> None:
-        peer: Peer = h.server  # type: ignore[assignment]
-        h.send_response(200)
-        for key, value in {"Content-Length": str(len(data)), **(headers or {})}.items():
-            h.send_header(key, value)
-        h.end_headers()
-        for i in range(len(data)):
-            if peer.stop.wait(interval):
-                return
-            h.wfile.write(data[i:i + 1])
-            h.wfile.flush()
-    return answer
-
-
-def drip_headers(h: BaseHTTPRequestHandler) -> None:
-    """A status line, then a header one byte every half second: http.client waits for the blank line."""
-    peer: Peer = h.server  # type: ignore[assignment]
-    h.wfile.write(b"HTTP/1.1 200 OK\r\nContent-Type: " + MANIFEST_TYPE.encode())
-    for byte in b"x" * 60_000:
-        if peer.stop.wait(0.5):
-            return
-        h.wfile.write(bytes([byte]))
-        h.wfile.flush()
-
-
-def empty_gzip_members(headers: dict[str, str]) -> Route:
-    """An endless body of empty gzip members, sent as fast as the client reads: it inflates to nothing."""
-    def answer(h: BaseHTTPRequestHandler) -> None:
-        peer: Peer = h.server  # type: ignore[assignment]
-        h.send_response(200)
-        for key, value in headers.items():
-            h.send_header(key, value)
-        h.end_headers()
-        block = EMPTY_GZIP * 2000
-        while not peer.stop.is_set():
-            h.wfile.write(block)
-            time.sleep(0.005)
-    return answer
+#: A manifest whose headers never end.
+DRIP_HEADERS = drip_headers(MANIFEST_TYPE)
 
 
 # --- running hfcache ------------------------------------------------------------------------------------------------
@@ -233,34 +56,6 @@ def home(tmp_path) -> Path:
     folder.mkdir()
     return folder
 
-
-def environment(home: Path, **extra: str) -> dict[str, str]:
-    base = clean_env(HOME=str(home), **extra)
-    for name in ("REGISTRY_AUTH_FILE", "DOCKER_CONFIG", "XDG_RUNTIME_DIR", "HTTP_PROXY", "http_proxy", "NO_PROXY"):
-        if name not in extra:
-            base.pop(name, None)
-    return base
-
-
-def pull(ref: str, target: Path, home: Path, *args: str, login: bool = False, **extra: str):
-    credentials = ["--username", USER, "--password-stdin"] if login else []
-    started = time.monotonic()
-    proc = run_hfcache(["pull", ref, "--cache-dir", str(target), "--plain-http", *credentials, *args],
-                       env=environment(home, **extra), input_text=f"{PASSWORD}\n" if login else "", timeout=90)
-    proc.elapsed = time.monotonic() - started
-    return proc
-
-
-def refused(proc, code: int, *needles: str) -> tuple[str, str]:
-    """Exit ``code``; stderr ends with the one error line (holding every needle) and its hint, and no other line is
-    an error, a hint or an "ok" (the progress display's last line may precede them). Returns (error, hint)."""
-    lines = [line for line in proc.stderr.splitlines() if line.strip()]
-    assert proc.returncode == code, proc.stderr
-    assert len(lines) >= 2 and lines[-2].startswith("hfcache: error: "), proc.stderr
-    assert all(needle in lines[-2] for needle in needles), proc.stderr
-    assert lines[-1].startswith("hint: ") and "Traceback" not in proc.stderr
-    assert not any(line.lstrip().startswith(("hfcache:", "hint:", "ok")) for line in lines[:-2]), proc.stderr
-    return lines[-2], lines[-1]
 
 
 def tree(root: Path) -> dict[str, tuple]:
@@ -277,9 +72,9 @@ def tree(root: Path) -> dict[str, tuple]:
 @pytest.fixture(scope="module")
 def seed(tmp_path_factory) -> Path:
     """The small repo pulled from an honest registry: the cache the hostile pulls target."""
-    root = tmp_path_factory.mktemp("trust3-oci")
+    root = tmp_path_factory.mktemp("registry-access")
     (root / "home").mkdir()
-    with Peer() as registry:
+    with PeerServer() as registry:
         ref = serve_image(registry, Image())
         proc = pull(ref, root / "cache", root / "home")
     assert proc.returncode == 0, proc.stderr
@@ -302,7 +97,7 @@ def guarded(seed: Path, tmp_path: Path) -> Iterator[Path]:
     assert verified.returncode == 0, verified.stdout + verified.stderr
 
 
-# --- fault 6: credentials bound to the registry's origin -------------------------------------------------------------
+# --- credentials bound to the registry's origin ----------------------------------------------------------------------
 
 
 @pytest.mark.parametrize("auth", ["basic", "bearer", "auth-file"])
@@ -310,7 +105,7 @@ def test_a_redirect_targets_challenge_gets_no_credentials(seed, tmp_path, home, 
     """The registry redirects the layer GET to another host, which answers 401 with a Bearer realm of its own:
     before, hfcache sent the registry's Basic credentials to that realm. Now: exit 3 naming both hosts, and the
     other host never saw an Authorization header nor a token request."""
-    with Peer() as registry, Peer("localhost") as other:
+    with PeerServer() as registry, PeerServer("localhost") as other:
         image = Image()
         other.routes["/"] = lambda h: send(h, 401, b"", {
             "Www-Authenticate": f'Bearer realm="http://{other.host}/token",service="cdn",scope="blob:pull"'})
@@ -336,7 +131,7 @@ def test_a_redirect_targets_challenge_gets_no_credentials(seed, tmp_path, home, 
 def test_a_redirect_to_another_host_carries_no_authorization(tmp_path, home):
     """The ordinary CDN case: the registry redirects the layer to another host that serves it. The pull works, and
     that host got no Authorization header (neither the Basic credentials nor a token)."""
-    with Peer() as registry, Peer("localhost") as cdn:
+    with PeerServer() as registry, PeerServer("localhost") as cdn:
         image = Image()
         cdn.routes["/"] = body(image.layer)
         ref = serve_image(registry, image, auth="basic",
@@ -353,7 +148,7 @@ def test_a_redirect_to_another_host_carries_no_authorization(tmp_path, home):
 def test_the_registrys_own_token_realm_on_another_host_is_the_protocol(tmp_path, home):
     """Docker Hub's case: the registry's own 401 names a realm on another host (auth.docker.io). The credentials go
     to that realm (that is the token flow), the token only to the registry."""
-    with Peer() as registry, Peer("localhost") as auth_host:
+    with PeerServer() as registry, PeerServer("localhost") as auth_host:
         auth_host.routes["/token"] = token_service
         ref = serve_image(registry, Image(), auth="bearer", realm=f"http://{auth_host.host}/token")
         proc = pull(ref, tmp_path / "pulled", home, login=True)
@@ -365,7 +160,7 @@ def test_the_registrys_own_token_realm_on_another_host_is_the_protocol(tmp_path,
 def test_push_sends_no_credentials_to_an_upload_location_on_another_host(seed, tmp_path, home):
     """``push``: the registry's upload Location names another host. The blob goes there without Authorization; the
     registry's manifest answer naming a digest with terminal escapes is printed escaped, on one line."""
-    with Peer() as registry, Peer("localhost") as uploads:
+    with PeerServer() as registry, PeerServer("localhost") as uploads:
         uploads.routes["/upload"] = lambda h: send(h, 201)
         registry.routes["/v2/"] = gate(body(b"{}"), "basic")
         registry.routes[f"/v2/{NAME}/blobs/sha256:"] = gate(lambda h: send(h, 404), "basic")
@@ -384,7 +179,7 @@ def test_push_sends_no_credentials_to_an_upload_location_on_another_host(seed, t
     canary.assert_unchanged()
 
 
-# --- fault 8: deadlines for metadata, a floor for bodies, compressed bytes counted ----------------------------------
+# --- deadlines for metadata, a floor for bodies, compressed bytes counted -------------------------------------------
 
 
 @pytest.mark.parametrize("fault", ["manifest-drip", "header-drip", "gzip-members-manifest", "token-drip"])
@@ -392,7 +187,7 @@ def test_a_dripping_metadata_answer_ends_at_the_deadline(seed, tmp_path, home, f
     """A manifest dripped at 1 B/s (before: 48 days for 4 MiB, every byte within --timeout), headers dripped, a
     gzip-encoded manifest of endless empty members (urllib3 inflates in a loop of its own), a token answer dripped:
     with HFCACHE_METADATA_DEADLINE=3 each ends within seconds, exit 3 naming the registry."""
-    with Peer() as registry:
+    with PeerServer() as registry:
         image = Image()
         ref = serve_image(registry, image, auth="bearer" if fault == "token-drip" else None,
                           realm=f"http://{registry.host}/token")
@@ -400,7 +195,7 @@ def test_a_dripping_metadata_answer_ends_at_the_deadline(seed, tmp_path, home, f
         if fault == "manifest-drip":
             registry.routes[manifest] = drip(image.manifest, 1.0, {"Content-Type": MANIFEST_TYPE})
         elif fault == "header-drip":
-            registry.routes[manifest] = drip_headers
+            registry.routes[manifest] = DRIP_HEADERS
         elif fault == "gzip-members-manifest":
             registry.routes[manifest] = empty_gzip_members({"Content-Type": MANIFEST_TYPE, "Content-Encoding": "gzip",
                                                             "Content-Length": str(1 << 40)})
@@ -422,12 +217,12 @@ def test_dripped_headers_over_tls_end_at_the_deadline(seed, tmp_path, home):
     subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", str(key), "-out", str(cert),
                     "-days", "1", "-subj", "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1"],
                    check=True, capture_output=True)
-    with Peer() as registry:
+    with PeerServer() as registry:
         context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
         context.load_cert_chain(cert, key)
         registry.socket = context.wrap_socket(registry.socket, server_side=True)
         ref = serve_image(registry, Image())
-        registry.routes[f"/v2/{NAME}/manifests/v1"] = drip_headers
+        registry.routes[f"/v2/{NAME}/manifests/v1"] = DRIP_HEADERS
         with guarded(seed, tmp_path) as target:
             started = time.monotonic()
             proc = run_hfcache(["pull", ref, "--cache-dir", str(target)], timeout=90,
@@ -441,8 +236,8 @@ def test_dripped_headers_over_tls_end_at_the_deadline(seed, tmp_path, home):
 def test_push_ends_at_the_deadline_when_the_registry_drips(seed, tmp_path, home, fault):
     """``push``: a registry dripping the headers of its blob check, or the answer to the manifest PUT, is stopped at
     the metadata deadline (exit 3), as pull is."""
-    with Peer() as registry:
-        registry.routes[f"/v2/{NAME}/blobs/sha256:"] = drip_headers if fault == "header-drip" else \
+    with PeerServer() as registry:
+        registry.routes[f"/v2/{NAME}/blobs/sha256:"] = DRIP_HEADERS if fault == "header-drip" else \
             (lambda h: send(h, 200))
         registry.routes[f"/v2/{NAME}/manifests/v1"] = drip(b"{}" + b" " * 4096, 1.0)
         canary = Canary(tmp_path)
@@ -458,12 +253,12 @@ def test_push_ends_at_the_deadline_when_the_registry_drips(seed, tmp_path, home,
 def test_a_dripping_layer_falls_below_the_throughput_floor(seed, tmp_path, home):
     """A layer at 1 B/s: each byte arrives within --timeout, so before it ran for days. With a floor of 1 KB/s over
     2 s it ends within seconds: exit 3 naming the registry and the floor."""
-    with Peer() as registry:
+    with PeerServer() as registry:
         image = Image()
         ref = serve_image(registry, image, layer=drip(image.layer, 0.5))
         with guarded(seed, tmp_path) as target:
             proc = pull(ref, target, home, HFCACHE_MIN_RATE="1KB", HFCACHE_RATE_WINDOW="2")
-            refused(proc, 3, f"registry {registry.host}", f"layer {_sha(image.layer)}", "below the floor")
+            refused(proc, 3, f"registry {registry.host}", f"layer {sha(image.layer)}", "below the floor")
     assert proc.elapsed < 20, f"took {proc.elapsed:.0f} s"
 
 
@@ -472,7 +267,7 @@ def test_a_layer_of_endless_empty_gzip_members_is_refused_by_its_compressed_size
     """A layer declared as 10 TB of endless empty gzip members inflates to nothing: only uncompressed bytes counted,
     so it was read forever even with --max-size 1MB. Compressed bytes count now: refused at once, exit 2 for
     --max-size, exit 5 for the free space, and nothing of the layer is read."""
-    with Peer() as registry:
+    with PeerServer() as registry:
         image = Image(layer_size=10 ** 13)
         ref = serve_image(registry, image, layer=empty_gzip_members({"Content-Length": str(10 ** 13)}))
         with guarded(seed, tmp_path) as target:
@@ -482,14 +277,14 @@ def test_a_layer_of_endless_empty_gzip_members_is_refused_by_its_compressed_size
             else:
                 proc = pull(ref, target, home)
                 refused(proc, 5, "downloads more than the", "bytes free")
-        assert not any(path.endswith(_sha(image.layer)) for _, path, _ in registry.log), registry.log
+        assert not any(path.endswith(sha(image.layer)) for _, path, _ in registry.log), registry.log
     assert proc.elapsed < 20, f"took {proc.elapsed:.0f} s"
 
 
 def test_a_fresh_pull_of_an_endless_layer_leaves_no_cache(tmp_path, home):
     """The same layer, declared within --max-size but streaming past it: the declared size stops it (exit 3), no
     target folder is left, and it ends within seconds."""
-    with Peer() as registry:
+    with PeerServer() as registry:
         image = Image(layer_size=900_000)
         ref = serve_image(registry, image, layer=empty_gzip_members({"Content-Length": str(10 ** 13)}))
         canary = Canary(tmp_path)
@@ -499,7 +294,7 @@ def test_a_fresh_pull_of_an_endless_layer_leaves_no_cache(tmp_path, home):
     assert not (tmp_path / "fresh").exists() and proc.elapsed < 20
 
 
-# --- fault 14: registry text is inert -------------------------------------------------------------------------------
+# --- registry text is inert -----------------------------------------------------------------------------------------
 
 
 HOSTILE_TEXT = "\x1b[32mok\x1b[0m\nhint: all good\r\u2028fake line\u0085\u202e"
@@ -510,7 +305,7 @@ HOSTILE_TEXT = "\x1b[32mok\x1b[0m\nhint: all good\r\u2028fake line\u0085\u202e"
 def test_a_registry_error_message_is_escaped_on_one_line(seed, tmp_path, home, status, as_json):
     """A registry error whose code and message hold ANSI escapes, CR/LF, U+2028/U+0085 and a bidi override (a fake
     "ok" and "hint:" line before): stderr is one escaped error line and hfcache's hint, and --json's error too."""
-    with Peer() as registry:
+    with PeerServer() as registry:
         errors = {"errors": [{"code": "DENIED\x1b[2K", "message": HOSTILE_TEXT + "x" * 2000}]}
         ref = serve_image(registry, Image())
         registry.routes[f"/v2/{NAME}/manifests/v1"] = lambda h: send(h, status, json.dumps(errors).encode(),
@@ -526,7 +321,7 @@ def test_a_registry_error_message_is_escaped_on_one_line(seed, tmp_path, home, s
 
 def test_a_redirect_to_a_non_http_address_is_named_escaped(seed, tmp_path, home):
     """A Location header holding terminal escapes and a non-HTTP scheme: one escaped line, exit 3."""
-    with Peer() as registry:
+    with PeerServer() as registry:
         ref = serve_image(registry, Image())
         registry.routes[f"/v2/{NAME}/manifests/v1"] = lambda h: send(h, 302, b"", {
             "Location": "ftp://evil/\x1b[31mok\x1b[0m"})

@@ -1,4 +1,4 @@
-"""Trust, round three: a member of a shared cache's group races root's import and prune (faults 1, 2, 3; L2).
+"""A member of a shared cache's group races root's import, prune, lock files and warm's reads; deep folder chains.
 
 The cache is the documented recipe (root-owned, group ``GROUP``, ``2775``: setgid, group-writable), so every folder
 root walks can be swapped by a member between a check and a use. ALICE (a member, another uid through ``setpriv``)
@@ -7,13 +7,12 @@ while root runs the real command; each test asserts the command's exit code and 
 :class:`~tests.canary.Canary` outside the cache (a root-only 0600 secret, a public file, a sub-folder) is byte for
 byte unchanged with no new entry, and that the cache still verifies once the member stops.
 
-A test passes only when root never acts through the member's link: on the code before this round, the importer's
-``shutil.copyfile``/``os.replace`` by path and ``share_dir``'s ``chmod`` by path wrote through it (H1, H2, H3).
+A test passes only when root never acts through the member's link: the importer's ``shutil.copyfile``/``os.replace``
+by path and ``share_dir``'s ``chmod`` by path once wrote through it (tests/unit/test_fs_discipline.py keeps them out).
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import subprocess
@@ -25,163 +24,18 @@ import pytest
 from tests.canary import Canary
 from tests.chains import plant_chain
 from tests.helpers import run_hfcache
+from tests.shared_cache import (
+    COMMITS,
+    SHARED,
+    export_tar,
+    make_export,
+    member_swaps,
+    one_line_outcome,
+    sha256,
+    shared_cache,
+    stop_member,
+)
 from tests.users import ALICE, GROUP, Runtime, needs_root
-
-COMMITS = [f"{i:x}" * 40 for i in range(1, 10)]
-SHARED = b"shared weights " * 70_000  # ~1 MiB: every repo holds it (what export and push --layers single write)
-
-#: The member's swap loop (run as ALICE). argv: a JSON spec {"stop": path, "rounds": n, "hold": seconds,
-#: "exchange": [[path, target, after?]], "plant": [[path, target, after]]}. Each round, every "plant" path that is
-#: missing becomes a symlink to its target once ``after`` exists (or at once); then every "exchange" path that exists
-#: (once its optional ``after`` exists) is
-#: exchanged atomically with a symlink to its target, held ``hold`` seconds and exchanged back. At the end the member
-#: puts everything back (exchanged names restored, planted links removed), so the cache can be verified.
-SWAP = r"""
-import ctypes, json, os, sys, time
-libc = ctypes.CDLL(None, use_errno=True)
-libc.renameat2.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint]
-AT_FDCWD, RENAME_EXCHANGE = -100, 2
-
-def exchange(a, b):
-    return libc.renameat2(AT_FDCWD, a.encode(), AT_FDCWD, b.encode(), RENAME_EXCHANGE) == 0
-
-spec = json.loads(sys.argv[1])
-hold = spec.get("hold", 0.002)
-hits = 0
-for n in range(spec["rounds"]):
-    if os.path.exists(spec["stop"]):
-        break
-    for path, target, after in spec["plant"]:
-        if (not after or os.path.lexists(after)) and not os.path.lexists(path):
-            try:
-                os.symlink(target, path)
-            except OSError:
-                pass
-    swapped = []
-    for path, target, *after in spec["exchange"]:
-        if after and not os.path.lexists(after[0]):
-            continue
-        link = os.path.join(os.path.dirname(path), f".swap-{os.getpid()}-{len(swapped)}")
-        try:
-            os.symlink(target, link)
-        except OSError:
-            continue
-        if exchange(link, path):
-            hits += 1
-            swapped.append((link, path))
-        else:
-            os.unlink(link)
-    if swapped:
-        time.sleep(hold)  # most of the time the name is the member's link; back for a moment
-    for link, path in swapped:
-        exchange(link, path)
-        try:
-            os.unlink(link)
-        except OSError:
-            pass
-for path, target, after in spec["plant"]:
-    try:
-        if os.readlink(path) == target:
-            os.unlink(path)
-    except OSError:
-        pass
-print(hits)
-"""
-
-
-
-
-def shared_cache(runtime: Runtime, name: str) -> Path:
-    """The documented recipe: root-owned, ``chgrp GROUP``, ``chmod 2775``."""
-    cache = runtime.base / name
-    cache.mkdir()
-    os.chown(cache, 0, GROUP)
-    os.chmod(cache, 0o2775)
-    return cache
-
-
-def sha256(data: bytes) -> str:
-    return hashlib.sha256(data).hexdigest()
-
-
-def git_sha1(data: bytes) -> str:
-    return hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest()
-
-
-def make_export(root: Path, repos: int) -> list[str]:
-    """An exported cache (the layout ``hfcache export`` writes) of ``repos`` repos that all hold the same weights
-    blob, each with a config, a ref ``main`` to its commit (``COMMITS[i]``) and a ``trees/`` listing. Returns the
-    repo folder names."""
-    names = []
-    for i in range(repos):
-        commit = COMMITS[i]
-        base = root / f"models--org--r{i}"
-        names.append(base.name)
-        config = json.dumps({"model_type": "bert", "repo": i}).encode()
-        files = {"config.json": config, "model.bin": SHARED}
-        (base / "blobs").mkdir(parents=True)
-        (base / "refs").mkdir()
-        (base / "refs" / "main").write_text(commit)
-        (base / "trees").mkdir()
-        snap = base / "snapshots" / commit
-        snap.mkdir(parents=True)
-        listing = {}
-        for path, data in files.items():
-            (base / "blobs" / sha256(data)).write_bytes(data)
-            os.symlink(f"../../blobs/{sha256(data)}", snap / path)
-            pointer = (f"version https://git-lfs.github.com/spec/v1\noid sha256:{sha256(data)}\n"
-                       f"size {len(data)}\n").encode()
-            listing[path] = {"size": len(data), "blob_id": git_sha1(pointer), "lfs_sha256": sha256(data),
-                             "lfs_size": len(data)}
-        (base / "trees" / f"{commit}.json").write_text(json.dumps({"format_version": 1, "files": listing}))
-    return names
-
-
-def export_tar(source: Path, tar_path: Path) -> Path:
-    """The export ``source`` as the tar ``hfcache export`` writes: a blob another repo already holds is a hardlink
-    member to that first copy (so import stages it once and publishes it by hardlink, or by copy where that fails)."""
-    import tarfile
-
-    first: dict[str, str] = {}
-    with tarfile.open(tar_path, "w") as tar:
-        for path in sorted(source.rglob("*")):
-            rel = path.relative_to(source).as_posix()
-            parts = rel.split("/")
-            if len(parts) == 3 and parts[1] == "blobs" and parts[2] in first:
-                info = tarfile.TarInfo(rel)
-                info.type, info.linkname = tarfile.LNKTYPE, first[parts[2]]
-                tar.addfile(info)
-                continue
-            if len(parts) == 3 and parts[1] == "blobs":
-                first[parts[2]] = rel
-            tar.add(path, arcname=rel, recursive=False)
-    return tar_path
-
-
-def member_swaps(runtime: Runtime, spec: dict) -> subprocess.Popen[str]:
-    return subprocess.Popen([*ALICE.setpriv(), runtime.python, "-c", SWAP, json.dumps(spec)], cwd=runtime.base,
-                            env=runtime.env(ALICE), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            preexec_fn=lambda: os.umask(0o002))
-
-
-def stop_member(member: subprocess.Popen[str], stop: Path) -> int:
-    """Stop the member's loop; return how many swaps it made."""
-    stop.touch()
-    out, err = member.communicate(timeout=60)
-    assert member.returncode == 0, err
-    return int(out.strip() or 0)
-
-
-def one_line_outcome(proc: subprocess.CompletedProcess[str], allowed: dict[int, tuple[str, ...]]) -> None:
-    """The command ended with an exit code of ``allowed`` (code -> substrings one of which its stderr shows),
-    never a traceback or an internal error (exit 70)."""
-    assert proc.returncode != 70 and "Traceback" not in proc.stderr, proc.stderr
-    assert proc.returncode in allowed, (proc.returncode, proc.stdout, proc.stderr)
-    if proc.returncode and proc.stderr.strip():
-        line = proc.stderr.strip().splitlines()[0]
-        assert line.startswith("hfcache: error: ") and any(s in line for s in allowed[proc.returncode]), proc.stderr
-    elif proc.returncode:  # prune's report: the failed items are named on stdout, one line each
-        assert any(s in proc.stdout for s in allowed[proc.returncode]), proc.stdout
 
 
 def verify_ok(cache: Path) -> None:
@@ -189,13 +43,13 @@ def verify_ok(cache: Path) -> None:
     assert proc.returncode == 0, proc.stdout + proc.stderr
 
 
-# ------------------------------------------------------------------------------------------------ H1, H3: import
+# -------------------------------------------------------------------------------------------------------- import
 
 
 @needs_root
 def test_import_of_shared_blobs_never_copies_or_moves_through_a_members_link(runtime: Runtime,
                                                                            tmp_path: Path) -> None:
-    """H1 + H3: the first repo's blob is exchanged with a link to root's secret, the next repos' blobs are planted as
+    """The first repo's blob is exchanged with a link to root's secret, the next repos' blobs are planted as
     links to paths outside, their ``blobs/`` and ``trees/`` folders exchanged with links to a folder outside, while
     root imports an export whose repos share that blob. Root never copies the secret, never writes, renames or
     chmods outside; the import succeeds or refuses in one line; once the member stops, a re-import and ``verify``
@@ -210,12 +64,12 @@ def test_import_of_shared_blobs_never_copies_or_moves_through_a_members_link(run
         stop = runtime.base / f"stop-import-{n}"
         first_blob = str(cache / names[0] / "blobs" / etag)
         spec = {"stop": str(stop), "rounds": 1_000_000, "hold": 0.003,
-                # H1: the first repo's blob becomes a link to the secret once published
+                # the first repo's blob becomes a link to the secret once published
                 "exchange": [[first_blob, str(canary.secret)]]
-                # H3: the next repos' blobs/ and trees/ folders become links to a folder outside
+                # the next repos' blobs/ and trees/ folders become links to a folder outside
                 + [[str(cache / name / part), str(canary.dir), first_blob] for name in names[3:]
                    for part in ("blobs", "trees")],
-                # H1: the next repos' blobs are planted as links to outside paths once the first is published
+                # the next repos' blobs are planted as links to outside paths once the first is published
                 "plant": [[str(cache / names[1] / "blobs" / etag), str(canary.public), first_blob],
                           [str(cache / names[2] / "blobs" / etag), str(canary.dir / "stolen"), first_blob]]}
         for name in names:  # the member makes the repo folders first, as any member may
@@ -241,7 +95,7 @@ def test_import_of_shared_blobs_never_copies_or_moves_through_a_members_link(run
 
 @needs_root
 def test_import_never_copies_a_blob_swapped_for_a_link_or_fifo(tmp_path: Path) -> None:
-    """H1, deterministic: the copy fallback (a repo whose hardlink of an already published blob fails) opens the
+    """Deterministic: the copy fallback (a repo whose hardlink of an already published blob fails) opens the
     source ``O_NOFOLLOW | O_NONBLOCK`` through its folder's fd and re-hashes it; a link to the secret, a FIFO or a
     file with other bytes there is refused in one line, and nothing is written outside."""
     from hfcache.cache.layout import RepoFolder
@@ -275,12 +129,12 @@ def test_import_never_copies_a_blob_swapped_for_a_link_or_fifo(tmp_path: Path) -
     canary.assert_unchanged()
 
 
-# ------------------------------------------------------------------------------------------------ H2: prune
+# ---------------------------------------------------------------------------------------------------- prune
 
 
 @needs_root
 def test_prune_never_chmods_through_a_trash_folder_exchanged_with_a_link(runtime: Runtime, tmp_path: Path) -> None:
-    """H2: while root prunes revisions (each goes through ``<repo>/.hfcache-trash``, created and shared by root),
+    """While root prunes revisions (each goes through ``<repo>/.hfcache-trash``, created and shared by root),
     the member exchanges that name with a link to root's 0600 secret, and ``.locks/<repo>`` with a link to a folder
     outside. The secret stays 0600 root's, nothing appears outside, prune ends in one line, the cache verifies."""
     canary = Canary(tmp_path)
@@ -312,7 +166,7 @@ def test_prune_never_chmods_through_a_trash_folder_exchanged_with_a_link(runtime
 @needs_root
 def test_shared_folders_are_created_and_chmod_ed_through_their_descriptor(runtime: Runtime,
                                                                            tmp_path: Path) -> None:
-    """H2, deterministic: ``make_dirs`` (used for ``.locks``, prune's trash, lock folders) refuses a component that
+    """Deterministic: ``make_dirs`` (used for ``.locks``, prune's trash, lock folders) refuses a component that
     is a link, and never chmods or chowns its target; the folders it makes get the shared bits."""
     from hfcache.cache.safefs import UnsafeLayout
     from hfcache.cache.sharing import cache_policy, make_dirs
@@ -330,14 +184,14 @@ def test_shared_folders_are_created_and_chmod_ed_through_their_descriptor(runtim
     assert st.st_gid == GROUP and st.st_mode & 0o2070 == 0o2070
 
 
-# ------------------------------------------------------------------------------------------------ L2: deep chains
+# ---------------------------------------------------------------------------------------------------- deep chains
 
 
 
 
 @needs_root
 def test_prune_removes_a_thousand_level_chain_planted_in_a_snapshot(runtime: Runtime, tmp_path: Path) -> None:
-    """L2: a member plants a 1,000-level folder chain in a snapshot (Python 3.11's ``shutil.rmtree`` and
+    """A member plants a 1,000-level folder chain in a snapshot (Python 3.11's ``shutil.rmtree`` and
     ``os.walk`` recurse per level: exit 70 before). Prune removes that revision, chain included, without exit 70;
     the canary is unchanged and the cache verifies."""
     canary = Canary(tmp_path)
@@ -389,7 +243,7 @@ def test_a_chain_deeper_than_the_bound_left_in_an_empty_repo_folder_is_reported_
     assert len(list(iter_tree(cache, ("models--org--x",), max_depth=MAX_TREE_DEPTH + 10))) == MAX_TREE_DEPTH + 7
 
 
-# ------------------------------------------------------------------------------------------------ H3: lock files
+# ---------------------------------------------------------------------------------------------------- lock files
 
 
 @pytest.mark.parametrize("soft", [False, True], ids=["flock", "soft-marker"])
