@@ -36,16 +36,9 @@ from .store import sweep_payload
 def execute(plan: PrunePlan, *, on_item: Callable[[ItemOutcome], None] | None = None,
             lock_timeout: float = DEFAULT_LOCK_TIMEOUT,
             on_lock_wait: Callable[[LockWait], None] | None = None) -> PruneResult:
-    """Remove what ``plan`` lists, repo folder by repo folder, each under hfcache's repo lock.
-
-    Each folder is scanned again under the lock; an item whose reason no longer holds (a ref points to the revision
-    now, it was used since the plan, a remaining revision uses the blob, a download holds the blob's lock) is
-    skipped. Within a folder: refs; ``.no_exist``/``trees/`` entries (while the snapshot still exists, so that a
-    prune killed in between plans them again); snapshots (renamed out of ``snapshots/`` atomically, then deleted:
-    a loader never sees half a snapshot); ``.locks`` files, then their blobs (under their download lock): no
-    loader sees a link to a missing blob; ``.incomplete`` files; an interrupted prune's leftovers; the empty folder.
-    Then the shared Xet store (:mod:`.store`): each payload a removed link named is swept under its lock; the
-    ``payload`` items are deleted when no valid reference remains. Their outcomes come last.
+    """Remove what ``plan`` lists, repo folder by repo folder, each under hfcache's repo lock and scanned again under
+    it: an item whose reason no longer holds is skipped. The order within a folder, and why: docs/prune.md ("Safe
+    next to running work"). Then the shared Xet store's payloads (:mod:`.store`), whose outcomes come last.
 
     Args:
         on_item: called after each item (progress).

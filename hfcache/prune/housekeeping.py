@@ -1,7 +1,5 @@
-"""prune's housekeeping: what goes whatever the policy says (blobs no snapshot uses, partial downloads nobody
-finishes, an interrupted prune's leftovers), and what follows the policy's removals (lock files of removed blobs,
-repo folders left empty). A partial download is stale only when older than ``grace`` and its download lock
-(``.locks/<folder>/<etag>.lock``, held by huggingface_hub and hfcache while they download) is free.
+"""prune's housekeeping: what goes whatever the policy says, and what follows its removals (lock files of removed
+blobs, repo folders left empty); docs/prune.md.
 """
 
 from __future__ import annotations
@@ -101,8 +99,7 @@ def _age(seconds: float) -> str:
 
 
 def lock_held(path: str) -> bool:
-    """Whether a live process holds the lock at ``path`` (huggingface_hub's ``WeakFileLock``, hfcache's
-    ``file_lock``: both lock the blob's lock file while they download it). A missing lock file, or an empty one on a
-    filesystem without flock (a flock-based run's leftover), is held by nobody."""
+    """Whether a live process holds the download lock at ``path`` (huggingface_hub's ``WeakFileLock``, hfcache's
+    ``file_lock``); a missing one, or an empty one without flock (a leftover), is held by nobody."""
     with try_lock(Path(path)) as why:
         return bool(why)

@@ -1,13 +1,8 @@
-"""prune's ledger: per repo folder and per content (inode), what the plan removes and the bytes that frees.
-
-The policy and housekeeping decide what goes; the ledger records each removal as :class:`~.plan.PlanItem` objects
-and follows what it implies: the blobs only removed revisions used go too, and a content's bytes count as freed
-when the last repo folder holding it lets it go, and only if no hardlink outside the cache keeps it.
-
-A store link (huggingface_hub 2.4's shared Xet store, :mod:`.store`) has the payload's inode and size
-(:mod:`hfcache.cache.scan`): the payload is one content whatever the number of repos linking to it, and its bytes
-count (on a ``payload`` item) only when the last repo link goes, its ``.refs`` manifest names exactly the links the
-plan removes (a missing, unreadable or hostile manifest keeps it, as the sweep will) and no hardlink keeps it.
+"""prune's ledger: per repo folder and per content (inode), the :class:`~.plan.PlanItem` objects the policy and
+housekeeping decide, what they imply (blobs only removed revisions used go too) and the bytes freed: a content's
+when the last repo folder holding it lets it go and no hardlink outside the cache keeps it; a shared Xet store
+payload's (one content, however many repos link to it) on its ``payload`` item, only when its ``.refs`` manifest
+names exactly the links the plan removes (docs/prune.md).
 """
 
 from __future__ import annotations
@@ -27,8 +22,8 @@ STORE_FOLDER = "blobs"
 
 
 class RepoBook:
-    """Bookkeeping for one repo folder while the plan is computed. The per-name tables (``build_tables``) are only built
-    for folders the plan touches: on a 10,000-repo cache most folders are only counted."""
+    """Bookkeeping for one repo folder while the plan is computed; its per-name tables (``build_tables``) only for
+    folders the plan touches."""
 
     __slots__ = ("info", "base", "refs_to", "linked", "detailed", "blobs", "blob_users", "inode_users",
                  "blobs_by_inode", "names", "incomplete", "removed", "deleted_blobs", "removed_incomplete", "trash",
@@ -56,8 +51,7 @@ class RepoBook:
 
 class Ledger:
     """The plan being computed over the scanned ``repos`` of the cache ``root``: one :class:`RepoBook` per repo
-    folder, the items, the bytes (``size_on_disk``: before, every distinct content once; ``now``, ``grace``:
-    seconds, as :class:`~.plan.PrunePolicy`)."""
+    folder, the items, the bytes (``size_on_disk``: before; ``now``, ``grace``: seconds)."""
 
     def __init__(self, root: str, repos: Sequence[RepoInfo], size_on_disk: int, now: float, grace: float) -> None:
         self.root = root
@@ -116,8 +110,7 @@ class Ledger:
         blobs, blob_users, inode_users, names = repo.blobs, repo.blob_users, repo.inode_users, repo.names
         a_path, names_total = self.a_path, self.names_total
         for rev in info.revisions:
-            seen_etags = set()
-            seen_inodes = set()
+            seen_etags, seen_inodes = set(), set()
             for f in rev.files:
                 if f.form == "link":
                     blobs[f.etag] = (f.inode, f.size)
@@ -209,12 +202,9 @@ class Ledger:
         return self.sizes[inode]
 
     def _payload_released(self, repo: RepoBook, inode: tuple[int, int]) -> int:
-        """``repo``, the last of the plan holding the store payload ``inode`` (by a link or a hardlink), let it go.
-        When its sweep will free it (see the module docstring) its bytes are added to ``freed`` here and recorded for
-        the payload's own item (:meth:`payload_items`); else a warning says why it stays. Returns 0 either way: the
-        caller's item (a link, a hardlink) frees nothing itself."""
-        xet_hash = self.store_hashes[inode]
-        size = self.sizes[inode]
+        """``repo``, the last holder of the store payload ``inode``, let it go: when its sweep will free it, its bytes
+        go to ``freed`` and to its own item (:meth:`payload_items`), else a warning says why it stays. Returns 0."""
+        xet_hash, size = self.store_hashes[inode], self.sizes[inode]
         removed = {f"{repo.info.folder}/blobs/{etag}" for repo, etag in self.store_removed.get(xet_hash, ())}
         references, why = payload_references(self.root, xet_hash)
         shown = payload_path(xet_hash)
@@ -234,8 +224,6 @@ class Ledger:
         if nlink > 1 + self.names_total.get(inode, 0) - self.link_names.get(inode, 0):
             self.outside_kept += size  # hardlinked outside the cache: the bytes stay
             return 0
-        # Counted here, on the plan's total (and so on the revision being removed), not on the caller's item: the
-        # payload item (payload_items) carries the bytes, whichever name of it went last.
         self.payload_freed[xet_hash] = size
         self.payload_releaser[xet_hash] = repo
         self.freed += size
@@ -251,10 +239,8 @@ class Ledger:
                       "shared Xet payload no remaining repo links to", freed)
 
     def orphan_payloads(self) -> None:
-        """Plan the payloads no scanned repo holds whose manifest is readable and names no link to them any more
-        (what huggingface_hub's ``hf cache prune`` removes: ``unreferenced_shared_blobs``); the scan counted none
-        of them, so their bytes are added to ``bytes_before``. A payload with a missing or doubtful manifest, or
-        still named by a link in a repo left alone, stays."""
+        """Plan the payloads no scanned repo holds whose readable manifest names no link (``hf cache prune``'s
+        ``unreferenced_shared_blobs``); their bytes are added to ``bytes_before`` (the scan counted none)."""
         for xet_hash, st in sorted(self.payloads.items()):
             inode = (st.st_dev, st.st_ino)
             if inode in self.holders:
@@ -299,19 +285,14 @@ class Ledger:
                   detail if xet_hash is None else detail + "; a link into the shared store", freed)
 
     def remove_revision(self, repo: RepoBook, rev: RevisionInfo, reason: str, detail: str) -> None:
-        """Remove a revision: its refs, snapshot, ``.no_exist`` markers, ``trees/`` listing and the blobs no
-        remaining revision uses."""
+        """Remove a revision: its refs, snapshot, markers, listing and the blobs no remaining revision uses."""
         self.build_tables(repo)
-        commit = rev.commit_hash
-        folder = repo.info.folder
+        commit, folder, freed_before = rev.commit_hash, repo.info.folder, self.freed
         repo.removed[commit] = reason
-        freed_before = self.freed
         refs = tuple(sorted(repo.refs_to.get(commit, ())))
         for name in refs:
             self.item(repo, "ref", f"{folder}/refs/{name}", commit, reason, detail)
-        snapshot_freed = 0
-        real_inodes = set()
-        etags = set()
+        snapshot_freed, real_inodes, etags = 0, set(), set()
         for f in rev.files:
             if f.form == "file":
                 snapshot_freed += self.release(repo, f.inode)

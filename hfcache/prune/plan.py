@@ -149,9 +149,8 @@ class PrunePlan:
 @dataclass(frozen=True)
 class ItemOutcome:
     """What :func:`execute` did with one item: ``status`` ``removed``, ``gone`` (already absent), ``skipped`` (its
-    reason no longer holds, or something uses it now: ``note`` says why) or ``failed`` (an OSError: ``note``);
-    ``bytes_freed`` the bytes freed when they differ from the plan's (a payload's sweep found a hardlink keeping
-    it), None: the item's planned bytes when ``removed``, else 0."""
+    reason no longer holds: ``note`` says why) or ``failed`` (an OSError: ``note``); ``bytes_freed``: what a
+    payload's sweep measured when it differs from the plan, else None (the planned bytes when ``removed``, else 0)."""
 
     item: PlanItem
     status: str

@@ -71,8 +71,7 @@ def _cache_kind(root: Path, missing_ok: bool) -> str:
     try:
         os.lstat(root)
     except FileNotFoundError:
-        # A mistyped --cache-dir used to exit 0 here forever ("nothing to prune"); a fresh volume is an existing,
-        # empty folder (below), not a missing one, unless the caller says a missing one is expected.
+        # A mistyped --cache-dir must not exit 0 ("nothing to prune"): a fresh volume is an existing, empty folder.
         if missing_ok:
             return "missing"
         raise CacheError(f"the cache {root} does not exist: nothing was pruned",
@@ -122,9 +121,8 @@ def _plan_cache(root: Path, policy: PrunePolicy, locks: Sequence[tuple[str, Lock
 
 @contextmanager
 def _gc_paused():
-    """Pause the cyclic garbage collector while a cache is scanned and planned: that allocates ~10 objects per file
-    and frees none, so the collector would traverse them again and again (a third of the time on a 10,000-repo
-    cache) to find no cycle."""
+    """Pause the cyclic garbage collector while a cache is scanned and planned: it would traverse the ~10 objects
+    per file again and again to find no cycle (a third of the time on a 10,000-repo cache)."""
     enabled = gc.isenabled()
     gc.disable()
     try:

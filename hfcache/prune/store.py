@@ -1,15 +1,7 @@
-"""prune and huggingface_hub 2.4's shared Xet blob store (:mod:`hfcache.cache.shared_store`): which payloads a
-prune frees, and their sweep.
-
-A store link holds no bytes: the payload ``<cache>/blobs/<h[:2]>/<h>`` does, freed only when no repo link uses it.
-huggingface_hub's deletion (``utils/_cache_manager.py``) unlinks the repo links, then sweeps each payload they
-named (``utils/_shared_blobs.py sweep_shared_blob``); so does this module, more cautiously, through the prefix
-folder's descriptor: under the per-hash lock ``<h>.lock`` (mode 0o666, as ``_shared_blob_lock``), the manifest
-``<h>.refs`` read as a hint (a line counts when it is a repo blob path ``<repo folder>/blobs/<name>`` that now links
-to this payload in the library's exact shape; any other line, a link that cannot be read, a missing or unreadable
-manifest keep the payload: the library skips such lines, which a planted manifest could use), then rewritten with
-the remaining references (atomically, fsync'd); the payload and manifest are deleted only when none remains and
-the plan said so. Its bytes count only when the store name was the last (``st_nlink == 1``).
+"""prune and huggingface_hub 2.4's shared Xet blob store (:mod:`hfcache.cache.shared_store`; docs/prune.md): which
+payloads a prune frees, and their sweep as ``utils/_shared_blobs.py sweep_shared_blob`` does it, more cautiously:
+through the prefix folder's descriptor, under ``<h>.lock``, the ``<h>.refs`` manifest read as a hint whose every
+line is checked (a planted manifest must not make it delete), a payload kept on any doubt.
 """
 
 from __future__ import annotations
@@ -157,8 +149,8 @@ def read_references(root: str | os.PathLike[str], prefix_fd: int, xet_hash: str)
 
 
 def payload_references(root: str | os.PathLike[str], xet_hash: str) -> tuple[list[str] | None, str]:
-    """:func:`read_references` of the payload ``xet_hash``, its prefix folder opened from the store; (None, why)
-    when the store or the prefix folder cannot be opened (a link, missing)."""
+    """:func:`read_references` of the payload ``xet_hash``; (None, why) when the store or its prefix folder cannot be
+    opened (a link, missing)."""
     try:
         store_fd = open_store_dir(root)
     except (OSError, StoreProblem) as exc:
@@ -205,12 +197,8 @@ def sweep_payload(root: str | os.PathLike[str], xet_hash: str, *, delete: bool,
 
 def _open_lock(prefix_fd: int, name: str) -> str:
     """Make sure ``name`` exists through ``prefix_fd`` as ``_shared_blob_lock`` leaves it (a regular file, mode
-    0o666 whatever the umask); "" when it is usable, else why it is left alone.
-
-    Only a lock file created here is chmod-ed: a member can plant a hardlink to any file as ``<h>.lock``
-    (``O_NOFOLLOW`` stops symlinks, not hardlinks), so an existing lock is never chmod-ed, and one with more than
-    one link is refused (as filelock's ``_native/_unix.py`` ``_finalize_locked_fd`` does).
-    """
+    0o666); "" when it is usable, else why not. Only a lock created here is chmod-ed: an existing one may be a
+    planted hardlink to any file, and one with more links is refused (as filelock's ``_finalize_locked_fd``)."""
     try:
         fd, created = create_at(prefix_fd, name, 0o666), True
     except FileExistsError:
