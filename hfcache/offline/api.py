@@ -23,9 +23,8 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True)
 class OfflineSettings:
-    """What :func:`enforce_offline` did: ``cache_dir`` (Path, the cache this process now uses), ``environ`` (dict[str,
-    str], the variables set in ``os.environ``), ``patched`` (tuple[str, ...], ``module.NAME`` constants updated in
-    modules already imported), ``allow_hosts`` (tuple[str, ...], hosts the guard lets through)."""
+    """What :func:`enforce_offline` did: ``environ``, the variables set in ``os.environ``; ``patched``, the
+    ``module.NAME`` constants updated in modules already imported."""
 
     cache_dir: Path
     environ: dict[str, str]
@@ -91,18 +90,10 @@ def enforce_offline(cache_dir: str | os.PathLike[str] | None = None, *,
                     allow_hosts: Iterable[str] = ()) -> OfflineSettings:
     """Make this process use only the cache: set the offline environment and install the network guard.
 
-    Best called first, before transformers or huggingface_hub is imported (they read ``HF_*`` at import); their
-    import-time copies are updated otherwise (``_module_constants``). Subprocesses inherit the environment, not the
-    guard (use ``hfcache exec``).
-
-    Args:
-        cache_dir: the cache root (default: ``HF_HUB_CACHE``, ``$HF_HOME/hub`` or ``~/.cache/huggingface/hub``).
-        lock: a lock file (or a :class:`~hfcache.warming.lockfile.Lockfile`) the cache must satisfy (``stat`` only).
-        allow_hosts: ``HOST[:PORT]`` entries the guard lets through (else :class:`.guard.NetworkBlocked` at once);
-            the guard stays for the process's life, a later call adds hosts.
-
-    Returns:
-        OfflineSettings: the cache, the variables set, the module constants updated and the allowed hosts.
+    Best called before transformers or huggingface_hub is imported (they read ``HF_*`` at import); their import-time
+    copies are updated otherwise (``_module_constants``). Subprocesses inherit the environment, not the guard (use
+    ``hfcache exec``). ``cache_dir`` defaults as ``resolve_cache_dir``; ``lock`` (a path or a ``Lockfile``) must be
+    satisfied (``stat`` only); ``allow_hosts``: ``HOST[:PORT]`` entries the guard lets through (a later call adds).
 
     Raises:
         UsageError: a bad ``allow_hosts`` entry, an invalid lock.
@@ -136,6 +127,10 @@ class FastTokenizerRefused(OfflineLoadError):
         super().__init__(message, hint=hint, cause=reason)
         self.reason = reason
 
+    @classmethod
+    def of(cls, spec: str, reason: str, hint: str) -> FastTokenizerRefused:
+        return cls(f"{spec}: the fast tokenizer path refuses it: {reason}", reason=reason, hint=hint)
+
 
 def load_tokenizer(repo_id: str, revision: str | None = None, *, cache_dir: str | os.PathLike[str] | None = None,
                    allow_network: bool = False, backend: str = "transformers", require_proof: bool = False,
@@ -145,9 +140,8 @@ def load_tokenizer(repo_id: str, revision: str | None = None, *, cache_dir: str 
     ``tokenizers.Tokenizer`` without importing transformers.
 
     Args:
-        repo_id (str): the id as the application uses it (a legacy id loads from its own cache folder).
-        revision (str | None): branch, tag or commit; None means ``main``.
-        cache_dir: the cache root (default: ``HF_HUB_CACHE``, ``$HF_HOME/hub`` or ``~/.cache/huggingface/hub``).
+        repo_id, revision: as the application uses them (a legacy id loads from its own cache folder; None: main).
+        cache_dir: the cache root (default as ``resolve_cache_dir``).
         allow_network (bool): load from the endpoint into ``cache_dir`` when the cache cannot serve the load.
         backend (str): ``"transformers"`` [default] or ``"tokenizers"``: built from the cached ``tokenizer.json``,
             its ``encode(text).ids`` equal ``AutoTokenizer``'s ``input_ids`` (as transformers 5.24 sets it up; no
@@ -197,9 +191,7 @@ def _load_slow(cache: Path, repo_id: str, revision: str | None, allow_network: b
         # The extra `check` (pyproject.toml): a core install has no transformers; exit 2 as for any missing extra.
         raise UsageError(f"transformers is not installed ({exc}): load_tokenizer()'s default backend needs it",
                          hint="pip install 'hfcache[check]', or use backend=\"tokenizers\"") from None
-    guard = network_guard.install(enforce=False)
-    seen = len(guard.attempts)
-    spec = f"{repo_id}@{revision or 'main'}"
+    guard, seen, spec = _scoped_guard(repo_id, revision)
     try:
         with guard.blocking():
             tokenizer = AutoTokenizer.from_pretrained(repo_id, revision=revision, cache_dir=str(cache),
@@ -226,19 +218,16 @@ def _load_fast(cache: Path, repo_id: str, revision: str | None, require_proof: b
     from ..integrity import fast_record
     from ..integrity.fast_tokenizer import HINT, FastPathRefused, NotCached, build
 
-    spec = f"{repo_id}@{revision or 'main'}"
     try:
         import tokenizers  # imported here so a missing package is one clear error
     except ImportError as exc:
         raise HfcacheError(f"tokenizers is not installed: {exc}", hint="pip install tokenizers") from None
-    guard = network_guard.install(enforce=False)
-    seen = len(guard.attempts)
+    guard, seen, spec = _scoped_guard(repo_id, revision)
     try:
         with guard.blocking():
             built = build(cache, repo_id, revision)
     except FastPathRefused as exc:
-        raise FastTokenizerRefused(f"{spec}: the fast tokenizer path refuses it: {exc.reason}", reason=exc.reason,
-                                   hint=HINT) from None
+        raise FastTokenizerRefused.of(spec, exc.reason, HINT) from None
     except NotCached as exc:
         raise OfflineLoadError(f"{spec} cannot be loaded from the cache {cache}: {exc}", cause=str(exc),
                                hint=f"warm it: hfcache warm {spec} --cache-dir {cache}") from None
@@ -247,15 +236,20 @@ def _load_fast(cache: Path, repo_id: str, revision: str | None, require_proof: b
     # fast_record: a "differs" entry counts from any record read safely, an "equal" one only from a trusted record.
     record_key = fast_record.key("model", repo_id, built.commit)
     if differs := fast_record.recorded_difference(str(cache), record_key):
-        reason = f"hfcache check recorded that its ids differ from AutoTokenizer's ({differs[:300]})"
-        raise FastTokenizerRefused(f"{spec}: the fast tokenizer path refuses it: {reason}", reason=reason, hint=HINT)
+        raise FastTokenizerRefused.of(
+            spec, f"hfcache check recorded that its ids differ from AutoTokenizer's ({differs[:300]})", HINT)
     if require_proof and not fast_record.proven_equal(str(cache), record_key, tokenizers.__version__):
-        reason = (f"no proof recorded for commit {built.commit[:12]} with tokenizers {tokenizers.__version__} "
-                  "(require_proof=True)")
-        raise FastTokenizerRefused(f"{spec}: the fast tokenizer path refuses it: {reason}", reason=reason,
-                                   hint=f"run hfcache check {repo_id} --cache-dir {cache} as this user or root, "
-                                        "or " + HINT)
+        raise FastTokenizerRefused.of(spec, f"no proof recorded for commit {built.commit[:12]} with tokenizers "
+                                      f"{tokenizers.__version__} (require_proof=True)",
+                                      f"run hfcache check {repo_id} --cache-dir {cache} as this user or root, or "
+                                      + HINT)
     return built.tokenizer
+
+
+def _scoped_guard(repo_id: str, revision: str | None) -> tuple[network_guard.Guard, int, str]:
+    """The process's guard (not enforced), how many attempts it has seen, and ``REPO_ID@REVISION``."""
+    guard = network_guard.install(enforce=False)
+    return guard, len(guard.attempts), f"{repo_id}@{revision or 'main'}"
 
 
 def _failure_text(failure: BaseException, attempts: Sequence[object]) -> str:

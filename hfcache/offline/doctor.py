@@ -19,23 +19,11 @@ from .doctor_settings import SEVERITIES, Finding
 
 @dataclass(frozen=True)
 class DoctorReport:
-    """doctor's result.
-
-    Attributes:
-        cache_dir (str): the cache examined (``--cache-dir``, else the effective one).
-        effective_cache_dir (str): the cache huggingface_hub would use in this environment.
-        cache_source (str): the setting that chose it (``HF_HUB_CACHE``, ``HUGGINGFACE_HUB_CACHE``, ``HF_HOME``,
-            ...).
-        offline (bool): huggingface_hub's offline mode in this environment.
-        uid (int | None), gid (int | None), groups (tuple[int, ...]): the current user (None off POSIX).
-        owner_uid (int | None), owner_gid (int | None): owner of the cache folder (None when it does not exist).
-        writable (bool | None), read_only_fs (bool | None), symlinks (bool | None): None when it cannot be told.
-        free_bytes (int | None): free space on the cache's filesystem (its nearest existing parent's).
-        versions (dict[str, str | None]): installed distribution versions (None: not installed).
-        findings (tuple[Finding, ...]): errors first, then warnings, then infos.
-        shared_store (StoreState | None): the cache's shared Xet blob store (None when the cache is missing).
-        umask (int | None): this process's umask (e.g. ``0o022``; None when it cannot be read).
-    """
+    """doctor's result: ``cache_dir`` examined (``--cache-dir``, else the effective one), ``effective_cache_dir``
+    huggingface_hub would use here and the ``cache_source`` setting that chose it; ``uid``/``gid``/``groups`` None
+    off POSIX, ``owner_*`` None without a cache folder, the ``bool | None`` fields None when they cannot be told;
+    ``free_bytes`` of the nearest existing parent's filesystem; ``versions`` None: not installed; ``findings`` errors
+    first, then warnings, then infos; ``shared_store`` None when the cache is missing."""
 
     cache_dir: str
     effective_cache_dir: str

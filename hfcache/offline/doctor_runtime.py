@@ -6,7 +6,6 @@ on: huggingface/datasets#7900; ``umask.not_shared_offline`` when only the hub ca
 
 from __future__ import annotations
 
-import contextlib
 import os
 import stat
 from collections.abc import Mapping, Sequence
@@ -14,27 +13,13 @@ from pathlib import Path
 
 from ..cache.sharing import policy_of
 from ..names import is_commit
+from ..warming.run import process_umask
 from .doctor_settings import Finding
 
 __all__ = ["process_umask", "read_only_online_findings", "umask_findings"]
 
 _SHOWN = 5
 _WRITE = os.W_OK | os.X_OK
-
-
-def process_umask() -> int | None:
-    """This process's umask, or None: ``/proc/self/status`` ``Umask:`` (Linux 4.7+), else ``os.umask`` set and restored
-    at once (library gap: no read-only call; a file created meanwhile gets ``0o077``, never looser)."""
-    from .sandbox import proc_status
-
-    with contextlib.suppress(TypeError, KeyError, ValueError):
-        return int(proc_status()["Umask"], 8)
-    try:
-        previous = os.umask(0o077)
-    except (OSError, AttributeError):
-        return None
-    os.umask(previous)
-    return previous
 
 
 def _movable_refs(repo) -> list[str]:

@@ -71,8 +71,7 @@ class CommandNotExecutable(HfcacheError):
 
 @dataclass(frozen=True)
 class OfflineEnv:
-    """The variables that make a process use only the cache: ``cache_dir`` (Path, the absolute cache root),
-    ``variables`` (``(name, value)`` pairs in output order)."""
+    """The variables that make a process use only the cache (``(name, value)`` pairs in output order)."""
 
     cache_dir: Path
     variables: tuple[tuple[str, str], ...]
@@ -89,19 +88,9 @@ class OfflineEnv:
 
 def offline_environment(cache_dir: str | os.PathLike[str] | None = None,
                         environ: Mapping[str, str] | None = None) -> OfflineEnv:
-    """The offline variables for ``cache_dir`` (the module docstring has each one and its source).
-
-    Args:
-        cache_dir: the cache root (default: ``hfcache.cache.root.default_cache_dir``), made absolute.
-        environ: the environment the variables go into (default ``os.environ``): whether the modules cache moves.
-
-    Returns:
-        OfflineEnv: ``HF_HOME`` (a folder named ``hub`` only), ``HF_HUB_CACHE`` and its aliases, ``HF_MODULES_CACHE``
-            (when its default cannot be written), then :data:`OFFLINE_FLAGS`.
-
-    Raises:
-        UsageError: the path holds a newline or NUL, or a ``$NAME``/``${NAME}`` huggingface_hub expands (exit 2).
-    """
+    """The offline variables (the module docstring has each one and its source) for the cache root ``cache_dir``
+    (default: ``default_cache_dir``), going into ``environ`` (default ``os.environ``: whether the modules cache moves).
+    Raises UsageError (exit 2): the path holds a newline or NUL, or a ``$NAME``/``${NAME}`` huggingface_hub expands."""
     cache = resolve_cache_dir(cache_dir)
     if any(c in str(cache) for c in "\n\r\x00"):
         raise UsageError(f"cache path {str(cache)!r} contains a line break or NUL", hint="choose another --cache-dir")
@@ -127,7 +116,6 @@ _EXPANDED = re.compile(r"\$(\w+|\{[^}]*\})", re.ASCII)
 
 
 def _refuse_expansion(path: str) -> None:
-    """UsageError for a path with ``$NAME``/``${...}``: huggingface_hub expands it, raw readers do not."""
     if found := _EXPANDED.search(path):
         raise UsageError(f"cache path {_comment_text(path)} contains {_comment_text(found.group(0))}, which "
                          "huggingface_hub expands (os.path.expandvars) and other runtimes do not: they would use "
@@ -169,7 +157,7 @@ def format_env(env: OfflineEnv, fmt: str) -> str:
 
 
 def warn_cache_dir(cache: Path) -> None:
-    """One line on stderr when ``cache`` does not exist or is no hub cache; env and exec still succeed."""
+    """One line on stderr when ``cache`` does not exist or is no hub cache."""
     if warning := cache_dir_warning(cache):
         text = "".join(c if c.isprintable() else f"\\x{ord(c):02x}" for c in warning)
         sys.stderr.write(f"hfcache: warning: {text}\n")
@@ -177,7 +165,6 @@ def warn_cache_dir(cache: Path) -> None:
 
 
 def _header_notes(env: OfflineEnv) -> str:
-    """Comment lines naming each variable's aliases, and whether runtimes using ``HF_HOME`` alone find the cache."""
     groups: dict[str, list[str]] = {}
     for alias, canonical in env.aliases.items():
         groups.setdefault(canonical, []).append(alias)
@@ -197,7 +184,6 @@ def _yaml_quote(value: str) -> str:
         out.append("\\" + char if char in '\\"' else char if code < 0x80 else
                    f"\\u{code:04x}" if code <= 0xFFFF else f"\\U{code:08x}")
     return '"' + "".join(out) + '"'
-
 
 
 def check_inert(name: str, value: str) -> None:
@@ -229,17 +215,9 @@ def _dotenv_value(value: str) -> str:
 
 @dataclass(frozen=True)
 class ExecPlan:
-    """What ``hfcache exec`` will run.
-
-    Attributes:
-        argv (tuple[str, ...]): the command and its arguments. environ (dict[str, str]): the child's environment.
-        offline (OfflineEnv): the offline variables set in it.
-        allow_hosts (tuple[str, ...]): ``HOST[:PORT]`` entries the guard lets through.
-        lock_statuses (tuple[CacheStatus, ...]): the lock check, when ``--lock`` was given (all satisfied).
-        no_network (bool): install the process-tree network filter (:mod:`.sandbox`) before the exec.
-        paths (tuple[tuple[str, str], ...]): ``(NAME, absolute path)`` of each ``--path`` (in ``environ`` and
-            ``argv``).
-    """
+    """What ``hfcache exec`` will run: ``lock_statuses`` when ``--lock`` was given (all satisfied), ``no_network``:
+    install the process-tree filter (:mod:`.sandbox`) before the exec, ``paths``: ``(NAME, absolute path)`` of each
+    ``--path`` (in ``environ`` and ``argv``)."""
 
     argv: tuple[str, ...]
     environ: dict[str, str] = field(repr=False)
@@ -251,7 +229,6 @@ class ExecPlan:
 
 
 def parse_allow_hosts(specs: Iterable[str]) -> tuple[network_guard.AllowedHost, ...]:
-    """``HOST[:PORT]`` entries parsed, without repeats; UsageError for a bad one."""
     hosts = []
     for spec in specs:
         try:
@@ -294,21 +271,10 @@ def prepare_exec(command: Sequence[str], *, cache_dir: str | os.PathLike[str] | 
                  lock: str | os.PathLike[str] | None = None, allow_hosts: Iterable[str] = (),
                  environ: Mapping[str, str] | None = None, no_network: bool = False,
                  paths: Iterable[str] = ()) -> ExecPlan:
-    """Everything ``hfcache exec`` does before it replaces itself with the command.
-
-    Args:
-        command: the command and its arguments. environ: the base environment (default: ``os.environ``).
-        cache_dir: the cache root (default: the lock's manifest, else the environment's).
-        lock: a lock file the cache must satisfy (``stat`` only: milliseconds, no network).
-        allow_hosts: ``HOST[:PORT]`` entries the guard lets through.
-        no_network: deny the process tree every non-``AF_UNIX`` socket (:mod:`.sandbox`), besides the Python guard.
-        paths: ``NAME=REPO_ID[@REVISION][:PATTERN]`` entries (``--path``, :mod:`.exec_paths`), resolved offline.
-
-    Raises:
-        UsageError: no command, a bad ``--allow-host`` (or one with ``no_network``), ``--path`` or lock (exit 2).
-        LockNotSatisfied: the cache lacks something the lock pins (exit 4).
-        PathNotCached, AmbiguousPath: a ``--path`` is not cached, or its pattern matches several files (exit 1).
-    """
+    """Everything ``hfcache exec`` does before it replaces itself with the command (``cache_dir`` defaults to the
+    lock's manifest, else the environment's; ``environ`` to ``os.environ``; ``paths``: ``--path`` entries,
+    :mod:`.exec_paths`). Raises UsageError (exit 2): no command, a bad ``--allow-host`` (or one with ``no_network``),
+    ``--path`` or lock; LockNotSatisfied (exit 4); PathNotCached, AmbiguousPath: a bad ``--path`` (exit 1)."""
     if not command or not command[0]:
         raise UsageError("no command given" if not command else "the command name is empty",
                          hint="hfcache exec [OPTIONS] -- COMMAND [ARGS]...")

@@ -146,8 +146,7 @@ class _Rules:
     def allows_reverse_lookup(self, host: str, port: int | None = None) -> bool:
         """Only when no nameserver is asked: an address ``/etc/hosts`` lists exactly as given or a name it answers (a
         PTR query for loopback or an allowed address carries 3 bytes of a secret too)."""
-        ip = _exact_ip(host)
-        if ip is None:
+        if (ip := _exact_ip(host)) is None:
             return bool(self.hosts_names.get(host.lower()))
         return ip in self.hosts_addresses
 
@@ -236,8 +235,7 @@ class _Rules:
 
     def _send_refusal(self, sock, address) -> tuple[str, str] | None:
         """connect/connect_ex, sendto, sendmsg: checked by the family C and the kernel give the socket."""
-        families = _real_families(sock)
-        if not families:
+        if not (families := _real_families(sock)):
             return None
         family = next(iter(families))
         if len(families) > 1 or (family not in _INET_FAMILIES and family not in _LOCAL_FAMILIES):
@@ -264,12 +262,8 @@ class Guard:
 
     Its state lives in the hook's closure, not in attributes: blocking for the whole process only turns on (assigning an
     attribute raises AttributeError). A seatbelt, not a sandbox: code can still widen its allow-list (:meth:`allow`).
-
-    Attributes:
-        allowed (tuple[AllowedHost, ...]): the allow-list (only grows; a copy).
-        enforced (bool): blocking is on for the whole process; otherwise only inside :meth:`blocking`. Read-only.
-        attempts (list[str]): every blocked target, in order (libraries may swallow the exception).
-        error_class (type): the exception raised (the installing copy's :class:`NetworkBlocked`).
+    ``allowed``: a copy of the allow-list (only grows); ``enforced``: blocking is on for the whole process, else only
+    inside :meth:`blocking`; ``attempts``: every blocked target, in order (libraries may swallow the exception).
     """
 
     __slots__ = ("attempts", "hook", "allows_lookup", "allows_reverse_lookup", "allows_connection", "_allow",
@@ -287,8 +281,7 @@ class Guard:
                 return
             if getattr(rules.busy, "on", False):  # our own look-up of an allowed name (see _Rules._resolves_to)
                 return
-            refused = rules.refusal(event, args)
-            if refused is not None:
+            if (refused := rules.refusal(event, args)) is not None:
                 error = error_class(*refused)
                 attempts.append(error.target)  # escaped when it is not printable ASCII
                 raise error
@@ -320,7 +313,6 @@ class Guard:
         return NetworkBlocked
 
     def allow(self, hosts: Iterable[AllowedHost | str]) -> None:
-        """Add ``hosts`` (parsed with :func:`parse_allow_host` when strings) to the allow-list."""
         self._allow(hosts)
 
     def enforce(self) -> None:
@@ -347,18 +339,11 @@ def current() -> Guard | None:
 
 
 def install(allow_hosts: Iterable[AllowedHost | str] = (), *, enforce: bool = True, local_only: bool = False) -> Guard:
-    """Install the process's guard (once: audit hooks cannot be removed; a later call reuses it) and return it.
-
-    Args:
-        allow_hosts: ``HOST[:PORT]`` strings or :class:`AllowedHost` entries that stay reachable (added).
-        enforce: block everywhere in this process from now on; else only inside :meth:`Guard.blocking`.
-        local_only: also refuse every socket but ``AF_UNIX`` at creation (:meth:`Guard.refuse_ip`).
-
-    Raises:
-        ValueError: an allow-list entry does not parse. RuntimeError: no ``sys.addaudithook`` (Python < 3.8).
-    """
-    guard = current()
-    if guard is None:
+    """Install the process's guard (once: audit hooks cannot be removed; a later call reuses it) and return it:
+    ``allow_hosts`` added to its allow-list; ``enforce``: block everywhere from now on (else only inside
+    :meth:`Guard.blocking`); ``local_only``: :meth:`Guard.refuse_ip`. Raises ValueError: an allow-list entry does
+    not parse; RuntimeError: no ``sys.addaudithook`` (Python < 3.8)."""
+    if (guard := current()) is None:
         if not hasattr(sys, "addaudithook"):  # pragma: no cover - Python < 3.8
             raise RuntimeError("the network guard needs Python >= 3.8 (sys.addaudithook)")
         guard = Guard()

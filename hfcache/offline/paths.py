@@ -31,14 +31,9 @@ _SHOWN = 5  #: most names listed in one error
 
 
 class PathNotCached(CheckFailed):
-    """What ``hfcache path`` was asked for is not in the cache (exit 1).
-
-    Attributes:
-        missing (str): ``cache``, ``repo``, ``ref``, ``snapshot``, ``file`` (none matches) or ``blob`` (a dangling
-            link).
-        warm_command (str | None): the ``hfcache warm ...`` line that fetches it (also the hint); None when warming
-            cannot help (the repo marks the file absent).
-    """
+    """What ``hfcache path`` was asked for is not in the cache (exit 1). ``missing``: ``cache``, ``repo``, ``ref``,
+    ``snapshot``, ``file`` (none matches) or ``blob`` (a dangling link); ``warm_command``: the ``hfcache warm ...``
+    line that fetches it (also the hint), None when warming cannot help (the repo marks the file absent)."""
 
     def __init__(self, message: str, *, missing: str, warm_command: str | None) -> None:
         hint = f"fetch it: {warm_command}" if warm_command else "pick a file the repo has (hfcache ls --revisions)"
@@ -53,16 +48,8 @@ class AmbiguousPath(CheckFailed):
 
 @dataclass(frozen=True)
 class ResolvedPath:
-    """A revision of a cached repo, resolved to paths.
-
-    Attributes:
-        repo_id (str): the id as given (its folder is named after it). repo_type (str): model, dataset or kernel.
-        revision (str): as asked (``main`` by default): a branch, tag or commit. commit_hash (str): what it names.
-        snapshot (Path): absolute ``<cache>/<folder>/snapshots/<commit>``.
-        files (tuple[Path, ...]): the snapshot's regular files matching ``pattern``, by repo path (none without
-            one).
-        pattern (str | None): the glob asked.
-    """
+    """A revision (as asked: a branch, tag or commit) of a cached repo, resolved: ``snapshot`` is the absolute
+    ``<cache>/<folder>/snapshots/<commit>``, ``files`` its regular files matching ``pattern`` (none without one)."""
 
     repo_id: str
     revision: str
@@ -137,12 +124,9 @@ def parse_path_var(text: str) -> tuple[str, str, str | None]:
 
 
 def resolve(cache: Path, spec: str, pattern: str | None = None, *, repo_type: str | None = None) -> ResolvedPath:
-    """Resolve ``spec`` (and ``pattern``) in the cache ``cache``, offline.
-
-    Args:
-        cache (Path): the cache root. spec, repo_type: see :func:`parse_spec`.
-        pattern (str | None): a glob over the snapshot's repo paths as huggingface_hub's ``allow_patterns``
-            (``utils/_paths.py``: ``*`` crosses ``/``, ``\\`` is ``/``); None: the snapshot folder only.
+    """Resolve ``spec`` (:func:`parse_spec`) in the cache root ``cache``, offline; ``pattern``: a glob over the
+    snapshot's repo paths as huggingface_hub's ``allow_patterns`` (``utils/_paths.py``: ``*`` crosses ``/``, ``\\``
+    is ``/``), None: the snapshot folder only.
 
     Raises:
         UsageError: a malformed spec or pattern, or a cache path holding a control character (exit 2).

@@ -6,18 +6,12 @@ text; the specs repeated after ``--trust-remote-code`` load with ``trust_remote_
 custom code, see ``hfcache.integrity.check_targets.custom_code_refs``) with ``HF_HUB_OFFLINE=1`` and
 ``HF_HUB_CACHE`` set by the parent.
 
-A load or encode that raises, or that makes the tokenizers library panic (``pyo3_runtime.PanicException``, a
-``BaseException``: :mod:`hfcache.integrity.fast_inputs`), is that spec's ``error``. What no ``except`` sees (a Rust
-abort on a failed allocation, a signal, custom code calling ``os._exit``) ends the process: with ``--progress``,
-each spec's start, load and result are appended to FILE as JSON lines first (``{"begin": SPEC}``, ``{"loaded":
-SPEC, "result": {...}}`` before the fast-path comparison, ``{"spec": SPEC, "result": {...}}``), so the parent knows
-which spec was loading, whether it had loaded, and which have results
-(:func:`hfcache.integrity.check_child.probe_specs`).
-
-Before transformers is imported, hfcache's network guard (``offline/guard.py``: a PEP 578 audit hook, with nothing
-allowed, not even loopback) turns any attempt to open a network connection into an immediate error, so a load that
-would reach for the network fails fast and says so instead of hanging (docs/cache-layout.md, 'Traps the libraries
-leave').
+A load or encode that raises, or makes the tokenizers library panic (:mod:`hfcache.integrity.fast_inputs`), is that
+spec's ``error``. What no ``except`` sees (a Rust abort, a signal, ``os._exit``) ends the process: with ``--progress``,
+each spec's ``{"begin": SPEC}``, ``{"loaded": SPEC, "result": {...}}`` (before the fast-path comparison) and ``{"spec":
+SPEC, "result": {...}}`` are appended to FILE as JSON lines first (read by
+:func:`hfcache.integrity.check_child.probe_specs`). The network guard (:mod:`.guard`, nothing allowed, not even
+loopback) is installed before transformers is imported: a load reaching for the network fails fast.
 """
 
 from __future__ import annotations
