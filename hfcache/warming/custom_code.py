@@ -119,8 +119,7 @@ def custom_code_paths(configs: Iterable[str], read: Callable[[str], bytes | None
     unparsed: list[str] = []
 
     def parse(path: str, parser: Callable[[bytes], Iterable[str]]) -> list[str]:
-        data = read(path)
-        if data is None:
+        if (data := read(path)) is None:
             unparsed.append(path)
             return []
         return list(parser(data))
@@ -202,8 +201,7 @@ def follow_configs(needs_config: Sequence[str], read: Callable[[str], bytes | No
     indexes: tuple[str, ...] = ()
     unparsed = code.unparsed
     if MODULES_FILE in needs_config and MODULES_FILE in have:
-        data = read(MODULES_FILE)
-        if data is None:
+        if (data := read(MODULES_FILE)) is None:
             unparsed += (MODULES_FILE,)
         else:
             modules, indexes = module_folder_paths(data, have)

@@ -178,8 +178,7 @@ def read_lock(path: str | os.PathLike[str]) -> Lockfile:
     entries = data.get("repos", [])
     if not isinstance(entries, list) or not all(isinstance(e, dict) for e in entries):
         raise UsageError(f"{path}: 'repos' must be an array of tables")
-    unknown = sorted(set(data) - {"version", "repos"})
-    if unknown:
+    if unknown := sorted(set(data) - {"version", "repos"}):
         raise UsageError(f"{path}: unknown key {shown(unknown[0])}", hint=_CORRUPT)
     repos = unique_entries((_locked_repo(e, f"{path}: repos[{i}]") for i, e in enumerate(entries)), str(path),
                            lambda r: r.request, hint=_CORRUPT)
@@ -192,8 +191,7 @@ _LOCK_ENTRY_KEYS = ENTRY_KEYS | {"canonical_id", "commit_hash", "absent", "files
 def _locked_repo(entry: dict[str, Any], where: str) -> LockedRepo:
     request = manifest_entry({k: entry[k] for k in ENTRY_KEYS if k in entry}, where)
     where = f"{where} ({request.repo_id})"
-    unknown = sorted(set(entry) - _LOCK_ENTRY_KEYS)
-    if unknown:
+    if unknown := sorted(set(entry) - _LOCK_ENTRY_KEYS):
         raise UsageError(f"{where}: unknown field {shown(unknown[0])}", hint=_CORRUPT)
     canonical_id = _canonical_id(entry.get("canonical_id", request.repo_id), request.repo_id, where)
     commit = entry.get("commit_hash")

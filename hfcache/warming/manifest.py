@@ -96,8 +96,7 @@ def load_manifest(path: str | os.PathLike[str]) -> Manifest:
         if not isinstance(data, dict):
             raise UsageError(f"{path}: no [tool.hfcache] table", hint="add one, or write hfcache.toml")
     where = str(path) if path.name != "pyproject.toml" else f"{path} [tool.hfcache]"
-    unknown = sorted(set(data) - _MANIFEST_KEYS)
-    if unknown:
+    if unknown := sorted(set(data) - _MANIFEST_KEYS):
         raise UsageError(f"{where}: unknown key {shown(unknown[0])}",
                          hint=f"allowed: {', '.join(sorted(_MANIFEST_KEYS))}")
     endpoint = data.get("endpoint")
@@ -191,8 +190,7 @@ def manifest_entry(entry: dict[str, Any], where: str) -> WarmRequest:
     if not isinstance(repo_id, str) or not repo_id:
         raise UsageError(f"{where}: field 'repo_id' is required and must be a string")
     where = f"{where} ({repo_id if repo_id.isprintable() and len(repo_id) <= 200 else shown(repo_id)})"
-    unknown = sorted(set(entry) - ENTRY_KEYS)
-    if unknown:
+    if unknown := sorted(set(entry) - ENTRY_KEYS):
         raise UsageError(f"{where}: unknown field {shown(unknown[0])}",
                          hint=f"allowed: {', '.join(sorted(ENTRY_KEYS))}")
     for key, allowed in (("kind", KINDS), ("repo_type", REPO_TYPES)):

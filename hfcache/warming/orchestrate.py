@@ -49,17 +49,14 @@ def warm(requests: Sequence[WarmRequest], *, cache_dir: str | Path | None = None
     """Warm every request into ``cache_dir`` (``hfcache.warm``, the Python API); a failed repo never stops the others.
 
     Args:
-        requests: the repos to warm. cache_dir: cache root (default: ``HF_HUB_CACHE``, ``$HF_HOME/hub``, ...).
         endpoint: Hub base URL, or several tried in order per repo (a repo one cannot serve: not found, unreachable,
             bad bytes, gated, is tried on the next; ``RepoResult.endpoint`` names it). Default: ``HF_ENDPOINT``/the Hub.
         token: Hub token; None reads it as huggingface_hub does, False sends none. Never logged or stored.
-        max_workers: connections at once (resolutions, files, ranges; all repos), >= 1.
-        timeout: seconds to wait for a connection or any byte of an answer, > 0. progress: a ProgressSink.
+        max_workers: connections at once (all repos), >= 1. timeout: seconds for a connection or any byte, > 0.
         pinned: one locked repo per request (``warm --lock``): its commit, files and hashes, no resolution.
         retries: retries of a transient failure per request or file (:mod:`hfcache.hub.retry`), >= 0.
         lock_timeout: seconds to wait for a lock another process holds (then that repo fails, exit 5).
-        on_lock_wait: told which lock a repo waits for. on_notice: told once when ``withheld`` keeps the token.
-        withheld: endpoints that get no token (a manifest's without the opt-in).
+        withheld: endpoints that get no token (``on_notice`` is told once when it keeps the token).
 
     Returns:
         WarmReport with one RepoResult per request, in request order.

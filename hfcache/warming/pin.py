@@ -18,7 +18,7 @@ from ..hub.retry import RetryCounter
 from ..records import HubOptions, WarmRequest
 from .custom_code import BAD_FILE_HINT, MAX_PARSE_BYTES, follow_configs
 from .lockfile import LockedFile, LockedRepo, Lockfile, filter_upgrade, lock_relative_name, write_lock
-from .manifest import Manifest, with_manifest_endpoints
+from .manifest import Manifest, request_key, with_manifest_endpoints
 from .orchestrate import make_clients
 from .project import open_project
 from .selection import check_index_size, select, shards_from_index
@@ -116,8 +116,7 @@ def pin(manifest: Manifest, clients: Sequence[HubClient], existing: Lockfile | N
     todo: list[WarmRequest] = []
     for request in manifest.repos:
         previous = existing.find(request) if existing else None
-        key = (request.repo_id, request.revision, request.repo_type)
-        if previous is not None and previous.request == request and key not in upgrade:
+        if previous is not None and previous.request == request and request_key(request) not in upgrade:
             kept.append(previous)
         else:
             todo.append(request)
@@ -144,25 +143,15 @@ def pin(manifest: Manifest, clients: Sequence[HubClient], existing: Lockfile | N
 def lock_project(manifest: str | os.PathLike[str] | None = None, *, lock_path: str | os.PathLike[str] | None = None,
                  upgrade: bool = False, upgrade_ids: Sequence[str] = (), hub: HubOptions | None = None,
                  trust_manifest_endpoint: bool = False, on_notice: Callable[[str], None] | None = None) -> LockRun:
-    """Resolve a project's manifest and write its lock (atomically, only when every entry resolved), keeping the
-    commits of unchanged entries (``hfcache lock``).
-
-    Args:
-        manifest, lock_path: as :func:`hfcache.warming.project.open_project`.
-        upgrade: re-resolve entries even if unchanged: those named by ``upgrade_ids``, all when it is empty.
-        hub: its endpoints win over the manifest's; ``max_workers`` resolutions at once.
-        trust_manifest_endpoint: send the token to the manifest's endpoints too. on_notice: told when it is withheld.
-
-    Raises:
-        UsageError: no or invalid manifest or lock, an unknown ``upgrade_ids`` name, a bad endpoint, an unreadable
-            token file. CacheError: the lock cannot be written.
-    """
+    """Resolve a project's manifest (``manifest``, ``lock_path``: as :func:`.project.open_project`) and write its lock
+    (atomically, only when every entry resolved), keeping the commits of unchanged entries (``hfcache lock``) unless
+    ``upgrade`` (those named by ``upgrade_ids``, all when it is empty); ``hub``'s endpoints win over the manifest's.
+    Raises UsageError: no or invalid manifest or lock, an unknown ``upgrade_ids`` name, a bad endpoint, an unreadable
+    token file; CacheError: the lock cannot be written."""
     hub = (hub or HubOptions()).read_token()
     found, path, existing = open_project(manifest, lock_path)
     upgrade_keys = filter_upgrade(found.repos, upgrade_ids) if upgrade else set()
     clients = make_clients(with_manifest_endpoints(hub, found.endpoints, trust_manifest_endpoint), on_notice=on_notice)
     result = pin(found, clients, existing=existing, upgrade=upgrade_keys, max_workers=hub.max_workers)
-    written = False
-    if not result.failures:
-        written = write_lock(result.lock, path, lock_relative_name(found.path, path))
+    written = not result.failures and write_lock(result.lock, path, lock_relative_name(found.path, path))
     return LockRun(result=result, lock_path=path, written=written)

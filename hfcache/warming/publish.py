@@ -87,8 +87,7 @@ _CHUNK = 1024 * 1024
 
 def _blob_source(folder: RepoFolder, etag: str) -> Path:
     """What to hardlink for ``folder``'s blob: the blob, or the shared Xet store's payload it links to."""
-    xet_hash = safefs.store_link_of(folder.cache_dir, folder.name, etag)
-    if xet_hash is None:
+    if (xet_hash := safefs.store_link_of(folder.cache_dir, folder.name, etag)) is None:
         return folder.blob_path(etag)
     return folder.cache_dir / STORE_DIR / xet_hash[:2] / xet_hash
 

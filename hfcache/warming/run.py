@@ -44,17 +44,11 @@ class WarmJob:
 def run(job: WarmJob, *, progress: ProgressSink | None = None, on_lock_wait: Callable[[LockWait], None] | None = None,
         on_notice: Callable[[str], None] | None = None) -> WarmReport:
     """Warm what ``job`` asks (``hfcache warm``); a failed repo never stops the others. ``progress`` gets ``planned``
-    first; ``on_lock_wait``, ``on_notice``: as :func:`hfcache.warming.orchestrate.warm`.
-
-    Returns:
-        WarmReport: one result per request (a lock's: in lock order) with each ok repo's selection notes, and the
-        run's warnings (a lock that drifted from its manifest, a root umask that hides the cache from other users).
-
-    Raises:
-        UsageError: REPO_IDs and ``--lock``, lock options without it, nothing to warm, a malformed spec, lock or
-            manifest, an unreadable token file. CheckFailed: ``locked`` and the lock drifted. CacheError: the cache
-            is misplaced (an ``HF_HOME``, a repo folder) or cannot be written.
-    """
+    first; the callbacks: as :func:`.orchestrate.warm`. Returns a WarmReport (a lock's in lock order) with each ok
+    repo's selection notes and the run's warnings (a lock that drifted, a root umask hiding the cache from others).
+    Raises UsageError: REPO_IDs and ``--lock``, lock options without it, nothing to warm, a malformed spec, lock or
+    manifest, an unreadable token file; CheckFailed: ``locked`` and the lock drifted; CacheError: the cache is
+    misplaced (an ``HF_HOME``, a repo folder) or cannot be written."""
     hub = job.hub.read_token()
     sink = progress or NoProgress()
     locking = {"lock_timeout": job.lock_timeout, "on_lock_wait": on_lock_wait, "on_notice": on_notice}
@@ -149,7 +143,7 @@ def _with_warnings(report: WarmReport, drifted: str | None) -> WarmReport:
             r = dataclasses.replace(r, notes=r.notes + selection_notes(req.kind, req.include, req.exclude,
                                                                        [f.path for f in r.files]))
         repos.append(r)
-    mask = _umask()
+    mask = process_umask() or 0
     if os.geteuid() == 0 and mask & 0o044 and report.bytes_downloaded:
         warnings.append(f"umask {mask:04o}: what this warm wrote into {report.cache_dir} is unreadable by other users "
                         "(a pod's non-root uid cannot load it); warm under `umask 022`, or fix it now: "
@@ -157,15 +151,19 @@ def _with_warnings(report: WarmReport, drifted: str | None) -> WarmReport:
     return dataclasses.replace(report, repos=tuple(repos), warnings=tuple(warnings))
 
 
-def _umask() -> int:
-    """This process's umask from ``/proc/self/status`` (Linux 4.7+), else set and set back (the warm is over)."""
+def process_umask() -> int | None:
+    """This process's umask, or None: ``/proc/self/status`` ``Umask:`` (Linux 4.7+), else ``os.umask`` set and restored
+    at once (library gap: no read-only call; a file created meanwhile gets ``0o077``, never looser)."""
     try:
-        with open("/proc/self/status", encoding="ascii") as status:
+        with open("/proc/self/status", encoding="ascii", errors="replace") as status:
             for line in status:
                 if line.startswith("Umask:"):
                     return int(line.split()[1], 8)
-    except (OSError, ValueError):
+    except (OSError, ValueError, IndexError):
         pass
-    mask = os.umask(0o022)
-    os.umask(mask)
-    return mask
+    try:
+        previous = os.umask(0o077)
+    except (OSError, AttributeError):
+        return None
+    os.umask(previous)
+    return previous

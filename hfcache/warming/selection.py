@@ -186,8 +186,7 @@ def shards_from_index(index_bytes: bytes, available: Iterable[str], index_path: 
         raise ValueError(f"{index_path} is not a sharded weight index: its weight_map names {odd[0]}, not a file name")
     folder = index_path.rsplit("/", 1)[0] + "/" if "/" in index_path else ""
     shards = {folder + name for name in shard_names}
-    missing = sorted(shards - set(available))
-    if missing:
+    if missing := sorted(shards - set(available)):
         raise ValueError(f"{index_path} names shards the repo does not have: {', '.join(missing[:3])}")
     return shards
 
