@@ -1,10 +1,7 @@
-"""export: a subset of a cache as a reproducible tar (here) or a new cache folder (:mod:`.export_dir`).
-
-The plan lists sorted entries, each distinct content once (a blob in several repos is a hardlink), plus warm's
-record of each revision (:mod:`hfcache.cache.published`). Every blob is hashed and every file read at its planned
-size while it is copied (:mod:`.export_store`); folders are opened from the root without following links. The tar
-format, the refusals and the threat model: docs/transfer.md.
-"""
+"""export: a subset of a cache as a reproducible tar (here) or a new cache folder (:mod:`.export_dir`). The plan lists
+sorted entries, each distinct content once (a blob in several repos is a hardlink), plus warm's records; every blob is
+hashed and every file read at its planned size while copied (:mod:`.export_store`). Format, refusals, threat model:
+docs/transfer.md."""
 
 from __future__ import annotations
 
@@ -57,23 +54,15 @@ class ExportPlan:
 
 def plan_export(cache_dir: str | os.PathLike[str], specs: Iterable[str] = (), lock: Lockfile | None = None,
                 materialize: bool = False) -> ExportPlan:
-    """Plan an export of ``cache_dir``.
-
-    Args:
-        specs: ``REPO_ID[@REVISION]`` (every revision without ``@``); none and no ``lock``: the whole cache.
-        lock: exactly the locked repos at their commits (the requested and the canonical folder).
-        materialize: real files in ``snapshots/`` instead of symlinks.
-
-    Raises:
-        UsageError: a named repo or revision is not in the cache.
-        CacheError: a repo has a planted link, cannot be read, or a snapshot is broken or lost a recorded file.
-    """
+    """Plan an export of ``cache_dir``: the repos ``specs`` (``REPO_ID[@REVISION]``, every revision without ``@``)
+    and ``lock`` name at their commits (requested and canonical folder), else the whole cache; ``materialize``: real
+    files in ``snapshots/`` instead of symlinks. Raises UsageError: a named repo or revision is not in the cache;
+    CacheError: a repo has a planted link, cannot be read, or a snapshot is broken or lost a recorded file."""
     selection = _selection(specs, lock)
     info = _scan_selected(cache_dir, selection)
     entries: list[Entry] = [Entry("CACHEDIR.TAG", "data", target=CACHEDIR_TAG)]
     first_of_content: dict[str, str] = {}  # etag -> entry name holding it
-    unsafe = [f"{r.folder}: {'; '.join(r.unsafe)}" for r in info.repos if r.unsafe]
-    if unsafe:  # never read through a planted link, never ship a repo without saying so
+    if unsafe := [f"{r.folder}: {'; '.join(r.unsafe)}" for r in info.repos if r.unsafe]:  # never read through a planted link, never ship a repo without saying so
         raise CacheError(f"unsafe cache layout, nothing exported: {unsafe[0]}" + _more(unsafe),
                          hint="remove the symlink or file (or pass only other repos), then rerun")
     unique = sum(_plan_repo(info.cache_dir, repo, _selected_revisions(repo, selection), materialize, entries,
@@ -98,8 +87,7 @@ def _selection(specs: Iterable[str], lock: Lockfile | None) -> dict[tuple[str, s
             current.add(revision)
     for locked in lock.repos if lock else ():
         for repo_id in folder_ids(locked.request.repo_id, locked.canonical_id):
-            current = selection.setdefault((repo_id, locked.request.repo_type), set())
-            if current is not None:
+            if (current := selection.setdefault((repo_id, locked.request.repo_type), set())) is not None:
                 current.add(locked.commit_hash)
     return selection
 
@@ -224,19 +212,16 @@ def _checked_record(cache_dir: str, repo: RepoInfo, rev) -> str | None:
     if hazards := [h for h in load_hazards(repo, rev.commit_hash) if h.endswith(SPECIAL_FILE) or TOO_DEEP in h]:
         raise CacheError(f"{repo.repo_id}: unsafe cache layout, nothing exported: {repo.folder}/{hazards[0]}",
                          hint="remove it, then `hfcache verify --repair` (or re-warm) and rerun")
-    record = read_record(cache_dir, repo.folder, rev.commit_hash)
-    if record is None:
+    if (record := read_record(cache_dir, repo.folder, rev.commit_hash)) is None:
         return None
     present = {f.path for f in rev.files}
     marked = set(_markers(Path(cache_dir), repo.folder, rev.commit_hash))
-    lost = sorted(p for p in record.files if p not in present) + sorted(
-        a for a in record.absent if a not in present and a not in marked)
-    if lost:
+    if lost := sorted(p for p in record.files if p not in present) + sorted(
+            a for a in record.absent if a not in present and a not in marked):
         raise CacheError(f"{repo.repo_id}: snapshot {rev.commit_hash[:12]} lost {lost[0]}" + _more(lost)
                          + " (in warm's record, not in the cache): nothing exported",
                          hint="run `hfcache verify --repair` (or re-warm the repo) first")
-    raw = safefs.read_small(cache_dir, record_parts(repo.folder, rev.commit_hash), MAX_RECORD_BYTES + 1)
-    return raw.decode()
+    return safefs.read_small(cache_dir, record_parts(repo.folder, rev.commit_hash), MAX_RECORD_BYTES + 1).decode()
 
 
 def _parents(name: str, stop: str) -> set[str]:
@@ -266,14 +251,9 @@ def modes(group_writable: bool) -> tuple[int, int]:
 
 def write_tar(plan: ExportPlan, out: BinaryIO, chown: tuple[int, int] = (0, 0), group_writable: bool = False,
               prefix: str = "") -> str:
-    """Write the plan as a reproducible tar to ``out``; return the sha256 (hex) of the bytes written.
-
-    Args:
-        chown: (uid, gid) of every entry. group_writable: modes 0775/0664 instead of 0755/0644.
-        prefix: a checked relative folder (``push --prefix``) every entry goes under; hardlink targets too.
-
-    Raises CacheError: a blob does not match its name; a source file changed or is no longer a regular file.
-    """
+    """Write the plan as a reproducible tar to ``out`` (every entry owned by ``chown``, under ``prefix``: a checked
+    relative folder, ``push --prefix``); return the sha256 (hex) of the bytes written. Raises CacheError: a blob does
+    not match its name; a source file changed or is no longer a regular file."""
     dir_mode, file_mode = modes(group_writable)
     sink = DigestWriter(out)
     under = (lambda name: f"{prefix}/{name}") if prefix else (lambda name: name)

@@ -102,8 +102,7 @@ class _Conflicts:
 
     def writable(self, parts: tuple[str, ...]) -> bool:
         """False (and a conflict recorded) when a folder on the way to ``parts`` is a file or a symlink."""
-        blocked = _blocked(self.folder.root, parts)
-        if blocked is None:
+        if (blocked := _blocked(self.folder.root, parts)) is None:
             return True
         self.add(parts, f"{self.folder.name}/{blocked} is a file or symlink where a folder must be"
                  if blocked != "." else "the repo folder is a file or symlink")

@@ -97,8 +97,7 @@ def members_of_dir(root: Path) -> Iterator[tuple[Member, BinaryIO | None]]:
         stack[-1] = (top, "", iter(sorted(os.listdir(top))))
         while stack:
             fd, base, names = stack[-1]
-            name = next(names, None)
-            if name is None:
+            if (name := next(names, None)) is None:
                 os.close(stack.pop()[0])
                 continue
             rel = f"{base}/{name}" if base else name

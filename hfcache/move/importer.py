@@ -1,10 +1,6 @@
-"""import: merge an exported cache (a directory, a tar, or a tar on stdin) into a cache, verified first.
-
-Every entry is read (:mod:`.import_plan`), staged under ``<cache>/.locks/`` (:mod:`.import_staging`) and checked,
-and compared with the target (:mod:`.import_conflicts`, nothing it holds is replaced) before anything is published;
-then each repo in warm's order under its repo lock: blobs, links, markers, listings, refs last. What is refused and
-the bounds: docs/transfer.md.
-"""
+"""import: merge an exported cache into a cache. Every entry is read (:mod:`.import_plan`), staged under
+``<cache>/.locks/`` (:mod:`.import_staging`), checked and compared with the target (:mod:`.import_conflicts`: nothing
+it holds is replaced) before each repo is published under its repo lock. Refusals and bounds: docs/transfer.md."""
 
 from __future__ import annotations
 
@@ -39,15 +35,9 @@ from .import_staging import _CHUNK, _Staging
 
 @dataclass(frozen=True)
 class ImportReport:
-    """The outcome of :func:`import_cache`.
-
-    Attributes:
-        cache_dir (str): the target cache. repos (tuple[str, ...]): repo folders merged.
-        files (int): snapshot entries merged (those the target already had with the same content included).
-        blobs_new (int), blobs_existing (int): blob entries added, and those already there (one per repo folder:
-            one content in two repos is two hardlinked entries). blob_contents (int): distinct contents (verify's).
-        bytes_new (int): bytes added. moved (tuple[str, ...]): refs moved to the source's commit (``move_refs``).
-    """
+    """The outcome of :func:`import_cache`: ``files``, snapshot entries merged (those already there included);
+    ``blobs_new``/``blobs_existing``, blob entries per repo folder; ``blob_contents``, distinct contents (verify's);
+    ``moved``, refs moved to the source's commit (``move_refs``)."""
 
     cache_dir: str
     repos: tuple[str, ...]
@@ -62,19 +52,11 @@ class ImportReport:
 def import_cache(src: str, cache_dir: Path, move_refs: bool = False, *, lock_timeout: float = DEFAULT_LOCK_TIMEOUT,
                  on_lock_wait: Callable[[LockWait], None] | None = None) -> ImportReport:
     """Merge the cache at ``src`` (a directory, a tar file, or ``-`` for a tar on stdin) into ``cache_dir``.
-
-    Args:
-        move_refs: a ref the target has at another commit moves to the source's (reported); else it refuses.
-        lock_timeout: seconds to wait at most for each repo's lock.
-        on_lock_wait: told which lock it waits for, and who holds it, when a wait lasts a few seconds.
-
-    Raises (nothing is written then, except for CacheError while publishing):
-        LockTimeout: a repo's lock stayed held for ``lock_timeout`` seconds (exit 5).
-        UsageError: ``src`` does not exist, holds a refused entry (named), or goes past a bound (``MAX_*``).
-        IntegrityError: a blob or file does not match its hash.
-        CheckFailed: the target holds an entry otherwise (named); a ref names a commit neither side has.
-        CacheError: the target cannot be written, or the content does not fit on its filesystem.
-    """
+    ``move_refs``: a ref the target has at another commit moves to the source's (reported), else it refuses;
+    ``lock_timeout``: seconds per repo lock. Raises (nothing is written then, but for a CacheError while publishing)
+    LockTimeout (exit 5); UsageError: ``src`` does not exist, holds a refused entry (named), or goes past a bound;
+    IntegrityError: a blob or file does not match its hash; CheckFailed: the target holds an entry otherwise (named),
+    a ref names a commit neither side has; CacheError: the target cannot be written or filled."""
     if src != "-" and not os.path.isdir(src) and not os.path.isfile(src):
         raise UsageError(f"{src}: no such directory or tar file", hint="give an exported directory, a tar or -")
 
@@ -203,7 +185,6 @@ def _check(plan: dict[str, _RepoPlan], staging: _Staging, cache_dir: Path) -> No
 
 
 def _regular_file(path: Path) -> bool:
-    """A regular file, not a symlink to one."""
     try:
         return stat.S_ISREG(os.lstat(path).st_mode)
     except OSError:
@@ -230,7 +211,7 @@ def _resolve_files(repo: _RepoPlan, staging: _Staging) -> None:
 
 
 def _check_shape(plan: dict[str, _RepoPlan]) -> None:
-    """Raise UsageError naming an entry the source contradicts (file and folder, file and marker, listing)."""
+    """UsageError naming an entry the source contradicts (file and folder, file and marker, listing)."""
     for folder_name, repo in sorted(plan.items()):
         for section, keys in (("snapshots", set(repo.links)), (".no_exist", repo.markers)):
             for commit in sorted({c for c, _ in keys}):
@@ -249,8 +230,7 @@ def _check_shape(plan: dict[str, _RepoPlan]) -> None:
 def _check_target(plan: dict[str, _RepoPlan], folders: dict[str, RepoFolder], move_refs: bool) -> dict:
     """Folder name -> (entries present, refs that move), under the repo locks; CheckFailed names conflicts."""
     results = {name: check_target(folders[name], repo, move_refs) for name, repo in sorted(plan.items())}
-    conflicts = [line for found, _, _ in results.values() for line in found]
-    if conflicts:
+    if conflicts := [line for found, _, _ in results.values() for line in found]:
         more = f" and {len(conflicts) - 5} more" if len(conflicts) > 5 else ""
         raise CheckFailed(f"refused the import, nothing was changed: {'; '.join(conflicts[:5])}{more}",
                           hint="what the target holds is never replaced by an import")
@@ -292,8 +272,8 @@ def _record_published(folder: RepoFolder, repo: _RepoPlan, staging: _Staging) ->
             if c != commit:
                 continue
             size = staging.files[repo.blobs[etag]][1] if etag in repo.blobs else _blob_size(folder, etag)
-            algorithm = algorithm_of(etag)
-            if size is not None and algorithm is not None:
+            if size is not None and (algorithm := algorithm_of(etag)) is not None:
+
                 files.append((path, size, f"{algorithm}:{etag}"))
         absent = [path for c, path in sorted(repo.markers) if c == commit]
         with contextlib.suppress(OSError, CacheError):

@@ -1,10 +1,6 @@
-"""link: make the cache at DEST use the cache at SRC (a runtime user's default path, a volume mount).
-
-Modes: ``symlink`` (DEST a symlink to SRC), ``hardlink`` (the tree with every file hardlinked, the snapshot links
-recreated) and ``copy``; ``.locks``, the shared Xet store (its payloads become repo blobs) and ``*.incomplete`` are
-left out. Built beside DEST and renamed into place (:mod:`.destination`); SRC is read through folder descriptors
-(:mod:`hfcache.cache.safefs_tree`), a group member may swap its folders. The rules: docs/transfer.md.
-"""
+"""link: make the cache at DEST use the cache at SRC (:data:`MODES`; ``.locks``, the shared Xet store, whose payloads
+become repo blobs, and ``*.incomplete`` left out). Built beside DEST and renamed into place (:mod:`.destination`); SRC
+is read through folder descriptors (a group member may swap its folders). The rules: docs/transfer.md."""
 
 from __future__ import annotations
 
@@ -24,6 +20,7 @@ from ..cache.safefs import repo_layout_problems
 from ..cache.scan import parse_folder_name
 from ..cache.shared_store import STORE_DIR
 from ..errors import CacheError, UsageError
+from ..warming.run import process_umask
 from .destination import open_parent, private_dir, refuse_dest_inside, replace_beside
 
 MODES = ("symlink", "hardlink", "copy")
@@ -47,14 +44,10 @@ class LinkReport:
 
 
 def link_cache(src: Path, dest: Path, mode: str = "symlink") -> LinkReport:
-    """Make ``dest`` a cache that uses ``src``.
-
-    Raises:
-        UsageError: bad mode, ``src`` no directory, ``dest`` in ``src``, ``dest`` occupied and not this link, a link
-            in ``src`` out of its repo's ``blobs/``.
-        CacheError: ``src`` no readable hub cache, hardlinks across filesystems, ``dest`` not writable;
-            UnsafeLayout: a folder of ``src`` swapped for a link, a planted link, folders nested too deep.
-    """
+    """Make ``dest`` a cache that uses ``src``. Raises UsageError: bad mode, ``src`` no directory, ``dest`` in
+    ``src``, ``dest`` occupied and not this link, a link in ``src`` out of its repo's ``blobs/``; CacheError: ``src``
+    no readable hub cache, hardlinks across filesystems, ``dest`` not writable; UnsafeLayout: a folder of ``src``
+    swapped for a link, a planted link, folders nested too deep."""
     if mode not in MODES:
         raise UsageError(f"invalid mode {mode!r}", hint=f"use one of {', '.join(MODES)}")
     src = _checked_src(src)
@@ -181,7 +174,6 @@ def _same_bytes(src: Path, dest: Path, rel: tuple[str, ...]) -> bool:
 
 
 def _open_regular(root: Path, rel: Sequence[str]) -> int:
-    """An fd of the regular file ``root/rel``, through folders opened from ``root``."""
     with safefs.dir_fd(root, rel[:-1]) as fd:
         return open_regular(fd, rel[-1], os.path.join(root, *rel))
 
@@ -230,8 +222,7 @@ def _copy_tree(src: Path, sfd: int, mode: str) -> tuple[int, int]:
             if stat.S_ISDIR(st.st_mode):
                 os.mkdir(target, 0o777, dir_fd=sfd)
             elif stat.S_ISLNK(st.st_mode):
-                payload = _store_payload(src, rel)
-                if payload is None:
+                if (payload := _store_payload(src, rel)) is None:
                     os.symlink(_checked_link(src, rel, os.readlink(name, dir_fd=folder.fd)), target, dir_fd=sfd)
                     continue
                 with payload:
@@ -246,9 +237,7 @@ def _copy_tree(src: Path, sfd: int, mode: str) -> tuple[int, int]:
                 finally:
                     os.close(fd)
                 files += 1
-    mask = os.umask(0o022)
-    os.umask(mask)
-    os.fchmod(sfd, (0o777 & ~mask) | (os.fstat(sfd).st_mode & stat.S_ISGID))
+    os.fchmod(sfd, (0o777 & ~(process_umask() or 0)) | (os.fstat(sfd).st_mode & stat.S_ISGID))
     return files, added
 
 
