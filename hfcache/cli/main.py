@@ -92,31 +92,24 @@ def run() -> NoReturn:
     atexit handlers run and the output flushed, and an exit without the interpreter's module teardown (~27 ms after
     ``warm``'s imports: docs/benchmarks.md). In-process callers use :func:`main`."""
     sys.stdout = GuardedStdout(sys.stdout)  # a failed write of the output: exit 141 or 5, no traceback
+    code: object = 0
     try:
         main()
-        code: object = 0
     except SystemExit as exc:
-        code = exc.code
-    if code is None:
-        code = 0
-    elif not isinstance(code, int):  # sys.exit("message"), as the interpreter prints it
+        code = 0 if exc.code is None else exc.code
+    if not isinstance(code, int):  # sys.exit("message"), as the interpreter prints it
         sys.stderr.write(f"{code}\n")
         code = 1
     for thread in threading.enumerate():
         if thread is not threading.current_thread() and not thread.daemon:
             thread.join()
-    _run_exit_handlers()
+    atexit._run_exitfuncs()  # CPython's private call (library gap: no public way before os._exit, bpo-17186)
     try:
         sys.stdout.flush()  # the output's last buffered bytes: their failure is the command's
     except SystemExit as exc:
         code = exc.code
     _exit_now(code)
 
-
-def _run_exit_handlers() -> None:
-    """The atexit handlers, run now: CPython's private ``atexit._run_exitfuncs`` (library gap: no public way to run
-    them before ``os._exit``, bpo-17186)."""
-    atexit._run_exitfuncs()
 
 
 def main(argv: list[str] | None = None) -> None:

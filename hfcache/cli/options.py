@@ -33,8 +33,7 @@ json_option = click.option("--json", "as_json", is_flag=True, help="Print one JS
 
 def stdin_password(hint: str) -> str:
     """The one line ``--password-stdin`` reads; UsageError (with ``hint``) for an empty one."""
-    password = sys.stdin.readline().rstrip("\r\n")
-    if not password:
+    if not (password := sys.stdin.readline().rstrip("\r\n")):
         raise UsageError("--password-stdin: no password on stdin", hint=hint)
     return password
 

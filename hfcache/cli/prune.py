@@ -56,8 +56,7 @@ def prune(cache_dir, older_than, max_size, keep_locks, keep, missing_ok, dry_run
     if dry_run:
         render.show_prune(plan, as_json=as_json, dry_run=True)
         sys.exit(5 if plan.unreadable else 0)  # a repo it cannot read: a filesystem problem to fix
-    asked = bool(plan.items) and not yes
-    if asked:
+    if asked := bool(plan.items) and not yes:
         render.show_prune(plan, as_json=False, dry_run=False)
         if not click.confirm(render.prune_question(plan), default=False, err=True):
             common.stderr.print("nothing removed")

@@ -65,8 +65,7 @@ def sign_command(specs, key, password_stdin, lock_file, output, force, rehash, c
         from ..warming.lockfile import read_lock
 
         lock = read_lock(lock_file)  # its pins are what each file signed must match
-        targets = [(f"{r.request.repo_id}@{r.commit_hash}", r.request.repo_type) for r in lock.repos]
-        if not targets:
+        if not (targets := [(f"{r.request.repo_id}@{r.commit_hash}", r.request.repo_type) for r in lock.repos]):
             raise UsageError(f"{lock_file} pins no repo: nothing to sign")
     else:
         targets = [(spec, "model") for spec in specs]

@@ -45,8 +45,7 @@ class GuardedStdout:
 
     @property
     def buffer(self) -> GuardedStdout:
-        binary = self.__dict__.get("_binary")
-        if binary is None:
+        if (binary := self.__dict__.get("_binary")) is None:
             binary = self.__dict__["_binary"] = _GuardedBuffer(self)
         return binary
 

@@ -141,8 +141,7 @@ def check(repo_ids, cache_dir, lock_file, text, trusted, as_json, revision) -> N
     if not targets:
         raise UsageError("no tokenizer to check", hint="warm one first, or name REPO_IDs / --lock")
     trust = TrustPolicy.parse(trusted, targets if lock_file else ())
-    unmatched = trust.unmatched(targets)
-    if unmatched:
+    if unmatched := trust.unmatched(targets):
         raise UsageError(f"--trust-remote-code {unmatched[0]}: no such tokenizer is checked",
                          hint="name a repo_id being checked (or '*' for all of them)")
     with common.stderr.status(f"loading {len(targets)} tokenizer(s) offline", spinner="dots") \

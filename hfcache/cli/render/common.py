@@ -27,8 +27,7 @@ _consoles: dict[bool, Console] = {}
 
 def _console(*, to_stderr: bool) -> Console:
     # Built on first use: `warm --lock --json` on a complete cache never loads rich (docs/benchmarks.md, goal P1).
-    console = _consoles.get(to_stderr)
-    if console is None:
+    if (console := _consoles.get(to_stderr)) is None:
         Console = _inert_console_class()
 
         # markup=False: a plain string is text, never rich markup (a cache path '/tmp/a[/b]' was a MarkupError,

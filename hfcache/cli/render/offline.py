@@ -64,8 +64,7 @@ def show_mirror_ready(info: Any) -> None:
     pull = f", pulling through from {', '.join(info.upstreams)}" if info.upstreams else ""
     allow = (f" (allowed: {', '.join(info.allow)})" if info.allow
              else " (any repo: no --allow)" if info.upstreams else "")
-    unreadable = info.unreadable
-    if unreadable:
+    if unreadable := info.unreadable:
         shown = ", ".join(unreadable[:4]) + (f" (and {len(unreadable) - 4} more)" if len(unreadable) > 4 else "")
         stderr.print(Text(f"hfcache: warning: {len(unreadable)} repo folder(s) of {info.root} cannot be read by uid "
                           f"{os.geteuid()}: {shown}; requests for them get 500 CacheUnreadable (`hfcache doctor "

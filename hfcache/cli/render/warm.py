@@ -172,8 +172,7 @@ class WarmProgress:
                 return
             self._done += 1
             self._progress.update(self._total, status=f"{self._done}/{self._total_repos} repos")
-            task = self._tasks.get(key)
-            if task is None:
+            if (task := self._tasks.get(key)) is None:
                 task = self._tasks[key] = self._progress.add_task(result.request.spec, total=0, status="")
             status = "[green]ok" if result.ok else (
                 "[yellow]interrupted" if result.error_type == "Interrupted" else "[red]failed")
