@@ -1,12 +1,7 @@
 """``hfcache push --base IMAGE``: the cache's layers on top of a base image with a shell (KServe's Modelcar runs
-``sh -c`` in the model image), image format only.
-
-The base must be on the registry pushed to: its blobs are mounted into the target repository (the distribution
-API's cross-repository mount), or copied through a temporary file (digest checked) where the registry does not
-mount; credentials never go to a second registry. The result has the base's layers first; its config keeps the
-base's ``os``, ``architecture``, ``variant`` and ``Env``/``Entrypoint``/``Cmd``/``WorkingDir``/``User`` only (no
-history, no time), so the digest is reproducible for the same base digest. An index is resolved to the manifest for
-``linux`` and the requested architecture.
+``sh -c`` in the model image), image format only (docs/oci.md). The base's blobs are mounted from the same registry,
+or copied through a temporary file; its config keeps only the fields :data:`_KEPT` and the platform, so the digest
+is reproducible. An index is resolved to the manifest for ``linux`` and the requested architecture.
 """
 
 from __future__ import annotations
@@ -19,29 +14,16 @@ from ..bounds import loads_json
 from ..cache.content import DigestWriter
 from ..errors import CacheError, IntegrityError, UsageError
 from ..names import is_oci_digest
-from .peer import (
-    DOCKER_LAYER_GZIP,
-    DOCKER_LIST,
-    DOCKER_MANIFEST,
-    INDEX_TYPE,
-    LAYER_GZIP,
-    LAYER_TAR,
-    MANIFEST_TYPE,
-    MODEL_CONFIG,
-    MODEL_MANIFEST,
-    digest_of,
-    json_kind,
-    size_ok,
-)
+from . import peer
 from .registry import BlobBody, check, parse_reference, read_body, registry_text, url
 from .upload import upload
 
 _MAX_JSON = 4 * 1024 * 1024
-_MANIFESTS = (MANIFEST_TYPE, DOCKER_MANIFEST)
-_INDEXES = (INDEX_TYPE, DOCKER_LIST)
+_MANIFESTS = (peer.MANIFEST_TYPE, peer.DOCKER_MANIFEST)
+_INDEXES = (peer.INDEX_TYPE, peer.DOCKER_LIST)
 #: base layer media types kept, and what they become in the OCI manifest (the same bytes)
 _ZSTD = "application/vnd.oci.image.layer.v1.tar+zstd"
-_LAYERS = {LAYER_GZIP: LAYER_GZIP, LAYER_TAR: LAYER_TAR, _ZSTD: _ZSTD, DOCKER_LAYER_GZIP: LAYER_GZIP}
+_LAYERS = {**{t: t for t in (peer.LAYER_GZIP, peer.LAYER_TAR, _ZSTD)}, peer.DOCKER_LAYER_GZIP: peer.LAYER_GZIP}
 _KEPT = ("Env", "Entrypoint", "Cmd", "WorkingDir", "User")
 _SIGNATURE_PREFIX = "application/vnd.dev.sigstore.bundle"
 #: The manifest annotation ``push --base`` writes: the base's layer digests (comma-separated, in order), which are
@@ -79,7 +61,7 @@ def _get(client, container, kind: str, ref: str, accept: str, what: str) -> tupl
         media_type = response.headers.get("Content-Type", "").split(";")[0].strip()
     if len(body) > _MAX_JSON:
         raise UsageError(f"--base {what}: larger than {_MAX_JSON} bytes", hint=_HINT)
-    if is_oci_digest(ref) and digest_of(body) != ref:
+    if is_oci_digest(ref) and peer.digest_of(body) != ref:
         raise IntegrityError(f"--base {what}: content does not match its digest {ref}",
                              hint="the registry's copy is altered; copy the base there again")
     try:
@@ -90,7 +72,7 @@ def _get(client, container, kind: str, ref: str, accept: str, what: str) -> tupl
         raise UsageError(f"--base {what}: not a JSON object", hint=_HINT)
     declared = document.get("mediaType")
     if declared is not None and not isinstance(declared, str):
-        raise UsageError(f"--base {what}: its mediaType is {json_kind(declared)}, not a text", hint=_HINT)
+        raise UsageError(f"--base {what}: its mediaType is {peer.json_kind(declared)}, not a text", hint=_HINT)
     return document, body, declared or media_type
 
 
@@ -100,12 +82,12 @@ def artifact_kind(manifest: dict) -> str:
     declared = manifest.get("artifactType")
     config = manifest.get("config") if isinstance(manifest.get("config"), dict) else {}
     kind = declared if isinstance(declared, str) and declared else None
-    if kind is None and config.get("mediaType") == MODEL_CONFIG:
-        kind = MODEL_MANIFEST
+    if kind is None and config.get("mediaType") == peer.MODEL_CONFIG:
+        kind = peer.MODEL_MANIFEST
     if kind is None:
         return ""
     shown = registry_text(kind, 80)
-    if kind == MODEL_MANIFEST:
+    if kind == peer.MODEL_MANIFEST:
         return f"a ModelPack artifact ({shown})"
     if kind.startswith(_SIGNATURE_PREFIX):
         return f"a signature, an OCI referrer ({shown})"
@@ -129,7 +111,7 @@ def read_base(client, target, reference: str, arch: str) -> BaseImage:
     if media_type in _INDEXES:
         listed = manifest.get("manifests")
         if not isinstance(listed, list):
-            raise UsageError(f"--base {reference}: its index's manifests are {json_kind(listed)}, not a list",
+            raise UsageError(f"--base {reference}: its index's manifests are {peer.json_kind(listed)}, not a list",
                              hint=_HINT)
         entries = [m for m in listed if isinstance(m, dict) and isinstance(m.get("platform"), dict)
                    and m["platform"].get("os") == "linux" and m["platform"].get("architecture") == arch]
@@ -145,13 +127,13 @@ def read_base(client, target, reference: str, arch: str) -> BaseImage:
         raise UsageError(f"--base {reference}: not a container image ({registry_text(media_type, 80)})", hint=_HINT)
     listed = manifest.get("layers", [])
     if not isinstance(listed, list):
-        raise UsageError(f"--base {reference}: its layers are {json_kind(listed)}, not a list", hint=_HINT)
+        raise UsageError(f"--base {reference}: its layers are {peer.json_kind(listed)}, not a list", hint=_HINT)
     layers = []
     for layer in listed:
         kind = layer.get("mediaType") if isinstance(layer, dict) else None
         if not isinstance(kind, str) or kind not in _LAYERS or not is_oci_digest(layer.get("digest")) \
-                or not size_ok(layer.get("size")):
-            shown = registry_text(kind, 80) if isinstance(kind, str) else f"media type {json_kind(kind)}"
+                or not peer.size_ok(layer.get("size")):
+            shown = registry_text(kind, 80) if isinstance(kind, str) else f"media type {peer.json_kind(kind)}"
             raise UsageError(f"--base {reference}: a layer hfcache does not copy ({shown}, or a malformed digest or "
                              "size)", hint=_HINT)
         layers.append({"mediaType": _LAYERS[kind], "digest": layer["digest"], "size": layer["size"]})
@@ -160,7 +142,7 @@ def read_base(client, target, reference: str, arch: str) -> BaseImage:
     if not is_oci_digest(config_ref):
         raise UsageError(f"--base {reference}: its manifest names no config", hint=_HINT)
     config, _, _ = _get(client, base, "blobs", config_ref, "*/*", f"{reference} config")
-    return _base_of(reference, base, digest_of(body), layers, config, arch)
+    return _base_of(reference, base, peer.digest_of(body), layers, config, arch)
 
 
 def _base_of(reference: str, base, digest: str, layers: list[dict], config: dict, arch: str) -> BaseImage:
@@ -179,8 +161,8 @@ def _base_of(reference: str, base, digest: str, layers: list[dict], config: dict
                          hint="pass --arch to match the base, or a base for this architecture")
     inner = config.get("config") if isinstance(config.get("config"), dict) else {}
     # image-spec config.md: WorkingDir and User are texts, Env, Entrypoint and Cmd lists of texts; else dropped
-    kept = {k: v for k, v in inner.items() if k in _KEPT and (isinstance(v, str) if k in ("WorkingDir", "User") else
-                                                              isinstance(v, list) and all(isinstance(i, str) for i in v))}
+    kept = {k: v for k, v in inner.items() if k in _KEPT and (isinstance(v, str) if k in ("WorkingDir", "User")
+            else isinstance(v, list) and all(isinstance(i, str) for i in v))}
     variant = config.get("variant") if isinstance(config.get("variant"), str) else ""
     return BaseImage(reference, digest, base.api_prefix, tuple(layers), tuple(diff_ids), "linux", arch, variant,
                      kept)

@@ -1,9 +1,8 @@
 """Registry credentials for ``hfcache push``/``pull``: ``--username``/``--password-stdin``, or the auth files.
 
-Library gap (oras 0.2.43, ``auth/utils.py``): ``load_configs`` reads the auth files into a ``set`` (which file wins
-is undefined), raises ``JSONDecodeError`` on a broken file even when the registry needs no credentials, ignores
-``DOCKER_CONFIG`` and logs a missing credential helper on stderr once per host alias. So :func:`file_credentials`
-reads them in the documented order (containers-auth.json(5)), bounded, when the registry answers 401.
+Library gap (oras 0.2.43 ``auth/utils.py`` ``load_configs``: a ``set`` of files, a broken one raises even when no
+credentials are needed, no ``DOCKER_CONFIG``): :func:`file_credentials` reads them in the documented order
+(containers-auth.json(5)), bounded, when the registry answers 401.
 """
 
 from __future__ import annotations
@@ -68,10 +67,9 @@ def _read_auth_file(path: str) -> dict:
 
 def _hosts(registry: str) -> list[str]:
     """The registry and its ``localhost``/``127.0.0.1`` alias (as oras and docker match them)."""
-    if registry.startswith("localhost"):
-        return [registry, registry.replace("localhost", "127.0.0.1", 1)]
-    if registry.startswith("127.0.0.1"):
-        return [registry, registry.replace("127.0.0.1", "localhost", 1)]
+    for name, alias in (("localhost", "127.0.0.1"), ("127.0.0.1", "localhost")):
+        if registry.startswith(name):
+            return [registry, registry.replace(name, alias, 1)]
     return [registry]
 
 

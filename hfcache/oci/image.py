@@ -1,12 +1,7 @@
-"""``hfcache push``: a cache as an OCI image whose root filesystem *is* the hub cache (OCI image-spec v1.1
-``image-manifest.md``, ``config.md``, ``layer.md``), or one snapshot as a ModelPack artifact (:mod:`.modelpack`).
-
-The manifest and config are canonical JSON (:func:`hfcache.oci.peer.canonical`; the config has ``os``,
-``architecture``, ``rootfs.diff_ids`` and no ``created`` time); each layer is :func:`hfcache.move.export.write_tar`
-through gzip with a fixed header (mtime 0, no file name) and level: the same cache gives the same manifest digest
-whatever the mtimes (for the same zlib). ``--layers repo`` makes one self-contained layer per repo folder, ``single``
-one layer (figures: benchmarks/bench_oci.py). The layers are written to ``TMPDIR`` first (a blob's digest must be
-known to ask the registry whether it has it), then what the registry lacks is uploaded (:mod:`.upload`).
+"""``hfcache push``: a cache as an OCI image whose root filesystem *is* the hub cache (OCI image-spec v1.1), or one
+snapshot as a ModelPack artifact (:mod:`.modelpack`). Canonical JSON (:func:`hfcache.oci.peer.canonical`), no time
+in the config and gzip with a fixed header: the same cache gives the same digest. Layers are written to ``TMPDIR``
+first (a blob's digest must be known to ask the registry whether it has it), then uploaded (:mod:`.upload`).
 """
 
 from __future__ import annotations
@@ -27,19 +22,9 @@ from typing import BinaryIO
 from ..cache.content import DigestWriter
 from ..errors import CacheError, HubError, UsageError
 from ..move.export import Entry, ExportPlan, plan_export, write_tar
+from . import modelpack
 from .base_image import BaseImage, base_annotations, mount_base, read_base
 from .credentials import Credentials
-from .modelpack import (
-    artifact_documents,
-    attach_bundles,
-    check_prefix,
-    model_files,
-    repo_id_of,
-    send_file,
-    sign,
-    signed_snapshots,
-    snapshots_of,
-)
 from .peer import CONFIG_TYPE, LAYER_GZIP, MANIFEST_TYPE, canonical, digest_of
 from .registry import TransferSink, check, connect, network_errors, parse_reference, registry_text, url
 from .upload import upload, upload_bytes
@@ -133,7 +118,7 @@ def write_layer(plan: ExportPlan, out: BinaryIO, prefix: str = "") -> tuple[str,
 
 def _commits_of(plan: ExportPlan) -> list[str]:
     """``repo_id@commit`` of every snapshot in the plan, sorted."""
-    return sorted(f"{repo_id_of(folder)}@{commit}" for folder, commit in snapshots_of(plan))
+    return sorted(f"{modelpack.repo_id_of(folder)}@{commit}" for folder, commit in modelpack.snapshots_of(plan))
 
 
 def architecture() -> str:
@@ -198,7 +183,7 @@ def push(reference: str, cache_dir: Path, specs: Sequence[str] = (), lock_path: 
     from ..warming.lockfile import read_lock
 
     container, split = _options(reference, specs, lock_path, arch, format, split, base)
-    prefix = check_prefix(prefix)
+    prefix = modelpack.check_prefix(prefix)
     lock = read_lock(lock_path) if lock_path else None
     plan = plan_export(cache_dir, specs, lock=lock)
     if not plan.repos:
@@ -223,8 +208,8 @@ def _push_image(reference: str, container, cache_dir: Path, plan: ExportPlan, ch
     blobs mounted, what the registry lacks uploaded, the manifest PUT, the signatures attached."""
     split, prefix, annotations, signing, base, arch = choices
     plain_http, credentials, timeout, sink = connection
-    bundles = signed_snapshots(cache_dir, plan, signing[0], password=signing[1], password_hint=_PASSWORD_HINT,
-                               lock=signing[2]) if signing else []
+    bundles = modelpack.signed_snapshots(cache_dir, plan, signing[0], password=signing[1],
+                                         password_hint=_PASSWORD_HINT, lock=signing[2]) if signing else []
     annotations.update({"org.opencontainers.image.title": "Hugging Face hub cache",
                         "org.opencontainers.image.description": _description(prefix),
                         f"{ANNOTATION_PREFIX}.layer-split": split})
@@ -262,19 +247,19 @@ def _push_modelpack(reference: str, container, cache_dir: Path, plan: ExportPlan
     then the config, the manifest and the signature referrer."""
     prefix, annotations, signing = choices
     plain_http, credentials, timeout, sink = connection
-    folder, commit, files = model_files(cache_dir, plan, prefix)
+    folder, commit, files = modelpack.model_files(cache_dir, plan, prefix)
     repo = _commits_of(plan)[0]
     annotations.update({"org.opencontainers.image.title": repo.partition("@")[0],
                         f"{ANNOTATION_PREFIX}.format": "modelpack"})
-    config_bytes, manifest_bytes = artifact_documents(cache_dir, folder, commit, files, annotations)
-    bundles = [sign(files, repo, signing[0], password=signing[1], password_hint=_PASSWORD_HINT,
-                    proof=(cache_dir, folder, signing[2]))] if signing else []
+    config_bytes, manifest_bytes = modelpack.artifact_documents(cache_dir, folder, commit, files, annotations)
+    bundles = [modelpack.sign(files, repo, signing[0], password=signing[1], password_hint=_PASSWORD_HINT,
+                              proof=(cache_dir, folder, signing[2]))] if signing else []
     sent: dict[str, int] = {}
     with network_errors(container.registry, plain_http):
         client = connect(container, plain_http, credentials, timeout)
         layers = []
         for f in files:
-            transferred = 0 if f.digest in sent else send_file(client, container, f, sink)
+            transferred = 0 if f.digest in sent else modelpack.send_file(client, container, f, sink)
             sent.setdefault(f.digest, transferred)
             layers.append(Layer(f.digest, f.size, f.digest, (folder,), transferred))
         config_sent = upload_bytes(client, container, config_bytes, "config")
@@ -297,7 +282,7 @@ def _publish(client, container, reference: str, manifest_bytes: bytes,
     response = client.do_request(url(client, container, "manifests", container.tag), "PUT",
                                  data=manifest_bytes, headers={"Content-Type": MANIFEST_TYPE})
     check(response, f"push manifest {reference}", 201)
-    signatures = attach_bundles(client, container, manifest_bytes, bundles)
+    signatures = modelpack.attach_bundles(client, container, manifest_bytes, bundles)
     digest = digest_of(manifest_bytes)
     answered = response.headers.get("Docker-Content-Digest")
     if answered and answered != digest:

@@ -1,11 +1,7 @@
 """``hfcache push --format modelpack``: one repo at one commit as a CNCF ModelPack artifact (modelpack/model-spec
-``docs/spec.md``, ``annotations.md``, ``config.md``, ``schema/config-schema.json``); push's signatures (both formats).
-
-One raw layer per snapshot file, its bytes as they are (an LFS file's digest is its etag), plus one per ref; each
-layer's ``org.cncf.model.filepath`` is its path *in a hub cache* (``[PREFIX/]models--ORG--NAME/snapshots/<commit>/
-<path>``), so an artifact CRI-O mounts or a ModelPack client extracts is a cache huggingface_hub loads offline. File
-metadata is fixed and the config has no time (reproducible digests). Layers stream from the cache through the safe
-opens, hashed as they are sent: a file whose bytes are not its name is refused (exit 5).
+``docs/spec.md``, ``annotations.md``, ``config.md``); push's signatures (both formats). One raw layer per snapshot
+file and per ref, its ``org.cncf.model.filepath`` its path in a hub cache (docs/oci.md), streamed through the safe
+opens and hashed as sent: a file whose bytes are not its name is refused (exit 5).
 """
 
 from __future__ import annotations

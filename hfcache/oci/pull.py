@@ -1,12 +1,9 @@
 """``hfcache pull``: an image or ModelPack artifact made by ``hfcache push`` merged into a cache, every digest
 checked before anything is published (docs/oci.md "Pull: what is checked").
 
-The manifest is read (by digest, or by tag and checked against ``Docker-Content-Digest``), then the config. Each tar
-layer streams once into :func:`hfcache.move.importer.import_members` (import's refusals): compressed bytes -> sha256
-(the descriptor's digest, never more than its size) -> gunzip -> sha256 (the ``diff_id``) -> tar entries staged
-under ``<cache>/.locks/``; a layer that does not match raises at its end, before the importer publishes. Nothing
-goes to ``TMPDIR`` (:class:`.pull_stream.Budget`). ModelPack: :mod:`.pull_modelpack`; skips: :mod:`.pull_record`,
-``pull_stream.held_locally``; ``verify_key``: :mod:`.pull_signed`.
+Each tar layer streams once into :func:`hfcache.move.importer.import_members`: compressed bytes -> sha256 -> gunzip
+-> sha256 (the ``diff_id``) -> tar entries; a layer that does not match raises at its end, before the importer
+publishes. ModelPack: :mod:`.pull_modelpack`; skips: :mod:`.pull_record`; ``verify_key``: :mod:`.pull_signed`.
 """
 
 from __future__ import annotations
@@ -21,20 +18,10 @@ from pathlib import Path
 
 from ..errors import IntegrityError, UsageError
 from ..names import is_oci_digest, parse_folder_name
+from . import peer
 from .base_image import BASE_LAYERS
 from .credentials import Credentials
 from .image import ANNOTATION_PREFIX, Layer
-from .peer import (
-    DOCKER_LAYER_GZIP,
-    DOCKER_LIST,
-    DOCKER_MANIFEST,
-    INDEX_TYPE,
-    LAYER_GZIP,
-    LAYER_TAR,
-    MANIFEST_TYPE,
-    digest_of,
-    size_ok,
-)
 from .pull_stream import (
     _ALTERED,
     _CHUNK,
@@ -59,7 +46,7 @@ from .registry import (
     url,
 )
 
-_ACCEPT = ", ".join((MANIFEST_TYPE, DOCKER_MANIFEST, INDEX_TYPE, DOCKER_LIST))
+_ACCEPT = ", ".join((peer.MANIFEST_TYPE, peer.DOCKER_MANIFEST, peer.INDEX_TYPE, peer.DOCKER_LIST))
 __all__ = ["MAX_LAYERS", "PREFIX", "PullReport", "pull"]  # MAX_LAYERS: both formats' bound, from .pull_stream
 #: The manifest annotation ``hfcache push --prefix DIR`` writes: the cache sits under ``DIR/`` in the image.
 PREFIX = f"{ANNOTATION_PREFIX}.prefix"
@@ -87,10 +74,10 @@ class PullReport:
 
 def _refuse_index(manifest: dict, media_type: str | None, reference: str) -> None:
     kind = manifest.get("mediaType") or media_type
-    if kind in (INDEX_TYPE, DOCKER_LIST) or "manifests" in manifest:
+    if kind in (peer.INDEX_TYPE, peer.DOCKER_LIST) or "manifests" in manifest:
         raise UsageError(f"{reference} is a multi-platform image index, not an image hfcache push wrote",
                          hint="pull one platform's manifest by digest: REGISTRY/NAME@sha256:...")
-    if kind not in (MANIFEST_TYPE, DOCKER_MANIFEST, None):
+    if kind not in (peer.MANIFEST_TYPE, peer.DOCKER_MANIFEST, None):
         raise UsageError(f"{reference} is not an image manifest ({registry_text(kind, 80)})",
                          hint="hfcache pull reads the single-platform images hfcache push writes")
     from .base_image import artifact_kind
@@ -116,9 +103,9 @@ def _layers_of(manifest: dict, config: dict, reference: str) -> list[tuple[dict,
     out, seen = [], set()
     for layer, diff_id in zip(layers[base:], diff_ids[base:], strict=True):
         if not isinstance(layer, dict) or not is_oci_digest(layer.get("digest")) \
-                or not size_ok(layer.get("size")) or not is_oci_digest(diff_id):
+                or not peer.size_ok(layer.get("size")) or not is_oci_digest(diff_id):
             raise UsageError(f"{reference}: a layer descriptor is malformed (digest, size or diff_id)", hint=hint)
-        if layer.get("mediaType") not in (LAYER_GZIP, DOCKER_LAYER_GZIP, LAYER_TAR):
+        if layer.get("mediaType") not in (peer.LAYER_GZIP, peer.DOCKER_LAYER_GZIP, peer.LAYER_TAR):
             raise UsageError(f"{reference}: layer {layer['digest']} has media type "
                              f"{registry_text(repr(layer.get('mediaType')), 80)}",
                              hint="hfcache pull reads tar and tar+gzip layers (not zstd)")
@@ -273,13 +260,12 @@ def _documents(client, container, reference: str) -> tuple[dict, str, dict, dict
                          hint="hfcache pull reads the images hfcache push writes")
     config, _, _ = get_json(client, container, url(client, container, "blobs", descriptor["digest"]),
                             f"config {descriptor['digest']}", "*/*", descriptor["digest"])
-    return manifest, digest_of(body), descriptor, config
+    return manifest, peer.digest_of(body), descriptor, config
 
 
 def _with_held(imported, source):
-    """The import's report with what the skipped layers hold (``source.held_counts()``, checked by stat or
-    re-hashed) counted as existing; a content two tar layers share (bert's and distilbert's vocab.txt), one skipped
-    and one imported, is one distinct blob, as in a first pull."""
+    """The import's report with what the skipped layers hold (``source.held_counts()``) counted as existing; a
+    content a skipped and an imported layer share is one distinct blob, as in a first pull."""
     import dataclasses
 
     repos, files, blobs = source.held_counts()
@@ -291,10 +277,9 @@ def _with_held(imported, source):
 
 
 class _ImageSource:
-    """The entries of an image's tar layers for the importer, each layer checked at its end; a layer the target
-    still holds (its diff_id recorded by an earlier pull, :mod:`.pull_record`) is skipped unless every file must be
-    hashed (``signed``). Entries lose the image's ``prefix``; the names of each layer's entries are kept for the
-    record, and with ``signed`` each file's sha256 (:class:`hfcache.oci.pull_signed.TarFiles`)."""
+    """The entries of an image's tar layers for the importer, each layer checked at its end, without the image's
+    ``prefix``; a layer the target still holds (:mod:`.pull_record`) is skipped unless ``signed`` (every file is
+    then hashed: :class:`hfcache.oci.pull_signed.TarFiles`)."""
 
     def __init__(self, client, container, layers: list[tuple[dict, str]], prefix: str | None, cache_dir: Path,
                  sink: TransferSink | None, budget: Budget, reference: str, *, signed: bool) -> None:
@@ -323,8 +308,7 @@ class _ImageSource:
 
     def _layer(self, layer: dict, diff_id: str) -> Iterator:
         """One layer's tar entries; at its end its digest, size and diff_id are checked (IntegrityError, before the
-        importer publishes). Every error is an hfcache error here: a requests error (an OSError) reaching the
-        importer would read as a cache error."""
+        importer publishes). Every error is an hfcache error here: a requests error would read as a cache error."""
         from ..move.import_source import tar_members
 
         digest, client, budget = layer["digest"], self.client, self.budget
@@ -339,7 +323,7 @@ class _ImageSource:
                                         limit=layer["size"], sink=self.sink, budget=budget, wire=True,
                                         network=stream_errors())
             raw = io.BufferedReader(compressed, _CHUNK)
-            unpacked = gzip.GzipFile(fileobj=raw, mode="rb") if layer["mediaType"] != LAYER_TAR else raw
+            unpacked = gzip.GzipFile(fileobj=raw, mode="rb") if layer["mediaType"] != peer.LAYER_TAR else raw
             tar_stream = VerifiedStream(unpacked, digest, budget=budget, corrupt=(OSError, EOFError, zlib.error))
             try:
                 for member, stream in tar_members(io.BufferedReader(tar_stream, _CHUNK), mode="r|"):
@@ -361,8 +345,7 @@ class _ImageSource:
 
     def _entry(self, diff_id: str, member, stream):
         """(member renamed, stream) to give the importer, or (None, None) for the prefix's own folders. A blob the
-        target already has is re-hashed (import keeps what the target holds: a blob a member rewrote would stay
-        behind the pulled snapshot).
+        target already has is re-hashed (import keeps it: a blob a member rewrote would stay behind the snapshot).
 
         Raises:
             UsageError: an entry outside the prefix (exit 2). CheckFailed, IntegrityError: of ``held_locally``.
@@ -423,9 +406,8 @@ class _ImageSource:
 
 
 def _annotated(layer: dict, kind: str) -> tuple[str, ...]:
-    """What a layer's ``io.hfcache.repos`` annotation names (``kind`` ``repos``: the repo folders, only names of the
-    cache layout: the registry's text is shown in progress and output), or ``io.hfcache.commits`` (``commits``:
-    the commits of its ``repo_id@commit,...``)."""
+    """What a layer's ``io.hfcache.<kind>`` annotation names: ``repos``, the repo folders (cache layout names only:
+    they are shown); ``commits``, the commits of its ``repo_id@commit,...``."""
     annotations = layer.get("annotations") if isinstance(layer.get("annotations"), dict) else {}
     names = str(annotations.get(f"{ANNOTATION_PREFIX}.{kind}", "")).split(",")
     if kind == "commits":

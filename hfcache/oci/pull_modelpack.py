@@ -1,13 +1,6 @@
 """``hfcache pull`` of a CNCF ModelPack artifact (modelpack/model-spec ``docs/spec.md``): raw layers, one per file of
-one snapshot, mapped onto the hub cache layout and fed to import's reader like the entries of a tar.
-
-Each layer's ``org.cncf.model.filepath`` (``[<prefix>/]<repo folder>/snapshots/<commit>/<path>`` or ``.../refs/<name>``,
-as ``push --format modelpack`` writes it) goes through import's name rules (:func:`hfcache.move.import_plan.clean_name`,
-``repo_folder_ok``) before anything is fetched; ``io.hfcache.etag`` names its blob (an LFS file's sha256 is the layer
-digest; a git blob sha1 is re-derived from the bytes as they stream). It becomes ``<folder>/blobs/<etag>`` (fetched
-once per content, unless the target holds it, re-hashed: :func:`hfcache.oci.pull_stream.held_locally`), a relative
-snapshot link to it, or the ref. All of import's refusals apply, all or nothing. An artifact of another tool (flat
-paths, no commit) is refused in one line naming the layer's path (exit 2).
+one snapshot, mapped onto the hub cache layout through import's name rules and fed to import's reader like the
+entries of a tar (what is read and refused: docs/oci.md "ModelPack artifacts").
 """
 
 from __future__ import annotations

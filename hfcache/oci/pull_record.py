@@ -1,12 +1,7 @@
-"""The record of the tar layers ``hfcache pull`` imported (``<cache>/.locks/hfcache-pulled.json``), so that a later
-pull skips a layer the cache still holds (docs/oci.md "What the cache already holds is not downloaded").
-
-It maps a layer's diff_id to the ``lstat`` stamp (type, device, inode, size, mtime_ns, ctime_ns, link target) of
-every entry the layer held, taken after the pull through folder descriptors opened without following links
-(:func:`hfcache.cache.safefs.dir_fd`). A layer is skipped only while every entry has exactly that stamp (any write
-changes ctime, which only the kernel sets; a moved ref is a new inode) and every commit of its ``io.hfcache.commits``
-annotation is among its recorded snapshots. The record has the trust rules of every record under ``.locks``
-(:mod:`hfcache.cache.owned_record`): another user's is ignored, and this run's replaces it.
+"""The record of the tar layers ``hfcache pull`` imported (``<cache>/.locks/hfcache-pulled.json``: a layer's diff_id
+-> the ``lstat`` stamp of every entry it held, taken through :func:`hfcache.cache.safefs.dir_fd`), so that a later
+pull skips a layer the cache still holds (the rules: docs/oci.md "What the cache already holds is not downloaded";
+trust: :mod:`hfcache.cache.owned_record`).
 """
 
 from __future__ import annotations

@@ -1,10 +1,6 @@
-"""``hfcache pull --verify-key PUB``: the manifest's model-signing bundles (OCI referrers, :mod:`.referrers`) checked
-against the staged content before anything is published (docs/oci.md "Pull: what is checked", Signatures): every
-snapshot the pull brings (:func:`verify_snapshots`), then everything else it carries (:func:`check_claims`): a ref
-must name a signed commit (a signed artifact whose ``refs/main`` names an older commit the target holds would
-otherwise move ``main`` to an unsigned revision), a ``.no_exist`` marker or ``trees/`` listing be about one (a marker
-never about a file the signature covers: huggingface_hub reads the marker first), and a blob be used by a snapshot.
-Listings are then not published at all (:func:`hfcache.oci.pull.pull`): no signature covers their entries.
+"""``hfcache pull --verify-key PUB``: the manifest's model-signing bundles (:mod:`.referrers`) checked against the
+staged content before anything is published: every snapshot the pull brings (:func:`verify_snapshots`), then every
+ref, marker, listing and blob it carries (:func:`check_claims`); docs/oci.md "Signing".
 """
 
 from __future__ import annotations
@@ -21,10 +17,9 @@ from .pull_stream import changed_on_disk, rehashed
 
 
 def signed_bundles(client, container, digest: str, reference: str, fingerprint: str, public_key: Path) -> list[bytes]:
-    """The bundles attached to the manifest ``digest``, fetched before any layer; refused at once (CheckFailed,
-    exit 1) when there is none, or when every bundle names its key (model-signing's
-    ``verificationMaterial.publicKey.hint``: the sha256 of the signer's PEM public key) and none is ``fingerprint``
-    (a bundle without a hint leaves it to :func:`verify_snapshots`). Registry errors: :func:`.referrers.bundles`'."""
+    """The bundles attached to the manifest ``digest``, fetched before any layer; CheckFailed (exit 1) when there is
+    none, or every bundle's ``verificationMaterial.publicKey.hint`` names a key other than ``fingerprint`` (a bundle
+    without one leaves it to :func:`verify_snapshots`). Registry errors: :func:`.referrers.bundles`'."""
     from .referrers import bundles
 
     found = bundles(client, container, digest)
@@ -103,11 +98,9 @@ _CRAFTED = "the artifact is altered or crafted: pull it from its source again"
 
 def check_claims(claims: dict[str, str], covered: dict[str, set[str]]) -> None:
     """Refuse (IntegrityError, exit 3, naming the entry) what a signed pull would publish beyond its signatures:
-    ``claims`` maps each entry that is no snapshot file to the commit it names (a ref's, a marker's or listing's
-    commit; for a blob, "" when no snapshot of the artifact uses it) and must name a commit whose snapshot a
-    signature covered in the same repo folder; a ``.no_exist`` marker must not mark absent a path of that signed
-    snapshot (``covered``: ``<folder>/<commit>`` -> its signed paths, as :func:`verify_snapshots` checked them).
-    Refs, markers and listings are judged before blobs (a ref naming an unsigned commit is named as such)."""
+    each of ``claims`` (an entry that is no snapshot file -> the commit it names; "" for a blob no snapshot uses)
+    must name a commit ``covered`` (``<folder>/<commit>`` -> its signed paths) in its repo folder, and a ``.no_exist``
+    marker must not mark a signed path absent. Refs, markers and listings are judged before blobs."""
     folders: dict[str, set[str]] = {}  # <folder>/<commit> -> the folders of its signed paths (made once)
     for name, commit in sorted(claims.items(), key=lambda claim: (claim[0].split("/")[1] == "blobs", claim[0])):
         folder, section, rest = name.split("/", 2)

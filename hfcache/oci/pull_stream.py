@@ -21,10 +21,8 @@ from .peer import digest_of
 from .registry import TransferSink, check, read_body
 
 _MAX_JSON = 4 * 1024 * 1024  # a manifest or config larger than this is not one of ours (or not one at all)
-#: Most layers a pull reads, in either format: each is one request (headers under the metadata deadline, body under
-#: the throughput floor), so this bounds a pull's requests whatever a registry lists. An image holds one layer per
-#: repo (``push --layers repo``; Docker's overlay2 runs at most 127), a ModelPack artifact one per file of one
-#: snapshot: no model repo has 10,000 files, and a 4 MiB manifest holds about that many of push's descriptors.
+#: Most layers a pull reads, in either format (each is one request): push writes one per repo or per file of one
+#: snapshot; no model repo has 10,000 files, and a 4 MiB manifest holds about that many descriptors.
 MAX_LAYERS = 10_000
 _CHUNK = 1024 * 1024
 _ALTERED = "the registry content was altered or is corrupt; nothing was imported"
@@ -32,10 +30,8 @@ _OURS = "pull images written by `hfcache push`"
 
 
 class Budget:
-    """The bytes a pull may unpack, and download: ``max_size`` (exit 2) and the free space on the cache's
-    filesystem when the pull started (exit 5). Every layer's tar stream counts (``used``), and an entry is refused
-    before it is staged; the compressed bytes count on their own (``wire``: a gzip layer is never smaller than its
-    tar, except for a stream of empty gzip members, which inflates to nothing and would otherwise be read forever)."""
+    """The bytes a pull may unpack (``used``) and download (``wire``: a stream of empty gzip members inflates to
+    nothing): ``max_size`` (exit 2) and the free space on the cache's filesystem when the pull started (exit 5)."""
 
     def __init__(self, max_size: int | None, free: int, where: Path) -> None:
         self.max_size, self.free, self.where, self.used, self.wire = max_size, free, where, 0, 0
@@ -60,10 +56,9 @@ class Budget:
 
 class VerifiedStream(io.RawIOBase):
     """Reads ``source``, hashing every byte (sha256; and ``git``, the git blob sha1, for an ``etag`` that is one);
-    refuses more than ``limit`` bytes (a blob larger than declared), with ``exact`` fewer too (the first bytes kept
-    in ``head``: a ref's commit), and more than the ``budget``. Errors of ``source`` become hfcache errors naming the
-    layer: ``network`` errors (urllib3's, sockets') exit 3 as unreachable, ``corrupt`` ones (gzip's, zlib's) exit 3
-    as altered content."""
+    refuses more than ``limit`` bytes, with ``exact`` fewer too (the first bytes kept in ``head``: a ref's commit),
+    and more than the ``budget``. ``network`` errors of ``source`` exit 3 as unreachable, ``corrupt`` ones as
+    altered content."""
 
     def __init__(self, source, what: str, *, limit: int | None = None, sink: TransferSink | None = None,
                  budget: Budget | None = None, wire: bool = False, network: tuple = (), corrupt: tuple = (),
@@ -180,9 +175,8 @@ def changed_on_disk(shown: str, says: str = "its name says") -> CheckFailed:
 
 def rehashed(cache_dir: Path, folder: str, etag: str, says: str = "its name says") -> tuple[dict[str, str], int] | None:
     """({algorithm: hex} of ``etag``'s algorithm and sha256, size) of the target's ``<folder>/blobs/<etag>``, read
-    once through :func:`hfcache.cache.safefs.open_blob` and checked against its name: a shared cache is
-    member-writable, so a blob is not trusted for its name. None when there is none, or it cannot be opened safely or
-    is no regular file (import judges it then).
+    once through :func:`hfcache.cache.safefs.open_blob` and checked against its name (a shared cache is
+    member-writable). None when there is none, or no regular file opened safely (import judges it then).
 
     Raises:
         CheckFailed: its bytes are not its name's (:func:`changed_on_disk` with ``says``). OSError: a read error.
@@ -205,9 +199,8 @@ def rehashed(cache_dir: Path, folder: str, etag: str, says: str = "its name says
 
 def held_locally(cache_dir: Path, folder: str, etag: str, size: int, digest: str | None = None) -> bool:
     """Whether the target already holds the blob ``<folder>/blobs/<etag>`` of ``size`` bytes (:func:`rehashed`);
-    with ``digest`` (a raw layer's ``sha256:<hex>``) its bytes must also be that layer's: for a git-sha1 etag the name
-    alone says nothing about the layer (an artifact naming another file's held blob as a layer's ``io.hfcache.etag``
-    made the snapshot link to bytes other than the ones signed).
+    with ``digest`` (a raw layer's ``sha256:<hex>``) its bytes must also be that layer's (a git-sha1 etag says
+    nothing about the layer's bytes).
 
     Raises:
         CheckFailed: the blob does not hash to its name (exit 1). IntegrityError: it does, but is not the layer's

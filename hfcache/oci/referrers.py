@@ -1,19 +1,9 @@
-"""Model-signing bundles as OCI referrers of a pushed manifest (distribution-spec v1.1 "Listing Referrers").
+"""Model-signing bundles as OCI referrers of a pushed manifest (distribution-spec v1.1 "Listing Referrers"; what is
+written and read, and why: docs/oci.md "On a registry").
 
-:func:`attach` pushes an artifact manifest whose ``subject`` is the pushed manifest, ``artifactType``
-:data:`BUNDLE_TYPE`, the empty config (``{}``) and one layer: the bundle. A registry with the referrers API says so
-with an ``OCI-Subject`` header on the manifest PUT; for any other (distribution 2.8, Debian's ``docker-registry``)
-the spec's tag fallback lists the referrers in the image index at tag ``sha256-<hex of the subject>``, updated
-read-modify-write. An earlier hfcache referrer of the same subject for the same model (:data:`MODEL_ANNOTATION`) and
-key (:data:`KEY_ANNOTATION`) is replaced (an ECDSA signature differs at each re-push: without that they pile up
-past what a reader reads); every other descriptor is kept. Without conditional PUTs a concurrent writer can drop
-our entry: the index is read back and rewritten while that happens (:func:`_add_to_fallback`; still not guaranteed
-against a PUT landing after the last check). With the referrers API the replaced ones are deleted (best effort).
-
-:func:`bundles` asks the referrers API, then the tag fallback, and fetches each bundle by digest: every manifest
-and blob is bounded in size and checked against its digest, a referrer whose own ``subject`` is another is
-skipped, and the whole reading ends within :data:`REFERRER_DEADLINES` metadata deadlines. Requests go through
-:mod:`hfcache.oci.registry`'s client.
+:func:`attach` pushes the artifact manifest; without the referrers API (no ``OCI-Subject`` on the PUT) it is listed
+in the tag fallback's index, read-modify-write (:func:`_add_to_fallback`). :func:`bundles` reads them back, bounded
+and digest-checked, within :data:`REFERRER_DEADLINES` metadata deadlines.
 """
 
 from __future__ import annotations

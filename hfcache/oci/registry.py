@@ -2,12 +2,10 @@
 :mod:`.upload`; origins, inert text, the deadline timer: :mod:`.peer`).
 
 Library gaps (oras 0.2.43 ``provider.py``, ``auth/*.py``; docs/oci.md "Why oras-py"): ``do_request`` retries every
-exception five times (sleeps of 3 to 83 s) and sends no timeout, nor do its token requests
-(:meth:`_RegistryMethods.do_request`); its token backend takes a ``Basic`` challenge for a realm and reads a token
-answer whole (:meth:`~_RegistryMethods._token`); ``Container`` accepts names the spec does not
-(:func:`parse_reference`); requests follows redirects blindly (:meth:`~_RegistryMethods._follow`: credentials only
-to the registry's origin); a socket timeout bounds each byte only (metadata answers under a deadline a timer
-enforces, :class:`.peer.Watchdog`; blob bodies under a throughput floor).
+exception five times and sends no timeout (:meth:`_RegistryMethods.do_request`); its token backend takes a
+``Basic`` challenge for a realm and reads a token answer whole (:meth:`~_RegistryMethods._token`); ``Container``
+accepts names the spec does not (:func:`parse_reference`); requests follows redirects blindly
+(:meth:`~_RegistryMethods._follow`); a socket timeout bounds each byte only (:class:`.peer.Watchdog`).
 """
 
 from __future__ import annotations
@@ -98,8 +96,7 @@ def parse_reference(reference: str):
 
 
 def _watched_pools() -> dict:
-    """urllib3 connection pools whose connections register their socket with this thread's
-    :class:`hfcache.oci.peer.Watchdog`."""
+    """urllib3 connection pools whose connections register their socket with this thread's :class:`.peer.Watchdog`."""
     from urllib3.connection import HTTPConnection, HTTPSConnection
     from urllib3.connectionpool import HTTPConnectionPool, HTTPSConnectionPool
 
@@ -126,8 +123,7 @@ def _watched_pools() -> dict:
 
 def _timeout_adapter(timeout: float):
     """A requests adapter that gives every request without a timeout this one (oras's token requests send none)
-    and whose connections the :class:`hfcache.oci.peer.Watchdog` of a request can shut down (also through an HTTP(S)
-    proxy; a SOCKS proxy keeps urllib3's own pools, and its answers are bounded per byte and in the body only)."""
+    and whose connections a request's :class:`.peer.Watchdog` can shut down (not through a SOCKS proxy)."""
     from requests.adapters import HTTPAdapter
 
     pools = _watched_pools()
@@ -151,9 +147,8 @@ def _timeout_adapter(timeout: float):
 
 
 class _RegistryMethods:
-    """What hfcache's client adds to oras's Registry (mixed in by :func:`connect`): a request method that
-    fails fast, answers Basic and Bearer challenges, times out, and reads the auth files only when the registry asks
-    for credentials."""
+    """What hfcache's client adds to oras's Registry (mixed in by :func:`connect`): a request method that fails
+    fast, answers Basic and Bearer challenges, times out, and reads the auth files only when asked for credentials."""
 
     def __init__(self, container, plain_http: bool, credentials: Credentials | None, timeout: float) -> None:
         super().__init__(hostname=container.registry, insecure=plain_http, auth_backend="token")
@@ -171,8 +166,7 @@ class _RegistryMethods:
     @contextlib.contextmanager
     def within(self, deadlines: int, what: str) -> Iterator[None]:
         """Every request made inside ends, all of them together, within ``deadlines`` metadata deadlines (each one
-        also within its own): a phase of many small answers (a signed pull's referrers) is bounded as a whole, as a
-        Hub listing's pages are; past it a request fails as its own deadline would, ``what`` naming the phase."""
+        also within its own); past it a request fails as its own deadline would, ``what`` naming the phase."""
         self.overall = Deadline(deadlines * metadata_deadline(self._timeout), what)
         try:
             yield
@@ -226,9 +220,8 @@ class _RegistryMethods:
         return origin(address) in aliases
 
     def _follow(self, method, address, data, headers, json_body, params=None, authorization=None, bound=None):
-        """Send, following redirects here (requests would carry the body and our choice of headers blindly):
-        ``authorization`` (default: the registry's) is set on hops to origin ``bound`` (default: the registry's)
-        only. The response carries the request's :class:`hfcache.oci.peer.Watchdog` (stopped when it is closed)."""
+        """Send, following redirects here: ``authorization`` (default: the registry's) is set on hops to origin
+        ``bound`` (default: the registry's) only. The response carries the request's :class:`.peer.Watchdog`."""
         own = origin(f"{self.prefix}://{self.registry_name}/")
         authorization, bound = (authorization, bound) if bound else (self._authorization, own)
         path = registry_text(urllib.parse.urlsplit(address).path, 120)
@@ -304,13 +297,10 @@ class _RegistryMethods:
         raise self._auth_error()
 
     def _token(self, challenge, basic: str | None) -> str | None:
-        """The distribution token flow (oras's ``request_token`` reads an unbounded answer): GET the realm with
-        the challenge's service and scope, with the Basic credentials when there are some.
-
-        The challenge is the registry's own (:meth:`do_request` answers no other origin's), so its realm may be on
-        another host (Docker Hub's ``auth.docker.io``): the credentials go to that realm's origin and no further (not
-        where it redirects), never over plain HTTP from an HTTPS registry, and the token only to the registry.
-        """
+        """The distribution token flow: GET the realm with the challenge's service and scope, with the Basic
+        credentials when there are some. The challenge is the registry's own, so its realm may be on another host
+        (``auth.docker.io``): the credentials go to that realm's origin only, never over plain HTTP from an HTTPS
+        registry, and the token only to the registry."""
         realm = str(challenge.realm or "")
         if not realm.startswith(("https://", "http://")):
             return None
@@ -393,8 +383,8 @@ def stream_errors() -> tuple[type[BaseException], ...]:
 
 
 def read_body(response, limit: int, registry: str) -> bytes:
-    """At most ``limit`` decoded bytes of the unread body of ``response`` (a streamed metadata answer), read as they
-    arrive under the request's deadline (its :class:`hfcache.oci.peer.Watchdog`); the answer is closed then.
+    """At most ``limit`` decoded bytes of the unread body of the streamed ``response``, read under the request's
+    deadline (its :class:`.peer.Watchdog`); the answer is closed then.
 
     Raises:
         EndpointUnreachable: the connection broke while reading, or the deadline passed (exit 3; naming ``registry``).
@@ -425,9 +415,8 @@ def read_body(response, limit: int, registry: str) -> bytes:
 
 
 class BlobBody:
-    """The body of the streamed ``response`` as it arrives (urllib3 ``read1``: what one recv gave, so the checks
-    run during a drip), under the throughput floor (:func:`hfcache.pace.min_rate`) instead of the metadata deadline,
-    which covered its headers; ``registry`` and ``what`` name it in messages."""
+    """The body of the streamed ``response`` as it arrives (urllib3 ``read1``), under the throughput floor
+    (:func:`hfcache.pace.min_rate`) instead of the metadata deadline; ``registry`` and ``what`` name it."""
 
     def __init__(self, response, registry: str, what: str) -> None:
         dog = getattr(response, "hfcache_watchdog", None)

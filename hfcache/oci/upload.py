@@ -1,10 +1,8 @@
-"""Blob uploads for ``hfcache push``: the distribution API's monolithic upload (POST, then PUT ``?digest=``;
-distribution-spec v1.1 "Pushing blobs") or a cross-repository mount, the body streamed under the throughput floor.
+"""Blob uploads for ``hfcache push``: monolithic (POST, then PUT ``?digest=``; distribution-spec v1.1 "Pushing
+blobs") or a cross-repository mount, the body streamed under the throughput floor.
 
-Library gap (oras-py 0.2.43 ``provider.py``): ``Registry.upload_blob``, ``put_upload`` and ``chunked_upload`` take
-a *path*, opened by name (a group member could swap it) and, but for chunked uploads, read whole into memory
-(``data=fd.read()``); none takes a stream or bytes, checks what it sends, mounts, or bounds the time a registry takes
-to read it. Only the private ``_get_location`` is reused (:func:`_location`).
+Library gap (oras-py 0.2.43 ``provider.py``): its uploads take a *path*, opened by name and mostly read whole into
+memory, and neither check what they send, mount, nor bound the time; only ``_get_location`` is reused.
 """
 
 from __future__ import annotations
