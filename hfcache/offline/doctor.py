@@ -57,15 +57,11 @@ def hub_cache_setting(environ: Mapping[str, str]) -> tuple[Path, str]:
     (``HF_HUB_CACHE``, ``HUGGINGFACE_HUB_CACHE``, ``HF_HOME``, ``XDG_CACHE_HOME`` or ``default``), as huggingface_hub
     2.4.0 ``constants.py`` (``os.getenv``, then ``expandvars(expanduser())``) and ``file_download.py``
     (``.expanduser().resolve()``) compute it: a variable set to the empty string is *set*."""
-    def expand(value: str) -> str:
-        return os.path.expandvars(os.path.expanduser(value))
+    from ..warming.modules_cache import hf_home
 
     # The same expressions, in the same order, as constants.py (which expands HF_HOME's result a second time too).
-    home = expand(environ["HF_HOME"] if "HF_HOME" in environ else
-                  os.path.join(environ.get("XDG_CACHE_HOME", os.path.join(os.path.expanduser("~"), ".cache")),
-                               "huggingface"))
-    legacy = environ.get("HUGGINGFACE_HUB_CACHE", os.path.join(home, "hub"))
-    hub = expand(environ.get("HF_HUB_CACHE", legacy))
+    legacy = environ.get("HUGGINGFACE_HUB_CACHE", os.path.join(hf_home(environ), "hub"))
+    hub = os.path.expandvars(os.path.expanduser(environ.get("HF_HUB_CACHE", legacy)))
     source = next((name for name in ("HF_HUB_CACHE", "HUGGINGFACE_HUB_CACHE", "HF_HOME", "XDG_CACHE_HOME")
                    if name in environ), "default")
     return Path(hub).expanduser().resolve(), source

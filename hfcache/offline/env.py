@@ -126,12 +126,10 @@ _PLAIN = re.compile(r"[A-Za-z0-9_./:@%+,=-]*")
 
 
 def format_env(env: OfflineEnv, fmt: str) -> str:
-    """Render ``env`` as text each consumer parses back to exactly these values: ``sh`` (``export``, ``shlex.quote``),
-    ``dotenv`` (single-quoted when needed; ``docker run --env-file`` reads values literally), ``dockerfile`` (one
-    ``ENV``, ``\\``, ``"`` and ``$`` escaped), ``k8s`` (a container ``env:`` list, quoted strings), ``json`` (one flat
-    ASCII object). Comment headers carry the path escaped and name the aliases; a missing cache is one warning on stderr
-    (:func:`warn_cache_dir`). Raises UsageError: an unknown format, a value that is not inert text (:func:`check_inert`:
-    no format may carry it)."""
+    """Render ``env`` as text each consumer parses back to exactly these values: ``sh``, ``dotenv`` (``docker run
+    --env-file`` reads values literally), ``dockerfile`` (one ``ENV``), ``k8s`` (a container ``env:`` list), ``json``
+    (one flat ASCII object); comment headers carry the path escaped and name the aliases. Raises UsageError: an unknown
+    format, a value that is not inert text (:func:`check_inert`)."""
     if fmt not in FORMATS:
         raise UsageError(f"unknown format {fmt!r}", hint=f"use one of {', '.join(FORMATS)}")
     items = env.variables

@@ -23,13 +23,9 @@ _TOKEN = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*)\}")
 
 def resolve_exec_paths(cache: Path, specs: Iterable[str], reserved: Iterable[str] = ()) -> tuple[tuple[str, str], ...]:
     """Resolve each ``NAME=REPO_ID[@REVISION][:PATTERN]`` in ``cache``, offline, to ``(NAME, absolute path)`` pairs in
-    order; ``reserved``: further names a spec may not take.
-
-    Raises:
-        UsageError: a malformed spec, a NAME given twice or one hfcache sets, or one the system reads (exit 2).
-        PathNotCached, AmbiguousPath: not cached, or a pattern matching several files (exit 1).
-        UnsafeLayout, CacheError: the cache's layout is unsafe or unreadable (exit 5).
-    """
+    order; ``reserved``: further names a spec may not take. Raises UsageError: a malformed spec, a NAME given twice,
+    one hfcache sets or one the system reads (exit 2); PathNotCached, AmbiguousPath: not cached, or a pattern matching
+    several files (exit 1); UnsafeLayout, CacheError: the cache's layout is unsafe or unreadable (exit 5)."""
     from .paths import parse_path_var, resolve
 
     taken = set(RESERVED) | set(reserved)
@@ -45,11 +41,8 @@ def resolve_exec_paths(cache: Path, specs: Iterable[str], reserved: Iterable[str
                              "for a path", hint="choose another NAME, e.g. MODEL")
         taken.add(name)
         parsed.append((name, (spec, pattern)))
-    resolved = []
-    for name, (spec, pattern) in parsed:
-        found = resolve(cache, spec, pattern)
-        resolved.append((name, str(found.one() if pattern is not None else found.snapshot)))
-    return tuple(resolved)
+    return tuple((name, str(found.one() if pattern is not None else found.snapshot))  # each resolved, then checked
+                 for name, (spec, pattern) in parsed for found in (resolve(cache, spec, pattern),))
 
 
 def substitute_paths(argv: Sequence[str], paths: Mapping[str, str]) -> tuple[str, ...]:
