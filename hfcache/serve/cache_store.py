@@ -1,8 +1,6 @@
-"""A Hugging Face hub cache as a store of repos (``hfcache serve --cache-dir``), read-only. What it answers (refs and
-snapshot commits, hashes from blob names, absence from ``.no_exist`` and ``trees/``, legacy ids): docs/serve.md;
-unreadable parts (500 ``CacheUnreadable``): docs/shared-caches.md. The rule: ids, revisions and paths are looked up
-in what a scan found (memoised ``ttl`` seconds), and files are opened through the cache's safe opens (no link
-followed at any component).
+"""A Hugging Face hub cache as a store of repos (``hfcache serve --cache-dir``), read-only (what it answers:
+docs/serve.md; unreadable parts: docs/shared-caches.md). Ids, revisions and paths are looked up in what a scan found
+(memoised ``ttl`` seconds); files are opened through the cache's safe opens.
 """
 
 from __future__ import annotations

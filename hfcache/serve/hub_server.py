@@ -88,9 +88,8 @@ class HubServer:
         return self
 
     def stop(self, grace: float = 0.0) -> int:
-        """Stop serving: new connections are refused at once; responses still streaming get up to ``grace`` seconds,
-        then are cut short, as when a real server dies (setting :attr:`stopping` ends the grace period early).
-        Returns the number cut short."""
+        """Stop serving: new connections are refused at once; responses still streaming get up to ``grace`` seconds
+        (setting :attr:`stopping` ends it early), then are cut short. Returns the number cut short."""
         origins, self._origins = self._origins, []
         if grace <= 0:
             self._stopping.set()

@@ -202,8 +202,7 @@ class PullThroughStore:
 
     def upstream_health(self, wait: float = HEALTH_WAIT) -> list[tuple[str, bool | None]]:
         """(endpoint, reachable) per upstream; None: not known yet. Checked in a background thread at most every
-        few seconds, waiting at most ``wait`` seconds for a fresh answer (a probe's 1 s timeout must hold even when
-        an upstream accepts connections and never answers); updates ``hfcache_upstream_up``."""
+        :data:`HEALTH_TTL` seconds, waiting at most ``wait`` seconds for it; updates ``hfcache_upstream_up``."""
         with self._lock:
             fresh = self._health is not None and self._health[0] > time.monotonic()
             thread = self._health_thread
@@ -255,9 +254,7 @@ class PullThroughStore:
                     self._refs.move_to_end((repo_type, repo_id.lower(), revision))
                     return resolved.snapshot
                 return None
-        # A commit the cache holds is answered without asking upstream, also after a restart: with its whole listing
-        # when the cache keeps it (trees/<commit>.json, written with the first fetch: what the cache lacks is then
-        # fetched by those hashes), else as what the cache holds (a file it lacks: :meth:`expand`).
+        # A commit the cache holds is answered without asking upstream, also after a restart (:meth:`_full`).
         return self._full(cached)
 
     def _full(self, cached: RepoSnapshot | None) -> RepoSnapshot | None:

@@ -1,8 +1,6 @@
 """The pull-through mirror's upstream work in a bounded pool of its own, so a slow upstream never starves cached
-answers: at most ``slots`` operations (one per key: single flight) and ``slots`` waiting requests; one more gets 503
-``UpstreamUnavailable`` with ``Retry-After`` at once, and a waiting request gives up with the same 503 at its
-deadline while the operation goes on (docs/serve.md, "A slow upstream never starves cached answers"). The server
-stack adds ``slots`` worker threads to its own (:mod:`.asgi`) for the requests waiting here.
+answers (docs/serve.md, "A slow upstream never starves cached answers"); the server stack adds ``slots`` worker
+threads to its own (:mod:`.asgi`) for the requests waiting here.
 """
 
 from __future__ import annotations

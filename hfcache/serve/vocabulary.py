@@ -178,8 +178,7 @@ class HashMemo:
 
     def describe(self, path: str, local: Path, *, lfs: bool | None = None, opened: BinaryIO | None = None) -> RepoFile:
         """A RepoFile for ``local`` served as repo path ``path``; ``lfs`` None decides by the Hub's defaults.
-        ``opened``: ``local`` already opened safely (a cache's ``snapshots/``, where a member can swap the name for a
-        link): size and hashes come from that descriptor; without it (a plain folder) the path is used."""
+        ``opened``: ``local`` already opened safely, whose descriptor gives size and hashes (else the path does)."""
         stat_result = os.fstat(opened.fileno()) if opened is not None else local.stat()
         key = (str(local), stat_result.st_size, stat_result.st_mtime_ns, stat_result.st_ino)
         with self._lock:
