@@ -1,7 +1,8 @@
 """owned_record: the JSON records hfcache keeps under ``<cache>/.locks/`` and the one rule for trusting them.
 
-Three records live there: ``verify --fast``'s (:mod:`hfcache.integrity.verify_record`), ``check``'s fast-tokenizer
-proofs (:mod:`hfcache.integrity.fast_record`) and ``pull``'s imported layers (:mod:`hfcache.oci.pull_record`).
+Four records live there: ``verify --fast``'s (:mod:`hfcache.integrity.verify_record`), ``check``'s fast-tokenizer
+proofs (:mod:`hfcache.integrity.fast_record`), ``pull``'s imported layers (:mod:`hfcache.oci.pull_record`) and, per
+repo folder, the extents of a partial download (:mod:`hfcache.cache.extents`).
 huggingface_hub's ``scan_cache_dir``, ``hf cache`` and ``hfcache ls``/``prune`` ignore ``.locks``.
 
 Reading (:func:`load`): through a descriptor of ``.locks`` opened from the cache root without following links, the
@@ -20,6 +21,7 @@ can open the file for writing on the way. A cache that cannot be written (a read
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import stat
@@ -72,12 +74,13 @@ def _distrust(st: os.stat_result, root_ok: bool) -> str:
 
 
 def load(cache_dir: str, name: str, max_bytes: int, *, root_ok: bool = False,
-         read_untrusted: bool = False) -> Loaded:
-    """Read the record ``<cache_dir>/.locks/<name>`` (module docstring: how, and what "trusted" means); never raises
-    for what a cache holds. ``max_bytes``: a larger record is not read. ``root_ok``: a record owned by root is
-    trusted too. ``read_untrusted``: parse an untrusted record as well (``data`` set, ``distrust`` non-empty)."""
+         read_untrusted: bool = False, folder: tuple[str, ...] = ()) -> Loaded:
+    """Read the record ``<cache_dir>/.locks/[<folder>/]<name>`` (module docstring: how, and what "trusted" means);
+    never raises for what a cache holds. ``max_bytes``: a larger record is not read. ``root_ok``: a record owned by
+    root is trusted too. ``read_untrusted``: parse an untrusted record as well (``data`` set, ``distrust``
+    non-empty)."""
     try:
-        locks = safefs.open_dir(cache_dir, (LOCKS,))
+        locks = safefs.open_dir(cache_dir, (LOCKS, *folder))
     except FileNotFoundError:
         return Loaded(None)
     except (OSError, CacheError):
@@ -90,7 +93,7 @@ def load(cache_dir: str, name: str, max_bytes: int, *, root_ok: bool = False,
         return Loaded(None, problem="a symlink" if exc.errno == errno.ELOOP else f"cannot be opened ({exc.strerror})")
     finally:
         os.close(locks)
-    label = f"{LOCKS}/{name}"
+    label = "/".join((LOCKS, *folder, name))
     st = os.fstat(fd)
     distrust = _distrust(st, root_ok)
     if distrust and not (read_untrusted and stat.S_ISREG(st.st_mode)):
@@ -110,16 +113,17 @@ def load(cache_dir: str, name: str, max_bytes: int, *, root_ok: bool = False,
         return Loaded(None, distrust, f"malformed ({type(exc).__name__})")
 
 
-def save(cache_dir: str, name: str, data: bytes) -> bool:
-    """Replace the record ``<cache_dir>/.locks/<name>`` with ``data`` (module docstring); False when it cannot be
-    written (a read-only or full cache, a ``.locks`` that is a link), the record then left as it was."""
+def save(cache_dir: str, name: str, data: bytes, *, folder: tuple[str, ...] = (), durable: bool = True) -> bool:
+    """Replace the record ``<cache_dir>/.locks/[<folder>/]<name>`` with ``data`` (module docstring; ``durable``
+    False: no fsync); False when it cannot be written (a read-only or full cache, a ``.locks`` that is a link), the
+    record then left as it was."""
     policy = cache_policy(cache_dir)
     try:
-        locks = safefs.open_dir(cache_dir, (LOCKS,), create=True, on_create=lambda fd: share_fd(fd, policy))
+        locks = safefs.open_dir(cache_dir, (LOCKS, *folder), create=True, on_create=lambda fd: share_fd(fd, policy))
     except (OSError, CacheError):
         return False
     try:
-        write_at(locks, name, data)
+        write_at(locks, name, data, durable)
         return True
     except OSError:
         return False
@@ -127,7 +131,21 @@ def save(cache_dir: str, name: str, data: bytes) -> bool:
         os.close(locks)
 
 
-def write_at(dfd: int, name: str, data: bytes) -> None:
+def remove(cache_dir: str, name: str, *, folder: tuple[str, ...] = ()) -> None:
+    """Delete the record ``<cache_dir>/.locks/[<folder>/]<name>`` (the entry, never a link's target); nothing when it
+    or its folder is missing or cannot be opened."""
+    try:
+        locks = safefs.open_dir(cache_dir, (LOCKS, *folder))
+    except (OSError, CacheError):
+        return
+    try:
+        with contextlib.suppress(OSError):
+            unlink_at(locks, name)
+    finally:
+        os.close(locks)
+
+
+def write_at(dfd: int, name: str, data: bytes, durable: bool = True) -> None:
     """Atomic write of ``name`` in the folder ``dfd`` with mode :data:`MODE` from creation on (not
     :func:`.atomic.atomic_write_at`, which creates with the umask: a umask-002 member's temp file would be
     group-writable before the rename)."""
@@ -138,7 +156,8 @@ def write_at(dfd: int, name: str, data: bytes) -> None:
             os.fchmod(f.fileno(), MODE)
             f.write(data)
             f.flush()
-            os.fsync(f.fileno())
+            if durable:
+                os.fsync(f.fileno())
         os.replace(tmp, name, src_dir_fd=dfd, dst_dir_fd=dfd)
     finally:
         unlink_at(dfd, tmp)

@@ -9,6 +9,7 @@ constant read at import, retries with uninterruptible sleeps, and never hashes w
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
 from collections.abc import Iterable, Iterator
@@ -41,7 +42,7 @@ from .bodies import SLOW_HINT, iter_body, read_capped, slow_body, watched
 from .files import RemoteFile, RepoRevision
 from .retry import RetryCounter, ShortBody
 from .retry import is_transient as _transient_without_client
-from .session import hub_session as _session
+from .session import hub_session
 from .session import no_agent_registry_fetch as _no_agent_registry_fetch
 from .urls import origin, resolve_url, validate_endpoint
 
@@ -51,6 +52,29 @@ __all__ = ["DEFAULT_ENDPOINT", "HubClient", "is_transient"]
 MAX_METADATA_BYTES = 64 * 1024 * 1024
 #: Largest error body read (its message is what ``hf_raise_for_status`` shows); the rest is never read.
 MAX_ERROR_BYTES = 64 * 1024
+
+
+#: Bytes asked of the socket per read of an HTTP/1.1 body (httpcore2 asks 64 KiB).
+READ_BYTES = 1024 * 1024
+
+
+def large_reads() -> None:
+    """Read HTTP/1.1 bodies in reads of :data:`READ_BYTES`. Library gap: httpcore2 reads a fixed
+    ``HTTP11Connection.READ_NUM_BYTES = 64 * 1024`` per ``recv`` (``httpcore2/_sync/http11.py``), no option sets it;
+    each read then runs h11's parser, httpx2's decoder and hfcache's per-chunk checks, 16,384 times a GiB
+    (docs/benchmarks.md, "Where the time goes"). A larger read returns what the socket holds, at most this."""
+    with contextlib.suppress(ImportError, AttributeError):
+        from httpcore2._sync.http11 import HTTP11Connection
+
+        if HTTP11Connection.READ_NUM_BYTES < READ_BYTES:
+            HTTP11Connection.READ_NUM_BYTES = READ_BYTES
+
+
+def _session():
+    """huggingface_hub's shared client with hfcache's hooks (:func:`.session.hub_session`), reading bodies in
+    :func:`large_reads`."""
+    large_reads()
+    return hub_session()
 
 
 class HubClient:
@@ -276,8 +300,9 @@ class HubClient:
 
     @contextmanager
     def open_body(self, repo: RepoRevision, file: RemoteFile, start: int = 0,
-                  end: int | None = None) -> Iterator[httpx2.Response]:
-        """Open the GET of ``file``'s bytes ``[start, end)`` at the repo's commit (a ``Range`` unless the whole file).
+                  end: int | None = None, ranged: bool = False) -> Iterator[httpx2.Response]:
+        """Open the GET of ``file``'s bytes ``[start, end)`` at the repo's commit (a ``Range`` unless the whole file
+        and not ``ranged``: a 206 then says the endpoint can serve parts).
 
         Yields the streaming response, 200 (``Range`` ignored) or 206, for the caller to read (:func:`iter_body` under a
         :meth:`throughput` floor). Redirects are followed (httpx drops ``Authorization`` across origins); status line,
@@ -288,7 +313,7 @@ class HubClient:
         headers = build_hf_headers(token=self._token, library_name="hfcache", library_version=__version__)
         # Identity encoding keeps Content-Length and byte offsets meaningful for size checks and ranges.
         headers["Accept-Encoding"] = "identity"
-        if start > 0 or end < file.size:
+        if start > 0 or end < file.size or ranged:
             headers["Range"] = f"bytes={start}-{end - 1}"
         deadline = self.metadata_deadline(f"{repo.repo_id}: {file.path}: answer headers")
         with ExitStack() as body:

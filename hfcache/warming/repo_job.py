@@ -26,7 +26,7 @@ from ..hub.answers import check_asked_commit
 from ..hub.client import HubClient
 from ..hub.files import RemoteFile, RepoRevision
 from ..hub.retry import RetryCounter
-from ..hub.transfer import Slots, TransferOptions, download_blob
+from ..hub.transfer import PARALLEL_THRESHOLD, Slots, TransferOptions, download_blob
 from ..records import ProgressSink, RepoResult, WarmedFile, WarmRequest, folder_clash, folder_ids
 from .custom_code import BAD_FILE_HINT, MAX_PARSE_BYTES, follow_configs
 from .publish import check_publishable, copy_blob, publish
@@ -314,16 +314,19 @@ class RepoJob:
                progress: bool = True) -> dict[str, str]:
         """Every file's blob in ``folder``, in parallel (first error wins): path -> source."""
         files = list(files)
-        futures = {f.path: self._early.get(f.path) or self.pool.submit(self._ensure_blob, repo, folder, f, progress)
-                   for f in files}
+        large = sum(f.size > PARALLEL_THRESHOLD and f.path not in self._early for f in files)
         sources: dict[str, str] = {}
         error: BaseException | None = None
-        for path, future in futures.items():
-            try:
-                sources[path] = future.result()
-            except BaseException as exc:  # re-raised below after every download settled
-                if error is None or isinstance(error, _Cancelled):
-                    error = exc
+        with self.slots.expect(large) as arrived:  # a large file takes its share of the free connections, not all
+            futures = {f.path: self._early.get(f.path)
+                       or self.pool.submit(self._ensure_blob, repo, folder, f, progress, arrived)
+                       for f in files}
+            for path, future in futures.items():
+                try:
+                    sources[path] = future.result()
+                except BaseException as exc:  # re-raised below after every download settled
+                    if error is None or isinstance(error, _Cancelled):
+                        error = exc
         if error is not None:
             raise error
         if not progress:
@@ -339,7 +342,10 @@ class RepoJob:
                 first = exc
         return first
 
-    def _ensure_blob(self, repo: RepoRevision, folder: RepoFolder, file: RemoteFile, progress: bool = True) -> str:
+    def _ensure_blob(self, repo: RepoRevision, folder: RepoFolder, file: RemoteFile, progress: bool = True,
+                     arrived: Callable[[], None] = lambda: None) -> str:
+        if file.size > PARALLEL_THRESHOLD:
+            arrived()  # (transfer.Slots.expect; a small file was never announced)
         if self._failed.is_set() or self.stop.is_set():
             raise _Cancelled(f"{repo.repo_id}: cancelled")
         advance = self.sink.advance if progress else lambda key, n: None

@@ -20,7 +20,7 @@ PACKAGE = Path(__file__).resolve().parents[2] / "hfcache"
 PRESENTATION = "hfcache.cli"
 #: HTTP clients; only hfcache.hub talks to a Hub (huggingface_hub's HTTP client is httpx2), only hfcache.oci to an
 #: OCI registry (oras, requests).
-HTTP_CLIENTS = {"httpx", "httpx2", "requests", "urllib3", "aiohttp", "http.client", "urllib.request", "oras"}
+HTTP_CLIENTS = {"httpx", "httpx2", "httpcore", "httpcore2", "requests", "urllib3", "aiohttp", "http.client", "urllib.request", "oras"}
 NETWORK_MODULES = {"hfcache.hub.client", "hfcache.oci.registry"}  # the registry client (oras-py)
 #: huggingface_hub names that are not its HTTP side: reading the saved token is a file read.
 HUB_LOCAL_NAMES = {"huggingface_hub.utils": {"get_token"}}
