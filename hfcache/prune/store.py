@@ -120,21 +120,16 @@ def read_references(root: str | os.PathLike[str], prefix_fd: int, xet_hash: str)
         return None, "its .refs manifest is a symlink" if exc.errno == errno.ELOOP else \
             f"its .refs manifest cannot be opened ({exc.strerror})"
     try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            return None, "its .refs manifest is not a regular file"
-        if st.st_size > MANIFEST_LIMIT:
+        data = safefs.read_regular_fd(fd, "its .refs manifest", MANIFEST_LIMIT, whole=True)  # closes fd
+        if data is None:
             return None, "its .refs manifest is too large"
-        chunks = []
-        while chunk := os.read(fd, 1 << 20):
-            chunks.append(chunk)
-        lines = b"".join(chunks).decode("utf-8").splitlines()
+        lines = data.decode("utf-8").splitlines()
+    except UnsafeLayout:
+        return None, "its .refs manifest is not a regular file"
     except OSError as exc:
         return None, f"its .refs manifest cannot be read ({exc.strerror or exc})"
     except UnicodeDecodeError:
         return None, "its .refs manifest is not UTF-8"
-    finally:
-        os.close(fd)
     references = set()
     for line in lines:
         parsed = _repo_blob(line)
