@@ -50,8 +50,8 @@ class BaseImage:
 
 
 def _get(client, container, kind: str, ref: str, accept: str, what: str) -> tuple[dict, bytes, str]:
-    """(document, body, media type) of a manifest or config of the base (at most 4 MiB, read with
-    ``bounds.loads_json``), its digest checked when ``ref`` is one."""
+    """(document, body, media type) of a manifest or config of the base (bounded), its digest checked when ``ref``
+    is one."""
     response = client.do_request(url(client, container, kind, ref), "GET", headers={"Accept": accept}, stream=True)
     with response:
         if response.status_code == 404:

@@ -76,9 +76,8 @@ class PushReport:
 
 
 def split_plan(plan: ExportPlan, split: str) -> list[ExportPlan]:
-    """Cut an export plan into layer plans: one per repo folder (``repo``) or the whole plan (``single``); each is
-    self-contained (a hardlink to another layer's content becomes a copy) and has ``CACHEDIR.TAG``. UsageError: an
-    unknown ``split``."""
+    """Cut an export plan into self-contained layer plans (a hardlink across layers becomes a copy), each with
+    ``CACHEDIR.TAG``: one per repo folder (``repo``) or the whole plan (``single``). UsageError: another ``split``."""
     if split not in SPLITS:
         raise UsageError(f"unknown layer split {split!r}", hint=f"use one of {', '.join(SPLITS)}")
     if split == "single" or len(plan.repos) <= 1:
@@ -204,8 +203,8 @@ def push(reference: str, cache_dir: Path, specs: Sequence[str] = (), lock_path: 
 
 def _push_image(reference: str, container, cache_dir: Path, plan: ExportPlan, choices: tuple,
                 connection: tuple) -> PushReport:
-    """Push ``plan`` as an image: layers written to TMPDIR, then the base read, the documents built, the base's
-    blobs mounted, what the registry lacks uploaded, the manifest PUT, the signatures attached."""
+    """Push ``plan`` as an image: layers written to TMPDIR, then the base, what the registry lacks, the manifest
+    and the signatures."""
     split, prefix, annotations, signing, base, arch = choices
     plain_http, credentials, timeout, sink = connection
     bundles = modelpack.signed_snapshots(cache_dir, plan, signing[0], password=signing[1],

@@ -69,9 +69,8 @@ def check_prefix(prefix: str | None) -> str:
 
 
 def prefix_problem(prefix: str) -> str:
-    """Why ``prefix`` is not a folder push writes under, ``""`` when it is one (a trailing ``/`` allowed): at most 8
-    relative folders of letters, digits, ``.``, ``_``, ``-`` (at most 64, starting with a letter or digit). Pull
-    judges a prefix annotation with it too."""
+    """Why ``prefix`` (push's ``--prefix``, pull's annotation) is not a folder push writes under, ``""`` when it is
+    one: at most 8 relative folders of letters, digits, ``.``, ``_``, ``-`` (a trailing ``/`` allowed)."""
     if prefix.startswith("/"):
         return "must be relative, not absolute"
     parts = prefix.rstrip("/").split("/")
@@ -92,9 +91,8 @@ def prefix_problem(prefix: str) -> str:
 
 
 def media_type_of(name: str) -> str:
-    """The raw layer media type of the snapshot file ``name``: ``weight`` for weights (:data:`_WEIGHTS`), ``doc``
-    for ``*.md``, ``*.rst``, ``LICENSE*`` and the like, ``code`` for ``*.py``, else ``weight.config`` (config.json,
-    tokenizer files: what a loader reads beside the weights)."""
+    """The raw layer media type of the snapshot file ``name``: weights, docs, code, else ``weight.config`` (what a
+    loader reads beside the weights)."""
     lower = PurePosixPath(name).name.lower()
     if lower.endswith(_WEIGHTS):
         return WEIGHT

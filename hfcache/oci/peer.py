@@ -82,12 +82,9 @@ def netloc(address: str) -> str:
 
 class Watchdog(SocketWatchdog):
     """Enforces one request's :class:`Deadline` from outside (:class:`hfcache.pace.SocketWatchdog`): when it
-    passes, the sockets of the request are shut down, so a read blocked in http.client's header loop or urllib3's
-    gzip loop returns and the request fails.
-
-    Sockets are registered (duplicated) by the connection class of :func:`hfcache.oci.registry._timeout_adapter`:
-    on connect for a request without a body to send, when the response is awaited for all (an upload's deadline
-    starts then, and so does its timer)."""
+    passes, the sockets of the request are shut down, so a blocked read returns and the request fails. Sockets are
+    registered by :func:`hfcache.oci.registry._timeout_adapter`'s connections: on connect, or for an upload when
+    the response is awaited (its deadline starts then)."""
 
     def __init__(self, deadline: Deadline, uploading: bool) -> None:
         self.uploading = uploading

@@ -173,8 +173,7 @@ def plan_artifact(manifest: dict, config: dict, reference: str, prefix: str | No
             continue
         group = plan.contents.setdefault(f.etag, [])
         if group and (group[0].digest, group[0].size) != (f.digest, f.size):
-            # Only a group's first layer is fetched (or re-hashed when held): a later one naming the same blob with
-            # another digest would be linked to the first one's bytes, unread, while the signature check saw its own.
+            # Only a group's first layer is fetched: a later one's other digest would be signed but never read.
             raise IntegrityError(f"{reference}: layers {registry_text(shown_name(group[0].name), 120)!r} and "
                                  f"{registry_text(shown_name(f.name), 120)!r} name the same blob {f.etag[:12]} with "
                                  "other digests or sizes",
@@ -210,8 +209,7 @@ class ArtifactSource:
         budget.check(sum(to_fetch), f"artifact {container.api_prefix}")
 
     def held_counts(self) -> tuple[set[str], int, set[tuple[str, str]]]:
-        """(repo folders, 0, (folder, etag) blobs) the target held and that were not downloaded (their snapshot
-        links went to the importer and are counted there)."""
+        """(repo folders, 0, (folder, etag) blobs) the target held and that were not downloaded."""
         return ({self.plan.folder} if self.held else set()), 0, {(self.plan.folder, etag) for etag in self.held}
 
     def signed_files(self) -> dict[str, dict[str, str]]:

@@ -24,9 +24,8 @@ _SECTIONS = ("blobs", "snapshots", "refs", ".no_exist", "trees")
 
 def load(cache_dir: str) -> dict[str, dict]:
     """The honoured record: diff_id -> {"entries": {name: stamp}, "commits": [commit, ...]}; {} when there is none,
-    or it is not honoured, too large, nested too deep or malformed: an entry name :func:`entry_name` would not
-    record (``CACHEDIR.TAG``, ``../x``) or a commit that is not 40 hex ignores the whole record, as a record another
-    user wrote is ignored (every layer is fetched, and this run's record replaces it)."""
+    or it is not honoured, too large or malformed (one entry name :func:`entry_name` would not record, or one commit
+    that is not 40 hex, ignores the whole record: every layer is fetched, and this run's record replaces it)."""
     loaded = owned_record.load(cache_dir, NAME, MAX_RECORD_BYTES)
     if not loaded.trusted:
         return {}
@@ -78,8 +77,7 @@ def entry_name(name: str) -> str | None:
 
 def save(cache_dir: str, record: dict[str, dict], imported: dict[str, list[str]]) -> bool:
     """Add the layers ``imported`` (diff_id -> entry names) to ``record`` with their stamps now, and write it; False
-    when it cannot be written (a read-only cache: the next pull downloads every layer). A layer with an entry gone
-    already is not recorded, and recorded layers the cache no longer holds (e.g. pruned) are dropped."""
+    when it cannot be written. Layers with an entry gone (pruned, or already) are dropped."""
     for diff_id in [d for d in record if d not in imported]:
         if not still_held(cache_dir, record, diff_id, ()):
             del record[diff_id]

@@ -22,9 +22,8 @@ _CHUNK = 1024 * 1024
 
 class UploadBody(io.RawIOBase):
     """An upload body: the file ``opener()`` gives, read under the throughput floor, progress to ``sink``;
-    ``seek(0)`` (a redirect's resend) opens it again. With ``verify``, its bytes are hashed as they are sent and
-    must be the ``size`` bytes of ``digest`` at their end, else CacheError naming ``shown`` (a cache file changed or
-    swapped since it was planned: the upload never completes)."""
+    ``seek(0)`` (a redirect's resend) opens it again. With ``verify``, its bytes must be the ``size`` bytes of
+    ``digest``, else CacheError naming ``shown`` (the upload never completes)."""
 
     def __init__(self, opener: Callable[[], io.BufferedIOBase], digest: str, size: int, shown: str,
                  sink: TransferSink | None = None, verify: bool = False) -> None:
@@ -73,8 +72,7 @@ class UploadBody(io.RawIOBase):
 
 
 def _location(client, container, started) -> str:
-    """The upload's ``Location`` made absolute (a registry may answer a path) by oras's private
-    ``Registry._get_location``, which has no public equivalent. Raises HubError when there is none."""
+    """The upload's ``Location`` made absolute by oras's private ``Registry._get_location``; HubError: none."""
     location = client._get_location(started, container)  # the library gap above
     if not location:
         raise HubError(f"registry {container.registry}: no upload location in its answer",
