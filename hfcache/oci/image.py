@@ -164,8 +164,7 @@ def push(reference: str, cache_dir: Path, specs: Sequence[str] = (), lock_path: 
     Args:
         split: ``repo`` (default) or ``single`` (image format; refused with ``modelpack``, as ``arch`` is).
         plain_http: HTTP instead of HTTPS. credentials: None reads the auth files when the registry asks.
-        timeout: seconds to wait for a connection or any byte (metadata answers also end within
-            ``HFCACHE_METADATA_DEADLINE``, uploads keep ``HFCACHE_MIN_RATE``: :mod:`hfcache.pace`). sink: progress.
+        timeout: seconds to wait for a connection or any byte (and the bounds of :mod:`hfcache.pace`). sink: progress.
         arch: the config's architecture (default :func:`architecture`; the digest records it).
         format: ``image`` (the cache as the root filesystem) or ``modelpack`` (one raw layer per file).
         prefix: a relative folder (``models``) every path is under (``io.hfcache.prefix``; pull strips it).

@@ -172,14 +172,12 @@ def pull(reference: str, cache_dir: Path, plain_http: bool = False, credentials:
 
     Args:
         plain_http: HTTP instead of HTTPS; credentials: None reads the auth files when the registry asks.
-        timeout: seconds to wait for a connection or any byte (metadata answers also end within
-            ``HFCACHE_METADATA_DEADLINE``, layers keep ``HFCACHE_MIN_RATE``); sink: progress.
+        timeout: seconds to wait for a connection or any byte (and the bounds of :mod:`hfcache.pace`); sink: progress.
         move_refs: a ref the target has at another commit moves to the image's (else that refuses the pull).
         max_size: refuse an image whose layers unpack to more bytes (None: no bound but free space).
         lock_timeout, on_lock_wait: as for :func:`hfcache.move.importer.import_cache`.
-        verify_key: a PEM public key: the manifest's model-signing bundles must sign every pulled snapshot (with
-            what the target's snapshot already holds) under it before anything is published (tar layers are then
-            all read); the file is judged before any request (exit 2), the bundles' key hints before any layer.
+        verify_key: a PEM public key under which the manifest's model-signing bundles must sign every pulled
+            snapshot before anything is published (:mod:`.pull_signed`; a bad key file is exit 2 before any request).
 
     Raises:
         IntegrityError: a manifest, config or layer does not match its digest or size (or a layer its diff_id, a raw
