@@ -47,7 +47,7 @@ DEFAULT_PART_CAP = 8  # parts of one file at once
 RECORD_EVERY = 4 * 1024 * 1024  # bytes received between two saves of the extent record (what a crash may lose)
 _RESUME_GRAIN = 1024 * 1024  # a hole-bounded prefix is trusted down to this grain (>= any filesystem block)
 _HASH_PIECE = 1024 * 1024  # bytes read back per pread when hashing what another part wrote
-_HANDOVER = 4 * 1024 * 1024  # bytes of chunks waiting in memory for the hashing thread, per file, at most
+_HANDOVER = 1024 * 1024  # bytes of chunks waiting in memory for the hashing thread, per file, at most
 _STEAL_EVERY = 0.05  # seconds between two looks for an idle slot
 
 
@@ -242,10 +242,12 @@ class _Job:
         self.handover_bytes = 0
         self.unrecorded = 0
         self.record_lock = threading.Lock()
+        self.recorder: extents.Recorder | None = None
 
     def run(self) -> None:
         # Relative to the blobs/ fd resume_incomplete opened (cache.IncompleteBlob): never through a swapped link.
         self.fd = self.path.open_fd(os.O_RDWR)
+        self.recorder = extents.Recorder(self.folder, self.file.etag, self.path.name, self.fd, self.file.size)
         try:
             done = self._resume()
             self.kept = sum(end - start for start, end in done)
@@ -259,6 +261,7 @@ class _Job:
                 self._parts(done, gaps)
         finally:
             pools.join(self.threads)
+            self.recorder.close()
             os.close(self.fd)
 
     def _resume(self) -> list[tuple[int, int]]:
@@ -539,7 +542,7 @@ class _Job:
             with self.cond:
                 done = [(p.start, p.pos) for p in self.parts if p.pos > p.start]
                 self.unrecorded = 0
-            extents.save(self.folder, self.file.etag, self.path.name, self.fd, self.file.size, done)
+            self.recorder.save(done)
         finally:
             self.record_lock.release()
 
@@ -553,7 +556,7 @@ class _Job:
                 os.ftruncate(self.fd, done[0][1])
                 extents.remove(self.folder, self.file.etag)
             elif done:
-                extents.save(self.folder, self.file.etag, self.path.name, self.fd, self.file.size, done)
+                self.recorder.save(done)
 
 
 def _merged(spans: list[tuple[int, int]]) -> list[tuple[int, int]]:
