@@ -44,7 +44,7 @@ PARALLEL_THRESHOLD = 16 * 1024 * 1024  # bytes left to fetch above which a file 
 MIN_PART = 8 * 1024 * 1024  # a file is split at its start only into parts of at least this much
 STEAL_MIN = 4 * 1024 * 1024  # an idle connection takes half of a part only when both halves get at least this much
 DEFAULT_PART_CAP = 8  # parts of one file at once
-RECORD_EVERY = 4 * 1024 * 1024  # bytes received between two saves of the extent record (what a crash may lose)
+RECORD_EVERY = 1024 * 1024  # bytes of a file received between two saves of its extent record (a crash loses less)
 _RESUME_GRAIN = 1024 * 1024  # a hole-bounded prefix is trusted down to this grain (>= any filesystem block)
 _HASH_PIECE = 1024 * 1024  # bytes read back per pread when hashing what another part wrote
 _HANDOVER = 1024 * 1024  # bytes of chunks waiting in memory for the hashing thread, per file, at most
