@@ -26,6 +26,8 @@ from .fsops import create_at, temp_name, unlink_at
 if TYPE_CHECKING:
     from .layout import RepoFolder
 
+#: A hole-bounded prefix is trusted down to this grain (>= any filesystem block).
+RESUME_GRAIN = 1024 * 1024
 #: A record larger than this is not read (1,000 extents take about 30 KiB).
 MAX_RECORD_BYTES = 64 * 1024
 #: At most this many extents are recorded (parts of one download, each split at most once per stolen slot).
@@ -129,5 +131,43 @@ def remove(folder: RepoFolder, etag: str) -> None:
     """Delete the record of ``etag`` (its download was published or discarded); nothing when there is none."""
     owned_record.remove(str(folder.cache_dir), record_name(etag), folder=(folder.name,))
 
+def trusted_prefix(fd: int, size: int) -> int:
+    """The bytes at the start of a leftover that hold what was received: all when written in order; with holes (parallel
+    parts), up to the first hole rounded down to 1 MiB (the block before a hole may be partly written); 0 when larger
+    than ``size``. The hash check catches the rest."""
+    length = os.fstat(fd).st_size
+    if length == 0 or length > size:
+        return 0
+    try:
+        hole = os.lseek(fd, 0, os.SEEK_HOLE)
+    except OSError:  # no SEEK_HOLE here: every byte counts as data
+        hole = length
+    if hole >= length:
+        return length
+    return max(0, (hole - 1) // RESUME_GRAIN * RESUME_GRAIN)
 
-__all__ = ["MAX_EXTENTS", "SUFFIX", "Recorder", "load", "record_name", "remove"]
+
+def merged(spans: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    """``spans`` sorted, the ones that touch or overlap joined."""
+    merged: list[tuple[int, int]] = []
+    for start, end in sorted(spans):
+        if merged and start <= merged[-1][1]:
+            merged[-1] = (merged[-1][0], max(merged[-1][1], end))
+        else:
+            merged.append((start, end))
+    return merged
+
+
+def gaps(done: list[tuple[int, int]], size: int) -> list[tuple[int, int]]:
+    """The ranges of ``[0, size)`` outside ``done`` (sorted, disjoint)."""
+    gaps, last = [], 0
+    for start, end in done:
+        if start > last:
+            gaps.append((last, start))
+        last = max(last, end)
+    if last < size:
+        gaps.append((last, size))
+    return gaps
+
+
+__all__ = ["MAX_EXTENTS", "SUFFIX", "Recorder", "gaps", "load", "merged", "record_name", "remove", "trusted_prefix"]

@@ -12,7 +12,7 @@ cache once the frontier reaches them. Every chunk is checked against the through
 
 Resume: the extents each part completed are recorded beside the download (:mod:`hfcache.cache.extents`, every
 :data:`RECORD_EVERY` bytes and at a stop), so a rerun requests only the missing ranges, from any endpoint; without
-a trusted record the contiguous prefix is kept (:func:`trusted_prefix`). The whole file is hashed before it is
+a trusted record the contiguous prefix is kept (:func:`hfcache.cache.extents.trusted_prefix`). The whole file is hashed before it is
 published either way. The behaviour and its numbers: docs/warm.md, "Any mirror, any network, any file size";
 where the time goes: docs/benchmarks.md. Library gap: huggingface_hub resumes only its own ``.incomplete``
 unhashed, in one stream (``file_download.http_get``).
@@ -25,8 +25,7 @@ import os
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from .. import pools
@@ -39,97 +38,16 @@ from .bodies import iter_body, slow_body
 from .client import HubClient
 from .files import RemoteFile, RepoRevision
 from .retry import Budget, Interrupted, RetryCounter, ShortBody, counting
+from .slots import Slots
 
 PARALLEL_THRESHOLD = 16 * 1024 * 1024  # bytes left to fetch above which a file is fetched in parts
 MIN_PART = 8 * 1024 * 1024  # a file is split at its start only into parts of at least this much
 STEAL_MIN = 4 * 1024 * 1024  # an idle connection takes half of a part only when both halves get at least this much
 DEFAULT_PART_CAP = 8  # parts of one file at once
 RECORD_EVERY = 1024 * 1024  # bytes of a file received between two saves of its extent record (a crash loses less)
-_RESUME_GRAIN = 1024 * 1024  # a hole-bounded prefix is trusted down to this grain (>= any filesystem block)
 _HASH_PIECE = 1024 * 1024  # bytes read back per pread when hashing what another part wrote
 _HANDOVER = 1024 * 1024  # bytes of chunks waiting in memory for the hashing thread, per file, at most
 _STEAL_EVERY = 0.05  # seconds between two looks for an idle slot
-
-
-class Slots:
-    """Connections the whole warm may hold at once (``--max-workers``). Waiting honours the stop event. It also
-    knows who else wants one: threads waiting (:meth:`acquire`) and large files announced but not started
-    (:meth:`expect`), so a file takes a spare slot (:meth:`try_spare`) only when nobody else would."""
-
-    def __init__(self, size: int) -> None:
-        self.size = max(1, size)
-        self._cond = threading.Condition()
-        self._free = self.size
-        self._waiting = 0
-        self._expected = 0
-
-    def acquire(self, stop: threading.Event, give_up: Callable[[], bool] = lambda: False) -> bool:
-        """Wait for a slot (Interrupted when ``stop`` is set); False, no slot taken, once ``give_up()`` is true."""
-        with self._cond:
-            self._waiting += 1
-            try:
-                while self._free == 0:
-                    self._cond.wait(0.1)
-                    if stop.is_set():
-                        raise Interrupted("interrupted while waiting for a connection slot")
-                    if give_up():
-                        return False
-                self._free -= 1
-                return True
-            finally:
-                self._waiting -= 1
-
-    def release(self) -> None:
-        with self._cond:
-            self._free = min(self.size, self._free + 1)
-            self._cond.notify()
-
-    def fair_share(self, cap: int) -> int:
-        """Spare slots taken at once for a file's extra parts (at most ``cap``): the free ones no waiting thread
-        wants, divided among this file and the announced ones."""
-        with self._cond:
-            spare = self._free - self._waiting - self._expected
-            take = max(0, min(cap, spare // (self._expected + 1)))
-            self._free -= take
-            return take
-
-    def try_spare(self) -> bool:
-        """Take a slot only if one is free and no thread waits and no announced file is still to start."""
-        with self._cond:
-            if self._free == 0 or self._waiting or self._expected:
-                return False
-            self._free -= 1
-            return True
-
-    @contextmanager
-    def expect(self, count: int) -> Iterator[Callable[[], None]]:
-        """Announce ``count`` large files about to start; yields ``arrived()``, called once as each starts (extra
-        calls do nothing); the rest is withdrawn when the block ends."""
-        left = [max(0, count)]
-        with self._cond:
-            self._expected += left[0]
-
-        def arrived() -> None:
-            with self._cond:
-                if left[0]:
-                    left[0] -= 1
-                    self._expected -= 1
-
-        try:
-            yield arrived
-        finally:
-            with self._cond:
-                self._expected -= left[0]
-                left[0] = 0
-
-    @contextmanager
-    def held(self, stop: threading.Event) -> Iterator[None]:
-        """One slot for the block (a repo's resolution request); Interrupted when ``stop`` is set while waiting."""
-        self.acquire(stop)
-        try:
-            yield
-        finally:
-            self.release()
 
 
 @dataclass(frozen=True)
@@ -187,30 +105,16 @@ def download_blob(client: HubClient, folder: RepoFolder, repo: RepoRevision, fil
     raise AssertionError("unreachable")
 
 
-def trusted_prefix(fd: int, size: int) -> int:
-    """The bytes at the start of a leftover that hold what was received: all when written in order; with holes (parallel
-    parts), up to the first hole rounded down to 1 MiB (the block before a hole may be partly written); 0 when larger
-    than ``size``. The hash check catches the rest."""
-    length = os.fstat(fd).st_size
-    if length == 0 or length > size:
-        return 0
-    try:
-        hole = os.lseek(fd, 0, os.SEEK_HOLE)
-    except OSError:  # no SEEK_HOLE here: every byte counts as data
-        hole = length
-    if hole >= length:
-        return length
-    return max(0, (hole - 1) // _RESUME_GRAIN * _RESUME_GRAIN)
-
-
 @dataclass
 class _Part:
-    """Bytes ``[start, end)`` of the file; ``pos``: received up to here. A done part (kept from a leftover) has
-    ``pos == end`` and no worker. ``end`` shrinks when the part is split."""
+    """Bytes ``[start, end)`` of the file; ``pos``: received up to here; ``asked``: the end of the request in
+    flight. A done part (kept from a leftover) has ``pos == end`` and no worker. ``end`` shrinks when the part is
+    split, never below ``asked``: no request is cut, so no byte is sent twice."""
 
     start: int
     end: int
     pos: int = field(default=-1)
+    asked: int = 0
 
     def __post_init__(self) -> None:
         if self.pos < 0:
@@ -253,7 +157,7 @@ class _Job:
             self.kept = sum(end - start for start, end in done)
             if self.options.on_kept:  # also 0: the caller may have counted a leftover this run discarded
                 self.options.on_kept(self.kept)
-            gaps = _gaps(done, self.file.size)
+            gaps = extents.gaps(done, self.file.size)
             if len(gaps) <= 1 and sum(end - start for start, end in gaps) <= self.options.threshold \
                     or self.options.part_cap <= 1:
                 self._one_stream(done, gaps)
@@ -269,7 +173,7 @@ class _Job:
         recorded = extents.load(self.folder, self.file.etag, self.path.name, self.fd, self.file.size)
         if recorded is not None:
             return recorded
-        kept = trusted_prefix(self.fd, self.file.size)
+        kept = extents.trusted_prefix(self.fd, self.file.size)
         os.ftruncate(self.fd, kept)
         return [(0, kept)] if kept else []
 
@@ -374,7 +278,10 @@ class _Job:
         part = max(running, key=lambda p: p.end - p.pos)
         if part.end - part.pos < 2 * STEAL_MIN or not self.options.slots.try_spare():
             return
-        middle = part.pos + (part.end - part.pos) // 2
+        middle = max(part.asked, part.pos + (part.end - part.pos) // 2)
+        if part.end - middle < STEAL_MIN:
+            self.options.slots.release()
+            return
         new = _Part(middle, part.end)
         part.end = middle
         self.parts = sorted([*self.parts, new], key=lambda p: p.start)
@@ -429,8 +336,11 @@ class _Job:
 
     def _stream(self, part: _Part) -> None:
         first = not self.probed.is_set()
-        with self.cond:  # what is asked: a split meanwhile shortens the part, not this request's checks
-            start, end = part.pos, part.end
+        with self.cond:  # parts ask for half of what is left (8 MiB at least): the other half can be split off
+            start = part.pos
+            end = part.end if self.inline is not None else \
+                min(part.end, start + max(MIN_PART, (part.end - start + 1) // 2))
+            part.asked = end
         with self.client.open_body(self.repo, self.file, start, end, ranged=self.inline is None) as response:
             if response.status_code == 200 and (start > 0 or end < self.file.size):
                 # A server without Range support (it never answered 206) gets one stream from byte 0, on the first
@@ -454,8 +364,8 @@ class _Job:
             for chunk in iter_body(response, lambda n: slow_body(floor, n)):
                 if self.error is not None or self.stop.is_set() or not self._take(part, chunk):
                     return
-        if part.pos < part.end:
-            raise ShortBody(f"{self.what}: body ended at byte {part.pos} of {part.end}")
+        if part.pos < min(end, part.end):
+            raise ShortBody(f"{self.what}: body ended at byte {part.pos} of {min(end, part.end)}")
 
     def _take(self, part: _Part, chunk: bytes) -> bool:
         """Write ``chunk`` at ``part.pos``, hash or hand it over, count it; False once the part (split meanwhile)
@@ -551,35 +461,12 @@ class _Job:
         there: no record needed) or in the extent record."""
         with self.record_lock:
             with self.cond:
-                done = _merged([(p.start, p.pos) for p in self.parts if p.pos > p.start])
+                done = extents.merged([(p.start, p.pos) for p in self.parts if p.pos > p.start])
             if len(done) == 1 and done[0][0] == 0:
                 os.ftruncate(self.fd, done[0][1])
                 extents.remove(self.folder, self.file.etag)
             elif done:
                 self.recorder.save(done)
-
-
-def _merged(spans: list[tuple[int, int]]) -> list[tuple[int, int]]:
-    """``spans`` sorted, the ones that touch or overlap joined."""
-    merged: list[tuple[int, int]] = []
-    for start, end in sorted(spans):
-        if merged and start <= merged[-1][1]:
-            merged[-1] = (merged[-1][0], max(merged[-1][1], end))
-        else:
-            merged.append((start, end))
-    return merged
-
-
-def _gaps(done: list[tuple[int, int]], size: int) -> list[tuple[int, int]]:
-    """The ranges of ``[0, size)`` outside ``done`` (sorted, disjoint)."""
-    gaps, last = [], 0
-    for start, end in done:
-        if start > last:
-            gaps.append((last, start))
-        last = max(last, end)
-    if last < size:
-        gaps.append((last, size))
-    return gaps
 
 
 def _split(parts: list[_Part], count: int) -> list[_Part]:

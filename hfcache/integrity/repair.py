@@ -30,7 +30,8 @@ from ..errors import HfcacheError, HubError, OfflineViolation, RevisionNotFound
 from ..hub.client import DEFAULT_ENDPOINT, HubClient
 from ..hub.files import RemoteFile, RepoRevision
 from ..hub.retry import RetryCounter
-from ..hub.transfer import Slots, TransferOptions, download_blob
+from ..hub.slots import Slots
+from ..hub.transfer import TransferOptions, download_blob
 from ..hub.urls import origin
 from ..names import is_commit
 from ..records import HubOptions, folder_ids

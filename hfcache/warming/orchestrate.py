@@ -25,7 +25,7 @@ from ..cache.root import ensure_cache_root, resolve_cache_dir, symlinks_supporte
 from ..errors import HubError, UsageError
 from ..hub.client import HubClient
 from ..hub.files import RepoRevision
-from ..hub.transfer import Slots
+from ..hub.slots import Slots
 from ..hub.urls import validate_endpoint
 from ..records import TRUST_ENDPOINT_ENV, HubOptions, NoProgress, ProgressSink, RepoResult, WarmReport, WarmRequest
 from .repo_job import InFlight, RepoJob

@@ -26,7 +26,8 @@ from ..hub.answers import check_asked_commit
 from ..hub.client import HubClient
 from ..hub.files import RemoteFile, RepoRevision
 from ..hub.retry import RetryCounter
-from ..hub.transfer import PARALLEL_THRESHOLD, Slots, TransferOptions, download_blob
+from ..hub.slots import Slots
+from ..hub.transfer import PARALLEL_THRESHOLD, TransferOptions, download_blob
 from ..records import ProgressSink, RepoResult, WarmedFile, WarmRequest, folder_clash, folder_ids
 from .custom_code import BAD_FILE_HINT, MAX_PARSE_BYTES, follow_configs
 from .publish import check_publishable, copy_blob, publish

@@ -10,11 +10,11 @@ from email.utils import formatdate
 import httpx2
 import pytest
 
+from hfcache.cache.extents import trusted_prefix
 from hfcache.errors import HubError
 from hfcache.hub import retry
 from hfcache.hub.client import HubClient, is_transient
 from hfcache.hub.retry import Interrupted, RetryCounter, retry_after
-from hfcache.hub.transfer import trusted_prefix
 
 
 class _StatusError(Exception):
