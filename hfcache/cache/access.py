@@ -14,7 +14,6 @@ import errno
 import grp
 import os
 import pwd
-import secrets
 import stat
 from dataclasses import dataclass
 from pathlib import Path
@@ -133,7 +132,7 @@ def reach_check(cache: Path, uid: int, groups: tuple[int, ...]) -> Check | None:
 def _probe_create(cache: Path, rel: str) -> OSError | None:
     """Create and remove a probe file in ``cache/rel``, through an fd of that folder (safefs: a planted ``.locks``
     link is never written through; UnsafeLayout is raised instead)."""
-    name = f".hfcache-doctor-{secrets.token_hex(6)}"
+    name = f".hfcache-doctor-{os.urandom(6).hex()}"  # as secrets.token_hex(6), unimported
     with safefs.dir_fd(cache, rel) as dfd:
         try:
             os.close(create_at(dfd, name, 0o600))

@@ -8,7 +8,6 @@ format (``git hash-object``), the LFS pointer spec (git-lfs ``docs/spec.md``), h
 from __future__ import annotations
 
 import errno
-import hashlib
 import io
 import os
 import stat
@@ -17,6 +16,9 @@ from collections.abc import Callable
 
 from ..errors import CacheError
 from ..names import is_commit, is_sha256
+
+# hashlib is imported where a hash is made: loading OpenSSL costs ~3 ms of start-up that `warm --lock` on a complete
+# cache (stat calls only) never needs.
 
 SHA256, GIT_SHA1 = "sha256", "git-sha1"
 #: Bytes per read: large reads amortise the system call and the GIL hand-over of each hashlib update (hashlib
@@ -45,6 +47,8 @@ class BlobHash:
     __slots__ = ("algorithm", "etag", "_h")
 
     def __init__(self, algorithm: str, size: int | None = None) -> None:
+        import hashlib
+
         self.algorithm, self.etag = algorithm, None
         if algorithm == SHA256:
             self._h = hashlib.sha256()
@@ -81,6 +85,8 @@ class BlobHash:
 
 def git_blob_sha1(data: bytes) -> str:
     """git's blob id of ``data`` (``git hash-object``)."""
+    import hashlib
+
     return hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest()  # git object id
 
 
@@ -203,6 +209,8 @@ class DigestWriter(io.RawIOBase):
     """Writes through to ``out``, keeping the sha256 and the size of what passed (a tar's or a layer's digest)."""
 
     def __init__(self, out) -> None:
+        import hashlib
+
         self._out, self.sha256, self.size = out, hashlib.sha256(), 0
 
     def writable(self) -> bool:
@@ -223,4 +231,6 @@ class DigestWriter(io.RawIOBase):
 def sha1_hex(data: bytes) -> str:
     """The plain sha1 of ``data`` (40 hex): ids that only have to look like git's (a folder store's commits, tree
     entries' folder oids), never a blob's name (that is :func:`git_blob_sha1`)."""
+    import hashlib
+
     return hashlib.sha1(data).hexdigest()  # an id, not a security hash
