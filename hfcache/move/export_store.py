@@ -54,13 +54,18 @@ def open_blob_source(path: str, etag: str):
 
 def open_plain_source(entry):
     """Open the non-blob file of an export ``Entry`` (``entry.source`` is ``<cache>/<entry.name>``) through folders
-    opened from the root. Raises CacheError (exit 5): not a regular file, a link on the way, not the planned path."""
+    opened from the root. Raises CacheError (exit 5): not a regular file, a link on the way, not the planned path,
+    gone."""
     suffix = "/" + entry.name
     if not entry.source.endswith(suffix):
         raise CacheError(f"{entry.source}: not the cache file planned for {entry.name}: nothing exported")
     parts = entry.name.split("/")
-    with safefs.dir_fd(entry.source[: -len(suffix)], parts[:-1]) as fd:
-        return os.fdopen(open_regular(fd, parts[-1], entry.source), "rb")
+    try:
+        with safefs.dir_fd(entry.source[: -len(suffix)], parts[:-1]) as fd:
+            return os.fdopen(open_regular(fd, parts[-1], entry.source), "rb")
+    except (FileNotFoundError, NotADirectoryError):  # a member renamed or swapped it since the plan (was exit 70)
+        raise CacheError(f"{entry.source} is gone or changed while it was exported: nothing exported",
+                         hint=_RERUN) from None
 
 
 def entry_reader(entry, grown: str | None = None) -> HashingReader:
