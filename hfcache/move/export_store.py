@@ -42,9 +42,12 @@ def with_store_blobs(cache_dir: str, folder: str, rev):
 
 def open_blob_source(path: str, etag: str):
     """Open the blob ``path`` (``<cache>/<folder>/blobs/<etag>``, or the store payload it links to) as a binary
-    file. Raises CacheError: not a regular file (UnsafeLayout for a link)."""
+    file. Raises CacheError: not a regular file (UnsafeLayout for a link), gone."""
     blob = Path(path)
-    fd = safefs.open_blob(blob.parents[2], blob.parents[1].name, etag)
+    try:
+        fd = safefs.open_blob(blob.parents[2], blob.parents[1].name, etag)
+    except (FileNotFoundError, NotADirectoryError):  # removed since the plan (prune, a member): was exit 70
+        raise CacheError(f"{path} is gone or changed while it was exported: nothing exported", hint=_RERUN) from None
     f = os.fdopen(fd, "rb")
     if not stat.S_ISREG(os.fstat(fd).st_mode):
         f.close()
