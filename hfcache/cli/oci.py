@@ -7,6 +7,7 @@ from pathlib import Path
 
 import click
 
+from ..bucket.store import is_bucket_url
 from ..errors import UsageError
 from .options import cache_dir_option, lock_timeout_option, parsed, stdin_password
 
@@ -75,6 +76,17 @@ def push_command(reference, specs, lock_file, split, arch, fmt, prefix, sign_key
     from ..warming.project import reading_cache_dir
     from .render import oci as render
 
+    if is_bucket_url(reference):
+        _refuse_for_bucket(reference, {"--layers": split, "--arch": arch, "--format": fmt != "image", "--prefix": prefix,
+                                       "--sign-key": sign_key, "--base": base, "--plain-http": plain_http,
+                                       "--username": username})
+        from ..bucket.push import push_bucket
+
+        with render.TransferProgress(enabled=not as_json) as progress:
+            report = push_bucket(reference, reading_cache_dir(cache_dir, lock_file), specs, lock_path=lock_file,
+                                 timeout=timeout, sink=progress)
+        render.show_bucket_push(report, as_json=as_json)
+        return
     credentials = _credentials(username, password_stdin)
     with render.TransferProgress(enabled=not as_json) as progress:
         report = push(reference, reading_cache_dir(cache_dir, lock_file), specs, lock_path=lock_file, split=split,
@@ -85,6 +97,7 @@ def push_command(reference, specs, lock_file, split, arch, fmt, prefix, sign_key
 
 @click.command(name="pull")
 @click.argument("reference", metavar="REF")
+@click.argument("specs", nargs=-1, metavar="[REPO_ID[@REVISION]]...")
 @_registry_options
 @click.option("--move-refs", is_flag=True,
               help="Move a ref the target has at another commit to the image's commit (default: refuse).")
@@ -96,7 +109,7 @@ def push_command(reference, specs, lock_file, split, arch, fmt, prefix, sign_key
                    "file under it, and its refs must name signed commits, checked before anything is written "
                    "(unsigned or wrongly signed: exit 1; a ref to a commit no signature covers: exit 3).")
 @lock_timeout_option
-def pull_command(reference, cache_dir, plain_http, username, password_stdin, timeout, as_json, move_refs,
+def pull_command(reference, specs, cache_dir, plain_http, username, password_stdin, timeout, as_json, move_refs,
                  max_size, verify_key, lock_timeout) -> None:
     """Pull the image or ModelPack artifact REF and merge its cache into the cache, every digest checked before
     anything is written; layers whose content the cache already holds are not downloaded.
@@ -110,6 +123,14 @@ def pull_command(reference, cache_dir, plain_http, username, password_stdin, tim
     from .render import oci as render
     from .render.common import lock_wait_notice
 
+    if is_bucket_url(reference):
+        _refuse_for_bucket(reference, {"--plain-http": plain_http, "--username": username, "--move-refs": move_refs,
+                                       "--max-size": max_size, "--verify-key": verify_key})
+        _pull_bucket(reference, specs, cache_dir, timeout, lock_timeout, as_json)
+        return
+    if specs:
+        raise UsageError(f"repo ids ({specs[0]}...) are taken by a pull from a bucket (s3://) only",
+                         hint="an image or artifact is pulled whole")
     credentials = _credentials(username, password_stdin)
     with render.TransferProgress(enabled=not as_json) as progress:
         report = pull(reference, resolve_cache_dir(cache_dir), plain_http=plain_http, credentials=credentials,
@@ -117,3 +138,27 @@ def pull_command(reference, cache_dir, plain_http, username, password_stdin, tim
                       lock_timeout=lock_timeout, on_lock_wait=lock_wait_notice,
                       verify_key=Path(verify_key) if verify_key else None)
     render.show_pull(report, as_json=as_json)
+
+
+def _refuse_for_bucket(reference: str, given: dict) -> None:
+    """UsageError (exit 2) naming the first registry-only option given with an ``s3://`` URL."""
+    for option, value in given.items():
+        if value:
+            raise UsageError(f"{option} applies to a registry, not to a bucket ({reference[:60]})",
+                             hint="a bucket takes the cache, repo ids or --lock; credentials come from AWS_* settings")
+
+
+def _pull_bucket(reference, specs, cache_dir, timeout, lock_timeout, as_json) -> None:
+    """``pull s3://...``: warm's engine from the bucket, warm's report (exit code included)."""
+    import sys
+
+    from ..bucket.pull import pull_bucket
+    from ..records import HubOptions
+    from .render import warm as render
+    from .render.common import lock_wait_notice
+
+    with render.WarmProgress(as_json=as_json, quiet=False) as progress:
+        report = pull_bucket(reference, cache_dir, specs, hub=HubOptions(timeout=timeout), progress=progress,
+                             lock_timeout=lock_timeout, on_lock_wait=lock_wait_notice)
+    render.show_warm_report(report, as_json=as_json, quiet=False)
+    sys.exit(report.exit_code)

@@ -74,8 +74,10 @@ def warm(requests: Sequence[WarmRequest], *, cache_dir: str | Path | None = None
 def warm_repos(requests: Sequence[WarmRequest], hub: HubOptions, *, cache_dir: str | Path | None = None,
                progress: ProgressSink | None = None, pinned: Sequence[LockedRepo] | None = None,
                lock_timeout: float = DEFAULT_LOCK_TIMEOUT, on_lock_wait: Callable[[LockWait], None] | None = None,
-               on_notice: Callable[[str], None] | None = None) -> WarmReport:
-    """:func:`warm` with the Hub options in one record (arguments as :func:`warm`)."""
+               on_notice: Callable[[str], None] | None = None,
+               clients: Sequence[HubClient] | None = None) -> WarmReport:
+    """:func:`warm` with the Hub options in one record (arguments as :func:`warm`); ``clients``: the endpoints to
+    fetch from instead of ``hub``'s (``hfcache pull s3://``'s :class:`hfcache.bucket.pull.BucketClient`)."""
     if lock_timeout < 0:
         raise UsageError(f"--lock-timeout must not be negative, got {lock_timeout}")
     started = time.monotonic()
@@ -84,7 +86,7 @@ def warm_repos(requests: Sequence[WarmRequest], hub: HubOptions, *, cache_dir: s
         if named:
             validate_endpoint(named)  # a malformed endpoint is a usage error before anything is created
     ensure_cache_root(root)  # before the token is read: an unreadable cache is the error worth naming first
-    clients = make_clients(hub, on_notice=on_notice)
+    clients = list(clients) if clients else make_clients(hub, on_notice=on_notice)
     results = _run_jobs(requests, root, clients, max_workers=hub.max_workers, sink=progress or NoProgress(),
                         pinned=pinned, lock_timeout=lock_timeout, on_lock_wait=on_lock_wait)
     return WarmReport(cache_dir=str(root), repos=results, seconds=time.monotonic() - started,

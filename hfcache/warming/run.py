@@ -8,7 +8,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -90,10 +90,11 @@ def run(job: WarmJob, *, progress: ProgressSink | None = None, on_lock_wait: Cal
 def warm_lock(lock: Lockfile, hub: HubOptions, *, cache_dir: str | Path | None = None,
               progress: ProgressSink | None = None, lock_timeout: float = DEFAULT_LOCK_TIMEOUT,
               on_lock_wait: Callable[[LockWait], None] | None = None,
-              on_notice: Callable[[str], None] | None = None) -> WarmReport:
+              on_notice: Callable[[str], None] | None = None, clients: Sequence | None = None) -> WarmReport:
     """Make ``cache_dir`` hold exactly what ``lock`` pins: repos the cache satisfies (sizes only) cost no request, the
-    others are downloaded by commit, checked against the lock's hashes. Returns a WarmReport in lock order; raises
-    UsageError, CacheError as :func:`hfcache.warming.orchestrate.warm`."""
+    others are downloaded by commit, checked against the lock's hashes (from ``clients`` when given, else ``hub``'s
+    endpoints). Returns a WarmReport in lock order; raises UsageError, CacheError as
+    :func:`hfcache.warming.orchestrate.warm`."""
     started = time.monotonic()
     root = resolve_cache_dir(cache_dir)
     statuses = cache_statuses(lock, root)
@@ -104,7 +105,8 @@ def warm_lock(lock: Lockfile, hub: HubOptions, *, cache_dir: str | Path | None =
     endpoints = hub.named()  # as a report names them (none is asked anything when the cache satisfies the lock)
     if todo:
         report = _network()([r.request for r in todo], hub, cache_dir=root, progress=sink, pinned=todo,
-                            lock_timeout=lock_timeout, on_lock_wait=on_lock_wait, on_notice=on_notice)
+                            lock_timeout=lock_timeout, on_lock_wait=on_lock_wait, on_notice=on_notice,
+                            clients=clients)
         endpoints = report.endpoints
         fetched = iter(report.repos)
         results = [r if r is not None else next(fetched) for r in results]

@@ -65,6 +65,18 @@ def show_push(report: Any, *, as_json: bool) -> None:
     sys.stdout.flush()
 
 
+def show_bucket_push(report: Any, *, as_json: bool) -> None:
+    """push to a bucket: JSON, or one line on stderr and the bucket URL on stdout."""
+    if as_json:
+        print_json({"ok": True, **asdict(report)})
+        return
+    common.stderr.print(f"pushed {len(report.snapshots)} snapshot(s) and {len(report.refs)} ref(s): "
+                        f"{report.blobs_uploaded} blob(s) sent ({human_size(report.bytes_uploaded)}), "
+                        f"{report.blobs_present} already in the bucket (of {human_size(report.bytes_total)})")
+    sys.stdout.write(f"{report.url}\n")
+    sys.stdout.flush()
+
+
 def show_pull(report: Any, *, as_json: bool) -> None:
     """pull's result: JSON, or what was downloaded and merged (stdout)."""
     imported = report.imported
