@@ -26,6 +26,7 @@ from .render.common import print_error, print_json, usage_hint
 from .serve import serve
 from .sign import sign_command
 from .stdout import GuardedStdout, abandon_if_blocked
+from .sync import sync_command
 from .verify import check, verify
 from .warm import lock, warm
 
@@ -49,7 +50,7 @@ def cli() -> None:
 
 
 for _command in (warm, lock, ls_command, verify, check, export_command, import_command, link_command, prune, serve,
-                 env_command, exec_cmd, doctor_command, push_command, pull_command, path_command, sign_command):
+                 env_command, exec_cmd, doctor_command, push_command, pull_command, path_command, sign_command, sync_command):
     cli.add_command(_command)
 
 

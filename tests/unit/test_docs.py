@@ -27,6 +27,7 @@ PAGES = {
     "serve": "serve.md",
     "path": "runtimes.md",
     "sign": "oci.md",
+    "sync": "fleet.md",
 }
 
 

@@ -30,7 +30,7 @@ HUB_LOCAL_NAMES = {"huggingface_hub.utils": {"get_token"}}
 #: (``hfcache/__init__.py``, ``__main__.py``) stands above them all.
 LAYERS = (
     ("hfcache.cli",),
-    ("hfcache.serve",),
+    ("hfcache.serve", "hfcache.fleet"),
     ("hfcache.oci", "hfcache.bucket"),
     ("hfcache.offline", "hfcache.prune", "hfcache.move"),
     ("hfcache.integrity",),
