@@ -136,11 +136,7 @@ def _upload_blobs(bucket: Bucket, blobs: dict[str, Entry], workers: int, sink) -
             with lock:
                 sink.begin(f"{entry.name.split('/', 1)[0]}: {etag[:12]}", entry.size)
         with entry_reader(entry) as reader:
-            if entry.size <= SINGLE_PUT_MAX:
-                data = reader.read()  # read to its end: the hash is checked before the PUT
-                bucket.put_bytes(key, data, create_only=held is None)
-            else:
-                _multipart(bucket, key, reader, entry.size, create_only=held is None)
+            upload_blob(bucket, key, reader, entry.size, create_only=held is None)
         if sink is not None:
             with lock:
                 sink.advance(entry.size)
@@ -148,6 +144,18 @@ def _upload_blobs(bucket: Bucket, blobs: dict[str, Entry], workers: int, sink) -
 
     with ThreadPoolExecutor(max_workers=max(1, workers), thread_name_prefix="hfcache-s3-put") as pool:
         return list(pools.ordered([pool.submit(one, etag) for etag in sorted(blobs)]))
+
+
+def upload_blob(bucket: Bucket, key: str, reader, size: int, *, create_only: bool) -> None:
+    """Write ``size`` bytes of ``reader`` (a reader that checks the content at its end, e.g.
+    :class:`hfcache.cache.content.HashingReader`) as object ``key``, completed only once the reader reached its end:
+    one PUT up to :data:`SINGLE_PUT_MAX`, else a multipart upload. ``create_only``: a conditional write that leaves an
+    object another writer completed first. Raises what the reader raises (nothing is completed), HubError."""
+    if size <= SINGLE_PUT_MAX:
+        data = reader.read()  # read to its end: the content is checked before the PUT
+        bucket.put_bytes(key, data, create_only=create_only)
+    else:
+        _multipart(bucket, key, reader, size, create_only=create_only)
 
 
 def _multipart(bucket: Bucket, key: str, reader, size: int, *, create_only: bool) -> None:

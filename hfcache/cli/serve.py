@@ -14,6 +14,9 @@ from .options import cache_dir_option, parsed
 @cache_dir_option("Hub cache to serve")
 @click.option("--repos", "repos_dir", type=click.Path(file_okay=False),
               help="Serve a directory of plain repo folders (<org>/<name>/...) instead of a cache.")
+@click.option("--store", metavar="s3://BUCKET/PREFIX",
+              help="Serve a bucket `push s3://` wrote instead of a cache: replicas share it, bodies are 302s to "
+                   "presigned URLs; with --upstream, what it lacks is fetched once and written to it.")
 @click.option("--host", default="127.0.0.1", show_default=True,
               help="Interface to bind (0.0.0.0 to accept connections from other hosts, e.g. in a pod).")
 @click.option("--port", type=click.IntRange(0, 65535), default=8080, show_default=True,
@@ -36,7 +39,7 @@ from .options import cache_dir_option, parsed
 @click.option("--upstream-slots", type=click.IntRange(1, 256), default=None, metavar="N",
               help="Upstream fetches (and requests waiting on them) at once; one more gets 503 + Retry-After, so a "
                    "slow upstream never holds the threads of cached answers [default: 32].")
-def serve(cache_dir, repos_dir, host, port, token_file, access_log, upstreams, upstream_token_file, allow,
+def serve(cache_dir, repos_dir, store, host, port, token_file, access_log, upstreams, upstream_token_file, allow,
           max_size, revalidate, upstream_slots) -> None:
     """Serve a cache as a Hub mirror (HF_ENDPOINT / --endpoint for every pod); with --upstream, pull through.
 
@@ -68,10 +71,12 @@ def serve(cache_dir, repos_dir, host, port, token_file, access_log, upstreams, u
           or upstream_slots is not None):
         raise UsageError("--upstream-token-file, --allow, --max-size, --revalidate and --upstream-slots need "
                          "--upstream", hint="add --upstream URL (e.g. https://huggingface.co) to pull through")
-    if repos_dir is None:  # a cache that is another's home (an HF_HOME, a repo folder) served an empty mirror
+    if store is not None and max_size is not None:
+        raise UsageError("--max-size prunes a cache; a bucket (--store) is pruned by its lifecycle rules")
+    if repos_dir is None and store is None:  # a cache that is another's home (an HF_HOME, a repo folder) served an empty mirror
         from ..cache.root import refuse_misplaced_cache, resolve_cache_dir
 
         refuse_misplaced_cache(resolve_cache_dir(cache_dir))
     run = serve_mirror(cache_dir=cache_dir, repos_dir=repos_dir, host=host, port=port, token=token,
-                       access_log=access_log, ready=render.show_mirror_ready, upstream=upstream)
+                       access_log=access_log, ready=render.show_mirror_ready, upstream=upstream, store=store)
     render.show_mirror_stopped(run)

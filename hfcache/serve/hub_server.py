@@ -26,7 +26,7 @@ __all__ = ["LAYOUTS", "HubServer"]
 
 logger = logging.getLogger(__name__)
 
-LAYOUTS = ("repos", "cache")
+LAYOUTS = ("repos", "cache", "bucket")
 
 
 class HubServer:
@@ -40,7 +40,8 @@ class HubServer:
         token (str | None): required as ``Authorization: Bearer`` (not by ``/healthz``, ``/metrics``), else 401
             ``RepoNotFound``. access_log (IO[str] | None): one line per finished request (never a header).
         upstream (PullThroughConfig | None): ``layout="cache"`` only: pull through (``/healthz`` then says whether
-            the upstreams answer).
+            the upstreams answer). store (Store | None): ``layout="bucket"`` only: the store to answer from
+            (:class:`.bucket_store.BucketStore`).
 
     Raises:
         ValueError: an unknown layout, an upstream with ``layout="repos"``. FileNotFoundError: no cache at
@@ -49,15 +50,15 @@ class HubServer:
 
     def __init__(self, root: str | Path, *, host: str = "127.0.0.1", port: int = 0, token: str | None = None,
                  layout: str = "repos", access_log: IO[str] | None = None,
-                 upstream: PullThroughConfig | None = None) -> None:
-        if layout not in LAYOUTS:
-            raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
+                 upstream: PullThroughConfig | None = None, store: Store | None = None) -> None:
+        if layout not in LAYOUTS or (layout == "bucket") != (store is not None):
+            raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r} (a given store: 'bucket')")
         if upstream is not None and layout != "cache":
             raise ValueError("a pull-through upstream needs layout='cache'")
         self.root, self.layout, self.host, self.port = Path(root), layout, host, port
         self.token, self.access_log, self.upstream = token, access_log, upstream
         self.metrics = MirrorMetrics(self.root if layout == "cache" else None)
-        self._store = self._open_store()
+        self._store = store if store is not None else self._open_store()
         self.router = Router(self._store, token=token, public=self._public_routes())
         self._log_lock = threading.Lock()
         self._active = 0
@@ -106,7 +107,7 @@ class HubServer:
         self._stopping.set()
         for origin in origins:
             origin.join(timeout=5)
-        if self.upstream is not None:
+        if self.upstream is not None or self.layout == "bucket":
             self._store.close()
         return cut
 
@@ -121,6 +122,7 @@ class HubServer:
 
         # A pull-through mirror's requests waiting on upstream get threads of their own (upstream_pool.py).
         slots = self.upstream.upstream_slots if self.upstream is not None and origin == "hub" else 0
+        slots = slots or getattr(self._store, "upstream_slots", 0)  # a bucket store that pulls through
         served = UvicornOrigin(self.host, port, self, origin, extra_workers=slots)
         self._origins.append(served)
         return served

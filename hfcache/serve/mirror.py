@@ -58,7 +58,8 @@ class MirrorRun:
 def serve(*, cache_dir: str | os.PathLike[str] | None = None, repos_dir: str | os.PathLike[str] | None = None,
           host: str = "127.0.0.1", port: int = 8080, token: str | None = None, access_log: str | None = None,
           grace: float = GRACE_SECONDS, ready: Callable[[MirrorInfo], None] | None = None,
-          stop: threading.Event | None = None, upstream: PullThroughConfig | None = None) -> MirrorRun:
+          stop: threading.Event | None = None, upstream: PullThroughConfig | None = None,
+          store: str | None = None) -> MirrorRun:
     """Serve a hub cache (default) or a folder of repo folders with :class:`hfcache.serve.HubServer` until SIGTERM,
     SIGINT or ``stop``, then let in-flight responses finish for up to ``grace`` seconds (a second signal cuts them).
 
@@ -68,18 +69,28 @@ def serve(*, cache_dir: str | os.PathLike[str] | None = None, repos_dir: str | o
             ``/healthz``, ``/metrics``). access_log: a file (``"-"``: stdout) for one line per request, no headers.
         ready: called once with the MirrorInfo when the port is bound. stop: an event that stops it like SIGTERM
             (signal handlers are installed only from the main thread). upstream: pull through (:mod:`.pullthrough`;
-            the cache is created if missing).
+            the cache is created if missing). store: ``s3://BUCKET/PREFIX`` to serve instead of a cache
+            (:mod:`.bucket_store`; with ``upstream``, filled from it: :mod:`.bucket_fill`).
 
     Raises:
         UsageError: both directories, the port cannot be bound, the access log cannot be opened.
         CacheError: the directory to serve does not exist.
     """
-    layout, root = _served_root(cache_dir, repos_dir, pull_through=upstream is not None)
+    bucket_store = None
+    if store is not None:
+        if cache_dir is not None or repos_dir is not None:
+            raise UsageError("--store serves a bucket: it goes without --cache-dir and --repos",
+                             hint="serve one of them")
+        bucket_store = _bucket_store(store, upstream)
+        layout, root = "bucket", bucket_store.root
+    else:
+        layout, root = _served_root(cache_dir, repos_dir, pull_through=upstream is not None)
     log_stream = _open_access_log(access_log)
     stop_event = stop or threading.Event()
     signals: list[str] = []
     installed = _install_signals(stop_event, signals)
-    server = HubServer(root, host=host, port=port, token=token, layout=layout, access_log=log_stream, upstream=upstream)
+    server = HubServer(root, host=host, port=port, token=token, layout=layout, access_log=log_stream,
+                       upstream=upstream if bucket_store is None else None, store=bucket_store)
     try:
         try:
             server.start()
@@ -87,7 +98,8 @@ def serve(*, cache_dir: str | os.PathLike[str] | None = None, repos_dir: str | o
             raise UsageError(f"cannot listen on {host}:{port}: {exc.strerror or exc}",
                              hint="choose another --port (or stop the process using it)") from None
         started = time.monotonic()
-        info = MirrorInfo(endpoint=server.endpoint, root=str(root), layout=layout, host=host,
+        shown = str(bucket_store.bucket.url) if bucket_store is not None else str(root)
+        info = MirrorInfo(endpoint=server.endpoint, root=shown, layout=layout, host=host,
                           port=int(server.endpoint.rsplit(":", 1)[1]), token_required=token is not None,
                           access_log=access_log, upstreams=upstream.upstreams if upstream else (),
                           allow=upstream.allow if upstream else (),
@@ -126,6 +138,21 @@ def _served_root(cache_dir: str | os.PathLike[str] | None, repos_dir: str | os.P
     if not root.is_dir():
         raise CacheError(f"no repo folders at {root}", hint="pass a directory of <org>/<name>/ folders")
     return "repos", root
+
+
+def _bucket_store(url: str, upstream: PullThroughConfig | None):
+    """The store of ``serve --store s3://...``, filled from ``upstream`` when given. Raises UsageError: a bad URL,
+    no boto3."""
+    from ..bucket.store import Bucket, parse_bucket_url
+    from .bucket_store import BucketStore
+
+    bucket = Bucket(parse_bucket_url(url))
+    fill = None
+    if upstream is not None:
+        from .bucket_fill import BucketFill
+
+        fill = BucketFill(bucket, upstream)
+    return BucketStore(bucket, fill)
 
 
 def _open_access_log(path: str | None) -> IO[str] | None:

@@ -105,6 +105,13 @@ class Router:
         headers = {"X-Repo-Commit": snapshot.commit}
         if repo_file.is_lfs and repo_file.sha256:
             headers.update({"X-Linked-Etag": f'"{repo_file.sha256}"', "X-Linked-Size": str(repo_file.size)})
+        redirect = getattr(self.store, "redirect", None)  # a bucket store: the body is a presigned URL away
+        if redirect is not None and request.method == "GET":
+            try:
+                location = redirect(repo_file, snapshot)
+            except StoreMiss as miss:
+                raise miss_error(miss) from None
+            return Response(status=302, headers={**headers, "Location": location, "ETag": f'"{repo_file.etag}"'})
         body, length = open_body(self.store, snapshot, repo_file, head=request.method == "HEAD")
         return file_response(request, body, length, repo_file.etag, headers)
 

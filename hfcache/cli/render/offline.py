@@ -59,7 +59,7 @@ def show_doctor(report: DoctorReport, *, as_json: bool) -> None:
 
 def show_mirror_ready(info: Any) -> None:
     """``hfcache serve`` is listening: what it serves and where (stderr; the endpoint is the last word)."""
-    what = "cache" if info.layout == "cache" else "repo folders"
+    what = {"cache": "cache", "bucket": "bucket"}.get(info.layout, "repo folders")
     token = ", bearer token required" if info.token_required else ""
     pull = f", pulling through from {', '.join(info.upstreams)}" if info.upstreams else ""
     allow = (f" (allowed: {', '.join(info.allow)})" if info.allow

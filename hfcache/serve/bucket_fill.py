@@ -1,0 +1,218 @@
+"""Pull-through into a bucket (``serve --store s3://... --upstream URL``): what the bucket lacks is fetched from
+upstream once across every replica, verified, and written to the bucket, where the other replicas find it.
+
+What upstream said lives under ``<prefix>/upstream/`` (never under ``snapshots/``/``refs/``, which ``pull s3://`` reads
+and whose blobs are all present):
+
+    upstream/snapshots/<folder>/<commit>.json   upstream's listing at a commit (a lock entry: every file, size, hash)
+    upstream/refs/<folder>/<revision>           {"commit": ..., "resolved": <epoch seconds>}, asked again after
+                                                --revalidate
+    upstream/leases/<etag>                      {"owner": ..., "expires": <epoch seconds>}: a replica is fetching it
+
+A blob is fetched under a lease: a conditional create (``If-None-Match: *``) that one replica wins; the others wait
+for the blob to appear. The winner renews the lease every :data:`RENEW_EVERY` seconds while it fetches; a replica that
+dies mid-fetch leaves a lease that expires after :data:`LEASE_SECONDS`, and the next request takes it over with a
+conditional overwrite (``If-Match`` on the stale lease's ETag: only one taker wins), then fetches from byte 0 (the
+dead replica's partial upload is never completed, so it is never seen). The fetched bytes are hashed twice before the
+blob is completed: by the download (size and hash of the listing) and by the upload's reader.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fnmatch
+import json
+import os
+import tempfile
+import threading
+import time
+import uuid
+
+from ..bucket.layout import blob_key, parse_manifest, render_manifest, snapshot
+from ..bucket.push import upload_blob
+from ..bucket.store import Bucket
+from ..cache.content import HashingReader
+from ..errors import HfcacheError, RepoNotFound
+from ..names import is_commit, repo_folder_name
+from ..records import HubOptions, WarmRequest
+from ..warming.lockfile import LockedFile, LockedRepo
+from .pullthrough import PullThroughConfig
+from .upstream_errors import inert, store_miss
+from .vocabulary import RepoFile, RepoSnapshot, StoreMiss
+
+LEASE_SECONDS = 60.0  #: a fetch's lease lasts this long unless renewed
+RENEW_EVERY = 20.0  #: seconds between two renewals of a lease while its fetch runs
+WAIT_POLL = 0.2  #: seconds between two looks for a blob another replica fetches
+MAX_LISTING_BYTES = 64 * 1024 * 1024
+_REF_BYTES = 4096
+REF_MEMORY = 5.0  #: seconds a replica trusts a ref it resolved without reading the bucket's record again
+
+
+class BucketFill:
+    """Fetch what a :class:`hfcache.serve.bucket_store.BucketStore` lacks from ``config``'s upstreams (its ``allow``
+    globs, ``token``, ``timeout``, ``revalidate``; ``max_size`` is refused by the CLI: a bucket has lifecycle rules)."""
+
+    def __init__(self, bucket: Bucket, config: PullThroughConfig) -> None:
+        from ..hub.session import prepare_session
+        from ..warming.orchestrate import make_clients
+
+        prepare_session()
+        self.bucket, self.config = bucket, config
+        self.upstream_slots = config.upstream_slots
+        self.owner = uuid.uuid4().hex
+        self.clients = make_clients(HubOptions(endpoints=config.upstreams, token=config.token or False,
+                                               timeout=config.timeout))
+        self._stop = threading.Event()
+        self._lock = threading.Lock()
+        self._refs: dict[tuple[str, str], tuple[str, float]] = {}  # (folder, revision) -> (commit, trusted until)
+
+    def close(self) -> None:
+        self._stop.set()
+
+    def known_ref(self, folder: str, revision: str) -> str | None:
+        """The commit this replica resolved ``revision`` to, while it is trusted (at most :data:`REF_MEMORY`
+        seconds, and never past --revalidate); None otherwise."""
+        with self._lock:
+            known = self._refs.get((folder, revision))
+        return known[0] if known is not None and known[1] > time.monotonic() else None
+
+    def resolve(self, repo_type: str, repo_id: str, revision: str) -> LockedRepo:
+        """``repo_id`` at ``revision`` as upstream lists it (from the bucket's upstream record while fresh). Raises
+        StoreMiss: not allowed (403 ``RepoNotAllowed``), or upstream's failure (404/403/502/503)."""
+        if self.config.allow and not any(fnmatch.fnmatchcase(repo_id, g) for g in self.config.allow):
+            raise StoreMiss("RepoNotAllowed", f"{repo_id} is not in this mirror's bucket, and this mirror's --allow "
+                            "list does not let it be fetched from upstream", status=403)
+        folder = repo_folder_name(repo_id, repo_type)
+        commit = revision if is_commit(revision) else self._fresh_ref(folder, revision)
+        if commit is not None and (known := self._listing(folder, commit)) is not None:
+            self._remember_ref(folder, revision, commit)
+            return known
+        from ..warming.orchestrate import resolve_revision
+
+        try:
+            resolved = resolve_revision(WarmRequest(repo_id, revision=revision, repo_type=repo_type), self.clients)
+        except HfcacheError as exc:
+            raise store_miss(type(exc).__name__, exc.message) from None
+        files = [LockedFile(f.path, f.size, f.hash) for f in resolved.files]
+        locked = snapshot(folder, resolved.commit_hash, files)
+        self.bucket.put_bytes(self._key("snapshots", folder, f"{resolved.commit_hash}.json"), render_manifest(locked))
+        if not is_commit(revision):
+            record = {"commit": resolved.commit_hash, "resolved": time.time()}
+            self.bucket.put_bytes(self._key("refs", folder, revision), json.dumps(record).encode())
+            self._remember_ref(folder, revision, resolved.commit_hash)
+        return locked
+
+    def _remember_ref(self, folder: str, revision: str, commit: str) -> None:
+        if not is_commit(revision):
+            with self._lock:
+                self._refs[(folder, revision)] = (commit, time.monotonic() + min(REF_MEMORY, self.config.revalidate))
+
+    def ensure_blob(self, snap: RepoSnapshot, repo_file: RepoFile) -> None:
+        """Make the bucket hold ``repo_file``'s blob: present, fetched now under a lease, or fetched by another
+        replica meanwhile. Raises StoreMiss: upstream failed (502/503), or the wait outlasted the fetch deadline."""
+        key = blob_key(self.bucket.url, repo_file.etag)
+        if self.bucket.head(key) == repo_file.size:
+            return
+        lease = self._key("leases", repo_file.etag)
+        deadline = time.monotonic() + max(600.0, repo_file.size / (1024 * 1024))  # at least 1 MiB/s
+        while time.monotonic() < deadline and not self._stop.is_set():
+            if self._acquire(lease):
+                try:
+                    if self.bucket.head(key) != repo_file.size:  # not finished by a replica that just released
+                        self._fetch(snap, repo_file, key, lease)
+                finally:
+                    self._release(lease)
+                return
+            time.sleep(WAIT_POLL)
+            if self.bucket.head(key) == repo_file.size:
+                return
+        raise StoreMiss("UpstreamUnavailable", f"{snap.repo_id}: {inert(repo_file.path)} is still being fetched; "
+                        "retry", status=503, retry_after=5)
+
+    def _fetch(self, snap: RepoSnapshot, repo_file: RepoFile, key: str, lease: str) -> None:
+        """Download the file from upstream into a temporary file (size and hash checked), then upload it, hashed
+        again, renewing the lease meanwhile."""
+        from ..hub.files import RemoteFile, RepoRevision
+
+        remote = RemoteFile(repo_file.path, repo_file.size, repo_file.blob_id, repo_file.sha256 if repo_file.is_lfs
+                            else None)
+        repo = RepoRevision(snap.repo_id, snap.repo_id, snap.repo_type, snap.commit, snap.commit, (remote,))
+        renewing = threading.Event()
+        renewer = threading.Thread(target=self._renew, args=(lease, renewing), daemon=True, name="hfcache-lease")
+        renewer.start()
+        try:
+            with tempfile.TemporaryFile(prefix="hfcache-fill-") as spool:
+                failures = []
+                for client in self.clients:
+                    try:
+                        client.download(repo, remote, spool)
+                        break
+                    except HfcacheError as exc:
+                        failures.append(exc)
+                else:
+                    raise store_miss(type(failures[-1]).__name__, failures[-1].message, fetch=True)
+                spool.seek(0)
+                reader = HashingReader(os.fdopen(os.dup(spool.fileno()), "rb"), repo_file.size, etag=repo_file.etag,
+                                       shown=f"{snap.repo_id}: {repo_file.path}")
+                with reader:
+                    upload_blob(self.bucket, key, reader, repo_file.size, create_only=True)
+        except HfcacheError as exc:
+            raise store_miss(type(exc).__name__, exc.message, fetch=True) from None
+        finally:
+            renewing.set()
+            renewer.join()
+
+    def _acquire(self, lease: str) -> bool:
+        """Take the lease: create it, or take over an expired one (``If-Match`` its ETag: one taker wins)."""
+        body = json.dumps({"owner": self.owner, "expires": time.time() + LEASE_SECONDS}).encode()
+        if self.bucket.put_bytes(lease, body, create_only=True):
+            return True
+        try:
+            with self.bucket.errors(lease):
+                held = self.bucket.client.get_object(Bucket=self.bucket.url.bucket, Key=lease)
+                record, etag = json.loads(held["Body"].read(_REF_BYTES)), held["ETag"]
+        except (RepoNotFound, ValueError):
+            return False  # released meanwhile (the blob is there, or the next look takes it), or garbled
+        except HfcacheError:
+            return False
+        if not isinstance(record, dict) or not isinstance(record.get("expires"), (int, float)) \
+                or record["expires"] > time.time():
+            return False
+        try:
+            with self.bucket.errors(lease):
+                self.bucket.client.put_object(Bucket=self.bucket.url.bucket, Key=lease, Body=body, IfMatch=etag)
+        except HfcacheError:
+            return False  # another replica took it over first (412)
+        return True
+
+    def _renew(self, lease: str, done: threading.Event) -> None:
+        while not done.wait(RENEW_EVERY):
+            body = json.dumps({"owner": self.owner, "expires": time.time() + LEASE_SECONDS}).encode()
+            # A failed renewal: the next one tries again; a lease that expires is taken over (a second fetch).
+            with contextlib.suppress(HfcacheError):
+                self.bucket.put_bytes(lease, body)
+
+    def _release(self, lease: str) -> None:
+        with contextlib.suppress(HfcacheError), self.bucket.errors(lease):  # else it expires
+            self.bucket.client.delete_object(Bucket=self.bucket.url.bucket, Key=lease)
+
+    def _fresh_ref(self, folder: str, revision: str) -> str | None:
+        try:
+            record = json.loads(self.bucket.get_bytes(self._key("refs", folder, revision), _REF_BYTES))
+        except (HfcacheError, ValueError):
+            return None
+        if not isinstance(record, dict) or not is_commit(record.get("commit")) \
+                or not isinstance(record.get("resolved"), (int, float)) \
+                or time.time() - record["resolved"] > self.config.revalidate:
+            return None
+        return record["commit"]
+
+    def _listing(self, folder: str, commit: str) -> LockedRepo | None:
+        key = self._key("snapshots", folder, f"{commit}.json")
+        try:
+            return parse_manifest(self.bucket.get_bytes(key, MAX_LISTING_BYTES), folder, commit, commit, key)
+        except HfcacheError:
+            return None  # absent or garbled: asked again upstream, and rewritten
+
+    def _key(self, *parts: str) -> str:
+        return self.bucket.url.key("upstream", *parts)
