@@ -28,6 +28,7 @@ import yaml
 from huggingface_hub import hf_hub_download
 
 from tests.helpers import clean_env, golden_ids, refused_endpoint
+from tests.s3 import moto_server
 from tests.testhub import HubServer
 
 PROJECT = Path(__file__).parents[2]
@@ -285,20 +286,26 @@ def test_the_policy_lets_app_pods_reach_only_what_their_init_container_needs():
 class Cluster:
     """Stand-ins for what the pods would mount, and the endpoints they would reach."""
 
-    def __init__(self, base: Path, upstream: str, registry: str) -> None:
+    def __init__(self, base: Path, upstream: str, registry: str, s3_env: dict[str, str] | None = None) -> None:
         self.base = base
         self.endpoints = {UPSTREAM: upstream}
         self.registry = registry  # host:port of a local registry standing for registry.example.com
+        self.s3_env = s3_env or {}  # the Secret hfcache-s3 and the store behind AWS_ENDPOINT_URL (moto's server)
         self.lock_dir = base / "configmaps" / "hfcache-lock"
         self.lock_dir.mkdir(parents=True)
         shutil.copyfile(EXAMPLES / "hfcache.lock", self.lock_dir / "hfcache.lock")
+        self.locks_dir = base / "configmaps" / "hfcache-locks"  # node-sync.yaml's folder of locks
+        self.locks_dir.mkdir(parents=True)
+        shutil.copyfile(EXAMPLES / "hfcache.lock", self.locks_dir / "app.lock")
 
     def volume_dir(self, pod: str, volume: dict) -> Path:
         if "persistentVolumeClaim" in volume:
             path = self.base / "claims" / volume["persistentVolumeClaim"]["claimName"]
         elif "configMap" in volume:
-            assert volume["configMap"]["name"] == "hfcache-lock", volume
-            return self.lock_dir
+            assert volume["configMap"]["name"] in ("hfcache-lock", "hfcache-locks"), volume
+            return self.lock_dir if volume["configMap"]["name"] == "hfcache-lock" else self.locks_dir
+        elif "hostPath" in volume:  # one folder per host path, shared by the pods of the node
+            path = self.base / "node" / volume["hostPath"]["path"].strip("/")
         elif "secret" in volume:  # a token Secret: one file, ``token``
             path = self.base / "secrets" / volume["secret"]["secretName"]
             path.mkdir(parents=True, exist_ok=True)
@@ -330,14 +337,23 @@ class Cluster:
 
         env = {e["name"]: local(e["value"]) if "value" in e else self.field(e["valueFrom"])
                for e in container.get("env", [])}
+        for source in container.get("envFrom", []):
+            assert source["secretRef"]["name"] == "hfcache-s3", source
+            env.update(self.s3_env)
         # Kubernetes expands $(VAR) in command and args from the container's env.
         command = [local(re.sub(r"\$\((\w+)\)", lambda m: env.get(m.group(1), m.group(0)), a))
                    for a in argv(container)]
         for flag, value in (("--host", "127.0.0.1"), ("--port", "0")):
             if command[:2] == ["hfcache", "serve"] and flag in command:
                 command[command.index(flag) + 1] = value
-        if command[:2] in (["hfcache", "push"], ["hfcache", "pull"]):
+        if command[:2] in (["hfcache", "push"], ["hfcache", "pull"]) and not command[2].startswith("s3://"):
             command.append("--plain-http")  # the local registry has no TLS
+        if command[:2] == ["hfcache", "sync"]:
+            command.append("--once")  # one pass stands for the DaemonSet's loop
+        # What the application image holds at /app: examples/ (show_tokenizers.py)
+        command = [str(EXAMPLES / a[len("/app/"):]) if a.startswith("/app/") else a for a in command]
+        if command[:2] == ["hfcache", "exec"] and command[command.index("--") + 1] == "python":
+            command[command.index("--") + 1] = sys.executable  # the image's python, with transformers
         return command, env
 
     def local(self, value: str) -> str:
@@ -394,6 +410,24 @@ def check_pull_through(command: list[str], env: dict[str, str], upstream: HubSer
     assert verified.returncode == 0, verified.stdout + verified.stderr
 
 
+def check_bucket_mirror(command: list[str], env: dict[str, str], client: Path) -> None:
+    """Run the bucket mirror's serve (the bucket holds what bucket-push-cronjob.yaml pushed, or it pulls through);
+    a client downloads an allowed repo through it, and another is refused."""
+    server = subprocess.Popen([sys.executable, "-m", "hfcache", *command[1:]], cwd=PROJECT, env=clean_env(**env),
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        endpoint = re.search(r" at (http://\S+)$", server.stderr.readline().strip()).group(1)
+        path = hf_hub_download("google-bert/bert-base-uncased", "vocab.txt", cache_dir=client, endpoint=endpoint,
+                               token=False)
+        refused = httpx2.get(f"{endpoint}/api/models/mistralai/Mistral-7B-v0.1")
+    finally:
+        server.send_signal(signal.SIGTERM)
+        code = server.wait(timeout=30)
+    assert code == 0, server.stderr.read()
+    assert Path(path).read_bytes() == (PROJECT / "tests/data/hub/google-bert/bert-base-uncased/vocab.txt").read_bytes()
+    assert (refused.status_code, refused.headers["x-error-code"]) == (403, "RepoNotAllowed")
+
+
 @pytest.mark.slow
 def test_the_manifests_commands_run_for_real(hub_root, tmp_path):
     from tests.registry import available, running_registry
@@ -401,8 +435,10 @@ def test_the_manifests_commands_run_for_real(hub_root, tmp_path):
     if available() and not os.environ.get("CI"):
         pytest.skip(available())
     ran = set()
-    with HubServer(hub_root) as upstream, running_registry(tmp_path / "registry") as registry:
-        cluster = Cluster(tmp_path, upstream.endpoint, registry.host)
+    with HubServer(hub_root) as upstream, running_registry(tmp_path / "registry") as registry, \
+            moto_server(tmp_path) as s3:
+        s3.bucket("models")
+        cluster = Cluster(tmp_path, upstream.endpoint, registry.host, s3.env())
 
         # 1. The mirror's init container fills its claim from "the Hub".
         pod, spec, warm = container_of("mirror.yaml", "warm")
@@ -472,6 +508,10 @@ def test_the_manifests_commands_run_for_real(hub_root, tmp_path):
             for _, container in all_containers(spec):
                 command = argv(container)
                 if command[0] != "hfcache" or (file, container["name"]) in ran:
+                    continue
+                if command[:2] == ["hfcache", "serve"]:  # mirror-bucket.yaml: replicas on the bucket
+                    check_bucket_mirror(*cluster.process(doc["metadata"]["name"], spec, container), tmp_path / "b")
+                    ran.add((file, container["name"]))
                     continue
                 for volume in spec["volumes"]:
                     claim = volume.get("persistentVolumeClaim", {}).get("claimName")

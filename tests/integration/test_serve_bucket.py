@@ -108,19 +108,18 @@ def test_three_replicas_fetch_each_upstream_file_at_most_once(s3, tmp_path):
 def test_an_expired_lease_is_taken_over_and_allow_refuses(s3, tmp_path):
     s3.bucket("leases")
     env = clean_env(**s3.env())
-    with HubServer(HUB) as upstream:
-        with served("--store", "s3://leases/hf", "--upstream", upstream.endpoint, "--allow", "openai-community/*",
-                    env=env) as (endpoint, _proc):
-            info = json.loads(run_hfcache(["warm", GPT2, "--endpoint", endpoint, "--cache-dir", str(tmp_path / "a"),
-                                           "--json"]).stdout)
-            assert info["ok"], info
-            etag = next(f["hash"].split(":", 1)[1] for f in info["repos"][0]["files"] if f["path"] == "merges.txt")
-            client = s3.client()
-            client.delete_object(Bucket="leases", Key=f"hf/blobs/{etag}")
-            client.put_object(Bucket="leases", Key=f"hf/upstream/leases/{etag}",
-                              Body=json.dumps({"owner": "dead", "expires": time.time() - 1}).encode())
-            again = warm(endpoint, tmp_path / "b", GPT2)
-            assert again.returncode == 0, again.stdout + again.stderr
-            assert client.head_object(Bucket="leases", Key=f"hf/blobs/{etag}")["ContentLength"] > 0
-            refused = run_hfcache(["warm", DISTIL, "--endpoint", endpoint, "--cache-dir", str(tmp_path / "c")])
-            assert refused.returncode == 3 and "403" in refused.stderr, refused.stderr
+    with HubServer(HUB) as upstream, served("--store", "s3://leases/hf", "--upstream", upstream.endpoint,
+                                             "--allow", "openai-community/*", env=env) as (endpoint, _proc):
+        info = json.loads(run_hfcache(["warm", GPT2, "--endpoint", endpoint, "--cache-dir", str(tmp_path / "a"),
+                                       "--json"]).stdout)
+        assert info["ok"], info
+        etag = next(f["hash"].split(":", 1)[1] for f in info["repos"][0]["files"] if f["path"] == "merges.txt")
+        client = s3.client()
+        client.delete_object(Bucket="leases", Key=f"hf/blobs/{etag}")
+        client.put_object(Bucket="leases", Key=f"hf/upstream/leases/{etag}",
+                          Body=json.dumps({"owner": "dead", "expires": time.time() - 1}).encode())
+        again = warm(endpoint, tmp_path / "b", GPT2)
+        assert again.returncode == 0, again.stdout + again.stderr
+        assert client.head_object(Bucket="leases", Key=f"hf/blobs/{etag}")["ContentLength"] > 0
+        refused = run_hfcache(["warm", DISTIL, "--endpoint", endpoint, "--cache-dir", str(tmp_path / "c")])
+        assert refused.returncode == 3 and "403" in refused.stderr, refused.stderr
