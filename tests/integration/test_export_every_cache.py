@@ -1,5 +1,5 @@
 """Export and import of a cache holding every fixture repo and every legacy alias, and huggingface_hub 2.4's shared
-Xet store (issue 39 item 1): as a tar, a directory and a pipe, the tar extracted by GNU tar too.
+Xet store: as a tar, a directory and a pipe, the tar extracted by GNU tar too.
 
 The source cache is written by the library's own code: the unmodified huggingface_hub + hf_xet download two aliases
 through the Xet-speaking test Hub (their blobs are links into the shared store), then ``hfcache.warm`` adds every

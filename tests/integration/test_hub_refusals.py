@@ -1,4 +1,4 @@
-"""What an endpoint says when it refuses (issue 39 item 4): its own text (``X-Error-Message``) is in the error line,
+"""What an endpoint says when it refuses: its own text (``X-Error-Message``) is in the error line,
 and the hint fits the refusal: a pull-through mirror's ``--allow`` list is not a token problem; a gated repo or a
 401 is."""
 
