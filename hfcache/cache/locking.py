@@ -312,6 +312,8 @@ def _acquire(path: Path, timeout: float, stop: threading.Event | None,
             pass
         except OSError as exc:
             if exc.errno not in NO_FLOCK_ERRNOS or isinstance(lock, soft_lock):
+                if exc.filename == str(path) and path != shown:  # a /proc/self/fd/<N> name: say the cache's path
+                    raise type(exc)(exc.errno, exc.strerror, str(shown)) from None
                 raise
             # The probe said flock works but this file's filesystem disagrees (e.g. ENOLCK from an NFS lock manager
             # that went away): use the soft lock from now on.

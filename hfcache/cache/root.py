@@ -244,10 +244,11 @@ def require_hub_cache(path: str | os.PathLike[str]) -> CacheDirKind:
 
 
 def refuse_misplaced_cache(path: str | os.PathLike[str], *, empty_ok: bool = True) -> None:
-    """For a command that writes or serves a cache: refuse a folder that is another cache's home (an ``HF_HOME``,
-    a repo folder), so ``warm --cache-dir $HF_HOME`` writes no second cache beside ``hub/`` and ``serve`` serves no
-    empty mirror. Raises CacheError (exit 5) for such a folder; with ``empty_ok=False``, for any non-cache folder
-    (an empty or missing one is a new cache)."""
+    """The one rule for a cache path: refuse a folder that is another cache's home (an ``HF_HOME``,
+    a repo folder), so ``warm --cache-dir $HF_HOME`` writes no second cache beside ``hub/``, ``serve`` serves no
+    empty mirror and ``env``/``exec``/``path``/``doctor`` point nothing at it. Raises CacheError (exit 5, the error
+    of :meth:`CacheDirKind.error`, naming the cache meant) for such a folder; with ``empty_ok=False`` (commands that
+    hand a cache on or read it), for any folder that is no hub cache (an empty or missing one is a new cache)."""
     try:
         found = describe_cache_dir(path)
     except CacheError:

@@ -69,6 +69,10 @@ class RevisionInfo:
     problems: tuple[str, ...]
 
 
+#: The health of a repo folder that holds no file in any snapshot (a folder a failed or interrupted warm made).
+EMPTY = "empty: no snapshot holds a file (warm it again, or `hfcache prune` removes it)"
+
+
 @dataclass(frozen=True)
 class RepoInfo:
     """One repo folder of a cache.
@@ -109,8 +113,11 @@ class RepoInfo:
 
     @property
     def health(self) -> str:
-        """``ok`` or the problems joined by ``; ``."""
-        return "ok" if not self.problems else "; ".join(self.problems)
+        """``ok``, the problems joined by ``; ``, or :data:`EMPTY` for a repo no snapshot of which holds a file (never
+        ``ok``: nothing there loads; not a problem: other commands leave such a folder to prune)."""
+        if self.problems:
+            return "; ".join(self.problems)
+        return "ok" if any(rev.files for rev in self.revisions) else EMPTY
 
 
 @dataclass(frozen=True)

@@ -33,13 +33,16 @@ def _parse_chown(value: str | None) -> tuple[int, int] | None:
               help="dir: a new cache directory; tar: a reproducible tar [default: tar for '-' or *.tar, else dir].")
 @click.option("--chown", metavar="UID:GID", help="Owner of every entry (tar header, or lchown for dir).")
 @click.option("--group-writable", is_flag=True, help="Modes 0775/0664 instead of 0755/0644.")
+@click.option("--flat", is_flag=True, help="One REPO_ID@REVISION's files as real files at DEST (DEST/config.json, "
+              "...), hashed; a rerun over the same files changes nothing.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON document on stdout (not with DEST '-').")
-def export_command(dest, specs, lock_file, cache_dir, materialize, fmt, chown, group_writable, as_json) -> None:
+def export_command(dest, specs, lock_file, cache_dir, materialize, fmt, chown, group_writable, flat,
+                   as_json) -> None:
     """Copy a cache (or the repos/lock given) to DEST: a new cache directory or a reproducible tar ('-': stdout).
 
     Links stay relative (relocatable), each distinct blob is stored once (hardlinks), every blob is hashed on the
     way; the same content always gives a byte-identical tar (a stable Docker layer digest). DEST may not be
-    inside the source cache (exit 2).
+    inside the source cache (exit 2). --flat writes one revision's files at DEST, for runtimes that take a folder.
     """
     from ..move.destination import refuse_dest_inside
     from ..move.export import plan_export, write_tar
@@ -48,6 +51,8 @@ def export_command(dest, specs, lock_file, cache_dir, materialize, fmt, chown, g
     from ..warming.project import reading_cache_dir
     from .render import move as render
 
+    if flat:
+        return _export_flat(dest, specs, lock_file, cache_dir, materialize, fmt, chown, group_writable, as_json)
     fmt = fmt or ("tar" if dest == "-" or dest.endswith(".tar") else "dir")
     if dest == "-" and fmt != "tar":
         raise UsageError("DEST '-' (stdout) needs --format tar", hint="add --format tar")
@@ -68,6 +73,24 @@ def export_command(dest, specs, lock_file, cache_dir, materialize, fmt, chown, g
     else:
         write_dir(plan, Path(dest), chown=owner, group_writable=group_writable)
     render.show_export(plan, dest, fmt, digest, as_json=as_json)
+
+
+def _export_flat(dest, specs, lock_file, cache_dir, materialize, fmt, chown, group_writable, as_json) -> None:
+    """``export DEST REPO_ID@REVISION --flat``: the revision's files as real files at DEST."""
+    from ..move.destination import refuse_dest_inside
+    from ..move.export import plan_export
+    from ..move.export_flat import write_flat
+    from ..warming.project import reading_cache_dir
+    from .render import move as render
+
+    if len(specs) != 1 or lock_file or materialize or fmt == "tar" or chown or dest == "-":
+        raise UsageError("--flat takes one REPO_ID[@REVISION] and a folder DEST (no --lock, --materialize, "
+                         "--format tar, --chown or '-')", hint="e.g. hfcache export /models/x org/name@main --flat")
+    root = reading_cache_dir(cache_dir, None)
+    refuse_dest_inside(root, dest, "export")
+    spec = specs[0] if "@" in specs[0] else f"{specs[0]}@main"
+    result = write_flat(plan_export(root, [spec]), Path(dest), spec.partition("@")[0], group_writable=group_writable)
+    render.show_flat(result, as_json=as_json)
 
 
 @click.command(name="import")

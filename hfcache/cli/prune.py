@@ -21,17 +21,19 @@ from .options import cache_dir_option, lock_timeout_option, parsed
               help="Never remove a revision this hfcache.lock pins (repeatable).")
 @click.option("--keep", multiple=True, metavar="REPO_ID[@REVISION]",
               help="Never remove this repo's revisions, or the one a ref or commit names (repeatable).")
+@click.option("--superseded", is_flag=True, help="Remove at once, without the one-hour grace, each revision no ref "
+              "names any more while the repo's refs name another (the one an update replaced).")
 @click.option("--missing-ok", is_flag=True, help="Exit 0 (with a warning) when the cache folder does not exist yet "
               "(a job that may run before the first warm); without it, exit 5.")
 @click.option("--dry-run", is_flag=True, help="Print the plan; remove nothing.")
 @click.option("-y", "--yes", is_flag=True, help="Do not ask for confirmation (cron jobs, CI).")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON document on stdout (needs --yes or --dry-run).")
 @lock_timeout_option
-def prune(cache_dir, older_than, max_size, keep_locks, keep, missing_ok, dry_run, yes, as_json,
+def prune(cache_dir, older_than, max_size, keep_locks, keep, superseded, missing_ok, dry_run, yes, as_json,
           lock_timeout) -> None:
     """Remove what a cache no longer needs, never what is pinned or being downloaded.
 
-    In order: detached revisions (no ref; unused for an hour); revisions unused for longer than --older-than; then
+    In order: detached revisions (no ref; unused for an hour, or at once with --superseded); revisions unused for longer than --older-than; then
     least-recently-used revisions until the cache fits --max-size. Also blobs no snapshot uses, .incomplete files
     older than an hour whose download is dead, .locks files of removed blobs, and empty repo folders. Safe while
     `hfcache warm` runs.
@@ -41,6 +43,7 @@ def prune(cache_dir, older_than, max_size, keep_locks, keep, missing_ok, dry_run
     \b
     Examples:
       hfcache prune --dry-run
+      hfcache prune --superseded --yes
       hfcache prune --older-than 30d --max-size 50GB --keep-lock hfcache.lock --yes
     """
     from ..prune import execute, plan_prune
@@ -52,7 +55,7 @@ def prune(cache_dir, older_than, max_size, keep_locks, keep, missing_ok, dry_run
     if not (yes or dry_run) and not sys.stdin.isatty():
         raise UsageError("no terminal to ask for confirmation", hint="pass --yes (cron jobs, CI) or --dry-run")
     plan = plan_prune(cache_dir, older_than=older_than, max_size=max_size, keep=keep, keep_locks=keep_locks,
-                      missing_ok=missing_ok)
+                      missing_ok=missing_ok, superseded=superseded)
     if dry_run:
         render.show_prune(plan, as_json=as_json, dry_run=True)
         sys.exit(5 if plan.unreadable else 0)  # a repo it cannot read: a filesystem problem to fix

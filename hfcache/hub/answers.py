@@ -7,11 +7,12 @@ value of the wrong JSON type is a :class:`HubError` (exit 3) naming the field, q
 from __future__ import annotations
 
 import json
+import unicodedata
 from typing import NamedTuple
 
 from ..bounds import TooDeep, loads_json
 from ..errors import HubError
-from ..names import is_commit, is_etag, is_sha256
+from ..names import NOT_INERT, is_commit, is_etag, is_sha256
 from ..records import MAX_FILE_SIZE, UnsafePath, folder_clash, shown, valid_repo_id, valid_size, validate_repo_path
 from .files import RemoteFile, RepoRevision
 
@@ -159,3 +160,19 @@ def error_document(content: bytes, content_type: str = "") -> bytes:
             kept["errors"] = [{"message": e["message"]} for e in errors
                               if isinstance(e, dict) and isinstance(e.get("message"), str)]
     return json.dumps(kept).encode()
+
+
+#: The most characters of an endpoint's own error text kept in a message.
+MAX_SAID = 200
+
+
+def said(server_message: object) -> str:
+    """An endpoint's own error text (huggingface_hub's ``HfHubHTTPError.server_message``: the ``X-Error-Message``
+    header, else the body's ``error`` fields) as one line of inert text: whitespace runs one space, any other
+    character that is not inert (:data:`hfcache.names.NOT_INERT`) a ``?``, at most :data:`MAX_SAID` characters (an
+    ellipsis marks the cut); ``""`` when there is none or it is not a string."""
+    if not isinstance(server_message, str):
+        return ""
+    text = " ".join(server_message.split())
+    text = "".join("?" if unicodedata.category(c) in NOT_INERT else c for c in text)
+    return text if len(text) <= MAX_SAID else text[:MAX_SAID - 1] + "…"

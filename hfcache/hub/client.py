@@ -393,18 +393,21 @@ def _with_body(response: httpx2.Response, content: bytes) -> httpx2.Response:
 
 def _translate(exc: BaseException, what: str, repo_id: str, revision: str, endpoint: str,
                withheld: str | None) -> BaseException:
-    """``exc`` as the hfcache error with a one-line message (``exc`` itself when none applies)."""
+    """``exc`` as the hfcache error with a one-line message (``exc`` itself when none applies); an HTTP error answer's
+    own text (``X-Error-Message``) is quoted in it, and its hint fits the answer: a token for 401 and gated repos,
+    the mirror's ``--allow`` list for a pull-through mirror's ``RepoNotAllowed``."""
+    told = _told(exc, endpoint)
     if isinstance(exc, TooSlow):  # a deadline or throughput floor (hfcache.pace): the message names both
         return EndpointUnreachable(_first_line(exc), hint=SLOW_HINT)
     if isinstance(exc, hf_errors.GatedRepoError):
-        return GatedRepo(f"{repo_id}: access is gated or forbidden at {endpoint}",
+        return GatedRepo(f"{repo_id}: access is gated or forbidden at {endpoint}{told}",
                          hint=withheld or "accept the repo's conditions on the Hub and pass a token "
                          "with access (--token-file)")
     if isinstance(exc, hf_errors.RevisionNotFoundError):
-        return RevisionNotFound(f"{repo_id}: revision {revision!r} not found at {endpoint}",
+        return RevisionNotFound(f"{repo_id}: revision {revision!r} not found at {endpoint}{told}",
                                 hint="check the branch, tag or commit name")
     if isinstance(exc, hf_errors.RepositoryNotFoundError):
-        return RepoNotFound(f"{repo_id}: repo not found at {endpoint} (or private without access)",
+        return RepoNotFound(f"{repo_id}: repo not found at {endpoint} (or private without access){told}",
                             hint=withheld or "check the repo id and --repo-type; for a private repo "
                             "pass a token")
     if isinstance(exc, hf_errors.OfflineModeIsEnabled):
@@ -431,16 +434,28 @@ def _translate(exc: BaseException, what: str, repo_id: str, revision: str, endpo
                                    hint="check --endpoint / HF_ENDPOINT and the network")
     if isinstance(exc, hf_errors.HfHubHTTPError):
         status = exc.response.status_code if exc.response is not None else "?"
+        code = exc.response.headers.get("X-Error-Code", "") if exc.response is not None else ""
+        if code == "RepoNotAllowed":  # hfcache serve's pull-through mirror (serve/pullthrough.py): no token helps
+            return GatedRepo(f"{repo_id}: refused by the mirror at {endpoint}{told}",
+                             hint=f"the mirror fetches only the repos its `hfcache serve --allow` globs name: ask its "
+                             f"operator to allow {repo_id}, or warm from an endpoint that has it")
         if status in (401, 403):
-            return GatedRepo(f"{repo_id}: HTTP {status} from {endpoint}: not authorized",
+            return GatedRepo(f"{repo_id}: HTTP {status} from {endpoint}: not authorized{told}",
                              hint=withheld or "pass a token with access (--token-file or HF_TOKEN)")
-        return HubError(f"{what}: HTTP {status} from {endpoint}", hint="retry later or check the endpoint")
+        return HubError(f"{what}: HTTP {status} from {endpoint}{told}", hint="retry later or check the endpoint")
     if isinstance(exc, (ValueError, KeyError, TypeError, RecursionError)):  # malformed JSON or fields
         return HubError(f"{what}: malformed answer from {endpoint} ({_first_line(exc)})",
                         hint="the endpoint is not Hub-compatible")
     if isinstance(exc, httpx2.HTTPError):
         return EndpointUnreachable(f"{what}: {_first_line(exc)}", hint="check the endpoint and network")
     return exc
+
+
+def _told(exc: BaseException, endpoint: str) -> str:
+    """`` (it said: TEXT)`` for an HTTP error answer that carried its own text (:func:`answers.said`), else
+    ``""``."""
+    text = answers.said(getattr(exc, "server_message", None)) if isinstance(exc, hf_errors.HfHubHTTPError) else ""
+    return f" (it said: {text})" if text else ""
 
 
 def _first_line(exc: BaseException) -> str:

@@ -5,6 +5,7 @@ docs/transfer.md."""
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import os
 import stat
@@ -67,8 +68,30 @@ def plan_export(cache_dir: str | os.PathLike[str], specs: Iterable[str] = (), lo
                          hint="remove the symlink or file (or pass only other repos), then rerun")
     unique = sum(_plan_repo(info.cache_dir, repo, _selected_revisions(repo, selection), materialize, entries,
                             first_of_content) for repo in info.repos)
+    return ExportPlan(entries=_in_link_order(entries), repos=tuple(r.folder for r in info.repos), unique_bytes=unique)
+
+
+def _in_link_order(entries: list[Entry]) -> tuple[Entry, ...]:
+    """``entries`` sorted by name, each shared content a ``file`` at its first entry in that order and a hardlink to
+    it at every later one: a tar reader and ``os.link`` need a hardlink's target written before it, and the repo
+    that first held a blob in scan order (by id) need not come first by folder name (``distilbert-base-uncased``
+    and ``distilbert/distilbert-base-uncased``). The first is always a blob: a folder's ``blobs/`` sorts before its
+    ``snapshots/``."""
     entries.sort(key=lambda e: e.name)
-    return ExportPlan(entries=tuple(entries), repos=tuple(r.folder for r in info.repos), unique_bytes=unique)
+    planned = {e.name: e for e in entries if e.kind == "file"}
+    shared = {e.target for e in entries if e.kind == "hardlink"}
+    first: dict[str, str] = {}  # the planned holder's name -> the first entry holding that content
+    out = []
+    for e in entries:
+        held = e.target if e.kind == "hardlink" else e.name
+        if e.kind not in ("file", "hardlink") or held not in shared:
+            out.append(e)
+        elif held in first:
+            out.append(Entry(e.name, "hardlink", target=first[held]))
+        else:
+            first[held] = e.name
+            out.append(dataclasses.replace(planned[held], name=e.name))
+    return tuple(out)
 
 
 def _more(items: list) -> str:

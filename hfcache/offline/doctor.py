@@ -10,7 +10,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..cache.root import resolve_cache_dir
+from ..cache.root import refuse_misplaced_cache, resolve_cache_dir
 from . import doctor_settings as settings
 from .doctor_folder import StoreState, examine_folder, examine_store, modules_cache_findings
 from .doctor_runtime import process_umask, read_only_online_findings, umask_findings
@@ -74,6 +74,8 @@ def doctor(cache_dir: str | os.PathLike[str] | None = None, environ: Mapping[str
     findings: list[Finding] = []
     effective, source = hub_cache_setting(env)
     cache = resolve_cache_dir(cache_dir).resolve() if cache_dir is not None else effective
+    if cache_dir is not None:  # the one rule of every command (an effective cache that is none is a finding)
+        refuse_misplaced_cache(cache, empty_ok=False)
     findings += settings.cache_setting_findings(env, effective, source, cache, cache_dir is not None)
     offline, offline_findings = settings.offline_mode_findings(env)
     findings += offline_findings

@@ -18,6 +18,7 @@ from ..bounds import MAX_TREE_DEPTH
 from ..cache import safefs
 from ..cache.access import flock_check, outsider_check, reach_check, share_recipe, sharing_checks, write_checks
 from ..cache.fsops import create_at, open_dir_at, walk_tree
+from ..cache.root import describe_cache_dir
 from ..cache.shared_store import DISABLING_VARIABLES, MARKER, STORE_DIR, StoreProblem, open_store_dir
 from ..errors import HfcacheError
 from ..names import is_sha256
@@ -98,7 +99,14 @@ def _content_findings(cache: Path, uid: int | None, out: _Folder) -> set[int]:
         names = os.listdir(cache)
     except OSError:
         names = []
-    if not [p for p in names if "--" in p and not p.startswith(".")]:
+    try:
+        found = describe_cache_dir(cache)
+    except HfcacheError:  # cannot be listed: the access findings say so
+        found = None
+    if found is not None and not found.is_cache:  # an HF_HOME, a repo folder: every command's error, the cache meant
+        error = found.error()
+        out.findings.append(Finding("cache.not_a_cache", "error", error.message, error.hint))
+    elif not [p for p in names if "--" in p and not p.startswith(".")]:
         out.findings.append(Finding("cache.empty", "warning", f"the cache {cache} holds no repo",
                                     f"warm it: hfcache warm REPO_ID... --cache-dir {cache}"))
     out.findings += _unsafe_findings(cache, out)

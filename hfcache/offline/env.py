@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, NoReturn
 
-from ..cache.root import cache_dir_warning, resolve_cache_dir
+from ..cache.root import cache_dir_warning, refuse_misplaced_cache, resolve_cache_dir
 from ..errors import HfcacheError, OfflineViolation, UsageError
 from ..names import NOT_INERT, not_inert
 from . import guard as network_guard
@@ -90,8 +90,10 @@ def offline_environment(cache_dir: str | os.PathLike[str] | None = None,
                         environ: Mapping[str, str] | None = None) -> OfflineEnv:
     """The offline variables (the module docstring has each one and its source) for the cache root ``cache_dir``
     (default: ``default_cache_dir``), going into ``environ`` (default ``os.environ``: whether the modules cache moves).
-    Raises UsageError (exit 2): the path holds a newline or NUL, or a ``$NAME``/``${NAME}`` huggingface_hub expands."""
+    Raises UsageError (exit 2): the path holds a newline or NUL, or a ``$NAME``/``${NAME}`` huggingface_hub expands;
+    CacheError (exit 5): a folder that is no hub cache, such as an ``HF_HOME`` (:func:`refuse_misplaced_cache`)."""
     cache = resolve_cache_dir(cache_dir)
+    refuse_misplaced_cache(cache, empty_ok=False)
     if any(c in str(cache) for c in "\n\r\x00"):
         raise UsageError(f"cache path {str(cache)!r} contains a line break or NUL", hint="choose another --cache-dir")
     _refuse_expansion(str(cache))

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from ..cache import safefs
 from ..cache.layout import RepoFolder
-from ..cache.root import access_error
+from ..cache.root import access_error, refuse_misplaced_cache
 from ..cache.safefs_tree import walk
 from ..errors import CacheError, CheckFailed, UsageError
 from ..names import check_folder_name, is_commit, not_inert, repo_folder_name, url_prefix
@@ -139,6 +139,7 @@ def resolve(cache: Path, spec: str, pattern: str | None = None, *, repo_type: st
         pattern = check_pattern(pattern)
     root = Path(cache).absolute()  # as resolve_cache_dir: the path as given, not resolved (the root may be a link)
     _check_shown(str(root), "the cache path")
+    refuse_misplaced_cache(root, empty_ok=False)  # an HF_HOME: its hub/ named, never a warm into the HF_HOME
     folder = repo_folder_name(request.repo_id, request.repo_type)
     check_folder_name(folder)
     try:

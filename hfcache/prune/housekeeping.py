@@ -10,7 +10,7 @@ from pathlib import Path
 
 from ..cache.locking import try_lock
 from .inventory import Ledger, RepoBook
-from .plan import TRASH
+from .plan import TRASH, GraceKept
 
 
 def housekeeping(ledger: Ledger, repo: RepoBook) -> None:
@@ -21,11 +21,18 @@ def housekeeping(ledger: Ledger, repo: RepoBook) -> None:
         if not repo.blob_users.get(etag) and not repo.inode_users.get(inode):
             ledger.delete_blob(repo, etag, "orphan", "no snapshot uses it")
     for name, inode, _size, mtime in repo.incomplete:
-        if mtime < ledger.now - ledger.grace and not lock_held(ledger.lock_path(folder, etag_of(name))):
+        young = mtime >= ledger.now - ledger.grace
+        if young or lock_held(ledger.lock_path(folder, etag_of(name))):
+            ledger.kept.append(GraceKept(repo.info.repo_id, repo.info.repo_type, "incomplete",
+                                         f"{folder}/blobs/{name}", None, mtime,
+                                         f"partial download written {age(ledger.now - mtime)} ago: kept for the "
+                                         f"{age(ledger.grace)} grace (a download may be running)" if young
+                                         else "its download lock is held: a download is running"))
+        else:
             freed = ledger.release(repo, inode)
             ledger.freed += freed
             ledger.item(repo, "incomplete", f"{folder}/blobs/{name}", None, "stale_incomplete",
-                        f"partial download untouched for {_age(ledger.now - mtime)}, no live download lock", freed)
+                        f"partial download untouched for {age(ledger.now - mtime)}, no live download lock", freed)
             repo.removed_incomplete.add(name)
     if repo.trash:
         ledger.item(repo, "trash", f"{folder}/{TRASH}", None, "interrupted", "left by an interrupted prune")
@@ -91,7 +98,8 @@ def etag_of(incomplete_name: str) -> str:
     return incomplete_name.lstrip(".").split(".", 1)[0]
 
 
-def _age(seconds: float) -> str:
+def age(seconds: float) -> str:
+    """``seconds`` in its largest whole unit: ``3d``, ``2h``, ``5m``, ``40s``."""
     for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
         if seconds >= size:
             return f"{int(seconds // size)}{unit}"

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from ..cache import safefs
 from ..cache.scan import RepoInfo, RevisionInfo
 from ..cache.shared_store import StoreProblem, payload_stat
-from .plan import TRASH, PlanItem, RevisionRemoval
+from .plan import TRASH, GraceKept, PlanItem, RevisionRemoval
 from .store import has_store, list_payloads, payload_path, payload_references
 
 #: The ``folder`` of plan items of the shared store itself (payloads no repo holds).
@@ -66,6 +66,7 @@ class Ledger:
         self.freed = 0
         self.outside_kept = 0
         self.removals: list[RevisionRemoval] = []
+        self.kept: list[GraceKept] = []  # what only the grace period keeps (plan.GraceKept)
         self.has_store = has_store(root)
         self.store_hashes: dict[tuple[int, int], str] = {}  # payload inode -> Xet hash
         self.link_names: dict[tuple[int, int], int] = {}  # store links to each payload in detailed folders

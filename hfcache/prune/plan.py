@@ -44,13 +44,30 @@ class PrunePolicy:
     """What a plan was computed from: ``older_than`` (seconds; revisions unused for longer go), ``max_size``
     (bytes; least-recently-used revisions go until the cache fits), ``keep`` (pinned on the command line),
     ``keep_locks`` (lock files whose revisions are pinned), ``grace`` (seconds; younger ``.incomplete`` files,
-    empty repo folders and detached revisions used more recently are left alone)."""
+    empty repo folders and detached revisions used more recently are left alone), ``superseded`` (a detached revision
+    of a repo whose refs name another revision goes at once, whatever the grace)."""
 
     older_than: float | None = None
     max_size: int | None = None
     keep: tuple[KeepSpec, ...] = ()
     keep_locks: tuple[str, ...] = ()
     grace: float = DEFAULT_GRACE
+    superseded: bool = False
+
+
+@dataclass(frozen=True)
+class GraceKept:
+    """What the grace period keeps that would go without it: ``kind`` ``revision`` (detached) or ``incomplete`` (a
+    partial download); ``path`` relative to the cache root; ``revision`` (the commit, for a revision);
+    ``last_used`` (seconds since the epoch: the snapshot's last use, the file's mtime); ``why`` (one line)."""
+
+    repo_id: str
+    repo_type: str
+    kind: str
+    path: str
+    revision: str | None
+    last_used: float
+    why: str
 
 
 @dataclass(frozen=True)
@@ -64,7 +81,7 @@ class PlanItem:
         repo_id (str), repo_type (str), folder (str): the repo, as its folder (``models--org--name``) names it.
         path (str): ``/``-separated, relative to the cache root (lock files: ``.locks/<folder>/<etag>.lock``).
         revision (str | None): the commit a ref, snapshot, marker folder or listing belongs to.
-        reason (str): ``detached``, ``older_than``, ``over_budget`` (with a revision), ``unused`` (only removed
+        reason (str): ``detached``, ``superseded``, ``older_than``, ``over_budget`` (with a revision), ``unused`` (only removed
             revisions used the blob), ``orphan`` (no snapshot used it), ``stale_incomplete``, ``interrupted`` (left
             by a killed prune) or ``empty``. detail (str): one line for people.
         bytes_freed (int): bytes given back, counted on the item removing a content's last name in the cache (0
@@ -117,6 +134,7 @@ class PrunePlan:
         unreadable (tuple[str, ...]): ``<folder>/<part>`` of repos left alone because this user cannot read all of
             them (what uses what is unknown); the prune then exits 5.
         empty (bool): the cache folder exists and holds nothing (a fresh volume): "empty cache: nothing to prune".
+        kept (tuple[GraceKept, ...]): what only the grace period keeps, and why.
     """
 
     cache_dir: str
@@ -134,6 +152,7 @@ class PrunePlan:
     warnings: tuple[str, ...] = ()
     unreadable: tuple[str, ...] = ()
     empty: bool = False
+    kept: tuple[GraceKept, ...] = ()
 
     @property
     def bytes_kept(self) -> int:

@@ -17,9 +17,9 @@ from ..cache.scan import RepoInfo, RevisionInfo, scan_cache
 from ..errors import CacheError, UsageError
 from ..units import format_duration
 from ..warming.lockfile import Lockfile, pinned_revisions, read_lock
-from .housekeeping import empty_folder, housekeeping, lock_items
+from .housekeeping import age, empty_folder, housekeeping, lock_items
 from .inventory import Ledger, RepoBook
-from .plan import DEFAULT_GRACE, KINDS, KeepSpec, PrunePlan, PrunePolicy
+from .plan import DEFAULT_GRACE, KINDS, GraceKept, KeepSpec, PrunePlan, PrunePolicy
 
 
 def plan_prune(
@@ -32,6 +32,7 @@ def plan_prune(
     grace: float = DEFAULT_GRACE,
     now: float | None = None,
     missing_ok: bool = False,
+    superseded: bool = False,
 ) -> PrunePlan:
     """Compute what a prune removes, from metadata only (no hashing, no writes, no network).
 
@@ -45,10 +46,12 @@ def plan_prune(
         grace: seconds (see :class:`PrunePolicy`). now: the time ages are measured against (default: now).
         missing_ok: a missing ``cache_dir`` is an empty plan with a warning (``prune --missing-ok``: a CronJob
             scheduled before the first warm).
+        superseded: a detached revision of a repo whose refs name another revision (an update moved the ref) goes
+            at once, not after ``grace`` (``prune --superseded``).
 
     Returns:
-        PrunePlan; its ``warnings`` say when ``max_size`` cannot be met without pinned revisions. An existing
-        empty folder (a fresh volume) is an empty plan with ``empty`` set.
+        PrunePlan; its ``warnings`` say when ``max_size`` cannot be met without pinned revisions, its ``kept`` what
+        only the grace period keeps. An existing empty folder (a fresh volume) is an empty plan with ``empty`` set.
 
     Raises:
         UsageError: a malformed ``keep`` spec, an unreadable or invalid lock, a negative duration or size.
@@ -56,6 +59,7 @@ def plan_prune(
             (:func:`hfcache.cache.root.describe_cache_dir`: an ``HF_HOME`` names its ``hub``), or cannot be listed.
     """
     policy, locks = _policy(older_than, max_size, keep, keep_locks, grace)
+    policy = replace(policy, superseded=superseded)
     root = resolve_cache_dir(cache_dir)
     now = time.time() if now is None else now
     kind = _cache_kind(root, missing_ok)
@@ -167,10 +171,19 @@ def _remove_revisions(ledger: Ledger, policy: PrunePolicy,
                       candidates: Sequence[tuple[RepoBook, RevisionInfo]]) -> None:
     """Steps 2 to 4 of the policy over the unpinned revisions: detached, older than, over budget."""
     # 2. detached revisions (not those used within the grace period: huggingface_hub creates the snapshot folder
-    # of a download by commit hash, which has no ref, before its first file arrives)
+    # of a download by commit hash, which has no ref, before its first file arrives), unless --superseded names
+    # them: no ref names them any more, another revision has the repo's refs (the executor skips one a ref names
+    # by then, under the repo lock: a warm publishing it holds that lock)
+    graced = []
     for repo, rev in candidates:
-        if not repo.refs_to.get(rev.commit_hash) and rev.last_used < ledger.now - policy.grace:
+        if repo.refs_to.get(rev.commit_hash):
+            continue
+        if policy.superseded and any(refs for commit, refs in repo.refs_to.items() if commit != rev.commit_hash):
+            ledger.remove_revision(repo, rev, "superseded", "no ref names it any more (--superseded: no grace)")
+        elif rev.last_used < ledger.now - policy.grace:
             ledger.remove_revision(repo, rev, "detached", "no ref points to it")
+        else:
+            graced.append((repo, rev))
     # 3. age
     if policy.older_than is not None:
         cutoff = ledger.now - policy.older_than
@@ -189,6 +202,13 @@ def _remove_revisions(ledger: Ledger, policy: PrunePolicy,
             if rev.commit_hash not in repo.removed:
                 ledger.remove_revision(repo, rev, "over_budget",
                                        "least recently used while the cache is over --max-size")
+    for repo, rev in graced:
+        if rev.commit_hash not in repo.removed:
+            ledger.kept.append(GraceKept(
+                repo.info.repo_id, repo.info.repo_type, "revision", f"{repo.info.folder}/snapshots/{rev.commit_hash}",
+                rev.commit_hash, rev.last_used, f"detached (no ref), used {age(ledger.now - rev.last_used)} ago: "
+                f"kept for the {age(policy.grace)} grace (a download may be running)"
+                + ("; --superseded removes it" if any(repo.refs_to.values()) else "")))
 
 
 def _finish(ledger: Ledger, policy: PrunePolicy, pinned: list[tuple[str, str, str]], bytes_pinned: int,
@@ -221,6 +241,7 @@ def _finish(ledger: Ledger, policy: PrunePolicy, pinned: list[tuple[str, str, st
         bytes_freed=sum(i.bytes_freed for i in items),
         bytes_pinned=bytes_pinned,
         warnings=tuple(ledger.warnings),
+        kept=tuple(sorted(ledger.kept, key=lambda k: k.path)),
     )
 
 

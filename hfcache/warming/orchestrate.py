@@ -28,6 +28,7 @@ from ..hub.files import RepoRevision
 from ..hub.slots import Slots
 from ..hub.urls import validate_endpoint
 from ..records import TRUST_ENDPOINT_ENV, HubOptions, NoProgress, ProgressSink, RepoResult, WarmReport, WarmRequest
+from . import undo
 from .repo_job import InFlight, RepoJob
 
 if TYPE_CHECKING:  # the lock file's module (and tomllib) is not needed to warm by name (docs/benchmarks.md)
@@ -85,10 +86,13 @@ def warm_repos(requests: Sequence[WarmRequest], hub: HubOptions, *, cache_dir: s
     for named in hub.endpoints or (os.environ.get("HF_ENDPOINT"),):
         if named:
             validate_endpoint(named)  # a malformed endpoint is a usage error before anything is created
+    created = not os.path.lexists(root)
     ensure_cache_root(root)  # before the token is read: an unreadable cache is the error worth naming first
     clients = list(clients) if clients else make_clients(hub, on_notice=on_notice)
     results = _run_jobs(requests, root, clients, max_workers=hub.max_workers, sink=progress or NoProgress(),
                         pinned=pinned, lock_timeout=lock_timeout, on_lock_wait=on_lock_wait)
+    if created and not any(r.ok for r in results):  # every repo failed (a mistyped id): no new cache folder stays
+        undo.drop_new_root(root)
     return WarmReport(cache_dir=str(root), repos=results, seconds=time.monotonic() - started,
                       endpoints=tuple(c.endpoint for c in clients))
 

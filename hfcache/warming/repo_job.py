@@ -29,9 +29,11 @@ from ..hub.retry import RetryCounter
 from ..hub.slots import Slots
 from ..hub.transfer import PARALLEL_THRESHOLD, TransferOptions, download_blob
 from ..records import ProgressSink, RepoResult, WarmedFile, WarmRequest, folder_clash, folder_ids
+from . import undo
 from .custom_code import BAD_FILE_HINT, MAX_PARSE_BYTES, follow_configs
 from .publish import check_publishable, copy_blob, publish
 from .selection import Selection, check_index_size, select, shards_from_index
+from .undo import Undone
 
 if TYPE_CHECKING:  # the lock file's module (and tomllib) is not needed to warm by name (docs/benchmarks.md)
     from .lockfile import LockedRepo
@@ -89,6 +91,7 @@ class RepoJob:
     # reported what it keeps: that report then advances by the difference (see _precount_kept).
     _prekept: dict[str, int] = field(default_factory=dict)
     _kept_seen: set[str] = field(default_factory=set)  # etags whose kept bytes (or blob) were reported
+    _undone: Undone | None = None  # what the last attempt's roll-back did (undo.roll_back)
 
     def run(self) -> RepoResult:
         started = time.monotonic()
@@ -120,9 +123,11 @@ class RepoJob:
         return result.exit_code == HubError.exit_code and not self.stop.is_set()
 
     def _attempt(self, client: HubClient) -> RepoResult:
-        """Warm the repo from one endpoint; return its result (an error is a failed result, never raised)."""
+        """Warm the repo from one endpoint; return its result (an error is a failed result, never raised; what its
+        roll-back gave back or kept is a note)."""
         base = RepoResult(request=self.request, endpoint=client.endpoint)
         repo: RepoRevision | None = None
+        self._undone = None
         try:
             if self.pinned is not None:
                 repo = pinned_revision(self.pinned)
@@ -140,6 +145,8 @@ class RepoJob:
             result = _failed(base, repo, InternalError(
                 f"{self.request.repo_id}: internal error: {type(exc).__name__}: {exc}",
                 hint="rerun with HFCACHE_DEBUG=1 and report it"))
+        if not result.ok and self._undone is not None and (note := self._undone.note()):
+            result = replace(result, notes=(*result.notes, note))
         return result
 
     def _warm(self, repo: RepoRevision, base: RepoResult) -> RepoResult:
@@ -156,11 +163,17 @@ class RepoJob:
             # times out releases those already taken.
             for folder in sorted(folders, key=lambda f: f.name):
                 held.enter_context(folder.repo_lock(stop=self.stop))
-            repo, paths, absent, read_notes = self._describe_and_read(repo, folders, selection)
-            by_path = repo.by_path
-            files = [by_path[p] for p in sorted(paths)]
-            sources = self._fetch_into(folders, repo, files)
-            notes = list(read_notes) + self._publish_all(folders, repo, files, absent)
+            marks = [undo.mark(folder, repo.commit_hash, req.revision) for folder in folders]
+            try:
+                repo, paths, absent, read_notes = self._describe_and_read(repo, folders, selection)
+                by_path = repo.by_path
+                files = [by_path[p] for p in sorted(paths)]
+                sources = self._fetch_into(folders, repo, files)
+                notes = list(read_notes) + self._publish_all(folders, repo, files, absent)
+            except BaseException as exc:  # still under the repo locks: nothing half-published, the space given back
+                stopped = self.stop.is_set() or not isinstance(exc, Exception)
+                self._undone = undo.roll_back(marks, keep_partials=stopped or undo.resumable(exc), keep_blobs=stopped)
+                raise
         return replace(
             base,
             canonical_id=repo.canonical_id,

@@ -27,7 +27,8 @@ def repo_dict(repo: RepoInfo, pinned: set[tuple[str, str, str]] | None) -> dict[
 
     revisions = [{"commit_hash": rev.commit_hash, "refs": list(rev.refs), "files": len(rev.files),
                   "size_on_disk": rev.size_on_disk, "last_used": iso_time(rev.last_used), "pinned": is_pinned(rev),
-                  "health": "ok" if not rev.problems else "; ".join(rev.problems)} for rev in repo.revisions]
+                  "health": "; ".join(rev.problems) or ("ok" if rev.files else "empty: no file")}
+                 for rev in repo.revisions]
     return {"repo_id": repo.repo_id, "repo_type": repo.repo_type, "folder": repo.folder,
             "refs": dict(sorted(repo.refs.items())), "revisions": revisions,
             "files": len({f.path for rev in repo.revisions for f in rev.files}), "size_on_disk": repo.size_on_disk,
@@ -44,7 +45,7 @@ def ls_dict(info: CacheInfo, pinned: set[tuple[str, str, str]] | None) -> dict[s
     return {"cache_dir": info.cache_dir, "size_on_disk": info.size_on_disk, "size_note": _SIZE_NOTE,
             "repos": [repo_dict(repo, pinned) for repo in info.repos],
             "totals": {"repos": len(info.repos), "revisions": sum(len(r.revisions) for r in info.repos),
-                       "size_on_disk": info.size_on_disk, "unhealthy": sum(1 for r in info.repos if r.problems)}}
+                       "size_on_disk": info.size_on_disk, "unhealthy": sum(1 for r in info.repos if r.health != "ok")}}
 
 
 class RepoSummary(NamedTuple):
@@ -60,7 +61,7 @@ class RepoSummary(NamedTuple):
 
 def repo_summary(repo: RepoInfo, pinned: set[tuple[str, str, str]] | None) -> RepoSummary:
     """``repo`` rendered for :func:`stream_ls_json` (a module-level function: it runs in scan workers)."""
-    return RepoSummary(_dumps(repo_dict(repo, pinned)), repo.inodes, len(repo.revisions), bool(repo.problems),
+    return RepoSummary(_dumps(repo_dict(repo, pinned)), repo.inodes, len(repo.revisions), repo.health != "ok",
                        bool(repo.unreadable))
 
 

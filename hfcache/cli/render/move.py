@@ -8,7 +8,7 @@ from rich.text import Text
 
 from .common import human_size, print_json, stderr, stdout
 
-__all__ = ["import_dict", "show_export", "show_import", "show_link"]
+__all__ = ["import_dict", "show_export", "show_flat", "show_import", "show_link"]
 
 
 def show_export(plan, dest: str, fmt: str, digest: str | None, *, as_json: bool) -> None:
@@ -22,6 +22,18 @@ def show_export(plan, dest: str, fmt: str, digest: str | None, *, as_json: bool)
     console.print(f"exported {len(plan.repos)} repo(s), {len(plan.entries)} entries, "
                  f"{human_size(plan.unique_bytes)} of distinct content -> {dest} ({fmt})"
                  + (f"\nsha256:{digest}" if digest else ""))
+
+
+def show_flat(result, *, as_json: bool) -> None:
+    """``export --flat``'s result: the revision, its files and bytes at DEST, or that DEST already held them."""
+    if as_json:
+        print_json(asdict(result))
+        return
+    if result.unchanged:
+        stdout.print(f"{result.dest} already holds the {len(result.files)} files of {result.repo}: nothing to do")
+        return
+    stdout.print(f"exported {result.repo}: {len(result.files)} files, {human_size(result.bytes)} -> {result.dest} "
+                 "(flat)")
 
 
 def import_dict(report) -> dict:

@@ -69,7 +69,12 @@ def show_mirror_ready(info: Any) -> None:
         stderr.print(Text(f"hfcache: warning: {len(unreadable)} repo folder(s) of {info.root} cannot be read by uid "
                           f"{os.geteuid()}: {shown}; requests for them get 500 CacheUnreadable (`hfcache doctor "
                           f"--cache-dir {info.root}` prints the fix)"), soft_wrap=True)
-    stderr.print(Text(f"hfcache: serving {what} {info.root}{token}{pull}{allow} at {info.endpoint}"), soft_wrap=True)
+    # A wildcard bind is said as such (clients elsewhere reach it by this machine's address); the endpoint this
+    # machine uses stays the last word, for scripts.
+    bound = (f", listening on {info.host}:{info.port} (every interface)" if info.host in ("0.0.0.0", "::", "")
+             else "")
+    stderr.print(Text(f"hfcache: serving {what} {info.root}{token}{pull}{allow}{bound} at {info.endpoint}"),
+                 soft_wrap=True)
 
 
 def show_mirror_stopped(run: Any) -> None:

@@ -18,7 +18,7 @@ if TYPE_CHECKING:
 
 __all__ = ["PruneProgress", "prune_dict", "prune_question", "prune_tables", "show_prune"]
 
-_PRUNE_WHY = {"detached": "detached (no ref)", "over_budget": "least recently used, cache over --max-size"}
+_PRUNE_WHY = {"detached": "detached (no ref)", "superseded": "superseded (no ref names it)", "over_budget": "least recently used, cache over --max-size"}
 _HOUSEKEEPING = {"orphan": "orphan blob", "stale_incomplete": "stale .incomplete", "interrupted":
                  "left by an interrupted prune", "empty": "empty repo folder"}
 
@@ -55,7 +55,8 @@ def prune_dict(plan: PrunePlan, result: PruneResult | None = None, *, dry_run: b
             "bytes_before": plan.bytes_before, "bytes_freed": plan.bytes_freed, "bytes_kept": plan.bytes_kept,
             "bytes_pinned": plan.bytes_pinned, "budget_met": plan.budget_met},
         "pinned": [{"repo_type": t, "repo_id": i, "commit_hash": c} for t, i, c in plan.pinned],
-        "revisions": revisions, "items": items, "warnings": list(plan.warnings)}
+        "revisions": revisions, "items": items, "warnings": list(plan.warnings),
+        "kept": [asdict(k) | {"last_used": iso_time(k.last_used)} for k in plan.kept]}
     if result is not None:
         document["result"] = {status: result.count(status) for status in ("removed", "gone", "skipped", "failed")}
         document["result"].update(bytes_freed=result.bytes_freed, seconds=round(result.seconds, 3))
@@ -81,11 +82,20 @@ def prune_tables(plan: PrunePlan, result: PruneResult | None = None, *, dry_run:
             groups.setdefault((item.repo_id, label), []).append(item)
     if groups:
         renderables.append(_housekeeping_table(groups, result, outcomes, title))
+    if plan.kept:
+        kept = common.table(title + " - kept by the grace period", ("repo", "what", "last used", "why"),
+                            overflow="fold")
+        for k in plan.kept:
+            kept.add_row(k.repo_id, k.revision[:12] if k.revision else k.path.rsplit("/", 1)[-1],
+                         ago(k.last_used, plan.now), k.why)
+        renderables.append(kept)
     renderables.append(_summary_table(plan, result, "summary" if (plan.revisions or groups) else title))
     for warning in plan.warnings:
         renderables.append(Text(f"warning: {inert(warning)}", style="yellow"))
     if not plan.items:
-        renderables.append(Text("empty cache: nothing to prune" if plan.empty else "nothing to prune", style="green"))
+        renderables.append(Text("empty cache: nothing to prune" if plan.empty else "nothing to prune"
+                                + (f" ({len(plan.kept)} kept by the grace period: see above)" if plan.kept else ""),
+                                style="green"))
     elif result is not None:
         renderables.extend(_prune_outcome_lines(result))
     return renderables
