@@ -10,7 +10,8 @@ and whose blobs are all present):
     upstream/leases/<etag>                      {"owner": ..., "expires": <epoch seconds>}: a replica is fetching it
 
 A blob is fetched under a lease: a conditional create (``If-None-Match: *``) that one replica wins; the others wait
-for the blob to appear. The winner renews the lease every :data:`RENEW_EVERY` seconds while it fetches; a replica that
+for the blob to appear. A fetch runs in the background: a request waits for it at most :data:`ANSWER_WITHIN` seconds,
+then gets a 503 with ``Retry-After: 1`` (hfcache and huggingface_hub retry it) while the fetch goes on. The winner renews the lease every :data:`RENEW_EVERY` seconds while it fetches; a replica that
 dies mid-fetch leaves a lease that expires after :data:`LEASE_SECONDS`, and the next request takes it over with a
 conditional overwrite (``If-Match`` on the stale lease's ETag: only one taker wins), then fetches from byte 0 (the
 dead replica's partial upload is never completed, so it is never seen). The fetched bytes are hashed twice before the
@@ -27,6 +28,8 @@ import tempfile
 import threading
 import time
 import uuid
+from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import TimeoutError as FutureTimeout
 
 from ..bucket.layout import blob_key, parse_manifest, render_manifest, snapshot
 from ..bucket.push import upload_blob
@@ -43,6 +46,7 @@ from .vocabulary import RepoFile, RepoSnapshot, StoreMiss
 LEASE_SECONDS = 60.0  #: a fetch's lease lasts this long unless renewed
 RENEW_EVERY = 20.0  #: seconds between two renewals of a lease while its fetch runs
 WAIT_POLL = 0.2  #: seconds between two looks for a blob another replica fetches
+ANSWER_WITHIN = 5.0  #: seconds a request waits for a fetch before a 503 + Retry-After (clients' idle timeout: 10)
 MAX_LISTING_BYTES = 64 * 1024 * 1024
 _REF_BYTES = 4096
 REF_MEMORY = 5.0  #: seconds a replica trusts a ref it resolved without reading the bucket's record again
@@ -64,10 +68,13 @@ class BucketFill:
                                                timeout=config.timeout))
         self._stop = threading.Event()
         self._lock = threading.Lock()
+        self._pool = ThreadPoolExecutor(max_workers=config.upstream_slots, thread_name_prefix="hfcache-fill")
+        self._tasks: dict[str, Future] = {}  # etag -> the fetch this replica runs or waits for
         self._refs: dict[tuple[str, str], tuple[str, float]] = {}  # (folder, revision) -> (commit, trusted until)
 
     def close(self) -> None:
         self._stop.set()
+        self._pool.shutdown(wait=False, cancel_futures=True)
 
     def known_ref(self, folder: str, revision: str) -> str | None:
         """The commit this replica resolved ``revision`` to, while it is trusted (at most :data:`REF_MEMORY`
@@ -108,14 +115,35 @@ class BucketFill:
                 self._refs[(folder, revision)] = (commit, time.monotonic() + min(REF_MEMORY, self.config.revalidate))
 
     def ensure_blob(self, snap: RepoSnapshot, repo_file: RepoFile) -> None:
-        """Make the bucket hold ``repo_file``'s blob: present, fetched now under a lease, or fetched by another
-        replica meanwhile. Raises StoreMiss: upstream failed (502/503), or the wait outlasted the fetch deadline."""
-        key = blob_key(self.bucket.url, repo_file.etag)
-        if self.bucket.head(key) == repo_file.size:
+        """Make the bucket hold ``repo_file``'s blob: present, or fetched in the background (under a lease, or by
+        another replica) while this request waits at most :data:`ANSWER_WITHIN` seconds, so that no client's
+        idle timeout fires. Raises StoreMiss: upstream failed (502/503), or still fetching (503 with
+        ``Retry-After``: the client retries and finds it)."""
+        if self.bucket.head(blob_key(self.bucket.url, repo_file.etag)) == repo_file.size:
             return
+        with self._lock:
+            task = self._tasks.get(repo_file.etag)
+            if task is None or task.done():
+                task = self._pool.submit(self._obtain, snap, repo_file)
+                self._tasks[repo_file.etag] = task
+        try:
+            task.result(timeout=ANSWER_WITHIN)
+        except FutureTimeout:
+            raise StoreMiss("UpstreamUnavailable", f"{snap.repo_id}: {inert(repo_file.path)} is being fetched from "
+                            "upstream; retry", status=503, retry_after=1) from None
+        finally:
+            with self._lock:
+                if task.done() and self._tasks.get(repo_file.etag) is task:
+                    del self._tasks[repo_file.etag]
+
+    def _obtain(self, snap: RepoSnapshot, repo_file: RepoFile) -> None:
+        """The blob in the bucket: fetched here under its lease, or by the replica holding the lease."""
+        key = blob_key(self.bucket.url, repo_file.etag)
         lease = self._key("leases", repo_file.etag)
         deadline = time.monotonic() + max(600.0, repo_file.size / (1024 * 1024))  # at least 1 MiB/s
         while time.monotonic() < deadline and not self._stop.is_set():
+            if self.bucket.head(key) == repo_file.size:
+                return
             if self._acquire(lease):
                 try:
                     if self.bucket.head(key) != repo_file.size:  # not finished by a replica that just released
@@ -124,9 +152,7 @@ class BucketFill:
                     self._release(lease)
                 return
             time.sleep(WAIT_POLL)
-            if self.bucket.head(key) == repo_file.size:
-                return
-        raise StoreMiss("UpstreamUnavailable", f"{snap.repo_id}: {inert(repo_file.path)} is still being fetched; "
+        raise StoreMiss("UpstreamUnavailable", f"{snap.repo_id}: {inert(repo_file.path)} was not fetched in time; "
                         "retry", status=503, retry_after=5)
 
     def _fetch(self, snap: RepoSnapshot, repo_file: RepoFile, key: str, lease: str) -> None:

@@ -122,4 +122,4 @@ def test_an_expired_lease_is_taken_over_and_allow_refuses(s3, tmp_path):
         assert again.returncode == 0, again.stdout + again.stderr
         assert client.head_object(Bucket="leases", Key=f"hf/blobs/{etag}")["ContentLength"] > 0
         refused = run_hfcache(["warm", DISTIL, "--endpoint", endpoint, "--cache-dir", str(tmp_path / "c")])
-        assert refused.returncode == 3 and "403" in refused.stderr, refused.stderr
+        assert refused.returncode == 3 and "refused by the mirror" in refused.stderr and "--allow" in refused.stderr
