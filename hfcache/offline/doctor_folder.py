@@ -21,6 +21,7 @@ from ..cache.fsops import create_at, open_dir_at, walk_tree
 from ..cache.shared_store import DISABLING_VARIABLES, MARKER, STORE_DIR, StoreProblem, open_store_dir
 from ..errors import HfcacheError
 from ..names import is_sha256
+from ..units import human_size
 from .doctor_settings import Finding, is_true
 
 #: Below this much free space a cache cannot take a model (or a few more tokenizers).
@@ -82,7 +83,7 @@ def examine_folder(cache: Path, env: dict[str, str], offline: bool, uid: int | N
     _access_findings(cache, st, owners, offline, uid, gid, groups, out)
     _symlink_findings(cache, env, out)
     if out.free_bytes is not None:
-        free = _human(out.free_bytes)
+        free = human_size(out.free_bytes)
         if out.free_bytes < LOW_DISK_BYTES and out.writable:
             out.findings.append(Finding("disk.low", "warning",
                                         f"only {free} free on the cache's filesystem: warming more fails with "
@@ -274,15 +275,6 @@ def _symlink_support(cache: Path, writable: bool | None) -> bool | None:
                     os.rmdir(name, dir_fd=root_fd)
     except OSError:
         return None
-
-
-def _human(n: int) -> str:
-    value = float(n)
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if value < 1024 or unit == "TiB":
-            break
-        value /= 1024
-    return f"{value:.0f} B" if unit == "B" else f"{value:.1f} {unit}"
 
 
 # ------------------------------------------------------------------------------------------------ the shared store
