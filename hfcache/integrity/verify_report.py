@@ -41,10 +41,9 @@ class Problem:
 
 @dataclass(frozen=True)
 class VerifyReport:
-    """The outcome of :func:`hfcache.integrity.verify.verify_cache`: the ``cache_dir`` verified, the ``repos`` ids
-    checked (sorted), the distinct contents hashed (``blobs_hashed``, ``bytes_hashed``), the wall time ``seconds``,
-    every finding (``problems``, sorted), and with ``fast`` the blobs not hashed because the record shows them
-    unchanged since they last hashed right (``blobs_skipped``)."""
+    """The outcome of :func:`hfcache.integrity.verify.verify_cache`: the ``repos`` ids checked (sorted), the distinct
+    contents hashed (``blobs_hashed``, ``bytes_hashed``), the wall time ``seconds``, every finding (``problems``,
+    sorted), and with ``fast`` the blobs not hashed, unchanged since they last hashed right (``blobs_skipped``)."""
 
     cache_dir: str
     repos: tuple[str, ...]
