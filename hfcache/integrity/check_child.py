@@ -54,13 +54,11 @@ OWN_BUDGET, ALL_TOKENIZERS = "each tokenizer's own budget", "for all tokenizers 
 
 
 class ChildStuck(Exception):
-    """The child was killed: ``reason`` says why (a FIFO open; ``timed_out``: the overall timeout; ``over_budget``)."""
+    """The child was killed: ``reason`` says why; ``timed_out``: at the overall timeout."""
 
-    def __init__(self, reason: str, *, timed_out: bool = False, over_budget: bool = False) -> None:
+    def __init__(self, reason: str, *, timed_out: bool = False) -> None:
         super().__init__(reason)
-        self.reason = reason
-        self.timed_out = timed_out
-        self.over_budget = over_budget
+        self.reason, self.timed_out = reason, timed_out
 
 
 class Budget:
@@ -143,7 +141,7 @@ def run_child(cache_dir: Path, args: Sequence[str], *, env: dict[str, str], cwd:
                 continue
             proc.kill()
             proc.communicate()
-            raise ChildStuck(reason, timed_out=not fifo and over is None, over_budget=over is not None)
+            raise ChildStuck(reason, timed_out=not fifo and over is None)
 
 
 #: How :func:`probe_specs` words the error of the spec a child was loading when it died (``diagnosis`` names it).

@@ -36,7 +36,7 @@ from .signed_snapshot import NameMismatch, snapshot_digests
 @dataclass(frozen=True)
 class SignedSnapshot:
     """One bundle ``hfcache sign`` wrote: the snapshot (``repo_id``, ``commit``), the bundle file ``path``, the
-    ``files`` signed and those ``hashed``; ``data``: the bundle when ``path`` is ``-`` (standard output), else ``b""``."""
+    ``files`` signed and those ``hashed``; ``data``: the bundle when ``path`` is ``-`` (stdout), else ``b""``."""
 
     repo_id: str
     commit: str
@@ -59,7 +59,6 @@ class SignatureVerdict:
 
 
 def _kind(mode: int) -> str:
-    """What a non-regular, non-folder entry is, for the messages."""
     kinds = {stat.S_IFLNK: "symlink", stat.S_IFCHR: "character device", stat.S_IFBLK: "block device",
              stat.S_IFIFO: "FIFO", stat.S_IFSOCK: "socket"}
     return kinds.get(stat.S_IFMT(mode), "special file")

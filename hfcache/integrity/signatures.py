@@ -2,9 +2,8 @@
 
 A bundle is what ``model_signing sign key`` (``model-signing`` 1.1.1) writes: a Sigstore bundle v0.3 around a DSSE
 envelope whose in-toto statement lists every file with its sha256, signed with an EC key (offline); it verifies with
-``model_signing verify key --allow_symlinks SNAPSHOT_DIR``. model_signing leaves git paths (:data:`GIT_PATHS`) out of
-every bundle, so :func:`sign_files` refuses a snapshot holding one; a check covers every file present whatever its
-name (docs/security.md). ``model_signing`` is the extra ``sign``, imported on use.
+``model_signing verify key --allow_symlinks SNAPSHOT_DIR``. A check covers every file present whatever its name
+(docs/security.md).
 """
 
 from __future__ import annotations
@@ -42,8 +41,8 @@ _WRONG_KEY = "check that --verify-key is the public half of the signing key"
 
 class SignatureMismatch(CheckFailed):
     """A bundle does not prove the files (exit 1). ``reason``: ``files`` (``unsigned``: present, not in the bundle;
-    ``changed``: another sha256; ``missing``: in the bundle, not present), ``unsigned`` (no signature attached:
-    :func:`verify_any`), else ``signature`` (bad signature, wrong key, not a model-signing bundle)."""
+    ``changed``: another sha256; ``missing``: in the bundle, not present), ``unsigned`` (no signature attached),
+    else ``signature`` (bad signature, wrong key, not a model-signing bundle)."""
 
     def __init__(self, message: str, *, reason: str, unsigned: tuple[str, ...] = (), changed: tuple[str, ...] = (),
                  missing: tuple[str, ...] = (), hint: str | None = None) -> None:
@@ -53,8 +52,7 @@ class SignatureMismatch(CheckFailed):
 
 class NotABundle(SignatureMismatch):
     """The bytes are not a model-signing v1.0 bundle hfcache reads (not JSON, no DSSE envelope, another predicate):
-    nothing was checked; ``why`` (str) says what is wrong. A bundle file the user names makes this exit 2
-    (:func:`hfcache.integrity.sign.check_signature`); a registry's referrer stays exit 1."""
+    nothing was checked; ``why`` (str) says what is wrong. Exit 1 (a bundle file the user names: exit 2, ``sign``)."""
 
     def __init__(self, why: str) -> None:
         super().__init__(f"the signature bundle is not a model-signing bundle: {why}", reason="signature",

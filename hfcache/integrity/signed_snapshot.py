@@ -67,12 +67,8 @@ class SnapshotDigests:
 
 
 def resolve_snapshot(cache_dir: Path, spec: str, repo_type: str = "model") -> tuple[RepoInfo, RevisionInfo]:
-    """The repo and snapshot ``REPO_ID[@REVISION]`` (a ref or a commit; default ``main``) names in the cache.
-
-    Raises:
-        UsageError: a malformed spec. CheckFailed: the repo or revision is not in the cache (exit 1).
-        CacheError: the repo folder's layout is unsafe (a planted link: left alone).
-    """
+    """The repo and snapshot ``REPO_ID[@REVISION]`` (a ref or a commit; default ``main``) names in the cache. Raises
+    UsageError: a malformed spec; CheckFailed (exit 1): not in the cache; CacheError: a planted link (left alone)."""
     request = WarmRequest.parse(spec, repo_type=repo_type)
     info = scan_cache(cache_dir, {request.repo_id})
     repo = next((r for r in info.repos if r.repo_id == request.repo_id and r.repo_type == request.repo_type), None)
