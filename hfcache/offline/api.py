@@ -15,7 +15,7 @@ from ..cache.root import resolve_cache_dir
 from ..errors import HfcacheError, HubError, UsageError
 from ..integrity.fast_inputs import is_panic, one_line, reraise_unless_failure
 from . import guard as network_guard
-from .env import OfflineLoadError, OfflineSetupError, check_lock, offline_environment, parse_allow_hosts
+from .env import OfflineLoadError, OfflineSetupError, locked_cache, offline_environment, parse_allow_hosts
 
 if TYPE_CHECKING:
     from ..warming.lockfile import Lockfile
@@ -36,7 +36,7 @@ def _module_constants(cache: Path, modules: str | None = None) -> list[tuple[str
     """``(module, NAME, value)`` of every copy of an offline setting a library computed at import time (huggingface_hub
     2.4.0 ``constants.py`` reads every ``HF_*`` once, at import, and is read at call time, so setting them takes
     effect; ``utils/_cache_manager.py`` copies ``HF_HUB_CACHE``; transformers 4 ``utils/hub.py: _is_offline_mode``;
-    ``datasets.config``). ``HF_HOME``-derived paths stay, but a moved modules cache (two copies in transformers 5.24)."""
+    ``datasets.config``). ``HF_HOME``-derived paths stay, but a moved modules cache (transformers 5.24 keeps two)."""
     moved = [("transformers.utils.hub", "HF_MODULES_CACHE", modules),
              ("transformers.dynamic_module_utils", "HF_MODULES_CACHE", modules)] if modules else []
     return moved + [
@@ -97,17 +97,7 @@ def enforce_offline(cache_dir: str | os.PathLike[str] | None = None, *,
             is set by then).
     """
     hosts = parse_allow_hosts(allow_hosts)
-    if lock is not None:
-        from ..warming.lockfile import Lockfile, lock_cache_dir, read_lock
-
-        if isinstance(lock, Lockfile):
-            cache = resolve_cache_dir(cache_dir)
-            check_lock(lock, cache, "the lock")
-        else:
-            cache = lock_cache_dir(Path(lock), cache_dir)
-            check_lock(read_lock(lock), cache, str(lock))
-    else:
-        cache = resolve_cache_dir(cache_dir)
+    cache = locked_cache(cache_dir, lock)
     offline = offline_environment(cache)
     os.environ.update(offline.variables)
     patched = _sync_imported_modules(cache, offline.as_dict().get("HF_MODULES_CACHE"))
@@ -146,8 +136,7 @@ def load_tokenizer(repo_id: str, revision: str | None = None, *, cache_dir: str 
             in a record owned by this uid or root, with this ``tokenizers`` version.
         **kwargs: passed to ``AutoTokenizer.from_pretrained`` (not ``cache_dir``/``local_files_only``).
 
-    Returns:
-        A ``transformers.PreTrainedTokenizerBase``, or a ``tokenizers.Tokenizer``.
+    Returns a ``transformers.PreTrainedTokenizerBase``, or a ``tokenizers.Tokenizer``.
 
     Raises:
         OfflineLoadError: the cache cannot serve the load (``cause``: the missing piece, or a tokenizers panic, not
