@@ -94,9 +94,7 @@ class CheckReport:
 def probe_environment(cache_dir: Path, home: Path) -> dict[str, str]:
     """The child's environment: the caller's minus every HF_/TRANSFORMERS_/HUGGINGFACE_ setting, plus offline mode,
     ``HF_HUB_CACHE``, ``HF_HOME`` at ``home`` (private: never below the cache, where a member could plant what the
-    child reads) and ``HF_ENDPOINT`` on a loopback port nothing listens on (a stray request is refused at once).
-    transformers copies custom code into ``HF_MODULES_CACHE``: :func:`_probe` passes the caller's on, else a private
-    one."""
+    child reads) and ``HF_ENDPOINT`` on a loopback port nothing listens on (a stray request is refused at once)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("HF_", "TRANSFORMERS_", "HUGGINGFACE_"))}
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind(("127.0.0.1", 0))
@@ -220,11 +218,7 @@ def _prepare(cache_dir: Path, targets: list[CheckTarget], unloadable: set[str],
              trust: TrustPolicy) -> tuple[list[CheckTarget], dict[str, str], dict[str, str]]:
     """(the targets with ``trust_remote_code`` set where ``trust`` allows the code their configs name, spec -> why
     its configs cannot be parsed, spec -> why it is not run); targets in ``unloadable`` are left as they are.
-
-    Raises:
-        UsageError: running as root, a trusted target's code comes from a folder another user can change
-            (:func:`.check_trust.root_refusal`): nothing is loaded.
-    """
+    UsageError: :func:`.check_trust.root_refusal` refuses the code as root (nothing is loaded)."""
     unparsable: dict[str, str] = {}
     not_run: dict[str, str] = {}
     running: list[tuple[CheckTarget, tuple[str, ...]]] = []
@@ -316,7 +310,7 @@ def _markers_hazards(cache_dir: Path, folder: RepoFolder, commit: str) -> list[s
     except safefs.UnsafeLayout as exc:
         return [str(exc)]
     except OSError:
-        pass  # missing, or unreadable (reported as such: unreadable_parts)
+        return []  # missing, or unreadable (reported as such: unreadable_parts)
     return []
 
 

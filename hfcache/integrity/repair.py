@@ -93,12 +93,9 @@ class RepairEndpoints:
 def repair(report: VerifyReport, *, endpoints: RepairEndpoints, lock: Lockfile | None = None,
            lock_timeout: float = DEFAULT_LOCK_TIMEOUT, on_lock_wait=None) -> tuple[RepairAction, ...]:
     """Repair the integrity errors of ``report`` in place; the actions taken, sorted (a ``failed`` one says why).
-
-    Args:
-        endpoints: which endpoints to ask per revision. lock: when given, downloads must match its hashes too.
-        lock_timeout: seconds to wait at most for a repo's or blob's lock (a repo whose lock stays held is a
-            ``failed`` action naming it). on_lock_wait: called with a :class:`hfcache.cache.locking.LockWait`.
-    """
+    ``endpoints``: which to ask per revision; ``lock``: downloads must match its hashes too; ``lock_timeout``: seconds
+    to wait at most for a repo's or blob's lock (a repo whose lock stays held is a ``failed`` action naming it);
+    ``on_lock_wait``: called with a :class:`hfcache.cache.locking.LockWait`."""
     cache_dir = Path(report.cache_dir)
     by_folder: dict[str, list[Problem]] = defaultdict(list)
     for problem in report.errors:

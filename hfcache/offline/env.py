@@ -93,7 +93,10 @@ def offline_environment(cache_dir: str | os.PathLike[str] | None = None,
     cache = resolve_cache_dir(cache_dir)
     if any(c in str(cache) for c in "\n\r\x00"):
         raise UsageError(f"cache path {str(cache)!r} contains a line break or NUL", hint="choose another --cache-dir")
-    _refuse_expansion(str(cache))
+    if found := _EXPANDED.search(str(cache)):
+        raise UsageError(f"cache path {_comment_text(str(cache))} contains {_comment_text(found.group(0))}, which "
+                         "huggingface_hub expands (os.path.expandvars) and other runtimes do not: they would use "
+                         "different folders", hint="choose a --cache-dir without $NAME or ${NAME}")
     variables: list[tuple[str, str]] = []
     if cache.name == "hub":
         variables.append(("HF_HOME", str(cache.parent)))
@@ -112,13 +115,6 @@ def offline_environment(cache_dir: str | os.PathLike[str] | None = None,
 
 #: What ``os.path.expandvars`` replaces (``posixpath._varprog``): ``$NAME`` and ``${...}``.
 _EXPANDED = re.compile(r"\$(\w+|\{[^}]*\})", re.ASCII)
-
-
-def _refuse_expansion(path: str) -> None:
-    if found := _EXPANDED.search(path):
-        raise UsageError(f"cache path {_comment_text(path)} contains {_comment_text(found.group(0))}, which "
-                         "huggingface_hub expands (os.path.expandvars) and other runtimes do not: they would use "
-                         "different folders", hint="choose a --cache-dir without $NAME or ${NAME}")
 
 
 _PLAIN = re.compile(r"[A-Za-z0-9_./:@%+,=-]*")

@@ -1,9 +1,6 @@
 """The process-tree network filter of ``hfcache exec --no-network``: a seccomp filter (libseccomp through ``pyseccomp``)
-loaded in hfcache's process just before ``execvpe``, so every process of the command's tree inherits it (filters survive
-``fork``/``execve`` and cannot be removed). On the native ABI: ``socket``/``socketpair`` of any family but ``AF_UNIX``
-and ``socketcall`` get ``EACCES``, io_uring ``ENOSYS``, calls reaching other processes' sockets ``EPERM``,
-``TUNSETIFF``/``TIOCSTI``/``TIOCLINUX`` ioctls ``EACCES``; a foreign ABI kills the process. Why each, what it does not
-cover: docs/offline.md, "exec --no-network". :func:`filter_problem` checks it is in force."""
+loaded in hfcache's process just before ``execvpe``, so every process of the command's tree inherits it. Its rules, why
+each, what it does not cover: docs/offline.md, "exec --no-network". :func:`filter_problem` checks it is in force."""
 
 from __future__ import annotations
 
@@ -81,7 +78,7 @@ def libseccomp_version() -> str | None:
 
 
 def build_filter(binding=None):
-    """The filter (the module docstring's rules), not loaded: a ``pyseccomp.SyscallFilter`` (default ALLOW,
+    """The filter (docs/offline.md's rules), not loaded: a ``pyseccomp.SyscallFilter`` (default ALLOW,
     ``no_new_privs`` on) built with ``binding`` (default: ``pyseccomp`` imported now). Raises NetworkFilterUnavailable:
     libseccomp is missing, or refused a rule or attribute."""
     seccomp = binding or _load_binding()

@@ -37,13 +37,11 @@ def execute(plan: PrunePlan, *, on_item: Callable[[ItemOutcome], None] | None = 
     it: an item whose reason no longer holds is skipped. The order within a folder, and why: docs/prune.md ("Safe
     next to running work"). Then the shared Xet store's payloads (:mod:`.store`), whose outcomes come last.
 
-    Args:
-        on_item: called after each item (progress).
-        lock_timeout: seconds to wait at most for a repo's lock (another warm or prune changing that folder).
-        on_lock_wait: told which lock it waits for, and who holds it, when a wait lasts a few seconds.
-
-    Returns a PruneResult, one outcome per item: an OSError, or a repo lock held for ``lock_timeout`` seconds, makes
-    ``failed`` outcomes (exit 5). CacheError: the repo lock cannot be created (a read-only cache).
+    ``on_item``: called after each item (progress); ``lock_timeout``: seconds to wait at most for a repo's lock
+    (another warm or prune changing that folder); ``on_lock_wait``: told which lock it waits for, and who holds it,
+    when a wait lasts a few seconds. Returns a PruneResult, one outcome per item: an OSError, or a repo lock held for
+    ``lock_timeout`` seconds, makes ``failed`` outcomes (exit 5). CacheError: the repo lock cannot be created (a
+    read-only cache).
     """
     started = time.monotonic()
     root = Path(plan.cache_dir)
