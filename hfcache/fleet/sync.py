@@ -105,14 +105,18 @@ def sync_once(locks_dir: str | os.PathLike[str], cache_dir: str | os.PathLike[st
     runs only when every lock could be read (a lock missing from the union must not make its repos look unpinned).
 
     Raises:
-        UsageError: ``locks_dir`` unreadable, a bad bucket URL, no boto3 or credentials for a bucket.
+        UsageError: ``locks_dir`` unreadable, ``ready_dir`` inside the cache, a bad bucket URL, no boto3 or
+            credentials for a bucket.
         CacheError: the cache cannot be created or written.
     """
+    from ..move.destination import refuse_dest_inside
     from ..warming.run import warm_lock
 
     started = time.monotonic()
     root = resolve_cache_dir(cache_dir)
     ensure_cache_root(root)
+    if ready_dir is not None:  # written by path: never below the cache root (a group member could swap it)
+        refuse_dest_inside(root, ready_dir, "sync --ready-dir")
     clients = _bucket_clients(bucket, hub) if bucket else None
     states, pinned, downloaded = [], [], 0
     for name, data in read_locks(locks_dir):

@@ -1,13 +1,9 @@
 """check: prove that each tokenizer of a cache loads offline, as the application will load it.
 
-A child process (:mod:`.check_child`) runs ``AutoTokenizer.from_pretrained(<id>, revision=...)`` for every target
-with ``HF_HUB_OFFLINE=1``, ``HF_HUB_CACHE`` set to the cache and ``HF_ENDPOINT`` on a closed loopback port, then
-encodes a probe text; a failed load is explained from the cache (:mod:`.diagnosis`). Which tokenizers:
-:mod:`.check_targets`. Custom code (``auto_map``) runs only for the repos the user opted in for, and as root only from
-folders no other user can change (:mod:`.check_trust`). transformers copies that code into ``HF_MODULES_CACHE``:
-check's explicit one is passed on as the application gets it, else the child gets a private temporary one. A repo
-whose configs no parser reads, or whose ``tokenizer.json`` makes the tokenizers library panic or abort, fails alone.
-Kernel repos hold no tokenizer: they are listed as skipped and count as passed.
+A child process (:mod:`.check_child`, environment: :func:`probe_environment`) runs
+``AutoTokenizer.from_pretrained(<id>, revision=...)`` for every target (:mod:`.check_targets`), then encodes a probe
+text; a failed load is explained from the cache (:mod:`.diagnosis`). Custom code (``auto_map``) runs only for the
+repos the user opted in for (:mod:`.check_trust`).
 """
 
 from __future__ import annotations
@@ -35,16 +31,15 @@ from .check_trust import NOT_RUN, TrustPolicy, refuse_as_root, root_refusal
 from .diagnosis import diagnose, missing_templates
 
 DEFAULT_TEXT = "Hello world, 深度学习技术正在改变世界"
-#: Why a kernel repo is skipped (check_targets lists kernel repos so that a named or locked one is not a failure).
+#: Why a kernel repo is skipped (listed so that a named or locked one is not a failure; it counts as passed).
 KERNEL_SKIP = "a kernel repo has no tokenizer: nothing to load (verify checks its files)"
 #: Largest ``trees/<commit>.json`` the child may read: huggingface_hub reads the whole listing into memory.
 MAX_LISTING_BYTES = 32 * 1024 * 1024
 #: Seconds each tokenizer may take in check's child from its start (load, encode, fast-path comparison: half of it),
 #: past which it alone fails; ``HFCACHE_CHECK_REPO_TIMEOUT`` sets it.
 REPO_TIMEOUT = 120.0
-#: The child's address-space limit (``RLIMIT_AS``): a load that would take more fails an allocation and ends only
-#: that child (its tokenizer fails, a new child loads the rest); ``HFCACHE_CHECK_MEMORY`` sets it (a size, ``0``:
-#: none).
+#: The child's address-space limit (``RLIMIT_AS``): a load that would take more ends only that child (its tokenizer
+#: fails); ``HFCACHE_CHECK_MEMORY`` sets it (a size, ``0``: none).
 MEMORY = 8 * 1024**3
 
 
@@ -52,9 +47,8 @@ MEMORY = 8 * 1024**3
 class CheckResult:
     """One tokenizer's load: ``ok`` when it loaded and encoded the text (``tokenizer_class``, ``vocab_size``,
     ``input_ids``, load ``seconds`` in the child), else the ``error`` it raised and hfcache's diagnosis (``cause``).
-    ``skipped``: why nothing was loaded (a kernel repo; ``not_run``: custom code not opted in to, starting with
-    :data:`~.check_trust.NOT_RUN`). ``fast_path``: the fast path's verdict on :mod:`.tokenizer_corpus` (``"equal"``,
-    ``"differs: <first differing line, both ids>"``, ``"refused: <reason>"``) for ``commit`` (the record's key)."""
+    ``skipped``: why nothing was loaded (a kernel repo; ``not_run``: custom code not opted in to). ``fast_path``: the
+    fast path's verdict (``equal``, ``differs: ...``, ``refused: <reason>``) for ``commit`` (the record's key)."""
 
     target: CheckTarget
     ok: bool
@@ -83,15 +77,13 @@ class CheckReport:
 
     @property
     def ok(self) -> bool:
-        """No load failed, and something loaded unless nothing needed a load: a check that ran nothing because every
-        target needs custom code the user did not opt in to is not a pass."""
+        """No load failed, and something loaded unless nothing needed a load (all not opted in to: not a pass)."""
         if not all(r.ok for r in self.results):
             return False
         return not any(r.not_run for r in self.results) or any(r.ok and not r.skipped for r in self.results)
 
     @property
     def not_run(self) -> tuple[CheckResult, ...]:
-        """The results not loaded because their custom code was not opted in to."""
         return tuple(r for r in self.results if r.not_run)
 
     @property
@@ -116,8 +108,8 @@ def probe_environment(cache_dir: Path, home: Path) -> dict[str, str]:
 def check_tokenizers(cache_dir: Path, targets: list[CheckTarget], text: str = DEFAULT_TEXT,
                      timeout: float = 600, trust: TrustPolicy | None = None) -> CheckReport:
     """Load every target in an offline child process and diagnose the failures; a kernel repo's target is skipped
-    (:data:`KERNEL_SKIP`) in its place. A target whose load raises, panics, kills the child or runs past its own
-    budget (:func:`limits`) fails alone.
+    (:data:`KERNEL_SKIP`). A target whose load raises, panics, kills the child or runs past its own budget
+    (:func:`limits`) fails alone.
 
     Args:
         cache_dir (Path): the cache; targets (list[CheckTarget]): what to load; text (str): the probe text.
@@ -126,10 +118,9 @@ def check_tokenizers(cache_dir: Path, targets: list[CheckTarget], text: str = DE
             needs it is not loaded (``not_run``).
 
     Raises:
-        UsageError: transformers is not installed (exit 2: the extra ``check``, found with ``find_spec`` so that
-            the parent does not pay its import); running as root, a trusted target's code comes from a folder
-            another user can change; a malformed ``HFCACHE_CHECK_*`` setting. InternalError: the child ended before
-            it loaded anything.
+        UsageError: transformers is not installed (exit 2: the extra ``check``, found with ``find_spec``, not
+            imported); as root, a trusted target's code comes from a folder another user can change; a malformed
+            ``HFCACHE_CHECK_*`` setting. InternalError: the child ended before it loaded anything.
     """
     loaded = [t for t in targets if t.repo_type != "kernel"]
     if loaded and importlib.util.find_spec("transformers") is None:
@@ -159,8 +150,7 @@ def limits() -> tuple[float, int]:
 
 
 def _record_fast_path(cache_dir: Path, results: tuple[CheckResult, ...]) -> bool | None:
-    """Record each proved verdict (``equal``/``differs``) by repo and commit (:mod:`.fast_record`); whether it was
-    written (None: nothing to record)."""
+    """Record each proved verdict by repo and commit (:mod:`.fast_record`); whether it was written (None: none)."""
     import tokenizers
 
     from . import fast_record
@@ -215,8 +205,7 @@ def _load_tokenizers(cache_dir: Path, targets: list[CheckTarget], text: str, bud
 
 
 def _blocked(cache_dir: Path, targets: list[CheckTarget], unsafe: dict[str, list[str]]) -> dict[str, tuple[str, ...]]:
-    """spec -> :func:`unreadable_parts` of each target (safe layout) whose repo has parts this user cannot read; one
-    look per repo folder, not per revision."""
+    """spec -> :func:`unreadable_parts` of each target (safe layout) whose repo has some; one look per repo folder."""
     denied: dict[tuple[str, str], tuple[str, ...]] = {}
     for t in targets:
         if not unsafe[t.spec] and (t.repo_id, t.repo_type) not in denied:
@@ -229,11 +218,7 @@ def _prepare(cache_dir: Path, targets: list[CheckTarget], unloadable: set[str],
              trust: TrustPolicy) -> tuple[list[CheckTarget], dict[str, str], dict[str, str]]:
     """(the targets with ``trust_remote_code`` set where ``trust`` allows the code their configs name, spec -> why
     its configs cannot be parsed, spec -> why it is not run); targets in ``unloadable`` are left as they are.
-
-    Raises:
-        UsageError: running as root, a trusted target's code comes from a folder another user can change
-            (:func:`.check_trust.root_refusal`): nothing is loaded.
-    """
+    UsageError: :func:`.check_trust.root_refusal` refuses the code as root (nothing is loaded)."""
     unparsable: dict[str, str] = {}
     not_run: dict[str, str] = {}
     running: list[tuple[CheckTarget, tuple[str, ...]]] = []
@@ -258,10 +243,9 @@ def _prepare(cache_dir: Path, targets: list[CheckTarget], unloadable: set[str],
 
 
 def _probe(cache_dir: Path, targets: list[CheckTarget], text: str, budgets: tuple[float, float, int]) -> dict:
-    """spec -> the probe child's result (:func:`.check_child.probe_specs`, ``budgets``: the overall timeout, each
-    target's, the child's memory), in a private temporary working folder (``python -m`` puts it first on
-    ``sys.path``: a cache or project folder there could shadow any module) holding the child's ``HF_HOME`` and,
-    unless the caller set one, its ``HF_MODULES_CACHE``; removed afterwards."""
+    """spec -> the probe child's result (:func:`.check_child.probe_specs`; ``budgets``: the overall timeout, each
+    target's, the child's memory), in a private temporary working folder (never a cache or project folder that could
+    shadow a module) holding the child's ``HF_HOME`` and, unless the caller set one, ``HF_MODULES_CACHE``."""
     timeout, repo_timeout, memory = budgets
     work = Path(tempfile.mkdtemp(prefix="hfcache-check-"))  # 0700, this user's
     env = probe_environment(cache_dir, work / "home")
@@ -280,7 +264,6 @@ def _probe(cache_dir: Path, targets: list[CheckTarget], text: str, budgets: tupl
 
 
 def _result(cache_dir: Path, target: CheckTarget, raw: dict) -> CheckResult:
-    """One target's CheckResult from the probe's answer, with the diagnosis of a failure."""
     data = raw.get(target.spec, {"error": "no result"})
     if "error" in data:
         return CheckResult(target, False, seconds=data.get("seconds", 0.0), error=data["error"],
@@ -296,9 +279,8 @@ def _result(cache_dir: Path, target: CheckTarget, raw: dict) -> CheckResult:
 
 
 def _hazards(cache_dir: Path, target: CheckTarget) -> list[str]:
-    """Why ``target`` must not be loaded (:func:`hfcache.cache.scan.load_hazards`: planted links in its repo folder,
-    a FIFO/device or an absolute/outside link in its snapshot; odd ``refs/``, ``.no_exist/`` or ``trees/`` entries);
-    empty when it may be."""
+    """Why ``target`` must not be loaded (planted links in its repo folder, :func:`hfcache.cache.scan.load_hazards`,
+    odd ``refs/``, ``.no_exist/`` or ``trees/`` entries); empty when it may be."""
     folder = RepoFolder(cache_dir, target.repo_id, target.repo_type)
     problems = folder.layout_problems()
     if problems or not os.path.isdir(folder.root):
@@ -348,9 +330,8 @@ def _refs_hazards(cache_dir: Path, folder: RepoFolder) -> list[str]:
 
 def _listing_hazards(cache_dir: Path, folder: RepoFolder, commit: str) -> list[str]:
     """Why the child must not read ``trees/<commit>.json``: huggingface_hub 2.4 (``_tree_cache``) opens it with a
-    blocking ``open()`` through any link and parses it with ``json.load`` (no bound), so a FIFO or device hangs the
-    load and a deep document raises RecursionError. A link, FIFO, device or folder, a listing over
-    :data:`MAX_LISTING_BYTES`, or JSON nested past :data:`hfcache.bounds.MAX_JSON_DEPTH` is an unsafe layout."""
+    blocking ``open()`` through any link and ``json.load``-s it (no bound): a link, FIFO, device or folder, a
+    listing over :data:`MAX_LISTING_BYTES`, or JSON nested past :data:`hfcache.bounds.MAX_JSON_DEPTH` is unsafe."""
     name = f"trees/{commit}.json"
     try:
         raw = safefs.read_small(cache_dir, (folder.name, "trees", f"{commit}.json"), MAX_LISTING_BYTES + 1)

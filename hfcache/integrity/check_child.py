@@ -1,18 +1,10 @@
-"""check_child: start ``check``'s offline probe child, keep it from hanging on what a cache's writers swap in, and
-keep one repo's crash from taking the others' results.
+"""check_child: start ``check``'s offline probe child (``hfcache.offline.probe``), keep it from hanging on what a
+cache's writers swap in, and keep one repo's crash from taking the others' results.
 
-The child (``hfcache.offline.probe``) loads with huggingface_hub and transformers, which open cache files with a
-plain blocking ``open()`` through any link; ``check`` refuses FIFOs, devices and odd links before it starts, but a
-group member can swap one in later. So the child runs with an audit hook (:data:`LAUNCHER`) that fails an ``open`` of
-a FIFO or device below the cache (a ``stat`` before the open), and :func:`run_child` kills a child with a thread
-waiting for a FIFO's writer for :data:`FIFO_GRACE` seconds (Linux ``wchan`` ``wait_for_partner``), one whose current
-spec has run past its own budget (``repo_timeout``: a ``tokenizer.json`` whose regex backtracks for seconds per
-encode fails alone), or one still running at check's overall timeout. The child runs under an address-space limit
-(``RLIMIT_AS``, ``memory``): a load that would take the machine's memory (a normalizer doubling the text 40 times)
-fails an allocation and aborts that child instead. The child catches what a load raises and the tokenizers library's
-panics (:mod:`.fast_inputs`); what it cannot catch ends it (a Rust abort, a signal, the OOM killer, ``os._exit``), so
-:func:`probe_specs` reads its progress file: the spec it was loading fails (:data:`CRASHED`), or keeps its load's
-result when only the fast-path comparison was cut short, and the rest are loaded by a new child.
+huggingface_hub and transformers open cache files with a plain blocking ``open()`` through any link; ``check`` refuses
+FIFOs, devices and odd links before it starts, but a group member can swap one in later: hence the audit hook
+(:data:`LAUNCHER`) and :func:`run_child`'s watch. What the child cannot catch ends it (a Rust abort, a signal, the OOM
+killer, ``os._exit``): :func:`probe_specs` reads its progress file and loads the rest in a new child.
 """
 
 from __future__ import annotations
@@ -62,14 +54,11 @@ OWN_BUDGET, ALL_TOKENIZERS = "each tokenizer's own budget", "for all tokenizers 
 
 
 class ChildStuck(Exception):
-    """The child was killed: ``reason`` says why (a FIFO open, the overall timeout: ``timed_out``, its current spec
-    past its own budget: ``over_budget``)."""
+    """The child was killed: ``reason`` says why; ``timed_out``: at the overall timeout."""
 
-    def __init__(self, reason: str, *, timed_out: bool = False, over_budget: bool = False) -> None:
+    def __init__(self, reason: str, *, timed_out: bool = False) -> None:
         super().__init__(reason)
-        self.reason = reason
-        self.timed_out = timed_out
-        self.over_budget = over_budget
+        self.reason, self.timed_out = reason, timed_out
 
 
 class Budget:
@@ -121,9 +110,9 @@ def _waiting_on_fifo(pid: int) -> bool:
 def run_child(cache_dir: Path, args: Sequence[str], *, env: dict[str, str], cwd: Path, timeout: float,
               watch: Callable[[], str | None] | None = None, memory: int = 0) -> subprocess.CompletedProcess[str]:
     """The completed probe child run on ``cache_dir`` (what the audit hook guards) with ``args``, ``env`` and its
-    private ``cwd``, under an address-space limit of ``memory`` bytes (0: none). ChildStuck: it waited
-    :data:`FIFO_GRACE` s for a FIFO's writer, ``watch`` (called twice a second) gave a reason to stop it, or it ran
-    past ``timeout`` seconds (it is killed)."""
+    private ``cwd``, under an address-space limit (``RLIMIT_AS``) of ``memory`` bytes (0: none). ChildStuck (it is
+    killed): a thread waited :data:`FIFO_GRACE` s for a FIFO's writer (Linux ``wchan`` ``wait_for_partner``),
+    ``watch`` (called twice a second) gave a reason to stop it, or it ran past ``timeout`` seconds."""
     top = str(Path(__file__).resolve().parents[2])
     proc = subprocess.Popen([sys.executable, "-c", LAUNCHER, top, str(cache_dir), str(int(memory)), *args],
                             stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
@@ -152,7 +141,7 @@ def run_child(cache_dir: Path, args: Sequence[str], *, env: dict[str, str], cwd:
                 continue
             proc.kill()
             proc.communicate()
-            raise ChildStuck(reason, timed_out=not fifo and over is None, over_budget=over is not None)
+            raise ChildStuck(reason, timed_out=not fifo and over is None)
 
 
 #: How :func:`probe_specs` words the error of the spec a child was loading when it died (``diagnosis`` names it).
@@ -168,7 +157,6 @@ def _stderr_tail(stderr: str) -> str:
 
 
 def _how(returncode: int) -> str:
-    """``killed by SIGABRT`` or ``exit 3``."""
     if returncode < 0:
         try:
             return f"killed by {signal.Signals(-returncode).name}"
@@ -227,15 +215,11 @@ def probe_specs(cache_dir: Path, text: str, specs: Sequence[str], trusted: Seque
         cache_dir, text, specs: the cache, the probe text, ``REPO_ID@REVISION`` to load; trusted: the specs to load
             with ``trust_remote_code=True``. env, cwd: the child's environment and private empty working folder.
         timeout (float): seconds for all children together; specs not begun when it runs out fail with it.
-        repo_timeout (float | None): seconds each spec may take from its start (and a child to import transformers);
-            the fast-path comparison is given half of it [default: ``timeout``]. memory (int): each child's
-            ``RLIMIT_AS`` in bytes (0: none).
+        repo_timeout (float | None): seconds each spec may take from its start (the fast-path comparison: half)
+            [default: ``timeout``]. memory (int): each child's ``RLIMIT_AS`` in bytes (0: none).
 
-    Returns:
-        dict[str, dict]: spec -> the probe's result (``{"error": ...}`` or the load's), plus ``__import_seconds__``.
-
-    Raises:
-        InternalError: a child ended before it began any load (it cannot import hfcache, a bad argument).
+    Returns spec -> the probe's result (``{"error": ...}`` or the load's), plus ``__import_seconds__``. Raises
+    InternalError: a child ended before it began any load (it cannot import hfcache, a bad argument).
     """
     deadline = time.monotonic() + timeout
     budget = repo_timeout or timeout
@@ -276,9 +260,7 @@ def _ended(proc, stuck: ChildStuck | None, current: str | None, loaded: dict | N
     """The results a child that ended without its answer leaves: for the spec it was loading (``current``; its
     ``loaded`` result when only the fast-path comparison was left), or when none had begun for every spec ``left``
     (nothing else to blame), or, check's ``timeout`` spent (``proc`` and ``stuck`` None), for every spec left.
-
-    Raises:
-        InternalError: the child exited before it began any load."""
+    InternalError: the child exited before it began any load."""
     if proc is None and stuck is None:  # nothing left of check's overall budget: the rest never began
         return {s: {"error": f"not loaded: check's {timeout:g} s {ALL_TOKENIZERS} before this load began",
                     "seconds": 0.0} for s in left}

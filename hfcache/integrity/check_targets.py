@@ -25,9 +25,8 @@ from ..warming.selection import AUTO_MAP_FILES, tokenizer_paths
 @dataclass(frozen=True)
 class CheckTarget:
     """A tokenizer to load: ``repo_id`` as the application passes it, at ``revision`` (a ref, or a 40-hex commit for
-    a revision warmed by commit, which has no ref); ``chat_templates`` the template files the repo has (from a lock),
-    to spot ones missing from the cache; ``trust_remote_code`` whether ``auto_map`` makes the load run custom code
-    (set by :func:`hfcache.integrity.check.check_tokenizers` from the cached configs)."""
+    a revision warmed by commit); ``chat_templates`` the template files the repo has (from a lock);
+    ``trust_remote_code`` whether ``auto_map`` makes the load run custom code (:func:`.check.check_tokenizers`)."""
 
     repo_id: str
     revision: str = "main"
@@ -42,7 +41,7 @@ class CheckTarget:
 
 def targets_from_lock(lock: Lockfile) -> list[CheckTarget]:
     """Every locked repo whose selection holds tokenizer files, by the id and revision the manifest uses; and every
-    kernel repo (``repo_type = "kernel"``), which check lists as skipped (it has no tokenizer)."""
+    kernel repo (check lists it as skipped)."""
     targets = []
     for repo in lock.repos:
         paths = [f.path for f in repo.files]
@@ -65,11 +64,6 @@ def cached_revisions(repo: RepoInfo) -> list[tuple[str, str]]:
     return found
 
 
-def _has_tokenizer(repo: RepoInfo, commit: str) -> bool:
-    revision = next((r for r in repo.revisions if r.commit_hash == commit), None)
-    return revision is not None and bool(tokenizer_paths(f.path for f in revision.files) - {"config.json"})
-
-
 def select_targets(targets: list[CheckTarget], specs: Iterable[str]) -> list[CheckTarget]:
     """The targets (e.g. a lock's) that ``REPO_ID[@REVISION]`` specs name, all without a spec. UsageError: a
     malformed spec, or one naming no target."""
@@ -88,11 +82,8 @@ def select_targets(targets: list[CheckTarget], specs: Iterable[str]) -> list[Che
 def targets_from_cache(cache_dir: Path, specs: Iterable[str] = ()) -> list[CheckTarget]:
     """The tokenizers of a cache to check: every model repo revision (by ref, or by commit when no ref points to it)
     whose snapshot holds tokenizer files; with ``specs`` (``REPO_ID[@REVISION]``), only those repos, at the
-    revisions given (else all). Kernel repos are targets of type ``kernel`` (check lists them as skipped); datasets
-    are left out. A spec the cache lacks is still a target, so that its failed load says what is missing.
-
-    Raises:
-        UsageError: a malformed spec.
+    revisions given (else all). Kernel repos are targets of type ``kernel``; datasets are left out. A spec the cache
+    lacks is still a target, so that its failed load says what is missing. UsageError: a malformed spec.
     """
     wanted = parse_specs(specs)
     targets: list[CheckTarget] = []
@@ -108,8 +99,10 @@ def targets_from_cache(cache_dir: Path, specs: Iterable[str] = ()) -> list[Check
         elif asked:  # exactly the revisions named, loadable or not
             targets += [CheckTarget(repo.repo_id, revision) for revision in sorted(asked)]
         else:  # a repo this user cannot fully read is checked anyway: what it holds is unknown, the load tells
+            holding = {r.commit_hash for r in repo.revisions
+                       if tokenizer_paths(f.path for f in r.files) - {"config.json"}}
             found = [CheckTarget(repo.repo_id, revision) for revision, commit in cached_revisions(repo)
-                     if repo.unreadable or _has_tokenizer(repo, commit)]
+                     if repo.unreadable or commit in holding]
             targets += found or ([CheckTarget(repo.repo_id, "main")] if repo.unreadable else [])
     listed = {t.repo_id for t in targets}
     for repo_id, asked in sorted(wanted.items()):
@@ -139,8 +132,7 @@ def snapshot_of(cache_dir: Path, target: CheckTarget) -> Path | None:
 def unreadable_parts(cache_dir: Path, target: CheckTarget) -> tuple[str, ...]:
     """The parts of ``target``'s repo folder an offline load by repo id reads (``refs/``, ``snapshots/``, ``blobs/``,
     ``.no_exist/`` and every folder below them) that this user cannot list or enter, relative to the cache
-    (``models--org--name/refs/``). A load by commit can succeed where the application's load by repo id fails (an
-    unreadable ``refs/``): such a repo fails the check whatever the probe would say."""
+    (``models--org--name/refs/``): such a repo fails the check whatever the probe (a load by commit) would say."""
     folder = RepoFolder(cache_dir, target.repo_id, target.repo_type).root
     if not os.path.lexists(folder):
         return ()
@@ -151,8 +143,8 @@ def unreadable_parts(cache_dir: Path, target: CheckTarget) -> tuple[str, ...]:
 
 
 def _unreadable_below(folder: Path, part: str) -> list[str]:
-    """Folders under ``folder/part`` this user cannot list or enter, relative to ``folder`` (``.no_exist/abc/``);
-    a bounded walk (:func:`hfcache.cache.fsops.scan_tree`: a member can plant a 1,000-level chain)."""
+    """Folders under ``folder/part`` this user cannot list or enter, relative to ``folder`` (``.no_exist/abc/``), in a
+    bounded walk (a member can plant a 1,000-level chain)."""
     denied: list[str] = []
     if not os.path.lexists(folder / part):
         return denied
@@ -165,11 +157,9 @@ def _unreadable_below(folder: Path, part: str) -> list[str]:
 
 
 def custom_code_refs(cache_dir: Path, target: CheckTarget) -> tuple[str, ...]:
-    """The ``auto_map`` class references a tokenizer load of ``target`` runs, read from its cached configs (the same
-    rule as warm's selection: ``custom_code.auto_map_refs``); empty when it runs none or the cache cannot tell.
-
-    Raises:
-        custom_code.RepoDataError: a cached config is nested too deeply to parse (the load fails on it too)."""
+    """The ``auto_map`` class references a tokenizer load of ``target`` runs, read from its cached configs (warm's
+    rule: ``custom_code.auto_map_refs``); empty when it runs none or the cache cannot tell. Raises
+    custom_code.RepoDataError: a cached config is nested too deeply to parse (the load fails on it too)."""
     snapshot = snapshot_of(cache_dir, target)
     refs: list[str] = []
     for name in AUTO_MAP_FILES if snapshot is not None else ():

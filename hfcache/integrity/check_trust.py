@@ -1,10 +1,8 @@
 """check_trust: which repos ``check`` may run custom code for, and when running it as root is refused.
 
-A repo whose cached ``auto_map`` names code runs it when its tokenizer loads with ``trust_remote_code=True``, and
-whoever can write the cache chose that code (a group member, a pulled image, an imported tar). So ``check`` runs it
-only for the repos the user names (:class:`TrustPolicy`), and as root only from folders no other user can change
-(:func:`root_refusal`): anything on the way another uid owns or a group or others can write (a sticky folder
-excepted) refuses the check (exit 2), without loading.
+Whoever can write the cache chose the code a cached ``auto_map`` names (a group member, a pulled image, an imported
+tar), so ``check`` runs it only for the repos the user names (:class:`TrustPolicy`), and as root only from folders no
+other user can change (:func:`root_refusal`; else exit 2, without loading).
 """
 
 from __future__ import annotations
@@ -43,11 +41,7 @@ class TrustPolicy:
     @classmethod
     def parse(cls, values: Iterable[str], lock_targets: Iterable[CheckTarget] = ()) -> TrustPolicy:
         """From ``--trust-remote-code`` values (``REPO_ID``, ``REPO_ID@REVISION`` or ``*``) and a lock's targets
-        (a lock pins its repos: the user chose them).
-
-        Raises:
-            UsageError: a malformed value (not one repo id, e.g. a comma-separated list).
-        """
+        (the user chose them). UsageError: a malformed value (not one repo id, e.g. a comma-separated list)."""
         values = list(values)
         specs = {repo: frozenset(revs) for repo, revs in parse_specs(v for v in values if v != "*").items()}
         for target in lock_targets:
@@ -55,7 +49,6 @@ class TrustPolicy:
         return cls("*" in values, specs)
 
     def allows(self, target: CheckTarget) -> bool:
-        """Whether ``target``'s custom code may run."""
         if self.everything:
             return True
         revisions = self.specs.get(target.repo_id)
@@ -68,7 +61,8 @@ class TrustPolicy:
 
 
 def _changeable(st: os.stat_result, euid: int) -> str | None:
-    """Why another user can change what ``st`` describes (not followed), or None."""
+    """Why another user can change what ``st`` describes (owned by another uid, writable by group or others and no
+    sticky folder), or None."""
     if stat.S_ISLNK(st.st_mode):
         return None  # a link cannot be rewritten; replacing it needs its folder, which is looked at too
     if st.st_uid != euid:
@@ -142,6 +136,5 @@ def root_refusal(cache_dir: Path, targets: Iterable[tuple[CheckTarget, tuple[str
 
 
 def refuse_as_root(reason: str) -> UsageError:
-    """The exit-2 error for :func:`root_refusal`'s reason."""
     return UsageError(reason, hint="run `hfcache check` as the cache's owner (not root), or drop --trust-remote-code "
                                    "to report that repo as 'needs custom code: not run'")

@@ -36,9 +36,8 @@ def missing_templates(cache_dir: Path, target: CheckTarget) -> list[str]:
 
 def custom_code_cause(cache_dir: Path, target: CheckTarget, error: str) -> str | None:
     """Why a load that runs custom code (``auto_map``) failed, when that code is the cause, else None: a module of
-    another repo or missing from the snapshot, ``trust_remote_code`` not passed, an unwritable ``HF_MODULES_CACHE``,
-    packages the code imports not installed (transformers ``check_imports``' message), an ``auto_map`` entry that is
-    not ``module.Class``, the code failing (a syntax error, a circular import)."""
+    another repo or missing from the snapshot, the environment (:func:`_environment_cause`), an ``auto_map`` entry
+    that is not ``module.Class``, the code failing (:func:`_code_failure_cause`)."""
     try:
         refs = custom_code_refs(cache_dir, target)
     except ValueError:
@@ -60,7 +59,6 @@ def custom_code_cause(cache_dir: Path, target: CheckTarget, error: str) -> str |
 
 
 def _missing_code_cause(cache_dir: Path, target: CheckTarget) -> str | None:
-    """A module ``auto_map`` names (or one it imports) that the snapshot lacks."""
     snapshot = snapshot_of(cache_dir, target)
     folder = RepoFolder(cache_dir, target.repo_id, target.repo_type)
     for module in _missing_code(snapshot) if snapshot is not None else ():
@@ -72,7 +70,8 @@ def _missing_code_cause(cache_dir: Path, target: CheckTarget) -> str | None:
 
 
 def _environment_cause(error: str) -> str | None:
-    """trust_remote_code not passed, an unwritable modules cache, a package the code imports not installed."""
+    """trust_remote_code not passed, an unwritable modules cache, a package the code imports not installed
+    (transformers ``check_imports``' message)."""
     if "trust_remote_code" in error:
         return "custom code: auto_map needs trust_remote_code=True, and the load did not pass it"
     explicit = os.environ.get(ENV_NAME)
@@ -118,7 +117,7 @@ def _missing_code(snapshot: Path) -> tuple[str, ...]:
 
 def _snapshot_entries(snapshot: Path) -> list[tuple[str, str, bool]]:
     """(path relative to the snapshot, full path, is a symlink) of every entry below ``snapshot``, no link followed,
-    walked within :data:`hfcache.bounds.MAX_TREE_DEPTH` levels (:func:`hfcache.cache.fsops.scan_tree`)."""
+    in a bounded walk."""
     return [(rel + e.name, e.path, e.is_symlink()) for _path, rel, dirs, others in scan_tree(str(snapshot))
             for e in (*dirs, *others)]
 

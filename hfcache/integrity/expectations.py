@@ -38,8 +38,7 @@ MAX_TREE_LISTING_BYTES = 64 * 1024 * 1024
 def read_tree_listing(cache_dir: str, folder: str, commit: str) -> dict[str, Expected] | None:
     """``trees/<commit>.json`` (huggingface_hub ``_tree_cache.py`` format 1) as path -> Expected, or None: none
     there, a link or FIFO (never followed or opened blocking), past :data:`MAX_TREE_LISTING_BYTES` or
-    :data:`hfcache.bounds.MAX_JSON_DEPTH`, or an entry whose etag is not 40/64 hex or whose size is not an integer
-    from 0 to :data:`hfcache.records.MAX_FILE_SIZE` (not a listing hfcache trusts)."""
+    :data:`hfcache.bounds.MAX_JSON_DEPTH`, or an entry with a bad etag or size (not a listing hfcache trusts)."""
     try:
         raw = safefs.read_small(cache_dir, (folder, "trees", f"{commit}.json"), MAX_TREE_LISTING_BYTES + 1)
         if len(raw) > MAX_TREE_LISTING_BYTES:
@@ -55,16 +54,15 @@ def read_tree_listing(cache_dir: str, folder: str, commit: str) -> dict[str, Exp
                 return None
             out[path] = Expected(etag=etag, size=size)
         return out
-    except (OSError, CacheError, ValueError, KeyError, TypeError, AttributeError):  # not ours
-        # (ValueError includes bounds.TooDeep; CacheError: a link or FIFO there)
+    except (OSError, CacheError, ValueError, KeyError, TypeError, AttributeError):  # ValueError: bounds.TooDeep too
         return None
 
 
 class RevisionExpectation:
     """What one revision's snapshot should hold, the one rule ``verify``, ``sign``, ``verify --signature`` and
     ``push --sign-key`` judge a snapshot file by (:meth:`of`): a lock's pins when a lock pins the commit (then nothing
-    else counts), else per path warm's record (:mod:`hfcache.cache.published`), else the ``trees/<commit>.json``
-    listing (read when a path needs it), else the blob name of a link (or of the blob a real file is a hardlink of)."""
+    else counts), else per path warm's record, else the ``trees/`` listing (read when a path needs it), else the blob
+    name of a link (or of the blob a real file is a hardlink of)."""
 
     def __init__(self, cache_dir: str, folder: str, commit: str, pinned: dict[str, Expected] | None,
                  recorded: dict[str, Expected] | None, absent: tuple[str, ...] = ()) -> None:
@@ -75,20 +73,17 @@ class RevisionExpectation:
 
     @property
     def source(self) -> str:
-        """Where the revision's file set comes from: ``lock``, ``warm record`` or ``trees/ listing``."""
         return "lock" if self.pinned is not None else "warm record" if self.recorded is not None else "trees/ listing"
 
     def listed(self) -> dict[str, Expected] | None:
-        """The ``trees/`` listing (:func:`read_tree_listing`), read once."""
         if not self._read:
             self._listed, self._read = read_tree_listing(self.cache_dir, self.folder, self.commit), True
         return self._listed
 
     def of(self, path: str, blob: str | None = None, size: int = 0) -> tuple[Expected | None, str]:
         """(what ``path`` should hold, where that comes from: ``lock``, ``warm record``, ``trees/ listing``,
-        ``blob name``), or (None, the source that has nothing for it): under a lock an unpinned path; else a real
-        file no record or listing names that is no hardlink of a blob (``blob``: the blob name of a link, or of the
-        blob a real file shares its inode with; ``size``: its size)."""
+        ``blob name``), or (None, the source that has nothing for it). ``blob``: the blob name of a link, or of the
+        blob a real file shares its inode with; ``size``: its size."""
         if self.pinned is not None:
             return self.pinned.get(path), "lock"
         for files, source in ((self.recorded, "warm record"), (self.listed(), "trees/ listing")):
@@ -103,16 +98,13 @@ class RevisionExpectation:
         return sorted(set(files or ()) - present)
 
     def unlisted(self, present: set[str]) -> list[str]:
-        """The paths of ``present`` a lock does not pin (none without a lock)."""
         return sorted(present - set(self.pinned)) if self.pinned is not None else []
 
 
 def expected_of(cache_dir: str, repo: RepoInfo, commit: str, expectations,
                 refused: list[Problem] | None = None) -> RevisionExpectation:
-    """One revision's :class:`RevisionExpectation`: the lock's pins when ``expectations``
-    (:func:`lock_expectations`) has the commit, else warm's record and the ``trees/`` listing. A warm record past
-    its bounds (:class:`hfcache.cache.published.RecordRefused`) is a ``record_refused`` error appended to
-    ``refused``, or raised when ``refused`` is None."""
+    """One revision's :class:`RevisionExpectation` (``expectations``: :func:`lock_expectations`'s). A warm record past
+    its bounds (RecordRefused) is a ``record_refused`` error appended to ``refused``, or raised when it is None."""
     pinned = expectations.get((repo.repo_type, repo.repo_id, commit))
     if pinned is not None:
         return RevisionExpectation(cache_dir, repo.folder, commit, pinned, None)
@@ -147,8 +139,7 @@ def blob_inodes(cache_dir: str, folder: str) -> dict[tuple[int, int], str]:
 
 def lost_markers(cache_dir: str, repo: RepoInfo, rev, absent: tuple[str, ...]) -> list[Problem]:
     """Names warm marked absent whose ``.no_exist`` marker is gone, with no file in its place: transformers then
-    asks the network for them (and a tokenizer without ``config.json`` fails to load offline: docs/cache-layout.md,
-    'Traps the libraries leave')."""
+    asks the network for them (docs/cache-layout.md, 'Traps the libraries leave')."""
     present = {f.path for f in rev.files}
     found = []
     for name in absent:
@@ -208,7 +199,7 @@ def check_expected(repo: RepoInfo, rev, expected: RevisionExpectation, jobs, own
 
 
 def lock_repos_missing(lock: Lockfile, cache_dir: str | os.PathLike[str], wanted: set[str] | None) -> list[Problem]:
-    """Locked repos whose snapshot is entirely absent from the cache (verify reports them as missing files)."""
+    """A ``file_missing`` per file of each locked repo whose snapshot is absent from the cache."""
     found = []
     for repo in lock.repos:
         for repo_id in sorted(folder_ids(repo.request.repo_id, repo.canonical_id)):

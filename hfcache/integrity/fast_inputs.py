@@ -1,23 +1,14 @@
-"""fast_inputs: what the fast tokenizer path takes from a cache's tokenizer files, read as untrusted input.
-
-Any member of a shared cache, a pulled image or an imported tar can write the tokenizer files. :mod:`.fast_tokenizer`
-reads their fields through the typed reads here, which refuse a value of another type or out of bounds
-(:class:`FastPathRefused`, one line), and hands the rest to the tokenizers library inside :func:`library_call`.
+"""fast_inputs: what the fast tokenizer path takes from a cache's tokenizer files, read as untrusted input (any
+member of a shared cache, a pulled image or an imported tar can write them): typed reads refuse a value of another
+type or out of bounds (:class:`FastPathRefused`, one line); the rest goes to tokenizers inside :func:`library_call`.
 
 tokenizers (Rust, via pyo3) panics on some malformed files (0.23.x): a ``Precompiled`` normalizer whose
 ``precompiled_charsmap`` does not parse (at load) or whose trie points outside itself (at encode), a
 ``TemplateProcessing`` naming a special token it lacks (every encode), a BPE merge of a token the vocabulary lacks
-(load), a truncation ``stride`` not below its ``max_length`` (encode). pyo3 raises a panic as
-``pyo3_runtime.PanicException``, a ``BaseException`` (PyO3/pyo3#2783) whose class cannot be imported
-(PyO3/pyo3#2880): :func:`is_panic` knows it by name. A failed allocation aborts the process instead (a padding of
-2**58 ids, at encode): nothing in it can catch that, hence check's child reports its progress
+(load), a truncation ``stride`` not below its ``max_length`` (encode). A failed allocation aborts the process instead
+(a padding of 2**58 ids, at encode): nothing in it can catch that, hence check's child reports its progress
 (:func:`.check_child.probe_specs`) and the fast path switches padding and truncation off before its first encode.
-
-A file's chains can also make one encode's text, or its ids, grow without bound: a normalizer ``Sequence`` of
-``Replace("l" -> "ll")`` doubles the text at each step (25 steps: a hang; 40: the process aborts), and so do repeated
-``ByteLevel`` steps or a template repeating ``$A``. :func:`growth` bounds each chain statically (:data:`MAX_GROWTH`).
-A string the library would take that UTF-8 cannot encode (a lone surrogate, ``"\ud800"``, which JSON can spell)
-is refused by :func:`text`, and every library call sits inside :func:`library_call`.
+Chains that grow a text without bound: :func:`growth`; lone surrogates: :func:`text`.
 """
 
 from __future__ import annotations
@@ -33,9 +24,8 @@ from typing import Any
 
 #: The largest token id tokenizers holds (ids are Rust ``u32``).
 MAX_TOKEN_ID = 2**32 - 1
-#: Text encoded once, alone and as a pair, when the fast path has built a tokenizer (:func:`smoke_encode`): a panic
-#: that every encode meets (a template naming a special token it does not define) is a refusal at load, not a crash
-#: of the application at its first encode. Microseconds.
+#: Encoded by :func:`smoke_encode` (microseconds): a panic every encode meets is a refusal at load, not a crash of
+#: the application at its first encode.
 SMOKE_TEXT = "Hello world, 深度学习 café 😀 <s> [CLS]"
 
 
@@ -48,9 +38,16 @@ class FastPathRefused(ValueError):
 
 
 def is_panic(exc: BaseException) -> bool:
-    """Whether ``exc`` is a Rust panic raised through pyo3 (``pyo3_runtime.PanicException``, a ``BaseException``;
-    each pyo3 extension has its own class, none importable: PyO3/pyo3#2880)."""
+    """Whether ``exc`` is a Rust panic raised through pyo3: ``pyo3_runtime.PanicException``, a ``BaseException``
+    (PyO3/pyo3#2783); each pyo3 extension has its own class, none importable (PyO3/pyo3#2880)."""
     return any(c.__name__ == "PanicException" and c.__module__ == "pyo3_runtime" for c in type(exc).__mro__)
+
+
+def reraise_unless_failure(exc: BaseException) -> None:
+    """Called in an ``except BaseException`` clause: re-raise it unless ``exc`` is an ``Exception`` or a panic
+    (:func:`is_panic`): KeyboardInterrupt and SystemExit pass."""
+    if not isinstance(exc, Exception) and not is_panic(exc):
+        raise
 
 
 def printable(text: str, limit: int) -> str:
@@ -83,8 +80,8 @@ def library_call(what: str) -> Iterator[None]:
 
 
 def smoke_encode(tokenizer: Any) -> None:
-    """Encode :data:`SMOKE_TEXT` alone and as a pair with the built ``tokenizers.Tokenizer`` (padding and truncation
-    off). Raises FastPathRefused when the library raises or panics on it."""
+    """Encode :data:`SMOKE_TEXT` alone and as a pair with the built ``tokenizers.Tokenizer``; FastPathRefused when
+    the library raises or panics on it."""
     with library_call("tokenizers fails to encode with this tokenizer"):
         tokenizer.encode(SMOKE_TEXT)
         tokenizer.encode(SMOKE_TEXT, SMOKE_TEXT)

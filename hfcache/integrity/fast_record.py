@@ -1,12 +1,9 @@
 """fast_record: what ``hfcache check`` proved about the fast tokenizer path, per repo and commit.
 
-``<cache>/.locks/hfcache-fast-tokenizers.json``, read and written under :mod:`hfcache.cache.owned_record`'s rules:
-an entry is ``"equal"`` or ``"differs: ..."`` for ``REPO_TYPE/REPO_ID@COMMIT``, with the ``tokenizers`` version
-proved with. A ``differs`` entry only ever makes ``load_tokenizer(backend="tokenizers")`` refuse (the application
-falls back to transformers), so it is honoured from any record read safely, whoever wrote it. An ``equal`` entry is
-proof only from a *trusted* record (owned by this euid or by root: an image built as root, run as another uid) for
-the same ``tokenizers`` version; needed only with ``require_proof=True``, it never makes the fast path load a repo
-it refuses statically.
+Read and written under :mod:`hfcache.cache.owned_record`'s rules. A ``differs`` entry only ever makes
+``load_tokenizer(backend="tokenizers")`` refuse, so it is honoured from any record read safely, whoever wrote it. An
+``equal`` entry is proof only from a *trusted* record (owned by this euid or by root: an image built as root, run as
+another uid); needed only with ``require_proof=True``, it never makes the fast path load a repo it refuses statically.
 """
 
 from __future__ import annotations
@@ -23,7 +20,6 @@ _VERSION = 1
 
 
 def key(repo_type: str, repo_id: str, commit: str) -> str:
-    """The record key of one repo at one commit."""
     return f"{repo_type}/{repo_id}@{commit}"
 
 

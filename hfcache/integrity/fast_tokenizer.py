@@ -2,15 +2,12 @@
 
 ``AutoTokenizer.from_pretrained`` (transformers 5.24, ``tokenization_auto.py``, ``tokenization_utils_tokenizers.py``,
 ``models/{bert,llama,gpt2}/tokenization_*.py``) does more than read ``tokenizer.json``; this replays it for the
-classes it knows, without importing transformers (~0.8 s): the class (:func:`resolve_class`; ``auto_map`` tokenizer
-code is refused); ``TokenizersBackend`` loads the file as it is, ``BertTokenizer``/``LlamaTokenizer``/``GPT2Tokenizer``
-rebuild model, normalizer and pre-tokenizer from the vocabulary and their arguments and keep the file's
-post-processor, any other class is refused; added and special tokens in transformers' order, ``split_special_tokens``,
-BERT's template (``add_bos_token``/``add_eos_token`` are dropped, as ``_from_pretrained`` drops them with a
-``tokenizer.json``); truncation and padding off, as ``__call__``'s defaults; the Mistral regex patch is refused.
-Files are read through :mod:`hfcache.cache.safefs` with size caps, JSON through :func:`hfcache.bounds.loads_json`,
-fields through :mod:`.fast_inputs`; what the library raises or panics on is a refusal. ``hfcache check`` proves the
-result equal to ``AutoTokenizer`` on :mod:`.tokenizer_corpus` and records it (:mod:`.fast_record`).
+classes it knows, without importing transformers (~0.8 s): the class (:func:`resolve_class`); ``TokenizersBackend``
+loads the file as it is, ``BertTokenizer``/``LlamaTokenizer``/``GPT2Tokenizer`` rebuild model, normalizer and
+pre-tokenizer and keep the file's post-processor (:func:`_rebuild`); added and special tokens in transformers' order,
+``split_special_tokens``, BERT's template; truncation and padding off, as ``__call__``'s defaults. Fields are read
+through :mod:`.fast_inputs`. ``hfcache check`` proves the result equal to ``AutoTokenizer`` on
+:mod:`.tokenizer_corpus` and records it (:mod:`.fast_record`).
 """
 
 from __future__ import annotations
@@ -89,11 +86,8 @@ class FastTokenizer:
 
 
 def resolve_commit(cache_dir: Path, folder: str, revision: str) -> str:
-    """The commit ``revision`` (a 40-hex commit, or a ref name read from ``refs/``) stands for in ``folder``.
-
-    Raises:
-        NotCached: no such ref, or the snapshot folder is missing. CacheError: a planted link, a bad ref name.
-    """
+    """The commit ``revision`` (a 40-hex commit, or a ref name read from ``refs/``) stands for in ``folder``. Raises
+    NotCached: no such ref, or the snapshot folder is missing; CacheError: a planted link, a bad ref name."""
     if is_commit(revision):
         commit = revision
     else:
@@ -111,7 +105,7 @@ def resolve_commit(cache_dir: Path, folder: str, revision: str) -> str:
 
 
 def _must_exist(cache_dir: Path, rel: tuple[str, ...], missing: str) -> None:
-    """Raise NotCached(``missing``) unless the folder ``rel`` exists (no link followed on the way)."""
+    """NotCached(``missing``) unless the folder ``rel`` exists (no link followed on the way)."""
     try:
         os.close(safefs.open_dir(cache_dir, rel))
     except FileNotFoundError:
@@ -121,7 +115,6 @@ def _must_exist(cache_dir: Path, rel: tuple[str, ...], missing: str) -> None:
 
 
 def _unreadable(what: str, exc: OSError) -> CacheError:
-    """A cache entry this user cannot read (permissions, I/O), as a CacheError naming it."""
     return CacheError(f"{what} cannot be read ({exc.strerror or exc})",
                       hint="ask the cache's owner to make it readable (`hfcache doctor` prints the fix)")
 
@@ -160,10 +153,7 @@ def _json(raw: bytes | None, name: str) -> dict | None:
 
 def resolve_class(tk_config: dict, config: dict | None) -> str:
     """The transformers class ``AutoTokenizer`` would load (``tokenization_auto.py`` 5.24), as far as replicated.
-
-    Raises:
-        FastPathRefused: custom code, or a class (or a choice between classes) not replicated here.
-    """
+    FastPathRefused: custom code, or a class (or a choice between classes) not replicated here."""
     config = config or {}
     for where, doc in (("tokenizer_config.json", tk_config), ("config.json", config)):
         auto_map = doc.get("auto_map")
@@ -214,8 +204,7 @@ def _added(value: Any) -> Any:
 def _token_settings(tk_config: dict, doc: dict, special_map: dict | None,
                     cls: str) -> tuple[list[int], list, dict, list]:
     """(the added tokens' ids and the added tokens in id order, named special token -> token, extra special tokens), as
-    ``PreTrainedTokenizerBase._from_pretrained`` passes them (the legacy branch: the file's ``added_tokens`` and
-    ``special_tokens_map.json``, when ``tokenizer_config.json`` has no ``added_tokens_decoder``)."""
+    ``PreTrainedTokenizerBase._from_pretrained`` passes them (without ``added_tokens_decoder``: the legacy branch)."""
     from tokenizers import AddedToken
 
     settings = {**_DEFAULTS.get(cls, {}), **{k: tk_config[k] for k in SPECIAL_NAMES if k in tk_config}}
@@ -284,9 +273,8 @@ def _rebuild(cls: str, doc: dict, tk_config: dict) -> Any:
 
 
 def _same_added_tokens(tok: Any, added_ids: list[int], added: list) -> bool:
-    """Whether the file's added tokens are exactly the ones the rebuild adds (ids, text and flags), so that the
-    file's parsed backend, retuned (:func:`_retune`), is the rebuilt one (the Rust parse is faster than building the
-    model from Python objects)."""
+    """Whether the file's added tokens are exactly the ones the rebuild adds (ids, text and flags): then the file's
+    parsed backend, retuned (:func:`_retune`: faster than building it from Python objects), is the rebuilt one."""
     def shape(t: Any) -> tuple:
         return (t.content, t.single_word, t.lstrip, t.rstrip, t.normalized, t.special)
 
@@ -378,16 +366,12 @@ def build(cache_dir: Path, repo_id: str, revision: str | None = None, repo_type:
         cache_dir (Path): the cache root; repo_id (str): as the application names it (a legacy id reads its own
             folder); revision (str | None): a ref name or a 40-hex commit [default: ``main``]; repo_type (str).
 
-    Returns:
-        FastTokenizer: the ``tokenizers.Tokenizer``, the commit and the class whose load it replays.
-
     Raises:
         NotCached: the repo, ref, snapshot is not in the cache.
         FastPathRefused: no ``tokenizer.json`` (a slow-only tokenizer), custom code, a class not replicated, a file
-            too large or malformed, a setting of another type or out of bounds (:mod:`.fast_inputs`), a file the
-            tokenizers library raises or panics on, at load or at a first encode (:func:`.fast_inputs.smoke_encode`).
-        CacheError: a planted link or FIFO on the way (:class:`hfcache.cache.safefs.UnsafeLayout`), a file or folder
-            this user cannot read.
+            too large or malformed, a setting of another type or out of bounds, a file the tokenizers library raises
+            or panics on, at load or at a first encode (:func:`.fast_inputs.smoke_encode`).
+        CacheError: a planted link or FIFO on the way (UnsafeLayout), a file or folder this user cannot read.
     """
     folder = safefs.check_folder_name(repo_folder_name(repo_id, repo_type))
     _must_exist(cache_dir, (folder,), f"{repo_id} is not in the cache (no {folder}/)")
@@ -414,8 +398,8 @@ def build(cache_dir: Path, repo_id: str, revision: str | None = None, repo_type:
 
 
 def _set_up(raw: bytes, doc: dict, cls: str, tk_config: dict, config: dict | None, special_map: dict | None) -> Any:
-    """The ``tokenizers.Tokenizer`` of ``raw`` set up as ``cls``'s load sets it up. Once the settings are checked,
-    what the library raises or panics on is the file's (:func:`.fast_inputs.library_call`)."""
+    """The ``tokenizers.Tokenizer`` of ``raw`` set up as ``cls``'s load sets it up (what the library raises or panics
+    on, once the settings are checked, is a refusal)."""
     from tokenizers import Tokenizer
 
     with library_call("tokenizers refuses this repo's added tokens"):  # AddedToken() is the library's too

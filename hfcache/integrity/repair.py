@@ -1,13 +1,10 @@
 """repair: fix exactly what :func:`hfcache.integrity.verify.verify_cache` found broken, and nothing else.
 
-A ref holding a commit plus whitespace is rewritten; an absolute or escaping snapshot link to a healthy blob of the
-repo is rewritten as huggingface_hub's relative link; broken content (a blob that does not hash to its name or is not
-a file, a link to a missing blob, a file the lock lists but the snapshot lacks or holds otherwise) is downloaded again
-at the snapshot's commit, hashed, and published in huggingface_hub's order (blob, then link); a link whose file the
-endpoint no longer has is removed; a corrupt blob no snapshot uses is removed. A healthy huggingface_hub 2.4 link into
-the shared Xet store stays a link; a broken one is replaced by a regular blob (the store is left to the library).
-Each repo is repaired under warm's repo lock. Where from, per revision: :class:`RepairEndpoints`; a revision no
-endpoint could serve is a ``failed`` action with exit code 3 (network), not 1.
+A ref holding a commit plus whitespace is rewritten; an absolute snapshot link to a healthy blob of the repo is
+rewritten as huggingface_hub's relative link; broken content is downloaded again at the snapshot's commit, hashed,
+and published in huggingface_hub's order (blob, then link); a link whose file the endpoint no longer has is removed;
+a corrupt blob no snapshot uses is removed. A healthy link into the shared Xet store stays a link; a broken one is
+replaced by a regular blob. Each repo is repaired under warm's repo lock; where from: :class:`RepairEndpoints`.
 """
 
 from __future__ import annotations
@@ -46,10 +43,9 @@ _UNSERVED_CODES = (HubError.exit_code, OfflineViolation.exit_code)  # no endpoin
 
 @dataclass(frozen=True)
 class RepairAction:
-    """One thing repair did or could not do: ``repo_id``, ``revision``, ``path`` as in
-    :class:`hfcache.integrity.verify_report.Problem`; ``action``: ``rewrote ref``, ``relinked``, ``downloaded``,
-    ``removed link``, ``removed blob``, ``removed record`` (warm's record past its bounds) or ``failed``; ``detail``:
-    one line; ``exit_code``: of a ``failed`` action no endpoint could serve, 3 (or 4: offline), else 0."""
+    """One thing repair did or could not do: ``repo_id``, ``revision``, ``path`` as in :class:`.verify_report.Problem`;
+    ``action``: ``rewrote ref``, ``relinked``, ``downloaded``, ``removed link``, ``removed blob``, ``removed record``
+    or ``failed``; ``detail``: one line; ``exit_code``: :func:`_cause`'s."""
 
     repo_id: str
     revision: str
@@ -76,9 +72,9 @@ class RepairEndpoints:
     def for_revision(self, recorded: str | None) -> list[HubClient]:
         """The clients to try, in order, for a revision whose warm record names ``recorded`` (None: no usable
         record): ``[--endpoint]``; else ``[recorded, HF_ENDPOINT]`` (``HF_ENDPOINT`` only when set and another);
-        else ``[HF_ENDPOINT or the public Hub]``. The record is a hint anyone who can write the cache writes: a
-        recorded endpoint gets the token only on the origin of ``HF_ENDPOINT`` or of the public Hub, the rule a
-        manifest's endpoint follows (:func:`hfcache.warming.manifest.withheld_endpoints`)."""
+        else ``[HF_ENDPOINT or the public Hub]``. A recorded endpoint (anyone who can write the cache writes it)
+        gets the token only on the origin of ``HF_ENDPOINT`` or of the public Hub (as a manifest's endpoint:
+        :func:`hfcache.warming.manifest.withheld_endpoints`)."""
         if self.given or not recorded:
             return [self.user]
         order = [recorded]
@@ -97,12 +93,9 @@ class RepairEndpoints:
 def repair(report: VerifyReport, *, endpoints: RepairEndpoints, lock: Lockfile | None = None,
            lock_timeout: float = DEFAULT_LOCK_TIMEOUT, on_lock_wait=None) -> tuple[RepairAction, ...]:
     """Repair the integrity errors of ``report`` in place; the actions taken, sorted (a ``failed`` one says why).
-
-    Args:
-        endpoints: which endpoints to ask per revision. lock: when given, downloads must match its hashes too.
-        lock_timeout: seconds to wait at most for a repo's or blob's lock (a repo whose lock stays held is a
-            ``failed`` action naming it). on_lock_wait: called with a :class:`hfcache.cache.locking.LockWait`.
-    """
+    ``endpoints``: which to ask per revision; ``lock``: downloads must match its hashes too; ``lock_timeout``: seconds
+    to wait at most for a repo's or blob's lock (a repo whose lock stays held is a ``failed`` action naming it);
+    ``on_lock_wait``: called with a :class:`hfcache.cache.locking.LockWait`."""
     cache_dir = Path(report.cache_dir)
     by_folder: dict[str, list[Problem]] = defaultdict(list)
     for problem in report.errors:
@@ -170,9 +163,8 @@ def _repair_repo(folder: RepoFolder, problems: list[Problem], endpoints: RepairE
 
 
 def _healthy_blob(folder: RepoFolder, etag: str) -> bool:
-    """Whether ``blobs/<etag>`` is a regular file, or huggingface_hub 2.4's link of the exact shape into the marked
-    shared Xet store to a regular payload (:func:`hfcache.cache.safefs.open_blob`; no other link followed): such a
-    link is kept, never replaced by a copy."""
+    """Whether ``blobs/<etag>`` is a regular file, or a shared Xet store link to a regular payload
+    (:func:`hfcache.cache.safefs.open_blob`; no other link followed): such a link is kept, never replaced by a copy."""
     try:
         fd = safefs.open_blob(folder.cache_dir, folder.name, safefs.check_etag(etag))
     except (OSError, HfcacheError):
@@ -191,15 +183,6 @@ def _fix_ref(folder: RepoFolder, problem: Problem, snapshots: set[str]) -> Repai
         return RepairAction(problem.repo_id, problem.revision, "", "rewrote ref", f"{name} -> {value}")
     return RepairAction(problem.repo_id, problem.revision, "", "failed",
                         "the ref holds no commit of a cached snapshot; run `hfcache warm` for it")
-
-
-def _recorded_endpoint(folder: RepoFolder, commit: str) -> str | None:
-    """The endpoint warm recorded as ``commit``'s source, or None (no record, none in it, or a refused record)."""
-    try:
-        record = read_record(folder.cache_dir, folder.name, commit)
-    except RecordRefused:
-        return None
-    return record.endpoint if record is not None else None
 
 
 def _resolve_anywhere(folder: RepoFolder, commit: str, paths: list[str],
@@ -225,10 +208,14 @@ def _resolve_anywhere(folder: RepoFolder, commit: str, paths: list[str],
 def _refetch(folder: RepoFolder, commit: str, paths: list[str], endpoints: RepairEndpoints,
              lock: Lockfile | None, symlinks: bool, bad_blobs: set[str]) -> list[RepairAction]:
     """Download ``paths`` at ``commit`` again (verified), from the endpoints :class:`RepairEndpoints` picks for
-    the revision, and relink them."""
+    the revision (from warm's record of its source, unless refused), and relink them."""
     try:
-        client, remote, counter = _resolve_anywhere(folder, commit, paths,
-                                                    endpoints.for_revision(_recorded_endpoint(folder, commit)))
+        record = read_record(folder.cache_dir, folder.name, commit)
+    except RecordRefused:
+        record = None
+    try:
+        client, remote, counter = _resolve_anywhere(folder, commit, paths, endpoints.for_revision(
+            record.endpoint if record is not None else None))
     except RevisionNotFound:
         return [_remove_link(folder, commit, p, "the endpoint no longer has this commit") for p in paths]
     except HfcacheError as exc:
@@ -269,8 +256,8 @@ def _download_blob(folder: RepoFolder, repo: RepoRevision, file: RemoteFile, cli
 
 
 def _cause(exc: HfcacheError) -> int:
-    """A failed action's exit code: 3 when no endpoint could serve it (the network's or the endpoint's fault), 4
-    when this process may not go online; else 0 (the verification after it says why)."""
+    """A failed action's exit code: 3 when no endpoint could serve it (network), 4 when this process may not go
+    online; else 0 (the verification after it says why)."""
     return exc.exit_code if exc.exit_code in _UNSERVED_CODES else 0
 
 
@@ -315,9 +302,8 @@ class RepairRun:
 
     @property
     def exit_code(self) -> int:
-        """0 when the cache verifies after the repair; 3 when something stays broken because no endpoint could serve
-        it (:attr:`unserved`: the network's fault, not the cache's), 4 when only because this process may not go
-        online; else the final report's (1)."""
+        """0 when the cache verifies after the repair; else 3 (or 4) when something stays broken because no endpoint
+        could serve it (:attr:`unserved`: not the cache's fault), else the final report's (1)."""
         if self.report.ok:
             return 0
         codes = {a.exit_code for a in self.unserved}
@@ -333,9 +319,7 @@ def verify_and_repair(cache_dir: str | os.PathLike[str], repo_ids: Iterable[str]
 
     Args:
         cache_dir, repo_ids, lock, max_workers, fast: as for :func:`hfcache.integrity.verify.verify_cache`.
-        hub: the Hub options: the client of the endpoint the user configured (its first, else ``HF_ENDPOINT``, else
-            the public Hub) is made only when something needs repairing; one named (``--endpoint``) serves every
-            revision (:class:`RepairEndpoints`).
+        hub: the Hub options (:class:`RepairEndpoints`; its client is made only when something needs repairing).
         lock_timeout, on_lock_wait: as for :func:`repair`.
         progress: returns a fresh progress context for each verification pass (None: no progress).
     """

@@ -1,12 +1,10 @@
 """sign: ``hfcache sign`` (a model-signing bundle per cached snapshot, written outside the cache) and ``hfcache verify
 --signature`` (a bundle checked against a cached snapshot), on :mod:`.signatures` and :mod:`.signed_snapshot`.
 
-A bundle file, ``<repo folder>@<commit>.sig.json`` by default, is written into a folder outside the cache (one below
-the cache root is refused: a group member could plant links there) through that folder's descriptor: a private
-``O_EXCL`` temp file, then ``linkat`` to the name (which fails if anything is there), or with ``force`` a rename over
-a regular file. What is not a regular file there (a link, device node, FIFO, socket) is never replaced (``-o
-/dev/null`` once replaced /dev/null); ``-`` returns the bundle for standard output. An OSError of the output is one
-line: exit 2 for a path that does not exist or is not a folder, else exit 5.
+A bundle file, ``<repo folder>@<commit>.sig.json`` by default, is written into a folder outside the cache (a group
+member could plant links below the cache root) through that folder's descriptor: a private ``O_EXCL`` temp file, then
+``linkat`` to the name (which fails if anything is there), or with ``force`` a rename over a regular file. What is not
+a regular file there (a link, device node, FIFO, socket) is never replaced (``-o /dev/null`` once replaced it).
 """
 
 from __future__ import annotations
@@ -38,8 +36,7 @@ from .signed_snapshot import NameMismatch, snapshot_digests
 @dataclass(frozen=True)
 class SignedSnapshot:
     """One bundle ``hfcache sign`` wrote: the snapshot (``repo_id``, ``commit``), the bundle file ``path``, the
-    ``files`` signed and those ``hashed`` (the others: their LFS blob names); ``data``: the bundle when ``path`` is
-    ``-`` (standard output), else ``b""``."""
+    ``files`` signed and those ``hashed``; ``data``: the bundle when ``path`` is ``-`` (stdout), else ``b""``."""
 
     repo_id: str
     commit: str
@@ -61,13 +58,7 @@ class SignatureVerdict:
     hashed: int
 
 
-def _inside(path: Path, root: Path) -> bool:
-    real, top = os.path.realpath(path), os.path.realpath(root)
-    return real == top or real.startswith(top.rstrip("/") + "/")
-
-
 def _kind(mode: int) -> str:
-    """What a non-regular, non-folder entry is, for the messages."""
     kinds = {stat.S_IFLNK: "symlink", stat.S_IFCHR: "character device", stat.S_IFBLK: "block device",
              stat.S_IFIFO: "FIFO", stat.S_IFSOCK: "socket"}
     return kinds.get(stat.S_IFMT(mode), "special file")
@@ -108,7 +99,8 @@ def _destination(output: str | os.PathLike[str] | None, count: int, cache_dir: P
                          hint="an existing folder, or a path ending with '/'")
     else:
         folder, name = Path(text).parent, Path(text).name
-    if _inside(folder, cache_dir):
+    real, top = os.path.realpath(folder), os.path.realpath(cache_dir)
+    if real == top or real.startswith(top.rstrip("/") + "/"):
         raise UsageError(f"{folder} is inside the cache {cache_dir}: bundles are not written there",
                          hint="give --output a folder outside the cache (the current folder is the default)")
     return folder, name
@@ -154,8 +146,8 @@ def _check_target(folder_fd: int, name: str, shown: str, force: bool) -> None:
 
 
 def _write_bundle(folder_fd: int, name: str, data: bytes, shown: str, force: bool) -> None:
-    """Write ``data`` as ``name`` in the folder ``folder_fd`` as the module docstring says. UsageError: ``name`` is
-    not a regular file, or exists without ``force``; CacheError: the folder cannot be written (exit 5)."""
+    """Write ``data`` as ``name`` in ``folder_fd`` as the module docstring says. UsageError: ``name`` is not a regular
+    file, or exists without ``force``; CacheError: the folder cannot be written (exit 5)."""
     temp = temp_name(name)
     _check_target(folder_fd, name, shown, force)
     try:
@@ -199,20 +191,17 @@ def sign_snapshots(cache_dir: Path, targets: Sequence[tuple[str, str]], key: Pat
         key: a PEM EC private key; password: its password. output: a folder (existing, a link to one, or a path
             ending with ``/``: created), for one snapshot a file (new, or a regular file with ``force``), or ``-``
             (one snapshot: the bundle is returned in ``SignedSnapshot.data``) [default: the current folder]; never
-            inside the cache. rehash: hash every file (default: an LFS blob's name is its sha256).
-        on_bytes: called with the size of every chunk hashed. force: replace existing bundle files (regular only).
-        lock: the lock whose pins (path, size, hash) every file of a snapshot at a locked commit must match.
+            inside the cache. rehash, on_bytes, lock: as :func:`.signed_snapshot.snapshot_digests`.
+        force: replace existing bundle files (regular only).
 
-    Returns:
-        One SignedSnapshot per snapshot, in order (a snapshot named twice is signed once).
+    Returns one SignedSnapshot per snapshot, in order (a snapshot named twice is signed once).
 
     Raises:
         UsageError: a malformed spec, a bad key or password, model-signing missing, an output inside the cache, a
             file (or ``-``) for several snapshots, an output that is not a regular file or folder, one that exists
-            without ``force``, an output path that does not exist (exit 2). CheckFailed: a repo or revision not in
-            the cache; a git path in a snapshot. NameMismatch: a file is not what the cache says was fetched, or
-            its bytes do not match its name (exit 5; nothing written). CacheError: an unsafe entry, or the output
-            cannot be written (exit 5).
+            without ``force``, or does not exist (exit 2). CheckFailed: a repo or revision not in the cache; a git
+            path in a snapshot. NameMismatch: a file is not what the cache says was fetched (exit 5; nothing
+            written). CacheError: an unsafe entry, or the output cannot be written (an OSError: exit 5).
     """
     made: dict[tuple[str, str], SignedSnapshot] = {}
     for spec, repo_type in targets:
@@ -251,10 +240,9 @@ def check_signature(cache_dir: Path, spec: str, signature: Path, public_key: Pat
     (``REPO_ID[@REVISION]``) names; ``rehash`` and ``on_bytes`` as :func:`sign_snapshots`.
 
     Raises:
-        SignatureMismatch: bad signature, wrong key, or files unsigned / changed / missing (exit 1, all named, with
-            the model the bundle signs when it is another); every file matches but the bundle names another model
-            (:func:`.signatures.foreign_model`); a file the cache does not prove is what was fetched
-            (:func:`.signed_snapshot.judge`: ``changed``; a recorded file absent: ``missing``).
+        SignatureMismatch (exit 1): as :func:`.signatures.verify_files` and :func:`.signatures.foreign_model`; a
+            file the cache does not prove is what was fetched (:func:`.signed_snapshot.judge`: ``changed``; a
+            recorded file absent: ``missing``).
         CheckFailed: the repo or revision is not in the cache. UsageError: an unreadable bundle or key, a file that
             is not a model-signing bundle (not JSON, ``{}``, ``[]``, another predicate: exit 2, naming it).
         CacheError: an unsafe entry in the snapshot.

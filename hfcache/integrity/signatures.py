@@ -2,9 +2,8 @@
 
 A bundle is what ``model_signing sign key`` (``model-signing`` 1.1.1) writes: a Sigstore bundle v0.3 around a DSSE
 envelope whose in-toto statement lists every file with its sha256, signed with an EC key (offline); it verifies with
-``model_signing verify key --allow_symlinks SNAPSHOT_DIR``. model_signing leaves git paths (:data:`GIT_PATHS`) out of
-every bundle, so :func:`sign_files` refuses a snapshot holding one; a check covers every file present whatever its
-name (docs/security.md). ``model_signing`` is the extra ``sign``, imported on use.
+``model_signing verify key --allow_symlinks SNAPSHOT_DIR``. A check covers every file present whatever its name
+(docs/security.md).
 """
 
 from __future__ import annotations
@@ -42,8 +41,8 @@ _WRONG_KEY = "check that --verify-key is the public half of the signing key"
 
 class SignatureMismatch(CheckFailed):
     """A bundle does not prove the files (exit 1). ``reason``: ``files`` (``unsigned``: present, not in the bundle;
-    ``changed``: another sha256; ``missing``: in the bundle, not present), ``unsigned`` (no signature attached:
-    :func:`verify_any`), else ``signature`` (bad signature, wrong key, not a model-signing bundle)."""
+    ``changed``: another sha256; ``missing``: in the bundle, not present), ``unsigned`` (no signature attached),
+    else ``signature`` (bad signature, wrong key, not a model-signing bundle)."""
 
     def __init__(self, message: str, *, reason: str, unsigned: tuple[str, ...] = (), changed: tuple[str, ...] = (),
                  missing: tuple[str, ...] = (), hint: str | None = None) -> None:
@@ -53,8 +52,7 @@ class SignatureMismatch(CheckFailed):
 
 class NotABundle(SignatureMismatch):
     """The bytes are not a model-signing v1.0 bundle hfcache reads (not JSON, no DSSE envelope, another predicate):
-    nothing was checked; ``why`` (str) says what is wrong. A bundle file the user names makes this exit 2
-    (:func:`hfcache.integrity.sign.check_signature`); a registry's referrer stays exit 1."""
+    nothing was checked; ``why`` (str) says what is wrong. Exit 1 (a bundle file the user names: exit 2, ``sign``)."""
 
     def __init__(self, why: str) -> None:
         super().__init__(f"the signature bundle is not a model-signing bundle: {why}", reason="signature",
@@ -75,18 +73,13 @@ class SignatureCheck:
 
 
 def _upstream() -> SimpleNamespace:
-    """model_signing's signing and checking, imported on first use (the extra ``sign``). Its public API signs and
-    checks a folder it hashes itself, with keys and bundles read from files; where that falls short its private API
-    is used here, and nowhere else: a manifest from known digests (``manifest._FileSerialization``:
-    sigstore/model-transparency#568), keys and bundles from memory (``Signer``/``Verifier`` built around a key read
-    and checked here: #559, PR #581), and an old bundle's warning that ``verify`` prints to stdout.
+    """model_signing's signing and checking, imported on first use (the extra ``sign``): ``.sign(files, model_name,
+    key) -> bytes``, ``.parse(document) -> signature`` (pydantic errors for a malformed bundle), ``.verify(signature,
+    key) -> manifest`` (InvalidSignature, ValueError, KeyError). UsageError: model-signing is not installed (exit 2).
 
-    Returns:
-        ``.sign(files, model_name, key) -> bytes``, ``.parse(document) -> signature`` (pydantic errors for a
-        malformed bundle), ``.verify(signature, key) -> manifest`` (InvalidSignature, ValueError, KeyError).
-
-    Raises:
-        UsageError: model-signing is not installed (exit 2).
+    Its public API hashes a folder itself and reads keys and bundles from files; its private API is used here, and
+    nowhere else, for a manifest from known digests (``manifest._FileSerialization``: sigstore/model-transparency#568),
+    keys and bundles from memory (#559, PR #581), and to silence an old bundle's warning ``verify`` prints to stdout.
     """
     try:
         from model_signing import manifest
@@ -204,10 +197,8 @@ def sign_files(files: Mapping[str, str], model_name: str, private_key: Path, *,
     no git path), naming ``model_name`` (e.g. ``ORG/NAME@<commit>``), signed with the PEM EC ``private_key`` (and
     its ``password``; ``password_hint``: the hint of the error for an encrypted key without one).
 
-    Raises:
-        UsageError: model-signing not installed, an unreadable/unsupported key or wrong password, a path that is
-            not relative, a digest that is not sha256 hex, or nothing to sign.
-        CheckFailed: a git path among ``files`` (exit 1): no bundle would cover it.
+    Raises UsageError: model-signing not installed, an unreadable/unsupported key or wrong password, a path that is
+    not relative, a digest that is not sha256 hex, or nothing to sign; CheckFailed (exit 1): a git path in ``files``.
     """
     library = _upstream()
     kept = _checked_files(files)
@@ -304,10 +295,9 @@ def verify_files(bundle: bytes, files: Mapping[str, str], public_key: Path, *,
     """Check a bundle's signature with the PEM EC ``public_key``, then its file list against ``files`` (relative
     path -> sha256 hex of what is present); ``name``: what messages call them [default: the bundle's model name].
 
-    Raises:
-        SignatureMismatch: a bad signature or the wrong key (``reason`` ``signature``); or files unsigned,
-            changed or missing, all named in the one-line message (``reason`` ``files``).
-        UsageError: model-signing not installed, an unreadable or unsupported key, a bundle over the size bound.
+    Raises SignatureMismatch: a bad signature or the wrong key (``reason`` ``signature``); or files unsigned,
+    changed or missing, all named (``reason`` ``files``). UsageError: model-signing not installed, an unreadable or
+    unsupported key, a bundle over the size bound.
     """
     signed = _signed_manifest(_bundle_document(bundle), public_key, name)
     descriptors = list(signed.resource_descriptors())  # in the order the statement's root digest runs over
@@ -338,7 +328,6 @@ def foreign_model(check: SignatureCheck, repo_id: str, commit: str) -> Signature
 
 
 def _named(paths) -> str:
-    """At most five paths, printable, and how many more."""
     paths = list(paths)
     more = f" and {len(paths) - 5} more" if len(paths) > 5 else ""
     return ", ".join(_printable(p, 120) for p in paths[:5]) + more
@@ -371,10 +360,8 @@ def verify_any(bundles: Sequence[bytes], files: Mapping[str, str], public_key: P
                name: str | None = None) -> SignatureCheck:
     """:func:`verify_files` of the first of ``bundles`` (e.g. a manifest's referrers) that verifies.
 
-    Raises:
-        SignatureMismatch: no bundle at all (``reason`` ``unsigned``); a bundle signed with this key whose files
-            differ (that one's error); else none verifies with this key (``reason`` ``signature``).
-        UsageError: model-signing not installed, an unreadable or unsupported key.
+    Raises SignatureMismatch: no bundle at all (``reason`` ``unsigned``); a bundle signed with this key whose files
+    differ (that one's error); else none verifies with this key (``signature``). UsageError: as :func:`verify_files`.
     """
     shown = name or "the files"
     if not bundles:

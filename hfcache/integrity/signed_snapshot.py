@@ -3,12 +3,9 @@ against (:mod:`.signatures`), and the rule every signer and checker of a bundle 
 checked only when the cache proves it is what was fetched (:func:`judge`).
 
 What a snapshot file should hold is :class:`.expectations.RevisionExpectation`'s, as for ``verify``: a lock's pins
-(with ``--lock``: nothing else counts), else warm's record, else the ``trees/`` listing, else a link's blob name. A
-file that contradicts it, a real file nothing names, a file a lock does not pin, or a file the lock or record lists
-that the snapshot lacks is :class:`NameMismatch` (exit 5), never signed. An LFS file's blob name is its sha256, used
-unread unless ``rehash``; any other file is hashed, its bytes checked against what it should hold in the same read
-(:func:`hfcache.cache.content.hash_fd`). Files are opened with :func:`hfcache.cache.safefs.open_repo_file` (no link
-followed out of the repo folder, no FIFO).
+(with ``--lock``: nothing else counts), else warm's record, else the ``trees/`` listing, else a link's blob name. An
+LFS file's blob name is its sha256, used unread unless ``rehash``; any other file is hashed, its bytes checked against
+what it should hold in the same read.
 """
 
 from __future__ import annotations
@@ -33,9 +30,8 @@ UNPROVEN = ("a real file no lock, warm record or trees/ listing names: nothing p
 
 
 class NameMismatch(CacheError):
-    """A cached file that is not what the cache says was fetched: its bytes do not hash to the ``name`` it is
-    stored under (blob name or recorded digest), or it contradicts a lock, warm's record or a ``trees/`` listing, or
-    nothing names it, or a listed file is missing (``missing``). Exit 5, as ``export`` and ``push`` refuse a corrupt
+    """A cached file that is not what the cache says was fetched (:func:`judge`, :func:`complete`, or its bytes do not
+    hash to the ``name`` it is stored under), never signed. Exit 5, as ``export`` and ``push`` refuse a corrupt
     source; ``snapshot``: ``REPO_ID@COMMIT``; ``path``: the file; ``detail``: what is wrong with it."""
 
     def __init__(self, message: str, *, snapshot: str, path: str, name: str, detail: str = "",
@@ -71,12 +67,8 @@ class SnapshotDigests:
 
 
 def resolve_snapshot(cache_dir: Path, spec: str, repo_type: str = "model") -> tuple[RepoInfo, RevisionInfo]:
-    """The repo and snapshot ``REPO_ID[@REVISION]`` (a ref or a commit; default ``main``) names in the cache.
-
-    Raises:
-        UsageError: a malformed spec. CheckFailed: the repo or revision is not in the cache (exit 1).
-        CacheError: the repo folder's layout is unsafe (a planted link: left alone).
-    """
+    """The repo and snapshot ``REPO_ID[@REVISION]`` (a ref or a commit; default ``main``) names in the cache. Raises
+    UsageError: a malformed spec; CheckFailed (exit 1): not in the cache; CacheError: a planted link (left alone)."""
     request = WarmRequest.parse(spec, repo_type=repo_type)
     info = scan_cache(cache_dir, {request.repo_id})
     repo = next((r for r in info.repos if r.repo_id == request.repo_id and r.repo_type == request.repo_type), None)
@@ -103,16 +95,13 @@ def snapshot_digests(cache_dir: Path, spec: str, *, rehash: bool = False, on_byt
         rehash: hash every file's bytes (default: an LFS blob's sha256 name is its digest).
         on_bytes: called with the size of every chunk hashed. repo_type: as :func:`resolve_snapshot`.
         lock: what the snapshot must hold when the lock pins its commit (path, size, hash; nothing else).
-        proven: raise the first judgment's NameMismatch at once (a signer: ``sign``); default: keep it in
-            ``unproven`` and hash the file as it is named (``verify --signature`` raises it after the bundle's own
-            findings; a caller that signs or checks must raise it).
+        proven: raise the first judgment's NameMismatch at once (a signer); default: keep it in ``unproven`` and
+            hash the file as it is named (a caller that signs or checks must raise it).
 
     Raises:
-        UsageError, CheckFailed: as :func:`resolve_snapshot`.
-        NameMismatch: a file is not what the cache says was fetched (:func:`judge`), or its bytes do not match what
-            it should hold: exit 5.
-        CacheError: an entry links outside its repo folder, is a FIFO/device/folder where a file belongs, a folder
-            chain is deeper than 64 levels, warm's record is past its bounds, or an entry cannot be read (exit 5).
+        UsageError, CheckFailed: as :func:`resolve_snapshot`. NameMismatch (exit 5).
+        CacheError (exit 5): an entry links outside its repo folder, is a FIFO/device/folder where a file belongs, a
+            folder chain is deeper than 64 levels, warm's record is past its bounds, or an entry cannot be read.
     """
     repo, revision = resolve_snapshot(cache_dir, spec, repo_type)
     commit = revision.commit_hash

@@ -3,8 +3,7 @@
 Lines where tokenizers' load-time rewrites show: scripts a normalizer or pre-tokenizer treats apart (CJK, Arabic,
 Devanagari, Cyrillic, Hangul), accents composed and decomposed (``strip_accents``, lowercasing), emoji with ZWJ
 sequences (byte fallback), whitespace runs and the empty string (``add_prefix_space``, Metaspace), invisible
-characters; :func:`corpus` adds the repo's special tokens and a text past every ``model_max_length`` (neither
-backend truncates).
+characters; then :func:`corpus`'s.
 """
 
 from __future__ import annotations
@@ -33,7 +32,8 @@ BASE: tuple[str, ...] = (
     "\u200b zero\u200dwidth \ufeff bom \u00a0nbsp \u3000ideographic space",
 )
 
-#: Words in the long line: over 8,192 tokens for every fixture, past every fixture's ``model_max_length``.
+#: Words in the long line: over 8,192 tokens for every fixture, past every ``model_max_length`` (neither backend
+#: truncates).
 LONG_WORDS = 9000
 
 

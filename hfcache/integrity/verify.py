@@ -2,9 +2,8 @@
 
 Library gap: huggingface_hub trusts a truncated or rewritten blob forever, and ``hf cache verify`` asks the network
 for hashes the cache already holds (docs/cache-layout.md, 'Traps the libraries leave'). Every blob is named by its
-hash, so hashing it proves it (:func:`hfcache.cache.content.hash_fd`); a lock, warm's record or a ``trees/`` listing
-adds each snapshot path's size and hash (:mod:`.expectations`). No network and no huggingface_hub import. Threads hash
-in parallel, largest blobs first; ``fast`` skips blobs unchanged since a recorded run (:mod:`.verify_record`).
+hash, so hashing it proves it; a lock, warm's record or a ``trees/`` listing adds each snapshot path's size and hash
+(:mod:`.expectations`). No network and no huggingface_hub import.
 """
 
 from __future__ import annotations
@@ -99,17 +98,12 @@ def verify_cache(cache_dir: str | os.PathLike[str], repo_ids: Iterable[str] | No
         repo_ids: only these repos, each optionally ``REPO_ID@REVISION`` (a ref or a commit): then only that
             snapshot and the blobs it uses; a revision the cache lacks is ``revision_missing``. Default: everything.
         lock: expected files, sizes and hashes per repo and commit; without it, warm's records and ``trees/``.
-        max_workers: hashing threads (default: the CPU count).
-        progress: receives the total byte count, then every chunk hashed.
-        fast: skip blobs whose (device, inode, size, mtime, ctime) and name equal those an earlier ``fast`` run
-            recorded hashing right, and record this run's (:mod:`.verify_record`); a record it may not trust is
-            ignored with a ``fast_record_ignored`` note. Default: hash every blob, write nothing.
+        max_workers: hashing threads (default: the CPU count). progress: told the total bytes, then each chunk's.
+        fast: skip blobs unchanged since an earlier ``fast`` run hashed them right, and record this run's
+            (:mod:`.verify_record`; a record it may not trust: a ``fast_record_ignored`` note). Default: hash all.
 
-    Returns:
-        VerifyReport; ``ok`` is False when any integrity error (not a note) exists.
-
-    Raises:
-        UsageError: a malformed ``REPO_ID@REVISION``.
+    Returns a VerifyReport (``ok`` False when any integrity error, not a note, exists). UsageError: a malformed
+    ``REPO_ID@REVISION``.
     """
     started = time.monotonic()
     specs = parse_specs(repo_ids or ())
@@ -196,8 +190,8 @@ def _queue_blobs(cache_dir: str, repo: RepoInfo, used: set[str] | None, jobs: _J
 
 def _hash_contents(todo: list[tuple[int, int]], jobs: _Jobs, owners: _Owners, max_workers: int | None,
                    progress: HashProgress | None) -> tuple[list[Problem], set[tuple[int, int]], int]:
-    """Hash ``todo`` in parallel threads: (a problem per owner of each content that fails, the keys that failed,
-    bytes read)."""
+    """Hash ``todo`` in parallel threads, largest first: (a problem per owner of each content that fails, the keys
+    that failed, bytes read)."""
     if progress:
         progress.start(sum(jobs[key][3] for key in todo))
     on_bytes = progress.advance if progress else None
@@ -238,13 +232,11 @@ def _hash_contents(todo: list[tuple[int, int]], jobs: _Jobs, owners: _Owners, ma
 
 
 def _open(opener: _Opener, blob_dirs: dict[str, int]) -> int:
-    """A job's file, opened from the cache root with no link followed on the way (a folder swapped for a link after
-    the scan is refused), ``O_NOATIME`` where allowed: a repo blob (:func:`hfcache.cache.safefs.open_blob`: a regular
-    file, or the library's link into a marked shared store) or a real snapshot file (``safefs.open_repo_file``).
-    A blob is opened relative to its ``blobs/`` folder, walked to from the root once per batch and kept in
-    ``blob_dirs`` (the walk was four opens a blob: 50 us, a sixth of a 256 KiB blob's hashing); a link there (a
-    shared-store blob) takes :func:`~hfcache.cache.safefs.open_blob`'s full path.
-    Raises OSError, or CacheError (UnsafeLayout) for a layout refused since the scan."""
+    """A job's file, opened from the cache root with no link followed on the way, ``O_NOATIME`` where allowed: a repo
+    blob (:func:`hfcache.cache.safefs.open_blob`) or a real snapshot file (``safefs.open_repo_file``). A blob is
+    opened relative to its ``blobs/`` folder, opened once per batch and kept in ``blob_dirs`` (the walk from the root
+    was four opens a blob: a sixth of a 256 KiB blob's hashing); a link there (a shared-store blob) takes
+    ``open_blob``'s full path. Raises OSError, or CacheError (UnsafeLayout) for a layout refused since the scan."""
     if len(opener) == 3:
         root, folder, etag = opener
         if (blobs := blob_dirs.get(folder)) is None:
@@ -300,7 +292,6 @@ def _linked_from(repo: RepoInfo, etag: str, inode: tuple[int, int]) -> tuple[str
 
 
 def _named_repos_missing(specs: dict[str, set[str]], repos: Iterable[RepoInfo]) -> list[Problem]:
-    """A ``revision_missing`` problem for each repo named on the command line that has no folder in the cache."""
     present = {r.repo_id for r in repos}
     return [Problem(repo_id, name, "", "revision_missing",
                     f"{repo_id}@{name} is not in the cache" if name else f"{repo_id} is not in the cache",

@@ -3,10 +3,8 @@
 A blob is skipped only while its (device, inode, size, mtime_ns, ctime_ns) and name are those recorded when it last
 hashed to its name: any write changes mtime and ctime, and ``touch -d`` can set mtime back but not ctime. What this
 cannot catch: bytes changed without going through the file (a disk fault), and a writer who rewrites the record too:
-hence the default stays "hash every blob". The record, ``<cache>/.locks/hfcache-verified.json``, is read and written
-under :mod:`hfcache.cache.owned_record`'s rules: honoured only when this euid wrote it (a record another member wrote
-is ignored with a note, everything is hashed, and this run's record replaces it); a cache that cannot be written
-keeps none.
+hence the default stays "hash every blob". The record is read and written under :mod:`hfcache.cache.owned_record`'s
+rules (honoured only when this euid wrote it).
 """
 
 from __future__ import annotations
@@ -30,9 +28,8 @@ def stamp(st: os.stat_result, etag: str) -> tuple[int, int, int, str]:
 
 
 def load(cache_dir: str) -> tuple[Stamps, str]:
-    """The stamps ``cache_dir``'s record holds (empty when there is none or it is not honoured: then every blob is
-    hashed), and "" or one line saying why an existing record was ignored (a symlink, not a regular file, another
-    uid's, writable by group or others, too large, nested too deep, malformed)."""
+    """The stamps ``cache_dir``'s record holds (empty when there is none or it is not honoured), and "" or one line
+    saying why an existing record was ignored (a symlink, another uid's, writable by others, too large, malformed)."""
     loaded = owned_record.load(cache_dir, RECORD[-1], MAX_RECORD_BYTES)
     if loaded.data is None:
         return {}, loaded.problem or loaded.distrust

@@ -14,17 +14,11 @@ ERROR_KINDS = frozenset({
 
 @dataclass(frozen=True, order=True)
 class Problem:
-    """One finding, sortable into a stable report order (repo, revision, path, kind).
-
-    Attributes:
-        repo_id (str): the repo (as its folder names it). folder (str): the repo folder name.
-        revision (str): commit hash, ``refs/<name>`` for ref problems, or ``""`` for blob-level findings.
-        path (str): repo path, or ``blobs/<etag>`` for a blob.
-        kind (str): machine-readable kind (:data:`ERROR_KINDS`, or a note: ``file_unlisted``, ``incomplete``,
-            ``no_symlinks``, ``unverified``, ``fast_record_ignored``). detail (str): one line for people.
-        linked_from (tuple[str, ...]): for a blob finding, the snapshot entries that use the blob, each
-            ``REPO_ID@REVISION:PATH`` (the revision is a ref pointing to the snapshot, else its commit hash).
-    """
+    """One finding, sortable into a stable report order: ``repo_id`` (as its ``folder`` names it), ``revision``
+    (commit hash, ``refs/<name>`` for ref problems, ``""`` for blob-level findings), ``path`` (repo path, or
+    ``blobs/<etag>``), ``kind`` (:data:`ERROR_KINDS`, or a note: ``file_unlisted``, ``incomplete``, ``no_symlinks``,
+    ``unverified``, ``fast_record_ignored``), ``detail`` (one line for people), ``linked_from`` (a blob finding's
+    users, each ``REPO_ID@REVISION:PATH``)."""
 
     repo_id: str
     revision: str
@@ -41,10 +35,9 @@ class Problem:
 
 @dataclass(frozen=True)
 class VerifyReport:
-    """The outcome of :func:`hfcache.integrity.verify.verify_cache`: the ``cache_dir`` verified, the ``repos`` ids
-    checked (sorted), the distinct contents hashed (``blobs_hashed``, ``bytes_hashed``), the wall time ``seconds``,
-    every finding (``problems``, sorted), and with ``fast`` the blobs not hashed because the record shows them
-    unchanged since they last hashed right (``blobs_skipped``)."""
+    """The outcome of :func:`hfcache.integrity.verify.verify_cache`: the ``repos`` ids checked (sorted), the distinct
+    contents hashed (``blobs_hashed``, ``bytes_hashed``), the wall time ``seconds``, every finding (``problems``,
+    sorted), and with ``fast`` the blobs not hashed, unchanged since they last hashed right (``blobs_skipped``)."""
 
     cache_dir: str
     repos: tuple[str, ...]

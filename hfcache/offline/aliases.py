@@ -36,7 +36,6 @@ ALIASES: tuple[Alias, ...] = (
 
 
 def aliases_of(canonical: str) -> tuple[Alias, ...]:
-    """The aliases of ``canonical`` (str), in output order; empty when it has none."""
     return tuple(alias for alias in ALIASES if alias.canonical == canonical)
 
 

@@ -6,16 +6,16 @@ from __future__ import annotations
 
 import os
 import sys
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..cache.root import resolve_cache_dir
 from ..errors import HfcacheError, HubError, UsageError
-from ..integrity.fast_inputs import is_panic, one_line
+from ..integrity.fast_inputs import is_panic, one_line, reraise_unless_failure
 from . import guard as network_guard
-from .env import OfflineLoadError, OfflineSetupError, check_lock, offline_environment, parse_allow_hosts
+from .env import OfflineLoadError, OfflineSetupError, locked_cache, offline_environment, parse_allow_hosts
 
 if TYPE_CHECKING:
     from ..warming.lockfile import Lockfile
@@ -33,14 +33,10 @@ class OfflineSettings:
 
 
 def _module_constants(cache: Path, modules: str | None = None) -> list[tuple[str, str, Any]]:
-    """``(module, NAME, value)`` of every copy of an offline setting a library computed at import time.
-
-    Found in huggingface_hub 2.4.0 and transformers 5.24.0: ``huggingface_hub/constants.py`` reads every ``HF_*`` once,
-    at import, and the libraries read the module attributes at call time (``constants.is_offline_mode()``), so setting
-    them takes effect; ``utils/_cache_manager.py`` copies ``HF_HUB_CACHE`` by name. transformers 4 had ``utils/hub.py:
-    _is_offline_mode``; ``datasets`` has ``config.HF_DATASETS_OFFLINE``/``HF_HUB_OFFLINE``. ``HF_HOME``-derived paths
-    stay, but a moved modules cache (``transformers.utils.hub`` and ``dynamic_module_utils`` each keep a copy).
-    """
+    """``(module, NAME, value)`` of every copy of an offline setting a library computed at import time (huggingface_hub
+    2.4.0 ``constants.py`` reads every ``HF_*`` once, at import, and is read at call time, so setting them takes
+    effect; ``utils/_cache_manager.py`` copies ``HF_HUB_CACHE``; transformers 4 ``utils/hub.py: _is_offline_mode``;
+    ``datasets.config``). ``HF_HOME``-derived paths stay, but a moved modules cache (transformers 5.24 keeps two)."""
     moved = [("transformers.utils.hub", "HF_MODULES_CACHE", modules),
              ("transformers.dynamic_module_utils", "HF_MODULES_CACHE", modules)] if modules else []
     return moved + [
@@ -90,28 +86,18 @@ def enforce_offline(cache_dir: str | os.PathLike[str] | None = None, *,
                     allow_hosts: Iterable[str] = ()) -> OfflineSettings:
     """Make this process use only the cache: set the offline environment and install the network guard.
 
-    Best called before transformers or huggingface_hub is imported (they read ``HF_*`` at import); their import-time
-    copies are updated otherwise (``_module_constants``). Subprocesses inherit the environment, not the guard (use
-    ``hfcache exec``). ``cache_dir`` defaults as ``resolve_cache_dir``; ``lock`` (a path or a ``Lockfile``) must be
-    satisfied (``stat`` only); ``allow_hosts``: ``HOST[:PORT]`` entries the guard lets through (a later call adds).
+    Best called before transformers or huggingface_hub is imported; their import-time copies are updated otherwise
+    (``_module_constants``). Subprocesses inherit the environment, not the guard (use ``hfcache exec``).
+    ``cache_dir`` defaults as ``resolve_cache_dir``; ``lock`` (a path or a ``Lockfile``) must be satisfied (``stat``
+    only); ``allow_hosts``: ``HOST[:PORT]`` entries the guard lets through (a later call adds).
 
     Raises:
-        UsageError: a bad ``allow_hosts`` entry, an invalid lock.
-        LockNotSatisfied: the cache lacks something the lock pins (nothing is changed then).
-        OfflineSetupError: an imported library could not be switched (``os.environ`` is set by then).
+        UsageError: a bad ``allow_hosts`` entry, an invalid lock. LockNotSatisfied: the cache lacks something the
+            lock pins (nothing changed). OfflineSetupError: an imported library could not be switched (``os.environ``
+            is set by then).
     """
     hosts = parse_allow_hosts(allow_hosts)
-    if lock is not None:
-        from ..warming.lockfile import Lockfile, lock_cache_dir, read_lock
-
-        if isinstance(lock, Lockfile):
-            cache = resolve_cache_dir(cache_dir)
-            check_lock(lock, cache, "the lock")
-        else:
-            cache = lock_cache_dir(Path(lock), cache_dir)
-            check_lock(read_lock(lock), cache, str(lock))
-    else:
-        cache = resolve_cache_dir(cache_dir)
+    cache = locked_cache(cache_dir, lock)
     offline = offline_environment(cache)
     os.environ.update(offline.variables)
     patched = _sync_imported_modules(cache, offline.as_dict().get("HF_MODULES_CACHE"))
@@ -150,20 +136,17 @@ def load_tokenizer(repo_id: str, revision: str | None = None, *, cache_dir: str 
             in a record owned by this uid or root, with this ``tokenizers`` version.
         **kwargs: passed to ``AutoTokenizer.from_pretrained`` (not ``cache_dir``/``local_files_only``).
 
-    Returns:
-        A ``transformers.PreTrainedTokenizerBase``, or a ``tokenizers.Tokenizer``.
+    Returns a ``transformers.PreTrainedTokenizerBase``, or a ``tokenizers.Tokenizer``.
 
     Raises:
         OfflineLoadError: the cache cannot serve the load (``cause``: the missing piece, or a tokenizers panic, not
-            retried online), a connection was attempted, ``allow_network`` while offline.
-        HubError: ``allow_network`` and the network load failed too.
-        FastTokenizerRefused: no ``tokenizer.json``, custom code, a class whose load-time rewrite is not replicated,
-            a bad setting, a ``tokenizer.json`` the library raises or panics on (``integrity.fast_inputs``),
-            recorded as differing by ``hfcache check``, or no proof.
-        CacheError: ``backend="tokenizers"`` met a planted link or FIFO, or a file this user cannot read.
-        UsageError: transformers not installed (the extra ``hfcache[check]``), an unknown ``backend``, an argument
-            the backend does not take.
-        TypeError: ``cache_dir`` or ``local_files_only`` in ``kwargs``.
+            retried online), a connection was attempted, ``allow_network`` while offline. HubError: ``allow_network``
+            and the network load failed too.
+        FastTokenizerRefused: what :func:`hfcache.integrity.fast_tokenizer.build` refuses, recorded as differing by
+            ``hfcache check``, or no proof. CacheError: ``backend="tokenizers"`` met a planted link or FIFO, or a file
+            this user cannot read.
+        UsageError: transformers not installed (``hfcache[check]``), an unknown ``backend``, an argument the backend
+            does not take. TypeError: ``cache_dir`` or ``local_files_only`` in ``kwargs``.
     """
     for reserved in ("cache_dir", "local_files_only"):
         if reserved in kwargs:
@@ -187,8 +170,7 @@ def _load_slow(cache: Path, repo_id: str, revision: str | None, allow_network: b
     """``backend="transformers"``: ``AutoTokenizer`` under the guard, diagnosed (or loaded over the network)."""
     try:
         from transformers import AutoTokenizer
-    except ImportError as exc:
-        # The extra `check` (pyproject.toml): a core install has no transformers; exit 2 as for any missing extra.
+    except ImportError as exc:  # a core install has no transformers (the extra `check`): exit 2
         raise UsageError(f"transformers is not installed ({exc}): load_tokenizer()'s default backend needs it",
                          hint="pip install 'hfcache[check]', or use backend=\"tokenizers\"") from None
     guard, seen, spec = _scoped_guard(repo_id, revision)
@@ -203,11 +185,12 @@ def _load_slow(cache: Path, repo_id: str, revision: str | None, allow_network: b
         return tokenizer
     except HfcacheError:
         raise
-    except BaseException as exc:  # any load failure is diagnosed below
-        if not isinstance(exc, Exception) and not is_panic(exc):
-            raise  # KeyboardInterrupt, SystemExit
-        failure = exc  # a panic of the tokenizers library (a BaseException) on the repo's files too
-    error = _failure_text(failure, guard.attempts[seen:])
+    except BaseException as exc:  # any load failure (a panic of the tokenizers library too) is diagnosed below
+        reraise_unless_failure(exc)
+        failure = exc
+    error = one_line(failure, 500) if is_panic(failure) else f"{type(failure).__name__}: {failure}"
+    if guard.attempts[seen:] and "network access attempted" not in error:
+        error = f"network access attempted ({guard.attempts[seen]}) during an offline load; then {error}"
     if allow_network and not is_panic(failure):  # the endpoint would serve the same commit's files
         return _load_from_network(AutoTokenizer, repo_id, revision, cache, spec, kwargs, error=error, failure=failure)
     raise _offline_load_error(cache, repo_id, revision, spec, error) from failure
@@ -252,14 +235,6 @@ def _scoped_guard(repo_id: str, revision: str | None) -> tuple[network_guard.Gua
     return guard, len(guard.attempts), f"{repo_id}@{revision or 'main'}"
 
 
-def _failure_text(failure: BaseException, attempts: Sequence[object]) -> str:
-    """The failed offline load as text, led by the first connection attempt the guard refused during it."""
-    error = one_line(failure, 500) if is_panic(failure) else f"{type(failure).__name__}: {failure}"
-    if attempts and "network access attempted" not in error:
-        error = f"network access attempted ({attempts[0]}) during an offline load; then {error}"
-    return error
-
-
 def _load_from_network(auto_tokenizer: Any, repo_id: str, revision: str | None, cache: Path, spec: str,
                        kwargs: dict[str, Any], *, error: str, failure: Exception):
     """``allow_network=True``: the load from the endpoint (OfflineLoadError when offline, HubError naming both)."""
@@ -272,15 +247,14 @@ def _load_from_network(auto_tokenizer: Any, repo_id: str, revision: str | None, 
     try:
         return auto_tokenizer.from_pretrained(repo_id, revision=revision, cache_dir=str(cache), **kwargs)
     except BaseException as exc:  # one clear error naming both attempts (a panic of tokenizers too)
-        if not isinstance(exc, Exception) and not is_panic(exc):
-            raise
+        reraise_unless_failure(exc)
         raise HubError(f"{spec}: not loadable from the cache {cache} ({error.splitlines()[0]}), and the network "
                        f"load failed: {one_line(exc, 500)}",
                        hint="check HF_ENDPOINT and the network, or warm the cache with hfcache warm") from exc
 
 
 def _offline_load_error(cache: Path, repo_id: str, revision: str | None, spec: str, error: str) -> OfflineLoadError:
-    """The error of a load the cache cannot serve, with hfcache's diagnosis of the missing piece as its ``cause``."""
+    """The error of a load the cache cannot serve, hfcache's diagnosis of the missing piece as its ``cause``."""
     from ..integrity.check_targets import CheckTarget
     from ..integrity.diagnosis import diagnose
 

@@ -1,7 +1,5 @@
-"""doctor: what a process started from this environment will do with the Hugging Face cache, and what is wrong. Each
-finding has a stable ``code``, a ``severity`` (``error``: loads fail or use another cache; ``warning``: a trap;
-``info``) and a ``fix``; the checks are :mod:`.doctor_settings`', :mod:`.doctor_folder`'s, :mod:`.doctor_runtime`'s and
-the ``exec --no-network`` filter's (docs/offline.md, "doctor"). Reads only, but for probes removed at once."""
+"""doctor: what a process started from this environment will do with the Hugging Face cache, and what is wrong
+(:class:`.doctor_settings.Finding`; docs/offline.md, "doctor"). Reads only, but for probes removed at once."""
 
 from __future__ import annotations
 
@@ -11,9 +9,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..cache.root import refuse_misplaced_cache, resolve_cache_dir
+from ..warming.run import process_umask
 from . import doctor_settings as settings
 from .doctor_folder import StoreState, examine_folder, examine_store, modules_cache_findings
-from .doctor_runtime import process_umask, read_only_online_findings, umask_findings
+from .doctor_runtime import read_only_online_findings, umask_findings
 from .doctor_settings import SEVERITIES, Finding
 
 

@@ -1,7 +1,6 @@
 """``hfcache doctor``'s checks of the cache folder as the current user (reachable, readable, writable and why not,
 planted links, symlinks, free space), the folder transformers copies custom code into, and huggingface_hub 2.4's shared
-Xet blob store (``utils/_shared_blobs.py``: ``<cache>/blobs`` with its marker), read through folder descriptors from the
-cache root (:mod:`hfcache.cache.shared_store`): no link is followed."""
+Xet blob store (read through :mod:`hfcache.cache.shared_store`: no link is followed)."""
 
 from __future__ import annotations
 
@@ -22,6 +21,7 @@ from ..cache.root import describe_cache_dir
 from ..cache.shared_store import DISABLING_VARIABLES, MARKER, STORE_DIR, StoreProblem, open_store_dir
 from ..errors import HfcacheError
 from ..names import is_sha256
+from ..units import human_size
 from .doctor_settings import Finding, is_true
 
 #: Below this much free space a cache cannot take a model (or a few more tokenizers).
@@ -42,8 +42,7 @@ class _Folder:
     repos: list = field(default_factory=list)  #: the cache's RepoInfo records (cache/scan.py), when it could be listed
 
 
-def _finding(check) -> Finding:
-    """A :mod:`hfcache.cache.access` check result as a finding."""
+def _finding(check) -> Finding:  # a hfcache.cache.access check result
     return Finding(check.code, check.severity, check.message, check.fix)
 
 
@@ -83,7 +82,7 @@ def examine_folder(cache: Path, env: dict[str, str], offline: bool, uid: int | N
     _access_findings(cache, st, owners, offline, uid, gid, groups, out)
     _symlink_findings(cache, env, out)
     if out.free_bytes is not None:
-        free = _human(out.free_bytes)
+        free = human_size(out.free_bytes)
         if out.free_bytes < LOW_DISK_BYTES and out.writable:
             out.findings.append(Finding("disk.low", "warning",
                                         f"only {free} free on the cache's filesystem: warming more fails with "
@@ -155,7 +154,6 @@ def _access_findings(cache: Path, st: os.stat_result, owners: set[int], offline:
 
 
 def _symlink_findings(cache: Path, env: dict[str, str], out: _Folder) -> None:
-    """Symlink support on the cache's filesystem (``out.symlinks``) and ``HF_HUB_DISABLE_SYMLINKS``."""
     out.symlinks = _symlink_support(cache, out.writable)
     if is_true(env.get("HF_HUB_DISABLE_SYMLINKS")):
         out.findings.append(Finding("cache.symlinks_disabled", "info",
@@ -284,30 +282,13 @@ def _symlink_support(cache: Path, writable: bool | None) -> bool | None:
         return None
 
 
-def _human(n: int) -> str:
-    value = float(n)
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if value < 1024 or unit == "TiB":
-            break
-        value /= 1024
-    return f"{value:.0f} B" if unit == "B" else f"{value:.1f} {unit}"
-
-
-# ------------------------------------------------------------------------------------------------ the shared store
-
-
 @dataclass(frozen=True)
 class StoreState:
-    """The shared store of a cache, as doctor found it (``doctor --json``'s ``shared_store``).
-
-    Attributes:
-        path (str): ``<cache>/blobs``. present (bool): something is there (a folder, a link or a file).
-        marked (bool): a real folder with the marker huggingface_hub writes (``"1\\n"``): the library uses it.
-        payloads (int), payload_bytes (int): regular files named by a 64-hex Xet hash in their 2-hex prefix folder.
-        problems (tuple[str, ...]): a few things not as the library writes them (no marker, a link or FIFO).
-        disabling_variables (dict[str, str]): ``HF_HUB_DISABLE_SHARED_BLOBS``/``HF_HUB_DISABLE_XET`` as set.
-        enabled (bool): huggingface_hub would use the store here (neither variable reads as true).
-    """
+    """The shared store of a cache, as doctor found it (``doctor --json``'s ``shared_store``): ``path``
+    (``<cache>/blobs``), ``present`` (something is there), ``marked`` (a real folder with the library's marker: it is
+    used), ``payloads``/``payload_bytes`` (regular files named by a 64-hex Xet hash in their 2-hex prefix folder),
+    ``problems`` (a few things not as the library writes them), ``disabling_variables`` (those of
+    :data:`~hfcache.cache.shared_store.DISABLING_VARIABLES` set), ``enabled`` (neither reads as true)."""
 
     path: str
     present: bool

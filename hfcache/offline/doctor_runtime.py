@@ -1,8 +1,5 @@
 """``hfcache doctor``'s runtime traps: what goes wrong later, in the application, though every load works today
-(docs/offline.md, "Two runtime traps"): ``cache.read_only_online`` (a read-only cache used online with refs that can
-move: huggingface/transformers#47852) and ``umask.not_shared`` (a umask dropping a write bit a group-shared folder hands
-on: huggingface/datasets#7900; ``umask.not_shared_offline`` when only the hub cache is hit, offline). Reads only:
-``os.access``, ``os.stat`` and ``/proc/self/status``."""
+(docs/offline.md, "Two runtime traps"): ``cache.read_only_online`` and ``umask.not_shared``. Reads only."""
 
 from __future__ import annotations
 
@@ -13,20 +10,10 @@ from pathlib import Path
 
 from ..cache.sharing import policy_of
 from ..names import is_commit
-from ..warming.run import process_umask
 from .doctor_settings import Finding
-
-__all__ = ["process_umask", "read_only_online_findings", "umask_findings"]
 
 _SHOWN = 5
 _WRITE = os.W_OK | os.X_OK
-
-
-def _movable_refs(repo) -> list[str]:
-    """The ref names of a scanned repo that can move upstream (every name that is not itself a commit)."""
-    if repo.unsafe:
-        return []  # nothing below a planted link was read; the layout finding names it
-    return sorted(name for name in repo.refs if not is_commit(name))
 
 
 def _inert(name: str, limit: int = 100) -> str:
@@ -52,8 +39,10 @@ def read_only_online_findings(cache: Path, repos: Sequence, *, offline: bool,
         return []
     if not read_only_fs and os.access(cache, _WRITE):
         return []  # writable at the root: a repo folder this user cannot write is cache.repo_not_writable's
-    trapped = [(r.repo_id, refs) for r in repos
-               if (refs := _movable_refs(r)) and (read_only_fs or not _repo_writable(cache, r.folder))]
+    # the refs that can move upstream (names that are no commit); below a planted link nothing was read
+    trapped = [(r.repo_id, refs) for r in repos if not r.unsafe
+               and (refs := sorted(n for n in r.refs if not is_commit(n)))
+               and (read_only_fs or not _repo_writable(cache, r.folder))]
     if not trapped:
         return []
     shown = "; ".join(", ".join(f"{_inert(repo_id)}@{_inert(ref)}" for ref in refs[:3])

@@ -17,8 +17,9 @@ _LEGACY_TRANSFORMERS_CACHES = ("TRANSFORMERS_CACHE", "PYTORCH_TRANSFORMERS_CACHE
 
 @dataclass(frozen=True)
 class Finding:
-    """One thing doctor found: ``code`` (stable, e.g. ``offline.masked``), ``severity`` (``error``, ``warning`` or
-    ``info``), ``message`` (what is the case, and why it matters), ``fix`` (what to do, or None)."""
+    """One thing doctor found: ``code`` (stable, e.g. ``offline.masked``), ``severity`` (``error``: loads fail or use
+    another cache; ``warning``: a trap; ``info``), ``message`` (what is the case, and why it matters), ``fix`` (what to
+    do, or None)."""
 
     code: str
     severity: str

@@ -77,7 +77,6 @@ class OfflineEnv:
     variables: tuple[tuple[str, str], ...]
 
     def as_dict(self) -> dict[str, str]:
-        """``{NAME: value}`` of every variable, aliases included, in output order."""
         return dict(self.variables)
 
     @property
@@ -88,15 +87,18 @@ class OfflineEnv:
 
 def offline_environment(cache_dir: str | os.PathLike[str] | None = None,
                         environ: Mapping[str, str] | None = None) -> OfflineEnv:
-    """The offline variables (the module docstring has each one and its source) for the cache root ``cache_dir``
-    (default: ``default_cache_dir``), going into ``environ`` (default ``os.environ``: whether the modules cache moves).
-    Raises UsageError (exit 2): the path holds a newline or NUL, or a ``$NAME``/``${NAME}`` huggingface_hub expands;
+    """The offline variables (the module docstring's) for the cache root ``cache_dir`` (default:
+    ``default_cache_dir``), going into ``environ`` (default ``os.environ``: whether the modules cache moves). Raises
+    UsageError (exit 2): the path holds a newline or NUL, or a ``$NAME``/``${NAME}`` huggingface_hub expands;
     CacheError (exit 5): a folder that is no hub cache, such as an ``HF_HOME`` (:func:`refuse_misplaced_cache`)."""
     cache = resolve_cache_dir(cache_dir)
     refuse_misplaced_cache(cache, empty_ok=False)
     if any(c in str(cache) for c in "\n\r\x00"):
         raise UsageError(f"cache path {str(cache)!r} contains a line break or NUL", hint="choose another --cache-dir")
-    _refuse_expansion(str(cache))
+    if found := _EXPANDED.search(str(cache)):
+        raise UsageError(f"cache path {_comment_text(str(cache))} contains {_comment_text(found.group(0))}, which "
+                         "huggingface_hub expands (os.path.expandvars) and other runtimes do not: they would use "
+                         "different folders", hint="choose a --cache-dir without $NAME or ${NAME}")
     variables: list[tuple[str, str]] = []
     if cache.name == "hub":
         variables.append(("HF_HOME", str(cache.parent)))
@@ -115,13 +117,6 @@ def offline_environment(cache_dir: str | os.PathLike[str] | None = None,
 
 #: What ``os.path.expandvars`` replaces (``posixpath._varprog``): ``$NAME`` and ``${...}``.
 _EXPANDED = re.compile(r"\$(\w+|\{[^}]*\})", re.ASCII)
-
-
-def _refuse_expansion(path: str) -> None:
-    if found := _EXPANDED.search(path):
-        raise UsageError(f"cache path {_comment_text(path)} contains {_comment_text(found.group(0))}, which "
-                         "huggingface_hub expands (os.path.expandvars) and other runtimes do not: they would use "
-                         "different folders", hint="choose a --cache-dir without $NAME or ${NAME}")
 
 
 _PLAIN = re.compile(r"[A-Za-z0-9_./:@%+,=-]*")
@@ -215,17 +210,12 @@ def _dotenv_value(value: str) -> str:
 
 @dataclass(frozen=True)
 class ExecPlan:
-    """What ``hfcache exec`` will run: ``lock_statuses`` when ``--lock`` was given (all satisfied), ``no_network``:
-    install the process-tree filter (:mod:`.sandbox`) before the exec, ``paths``: ``(NAME, absolute path)`` of each
-    ``--path`` (in ``environ`` and ``argv``)."""
+    """What ``hfcache exec`` will run; ``no_network``: install the process-tree filter (:mod:`.sandbox`) first."""
 
     argv: tuple[str, ...]
     environ: dict[str, str] = field(repr=False)
     offline: OfflineEnv
-    allow_hosts: tuple[str, ...] = ()
-    lock_statuses: tuple[CacheStatus, ...] = ()
     no_network: bool = False
-    paths: tuple[tuple[str, str], ...] = ()
 
 
 def parse_allow_hosts(specs: Iterable[str]) -> tuple[network_guard.AllowedHost, ...]:
@@ -252,6 +242,23 @@ def guarded_environment(base: Mapping[str, str], offline: OfflineEnv,
     else:
         environ.pop(network_guard.ENV_ALLOW_HOSTS, None)
     return environ
+
+
+def locked_cache(cache_dir: str | os.PathLike[str] | None, lock: str | os.PathLike[str] | Lockfile | None) -> Path:
+    """The cache root (``cache_dir``, else a lock file's manifest's, else the environment's), checked to hold what
+    ``lock`` (a path or a Lockfile; None: nothing) pins (:func:`check_lock`). Raises UsageError: an invalid lock;
+    LockNotSatisfied."""
+    if lock is None:
+        return resolve_cache_dir(cache_dir)
+    from ..warming.lockfile import Lockfile, lock_cache_dir, read_lock
+
+    if isinstance(lock, Lockfile):
+        cache = resolve_cache_dir(cache_dir)
+        check_lock(lock, cache, "the lock")
+    else:
+        cache = lock_cache_dir(Path(lock), cache_dir)
+        check_lock(read_lock(lock), cache, str(lock))
+    return cache
 
 
 def check_lock(lock: Lockfile, cache: Path, lock_name: str) -> tuple[CacheStatus, ...]:
@@ -284,15 +291,7 @@ def prepare_exec(command: Sequence[str], *, cache_dir: str | os.PathLike[str] | 
                          "network socket and cannot let one host through",
                          hint="drop --no-network to use the Python guard's allow-list, or reach the service over a "
                               "Unix socket")
-    statuses: tuple[CacheStatus, ...] = ()
-    if lock is not None:
-        from ..warming.lockfile import lock_cache_dir, read_lock
-
-        lock_path = Path(lock)
-        cache = lock_cache_dir(lock_path, cache_dir)
-        statuses = check_lock(read_lock(lock_path), cache, str(lock))
-    else:
-        cache = resolve_cache_dir(cache_dir)
+    cache = locked_cache(cache_dir, lock)
     base = os.environ if environ is None else environ
     offline = offline_environment(cache, base)
     child_env = guarded_environment(base, offline, hosts)
@@ -300,16 +299,13 @@ def prepare_exec(command: Sequence[str], *, cache_dir: str | os.PathLike[str] | 
         child_env[network_guard.ENV_NO_NETWORK] = "1"
     else:
         child_env.pop(network_guard.ENV_NO_NETWORK, None)
-    resolved: tuple[tuple[str, str], ...] = ()
     if paths:
         from .exec_paths import resolve_exec_paths, substitute_paths
 
         resolved = resolve_exec_paths(offline.cache_dir, paths, reserved=offline.as_dict())
         child_env.update(resolved)
         command = substitute_paths(command, dict(resolved))
-    return ExecPlan(argv=tuple(command), environ=child_env, offline=offline,
-                    allow_hosts=tuple(str(h) for h in hosts), lock_statuses=statuses, no_network=no_network,
-                    paths=resolved)
+    return ExecPlan(argv=tuple(command), environ=child_env, offline=offline, no_network=no_network)
 
 
 def exec_command(plan: ExecPlan) -> NoReturn:

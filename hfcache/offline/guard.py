@@ -1,10 +1,9 @@
 """The network guard: a PEP 578 audit hook that turns network access to a host not allowed into an error.
 
-Used by ``hfcache exec`` (``_guard_site/sitecustomize.py``), :func:`hfcache.enforce_offline`,
-:func:`hfcache.load_tokenizer` and ``hfcache check``'s child. :class:`NetworkBlocked` is a ``RuntimeError``: clients
-retry an ``OSError`` (huggingface_hub ``http_backoff``: ~23 s) or fall back silently. Only C-level values are read
-(:mod:`.guard_hosts`). What it checks and what it cannot see (native code, ``python -I``): docs/offline.md. Standard
-library only and importable on its own (Python >= 3.8): the ``sitecustomize`` loads it by file path.
+:class:`NetworkBlocked` is a ``RuntimeError``: clients retry an ``OSError`` (huggingface_hub ``http_backoff``: ~23 s)
+or fall back silently. Only C-level values are read (:mod:`.guard_hosts`). What it checks and what it cannot see
+(native code, ``python -I``): docs/offline.md. Standard library only and importable on its own (Python >= 3.8): the
+exec ``sitecustomize`` loads it by file path.
 """
 
 from __future__ import annotations
@@ -20,7 +19,7 @@ from collections.abc import Iterable, Iterator
 
 
 def _load_hosts_module():
-    """``guard_hosts.py``: a sibling in the package, loaded by file path when this file was."""
+    """``guard_hosts.py``, loaded by file path when this file was."""
     if __package__:
         from . import guard_hosts
 
@@ -77,14 +76,10 @@ if _INSTALLED is not None:
     NetworkBlocked = _INSTALLED.error_class
 else:
     class NetworkBlocked(RuntimeError):
-        """A connection or DNS lookup the guard refused.
-
-        Attributes:
-            target (str): ``HOST:PORT`` (``[V6]:PORT``) for connections, ``HOST`` for DNS lookups.
-            action (str): ``"connection to"``, ``"DNS lookup of"``, ``"reverse DNS lookup of"``, ``"socket of
-                address family"``, ``"socket of type"`` (``SOCK_RAW``/``SOCK_PACKET`` of an IP family) or ``"call
-                with an argument of type"`` (not exactly a tuple, str, bytes or int).
-        """
+        """A connection or DNS lookup the guard refused: ``target`` (str), ``HOST:PORT`` (``[V6]:PORT``) for
+        connections, ``HOST`` for DNS lookups; ``action`` (str): ``"connection to"``, ``"DNS lookup of"``, ``"reverse
+        DNS lookup of"``, ``"socket of address family"``, ``"socket of type"`` (``SOCK_RAW``/``SOCK_PACKET`` of an IP
+        family) or ``"call with an argument of type"`` (not exactly a tuple, str, bytes or int)."""
 
         def __init__(self, action: str, target: str) -> None:
             if not (target.isascii() and target.isprintable()):
@@ -220,7 +215,7 @@ class _Rules:
         return None
 
     def _reverse_refusal(self, event: str, address) -> tuple[str, str] | None:
-        """gethostbyaddr(host) and getnameinfo(sockaddr): allowed when no nameserver is asked."""
+        """gethostbyaddr(host) and getnameinfo(sockaddr): :meth:`allows_reverse_lookup`."""
         if event == "socket.getnameinfo" and address is getattr(_NUMERIC_LOOKUP, "sockaddr", None):
             return None  # our getnameinfo wrapper saw NI_NUMERICHOST for this very (immutable) tuple
         if type(address) is tuple:
@@ -334,7 +329,6 @@ class Guard:
 
 
 def current() -> Guard | None:
-    """The guard installed in this process, if any."""
     return getattr(sys, _STATE_ATTR, None)
 
 

@@ -48,10 +48,9 @@ class AllowedHost:
 
 def parse_allow_host(spec: str) -> AllowedHost:
     """Parse exactly one ``HOST``, ``HOST:PORT``, ``IPV6``, ``[IPV6]`` or ``[IPV6]:PORT`` into the host in lower case
-    without a trailing dot (addresses canonical). ``HOST`` is a name of RFC 1123 labels (``_`` too, as container names
-    use; a last label of digits only must make a whole IPv4 address) or an IPv4 address; no separators, ``/``, ``@``,
-    control or non-ASCII characters: an entry never becomes several. Raises ValueError (quoting ``spec`` with ``repr``):
-    not one host with an optional port from 1 to 65535."""
+    without a trailing dot (addresses canonical); ``HOST``: :func:`_is_host_name` (``_`` too, as container names use).
+    No separators, ``/``, ``@``, control or non-ASCII characters: an entry never becomes several. Raises ValueError
+    (quoting ``spec`` with ``repr``): not one host with an optional port from 1 to 65535."""
     text = spec if type(spec) is str else ""
     if not text.isascii() or not text.isprintable():
         raise ValueError(f"invalid host {spec!r}: use one HOST, HOST:PORT or [IPV6]:PORT")
@@ -87,8 +86,8 @@ def _is_host_name(host: str) -> bool:
 
 
 def hosts_from_environ(environ: dict[str, str] | None = None) -> tuple[AllowedHost, ...]:
-    """The allow-list a parent passed in ``HFCACHE_ALLOW_HOSTS`` (:func:`format_allow_hosts`'s form; unset or empty:
-    nothing). ValueError for an entry that does not parse or is empty: the caller must then allow nothing."""
+    """The allow-list a parent passed in ``HFCACHE_ALLOW_HOSTS`` (unset or empty: nothing). ValueError for an entry
+    that does not parse or is empty: the caller must then allow nothing."""
     value = (os.environ if environ is None else environ).get(ENV_ALLOW_HOSTS, "")
     if not value:
         return ()
@@ -122,8 +121,7 @@ def hosts_file_entries(path: str = "/etc/hosts", nsswitch: str = "/etc/nsswitch.
     """What glibc's ``files`` backend answers from ``path``: ``({name: frozenset of IP versions 4/6}, frozenset of
     addresses)``, names lower case with a trailing dot kept, addresses as written (glibc strips nothing and does not
     unwrap IPv4-mapped addresses; tests/integration/test_trust3_guard.py). Both empty when ``nsswitch`` puts ``dns``
-    before ``files`` or lacks ``files``, or ``path`` cannot be read; every other name (``localhost`` too) goes to the
-    nameservers."""
+    before ``files`` or lacks ``files``, or ``path`` cannot be read."""
     if not _files_before_dns(nsswitch):
         return {}, frozenset()
     names: dict[str, set] = {}

@@ -1,8 +1,6 @@
 """``hfcache path``: the absolute snapshot folder of ``REPO_ID[@REVISION]`` in a cache, or the files in it matching a
-glob, resolved offline (what runtimes take instead of a repo id; docs/runtimes.md), as huggingface_hub's
-``try_to_load_from_cache`` finds them (``file_download.py``) but with no huggingface_hub code. The cache is
-group-writable: refs and folders are read through descriptors following no link, each file opened as a loader would
-(:func:`hfcache.cache.safefs.open_repo_file`) and must be regular."""
+glob, resolved offline (docs/runtimes.md), as huggingface_hub's ``try_to_load_from_cache`` finds them
+(``file_download.py``) but with no huggingface_hub code, through descriptors following no link."""
 
 from __future__ import annotations
 
@@ -126,13 +124,10 @@ def parse_path_var(text: str) -> tuple[str, str, str | None]:
 def resolve(cache: Path, spec: str, pattern: str | None = None, *, repo_type: str | None = None) -> ResolvedPath:
     """Resolve ``spec`` (:func:`parse_spec`) in the cache root ``cache``, offline; ``pattern``: a glob over the
     snapshot's repo paths as huggingface_hub's ``allow_patterns`` (``utils/_paths.py``: ``*`` crosses ``/``, ``\\``
-    is ``/``), None: the snapshot folder only.
-
-    Raises:
-        UsageError: a malformed spec or pattern, or a cache path holding a control character (exit 2).
-        PathNotCached: no cache, repo, ref, snapshot or matching file, or a dangling link (exit 1, warm hint).
-        UnsafeLayout: a link leaving the repo folder, a FIFO, a device, or a folder chain too deep (exit 5).
-        CacheError: a part of the cache this user cannot read (exit 5).
+    is ``/``), None: the snapshot folder only. Raises UsageError (exit 2): a malformed spec or pattern, a cache path
+    holding a control character; PathNotCached (exit 1, warm hint): no cache, repo, ref, snapshot or matching file,
+    or a dangling link; UnsafeLayout (exit 5): a link leaving the repo folder, a FIFO, a device, a folder chain too
+    deep; CacheError (exit 5): a part of the cache this user cannot read.
     """
     request = parse_spec(spec, repo_type)
     if pattern is not None:

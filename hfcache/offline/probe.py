@@ -1,17 +1,12 @@
 """The child side of ``hfcache check``: load tokenizers offline and report, one JSON line on stdout.
 
 Run as ``python -m hfcache.offline.probe [--trust-remote-code REPO_ID@REVISION]... [--progress FILE]
-[--corpus-seconds N] -- TEXT REPO_ID@REVISION...`` (options before ``--``, so that a TEXT starting with a dash is
-text; the specs repeated after ``--trust-remote-code`` load with ``trust_remote_code=True``: their ``auto_map`` names
-custom code, see ``hfcache.integrity.check_targets.custom_code_refs``) with ``HF_HUB_OFFLINE=1`` and
-``HF_HUB_CACHE`` set by the parent.
-
-A load or encode that raises, or makes the tokenizers library panic (:mod:`hfcache.integrity.fast_inputs`), is that
-spec's ``error``. What no ``except`` sees (a Rust abort, a signal, ``os._exit``) ends the process: with ``--progress``,
-each spec's ``{"begin": SPEC}``, ``{"loaded": SPEC, "result": {...}}`` (before the fast-path comparison) and ``{"spec":
-SPEC, "result": {...}}`` are appended to FILE as JSON lines first (read by
-:func:`hfcache.integrity.check_child.probe_specs`). The network guard (:mod:`.guard`, nothing allowed, not even
-loopback) is installed before transformers is imported: a load reaching for the network fails fast.
+[--corpus-seconds N] -- TEXT REPO_ID@REVISION...`` (options before ``--``: a TEXT may start with a dash) with the
+environment :func:`hfcache.integrity.check.probe_environment` sets. A load or encode that raises or panics is that
+spec's ``error``; what no ``except`` sees (a Rust abort, a signal) ends the process: with ``--progress``, each spec's
+``{"begin": SPEC}``, ``{"loaded": SPEC, "result": {...}}`` (before the fast-path comparison) and ``{"spec": SPEC,
+"result": {...}}`` are appended to FILE first (read by :func:`hfcache.integrity.check_child.probe_specs`). The network
+guard (nothing allowed, not even loopback) is installed before transformers is imported.
 """
 
 from __future__ import annotations
@@ -22,7 +17,7 @@ import os
 import time
 from pathlib import Path
 
-from ..integrity.fast_inputs import is_panic, one_line
+from ..integrity.fast_inputs import is_panic, one_line, reraise_unless_failure
 from . import guard as network_guard
 
 
@@ -70,10 +65,8 @@ def probe(text: str, specs: list[str], trusted: frozenset[str] = frozenset(),
             _report(progress, {"loaded": spec, "result": results[spec]})  # kept if the comparison is cut short
             results[spec].update(fast_path(tokenizer, repo_id, revision or "main", corpus_seconds))
         except BaseException as exc:  # every failure is data for the parent's diagnosis
-            if not isinstance(exc, Exception) and not is_panic(exc):
-                raise  # KeyboardInterrupt, SystemExit: the parent names the spec in progress
-            # a panic's message may span lines (and its text is the library's): its first line only
-            # at most 2,000 characters (integrity.diagnosis.MAX_ERROR_CHARS): a message can quote the repo's files
+            reraise_unless_failure(exc)  # KeyboardInterrupt, SystemExit: the parent names the spec in progress
+            # a panic's first line only; at most 2,000 characters (integrity.diagnosis.MAX_ERROR_CHARS)
             error = one_line(exc, 500) if is_panic(exc) else f"{type(exc).__name__}: {exc}"[:2000]
             attempts = _attempts()[seen:]
             if attempts and "network access attempted" not in error:
@@ -107,8 +100,7 @@ def fast_path(tokenizer, repo_id: str, revision: str, seconds: float = 60.0) -> 
     except (FastPathRefused, NotCached) as exc:
         return {"fast_path": f"refused: {exc}", "commit": None}
     except BaseException as exc:  # reported, never fatal to the check
-        if not isinstance(exc, Exception) and not is_panic(exc):
-            raise
+        reraise_unless_failure(exc)
         return {"fast_path": f"refused: {one_line(exc)}", "commit": None}
     added = [t.content for t in built.tokenizer.get_added_tokens_decoder().values()]
     specials = [str(t) for t in getattr(tokenizer, "all_special_tokens", [])]
@@ -124,8 +116,7 @@ def fast_path(tokenizer, repo_id: str, revision: str, seconds: float = 60.0) -> 
             slow.append(list(tokenizer(line)["input_ids"]))
             fast.append(built.tokenizer.encode(line).ids)
     except BaseException as exc:  # an encode that raises or panics is a difference, reported
-        if not isinstance(exc, Exception) and not is_panic(exc):
-            raise
+        reraise_unless_failure(exc)
         return {"fast_path": f"differs: an encode raised {one_line(exc)}", "commit": built.commit}
     return {"fast_path": _first_difference(lines, slow, fast) or "equal", "commit": built.commit,
             "corpus_lines": len(lines)}

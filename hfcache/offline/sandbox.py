@@ -1,9 +1,6 @@
 """The process-tree network filter of ``hfcache exec --no-network``: a seccomp filter (libseccomp through ``pyseccomp``)
-loaded in hfcache's process just before ``execvpe``, so every process of the command's tree inherits it (filters survive
-``fork``/``execve`` and cannot be removed). On the native ABI: ``socket``/``socketpair`` of any family but ``AF_UNIX``
-and ``socketcall`` get ``EACCES``, io_uring ``ENOSYS``, calls reaching other processes' sockets ``EPERM``,
-``TUNSETIFF``/``TIOCSTI``/``TIOCLINUX`` ioctls ``EACCES``; a foreign ABI kills the process. Why each, what it does not
-cover: docs/offline.md, "exec --no-network". :func:`filter_problem` checks it is in force."""
+loaded in hfcache's process just before ``execvpe``, so every process of the command's tree inherits it. Its rules, why
+each, what it does not cover: docs/offline.md, "exec --no-network". :func:`filter_problem` checks it is in force."""
 
 from __future__ import annotations
 
@@ -81,7 +78,7 @@ def libseccomp_version() -> str | None:
 
 
 def build_filter(binding=None):
-    """The filter (the module docstring's rules), not loaded: a ``pyseccomp.SyscallFilter`` (default ALLOW,
+    """The filter (docs/offline.md's rules), not loaded: a ``pyseccomp.SyscallFilter`` (default ALLOW,
     ``no_new_privs`` on) built with ``binding`` (default: ``pyseccomp`` imported now). Raises NetworkFilterUnavailable:
     libseccomp is missing, or refused a rule or attribute."""
     seccomp = binding or _load_binding()
@@ -152,7 +149,7 @@ def filter_problem() -> str | None:
             return f"an {name} socket could still be created"
         if code != SOCKET_ERRNO and code != errno.EAFNOSUPPORT:
             return f"an {name} socket failed with {errno.errorcode.get(code, code)}, not the filter's EACCES"
-    ring = _io_uring_setup_errno()
+    ring = _errno_of(_libc().syscall(ctypes.c_long(425), ctypes.c_uint(1), ctypes.c_void_p(0)))  # io_uring_setup
     if ring != IO_URING_ERRNO:
         return f"io_uring_setup answered {errno.errorcode.get(ring, ring) if ring else 'with a ring'}, not ENOSYS"
     try:
@@ -181,11 +178,6 @@ def _libc():
     return libc
 
 
-def _io_uring_setup_errno() -> int | None:
-    """The errno of ``io_uring_setup(1, NULL)`` (syscall 425), or None when a ring was made (closed at once)."""
-    return _errno_of(_libc().syscall(ctypes.c_long(425), ctypes.c_uint(1), ctypes.c_void_p(0)))
-
-
 def _kernel_socket_errno(family: int, kind: int = socket.SOCK_STREAM) -> int | None:
     """The errno of ``socket(family, kind, 0)`` through libc (the Python guard would refuse first), or None."""
     return _errno_of(_libc().socket(family, kind, 0))
@@ -197,11 +189,6 @@ def _errno_of(fd: int) -> int | None:
         os.close(fd)
         return None
     return ctypes.get_errno()
-
-
-def network_sockets_denied() -> bool:
-    """Whether a filter already refuses this process an IPv4 socket (``EACCES``); opens and closes one."""
-    return _kernel_socket_errno(socket.AF_INET) == SOCKET_ERRNO
 
 
 #: Anonymous-inode descriptors (``/proc/self/fd`` names ``anon_inode:[KIND]``) a command may keep: they reach no
@@ -277,25 +264,16 @@ def _open_descriptors() -> list[int]:
         pass
     finally:
         os.close(probe)
-    numbers = _descriptor_range()
-    _cloexec_above(numbers[-1] + 1 if numbers else 3)
-    return numbers
+    import resource
 
-
-def _cloexec_above(first: int) -> None:
-    """``close_range(first, ~0U, CLOSE_RANGE_CLOEXEC)``; fails closed when unsupported."""
+    # Every number up to the hard limit (an inherited descriptor may sit above a lowered soft one), at most 2**20.
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    first = min(max(n for n in (soft, hard, 1024) if n != resource.RLIM_INFINITY and n > 0), 1 << 20)
+    # close_range(first, ~0U, CLOSE_RANGE_CLOEXEC); fails closed when unsupported
     if _libc().syscall(ctypes.c_long(436), ctypes.c_uint(first), ctypes.c_uint(0xFFFFFFFF), ctypes.c_uint(4)) != 0:
         raise NetworkFilterUnavailable(f"cannot mark inherited descriptors from {first} up close-on-exec without "
                                        f"/proc (close_range: {_describe(OSError(ctypes.get_errno(), ''))})")
-
-
-def _descriptor_range() -> list[int]:
-    """Every number up to the hard limit (an inherited descriptor may sit above a lowered soft one), at most 2**20."""
-    import resource
-
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    top = max(n for n in (soft, hard, 1024) if n != resource.RLIM_INFINITY and n > 0)
-    return list(range(3, min(top, 1 << 20)))
+    return list(range(3, first))
 
 
 @dataclass(frozen=True)
@@ -312,7 +290,7 @@ def probe_filter(timeout: float = PROBE_TIMEOUT) -> FilterProbe:
     """Whether :func:`install_network_filter` works here, tried in a forked child (a filter cannot be removed) that
     reports one line over a pipe; killed after ``timeout`` seconds."""
     version = libseccomp_version()
-    already = network_sockets_denied()
+    already = _kernel_socket_errno(socket.AF_INET) == SOCKET_ERRNO  # a filter already refuses IPv4 sockets
     read_end, write_end = os.pipe()
     pid = os.fork()
     if pid == 0:  # pragma: no cover - the child: never returns
@@ -322,7 +300,10 @@ def probe_filter(timeout: float = PROBE_TIMEOUT) -> FilterProbe:
         line = _read_line(read_end, timeout)
     finally:
         os.close(read_end)
-        _reap(pid)
+        if os.waitpid(pid, os.WNOHANG)[0] == 0:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, 9)
+            os.waitpid(pid, 0)
     if line == "ok":
         return FilterProbe(True, f"seccomp, libseccomp {version}" if version else "seccomp", already)
     return FilterProbe(False, line or f"the probe gave no answer within {timeout:g} s", already)
@@ -353,11 +334,3 @@ def _read_line(fd: int, timeout: float) -> str:
             break
         chunks.append(chunk)
     return b"".join(chunks).decode("utf-8", "replace").strip()
-
-
-def _reap(pid: int) -> None:
-    finished, _ = os.waitpid(pid, os.WNOHANG)
-    if finished == 0:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, 9)
-        os.waitpid(pid, 0)

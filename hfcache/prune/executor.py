@@ -1,8 +1,5 @@
-"""prune's execution: remove exactly what a :class:`~.plan.PrunePlan` lists, folder by folder under the repo lock.
-
-Every removal goes through :mod:`hfcache.cache.safefs`: parent folders are opened from the cache root without
-following a link, so a ``blobs/``, ``snapshots/`` or ``.locks/<folder>`` swapped for a symlink after the plan makes
-the item ``skipped``, never deletes outside the cache.
+"""prune's execution: remove exactly what a :class:`~.plan.PrunePlan` lists, folder by folder under the repo lock,
+through :mod:`hfcache.cache.safefs` (a folder swapped for a symlink after the plan makes the item ``skipped``).
 """
 
 from __future__ import annotations
@@ -40,17 +37,11 @@ def execute(plan: PrunePlan, *, on_item: Callable[[ItemOutcome], None] | None = 
     it: an item whose reason no longer holds is skipped. The order within a folder, and why: docs/prune.md ("Safe
     next to running work"). Then the shared Xet store's payloads (:mod:`.store`), whose outcomes come last.
 
-    Args:
-        on_item: called after each item (progress).
-        lock_timeout: seconds to wait at most for a repo's lock (another warm or prune changing that folder).
-        on_lock_wait: told which lock it waits for, and who holds it, when a wait lasts a few seconds.
-
-    Returns:
-        PruneResult, one outcome per item. OSErrors become ``failed`` outcomes (exit 5), and so do the items of a
-        folder whose repo lock stays held for ``lock_timeout`` seconds.
-
-    Raises:
-        CacheError: the repo lock cannot be created (a read-only cache).
+    ``on_item``: called after each item (progress); ``lock_timeout``: seconds to wait at most for a repo's lock
+    (another warm or prune changing that folder); ``on_lock_wait``: told which lock it waits for, and who holds it,
+    when a wait lasts a few seconds. Returns a PruneResult, one outcome per item: an OSError, or a repo lock held for
+    ``lock_timeout`` seconds, makes ``failed`` outcomes (exit 5). CacheError: the repo lock cannot be created (a
+    read-only cache).
     """
     started = time.monotonic()
     root = Path(plan.cache_dir)
@@ -76,7 +67,6 @@ def execute(plan: PrunePlan, *, on_item: Callable[[ItemOutcome], None] | None = 
 def _run_folders(root: Path, by_folder: dict[str, list[PlanItem]], planned: dict[tuple[str, str], RevisionRemoval],
                  touched: set[str], record: Callable[[ItemOutcome], None], lock_timeout: float,
                  on_lock_wait: Callable[[LockWait], None] | None) -> None:
-    """Each repo folder's items under its repo lock; each outcome goes to ``record``."""
     for folder, items in by_folder.items():
         repo = RepoFolder(root, items[0].repo_id, items[0].repo_type, lock_timeout=lock_timeout,
                           on_lock_wait=on_lock_wait)

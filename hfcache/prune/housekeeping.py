@@ -1,6 +1,4 @@
-"""prune's housekeeping: what goes whatever the policy says, and what follows its removals (lock files of removed
-blobs, repo folders left empty); docs/prune.md.
-"""
+"""prune's housekeeping: what goes whatever the policy says, and what follows its removals; docs/prune.md."""
 
 from __future__ import annotations
 

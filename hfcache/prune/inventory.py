@@ -1,8 +1,5 @@
 """prune's ledger: per repo folder and per content (inode), the :class:`~.plan.PlanItem` objects the policy and
-housekeeping decide, what they imply (blobs only removed revisions used go too) and the bytes freed: a content's
-when the last repo folder holding it lets it go and no hardlink outside the cache keeps it; a shared Xet store
-payload's (one content, however many repos link to it) on its ``payload`` item, only when its ``.refs`` manifest
-names exactly the links the plan removes (docs/prune.md).
+housekeeping decide, what they imply (blobs only removed revisions used go too) and the bytes freed (docs/prune.md).
 """
 
 from __future__ import annotations
@@ -80,8 +77,6 @@ class Ledger:
             self.sizes.setdefault((st.st_dev, st.st_ino), st.st_size)
         self.repos: list[RepoBook] = [self._repo(info) for info in repos]
 
-    # -- setup
-
     def _repo(self, info: RepoInfo) -> RepoBook:
         refs_to: dict[str, list[str]] = {}
         for name, value in info.refs.items():
@@ -103,7 +98,6 @@ class Ledger:
         return repo
 
     def build_tables(self, repo: RepoBook) -> None:
-        """Build the per-name tables of a folder the plan touches."""
         if repo.detailed:
             return
         repo.detailed = True
@@ -182,7 +176,8 @@ class Ledger:
                 self.link_names[inode] = self.link_names.get(inode, 0) + 1
 
     def release(self, repo: RepoBook, inode: tuple[int, int] | None) -> int:
-        """One name of ``inode`` in ``repo`` is removed; return the bytes freed (when it was the last name)."""
+        """One name of ``inode`` in ``repo`` is removed; the bytes freed: its size when it was the last name in the
+        cache and no hardlink outside the cache keeps it, else 0."""
         if inode is None or not repo.names.get(inode):
             return 0
         repo.names[inode] -= 1
@@ -203,8 +198,9 @@ class Ledger:
         return self.sizes[inode]
 
     def _payload_released(self, repo: RepoBook, inode: tuple[int, int]) -> int:
-        """``repo``, the last holder of the store payload ``inode``, let it go: when its sweep will free it, its bytes
-        go to ``freed`` and to its own item (:meth:`payload_items`), else a warning says why it stays. Returns 0."""
+        """``repo``, the last holder of the store payload ``inode``, let it go: when its sweep will free it (its
+        ``.refs`` manifest names exactly the links the plan removes), its bytes go to ``freed`` and to its own item
+        (:meth:`payload_items`), else a warning may say why it stays. Returns 0."""
         xet_hash, size = self.store_hashes[inode], self.sizes[inode]
         removed = {f"{repo.info.folder}/blobs/{etag}" for repo, etag in self.store_removed.get(xet_hash, ())}
         references, why = payload_references(self.root, xet_hash)
@@ -231,8 +227,7 @@ class Ledger:
         return 0
 
     def payload_items(self) -> None:
-        """One ``payload`` item per payload the plan frees, on the repo of its last removed link (executed after
-        every repo folder: :mod:`.executor`)."""
+        """One ``payload`` item per payload the plan frees, on the repo of its last removed link."""
         for xet_hash, freed in sorted(self.payload_freed.items()):
             repo = self.payload_releaser[xet_hash]
             reasons = [repo.deleted_blobs[etag] for r, etag in self.store_removed.get(xet_hash, ()) if r is repo]
@@ -260,21 +255,16 @@ class Ledger:
             self.store_items.append(PlanItem("payload", "", "", STORE_FOLDER, payload_path(xet_hash), None,
                                              "orphan", "shared Xet payload no repo links to", freed))
 
-    # -- recording removals
-
     def item(self, repo: RepoBook, kind: str, path: str, revision: str | None, reason: str, detail: str,
               bytes_freed: int = 0) -> None:
-        """Record one path of ``repo`` to remove (``path`` relative to the cache root)."""
         info = repo.info
         repo.items.append(PlanItem(kind, info.repo_id, info.repo_type, info.folder, path, revision, reason, detail,
                                    bytes_freed))
 
     def lock_path(self, folder: str, etag: str) -> str:
-        """The download lock of blob ``etag`` in ``folder``: ``<root>/.locks/<folder>/<etag>.lock``."""
         return f"{self.root}/.locks/{folder}/{etag}.lock"
 
     def delete_blob(self, repo: RepoBook, etag: str, reason: str, detail: str) -> None:
-        """Remove blob ``etag`` of ``repo``, counting the bytes freed."""
         inode, size = repo.blobs[etag]
         repo.deleted_blobs[etag] = reason
         xet_hash = repo.store_links.get(etag)

@@ -72,21 +72,14 @@ class GraceKept:
 
 @dataclass(frozen=True)
 class PlanItem:
-    """One path the plan removes.
-
-    Attributes:
-        kind (str): one of :data:`KINDS`. A ``payload`` is a file of huggingface_hub 2.4's shared Xet store
-            (``path`` ``blobs/<h[:2]>/<h>``) the removed repo links were the last users of; it is listed with the
-            repo of its last link and swept after every folder.
-        repo_id (str), repo_type (str), folder (str): the repo, as its folder (``models--org--name``) names it.
-        path (str): ``/``-separated, relative to the cache root (lock files: ``.locks/<folder>/<etag>.lock``).
-        revision (str | None): the commit a ref, snapshot, marker folder or listing belongs to.
-        reason (str): ``detached``, ``superseded``, ``older_than``, ``over_budget`` (with a revision), ``unused`` (only removed
-            revisions used the blob), ``orphan`` (no snapshot used it), ``stale_incomplete``, ``interrupted`` (left
-            by a killed prune) or ``empty``. detail (str): one line for people.
-        bytes_freed (int): bytes given back, counted on the item removing a content's last name in the cache (0
-            when hardlinks outside the cache keep it; a store link 0, its payload item the payload's bytes).
-    """
+    """One path the plan removes: ``kind`` (:data:`KINDS`; a ``payload``: a shared Xet store file whose last links
+    the plan removes, listed with the repo of its last link), the repo (``repo_id``, ``repo_type``, ``folder``),
+    ``path`` (``/``-separated, relative to the cache root), the ``revision`` it belongs to, ``reason`` (``detached``,
+    ``superseded``, ``older_than``, ``over_budget``, ``unused``: only removed revisions used the blob, ``orphan``: no
+    snapshot used it, ``stale_incomplete``, ``interrupted``: left by a killed prune, or ``empty``), ``detail`` (one
+    line for people),
+    ``bytes_freed`` (counted on the item removing a content's last name in the cache; 0 when hardlinks outside the
+    cache keep it; a store link 0, its payload item the payload's bytes)."""
 
     kind: str
     repo_id: str
@@ -120,22 +113,14 @@ class RevisionRemoval:
 
 @dataclass(frozen=True)
 class PrunePlan:
-    """Everything a prune would remove, and why; :func:`execute` runs exactly this.
-
-    Attributes:
-        cache_dir (str), now (float: seconds since the epoch ages are measured against), policy (PrunePolicy).
-        items (tuple[PlanItem, ...]): grouped by repo folder (sorted), in execution order.
-        revisions (tuple[RevisionRemoval, ...]): in policy order (detached, age, LRU).
-        pinned (tuple[tuple[str, str, str], ...]): (repo_type, repo_id, commit) of every pinned revision present.
-        repos_before, revisions_before, repos_removed (int): counts.
-        bytes_before (int): cache size before (every distinct content once, as ``hfcache ls``); bytes_freed (int):
-            the items' sum; bytes_pinned (int): the pinned revisions' distinct contents.
-        warnings (tuple[str, ...]): e.g. a budget pinned revisions make impossible, a ``--keep`` matching nothing.
-        unreadable (tuple[str, ...]): ``<folder>/<part>`` of repos left alone because this user cannot read all of
-            them (what uses what is unknown); the prune then exits 5.
-        empty (bool): the cache folder exists and holds nothing (a fresh volume): "empty cache: nothing to prune".
-        kept (tuple[GraceKept, ...]): what only the grace period keeps, and why.
-    """
+    """Everything a prune would remove, and why; :func:`execute` runs exactly this. ``now``: seconds since the epoch
+    ages are measured against; ``items``: grouped by repo folder (sorted), in execution order, payloads last;
+    ``revisions``: in policy order (detached, age, LRU); ``pinned``: (repo_type, repo_id, commit) of every pinned
+    revision present; ``bytes_before``: every distinct content once, as ``hfcache ls``; ``bytes_freed``: the items'
+    sum; ``bytes_pinned``: the pinned revisions' contents; ``warnings``: e.g. a budget pinned revisions make
+    impossible, a ``--keep`` matching nothing; ``unreadable``: ``<folder>/<part>`` of repos left alone because this
+    user cannot read all of them (the prune then exits 5); ``empty``: the cache folder exists and holds nothing;
+    ``kept``: what only the grace period keeps, and why."""
 
     cache_dir: str
     now: float
@@ -156,7 +141,6 @@ class PrunePlan:
 
     @property
     def bytes_kept(self) -> int:
-        """Cache size after the plan."""
         return self.bytes_before - self.bytes_freed
 
     @property
@@ -179,8 +163,7 @@ class ItemOutcome:
 
 @dataclass(frozen=True)
 class PruneResult:
-    """The outcome of :func:`execute`: the ``plan``, one outcome per item (in plan order, ``payload`` items last:
-    swept after every repo folder), the wall time in ``seconds``."""
+    """The outcome of :func:`execute`: the ``plan``, one outcome per item (in plan order), the wall ``seconds``."""
 
     plan: PrunePlan
     outcomes: tuple[ItemOutcome, ...]

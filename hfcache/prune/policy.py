@@ -44,14 +44,12 @@ def plan_prune(
             40-hex commit names. keep_locks: lock file paths (or Lockfile): every revision they pin, in every repo
             folder holding that commit (a legacy id and its canonical repo).
         grace: seconds (see :class:`PrunePolicy`). now: the time ages are measured against (default: now).
-        missing_ok: a missing ``cache_dir`` is an empty plan with a warning (``prune --missing-ok``: a CronJob
-            scheduled before the first warm).
-        superseded: a detached revision of a repo whose refs name another revision (an update moved the ref) goes
-            at once, not after ``grace`` (``prune --superseded``).
+        missing_ok: a missing ``cache_dir`` is an empty plan with a warning (``prune --missing-ok``).
+        superseded: a detached revision of a repo whose refs name another revision goes at once, not after ``grace``
+            (``prune --superseded``).
 
-    Returns:
-        PrunePlan; its ``warnings`` say when ``max_size`` cannot be met without pinned revisions, its ``kept`` what
-        only the grace period keeps. An existing empty folder (a fresh volume) is an empty plan with ``empty`` set.
+    Returns a PrunePlan (``kept``: what only the grace period keeps; an existing empty folder: an empty plan with
+    ``empty`` set).
 
     Raises:
         UsageError: a malformed ``keep`` spec, an unreadable or invalid lock, a negative duration or size.
@@ -63,7 +61,7 @@ def plan_prune(
     root = resolve_cache_dir(cache_dir)
     now = time.time() if now is None else now
     kind = _cache_kind(root, missing_ok)
-    if kind == "missing":  # --missing-ok: a job scheduled before the first warm
+    if kind == "missing":  # --missing-ok: a CronJob scheduled before the first warm
         return _plan(str(root), (), 0, policy, locks, now, warnings=(f"no cache at {root} (nothing to prune)",))
     if kind == "empty":
         return replace(_plan(str(root), (), 0, policy, locks, now), empty=True)
@@ -96,7 +94,6 @@ def _cache_kind(root: Path, missing_ok: bool) -> str:
 def _policy(older_than: float | None, max_size: int | None, keep: Iterable[str | KeepSpec],
             keep_locks: Iterable[str | os.PathLike[str] | Lockfile],
             grace: float) -> tuple[PrunePolicy, list[tuple[str, Lockfile]]]:
-    """The checked policy of :func:`plan_prune`'s arguments, and every lock as (name shown, parsed lock)."""
     if older_than is not None and older_than < 0:
         raise UsageError(f"--older-than must not be negative, got {older_than}")
     if max_size is not None and max_size < 0:
@@ -125,8 +122,8 @@ def _plan_cache(root: Path, policy: PrunePolicy, locks: Sequence[tuple[str, Lock
 
 @contextmanager
 def _gc_paused():
-    """Pause the cyclic garbage collector while a cache is scanned and planned: it would traverse the ~10 objects
-    per file again and again to find no cycle (a third of the time on a 10,000-repo cache)."""
+    """Pause the cyclic garbage collector while a cache is scanned and planned: it would traverse ~10 objects per file
+    again and again to find no cycle (a third of the time on a 10,000-repo cache)."""
     enabled = gc.isenabled()
     gc.disable()
     try:

@@ -36,7 +36,6 @@ class Sweep(NamedTuple):
 
 
 def payload_path(xet_hash: str) -> str:
-    """``blobs/<h[:2]>/<h>``: the payload's path relative to the cache root."""
     return f"{STORE_DIR}/{xet_hash[:2]}/{xet_hash}"
 
 
@@ -166,8 +165,8 @@ def sweep_payload(root: str | os.PathLike[str], xet_hash: str, *, delete: bool,
                   lock_timeout: float = DEFAULT_LOCK_TIMEOUT) -> Sweep:
     """Sweep the payload ``xet_hash`` (64 hex) of the cache ``root`` after repo links to it were removed, waiting at
     most ``lock_timeout`` seconds for ``<h>.lock``. ``delete``: whether the plan frees it (False only rewrites the
-    manifest: a payload the plan did not count stays, the next prune plans it). An unmarked store, a link or FIFO
-    where a folder, the lock, the manifest or the payload belongs, an OSError: ``skipped`` with a note."""
+    manifest). An unmarked store, a link or FIFO where a folder, the lock, the manifest or the payload belongs, an
+    OSError: ``skipped`` with a note."""
     if not is_sha256(xet_hash):
         return Sweep("skipped", f"invalid Xet hash {xet_hash!r}")
     try:
@@ -241,7 +240,6 @@ def _sweep_locked(root: Path, prefix_fd: int, xet_hash: str, delete: bool, lock_
 
 
 def _sweep_held(root: Path, prefix_fd: int, xet_hash: str, delete: bool) -> Sweep:
-    """The sweep proper, with ``<h>.lock`` held."""
     try:
         st = os.stat(xet_hash, dir_fd=prefix_fd, follow_symlinks=False)
     except FileNotFoundError:

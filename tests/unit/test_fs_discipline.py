@@ -55,6 +55,8 @@ ALLOWED: dict[tuple[str, str], str] = {
         "flock probe in a folder named /proc/self/fd/<fd> (via_dir_fd): O_TMPFILE, else O_EXCL of a random name",
     ("hfcache.cli.move", "export_command"):
         "atomic_output of the export tar at the user's DEST (outside the source cache: export refuses that)",
+    ("hfcache.fleet.sync", "_write_readiness"):
+        "mkdir and atomic_write of sync's --ready-dir files: outside the cache (sync_once refuses one inside it)",
     ("hfcache.warming.lockfile", "write_lock"):
         "atomic_write of the project's hfcache.lock next to its manifest: outside any cache",
     ("hfcache.oci.image", "_write_layers"):

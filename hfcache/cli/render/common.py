@@ -12,6 +12,8 @@ import sys
 from collections.abc import Collection, Iterable
 from typing import TYPE_CHECKING, Any
 
+from ...units import human_size
+
 if TYPE_CHECKING:
     from rich.console import Console
     from rich.table import Table
@@ -164,16 +166,6 @@ def print_error(message: str, hint: str | None = None) -> None:
     _stderr().print(Text(f"hfcache: error: {inert(message)}", style="bold red"), soft_wrap=True)
     if hint:
         _stderr().print(Text(f"hint: {inert(hint)}", style="yellow"), soft_wrap=True)
-
-
-def human_size(n: int | float) -> str:
-    """1536 -> '1.5 KiB' (binary units, as ``du -h``)."""
-    n = float(n)
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(n) < 1024 or unit == "TiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return f"{n:.1f} TiB"
 
 
 def iso_time(timestamp: float) -> str | None:
