@@ -1,4 +1,4 @@
-"""One exception tree for hfcache; each class carries its exit code (README "Exit codes") and a hint.
+"""One exception tree for hfcache; each class carries its exit code (docs/cli.md "Exit codes") and a hint.
 
 Imports nothing from hfcache (as pip's ``exceptions`` imports nothing from pip): every layer raises these, and the
 CLI maps them to exit codes in one place.

@@ -20,8 +20,8 @@ _WATCH_EVERY = 1.0  # seconds between two looks at the locks folder for a change
 @cache_dir_option("The node cache")
 @click.option("--bucket", metavar="s3://BUCKET/PREFIX",
               help="Take file bodies from this bucket (as `push s3://` lays it out) instead of --endpoint.")
-@click.option("--once", is_flag=True, help="One pass, then exit: 0 when every lock is ready, else the first "
-              "failure's exit code.")
+@click.option("--once", is_flag=True, help="One pass, then exit: 0 when every lock is ready, else the highest "
+              "exit code of the locks that are not (1 verify, 2 an unreadable lock, 3 a fetch, 5 the cache).")
 @click.option("--interval", default="60s", show_default=True, metavar="DURATION", callback=parsed("parse_duration"),
               help="Time between two passes; a change in --locks starts one at once.")
 @click.option("--grace", default="1h", show_default=True, metavar="DURATION", callback=parsed("parse_duration"),

@@ -5,7 +5,7 @@ A pass reads every ``*.lock`` of the folder, warms what each lock pins that the 
 from the endpoints, or from a bucket's ``blobs/<etag>`` when ``bucket`` is given, since a lock already names every
 file's commit, size and hash), verifies each lock's snapshots (``verify --fast``: a blob hashed right before and
 unchanged since is not hashed again), then prunes every revision no lock pins that was not used within the grace
-period (``prune --older-than GRACE --keep-lock ...``; last use as README "Last use" defines it). A lock is *ready* only
+period (``prune --older-than GRACE --keep-lock ...``; last use as docs/ls.md defines it). A lock is *ready* only
 when its content is complete and verified; its readiness file (``<ready_dir>/<lock name>.json``) is written after the
 check and removed as soon as a pass finds it not ready or the lock gone.
 """

@@ -122,7 +122,7 @@ def lock_manifest(lock_path: str | os.PathLike[str], manifest_path: str | os.Pat
 
 def lock_cache_dir(lock_path: str | os.PathLike[str], cache_dir: str | os.PathLike[str] | None = None, *,
                    manifest: Manifest | None = None) -> Path:
-    """The cache every ``--lock`` command works on (README "Which cache a --lock command uses"), absolute, not
+    """The cache every ``--lock`` command works on (docs/warm.md "Which cache a --lock command uses"), absolute, not
     checked: ``cache_dir``, else the lock's manifest's (``manifest`` if loaded), else the environment's. Raises
     UsageError: as :func:`lock_manifest`."""
     if cache_dir is not None:
