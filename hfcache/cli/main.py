@@ -1,5 +1,5 @@
 """The ``hfcache`` command: the Click group (``cli``) holding the commands of the modules beside this one, and the
-entry points (``run``, ``main``) that map every error to its exit code (README "Exit codes"; 70: an internal error,
+entry points (``run``, ``main``) that map every error to its exit code (docs/cli.md "Exit codes"; 70: an internal error,
 143: SIGTERM).
 """
 
