@@ -41,7 +41,7 @@ from pathlib import Path
 import pytest
 
 from hfcache import __version__
-from tests.helpers import GOLDEN, build_wheel, clean_env
+from tests.helpers import ARTIFACT_NAMES, GOLDEN, build_wheel, clean_env
 from tests.podman import (
     APT_HINT,
     PODMAN_HOME_PREFIX,
@@ -256,7 +256,7 @@ def test_example_image_builds_with_a_secret_token_and_loads_offline(podman: Podm
 
     # As the Dockerfile's header says: the wheel in the context's dist/, then `docker build` in examples/.
     context = tmp_path / "examples"
-    shutil.copytree(EXAMPLES, context)
+    shutil.copytree(EXAMPLES, context, ignore=shutil.ignore_patterns(*ARTIFACT_NAMES, "*.egg-info"))  # not dist/
     build_wheel(context / "dist", tmp_path)
     podman.build(
         EXAMPLE_IMAGE, context,
