@@ -9,6 +9,10 @@ A run of the suite should leave no more than a few MB behind it. The places it w
 - ``/tmp/hfcache-users-*`` (:func:`tests.users.make_runtime`: other uids cannot enter pytest's 0700 basetemp), each
   marked with the session that made it (:func:`mark_runtime`), removed by the ``runtime`` fixture and, if a run was
   killed, by the next session (:func:`sweep_dead_runtimes`);
+- ``/tmp/hfcache-users-session-*`` (:func:`make_session_home`): the session's HOME (with HF_HOME and the XDG
+  folders below it) and TMPDIR, so that nothing written by default (huggingface_hub's and transformers' caches,
+  hfcache's private ``hfcache-modules-<uid>``, pip's cache) lands in the real home or /tmp; removed by the
+  controller at the session's end, or like a runtime folder by the next session;
 - ``$HFCACHE_TEST_CACHE`` (``/var/cache/hfcache-test``): the container tests' debootstrapped base rootfs, a
   deliberate cache across runs (it saves a ~1 minute debootstrap from a Debian mirror); bounded to one tarball
   (:func:`prune_base_cache`) and named in the session's summary line;
@@ -44,6 +48,15 @@ MAX_LEFT_BYTES = 4 * 2**20
 RUNTIME_ROOT = Path("/tmp")
 RUNTIME_PREFIX = "hfcache-users-"
 RUNTIME_MARKER = ".pytest-session"
+#: The session's own HOME and TMPDIR (:func:`make_session_home`): a runtime folder too (marked, swept if killed).
+SESSION_HOME_PREFIX = RUNTIME_PREFIX + "session-"
+#: Cache and home settings a developer's shell may point outside the session: removed for the session (their
+#: defaults then fall under its HOME, HF_HOME or XDG_CACHE_HOME).
+UNSET_FOR_SESSION = ("HF_HUB_CACHE", "HUGGINGFACE_HUB_CACHE", "HF_XET_CACHE", "HF_ASSETS_CACHE",
+                     "HUGGINGFACE_ASSETS_CACHE", "HF_MODULES_CACHE", "HF_DATASETS_CACHE", "HF_TOKEN_PATH",
+                     "HF_STORED_TOKENS_PATH", "TRANSFORMERS_CACHE", "PYTORCH_TRANSFORMERS_CACHE",
+                     "PYTORCH_PRETRAINED_BERT_CACHE", "TORCH_HOME", "SENTENCE_TRANSFORMERS_HOME", "PIP_CACHE_DIR",
+                     "UV_CACHE_DIR", "TRITON_CACHE_DIR", "NUMBA_CACHE_DIR", "MPLCONFIGDIR")
 #: An unmarked runtime folder (made before the markers existed) unchanged this long is a killed run's: the whole
 #: suite takes a quarter of that on 2 cores, and a live session's runtime is marked.
 UNMARKED_AGE = 2 * 3600
@@ -137,6 +150,33 @@ def mark_runtime(base: Path, token: str | None) -> None:
     fd = os.open(base / RUNTIME_MARKER, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
     with os.fdopen(fd, "w", encoding="ascii") as out:
         out.write(f"{token} {pid} {_start_time(pid)}\n")
+
+
+def make_session_home(token: str | None, root: Path = RUNTIME_ROOT) -> Path:
+    """A fresh ``ROOT/hfcache-users-session-*`` folder (0755, marked with ``token`` like a runtime) holding ``home``
+    (0700: the session's HOME) and ``tmp`` (1777 like /tmp: its TMPDIR, which other uids' processes use too; pytest's
+    0700 basetemp could not be). The controller removes it at the session's end; the next session, if it was killed.
+    """
+    import tempfile
+
+    base = Path(tempfile.mkdtemp(prefix=SESSION_HOME_PREFIX, dir=root))
+    os.chmod(base, 0o755)
+    mark_runtime(base, token)
+    (base / "home").mkdir(mode=0o700)
+    (base / "tmp").mkdir()
+    os.chmod(base / "tmp", 0o1777)
+    return base
+
+
+def session_environment(base: Path) -> dict[str, str]:
+    """What a session's processes get so that nothing they write by default lands outside ``base``
+    (:func:`make_session_home`): HOME, the XDG base folders, HF_HOME (huggingface_hub's and transformers' caches
+    and token, ``hf``'s update checks) below it, and TMPDIR (where hfcache puts a private HF_MODULES_CACHE, pip and
+    podman their temporary files). :data:`UNSET_FOR_SESSION` is removed beside it."""
+    home = base / "home"
+    return {"HOME": str(home), "XDG_CACHE_HOME": str(home / ".cache"), "XDG_CONFIG_HOME": str(home / ".config"),
+            "XDG_DATA_HOME": str(home / ".local" / "share"), "XDG_STATE_HOME": str(home / ".local" / "state"),
+            "HF_HOME": str(home / ".cache" / "huggingface"), "TMPDIR": str(base / "tmp")}
 
 
 def _runtime_owner(base: Path) -> tuple[str, int, str] | None:

@@ -5,11 +5,14 @@ from __future__ import annotations
 import os
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 
 from tests import cleanup
-from tests.testhub import HubServer
+
+if TYPE_CHECKING:
+    from tests.testhub import HubServer
 
 
 @pytest.fixture(autouse=True)
@@ -48,7 +51,11 @@ def model_repos_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture
 def hub_server(hub_root: Path) -> Iterator[HubServer]:
-    """A running HubServer over ``hub_root`` on loopback ports, stopped after the test."""
+    """A running HubServer over ``hub_root`` on loopback ports, stopped after the test. (Imported here: this
+    module is imported before pytest_configure points HOME into the session, and huggingface_hub, which the test Hub
+    imports, reads its cache locations once, at import.)"""
+    from tests.testhub import HubServer
+
     with HubServer(hub_root) as server:
         yield server
 
@@ -72,10 +79,12 @@ def runtime():
 # --- what a session leaves behind (tests/cleanup.py) ---------------------------------------------------------------
 
 
+@pytest.hookimpl(trylast=True)  # after pytest's tmpdir plugin made its TempPathFactory
 def pytest_configure(config: pytest.Config) -> None:
     """pytest's tmp_path and basetemp removals handle folder chains of any depth (tests/cleanup.py); no terminal size
-    leaks into the tests' subprocesses."""
+    leaks into the tests' subprocesses; the session gets its token and its own HOME and TMPDIR (below)."""
     cleanup.install_deep_rmtree()
+    _start_session(config)
     # pytest-xdist's workers export COLUMNS=80 and LINES=24 (a serial run exports neither): hfcache would wrap its
     # tables at 80 columns off a terminal instead of its pipe width (cli/render/common.py). Before the test modules
     # are imported (some build their subprocess environment at import); tests that want a width pass COLUMNS.
@@ -94,15 +103,30 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(skip)
 
 
-def pytest_sessionstart(session: pytest.Session) -> None:
-    """Give the session a token every child inherits; remove runtime folders that killed runs left. An xdist worker
-    keeps the token of its controller (which starts the workers after this hook): one session, judged by the
-    controller at its end."""
+def _start_session(config: pytest.Config) -> None:
+    """Give the session a token every child inherits; remove runtime folders that killed runs left; point HOME,
+    the XDG folders, HF_HOME and TMPDIR into a folder of the session (tests/cleanup.py ``make_session_home``) and
+    remove the other cache settings, before any test module imports huggingface_hub or transformers (they read
+    them at import) and before pytest-xdist starts its workers (they inherit all of it). An xdist worker keeps its
+    controller's token and folders: one session, judged by the controller at its end."""
+    import tempfile
+
     if cleanup.is_xdist_worker() and os.environ.get(cleanup.SESSION_VAR):
         return
-    os.environ[cleanup.SESSION_VAR] = cleanup.new_token()
+    token = cleanup.new_token()
+    os.environ[cleanup.SESSION_VAR] = token
     os.environ[cleanup.SESSION_PID_VAR] = str(os.getpid())
     cleanup.sweep_dead_runtimes()
+    config._tmp_path_factory.getbasetemp()  # where TMPDIR says now (the basetemp is pytest's, kept if a run fails)
+    base = cleanup.make_session_home(token)
+    config.stash[_SESSION_HOME] = base
+    for name in cleanup.UNSET_FOR_SESSION:
+        os.environ.pop(name, None)
+    os.environ.update(cleanup.session_environment(base))
+    tempfile.tempdir = None  # read TMPDIR again
+
+
+_SESSION_HOME = pytest.StashKey[Path]()
 
 
 @pytest.hookimpl(trylast=True)  # after pytest's own tmpdir plugin removed a passing session's basetemp
@@ -116,6 +140,9 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     from tests.chains import remove_tree
 
     processes = cleanup.stop_processes(token)
+    home = session.config.stash.get(_SESSION_HOME, None)
+    if home is not None:
+        remove_tree(home)
     runtimes = cleanup.session_runtimes(token)
     for base in runtimes:
         remove_tree(base)

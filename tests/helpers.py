@@ -99,6 +99,23 @@ def visible_entries(cache_dir: Path) -> set[str]:
     return found
 
 
+#: Build output in a checkout (what .gitignore leaves out: the quickstart's wheel in examples/dist/, build/,
+#: egg-info, caches): no test reads it, so a test's outcome does not depend on what was built before it.
+ARTIFACT_NAMES = ("dist", "build", "__pycache__", ".pytest_cache", ".venv")
+
+
+def is_artifact(path: Path, root: Path = REPO) -> bool:
+    """Whether ``path`` (below ``root``) is build output: a part of it relative to ``root`` is one of
+    :data:`ARTIFACT_NAMES` or ends with ``.egg-info``."""
+    return any(part in ARTIFACT_NAMES or part.endswith(".egg-info") for part in path.relative_to(root).parts)
+
+
+def source_files(folder: Path, root: Path = REPO) -> list[Path]:
+    """The files below ``folder`` (in the checkout ``root``) that are not build output (:func:`is_artifact`),
+    sorted; links to files count."""
+    return sorted(p for p in folder.rglob("*") if p.is_file() and not is_artifact(p, root))
+
+
 def build_wheel(outdir: Path, work: Path) -> Path:
     """Build hfcache's wheel into ``outdir`` as README "Install" says (``python -m build --wheel``), from a copy in
     ``work`` of what a build needs (pyproject.toml, README.md, hfcache/: what docker/Dockerfile.dockerignore lets

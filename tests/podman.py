@@ -8,7 +8,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import resource
 import shlex
 import shutil
 import subprocess
@@ -23,14 +22,8 @@ import pytest
 BASE_SUITE = "bookworm"
 
 
-BASE_VARIANT = "minbase"
-
-
-BASE_PACKAGES = ("python3", "python3-venv", "python3-pip", "ca-certificates")
-
-
-#: Bump when the bootstrap recipe below changes, so cached tarballs are rebuilt.
-BASE_RECIPE = 1
+#: Bump when the way the recipe is run below changes, so cached tarballs are rebuilt.
+BASE_RECIPE = 2
 
 
 DEBIAN_MIRROR = os.environ.get("HFCACHE_TEST_DEBIAN_MIRROR", "http://deb.debian.org/debian")
@@ -39,9 +32,49 @@ DEBIAN_MIRROR = os.environ.get("HFCACHE_TEST_DEBIAN_MIRROR", "http://deb.debian.
 HOST_CA_BUNDLE = Path("/etc/ssl/certs/ca-certificates.crt")
 
 
-#: What the base rootfs does not need (debootstrap leaves the .debs and apt lists behind).
-BASE_TRIM = ("var/cache/apt/archives/*.deb", "var/lib/apt/lists/*", "usr/share/doc/*", "usr/share/man/*",
-             "usr/share/locale/*")
+#: The page whose recipe the container tests follow: the base, podman's settings, then the images.
+IMAGES_MD = Path(__file__).resolve().parent.parent / "docs" / "images.md"
+RECIPE_SECTION = "## Building the example images without Docker Hub"
+#: What the recipe's first block installs (CI's .ci/run installs them before the suite; the tests do not).
+RECIPE_TOOLS = ("debootstrap", "podman", "buildah", "runc")
+
+
+def recipe_blocks() -> list[str]:
+    """The ```sh blocks of docs/images.md's recipe section, in order: the base, podman's settings, the images."""
+    import re
+
+    text = IMAGES_MD.read_text(encoding="utf-8")
+    section = text[text.index(RECIPE_SECTION):]
+    section = section[:section.index("\n## ", len(RECIPE_SECTION))]
+    blocks = re.findall(r"```sh\n(.*?)```", section, re.DOTALL)
+    assert len(blocks) == 3, f"docs/images.md's recipe should have 3 sh blocks, found {len(blocks)}"
+    return blocks
+
+
+def recipe_script(block: str, work: Path) -> str:
+    """``block`` as a test runs it: its ``/tmp/`` paths in ``work``, the Debian mirror :data:`DEBIAN_MIRROR`, and
+    its ``apt-get install`` line left out (checked to name :data:`RECIPE_TOOLS`: the machine has them)."""
+    lines = []
+    for line in block.splitlines():
+        if line.startswith("apt-get install"):
+            assert set(RECIPE_TOOLS) <= set(line.split()), line
+            continue
+        lines.append(line.replace("/tmp/", f"{work}/").replace("http://deb.debian.org/debian", DEBIAN_MIRROR))
+    return "\n".join(lines) + "\n"
+
+
+def run_script(log: RunLog, script: str, *, env: dict[str, str] | None = None, cwd: Path | None = None,
+               timeout: float = 1200, check: bool = True) -> subprocess.CompletedProcess[str]:
+    """``bash -euo pipefail -c script`` (the recipe's blocks in one shell), logged like any command."""
+    log.note(f"$ bash -euo pipefail <<EOF\n{script}EOF")
+    started = time.monotonic()
+    proc = subprocess.run(["bash", "-euo", "pipefail", "-c", script], env=env, cwd=cwd, capture_output=True,
+                          text=True, timeout=timeout, stdin=subprocess.DEVNULL)
+    log.note(proc.stdout + proc.stderr + f"-> exit {proc.returncode} after {time.monotonic() - started:.1f}s")
+    if check and proc.returncode != 0:
+        tail = "\n".join((proc.stdout + proc.stderr).splitlines()[-60:])
+        pytest.fail(f"docs/images.md's recipe exited {proc.returncode} (full log: {log.path}):\n{tail}", pytrace=False)
+    return proc
 
 
 APT_HINT = "apt-get update && apt-get install -y podman buildah runc debootstrap"
@@ -70,21 +103,20 @@ def cache_root() -> Path:
 
 
 def base_key() -> str:
-    """A hash of everything that goes into the base tarball."""
+    """A hash of everything that goes into the base tarball: the recipe's first block, the mirror, the host's CA
+    bundle (the block copies it in)."""
     recipe = {
         "recipe": BASE_RECIPE,
-        "suite": BASE_SUITE,
-        "variant": BASE_VARIANT,
+        "block": recipe_blocks()[0],
         "mirror": DEBIAN_MIRROR,
-        "packages": sorted(BASE_PACKAGES),
-        "trim": BASE_TRIM,
         "ca": hashlib.sha256(HOST_CA_BUNDLE.read_bytes()).hexdigest() if HOST_CA_BUNDLE.is_file() else None,
     }
     return hashlib.sha256(json.dumps(recipe, sort_keys=True).encode()).hexdigest()[:16]
 
 
 def base_tarball(log: RunLog) -> Path:
-    """The bootstrapped base rootfs as a tar: from the cache, or debootstrapped now (~1 minute) and cached."""
+    """The base rootfs as a tar, made by docs/images.md's first recipe block (debootstrap, the CA bundle, the trim,
+    tar): from the cache, or made now (~1 minute) and cached."""
     from filelock import FileLock
 
     root = cache_root()
@@ -97,24 +129,14 @@ def base_tarball(log: RunLog) -> Path:
             return tarball
         work = Path(tempfile.mkdtemp(prefix=f"base-{key}.", dir=root))
         try:
-            rootfs = work / "rootfs"
             started = time.monotonic()
+            script = recipe_script(recipe_blocks()[0], work)
             for attempt in (1, 2):  # a mirror hiccup should not fail CI: one retry from an empty folder
-                _remove_tree(rootfs, log)
-                done = log.run(["debootstrap", f"--variant={BASE_VARIANT}", f"--include={','.join(BASE_PACKAGES)}",
-                                BASE_SUITE, str(rootfs), DEBIAN_MIRROR], timeout=1200, quiet=True, check=attempt == 2)
-                if done.returncode == 0:
+                _remove_tree(work / "base-rootfs", log)
+                if run_script(log, script, check=attempt == 2).returncode == 0:
                     break
-            for pattern in BASE_TRIM:
-                for path in rootfs.glob(pattern):
-                    shutil.rmtree(path) if path.is_dir() and not path.is_symlink() else path.unlink()
-            if HOST_CA_BUNDLE.is_file():
-                shutil.copyfile(HOST_CA_BUNDLE, rootfs / "etc/ssl/certs/ca-certificates.crt")
-            partial = work / "base.tar"
-            log.run(["tar", "--numeric-owner", "--sort=name", "-C", str(rootfs), "-cf", str(partial), "."],
-                    timeout=600)
-            os.replace(partial, tarball)
-            log.phase("debootstrap + tar of the base rootfs", time.monotonic() - started)
+            os.replace(work / "base.tar", tarball)
+            log.phase("docs/images.md block 1: debootstrap, trim, tar of the base rootfs", time.monotonic() - started)
         finally:
             _remove_tree(work, log)
     return tarball
@@ -186,20 +208,6 @@ class Podman:
         self.log.phase(f"podman build {name}", time.monotonic() - started)
 
 
-def _ulimits() -> list[str]:
-    """Limits runc can set without CAP_SYS_RESOURCE: never above this process's hard limits.
-
-    podman's defaults (nofile 1048576, nproc from podman's own limit) are refused here; podman itself also caps its
-    nproc at 32768, so nproc stays below that.
-    """
-    def cap(kind: int, ceiling: int) -> int:
-        hard = resource.getrlimit(kind)[1]
-        return ceiling if hard == resource.RLIM_INFINITY else min(hard, ceiling)
-
-    nofile, nproc = cap(resource.RLIMIT_NOFILE, 65536), cap(resource.RLIMIT_NPROC, 16384)
-    return [f"nofile={nofile}:{nofile}", f"nproc={nproc}:{nproc}"]
-
-
 def make_podman(home: Path, log: RunLog) -> Podman:
     (home / "storage").mkdir(parents=True)
     # podman refuses a --runroot longer than 50 characters, and it passes the runroot as that flag to the
@@ -208,16 +216,9 @@ def make_podman(home: Path, log: RunLog) -> Podman:
     runroot = Path(tempfile.mkdtemp(prefix="hfcp-", dir="/run" if os.access("/run", os.W_OK) else "/tmp"))
     assert len(str(runroot)) <= 50, runroot
     (home / "runroot").write_text(str(runroot), encoding="utf-8")
+    # containers.conf as docs/images.md's second block writes it (the limits and engine settings podman needs here).
     conf = home / "containers.conf"
-    conf.write_text(
-        "[containers]\n"
-        f"default_ulimits = {json.dumps(_ulimits())}\n"
-        "[engine]\n"
-        'runtime = "runc"\n'
-        'cgroup_manager = "cgroupfs"\n'
-        'events_logger = "file"\n',
-        encoding="utf-8",
-    )
+    run_script(log, recipe_script(recipe_blocks()[1], home) + 'test "$CONTAINERS_CONF" = ' + shlex.quote(str(conf)))
     storage = home / "storage.conf"
     storage.write_text(f'[storage]\ndriver = "overlay"\ngraphroot = "{home / "storage"}"\nrunroot = "{runroot}"\n',
                        encoding="utf-8")

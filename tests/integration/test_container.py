@@ -1,11 +1,14 @@
 """Real container builds: examples/Dockerfile and docker/Dockerfile, built and run with podman, loads offline.
 
 There is no Docker engine and no registry here, so Debian's podman/buildah/runc build the images from a base
-image bootstrapped locally: ``debootstrap`` bookworm (python3, python3-venv, python3-pip, ca-certificates), the
-host's CA bundle copied in, ``podman import``. What this needs from the machine (found by trying):
+image bootstrapped locally by the first block of docs/images.md's recipe (``debootstrap`` bookworm with python3,
+python3-venv, python3-pip, ca-certificates; the host's CA bundle copied in; trimmed), ``podman import``; podman's
+``containers.conf`` is what the recipe's second block writes (tests/podman.py reads both from the page;
+tests/integration/test_images_recipe.py runs the whole recipe). What this needs from the machine (found by trying):
 
 - runc as the runtime with explicit ``default_ulimits`` (nofile, nproc) in a ``containers.conf``: podman's own
-  defaults exceed this sandbox's hard limits and, without CAP_SYS_RESOURCE, runc's setrlimit fails (EPERM);
+  defaults exceed this sandbox's hard limits and, without CAP_SYS_RESOURCE, runc's setrlimit fails (EPERM); podman
+  caps nproc at 32768;
 - the host's CA certificates in the base rootfs (egress goes through a TLS proxy whose CA only the host trusts);
 - ``--network host`` for the builds (pip reaches the package index; the builder stage reaches the local Hub
   server on 127.0.0.1), ``--network none`` for the runs;
@@ -41,7 +44,7 @@ from pathlib import Path
 import pytest
 
 from hfcache import __version__
-from tests.helpers import GOLDEN, build_wheel, clean_env
+from tests.helpers import ARTIFACT_NAMES, GOLDEN, build_wheel, clean_env
 from tests.podman import (
     APT_HINT,
     PODMAN_HOME_PREFIX,
@@ -256,7 +259,7 @@ def test_example_image_builds_with_a_secret_token_and_loads_offline(podman: Podm
 
     # As the Dockerfile's header says: the wheel in the context's dist/, then `docker build` in examples/.
     context = tmp_path / "examples"
-    shutil.copytree(EXAMPLES, context)
+    shutil.copytree(EXAMPLES, context, ignore=shutil.ignore_patterns(*ARTIFACT_NAMES, "*.egg-info"))  # not dist/
     build_wheel(context / "dist", tmp_path)
     podman.build(
         EXAMPLE_IMAGE, context,

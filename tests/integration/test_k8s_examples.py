@@ -3,8 +3,10 @@ the hfcache commands inside them run for real: the mirror's warm against a local
 applications' init containers against that serve, then the applications themselves, offline.
 
 Paths inside the pods (volume mount points) become temporary folders; ``https://huggingface.co`` becomes a local
-HubServer over the fixture repos; ``http://hfcache-mirror:8080`` becomes the local serve; ``0.0.0.0:8080`` becomes
-``127.0.0.1:0``. Nothing else in the commands is changed.
+HubServer over the fixture repos (in the run-for-real test, with a model card added so that its commits are not the
+fixture lock's, as the public Hub's are not: the manifests' own ``hfcache lock`` step makes the lock they load);
+``http://hfcache-mirror:8080`` becomes the local serve; ``0.0.0.0:8080`` becomes ``127.0.0.1:0``. Nothing else in
+the commands is changed.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import copy
 import json
 import os
 import re
+import shlex
 import shutil
 import signal
 import subprocess
@@ -30,6 +33,11 @@ from huggingface_hub import hf_hub_download
 from tests.helpers import clean_env, golden_ids, refused_endpoint
 from tests.s3 import moto_server
 from tests.testhub import HubServer
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - Python 3.10
+    import tomli as tomllib
 
 PROJECT = Path(__file__).parents[2]
 K8S = PROJECT / "examples" / "k8s"
@@ -76,11 +84,52 @@ def argv(container: dict) -> list[str]:
     return ["hfcache", *container.get("args", [])]
 
 
+def header_commands(path: Path, program: str) -> list[list[str]]:
+    """The commands of a manifest's header comment that start with ``program`` (``\\`` continuations joined, a
+    trailing ``# comment`` left out), each as its words."""
+    text = re.sub(r"\\\n#\s*", " ", path.read_text())
+    lines = [line.lstrip("# ") for line in text.splitlines() if line.startswith("#")]
+    return [shlex.split(line, comments=True) for line in lines if line.startswith(program + " ")]
+
+
+def flag(command: list[str], name: str) -> str:
+    return command[command.index(name) + 1]
+
+
+#: The lock of the bundled test Hub (the container test's): its commits are not huggingface.co's.
+FIXTURE_LOCK = "examples/hfcache.lock"
+
+
 # --- static checks -------------------------------------------------------------------------------------
 
 
 def test_examples_exist():
     assert set(MINE) <= {p.name for p in MANIFESTS}
+
+
+def test_the_lock_the_manifests_load_is_made_against_the_hub_they_warm_from():
+    """The ConfigMap every manifest loads (and the lock its header pushes) is the output of a header's
+    ``hfcache lock`` against ``https://huggingface.co``, the endpoint the pods warm from, never the fixture lock,
+    whose commits the public Hub does not have (every restart of the init container would exit 3)."""
+    made = {}
+    for path in MANIFESTS:
+        for command in header_commands(path, "hfcache lock"):
+            assert flag(command, "--endpoint") == UPSTREAM and flag(command, "--manifest") == "examples/hfcache.toml"
+            made[flag(command, "--output")] = path.name
+    assert made and FIXTURE_LOCK not in made, made
+    loaded = {}
+    for path in MANIFESTS:
+        for command in header_commands(path, "kubectl create configmap hfcache-lock"):
+            [source] = [a.split("=", 2)[2] for a in command if a.startswith("--from-file=hfcache.lock=")]
+            loaded[path.name] = source
+        for command in header_commands(path, "hfcache push"):
+            if "--lock" in command:
+                loaded[path.name + " (push)"] = flag(command, "--lock")
+    # Every manifest whose pods read /config/hfcache.lock says where the ConfigMap comes from.
+    readers = {file for file, _, spec in workloads() if any(v.get("configMap", {}).get("name") == "hfcache-lock"
+                                                            for v in spec.get("volumes", []))}
+    assert readers <= set(loaded), readers - set(loaded)
+    assert {file: source for file, source in loaded.items() if source not in made} == {}
 
 
 @pytest.mark.parametrize("path", MANIFESTS, ids=lambda p: p.name)
@@ -293,10 +342,21 @@ class Cluster:
         self.s3_env = s3_env or {}  # the Secret hfcache-s3 and the store behind AWS_ENDPOINT_URL (moto's server)
         self.lock_dir = base / "configmaps" / "hfcache-lock"
         self.lock_dir.mkdir(parents=True)
-        shutil.copyfile(EXAMPLES / "hfcache.lock", self.lock_dir / "hfcache.lock")
+        shutil.copyfile(self.make_lock(), self.lock_dir / "hfcache.lock")
         self.locks_dir = base / "configmaps" / "hfcache-locks"  # node-sync.yaml's folder of locks
         self.locks_dir.mkdir(parents=True)
-        shutil.copyfile(EXAMPLES / "hfcache.lock", self.locks_dir / "app.lock")
+        shutil.copyfile(self.lock_dir / "hfcache.lock", self.locks_dir / "app.lock")
+
+    def make_lock(self) -> Path:
+        """mirror.yaml's first step, ``hfcache lock ... --endpoint https://huggingface.co --output X``, against the
+        stand-in for the Hub; X (the file its ConfigMap step loads) in ``base``."""
+        [command] = header_commands(K8S / "mirror.yaml", "hfcache lock")
+        output = self.base / "checkout" / flag(command, "--output")
+        output.parent.mkdir(parents=True)
+        command = [str(output) if a == flag(command, "--output") else self.local(a) for a in command]
+        proc = run(command, {})
+        assert proc.returncode == 0, proc.stderr
+        return output
 
     def volume_dir(self, pod: str, volume: dict) -> Path:
         if "persistentVolumeClaim" in volume:
@@ -435,8 +495,16 @@ def test_the_manifests_commands_run_for_real(hub_root, tmp_path):
     if available() and not os.environ.get("CI"):
         pytest.skip(available())
     ran = set()
-    with HubServer(hub_root) as upstream, running_registry(tmp_path / "registry") as registry, \
+    # "huggingface.co": the fixture repos with a model card each, so that its commits are not those of the fixture
+    # lock (examples/hfcache.lock), as the public Hub's are not; the manifests' lock step is what makes them match.
+    hub = tmp_path / "huggingface.co"
+    shutil.copytree(hub_root, hub)
+    fixture_lock = tomllib.loads((PROJECT / FIXTURE_LOCK).read_text())
+    for repo in fixture_lock["repos"]:
+        (hub / repo["canonical_id"] / "README.md").write_text(f"# {repo['canonical_id']}\n")
+    with HubServer(hub) as upstream, running_registry(tmp_path / "registry") as registry, \
             moto_server(tmp_path) as s3:
+        assert all(upstream.commit_of(r["repo_id"]) != r["commit_hash"] for r in fixture_lock["repos"])
         s3.bucket("models")
         cluster = Cluster(tmp_path, upstream.endpoint, registry.host, s3.env())
 

@@ -11,6 +11,7 @@ import click
 import pytest
 
 from hfcache.cli.main import cli
+from tests.helpers import source_files
 
 REPO = Path(__file__).resolve().parents[2]
 README = (REPO / "README.md").read_text(encoding="utf-8")
@@ -96,7 +97,7 @@ UNFOLLOWABLE = re.compile(r"\bDESIGN\b|\u00a7|\b[Ii]ssues? \d+")
 def test_every_citation_resolves_inside_the_repository_or_upstream():
     paths = [REPO / "README.md", *(REPO / "docs").glob("*.md"), *(REPO / "benchmarks").iterdir(),
              *(REPO / "hfcache").rglob("*.py"), *(REPO / "tests").glob("*.py"), *(REPO / "tests" / "unit").glob("*.py"),
-             *(REPO / "tests" / "integration").glob("*.py"), *(REPO / "examples").rglob("*"), *(REPO / "docker").iterdir()]
+             *(REPO / "tests" / "integration").glob("*.py"), *source_files(REPO / "examples"), *(REPO / "docker").iterdir()]
     found = []
     for path in sorted(p for p in paths if p.is_file() and p != Path(__file__).resolve()):
         for number, line in enumerate(path.read_text(encoding="utf-8", errors="replace").splitlines(), 1):
