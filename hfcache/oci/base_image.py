@@ -15,7 +15,7 @@ from ..cache.content import DigestWriter
 from ..errors import CacheError, IntegrityError, UsageError
 from ..names import is_oci_digest
 from . import peer
-from .registry import BlobBody, check, parse_reference, read_body, registry_text, url
+from .registry import BlobBody, check, get_bounded, parse_reference, registry_text, url
 from .upload import upload
 
 _MAX_JSON = 4 * 1024 * 1024
@@ -52,13 +52,9 @@ class BaseImage:
 def _get(client, container, kind: str, ref: str, accept: str, what: str) -> tuple[dict, bytes, str]:
     """(document, body, media type) of a manifest or config of the base (bounded), its digest checked when ``ref``
     is one."""
-    response = client.do_request(url(client, container, kind, ref), "GET", headers={"Accept": accept}, stream=True)
-    with response:
-        if response.status_code == 404:
-            raise UsageError(f"--base {what}: not found on {container.registry}", hint=_HINT)
-        check(response, f"--base {what}", 200)
-        body = read_body(response, _MAX_JSON + 1, container.registry)
-        media_type = response.headers.get("Content-Type", "").split(";")[0].strip()
+    body, media_type, _ = get_bounded(client, url(client, container, kind, ref), accept, _MAX_JSON, f"--base {what}")
+    if body is None:
+        raise UsageError(f"--base {what}: not found on {container.registry}", hint=_HINT)
     if len(body) > _MAX_JSON:
         raise UsageError(f"--base {what}: larger than {_MAX_JSON} bytes", hint=_HINT)
     if is_oci_digest(ref) and peer.digest_of(body) != ref:

@@ -116,7 +116,6 @@ def write_layer(plan: ExportPlan, out: BinaryIO, prefix: str = "") -> tuple[str,
 
 
 def _commits_of(plan: ExportPlan) -> list[str]:
-    """``repo_id@commit`` of every snapshot in the plan, sorted."""
     return sorted(f"{modelpack.repo_id_of(folder)}@{commit}" for folder, commit in modelpack.snapshots_of(plan))
 
 
@@ -162,19 +161,18 @@ def push(reference: str, cache_dir: Path, specs: Sequence[str] = (), lock_path: 
     pins: its sha256 goes into ``io.hfcache.lock.sha256``, never its path) to ``reference`` (``REGISTRY/NAME:TAG``).
 
     Args:
-        split: ``repo`` (default) or ``single`` (image format; refused with ``modelpack``, as ``arch`` is).
-        plain_http: HTTP instead of HTTPS. credentials: None reads the auth files when the registry asks.
+        split: ``repo`` (default) or ``single``; ``arch``: the config's architecture (default :func:`architecture`);
+            both image format only. plain_http: HTTP instead of HTTPS. credentials: None reads the auth files.
         timeout: seconds to wait for a connection or any byte (and the bounds of :mod:`hfcache.pace`). sink: progress.
-        arch: the config's architecture (default :func:`architecture`; the digest records it).
         format: ``image`` (the cache as the root filesystem) or ``modelpack`` (one raw layer per file).
         prefix: a relative folder (``models``) every path is under (``io.hfcache.prefix``; pull strips it).
-        sign_key: a PEM EC private key: each snapshot signed (model-signing v1.0), each bundle attached as a
-            referrer of the manifest. sign_key_password: its password (default ``HFCACHE_SIGN_KEY_PASSWORD``).
+        sign_key: a PEM EC private key each snapshot is signed with, each bundle a referrer of the manifest;
+            sign_key_password: its password (default ``HFCACHE_SIGN_KEY_PASSWORD``).
         base: an image on the same registry whose layers go first (image format; :mod:`.base_image`).
 
     Raises:
-        UsageError: bad reference, ``arch``, ``format`` or ``prefix``, both ``specs`` and ``lock_path``, a repo not in
-            the cache, a bad lock, several snapshots for ``modelpack``, an unusable key or password.
+        UsageError: bad arguments (:func:`_options`, ``prefix``), a repo not in the cache, a bad lock, several
+            snapshots for ``modelpack``, an unusable key or password.
         CacheError: a cache blob does not match its name or cannot be read, or TMPDIR is full (nothing is pushed).
         RegistryAuthError, EndpointUnreachable, HubError: the registry refused or could not be reached (exit 3).
     """
@@ -336,7 +334,6 @@ def _description(prefix: str) -> str:
 
 
 def _temp_error(exc: OSError, folder: Path) -> CacheError:
-    """An OSError while writing the image under ``TMPDIR`` (the layers are written there before the upload)."""
     if exc.errno in (errno.ENOSPC, errno.EDQUOT):
         return CacheError(f"push: no space left in {folder.parent} (TMPDIR) for the compressed layers",
                           hint="free space there or point TMPDIR at a filesystem with room for the compressed image")

@@ -179,18 +179,14 @@ def pull(reference: str, cache_dir: Path, plain_http: bool = False, credentials:
         verify_key: a PEM public key under which the manifest's model-signing bundles must sign every pulled
             snapshot before anything is published (:mod:`.pull_signed`; a bad key file is exit 2 before any request).
 
-    Raises:
-        IntegrityError: a manifest, config or layer does not match its digest or size (or a layer its diff_id, a raw
-            layer its ``io.hfcache.etag``); with ``verify_key``, a ref, marker, listing or blob no signed snapshot
-            accounts for (:func:`hfcache.oci.pull_signed.check_claims`); the message names it; nothing is written.
-        UsageError: not an image hfcache can read (an index, no such tag, a ModelPack artifact of another tool),
-            larger than ``max_size`` (compressed or unpacked), content ``hfcache import`` refuses (nothing written).
-        CheckFailed: the target holds an entry with other content, or a ref elsewhere (see ``import_members``), or a
-            blob that does not hash to its name; with ``verify_key``: unsigned, or not signed by that key (exit 1).
-        RegistryAuthError, EndpointUnreachable, HubError: the registry refused or could not be reached, missed the
-            metadata deadline or the body floor, or redirected to a host that asks for credentials (never answered).
-        CacheError: the target cannot be written, or the image does not fit in its free space.
-        LockTimeout: a repo's lock stayed held for ``lock_timeout`` seconds (exit 5); nothing is written then.
+    Raises (nothing is written then):
+        IntegrityError: a manifest, config or layer does not match its digest, size, diff_id or ``io.hfcache.etag``;
+            with ``verify_key``, an entry no signed snapshot accounts for (:func:`.pull_signed.check_claims`).
+        UsageError: not an image hfcache reads, over ``max_size``, content ``hfcache import`` refuses.
+        CheckFailed: the target holds other content (``import_members``); with ``verify_key``: unsigned or not by
+            that key (exit 1).
+        RegistryAuthError, EndpointUnreachable, HubError: the registry refused, could not be reached or was too slow.
+        CacheError: the target cannot be written or is too full. LockTimeout: a repo's lock stayed held (exit 5).
     """
     from ..move.importer import import_members
 

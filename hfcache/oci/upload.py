@@ -1,8 +1,6 @@
 """Blob uploads for ``hfcache push``: monolithic (POST, then PUT ``?digest=``; distribution-spec v1.1 "Pushing
-blobs") or a cross-repository mount, the body streamed under the throughput floor.
-
-Library gap (oras-py 0.2.43 ``provider.py``): its uploads take a *path*, opened by name and mostly read whole into
-memory, and neither check what they send, mount, nor bound the time; only ``_get_location`` is reused.
+blobs") or a cross-repository mount, the body streamed under the throughput floor (oras-py's uploads read a path
+whole and check nothing: docs/oci.md "Why oras-py"; only its ``_get_location`` is reused).
 """
 
 from __future__ import annotations
