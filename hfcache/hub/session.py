@@ -1,9 +1,6 @@
-"""huggingface_hub's shared HTTP client, built ahead of the first request, off the critical path; its hooks.
-
-``get_session()`` (utils/_http.py) builds one client per process (~85 ms: imports and the CA bundle):
-:func:`prepare_session` builds it in a thread while ``hfcache.warming.orchestrate`` is imported (docs/benchmarks.md).
-The calling thread imports the HTTP module first: two threads importing interdependent modules in opposite orders
-deadlock (``_DeadlockError``; tests/unit/test_import_graph.py). Nothing is imported at module import time.
+"""huggingface_hub's shared HTTP client (``get_session()``: ~85 ms of imports and CA bundle), built in a thread while
+``hfcache.warming.orchestrate`` is imported (docs/benchmarks.md), and its hooks. The calling thread imports the HTTP
+module first: threads importing interdependent modules in opposite orders deadlock (tests/unit/test_import_graph.py).
 """
 
 from __future__ import annotations

@@ -1,7 +1,6 @@
-"""export: a subset of a cache as a reproducible tar (here) or a new cache folder (:mod:`.export_dir`). The plan lists
-sorted entries, each distinct content once (a blob in several repos is a hardlink), plus warm's records; every blob is
-hashed and every file read at its planned size while copied (:mod:`.export_store`). Format, refusals, threat model:
-docs/transfer.md."""
+"""export: a subset of a cache as a reproducible tar (here) or a new cache folder (:mod:`.export_dir`), each distinct
+content once, every blob hashed while copied (:mod:`.export_store`). Format, refusals, threat model: docs/transfer.md.
+"""
 
 from __future__ import annotations
 

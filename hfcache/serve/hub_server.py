@@ -126,7 +126,6 @@ class HubServer:
         return served
 
     def answer(self, origin: str, request: Request) -> Response:
-        """The response to one request of ``origin`` (:class:`~.routing.Router`)."""
         return self.router.answer(request)
 
     def respond(self, origin: str, environ: dict[str, Any]) -> tuple[str, list[tuple[str, str]], Iterable[bytes],
@@ -158,12 +157,10 @@ class HubServer:
 
     @property
     def stopping(self) -> threading.Event:
-        """Set when responses still streaming must end now."""
         return self._stopping
 
     @property
     def store(self) -> Store:
-        """The store answering the requests."""
         return self._store
 
     def _public_routes(self) -> dict[str, Any]:

@@ -40,7 +40,6 @@ class Router:
         self.public = dict(public or {})
 
     def answer(self, request: Request) -> Response:
-        """The response to one request: an answer, the Hub's error for it, or a 500 (logged) on a bug."""
         return guarded(self._route, request)
 
     def _route(self, request: Request) -> Response:
@@ -63,7 +62,6 @@ class Router:
         return self._resolve(request, "model", segments)
 
     def _snapshot(self, repo_type: str, repo_id: str, revision: str) -> RepoSnapshot:
-        """The repo at a revision; a :class:`StoreMiss` raised as its HttpError."""
         try:
             return self.store.snapshot(repo_type, repo_id, revision)
         except StoreMiss as miss:
@@ -110,7 +108,6 @@ class Router:
 
 
 def miss_error(miss: StoreMiss) -> HttpError:
-    """A store's miss as the Hub's error answer."""
     return HttpError(miss.status, miss.code, miss.message, miss.headers())
 
 
