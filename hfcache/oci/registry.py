@@ -50,12 +50,8 @@ class RegistryAuthError(HubError):
 def parse_reference(reference: str):
     """``[REGISTRY/]NAME[:TAG][@DIGEST]`` parsed by oras (default registry docker.io, tag ``latest``) as an
     ``oras.container.Container`` (``registry``, ``api_prefix``, ``tag``, ``digest``), validated with the
-    distribution spec's grammars (:data:`_NAME`, at most 255 characters with the registry; :data:`_TAG`; DIGEST
-    ``sha256:<64 hex>``). A first component ``localhost``, or with a ``.`` or ``:``, is the registry, as for docker.
-
-    Raises:
-        UsageError: not a valid reference (the message says which part).
-    """
+    distribution spec's grammars. A first component ``localhost``, or with a ``.`` or ``:``, is the registry, as for
+    docker. Raises UsageError: not a valid reference (the message says which part)."""
     import oras.container
 
     if not reference or any(c.isspace() for c in reference) or "://" in reference:
@@ -161,8 +157,8 @@ class _RegistryMethods:
 
     @contextlib.contextmanager
     def within(self, deadlines: int, what: str) -> Iterator[None]:
-        """Every request made inside ends, all of them together, within ``deadlines`` metadata deadlines (each one
-        also within its own); past it a request fails as its own deadline would, ``what`` naming the phase."""
+        """Every request made inside ends, all together, within ``deadlines`` metadata deadlines (each one also
+        within its own); ``what`` names the phase in the error."""
         self.overall = Deadline(deadlines * metadata_deadline(self._timeout), what)
         try:
             yield
@@ -380,11 +376,8 @@ def stream_errors() -> tuple[type[BaseException], ...]:
 
 def read_body(response, limit: int, registry: str) -> bytes:
     """At most ``limit`` decoded bytes of the unread body of the streamed ``response``, read under the request's
-    deadline (its :class:`.peer.Watchdog`); the answer is closed then.
-
-    Raises:
-        EndpointUnreachable: the connection broke while reading, or the deadline passed (exit 3; naming ``registry``).
-    """
+    deadline (its :class:`.peer.Watchdog`); the answer is closed then. Raises EndpointUnreachable: the connection
+    broke while reading, or the deadline passed (exit 3; naming ``registry``)."""
     dog = getattr(response, "hfcache_watchdog", None)
     chunks, got = [], 0
     try:
@@ -466,11 +459,8 @@ def get_bounded(client, address: str, accept: str, limit: int, what: str, tries:
 
 
 def check(response, what: str, *expected: int) -> None:
-    """Raise a one-line error unless ``response`` has one of the ``expected`` statuses.
-
-    Raises:
-        RegistryAuthError: 401/403; HubError: any other status (the registry's error codes in the message).
-    """
+    """Raise a one-line error unless ``response`` has one of the ``expected`` statuses: RegistryAuthError for
+    401/403, else HubError (the registry's error codes in the message)."""
     if response.status_code in expected:
         return
     detail = ""

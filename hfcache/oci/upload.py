@@ -87,8 +87,7 @@ def upload(client, container, digest: str, size: int, opener: Callable[[], io.Bu
 
     Raises:
         CacheError: with ``verify``, the bytes are not ``digest`` (exit 5). RegistryAuthError, HubError: the registry
-            refused (``what`` names the PUT, default ``upload <digest>``). pace.TooSlow: below the throughput floor
-            (``registry.network_errors`` makes it EndpointUnreachable).
+            refused (``what`` names the PUT). pace.TooSlow: below the throughput floor (``registry.network_errors``).
     """
     if client.do_request(url(client, container, "blobs", digest), "HEAD").status_code == 200:
         return 0
