@@ -57,12 +57,8 @@ def download_blob(client: HubClient, folder: RepoFolder, repo: RepoRevision, fil
                   options: TransferOptions) -> int:
     """Download ``file`` into ``folder``'s ``blobs/<etag>`` (resuming a leftover), verified, under the blob lock the
     caller holds; a resumed file failing its hash is fetched once more from byte 0. Returns the bytes received.
-
-    Raises:
-        IntegrityError: bytes that do not match the published size or hash (the partial file is deleted).
-        Interrupted, EndpointUnreachable, HubError...: the partial file and its extent record stay for the next run.
-        OSError: a local failure (disk full...); the partial file is deleted.
-    """
+    Raises IntegrityError: not the published size or hash; OSError: a local failure (disk full...): the partial file
+    is deleted. Interrupted, EndpointUnreachable, HubError...: it and its extent record stay for the next run."""
     received = 0
     for attempt in (1, 2):
         incomplete = folder.resume_incomplete(file.etag)

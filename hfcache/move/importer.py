@@ -77,11 +77,10 @@ def import_cache(src: str, cache_dir: Path, move_refs: bool = False, *, lock_tim
 def import_members(members: Callable[[], Iterable[tuple[Member, BinaryIO | None]]], cache_dir: Path,
                    move_refs: bool = False, *, lock_timeout: float = DEFAULT_LOCK_TIMEOUT,
                    on_lock_wait: Callable[[LockWait], None] | None = None, listings: bool = True) -> ImportReport:
-    """Merge the entries ``members()`` yields (a :class:`Member` and, for a file, its byte stream) into ``cache_dir``
-    (``hfcache pull`` streams its layers): consumed to its end before anything is checked or published. ``cache_dir`` is
-    created if missing, removed again (with the parents created) if nothing was published. ``listings`` False: the
-    ``trees/`` listings vouch for real files and must agree with the links, but are neither compared with the target nor
-    published (``pull --verify-key``). Else as :func:`import_cache`, plus what ``members`` raises."""
+    """Merge the entries ``members()`` yields (a :class:`Member` and, for a file, its byte stream) into ``cache_dir``,
+    consumed to its end before anything is checked or published; ``cache_dir`` is created if missing, removed again if
+    nothing was published. ``listings`` False: the ``trees/`` listings are checked but neither compared with the target
+    nor published (``pull --verify-key``). Else as :func:`import_cache`, plus what ``members`` raises."""
     created = _missing_ancestors(cache_dir)
     staging = None
     published = False

@@ -108,9 +108,8 @@ def _make_link(src: Path, dest: Path, mode: str) -> tuple[int, int]:
 
 
 def already_linked(src: Path, dest: Path, mode: str) -> bool:
-    """Whether ``dest`` already is what linking ``src`` in ``mode`` makes: a symlink to ``src``; or the same tree with
-    the same link targets and files that are ``src``'s inodes (hardlink) or bytes (copy). Raises UnsafeLayout: a
-    folder of ``src`` swapped for a link, or nested too deep."""
+    """Whether ``dest`` already is what linking ``src`` in ``mode`` makes (the same tree, link targets, and inodes or
+    bytes). Raises UnsafeLayout: a folder of ``src`` swapped for a link, or nested too deep."""
     if mode == "symlink":
         return dest.is_symlink() and os.path.realpath(dest) == os.path.realpath(src)
     if dest.is_symlink() or not dest.is_dir():

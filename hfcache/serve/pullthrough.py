@@ -1,8 +1,7 @@
 """A pull-through store (``hfcache serve --upstream``): a hub cache that resolves and fetches what it lacks with
-warm's code path (``resolve_revision``, ``fetch_pinned`` of :mod:`hfcache.warming.orchestrate`: pinned to the
-resolution's commit and hashes, hash checked before anything is visible), in a bounded pool (:mod:`.upstream_pool`).
-What a request gets (revalidation, ids, ``--allow``, failures, budget): docs/serve.md, "Pull-through mirror". The
-upstream token goes only to the upstreams; it is never logged or answered.
+warm's code path (pinned to the resolution's commit and hashes), in a bounded pool (:mod:`.upstream_pool`). What a
+request gets: docs/serve.md, "Pull-through mirror". The upstream token goes only to the upstreams, never logged
+or answered.
 """
 
 from __future__ import annotations

@@ -1,6 +1,5 @@
-"""Which answer (:mod:`.answers`) a request to the Hub protocol gets, after the token check (docs/cache-layout.md,
-'The Hub protocol'): ``/api/{models|datasets|kernels}/{repo_id}[/revision/{rev}]`` repo info, ``.../tree/{rev}[/path]``
-tree listing, ``/[datasets/|kernels/]{repo_id}/resolve/{rev}/{path}`` file metadata and bytes, ``/healthz``.
+"""Which answer (:mod:`.answers`) a request to the Hub protocol gets, after the token check (the routes:
+docs/cache-layout.md, 'The Hub protocol'; docs/serve.md).
 """
 
 from __future__ import annotations

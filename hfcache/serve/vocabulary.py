@@ -130,11 +130,8 @@ def is_lfs_file(path: str, size: int) -> bool:
 
 def open_beneath(root: str | os.PathLike[str], parts: Sequence[str]) -> BinaryIO:
     """Open the regular file ``root/parts...`` for reading (:func:`hfcache.cache.safefs.open_file`: no link followed
-    at any component, ``O_NONBLOCK``: a FIFO never blocks).
-
-    Raises:
-        OSError: missing, a link on the way, not a regular file, a part that is empty, ``.`` or ``..``.
-    """
+    at any component, a FIFO never blocks). Raises OSError: missing, a link on the way, not a regular file, a part
+    that is empty, ``.`` or ``..``."""
     shown = os.path.join(root, *parts)
     try:
         fd = safefs.open_file(root, parts, os.O_RDONLY | os.O_NONBLOCK)
