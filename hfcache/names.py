@@ -41,6 +41,12 @@ def not_inert(value: str) -> str | None:
     return next((c for c in value if unicodedata.category(c) in NOT_INERT), None)
 
 
+def escaped(text: str) -> str:
+    """``text`` with every character ``str.isprintable`` refuses written as ``\\xNN`` or ``\\uNNNN``."""
+    return "".join(c if c.isprintable() else (f"\\x{ord(c):02x}" if ord(c) < 0x100 else f"\\u{ord(c):04x}")
+                   for c in text)
+
+
 def url_prefix(repo_type: str) -> str:
     """``datasets/``, ``spaces/``, ``kernels/`` or ``""`` (models): the prefix of a repo's ``resolve`` URLs."""
     return f"{PLURALS[repo_type]}/" if repo_type in PLURALS and repo_type != "model" else ""

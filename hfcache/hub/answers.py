@@ -1,7 +1,5 @@
 """An endpoint's answers, read as untrusted input: the repo info fields hfcache reads, tree entries, error bodies.
-
-Every id is validated (:mod:`hfcache.names`, safe paths) and a file without a hash or size is an error naming it; a
-value of the wrong JSON type is a :class:`HubError` (exit 3) naming the field, quoted at most 80 characters long.
+A bad id, path, hash, size or JSON type is a :class:`HubError` (exit 3) naming the field, quoted short.
 """
 
 from __future__ import annotations
@@ -18,8 +16,7 @@ from .files import RemoteFile, RepoRevision
 
 
 class Sibling(NamedTuple):
-    """One ``siblings`` entry (hf_api.py ``RepoSibling``): ``rfilename``, ``size``, ``blobId``, ``lfs.sha256``,
-    unchecked."""
+    """One ``siblings`` entry (hf_api.py ``RepoSibling``), unchecked."""
 
     rfilename: object
     size: object
@@ -131,12 +128,10 @@ def safe_path(repo_id: str, path: object, endpoint: str | None = None) -> str:
 
 
 def error_document(content: bytes, content_type: str = "") -> bytes:
-    """An error answer's body (at most 64 KiB read) as the JSON object ``hf_raise_for_status`` reads its message from:
-    the string(s) of ``error``, ``error_description``, each ``message`` of ``errors``; a JSON string or a non-JSON,
-    non-HTML body becomes ``error``. Returns ASCII bytes of a JSON object of those fields only (``{}`` when none).
-
-    Library gap: ``hf_raise_for_status`` (``utils/_http.py`` ``_format``) reads ``response.json()`` as an object: an
-    array, string, number or ``null``, odd ``errors``, undecodable bytes or deep nesting were exit 70 there.
+    """An error answer's body as the JSON object ``hf_raise_for_status`` reads its message from: the string(s) of
+    ``error``, ``error_description``, each ``message`` of ``errors``; a JSON string or a non-JSON, non-HTML body
+    becomes ``error``. Returns ASCII bytes of a JSON object of those fields only (``{}`` when none). Library gap:
+    ``hf_raise_for_status`` (``utils/_http.py`` ``_format``) reads any JSON as an object (exit 70 on anything else).
     """
     text = content.decode("utf-8", "replace")
     try:

@@ -1,7 +1,6 @@
-"""Streamed answers read with a check at every chunk off the wire: a metadata answer's deadline, a file body's
-throughput floor (:mod:`hfcache.pace`), a bounded error body, and the :class:`Watchdog` holding a whole metadata answer,
-headers included, to its deadline. No HTTP client is imported; the private APIs of the HTTP libraries used are behind
-:func:`_httpx2_decoder` and :func:`_httpcore2_socket`."""
+"""Streamed answers read with a check at every chunk off the wire (a deadline, a throughput floor: :mod:`hfcache.pace`),
+and the :class:`Watchdog` holding a whole metadata answer, headers included, to its deadline. No HTTP client is
+imported; the HTTP libraries' private APIs used are behind :func:`_httpx2_decoder` and :func:`_httpcore2_socket`."""
 
 from __future__ import annotations
 

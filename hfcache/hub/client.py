@@ -1,9 +1,6 @@
-"""The Hub client (the registry client is :mod:`hfcache.oci.registry`): metadata, file bodies, errors mapped.
-
-Metadata in order of preference (docs/cache-layout.md, 'The Hub protocol'): repo info with ``?blobs=true``, the tree API
-at the commit (paged), one ``HEAD`` per selected file. Answers are untrusted (:mod:`.answers`), read under a deadline or
-a throughput floor (:mod:`.bodies`), retried when transient (:mod:`.retry`), on huggingface_hub's shared HTTP client
-with hfcache's hooks (:mod:`.session`). Library gap: ``http_get`` (``file_download.py``) takes its timeout from a
+"""The Hub client: metadata (in order of preference, docs/cache-layout.md 'The Hub protocol'), file bodies, errors
+mapped. Answers are untrusted (:mod:`.answers`), read under a deadline or a throughput floor (:mod:`.bodies`),
+retried when transient (:mod:`.retry`). Library gap: ``http_get`` (``file_download.py``) takes its timeout from a
 constant read at import, retries with uninterruptible sleeps, and never hashes what it wrote.
 """
 
@@ -52,17 +49,14 @@ __all__ = ["DEFAULT_ENDPOINT", "HubClient", "is_transient"]
 MAX_METADATA_BYTES = 64 * 1024 * 1024
 #: Largest error body read (its message is what ``hf_raise_for_status`` shows); the rest is never read.
 MAX_ERROR_BYTES = 64 * 1024
-
-
 #: Bytes asked of the socket per read of an HTTP/1.1 body (httpcore2 asks 64 KiB).
 READ_BYTES = 1024 * 1024
 
 
 def large_reads() -> None:
     """Read HTTP/1.1 bodies in reads of :data:`READ_BYTES`. Library gap: httpcore2 reads a fixed
-    ``HTTP11Connection.READ_NUM_BYTES = 64 * 1024`` per ``recv`` (``httpcore2/_sync/http11.py``), no option sets it;
-    each read then runs h11's parser, httpx2's decoder and hfcache's per-chunk checks, 16,384 times a GiB
-    (docs/benchmarks.md, "Where the time goes"). A larger read returns what the socket holds, at most this."""
+    ``HTTP11Connection.READ_NUM_BYTES`` per ``recv``, no option sets it; each read runs the parser, decoder and
+    hfcache's per-chunk checks (docs/benchmarks.md, "Where the time goes")."""
     with contextlib.suppress(ImportError, AttributeError):
         from httpcore2._sync.http11 import HTTP11Connection
 
@@ -71,8 +65,6 @@ def large_reads() -> None:
 
 
 def _session():
-    """huggingface_hub's shared client with hfcache's hooks (:func:`.session.hub_session`), reading bodies in
-    :func:`large_reads`."""
     large_reads()
     return hub_session()
 
@@ -131,9 +123,8 @@ class HubClient:
                 counter: RetryCounter | None = None) -> RepoRevision:
         """Resolve ``revision`` (branch, tag or commit, always sent as ``/revision/<rev>``: some mirrors answer 404
         without it) to a commit and list every file, with sizes and hashes where the listing gives them (else
-        :meth:`describe` asks). ``repo_type``: ``/api/{type}s/`` (hf_api.py ``kernel_info``). Returns a RepoRevision
-        (the canonical id, the commit, every path, the files described so far). Raises RepoNotFound, RevisionNotFound,
-        GatedRepo, EndpointUnreachable, HubError (a malformed answer)."""
+        :meth:`describe` asks). Returns a RepoRevision. Raises RepoNotFound, RevisionNotFound, GatedRepo,
+        EndpointUnreachable, HubError (a malformed answer)."""
         counter = counter or self.counter()
         with self._mapped(repo_id, revision):
             info = counter.budget().call(lambda: self._repo_info(repo_id, revision, repo_type),
@@ -200,12 +191,10 @@ class HubClient:
                            hint="the endpoint is broken or hostile") from None
 
     def metadata_deadline(self, what: str) -> Deadline:
-        """A fresh :class:`hfcache.pace.Deadline` for one metadata answer of this endpoint."""
         return Deadline(self.deadline, f"{what}: {self.endpoint}")
 
     @contextmanager
     def _mapped(self, repo_id: str, revision: str, path: str | None = None) -> Iterator[None]:
-        """Turn huggingface_hub and httpx2 errors inside the block into hfcache errors (:func:`_translate`)."""
         try:
             yield
         except HubError:
@@ -302,12 +291,10 @@ class HubClient:
     def open_body(self, repo: RepoRevision, file: RemoteFile, start: int = 0,
                   end: int | None = None, ranged: bool = False) -> Iterator[httpx2.Response]:
         """Open the GET of ``file``'s bytes ``[start, end)`` at the repo's commit (a ``Range`` unless the whole file
-        and not ``ranged``: a 206 then says the endpoint can serve parts).
-
-        Yields the streaming response, 200 (``Range`` ignored) or 206, for the caller to read (:func:`iter_body` under a
-        :meth:`throughput` floor). Redirects are followed (httpx drops ``Authorization`` across origins); status line,
-        headers and an error body (``MAX_ERROR_BYTES`` at most) within the metadata deadline. Raises HfHubHTTPError and
-        httpx2 errors untranslated (the caller retries), TooSlow, HubError (``X-Repo-Commit`` names another commit)."""
+        and not ``ranged``). Yields the streaming response, 200 (``Range`` ignored) or 206, for the caller to read
+        (:func:`iter_body` under a :meth:`throughput` floor); redirects are followed (httpx drops ``Authorization``
+        across origins), the answer head within the metadata deadline. Raises HfHubHTTPError and httpx2 errors
+        untranslated (the caller retries), TooSlow, HubError (``X-Repo-Commit`` names another commit)."""
         end = file.size if end is None else end
         url = resolve_url(self.endpoint, repo.canonical_id, file.path, repo.repo_type, repo.commit_hash)
         headers = build_hf_headers(token=self._token, library_name="hfcache", library_version=__version__)
@@ -317,7 +304,7 @@ class HubClient:
             headers["Range"] = f"bytes={start}-{end - 1}"
         deadline = self.metadata_deadline(f"{repo.repo_id}: {file.path}: answer headers")
         with ExitStack() as body:
-            with watched(deadline):  # status line, headers and an error body: within the metadata deadline
+            with watched(deadline):
                 response = body.enter_context(_session().stream("GET", url, headers=headers, timeout=self.timeout,
                                                                 follow_redirects=True))
                 if response.is_error:
@@ -329,11 +316,10 @@ class HubClient:
             yield response
 
     def throughput(self, what: str) -> Throughput:
-        """A fresh :class:`hfcache.pace.Throughput` floor for one body stream of this endpoint."""
         return Throughput(self.rate, self.rate_window, f"{what}: {self.endpoint}")
 
     def mapped(self, repo: RepoRevision, path: str | None = None):
-        """A context turning library errors of requests for ``repo`` into hfcache errors (one-line messages)."""
+        """A context turning library errors of requests for ``repo`` into hfcache errors (:func:`_translate`)."""
         return self._mapped(repo.repo_id, repo.commit_hash, path=path)
 
     def download(self, repo: RepoRevision, file: RemoteFile, out: BinaryIO,
@@ -369,8 +355,7 @@ class HubClient:
 
 
 def is_transient(exc: BaseException) -> bool:
-    """True for a failure worth retrying: :func:`hfcache.hub.retry.is_transient`'s, or a connection cut mid-answer
-    (httpx2's ``RemoteProtocolError``, ``ReadError``, ``WriteError``)."""
+    """True for a failure worth retrying: :func:`hfcache.hub.retry.is_transient`'s, or a connection cut mid-answer."""
     return _transient_without_client(exc) or isinstance(
         exc, (httpx2.RemoteProtocolError, httpx2.ReadError, httpx2.WriteError))
 

@@ -35,17 +35,10 @@ class RemoteFile:
 
 @dataclass(frozen=True)
 class RepoRevision:
-    """A repo resolved to a commit.
-
-    Attributes:
-        repo_id (str): the id as requested (may be a legacy id such as ``bert-base-uncased``); canonical_id (str):
-            the id the endpoint answered with (``google-bert/bert-base-uncased``).
-        repo_type (str): ``model``, ``dataset`` or ``kernel``. revision (str): as requested. commit_hash (str).
-        files (tuple[RemoteFile, ...]): the files whose size and hash are known, sorted by path.
-        paths (tuple[str, ...]): every file path of the repo at that commit, sorted (default: those of ``files``).
-        metadata (str): where sizes and hashes came from: ``model-info`` (``?blobs=true``), ``tree`` (the tree API),
-            ``head`` (one HEAD per file, :meth:`HubClient.describe`) or ``lock``.
-    """
+    """A repo resolved to a commit: ``repo_id`` as requested (maybe a legacy id, ``bert-base-uncased``),
+    ``canonical_id`` as the endpoint answered; ``files`` whose size and hash are known and ``paths`` (every file of
+    the commit; default: those of ``files``), sorted; ``metadata``, where sizes and hashes came from: ``model-info``
+    (``?blobs=true``), ``tree`` (the tree API), ``head`` (:meth:`HubClient.describe`) or ``lock``."""
 
     repo_id: str
     canonical_id: str

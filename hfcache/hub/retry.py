@@ -1,7 +1,5 @@
-"""Retries of transient Hub and CDN failures: exponential backoff with jitter, ``Retry-After`` honoured.
-
-What is retried and why (docs/warm.md, ``--retries``): 429, 502, 503, 504, a connection cut, a body below the throughput
-floor; each request or file download has its own budget, every retry counted. Library gap: ``http_backoff`` also retries
+"""Retries of transient Hub and CDN failures (what and why: docs/warm.md, ``--retries``): exponential backoff with
+jitter, ``Retry-After`` honoured, a budget per request or file download. Library gap: ``http_backoff`` also retries
 500 and timeouts, sleeps uninterruptibly and keeps no count.
 """
 

@@ -1,9 +1,6 @@
-"""huggingface_hub's shared HTTP client, built ahead of the first request, off the critical path; its hooks.
-
-``get_session()`` (utils/_http.py) builds one client per process (~85 ms: imports and the CA bundle):
-:func:`prepare_session` builds it in a thread while ``hfcache.warming.orchestrate`` is imported (docs/benchmarks.md).
-The calling thread imports the HTTP module first: two threads importing interdependent modules in opposite orders
-deadlock (``_DeadlockError``; tests/unit/test_import_graph.py). Nothing is imported at module import time.
+"""huggingface_hub's shared HTTP client (``get_session()``: ~85 ms of imports and CA bundle), built in a thread while
+``hfcache.warming.orchestrate`` is imported (docs/benchmarks.md), and its hooks. The calling thread imports the HTTP
+module first: threads importing interdependent modules in opposite orders deadlock (tests/unit/test_import_graph.py).
 """
 
 from __future__ import annotations
@@ -33,13 +30,11 @@ def _make_session(get_session) -> None:
 
 
 def no_agent_registry_fetch() -> None:
-    """Keep huggingface_hub's agent detection from fetching its registry: hfcache talks only to its endpoints.
-
-    Library gap (huggingface_hub >= 1.x, utils/_detect_agent.py; huggingface/huggingface_hub#4325): ``build_hf_headers``
-    calls ``detect_agent()``, whose first call fetches ``{constants.ENDPOINT}/api/agent-harnesses`` (the public Hub
-    whatever the endpoint) and writes ``$HF_HOME/.agent_harnesses.json``; no public API turns off only the fetch. The
-    registry is set here once, from that file if it exists, else empty; a huggingface_hub without it is left alone.
-    """
+    """Keep huggingface_hub's agent detection from fetching its registry (set here once, from its cached file if it
+    exists, else empty): hfcache talks only to its endpoints. Library gap (huggingface_hub >= 1.x,
+    utils/_detect_agent.py; huggingface/huggingface_hub#4325): ``build_hf_headers`` calls ``detect_agent()``, whose
+    first call fetches ``{constants.ENDPOINT}/api/agent-harnesses`` (the public Hub whatever the endpoint); no public
+    API turns off only the fetch."""
     try:
         from huggingface_hub import constants
         from huggingface_hub.utils import _detect_agent as agent

@@ -1,6 +1,4 @@
-"""Connection slots shared by a whole run (``--max-workers``), and who else wants one: the threads waiting and the
-large files announced but not started, so a file takes a spare slot only when nobody else would
-(:mod:`hfcache.hub.transfer`, docs/warm.md "Large files in parallel ranges")."""
+"""Connection slots shared by a whole run (:class:`Slots`; docs/warm.md "Large files in parallel ranges")."""
 
 from __future__ import annotations
 

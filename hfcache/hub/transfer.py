@@ -1,21 +1,9 @@
-"""Blob downloads into a cache: resumed from every byte on disk, in parallel ranges sized to the free connections,
-hashed once while they arrive, published only when verified.
-
-One blob at a time, under its download lock. A small file is one stream in the calling thread, hashed as it is
-written. A large one is fetched in parts by worker threads, each holding one of the run's connection slots
-(:class:`Slots`): at the start a file takes its fair share of the free slots (the other large files of the batch
-counted, so four shards on eight connections get two each, not eight for the first); whenever a slot is idle and no
-file waits for one, a running file splits its largest remaining part and gives the second half to the idle slot.
-The calling thread hashes the file in order: the bytes of the part at the hash frontier are handed over in memory as
-they are written (never read again), bytes another part wrote ahead of the frontier are read back from the page
-cache once the frontier reaches them. Every chunk is checked against the throughput floor.
-
-Resume: the extents each part completed are recorded beside the download (:mod:`hfcache.cache.extents`, every
-:data:`RECORD_EVERY` bytes and at a stop), so a rerun requests only the missing ranges, from any endpoint; without
-a trusted record the contiguous prefix is kept (:func:`hfcache.cache.extents.trusted_prefix`). The whole file is hashed before it is
-published either way. The behaviour and its numbers: docs/warm.md, "Any mirror, any network, any file size";
-where the time goes: docs/benchmarks.md. Library gap: huggingface_hub resumes only its own ``.incomplete``
-unhashed, in one stream (``file_download.http_get``).
+"""Blob downloads into a cache: resumed from every byte on disk, in parallel ranges sized to the free connections
+(:class:`Slots`: a fair share at the start, an idle slot takes half of the largest part left), hashed once in order
+by the calling thread while they arrive, published only when verified. Resume: the extents each part completed are
+recorded beside the download (:mod:`hfcache.cache.extents`). The behaviour and its numbers: docs/warm.md, "Resume"
+and "Large files in parallel ranges". Library gap: huggingface_hub resumes only its own ``.incomplete`` unhashed,
+in one stream (``file_download.http_get``).
 """
 
 from __future__ import annotations
@@ -69,12 +57,8 @@ def download_blob(client: HubClient, folder: RepoFolder, repo: RepoRevision, fil
                   options: TransferOptions) -> int:
     """Download ``file`` into ``folder``'s ``blobs/<etag>`` (resuming a leftover), verified, under the blob lock the
     caller holds; a resumed file failing its hash is fetched once more from byte 0. Returns the bytes received.
-
-    Raises:
-        IntegrityError: bytes that do not match the published size or hash (the partial file is deleted).
-        Interrupted, EndpointUnreachable, HubError...: the partial file and its extent record stay for the next run.
-        OSError: a local failure (disk full...); the partial file is deleted.
-    """
+    Raises IntegrityError: not the published size or hash; OSError: a local failure (disk full...): the partial file
+    is deleted. Interrupted, EndpointUnreachable, HubError...: it and its extent record stay for the next run."""
     received = 0
     for attempt in (1, 2):
         incomplete = folder.resume_incomplete(file.etag)

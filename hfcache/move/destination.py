@@ -1,6 +1,5 @@
-"""Where ``export`` and ``link`` write: never inside the cache they read (by resolved path, and by the identity of
-every existing folder on the way: a symlink or bind mount of the root is caught), and never half-made: DEST's new
-content is built under a private name beside it, then renamed into place.
+"""Where ``export`` and ``link`` write: never inside the cache they read (:func:`refuse_dest_inside`), and never
+half-made (:func:`replace_beside`).
 """
 
 from __future__ import annotations
@@ -41,9 +40,9 @@ def _resolved_chain(dest: Path, follow: bool) -> list[str]:
 
 def refuse_dest_inside(cache_dir: str | os.PathLike[str], dest: str | os.PathLike[str], command: str, *,
                        follow: bool = True) -> None:
-    """Raise UsageError (exit 2) when ``dest`` (need not exist) is ``cache_dir`` or inside it. ``command``: for the
-    message. ``follow``: judge where a symlink DEST points (export); False: where the link lies (``link`` run again
-    on its own symlink DEST)."""
+    """Raise UsageError (exit 2) when ``dest`` (need not exist) is ``cache_dir`` or inside it, by resolved path or by
+    the identity of a folder on the way (a symlink or bind mount of the root). ``command``: for the message.
+    ``follow``: judge where a symlink DEST points (export); False: where the link lies (``link`` run again on it)."""
     root = os.path.realpath(cache_dir)
     root_id = _identity(root)
     chain = _resolved_chain(Path(dest), follow)

@@ -1,7 +1,6 @@
-"""export: a subset of a cache as a reproducible tar (here) or a new cache folder (:mod:`.export_dir`). The plan lists
-sorted entries, each distinct content once (a blob in several repos is a hardlink), plus warm's records; every blob is
-hashed and every file read at its planned size while copied (:mod:`.export_store`). Format, refusals, threat model:
-docs/transfer.md."""
+"""export: a subset of a cache as a reproducible tar (here) or a new cache folder (:mod:`.export_dir`), each distinct
+content once, every blob hashed while copied (:mod:`.export_store`). Format, refusals, threat model: docs/transfer.md.
+"""
 
 from __future__ import annotations
 
@@ -274,9 +273,9 @@ def modes(group_writable: bool) -> tuple[int, int]:
 
 def write_tar(plan: ExportPlan, out: BinaryIO, chown: tuple[int, int] = (0, 0), group_writable: bool = False,
               prefix: str = "") -> str:
-    """Write the plan as a reproducible tar to ``out`` (every entry owned by ``chown``, under ``prefix``: a checked
-    relative folder, ``push --prefix``); return the sha256 (hex) of the bytes written. Raises CacheError: a blob does
-    not match its name; a source file changed or is no longer a regular file."""
+    """Write the plan as a reproducible tar to ``out`` (every entry owned by ``chown``, under ``prefix``: ``push
+    --prefix``); return the sha256 (hex) of the bytes written. Raises CacheError: a blob does not match its name; a
+    source file changed or is no longer a regular file."""
     dir_mode, file_mode = modes(group_writable)
     sink = DigestWriter(out)
     under = (lambda name: f"{prefix}/{name}") if prefix else (lambda name: name)

@@ -1,7 +1,5 @@
-"""export to a directory: the plan written as a new cache folder beside DEST, then renamed into place.
-
-The staging folder stays private (0700) until complete; every entry is created, chmod-ed and chown-ed relative to
-its descriptor (``*at`` calls that follow no link), so no member of the source or ``--chown`` owner redirects a write.
+"""export to a directory: the plan written as a new cache folder beside DEST (private until complete), then renamed
+into place; every entry made, chmod-ed and chown-ed relative to its folder's descriptor, following no link.
 """
 
 from __future__ import annotations
@@ -18,9 +16,8 @@ from .export_store import entry_reader
 
 
 def write_dir(plan: ExportPlan, dest: Path, chown: tuple[int, int] | None = None, group_writable: bool = False) -> None:
-    """Write the plan as a new cache directory at ``dest`` (built beside it, then renamed into place). Raises
-    UsageError (``dest`` is not an empty directory), CacheError (a blob does not match its name, a source file
-    changed or became a link, ``dest`` cannot be written: nothing is left there)."""
+    """Write the plan as a new cache directory at ``dest``. Raises UsageError (``dest`` is not an empty directory),
+    CacheError (a blob does not match its name, a source file changed, ``dest`` cannot be written: nothing left)."""
     if dest.exists() and (not dest.is_dir() or any(dest.iterdir())):
         raise UsageError(f"{dest} exists and is not empty", hint="export into a new directory")
     pfd = None

@@ -1,7 +1,5 @@
-"""export's reads of the source cache: each file at exactly its planned size, each blob hashed against its name.
-
-A blob linked into huggingface_hub 2.4's shared Xet store (``utils/_shared_blobs.py``) is exported as a regular
-blob holding the payload (:mod:`hfcache.cache.shared_store`); any other shape of store part is refused (exit 5).
+"""export's reads of the source cache: each file at exactly its planned size, each blob hashed against its name; a
+blob linked into huggingface_hub's shared Xet store (:mod:`hfcache.cache.shared_store`) exported as its payload.
 """
 
 from __future__ import annotations

@@ -1,7 +1,6 @@
-"""import's check against what the target cache holds: nothing there is replaced (docs/security.md, "import over
-existing content"). The source's blobs prove themselves; which blob a path shows, which paths a commit has and where
-a ref points are claims, compared with the target (its entries, warm's record, its ``trees/`` listing) under the repo
-locks before anything is published: the same content is left, anything else refuses the whole import.
+"""import's check against what the target cache holds, under the repo locks before anything is published: the
+source's claims (which blob a path shows, which paths a commit has, where a ref points) against the target's entries,
+warm's record and ``trees/`` listing; anything else than the same content refuses the import (docs/security.md).
 """
 
 from __future__ import annotations
@@ -110,9 +109,8 @@ class _Conflicts:
 
 
 def check_target(folder: RepoFolder, repo: _RepoPlan, move_refs: bool = False) -> tuple[list[str], set, list[str]]:
-    """Compare what the plan would write into ``folder`` with what it holds (``move_refs``: a ref elsewhere may move).
-    Returns (conflicts: one line per entry held otherwise or blocked, present: the ``(commit, path)`` snapshot
-    entries held with the same content, moved: the refs that move)."""
+    """(conflicts: one line per entry held otherwise or blocked, present: the ``(commit, path)`` snapshot entries held
+    with the same content, moved: the refs that move) of the plan against ``folder`` (``move_refs``: a ref may move)."""
     c = _Conflicts(folder)
     present: set[tuple[str, str]] = set()
     for (commit, path), etag in sorted(repo.links.items()):

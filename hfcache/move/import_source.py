@@ -39,11 +39,9 @@ def shown_name(name: str) -> str:
 
 
 class BoundedTarInfo(tarfile.TarInfo):
-    """Library gaps (tarfile, Python 3.8-3.13): a PAX header or GNU long name is read whole whatever size it declares
-    (``_proc_pax``/``_proc_gnulong``): refused past :data:`MAX_HEADER_BYTES`. A GNU.sparse.* map is parsed inside
-    ``_proc_pax`` before ``issparse()`` (format 1.0 reads it whole: a 12 MB map took 72 s and 348 MB): a cache has
-    no sparse file, so each format is refused before its map is read (hook arguments changed in 3.12: taken as is).
-    """
+    """Library gaps (tarfile, Python 3.8-3.13): a PAX header or GNU long name is read whole whatever size it declares:
+    refused past :data:`MAX_HEADER_BYTES`. A GNU.sparse.* map is parsed before ``issparse()`` (a 12 MB map took 72 s
+    and 348 MB): a cache has no sparse file, so each format is refused before its map is read."""
 
     def _proc_member(self, tar):
         if self.type in _HEADER_TYPES and self.size > MAX_HEADER_BYTES:

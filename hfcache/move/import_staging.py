@@ -12,7 +12,7 @@ from typing import BinaryIO
 
 from ..cache import safefs
 from ..cache.content import GIT_SHA1, SHA256, BlobHash
-from ..cache.fsops import create_at, open_read_at
+from ..cache.fsops import create_at
 from ..cache.locking import via_dir_fd
 from ..cache.sharing import cache_policy, make_dirs
 from ..errors import CacheError, UsageError
@@ -64,10 +64,6 @@ class _Staging:
                 raise UsageError(f"refused entry {name!r}: its content is not the {size} bytes it declares")
         record = self.files[name] = (path, size, sha256.hexdigest(), sha1.hexdigest())
         return record
-
-    def open_staged(self, staged: Path) -> int:
-        """An fd (caller closes) of a staged file, opened relative to :attr:`fd`."""
-        return open_read_at(self.fd, staged.name)
 
     def holds(self, staged: Path) -> bool:
         """Whether the staged file is still there (not yet renamed into a repo)."""

@@ -19,6 +19,7 @@ from ..bounds import TooDeep
 from ..cache import safefs
 from ..cache.atomic import atomic_output_at
 from ..cache.content import SHA256, algorithm_of
+from ..cache.fsops import open_read_at
 from ..cache.layout import RepoFolder
 from ..cache.locking import DEFAULT_LOCK_TIMEOUT, LockWait
 from ..cache.published import write_record
@@ -54,9 +55,8 @@ def import_cache(src: str, cache_dir: Path, move_refs: bool = False, *, lock_tim
     """Merge the cache at ``src`` (a directory, a tar file, or ``-`` for a tar on stdin) into ``cache_dir``.
     ``move_refs``: a ref the target has at another commit moves to the source's (reported), else it refuses;
     ``lock_timeout``: seconds per repo lock. Raises (nothing is written then, but for a CacheError while publishing)
-    LockTimeout (exit 5); UsageError: ``src`` does not exist, holds a refused entry (named), or goes past a bound;
-    IntegrityError: a blob or file does not match its hash; CheckFailed: the target holds an entry otherwise (named),
-    a ref names a commit neither side has; CacheError: the target cannot be written or filled."""
+    LockTimeout (exit 5); UsageError: a missing ``src``, a refused entry (named), a bound passed; IntegrityError: a
+    blob or file not its hash; CheckFailed: a target entry held otherwise (named); CacheError: the target unwritable."""
     if src != "-" and not os.path.isdir(src) and not os.path.isfile(src):
         raise UsageError(f"{src}: no such directory or tar file", hint="give an exported directory, a tar or -")
 
@@ -77,11 +77,10 @@ def import_cache(src: str, cache_dir: Path, move_refs: bool = False, *, lock_tim
 def import_members(members: Callable[[], Iterable[tuple[Member, BinaryIO | None]]], cache_dir: Path,
                    move_refs: bool = False, *, lock_timeout: float = DEFAULT_LOCK_TIMEOUT,
                    on_lock_wait: Callable[[LockWait], None] | None = None, listings: bool = True) -> ImportReport:
-    """Merge the entries ``members()`` yields (a :class:`Member` and, for a file, its byte stream) into ``cache_dir``
-    (``hfcache pull`` streams its layers): consumed to its end before anything is checked or published. ``cache_dir`` is
-    created if missing, removed again (with the parents created) if nothing was published. ``listings`` False: the
-    ``trees/`` listings vouch for real files and must agree with the links, but are neither compared with the target nor
-    published (``pull --verify-key``). Else as :func:`import_cache`, plus what ``members`` raises."""
+    """Merge the entries ``members()`` yields (a :class:`Member` and, for a file, its byte stream) into ``cache_dir``,
+    consumed to its end before anything is checked or published; ``cache_dir`` is created if missing, removed again if
+    nothing was published. ``listings`` False: the ``trees/`` listings are checked but neither compared with the target
+    nor published (``pull --verify-key``). Else as :func:`import_cache`, plus what ``members`` raises."""
     created = _missing_ancestors(cache_dir)
     staging = None
     published = False
@@ -273,7 +272,6 @@ def _record_published(folder: RepoFolder, repo: _RepoPlan, staging: _Staging) ->
                 continue
             size = staging.files[repo.blobs[etag]][1] if etag in repo.blobs else _blob_size(folder, etag)
             if size is not None and (algorithm := algorithm_of(etag)) is not None:
-
                 files.append((path, size, f"{algorithm}:{etag}"))
         absent = [path for c, path in sorted(repo.markers) if c == commit]
         with contextlib.suppress(OSError, CacheError):
@@ -299,7 +297,8 @@ def _publish_listing(folder: RepoFolder, tree: str, staged: Path, staging: _Stag
         with contextlib.suppress(FileNotFoundError):
             os.stat(tree, dir_fd=dfd, follow_symlinks=False)
             return
-        with os.fdopen(staging.open_staged(staged), "rb") as src, atomic_output_at(dfd, tree, folder.policy) as out:
+        with os.fdopen(open_read_at(staging.fd, staged.name), "rb") as src, \
+                atomic_output_at(dfd, tree, folder.policy) as out:
             shutil.copyfileobj(src, out, _CHUNK)
     finally:
         os.close(dfd)

@@ -45,9 +45,8 @@ class LinkReport:
 
 def link_cache(src: Path, dest: Path, mode: str = "symlink") -> LinkReport:
     """Make ``dest`` a cache that uses ``src``. Raises UsageError: bad mode, ``src`` no directory, ``dest`` in
-    ``src``, ``dest`` occupied and not this link, a link in ``src`` out of its repo's ``blobs/``; CacheError: ``src``
-    no readable hub cache, hardlinks across filesystems, ``dest`` not writable; UnsafeLayout: a folder of ``src``
-    swapped for a link, a planted link, folders nested too deep."""
+    ``src`` or occupied, a link in ``src`` out of its repo's ``blobs/``; CacheError: ``src`` no readable hub cache,
+    hardlinks across filesystems, ``dest`` not writable; UnsafeLayout: a swapped or planted link, folders too deep."""
     if mode not in MODES:
         raise UsageError(f"invalid mode {mode!r}", hint=f"use one of {', '.join(MODES)}")
     src = _checked_src(src)
@@ -85,7 +84,7 @@ def _checked_src(src: Path) -> Path:
 
 
 def _make_link(src: Path, dest: Path, mode: str) -> tuple[int, int]:
-    """Build the link beside ``dest`` and rename it into place; returns (files, bytes added)."""
+    """(files, bytes added) of the link built beside ``dest`` and renamed into place."""
     try:
         pfd = open_parent(dest)  # DEST is the user's, outside the cache (refuse_dest_inside)
     except PermissionError:
@@ -109,9 +108,8 @@ def _make_link(src: Path, dest: Path, mode: str) -> tuple[int, int]:
 
 
 def already_linked(src: Path, dest: Path, mode: str) -> bool:
-    """Whether ``dest`` already is what linking ``src`` in ``mode`` makes: a symlink to ``src``; or the same tree with
-    the same link targets and files that are ``src``'s inodes (hardlink) or bytes (copy). Raises UnsafeLayout: a
-    folder of ``src`` swapped for a link, or nested too deep."""
+    """Whether ``dest`` already is what linking ``src`` in ``mode`` makes (the same tree, link targets, and inodes or
+    bytes). Raises UnsafeLayout: a folder of ``src`` swapped for a link, or nested too deep."""
     if mode == "symlink":
         return dest.is_symlink() and os.path.realpath(dest) == os.path.realpath(src)
     if dest.is_symlink() or not dest.is_dir():

@@ -15,7 +15,7 @@ from ..cache.content import DigestWriter
 from ..errors import CacheError, IntegrityError, UsageError
 from ..names import is_oci_digest
 from . import peer
-from .registry import BlobBody, check, parse_reference, read_body, registry_text, url
+from .registry import BlobBody, check, get_bounded, parse_reference, registry_text, url
 from .upload import upload
 
 _MAX_JSON = 4 * 1024 * 1024
@@ -50,15 +50,10 @@ class BaseImage:
 
 
 def _get(client, container, kind: str, ref: str, accept: str, what: str) -> tuple[dict, bytes, str]:
-    """(document, body, media type) of a manifest or config of the base (bounded), its digest checked when ``ref``
-    is one."""
-    response = client.do_request(url(client, container, kind, ref), "GET", headers={"Accept": accept}, stream=True)
-    with response:
-        if response.status_code == 404:
-            raise UsageError(f"--base {what}: not found on {container.registry}", hint=_HINT)
-        check(response, f"--base {what}", 200)
-        body = read_body(response, _MAX_JSON + 1, container.registry)
-        media_type = response.headers.get("Content-Type", "").split(";")[0].strip()
+    """(document, body, media type) of a manifest or config of the base, its digest checked when ``ref`` is one."""
+    body, media_type, _ = get_bounded(client, url(client, container, kind, ref), accept, _MAX_JSON, f"--base {what}")
+    if body is None:
+        raise UsageError(f"--base {what}: not found on {container.registry}", hint=_HINT)
     if len(body) > _MAX_JSON:
         raise UsageError(f"--base {what}: larger than {_MAX_JSON} bytes", hint=_HINT)
     if is_oci_digest(ref) and peer.digest_of(body) != ref:
@@ -95,13 +90,9 @@ def artifact_kind(manifest: dict) -> str:
 
 
 def read_base(client, target, reference: str, arch: str) -> BaseImage:
-    """Read the base image ``reference`` (on ``target``'s registry) for ``linux/<arch>``.
-
-    Raises:
-        UsageError: on another registry, not found, not an image (an artifact, a foreign layer), no manifest for
-            the platform (exit 2). IntegrityError: a document does not match its digest. HubError: the registry
-            refused.
-    """
+    """Read the base image ``reference`` (on ``target``'s registry) for ``linux/<arch>``. Raises UsageError: on
+    another registry, not found, not an image, no manifest for the platform (exit 2); IntegrityError: a document
+    does not match its digest; HubError: the registry refused."""
     base = parse_reference(reference)
     if base.registry != target.registry:
         raise UsageError(f"--base {reference}: on {base.registry}, not on {target.registry} (pushed to)",
@@ -146,11 +137,8 @@ def read_base(client, target, reference: str, arch: str) -> BaseImage:
 
 
 def _base_of(reference: str, base, digest: str, layers: list[dict], config: dict, arch: str) -> BaseImage:
-    """The BaseImage of a read manifest and config.
-
-    Raises:
-        UsageError: its config's diff_ids do not match its layers, or it is for another platform.
-    """
+    """The BaseImage of a read manifest and config. Raises UsageError: its config's diff_ids do not match its
+    layers, or it is for another platform."""
     rootfs = config.get("rootfs") if isinstance(config.get("rootfs"), dict) else {}
     diff_ids = rootfs.get("diff_ids") if isinstance(rootfs.get("diff_ids"), list) else []
     if len(diff_ids) != len(layers) or not all(is_oci_digest(d) for d in diff_ids):
@@ -178,12 +166,8 @@ def base_annotations(container, based: BaseImage) -> dict[str, str]:
 
 def mount_base(client, target, base: BaseImage, workdir: Path) -> int:
     """Make each base layer a blob of ``target``'s repository: present (HEAD), mounted from the base's repository,
-    or copied through a file in ``workdir`` (its digest checked). Returns the bytes copied.
-
-    Raises:
-        IntegrityError: a copied blob does not match its digest. HubError, RegistryAuthError: the registry refused.
-        CacheError: ``workdir`` is full.
-    """
+    or copied through a file in ``workdir`` (its digest checked). Returns the bytes copied. Raises IntegrityError: a
+    copied blob does not match its digest; HubError, RegistryAuthError: the registry refused; CacheError: no room."""
     copied = 0
     for layer in base.layers:
         downloaded: list[str] = []

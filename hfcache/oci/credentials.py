@@ -1,8 +1,5 @@
-"""Registry credentials for ``hfcache push``/``pull``: ``--username``/``--password-stdin``, or the auth files.
-
-Library gap (oras 0.2.43 ``auth/utils.py`` ``load_configs``: a ``set`` of files, a broken one raises even when no
-credentials are needed, no ``DOCKER_CONFIG``): :func:`file_credentials` reads them in the documented order
-(containers-auth.json(5)), bounded, when the registry answers 401.
+"""Registry credentials for ``hfcache push``/``pull``: ``--username``/``--password-stdin``, or the auth files, read
+in containers-auth.json(5)'s order, bounded, when the registry answers 401 (oras's ``load_configs``: docs/oci.md).
 """
 
 from __future__ import annotations
@@ -118,12 +115,8 @@ def _from_helper(helper: str, host: str) -> tuple[str | None, str]:
 
 def file_credentials(registry: str) -> tuple[str | None, str]:
     """(base64 ``user:password`` or None, why none was found for the error's hint) for ``registry`` from the first
-    auth file (:func:`auth_files`) with an entry for it: its ``auths`` entry, else its ``credHelpers`` helper, else
-    its ``credsStore``.
-
-    Raises:
-        UsageError: a file that has to be read is broken (names the file).
-    """
+    auth file (:func:`auth_files`) with an entry for it: ``auths``, else ``credHelpers``, else ``credsStore``.
+    Raises UsageError: a file that has to be read is broken (names the file)."""
     note = ""
     for path in auth_files():
         config = _read_auth_file(path)

@@ -57,10 +57,9 @@ class Layer:
 
 @dataclass(frozen=True)
 class PushReport:
-    """The outcome of :func:`push`: ``reference`` (``registry/name:tag``), the manifest's ``digest``, ``split``
-    (``repo``, ``single``, ModelPack's ``file``), ``repos`` (``repo_id@commit``, sorted), ``bytes_total`` (all
-    blobs, compressed) and ``bytes_uploaded`` (sent), ``prefix`` (``""``: the root), ``signature`` (the first
-    referrer's digest with ``--sign-key``, else ``""``) and ``signatures`` (one per snapshot, in folder order)."""
+    """The outcome of :func:`push`: ``reference`` (``registry/name:tag``), ``split`` (``repo``, ``single``,
+    ModelPack's ``file``), ``repos`` (``repo_id@commit``, sorted), ``bytes_total`` (all blobs, compressed) and
+    ``bytes_uploaded``, ``signature`` (the first of ``signatures``, one referrer digest per snapshot, or ``""``)."""
 
     reference: str
     digest: str
@@ -76,8 +75,8 @@ class PushReport:
 
 
 def split_plan(plan: ExportPlan, split: str) -> list[ExportPlan]:
-    """Cut an export plan into self-contained layer plans (a hardlink across layers becomes a copy), each with
-    ``CACHEDIR.TAG``: one per repo folder (``repo``) or the whole plan (``single``). UsageError: another ``split``."""
+    """Cut an export plan into self-contained layer plans (a hardlink across layers becomes a copy): one per repo
+    folder (``repo``) or the whole plan (``single``). UsageError: another ``split``."""
     if split not in SPLITS:
         raise UsageError(f"unknown layer split {split!r}", hint=f"use one of {', '.join(SPLITS)}")
     if split == "single" or len(plan.repos) <= 1:
@@ -107,8 +106,7 @@ def split_plan(plan: ExportPlan, split: str) -> list[ExportPlan]:
 
 def write_layer(plan: ExportPlan, out: BinaryIO, prefix: str = "") -> tuple[str, int, str]:
     """Write ``plan`` as a reproducible tar+gzip layer to ``out`` (every entry under ``prefix/`` when given); return
-    (``sha256:<hex>`` of the gzip bytes, their count, ``sha256:<hex>`` of the tar). CacheError: a blob does not
-    match its name (:func:`hfcache.move.export.write_tar`)."""
+    (``sha256:<hex>`` of the gzip bytes, their count, ``sha256:<hex>`` of the tar). Raises as ``write_tar``."""
     sink = DigestWriter(out)
     with gzip.GzipFile(filename="", mode="wb", compresslevel=GZIP_LEVEL, fileobj=sink, mtime=0) as gz:
         diff_id = write_tar(plan, gz, prefix=prefix or "")
@@ -116,12 +114,11 @@ def write_layer(plan: ExportPlan, out: BinaryIO, prefix: str = "") -> tuple[str,
 
 
 def _commits_of(plan: ExportPlan) -> list[str]:
-    """``repo_id@commit`` of every snapshot in the plan, sorted."""
     return sorted(f"{modelpack.repo_id_of(folder)}@{commit}" for folder, commit in modelpack.snapshots_of(plan))
 
 
 def architecture() -> str:
-    """The OCI/Go name of this machine's architecture (``amd64``, ``arm64``, ...); the content itself is portable."""
+    """The OCI/Go name of this machine's architecture (``amd64``, ``arm64``, ...)."""
     machine = platform.machine().lower()
     return {"x86_64": "amd64", "aarch64": "arm64", "armv7l": "arm", "i686": "386"}.get(machine, machine)
 
@@ -162,19 +159,18 @@ def push(reference: str, cache_dir: Path, specs: Sequence[str] = (), lock_path: 
     pins: its sha256 goes into ``io.hfcache.lock.sha256``, never its path) to ``reference`` (``REGISTRY/NAME:TAG``).
 
     Args:
-        split: ``repo`` (default) or ``single`` (image format; refused with ``modelpack``, as ``arch`` is).
-        plain_http: HTTP instead of HTTPS. credentials: None reads the auth files when the registry asks.
+        split: ``repo`` (default) or ``single``; ``arch``: the config's architecture (default :func:`architecture`);
+            both image format only. plain_http: HTTP instead of HTTPS. credentials: None reads the auth files.
         timeout: seconds to wait for a connection or any byte (and the bounds of :mod:`hfcache.pace`). sink: progress.
-        arch: the config's architecture (default :func:`architecture`; the digest records it).
         format: ``image`` (the cache as the root filesystem) or ``modelpack`` (one raw layer per file).
         prefix: a relative folder (``models``) every path is under (``io.hfcache.prefix``; pull strips it).
-        sign_key: a PEM EC private key: each snapshot signed (model-signing v1.0), each bundle attached as a
-            referrer of the manifest. sign_key_password: its password (default ``HFCACHE_SIGN_KEY_PASSWORD``).
+        sign_key: a PEM EC private key each snapshot is signed with, each bundle a referrer of the manifest;
+            sign_key_password: its password (default ``HFCACHE_SIGN_KEY_PASSWORD``).
         base: an image on the same registry whose layers go first (image format; :mod:`.base_image`).
 
     Raises:
-        UsageError: bad reference, ``arch``, ``format`` or ``prefix``, both ``specs`` and ``lock_path``, a repo not in
-            the cache, a bad lock, several snapshots for ``modelpack``, an unusable key or password.
+        UsageError: bad arguments (:func:`_options`, ``prefix``), a repo not in the cache, a bad lock, several
+            snapshots for ``modelpack``, an unusable key or password.
         CacheError: a cache blob does not match its name or cannot be read, or TMPDIR is full (nothing is pushed).
         RegistryAuthError, EndpointUnreachable, HubError: the registry refused or could not be reached (exit 3).
     """
@@ -202,8 +198,6 @@ def push(reference: str, cache_dir: Path, specs: Sequence[str] = (), lock_path: 
 
 def _push_image(reference: str, container, cache_dir: Path, plan: ExportPlan, choices: tuple,
                 connection: tuple) -> PushReport:
-    """Push ``plan`` as an image: layers written to TMPDIR, then the base, what the registry lacks, the manifest
-    and the signatures."""
     split, prefix, annotations, signing, base, arch = choices
     plain_http, credentials, timeout, sink = connection
     bundles = modelpack.signed_snapshots(cache_dir, plan, signing[0], password=signing[1],
@@ -241,8 +235,6 @@ def _push_image(reference: str, container, cache_dir: Path, plan: ExportPlan, ch
 
 def _push_modelpack(reference: str, container, cache_dir: Path, plan: ExportPlan, choices: tuple,
                     connection: tuple) -> PushReport:
-    """Push the one snapshot of ``plan`` as a ModelPack artifact: each distinct blob once, streamed from the cache,
-    then the config, the manifest and the signature referrer."""
     prefix, annotations, signing = choices
     plain_http, credentials, timeout, sink = connection
     folder, commit, files = modelpack.model_files(cache_dir, plan, prefix)
@@ -293,11 +285,8 @@ def _publish(client, container, reference: str, manifest_bytes: bytes,
 def _options(reference: str, specs: Sequence[str], lock_path, arch: str | None, format: str, split: str | None,
              base: str | None) -> tuple:
     """(the parsed ``reference``, the layer split: ``repo`` unless given), once :func:`push`'s arguments agree.
-
-    Raises:
-        UsageError: a bad reference, a digest instead of a tag, a bad ``arch``, both ``specs`` and ``lock_path``, an
-            unknown format; ``base``, ``split`` or ``arch`` with ``modelpack`` (refused rather than ignored).
-    """
+    Raises UsageError: a bad reference, a digest instead of a tag, a bad ``arch``, both ``specs`` and ``lock_path``,
+    an unknown format; ``base``, ``split`` or ``arch`` with ``modelpack`` (refused rather than ignored)."""
     container = parse_reference(reference)
     if container.digest:
         raise UsageError(f"{reference}: push needs a tag, not a digest", hint="e.g. REGISTRY/NAME:v1")
@@ -336,7 +325,6 @@ def _description(prefix: str) -> str:
 
 
 def _temp_error(exc: OSError, folder: Path) -> CacheError:
-    """An OSError while writing the image under ``TMPDIR`` (the layers are written there before the upload)."""
     if exc.errno in (errno.ENOSPC, errno.EDQUOT):
         return CacheError(f"push: no space left in {folder.parent} (TMPDIR) for the compressed layers",
                           hint="free space there or point TMPDIR at a filesystem with room for the compressed image")
@@ -345,8 +333,8 @@ def _temp_error(exc: OSError, folder: Path) -> CacheError:
 
 
 def _write_layers(plan: ExportPlan, split: str, folder: Path, prefix: str = "") -> list[tuple[Layer, ExportPlan, Path]]:
-    """Write the layers of ``plan`` into ``folder``: (layer, its plan, its file) in image order. CacheError: a
-    blob of the source cache does not match its name or cannot be read, or ``folder`` is full."""
+    """(layer, its plan, its file) of each layer of ``plan`` written into ``folder``, in image order. CacheError: a
+    source blob does not match its name or cannot be read, or ``folder`` is full."""
     layers = []
     for index, layer_plan in enumerate(split_plan(plan, split)):
         path = folder / f"layer-{index}.tar.gz"

@@ -56,8 +56,7 @@ class ModelFile:
 
 
 def check_prefix(prefix: str | None) -> str:
-    """``--prefix`` as a ``/``-separated relative folder without a trailing ``/`` (``""`` for None); UsageError
-    (exit 2) naming what :func:`prefix_problem` found."""
+    """``--prefix`` without a trailing ``/`` (``""`` for None); UsageError naming what :func:`prefix_problem` found."""
     if prefix is None:
         return ""
     why = prefix_problem(prefix)
@@ -91,8 +90,7 @@ def prefix_problem(prefix: str) -> str:
 
 
 def media_type_of(name: str) -> str:
-    """The raw layer media type of the snapshot file ``name``: weights, docs, code, else ``weight.config`` (what a
-    loader reads beside the weights)."""
+    """The raw layer media type of the snapshot file ``name``: weights, docs, code, else ``weight.config``."""
     lower = PurePosixPath(name).name.lower()
     if lower.endswith(_WEIGHTS):
         return WEIGHT
@@ -116,13 +114,9 @@ def repo_id_of(folder: str) -> str:
 
 def model_files(cache_dir: Path, plan: ExportPlan, prefix: str = "") -> tuple[str, str, list[ModelFile]]:
     """(repo folder, commit, the raw layers sorted by path) of the one snapshot in ``plan`` (``plan_export`` with
-    symlinks): each file (a git-named one read once here for its sha256, its git sha1 checked against its name) and
-    one ``refs/<name>`` layer per ref at the commit.
-
-    Raises:
-        UsageError: not exactly one repo at one commit. CacheError: a file does not match its name, or cannot be
-            opened safely (exit 5).
-    """
+    symlinks): each file (a git-named one read once here for its sha256) and one ``refs/<name>`` layer per ref at the
+    commit. Raises UsageError: not exactly one repo at one commit; CacheError: a file does not match its name, or
+    cannot be opened safely (exit 5)."""
     snapshots = snapshots_of(plan)
     if len(plan.repos) != 1 or len(snapshots) != 1:
         found = ", ".join(f"{f}@{c[:12]}" for f, c in snapshots[:4]) or ", ".join(plan.repos[:4])
@@ -162,8 +156,7 @@ def _open(entry: Entry):
 
 
 def _hashes(entry: Entry, etag: str) -> tuple[str, str]:
-    """(``sha256:<hex>``, git sha1 hex) of a file, read once through the safe opens; CacheError (exit 5) when the
-    bytes do not match ``etag`` (when given) or the planned size."""
+    """(``sha256:<hex>``, git sha1 hex) of a file, read once; CacheError (exit 5): not ``etag``'s bytes or size."""
     with _open(entry) as f:
         digests, got = hash_fd(f.fileno(), (SHA256, GIT_SHA1), shown=entry.source, close=False)
     if got != entry.size or (etag and digests.get(algorithm_of(etag) or "") != etag):
@@ -173,8 +166,7 @@ def _hashes(entry: Entry, etag: str) -> tuple[str, str]:
 
 
 def _technical(cache_dir: Path, folder: str, commit: str, files: Sequence[ModelFile]) -> dict:
-    """The config's ``config``: ``format`` from the weight files, ``precision`` from ``config.json`` (read bounded,
-    through the safe opens); only what is known."""
+    """The config's ``config``: ``format`` from the weight files, ``precision`` from ``config.json``, when known."""
     out: dict[str, str] = {}
     kinds = {PurePosixPath(f.path).suffix.lower() for f in files if f.media_type == WEIGHT}
     for suffix, name in _FORMATS:
@@ -195,7 +187,7 @@ def _technical(cache_dir: Path, folder: str, commit: str, files: Sequence[ModelF
 def artifact_documents(cache_dir: Path, folder: str, commit: str, files: Sequence[ModelFile],
                        annotations: Mapping[str, str]) -> tuple[bytes, bytes]:
     """(config bytes, manifest bytes), canonical JSON, of the artifact of ``files`` (in artifact order) with the
-    manifest ``annotations``; ``config.json`` of the snapshot in ``cache_dir`` gives the precision."""
+    manifest ``annotations``."""
     parsed = parse_folder_name(folder)
     repo_id, repo_type = parsed or (folder, "model")
     config_bytes = canonical({
@@ -220,8 +212,8 @@ def artifact_documents(cache_dir: Path, folder: str, commit: str, files: Sequenc
 
 
 def send_file(client, container, f: ModelFile, sink: TransferSink | None) -> int:
-    """Upload one layer of :func:`model_files` unless the registry has it: a ref's bytes, or the file streamed from
-    the cache and checked against its digest (:func:`hfcache.oci.upload.upload`); the bytes sent."""
+    """Upload one layer of :func:`model_files` unless the registry has it (the file checked against its digest);
+    the bytes sent."""
     if f.kind == "ref":
         return upload_bytes(client, container, f.data, f.path)
     entry = f.entry
@@ -233,9 +225,8 @@ def send_file(client, container, f: ModelFile, sink: TransferSink | None) -> int
 def signed_snapshots(cache_dir: Path, plan: ExportPlan, sign_key: Path, *, password: bytes | None = None,
                      password_hint: str | None = None, lock=None) -> list[bytes]:
     """One bundle per snapshot of an image push (``--sign-key``), in the order of :func:`snapshots_of`, each
-    :func:`sign`-ed over that snapshot's files as :func:`model_files` reads them (``lock``: the pushed lock).
-    UsageError: an unusable key or password; CacheError: a file does not match its name or is not what the cache
-    says was fetched (exit 5)."""
+    :func:`sign`-ed over that snapshot's files as :func:`model_files` reads them (``lock``: the pushed lock); raises
+    as those two do."""
     by_name = {e.name: e for e in plan.entries if e.kind == "file"}
     out = []
     for folder, commit in snapshots_of(plan):

@@ -11,6 +11,7 @@ import time
 import urllib.parse
 
 from ..errors import EndpointUnreachable
+from ..names import escaped
 from ..pace import Deadline, SocketWatchdog
 
 #: Media types (OCI image-spec v1.1 ``media-types.md``, Docker's image manifest v2, modelpack/model-spec ``spec.md``).
@@ -44,10 +45,9 @@ def canonical(document: dict) -> bytes:
 
 def registry_text(value: object, limit: int = 200) -> str:
     """``value`` (text from a registry: an error's code or message, a header, a host) as one inert line of at most
-    ``limit`` characters (ending ``...`` when cut): every character ``str.isprintable`` refuses (C0/C1 controls
-    such as ESC, CR, LF; U+0085, U+2028, U+2029; bidi and other format characters) escaped as ``\\xNN``/``\\uNNNN``."""
-    text = "".join(c if c.isprintable() else (f"\\x{ord(c):02x}" if ord(c) < 0x100 else f"\\u{ord(c):04x}")
-                   for c in str(value)[:limit * 2])
+    ``limit`` characters (ending ``...`` when cut): every character ``str.isprintable`` refuses (controls, line
+    and paragraph separators, bidi and other format characters) escaped as ``\\xNN``/``\\uNNNN``."""
+    text = escaped(str(value)[:limit * 2])
     return text if len(text) <= limit else text[:max(0, limit - 3)] + "..."
 
 
@@ -59,7 +59,7 @@ def size_ok(size: object) -> bool:
 
 def json_kind(value: object) -> str:
     """What a value parsed from a registry's JSON is, in words (``a list``, ``null``...), for a message that must not
-    show the value itself (it may be huge or hostile)."""
+    show it."""
     names = {dict: "an object", list: "a list", str: "a text", bool: "a boolean", int: "a number", float: "a number",
              type(None): "null"}
     return names.get(type(value), type(value).__name__)
@@ -81,10 +81,9 @@ def netloc(address: str) -> str:
 
 
 class Watchdog(SocketWatchdog):
-    """Enforces one request's :class:`Deadline` from outside (:class:`hfcache.pace.SocketWatchdog`): when it
-    passes, the sockets of the request are shut down, so a blocked read returns and the request fails. Sockets are
-    registered by :func:`hfcache.oci.registry._timeout_adapter`'s connections: on connect, or for an upload when
-    the response is awaited (its deadline starts then)."""
+    """Enforces one request's :class:`Deadline` from outside (:class:`hfcache.pace.SocketWatchdog`: its sockets shut
+    down when it passes). Sockets are registered by :func:`hfcache.oci.registry._timeout_adapter`'s connections: on
+    connect, or for an upload when the response is awaited (its deadline starts then)."""
 
     def __init__(self, deadline: Deadline, uploading: bool) -> None:
         self.uploading = uploading
@@ -103,7 +102,6 @@ class Watchdog(SocketWatchdog):
             self._arm()
 
     def error(self) -> EndpointUnreachable:
-        """The one-line error of a missed deadline."""
         return EndpointUnreachable(f"{self.deadline.what}: no complete answer within {self.deadline.seconds:g} s",
                                    hint=SLOW_HINT)
 

@@ -22,6 +22,7 @@ from . import peer
 from .base_image import BASE_LAYERS
 from .credentials import Credentials
 from .image import ANNOTATION_PREFIX, Layer
+from .peer import registry_text
 from .pull_stream import (
     _ALTERED,
     _CHUNK,
@@ -34,17 +35,7 @@ from .pull_stream import (
     get_json,
     held_locally,
 )
-from .registry import (
-    BlobBody,
-    TransferSink,
-    check,
-    connect,
-    network_errors,
-    parse_reference,
-    registry_text,
-    stream_errors,
-    url,
-)
+from .registry import BlobBody, TransferSink, check, connect, network_errors, parse_reference, stream_errors, url
 
 _ACCEPT = ", ".join((peer.MANIFEST_TYPE, peer.DOCKER_MANIFEST, peer.INDEX_TYPE, peer.DOCKER_LIST))
 __all__ = ["MAX_LAYERS", "PREFIX", "PullReport", "pull"]  # MAX_LAYERS: both formats' bound, from .pull_stream
@@ -54,11 +45,10 @@ PREFIX = f"{ANNOTATION_PREFIX}.prefix"
 
 @dataclass(frozen=True)
 class PullReport:
-    """The outcome of :func:`pull`: the manifest's ``digest``; ``bytes_downloaded`` (compressed, received) and
-    ``bytes_unpacked`` (the tar streams read); ``imported``, the :class:`hfcache.move.importer.ImportReport` of the
-    merge; ``format`` (``image`` or ``modelpack``); ``skipped``, the digests of layers not downloaded (the target
-    held their content); ``signed_by``, the key fingerprint (``--verify-key``); ``record_saved``: the tar layers
-    imported were recorded for the next pull's skips."""
+    """The outcome of :func:`pull`: ``bytes_downloaded`` (compressed) and ``bytes_unpacked`` (the tar streams read);
+    ``imported``, the :class:`hfcache.move.importer.ImportReport` of the merge; ``skipped``, the digests of layers the
+    target held; ``signed_by``, the key fingerprint (``--verify-key``); ``record_saved``: the tar layers imported were
+    recorded for the next pull's skips."""
 
     reference: str
     digest: str
@@ -117,9 +107,8 @@ def _layers_of(manifest: dict, config: dict, reference: str) -> list[tuple[dict,
 
 
 def _base_count(manifest: dict, layers: list, reference: str) -> int:
-    """How many of the manifest's first layers are the ``push --base`` image's (``io.hfcache.base.layers``: their
-    digests, in order): an OS, not cache content, skipped without a request. UsageError (exit 2): the annotation
-    does not name the manifest's first layers."""
+    """How many of the manifest's first layers are the ``push --base`` image's (:data:`BASE_LAYERS`), skipped
+    without a request. UsageError (exit 2): the annotation does not name the manifest's first layers."""
     annotations = manifest.get("annotations") if isinstance(manifest.get("annotations"), dict) else {}
     named = annotations.get(BASE_LAYERS)
     if named is None:
@@ -133,8 +122,7 @@ def _base_count(manifest: dict, layers: list, reference: str) -> int:
 
 
 def _prefix_of(manifest: dict, reference: str) -> str | None:
-    """The manifest's ``io.hfcache.prefix`` (``modelpack.prefix_problem``'s folders, e.g. ``models``), or None;
-    UsageError (exit 2) for another value."""
+    """The manifest's ``io.hfcache.prefix`` (e.g. ``models``), or None; UsageError (exit 2): not a prefix."""
     annotations = manifest.get("annotations") if isinstance(manifest.get("annotations"), dict) else {}
     prefix = annotations.get(PREFIX)
     if prefix is None:
@@ -171,26 +159,21 @@ def pull(reference: str, cache_dir: Path, plain_http: bool = False, credentials:
     layers whose content the target already holds are not downloaded.
 
     Args:
-        plain_http: HTTP instead of HTTPS; credentials: None reads the auth files when the registry asks.
-        timeout: seconds to wait for a connection or any byte (and the bounds of :mod:`hfcache.pace`); sink: progress.
+        plain_http, credentials, timeout (seconds), sink: as for :func:`hfcache.oci.image.push`.
         move_refs: a ref the target has at another commit moves to the image's (else that refuses the pull).
         max_size: refuse an image whose layers unpack to more bytes (None: no bound but free space).
         lock_timeout, on_lock_wait: as for :func:`hfcache.move.importer.import_cache`.
         verify_key: a PEM public key under which the manifest's model-signing bundles must sign every pulled
             snapshot before anything is published (:mod:`.pull_signed`; a bad key file is exit 2 before any request).
 
-    Raises:
-        IntegrityError: a manifest, config or layer does not match its digest or size (or a layer its diff_id, a raw
-            layer its ``io.hfcache.etag``); with ``verify_key``, a ref, marker, listing or blob no signed snapshot
-            accounts for (:func:`hfcache.oci.pull_signed.check_claims`); the message names it; nothing is written.
-        UsageError: not an image hfcache can read (an index, no such tag, a ModelPack artifact of another tool),
-            larger than ``max_size`` (compressed or unpacked), content ``hfcache import`` refuses (nothing written).
-        CheckFailed: the target holds an entry with other content, or a ref elsewhere (see ``import_members``), or a
-            blob that does not hash to its name; with ``verify_key``: unsigned, or not signed by that key (exit 1).
-        RegistryAuthError, EndpointUnreachable, HubError: the registry refused or could not be reached, missed the
-            metadata deadline or the body floor, or redirected to a host that asks for credentials (never answered).
-        CacheError: the target cannot be written, or the image does not fit in its free space.
-        LockTimeout: a repo's lock stayed held for ``lock_timeout`` seconds (exit 5); nothing is written then.
+    Raises (nothing is written then):
+        IntegrityError: a manifest, config or layer does not match its digest, size, diff_id or ``io.hfcache.etag``;
+            with ``verify_key``, an entry no signed snapshot accounts for (:func:`.pull_signed.check_claims`).
+        UsageError: not an image hfcache reads, over ``max_size``, content ``hfcache import`` refuses.
+        CheckFailed: the target holds other content (``import_members``); with ``verify_key``: unsigned or not by
+            that key (exit 1).
+        RegistryAuthError, EndpointUnreachable, HubError: the registry refused, could not be reached or was too slow.
+        CacheError: the target cannot be written or is too full. LockTimeout: a repo's lock stayed held (exit 5).
     """
     from ..move.importer import import_members
 
@@ -236,8 +219,8 @@ def _source(client, container, documents: tuple[dict, dict, dict], reference: st
 
 def _checked(source, found: list[bytes] | None, verify_key: Path | None, signed_by: list[str],
              cache_dir: Path) -> Iterator:
-    """The source's entries; then, with ``--verify-key`` (every layer read and checked, nothing published yet),
-    :func:`hfcache.oci.pull_signed.verify_snapshots`, whose key fingerprint is appended to ``signed_by``."""
+    """The source's entries; then, with ``--verify-key`` (nothing published yet), :func:`.pull_signed.verify_snapshots`,
+    whose key fingerprint is appended to ``signed_by``."""
     yield from source.members()
     if found is not None:
         from .pull_signed import verify_snapshots
@@ -343,11 +326,8 @@ class _ImageSource:
 
     def _entry(self, diff_id: str, member, stream):
         """(member renamed, stream) to give the importer, or (None, None) for the prefix's own folders. A blob the
-        target already has is re-hashed (import keeps it: a blob a member rewrote would stay behind the snapshot).
-
-        Raises:
-            UsageError: an entry outside the prefix (exit 2). CheckFailed, IntegrityError: of ``held_locally``.
-        """
+        target already has is re-hashed (import keeps it). Raises UsageError: an entry outside the prefix (exit 2);
+        CheckFailed, IntegrityError: of ``held_locally``."""
         from ..cache.content import algorithm_of
         from .pull_record import entry_name
         from .pull_signed import HashingStream
@@ -391,7 +371,7 @@ class _ImageSource:
                 {(p[0], p[2]) for p in names if p[1] == "blobs"})
 
     def imported_etags(self) -> set[str]:
-        """The blob names (``<folder>/blobs/<etag>`` entries) of the layers this pull imported."""
+        """The blob names of the layers this pull imported."""
         return {parts[2] for diff_id, names in self.names.items() if diff_id not in self.held
                 for parts in (name.split("/") for name in names) if len(parts) == 3 and parts[1] == "blobs"}
 

@@ -33,7 +33,6 @@ _FOREIGN_HINT = ("hfcache maps ModelPack artifacts `hfcache push --format modelp
 
 
 def is_modelpack(manifest: dict, config_descriptor: dict) -> bool:
-    """Whether ``manifest`` is a ModelPack artifact (its ``artifactType``, or its config's media type)."""
     return manifest.get("artifactType") == MODEL_MANIFEST or config_descriptor.get("mediaType") == MODEL_CONFIG
 
 
@@ -64,7 +63,7 @@ class ModelPlan:
     refs: list[RawFile] = field(default_factory=list)
 
     def files(self) -> dict[str, str]:
-        """{path in the snapshot: sha256 hex} (what a model-signing bundle signs)."""
+        """{path in the snapshot: sha256 hex}."""
         return {"/".join(f.rel[1:]): f.digest.split(":", 1)[1] for group in self.contents.values() for f in group}
 
 
@@ -139,13 +138,8 @@ def _raw_file(layer: dict, reference: str, prefix: str | None) -> RawFile:
 
 
 def plan_artifact(manifest: dict, config: dict, reference: str, prefix: str | None) -> ModelPlan:
-    """The artifact's files mapped onto one repo folder at one commit.
-
-    Raises:
-        UsageError: malformed descriptors, a path import refuses, an artifact of another tool (exit 2), more than
-            one repo or commit, a path listed twice, a config whose ``descriptor.version`` is another commit.
-        IntegrityError: a sha256 etag that is not the layer's digest; two layers naming one blob with other digests.
-    """
+    """The artifact's files mapped onto one repo folder at one commit. Raises UsageError: malformed, of another
+    tool, not one repo at one commit (exit 2); IntegrityError: an etag or a shared blob that is not the digest's."""
     files = [_raw_file(layer, reference, prefix) for layer in _descriptors(manifest, config, reference)]
     snapshots = {(f.folder, f.rel[0]) for f in files if f.section == "snapshots"}
     if len(snapshots) != 1 or len({f.folder for f in files}) != 1:
@@ -209,16 +203,14 @@ class ArtifactSource:
         budget.check(sum(to_fetch), f"artifact {container.api_prefix}")
 
     def held_counts(self) -> tuple[set[str], int, set[tuple[str, str]]]:
-        """(repo folders, 0, (folder, etag) blobs) the target held and that were not downloaded."""
+        """(repo folders, 0, (folder, etag) blobs) the target held (not downloaded)."""
         return ({self.plan.folder} if self.held else set()), 0, {(self.plan.folder, etag) for etag in self.held}
 
     def signed_files(self) -> dict[str, dict[str, str]]:
-        """``<folder>/<commit>`` -> {path: sha256 hex}: the raw layers' checked digests."""
         return {f"{self.plan.folder}/{self.plan.commit}": self.plan.files()}
 
     def claims(self) -> dict[str, str]:
-        """Ref entry name -> the commit its bytes name ("" for none), once :meth:`members` ran
-        (:func:`hfcache.oci.pull_signed.check_claims`)."""
+        """Ref entry name -> the commit its bytes name ("" for none), once :meth:`members` ran."""
         return dict(self.refs)
 
     def members(self) -> Iterator[tuple[Member, object]]:

@@ -1,7 +1,6 @@
 """The record of the tar layers ``hfcache pull`` imported (``<cache>/.locks/hfcache-pulled.json``: a layer's diff_id
--> the ``lstat`` stamp of every entry it held, taken through :func:`hfcache.cache.safefs.dir_fd`), so that a later
-pull skips a layer the cache still holds (the rules: docs/oci.md "What the cache already holds is not downloaded";
-trust: :mod:`hfcache.cache.owned_record`).
+-> the ``lstat`` stamp of every entry it held), so that a later pull skips a layer the cache still holds (the rules:
+docs/oci.md "What the cache already holds is not downloaded"; trust: :mod:`hfcache.cache.owned_record`).
 """
 
 from __future__ import annotations
@@ -24,8 +23,7 @@ _SECTIONS = ("blobs", "snapshots", "refs", ".no_exist", "trees")
 
 def load(cache_dir: str) -> dict[str, dict]:
     """The honoured record: diff_id -> {"entries": {name: stamp}, "commits": [commit, ...]}; {} when there is none,
-    or it is not honoured, too large or malformed (one entry name :func:`entry_name` would not record, or one commit
-    that is not 40 hex, ignores the whole record: every layer is fetched, and this run's record replaces it)."""
+    or it is not honoured, too large or malformed (one bad entry name or commit ignores the whole record)."""
     loaded = owned_record.load(cache_dir, NAME, MAX_RECORD_BYTES)
     if not loaded.trusted:
         return {}

@@ -53,9 +53,8 @@ def verify_snapshots(found: list[bytes], snapshots: dict[str, dict[str, str]], p
 
     Raises:
         SignatureMismatch: a snapshot no bundle signs under the key (the first bundle's reason), or none at all.
-        IntegrityError: a ref, marker, listing or blob no signed snapshot accounts for (:func:`check_claims`, exit 3).
-        CheckFailed: a blob of the target's snapshot does not hold the content its name says (exit 1).
-        CacheError: the target's snapshot holds a FIFO, a device or a link leaving its repo (exit 5).
+        IntegrityError: an entry no signed snapshot accounts for (:func:`check_claims`, exit 3). CheckFailed: a blob
+            of the target's snapshot is not its name's content (exit 1). CacheError: an unsafe target snapshot (exit 5).
     """
     from ..integrity.signatures import SignatureMismatch, foreign_model, verify_files
 
@@ -123,7 +122,6 @@ def check_claims(claims: dict[str, str], covered: dict[str, set[str]]) -> None:
 
 
 def _unsigned(name: str, section: str, commit: str, covered: dict[str, set[str]]) -> str:
-    """Why the entry ``name`` is about no signed snapshot, with the signed commits of its repo folder."""
     folder = name.split("/", 1)[0]
     if section == "blobs":
         return f"{name} is used by no snapshot a signature of this pull covers"
@@ -135,24 +133,20 @@ def _unsigned(name: str, section: str, commit: str, covered: dict[str, set[str]]
 
 
 def _clashes(path: str, signed: set[str], folders: set[str]) -> bool:
-    """Whether marking ``path`` absent contradicts the ``signed`` paths (``folders``: theirs): one of them, a folder
-    of one, or below one."""
+    """Whether marking ``path`` absent contradicts the ``signed`` paths (``folders``: theirs)."""
     parts = path.split("/")
     return path in signed or path in folders or any("/".join(parts[:i]) in signed for i in range(1, len(parts)))
 
 
 def ref_commit(head: bytes) -> str:
-    """The commit a ref entry's first bytes name, read as the importer reads a ref (UTF-8, stripped), or "" when
-    it is not 40 hex (import refuses such a ref)."""
+    """The commit a ref entry's first bytes name, read as the importer reads a ref, or "" when it is not 40 hex."""
     value = head[:MAX_REF_BYTES].decode("utf-8", "replace").strip()
     return value if is_commit(value) else ""
 
 
 def _held_files(cache_dir: Path, folder: str, commit: str) -> dict[str, str]:
-    """{path: sha256 hex} of the target's snapshot ``<folder>/snapshots/<commit>`` ({} when it has none).
-
-    Raises:
-        CheckFailed: one of its files does not match its blob name (exit 1)."""
+    """{path: sha256 hex} of the target's snapshot ``<folder>/snapshots/<commit>`` ({} when it has none). Raises
+    CheckFailed: one of its files does not match its blob name (exit 1)."""
     from ..integrity.signed_snapshot import NameMismatch, snapshot_digests
 
     parsed = parse_folder_name(folder)
@@ -180,9 +174,8 @@ class TarFiles:
         self.blob_entries: dict[str, tuple[str, str]] = {}  # blob entry name (a file or hardlink) -> (folder, etag)
 
     def note(self, member, stream: HashingStream | None) -> None:
-        """One member (after prefix stripping) and the stream its bytes went through (a file), named exactly as the
-        importer names it (``clean_name``: ``./models--...`` is ``models--...``); a ref's commit is what the
-        importer reads: its own bytes, or for a hardlink those of the entry it repeats."""
+        """One member (after prefix stripping) and the stream its bytes went through (a file), named and read as the
+        importer does (``clean_name``; a hardlinked ref's commit is that of the entry it repeats)."""
         parts = clean_name(member.name)
         name = "/".join(parts)
         if len(parts) < 3 or member.kind not in ("file", "hardlink", "symlink") \
@@ -223,10 +216,8 @@ class TarFiles:
 
     def snapshots(self, cache_dir: Path) -> dict[str, dict[str, str]]:
         """``<folder>/<commit>`` -> {path: sha256 hex}; a link to a blob the pull did not bring is the target's blob,
-        re-hashed against its name ("" when it cannot be read safely: then unsigned).
-
-        Raises:
-            CheckFailed: that blob does not hash to its name (a member's edit of a shared cache: exit 1)."""
+        re-hashed against its name ("" when it cannot be read safely: then unsigned). Raises CheckFailed: that blob
+        does not hash to its name (exit 1)."""
         out: dict[str, dict[str, str]] = {}
         for (folder, commit, path), etag in self.links.items():
             digest = self.blobs.get((folder, etag))

@@ -18,11 +18,10 @@ from ..errors import CacheError, CheckFailed, EndpointUnreachable, HubError, Int
 from ..move.import_plan import MAX_REF_BYTES
 from ..names import is_commit, is_oci_digest
 from .peer import digest_of
-from .registry import TransferSink, check, read_body
+from .registry import TransferSink, get_bounded
 
 _MAX_JSON = 4 * 1024 * 1024  # a manifest or config larger than this is not one of ours (or not one at all)
-#: Most layers a pull reads, in either format (each is one request): push writes one per repo or per file of one
-#: snapshot; no model repo has 10,000 files, and a 4 MiB manifest holds about that many descriptors.
+#: Most layers a pull reads, in either format (one request each): a 4 MiB manifest holds about that many descriptors.
 MAX_LAYERS = 10_000
 _CHUNK = 1024 * 1024
 _ALTERED = "the registry content was altered or is corrupt; nothing was imported"
@@ -122,24 +121,19 @@ class Entry(io.RawIOBase):
 
 
 def check_layer_count(count: int, reference: str, hint: str) -> None:
-    """UsageError (exit 2, before any layer is fetched): a manifest listing more than :data:`MAX_LAYERS` layers."""
     if count > MAX_LAYERS:
         raise UsageError(f"{reference}: {count} layers, more than the {MAX_LAYERS} hfcache pulls", hint=hint)
 
 
 def get_json(client, container, address: str, what: str, accept: str,
               expected_digest: str | None) -> tuple[dict, bytes, str | None]:
-    """(document, body, media type) of the manifest or config at ``address`` (at most ``_MAX_JSON`` bytes, JSON
-    nesting bounded), checked against ``expected_digest``, else the registry's ``Docker-Content-Digest``."""
-    response = client.do_request(address, "GET", headers={"Accept": accept}, stream=True)
-    with response:
-        if response.status_code == 404:
-            raise HubError(f"{what}: not found in {container.registry}/{container.api_prefix}",
-                           hint="check the name and the tag or digest (`skopeo list-tags docker://REGISTRY/NAME`)")
-        check(response, what, 200)
-        body = read_body(response, _MAX_JSON + 1, container.registry)
-        answered = response.headers.get("Docker-Content-Digest")
-        media_type = response.headers.get("Content-Type", "").split(";")[0].strip() or None
+    """(document, body, media type) of the manifest or config at ``address`` (bounded), checked against
+    ``expected_digest``, else the registry's ``Docker-Content-Digest``."""
+    body, media_type, headers = get_bounded(client, address, accept, _MAX_JSON, what)
+    if body is None:
+        raise HubError(f"{what}: not found in {container.registry}/{container.api_prefix}",
+                       hint="check the name and the tag or digest (`skopeo list-tags docker://REGISTRY/NAME`)")
+    answered = headers.get("Docker-Content-Digest")
     if len(body) > _MAX_JSON:
         raise UsageError(f"{what}: larger than {_MAX_JSON} bytes; not an hfcache image", hint=_OURS)
     expected = expected_digest or (answered if is_oci_digest(answered) else None)
@@ -153,7 +147,7 @@ def get_json(client, container, address: str, what: str, accept: str,
         raise UsageError(f"{what}: not JSON", hint=_OURS) from None
     if not isinstance(document, dict):
         raise UsageError(f"{what}: not a JSON object", hint=_OURS)
-    return document, body, media_type
+    return document, body, media_type or None
 
 
 def free_space(cache_dir: Path) -> tuple[int, Path]:
@@ -175,12 +169,8 @@ def changed_on_disk(shown: str, says: str = "its name says") -> CheckFailed:
 
 def rehashed(cache_dir: Path, folder: str, etag: str, says: str = "its name says") -> tuple[dict[str, str], int] | None:
     """({algorithm: hex} of ``etag``'s algorithm and sha256, size) of the target's ``<folder>/blobs/<etag>``, read
-    once through :func:`hfcache.cache.safefs.open_blob` and checked against its name (a shared cache is
-    member-writable). None when there is none, or no regular file opened safely (import judges it then).
-
-    Raises:
-        CheckFailed: its bytes are not its name's (:func:`changed_on_disk` with ``says``). OSError: a read error.
-    """
+    once through :func:`hfcache.cache.safefs.open_blob`; None when there is no regular file opened safely.
+    Raises CheckFailed: its bytes are not its name's (:func:`changed_on_disk` with ``says``); OSError."""
     try:
         fd = safefs.open_blob(cache_dir, folder, etag)
     except (OSError, CacheError):
@@ -198,13 +188,11 @@ def rehashed(cache_dir: Path, folder: str, etag: str, says: str = "its name says
 
 
 def held_locally(cache_dir: Path, folder: str, etag: str, size: int, digest: str | None = None) -> bool:
-    """Whether the target already holds the blob ``<folder>/blobs/<etag>`` of ``size`` bytes (:func:`rehashed`);
-    with ``digest`` (a raw layer's ``sha256:<hex>``) its bytes must also be that layer's (a git-sha1 etag says
-    nothing about the layer's bytes).
+    """Whether the target already holds the blob ``<folder>/blobs/<etag>`` of ``size`` bytes (:func:`rehashed`)
+    and, with ``digest`` (a raw layer's ``sha256:<hex>``), that layer's bytes.
 
     Raises:
-        CheckFailed: the blob does not hash to its name (exit 1). IntegrityError: it does, but is not the layer's
-            content (another size or digest: the artifact's etag lies, exit 3).
+        CheckFailed: the blob does not hash to its name (exit 1). IntegrityError: it is not the layer's content.
     """
     held = rehashed(cache_dir, folder, etag)
     if held is None:

@@ -1,9 +1,5 @@
 """Model-signing bundles as OCI referrers of a pushed manifest (distribution-spec v1.1 "Listing Referrers"; what is
-written and read, and why: docs/oci.md "On a registry").
-
-:func:`attach` pushes the artifact manifest; without the referrers API (no ``OCI-Subject`` on the PUT) it is listed
-in the tag fallback's index, read-modify-write (:func:`_add_to_fallback`). :func:`bundles` reads them back, bounded
-and digest-checked, within :data:`REFERRER_DEADLINES` metadata deadlines.
+written and read, and why: docs/oci.md "On a registry"): :func:`attach` and :func:`bundles`.
 """
 
 from __future__ import annotations
@@ -15,7 +11,7 @@ from ..bounds import TooDeep, loads_json
 from ..errors import HubError, UsageError
 from ..names import is_oci_digest
 from .peer import DOCKER_LIST, DOCKER_MANIFEST, INDEX_TYPE, MANIFEST_TYPE, canonical, digest_of, registry_text
-from .registry import check, read_body, url
+from .registry import check, get_bounded, read_body, request, url
 from .upload import upload_bytes
 
 BUNDLE_TYPE = "application/vnd.dev.sigstore.bundle.v0.3+json"
@@ -29,8 +25,8 @@ MAX_BUNDLE_BYTES = 64 * 1024 * 1024
 #: At most this many referrers are read for one subject (each costs two requests).
 MAX_REFERRERS = 100
 #: Reading a subject's signatures (the listing, every referrer manifest and bundle) ends, all together, within this
-#: many metadata deadlines (:meth:`hfcache.oci.registry._RegistryMethods.within`; ``--timeout 1``: 36 s): a registry
-#: dripping each of 100 answers just inside its own deadline held a pull for minutes before any layer.
+#: many metadata deadlines (:meth:`hfcache.oci.registry._RegistryMethods.within`): 100 answers each dripped just
+#: inside its own deadline held a pull for minutes.
 REFERRER_DEADLINES = 3
 _WRITE_TRIES = 8
 _SETTLE_CHECKS = 2
@@ -62,9 +58,10 @@ def _annotations(model: str, key: str) -> dict[str, str]:
 
 def attach(client, container, subject: dict, bundle: bytes, *, model: str = "", key: str = "") -> str:
     """Push ``bundle`` (model-signing JSON, at most :data:`MAX_BUNDLE_BYTES`) as a referrer of ``subject`` (the
-    pushed manifest's descriptor ``{mediaType, digest, size}``) in ``container``'s repository; return the referrer
-    manifest's digest. ``model`` (``ORG/NAME@<commit>``) and ``key`` (the sha256 hex of its public key) both given,
-    the referrer is annotated with them and replaces earlier hfcache referrers of ``subject`` with the same two.
+    pushed manifest's descriptor ``{mediaType, digest, size}``); return the referrer manifest's digest. ``model``
+    (``ORG/NAME@<commit>``) and ``key`` (the sha256 hex of its public key) both given, it is annotated with them and
+    replaces earlier hfcache referrers of ``subject`` with the same two; without the referrers API (no
+    ``OCI-Subject`` answered) it is listed in the fallback tag's index (:func:`_add_to_fallback`).
 
     Raises:
         UsageError: a malformed subject, an oversized bundle. RegistryAuthError, HubError, EndpointUnreachable: the
@@ -93,8 +90,7 @@ def attach(client, container, subject: dict, bundle: bytes, *, model: str = "", 
 
 
 def _same_signer(entry: dict, descriptor: dict) -> bool:
-    """Whether ``entry`` (a listed referrer) is another hfcache signature of the model and key of ``descriptor``:
-    what attaching ``descriptor`` replaces."""
+    """Whether ``entry`` (a listed referrer) is another hfcache signature of ``descriptor``'s model and key."""
     ours = descriptor.get("annotations") or {}
     theirs = entry.get("annotations")
     if not (ours.get(MODEL_ANNOTATION) and ours.get(KEY_ANNOTATION)) or not isinstance(theirs, dict):
@@ -126,9 +122,8 @@ def fallback_tag(subject_digest: str) -> str:
 
 def _add_to_fallback(client, container, subject_digest: str, descriptor: dict) -> None:
     """Add ``descriptor`` to the fallback index of ``subject_digest`` (read-modify-write) and check it stays: without
-    conditional PUTs (distribution 2.8) a writer whose GET came before our PUT drops our entry with its own PUT. The
-    index is read back after each write and twice more after a pause (twice a read-and-write round, at least 0.1 s,
-    with jitter); a drop seen is written again, at most :data:`_WRITE_TRIES` writes in all."""
+    conditional PUTs (distribution 2.8) a concurrent writer drops our entry. The index is read back after each write
+    and twice more after a jittered pause; a drop seen is written again, at most :data:`_WRITE_TRIES` writes."""
     tag = fallback_tag(subject_digest)
     writes, settled, pause = 0, 0, 0.1
     before: set[str] | None = None  # the same-signer referrers listed before our first write
@@ -152,37 +147,19 @@ def _add_to_fallback(client, container, subject_digest: str, descriptor: dict) -
                            hint="push the signature again when the other pushes have finished")
         document = dict(index or {"schemaVersion": 2, "mediaType": INDEX_TYPE})
         document["manifests"] = [*(m for m in entries if not _same_signer(m, descriptor)), descriptor]
-        response = _request(client, url(client, container, "manifests", tag), "PUT", data=canonical(document),
-                            headers={"Content-Type": INDEX_TYPE})
+        response = request(client, url(client, container, "manifests", tag), "PUT", _TRANSIENT_TRIES,
+                           data=canonical(document), headers={"Content-Type": INDEX_TYPE})
         check(response, f"update the referrers tag {tag} of {_where(container)}", 201)
         writes, settled = writes + 1, 0
         pause = max(pause, 2 * (time.monotonic() - began))
 
 
-def _request(client, address: str, method: str, tries: int = _TRANSIENT_TRIES, **kwargs):
-    """``client.do_request``, repeated (at most ``tries`` times, 0.2 s, 0.4 s apart) while the registry answers
-    500-504: distribution 2.8 answers 500 to a read of a tag another client is writing."""
-    for attempt in range(tries):
-        response = client.do_request(address, method, **kwargs)
-        if response.status_code not in (500, 502, 503, 504) or attempt == tries - 1:
-            return response
-        response.close()
-        time.sleep(0.2 * (attempt + 1))
-    raise AssertionError("unreachable")
-
-
 def _get(client, container, kind: str, ref: str, accept: str, limit: int, what: str, tries: int = _TRANSIENT_TRIES):
-    """(status, body bytes or None, media type) of ``GET /v2/<name>/<kind>/<ref>``; 404 gives (404, None, '')."""
-    response = _request(client, url(client, container, kind, ref), "GET", tries, headers={"Accept": accept},
-                        stream=True)
-    if response.status_code == 404:
-        response.close()
-        return 404, None, ""
-    check(response, what, 200)
-    body = read_body(response, limit + 1, container.registry)
-    if len(body) > limit:
+    """(body or None on a 404, media type) of ``GET /v2/<name>/<kind>/<ref>`` (:func:`.registry.get_bounded`)."""
+    body, media_type, _ = get_bounded(client, url(client, container, kind, ref), accept, limit, what, tries)
+    if body is not None and len(body) > limit:
         raise HubError(f"{what}: larger than {limit} bytes: refused", hint="this is not a signature hfcache reads")
-    return 200, body, response.headers.get("Content-Type", "").split(";")[0].strip()
+    return body, media_type
 
 
 def _json(body: bytes, what: str) -> dict:
@@ -197,16 +174,14 @@ def _json(body: bytes, what: str) -> dict:
 
 
 def _fallback_index(client, container, subject_digest: str) -> dict | None:
-    """The image index at the fallback tag of ``subject_digest``, or None when the tag does not exist.
-
-    Raises:
-        HubError: the tag holds something else than an image index (left alone)."""
+    """The image index at the fallback tag of ``subject_digest``, or None when the tag does not exist. Raises
+    HubError: the tag holds something else than an image index (left alone)."""
     tag = fallback_tag(subject_digest)
     what = f"the referrers tag {_where(container)}:{tag}"
     # Every manifest type accepted: a registry answers 404 for a type the Accept header leaves out (distribution
     # 2.8 does for OCI manifests), and a tag holding another tool's image must be seen, never overwritten.
-    status, body, media_type = _get(client, container, "manifests", tag, _ANY_MANIFEST, MAX_MANIFEST_BYTES, what)
-    if status == 404:
+    body, media_type = _get(client, container, "manifests", tag, _ANY_MANIFEST, MAX_MANIFEST_BYTES, what)
+    if body is None:
         return None
     index = _json(body, what)
     if index.get("mediaType", media_type) != INDEX_TYPE or not isinstance(index.get("manifests", []), list):
@@ -236,10 +211,8 @@ def _listed(client, container, subject_digest: str) -> list[dict]:
 
 def bundles(client, container, subject_digest: str) -> list[bytes]:
     """The model-signing bundles attached to the manifest ``subject_digest`` in ``container``'s repository, newest
-    (listed last) first, each checked against its digest and size (at most :data:`MAX_BUNDLE_BYTES`); [] for none.
-    At most :data:`MAX_REFERRERS` are read (two requests each; only the tag fallback's read is repeated on a 5xx),
-    all within :data:`REFERRER_DEADLINES` metadata deadlines; other artifact types and manifests of another
-    ``subject`` are skipped.
+    (listed last) first, each checked against its digest and size; [] for none. At most :data:`MAX_REFERRERS` are
+    read, within :data:`REFERRER_DEADLINES`; other artifact types and manifests of another ``subject`` are skipped.
 
     Raises:
         UsageError: a malformed digest. RegistryAuthError, HubError, EndpointUnreachable: the registry refused, a
@@ -272,8 +245,8 @@ def _verified(body: bytes, digest: str, what: str) -> bytes:
 
 def _bundle_of(client, container, digest: str, subject_digest: str) -> bytes | None:
     what = f"signature {digest} in {_where(container)}"
-    status, body, _ = _get(client, container, "manifests", digest, MANIFEST_TYPE, MAX_MANIFEST_BYTES, what, 1)
-    if status == 404:
+    body, _ = _get(client, container, "manifests", digest, MANIFEST_TYPE, MAX_MANIFEST_BYTES, what, 1)
+    if body is None:
         return None  # listed but gone (deleted since): not a signature any more
     manifest = _json(_verified(body, digest, what), what)
     subject = manifest.get("subject")
@@ -289,7 +262,7 @@ def _bundle_of(client, container, digest: str, subject_digest: str) -> bytes | N
     if not isinstance(size, int) or isinstance(size, bool) or not 0 < size <= MAX_BUNDLE_BYTES:
         raise HubError(f"{what}: its bundle declares {registry_text(size, 40)} bytes (at most {MAX_BUNDLE_BYTES})",
                        hint="this is not a signature hfcache reads; the registry content is altered or crafted")
-    status, blob, _ = _get(client, container, "blobs", layers[0]["digest"], "*/*", size, f"{what}: bundle", 1)
-    if status == 404:
+    blob, _ = _get(client, container, "blobs", layers[0]["digest"], "*/*", size, f"{what}: bundle", 1)
+    if blob is None:
         raise HubError(f"{what}: its bundle {layers[0]['digest']} is missing", hint="push the signature again")
     return _verified(blob, layers[0]["digest"], f"{what}: bundle")

@@ -1,11 +1,6 @@
 """Registry access for ``hfcache push``/``pull``: references, and requests on oras-py's session (uploads:
-:mod:`.upload`; origins, inert text, the deadline timer: :mod:`.peer`).
-
-Library gaps (oras 0.2.43 ``provider.py``, ``auth/*.py``; docs/oci.md "Why oras-py"): ``do_request`` retries every
-exception five times and sends no timeout (:meth:`_RegistryMethods.do_request`); its token backend takes a
-``Basic`` challenge for a realm and reads a token answer whole (:meth:`~_RegistryMethods._token`); ``Container``
-accepts names the spec does not (:func:`parse_reference`); requests follows redirects blindly
-(:meth:`~_RegistryMethods._follow`); a socket timeout bounds each byte only (:class:`.peer.Watchdog`).
+:mod:`.upload`; origins, inert text, the deadline timer: :mod:`.peer`). The oras-py gaps this closes (no timeout,
+retries of every error, blind redirects, lax names and token flow): docs/oci.md "Why oras-py".
 """
 
 from __future__ import annotations
@@ -13,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import re
+import time
 import urllib.parse
 from collections.abc import Iterator
 from typing import Protocol
@@ -54,12 +50,8 @@ class RegistryAuthError(HubError):
 def parse_reference(reference: str):
     """``[REGISTRY/]NAME[:TAG][@DIGEST]`` parsed by oras (default registry docker.io, tag ``latest``) as an
     ``oras.container.Container`` (``registry``, ``api_prefix``, ``tag``, ``digest``), validated with the
-    distribution spec's grammars (:data:`_NAME`, at most 255 characters with the registry; :data:`_TAG`; DIGEST
-    ``sha256:<64 hex>``). A first component ``localhost``, or with a ``.`` or ``:``, is the registry, as for docker.
-
-    Raises:
-        UsageError: not a valid reference (the message says which part).
-    """
+    distribution spec's grammars. A first component ``localhost``, or with a ``.`` or ``:``, is the registry, as for
+    docker. Raises UsageError: not a valid reference (the message says which part)."""
     import oras.container
 
     if not reference or any(c.isspace() for c in reference) or "://" in reference:
@@ -165,8 +157,8 @@ class _RegistryMethods:
 
     @contextlib.contextmanager
     def within(self, deadlines: int, what: str) -> Iterator[None]:
-        """Every request made inside ends, all of them together, within ``deadlines`` metadata deadlines (each one
-        also within its own); past it a request fails as its own deadline would, ``what`` naming the phase."""
+        """Every request made inside ends, all together, within ``deadlines`` metadata deadlines (each one also
+        within its own); ``what`` names the phase in the error."""
         self.overall = Deadline(deadlines * metadata_deadline(self._timeout), what)
         try:
             yield
@@ -384,11 +376,8 @@ def stream_errors() -> tuple[type[BaseException], ...]:
 
 def read_body(response, limit: int, registry: str) -> bytes:
     """At most ``limit`` decoded bytes of the unread body of the streamed ``response``, read under the request's
-    deadline (its :class:`.peer.Watchdog`); the answer is closed then.
-
-    Raises:
-        EndpointUnreachable: the connection broke while reading, or the deadline passed (exit 3; naming ``registry``).
-    """
+    deadline (its :class:`.peer.Watchdog`); the answer is closed then. Raises EndpointUnreachable: the connection
+    broke while reading, or the deadline passed (exit 3; naming ``registry``)."""
     dog = getattr(response, "hfcache_watchdog", None)
     chunks, got = [], 0
     try:
@@ -444,12 +433,34 @@ def _reason(exc: Exception) -> str:
     return type(exc).__name__
 
 
-def check(response, what: str, *expected: int) -> None:
-    """Raise a one-line error unless ``response`` has one of the ``expected`` statuses.
+def request(client, address: str, method: str, tries: int = 1, **kwargs):
+    """``client.do_request``, repeated (at most ``tries`` times, 0.2 s, 0.4 s apart) while the registry answers
+    500-504: distribution 2.8 answers 500 to a read of a tag another client is writing."""
+    for attempt in range(tries):
+        response = client.do_request(address, method, **kwargs)
+        if response.status_code not in (500, 502, 503, 504) or attempt == tries - 1:
+            return response
+        response.close()
+        time.sleep(0.2 * (attempt + 1))
+    raise AssertionError("unreachable")
 
-    Raises:
-        RegistryAuthError: 401/403; HubError: any other status (the registry's error codes in the message).
-    """
+
+def get_bounded(client, address: str, accept: str, limit: int, what: str, tries: int = 1):
+    """``GET address`` (:func:`request`): (at most ``limit + 1`` body bytes, or None on a 404; the media type of
+    ``Content-Type``; the response headers). Raises what :func:`check` (another status than 200) and
+    :func:`read_body` raise."""
+    response = request(client, address, "GET", tries, headers={"Accept": accept}, stream=True)
+    with response:
+        if response.status_code == 404:
+            return None, "", response.headers
+        check(response, what, 200)
+        body = read_body(response, limit + 1, client.registry_name)
+    return body, response.headers.get("Content-Type", "").split(";")[0].strip(), response.headers
+
+
+def check(response, what: str, *expected: int) -> None:
+    """Raise a one-line error unless ``response`` has one of the ``expected`` statuses: RegistryAuthError for
+    401/403, else HubError (the registry's error codes in the message)."""
     if response.status_code in expected:
         return
     detail = ""

@@ -1,8 +1,6 @@
 """Blob uploads for ``hfcache push``: monolithic (POST, then PUT ``?digest=``; distribution-spec v1.1 "Pushing
-blobs") or a cross-repository mount, the body streamed under the throughput floor.
-
-Library gap (oras-py 0.2.43 ``provider.py``): its uploads take a *path*, opened by name and mostly read whole into
-memory, and neither check what they send, mount, nor bound the time; only ``_get_location`` is reused.
+blobs") or a cross-repository mount, the body streamed under the throughput floor (oras-py's uploads read a path
+whole and check nothing: docs/oci.md "Why oras-py"; only its ``_get_location`` is reused).
 """
 
 from __future__ import annotations
@@ -89,8 +87,7 @@ def upload(client, container, digest: str, size: int, opener: Callable[[], io.Bu
 
     Raises:
         CacheError: with ``verify``, the bytes are not ``digest`` (exit 5). RegistryAuthError, HubError: the registry
-            refused (``what`` names the PUT, default ``upload <digest>``). pace.TooSlow: below the throughput floor
-            (``registry.network_errors`` makes it EndpointUnreachable).
+            refused (``what`` names the PUT). pace.TooSlow: below the throughput floor (``registry.network_errors``).
     """
     if client.do_request(url(client, container, "blobs", digest), "HEAD").status_code == 200:
         return 0

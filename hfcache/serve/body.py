@@ -45,7 +45,7 @@ class LogEntry:
 
 
 class Responder(Protocol):
-    """What a server stack needs from the protocol side: :class:`hfcache.serve.HubServer`."""
+    """What a server stack needs from the protocol side (:class:`hfcache.serve.HubServer`)."""
 
     def respond(self, origin: str, environ: dict[str, Any]) -> tuple[str, list[tuple[str, str]], Iterable[bytes],
                                                                       LogEntry]:

@@ -1,8 +1,6 @@
-"""A folder of plain repo folders as a store of repos (``hfcache serve --repos``), scanned on every request:
-``<root>/<org>/<name>/`` (a model; an org-less one: ``<root>/<name>/`` holding files directly),
-``<root>/datasets/<org>/<name>/``, ``<root>/kernels/<org>/<name>/``, and ``<root>/legacy_ids.json``
-(``{"bert-base-uncased": "google-bert/..."}``). Each repo has one branch, ``main``, whose commit is derived from the
-content (an edit makes a new commit; the old one is ``RevisionNotFound``).
+"""A folder of plain repo folders as a store of repos (``hfcache serve --repos``; the layout: docs/serve.md; an
+org-less repo is ``<root>/<name>/`` holding files directly; legacy ids: ``<root>/legacy_ids.json``), scanned on every
+request. Each repo has one branch, ``main``, its commit derived from the content (an old one: ``RevisionNotFound``).
 """
 
 from __future__ import annotations

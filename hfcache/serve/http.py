@@ -91,7 +91,6 @@ def repo_path(parts: list[str]) -> str:
 
 
 def json_response(data: Any) -> Response:
-    """A 200 ``application/json`` answer holding ``data``."""
     return Response(json.dumps(data), mimetype="application/json")
 
 

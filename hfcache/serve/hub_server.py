@@ -35,17 +35,15 @@ class HubServer:
     ``X-Linked-Etag``/``X-Linked-Size``, no CDN), ``GET /metrics`` (:mod:`.metrics`) and ``GET /healthz``.
 
     Args:
-        root (str | Path): a hub cache (``layout="cache"``) or repo folders (``layout="repos"``, legacy ids from
-            ``<root>/legacy_ids.json`` if present). host (str), port (int): where to listen (0: any free port).
-        token (str | None): required as ``Authorization: Bearer`` (not by ``/healthz``, ``/metrics``), else 401
-            ``RepoNotFound``. access_log (IO[str] | None): one line per finished request (never a header).
-        upstream (PullThroughConfig | None): ``layout="cache"`` only: pull through (``/healthz`` then says whether
-            the upstreams answer). store (Store | None): ``layout="bucket"`` only: the store to answer from
-            (:class:`.bucket_store.BucketStore`).
+        root: a hub cache (``layout="cache"``) or repo folders (``layout="repos"``, legacy ids from
+            ``<root>/legacy_ids.json`` if present). host, port: where to listen (0: any free port).
+        token: required as ``Authorization: Bearer`` (not by ``/healthz``, ``/metrics``), else 401 ``RepoNotFound``.
+        access_log: one line per finished request (never a header). upstream: ``layout="cache"`` only: pull
+            through (``/healthz`` then says whether the upstreams answer). store: ``layout="bucket"`` only: the
+            store to answer from (:class:`.bucket_store.BucketStore`).
 
     Raises:
-        ValueError: an unknown layout, an upstream with ``layout="repos"``. FileNotFoundError: no cache at
-            ``root``. OSError: from :meth:`start` if the port cannot be bound.
+        ValueError: an unknown layout, an upstream with ``layout="repos"``. FileNotFoundError: no cache at ``root``.
     """
 
     def __init__(self, root: str | Path, *, host: str = "127.0.0.1", port: int = 0, token: str | None = None,
@@ -128,7 +126,6 @@ class HubServer:
         return served
 
     def answer(self, origin: str, request: Request) -> Response:
-        """The response to one request of ``origin`` (:class:`~.routing.Router`)."""
         return self.router.answer(request)
 
     def respond(self, origin: str, environ: dict[str, Any]) -> tuple[str, list[tuple[str, str]], Iterable[bytes],
@@ -160,12 +157,10 @@ class HubServer:
 
     @property
     def stopping(self) -> threading.Event:
-        """Set when responses still streaming must end now."""
         return self._stopping
 
     @property
     def store(self) -> Store:
-        """The store answering the requests."""
         return self._store
 
     def _public_routes(self) -> dict[str, Any]:

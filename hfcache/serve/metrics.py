@@ -1,7 +1,5 @@
-"""``GET /metrics`` of ``hfcache serve``: Prometheus text through ``prometheus_client``, one
-:class:`prometheus_client.CollectorRegistry` per server (tests run several servers in one process). Labels are the
-route and the status only, never a repo id or a path: a client cannot grow the number of series. The series:
-docs/serve.md, "GET /metrics".
+"""``GET /metrics`` of ``hfcache serve`` (the series: docs/serve.md, "GET /metrics"), one registry per server (tests
+run several in one process). Labels are the route and the status only: a client cannot grow the number of series.
 """
 
 from __future__ import annotations
@@ -66,7 +64,6 @@ class MirrorMetrics:
         self.before_scrape: Callable[[], None] | None = None
 
     def observe(self, target: str, status: int, bytes_sent: int) -> None:
-        """Count one finished request."""
         self.requests.labels(route_of(target), str(status)).inc()
         if bytes_sent:
             self.bytes_served.inc(bytes_sent)

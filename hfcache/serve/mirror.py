@@ -65,12 +65,11 @@ def serve(*, cache_dir: str | os.PathLike[str] | None = None, repos_dir: str | o
 
     Args:
         cache_dir: the hub cache (None: huggingface_hub's default). repos_dir: ``<org>/<name>/`` folders instead.
-        host, port: where to listen (port 0: any free one). token: required as ``Authorization: Bearer`` (not by
-            ``/healthz``, ``/metrics``). access_log: a file (``"-"``: stdout) for one line per request, no headers.
+        host, port, token, upstream: as :class:`hfcache.serve.HubServer`'s (with ``upstream`` the cache is created
+            if missing). access_log: a file (``"-"``: stdout) for one line per request, no headers.
         ready: called once with the MirrorInfo when the port is bound. stop: an event that stops it like SIGTERM
-            (signal handlers are installed only from the main thread). upstream: pull through (:mod:`.pullthrough`;
-            the cache is created if missing). store: ``s3://BUCKET/PREFIX`` to serve instead of a cache
-            (:mod:`.bucket_store`; with ``upstream``, filled from it: :mod:`.bucket_fill`).
+            (signal handlers are installed only from the main thread). store: ``s3://BUCKET/PREFIX`` to serve instead
+            of a cache (:mod:`.bucket_store`; with ``upstream``, filled from it: :mod:`.bucket_fill`).
 
     Raises:
         UsageError: both directories, the port cannot be bound, the access log cannot be opened.

@@ -1,8 +1,7 @@
 """A pull-through store (``hfcache serve --upstream``): a hub cache that resolves and fetches what it lacks with
-warm's code path (``resolve_revision``, ``fetch_pinned`` of :mod:`hfcache.warming.orchestrate`: pinned to the
-resolution's commit and hashes, hash checked before anything is visible), in a bounded pool (:mod:`.upstream_pool`).
-What a request gets (revalidation, ids, ``--allow``, failures, budget): docs/serve.md, "Pull-through mirror". The
-upstream token goes only to the upstreams; it is never logged or answered.
+warm's code path (pinned to the resolution's commit and hashes), in a bounded pool (:mod:`.upstream_pool`). What a
+request gets: docs/serve.md, "Pull-through mirror". The upstream token goes only to the upstreams, never logged
+or answered.
 """
 
 from __future__ import annotations
@@ -74,7 +73,6 @@ class PullThroughConfig:
     def __post_init__(self) -> None:
         if not self.upstreams:
             raise UsageError("a pull-through mirror needs at least one --upstream")
-        # Checked here, before anything is created: http(s) with a host, no credentials in the URL.
         object.__setattr__(self, "upstreams", tuple(validate_endpoint(u) for u in self.upstreams))
         if self.revalidate < 0:
             raise UsageError(f"--revalidate must not be negative, got {self.revalidate}")
@@ -238,7 +236,7 @@ class PullThroughStore:
             return None
 
     def _known(self, repo_type: str, repo_id: str, revision: str, cached: RepoSnapshot | None) -> RepoSnapshot | None:
-        """A fresh resolution, a known commit or a commit the cache holds: answered without upstream."""
+        """A fresh resolution, a known commit or a commit the cache holds (also after a restart): no upstream."""
         now = time.monotonic()
         with self._lock:
             if is_commit(revision):
@@ -254,7 +252,6 @@ class PullThroughStore:
                     self._refs.move_to_end((repo_type, repo_id.lower(), revision))
                     return resolved.snapshot
                 return None
-        # A commit the cache holds is answered without asking upstream, also after a restart (:meth:`_full`).
         return self._full(cached)
 
     def _full(self, cached: RepoSnapshot | None) -> RepoSnapshot | None:

@@ -1,6 +1,5 @@
-"""Which answer (:mod:`.answers`) a request to the Hub protocol gets, after the token check (docs/cache-layout.md,
-'The Hub protocol'): ``/api/{models|datasets|kernels}/{repo_id}[/revision/{rev}]`` repo info, ``.../tree/{rev}[/path]``
-tree listing, ``/[datasets/|kernels/]{repo_id}/resolve/{rev}/{path}`` file metadata and bytes, ``/healthz``.
+"""Which answer (:mod:`.answers`) a request to the Hub protocol gets, after the token check (the routes:
+docs/cache-layout.md, 'The Hub protocol'; docs/serve.md).
 """
 
 from __future__ import annotations
@@ -40,7 +39,6 @@ class Router:
         self.public = dict(public or {})
 
     def answer(self, request: Request) -> Response:
-        """The response to one request: an answer, the Hub's error for it, or a 500 (logged) on a bug."""
         return guarded(self._route, request)
 
     def _route(self, request: Request) -> Response:
@@ -63,7 +61,6 @@ class Router:
         return self._resolve(request, "model", segments)
 
     def _snapshot(self, repo_type: str, repo_id: str, revision: str) -> RepoSnapshot:
-        """The repo at a revision; a :class:`StoreMiss` raised as its HttpError."""
         try:
             return self.store.snapshot(repo_type, repo_id, revision)
         except StoreMiss as miss:
@@ -117,7 +114,6 @@ class Router:
 
 
 def miss_error(miss: StoreMiss) -> HttpError:
-    """A store's miss as the Hub's error answer."""
     return HttpError(miss.status, miss.code, miss.message, miss.headers())
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from ..names import escaped
 from .vocabulary import StoreMiss
 
 __all__ = ["inert", "store_miss"]
@@ -27,10 +28,7 @@ def store_miss(error_type: str, message: str, *, fetch: bool = False) -> StoreMi
 
 
 def inert(message: str, limit: int = 1000) -> str:
-    """``message`` (which may quote upstream text: a listed file name, an error) as one line of printable ASCII,
-    for the JSON ``error`` body and the ``X-Error-Message`` header alike: whitespace runs (CR, LF, U+2028...) become
-    one space, every other character ``str.isprintable`` refuses (ESC, DEL, C1, bidi controls) is escaped as
-    ``\\xNN``/``\\uNNNN``, non-ASCII as ``\\uNNNN``; cut to ``limit`` characters."""
-    text = "".join(c if c.isprintable() else (f"\\x{ord(c):02x}" if ord(c) < 0x100 else f"\\u{ord(c):04x}")
-                   for c in " ".join(message.split()))
-    return text.encode("ascii", "backslashreplace").decode()[:limit]
+    """``message`` (which may quote upstream text) as one line of printable ASCII for the JSON ``error`` body and the
+    ``X-Error-Message`` header: whitespace runs become one space, anything else not printable ASCII is escaped as
+    ``\\xNN``/``\\uNNNN``; cut to ``limit`` characters."""
+    return escaped(" ".join(message.split())).encode("ascii", "backslashreplace").decode()[:limit]

@@ -1,7 +1,5 @@
-"""Which id the pull-through mirror stores an upstream answer under: exactly where warm follows an upstream's ``id``
-(:func:`hfcache.records.folder_ids`), ids matched without case (one folder per repo); any other answer is kept under
-the id asked, so an upstream can never make the mirror store or answer a repo nobody asked for (docs/serve.md, "Ids,
-as the Hub resolves them"). What the mirror remembers of these answers is bounded (:class:`Names`).
+"""Which id the pull-through mirror stores an upstream answer under (docs/serve.md, "Ids, as the Hub resolves
+them"), and its bounded memory of them (:class:`Names`).
 """
 
 from __future__ import annotations
@@ -17,7 +15,8 @@ __all__ = ["Names", "keep", "storage_id"]
 
 def storage_id(asked: str, answered: str, spelled: Callable[[str], str | None]) -> tuple[str, str | None]:
     """``(id to store and answer under, legacy id whose own folder is filled too or None)`` for the id ``asked``
-    (str) and the one upstream ``answered`` (str); ``spelled``: the cache's spelling of an id (without case), if any."""
+    and the one upstream ``answered``: ``answered`` only where warm follows it (:func:`hfcache.records.folder_ids`),
+    matched without case; ``spelled``: the cache's spelling of an id (without case), if any."""
     legacy = None
     if answered == asked or answered.lower() == asked.lower():
         stored = answered  # the same repo, as the upstream spells it
@@ -58,7 +57,6 @@ class Names:
             return self._stored.get((repo_type, asked.lower()))
 
     def legacy(self, repo_type: str, stored: str) -> str | None:
-        """The legacy id whose folder ``stored`` fills too, if any."""
         with self._lock:
             return self._legacy.get((repo_type, stored))
 

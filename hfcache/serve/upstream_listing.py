@@ -71,7 +71,7 @@ def write_listing(folder: RepoFolder, revision: RepoRevision) -> None:
     commit = check_commit(revision.commit_hash)
     try:
         with folder.repo_lock():
-            try:  # the snapshot must exist (a concurrent prune removes both); walked without following a link
+            try:  # walked without following a link
                 os.close(safefs.open_dir(folder.cache_dir, (folder.name, "snapshots", commit)))
             except FileNotFoundError:
                 return

@@ -57,11 +57,8 @@ class UpstreamPool:
     def run(self, key: Hashable, fn: Callable[[], T], deadline: Deadline | None) -> T:
         """``fn()``'s result, run once per ``key`` in the pool (a request for a key in flight waits for that run);
         ``fn`` must re-check what it fetches. Called from inside an operation, it runs inline (or waits for the twin).
-
-        Raises:
-            StoreMiss: 503 ``UpstreamUnavailable`` with ``retry_after`` when every slot is taken or ``deadline``
-                passed (the operation goes on); whatever ``fn`` raises.
-        """
+        Raises StoreMiss: 503 ``UpstreamUnavailable`` with ``retry_after`` when every slot is taken or ``deadline``
+        passed (the operation goes on); whatever ``fn`` raises."""
         if getattr(self._local, "inside", False):
             with self._lock:
                 running = self._ops.get(key)

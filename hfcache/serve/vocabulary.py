@@ -37,15 +37,10 @@ DEFAULT_BRANCH = "main"
 
 @dataclass(frozen=True)
 class RepoFile:
-    """A file of a served repo, with the hashes the Hub publishes for it.
-
-    Attributes:
-        path (str): POSIX path inside the repo, e.g. ``"1_Pooling/config.json"``.
-        local_path (Path): the file on disk (resolved inside ``root``; in a cache the blob or snapshot entry).
-        size (int): bytes. is_lfs (bool): stored with LFS. pointer_size (int): bytes of the LFS pointer text.
-        blob_id (str): git blob sha1 of what git stores: the content, or for LFS files the pointer text.
-        sha256 (str | None): of the content; None when unknown without hashing (a cache's non-LFS blob).
-    """
+    """A file of a served repo, with the hashes the Hub publishes for it: ``path`` (POSIX, inside the repo),
+    ``local_path`` (resolved inside ``root``; in a cache the blob or snapshot entry), ``size`` and ``pointer_size``
+    (of the LFS pointer text) in bytes, ``blob_id`` (git blob sha1 of the content, or for LFS files of the pointer),
+    ``sha256`` of the content (None when unknown without hashing: a cache's non-LFS blob)."""
 
     path: str
     local_path: Path
@@ -63,15 +58,9 @@ class RepoFile:
 
 @dataclass(frozen=True)
 class RepoSnapshot:
-    """The content of one repo at one commit.
-
-    Attributes:
-        repo_type (str): ``"model"``, ``"dataset"`` or ``"kernel"``. repo_id (str): the canonical id.
-        commit (str): 40-hex commit. files (Mapping[str, RepoFile]): the files served, by path, sorted by path.
-        absent (frozenset[str]): paths known not to exist at this commit (a cache's ``.no_exist`` markers).
-        listing (frozenset[str] | None): every path of the repo at this commit when known (a plain folder, a
-            ``trees/<commit>.json``); None when the store may hold only part of the repo.
-    """
+    """The content of one repo (``repo_id``: the canonical id) at one 40-hex ``commit``: ``files`` served, by path,
+    sorted; ``absent``, paths known not to exist (a cache's ``.no_exist`` markers); ``listing``, every path of the
+    repo when known (a plain folder, a ``trees/<commit>.json``), None when the store may hold only part of it."""
 
     repo_type: str
     repo_id: str
@@ -99,14 +88,9 @@ class RepoSnapshot:
 
 
 class StoreMiss(Exception):
-    """A store has no such repo or revision, or cannot get what was asked (a pull-through store's upstream failed).
-
-    Attributes:
-        code (str): the ``X-Error-Code`` (the Hub's ``RepoNotFound``, ``RevisionNotFound``, ``GatedRepo``, or a
-            pull-through mirror's ``RepoNotAllowed``, ``UpstreamUnavailable``, ``UpstreamIntegrityError``, ...).
-        repo_id (str | None): the canonical id, for ``RevisionNotFound``. commit (str | None): ``X-Repo-Commit``.
-        status (int): the HTTP status (404 by default). retry_after (int | None): seconds for ``Retry-After``.
-    """
+    """A store has no such repo or revision, or cannot get what was asked (a pull-through store's upstream failed):
+    ``code``, the ``X-Error-Code`` (``RepoNotFound``, ``RevisionNotFound``, ``RepoNotAllowed``...); ``repo_id``, the
+    canonical id for ``RevisionNotFound``; ``commit`` for ``X-Repo-Commit``; ``status`` (HTTP); ``retry_after`` s."""
 
     def __init__(self, code: str, message: str, *, repo_id: str | None = None, commit: str | None = None,
                  status: int = 404, retry_after: int | None = None):
@@ -146,11 +130,8 @@ def is_lfs_file(path: str, size: int) -> bool:
 
 def open_beneath(root: str | os.PathLike[str], parts: Sequence[str]) -> BinaryIO:
     """Open the regular file ``root/parts...`` for reading (:func:`hfcache.cache.safefs.open_file`: no link followed
-    at any component, ``O_NONBLOCK``: a FIFO never blocks).
-
-    Raises:
-        OSError: missing, a link on the way, not a regular file, a part that is empty, ``.`` or ``..``.
-    """
+    at any component, a FIFO never blocks). Raises OSError: missing, a link on the way, not a regular file, a part
+    that is empty, ``.`` or ``..``."""
     shown = os.path.join(root, *parts)
     try:
         fd = safefs.open_file(root, parts, os.O_RDONLY | os.O_NONBLOCK)
