@@ -40,13 +40,8 @@ def atomic_output(path: Path, policy: SharePolicy | None = None):
 
 
 def _refuse_non_regular(dfd: int, path: Path) -> None:
-    """A user's output path that exists as anything but a regular file is never replaced: ``hfcache export T
-    /dev/null`` as root (or ``sign -o /dev/null``) renamed a regular file over the device node, and a symlinked
-    lock file became a copy.
-
-    Raises:
-        UsageError: (exit 2) ``path`` is a link, device, FIFO, socket or folder.
-    """
+    """UsageError (exit 2) when a user's output ``path`` exists as anything but a regular file (``hfcache export T
+    /dev/null`` as root renamed a regular file over the device node; a symlinked lock file became a copy)."""
     try:
         st = os.stat(path.name, dir_fd=dfd, follow_symlinks=False)
     except FileNotFoundError:
@@ -61,10 +56,9 @@ def _refuse_non_regular(dfd: int, path: Path) -> None:
 
 @contextmanager
 def atomic_output_at(dfd: int, name: str, policy: SharePolicy | None = None):
-    """Open a binary file that appears as ``name`` in the folder open as ``dfd`` (safefs.open_dir) only when the
-    block succeeds: a temp file created ``O_EXCL | O_NOFOLLOW`` relative to ``dfd`` (shared by ``policy``), fsynced,
-    then ``os.replace``-d relative to ``dfd``, so a folder swapped for a link meanwhile is never written through.
-    On an exception the temp file is removed. Raises OSError (ENOSPC, EACCES)."""
+    """Open a binary file that appears as ``name`` in the folder open as ``dfd`` only when the block succeeds: a
+    temp file created relative to ``dfd`` (shared by ``policy``), fsynced, then renamed relative to ``dfd``; removed
+    on an exception. Raises OSError (ENOSPC, EACCES)."""
     tmp = temp_name(name)
     fd = create_at(dfd, tmp)
     try:

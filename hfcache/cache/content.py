@@ -106,19 +106,14 @@ def _buffer() -> memoryview:
 def hash_fd(fd: int, algorithms: tuple[str, ...] = (SHA256,), *, on_bytes: Callable[[int], None] | None = None,
             shown: str = "", close: bool = True, offset: int | None = None) -> tuple[dict[str, str], int]:
     """Hash the open regular file ``fd`` to its end with each of ``algorithms``, into one reused buffer per thread.
-
     git-sha1's size is the file's (``fstat``): with ``offset`` (``pread`` from there, at most that size) a file that
     grows meanwhile is hashed as it was; without it (from the current offset) it hashes wrong, never right.
 
     Args:
-        fd: opened through the cache's safe opens, closed here unless ``close`` is False. algorithms: ``sha256``
-            and/or ``git-sha1``. on_bytes: called with each read's size (progress). shown: the path in errors.
+        fd: closed here unless ``close`` is False. algorithms: ``sha256`` and/or ``git-sha1``. on_bytes: called with
+            each read's size (progress). shown: the path in errors.
 
-    Returns:
-        ({algorithm: hex digest}, bytes read).
-
-    Raises:
-        OSError: EINVAL when it is not a regular file (a FIFO or device would never end), or a read error.
+    Returns ({algorithm: hex digest}, bytes read). Raises OSError: EINVAL when not a regular file, or a read error.
     """
     try:
         st = os.fstat(fd)
@@ -155,12 +150,6 @@ def fd_matches(fd: int, etag: str, size: int | None = None, *, on_bytes: Callabl
     finally:
         os.close(fd)
     return digests[algorithm] == etag and (size is None or read == size)
-
-
-def verify_fd(fd: int, etag: str, size: int | None, shown: str) -> None:
-    """:func:`fd_matches` or raise :class:`ContentMismatch` naming ``shown`` (``fd`` closed here)."""
-    if not fd_matches(fd, etag, size):
-        raise ContentMismatch(f"{shown}: content does not match its name", hint="run `hfcache verify --repair`")
 
 
 class HashingReader(io.RawIOBase):

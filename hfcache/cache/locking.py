@@ -155,8 +155,8 @@ def _alive_here(pid: int, hostname: str) -> bool:
 
 
 def flock_error(directory: Path) -> int | None:
-    """Whether flock works on ``directory``'s filesystem: None if it does, else the errno it fails with. Probed once
-    per filesystem and process on an anonymous or short-lived file; OSError when ``directory`` cannot be written."""
+    """None if flock works on ``directory``'s filesystem, else its errno; probed once per filesystem and process.
+    OSError when ``directory`` cannot be written."""
     import fcntl
 
     device = os.stat(directory).st_dev
@@ -204,7 +204,7 @@ def _new_lock(path: Path, mode: int):
 
 def holder_of(path: Path) -> str | None:
     """Who holds the lock at ``path`` as far as this host can tell (a soft marker's pid and host, a flock holder
-    from ``/proc/locks`` by inode, with its command line when ``/proc`` shows it), or None."""
+    from ``/proc/locks``, with its command line), or None."""
     from filelock._identity import host_name
     from filelock._soft import parse_lock_holder, read_lock_file
 
@@ -249,12 +249,8 @@ def _describe_pid(pid: int, host: str) -> str:
 
 def via_dir_fd(path: Path, dir_fd: int | None) -> Path:
     """The name under which ``path`` is opened: ``/proc/self/fd/<dir_fd>/<name>`` when its folder was opened as
-    ``dir_fd`` (safefs, no link followed) and ``/proc`` shows fds, else ``path``.
-
-    Library gap: filelock opens a lock by path (``O_NOFOLLOW`` on the last component only) and makes its folder with
-    ``Path.mkdir(parents=True)``, both following a folder swapped for a link after hfcache checked it; the
-    ``/proc/self/fd`` name resolves through the checked folder's descriptor.
-    """
+    ``dir_fd`` and ``/proc`` shows fds, else ``path``. Library gap: filelock opens a lock by path and makes its
+    folder with ``Path.mkdir(parents=True)``, both following a folder swapped for a link after hfcache checked it."""
     if dir_fd is None or not os.path.isdir("/proc/self/fd"):
         return path
     return Path(f"/proc/self/fd/{dir_fd}") / path.name
@@ -335,8 +331,8 @@ def _acquire(path: Path, timeout: float, stop: threading.Event | None,
 @contextmanager
 def try_lock(path: Path, dir_fd: int | None = None) -> Iterator[str]:
     """Take the lock at ``path`` without waiting, for the block: ``as`` gives "" when held by us (or when there is no
-    lock file: nobody uses it), else why not ("a download holds its lock", "its lock file cannot be opened (...)").
-    ``dir_fd``: an fd of its folder (safefs) the file is looked up and opened through (:func:`via_dir_fd`)."""
+    lock file), else why not ("a download holds its lock", "its lock file cannot be opened (...)"). ``dir_fd``: an
+    fd of its folder the file is looked up and opened through (:func:`via_dir_fd`)."""
     if dir_fd is None:
         regular = os.path.isfile(path)
     else:
@@ -362,9 +358,8 @@ def try_lock(path: Path, dir_fd: int | None = None) -> Iterator[str]:
 
 
 def _settle_marker_mode(path: Path, mode: int) -> None:
-    """Give the soft marker this process holds the lock file ``mode`` (a shared cache's group write). Library gap:
-    filelock's SoftFileLock strips group and other write from markers whatever ``mode`` asks, leaving ``0644``
-    markers in a shared cache (:mod:`.sharing`). Best effort, only on a regular file this user owns."""
+    """Give the soft marker this process holds ``mode`` (a shared cache's group write; library gap: SoftFileLock
+    strips group and other write whatever ``mode`` asks). Best effort, only on a regular file this user owns."""
     try:
         fd = open_read_at(None, str(path))
     except OSError:

@@ -26,12 +26,13 @@ import errno
 import os
 import stat
 from dataclasses import dataclass
+from pathlib import Path
 
 from ..bounds import MAX_JSON_DEPTH, TooDeep, loads_json
 from ..errors import CacheError
 from . import safefs
 from .fsops import create_at, open_read_at, temp_name, unlink_at
-from .sharing import cache_policy, share_fd
+from .sharing import cache_policy, open_dirs
 
 LOCKS = ".locks"
 MODE = 0o644  # never group-writable, even in a shared cache: a record is authority for its writer only
@@ -75,10 +76,9 @@ def _distrust(st: os.stat_result, root_ok: bool) -> str:
 
 def load(cache_dir: str, name: str, max_bytes: int, *, root_ok: bool = False,
          read_untrusted: bool = False, folder: tuple[str, ...] = ()) -> Loaded:
-    """Read the record ``<cache_dir>/.locks/[<folder>/]<name>`` (module docstring: how, and what "trusted" means);
-    never raises for what a cache holds. ``max_bytes``: a larger record is not read. ``root_ok``: a record owned by
-    root is trusted too. ``read_untrusted``: parse an untrusted record as well (``data`` set, ``distrust``
-    non-empty)."""
+    """Read the record ``<cache_dir>/.locks/[<folder>/]<name>`` (module docstring); never raises for what a cache
+    holds. ``max_bytes``: a larger record is not read. ``root_ok``: a record owned by root is trusted too.
+    ``read_untrusted``: parse an untrusted record as well (``data`` set, ``distrust`` non-empty)."""
     try:
         locks = safefs.open_dir(cache_dir, (LOCKS, *folder))
     except FileNotFoundError:
@@ -114,12 +114,10 @@ def load(cache_dir: str, name: str, max_bytes: int, *, root_ok: bool = False,
 
 
 def save(cache_dir: str, name: str, data: bytes, *, folder: tuple[str, ...] = (), durable: bool = True) -> bool:
-    """Replace the record ``<cache_dir>/.locks/[<folder>/]<name>`` with ``data`` (module docstring; ``durable``
-    False: no fsync); False when it cannot be written (a read-only or full cache, a ``.locks`` that is a link), the
-    record then left as it was."""
-    policy = cache_policy(cache_dir)
+    """Replace the record ``<cache_dir>/.locks/[<folder>/]<name>`` with ``data`` (``durable`` False: no fsync);
+    False, the record left as it was, when it cannot be written (a read-only or full cache, a ``.locks`` link)."""
     try:
-        locks = safefs.open_dir(cache_dir, (LOCKS, *folder), create=True, on_create=lambda fd: share_fd(fd, policy))
+        locks = open_dirs(Path(cache_dir, LOCKS, *folder), Path(cache_dir), cache_policy(cache_dir))
     except (OSError, CacheError):
         return False
     try:
@@ -132,8 +130,7 @@ def save(cache_dir: str, name: str, data: bytes, *, folder: tuple[str, ...] = ()
 
 
 def remove(cache_dir: str, name: str, *, folder: tuple[str, ...] = ()) -> None:
-    """Delete the record ``<cache_dir>/.locks/[<folder>/]<name>`` (the entry, never a link's target); nothing when it
-    or its folder is missing or cannot be opened."""
+    """Delete the record ``<cache_dir>/.locks/[<folder>/]<name>`` (never a link's target), if it can be opened."""
     try:
         locks = safefs.open_dir(cache_dir, (LOCKS, *folder))
     except (OSError, CacheError):
@@ -147,8 +144,7 @@ def remove(cache_dir: str, name: str, *, folder: tuple[str, ...] = ()) -> None:
 
 def write_at(dfd: int, name: str, data: bytes, durable: bool = True) -> None:
     """Atomic write of ``name`` in the folder ``dfd`` with mode :data:`MODE` from creation on (not
-    :func:`.atomic.atomic_write_at`, which creates with the umask: a umask-002 member's temp file would be
-    group-writable before the rename)."""
+    :func:`.atomic.atomic_write_at`: a umask-002 member's temp file would be group-writable before the rename)."""
     tmp = temp_name(name)
     fd = create_at(dfd, tmp, 0o600)
     try:

@@ -1,7 +1,5 @@
-"""What warm published: per repo folder and commit, each file's path, size and hash, and the names marked absent.
-
-``verify`` checks a revision against this record when no lock is given, so a file edited in place (``sed -i``) or lost
-(neither the file nor its ``.no_exist`` marker) is an error, not a note.
+"""What warm published: per repo folder and commit, each file's path, size and hash, and the names marked absent
+(what ``verify`` checks a revision against when no lock is given: docs/verify.md).
 
 Where: ``<cache>/.locks/<folder>/hfcache/<commit>.json``, which huggingface_hub never reads (``_cache_manager.py``).
 Not a ``trees/<commit>.json``: the library reads that offline, and one naming files the cache does not hold makes
@@ -62,9 +60,8 @@ class PublishedRevision:
 
 
 def public_endpoint(url: object) -> str | None:
-    """``url`` (as configured, or a record's value) as it may be recorded and read back: ``scheme://host[:port]
-    [/path]`` without trailing slash, userinfo, query or fragment; None for anything but a ``str`` of printable ASCII
-    without spaces, at most :data:`MAX_ENDPOINT_CHARS` long, with an http(s) scheme and a host."""
+    """``url`` as it may be recorded and read back: ``scheme://host[:port][/path]`` without trailing slash, userinfo,
+    query or fragment; None but for printable ASCII without spaces, at most :data:`MAX_ENDPOINT_CHARS` long, http(s)."""
     if not isinstance(url, str) or len(url) > MAX_ENDPOINT_CHARS or not (url.isascii() and url.isprintable()) \
             or " " in url:
         return None
@@ -87,12 +84,8 @@ def record_parts(folder_name: str, commit_hash: str) -> tuple[str, ...]:
 def write_record(cache_dir: Path, folder_name: str, commit_hash: str, files: Iterable[tuple[str, int, str]],
                  absent: Iterable[str], endpoint: str | None = None) -> None:
     """Add ``files`` ((path, size, hash)) and ``absent`` to the record of ``folder_name`` at ``commit_hash``, merged
-    with an existing one (a commit's content never changes). ``endpoint`` (:func:`public_endpoint`) replaces the
-    recorded one; None keeps it. Written atomically through folder fds; call it under the repo lock.
-
-    Raises:
-        UnsafeLayout: a part of ``.locks/<folder>/hfcache`` is a planted link. OSError: cannot write.
-    """
+    with an existing one. ``endpoint`` (:func:`public_endpoint`) replaces the recorded one; None keeps it. Written
+    atomically through folder fds, under the repo lock. UnsafeLayout: a planted link on the way; OSError."""
     parts = record_parts(folder_name, commit_hash)
     old = read_record(cache_dir, folder_name, commit_hash)
     merged = {p: {"size": s, "hash": h} for p, (s, h) in (old.files.items() if old else ())}
@@ -121,8 +114,7 @@ class RecordRefused(CacheError):
 
 def read_record(cache_dir: str | os.PathLike[str], folder_name: str, commit_hash: str) -> PublishedRevision | None:
     """The record of the repo folder ``folder_name`` at ``commit_hash`` (malformed entries left out), or None (none,
-    unreadable, not a regular file, malformed). RecordRefused: larger than :data:`MAX_RECORD_BYTES` or nested deeper
-    than :data:`hfcache.bounds.MAX_JSON_DEPTH` (what a member can plant: reported, never skipped silently)."""
+    unreadable, not a regular file, malformed). RecordRefused: past the bounds (module docstring)."""
     parts = ()
     try:
         parts = record_parts(folder_name, commit_hash)

@@ -1,11 +1,9 @@
 """Filesystem primitives that never leave the cache root, whatever links someone planted in it.
 
-A cache is shared (baked into images, mounted into pods, written by several tools), so its folders and links are
-untrusted input (docs/security.md). Every operation here walks from the cache root one component at a time with
-``O_NOFOLLOW | O_DIRECTORY`` (:mod:`.fsops`) and acts relative to the last folder's descriptor: a symlinked or
-non-directory component below the root raises :class:`UnsafeLayout`, never followed. The root itself may be a
-symlink (``~/.cache`` on another disk); only what is below it is judged. Names that build paths are checked where
-they are used (:mod:`hfcache.names`: ``check_etag``, ``check_commit``, ``check_ref_name``).
+A cache's folders and links are untrusted input (docs/security.md). Every operation here walks from the cache root
+one component at a time (:mod:`.fsops`) and acts relative to the last folder's descriptor: a symlinked or
+non-directory component below the root raises :class:`UnsafeLayout`. The root itself may be a symlink (``~/.cache``
+on another disk). Names that build paths are checked where they are used (:mod:`hfcache.names`).
 """
 
 from __future__ import annotations
@@ -105,8 +103,7 @@ def dir_fd(root: str | os.PathLike[str], rel: str | Sequence[str] = (), *, creat
 
 
 def check_existing(root: str | os.PathLike[str], rel: str | Sequence[str]) -> None:
-    """Check that each component of ``root/rel`` that exists is a real directory, up to the first missing one.
-    Raises UnsafeLayout otherwise."""
+    """UnsafeLayout unless each component of ``root/rel`` up to the first missing one is a real directory."""
     fd = _descend(root, rel, missing_ok=True)
     if fd is not None:
         os.close(fd)
@@ -124,9 +121,8 @@ def unlink(root: str | os.PathLike[str], rel: str | Sequence[str], *, missing_ok
 
 
 def rmtree(root: str | os.PathLike[str], rel: str | Sequence[str], *, missing_ok: bool = True) -> bool:
-    """Remove the directory ``root/rel`` and its contents without following a link or recursing
-    (:func:`.fsops.remove_tree_at`: a chain of any depth), or the non-directory there; False when it was missing
-    (with ``missing_ok``). UnsafeLayout for a symlinked parent, OSError when an entry cannot be removed."""
+    """Remove the directory ``root/rel`` and its contents (:func:`.fsops.remove_tree_at`), or the non-directory
+    there; False when it was missing (with ``missing_ok``). UnsafeLayout for a symlinked parent, OSError."""
     return _remove(root, rel, missing_ok, tree=True)
 
 
@@ -180,8 +176,8 @@ def open_unfollowed(root: str | os.PathLike[str], rel: str | Sequence[str], show
 
 
 def read_small(root: str | os.PathLike[str], rel: str | Sequence[str], limit: int) -> bytes:
-    """At most ``limit`` bytes of the regular file ``root/rel`` (:func:`open_unfollowed`). UnsafeLayout: it or a
-    folder above it is a symlink, or it is not a regular file; FileNotFoundError: it is missing."""
+    """At most ``limit`` bytes of the regular file ``root/rel`` (:func:`open_unfollowed`, :func:`read_regular_fd`:
+    UnsafeLayout, FileNotFoundError as there)."""
     shown = f"{root}/{'/'.join(_parts(rel))}"
     return read_regular_fd(open_unfollowed(root, rel, shown), shown, limit)  # type: ignore[return-value]
 
@@ -200,9 +196,8 @@ def read_regular_fd(fd: int, what: str, limit: int, *, whole: bool = False) -> b
 def open_repo_file(root: str | os.PathLike[str], folder: str, snapshot_rel: Sequence[str],
                    flags: int = os.O_RDONLY) -> int:
     """Open (fd, caller closes) the file a snapshot entry ``snapshot_rel`` = ``(commit, *path_parts)`` of the repo
-    folder ``folder`` stands for without leaving it: a real file, or a symlink's target resolved inside the repo
-    folder (``../../blobs/<etag>``: :func:`open_blob`), ``O_NOFOLLOW | O_NONBLOCK`` on every component. The caller
-    checks ``S_ISREG``.
+    folder ``folder`` stands for: a real file, or a symlink's target resolved inside the repo folder
+    (``../../blobs/<etag>``: :func:`open_blob`), no link followed on the way. The caller checks ``S_ISREG``.
 
     Raises:
         UnsafeLayout: a symlink where a folder belongs, a link outside the repo folder or to another link.
@@ -288,10 +283,10 @@ def read_repo_file(root: str | os.PathLike[str], folder: str, snapshot_rel: Sequ
 
 def repo_layout_problems(root: str, folder: str, locks_entries: dict[str, int] | None = None,
                          entries: dict[str, int] | None = None) -> list[str]:
-    """What is unsafe about one repo folder's layout (metadata only), sorted: the folder itself, its
-    :data:`REPO_PARTS`, ``.locks`` or ``.locks/<folder>`` being a symlink or not a directory (``"blobs: a symlink
-    (left alone)"``). ``locks_entries``: name -> ``st_mode`` of ``.locks`` as a whole-cache scan listed it (having
-    checked ``.locks`` and the folder are real folders), else None; ``entries``: the repo folder's, when listed."""
+    """What is unsafe about one repo folder's layout, sorted: the folder, its :data:`REPO_PARTS`, ``.locks`` or
+    ``.locks/<folder>`` being a symlink or not a directory (``"blobs: a symlink (left alone)"``). ``locks_entries``:
+    name -> ``st_mode`` of ``.locks`` as a whole-cache scan listed it (``.locks`` and the folder checked already),
+    else None; ``entries``: the repo folder's, when listed."""
     found = []
     if locks_entries is not None:
         lmode = locks_entries.get(folder)
@@ -318,9 +313,8 @@ def repo_layout_problems(root: str, folder: str, locks_entries: dict[str, int] |
 
 
 def list_modes(path: str, only: frozenset[str] | None = None) -> dict[str, int]:
-    """name -> file type bits of the entries of the directory ``path`` (from ``d_type``: no stat per entry), of the
-    names in ``only`` when given. Empty when ``path`` is missing or this user cannot list it (the scan reports it as
-    unreadable, docs/shared-caches.md)."""
+    """name -> file type bits (from ``d_type``) of the entries of the directory ``path``, of the names in ``only``
+    when given. Empty when ``path`` is missing or this user cannot list it."""
     out: dict[str, int] = {}
     try:
         with os.scandir(path) as it:

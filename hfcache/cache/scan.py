@@ -124,7 +124,7 @@ class CacheInfo:
 
 def scan_cache(cache_dir: str | os.PathLike[str], repo_ids: set[str] | None = None) -> CacheInfo:
     """Scan every repo folder of ``cache_dir`` (or those whose id is in ``repo_ids``); empty for a missing cache.
-    CacheError (exit 5, naming what blocks it) when it exists but this user cannot list it."""
+    CacheError (exit 5) when it exists but this user cannot list it."""
     root = Path(cache_dir)
     # The scan allocates ~10 objects per file and frees none: the cyclic collector would run thousands of times for
     # nothing (a third of the wall time on 10,000 repos). Paused for the scan, restored after.
@@ -152,8 +152,7 @@ FolderEntry = tuple[str, str, str, bool]
 
 def repo_folders(root: Path, repo_ids: set[str] | None = None) -> tuple[list[FolderEntry], dict[str, int] | None]:
     """The repo folders of the cache at ``root``, sorted by (repo_type, repo_id case-folded), and the listing of its
-    ``.locks`` (for :func:`scan_folder`), one ``scandir`` each: a caller can scan the folders one at a time, as
-    ``ls --json`` does (goal P4 of docs/benchmarks.md). CacheError (exit 5) as :func:`scan_cache`."""
+    ``.locks`` (for :func:`scan_folder`), to scan one at a time (``ls --json``). CacheError as :func:`scan_cache`."""
     try:
         entries = sorted(os.scandir(root), key=lambda e: e.name)
     except FileNotFoundError:
@@ -209,9 +208,8 @@ def _unsafe_repo(name: str, parsed: tuple[str, str], unsafe: list[str]) -> RepoI
 
 def scan_repo(folder: str | os.PathLike[str], repo_id: str, repo_type: str,
               locks_entries: dict[str, int] | None = None) -> RepoInfo:
-    """Scan one repo folder (metadata only; ``locks_entries`` as :func:`.safefs.repo_layout_problems`'s). A folder
-    with a part that is a symlink or not a directory is not read at all (``unsafe`` set). String paths and
-    ``scandir`` throughout: this runs 10,000 times for a large cache (``os.walk``/``pathlib`` dominated its cost)."""
+    """Scan one repo folder (``locks_entries`` as :func:`.safefs.repo_layout_problems`'s); one with an unsafe part
+    is not read at all. String paths and ``scandir``: this runs 10,000 times for a large cache."""
     base = os.fspath(folder)
     parent, folder_name = os.path.split(base)
     unsafe = repo_layout_problems(parent, folder_name, locks_entries)
@@ -265,8 +263,7 @@ def _snapshot_folders(base: str, denied: list[str], linked: list[str]) -> dict[s
 
 def _on_error(denied: list[str], where: str, other: list[str] | None = None):
     """A :func:`.fsops.scan_tree` ``onerror``: a folder this user cannot list goes to ``denied`` (``where`` + its
-    relative path), a vanished one is skipped, any other error (ENAMETOOLONG and the like) goes to ``other`` with
-    its reason (raised when ``other`` is None)."""
+    relative path), a vanished one is skipped, any other error to ``other`` (raised when ``other`` is None)."""
     def failed(exc: OSError, rel: str) -> None:
         if isinstance(exc, PermissionError):
             denied.append(where + rel)
@@ -278,9 +275,8 @@ def _on_error(denied: list[str], where: str, other: list[str] | None = None):
 
 
 def _read_refs(refs_dir: str, denied: list[str], linked: list[str]) -> dict[str, str]:
-    """ref name (``main``, ``pr/1``) -> its content, decoded; nested ref folders are walked (:func:`.fsops.scan_tree`).
-    A ref or ref folder that is a symlink, or a ref folder deeper than :data:`hfcache.bounds.MAX_TREE_DEPTH`, is
-    added to ``linked`` and never followed."""
+    """ref name (``main``, ``pr/1``) -> its content, decoded. A ref or ref folder that is a symlink, or a ref folder
+    deeper than :data:`hfcache.bounds.MAX_TREE_DEPTH`, is added to ``linked`` and never followed."""
     refs = {}
     deep: list[str] = []
     for _, rel, _, others in scan_tree(refs_dir, too_deep=deep, onerror=_on_error(denied, "refs/")):
@@ -328,9 +324,8 @@ _HAZARDS = ("absolute link", "link points outside", SPECIAL_FILE, TOO_DEEP)
 
 
 def load_hazards(repo: RepoInfo, commit_hash: str) -> list[str]:
-    """What would make a load of ``commit_hash`` read outside the repo folder or block: the repo's ``unsafe`` parts,
-    or entries of that snapshot that are absolute links, links leaving the repo's blobs, FIFOs or devices. A load
-    (``check``) or a copy (``export``) of such a revision is refused, never attempted."""
+    """What would make a load (``check``) or copy (``export``) of ``commit_hash`` read outside the repo folder or
+    block: the repo's ``unsafe`` parts, or that snapshot's absolute links, links leaving ``blobs``, FIFOs, devices."""
     if repo.unsafe:
         return list(repo.unsafe)
     rev = next((r for r in repo.revisions if r.commit_hash == commit_hash), None)

@@ -58,10 +58,10 @@ def _in_workers(state: tuple[str, dict[str, int] | None, Callable[[RepoInfo], T]
     """``summarize(scan_folder(...))`` over ``folders`` in forked processes, results in order.
 
     Worker ``k`` takes the chunks of :data:`_CHUNK` consecutive folders ``k, k + workers, ...`` and sends each
-    chunk's results as one message down a pipe of its own, read round-robin. Nothing is shared between workers (``multiprocessing.Pool``'s result queue lock, held forever by a
-    worker killed mid-write, hung ``ls`` on a group SIGTERM). Workers ignore SIGINT and SIGTERM; the parent SIGKILLs
-    them when the iterator ends, is closed or raises. ``state`` (root, ``.locks`` listing, summarize) reaches them
-    through the fork, never pickled.
+    chunk's results as one message down a pipe of its own, read round-robin. Nothing is shared between workers
+    (``multiprocessing.Pool``'s result queue lock, held forever by a worker killed mid-write, hung ``ls`` on a group
+    SIGTERM). Workers ignore SIGINT and SIGTERM; the parent SIGKILLs them when the iterator ends, is closed or
+    raises. ``state`` (root, ``.locks`` listing, summarize) reaches them through the fork, never pickled.
 
     Raises:
         InternalError: a worker ended without sending its results. What a worker raised, re-raised here.

@@ -51,9 +51,8 @@ def xet_hash_of_link(target: str) -> str | None:
 
 
 def open_store_dir(root: str | os.PathLike[str]) -> int:
-    """An fd of ``<root>/blobs`` (caller closes) when it is a real folder holding a regular marker file with the
-    layout version huggingface_hub writes. FileNotFoundError: no store; StoreProblem: ``blobs`` is a link or not a
-    folder, or its marker is missing, a link, not a regular file, or another version."""
+    """An fd of ``<root>/blobs`` (caller closes) when it is a real folder holding a regular marker file of layout
+    version 1. FileNotFoundError: no store; StoreProblem: ``blobs`` or its marker is anything else."""
     try:
         fd = open_dir_at(None, os.path.join(os.fspath(root), STORE_DIR))
     except OSError as exc:
@@ -88,12 +87,8 @@ def _check_marker(store_fd: int, root: str | os.PathLike[str]) -> None:
 
 
 def open_payload(root: str | os.PathLike[str], xet_hash: str, flags: int = os.O_RDONLY) -> int:
-    """Open the payload ``<root>/blobs/<h[:2]>/<h>`` of a marked store, following no link on the way; its fd (caller
-    closes) once ``fstat`` shows a regular file.
-
-    Args:
-        root: the cache root (itself may be a link). xet_hash: 64 lowercase hex characters.
-        flags: extra ``os.open`` flags (read-only by default; the store is never written through this).
+    """Open the payload ``<root>/blobs/<h[:2]>/<h>`` of a marked store (``xet_hash``: 64 hex), following no link on
+    the way, with extra ``flags``; its fd (caller closes) once ``fstat`` shows a regular file.
 
     Raises:
         FileNotFoundError: no store, or no such payload (a dangling repo link).

@@ -82,8 +82,7 @@ def share_fd(fd: int, policy: SharePolicy | None) -> None:
 
 
 def share_file_at(dir_fd: int, name: str, policy: SharePolicy | None) -> None:
-    """:func:`share_fd` for the entry ``name`` of the folder ``dir_fd`` (opened without following a link, never
-    blocking on a FIFO)."""
+    """:func:`share_fd` for the entry ``name`` of the folder ``dir_fd`` (:func:`.fsops.open_read_at`)."""
     if policy is None:
         return
     try:
@@ -97,9 +96,8 @@ def share_file_at(dir_fd: int, name: str, policy: SharePolicy | None) -> None:
 
 
 def open_dirs(path: Path, root: Path, policy: SharePolicy | None) -> int:
-    """``mkdir -p path`` below the cache root ``root`` (which must exist; it may itself be a link), sharing every
-    folder created on the way, and return an fd of ``path`` (caller closes). Each component is opened, or created
-    and shared, relative to its parent's fd without following a link (:func:`.safefs.open_dir`).
+    """``mkdir -p path`` below the existing cache root ``root`` (:func:`.safefs.open_dir`), sharing every folder
+    created on the way; an fd of ``path`` (caller closes).
 
     Raises:
         UnsafeLayout: a component is a symlink or not a directory (nothing created through it).
