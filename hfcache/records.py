@@ -24,7 +24,7 @@ REPO_TYPES = ("model", "dataset", "kernel")
 
 # huggingface_hub utils/_validators.py REPO_ID_REGEX, copied: importing it loads the HTTP stack.
 _REPO_ID_RE = re.compile(r"(\b[\w\-.]{1,96}\b/)?\b[\w\-.]{1,96}\b", re.ASCII)
-#: Longest repo path component / whole repo path, in UTF-8 bytes (Linux NAME_MAX / PATH_MAX).
+#: Longest repo path component / whole repo path, in UTF-8 bytes (Linux NAME_MAX / PATH_MAX, less its NUL).
 MAX_NAME_BYTES = 255
 MAX_PATH_BYTES = 4096
 #: Longest revision (bytes): a ref is the file ``refs/<revision>``, one name of at most NAME_MAX bytes.
@@ -296,18 +296,8 @@ class ProgressSink(Protocol):
     def repo_finished(self, key: int, result: RepoResult) -> None: ...
 
 
-class NoProgress:
-    def planned(self, cache_dir: str, requests: Sequence[WarmRequest], satisfied: Sequence[RepoResult]) -> None:
-        pass
-
-    def repo_started(self, key: int, label: str, files: int, total_bytes: int) -> None:
-        pass
-
-    def advance(self, key: int, nbytes: int) -> None:
-        pass
-
-    def repo_finished(self, key: int, result: RepoResult) -> None:
-        pass
+class NoProgress(ProgressSink):
+    """A sink that ignores every event (the protocol's bodies do nothing)."""
 
 
 def parse_specs(specs: Iterable[str]) -> dict[str, set[str]]:

@@ -122,9 +122,9 @@ def lock_manifest(lock_path: str | os.PathLike[str], manifest_path: str | os.Pat
 
 def lock_cache_dir(lock_path: str | os.PathLike[str], cache_dir: str | os.PathLike[str] | None = None, *,
                    manifest: Manifest | None = None) -> Path:
-    """The cache every ``--lock`` command works on (README "Which cache a --lock command uses"), absolute, not
-    checked: ``cache_dir``, else the lock's manifest's (``manifest`` if loaded), else the environment's. Raises
-    UsageError: as :func:`lock_manifest`."""
+    """The cache every ``--lock`` command works on (README "Which cache a --lock command uses"), absolute, unchecked:
+    ``cache_dir``, else the lock's manifest's (``manifest`` if loaded), else the environment's. UsageError as
+    :func:`lock_manifest`."""
     if cache_dir is not None:
         return resolve_cache_dir(cache_dir)
     if manifest is None:
@@ -224,8 +224,8 @@ def _locked_repo(entry: dict[str, Any], where: str) -> LockedRepo:
 
 
 def _canonical_id(canonical_id: Any, repo_id: str, where: str) -> str:
-    """The entry's ``canonical_id`` if it keeps warm's rule (:func:`hfcache.records.folder_ids`): the lock is
-    authority for commits and hashes, never for which repo they are of. Raises UsageError naming the entry."""
+    """The entry's ``canonical_id`` if it keeps :func:`hfcache.records.folder_ids`' rule (the lock is no authority for
+    which repo its commits are of), else UsageError naming the entry."""
     if not isinstance(canonical_id, str) or not valid_repo_id(canonical_id):
         raise UsageError(f"{where}: field 'canonical_id' must be a valid repo id, got {shown(canonical_id)}",
                          hint=_HOSTILE)
@@ -238,8 +238,7 @@ def _canonical_id(canonical_id: Any, repo_id: str, where: str) -> str:
 
 
 def _lock_repo_path(path: str, where: str) -> str:
-    """A file path or absent name of a lock, if a safe repo path (:func:`hfcache.records.validate_repo_path`), else
-    UsageError naming ``where``."""
+    """A lock's file path or absent name, if a safe repo path (``validate_repo_path``), else UsageError at ``where``."""
     try:
         return validate_repo_path(path)
     except UnsafePath as exc:
@@ -321,8 +320,7 @@ def cache_statuses(lock: Lockfile, cache_dir: Path) -> list[CacheStatus]:
 
 
 def filter_upgrade(repos: Iterable[WarmRequest], names: Sequence[str]) -> set[tuple[str, str, str]]:
-    """The keys of the manifest entries ``--upgrade NAME...`` selects (all when ``names`` is empty); UsageError for a
-    name that is not a repo id of the manifest."""
+    """The keys of the entries ``--upgrade NAME...`` selects (all: no names); UsageError: a name not in ``repos``."""
     repos = list(repos)
     known = {r.repo_id for r in repos}
     unknown = [n for n in names if n not in known]

@@ -14,6 +14,7 @@ from typing import Any, TypeVar
 
 from ..errors import UsageError
 from ..records import DEFAULT_ENDPOINT, KINDS, REPO_TYPES, TRUST_ENDPOINT_ENV, HubOptions, WarmRequest, shown
+from ..records import MAX_REVISION_BYTES as MAX_REVISION  # a manifest or lock counts characters
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -24,8 +25,6 @@ T = TypeVar("T")
 MANIFEST_NAME = "hfcache.toml"
 _MANIFEST_KEYS = {"endpoint", "cache_dir", "repos"}
 ENTRY_KEYS = {"repo_id", "revision", "kind", "include", "exclude", "repo_type"}
-#: The longest revision a manifest or lock may name: a ref is one file name under ``refs/`` (NAME_MAX, 255 bytes).
-MAX_REVISION = 255
 
 
 class ManifestNotFound(UsageError):
@@ -123,7 +122,7 @@ def load_manifest(path: str | os.PathLike[str]) -> Manifest:
 def unique_entries(items: Iterable[T], where: str, request: Callable[[T], WarmRequest] = lambda item: item,
                    hint: str | None = None) -> list[T]:
     """``items`` (entries of the manifest or lock ``where``) as a list, when no two ``request(item)`` share a
-    :func:`request_key`; else UsageError ``repos[j] (spec) repeats repos[i]``, with ``hint``."""
+    :func:`request_key`; else UsageError with ``hint``."""
     seen: dict[tuple[str, str, str], int] = {}
     out = []
     for index, item in enumerate(items):
@@ -167,8 +166,7 @@ def with_manifest_endpoints(hub: HubOptions, endpoints: Sequence[str], trust: bo
 
 
 def _manifest_cache_dir(path: Path, cache_dir: str, where: str) -> Path:
-    """The manifest's ``cache_dir`` relative to its folder, ``~``/``~user`` expanded and checked
-    (:func:`hfcache.cache.root.check_path_text`, ``expand_user``: UsageError)."""
+    """The manifest's ``cache_dir`` relative to its folder, ``~``/``~user`` expanded and checked (UsageError)."""
     from ..cache.root import check_path_text, expand_user
 
     what = f"{where}: field 'cache_dir'"

@@ -52,9 +52,8 @@ def can_create(path: Path) -> bool:
 
 
 def private_modules_dir(tmp: str | None = None) -> Path:
-    """``<tmp>/hfcache-modules-<uid>``, a folder only this user can write (created 0700, the same path on every call;
-    made 0700 again if others can write it). Raises CacheError: a link, not a folder, or another user's (code
-    planted there would be imported); OSError: it cannot be created."""
+    """``<tmp>/hfcache-modules-<uid>``, a folder only this user can write (created, or made again, 0700). Raises
+    CacheError: a link, not a folder, or another user's (code planted there would be imported); OSError."""
     base = tmp or tempfile.gettempdir()
     uid = os.geteuid() if hasattr(os, "geteuid") else 0
     path = Path(base) / f"hfcache-modules-{uid}"
@@ -92,8 +91,8 @@ def _not_private(path: Path, what: str, uid: int) -> CacheError:
 
 
 def modules_cache_override(environ: Mapping[str, str]) -> Path | None:
-    """The ``HF_MODULES_CACHE`` ``env``/``exec`` set for ``environ`` (the command's environment): None when it names
-    one or its default can be written, else :func:`private_modules_dir` (in its ``TMPDIR``; CacheError as there)."""
+    """The ``HF_MODULES_CACHE`` ``env``/``exec`` set for ``environ``: None when it names one or its default can be
+    written, else :func:`private_modules_dir` (in its ``TMPDIR``; CacheError as there)."""
     path, explicit = modules_cache(environ)
     if explicit or can_create(path):
         return None
@@ -132,8 +131,8 @@ def holds_code(modules_dir: Path, repo: CustomCodeRepo) -> bool:
 
 
 def custom_code_repos(cache_dir: Path) -> list[CustomCodeRepo]:
-    """Every cached model revision whose ``tokenizer_config.json`` or ``config.json`` has an ``auto_map`` (any key),
-    from at most two small files per snapshot; unreadable files are skipped, unparsable ones reported (``error``)."""
+    """Every cached model revision whose ``tokenizer_config.json`` or ``config.json`` has an ``auto_map``; unreadable
+    files are skipped, unparsable ones reported (``error``)."""
     found = []
     for folder in _scandir(str(cache_dir)):
         parsed = parse_folder_name(folder.name) if folder.name.startswith("models--") else None
@@ -166,9 +165,7 @@ def _auto_map_of(snapshot: str) -> tuple[str, ...]:
             data = safefs.read_snapshot_file(snapshot, name, MAX_PARSE_BYTES)
         except (OSError, safefs.UnsafeLayout):
             continue
-        if data is None:
-            continue
-        if b"auto_map" not in data:  # no JSON parse for the common case
+        if data is None or b"auto_map" not in data:  # no JSON parse for the common case
             continue
         refs += [r for r in auto_map_refs(name, data, kind="all") if r not in refs]
     return tuple(refs)

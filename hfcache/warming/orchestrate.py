@@ -128,9 +128,8 @@ def _run_jobs(requests: Sequence[WarmRequest], root: Path, clients: list[HubClie
 
 def make_clients(hub: HubOptions, *, on_notice: Callable[[str], None] | None = None) -> list[HubClient]:
     """One HubClient per endpoint of ``hub``, in order (``HF_ENDPOINT`` or the Hub when it names none), each with the
-    token (``hub.read_token()``, else huggingface_hub's; ``False``: none) unless ``hub.withheld`` names it;
-    ``on_notice`` is told once when a token is withheld. Raises UsageError: an endpoint not an http(s) URL, an
-    unreadable token file, a malformed HFCACHE_* setting."""
+    token (``hub.read_token()``, else huggingface_hub's) unless ``hub.withheld`` names it (``on_notice`` is told once).
+    Raises UsageError: an endpoint not an http(s) URL, an unreadable token file, a malformed HFCACHE_* setting."""
     token = hub.read_token().token
     resolved = None if token is False else get_token() if token is None or token is True else token
     skip = {e.rstrip("/") for e in hub.withheld}
@@ -172,7 +171,6 @@ def resolve_revision(request: WarmRequest, clients: Sequence[HubClient]) -> Repo
 
 
 def fetch_pinned(locked: LockedRepo, *, cache_dir: str | Path, hub: HubOptions) -> RepoResult:
-    """Fetch the files of ``locked`` (a commit, files with known hashes) with ``warm --lock``'s code path: the
-    pull-through mirror's per-file fetch (the request's revision is the ref written). Returns the RepoResult
-    (``error_type``: what failed; nothing of bad bytes is kept). Raises CacheError: the cache cannot be written."""
+    """The pull-through mirror's fetch of ``locked`` with ``warm --lock``'s code path (the request's revision is the
+    ref written). Returns the RepoResult (``error_type``: what failed). Raises CacheError: the cache is unwritable."""
     return warm_repos([locked.request], hub, cache_dir=cache_dir, pinned=[locked]).repos[0]

@@ -92,8 +92,7 @@ def warm_lock(lock: Lockfile, hub: HubOptions, *, cache_dir: str | Path | None =
               on_lock_wait: Callable[[LockWait], None] | None = None,
               on_notice: Callable[[str], None] | None = None) -> WarmReport:
     """Make ``cache_dir`` hold exactly what ``lock`` pins: repos the cache satisfies (sizes only) cost no request, the
-    others are downloaded by commit, checked against the lock's hashes. Returns a WarmReport in lock order; raises
-    UsageError, CacheError as :func:`hfcache.warming.orchestrate.warm`."""
+    others are downloaded by commit. Returns a WarmReport in lock order; raises as :func:`.orchestrate.warm`."""
     started = time.monotonic()
     root = resolve_cache_dir(cache_dir)
     statuses = cache_statuses(lock, root)
@@ -113,8 +112,7 @@ def warm_lock(lock: Lockfile, hub: HubOptions, *, cache_dir: str | Path | None =
 
 
 def _network():
-    """:func:`hfcache.warming.orchestrate.warm_repos`, huggingface_hub imported only now (the HTTP client is made
-    while orchestrate imports: hub/session.py)."""
+    """:func:`.orchestrate.warm_repos`, huggingface_hub imported only now (hub/session.py)."""
     from ..hub.session import prepare_session
 
     prepare_session()
@@ -153,7 +151,7 @@ def _with_warnings(report: WarmReport, drifted: str | None) -> WarmReport:
 
 def process_umask() -> int | None:
     """This process's umask, or None: ``/proc/self/status`` ``Umask:`` (Linux 4.7+), else ``os.umask`` set and restored
-    at once (library gap: no read-only call; a file created meanwhile gets ``0o077``, never looser)."""
+    at once (no read-only call; a file created meanwhile gets ``0o077``, never looser)."""
     try:
         with open("/proc/self/status", encoding="ascii", errors="replace") as status:
             for line in status:

@@ -141,8 +141,7 @@ def select(paths: Iterable[str], kind: str = "tokenizer", include: Sequence[str]
 
 def selection_notes(kind: str, include: Sequence[str], exclude: Sequence[str],
                     selected: Iterable[str]) -> tuple[str, ...]:
-    """One-line warnings about a selection probably not what was asked (``selected``: the paths warmed): ``--kind
-    model`` without a weight file, each ``include`` glob that matched nothing."""
+    """One-line warnings about a selection probably not what was asked (``selected``: the paths warmed)."""
     paths = list(selected)
     notes = []
     after = " (after --exclude)" if exclude else ""
@@ -169,9 +168,8 @@ def check_index_size(index_path: str, size: int) -> None:
 
 
 def shards_from_index(index_bytes: bytes, available: Iterable[str], index_path: str) -> set[str]:
-    """The shard paths (from the repo root) the index at ``index_path`` names in its ``weight_map`` (relative to its
-    folder); ``available``: every path of the repo. Raises ValueError: no ``weight_map`` object, too large or deep,
-    or a shard the repo does not have."""
+    """The shard paths (from the repo root) the index at ``index_path`` names in its ``weight_map``; ``available``:
+    every path of the repo. Raises ValueError: no ``weight_map`` object, too large or deep, or a shard missing."""
     if len(index_bytes) > MAX_INDEX_BYTES:
         raise ValueError(f"{index_path} is larger than {MAX_INDEX_BYTES} bytes: not read as a sharded weight index")
     try:
