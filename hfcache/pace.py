@@ -54,11 +54,7 @@ def _env_float(name: str, default: float) -> float:
 def metadata_deadline(timeout: float | None = None) -> float:
     """Seconds allowed for a whole metadata answer: ``HFCACHE_METADATA_DEADLINE`` when set (not ``0``); else
     ``min(METADATA_DEADLINE, max(MIN_METADATA_DEADLINE, DEADLINE_PER_TIMEOUT * timeout))`` (``--timeout`` 10 or more:
-    120 s; 3: 36 s; 0.5: 10 s), :data:`METADATA_DEADLINE` without a ``timeout``.
-
-    Raises:
-        UsageError: the variable is not a number of seconds from 0 to :data:`MAX_SETTING_SECONDS`.
-    """
+    120 s; 3: 36 s; 0.5: 10 s). UsageError: the variable is not seconds from 0 to :data:`MAX_SETTING_SECONDS`."""
     explicit = _env_float("HFCACHE_METADATA_DEADLINE", 0.0)
     if explicit:
         return explicit
@@ -79,8 +75,7 @@ def min_rate() -> tuple[int, float]:
 
 @dataclass
 class Deadline:
-    """An overall deadline: :meth:`check` raises TooSlow, naming ``what``, once ``seconds`` have passed since
-    creation."""
+    """An overall deadline: :meth:`check` raises TooSlow, naming ``what``, ``seconds`` after creation."""
 
     seconds: float
     what: str
@@ -125,14 +120,11 @@ class Throughput:
 
 
 class SocketWatchdog:
-    """Holds a :class:`Deadline` from outside a blocked read: when it passes, every socket registered with
-    :meth:`watch` (at once, for one registered later) is shut down, so a read waiting on a drip returns. ``armed``:
-    start the timer now (else a subclass calls ``_arm`` when the wait begins).
-
-    Library gap (http.client and urllib3 for registries; httpx2/httpcore2/h11 for the Hub): their timeouts bound each
-    read, and status lines and headers are read in loops no body check sees, so one byte per timeout holds a request
-    for hours. The HTTP side finds the socket (:mod:`hfcache.hub.bodies`, :mod:`hfcache.oci.peer`); a duplicate of it
-    is shut down here (closing it would not wake a reader).
+    """Holds a :class:`Deadline` from outside a blocked read: when it passes, a duplicate of every socket registered
+    with :meth:`watch` (at once, for one registered later) is shut down (closing would not wake a reader), so a read
+    waiting on a drip returns. ``armed``: start the timer now (else a subclass calls ``_arm`` when the wait begins).
+    Library gap (http.client, urllib3, httpx2/httpcore2/h11): their timeouts bound each read, and status lines and
+    headers are read in loops no body check sees, so one byte per timeout holds a request for hours.
     """
 
     def __init__(self, deadline: Deadline, *, armed: bool = True) -> None:

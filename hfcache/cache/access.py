@@ -204,8 +204,7 @@ def _lock_folders(locks: Path) -> list[tuple[Path, list[Path]]]:
 
 def _repo_folders(cache: Path) -> list[list[Path]]:
     """Per repo folder: it and every folder below it that hfcache creates entries in (not ``trees/``), walked to
-    :data:`hfcache.bounds.MAX_TREE_DEPTH` levels below a snapshot (:func:`.fsops.walk_tree`; the layout scan
-    reports a deeper chain)."""
+    :data:`hfcache.bounds.MAX_TREE_DEPTH` levels below a snapshot (the layout scan reports a deeper chain)."""
     out = []
     for entry in _entries(cache):
         if "--" not in entry.name or entry.name.startswith(".") or not entry.is_dir(follow_symlinks=False):

@@ -1,6 +1,4 @@
-"""Atomic writes into a cache (a temporary name in the same folder, then ``os.replace``, as huggingface_hub's
-``file_download.py`` publishes blobs) and file locks with bounded waits.
-"""
+"""Atomic writes (a temporary name in the same folder, then ``os.replace``) and file locks with bounded waits."""
 
 from __future__ import annotations
 
@@ -75,10 +73,9 @@ def atomic_output_at(dfd: int, name: str, policy: SharePolicy | None = None):
 def file_lock(path: Path, stop: threading.Event | None = None, *, timeout: float = DEFAULT_LOCK_TIMEOUT,
               on_wait: Callable[[LockWait], None] | None = None, cache_dir: Path | None = None,
               dir_fd: int | None = None):
-    """Hold an exclusive lock at ``path`` (:func:`.locking.file_lock`: bounded wait, works without flock), creating
-    its folder first (below ``cache_dir``: from the root without following a link, the lock opened through the
-    folder's fd). In a shared cache (:mod:`.sharing`) the folders are shared and the lock file (and a soft marker)
-    is group-writable (``0o664`` as huggingface_hub's WeakFileLock, ``0o666`` in a world-writable cache).
+    """Hold an exclusive lock at ``path`` (:func:`.locking.file_lock`), creating its folder first (below
+    ``cache_dir``: through folder fds). In a shared cache the folders are shared and the lock file (and a soft
+    marker) is group-writable (``0o664`` as huggingface_hub's WeakFileLock, ``0o666`` in a world-writable cache).
 
     Raises:
         LockTimeout: not acquired within ``timeout`` seconds (exit 5). InterruptedError: ``stop`` was set.

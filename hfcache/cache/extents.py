@@ -123,9 +123,8 @@ def remove(folder: RepoFolder, etag: str) -> None:
     owned_record.remove(str(folder.cache_dir), record_name(etag), folder=(folder.name,))
 
 def trusted_prefix(fd: int, size: int) -> int:
-    """The bytes at the start of a leftover that hold what was received: all when written in order; with holes (parallel
-    parts), up to the first hole rounded down to 1 MiB (the block before a hole may be partly written); 0 when larger
-    than ``size``. The hash check catches the rest."""
+    """The bytes at the start of a leftover that hold what was received: all when written in order; with holes, up to
+    the first hole rounded down to :data:`RESUME_GRAIN` (the block before it may be partly written); 0 past ``size``."""
     length = os.fstat(fd).st_size
     if length == 0 or length > size:
         return 0

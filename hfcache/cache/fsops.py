@@ -44,9 +44,8 @@ def open_read_at(dir_fd: int | None, name: str, extra: int = 0) -> int:
 
 
 def open_noatime(open_: Callable[[int], int], flags: int = os.O_RDONLY) -> int:
-    """``open_(flags | O_NOATIME)``, else ``open_(flags)`` where only the file's owner (or root) may ask for it
-    (PermissionError). For reads that are not a use (verify's hashing): on relatime mounts an atime update would make
-    every blob look just used to ``ls``/``prune``."""
+    """``open_(flags | O_NOATIME)``, else ``open_(flags)`` where only the owner may ask for it (PermissionError): for
+    reads that are not a use (verify's hashing), which would make every blob look just used to ``ls``/``prune``."""
     try:
         return open_(flags | getattr(os, "O_NOATIME", 0))
     except PermissionError:

@@ -8,8 +8,7 @@ Layout (huggingface_hub ``file_download.py``; docs/cache-layout.md)::
     <cache>/<folder>/refs/<revision>               40-hex commit, no trailing newline
     <cache>/<folder>/.no_exist/<commit>/<path>     empty marker: the file does not exist at that commit
 
-``<folder>`` is ``models--ORG--NAME`` (``datasets--``, ``kernels--``) from the repo id as the caller typed it. Every
-write lands atomically (a temporary name in the same folder, then ``os.replace``) relative to a folder descriptor.
+``<folder>`` is ``models--ORG--NAME`` (``datasets--``, ``kernels--``) from the repo id as the caller typed it.
 """
 
 from __future__ import annotations
@@ -37,9 +36,8 @@ REPO_LOCK_NAME = "hfcache-repo.lock"
 
 
 class RepoFolder:
-    """Paths and atomic writes for one repo folder of a cache, none of which follows a link planted in it: every
-    folder is opened from the cache root without following links (:mod:`.safefs`), every name that builds a path is
-    checked first (:mod:`hfcache.names`; repo paths relative without ``..``).
+    """Paths and atomic writes (a temporary name, then ``os.replace``) for one repo folder of a cache, none of which
+    follows a link planted in it (:mod:`.safefs`); every name that builds a path is checked first.
 
     Args:
         cache_dir: the cache root. repo_id: the id exactly as callers will load it (a legacy id gets its own folder).
@@ -187,9 +185,8 @@ class RepoFolder:
         return IncompleteBlob(dfd, name, self.root / "blobs" / name), os.fdopen(fd, "wb")
 
     def resume_incomplete(self, etag: str) -> IncompleteBlob:
-        """The partial download of ``blobs/<etag>`` to continue: the largest leftover (:meth:`_leftovers`), the others
-        deleted; a new empty one when there is none (:meth:`open_incomplete`; reopen it with
-        :meth:`IncompleteBlob.open_fd`). Call it only while holding :meth:`blob_lock`: no other process writes them."""
+        """The partial download of ``blobs/<etag>`` to continue (reopen it with :meth:`IncompleteBlob.open_fd`): the
+        largest leftover, the others deleted, or a new empty one. Call it only while holding :meth:`blob_lock`."""
         check_etag(etag)
         dfd = self._download_dir()
         try:

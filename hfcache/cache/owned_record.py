@@ -2,11 +2,8 @@
 
 Four records live there: ``verify --fast``'s (:mod:`hfcache.integrity.verify_record`), ``check``'s fast-tokenizer
 proofs (:mod:`hfcache.integrity.fast_record`), ``pull``'s imported layers (:mod:`hfcache.oci.pull_record`) and, per
-repo folder, the extents of a partial download (:mod:`hfcache.cache.extents`).
-huggingface_hub's ``scan_cache_dir``, ``hf cache`` and ``hfcache ls``/``prune`` ignore ``.locks``.
-
-Reading (:func:`load`): through a descriptor of ``.locks`` opened from the cache root without following links, the
-file opened ``O_NOFOLLOW | O_NONBLOCK``, at most ``max_bytes`` and :data:`hfcache.bounds.MAX_JSON_DEPTH` deep.
+repo folder, the extents of a partial download (:mod:`hfcache.cache.extents`). Reading (:func:`load`): through a
+checked descriptor of ``.locks``, no link followed, at most ``max_bytes`` and ``MAX_JSON_DEPTH`` deep.
 
 Trust: a record is authority for its writer only (in a group-shared cache any member can write ``.locks``, and one
 who corrupted a blob could rewrite a record to vouch for it). It is *trusted* only as a regular file with one
@@ -14,9 +11,8 @@ link, owned by the effective uid (or by root where the caller allows it: an imag
 uid) and not writable by group or others (``fstat`` of the opened file). Each caller decides what an untrusted
 record may still do (usually nothing).
 
-Writing (:func:`save`): atomically (a temp file created ``O_EXCL | O_NOFOLLOW`` mode 0600, ``fchmod`` 0644, fsync,
-renamed over the record) through a descriptor of ``.locks`` (created and group-shared when missing), so no member
-can open the file for writing on the way. A cache that cannot be written (a read-only image layer) keeps no record.
+Writing (:func:`save`): atomically (:func:`write_at`) through a descriptor of ``.locks`` (created and group-shared
+when missing). A cache that cannot be written (a read-only image layer) keeps no record.
 """
 
 from __future__ import annotations
@@ -40,15 +36,9 @@ MODE = 0o644  # never group-writable, even in a shared cache: a record is author
 
 @dataclass(frozen=True)
 class Loaded:
-    """A record as read by :func:`load`.
-
-    Attributes:
-        data: the parsed JSON; None when there is no record or it could not be read.
-        distrust: "" when the record is trusted, else why not, in a few words ("owned by uid 1001, not by uid 0
-            (this run)", "2 hard links", "writable by group (mode 0664)", "not a regular file").
-        problem: "" or why an existing record could not be read ("a symlink", "larger than N bytes", "JSON nested
-            deeper than N levels", "malformed (ValueError)", ".locks is a symlink, not a folder, or cannot be opened").
-    """
+    """A record as read by :func:`load`: ``data``, the parsed JSON (None: no record, or unreadable); ``distrust``, ""
+    when trusted, else why not ("2 hard links", "writable by group (mode 0664)"); ``problem``, "" or why an existing
+    record could not be read ("a symlink", "larger than N bytes", "malformed (ValueError)")."""
 
     data: object | None
     distrust: str = ""

@@ -49,9 +49,8 @@ _REFUSED_HINT = ("`hfcache verify --repair` removes it (or remove it by hand), t
 
 @dataclass(frozen=True)
 class PublishedRevision:
-    """One record: ``files`` maps path -> (size in bytes, ``sha256:<hex>`` or ``git-sha1:<hex>``); ``absent`` the
-    names warm marked absent with ``.no_exist``; ``endpoint`` the endpoint that served the commit (a plain
-    ``scheme://host[:port][/path]``, :func:`public_endpoint`), or None when the record names none usable."""
+    """One record: ``files`` maps path -> (size in bytes, prefixed hash); ``absent`` the names warm marked absent;
+    ``endpoint`` the endpoint that served the commit (:func:`public_endpoint`), or None."""
 
     commit_hash: str
     files: Mapping[str, tuple[int, str]]

@@ -197,9 +197,8 @@ def _lstat_mode(path: Path) -> int:
 
 
 def describe_cache_dir(path: str | os.PathLike[str]) -> CacheDirKind:
-    """Recognise a folder given as a hub cache from the names at its root (a few ``lstat`` calls, no writes), and
-    name the cache the user probably meant when it is not one (:class:`CacheDirKind`; a file is ``not_a_cache``).
-    Raises CacheError (exit 5) when the folder (or its ``hub`` folder) exists but this user cannot list it."""
+    """Recognise a folder given as a hub cache from the names at its root, and name the cache the user probably meant
+    when it is not one (:class:`CacheDirKind`). CacheError (exit 5): it (or its ``hub``) exists but cannot be listed."""
     root = Path(path).absolute()
     names = _names(root)
     if names is None:

@@ -50,16 +50,10 @@ class SnapshotFile(NamedTuple):
 
 @dataclass(frozen=True)
 class RevisionInfo:
-    """One snapshot of a repo.
-
-    Attributes:
-        commit_hash (str): the snapshot folder's name.
-        refs (tuple[str, ...]): refs pointing to it, sorted.
-        files (tuple[SnapshotFile, ...]): its entries, sorted by path.
-        size_on_disk (int): bytes of its distinct contents (shared blobs counted once).
-        last_used (float): seconds since the epoch (see the module docstring).
-        problems (tuple[str, ...]): what is wrong, e.g. ``"vocab.txt: broken link"``.
-    """
+    """One snapshot of a repo: ``commit_hash`` (str), the sorted ``refs`` (tuple[str, ...]) pointing to it, its
+    ``files`` (tuple[SnapshotFile, ...]) by path, ``size_on_disk`` (int: bytes of its distinct contents),
+    ``last_used`` (float: seconds since the epoch, module docstring), ``problems`` (tuple[str, ...]: ``"vocab.txt:
+    broken link"``)."""
 
     commit_hash: str
     refs: tuple[str, ...]
@@ -74,15 +68,12 @@ class RepoInfo:
     """One repo folder of a cache.
 
     Attributes:
-        repo_id (str): decoded from the folder name (``models--ORG--NAME`` -> ``ORG/NAME``).
-        repo_type (str): ``model``, ``dataset`` or ``space``.
-        folder (str): the folder name.
+        repo_id, repo_type, folder (str): decoded from the folder name (``models--ORG--NAME`` -> ``ORG/NAME``).
         refs (dict[str, str]): ref name -> content (commit, or whatever malformed text it holds).
         revisions (tuple[RevisionInfo, ...]): sorted by commit.
         size_on_disk (int): bytes of the repo's distinct contents (blobs, real snapshot files, ``.incomplete``).
-        blob_count (int): blobs in ``blobs/``: regular files and healthy links into the shared Xet store.
-        incomplete (tuple[str, ...]): leftover ``blobs/*.incomplete`` names.
-        last_used (float): newest ``last_used`` of its revisions (0 when it has none).
+        blob_count (int): regular files and healthy shared-store links in ``blobs/``.
+        incomplete (tuple[str, ...]): leftover ``blobs/*.incomplete`` names. last_used (float): its revisions' newest.
         problems (tuple[str, ...]): repo-level and revision-level problems, in a stable order.
         inodes (dict[tuple[int, int], int]): (device, inode) -> size of every distinct content, to total a cache.
         unsafe (tuple[str, ...]): parts of the folder that are symlinks or not directories (``blobs``, ``refs``,

@@ -10,11 +10,9 @@ downloaded through Xet is kept once per cache::
     <cache>/blobs/<2 hex>/<xet_hash>.lock        the per-hash lock (publication, new references, sweeps)
     <cache>/<repo folder>/blobs/<etag>           a RELATIVE symlink ../../blobs/<2 hex>/<xet_hash>
 
-The library accepts a repo blob as store-backed only in that exact shape (``_shared_blob_target``: the prefix is
-the hash's first two characters) and only in a marked store (``is_shared_blobs_dir``); hfcache takes the same
-definition and nothing wider. The store is reached from the cache root through :mod:`.fsops` opens (no link
-followed, a FIFO never blocking). It is off with ``HF_HUB_DISABLE_SHARED_BLOBS``, ``HF_HUB_DISABLE_XET`` or a cache
-without symlinks (``shared_blobs_enabled``, ``file_download.py``), so one cache can hold both forms.
+The library accepts a repo blob as store-backed only in that exact shape (``_shared_blob_target``) and only in a
+marked store (``is_shared_blobs_dir``); hfcache takes the same definition and nothing wider. The store is off with
+:data:`DISABLING_VARIABLES` or a cache without symlinks (``shared_blobs_enabled``), so one cache can hold both forms.
 """
 
 from __future__ import annotations

@@ -1,10 +1,7 @@
 """A repo's ``blobs/`` as the scan reads it, and a blob that is a symlink: huggingface_hub 2.4's link into the shared
-Xet store (:mod:`.shared_store`), or not.
-
-Only the library's exact link shape, into a marked store, to a regular payload, stands for a blob; the payload's
-``fstat`` is then the blob's, so a payload several repos link to is counted once by inode, as ``scan_cache_dir``
-counts it. Every other link stays "a symlink, not a file". Nothing is followed (``readlink``, then
-:func:`.shared_store.open_payload` from the cache root).
+Xet store (:mod:`.shared_store`), or not. Only the library's exact link shape, into a marked store, to a regular
+payload, stands for a blob; the payload's ``fstat`` is then the blob's (a payload several repos link to is counted
+once by inode, as ``scan_cache_dir`` counts it). Every other link stays "a symlink, not a file".
 """
 
 from __future__ import annotations
@@ -17,8 +14,7 @@ from .shared_store import StoreProblem, payload_stat, xet_hash_of_link
 
 def store_blob_stat(root: str, link_path: str, name: str) -> tuple[os.stat_result | None, str | None]:
     """(payload stat, None) when the symlink ``link_path`` (the repo's ``blobs/<name>``, below the cache ``root``) is
-    a healthy store link, else (None, the problem: ``blobs/<name>: `` another link shape, a dangling store link, a
-    payload or marker that is a link, FIFO or folder, an unmarked store)."""
+    a healthy store link, else (None, the problem, ``blobs/<name>: ...``)."""
     try:
         target = os.readlink(link_path)
     except OSError:

@@ -109,8 +109,7 @@ def show_signature(verdict, *, as_json: bool) -> None:
 
 
 def show_mismatch(exc, spec: str, *, as_json: bool) -> None:
-    """``verify --signature``'s failure: the one-line error (and with --json one document naming every file), exit
-    1."""
+    """``verify --signature``'s failure: the one-line error (and with --json one document naming every file)."""
     print_error(exc.message, exc.hint)
     if as_json:
         print_json({"ok": False, "spec": spec, "error": exc.message, "reason": exc.reason,

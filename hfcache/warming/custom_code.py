@@ -1,7 +1,6 @@
 """What reading a repo's configs adds to a selection: custom code named by ``auto_map`` and, recursively, the modules
 it imports relatively, found as transformers' ``dynamic_module_utils`` finds them (never executed); for
-``kind="model"``, the sentence-transformers module folders ``modules.json`` names. Pure functions over file contents
-the caller fetched and hash-checked.
+``kind="model"``, the sentence-transformers module folders ``modules.json`` names.
 """
 
 from __future__ import annotations
@@ -113,9 +112,8 @@ def foreign_repos(refs: Iterable[str]) -> tuple[str, ...]:
 
 def custom_code_paths(configs: Iterable[str], read: Callable[[str], bytes | None], available: Iterable[str],
                       kind: str = "tokenizer", exclude: Sequence[str] = ()) -> CustomCode:
-    """Follow ``auto_map`` from ``configs`` to the Python files a load runs, executing none: ``read(path)`` gives a
-    file's bytes (None above :data:`MAX_PARSE_BYTES`) for paths of ``available``; ``exclude`` globs are never fetched
-    nor marked. Raises RepoDataError: a config nested too deeply to parse."""
+    """Follow ``auto_map`` from ``configs`` to the Python files a load runs: ``read(path)`` gives a file's bytes (None
+    above :data:`MAX_PARSE_BYTES`); ``exclude`` globs are never fetched nor marked. RepoDataError: nested too deep."""
     have = set(available)
     unparsed: list[str] = []
 

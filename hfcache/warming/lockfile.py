@@ -1,7 +1,6 @@
-"""The lock (``hfcache.lock``), written from the manifest: deterministic as pip-tools' ``writer.py`` and ``uv.lock``
-(sorted, stable, a regenerate header, a schema ``version``; no timestamps, hosts, absolute paths or tokens), every file
-with its size and prefixed hash. Also: the manifest that goes with a lock, drift, and the stat-only check of a cache
-against it. Light (no huggingface_hub): ``warm --lock`` on a warm cache needs no more.
+"""The lock (``hfcache.lock``), written from the manifest: deterministic as ``uv.lock`` (sorted, a regenerate header,
+a schema ``version``; no timestamps, hosts, absolute paths or tokens), every file with its size and prefixed hash.
+Also: the manifest that goes with a lock, drift, and the stat-only check of a cache against it (no huggingface_hub).
 """
 
 from __future__ import annotations

@@ -1,6 +1,5 @@
 """The manifest (``hfcache.toml``, or ``[tool.hfcache]`` in ``pyproject.toml``: docs/warm.md, 'Pinning'): finding,
-reading and validating it (the entry rules are shared with the lock), and who gets the Hub token when it names the
-endpoints. Light: standard library and hfcache's records only.
+reading and validating it (the entry rules are shared with the lock), and who gets the Hub token for its endpoints.
 """
 
 from __future__ import annotations

@@ -1,7 +1,6 @@
-"""Where transformers copies custom code before importing it (``HF_MODULES_CACHE``, read once at import by
-transformers 5.24 ``utils/hub.py``; every load of custom code writes there, even offline), the private folder
-``env``/``exec`` point it at when the default cannot be written (docs/models.md, docs/offline.md), and which cached
-revisions name custom code.
+"""Where transformers copies custom code before importing it (``HF_MODULES_CACHE``, transformers 5.24
+``utils/hub.py``; written by every load of custom code, even offline), the private folder ``env``/``exec`` point it at
+when the default cannot be written (docs/offline.md), and which cached revisions name custom code.
 """
 
 from __future__ import annotations

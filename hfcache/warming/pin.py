@@ -1,6 +1,5 @@
 """pin: resolve a manifest into a lock (``hfcache lock``), each entry as warm resolves it (configs and sharded indexes
-read into memory, hash-checked, to finish the selection); unchanged entries keep their locked commit, with no request,
-unless ``--upgrade`` names them.
+read into memory, hash-checked); unchanged entries keep their locked commit unless ``--upgrade`` names them.
 """
 
 from __future__ import annotations

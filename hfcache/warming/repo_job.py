@@ -1,6 +1,5 @@
 """One repo of a warm (:class:`RepoJob`), endpoint after endpoint: resolved (or taken from the lock), selected, every
-blob put in place (cached, hardlinked, or downloaded by :mod:`hfcache.hub.transfer`), and published only when every
-blob is there (:mod:`hfcache.warming.publish`). :class:`InFlight` makes a blob shared by repos download once.
+blob put in place (cached, hardlinked, or downloaded), and published only when every blob is there.
 """
 
 from __future__ import annotations

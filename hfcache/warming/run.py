@@ -1,6 +1,5 @@
 """``hfcache warm``'s one core function, :func:`run`: repos by name, or exactly what a lock pins (``--lock``). On a
-cache that holds the lock it costs ``stat`` calls only: huggingface_hub and the HTTP client are imported only when
-something is missing, and this module stays light at import time (tests/unit/test_import_graph.py).
+cache that holds the lock it costs ``stat`` calls only (huggingface_hub is imported only when something is missing).
 """
 
 from __future__ import annotations

@@ -69,10 +69,9 @@ def _dumps(value: Any) -> str:
 
 
 def stream_ls_json(cache_dir: str, repos: Iterable[RepoSummary], out: TextIO) -> bool:
-    """Write ``hfcache ls --json``'s compact document to ``out`` one repo (:func:`repo_summary`) at a time, in the
-    order given; return whether any repo had an unreadable part (exit 1). Byte for byte what
-    ``print_json(ls_dict(...), compact=True)`` prints (sorted keys put ``repos`` before the totals, summed on the way),
-    with one repo's objects in memory at a time (docs/benchmarks.md, goal P4)."""
+    """Write ``hfcache ls --json``'s compact document to ``out`` one repo (:func:`repo_summary`) at a time, byte for
+    byte what ``print_json(ls_dict(...), compact=True)`` prints (sorted keys put ``repos`` before the totals, summed
+    on the way); return whether any repo had an unreadable part (exit 1)."""
     seen: dict[tuple[int, int], int] = {}
     count = revisions = unhealthy = 0
     unreadable = False

@@ -79,9 +79,8 @@ def show_mirror_stopped(run: Any) -> None:
 
 
 def path_document(resolved: Any) -> dict[str, Any]:
-    """The ``--json`` document of a :class:`hfcache.offline.paths.ResolvedPath`: ``repo_id``, ``repo_type``,
-    ``revision``, ``commit_hash``, ``snapshot`` (absolute) and ``files`` (absolute snapshot paths; empty without a
-    PATTERN)."""
+    """The ``--json`` document of a :class:`hfcache.offline.paths.ResolvedPath` (paths absolute; ``files`` empty
+    without a PATTERN)."""
     return {"repo_id": resolved.repo_id, "repo_type": resolved.repo_type, "revision": resolved.revision,
             "commit_hash": resolved.commit_hash, "snapshot": str(resolved.snapshot),
             "files": [str(p) for p in resolved.files]}

@@ -1,6 +1,5 @@
-"""Rendering of ``hfcache warm`` and ``hfcache lock``: progress per repo, the summary table, the pin result. rich is
-imported where a table or a bar is drawn (``warm --lock --json`` on a complete cache: docs/benchmarks.md, goal P1).
-"""
+"""Rendering of ``hfcache warm`` and ``hfcache lock``: progress per repo, the summary table, the pin result (rich
+imported only where a table or a bar is drawn: docs/benchmarks.md, goal P1)."""
 
 from __future__ import annotations
 
@@ -88,9 +87,8 @@ def warm_summary_line(report: WarmReport) -> str:
 
 class WarmProgress:
     """warm's progress (a :class:`hfcache.records.ProgressSink`): on a terminal, one transient bar per repo (bytes)
-    and a total bar on stderr; bytes a repo reports before its bar exists are shown as done when it is added. On
-    Ctrl-C or SIGTERM, once the bars are gone, the summary of what finished and what was interrupted
-    (:func:`interrupted_report`; not with ``-q``, nor when nothing finished), before the CLI's error line."""
+    and a total bar on stderr. On Ctrl-C or SIGTERM, once the bars are gone, the summary of what finished and what was
+    interrupted (:func:`interrupted_report`; not with ``-q``, nor when nothing finished)."""
 
     def __init__(self, *, as_json: bool, quiet: bool) -> None:
         self._enabled = not (as_json or quiet)  # --json / -q: no bar, and no rich import either
