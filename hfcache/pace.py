@@ -93,8 +93,7 @@ class Deadline:
 @dataclass
 class Throughput:
     """A floor on a body's average rate: :meth:`feed` raises TooSlow, naming ``what``, when fewer than
-    ``rate * window`` bytes (``rate`` 0: no floor) arrived in the last ``window`` seconds, checked once ``window``
-    seconds have passed since the start."""
+    ``rate * window`` bytes (``rate`` 0: no floor) arrived in the last ``window`` seconds."""
 
     rate: int
     window: float

@@ -321,9 +321,8 @@ class UnsafePath(ValueError):
 
 
 def validate_repo_path(path: str) -> str:
-    """``path`` if it is a safe relative repo path the other commands will walk: no escape, at most
-    :data:`hfcache.bounds.MAX_TREE_DEPTH` components of at most :data:`MAX_NAME_BYTES` bytes of UTF-8, at most
-    :data:`MAX_PATH_BYTES` in all; else UnsafePath naming it (cut to 200 characters)."""
+    """``path`` if it is a safe relative repo path (no escape, at most ``MAX_TREE_DEPTH`` components of at most
+    :data:`MAX_NAME_BYTES` bytes, :data:`MAX_PATH_BYTES` in all); else UnsafePath naming it."""
     if (
         not path
         or "\\" in path

@@ -24,9 +24,8 @@ def atomic_write(path: Path, data: bytes, policy: SharePolicy | None = None) -> 
 
 @contextmanager
 def atomic_output(path: Path, policy: SharePolicy | None = None):
-    """Open a binary file that appears at ``path`` only when the block succeeds (:func:`atomic_output_at` in the
-    folder opened by path once). For paths OUTSIDE a cache only (a project's lockfile, an export DEST): below a
-    cache root, where a member can swap a folder for a link, use :func:`atomic_output_at` with a safefs fd."""
+    """:func:`atomic_output_at` in the folder of ``path`` opened by path: for paths OUTSIDE a cache only (a project's
+    lockfile, an export DEST); below a cache root, use :func:`atomic_output_at` with a safefs fd."""
     dfd = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     try:
         _refuse_non_regular(dfd, path)
@@ -54,9 +53,8 @@ def _refuse_non_regular(dfd: int, path: Path) -> None:
 
 @contextmanager
 def atomic_output_at(dfd: int, name: str, policy: SharePolicy | None = None):
-    """Open a binary file that appears as ``name`` in the folder open as ``dfd`` only when the block succeeds: a
-    temp file created relative to ``dfd`` (shared by ``policy``), fsynced, then renamed relative to ``dfd``; removed
-    on an exception. Raises OSError (ENOSPC, EACCES)."""
+    """Open a binary file that appears as ``name`` in the folder ``dfd`` only when the block succeeds (a temp file
+    shared by ``policy``, fsynced, renamed; removed on an exception). Raises OSError (ENOSPC, EACCES)."""
     tmp = temp_name(name)
     fd = create_at(dfd, tmp)
     try:

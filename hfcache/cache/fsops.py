@@ -138,6 +138,15 @@ def _empty_level(fd: int, top: int, is_top: bool) -> list[str]:
     return found
 
 
+def list_entries(path: str | os.PathLike[str]) -> list[os.DirEntry]:
+    """The entries of the folder ``path``, sorted by name; [] when it cannot be listed (missing, not a folder)."""
+    try:
+        with os.scandir(path) as it:
+            return sorted(it, key=lambda e: e.name)
+    except OSError:
+        return []
+
+
 def scan_tree(top: str, *, max_depth: int = MAX_TREE_DEPTH, too_deep: list[str] | None = None,
               onerror: Callable[[OSError, str], object] | None = None,
               ) -> Iterator[tuple[str, str, list[os.DirEntry], list[os.DirEntry]]]:

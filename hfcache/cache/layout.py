@@ -249,9 +249,8 @@ class RepoFolder:
         incomplete.close()
 
     def adopt_blob(self, source: Path, etag: str) -> bool:
-        """Hardlink an identical blob as ``blobs/<etag>``, relative to both folders' fds: a regular
-        ``<folder>/blobs/<etag>`` of this cache or a payload ``blobs/<2hex>/<xet_hash>`` of its marked shared store.
-        False, nothing changed, for any other ``source`` or where hardlinks are not possible."""
+        """Hardlink an identical blob (``<folder>/blobs/<etag>`` of this cache or a payload of its marked shared
+        store) as ``blobs/<etag>``; False, nothing changed, for any other ``source`` or where hardlinks fail."""
         check_etag(etag)
         try:
             src_rel = Path(source).relative_to(self.cache_dir).parts

@@ -9,15 +9,10 @@ LF, trailing newline)::
     {"absent": ["chat_template.jinja"], "commit_hash": "<40 hex>", "endpoint": "https://hub.internal",
      "files": {"vocab.txt": {"hash": "git-sha1:<hex>", "size": 231508}}, "format": "hfcache-published", "version": 1}
 
-``endpoint`` (optional) served the commit's last warm; ``verify --repair`` fetches from it by default. Only
-``scheme://host[:port][/path]`` is written (:func:`public_endpoint`), never a token. Read back it is a hint written by
-anyone who can write the cache: one that is no plain http(s) URL is ignored, and repair sends the token only to the
-endpoint the user configured (docs/security.md).
-
-A record is untrusted input: read through :mod:`.safefs`, at most :data:`MAX_RECORD_BYTES` and
-:data:`hfcache.bounds.MAX_JSON_DEPTH` levels deep (past either, :class:`RecordRefused`: a problem of its repo); an
-entry with a malformed hash, a size that is not an integer from 0 to :data:`hfcache.records.MAX_FILE_SIZE` or a path
-that is no safe repo path (``../x``: verify looks its marker up) is ignored.
+``endpoint`` (optional) served the commit's last warm (``verify --repair`` fetches from it); only a plain http(s)
+URL is written or read back (:func:`public_endpoint`), never a token. A record is untrusted input (docs/security.md):
+past :data:`MAX_RECORD_BYTES` or ``MAX_JSON_DEPTH`` it is refused (:class:`RecordRefused`: a problem of its repo); an
+entry with a malformed hash or size, or a path that is no safe repo path, is ignored.
 """
 
 from __future__ import annotations

@@ -125,16 +125,10 @@ _MAX_ENTRIES = 100_000
 
 @dataclass(frozen=True)
 class CacheDirKind:
-    """What a folder given as a cache is (:func:`describe_cache_dir`).
-
-    Attributes:
-        path (Path): the folder, absolute.
-        kind (str): ``"cache"`` (a repo folder or one of :data:`CACHE_MARKERS` at its root), ``"empty"`` (nothing
-            but a fresh volume's ``lost+found``), ``"missing"`` or ``"not_a_cache"`` (a folder holding other things).
-        meant (Path | None): the cache probably meant: ``path/hub`` for an ``HF_HOME``, the parent of a repo folder.
-        meant_repos (int): repo folders in ``meant`` (0 when ``meant`` is None).
-        looks_like (str | None): what ``path`` looks like instead, e.g. ``"an HF_HOME"``, ``"a repo folder"``.
-    """
+    """What a folder given as a cache (``path``, absolute) is (:func:`describe_cache_dir`): ``kind`` ``"cache"`` (a
+    repo folder or one of :data:`CACHE_MARKERS` at its root), ``"empty"`` (at most ``lost+found``), ``"missing"`` or
+    ``"not_a_cache"``; ``meant`` (Path | None), the cache probably meant (``path/hub`` for an ``HF_HOME``, a repo
+    folder's parent) holding ``meant_repos`` repo folders; ``looks_like`` (str | None): ``"an HF_HOME"``..."""
 
     path: Path
     kind: str

@@ -78,12 +78,9 @@ def _descend(root: str | os.PathLike[str], rel: str | Sequence[str], *, create: 
 
 def open_dir(root: str | os.PathLike[str], rel: str | Sequence[str] = (), *, create: bool = False,
              on_create: Callable[[int], None] | None = None) -> int:
-    """Open the directory ``root/rel`` without following a symlink below ``root``; its fd (caller closes).
-
-    Args:
-        root: the cache root (may itself be a symlink). rel: ``/``-separated path or components; ``()``: the root.
-        create: make missing directories (0o777 minus the umask). on_create: called with the fd of each directory
-            this call created (to share it, :mod:`.sharing`).
+    """Open the directory ``root/rel`` (``/``-separated, or components) without following a symlink below the cache
+    root ``root``; its fd (caller closes). ``create``: make missing directories (0o777 minus the umask), each one's fd
+    handed to ``on_create`` (to share it, :mod:`.sharing`).
 
     Raises:
         UnsafeLayout: a component is a symlink or not a directory. UnsafeName: a component is empty, ``.``, ``..``.

@@ -79,9 +79,8 @@ def _entries(fd: int) -> list[tuple[str, os.stat_result]]:
 
 def iter_tree(root: str | os.PathLike[str], rel: str | Sequence[str], *, max_depth: int = MAX_TREE_DEPTH,
               skip: Container[str] = ()) -> Iterator[tuple[tuple[str, ...], str, int]]:
-    """Every entry below the folder ``root/rel`` (:func:`walk`, and its errors), parents before their children, as
-    (folder parts below ``rel``, entry name, ``st_mode`` not followed); ``skip``: names of folders directly in
-    ``root/rel`` listed but not walked into."""
+    """(folder parts below ``rel``, name, ``st_mode`` not followed) of every entry below ``root/rel`` (:func:`walk`,
+    and its errors), parents first; ``skip``: names of folders directly in ``root/rel`` listed but not walked into."""
     base = tuple(_parts(rel)) if rel else ()
     for folder in walk(root, base, max_depth=max_depth):
         here = folder.parts[len(base):]

@@ -29,17 +29,10 @@ from .store_blobs import scan_blobs
 
 
 class SnapshotFile(NamedTuple):
-    """One entry of ``snapshots/<commit>/`` (a NamedTuple: created ~30,000 times for a 10,000-repo cache).
-
-    Attributes:
-        path (str): ``/``-separated path in the repo.
-        etag (str | None): the blob name the link points to (None for real files or links outside ``blobs/``).
-        size (int): size of the content in bytes (0 when the link is broken).
-        form (str): ``link`` (relative symlink into ``blobs/``), ``file`` (a real file: a cache written without
-            symlinks), ``broken`` (link to a missing blob), ``absolute`` (absolute link), ``outside`` (relative
-            link leaving the repo's ``blobs/``).
-        inode (tuple[int, int] | None): (device, inode) of the content, to count shared bytes once.
-    """
+    """One entry of ``snapshots/<commit>/`` (a NamedTuple: created ~30,000 times for a 10,000-repo cache): its
+    ``path`` (str) in the repo, the ``etag`` (str | None) a link into ``blobs/`` names, the content's ``size`` (int:
+    bytes, 0 for a broken link), its ``form`` (str: ``link``, ``file`` (a real file), ``broken``, ``absolute``,
+    ``outside`` (a relative link leaving ``blobs/``)), its ``inode`` (tuple[int, int] | None) to count it once."""
 
     path: str
     etag: str | None

@@ -23,16 +23,10 @@ _CHUNK = 32
 
 def stream_repos(root: Path, summarize: Callable[[RepoInfo], T], repo_ids: set[str] | None = None, *,
                  threshold: int = 100, workers: int | None = None) -> Iterator[T] | None:
-    """For a cache of more than ``threshold`` repo folders, ``summarize(repo)`` of each repo, one at a time, in the
-    order ``ls`` shows (id case-folded); None for a smaller cache (scan it whole with :func:`.scan.scan_cache`).
-
-    Scanned in ``workers`` forked processes where the platform forks and no other thread runs (scanning is
-    CPU-bound Python: a second core halves it on 10,000 repos), else here; an error in a worker is raised here.
-
-    Args:
-        summarize: applied to each RepoInfo; its results must be picklable (they cross a pipe).
-        workers: processes (default: the CPUs this process may run on, at most 4; 1 scans here).
-    """
+    """For a cache of more than ``threshold`` repo folders, ``summarize(repo)`` (picklable: it crosses a pipe) of each
+    repo, one at a time, in the order ``ls`` shows; None for a smaller cache (:func:`.scan.scan_cache` it whole).
+    Scanned in ``workers`` forked processes (default: this process's CPUs, at most 4) where the platform forks and no
+    other thread runs (a second core halves it on 10,000 repos), else here; a worker's error is raised here."""
     folders, locks = repo_folders(Path(root), repo_ids)
     if len(folders) <= threshold:
         return None

@@ -1,14 +1,7 @@
-"""Group-shared caches, like git's ``core.sharedRepository``: what hfcache creates stays writable by the group.
-
-A cache root that is group-writable (typically ``chgrp hf ROOT && chmod 2775 ROOT``) is shared: every folder and
-file hfcache creates below it gets the root's group and its group and other permission bits (group write
-included; for a world-writable root, other write too), whatever the umask, and folders get the setgid bit so the
-group is inherited. Any member can then warm, prune and repair any repo; without it, user A's umask 022 leaves
-``0755`` folders on which user B fails with "Permission denied".
-
-Library gap: huggingface_hub creates lock files ``0o664`` (``utils/_fixes.py WeakFileLock``) but its folders and
-blobs with the umask (``file_download.py _chmod_and_move``); git's ``adjust_shared_perm`` (add the shared bits
-after each creation, setgid on folders) is what is missing. Everything here acts through descriptors.
+"""Group-shared caches (docs/shared-caches.md), like git's ``core.sharedRepository``: below a group- or world-writable
+root, what hfcache creates gets the root's group and its group and other bits whatever the umask, folders the setgid
+bit. Library gap: huggingface_hub creates lock files ``0o664`` (``utils/_fixes.py WeakFileLock``) but folders and
+blobs with the umask (``file_download.py _chmod_and_move``). Everything here acts through descriptors.
 """
 
 from __future__ import annotations
@@ -59,9 +52,8 @@ def cache_policy(cache_dir: Path) -> SharePolicy | None:
 
 
 def share_fd(fd: int, policy: SharePolicy | None) -> None:
-    """Give a folder or file this process just created, open as ``fd``, the shared group and bits (best effort: an
-    entry another user owns is theirs to fix, and doctor reports it). Only a folder, or a regular file with a single
-    link, this user owns is changed: a hardlink a member planted would carry the mode to another file."""
+    """Give a folder or file this process just created, open as ``fd``, the shared group and bits; best effort, and
+    only to a folder, or a regular file with one link (a planted hardlink would carry the mode), this user owns."""
     if policy is None:
         return
     try:

@@ -34,17 +34,10 @@ def store_blob_stat(root: str, link_path: str, name: str) -> tuple[os.stat_resul
 
 def scan_blobs(base: str, entries: list[os.DirEntry], denied: list[str], problems: list[str]
                ) -> tuple[dict[str, os.stat_result], list[str], dict[tuple[int, int], int]]:
-    """A repo's ``blobs/`` folder for :func:`.scan.scan_repo` (metadata only).
-
-    Args:
-        base: the repo folder's path (its parent is the cache root); entries: the listing of ``base/blobs``;
-        denied: receives ``"blobs/"`` when the folder can be listed but not searched; problems: receives what is
-            wrong (other links, store problems, special files, leftover ``.incomplete`` files).
-
-    Returns:
-        (name -> lstat of each regular blob, or its payload's; sorted ``.incomplete`` names; (dev, inode) -> size
-        of everything that takes space, a shared payload once).
-    """
+    """A repo's ``blobs/`` folder (``entries``: its listing; ``base``: the repo folder) for :func:`.scan.scan_repo`:
+    ``denied`` receives ``"blobs/"`` when it can be listed but not searched, ``problems`` what is wrong. Returns
+    (name -> lstat of each regular blob, or its payload's; sorted ``.incomplete`` names; (dev, inode) -> size of
+    everything that takes space, a shared payload once)."""
     blob_stats: dict[str, os.stat_result] = {}
     incomplete = []
     inodes: dict[tuple[int, int], int] = {}

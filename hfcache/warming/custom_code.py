@@ -73,9 +73,8 @@ _RELATIVE_IMPORT_RES = (re.compile(r"^[^\S\n]*import\s+\.(\S+)\s*$", re.MULTILIN
 
 
 def relative_imports(source: bytes, path: str) -> tuple[str, ...]:
-    """The repo paths of the modules a custom-code file imports relatively (``from .NAME import`` is
-    ``<folder>/NAME.py``, NAME taken literally), by :data:`_RELATIVE_IMPORT_RES` and an ``ast`` walk (statements
-    after ``;``); names that are not safe repo paths are dropped. Never executed."""
+    """The safe repo paths of the modules a custom-code file imports relatively (``from .NAME import`` is
+    ``<folder>/NAME.py``), by :data:`_RELATIVE_IMPORT_RES` and an ``ast`` walk (statements after ``;``)."""
     text = source.decode("utf-8", errors="replace")
     names = [m.group(1) for regex in _RELATIVE_IMPORT_RES for m in regex.finditer(text)]
     try:

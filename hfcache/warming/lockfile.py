@@ -16,6 +16,7 @@ import tomli_w
 
 from ..cache import safefs
 from ..cache.atomic import atomic_write
+from ..cache.fsops import list_entries
 from ..cache.layout import RepoFolder
 from ..cache.root import cache_error, resolve_cache_dir
 from ..errors import CacheError, UsageError
@@ -109,8 +110,7 @@ class CacheStatus:
 def lock_manifest(lock_path: str | os.PathLike[str], manifest_path: str | os.PathLike[str] | None = None, *,
                   required: bool = False) -> Manifest | None:
     """The manifest that goes with a lock: ``manifest_path`` (``--manifest``), else one in the lock's folder; None
-    when there is none and none is ``required`` (a lock alone is enough). Raises UsageError: given or required but
-    missing, or invalid."""
+    when there is none and none is ``required``. UsageError: given or required but missing, or invalid."""
     if manifest_path is not None or required:
         return load_manifest(find_manifest(manifest_path, start=Path(lock_path).parent))
     try:
@@ -122,8 +122,7 @@ def lock_manifest(lock_path: str | os.PathLike[str], manifest_path: str | os.Pat
 def lock_cache_dir(lock_path: str | os.PathLike[str], cache_dir: str | os.PathLike[str] | None = None, *,
                    manifest: Manifest | None = None) -> Path:
     """The cache every ``--lock`` command works on (README "Which cache a --lock command uses"), absolute, unchecked:
-    ``cache_dir``, else the lock's manifest's (``manifest`` if loaded), else the environment's. UsageError as
-    :func:`lock_manifest`."""
+    ``cache_dir``, else the lock's manifest's, else the environment's. UsageError as :func:`lock_manifest`."""
     if cache_dir is not None:
         return resolve_cache_dir(cache_dir)
     if manifest is None:
@@ -298,20 +297,13 @@ def cache_status(repo: LockedRepo, cache_dir: Path) -> CacheStatus:
                 continue
             if st.st_size != f.size or not stat.S_ISREG(st.st_mode):  # the one stat answers both
                 missing.append(f"{rel}/snapshots/{repo.commit_hash[:12]}/{f.path}: size {st.st_size} != {f.size}")
-        markers = _top_level_markers(folder.root / ".no_exist" / safefs.check_commit(repo.commit_hash))
+        # The regular files directly in .no_exist/<commit> (one scandir, not a stat per name).
+        markers = {e.name for e in list_entries(folder.root / ".no_exist" / safefs.check_commit(repo.commit_hash))
+                   if e.is_file(follow_symlinks=False)}
         for name in repo.absent:
             if name not in markers and not folder.marker_path(repo.commit_hash, name).exists():
                 missing.append(f"{rel}/.no_exist/{repo.commit_hash[:12]}/{name}: missing")
     return CacheStatus(repo=repo, missing=tuple(missing))
-
-
-def _top_level_markers(folder: Path) -> set[str]:
-    """The regular files directly in a ``.no_exist/<commit>`` folder (one ``scandir``, not a stat per name)."""
-    try:
-        with os.scandir(folder) as entries:
-            return {e.name for e in entries if e.is_file(follow_symlinks=False)}
-    except OSError:
-        return set()
 
 
 def cache_statuses(lock: Lockfile, cache_dir: Path) -> list[CacheStatus]:

@@ -156,8 +156,7 @@ def withheld_endpoints(endpoints: Sequence[str], trusted: bool,
 
 def with_manifest_endpoints(hub: HubOptions, endpoints: Sequence[str], trust: bool = False) -> HubOptions:
     """``hub`` for a manifest that names ``endpoints``: the endpoints given win; else the manifest's, the token
-    withheld from those the user did not opt in to (``trust``: ``--trust-manifest-endpoint``, or
-    ``HFCACHE_TRUST_MANIFEST_ENDPOINT=1``; never a key of the manifest, the text the opt-in is about)."""
+    withheld from those not opted in to (``trust``, or :data:`TRUST_ENDPOINT_ENV`; never a key of the manifest)."""
     if hub.endpoints or not endpoints:
         return hub
     trust = trust or os.environ.get(TRUST_ENDPOINT_ENV, "").strip().lower() in ("1", "true", "yes")

@@ -133,11 +133,13 @@ def custom_code_repos(cache_dir: Path) -> list[CustomCodeRepo]:
     """Every cached model revision whose ``tokenizer_config.json`` or ``config.json`` has an ``auto_map``; unreadable
     files are skipped, unparsable ones reported (``error``)."""
     found = []
-    for folder in _scandir(str(cache_dir)):
+    for folder in fsops.list_entries(cache_dir):
         parsed = parse_folder_name(folder.name) if folder.name.startswith("models--") else None
-        if parsed is None:
+        if parsed is None or not folder.is_dir(follow_symlinks=False):
             continue
-        for snapshot in _scandir(os.path.join(folder.path, "snapshots")):
+        for snapshot in fsops.list_entries(os.path.join(folder.path, "snapshots")):
+            if not snapshot.is_dir(follow_symlinks=False):
+                continue
             try:
                 refs = _auto_map_of(snapshot.path)
             except ValueError as exc:  # custom_code.RepoDataError: reported, the scan goes on
@@ -146,14 +148,6 @@ def custom_code_repos(cache_dir: Path) -> list[CustomCodeRepo]:
             if refs:
                 found.append(CustomCodeRepo(parsed[0], snapshot.name, refs))
     return sorted(found, key=lambda r: (r.repo_id, r.commit_hash))
-
-
-def _scandir(path: str) -> list[os.DirEntry]:
-    try:
-        with os.scandir(path) as entries:
-            return [e for e in entries if e.is_dir(follow_symlinks=False)]
-    except OSError:
-        return []
 
 
 def _auto_map_of(snapshot: str) -> tuple[str, ...]:
