@@ -43,11 +43,8 @@ def json_depth(doc: Any) -> int:
 def loads_json(raw: bytes | str, what: str, *, max_depth: int = MAX_JSON_DEPTH) -> Any:
     """``json.loads`` of ``raw`` (already bounded in size by its reader) for text hfcache did not write, nesting
     bounded by ``max_depth``; ``what`` names it in the error (``"trees/<commit>.json"``). Returns the parsed value.
-
-    Raises:
-        TooDeep: nested deeper than ``max_depth`` (also where the C parser itself ran out of stack).
-        ValueError: not JSON (``json.JSONDecodeError``, ``UnicodeDecodeError``).
-    """
+    Raises TooDeep: nested deeper than ``max_depth`` (also where the C parser itself ran out of stack). ValueError: not
+    JSON (``json.JSONDecodeError``, ``UnicodeDecodeError``)."""
     try:
         doc = json.loads(raw)
     except RecursionError:

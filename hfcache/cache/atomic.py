@@ -74,11 +74,8 @@ def file_lock(path: Path, stop: threading.Event | None = None, *, timeout: float
     """Hold an exclusive lock at ``path`` (:func:`.locking.file_lock`), creating its folder first (below
     ``cache_dir``: through folder fds). In a shared cache the folders are shared and the lock file (and a soft
     marker) is group-writable (``0o664`` as huggingface_hub's WeakFileLock, ``0o666`` in a world-writable cache).
-
-    Raises:
-        LockTimeout: not acquired within ``timeout`` seconds (exit 5). InterruptedError: ``stop`` was set.
-        OSError: the folder or the lock file cannot be created or opened.
-    """
+    Raises LockTimeout: not acquired within ``timeout`` seconds (exit 5). InterruptedError: ``stop`` was set. OSError:
+    the folder or the lock file cannot be created or opened."""
     policy = cache_policy(cache_dir) if cache_dir is not None else None
     mode = 0o664 | (policy.file_bits if policy else 0)
     if dir_fd is None and cache_dir is not None:

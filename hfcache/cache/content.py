@@ -39,10 +39,7 @@ def algorithm_of(etag: object) -> str | None:
 class BlobHash:
     """One incremental hash the way a blob is named: ``BlobHash("sha256")``, ``BlobHash("git-sha1", size)``
     (git's header is fed first), or :meth:`for_etag`.
-
-    Raises:
-        ValueError: an unknown algorithm, or ``git-sha1`` without a size.
-    """
+    Raises ValueError: an unknown algorithm, or ``git-sha1`` without a size."""
 
     __slots__ = ("algorithm", "etag", "_h")
 

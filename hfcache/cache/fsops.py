@@ -89,11 +89,8 @@ def remove_tree_at(parent_fd: int, name: str) -> None:
     """Remove the folder ``name`` of ``parent_fd`` and everything in it without recursing (``shutil.rmtree``
     recurses once per level): each subfolder is renamed up into ``name`` under a private name. No link is followed;
     an entry swapped for a link meanwhile is unlinked, never entered.
-
-    Raises:
-        FileNotFoundError: ``name`` is missing. NotADirectoryError / OSError(ELOOP): it is not a real folder.
-        OSError: an entry cannot be removed (ENOTEMPTY when entries keep appearing).
-    """
+    Raises FileNotFoundError: ``name`` is missing. NotADirectoryError / OSError(ELOOP): it is not a real folder.
+    OSError: an entry cannot be removed (ENOTEMPTY when entries keep appearing)."""
     top = os.open(name, DIR_FLAGS, dir_fd=parent_fd)
     try:
         pending: list[str | None] = [None]  # None: the top folder itself; else a name inside it

@@ -87,7 +87,6 @@ class RepoFolder:
         return self.open_dir(self.root / "blobs")
 
     def _existing_blobs(self) -> int | None:
-        """An fd of ``blobs/`` (no link followed), None when there is none."""
         try:
             return safefs.open_dir(self.cache_dir, (self.name, "blobs"))
         except (FileNotFoundError, NotADirectoryError):
@@ -291,11 +290,8 @@ class RepoFolder:
     def copy_blob(self, source_folder: str, etag: str, size: int) -> None:
         """Copy ``<source_folder>/blobs/<etag>`` of this cache as this repo's ``blobs/<etag>`` (where a hardlink is
         not possible), hash-checked while copied (:func:`.safefs_tree.copy_blob_at`).
-
-        Raises:
-            UnsafeLayout: the source is a link, a FIFO, not ``size`` bytes, or does not hash to ``etag``.
-            OSError: it is missing, or the copy cannot be written.
-        """
+        Raises UnsafeLayout: the source is a link, a FIFO, not ``size`` bytes, or does not hash to ``etag``. OSError: it
+        is missing, or the copy cannot be written."""
         check_etag(etag)
         src = safefs.open_unfollowed(self.cache_dir, (check_folder_name(source_folder), "blobs", etag),
                                      f"{self.cache_dir}/{source_folder}/blobs/{etag}", " (nothing copied)")

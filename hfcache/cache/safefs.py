@@ -81,11 +81,8 @@ def open_dir(root: str | os.PathLike[str], rel: str | Sequence[str] = (), *, cre
     """Open the directory ``root/rel`` (``/``-separated, or components) without following a symlink below the cache
     root ``root``; its fd (caller closes). ``create``: make missing directories (0o777 minus the umask), each one's fd
     handed to ``on_create`` (to share it, :mod:`.sharing`).
-
-    Raises:
-        UnsafeLayout: a component is a symlink or not a directory. UnsafeName: a component is empty, ``.``, ``..``.
-        FileNotFoundError: a component is missing and ``create`` is False.
-    """
+    Raises UnsafeLayout: a component is a symlink or not a directory. UnsafeName: a component is empty, ``.``, ``..``.
+    FileNotFoundError: a component is missing and ``create`` is False."""
     return _descend(root, rel, create=create, on_create=on_create)  # type: ignore[return-value]
 
 
@@ -195,11 +192,8 @@ def open_repo_file(root: str | os.PathLike[str], folder: str, snapshot_rel: Sequ
     """Open (fd, caller closes) the file a snapshot entry ``snapshot_rel`` = ``(commit, *path_parts)`` of the repo
     folder ``folder`` stands for: a real file, or a symlink's target resolved inside the repo folder
     (``../../blobs/<etag>``: :func:`open_blob`), no link followed on the way. The caller checks ``S_ISREG``.
-
-    Raises:
-        UnsafeLayout: a symlink where a folder belongs, a link outside the repo folder or to another link.
-        FileNotFoundError: the entry or its target is missing.
-    """
+    Raises UnsafeLayout: a symlink where a folder belongs, a link outside the repo folder or to another link.
+    FileNotFoundError: the entry or its target is missing."""
     rel = ["snapshots", *snapshot_rel]
     with dir_fd(root, (folder, *rel[:-1])) as pfd:
         st = os.stat(rel[-1], dir_fd=pfd, follow_symlinks=False)
@@ -231,11 +225,8 @@ def open_blob(root: str | os.PathLike[str], folder: str, etag: str, flags: int =
     """Open ``<root>/<folder>/blobs/<etag>`` with ``flags | O_NONBLOCK``: a regular file there, or where
     huggingface_hub 2.4 made it a link into the shared Xet store, the payload (:mod:`.shared_store`: exactly the
     library's link shape and marked store). Nothing else is followed; callers check ``S_ISREG``.
-
-    Raises:
-        UnsafeLayout (naming ``shown``, default ``blobs/<etag>``): a link of another shape, a store that is not what
-            the library writes, a link where a folder belongs. FileNotFoundError: the blob or payload is missing.
-    """
+    Raises UnsafeLayout (naming ``shown``, default ``blobs/<etag>``): a link of another shape, a store that is not what
+    the library writes, a link where a folder belongs. FileNotFoundError: the blob or payload is missing."""
     shown = shown or f"blobs/{etag}"
     try:
         return open_file(root, (folder, "blobs", etag), flags | os.O_NONBLOCK)

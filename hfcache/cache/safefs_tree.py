@@ -35,12 +35,8 @@ class Folder:
 def walk(root: str | os.PathLike[str], top: Sequence[str] = (), *, max_depth: int = MAX_TREE_DEPTH) -> Iterator[Folder]:
     """Every folder of ``root/top`` (``top`` first, then depth-first in name order) as a :class:`Folder`, each opened
     from the cache root by :func:`.safefs.open_dir`, at most ``max_depth`` levels below ``top`` (level 0).
-
-    Raises:
-        TooDeep: a folder more than ``max_depth`` levels below ``top``.
-        UnsafeLayout: a folder was swapped for a link or a file during the walk.
-        FileNotFoundError: ``top`` is missing (a folder gone later is skipped).
-    """
+    Raises TooDeep: a folder more than ``max_depth`` levels below ``top``. UnsafeLayout: a folder was swapped for a link
+    or a file during the walk. FileNotFoundError: ``top`` is missing (a folder gone later is skipped)."""
     base = tuple(top)
     stack = [base]
     while stack:
@@ -95,11 +91,8 @@ def copy_blob_at(src_fd: int, dst_dir_fd: int, etag: str, size: int,
     """Copy the open file ``src_fd`` (not closed here) to ``name`` (default ``etag``) in the folder ``dst_dir_fd``,
     hashed while copied: a file swapped in after it was checked is never published. The copy is written to a private
     name (``on_create`` gets its fd first, to share it), then renamed.
-
-    Raises:
-        UnsafeLayout: the source is not a regular file of ``size`` bytes hashing to ``etag`` (nothing published).
-        OSError: reading or writing failed (the private file is removed).
-    """
+    Raises UnsafeLayout: the source is not a regular file of ``size`` bytes hashing to ``etag`` (nothing published).
+    OSError: reading or writing failed (the private file is removed)."""
     st = os.fstat(src_fd)
     if not stat.S_ISREG(st.st_mode) or st.st_size != size:
         raise UnsafeLayout(f"blobs/{etag}: the copy source is not a regular file of {size} bytes: left alone",

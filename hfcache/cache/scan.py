@@ -69,12 +69,10 @@ class RepoInfo:
         incomplete (tuple[str, ...]): leftover ``blobs/*.incomplete`` names. last_used (float): its revisions' newest.
         problems (tuple[str, ...]): repo-level and revision-level problems, in a stable order.
         inodes (dict[tuple[int, int], int]): (device, inode) -> size of every distinct content, to total a cache.
-        unsafe (tuple[str, ...]): parts of the folder that are symlinks or not directories (``blobs``, ``refs``,
-            ``snapshots``, ``.no_exist``, ``trees``, ``.locks/<folder>``). When set, nothing below the folder was
-            read (no refs, revisions or blobs), and every command leaves the repo alone.
-        unreadable (tuple[str, ...]): parts this user cannot list or read, relative to the repo folder (``blobs/``,
-            ``refs/main``, ``snapshots/<commit>/``); each is also a problem. What they hold is unknown, so commands
-            that change a repo leave such a repo alone.
+        unsafe (tuple[str, ...]): parts that are symlinks or not directories (:data:`.safefs.REPO_PARTS`,
+            ``.locks/<folder>``): nothing below the folder was read, and every command leaves the repo alone.
+        unreadable (tuple[str, ...]): parts this user cannot list or read (``blobs/``, ``refs/main``), each also a
+            problem; commands that change a repo leave such a repo alone.
     """
 
     repo_id: str

@@ -56,10 +56,7 @@ def _in_workers(state: tuple[str, dict[str, int] | None, Callable[[RepoInfo], T]
     (``multiprocessing.Pool``'s result queue lock, held forever by a worker killed mid-write, hung ``ls`` on a group
     SIGTERM). Workers ignore SIGINT and SIGTERM; the parent SIGKILLs them when the iterator ends, is closed or
     raises. ``state`` (root, ``.locks`` listing, summarize) reaches them through the fork, never pickled.
-
-    Raises:
-        InternalError: a worker ended without sending its results. What a worker raised, re-raised here.
-    """
+    Raises InternalError: a worker ended without sending its results. What a worker raised, re-raised here."""
     context = multiprocessing.get_context("fork")
     processes, pipes = [], []
     try:

@@ -87,11 +87,8 @@ def _check_marker(store_fd: int, root: str | os.PathLike[str]) -> None:
 def open_payload(root: str | os.PathLike[str], xet_hash: str, flags: int = os.O_RDONLY) -> int:
     """Open the payload ``<root>/blobs/<h[:2]>/<h>`` of a marked store (``xet_hash``: 64 hex), following no link on
     the way, with extra ``flags``; its fd (caller closes) once ``fstat`` shows a regular file.
-
-    Raises:
-        FileNotFoundError: no store, or no such payload (a dangling repo link).
-        StoreProblem: the store is unmarked, or the prefix folder or payload is a link, FIFO, device or folder.
-    """
+    Raises FileNotFoundError: no store, or no such payload (a dangling repo link). StoreProblem: the store is unmarked,
+    or the prefix folder or payload is a link, FIFO, device or folder."""
     if not is_sha256(xet_hash):
         raise StoreProblem(f"invalid Xet hash {xet_hash!r}")
     store_fd = open_store_dir(root)

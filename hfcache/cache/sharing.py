@@ -90,11 +90,8 @@ def share_file_at(dir_fd: int, name: str, policy: SharePolicy | None) -> None:
 def open_dirs(path: Path, root: Path, policy: SharePolicy | None) -> int:
     """``mkdir -p path`` below the existing cache root ``root`` (:func:`.safefs.open_dir`), sharing every folder
     created on the way; an fd of ``path`` (caller closes).
-
-    Raises:
-        UnsafeLayout: a component is a symlink or not a directory (nothing created through it).
-        ValueError: ``path`` is not below ``root``. OSError: a folder cannot be created.
-    """
+    Raises UnsafeLayout: a component is a symlink or not a directory (nothing created through it). ValueError: ``path``
+    is not below ``root``. OSError: a folder cannot be created."""
     rel = Path(path).relative_to(root).parts
     return safefs.open_dir(root, rel, create=True, on_create=lambda fd: share_fd(fd, policy))
 

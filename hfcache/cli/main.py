@@ -60,7 +60,6 @@ def _fail(message: str, hint: str | None, exit_code: int, as_json: bool) -> None
 
 
 def _command_path(args: list[str]) -> str:
-    """``hfcache CMD`` for the first argument naming a command, else ``hfcache``."""
     name = next((a for a in args if not a.startswith("-")), None)
     return f"hfcache {name}" if name in cli.commands else "hfcache"
 

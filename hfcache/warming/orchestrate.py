@@ -54,11 +54,8 @@ def warm(requests: Sequence[WarmRequest], *, cache_dir: str | Path | None = None
         lock_timeout: seconds to wait for a lock another process holds (then that repo fails, exit 5).
 
     Returns WarmReport with one RepoResult per request, in request order.
-
-    Raises:
-        UsageError: ``max_workers`` < 1, ``timeout`` <= 0, ``retries`` < 0, ``lock_timeout`` < 0, a bad endpoint.
-        CacheError: the cache root cannot be created or written (no repo is attempted then).
-    """
+    Raises UsageError: ``max_workers`` < 1, ``timeout`` <= 0, ``retries`` < 0, ``lock_timeout`` < 0, a bad endpoint.
+    CacheError: the cache root cannot be created or written (no repo is attempted then)."""
     hub = HubOptions(endpoints=endpoint, token=token, timeout=timeout, retries=retries, max_workers=max_workers,
                      withheld=tuple(withheld))
     return warm_repos(requests, hub, cache_dir=cache_dir, progress=progress, pinned=pinned, lock_timeout=lock_timeout,

@@ -225,7 +225,6 @@ class RepoJob:
 
     def _publish_all(self, folders: list[RepoFolder], repo: RepoRevision, files: list[RemoteFile],
                      absent: Sequence[str]) -> list[str]:
-        """Publish the repo in every folder unless stopped; the notes of the publishing."""
         if self.stop.is_set():
             raise _Cancelled(f"{self.request.repo_id}: interrupted before publishing")
         for folder in folders:  # every check before the first link: a refused repo leaves nothing published
@@ -321,7 +320,6 @@ class RepoJob:
         return sources
 
     def _settle_early(self) -> BaseException | None:
-        """Wait for every early file; return the first failure that is not a cancellation, or None."""
         first = None
         for future in self._early.values():
             exc = future.exception()

@@ -1,7 +1,6 @@
 """What every command's rendering shares: the two consoles (``stdout``, ``stderr``, made on first use), one JSON
-document on stdout, error lines, sizes and times. A command's result goes to stdout (``| grep`` works), progress,
-waits, notices and errors to stderr (as ``git status``, ``pip list``).
-"""
+document, error lines, sizes and times. A result goes to stdout (``| grep`` works), progress, notices and errors to
+stderr."""
 
 from __future__ import annotations
 

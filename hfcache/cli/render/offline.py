@@ -1,5 +1,4 @@
-"""Rendering of ``hfcache env``, ``doctor`` and ``serve`` (the runtime side: offline variables, diagnosis, mirror),
-and ``hfcache path`` (one absolute path a line, so ``$(hfcache path ...)`` works, or one JSON document)."""
+"""Rendering of ``hfcache env``, ``doctor``, ``serve`` and ``path`` (one absolute path a line, or one JSON document)."""
 
 from __future__ import annotations
 

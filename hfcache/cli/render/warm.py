@@ -1,5 +1,4 @@
-"""Rendering of ``hfcache warm`` and ``hfcache lock``: progress per repo, the summary table, the pin result (rich
-imported only where a table or a bar is drawn: docs/benchmarks.md, goal P1)."""
+"""Rendering of ``hfcache warm`` and ``lock`` (rich imported only where a table or a bar is drawn: goal P1)."""
 
 from __future__ import annotations
 
