@@ -18,7 +18,7 @@ import stat
 import threading
 import uuid
 from collections.abc import Callable
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from pathlib import Path
 
 from ..names import UnsafeName, check_commit, check_etag, check_folder_name, check_ref_name, repo_folder_name
@@ -333,11 +333,9 @@ class RepoFolder:
         else:
             make = lambda dest: _hardlink_or_copy_at(bfd, etag, pfd, dest, self.policy)  # noqa: E731
         if st is None:
-            try:
+            with suppress(FileExistsError):
                 make(name)
                 return
-            except FileExistsError:
-                pass
         tmp = temp_name(name)
         try:
             make(tmp)
@@ -366,9 +364,8 @@ class RepoFolder:
         except (OSError, safefs.UnsafeLayout):
             return
         try:
-            os.utime(fd)
-        except OSError:
-            pass
+            with suppress(OSError):
+                os.utime(fd)
         finally:
             os.close(fd)
 
@@ -405,11 +402,9 @@ def _hardlink_or_copy_at(bfd: int, etag: str, pfd: int, dest: str, policy: Share
         raise
     except OSError:
         pass
-    try:
+    with suppress(FileNotFoundError):
         os.stat(dest, dir_fd=pfd, follow_symlinks=False)
         raise FileExistsError(dest)
-    except FileNotFoundError:
-        pass
     src = open_read_at(bfd, etag)
     try:
         st = os.fstat(src)

@@ -210,14 +210,11 @@ def holder_of(path: Path) -> str | None:
 def _flock_holder(st: os.stat_result) -> int | None:
     """The pid holding a flock on the inode ``st`` according to /proc/locks (its ``FLOCK ... WRITE`` line)."""
     want = f"{os.major(st.st_dev):02x}:{os.minor(st.st_dev):02x}:{st.st_ino}"
-    try:
-        with open("/proc/locks", encoding="ascii", errors="replace") as f:
-            for line in f:
-                fields = line.split()
-                if len(fields) >= 6 and fields[1] == "FLOCK" and fields[5] == want:
-                    return int(fields[4])
-    except (OSError, ValueError):
-        pass
+    with suppress(OSError, ValueError), open("/proc/locks", encoding="ascii", errors="replace") as f:
+        for line in f:
+            fields = line.split()
+            if len(fields) >= 6 and fields[1] == "FLOCK" and fields[5] == want:
+                return int(fields[4])
     return None
 
 
@@ -290,11 +287,8 @@ def _acquire(path: Path, timeout: float, stop: threading.Event | None,
                 raise
             # The probe said flock works but this file's filesystem disagrees (e.g. ENOLCK from an NFS lock manager
             # that went away): use the soft lock from now on.
-            try:
-                with _probe_lock:
-                    _flock_by_device[os.stat(path.parent).st_dev] = exc.errno
-            except OSError:
-                pass
+            with suppress(OSError), _probe_lock:
+                _flock_by_device[os.stat(path.parent).st_dev] = exc.errno
             lock = soft_lock(str(path), mode=mode)
             continue
         if stop is not None and stop.is_set():
@@ -344,13 +338,12 @@ def _settle_marker_mode(path: Path, mode: int) -> None:
     except OSError:
         return
     try:
-        st = os.fstat(fd)
-        # st_nlink: a hardlink planted in its place would carry the mode change to another file
-        if (stat.S_ISREG(st.st_mode) and st.st_uid == os.geteuid() and st.st_nlink == 1
-                and stat.S_IMODE(st.st_mode) != mode):
-            os.fchmod(fd, mode)
-    except OSError:
-        pass
+        with suppress(OSError):
+            st = os.fstat(fd)
+            # st_nlink: a hardlink planted in its place would carry the mode change to another file
+            if (stat.S_ISREG(st.st_mode) and st.st_uid == os.geteuid() and st.st_nlink == 1
+                    and stat.S_IMODE(st.st_mode) != mode):
+                os.fchmod(fd, mode)
     finally:
         os.close(fd)
 
@@ -370,11 +363,9 @@ class _Heartbeat:
 
     def _run(self) -> None:
         while not self.done.wait(HEARTBEAT):
-            try:
+            with suppress(OSError):
                 if os.lstat(self.path).st_ino == self.inode:
                     os.utime(self.path)
-            except OSError:
-                pass
 
     def stop(self) -> None:
         self.done.set()

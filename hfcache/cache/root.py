@@ -370,11 +370,9 @@ def find_blob_elsewhere(cache_dir: Path, etag: str, size: int, exclude: str) -> 
                 continue
             if stat.S_ISLNK(st.st_mode):
                 xet_hash = safefs.store_link_of(cache_dir, entry.name, etag)
-                try:
+                with contextlib.suppress(OSError):
                     if xet_hash is not None and payload_stat(cache_dir, xet_hash).st_size == size:
                         return cache_dir / STORE_DIR / xet_hash[:2] / xet_hash
-                except OSError:
-                    pass
             elif st.st_size == size and stat.S_ISREG(st.st_mode):
                 return candidate
     return None

@@ -12,7 +12,7 @@ import errno
 import os
 import stat
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from pathlib import Path
 
 from ..names import UnsafeName, check_commit, check_etag, check_folder_name, check_ref_name  # noqa: F401 - the layer's checks
@@ -304,14 +304,11 @@ def list_modes(path: str, only: frozenset[str] | None = None) -> dict[str, int]:
     """name -> file type bits (from ``d_type``) of the entries of the directory ``path``, of the names in ``only``
     when given. Empty when ``path`` is missing or this user cannot list it."""
     out: dict[str, int] = {}
-    try:
-        with os.scandir(path) as it:
-            for e in it:
-                if only is None or e.name in only:
-                    out[e.name] = stat.S_IFLNK if e.is_symlink() else stat.S_IFDIR if e.is_dir(
-                        follow_symlinks=False) else stat.S_IFREG if e.is_file(follow_symlinks=False) else stat.S_IFIFO
-    except (FileNotFoundError, NotADirectoryError, PermissionError):
-        pass
+    with suppress(FileNotFoundError, NotADirectoryError, PermissionError), os.scandir(path) as it:
+        for e in it:
+            if only is None or e.name in only:
+                out[e.name] = stat.S_IFLNK if e.is_symlink() else stat.S_IFDIR if e.is_dir(
+                    follow_symlinks=False) else stat.S_IFREG if e.is_file(follow_symlinks=False) else stat.S_IFIFO
     return out
 
 

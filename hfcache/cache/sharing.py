@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import stat
+from contextlib import suppress
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -56,7 +57,7 @@ def share_fd(fd: int, policy: SharePolicy | None) -> None:
     only to a folder, or a regular file with one link (a planted hardlink would carry the mode), this user owns."""
     if policy is None:
         return
-    try:
+    with suppress(OSError):
         st = os.fstat(fd)
         if stat.S_ISDIR(st.st_mode):
             bits = policy.dir_bits
@@ -69,8 +70,6 @@ def share_fd(fd: int, policy: SharePolicy | None) -> None:
         if st.st_gid != policy.gid:
             os.fchown(fd, -1, policy.gid)
         os.fchmod(fd, stat.S_IMODE(st.st_mode) | bits)
-    except OSError:
-        pass
 
 
 def share_file_at(dir_fd: int, name: str, policy: SharePolicy | None) -> None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 import stat
 from collections.abc import Iterable, Sequence
+from contextlib import suppress
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -148,11 +149,9 @@ def render_lock(lock: Lockfile, manifest_name: str = MANIFEST_NAME) -> bytes:
 def write_lock(lock: Lockfile, path: Path, manifest_name: str = MANIFEST_NAME) -> bool:
     """Write the lock atomically; return False (and touch nothing) when the file already has these bytes."""
     data = render_lock(lock, manifest_name)
-    try:
+    with suppress(OSError):
         if path.read_bytes() == data:
             return False
-    except OSError:
-        pass
     try:
         atomic_write(path, data)
     except OSError as exc:

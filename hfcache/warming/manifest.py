@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import sys
 from collections.abc import Callable, Iterable, Sequence
+from contextlib import suppress
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, TypeVar
@@ -145,11 +146,9 @@ def withheld_endpoints(endpoints: Sequence[str], trusted: bool,
     allowed = {origin(DEFAULT_ENDPOINT)} | ({origin(env["HF_ENDPOINT"])} if env.get("HF_ENDPOINT") else set())
     out = []
     for endpoint in endpoints:
-        try:
+        with suppress(ValueError):  # not a URL at all: the client refuses it (exit 2), no token is ever sent
             if origin(endpoint) in allowed:
                 continue
-        except ValueError:  # not a URL at all: the client refuses it (exit 2), no token is ever sent
-            pass
         out.append(endpoint.rstrip("/"))
     return tuple(out)
 

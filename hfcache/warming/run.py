@@ -8,6 +8,7 @@ import dataclasses
 import os
 import time
 from collections.abc import Callable
+from contextlib import suppress
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -151,13 +152,10 @@ def _with_warnings(report: WarmReport, drifted: str | None) -> WarmReport:
 def process_umask() -> int | None:
     """This process's umask, or None: ``/proc/self/status`` ``Umask:`` (Linux 4.7+), else ``os.umask`` set and restored
     at once (no read-only call; a file created meanwhile gets ``0o077``, never looser)."""
-    try:
-        with open("/proc/self/status", encoding="ascii", errors="replace") as status:
-            for line in status:
-                if line.startswith("Umask:"):
-                    return int(line.split()[1], 8)
-    except (OSError, ValueError, IndexError):
-        pass
+    with suppress(OSError, ValueError, IndexError), open("/proc/self/status", encoding="ascii", errors="replace") as f:
+        for line in f:
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
     try:
         previous = os.umask(0o077)
     except (OSError, AttributeError):

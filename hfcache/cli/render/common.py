@@ -80,12 +80,13 @@ def live_on_terminal(enabled: bool) -> bool:
     return enabled and _stderr().is_terminal
 
 
-def table(title: str, columns: Iterable[str], right: Collection[str] = (), **options: Any) -> Table:
-    """A rich Table titled ``title`` with ``columns``, those in ``right`` right-justified; ``options`` go to every
-    ``add_column``."""
+def table(title: str, columns: Iterable[str], right: Collection[str] = (), caption: str | None = None,
+          **options: Any) -> Table:
+    """A rich Table titled ``title`` (and ``caption``) with ``columns``, those in ``right`` right-justified;
+    ``options`` go to every ``add_column``."""
     from rich.table import Table
 
-    made = Table(title=title, title_justify="left")
+    made = Table(title=title, title_justify="left", caption=caption, caption_justify="left")
     for column in columns:
         made.add_column(column, justify="right" if column in right else "left", **options)
     return made

@@ -101,8 +101,12 @@ def ls_table(document: dict[str, Any], revisions: bool, now: float) -> Table:
     def ts(value: str | None) -> float:
         return datetime.datetime.fromisoformat(value).timestamp() if value else 0.0
 
+    totals = document["totals"]
+    caption = (f"{totals['repos']} repos, {totals['revisions']} revisions, {human_size(totals['size_on_disk'])} on "
+               f"disk (shared bytes counted once), {totals['unhealthy']} with problems")
     table = common.table(f"hfcache ls {document['cache_dir']}", ("repo", "type", "revision" if revisions else "refs",
-                         "files", "size", "last used", "pinned", "health"), right=("files", "size"), overflow="fold")
+                         "files", "size", "last used", "pinned", "health"), right=("files", "size"), caption=caption,
+                         overflow="fold")
     for repo in document["repos"]:
         rows = repo["revisions"] if revisions else [repo]
         for row in rows:
@@ -114,11 +118,6 @@ def ls_table(document: dict[str, Any], revisions: bool, now: float) -> Table:
             health = Text("ok", style="green") if row["health"] == "ok" else Text(row["health"], style="red")
             table.add_row(repo["repo_id"], repo["repo_type"], where, str(row["files"]),
                           human_size(row["size_on_disk"]), ago(ts(row["last_used"]), now), pinned, health)
-    totals = document["totals"]
-    table.caption = (f"{totals['repos']} repos, {totals['revisions']} revisions, "
-                     f"{human_size(totals['size_on_disk'])} on disk (shared bytes counted once), "
-                     f"{totals['unhealthy']} with problems")
-    table.caption_justify = "left"
     return table
 
 

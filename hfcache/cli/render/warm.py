@@ -51,7 +51,7 @@ def warm_summary_table(report: WarmReport) -> Table:
     retried = any(r.retries for r in report.repos)
     columns = ["repo", "commit", "files", "size", "downloaded", "requests", "time", *(["endpoint"] if several else []),
                *(["retries"] if retried else []), "status"]
-    table = common.table(f"hfcache warm -> {report.cache_dir}", columns,
+    table = common.table(f"hfcache warm -> {report.cache_dir}", columns, caption=warm_summary_line(report),
                          right=("files", "size", "downloaded", "requests", "time", "retries"))
     for r in report.repos:
         label = r.request.spec
@@ -65,8 +65,6 @@ def warm_summary_table(report: WarmReport) -> Table:
                       str(r.requests), f"{r.seconds:.2f}s",
                       *([r.endpoint or ("- (cache)" if r.ok else "-")] if several else []),
                       *([str(r.retries)] if retried else []), status)
-    table.caption = warm_summary_line(report)
-    table.caption_justify = "left"
     return table
 
 
