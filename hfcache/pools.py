@@ -19,18 +19,11 @@ from concurrent.futures import Future, ThreadPoolExecutor, wait
 from contextlib import contextmanager
 from typing import TypeVar
 
-__all__ = ["POLL_SECONDS", "join", "ordered", "pool", "wait_all"]
+__all__ = ["POLL_SECONDS", "join", "ordered", "pool"]
 
 T = TypeVar("T")
 
 POLL_SECONDS = 0.1  # the longest a pending Ctrl-C/SIGTERM waits for the main thread
-
-
-def wait_all(futures: Iterable[Future], poll: float = POLL_SECONDS) -> None:
-    """Wait until every future is done, waking every ``poll`` seconds so that signal handlers run."""
-    pending = set(futures)
-    while pending:
-        _, pending = wait(pending, timeout=poll)
 
 
 def ordered(futures: Sequence[Future[T]], poll: float = POLL_SECONDS) -> Iterator[T]:
@@ -52,7 +45,7 @@ def join(threads: Iterable[threading.Thread], poll: float = POLL_SECONDS) -> Non
 @contextmanager
 def pool(max_workers: int, name: str) -> Iterator[ThreadPoolExecutor]:
     """A ``ThreadPoolExecutor`` of ``max_workers`` threads named ``name-N``, shut down as usual when left normally
-    (after :func:`ordered` or :func:`wait_all`); left by an exception (Ctrl-C, SIGTERM, an error), its queued work
+    (after :func:`ordered`); left by an exception (Ctrl-C, SIGTERM, an error), its queued work
     is cancelled and the running workers are not waited for."""
     executor = ThreadPoolExecutor(max_workers=max(1, max_workers), thread_name_prefix=name)
     try:

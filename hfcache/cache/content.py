@@ -93,13 +93,6 @@ def lfs_pointer(sha256: str, size: int) -> bytes:
     return f"version https://git-lfs.github.com/spec/v1\noid sha256:{sha256}\nsize {size}\n".encode()
 
 
-def _buffer() -> memoryview:
-    buffer = getattr(_buffers, "buffer", None)
-    if buffer is None:
-        buffer = _buffers.buffer = memoryview(bytearray(CHUNK))
-    return buffer
-
-
 def hash_fd(fd: int, algorithms: tuple[str, ...] = (SHA256,), *, on_bytes: Callable[[int], None] | None = None,
             shown: str = "", close: bool = True, offset: int | None = None) -> tuple[dict[str, str], int]:
     """Hash the open regular file ``fd`` to its end with each of ``algorithms``, into one reused buffer per thread.
@@ -117,7 +110,9 @@ def hash_fd(fd: int, algorithms: tuple[str, ...] = (SHA256,), *, on_bytes: Calla
         if not stat.S_ISREG(st.st_mode):
             raise OSError(errno.EINVAL, "not a regular file", shown)
         hashes = [BlobHash(a, st.st_size - (offset or 0)) for a in algorithms]
-        view, read = _buffer(), 0
+        if (view := getattr(_buffers, "buffer", None)) is None:
+            view = _buffers.buffer = memoryview(bytearray(CHUNK))
+        read = 0
         while n := (os.readv(fd, [view]) if offset is None else
                     os.preadv(fd, [view[: max(0, st.st_size - offset - read)]], offset + read)):
             chunk = view[:n]
