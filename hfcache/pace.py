@@ -1,11 +1,8 @@
 """Deadlines and minimum throughput for what a peer sends: a slow peer cannot hold a command forever.
 
-A socket timeout bounds each wait only: a peer dripping one byte a second never trips it (a 4 MiB manifest at 1 B/s
-takes 48 days). So every metadata answer (repo info, manifests, configs, token answers) is read under a
-:class:`Deadline` for the whole answer, and every body under a :class:`Throughput` floor averaged over a window, with
-each chunk handed over as it arrives (httpx ``iter_raw``; urllib3 ``read1``), never a blocking ``read(n)``.
-Defaults and their variables (``HFCACHE_METADATA_DEADLINE``, ``HFCACHE_MIN_RATE``, ``HFCACHE_RATE_WINDOW``):
-docs/security.md, "Deadlines".
+A socket timeout bounds each wait only (a 4 MiB manifest at 1 B/s takes 48 days), so every metadata answer is read
+under a :class:`Deadline` for the whole answer, and every body under a :class:`Throughput` floor, each chunk handed
+over as it arrives, never a blocking ``read(n)``. Defaults and their variables: docs/security.md, "Deadlines".
 """
 
 from __future__ import annotations

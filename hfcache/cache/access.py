@@ -1,10 +1,7 @@
-"""What the current user can do in a cache: the checks ``hfcache doctor`` runs for shared caches.
-
-As the current user: can it reach and list the cache root, create files in ``.locks/`` and open the lock files
-there (huggingface_hub opens them read-write), create entries in every repo folder, and does flock work there. In a
-group-shared cache (:mod:`.sharing`) it also finds folders other members cannot write. Each problem is a
-:class:`Check` with the command that fixes it. ``.locks/`` is probed by creating and removing a file (``os.access``
-cannot see NFS export rules or ACL masks); repo folders, being many, by ``os.access``.
+"""What the current user can do in a cache: the checks ``hfcache doctor`` runs for shared caches (what they cover:
+docs/shared-caches.md), each problem a :class:`Check` with the command that fixes it. ``.locks/`` is probed by
+creating and removing a file (``os.access`` cannot see NFS export rules or ACL masks); repo folders, being many, by
+``os.access``.
 """
 
 from __future__ import annotations

@@ -3,10 +3,7 @@
 Metadata only (``scandir``, ``lstat``, ``readlink``, refs of 40 bytes): no hashing, no writes. Unlike
 ``huggingface_hub.scan_cache_dir``, which drops a repo it considers corrupted into ``warnings``, every repo folder is
 returned with its problems listed (library gap: an operator debugging a failed offline load needs the broken repos).
-
-Last use (README "Last use"): the newest of the access times of the revision's blobs and the modification times of
-its snapshot folder and of the refs pointing to it (atime alone is unreliable on ``noatime`` mounts and read-only
-image layers; warm's (re)publishing sets the mtimes).
+A revision's last use: docs/ls.md, "Last use".
 """
 
 from __future__ import annotations

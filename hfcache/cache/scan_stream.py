@@ -1,6 +1,5 @@
 """A large cache's listing, one repo at a time: ``ls --json`` over thousands of repos scans and renders them in forked
-worker processes (order kept, nothing shared between workers), so no process holds the whole listing (goal P4 of
-docs/benchmarks.md).
+worker processes, so no process holds the whole listing (goal P4 of docs/benchmarks.md).
 """
 
 from __future__ import annotations
@@ -32,19 +31,15 @@ def stream_repos(root: Path, summarize: Callable[[RepoInfo], T], repo_ids: set[s
         return None
     folders.sort(key=lambda f: f[1].lower())  # stable over the scan's (repo_type, id) order
     root = Path(root)
-    workers = _default_workers() if workers is None else workers
+    if workers is None:
+        try:
+            workers = min(len(os.sched_getaffinity(0)), 4)
+        except AttributeError:  # not Linux
+            workers = min(os.cpu_count() or 1, 4)
     if workers < 2 or "fork" not in multiprocessing.get_all_start_methods() or threading.active_count() > 1:
         # One process (forking a process with threads is unsafe).
         return (summarize(scan_folder(root, folder, locks)) for folder in folders)
     return _in_workers((str(root), locks, summarize), folders, workers)
-
-
-def _default_workers() -> int:
-    try:
-        cpus = len(os.sched_getaffinity(0))
-    except AttributeError:  # not Linux
-        cpus = os.cpu_count() or 1
-    return min(cpus, 4)
 
 
 def _in_workers(state: tuple[str, dict[str, int] | None, Callable[[RepoInfo], T]], folders: list[FolderEntry],

@@ -206,9 +206,10 @@ class RepoJob:
             return self._complete(repo, canonical, selection)
         except BaseException as exc:
             self._failed.set()  # files not started yet are not started
-            first = self._settle_early()
-            if isinstance(exc, _Cancelled) and first is not None:
-                raise first from None  # another file's failure stopped the reading: that failure is the error
+            # Every early file waited for; the first failure that is not a cancellation stopped the reading: the error.
+            failed = [e for e in (f.exception() for f in self._early.values()) if e and not isinstance(e, _Cancelled)]
+            if isinstance(exc, _Cancelled) and failed:
+                raise failed[0] from None
             raise
 
     def _fetch_into(self, folders: list[RepoFolder], repo: RepoRevision, files: list[RemoteFile]) -> dict[str, str]:
@@ -318,14 +319,6 @@ class RepoJob:
         if not progress:
             self._read_sources.update(sources)
         return sources
-
-    def _settle_early(self) -> BaseException | None:
-        first = None
-        for future in self._early.values():
-            exc = future.exception()
-            if exc is not None and first is None and not isinstance(exc, _Cancelled):
-                first = exc
-        return first
 
     def _ensure_blob(self, repo: RepoRevision, folder: RepoFolder, file: RemoteFile, progress: bool = True,
                      arrived: Callable[[], None] = lambda: None) -> str:
