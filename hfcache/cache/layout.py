@@ -1,14 +1,6 @@
 """The Hugging Face hub cache layout of one repo folder (:class:`RepoFolder`), and blobs being downloaded into it.
-
-Layout (huggingface_hub ``file_download.py``; docs/cache-layout.md)::
-
-    <cache>/.locks/<folder>/<etag>.lock            filelock files
-    <cache>/<folder>/blobs/<etag>                  content; etag = sha256 (LFS) or git blob sha1
-    <cache>/<folder>/snapshots/<commit>/<path>     relative symlink -> ../../blobs/<etag>
-    <cache>/<folder>/refs/<revision>               40-hex commit, no trailing newline
-    <cache>/<folder>/.no_exist/<commit>/<path>     empty marker: the file does not exist at that commit
-
-``<folder>`` is ``models--ORG--NAME`` (``datasets--``, ``kernels--``) from the repo id as the caller typed it.
+The layout is huggingface_hub's (``file_download.py``), drawn in docs/cache-layout.md; ``<folder>`` is
+``models--ORG--NAME`` (``datasets--``, ``kernels--``) from the repo id as the caller typed it.
 """
 
 from __future__ import annotations
