@@ -1,6 +1,5 @@
-"""hfcache: provision Hugging Face tokenizer and model caches for images, volumes and clusters.
-
-The Python API is the product; the ``hfcache`` command is a thin layer over it::
+"""hfcache: provision Hugging Face tokenizer and model caches for images, volumes and clusters. The Python API is the
+product; the ``hfcache`` command is a thin layer over it::
 
     import hfcache
     report = hfcache.warm([hfcache.WarmRequest.parse("bert-base-uncased")], cache_dir="/opt/hf-cache")

@@ -1,10 +1,9 @@
 """Limits on what a cache, a peer or a manifest supplies: JSON nesting and folder depth.
 
 A group member of a shared cache, an upstream or a registry can hand hfcache a document or a folder chain deep
-enough to exhaust Python's recursion (``json.loads`` raises ``RecursionError`` near 1,000 levels; ``os.walk`` and
-``pathlib.Path.rglob`` recurse once per level on Python 3.11). Everything such a source supplies is read through
-these bounds, and a breach is a :class:`TooDeep` (a ``ValueError``), which callers report as a problem of the one
-repo or answer it came from, never as an internal error (see docs/security.md, "Member-controlled state").
+enough to exhaust Python's recursion (``json.loads`` near 1,000 levels; ``os.walk`` recurses once per level on
+Python 3.11). A breach is a :class:`TooDeep` (a ``ValueError``): a problem of the one repo or answer it came from,
+never an internal error (docs/security.md, "Member-controlled state").
 """
 
 from __future__ import annotations
@@ -26,14 +25,7 @@ class TooDeep(ValueError):
 
 
 def json_depth(doc: Any) -> int:
-    """Nesting depth of a parsed JSON value (a scalar is 0, ``[]`` is 1), computed without recursion.
-
-    Args:
-        doc (Any): what ``json.loads`` returned.
-
-    Returns:
-        int: the depth.
-    """
+    """Nesting depth (int) of a parsed JSON value (a scalar is 0, ``[]`` is 1), computed without recursion."""
     if not isinstance(doc, (dict, list)):
         return 0
     deepest, stack = 0, [(doc, 0)]
@@ -49,20 +41,10 @@ def json_depth(doc: Any) -> int:
 
 
 def loads_json(raw: bytes | str, what: str, *, max_depth: int = MAX_JSON_DEPTH) -> Any:
-    """``json.loads`` for text hfcache did not write: nesting is bounded.
-
-    Args:
-        raw (bytes | str): the document (already bounded in size by its reader).
-        what (str): names the document in the error, e.g. ``"trees/<commit>.json"``.
-        max_depth (int): deepest nesting accepted (:data:`MAX_JSON_DEPTH`).
-
-    Returns:
-        Any: the parsed value.
-
-    Raises:
-        TooDeep: nested deeper than ``max_depth`` (also where the C parser itself ran out of stack).
-        ValueError: not JSON (``json.JSONDecodeError``, ``UnicodeDecodeError``).
-    """
+    """``json.loads`` of ``raw`` (already bounded in size by its reader) for text hfcache did not write, nesting
+    bounded by ``max_depth``; ``what`` names it in the error (``"trees/<commit>.json"``). Returns the parsed value.
+    Raises TooDeep: nested deeper than ``max_depth`` (also where the C parser itself ran out of stack). ValueError: not
+    JSON (``json.JSONDecodeError``, ``UnicodeDecodeError``)."""
     try:
         doc = json.loads(raw)
     except RecursionError:

@@ -1,7 +1,5 @@
-"""One exception tree for hfcache; each class carries its exit code (docs/cli.md "Exit codes") and a hint.
-
-Imports nothing from hfcache (as pip's ``exceptions`` imports nothing from pip): every layer raises these, and the
-CLI maps them to exit codes in one place.
+"""One exception tree for hfcache; each class carries its exit code (docs/cli.md "Exit codes") and a hint. Imports
+nothing from hfcache: every layer raises these, and the CLI maps them to exit codes in one place.
 """
 
 from __future__ import annotations
@@ -26,9 +24,7 @@ class HfcacheError(Exception):
 
 
 class CheckFailed(HfcacheError):
-    """A check found a problem (verify mismatch, lock out of date)."""
-
-    exit_code = 1
+    """A check found a problem (verify mismatch, lock out of date): exit 1, as the base."""
 
 
 class UsageError(HfcacheError):

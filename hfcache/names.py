@@ -1,8 +1,7 @@
 """Names in the Hub's and the cache's vocabulary, each defined once: repo types (folder and URL prefixes), repo folder
 names both ways, and the validators of etags, commits, refs and algorithm-prefixed hashes.
 
-A leaf (imports only :mod:`hfcache.errors`): records, the cache layout, the Hub client, the server and the registry
-code all judge names with these. Sources: huggingface_hub ``constants.py`` (``REPO_TYPES_WITH_KERNEL``,
+A leaf (imports only :mod:`hfcache.errors`). Sources: huggingface_hub ``constants.py`` (``REPO_TYPES_WITH_KERNEL``,
 ``REPO_TYPES_URL_PREFIXES``) and ``file_download.py`` (``repo_folder_name``); the cache layout in docs/cache-layout.md.
 """
 

@@ -1,11 +1,8 @@
 """Deadlines and minimum throughput for what a peer sends: a slow peer cannot hold a command forever.
 
-A socket timeout bounds each wait only: a peer dripping one byte a second never trips it (a 4 MiB manifest at 1 B/s
-takes 48 days). So every metadata answer (repo info, manifests, configs, token answers) is read under a
-:class:`Deadline` for the whole answer, and every body under a :class:`Throughput` floor averaged over a window, with
-each chunk handed over as it arrives (httpx ``iter_raw``; urllib3 ``read1``), never a blocking ``read(n)``.
-Defaults and their variables (``HFCACHE_METADATA_DEADLINE``, ``HFCACHE_MIN_RATE``, ``HFCACHE_RATE_WINDOW``):
-docs/security.md, "Deadlines".
+A socket timeout bounds each wait only (a 4 MiB manifest at 1 B/s takes 48 days), so every metadata answer is read
+under a :class:`Deadline` for the whole answer, and every body under a :class:`Throughput` floor, each chunk handed
+over as it arrives, never a blocking ``read(n)``. Defaults and their variables: docs/security.md, "Deadlines".
 """
 
 from __future__ import annotations
@@ -54,11 +51,7 @@ def _env_float(name: str, default: float) -> float:
 def metadata_deadline(timeout: float | None = None) -> float:
     """Seconds allowed for a whole metadata answer: ``HFCACHE_METADATA_DEADLINE`` when set (not ``0``); else
     ``min(METADATA_DEADLINE, max(MIN_METADATA_DEADLINE, DEADLINE_PER_TIMEOUT * timeout))`` (``--timeout`` 10 or more:
-    120 s; 3: 36 s; 0.5: 10 s), :data:`METADATA_DEADLINE` without a ``timeout``.
-
-    Raises:
-        UsageError: the variable is not a number of seconds from 0 to :data:`MAX_SETTING_SECONDS`.
-    """
+    120 s; 3: 36 s; 0.5: 10 s). UsageError: the variable is not seconds from 0 to :data:`MAX_SETTING_SECONDS`."""
     explicit = _env_float("HFCACHE_METADATA_DEADLINE", 0.0)
     if explicit:
         return explicit
@@ -79,8 +72,7 @@ def min_rate() -> tuple[int, float]:
 
 @dataclass
 class Deadline:
-    """An overall deadline: :meth:`check` raises TooSlow, naming ``what``, once ``seconds`` have passed since
-    creation."""
+    """An overall deadline: :meth:`check` raises TooSlow, naming ``what``, ``seconds`` after creation."""
 
     seconds: float
     what: str
@@ -98,8 +90,7 @@ class Deadline:
 @dataclass
 class Throughput:
     """A floor on a body's average rate: :meth:`feed` raises TooSlow, naming ``what``, when fewer than
-    ``rate * window`` bytes (``rate`` 0: no floor) arrived in the last ``window`` seconds, checked once ``window``
-    seconds have passed since the start."""
+    ``rate * window`` bytes (``rate`` 0: no floor) arrived in the last ``window`` seconds."""
 
     rate: int
     window: float
@@ -125,14 +116,11 @@ class Throughput:
 
 
 class SocketWatchdog:
-    """Holds a :class:`Deadline` from outside a blocked read: when it passes, every socket registered with
-    :meth:`watch` (at once, for one registered later) is shut down, so a read waiting on a drip returns. ``armed``:
-    start the timer now (else a subclass calls ``_arm`` when the wait begins).
-
-    Library gap (http.client and urllib3 for registries; httpx2/httpcore2/h11 for the Hub): their timeouts bound each
-    read, and status lines and headers are read in loops no body check sees, so one byte per timeout holds a request
-    for hours. The HTTP side finds the socket (:mod:`hfcache.hub.bodies`, :mod:`hfcache.oci.peer`); a duplicate of it
-    is shut down here (closing it would not wake a reader).
+    """Holds a :class:`Deadline` from outside a blocked read: when it passes, a duplicate of every socket registered
+    with :meth:`watch` (at once, for one registered later) is shut down (closing would not wake a reader), so a read
+    waiting on a drip returns. ``armed``: start the timer now (else a subclass calls ``_arm`` when the wait begins).
+    Library gap (http.client, urllib3, httpx2/httpcore2/h11): their timeouts bound each read, and status lines and
+    headers are read in loops no body check sees, so one byte per timeout holds a request for hours.
     """
 
     def __init__(self, deadline: Deadline, *, armed: bool = True) -> None:

@@ -9,8 +9,6 @@ timeout: ``Future.result()``, ``Executor.map()``, ``Thread.join()``, and leaving
 the first repo's download still needed (tests/integration/test_warm.py). Waiting in slices of
 :data:`POLL_SECONDS` lets the handler run; an interrupted pool is shut down without joining its workers (they stop
 on their own stop event, or die with the process).
-
-Standard library only; imports nothing from hfcache.
 """
 
 from __future__ import annotations
@@ -21,26 +19,16 @@ from concurrent.futures import Future, ThreadPoolExecutor, wait
 from contextlib import contextmanager
 from typing import TypeVar
 
-__all__ = ["POLL_SECONDS", "join", "ordered", "pool", "wait_all"]
+__all__ = ["POLL_SECONDS", "join", "ordered", "pool"]
 
 T = TypeVar("T")
 
 POLL_SECONDS = 0.1  # the longest a pending Ctrl-C/SIGTERM waits for the main thread
 
 
-def wait_all(futures: Iterable[Future], poll: float = POLL_SECONDS) -> None:
-    """Wait until every future is done, waking every ``poll`` seconds so that signal handlers run."""
-    pending = set(futures)
-    while pending:
-        _, pending = wait(pending, timeout=poll)
-
-
 def ordered(futures: Sequence[Future[T]], poll: float = POLL_SECONDS) -> Iterator[T]:
-    """Each future's result in the given order, as ``Executor.map`` yields them, with interruptible waits.
-
-    Raises:
-        BaseException: what a future raised, when its turn comes.
-    """
+    """Each future's result in the given order, as ``Executor.map`` yields them (raising what a future raised, in
+    its turn), with interruptible waits."""
     for future in futures:
         while not future.done():
             wait([future], timeout=poll)
@@ -56,12 +44,9 @@ def join(threads: Iterable[threading.Thread], poll: float = POLL_SECONDS) -> Non
 
 @contextmanager
 def pool(max_workers: int, name: str) -> Iterator[ThreadPoolExecutor]:
-    """A ``ThreadPoolExecutor`` of ``max_workers`` threads named ``name-N``.
-
-    Left normally, it is shut down as usual (wait for its futures with :func:`ordered` or :func:`wait_all` first,
-    so that the final join is instant). Left by an exception (Ctrl-C, SIGTERM, an error), its queued work is
-    cancelled and the running workers are not waited for: whatever they are blocked on must not hold the exit up.
-    """
+    """A ``ThreadPoolExecutor`` of ``max_workers`` threads named ``name-N``, shut down as usual when left normally
+    (after :func:`ordered`); left by an exception (Ctrl-C, SIGTERM, an error), its queued work
+    is cancelled and the running workers are not waited for."""
     executor = ThreadPoolExecutor(max_workers=max(1, max_workers), thread_name_prefix=name)
     try:
         yield executor

@@ -1,7 +1,5 @@
 """The records hfcache's rooms pass around: requests, results and the Hub options, as frozen dataclasses; the checks
-of ids, paths and sizes they hold.
-
-Standard library only: ``warm --lock`` on a warm cache imports it without loading huggingface_hub or an HTTP client.
+of ids, paths and sizes they hold. Standard library only (``warm --lock`` on a warm cache imports it).
 """
 
 from __future__ import annotations
@@ -24,7 +22,7 @@ REPO_TYPES = ("model", "dataset", "kernel")
 
 # huggingface_hub utils/_validators.py REPO_ID_REGEX, copied: importing it loads the HTTP stack.
 _REPO_ID_RE = re.compile(r"(\b[\w\-.]{1,96}\b/)?\b[\w\-.]{1,96}\b", re.ASCII)
-#: Longest repo path component / whole repo path, in UTF-8 bytes (Linux NAME_MAX / PATH_MAX).
+#: Longest repo path component / whole repo path, in UTF-8 bytes (Linux NAME_MAX / PATH_MAX, less its NUL).
 MAX_NAME_BYTES = 255
 MAX_PATH_BYTES = 4096
 #: Longest revision (bytes): a ref is the file ``refs/<revision>``, one name of at most NAME_MAX bytes.
@@ -49,18 +47,13 @@ class HubOptions:
     """How a command reaches the Hub: built once by the CLI's shared options (or the Python API) and passed down.
 
     Attributes:
-        endpoints (tuple[str, ...]): endpoints in order of preference (a str is one); empty: ``HF_ENDPOINT`` or
-            :data:`DEFAULT_ENDPOINT`.
+        endpoints (tuple[str, ...]): in order of preference (a str is one); empty: ``HF_ENDPOINT`` or the Hub.
         token (str | bool | None): a token; None: huggingface_hub's (``HF_TOKEN``, the saved token); False: none.
-        token_file (str | None): a file holding the token, read by :meth:`read_token` when the token is needed.
-        timeout (float): seconds to wait for a connection or any byte of an answer, > 0.
-        retries (int): retries of a transient failure per request or file download, >= 0.
-        max_workers (int): connections at once (and verify's hashing threads), >= 1.
+        token_file (str | None): a file holding the token, read by :meth:`read_token`.
+        timeout (float), retries (int), max_workers (int; also verify's hashing threads): as the options
+            (``DEFAULT_*``); UsageError unless ``retries`` >= 0, ``max_workers`` >= 1 and ``timeout`` > 0.
         withheld (tuple[str, ...]): endpoints that get no token: a manifest's, without the opt-in
             (:func:`hfcache.warming.manifest.withheld_endpoints`).
-
-    Raises:
-        UsageError: ``retries`` < 0, ``max_workers`` < 1 or ``timeout`` <= 0.
     """
 
     endpoints: tuple[str, ...] = ()
@@ -83,11 +76,8 @@ class HubOptions:
             raise UsageError(f"--timeout must be positive, got {self.timeout}")
 
     def read_token(self) -> HubOptions:
-        """These options with ``token_file`` read into ``token`` (unchanged without a file).
-
-        Raises:
-            UsageError: both a token and a file, or the file unreadable or empty (exit 2).
-        """
+        """These options with ``token_file`` read into ``token`` (unchanged without a file). UsageError (exit 2): both
+        a token and a file, or the file unreadable or empty."""
         if self.token_file is None:
             return self
         if self.token:
@@ -102,11 +92,7 @@ class HubOptions:
 
 
 def read_token_file(path: str, option: str = "--token-file") -> str:
-    """The token in the file ``path``, stripped.
-
-    Raises:
-        UsageError: the file is unreadable or empty, naming ``option`` (exit 2).
-    """
+    """The token in the file ``path``, stripped. UsageError (exit 2): unreadable or empty, naming ``option``."""
     try:
         value = Path(path).read_text(encoding="utf-8").strip()
     except OSError as exc:
@@ -123,14 +109,12 @@ class WarmRequest:
 
     Attributes:
         repo_id (str): ``org/name`` or a legacy id; the cache folder is named after it, as loaders will ask for it.
-        revision (str): branch, tag or 40-hex commit (default ``main``).
-        repo_type (str): ``model``, ``dataset`` or ``kernel`` (:data:`REPO_TYPES`).
-        kind (str): ``tokenizer`` (default), ``model`` or ``all`` (:func:`hfcache.warming.selection.select`).
-        include (tuple[str, ...]): globs added to the kind's selection. exclude (tuple[str, ...]): globs removed.
+        revision (str): branch, tag or 40-hex commit. repo_type (str): one of :data:`REPO_TYPES`.
+        kind (str): one of :data:`KINDS` (:func:`hfcache.warming.selection.select`).
+        include, exclude (tuple[str, ...]): globs added to / removed from the kind's selection.
 
-    Raises:
-        UsageError: a malformed id, revision, type, kind or glob list (at most :data:`MAX_GLOBS` globs of
-            :data:`MAX_GLOB_CHARS` characters: fnmatch's cost grows with the square of a pattern).
+    Raises UsageError: a malformed id, revision, type, kind or glob list (at most :data:`MAX_GLOBS` globs of
+    :data:`MAX_GLOB_CHARS` characters: fnmatch's cost grows with the square of a pattern).
     """
 
     repo_id: str
@@ -165,11 +149,7 @@ class WarmRequest:
 
     @classmethod
     def parse(cls, spec: str, **options) -> WarmRequest:
-        """A request from ``REPO_ID[@REVISION]``; ``options`` are the other fields.
-
-        Raises:
-            UsageError: malformed repo id, revision, type or kind.
-        """
+        """A request from ``REPO_ID[@REVISION]``; ``options`` are the other fields. UsageError as the constructor."""
         repo_id, sep, revision = spec.partition("@")
         if sep and not revision:
             raise UsageError(f"invalid repo spec {shown(spec)}: empty revision after '@'", hint="use REPO_ID@REVISION")
@@ -197,25 +177,19 @@ class RepoResult:
     """The outcome for one :class:`WarmRequest`.
 
     Attributes:
-        request: what was asked.
-        endpoint (str | None): the endpoint whose answers were used (all failed: the last tried); None when no
-            request was made (a lock the cache already satisfies).
-        canonical_id (str | None): the id the endpoint answered with; None when resolution failed.
-        commit_hash (str | None): the resolved commit.
-        files (tuple[WarmedFile, ...]): the selected files, sorted by path.
-        absent (tuple[str, ...]): optional tokenizer names the repo lacks, recorded as ``.no_exist`` markers.
-        bytes_downloaded (int): bytes received for this repo.
-        retries (int): transient failures (429, 502-504, connections cut) retried, all endpoints.
-        requests (int): HTTP requests sent for this repo, all endpoints, every retry and redirect hop included; 0
-            when the cache satisfied it.
+        request: what was asked. endpoint (str | None): the endpoint whose answers were used (all failed: the last
+            tried); None when no request was made. canonical_id (str | None): the id the endpoint answered with.
+        commit_hash (str | None): the resolved commit. files (tuple[WarmedFile, ...]): sorted by path.
+        absent (tuple[str, ...]): optional tokenizer names the repo lacks (``.no_exist`` markers).
+        bytes_downloaded, retries (429, 502-504, cut connections), requests (every retry and redirect hop; 0 when the
+            cache satisfied it) (int): for this repo, all endpoints.
         metadata (str | None): where sizes and hashes came from: ``model-info``, ``tree``, ``head`` or ``lock``.
-        seconds (float): wall time.
-        error (str | None): one-line reason when the repo failed. hint (str | None): what to do about it.
+        seconds (float): wall time. error (str | None): one-line reason it failed. hint (str | None): what to do.
         exit_code (int): 0, or the documented exit code of the error.
-        notes (tuple[str, ...]): one-line warnings: what warm changed beyond the request (the ref of a legacy id's
-            canonical folder moved), custom code in another repo, a file too large to parse.
-        error_type (str | None): the error's class in :mod:`hfcache.errors` (``IntegrityError``, ``RepoNotFound``...;
-            ``Interrupted``, exit 130, on Ctrl-C), for callers that answer each kind differently (the mirror).
+        notes (tuple[str, ...]): one-line warnings: what warm changed beyond the request (a legacy id's canonical
+            ref moved), custom code in another repo, a file too large to parse.
+        error_type (str | None): the error's class name in :mod:`hfcache.errors` (``Interrupted``, exit 130, on
+            Ctrl-C), for callers that answer each kind differently (the mirror).
     """
 
     request: WarmRequest
@@ -242,16 +216,9 @@ class RepoResult:
 
 @dataclass(frozen=True)
 class WarmReport:
-    """The outcome of one warm.
-
-    Attributes:
-        cache_dir (str): the cache written.
-        repos (tuple[RepoResult, ...]): one result per request, in request order.
-        seconds (float): total wall time.
-        endpoints (tuple[str, ...]): the endpoints configured, in order of preference.
-        warnings (tuple[str, ...]): the run's own warnings (``hfcache warm``: a lock that drifted from its manifest,
-            a root umask that hides the cache from other users); the Python API's :func:`hfcache.warm` leaves it empty.
-    """
+    """The outcome of one warm: ``cache_dir`` (str) written, ``repos`` (tuple[RepoResult, ...]) in request order,
+    ``seconds`` (float) of wall time, the ``endpoints`` (tuple[str, ...]) configured in order of preference, and
+    ``warnings`` (tuple[str, ...]): ``hfcache warm``'s own (a lock that drifted, a root umask hiding the cache)."""
 
     cache_dir: str
     repos: tuple[RepoResult, ...]
@@ -296,27 +263,13 @@ class ProgressSink(Protocol):
     def repo_finished(self, key: int, result: RepoResult) -> None: ...
 
 
-class NoProgress:
-    def planned(self, cache_dir: str, requests: Sequence[WarmRequest], satisfied: Sequence[RepoResult]) -> None:
-        pass
-
-    def repo_started(self, key: int, label: str, files: int, total_bytes: int) -> None:
-        pass
-
-    def advance(self, key: int, nbytes: int) -> None:
-        pass
-
-    def repo_finished(self, key: int, result: RepoResult) -> None:
-        pass
+class NoProgress(ProgressSink):
+    """A sink that ignores every event (the protocol's bodies do nothing)."""
 
 
 def parse_specs(specs: Iterable[str]) -> dict[str, set[str]]:
     """``REPO_ID[@REVISION]`` arguments of ``check`` and ``verify``, parsed as ``warm`` parses them: repo id -> the
-    revisions named (empty: every cached revision).
-
-    Raises:
-        UsageError: a malformed id or revision.
-    """
+    revisions named (empty: every cached revision). UsageError: a malformed id or revision."""
     wanted: dict[str, set[str]] = {}
     for spec in specs:
         request = WarmRequest.parse(spec)
@@ -354,13 +307,9 @@ def valid_repo_id(repo_id: str) -> bool:
 
 
 def folder_ids(repo_id: str, canonical_id: str | None) -> tuple[str, ...]:
-    """The repo ids whose cache folders a warmed repo occupies, canonical first.
-
-    The canonical id is followed only where the Hub renames: a legacy id (``bert-base-uncased``) answered as
-    ``ORG/<the same name>`` fills both folders, since loaders ask for either. Any other answer (a 307 rename of an
-    ``org/name``, a hostile endpoint) is stored under the requested id only, as huggingface_hub stores it
-    (``file_download.py`` ``repo_folder_name``): an endpoint never writes into the folder of a repo not requested.
-    """
+    """The repo ids whose cache folders a warmed repo occupies, canonical first: a legacy id (``bert-base-uncased``)
+    answered as ``ORG/<the same name>`` fills both folders (loaders ask for either); any other answer (a 307 rename,
+    a hostile endpoint) is stored under the requested id only, as huggingface_hub stores it."""
     if (canonical_id and canonical_id != repo_id and "/" not in repo_id
             and canonical_id.count("/") == 1 and canonical_id.split("/")[1] == repo_id):
         return canonical_id, repo_id
@@ -372,13 +321,8 @@ class UnsafePath(ValueError):
 
 
 def validate_repo_path(path: str) -> str:
-    """``path`` if it is a safe relative repo path the other commands will walk: no escape, at most
-    :data:`hfcache.bounds.MAX_TREE_DEPTH` components of at most :data:`MAX_NAME_BYTES` bytes of UTF-8, at most
-    :data:`MAX_PATH_BYTES` in all.
-
-    Raises:
-        UnsafePath: the path is unsafe or too deep/long; the one-line message names it (cut to 200 characters).
-    """
+    """``path`` if it is a safe relative repo path (no escape, at most ``MAX_TREE_DEPTH`` components of at most
+    :data:`MAX_NAME_BYTES` bytes, :data:`MAX_PATH_BYTES` in all); else UnsafePath naming it."""
     if (
         not path
         or "\\" in path

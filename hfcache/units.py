@@ -1,8 +1,6 @@
-"""Durations and sizes as people write them on a command line (``30d``, ``12h``, ``50GB``, ``500MiB``); pure.
-
-Sizes follow the SI/IEC convention Kubernetes uses for volumes: ``K``/``KB``, ``M``/``MB``, ``G``/``GB``, ``T``/``TB``
-are powers of 1000; ``Ki``/``KiB``, ``Mi``/``MiB``, ``Gi``/``GiB``, ``Ti``/``TiB`` powers of 1024. A bare number is
-bytes. Letters are case-insensitive (``50gb`` is ``50GB``).
+"""Durations and sizes as people write them on a command line (``30d``, ``12h``, ``50GB``, ``500MiB``); pure. Sizes
+follow Kubernetes' SI/IEC convention (:data:`_SIZE_UNITS`: ``K``..``TB`` powers of 1000, ``Ki``..``TiB`` of 1024; a
+bare number is bytes), letters case-insensitive.
 """
 
 from __future__ import annotations
@@ -25,11 +23,7 @@ _SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([a-z]*)\s*$", re.IGNORECASE)
 
 def parse_duration(text: str) -> float:
     """Seconds of ``text``: a non-negative number and one unit, ``s``, ``m``, ``h``, ``d`` or ``w`` (``30d`` ->
-    2592000.0, ``1.5h``).
-
-    Raises:
-        UsageError: no unit (``30`` is ambiguous), an unknown unit, a negative or malformed number.
-    """
+    2592000.0). UsageError: no unit (``30`` is ambiguous), an unknown unit, a negative or malformed number."""
     match = _DURATION_RE.fullmatch(text or "")
     if not match:
         raise UsageError(f"invalid duration {text!r}",
@@ -39,11 +33,7 @@ def parse_duration(text: str) -> float:
 
 def parse_size(text: str) -> int:
     """Bytes of ``text``, rounded down: a non-negative number and an optional unit (module docstring; ``50GB`` ->
-    50000000000, ``500MiB``, ``1.5G``, ``1048576``).
-
-    Raises:
-        UsageError: an unknown unit, a negative or malformed number.
-    """
+    50000000000). UsageError: an unknown unit, a negative or malformed number."""
     match = _SIZE_RE.fullmatch(text or "")
     if not match or match.group(2).lower() not in _SIZE_UNITS:
         raise UsageError(f"invalid size {text!r}",

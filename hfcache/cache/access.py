@@ -1,10 +1,7 @@
-"""What the current user can do in a cache: the checks ``hfcache doctor`` runs for shared caches.
-
-As the current user: can it reach and list the cache root, create files in ``.locks/`` and open the lock files
-there (huggingface_hub opens them read-write), create entries in every repo folder, and does flock work there. In a
-group-shared cache (:mod:`.sharing`) it also finds folders other members cannot write. Each problem is a
-:class:`Check` with the command that fixes it. ``.locks/`` is probed by creating and removing a file (``os.access``
-cannot see NFS export rules or ACL masks); repo folders, being many, by ``os.access``.
+"""What the current user can do in a cache: the checks ``hfcache doctor`` runs for shared caches (what they cover:
+docs/shared-caches.md), each problem a :class:`Check` with the command that fixes it. ``.locks/`` is probed by
+creating and removing a file (``os.access`` cannot see NFS export rules or ACL masks); repo folders, being many, by
+``os.access``.
 """
 
 from __future__ import annotations
@@ -20,7 +17,7 @@ from pathlib import Path
 
 from ..bounds import MAX_TREE_DEPTH
 from . import safefs
-from .fsops import create_at, walk_tree
+from .fsops import create_at, list_entries, walk_tree
 from .locking import flock_error
 
 _SHOWN = 4
@@ -80,8 +77,7 @@ def join_fix(uid: int, gid: int) -> str:
 
 def reach_fix(folder: Path, is_cache: bool, uid: int, groups: tuple[int, ...]) -> str:
     """The fix for a folder on the way to a cache (or the cache itself, ``is_cache``) this user cannot enter or list:
-    open it to the folder's group when this user is in it, else (a private group: another user's home) give it a
-    group of this user or point the cache elsewhere."""
+    open it to its group when this user is in it, else give it a group of this user or point the cache elsewhere."""
     try:
         st = os.stat(folder)
         owner, mine = str(st.st_uid), st.st_gid in groups
@@ -195,19 +191,18 @@ def write_checks(cache: Path, uid: int, groups: tuple[int, ...]) -> list[Check]:
 
 def _lock_folders(locks: Path) -> list[tuple[Path, list[Path]]]:
     out = []
-    for entry in _entries(locks):
+    for entry in list_entries(locks):
         if entry.is_dir(follow_symlinks=False):
-            out.append((Path(entry.path), [Path(e.path) for e in _entries(Path(entry.path))
+            out.append((Path(entry.path), [Path(e.path) for e in list_entries(entry.path)
                                            if e.name.endswith(".lock") and e.is_file(follow_symlinks=False)]))
     return out
 
 
 def _repo_folders(cache: Path) -> list[list[Path]]:
     """Per repo folder: it and every folder below it that hfcache creates entries in (not ``trees/``), walked to
-    :data:`hfcache.bounds.MAX_TREE_DEPTH` levels below a snapshot (:func:`.fsops.walk_tree`; the layout scan
-    reports a deeper chain)."""
+    :data:`hfcache.bounds.MAX_TREE_DEPTH` levels below a snapshot (the layout scan reports a deeper chain)."""
     out = []
-    for entry in _entries(cache):
+    for entry in list_entries(cache):
         if "--" not in entry.name or entry.name.startswith(".") or not entry.is_dir(follow_symlinks=False):
             continue
         folder = Path(entry.path)
@@ -218,14 +213,6 @@ def _repo_folders(cache: Path) -> list[list[Path]]:
             dirs += [Path(root) / d for d in subdirs]  # folders only: walk_tree never lists a link among them
         out.append(dirs)
     return out
-
-
-def _entries(folder: Path) -> list[os.DirEntry]:
-    try:
-        with os.scandir(folder) as it:
-            return sorted(it, key=lambda e: e.name)
-    except OSError:
-        return []
 
 
 def sharing_checks(cache: Path) -> list[Check]:

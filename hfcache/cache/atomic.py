@@ -1,6 +1,4 @@
-"""Atomic writes into a cache (a temporary name in the same folder, then ``os.replace``, as huggingface_hub's
-``file_download.py`` publishes blobs) and file locks with bounded waits.
-"""
+"""Atomic writes (a temporary name in the same folder, then ``os.replace``) and file locks with bounded waits."""
 
 from __future__ import annotations
 
@@ -26,9 +24,8 @@ def atomic_write(path: Path, data: bytes, policy: SharePolicy | None = None) -> 
 
 @contextmanager
 def atomic_output(path: Path, policy: SharePolicy | None = None):
-    """Open a binary file that appears at ``path`` only when the block succeeds (:func:`atomic_output_at` in the
-    folder opened by path once). For paths OUTSIDE a cache only (a project's lockfile, an export DEST): below a
-    cache root, where a member can swap a folder for a link, use :func:`atomic_output_at` with a safefs fd."""
+    """:func:`atomic_output_at` in the folder of ``path`` opened by path: for paths OUTSIDE a cache only (a project's
+    lockfile, an export DEST); below a cache root, use :func:`atomic_output_at` with a safefs fd."""
     dfd = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     try:
         _refuse_non_regular(dfd, path)
@@ -40,13 +37,8 @@ def atomic_output(path: Path, policy: SharePolicy | None = None):
 
 
 def _refuse_non_regular(dfd: int, path: Path) -> None:
-    """A user's output path that exists as anything but a regular file is never replaced: ``hfcache export T
-    /dev/null`` as root (or ``sign -o /dev/null``) renamed a regular file over the device node, and a symlinked
-    lock file became a copy.
-
-    Raises:
-        UsageError: (exit 2) ``path`` is a link, device, FIFO, socket or folder.
-    """
+    """UsageError (exit 2) when a user's output ``path`` exists as anything but a regular file (``hfcache export T
+    /dev/null`` as root renamed a regular file over the device node; a symlinked lock file became a copy)."""
     try:
         st = os.stat(path.name, dir_fd=dfd, follow_symlinks=False)
     except FileNotFoundError:
@@ -61,10 +53,8 @@ def _refuse_non_regular(dfd: int, path: Path) -> None:
 
 @contextmanager
 def atomic_output_at(dfd: int, name: str, policy: SharePolicy | None = None):
-    """Open a binary file that appears as ``name`` in the folder open as ``dfd`` (safefs.open_dir) only when the
-    block succeeds: a temp file created ``O_EXCL | O_NOFOLLOW`` relative to ``dfd`` (shared by ``policy``), fsynced,
-    then ``os.replace``-d relative to ``dfd``, so a folder swapped for a link meanwhile is never written through.
-    On an exception the temp file is removed. Raises OSError (ENOSPC, EACCES)."""
+    """Open a binary file that appears as ``name`` in the folder ``dfd`` only when the block succeeds (a temp file
+    shared by ``policy``, fsynced, renamed; removed on an exception). Raises OSError (ENOSPC, EACCES)."""
     tmp = temp_name(name)
     fd = create_at(dfd, tmp)
     try:
@@ -81,15 +71,11 @@ def atomic_output_at(dfd: int, name: str, policy: SharePolicy | None = None):
 def file_lock(path: Path, stop: threading.Event | None = None, *, timeout: float = DEFAULT_LOCK_TIMEOUT,
               on_wait: Callable[[LockWait], None] | None = None, cache_dir: Path | None = None,
               dir_fd: int | None = None):
-    """Hold an exclusive lock at ``path`` (:func:`.locking.file_lock`: bounded wait, works without flock), creating
-    its folder first (below ``cache_dir``: from the root without following a link, the lock opened through the
-    folder's fd). In a shared cache (:mod:`.sharing`) the folders are shared and the lock file (and a soft marker)
-    is group-writable (``0o664`` as huggingface_hub's WeakFileLock, ``0o666`` in a world-writable cache).
-
-    Raises:
-        LockTimeout: not acquired within ``timeout`` seconds (exit 5). InterruptedError: ``stop`` was set.
-        OSError: the folder or the lock file cannot be created or opened.
-    """
+    """Hold an exclusive lock at ``path`` (:func:`.locking.file_lock`), creating its folder first (below
+    ``cache_dir``: through folder fds). In a shared cache the folders are shared and the lock file (and a soft
+    marker) is group-writable (``0o664`` as huggingface_hub's WeakFileLock, ``0o666`` in a world-writable cache).
+    Raises LockTimeout: not acquired within ``timeout`` seconds (exit 5). InterruptedError: ``stop`` was set. OSError:
+    the folder or the lock file cannot be created or opened."""
     policy = cache_policy(cache_dir) if cache_dir is not None else None
     mode = 0o664 | (policy.file_bits if policy else 0)
     if dir_fd is None and cache_dir is not None:

@@ -39,10 +39,7 @@ def algorithm_of(etag: object) -> str | None:
 class BlobHash:
     """One incremental hash the way a blob is named: ``BlobHash("sha256")``, ``BlobHash("git-sha1", size)``
     (git's header is fed first), or :meth:`for_etag`.
-
-    Raises:
-        ValueError: an unknown algorithm, or ``git-sha1`` without a size.
-    """
+    Raises ValueError: an unknown algorithm, or ``git-sha1`` without a size."""
 
     __slots__ = ("algorithm", "etag", "_h")
 
@@ -96,36 +93,26 @@ def lfs_pointer(sha256: str, size: int) -> bytes:
     return f"version https://git-lfs.github.com/spec/v1\noid sha256:{sha256}\nsize {size}\n".encode()
 
 
-def _buffer() -> memoryview:
-    buffer = getattr(_buffers, "buffer", None)
-    if buffer is None:
-        buffer = _buffers.buffer = memoryview(bytearray(CHUNK))
-    return buffer
-
-
 def hash_fd(fd: int, algorithms: tuple[str, ...] = (SHA256,), *, on_bytes: Callable[[int], None] | None = None,
             shown: str = "", close: bool = True, offset: int | None = None) -> tuple[dict[str, str], int]:
     """Hash the open regular file ``fd`` to its end with each of ``algorithms``, into one reused buffer per thread.
-
     git-sha1's size is the file's (``fstat``): with ``offset`` (``pread`` from there, at most that size) a file that
     grows meanwhile is hashed as it was; without it (from the current offset) it hashes wrong, never right.
 
     Args:
-        fd: opened through the cache's safe opens, closed here unless ``close`` is False. algorithms: ``sha256``
-            and/or ``git-sha1``. on_bytes: called with each read's size (progress). shown: the path in errors.
+        fd: closed here unless ``close`` is False. algorithms: ``sha256`` and/or ``git-sha1``. on_bytes: called with
+            each read's size (progress). shown: the path in errors.
 
-    Returns:
-        ({algorithm: hex digest}, bytes read).
-
-    Raises:
-        OSError: EINVAL when it is not a regular file (a FIFO or device would never end), or a read error.
+    Returns ({algorithm: hex digest}, bytes read). Raises OSError: EINVAL when not a regular file, or a read error.
     """
     try:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
             raise OSError(errno.EINVAL, "not a regular file", shown)
         hashes = [BlobHash(a, st.st_size - (offset or 0)) for a in algorithms]
-        view, read = _buffer(), 0
+        if (view := getattr(_buffers, "buffer", None)) is None:
+            view = _buffers.buffer = memoryview(bytearray(CHUNK))
+        read = 0
         while n := (os.readv(fd, [view]) if offset is None else
                     os.preadv(fd, [view[: max(0, st.st_size - offset - read)]], offset + read)):
             chunk = view[:n]
@@ -155,12 +142,6 @@ def fd_matches(fd: int, etag: str, size: int | None = None, *, on_bytes: Callabl
     finally:
         os.close(fd)
     return digests[algorithm] == etag and (size is None or read == size)
-
-
-def verify_fd(fd: int, etag: str, size: int | None, shown: str) -> None:
-    """:func:`fd_matches` or raise :class:`ContentMismatch` naming ``shown`` (``fd`` closed here)."""
-    if not fd_matches(fd, etag, size):
-        raise ContentMismatch(f"{shown}: content does not match its name", hint="run `hfcache verify --repair`")
 
 
 class HashingReader(io.RawIOBase):

@@ -5,11 +5,9 @@ The record is ``.locks/<repo folder>/<etag>.extents.json`` (beside huggingface_h
 ``scan_cache_dir`` and hfcache's scans ignore ``.locks``), read and written under
 :mod:`hfcache.cache.owned_record`'s rules (through descriptors, trusted only from this euid, bounded). It names the
 ``.incomplete`` file, its inode and the blob's size: a record about another file, or one a member wrote, is ignored
-and the download keeps only the contiguous prefix :func:`hfcache.hub.transfer.trusted_prefix` trusts. A record is
-never authority for content: the whole file is hashed against its etag before it is published, and a mismatch
-fetches it again from byte 0 (:func:`hfcache.hub.transfer.download_blob`).
-
-Written without ``fsync`` (neither are the bytes it describes), in place after its first write (:class:`Recorder`): after a process crash both are in the page cache;
+and the download keeps only the contiguous prefix :func:`trusted_prefix` trusts. A record is never authority for
+content: the whole file is hashed against its etag before it is published, and a mismatch fetches it again from
+byte 0 (:func:`hfcache.hub.transfer.download_blob`). Written without ``fsync`` (neither are the bytes it describes):
 after a power loss a record may name bytes that were lost, which the hash check catches.
 """
 
@@ -42,8 +40,7 @@ def record_name(etag: str) -> str:
 def load(folder: RepoFolder, etag: str, incomplete: str, fd: int, size: int) -> list[tuple[int, int]] | None:
     """The extents ``[(start, end), ...]`` (sorted, disjoint, within the file's length) the record of ``etag`` gives
     for the ``.incomplete`` named ``incomplete`` open at ``fd`` of a blob of ``size`` bytes; None when there is no
-    record, or it is untrusted, malformed or about another file (module docstring). Never raises for what a cache
-    holds."""
+    record, or it is untrusted, malformed or about another file. Never raises for what a cache holds."""
     loaded = owned_record.load(str(folder.cache_dir), record_name(etag), MAX_RECORD_BYTES, folder=(folder.name,))
     data = loaded.data if loaded.trusted else None
     if not isinstance(data, dict) or data.get("incomplete") != incomplete or data.get("size") != size:
@@ -65,25 +62,19 @@ def load(folder: RepoFolder, etag: str, incomplete: str, fd: int, size: int) -> 
 
 
 def _encode(incomplete: str, size: int, fd: int, extents: list[tuple[int, int]]) -> bytes | None:
-    """The record's JSON for ``extents`` (merged where they touch); None past :data:`MAX_EXTENTS`."""
-    merged: list[list[int]] = []
-    for start, end in sorted(e for e in extents if e[0] < e[1]):
-        if merged and start <= merged[-1][1]:
-            merged[-1][1] = max(merged[-1][1], end)
-        else:
-            merged.append([start, end])
-    if len(merged) > MAX_EXTENTS:
+    """The record's JSON for ``extents`` (:func:`merged`); None past :data:`MAX_EXTENTS`."""
+    spans = merged([e for e in extents if e[0] < e[1]])
+    if len(spans) > MAX_EXTENTS:
         return None
-    return json.dumps({"incomplete": incomplete, "size": size, "ino": os.fstat(fd).st_ino, "extents": merged}).encode()
+    return json.dumps({"incomplete": incomplete, "size": size, "ino": os.fstat(fd).st_ino, "extents": spans}).encode()
 
 
 class Recorder:
     """Saves the extents of one download of ``etag`` into the ``.incomplete`` named ``incomplete`` (open at ``fd``,
-    ``size`` bytes). The first save creates the record as every record under ``.locks`` is created
-    (:func:`hfcache.cache.owned_record.write_at`'s way: a 0600 temp file, 0644, renamed into place) and keeps it
-    open; later saves overwrite it in place, padded with spaces to the longest so far: one ``pwrite``, no rename (a
-    rename on ext4 took 4 ms, 0.43 s of a 1 GiB warm). A member who replaces the record meanwhile replaces it for
-    good: this run writes to its own, unlinked file, and the member's is not trusted (:func:`load`)."""
+    ``size`` bytes). The first save creates the record (:func:`.owned_record.write_at`'s way) and keeps it open;
+    later saves overwrite it in place, padded with spaces to the longest so far: one ``pwrite``, no rename (a rename
+    on ext4 took 4 ms, 0.43 s of a 1 GiB warm). A member who replaces the record meanwhile replaces it for good: this
+    run writes to its own, unlinked file, and the member's is not trusted (:func:`load`)."""
 
     def __init__(self, folder: RepoFolder, etag: str, incomplete: str, fd: int, size: int) -> None:
         self.folder, self.name, self.incomplete, self.fd, self.size = folder, record_name(etag), incomplete, fd, size
@@ -132,9 +123,8 @@ def remove(folder: RepoFolder, etag: str) -> None:
     owned_record.remove(str(folder.cache_dir), record_name(etag), folder=(folder.name,))
 
 def trusted_prefix(fd: int, size: int) -> int:
-    """The bytes at the start of a leftover that hold what was received: all when written in order; with holes (parallel
-    parts), up to the first hole rounded down to 1 MiB (the block before a hole may be partly written); 0 when larger
-    than ``size``. The hash check catches the rest."""
+    """The bytes at the start of a leftover that hold what was received: all when written in order; with holes, up to
+    the first hole rounded down to :data:`RESUME_GRAIN` (the block before it may be partly written); 0 past ``size``."""
     length = os.fstat(fd).st_size
     if length == 0 or length > size:
         return 0

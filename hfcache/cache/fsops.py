@@ -2,8 +2,7 @@
 follow a link and never block on a FIFO, an exclusive create, a removal of a tree of any depth and a bounded walk.
 
 A group member of a shared cache can swap any folder or file for a link between a check and a use, or plant a
-folder chain deep enough to exhaust Python's recursion (docs/security.md, "Group members"). Only the filesystem
-layer spells ``O_NOFOLLOW`` (``tests/unit/test_layer_ownership.py``). Standard library only.
+folder chain deep enough to exhaust Python's recursion (docs/security.md, "Group members").
 """
 
 from __future__ import annotations
@@ -39,15 +38,14 @@ def open_dir_at(dir_fd: int | None, name: str) -> int:
 
 
 def open_read_at(dir_fd: int | None, name: str, extra: int = 0) -> int:
-    """Open ``name`` of the folder ``dir_fd`` (None: ``name`` is a path) for reading (``O_NOFOLLOW | O_NONBLOCK``,
-    plus ``extra`` flags); the caller checks ``S_ISREG`` (or uses :func:`open_regular`). OSError (ELOOP: a link)."""
+    """Open ``name`` of ``dir_fd`` (None: a path) with :data:`READ_FLAGS` | ``extra``; the caller checks ``S_ISREG``
+    (or uses :func:`open_regular`). OSError (ELOOP: a link)."""
     return os.open(name, READ_FLAGS | extra, dir_fd=dir_fd)
 
 
 def open_noatime(open_: Callable[[int], int], flags: int = os.O_RDONLY) -> int:
-    """``open_(flags | O_NOATIME)``, else ``open_(flags)`` where only the file's owner (or root) may ask for it
-    (PermissionError). For reads that are not a use (verify's hashing): on relatime mounts an atime update would make
-    every blob look just used to ``ls``/``prune``."""
+    """``open_(flags | O_NOATIME)``, else ``open_(flags)`` where only the owner may ask for it (PermissionError): for
+    reads that are not a use (verify's hashing), which would make every blob look just used to ``ls``/``prune``."""
     try:
         return open_(flags | getattr(os, "O_NOATIME", 0))
     except PermissionError:
@@ -55,8 +53,7 @@ def open_noatime(open_: Callable[[int], int], flags: int = os.O_RDONLY) -> int:
 
 
 def create_at(dir_fd: int, name: str, mode: int = 0o666) -> int:
-    """Create the new file ``name`` in the folder ``dir_fd`` for writing (``O_EXCL | O_NOFOLLOW``: never an existing
-    entry, never through a link); its fd. Raises FileExistsError, OSError."""
+    """Create the new file ``name`` in ``dir_fd`` with :data:`CREATE_FLAGS`; its fd. FileExistsError, OSError."""
     return os.open(name, CREATE_FLAGS, mode, dir_fd=dir_fd)
 
 
@@ -72,10 +69,10 @@ def unlink_at(dir_fd: int, name: str) -> None:
 
 
 def open_regular(dir_fd: int, name: str, shown: str) -> int:
-    """Open the regular file ``name`` of the folder ``dir_fd`` for reading (:func:`open_read_at`, then ``fstat``);
-    its fd. UnsafeLayout (naming ``shown``): a link, FIFO, device or folder now; FileNotFoundError: it is gone."""
+    """:func:`open_read_at`, then ``fstat``: its fd. UnsafeLayout (naming ``shown``): a link, FIFO, device or folder
+    now; FileNotFoundError: it is gone."""
     try:
-        fd = os.open(name, READ_FLAGS, dir_fd=dir_fd)
+        fd = open_read_at(dir_fd, name)
     except OSError as exc:
         if exc.errno in (*LINK_ERRNOS, errno.ENXIO):
             raise UnsafeLayout(f"{shown} is not a regular file (a link, FIFO or device): left alone",
@@ -89,15 +86,11 @@ def open_regular(dir_fd: int, name: str, shown: str) -> int:
 
 
 def remove_tree_at(parent_fd: int, name: str) -> None:
-    """Remove the folder ``name`` of the folder ``parent_fd`` and everything in it, iteratively: Python 3.11's
-    ``shutil.rmtree`` recurses once per level (RecursionError on a planted 1,000-level chain). Each subfolder at any
-    depth is renamed up into the folder being removed under a private name, so the work stays one level deep. No
-    link is followed; an entry swapped for a link meanwhile is unlinked (the link itself), never entered.
-
-    Raises:
-        FileNotFoundError: ``name`` is missing. NotADirectoryError / OSError(ELOOP): it is not a real folder.
-        OSError: an entry cannot be removed (ENOTEMPTY when entries keep appearing).
-    """
+    """Remove the folder ``name`` of ``parent_fd`` and everything in it without recursing (``shutil.rmtree``
+    recurses once per level): each subfolder is renamed up into ``name`` under a private name. No link is followed;
+    an entry swapped for a link meanwhile is unlinked, never entered.
+    Raises FileNotFoundError: ``name`` is missing. NotADirectoryError / OSError(ELOOP): it is not a real folder.
+    OSError: an entry cannot be removed (ENOTEMPTY when entries keep appearing)."""
     top = os.open(name, DIR_FLAGS, dir_fd=parent_fd)
     try:
         pending: list[str | None] = [None]  # None: the top folder itself; else a name inside it
@@ -142,20 +135,28 @@ def _empty_level(fd: int, top: int, is_top: bool) -> list[str]:
     return found
 
 
+def list_entries(path: str | os.PathLike[str]) -> list[os.DirEntry]:
+    """The entries of the folder ``path``, sorted by name; [] when it cannot be listed (missing, not a folder)."""
+    try:
+        with os.scandir(path) as it:
+            return sorted(it, key=lambda e: e.name)
+    except OSError:
+        return []
+
+
 def scan_tree(top: str, *, max_depth: int = MAX_TREE_DEPTH, too_deep: list[str] | None = None,
               onerror: Callable[[OSError, str], object] | None = None,
               ) -> Iterator[tuple[str, str, list[os.DirEntry], list[os.DirEntry]]]:
-    """Every folder of ``top``, top-down, with an explicit stack (Python 3.11's ``os.walk`` and ``Path.rglob``
-    recurse once per level: RecursionError on a planted 1,000-level chain); links are never followed.
+    """Every folder of ``top``, top-down, with an explicit stack (Python 3.11's ``os.walk`` recurses once per
+    level); links are never followed.
 
     Args:
-        top: the folder (a ``str``: this runs per snapshot of ``ls``). max_depth: deepest level entered
-            (``top`` is 0). too_deep: receives the relative path (``a/b``) of each folder left unentered.
-        onerror: called with the OSError of a folder that cannot be listed and its relative prefix.
+        top: the folder (a ``str``: this runs per snapshot of ``ls``). max_depth: deepest level entered (``top``:
+            0). too_deep: receives the relative path (``a/b``) of each folder left unentered. onerror: called with
+            the OSError of a folder that cannot be listed and its relative prefix.
 
-    Yields:
-        (path, relative prefix ``""`` or ``"a/b/"``, folder entries, other entries: ``os.DirEntry``, a link is an
-        "other"); remove folder entries in place to keep the walk out of them.
+    Yields (path, relative prefix ``""`` or ``"a/b/"``, folder entries, other entries (``os.DirEntry``; a link is an
+    "other")); remove folder entries in place to keep the walk out of them.
     """
     stack = [(top, "", 0)]
     while stack:

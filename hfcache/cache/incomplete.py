@@ -1,6 +1,4 @@
-"""A download in progress: ``blobs/<etag>.<random>.incomplete`` (huggingface_hub's ``file_download.py`` name), held by
-the ``blobs/`` folder's descriptor so publishing it never goes through a rebuilt path (:class:`.layout.RepoFolder`).
-"""
+"""A download in progress: ``blobs/<etag>.<random>.incomplete`` (huggingface_hub's ``file_download.py`` name)."""
 
 from __future__ import annotations
 
@@ -9,9 +7,8 @@ from pathlib import Path
 
 
 class IncompleteBlob(os.PathLike):
-    """A download in progress: ``blobs/<name>`` created relative to ``dir_fd`` (an fd of the repo's ``blobs/``
-    opened without following links, owned by this object). ``os.fspath`` gives the path for messages only; every
-    operation uses the fd. :meth:`unlink` removes the file unless published, and closes the fd."""
+    """``blobs/<name>`` created relative to ``dir_fd`` (the repo's ``blobs/``, owned by this object), so publishing it
+    never goes through a rebuilt path. ``os.fspath`` gives the path for messages only; every operation uses the fd."""
 
     def __init__(self, dir_fd: int, name: str, path: Path) -> None:
         self.dir_fd = dir_fd

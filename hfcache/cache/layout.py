@@ -1,15 +1,6 @@
 """The Hugging Face hub cache layout of one repo folder (:class:`RepoFolder`), and blobs being downloaded into it.
-
-Layout (huggingface_hub ``file_download.py``; docs/cache-layout.md)::
-
-    <cache>/.locks/<folder>/<etag>.lock            filelock files
-    <cache>/<folder>/blobs/<etag>                  content; etag = sha256 (LFS) or git blob sha1
-    <cache>/<folder>/snapshots/<commit>/<path>     relative symlink -> ../../blobs/<etag>
-    <cache>/<folder>/refs/<revision>               40-hex commit, no trailing newline
-    <cache>/<folder>/.no_exist/<commit>/<path>     empty marker: the file does not exist at that commit
-
-``<folder>`` is ``models--ORG--NAME`` (``datasets--``, ``kernels--``) from the repo id as the caller typed it. Every
-write lands atomically (a temporary name in the same folder, then ``os.replace``) relative to a folder descriptor.
+The layout is huggingface_hub's (``file_download.py``), drawn in docs/cache-layout.md; ``<folder>`` is
+``models--ORG--NAME`` (``datasets--``, ``kernels--``) from the repo id as the caller typed it.
 """
 
 from __future__ import annotations
@@ -19,7 +10,7 @@ import stat
 import threading
 import uuid
 from collections.abc import Callable
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from pathlib import Path
 
 from ..names import UnsafeName, check_commit, check_etag, check_folder_name, check_ref_name, repo_folder_name
@@ -30,16 +21,15 @@ from .incomplete import IncompleteBlob
 from .locking import DEFAULT_LOCK_TIMEOUT, LockWait
 from .safefs_tree import copy_blob_at
 from .shared_store import STORE_DIR, StoreProblem, open_store_dir, payload_stat
-from .sharing import SharePolicy, cache_policy, share_fd, share_file_at
+from .sharing import SharePolicy, cache_policy, open_dirs, share_fd, share_file_at
 
 #: Name of hfcache's per-repo lock inside ``.locks/<folder>/`` (``scan_cache_dir`` never reads ``.locks``).
 REPO_LOCK_NAME = "hfcache-repo.lock"
 
 
 class RepoFolder:
-    """Paths and atomic writes for one repo folder of a cache, none of which follows a link planted in it: every
-    folder is opened from the cache root without following links (:mod:`.safefs`), every name that builds a path is
-    checked first (:mod:`hfcache.names`; repo paths relative without ``..``).
+    """Paths and atomic writes (a temporary name, then ``os.replace``) for one repo folder of a cache, none of which
+    follows a link planted in it (:mod:`.safefs`); every name that builds a path is checked first.
 
     Args:
         cache_dir: the cache root. repo_id: the id exactly as callers will load it (a legacy id gets its own folder).
@@ -69,11 +59,9 @@ class RepoFolder:
         os.close(self.open_dir(path))
 
     def open_dir(self, path: Path) -> int:
-        """Open a folder of this repo from the cache root without following a link, creating it shared like the
-        root (:mod:`.sharing`); its fd (caller closes), which every write below acts through. UnsafeLayout for a
-        component that is a symlink or not a directory."""
-        rel = path.relative_to(self.cache_dir).parts
-        return safefs.open_dir(self.cache_dir, rel, create=True, on_create=lambda fd: share_fd(fd, self.policy))
+        """Open a folder of this repo, created shared like the root (:func:`.sharing.open_dirs`); its fd (caller
+        closes), which every write below acts through. UnsafeLayout: a component is a symlink or not a directory."""
+        return open_dirs(path, self.cache_dir, self.policy)
 
     @contextmanager
     def _blobs_fd(self, for_download: bool = False):
@@ -91,7 +79,6 @@ class RepoFolder:
         return self.open_dir(self.root / "blobs")
 
     def _existing_blobs(self) -> int | None:
-        """An fd of ``blobs/`` (no link followed), None when there is none."""
         try:
             return safefs.open_dir(self.cache_dir, (self.name, "blobs"))
         except (FileNotFoundError, NotADirectoryError):
@@ -112,8 +99,8 @@ class RepoFolder:
         return self.root / "blobs" / check_etag(etag)
 
     def read_blob(self, etag: str, limit: int) -> bytes:
-        """At most ``limit`` bytes of the blob ``etag`` (:func:`.safefs.open_blob`: no link followed but a store
-        link, never blocking). UnsafeLayout: not a regular file (a FIFO, a link to ``/dev/zero``); FileNotFoundError."""
+        """At most ``limit`` bytes of the blob ``etag`` (:func:`.safefs.open_blob`). UnsafeLayout: not a regular file
+        (a FIFO, a link to ``/dev/zero``); FileNotFoundError."""
         fd = safefs.open_blob(self.cache_dir, self.name, check_etag(etag))
         return safefs.read_regular_fd(fd, f"{self.name}/blobs/{etag}", limit)
 
@@ -176,13 +163,9 @@ class RepoFolder:
         return name, fd
 
     def open_incomplete(self, etag: str) -> tuple[IncompleteBlob, object]:
-        """Create ``blobs/<etag>.<random>.incomplete`` (huggingface_hub's download name) for writing, relative to an
-        fd of ``blobs/`` that the returned :class:`IncompleteBlob` keeps for :meth:`publish_blob` and its cleanup.
-
-        Returns:
-            (IncompleteBlob, binary file object), mode 0o666 minus the umask. The caller calls
-            ``incomplete.unlink(missing_ok=True)`` when done (it also closes the folder fd).
-        """
+        """Create ``blobs/<etag>.<random>.incomplete`` (huggingface_hub's download name; mode 0o666 minus the umask)
+        relative to an fd of ``blobs/`` the returned :class:`IncompleteBlob` keeps for :meth:`publish_blob`. Returns
+        (IncompleteBlob, binary file object); the caller calls ``incomplete.unlink(missing_ok=True)`` when done."""
         check_etag(etag)
         dfd = self._download_dir()
         try:
@@ -193,9 +176,8 @@ class RepoFolder:
         return IncompleteBlob(dfd, name, self.root / "blobs" / name), os.fdopen(fd, "wb")
 
     def resume_incomplete(self, etag: str) -> IncompleteBlob:
-        """The partial download of ``blobs/<etag>`` to continue: the largest leftover (:meth:`_leftovers`), the others
-        deleted; a new empty one when there is none (:meth:`open_incomplete`; reopen it with
-        :meth:`IncompleteBlob.open_fd`). Call it only while holding :meth:`blob_lock`: no other process writes them."""
+        """The partial download of ``blobs/<etag>`` to continue (reopen it with :meth:`IncompleteBlob.open_fd`): the
+        largest leftover, the others deleted, or a new empty one. Call it only while holding :meth:`blob_lock`."""
         check_etag(etag)
         dfd = self._download_dir()
         try:
@@ -213,9 +195,8 @@ class RepoFolder:
         return IncompleteBlob(dfd, name, self.root / "blobs" / name)
 
     def leftover_sizes(self) -> dict[str, int]:
-        """etag -> bytes of each blob's largest leftover partial download (:meth:`_leftovers`), for the progress bar
-        of a resumed repo; {} without ``blobs/``. An estimate: the download keeps what
-        :func:`hfcache.hub.transfer.trusted_prefix` trusts."""
+        """etag -> bytes of each blob's largest leftover partial download, for the progress bar of a resumed repo (an
+        estimate: the download keeps what :func:`hfcache.hub.transfer.trusted_prefix` trusts)."""
         dfd = self._existing_blobs()
         if dfd is None:
             return {}
@@ -259,10 +240,8 @@ class RepoFolder:
         incomplete.close()
 
     def adopt_blob(self, source: Path, etag: str) -> bool:
-        """Hardlink an identical blob as ``blobs/<etag>`` (deduplication), relative to both folders' fds: a regular
-        ``<folder>/blobs/<etag>`` of this cache or a payload ``blobs/<2hex>/<xet_hash>`` of its marked shared store
-        (its bytes stay once on disk and survive the library's sweep). False, nothing changed, for any other
-        ``source`` or where hardlinks are not possible (another filesystem, no support)."""
+        """Hardlink an identical blob (``<folder>/blobs/<etag>`` of this cache or a payload of its marked shared
+        store) as ``blobs/<etag>``; False, nothing changed, for any other ``source`` or where hardlinks fail."""
         check_etag(etag)
         try:
             src_rel = Path(source).relative_to(self.cache_dir).parts
@@ -294,8 +273,7 @@ class RepoFolder:
 
     def move_blob_in(self, src_dir_fd: int, name: str, etag: str) -> None:
         """Rename the verified file ``name`` of the folder ``src_dir_fd`` (import's staging) to ``blobs/<etag>``,
-        shared first: one ``os.replace`` relative to both folder fds. UnsafeLayout: ``blobs/`` or a folder above it
-        is a symlink; OSError: the rename failed."""
+        shared first, relative to both folder fds. UnsafeLayout: a symlink on the way; OSError."""
         check_etag(etag)
         share_file_at(src_dir_fd, name, self.policy)
         with self._blobs_fd() as dfd:
@@ -303,13 +281,9 @@ class RepoFolder:
 
     def copy_blob(self, source_folder: str, etag: str, size: int) -> None:
         """Copy ``<source_folder>/blobs/<etag>`` of this cache as this repo's ``blobs/<etag>`` (where a hardlink is
-        not possible): the source opened without following links must be a regular file of ``size`` bytes hashing
-        to ``etag`` while copied (:func:`.safefs_tree.copy_blob_at`), the copy made relative to ``blobs/``'s fd.
-
-        Raises:
-            UnsafeLayout: the source is a link, a FIFO, not ``size`` bytes, or does not hash to ``etag``.
-            OSError: it is missing, or the copy cannot be written.
-        """
+        not possible), hash-checked while copied (:func:`.safefs_tree.copy_blob_at`).
+        Raises UnsafeLayout: the source is a link, a FIFO, not ``size`` bytes, or does not hash to ``etag``. OSError: it
+        is missing, or the copy cannot be written."""
         check_etag(etag)
         src = safefs.open_unfollowed(self.cache_dir, (check_folder_name(source_folder), "blobs", etag),
                                      f"{self.cache_dir}/{source_folder}/blobs/{etag}", " (nothing copied)")
@@ -322,8 +296,7 @@ class RepoFolder:
     def link(self, commit_hash: str, path: str, etag: str, symlinks: bool = True) -> None:
         """Make ``snapshots/<commit>/<path>`` point to ``blobs/<etag>``: a relative link (``../../blobs/<etag>``, one
         more ``../`` per subfolder, as huggingface_hub's ``_create_symlink``), or without ``symlinks`` a hardlink (or
-        copy) of the blob, the library's real-file form. A wrong existing entry is replaced through a temporary
-        name and ``os.replace``."""
+        copy) of the blob, the library's real-file form (:meth:`_link_at`)."""
         pointer = self.pointer_path(commit_hash, path)
         blob = self.blob_path(etag)
         pfd = self.open_dir(pointer.parent)
@@ -352,11 +325,9 @@ class RepoFolder:
         else:
             make = lambda dest: _hardlink_or_copy_at(bfd, etag, pfd, dest, self.policy)  # noqa: E731
         if st is None:
-            try:
+            with suppress(FileExistsError):
                 make(name)
                 return
-            except FileExistsError:
-                pass
         tmp = temp_name(name)
         try:
             make(tmp)
@@ -385,15 +356,13 @@ class RepoFolder:
         except (OSError, safefs.UnsafeLayout):
             return
         try:
-            os.utime(fd)
-        except OSError:
-            pass
+            with suppress(OSError):
+                os.utime(fd)
         finally:
             os.close(fd)
 
     def read_ref(self, revision: str) -> bytes | None:
-        """The bytes of ``refs/<revision>`` (at most 256), or None when there is none; UnsafeLayout ("... is a
-        symlink or sits under one") for a link (:func:`.safefs.read_small`)."""
+        """``refs/<revision>``'s bytes (at most 256), None when missing; UnsafeLayout: a link (safefs.read_small)."""
         try:
             return safefs.read_small(self.cache_dir, (self.name, "refs", *check_ref_name(revision).split("/")), 256)
         except FileNotFoundError:
@@ -425,11 +394,9 @@ def _hardlink_or_copy_at(bfd: int, etag: str, pfd: int, dest: str, policy: Share
         raise
     except OSError:
         pass
-    try:
+    with suppress(FileNotFoundError):
         os.stat(dest, dir_fd=pfd, follow_symlinks=False)
         raise FileExistsError(dest)
-    except FileNotFoundError:
-        pass
     src = open_read_at(bfd, etag)
     try:
         st = os.fstat(src)

@@ -1,23 +1,12 @@
-"""Locks in a cache that cannot hang: bounded waits, a notice naming the holder, and a lock that works without flock.
-
-hfcache locks the files huggingface_hub locks (``.locks/<folder>/<etag>.lock``) plus its own per-repo lock, so that
-warm, prune, repair and import exclude each other and a concurrent ``hf_hub_download``. The locking is the filelock
-library's (huggingface_hub's too: ``utils/_fixes.py WeakFileLock``); this module fills its gaps:
-
-- **Bounded waits.** Every wait ends after ``timeout`` seconds with :class:`LockTimeout` (exit 5) naming the lock
-  file and its holder; after :data:`NOTICE_AFTER` seconds ``on_wait`` hears who holds it (a flock holder from
-  ``/proc/locks``, a soft lock's from its marker).
-- **Filesystems without flock.** filelock falls back to its SoftFileLock (a marker holding pid, host and start
-  time) only on ENOSYS and raises ENOLCK (NFS without a lock manager) and EOPNOTSUPP (some FUSE/CIFS mounts); here
-  all three select the soft lock, per filesystem (probed once).
-- **Markers never stale forever.** SoftFileLock treats an *empty* marker as a live holder forever: exactly what
-  every flock-based run leaves behind, so on a filesystem that lost flock huggingface_hub and filelock wait forever.
-  :class:`SoftLock` takes over an empty marker older than :data:`EMPTY_MARKER_GRACE`, and any marker not refreshed
-  for :data:`STALE_AFTER` seconds whose owner is not a live process on this host; hfcache's holders refresh theirs
-  every :data:`HEARTBEAT` seconds, so a live holder on another host is never taken over.
-
-The marker format stays filelock's legacy one (``pid\\nhost\\nstart\\n``), which huggingface_hub's fallback
-SoftFileLock reads: both exclude each other on such a filesystem.
+"""Locks in a cache that cannot hang (docs/shared-caches.md, "Locks never hang"): the files huggingface_hub locks
+(``.locks/<folder>/<etag>.lock``) plus hfcache's per-repo lock, with the filelock library (huggingface_hub's too:
+``utils/_fixes.py WeakFileLock``). Its gaps, filled here: every wait ends after ``timeout`` (:class:`LockTimeout`);
+filelock falls back to its SoftFileLock only on ENOSYS, here on every :data:`NO_FLOCK_ERRNOS` (probed once per
+filesystem); SoftFileLock treats an *empty* marker (what every flock-based run leaves) as a live holder forever,
+:class:`SoftLock` takes over one older than :data:`EMPTY_MARKER_GRACE`, and any marker not refreshed for
+:data:`STALE_AFTER` seconds whose owner is no live process on this host (holders refresh theirs every
+:data:`HEARTBEAT` seconds). The marker format stays filelock's legacy one (``pid\\nhost\\nstart\\n``), which
+huggingface_hub's fallback SoftFileLock reads: both exclude each other on such a filesystem.
 """
 
 from __future__ import annotations
@@ -85,13 +74,8 @@ class LockTimeout(CacheError):
 
 class _KeepFdPath:
     """Mixin for filelock's lock classes: a lock named ``/proc/self/fd/<N>/<name>`` (:func:`via_dir_fd`) is opened by
-    that name, never by the folder's path.
-
-    Library gap: filelock 4 resolves the lock's folder with ``os.path.realpath`` (``_core/_registry.py``
-    ``canonical``) and opens that path (``claim_root``): for ``/proc/self/fd/<N>`` the folder's name *now*, which a
-    member can swap for a symlink (root then created ``hfcache-repo.lock`` outside the cache). The ``/proc/self/fd``
-    name resolves through the descriptor of the folder hfcache checked.
-    """
+    that name. Library gap: filelock 4 resolves the lock's folder with ``os.path.realpath`` (``_core/_registry.py``
+    ``canonical``): for ``/proc/self/fd/<N>`` the folder's name *now*, which a member can swap for a symlink."""
 
     def _resolve_lock_path(self) -> str:
         name = str(self.lock_file)  # type: ignore[attr-defined]
@@ -155,8 +139,8 @@ def _alive_here(pid: int, hostname: str) -> bool:
 
 
 def flock_error(directory: Path) -> int | None:
-    """Whether flock works on ``directory``'s filesystem: None if it does, else the errno it fails with. Probed once
-    per filesystem and process on an anonymous or short-lived file; OSError when ``directory`` cannot be written."""
+    """None if flock works on ``directory``'s filesystem, else its errno; probed once per filesystem and process.
+    OSError when ``directory`` cannot be written."""
     import fcntl
 
     device = os.stat(directory).st_dev
@@ -204,7 +188,7 @@ def _new_lock(path: Path, mode: int):
 
 def holder_of(path: Path) -> str | None:
     """Who holds the lock at ``path`` as far as this host can tell (a soft marker's pid and host, a flock holder
-    from ``/proc/locks`` by inode, with its command line when ``/proc`` shows it), or None."""
+    from ``/proc/locks``, with its command line), or None."""
     from filelock._identity import host_name
     from filelock._soft import parse_lock_holder, read_lock_file
 
@@ -226,14 +210,11 @@ def holder_of(path: Path) -> str | None:
 def _flock_holder(st: os.stat_result) -> int | None:
     """The pid holding a flock on the inode ``st`` according to /proc/locks (its ``FLOCK ... WRITE`` line)."""
     want = f"{os.major(st.st_dev):02x}:{os.minor(st.st_dev):02x}:{st.st_ino}"
-    try:
-        with open("/proc/locks", encoding="ascii", errors="replace") as f:
-            for line in f:
-                fields = line.split()
-                if len(fields) >= 6 and fields[1] == "FLOCK" and fields[5] == want:
-                    return int(fields[4])
-    except (OSError, ValueError):
-        pass
+    with suppress(OSError, ValueError), open("/proc/locks", encoding="ascii", errors="replace") as f:
+        for line in f:
+            fields = line.split()
+            if len(fields) >= 6 and fields[1] == "FLOCK" and fields[5] == want:
+                return int(fields[4])
     return None
 
 
@@ -248,13 +229,8 @@ def _describe_pid(pid: int, host: str) -> str:
 
 
 def via_dir_fd(path: Path, dir_fd: int | None) -> Path:
-    """The name under which ``path`` is opened: ``/proc/self/fd/<dir_fd>/<name>`` when its folder was opened as
-    ``dir_fd`` (safefs, no link followed) and ``/proc`` shows fds, else ``path``.
-
-    Library gap: filelock opens a lock by path (``O_NOFOLLOW`` on the last component only) and makes its folder with
-    ``Path.mkdir(parents=True)``, both following a folder swapped for a link after hfcache checked it; the
-    ``/proc/self/fd`` name resolves through the checked folder's descriptor.
-    """
+    """``/proc/self/fd/<dir_fd>/<name>`` when ``path``'s folder was opened as ``dir_fd`` and ``/proc`` shows fds, else
+    ``path`` (library gap: filelock opens a lock and makes its folder by path, through a folder swapped for a link)."""
     if dir_fd is None or not os.path.isdir("/proc/self/fd"):
         return path
     return Path(f"/proc/self/fd/{dir_fd}") / path.name
@@ -269,16 +245,12 @@ def file_lock(path: Path, *, timeout: float = DEFAULT_LOCK_TIMEOUT, stop: thread
 
     Args:
         path: the lock file; its folder must exist. timeout: seconds to wait at most (0: one attempt).
-        stop: checked while waiting; when set, the wait ends with InterruptedError (Ctrl-C is never stuck).
-        on_wait: called once after :data:`NOTICE_AFTER` seconds of waiting, with a :class:`LockWait`.
-        mode: permission bits of a new lock file, whatever the umask (group-writable as huggingface_hub's).
-        dir_fd: a descriptor of ``path``'s folder, kept open for the block: the file is opened through it
-            (:func:`via_dir_fd`), never through a folder swapped for a link. Messages still name ``path``.
+        stop: checked while waiting (InterruptedError when set). on_wait: called once after :data:`NOTICE_AFTER`
+            seconds, with a :class:`LockWait`. mode: permission bits of a new lock file, whatever the umask.
+        dir_fd: a descriptor of ``path``'s folder the file is opened through (:func:`via_dir_fd`).
         marker_mode: bits a held soft marker gets (a shared cache's); None keeps filelock's (no group write).
 
-    Raises:
-        LockTimeout: not acquired within ``timeout`` (exit 5). InterruptedError: ``stop`` was set.
-        OSError: the lock file cannot be created or opened (permissions, read-only filesystem).
+    Raises LockTimeout (exit 5), InterruptedError (``stop``), OSError (the lock file cannot be created or opened).
     """
     opened = via_dir_fd(path, dir_fd)
     lock = _acquire(opened, timeout, stop, on_wait, mode, shown=path)
@@ -317,11 +289,8 @@ def _acquire(path: Path, timeout: float, stop: threading.Event | None,
                 raise
             # The probe said flock works but this file's filesystem disagrees (e.g. ENOLCK from an NFS lock manager
             # that went away): use the soft lock from now on.
-            try:
-                with _probe_lock:
-                    _flock_by_device[os.stat(path.parent).st_dev] = exc.errno
-            except OSError:
-                pass
+            with suppress(OSError), _probe_lock:
+                _flock_by_device[os.stat(path.parent).st_dev] = exc.errno
             lock = soft_lock(str(path), mode=mode)
             continue
         if stop is not None and stop.is_set():
@@ -337,8 +306,8 @@ def _acquire(path: Path, timeout: float, stop: threading.Event | None,
 @contextmanager
 def try_lock(path: Path, dir_fd: int | None = None) -> Iterator[str]:
     """Take the lock at ``path`` without waiting, for the block: ``as`` gives "" when held by us (or when there is no
-    lock file: nobody uses it), else why not ("a download holds its lock", "its lock file cannot be opened (...)").
-    ``dir_fd``: an fd of its folder (safefs) the file is looked up and opened through (:func:`via_dir_fd`)."""
+    lock file), else why not ("a download holds its lock", "its lock file cannot be opened (...)"). ``dir_fd``: an
+    fd of its folder the file is looked up and opened through (:func:`via_dir_fd`)."""
     if dir_fd is None:
         regular = os.path.isfile(path)
     else:
@@ -364,21 +333,19 @@ def try_lock(path: Path, dir_fd: int | None = None) -> Iterator[str]:
 
 
 def _settle_marker_mode(path: Path, mode: int) -> None:
-    """Give the soft marker this process holds the lock file ``mode`` (a shared cache's group write). Library gap:
-    filelock's SoftFileLock strips group and other write from markers whatever ``mode`` asks, leaving ``0644``
-    markers in a shared cache (:mod:`.sharing`). Best effort, only on a regular file this user owns."""
+    """Give the soft marker this process holds ``mode`` (a shared cache's group write; library gap: SoftFileLock
+    strips group and other write whatever ``mode`` asks). Best effort, only on a regular file this user owns."""
     try:
         fd = open_read_at(None, str(path))
     except OSError:
         return
     try:
-        st = os.fstat(fd)
-        # st_nlink: a hardlink planted in its place would carry the mode change to another file
-        if (stat.S_ISREG(st.st_mode) and st.st_uid == os.geteuid() and st.st_nlink == 1
-                and stat.S_IMODE(st.st_mode) != mode):
-            os.fchmod(fd, mode)
-    except OSError:
-        pass
+        with suppress(OSError):
+            st = os.fstat(fd)
+            # st_nlink: a hardlink planted in its place would carry the mode change to another file
+            if (stat.S_ISREG(st.st_mode) and st.st_uid == os.geteuid() and st.st_nlink == 1
+                    and stat.S_IMODE(st.st_mode) != mode):
+                os.fchmod(fd, mode)
     finally:
         os.close(fd)
 
@@ -398,11 +365,9 @@ class _Heartbeat:
 
     def _run(self) -> None:
         while not self.done.wait(HEARTBEAT):
-            try:
+            with suppress(OSError):
                 if os.lstat(self.path).st_ino == self.inode:
                     os.utime(self.path)
-            except OSError:
-                pass
 
     def stop(self) -> None:
         self.done.set()

@@ -2,11 +2,8 @@
 
 Four records live there: ``verify --fast``'s (:mod:`hfcache.integrity.verify_record`), ``check``'s fast-tokenizer
 proofs (:mod:`hfcache.integrity.fast_record`), ``pull``'s imported layers (:mod:`hfcache.oci.pull_record`) and, per
-repo folder, the extents of a partial download (:mod:`hfcache.cache.extents`).
-huggingface_hub's ``scan_cache_dir``, ``hf cache`` and ``hfcache ls``/``prune`` ignore ``.locks``.
-
-Reading (:func:`load`): through a descriptor of ``.locks`` opened from the cache root without following links, the
-file opened ``O_NOFOLLOW | O_NONBLOCK``, at most ``max_bytes`` and :data:`hfcache.bounds.MAX_JSON_DEPTH` deep.
+repo folder, the extents of a partial download (:mod:`hfcache.cache.extents`). Reading (:func:`load`): through a
+checked descriptor of ``.locks``, no link followed, at most ``max_bytes`` and ``MAX_JSON_DEPTH`` deep.
 
 Trust: a record is authority for its writer only (in a group-shared cache any member can write ``.locks``, and one
 who corrupted a blob could rewrite a record to vouch for it). It is *trusted* only as a regular file with one
@@ -14,9 +11,8 @@ link, owned by the effective uid (or by root where the caller allows it: an imag
 uid) and not writable by group or others (``fstat`` of the opened file). Each caller decides what an untrusted
 record may still do (usually nothing).
 
-Writing (:func:`save`): atomically (a temp file created ``O_EXCL | O_NOFOLLOW`` mode 0600, ``fchmod`` 0644, fsync,
-renamed over the record) through a descriptor of ``.locks`` (created and group-shared when missing), so no member
-can open the file for writing on the way. A cache that cannot be written (a read-only image layer) keeps no record.
+Writing (:func:`save`): atomically (:func:`write_at`) through a descriptor of ``.locks`` (created and group-shared
+when missing). A cache that cannot be written (a read-only image layer) keeps no record.
 """
 
 from __future__ import annotations
@@ -26,12 +22,13 @@ import errno
 import os
 import stat
 from dataclasses import dataclass
+from pathlib import Path
 
 from ..bounds import MAX_JSON_DEPTH, TooDeep, loads_json
 from ..errors import CacheError
 from . import safefs
 from .fsops import create_at, open_read_at, temp_name, unlink_at
-from .sharing import cache_policy, share_fd
+from .sharing import cache_policy, open_dirs
 
 LOCKS = ".locks"
 MODE = 0o644  # never group-writable, even in a shared cache: a record is authority for its writer only
@@ -39,15 +36,9 @@ MODE = 0o644  # never group-writable, even in a shared cache: a record is author
 
 @dataclass(frozen=True)
 class Loaded:
-    """A record as read by :func:`load`.
-
-    Attributes:
-        data: the parsed JSON; None when there is no record or it could not be read.
-        distrust: "" when the record is trusted, else why not, in a few words ("owned by uid 1001, not by uid 0
-            (this run)", "2 hard links", "writable by group (mode 0664)", "not a regular file").
-        problem: "" or why an existing record could not be read ("a symlink", "larger than N bytes", "JSON nested
-            deeper than N levels", "malformed (ValueError)", ".locks is a symlink, not a folder, or cannot be opened").
-    """
+    """A record as read by :func:`load`: ``data``, the parsed JSON (None: no record, or unreadable); ``distrust``, ""
+    when trusted, else why not ("2 hard links", "writable by group (mode 0664)"); ``problem``, "" or why an existing
+    record could not be read ("a symlink", "larger than N bytes", "malformed (ValueError)")."""
 
     data: object | None
     distrust: str = ""
@@ -75,10 +66,9 @@ def _distrust(st: os.stat_result, root_ok: bool) -> str:
 
 def load(cache_dir: str, name: str, max_bytes: int, *, root_ok: bool = False,
          read_untrusted: bool = False, folder: tuple[str, ...] = ()) -> Loaded:
-    """Read the record ``<cache_dir>/.locks/[<folder>/]<name>`` (module docstring: how, and what "trusted" means);
-    never raises for what a cache holds. ``max_bytes``: a larger record is not read. ``root_ok``: a record owned by
-    root is trusted too. ``read_untrusted``: parse an untrusted record as well (``data`` set, ``distrust``
-    non-empty)."""
+    """Read the record ``<cache_dir>/.locks/[<folder>/]<name>`` (module docstring); never raises for what a cache
+    holds. ``max_bytes``: a larger record is not read. ``root_ok``: a record owned by root is trusted too.
+    ``read_untrusted``: parse an untrusted record as well (``data`` set, ``distrust`` non-empty)."""
     try:
         locks = safefs.open_dir(cache_dir, (LOCKS, *folder))
     except FileNotFoundError:
@@ -114,12 +104,10 @@ def load(cache_dir: str, name: str, max_bytes: int, *, root_ok: bool = False,
 
 
 def save(cache_dir: str, name: str, data: bytes, *, folder: tuple[str, ...] = (), durable: bool = True) -> bool:
-    """Replace the record ``<cache_dir>/.locks/[<folder>/]<name>`` with ``data`` (module docstring; ``durable``
-    False: no fsync); False when it cannot be written (a read-only or full cache, a ``.locks`` that is a link), the
-    record then left as it was."""
-    policy = cache_policy(cache_dir)
+    """Replace the record ``<cache_dir>/.locks/[<folder>/]<name>`` with ``data`` (``durable`` False: no fsync);
+    False, the record left as it was, when it cannot be written (a read-only or full cache, a ``.locks`` link)."""
     try:
-        locks = safefs.open_dir(cache_dir, (LOCKS, *folder), create=True, on_create=lambda fd: share_fd(fd, policy))
+        locks = open_dirs(Path(cache_dir, LOCKS, *folder), Path(cache_dir), cache_policy(cache_dir))
     except (OSError, CacheError):
         return False
     try:
@@ -132,8 +120,7 @@ def save(cache_dir: str, name: str, data: bytes, *, folder: tuple[str, ...] = ()
 
 
 def remove(cache_dir: str, name: str, *, folder: tuple[str, ...] = ()) -> None:
-    """Delete the record ``<cache_dir>/.locks/[<folder>/]<name>`` (the entry, never a link's target); nothing when it
-    or its folder is missing or cannot be opened."""
+    """Delete the record ``<cache_dir>/.locks/[<folder>/]<name>`` (never a link's target), if it can be opened."""
     try:
         locks = safefs.open_dir(cache_dir, (LOCKS, *folder))
     except (OSError, CacheError):
@@ -147,8 +134,7 @@ def remove(cache_dir: str, name: str, *, folder: tuple[str, ...] = ()) -> None:
 
 def write_at(dfd: int, name: str, data: bytes, durable: bool = True) -> None:
     """Atomic write of ``name`` in the folder ``dfd`` with mode :data:`MODE` from creation on (not
-    :func:`.atomic.atomic_write_at`, which creates with the umask: a umask-002 member's temp file would be
-    group-writable before the rename)."""
+    :func:`.atomic.atomic_write_at`: a umask-002 member's temp file would be group-writable before the rename)."""
     tmp = temp_name(name)
     fd = create_at(dfd, tmp, 0o600)
     try:

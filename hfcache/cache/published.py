@@ -1,7 +1,5 @@
-"""What warm published: per repo folder and commit, each file's path, size and hash, and the names marked absent.
-
-``verify`` checks a revision against this record when no lock is given, so a file edited in place (``sed -i``) or lost
-(neither the file nor its ``.no_exist`` marker) is an error, not a note.
+"""What warm published: per repo folder and commit, each file's path, size and hash, and the names marked absent
+(what ``verify`` checks a revision against when no lock is given: docs/verify.md).
 
 Where: ``<cache>/.locks/<folder>/hfcache/<commit>.json``, which huggingface_hub never reads (``_cache_manager.py``).
 Not a ``trees/<commit>.json``: the library reads that offline, and one naming files the cache does not hold makes
@@ -11,15 +9,10 @@ LF, trailing newline)::
     {"absent": ["chat_template.jinja"], "commit_hash": "<40 hex>", "endpoint": "https://hub.internal",
      "files": {"vocab.txt": {"hash": "git-sha1:<hex>", "size": 231508}}, "format": "hfcache-published", "version": 1}
 
-``endpoint`` (optional) served the commit's last warm; ``verify --repair`` fetches from it by default. Only
-``scheme://host[:port][/path]`` is written (:func:`public_endpoint`), never a token. Read back it is a hint written by
-anyone who can write the cache: one that is no plain http(s) URL is ignored, and repair sends the token only to the
-endpoint the user configured (docs/security.md).
-
-A record is untrusted input: read through :mod:`.safefs`, at most :data:`MAX_RECORD_BYTES` and
-:data:`hfcache.bounds.MAX_JSON_DEPTH` levels deep (past either, :class:`RecordRefused`: a problem of its repo); an
-entry with a malformed hash, a size that is not an integer from 0 to :data:`hfcache.records.MAX_FILE_SIZE` or a path
-that is no safe repo path (``../x``: verify looks its marker up) is ignored.
+``endpoint`` (optional) served the commit's last warm (``verify --repair`` fetches from it); only a plain http(s)
+URL is written or read back (:func:`public_endpoint`), never a token. A record is untrusted input (docs/security.md):
+past :data:`MAX_RECORD_BYTES` or ``MAX_JSON_DEPTH`` it is refused (:class:`RecordRefused`: a problem of its repo); an
+entry with a malformed hash or size, or a path that is no safe repo path, is ignored.
 """
 
 from __future__ import annotations
@@ -51,9 +44,8 @@ _REFUSED_HINT = ("`hfcache verify --repair` removes it (or remove it by hand), t
 
 @dataclass(frozen=True)
 class PublishedRevision:
-    """One record: ``files`` maps path -> (size in bytes, ``sha256:<hex>`` or ``git-sha1:<hex>``); ``absent`` the
-    names warm marked absent with ``.no_exist``; ``endpoint`` the endpoint that served the commit (a plain
-    ``scheme://host[:port][/path]``, :func:`public_endpoint`), or None when the record names none usable."""
+    """One record: ``files`` maps path -> (size in bytes, prefixed hash); ``absent`` the names warm marked absent;
+    ``endpoint`` the endpoint that served the commit (:func:`public_endpoint`), or None."""
 
     commit_hash: str
     files: Mapping[str, tuple[int, str]]
@@ -62,9 +54,8 @@ class PublishedRevision:
 
 
 def public_endpoint(url: object) -> str | None:
-    """``url`` (as configured, or a record's value) as it may be recorded and read back: ``scheme://host[:port]
-    [/path]`` without trailing slash, userinfo, query or fragment; None for anything but a ``str`` of printable ASCII
-    without spaces, at most :data:`MAX_ENDPOINT_CHARS` long, with an http(s) scheme and a host."""
+    """``url`` as it may be recorded and read back: ``scheme://host[:port][/path]`` without trailing slash, userinfo,
+    query or fragment; None but for printable ASCII without spaces, at most :data:`MAX_ENDPOINT_CHARS` long, http(s)."""
     if not isinstance(url, str) or len(url) > MAX_ENDPOINT_CHARS or not (url.isascii() and url.isprintable()) \
             or " " in url:
         return None
@@ -87,12 +78,8 @@ def record_parts(folder_name: str, commit_hash: str) -> tuple[str, ...]:
 def write_record(cache_dir: Path, folder_name: str, commit_hash: str, files: Iterable[tuple[str, int, str]],
                  absent: Iterable[str], endpoint: str | None = None) -> None:
     """Add ``files`` ((path, size, hash)) and ``absent`` to the record of ``folder_name`` at ``commit_hash``, merged
-    with an existing one (a commit's content never changes). ``endpoint`` (:func:`public_endpoint`) replaces the
-    recorded one; None keeps it. Written atomically through folder fds; call it under the repo lock.
-
-    Raises:
-        UnsafeLayout: a part of ``.locks/<folder>/hfcache`` is a planted link. OSError: cannot write.
-    """
+    with an existing one. ``endpoint`` (:func:`public_endpoint`) replaces the recorded one; None keeps it. Written
+    atomically through folder fds, under the repo lock. UnsafeLayout: a planted link on the way; OSError."""
     parts = record_parts(folder_name, commit_hash)
     old = read_record(cache_dir, folder_name, commit_hash)
     merged = {p: {"size": s, "hash": h} for p, (s, h) in (old.files.items() if old else ())}
@@ -121,8 +108,7 @@ class RecordRefused(CacheError):
 
 def read_record(cache_dir: str | os.PathLike[str], folder_name: str, commit_hash: str) -> PublishedRevision | None:
     """The record of the repo folder ``folder_name`` at ``commit_hash`` (malformed entries left out), or None (none,
-    unreadable, not a regular file, malformed). RecordRefused: larger than :data:`MAX_RECORD_BYTES` or nested deeper
-    than :data:`hfcache.bounds.MAX_JSON_DEPTH` (what a member can plant: reported, never skipped silently)."""
+    unreadable, not a regular file, malformed). RecordRefused: past the bounds (module docstring)."""
     parts = ()
     try:
         parts = record_parts(folder_name, commit_hash)

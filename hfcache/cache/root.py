@@ -16,6 +16,8 @@ from pathlib import Path
 
 from ..errors import CacheError, UsageError
 from ..names import FOLDER_PREFIXES, check_etag, repo_folder_name  # noqa: F401 - repo_folder_name re-exported
+from ..records import MAX_NAME_BYTES as NAME_MAX  # Linux limits.h; PATH_MAX counts the terminating NUL
+from ..records import MAX_PATH_BYTES as PATH_MAX
 from . import safefs
 from .access import blocking_dir, join_fix, reach_fix
 from .atomic import atomic_write_at
@@ -45,23 +47,10 @@ def default_cache_dir(environ: dict[str, str] | None = None) -> tuple[Path, str]
     return Path.home() / ".cache" / "huggingface" / "hub", "default"
 
 
-#: Linux limits (``limits.h``): a path component is at most NAME_MAX = 255 bytes, a whole path less than
-#: PATH_MAX = 4096 bytes (the terminating NUL included).
-NAME_MAX = 255
-PATH_MAX = 4096
-
-
 def check_path_text(path: str | os.PathLike[str], what: str) -> str:
-    """``path`` as text, refused before any call makes it an OSError, ValueError or RuntimeError (exit 70).
-
-    Args:
-        path: as given (a command line, a manifest, a lock or the environment). what: how the error names it,
-            e.g. ``"--cache-dir"``.
-
-    Raises:
-        UsageError: (exit 2) it holds a NUL byte, a component longer than :data:`NAME_MAX` bytes, or is
-            :data:`PATH_MAX` bytes or more (``os.fsencode``).
-    """
+    """``path`` (as given: a command line, a manifest, a lock or the environment) as text, refused before any call
+    makes it an OSError, ValueError or RuntimeError (exit 70); ``what`` names it in the error (``"--cache-dir"``).
+    Raises UsageError (exit 2): a NUL byte, a component longer than NAME_MAX bytes, or PATH_MAX bytes or more."""
     text = os.fspath(path)
     text = text if isinstance(text, str) else os.fsdecode(text)
     if "\0" in text:
@@ -136,16 +125,10 @@ _MAX_ENTRIES = 100_000
 
 @dataclass(frozen=True)
 class CacheDirKind:
-    """What a folder given as a cache is (:func:`describe_cache_dir`).
-
-    Attributes:
-        path (Path): the folder, absolute.
-        kind (str): ``"cache"`` (a repo folder or one of :data:`CACHE_MARKERS` at its root), ``"empty"`` (nothing
-            but a fresh volume's ``lost+found``), ``"missing"`` or ``"not_a_cache"`` (a folder holding other things).
-        meant (Path | None): the cache probably meant: ``path/hub`` for an ``HF_HOME``, the parent of a repo folder.
-        meant_repos (int): repo folders in ``meant`` (0 when ``meant`` is None).
-        looks_like (str | None): what ``path`` looks like instead, e.g. ``"an HF_HOME"``, ``"a repo folder"``.
-    """
+    """What a folder given as a cache (``path``, absolute) is (:func:`describe_cache_dir`): ``kind`` ``"cache"`` (a
+    repo folder or one of :data:`CACHE_MARKERS` at its root), ``"empty"`` (at most ``lost+found``), ``"missing"`` or
+    ``"not_a_cache"``; ``meant`` (Path | None), the cache probably meant (``path/hub`` for an ``HF_HOME``, a repo
+    folder's parent) holding ``meant_repos`` repo folders; ``looks_like`` (str | None): ``"an HF_HOME"``..."""
 
     path: Path
     kind: str
@@ -208,9 +191,8 @@ def _lstat_mode(path: Path) -> int:
 
 
 def describe_cache_dir(path: str | os.PathLike[str]) -> CacheDirKind:
-    """Recognise a folder given as a hub cache from the names at its root (a few ``lstat`` calls, no writes), and
-    name the cache the user probably meant when it is not one (:class:`CacheDirKind`; a file is ``not_a_cache``).
-    Raises CacheError (exit 5) when the folder (or its ``hub`` folder) exists but this user cannot list it."""
+    """Recognise a folder given as a hub cache from the names at its root, and name the cache the user probably meant
+    when it is not one (:class:`CacheDirKind`). CacheError (exit 5): it (or its ``hub``) exists but cannot be listed."""
     root = Path(path).absolute()
     names = _names(root)
     if names is None:
@@ -329,9 +311,8 @@ def ensure_cache_root(cache_dir: Path) -> None:
 
 
 def write_access_error(root: Path) -> CacheError:
-    """The one-line error for a cache root this user cannot create or write, naming the folder that blocks it: one
-    on the way that cannot be entered (:func:`access_error`), else the nearest existing folder (the root or the
-    parent it would be created in) that cannot be written, with the fix doctor prints for it."""
+    """The one-line error for a cache root this user cannot create or write, naming the folder that blocks it (one
+    that cannot be entered, else the nearest existing one that cannot be written), with doctor's fix for it."""
     root = root.absolute()
     existing = root
     while not os.path.isdir(existing) and existing != existing.parent:
@@ -349,8 +330,7 @@ def write_access_error(root: Path) -> CacheError:
 
 def symlinks_supported(cache_dir: Path) -> bool:
     """Whether snapshot entries can be symlinks in ``cache_dir``: huggingface_hub's ``are_symlinks_supported`` (and
-    its ``HF_HUB_DISABLE_SYMLINKS``, read at call time), probed inside ``.locks/`` through its fd (a ``.locks``
-    swapped for a link is never probed through) rather than in a root folder a killed process would leave behind."""
+    ``HF_HUB_DISABLE_SYMLINKS``), probed inside ``.locks/`` through its fd, not in a folder a kill would leave."""
     if os.environ.get("HF_HUB_DISABLE_SYMLINKS", "").upper() in ("1", "ON", "YES", "TRUE"):
         return False
     probe = f".hfcache-symlink-probe-{uuid.uuid4().hex[:8]}"
@@ -391,11 +371,9 @@ def find_blob_elsewhere(cache_dir: Path, etag: str, size: int, exclude: str) -> 
                 continue
             if stat.S_ISLNK(st.st_mode):
                 xet_hash = safefs.store_link_of(cache_dir, entry.name, etag)
-                try:
+                with contextlib.suppress(OSError):
                     if xet_hash is not None and payload_stat(cache_dir, xet_hash).st_size == size:
                         return cache_dir / STORE_DIR / xet_hash[:2] / xet_hash
-                except OSError:
-                    pass
             elif st.st_size == size and stat.S_ISREG(st.st_mode):
                 return candidate
     return None

@@ -1,11 +1,9 @@
 """Filesystem primitives that never leave the cache root, whatever links someone planted in it.
 
-A cache is shared (baked into images, mounted into pods, written by several tools), so its folders and links are
-untrusted input (docs/security.md). Every operation here walks from the cache root one component at a time with
-``O_NOFOLLOW | O_DIRECTORY`` (:mod:`.fsops`) and acts relative to the last folder's descriptor: a symlinked or
-non-directory component below the root raises :class:`UnsafeLayout`, never followed. The root itself may be a
-symlink (``~/.cache`` on another disk); only what is below it is judged. Names that build paths are checked where
-they are used (:mod:`hfcache.names`: ``check_etag``, ``check_commit``, ``check_ref_name``).
+A cache's folders and links are untrusted input (docs/security.md). Every operation here walks from the cache root
+one component at a time (:mod:`.fsops`) and acts relative to the last folder's descriptor: a symlinked or
+non-directory component below the root raises :class:`UnsafeLayout`. The root itself may be a symlink (``~/.cache``
+on another disk). Names that build paths are checked where they are used (:mod:`hfcache.names`).
 """
 
 from __future__ import annotations
@@ -14,7 +12,7 @@ import errno
 import os
 import stat
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from pathlib import Path
 
 from ..names import UnsafeName, check_commit, check_etag, check_folder_name, check_ref_name  # noqa: F401 - the layer's checks
@@ -80,17 +78,11 @@ def _descend(root: str | os.PathLike[str], rel: str | Sequence[str], *, create: 
 
 def open_dir(root: str | os.PathLike[str], rel: str | Sequence[str] = (), *, create: bool = False,
              on_create: Callable[[int], None] | None = None) -> int:
-    """Open the directory ``root/rel`` without following a symlink below ``root``; its fd (caller closes).
-
-    Args:
-        root: the cache root (may itself be a symlink). rel: ``/``-separated path or components; ``()``: the root.
-        create: make missing directories (0o777 minus the umask). on_create: called with the fd of each directory
-            this call created (to share it, :mod:`.sharing`).
-
-    Raises:
-        UnsafeLayout: a component is a symlink or not a directory. UnsafeName: a component is empty, ``.``, ``..``.
-        FileNotFoundError: a component is missing and ``create`` is False.
-    """
+    """Open the directory ``root/rel`` (``/``-separated, or components) without following a symlink below the cache
+    root ``root``; its fd (caller closes). ``create``: make missing directories (0o777 minus the umask), each one's fd
+    handed to ``on_create`` (to share it, :mod:`.sharing`).
+    Raises UnsafeLayout: a component is a symlink or not a directory. UnsafeName: a component is empty, ``.``, ``..``.
+    FileNotFoundError: a component is missing and ``create`` is False."""
     return _descend(root, rel, create=create, on_create=on_create)  # type: ignore[return-value]
 
 
@@ -105,8 +97,7 @@ def dir_fd(root: str | os.PathLike[str], rel: str | Sequence[str] = (), *, creat
 
 
 def check_existing(root: str | os.PathLike[str], rel: str | Sequence[str]) -> None:
-    """Check that each component of ``root/rel`` that exists is a real directory, up to the first missing one.
-    Raises UnsafeLayout otherwise."""
+    """UnsafeLayout unless each component of ``root/rel`` up to the first missing one is a real directory."""
     fd = _descend(root, rel, missing_ok=True)
     if fd is not None:
         os.close(fd)
@@ -124,9 +115,8 @@ def unlink(root: str | os.PathLike[str], rel: str | Sequence[str], *, missing_ok
 
 
 def rmtree(root: str | os.PathLike[str], rel: str | Sequence[str], *, missing_ok: bool = True) -> bool:
-    """Remove the directory ``root/rel`` and its contents without following a link or recursing
-    (:func:`.fsops.remove_tree_at`: a chain of any depth), or the non-directory there; False when it was missing
-    (with ``missing_ok``). UnsafeLayout for a symlinked parent, OSError when an entry cannot be removed."""
+    """Remove the directory ``root/rel`` and its contents (:func:`.fsops.remove_tree_at`), or the non-directory
+    there; False when it was missing (with ``missing_ok``). UnsafeLayout for a symlinked parent, OSError."""
     return _remove(root, rel, missing_ok, tree=True)
 
 
@@ -180,8 +170,8 @@ def open_unfollowed(root: str | os.PathLike[str], rel: str | Sequence[str], show
 
 
 def read_small(root: str | os.PathLike[str], rel: str | Sequence[str], limit: int) -> bytes:
-    """At most ``limit`` bytes of the regular file ``root/rel`` (:func:`open_unfollowed`). UnsafeLayout: it or a
-    folder above it is a symlink, or it is not a regular file; FileNotFoundError: it is missing."""
+    """At most ``limit`` bytes of the regular file ``root/rel`` (:func:`open_unfollowed`, :func:`read_regular_fd`:
+    UnsafeLayout, FileNotFoundError as there)."""
     shown = f"{root}/{'/'.join(_parts(rel))}"
     return read_regular_fd(open_unfollowed(root, rel, shown), shown, limit)  # type: ignore[return-value]
 
@@ -200,14 +190,10 @@ def read_regular_fd(fd: int, what: str, limit: int, *, whole: bool = False) -> b
 def open_repo_file(root: str | os.PathLike[str], folder: str, snapshot_rel: Sequence[str],
                    flags: int = os.O_RDONLY) -> int:
     """Open (fd, caller closes) the file a snapshot entry ``snapshot_rel`` = ``(commit, *path_parts)`` of the repo
-    folder ``folder`` stands for without leaving it: a real file, or a symlink's target resolved inside the repo
-    folder (``../../blobs/<etag>``: :func:`open_blob`), ``O_NOFOLLOW | O_NONBLOCK`` on every component. The caller
-    checks ``S_ISREG``.
-
-    Raises:
-        UnsafeLayout: a symlink where a folder belongs, a link outside the repo folder or to another link.
-        FileNotFoundError: the entry or its target is missing.
-    """
+    folder ``folder`` stands for: a real file, or a symlink's target resolved inside the repo folder
+    (``../../blobs/<etag>``: :func:`open_blob`), no link followed on the way. The caller checks ``S_ISREG``.
+    Raises UnsafeLayout: a symlink where a folder belongs, a link outside the repo folder or to another link.
+    FileNotFoundError: the entry or its target is missing."""
     rel = ["snapshots", *snapshot_rel]
     with dir_fd(root, (folder, *rel[:-1])) as pfd:
         st = os.stat(rel[-1], dir_fd=pfd, follow_symlinks=False)
@@ -239,11 +225,8 @@ def open_blob(root: str | os.PathLike[str], folder: str, etag: str, flags: int =
     """Open ``<root>/<folder>/blobs/<etag>`` with ``flags | O_NONBLOCK``: a regular file there, or where
     huggingface_hub 2.4 made it a link into the shared Xet store, the payload (:mod:`.shared_store`: exactly the
     library's link shape and marked store). Nothing else is followed; callers check ``S_ISREG``.
-
-    Raises:
-        UnsafeLayout (naming ``shown``, default ``blobs/<etag>``): a link of another shape, a store that is not what
-            the library writes, a link where a folder belongs. FileNotFoundError: the blob or payload is missing.
-    """
+    Raises UnsafeLayout (naming ``shown``, default ``blobs/<etag>``): a link of another shape, a store that is not what
+    the library writes, a link where a folder belongs. FileNotFoundError: the blob or payload is missing."""
     shown = shown or f"blobs/{etag}"
     try:
         return open_file(root, (folder, "blobs", etag), flags | os.O_NONBLOCK)
@@ -288,10 +271,10 @@ def read_repo_file(root: str | os.PathLike[str], folder: str, snapshot_rel: Sequ
 
 def repo_layout_problems(root: str, folder: str, locks_entries: dict[str, int] | None = None,
                          entries: dict[str, int] | None = None) -> list[str]:
-    """What is unsafe about one repo folder's layout (metadata only), sorted: the folder itself, its
-    :data:`REPO_PARTS`, ``.locks`` or ``.locks/<folder>`` being a symlink or not a directory (``"blobs: a symlink
-    (left alone)"``). ``locks_entries``: name -> ``st_mode`` of ``.locks`` as a whole-cache scan listed it (having
-    checked ``.locks`` and the folder are real folders), else None; ``entries``: the repo folder's, when listed."""
+    """What is unsafe about one repo folder's layout, sorted: the folder, its :data:`REPO_PARTS`, ``.locks`` or
+    ``.locks/<folder>`` being a symlink or not a directory (``"blobs: a symlink (left alone)"``). ``locks_entries``:
+    name -> ``st_mode`` of ``.locks`` as a whole-cache scan listed it (``.locks`` and the folder checked already),
+    else None; ``entries``: the repo folder's, when listed."""
     found = []
     if locks_entries is not None:
         lmode = locks_entries.get(folder)
@@ -318,18 +301,14 @@ def repo_layout_problems(root: str, folder: str, locks_entries: dict[str, int] |
 
 
 def list_modes(path: str, only: frozenset[str] | None = None) -> dict[str, int]:
-    """name -> file type bits of the entries of the directory ``path`` (from ``d_type``: no stat per entry), of the
-    names in ``only`` when given. Empty when ``path`` is missing or this user cannot list it (the scan reports it as
-    unreadable, docs/shared-caches.md)."""
+    """name -> file type bits (from ``d_type``) of the entries of the directory ``path``, of the names in ``only``
+    when given. Empty when ``path`` is missing or this user cannot list it."""
     out: dict[str, int] = {}
-    try:
-        with os.scandir(path) as it:
-            for e in it:
-                if only is None or e.name in only:
-                    out[e.name] = stat.S_IFLNK if e.is_symlink() else stat.S_IFDIR if e.is_dir(
-                        follow_symlinks=False) else stat.S_IFREG if e.is_file(follow_symlinks=False) else stat.S_IFIFO
-    except (FileNotFoundError, NotADirectoryError, PermissionError):
-        pass
+    with suppress(FileNotFoundError, NotADirectoryError, PermissionError), os.scandir(path) as it:
+        for e in it:
+            if only is None or e.name in only:
+                out[e.name] = stat.S_IFLNK if e.is_symlink() else stat.S_IFDIR if e.is_dir(
+                    follow_symlinks=False) else stat.S_IFREG if e.is_file(follow_symlinks=False) else stat.S_IFIFO
     return out
 
 

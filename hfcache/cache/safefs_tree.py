@@ -1,9 +1,4 @@
-"""Walks and copies below a cache root through folder descriptors (the companions of :mod:`.safefs`).
-
-:func:`walk` hands out each folder's descriptor (``link``, ``export`` open entries relative to it), without
-recursion and within :data:`hfcache.bounds.MAX_TREE_DEPTH`; :func:`iter_tree` lists a tree that way;
-:func:`copy_blob_at` copies a blob between folder descriptors, re-checking its hash while it copies.
-"""
+"""Walks and copies below a cache root through folder descriptors (the companions of :mod:`.safefs`)."""
 
 from __future__ import annotations
 
@@ -21,9 +16,8 @@ from .safefs import UnsafeLayout, _parts, open_dir
 
 
 class TooDeep(UnsafeLayout, bounds.TooDeep):
-    """A folder chain below a cache folder deeper than :data:`hfcache.bounds.MAX_TREE_DEPTH`: nothing was done.
-    ``parts``: the components (below the walk's root) of the first folder left unentered. An :class:`UnsafeLayout`
-    (exit 5) and a :class:`hfcache.bounds.TooDeep` (a ``ValueError``: a problem of one repo)."""
+    """A folder chain deeper than :data:`hfcache.bounds.MAX_TREE_DEPTH`: nothing was done (exit 5; also a
+    ``ValueError``: a problem of one repo). ``parts``: the first folder left unentered, below the walk's root."""
 
     parts: tuple[str, ...] = ()
 
@@ -40,14 +34,9 @@ class Folder:
 
 def walk(root: str | os.PathLike[str], top: Sequence[str] = (), *, max_depth: int = MAX_TREE_DEPTH) -> Iterator[Folder]:
     """Every folder of ``root/top`` (``top`` first, then depth-first in name order) as a :class:`Folder`, each opened
-    from the cache root ``root`` by :func:`.safefs.open_dir` (no link followed), at most ``max_depth`` levels below
-    ``top`` (level 0).
-
-    Raises:
-        TooDeep: a folder more than ``max_depth`` levels below ``top``.
-        UnsafeLayout: a folder was swapped for a link or a file during the walk.
-        FileNotFoundError: ``top`` is missing (a folder gone later is skipped).
-    """
+    from the cache root by :func:`.safefs.open_dir`, at most ``max_depth`` levels below ``top`` (level 0).
+    Raises TooDeep: a folder more than ``max_depth`` levels below ``top``. UnsafeLayout: a folder was swapped for a link
+    or a file during the walk. FileNotFoundError: ``top`` is missing (a folder gone later is skipped)."""
     base = tuple(top)
     stack = [base]
     while stack:
@@ -86,15 +75,8 @@ def _entries(fd: int) -> list[tuple[str, os.stat_result]]:
 
 def iter_tree(root: str | os.PathLike[str], rel: str | Sequence[str], *, max_depth: int = MAX_TREE_DEPTH,
               skip: Container[str] = ()) -> Iterator[tuple[tuple[str, ...], str, int]]:
-    """Every entry below the folder ``root/rel`` (:func:`walk`), parents before their children; ``skip``: names of
-    folders directly in ``root/rel`` listed but not walked into.
-
-    Yields:
-        (folder parts below ``rel``, entry name, ``st_mode`` of the entry, not followed).
-
-    Raises:
-        As :func:`walk` (TooDeep, UnsafeLayout; FileNotFoundError: ``root/rel`` is missing).
-    """
+    """(folder parts below ``rel``, name, ``st_mode`` not followed) of every entry below ``root/rel`` (:func:`walk`,
+    and its errors), parents first; ``skip``: names of folders directly in ``root/rel`` listed but not walked into."""
     base = tuple(_parts(rel)) if rel else ()
     for folder in walk(root, base, max_depth=max_depth):
         here = folder.parts[len(base):]
@@ -106,17 +88,11 @@ def iter_tree(root: str | os.PathLike[str], rel: str | Sequence[str], *, max_dep
 
 def copy_blob_at(src_fd: int, dst_dir_fd: int, etag: str, size: int,
                  on_create: Callable[[int], None] | None = None, *, name: str | None = None) -> None:
-    """Copy the open file ``src_fd`` (not closed here) to ``name`` (default ``etag``) in the folder ``dst_dir_fd``.
-
-    The source must be a regular file of ``size`` bytes hashing to ``etag`` while it is copied
-    (:class:`.content.BlobHash`): a file swapped in after it was checked is never published. The copy is written to
-    a private name (:func:`.fsops.create_at`; ``on_create`` gets its fd first, to share it) and renamed relative
-    to ``dst_dir_fd``.
-
-    Raises:
-        UnsafeLayout: the source is not a regular file of ``size`` bytes hashing to ``etag`` (nothing published).
-        OSError: reading or writing failed (the private file is removed).
-    """
+    """Copy the open file ``src_fd`` (not closed here) to ``name`` (default ``etag``) in the folder ``dst_dir_fd``,
+    hashed while copied: a file swapped in after it was checked is never published. The copy is written to a private
+    name (``on_create`` gets its fd first, to share it), then renamed.
+    Raises UnsafeLayout: the source is not a regular file of ``size`` bytes hashing to ``etag`` (nothing published).
+    OSError: reading or writing failed (the private file is removed)."""
     st = os.fstat(src_fd)
     if not stat.S_ISREG(st.st_mode) or st.st_size != size:
         raise UnsafeLayout(f"blobs/{etag}: the copy source is not a regular file of {size} bytes: left alone",

@@ -3,10 +3,7 @@
 Metadata only (``scandir``, ``lstat``, ``readlink``, refs of 40 bytes): no hashing, no writes. Unlike
 ``huggingface_hub.scan_cache_dir``, which drops a repo it considers corrupted into ``warnings``, every repo folder is
 returned with its problems listed (library gap: an operator debugging a failed offline load needs the broken repos).
-
-Last use (docs/ls.md, "Last use"): the newest of the access times of the revision's blobs and the modification times of
-its snapshot folder and of the refs pointing to it (atime alone is unreliable on ``noatime`` mounts and read-only
-image layers; warm's (re)publishing sets the mtimes).
+A revision's last use: docs/ls.md, "Last use".
 """
 
 from __future__ import annotations
@@ -29,17 +26,10 @@ from .store_blobs import scan_blobs
 
 
 class SnapshotFile(NamedTuple):
-    """One entry of ``snapshots/<commit>/`` (a NamedTuple: created ~30,000 times for a 10,000-repo cache).
-
-    Attributes:
-        path (str): ``/``-separated path in the repo.
-        etag (str | None): the blob name the link points to (None for real files or links outside ``blobs/``).
-        size (int): size of the content in bytes (0 when the link is broken).
-        form (str): ``link`` (relative symlink into ``blobs/``), ``file`` (a real file: a cache written without
-            symlinks), ``broken`` (link to a missing blob), ``absolute`` (absolute link), ``outside`` (relative
-            link leaving the repo's ``blobs/``).
-        inode (tuple[int, int] | None): (device, inode) of the content, to count shared bytes once.
-    """
+    """One entry of ``snapshots/<commit>/`` (a NamedTuple: created ~30,000 times for a 10,000-repo cache): its
+    ``path`` (str) in the repo, the ``etag`` (str | None) a link into ``blobs/`` names, the content's ``size`` (int:
+    bytes, 0 for a broken link), its ``form`` (str: ``link``, ``file`` (a real file), ``broken``, ``absolute``,
+    ``outside`` (a relative link leaving ``blobs/``)), its ``inode`` (tuple[int, int] | None) to count it once."""
 
     path: str
     etag: str | None
@@ -50,16 +40,10 @@ class SnapshotFile(NamedTuple):
 
 @dataclass(frozen=True)
 class RevisionInfo:
-    """One snapshot of a repo.
-
-    Attributes:
-        commit_hash (str): the snapshot folder's name.
-        refs (tuple[str, ...]): refs pointing to it, sorted.
-        files (tuple[SnapshotFile, ...]): its entries, sorted by path.
-        size_on_disk (int): bytes of its distinct contents (shared blobs counted once).
-        last_used (float): seconds since the epoch (see the module docstring).
-        problems (tuple[str, ...]): what is wrong, e.g. ``"vocab.txt: broken link"``.
-    """
+    """One snapshot of a repo: ``commit_hash`` (str), the sorted ``refs`` (tuple[str, ...]) pointing to it, its
+    ``files`` (tuple[SnapshotFile, ...]) by path, ``size_on_disk`` (int: bytes of its distinct contents),
+    ``last_used`` (float: seconds since the epoch, module docstring), ``problems`` (tuple[str, ...]: ``"vocab.txt:
+    broken link"``)."""
 
     commit_hash: str
     refs: tuple[str, ...]
@@ -78,23 +62,18 @@ class RepoInfo:
     """One repo folder of a cache.
 
     Attributes:
-        repo_id (str): decoded from the folder name (``models--ORG--NAME`` -> ``ORG/NAME``).
-        repo_type (str): ``model``, ``dataset`` or ``space``.
-        folder (str): the folder name.
+        repo_id, repo_type, folder (str): decoded from the folder name (``models--ORG--NAME`` -> ``ORG/NAME``).
         refs (dict[str, str]): ref name -> content (commit, or whatever malformed text it holds).
         revisions (tuple[RevisionInfo, ...]): sorted by commit.
         size_on_disk (int): bytes of the repo's distinct contents (blobs, real snapshot files, ``.incomplete``).
-        blob_count (int): blobs in ``blobs/``: regular files and healthy links into the shared Xet store.
-        incomplete (tuple[str, ...]): leftover ``blobs/*.incomplete`` names.
-        last_used (float): newest ``last_used`` of its revisions (0 when it has none).
+        blob_count (int): regular files and healthy shared-store links in ``blobs/``.
+        incomplete (tuple[str, ...]): leftover ``blobs/*.incomplete`` names. last_used (float): its revisions' newest.
         problems (tuple[str, ...]): repo-level and revision-level problems, in a stable order.
         inodes (dict[tuple[int, int], int]): (device, inode) -> size of every distinct content, to total a cache.
-        unsafe (tuple[str, ...]): parts of the folder that are symlinks or not directories (``blobs``, ``refs``,
-            ``snapshots``, ``.no_exist``, ``trees``, ``.locks/<folder>``). When set, nothing below the folder was
-            read (no refs, revisions or blobs), and every command leaves the repo alone.
-        unreadable (tuple[str, ...]): parts this user cannot list or read, relative to the repo folder (``blobs/``,
-            ``refs/main``, ``snapshots/<commit>/``); each is also a problem. What they hold is unknown, so commands
-            that change a repo leave such a repo alone.
+        unsafe (tuple[str, ...]): parts that are symlinks or not directories (:data:`.safefs.REPO_PARTS`,
+            ``.locks/<folder>``): nothing below the folder was read, and every command leaves the repo alone.
+        unreadable (tuple[str, ...]): parts this user cannot list or read (``blobs/``, ``refs/main``), each also a
+            problem; commands that change a repo leave such a repo alone.
     """
 
     repo_id: str
@@ -131,7 +110,7 @@ class CacheInfo:
 
 def scan_cache(cache_dir: str | os.PathLike[str], repo_ids: set[str] | None = None) -> CacheInfo:
     """Scan every repo folder of ``cache_dir`` (or those whose id is in ``repo_ids``); empty for a missing cache.
-    CacheError (exit 5, naming what blocks it) when it exists but this user cannot list it."""
+    CacheError (exit 5) when it exists but this user cannot list it."""
     root = Path(cache_dir)
     # The scan allocates ~10 objects per file and frees none: the cyclic collector would run thousands of times for
     # nothing (a third of the wall time on 10,000 repos). Paused for the scan, restored after.
@@ -159,8 +138,7 @@ FolderEntry = tuple[str, str, str, bool]
 
 def repo_folders(root: Path, repo_ids: set[str] | None = None) -> tuple[list[FolderEntry], dict[str, int] | None]:
     """The repo folders of the cache at ``root``, sorted by (repo_type, repo_id case-folded), and the listing of its
-    ``.locks`` (for :func:`scan_folder`), one ``scandir`` each: a caller can scan the folders one at a time, as
-    ``ls --json`` does (goal P4 of docs/benchmarks.md). CacheError (exit 5) as :func:`scan_cache`."""
+    ``.locks`` (for :func:`scan_folder`), to scan one at a time (``ls --json``). CacheError as :func:`scan_cache`."""
     try:
         entries = sorted(os.scandir(root), key=lambda e: e.name)
     except FileNotFoundError:
@@ -216,9 +194,8 @@ def _unsafe_repo(name: str, parsed: tuple[str, str], unsafe: list[str]) -> RepoI
 
 def scan_repo(folder: str | os.PathLike[str], repo_id: str, repo_type: str,
               locks_entries: dict[str, int] | None = None) -> RepoInfo:
-    """Scan one repo folder (metadata only; ``locks_entries`` as :func:`.safefs.repo_layout_problems`'s). A folder
-    with a part that is a symlink or not a directory is not read at all (``unsafe`` set). String paths and
-    ``scandir`` throughout: this runs 10,000 times for a large cache (``os.walk``/``pathlib`` dominated its cost)."""
+    """Scan one repo folder (``locks_entries`` as :func:`.safefs.repo_layout_problems`'s); one with an unsafe part
+    is not read at all. String paths and ``scandir``: this runs 10,000 times for a large cache."""
     base = os.fspath(folder)
     parent, folder_name = os.path.split(base)
     unsafe = repo_layout_problems(parent, folder_name, locks_entries)
@@ -272,8 +249,7 @@ def _snapshot_folders(base: str, denied: list[str], linked: list[str]) -> dict[s
 
 def _on_error(denied: list[str], where: str, other: list[str] | None = None):
     """A :func:`.fsops.scan_tree` ``onerror``: a folder this user cannot list goes to ``denied`` (``where`` + its
-    relative path), a vanished one is skipped, any other error (ENAMETOOLONG and the like) goes to ``other`` with
-    its reason (raised when ``other`` is None)."""
+    relative path), a vanished one is skipped, any other error to ``other`` (raised when ``other`` is None)."""
     def failed(exc: OSError, rel: str) -> None:
         if isinstance(exc, PermissionError):
             denied.append(where + rel)
@@ -285,9 +261,8 @@ def _on_error(denied: list[str], where: str, other: list[str] | None = None):
 
 
 def _read_refs(refs_dir: str, denied: list[str], linked: list[str]) -> dict[str, str]:
-    """ref name (``main``, ``pr/1``) -> its content, decoded; nested ref folders are walked (:func:`.fsops.scan_tree`).
-    A ref or ref folder that is a symlink, or a ref folder deeper than :data:`hfcache.bounds.MAX_TREE_DEPTH`, is
-    added to ``linked`` and never followed."""
+    """ref name (``main``, ``pr/1``) -> its content, decoded. A ref or ref folder that is a symlink, or a ref folder
+    deeper than :data:`hfcache.bounds.MAX_TREE_DEPTH`, is added to ``linked`` and never followed."""
     refs = {}
     deep: list[str] = []
     for _, rel, _, others in scan_tree(refs_dir, too_deep=deep, onerror=_on_error(denied, "refs/")):
@@ -335,9 +310,8 @@ _HAZARDS = ("absolute link", "link points outside", SPECIAL_FILE, TOO_DEEP)
 
 
 def load_hazards(repo: RepoInfo, commit_hash: str) -> list[str]:
-    """What would make a load of ``commit_hash`` read outside the repo folder or block: the repo's ``unsafe`` parts,
-    or entries of that snapshot that are absolute links, links leaving the repo's blobs, FIFOs or devices. A load
-    (``check``) or a copy (``export``) of such a revision is refused, never attempted."""
+    """What would make a load (``check``) or copy (``export``) of ``commit_hash`` read outside the repo folder or
+    block: the repo's ``unsafe`` parts, or that snapshot's absolute links, links leaving ``blobs``, FIFOs, devices."""
     if repo.unsafe:
         return list(repo.unsafe)
     rev = next((r for r in repo.revisions if r.commit_hash == commit_hash), None)

@@ -1,6 +1,5 @@
 """A large cache's listing, one repo at a time: ``ls --json`` over thousands of repos scans and renders them in forked
-worker processes (order kept, nothing shared between workers), so no process holds the whole listing (goal P4 of
-docs/benchmarks.md).
+worker processes, so no process holds the whole listing (goal P4 of docs/benchmarks.md).
 """
 
 from __future__ import annotations
@@ -23,34 +22,24 @@ _CHUNK = 32
 
 def stream_repos(root: Path, summarize: Callable[[RepoInfo], T], repo_ids: set[str] | None = None, *,
                  threshold: int = 100, workers: int | None = None) -> Iterator[T] | None:
-    """For a cache of more than ``threshold`` repo folders, ``summarize(repo)`` of each repo, one at a time, in the
-    order ``ls`` shows (id case-folded); None for a smaller cache (scan it whole with :func:`.scan.scan_cache`).
-
-    Scanned in ``workers`` forked processes where the platform forks and no other thread runs (scanning is
-    CPU-bound Python: a second core halves it on 10,000 repos), else here; an error in a worker is raised here.
-
-    Args:
-        summarize: applied to each RepoInfo; its results must be picklable (they cross a pipe).
-        workers: processes (default: the CPUs this process may run on, at most 4; 1 scans here).
-    """
+    """For a cache of more than ``threshold`` repo folders, ``summarize(repo)`` (picklable: it crosses a pipe) of each
+    repo, one at a time, in the order ``ls`` shows; None for a smaller cache (:func:`.scan.scan_cache` it whole).
+    Scanned in ``workers`` forked processes (default: this process's CPUs, at most 4) where the platform forks and no
+    other thread runs (a second core halves it on 10,000 repos), else here; a worker's error is raised here."""
     folders, locks = repo_folders(Path(root), repo_ids)
     if len(folders) <= threshold:
         return None
     folders.sort(key=lambda f: f[1].lower())  # stable over the scan's (repo_type, id) order
     root = Path(root)
-    workers = _default_workers() if workers is None else workers
+    if workers is None:
+        try:
+            workers = min(len(os.sched_getaffinity(0)), 4)
+        except AttributeError:  # not Linux
+            workers = min(os.cpu_count() or 1, 4)
     if workers < 2 or "fork" not in multiprocessing.get_all_start_methods() or threading.active_count() > 1:
         # One process (forking a process with threads is unsafe).
         return (summarize(scan_folder(root, folder, locks)) for folder in folders)
     return _in_workers((str(root), locks, summarize), folders, workers)
-
-
-def _default_workers() -> int:
-    try:
-        cpus = len(os.sched_getaffinity(0))
-    except AttributeError:  # not Linux
-        cpus = os.cpu_count() or 1
-    return min(cpus, 4)
 
 
 def _in_workers(state: tuple[str, dict[str, int] | None, Callable[[RepoInfo], T]], folders: list[FolderEntry],
@@ -58,14 +47,11 @@ def _in_workers(state: tuple[str, dict[str, int] | None, Callable[[RepoInfo], T]
     """``summarize(scan_folder(...))`` over ``folders`` in forked processes, results in order.
 
     Worker ``k`` takes the chunks of :data:`_CHUNK` consecutive folders ``k, k + workers, ...`` and sends each
-    chunk's results as one message down a pipe of its own, read round-robin. Nothing is shared between workers (``multiprocessing.Pool``'s result queue lock, held forever by a
-    worker killed mid-write, hung ``ls`` on a group SIGTERM). Workers ignore SIGINT and SIGTERM; the parent SIGKILLs
-    them when the iterator ends, is closed or raises. ``state`` (root, ``.locks`` listing, summarize) reaches them
-    through the fork, never pickled.
-
-    Raises:
-        InternalError: a worker ended without sending its results. What a worker raised, re-raised here.
-    """
+    chunk's results as one message down a pipe of its own, read round-robin. Nothing is shared between workers
+    (``multiprocessing.Pool``'s result queue lock, held forever by a worker killed mid-write, hung ``ls`` on a group
+    SIGTERM). Workers ignore SIGINT and SIGTERM; the parent SIGKILLs them when the iterator ends, is closed or
+    raises. ``state`` (root, ``.locks`` listing, summarize) reaches them through the fork, never pickled.
+    Raises InternalError: a worker ended without sending its results. What a worker raised, re-raised here."""
     context = multiprocessing.get_context("fork")
     processes, pipes = [], []
     try:

@@ -10,11 +10,9 @@ downloaded through Xet is kept once per cache::
     <cache>/blobs/<2 hex>/<xet_hash>.lock        the per-hash lock (publication, new references, sweeps)
     <cache>/<repo folder>/blobs/<etag>           a RELATIVE symlink ../../blobs/<2 hex>/<xet_hash>
 
-The library accepts a repo blob as store-backed only in that exact shape (``_shared_blob_target``: the prefix is
-the hash's first two characters) and only in a marked store (``is_shared_blobs_dir``); hfcache takes the same
-definition and nothing wider. The store is reached from the cache root through :mod:`.fsops` opens (no link
-followed, a FIFO never blocking). It is off with ``HF_HUB_DISABLE_SHARED_BLOBS``, ``HF_HUB_DISABLE_XET`` or a cache
-without symlinks (``shared_blobs_enabled``, ``file_download.py``), so one cache can hold both forms.
+The library accepts a repo blob as store-backed only in that exact shape (``_shared_blob_target``) and only in a
+marked store (``is_shared_blobs_dir``); hfcache takes the same definition and nothing wider. The store is off with
+:data:`DISABLING_VARIABLES` or a cache without symlinks (``shared_blobs_enabled``), so one cache can hold both forms.
 """
 
 from __future__ import annotations
@@ -51,9 +49,8 @@ def xet_hash_of_link(target: str) -> str | None:
 
 
 def open_store_dir(root: str | os.PathLike[str]) -> int:
-    """An fd of ``<root>/blobs`` (caller closes) when it is a real folder holding a regular marker file with the
-    layout version huggingface_hub writes. FileNotFoundError: no store; StoreProblem: ``blobs`` is a link or not a
-    folder, or its marker is missing, a link, not a regular file, or another version."""
+    """An fd of ``<root>/blobs`` (caller closes) when it is a real folder holding a regular marker file of layout
+    version 1. FileNotFoundError: no store; StoreProblem: ``blobs`` or its marker is anything else."""
     try:
         fd = open_dir_at(None, os.path.join(os.fspath(root), STORE_DIR))
     except OSError as exc:
@@ -88,17 +85,10 @@ def _check_marker(store_fd: int, root: str | os.PathLike[str]) -> None:
 
 
 def open_payload(root: str | os.PathLike[str], xet_hash: str, flags: int = os.O_RDONLY) -> int:
-    """Open the payload ``<root>/blobs/<h[:2]>/<h>`` of a marked store, following no link on the way; its fd (caller
-    closes) once ``fstat`` shows a regular file.
-
-    Args:
-        root: the cache root (itself may be a link). xet_hash: 64 lowercase hex characters.
-        flags: extra ``os.open`` flags (read-only by default; the store is never written through this).
-
-    Raises:
-        FileNotFoundError: no store, or no such payload (a dangling repo link).
-        StoreProblem: the store is unmarked, or the prefix folder or payload is a link, FIFO, device or folder.
-    """
+    """Open the payload ``<root>/blobs/<h[:2]>/<h>`` of a marked store (``xet_hash``: 64 hex), following no link on
+    the way, with extra ``flags``; its fd (caller closes) once ``fstat`` shows a regular file.
+    Raises FileNotFoundError: no store, or no such payload (a dangling repo link). StoreProblem: the store is unmarked,
+    or the prefix folder or payload is a link, FIFO, device or folder."""
     if not is_sha256(xet_hash):
         raise StoreProblem(f"invalid Xet hash {xet_hash!r}")
     store_fd = open_store_dir(root)

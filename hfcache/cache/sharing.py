@@ -1,20 +1,14 @@
-"""Group-shared caches, like git's ``core.sharedRepository``: what hfcache creates stays writable by the group.
-
-A cache root that is group-writable (typically ``chgrp hf ROOT && chmod 2775 ROOT``) is shared: every folder and
-file hfcache creates below it gets the root's group and its group and other permission bits (group write
-included; for a world-writable root, other write too), whatever the umask, and folders get the setgid bit so the
-group is inherited. Any member can then warm, prune and repair any repo; without it, user A's umask 022 leaves
-``0755`` folders on which user B fails with "Permission denied".
-
-Library gap: huggingface_hub creates lock files ``0o664`` (``utils/_fixes.py WeakFileLock``) but its folders and
-blobs with the umask (``file_download.py _chmod_and_move``); git's ``adjust_shared_perm`` (add the shared bits
-after each creation, setgid on folders) is what is missing. Everything here acts through descriptors.
+"""Group-shared caches (docs/shared-caches.md), like git's ``core.sharedRepository``: below a group- or world-writable
+root, what hfcache creates gets the root's group and its group and other bits whatever the umask, folders the setgid
+bit. Library gap: huggingface_hub creates lock files ``0o664`` (``utils/_fixes.py WeakFileLock``) but folders and
+blobs with the umask (``file_download.py _chmod_and_move``). Everything here acts through descriptors.
 """
 
 from __future__ import annotations
 
 import os
 import stat
+from contextlib import suppress
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -59,12 +53,11 @@ def cache_policy(cache_dir: Path) -> SharePolicy | None:
 
 
 def share_fd(fd: int, policy: SharePolicy | None) -> None:
-    """Give a folder or file this process just created, open as ``fd``, the shared group and bits (best effort: an
-    entry another user owns is theirs to fix, and doctor reports it). Only a folder, or a regular file with a single
-    link, this user owns is changed: a hardlink a member planted would carry the mode to another file."""
+    """Give a folder or file this process just created, open as ``fd``, the shared group and bits; best effort, and
+    only to a folder, or a regular file with one link (a planted hardlink would carry the mode), this user owns."""
     if policy is None:
         return
-    try:
+    with suppress(OSError):
         st = os.fstat(fd)
         if stat.S_ISDIR(st.st_mode):
             bits = policy.dir_bits
@@ -77,13 +70,10 @@ def share_fd(fd: int, policy: SharePolicy | None) -> None:
         if st.st_gid != policy.gid:
             os.fchown(fd, -1, policy.gid)
         os.fchmod(fd, stat.S_IMODE(st.st_mode) | bits)
-    except OSError:
-        pass
 
 
 def share_file_at(dir_fd: int, name: str, policy: SharePolicy | None) -> None:
-    """:func:`share_fd` for the entry ``name`` of the folder ``dir_fd`` (opened without following a link, never
-    blocking on a FIFO)."""
+    """:func:`share_fd` for the entry ``name`` of the folder ``dir_fd`` (:func:`.fsops.open_read_at`)."""
     if policy is None:
         return
     try:
@@ -97,14 +87,10 @@ def share_file_at(dir_fd: int, name: str, policy: SharePolicy | None) -> None:
 
 
 def open_dirs(path: Path, root: Path, policy: SharePolicy | None) -> int:
-    """``mkdir -p path`` below the cache root ``root`` (which must exist; it may itself be a link), sharing every
-    folder created on the way, and return an fd of ``path`` (caller closes). Each component is opened, or created
-    and shared, relative to its parent's fd without following a link (:func:`.safefs.open_dir`).
-
-    Raises:
-        UnsafeLayout: a component is a symlink or not a directory (nothing created through it).
-        ValueError: ``path`` is not below ``root``. OSError: a folder cannot be created.
-    """
+    """``mkdir -p path`` below the existing cache root ``root`` (:func:`.safefs.open_dir`), sharing every folder
+    created on the way; an fd of ``path`` (caller closes).
+    Raises UnsafeLayout: a component is a symlink or not a directory (nothing created through it). ValueError: ``path``
+    is not below ``root``. OSError: a folder cannot be created."""
     rel = Path(path).relative_to(root).parts
     return safefs.open_dir(root, rel, create=True, on_create=lambda fd: share_fd(fd, policy))
 

@@ -1,10 +1,7 @@
 """A repo's ``blobs/`` as the scan reads it, and a blob that is a symlink: huggingface_hub 2.4's link into the shared
-Xet store (:mod:`.shared_store`), or not.
-
-Only the library's exact link shape, into a marked store, to a regular payload, stands for a blob; the payload's
-``fstat`` is then the blob's, so a payload several repos link to is counted once by inode, as ``scan_cache_dir``
-counts it. Every other link stays "a symlink, not a file". Nothing is followed (``readlink``, then
-:func:`.shared_store.open_payload` from the cache root).
+Xet store (:mod:`.shared_store`), or not. Only the library's exact link shape, into a marked store, to a regular
+payload, stands for a blob; the payload's ``fstat`` is then the blob's (a payload several repos link to is counted
+once by inode, as ``scan_cache_dir`` counts it). Every other link stays "a symlink, not a file".
 """
 
 from __future__ import annotations
@@ -17,8 +14,7 @@ from .shared_store import StoreProblem, payload_stat, xet_hash_of_link
 
 def store_blob_stat(root: str, link_path: str, name: str) -> tuple[os.stat_result | None, str | None]:
     """(payload stat, None) when the symlink ``link_path`` (the repo's ``blobs/<name>``, below the cache ``root``) is
-    a healthy store link, else (None, the problem: ``blobs/<name>: `` another link shape, a dangling store link, a
-    payload or marker that is a link, FIFO or folder, an unmarked store)."""
+    a healthy store link, else (None, the problem, ``blobs/<name>: ...``)."""
     try:
         target = os.readlink(link_path)
     except OSError:
@@ -38,17 +34,10 @@ def store_blob_stat(root: str, link_path: str, name: str) -> tuple[os.stat_resul
 
 def scan_blobs(base: str, entries: list[os.DirEntry], denied: list[str], problems: list[str]
                ) -> tuple[dict[str, os.stat_result], list[str], dict[tuple[int, int], int]]:
-    """A repo's ``blobs/`` folder for :func:`.scan.scan_repo` (metadata only).
-
-    Args:
-        base: the repo folder's path (its parent is the cache root); entries: the listing of ``base/blobs``;
-        denied: receives ``"blobs/"`` when the folder can be listed but not searched; problems: receives what is
-            wrong (other links, store problems, special files, leftover ``.incomplete`` files).
-
-    Returns:
-        (name -> lstat of each regular blob, or its payload's; sorted ``.incomplete`` names; (dev, inode) -> size
-        of everything that takes space, a shared payload once).
-    """
+    """A repo's ``blobs/`` folder (``entries``: its listing; ``base``: the repo folder) for :func:`.scan.scan_repo`:
+    ``denied`` receives ``"blobs/"`` when it can be listed but not searched, ``problems`` what is wrong. Returns
+    (name -> lstat of each regular blob, or its payload's; sorted ``.incomplete`` names; (dev, inode) -> size of
+    everything that takes space, a shared payload once)."""
     blob_stats: dict[str, os.stat_result] = {}
     incomplete = []
     inodes: dict[tuple[int, int], int] = {}

@@ -1,5 +1,4 @@
-"""The ``hfcache`` command: Click commands, their options, the stdout guard and ``render/``; ``run`` is the console
-script (``pyproject.toml``) and ``python -m hfcache``."""
+"""The ``hfcache`` command (docs/architecture.md); ``run`` is the console script and ``python -m hfcache``."""
 
 from .main import main, run
 

@@ -60,8 +60,8 @@ def ls_command(repo_ids, cache_dir, revisions, lock_file, sort, as_json) -> None
 
 
 def _not_cached(root: Path, wanted: set[str] | None) -> list[str]:
-    """One line per REPO_ID asked for that has no folder in the cache, naming the cached ids it probably meant
-    (same id in another case, or the same name under an org: ``bert-base-uncased`` -> ``google-bert/...``)."""
+    """One line per REPO_ID asked for that has no folder in the cache, naming the cached ids it probably meant (same
+    id in another case, or the same name under an org)."""
     if not wanted:
         return []
     from ..cache.scan import repo_folders

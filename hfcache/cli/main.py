@@ -1,7 +1,5 @@
-"""The ``hfcache`` command: the Click group (``cli``) holding the commands of the modules beside this one, and the
-entry points (``run``, ``main``) that map every error to its exit code (docs/cli.md "Exit codes"; 70: an internal error,
-143: SIGTERM).
-"""
+"""The ``hfcache`` command: the Click group (``cli``) and the entry points (``run``, ``main``) that map every error to
+its exit code (docs/cli.md "Exit codes"; 70: an internal error, 143: SIGTERM)."""
 
 from __future__ import annotations
 
@@ -63,7 +61,6 @@ def _fail(message: str, hint: str | None, exit_code: int, as_json: bool) -> None
 
 
 def _command_path(args: list[str]) -> str:
-    """``hfcache CMD`` for the first argument naming a command, else ``hfcache``."""
     name = next((a for a in args if not a.startswith("-")), None)
     return f"hfcache {name}" if name in cli.commands else "hfcache"
 
@@ -90,8 +87,7 @@ def _exit_now(code: int) -> None:
 
 def run() -> NoReturn:
     """The ``hfcache`` program (console script, ``python -m hfcache``): :func:`main`, then non-daemon threads joined,
-    atexit handlers run and the output flushed, and an exit without the interpreter's module teardown (~27 ms after
-    ``warm``'s imports: docs/benchmarks.md). In-process callers use :func:`main`."""
+    atexit handlers run, the output flushed, and an exit without the module teardown (~27 ms: docs/benchmarks.md)."""
     sys.stdout = GuardedStdout(sys.stdout)  # a failed write of the output: exit 141 or 5, no traceback
     code: object = 0
     try:

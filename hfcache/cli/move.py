@@ -1,5 +1,4 @@
-"""``hfcache export``, ``hfcache import`` and ``hfcache link``: parse, call :mod:`hfcache.move`, render
-(:mod:`hfcache.cli.render.move`)."""
+"""``hfcache export``, ``import`` and ``link``: parse, call :mod:`hfcache.move`, render (``render/move.py``)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,4 @@
-"""``hfcache push`` and ``hfcache pull``: parse, call :mod:`hfcache.oci.image` (push) or :mod:`hfcache.oci.pull`,
-render (:mod:`hfcache.cli.render.oci`)."""
+"""``hfcache push`` and ``pull``: parse, call :mod:`hfcache.oci.image` or :mod:`hfcache.oci.pull`, render."""
 
 from __future__ import annotations
 

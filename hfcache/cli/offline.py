@@ -1,5 +1,4 @@
-"""``hfcache env``, ``exec``, ``doctor`` and ``path``: parse, call :mod:`hfcache.offline`, render
-(:mod:`hfcache.cli.render.offline`)."""
+"""``hfcache env``, ``exec``, ``doctor`` and ``path``: parse, call :mod:`hfcache.offline`, render."""
 
 from __future__ import annotations
 

@@ -85,8 +85,8 @@ revision_option = click.option("--revision", metavar="REV", hidden=True,
 
 def apply_revision(specs: tuple[str, ...] | list[str], revision: str | None, *,
                    with_lock: bool = False) -> tuple[str, ...]:
-    """``specs`` (``REPO_ID[@REVISION]``) with ``revision`` folded into the one ``REPO_ID`` given; ``with_lock``: the
-    command has ``--lock``. Raises UsageError: no or several REPO_IDs, ``--lock``, an empty value, another revision."""
+    """``specs`` with ``revision`` folded into the one ``REPO_ID`` given (``with_lock``: ``--lock`` given). Raises
+    UsageError: no or several REPO_IDs, ``--lock``, an empty value, another revision."""
     specs = tuple(specs)
     if revision is None:
         return specs

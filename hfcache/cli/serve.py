@@ -1,5 +1,4 @@
-"""``hfcache serve``: parse, run the Hub mirror (:mod:`hfcache.serve.mirror`), render
-(:mod:`hfcache.cli.render.offline`)."""
+"""``hfcache serve``: parse, run the Hub mirror (:mod:`hfcache.serve.mirror`), render (``render/offline.py``)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,4 @@
-"""``hfcache sign`` (model-signing bundles of cached snapshots) and the output of ``hfcache verify --signature``:
-parse, call :mod:`hfcache.integrity.sign`, render."""
+"""``hfcache sign`` and the output of ``hfcache verify --signature``: parse, call :mod:`hfcache.integrity.sign`."""
 
 from __future__ import annotations
 
@@ -11,16 +10,6 @@ import click
 from ..errors import UsageError
 from .options import cache_dir_option, json_option, stdin_password
 from .render.common import inert, print_error, print_json
-
-
-def read_password(password_stdin: bool) -> bytes | None:
-    """The key's password: one line of stdin with ``--password-stdin`` (never from the command line), else the
-    environment variable ``HFCACHE_SIGN_KEY_PASSWORD`` when set, else None."""
-    if not password_stdin:
-        from ..integrity.signatures import env_password
-
-        return env_password()
-    return stdin_password("echo \"$KEY_PASSWORD\" | hfcache sign ... --key KEY.pem --password-stdin").encode()
 
 
 @click.command(name="sign")
@@ -72,7 +61,12 @@ def sign_command(specs, key, password_stdin, lock_file, output, force, rehash, c
     if output == "-" and as_json:
         raise UsageError("--output - writes the bundle on stdout: --json cannot go there too",
                          hint="drop --json, or give --output a file or folder")
-    password = read_password(password_stdin)
+    if password_stdin:  # the key's password: one line of stdin (never the command line), else the environment's
+        password = stdin_password("echo \"$KEY_PASSWORD\" | hfcache sign ... --key KEY.pem --password-stdin").encode()
+    else:
+        from ..integrity.signatures import env_password
+
+        password = env_password()
     signed = sign_snapshots(root, targets, Path(key), output, password=password, rehash=rehash, force=force,
                             lock=lock)
     if output == "-":
@@ -109,8 +103,7 @@ def show_signature(verdict, *, as_json: bool) -> None:
 
 
 def show_mismatch(exc, spec: str, *, as_json: bool) -> None:
-    """``verify --signature``'s failure: the one-line error (and with --json one document naming every file), exit
-    1."""
+    """``verify --signature``'s failure: the one-line error (and with --json one document naming every file)."""
     print_error(exc.message, exc.hint)
     if as_json:
         print_json({"ok": False, "spec": spec, "error": exc.message, "reason": exc.reason,

@@ -1,7 +1,6 @@
-"""The program's standard output: a failure to write it ends the command, never a traceback: a reader gone
-(``| head``) exits 141 silently, as a shell reports SIGPIPE (click and rich would exit 1; SIGPIPE itself stays ignored:
-a socket a Hub closed would kill a download); any other write error (a full disk, ``>&-``) prints one error line and
-exits 5 (docs/cli.md). Descriptor 1 then points at ``/dev/null``. Installed by :func:`hfcache.cli.main.run`.
+"""The program's standard output: a failure to write it ends the command, never a traceback (docs/cli.md: a reader
+gone exits 141 silently, as a shell reports SIGPIPE, which itself stays ignored; any other write error exits 5 with
+one error line). Descriptor 1 then points at ``/dev/null``. Installed by :func:`hfcache.cli.main.run`.
 """
 
 from __future__ import annotations

@@ -1,5 +1,4 @@
-"""``hfcache verify`` and ``hfcache check``: parse, call :mod:`hfcache.integrity`, render
-(:mod:`hfcache.cli.render.verify`)."""
+"""``hfcache verify`` and ``check``: parse, call :mod:`hfcache.integrity`, render (``render/verify.py``)."""
 
 from __future__ import annotations
 
@@ -81,7 +80,6 @@ def verify(repo_ids, cache_dir, lock_file, do_repair, fast, signature, verify_ke
 
 
 def _verify_signature(repo_ids, cache_dir, signature, verify_key, rehash, other, as_json) -> None:
-    """``verify REPO_ID[@REVISION] --signature FILE --verify-key PUB [--rehash]``."""
     from ..integrity.sign import check_signature
     from ..integrity.signatures import SignatureMismatch
     from ..warming.project import reading_cache_dir

@@ -1,5 +1,4 @@
-"""``hfcache warm`` and ``hfcache lock``: parse, call one core function (:mod:`hfcache.warming`: ``run.run``,
-``pin.lock_project``, ``project.check_lock``), render (:mod:`hfcache.cli.render.warm`)."""
+"""``hfcache warm`` and ``lock``: parse, call ``warming.run.run``, ``pin.lock_project`` or ``project.check_lock``."""
 
 from __future__ import annotations
 

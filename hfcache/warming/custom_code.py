@@ -1,7 +1,6 @@
 """What reading a repo's configs adds to a selection: custom code named by ``auto_map`` and, recursively, the modules
 it imports relatively, found as transformers' ``dynamic_module_utils`` finds them (never executed); for
-``kind="model"``, the sentence-transformers module folders ``modules.json`` names. Pure functions over file contents
-the caller fetched and hash-checked.
+``kind="model"``, the sentence-transformers module folders ``modules.json`` names.
 """
 
 from __future__ import annotations
@@ -13,8 +12,9 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 from ..bounds import TooDeep, loads_json
-from ..records import UnsafePath, validate_repo_path
-from .selection import AUTO_MAP_FILES, MODULES_FILE, matches, model_paths
+from ..errors import IntegrityError
+from ..records import UnsafePath, WarmRequest, validate_repo_path
+from .selection import AUTO_MAP_FILES, MODULES_FILE, Selection, matches, model_paths
 
 #: Configs and code files larger than this are not parsed (readers return None; :attr:`CustomCode.unparsed`).
 MAX_PARSE_BYTES = 16 * 1024 * 1024
@@ -73,9 +73,8 @@ _RELATIVE_IMPORT_RES = (re.compile(r"^[^\S\n]*import\s+\.(\S+)\s*$", re.MULTILIN
 
 
 def relative_imports(source: bytes, path: str) -> tuple[str, ...]:
-    """The repo paths of the modules a custom-code file imports relatively (``from .NAME import`` is
-    ``<folder>/NAME.py``, NAME taken literally), by :data:`_RELATIVE_IMPORT_RES` and an ``ast`` walk (statements
-    after ``;``); names that are not safe repo paths are dropped. Never executed."""
+    """The safe repo paths of the modules a custom-code file imports relatively (``from .NAME import`` is
+    ``<folder>/NAME.py``), by :data:`_RELATIVE_IMPORT_RES` and an ``ast`` walk (statements after ``;``)."""
     text = source.decode("utf-8", errors="replace")
     names = [m.group(1) for regex in _RELATIVE_IMPORT_RES for m in regex.finditer(text)]
     try:
@@ -112,9 +111,8 @@ def foreign_repos(refs: Iterable[str]) -> tuple[str, ...]:
 
 def custom_code_paths(configs: Iterable[str], read: Callable[[str], bytes | None], available: Iterable[str],
                       kind: str = "tokenizer", exclude: Sequence[str] = ()) -> CustomCode:
-    """Follow ``auto_map`` from ``configs`` to the Python files a load runs, executing none: ``read(path)`` gives a
-    file's bytes (None above :data:`MAX_PARSE_BYTES`) for paths of ``available``; ``exclude`` globs are never fetched
-    nor marked. Raises RepoDataError: a config nested too deeply to parse."""
+    """Follow ``auto_map`` from ``configs`` to the Python files a load runs: ``read(path)`` gives a file's bytes (None
+    above :data:`MAX_PARSE_BYTES`); ``exclude`` globs are never fetched nor marked. RepoDataError: nested too deep."""
     have = set(available)
     unparsed: list[str] = []
 
@@ -141,9 +139,8 @@ def custom_code_paths(configs: Iterable[str], read: Callable[[str], bytes | None
 
 
 def module_folder_paths(modules_bytes: bytes, available: Iterable[str]) -> tuple[set[str], tuple[str, ...]]:
-    """``(paths, index_files)`` a sentence-transformers load reads from the folders ``modules.json`` names (a JSON list
-    of ``{"path": ...}``): per folder, what the root's rules select, and the sharded indexes among them. Raises
-    RepoDataError: nested too deeply, or larger than :data:`MAX_PARSE_BYTES`."""
+    """``(paths, index_files)`` a sentence-transformers load reads from the folders ``modules.json`` names: per folder,
+    what the root's rules select. Raises RepoDataError: nested too deeply, or larger than :data:`MAX_PARSE_BYTES`."""
     if len(modules_bytes) > MAX_PARSE_BYTES:
         raise RepoDataError(f"{MODULES_FILE} is larger than {MAX_PARSE_BYTES} bytes: not parsed")
     try:
@@ -193,8 +190,8 @@ class Followed:
 
 def follow_configs(needs_config: Sequence[str], read: Callable[[str], bytes | None], available: Iterable[str],
                    kind: str = "tokenizer", exclude: Sequence[str] = ()) -> Followed:
-    """Finish a selection from the configs it needs (:func:`custom_code_paths`, :func:`module_folder_paths`;
-    arguments as the first). Raises RepoDataError: a config nested too deeply to parse, naming the file."""
+    """Finish a selection from the configs it needs (:func:`custom_code_paths`, :func:`module_folder_paths`, their
+    arguments and RepoDataError)."""
     have = set(available)
     code = custom_code_paths([c for c in needs_config if c in AUTO_MAP_FILES], read, have, kind, exclude)
     modules: set[str] = set()
@@ -208,6 +205,21 @@ def follow_configs(needs_config: Sequence[str], read: Callable[[str], bytes | No
     keep = {p for p in modules | set(code.paths) if not (exclude and matches(p, exclude))}
     return Followed(paths=tuple(sorted(keep)), absent=code.absent,
                     needs_index=tuple(i for i in indexes if i in keep), foreign=code.foreign, unparsed=unparsed)
+
+
+def finish_selection(selection: Selection, read: Callable[[str], bytes | None], available: Iterable[str],
+                     request: WarmRequest) -> tuple[set[str], tuple[str, ...], tuple[str, ...], tuple[str, ...]]:
+    """``(paths, absent, needs_index, notes)``: ``selection`` finished from its configs (:func:`follow_configs`), as
+    warm and lock do. Raises IntegrityError naming the repo: a config no parser can read (transformers' neither)."""
+    paths, absent, needs_index = set(selection.paths), selection.absent, selection.needs_index
+    if not selection.needs_config:
+        return paths, absent, needs_index, ()
+    try:
+        followed = follow_configs(selection.needs_config, read, available, request.kind, request.exclude)
+    except ValueError as exc:  # RepoDataError
+        raise IntegrityError(f"{request.repo_id}: {exc}", hint=BAD_FILE_HINT) from None
+    return (paths | set(followed.paths), tuple(sorted(set(absent) | set(followed.absent))),
+            needs_index + followed.needs_index, followed.notes)
 
 
 #: The hint of a repo file hfcache cannot parse (:class:`RepoDataError`, a malformed sharded index).

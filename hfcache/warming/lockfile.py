@@ -1,7 +1,6 @@
-"""The lock (``hfcache.lock``), written from the manifest: deterministic as pip-tools' ``writer.py`` and ``uv.lock``
-(sorted, stable, a regenerate header, a schema ``version``; no timestamps, hosts, absolute paths or tokens), every file
-with its size and prefixed hash. Also: the manifest that goes with a lock, drift, and the stat-only check of a cache
-against it. Light (no huggingface_hub): ``warm --lock`` on a warm cache needs no more.
+"""The lock (``hfcache.lock``), written from the manifest: deterministic as ``uv.lock`` (sorted, a regenerate header,
+a schema ``version``; no timestamps, hosts, absolute paths or tokens), every file with its size and prefixed hash.
+Also: the manifest that goes with a lock, drift, and the stat-only check of a cache against it (no huggingface_hub).
 """
 
 from __future__ import annotations
@@ -9,6 +8,7 @@ from __future__ import annotations
 import os
 import stat
 from collections.abc import Iterable, Sequence
+from contextlib import suppress
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -17,6 +17,7 @@ import tomli_w
 
 from ..cache import safefs
 from ..cache.atomic import atomic_write
+from ..cache.fsops import list_entries
 from ..cache.layout import RepoFolder
 from ..cache.root import cache_error, resolve_cache_dir
 from ..errors import CacheError, UsageError
@@ -110,8 +111,7 @@ class CacheStatus:
 def lock_manifest(lock_path: str | os.PathLike[str], manifest_path: str | os.PathLike[str] | None = None, *,
                   required: bool = False) -> Manifest | None:
     """The manifest that goes with a lock: ``manifest_path`` (``--manifest``), else one in the lock's folder; None
-    when there is none and none is ``required`` (a lock alone is enough). Raises UsageError: given or required but
-    missing, or invalid."""
+    when there is none and none is ``required``. UsageError: given or required but missing, or invalid."""
     if manifest_path is not None or required:
         return load_manifest(find_manifest(manifest_path, start=Path(lock_path).parent))
     try:
@@ -122,9 +122,8 @@ def lock_manifest(lock_path: str | os.PathLike[str], manifest_path: str | os.Pat
 
 def lock_cache_dir(lock_path: str | os.PathLike[str], cache_dir: str | os.PathLike[str] | None = None, *,
                    manifest: Manifest | None = None) -> Path:
-    """The cache every ``--lock`` command works on (docs/warm.md "Which cache a --lock command uses"), absolute, not
-    checked: ``cache_dir``, else the lock's manifest's (``manifest`` if loaded), else the environment's. Raises
-    UsageError: as :func:`lock_manifest`."""
+    """The cache every ``--lock`` command works on (docs/warm.md "Which cache a --lock command uses"), absolute, unchecked:
+    ``cache_dir``, else the lock's manifest's, else the environment's. UsageError as :func:`lock_manifest`."""
     if cache_dir is not None:
         return resolve_cache_dir(cache_dir)
     if manifest is None:
@@ -154,11 +153,9 @@ def lock_entry(r: LockedRepo) -> dict[str, Any]:
 def write_lock(lock: Lockfile, path: Path, manifest_name: str = MANIFEST_NAME) -> bool:
     """Write the lock atomically; return False (and touch nothing) when the file already has these bytes."""
     data = render_lock(lock, manifest_name)
-    try:
+    with suppress(OSError):
         if path.read_bytes() == data:
             return False
-    except OSError:
-        pass
     try:
         atomic_write(path, data)
     except OSError as exc:
@@ -230,8 +227,8 @@ def locked_repo(entry: dict[str, Any], where: str) -> LockedRepo:
 
 
 def _canonical_id(canonical_id: Any, repo_id: str, where: str) -> str:
-    """The entry's ``canonical_id`` if it keeps warm's rule (:func:`hfcache.records.folder_ids`): the lock is
-    authority for commits and hashes, never for which repo they are of. Raises UsageError naming the entry."""
+    """The entry's ``canonical_id`` if it keeps :func:`hfcache.records.folder_ids`' rule (the lock is no authority for
+    which repo its commits are of), else UsageError naming the entry."""
     if not isinstance(canonical_id, str) or not valid_repo_id(canonical_id):
         raise UsageError(f"{where}: field 'canonical_id' must be a valid repo id, got {shown(canonical_id)}",
                          hint=_HOSTILE)
@@ -244,8 +241,7 @@ def _canonical_id(canonical_id: Any, repo_id: str, where: str) -> str:
 
 
 def _lock_repo_path(path: str, where: str) -> str:
-    """A file path or absent name of a lock, if a safe repo path (:func:`hfcache.records.validate_repo_path`), else
-    UsageError naming ``where``."""
+    """A lock's file path or absent name, if a safe repo path (``validate_repo_path``), else UsageError at ``where``."""
     try:
         return validate_repo_path(path)
     except UnsafePath as exc:
@@ -306,20 +302,13 @@ def cache_status(repo: LockedRepo, cache_dir: Path) -> CacheStatus:
                 continue
             if st.st_size != f.size or not stat.S_ISREG(st.st_mode):  # the one stat answers both
                 missing.append(f"{rel}/snapshots/{repo.commit_hash[:12]}/{f.path}: size {st.st_size} != {f.size}")
-        markers = _top_level_markers(folder.root / ".no_exist" / safefs.check_commit(repo.commit_hash))
+        # The regular files directly in .no_exist/<commit> (one scandir, not a stat per name).
+        markers = {e.name for e in list_entries(folder.root / ".no_exist" / safefs.check_commit(repo.commit_hash))
+                   if e.is_file(follow_symlinks=False)}
         for name in repo.absent:
             if name not in markers and not folder.marker_path(repo.commit_hash, name).exists():
                 missing.append(f"{rel}/.no_exist/{repo.commit_hash[:12]}/{name}: missing")
     return CacheStatus(repo=repo, missing=tuple(missing))
-
-
-def _top_level_markers(folder: Path) -> set[str]:
-    """The regular files directly in a ``.no_exist/<commit>`` folder (one ``scandir``, not a stat per name)."""
-    try:
-        with os.scandir(folder) as entries:
-            return {e.name for e in entries if e.is_file(follow_symlinks=False)}
-    except OSError:
-        return set()
 
 
 def cache_statuses(lock: Lockfile, cache_dir: Path) -> list[CacheStatus]:
@@ -327,8 +316,7 @@ def cache_statuses(lock: Lockfile, cache_dir: Path) -> list[CacheStatus]:
 
 
 def filter_upgrade(repos: Iterable[WarmRequest], names: Sequence[str]) -> set[tuple[str, str, str]]:
-    """The keys of the manifest entries ``--upgrade NAME...`` selects (all when ``names`` is empty); UsageError for a
-    name that is not a repo id of the manifest."""
+    """The keys of the entries ``--upgrade NAME...`` selects (all: no names); UsageError: a name not in ``repos``."""
     repos = list(repos)
     known = {r.repo_id for r in repos}
     unknown = [n for n in names if n not in known]

@@ -1,6 +1,5 @@
 """The manifest (``hfcache.toml``, or ``[tool.hfcache]`` in ``pyproject.toml``: docs/warm.md, 'Pinning'): finding,
-reading and validating it (the entry rules are shared with the lock), and who gets the Hub token when it names the
-endpoints. Light: standard library and hfcache's records only.
+reading and validating it (the entry rules are shared with the lock), and who gets the Hub token for its endpoints.
 """
 
 from __future__ import annotations
@@ -8,12 +7,14 @@ from __future__ import annotations
 import os
 import sys
 from collections.abc import Callable, Iterable, Sequence
+from contextlib import suppress
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, TypeVar
 
 from ..errors import UsageError
 from ..records import DEFAULT_ENDPOINT, KINDS, REPO_TYPES, TRUST_ENDPOINT_ENV, HubOptions, WarmRequest, shown
+from ..records import MAX_REVISION_BYTES as MAX_REVISION  # a manifest or lock counts characters
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -24,8 +25,6 @@ T = TypeVar("T")
 MANIFEST_NAME = "hfcache.toml"
 _MANIFEST_KEYS = {"endpoint", "cache_dir", "repos"}
 ENTRY_KEYS = {"repo_id", "revision", "kind", "include", "exclude", "repo_type"}
-#: The longest revision a manifest or lock may name: a ref is one file name under ``refs/`` (NAME_MAX, 255 bytes).
-MAX_REVISION = 255
 
 
 class ManifestNotFound(UsageError):
@@ -123,7 +122,7 @@ def load_manifest(path: str | os.PathLike[str]) -> Manifest:
 def unique_entries(items: Iterable[T], where: str, request: Callable[[T], WarmRequest] = lambda item: item,
                    hint: str | None = None) -> list[T]:
     """``items`` (entries of the manifest or lock ``where``) as a list, when no two ``request(item)`` share a
-    :func:`request_key`; else UsageError ``repos[j] (spec) repeats repos[i]``, with ``hint``."""
+    :func:`request_key`; else UsageError with ``hint``."""
     seen: dict[tuple[str, str, str], int] = {}
     out = []
     for index, item in enumerate(items):
@@ -147,19 +146,16 @@ def withheld_endpoints(endpoints: Sequence[str], trusted: bool,
     allowed = {origin(DEFAULT_ENDPOINT)} | ({origin(env["HF_ENDPOINT"])} if env.get("HF_ENDPOINT") else set())
     out = []
     for endpoint in endpoints:
-        try:
+        with suppress(ValueError):  # not a URL at all: the client refuses it (exit 2), no token is ever sent
             if origin(endpoint) in allowed:
                 continue
-        except ValueError:  # not a URL at all: the client refuses it (exit 2), no token is ever sent
-            pass
         out.append(endpoint.rstrip("/"))
     return tuple(out)
 
 
 def with_manifest_endpoints(hub: HubOptions, endpoints: Sequence[str], trust: bool = False) -> HubOptions:
     """``hub`` for a manifest that names ``endpoints``: the endpoints given win; else the manifest's, the token
-    withheld from those the user did not opt in to (``trust``: ``--trust-manifest-endpoint``, or
-    ``HFCACHE_TRUST_MANIFEST_ENDPOINT=1``; never a key of the manifest, the text the opt-in is about)."""
+    withheld from those not opted in to (``trust``, or :data:`TRUST_ENDPOINT_ENV`; never a key of the manifest)."""
     if hub.endpoints or not endpoints:
         return hub
     trust = trust or os.environ.get(TRUST_ENDPOINT_ENV, "").strip().lower() in ("1", "true", "yes")
@@ -167,8 +163,7 @@ def with_manifest_endpoints(hub: HubOptions, endpoints: Sequence[str], trust: bo
 
 
 def _manifest_cache_dir(path: Path, cache_dir: str, where: str) -> Path:
-    """The manifest's ``cache_dir`` relative to its folder, ``~``/``~user`` expanded and checked
-    (:func:`hfcache.cache.root.check_path_text`, ``expand_user``: UsageError)."""
+    """The manifest's ``cache_dir`` relative to its folder, ``~``/``~user`` expanded and checked (UsageError)."""
     from ..cache.root import check_path_text, expand_user
 
     what = f"{where}: field 'cache_dir'"

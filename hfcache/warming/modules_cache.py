@@ -1,7 +1,6 @@
-"""Where transformers copies custom code before importing it (``HF_MODULES_CACHE``, read once at import by
-transformers 5.24 ``utils/hub.py``; every load of custom code writes there, even offline), the private folder
-``env``/``exec`` point it at when the default cannot be written (docs/models.md, docs/offline.md), and which cached
-revisions name custom code.
+"""Where transformers copies custom code before importing it (``HF_MODULES_CACHE``, transformers 5.24
+``utils/hub.py``; written by every load of custom code, even offline), the private folder ``env``/``exec`` point it at
+when the default cannot be written (docs/offline.md), and which cached revisions name custom code.
 """
 
 from __future__ import annotations
@@ -52,9 +51,8 @@ def can_create(path: Path) -> bool:
 
 
 def private_modules_dir(tmp: str | None = None) -> Path:
-    """``<tmp>/hfcache-modules-<uid>``, a folder only this user can write (created 0700, the same path on every call;
-    made 0700 again if others can write it). Raises CacheError: a link, not a folder, or another user's (code
-    planted there would be imported); OSError: it cannot be created."""
+    """``<tmp>/hfcache-modules-<uid>``, a folder only this user can write (created, or made again, 0700). Raises
+    CacheError: a link, not a folder, or another user's (code planted there would be imported); OSError."""
     base = tmp or tempfile.gettempdir()
     uid = os.geteuid() if hasattr(os, "geteuid") else 0
     path = Path(base) / f"hfcache-modules-{uid}"
@@ -92,8 +90,8 @@ def _not_private(path: Path, what: str, uid: int) -> CacheError:
 
 
 def modules_cache_override(environ: Mapping[str, str]) -> Path | None:
-    """The ``HF_MODULES_CACHE`` ``env``/``exec`` set for ``environ`` (the command's environment): None when it names
-    one or its default can be written, else :func:`private_modules_dir` (in its ``TMPDIR``; CacheError as there)."""
+    """The ``HF_MODULES_CACHE`` ``env``/``exec`` set for ``environ``: None when it names one or its default can be
+    written, else :func:`private_modules_dir` (in its ``TMPDIR``; CacheError as there)."""
     path, explicit = modules_cache(environ)
     if explicit or can_create(path):
         return None
@@ -132,14 +130,16 @@ def holds_code(modules_dir: Path, repo: CustomCodeRepo) -> bool:
 
 
 def custom_code_repos(cache_dir: Path) -> list[CustomCodeRepo]:
-    """Every cached model revision whose ``tokenizer_config.json`` or ``config.json`` has an ``auto_map`` (any key),
-    from at most two small files per snapshot; unreadable files are skipped, unparsable ones reported (``error``)."""
+    """Every cached model revision whose ``tokenizer_config.json`` or ``config.json`` has an ``auto_map``; unreadable
+    files are skipped, unparsable ones reported (``error``)."""
     found = []
-    for folder in _scandir(str(cache_dir)):
+    for folder in fsops.list_entries(cache_dir):
         parsed = parse_folder_name(folder.name) if folder.name.startswith("models--") else None
-        if parsed is None:
+        if parsed is None or not folder.is_dir(follow_symlinks=False):
             continue
-        for snapshot in _scandir(os.path.join(folder.path, "snapshots")):
+        for snapshot in fsops.list_entries(os.path.join(folder.path, "snapshots")):
+            if not snapshot.is_dir(follow_symlinks=False):
+                continue
             try:
                 refs = _auto_map_of(snapshot.path)
             except ValueError as exc:  # custom_code.RepoDataError: reported, the scan goes on
@@ -150,14 +150,6 @@ def custom_code_repos(cache_dir: Path) -> list[CustomCodeRepo]:
     return sorted(found, key=lambda r: (r.repo_id, r.commit_hash))
 
 
-def _scandir(path: str) -> list[os.DirEntry]:
-    try:
-        with os.scandir(path) as entries:
-            return [e for e in entries if e.is_dir(follow_symlinks=False)]
-    except OSError:
-        return []
-
-
 def _auto_map_of(snapshot: str) -> tuple[str, ...]:
     refs: list[str] = []
     for name in AUTO_MAP_FILES:
@@ -166,9 +158,7 @@ def _auto_map_of(snapshot: str) -> tuple[str, ...]:
             data = safefs.read_snapshot_file(snapshot, name, MAX_PARSE_BYTES)
         except (OSError, safefs.UnsafeLayout):
             continue
-        if data is None:
-            continue
-        if b"auto_map" not in data:  # no JSON parse for the common case
+        if data is None or b"auto_map" not in data:  # no JSON parse for the common case
             continue
         refs += [r for r in auto_map_refs(name, data, kind="all") if r not in refs]
     return tuple(refs)

@@ -1,8 +1,6 @@
 """warm: download a selection of repo files into a cache, verified, in huggingface_hub's own layout. :func:`warm_repos`
-runs one :class:`hfcache.warming.repo_job.RepoJob` per repo, all at once; a repo becomes visible only when every blob
-is in place and hash-checked (a failed repo leaves no snapshot entry and no ref). Library gap: ``snapshot_download``
-publishes a file as soon as its bytes arrive, checks only its size, and writes no ``.no_exist`` markers
-(docs/cache-layout.md, 'Traps the libraries leave').
+runs one :class:`.repo_job.RepoJob` per repo, all at once; a repo becomes visible only when every blob is in place
+and hash-checked (library gap: docs/cache-layout.md, 'Traps the libraries leave').
 """
 
 from __future__ import annotations
@@ -50,22 +48,15 @@ def warm(requests: Sequence[WarmRequest], *, cache_dir: str | Path | None = None
     """Warm every request into ``cache_dir`` (``hfcache.warm``, the Python API); a failed repo never stops the others.
 
     Args:
-        endpoint: Hub base URL, or several tried in order per repo (a repo one cannot serve: not found, unreachable,
-            bad bytes, gated, is tried on the next; ``RepoResult.endpoint`` names it). Default: ``HF_ENDPOINT``/the Hub.
-        token: Hub token; None reads it as huggingface_hub does, False sends none. Never logged or stored.
-        max_workers: connections at once (all repos), >= 1. timeout: seconds for a connection or any byte, > 0.
+        endpoint: Hub base URL, or several tried in order per repo (one that cannot serve a repo: not found,
+            unreachable, bad bytes, gated, passes it on). token, timeout, retries, max_workers, withheld: as
+            :class:`hfcache.records.HubOptions` (``on_notice`` is told once when a token is withheld).
         pinned: one locked repo per request (``warm --lock``): its commit, files and hashes, no resolution.
-        retries: retries of a transient failure per request or file (:mod:`hfcache.hub.retry`), >= 0.
         lock_timeout: seconds to wait for a lock another process holds (then that repo fails, exit 5).
-        withheld: endpoints that get no token (``on_notice`` is told once when it keeps the token).
 
-    Returns:
-        WarmReport with one RepoResult per request, in request order.
-
-    Raises:
-        UsageError: ``max_workers`` < 1, ``timeout`` <= 0, ``retries`` < 0, ``lock_timeout`` < 0, a bad endpoint.
-        CacheError: the cache root cannot be created or written (no repo is attempted then).
-    """
+    Returns WarmReport with one RepoResult per request, in request order.
+    Raises UsageError: ``max_workers`` < 1, ``timeout`` <= 0, ``retries`` < 0, ``lock_timeout`` < 0, a bad endpoint.
+    CacheError: the cache root cannot be created or written (no repo is attempted then)."""
     hub = HubOptions(endpoints=endpoint, token=token, timeout=timeout, retries=retries, max_workers=max_workers,
                      withheld=tuple(withheld))
     return warm_repos(requests, hub, cache_dir=cache_dir, progress=progress, pinned=pinned, lock_timeout=lock_timeout,
@@ -134,9 +125,8 @@ def _run_jobs(requests: Sequence[WarmRequest], root: Path, clients: list[HubClie
 
 def make_clients(hub: HubOptions, *, on_notice: Callable[[str], None] | None = None) -> list[HubClient]:
     """One HubClient per endpoint of ``hub``, in order (``HF_ENDPOINT`` or the Hub when it names none), each with the
-    token (``hub.read_token()``, else huggingface_hub's; ``False``: none) unless ``hub.withheld`` names it;
-    ``on_notice`` is told once when a token is withheld. Raises UsageError: an endpoint not an http(s) URL, an
-    unreadable token file, a malformed HFCACHE_* setting."""
+    token (``hub.read_token()``, else huggingface_hub's) unless ``hub.withheld`` names it (``on_notice`` is told once).
+    Raises UsageError: an endpoint not an http(s) URL, an unreadable token file, a malformed HFCACHE_* setting."""
     token = hub.read_token().token
     resolved = None if token is False else get_token() if token is None or token is True else token
     skip = {e.rstrip("/") for e in hub.withheld}
@@ -178,7 +168,6 @@ def resolve_revision(request: WarmRequest, clients: Sequence[HubClient]) -> Repo
 
 
 def fetch_pinned(locked: LockedRepo, *, cache_dir: str | Path, hub: HubOptions) -> RepoResult:
-    """Fetch the files of ``locked`` (a commit, files with known hashes) with ``warm --lock``'s code path: the
-    pull-through mirror's per-file fetch (the request's revision is the ref written). Returns the RepoResult
-    (``error_type``: what failed; nothing of bad bytes is kept). Raises CacheError: the cache cannot be written."""
+    """The pull-through mirror's fetch of ``locked`` with ``warm --lock``'s code path (the request's revision is the
+    ref written). Returns the RepoResult (``error_type``: what failed). Raises CacheError: the cache is unwritable."""
     return warm_repos([locked.request], hub, cache_dir=cache_dir, pinned=[locked]).repos[0]

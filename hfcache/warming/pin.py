@@ -1,6 +1,5 @@
 """pin: resolve a manifest into a lock (``hfcache lock``), each entry as warm resolves it (configs and sharded indexes
-read into memory, hash-checked, to finish the selection); unchanged entries keep their locked commit, with no request,
-unless ``--upgrade`` names them.
+read into memory, hash-checked); unchanged entries keep their locked commit unless ``--upgrade`` names them.
 """
 
 from __future__ import annotations
@@ -16,7 +15,7 @@ from ..errors import HfcacheError, HubError, IntegrityError
 from ..hub.client import HubClient
 from ..hub.retry import RetryCounter
 from ..records import HubOptions, WarmRequest
-from .custom_code import BAD_FILE_HINT, MAX_PARSE_BYTES, follow_configs
+from .custom_code import BAD_FILE_HINT, MAX_PARSE_BYTES, finish_selection
 from .lockfile import LockedFile, LockedRepo, Lockfile, filter_upgrade, lock_relative_name, write_lock
 from .manifest import Manifest, request_key, with_manifest_endpoints
 from .orchestrate import make_clients
@@ -61,26 +60,15 @@ def resolve_entry(client: HubClient, request: WarmRequest) -> LockedRepo:
     counter = client.counter()
     repo = client.resolve(request.repo_id, request.revision, request.repo_type, counter=counter)
     selection = select(repo.paths, request.kind, request.include, request.exclude)
-    paths = set(selection.paths)
-    absent = selection.absent
-    needs_index = selection.needs_index
-    repo = client.describe(repo, selection.needs_config + needs_index, counter)
+    repo = client.describe(repo, selection.needs_config + selection.needs_index, counter)
 
     def read(path: str) -> bytes | None:
         nonlocal repo
         repo = client.describe(repo, [path], counter)  # one HEAD where the listing gave no hash
         return _download(client, repo, repo.by_path[path], counter)
 
-    notes: tuple[str, ...] = ()
-    if selection.needs_config:  # custom code (auto_map), module folders (read in memory, hash-checked, never run)
-        try:
-            followed = follow_configs(selection.needs_config, read, repo.paths, request.kind, request.exclude)
-        except ValueError as exc:  # custom_code.RepoDataError: a config no parser can read
-            raise IntegrityError(f"{request.repo_id}: {exc}", hint=BAD_FILE_HINT) from None
-        notes = followed.notes
-        paths |= set(followed.paths)
-        absent = tuple(sorted(set(absent) | set(followed.absent)))
-        needs_index += followed.needs_index
+    # custom code (auto_map), module folders: read in memory, hash-checked, never run
+    paths, absent, needs_index, notes = finish_selection(selection, read, repo.paths, request)
     repo = client.describe(repo, needs_index, counter)
     for index in needs_index:
         try:
@@ -143,11 +131,10 @@ def pin(manifest: Manifest, clients: Sequence[HubClient], existing: Lockfile | N
 def lock_project(manifest: str | os.PathLike[str] | None = None, *, lock_path: str | os.PathLike[str] | None = None,
                  upgrade: bool = False, upgrade_ids: Sequence[str] = (), hub: HubOptions | None = None,
                  trust_manifest_endpoint: bool = False, on_notice: Callable[[str], None] | None = None) -> LockRun:
-    """Resolve a project's manifest (``manifest``, ``lock_path``: as :func:`.project.open_project`) and write its lock
-    (atomically, only when every entry resolved), keeping the commits of unchanged entries (``hfcache lock``) unless
-    ``upgrade`` (those named by ``upgrade_ids``, all when it is empty); ``hub``'s endpoints win over the manifest's.
-    Raises UsageError: no or invalid manifest or lock, an unknown ``upgrade_ids`` name, a bad endpoint, an unreadable
-    token file; CacheError: the lock cannot be written."""
+    """``hfcache lock``: resolve a project's manifest (``manifest``, ``lock_path``: as :func:`.project.open_project`)
+    and write its lock (only when every entry resolved), keeping unchanged entries' commits unless ``upgrade`` (those
+    named by ``upgrade_ids``, all when it is empty); ``hub``'s endpoints win over the manifest's. Raises UsageError:
+    no or invalid manifest or lock, an unknown ``upgrade_ids`` name, a bad endpoint or token file; CacheError."""
     hub = (hub or HubOptions()).read_token()
     found, path, existing = open_project(manifest, lock_path)
     upgrade_keys = filter_upgrade(found.repos, upgrade_ids) if upgrade else set()

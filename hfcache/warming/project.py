@@ -18,9 +18,8 @@ __all__ = ["LockCheck", "check_lock", "open_project", "reading_cache_dir"]
 def reading_cache_dir(cache_dir: str | os.PathLike[str] | None = None,
                       lock_file: str | os.PathLike[str] | None = None) -> Path:
     """The existing hub cache (absolute) a reading command (``ls``, ``verify``, ``export``...) works on: with a lock,
-    the one ``warm --lock`` picks (:func:`hfcache.warming.lockfile.lock_cache_dir`), else ``cache_dir`` or the
-    environment's. Raises CacheError: missing, or not a hub cache (:func:`hfcache.cache.root.require_hub_cache`);
-    UsageError: the lock's manifest is invalid."""
+    the one ``warm --lock`` picks (:func:`.lockfile.lock_cache_dir`), else ``cache_dir`` or the environment's.
+    Raises CacheError: missing, or not a hub cache; UsageError: the lock's manifest is invalid."""
     root = existing_cache_dir(lock_cache_dir(lock_file, cache_dir) if lock_file else cache_dir)
     require_hub_cache(root)
     return root
@@ -28,9 +27,8 @@ def reading_cache_dir(cache_dir: str | os.PathLike[str] | None = None,
 
 def open_project(manifest: str | os.PathLike[str] | None = None,
                  lock_path: str | os.PathLike[str] | None = None) -> tuple[Manifest, Path, Lockfile | None]:
-    """(the manifest, the lock's path, the lock if it exists) for ``hfcache lock``: the manifest given or found
-    (:func:`hfcache.warming.manifest.find_manifest`), the lock given or ``hfcache.lock`` beside it. Raises UsageError:
-    no manifest, or an invalid manifest or lock."""
+    """(the manifest given or found, the lock's path (given or ``hfcache.lock`` beside it), the lock if it exists) for
+    ``hfcache lock``. Raises UsageError: no manifest, or an invalid manifest or lock."""
     found = load_manifest(find_manifest(manifest))
     path = Path(lock_path) if lock_path else found.path.parent / LOCK_NAME
     return found, path, read_lock(path) if path.exists() else None

@@ -25,8 +25,6 @@ def check_publishable(folder: RepoFolder, repo: RepoRevision, files: Sequence[Re
     for f in files:
         folder.pointer_path(repo.commit_hash, f.path)  # refuses a path whose parts are not names (UnsafeName)
         parts = f.path.split("/")
-        # Each folder of the path looked up from the cache root without following links (the writes that follow
-        # are relative to descriptors too: RepoFolder.link).
         for i in range(len(parts) - 1):
             try:
                 safefs.check_existing(folder.cache_dir, (*snapshot, *parts[:i + 1]))

@@ -1,6 +1,5 @@
 """One repo of a warm (:class:`RepoJob`), endpoint after endpoint: resolved (or taken from the lock), selected, every
-blob put in place (cached, hardlinked, or downloaded by :mod:`hfcache.hub.transfer`), and published only when every
-blob is there (:mod:`hfcache.warming.publish`). :class:`InFlight` makes a blob shared by repos download once.
+blob put in place (cached, hardlinked, or downloaded), and published only when every blob is there.
 """
 
 from __future__ import annotations
@@ -30,7 +29,7 @@ from ..hub.slots import Slots
 from ..hub.transfer import PARALLEL_THRESHOLD, TransferOptions, download_blob
 from ..records import ProgressSink, RepoResult, WarmedFile, WarmRequest, folder_clash, folder_ids
 from . import undo
-from .custom_code import BAD_FILE_HINT, MAX_PARSE_BYTES, follow_configs
+from .custom_code import BAD_FILE_HINT, MAX_PARSE_BYTES, finish_selection
 from .publish import check_publishable, copy_blob, publish
 from .selection import Selection, check_index_size, select, shards_from_index
 from .undo import Undone
@@ -103,7 +102,8 @@ class RepoJob:
             result = self._attempt(client)
             self._retries += self.counter.count
             self._requests += self.counter.requests
-            if result.ok or not self._fall_through(result) or n == len(self.clients) - 1:
+            # A Hub-side failure (not found, unreachable, bad bytes, gated) moves on to the next endpoint.
+            if result.ok or result.exit_code != HubError.exit_code or self.stop.is_set() or n == len(self.clients) - 1:
                 break
             failures.append(f"{client.endpoint}: {result.error}")
         if not result.ok and self.stop.is_set():  # Ctrl-C: not a failure of the repo or the endpoint
@@ -117,10 +117,6 @@ class RepoJob:
                          endpoint=result.endpoint if self._requests else None, seconds=time.monotonic() - started)
         self.sink.repo_finished(self.key, result)
         return result
-
-    def _fall_through(self, result: RepoResult) -> bool:
-        """A Hub-side failure (not found, unreachable, bad bytes, gated) moves on to the next endpoint."""
-        return result.exit_code == HubError.exit_code and not self.stop.is_set()
 
     def _attempt(self, client: HubClient) -> RepoResult:
         """Warm the repo from one endpoint; return its result (an error is a failed result, never raised; what its
@@ -223,9 +219,10 @@ class RepoJob:
             return self._complete(repo, canonical, selection)
         except BaseException as exc:
             self._failed.set()  # files not started yet are not started
-            first = self._settle_early()
-            if isinstance(exc, _Cancelled) and first is not None:
-                raise first from None  # another file's failure stopped the reading: that failure is the error
+            # Every early file waited for; the first failure that is not a cancellation stopped the reading: the error.
+            failed = [e for e in (f.exception() for f in self._early.values()) if e and not isinstance(e, _Cancelled)]
+            if isinstance(exc, _Cancelled) and failed:
+                raise failed[0] from None
             raise
 
     def _fetch_into(self, folders: list[RepoFolder], repo: RepoRevision, files: list[RemoteFile]) -> dict[str, str]:
@@ -242,7 +239,6 @@ class RepoJob:
 
     def _publish_all(self, folders: list[RepoFolder], repo: RepoRevision, files: list[RemoteFile],
                      absent: Sequence[str]) -> list[str]:
-        """Publish the repo in every folder unless stopped; the notes of the publishing."""
         if self.stop.is_set():
             raise _Cancelled(f"{self.request.repo_id}: interrupted before publishing")
         for folder in folders:  # every check before the first link: a refused repo leaves nothing published
@@ -259,26 +255,16 @@ class RepoJob:
     def _complete(self, repo: RepoRevision, canonical: RepoFolder,
                   selection: Selection) -> tuple[RepoRevision, set[str], tuple[str, ...], tuple[str, ...]]:
         """``(repo described, paths, absent, notes)``: the selection finished from configs, then sharded indexes (each
-        read fetched and hash-checked into the cache first, never executed; the bar counts them later, as cached)."""
+        fetched and hash-checked into the cache first, never executed)."""
         req = self.request
-        paths, absent, needs_index = set(selection.paths), selection.absent, selection.needs_index
-        notes: tuple[str, ...] = ()
-        current = self.client.describe(repo, selection.needs_config + needs_index, self.counter)
+        current = self.client.describe(repo, selection.needs_config + selection.needs_index, self.counter)
 
         def read(path: str) -> bytes | None:
             nonlocal current
             current = self.client.describe(current, [path], self.counter)
             return self._read(current, canonical, current.by_path[path])
 
-        if selection.needs_config:
-            try:
-                followed = follow_configs(selection.needs_config, read, current.paths, req.kind, req.exclude)
-            except ValueError as exc:  # RepoDataError: a config no parser can read (transformers' neither)
-                raise IntegrityError(f"{req.repo_id}: {exc}", hint=BAD_FILE_HINT) from None
-            notes = followed.notes
-            paths |= set(followed.paths)
-            absent = tuple(sorted(set(absent) | set(followed.absent)))
-            needs_index += followed.needs_index
+        paths, absent, needs_index, notes = finish_selection(selection, read, current.paths, req)
         if needs_index:
             # The shard list is inside the index file: fetch (or find) the index first, if its size is sane.
             current = self.client.describe(current, needs_index, self.counter)
@@ -346,15 +332,6 @@ class RepoJob:
         if not progress:
             self._read_sources.update(sources)
         return sources
-
-    def _settle_early(self) -> BaseException | None:
-        """Wait for every early file; return the first failure that is not a cancellation, or None."""
-        first = None
-        for future in self._early.values():
-            exc = future.exception()
-            if exc is not None and first is None and not isinstance(exc, _Cancelled):
-                first = exc
-        return first
 
     def _ensure_blob(self, repo: RepoRevision, folder: RepoFolder, file: RemoteFile, progress: bool = True,
                      arrived: Callable[[], None] = lambda: None) -> str:

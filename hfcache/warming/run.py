@@ -1,6 +1,5 @@
 """``hfcache warm``'s one core function, :func:`run`: repos by name, or exactly what a lock pins (``--lock``). On a
-cache that holds the lock it costs ``stat`` calls only: huggingface_hub and the HTTP client are imported only when
-something is missing, and this module stays light at import time (tests/unit/test_import_graph.py).
+cache that holds the lock it costs ``stat`` calls only (huggingface_hub is imported only when something is missing).
 """
 
 from __future__ import annotations
@@ -9,6 +8,7 @@ import dataclasses
 import os
 import time
 from collections.abc import Callable, Sequence
+from contextlib import suppress
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -92,9 +92,8 @@ def warm_lock(lock: Lockfile, hub: HubOptions, *, cache_dir: str | Path | None =
               on_lock_wait: Callable[[LockWait], None] | None = None,
               on_notice: Callable[[str], None] | None = None, clients: Sequence | None = None) -> WarmReport:
     """Make ``cache_dir`` hold exactly what ``lock`` pins: repos the cache satisfies (sizes only) cost no request, the
-    others are downloaded by commit, checked against the lock's hashes (from ``clients`` when given, else ``hub``'s
-    endpoints). Returns a WarmReport in lock order; raises UsageError, CacheError as
-    :func:`hfcache.warming.orchestrate.warm`."""
+    others are downloaded by commit (from ``clients`` when given, else ``hub``'s endpoints). Returns a WarmReport in
+    lock order; raises as :func:`.orchestrate.warm`."""
     started = time.monotonic()
     root = resolve_cache_dir(cache_dir)
     statuses = cache_statuses(lock, root)
@@ -115,8 +114,7 @@ def warm_lock(lock: Lockfile, hub: HubOptions, *, cache_dir: str | Path | None =
 
 
 def _network():
-    """:func:`hfcache.warming.orchestrate.warm_repos`, huggingface_hub imported only now (the HTTP client is made
-    while orchestrate imports: hub/session.py)."""
+    """:func:`.orchestrate.warm_repos`, huggingface_hub imported only now (hub/session.py)."""
     from ..hub.session import prepare_session
 
     prepare_session()
@@ -155,14 +153,11 @@ def _with_warnings(report: WarmReport, drifted: str | None) -> WarmReport:
 
 def process_umask() -> int | None:
     """This process's umask, or None: ``/proc/self/status`` ``Umask:`` (Linux 4.7+), else ``os.umask`` set and restored
-    at once (library gap: no read-only call; a file created meanwhile gets ``0o077``, never looser)."""
-    try:
-        with open("/proc/self/status", encoding="ascii", errors="replace") as status:
-            for line in status:
-                if line.startswith("Umask:"):
-                    return int(line.split()[1], 8)
-    except (OSError, ValueError, IndexError):
-        pass
+    at once (no read-only call; a file created meanwhile gets ``0o077``, never looser)."""
+    with suppress(OSError, ValueError, IndexError), open("/proc/self/status", encoding="ascii", errors="replace") as f:
+        for line in f:
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
     try:
         previous = os.umask(0o077)
     except (OSError, AttributeError):

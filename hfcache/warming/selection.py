@@ -1,7 +1,6 @@
-"""Which files of a repo to fetch (the tokenizer set, a model in one weight format, or everything): pure functions
-over a file listing; what needs file contents to finish (indexes, configs) is fetched by the caller. The tokenizer
-names come from transformers 5.x (``tokenization_utils_base.py``, the tokenizers' ``vocab_files_names``, and
-``config.json``, which ``AutoTokenizer`` reads to pick the class: ``models/auto/tokenization_auto.py``).
+"""Which files of a repo to fetch (the tokenizer set, a model in one weight format, or everything), from a file
+listing. The tokenizer names come from transformers 5.x (``tokenization_utils_base.py``, the tokenizers'
+``vocab_files_names``, and ``config.json``, which ``AutoTokenizer`` reads: ``models/auto/tokenization_auto.py``).
 """
 
 from __future__ import annotations
@@ -113,9 +112,8 @@ def model_paths(paths: set[str]) -> tuple[set[str], tuple[str, ...]]:
 
 def select(paths: Iterable[str], kind: str = "tokenizer", include: Sequence[str] = (),
            exclude: Sequence[str] = ()) -> Selection:
-    """Select the files of one repo listing (``paths``: every file at one commit). ``kind``: ``"tokenizer"``
-    (tokenizer files plus ``config.json``), ``"model"`` (:func:`model_paths`) or ``"all"``; ``include`` globs add
-    files, ``exclude`` globs win. Raises ValueError: ``kind`` is not one of :data:`KINDS`."""
+    """Select the files of one repo listing (``paths``: every file at one commit) for ``kind`` (:data:`KINDS`, else
+    ValueError); ``include`` globs add files, ``exclude`` globs win."""
     if kind not in KINDS:
         raise ValueError(f"unknown kind {kind!r}: expected one of {', '.join(KINDS)}")
     all_paths = set(paths)
@@ -141,8 +139,7 @@ def select(paths: Iterable[str], kind: str = "tokenizer", include: Sequence[str]
 
 def selection_notes(kind: str, include: Sequence[str], exclude: Sequence[str],
                     selected: Iterable[str]) -> tuple[str, ...]:
-    """One-line warnings about a selection probably not what was asked (``selected``: the paths warmed): ``--kind
-    model`` without a weight file, each ``include`` glob that matched nothing."""
+    """One-line warnings about a selection probably not what was asked (``selected``: the paths warmed)."""
     paths = list(selected)
     notes = []
     after = " (after --exclude)" if exclude else ""
@@ -169,9 +166,8 @@ def check_index_size(index_path: str, size: int) -> None:
 
 
 def shards_from_index(index_bytes: bytes, available: Iterable[str], index_path: str) -> set[str]:
-    """The shard paths (from the repo root) the index at ``index_path`` names in its ``weight_map`` (relative to its
-    folder); ``available``: every path of the repo. Raises ValueError: no ``weight_map`` object, too large or deep,
-    or a shard the repo does not have."""
+    """The shard paths (from the repo root) the index at ``index_path`` names in its ``weight_map``; ``available``:
+    every path of the repo. Raises ValueError: no ``weight_map`` object, too large or deep, or a shard missing."""
     if len(index_bytes) > MAX_INDEX_BYTES:
         raise ValueError(f"{index_path} is larger than {MAX_INDEX_BYTES} bytes: not read as a sharded weight index")
     try:

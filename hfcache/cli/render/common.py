@@ -1,7 +1,6 @@
-"""What every command's rendering shares: the two consoles (module attributes ``stdout``, ``stderr``, made on first
-use), one JSON document on stdout, error lines, sizes and times for people. A command's result goes to stdout (``|
-grep`` works), progress, waits, notices and errors to stderr (as ``git status``, ``pip list``).
-"""
+"""What every command's rendering shares: the two consoles (``stdout``, ``stderr``, made on first use), one JSON
+document, error lines, sizes and times. A result goes to stdout (``| grep`` works), progress, notices and errors to
+stderr."""
 
 from __future__ import annotations
 
@@ -79,25 +78,24 @@ def __getattr__(name: str) -> Any:
 
 
 def live_on_terminal(enabled: bool) -> bool:
-    """Whether a transient progress display should run: only on a terminal (off one, rich still writes its cursor
-    controls when it stops)."""
+    """Whether a transient progress display should run: only on a terminal (rich writes cursor controls anyway)."""
     return enabled and _stderr().is_terminal
 
 
-def table(title: str, columns: Iterable[str], right: Collection[str] = (), **options: Any) -> Table:
-    """A rich Table titled ``title`` (left-justified) with ``columns``, those in ``right`` right-justified;
-    ``options`` go to every ``add_column`` (``overflow="fold"``)."""
+def table(title: str, columns: Iterable[str], right: Collection[str] = (), caption: str | None = None,
+          **options: Any) -> Table:
+    """A rich Table titled ``title`` (and ``caption``) with ``columns``, those in ``right`` right-justified;
+    ``options`` go to every ``add_column``."""
     from rich.table import Table
 
-    made = Table(title=title, title_justify="left")
+    made = Table(title=title, title_justify="left", caption=caption, caption_justify="left")
     for column in columns:
         made.add_column(column, justify="right" if column in right else "left", **options)
     return made
 
 
 class Bar:
-    """One transient rich progress bar of ``total`` with ``columns`` on stderr, drawn only on a terminal; a context
-    manager."""
+    """A context manager: one transient rich progress bar of ``total`` with ``columns`` on stderr, on a terminal."""
 
     def __init__(self, enabled: bool, total: int, *columns: Any) -> None:
         from rich.progress import Progress
@@ -120,8 +118,7 @@ class Bar:
 
 
 def lock_wait_notice(wait: Any) -> None:
-    """``on_lock_wait``: which lock a command waits for (a :class:`hfcache.cache.locking.LockWait`), who holds it, and
-    how long it will wait at most, on stderr."""
+    """``on_lock_wait``: which lock a command waits for (a :class:`hfcache.cache.locking.LockWait`), on stderr."""
     from rich.text import Text
 
     holder = f", held by {wait.holder}" if wait.holder else ""
@@ -138,9 +135,8 @@ def print_json(document: Any, *, compact: bool = False) -> None:
 
 
 def inert(text: str) -> str:
-    """``text`` as one inert line for a terminal: every character ``str.isprintable`` refuses (C0/C1 controls, CR,
-    LF, DEL, U+2028, bidi and other format characters) escaped as ``\\xNN``/``\\uNNNN``, so what a peer or cache
-    supplied cannot move the cursor or print a line of its own (rich's ``Text`` strips only BEL, BS, VT, FF, CR)."""
+    """``text`` as one inert line for a terminal: every character ``str.isprintable`` refuses escaped as
+    ``\\xNN``/``\\uNNNN``, so what a peer or cache supplied cannot move the cursor or print a line of its own."""
     if text.isprintable():
         return text
     return "".join(c if c.isprintable() else (f"\\x{ord(c):02x}" if ord(c) < 0x100 else f"\\u{ord(c):04x}")

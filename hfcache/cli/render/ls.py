@@ -70,10 +70,9 @@ def _dumps(value: Any) -> str:
 
 
 def stream_ls_json(cache_dir: str, repos: Iterable[RepoSummary], out: TextIO) -> bool:
-    """Write ``hfcache ls --json``'s compact document to ``out`` one repo (:func:`repo_summary`) at a time, in the
-    order given; return whether any repo had an unreadable part (exit 1). Byte for byte what
-    ``print_json(ls_dict(...), compact=True)`` prints (sorted keys put ``repos`` before the totals, summed on the way),
-    with one repo's objects in memory at a time (docs/benchmarks.md, goal P4)."""
+    """Write ``hfcache ls --json``'s compact document to ``out`` one repo (:func:`repo_summary`) at a time, byte for
+    byte what ``print_json(ls_dict(...), compact=True)`` prints (sorted keys put ``repos`` before the totals, summed
+    on the way); return whether any repo had an unreadable part (exit 1)."""
     seen: dict[tuple[int, int], int] = {}
     count = revisions = unhealthy = 0
     unreadable = False
@@ -103,8 +102,12 @@ def ls_table(document: dict[str, Any], revisions: bool, now: float) -> Table:
     def ts(value: str | None) -> float:
         return datetime.datetime.fromisoformat(value).timestamp() if value else 0.0
 
+    totals = document["totals"]
+    caption = (f"{totals['repos']} repos, {totals['revisions']} revisions, {human_size(totals['size_on_disk'])} on "
+               f"disk (shared bytes counted once), {totals['unhealthy']} with problems")
     table = common.table(f"hfcache ls {document['cache_dir']}", ("repo", "type", "revision" if revisions else "refs",
-                         "files", "size", "last used", "pinned", "health"), right=("files", "size"), overflow="fold")
+                         "files", "size", "last used", "pinned", "health"), right=("files", "size"), caption=caption,
+                         overflow="fold")
     for repo in document["repos"]:
         rows = repo["revisions"] if revisions else [repo]
         for row in rows:
@@ -116,11 +119,6 @@ def ls_table(document: dict[str, Any], revisions: bool, now: float) -> Table:
             health = Text("ok", style="green") if row["health"] == "ok" else Text(row["health"], style="red")
             table.add_row(repo["repo_id"], repo["repo_type"], where, str(row["files"]),
                           human_size(row["size_on_disk"]), ago(ts(row["last_used"]), now), pinned, health)
-    totals = document["totals"]
-    table.caption = (f"{totals['repos']} repos, {totals['revisions']} revisions, "
-                     f"{human_size(totals['size_on_disk'])} on disk (shared bytes counted once), "
-                     f"{totals['unhealthy']} with problems")
-    table.caption_justify = "left"
     return table
 
 

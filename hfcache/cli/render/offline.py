@@ -1,5 +1,4 @@
-"""Rendering of ``hfcache env``, ``doctor`` and ``serve`` (the runtime side: offline variables, diagnosis, mirror),
-and ``hfcache path`` (one absolute path a line, so ``$(hfcache path ...)`` works, or one JSON document)."""
+"""Rendering of ``hfcache env``, ``doctor``, ``serve`` and ``path`` (one absolute path a line, or one JSON document)."""
 
 from __future__ import annotations
 
@@ -84,9 +83,8 @@ def show_mirror_stopped(run: Any) -> None:
 
 
 def path_document(resolved: Any) -> dict[str, Any]:
-    """The ``--json`` document of a :class:`hfcache.offline.paths.ResolvedPath`: ``repo_id``, ``repo_type``,
-    ``revision``, ``commit_hash``, ``snapshot`` (absolute) and ``files`` (absolute snapshot paths; empty without a
-    PATTERN)."""
+    """The ``--json`` document of a :class:`hfcache.offline.paths.ResolvedPath` (paths absolute; ``files`` empty
+    without a PATTERN)."""
     return {"repo_id": resolved.repo_id, "repo_type": resolved.repo_type, "revision": resolved.revision,
             "commit_hash": resolved.commit_hash, "snapshot": str(resolved.snapshot),
             "files": [str(p) for p in resolved.files]}

@@ -1,5 +1,4 @@
-"""Rendering of ``hfcache prune``: the plan (revisions, housekeeping, summary), the confirmation, progress and the
-outcome; ``--json`` prints the same plan as one document."""
+"""Rendering of ``hfcache prune``: the plan (revisions, housekeeping, summary), the confirmation, the outcome."""
 
 from __future__ import annotations
 

@@ -120,7 +120,6 @@ def show_check(report: CheckReport, *, as_json: bool) -> None:
 
 
 def _fast_cell(verdict: str | None) -> Text:
-    """The fast-path column: the verdict's first word, coloured."""
     if not verdict:
         return Text("-")
     word = verdict.split(":", 1)[0]

@@ -1,6 +1,4 @@
-"""Rendering of ``hfcache warm`` and ``hfcache lock``: progress per repo, the summary table, the pin result. rich is
-imported where a table or a bar is drawn (``warm --lock --json`` on a complete cache: docs/benchmarks.md, goal P1).
-"""
+"""Rendering of ``hfcache warm`` and ``lock`` (rich imported only where a table or a bar is drawn: goal P1)."""
 
 from __future__ import annotations
 
@@ -53,7 +51,7 @@ def warm_summary_table(report: WarmReport) -> Table:
     retried = any(r.retries for r in report.repos)
     columns = ["repo", "commit", "files", "size", "downloaded", "requests", "time", *(["endpoint"] if several else []),
                *(["retries"] if retried else []), "status"]
-    table = common.table(f"hfcache warm -> {report.cache_dir}", columns,
+    table = common.table(f"hfcache warm -> {report.cache_dir}", columns, caption=warm_summary_line(report),
                          right=("files", "size", "downloaded", "requests", "time", "retries"))
     for r in report.repos:
         label = r.request.spec
@@ -67,8 +65,6 @@ def warm_summary_table(report: WarmReport) -> Table:
                       str(r.requests), f"{r.seconds:.2f}s",
                       *([r.endpoint or ("- (cache)" if r.ok else "-")] if several else []),
                       *([str(r.retries)] if retried else []), status)
-    table.caption = warm_summary_line(report)
-    table.caption_justify = "left"
     return table
 
 
@@ -88,9 +84,8 @@ def warm_summary_line(report: WarmReport) -> str:
 
 class WarmProgress:
     """warm's progress (a :class:`hfcache.records.ProgressSink`): on a terminal, one transient bar per repo (bytes)
-    and a total bar on stderr; bytes a repo reports before its bar exists are shown as done when it is added. On
-    Ctrl-C or SIGTERM, once the bars are gone, the summary of what finished and what was interrupted
-    (:func:`interrupted_report`; not with ``-q``, nor when nothing finished), before the CLI's error line."""
+    and a total bar on stderr. On Ctrl-C or SIGTERM, once the bars are gone, the summary of what finished and what was
+    interrupted (:func:`interrupted_report`; not with ``-q``, nor when nothing finished)."""
 
     def __init__(self, *, as_json: bool, quiet: bool) -> None:
         self._enabled = not (as_json or quiet)  # --json / -q: no bar, and no rich import either
