@@ -98,9 +98,13 @@ def main() -> None:
         if twice:
             print("sent more than once:", twice, file=sys.stderr)
 
-        verified = sum(subprocess.run([sys.executable, "-m", "hfcache", "verify", "--lock", str(lock), "--cache-dir",
-                                       str(work / f"c{n}")], env=clean_env(), capture_output=True).returncode
-                       == 0 for n in range(options.clients))
+        verified = 0
+        for n in range(options.clients):
+            proc = subprocess.run([sys.executable, "-m", "hfcache", "verify", "--lock", str(lock), "--cache-dir",
+                                   str(work / f"c{n}")], env=clean_env(), capture_output=True, text=True)
+            verified += proc.returncode == 0
+            if proc.returncode and n not in failed:
+                print(f"cache {n} failed verify: {(proc.stdout + proc.stderr).strip()[-600:]}", file=sys.stderr)
         loaded = sum(1 for n in range(min(options.load, options.clients))
                      if all("input_ids" in r for r in offline_load(work / f"c{n}", list(REPOS)).values()))
     times = sorted(t for t, _ in results)
