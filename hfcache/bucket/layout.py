@@ -70,6 +70,8 @@ def parse_manifest(data: bytes, folder: str, commit: str, revision: str, where: 
         repo = locked_repo(document, where)
     except UsageError as exc:
         raise HubError(exc.message, hint=_HOSTILE) from None
+    if clash := sorted({f.path for f in repo.files} & set(repo.absent)):
+        raise HubError(f"{where}: {clash[0]!r} is both a file and absent", hint=_HOSTILE)
     named = repo_folder_name(repo.request.repo_id, repo.request.repo_type)
     if named != folder or repo.commit_hash != commit or repo.canonical_id != repo.request.repo_id:
         raise HubError(f"{where}: the manifest is about {named}@{repo.commit_hash[:12]}, not its key's "

@@ -68,6 +68,9 @@ def plan_pull(bucket: Bucket, specs: Iterable[str]) -> list[LockedRepo]:
         else:
             raise RevisionNotFound(f"{bucket.url}: {request.repo_id} has no ref or snapshot {request.revision!r}",
                                    hint=f"the bucket holds: {', '.join(sorted(refs.get(folder, {}))) or 'no ref'}")
+    if not specs and not snapshots:
+        raise RepoNotFound(f"{bucket.url}: the bucket holds no snapshot under this prefix",
+                           hint="check the bucket and prefix (push s3://... writes snapshots/, blobs/ and refs/)")
     if not specs:
         for folder in sorted(snapshots):
             wanted += _everything(folder, refs, snapshots)

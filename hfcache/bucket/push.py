@@ -146,19 +146,19 @@ def _upload_blobs(bucket: Bucket, blobs: dict[str, Entry], workers: int, sink) -
         return list(pools.ordered([pool.submit(one, etag) for etag in sorted(blobs)]))
 
 
-def upload_blob(bucket: Bucket, key: str, reader, size: int, *, create_only: bool) -> None:
+def upload_blob(bucket: Bucket, key: str, reader, size: int, *, create_only: bool) -> bool:
     """Write ``size`` bytes of ``reader`` (a reader that checks the content at its end, e.g.
     :class:`hfcache.cache.content.HashingReader`) as object ``key``, completed only once the reader reached its end:
     one PUT up to :data:`SINGLE_PUT_MAX`, else a multipart upload. ``create_only``: a conditional write that leaves an
-    object another writer completed first. Raises what the reader raises (nothing is completed), HubError."""
+    object another writer completed first. Returns False when it did so (HTTP 412). Raises what the reader raises
+    (nothing is completed), HubError."""
     if size <= SINGLE_PUT_MAX:
         data = reader.read()  # read to its end: the content is checked before the PUT
-        bucket.put_bytes(key, data, create_only=create_only)
-    else:
-        _multipart(bucket, key, reader, size, create_only=create_only)
+        return bucket.put_bytes(key, data, create_only=create_only)
+    return _multipart(bucket, key, reader, size, create_only=create_only)
 
 
-def _multipart(bucket: Bucket, key: str, reader, size: int, *, create_only: bool) -> None:
+def _multipart(bucket: Bucket, key: str, reader, size: int, *, create_only: bool) -> bool:
     """Upload ``size`` bytes of ``reader`` as a multipart upload, :data:`PART_UPLOADS` parts at once, completed only
     once the reader reached its checked end; aborted on any failure. ``create_only``: complete with
     ``If-None-Match: *`` (412: another pusher won)."""
@@ -195,9 +195,11 @@ def _multipart(bucket: Bucket, key: str, reader, size: int, *, create_only: bool
             if not (create_only and "PreconditionFailed" in exc.message):
                 raise
             _abort(bucket, key, upload_id)
+            return False
     except BaseException:
         _abort(bucket, key, upload_id)
         raise
+    return True
 
 
 def _read_full(reader, n: int) -> bytes:

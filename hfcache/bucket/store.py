@@ -89,7 +89,11 @@ class Bucket:
                         retries={"mode": "standard", "total_max_attempts": retries + 1},
                         max_pool_connections=2 * max_workers, user_agent_extra=f"hfcache/{__version__}")
         with self.errors("connect"):
-            self.client = boto3.session.Session().client("s3", config=config)
+            try:
+                self.client = boto3.session.Session().client("s3", config=config)
+            except ValueError as exc:  # botocore's check of AWS_ENDPOINT_URL ("Invalid endpoint", a bad IPv6 host)
+                raise UsageError(f"{url}: the S3 endpoint (AWS_ENDPOINT_URL) is not a URL: {str(exc)[:100]}",
+                                 hint="set AWS_ENDPOINT_URL to http(s)://HOST[:PORT], or unset it for AWS") from None
 
     def __repr__(self) -> str:  # never the client (its credentials)
         return f"Bucket({str(self.url)!r})"
@@ -102,7 +106,8 @@ class Bucket:
         where = f"{self.url}: {what}"
         try:
             yield
-        except (bx.NoCredentialsError, bx.PartialCredentialsError, bx.CredentialRetrievalError) as exc:
+        except (bx.NoCredentialsError, bx.PartialCredentialsError, bx.CredentialRetrievalError,
+                bx.ProfileNotFound) as exc:
             raise UsageError(f"{where}: no usable S3 credentials ({type(exc).__name__})",
                              hint=_CREDENTIALS_HINT) from None
         except bx.ClientError as exc:

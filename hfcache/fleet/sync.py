@@ -122,7 +122,7 @@ def sync_once(locks_dir: str | os.PathLike[str], cache_dir: str | os.PathLike[st
     for name, data in read_locks(locks_dir):
         digest = hashlib.sha256(data).hexdigest()
         try:
-            lock = _parse(locks_dir, name)
+            lock = read_lock(Path(locks_dir) / name, data)  # the bytes hashed: a ConfigMap swap cannot split them
         except HfcacheError as exc:
             states.append(LockState(name, digest, 0, False, exc.message, exc.exit_code))
             continue
@@ -137,10 +137,6 @@ def sync_once(locks_dir: str | os.PathLike[str], cache_dir: str | os.PathLike[st
         _write_readiness(Path(ready_dir), states)
     return SyncReport(cache_dir=str(root), locks=tuple(states), revisions_removed=removed, bytes_freed=freed,
                       bytes_downloaded=downloaded, seconds=time.monotonic() - started, notes=tuple(notes))
-
-
-def _parse(locks_dir, name: str) -> Lockfile:
-    return read_lock(Path(locks_dir) / name)
 
 
 def _bucket_clients(bucket: str, hub: HubOptions) -> list:

@@ -35,7 +35,7 @@ from ..bucket.layout import blob_key, parse_manifest, render_manifest, snapshot
 from ..bucket.push import upload_blob
 from ..bucket.store import Bucket
 from ..cache.content import HashingReader
-from ..errors import HfcacheError, RepoNotFound
+from ..errors import HfcacheError
 from ..names import is_commit, repo_folder_name
 from ..records import HubOptions, WarmRequest
 from ..warming.lockfile import LockedFile, LockedRepo
@@ -86,9 +86,7 @@ class BucketFill:
     def resolve(self, repo_type: str, repo_id: str, revision: str) -> LockedRepo:
         """``repo_id`` at ``revision`` as upstream lists it (from the bucket's upstream record while fresh). Raises
         StoreMiss: not allowed (403 ``RepoNotAllowed``), or upstream's failure (404/403/502/503)."""
-        if self.config.allow and not any(fnmatch.fnmatchcase(repo_id, g) for g in self.config.allow):
-            raise StoreMiss("RepoNotAllowed", f"{repo_id} is not in this mirror's bucket, and this mirror's --allow "
-                            "list does not let it be fetched from upstream", status=403)
+        self._check_allowed(repo_id)
         folder = repo_folder_name(repo_id, repo_type)
         commit = revision if is_commit(revision) else self._fresh_ref(folder, revision)
         if commit is not None and (known := self._listing(folder, commit)) is not None:
@@ -109,6 +107,12 @@ class BucketFill:
             self._remember_ref(folder, revision, resolved.commit_hash)
         return locked
 
+    def _check_allowed(self, repo_id: str) -> None:
+        """StoreMiss (403 ``RepoNotAllowed``) unless ``--allow`` lets ``repo_id`` be fetched from upstream."""
+        if self.config.allow and not any(fnmatch.fnmatchcase(repo_id, g) for g in self.config.allow):
+            raise StoreMiss("RepoNotAllowed", f"{repo_id} is not in this mirror's bucket, and this mirror's --allow "
+                            "list does not let it be fetched from upstream", status=403)
+
     def _remember_ref(self, folder: str, revision: str, commit: str) -> None:
         if not is_commit(revision):
             with self._lock:
@@ -121,6 +125,7 @@ class BucketFill:
         ``Retry-After``: the client retries and finds it)."""
         if self.bucket.head(blob_key(self.bucket.url, repo_file.etag)) == repo_file.size:
             return
+        self._check_allowed(snap.repo_id)  # a blob the bucket lost (a lifecycle rule) of a repo not allowed
         with self._lock:
             task = self._tasks.get(repo_file.etag)
             if task is None or task.done():
@@ -144,10 +149,12 @@ class BucketFill:
         while time.monotonic() < deadline and not self._stop.is_set():
             if self.bucket.head(key) == repo_file.size:
                 return
-            if self._acquire(lease):
+            etag = self._acquire(lease)
+            if etag is not None:
                 try:
-                    if self.bucket.head(key) != repo_file.size:  # not finished by a replica that just released
-                        self._fetch(snap, repo_file, key, lease)
+                    held = self.bucket.head(key)
+                    if held != repo_file.size:  # not finished by a replica that just released
+                        self._fetch(snap, repo_file, key, lease, etag, overwrite=held is not None)
                 finally:
                     self._release(lease)
                 return
@@ -155,16 +162,19 @@ class BucketFill:
         raise StoreMiss("UpstreamUnavailable", f"{snap.repo_id}: {inert(repo_file.path)} was not fetched in time; "
                         "retry", status=503, retry_after=5)
 
-    def _fetch(self, snap: RepoSnapshot, repo_file: RepoFile, key: str, lease: str) -> None:
+    def _fetch(self, snap: RepoSnapshot, repo_file: RepoFile, key: str, lease: str, etag: str, *,
+               overwrite: bool) -> None:
         """Download the file from upstream into a temporary file (size and hash checked), then upload it, hashed
-        again, renewing the lease meanwhile."""
+        again, renewing the lease (held as ``etag``) meanwhile; ``overwrite``: replace the object of another size
+        the bucket holds under the blob's name (a truncated or foreign object)."""
         from ..hub.files import RemoteFile, RepoRevision
 
         remote = RemoteFile(repo_file.path, repo_file.size, repo_file.blob_id, repo_file.sha256 if repo_file.is_lfs
                             else None)
         repo = RepoRevision(snap.repo_id, snap.repo_id, snap.repo_type, snap.commit, snap.commit, (remote,))
         renewing = threading.Event()
-        renewer = threading.Thread(target=self._renew, args=(lease, renewing), daemon=True, name="hfcache-lease")
+        renewer = threading.Thread(target=self._renew, args=(lease, etag, renewing), daemon=True,
+                                   name="hfcache-lease")
         renewer.start()
         try:
             with tempfile.TemporaryFile(prefix="hfcache-fill-") as spool:
@@ -181,46 +191,65 @@ class BucketFill:
                 reader = HashingReader(os.fdopen(os.dup(spool.fileno()), "rb"), repo_file.size, etag=repo_file.etag,
                                        shown=f"{snap.repo_id}: {repo_file.path}")
                 with reader:
-                    upload_blob(self.bucket, key, reader, repo_file.size, create_only=True)
+                    written = upload_blob(self.bucket, key, reader, repo_file.size, create_only=not overwrite)
+                if not written and self.bucket.head(key) != repo_file.size:
+                    raise StoreMiss("UpstreamError", f"{snap.repo_id}: {inert(repo_file.path)}: the bucket holds "
+                                    "another object under its blob's name", status=502)
         except HfcacheError as exc:
             raise store_miss(type(exc).__name__, exc.message, fetch=True) from None
         finally:
             renewing.set()
             renewer.join()
 
-    def _acquire(self, lease: str) -> bool:
-        """Take the lease: create it, or take over an expired one (``If-Match`` its ETag: one taker wins)."""
-        body = json.dumps({"owner": self.owner, "expires": time.time() + LEASE_SECONDS}).encode()
-        if self.bucket.put_bytes(lease, body, create_only=True):
-            return True
+    def _acquire(self, lease: str) -> str | None:
+        """Take the lease: create it, or take over an expired one (``If-Match`` its ETag: one taker wins). Returns the
+        lease object's ETag while it is ours, else None. An expiry further than 2 leases ahead is a forged one."""
+        body = self._lease_body()
+        name = self.bucket.url.bucket
         try:
             with self.bucket.errors(lease):
-                held = self.bucket.client.get_object(Bucket=self.bucket.url.bucket, Key=lease)
+                return self.bucket.client.put_object(Bucket=name, Key=lease, Body=body, IfNoneMatch="*")["ETag"]
+        except HfcacheError as exc:
+            if "PreconditionFailed" not in exc.message:
+                return None
+        try:
+            with self.bucket.errors(lease):
+                held = self.bucket.client.get_object(Bucket=name, Key=lease)
                 record, etag = json.loads(held["Body"].read(_REF_BYTES)), held["ETag"]
-        except (RepoNotFound, ValueError):
-            return False  # released meanwhile (the blob is there, or the next look takes it), or garbled
-        except HfcacheError:
-            return False
-        if not isinstance(record, dict) or not isinstance(record.get("expires"), (int, float)) \
-                or record["expires"] > time.time():
-            return False
+        except (HfcacheError, ValueError):
+            return None  # released meanwhile (the blob is there, or the next look takes it), or garbled
+        expires = record.get("expires") if isinstance(record, dict) else None
+        now = time.time()
+        if isinstance(expires, (int, float)) and now < expires <= now + 2 * LEASE_SECONDS:
+            return None  # held, and not forged to last for ever
         try:
             with self.bucket.errors(lease):
-                self.bucket.client.put_object(Bucket=self.bucket.url.bucket, Key=lease, Body=body, IfMatch=etag)
+                return self.bucket.client.put_object(Bucket=name, Key=lease, Body=body, IfMatch=etag)["ETag"]
         except HfcacheError:
-            return False  # another replica took it over first (412)
-        return True
+            return None  # another replica took it over first (412)
 
-    def _renew(self, lease: str, done: threading.Event) -> None:
+    def _lease_body(self) -> bytes:
+        return json.dumps({"owner": self.owner, "expires": time.time() + LEASE_SECONDS}).encode()
+
+    def _renew(self, lease: str, etag: str, done: threading.Event) -> None:
+        """Renew the lease while it is ours (``If-Match`` the ETag we wrote); once another replica took it over, stop
+        (its fetch and ours write the same verified bytes)."""
         while not done.wait(RENEW_EVERY):
-            body = json.dumps({"owner": self.owner, "expires": time.time() + LEASE_SECONDS}).encode()
-            # A failed renewal: the next one tries again; a lease that expires is taken over (a second fetch).
-            with contextlib.suppress(HfcacheError):
-                self.bucket.put_bytes(lease, body)
+            try:
+                with self.bucket.errors(lease):
+                    etag = self.bucket.client.put_object(Bucket=self.bucket.url.bucket, Key=lease,
+                                                         Body=self._lease_body(), IfMatch=etag)["ETag"]
+            except HfcacheError as exc:
+                if "PreconditionFailed" in exc.message:
+                    return
+                # another failure: the next renewal tries again; a lease that expires is taken over
 
     def _release(self, lease: str) -> None:
-        with contextlib.suppress(HfcacheError), self.bucket.errors(lease):  # else it expires
-            self.bucket.client.delete_object(Bucket=self.bucket.url.bucket, Key=lease)
+        """Delete the lease if it is still ours (else it was taken over: leave it to its holder)."""
+        with contextlib.suppress(HfcacheError, ValueError), self.bucket.errors(lease):
+            held = self.bucket.client.get_object(Bucket=self.bucket.url.bucket, Key=lease)
+            if json.loads(held["Body"].read(_REF_BYTES)).get("owner") == self.owner:
+                self.bucket.client.delete_object(Bucket=self.bucket.url.bucket, Key=lease)
 
     def _fresh_ref(self, folder: str, revision: str) -> str | None:
         try:

@@ -163,11 +163,11 @@ def write_lock(lock: Lockfile, path: Path, manifest_name: str = MANIFEST_NAME) -
     return True
 
 
-def read_lock(path: str | os.PathLike[str]) -> Lockfile:
-    """Read and validate a lock. Raises UsageError: unreadable, invalid TOML, a newer schema, a missing or malformed
-    field, a path escaping the repo; naming the file, entry and field."""
+def read_lock(path: str | os.PathLike[str], content: bytes | None = None) -> Lockfile:
+    """Read and validate a lock (``content``: its bytes, already read). Raises UsageError: unreadable, invalid TOML, a
+    newer schema, a missing or malformed field, a path escaping the repo; naming the file, entry and field."""
     path = Path(path)
-    data = read_toml(path, "lock")
+    data = read_toml(path, "lock", content)
     version = data.get("version")
     if not isinstance(version, int) or isinstance(version, bool):
         raise UsageError(f"{path}: field 'version' must be an integer, got {shown(version)}")

@@ -68,10 +68,11 @@ def find_manifest(path: str | os.PathLike[str] | None = None, start: Path | None
                            hint="write one (see docs/warm.md, 'Pinning') or pass --manifest FILE")
 
 
-def read_toml(path: Path, what: str) -> dict[str, Any]:
-    """The TOML document at ``path`` (the manifest or the lock: ``what``), or UsageError naming the file."""
+def read_toml(path: Path, what: str, data: bytes | None = None) -> dict[str, Any]:
+    """The TOML document at ``path`` (the manifest or the lock: ``what``; ``data``: its bytes, already read), or
+    UsageError naming the file."""
     try:
-        text = path.read_text(encoding="utf-8")
+        text = path.read_text(encoding="utf-8") if data is None else data.decode("utf-8")
     except OSError as exc:
         raise UsageError(f"cannot read {what} {path}: {exc.strerror}") from None
     except UnicodeDecodeError:

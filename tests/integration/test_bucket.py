@@ -247,3 +247,19 @@ def test_bad_input_is_one_line_with_its_exit_code(s3, seed, tmp_path):
     env["AWS_EC2_METADATA_DISABLED"] = "true"
     proc = run_hfcache(["push", "s3://good-bucket/x", GPT2, *cache], env=env, timeout=120)
     refused(proc, 2, "no usable S3 credentials")
+
+
+def test_a_bad_endpoint_an_empty_prefix_and_a_clashing_manifest(s3, seed, tmp_path):
+    bucket = s3.bucket("odd-inputs")
+    target = ["--cache-dir", str(tmp_path / "c")]
+    refused(run(s3, ["pull", f"s3://{bucket}/hf", *target], AWS_ENDPOINT_URL="notaurl"), 2, "not a URL")
+    refused(run(s3, ["pull", f"s3://{bucket}/nothing-here", *target]), 3, "holds no snapshot")
+    ok_json(run(s3, ["push", f"s3://{bucket}", GPT2, "--cache-dir", str(seed), "--json"]))
+    client = s3.client()
+    commit = (seed / "models--openai-community--gpt2" / "refs" / "main").read_text()
+    key = f"snapshots/models--openai-community--gpt2/{commit}.json"
+    manifest = json.loads(client.get_object(Bucket=bucket, Key=key)["Body"].read())
+    manifest["absent"] = sorted([*manifest["absent"], "config.json"])
+    client.put_object(Bucket=bucket, Key=key, Body=json.dumps(manifest).encode())
+    refused(run(s3, ["pull", f"s3://{bucket}", *target]), 3, "both a file and absent")
+    assert not (tmp_path / "c" / "models--openai-community--gpt2" / "refs").exists()

@@ -123,3 +123,29 @@ def test_an_expired_lease_is_taken_over_and_allow_refuses(s3, tmp_path):
         assert client.head_object(Bucket="leases", Key=f"hf/blobs/{etag}")["ContentLength"] > 0
         refused = run_hfcache(["warm", DISTIL, "--endpoint", endpoint, "--cache-dir", str(tmp_path / "c")])
         assert refused.returncode == 3 and "refused by the mirror" in refused.stderr and "--allow" in refused.stderr
+
+
+def test_a_wrong_size_object_is_replaced_once_and_allow_covers_lost_blobs(s3, tmp_path):
+    s3.bucket("repairs")
+    env = clean_env(**s3.env())
+    client = s3.client()
+    with HubServer(HUB) as upstream:
+        with served("--store", "s3://repairs/hf", "--upstream", upstream.endpoint, env=env) as (endpoint, _proc):
+            info = json.loads(warm(endpoint, tmp_path / "a", GPT2).stdout)
+            etag = next(f["hash"].split(":", 1)[1] for f in info["repos"][0]["files"] if f["path"] == "vocab.json")
+            client.put_object(Bucket="repairs", Key=f"hf/blobs/{etag}", Body=b"truncated")
+            before = _bodies_per_file(upstream)
+            for n in range(3):
+                again = warm(endpoint, tmp_path / f"b{n}", GPT2)
+                assert again.returncode == 0, again.stdout + again.stderr
+            fetched = _bodies_per_file(upstream) - before
+            assert sum(n for path, n in fetched.items() if path.endswith("/vocab.json")) == 1, fetched
+        pushed = run_hfcache(["push", "s3://repairs/hf", GPT2, "--cache-dir", str(tmp_path / "a")], env=env)
+        assert pushed.returncode == 0, pushed.stderr
+        client.delete_object(Bucket="repairs", Key=f"hf/blobs/{etag}")  # a lifecycle rule took it
+        with served("--store", "s3://repairs/hf", "--upstream", upstream.endpoint, "--allow", "google-bert/*",
+                    env=env) as (endpoint, _proc):
+            before = len(upstream.requests)
+            refused = warm(endpoint, tmp_path / "c", GPT2)
+            assert refused.returncode == 3 and "--allow" in refused.stdout, refused.stdout + refused.stderr
+            assert not [r for r in upstream.requests[before:] if "/resolve/" in r.path], "upstream was not asked"
