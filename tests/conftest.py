@@ -92,9 +92,31 @@ def pytest_configure(config: pytest.Config) -> None:
         os.environ.pop(name, None)
 
 
+def _longest_files_first(items: list[pytest.Item]) -> None:
+    """Order the files so that the longest start first: those with ``container`` tests (image builds, minutes
+    each), then by their number of ``slow`` tests, then by their number of tests (pytest-xdist's own reorder).
+
+    pytest-xdist's ``--dist loadfile`` gives each worker whole files in this order (pyproject.toml:
+    ``--no-loadscope-reorder``). Its default reorder, by number of tests alone, sent the files with few but long
+    tests (test_container.py: 3 tests) last, and one worker then ran them alone at the end while the others idled.
+    The sort is stable: each file's tests keep their order. Every worker sorts the same collection the same way.
+    """
+    from collections import Counter
+
+    def file_of(item: pytest.Item) -> str:
+        return item.nodeid.split("::", 1)[0]
+
+    container = Counter(file_of(i) for i in items if i.get_closest_marker("container") is not None)
+    slow = Counter(file_of(i) for i in items if i.get_closest_marker("slow") is not None)
+    counts = Counter(file_of(i) for i in items)
+    items.sort(key=lambda i: (-container[file_of(i)], -slow[file_of(i)], -counts[file_of(i)]))
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Tests marked ``timing`` (wall-time ratios, the harness's own pytest sessions) run only when ``-m`` selects them
-    (``-m slow``, ``-m timing``): the plain command of README.md and CI skips them, saying how to run them."""
+    """The longest files first (:func:`_longest_files_first`). Tests marked ``timing`` (wall-time ratios, the
+    harness's own pytest sessions) run only when ``-m`` selects them (``-m slow``, ``-m timing``): the plain command
+    of README.md and CI skips them, saying how to run them."""
+    _longest_files_first(items)
     if config.option.markexpr:
         return
     skip = pytest.mark.skip(reason="timing: needs a quiet machine; run with -m slow (or -m timing)")

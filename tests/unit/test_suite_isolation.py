@@ -20,6 +20,11 @@ from pathlib import Path
 from tests import cleanup
 from tests.helpers import REPO, clean_env, is_artifact, source_files
 
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - Python 3.10
+    import tomli as tomllib
+
 
 def _session_base() -> Path:
     base = Path(os.environ["HOME"]).parent
@@ -100,3 +105,17 @@ def test_build_output_is_not_a_source_file(tmp_path):
     assert found == [tmp_path / "examples" / "Dockerfile", tmp_path / "examples" / "k8s" / "app.yaml"]
     assert is_artifact(REPO / "examples" / "dist" / "hfcache-0.1.0-py3-none-any.whl")
     assert not is_artifact(REPO / "examples" / "hfcache.lock")
+
+
+def test_the_longest_files_are_given_to_the_workers_first():
+    # Given in the opposite order: the container test (minutes) goes first, then the file with more tests; each
+    # file's tests stay together and in their order. xdist keeps this order only without its own reorder.
+    files = ["tests/unit/test_selection.py", "tests/unit/test_paths.py", "tests/integration/test_images_recipe.py"]
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-n", "0", "--co", "-q", *files],
+                          capture_output=True, text=True, cwd=REPO, env=clean_env(), timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    ids = [line for line in proc.stdout.splitlines() if "::" in line]
+    order = [f for i, f in enumerate(f.split("::")[0] for f in ids) if i == 0 or ids[i - 1].split("::")[0] != f]
+    assert order == [files[2], files[1], files[0]], order
+    addopts = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["pytest"]["ini_options"]["addopts"]
+    assert "--dist loadfile" in addopts and "--no-loadscope-reorder" in addopts
