@@ -534,8 +534,10 @@ def test_a_pool_worker_that_hits_the_guard_fails_the_map_at_once(tmp_path: Path)
     """)
     (tmp_path / "pool.py").write_text(script)
     for flags in ([], ["--no-network"]):
-        proc = hfcache_exec(["--cache-dir", str(tmp_path), *flags, "--", sys.executable, str(tmp_path / "pool.py")],
-                            timeout=60)
+        # an empty cache folder: tmp_path holds the script, so it is no cache (refused: the one --cache-dir rule)
+        (tmp_path / "cache").mkdir(exist_ok=True)
+        proc = hfcache_exec(["--cache-dir", str(tmp_path / "cache"), *flags, "--", sys.executable,
+                             str(tmp_path / "pool.py")], timeout=60)
         assert proc.returncode == 0 and "refused: NetworkBlocked" in proc.stdout, (flags, proc.stdout, proc.stderr)
 
 

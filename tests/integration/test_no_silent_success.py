@@ -214,11 +214,10 @@ def test_env_and_exec_warn_on_a_missing_cache(hf_home, tmp_path):
     assert proc.returncode == 7 and proc.stdout == f"{missing}\n"
     assert warning_lines(proc.stderr) == [f"hfcache: warning: the cache {missing} does not exist: a program run with "
                                           "these settings finds nothing cached (warm it first, or check --cache-dir)"]
-    # An HF_HOME given as the cache: named, with the cache meant.
+    # An HF_HOME given as the cache: refused as every command refuses it (issue 39 item 6), naming the cache meant.
     proc = run_hfcache(["env", "--cache-dir", str(hf_home), "--format", "json"])
-    assert proc.returncode == 0 and json.loads(proc.stdout)["HF_HUB_CACHE"] == str(hf_home)
-    assert warning_lines(proc.stderr) == [f"hfcache: warning: {hf_home} is not a hub cache (an HF_HOME); did you "
-                                          f"mean {hf_home / 'hub'} (it holds 2 repos)?"]
+    assert proc.returncode == 5 and proc.stdout == "", proc.stdout
+    assert str(hf_home / "hub") in proc.stderr and "Traceback" not in proc.stderr
     # A real cache: not a word on stderr.
     proc = run_hfcache(["env", "--cache-dir", str(hf_home / "hub")])
     assert proc.returncode == 0 and proc.stderr == ""

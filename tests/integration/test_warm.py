@@ -381,6 +381,7 @@ def test_a_signal_received_by_another_thread_still_stops_at_once(hub_root, tmp_p
 
 def test_failed_repo_leaves_a_cache_huggingface_hub_still_reads(hub_root, tmp_path):
     cache = tmp_path / "cache"
+    cache.mkdir()  # the user's (empty) cache: a failed warm keeps it, only a folder it made itself goes
     original = (hub_root / "openai-community" / "gpt2" / "merges.txt").read_bytes()
     with HubServer(hub_root, overrides={("openai-community/gpt2", "merges.txt"): original[::-1]}) as server:
         code, report = warm_json(server, cache, "openai-community/gpt2")
