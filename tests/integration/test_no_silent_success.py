@@ -214,7 +214,7 @@ def test_env_and_exec_warn_on_a_missing_cache(hf_home, tmp_path):
     assert proc.returncode == 7 and proc.stdout == f"{missing}\n"
     assert warning_lines(proc.stderr) == [f"hfcache: warning: the cache {missing} does not exist: a program run with "
                                           "these settings finds nothing cached (warm it first, or check --cache-dir)"]
-    # An HF_HOME given as the cache: refused as every command refuses it (issue 39 item 6), naming the cache meant.
+    # An HF_HOME given as the cache: refused as every command refuses it (docs/cli.md), naming the cache meant.
     proc = run_hfcache(["env", "--cache-dir", str(hf_home), "--format", "json"])
     assert proc.returncode == 5 and proc.stdout == "", proc.stdout
     assert str(hf_home / "hub") in proc.stderr and "Traceback" not in proc.stderr

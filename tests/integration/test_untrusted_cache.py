@@ -232,7 +232,7 @@ def test_warm_refuses_blob_names_that_are_not_hashes(tmp_path: Path, field: str,
     assert not (cache / "models--h--evil").exists()
     assert not list((cache / ".locks").rglob("*.lock*")) or all(
         p.name == "hfcache-repo.lock" for p in (cache / ".locks").rglob("*.lock"))
-    assert not cache.exists()  # every repo failed: the folder this warm made is gone (issue 39)
+    assert not cache.exists()  # every repo failed: the folder this warm made is gone (docs/warm.md)
 
 
 def test_repo_folder_refuses_hostile_names_where_paths_are_built(tmp_path: Path) -> None:
@@ -317,7 +317,7 @@ def test_a_listing_with_a_path_both_file_and_folder_publishes_nothing(tmp_path: 
     folder = cache / "models--h--both"
     assert not list(folder.rglob("*")) if folder.exists() else True
     assert tree_state(canary) == before
-    assert not cache.exists()  # every repo failed: the folder this warm made is gone (issue 39)
+    assert not cache.exists()  # every repo failed: the folder this warm made is gone (docs/warm.md)
 
 
 def test_a_lock_with_a_path_both_file_and_folder_leaves_no_blob(tmp_path: Path) -> None:
