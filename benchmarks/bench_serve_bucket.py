@@ -54,9 +54,10 @@ def _peak_rss_mib(pid: int) -> float:
     return float("nan")
 
 
-def _bodies_per_file(upstream: HubServer) -> Counter:
+def _bodies_per_file(upstream: HubServer, since: int) -> Counter:
+    """Upstream file bodies sent from request ``since`` on (the lock step before it reads configs too)."""
     counts: Counter = Counter()
-    for r in upstream.requests:
+    for r in upstream.requests[since:]:
         if r.method == "GET" and r.status in (200, 206) and r.bytes_sent and ("/resolve/" in r.path or r.origin == "cdn"):
             counts[r.path] += 1
     return counts
@@ -73,6 +74,7 @@ def main() -> None:
             HubServer(HUB) as upstream, ExitStack() as stack:
         work = Path(tmp)
         lock = _lock(work, upstream.endpoint)
+        since = len(upstream.requests)  # `hfcache lock` read the configs: not the mirror's fetches
         s3.bucket("mirror")
         env = clean_env(**s3.env())
         replicas = [stack.enter_context(served("--store", "s3://mirror/hf", "--upstream", upstream.endpoint, env=env))
@@ -92,7 +94,7 @@ def main() -> None:
             results = list(pool.map(client, range(options.clients)))
         wall = time.perf_counter() - started
         rss = [_peak_rss_mib(proc.pid) for _, proc in replicas]
-        bodies = _bodies_per_file(upstream)
+        bodies = _bodies_per_file(upstream, since)
         failed = [n for n, (_, code) in enumerate(results) if code != 0]
         twice = {path: n for path, n in bodies.items() if n > 1}
         if twice:
