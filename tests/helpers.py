@@ -218,3 +218,13 @@ def many_repos_cache(root: Path, repos: int) -> Path:
         (repo / "snapshots" / commit).mkdir(parents=True)
         (repo / "snapshots" / commit / "config.json").symlink_to("../../blobs/" + "a" * 40)
     return cache
+
+
+def user_namespaces() -> bool:
+    """Whether this machine lets an unprivileged process mount in its own user namespace (``unshare --user
+    --map-root-user --mount``): the tmpfs tests (a full disk, a read-only mount) need it."""
+    try:
+        return subprocess.run(["unshare", "--user", "--map-root-user", "--mount", "true"], capture_output=True,
+                              timeout=30).returncode == 0
+    except (OSError, subprocess.TimeoutExpired):
+        return False

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import HUB, REPO, clean_env, run_hfcache
+from tests.helpers import HUB, REPO, clean_env, run_hfcache, user_namespaces
 from tests.testhub import HubServer
 
 
@@ -53,15 +53,7 @@ def test_a_warm_of_a_mistyped_id_leaves_no_cache_folder(tmp_path):
     assert not (existing / "models--openai-community--gtp2").exists()
 
 
-def _userns() -> bool:
-    try:
-        return subprocess.run(["unshare", "--user", "--map-root-user", "--mount", "true"], capture_output=True,
-                              timeout=30).returncode == 0
-    except (OSError, subprocess.TimeoutExpired):
-        return False
-
-
-@pytest.mark.skipif(not _userns(), reason="no user namespaces to mount a read-only tmpfs")
+@pytest.mark.skipif(not user_namespaces(), reason="no user namespaces to mount a read-only tmpfs")
 def test_prune_on_a_read_only_mount_names_the_cache_path(tmp_path):
     mount = tmp_path / "ro"
     mount.mkdir()

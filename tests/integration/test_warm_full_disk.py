@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import HUB, clean_env, run_hfcache, warm
+from tests.helpers import HUB, clean_env, run_hfcache, user_namespaces, warm
 from tests.testhub import HubServer
 from tests.testhub.faults import Faults
 
@@ -27,15 +27,7 @@ _SCRIPT = ('out="$0"; m="$1"; shift; mount -t tmpfs -o size=5m tmpfs "$m" || exi
            '"$1" -m hfcache ls --cache-dir "$m/cache" --json > "$out.ls"; exit $rc')
 
 
-def _userns() -> bool:
-    try:
-        return subprocess.run(["unshare", "--user", "--map-root-user", "--mount", "true"], capture_output=True,
-                              timeout=30).returncode == 0
-    except (OSError, subprocess.TimeoutExpired):
-        return False
-
-
-@pytest.mark.skipif(not _userns(), reason="no user namespaces to mount a small tmpfs")
+@pytest.mark.skipif(not user_namespaces(), reason="no user namespaces to mount a small tmpfs")
 def test_a_full_disk_leaves_no_half_published_repo_and_gives_the_space_back(tmp_path):
     mount, out = tmp_path / "tmpfs", tmp_path / "run"
     mount.mkdir()
